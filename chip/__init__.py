@@ -1,0 +1,42 @@
+"""One TPU chip in pure Python + numpy: specs, numerics and cost models.
+
+A `Chip` holds `TensorCore`s; each runs matmuls (MXU, bf16 x bf16 -> fp32)
+and vector ops (VPU) with numpy, returns the real result, and records an
+`OpRecord` of the simulated time the real core would take (roofline of
+compute cycles vs HBM traffic). Specs for TPU v2 to v6e are in `PRESETS`,
+every figure with its public source.
+
+This package never imports ray, pod or interconnect.
+"""
+
+from chip.chip import Chip
+from chip.core import OpRecord, TensorCore
+from chip.errors import ChipError, ChipSpecError, HBMOutOfMemoryError
+from chip.hbm import HBM
+from chip.mxu import mxu_gemm_cycles
+from chip.numerics import dequantize_int8, mxu_matmul, quantize_int8, to_bf16
+from chip.scalar import scalar_cycles
+from chip.spec import PRESETS, ChipSpec, MXUSpec, TensorCoreSpec, get_chip_spec
+from chip.vector import vpu_cycles
+
+__all__ = [
+    "MXUSpec",
+    "TensorCoreSpec",
+    "ChipSpec",
+    "PRESETS",
+    "get_chip_spec",
+    "ChipError",
+    "ChipSpecError",
+    "HBMOutOfMemoryError",
+    "HBM",
+    "OpRecord",
+    "TensorCore",
+    "Chip",
+    "to_bf16",
+    "mxu_gemm_cycles",
+    "mxu_matmul",
+    "quantize_int8",
+    "dequantize_int8",
+    "vpu_cycles",
+    "scalar_cycles",
+]

@@ -1,0 +1,56 @@
+"""A TPU chip: its TensorCores, each with its own share of the chip's HBM."""
+
+from __future__ import annotations
+
+from chip.core import OpRecord, TensorCore
+from chip.spec import ChipSpec
+
+
+class Chip:
+    """One TPU chip.
+
+    Args:
+        spec: The chip's figures (e.g. `get_chip_spec("v2")`).
+        chip_id: Index of the chip in the pod (int >= 0).
+        numerics: Passed to every TensorCore (bf16 MXU numerics if True).
+
+    Attributes:
+        spec: The ChipSpec.
+        chip_id: As given.
+        numerics: As given.
+        cores: spec.tensorcores TensorCores named "chip{chip_id}/core{i}", each
+            with an HBM of spec.core.hbm_bytes.
+
+    Raises:
+        ValueError: if chip_id is not an int >= 0.
+        TypeError: if spec is not a ChipSpec.
+    """
+
+    def __init__(self, spec: ChipSpec, chip_id: int = 0, *, numerics: bool = True) -> None:
+        if not isinstance(spec, ChipSpec):
+            raise TypeError(f"spec must be a ChipSpec, got {spec!r}")
+        if isinstance(chip_id, bool) or not isinstance(chip_id, int) or chip_id < 0:
+            raise ValueError(f"chip_id must be an integer >= 0, got {chip_id!r}")
+        self.spec = spec
+        self.chip_id = chip_id
+        self.numerics = bool(numerics)
+        self.cores = [
+            TensorCore(spec.core, numerics=numerics, name=f"chip{chip_id}/core{i}")
+            for i in range(spec.tensorcores)
+        ]
+
+    def __repr__(self) -> str:
+        return f"Chip(spec={self.spec.name!r}, chip_id={self.chip_id}, cores={len(self.cores)})"
+
+    def take_records(self) -> list[list[OpRecord]]:
+        """Takes every core's records (see `TensorCore.take_records`).
+
+        Returns:
+            One list of OpRecords per core, in core order.
+        """
+        return [core.take_records() for core in self.cores]
+
+    @property
+    def hbm_peak_bytes(self) -> list[int]:
+        """Peak HBM use of each core, bytes, in core order."""
+        return [core.hbm.peak_bytes for core in self.cores]

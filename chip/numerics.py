@@ -1,0 +1,81 @@
+"""MXU numerics: bfloat16 rounding, the bf16 x bf16 -> fp32 product, int8 quantisation.
+
+The MXU multiplies bfloat16 operands and accumulates in float32. We emulate it
+by rounding the float32 inputs to bfloat16 values (round to nearest even, via
+ml_dtypes), keeping them in float32 storage, and multiplying in float32: every
+product of two bf16 values is exact in float32, so only the accumulation order
+differs from the hardware.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+_BF16 = ml_dtypes.bfloat16
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """Rounds values to bfloat16 (round to nearest even), returned as float32.
+
+    Args:
+        x: Array (any shape) or scalar of real numbers.
+
+    Returns:
+        float32 array of x's shape whose values are representable in bfloat16.
+        NaN stays NaN, infinities stay infinite, overflow rounds to infinity.
+        Rate: about 1.7 GB/s on the project's machines (pitfalls.md), so round
+        weights once per step, not once per use.
+    """
+    # ml_dtypes converts float64 via float32, so a float64 input can be rounded
+    # twice (differs from direct rounding only on exact float32 ties).
+    return np.asarray(x).astype(_BF16).astype(np.float32)
+
+
+def mxu_matmul(
+    a: np.ndarray, b: np.ndarray, a_rounded: bool = False, b_rounded: bool = False
+) -> np.ndarray:
+    """The MXU product: bf16 x bf16 multiplies, float32 accumulation.
+
+    Args:
+        a: (M, K) activations.
+        b: (K, N) weights.
+        a_rounded: True if a already holds bf16 values in float32 (skip rounding).
+        b_rounded: True if b already holds bf16 values in float32 (skip rounding).
+
+    Returns:
+        (M, N) float32 product of the bf16-rounded inputs.
+    """
+    a32 = np.asarray(a, dtype=np.float32) if a_rounded else to_bf16(a)
+    b32 = np.asarray(b, dtype=np.float32) if b_rounded else to_bf16(b)
+    return np.matmul(a32, b32)
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """Symmetric per-tensor int8 quantisation.
+
+    Args:
+        x: Array of real numbers (any shape).
+
+    Returns:
+        (q, scale): q int8 array of x's shape with values in [-127, 127], and the
+        float scale such that x ~ q * scale (scale = max|x| / 127; 1.0 for all zeros).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    amax = float(np.max(np.abs(x))) if x.size else 0.0
+    scale = amax / 127.0 if amax > 0 else 1.0
+    q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def dequantize_int8(q: np.ndarray, scale: float) -> np.ndarray:
+    """Inverse of `quantize_int8`.
+
+    Args:
+        q: int8 array.
+        scale: The scale returned by `quantize_int8`.
+
+    Returns:
+        float32 array q * scale.
+    """
+    return np.asarray(q, dtype=np.float32) * np.float32(scale)

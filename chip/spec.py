@@ -1,0 +1,453 @@
+"""Chip specifications: frozen dataclasses and the public presets.
+
+Figures come from `shared/reference/tpu-specs.md`; the comment beside every
+number gives its source key:
+
+- [GC-v3], [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e]: Google Cloud TPU system
+  architecture pages.
+- [SB]: "How to Scale Your Model" (Google DeepMind scaling book).
+- [JAX]: jax/_src/pallas/mosaic/tpu_info.py.
+- [SEED]: the project's seed documents (TPU v2 lecture and tutorials).
+- der.: derived here from the other numbers.
+- assumption: not published; chosen by us and documented as such.
+
+Derived figures (peak FLOP/s, ...) are properties, never stored. The one stored
+peak, `ChipSpec.published_peak_bf16_flops_per_s`, is Google's published number,
+kept only so tests can compare the derived peak against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+
+from chip.errors import ChipSpecError
+
+_GIB = 2**30
+_MIB = 2**20
+
+# Assumptions shared by every preset (not published by Google):
+# - A transcendental op (exp, log, tanh, ...) costs 4x the VPU cycles of an
+#   add or multiply per element (assumption; the EUP is a separate, slower unit).
+_TRANSCENDENTAL_CYCLES = 4.0
+# - The scalar unit spends a handful of cycles issuing each op (address
+#   arithmetic, loop control, sync flags) (assumption).
+_SCALAR_ISSUE_CYCLES = 8
+
+
+def _check_int(owner: str, field: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ChipSpecError(f"{owner}.{field} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_positive(owner: str, field: str, value, allow_zero: bool = False) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ChipSpecError(f"{owner}.{field} must be a finite number {bound}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MXUSpec:
+    """One matrix unit: a weight-stationary systolic array of multiply-accumulate cells.
+
+    Attributes:
+        rows: Rows of the array (R); a weight tile covers R of the K dimension.
+        cols: Columns of the array (C); a weight tile covers C of the N dimension.
+
+    Raises:
+        ChipSpecError: (a ValueError) if rows or cols is not a positive integer.
+    """
+
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        _check_int("MXUSpec", "rows", self.rows, 1)
+        _check_int("MXUSpec", "cols", self.cols, 1)
+
+    @property
+    def macs_per_cycle(self) -> int:
+        """Multiply-accumulates per cycle when the array is full (rows * cols)."""
+        return self.rows * self.cols
+
+
+@dataclass(frozen=True)
+class TensorCoreSpec:
+    """One TensorCore: its MXUs, VPU, scalar unit and its share of the chip's HBM.
+
+    Attributes:
+        mxu: Shape of each MXU.
+        mxus_per_core: Number of MXUs in this TensorCore.
+        clock_hz: Core clock, Hz.
+        hbm_bytes: This core's share of the chip's HBM capacity, bytes.
+        hbm_bandwidth_bytes_per_s: This core's share of the chip's HBM bandwidth, bytes/s.
+        vmem_bytes: On-chip vector memory of this core, bytes.
+        vpu_lanes: VPU lanes (128 on every generation so far).
+        vpu_sublanes: VPU sublanes (8); the VPU does lanes * sublanes element-ops per cycle.
+        transcendental_cycles_per_element_op: Cost of a transcendental element-op
+            relative to an add/multiply (which costs 1) (assumption).
+        scalar_issue_cycles: Cycles the scalar unit spends issuing each op (assumption).
+
+    Raises:
+        ChipSpecError: (a ValueError) quoting the first invalid field.
+    """
+
+    mxu: MXUSpec
+    mxus_per_core: int
+    clock_hz: float
+    hbm_bytes: int
+    hbm_bandwidth_bytes_per_s: float
+    vmem_bytes: int
+    vpu_lanes: int = 128
+    vpu_sublanes: int = 8
+    transcendental_cycles_per_element_op: float = _TRANSCENDENTAL_CYCLES
+    scalar_issue_cycles: int = _SCALAR_ISSUE_CYCLES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mxu, MXUSpec):
+            raise ChipSpecError(f"TensorCoreSpec.mxu must be an MXUSpec, got {self.mxu!r}")
+        _check_int("TensorCoreSpec", "mxus_per_core", self.mxus_per_core, 1)
+        _check_positive("TensorCoreSpec", "clock_hz", self.clock_hz)
+        _check_int("TensorCoreSpec", "hbm_bytes", self.hbm_bytes, 1)
+        _check_positive("TensorCoreSpec", "hbm_bandwidth_bytes_per_s", self.hbm_bandwidth_bytes_per_s)
+        _check_int("TensorCoreSpec", "vmem_bytes", self.vmem_bytes, 0)
+        _check_int("TensorCoreSpec", "vpu_lanes", self.vpu_lanes, 1)
+        _check_int("TensorCoreSpec", "vpu_sublanes", self.vpu_sublanes, 1)
+        _check_positive(
+            "TensorCoreSpec", "transcendental_cycles_per_element_op",
+            self.transcendental_cycles_per_element_op,
+        )
+        _check_int("TensorCoreSpec", "scalar_issue_cycles", self.scalar_issue_cycles, 0)
+
+    @property
+    def peak_bf16_flops_per_s(self) -> float:
+        """Peak bf16 FLOP/s of this core: 2 * mxus_per_core * rows * cols * clock_hz."""
+        return 2.0 * self.mxus_per_core * self.mxu.rows * self.mxu.cols * self.clock_hz
+
+    @property
+    def vpu_elements_per_cycle(self) -> int:
+        """Element-ops the VPU completes per cycle (lanes * sublanes)."""
+        return self.vpu_lanes * self.vpu_sublanes
+
+    @property
+    def peak_vpu_flops_per_s(self) -> float:
+        """Peak VPU FLOP/s of this core (one op per element per lane per cycle)."""
+        return self.vpu_elements_per_cycle * self.clock_hz
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One TPU chip: its TensorCores, HBM, ICI links and host connection.
+
+    Attributes:
+        name: Generation name, e.g. "v4".
+        core: Spec of each TensorCore (all cores of a chip are alike).
+        tensorcores: TensorCores per chip.
+        hbm_bytes: HBM capacity of the chip, bytes; each core gets
+            hbm_bytes // tensorcores (`core.hbm_bytes`).
+        hbm_bandwidth_bytes_per_s: HBM bandwidth of the chip, bytes/s; each core
+            gets an equal share (`core.hbm_bandwidth_bytes_per_s`).
+        ici_links: ICI links per chip.
+        ici_link_bandwidth_bytes_per_s: Bandwidth of one ICI link, one direction, bytes/s.
+        ici_latency_s: Latency of one ICI hop, seconds.
+        torus_dims: Number of torus dimensions of the pod (2 or 3).
+        max_pod_shape: Chips along each torus axis in the largest pod.
+        chips_per_host: Chips attached to one host.
+        host_to_chip_bytes_per_s: Host to chip (PCIe) bandwidth per chip, bytes/s.
+        published_peak_bf16_flops_per_s: Google's published bf16 peak per chip,
+            FLOP/s, kept only for comparison with the derived peak; None for a
+            custom chip.
+        slice_counts_tensorcores: True if slice names count TensorCores
+            ("v2-8" = 4 chips), False if they count chips ("v5e-8" = 8 chips).
+
+    Raises:
+        ChipSpecError: (a ValueError) quoting the first invalid field, or if the
+            core's HBM share does not match the chip's figures.
+    """
+
+    name: str
+    core: TensorCoreSpec
+    tensorcores: int
+    hbm_bytes: int
+    hbm_bandwidth_bytes_per_s: float
+    ici_links: int
+    ici_link_bandwidth_bytes_per_s: float
+    ici_latency_s: float
+    torus_dims: int
+    max_pod_shape: tuple[int, ...]
+    chips_per_host: int
+    host_to_chip_bytes_per_s: float
+    published_peak_bf16_flops_per_s: float | None
+    slice_counts_tensorcores: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ChipSpecError(f"ChipSpec.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.core, TensorCoreSpec):
+            raise ChipSpecError(f"ChipSpec.core must be a TensorCoreSpec, got {self.core!r}")
+        _check_int("ChipSpec", "tensorcores", self.tensorcores, 1)
+        _check_int("ChipSpec", "hbm_bytes", self.hbm_bytes, 1)
+        _check_positive("ChipSpec", "hbm_bandwidth_bytes_per_s", self.hbm_bandwidth_bytes_per_s)
+        _check_int("ChipSpec", "ici_links", self.ici_links, 0)
+        _check_positive("ChipSpec", "ici_link_bandwidth_bytes_per_s", self.ici_link_bandwidth_bytes_per_s)
+        _check_positive("ChipSpec", "ici_latency_s", self.ici_latency_s, allow_zero=True)
+        _check_int("ChipSpec", "torus_dims", self.torus_dims, 1)
+        try:
+            shape = tuple(self.max_pod_shape)
+        except TypeError:
+            raise ChipSpecError(
+                f"ChipSpec.max_pod_shape must be a tuple of positive integers, got {self.max_pod_shape!r}"
+            ) from None
+        if len(shape) != self.torus_dims or any(
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1 for d in shape
+        ):
+            raise ChipSpecError(
+                f"ChipSpec.max_pod_shape must be {self.torus_dims} positive integers "
+                f"(torus_dims={self.torus_dims}), got {self.max_pod_shape!r}"
+            )
+        object.__setattr__(self, "max_pod_shape", tuple(int(d) for d in shape))
+        _check_int("ChipSpec", "chips_per_host", self.chips_per_host, 1)
+        _check_positive("ChipSpec", "host_to_chip_bytes_per_s", self.host_to_chip_bytes_per_s)
+        if self.published_peak_bf16_flops_per_s is not None:
+            _check_positive(
+                "ChipSpec", "published_peak_bf16_flops_per_s", self.published_peak_bf16_flops_per_s
+            )
+        if not isinstance(self.slice_counts_tensorcores, bool):
+            raise ChipSpecError(
+                f"ChipSpec.slice_counts_tensorcores must be a bool, got {self.slice_counts_tensorcores!r}"
+            )
+        # The core's HBM is its share of the chip's: one figure, not two.
+        if self.core.hbm_bytes != self.hbm_bytes // self.tensorcores:
+            raise ChipSpecError(
+                f"ChipSpec {self.name!r}: core.hbm_bytes={self.core.hbm_bytes!r} must be "
+                f"hbm_bytes // tensorcores = {self.hbm_bytes // self.tensorcores!r}"
+            )
+        share = self.hbm_bandwidth_bytes_per_s / self.tensorcores
+        if not math.isclose(self.core.hbm_bandwidth_bytes_per_s, share, rel_tol=1e-9):
+            raise ChipSpecError(
+                f"ChipSpec {self.name!r}: core.hbm_bandwidth_bytes_per_s="
+                f"{self.core.hbm_bandwidth_bytes_per_s!r} must be "
+                f"hbm_bandwidth_bytes_per_s / tensorcores = {share!r}"
+            )
+
+    @property
+    def peak_bf16_flops_per_s(self) -> float:
+        """Derived peak bf16 FLOP/s of the chip: tensorcores * core.peak_bf16_flops_per_s."""
+        return self.tensorcores * self.core.peak_bf16_flops_per_s
+
+    @property
+    def mxus(self) -> int:
+        """MXUs on the chip (all TensorCores)."""
+        return self.tensorcores * self.core.mxus_per_core
+
+    @property
+    def max_pod_chips(self) -> int:
+        """Chips in the largest pod (product of `max_pod_shape`)."""
+        return math.prod(self.max_pod_shape)
+
+    @classmethod
+    def from_chip_figures(
+        cls,
+        *,
+        name: str,
+        tensorcores: int,
+        mxu: MXUSpec,
+        mxus_per_core: int,
+        clock_hz: float,
+        hbm_bytes: int,
+        hbm_bandwidth_bytes_per_s: float,
+        vmem_bytes_per_core: int,
+        **chip_fields,
+    ) -> "ChipSpec":
+        """Builds a ChipSpec from per-chip HBM figures, splitting them over the cores.
+
+        Args:
+            name: Generation name.
+            tensorcores: TensorCores per chip.
+            mxu: Shape of each MXU.
+            mxus_per_core: MXUs per TensorCore.
+            clock_hz: Core clock, Hz.
+            hbm_bytes: HBM capacity of the chip, bytes.
+            hbm_bandwidth_bytes_per_s: HBM bandwidth of the chip, bytes/s.
+            vmem_bytes_per_core: VMEM of each core, bytes.
+            **chip_fields: The remaining ChipSpec fields (ici_*, torus_dims, ...),
+                and optionally TensorCoreSpec's VPU / scalar fields.
+
+        Returns:
+            The ChipSpec, with core.hbm_bytes = hbm_bytes // tensorcores and
+            core.hbm_bandwidth_bytes_per_s = hbm_bandwidth_bytes_per_s / tensorcores.
+
+        Raises:
+            ChipSpecError: if any figure is invalid.
+        """
+        core_field_names = {f.name for f in dataclasses.fields(TensorCoreSpec)}
+        core_extra = {k: chip_fields.pop(k) for k in list(chip_fields) if k in core_field_names}
+        _check_int("ChipSpec", "tensorcores", tensorcores, 1)
+        _check_positive("ChipSpec", "hbm_bandwidth_bytes_per_s", hbm_bandwidth_bytes_per_s)
+        _check_int("ChipSpec", "hbm_bytes", hbm_bytes, 1)
+        core = TensorCoreSpec(
+            mxu=mxu,
+            mxus_per_core=mxus_per_core,
+            clock_hz=clock_hz,
+            hbm_bytes=hbm_bytes // tensorcores,
+            hbm_bandwidth_bytes_per_s=hbm_bandwidth_bytes_per_s / tensorcores,
+            vmem_bytes=vmem_bytes_per_core,
+            **core_extra,
+        )
+        return cls(
+            name=name,
+            core=core,
+            tensorcores=tensorcores,
+            hbm_bytes=hbm_bytes,
+            hbm_bandwidth_bytes_per_s=hbm_bandwidth_bytes_per_s,
+            **chip_fields,
+        )
+
+
+_MXU_128 = MXUSpec(rows=128, cols=128)  # 128x128 bf16 MACs [SEED: 16K MACs per MXU][GC-v3][GC-v4]
+_MXU_256 = MXUSpec(rows=256, cols=256)  # 256x256 [GC-v6e]
+
+V2 = ChipSpec.from_chip_figures(
+    name="v2",
+    tensorcores=2,  # [JAX][SEED]
+    mxu=_MXU_128,  # [SEED: 16K MACs per MXU]
+    mxus_per_core=1,  # [SEED]
+    clock_hz=700e6,  # der. (45e12 / (2 * 1 * 16384 * 2) ~ 0.69e9; 4.6e13 [JAX] -> 0.70e9)
+    hbm_bytes=16 * _GIB,  # 16 GiB, 8 GiB per core [SEED]
+    hbm_bandwidth_bytes_per_s=7.16e11,  # [JAX] (600e9 often quoted; unconfirmed)
+    vmem_bytes_per_core=16 * _MIB,  # [JAX]
+    ici_links=4,  # ICI table
+    ici_link_bandwidth_bytes_per_s=62e9,  # ~62e9 one way, unconfirmed (ICI table)
+    ici_latency_s=1e-6,  # [SB]
+    torus_dims=2,  # 2-D torus (ICI table)
+    max_pod_shape=(16, 16),  # 256 chips (ICI table)
+    chips_per_host=4,  # ICI table
+    host_to_chip_bytes_per_s=1.6e10,  # [SB]
+    published_peak_bf16_flops_per_s=45e12,  # [SEED: 180e12 per 4-chip board]
+    slice_counts_tensorcores=True,  # "v2-8" = 8 cores = 4 chips [SEED]
+)
+
+V3 = ChipSpec.from_chip_figures(
+    name="v3",
+    tensorcores=2,  # tpu-specs.md compute table
+    mxu=_MXU_128,  # [GC-v3]
+    mxus_per_core=2,  # [GC-v3]
+    clock_hz=940e6,  # der. (123e12 / (2 * 2 * 16384 * 2))
+    hbm_bytes=32 * _GIB,  # [GC-v3]
+    hbm_bandwidth_bytes_per_s=900e9,  # [GC-v3]
+    vmem_bytes_per_core=16 * _MIB,  # [JAX]
+    ici_links=4,  # ICI table
+    ici_link_bandwidth_bytes_per_s=1e11,  # [SB]
+    ici_latency_s=1e-6,  # [SB]
+    torus_dims=2,  # 2-D torus (ICI table)
+    max_pod_shape=(32, 32),  # 1024 chips [GC-v3]
+    chips_per_host=4,  # ICI table
+    host_to_chip_bytes_per_s=1.6e10,  # [SB]
+    published_peak_bf16_flops_per_s=123e12,  # [GC-v3]
+    slice_counts_tensorcores=True,  # "v3-8" = 4 chips [GC-v3]
+)
+
+V4 = ChipSpec.from_chip_figures(
+    name="v4",
+    tensorcores=2,  # megacore (tpu-specs.md compute table)
+    mxu=_MXU_128,  # [GC-v4]
+    mxus_per_core=4,  # [GC-v4]
+    clock_hz=1050e6,  # der. (275e12 / (2 * 4 * 16384 * 2))
+    hbm_bytes=32 * _GIB,  # [GC-v4]
+    hbm_bandwidth_bytes_per_s=1200e9,  # [GC-v4]
+    vmem_bytes_per_core=16 * _MIB,  # [JAX] (plus 128 MiB CMEM, not modelled)
+    ici_links=6,  # ICI table
+    ici_link_bandwidth_bytes_per_s=4.5e10,  # [SB]
+    ici_latency_s=1e-6,  # [SB]
+    torus_dims=3,  # 3-D torus (ICI table)
+    max_pod_shape=(16, 16, 16),  # 4096 chips [GC-v4]
+    chips_per_host=4,  # ICI table
+    host_to_chip_bytes_per_s=1.6e10,  # [SB]
+    published_peak_bf16_flops_per_s=275e12,  # [GC-v4]
+    slice_counts_tensorcores=True,  # "v4-8" = 4 chips [GC-v4]
+)
+
+V5E = ChipSpec.from_chip_figures(
+    name="v5e",
+    tensorcores=1,  # tpu-specs.md compute table
+    mxu=_MXU_128,  # [GC-v5e]
+    mxus_per_core=4,  # [GC-v5e]
+    clock_hz=1.5e9,  # [SB]
+    hbm_bytes=16 * 10**9,  # 16 GB [GC-v5e]
+    hbm_bandwidth_bytes_per_s=819e9,  # [GC-v5e] (8.1e11 [SB])
+    vmem_bytes_per_core=128 * _MIB,  # [SB]
+    ici_links=4,  # ICI table
+    ici_link_bandwidth_bytes_per_s=4.5e10,  # [SB]
+    ici_latency_s=1e-6,  # [SB]
+    torus_dims=2,  # 2-D torus (ICI table)
+    max_pod_shape=(16, 16),  # 256 chips [GC-v5e]
+    chips_per_host=8,  # ICI table
+    host_to_chip_bytes_per_s=1.6e10,  # [SB]
+    published_peak_bf16_flops_per_s=197e12,  # [GC-v5e]
+    slice_counts_tensorcores=False,  # "v5e-8" = 8 chips [GC-v5e]
+)
+
+V5P = ChipSpec.from_chip_figures(
+    name="v5p",
+    tensorcores=2,  # tpu-specs.md compute table
+    mxu=_MXU_128,  # [GC-v5p]
+    mxus_per_core=4,  # [GC-v5p]
+    clock_hz=1.75e9,  # [SB]
+    hbm_bytes=95 * _GIB,  # 95 GiB usable [GC-v5p]
+    hbm_bandwidth_bytes_per_s=2765e9,  # [GC-v5p] (2.8e12 [SB])
+    vmem_bytes_per_core=64 * _MIB,  # [JAX]
+    ici_links=6,  # ICI table
+    ici_link_bandwidth_bytes_per_s=9e10,  # [SB]
+    ici_latency_s=1e-6,  # [SB]
+    torus_dims=3,  # 3-D torus (ICI table)
+    max_pod_shape=(16, 20, 28),  # 8960 chips [GC-v5p]
+    chips_per_host=4,  # ICI table
+    host_to_chip_bytes_per_s=1.6e10,  # [SB]
+    published_peak_bf16_flops_per_s=459e12,  # [GC-v5p]
+    slice_counts_tensorcores=True,  # "v5p-8" = 4 chips [GC-v5p]
+)
+
+V6E = ChipSpec.from_chip_figures(
+    name="v6e",
+    tensorcores=1,  # tpu-specs.md compute table
+    mxu=_MXU_256,  # [GC-v6e]
+    mxus_per_core=4,  # der.: 4 at 1.75 GHz matches the peak (Google's page says 2)
+    clock_hz=1.75e9,  # der. (unpublished; 918e12 / (2 * 4 * 65536) ~ 1.75e9)
+    hbm_bytes=32 * 10**9,  # 32 GB [GC-v6e]
+    hbm_bandwidth_bytes_per_s=1638e9,  # [GC-v6e]
+    vmem_bytes_per_core=128 * _MIB,  # [JAX]
+    ici_links=4,  # ICI table
+    ici_link_bandwidth_bytes_per_s=9e10,  # [SB]
+    ici_latency_s=1e-6,  # [SB]
+    torus_dims=2,  # 2-D torus (ICI table)
+    max_pod_shape=(16, 16),  # 256 chips [GC-v6e]
+    chips_per_host=8,  # ICI table
+    host_to_chip_bytes_per_s=3.2e10,  # [SB]
+    published_peak_bf16_flops_per_s=918e12,  # [GC-v6e]
+    slice_counts_tensorcores=False,  # "v6e-8" = 8 chips [GC-v6e]
+)
+
+PRESETS: dict[str, ChipSpec] = {s.name: s for s in (V2, V3, V4, V5E, V5P, V6E)}
+
+
+def get_chip_spec(name: str) -> ChipSpec:
+    """Returns the preset ChipSpec for a generation name.
+
+    Args:
+        name: One of the keys of `PRESETS` ("v2", "v3", "v4", "v5e", "v5p", "v6e").
+
+    Returns:
+        The frozen ChipSpec.
+
+    Raises:
+        ChipSpecError: (a ValueError) if the name is unknown; the message lists the choices.
+    """
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        choices = ", ".join(repr(k) for k in PRESETS)
+        raise ChipSpecError(f"unknown chip {name!r}; choose one of {choices}") from None

@@ -1,0 +1,182 @@
+"""Tests of chip.TensorCore and chip.Chip: results, records, roofline bound."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from chip import Chip, MXUSpec, OpRecord, TensorCore, TensorCoreSpec, get_chip_spec, to_bf16
+
+V2 = get_chip_spec("v2")
+
+
+def expected_matmul_record(spec, m, k, n):
+    """Independent roofline of one GEMM: weight-stationary cycles vs HBM bytes."""
+    r, c = spec.mxu.rows, spec.mxu.cols
+    folds = math.ceil(k / r) * math.ceil(n / c)
+    cycles = math.ceil(folds / spec.mxus_per_core) * (r + (m + r + c - 2)) + spec.scalar_issue_cycles
+    hbm_bytes = 2 * m * k + 2 * k * n + 4 * m * n  # bf16 in, float32 out
+    compute_s = cycles / spec.clock_hz
+    memory_s = hbm_bytes / spec.hbm_bandwidth_bytes_per_s
+    return cycles, hbm_bytes, compute_s, memory_s
+
+
+def test_matmul_numerics_and_record():
+    core = TensorCore(V2.core, name="chip0/core0")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((50, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 70)).astype(np.float32)
+    out = core.matmul(a, b, name="dense")
+    assert out.dtype == np.float32 and out.shape == (50, 70)
+    np.testing.assert_array_equal(out, to_bf16(a) @ to_bf16(b))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    rel = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+    assert 0 < rel < 1e-2
+
+    (rec,) = core.records
+    cycles, hbm_bytes, compute_s, memory_s = expected_matmul_record(V2.core, 50, 300, 70)
+    assert isinstance(rec, OpRecord)
+    assert (rec.name, rec.unit) == ("dense", "mxu")
+    assert rec.flops == 2 * 50 * 300 * 70
+    assert rec.hbm_bytes == hbm_bytes
+    assert rec.cycles == cycles
+    assert rec.compute_seconds == pytest.approx(compute_s)
+    assert rec.memory_seconds == pytest.approx(memory_s)
+    assert rec.seconds == max(rec.compute_seconds, rec.memory_seconds)
+
+
+def test_matmul_without_numerics_is_plain_numpy_in_input_dtype():
+    core = TensorCore(V2.core, numerics=False)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))
+    out = core.matmul(a, b)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, a @ b)
+    assert core.records[0].flops == 2 * 5 * 7 * 3  # costed the same
+
+
+def test_rounded_flags_skip_rounding():
+    core = TensorCore(V2.core)
+    a = np.full((2, 3), 1 + 2**-10, dtype=np.float32)  # not representable in bf16
+    b = np.ones((3, 2), dtype=np.float32)
+    np.testing.assert_array_equal(core.matmul(a, b), np.full((2, 2), 3.0, np.float32))
+    np.testing.assert_array_equal(core.matmul(a, b, a_rounded=True, b_rounded=True), a @ b)
+
+
+def test_matmul_shape_errors():
+    core = TensorCore(V2.core)
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 5\)"):
+        core.matmul(np.ones((2, 3)), np.ones((4, 5)))
+    with pytest.raises(ValueError):
+        core.matmul(np.ones(3), np.ones((3, 1)))
+
+
+def test_tiny_k_big_m_is_memory_bound_on_v2():
+    core = TensorCore(V2.core, numerics=False)
+    m, k, n = 65536, 64, 128
+    core.matmul(np.ones((m, k), np.float32), np.ones((k, n), np.float32))
+    rec = core.records[-1]
+    _, _, compute_s, memory_s = expected_matmul_record(V2.core, m, k, n)
+    assert memory_s > compute_s  # the independent model agrees
+    assert rec.bound == "memory" and rec.seconds == pytest.approx(memory_s)
+
+
+def test_big_square_is_compute_bound_on_v2():
+    core = TensorCore(V2.core, numerics=False)
+    n = 1024
+    core.matmul(np.ones((n, n), np.float32), np.ones((n, n), np.float32))
+    rec = core.records[-1]
+    _, _, compute_s, memory_s = expected_matmul_record(V2.core, n, n, n)
+    assert compute_s > memory_s
+    assert rec.bound == "compute" and rec.seconds == pytest.approx(compute_s)
+    # Below the core's peak; M=1024 rows per fold of 128+128+128-2 overhead -> ~73%.
+    peak = 2 * V2.core.mxus_per_core * 128 * 128 * V2.core.clock_hz
+    assert 0.7 * peak < rec.flops / rec.seconds < peak
+
+
+def test_four_mxus_spread_a_large_gemm():
+    one = TensorCoreSpec(mxu=MXUSpec(128, 128), mxus_per_core=1, clock_hz=1e9,
+                         hbm_bytes=2**34, hbm_bandwidth_bytes_per_s=1e15, vmem_bytes=0)
+    four = TensorCoreSpec(mxu=MXUSpec(128, 128), mxus_per_core=4, clock_hz=1e9,
+                          hbm_bytes=2**34, hbm_bandwidth_bytes_per_s=1e15, vmem_bytes=0)
+    a = np.ones((1024, 1024), np.float32)
+    records = []
+    for spec in (one, four):
+        core = TensorCore(spec, numerics=False)
+        core.matmul(a, a)
+        records.append(core.records[0])
+    assert records[1].seconds / records[0].seconds == pytest.approx(0.25, rel=0.01)
+
+
+def test_vector_costs():
+    core = TensorCore(V2.core)
+    x = np.linspace(-1, 1, 4096, dtype=np.float32).reshape(64, 64)
+    y = core.vector("add", np.add, x, x)
+    np.testing.assert_array_equal(y, x + x)
+    e = core.vector("exp", np.exp, x, transcendental=True)
+    np.testing.assert_array_equal(e, np.exp(x))
+    add, exp = core.records
+    lanes = 8 * 128
+    assert add.unit == "vpu" and add.flops == 4096
+    assert add.hbm_bytes == 3 * x.nbytes
+    assert add.cycles == math.ceil(4096 / lanes) + V2.core.scalar_issue_cycles
+    assert exp.cycles == (math.ceil(math.ceil(4096 / lanes) * V2.core.transcendental_cycles_per_element_op)
+                          + V2.core.scalar_issue_cycles)
+    assert exp.cycles > add.cycles and exp.compute_seconds > add.compute_seconds
+
+
+def test_vector_elements_is_largest_of_inputs_and_result():
+    core = TensorCore(V2.core)
+    x = np.ones((10, 100), np.float32)
+    total = core.vector("sum", np.sum, x, ops_per_element=1.0)
+    assert total == 1000
+    s = core.vector("scale", lambda v, a: v * a, x, 2.0, ops_per_element=2.0)
+    assert s.shape == x.shape
+    reduce_rec, scale_rec = core.records
+    assert reduce_rec.flops == 1000 and scale_rec.flops == 2000
+    assert reduce_rec.hbm_bytes == x.nbytes + np.float32(0).nbytes
+    with pytest.raises(ValueError, match="-1"):
+        core.vector("bad", np.negative, x, ops_per_element=-1.0)
+
+
+def test_account_and_take_records():
+    core = TensorCore(V2.core)
+    rec = core.account("infeed", "scalar", 0, 7.16e11 / 2 * 1e-3, 10)
+    assert rec.bound == "memory" and rec.seconds == pytest.approx(1e-3)
+    assert rec.cycles == 10 and rec.compute_seconds == pytest.approx(10 / 700e6)
+    with pytest.raises(ValueError, match="'gpu'"):
+        core.account("x", "gpu", 0, 0, 0)
+    with pytest.raises(ValueError, match="-5"):
+        core.account("x", "mxu", 0, -5, 0)
+    core.matmul(np.ones((2, 2)), np.ones((2, 2)))
+    taken = core.take_records()
+    assert [r.name for r in taken] == ["infeed", "matmul"]
+    assert core.records == [] and core.take_records() == []
+
+
+def test_zero_sized_matmul_costs_only_issue():
+    core = TensorCore(V2.core)
+    out = core.matmul(np.ones((0, 4), np.float32), np.ones((4, 3), np.float32))
+    assert out.shape == (0, 3)
+    assert core.records[0].cycles == V2.core.scalar_issue_cycles
+
+
+@pytest.mark.parametrize("name", ["v2", "v4", "v5e", "v6e"])
+def test_chip_cores(name):
+    spec = get_chip_spec(name)
+    chip = Chip(spec, chip_id=5, numerics=False)
+    assert chip.spec is spec and chip.chip_id == 5
+    assert [c.name for c in chip.cores] == [f"chip5/core{i}" for i in range(spec.tensorcores)]
+    assert all(c.spec is spec.core and not c.numerics for c in chip.cores)
+    assert all(c.hbm.capacity_bytes == spec.hbm_bytes // spec.tensorcores for c in chip.cores)
+    with pytest.raises(ValueError, match="-1"):
+        Chip(spec, chip_id=-1)
+
+
+def test_chip_never_imports_ray_pod_or_interconnect():
+    code = ("import sys, chip; bad = [m for m in ('ray', 'pod', 'interconnect') if m in sys.modules];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,91 @@
+"""Tests of chip.numerics: bf16 rounding and the MXU product against numpy."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from chip import to_bf16
+from chip.numerics import dequantize_int8, mxu_matmul, quantize_int8
+
+
+def bf16_reference(x):
+    """Round-to-nearest-even to bf16 on float32 bits (finite values), independent of ml_dtypes."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def test_known_values():
+    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-7, -2.5, 0.0, 1 + 2**-8 + 2**-20],
+                 dtype=np.float32)
+    # 1 + 2^-8 is a tie -> even (1); 1 + 3*2^-8 is a tie -> even (1 + 2^-6).
+    expect = np.array([1.0, 1.0, 1 + 2**-6, 1 + 2**-7, -2.5, 0.0, 1 + 2**-7], dtype=np.float32)
+    out = to_bf16(x)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, expect)
+
+
+def test_matches_bit_reference_on_random_values():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(10_000) * 10.0 ** rng.integers(-30, 30, 10_000)).astype(np.float32)
+    np.testing.assert_array_equal(to_bf16(x), bf16_reference(x))
+
+
+def test_special_values():
+    out = to_bf16(np.array([np.nan, np.inf, -np.inf, 3.4e38], dtype=np.float32))
+    assert np.isnan(out[0]) and out[1] == np.inf and out[2] == -np.inf
+    assert out[3] == np.inf  # above bf16's largest finite value (~3.39e38)
+
+
+def test_shape_and_float64_input():
+    x = np.linspace(-3, 3, 24).reshape(2, 3, 4)
+    out = to_bf16(x)
+    assert out.shape == x.shape and out.dtype == np.float32
+    np.testing.assert_array_equal(out, bf16_reference(x.astype(np.float32)))
+
+
+finite_f32 = hnp.arrays(np.float32, hnp.array_shapes(max_dims=2, max_side=16),
+                        elements=st.floats(-2.0**100, 2.0**100, width=32))
+
+
+@settings(max_examples=200, deadline=None)
+@given(finite_f32)
+def test_to_bf16_idempotent_and_close(x):
+    once = to_bf16(x)
+    np.testing.assert_array_equal(to_bf16(once), once)
+    # bf16 keeps 8 significant bits: unit roundoff 2^-8 (normal numbers).
+    normal = np.abs(x) > 1e-37
+    assert np.all(np.abs(once[normal] - x[normal]) <= np.abs(x[normal]) * 2.0**-8)
+
+
+def test_mxu_matmul_is_float32_product_of_rounded_inputs():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((33, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 19)).astype(np.float32)
+    out = mxu_matmul(a, b)
+    assert out.dtype == np.float32 and out.shape == (33, 19)
+    ref = bf16_reference(a) @ bf16_reference(b)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-5)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    rel = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+    assert 0 < rel < 1e-2
+
+
+def test_mxu_matmul_skips_rounding_when_flagged():
+    a = np.full((2, 2), 1 + 2**-10, dtype=np.float32)  # not a bf16 value
+    b = np.eye(2, dtype=np.float32)
+    np.testing.assert_array_equal(mxu_matmul(a, b), np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(mxu_matmul(a, b, a_rounded=True), a)
+
+
+def test_int8_round_trip():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(1000).astype(np.float32)
+    q, scale = quantize_int8(x)
+    assert q.dtype == np.int8 and np.max(np.abs(q)) == 127
+    assert scale == pytest.approx(np.max(np.abs(x)) / 127)
+    assert np.max(np.abs(dequantize_int8(q, scale) - x)) <= scale / 2 + 1e-7
+    q0, s0 = quantize_int8(np.zeros(3))
+    assert s0 == 1.0 and not q0.any()

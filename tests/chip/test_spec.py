@@ -1,0 +1,179 @@
+"""Tests of chip.spec: presets against Google's published figures, validation."""
+
+import dataclasses
+import math
+import pathlib
+import re
+
+import pytest
+
+import chip
+from chip import (PRESETS, ChipError, ChipSpec, ChipSpecError, MXUSpec, TensorCoreSpec,
+                  get_chip_spec)
+
+GIB = 2**30
+
+# Google's published bf16 peaks per chip, copied from tpu-specs.md (not from spec.py).
+PUBLISHED_BF16_PEAK = {
+    "v2": 45e12,  # [SEED] 180e12 per 4-chip board
+    "v3": 123e12,
+    "v4": 275e12,
+    "v5e": 197e12,
+    "v5p": 459e12,
+    "v6e": 918e12,
+}
+
+
+def derived_peak(spec):
+    """2 FLOPs per MAC x every MAC cell of every MXU of every core x clock."""
+    core = spec.core
+    return 2 * spec.tensorcores * core.mxus_per_core * core.mxu.rows * core.mxu.cols * core.clock_hz
+
+
+def test_presets_are_the_six_generations():
+    assert set(PRESETS) == {"v2", "v3", "v4", "v5e", "v5p", "v6e"}
+    for name, spec in PRESETS.items():
+        assert spec.name == name
+        assert get_chip_spec(name) is spec
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_BF16_PEAK))
+def test_published_peak_is_googles_number(name):
+    assert PRESETS[name].published_peak_bf16_flops_per_s == PUBLISHED_BF16_PEAK[name]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_BF16_PEAK))
+def test_derived_peak_matches_published(name):
+    spec = PRESETS[name]
+    assert spec.peak_bf16_flops_per_s == pytest.approx(derived_peak(spec), rel=1e-12)
+    assert spec.core.peak_bf16_flops_per_s * spec.tensorcores == pytest.approx(
+        spec.peak_bf16_flops_per_s, rel=1e-12)
+    # v2's 45e12 is Google's 180e12-per-board figure divided by 4, itself rounded
+    # down from 2 x 16384 x 2 x 0.7e9 = 45.9e12 (1.9% off); every other
+    # generation is within 1%.
+    rel = 0.02 if name == "v2" else 0.01
+    assert spec.peak_bf16_flops_per_s == pytest.approx(PUBLISHED_BF16_PEAK[name], rel=rel)
+
+
+def test_v2_8_board_is_180_tflops_and_64_gib():
+    v2 = get_chip_spec("v2")
+    board_chips = 4
+    assert board_chips * v2.tensorcores == 8  # "8 TPU cores"
+    assert board_chips * v2.peak_bf16_flops_per_s == pytest.approx(180e12, rel=0.02)
+    assert board_chips * v2.hbm_bytes == 64 * GIB
+    assert v2.core.hbm_bytes == 8 * GIB
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_BF16_PEAK))
+def test_core_share_of_hbm(name):
+    spec = PRESETS[name]
+    assert spec.core.hbm_bytes == spec.hbm_bytes // spec.tensorcores
+    assert spec.core.hbm_bandwidth_bytes_per_s * spec.tensorcores == pytest.approx(
+        spec.hbm_bandwidth_bytes_per_s)
+    assert spec.core.vpu_lanes == 128 and spec.core.vpu_sublanes == 8
+    assert spec.core.transcendental_cycles_per_element_op > 1
+
+
+def test_table_figures():
+    expect = {  # name: (cores, mxus/core, rows, hbm_bytes, hbm B/s, links, link B/s, shape, per host)
+        "v2": (2, 1, 128, 16 * GIB, 7.16e11, 4, 62e9, (16, 16), 4),
+        "v3": (2, 2, 128, 32 * GIB, 900e9, 4, 1e11, (32, 32), 4),
+        "v4": (2, 4, 128, 32 * GIB, 1200e9, 6, 4.5e10, (16, 16, 16), 4),
+        "v5e": (1, 4, 128, 16e9, 819e9, 4, 4.5e10, (16, 16), 8),
+        "v5p": (2, 4, 128, 95 * GIB, 2765e9, 6, 9e10, (16, 20, 28), 4),
+        "v6e": (1, 4, 256, 32e9, 1638e9, 4, 9e10, (16, 16), 8),
+    }
+    for name, (cores, mxus, rows, hbm, bw, links, link_bw, shape, per_host) in expect.items():
+        s = PRESETS[name]
+        assert s.tensorcores == cores, name
+        assert s.core.mxus_per_core == mxus, name
+        assert s.core.mxu == MXUSpec(rows, rows), name
+        assert s.hbm_bytes == hbm, name
+        assert s.hbm_bandwidth_bytes_per_s == bw, name
+        assert s.ici_links == links, name
+        assert s.ici_link_bandwidth_bytes_per_s == link_bw, name
+        assert s.max_pod_shape == shape and s.torus_dims == len(shape), name
+        assert s.chips_per_host == per_host, name
+        assert s.ici_latency_s == 1e-6, name
+        assert s.host_to_chip_bytes_per_s == (3.2e10 if name == "v6e" else 1.6e10), name
+        assert s.slice_counts_tensorcores == (name in {"v2", "v3", "v4", "v5p"}), name
+    assert PRESETS["v5p"].max_pod_chips == 8960
+    assert PRESETS["v4"].max_pod_chips == 4096
+
+
+def test_every_preset_figure_cites_a_source():
+    source = pathlib.Path(chip.spec.__file__).read_text()
+    blocks = re.findall(r"ChipSpec\.from_chip_figures\((.*?)\n\)", source, flags=re.S)
+    assert len(blocks) == 6
+    for block in blocks:
+        for line in block.strip().splitlines():
+            if "=" not in line or line.strip().startswith(("name=", "#")):
+                continue
+            assert re.search(r"#.*(\[[A-Z]+[-\w]*|der\.|table|assumption)", line), line
+
+
+def test_specs_are_frozen():
+    spec = get_chip_spec("v4")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.tensorcores = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.core.clock_hz = 1.0
+
+
+def test_unknown_name_lists_choices():
+    with pytest.raises(ChipSpecError) as info:
+        get_chip_spec("v9")
+    message = str(info.value)
+    assert "'v9'" in message
+    for name in PRESETS:
+        assert repr(name) in message
+    assert isinstance(info.value, ValueError) and isinstance(info.value, ChipError)
+
+
+@pytest.mark.parametrize("rows, cols", [(0, 128), (128, -1), (1.5, 2), (True, 2)])
+def test_mxu_spec_rejects_bad_shape(rows, cols):
+    with pytest.raises(ValueError) as info:
+        MXUSpec(rows, cols)
+    assert repr(rows) in str(info.value) or repr(cols) in str(info.value)
+
+
+def _core(**overrides):
+    fields = dict(mxu=MXUSpec(4, 4), mxus_per_core=1, clock_hz=1e9, hbm_bytes=1024,
+                  hbm_bandwidth_bytes_per_s=1e9, vmem_bytes=0)
+    fields.update(overrides)
+    return TensorCoreSpec(**fields)
+
+
+@pytest.mark.parametrize("field, bad", [("clock_hz", -1.0), ("clock_hz", math.nan),
+                                        ("hbm_bytes", 0), ("mxus_per_core", 0),
+                                        ("hbm_bandwidth_bytes_per_s", 0.0),
+                                        ("vpu_lanes", 0), ("scalar_issue_cycles", -2)])
+def test_core_spec_rejects_bad_values(field, bad):
+    with pytest.raises(ValueError) as info:
+        _core(**{field: bad})
+    assert field in str(info.value) and repr(bad) in str(info.value)
+
+
+def test_chip_spec_rejects_inconsistent_core_share():
+    v2 = get_chip_spec("v2")
+    with pytest.raises(ChipSpecError, match="hbm_bytes"):
+        dataclasses.replace(v2, hbm_bytes=v2.hbm_bytes // 2)
+    with pytest.raises(ChipSpecError, match="max_pod_shape"):
+        dataclasses.replace(v2, max_pod_shape=(16, 16, 16))
+    with pytest.raises(ChipSpecError, match="-3"):
+        dataclasses.replace(v2, ici_links=-3)
+
+
+def test_from_chip_figures_splits_hbm_over_cores():
+    spec = ChipSpec.from_chip_figures(
+        name="toy", tensorcores=2, mxu=MXUSpec(8, 8), mxus_per_core=1, clock_hz=1e9,
+        hbm_bytes=1000, hbm_bandwidth_bytes_per_s=2e9, vmem_bytes_per_core=0,
+        ici_links=2, ici_link_bandwidth_bytes_per_s=1e9, ici_latency_s=0.0, torus_dims=1,
+        max_pod_shape=[4], chips_per_host=1, host_to_chip_bytes_per_s=1e9,
+        published_peak_bf16_flops_per_s=None, slice_counts_tensorcores=False,
+        scalar_issue_cycles=0)
+    assert spec.core.hbm_bytes == 500
+    assert spec.core.hbm_bandwidth_bytes_per_s == 1e9
+    assert spec.core.scalar_issue_cycles == 0
+    assert spec.max_pod_shape == (4,)
+    assert spec.peak_bf16_flops_per_s == 2 * 2 * 64 * 1e9
