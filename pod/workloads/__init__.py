@@ -1,0 +1,33 @@
+"""Workloads: layers, models, losses, optimizers and datasets in numpy.
+
+Heavy ops go through a `chip.TensorCore` so that they are costed (simulated
+time) and follow TPU numerics (bf16 inputs, float32 accumulation). No Ray.
+"""
+
+from pod.workloads.datasets import DATASET_NAMES, Dataset, load_dataset
+from pod.workloads.layers import Conv2D, Dense, Dropout, Flatten, Layer, MaxPool2D, ReLU
+from pod.workloads.losses import softmax_cross_entropy
+from pod.workloads.models import MODEL_NAMES, Model, build_model
+from pod.workloads.optimizers import OPTIMIZER_NAMES, SGD, Adam, Optimizer, build_optimizer
+
+__all__ = [
+    "Model",
+    "build_model",
+    "MODEL_NAMES",
+    "Optimizer",
+    "build_optimizer",
+    "OPTIMIZER_NAMES",
+    "Dataset",
+    "load_dataset",
+    "DATASET_NAMES",
+    "softmax_cross_entropy",
+    "Layer",
+    "Dense",
+    "Conv2D",
+    "ReLU",
+    "MaxPool2D",
+    "Dropout",
+    "Flatten",
+    "SGD",
+    "Adam",
+]

@@ -1,0 +1,130 @@
+"""Datasets: small, in memory, deterministic for a given seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+DATASET_NAMES = ("digits", "synthetic")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A train / test split held in memory (arrays are read-only).
+
+    Attributes:
+        name: dataset name, e.g. "digits".
+        x_train: (N_train, *example_shape) float32 inputs.
+        y_train: (N_train,) int64 labels in [0, num_classes).
+        x_test: (N_test, *example_shape) float32 inputs.
+        y_test: (N_test,) int64 labels.
+        num_classes: number of classes.
+        synthetic: True when the data is generated, not real.
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    synthetic: bool
+
+    def __post_init__(self):
+        for field in ("x_train", "y_train", "x_test", "y_test"):
+            getattr(self, field).flags.writeable = False
+        if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
+            raise ValueError(f"{self.name}: inputs and labels differ in length")
+
+    @property
+    def example_shape(self) -> tuple[int, ...]:
+        """One example's shape, e.g. (8, 8, 1)."""
+        return tuple(self.x_train.shape[1:])
+
+    def __repr__(self) -> str:
+        return (f"Dataset({self.name!r}, train={self.x_train.shape}, test={self.x_test.shape}, "
+                f"num_classes={self.num_classes}, synthetic={self.synthetic})")
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits  # imported lazily: slow-ish import
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)[..., None]                 # (1797, 8, 8, 1) in [0, 1]
+    return x, d.target.astype(np.int64)
+
+
+def _stratified_split(y: np.ndarray, test_fraction: float, seed: int):
+    """Per class, a seeded permutation; round(test_fraction * n_class) go to test.
+    Returns (train_idx, test_idx), each shuffled with the same seed."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        n_test = int(round(test_fraction * len(idx)))
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(test))
+
+
+def _digits(test_fraction: float, seed: int) -> Dataset:
+    x, y = _digits_raw()
+    tr, te = _stratified_split(y, test_fraction, seed)
+    return Dataset("digits", x[tr], y[tr], x[te], y[te], 10, synthetic=False)
+
+
+def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: int = 10,
+               num_examples: int = 2048) -> Dataset:
+    """Gaussian inputs; label = argmax of a fixed random linear map of the
+    input (a rule a model can learn, so the loss can fall)."""
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(shape)
+    if not shape or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0
+                            for v in shape):
+        raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r}")
+    for field, value, low in (("num_classes", num_classes, 2), ("num_examples", num_examples, 2)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"synthetic: option {field} must be an integer >= {low}, got {value!r}")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((num_examples, *shape), dtype=np.float32)     # (N, *shape)
+    w = rng.standard_normal((int(np.prod(shape)), num_classes)).astype(np.float32)
+    y = (x.reshape(num_examples, -1) @ w).argmax(axis=1).astype(np.int64)  # (N,)
+    n_test = int(round(test_fraction * num_examples))
+    if n_test < 1 or n_test >= num_examples:
+        raise ValueError(f"synthetic: test_fraction {test_fraction} of {num_examples} examples "
+                         "leaves an empty split")
+    return Dataset("synthetic", x[n_test:], y[n_test:], x[:n_test], y[:n_test],
+                   int(num_classes), synthetic=True)
+
+
+_LOADERS = {"digits": (_digits, ()), "synthetic": (_synthetic, ("shape", "num_classes", "num_examples"))}
+
+
+def load_dataset(name: str, *, test_fraction: float = 0.2, seed: int = 0, **options) -> Dataset:
+    """Loads a dataset by name.
+
+    Args:
+        name: "digits" (scikit-learn's 1,797 real 8x8 handwritten digits,
+            pixels 0..16 scaled to [0, 1], shape (N, 8, 8, 1), 10 classes,
+            split stratified by class with a seeded shuffle) or "synthetic"
+            (options shape=(8, 8, 1), num_classes=10, num_examples=2048).
+        test_fraction: share of the examples held out for test, in (0, 1).
+        seed: seed of the split (and of the synthetic data).
+
+    Raises:
+        ValueError: unknown name or option, or a bad value.
+    """
+    if name not in _LOADERS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    loader, allowed = _LOADERS[name]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for dataset {name!r}; "
+                         f"allowed: {', '.join(allowed) or 'none'}")
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) \
+            or not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    return loader(float(test_fraction), int(seed), **options)

@@ -1,0 +1,173 @@
+"""Optimizers as pure init / update functions over flat dicts (optax style).
+
+Every replica applies the update on its own copy of the parameters, so the
+update must be deterministic: float32 elementwise arithmetic only (no
+reductions, no threads), scalars precomputed once in float64 and cast to
+float32. Inputs are never modified (they may be read-only views from Ray's
+object store); every call returns new arrays. Elementwise work goes through
+``core.vector`` so that it is costed on the VPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+OPTIMIZER_NAMES = ("sgd", "adam")
+
+_F32 = np.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """Base class. Subclasses define ``slots`` (state arrays per parameter)
+    and ``_update_one``."""
+
+    name = "optimizer"
+    slots = ()  # class attribute, not a field: state arrays per parameter
+
+    def init(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """State: zeros like each parameter, one per slot, keyed "<param>/<slot>"."""
+        return {f"{key}/{slot}": np.zeros_like(v, dtype=_F32)
+                for key, v in params.items() for slot in self.slots}
+
+    def state_bytes(self, params: dict[str, np.ndarray]) -> int:
+        """Bytes of the optimizer state for ``params`` (float32)."""
+        return len(self.slots) * sum(int(np.size(v)) * 4 for v in params.values())
+
+    def update(self, core, grads, state, params, step: int):
+        """One update.
+
+        Args:
+            core: ``chip.TensorCore`` that runs and costs the elementwise work.
+            grads: gradients, same keys and shapes as ``params``.
+            state: from ``init`` or the previous ``update``.
+            params: current parameters (float32).
+            step: 1 for the first update, then 2, 3, ...
+
+        Returns:
+            (new_params, new_state), fresh dicts of fresh float32 arrays.
+
+        Raises:
+            ValueError: step < 1 or keys that do not match.
+        """
+        if isinstance(step, bool) or int(step) != step or step < 1:
+            raise ValueError(f"step counts from 1, got {step!r}")
+        if grads.keys() != params.keys():
+            raise ValueError(f"grads and params have different keys: {sorted(grads)} vs {sorted(params)}")
+        new_params, new_state = {}, {}
+        for key, p in params.items():
+            slots = {slot: state[f"{key}/{slot}"] for slot in self.slots}
+            p_new, slots_new = self._update_one(core, key, np.asarray(grads[key], _F32),
+                                                slots, np.asarray(p, _F32), int(step))
+            new_params[key] = p_new
+            for slot, v in slots_new.items():
+                new_state[f"{key}/{slot}"] = v
+        return new_params, new_state
+
+    def _update_one(self, core, key, g, slots, p, step):
+        raise NotImplementedError
+
+
+def _check_positive(opt: str, field: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or not math.isfinite(value):
+        raise ValueError(f"{opt}: {field} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _check_fraction(opt: str, field: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{opt}: {field} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SGD(Optimizer):
+    """SGD with optional heavy-ball momentum (optax form):
+    v = momentum * v + g;  p = p - learning_rate * v  (v = g when momentum 0)."""
+
+    name = "sgd"
+    learning_rate: float = 0.01
+    momentum: float = 0.0
+
+    def __post_init__(self):
+        _check_positive("sgd", "learning_rate", self.learning_rate)
+        _check_fraction("sgd", "momentum", self.momentum)
+
+    @property
+    def slots(self):
+        return ("momentum",) if self.momentum else ()
+
+    def _update_one(self, core, key, g, slots, p, step):
+        lr, mu = _F32(self.learning_rate), _F32(self.momentum)
+        if not self.momentum:
+            return core.vector(f"sgd/{key}", lambda p_, g_: p_ - lr * g_, p, g,
+                               ops_per_element=2.0), {}
+        v = core.vector(f"sgd/{key}/momentum", lambda v_, g_: mu * v_ + g_,
+                        slots["momentum"], g, ops_per_element=2.0)
+        p_new = core.vector(f"sgd/{key}", lambda p_, v_: p_ - lr * v_, p, v, ops_per_element=2.0)
+        return p_new, {"momentum": v}
+
+
+@dataclasses.dataclass(frozen=True)
+class Adam(Optimizer):
+    """Adam with bias correction (Kingma & Ba, eps outside the root):
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+    p = p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps),  t = step >= 1."""
+
+    name = "adam"
+    learning_rate: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-7
+    slots = ("m", "v")
+
+    def __post_init__(self):
+        _check_positive("adam", "learning_rate", self.learning_rate)
+        _check_fraction("adam", "beta1", self.beta1)
+        _check_fraction("adam", "beta2", self.beta2)
+        _check_positive("adam", "eps", self.eps)
+
+    def _update_one(self, core, key, g, slots, p, step):
+        b1, b2 = _F32(self.beta1), _F32(self.beta2)
+        c1, c2 = _F32(1.0 - self.beta1), _F32(1.0 - self.beta2)
+        # bias corrections, computed once in float64, applied in float32
+        inv_bc1 = _F32(1.0 / (1.0 - self.beta1 ** step))
+        inv_bc2 = _F32(1.0 / (1.0 - self.beta2 ** step))
+        lr, eps = _F32(self.learning_rate), _F32(self.eps)
+        m = core.vector(f"adam/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
+                        slots["m"], g, ops_per_element=3.0)
+        v = core.vector(f"adam/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
+                        slots["v"], g, ops_per_element=4.0)
+        p_new = core.vector(
+            f"adam/{key}",
+            lambda p_, m_, v_: p_ - lr * (m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps),
+            p, m, v, ops_per_element=6.0, transcendental=True)
+        return p_new, {"m": m, "v": v}
+
+
+_OPTIMIZERS = {"sgd": SGD, "adam": Adam}
+
+
+def build_optimizer(name: str, **options) -> Optimizer:
+    """Builds an optimizer by name.
+
+    Args:
+        name: "sgd" (options learning_rate=0.01, momentum=0.0) or "adam"
+            (learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-7).
+
+    Raises:
+        ValueError: unknown name, unknown option, or a bad value.
+    """
+    if name not in _OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZER_NAMES)}")
+    cls = _OPTIMIZERS[name]
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for optimizer "
+                         f"{name!r}; allowed: {', '.join(allowed)}")
+    return cls(**options)
