@@ -1,0 +1,60 @@
+"""The simulated inter-chip interconnect (ICI) of a TPU pod.
+
+Pure Python + numpy; never imports Ray, ``pod`` or ``chip``. One room at a time:
+
+- :mod:`~interconnect.topology`: :class:`Torus`, an immutable ring, 2-D or 3-D
+  torus/mesh: ranks <-> coordinates (row-major), neighbours, directed links,
+  dimension-order routes, hop counts, a ring order over neighbour links.
+- :mod:`~interconnect.link`: :class:`LinkSpec`, bandwidth and latency of one
+  link direction.
+- :mod:`~interconnect.collectives`: pure functions that build a
+  :class:`Schedule` (phases of :class:`Transfer`); allreduce = reduce-scatter
+  then all-gather.
+- :mod:`~interconnect.execute`: :func:`execute` runs a schedule on numpy
+  buffers (the reference for the distributed run).
+- :mod:`~interconnect.cost`: :func:`schedule_cost` / :func:`schedule_time`,
+  simulated seconds with per-link contention.
+
+Example::
+
+    >>> from interconnect import Torus, LinkSpec, ring_allreduce, schedule_time
+    >>> torus = Torus((4, 4))
+    >>> schedule = ring_allreduce(torus, num_elements=1 << 20)
+    >>> seconds = schedule_time(schedule, torus, LinkSpec(1e11, latency_s=1e-6))
+"""
+
+from interconnect.collectives import (
+    Schedule,
+    Transfer,
+    chain_schedules,
+    chunk_bounds,
+    ring_all_gather,
+    ring_allreduce,
+    ring_reduce_scatter,
+)
+from interconnect.cost import ScheduleCost, schedule_cost, schedule_time
+from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError, TopologyError
+from interconnect.execute import execute
+from interconnect.link import LinkSpec
+from interconnect.topology import Torus, parse_shape
+
+__all__ = [
+    "InterconnectError",
+    "TopologyError",
+    "LinkSpecError",
+    "ScheduleError",
+    "Torus",
+    "parse_shape",
+    "LinkSpec",
+    "Transfer",
+    "Schedule",
+    "chunk_bounds",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+    "chain_schedules",
+    "ring_allreduce",
+    "execute",
+    "ScheduleCost",
+    "schedule_cost",
+    "schedule_time",
+]
