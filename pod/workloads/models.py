@@ -126,11 +126,15 @@ class Model:
         logits, caches = self.forward(core, local, x, training=True, rng=rng)
         loss, dy = softmax_cross_entropy(core, logits, y)
         grads = {}
+        # the input gradient of a layer is needed only if a layer before it has parameters
+        first_trainable = next((i for i, keys in enumerate(self._layer_keys) if keys), 0)
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
-            dy, g = layer.backward(core, local[i], caches[i], dy, need_dx=i > 0)
+            dy, g = layer.backward(core, local[i], caches[i], dy, need_dx=i > first_trainable)
             for k, v in g.items():
                 grads[f"{layer.name}/{k}"] = v
+            if i <= first_trainable:
+                break
         return loss, {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
 
     def predict(self, core, params, x) -> np.ndarray:

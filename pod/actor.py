@@ -1,0 +1,279 @@
+"""``ChipActor``: one emulated TPU chip, the thin Ray shell around ``chip.Chip``.
+
+The class is plain Python so it can be exercised in-process; the coordinator
+wraps it with ``ray.remote``. It holds one model replica (parameters and
+optimizer state) per TensorCore, as a real chip does under data parallelism.
+
+One training step, seen from a chip (see ../shared/DESIGN.md):
+
+1. ``compute``: each TensorCore runs forward + backward on its shard; the
+   chip then reduces its cores' gradients locally (an on-chip vector add,
+   costed on core 0) into one flat float32 buffer.
+2. ``exchange`` (once per allreduce phase, plus once to finish): apply the
+   chunks received in the previous phase, then send this phase's chunks.
+   Chunks leave as objects the chip puts in Ray's object store itself, so
+   the driver only ever handles references, never gradient bytes.
+3. ``apply``: every core divides the sum by the number of replicas and runs
+   the optimizer on its own replica. The same bytes in give the same bytes
+   out, so replicas stay bit-identical (checked by ``digests``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from chip import Chip, ChipSpec, OpRecord
+from pod.workloads import Model, build_optimizer
+
+__all__ = ["ChipActor", "flatten", "unflatten", "summarize_records"]
+
+
+def flatten(tensors: dict[str, np.ndarray]) -> np.ndarray:
+    """Concatenate arrays, in dict order, into one float32 vector of shape (P,)."""
+    return np.concatenate([np.ravel(t).astype(np.float32, copy=False) for t in tensors.values()])
+
+
+def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Cut a (P,) vector back into arrays shaped like ``like`` (views of ``flat``)."""
+    out, start = {}, 0
+    for name, ref in like.items():
+        stop = start + ref.size
+        out[name] = flat[start:stop].reshape(ref.shape)
+        start = stop
+    return out
+
+
+def summarize_records(records: Sequence[OpRecord]) -> dict[str, float]:
+    """Totals of a list of op records.
+
+    Returns:
+        seconds (simulated, ops run back to back on one core), flops,
+        mxu_flops, hbm_bytes, and seconds per unit (mxu_seconds, vpu_seconds,
+        scalar_seconds).
+    """
+    totals = {"seconds": 0.0, "flops": 0, "mxu_flops": 0, "hbm_bytes": 0,
+              "mxu_seconds": 0.0, "vpu_seconds": 0.0, "scalar_seconds": 0.0}
+    for rec in records:
+        totals["seconds"] += rec.seconds
+        totals["flops"] += rec.flops
+        totals["hbm_bytes"] += rec.hbm_bytes
+        totals[f"{rec.unit}_seconds"] = totals.get(f"{rec.unit}_seconds", 0.0) + rec.seconds
+        if rec.unit == "mxu":
+            totals["mxu_flops"] += rec.flops
+    return totals
+
+
+class ChipActor:
+    """One chip: its TensorCores, their model replicas and the gradient buffer.
+
+    Args:
+        spec: the chip preset.
+        chip_id: this chip's rank in the pod (its ICI topology rank).
+        model: the model (stateless; parameters live here).
+        optimizer_name: "adam" or "sgd".
+        optimizer_options: keyword arguments of the optimizer.
+        seed: the scenario seed; parameters start from ``model.init_params(seed)``
+            on every core, so all replicas start identical.
+        num_replicas: TensorCores in the whole pod (the allreduce sum is
+            divided by it).
+        numerics: TPU numerics (bf16 inputs to the MXU) when True.
+        limit_threads: pin BLAS to one thread (several actors share few cores).
+        put_chunks: send chunks as objects this actor puts in Ray's object
+            store (True inside a Ray actor); False returns plain arrays.
+
+    Raises:
+        HBMOutOfMemoryError: the parameters, gradients or optimizer state do
+            not fit in a core's HBM.
+    """
+
+    def __init__(self, spec: ChipSpec, chip_id: int, model: Model, optimizer_name: str,
+                 optimizer_options: dict[str, Any], seed: int, num_replicas: int,
+                 numerics: bool = True, limit_threads: bool = True,
+                 put_chunks: bool = False) -> None:
+        if limit_threads:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(1)
+        self.chip = Chip(spec, chip_id, numerics=numerics)
+        self.put_chunks = put_chunks
+        self.chip_id = chip_id
+        self.model = model
+        self.optimizer = build_optimizer(optimizer_name, **optimizer_options)
+        self.num_replicas = num_replicas
+        init = model.init_params(seed)
+        self.params = [{k: v.copy() for k, v in init.items()} for _ in self.chip.cores]
+        self.opt_state = [self.optimizer.init(p) for p in self.params]
+        params_bytes = int(sum(v.nbytes for v in init.values()))
+        for core in self.chip.cores:
+            core.hbm.allocate("params", params_bytes)
+            core.hbm.allocate("grads", params_bytes)
+            core.hbm.allocate("optimizer_state", self.optimizer.state_bytes(init))
+        self.grad_flat: np.ndarray | None = None
+        self.chunk_bounds: tuple[tuple[int, int], ...] = ()
+
+    # -- set-up and inspection -------------------------------------------------
+
+    def node_id(self) -> str:
+        """The Ray node this actor runs on ("" outside Ray)."""
+        try:
+            import ray
+            return ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - outside a Ray worker
+            return ""
+
+    def set_chunk_bounds(self, bounds: Sequence[Sequence[int]]) -> None:
+        """Store the allreduce schedule's chunk element ranges [(start, stop), ...]."""
+        self.chunk_bounds = tuple((int(a), int(b)) for a, b in bounds)
+
+    def set_buffer(self, buffer: np.ndarray) -> None:
+        """Replace the gradient buffer, (P,) float32 (tests and benchmarks)."""
+        self.grad_flat = np.array(buffer, dtype=np.float32, copy=True)
+
+    def get_buffer(self) -> np.ndarray:
+        """A copy of the gradient buffer, (P,) float32."""
+        return self.grad_flat.copy()
+
+    def digests(self) -> list[str]:
+        """SHA-256 of each core's parameter bytes, in dict order."""
+        out = []
+        for params in self.params:
+            h = hashlib.sha256()
+            for v in params.values():
+                h.update(np.ascontiguousarray(v).tobytes())
+            out.append(h.hexdigest())
+        return out
+
+    def get_params(self, core: int = 0) -> dict[str, np.ndarray]:
+        """A copy of one core's parameters."""
+        return {k: v.copy() for k, v in self.params[core].items()}
+
+    def hbm(self) -> list[dict[str, int]]:
+        """Per core: used_bytes, peak_bytes, capacity_bytes."""
+        return [{"used_bytes": c.hbm.used_bytes, "peak_bytes": c.hbm.peak_bytes,
+                 "capacity_bytes": c.hbm.capacity_bytes} for c in self.chip.cores]
+
+    # -- one training step -----------------------------------------------------
+
+    def compute(self, step: int, x: np.ndarray, y: np.ndarray, seed: int) -> dict[str, Any]:
+        """Forward + backward on every core, then the on-chip gradient reduce.
+
+        Args:
+            step: zero-based step number (seeds the dropout streams).
+            x: this chip's examples, (B_chip, ...) float32; core i takes rows
+                [i*b, (i+1)*b) with b = B_chip / cores.
+            y: labels, (B_chip,) int64.
+            seed: the scenario seed.
+
+        Returns:
+            Per core lists ``loss``, ``compute_seconds``, ``mxu_flops``,
+            ``flops``, ``hbm_bytes``; ``local_reduce_seconds``; ``hbm`` (per
+            core used / peak / capacity bytes).
+        """
+        cores = self.chip.cores
+        b = x.shape[0] // len(cores)
+        losses, totals, flats = [], [], []
+        for i, core in enumerate(cores):
+            rng = np.random.default_rng([seed, step, self.chip_id, i])
+            core.hbm.allocate("activations", self.model.activation_bytes(b))
+            loss, grads = self.model.loss_and_grads(core, self.params[i], x[i * b:(i + 1) * b],
+                                                    y[i * b:(i + 1) * b], rng=rng)
+            core.hbm.free("activations")
+            losses.append(float(loss))
+            totals.append(summarize_records(core.take_records()))
+            flats.append(flatten(grads))
+        reducer = cores[0]
+        acc = flats[0]
+        for other in flats[1:]:
+            acc = reducer.vector("local_reduce", np.add, acc, other)
+        local = summarize_records(reducer.take_records())
+        self.grad_flat = np.array(acc, dtype=np.float32, copy=True)
+        return {
+            "loss": losses,
+            "compute_seconds": [t["seconds"] for t in totals],
+            "mxu_flops": [t["mxu_flops"] for t in totals],
+            "flops": [t["flops"] for t in totals],
+            "hbm_bytes": [t["hbm_bytes"] for t in totals],
+            "local_reduce_seconds": local["seconds"],
+            "hbm": self.hbm(),
+        }
+
+    def exchange(self, receives: Sequence[tuple[int, bool]], sends: Sequence[int],
+                 *incoming: Any) -> Any:
+        """One allreduce phase: apply what arrived, then send this phase's chunks.
+
+        Args:
+            receives: (chunk, reduce) per incoming chunk, in the order of
+                ``incoming``. reduce: ``buf[c] = buf[c] + chunk``; else copy.
+            sends: chunk indices to send this phase.
+            incoming: Ray object references to the chunks (put by their
+                senders), or arrays when run in-process.
+
+        Returns:
+            One reference (or array in-process) per send; a single value when
+            there is one send, None when there are none.
+        """
+        if incoming:
+            arrays = _resolve(incoming)
+            for (chunk, reduce), arr in zip(receives, arrays):
+                start, stop = self.chunk_bounds[chunk]
+                if reduce:
+                    self.grad_flat[start:stop] = self.grad_flat[start:stop] + arr
+                else:
+                    self.grad_flat[start:stop] = arr
+        outs = [self.grad_flat[slice(*self.chunk_bounds[c])].copy() for c in sends]
+        if self.put_chunks:
+            import ray
+            outs = [ray.put(o) for o in outs]
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def apply(self, step: int) -> dict[str, Any]:
+        """Average the allreduced gradients and update every core's replica.
+
+        Args:
+            step: zero-based step number (the optimizer counts from step + 1).
+
+        Returns:
+            ``update_seconds`` per core (simulated) and ``hbm``.
+        """
+        seconds = []
+        scale = np.float32(1.0 / self.num_replicas)
+        for i, core in enumerate(self.chip.cores):
+            mean = core.vector("grad_mean", np.multiply, self.grad_flat, scale)
+            grads = unflatten(mean, self.params[i])
+            self.params[i], self.opt_state[i] = self.optimizer.update(
+                core, grads, self.opt_state[i], self.params[i], step + 1)
+            seconds.append(summarize_records(core.take_records())["seconds"])
+        self.grad_flat = None
+        return {"update_seconds": seconds, "hbm": self.hbm()}
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 512) -> dict[str, float]:
+        """Test loss and accuracy of core 0's replica (eval mode, e.g. no dropout)."""
+        core = self.chip.cores[0]
+        correct, loss_sum = 0, 0.0
+        for start in range(0, x.shape[0], batch):
+            logits = self.model.predict(core, self.params[0], x[start:start + batch])
+            labels = y[start:start + batch]
+            shifted = logits - logits.max(axis=1, keepdims=True)
+            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            loss_sum += float(-logp[np.arange(labels.size), labels].sum())
+            correct += int((logits.argmax(axis=1) == labels).sum())
+        core.take_records()
+        n = max(1, x.shape[0])
+        return {"loss": loss_sum / n, "accuracy": correct / n}
+
+
+def _resolve(items: Sequence[Any]) -> list[np.ndarray]:
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return list(items)
+    refs = [i for i in items if isinstance(i, ray.ObjectRef)]
+    if not refs:
+        return list(items)
+    got = iter(ray.get(refs))
+    return [next(got) if isinstance(i, ray.ObjectRef) else i for i in items]
+

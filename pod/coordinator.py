@@ -1,0 +1,182 @@
+"""``Pod``: places the chip actors and drives data-parallel training.
+
+One step (see ../shared/DESIGN.md, "One training step"): split the global
+batch into one slice per chip (the chip splits it over its TensorCores),
+``compute`` on every chip, run the allreduce schedule chip to chip over the
+actors, ``apply`` the update on every core, and add up the simulated times.
+All calls of a step are submitted at once; the driver waits once per step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from interconnect import LinkSpec, ring_allreduce, schedule_cost
+from pod.actor import ChipActor
+from pod.cluster import ensure_ray, shutdown_ray
+from pod.collective import run_schedule
+from pod.errors import USER_ERRORS, ClusterError
+from pod.plan import TrainingPlan, batch_indices
+from pod.stats import StepStats
+
+__all__ = ["Pod"]
+
+
+class Pod:
+    """An emulated TPU pod running one training plan.
+
+    Use as a context manager, or call ``start`` and ``shutdown``.
+
+    Args:
+        plan: the checked training plan (``pod.plan.build_plan``).
+        ray_address: a cluster to join; defaults to the scenario's
+            ``ray.address``, then ``RAY_ADDRESS``, then a local cluster.
+
+    Raises:
+        ClusterError: Ray could not start, or a chip actor died.
+    """
+
+    def __init__(self, plan: TrainingPlan, *, ray_address: str | None = None) -> None:
+        self.plan = plan
+        self.ray_address = ray_address or plan.scenario.ray.address
+        self.actors: list[Any] = []
+        self._owns_ray = False
+        spec = plan.pod.chip
+        self.num_params = plan.num_params
+        self.schedule = ring_allreduce(plan.pod.torus, self.num_params, itemsize=4)
+        self.link = LinkSpec(spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
+        self.ici_cost = schedule_cost(self.schedule, plan.pod.torus, self.link)
+        self.ici_link_bytes = {f"{a}->{b}": int(v) for (a, b), v in self.ici_cost.link_bytes.items()}
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def __enter__(self) -> "Pod":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def start(self) -> float:
+        """Start (or join) Ray and create one actor per chip.
+
+        Returns:
+            Wall seconds the actors took to come up.
+        """
+        self._owns_ray = ensure_ray(self.ray_address)
+        plan, scenario = self.plan, self.plan.scenario
+        remote = ray.remote(ChipActor).options(num_cpus=0, max_concurrency=1)
+        opt = scenario.training.optimizer
+        t0 = time.perf_counter()
+        self.actors = [
+            remote.remote(plan.pod.chip, rank, plan.model, opt.name, opt.options(),
+                          scenario.training.seed, plan.pod.tensorcores, True, True, True)
+            for rank in range(plan.pod.chips)
+        ]
+        self._get([a.set_chunk_bounds.remote(self.schedule.chunk_bounds) for a in self.actors])
+        return time.perf_counter() - t0
+
+    def shutdown(self) -> None:
+        """Stop the actors, and the local Ray cluster if this pod started it."""
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actors = []
+        if self._owns_ray:
+            shutdown_ray()
+            self._owns_ray = False
+
+    # -- training ----------------------------------------------------------------
+
+    def step(self, step: int) -> StepStats:
+        """Run one data-parallel training step.
+
+        Args:
+            step: zero-based step number (selects the batch and the dropout streams).
+
+        Returns:
+            The step's statistics (simulated and wall).
+        """
+        plan = self.plan
+        data = plan.dataset
+        seed = plan.scenario.training.seed
+        t0 = time.perf_counter()
+        idx = batch_indices(data.x_train.shape[0], plan.global_batch, step, seed)
+        x, y = data.x_train[idx], data.y_train[idx]
+        per_chip = plan.per_chip_batch
+        computed = [actor.compute.remote(step, x[r * per_chip:(r + 1) * per_chip],
+                                         y[r * per_chip:(r + 1) * per_chip], seed)
+                    for r, actor in enumerate(self.actors)]
+        run_schedule(self.actors, self.schedule)
+        applied = [actor.apply.remote(step) for actor in self.actors]
+        computed, applied = self._get(computed), self._get(applied)
+        wall = time.perf_counter() - t0
+
+        chip = plan.pod.chip
+        infeed_bytes = x[:per_chip].nbytes + y[:per_chip].nbytes
+        hbm_used, hbm_peak = {}, {}
+        for r, out in enumerate(applied):
+            for c, mem in enumerate(out["hbm"]):
+                hbm_used[(r, c)] = mem["used_bytes"]
+                hbm_peak[(r, c)] = mem["peak_bytes"]
+        losses = [loss for out in computed for loss in out["loss"]]
+        return StepStats(
+            step=step,
+            loss=float(np.mean(losses)),
+            global_batch=plan.global_batch,
+            infeed_seconds=infeed_bytes / chip.host_to_chip_bytes_per_s,
+            compute_seconds=max(max(out["compute_seconds"]) for out in computed),
+            local_reduce_seconds=max(out["local_reduce_seconds"] for out in computed),
+            ici_seconds=self.ici_cost.seconds,
+            update_seconds=max(max(out["update_seconds"]) for out in applied),
+            model_flops=int(sum(sum(out["mxu_flops"]) for out in computed)),
+            peak_flops_per_s=plan.pod.peak_bf16_flops_per_s,
+            wall_seconds=wall,
+            hbm_used_bytes=hbm_used,
+            hbm_peak_bytes=hbm_peak,
+            hbm_capacity_bytes=chip.core.hbm_bytes,
+            ici_link_bytes=self.ici_link_bytes,
+        )
+
+    def evaluate(self) -> dict[str, float]:
+        """Test loss and accuracy of chip 0, core 0's replica on the test split."""
+        data = self.plan.dataset
+        return self._get(self.actors[0].evaluate.remote(data.x_test, data.y_test))
+
+    def digests(self) -> list[list[str]]:
+        """SHA-256 of every replica's parameters, [chip][core]."""
+        return self._get([a.digests.remote() for a in self.actors])
+
+    def replicas_identical(self) -> bool:
+        """True when every core of every chip holds bit-identical parameters."""
+        flat = [d for chip in self.digests() for d in chip]
+        return len(set(flat)) == 1
+
+    def params(self, chip: int = 0, core: int = 0) -> dict[str, np.ndarray]:
+        """A copy of one replica's parameters."""
+        return self._get(self.actors[chip].get_params.remote(core))
+
+    def node_ids(self) -> list[str]:
+        """The Ray node of each chip actor, by rank."""
+        return self._get([a.node_id.remote() for a in self.actors])
+
+    # -- helpers -------------------------------------------------------------------
+
+    @staticmethod
+    def _get(refs: Any) -> Any:
+        """``ray.get`` that turns a user error raised in an actor into itself."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, USER_ERRORS):
+                raise cause from None
+            raise ClusterError(f"a chip actor failed: {str(err).strip().splitlines()[0]}") from err
+        except ray.exceptions.RayActorError as err:
+            raise ClusterError(f"a chip actor died: {str(err).strip().splitlines()[0]}") from err

@@ -1,0 +1,167 @@
+"""Prometheus exporter for a running pod, on its own ``CollectorRegistry``.
+
+Names follow Prometheus conventions (``tpu_pod_`` prefix, base units,
+``_total`` for counters); the clock is in the name: ``simulated`` figures come
+from the cost models, ``wall`` figures from this host. Labels are bounded:
+``chip``, ``core``, ``link`` and the run-info labels, never a step number.
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| tpu_pod_info | gauge (1) | scenario, chip, slice, topology | what is running |
+| tpu_pod_steps_total | counter | | training steps done |
+| tpu_pod_examples_total | counter | | training examples processed |
+| tpu_pod_simulated_step_seconds | histogram | | simulated step time |
+| tpu_pod_simulated_step_part_seconds | gauge | part | last step: infeed, compute, allreduce, update |
+| tpu_pod_simulated_examples_per_second | gauge | | last step's simulated throughput |
+| tpu_pod_simulated_flops_per_second | gauge | | last step's model FLOP/s (simulated) |
+| tpu_pod_mfu_ratio | gauge | | model FLOPs utilisation, 0..1 |
+| tpu_pod_loss | gauge | | last step's training loss |
+| tpu_pod_test_accuracy_ratio | gauge | | last evaluated test accuracy |
+| tpu_pod_hbm_used_bytes | gauge | chip, core | HBM in use |
+| tpu_pod_hbm_peak_bytes | gauge | chip, core | HBM high-water mark |
+| tpu_pod_hbm_capacity_bytes | gauge | chip, core | HBM capacity |
+| tpu_pod_ici_transferred_bytes_total | counter | link | bytes sent over a directed ICI link |
+| tpu_pod_simulated_allreduce_seconds | histogram | | simulated gradient allreduce time |
+| tpu_pod_wall_step_seconds | histogram | | host wall time per step |
+| tpu_pod_emulation_slowdown_ratio | gauge | | wall seconds / simulated seconds, last step |
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from pod.errors import MetricsError
+from pod.stats import StepStats
+
+__all__ = ["PodMetrics", "METRIC_NAMES"]
+
+_SIM_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_WALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+METRIC_NAMES = (
+    "tpu_pod_info", "tpu_pod_steps_total", "tpu_pod_examples_total",
+    "tpu_pod_simulated_step_seconds", "tpu_pod_simulated_step_part_seconds",
+    "tpu_pod_simulated_examples_per_second", "tpu_pod_simulated_flops_per_second",
+    "tpu_pod_mfu_ratio", "tpu_pod_loss", "tpu_pod_test_accuracy_ratio",
+    "tpu_pod_hbm_used_bytes", "tpu_pod_hbm_peak_bytes", "tpu_pod_hbm_capacity_bytes",
+    "tpu_pod_ici_transferred_bytes_total", "tpu_pod_simulated_allreduce_seconds",
+    "tpu_pod_wall_step_seconds", "tpu_pod_emulation_slowdown_ratio",
+)
+
+
+class PodMetrics:
+    """The metric set of one run, on a registry of its own.
+
+    Args:
+        scenario: scenario name (info label).
+        chip: chip preset name (info label).
+        slice_name: slice or pod name (info label).
+        topology: torus shape, e.g. "2x2" (info label).
+    """
+
+    def __init__(self, *, scenario: str, chip: str, slice_name: str, topology: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.info = Gauge("tpu_pod_info", "The emulated pod (value 1).",
+                          ["scenario", "chip", "slice", "topology"], registry=r)
+        self.info.labels(scenario, chip, slice_name, topology).set(1)
+        self.steps = Counter("tpu_pod_steps", "Training steps done.", registry=r)
+        self.examples = Counter("tpu_pod_examples", "Training examples processed.", registry=r)
+        self.step_seconds = Histogram("tpu_pod_simulated_step_seconds",
+                                      "Simulated TPU step time.", buckets=_SIM_BUCKETS, registry=r)
+        self.part_seconds = Gauge("tpu_pod_simulated_step_part_seconds",
+                                  "Simulated time of the parts of the last step.", ["part"],
+                                  registry=r)
+        self.examples_per_second = Gauge("tpu_pod_simulated_examples_per_second",
+                                         "Simulated examples/s of the last step.", registry=r)
+        self.flops_per_second = Gauge("tpu_pod_simulated_flops_per_second",
+                                      "Simulated model FLOP/s of the last step.", registry=r)
+        self.mfu = Gauge("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).",
+                         registry=r)
+        self.loss = Gauge("tpu_pod_loss", "Training loss of the last step.", registry=r)
+        self.accuracy = Gauge("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).",
+                              registry=r)
+        self.hbm_used = Gauge("tpu_pod_hbm_used_bytes", "HBM bytes in use.", ["chip", "core"],
+                              registry=r)
+        self.hbm_peak = Gauge("tpu_pod_hbm_peak_bytes", "HBM high-water mark in bytes.",
+                              ["chip", "core"], registry=r)
+        self.hbm_capacity = Gauge("tpu_pod_hbm_capacity_bytes", "HBM capacity in bytes.",
+                                  ["chip", "core"], registry=r)
+        self.ici_bytes = Counter("tpu_pod_ici_transferred_bytes",
+                                 "Bytes sent over a directed ICI link.", ["link"], registry=r)
+        self.allreduce_seconds = Histogram("tpu_pod_simulated_allreduce_seconds",
+                                           "Simulated gradient allreduce time.",
+                                           buckets=_SIM_BUCKETS, registry=r)
+        self.wall_seconds = Histogram("tpu_pod_wall_step_seconds", "Host wall time per step.",
+                                      buckets=_WALL_BUCKETS, registry=r)
+        self.slowdown = Gauge("tpu_pod_emulation_slowdown_ratio",
+                              "Wall seconds per simulated second, last step.", registry=r)
+        self._server: Any = None
+        self.port = 0
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Expose /metrics over HTTP.
+
+        Args:
+            port: TCP port; 0 disables the endpoint.
+            host: address to bind (loopback by default).
+
+        Returns:
+            The port served (0 when disabled).
+
+        Raises:
+            MetricsError: the port is in use or cannot be bound.
+        """
+        if port == 0:
+            return 0
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise MetricsError(
+                    f"metrics.port: port {port} on {host} is already in use; choose a free port "
+                    f"with --metrics-port, or 0 to disable the endpoint") from None
+            raise MetricsError(f"metrics.port: cannot serve on {host}:{port}: {err.strerror}") from None
+        self._server = server
+        self.port = port
+        return port
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint if it runs."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def observe(self, stats: StepStats) -> None:
+        """Record one step."""
+        self.steps.inc()
+        self.examples.inc(stats.global_batch)
+        self.step_seconds.observe(stats.step_seconds)
+        for part, value in (("infeed", stats.infeed_seconds), ("compute", stats.compute_seconds),
+                            ("allreduce", stats.allreduce_seconds),
+                            ("update", stats.update_seconds)):
+            self.part_seconds.labels(part).set(value)
+        self.examples_per_second.set(stats.examples_per_second)
+        self.flops_per_second.set(stats.flops_per_second)
+        self.mfu.set(stats.mfu)
+        self.loss.set(stats.loss)
+        for (chip, core), used in stats.hbm_used_bytes.items():
+            self.hbm_used.labels(str(chip), str(core)).set(used)
+            self.hbm_capacity.labels(str(chip), str(core)).set(stats.hbm_capacity_bytes)
+        for (chip, core), peak in stats.hbm_peak_bytes.items():
+            self.hbm_peak.labels(str(chip), str(core)).set(peak)
+        for link, nbytes in stats.ici_link_bytes.items():
+            self.ici_bytes.labels(link).inc(nbytes)
+        self.allreduce_seconds.observe(stats.allreduce_seconds)
+        self.wall_seconds.observe(stats.wall_seconds)
+        if stats.step_seconds > 0:
+            self.slowdown.set(stats.wall_seconds / stats.step_seconds)
+
+    def set_accuracy(self, accuracy: float) -> None:
+        """Record the latest test accuracy (0..1)."""
+        self.accuracy.set(accuracy)

@@ -1,0 +1,196 @@
+"""Turn a ``Scenario`` into a checked ``TrainingPlan``, without Ray.
+
+Everything that can be found wrong before a single actor starts is found
+here: the pod shape, the split of the global batch over the TensorCores, the
+number of steps, and whether parameters, gradients, optimizer state and
+activations fit in one TensorCore's HBM. ``tpu-pod validate`` runs exactly
+this; ``tpu-pod run`` runs it first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from chip import HBM
+from pod.errors import ScenarioError, ShardingError
+from pod.scenario import Scenario
+from pod.slices import PodShape, resolve_pod
+from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
+
+__all__ = ["TrainingPlan", "build_plan", "memory_plan", "shard_batch_size", "batch_indices"]
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """A scenario resolved against the chip, the dataset and the model.
+
+    Attributes:
+        scenario: the scenario it came from.
+        pod: chip preset and ICI topology.
+        dataset: the loaded dataset (train and test splits).
+        model: the model (stateless; one object serves every replica).
+        per_core_batch: examples per TensorCore per step.
+        steps: optimizer steps to run.
+        steps_per_epoch: full global batches in one pass over the train split.
+        memory: per TensorCore HBM plan in bytes: params, grads,
+            optimizer_state, activations, and their total.
+    """
+
+    scenario: Scenario
+    pod: PodShape
+    dataset: Dataset
+    model: Model
+    per_core_batch: int
+    steps: int
+    steps_per_epoch: int
+    memory: dict[str, int]
+
+    @property
+    def global_batch(self) -> int:
+        """Examples per step over the whole pod."""
+        return self.scenario.training.global_batch
+
+    @property
+    def per_chip_batch(self) -> int:
+        """Examples per chip per step."""
+        return self.per_core_batch * self.pod.chip.tensorcores
+
+    @property
+    def num_params(self) -> int:
+        """Number of trainable parameters of the model."""
+        return int(self.model.num_params)
+
+
+def shard_batch_size(global_batch: int, tensorcores: int) -> int:
+    """Examples per TensorCore for an even data-parallel split.
+
+    Args:
+        global_batch: examples per step over the pod.
+        tensorcores: TensorCores in the pod.
+
+    Returns:
+        global_batch // tensorcores.
+
+    Raises:
+        ShardingError: the batch does not split evenly, as on a real pod
+            ("batch_size must be divisible by the number of TPU cores").
+    """
+    if global_batch % tensorcores:
+        lower = (global_batch // tensorcores) * tensorcores
+        upper = lower + tensorcores
+        nearby = f"{lower} or {upper}" if lower > 0 else f"{upper}"
+        raise ShardingError(
+            f"training.global_batch: global batch {global_batch} is not divisible by "
+            f"{tensorcores} TensorCores; use a multiple of {tensorcores} such as {nearby}"
+        )
+    return global_batch // tensorcores
+
+
+def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
+                capacity_bytes: int, name: str = "core") -> dict[str, int]:
+    """Allocate one TensorCore's training state against its HBM.
+
+    Args:
+        model: the model.
+        optimizer_state_bytes: bytes of optimizer state for the model's params.
+        per_core_batch: examples per core per step.
+        capacity_bytes: the core's HBM capacity.
+        name: the core's name, for the error message.
+
+    Returns:
+        Bytes per item (params, grads, optimizer_state, activations) and total.
+
+    Raises:
+        HBMOutOfMemoryError: an item does not fit; it names the item, the
+            bytes asked and the bytes free.
+    """
+    params_bytes = 4 * int(model.num_params)  # float32
+    items = {
+        "params": params_bytes,
+        "grads": params_bytes,
+        "optimizer_state": int(optimizer_state_bytes),
+        "activations": int(model.activation_bytes(per_core_batch)),
+    }
+    hbm = HBM(capacity_bytes, name=name)
+    for tag, nbytes in items.items():
+        hbm.allocate(tag, nbytes)
+    return {**items, "total": hbm.used_bytes}
+
+
+def _shape_only(model: Model) -> dict[str, np.ndarray]:
+    """Zero-copy stand-ins with the parameters' shapes (no memory for big models)."""
+    zero = np.zeros((), dtype=np.float32)
+    return {k: np.broadcast_to(zero, shape) for k, shape in model.param_shapes.items()}
+
+
+def build_plan(scenario: Scenario, *, dataset: Dataset | None = None) -> TrainingPlan:
+    """Resolve and check a scenario.
+
+    Args:
+        scenario: the validated scenario.
+        dataset: an already loaded dataset to reuse (else it is loaded).
+
+    Returns:
+        The plan.
+
+    Raises:
+        ScenarioError, ShardingError, HBMOutOfMemoryError, ChipSpecError,
+        TopologyError: with one-line messages naming the field.
+    """
+    cfg = scenario.pod
+    pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
+                      topology=cfg.topology, wraparound=cfg.wraparound)
+    training = scenario.training
+    per_core = shard_batch_size(training.global_batch, pod.tensorcores)
+    if dataset is None:
+        try:
+            dataset = load_dataset(scenario.data.name, test_fraction=scenario.data.test_fraction,
+                                   seed=training.seed, **scenario.data.options)
+        except ValueError as err:
+            raise ScenarioError(f"data: {err}") from None
+    n_train = int(dataset.x_train.shape[0])
+    if training.global_batch > n_train:
+        raise ScenarioError(
+            f"training.global_batch: {training.global_batch} is larger than the "
+            f"{n_train} training examples of {dataset.name}"
+        )
+    try:
+        model = build_model(scenario.model.name, input_shape=tuple(dataset.x_train.shape[1:]),
+                            num_classes=dataset.num_classes, **scenario.model.options)
+    except ValueError as err:
+        raise ScenarioError(f"model: {err}") from None
+    try:
+        optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
+    except ValueError as err:
+        raise ScenarioError(f"training.optimizer: {err}") from None
+    steps_per_epoch = n_train // training.global_batch
+    steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
+    memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
+                         pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore")
+    return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
+                        per_core_batch=per_core, steps=int(steps),
+                        steps_per_epoch=steps_per_epoch, memory=memory)
+
+
+def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) -> np.ndarray:
+    """Indices of the examples of one global batch.
+
+    Each epoch is a fresh permutation drawn from ``default_rng([seed, epoch])``;
+    the last incomplete batch of an epoch is dropped. Deterministic in
+    (num_examples, global_batch, step, seed), so a run can be replayed.
+
+    Args:
+        num_examples: size of the train split.
+        global_batch: examples per step.
+        step: zero-based step number.
+        seed: the scenario seed.
+
+    Returns:
+        int64 array of shape (global_batch,).
+    """
+    per_epoch = num_examples // global_batch
+    epoch, index = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    return order[index * global_batch:(index + 1) * global_batch]

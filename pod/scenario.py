@@ -1,0 +1,265 @@
+"""Scenario files: the one place YAML becomes a typed, frozen ``Scenario``.
+
+A scenario says which pod to emulate, what to train on it and how. The file
+is parsed with ``yaml.safe_load`` (no object construction) and validated with
+pydantic; unknown keys and bad values are rejected with the field's path, the
+value received and what is allowed, in one line (``ScenarioError``).
+
+Format (every key but ``pod``, ``model`` and ``training.global_batch`` has a
+default)::
+
+    name: quickstart                 # used for the output directory
+    description: free text
+    pod:
+      slice: v2-8                    # a Google slice name, or:
+      chip: v2                       #   a chip preset ...
+      chips: 4                       #   ... and a chip count
+      topology: 2x2                  # torus shape (default: from the slice)
+      wraparound: true               # default: the generation's rules
+    model:
+      name: cnn                      # cnn | mlp
+      options: {dropout: true}       # model-specific options
+    data:
+      name: digits                   # digits | synthetic
+      test_fraction: 0.2
+      options: {}
+    training:
+      global_batch: 256              # split over every TensorCore
+      steps: 200                     # or epochs: N (exactly one of them)
+      optimizer: {name: adam, learning_rate: 0.002}
+      precision: bf16
+      seed: 0
+      eval_every_steps: 0            # 0: evaluate at the end only
+    metrics:
+      port: 9188                     # 0 disables the Prometheus endpoint
+      host: 127.0.0.1
+    ray:
+      address: null                  # join this cluster; else RAY_ADDRESS; else local
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pod.errors import ScenarioError
+
+__all__ = [
+    "Scenario",
+    "PodConfig",
+    "ModelConfig",
+    "DataConfig",
+    "OptimizerConfig",
+    "TrainingConfig",
+    "MetricsConfig",
+    "RayConfig",
+    "load_scenario",
+    "parse_scenario",
+    "PRECISIONS",
+]
+
+PRECISIONS = ("bf16",)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class PodConfig(_Frozen):
+    """Which pod: a slice name, or a chip preset with a count or a shape."""
+
+    slice: str | None = Field(default=None, description="Google slice name, e.g. v2-8")
+    chip: str | None = Field(default=None, description="chip preset: v2 v3 v4 v5e v5p v6e")
+    chips: int | None = Field(default=None, gt=0, description="number of chips")
+    topology: str | None = Field(default=None, description="torus shape, e.g. 2x2 or 4x4x4")
+    wraparound: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "PodConfig":
+        if not self.slice and not self.chip:
+            raise ValueError("give either slice (e.g. v2-8) or chip (e.g. v2) with chips")
+        return self
+
+
+class ModelConfig(_Frozen):
+    """The model to train, by name, with its options."""
+
+    name: Literal["cnn", "mlp"]
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataConfig(_Frozen):
+    """The dataset, by name, and the share of it held out for testing."""
+
+    name: Literal["digits", "synthetic"] = "digits"
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class OptimizerConfig(_Frozen):
+    """Optimizer name and hyper-parameters."""
+
+    name: Literal["adam", "sgd"] = "adam"
+    learning_rate: float = Field(default=1e-3, gt=0.0)
+    momentum: float | None = Field(default=None, ge=0.0, lt=1.0)
+    beta1: float | None = Field(default=None, ge=0.0, lt=1.0)
+    beta2: float | None = Field(default=None, ge=0.0, lt=1.0)
+    eps: float | None = Field(default=None, gt=0.0)
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> "OptimizerConfig":
+        if self.name == "sgd" and any(v is not None for v in (self.beta1, self.beta2, self.eps)):
+            raise ValueError("beta1, beta2 and eps belong to adam, not sgd")
+        if self.name == "adam" and self.momentum is not None:
+            raise ValueError("momentum belongs to sgd, not adam")
+        return self
+
+    def options(self) -> dict[str, float]:
+        """The hyper-parameters that were given, as keyword arguments."""
+        fields = ("learning_rate", "momentum", "beta1", "beta2", "eps")
+        return {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
+
+
+class TrainingConfig(_Frozen):
+    """How to train: batch, length, optimizer, numerics, seed."""
+
+    global_batch: int = Field(gt=0)
+    steps: int | None = Field(default=None, gt=0)
+    epochs: int | None = Field(default=None, gt=0)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    precision: Literal["bf16"] = "bf16"
+    seed: int = Field(default=0, ge=0)
+    eval_every_steps: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> "TrainingConfig":
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("give steps or epochs, not both")
+        if self.steps is None and self.epochs is None:
+            raise ValueError("give steps or epochs")
+        return self
+
+
+class MetricsConfig(_Frozen):
+    """The Prometheus endpoint."""
+
+    port: int = Field(default=9188, ge=0, le=65535)
+    host: str = "127.0.0.1"
+
+
+class RayConfig(_Frozen):
+    """Where the chip actors run."""
+
+    address: str | None = None
+
+
+class Scenario(_Frozen):
+    """A validated, frozen scenario. Build it with ``load_scenario``."""
+
+    name: str = Field(default="scenario", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    pod: PodConfig
+    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    training: TrainingConfig
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    def with_overrides(self, **changes: Any) -> "Scenario":
+        """A copy with dotted-path overrides, validated again.
+
+        Args:
+            changes: e.g. ``{"training.steps": 5, "metrics.port": 0}`` passed as
+                keyword arguments with ``__`` for dots
+                (``training__steps=5``).
+
+        Raises:
+            ScenarioError: an override makes the scenario invalid.
+        """
+        data = self.model_dump()
+        for key, value in changes.items():
+            node = data
+            parts = key.split("__")
+            for part in parts[:-1]:
+                node = node[part]
+            node[parts[-1]] = value
+            if parts == ["training", "steps"] and value is not None:
+                data["training"]["epochs"] = None
+        return parse_scenario(data, source="<overrides>")
+
+
+def _describe_error(error: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "<top level>"
+    kind = error["type"]
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key (got {error['input']!r})"
+    if kind == "missing":
+        return f"{path}: required key is missing"
+    if "input" in error and not isinstance(error["input"], dict):
+        return f"{path}: {message} (got {error['input']!r})"
+    return f"{path}: {message}"
+
+
+def parse_scenario(data: Any, *, source: str = "<scenario>") -> Scenario:
+    """Validate a parsed YAML document into a ``Scenario``.
+
+    Args:
+        data: the document (a mapping).
+        source: where it came from, used in messages.
+
+    Returns:
+        The frozen scenario.
+
+    Raises:
+        ScenarioError: one line naming the field, the value and what is allowed.
+    """
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping of keys, got {type(data).__name__}")
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as err:
+        errors = err.errors()
+        extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ScenarioError(f"{source}: {_describe_error(errors[0])}{extra}") from None
+    _check_numbers(scenario, source)
+    return scenario
+
+
+def _check_numbers(scenario: Scenario, source: str) -> None:
+    lr = scenario.training.optimizer.learning_rate
+    if not math.isfinite(lr):
+        raise ScenarioError(f"{source}: training.optimizer.learning_rate must be finite (got {lr})")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The frozen scenario.
+
+    Raises:
+        ScenarioError: unreadable file, bad YAML, or an invalid field.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+    return parse_scenario(data, source=str(path))

@@ -1,0 +1,212 @@
+"""Google Cloud TPU slice names and the pod shapes they stand for.
+
+A slice name is ``<generation>-<count>``. For v2, v3, v4 and v5p the count is
+TensorCores (``v2-8`` = 4 chips of 2 cores); for v5e and v6e it counts chips
+(``v5e-16`` = 16 chips) [GC-v4], [GC-v5e]. The chip preset's
+``slice_counts_tensorcores`` says which.
+
+Shapes: a slice is laid out on the generation's torus (2-D for v2, v3, v5e,
+v6e; 3-D for v4, v5p). When a scenario gives no shape we pick the most nearly
+square (cubic) power-of-two factorisation, which is what Google's standard
+slices are (v2-8 = 2x2, v2-32 = 4x4, v4-64 = 4x4x2).
+
+Wraparound follows the generation's rules [SB]: v5e / v6e wrap an axis only
+at its full size 16; v4 / v5p have wraparound only on complete 4x4x4 cubes
+and their multiples; v2 / v3 slices are 2-D tori.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from chip import ChipSpec, get_chip_spec, PRESETS
+from interconnect import Torus, parse_shape
+
+from pod.errors import ScenarioError
+
+__all__ = ["PodShape", "parse_slice", "default_shape", "default_wraparound", "resolve_pod"]
+
+_SLICE_RE = re.compile(r"^(v[0-9a-z]+)-([0-9]+)$")
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """A resolved pod: which chip, how many, and how they are wired.
+
+    Attributes:
+        chip: the chip preset every chip of the pod uses.
+        torus: the ICI topology; ``torus.num_chips`` chips.
+        slice_name: Google's name for the slice when it has one, else "".
+    """
+
+    chip: ChipSpec
+    torus: Torus
+    slice_name: str = ""
+
+    @property
+    def chips(self) -> int:
+        """Number of chips in the pod."""
+        return self.torus.num_chips
+
+    @property
+    def tensorcores(self) -> int:
+        """Number of TensorCores in the pod (chips x cores per chip)."""
+        return self.chips * self.chip.tensorcores
+
+    @property
+    def peak_bf16_flops_per_s(self) -> float:
+        """Pod peak bf16 FLOP/s: chips x the chip's derived peak."""
+        return self.chips * self.chip.peak_bf16_flops_per_s
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Total HBM of the pod in bytes."""
+        return self.chips * self.chip.hbm_bytes
+
+    @property
+    def name(self) -> str:
+        """The slice name, or ``<chip>x<chips>`` when there is none."""
+        return self.slice_name or f"{self.chip.name}:{self.torus.name}"
+
+
+def parse_slice(name: str) -> tuple[ChipSpec, int]:
+    """Parse a Google slice name into its chip preset and chip count.
+
+    Args:
+        name: e.g. "v2-8", "v4-32", "v5e-16".
+
+    Returns:
+        (chip preset, number of chips).
+
+    Raises:
+        ScenarioError: the text is not ``<chip>-<count>``, the chip is unknown,
+            or the count is not a positive multiple of the cores per chip.
+    """
+    match = _SLICE_RE.match(name.strip().lower())
+    if not match:
+        raise ScenarioError(
+            f"slice {name!r} is not a slice name; expected <chip>-<count> such as v2-8, "
+            f"v4-32 or v5e-16 with chip one of {', '.join(PRESETS)}"
+        )
+    chip = get_chip_spec(match.group(1))
+    count = int(match.group(2))
+    per_chip = chip.tensorcores if chip.slice_counts_tensorcores else 1
+    unit = "TensorCores" if chip.slice_counts_tensorcores else "chips"
+    if count <= 0 or count % per_chip:
+        raise ScenarioError(
+            f"slice {name!r}: the count ({count}) counts {unit} for {chip.name} and must be a "
+            f"positive multiple of {per_chip}"
+        )
+    chips = count // per_chip
+    max_chips = 1
+    for axis in chip.max_pod_shape:
+        max_chips *= axis
+    if chips > max_chips:
+        raise ScenarioError(
+            f"slice {name!r} has {chips} chips; the largest {chip.name} pod has {max_chips}"
+        )
+    return chip, chips
+
+
+def default_shape(chips: int, dims: int) -> tuple[int, ...]:
+    """The most nearly square (cubic) shape of ``dims`` axes holding ``chips``.
+
+    Factors of two are dealt to the smallest axis first (largest axis first
+    in the result), then any odd remainder goes to the first axis.
+
+    Args:
+        chips: number of chips, >= 1.
+        dims: number of torus axes (1, 2 or 3).
+
+    Returns:
+        A shape tuple whose product is ``chips``, e.g. (2, 2) for 4 chips
+        in 2-D, (4, 4, 2) for 32 chips in 3-D. Axes of size 1 are kept.
+
+    Raises:
+        ValueError: chips < 1 or dims not in 1..3.
+    """
+    if chips < 1:
+        raise ValueError(f"chips must be >= 1, got {chips}")
+    if dims not in (1, 2, 3):
+        raise ValueError(f"dims must be 1, 2 or 3, got {dims}")
+    axes = [1] * dims
+    rest = chips
+    while rest % 2 == 0:
+        axes[axes.index(min(axes))] *= 2
+        rest //= 2
+    axes.sort(reverse=True)
+    axes[0] *= rest
+    return tuple(axes)
+
+
+def default_wraparound(chip: ChipSpec, shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which axes have wraparound links, by the generation's rules [SB].
+
+    Args:
+        chip: the chip preset.
+        shape: the torus shape.
+
+    Returns:
+        One bool per axis.
+    """
+    if chip.name in ("v5e", "v6e"):
+        return tuple(axis == 16 for axis in shape)
+    if chip.name in ("v4", "v5p"):
+        full_cubes = len(shape) == 3 and all(axis % 4 == 0 for axis in shape)
+        return tuple(full_cubes for _ in shape)
+    return tuple(axis > 1 for axis in shape)
+
+
+def resolve_pod(
+    *,
+    slice_name: str | None = None,
+    chip: str | None = None,
+    chips: int | None = None,
+    topology: str | None = None,
+    wraparound: bool | None = None,
+) -> PodShape:
+    """Resolve the pod a scenario asks for.
+
+    Either ``slice_name`` or ``chip`` (with ``chips`` and/or ``topology``)
+    names the pod. The topology shape must hold exactly the pod's chips.
+
+    Raises:
+        ScenarioError: conflicting or incomplete fields, or a topology whose
+            shape does not match the chip count.
+        ChipSpecError: unknown chip name.
+        TopologyError: malformed topology text.
+    """
+    name = ""
+    if slice_name:
+        spec, count = parse_slice(slice_name)
+        name = slice_name.lower()
+        if chip and get_chip_spec(chip).name != spec.name:
+            raise ScenarioError(f"pod.chip {chip!r} contradicts pod.slice {slice_name!r}")
+        if chips is not None and chips != count:
+            raise ScenarioError(
+                f"pod.chips {chips} contradicts pod.slice {slice_name!r}, which has {count} chips"
+            )
+    elif chip:
+        spec = get_chip_spec(chip)
+        count = chips
+    else:
+        raise ScenarioError("pod: give either slice (e.g. v2-8) or chip (e.g. v2) with chips")
+
+    if topology:
+        shape = parse_shape(topology)
+        product = 1
+        for axis in shape:
+            product *= axis
+        if count is None:
+            count = product
+        elif product != count:
+            raise ScenarioError(
+                f"pod.topology {topology!r} holds {product} chips but the pod has {count}"
+            )
+    else:
+        if count is None:
+            raise ScenarioError("pod: give chips or topology together with chip")
+        shape = default_shape(count, spec.torus_dims)
+    wrap = default_wraparound(spec, shape) if wraparound is None else wraparound
+    return PodShape(chip=spec, torus=Torus(shape, wrap), slice_name=name)

@@ -1,0 +1,22 @@
+"""Shared fixtures: one local Ray cluster for the whole session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster on 127.0.0.1, shared by every Ray test; yields its address."""
+    import ray
+
+    from pod.cluster import ensure_ray
+
+    started = ensure_ray(None)
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()

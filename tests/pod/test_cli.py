@@ -1,0 +1,71 @@
+"""The tpu-pod command line, run as a user runs it (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tpu_pod(*args: str, env: dict | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "pod", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_help_lists_the_commands():
+    out = tpu_pod("--help")
+    assert out.returncode == 0
+    for command in ("run", "validate", "describe"):
+        assert command in out.stdout
+
+
+def test_describe_v2_8():
+    out = tpu_pod("describe", "v2-8")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    # derived from the clock (2 x 16384 MACs x 0.7 GHz x 8 cores) beside Google's 180e12 [SEED]
+    assert "4 chips, 8 TensorCores, 184 TFLOP/s bf16 (Google: 180 TFLOP/s), 64 GiB HBM" in text
+
+
+def test_validate_every_scenario():
+    paths = sorted(str(p) for p in (ROOT / "scenarios").glob("*.yaml"))
+    out = tpu_pod("validate", *paths)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count(": ok (") == len(paths)
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("name: x\npod: {slice: v2-8}\nmodel: {name: cnn}\ntraining: {global_batch: 100, steps: 1}\n",
+     "global batch 100 is not divisible by 8 TensorCores"),
+    ("name: x\npod: {slice: v2-8}\nmodel: {name: cnn}\ntraining: {global_batch: 64, steps: 1}\n"
+     "extra: 1\n", "extra: unknown key"),
+    ("name: x\npod: [\n", "invalid YAML"),
+    ("name: x\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [60000, 60000, 60000]}}\n"
+     "training: {global_batch: 64, steps: 1}\n", "HBM out of memory"),
+])
+def test_user_errors_are_one_line_without_traceback(tmp_path, content, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    for command in ("validate", "run"):
+        out = tpu_pod(command, str(path))
+        assert out.returncode == 2
+        assert "Traceback" not in out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_quickstart_runs_end_to_end(tmp_path, ray_cluster):
+    out = tpu_pod("run", "scenarios/quickstart.yaml", "--steps", "3", "--metrics-port", "0",
+                  "--output-dir", str(tmp_path), env={"RAY_ADDRESS": ray_cluster})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "step 3/3" in out.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["chips"] == 4 and summary["cores"] == 8
+    assert summary["replicas_identical"] is True
+    assert summary["chip"] == "v2" and summary["dataset"] == "digits"

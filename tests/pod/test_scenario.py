@@ -1,0 +1,153 @@
+"""Scenario loading and validation, and the pod a scenario resolves to (no Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chip import ChipSpecError, HBMOutOfMemoryError
+from pod.errors import ScenarioError, ShardingError
+from pod.plan import batch_indices, build_plan, shard_batch_size
+from pod.scenario import load_scenario, parse_scenario
+from pod.slices import default_shape, parse_slice, resolve_pod
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
+
+BASE = {
+    "name": "t",
+    "pod": {"slice": "v2-8"},
+    "model": {"name": "mlp", "options": {"hidden": [16], "dropout": False}},
+    "data": {"name": "digits"},
+    "training": {"global_batch": 64, "steps": 2},
+}
+
+
+def with_(path: str, value):
+    """BASE with one dotted key set (value None deletes it)."""
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    node = data
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    if value is None:
+        node.pop(keys[-1], None)
+    else:
+        node[keys[-1]] = value
+    return data
+
+
+def test_every_shipped_scenario_validates():
+    assert SCENARIOS, "scenarios/ holds no YAML file"
+    for path in SCENARIOS:
+        plan = build_plan(load_scenario(path))
+        assert plan.steps > 0
+        assert plan.per_core_batch * plan.pod.tensorcores == plan.global_batch
+
+
+def test_quickstart_is_a_v2_8_on_a_2x2_torus():
+    plan = build_plan(load_scenario(Path(__file__).resolve().parents[2] / "scenarios/quickstart.yaml"))
+    assert (plan.pod.chip.name, plan.pod.chips, plan.pod.tensorcores) == ("v2", 4, 8)
+    assert plan.pod.torus.shape == (2, 2)
+    assert plan.model.name == "cnn" and plan.dataset.name == "digits"
+    assert not plan.dataset.synthetic
+
+
+@pytest.mark.parametrize("path, value, needles", [
+    ("pod.slice", "v9-8", ["v9", "v2", "v5e"]),
+    ("pod.slice", "v2-7", ["v2-7", "multiple of 2"]),
+    ("model.name", "transformer", ["model.name", "transformer", "cnn", "mlp"]),
+    ("training.global_batch", -4, ["training.global_batch", "-4", "greater than 0"]),
+    ("training.global_batch", "many", ["training.global_batch", "many", "integer"]),
+    ("training.epochs", 3, ["steps or epochs, not both"]),
+    ("training.optimizer", {"name": "rmsprop"}, ["training.optimizer.name", "rmsprop", "adam"]),
+    ("training.precision", "fp8", ["training.precision", "fp8", "bf16"]),
+    ("colour", "blue", ["colour", "unknown key"]),
+    ("pod.topology", "3x3", ["pod.topology", "3x3", "9 chips", "4"]),
+    ("metrics.port", 70000, ["metrics.port", "70000"]),
+    ("data.name", "imagenet", ["data.name", "imagenet", "digits"]),
+])
+def test_bad_values_give_one_line_naming_field_and_value(path, value, needles):
+    with pytest.raises((ScenarioError, ChipSpecError)) as info:
+        build_plan(parse_scenario(with_(path, value), source="bad.yaml"))
+    message = str(info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+
+
+def test_missing_required_key_is_named():
+    with pytest.raises(ScenarioError, match=r"training: required key is missing"):
+        parse_scenario(with_("training", None))
+
+
+def test_bad_yaml_syntax_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\npod: {slice: v2-8\nmodel: cnn\n")
+    with pytest.raises(ScenarioError, match=r"invalid YAML at line \d+"):
+        load_scenario(path)
+
+
+def test_unreadable_file_is_a_scenario_error(tmp_path):
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "nope.yaml")
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("name: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ScenarioError, match="invalid YAML"):
+        load_scenario(path)
+
+
+def test_global_batch_must_divide_over_tensorcores():
+    with pytest.raises(ShardingError, match="global batch 100 is not divisible by 8 TensorCores"):
+        build_plan(parse_scenario(with_("training.global_batch", 100)))
+    assert shard_batch_size(256, 8) == 32
+
+
+def test_model_too_big_for_hbm_names_what_did_not_fit():
+    # 4 layers of 40000 units: ~4.8e9 parameters x 4 bytes >> 8 GiB per v2 core.
+    data = with_("model.options", {"hidden": [40000, 40000, 40000, 40000]})
+    with pytest.raises(HBMOutOfMemoryError) as info:
+        build_plan(parse_scenario(data))
+    message = str(info.value)
+    assert "GiB" in message and "free" in message
+    assert any(tag in message for tag in ("params", "grads", "optimizer_state", "activations"))
+
+
+@pytest.mark.parametrize("name, chips", [("v2-8", 4), ("v3-32", 16), ("v4-32", 16),
+                                          ("v5p-8", 4), ("v5e-16", 16), ("v6e-8", 8)])
+def test_slice_names_count_cores_or_chips(name, chips):
+    assert parse_slice(name)[1] == chips
+
+
+def test_default_shapes_hold_the_chips():
+    for chips in (1, 2, 4, 8, 16, 32, 64, 12):
+        for dims in (1, 2, 3):
+            shape = default_shape(chips, dims)
+            assert len(shape) == dims
+            product = 1
+            for axis in shape:
+                product *= axis
+            assert product == chips
+    assert default_shape(4, 2) == (2, 2)
+    assert default_shape(32, 3) == (4, 4, 2)
+
+
+def test_v2_8_is_180_tflops_and_64_gib():
+    pod = resolve_pod(slice_name="v2-8")
+    assert pod.chips == 4 and pod.tensorcores == 8
+    # [SEED]: a v2-8 board is 180e12 bf16 FLOP/s and 64 GiB of HBM.
+    assert pod.peak_bf16_flops_per_s == pytest.approx(180e12, rel=0.02)
+    assert pod.hbm_bytes == 64 * 2**30
+
+
+def test_batches_are_deterministic_permutations():
+    a = batch_indices(100, 32, 0, seed=1)
+    assert (a == batch_indices(100, 32, 0, seed=1)).all()
+    epoch = [batch_indices(100, 32, s, seed=1) for s in range(3)]
+    joined = sorted(int(i) for batch in epoch for i in batch)
+    assert len(set(joined)) == 96  # no example twice within an epoch
+    assert not (batch_indices(100, 32, 3, seed=1) == a).all()  # next epoch reshuffles
