@@ -103,10 +103,10 @@ def summarize(plan: TrainingPlan, steps: list[StepStats], evaluation: dict[str, 
 
 def _progress_line(stats: StepStats, total: int) -> str:
     width = len(str(total))
-    return (f"step {stats.step + 1:>{width}}/{total}  loss {stats.loss:7.4f}  "
-            f"sim {stats.step_seconds * 1e3:8.4f} ms/step  "
-            f"sim {stats.examples_per_second:>12,.0f} examples/s  "
-            f"wall {stats.wall_seconds * 1e3:7.1f} ms/step")
+    return (f"step {stats.step + 1:>{width}}/{total}  loss {stats.loss:.4f}  "
+            f"sim {stats.step_seconds * 1e3:.4f} ms/step  "
+            f"sim {stats.examples_per_second:,.0f} examples/s  "
+            f"wall {stats.wall_seconds * 1e3:.1f} ms/step")
 
 
 def _summary_table(summary: dict[str, Any]) -> Table:
@@ -196,7 +196,7 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
                 if on_step:
                     on_step(stats)
                 if log_every and ((step + 1) % log_every == 0 or step + 1 == plan.steps):
-                    console.print(_progress_line(stats, plan.steps), highlight=False)
+                    console.print(_progress_line(stats, plan.steps), highlight=False, soft_wrap=True)
                 if eval_every and (step + 1) % eval_every == 0 and step + 1 < plan.steps:
                     ev = pod.evaluate()
                     metrics.set_accuracy(ev["accuracy"])

@@ -123,6 +123,11 @@ def test_actor_allreduce_equals_numpy_sum_and_the_pure_executor():
         for got, ref in zip(results, reference):
             np.testing.assert_array_equal(got, ref)
             np.testing.assert_allclose(got, total, rtol=1e-5, atol=1e-5)
+    # what the driver gets back from a sending chip is a reference, not gradient bytes:
+    # the receiver fetches the chunk from the sender's object store itself
+    sent = ray.get(actors[0].exchange.remote([], [0]))
+    assert isinstance(sent, ray.ObjectRef)
+    np.testing.assert_array_equal(ray.get(sent), results[0][slice(*schedule.chunk_bounds[0])])
     for actor in actors:
         ray.kill(actor)
 
