@@ -44,9 +44,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from pod.errors import ScenarioError
+from pod.workloads import DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES
 
 __all__ = [
     "Scenario",
@@ -85,17 +87,34 @@ class PodConfig(_Frozen):
         return self
 
 
-class ModelConfig(_Frozen):
-    """The model to train, by name, with its options."""
+def _one_of(value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"must be one of {', '.join(allowed)}")
+    return value
 
-    name: Literal["cnn", "mlp"]
+
+class ModelConfig(_Frozen):
+    """The model to train, by name (``pod.workloads.MODEL_NAMES``), with its options."""
+
+    name: str
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return _one_of(value, MODEL_NAMES)
 
 
 class DataConfig(_Frozen):
-    """The dataset, by name, and the share of it held out for testing."""
+    """The dataset, by name (``pod.workloads.DATASET_NAMES``), and the test share."""
 
-    name: Literal["digits", "synthetic"] = "digits"
+    name: str = "digits"
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return _one_of(value, DATASET_NAMES)
+
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -103,12 +122,17 @@ class DataConfig(_Frozen):
 class OptimizerConfig(_Frozen):
     """Optimizer name and hyper-parameters."""
 
-    name: Literal["adam", "sgd"] = "adam"
+    name: str = "adam"
     learning_rate: float = Field(default=1e-3, gt=0.0)
     momentum: float | None = Field(default=None, ge=0.0, lt=1.0)
     beta1: float | None = Field(default=None, ge=0.0, lt=1.0)
     beta2: float | None = Field(default=None, ge=0.0, lt=1.0)
     eps: float | None = Field(default=None, gt=0.0)
+
+    @field_validator("name")
+    @classmethod
+    def _known_optimizer(cls, value: str) -> str:
+        return _one_of(value, OPTIMIZER_NAMES)
 
     @model_validator(mode="after")
     def _options_fit(self) -> "OptimizerConfig":
