@@ -156,7 +156,8 @@ class ChipActor:
 
     # -- one training step -----------------------------------------------------
 
-    def compute(self, step: int, x: np.ndarray, y: np.ndarray, seed: int) -> dict[str, Any]:
+    def compute(self, step: int, x: np.ndarray, y: np.ndarray, seed: int,
+                trace: bool = False) -> dict[str, Any]:
         """Forward + backward on every core, then the on-chip gradient reduce.
 
         Args:
@@ -165,6 +166,8 @@ class ChipActor:
                 [i*b, (i+1)*b) with b = B_chip / cores.
             y: labels, (B_chip,) int64.
             seed: the scenario seed.
+            trace: also return every op record (``records``, per core, and
+                ``local_reduce_records``) for a timeline.
 
         Returns:
             Per core lists ``loss``, ``compute_seconds``, ``mxu_flops``,
@@ -173,7 +176,7 @@ class ChipActor:
         """
         cores = self.chip.cores
         b = x.shape[0] // len(cores)
-        losses, totals, flats = [], [], []
+        losses, totals, flats, traces = [], [], [], []
         for i, core in enumerate(cores):
             rng = np.random.default_rng([seed, step, self.chip_id, i])
             core.hbm.allocate("activations", self.model.activation_bytes(b))
@@ -181,13 +184,16 @@ class ChipActor:
                                                     y[i * b:(i + 1) * b], rng=rng)
             core.hbm.free("activations")
             losses.append(float(loss))
-            totals.append(summarize_records(core.take_records()))
+            records = core.take_records()
+            totals.append(summarize_records(records))
+            traces.append(_trace_rows(records) if trace else [])
             flats.append(flatten(grads))
         reducer = cores[0]
         acc = flats[0]
         for other in flats[1:]:
             acc = reducer.vector("local_reduce", np.add, acc, other)
-        local = summarize_records(reducer.take_records())
+        reduce_records = reducer.take_records()
+        local = summarize_records(reduce_records)
         self.grad_flat = np.array(acc, dtype=np.float32, copy=True)
         return {
             "loss": losses,
@@ -196,6 +202,8 @@ class ChipActor:
             "flops": [t["flops"] for t in totals],
             "hbm_bytes": [t["hbm_bytes"] for t in totals],
             "local_reduce_seconds": local["seconds"],
+            "records": traces,
+            "local_reduce_records": _trace_rows(reduce_records) if trace else [],
             "hbm": self.hbm(),
         }
 
@@ -230,25 +238,28 @@ class ChipActor:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def apply(self, step: int) -> dict[str, Any]:
+    def apply(self, step: int, trace: bool = False) -> dict[str, Any]:
         """Average the allreduced gradients and update every core's replica.
 
         Args:
             step: zero-based step number (the optimizer counts from step + 1).
+            trace: also return every op record per core (``records``).
 
         Returns:
             ``update_seconds`` per core (simulated) and ``hbm``.
         """
-        seconds = []
+        seconds, traces = [], []
         scale = np.float32(1.0 / self.num_replicas)
         for i, core in enumerate(self.chip.cores):
             mean = core.vector("grad_mean", np.multiply, self.grad_flat, scale)
             grads = unflatten(mean, self.params[i])
             self.params[i], self.opt_state[i] = self.optimizer.update(
                 core, grads, self.opt_state[i], self.params[i], step + 1)
-            seconds.append(summarize_records(core.take_records())["seconds"])
+            records = core.take_records()
+            seconds.append(summarize_records(records)["seconds"])
+            traces.append(_trace_rows(records) if trace else [])
         self.grad_flat = None
-        return {"update_seconds": seconds, "hbm": self.hbm()}
+        return {"update_seconds": seconds, "hbm": self.hbm(), "records": traces}
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 512) -> dict[str, float]:
         """Test loss and accuracy of core 0's replica (eval mode, e.g. no dropout)."""
@@ -264,6 +275,11 @@ class ChipActor:
         core.take_records()
         n = max(1, x.shape[0])
         return {"loss": loss_sum / n, "accuracy": correct / n}
+
+
+def _trace_rows(records: Sequence[OpRecord]) -> list[tuple[str, str, float, int, int, str]]:
+    """Op records as plain tuples (name, unit, seconds, flops, hbm_bytes, bound)."""
+    return [(r.name, r.unit, r.seconds, r.flops, r.hbm_bytes, r.bound) for r in records]
 
 
 def _resolve(items: Sequence[Any]) -> list[np.ndarray]:

@@ -7,6 +7,7 @@ field, the value and what is allowed, and exit status 2; never a traceback.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -45,8 +46,16 @@ def cli() -> None:
               help="Prometheus port on 127.0.0.1 (0 disables) [default: the scenario's].")
 @click.option("--log-every", type=click.IntRange(min=0), default=1, show_default=True,
               help="Print a progress line every N steps (0: none).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Chrome trace (Perfetto, chrome://tracing) of the simulated timeline.")
+@click.option("--trace-steps", default="last", show_default=True,
+              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last.")
+@click.option("--hold", is_flag=True, help="Keep the metrics endpoint up after the run, until Ctrl-C.")
+@click.option("--hold-seconds", type=click.FloatRange(min=0), default=0.0,
+              help="Keep the metrics endpoint up this many seconds after the run.")
 def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port: int | None,
-        log_every: int) -> None:
+        log_every: int, trace_path: Path | None, trace_steps: str, hold: bool,
+        hold_seconds: float) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod."""
     from pod.run import run_training  # Ray is imported only when a run starts
 
@@ -55,7 +64,25 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
         spec = spec.with_overrides(training__steps=steps)
     plan = build_plan(spec)
     run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
-                 metrics_port=metrics_port, log_every=log_every)
+                 metrics_port=metrics_port, log_every=log_every, trace_path=trace_path,
+                 trace_steps=_parse_steps(trace_steps, plan.steps),
+                 hold_seconds=math.inf if hold else hold_seconds)
+
+
+def _parse_steps(text: str, total: int) -> list[int]:
+    """'last' | '3' | '1,5,10' (1-based) -> zero-based step indices; BadParameter if bad."""
+    if text.strip().lower() == "last":
+        return [total - 1]
+    try:
+        steps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a list of step numbers such as 1,5,10 or "
+                                 f"'last'", param_hint="--trace-steps") from None
+    bad = [s for s in steps if not 1 <= s <= total]
+    if bad or not steps:
+        raise click.BadParameter(f"steps must be between 1 and {total}, got {text!r}",
+                                 param_hint="--trace-steps")
+    return [s - 1 for s in steps]
 
 
 @cli.command()

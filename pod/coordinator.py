@@ -44,6 +44,7 @@ class Pod:
         self.plan = plan
         self.ray_address = ray_address or plan.scenario.ray.address
         self.actors: list[Any] = []
+        self.last_trace: dict[str, Any] | None = None
         self._owns_ray = False
         spec = plan.pod.chip
         self.num_params = plan.num_params
@@ -94,11 +95,13 @@ class Pod:
 
     # -- training ----------------------------------------------------------------
 
-    def step(self, step: int) -> StepStats:
+    def step(self, step: int, trace: bool = False) -> StepStats:
         """Run one data-parallel training step.
 
         Args:
             step: zero-based step number (selects the batch and the dropout streams).
+            trace: keep every op record of this step in ``last_trace`` (for
+                ``pod.trace``).
 
         Returns:
             The step's statistics (simulated and wall).
@@ -111,10 +114,10 @@ class Pod:
         x, y = data.x_train[idx], data.y_train[idx]
         per_chip = plan.per_chip_batch
         computed = [actor.compute.remote(step, x[r * per_chip:(r + 1) * per_chip],
-                                         y[r * per_chip:(r + 1) * per_chip], seed)
+                                         y[r * per_chip:(r + 1) * per_chip], seed, trace)
                     for r, actor in enumerate(self.actors)]
         run_schedule(self.actors, self.schedule)
-        applied = [actor.apply.remote(step) for actor in self.actors]
+        applied = [actor.apply.remote(step, trace) for actor in self.actors]
         computed, applied = self._get(computed), self._get(applied)
         wall = time.perf_counter() - t0
 
@@ -126,6 +129,11 @@ class Pod:
                 hbm_used[(r, c)] = mem["used_bytes"]
                 hbm_peak[(r, c)] = mem["peak_bytes"]
         losses = [loss for out in computed for loss in out["loss"]]
+        self.last_trace = {
+            "compute": [out["records"] for out in computed],
+            "local_reduce": [out["local_reduce_records"] for out in computed],
+            "update": [out["records"] for out in applied],
+        } if trace else None
         return StepStats(
             step=step,
             loss=float(np.mean(losses)),
@@ -142,6 +150,10 @@ class Pod:
             hbm_peak_bytes=hbm_peak,
             hbm_capacity_bytes=chip.core.hbm_bytes,
             ici_link_bytes=self.ici_link_bytes,
+            core_mxu_flops={(r, c): int(f) for r, out in enumerate(computed)
+                            for c, f in enumerate(out["mxu_flops"])},
+            core_peak_flops_per_s=chip.core.peak_bf16_flops_per_s,
+            ici_link_bandwidth_bytes_per_s=self.link.bandwidth_bytes_per_s,
         )
 
     def evaluate(self) -> dict[str, float]:

@@ -17,19 +17,22 @@ from the cost models, ``wall`` figures from this host. Labels are bounded:
 | tpu_pod_mfu_ratio | gauge | | model FLOPs utilisation, 0..1 |
 | tpu_pod_loss | gauge | | last step's training loss |
 | tpu_pod_test_accuracy_ratio | gauge | | last evaluated test accuracy |
+| tpu_pod_mxu_utilization_ratio | gauge | chip, core | MXU FLOPs / (core peak x step time), last step |
 | tpu_pod_hbm_used_bytes | gauge | chip, core | HBM in use |
 | tpu_pod_hbm_peak_bytes | gauge | chip, core | HBM high-water mark |
 | tpu_pod_hbm_capacity_bytes | gauge | chip, core | HBM capacity |
 | tpu_pod_ici_transferred_bytes_total | counter | link | bytes sent over a directed ICI link |
+| tpu_pod_ici_link_utilization_ratio | gauge | link | link bytes / (bandwidth x step time), last step |
 | tpu_pod_simulated_allreduce_seconds | histogram | | simulated gradient allreduce time |
 | tpu_pod_wall_step_seconds | histogram | | host wall time per step |
 | tpu_pod_emulation_slowdown_ratio | gauge | | wall seconds / simulated seconds, last step |
+| tpu_pod_emulation_rate_ratio | gauge | | simulated seconds per wall second, last step |
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -47,9 +50,10 @@ METRIC_NAMES = (
     "tpu_pod_simulated_step_seconds", "tpu_pod_simulated_step_part_seconds",
     "tpu_pod_simulated_examples_per_second", "tpu_pod_simulated_flops_per_second",
     "tpu_pod_mfu_ratio", "tpu_pod_loss", "tpu_pod_test_accuracy_ratio",
-    "tpu_pod_hbm_used_bytes", "tpu_pod_hbm_peak_bytes", "tpu_pod_hbm_capacity_bytes",
-    "tpu_pod_ici_transferred_bytes_total", "tpu_pod_simulated_allreduce_seconds",
-    "tpu_pod_wall_step_seconds", "tpu_pod_emulation_slowdown_ratio",
+    "tpu_pod_mxu_utilization_ratio", "tpu_pod_hbm_used_bytes", "tpu_pod_hbm_peak_bytes", "tpu_pod_hbm_capacity_bytes",
+    "tpu_pod_ici_transferred_bytes_total", "tpu_pod_ici_link_utilization_ratio",
+    "tpu_pod_simulated_allreduce_seconds", "tpu_pod_wall_step_seconds",
+    "tpu_pod_emulation_slowdown_ratio", "tpu_pod_emulation_rate_ratio",
 )
 
 
@@ -61,9 +65,13 @@ class PodMetrics:
         chip: chip preset name (info label).
         slice_name: slice or pod name (info label).
         topology: torus shape, e.g. "2x2" (info label).
+        links: every directed ICI link ("src->dst"): their series start at 0,
+            so a link the collective never uses shows as idle, not missing.
+        chips, cores: pod size; per (chip, core) series start at 0.
     """
 
-    def __init__(self, *, scenario: str, chip: str, slice_name: str, topology: str) -> None:
+    def __init__(self, *, scenario: str, chip: str, slice_name: str, topology: str,
+                 links: Sequence[str] = (), chips: int = 0, cores: int = 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.info = Gauge("tpu_pod_info", "The emulated pod (value 1).",
@@ -85,6 +93,9 @@ class PodMetrics:
         self.loss = Gauge("tpu_pod_loss", "Training loss of the last step.", registry=r)
         self.accuracy = Gauge("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).",
                               registry=r)
+        self.mxu_utilization = Gauge("tpu_pod_mxu_utilization_ratio",
+                                     "MXU FLOPs / (core peak FLOP/s x simulated step time), 0..1.",
+                                     ["chip", "core"], registry=r)
         self.hbm_used = Gauge("tpu_pod_hbm_used_bytes", "HBM bytes in use.", ["chip", "core"],
                               registry=r)
         self.hbm_peak = Gauge("tpu_pod_hbm_peak_bytes", "HBM high-water mark in bytes.",
@@ -93,6 +104,9 @@ class PodMetrics:
                                   ["chip", "core"], registry=r)
         self.ici_bytes = Counter("tpu_pod_ici_transferred_bytes",
                                  "Bytes sent over a directed ICI link.", ["link"], registry=r)
+        self.ici_utilization = Gauge("tpu_pod_ici_link_utilization_ratio",
+                                     "Directed ICI link bytes / (bandwidth x simulated step time).",
+                                     ["link"], registry=r)
         self.allreduce_seconds = Histogram("tpu_pod_simulated_allreduce_seconds",
                                            "Simulated gradient allreduce time.",
                                            buckets=_SIM_BUCKETS, registry=r)
@@ -100,6 +114,14 @@ class PodMetrics:
                                       buckets=_WALL_BUCKETS, registry=r)
         self.slowdown = Gauge("tpu_pod_emulation_slowdown_ratio",
                               "Wall seconds per simulated second, last step.", registry=r)
+        self.rate = Gauge("tpu_pod_emulation_rate_ratio",
+                          "Simulated seconds per wall second, last step.", registry=r)
+        for link in links:
+            self.ici_bytes.labels(link)
+            self.ici_utilization.labels(link).set(0)
+        for chip in range(chips):
+            for core in range(cores):
+                self.mxu_utilization.labels(str(chip), str(core)).set(0)
         self._server: Any = None
         self.port = 0
 
@@ -157,10 +179,16 @@ class PodMetrics:
             self.hbm_peak.labels(str(chip), str(core)).set(peak)
         for link, nbytes in stats.ici_link_bytes.items():
             self.ici_bytes.labels(link).inc(nbytes)
+        for link, ratio in stats.ici_link_utilization().items():
+            self.ici_utilization.labels(link).set(ratio)
+        for (chip, core), ratio in stats.mxu_utilization().items():
+            self.mxu_utilization.labels(str(chip), str(core)).set(ratio)
         self.allreduce_seconds.observe(stats.allreduce_seconds)
         self.wall_seconds.observe(stats.wall_seconds)
         if stats.step_seconds > 0:
             self.slowdown.set(stats.wall_seconds / stats.step_seconds)
+        if stats.wall_seconds > 0:
+            self.rate.set(stats.step_seconds / stats.wall_seconds)
 
     def set_accuracy(self, accuracy: float) -> None:
         """Record the latest test accuracy (0..1)."""

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from statistics import fmean
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
 from pod.coordinator import Pod
 from pod.metrics import PodMetrics
 from pod.plan import TrainingPlan
 from pod.stats import StepStats
+from pod.trace import metadata_events, step_events, write_trace
 
 __all__ = ["run_training", "summarize"]
 
@@ -142,7 +146,9 @@ def _summary_table(summary: dict[str, Any]) -> Table:
 
 def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | None = None,
                  console: Console | None = None, log_every: int = 1,
-                 on_step: Callable[[StepStats], None] | None = None) -> dict[str, Any]:
+                 on_step: Callable[[StepStats], None] | None = None,
+                 trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
+                 hold_seconds: float = 0.0) -> dict[str, Any]:
     """Train the plan on an emulated pod and write the results.
 
     Args:
@@ -150,8 +156,12 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
         output_dir: where summary.json and steps.csv go (created).
         metrics_port: Prometheus port (None: the scenario's; 0: off).
         console: where progress goes (default: stdout).
-        log_every: print a progress line every this many steps.
+        log_every: print a progress line every this many steps (0: none).
         on_step: called with each step's statistics (tests, dashboards).
+        trace_path: write a Chrome trace of ``trace_steps`` here.
+        trace_steps: zero-based steps to trace (default: the last step).
+        hold_seconds: keep the metrics endpoint up this long after the run
+            (``math.inf``: until Ctrl-C), so a last scrape sees final values.
 
     Returns:
         The summary dict, also written to ``output_dir / "summary.json"``.
@@ -164,7 +174,9 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
     output_dir.mkdir(parents=True, exist_ok=True)
     port = scenario.metrics.port if metrics_port is None else metrics_port
     metrics = PodMetrics(scenario=scenario.name, chip=plan.pod.chip.name,
-                         slice_name=plan.pod.name, topology=plan.pod.torus.name)
+                         slice_name=plan.pod.name, topology=plan.pod.torus.name,
+                         links=[f"{a}->{b}" for a, b in plan.pod.torus.links()],
+                         chips=plan.pod.chips, cores=plan.pod.chip.tensorcores)
     metrics.serve(port, scenario.metrics.host)
     data_label = f"{plan.dataset.name}{' (synthetic)' if plan.dataset.synthetic else ''}"
     console.print(f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
@@ -174,6 +186,8 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
                   f"{plan.steps} steps")
     if metrics.port:
         console.print(f"Prometheus metrics: http://{scenario.metrics.host}:{metrics.port}/metrics")
+    traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
+    trace_events: list[dict[str, Any]] = []
     steps: list[StepStats] = []
     rows_path = output_dir / "steps.csv"
     try:
@@ -181,34 +195,98 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
         with _closing(pod), rows_path.open("w", newline="") as rows_file:
             pod_start_seconds = pod.start()
             console.print(f"{plan.pod.chips} chip actors ready in {pod_start_seconds:.1f} s (wall)")
+            if trace_path is not None:
+                trace_events.extend(metadata_events(plan.pod.chips, plan.pod.chip.tensorcores,
+                                                    plan.pod.torus))
             writer: csv.DictWriter | None = None
-            t0 = time.perf_counter()
             eval_every = scenario.training.eval_every_steps
-            for step in range(plan.steps):
-                stats = pod.step(step)
-                steps.append(stats)
-                metrics.observe(stats)
-                row = stats.row()
-                if writer is None:
-                    writer = csv.DictWriter(rows_file, fieldnames=list(row))
-                    writer.writeheader()
-                writer.writerow(row)
-                if on_step:
-                    on_step(stats)
-                if log_every and ((step + 1) % log_every == 0 or step + 1 == plan.steps):
-                    console.print(_progress_line(stats, plan.steps), highlight=False, soft_wrap=True)
-                if eval_every and (step + 1) % eval_every == 0 and step + 1 < plan.steps:
-                    ev = pod.evaluate()
-                    metrics.set_accuracy(ev["accuracy"])
-                    console.print(f"  test loss {ev['loss']:.4f}  test accuracy {ev['accuracy']:.1%}")
+            per_epoch = plan.steps_per_epoch
+            epochs = -(-plan.steps // per_epoch)
+            simulated_clock = 0.0
+            epoch_wall = time.perf_counter()
+            t0 = time.perf_counter()
+            with _progress(console, plan.steps) as progress:
+                task = progress.add_task("training", total=plan.steps)
+                out = progress.console
+                for step in range(plan.steps):
+                    trace_this = trace_path is not None and step in traced
+                    stats = pod.step(step, trace=trace_this)
+                    if trace_this:
+                        trace_events.extend(step_events(stats, pod.last_trace, pod.schedule,
+                                                        plan.pod.torus, pod.ici_cost.phase_seconds,
+                                                        start_s=simulated_clock))
+                    simulated_clock += stats.step_seconds
+                    steps.append(stats)
+                    metrics.observe(stats)
+                    row = stats.row()
+                    if writer is None:
+                        writer = csv.DictWriter(rows_file, fieldnames=list(row))
+                        writer.writeheader()
+                    writer.writerow(row)
+                    if on_step:
+                        on_step(stats)
+                    progress.advance(task)
+                    if log_every and ((step + 1) % log_every == 0 or step + 1 == plan.steps):
+                        out.print(_progress_line(stats, plan.steps), highlight=False,
+                                  soft_wrap=True)
+                    last = step + 1 == plan.steps
+                    if (step + 1) % per_epoch == 0 and not last and epochs > 1:
+                        ev = pod.evaluate()
+                        metrics.set_accuracy(ev["accuracy"])
+                        out.print(_epoch_line(steps[-per_epoch:], ev, (step + 1) // per_epoch,
+                                              epochs, time.perf_counter() - epoch_wall),
+                                  highlight=False, soft_wrap=True)
+                        epoch_wall = time.perf_counter()
+                    elif eval_every and (step + 1) % eval_every == 0 and not last:
+                        ev = pod.evaluate()
+                        metrics.set_accuracy(ev["accuracy"])
+                        out.print(f"  test loss {ev['loss']:.4f}  "
+                                  f"test accuracy {ev['accuracy']:.1%}", highlight=False)
             wall = time.perf_counter() - t0
             evaluation = pod.evaluate()
             metrics.set_accuracy(evaluation["accuracy"])
             identical = pod.replicas_identical()
+        summary = summarize(plan, steps, evaluation, identical, wall, pod_start_seconds)
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        console.print(_summary_table(summary))
+        written = [output_dir / "summary.json", rows_path]
+        if trace_path is not None:
+            write_trace(trace_path, trace_events,
+                        {"scenario": scenario.name, "clock": "simulated microseconds",
+                         "traced_steps": sorted(s + 1 for s in traced if s < plan.steps)})
+            written.append(trace_path)
+        console.print("Wrote " + ", ".join(str(p) for p in written))
+        if metrics.port and hold_seconds > 0:
+            _hold(console, metrics.port, hold_seconds)
     finally:
         metrics.close()
-    summary = summarize(plan, steps, evaluation, identical, wall, pod_start_seconds)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    console.print(_summary_table(summary))
-    console.print(f"Wrote {output_dir / 'summary.json'} and {rows_path}")
     return summary
+
+
+def _epoch_line(stats: list[StepStats], evaluation: dict[str, float], epoch: int, epochs: int,
+                wall_seconds: float) -> str:
+    """A Keras-style epoch line: loss, val loss / accuracy, simulated ms/step, wall."""
+    sim_ms = fmean(s.step_seconds for s in stats) * 1e3
+    return (f"Epoch {epoch}/{epochs} - {len(stats)} steps - loss: {stats[-1].loss:.4f} - "
+            f"val_loss: {evaluation['loss']:.4f} - val_accuracy: {evaluation['accuracy']:.4f} - "
+            f"{sim_ms:.4f} ms/step (simulated) - {wall_seconds:.1f} s (wall)")
+
+
+def _progress(console: Console, total: int) -> Progress:
+    """A progress bar with ETA (wall clock); lines printed through it stay above it."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"),
+                    TimeRemainingColumn(), console=console, transient=True,
+                    disable=not console.is_terminal)
+
+
+def _hold(console: Console, port: int, seconds: float) -> None:
+    """Keep serving metrics after the run for ``seconds`` (inf: until Ctrl-C)."""
+    label = "until Ctrl-C" if math.isinf(seconds) else f"for {seconds:g} s"
+    console.print(f"Holding the metrics endpoint on port {port} {label}")
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        pass

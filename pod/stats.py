@@ -37,6 +37,9 @@ class StepStats:
         hbm_peak_bytes: per (chip, core) HBM high-water mark.
         hbm_capacity_bytes: per core HBM capacity.
         ici_link_bytes: bytes per directed ICI link "src->dst" in this step.
+        core_mxu_flops: per (chip, core) MXU FLOPs of forward + backward.
+        core_peak_flops_per_s: one TensorCore's peak bf16 FLOP/s.
+        ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
     """
 
     step: int
@@ -54,6 +57,9 @@ class StepStats:
     hbm_peak_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     hbm_capacity_bytes: int = 0
     ici_link_bytes: dict[str, int] = field(default_factory=dict)
+    core_mxu_flops: dict[tuple[int, int], int] = field(default_factory=dict)
+    core_peak_flops_per_s: float = 0.0
+    ici_link_bandwidth_bytes_per_s: float = 0.0
 
     @property
     def allreduce_seconds(self) -> float:
@@ -79,6 +85,16 @@ class StepStats:
     def mfu(self) -> float:
         """Model FLOPs utilisation = model FLOP/s / pod peak bf16 FLOP/s (0..1)."""
         return self.flops_per_second / self.peak_flops_per_s if self.peak_flops_per_s else 0.0
+
+    def mxu_utilization(self) -> dict[tuple[int, int], float]:
+        """Per (chip, core): MXU FLOPs / (core peak FLOP/s x simulated step seconds), 0..1."""
+        denom = self.core_peak_flops_per_s * self.step_seconds
+        return {key: (flops / denom if denom else 0.0) for key, flops in self.core_mxu_flops.items()}
+
+    def ici_link_utilization(self) -> dict[str, float]:
+        """Per directed link: bytes / (one-way bandwidth x simulated step seconds), 0..1."""
+        denom = self.ici_link_bandwidth_bytes_per_s * self.step_seconds
+        return {link: (nbytes / denom if denom else 0.0) for link, nbytes in self.ici_link_bytes.items()}
 
     def row(self) -> dict[str, float]:
         """A flat record for steps.csv (scalars only)."""

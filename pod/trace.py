@@ -1,0 +1,153 @@
+"""Simulated timelines in the Chrome trace event format (Perfetto, chrome://tracing).
+
+One "process" per chip with a lane ("thread") per TensorCore unit (MXU,
+vector unit, scalar unit) plus an infeed lane; one "ICI" process with a lane
+per directed link and a lane for the allreduce phases. Times are SIMULATED
+microseconds (``ts``, ``dur``), never wall time.
+
+The layout follows the step-time model of ``pod.stats.StepStats``:
+infeed, then every core's forward + backward ops back to back, a barrier at
+the slowest core, the on-chip reduce of each chip's cores, the ICI allreduce
+phase by phase (a link's event lasts its bytes / bandwidth within the phase),
+then every core's optimizer ops. So the end of the last event minus the start
+of the step equals the reported simulated step time.
+
+Format reference: "Trace Event Format" (Google, the JSON Array/Object format
+with ``ph: "X"`` complete events and ``ph: "M"`` metadata events).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from interconnect import Schedule, Torus
+from pod.stats import StepStats
+
+__all__ = ["step_events", "write_trace", "UNITS"]
+
+UNITS = ("mxu", "vpu", "scalar")
+_UNIT_LABEL = {"mxu": "MXU", "vpu": "vector unit", "scalar": "scalar unit"}
+_LANES_PER_CORE = len(UNITS)
+_INFEED_TID = 1000
+_PHASE_TID = 0
+_US = 1e6
+
+
+def _tid(core: int, unit: str) -> int:
+    return 1 + core * _LANES_PER_CORE + UNITS.index(unit)
+
+
+def metadata_events(num_chips: int, cores: int, torus: Torus) -> list[dict[str, Any]]:
+    """Process and thread names: a process per chip, lanes per core unit, an ICI process."""
+    events: list[dict[str, Any]] = []
+    ici_pid = num_chips
+    for chip in range(num_chips):
+        events.append({"ph": "M", "name": "process_name", "pid": chip, "tid": 0,
+                       "args": {"name": f"chip {chip}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": chip, "tid": 0,
+                       "args": {"sort_index": chip}})
+        events.append({"ph": "M", "name": "thread_name", "pid": chip, "tid": _INFEED_TID,
+                       "args": {"name": "infeed (host to chip)"}})
+        for core in range(cores):
+            for unit in UNITS:
+                events.append({"ph": "M", "name": "thread_name", "pid": chip,
+                               "tid": _tid(core, unit),
+                               "args": {"name": f"core {core} {_UNIT_LABEL[unit]}"}})
+    events.append({"ph": "M", "name": "process_name", "pid": ici_pid, "tid": 0,
+                   "args": {"name": f"ICI ({torus.name})"}})
+    events.append({"ph": "M", "name": "process_sort_index", "pid": ici_pid, "tid": 0,
+                   "args": {"sort_index": ici_pid}})
+    events.append({"ph": "M", "name": "thread_name", "pid": ici_pid, "tid": _PHASE_TID,
+                   "args": {"name": "allreduce phases"}})
+    for i, (src, dst) in enumerate(torus.links()):
+        events.append({"ph": "M", "name": "thread_name", "pid": ici_pid, "tid": i + 1,
+                       "args": {"name": f"link {src}->{dst}"}})
+    return events
+
+
+def _ops(events: list, pid: int, core: int, rows: Sequence[Sequence[Any]], start_s: float,
+         cat: str) -> float:
+    t = start_s
+    for name, unit, seconds, flops, hbm_bytes, bound in rows:
+        events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": _tid(core, unit),
+                       "ts": t * _US, "dur": seconds * _US,
+                       "args": {"flops": flops, "hbm_bytes": hbm_bytes, "bound": bound}})
+        t += seconds
+    return t
+
+
+def phase_link_bytes(schedule: Schedule, torus: Torus) -> list[dict[tuple[int, int], int]]:
+    """Bytes on each directed link in each phase (transfers routed dimension-order)."""
+    out = []
+    for phase in schedule.phases:
+        loads: dict[tuple[int, int], int] = defaultdict(int)
+        for t in phase:
+            if t.nbytes:
+                for link in torus.route(t.src, t.dst):
+                    loads[tuple(link)] += t.nbytes
+        out.append(dict(loads))
+    return out
+
+
+def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, torus: Torus,
+                phase_seconds: Sequence[float], start_s: float = 0.0) -> list[dict[str, Any]]:
+    """The complete events of one step.
+
+    Args:
+        stats: the step's statistics (its parts decide the layout).
+        records: ``Pod.last_trace``: per chip, per core op rows for
+            ``compute`` and ``update``, and per chip ``local_reduce`` rows.
+        schedule: the allreduce schedule run in the step.
+        torus: the ICI topology.
+        phase_seconds: simulated seconds of each schedule phase.
+        start_s: simulated time the step starts at, seconds.
+
+    Returns:
+        Chrome trace events (``ph: "X"``), times in microseconds.
+    """
+    events: list[dict[str, Any]] = []
+    step = stats.step + 1
+    compute_start = start_s + stats.infeed_seconds
+    for chip, per_core in enumerate(records["compute"]):
+        events.append({"ph": "X", "name": "infeed", "cat": "infeed", "pid": chip,
+                       "tid": _INFEED_TID, "ts": start_s * _US,
+                       "dur": stats.infeed_seconds * _US, "args": {"step": step}})
+        for core, rows in enumerate(per_core):
+            _ops(events, chip, core, rows, compute_start, "compute")
+    reduce_start = compute_start + stats.compute_seconds
+    for chip, rows in enumerate(records["local_reduce"]):
+        _ops(events, chip, 0, rows, reduce_start, "local_reduce")
+    ici_pid = len(records["compute"])
+    link_tid = {tuple(link): i + 1 for i, link in enumerate(torus.links())}
+    t = reduce_start + stats.local_reduce_seconds
+    for k, (loads, seconds) in enumerate(zip(phase_link_bytes(schedule, torus), phase_seconds)):
+        events.append({"ph": "X", "name": f"phase {k + 1}", "cat": "ici", "pid": ici_pid,
+                       "tid": _PHASE_TID, "ts": t * _US, "dur": seconds * _US,
+                       "args": {"links_busy": len(loads)}})
+        for link, nbytes in loads.items():
+            busy = nbytes / stats.ici_link_bandwidth_bytes_per_s
+            events.append({"ph": "X", "name": f"{nbytes:,} B", "cat": "ici", "pid": ici_pid,
+                           "tid": link_tid[link], "ts": t * _US, "dur": busy * _US,
+                           "args": {"bytes": nbytes, "phase": k + 1}})
+        t += seconds
+    update_start = reduce_start + stats.allreduce_seconds
+    for chip, per_core in enumerate(records["update"]):
+        for core, rows in enumerate(per_core):
+            _ops(events, chip, core, rows, update_start, "update")
+    return events
+
+
+def write_trace(path: Path, events: list[dict[str, Any]], metadata: dict[str, Any]) -> None:
+    """Write a trace file (JSON object format) that Perfetto and chrome://tracing open.
+
+    Args:
+        path: the output file; its directory is created.
+        events: metadata and complete events.
+        metadata: run facts stored under ``otherData``.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": metadata}
+    path.write_text(json.dumps(doc))
