@@ -1,0 +1,310 @@
+"""Scaling experiments: one scenario at every point of its ``sweep:`` block.
+
+Each point is the scenario with some values replaced (pod, allreduce
+algorithm, global or per-core batch, precision). In ``timing`` mode (the
+default) a point is costed by ``pod.timing.TimingPod`` (one representative
+chip, no actors), so a sweep reaches full pods; in ``functional`` mode it is
+trained on chip actors for ``steps`` steps. A point that fails (for example
+a batch that does not fit in HBM, or does not split over the cores) is
+recorded with its error and the sweep goes on.
+
+Outputs, in the output directory: ``results.csv`` (a row per point),
+``results.md`` (the same as a Markdown table), ``throughput.png`` (examples/s
+against chips, log-log), ``efficiency.png`` (scaling efficiency against
+chips) and ``breakdown.png`` (the simulated step time of every point, stacked
+by part).
+
+Scaling efficiency of a point = its examples/s per chip divided by that of
+the smallest-chip point of its series (same algorithm, precision and, for
+strong scaling, global batch). It is 1 for perfect weak or strong scaling.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean
+from typing import Any, Callable
+
+from pod.errors import USER_ERRORS, ScenarioError
+from pod.plan import build_plan
+from pod.scenario import Scenario
+from pod.slices import resolve_pod
+
+__all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
+
+COLUMNS = (
+    "point", "status", "error", "chip", "chips", "cores", "topology", "algorithm", "precision",
+    "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
+    "compute_seconds", "allreduce_seconds", "update_seconds", "examples_per_second",
+    "tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
+    "wall_seconds_per_step",
+)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of a sweep: its label, the values it sets, its scenario (or error)."""
+
+    index: int
+    values: dict[str, Any]
+    scenario: Scenario | None
+    error: str = ""
+    series: tuple = field(default=())
+
+
+def _pods(scenario: Scenario) -> list[dict[str, Any]]:
+    sweep = scenario.sweep
+    if sweep.slices:
+        return [{"pod__slice": s, "pod__chip": None, "pod__chips": None, "pod__topology": None}
+                for s in sweep.slices]
+    chip = scenario.pod.chip
+    if (sweep.chips or sweep.topologies) and not chip:
+        if not scenario.pod.slice:
+            raise ScenarioError("sweep: chips and topologies need pod.chip")
+        chip = resolve_pod(slice_name=scenario.pod.slice).chip.name
+    if sweep.chips:
+        return [{"pod__slice": None, "pod__chip": chip, "pod__chips": n, "pod__topology": None}
+                for n in sweep.chips]
+    if sweep.topologies:
+        return [{"pod__slice": None, "pod__chip": chip, "pod__chips": None, "pod__topology": t}
+                for t in sweep.topologies]
+    return [{}]
+
+
+def sweep_points(scenario: Scenario) -> list[SweepPoint]:
+    """Expand a scenario's ``sweep:`` block into its points (cartesian product).
+
+    Args:
+        scenario: a training scenario with a ``sweep`` block.
+
+    Returns:
+        The points in order: pods vary slowest, then algorithm, batch, precision.
+        A point whose values make an invalid scenario carries the error.
+
+    Raises:
+        ScenarioError: the scenario has no sweep block or no training section.
+    """
+    sweep = scenario.sweep
+    if sweep is None or scenario.training is None:
+        raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a sweep: block")
+    algorithms = sweep.allreduce or (scenario.pod.allreduce,)
+    batches = sweep.global_batch or (scenario.training.global_batch,)
+    precisions = sweep.precision or (scenario.training.precision,)
+    points = []
+    base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
+    for i, (pod, algorithm, batch, precision) in enumerate(
+            itertools.product(_pods(scenario), algorithms, batches, precisions)):
+        values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
+        try:
+            if sweep.scaling == "weak":
+                shape = scenario.with_overrides(**base, **values).pod
+                cores = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
+                                    topology=shape.topology).tensorcores
+                batch = sweep.per_core_batch * cores
+            values["training__global_batch"] = batch
+            point = scenario.with_overrides(**base, **values)
+            error = ""
+        except USER_ERRORS as err:
+            point, error = None, str(err)
+        series = (algorithm, precision) + (() if sweep.scaling == "weak" else (batch,))
+        points.append(SweepPoint(i, values, point, error, series))
+    return points
+
+
+def _run_point(point: SweepPoint, mode: str) -> dict[str, Any]:
+    """Cost or train one point; returns its row (without scaling efficiency)."""
+    from pod.timing import TimingPod
+
+    t0 = time.perf_counter()
+    plan = build_plan(point.scenario, timing_only=(mode == "timing"))
+    if mode == "timing":
+        pod = TimingPod(plan)
+        stats = [pod.step(s) for s in range(plan.steps)]
+        algorithm = pod.algorithm
+    else:
+        from pod.coordinator import Pod
+
+        with Pod(plan) as pod:
+            stats = [pod.step(s) for s in range(plan.steps)]
+            algorithm = pod.allreduce_algorithm
+    wall = time.perf_counter() - t0
+    timed = stats[1:] or stats
+    step = fmean(s.step_seconds for s in timed)
+    mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
+    flops = mean(lambda s: s.model_flops)
+    allreduce = mean(lambda s: s.allreduce_seconds)
+    return {
+        "status": "ok", "error": "", "chip": plan.pod.chip.name, "chips": plan.pod.chips,
+        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "algorithm": algorithm,
+        "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
+        "per_core_batch": plan.per_core_batch, "simulated_step_seconds": step,
+        "infeed_seconds": mean(lambda s: s.infeed_seconds),
+        "compute_seconds": mean(lambda s: s.compute_seconds),
+        "allreduce_seconds": allreduce,
+        "update_seconds": mean(lambda s: s.update_seconds),
+        "examples_per_second": plan.global_batch / step,
+        "tflops": flops / step / 1e12,
+        "mfu": flops / step / plan.pod.peak_bf16_flops_per_s,
+        "communication_fraction": allreduce / step,
+        "wall_seconds": wall,
+        "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
+    }
+
+
+def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
+    best: dict[tuple, dict[str, Any]] = {}
+    for row, point in zip(rows, points):
+        if row["status"] != "ok":
+            continue
+        ref = best.get(point.series)
+        if ref is None or row["chips"] < ref["chips"]:
+            best[point.series] = row
+    for row, point in zip(rows, points):
+        ref = best.get(point.series)
+        if row["status"] == "ok" and ref is not None:
+            row["scaling_efficiency"] = ((row["examples_per_second"] / row["chips"])
+                                         / (ref["examples_per_second"] / ref["chips"]))
+
+
+def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
+              on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run every point of a sweep and write results.csv, results.md and the plots.
+
+    Args:
+        scenario: a training scenario with a ``sweep`` block.
+        output_dir: where the files go (created).
+        mode: "timing" or "functional" (default: the sweep block's).
+        on_point: called with each finished row (progress).
+
+    Returns:
+        The rows, one per point, with the keys of ``COLUMNS``.
+
+    Raises:
+        ScenarioError: the scenario is not a sweep.
+    """
+    points = sweep_points(scenario)
+    mode = mode or scenario.sweep.mode
+    rows = []
+    for point in points:
+        row = {key: "" for key in COLUMNS}
+        row.update(point=point.index + 1, **_labels(point))
+        if point.error:
+            row.update(status="failed", error=point.error)
+        else:
+            try:
+                row.update(_run_point(point, mode))
+            except USER_ERRORS as err:
+                row.update(status="failed", error=str(err))
+        rows.append(row)
+        if on_point:
+            on_point(row)
+    _efficiency(rows, points)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with (output_dir / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    (output_dir / "results.md").write_text(markdown_table(scenario, rows, mode))
+    plot(scenario, rows, output_dir)
+    return rows
+
+
+def _labels(point: SweepPoint) -> dict[str, Any]:
+    v = point.values
+    return {"algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
+            "global_batch": v.get("training__global_batch", ""),
+            "chips": v.get("pod__chips") or "", "topology": v.get("pod__topology") or "",
+            "chip": v.get("pod__slice") or v.get("pod__chip") or ""}
+
+
+def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
+    """The results as a Markdown table (simulated figures; wall seconds last)."""
+    head = (f"# Sweep: {scenario.name} ({scenario.sweep.scaling} scaling, {mode} mode)\n\n"
+            "Simulated figures unless marked wall.\n\n"
+            "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
+            "compute ms | allreduce ms | examples/s | TFLOP/s | MFU | comm % | efficiency | "
+            "wall s | status |\n"
+            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+    lines = []
+    for r in rows:
+        if r["status"] == "ok":
+            lines.append(
+                f"| {r['point']} | {r['chip']} | {r['chips']} | {r['cores']} | {r['topology']} | "
+                f"{r['algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
+                f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
+                f"{r['examples_per_second']:,.0f} | {r['tflops']:.2f} | {r['mfu']:.1%} | "
+                f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
+                f"{r['wall_seconds']:.2f} | ok |")
+        else:
+            error = str(r["error"]).replace("|", "/")
+            lines.append(f"| {r['point']} | {r['chip']} | {r['chips']} | | {r['topology']} | "
+                         f"{r['algorithm']} | {r['global_batch']} | | | | | | | | | | "
+                         f"failed: {error} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
+    """Throughput, scaling efficiency and step breakdown plots (PNG).
+
+    Returns:
+        The files written (none when no point succeeded).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        return []
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in ok:
+        label = f"{r['algorithm']} {r['precision']}"
+        if scenario.sweep.scaling == "strong":
+            label += f" B={r['global_batch']}"
+        series.setdefault(label, []).append(r)
+    title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated)"
+    written = []
+    for name, key, ylabel, logy in (
+            ("throughput.png", "examples_per_second", "examples/s (simulated)", True),
+            ("efficiency.png", "scaling_efficiency", "scaling efficiency", False)):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, rs in series.items():
+            rs = sorted(rs, key=lambda r: r["chips"])
+            ax.plot([r["chips"] for r in rs], [r[key] for r in rs], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        else:
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel("chips")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(output_dir / name, dpi=110)
+        plt.close(fig)
+        written.append(output_dir / name)
+    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
+    labels = [f"{r['chips']}\n{r['algorithm'][:6]}" for r in ok]
+    bottom = [0.0] * len(ok)
+    for part in ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds"):
+        values = [r[part] * 1e3 for r in ok]
+        ax.bar(range(len(ok)), values, bottom=bottom, label=part.replace("_seconds", ""))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(ok)), labels, fontsize=7)
+    ax.set_ylabel("simulated step time (ms)")
+    ax.set_xlabel("chips / allreduce")
+    ax.set_title(f"{scenario.name}: step time breakdown (simulated)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output_dir / "breakdown.png", dpi=110)
+    plt.close(fig)
+    written.append(output_dir / "breakdown.png")
+    return written
