@@ -10,11 +10,12 @@ This package never imports ray, pod or interconnect.
 """
 
 from chip.chip import Chip
-from chip.core import OpRecord, TensorCore
-from chip.errors import ChipError, ChipSpecError, HBMOutOfMemoryError
+from chip.core import PRECISIONS, OpRecord, TensorCore, check_precision
+from chip.errors import ChipError, ChipSpecError, HBMOutOfMemoryError, PrecisionError
 from chip.hbm import HBM
-from chip.mxu import mxu_gemm_cycles
-from chip.numerics import dequantize_int8, mxu_matmul, quantize_int8, to_bf16
+from chip.mxu import conv2d_gemm_shape, mxu_folds, mxu_gemm_cycles
+from chip.numerics import (FP32_PASSES, dequantize_int8, mxu_matmul, mxu_matmul_fp32,
+                           mxu_matmul_int8, quantize_int8, split_bf16x3, to_bf16)
 from chip.scalar import scalar_cycles
 from chip.spec import PRESETS, ChipSpec, MXUSpec, TensorCoreSpec, get_chip_spec
 from chip.vector import vpu_cycles
@@ -28,13 +29,22 @@ __all__ = [
     "ChipError",
     "ChipSpecError",
     "HBMOutOfMemoryError",
+    "PrecisionError",
+    "PRECISIONS",
+    "check_precision",
     "HBM",
     "OpRecord",
     "TensorCore",
     "Chip",
     "to_bf16",
     "mxu_gemm_cycles",
+    "mxu_folds",
+    "conv2d_gemm_shape",
     "mxu_matmul",
+    "mxu_matmul_fp32",
+    "mxu_matmul_int8",
+    "split_bf16x3",
+    "FP32_PASSES",
     "quantize_int8",
     "dequantize_int8",
     "vpu_cycles",

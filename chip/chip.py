@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chip.core import OpRecord, TensorCore
+from chip.core import OpRecord, TensorCore, check_precision
 from chip.spec import ChipSpec
 
 
@@ -12,21 +12,27 @@ class Chip:
     Args:
         spec: The chip's figures (e.g. `get_chip_spec("v2")`).
         chip_id: Index of the chip in the pod (int >= 0).
-        numerics: Passed to every TensorCore (bf16 MXU numerics if True).
+        numerics: Passed to every TensorCore (MXU numerics if True).
+        precision: MXU precision of every core: "bf16" (default), "fp32" or
+            "int8" (see `TensorCore`).
+        double_buffered: Double-buffered MXU weights on every core.
 
     Attributes:
         spec: The ChipSpec.
         chip_id: As given.
         numerics: As given.
+        precision: As given.
         cores: spec.tensorcores TensorCores named "chip{chip_id}/core{i}", each
             with an HBM of spec.core.hbm_bytes.
 
     Raises:
         ValueError: if chip_id is not an int >= 0.
         TypeError: if spec is not a ChipSpec.
+        PrecisionError: unknown precision, or int8 on a chip without it (v2, v3).
     """
 
-    def __init__(self, spec: ChipSpec, chip_id: int = 0, *, numerics: bool = True) -> None:
+    def __init__(self, spec: ChipSpec, chip_id: int = 0, *, numerics: bool = True,
+                 precision: str = "bf16", double_buffered: bool = False) -> None:
         if not isinstance(spec, ChipSpec):
             raise TypeError(f"spec must be a ChipSpec, got {spec!r}")
         if isinstance(chip_id, bool) or not isinstance(chip_id, int) or chip_id < 0:
@@ -34,8 +40,10 @@ class Chip:
         self.spec = spec
         self.chip_id = chip_id
         self.numerics = bool(numerics)
+        self.precision = check_precision(precision, spec.core, spec.name)
         self.cores = [
-            TensorCore(spec.core, numerics=numerics, name=f"chip{chip_id}/core{i}")
+            TensorCore(spec.core, numerics=numerics, name=f"chip{chip_id}/core{i}",
+                       precision=precision, double_buffered=double_buffered)
             for i in range(spec.tensorcores)
         ]
 

@@ -13,19 +13,23 @@ call `take_records()` every step so `records` stays bounded.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from chip.errors import PrecisionError
 from chip.hbm import HBM
 from chip.mxu import mxu_gemm_cycles
-from chip.numerics import mxu_matmul
+from chip.numerics import FP32_PASSES, mxu_matmul, mxu_matmul_fp32, mxu_matmul_int8, to_bf16
 from chip.scalar import scalar_cycles
 from chip.spec import TensorCoreSpec
 from chip.vector import vpu_cycles
 
 UNITS = ("mxu", "vpu", "scalar")
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,37 +69,98 @@ def _size(x: Any) -> int:
     return int(size) if size is not None else int(np.asarray(x).size)
 
 
+PRECISIONS = ("bf16", "fp32", "int8")
+"""MXU precision modes: bf16 (one pass), fp32 (6 bf16 passes), int8 (quantised)."""
+
+_OPERAND_BYTES = {"bf16": 2, "fp32": 4, "int8": 1}  # bytes per MXU input element in HBM
+
+
+def check_precision(precision: str, spec: TensorCoreSpec, chip_name: str | None = None) -> str:
+    """Checks that `precision` is a known mode the core's MXU can run.
+
+    Args:
+        precision: "bf16", "fp32" or "int8".
+        spec: The TensorCore (its int8 throughput).
+        chip_name: Chip name for the message (e.g. "v2"), if known.
+
+    Returns:
+        The precision.
+
+    Raises:
+        PrecisionError: (a ChipError and ValueError) for an unknown mode, or
+            int8 on an MXU without int8 throughput (TPU v2, v3).
+    """
+    if precision not in PRECISIONS:
+        raise PrecisionError(
+            f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}"
+        )
+    if precision == "int8" and spec.int8_macs_per_bf16_mac <= 0:
+        which = f"TPU {chip_name}" if chip_name else "this TensorCore"
+        raise PrecisionError(
+            f"precision 'int8' needs an MXU with int8 throughput, which {which} does not have "
+            f"(TPU v2 and v3 have none; int8 runs on v4, v5e, v5p, v6e); use bf16 or fp32"
+        )
+    return precision
+
+
 class TensorCore:
     """One TensorCore: MXUs, VPU, scalar unit and its own HBM budget.
 
     Args:
         spec: The core's figures.
-        numerics: True to emulate MXU numerics (bf16 inputs, float32
-            accumulation and result); False for plain numpy in the inputs' dtype
-            (e.g. float64 for finite-difference gradient tests). Costs are the
-            same either way.
+        numerics: True to emulate MXU numerics (per `precision`, float32
+            result); False for plain numpy in the inputs' dtype (e.g. float64
+            for finite-difference gradient tests). Costs are the same either way.
         name: Name used in records and HBM errors, e.g. "chip0/core1".
+        precision: MXU precision mode, one of `PRECISIONS`:
+            "bf16" (default): inputs rounded to bf16, float32 accumulation, one pass;
+            "fp32": XLA's 6-pass bf16 decomposition (`numerics.mxu_matmul_fp32`),
+            six times the MXU passes, float32 inputs in HBM;
+            "int8": symmetric per-tensor quantisation, int32 accumulation
+            (`numerics.mxu_matmul_int8`), cycles / spec.int8_macs_per_bf16_mac.
+        double_buffered: Cost GEMMs with double-buffered weights (see
+            `mxu_gemm_cycles`); default False, the SCALE-Sim-identical count.
 
     Attributes:
         spec: The TensorCoreSpec.
-        numerics: As given.
+        precision: As given.
+        emulates_numerics: The `numerics` argument.
+        numerics: True when the MXU rounds its inputs to bf16 (numerics
+            emulated and precision "bf16"). Layers read it to round weights
+            once per step and pass `*_rounded=True`; in fp32 and int8 mode it
+            is False, so they pass the float32 values unrounded and the core
+            splits or quantises them itself.
+        double_buffered: As given.
         name: As given.
         hbm: This core's HBM budget (capacity spec.hbm_bytes).
         records: OpRecords since the last `take_records()`.
+
+    Raises:
+        TypeError: if spec is not a TensorCoreSpec.
+        PrecisionError: for an unknown precision, or int8 on an MXU without it.
     """
 
-    def __init__(self, spec: TensorCoreSpec, *, numerics: bool = True, name: str = "core0") -> None:
+    def __init__(self, spec: TensorCoreSpec, *, numerics: bool = True, name: str = "core0",
+                 precision: str = "bf16", double_buffered: bool = False) -> None:
         if not isinstance(spec, TensorCoreSpec):
             raise TypeError(f"spec must be a TensorCoreSpec, got {spec!r}")
         self.spec = spec
-        self.numerics = bool(numerics)
+        self.precision = check_precision(precision, spec)
+        self.emulates_numerics = bool(numerics)
+        self.double_buffered = bool(double_buffered)
         self.name = name
         self.hbm = HBM(spec.hbm_bytes, name=name)
         self.records: list[OpRecord] = []
         self._scalar_cycles = scalar_cycles(spec, 1)
 
+    @property
+    def numerics(self) -> bool:
+        """True when MXU inputs are rounded to bf16 (numerics emulated, precision bf16)."""
+        return self.emulates_numerics and self.precision == "bf16"
+
     def __repr__(self) -> str:
-        return f"TensorCore(name={self.name!r}, numerics={self.numerics})"
+        return (f"TensorCore(name={self.name!r}, numerics={self.emulates_numerics}, "
+                f"precision={self.precision!r})")
 
     def _record(self, name: str, unit: str, flops: float, hbm_bytes: int, cycles: int) -> OpRecord:
         compute_seconds = cycles / self.spec.clock_hz
@@ -110,6 +175,92 @@ class TensorCore:
         self.records.append(record)
         return record
 
+    # -- MXU -------------------------------------------------------------------
+
+    def mxu_cycles(self, m: int, k: int, n: int, *, batch: int = 1) -> int:
+        """MXU cycles of `batch` GEMMs (M x K) . (K x N) in this core's precision.
+
+        bf16: `mxu_gemm_cycles` over the core's MXUs; fp32: six passes, i.e. six
+        times the folds (`numerics.FP32_PASSES`); int8: the bf16 count divided by
+        spec.int8_macs_per_bf16_mac, rounded up. Zero if any dimension is 0.
+        The scalar issue cost is not included.
+
+        Args:
+            m, k, n: GEMM dimensions, ints >= 0.
+            batch: Independent GEMMs with their own weights, int >= 1.
+
+        Returns:
+            Cycles, int.
+
+        Raises:
+            ValueError: if a dimension is negative or not an integer.
+        """
+        for label, v in (("m", m), ("k", k), ("n", n)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise ValueError(f"{label} must be an integer >= 0, got {v!r}")
+        if not (m and k and n):
+            return 0
+        passes = FP32_PASSES if self.precision == "fp32" else 1
+        cycles = mxu_gemm_cycles(int(m), int(k), int(n), self.spec.mxu, self.spec.mxus_per_core,
+                                 batch=batch * passes, double_buffered=self.double_buffered)
+        if self.precision == "int8":
+            cycles = math.ceil(cycles / self.spec.int8_macs_per_bf16_mac)
+        return cycles
+
+    def account_matmul(self, m: int, k: int, n: int, *, name: str = "matmul", batch: int = 1,
+                       shared_weights: bool = False) -> OpRecord:
+        """Records the cost of a matmul without computing it (timing-only runs).
+
+        Same cost as `matmul` / `batch_matmul` on inputs of these shapes:
+        flops = 2*batch*M*K*N (useful FLOPs; fp32's six passes are in the
+        cycles, not the FLOPs); hbm_bytes = operand bytes in (2 per element in
+        bf16, 4 in fp32, 1 in int8; the weights once when shared) + 4 per
+        output element (float32 / int32); cycles = `mxu_cycles` plus the
+        scalar issue cost.
+
+        Args:
+            m, k, n: GEMM dimensions, ints >= 0.
+            name: Op name for the record.
+            batch: Number of (M x K) . (K x N) products, int >= 1.
+            shared_weights: True if every product uses the same (K x N)
+                weights (they then stay in the array: one GEMM of batch*M rows).
+
+        Returns:
+            The OpRecord appended to `records`.
+
+        Raises:
+            ValueError: if a dimension is negative or batch < 1.
+        """
+        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        op_bytes = _OPERAND_BYTES[self.precision]
+        weights = k * n if shared_weights else batch * k * n
+        hbm_bytes = op_bytes * (batch * m * k + weights) + 4 * batch * m * n
+        if shared_weights:
+            cycles = self.mxu_cycles(batch * m, k, n)
+        else:
+            cycles = self.mxu_cycles(m, k, n, batch=batch)
+        return self._record(name, "mxu", 2.0 * batch * m * k * n, int(hbm_bytes),
+                            cycles + self._scalar_cycles)
+
+    def mxu_input(self, x: np.ndarray) -> np.ndarray:
+        """Returns x as this core's MXU takes it, to round once and reuse.
+
+        bf16 with numerics: bf16-rounded float32 (pass it with `*_rounded=True`
+        to skip rounding again; cache it when the same weights are used many
+        times). Otherwise x unchanged.
+        """
+        return to_bf16(x) if self.numerics else np.asarray(x)
+
+    def _product(self, a: np.ndarray, b: np.ndarray, a_rounded: bool, b_rounded: bool) -> np.ndarray:
+        if not self.emulates_numerics:
+            return a @ b
+        if self.precision == "bf16":
+            return mxu_matmul(a, b, a_rounded, b_rounded)
+        if self.precision == "fp32":
+            return mxu_matmul_fp32(a, b)
+        return mxu_matmul_int8(a, b)
+
     def matmul(
         self,
         a: np.ndarray,
@@ -121,18 +272,20 @@ class TensorCore:
     ) -> np.ndarray:
         """Multiplies a (M, K) by b (K, N) on the MXUs.
 
-        With numerics, inputs are rounded to bf16 (unless flagged as already
-        rounded) and the product is accumulated in float32. Records one "mxu"
-        OpRecord: flops = 2*M*K*N; hbm_bytes = 2*(M*K + K*N) + 4*M*N (bf16 in,
-        float32 out); cycles = `mxu_gemm_cycles` over the core's MXUs plus the
-        scalar issue cost.
+        With numerics the product follows the core's precision (bf16: inputs
+        rounded to bf16 unless flagged as already rounded, float32
+        accumulation; fp32: six bf16 passes; int8: quantised, int32
+        accumulation). Records one "mxu" OpRecord (see `account_matmul`): in
+        bf16, flops = 2*M*K*N, hbm_bytes = 2*(M*K + K*N) + 4*M*N, cycles =
+        `mxu_gemm_cycles` over the core's MXUs plus the scalar issue cost.
 
         Args:
             a: (M, K) activations.
             b: (K, N) weights.
             name: Op name for the record.
-            a_rounded: a already holds bf16 values in float32 (skip its rounding).
-            b_rounded: b already holds bf16 values in float32 (skip its rounding).
+            a_rounded: a already holds bf16 values in float32 (skip its
+                rounding; bf16 precision only, ignored otherwise).
+            b_rounded: b already holds bf16 values in float32 (likewise).
 
         Returns:
             (M, N) product: float32 with numerics, else `a @ b` in the inputs' dtype.
@@ -148,16 +301,111 @@ class TensorCore:
             )
         m, k = a.shape
         n = b.shape[1]
-        out = mxu_matmul(a, b, a_rounded, b_rounded) if self.numerics else a @ b
-        if m and k and n:
-            cycles = mxu_gemm_cycles(m, k, n, self.spec.mxu, self.spec.mxus_per_core)
-        else:
-            cycles = 0
-        self._record(
-            name, "mxu", 2.0 * m * k * n, 2 * (m * k + k * n) + 4 * m * n,
-            cycles + self._scalar_cycles,
-        )
+        out = self._product(a, b, a_rounded, b_rounded)
+        self.account_matmul(m, k, n, name=name)
         return out
+
+    def batch_matmul(self, a: np.ndarray, b: np.ndarray, *, name: str = "batch_matmul") -> np.ndarray:
+        """Batched matmul: a (B, M, K) by b (B, K, N), or by shared weights b (K, N).
+
+        Shared weights stay in the arrays: costed as one GEMM of B*M rows.
+        Per-example weights: B times the folds, spread over the MXUs
+        (`mxu_gemm_cycles(..., batch=B)`). Numerics as `matmul`.
+
+        Args:
+            a: (B, M, K) activations.
+            b: (B, K, N) per-example weights or (K, N) shared weights.
+            name: Op name for the record.
+
+        Returns:
+            (B, M, N) product.
+
+        Raises:
+            ValueError: on mismatched shapes.
+        """
+        a = np.asarray(a)
+        b = np.asarray(b)
+        shared = b.ndim == 2
+        ok = a.ndim == 3 and b.ndim in (2, 3) and a.shape[2] == b.shape[-2]
+        if ok and not shared:
+            ok = b.shape[0] == a.shape[0]
+        if not ok:
+            raise ValueError(f"batch_matmul {name!r} needs a (B, M, K) and b (B, K, N) or (K, N), "
+                             f"got shapes {a.shape} and {b.shape}")
+        bsz, m, k = a.shape
+        n = b.shape[-1]
+        if shared:
+            out = self._product(a.reshape(bsz * m, k), b, False, False).reshape(bsz, m, n)
+        elif self.emulates_numerics and self.precision == "bf16":
+            out = np.matmul(to_bf16(a), to_bf16(b))
+        else:
+            out = np.stack([self._product(a[i], b[i], False, False) for i in range(bsz)]) \
+                if bsz else np.matmul(a, b)
+        if bsz:
+            self.account_matmul(m, k, n, name=name, batch=bsz, shared_weights=shared)
+        else:
+            self._record(name, "mxu", 0.0, 0, self._scalar_cycles)
+        return out
+
+    def conv2d(self, x: np.ndarray, w: np.ndarray, *, stride: int = 1, padding: str = "valid",
+               name: str = "conv2d") -> np.ndarray:
+        """2-D convolution (NHWC) as an im2col GEMM on the MXUs.
+
+        The patches of x become a (B*H_out*W_out, KH*KW*C_in) matrix and the
+        kernel a (KH*KW*C_in, C_out) one (`mxu.conv2d_gemm_shape`); the cycles
+        are those of that GEMM. HBM traffic counts x, w and the output once
+        (the TPU forms patches on chip; they are not written to HBM): in bf16
+        2 bytes per input element, 4 per output element.
+
+        Args:
+            x: (B, H, W, C_in) input.
+            w: (KH, KW, C_in, C_out) kernel.
+            stride: Step in both spatial axes, int >= 1.
+            padding: "valid" (none) or "same" (TF/XLA: out = ceil(in / stride),
+                the odd pixel after).
+            name: Op name for the record.
+
+        Returns:
+            (B, H_out, W_out, C_out) output (float32 with numerics).
+
+        Raises:
+            ValueError: on bad shapes, stride or padding.
+        """
+        x = np.asarray(x)
+        w = np.asarray(w)
+        if x.ndim != 4 or w.ndim != 4 or x.shape[3] != w.shape[2]:
+            raise ValueError(f"conv2d {name!r} needs x (B, H, W, C) and w (KH, KW, C, F), "
+                             f"got shapes {x.shape} and {w.shape}")
+        if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 1:
+            raise ValueError(f"stride must be a positive integer, got {stride!r}")
+        if padding not in ("valid", "same"):
+            raise ValueError(f"padding must be 'valid' or 'same', got {padding!r}")
+        bsz, h, wd, c = x.shape
+        kh, kw, _, f = w.shape
+        x_elements = x.size
+        if padding == "same":
+            pads = []
+            for size, kern in ((h, kh), (wd, kw)):
+                out = -(-size // stride)
+                total = max((out - 1) * stride + kern - size, 0)
+                pads.append((total // 2, total - total // 2))
+            x = np.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+        hp, wp = x.shape[1], x.shape[2]
+        if hp < kh or wp < kw:
+            raise ValueError(f"conv2d {name!r}: kernel {kh}x{kw} larger than padded input {hp}x{wp}")
+        ho, wo = (hp - kh) // stride + 1, (wp - kw) // stride + 1
+        patches = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))
+        patches = patches[:, ::stride, ::stride]                     # (B, Ho, Wo, C, KH, KW)
+        cols = patches.transpose(0, 1, 2, 4, 5, 3).reshape(bsz * ho * wo, kh * kw * c)
+        out = self._product(cols, w.reshape(kh * kw * c, f), False, False)
+        m, k, n = bsz * ho * wo, kh * kw * c, f
+        op_bytes = _OPERAND_BYTES[self.precision]
+        hbm_bytes = op_bytes * (x_elements + w.size) + 4 * m * n
+        cycles = self.mxu_cycles(m, k, n) if m else 0
+        self._record(name, "mxu", 2.0 * m * k * n, int(hbm_bytes), cycles + self._scalar_cycles)
+        return out.reshape(bsz, ho, wo, f)
+
+    # -- VPU -------------------------------------------------------------------
 
     def vector(
         self,
@@ -197,6 +445,31 @@ class TensorCore:
             cycles + self._scalar_cycles,
         )
         return result
+
+    def account_vector(self, name: str, elements: int, hbm_bytes: int, *,
+                       ops_per_element: float = 1.0, transcendental: bool = False) -> OpRecord:
+        """Records the cost of VPU work without computing it (timing-only runs).
+
+        Same cost as `vector` on arrays of that many elements and bytes.
+
+        Args:
+            name: Op name for the record.
+            elements: Elements processed, int >= 0.
+            hbm_bytes: Bytes read and written, int >= 0.
+            ops_per_element: Element-ops per element (>= 0).
+            transcendental: True for exp / log / tanh / ... work.
+
+        Returns:
+            The OpRecord appended to `records`.
+
+        Raises:
+            ValueError: on a negative or non-integer figure.
+        """
+        if isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, numbers.Integral) or hbm_bytes < 0:
+            raise ValueError(f"hbm_bytes must be an integer >= 0, got {hbm_bytes!r}")
+        cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
+        return self._record(name, "vpu", float(elements) * ops_per_element, int(hbm_bytes),
+                            cycles + self._scalar_cycles)
 
     def account(self, name: str, unit: str, flops: float, hbm_bytes: int, cycles: int) -> OpRecord:
         """Records work done outside the other methods (e.g. data movement).

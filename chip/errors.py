@@ -18,6 +18,10 @@ class ChipSpecError(ChipError, ValueError):
     """A chip specification is invalid or unknown (e.g. an unknown preset name)."""
 
 
+class PrecisionError(ChipError, ValueError):
+    """A precision mode is unknown, or the chip's MXU cannot run it (int8 on v2 / v3)."""
+
+
 class HBMOutOfMemoryError(ChipError):
     """An HBM allocation does not fit in what is left of the capacity.
 

@@ -79,3 +79,84 @@ def dequantize_int8(q: np.ndarray, scale: float) -> np.ndarray:
         float32 array q * scale.
     """
     return np.asarray(q, dtype=np.float32) * np.float32(scale)
+
+
+def split_bf16x3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Splits float32 values into three bf16 parts: x ~ hi + mid + lo.
+
+    hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid) (each difference
+    exact in float32). Three 8-bit significands cover float32's 24 bits, so
+    hi + mid + lo recovers x to about float32 precision.
+
+    Args:
+        x: Array of real numbers (any shape).
+
+    Returns:
+        (hi, mid, lo), float32 arrays of x's shape holding bf16 values.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    hi = to_bf16(x)
+    rest = x - hi
+    mid = to_bf16(rest)
+    lo = to_bf16(rest - mid)
+    return hi, mid, lo
+
+
+FP32_PASSES = 6
+"""MXU passes of a float32 matmul: XLA's "HIGHEST" precision (bf16_6x)."""
+
+
+def mxu_matmul_fp32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A float32 matmul as six bf16 MXU passes (XLA's HIGHEST precision).
+
+    Both operands are split into bf16 parts (`split_bf16x3`); the product
+    keeps the six terms whose order is at least 2^-16 relative:
+    hi.hi + hi.mid + mid.hi + hi.lo + lo.hi + mid.mid (dropping mid.lo,
+    lo.mid, lo.lo). Each pass is a bf16 x bf16 -> fp32 MXU product; the
+    passes are summed smallest first in float32. Source: XLA's
+    "bf16_6x" algorithm for PrecisionConfig HIGHEST on TPU (also described in
+    Henry, Tang & Heinecke, "Leveraging the bfloat16 Artificial Intelligence
+    Datatype For Higher-Precision Computations", ARITH 2019).
+
+    Args:
+        a: (M, K) activations.
+        b: (K, N) weights.
+
+    Returns:
+        (M, N) float32; its error against the exact product is close to a
+        float32 matmul's (tested against float64 in tests/chip).
+    """
+    a_hi, a_mid, a_lo = split_bf16x3(a)
+    b_hi, b_mid, b_lo = split_bf16x3(b)
+    small = np.matmul(a_mid, b_mid)
+    small += np.matmul(a_lo, b_hi)
+    small += np.matmul(a_hi, b_lo)
+    middle = np.matmul(a_mid, b_hi)
+    middle += np.matmul(a_hi, b_mid)
+    out = np.matmul(a_hi, b_hi)
+    out += middle + small
+    return out
+
+
+def mxu_matmul_int8(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An int8 MXU matmul: symmetric per-tensor quantisation, int32 accumulation.
+
+    a and b are quantised with `quantize_int8` (scales s_a, s_b), multiplied
+    as int8 x int8 with exact int32 accumulation, and the int32 result is
+    rescaled: out = (q_a . q_b) * s_a * s_b.
+
+    The integer product is computed in float64 BLAS, which is exact while
+    K * 127 * 127 < 2**53 (K < 5.5e11); int32 overflow (K > 133,000 with
+    extreme values) is not modelled.
+
+    Args:
+        a: (M, K) activations.
+        b: (K, N) weights.
+
+    Returns:
+        (M, N) float32 dequantised product.
+    """
+    qa, sa = quantize_int8(a)
+    qb, sb = quantize_int8(b)
+    acc = np.matmul(qa.astype(np.float64), qb.astype(np.float64))  # exact integers
+    return (acc * (sa * sb)).astype(np.float32)

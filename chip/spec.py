@@ -35,6 +35,9 @@ _TRANSCENDENTAL_CYCLES = 4.0
 # - The scalar unit spends a handful of cycles issuing each op (address
 #   arithmetic, loop control, sync flags) (assumption).
 _SCALAR_ISSUE_CYCLES = 8
+# - An int8 MXU pass does (published int8 peak / published bf16 peak) times the
+#   MACs of a bf16 pass; 0 means the MXU has no int8 mode. The ratio is der.
+#   from the published peaks; how the hardware achieves it is not published.
 
 
 def _check_int(owner: str, field: str, value, minimum: int) -> None:
@@ -91,6 +94,9 @@ class TensorCoreSpec:
         transcendental_cycles_per_element_op: Cost of a transcendental element-op
             relative to an add/multiply (which costs 1) (assumption).
         scalar_issue_cycles: Cycles the scalar unit spends issuing each op (assumption).
+        int8_macs_per_bf16_mac: int8 MXU throughput relative to bf16 (der.:
+            published int8 peak / bf16 peak); 0.0 for an MXU without int8
+            (TPU v2, v3).
 
     Raises:
         ChipSpecError: (a ValueError) quoting the first invalid field.
@@ -106,6 +112,7 @@ class TensorCoreSpec:
     vpu_sublanes: int = 8
     transcendental_cycles_per_element_op: float = _TRANSCENDENTAL_CYCLES
     scalar_issue_cycles: int = _SCALAR_ISSUE_CYCLES
+    int8_macs_per_bf16_mac: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mxu, MXUSpec):
@@ -122,11 +129,18 @@ class TensorCoreSpec:
             self.transcendental_cycles_per_element_op,
         )
         _check_int("TensorCoreSpec", "scalar_issue_cycles", self.scalar_issue_cycles, 0)
+        _check_positive("TensorCoreSpec", "int8_macs_per_bf16_mac", self.int8_macs_per_bf16_mac,
+                        allow_zero=True)
 
     @property
     def peak_bf16_flops_per_s(self) -> float:
         """Peak bf16 FLOP/s of this core: 2 * mxus_per_core * rows * cols * clock_hz."""
         return 2.0 * self.mxus_per_core * self.mxu.rows * self.mxu.cols * self.clock_hz
+
+    @property
+    def peak_int8_ops_per_s(self) -> float:
+        """Peak int8 ops/s of this core (2 per MAC); 0.0 when the MXU has no int8 mode."""
+        return self.peak_bf16_flops_per_s * self.int8_macs_per_bf16_mac
 
     @property
     def vpu_elements_per_cycle(self) -> int:
@@ -360,6 +374,7 @@ V4 = ChipSpec.from_chip_figures(
     hbm_bytes=32 * _GIB,  # [GC-v4]
     hbm_bandwidth_bytes_per_s=1200e9,  # [GC-v4]
     vmem_bytes_per_core=16 * _MIB,  # [JAX] (plus 128 MiB CMEM, not modelled)
+    int8_macs_per_bf16_mac=1.0,  # der.: int8 275e12 / bf16 275e12 [GC-v4]
     ici_links=6,  # ICI table
     ici_link_bandwidth_bytes_per_s=4.5e10,  # [SB]
     ici_latency_s=1e-6,  # [SB]
@@ -380,6 +395,7 @@ V5E = ChipSpec.from_chip_figures(
     hbm_bytes=16 * 10**9,  # 16 GB [GC-v5e]
     hbm_bandwidth_bytes_per_s=819e9,  # [GC-v5e] (8.1e11 [SB])
     vmem_bytes_per_core=128 * _MIB,  # [SB]
+    int8_macs_per_bf16_mac=2.0,  # der.: int8 394e12 / bf16 197e12 [GC-v5e]
     ici_links=4,  # ICI table
     ici_link_bandwidth_bytes_per_s=4.5e10,  # [SB]
     ici_latency_s=1e-6,  # [SB]
@@ -400,6 +416,7 @@ V5P = ChipSpec.from_chip_figures(
     hbm_bytes=95 * _GIB,  # 95 GiB usable [GC-v5p]
     hbm_bandwidth_bytes_per_s=2765e9,  # [GC-v5p] (2.8e12 [SB])
     vmem_bytes_per_core=64 * _MIB,  # [JAX]
+    int8_macs_per_bf16_mac=2.0,  # der.: int8 918e12 [SB] / bf16 459e12 [GC-v5p]
     ici_links=6,  # ICI table
     ici_link_bandwidth_bytes_per_s=9e10,  # [SB]
     ici_latency_s=1e-6,  # [SB]
@@ -420,6 +437,7 @@ V6E = ChipSpec.from_chip_figures(
     hbm_bytes=32 * 10**9,  # 32 GB [GC-v6e]
     hbm_bandwidth_bytes_per_s=1638e9,  # [GC-v6e]
     vmem_bytes_per_core=128 * _MIB,  # [JAX]
+    int8_macs_per_bf16_mac=2.0,  # der.: int8 1836e12 / bf16 918e12 [GC-v6e]
     ici_links=4,  # ICI table
     ici_link_bandwidth_bytes_per_s=9e10,  # [SB]
     ici_latency_s=1e-6,  # [SB]

@@ -1,0 +1,342 @@
+"""Benchmarks: one GEMM on one TensorCore, and the seed's benchmark scenarios.
+
+- `matmul_report`: what ``tpu-pod matmul`` prints: cycles, simulated
+  seconds, TFLOP/s and MXU utilisation of one (M x K) . (K x N) on one
+  TensorCore of a chip preset, in a precision mode.
+- `run_benchmark`: a scenario with a ``benchmark:`` section (instead of
+  ``model`` / ``training``), as ``tpu-pod run`` runs it. One Ray actor per
+  chip (`BenchmarkChipActor`, a thin shell around `chip.Chip`) runs the work
+  on every TensorCore; then this host's own numpy FLOP/s on the same kind of
+  work is measured, and both are printed the way the seed notebook did
+  ("CPU TFlops: ..." / "TPU speedup over CPU: ...x TFlops: ...").
+
+Two kinds, from the seed material:
+
+- ``matmul`` (the 2018 Colab TPU benchmark): on each TensorCore two random
+  N x N float32 matrices, ``x <- x . y`` repeated ``iterations`` times;
+  FLOPs = cores x iterations x 2 N^3. ``y`` is scaled by 1/sqrt(N) so ``x``
+  stays finite over many iterations; ``y`` is rounded to bf16 once and reused
+  (the same weights every iteration).
+- ``matrix_add`` (the lecture's first benchmark): on each TensorCore
+  ``c = a + b`` on N x N float32 matrices, ``iterations`` times, on the VPU;
+  FLOPs = cores x iterations x N^2. HBM-bound on every TPU.
+
+``functional: false`` (the default at full size) costs the ops without
+computing them (`TensorCore.account_matmul` / `account_vector`): a v2-8 at
+N = 4096 and 100 iterations would otherwise be 11 PFLOP of numpy work.
+Simulated figures come from the cost models; CPU figures are wall-clock
+measurements of this host.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chip import HBM, TensorCore, check_precision, get_chip_spec, to_bf16
+from pod.errors import ScenarioError
+from pod.scenario import Scenario
+from pod.slices import PodShape, resolve_pod
+
+__all__ = ["matmul_report", "BenchmarkPlan", "check_benchmark", "BenchmarkChipActor",
+           "benchmark_inputs", "cpu_flops_per_s", "run_benchmark", "format_report"]
+
+
+def matmul_report(chip: str, m: int, k: int, n: int, *, precision: str = "bf16",
+                  double_buffered: bool = False) -> dict[str, Any]:
+    """Cost of one (M x K) . (K x N) GEMM on one TensorCore of a chip preset.
+
+    Args:
+        chip: Chip preset name ("v2", ..., "v6e").
+        m, k, n: GEMM dimensions, positive ints.
+        precision: "bf16", "fp32" or "int8".
+        double_buffered: Double-buffered MXU weights.
+
+    Returns:
+        A JSON-serialisable dict: chip, m, k, n, precision, cycles (MXU plus
+        scalar issue), simulated_seconds (max of compute and HBM time),
+        compute_seconds, memory_seconds, bound, flops, hbm_bytes, tflops
+        (useful FLOPs / simulated seconds / 1e12), mxu_utilization (MXU cell
+        work done / cell-cycles available in the simulated time; 1.0 = every
+        MAC of every MXU busy every cycle; fp32's six passes count as work,
+        int8 counts int8 MACs against the int8 rate), peak_tflops (bf16 peak
+        of one core).
+
+    Raises:
+        ChipSpecError: unknown chip. PrecisionError: unknown precision or int8
+        on v2 / v3. ValueError: a non-positive dimension.
+    """
+    spec = get_chip_spec(chip)
+    for label, v in (("m", m), ("k", k), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ScenarioError(f"--{label}: must be a positive integer, got {v!r}")
+    check_precision(precision, spec.core, spec.name)
+    core = TensorCore(spec.core, precision=precision, double_buffered=double_buffered)
+    rec = core.account_matmul(m, k, n)
+    c = spec.core
+    passes = 6 if precision == "fp32" else 1
+    rate = c.int8_macs_per_bf16_mac if precision == "int8" else 1.0
+    cell_cycles = rec.seconds * c.clock_hz * c.mxus_per_core * c.mxu.rows * c.mxu.cols
+    return {
+        "chip": spec.name, "m": m, "k": k, "n": n, "precision": precision,
+        "double_buffered": double_buffered,
+        "cycles": rec.cycles,
+        "simulated_seconds": rec.seconds,
+        "compute_seconds": rec.compute_seconds,
+        "memory_seconds": rec.memory_seconds,
+        "bound": rec.bound,
+        "flops": rec.flops,
+        "hbm_bytes": rec.hbm_bytes,
+        "tflops": rec.flops / rec.seconds / 1e12,
+        "mxu_utilization": m * k * n * passes / rate / cell_cycles,
+        "peak_tflops": c.peak_bf16_flops_per_s / 1e12,
+    }
+
+
+@dataclass(frozen=True)
+class BenchmarkPlan:
+    """A benchmark scenario resolved against its pod.
+
+    Attributes:
+        scenario: The scenario (its ``benchmark`` section is set).
+        pod: Chip preset and topology.
+        memory: Per TensorCore HBM plan, bytes: the benchmark's arrays and total.
+    """
+
+    scenario: Scenario
+    pod: PodShape
+    memory: dict[str, int]
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of the whole run over the pod (useful FLOPs)."""
+        b = self.scenario.benchmark
+        per = 2.0 * b.n**3 if b.kind == "matmul" else float(b.n) ** 2
+        return self.pod.tensorcores * b.iterations * per
+
+
+def check_benchmark(scenario: Scenario) -> BenchmarkPlan:
+    """Resolve and check a benchmark scenario without Ray.
+
+    Raises:
+        ScenarioError: not a benchmark scenario. PrecisionError: int8 on v2 / v3.
+        HBMOutOfMemoryError: the arrays do not fit one TensorCore's HBM.
+    """
+    b = scenario.benchmark
+    if b is None:
+        raise ScenarioError(f"{scenario.name}: not a benchmark scenario (no benchmark section)")
+    cfg = scenario.pod
+    pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
+                      topology=cfg.topology, wraparound=cfg.wraparound)
+    try:
+        check_precision(b.precision, pod.chip.core, pod.chip.name)
+    except ValueError as err:
+        raise ScenarioError(f"benchmark.precision: {err}") from None
+    if b.kind == "matrix_add" and b.precision != "bf16":
+        raise ScenarioError("benchmark.precision: matrix_add runs on the VPU in float32; "
+                            f"leave precision at bf16 (got {b.precision!r})")
+    n2 = b.n * b.n
+    if b.kind == "matmul":
+        items = {"x": 4 * n2, "y": 4 * n2, "product": 4 * n2}
+    else:
+        items = {"a": 4 * n2, "b": 4 * n2, "c": 4 * n2}
+    hbm = HBM(pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore")
+    for tag, nbytes in items.items():
+        hbm.allocate(tag, nbytes)
+    return BenchmarkPlan(scenario=scenario, pod=pod, memory={**items, "total": hbm.used_bytes})
+
+
+def benchmark_inputs(kind: str, n: int, seed: int, chip_id: int, core: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The two N x N float32 inputs of one TensorCore (deterministic).
+
+    matmul: x ~ N(0, 1), y ~ N(0, 1) / sqrt(N) (keeps x finite under x <- x . y).
+    matrix_add: a, b ~ N(0, 1).
+    """
+    rng = np.random.default_rng([seed, chip_id, core])
+    first = rng.standard_normal((n, n), dtype=np.float32)
+    second = rng.standard_normal((n, n), dtype=np.float32)
+    if kind == "matmul":
+        second *= np.float32(1.0 / np.sqrt(n))
+    return first, second
+
+
+class BenchmarkChipActor:
+    """One chip running a seed benchmark on each of its TensorCores (Ray actor body).
+
+    Args:
+        chip: Chip preset name.
+        chip_id: This chip's rank.
+        precision: MXU precision of its cores.
+        limit_threads: Pin BLAS to one thread (several actors share few cores).
+    """
+
+    def __init__(self, chip: str, chip_id: int, precision: str = "bf16",
+                 limit_threads: bool = True) -> None:
+        if limit_threads:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(1)
+        from chip import Chip
+        self.chip = Chip(get_chip_spec(chip), chip_id, precision=precision)
+        self.chip_id = chip_id
+
+    def run(self, kind: str, n: int, iterations: int, functional: bool, seed: int
+            ) -> list[dict[str, Any]]:
+        """Run the benchmark on every core.
+
+        Returns:
+            Per core: simulated ``seconds`` (the ops back to back), ``flops``,
+            ``bound`` (of the last op), ``wall_seconds``, and with functional
+            runs ``checksum`` (float64 sum of the final x or c) and ``finite``.
+        """
+        out = []
+        for i, core in enumerate(self.chip.cores):
+            t0 = time.perf_counter()
+            result = None
+            if functional:
+                a, b = benchmark_inputs(kind, n, seed, self.chip_id, i)
+                if kind == "matmul":
+                    y = core.mxu_input(b)  # the same weights every iteration: round once
+                    x = a
+                    for it in range(iterations):
+                        x = core.matmul(x, y, name=f"matmul{it}", b_rounded=True)
+                    result = x
+                else:
+                    for it in range(iterations):
+                        result = core.vector(f"add{it}", np.add, a, b)
+            else:
+                for it in range(iterations):
+                    if kind == "matmul":
+                        core.account_matmul(n, n, n, name=f"matmul{it}")
+                    else:
+                        core.account_vector(f"add{it}", n * n, 3 * 4 * n * n)
+            records = core.take_records()
+            entry = {
+                "core": i,
+                "seconds": float(sum(r.seconds for r in records)),
+                "flops": float(sum(r.flops for r in records)),
+                "bound": records[-1].bound if records else "",
+                "wall_seconds": time.perf_counter() - t0,
+            }
+            if result is not None:
+                entry["checksum"] = float(np.sum(result, dtype=np.float64))
+                entry["finite"] = bool(np.isfinite(result).all())
+            out.append(entry)
+        return out
+
+
+def cpu_flops_per_s(kind: str, n: int, iterations: int, seed: int = 0) -> tuple[float, float]:
+    """This host's numpy FLOP/s on the benchmark's kind of work (wall clock).
+
+    matmul: x <- x . y in float32, 2 n^3 FLOPs per iteration; matrix_add:
+    c = a + b in float32, n^2 FLOPs per iteration. numpy uses as many BLAS
+    threads as it is allowed.
+
+    Returns:
+        (FLOP/s, wall seconds).
+    """
+    a, b = benchmark_inputs(kind, n, seed, 0, 0)
+    if kind == "matmul":
+        x = a @ b  # warm up BLAS
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            x = x @ b
+        wall = time.perf_counter() - t0
+        return 2.0 * n**3 * iterations / wall, wall
+    c = np.empty_like(a)
+    np.add(a, b, out=c)
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        np.add(a, b, out=c)
+    wall = time.perf_counter() - t0
+    return float(n) ** 2 * iterations / wall, wall
+
+
+def run_benchmark(scenario: Scenario, *, output_dir: Path | None = None,
+                  functional: bool | None = None, echo=print) -> dict[str, Any]:
+    """Run a benchmark scenario over chip actors and print the seed's report.
+
+    Args:
+        scenario: A scenario with a ``benchmark`` section.
+        output_dir: Where ``summary.json`` goes (None: not written).
+        functional: Override ``benchmark.functional``.
+        echo: Line printer.
+
+    Returns:
+        The summary dict (also written to summary.json): simulated_seconds
+        (the slowest core), simulated_tflops, cpu_tflops, speedup, flops, ...
+
+    Raises:
+        ScenarioError, PrecisionError, HBMOutOfMemoryError: from `check_benchmark`.
+        ClusterError: Ray could not start.
+    """
+    import ray
+
+    from pod.cluster import ensure_ray, shutdown_ray
+
+    plan = check_benchmark(scenario)
+    b = scenario.benchmark
+    functional = b.functional if functional is None else functional
+    owns = ensure_ray(scenario.ray.address)
+    t0 = time.perf_counter()
+    try:
+        remote = ray.remote(BenchmarkChipActor).options(num_cpus=0)
+        actors = [remote.remote(plan.pod.chip.name, r, b.precision) for r in range(plan.pod.chips)]
+        try:
+            per_chip = ray.get([a.run.remote(b.kind, b.n, b.iterations, functional, b.seed)
+                                for a in actors])
+        finally:
+            for a in actors:
+                ray.kill(a)
+    finally:
+        if owns:
+            shutdown_ray()
+    wall = time.perf_counter() - t0
+    cores = [c for chip in per_chip for c in chip]
+    sim_seconds = max(c["seconds"] for c in cores)  # cores run in parallel
+    flops = sum(c["flops"] for c in cores)
+    cpu_flops, cpu_wall = cpu_flops_per_s(b.kind, b.cpu_n, b.cpu_iterations, b.seed)
+    tflops = flops / sim_seconds / 1e12
+    summary = {
+        "scenario": scenario.name, "kind": b.kind, "chip": plan.pod.chip.name,
+        "slice": plan.pod.slice_name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
+        "n": b.n, "iterations": b.iterations, "precision": b.precision,
+        "functional": bool(functional), "flops": flops,
+        "simulated_seconds": sim_seconds, "simulated_tflops": tflops,
+        "bound": cores[0]["bound"],
+        "peak_tflops": plan.pod.peak_bf16_flops_per_s / 1e12,
+        "cpu_n": b.cpu_n, "cpu_iterations": b.cpu_iterations,
+        "cpu_tflops": cpu_flops / 1e12, "cpu_wall_seconds": cpu_wall,
+        "speedup": tflops * 1e12 / cpu_flops,
+        "emulation_wall_seconds": wall,
+        "per_core": cores,
+    }
+    for line in format_report(summary):
+        echo(line)
+    if output_dir is not None:
+        output_dir = Path(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def format_report(summary: dict[str, Any]) -> list[str]:
+    """The report lines, in the seed notebook's words."""
+    what = ("x <- x . y" if summary["kind"] == "matmul" else "c = a + b")
+    mode = "functional + timing" if summary["functional"] else "timing only"
+    return [
+        f"{summary['scenario']}: {summary['kind']} {what}, N={summary['n']}, "
+        f"{summary['iterations']} iterations on each of {summary['cores']} TensorCores "
+        f"({summary['slice'] or summary['chip']}, {summary['precision']}, {mode})",
+        f"simulated: {summary['simulated_seconds']:.6f} s for {summary['flops']:.4g} FLOP "
+        f"({summary['bound']}-bound; pod peak {summary['peak_tflops']:,.1f} TFLOP/s bf16)",
+        f"CPU TFlops: {summary['cpu_tflops']:.4f}   (wall, this host, numpy, "
+        f"N={summary['cpu_n']} x {summary['cpu_iterations']})",
+        f"TPU speedup over CPU: {summary['speedup']:,.0f}x TFlops: "
+        f"{summary['simulated_tflops']:,.3f}   (TPU simulated)",
+    ]

@@ -1,0 +1,85 @@
+"""Timing-only mode agrees with functional runs; sweeps write what they promise."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from pod.plan import build_plan
+from pod.scenario import parse_scenario
+from pod.sweep import run_sweep, sweep_points
+from pod.timing import TimingPod
+
+
+def scenario(**extra):
+    data = {
+        "name": "timing-test",
+        "pod": {"chip": "v4", "chips": 4},
+        "model": {"name": "mlp", "options": {"hidden": [32], "dropout": False}},
+        "data": {"name": "digits"},
+        "training": {"global_batch": 64, "steps": 3,
+                     "optimizer": {"name": "adam", "learning_rate": 0.01}},
+        "metrics": {"port": 0},
+    }
+    data.update(extra)
+    return parse_scenario(data)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_timing_only_and_functional_report_identical_simulated_times():
+    from pod.coordinator import Pod
+
+    plan = build_plan(scenario())
+    with Pod(plan) as pod:
+        functional = [pod.step(s) for s in range(plan.steps)]
+    timing = TimingPod(plan)
+    costed = [timing.step(s) for s in range(plan.steps)]
+    for f, t in zip(functional, costed):
+        assert t.step_seconds == f.step_seconds
+        for part in ("infeed_seconds", "compute_seconds", "local_reduce_seconds", "ici_seconds",
+                     "update_seconds", "model_flops"):
+            assert getattr(t, part) == getattr(f, part), part
+        assert t.step_seconds > 0
+
+
+def test_timing_only_reaches_pods_no_host_could_emulate():
+    plan = build_plan(scenario(pod={"chip": "v4", "topology": "8x8x8"},
+                               training={"global_batch": 32768, "steps": 1}),
+                      timing_only=True)
+    stats = TimingPod(plan).step(0)
+    assert plan.pod.chips == 512 and plan.per_core_batch == 32
+    # weak scaling at a fixed per-core batch: per-chip compute is the same as on 4 chips
+    small = TimingPod(build_plan(scenario(training={"global_batch": 256, "steps": 1}))).step(0)
+    assert stats.compute_seconds == small.compute_seconds
+    assert stats.model_flops == 128 * small.model_flops
+
+
+def test_sweep_points_expand_the_product_and_set_weak_batches():
+    s = scenario(sweep={"scaling": "weak", "per_core_batch": 8, "chips": [1, 2, 4],
+                        "allreduce": ["ring", "torus"]})
+    points = sweep_points(s)
+    assert len(points) == 6
+    batches = [p.scenario.training.global_batch for p in points]
+    assert batches == [16, 16, 32, 32, 64, 64]  # 8 per core x 2 cores per v4 chip
+    assert {p.scenario.pod.allreduce for p in points} == {"ring", "torus"}
+
+
+def test_sweep_records_a_failed_point_and_goes_on(tmp_path):
+    # strong scaling at global batch 96: 96 does not split over 64 TensorCores (32 chips)
+    s = scenario(sweep={"chips": [1, 2, 32], "global_batch": [96], "steps": 2})
+    rows = run_sweep(s, tmp_path)
+    assert [r["status"] for r in rows] == ["ok", "ok", "failed"]
+    assert "not divisible by 64 TensorCores" in rows[2]["error"]
+    with (tmp_path / "results.csv").open() as f:
+        written = list(csv.DictReader(f))
+    assert len(written) == 3 and written[2]["status"] == "failed"
+    assert float(written[0]["scaling_efficiency"]) == pytest.approx(1.0)
+    # efficiency = examples/s per chip relative to the 1-chip point
+    expected = (rows[1]["examples_per_second"] / 2) / rows[0]["examples_per_second"]
+    assert rows[1]["scaling_efficiency"] == pytest.approx(expected)
+    assert rows[1]["communication_fraction"] == pytest.approx(
+        rows[1]["allreduce_seconds"] / rows[1]["simulated_step_seconds"])
+    for name in ("results.md", "throughput.png", "efficiency.png", "breakdown.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert "failed: " in (tmp_path / "results.md").read_text()
