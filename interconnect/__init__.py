@@ -13,7 +13,10 @@ Pure Python + numpy; never imports Ray, ``pod`` or ``chip``. One room at a time:
 - :mod:`~interconnect.execute`: :func:`execute` runs a schedule on numpy
   buffers (the reference for the distributed run).
 - :mod:`~interconnect.cost`: :func:`schedule_cost` / :func:`schedule_time`,
-  simulated seconds with per-link contention.
+  simulated seconds with per-link contention; :func:`collective_cost`, a fast
+  path for the regular ring / torus schedules that agrees with it.
+- :mod:`~interconnect.faults`: :class:`LinkFaults` (slowed and failed links)
+  and :func:`route` around failed links.
 
 Example::
 
@@ -24,16 +27,27 @@ Example::
 """
 
 from interconnect.collectives import (
+    ALGORITHMS,
+    ALLREDUCE_ALGORITHMS,
+    OPS,
     Schedule,
     Transfer,
+    all_to_all,
+    allreduce,
+    axis_rings,
+    broadcast,
+    build_collective,
     chain_schedules,
     chunk_bounds,
+    halving_doubling_allreduce,
     ring_all_gather,
     ring_allreduce,
     ring_reduce_scatter,
+    tree_allreduce,
 )
-from interconnect.cost import ScheduleCost, schedule_cost, schedule_time
+from interconnect.cost import FAST_PATHS, ScheduleCost, collective_cost, schedule_cost, schedule_time
 from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError, TopologyError
+from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
 from interconnect.execute import execute
 from interconnect.link import LinkSpec
 from interconnect.topology import Torus, parse_shape
@@ -53,8 +67,24 @@ __all__ = [
     "ring_all_gather",
     "chain_schedules",
     "ring_allreduce",
+    "OPS",
+    "ALGORITHMS",
+    "ALLREDUCE_ALGORITHMS",
+    "axis_rings",
+    "allreduce",
+    "halving_doubling_allreduce",
+    "tree_allreduce",
+    "all_to_all",
+    "broadcast",
+    "build_collective",
     "execute",
     "ScheduleCost",
     "schedule_cost",
     "schedule_time",
+    "collective_cost",
+    "FAST_PATHS",
+    "LinkFailureError",
+    "LinkFaults",
+    "parse_link",
+    "route",
 ]

@@ -39,6 +39,8 @@ from functools import partial
 from itertools import compress, repeat
 from typing import NamedTuple
 
+import numpy as np
+
 from interconnect.errors import ScheduleError
 from interconnect.topology import Torus
 
@@ -50,6 +52,16 @@ __all__ = [
     "ring_all_gather",
     "ring_allreduce",
     "chain_schedules",
+    "OPS",
+    "ALGORITHMS",
+    "ALLREDUCE_ALGORITHMS",
+    "axis_rings",
+    "allreduce",
+    "halving_doubling_allreduce",
+    "tree_allreduce",
+    "all_to_all",
+    "broadcast",
+    "build_collective",
 ]
 
 
@@ -59,6 +71,7 @@ class _TransferFields(NamedTuple):
     chunk: int
     nbytes: int
     reduce: bool
+    dst_chunk: int
 
 
 class Transfer(_TransferFields):
@@ -74,6 +87,10 @@ class Transfer(_TransferFields):
         nbytes: bytes sent, ``chunk elements x itemsize`` (checked by Schedule).
         reduce: True: the receiver adds the chunk to its own
             (``dst[c] = dst[c] + incoming``); False: it overwrites its own.
+        dst_chunk: the chunk of the receiver's buffer the data lands in;
+            defaults to ``chunk`` (every collective but all-to-all, whose
+            rank ``r`` puts its chunk ``j`` into chunk ``r`` of rank ``j``).
+            Both chunks must hold the same number of elements.
 
     Raises:
         ScheduleError: a negative or non-int rank, chunk or byte count, equal
@@ -82,15 +99,19 @@ class Transfer(_TransferFields):
 
     __slots__ = ()
 
-    def __new__(cls, src: int, dst: int, chunk: int, nbytes: int, reduce: bool) -> "Transfer":
+    def __new__(cls, src: int, dst: int, chunk: int, nbytes: int, reduce: bool,
+                dst_chunk: int | None = None) -> "Transfer":
         values = []
-        for field, value in (("src", src), ("dst", dst), ("chunk", chunk), ("nbytes", nbytes)):
+        if dst_chunk is None:
+            dst_chunk = chunk
+        for field, value in (("src", src), ("dst", dst), ("chunk", chunk), ("nbytes", nbytes),
+                             ("dst_chunk", dst_chunk)):
             values.append(_non_negative_int(f"Transfer {field}", value))
         if values[0] == values[1]:
             raise ScheduleError(f"Transfer src {src!r} equals dst {dst!r}: a transfer must go to another rank")
         if not isinstance(reduce, bool):
             raise ScheduleError(f"Transfer reduce {reduce!r} is not valid: expected True or False")
-        return tuple.__new__(cls, (*values, reduce))
+        return tuple.__new__(cls, (*values[:4], reduce, values[4]))
 
 
 def _non_negative_int(what: str, value: object) -> int:
@@ -106,6 +127,9 @@ def _non_negative_int(what: str, value: object) -> int:
 
 
 Phase = tuple[Transfer, ...]
+
+#: Operations a Schedule can perform (its ``op``).
+OPS = ("allreduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,16 @@ class Schedule:
         chunk_bounds: ``(start, stop)`` element ranges, one per chunk, with
             ``0 <= start <= stop <= num_elements`` (as :func:`chunk_bounds`).
         phases: tuple of phases, each a tuple of :class:`Transfer`.
+        op: the operation the schedule performs, one of :data:`OPS`:
+            ``"allreduce"`` (every rank ends with the sum), ``"reduce_scatter"``
+            (rank ``r`` ends with the sum of chunk ``owned_chunks[r]``),
+            ``"all_gather"`` (rank ``r`` starts with chunk ``owned_chunks[r]``;
+            every rank ends with every rank's owned chunk), ``"all_to_all"``
+            (chunk ``j`` of rank ``r`` ends in chunk ``r`` of rank ``j``),
+            ``"broadcast"`` (every rank ends with rank ``root``'s buffer).
+        owned_chunks: for reduce-scatter and all-gather, one chunk per rank
+            (see ``op``); empty otherwise.
+        root: the broadcasting rank (``op == "broadcast"``), else 0.
 
     Raises:
         ScheduleError: a field out of range, a transfer naming a rank or a
@@ -136,6 +170,9 @@ class Schedule:
     itemsize: int
     chunk_bounds: tuple[tuple[int, int], ...]
     phases: tuple[Phase, ...]
+    op: str = "allreduce"
+    owned_chunks: tuple[int, ...] = ()
+    root: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -177,6 +214,22 @@ class Schedule:
                         f"phase {index}: {t!r} has nbytes {t.nbytes}; chunk {t.chunk} holds "
                         f"{stop - start} elements x {itemsize} bytes = {(stop - start) * itemsize}"
                     )
+                if t.dst_chunk >= len(bounds) or (
+                    bounds[t.dst_chunk][1] - bounds[t.dst_chunk][0] != stop - start
+                ):
+                    raise ScheduleError(
+                        f"phase {index}: {t!r} names dst_chunk {t.dst_chunk}, which does not exist "
+                        f"or differs in size from chunk {t.chunk}"
+                    )
+        if self.op not in OPS:
+            raise ScheduleError(f"Schedule op {self.op!r} is not valid: expected one of {', '.join(OPS)}")
+        owned = tuple(self.owned_chunks)
+        if owned and (len(owned) != num_ranks or any(not 0 <= c < len(bounds) for c in owned)):
+            raise ScheduleError(
+                f"Schedule owned_chunks {owned!r} is not valid: expected one chunk index per rank"
+            )
+        if not 0 <= self.root < num_ranks:
+            raise ScheduleError(f"Schedule root {self.root!r} is not valid: expected 0..{num_ranks - 1}")
         object.__setattr__(self, "num_ranks", num_ranks)
         object.__setattr__(self, "num_elements", num_elements)
         object.__setattr__(self, "itemsize", itemsize)
@@ -279,7 +332,7 @@ def _ring_phases(
             cut = n - shift
             phase_chunks = chunks[cut:] + chunks[:cut]
             phase_nbytes = nbytes[cut:] + nbytes[:cut]
-            rows = zip(order, successors, phase_chunks, phase_nbytes, repeat(reduce))
+            rows = zip(order, successors, phase_chunks, phase_nbytes, repeat(reduce), phase_chunks)
             if any_empty:
                 rows = compress(rows, phase_nbytes)
             phases.append(tuple(map(_make_transfer, rows)))
@@ -328,6 +381,7 @@ def ring_reduce_scatter(topology: object, num_elements: int, itemsize: int = 4) 
     return _trusted_schedule(
         name="ring_reduce_scatter", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
         chunk_bounds=bounds, phases=_ring_phases(order, chunk_nbytes, reduce=True, chunk_offset=0),
+        op="reduce_scatter", owned_chunks=_ring_owners(order), root=0,
     )
 
 
@@ -354,16 +408,28 @@ def ring_all_gather(topology: object, num_elements: int, itemsize: int = 4) -> S
     return _trusted_schedule(
         name="ring_all_gather", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
         chunk_bounds=bounds, phases=_ring_phases(order, chunk_nbytes, reduce=False, chunk_offset=1),
+        op="all_gather", owned_chunks=_ring_owners(order), root=0,
     )
 
 
-def chain_schedules(name: str, *schedules: Schedule) -> Schedule:
+def _ring_owners(order: Sequence[int]) -> tuple[int, ...]:
+    """Chunk owned by each rank after a ring reduce-scatter: position p owns (p + 1) mod n."""
+    n = len(order)
+    owned = [0] * n
+    for position, rank in enumerate(order):
+        owned[rank] = (position + 1) % n
+    return tuple(owned)
+
+
+def chain_schedules(name: str, *schedules: Schedule, op: str = "allreduce") -> Schedule:
     """Runs schedules one after the other: their phases concatenated.
 
     Args:
         name: name of the composed schedule.
         *schedules: at least one; all with the same ``num_ranks``,
             ``num_elements``, ``itemsize`` and ``chunk_bounds``.
+        op: what the composition does (default ``"allreduce"``: a
+            reduce-scatter followed by an all-gather).
 
     Returns:
         A Schedule whose phases are those of ``schedules`` in order.
@@ -387,6 +453,7 @@ def chain_schedules(name: str, *schedules: Schedule) -> Schedule:
     return _trusted_schedule(
         name=name, num_ranks=first.num_ranks, num_elements=first.num_elements, itemsize=first.itemsize,
         chunk_bounds=first.chunk_bounds, phases=tuple(p for s in schedules for p in s.phases),
+        op=op, owned_chunks=(), root=0,
     )
 
 
@@ -431,3 +498,439 @@ def _ring_allreduce(topology: object, num_elements: int, itemsize: int) -> Sched
 # Schedules are immutable, so a training loop asking for the same allreduce
 # every step gets the one already built.
 _cached_ring_allreduce = functools.lru_cache(maxsize=8)(_ring_allreduce)
+
+
+# ------------------------------------------------------------------------------
+# Every algorithm: hierarchical rings (ring, bidirectional ring, torus), recursive
+# halving-doubling, binomial tree, all-to-all, broadcast.
+# ------------------------------------------------------------------------------
+
+#: Algorithms per operation; the first one of each is its default.
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "allreduce": ("torus", "bidirectional_ring", "ring", "halving_doubling", "tree"),
+    "reduce_scatter": ("torus", "bidirectional_ring", "ring"),
+    "all_gather": ("torus", "bidirectional_ring", "ring"),
+    "all_to_all": ("direct",),
+    "broadcast": ("pipelined_ring", "tree"),
+}
+
+#: The allreduce algorithms, as scenarios name them.
+ALLREDUCE_ALGORITHMS = ALGORITHMS["allreduce"]
+
+
+class _ChunkTree:
+    """Chunk bounds built on demand: a chunk is cut into parts as np.array_split cuts.
+
+    Chunk 0 is the whole buffer; the parts of a chunk are chunks too (chunks
+    may nest, so a transfer at a coarse level is one transfer, not many).
+    """
+
+    def __init__(self, num_elements: int) -> None:
+        self.bounds: list[tuple[int, int]] = [(0, num_elements)]
+        self._parts: dict[tuple[int, int], list[int]] = {}
+
+    def split(self, chunk: int, parts: int) -> list[int]:
+        key = (chunk, parts)
+        found = self._parts.get(key)
+        if found is None:
+            start, stop = self.bounds[chunk]
+            found = []
+            for a, b in chunk_bounds(stop - start, parts):
+                found.append(len(self.bounds))
+                self.bounds.append((start + a, start + b))
+            self._parts[key] = found
+        return found
+
+    def nbytes(self, chunk: int, itemsize: int) -> int:
+        start, stop = self.bounds[chunk]
+        return (stop - start) * itemsize
+
+
+def _check_counts(topology: object, num_elements: int, itemsize: int) -> tuple[int, int, int]:
+    try:
+        num_ranks = topology.num_chips  # type: ignore[attr-defined]
+        topology.ring_order  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError:
+        raise ScheduleError(f"topology {topology!r} is not valid: expected an interconnect.Torus") from None
+    num_elements = _non_negative_int("num_elements", num_elements)
+    itemsize = _non_negative_int("itemsize", itemsize)
+    if itemsize < 1:
+        raise ScheduleError(f"itemsize {itemsize!r} is not valid: expected an int >= 1 (bytes per element)")
+    return num_ranks, num_elements, itemsize
+
+
+def axis_rings(topology: Torus) -> list[list[list[int]]]:
+    """The rings of a multi-dimensional torus collective, axis by axis.
+
+    Args:
+        topology: the torus.
+
+    Returns:
+        One entry per axis of size >= 2 (axis 0 first): the list of rings
+        along that axis, one per combination of the other coordinates; a
+        ring lists ranks in the axis's own 1-D ring order
+        (``Torus((size,), wraparound).ring_order()``: 0, 1, ..., size-1 when
+        the axis wraps; out on even and back on odd coordinates on a line).
+    """
+    out = []
+    ranks = np.arange(topology.num_chips).reshape(topology.shape)
+    for axis, size in enumerate(topology.shape):
+        if size < 2:
+            continue
+        order = Torus((size,), (topology.wraparound[axis],)).ring_order()
+        lines = np.moveaxis(ranks, axis, -1).reshape(-1, size)[:, order]
+        out.append(lines.tolist())
+    return out
+
+
+def _hierarchical_rings(
+    levels: Sequence[Sequence[Sequence[int]]], num_ranks: int, num_elements: int, itemsize: int,
+    bidirectional: bool,
+) -> tuple[_ChunkTree, list[list[Transfer]], list[list[Transfer]], list[int]]:
+    """Reduce-scatter and all-gather phases over rings, level after level.
+
+    At each level every rank belongs to one ring, whose members own the same
+    chunk R (the whole buffer at the first level). R is cut into ``a`` parts
+    (``a`` = ring length); ring position ``p`` ends owning part ``(p+1) mod a``.
+    Unidirectional: phase ``s`` position ``i`` sends part ``(i - s)`` to
+    ``i + 1`` (reduce-scatter) or part ``(i + 1 - s)`` (all-gather).
+    Bidirectional (``a >= 3``): every part is cut in two halves; the first
+    halves travel as above, the second halves the other way round, position
+    ``i`` sending half ``(i + 2 + s)`` (reduce-scatter) or ``(i + 1 + s)``
+    (all-gather) to ``i - 1``; both halves of part ``p + 1`` end at ``p``.
+    Rings of one level run in parallel: their phase ``s`` is one phase.
+
+    Returns:
+        (chunk tree, reduce-scatter phases in order, all-gather phases in
+        order (the last level first), chunk owned by each rank after the
+        reduce-scatter).
+    """
+    tree = _ChunkTree(num_elements)
+    owned = [0] * num_ranks
+    rs_phases: list[list[Transfer]] = []
+    ag_levels: list[list[list[Transfer]]] = []
+    make = _make_transfer
+    with _gc_paused():
+        for rings in levels:
+            a = len(rings[0])
+            rs: list[list[Transfer]] = [[] for _ in range(a - 1)]
+            ag: list[list[Transfer]] = [[] for _ in range(a - 1)]
+            both = bidirectional and a >= 3
+            for ring in rings:
+                parts = tree.split(owned[ring[0]], a)
+                if both:
+                    halves = [tree.split(part, 2) for part in parts]
+                    plus = [h[0] for h in halves]
+                    minus = [h[1] for h in halves]
+                else:
+                    plus, minus = parts, []
+                plus_bytes = [tree.nbytes(c, itemsize) for c in plus]
+                minus_bytes = [tree.nbytes(c, itemsize) for c in minus]
+                for s in range(a - 1):
+                    rs_s, ag_s = rs[s], ag[s]
+                    for i in range(a):
+                        src, nxt = ring[i], ring[(i + 1) % a]
+                        k = (i - s) % a
+                        if plus_bytes[k]:
+                            rs_s.append(make((src, nxt, plus[k], plus_bytes[k], True, plus[k])))
+                        k = (i + 1 - s) % a
+                        if plus_bytes[k]:
+                            ag_s.append(make((src, nxt, plus[k], plus_bytes[k], False, plus[k])))
+                        if both:
+                            prev = ring[i - 1]
+                            k = (i + 2 + s) % a
+                            if minus_bytes[k]:
+                                rs_s.append(make((src, prev, minus[k], minus_bytes[k], True, minus[k])))
+                            k = (i + 1 + s) % a
+                            if minus_bytes[k]:
+                                ag_s.append(make((src, prev, minus[k], minus_bytes[k], False, minus[k])))
+                for p, rank in enumerate(ring):
+                    owned[rank] = parts[(p + 1) % a]
+            rs_phases.extend(rs)
+            ag_levels.append(ag)
+    ag_phases = [phase for level in reversed(ag_levels) for phase in level]
+    return tree, rs_phases, ag_phases, owned
+
+
+def _ring_levels(topology: Torus, algorithm: str) -> tuple[list, bool]:
+    if algorithm == "torus":
+        return axis_rings(topology), True
+    order = topology.ring_order()
+    levels = [[order]] if len(order) >= 2 else []
+    return levels, algorithm == "bidirectional_ring"
+
+
+def _check_algorithm(op: str, algorithm: str) -> None:
+    if op not in ALGORITHMS:
+        raise ScheduleError(f"operation {op!r} is not valid: expected one of {', '.join(ALGORITHMS)}")
+    if algorithm not in ALGORITHMS[op]:
+        raise ScheduleError(
+            f"algorithm {algorithm!r} is not available for {op}: expected one of {', '.join(ALGORITHMS[op])}"
+        )
+
+
+def _ring_family(op: str, topology: Torus, num_elements: int, itemsize: int, algorithm: str) -> Schedule:
+    num_ranks, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+    levels, bidirectional = _ring_levels(topology, algorithm)
+    tree, rs, ag, owned = _hierarchical_rings(levels, num_ranks, num_elements, itemsize, bidirectional)
+    phases = {"allreduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
+    return _trusted_schedule(
+        name=f"{algorithm}_{op}", num_ranks=num_ranks, num_elements=num_elements, itemsize=itemsize,
+        chunk_bounds=tuple(tree.bounds), phases=tuple(tuple(p) for p in phases), op=op,
+        owned_chunks=tuple(owned) if op != "allreduce" else (), root=0,
+    )
+
+
+def halving_doubling_allreduce(topology: Torus, num_elements: int, itemsize: int = 4) -> Schedule:
+    """Recursive halving reduce-scatter, then recursive doubling all-gather (Rabenseifner).
+
+    Ranks are taken in ``topology.ring_order()``; ``p' = 2^floor(log2 n)``.
+    With ``r = n - p'`` extra ranks, positions ``2j + 1 (j < r)`` first add
+    their whole buffer into position ``2j`` and get the result back at the
+    end (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
+    communication operations in MPICH"). Among the ``p'`` others (virtual
+    rank ``v``), step ``d = 0 .. log2 p' - 1`` pairs ``v`` with ``v xor 2^d``
+    (the nearest partners first): each keeps the half of its current chunk
+    selected by bit ``d`` of ``v`` and adds the other half into its
+    partner's; the all-gather undoes the steps in reverse order with copies.
+
+    Cost on a full bidirectional ring of ``n = 2^k`` chips, busiest link
+    (der.: step ``d`` moves ``V / 2^(d+1)`` over ``2^d`` hops and ``2^d``
+    routes share the busiest link): ``k x V / (2W)`` per half, ``k V / W``
+    for the allreduce, plus latency ``2 (n - 1)`` hops.
+
+    Args:
+        topology: the torus (n = num_chips).
+        num_elements: elements per rank, >= 0.
+        itemsize: bytes per element, >= 1.
+
+    Returns:
+        A Schedule named ``"halving_doubling_allreduce"``.
+
+    Raises:
+        ScheduleError: a bad count or topology.
+    """
+    n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+    order = topology.ring_order()
+    tree = _ChunkTree(num_elements)
+    whole = tree.nbytes(0, itemsize)
+    k = n.bit_length() - 1
+    p2 = 1 << k
+    extra = n - p2
+    virtual = [order[2 * j] for j in range(extra)] + order[2 * extra:]
+    pre, post = [], []
+    if whole and extra:
+        pre = [_make_transfer((order[2 * j + 1], order[2 * j], 0, whole, True, 0)) for j in range(extra)]
+        post = [_make_transfer((order[2 * j], order[2 * j + 1], 0, whole, False, 0)) for j in range(extra)]
+    node = [0] * p2
+    history: list[list[int]] = []
+    rs_phases, ag_phases = [], []
+    for d in range(k):
+        phase = []
+        history.append(list(node))
+        new = list(node)
+        for v in range(p2):
+            children = tree.split(node[v], 2)
+            keep = (v >> d) & 1
+            new[v] = children[keep]
+            give = children[1 - keep]
+            nbytes = tree.nbytes(give, itemsize)
+            if nbytes:
+                phase.append(_make_transfer((virtual[v], virtual[v ^ (1 << d)], give, nbytes, True, give)))
+        node = new
+        rs_phases.append(tuple(phase))
+    for d in range(k - 1, -1, -1):
+        phase = []
+        for v in range(p2):
+            nbytes = tree.nbytes(node[v], itemsize)
+            if nbytes:
+                phase.append(_make_transfer((virtual[v], virtual[v ^ (1 << d)], node[v], nbytes, False, node[v])))
+        node = history[d]
+        ag_phases.append(tuple(phase))
+    phases = ([tuple(pre)] if pre else []) + rs_phases + ag_phases + ([tuple(post)] if post else [])
+    return _trusted_schedule(
+        name="halving_doubling_allreduce", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
+        chunk_bounds=tuple(tree.bounds), phases=tuple(phases), op="allreduce", owned_chunks=(), root=0,
+    )
+
+
+def _binomial_steps(n: int) -> list[int]:
+    steps, mask = [], 1
+    while mask < n:
+        steps.append(mask)
+        mask <<= 1
+    return steps
+
+
+def tree_allreduce(topology: Torus, num_elements: int, itemsize: int = 4) -> Schedule:
+    """Binomial-tree reduce of whole buffers to one rank, then a binomial-tree broadcast.
+
+    Positions are ``topology.ring_order()``. Reduce step ``m = 1, 2, 4, ...``:
+    position ``p`` with ``p mod 2m == m`` adds its buffer into ``p - m``;
+    broadcast: the steps in reverse, ``p`` copies to ``p + m``. Each step
+    moves the whole ``V`` bytes over ``m`` hops on disjoint stretches of the
+    ring, so on a full ring the cost is ``2 ceil(log2 n) x V / W`` plus
+    latency ``2 (n - 1)`` hops (der.; a tree trades bandwidth for few steps).
+
+    Args:
+        topology: the torus (n = num_chips).
+        num_elements: elements per rank, >= 0.
+        itemsize: bytes per element, >= 1.
+
+    Returns:
+        A Schedule named ``"tree_allreduce"`` with one chunk (the buffer).
+
+    Raises:
+        ScheduleError: a bad count or topology.
+    """
+    n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+    order = topology.ring_order()
+    whole = num_elements * itemsize
+    up, down = [], []
+    for m in _binomial_steps(n) if whole else []:
+        up.append(tuple(_make_transfer((order[p], order[p - m], 0, whole, True, 0))
+                        for p in range(m, n, 2 * m)))
+    for m in reversed(_binomial_steps(n)) if whole else []:
+        down.append(tuple(_make_transfer((order[p], order[p + m], 0, whole, False, 0))
+                          for p in range(0, n - m, 2 * m)))
+    return _trusted_schedule(
+        name="tree_allreduce", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
+        chunk_bounds=((0, num_elements),), phases=tuple(up + down), op="allreduce", owned_chunks=(), root=0,
+    )
+
+
+def all_to_all(topology: Torus, num_elements: int, itemsize: int = 4) -> Schedule:
+    """Direct all-to-all: chunk ``j`` of rank ``r`` goes to chunk ``r`` of rank ``j``.
+
+    One phase; every message takes its routed path and the busiest link
+    decides (on a full 1-D ring of ``n`` chips that link carries about
+    ``n^2 / 8`` of the ``V / n`` chunks).
+
+    Args:
+        topology: the torus (n = num_chips).
+        num_elements: elements per rank, a multiple of n (chunks must be equal).
+        itemsize: bytes per element, >= 1.
+
+    Returns:
+        A Schedule named ``"direct_all_to_all"`` with ``n`` equal chunks.
+
+    Raises:
+        ScheduleError: ``num_elements`` not a multiple of n, or a bad count.
+    """
+    n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+    if num_elements % n:
+        raise ScheduleError(
+            f"all-to-all needs num_elements ({num_elements}) to be a multiple of the {n} ranks "
+            f"(every rank sends an equal chunk to every other)"
+        )
+    bounds = chunk_bounds(num_elements, n)
+    nbytes = num_elements // n * itemsize
+    phase = tuple(_make_transfer((r, j, j, nbytes, False, r)) for r in range(n) for j in range(n)
+                  if j != r) if nbytes else ()
+    return _trusted_schedule(
+        name="direct_all_to_all", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
+        chunk_bounds=bounds, phases=(phase,) if phase else (), op="all_to_all", owned_chunks=(), root=0,
+    )
+
+
+def broadcast(topology: Torus, num_elements: int, itemsize: int = 4, root: int = 0,
+              algorithm: str = "pipelined_ring") -> Schedule:
+    """Broadcast rank ``root``'s buffer to every rank.
+
+    ``"pipelined_ring"``: the buffer is cut into ``n`` chunks that stream
+    along ``topology.ring_order()`` starting at ``root``: in phase ``s``
+    position ``i`` (0 = root) sends chunk ``s - i`` to position ``i + 1``,
+    ``2 (n - 1)`` phases of ``V / n``: ``2 (n-1)/n x V / W`` on a full ring.
+    ``"tree"``: binomial tree of whole buffers, ``ceil(log2 n) x V / W``.
+
+    Args:
+        topology: the torus (n = num_chips).
+        num_elements: elements per rank, >= 0.
+        itemsize: bytes per element, >= 1.
+        root: the rank whose buffer is sent.
+        algorithm: ``"pipelined_ring"`` or ``"tree"``.
+
+    Returns:
+        A Schedule with ``op == "broadcast"``.
+
+    Raises:
+        ScheduleError: a bad count, root or algorithm.
+    """
+    _check_algorithm("broadcast", algorithm)
+    n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
+        raise ScheduleError(f"broadcast root {root!r} is not valid: expected a rank 0..{n - 1}")
+    ring = topology.ring_order()
+    start = ring.index(root)
+    order = ring[start:] + ring[:start]
+    phases = []
+    if algorithm == "tree":
+        bounds = ((0, num_elements),)
+        whole = num_elements * itemsize
+        for m in reversed(_binomial_steps(n)) if whole else []:
+            phases.append(tuple(_make_transfer((order[p], order[p + m], 0, whole, False, 0))
+                                for p in range(0, n - m, 2 * m)))
+    else:
+        bounds = chunk_bounds(num_elements, n)
+        sizes = [(b - a) * itemsize for a, b in bounds]
+        for s in range(2 * (n - 1)):
+            phase = tuple(_make_transfer((order[i], order[i + 1], s - i, sizes[s - i], False, s - i))
+                          for i in range(n - 1) if 0 <= s - i < n and sizes[s - i])
+            phases.append(phase)
+    return _trusted_schedule(
+        name=f"{algorithm}_broadcast", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
+        chunk_bounds=bounds, phases=tuple(phases), op="broadcast", owned_chunks=(), root=root,
+    )
+
+
+def build_collective(op: str, topology: Torus, num_elements: int, itemsize: int = 4,
+                     algorithm: str | None = None, root: int = 0) -> Schedule:
+    """The schedule of any operation and algorithm (see :data:`ALGORITHMS`).
+
+    Args:
+        op: ``"allreduce"``, ``"reduce_scatter"``, ``"all_gather"``,
+            ``"all_to_all"`` or ``"broadcast"``.
+        topology: the torus.
+        num_elements: elements per rank's buffer (for all-gather: the
+            gathered output), >= 0.
+        itemsize: bytes per element, >= 1.
+        algorithm: one of ``ALGORITHMS[op]``; None takes the first.
+        root: broadcast root rank.
+
+    Returns:
+        The Schedule.
+
+    Raises:
+        ScheduleError: unknown op or algorithm (the message lists the
+            choices), or bad counts.
+    """
+    algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
+    _check_algorithm(op, algorithm)
+    if op == "all_to_all":
+        return all_to_all(topology, num_elements, itemsize)
+    if op == "broadcast":
+        return broadcast(topology, num_elements, itemsize, root=root, algorithm=algorithm)
+    if algorithm == "halving_doubling":
+        return halving_doubling_allreduce(topology, num_elements, itemsize)
+    if algorithm == "tree":
+        return tree_allreduce(topology, num_elements, itemsize)
+    if op == "allreduce" and algorithm == "ring":
+        return ring_allreduce(topology, num_elements, itemsize)
+    if op == "reduce_scatter" and algorithm == "ring":
+        return ring_reduce_scatter(topology, num_elements, itemsize)
+    if op == "all_gather" and algorithm == "ring":
+        return ring_all_gather(topology, num_elements, itemsize)
+    return _ring_family(op, topology, num_elements, itemsize, algorithm)
+
+
+def allreduce(topology: Torus, num_elements: int, itemsize: int = 4, algorithm: str = "torus") -> Schedule:
+    """Allreduce by any algorithm of :data:`ALLREDUCE_ALGORITHMS` (see :func:`build_collective`).
+
+    ``"bidirectional_ring"``: half the data each way round ``ring_order()``;
+    ``(n-1)/n x V / W`` on a full ring (half the unidirectional ring's).
+    ``"torus"``: per axis (axis 0 first) a bidirectional-ring reduce-scatter
+    on the part the earlier axes left, then all-gathers back in reverse
+    order; the axes' times add, each on a ``V`` already shrunk by the earlier
+    reduce-scatters (tpu-specs.md). On a 1-D ring it is the bidirectional ring.
+    """
+    return build_collective("allreduce", topology, num_elements, itemsize, algorithm)

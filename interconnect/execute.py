@@ -22,9 +22,10 @@ def execute(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarra
     Within a phase every transfer reads its source chunk as it was at the
     start of the phase (all sends of a phase happen at once); then, in the
     order the transfers are listed, the receiver either reduces,
-    ``dst[c] = dst[c] + incoming``, or copies, ``dst[c] = incoming``. Chunk
-    ``c`` is the element range ``schedule.chunk_bounds[c]`` of the flattened
-    buffer. Arithmetic stays in the buffers' dtype (float32 stays float32).
+    ``dst[d] = dst[d] + incoming``, or copies, ``dst[d] = incoming``, where
+    ``d`` is the transfer's ``dst_chunk`` (its ``chunk`` except in an
+    all-to-all). Chunk ``c`` is the element range
+    ``schedule.chunk_bounds[c]`` of the flattened buffer. Arithmetic stays in the buffers' dtype (float32 stays float32).
 
     Args:
         schedule: the collective to run.
@@ -66,7 +67,7 @@ def execute(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarra
             start, stop = bounds[t.chunk]
             incoming.append(flat[t.src][start:stop].copy())  # the value at phase start
         for t, data in zip(phase, incoming):
-            start, stop = bounds[t.chunk]
+            start, stop = bounds[t.dst_chunk]
             target = flat[t.dst]
             if t.reduce:
                 target[start:stop] = target[start:stop] + data

@@ -16,13 +16,75 @@ passes references along and never holds gradient bytes.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 
-from interconnect import Schedule
+from interconnect import (ALLREDUCE_ALGORITHMS, FAST_PATHS, LinkFaults, LinkSpec, Schedule,
+                          ScheduleCost, Torus, collective_cost)
 
-__all__ = ["run_schedule"]
+__all__ = ["run_schedule", "choose_algorithm", "link_faults", "AUTO_MATERIALISE_MAX_CHIPS"]
+
+#: ``auto`` only considers algorithms without a fast cost path up to this many chips
+#: (their schedules are built Transfer by Transfer).
+AUTO_MATERIALISE_MAX_CHIPS = 1024
+
+
+def link_faults(entries: Sequence[Any]) -> LinkFaults:
+    """``LinkFaults`` from scenario ``pod.links`` entries (objects or mappings with link,
+    slowdown, failed).
+
+    Raises:
+        TopologyError: a malformed link or factor.
+    """
+    rows = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            entry = {"link": entry.link, "slowdown": entry.slowdown, "failed": entry.failed}
+        rows.append(entry)
+    return LinkFaults.from_entries(rows)
+
+
+def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec, *,
+                     algorithm: str | None = "auto", itemsize: int = 4,
+                     faults: LinkFaults | None = None,
+                     candidates: Sequence[str] | None = None) -> tuple[str, ScheduleCost]:
+    """The algorithm to run and its simulated cost: the given one, or the fastest.
+
+    Args:
+        op: the collective (``interconnect.OPS``).
+        topology: the torus.
+        num_elements: elements per chip's buffer.
+        link: a healthy directed link.
+        algorithm: an algorithm name, or "auto"/None for the fastest of
+            ``candidates`` (default: every algorithm of ``op``; on pods above
+            ``AUTO_MATERIALISE_MAX_CHIPS`` chips only those with a fast cost path).
+        itemsize: bytes per element.
+        faults: slowed / failed links.
+        candidates: algorithms ``auto`` compares.
+
+    Returns:
+        (algorithm name, its ScheduleCost). Ties go to the earlier candidate.
+
+    Raises:
+        ScheduleError: unknown algorithm; TopologyError: bad faults.
+    """
+    from interconnect import ALGORITHMS
+
+    if algorithm not in (None, "auto"):
+        return algorithm, collective_cost(op, topology, num_elements, link, algorithm=algorithm,
+                                          itemsize=itemsize, faults=faults)
+    names = list(candidates or ALGORITHMS.get(op, ALLREDUCE_ALGORITHMS))
+    if topology.num_chips > AUTO_MATERIALISE_MAX_CHIPS:
+        names = [a for a in names if (op, a) in FAST_PATHS] or names[:1]
+    best: tuple[str, ScheduleCost] | None = None
+    for name in names:
+        cost = collective_cost(op, topology, num_elements, link, algorithm=name, itemsize=itemsize,
+                               faults=faults)
+        if best is None or cost.seconds < best[1].seconds:
+            best = (name, cost)
+    assert best is not None
+    return best
 
 
 def run_schedule(actors: Sequence[Any], schedule: Schedule) -> list[ray.ObjectRef]:
@@ -60,7 +122,7 @@ def run_schedule(actors: Sequence[Any], schedule: Schedule) -> list[ray.ObjectRe
             refs = _call(actors[rank], inbox, [t.chunk for t in outbox])
             last[rank] = refs[0]
             for transfer, ref in zip(outbox, refs):
-                arrived[transfer.dst].append((transfer.chunk, transfer.reduce, ref))
+                arrived[transfer.dst].append((transfer.dst_chunk, transfer.reduce, ref))
         pending = arrived
     done = []
     for rank in range(n):

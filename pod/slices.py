@@ -6,9 +6,9 @@ TensorCores (``v2-8`` = 4 chips of 2 cores); for v5e and v6e it counts chips
 ``slice_counts_tensorcores`` says which.
 
 Shapes: a slice is laid out on the generation's torus (2-D for v2, v3, v5e,
-v6e; 3-D for v4, v5p). When a scenario gives no shape we pick the most nearly
-square (cubic) power-of-two factorisation, which is what Google's standard
-slices are (v2-8 = 2x2, v2-32 = 4x4, v4-64 = 4x4x2).
+v6e; 3-D for v4, v5p); a named slice takes its shape from :data:`SLICE_SHAPES`
+(Google's tables: v4-32 = 2x2x4, v5e-8 = 2x4). A chip preset with a count and
+no shape gets the most nearly square (cubic) power-of-two factorisation.
 
 Wraparound follows the generation's rules [SB]: v5e / v6e wrap an axis only
 at its full size 16; v4 / v5p have wraparound only on complete 4x4x4 cubes
@@ -17,6 +17,7 @@ and their multiples; v2 / v3 slices are 2-D tori.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -25,7 +26,8 @@ from interconnect import Torus, parse_shape
 
 from pod.errors import ScenarioError
 
-__all__ = ["PodShape", "parse_slice", "default_shape", "default_wraparound", "resolve_pod"]
+__all__ = ["PodShape", "SLICE_SHAPES", "parse_slice", "slice_shape", "default_shape",
+           "default_wraparound", "resolve_pod"]
 
 _SLICE_RE = re.compile(r"^(v[0-9a-z]+)-([0-9]+)$")
 
@@ -70,6 +72,28 @@ class PodShape:
         return self.slice_name or f"{self.chip.name}:{self.torus.name}"
 
 
+#: Google Cloud's slice names -> torus shape (chips per axis). The number in the
+#: name counts TensorCores for v2, v3, v4, v5p and chips for v5e, v6e
+#: [GC-v3], [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e]. v4 and v5p also accept
+#: custom shapes made of 4x4x4 cubes (give ``pod.topology`` with ``chip``);
+#: the table holds the standard ones and the largest pod.
+SLICE_SHAPES: dict[str, dict[int, tuple[int, ...]]] = {
+    "v2": {8: (2, 2), 32: (4, 4), 128: (8, 8), 256: (8, 16), 512: (16, 16)},
+    "v3": {8: (2, 2), 32: (4, 4), 64: (4, 8), 128: (8, 8), 256: (8, 16), 512: (16, 16),
+           1024: (16, 32), 2048: (32, 32)},
+    "v4": {8: (2, 2, 1), 16: (2, 2, 2), 32: (2, 2, 4), 64: (2, 4, 4), 128: (4, 4, 4),
+           256: (4, 4, 8), 512: (4, 8, 8), 1024: (8, 8, 8), 2048: (8, 8, 16), 4096: (8, 16, 16),
+           8192: (16, 16, 16)},
+    "v5p": {8: (2, 2, 1), 16: (2, 2, 2), 32: (2, 2, 4), 64: (2, 4, 4), 128: (4, 4, 4),
+            256: (4, 4, 8), 512: (4, 8, 8), 1024: (8, 8, 8), 2048: (8, 8, 16), 4096: (8, 16, 16),
+            8192: (16, 16, 16), 17920: (16, 20, 28)},
+    "v5e": {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
+            256: (16, 16)},
+    "v6e": {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
+            256: (16, 16)},
+}
+
+
 def parse_slice(name: str) -> tuple[ChipSpec, int]:
     """Parse a Google slice name into its chip preset and chip count.
 
@@ -81,9 +105,23 @@ def parse_slice(name: str) -> tuple[ChipSpec, int]:
 
     Raises:
         ScenarioError: the text is not ``<chip>-<count>``, the chip is unknown,
-            or the count is not a positive multiple of the cores per chip.
+            or Google has no slice of that count (the message lists the
+            valid names of that generation).
     """
-    match = _SLICE_RE.match(name.strip().lower())
+    return _slice(name)[:2]
+
+
+def slice_shape(name: str) -> tuple[int, ...]:
+    """The torus shape of a Google slice, e.g. ``slice_shape("v4-32") == (2, 2, 4)``.
+
+    Raises:
+        ScenarioError: as :func:`parse_slice`.
+    """
+    return _slice(name)[2]
+
+
+def _slice(name: str) -> tuple[ChipSpec, int, tuple[int, ...]]:
+    match = _SLICE_RE.match(str(name).strip().lower())
     if not match:
         raise ScenarioError(
             f"slice {name!r} is not a slice name; expected <chip>-<count> such as v2-8, "
@@ -91,22 +129,17 @@ def parse_slice(name: str) -> tuple[ChipSpec, int]:
         )
     chip = get_chip_spec(match.group(1))
     count = int(match.group(2))
-    per_chip = chip.tensorcores if chip.slice_counts_tensorcores else 1
     unit = "TensorCores" if chip.slice_counts_tensorcores else "chips"
-    if count <= 0 or count % per_chip:
+    shapes = SLICE_SHAPES.get(chip.name, {})
+    if count not in shapes:
+        valid = ", ".join(f"{chip.name}-{c}" for c in shapes)
+        per_chip = f", a multiple of {chip.tensorcores} per chip" if chip.slice_counts_tensorcores else ""
         raise ScenarioError(
-            f"slice {name!r}: the count ({count}) counts {unit} for {chip.name} and must be a "
-            f"positive multiple of {per_chip}"
+            f"slice {name!r} does not exist: the number counts {unit} for {chip.name}{per_chip}; "
+            f"valid {chip.name} slices: {valid}"
         )
-    chips = count // per_chip
-    max_chips = 1
-    for axis in chip.max_pod_shape:
-        max_chips *= axis
-    if chips > max_chips:
-        raise ScenarioError(
-            f"slice {name!r} has {chips} chips; the largest {chip.name} pod has {max_chips}"
-        )
-    return chip, chips
+    shape = shapes[count]
+    return chip, math.prod(shape), shape
 
 
 def default_shape(chips: int, dims: int) -> tuple[int, ...]:
@@ -178,8 +211,9 @@ def resolve_pod(
         TopologyError: malformed topology text.
     """
     name = ""
+    named_shape = None
     if slice_name:
-        spec, count = parse_slice(slice_name)
+        spec, count, named_shape = _slice(slice_name)
         name = slice_name.lower()
         if chip and get_chip_spec(chip).name != spec.name:
             raise ScenarioError(f"pod.chip {chip!r} contradicts pod.slice {slice_name!r}")
@@ -204,6 +238,8 @@ def resolve_pod(
             raise ScenarioError(
                 f"pod.topology {topology!r} holds {product} chips but the pod has {count}"
             )
+    elif named_shape is not None:
+        shape = named_shape
     else:
         if count is None:
             raise ScenarioError("pod: give chips or topology together with chip")

@@ -114,8 +114,8 @@ def test_ring_allreduce_follows_the_textbook_pattern(n):
     for s in range(n - 1):
         expected_rs = {(i, (i + 1) % n, (i - s) % n, sizes[(i - s) % n] * itemsize, True) for i in range(n)}
         expected_ag = {(i, (i + 1) % n, (i + 1 - s) % n, sizes[(i + 1 - s) % n] * itemsize, False) for i in range(n)}
-        assert {tuple(t) for t in schedule.phases[s]} == expected_rs
-        assert {tuple(t) for t in schedule.phases[n - 1 + s]} == expected_ag
+        assert {tuple(t)[:5] for t in schedule.phases[s]} == expected_rs
+        assert {tuple(t)[:5] for t in schedule.phases[n - 1 + s]} == expected_ag
     assert revalidated(schedule) == schedule
 
 

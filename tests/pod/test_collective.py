@@ -1,0 +1,141 @@
+"""Every collective algorithm over chip actors, and ``tpu-pod collective``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from interconnect import ALGORITHMS, Torus, build_collective, execute
+from pod.cli import cli, main
+from pod.collective_bench import bus_factor, parse_size, parse_sizes
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
+    import ray
+
+    from chip import get_chip_spec
+    from pod.actor import ChipActor
+    from pod.collective import run_schedule
+    from pod.workloads import build_model
+
+    torus = Torus((2, 2), True)
+    model = build_model("mlp", (8, 8, 1), 10, hidden=[4], dropout=False)
+    remote = ray.remote(ChipActor).options(num_cpus=0)
+    actors = [remote.remote(get_chip_spec("v4"), r, model, "sgd", {"learning_rate": 0.1}, 0, 8,
+                            True, True, True) for r in range(torus.num_chips)]
+    rng = np.random.default_rng(3)
+    try:
+        for algorithm in ALGORITHMS["allreduce"]:
+            buffers = [rng.standard_normal(1001).astype(np.float32) for _ in actors]
+            schedule = build_collective("allreduce", torus, 1001, 4, algorithm)
+            ray.get([a.set_chunk_bounds.remote(schedule.chunk_bounds) for a in actors])
+            ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
+            ray.get(run_schedule(actors, schedule))
+            results = ray.get([a.get_buffer.remote() for a in actors])
+            reference = execute(schedule, buffers)
+            total = np.sum(np.stack(buffers).astype(np.float64), axis=0)
+            for got, ref in zip(results, reference):
+                np.testing.assert_array_equal(got, ref, err_msg=algorithm)
+                np.testing.assert_allclose(got, total, rtol=1e-5, atol=1e-5, err_msg=algorithm)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def test_sizes_parse_like_nccl_tests():
+    assert parse_size("1KiB") == 1024 and parse_size("64K") == 65536 and parse_size("1MB") == 10**6
+    assert parse_sizes("1KiB:8KiB") == [1024, 2048, 4096, 8192]
+    assert parse_sizes("4096") == [4096]
+    assert bus_factor("allreduce", 16) == pytest.approx(2 * 15 / 16)
+    assert bus_factor("all_gather", 16) == pytest.approx(15 / 16)
+
+
+def test_collective_json_rows_and_best_algorithm_named():
+    result = CliRunner().invoke(cli, ["collective", "--chip", "v5e", "--topology", "16",
+                                      "--sizes", "1GiB", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    assert {"size_bytes", "algorithm", "simulated_seconds", "algbw_bytes_per_s",
+            "busbw_bytes_per_s"} <= set(row)
+    # v5e: an axis of 16 wraps; the bidirectional ring is the best allreduce on a full ring:
+    # (n-1)/n x V / W, W = 4.5e10 (tpu-specs.md)
+    assert row["algorithm"] in ("bidirectional_ring", "torus")
+    assert row["simulated_seconds"] == pytest.approx(15 / 16 * (1 << 30) / 4.5e10, rel=0.01)
+    assert row["busbw_bytes_per_s"] == pytest.approx(row["algbw_bytes_per_s"] * 30 / 16)
+
+
+def test_no_wraparound_flag_doubles_the_bandwidth_bound_time():
+    def seconds(*flags):
+        result = CliRunner().invoke(cli, ["collective", "--chip", "v5e", "--topology", "16",
+                                          "--algorithm", "bidirectional_ring", "--sizes", "1GiB",
+                                          "--json", *flags])
+        return json.loads(result.output)[0]["simulated_seconds"]
+
+    assert seconds("--no-wraparound") / seconds("--wraparound") == pytest.approx(2.0, rel=0.05)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sizes", "12XB"], "size '12XB' is not valid"),
+    (["--sizes", "1GiB:1KiB"], "larger than MAX"),
+    (["--algorithm", "butterfly"], "expected one of torus, bidirectional_ring"),
+    (["--topology", "4x0"], "at least 1 chip"),
+])
+def test_collective_user_errors_are_one_line(capsys, args, needle):
+    base = ["collective", "--chip", "v5e", "--topology", "4x4"]
+    argv = base + args if "--topology" not in args else ["collective", "--chip", "v5e", *args]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def _scenario(**pod):
+    from pod.scenario import parse_scenario
+
+    return parse_scenario({
+        "name": "collective-test", "pod": {"slice": "v2-8", **pod},
+        "model": {"name": "mlp", "options": {"hidden": [16], "dropout": False}},
+        "training": {"global_batch": 64, "steps": 1}, "metrics": {"port": 0},
+    })
+
+
+def test_scenario_chooses_the_algorithm_and_slows_or_fails_links():
+    from pod.coordinator import Pod
+    from pod.plan import build_plan
+
+    auto = Pod(build_plan(_scenario()))
+    tree = Pod(build_plan(_scenario(allreduce="tree")))
+    assert tree.allreduce_algorithm == "tree" and tree.schedule.name == "tree_allreduce"
+    assert auto.ici_cost.seconds <= tree.ici_cost.seconds
+    slowed = Pod(build_plan(_scenario(allreduce="ring", links=[{"link": "0->1", "slowdown": 4.0}])))
+    healthy = Pod(build_plan(_scenario(allreduce="ring")))
+    assert slowed.ici_cost.seconds > healthy.ici_cost.seconds
+    failed = Pod(build_plan(_scenario(allreduce="ring", links=[{"link": "0->1", "failed": True}])))
+    assert (0, 1) not in failed.ici_cost.link_bytes
+
+
+@pytest.mark.parametrize("pod, needle", [
+    ({"allreduce": "butterfly"}, "pod.allreduce"),
+    ({"links": [{"link": "0-1", "slowdown": 2.0}]}, "pod.links.0.link"),
+    ({"links": [{"link": "0->1"}]}, "slowdown"),
+    ({"links": [{"link": "0->1", "slowdown": 0.5}]}, "pod.links.0.slowdown"),
+])
+def test_bad_collective_keys_are_named(pod, needle):
+    from pod.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=needle):
+        _scenario(**pod)
+
+
+def test_a_link_the_pod_lacks_is_named():
+    from interconnect import TopologyError
+    from pod.coordinator import Pod
+    from pod.plan import build_plan
+
+    with pytest.raises(TopologyError, match="link 0->3 is not a link of torus 2x2"):
+        Pod(build_plan(_scenario(links=[{"link": "0->3", "slowdown": 2.0}])))
