@@ -79,10 +79,12 @@ class ChipActor:
             on every core, so all replicas start identical.
         num_replicas: TensorCores in the whole pod (the allreduce sum is
             divided by it).
-        numerics: TPU numerics (bf16 inputs to the MXU) when True.
+        numerics: TPU numerics (MXU inputs per ``precision``) when True.
         limit_threads: pin BLAS to one thread (several actors share few cores).
         put_chunks: send chunks as objects this actor puts in Ray's object
             store (True inside a Ray actor); False returns plain arrays.
+        precision: MXU precision of every core: "bf16", "fp32" or "int8"
+            (the scenario's ``training.precision``).
 
     Raises:
         HBMOutOfMemoryError: the parameters, gradients or optimizer state do
@@ -92,11 +94,11 @@ class ChipActor:
     def __init__(self, spec: ChipSpec, chip_id: int, model: Model, optimizer_name: str,
                  optimizer_options: dict[str, Any], seed: int, num_replicas: int,
                  numerics: bool = True, limit_threads: bool = True,
-                 put_chunks: bool = False) -> None:
+                 put_chunks: bool = False, precision: str = "bf16") -> None:
         if limit_threads:
             from threadpoolctl import threadpool_limits
             threadpool_limits(1)
-        self.chip = Chip(spec, chip_id, numerics=numerics)
+        self.chip = Chip(spec, chip_id, numerics=numerics, precision=precision)
         self.put_chunks = put_chunks
         self.chip_id = chip_id
         self.model = model
@@ -105,6 +107,8 @@ class ChipActor:
         init = model.init_params(seed)
         self.params = [{k: v.copy() for k, v in init.items()} for _ in self.chip.cores]
         self.opt_state = [self.optimizer.init(p) for p in self.params]
+        # non-trainable state (BatchNorm running averages): per replica, from its own shards
+        self.model_state = [model.init_state() for _ in self.chip.cores]
         params_bytes = int(sum(v.nbytes for v in init.values()))
         for core in self.chip.cores:
             core.hbm.allocate("params", params_bytes)
@@ -149,6 +153,14 @@ class ChipActor:
         """A copy of one core's parameters."""
         return {k: v.copy() for k, v in self.params[core].items()}
 
+    def get_model_state(self, core: int = 0) -> dict[str, np.ndarray]:
+        """A copy of one core's model state (BatchNorm running averages; {} if none)."""
+        return {k: v.copy() for k, v in self.model_state[core].items()}
+
+    def get_opt_state(self, core: int = 0) -> dict[str, np.ndarray]:
+        """A copy of one core's optimizer state."""
+        return {k: v.copy() for k, v in self.opt_state[core].items()}
+
     def hbm(self) -> list[dict[str, int]]:
         """Per core: used_bytes, peak_bytes, capacity_bytes."""
         return [{"used_bytes": c.hbm.used_bytes, "peak_bytes": c.hbm.peak_bytes,
@@ -180,8 +192,9 @@ class ChipActor:
         for i, core in enumerate(cores):
             rng = np.random.default_rng([seed, step, self.chip_id, i])
             core.hbm.allocate("activations", self.model.activation_bytes(b))
-            loss, grads = self.model.loss_and_grads(core, self.params[i], x[i * b:(i + 1) * b],
-                                                    y[i * b:(i + 1) * b], rng=rng)
+            loss, grads, self.model_state[i] = self.model.loss_grads_and_state(
+                core, self.params[i], x[i * b:(i + 1) * b], y[i * b:(i + 1) * b],
+                state=self.model_state[i], rng=rng)
             core.hbm.free("activations")
             losses.append(float(loss))
             records = core.take_records()
@@ -261,19 +274,20 @@ class ChipActor:
         self.grad_flat = None
         return {"update_seconds": seconds, "hbm": self.hbm(), "records": traces}
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 512) -> dict[str, float]:
-        """Test loss and accuracy of core 0's replica (eval mode, e.g. no dropout)."""
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 512,
+                 state: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+        """Test loss and accuracy of core 0's replica (eval mode: no dropout,
+        BatchNorm on running averages: ``state`` if given, else core 0's).
+        Per-step labels (char_lstm) count every step as a prediction."""
         core = self.chip.cores[0]
-        correct, loss_sum = 0, 0.0
+        state = self.model_state[0] if state is None else state
+        correct, loss_sum, count = 0, 0.0, 0
         for start in range(0, x.shape[0], batch):
-            logits = self.model.predict(core, self.params[0], x[start:start + batch])
-            labels = y[start:start + batch]
-            shifted = logits - logits.max(axis=1, keepdims=True)
-            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-            loss_sum += float(-logp[np.arange(labels.size), labels].sum())
-            correct += int((logits.argmax(axis=1) == labels).sum())
+            s, c, n = self.model.evaluate_sums(core, self.params[0], x[start:start + batch],
+                                               y[start:start + batch], state=state)
+            loss_sum, correct, count = loss_sum + s, correct + c, count + n
         core.take_records()
-        n = max(1, x.shape[0])
+        n = max(1, count)
         return {"loss": loss_sum / n, "accuracy": correct / n}
 
 

@@ -7,6 +7,7 @@ field, the value and what is allowed, and exit status 2; never a traceback.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -15,8 +16,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from chip import PRESETS, get_chip_spec
-from pod.errors import USER_ERRORS
+from chip import PRECISIONS, PRESETS, get_chip_spec
+from pod.bench import check_benchmark, matmul_report
+from pod.errors import USER_ERRORS, ScenarioError
 from pod.plan import build_plan
 from pod.scenario import load_scenario
 from pod.slices import resolve_pod
@@ -56,10 +58,15 @@ def cli() -> None:
 def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port: int | None,
         log_every: int, trace_path: Path | None, trace_steps: str, hold: bool,
         hold_seconds: float) -> None:
-    """Train SCENARIO (a YAML file) on an emulated pod."""
+    """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
+    spec = load_scenario(scenario)
+    if spec.benchmark is not None:
+        from pod.bench import run_benchmark  # Ray is imported only when a run starts
+
+        run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=click.echo)
+        return
     from pod.run import run_training  # Ray is imported only when a run starts
 
-    spec = load_scenario(scenario)
     if steps is not None:
         spec = spec.with_overrides(training__steps=steps)
     plan = build_plan(spec)
@@ -91,7 +98,15 @@ def _parse_steps(text: str, total: int) -> list[int]:
 def validate(scenarios: tuple[Path, ...]) -> None:
     """Check SCENARIOS without running them (pod, batch split, HBM fit)."""
     for path in scenarios:
-        plan = build_plan(load_scenario(path))
+        spec = load_scenario(path)
+        if spec.benchmark is not None:
+            bplan = check_benchmark(spec)
+            b = spec.benchmark
+            click.echo(f"{path}: ok (benchmark {b.kind}, {bplan.pod.name}, {bplan.pod.chips} chips, "
+                       f"{bplan.pod.tensorcores} TensorCores, N={b.n}, {b.iterations} iterations, "
+                       f"{b.precision})")
+            continue
+        plan = build_plan(spec)
         click.echo(f"{path}: ok ({plan.pod.name}, {plan.pod.chips} chips, {plan.pod.tensorcores} "
                    f"TensorCores, {plan.model.name} on {plan.dataset.name}, global batch "
                    f"{plan.global_batch} = {plan.per_core_batch} per core, {plan.steps} steps)")
@@ -103,7 +118,15 @@ def describe(target: str) -> None:
     """Describe a chip (v4), a slice (v2-8) or a scenario file (its memory plan)."""
     console = Console()
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        plan = build_plan(load_scenario(target))
+        spec = load_scenario(target)
+        if spec.benchmark is not None:
+            bplan = check_benchmark(spec)
+            _describe_pod(console, bplan.pod)
+            _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
+                                   f"N={spec.benchmark.n})", bplan.memory,
+                          bplan.pod.chip.core.hbm_bytes)
+            return
+        plan = build_plan(spec)
         _describe_pod(console, plan.pod)
         table = Table(title=f"HBM plan per TensorCore (global batch {plan.global_batch} = "
                             f"{plan.per_core_batch} per core)")
@@ -121,6 +144,163 @@ def describe(target: str) -> None:
         _describe_pod(console, resolve_pod(chip=spec.name, chips=1))
         return
     _describe_pod(console, resolve_pod(slice_name=target))
+
+
+@cli.command()
+@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--length", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Characters to generate.")
+@click.option("--prompt", default="", help="Text to start from (characters the model knows).")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8,
+              show_default=True, help="Sampling temperature (lower: more conservative).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+def generate(checkpoint: Path, length: int, prompt: str, temperature: float, seed: int) -> None:
+    """Sample text from a char_lstm CHECKPOINT (runs/<name>/checkpoint.msgpack)."""
+    from chip import TensorCore
+    from pod.checkpoint import load_checkpoint
+    from pod.workloads import build_model
+    from pod.workloads.generate import sample_text
+
+    ckpt = load_checkpoint(checkpoint)
+    extra = ckpt.extra
+    if extra.get("model") != "char_lstm" or not extra.get("vocabulary"):
+        raise click.UsageError(f"{checkpoint}: generate needs a char_lstm checkpoint, this one "
+                               f"holds {extra.get('model')!r}")
+    options = ckpt.scenario.get("model", {}).get("options", {})
+    model = build_model("char_lstm", tuple(extra["input_shape"]), int(extra["num_classes"]), **options)
+    chip = ckpt.scenario.get("pod", {}).get("chip") or "v2"
+    core = TensorCore(get_chip_spec(chip).core, numerics=True)
+    try:
+        text = sample_text(core, model, dict(ckpt.params), extra["vocabulary"], prompt=prompt,
+                           length=length, temperature=temperature, seed=seed)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    click.echo(prompt + text)
+
+
+def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int) -> None:
+    table = Table(title=title)
+    table.add_column("item")
+    table.add_column("bytes", justify="right")
+    table.add_column("MiB", justify="right")
+    for item, nbytes in memory.items():
+        table.add_row(item, f"{nbytes:,}", f"{nbytes / 2**20:.3f}")
+    table.add_row("capacity", f"{cap:,}", f"{cap / 2**20:.0f}")
+    console.print(table)
+
+
+@cli.command()
+@click.option("--chip", "chip_name", default="v2", show_default=True,
+              help="Chip preset: " + " ".join(PRESETS) + ".")
+@click.option("--m", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Rows of A (M).")
+@click.option("--k", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Columns of A = rows of B (K).")
+@click.option("--n", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Columns of B (N).")
+@click.option("--precision", default="bf16", show_default=True,
+              help="MXU precision: " + " | ".join(PRECISIONS) + ".")
+@click.option("--double-buffered", is_flag=True, help="Double-buffered MXU weights.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def matmul(chip_name: str, m: int, k: int, n: int, precision: str, double_buffered: bool,
+           as_json: bool) -> None:
+    """Cost of one (M x K) . (K x N) GEMM on ONE TensorCore (simulated)."""
+    report = matmul_report(chip_name, m, k, n, precision=precision,
+                           double_buffered=double_buffered)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(f"{report['chip']} TensorCore, ({m} x {k}) . ({k} x {n}), {precision}"
+               f"{', double-buffered weights' if double_buffered else ''} (simulated)")
+    click.echo(f"cycles             {report['cycles']:,}")
+    click.echo(f"simulated seconds  {report['simulated_seconds']:.6e}  ({report['bound']}-bound)")
+    click.echo(f"TFLOP/s            {report['tflops']:,.2f}  (core peak bf16 "
+               f"{report['peak_tflops']:,.2f})")
+    click.echo(f"MXU utilisation    {report['mxu_utilization']:.1%}")
+
+
+@cli.command()
+@click.option("--chip", required=True, help="Chip preset: v2 v3 v4 v5e v5p v6e.")
+@click.option("--topology", required=True, help="Torus shape: 8, 4x4 or 4x4x4.")
+@click.option("--op", default="allreduce", show_default=True,
+              type=click.Choice(["allreduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast"]))
+@click.option("--algorithm", default=None, help="Algorithm [default: the fastest at each size].")
+@click.option("--sizes", default="1KiB:1GiB", show_default=True,
+              help="Whole-buffer bytes: one size or MIN:MAX doubling (e.g. 1KiB:1GiB).")
+@click.option("--wraparound/--no-wraparound", default=None,
+              help="Wraparound links on every axis [default: the chip generation's rules].")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows.")
+def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: str,
+               wraparound: bool | None, as_json: bool) -> None:
+    """Simulated collective benchmark over the ICI, read like nccl-tests."""
+    from pod.collective_bench import format_size, parse_sizes, run_collective_bench
+
+    spec, torus, rows = run_collective_bench(chip, topology, op, parse_sizes(sizes),
+                                             algorithm=algorithm, wraparound=wraparound)
+    if as_json:
+        click.echo(json.dumps([row.as_dict() for row in rows], indent=1))
+        return
+    wrap = "/".join("y" if w else "n" for w in torus.wraparound)
+    chosen = sorted({row.algorithm for row in rows})
+    how = "given" if algorithm else "fastest per size"
+    console = Console()
+    table = Table(title=f"{op} on {spec.name} {torus.name} ({torus.num_chips} chips, wraparound {wrap}), "
+                        f"float32; algorithm {', '.join(chosen)} ({how}); simulated time")
+    for column in ("size", "count", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
+                   "busiest link"):
+        table.add_column(column, justify="left" if column == "algorithm" else "right")
+    for row in rows:
+        table.add_row(format_size(row.size_bytes), f"{row.count:,}", row.algorithm,
+                      f"{row.simulated_seconds * 1e6:,.2f}", f"{row.algbw_bytes_per_s / 1e9:,.2f}",
+                      f"{row.busbw_bytes_per_s / 1e9:,.2f}", f"{row.busiest_link_utilisation:.0%}")
+    console.print(table)
+    if rows and rows[-1].local_reduce_seconds:
+        console.print(f"Before the ICI each chip adds its {spec.tensorcores} TensorCores' buffers at HBM "
+                      f"bandwidth: {rows[-1].local_reduce_seconds * 1e6:,.2f} us at the largest size "
+                      f"(local_reduce_seconds in --json; not in the time column).")
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where results.csv, results.md and the plots go [default: runs/<name>-sweep].")
+@click.option("--mode", type=click.Choice(["timing", "functional"]),
+              help="timing: cost one representative chip (any pod size); functional: train "
+                   "on chip actors [default: the sweep block's].")
+def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
+    """Run the scaling experiment in SCENARIO's sweep: block."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from pod.sweep import run_sweep, sweep_points
+
+    spec = load_scenario(scenario)
+    if spec.sweep is None:
+        raise ScenarioError(f"{scenario}: sweep: no sweep: block in this scenario")
+    out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
+    console = Console()
+    total = len(sweep_points(spec))
+    console.print(f"[bold]{spec.name}[/]: {total} points, {spec.sweep.scaling} scaling, "
+                  f"{mode or spec.sweep.mode} mode")
+    with Progress("[bold]sweep", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("sweep", total=total)
+
+        def report(row: dict) -> None:
+            progress.advance(task)
+            if row["status"] == "ok":
+                line = (f"point {row['point']}/{total}: {row['chip']} {row['chips']} chips "
+                        f"{row['topology']} {row['algorithm']} batch {row['global_batch']}: "
+                        f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
+                        f"{row['examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.1%} "
+                        f"(wall {row['wall_seconds']:.2f} s)")
+            else:
+                line = f"point {row['point']}/{total}: failed: {row['error']}"
+            progress.console.print(line, highlight=False, soft_wrap=True)
+
+        rows = run_sweep(spec, out_dir, mode=mode, on_point=report)
+    failed = sum(r["status"] != "ok" for r in rows)
+    console.print(f"{len(rows) - failed} points ok, {failed} failed. Wrote {out_dir}/results.csv, "
+                  f"results.md, throughput.png, efficiency.png, breakdown.png")
 
 
 def _describe_pod(console: Console, pod) -> None:

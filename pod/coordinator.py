@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from interconnect import LinkSpec, ring_allreduce, schedule_cost
+from interconnect import LinkSpec, Schedule, build_collective
 from pod.actor import ChipActor
 from pod.cluster import ensure_ray, shutdown_ray
-from pod.collective import run_schedule
+from pod.collective import choose_algorithm, link_faults, run_schedule
 from pod.errors import USER_ERRORS, ClusterError
 from pod.plan import TrainingPlan, batch_indices
 from pod.stats import StepStats
@@ -48,10 +48,25 @@ class Pod:
         self._owns_ray = False
         spec = plan.pod.chip
         self.num_params = plan.num_params
-        self.schedule = ring_allreduce(plan.pod.torus, self.num_params, itemsize=4)
         self.link = LinkSpec(spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
-        self.ici_cost = schedule_cost(self.schedule, plan.pod.torus, self.link)
+        # pod.allreduce picks the algorithm (auto: the fastest here); pod.links slows or fails links
+        self.faults = link_faults(plan.scenario.pod.links)
+        # the cost comes from the fast regular-schedule path where one exists (equal to
+        # schedule_cost of the built schedule, tested in interconnect), so a timing-only
+        # pod of thousands of chips never materialises its transfers
+        self.allreduce_algorithm, self.ici_cost = choose_algorithm(
+            "allreduce", plan.pod.torus, self.num_params, self.link,
+            algorithm=plan.scenario.pod.allreduce, faults=self.faults)
+        self._schedule: Schedule | None = None
         self.ici_link_bytes = {f"{a}->{b}": int(v) for (a, b), v in self.ici_cost.link_bytes.items()}
+
+    @property
+    def schedule(self) -> Schedule:
+        """The allreduce schedule the actors run (built on first use)."""
+        if self._schedule is None:
+            self._schedule = build_collective("allreduce", self.plan.pod.torus, self.num_params, 4,
+                                              self.allreduce_algorithm)
+        return self._schedule
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -75,7 +90,8 @@ class Pod:
         t0 = time.perf_counter()
         self.actors = [
             remote.remote(plan.pod.chip, rank, plan.model, opt.name, opt.options(),
-                          scenario.training.seed, plan.pod.tensorcores, True, True, True)
+                          scenario.training.seed, plan.pod.tensorcores, True, True, True,
+                          precision=scenario.training.precision)
             for rank in range(plan.pod.chips)
         ]
         self._get([a.set_chunk_bounds.remote(self.schedule.chunk_bounds) for a in self.actors])
@@ -120,20 +136,38 @@ class Pod:
         applied = [actor.apply.remote(step, trace) for actor in self.actors]
         computed, applied = self._get(computed), self._get(applied)
         wall = time.perf_counter() - t0
-
-        chip = plan.pod.chip
+        self.last_trace = {
+            "compute": [out["records"] for out in computed],
+            "local_reduce": [out["local_reduce_records"] for out in computed],
+            "update": [out["records"] for out in applied],
+        } if trace else None
         infeed_bytes = x[:per_chip].nbytes + y[:per_chip].nbytes
+        return self.step_stats(step, computed, applied, wall, infeed_bytes)
+
+    def step_stats(self, step: int, computed: list[dict[str, Any]], applied: list[dict[str, Any]],
+                   wall: float, infeed_bytes: int, replicate: int = 1) -> StepStats:
+        """Combine the chips' reports of one step into its statistics.
+
+        Args:
+            step: zero-based step number.
+            computed: ``ChipActor.compute`` results, one per chip reported.
+            applied: ``ChipActor.apply`` results, same chips.
+            wall: wall seconds of the step.
+            infeed_bytes: bytes of one chip's share of the batch.
+            replicate: how many chips each report stands for (timing-only
+                mode reports one representative chip for the whole pod).
+
+        Returns:
+            The step's statistics.
+        """
+        plan = self.plan
+        chip = plan.pod.chip
         hbm_used, hbm_peak = {}, {}
         for r, out in enumerate(applied):
             for c, mem in enumerate(out["hbm"]):
                 hbm_used[(r, c)] = mem["used_bytes"]
                 hbm_peak[(r, c)] = mem["peak_bytes"]
         losses = [loss for out in computed for loss in out["loss"]]
-        self.last_trace = {
-            "compute": [out["records"] for out in computed],
-            "local_reduce": [out["local_reduce_records"] for out in computed],
-            "update": [out["records"] for out in applied],
-        } if trace else None
         return StepStats(
             step=step,
             loss=float(np.mean(losses)),
@@ -143,7 +177,7 @@ class Pod:
             local_reduce_seconds=max(out["local_reduce_seconds"] for out in computed),
             ici_seconds=self.ici_cost.seconds,
             update_seconds=max(max(out["update_seconds"]) for out in applied),
-            model_flops=int(sum(sum(out["mxu_flops"]) for out in computed)),
+            model_flops=replicate * int(sum(sum(out["mxu_flops"]) for out in computed)),
             peak_flops_per_s=plan.pod.peak_bf16_flops_per_s,
             wall_seconds=wall,
             hbm_used_bytes=hbm_used,
@@ -157,9 +191,29 @@ class Pod:
         )
 
     def evaluate(self) -> dict[str, float]:
-        """Test loss and accuracy of chip 0, core 0's replica on the test split."""
+        """Test loss and accuracy of chip 0, core 0's replica on the test split.
+
+        A model with state (BatchNorm running averages, kept per replica from
+        its own shards) is evaluated on the mean of every replica's state, as
+        Keras reads a sync-on-read MEAN variable outside the replicas."""
         data = self.plan.dataset
-        return self._get(self.actors[0].evaluate.remote(data.x_test, data.y_test))
+        state = self.model_state_mean() if self.plan.model.state_shapes else None
+        return self._get(self.actors[0].evaluate.remote(data.x_test, data.y_test, 512, state))
+
+    def model_state(self, chip: int = 0, core: int = 0) -> dict[str, np.ndarray]:
+        """A copy of one replica's model state ({} for a model without state)."""
+        return self._get(self.actors[chip].get_model_state.remote(core))
+
+    def model_state_mean(self) -> dict[str, np.ndarray]:
+        """The mean over every replica of the model state, float32."""
+        cores = self.plan.pod.chip.tensorcores
+        states = self._get([a.get_model_state.remote(c) for a in self.actors for c in range(cores)])
+        return {k: np.mean([s[k] for s in states], axis=0, dtype=np.float64).astype(np.float32)
+                for k in self.plan.model.state_shapes}
+
+    def optimizer_state(self, chip: int = 0, core: int = 0) -> dict[str, np.ndarray]:
+        """A copy of one replica's optimizer state."""
+        return self._get(self.actors[chip].get_opt_state.remote(core))
 
     def digests(self) -> list[list[str]]:
         """SHA-256 of every replica's parameters, [chip][core]."""

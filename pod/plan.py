@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chip import HBM
+from chip import HBM, check_precision
 from pod.errors import ScenarioError, ShardingError
 from pod.scenario import Scenario
 from pod.slices import PodShape, resolve_pod
@@ -35,7 +35,7 @@ class TrainingPlan:
         steps: optimizer steps to run.
         steps_per_epoch: full global batches in one pass over the train split.
         memory: per TensorCore HBM plan in bytes: params, grads,
-            optimizer_state, activations, and their total.
+            optimizer_state, activations, workspace, and their total.
     """
 
     scenario: Scenario
@@ -89,7 +89,8 @@ def shard_batch_size(global_batch: int, tensorcores: int) -> int:
 
 
 def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
-                capacity_bytes: int, name: str = "core") -> dict[str, int]:
+                capacity_bytes: int, name: str = "core", precision: str = "bf16"
+                ) -> dict[str, int]:
     """Allocate one TensorCore's training state against its HBM.
 
     Args:
@@ -98,9 +99,15 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
         per_core_batch: examples per core per step.
         capacity_bytes: the core's HBM capacity.
         name: the core's name, for the error message.
+        precision: the MXU precision (sizes the workspace's weight copies).
 
     Returns:
-        Bytes per item (params, grads, optimizer_state, activations) and total.
+        Bytes per item (params, grads, optimizer_state, activations,
+        workspace) and total. workspace = the MXU's copy of the weights
+        (2 bytes per parameter in bf16, 1 in int8, none in fp32, which splits
+        the float32 weights on chip) + the flat float32 gradient buffer the
+        chip's cores reduce into and the allreduce sends from (4 bytes per
+        parameter).
 
     Raises:
         HBMOutOfMemoryError: an item does not fit; it names the item, the
@@ -112,6 +119,7 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
         "grads": params_bytes,
         "optimizer_state": int(optimizer_state_bytes),
         "activations": int(model.activation_bytes(per_core_batch)),
+        "workspace": ({"bf16": 2, "int8": 1}.get(precision, 0) + 4) * int(model.num_params),
     }
     hbm = HBM(capacity_bytes, name=name)
     for tag, nbytes in items.items():
@@ -125,12 +133,16 @@ def _shape_only(model: Model) -> dict[str, np.ndarray]:
     return {k: np.broadcast_to(zero, shape) for k, shape in model.param_shapes.items()}
 
 
-def build_plan(scenario: Scenario, *, dataset: Dataset | None = None) -> TrainingPlan:
+def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
+               timing_only: bool = False) -> TrainingPlan:
     """Resolve and check a scenario.
 
     Args:
         scenario: the validated scenario.
         dataset: an already loaded dataset to reuse (else it is loaded).
+        timing_only: the plan is only costed (``pod.timing``): a global batch
+            larger than the train split is allowed, since one chip's share
+            stands for the whole batch.
 
     Returns:
         The plan.
@@ -139,19 +151,28 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None) -> Trainin
         ScenarioError, ShardingError, HBMOutOfMemoryError, ChipSpecError,
         TopologyError: with one-line messages naming the field.
     """
+    if scenario.training is None:
+        raise ScenarioError(f"{scenario.name}: a benchmark scenario has no training plan; "
+                            "use pod.bench.check_benchmark")
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound)
     training = scenario.training
+    try:
+        check_precision(training.precision, pod.chip.core, pod.chip.name)
+    except ValueError as err:
+        raise ScenarioError(f"training.precision: {err}") from None
     per_core = shard_batch_size(training.global_batch, pod.tensorcores)
     if dataset is None:
         try:
             dataset = load_dataset(scenario.data.name, test_fraction=scenario.data.test_fraction,
-                                   seed=training.seed, **scenario.data.options)
+                                   seed=training.seed, path=scenario.data.path,
+                                   **scenario.data.options)
         except ValueError as err:
             raise ScenarioError(f"data: {err}") from None
     n_train = int(dataset.x_train.shape[0])
-    if training.global_batch > n_train:
+    if training.global_batch > n_train and not (timing_only and per_core * pod.chip.tensorcores
+                                                   <= n_train):
         raise ScenarioError(
             f"training.global_batch: {training.global_batch} is larger than the "
             f"{n_train} training examples of {dataset.name}"
@@ -165,10 +186,11 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None) -> Trainin
         optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     except ValueError as err:
         raise ScenarioError(f"training.optimizer: {err}") from None
-    steps_per_epoch = n_train // training.global_batch
+    steps_per_epoch = max(1, n_train // training.global_batch)
     steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
     memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
-                         pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore")
+                         pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",
+                         precision=training.precision)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory)

@@ -22,11 +22,13 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
+from pod.checkpoint import pod_checkpoint, save_checkpoint
 from pod.coordinator import Pod
 from pod.metrics import PodMetrics
 from pod.plan import TrainingPlan
 from pod.stats import StepStats
 from pod.trace import metadata_events, step_events, write_trace
+from pod.workloads.summary import model_summary_table
 
 __all__ = ["run_training", "summarize"]
 
@@ -184,6 +186,8 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
                   f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; "
                   f"global batch {plan.global_batch} = {plan.per_core_batch} per core; "
                   f"{plan.steps} steps")
+    console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                                      chip_name=plan.pod.chip.name))
     if metrics.port:
         console.print(f"Prometheus metrics: http://{scenario.metrics.host}:{metrics.port}/metrics")
     traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
@@ -246,6 +250,7 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
             evaluation = pod.evaluate()
             metrics.set_accuracy(evaluation["accuracy"])
             identical = pod.replicas_identical()
+            save_checkpoint(output_dir / "checkpoint.msgpack", pod_checkpoint(pod, plan, plan.steps))
         summary = summarize(plan, steps, evaluation, identical, wall, pod_start_seconds)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         console.print(_summary_table(summary))

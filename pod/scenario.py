@@ -16,6 +16,11 @@ default)::
       chips: 4                       #   ... and a chip count
       topology: 2x2                  # torus shape (default: from the slice)
       wraparound: true               # default: the generation's rules
+      allreduce: auto                # auto | torus | bidirectional_ring | ring |
+                                     # halving_doubling | tree (auto: the fastest)
+      links:                         # slowed or failed directed ICI links
+        - {link: "0->1", slowdown: 2.0}
+        - {link: "1->2", failed: true}
     model:
       name: cnn                      # cnn | mlp
       options: {dropout: true}       # model-specific options
@@ -41,14 +46,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
+from chip import PRECISIONS as CHIP_PRECISIONS
+from interconnect import ALLREDUCE_ALGORITHMS
 from pod.errors import ScenarioError
 from pod.workloads import DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES
+
+#: ``pod.allreduce`` values: an interconnect algorithm, or auto (the fastest for the pod).
+ALLREDUCE_CHOICES = ("auto", *ALLREDUCE_ALGORITHMS)
 
 __all__ = [
     "Scenario",
@@ -62,13 +72,31 @@ __all__ = [
     "load_scenario",
     "parse_scenario",
     "PRECISIONS",
+    "BenchmarkConfig",
+    "BENCHMARK_KINDS",
 ]
 
-PRECISIONS = ("bf16",)
+PRECISIONS = CHIP_PRECISIONS  # bf16 | fp32 | int8 (chip.PRECISIONS; int8 not on v2 / v3)
+BENCHMARK_KINDS = ("matmul", "matrix_add")
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class LinkConfig(_Frozen):
+    """One slowed or failed directed ICI link, e.g. ``{link: "0->1", slowdown: 2.0}``."""
+
+    link: str = Field(pattern=r"^\s*\d+\s*->\s*\d+\s*$", description="src->dst chip ranks")
+    slowdown: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+                                   description="the link runs at bandwidth / slowdown")
+    failed: bool = False
+
+    @model_validator(mode="after")
+    def _slow_or_failed(self) -> "LinkConfig":
+        if (self.slowdown is not None) == self.failed:
+            raise ValueError("give either slowdown: <factor >= 1> or failed: true")
+        return self
 
 
 class PodConfig(_Frozen):
@@ -79,6 +107,13 @@ class PodConfig(_Frozen):
     chips: int | None = Field(default=None, gt=0, description="number of chips")
     topology: str | None = Field(default=None, description="torus shape, e.g. 2x2 or 4x4x4")
     wraparound: bool | None = None
+    allreduce: str = Field(default="auto", description="allreduce algorithm or auto")
+    links: tuple[LinkConfig, ...] = ()
+
+    @field_validator("allreduce")
+    @classmethod
+    def _known_allreduce(cls, value: str) -> str:
+        return _one_of(value, ALLREDUCE_CHOICES)
 
     @model_validator(mode="after")
     def _one_way(self) -> "PodConfig":
@@ -117,6 +152,9 @@ class DataConfig(_Frozen):
 
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     options: dict[str, Any] = Field(default_factory=dict)
+    path: str | None = Field(default=None, min_length=1,
+                             description="file or directory of a file-backed dataset; relative "
+                                         "to the scenario file")
 
 
 class OptimizerConfig(_Frozen):
@@ -155,9 +193,14 @@ class TrainingConfig(_Frozen):
     steps: int | None = Field(default=None, gt=0)
     epochs: int | None = Field(default=None, gt=0)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    precision: Literal["bf16"] = "bf16"
+    precision: str = "bf16"
     seed: int = Field(default=0, ge=0)
     eval_every_steps: int = Field(default=0, ge=0)
+
+    @field_validator("precision")
+    @classmethod
+    def _known_precision(cls, value: str) -> str:
+        return _one_of(value, PRECISIONS)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> "TrainingConfig":
@@ -181,17 +224,101 @@ class RayConfig(_Frozen):
     address: str | None = None
 
 
+class BenchmarkConfig(_Frozen):
+    """A seed benchmark instead of training (see ``pod.bench``).
+
+    kind: matmul (x <- x . y on each TensorCore) or matrix_add (c = a + b on
+    the VPU); n: matrix size; iterations; precision of the MXU (matmul);
+    functional: really compute (False: costs only, for full size); cpu_n and
+    cpu_iterations: the host numpy measurement, scaled down to take seconds.
+    """
+
+    kind: str
+    n: int = Field(default=4096, gt=0)
+    iterations: int = Field(default=100, gt=0)
+    precision: str = "bf16"
+    functional: bool = False
+    seed: int = Field(default=0, ge=0)
+    cpu_n: int = Field(default=1024, gt=0)
+    cpu_iterations: int = Field(default=10, gt=0)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        return _one_of(value, BENCHMARK_KINDS)
+
+    @field_validator("precision")
+    @classmethod
+    def _known_precision(cls, value: str) -> str:
+        return _one_of(value, PRECISIONS)
+
+
+class SweepConfig(_Frozen):
+    """A scaling experiment: the scenario run at every combination of these values.
+
+    ``scaling: weak`` keeps ``per_core_batch`` fixed (the global batch grows
+    with the TensorCores); ``strong`` keeps the global batch fixed (the
+    scenario's, or each of ``global_batch``). Pods come from ``slices``, or
+    ``chips`` (with ``pod.chip``), or ``topologies`` (shapes, with ``pod.chip``).
+    """
+
+    mode: Literal["timing", "functional"] = "timing"
+    scaling: Literal["weak", "strong"] = "strong"
+    per_core_batch: int | None = Field(default=None, gt=0)
+    slices: tuple[str, ...] | None = Field(default=None, min_length=1)
+    chips: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
+    topologies: tuple[str, ...] | None = Field(default=None, min_length=1)
+    allreduce: tuple[str, ...] | None = Field(default=None, min_length=1)
+    global_batch: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
+    precision: tuple[str, ...] | None = Field(default=None, min_length=1)
+    steps: int = Field(default=2, gt=0, description="steps per point; the first is not timed")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SweepConfig":
+        given = [k for k in ("slices", "chips", "topologies") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of slices, chips or topologies, not {' and '.join(given)}")
+        if self.scaling == "weak" and self.per_core_batch is None:
+            raise ValueError("weak scaling needs per_core_batch")
+        if self.scaling == "weak" and self.global_batch is not None:
+            raise ValueError("weak scaling sets the global batch from per_core_batch; "
+                             "drop global_batch or use scaling: strong")
+        if self.scaling == "strong" and self.per_core_batch is not None:
+            raise ValueError("per_core_batch belongs to weak scaling")
+        for algorithm in self.allreduce or ():
+            _one_of(algorithm, ALLREDUCE_CHOICES)
+        return self
+
+
 class Scenario(_Frozen):
     """A validated, frozen scenario. Build it with ``load_scenario``."""
 
     name: str = Field(default="scenario", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     pod: PodConfig
-    model: ModelConfig
+    model: ModelConfig | None = None
     data: DataConfig = Field(default_factory=DataConfig)
-    training: TrainingConfig
+    training: TrainingConfig | None = None
+    benchmark: BenchmarkConfig | None = None
+    sweep: SweepConfig | None = None
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Scenario":
+        if self.benchmark is not None:
+            if self.model is not None or self.training is not None:
+                raise ValueError("a scenario has either benchmark or model + training, not both")
+        elif self.model is None or self.training is None:
+            missing = "model" if self.model is None else "training"
+            raise ValueError(f"{missing}: required key is missing (a training scenario needs "
+                             f"model and training; a benchmark scenario needs benchmark)")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """"training" (model + training) or "benchmark"."""
+        return "benchmark" if self.benchmark is not None else "training"
 
     def with_overrides(self, **changes: Any) -> "Scenario":
         """A copy with dotted-path overrides, validated again.
@@ -257,6 +384,8 @@ def parse_scenario(data: Any, *, source: str = "<scenario>") -> Scenario:
 
 
 def _check_numbers(scenario: Scenario, source: str) -> None:
+    if scenario.training is None:
+        return
     lr = scenario.training.optimizer.learning_rate
     if not math.isfinite(lr):
         raise ScenarioError(f"{source}: training.optimizer.learning_rate must be finite (got {lr})")
@@ -286,4 +415,9 @@ def load_scenario(path: str | Path) -> Scenario:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+    data_path = data.get("data", {}).get("path") if isinstance(data, dict) and \
+        isinstance(data.get("data"), dict) else None
+    if isinstance(data_path, str) and data_path:
+        # paths in a scenario are relative to the scenario file, not to the working directory
+        data["data"]["path"] = str(path.resolve().parent / Path(data_path).expanduser())
     return parse_scenario(data, source=str(path))

@@ -5,9 +5,12 @@ time) and follow TPU numerics (bf16 inputs, float32 accumulation). No Ray.
 """
 
 from pod.workloads.datasets import DATASET_NAMES, Dataset, load_dataset
-from pod.workloads.layers import Conv2D, Dense, Dropout, Flatten, Layer, MaxPool2D, ReLU
-from pod.workloads.losses import softmax_cross_entropy
+from pod.workloads.layers import (AveragePooling2D, Conv2D, Dense, Dropout, Flatten, Layer,
+                                  MaxPool2D, ReLU, Sigmoid, Softmax, Tanh)
+from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
 from pod.workloads.models import MODEL_NAMES, Model, build_model
+from pod.workloads.normalization import BatchNormalization
+from pod.workloads.recurrent import LSTM, Embedding
 from pod.workloads.optimizers import OPTIMIZER_NAMES, SGD, Adam, Optimizer, build_optimizer
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "load_dataset",
     "DATASET_NAMES",
     "softmax_cross_entropy",
+    "sigmoid_binary_cross_entropy",
     "Layer",
     "Dense",
     "Conv2D",
@@ -28,6 +32,13 @@ __all__ = [
     "MaxPool2D",
     "Dropout",
     "Flatten",
+    "AveragePooling2D",
+    "Tanh",
+    "Sigmoid",
+    "Softmax",
+    "BatchNormalization",
+    "Embedding",
+    "LSTM",
     "SGD",
     "Adam",
 ]

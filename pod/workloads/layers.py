@@ -49,6 +49,7 @@ class Layer:
 
     kind = "layer"
     matmul_params: tuple[str, ...] = ()  # local param names fed to the MXU
+    stateful = False  # True: keeps non-trainable state (e.g. BatchNorm running averages)
 
     def __init__(self, name: str | None = None):
         self.name = name or self.kind
@@ -72,6 +73,18 @@ class Layer:
     def param_shapes(self, input_shape) -> dict[str, tuple[int, ...]]:
         return {}
 
+    def state_shapes(self, input_shape) -> dict[str, tuple[int, ...]]:
+        """Shapes of the non-trainable state (none unless ``stateful``)."""
+        return {}
+
+    def init_state(self, input_shape) -> dict[str, np.ndarray]:
+        """Initial non-trainable state, float32 (none unless ``stateful``)."""
+        return {}
+
+    def update_state(self, core, state: dict[str, np.ndarray], cache) -> dict[str, np.ndarray]:
+        """New state after a training-mode forward whose cache is ``cache``."""
+        return state
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
@@ -86,7 +99,12 @@ def _bias_grad(core, name: str, dy2d: np.ndarray) -> np.ndarray:
 
 
 class Dense(Layer):
-    """Fully connected: y = x @ W + b; x (B, D_in), W (D_in, D_out), b (D_out,)."""
+    """Fully connected: y = x @ W + b; x (B, D_in), W (D_in, D_out), b (D_out,).
+
+    Also takes sequences x (B, T, D_in) -> (B, T, D_out), the same weights at
+    every time step (Keras applies Dense to the last axis the same way), as
+    one (B*T, D_in) x (D_in, D_out) GEMM.
+    """
 
     kind = "dense"
     matmul_params = ("kernel",)
@@ -98,10 +116,10 @@ class Dense(Layer):
         self.units = int(units)
 
     def _check(self, input_shape) -> int:
-        if len(input_shape) != 1:
-            raise ValueError(f"{self.name}: Dense expects (features,) inputs, got {tuple(input_shape)}; "
-                             "put a Flatten before it")
-        return int(input_shape[0])
+        if len(input_shape) not in (1, 2):
+            raise ValueError(f"{self.name}: Dense expects (features,) or (steps, features) inputs, "
+                             f"got {tuple(input_shape)}; put a Flatten before it")
+        return int(input_shape[-1])
 
     def param_shapes(self, input_shape):
         d_in = self._check(input_shape)
@@ -114,31 +132,36 @@ class Dense(Layer):
 
     def output_shape(self, input_shape):
         self._check(input_shape)
-        return (self.units,)
+        return (*tuple(input_shape)[:-1], self.units)
 
     def forward_flops(self, input_shape):
-        return 2 * self._check(input_shape) * self.units
+        return 2 * math.prod(input_shape) * self.units
 
     def cache_elements(self, input_shape):
-        return self._check(input_shape)
+        self._check(input_shape)
+        return math.prod(input_shape)
 
     def forward(self, core, params, x, *, training=False, rng=None):
-        xr = mxu_input(core, x)                                           # (B, D_in)
+        lead = x.shape[:-1]                                               # (B,) or (B, T)
+        xr = mxu_input(core, x).reshape(-1, x.shape[-1])                  # (B[*T], D_in)
         y = core.matmul(xr, params["kernel"], name=f"{self.name}/fwd",
-                        a_rounded=True, b_rounded=True)                   # (B, D_out)
+                        a_rounded=True, b_rounded=True)                   # (B[*T], D_out)
         y = _bias_add(core, self.name, y, params["bias"])
-        return y, xr
+        return y.reshape(*lead, self.units), xr
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
-        xr = cache                                                        # (B, D_in)
-        dyr = mxu_input(core, dy)                                         # (B, D_out)
+        xr = cache                                                        # (B[*T], D_in)
+        lead = dy.shape[:-1]
+        dy = dy.reshape(-1, self.units)                                   # (B[*T], D_out)
+        dyr = mxu_input(core, dy)
         dw = core.matmul(xr.T, dyr, name=f"{self.name}/dW",
                          a_rounded=True, b_rounded=True)                  # (D_in, D_out)
         db = _bias_grad(core, self.name, dy)                              # (D_out,)
         dx = None
         if need_dx:
             dx = core.matmul(dyr, params["kernel"].T, name=f"{self.name}/dx",
-                             a_rounded=True, b_rounded=True)              # (B, D_in)
+                             a_rounded=True, b_rounded=True)              # (B[*T], D_in)
+            dx = dx.reshape(*lead, xr.shape[1])
         return dx, {"kernel": dw, "bias": db}
 
 
@@ -419,3 +442,129 @@ class Flatten(Layer):
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         return dy.reshape(cache), {}
+
+
+class AveragePooling2D(Layer):
+    """Average pooling over non-overlapping P x P windows (stride P), 'valid'.
+
+    (B, H, W, C) -> (B, H // P, W // P, C); a last row / column that does not
+    fill a window is dropped (and gets zero gradient), as in Keras.
+    """
+
+    kind = "average_pooling2d"
+
+    def __init__(self, pool_size: int = 2, name: str | None = None):
+        super().__init__(name)
+        if isinstance(pool_size, bool) or int(pool_size) != pool_size or pool_size < 1:
+            raise ValueError(f"AveragePooling2D pool_size must be a positive integer, got {pool_size!r}")
+        self.pool_size = int(pool_size)
+
+    def output_shape(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"{self.name}: AveragePooling2D expects (H, W, C) inputs, "
+                             f"got {tuple(input_shape)}")
+        h, w, c = input_shape
+        p = self.pool_size
+        if h < p or w < p:
+            raise ValueError(f"{self.name}: input {tuple(input_shape)} is smaller than the pool {p}")
+        return (h // p, w // p, c)
+
+    def _forward(self, x):
+        p = self.pool_size
+        b, h, w, c = x.shape
+        ho, wo = h // p, w // p
+        windows = x[:, :ho * p, :wo * p, :].reshape(b, ho, p, wo, p, c)  # (B, Ho, P, Wo, P, C)
+        return windows.mean(axis=(2, 4))                                  # (B, Ho, Wo, C)
+
+    def _backward(self, x_shape, dy):
+        p = self.pool_size
+        b, h, w, c = x_shape
+        ho, wo = dy.shape[1:3]
+        dx = np.zeros(x_shape, dy.dtype)                                  # (B, H, W, C)
+        share = dy * np.asarray(1.0 / (p * p), dy.dtype)                  # (B, Ho, Wo, C)
+        dx[:, :ho * p, :wo * p, :] = np.repeat(np.repeat(share, p, axis=1), p, axis=2)
+        return dx
+
+    def forward(self, core, params, x, *, training=False, rng=None):
+        self.output_shape(x.shape[1:])
+        y = core.vector(f"{self.name}/fwd", self._forward, x)
+        return y, x.shape
+
+    def backward(self, core, params, cache, dy, *, need_dx=True):
+        dx = core.vector(f"{self.name}/bwd", lambda d: self._backward(cache, d), dy)
+        return dx, {}
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Logistic function 1 / (1 + exp(-x)), without overflow for large |x|."""
+    e = np.exp(-np.abs(x))                                                # in (0, 1]
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)
+
+
+class Tanh(Layer):
+    """y = tanh(x); dx = dy * (1 - y^2)."""
+
+    kind = "tanh"
+
+    def cache_elements(self, input_shape):
+        return math.prod(input_shape)
+
+    def forward(self, core, params, x, *, training=False, rng=None):
+        y = core.vector(f"{self.name}/fwd", np.tanh, x, transcendental=True)
+        return y, y
+
+    def backward(self, core, params, cache, dy, *, need_dx=True):
+        one = np.asarray(1.0, dy.dtype)
+        dx = core.vector(f"{self.name}/bwd", lambda d, y: d * (one - y * y), dy, cache,
+                         ops_per_element=3.0)
+        return dx, {}
+
+
+class Sigmoid(Layer):
+    """y = 1 / (1 + exp(-x)); dx = dy * y * (1 - y)."""
+
+    kind = "sigmoid"
+
+    def cache_elements(self, input_shape):
+        return math.prod(input_shape)
+
+    def forward(self, core, params, x, *, training=False, rng=None):
+        y = core.vector(f"{self.name}/fwd", sigmoid, x, ops_per_element=3.0, transcendental=True)
+        return y, y
+
+    def backward(self, core, params, cache, dy, *, need_dx=True):
+        one = np.asarray(1.0, dy.dtype)
+        dx = core.vector(f"{self.name}/bwd", lambda d, y: d * y * (one - y), dy, cache,
+                         ops_per_element=3.0)
+        return dx, {}
+
+
+class Softmax(Layer):
+    """Softmax over the last axis: y = exp(x - max) / sum(exp(x - max));
+    dx = y * (dy - sum(dy * y)) (the Jacobian-vector product).
+
+    The models end in logits and fuse the softmax into the loss
+    (``softmax_cross_entropy``), which is more stable; this layer is for
+    models that want probabilities as an output.
+    """
+
+    kind = "softmax"
+
+    def cache_elements(self, input_shape):
+        return math.prod(input_shape)
+
+    @staticmethod
+    def _softmax(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def forward(self, core, params, x, *, training=False, rng=None):
+        y = core.vector(f"{self.name}/fwd", self._softmax, x, ops_per_element=4.0,
+                        transcendental=True)
+        return y, y
+
+    def backward(self, core, params, cache, dy, *, need_dx=True):
+        dx = core.vector(f"{self.name}/bwd",
+                         lambda d, y: y * (d - (d * y).sum(axis=-1, keepdims=True)),
+                         dy, cache, ops_per_element=4.0)
+        return dx, {}

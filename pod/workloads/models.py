@@ -14,34 +14,44 @@ import numpy as np
 
 from chip import to_bf16
 from pod.workloads.layers import Conv2D, Dense, Dropout, Flatten, Layer, MaxPool2D, ReLU
-from pod.workloads.losses import softmax_cross_entropy
+from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
+from pod.workloads.normalization import BatchNormalization
+from pod.workloads.recurrent import LSTM, Embedding
 
-MODEL_NAMES = ("cnn", "mlp")
+MODEL_NAMES = ("cnn", "mlp", "lstm_classifier", "char_lstm")
+LOSSES = ("softmax_cross_entropy", "sigmoid_binary_cross_entropy")
 
 FLOAT32_BYTES = 4
 
 
 class Model:
-    """A feed-forward stack of layers with a softmax cross-entropy loss.
+    """A feed-forward stack of layers ending in logits, with a fused loss.
 
     Args:
-        name: model name ("cnn", "mlp", or anything for a custom stack).
+        name: model name ("cnn", "mlp", ... or anything for a custom stack).
         layers: layers in order; their ``name`` attributes must be unique and
-            prefix the parameter keys ("dense1/kernel").
-        input_shape: one example's shape, e.g. (8, 8, 1).
-        num_classes: number of logits.
+            prefix the parameter and state keys ("dense1/kernel",
+            "bn1/moving_mean").
+        input_shape: one example's shape, e.g. (8, 8, 1), or (250,) token ids.
+        num_classes: number of classes.
+        loss: "softmax_cross_entropy" (the last layer outputs (num_classes,),
+            or (T, num_classes) for a label per time step) or
+            "sigmoid_binary_cross_entropy" (num_classes 2, last layer (1,)).
 
     Raises:
-        ValueError: duplicate layer names, or shapes that do not chain, or a
-            last layer whose output is not (num_classes,).
+        ValueError: duplicate layer names, shapes that do not chain, or a
+            last layer whose output does not fit the loss.
     """
 
     def __init__(self, name: str, layers: Sequence[Layer], input_shape: tuple[int, ...],
-                 num_classes: int):
+                 num_classes: int, loss: str = "softmax_cross_entropy"):
         self.name = name
         self.layers = tuple(layers)
         self.input_shape = tuple(int(v) for v in input_shape)
         self.num_classes = int(num_classes)
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        self.loss = loss
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError(f"layer names must be unique, got {names}")
@@ -49,13 +59,23 @@ class Model:
         self._shapes = [self.input_shape]
         for layer in self.layers:
             self._shapes.append(tuple(layer.output_shape(self._shapes[-1])))
-        if self._shapes[-1] != (self.num_classes,):
-            raise ValueError(f"{name}: the last layer outputs {self._shapes[-1]}, "
-                             f"expected ({self.num_classes},)")
+        out = self._shapes[-1]
+        if loss == "softmax_cross_entropy" and (len(out) not in (1, 2) or out[-1] != self.num_classes):
+            raise ValueError(f"{name}: the last layer outputs {out}, expected ({self.num_classes},) "
+                             f"or (steps, {self.num_classes})")
+        if loss == "sigmoid_binary_cross_entropy" and (out != (1,) or self.num_classes != 2):
+            raise ValueError(f"{name}: binary cross-entropy needs 2 classes and a last layer "
+                             f"output of (1,), got {self.num_classes} classes and {out}")
+        self.output_shape = out
         self.param_shapes = {f"{layer.name}/{k}": shape
                              for layer, in_shape in zip(self.layers, self._shapes)
                              for k, shape in layer.param_shapes(in_shape).items()}
+        self.state_shapes = {f"{layer.name}/{k}": shape
+                             for layer, in_shape in zip(self.layers, self._shapes)
+                             for k, shape in layer.state_shapes(in_shape).items()}
         self._layer_keys = [[(f"{layer.name}/{k}", k) for k in layer.param_shapes(in_shape)]
+                            for layer, in_shape in zip(self.layers, self._shapes)]
+        self._state_keys = [[(f"{layer.name}/{k}", k) for k in layer.state_shapes(in_shape)]
                             for layer, in_shape in zip(self.layers, self._shapes)]
         self._matmul_keys = frozenset(f"{layer.name}/{k}" for layer in self.layers
                                       for k in layer.matmul_params)
@@ -68,6 +88,11 @@ class Model:
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.param_shapes.values())
 
+    @property
+    def layer_input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Each layer's input shape (without the batch axis), in order."""
+        return tuple(self._shapes[:-1])
+
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         """Glorot-uniform kernels, zero biases, float32, from default_rng(seed)."""
         rng = np.random.default_rng(seed)
@@ -76,6 +101,14 @@ class Model:
             for k, v in layer.init_params(rng, in_shape).items():
                 params[f"{layer.name}/{k}"] = v
         return params
+
+    def init_state(self) -> dict[str, np.ndarray]:
+        """Non-trainable state (BatchNorm running averages), float32; {} if none."""
+        state = {}
+        for layer, in_shape in zip(self.layers, self._shapes):
+            for k, v in layer.init_state(in_shape).items():
+                state[f"{layer.name}/{k}"] = v
+        return state
 
     def _check_params(self, params) -> None:
         if params.keys() != self.param_shapes.keys():
@@ -93,38 +126,71 @@ class Model:
                  for key, local in keys}
                 for keys in self._layer_keys]
 
+    def _local_state(self, state) -> list[dict[str, np.ndarray]]:
+        state = self.init_state() if state is None else state
+        if state.keys() != self.state_shapes.keys():
+            raise ValueError(f"{self.name}: state keys {sorted(state)} do not match the model's "
+                             f"{sorted(self.state_shapes)}")
+        return [{local: state[key] for key, local in keys} for keys in self._state_keys]
+
     def _check_x(self, x) -> None:
         if tuple(x.shape[1:]) != self.input_shape:
             raise ValueError(f"{self.name}: inputs must be (B, {', '.join(map(str, self.input_shape))}), "
                              f"got {x.shape}")
 
-    def forward(self, core, local_params, x, *, training: bool, rng=None):
-        """Runs the layers; returns logits (B, num_classes) and the caches."""
+    def forward(self, core, local_params, x, *, training: bool, rng=None, local_state=None):
+        """Runs the layers; returns the outputs (B, *output_shape) and the caches.
+
+        ``local_state`` (per layer dicts) is needed by stateful layers in
+        evaluation mode; in training mode they use batch statistics.
+        """
         caches = []
-        for layer, p in zip(self.layers, local_params):
-            x, cache = layer.forward(core, p, x, training=training, rng=rng)
+        for i, (layer, p) in enumerate(zip(self.layers, local_params)):
+            if layer.stateful:
+                x, cache = layer.forward(core, p, x, training=training, rng=rng,
+                                         state=None if local_state is None else local_state[i])
+            else:
+                x, cache = layer.forward(core, p, x, training=training, rng=rng)
             caches.append(cache)
         return x, caches
 
-    def loss_and_grads(self, core, params, x, y, *, rng=None) -> tuple[float, dict[str, np.ndarray]]:
-        """Training step on one shard: forward, loss, backward.
+    def _loss(self, core, out, y) -> tuple[float, np.ndarray]:
+        if self.loss == "sigmoid_binary_cross_entropy":
+            return sigmoid_binary_cross_entropy(core, out, y)
+        if out.ndim == 3:                                                 # (B, T, K), y (B, T)
+            loss, d = softmax_cross_entropy(core, out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            return loss, d.reshape(out.shape)
+        return softmax_cross_entropy(core, out, y)
+
+    def loss_grads_and_state(self, core, params, x, y, *, state=None, rng=None
+                             ) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Training step on one shard: forward, loss, backward, new model state.
 
         Args:
             core: the ``chip.TensorCore`` that computes and costs the work.
             params: flat dict of float32 arrays (not modified).
-            x: (B, *input_shape) inputs.
-            y: (B,) integer labels.
+            x: (B, *input_shape) inputs (float, or integer token ids).
+            y: (B,) integer labels, or (B, T) for a label per time step.
+            state: the model state (``init_state()`` if None; not modified).
             rng: numpy Generator for the dropout masks (needed if the model
                 has active dropout).
 
         Returns:
-            (loss, grads): mean loss over B as a float; grads with the keys,
-            shapes and dtypes of ``params``.
+            (loss, grads, new_state): mean loss over the shard as a float;
+            grads with the keys, shapes and dtypes of ``params``; the state
+            after this step (BatchNorm running averages moved towards this
+            shard's statistics), float32.
         """
         self._check_x(x)
         local = self.prepare_params(core, params)
-        logits, caches = self.forward(core, local, x, training=True, rng=rng)
-        loss, dy = softmax_cross_entropy(core, logits, y)
+        local_state = self._local_state(state)
+        out, caches = self.forward(core, local, x, training=True, rng=rng)
+        loss, dy = self._loss(core, out, y)
+        new_state = {}
+        for i, layer in enumerate(self.layers):
+            if layer.stateful:
+                for k, v in layer.update_state(core, local_state[i], caches[i]).items():
+                    new_state[f"{layer.name}/{k}"] = v
         grads = {}
         # the input gradient of a layer is needed only if a layer before it has parameters
         first_trainable = next((i for i, keys in enumerate(self._layer_keys) if keys), 0)
@@ -135,26 +201,55 @@ class Model:
                 grads[f"{layer.name}/{k}"] = v
             if i <= first_trainable:
                 break
-        return loss, {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
+        grads = {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
+        return loss, grads, {k: new_state[k] for k in self.state_shapes}
 
-    def predict(self, core, params, x) -> np.ndarray:
-        """Eval mode (no dropout): logits (B, num_classes)."""
+    def loss_and_grads(self, core, params, x, y, *, rng=None, state=None
+                       ) -> tuple[float, dict[str, np.ndarray]]:
+        """``loss_grads_and_state`` without the new state: (loss, grads)."""
+        loss, grads, _ = self.loss_grads_and_state(core, params, x, y, state=state, rng=rng)
+        return loss, grads
+
+    def predict(self, core, params, x, *, state=None) -> np.ndarray:
+        """Eval mode (no dropout, BatchNorm on the running averages): the
+        outputs (B, *output_shape), logits."""
         self._check_x(x)
-        logits, _ = self.forward(core, self.prepare_params(core, params), x, training=False)
-        return logits
+        out, _ = self.forward(core, self.prepare_params(core, params), x, training=False,
+                              local_state=self._local_state(state))
+        return out
 
-    def evaluate(self, core, params, x, y) -> tuple[float, float]:
+    def evaluate_sums(self, core, params, x, y, *, state=None) -> tuple[float, int, int]:
+        """Eval mode: (sum of the losses, correct predictions, predictions).
+
+        A prediction is one example, or one time step for per-step labels.
+        Sums (not means) so that batches of a test set can be added up.
+        """
+        out = self.predict(core, params, x, state=state)
+        if self.loss == "sigmoid_binary_cross_entropy":
+            z = out.reshape(-1).astype(np.float64)
+            yy = y.reshape(-1)
+            losses = np.maximum(z, 0) - z * yy + np.log1p(np.exp(-np.abs(z)))
+            return float(losses.sum()), int(((z > 0) == (yy == 1)).sum()), int(yy.size)
+        logits = out.reshape(-1, out.shape[-1]).astype(np.float64)
+        yy = y.reshape(-1)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        rows = np.arange(yy.size)
+        return (float(-logp[rows, yy].sum()), int((logits.argmax(axis=1) == yy).sum()),
+                int(yy.size))
+
+    def evaluate(self, core, params, x, y, *, state=None) -> tuple[float, float]:
         """Eval mode: (mean loss, accuracy in [0, 1]) on (x, y)."""
-        logits = self.predict(core, params, x)
-        loss, _ = softmax_cross_entropy(core, logits, y)
-        return loss, float(np.mean(logits.argmax(axis=1) == y))
+        loss_sum, correct, count = self.evaluate_sums(core, params, x, y, state=state)
+        n = max(1, count)
+        return loss_sum / n, correct / n
 
     def activation_bytes(self, batch: int) -> int:
         """Bytes (float32) the layers keep from forward for backward in one
         training step of ``batch`` examples: layer inputs of conv / dense /
-        pooling, ReLU outputs, dropout masks, plus the logits."""
+        pooling, ReLU outputs, dropout masks, LSTM gates, plus the outputs."""
         per_example = sum(layer.cache_elements(s) for layer, s in zip(self.layers, self._shapes))
-        per_example += self.num_classes
+        per_example += math.prod(self.output_shape)
         return int(batch) * per_example * FLOAT32_BYTES
 
     def forward_flops_per_example(self) -> int:
@@ -197,31 +292,88 @@ def _cnn(input_shape, num_classes, dropout=True) -> list[Layer]:
     return [layer for layer in layers if not (isinstance(layer, Dropout) and layer.rate == 0.0)]
 
 
-def _mlp(input_shape, num_classes, hidden=(128, 64), dropout=False) -> list[Layer]:
-    """Flatten, then Dense + ReLU (+ Dropout) per hidden width, then Dense."""
+def _mlp(input_shape, num_classes, hidden=(128, 64), dropout=False, batch_norm=False) -> list[Layer]:
+    """Flatten, then per hidden width Dense (+ BatchNorm) + ReLU (+ Dropout), then Dense.
+
+    The seed's CIFAR-10 MLP is hidden [2048, 1024, 512, 256, 128, 64, 32, 16],
+    batch_norm true, dropout 0.5, 10 classes (softmax fused into the loss).
+    """
     rate = _dropout_rates(dropout, 0.2, "mlp")
-    if isinstance(hidden, (int, str)) or not all(isinstance(h, int) and h > 0 for h in hidden):
+    if isinstance(hidden, (int, str)) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                 and h > 0 for h in hidden):
         raise ValueError(f"mlp: option hidden must be a list of positive integers, got {hidden!r}")
+    if not isinstance(batch_norm, bool):
+        raise ValueError(f"mlp: option batch_norm must be true or false, got {batch_norm!r}")
     layers: list[Layer] = [Flatten("flatten")]
     for i, width in enumerate(hidden, start=1):
-        layers += [Dense(width, f"dense{i}"), ReLU(f"relu{i}")]
+        layers.append(Dense(width, f"dense{i}"))
+        if batch_norm:
+            layers.append(BatchNormalization(name=f"bn{i}"))
+        layers.append(ReLU(f"relu{i}"))
         if rate > 0:
             layers.append(Dropout(rate, f"dropout{i}"))
     layers.append(Dense(num_classes, f"dense{len(hidden) + 1}"))
     return layers
 
 
-_BUILDERS = {"cnn": (_cnn, ("dropout",)), "mlp": (_mlp, ("hidden", "dropout"))}
+def _positive_int(model: str, field: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{model}: option {field} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _lstm_classifier(input_shape, num_classes, vocabulary=15000, embedding_dim=32,
+                     units=100) -> list[Layer]:
+    """The seed IMDB model: Embedding(vocabulary, 32), LSTM(100), Dense(1)
+    (+ sigmoid, fused into the binary cross-entropy). Inputs are token ids
+    (B, T), T = 250 in the seed (reviews padded / truncated to 250)."""
+    if len(input_shape) != 1:
+        raise ValueError(f"lstm_classifier: input_shape must be (steps,) token ids, "
+                         f"got {tuple(input_shape)}")
+    if num_classes != 2:
+        raise ValueError(f"lstm_classifier: classifies into 2 classes (binary), got {num_classes}")
+    return [Embedding(_positive_int("lstm_classifier", "vocabulary", vocabulary),
+                      _positive_int("lstm_classifier", "embedding_dim", embedding_dim),
+                      name="embedding"),
+            LSTM(_positive_int("lstm_classifier", "units", units), name="lstm"),
+            Dense(1, "dense")]
+
+
+def _char_lstm(input_shape, num_classes, embedding_dim=32, units=128) -> list[Layer]:
+    """Next-character model: Embedding(V, embedding_dim), LSTM(units) over every
+    step, Dense(V) at every step; V = num_classes (the characters). Inputs
+    (B, T) character ids, labels (B, T) the next character at each step."""
+    if len(input_shape) != 1:
+        raise ValueError(f"char_lstm: input_shape must be (steps,) character ids, "
+                         f"got {tuple(input_shape)}")
+    return [Embedding(num_classes, _positive_int("char_lstm", "embedding_dim", embedding_dim),
+                      name="embedding"),
+            LSTM(_positive_int("char_lstm", "units", units), return_sequences=True, name="lstm"),
+            Dense(num_classes, "dense")]
+
+
+_BUILDERS = {
+    "cnn": (_cnn, ("dropout",), "softmax_cross_entropy"),
+    "mlp": (_mlp, ("hidden", "dropout", "batch_norm"), "softmax_cross_entropy"),
+    "lstm_classifier": (_lstm_classifier, ("vocabulary", "embedding_dim", "units"),
+                        "sigmoid_binary_cross_entropy"),
+    "char_lstm": (_char_lstm, ("embedding_dim", "units"), "softmax_cross_entropy"),
+}
 
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, **options) -> Model:
     """Builds a model by name.
 
     Args:
-        name: one of ``MODEL_NAMES``: "cnn" (option ``dropout``: true (the
-            seed rates 0.3, 0.3, 0.5, default), false / 0 (none) or a rate
-            for every dropout layer) or "mlp" (options ``hidden``, default
-            [128, 64], and ``dropout``: false (default), true (0.2) or a rate).
+        name: one of ``MODEL_NAMES``:
+            "cnn" (option ``dropout``: true (the seed rates 0.3, 0.3, 0.5,
+            default), false / 0 (none) or a rate for every dropout layer);
+            "mlp" (options ``hidden``, default [128, 64]; ``dropout``: false
+            (default), true (0.2) or a rate; ``batch_norm``: false (default));
+            "lstm_classifier" (options ``vocabulary`` 15000, ``embedding_dim``
+            32, ``units`` 100; inputs (T,) token ids, 2 classes);
+            "char_lstm" (options ``embedding_dim`` 32, ``units`` 128; inputs
+            (T,) character ids, labels (T,), num_classes = the characters).
         input_shape: one example's shape, e.g. (8, 8, 1).
         num_classes: number of classes (>= 2).
 
@@ -230,7 +382,7 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    builder, allowed = _BUILDERS[name]
+    builder, allowed, loss = _BUILDERS[name]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r}; "
@@ -240,4 +392,4 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     shape = tuple(input_shape)
     if not shape or not all(isinstance(v, (int, np.integer)) and v > 0 for v in shape):
         raise ValueError(f"input_shape must be positive integers, got {input_shape!r}")
-    return Model(name, builder(shape, num_classes, **options), shape, num_classes)
+    return Model(name, builder(shape, num_classes, **options), shape, num_classes, loss=loss)

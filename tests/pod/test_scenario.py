@@ -39,11 +39,52 @@ def with_(path: str, value):
 
 
 def test_every_shipped_scenario_validates():
+    from pod.bench import check_benchmark
+
     assert SCENARIOS, "scenarios/ holds no YAML file"
+    kinds = set()
     for path in SCENARIOS:
-        plan = build_plan(load_scenario(path))
+        scenario = load_scenario(path)
+        kinds.add(scenario.kind)
+        if scenario.kind == "benchmark":
+            bplan = check_benchmark(scenario)
+            assert bplan.flops > 0 and bplan.memory["total"] <= bplan.pod.chip.core.hbm_bytes
+            continue
+        plan = build_plan(scenario)
         assert plan.steps > 0
         assert plan.per_core_batch * plan.pod.tensorcores == plan.global_batch
+        assert plan.memory["workspace"] > 0
+    assert kinds == {"training", "benchmark"}
+
+
+BENCH = {"name": "b", "pod": {"slice": "v2-8"}, "benchmark": {"kind": "matmul", "n": 64}}
+
+
+@pytest.mark.parametrize("data, needles", [
+    ({**BENCH, "model": {"name": "mlp"}}, ["either benchmark or model + training"]),
+    ({"name": "b", "pod": {"slice": "v2-8"}}, ["model: required key is missing", "benchmark"]),
+    ({**BENCH, "benchmark": {"kind": "fft"}}, ["benchmark.kind", "fft", "matmul", "matrix_add"]),
+    ({**BENCH, "benchmark": {"kind": "matmul", "n": 0}}, ["benchmark.n", "greater than 0"]),
+])
+def test_a_scenario_is_exactly_one_kind(data, needles):
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(data, source="bad.yaml")
+    for needle in needles:
+        assert needle in str(info.value), str(info.value)
+    assert parse_scenario(BENCH).kind == "benchmark"
+    with pytest.raises(ScenarioError, match="benchmark scenario has no training plan"):
+        build_plan(parse_scenario(BENCH))
+
+
+def test_training_precision_reaches_the_plan_and_int8_needs_int8_hardware():
+    plan = build_plan(parse_scenario(with_("training.precision", "fp32")))
+    assert plan.scenario.training.precision == "fp32"
+    with pytest.raises(ScenarioError, match="training.precision.*TPU v2 does not have"):
+        build_plan(parse_scenario(with_("training.precision", "int8")))
+    ok = with_("training.precision", "int8")
+    ok["pod"] = {"chip": "v4", "chips": 4}
+    assert build_plan(parse_scenario(ok)).memory["workspace"] == 5 * build_plan(
+        parse_scenario(ok)).num_params
 
 
 def test_quickstart_is_a_v2_8_on_a_2x2_torus():

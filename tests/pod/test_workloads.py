@@ -352,7 +352,7 @@ def test_cnn_dropout_option():
 
 
 def test_unknown_names_and_options_raise_listing_choices():
-    with pytest.raises(ValueError, match="cnn, mlp"):
+    with pytest.raises(ValueError, match="cnn, mlp, lstm_classifier, char_lstm"):
         build_model("resnet", (8, 8, 1), 10)
     with pytest.raises(ValueError, match="'width'.*allowed: dropout"):
         build_model("cnn", (8, 8, 1), 10, width=3)
@@ -366,12 +366,13 @@ def test_unknown_names_and_options_raise_listing_choices():
         build_optimizer("adam", beta3=0.1)
     with pytest.raises(ValueError, match="learning_rate"):
         build_optimizer("sgd", learning_rate=-1)
-    with pytest.raises(ValueError, match="digits, synthetic"):
-        load_dataset("mnist")
+    with pytest.raises(ValueError, match="digits, synthetic, mnist, cifar10, imdb, text"):
+        load_dataset("mnist_png")
     with pytest.raises(ValueError, match="'shape'"):
         load_dataset("digits", shape=(8, 8, 1))
-    assert MODEL_NAMES == ("cnn", "mlp") and OPTIMIZER_NAMES == ("sgd", "adam")
-    assert DATASET_NAMES == ("digits", "synthetic")
+    assert MODEL_NAMES == ("cnn", "mlp", "lstm_classifier", "char_lstm")
+    assert OPTIMIZER_NAMES == ("sgd", "adam")
+    assert DATASET_NAMES == ("digits", "synthetic", "mnist", "cifar10", "imdb", "text")
 
 
 # --------------------------------------------------------------------------- optimizers

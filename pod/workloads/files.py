@@ -1,0 +1,351 @@
+"""Datasets read from files the user has, and the English text shipped with Python.
+
+Formats (``data.path`` in a scenario; relative paths are resolved against
+the scenario file's directory):
+
+- MNIST: a directory holding the four IDX files as distributed
+  (``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+  ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``; "-idx3-ubyte" may
+  also be ".idx3-ubyte"; each may be gzipped, ending ".gz"). IDX: two zero
+  bytes, a type byte (0x08 = uint8), the number of dimensions, then each
+  dimension as a big-endian uint32, then the data (LeCun et al.,
+  http://yann.lecun.com/exdb/mnist/). Pixels scaled to [0, 1], (N, 28, 28, 1).
+- CIFAR-10: the "python version" directory ``cifar-10-batches-py`` with
+  ``data_batch_1`` ... ``data_batch_5`` (any that exist) and ``test_batch``:
+  pickled dicts with ``data`` (N, 3072) uint8 (1024 red, 1024 green, 1024
+  blue, row-major) and ``labels`` (N ints). Read with a restricted unpickler
+  that can build only dicts, lists, bytes, numbers and plain numpy arrays:
+  a pickle naming any other class or function is refused, so a file from a
+  stranger cannot run code. Pixels scaled to [0, 1], (N, 32, 32, 3).
+- IMDB: a directory with ``pos/`` and ``neg/`` folders of ``*.txt`` reviews
+  (split by ``test_fraction``), or with ``train/`` and ``test/`` each holding
+  them (the aclImdb layout); or a pre-tokenised ``.npz`` with integer arrays
+  ``x_train`` (N, L), ``y_train`` (N,), ``x_test``, ``y_test`` (read without
+  pickle). Text is lower-cased and split into words; the ``num_words`` - 2
+  most frequent training words get ids 2..num_words-1, others 1 (out of
+  vocabulary), 0 pads. Sequences are padded and truncated at the front to
+  ``maxlen`` (Keras ``pad_sequences`` defaults), (N, maxlen) int32.
+- Text: any UTF-8 file; without a path, the English text of the Python
+  documentation topics that ships with Python itself (the standard
+  library's ``pydoc_data/topics.py``, what ``help('FOR')`` prints, about
+  465,000 characters). Cut into non-overlapping windows of
+  ``sequence_length`` characters; labels are the next character at each step.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import io
+import pickle
+import re
+from pathlib import Path
+
+import numpy as np
+
+from pod.workloads.datasets import Dataset, stratified_split
+
+FORMATS = {
+    "mnist": "a directory with the MNIST IDX files train-images-idx3-ubyte, "
+             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (.gz allowed)",
+    "cifar10": "the cifar-10-batches-py directory (data_batch_1..5, test_batch)",
+    "imdb": "a directory with pos/ and neg/ text files (or train/ and test/ holding them), "
+            "or a pre-tokenised .npz with x_train, y_train, x_test, y_test",
+    "text": "a UTF-8 text file",
+}
+
+
+def _require(path: Path, name: str, *, directory: bool | None = None) -> Path:
+    if not path.exists():
+        raise ValueError(f"path {str(path)!r} does not exist; {name} needs {FORMATS[name]}")
+    if directory is True and not path.is_dir():
+        raise ValueError(f"path {str(path)!r} is not a directory; {name} needs {FORMATS[name]}")
+    if directory is False and not path.is_file():
+        raise ValueError(f"path {str(path)!r} is not a file; {name} needs {FORMATS[name]}")
+    return path
+
+
+# --------------------------------------------------------------------------- MNIST
+
+_IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+              0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Reads one IDX file (gzipped if it ends in .gz).
+
+    Raises:
+        ValueError: a bad magic number, type or size, naming the file.
+    """
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise ValueError(f"{path}: not a valid gzip file ({err})") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES or raw[3] < 1:
+        raise ValueError(f"{path}: not an IDX file (magic bytes {raw[:4].hex() or 'missing'}; "
+                         "expected 00 00 <type> <dims>)")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: IDX header truncated")
+    dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_TYPES[raw[2]])
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise ValueError(f"{path}: IDX dimensions {dims} need {expected} data bytes, "
+                         f"the file has {len(raw) - header}")
+    return np.frombuffer(raw, dtype, offset=header).reshape(dims)
+
+
+def _find(directory: Path, stems: tuple[str, ...], name: str) -> Path:
+    for stem in stems:
+        for candidate in (directory / stem, directory / f"{stem}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise ValueError(f"{directory}: no {stems[0]} file; {name} needs {FORMATS[name]}")
+
+
+def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
+    """MNIST from its IDX files: (60000, 28, 28, 1) train, (10000, ...) test
+    (the files' own split; ``test_fraction`` is not used)."""
+    _require(path, "mnist", directory=True)
+    arrays = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        images = read_idx(_find(path, (f"{prefix}-images-idx3-ubyte", f"{prefix}-images.idx3-ubyte"),
+                                "mnist"))
+        labels = read_idx(_find(path, (f"{prefix}-labels-idx1-ubyte", f"{prefix}-labels.idx1-ubyte"),
+                                "mnist"))
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise ValueError(f"{path}: MNIST {split} images {images.shape} and labels {labels.shape} "
+                             "do not match (expected (N, H, W) and (N,))")
+        if labels.size and labels.max() > 9:
+            raise ValueError(f"{path}: MNIST {split} labels must be 0..9, found {labels.max()}")
+        arrays[split] = ((images.astype(np.float32) / 255.0)[..., None], labels.astype(np.int64))
+    (xtr, ytr), (xte, yte) = arrays["train"], arrays["test"]
+    return Dataset("mnist", xtr, ytr, xte, yte, 10, synthetic=False, source=str(path))
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+
+class SafeUnpickler(pickle.Unpickler):
+    """Builds only plain data: dicts, lists, tuples, bytes, str, numbers, and
+    numpy arrays of numbers; refuses every other class or function."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),  # how protocol-2 pickles spell bytes
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data and "
+                                         "numpy arrays are allowed")
+        return super().find_class(module, name)
+
+
+def safe_unpickle(raw: bytes, source: Path) -> object:
+    """Unpickles ``raw`` with ``SafeUnpickler`` (Python 2 strings as bytes).
+
+    Raises:
+        ValueError: a refused class, or a corrupt pickle, naming ``source``.
+    """
+    try:
+        obj = SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+            IndexError, KeyError) as err:
+        raise ValueError(f"{source}: not a CIFAR-10 python batch ({err})") from None
+    if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
+        raise ValueError(f"{source}: object arrays are not allowed")
+    return obj
+
+
+def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    batch = safe_unpickle(path.read_bytes(), path)
+    if not isinstance(batch, dict):
+        raise ValueError(f"{path}: a CIFAR-10 batch is a dict, got {type(batch).__name__}")
+    get = {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
+    data, labels = get.get("data"), get.get("labels")
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+            or data.shape[1] != 3072:
+        shape = getattr(data, "shape", None)
+        raise ValueError(f"{path}: 'data' must be a uint8 array (N, 3072), got {shape}")
+    if not isinstance(labels, (list, np.ndarray)) or len(labels) != len(data):
+        raise ValueError(f"{path}: 'labels' must be a list of {len(data)} ints")
+    y = np.asarray(labels, dtype=np.int64)
+    if y.size and (y.min() < 0 or y.max() > 9):
+        raise ValueError(f"{path}: labels must be 0..9, found {y.min()}..{y.max()}")
+    x = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)                # (N, 32, 32, 3)
+    return (x.astype(np.float32) / 255.0), y
+
+
+def load_cifar10(test_fraction: float, seed: int, path: Path) -> Dataset:
+    """CIFAR-10 from its python batches: (N, 32, 32, 3) in [0, 1], 10 classes
+    (the files' own train / test split)."""
+    _require(path, "cifar10", directory=True)
+    train_files = sorted(path.glob("data_batch_*"))
+    test_file = path / "test_batch"
+    if not train_files or not test_file.is_file():
+        raise ValueError(f"{path}: no data_batch_* or test_batch file; cifar10 needs "
+                         f"{FORMATS['cifar10']}")
+    parts = [_cifar_batch(p) for p in train_files]
+    xte, yte = _cifar_batch(test_file)
+    return Dataset("cifar10", np.concatenate([p[0] for p in parts]),
+                   np.concatenate([p[1] for p in parts]), xte, yte, 10, synthetic=False,
+                   source=str(path))
+
+
+# --------------------------------------------------------------------------- IMDB
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased words; HTML line breaks (as in the IMDB reviews) removed."""
+    return _WORD.findall(text.lower().replace("<br />", " "))
+
+
+def pad_sequences(seqs, maxlen: int) -> np.ndarray:
+    """(N, maxlen) int32: pad with 0 and truncate at the front (Keras defaults)."""
+    out = np.zeros((len(seqs), maxlen), np.int32)
+    for i, seq in enumerate(seqs):
+        seq = list(seq)[-maxlen:]
+        if seq:
+            out[i, maxlen - len(seq):] = seq
+    return out
+
+
+def _read_reviews(directory: Path) -> tuple[list[str], list[int]]:
+    texts, labels = [], []
+    for label, sub in ((0, "neg"), (1, "pos")):
+        folder = directory / sub
+        if not folder.is_dir():
+            raise ValueError(f"{directory}: no {sub}/ folder; imdb needs {FORMATS['imdb']}")
+        for f in sorted(folder.glob("*.txt")):
+            try:
+                texts.append(f.read_text(encoding="utf-8", errors="replace"))
+            except OSError as err:
+                raise ValueError(f"{f}: cannot read ({err.strerror})") from None
+            labels.append(label)
+    if not texts:
+        raise ValueError(f"{directory}: pos/ and neg/ hold no .txt files")
+    return texts, labels
+
+
+def _check_int(value, field: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"imdb: option {field} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 15000,
+              maxlen: int = 250) -> Dataset:
+    """IMDB reviews as (N, maxlen) int32 token ids, labels 1 positive / 0 negative."""
+    num_words = _check_int(num_words, "num_words", 3)
+    maxlen = _check_int(maxlen, "maxlen", 1)
+    _require(path, "imdb")
+    if path.is_file():
+        if path.suffix != ".npz":
+            raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+        except KeyError as err:
+            raise ValueError(f"{path}: missing array {err}; imdb .npz needs x_train, y_train, "
+                             "x_test, y_test") from None
+        except ValueError as err:
+            raise ValueError(f"{path}: cannot read without pickle ({err}); save padded integer "
+                             "arrays, not lists of lists") from None
+        except (OSError, EOFError) as err:
+            raise ValueError(f"{path}: not a valid .npz file ({err})") from None
+        for k in ("x_train", "x_test"):
+            if arrays[k].ndim != 2 or arrays[k].dtype.kind not in "iu":
+                raise ValueError(f"{path}: {k} must be an integer array (N, L), got "
+                                 f"{arrays[k].dtype} {arrays[k].shape}")
+        xs = {}
+        for k in ("x_train", "x_test"):
+            x = arrays[k].astype(np.int64)
+            x = np.where(x >= num_words, 1, x)                            # out of vocabulary
+            xs[k] = pad_sequences([row[np.argmax(row != 0):] if row.any() else [] for row in x],
+                                  maxlen)
+        ys = {k: arrays[k].astype(np.int64).reshape(-1) for k in ("y_train", "y_test")}
+        for k, x in (("train", xs["x_train"]), ("test", xs["x_test"])):
+            y = ys[f"y_{k}"]
+            if len(y) != len(x) or (y.size and not np.all((y == 0) | (y == 1))):
+                raise ValueError(f"{path}: y_{k} must be {len(x)} labels of 0 or 1")
+        return Dataset("imdb", xs["x_train"], ys["y_train"], xs["x_test"], ys["y_test"], 2,
+                       synthetic=False, source=str(path))
+    if (path / "train").is_dir():
+        train_texts, train_labels = _read_reviews(path / "train")
+        test_texts, test_labels = _read_reviews(path / "test")
+    else:
+        texts, labels = _read_reviews(path)
+        tr, te = stratified_split(np.asarray(labels), test_fraction, seed)
+        train_texts, train_labels = [texts[i] for i in tr], [labels[i] for i in tr]
+        test_texts, test_labels = [texts[i] for i in te], [labels[i] for i in te]
+    train_tokens = [tokenize(t) for t in train_texts]
+    counts = collections.Counter(w for toks in train_tokens for w in toks)
+    # most frequent first, ties broken alphabetically so the ids are reproducible
+    ranked = sorted(counts, key=lambda w: (-counts[w], w))[:num_words - 2]
+    index = {w: i + 2 for i, w in enumerate(ranked)}
+
+    def encode(tokens_list):
+        return pad_sequences([[index.get(w, 1) for w in toks] for toks in tokens_list], maxlen)
+
+    return Dataset("imdb", encode(train_tokens), np.asarray(train_labels, np.int64),
+                   encode([tokenize(t) for t in test_texts]), np.asarray(test_labels, np.int64), 2,
+                   synthetic=False, source=str(path))
+
+
+# --------------------------------------------------------------------------- text
+
+def python_docs_text() -> str:
+    """The English text of Python's documentation topics, shipped with Python
+    itself (``pydoc_data.topics``), topics in sorted order."""
+    from pydoc_data.topics import topics
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def load_text(test_fraction: float, seed: int, path: Path | None = None,
+              sequence_length: int = 64) -> Dataset:
+    """Character windows of an English text for next-character prediction.
+
+    x (N, T) int32 character ids, y (N, T) int64: the character after each
+    one; windows do not overlap and are split into train / test by a seeded
+    shuffle. ``Dataset.vocabulary`` lists the characters (sorted).
+    """
+    if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) \
+            or sequence_length < 2:
+        raise ValueError(f"text: option sequence_length must be an integer >= 2, "
+                         f"got {sequence_length!r}")
+    if path is None:
+        text, source = python_docs_text(), "pydoc_data.topics (Python's documentation)"
+    else:
+        _require(path, "text", directory=False)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        source = str(path)
+    vocabulary = "".join(sorted(set(text)))
+    if len(vocabulary) < 2:
+        raise ValueError(f"text: {source} has fewer than 2 distinct characters")
+    lookup = np.zeros(max(map(ord, vocabulary)) + 1, np.int32)
+    lookup[[ord(c) for c in vocabulary]] = np.arange(len(vocabulary))
+    ids = lookup[np.frombuffer(text.encode("utf-32-le"), "<u4")]         # (len,)
+    t = sequence_length
+    n = (len(ids) - 1) // t
+    if n < 2:
+        raise ValueError(f"text: {source} has {len(text)} characters, too few for two windows "
+                         f"of sequence_length {t}")
+    x = ids[:n * t].reshape(n, t)                                         # (N, T)
+    y = ids[1:n * t + 1].reshape(n, t).astype(np.int64)                   # next characters
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = max(1, int(round(test_fraction * n)))
+    te, tr = order[:n_test], order[n_test:]
+    return Dataset("text", x[tr], y[tr], x[te], y[te], len(vocabulary), synthetic=False,
+                   vocabulary=vocabulary, source=source)

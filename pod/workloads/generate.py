@@ -1,0 +1,81 @@
+"""Sampling text from a trained ``char_lstm``, one character at a time.
+
+The LSTM's state is carried from character to character (``LSTM.step``), so
+generating N characters costs N steps, not N windows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pod.workloads.layers import Dense
+from pod.workloads.models import Model
+from pod.workloads.recurrent import LSTM, Embedding
+
+__all__ = ["sample_text"]
+
+
+def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: str, *,
+                prompt: str = "", length: int = 200, temperature: float = 1.0,
+                seed: int = 0) -> str:
+    """Continues ``prompt`` with ``length`` sampled characters.
+
+    Args:
+        core: the ``chip.TensorCore`` that runs (and costs) the steps.
+        model: a ``char_lstm`` (Embedding, LSTM over every step, Dense).
+        params: its parameters.
+        vocabulary: the characters; id i is ``vocabulary[i]``.
+        prompt: text to start from (every character must be in the vocabulary);
+            empty: start from a newline, or the first character.
+        length: characters to generate (>= 1).
+        temperature: > 0; lower is more conservative, 0 < t; logits / t.
+        seed: seed of the sampling generator.
+
+    Returns:
+        The generated characters (without the prompt).
+
+    Raises:
+        ValueError: not a char_lstm, a prompt character outside the
+            vocabulary, or a bad length / temperature.
+    """
+    layers = model.layers
+    if not (len(layers) == 3 and isinstance(layers[0], Embedding) and isinstance(layers[1], LSTM)
+            and isinstance(layers[2], Dense)):
+        raise ValueError(f"generate needs a char_lstm model (Embedding, LSTM, Dense), got {model.name!r}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive integer, got {length!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if len(vocabulary) != model.num_classes:
+        raise ValueError(f"the vocabulary has {len(vocabulary)} characters, the model {model.num_classes}")
+    index = {c: i for i, c in enumerate(vocabulary)}
+    unknown = sorted({c for c in prompt if c not in index})
+    if unknown:
+        raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's vocabulary")
+    start = prompt or ("\n" if "\n" in index else vocabulary[0])
+    emb, lstm, dense = layers
+    local = model.prepare_params(core, params)
+    rng = np.random.default_rng(seed)
+    h = np.zeros((1, lstm.units), np.float32)
+    c = np.zeros((1, lstm.units), np.float32)
+    out = []
+
+    def feed(char_id: int) -> np.ndarray:
+        nonlocal h, c
+        e, _ = emb.forward(core, local[0], np.array([[char_id]]))          # (1, 1, E)
+        zx = core.matmul(e[:, 0], local[1]["kernel"], name="lstm/fwd_input") + local[1]["bias"]
+        h, c, _ = lstm.step(core, local[1], zx, h, c)                      # (1, H)
+        logits, _ = dense.forward(core, local[2], h)                       # (1, V)
+        return logits[0].astype(np.float64)
+
+    for ch in start:
+        logits = feed(index[ch])
+    for _ in range(length):
+        z = logits / temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        nxt = int(rng.choice(len(p), p=p))
+        out.append(vocabulary[nxt])
+        logits = feed(nxt)
+    core.take_records()
+    return "".join(out)

@@ -1,0 +1,98 @@
+"""A Keras-like model summary with the simulated cost of every layer.
+
+Keras prints layer, output shape and parameters; this adds, per layer, the
+FLOPs and the simulated time of one training step (forward + backward) on
+one TensorCore of the chosen chip, measured by running one step of the
+real layers on a ``chip.TensorCore`` (numerics off: the costs are the same)
+and adding up the op records of each layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.table import Table
+
+from chip import TensorCore, TensorCoreSpec
+from pod.workloads.models import Model
+
+__all__ = ["layer_costs", "model_summary_table"]
+
+
+def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
+                optimizer=None) -> dict[str, dict[str, float]]:
+    """Simulated cost per layer of one training step on one TensorCore.
+
+    Args:
+        model: the model.
+        core_spec: the TensorCore that runs it.
+        batch: examples per TensorCore.
+        optimizer: if given, its update is costed as a row "optimizer".
+
+    Returns:
+        {layer name | "loss" | "optimizer": {"flops", "mxu_flops", "seconds"}}
+        in layer order; seconds are simulated.
+    """
+    core = TensorCore(core_spec, numerics=False, name="summary")
+    integer_inputs = model.layers and model.layers[0].kind == "embedding"
+    x = np.zeros((batch, *model.input_shape), np.int32 if integer_inputs else np.float32)
+    label_shape = (batch,) if len(model.output_shape) == 1 else (batch, model.output_shape[0])
+    y = np.zeros(label_shape, np.int64)
+    params = model.init_params(0)
+    _, grads, _ = model.loss_grads_and_state(core, params, x, y, state=model.init_state(),
+                                             rng=np.random.default_rng(0))
+    if optimizer is not None:
+        optimizer.update(core, grads, optimizer.init(params), params, 1)
+    names = {layer.name for layer in model.layers}
+    costs = {layer.name: {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0} for layer in model.layers}
+    costs["loss"] = {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0}
+    if optimizer is not None:
+        costs["optimizer"] = {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0}
+    for rec in core.take_records():
+        prefix = rec.name.split("/", 1)[0]
+        key = prefix if prefix in names else ("optimizer" if prefix in ("adam", "sgd") else "loss")
+        costs[key]["flops"] += rec.flops
+        costs[key]["seconds"] += rec.seconds
+        if rec.unit == "mxu":
+            costs[key]["mxu_flops"] += rec.flops
+    return costs
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join("None" if v is None else str(v) for v in shape) + ")"
+
+
+def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
+                        optimizer=None, chip_name: str = "") -> Table:
+    """The summary as a rich Table: layer (type), output shape, parameters,
+    FLOPs per step and simulated time per step on one TensorCore.
+
+    Args:
+        model: the model.
+        core_spec: the TensorCore of the chosen chip.
+        batch: examples per TensorCore per step.
+        optimizer: optional; adds the update's row.
+        chip_name: shown in the title.
+    """
+    costs = layer_costs(model, core_spec, batch, optimizer=optimizer)
+    total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
+    on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
+    table = Table(title=f"Model: {model.name} (batch {batch} per core{on}; "
+                        f"time is simulated, forward + backward)")
+    for col, justify in (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
+                         ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right")):
+        table.add_column(col, justify=justify)
+    for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers):
+        c = costs[name]
+        table.add_row(f"{name} ({layer.kind})", _shape(out), f"{nparams:,}", f"{c['flops']:,.0f}",
+                      f"{c['seconds'] * 1e6:,.2f} us", f"{c['seconds'] / total_seconds:.1%}")
+    for extra in ("loss", "optimizer"):
+        if extra in costs:
+            c = costs[extra]
+            table.add_row(extra, "", "", f"{c['flops']:,.0f}", f"{c['seconds'] * 1e6:,.2f} us",
+                          f"{c['seconds'] / total_seconds:.1%}")
+    n_state = sum(int(np.prod(s)) for s in model.state_shapes.values())
+    state_note = f" (+ {n_state:,} non-trainable)" if n_state else ""
+    table.add_row("total", "", f"{model.num_params:,}{state_note}",
+                  f"{sum(c['flops'] for c in costs.values()):,.0f}",
+                  f"{total_seconds * 1e6:,.2f} us", "100.0%", style="bold")
+    return table
