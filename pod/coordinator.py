@@ -25,6 +25,12 @@ from pod.stats import StepStats
 
 __all__ = ["Pod"]
 
+# Each chip actor reserves a token CPU share, so that a pod of many chips fits on
+# a few cores (the emulation is not CPU-bound per actor); placement groups need a
+# non-zero resource per bundle.
+_ACTOR_CPUS = 0.01
+_PLACEMENT_TIMEOUT_S = 60.0
+
 
 class Pod:
     """An emulated TPU pod running one training plan.
@@ -45,6 +51,7 @@ class Pod:
         self.ray_address = ray_address or plan.scenario.ray.address
         self.actors: list[Any] = []
         self.last_trace: dict[str, Any] | None = None
+        self.placement: Any = None
         self._owns_ray = False
         spec = plan.pod.chip
         self.num_params = plan.num_params
@@ -84,18 +91,52 @@ class Pod:
             Wall seconds the actors took to come up.
         """
         self._owns_ray = ensure_ray(self.ray_address)
-        plan, scenario = self.plan, self.plan.scenario
-        remote = ray.remote(ChipActor).options(num_cpus=0, max_concurrency=1)
-        opt = scenario.training.optimizer
         t0 = time.perf_counter()
-        self.actors = [
-            remote.remote(plan.pod.chip, rank, plan.model, opt.name, opt.options(),
-                          scenario.training.seed, plan.pod.tensorcores, True, True, True,
-                          precision=scenario.training.precision)
-            for rank in range(plan.pod.chips)
-        ]
+        self.placement = self._place_hosts()
+        self.actors = [self._new_actor(rank) for rank in range(self.plan.pod.chips)]
         self._get([a.set_chunk_bounds.remote(self.schedule.chunk_bounds) for a in self.actors])
         return time.perf_counter() - t0
+
+    def host_of(self, rank: int) -> int:
+        """The TPU host a chip belongs to: ranks in blocks of the chip's chips_per_host."""
+        return rank // self.plan.pod.chip.chips_per_host
+
+    def _place_hosts(self) -> Any:
+        """One placement-group bundle per TPU host, spread over the Ray nodes.
+
+        A bundle lives on one node, so the chips of a host share a node (as the
+        chips of a real TPU host share its PCIe and DCN); SPREAD puts hosts on
+        different nodes where the cluster has them. Each chip actor asks for a
+        token CPU share (``_ACTOR_CPUS``) so that many chips fit on few cores.
+        """
+        from ray.util.placement_group import placement_group
+
+        hosts = self.host_of(self.plan.pod.chips - 1) + 1
+        per_host = [sum(1 for r in range(self.plan.pod.chips) if self.host_of(r) == h)
+                    for h in range(hosts)]
+        group = placement_group([{"CPU": _ACTOR_CPUS * n} for n in per_host], strategy="SPREAD")
+        try:
+            ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise ClusterError(
+                f"ray: could not place {hosts} TPU hosts of {self.plan.pod.chip.chips_per_host} "
+                f"chips within {_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has "
+                f"{ray.cluster_resources().get('CPU', 0):g} CPUs") from None
+        return group
+
+    def _new_actor(self, rank: int) -> Any:
+        """Start the chip actor of one rank in its host's bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        plan, scenario = self.plan, self.plan.scenario
+        opt = scenario.training.optimizer
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement,
+                                                    placement_group_bundle_index=self.host_of(rank))
+        remote = ray.remote(ChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1,
+                                               scheduling_strategy=strategy)
+        return remote.remote(plan.pod.chip, rank, plan.model, opt.name, opt.options(),
+                             scenario.training.seed, plan.pod.tensorcores, True, True, True,
+                             precision=scenario.training.precision)
 
     def shutdown(self) -> None:
         """Stop the actors, and the local Ray cluster if this pod started it."""
@@ -105,6 +146,13 @@ class Pod:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.actors = []
+        if self.placement is not None:
+            try:
+                from ray.util.placement_group import remove_placement_group
+                remove_placement_group(self.placement)
+            except Exception:  # noqa: BLE001 - cluster already gone
+                pass
+            self.placement = None
         if self._owns_ray:
             shutdown_ray()
             self._owns_ray = False
