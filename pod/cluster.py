@@ -41,12 +41,14 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bo
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
             return False
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        _loopback_only()
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 1,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             logging_level=logging.ERROR,
             configure_logging=True,
+            log_to_driver=False,  # actor errors still arrive as exceptions; no raylet chatter
         )
         return True
     except ClusterError:
@@ -55,6 +57,22 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bo
         where = f"join the Ray cluster at {address!r}" if address else "start a local Ray cluster"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ClusterError(f"ray.address: could not {where}: {first}") from None
+
+
+def _loopback_only() -> None:
+    """Keep a local cluster on 127.0.0.1.
+
+    Ray replaces a loopback ``_node_ip_address`` by the machine's address unless
+    its "cluster" mode is off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read at
+    import time): set it for the processes Ray starts (they inherit the
+    environment) and for this one (the constant was read when ray was imported).
+    Only for a cluster this process starts: joining a multi-machine cluster
+    needs the real address.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def shutdown_ray() -> None:

@@ -42,6 +42,13 @@ def trained():
     pod.shutdown()
 
 
+def test_the_local_cluster_is_bound_to_loopback():
+    import ray
+
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+
+
 def test_replicas_stay_bit_identical(trained):
     pod, _, plan = trained
     digests = pod.digests()
