@@ -19,6 +19,7 @@ from rich.table import Table
 from chip import PRECISIONS, PRESETS, get_chip_spec
 from pod.bench import check_benchmark, matmul_report
 from pod.errors import USER_ERRORS, ScenarioError
+from pod.faults import RunInterrupted
 from pod.plan import build_plan
 from pod.scenario import load_scenario
 from pod.slices import resolve_pod
@@ -55,9 +56,11 @@ def cli() -> None:
 @click.option("--hold", is_flag=True, help="Keep the metrics endpoint up after the run, until Ctrl-C.")
 @click.option("--hold-seconds", type=click.FloatRange(min=0), default=0.0,
               help="Keep the metrics endpoint up this many seconds after the run.")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Continue from the newest valid checkpoint in this directory.")
 def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port: int | None,
         log_every: int, trace_path: Path | None, trace_steps: str, hold: bool,
-        hold_seconds: float) -> None:
+        hold_seconds: float, resume_dir: Path | None) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     spec = load_scenario(scenario)
     if spec.benchmark is not None:
@@ -69,11 +72,23 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
 
     if steps is not None:
         spec = spec.with_overrides(training__steps=steps)
-    plan = build_plan(spec)
+    plan = _checked(build_plan, spec, scenario)
     run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
                  metrics_port=metrics_port, log_every=log_every, trace_path=trace_path,
                  trace_steps=_parse_steps(trace_steps, plan.steps),
-                 hold_seconds=math.inf if hold else hold_seconds)
+                 hold_seconds=math.inf if hold else hold_seconds, resume_dir=resume_dir)
+
+
+def _checked(check, spec, path):
+    """``check(spec)`` (build_plan, check_benchmark); a user error in it gets the scenario file
+    in front, as ``load_scenario``'s do: ``<file>: <field>: ...``. The error keeps its type."""
+    try:
+        return check(spec)
+    except USER_ERRORS as err:
+        text = str(err)
+        if not text.startswith(f"{path}: "):
+            err.args = (f"{path}: {text}",)
+        raise
 
 
 def _parse_steps(text: str, total: int) -> list[int]:
@@ -100,13 +115,13 @@ def validate(scenarios: tuple[Path, ...]) -> None:
     for path in scenarios:
         spec = load_scenario(path)
         if spec.benchmark is not None:
-            bplan = check_benchmark(spec)
+            bplan = _checked(check_benchmark, spec, path)
             b = spec.benchmark
             click.echo(f"{path}: ok (benchmark {b.kind}, {bplan.pod.name}, {bplan.pod.chips} chips, "
                        f"{bplan.pod.tensorcores} TensorCores, N={b.n}, {b.iterations} iterations, "
                        f"{b.precision})")
             continue
-        plan = build_plan(spec)
+        plan = _checked(build_plan, spec, path)
         click.echo(f"{path}: ok ({plan.pod.name}, {plan.pod.chips} chips, {plan.pod.tensorcores} "
                    f"TensorCores, {plan.model.name} on {plan.dataset.name}, global batch "
                    f"{plan.global_batch} = {plan.per_core_batch} per core, {plan.steps} steps)")
@@ -120,13 +135,13 @@ def describe(target: str) -> None:
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
         spec = load_scenario(target)
         if spec.benchmark is not None:
-            bplan = check_benchmark(spec)
+            bplan = _checked(check_benchmark, spec, target)
             _describe_pod(console, bplan.pod)
             _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
                                    f"N={spec.benchmark.n})", bplan.memory,
                           bplan.pod.chip.core.hbm_bytes)
             return
-        plan = build_plan(spec)
+        plan = _checked(build_plan, spec, target)
         _describe_pod(console, plan.pod)
         table = Table(title=f"HBM plan per TensorCore (global batch {plan.global_batch} = "
                             f"{plan.per_core_batch} per core)")
@@ -147,7 +162,7 @@ def describe(target: str) -> None:
 
 
 @cli.command()
-@click.argument("checkpoint", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--length", type=click.IntRange(min=1), default=300, show_default=True,
               help="Characters to generate.")
 @click.option("--prompt", default="", help="Text to start from (characters the model knows).")
@@ -155,13 +170,19 @@ def describe(target: str) -> None:
               show_default=True, help="Sampling temperature (lower: more conservative).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 def generate(checkpoint: Path, length: int, prompt: str, temperature: float, seed: int) -> None:
-    """Sample text from a char_lstm CHECKPOINT (runs/<name>/checkpoint.msgpack)."""
+    """Sample text from a char_lstm CHECKPOINT: a checkpoint file, or a checkpoint
+    directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
     from chip import TensorCore
-    from pod.checkpoint import load_checkpoint
+    from pod.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
     from pod.workloads import build_model
     from pod.workloads.generate import sample_text
 
-    ckpt = load_checkpoint(checkpoint)
+    if checkpoint.is_dir():
+        ckpt = latest_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
+        if ckpt is None:
+            raise CheckpointError(f"{checkpoint}: no valid checkpoint (ckpt-<step>.msgpack) here")
+    else:
+        ckpt = load_checkpoint(checkpoint)
     extra = ckpt.extra
     if extra.get("model") != "char_lstm" or not extra.get("vocabulary"):
         raise click.UsageError(f"{checkpoint}: generate needs a char_lstm checkpoint, this one "
@@ -342,6 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(EXIT_USER_ERROR)
+    except RunInterrupted as err:  # the run wrote its checkpoint and partial summary first
+        click.echo(str(err), err=True)
+        sys.exit(err.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

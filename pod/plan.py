@@ -13,13 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chip import HBM, check_precision
+from chip import HBM, HBMOutOfMemoryError, check_precision
+from interconnect import LinkFaults, TopologyError, Torus, parse_link, route
 from pod.errors import ScenarioError, ShardingError
 from pod.scenario import Scenario
 from pod.slices import PodShape, resolve_pod
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
 
-__all__ = ["TrainingPlan", "build_plan", "memory_plan", "shard_batch_size", "batch_indices"]
+__all__ = ["TrainingPlan", "build_plan", "check_links", "memory_plan", "shard_batch_size",
+           "batch_indices"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,48 @@ def _shape_only(model: Model) -> dict[str, np.ndarray]:
     return {k: np.broadcast_to(zero, shape) for k, shape in model.param_shapes.items()}
 
 
+def check_links(links, torus: Torus) -> None:
+    """Check scenario ``pod.links`` against the pod's torus, before any actor starts.
+
+    Args:
+        links: the scenario's ``pod.links`` entries (``LinkConfig``).
+        torus: the resolved ICI topology.
+
+    Raises:
+        TopologyError: ``pod.links.<i>.link: ...`` for a link the torus does
+            not have (the message lists the links of its source chip), or a
+            failed link that nothing can route around.
+    """
+    for index, entry in enumerate(links):
+        single = LinkFaults.from_entries([{"link": entry.link, "slowdown": entry.slowdown,
+                                           "failed": entry.failed}])
+        try:
+            single.check(torus)
+        except TopologyError as err:
+            raise TopologyError(f"pod.links.{index}.link: {err} (got {entry.link!r})") from None
+    faults = LinkFaults.from_entries([{"link": e.link, "slowdown": e.slowdown, "failed": e.failed}
+                                      for e in links])
+    for index, entry in enumerate(links):
+        if entry.failed:
+            src, dst = parse_link(entry.link)
+            try:
+                route(torus, src, dst, faults)
+            except TopologyError as err:
+                raise TopologyError(f"pod.links.{index}.failed: {err} (got {entry.link!r} "
+                                    f"failed); fail fewer links") from None
+
+
+def _data_field(message: str, path: str | None) -> str:
+    """The ``data`` key a loader's ValueError is about: path, options, or the section."""
+    if message.startswith("path "):
+        return "data"  # "data: path '...' does not exist" reads as the field already
+    if path and path in message:
+        return "data.path"
+    if "option" in message:
+        return "data.options"
+    return "data"
+
+
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False) -> TrainingPlan:
     """Resolve and check a scenario.
@@ -157,6 +201,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound)
+    check_links(cfg.links, pod.torus)
     training = scenario.training
     try:
         check_precision(training.precision, pod.chip.core, pod.chip.name)
@@ -169,28 +214,40 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                    seed=training.seed, path=scenario.data.path,
                                    **scenario.data.options)
         except ValueError as err:
-            raise ScenarioError(f"data: {err}") from None
+            raise ScenarioError(f"{_data_field(str(err), scenario.data.path)}: {err}") from None
     n_train = int(dataset.x_train.shape[0])
     if training.global_batch > n_train and not (timing_only and per_core * pod.chip.tensorcores
                                                    <= n_train):
+        largest = n_train // pod.tensorcores * pod.tensorcores
         raise ScenarioError(
             f"training.global_batch: {training.global_batch} is larger than the "
-            f"{n_train} training examples of {dataset.name}"
+            f"{n_train} training examples of {dataset.name}; use at most {largest} "
+            f"(a multiple of {pod.tensorcores} TensorCores), or more data"
         )
     try:
         model = build_model(scenario.model.name, input_shape=tuple(dataset.x_train.shape[1:]),
                             num_classes=dataset.num_classes, **scenario.model.options)
     except ValueError as err:
-        raise ScenarioError(f"model: {err}") from None
+        raise ScenarioError(f"model.options: {err}") from None
     try:
         optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     except ValueError as err:
         raise ScenarioError(f"training.optimizer: {err}") from None
     steps_per_epoch = max(1, n_train // training.global_batch)
     steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
-    memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
-                         pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",
-                         precision=training.precision)
+    try:
+        memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
+                             pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",
+                             precision=training.precision)
+    except HBMOutOfMemoryError as err:
+        # keep the type (callers catch it) and name the field a user would change
+        field = "training.global_batch" if err.tag == "activations" else "model.options"
+        what = (f"{per_core} examples per TensorCore" if err.tag == "activations" else
+                f"{scenario.model.name} with {int(model.num_params):,} parameters")
+        err.args = (f"{field}: {what} does not fit: {err}; use a smaller "
+                    f"{'global batch' if err.tag == 'activations' else 'model'} or a chip with "
+                    f"more HBM per TensorCore",)
+        raise
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory)

@@ -40,17 +40,31 @@ default)::
       host: 127.0.0.1
     ray:
       address: null                  # join this cluster; else RAY_ADDRESS; else local
+    checkpoint:                      # optional: periodic checkpoints (pod/checkpoint.py)
+      every_steps: 50                # a checkpoint after every 50th step, and at the end
+      dir: checkpoints               # relative to the scenario file; default <output>/checkpoints
+      keep: 3                        # the newest 3 are kept
+    faults:                          # optional: faults injected into the run (pod/faults.py);
+                                     # step is 1-based, as in the progress lines
+      - {kind: kill_chip, chip: 2, step: 30}
+      - {kind: kill_host, host: 1, step: 60}
+      - {kind: slow_chip, chip: 1, factor: 3.0, step: 1}
+      - {kind: slow_link, link: "0->1", slowdown: 4.0, step: 10}
+      - {kind: fail_link, link: "1->3", step: 20}
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from chip import PRECISIONS as CHIP_PRECISIONS
 from interconnect import ALLREDUCE_ALGORITHMS
@@ -74,6 +88,9 @@ __all__ = [
     "PRECISIONS",
     "BenchmarkConfig",
     "BENCHMARK_KINDS",
+    "CheckpointConfig",
+    "FaultConfig",
+    "FAULT_KINDS",
 ]
 
 PRECISIONS = CHIP_PRECISIONS  # bf16 | fp32 | int8 (chip.PRECISIONS; int8 not on v2 / v3)
@@ -82,6 +99,17 @@ BENCHMARK_KINDS = ("matmul", "matrix_add")
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1 and false as 0; in a scenario that is a mistake
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            annotation = cls.model_fields[info.field_name].annotation
+            kinds = typing.get_args(annotation) or (annotation,)
+            if bool not in kinds and (int in kinds or float in kinds):
+                raise ValueError("must be a number, not true/false")
+        return value
 
 
 class LinkConfig(_Frozen):
@@ -114,6 +142,15 @@ class PodConfig(_Frozen):
     @classmethod
     def _known_allreduce(cls, value: str) -> str:
         return _one_of(value, ALLREDUCE_CHOICES)
+
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _shape_is_text(cls, value: Any) -> Any:
+        # YAML reads 8 as a number and 0x4 as the hexadecimal number 4: refuse rather than guess
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError("must be a shape in quotes such as \"8\", \"4x4\" or \"4x4x4\" "
+                             "(YAML reads an unquoted 8 as a number and 0x4 as hexadecimal 4)")
+        return value
 
     @model_validator(mode="after")
     def _one_way(self) -> "PodConfig":
@@ -174,10 +211,14 @@ class OptimizerConfig(_Frozen):
 
     @model_validator(mode="after")
     def _options_fit(self) -> "OptimizerConfig":
-        if self.name == "sgd" and any(v is not None for v in (self.beta1, self.beta2, self.eps)):
-            raise ValueError("beta1, beta2 and eps belong to adam, not sgd")
+        # "<key>: ..." names the sub-field in the one-line message (see _describe_error)
+        for key in ("beta1", "beta2", "eps"):
+            if self.name == "sgd" and getattr(self, key) is not None:
+                raise ValueError(f"{key}: belongs to adam, not sgd (got {getattr(self, key)!r}); "
+                                 "sgd takes learning_rate and momentum")
         if self.name == "adam" and self.momentum is not None:
-            raise ValueError("momentum belongs to sgd, not adam")
+            raise ValueError(f"momentum: belongs to sgd, not adam (got {self.momentum!r}); adam "
+                             "takes learning_rate, beta1, beta2 and eps")
         return self
 
     def options(self) -> dict[str, float]:
@@ -205,9 +246,11 @@ class TrainingConfig(_Frozen):
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> "TrainingConfig":
         if self.steps is not None and self.epochs is not None:
-            raise ValueError("give steps or epochs, not both")
+            raise ValueError(f"give steps or epochs, not both (got steps {self.steps} and "
+                             f"epochs {self.epochs})")
         if self.steps is None and self.epochs is None:
-            raise ValueError("give steps or epochs")
+            raise ValueError("give steps (optimizer steps) or epochs (passes over the train "
+                             "split) (got neither)")
         return self
 
 
@@ -222,6 +265,61 @@ class RayConfig(_Frozen):
     """Where the chip actors run."""
 
     address: str | None = None
+
+
+class CheckpointConfig(_Frozen):
+    """Periodic checkpoints: every ``every_steps`` steps (and at the end), the newest
+    ``keep`` kept, in ``dir`` (relative to the scenario file; None: <output dir>/checkpoints)."""
+
+    every_steps: int = Field(gt=0, description="steps between checkpoints")
+    dir: str | None = Field(default=None, min_length=1, description="checkpoint directory")
+    keep: int = Field(default=3, ge=1, description="checkpoints kept, newest first")
+
+
+#: ``faults[].kind`` values and the fields each one needs.
+FAULT_KINDS = {"kill_chip": ("chip",), "kill_host": ("host",), "slow_chip": ("chip", "factor"),
+               "slow_link": ("link", "slowdown"), "fail_link": ("link",)}
+_FAULT_FIELDS = ("chip", "host", "factor", "link", "slowdown")
+
+
+class FaultConfig(_Frozen):
+    """One injected fault. ``step`` is 1-based (as the progress lines count): a kill
+    happens during that step; a slowdown or a failed link holds from that step on.
+
+    kill_chip {chip}: the chip's actor is killed (``ray.kill``); kill_host {host}:
+    every chip actor of that TPU host; slow_chip {chip, factor}: the chip's simulated
+    compute seconds x factor (a straggler); slow_link {link, slowdown}: the directed
+    ICI link runs at bandwidth / slowdown; fail_link {link}: it carries nothing, the
+    allreduce is routed around it.
+    """
+
+    kind: str
+    step: int = Field(default=1, gt=0, description="1-based step the fault starts at")
+    chip: int | None = Field(default=None, ge=0, description="chip rank")
+    host: int | None = Field(default=None, ge=0, description="TPU host index")
+    factor: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+                                 description="compute slowdown factor of a straggler")
+    link: str | None = Field(default=None, pattern=r"^\s*\d+\s*->\s*\d+\s*$",
+                             description="src->dst chip ranks")
+    slowdown: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+                                   description="link bandwidth divisor")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        return _one_of(value, tuple(FAULT_KINDS))
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> "FaultConfig":
+        needed = FAULT_KINDS[self.kind]
+        missing = [f for f in needed if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{self.kind} needs {' and '.join(needed)}; {missing[0]} is missing")
+        extra = [f for f in _FAULT_FIELDS if f not in needed and getattr(self, f) is not None]
+        if extra:
+            raise ValueError(f"{extra[0]} does not belong to {self.kind} "
+                             f"(it takes {', '.join(needed)} and step)")
+        return self
 
 
 class BenchmarkConfig(_Frozen):
@@ -272,6 +370,9 @@ class SweepConfig(_Frozen):
     global_batch: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
     precision: tuple[str, ...] | None = Field(default=None, min_length=1)
     steps: int = Field(default=2, gt=0, description="steps per point; the first is not timed")
+    epoch_examples: int | None = Field(default=None, gt=0,
+                                       description="examples per epoch for the epoch-time "
+                                                   "column (default: the train split)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "SweepConfig":
@@ -279,15 +380,36 @@ class SweepConfig(_Frozen):
         if len(given) > 1:
             raise ValueError(f"give one of slices, chips or topologies, not {' and '.join(given)}")
         if self.scaling == "weak" and self.per_core_batch is None:
-            raise ValueError("weak scaling needs per_core_batch")
+            raise ValueError("per_core_batch: weak scaling needs per_core_batch, the examples "
+                             "per TensorCore (got none)")
         if self.scaling == "weak" and self.global_batch is not None:
             raise ValueError("weak scaling sets the global batch from per_core_batch; "
                              "drop global_batch or use scaling: strong")
         if self.scaling == "strong" and self.per_core_batch is not None:
             raise ValueError("per_core_batch belongs to weak scaling")
         for algorithm in self.allreduce or ():
-            _one_of(algorithm, ALLREDUCE_CHOICES)
+            if algorithm not in ALLREDUCE_CHOICES:
+                raise ValueError(f"allreduce: {algorithm!r} is not an algorithm; must be one of "
+                                 f"{', '.join(ALLREDUCE_CHOICES)}")
         return self
+
+    @field_validator("slices")
+    @classmethod
+    def _known_slices(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        from pod.slices import parse_slice  # ScenarioError is a ValueError: pydantic reports it
+
+        for name in value or ():
+            parse_slice(name)
+        return value
+
+    @field_validator("topologies")
+    @classmethod
+    def _valid_shapes(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        from interconnect import parse_shape  # TopologyError is a ValueError: pydantic reports it
+
+        for shape in value or ():
+            parse_shape(shape)
+        return value
 
 
 class Scenario(_Frozen):
@@ -303,12 +425,16 @@ class Scenario(_Frozen):
     sweep: SweepConfig | None = None
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    checkpoint: CheckpointConfig | None = None
+    faults: tuple[FaultConfig, ...] = ()
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Scenario":
         if self.benchmark is not None:
             if self.model is not None or self.training is not None:
-                raise ValueError("a scenario has either benchmark or model + training, not both")
+                given = " and ".join(k for k in ("model", "training") if getattr(self, k))
+                raise ValueError(f"benchmark: a scenario has either benchmark or model + "
+                                 f"training, not both (got benchmark and {given}); remove one")
         elif self.model is None or self.training is None:
             missing = "model" if self.model is None else "training"
             raise ValueError(f"{missing}: required key is missing (a training scenario needs "
@@ -343,18 +469,77 @@ class Scenario(_Frozen):
         return parse_scenario(data, source="<overrides>")
 
 
+#: What a pattern-checked key allows, by key (pydantic's own text would quote the regex).
+_PATTERN_HELP = {
+    "name": "must be letters, digits, '_', '.' or '-' only (it names the output directory "
+            "runs/<name>)",
+    "link": "must be a directed ICI link \"src->dst\" of chip ranks, e.g. \"0->1\"",
+}
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, shortened to ``limit`` characters for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The scenario section class inside an annotation (``X | None``, ``tuple[X, ...]``)."""
+    for arg in (annotation, *typing.get_args(annotation)):
+        for candidate in (arg, *typing.get_args(arg)):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                return candidate
+    return None
+
+
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    """The section class holding the keys at ``loc`` (``()`` is the scenario itself)."""
+    model: type[BaseModel] | None = Scenario
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an index into a list of sections (pod.links.0)
+        if model is None or part not in model.model_fields:
+            return None
+        model = _model_of(model.model_fields[part].annotation)
+    return model
+
+
 def _describe_error(error: dict[str, Any]) -> str:
-    path = ".".join(str(p) for p in error["loc"]) or "<top level>"
+    """One pydantic error as ``<field.path>: <what is wrong> (got <value>); <allowed>``."""
+    loc = tuple(error["loc"])
     kind = error["type"]
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
+    message = message.replace("Input should be", "must be")
+    section = _section_at(loc)
+    if kind == "value_error" and section is not None:
+        # a section's validator may start its message with "<key>: " to name the key
+        match = re.match(r"^([a-z_0-9]+): (.*)$", message)
+        if match and match.group(1) in section.model_fields:
+            loc, message = (*loc, match.group(1)), match.group(2)
+            if not error["loc"]:
+                return f"{'.'.join(str(p) for p in loc)}: {message}"
+    path = ".".join(str(p) for p in loc) or "<top level>"
+    value = error.get("input")
     if kind == "extra_forbidden":
-        return f"{path}: unknown key (got {error['input']!r})"
+        parent = _section_at(loc[:-1])
+        allowed = list(parent.model_fields) if parent is not None else []
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        listed = f"{' ' if close else '; '}allowed: {', '.join(allowed)}" if allowed else ""
+        return f"{path}: unknown key (got {_show(value)}){hint}{listed}"
     if kind == "missing":
         return f"{path}: required key is missing"
-    if "input" in error and not isinstance(error["input"], dict):
-        return f"{path}: {message} (got {error['input']!r})"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        keys = f"; keys: {', '.join(section.model_fields)}" if section is not None else ""
+        return f"{path}: must be a mapping of keys (got {_show(value)}){keys}"
+    if kind in ("tuple_type", "list_type"):
+        return f"{path}: must be a list (got {_show(value)})"
+    if kind == "string_pattern_mismatch":
+        message = _PATTERN_HELP.get(str(loc[-1]), message)
+    if "input" in error and not isinstance(value, dict):
+        return f"{path}: {message} (got {_show(value)})"
     return f"{path}: {message}"
 
 
@@ -372,7 +557,11 @@ def parse_scenario(data: Any, *, source: str = "<scenario>") -> Scenario:
         ScenarioError: one line naming the field, the value and what is allowed.
     """
     if not isinstance(data, dict):
-        raise ScenarioError(f"{source}: a scenario is a mapping of keys, got {type(data).__name__}")
+        got = "an empty document" if data is None else \
+            f"a {type(data).__name__} {_show(data)}" if not isinstance(data, list) else \
+            f"a list {_show(data)}"
+        raise ScenarioError(f"{source}: <top level>: a scenario is a mapping of keys (got {got}); "
+                            f"keys: {', '.join(Scenario.model_fields)}")
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
@@ -389,6 +578,24 @@ def _check_numbers(scenario: Scenario, source: str) -> None:
     lr = scenario.training.optimizer.learning_rate
     if not math.isfinite(lr):
         raise ScenarioError(f"{source}: training.optimizer.learning_rate must be finite (got {lr})")
+
+
+class _ScenarioLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (plain data only) that also refuses a key given twice in one
+    mapping, which plain YAML loaders resolve silently by keeping the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue  # SafeLoader reports unhashable keys itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping; keep one",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -408,16 +615,33 @@ def load_scenario(path: str | Path) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a "
+                            f"scenario is a UTF-8 YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_ScenarioLoader)  # a SafeLoader: no object construction
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        tag = re.search(r"for the tag '([^']*)'", problem)
+        if tag:
+            shown = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+            problem = (f"tag {shown} is not allowed; a scenario holds plain mappings, "
+                       "lists, strings, numbers and booleans (YAML is read safely: no objects)")
+        elif "'\\t'" in problem:
+            problem = "a tab cannot indent YAML; indent with spaces"
+        elif problem == "mapping values are not allowed here":
+            problem += (" (a key indented deeper than the key above it, or an unquoted value "
+                        "holding ': ')")
         raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
     data_path = data.get("data", {}).get("path") if isinstance(data, dict) and \
         isinstance(data.get("data"), dict) else None
     if isinstance(data_path, str) and data_path:
         # paths in a scenario are relative to the scenario file, not to the working directory
         data["data"]["path"] = str(path.resolve().parent / Path(data_path).expanduser())
+    checkpoint = data.get("checkpoint") if isinstance(data, dict) else None
+    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str) and checkpoint["dir"]:
+        # like data.path: relative to the scenario file
+        checkpoint["dir"] = str(path.resolve().parent / Path(checkpoint["dir"]).expanduser())
     return parse_scenario(data, source=str(path))

@@ -191,6 +191,14 @@ def default_wraparound(chip: ChipSpec, shape: tuple[int, ...]) -> tuple[bool, ..
     return tuple(axis > 1 for axis in shape)
 
 
+def _chip(name: str) -> ChipSpec:
+    """``get_chip_spec``, with the scenario field in the message."""
+    try:
+        return get_chip_spec(name)
+    except ValueError as err:  # ChipSpecError
+        raise ScenarioError(f"pod.chip: {err}") from None
+
+
 def resolve_pod(
     *,
     slice_name: str | None = None,
@@ -205,38 +213,48 @@ def resolve_pod(
     names the pod. The topology shape must hold exactly the pod's chips.
 
     Raises:
-        ScenarioError: conflicting or incomplete fields, or a topology whose
-            shape does not match the chip count.
-        ChipSpecError: unknown chip name.
-        TopologyError: malformed topology text.
+        ScenarioError: conflicting or incomplete fields, a topology whose
+            shape does not match the chip count, an unknown slice or chip
+            name, or malformed topology text; the message starts with the
+            field (``pod.slice: ...``, ``pod.chip: ...``, ``pod.topology: ...``).
     """
     name = ""
     named_shape = None
     if slice_name:
-        spec, count, named_shape = _slice(slice_name)
+        try:
+            spec, count, named_shape = _slice(slice_name)
+        except ValueError as err:  # ScenarioError, ChipSpecError: name the field
+            raise ScenarioError(f"pod.slice: {err}") from None
         name = slice_name.lower()
-        if chip and get_chip_spec(chip).name != spec.name:
-            raise ScenarioError(f"pod.chip {chip!r} contradicts pod.slice {slice_name!r}")
+        if chip and _chip(chip).name != spec.name:
+            raise ScenarioError(f"pod.chip: {chip!r} contradicts pod.slice {slice_name!r}, a "
+                                f"{spec.name} slice; give one of them")
         if chips is not None and chips != count:
             raise ScenarioError(
-                f"pod.chips {chips} contradicts pod.slice {slice_name!r}, which has {count} chips"
+                f"pod.chips: {chips} contradicts pod.slice {slice_name!r}, which has {count} "
+                f"chips; give one of them"
             )
     elif chip:
-        spec = get_chip_spec(chip)
+        spec = _chip(chip)
         count = chips
     else:
         raise ScenarioError("pod: give either slice (e.g. v2-8) or chip (e.g. v2) with chips")
 
     if topology:
-        shape = parse_shape(topology)
+        try:
+            shape = parse_shape(topology)
+        except ValueError as err:  # TopologyError: name the field
+            raise ScenarioError(f"pod.topology: {err}") from None
         product = 1
         for axis in shape:
             product *= axis
         if count is None:
             count = product
         elif product != count:
+            example = "x".join(map(str, named_shape or default_shape(count, spec.torus_dims)))
             raise ScenarioError(
-                f"pod.topology {topology!r} holds {product} chips but the pod has {count}"
+                f"pod.topology: {topology!r} holds {product} chips but the pod has {count}; "
+                f"give a shape of {count} chips such as {example}"
             )
     elif named_shape is not None:
         shape = named_shape

@@ -39,7 +39,8 @@ __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 COLUMNS = (
     "point", "status", "error", "chip", "chips", "cores", "topology", "algorithm", "precision",
     "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
-    "compute_seconds", "allreduce_seconds", "update_seconds", "examples_per_second",
+    "compute_seconds", "allreduce_seconds", "update_seconds", "simulated_epoch_seconds",
+    "examples_per_second",
     "tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
     "wall_seconds_per_step",
 )
@@ -115,8 +116,12 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     return points
 
 
-def _run_point(point: SweepPoint, mode: str) -> dict[str, Any]:
-    """Cost or train one point; returns its row (without scaling efficiency)."""
+def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict[str, Any]:
+    """Cost or train one point; returns its row (without scaling efficiency).
+
+    The epoch time is the step time x the full global batches in an epoch of
+    ``epoch_examples`` (default: the train split), as with drop_remainder.
+    """
     from pod.timing import TimingPod
 
     t0 = time.perf_counter()
@@ -137,7 +142,9 @@ def _run_point(point: SweepPoint, mode: str) -> dict[str, Any]:
     mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
     flops = mean(lambda s: s.model_flops)
     allreduce = mean(lambda s: s.allreduce_seconds)
+    epoch = epoch_examples or plan.dataset.x_train.shape[0]
     return {
+        "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "chip": plan.pod.chip.name, "chips": plan.pod.chips,
         "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "algorithm": algorithm,
         "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
@@ -196,7 +203,7 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
             row.update(status="failed", error=point.error)
         else:
             try:
-                row.update(_run_point(point, mode))
+                row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
             except USER_ERRORS as err:
                 row.update(status="failed", error=str(err))
         rows.append(row)
@@ -226,9 +233,9 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     head = (f"# Sweep: {scenario.name} ({scenario.sweep.scaling} scaling, {mode} mode)\n\n"
             "Simulated figures unless marked wall.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
-            "compute ms | allreduce ms | examples/s | TFLOP/s | MFU | comm % | efficiency | "
-            "wall s | status |\n"
-            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            "compute ms | allreduce ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
+            "efficiency | wall s | status |\n"
+            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
     lines = []
     for r in rows:
         if r["status"] == "ok":
@@ -236,13 +243,13 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
                 f"| {r['point']} | {r['chip']} | {r['chips']} | {r['cores']} | {r['topology']} | "
                 f"{r['algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
-                f"{r['examples_per_second']:,.0f} | {r['tflops']:.2f} | {r['mfu']:.1%} | "
+                f"{r['simulated_epoch_seconds']:.4f} | {r['examples_per_second']:,.0f} | {r['tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
                 f"{r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
             lines.append(f"| {r['point']} | {r['chip']} | {r['chips']} | | {r['topology']} | "
-                         f"{r['algorithm']} | {r['global_batch']} | | | | | | | | | | "
+                         f"{r['algorithm']} | {r['global_batch']} | | | | | | | | | | | "
                          f"failed: {error} |")
     return head + "\n".join(lines) + "\n"
 

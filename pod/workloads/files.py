@@ -39,6 +39,7 @@ import gzip
 import io
 import pickle
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -251,6 +252,10 @@ def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 1500
     if path.is_file():
         if path.suffix != ".npz":
             raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
+        if not zipfile.is_zipfile(path):
+            # np.load would try it as a pickle and talk about allow_pickle, which misleads
+            raise ValueError(f"{path}: not a .npz archive (an .npz is a zip of .npy arrays, as "
+                             f"numpy.savez writes); imdb needs {FORMATS['imdb']}")
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
