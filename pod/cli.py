@@ -210,7 +210,7 @@ def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int
     console.print(table)
 
 
-@cli.command()
+@cli.command(short_help="Cost of one GEMM on one TensorCore: cycles, time, TFLOP/s, MXU use.")
 @click.option("--chip", "chip_name", default="v2", show_default=True,
               help="Chip preset: " + " ".join(PRESETS) + ".")
 @click.option("--m", type=click.IntRange(min=1), default=4096, show_default=True,

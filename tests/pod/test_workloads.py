@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from chip import TensorCore, get_chip_spec
 from pod.workloads import (DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES, Conv2D, Dense, Dropout,
@@ -16,25 +15,7 @@ from pod.workloads import (DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES, Conv2D, 
                            softmax_cross_entropy)
 from pod.workloads.layers import same_padding
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_blas_thread():
-    """One BLAS thread, as in a chip actor: these matrices are small, and two
-    OpenBLAS threads on a busy 2-core machine run ~10x slower (pitfalls.md)."""
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
-@pytest.fixture
-def core64():
-    """Numerics off: plain numpy in the inputs' dtype (float64 here)."""
-    return TensorCore(get_chip_spec("v2").core, numerics=False)
-
-
-@pytest.fixture
-def core():
-    """MXU numerics on: bf16 inputs, float32 accumulation."""
-    return TensorCore(get_chip_spec("v2").core, numerics=True)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @pytest.fixture(scope="module")

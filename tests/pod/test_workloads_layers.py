@@ -10,28 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from chip import TensorCore, get_chip_spec
 from pod.workloads import (LSTM, AveragePooling2D, BatchNormalization, Dense, Embedding, Sigmoid,
                            Softmax, Tanh, build_model, sigmoid_binary_cross_entropy)
 from tests.pod.test_workloads import check_layer_grads, numeric_grad
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_blas_thread():
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
-@pytest.fixture
-def core64():
-    return TensorCore(get_chip_spec("v2").core, numerics=False)
-
-
-@pytest.fixture
-def core():
-    return TensorCore(get_chip_spec("v2").core, numerics=True)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 # --------------------------------------------------------------------------- layers

@@ -1,0 +1,28 @@
+"""Fixtures shared by the pod tests that run layers and models in-process."""
+
+from __future__ import annotations
+
+import pytest
+from threadpoolctl import threadpool_limits
+
+from chip import TensorCore, get_chip_spec
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """One BLAS thread, as in a chip actor: these matrices are small, and two
+    OpenBLAS threads on a busy 2-core machine run ~10x slower (pitfalls.md)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@pytest.fixture
+def core64():
+    """Numerics off: plain numpy in the inputs' dtype (float64 here)."""
+    return TensorCore(get_chip_spec("v2").core, numerics=False)
+
+
+@pytest.fixture
+def core():
+    """MXU numerics on: bf16 inputs, float32 accumulation."""
+    return TensorCore(get_chip_spec("v2").core, numerics=True)
