@@ -1,13 +1,18 @@
 """Wall time of a functional allreduce over 8 chip actors vs a driver gather-sum-broadcast.
 
-Usage: .venv/bin/python benchmarks/functional_allreduce.py [--repeats 5] [--algorithms ring,torus]
+Usage: .venv/bin/python benchmarks/functional_allreduce.py [--repeats 5]
+    [--algorithms ring,torus] [--object-store ring]
 
-Both variants run over the same 8 ChipActors in one run, alternated, and
+All variants run over the same 8 ChipActors in one run, alternated, and
 the medians are printed (wall time). The emulator's allreduce moves chunks
-chip to chip as the schedule says (pod/collective.py: each sender ray.put()s
-its chunk, the receiver fetches it); the baseline ray.get()s every buffer to
-the driver, sums with numpy, puts the sum once and sets it on every actor.
-Both are checked against the numpy sum.
+chip to chip as the schedule says: by default (pod/collective.py transport
+"direct") one call per chip runs its whole part of the schedule and sends its
+chunks to the receivers over chip-to-chip links (pod/ici.py);
+``--object-store`` adds, for the algorithms named, the earlier path (one call
+per chip per phase, each sender ray.put()s its chunk, the receiver fetches
+it). The baseline ray.get()s every buffer to the driver, sums with numpy,
+puts the sum once and sets it on every actor. Every result is checked equal
+to the numpy sum.
 """
 
 from __future__ import annotations
@@ -39,14 +44,16 @@ def baseline(actors):
     ray.get([a.set_buffer.remote(ref) for a in actors])
 
 
-def emulated(actors, schedule):
-    ray.get(run_schedule(actors, schedule))
+def emulated(actors, schedule, transport):
+    ray.get(run_schedule(actors, schedule, transport=transport))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--algorithms", default="ring,torus")
+    parser.add_argument("--object-store", default="",
+                        help="algorithms also run over the object-store transport")
     parser.add_argument("--topology", default="2x4")
     args = parser.parse_args()
     started = ensure_ray(None)
@@ -57,33 +64,40 @@ def main() -> None:
     actors = [remote.remote(spec, r, model, "sgd", {"learning_rate": 0.1}, 0, 8, True, True, True)
               for r in range(torus.num_chips)]
     rng = np.random.default_rng(0)
-    print(f"{torus.num_chips} chip actors, topology {torus.name}, medians of {args.repeats} (wall)")
+    print(f"{torus.num_chips} chip actors, topology {torus.name}, medians of {args.repeats} (wall); "
+          f"loadavg {open('/proc/loadavg').read().strip()}")
     print(f"{'size':>8} {'variant':>24} {'median ms':>10} {'min ms':>8} {'vs baseline':>12}")
     try:
         for label, nbytes in SIZES.items():
             count = nbytes // 4
             buffers = [rng.integers(-8, 8, count).astype(np.float32) for _ in actors]
             total = np.sum(np.stack(buffers), axis=0)
-            schedules = {a: build_collective("allreduce", torus, count, 4, a)
-                         for a in args.algorithms.split(",")}
+            names = [a for a in args.algorithms.split(",") if a]
+            slow = [a for a in args.object_store.split(",") if a]
+            built = {a: build_collective("allreduce", torus, count, 4, a) for a in {*names, *slow}}
+            schedules = {a: (built[a], "direct") for a in names}
+            schedules.update({f"{a}/object_store": (built[a], "object_store") for a in slow})
             times = {name: [] for name in ["baseline", *schedules]}
             for _ in range(args.repeats):
                 for name in times:
                     if name != "baseline":
-                        ray.get([a.set_chunk_bounds.remote(schedules[name].chunk_bounds) for a in actors])
+                        ray.get([a.set_chunk_bounds.remote(schedules[name][0].chunk_bounds)
+                                 for a in actors])
                     ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
                     t0 = time.perf_counter()
                     if name == "baseline":
                         baseline(actors)
                     else:
-                        emulated(actors, schedules[name])
+                        emulated(actors, *schedules[name])
                     times[name].append(time.perf_counter() - t0)
                     got = ray.get(actors[-1].get_buffer.remote())
                     assert np.array_equal(got, total), name
             base = statistics.median(times["baseline"])
             for name, values in times.items():
                 med = statistics.median(values)
-                print(f"{label:>8} {name:>24} {med * 1e3:10.1f} {min(values) * 1e3:8.1f} {med / base:11.2f}x")
+                print(f"{label:>8} {name:>24} {med * 1e3:10.1f} {min(values) * 1e3:8.1f} "
+                      f"{med / base:11.2f}x", flush=True)
+        print(f"loadavg {open('/proc/loadavg').read().strip()}")
     finally:
         for a in actors:
             ray.kill(a)

@@ -14,7 +14,8 @@ from pod.collective_bench import bus_factor, parse_size, parse_sizes
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
+@pytest.mark.parametrize("transport", ["direct", "object_store"])
+def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum(transport):
     import ray
 
     from chip import get_chip_spec
@@ -34,7 +35,9 @@ def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
             schedule = build_collective("allreduce", torus, 1001, 4, algorithm)
             ray.get([a.set_chunk_bounds.remote(schedule.chunk_bounds) for a in actors])
             ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
-            ray.get(run_schedule(actors, schedule))
+            done = run_schedule(actors, schedule, transport=transport)
+            assert all(isinstance(ref, ray.ObjectRef) for ref in done)
+            ray.get(done)
             results = ray.get([a.get_buffer.remote() for a in actors])
             reference = execute(schedule, buffers)
             total = np.sum(np.stack(buffers).astype(np.float64), axis=0)
@@ -44,6 +47,64 @@ def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
     finally:
         for actor in actors:
             ray.kill(actor)
+
+
+def test_rank_plans_carry_no_gradient_bytes_and_cover_every_transfer():
+    from pod.collective import rank_plans
+
+    torus = Torus((2, 2), True)
+    for algorithm in ALGORITHMS["allreduce"]:
+        schedule = build_collective("allreduce", torus, 1001, 4, algorithm)
+        plans = rank_plans(schedule)
+        sends = sum(len(s) for plan in plans for _, s, _ in plan)
+        receives = sum(len(r) for plan in plans for _, _, r in plan)
+        assert sends == receives == sum(len(phase) for phase in schedule.phases)
+        # only ints and bools go from the driver to the chips
+        flat = repr(plans)
+        assert "array" not in flat and "float" not in flat
+
+
+def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer():
+    import threading
+
+    from pod.collective import rank_plans
+    from pod.ici import IciError, IciPort
+
+    torus = Torus((4,), True)
+    rng = np.random.default_rng(5)
+    for algorithm in ALGORITHMS["allreduce"]:
+        schedule = build_collective("allreduce", torus, 1003, 4, algorithm)
+        buffers = [rng.standard_normal(1003).astype(np.float32) for _ in range(4)]
+        work = [b.copy() for b in buffers]
+        ports = [IciPort(r) for r in range(4)]
+        addresses = {r: p.address for r, p in enumerate(ports)}
+        errors = []
+
+        def run(rank, plan):
+            try:
+                ports[rank].run(7, plan, addresses, work[rank], schedule.chunk_bounds, timeout=30)
+            except Exception as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+
+        threads = [threading.Thread(target=run, args=(r, plan))
+                   for r, plan in enumerate(rank_plans(schedule))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for got, ref in zip(work, execute(schedule, buffers)):
+            np.testing.assert_array_equal(got, ref, err_msg=algorithm)
+        for p in ports:
+            p.close()
+    # a receiver whose sender's link closes fails at once, naming the sender
+    a, b = IciPort(0), IciPort(1)
+    b._link(a.address)
+    b.close()
+    plan = [(0, [], [(1, 0, 0, True)])]
+    with pytest.raises(IciError, match="from chip 1"):
+        a.run(1, plan, {}, np.zeros(4, np.float32), ((0, 4),), timeout=30)
+    a.close()
 
 
 def test_sizes_parse_like_nccl_tests():
