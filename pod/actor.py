@@ -9,10 +9,11 @@ One training step, seen from a chip (see ../shared/DESIGN.md):
 1. ``compute``: each TensorCore runs forward + backward on its shard; the
    chip then reduces its cores' gradients locally (an on-chip vector add,
    costed on core 0) into one flat float32 buffer.
-2. ``exchange`` (once per allreduce phase, plus once to finish): apply the
-   chunks received in the previous phase, then send this phase's chunks.
-   Chunks leave as objects the chip puts in Ray's object store itself, so
-   the driver only ever handles references, never gradient bytes.
+2. ``run_collective`` (one call): run this chip's part of the allreduce
+   schedule, sending chunks straight to the receiving chips and applying
+   the ones it receives (``pod.ici``); the driver never handles gradient
+   bytes. (``exchange``, once per phase with chunks as object-store
+   references, is the earlier, slower transport.)
 3. ``apply``: every core divides the sum by the number of replicas and runs
    the optimizer on its own replica. The same bytes in give the same bytes
    out, so replicas stay bit-identical (checked by ``digests``).
@@ -20,6 +21,7 @@ One training step, seen from a chip (see ../shared/DESIGN.md):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any, Sequence
 
@@ -116,6 +118,8 @@ class ChipActor:
             core.hbm.allocate("optimizer_state", self.optimizer.state_bytes(init))
         self.grad_flat: np.ndarray | None = None
         self.chunk_bounds: tuple[tuple[int, int], ...] = ()
+        # a straggler (scenario faults: slow_chip): simulated compute seconds x this factor
+        self.compute_slowdown = 1.0
 
     # -- set-up and inspection -------------------------------------------------
 
@@ -166,6 +170,70 @@ class ChipActor:
         return [{"used_bytes": c.hbm.used_bytes, "peak_bytes": c.hbm.peak_bytes,
                  "capacity_bytes": c.hbm.capacity_bytes} for c in self.chip.cores]
 
+    def set_compute_slowdown(self, factor: float) -> None:
+        """Make this chip a straggler: its simulated forward + backward seconds (and
+        their op records) are multiplied by ``factor`` >= 1 from the next step on.
+
+        Raises:
+            ValueError: factor < 1 or not finite.
+        """
+        if not (np.isfinite(factor) and factor >= 1.0):
+            raise ValueError(f"compute slowdown must be a finite factor >= 1, got {factor!r}")
+        self.compute_slowdown = float(factor)
+
+    def snapshot(self, full: bool = False) -> dict[str, Any]:
+        """What a checkpoint needs from this chip.
+
+        Args:
+            full: also return core 0's parameters and optimizer state (the
+                coordinator asks one chip; the others only send digests).
+
+        Returns:
+            ``digests``: per core [params sha256, optimizer state sha256];
+            ``model_state``: per core, a copy of its model state; with full,
+            ``params`` and ``optimizer_state`` of core 0.
+        """
+        out: dict[str, Any] = {
+            "digests": [[d, _digest(o)] for d, o in zip(self.digests(), self.opt_state)],
+            "model_state": [self.get_model_state(c) for c in range(len(self.chip.cores))],
+        }
+        if full:
+            out["params"] = self.get_params(0)
+            out["optimizer_state"] = self.get_opt_state(0)
+        return out
+
+    def restore(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray],
+                model_state: Sequence[dict[str, np.ndarray]]) -> list[str]:
+        """Load a checkpoint's state into every core (a copy each, writable).
+
+        Args:
+            params: the parameters, name -> array shaped like ``model.param_shapes``.
+            optimizer_state: the optimizer slots.
+            model_state: per core, its model state.
+
+        Returns:
+            ``digests()`` after the load (the coordinator compares them with the
+            checkpoint's).
+
+        Raises:
+            ValueError: a name or shape that does not fit the model, or the wrong
+                number of per-core model states.
+        """
+        ref = self.params[0]
+        if set(params) != set(ref) or any(np.shape(params[k]) != ref[k].shape for k in ref):
+            raise ValueError("checkpoint parameters do not fit this model")
+        if len(model_state) != len(self.chip.cores):
+            raise ValueError(f"checkpoint has model state for {len(model_state)} cores, "
+                             f"this chip has {len(self.chip.cores)}")
+        self.params = [{k: np.array(params[k], dtype=ref[k].dtype, copy=True) for k in ref}
+                       for _ in self.chip.cores]
+        self.opt_state = [{k: np.array(v, copy=True) for k, v in optimizer_state.items()}
+                          for _ in self.chip.cores]
+        self.model_state = [{k: np.array(v, copy=True) for k, v in state.items()}
+                            for state in model_state]
+        self.grad_flat = None
+        return self.digests()
+
     # -- one training step -----------------------------------------------------
 
     def compute(self, step: int, x: np.ndarray, y: np.ndarray, seed: int,
@@ -198,6 +266,12 @@ class ChipActor:
             core.hbm.free("activations")
             losses.append(float(loss))
             records = core.take_records()
+            if self.compute_slowdown != 1.0:  # a straggler: its records take longer
+                f = self.compute_slowdown
+                records = [dataclasses.replace(r, seconds=r.seconds * f,
+                                               compute_seconds=r.compute_seconds * f,
+                                               memory_seconds=r.memory_seconds * f)
+                           for r in records]
             totals.append(summarize_records(records))
             traces.append(_trace_rows(records) if trace else [])
             flats.append(flatten(grads))
@@ -251,6 +325,31 @@ class ChipActor:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def ici_address(self) -> tuple[str, int]:
+        """(host, port) where this chip receives chunks from its peers (``pod.ici``;
+        the port opens on first use)."""
+        return self._ici_port().address
+
+    def run_collective(self, run_id: int, plan: Sequence[Any], peers: Sequence[int],
+                       *addresses: tuple[str, int]) -> None:
+        """Run this chip's part of an allreduce schedule, chip to chip (``pod.ici``).
+
+        Args:
+            run_id: the collective's id, the same on every chip.
+            plan: this rank's phases (``pod.ici.RankPlan``).
+            peers: the ranks this chip sends to, in the order of ``addresses``.
+            addresses: their ``ici_address()`` (Ray resolves the references).
+        """
+        self._ici_port().run(run_id, plan, dict(zip(peers, addresses)), self.grad_flat,
+                             self.chunk_bounds)
+
+    def _ici_port(self) -> Any:
+        port = getattr(self, "_ici", None)
+        if port is None:
+            from pod.ici import IciPort
+            port = self._ici = IciPort(self.chip_id)
+        return port
+
     def apply(self, step: int, trace: bool = False) -> dict[str, Any]:
         """Average the allreduced gradients and update every core's replica.
 
@@ -289,6 +388,14 @@ class ChipActor:
         core.take_records()
         n = max(1, count)
         return {"loss": loss_sum / n, "accuracy": correct / n}
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 of arrays' raw bytes in dict order."""
+    h = hashlib.sha256()
+    for v in arrays.values():
+        h.update(np.ascontiguousarray(v).tobytes())
+    return h.hexdigest()
 
 
 def _trace_rows(records: Sequence[OpRecord]) -> list[tuple[str, str, float, int, int, str]]:

@@ -20,6 +20,7 @@ from pod.actor import ChipActor
 from pod.cluster import ensure_ray, shutdown_ray
 from pod.collective import choose_algorithm, link_faults, run_schedule
 from pod.errors import USER_ERRORS, ClusterError
+from pod.faults import ChipFailureError, FaultPlan
 from pod.plan import TrainingPlan, batch_indices
 from pod.stats import StepStats
 
@@ -66,6 +67,17 @@ class Pod:
             algorithm=plan.scenario.pod.allreduce, faults=self.faults)
         self._schedule: Schedule | None = None
         self.ici_link_bytes = {f"{a}->{b}": int(v) for (a, b), v in self.ici_cost.link_bytes.items()}
+        # scenario faults (pod/faults.py): checked here, before Ray starts; link faults that
+        # start later are costed now too (an unroutable failure is an error before step 1),
+        # with the algorithm chosen above kept, so the gradient bytes never change
+        self.fault_plan = FaultPlan(plan.scenario.faults, plan.pod.chips,
+                                    plan.pod.chip.chips_per_host, plan.scenario.pod.links)
+        self._ici_by_step = [(s, choose_algorithm(
+            "allreduce", plan.pod.torus, self.num_params, self.link,
+            algorithm=self.allreduce_algorithm,
+            faults=link_faults(self.fault_plan.link_entries(s)))[1])
+            for s in self.fault_plan.link_change_steps()] if self.fault_plan.faults else []
+        self._slowdowns: dict[int, float] = {}
 
     @property
     def schedule(self) -> Schedule:
@@ -236,6 +248,7 @@ class Pod:
                             for c, f in enumerate(out["mxu_flops"])},
             core_peak_flops_per_s=chip.core.peak_bf16_flops_per_s,
             ici_link_bandwidth_bytes_per_s=self.link.bandwidth_bytes_per_s,
+            chip_compute_seconds={r: max(out["compute_seconds"]) for r, out in enumerate(computed)},
         )
 
     def evaluate(self) -> dict[str, float]:
@@ -280,6 +293,103 @@ class Pod:
         """The Ray node of each chip actor, by rank."""
         return self._get([a.node_id.remote() for a in self.actors])
 
+    # -- faults and checkpoints (pod/faults.py, pod/checkpoint.py) -----------------
+
+    def apply_faults(self, step: int) -> None:
+        """Put the scenario's stragglers and link faults in force for zero-based ``step``
+        (those started by then; a rollback to an earlier step takes them back out)."""
+        if not self.fault_plan.faults:
+            return
+        want = self.fault_plan.compute_slowdowns(step)
+        changed = {r: want.get(r, 1.0) for r in set(want) | set(self._slowdowns)
+                   if want.get(r, 1.0) != self._slowdowns.get(r, 1.0)}
+        if changed:
+            self._get([self.actors[r].set_compute_slowdown.remote(f) for r, f in changed.items()])
+            self._slowdowns = {r: f for r, f in want.items() if f != 1.0}
+        cost = [c for s, c in self._ici_by_step if s <= step][-1]
+        if cost is not self.ici_cost:
+            self.ici_cost = cost
+            self.ici_link_bytes = {f"{a}->{b}": int(v) for (a, b), v in cost.link_bytes.items()}
+
+    def kill_chips(self, ranks: Any) -> None:
+        """Kill these chips' actors (``ray.kill``, no restart): an injected fault."""
+        for r in ranks:
+            ray.kill(self.actors[r], no_restart=True)
+
+    def failed_chips(self, timeout_s: float = 10.0) -> tuple[list[int], list[int]]:
+        """Which chips a failed step left unusable: a cheap call to each.
+
+        Returns:
+            (dead, hung): ranks whose actor is gone (a Ray actor error), and
+            ranks that did not answer within ``timeout_s`` (alive but stuck, e.g.
+            in a collective waiting for a dead peer's chunks); both need a new
+            actor.
+        """
+        refs = [a.node_id.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        ready = set(ready)
+        dead, hung = [], []
+        for rank, ref in enumerate(refs):
+            if ref not in ready:
+                hung.append(rank)
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                dead.append(rank)
+        return dead, hung
+
+    def replace_chips(self, ranks: Any) -> float:
+        """Start new actors for these ranks, each in its host's placement-group bundle.
+
+        Returns:
+            Wall seconds until the new actors answered.
+        """
+        t0 = time.perf_counter()
+        for r in ranks:
+            try:
+                ray.kill(self.actors[r], no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self.actors[r] = self._new_actor(r)
+            self._slowdowns.pop(r, None)
+        self._get([self.actors[r].set_chunk_bounds.remote(self.schedule.chunk_bounds)
+                   for r in ranks])
+        return time.perf_counter() - t0
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every chip's ``ChipActor.snapshot``: ``digests`` and ``model_state`` per
+        [chip][core], and chip 0, core 0's ``params`` and ``optimizer_state``."""
+        outs = self._get([a.snapshot.remote(r == 0) for r, a in enumerate(self.actors)])
+        return {"digests": [o["digests"] for o in outs],
+                "model_state": [o["model_state"] for o in outs],
+                "params": outs[0]["params"], "optimizer_state": outs[0]["optimizer_state"]}
+
+    def restore(self, checkpoint: Any) -> None:
+        """Load a ``pod.checkpoint.Checkpoint`` into every chip and check the result.
+
+        Raises:
+            CheckpointError: the checkpoint's replica layout does not match this pod,
+                or a chip's parameters after the load differ from the checkpoint's
+                digest.
+        """
+        from pod.checkpoint import CheckpointError, params_digest
+
+        chips, cores = self.plan.pod.chips, self.plan.pod.chip.tensorcores
+        replicas = checkpoint.replica_model_state or [[checkpoint.model_state] * cores] * chips
+        if len(replicas) != chips or any(len(c) != cores for c in replicas):
+            raise CheckpointError(f"the checkpoint holds model state for {len(replicas)} chips; "
+                                  f"this pod has {chips} chips of {cores} TensorCores")
+        params = ray.put(dict(checkpoint.params))
+        opt = ray.put(dict(checkpoint.optimizer_state))
+        digests = self._get([a.restore.remote(params, opt, replicas[r])
+                             for r, a in enumerate(self.actors)])
+        expected = checkpoint.digests.get("params") or params_digest(checkpoint.params)
+        bad = [(r, c) for r, chip in enumerate(digests) for c, d in enumerate(chip) if d != expected]
+        if bad:
+            raise CheckpointError(f"restore: chip {bad[0][0]} core {bad[0][1]} does not hold the "
+                                  f"checkpoint's parameters after loading step {checkpoint.step}")
+
     # -- helpers -------------------------------------------------------------------
 
     @staticmethod
@@ -293,4 +403,6 @@ class Pod:
                 raise cause from None
             raise ClusterError(f"a chip actor failed: {str(err).strip().splitlines()[0]}") from err
         except ray.exceptions.RayActorError as err:
-            raise ClusterError(f"a chip actor died: {str(err).strip().splitlines()[0]}") from err
+            raise ChipFailureError(f"a chip actor died: {str(err).strip().splitlines()[0]}") from err
+        except ray.exceptions.RayError as err:  # e.g. a chunk lost with the actor that owned it
+            raise ClusterError(f"a chip actor call failed: {str(err).strip().splitlines()[0]}") from err

@@ -18,6 +18,7 @@ from the cost models, ``wall`` figures from this host. Labels are bounded:
 | tpu_pod_loss | gauge | | last step's training loss |
 | tpu_pod_test_accuracy_ratio | gauge | | last evaluated test accuracy |
 | tpu_pod_mxu_utilization_ratio | gauge | chip, core | MXU FLOPs / (core peak x step time), last step |
+| tpu_pod_simulated_chip_compute_seconds | gauge | chip | the chip's forward + backward (slowest core), last step |
 | tpu_pod_hbm_used_bytes | gauge | chip, core | HBM in use |
 | tpu_pod_hbm_peak_bytes | gauge | chip, core | HBM high-water mark |
 | tpu_pod_hbm_capacity_bytes | gauge | chip, core | HBM capacity |
@@ -54,6 +55,7 @@ METRIC_NAMES = (
     "tpu_pod_ici_transferred_bytes_total", "tpu_pod_ici_link_utilization_ratio",
     "tpu_pod_simulated_allreduce_seconds", "tpu_pod_wall_step_seconds",
     "tpu_pod_emulation_slowdown_ratio", "tpu_pod_emulation_rate_ratio",
+    "tpu_pod_simulated_chip_compute_seconds",
 )
 
 
@@ -96,6 +98,10 @@ class PodMetrics:
         self.mxu_utilization = Gauge("tpu_pod_mxu_utilization_ratio",
                                      "MXU FLOPs / (core peak FLOP/s x simulated step time), 0..1.",
                                      ["chip", "core"], registry=r)
+        self.chip_compute_seconds = Gauge(
+            "tpu_pod_simulated_chip_compute_seconds",
+            "Simulated forward + backward of a chip's slowest core, last step (a straggler "
+            "stands out here).", ["chip"], registry=r)
         self.hbm_used = Gauge("tpu_pod_hbm_used_bytes", "HBM bytes in use.", ["chip", "core"],
                               registry=r)
         self.hbm_peak = Gauge("tpu_pod_hbm_peak_bytes", "HBM high-water mark in bytes.",
@@ -120,6 +126,7 @@ class PodMetrics:
             self.ici_bytes.labels(link)
             self.ici_utilization.labels(link).set(0)
         for chip in range(chips):
+            self.chip_compute_seconds.labels(str(chip)).set(0)
             for core in range(cores):
                 self.mxu_utilization.labels(str(chip), str(core)).set(0)
         self._server: Any = None
@@ -183,6 +190,8 @@ class PodMetrics:
             self.ici_utilization.labels(link).set(ratio)
         for (chip, core), ratio in stats.mxu_utilization().items():
             self.mxu_utilization.labels(str(chip), str(core)).set(ratio)
+        for chip, seconds in stats.chip_compute_seconds.items():
+            self.chip_compute_seconds.labels(str(chip)).set(seconds)
         self.allreduce_seconds.observe(stats.allreduce_seconds)
         self.wall_seconds.observe(stats.wall_seconds)
         if stats.step_seconds > 0:

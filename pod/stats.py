@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["StepStats"]
+__all__ = ["StepStats", "StepTotals"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class StepStats:
         core_mxu_flops: per (chip, core) MXU FLOPs of forward + backward.
         core_peak_flops_per_s: one TensorCore's peak bf16 FLOP/s.
         ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
+        chip_compute_seconds: per chip, its slowest core's simulated forward +
+            backward (a straggler shows here; ``compute_seconds`` is the max).
     """
 
     step: int
@@ -60,6 +62,7 @@ class StepStats:
     core_mxu_flops: dict[tuple[int, int], int] = field(default_factory=dict)
     core_peak_flops_per_s: float = 0.0
     ici_link_bandwidth_bytes_per_s: float = 0.0
+    chip_compute_seconds: dict[int, float] = field(default_factory=dict)
 
     @property
     def allreduce_seconds(self) -> float:
@@ -107,3 +110,77 @@ class StepStats:
             mfu=self.mfu,
         )
         return data
+
+
+#: the StepStats figures a run's summary averages (``StepTotals``).
+TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
+                "allreduce_seconds", "ici_seconds", "update_seconds", "wall_seconds")
+
+
+@dataclass
+class StepTotals:
+    """Running sums over a run's steps, so a long run keeps O(1) per-step memory.
+
+    The summary's means are over the steps after the first (a real TPU's first
+    step compiles); with one step, that step. Plain data in and out
+    (``to_dict`` / ``from_dict``), so a checkpoint carries it and a resumed run
+    reports what an uninterrupted one would (wall figures aside).
+
+    Attributes:
+        steps: steps added.
+        first: the first step's figures (``TOTAL_FIELDS``).
+        sums: sums of ``TOTAL_FIELDS`` over the steps after the first.
+        initial_loss, final_loss: the first and the last step's loss.
+        hbm_peak_bytes: maximum HBM high-water mark of any core.
+        hbm_capacity_bytes, ici_bytes_per_step: from the last step.
+        epoch_steps, epoch_step_seconds: steps and simulated seconds since the
+            last epoch line.
+    """
+
+    steps: int = 0
+    first: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TOTAL_FIELDS, 0.0))
+    initial_loss: float | None = None
+    final_loss: float | None = None
+    hbm_peak_bytes: int = 0
+    hbm_capacity_bytes: int = 0
+    ici_bytes_per_step: int = 0
+    epoch_steps: int = 0
+    epoch_step_seconds: float = 0.0
+
+    def add(self, stats: StepStats) -> None:
+        """Account one step."""
+        values = {k: float(getattr(stats, k)) for k in TOTAL_FIELDS}
+        if self.steps == 0:
+            self.first, self.initial_loss = values, stats.loss
+        else:
+            for k, v in values.items():
+                self.sums[k] += v
+        self.steps += 1
+        self.final_loss = stats.loss
+        self.hbm_peak_bytes = max([self.hbm_peak_bytes, *stats.hbm_peak_bytes.values()])
+        self.hbm_capacity_bytes = stats.hbm_capacity_bytes
+        self.ici_bytes_per_step = int(sum(stats.ici_link_bytes.values()))
+        self.epoch_steps += 1
+        self.epoch_step_seconds += stats.step_seconds
+
+    def mean(self, name: str) -> float:
+        """Mean of a ``TOTAL_FIELDS`` figure over the steps after the first (or the first)."""
+        if self.steps == 0:
+            raise ValueError("no steps yet")
+        return self.sums[name] / (self.steps - 1) if self.steps > 1 else self.first[name]
+
+    def end_epoch(self) -> float:
+        """Mean simulated step seconds of the epoch just ended; starts the next one."""
+        mean = self.epoch_step_seconds / max(1, self.epoch_steps)
+        self.epoch_steps, self.epoch_step_seconds = 0, 0.0
+        return mean
+
+    def to_dict(self) -> dict:
+        """Plain data (for a checkpoint)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "StepTotals":
+        """The inverse of ``to_dict``; None or {} gives empty totals."""
+        return cls(**data) if data else cls()

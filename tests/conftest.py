@@ -9,6 +9,11 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "load: long-run memory test (about a minute); "
+                                       "deselect with -m 'not load'")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster on 127.0.0.1, shared by every Ray test; yields its address."""

@@ -212,7 +212,7 @@ def test_a_real_prometheus_scrapes_a_training_run(tmp_path, ray_cluster):
     scenario.write_text(
         "name: prom\npod: {slice: v2-8}\n"
         "model: {name: mlp, options: {hidden: [16], dropout: false}}\n"
-        "training: {global_batch: 64, steps: 60, optimizer: {name: sgd, learning_rate: 0.05}}\n")
+        "training: {global_batch: 64, steps: 400, optimizer: {name: sgd, learning_rate: 0.05}}\n")
     prom = subprocess.Popen([prometheus, f"--config.file={config}",
                              f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{server}"],

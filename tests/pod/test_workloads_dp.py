@@ -176,7 +176,8 @@ def test_seed_scenarios_run_two_steps(filename, tmp_path, ray_cluster):
     from pod.scenario import load_scenario
 
     scenario = load_scenario(ROOT / "scenarios" / filename)
-    scenario = scenario.with_overrides(training__steps=2, metrics__port=0, **SHRINK[filename])
+    scenario = scenario.with_overrides(training__steps=2, metrics__port=0,
+                                       checkpoint={"every_steps": 2}, **SHRINK[filename])
     plan = build_plan(scenario)
     log = tmp_path / "log.txt"
     with log.open("w") as f:
@@ -189,18 +190,18 @@ def test_seed_scenarios_run_two_steps(filename, tmp_path, ray_cluster):
     if plan.dataset.synthetic:
         assert "(synthetic)" in text
     assert np.isfinite(summary["final_loss"]) and summary["simulated_step_seconds"] > 0
-    ck = load_checkpoint(tmp_path / "checkpoint.msgpack")
+    ck = load_checkpoint(tmp_path / "checkpoints" / "ckpt-00000002.msgpack")
     assert ck.step == 2 and set(ck.params) == set(plan.model.param_shapes)
     assert set(ck.model_state) == set(plan.model.state_shapes)
     if filename == "char-lstm.yaml":
-        out = subprocess.run([sys.executable, "-m", "pod", "generate", str(tmp_path / "checkpoint.msgpack"),
+        out = subprocess.run([sys.executable, "-m", "pod", "generate", str(tmp_path / "checkpoints"),
                               "--prompt", "The ", "--length", "40", "--seed", "1"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("The ") and len(out.stdout.rstrip("\n")) >= 40
         assert set(out.stdout.rstrip("\n")) <= set(ck.extra["vocabulary"])
         bad = subprocess.run([sys.executable, "-m", "pod", "generate",
-                              str(tmp_path / "checkpoint.msgpack"), "--prompt", "\u00e9\u00e9"],
+                              str(tmp_path / "checkpoints"), "--prompt", "\u00e9\u00e9"],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "not in the model's vocabulary" in bad.stderr
     json.loads((tmp_path / "summary.json").read_text())

@@ -1,0 +1,213 @@
+"""Injected faults: killed chips and hosts recovered bit-identically, stragglers, link faults,
+no-checkpoint stops, and SIGTERM to the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pod.checkpoint import checkpoint_path, load_checkpoint
+from pod.errors import ScenarioError
+from pod.plan import build_plan
+from pod.scenario import parse_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+CKPT = {"every_steps": 2, "keep": 5}
+
+
+def scenario(steps=6, checkpoint=None, faults=(), **options):
+    data = {
+        "name": "fault-test",
+        "pod": {"slice": "v2-8"},  # 4 chips of one TPU host, 8 TensorCores, 2x2 torus
+        "model": {"name": "mlp", "options": {"hidden": [32], "batch_norm": True, "dropout": 0.2,
+                                             **options}},
+        "data": {"name": "digits"},
+        "training": {"global_batch": 64, "steps": steps, "seed": 3,
+                     "optimizer": {"name": "adam", "learning_rate": 0.01}},
+        "metrics": {"port": 0},
+        "faults": list(faults),
+    }
+    if checkpoint:
+        data["checkpoint"] = checkpoint
+    return parse_scenario(data)
+
+
+def run(tmp, sc, **kw):
+    from pod.run import run_training
+
+    log = io.StringIO()
+    summary = run_training(build_plan(sc), output_dir=tmp, console=Console(file=log, width=200),
+                           log_every=1, **kw)
+    return summary, log.getvalue()
+
+
+def final_params(out: Path, step: int = 6) -> dict[str, bytes]:
+    ck = load_checkpoint(checkpoint_path(out / "checkpoints", step))
+    return {k: v.tobytes() for k, v in {**ck.params, **ck.optimizer_state}.items()}
+
+
+def test_fault_entries_are_checked_against_the_pod():
+    from pod.coordinator import Pod
+
+    with pytest.raises(ScenarioError, match=r"faults\.0\.chip: 4 is not a chip of this pod "
+                                            r"\(ranks 0\.\.3\)"):
+        Pod(build_plan(scenario(faults=[{"kind": "kill_chip", "chip": 4, "step": 2}])))
+    with pytest.raises(ScenarioError, match=r"faults\.0\.host: 1 is not a host"):
+        Pod(build_plan(scenario(faults=[{"kind": "kill_host", "host": 1, "step": 2}])))
+    with pytest.raises(ScenarioError, match="factor does not belong to kill_chip"):
+        scenario(faults=[{"kind": "kill_chip", "chip": 1, "factor": 2.0}])
+
+
+@pytest.fixture(scope="module")
+def fault_free(ray_cluster, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fault-free")
+    summary, _ = run(out, scenario(checkpoint=CKPT))
+    return out, summary
+
+
+@pytest.mark.parametrize("fault, recomputed", [
+    ({"kind": "kill_chip", "chip": 2, "step": 4}, 1),   # checkpoint after step 2; step 3 redone
+    ({"kind": "kill_host", "host": 0, "step": 5}, 0),   # every chip; checkpoint after step 4
+    ({"kind": "kill_chip", "chip": 1, "step": 2}, 1),   # before any checkpoint: the initial state
+])
+def test_a_killed_chip_is_replaced_and_training_ends_bit_identical(fault_free, tmp_path, fault,
+                                                                   recomputed):
+    reference, ref_summary = fault_free
+    summary, log = run(tmp_path, scenario(checkpoint=CKPT, faults=[fault]))
+    assert final_params(tmp_path) == final_params(reference)
+    assert summary["final_loss"] == ref_summary["final_loss"]
+    assert summary["completed"] is True and summary["replicas_identical"] is True
+    (event,) = summary["faults"]
+    chips = [fault["chip"]] if "chip" in fault else [0, 1, 2, 3]
+    assert event["dead_chips"] == chips and event["recovered"] is True
+    assert event["step"] == fault["step"] and event["steps_recomputed"] == recomputed
+    assert summary["steps_recomputed"] == recomputed
+    assert 0 < event["detection_wall_seconds"] < 30
+    assert event["restored_from_step"] == fault["step"] - 1 - recomputed
+    assert "fault: " + fault["kind"] in log
+    rows = list(csv.DictReader((tmp_path / "steps.csv").open()))
+    assert [int(r["step"]) for r in rows] == list(range(6))      # one row per step, no duplicates
+
+
+def test_without_checkpoints_a_killed_chip_stops_the_run_and_keeps_the_partial_results(
+        ray_cluster, tmp_path):
+    from pod.faults import ChipFailureError
+
+    with pytest.raises(ChipFailureError, match=r"chip actor\(s\) 3 died at step 3 .*no checkpoint"):
+        run(tmp_path, scenario(faults=[{"kind": "kill_chip", "chip": 3, "step": 3}]))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["completed"] is False and summary["steps"] == 2
+    assert summary["faults"][0]["recovered"] is False
+    assert "ChipFailureError" in summary["stopped_by"]
+    assert len(list(csv.DictReader((tmp_path / "steps.csv").open()))) == 2
+
+
+def test_a_straggler_shows_in_its_metrics_the_step_time_and_the_trace(ray_cluster, tmp_path):
+    seen = []
+    summary, _ = run(tmp_path, scenario(steps=3, faults=[
+        {"kind": "slow_chip", "chip": 1, "factor": 3.0, "step": 2}]),
+        on_step=seen.append, trace_path=tmp_path / "trace.json", trace_steps=[0, 2])
+    first, _, third = seen
+    base = first.chip_compute_seconds[0]
+    assert first.chip_compute_seconds == pytest.approx({r: base for r in range(4)})
+    assert third.chip_compute_seconds[1] == pytest.approx(3 * third.chip_compute_seconds[0])
+    assert third.compute_seconds == third.chip_compute_seconds[1]      # everyone waits for it
+    assert third.step_seconds - first.step_seconds == pytest.approx(2 * base, rel=1e-6)
+    # the trace: chip 1's compute ops last 3x chip 0's in step 3, the same in step 1
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    end_of_first = first.step_seconds * 1e6
+
+    def busy(pid, late):
+        return sum(e["dur"] for e in events if e.get("ph") == "X" and e["pid"] == pid
+                   and e.get("cat") == "compute" and (e["ts"] >= end_of_first) == late)
+
+    assert busy(1, False) == pytest.approx(busy(0, False))
+    assert busy(1, True) == pytest.approx(3 * busy(0, True), rel=1e-6)
+
+
+def test_the_straggler_gauge_is_exported():
+    from prometheus_client import generate_latest
+
+    from pod.metrics import PodMetrics
+    from pod.stats import StepStats
+
+    m = PodMetrics(scenario="s", chip="v2", slice_name="v2-8", topology="2x2", links=[],
+                   chips=2, cores=1)
+    m.observe(StepStats(step=0, loss=1.0, global_batch=8, infeed_seconds=0, compute_seconds=3e-6,
+                        local_reduce_seconds=0, ici_seconds=0, update_seconds=0, model_flops=0,
+                        peak_flops_per_s=1.0, wall_seconds=0.1,
+                        chip_compute_seconds={0: 1e-6, 1: 3e-6}))
+    text = generate_latest(m.registry).decode()
+    assert 'tpu_pod_simulated_chip_compute_seconds{chip="1"} 3e-06' in text
+
+
+def test_link_faults_change_the_allreduce_cost_from_their_step_not_the_result(ray_cluster,
+                                                                               tmp_path):
+    from interconnect import LinkFaults, LinkSpec, collective_cost
+
+    seen = []
+    faults = [{"kind": "slow_link", "link": "0->1", "slowdown": 4.0, "step": 2},
+              {"kind": "fail_link", "link": "1->3", "step": 3}]
+    run(tmp_path, scenario(steps=3, faults=faults), on_step=seen.append)
+    plan = build_plan(scenario(steps=3))
+    spec = plan.pod.chip
+    link = LinkSpec(spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
+    from pod.coordinator import Pod
+
+    algorithm = Pod(plan).allreduce_algorithm
+    expected = [collective_cost("allreduce", plan.pod.torus, plan.num_params, link,
+                                algorithm=algorithm, faults=f).seconds
+                for f in (LinkFaults(), LinkFaults({(0, 1): 4.0}),
+                          LinkFaults({(0, 1): 4.0}, frozenset({(1, 3)})))]
+    assert [s.ici_seconds for s in seen] == pytest.approx(expected)
+    assert seen[0].ici_seconds < seen[1].ici_seconds <= seen[2].ici_seconds
+    assert seen[2].ici_link_bytes.get("1->3", 0) == 0
+    # the gradient bytes do not depend on the links: same loss as a run without faults
+    clean = []
+    run(tmp_path / "clean", scenario(steps=3), on_step=clean.append)
+    assert [s.loss for s in seen] == [s.loss for s in clean]
+
+
+def test_sigterm_writes_a_checkpoint_and_the_partial_summary_and_exits_143(ray_cluster,
+                                                                          tmp_path):
+    path = tmp_path / "long.yaml"
+    path.write_text(
+        "name: long\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [32]}}\n"
+        "training: {global_batch: 64, steps: 5000, optimizer: {name: adam}}\n"
+        "metrics: {port: 0}\ncheckpoint: {every_steps: 7, dir: ck, keep: 2}\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pod", "run", str(path), "--output-dir",
+                             str(out), "--log-every", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RAY_ADDRESS": ray_cluster})
+    try:
+        deadline = time.monotonic() + 120
+        rows = out / "steps.csv"
+        while time.monotonic() < deadline and (not rows.exists()
+                                               or rows.read_text().count("\n") < 10):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is False and summary["stopped_by"] == "signal SIGTERM"
+    done = summary["steps"]
+    assert 9 <= done < 5000
+    assert len(list(csv.DictReader((out / "steps.csv").open()))) == done
+    ck = load_checkpoint(checkpoint_path(tmp_path / "ck", done))     # the final checkpoint
+    assert ck.step == done and ck.run_state["totals"]["steps"] == done
