@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from chip import HBM, TensorCore, check_precision, get_chip_spec, to_bf16
+from chip import HBM, TensorCore, check_precision, get_chip_spec
 from pod.errors import ScenarioError
 from pod.scenario import Scenario
 from pod.slices import PodShape, resolve_pod

@@ -18,9 +18,10 @@ from pod.plan import build_plan
 from pod.scenario import parse_scenario
 
 
-def scenario(steps=6, checkpoint=None, faults=(), **options):
+def scenario(steps=6, checkpoint=None, faults=(), name="ckpt-test", **options):
+    """A v2-8 MLP with BatchNorm and dropout (per-replica state, per-core streams)."""
     data = {
-        "name": "ckpt-test",
+        "name": name,
         "pod": {"slice": "v2-8"},  # 4 chips, 8 TensorCores
         # BatchNorm (per-replica state) and dropout (per (step, chip, core) streams)
         "model": {"name": "mlp", "options": {"hidden": [32], "batch_norm": True, "dropout": 0.2,

@@ -4,7 +4,6 @@ no-checkpoint stops, and SIGTERM to the CLI."""
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import signal
@@ -14,41 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from pod.checkpoint import checkpoint_path, load_checkpoint
 from pod.errors import ScenarioError
 from pod.plan import build_plan
-from pod.scenario import parse_scenario
+from tests.pod.test_checkpoint import run
+from tests.pod.test_checkpoint import scenario as checkpoint_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 CKPT = {"every_steps": 2, "keep": 5}
 
 
 def scenario(steps=6, checkpoint=None, faults=(), **options):
-    data = {
-        "name": "fault-test",
-        "pod": {"slice": "v2-8"},  # 4 chips of one TPU host, 8 TensorCores, 2x2 torus
-        "model": {"name": "mlp", "options": {"hidden": [32], "batch_norm": True, "dropout": 0.2,
-                                             **options}},
-        "data": {"name": "digits"},
-        "training": {"global_batch": 64, "steps": steps, "seed": 3,
-                     "optimizer": {"name": "adam", "learning_rate": 0.01}},
-        "metrics": {"port": 0},
-        "faults": list(faults),
-    }
-    if checkpoint:
-        data["checkpoint"] = checkpoint
-    return parse_scenario(data)
-
-
-def run(tmp, sc, **kw):
-    from pod.run import run_training
-
-    log = io.StringIO()
-    summary = run_training(build_plan(sc), output_dir=tmp, console=Console(file=log, width=200),
-                           log_every=1, **kw)
-    return summary, log.getvalue()
+    """The checkpoint tests' scenario (v2-8: 4 chips of one TPU host, 2x2 torus)."""
+    return checkpoint_scenario(steps, checkpoint, faults, name="fault-test", **options)
 
 
 def final_params(out: Path, step: int = 6) -> dict[str, bytes]:

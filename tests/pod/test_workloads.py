@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 
-from chip import TensorCore, get_chip_spec
 from pod.workloads import (DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES, Conv2D, Dense, Dropout,
                            Flatten, MaxPool2D, ReLU, build_model, build_optimizer, load_dataset,
                            softmax_cross_entropy)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chip import TensorCore, get_chip_spec
 from pod.workloads import (LSTM, AveragePooling2D, BatchNormalization, Dense, Embedding, Sigmoid,
                            Softmax, Tanh, build_model, sigmoid_binary_cross_entropy)
 from tests.pod.test_workloads import check_layer_grads, numeric_grad
