@@ -120,6 +120,9 @@ class TensorCore:
             (`numerics.mxu_matmul_int8`), cycles / spec.int8_macs_per_bf16_mac.
         double_buffered: Cost GEMMs with double-buffered weights (see
             `mxu_gemm_cycles`); default False, the SCALE-Sim-identical count.
+        execute: False skips the MXU products (they return zeros of the
+            right shape and dtype) while every cost is still recorded:
+            timing-only mode, where costs depend on shapes alone.
 
     Attributes:
         spec: The TensorCoreSpec.
@@ -141,13 +144,15 @@ class TensorCore:
     """
 
     def __init__(self, spec: TensorCoreSpec, *, numerics: bool = True, name: str = "core0",
-                 precision: str = "bf16", double_buffered: bool = False) -> None:
+                 precision: str = "bf16", double_buffered: bool = False,
+                 execute: bool = True) -> None:
         if not isinstance(spec, TensorCoreSpec):
             raise TypeError(f"spec must be a TensorCoreSpec, got {spec!r}")
         self.spec = spec
         self.precision = check_precision(precision, spec)
         self.emulates_numerics = bool(numerics)
         self.double_buffered = bool(double_buffered)
+        self.execute = bool(execute)
         self.name = name
         self.hbm = HBM(spec.hbm_bytes, name=name)
         self.records: list[OpRecord] = []
@@ -253,6 +258,9 @@ class TensorCore:
         return to_bf16(x) if self.numerics else np.asarray(x)
 
     def _product(self, a: np.ndarray, b: np.ndarray, a_rounded: bool, b_rounded: bool) -> np.ndarray:
+        if not self.execute:  # timing-only: the cost is recorded by the caller
+            dtype = np.float32 if self.emulates_numerics else np.result_type(a, b)
+            return np.zeros((a.shape[0], b.shape[1]), dtype=dtype)
         if not self.emulates_numerics:
             return a @ b
         if self.precision == "bf16":
@@ -336,6 +344,8 @@ class TensorCore:
         n = b.shape[-1]
         if shared:
             out = self._product(a.reshape(bsz * m, k), b, False, False).reshape(bsz, m, n)
+        elif not self.execute:
+            out = np.zeros((bsz, m, n), dtype=np.float32)
         elif self.emulates_numerics and self.precision == "bf16":
             out = np.matmul(to_bf16(a), to_bf16(b))
         else:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+
+from pod.console import make_console
 from rich.table import Table
 
-from chip import PRECISIONS, PRESETS, get_chip_spec
+from chip import PRECISIONS, PRESETS, HBMOutOfMemoryError, get_chip_spec
 from pod.bench import check_benchmark, matmul_report
 from pod.errors import USER_ERRORS, ScenarioError
 from pod.faults import RunInterrupted
@@ -131,7 +133,7 @@ def validate(scenarios: tuple[Path, ...]) -> None:
 @click.argument("target")
 def describe(target: str) -> None:
     """Describe a chip (v4), a slice (v2-8) or a scenario file (its memory plan)."""
-    console = Console()
+    console = make_console()
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
         spec = load_scenario(target)
         if spec.benchmark is not None:
@@ -141,18 +143,19 @@ def describe(target: str) -> None:
                                    f"N={spec.benchmark.n})", bplan.memory,
                           bplan.pod.chip.core.hbm_bytes)
             return
-        plan = _checked(build_plan, spec, target)
+        try:
+            plan = _checked(build_plan, spec, target)
+        except HBMOutOfMemoryError as err:
+            # show the plan that does not fit, then the one-line error (exit 2)
+            if getattr(err, "memory_plan", None):
+                _memory_table(console, f"HBM plan per TensorCore: DOES NOT FIT "
+                                       f"({err.capacity_bytes / 2**30:.2f} GiB per core)",
+                              err.memory_plan, err.capacity_bytes)
+            raise
         _describe_pod(console, plan.pod)
-        table = Table(title=f"HBM plan per TensorCore (global batch {plan.global_batch} = "
-                            f"{plan.per_core_batch} per core)")
-        table.add_column("item")
-        table.add_column("bytes", justify="right")
-        table.add_column("MiB", justify="right")
-        for item, nbytes in plan.memory.items():
-            table.add_row(item, f"{nbytes:,}", f"{nbytes / 2**20:.3f}")
-        cap = plan.pod.chip.core.hbm_bytes
-        table.add_row("capacity", f"{cap:,}", f"{cap / 2**20:.0f}")
-        console.print(table)
+        _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch} = "
+                               f"{plan.per_core_batch} per core)", plan.memory,
+                      plan.pod.chip.core.hbm_bytes)
         return
     if target.lower() in PRESETS:
         spec = get_chip_spec(target)
@@ -264,7 +267,7 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
     wrap = "/".join("y" if w else "n" for w in torus.wraparound)
     chosen = sorted({row.algorithm for row in rows})
     how = "given" if algorithm else "fastest per size"
-    console = Console()
+    console = make_console()
     table = Table(title=f"{op} on {spec.name} {torus.name} ({torus.num_chips} chips, wraparound {wrap}), "
                         f"float32; algorithm {', '.join(chosen)} ({how}); simulated time")
     for column in ("size", "count", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
@@ -298,7 +301,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
     if spec.sweep is None:
         raise ScenarioError(f"{scenario}: sweep: no sweep: block in this scenario")
     out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
-    console = Console()
+    console = make_console()
     total = len(sweep_points(spec))
     console.print(f"[bold]{spec.name}[/]: {total} points, {spec.sweep.scaling} scaling, "
                   f"{mode or spec.sweep.mode} mode")
@@ -312,7 +315,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
                 line = (f"point {row['point']}/{total}: {row['chip']} {row['chips']} chips "
                         f"{row['topology']} {row['algorithm']} batch {row['global_batch']}: "
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
-                        f"{row['examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.1%} "
+                        f"{row['examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")
             else:
                 line = f"point {row['point']}/{total}: failed: {row['error']}"
@@ -321,7 +324,9 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
         rows = run_sweep(spec, out_dir, mode=mode, on_point=report)
     failed = sum(r["status"] != "ok" for r in rows)
     console.print(f"{len(rows) - failed} points ok, {failed} failed. Wrote {out_dir}/results.csv, "
-                  f"results.md, throughput.png, efficiency.png, breakdown.png")
+                  f"results.md, throughput.png, efficiency.png, breakdown.png", soft_wrap=True)
+    if rows and failed == len(rows):
+        raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
 
 
 def _describe_pod(console: Console, pod) -> None:
@@ -354,6 +359,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``tpu-pod`` console script."""
     try:
         code = cli.main(args=argv, prog_name="tpu-pod", standalone_mode=False)
+    except click.UsageError as err:  # a bad option or argument: one line, like every user error
+        where = err.ctx.command_path if err.ctx is not None else "tpu-pod"
+        message = " ".join(err.format_message().split())
+        click.echo(f"error: {message} (see '{where} --help')", err=True)
+        sys.exit(err.exit_code)
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)

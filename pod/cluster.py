@@ -15,6 +15,11 @@ import ray
 
 from pod.errors import ClusterError
 
+# A chip that dies leaves the results of calls nobody fetched in error; Ray would
+# print each as "Unhandled error" on stderr. The coordinator reports the failure
+# itself (one line, or the recovery), so keep that noise off the user's terminal.
+os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+
 __all__ = ["ensure_ray", "shutdown_ray"]
 
 

@@ -65,7 +65,8 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
         link: a healthy directed link.
         algorithm: an algorithm name, or "auto"/None for the fastest of
             ``candidates`` (default: every algorithm of ``op``; on pods above
-            ``AUTO_MATERIALISE_MAX_CHIPS`` chips only those with a fast cost path).
+            ``AUTO_MATERIALISE_MAX_CHIPS`` chips only those with a fast cost path,
+            and on a multi-axis torus of that size only "torus").
         itemsize: bytes per element.
         faults: slowed / failed links.
         candidates: algorithms ``auto`` compares.
@@ -84,6 +85,10 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
     names = list(candidates or ALGORITHMS.get(op, ALLREDUCE_ALGORITHMS))
     if topology.num_chips > AUTO_MATERIALISE_MAX_CHIPS:
         names = [a for a in names if (op, a) in FAST_PATHS] or names[:1]
+        if sum(axis > 1 for axis in topology.shape) > 1 and "torus" in names:
+            # whole-pod rings cost O(chips^2) to evaluate (2(n-1) phases of n transfers)
+            # and lose to per-axis rings on a multi-axis torus at this size: compare none
+            names = ["torus"]
     best: tuple[str, ScheduleCost] | None = None
     for name in names:
         cost = collective_cost(op, topology, num_elements, link, algorithm=name, itemsize=itemsize,

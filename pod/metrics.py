@@ -7,7 +7,7 @@ from the cost models, ``wall`` figures from this host. Labels are bounded:
 
 | metric | type | labels | meaning |
 |---|---|---|---|
-| tpu_pod_info | gauge (1) | scenario, chip, slice, topology | what is running |
+| tpu_pod_info | gauge (1) | scenario, chip, slice, topology, dataset, synthetic | what is running |
 | tpu_pod_steps_total | counter | | training steps done |
 | tpu_pod_examples_total | counter | | training examples processed |
 | tpu_pod_simulated_step_seconds | histogram | | simulated step time |
@@ -42,8 +42,10 @@ from pod.stats import StepStats
 
 __all__ = ["PodMetrics", "METRIC_NAMES"]
 
-_SIM_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
-                5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# simulated seconds: a small model's allreduce on a few chips takes ~10 us, a big
+# model's step on a big pod seconds
+_SIM_BUCKETS = (1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _WALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 METRIC_NAMES = (
@@ -67,18 +69,23 @@ class PodMetrics:
         chip: chip preset name (info label).
         slice_name: slice or pod name (info label).
         topology: torus shape, e.g. "2x2" (info label).
+        dataset, synthetic: the training data's name and whether it is
+            synthetic (info labels: synthetic data is labelled as such).
         links: every directed ICI link ("src->dst"): their series start at 0,
             so a link the collective never uses shows as idle, not missing.
         chips, cores: pod size; per (chip, core) series start at 0.
     """
 
     def __init__(self, *, scenario: str, chip: str, slice_name: str, topology: str,
-                 links: Sequence[str] = (), chips: int = 0, cores: int = 0) -> None:
+                 links: Sequence[str] = (), chips: int = 0, cores: int = 0,
+                 dataset: str = "", synthetic: bool = False) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.info = Gauge("tpu_pod_info", "The emulated pod (value 1).",
-                          ["scenario", "chip", "slice", "topology"], registry=r)
-        self.info.labels(scenario, chip, slice_name, topology).set(1)
+                          ["scenario", "chip", "slice", "topology", "dataset", "synthetic"],
+                          registry=r)
+        self.info.labels(scenario, chip, slice_name, topology, dataset,
+                         "true" if synthetic else "false").set(1)
         self.steps = Counter("tpu_pod_steps", "Training steps done.", registry=r)
         self.examples = Counter("tpu_pod_examples", "Training examples processed.", registry=r)
         self.step_seconds = Histogram("tpu_pod_simulated_step_seconds",

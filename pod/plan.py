@@ -113,7 +113,8 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
 
     Raises:
         HBMOutOfMemoryError: an item does not fit; it names the item, the
-            bytes asked and the bytes free.
+            bytes asked and the bytes free, and carries the whole plan as
+            ``memory_plan`` (the items' bytes and their total).
     """
     params_bytes = 4 * int(model.num_params)  # float32
     items = {
@@ -124,8 +125,13 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
         "workspace": ({"bf16": 2, "int8": 1}.get(precision, 0) + 4) * int(model.num_params),
     }
     hbm = HBM(capacity_bytes, name=name)
-    for tag, nbytes in items.items():
-        hbm.allocate(tag, nbytes)
+    try:
+        for tag, nbytes in items.items():
+            hbm.allocate(tag, nbytes)
+    except HBMOutOfMemoryError as err:
+        # the whole plan travels with the error, so `tpu-pod describe` can show why
+        err.memory_plan = {**items, "total": sum(items.values())}
+        raise
     return {**items, "total": hbm.used_bytes}
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rich.console import Console
+
+from pod.console import make_console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
@@ -208,7 +210,7 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
             (the partial summary is written first).
         RunInterrupted: SIGINT / SIGTERM (after writing what the run has).
     """
-    console = console or Console()
+    console = console or make_console()
     scenario = plan.scenario
     output_dir.mkdir(parents=True, exist_ok=True)
     warn = lambda text: console.print(text, style="yellow", highlight=False)  # noqa: E731
@@ -220,7 +222,8 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
     metrics = PodMetrics(scenario=scenario.name, chip=plan.pod.chip.name,
                          slice_name=plan.pod.name, topology=plan.pod.torus.name,
                          links=[f"{a}->{b}" for a, b in plan.pod.torus.links()],
-                         chips=plan.pod.chips, cores=plan.pod.chip.tensorcores)
+                         chips=plan.pod.chips, cores=plan.pod.chip.tensorcores,
+                         dataset=plan.dataset.name, synthetic=plan.dataset.synthetic)
     metrics.serve(port, scenario.metrics.host)
     data_label = f"{plan.dataset.name}{' (synthetic)' if plan.dataset.synthetic else ''}"
     console.print(f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
@@ -233,6 +236,8 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
     if metrics.port:
         console.print(f"Prometheus metrics: http://{scenario.metrics.host}:{metrics.port}/metrics")
     traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
+    core_spec = plan.pod.chip.core
+    scalar_issue = core_spec.scalar_issue_cycles / core_spec.clock_hz  # seconds per op
     trace_events: list[dict[str, Any]] = []
     # O(1) memory per step: running sums, not a list of every step (a long run stays flat)
     totals = StepTotals()
@@ -336,7 +341,8 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
                     if trace_this:
                         trace_events.extend(step_events(stats, pod.last_trace, pod.schedule,
                                                         plan.pod.torus, pod.ici_cost.phase_seconds,
-                                                        start_s=simulated_clock))
+                                                        start_s=simulated_clock,
+                                                        scalar_issue_seconds=scalar_issue))
                     simulated_clock += stats.step_seconds
                     totals.add(stats)
                     metrics.observe(stats)
@@ -367,6 +373,10 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
             guard.check()  # a signal during the last step: its checkpoint is written, stop here
             evaluation = pod.evaluate()
             metrics.set_accuracy(evaluation["accuracy"])
+            if epochs > 1 and totals.epoch_steps:  # the last (possibly partial) epoch
+                console.print(_epoch_line(totals, evaluation, epochs, epochs,
+                                          time.perf_counter() - epoch_wall),
+                              highlight=False, soft_wrap=True)
             identical = pod.replicas_identical()
         summary = summarize(plan, totals, evaluation, identical, wall, pod_start_seconds)
         summary |= _reliability(fault_events, checkpoints, resumed, completed=True)
@@ -484,19 +494,19 @@ class _Rows:
 
 def _epoch_line(totals: StepTotals, evaluation: dict[str, float], epoch: int, epochs: int,
                 wall_seconds: float) -> str:
-    """A Keras-style epoch line: loss, val loss / accuracy, simulated ms/step, wall
+    """A Keras-style epoch line: loss, test loss / accuracy, simulated ms/step, wall
     (starts the next epoch's sums in ``totals``)."""
     steps = totals.epoch_steps
     sim_ms = totals.end_epoch() * 1e3
     return (f"Epoch {epoch}/{epochs} - {steps} steps - loss: {totals.final_loss:.4f} - "
-            f"val_loss: {evaluation['loss']:.4f} - val_accuracy: {evaluation['accuracy']:.4f} - "
+            f"test_loss: {evaluation['loss']:.4f} - test_accuracy: {evaluation['accuracy']:.4f} - "
             f"{sim_ms:.4f} ms/step (simulated) - {wall_seconds:.1f} s (wall)")
 
 
 def _progress(console: Console, total: int) -> Progress:
     """A progress bar with ETA (wall clock); lines printed through it stay above it."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"),
+                    TextColumn("steps, elapsed"), TimeElapsedColumn(), TextColumn("ETA"),
                     TimeRemainingColumn(), console=console, transient=True,
                     disable=not console.is_terminal)
 

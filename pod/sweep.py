@@ -37,7 +37,8 @@ from pod.slices import resolve_pod
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 
 COLUMNS = (
-    "point", "status", "error", "chip", "chips", "cores", "topology", "algorithm", "precision",
+    "point", "status", "error", "dataset", "synthetic_data", "chip", "chips", "cores", "topology",
+    "algorithm", "precision",
     "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
     "compute_seconds", "allreduce_seconds", "update_seconds", "simulated_epoch_seconds",
     "examples_per_second",
@@ -145,7 +146,9 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
     return {
         "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
-        "status": "ok", "error": "", "chip": plan.pod.chip.name, "chips": plan.pod.chips,
+        "status": "ok", "error": "", "dataset": plan.dataset.name,
+        "synthetic_data": bool(plan.dataset.synthetic),
+        "chip": plan.pod.chip.name, "chips": plan.pod.chips,
         "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "algorithm": algorithm,
         "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
         "per_core_batch": plan.per_core_batch, "simulated_step_seconds": step,
@@ -230,8 +233,11 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
 
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
     """The results as a Markdown table (simulated figures; wall seconds last)."""
+    synthetic = any(r.get("synthetic_data") is True for r in rows)
+    data = f"data: {scenario.data.name}" + (" (SYNTHETIC: the data only set shapes)" if synthetic
+                                           else "")
     head = (f"# Sweep: {scenario.name} ({scenario.sweep.scaling} scaling, {mode} mode)\n\n"
-            "Simulated figures unless marked wall.\n\n"
+            f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
             "compute ms | allreduce ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
             "efficiency | wall s | status |\n"
@@ -274,7 +280,8 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         if scenario.sweep.scaling == "strong":
             label += f" B={r['global_batch']}"
         series.setdefault(label, []).append(r)
-    title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated)"
+    synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
+    title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
     written = []
     for name, key, ylabel, logy in (
             ("throughput.png", "examples_per_second", "examples/s (simulated)", True),

@@ -3,15 +3,18 @@
 Every replica of a data-parallel step does the same work on same-shaped
 data, so one representative chip tells the cost of all of them: it runs
 exactly the code a chip actor runs (``ChipActor.compute`` and ``apply``,
-in-process), and the ICI allreduce is costed by the same schedule cost the
-functional pod uses (``Pod``'s constructor builds it without starting Ray).
+in-process) with its TensorCores' MXU products switched off
+(``TensorCore.execute = False``: every op is still recorded and costed from
+its shapes, but the products return zeros), and the ICI allreduce is costed
+by the same code the functional pod uses (``Pod``'s constructor costs it
+without starting Ray).
 The statistics are combined by the same ``Pod.step_stats``. So a timing-only
 step and a functional step of the same scenario report identical simulated
 times (tested), and a sweep can reach full pods that no host could emulate
 functionally.
 
-What timing-only mode does not give: the loss of the whole pod (it is the
-representative chip's), bit-identity checks, or test accuracy.
+What timing-only mode does not give: a loss (the products are zeros),
+bit-identity checks, or test accuracy.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class TimingPod:
                               scenario.training.seed, plan.pod.tensorcores,
                               numerics=True, limit_threads=False, put_chunks=False,
                               precision=scenario.training.precision)
+        for core in self.chip.chip.cores:
+            core.execute = False  # costs depend on shapes only: skip the MXU products
 
     @property
     def algorithm(self) -> str:

@@ -69,11 +69,22 @@ def metadata_events(num_chips: int, cores: int, torus: Torus) -> list[dict[str, 
 
 
 def _ops(events: list, pid: int, core: int, rows: Sequence[Sequence[Any]], start_s: float,
-         cat: str) -> float:
+         cat: str, scalar_issue_seconds: float = 0.0) -> float:
+    """Lay one core's ops back to back from ``start_s``; returns the end time (seconds).
+
+    Each op's time is split as the cost model accounts it: the scalar unit
+    first issues it (``scalar_issue_seconds``, at most the op's time), then
+    the op's own unit (MXU or vector unit) runs the rest.
+    """
     t = start_s
     for name, unit, seconds, flops, hbm_bytes, bound in rows:
+        issue = min(scalar_issue_seconds, seconds)
+        if issue > 0:
+            events.append({"ph": "X", "name": f"issue {name}", "cat": cat, "pid": pid,
+                           "tid": _tid(core, "scalar"), "ts": t * _US, "dur": issue * _US,
+                           "args": {"unit": unit}})
         events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": _tid(core, unit),
-                       "ts": t * _US, "dur": seconds * _US,
+                       "ts": (t + issue) * _US, "dur": (seconds - issue) * _US,
                        "args": {"flops": flops, "hbm_bytes": hbm_bytes, "bound": bound}})
         t += seconds
     return t
@@ -93,7 +104,8 @@ def phase_link_bytes(schedule: Schedule, torus: Torus) -> list[dict[tuple[int, i
 
 
 def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, torus: Torus,
-                phase_seconds: Sequence[float], start_s: float = 0.0) -> list[dict[str, Any]]:
+                phase_seconds: Sequence[float], start_s: float = 0.0,
+                scalar_issue_seconds: float = 0.0) -> list[dict[str, Any]]:
     """The complete events of one step.
 
     Args:
@@ -104,6 +116,9 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
         torus: the ICI topology.
         phase_seconds: simulated seconds of each schedule phase.
         start_s: simulated time the step starts at, seconds.
+        scalar_issue_seconds: the scalar unit's issue time per op
+            (``TensorCoreSpec.scalar_issue_cycles / clock_hz``), shown on the
+            scalar lane before each op.
 
     Returns:
         Chrome trace events (``ph: "X"``), times in microseconds.
@@ -116,10 +131,10 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
                        "tid": _INFEED_TID, "ts": start_s * _US,
                        "dur": stats.infeed_seconds * _US, "args": {"step": step}})
         for core, rows in enumerate(per_core):
-            _ops(events, chip, core, rows, compute_start, "compute")
+            _ops(events, chip, core, rows, compute_start, "compute", scalar_issue_seconds)
     reduce_start = compute_start + stats.compute_seconds
     for chip, rows in enumerate(records["local_reduce"]):
-        _ops(events, chip, 0, rows, reduce_start, "local_reduce")
+        _ops(events, chip, 0, rows, reduce_start, "local_reduce", scalar_issue_seconds)
     ici_pid = len(records["compute"])
     link_tid = {tuple(link): i + 1 for i, link in enumerate(torus.links())}
     t = reduce_start + stats.local_reduce_seconds
@@ -136,7 +151,7 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
     update_start = reduce_start + stats.allreduce_seconds
     for chip, per_core in enumerate(records["update"]):
         for core, rows in enumerate(per_core):
-            _ops(events, chip, core, rows, update_start, "update")
+            _ops(events, chip, core, rows, update_start, "update", scalar_issue_seconds)
     return events
 
 
@@ -149,5 +164,5 @@ def write_trace(path: Path, events: list[dict[str, Any]], metadata: dict[str, An
         metadata: run facts stored under ``otherData``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": metadata}
+    doc = {"traceEvents": events, "otherData": metadata}
     path.write_text(json.dumps(doc))

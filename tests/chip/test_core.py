@@ -185,3 +185,26 @@ def test_chip_never_imports_ray_pod_or_interconnect():
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_timing_only_core_records_the_same_costs_without_computing():
+    """execute=False (timing-only mode): products are zeros, every record is unchanged."""
+    import numpy as np
+
+    from chip import TensorCore, get_chip_spec
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 96)).astype(np.float32)
+    b = rng.standard_normal((96, 40)).astype(np.float32)
+    x = rng.standard_normal((2, 6, 6, 3)).astype(np.float32)
+    w = rng.standard_normal((2, 2, 3, 5)).astype(np.float32)
+    cores = [TensorCore(get_chip_spec("v4").core), TensorCore(get_chip_spec("v4").core)]
+    cores[1].execute = False
+    outs = []
+    for core in cores:
+        outs.append((core.matmul(a, b), core.batch_matmul(a[None], b[None]),
+                     core.conv2d(x, w, padding="same")))
+    for real, dry in zip(outs[0], outs[1]):
+        assert dry.shape == real.shape and dry.dtype == real.dtype
+        assert not dry.any() and real.any()
+    assert cores[0].take_records() == cores[1].take_records()

@@ -73,3 +73,28 @@ def test_quickstart_runs_end_to_end(tmp_path, ray_cluster):
     assert summary["steps"] == 3 and summary["chips"] == 4 and summary["cores"] == 8
     assert summary["replicas_identical"] is True
     assert summary["chip"] == "v2" and summary["dataset"] == "digits"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "scenarios/quickstart.yaml", "--steps", "0"], "'--steps': 0 is not in the range"),
+    (["matmul", "--m", "0"], "'--m': 0 is not in the range"),
+    (["frobnicate"], "No such command 'frobnicate'"),
+    (["run"], "Missing argument 'SCENARIO'"),
+])
+def test_bad_options_are_one_line_too(args, needle):
+    out = tpu_pod(*args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.stderr
+    assert "--help" in lines[0]
+
+
+def test_describe_scenario_shows_the_hbm_plan_even_when_it_does_not_fit():
+    ok = tpu_pod("describe", "scenarios/quickstart.yaml")
+    assert ok.returncode == 0, ok.stderr
+    for item in ("params", "grads", "optimizer_state", "activations", "workspace", "capacity"):
+        assert item in ok.stdout
+    bad = tpu_pod("describe", "tests/pod/bad_scenarios/model_too_big_for_hbm.yaml")
+    assert bad.returncode == 2
+    assert "DOES NOT FIT" in bad.stdout and "optimizer_state" in bad.stdout
+    assert len(bad.stderr.strip().splitlines()) == 1 and "does not fit" in bad.stderr

@@ -156,6 +156,12 @@ def test_trace_is_well_formed_and_adds_up_to_the_step_time(tmp_path):
         assert e["dur"] >= 0 and e["ts"] >= 0 and (e["pid"], e["tid"]) in names
     lanes = set(names.values())
     assert {"core 0 MXU", "core 1 vector unit", "link 0->1", "allreduce phases"} <= lanes
+    # the scalar unit issues every op: its lane holds one event per MXU / vector op
+    busy = {names[(e["pid"], e["tid"])] for e in complete}
+    assert {"core 0 scalar unit", "core 1 scalar unit"} <= busy
+    issued = [e for e in complete if names[(e["pid"], e["tid"])].endswith("scalar unit")]
+    ops = [e for e in complete if names[(e["pid"], e["tid"])].endswith(("MXU", "vector unit"))]
+    assert len(issued) == len(ops)
     rows = (tmp_path / "steps.csv").read_text().splitlines()
     header = rows[0].split(",")
     steps = [dict(zip(header, r.split(","))) for r in rows[1:]]
@@ -177,7 +183,11 @@ def test_trace_is_well_formed_and_adds_up_to_the_step_time(tmp_path):
         update = max(v for (cat, _), v in by_core.items() if cat == "update")
         phases = sum(e["dur"] for e in mine if names[(e["pid"], e["tid"])] == "allreduce phases")
         infeed = max(e["dur"] for e in mine if e["cat"] == "infeed")
-        reduce_ = max(e["dur"] for e in mine if e["cat"] == "local_reduce")
+        per_chip: dict = {}
+        for e in mine:
+            if e["cat"] == "local_reduce":  # scalar issue + vector add, per chip
+                per_chip[e["pid"]] = per_chip.get(e["pid"], 0.0) + e["dur"]
+        reduce_ = max(per_chip.values())
         assert compute == pytest.approx(float(row["compute_seconds"]) * 1e6, rel=1e-9)
         assert phases == pytest.approx(float(row["ici_seconds"]) * 1e6, rel=1e-9)
         assert infeed + compute + reduce_ + phases + update == pytest.approx(step_us, rel=1e-9)

@@ -146,6 +146,11 @@ def test_flatten_roundtrip(core64):
     np.testing.assert_array_equal(dx, x)
 
 
+def test_flatten_grads(core64):
+    x = np.random.default_rng(12).standard_normal((2, 3, 2, 2))
+    check_layer_grads(core64, Flatten(), x)
+
+
 def test_softmax_cross_entropy_value_grad_and_stability(core64):
     rng = np.random.default_rng(6)
     logits = rng.standard_normal((5, 4)) * 3
