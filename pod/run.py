@@ -346,7 +346,7 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
                     simulated_clock += stats.step_seconds
                     totals.add(stats)
                     metrics.observe(stats)
-                    rows.write(stats.row())
+                    rows.write({**stats.row(), "synthetic_data": plan.dataset.synthetic})
                     if on_step:
                         on_step(stats)
                     progress.advance(task)
@@ -388,6 +388,7 @@ def run_training(plan: TrainingPlan, *, output_dir: Path, metrics_port: int | No
         if trace_path is not None:
             write_trace(trace_path, trace_events,
                         {"scenario": scenario.name, "clock": "simulated microseconds",
+                         "dataset": plan.dataset.name, "synthetic_data": plan.dataset.synthetic,
                          "traced_steps": sorted(s + 1 for s in traced if s < plan.steps)})
             written.append(trace_path)
         console.print("Wrote " + ", ".join(str(p) for p in written))

@@ -354,7 +354,8 @@ class BenchmarkConfig(_Frozen):
 class SweepConfig(_Frozen):
     """A scaling experiment: the scenario run at every combination of these values.
 
-    ``scaling: weak`` keeps ``per_core_batch`` fixed (the global batch grows
+    ``scaling: weak`` keeps ``per_core_batch`` fixed (one value or a list, a
+    series each; the global batch grows
     with the TensorCores); ``strong`` keeps the global batch fixed (the
     scenario's, or each of ``global_batch``). Pods come from ``slices``, or
     ``chips`` (with ``pod.chip``), or ``topologies`` (shapes, with ``pod.chip``).
@@ -362,7 +363,13 @@ class SweepConfig(_Frozen):
 
     mode: Literal["timing", "functional"] = "timing"
     scaling: Literal["weak", "strong"] = "strong"
-    per_core_batch: int | None = Field(default=None, gt=0)
+    per_core_batch: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None,
+                                                                          min_length=1)
+
+    @field_validator("per_core_batch", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int) and not isinstance(value, bool) else value
     slices: tuple[str, ...] | None = Field(default=None, min_length=1)
     chips: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
     topologies: tuple[str, ...] | None = Field(default=None, min_length=1)

@@ -94,25 +94,29 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     if sweep is None or scenario.training is None:
         raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a sweep: block")
     algorithms = sweep.allreduce or (scenario.pod.allreduce,)
-    batches = sweep.global_batch or (scenario.training.global_batch,)
+    if sweep.scaling == "weak":  # a batch value is examples per TensorCore
+        batches = sweep.per_core_batch
+    else:
+        batches = sweep.global_batch or (scenario.training.global_batch,)
     precisions = sweep.precision or (scenario.training.precision,)
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
-    for i, (pod, algorithm, batch, precision) in enumerate(
+    for i, (pod, algorithm, per_point, precision) in enumerate(
             itertools.product(_pods(scenario), algorithms, batches, precisions)):
+        batch = per_point
         values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
         try:
             if sweep.scaling == "weak":
                 shape = scenario.with_overrides(**base, **values).pod
                 cores = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
                                     topology=shape.topology).tensorcores
-                batch = sweep.per_core_batch * cores
+                batch = batch * cores  # per_core_batch x TensorCores
             values["training__global_batch"] = batch
             point = scenario.with_overrides(**base, **values)
             error = ""
         except USER_ERRORS as err:
             point, error = None, str(err)
-        series = (algorithm, precision) + (() if sweep.scaling == "weak" else (batch,))
+        series = (algorithm, precision, per_point)
         points.append(SweepPoint(i, values, point, error, series))
     return points
 
@@ -279,6 +283,8 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         label = f"{r['algorithm']} {r['precision']}"
         if scenario.sweep.scaling == "strong":
             label += f" B={r['global_batch']}"
+        elif len(scenario.sweep.per_core_batch) > 1:
+            label += f" {r['per_core_batch']}/core"
         series.setdefault(label, []).append(r)
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
     title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"

@@ -98,3 +98,23 @@ def test_describe_scenario_shows_the_hbm_plan_even_when_it_does_not_fit():
     assert bad.returncode == 2
     assert "DOES NOT FIT" in bad.stdout and "optimizer_state" in bad.stdout
     assert len(bad.stderr.strip().splitlines()) == 1 and "does not fit" in bad.stderr
+
+
+def test_resume_through_the_cli(tmp_path, ray_cluster):
+    scenario = tmp_path / "ck.yaml"
+    scenario.write_text(
+        "name: ck\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [16]}}\n"
+        "training: {global_batch: 64, steps: 6, optimizer: {name: adam}}\nmetrics: {port: 0}\n"
+        "checkpoint: {every_steps: 2, dir: ck, keep: 2}\n")
+    env = {"RAY_ADDRESS": ray_cluster}
+    first = tpu_pod("run", str(scenario), "--steps", "4", "--output-dir", str(tmp_path / "a"),
+                    "--log-every", "0", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = tpu_pod("run", str(scenario), "--output-dir", str(tmp_path / "a"), env=env)
+    assert again.returncode == 2 and "--resume" in again.stderr  # never overwrites a run
+    resumed = tpu_pod("run", str(scenario), "--resume", str(tmp_path / "ck"), "--output-dir",
+                      str(tmp_path / "a"), "--log-every", "0", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming from" in resumed.stdout and "step 4 of 6" in resumed.stdout
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["completed"] is True

@@ -189,3 +189,70 @@ def test_sigterm_writes_a_checkpoint_and_the_partial_summary_and_exits_143(ray_c
     assert len(list(csv.DictReader((out / "steps.csv").open()))) == done
     ck = load_checkpoint(checkpoint_path(tmp_path / "ck", done))     # the final checkpoint
     assert ck.step == done and ck.run_state["totals"]["steps"] == done
+
+
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, name, state) of every process, from /proc."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+            out[int(entry.name)] = (int(ppid), name, state)
+    return out
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    procs = _processes()
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, name, _) in procs.items():
+            if ppid == parent and child not in found:
+                found[child] = name
+                frontier.append(child)
+    return found
+
+
+def test_sigterm_without_a_cluster_shuts_down_the_local_ray_it_started(tmp_path):
+    """No RAY_ADDRESS: the run starts its own Ray; after SIGTERM none of its processes remain."""
+    path = tmp_path / "own.yaml"
+    path.write_text(
+        "name: own\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [16]}}\n"
+        "training: {global_batch: 64, steps: 5000, optimizer: {name: adam}}\nmetrics: {port: 0}\n")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "pod", "run", str(path), "--output-dir",
+                             str(out), "--log-every", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        rows = out / "steps.csv"
+        while time.monotonic() < deadline and (not rows.exists()
+                                               or rows.read_text().count("\n") < 5):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        started = _descendants(proc.pid)
+        assert any(n in ("raylet", "gcs_server") for n in started.values()), started
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is False and summary["steps"] >= 4
+
+    def alive() -> dict[int, str]:
+        procs = _processes()
+        return {pid: name for pid, name in started.items()
+                if pid in procs and procs[pid][2] != "Z" and procs[pid][1] == name}
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.5)
+    assert not alive(), alive()

@@ -273,3 +273,29 @@ def test_a_real_prometheus_scrapes_a_training_run(tmp_path, ray_cluster):
             run.wait(timeout=30)
         prom.terminate()
         prom.wait(timeout=20)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_progress_bar_and_keras_style_epoch_lines(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from pod.plan import build_plan
+    from pod.run import run_training
+    from tests.pod.test_pod import mlp_scenario
+
+    # digits' 1,437 training examples at global batch 512: 2 steps per epoch, 5 steps = 3 epochs
+    plan = build_plan(mlp_scenario(steps=5, global_batch=512))
+    assert plan.steps_per_epoch == 2
+    log = io.StringIO()
+    run_training(plan, output_dir=tmp_path, metrics_port=0, log_every=0,
+                 console=Console(file=log, force_terminal=True, width=200))
+    text = log.getvalue()
+    epochs = [line for line in text.splitlines() if "Epoch " in line]
+    assert [line.split(" - ")[0].split("Epoch ")[1] for line in epochs] == ["1/3", "2/3", "3/3"]
+    for line in epochs:
+        for field in ("loss: ", "test_loss: ", "test_accuracy: ", "ms/step (simulated)", "(wall)"):
+            assert field in line, line
+    assert "3/3" in epochs[-1] and "1 steps" in epochs[-1]  # the last, partial epoch
+    assert "ETA" in text and "training" in text  # the progress bar, drawn on a terminal

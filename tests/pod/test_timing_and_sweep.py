@@ -63,6 +63,11 @@ def test_sweep_points_expand_the_product_and_set_weak_batches():
     batches = [p.scenario.training.global_batch for p in points]
     assert batches == [16, 16, 32, 32, 64, 64]  # 8 per core x 2 cores per v4 chip
     assert {p.scenario.pod.allreduce for p in points} == {"ring", "torus"}
+    # several per-core batches: a weak-scaling series each
+    many = sweep_points(scenario(sweep={"scaling": "weak", "per_core_batch": [8, 16],
+                                        "chips": [1, 2]}))
+    assert [p.scenario.training.global_batch for p in many] == [16, 32, 32, 64]
+    assert len({p.series for p in many}) == 2
 
 
 def test_sweep_records_a_failed_point_and_goes_on(tmp_path):
