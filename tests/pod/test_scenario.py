@@ -192,3 +192,12 @@ def test_batches_are_deterministic_permutations():
     joined = sorted(int(i) for batch in epoch for i in batch)
     assert len(set(joined)) == 96  # no example twice within an epoch
     assert not (batch_indices(100, 32, 3, seed=1) == a).all()  # next epoch reshuffles
+
+
+def test_the_readme_scenario_example_validates():
+    """The YAML block under "## Scenario format" in the README is a valid scenario."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Scenario format", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    plan = build_plan(parse_scenario(yaml.safe_load(block), source="README.md"))
+    assert plan.pod.chips == 4 and plan.model.name == "cnn"
