@@ -156,6 +156,21 @@ def test_link_faults_change_the_allreduce_cost_from_their_step_not_the_result(ra
     assert [s.loss for s in seen] == [s.loss for s in clean]
 
 
+def _run_until(scenario: Path, out: Path, rows: int, env: dict) -> subprocess.Popen:
+    """Start ``tpu-pod run`` and return once steps.csv holds ``rows`` lines (or fail)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pod", "run", str(scenario), "--output-dir",
+                             str(out), "--log-every", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 180
+    path = out / "steps.csv"
+    while time.monotonic() < deadline and (not path.exists()
+                                           or path.read_text().count("\n") < rows):
+        if proc.poll() is not None:
+            pytest.fail(proc.communicate()[1][-2000:])
+        time.sleep(0.2)
+    return proc
+
+
 def test_sigterm_writes_a_checkpoint_and_the_partial_summary_and_exits_143(ray_cluster,
                                                                           tmp_path):
     path = tmp_path / "long.yaml"
@@ -164,17 +179,8 @@ def test_sigterm_writes_a_checkpoint_and_the_partial_summary_and_exits_143(ray_c
         "training: {global_batch: 64, steps: 5000, optimizer: {name: adam}}\n"
         "metrics: {port: 0}\ncheckpoint: {every_steps: 7, dir: ck, keep: 2}\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "pod", "run", str(path), "--output-dir",
-                             str(out), "--log-every", "0"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "RAY_ADDRESS": ray_cluster})
+    proc = _run_until(path, out, 10, {**os.environ, "RAY_ADDRESS": ray_cluster})
     try:
-        deadline = time.monotonic() + 120
-        rows = out / "steps.csv"
-        while time.monotonic() < deadline and (not rows.exists()
-                                               or rows.read_text().count("\n") < 10):
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:
@@ -225,17 +231,8 @@ def test_sigterm_without_a_cluster_shuts_down_the_local_ray_it_started(tmp_path)
         "name: own\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [16]}}\n"
         "training: {global_batch: 64, steps: 5000, optimizer: {name: adam}}\nmetrics: {port: 0}\n")
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen([sys.executable, "-m", "pod", "run", str(path), "--output-dir",
-                             str(out), "--log-every", "0"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = _run_until(path, out, 5, {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     try:
-        deadline = time.monotonic() + 180
-        rows = out / "steps.csv"
-        while time.monotonic() < deadline and (not rows.exists()
-                                               or rows.read_text().count("\n") < 5):
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.2)
         started = _descendants(proc.pid)
         assert any(n in ("raylet", "gcs_server") for n in started.values()), started
         proc.send_signal(signal.SIGTERM)
