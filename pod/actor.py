@@ -325,10 +325,10 @@ class ChipActor:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def ici_address(self) -> tuple[str, int]:
+    def ici_address(self, key: bytes = b"") -> tuple[str, int]:
         """(host, port) where this chip receives chunks from its peers (``pod.ici``;
-        the port opens on first use)."""
-        return self._ici_port().address
+        the port opens on first use, with the pod's link ``key``)."""
+        return self._ici_port(key).address
 
     def run_collective(self, run_id: int, plan: Sequence[Any], peers: Sequence[int],
                        *addresses: tuple[str, int]) -> None:
@@ -343,11 +343,11 @@ class ChipActor:
         self._ici_port().run(run_id, plan, dict(zip(peers, addresses)), self.grad_flat,
                              self.chunk_bounds)
 
-    def _ici_port(self) -> Any:
+    def _ici_port(self, key: bytes = b"") -> Any:
         port = getattr(self, "_ici", None)
         if port is None:
             from pod.ici import IciPort
-            port = self._ici = IciPort(self.chip_id)
+            port = self._ici = IciPort(self.chip_id, key)
         return port
 
     def apply(self, step: int, trace: bool = False) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
 
 
 def run_schedule(actors: Sequence[Any], schedule: Schedule, *,
-                 transport: str = "direct") -> list[ray.ObjectRef]:
+                 transport: str = "direct", key: bytes = b"") -> list[ray.ObjectRef]:
     """Submit a schedule to the actors; return one completion ref per actor.
 
     The actors must already hold their buffers (``ChipActor.compute``) and the
@@ -115,6 +115,9 @@ def run_schedule(actors: Sequence[Any], schedule: Schedule, *,
             over chip-to-chip links (``pod.ici``). "object_store": one call
             per chip per phase; each sender puts its chunks in Ray's object
             store and the receiver fetches them (the slower, earlier path).
+        key: the pod's link secret for the direct transport (the same for
+            every call on these actors): a chip accepts chunks only from
+            peers that present it.
 
     Returns:
         One ObjectRef per actor; each resolves (to None) when that actor has
@@ -128,7 +131,7 @@ def run_schedule(actors: Sequence[Any], schedule: Schedule, *,
     if schedule.num_ranks != n:
         raise ValueError(f"schedule is for {schedule.num_ranks} ranks but there are {n} actors")
     if transport == "direct":
-        return _run_direct(actors, schedule)
+        return _run_direct(actors, schedule, key)
     if transport != "object_store":
         raise ValueError(f"transport {transport!r} is not valid: expected 'direct' or 'object_store'")
     return _run_object_store(actors, schedule)
@@ -154,9 +157,9 @@ def rank_plans(schedule: Schedule) -> list[list[tuple[int, list, list]]]:
     return plans
 
 
-def _run_direct(actors: Sequence[Any], schedule: Schedule) -> list[ray.ObjectRef]:
+def _run_direct(actors: Sequence[Any], schedule: Schedule, key: bytes) -> list[ray.ObjectRef]:
     run_id = secrets.randbits(63)
-    addresses = [actor.ici_address.remote() for actor in actors]
+    addresses = [actor.ici_address.remote(key) for actor in actors]
     done = []
     for rank, plan in enumerate(rank_plans(schedule)):
         peers = sorted({dst for _, sends, _ in plan for dst, _, _ in sends})

@@ -9,6 +9,7 @@ All calls of a step are submitted at once; the driver waits once per step.
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
@@ -53,6 +54,8 @@ class Pod:
         self.actors: list[Any] = []
         self.last_trace: dict[str, Any] | None = None
         self.placement: Any = None
+        # the secret every chip of this pod presents on its ICI links (pod/ici.py)
+        self.ici_key = secrets.token_bytes(16)
         self._owns_ray = False
         spec = plan.pod.chip
         self.num_params = plan.num_params
@@ -192,7 +195,7 @@ class Pod:
         computed = [actor.compute.remote(step, x[r * per_chip:(r + 1) * per_chip],
                                          y[r * per_chip:(r + 1) * per_chip], seed, trace)
                     for r, actor in enumerate(self.actors)]
-        run_schedule(self.actors, self.schedule)
+        run_schedule(self.actors, self.schedule, key=self.ici_key)
         applied = [actor.apply.remote(step, trace) for actor in self.actors]
         computed, applied = self._get(computed), self._get(applied)
         wall = time.perf_counter() - t0

@@ -18,13 +18,18 @@ made remote (an actor without it crashes when called in that group). A reader
 thread beside the actor's task thread needs neither. It also costs tens of
 microseconds per hop instead of the ~0.5 ms of an actor call.
 
-Wire format: on connect the sender sends its rank (``<I``); then per chunk a
-header ``<QIIIQ`` (run id, phase, sender rank, sequence, payload bytes) and the
-raw float32 bytes.
+Wire format: on connect the sender sends its rank and the pod's 16-byte link
+key (``<I16s``); a receiver closes a connection whose key is not its own, so
+only chips of the same pod can write into its buffer (the key is a random
+secret the coordinator hands every chip; it is not encryption: run on a
+trusted network). Then per chunk a header ``<QIIIQ`` (run id, phase, sender
+rank, sequence, payload bytes) and the raw float32 bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import socket
 import struct
 import threading
@@ -35,7 +40,7 @@ import numpy as np
 
 __all__ = ["IciPort", "IciError", "RankPlan"]
 
-_HELLO = struct.Struct("<I")
+_HELLO = struct.Struct("<I16s")
 _HEADER = struct.Struct("<QIIIQ")
 _SOCKET_BUFFER = 4 << 20
 
@@ -86,10 +91,12 @@ class IciPort:
 
     Args:
         rank: this chip's rank (sent to peers when connecting).
+        key: the pod's link secret (any bytes; the same on every chip of a pod).
     """
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, key: bytes = b"") -> None:
         self.rank = rank
+        self._key = hashlib.sha256(b"tpu-pod-ici:" + bytes(key)).digest()[:16]
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         host = _node_address()
@@ -120,7 +127,10 @@ class IciPort:
         try:
             if not _recv_exact(conn, memoryview(hello)):
                 return
-            (src,) = _HELLO.unpack(hello)
+            src, key = _HELLO.unpack(hello)
+            if not hmac.compare_digest(key, self._key):
+                src = None  # not a chip of this pod: drop the connection, unseen
+                return
             with self._cond:
                 self._lost.discard(src)
             header = bytearray(_HEADER.size)
@@ -176,7 +186,7 @@ class IciPort:
         if sock is None:
             sock = socket.create_connection(address)
             _tune(sock)
-            sock.sendall(_HELLO.pack(self.rank))
+            sock.sendall(_HELLO.pack(self.rank, self._key))
             self._links[address] = sock
         return sock
 

@@ -65,6 +65,7 @@ def test_rank_plans_carry_no_gradient_bytes_and_cover_every_transfer():
 
 
 def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer():
+    import struct
     import threading
 
     from pod.collective import rank_plans
@@ -97,6 +98,20 @@ def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer(
             np.testing.assert_array_equal(got, ref, err_msg=algorithm)
         for p in ports:
             p.close()
+    # only chips that present the pod's link key can deliver chunks
+    owner, stranger, peer = IciPort(0, b"pod key"), IciPort(1, b"another key"), IciPort(1, b"pod key")
+    plan = [(0, [], [(1, 0, 0, True)])]
+    header = struct.pack("<QIIIQ", 3, 0, 1, 0, 16)
+    payload = memoryview(np.ones(4, np.float32)).cast("B")
+    stranger._send(owner.address, header, payload)
+    with pytest.raises(IciError):
+        owner.run(3, plan, {}, np.zeros(4, np.float32), ((0, 4),), timeout=1.5)
+    peer._send(owner.address, header, payload)
+    got = np.zeros(4, np.float32)
+    owner.run(3, plan, {}, got, ((0, 4),), timeout=30)
+    np.testing.assert_array_equal(got, np.ones(4, np.float32))
+    for port in (owner, stranger, peer):
+        port.close()
     # a receiver whose sender's link closes fails at once, naming the sender
     a, b = IciPort(0), IciPort(1)
     b._link(a.address)
