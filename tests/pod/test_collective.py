@@ -103,7 +103,10 @@ def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer(
     plan = [(0, [], [(1, 0, 0, True)])]
     header = struct.pack("<QIIIQ", 3, 0, 1, 0, 16)
     payload = memoryview(np.ones(4, np.float32)).cast("B")
-    stranger._send(owner.address, header, payload)
+    try:
+        stranger._send(owner.address, header, payload)
+    except OSError:  # the owner may drop the stranger's connection before it finishes sending
+        pass
     with pytest.raises(IciError):
         owner.run(3, plan, {}, np.zeros(4, np.float32), ((0, 4),), timeout=1.5)
     peer._send(owner.address, header, payload)
