@@ -156,6 +156,17 @@ def test_link_faults_change_the_allreduce_cost_from_their_step_not_the_result(ra
     assert [s.loss for s in seen] == [s.loss for s in clean]
 
 
+def _terminate(proc: subprocess.Popen) -> str:
+    """Send SIGTERM, wait for the run to stop (kill it if it does not); return its stderr."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return stderr
+
+
 def _run_until(scenario: Path, out: Path, rows: int, env: dict) -> subprocess.Popen:
     """Start ``tpu-pod run`` and return once steps.csv holds ``rows`` lines (or fail)."""
     proc = subprocess.Popen([sys.executable, "-m", "pod", "run", str(scenario), "--output-dir",
@@ -180,12 +191,7 @@ def test_sigterm_writes_a_checkpoint_and_the_partial_summary_and_exits_143(ray_c
         "metrics: {port: 0}\ncheckpoint: {every_steps: 7, dir: ck, keep: 2}\n")
     out = tmp_path / "out"
     proc = _run_until(path, out, 10, {**os.environ, "RAY_ADDRESS": ray_cluster})
-    try:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    stderr = _terminate(proc)
     assert proc.returncode == 143, stderr[-2000:]
     assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -235,11 +241,10 @@ def test_sigterm_without_a_cluster_shuts_down_the_local_ray_it_started(tmp_path)
     try:
         started = _descendants(proc.pid)
         assert any(n in ("raylet", "gcs_server") for n in started.values()), started
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    except BaseException:
+        proc.kill()
+        raise
+    stderr = _terminate(proc)
     assert proc.returncode == 143, stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] is False and summary["steps"] >= 4
