@@ -1,16 +1,13 @@
 """Wall time of a functional allreduce over 8 chip actors vs a driver gather-sum-broadcast.
 
 Usage: .venv/bin/python benchmarks/functional_allreduce.py [--repeats 5]
-    [--algorithms ring,torus] [--object-store ring]
+    [--algorithms ring,torus]
 
 All variants run over the same 8 ChipActors in one run, alternated, and
 the medians are printed (wall time). The emulator's allreduce moves chunks
-chip to chip as the schedule says: by default (pod/collective.py transport
-"direct") one call per chip runs its whole part of the schedule and sends its
-chunks to the receivers over chip-to-chip links (pod/ici.py);
-``--object-store`` adds, for the algorithms named, the earlier path (one call
-per chip per phase, each sender ray.put()s its chunk, the receiver fetches
-it). The baseline ray.get()s every buffer to the driver, sums with numpy,
+chip to chip as the schedule says: one call per chip runs its whole part of
+the schedule and sends its chunks to the receivers over chip-to-chip links
+(pod/runtime/ici.py). The baseline ray.get()s every buffer to the driver, sums with numpy,
 puts the sum once and sets it on every actor. Every result is checked equal
 to the numpy sum.
 """
@@ -29,9 +26,9 @@ import ray  # noqa: E402
 
 from chip import get_chip_spec  # noqa: E402
 from interconnect import Torus, build_collective  # noqa: E402
-from pod.actor import ChipActor  # noqa: E402
-from pod.cluster import ensure_ray, shutdown_ray  # noqa: E402
-from pod.collective import run_schedule  # noqa: E402
+from pod.runtime.actor import ChipActor  # noqa: E402
+from pod.runtime.cluster import ensure_ray, shutdown_ray  # noqa: E402
+from pod.runtime.collective import run_schedule  # noqa: E402
 from pod.workloads import build_model  # noqa: E402
 
 SIZES = {"64 KiB": 64 << 10, "16 MiB": 16 << 20, "64 MiB": 64 << 20}
@@ -44,16 +41,14 @@ def baseline(actors):
     ray.get([a.set_buffer.remote(ref) for a in actors])
 
 
-def emulated(actors, schedule, transport):
-    ray.get(run_schedule(actors, schedule, transport=transport))
+def emulated(actors, schedule):
+    ray.get(run_schedule(actors, schedule))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--algorithms", default="ring,torus")
-    parser.add_argument("--object-store", default="",
-                        help="algorithms also run over the object-store transport")
     parser.add_argument("--topology", default="2x4")
     args = parser.parse_args()
     started = ensure_ray(None)
@@ -61,7 +56,8 @@ def main() -> None:
     torus = Torus(tuple(int(a) for a in args.topology.split("x")), True)
     model = build_model("mlp", (8, 8, 1), 10, hidden=[8], dropout=False)
     remote = ray.remote(ChipActor).options(num_cpus=0)
-    actors = [remote.remote(spec, r, model, "sgd", {"learning_rate": 0.1}, 0, 8, True, True, True)
+    actors = [remote.remote(spec, r, model, "sgd", {"learning_rate": 0.1}, 0, 8, numerics=True,
+                            limit_threads=True)
               for r in range(torus.num_chips)]
     rng = np.random.default_rng(0)
     print(f"{torus.num_chips} chip actors, topology {torus.name}, medians of {args.repeats} (wall); "
@@ -73,22 +69,19 @@ def main() -> None:
             buffers = [rng.integers(-8, 8, count).astype(np.float32) for _ in actors]
             total = np.sum(np.stack(buffers), axis=0)
             names = [a for a in args.algorithms.split(",") if a]
-            slow = [a for a in args.object_store.split(",") if a]
-            built = {a: build_collective("allreduce", torus, count, 4, a) for a in {*names, *slow}}
-            schedules = {a: (built[a], "direct") for a in names}
-            schedules.update({f"{a}/object_store": (built[a], "object_store") for a in slow})
+            schedules = {a: build_collective("allreduce", torus, count, 4, a) for a in names}
             times = {name: [] for name in ["baseline", *schedules]}
             for _ in range(args.repeats):
                 for name in times:
                     if name != "baseline":
-                        ray.get([a.set_chunk_bounds.remote(schedules[name][0].chunk_bounds)
+                        ray.get([a.set_chunk_bounds.remote(schedules[name].chunk_bounds)
                                  for a in actors])
                     ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
                     t0 = time.perf_counter()
                     if name == "baseline":
                         baseline(actors)
                     else:
-                        emulated(actors, *schedules[name])
+                        emulated(actors, schedules[name])
                     times[name].append(time.perf_counter() - t0)
                     got = ray.get(actors[-1].get_buffer.remote())
                     assert np.array_equal(got, total), name

@@ -12,10 +12,10 @@ import argparse
 import statistics
 import time
 
-from pod.cluster import ensure_ray
-from pod.coordinator import Pod
-from pod.plan import build_plan
-from pod.scenario import parse_scenario
+from pod.runtime.cluster import ensure_ray
+from pod.runtime.coordinator import Pod
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Wall time of one timing-only step against pod size, 4 to 8,960 chips (v5p).
 
-Timing-only mode (pod.timing.TimingPod) costs one representative chip and the
+Timing-only mode (pod.runtime.timing.TimingPod) costs one representative chip and the
 ICI allreduce of the whole pod, without actors. This measures, per pod size,
 the wall seconds of (a) building the pod (plan, algorithm choice and ICI cost)
 and (b) one accounted step, for the torus allreduce on v5p slices up to the
@@ -16,9 +16,9 @@ import argparse
 import statistics
 import time
 
-from pod.plan import build_plan
-from pod.scenario import parse_scenario
-from pod.timing import TimingPod
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
+from pod.runtime.timing import TimingPod
 
 SHAPES = ["2x2x1", "2x2x2", "4x4x4", "8x8x8", "8x16x16", "16x16x16", "16x20x28"]
 
@@ -42,8 +42,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--algorithm", default="torus")
     args = parser.parse_args()
-    print(f"| chips | shape | build pod (wall s) | one step (wall s) | total (wall s) | "
-          f"wall us per chip | simulated step ms |")
+    print("| chips | shape | build pod (wall s) | one step (wall s) | total (wall s) | "
+          "wall us per chip | simulated step ms |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for shape in SHAPES:
         builds, steps = [], []

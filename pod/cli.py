@@ -15,16 +15,16 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from pod.console import make_console
+from pod.report.console import make_console
 from rich.table import Table
 
 from chip import PRECISIONS, PRESETS, HBMOutOfMemoryError, get_chip_spec
-from pod.bench import check_benchmark, matmul_report
-from pod.errors import USER_ERRORS, ScenarioError
-from pod.faults import RunInterrupted
-from pod.plan import build_plan
-from pod.scenario import load_scenario
-from pod.slices import resolve_pod
+from pod.commands.bench import matmul_report
+from pod.config.bench import check_benchmark
+from pod.errors import USER_ERRORS, RunInterrupted, ScenarioError
+from pod.config.plan import build_plan
+from pod.config.scenario import load_scenario
+from pod.config.slices import resolve_pod
 
 __all__ = ["cli", "main"]
 
@@ -66,11 +66,11 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     spec = load_scenario(scenario)
     if spec.benchmark is not None:
-        from pod.bench import run_benchmark  # Ray is imported only when a run starts
+        from pod.commands.bench import run_benchmark  # Ray is imported only when a run starts
 
         run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=click.echo)
         return
-    from pod.run import run_training  # Ray is imported only when a run starts
+    from pod.commands.train import run_training  # Ray is imported only when a run starts
 
     if steps is not None:
         spec = spec.with_overrides(training__steps=steps)
@@ -176,9 +176,10 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
     """Sample text from a char_lstm CHECKPOINT: a checkpoint file, or a checkpoint
     directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
     from chip import TensorCore
-    from pod.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+    from pod.errors import CheckpointError
+    from pod.state.checkpoint import latest_checkpoint, load_checkpoint
     from pod.workloads import build_model
-    from pod.workloads.generate import sample_text
+    from pod.commands.generate import sample_text
 
     if checkpoint.is_dir():
         ckpt = latest_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
@@ -257,7 +258,7 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, double_buffer
 def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: str,
                wraparound: bool | None, as_json: bool) -> None:
     """Simulated collective benchmark over the ICI, read like nccl-tests."""
-    from pod.collective_bench import format_size, parse_sizes, run_collective_bench
+    from pod.commands.collective_bench import format_size, parse_sizes, run_collective_bench
 
     spec, torus, rows = run_collective_bench(chip, topology, op, parse_sizes(sizes),
                                              algorithm=algorithm, wraparound=wraparound)
@@ -295,7 +296,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
     """Run the scaling experiment in SCENARIO's sweep: block."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from pod.sweep import run_sweep, sweep_points
+    from pod.commands.sweep import run_sweep, sweep_points
 
     spec = load_scenario(scenario)
     if spec.sweep is None:

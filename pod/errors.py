@@ -1,23 +1,49 @@
 """Errors raised by the pod layer, and the set of errors that are the user's.
 
-The hierarchy (see ../shared/DESIGN.md): ``EmulatorError`` is the root of the
-errors ``pod`` raises; ``chip`` and ``interconnect`` keep their own roots
-(``ChipError``, ``InterconnectError``) because they must not import ``pod``.
-``USER_ERRORS`` lists every root whose message is meant for the user: the CLI
-prints such an error as one line and exits non-zero, never a traceback.
+``EmulatorError`` is the root of every error ``pod`` raises; ``chip`` and
+``interconnect`` keep their own roots (``ChipError``, ``InterconnectError``)
+because they must not import ``pod``. ``USER_ERRORS`` joins the three roots:
+the CLI prints such an error as one line and exits non-zero, never a
+traceback.
+
+The tree::
+
+    EmulatorError
+    +-- ScenarioError (ValueError)        a scenario field or option is wrong
+    |   +-- BenchError                    a bad option of ``tpu-pod collective``
+    +-- ShardingError (ValueError)        a batch does not split over the cores
+    +-- HBMPlanError (HBMOutOfMemoryError) a run's HBM plan does not fit a core
+    +-- CheckpointError (ValueError)      missing, corrupted, or of another run
+    +-- ClusterError (RuntimeError)       Ray could not start, or an actor failed
+    |   +-- ChipFailureError              chips died and nothing can restore them
+    |   +-- IciError                      a chip-to-chip link failed mid-collective
+    +-- MetricsError (RuntimeError)       the Prometheus exporter could not start
+
+``RunInterrupted`` is not an error: a run stopped by SIGINT / SIGTERM after
+writing what it had.
 """
 
 from __future__ import annotations
 
-from chip import ChipError
+import signal
+
+from typing import Any
+
+from chip import ChipError, HBMOutOfMemoryError
 from interconnect import InterconnectError
 
 __all__ = [
     "EmulatorError",
     "ScenarioError",
+    "BenchError",
     "ShardingError",
+    "HBMPlanError",
+    "CheckpointError",
     "ClusterError",
+    "ChipFailureError",
+    "IciError",
     "MetricsError",
+    "RunInterrupted",
     "USER_ERRORS",
 ]
 
@@ -30,16 +56,80 @@ class ScenarioError(EmulatorError, ValueError):
     """A scenario file or option is malformed; the message names the field."""
 
 
+class BenchError(ScenarioError):
+    """A bad option of ``tpu-pod collective`` (size, topology, algorithm)."""
+
+
 class ShardingError(EmulatorError, ValueError):
     """A batch cannot be split evenly over the TensorCores of the pod."""
+
+
+class HBMPlanError(EmulatorError, HBMOutOfMemoryError):
+    """A run's HBM plan does not fit one TensorCore: an ``HBMOutOfMemoryError``
+    with a message naming the scenario field to change, carrying the plan.
+
+    Attributes:
+        tag, requested_bytes, free_bytes, capacity_bytes: as
+            ``HBMOutOfMemoryError``.
+        memory_plan: bytes per item (params, grads, optimizer_state,
+            activations, workspace) and their total.
+    """
+
+    def __init__(self, message: str, *, tag: str, requested_bytes: int, free_bytes: int,
+                 capacity_bytes: int, memory_plan: dict[str, int]) -> None:
+        Exception.__init__(self, message)
+        self.tag = tag
+        self.requested_bytes = int(requested_bytes)
+        self.free_bytes = int(free_bytes)
+        self.capacity_bytes = int(capacity_bytes)
+        self.name = None
+        self.memory_plan = dict(memory_plan)
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_hbm_plan_error, (str(self), self.tag, self.requested_bytes,
+                                          self.free_bytes, self.capacity_bytes, self.memory_plan))
+
+
+def _rebuild_hbm_plan_error(message: str, tag: str, requested: int, free: int, capacity: int,
+                            plan: dict[str, int]) -> HBMPlanError:
+    return HBMPlanError(message, tag=tag, requested_bytes=requested, free_bytes=free,
+                        capacity_bytes=capacity, memory_plan=plan)
+
+
+class CheckpointError(EmulatorError, ValueError):
+    """A checkpoint is missing, truncated, corrupted, of an unknown format, or
+    of a different run."""
 
 
 class ClusterError(EmulatorError, RuntimeError):
     """Ray could not be started or joined, or a chip actor failed."""
 
 
+class ChipFailureError(ClusterError):
+    """Chip actors died and the run cannot recover (no checkpoint configured)."""
+
+
+class IciError(ClusterError):
+    """A peer chip did not deliver a chunk (it died, the link closed, or the
+    wait timed out); the message names the chip, the phase and the reason."""
+
+
 class MetricsError(EmulatorError, RuntimeError):
     """The Prometheus exporter could not start (for example, port in use)."""
+
+
+class RunInterrupted(Exception):
+    """The run was stopped by a signal after writing what it had.
+
+    Attributes:
+        signum: the signal (SIGINT or SIGTERM).
+        exit_code: 128 + signum (130, 143), the shell's code for a signalled command.
+    """
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        super().__init__(message or f"interrupted by {signal.Signals(self.signum).name}")
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (EmulatorError, ChipError, InterconnectError)

@@ -19,7 +19,7 @@ def ray_cluster():
     """A local Ray cluster on 127.0.0.1, shared by every Ray test; yields its address."""
     import ray
 
-    from pod.cluster import ensure_ray
+    from pod.runtime.cluster import ensure_ray
 
     started = ensure_ray(None)
     yield ray.get_runtime_context().gcs_address

@@ -2,56 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 
 import numpy as np
 
+from pod.workloads import files
+from pod.workloads.dataset import Dataset, stratified_split
+
+__all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "stratified_split"]
+
 DATASET_NAMES = ("digits", "synthetic", "mnist", "cifar10", "imdb", "text")
-
-
-@dataclasses.dataclass(frozen=True)
-class Dataset:
-    """A train / test split held in memory (arrays are read-only).
-
-    Attributes:
-        name: dataset name, e.g. "digits".
-        x_train: (N_train, *example_shape) float32 inputs.
-        y_train: (N_train,) int64 labels in [0, num_classes).
-        x_test: (N_test, *example_shape) float32 inputs.
-        y_test: (N_test,) int64 labels.
-        num_classes: number of classes.
-        synthetic: True when the data is generated, not real.
-        vocabulary: for character datasets, the characters (id i is
-            ``vocabulary[i]``); None otherwise.
-        source: where the examples came from (a file path, a module).
-    """
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
-    synthetic: bool
-    vocabulary: str | None = None  # text datasets: the characters, id i is vocabulary[i]
-    source: str = ""               # where the data came from (a path, a module), for output
-
-    def __post_init__(self):
-        for field in ("x_train", "y_train", "x_test", "y_test"):
-            getattr(self, field).flags.writeable = False
-        if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
-            raise ValueError(f"{self.name}: inputs and labels differ in length")
-
-    @property
-    def example_shape(self) -> tuple[int, ...]:
-        """One example's shape, e.g. (8, 8, 1)."""
-        return tuple(self.x_train.shape[1:])
-
-    def __repr__(self) -> str:
-        return (f"Dataset({self.name!r}, train={self.x_train.shape}, test={self.x_test.shape}, "
-                f"num_classes={self.num_classes}, synthetic={self.synthetic})")
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,19 +21,6 @@ def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
     d = load_digits()
     x = (d.images / 16.0).astype(np.float32)[..., None]                 # (1797, 8, 8, 1) in [0, 1]
     return x, d.target.astype(np.int64)
-
-
-def stratified_split(y: np.ndarray, test_fraction: float, seed: int):
-    """Per class, a seeded permutation; round(test_fraction * n_class) go to test.
-    Returns (train_idx, test_idx), each shuffled with the same seed."""
-    rng = np.random.default_rng(seed)
-    train, test = [], []
-    for c in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        n_test = int(round(test_fraction * len(idx)))
-        test.append(idx[:n_test])
-        train.append(idx[n_test:])
-    return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(test))
 
 
 def _digits(test_fraction: float, seed: int) -> Dataset:
@@ -119,9 +67,6 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
     return Dataset("synthetic", x[n_test:], y[n_test:], x[:n_test], y[:n_test],
                    int(num_classes), synthetic=True, source="generated")
 
-
-# files.py builds on Dataset and stratified_split above (imported here, not at the top)
-from pod.workloads import files  # noqa: E402
 
 _LOADERS = {
     "digits": (_digits, ()),

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pod.workloads.datasets import Dataset, stratified_split
+from pod.workloads.dataset import Dataset, stratified_split
 
 FORMATS = {
     "mnist": "a directory with the MNIST IDX files train-images-idx3-ubyte, "

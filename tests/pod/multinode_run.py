@@ -16,9 +16,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from pod.coordinator import Pod  # noqa: E402
-from pod.plan import build_plan  # noqa: E402
-from pod.scenario import parse_scenario  # noqa: E402
+from pod.runtime.coordinator import Pod  # noqa: E402
+from pod.config.plan import build_plan  # noqa: E402
+from pod.config.scenario import parse_scenario  # noqa: E402
 
 STEPS = 3
 

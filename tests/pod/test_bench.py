@@ -1,4 +1,4 @@
-"""pod.bench: `tpu-pod matmul`, and the seed benchmark scenarios over chip actors."""
+"""pod.commands.bench: `tpu-pod matmul`, and the seed benchmark scenarios over chip actors."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from chip import PrecisionError
-from pod.bench import BenchmarkChipActor, benchmark_inputs, check_benchmark, matmul_report
-from pod.scenario import load_scenario
+from pod.commands.bench import matmul_report
+from pod.config.bench import check_benchmark
+from pod.runtime.bench import BenchmarkChipActor, benchmark_inputs
+from pod.config.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +99,7 @@ def test_full_size_seed_scenarios_plan():
 
 
 def test_seed_matmul_runs_functionally_at_reduced_size_over_chip_actors(ray_cluster, tmp_path):
-    from pod.bench import run_benchmark
+    from pod.commands.bench import run_benchmark
 
     scenario = load_scenario(ROOT / "scenarios/seed-matmul-v2-8.yaml").with_overrides(
         benchmark__n=32, benchmark__iterations=3, benchmark__functional=True,

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from pod.checkpoint import (Checkpoint, CheckpointError, RunCheckpoints, check_compatible,
-                            checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint,
-                            params_digest, pod_checkpoint, prune_checkpoints, save_checkpoint)
-from pod.plan import build_plan
-from pod.scenario import parse_scenario
+from pod.errors import CheckpointError
+from pod.state.checkpoint import (Checkpoint, checkpoint_path, latest_checkpoint, list_checkpoints,
+                                  load_checkpoint, params_digest, prune_checkpoints, save_checkpoint)
+from pod.state.resume import RunCheckpoints, check_compatible, pod_checkpoint
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
 
 
 def scenario(steps=6, checkpoint=None, faults=(), name="ckpt-test", **options):
@@ -38,7 +39,7 @@ def scenario(steps=6, checkpoint=None, faults=(), name="ckpt-test", **options):
 
 
 def run(tmp, sc, **kw):
-    from pod.run import run_training
+    from pod.commands.train import run_training
 
     log = io.StringIO()
     summary = run_training(build_plan(sc), output_dir=tmp, console=Console(file=log, width=200),
@@ -99,10 +100,13 @@ def test_prune_keeps_the_newest_k_and_latest_skips_a_corrupted_one(tmp_path):
 
 
 def test_a_checkpoint_of_replicas_that_differ_is_refused():
+    from pod.runtime.actor import Snapshot
+
     class FakePod:
         def snapshot(self):
-            return {"digests": [[["a", "o"], ["a", "o"]], [["a", "o"], ["b", "o"]]],
-                    "model_state": [[{}, {}], [{}, {}]], "params": {}, "optimizer_state": {}}
+            return [Snapshot(digests=(("a", "o"), ("a", "o")), model_state=({}, {}), params={},
+                             optimizer_state={}),
+                    Snapshot(digests=(("a", "o"), ("b", "o")), model_state=({}, {}))]
 
     plan = build_plan(scenario(batch_norm=False))
     with pytest.raises(CheckpointError, match="chip 1 core 1 differs"):
@@ -122,11 +126,13 @@ def test_resume_refuses_another_scenario_and_a_used_directory(tmp_path):
     assert RunCheckpoints(plan, tmp_path, resume_dir=tmp_path / "c").dir == tmp_path / "c"
 
 
-def test_digest_matches_the_actor_digest():
-    from pod.actor import _digest
+def test_digest_is_sha256_of_the_raw_bytes_in_order():
+    import hashlib
 
     arrays = {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.float32)}
-    assert params_digest(arrays) == _digest(arrays)
+    expected = hashlib.sha256(arrays["a"].tobytes() + arrays["b"].tobytes()).hexdigest()
+    assert params_digest(arrays) == expected
+    assert params_digest(dict(reversed(arrays.items()))) != expected  # order matters
 
 
 # ------------------------------------------------------------------ on Ray: resume

@@ -10,24 +10,23 @@ from click.testing import CliRunner
 
 from interconnect import ALGORITHMS, Torus, build_collective, execute
 from pod.cli import cli, main
-from pod.collective_bench import bus_factor, parse_size, parse_sizes
+from pod.commands.collective_bench import bus_factor, parse_size, parse_sizes
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("transport", ["direct", "object_store"])
-def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum(transport):
+def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
     import ray
 
     from chip import get_chip_spec
-    from pod.actor import ChipActor
-    from pod.collective import run_schedule
+    from pod.runtime.actor import ChipActor
+    from pod.runtime.collective import run_schedule
     from pod.workloads import build_model
 
     torus = Torus((2, 2), True)
     model = build_model("mlp", (8, 8, 1), 10, hidden=[4], dropout=False)
     remote = ray.remote(ChipActor).options(num_cpus=0)
     actors = [remote.remote(get_chip_spec("v4"), r, model, "sgd", {"learning_rate": 0.1}, 0, 8,
-                            True, True, True) for r in range(torus.num_chips)]
+                            numerics=True, limit_threads=True) for r in range(torus.num_chips)]
     rng = np.random.default_rng(3)
     try:
         for algorithm in ALGORITHMS["allreduce"]:
@@ -35,7 +34,7 @@ def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum(transport):
             schedule = build_collective("allreduce", torus, 1001, 4, algorithm)
             ray.get([a.set_chunk_bounds.remote(schedule.chunk_bounds) for a in actors])
             ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
-            done = run_schedule(actors, schedule, transport=transport)
+            done = run_schedule(actors, schedule)
             assert all(isinstance(ref, ray.ObjectRef) for ref in done)
             ray.get(done)
             results = ray.get([a.get_buffer.remote() for a in actors])
@@ -50,7 +49,7 @@ def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum(transport):
 
 
 def test_rank_plans_carry_no_gradient_bytes_and_cover_every_transfer():
-    from pod.collective import rank_plans
+    from pod.runtime.collective import rank_plans
 
     torus = Torus((2, 2), True)
     for algorithm in ALGORITHMS["allreduce"]:
@@ -68,8 +67,8 @@ def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer(
     import struct
     import threading
 
-    from pod.collective import rank_plans
-    from pod.ici import IciError, IciPort
+    from pod.runtime.collective import rank_plans
+    from pod.runtime.ici import IciError, IciPort
 
     torus = Torus((4,), True)
     rng = np.random.default_rng(5)
@@ -174,7 +173,7 @@ def test_collective_user_errors_are_one_line(capsys, args, needle):
 
 
 def _scenario(**pod):
-    from pod.scenario import parse_scenario
+    from pod.config.scenario import parse_scenario
 
     return parse_scenario({
         "name": "collective-test", "pod": {"slice": "v2-8", **pod},
@@ -184,12 +183,12 @@ def _scenario(**pod):
 
 
 def test_scenario_chooses_the_algorithm_and_slows_or_fails_links():
-    from pod.coordinator import Pod
-    from pod.plan import build_plan
+    from pod.runtime.coordinator import Pod
+    from pod.config.plan import build_plan
 
     auto = Pod(build_plan(_scenario()))
     tree = Pod(build_plan(_scenario(allreduce="tree")))
-    assert tree.allreduce_algorithm == "tree" and tree.schedule.name == "tree_allreduce"
+    assert tree.plan.ici.algorithm == "tree" and tree.schedule.name == "tree_allreduce"
     assert auto.ici_cost.seconds <= tree.ici_cost.seconds
     slowed = Pod(build_plan(_scenario(allreduce="ring", links=[{"link": "0->1", "slowdown": 4.0}])))
     healthy = Pod(build_plan(_scenario(allreduce="ring")))
@@ -213,8 +212,8 @@ def test_bad_collective_keys_are_named(pod, needle):
 
 def test_a_link_the_pod_lacks_is_named():
     from interconnect import TopologyError
-    from pod.coordinator import Pod
-    from pod.plan import build_plan
+    from pod.runtime.coordinator import Pod
+    from pod.config.plan import build_plan
 
     with pytest.raises(TopologyError, match="link 0->3 is not a link of torus 2x2"):
         Pod(build_plan(_scenario(links=[{"link": "0->3", "slowdown": 2.0}])))

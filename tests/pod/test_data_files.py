@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pod.errors import ScenarioError
-from pod.plan import build_plan
-from pod.scenario import load_scenario
+from pod.config.plan import build_plan
+from pod.config.scenario import load_scenario
 from pod.workloads import load_dataset
 from pod.workloads.files import pad_sequences, python_docs_text, read_idx, tokenize
 

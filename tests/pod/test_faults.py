@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pod.checkpoint import checkpoint_path, load_checkpoint
+from pod.state.checkpoint import checkpoint_path, load_checkpoint
 from pod.errors import ScenarioError
-from pod.plan import build_plan
+from pod.config.plan import build_plan
 from tests.pod.test_checkpoint import run
 from tests.pod.test_checkpoint import scenario as checkpoint_scenario
 
@@ -35,7 +35,7 @@ def final_params(out: Path, step: int = 6) -> dict[str, bytes]:
 
 
 def test_fault_entries_are_checked_against_the_pod():
-    from pod.coordinator import Pod
+    from pod.runtime.coordinator import Pod
 
     with pytest.raises(ScenarioError, match=r"faults\.0\.chip: 4 is not a chip of this pod "
                                             r"\(ranks 0\.\.3\)"):
@@ -79,7 +79,7 @@ def test_a_killed_chip_is_replaced_and_training_ends_bit_identical(fault_free, t
 
 def test_without_checkpoints_a_killed_chip_stops_the_run_and_keeps_the_partial_results(
         ray_cluster, tmp_path):
-    from pod.faults import ChipFailureError
+    from pod.errors import ChipFailureError
 
     with pytest.raises(ChipFailureError, match=r"chip actor\(s\) 3 died at step 3 .*no checkpoint"):
         run(tmp_path, scenario(faults=[{"kind": "kill_chip", "chip": 3, "step": 3}]))
@@ -116,8 +116,8 @@ def test_a_straggler_shows_in_its_metrics_the_step_time_and_the_trace(ray_cluste
 def test_the_straggler_gauge_is_exported():
     from prometheus_client import generate_latest
 
-    from pod.metrics import PodMetrics
-    from pod.stats import StepStats
+    from pod.report.metrics import PodMetrics
+    from pod.report.stats import StepStats
 
     m = PodMetrics(scenario="s", chip="v2", slice_name="v2-8", topology="2x2", links=[],
                    chips=2, cores=1)
@@ -140,9 +140,8 @@ def test_link_faults_change_the_allreduce_cost_from_their_step_not_the_result(ra
     plan = build_plan(scenario(steps=3))
     spec = plan.pod.chip
     link = LinkSpec(spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
-    from pod.coordinator import Pod
 
-    algorithm = Pod(plan).allreduce_algorithm
+    algorithm = plan.ici.algorithm
     expected = [collective_cost("allreduce", plan.pod.torus, plan.num_params, link,
                                 algorithm=algorithm, faults=f).seconds
                 for f in (LinkFaults(), LinkFaults({(0, 1): 4.0}),

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from pod.plan import build_plan
-from pod.scenario import parse_scenario
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
 
 pytestmark = [pytest.mark.load, pytest.mark.usefixtures("ray_cluster")]
 
@@ -41,8 +41,8 @@ def slope_mib_per_100_steps(samples: list[tuple[int, float]]) -> float:
 def test_sixteen_chips_hundreds_of_steps_with_checkpoints_keep_memory_flat(tmp_path, monkeypatch):
     import ray
 
-    import pod.run as run_module
-    from pod.coordinator import Pod
+    import pod.commands.train as run_module
+    from pod.runtime.coordinator import Pod
 
     pods: list[Pod] = []
 

@@ -19,8 +19,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pod.errors import MetricsError
-from pod.metrics import METRIC_NAMES, PodMetrics
-from pod.stats import StepStats
+from pod.report.metrics import METRIC_NAMES, PodMetrics
+from pod.report.stats import StepStats
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "monitoring"
@@ -139,8 +139,8 @@ def test_prometheus_config_and_alert_rules_check_and_pass_their_unit_tests():
 def test_trace_is_well_formed_and_adds_up_to_the_step_time(tmp_path):
     from rich.console import Console
 
-    from pod.plan import build_plan
-    from pod.run import run_training
+    from pod.config.plan import build_plan
+    from pod.commands.train import run_training
     from tests.pod.test_pod import mlp_scenario
 
     plan = build_plan(mlp_scenario(steps=3))
@@ -281,8 +281,8 @@ def test_progress_bar_and_keras_style_epoch_lines(tmp_path):
 
     from rich.console import Console
 
-    from pod.plan import build_plan
-    from pod.run import run_training
+    from pod.config.plan import build_plan
+    from pod.commands.train import run_training
     from tests.pod.test_pod import mlp_scenario
 
     # digits' 1,437 training examples at global batch 512: 2 steps per epoch, 5 steps = 3 epochs

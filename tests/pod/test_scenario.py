@@ -9,9 +9,9 @@ import yaml
 
 from chip import ChipSpecError, HBMOutOfMemoryError
 from pod.errors import ScenarioError, ShardingError
-from pod.plan import batch_indices, build_plan, shard_batch_size
-from pod.scenario import load_scenario, parse_scenario
-from pod.slices import default_shape, parse_slice, resolve_pod
+from pod.config.plan import batch_indices, build_plan, shard_batch_size
+from pod.config.scenario import load_scenario, parse_scenario
+from pod.config.slices import default_shape, parse_slice, resolve_pod
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
 
@@ -39,7 +39,7 @@ def with_(path: str, value):
 
 
 def test_every_shipped_scenario_validates():
-    from pod.bench import check_benchmark
+    from pod.config.bench import check_benchmark
 
     assert SCENARIOS, "scenarios/ holds no YAML file"
     kinds = set()

@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-from pod.plan import build_plan
-from pod.scenario import parse_scenario
-from pod.sweep import run_sweep, sweep_points
-from pod.timing import TimingPod
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
+from pod.commands.sweep import run_sweep, sweep_points
+from pod.runtime.timing import TimingPod
 
 
 def scenario(**extra):
@@ -28,7 +28,7 @@ def scenario(**extra):
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_timing_only_and_functional_report_identical_simulated_times():
-    from pod.coordinator import Pod
+    from pod.runtime.coordinator import Pod
 
     plan = build_plan(scenario())
     with Pod(plan) as pod:

@@ -21,8 +21,9 @@ from threadpoolctl import threadpool_limits
 
 from chip import TensorCore, get_chip_spec
 from interconnect import Torus, execute, ring_allreduce
-from pod.actor import ChipActor
-from pod.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from pod.runtime.actor import ChipActor
+from pod.errors import CheckpointError
+from pod.state.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pod.workloads import build_model, build_optimizer, load_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,9 +172,9 @@ SHRINK = {
 def test_seed_scenarios_run_two_steps(filename, tmp_path, ray_cluster):
     from rich.console import Console
 
-    from pod.plan import build_plan
-    from pod.run import run_training
-    from pod.scenario import load_scenario
+    from pod.config.plan import build_plan
+    from pod.commands.train import run_training
+    from pod.config.scenario import load_scenario
 
     scenario = load_scenario(ROOT / "scenarios" / filename)
     scenario = scenario.with_overrides(training__steps=2, metrics__port=0,

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 
 from chip import ChipSpec, get_chip_spec
 from interconnect import ALGORITHMS, LinkFaults, LinkSpec, Torus, parse_shape
-from pod.collective import choose_algorithm
-from pod.errors import ScenarioError
-from pod.slices import default_wraparound
+from pod.config.ici import choose_algorithm
+from pod.errors import BenchError
+from pod.config.slices import default_wraparound
 
 __all__ = ["CollectiveRow", "OPS_BY_NAME", "bus_factor", "parse_size", "parse_sizes", "run_collective_bench"]
 
@@ -39,10 +39,6 @@ OPS_BY_NAME = {"allreduce": "allreduce", "reduce-scatter": "reduce_scatter",
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024**2, "mib": 1024**2,
           "mb": 1000**2, "g": 1024**3, "gib": 1024**3, "gb": 1000**3}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
-
-
-class BenchError(ScenarioError):
-    """A bad option of ``tpu-pod collective`` (size, topology, algorithm)."""
 
 
 def parse_size(text: str) -> int:

@@ -323,7 +323,7 @@ class FaultConfig(_Frozen):
 
 
 class BenchmarkConfig(_Frozen):
-    """A seed benchmark instead of training (see ``pod.bench``).
+    """A seed benchmark instead of training (see ``pod.commands.bench``).
 
     kind: matmul (x <- x . y on each TensorCore) or matrix_add (c = a + b on
     the VPU); n: matrix size; iterations; precision of the MXU (matmul);
@@ -403,7 +403,7 @@ class SweepConfig(_Frozen):
     @field_validator("slices")
     @classmethod
     def _known_slices(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        from pod.slices import parse_slice  # ScenarioError is a ValueError: pydantic reports it
+        from pod.config.slices import parse_slice  # ScenarioError is a ValueError: pydantic reports it
 
         for name in value or ():
             parse_slice(name)

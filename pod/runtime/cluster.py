@@ -3,7 +3,7 @@
 A local cluster is started when no address is given (the scenario's
 ``ray.address``, else the ``RAY_ADDRESS`` environment variable): bound to
 127.0.0.1, dashboard off, token authentication off, logs at ERROR, session
-files in Ray's own temporary directory. See ../shared/reference/pitfalls.md.
+files in Ray's own temporary directory.
 """
 
 from __future__ import annotations
@@ -14,11 +14,6 @@ import os
 import ray
 
 from pod.errors import ClusterError
-
-# A chip that dies leaves the results of calls nobody fetched in error; Ray would
-# print each as "Unhandled error" on stderr. The coordinator reports the failure
-# itself (one line, or the recovery), so keep that noise off the user's terminal.
-os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
 
 __all__ = ["ensure_ray", "shutdown_ray"]
 

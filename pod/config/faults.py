@@ -1,6 +1,6 @@
 """Faults injected from a scenario's ``faults:`` list, and interrupted runs.
 
-Kinds (``pod.scenario.FaultConfig``; ``step`` is 1-based, as the progress
+Kinds (``pod.config.scenario.FaultConfig``; ``step`` is 1-based, as the progress
 lines count):
 
 - ``kill_chip {chip}``: during that step the chip's actor is killed
@@ -21,44 +21,18 @@ lines count):
   ``pod.links``). The allreduce algorithm chosen at the start is kept (a real
   pod does not recompile mid-run), so the gradient bytes do not change; only
   its simulated cost does.
-
-``InterruptGuard`` defers SIGINT / SIGTERM to the next step boundary, so a
-run stops between steps with a consistent state it can checkpoint.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from interconnect import parse_link
-from pod.errors import ClusterError, ScenarioError
+from pod.config.links import link_entry
+from pod.errors import ScenarioError
 
-__all__ = ["Fault", "FaultPlan", "ChipFailureError", "RunInterrupted", "InterruptGuard",
-           "EXIT_SIGINT", "EXIT_SIGTERM"]
-
-EXIT_SIGINT = 128 + signal.SIGINT    # 130, the shell's code for a Ctrl-C'd command
-EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
-
-
-class ChipFailureError(ClusterError):
-    """Chip actors died and the run cannot recover (no checkpoint configured)."""
-
-
-class RunInterrupted(Exception):
-    """The run was stopped by a signal after writing what it had.
-
-    Attributes:
-        signum: the signal (SIGINT or SIGTERM).
-        exit_code: 128 + signum (130, 143).
-    """
-
-    def __init__(self, signum: int, message: str = "") -> None:
-        self.signum = int(signum)
-        self.exit_code = 128 + self.signum
-        super().__init__(message or f"interrupted by {signal.Signals(self.signum).name}")
+__all__ = ["Fault", "FaultPlan"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +106,7 @@ class FaultPlan:
                 resolved.append(Fault(i, f.kind, step, link=link,
                                       slowdown=f.slowdown if f.slowdown is not None else 1.0))
         self.faults: tuple[Fault, ...] = tuple(resolved)
-        self.base_links = [_link_entry(e) for e in base_links]
+        self.base_links = [link_entry(e) for e in base_links]
 
     def kills_at(self, step: int) -> list[Fault]:
         """Kill faults (kill_chip, kill_host) that happen during zero-based ``step``."""
@@ -161,56 +135,3 @@ class FaultPlan:
     def link_change_steps(self) -> list[int]:
         """Zero-based steps at which the link faults change (0 always included)."""
         return sorted({0} | {f.step for f in self.faults if f.link})
-
-
-def _link_entry(entry: Any) -> dict[str, Any]:
-    if isinstance(entry, dict):
-        return dict(entry)
-    out: dict[str, Any] = {"link": entry.link}
-    if entry.failed:
-        out["failed"] = True
-    else:
-        out["slowdown"] = entry.slowdown
-    return out
-
-
-class InterruptGuard:
-    """Defer SIGINT and SIGTERM to step boundaries while a run trains.
-
-    Inside the ``with`` block, the first SIGINT or SIGTERM only sets
-    ``signum``; the training loop checks it between steps, checkpoints and
-    stops. A second signal raises ``RunInterrupted`` at once (a user who
-    presses Ctrl-C twice means it). Outside the main thread (where Python
-    cannot install handlers) the guard does nothing.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal API
-        if self.signum is not None:
-            raise RunInterrupted(signum, f"interrupted twice by {signal.Signals(signum).name}")
-        self.signum = signum
-
-    def __enter__(self) -> "InterruptGuard":
-        self.arm()
-        return self
-
-    def arm(self) -> None:
-        """Install the handlers (again): ``ray.init`` installs its own SIGTERM handler,
-        so a run arms the guard once Ray is up. The handlers found are restored on exit."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous = signal.signal(sig, self._handle)
-                self._previous.setdefault(sig, previous)
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def check(self) -> None:
-        """Raise ``RunInterrupted`` if a signal arrived (call between steps)."""
-        if self.signum is not None:
-            raise RunInterrupted(self.signum)

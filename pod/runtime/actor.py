@@ -4,33 +4,115 @@ The class is plain Python so it can be exercised in-process; the coordinator
 wraps it with ``ray.remote``. It holds one model replica (parameters and
 optimizer state) per TensorCore, as a real chip does under data parallelism.
 
-One training step, seen from a chip (see ../shared/DESIGN.md):
+One training step, seen from a chip (docs/ARCHITECTURE.md):
 
 1. ``compute``: each TensorCore runs forward + backward on its shard; the
    chip then reduces its cores' gradients locally (an on-chip vector add,
    costed on core 0) into one flat float32 buffer.
 2. ``run_collective`` (one call): run this chip's part of the allreduce
    schedule, sending chunks straight to the receiving chips and applying
-   the ones it receives (``pod.ici``); the driver never handles gradient
-   bytes. (``exchange``, once per phase with chunks as object-store
-   references, is the earlier, slower transport.)
+   the ones it receives (``pod.runtime.ici``); the driver never handles
+   gradient bytes.
 3. ``apply``: every core divides the sum by the number of replicas and runs
    the optimizer on its own replica. The same bytes in give the same bytes
    out, so replicas stay bit-identical (checked by ``digests``).
+
+What a call returns is a frozen dataclass (``ComputeReport``,
+``ApplyReport``, ``Evaluation``, ``Snapshot``), never a dict read back by key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from chip import Chip, ChipSpec, OpRecord
+from pod.report.stats import RecordTotals
+from pod.state.checkpoint import params_digest
 from pod.workloads import Model, build_optimizer
 
-__all__ = ["ChipActor", "flatten", "unflatten", "summarize_records"]
+__all__ = ["ChipActor", "flatten", "unflatten", "HbmUsage", "ComputeReport", "ApplyReport",
+           "Evaluation", "Snapshot", "TraceRow"]
+
+#: One op of a timeline: (name, unit, simulated seconds, flops, hbm_bytes, bound).
+TraceRow = tuple[str, str, float, int, int, str]
+
+
+@dataclass(frozen=True)
+class HbmUsage:
+    """One TensorCore's HBM, bytes."""
+
+    used_bytes: int
+    peak_bytes: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class ComputeReport:
+    """What ``ChipActor.compute`` returns: one chip's forward + backward.
+
+    Per-core tuples are indexed by TensorCore. Seconds are simulated.
+
+    Attributes:
+        losses: each core's training loss on its shard.
+        compute_seconds: each core's forward + backward.
+        mxu_flops: each core's MXU FLOPs (model FLOPs of the step).
+        local_reduce_seconds: the on-chip reduce of the cores' gradients.
+        hbm: each core's HBM after the step's allocations.
+        trace: each core's op rows (empty unless traced).
+        local_reduce_trace: the local reduce's op rows (empty unless traced).
+    """
+
+    losses: tuple[float, ...]
+    compute_seconds: tuple[float, ...]
+    mxu_flops: tuple[int, ...]
+    local_reduce_seconds: float
+    hbm: tuple[HbmUsage, ...]
+    trace: tuple[tuple[TraceRow, ...], ...] = ()
+    local_reduce_trace: tuple[TraceRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    """What ``ChipActor.apply`` returns: one chip's optimizer update.
+
+    Attributes:
+        update_seconds: each core's update (simulated).
+        hbm: each core's HBM.
+        trace: each core's op rows (empty unless traced).
+    """
+
+    update_seconds: tuple[float, ...]
+    hbm: tuple[HbmUsage, ...]
+    trace: tuple[tuple[TraceRow, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Test loss (mean per prediction) and accuracy (0..1) of one replica."""
+
+    loss: float
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a checkpoint needs from one chip (``ChipActor.snapshot``).
+
+    Attributes:
+        digests: per core, (parameters sha256, optimizer state sha256).
+        model_state: per core, a copy of its model state.
+        params: core 0's parameters (only when asked for: ``full``).
+        optimizer_state: core 0's optimizer state (likewise).
+    """
+
+    digests: tuple[tuple[str, str], ...]
+    model_state: tuple[dict[str, np.ndarray], ...]
+    params: dict[str, np.ndarray] | None = None
+    optimizer_state: dict[str, np.ndarray] | None = None
 
 
 def flatten(tensors: dict[str, np.ndarray]) -> np.ndarray:
@@ -48,26 +130,6 @@ def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.nda
     return out
 
 
-def summarize_records(records: Sequence[OpRecord]) -> dict[str, float]:
-    """Totals of a list of op records.
-
-    Returns:
-        seconds (simulated, ops run back to back on one core), flops,
-        mxu_flops, hbm_bytes, and seconds per unit (mxu_seconds, vpu_seconds,
-        scalar_seconds).
-    """
-    totals = {"seconds": 0.0, "flops": 0, "mxu_flops": 0, "hbm_bytes": 0,
-              "mxu_seconds": 0.0, "vpu_seconds": 0.0, "scalar_seconds": 0.0}
-    for rec in records:
-        totals["seconds"] += rec.seconds
-        totals["flops"] += rec.flops
-        totals["hbm_bytes"] += rec.hbm_bytes
-        totals[f"{rec.unit}_seconds"] = totals.get(f"{rec.unit}_seconds", 0.0) + rec.seconds
-        if rec.unit == "mxu":
-            totals["mxu_flops"] += rec.flops
-    return totals
-
-
 class ChipActor:
     """One chip: its TensorCores, their model replicas and the gradient buffer.
 
@@ -83,8 +145,6 @@ class ChipActor:
             divided by it).
         numerics: TPU numerics (MXU inputs per ``precision``) when True.
         limit_threads: pin BLAS to one thread (several actors share few cores).
-        put_chunks: send chunks as objects this actor puts in Ray's object
-            store (True inside a Ray actor); False returns plain arrays.
         precision: MXU precision of every core: "bf16", "fp32" or "int8"
             (the scenario's ``training.precision``).
 
@@ -96,12 +156,11 @@ class ChipActor:
     def __init__(self, spec: ChipSpec, chip_id: int, model: Model, optimizer_name: str,
                  optimizer_options: dict[str, Any], seed: int, num_replicas: int,
                  numerics: bool = True, limit_threads: bool = True,
-                 put_chunks: bool = False, precision: str = "bf16") -> None:
+                 precision: str = "bf16") -> None:
         if limit_threads:
             from threadpoolctl import threadpool_limits
             threadpool_limits(1)
         self.chip = Chip(spec, chip_id, numerics=numerics, precision=precision)
-        self.put_chunks = put_chunks
         self.chip_id = chip_id
         self.model = model
         self.optimizer = build_optimizer(optimizer_name, **optimizer_options)
@@ -144,14 +203,8 @@ class ChipActor:
         return self.grad_flat.copy()
 
     def digests(self) -> list[str]:
-        """SHA-256 of each core's parameter bytes, in dict order."""
-        out = []
-        for params in self.params:
-            h = hashlib.sha256()
-            for v in params.values():
-                h.update(np.ascontiguousarray(v).tobytes())
-            out.append(h.hexdigest())
-        return out
+        """SHA-256 of each core's parameter bytes, in dict order (``params_digest``)."""
+        return [params_digest(params) for params in self.params]
 
     def get_params(self, core: int = 0) -> dict[str, np.ndarray]:
         """A copy of one core's parameters."""
@@ -165,10 +218,10 @@ class ChipActor:
         """A copy of one core's optimizer state."""
         return {k: v.copy() for k, v in self.opt_state[core].items()}
 
-    def hbm(self) -> list[dict[str, int]]:
-        """Per core: used_bytes, peak_bytes, capacity_bytes."""
-        return [{"used_bytes": c.hbm.used_bytes, "peak_bytes": c.hbm.peak_bytes,
-                 "capacity_bytes": c.hbm.capacity_bytes} for c in self.chip.cores]
+    def hbm(self) -> tuple[HbmUsage, ...]:
+        """Each core's HBM in use, high-water mark and capacity."""
+        return tuple(HbmUsage(c.hbm.used_bytes, c.hbm.peak_bytes, c.hbm.capacity_bytes)
+                     for c in self.chip.cores)
 
     def set_compute_slowdown(self, factor: float) -> None:
         """Make this chip a straggler: its simulated forward + backward seconds (and
@@ -181,26 +234,18 @@ class ChipActor:
             raise ValueError(f"compute slowdown must be a finite factor >= 1, got {factor!r}")
         self.compute_slowdown = float(factor)
 
-    def snapshot(self, full: bool = False) -> dict[str, Any]:
+    def snapshot(self, full: bool = False) -> Snapshot:
         """What a checkpoint needs from this chip.
 
         Args:
             full: also return core 0's parameters and optimizer state (the
                 coordinator asks one chip; the others only send digests).
-
-        Returns:
-            ``digests``: per core [params sha256, optimizer state sha256];
-            ``model_state``: per core, a copy of its model state; with full,
-            ``params`` and ``optimizer_state`` of core 0.
         """
-        out: dict[str, Any] = {
-            "digests": [[d, _digest(o)] for d, o in zip(self.digests(), self.opt_state)],
-            "model_state": [self.get_model_state(c) for c in range(len(self.chip.cores))],
-        }
-        if full:
-            out["params"] = self.get_params(0)
-            out["optimizer_state"] = self.get_opt_state(0)
-        return out
+        return Snapshot(
+            digests=tuple((d, params_digest(o)) for d, o in zip(self.digests(), self.opt_state)),
+            model_state=tuple(self.get_model_state(c) for c in range(len(self.chip.cores))),
+            params=self.get_params(0) if full else None,
+            optimizer_state=self.get_opt_state(0) if full else None)
 
     def restore(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray],
                 model_state: Sequence[dict[str, np.ndarray]]) -> list[str]:
@@ -237,7 +282,7 @@ class ChipActor:
     # -- one training step -----------------------------------------------------
 
     def compute(self, step: int, x: np.ndarray, y: np.ndarray, seed: int,
-                trace: bool = False) -> dict[str, Any]:
+                trace: bool = False) -> ComputeReport:
         """Forward + backward on every core, then the on-chip gradient reduce.
 
         Args:
@@ -246,13 +291,11 @@ class ChipActor:
                 [i*b, (i+1)*b) with b = B_chip / cores.
             y: labels, (B_chip,) int64.
             seed: the scenario seed.
-            trace: also return every op record (``records``, per core, and
-                ``local_reduce_records``) for a timeline.
+            trace: also return every op record (per core, and the local reduce's).
 
         Returns:
-            Per core lists ``loss``, ``compute_seconds``, ``mxu_flops``,
-            ``flops``, ``hbm_bytes``; ``local_reduce_seconds``; ``hbm`` (per
-            core used / peak / capacity bytes).
+            The chip's report; the reduced gradients stay in this actor for
+            the collective.
         """
         cores = self.chip.cores
         b = x.shape[0] // len(cores)
@@ -265,101 +308,81 @@ class ChipActor:
                 state=self.model_state[i], rng=rng)
             core.hbm.free("activations")
             losses.append(float(loss))
-            records = core.take_records()
-            if self.compute_slowdown != 1.0:  # a straggler: its records take longer
-                f = self.compute_slowdown
-                records = [dataclasses.replace(r, seconds=r.seconds * f,
-                                               compute_seconds=r.compute_seconds * f,
-                                               memory_seconds=r.memory_seconds * f)
-                           for r in records]
-            totals.append(summarize_records(records))
-            traces.append(_trace_rows(records) if trace else [])
+            records = self._slowed(core.take_records())
+            totals.append(RecordTotals.of(records))
+            traces.append(_trace_rows(records) if trace else ())
             flats.append(flatten(grads))
         reducer = cores[0]
         acc = flats[0]
         for other in flats[1:]:
             acc = reducer.vector("local_reduce", np.add, acc, other)
         reduce_records = reducer.take_records()
-        local = summarize_records(reduce_records)
         self.grad_flat = np.array(acc, dtype=np.float32, copy=True)
-        return {
-            "loss": losses,
-            "compute_seconds": [t["seconds"] for t in totals],
-            "mxu_flops": [t["mxu_flops"] for t in totals],
-            "flops": [t["flops"] for t in totals],
-            "hbm_bytes": [t["hbm_bytes"] for t in totals],
-            "local_reduce_seconds": local["seconds"],
-            "records": traces,
-            "local_reduce_records": _trace_rows(reduce_records) if trace else [],
-            "hbm": self.hbm(),
-        }
+        return ComputeReport(
+            losses=tuple(losses),
+            compute_seconds=tuple(t.seconds for t in totals),
+            mxu_flops=tuple(t.mxu_flops for t in totals),
+            local_reduce_seconds=RecordTotals.of(reduce_records).seconds,
+            hbm=self.hbm(),
+            trace=tuple(traces) if trace else (),
+            local_reduce_trace=_trace_rows(reduce_records) if trace else ())
 
-    def exchange(self, receives: Sequence[tuple[int, bool]], sends: Sequence[int],
-                 *incoming: Any) -> Any:
-        """One allreduce phase: apply what arrived, then send this phase's chunks.
-
-        Args:
-            receives: (chunk, reduce) per incoming chunk, in the order of
-                ``incoming``. reduce: ``buf[c] = buf[c] + chunk``; else copy.
-            sends: chunk indices to send this phase.
-            incoming: Ray object references to the chunks (put by their
-                senders), or arrays when run in-process.
-
-        Returns:
-            One reference (or array in-process) per send; a single value when
-            there is one send, None when there are none.
-        """
-        if incoming:
-            arrays = _resolve(incoming)
-            for (chunk, reduce), arr in zip(receives, arrays):
-                start, stop = self.chunk_bounds[chunk]
-                if reduce:
-                    self.grad_flat[start:stop] = self.grad_flat[start:stop] + arr
-                else:
-                    self.grad_flat[start:stop] = arr
-        outs = [self.grad_flat[slice(*self.chunk_bounds[c])].copy() for c in sends]
-        if self.put_chunks:
-            import ray
-            outs = [ray.put(o) for o in outs]
-        if not outs:
-            return None
-        return outs[0] if len(outs) == 1 else tuple(outs)
+    def _slowed(self, records: list[OpRecord]) -> list[OpRecord]:
+        """A straggler's records take ``compute_slowdown`` times longer."""
+        f = self.compute_slowdown
+        if f == 1.0:
+            return records
+        return [dataclasses.replace(r, seconds=r.seconds * f, compute_seconds=r.compute_seconds * f,
+                                    memory_seconds=r.memory_seconds * f) for r in records]
 
     def ici_address(self, key: bytes = b"") -> tuple[str, int]:
-        """(host, port) where this chip receives chunks from its peers (``pod.ici``;
+        """(host, port) where this chip receives chunks from its peers (``pod.runtime.ici``;
         the port opens on first use, with the pod's link ``key``)."""
         return self._ici_port(key).address
 
     def run_collective(self, run_id: int, plan: Sequence[Any], peers: Sequence[int],
                        *addresses: tuple[str, int]) -> None:
-        """Run this chip's part of an allreduce schedule, chip to chip (``pod.ici``).
+        """Run this chip's part of an allreduce schedule, chip to chip (``pod.runtime.ici``).
 
         Args:
             run_id: the collective's id, the same on every chip.
-            plan: this rank's phases (``pod.ici.RankPlan``).
+            plan: this rank's phases (``pod.runtime.ici.RankPlan``).
             peers: the ranks this chip sends to, in the order of ``addresses``.
             addresses: their ``ici_address()`` (Ray resolves the references).
+
+        Raises:
+            IciError: a chunk did not arrive (the peer died, the link closed, or
+                the wait timed out); the buffer is dropped so that ``apply``
+                refuses to run on a partial sum.
         """
-        self._ici_port().run(run_id, plan, dict(zip(peers, addresses)), self.grad_flat,
-                             self.chunk_bounds)
+        try:
+            self._ici_port().run(run_id, plan, dict(zip(peers, addresses)), self.grad_flat,
+                                 self.chunk_bounds)
+        except BaseException:
+            self.grad_flat = None  # partly reduced: ``apply`` must refuse it
+            raise
 
     def _ici_port(self, key: bytes = b"") -> Any:
         port = getattr(self, "_ici", None)
         if port is None:
-            from pod.ici import IciPort
+            from pod.runtime.ici import IciPort
             port = self._ici = IciPort(self.chip_id, key)
         return port
 
-    def apply(self, step: int, trace: bool = False) -> dict[str, Any]:
+    def apply(self, step: int, trace: bool = False) -> ApplyReport:
         """Average the allreduced gradients and update every core's replica.
 
         Args:
             step: zero-based step number (the optimizer counts from step + 1).
-            trace: also return every op record per core (``records``).
+            trace: also return every op record per core.
 
-        Returns:
-            ``update_seconds`` per core (simulated) and ``hbm``.
+        Raises:
+            RuntimeError: no reduced gradients to apply (``compute`` and the
+                collective did not both run since the last update).
         """
+        if self.grad_flat is None:
+            raise RuntimeError(f"chip {self.chip_id}: apply at step {step + 1} without "
+                               "reduced gradients")
         seconds, traces = [], []
         scale = np.float32(1.0 / self.num_replicas)
         for i, core in enumerate(self.chip.cores):
@@ -368,13 +391,14 @@ class ChipActor:
             self.params[i], self.opt_state[i] = self.optimizer.update(
                 core, grads, self.opt_state[i], self.params[i], step + 1)
             records = core.take_records()
-            seconds.append(summarize_records(records)["seconds"])
-            traces.append(_trace_rows(records) if trace else [])
+            seconds.append(RecordTotals.of(records).seconds)
+            traces.append(_trace_rows(records) if trace else ())
         self.grad_flat = None
-        return {"update_seconds": seconds, "hbm": self.hbm(), "records": traces}
+        return ApplyReport(update_seconds=tuple(seconds), hbm=self.hbm(),
+                           trace=tuple(traces) if trace else ())
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 512,
-                 state: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+                 state: dict[str, np.ndarray] | None = None) -> Evaluation:
         """Test loss and accuracy of core 0's replica (eval mode: no dropout,
         BatchNorm on running averages: ``state`` if given, else core 0's).
         Per-step labels (char_lstm) count every step as a prediction."""
@@ -387,30 +411,9 @@ class ChipActor:
             loss_sum, correct, count = loss_sum + s, correct + c, count + n
         core.take_records()
         n = max(1, count)
-        return {"loss": loss_sum / n, "accuracy": correct / n}
+        return Evaluation(loss=loss_sum / n, accuracy=correct / n)
 
 
-def _digest(arrays: dict[str, np.ndarray]) -> str:
-    """SHA-256 of arrays' raw bytes in dict order."""
-    h = hashlib.sha256()
-    for v in arrays.values():
-        h.update(np.ascontiguousarray(v).tobytes())
-    return h.hexdigest()
-
-
-def _trace_rows(records: Sequence[OpRecord]) -> list[tuple[str, str, float, int, int, str]]:
+def _trace_rows(records: Sequence[OpRecord]) -> tuple[TraceRow, ...]:
     """Op records as plain tuples (name, unit, seconds, flops, hbm_bytes, bound)."""
-    return [(r.name, r.unit, r.seconds, r.flops, r.hbm_bytes, r.bound) for r in records]
-
-
-def _resolve(items: Sequence[Any]) -> list[np.ndarray]:
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return list(items)
-    refs = [i for i in items if isinstance(i, ray.ObjectRef)]
-    if not refs:
-        return list(items)
-    got = iter(ray.get(refs))
-    return [next(got) if isinstance(i, ray.ObjectRef) else i for i in items]
-
+    return tuple((r.name, r.unit, r.seconds, r.flops, r.hbm_bytes, r.bound) for r in records)

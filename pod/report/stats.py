@@ -2,14 +2,61 @@
 
 Simulated figures (``simulated_*``, or parts of the simulated step) come from
 the cost models: what the TPU pod would take. Wall figures (``wall_*``) are
-what the emulation took on this host. See ../shared/DESIGN.md, "two clocks".
+what the emulation took on this host (docs/ARCHITECTURE.md, "two clocks").
+
+The one MFU formula (``mfu``) and the one sum of op records
+(``RecordTotals``) live here.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
 
-__all__ = ["StepStats", "StepTotals"]
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu"]
+
+
+def mfu(model_flops: float, seconds: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation: model FLOPs / (seconds x peak bf16 FLOP/s), 0..1.
+
+    Model FLOPs count the forward and backward MXU work of the model (no
+    recomputation), as the published MFU tables do; 0 when either divisor is 0.
+    """
+    if seconds <= 0 or peak_flops_per_s <= 0:
+        return 0.0
+    return model_flops / seconds / peak_flops_per_s
+
+
+@dataclass(frozen=True)
+class RecordTotals:
+    """Totals of op records (``chip.OpRecord``) run back to back on one core.
+
+    Attributes:
+        seconds: simulated seconds of every op.
+        flops: FLOPs of every op; mxu_flops: those of MXU ops.
+        hbm_bytes: HBM traffic.
+        unit_seconds: simulated seconds per unit ("mxu", "vpu", "scalar").
+    """
+
+    seconds: float = 0.0
+    flops: int = 0
+    mxu_flops: int = 0
+    hbm_bytes: int = 0
+    unit_seconds: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, records: Iterable[Any]) -> "RecordTotals":
+        """Sum a sequence of op records."""
+        seconds, flops, mxu_flops, hbm_bytes = 0.0, 0, 0, 0
+        units: dict[str, float] = {}
+        for rec in records:
+            seconds += rec.seconds
+            flops += rec.flops
+            hbm_bytes += rec.hbm_bytes
+            units[rec.unit] = units.get(rec.unit, 0.0) + rec.seconds
+            if rec.unit == "mxu":
+                mxu_flops += rec.flops
+        return cls(seconds, int(flops), int(mxu_flops), int(hbm_bytes), units)
 
 
 @dataclass(frozen=True)
@@ -87,7 +134,7 @@ class StepStats:
     @property
     def mfu(self) -> float:
         """Model FLOPs utilisation = model FLOP/s / pod peak bf16 FLOP/s (0..1)."""
-        return self.flops_per_second / self.peak_flops_per_s if self.peak_flops_per_s else 0.0
+        return mfu(self.model_flops, self.step_seconds, self.peak_flops_per_s)
 
     def mxu_utilization(self) -> dict[tuple[int, int], float]:
         """Per (chip, core): MXU FLOPs / (core peak FLOP/s x simulated step seconds), 0..1."""

@@ -5,12 +5,11 @@ data, so one representative chip tells the cost of all of them: it runs
 exactly the code a chip actor runs (``ChipActor.compute`` and ``apply``,
 in-process) with its TensorCores' MXU products switched off
 (``TensorCore.execute = False``: every op is still recorded and costed from
-its shapes, but the products return zeros), and the ICI allreduce is costed
-by the same code the functional pod uses (``Pod``'s constructor costs it
-without starting Ray).
-The statistics are combined by the same ``Pod.step_stats``. So a timing-only
-step and a functional step of the same scenario report identical simulated
-times (tested), and a sweep can reach full pods that no host could emulate
+its shapes, but the products return zeros); the ICI allreduce's cost is the
+plan's (``plan.ici``), the same the functional pod uses, and the reports are
+combined by the same ``combine_reports``. So a timing-only step and a
+functional step of the same scenario report identical simulated times
+(tested), and a sweep can reach full pods that no host could emulate
 functionally.
 
 What timing-only mode does not give: a loss (the products are zeros),
@@ -23,10 +22,10 @@ import time
 
 import numpy as np
 
-from pod.actor import ChipActor
-from pod.coordinator import Pod
-from pod.plan import TrainingPlan, batch_indices
-from pod.stats import StepStats
+from pod.config.plan import TrainingPlan, batch_indices
+from pod.report.stats import StepStats
+from pod.runtime.actor import ChipActor
+from pod.runtime.coordinator import chip_arguments, combine_reports
 
 __all__ = ["TimingPod"]
 
@@ -35,29 +34,24 @@ class TimingPod:
     """A pod that only accounts time: one in-process chip stands for all.
 
     Args:
-        plan: the checked training plan.
+        plan: the checked training plan (its ICI cost and algorithm are used
+            as they are).
 
     Raises:
         HBMOutOfMemoryError: the model does not fit (as in a functional run).
-        TopologyError: the allreduce cannot be routed (failed links).
     """
 
     def __init__(self, plan: TrainingPlan) -> None:
         self.plan = plan
-        self.pod = Pod(plan)  # schedule and ICI cost; no Ray until start(), never called here
-        scenario = plan.scenario
-        opt = scenario.training.optimizer
-        self.chip = ChipActor(plan.pod.chip, 0, plan.model, opt.name, opt.options(),
-                              scenario.training.seed, plan.pod.tensorcores,
-                              numerics=True, limit_threads=False, put_chunks=False,
-                              precision=scenario.training.precision)
+        args, kwargs = chip_arguments(plan, 0, in_process=True)
+        self.chip = ChipActor(*args, **kwargs)
         for core in self.chip.chip.cores:
             core.execute = False  # costs depend on shapes only: skip the MXU products
 
     @property
     def algorithm(self) -> str:
         """The allreduce algorithm the pod uses."""
-        return self.pod.allreduce_algorithm
+        return self.plan.ici.algorithm
 
     def step(self, step: int = 0) -> StepStats:
         """Account one training step of the whole pod.
@@ -81,7 +75,8 @@ class TimingPod:
             idx = np.arange(per_chip) % n
         x, y = data.x_train[idx], data.y_train[idx]
         computed = self.chip.compute(step, x, y, seed)
+        # the in-process chip has no collective: its buffer stands for the reduced one
         applied = self.chip.apply(step)
         wall = time.perf_counter() - t0
-        return self.pod.step_stats(step, [computed], [applied], wall, x.nbytes + y.nbytes,
-                                   replicate=plan.pod.chips)
+        return combine_reports(plan, step, [computed], [applied], plan.ici.cost_at(step), wall,
+                               x.nbytes + y.nbytes, replicate=plan.pod.chips)

@@ -8,7 +8,7 @@ own thread runs its rank's part of a schedule (``IciPort.run``): per phase it
 sends its chunks straight from its gradient buffer to the receivers' ports,
 then waits for the chunks addressed to it and applies them in the schedule's
 order. The driver is never on the data path; it only starts one call per chip
-(see ``pod.collective.run_schedule``).
+(see ``pod.runtime.collective.run_schedule``).
 
 Why sockets and not Ray calls between the actors: a chip actor runs one task
 at a time (``max_concurrency=1``: compute, collective and apply must keep their
@@ -38,6 +38,8 @@ from typing import Sequence
 
 import numpy as np
 
+from pod.errors import IciError
+
 __all__ = ["IciPort", "IciError", "RankPlan"]
 
 _HELLO = struct.Struct("<I16s")
@@ -48,10 +50,6 @@ _SOCKET_BUFFER = 4 << 20
 #: sends [(dst, chunk, seq)], receives [(src, seq, dst_chunk, reduce)] in the
 #: schedule's transfer order).
 RankPlan = list[tuple[int, list[tuple[int, int, int]], list[tuple[int, int, int, bool]]]]
-
-
-class IciError(RuntimeError):
-    """A peer chip did not deliver a chunk (it died, or the wait timed out)."""
 
 
 def _node_address() -> str:

@@ -5,7 +5,7 @@ vector unit, scalar unit) plus an infeed lane; one "ICI" process with a lane
 per directed link and a lane for the allreduce phases. Times are SIMULATED
 microseconds (``ts``, ``dur``), never wall time.
 
-The layout follows the step-time model of ``pod.stats.StepStats``:
+The layout follows the step-time model of ``pod.report.stats.StepStats``:
 infeed, then every core's forward + backward ops back to back, a barrier at
 the slowest core, the on-chip reduce of each chip's cores, the ICI allreduce
 phase by phase (a link's event lasts its bytes / bandwidth within the phase),
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from interconnect import Schedule, Torus
-from pod.stats import StepStats
+from pod.report.stats import StepStats
 
 __all__ = ["step_events", "write_trace", "UNITS"]
 

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from pod.errors import MetricsError
-from pod.stats import StepStats
+from pod.report.stats import StepStats
 
 __all__ = ["PodMetrics", "METRIC_NAMES"]
 

@@ -2,7 +2,7 @@
 
 Each point is the scenario with some values replaced (pod, allreduce
 algorithm, global or per-core batch, precision). In ``timing`` mode (the
-default) a point is costed by ``pod.timing.TimingPod`` (one representative
+default) a point is costed by ``pod.runtime.timing.TimingPod`` (one representative
 chip, no actors), so a sweep reaches full pods; in ``functional`` mode it is
 trained on chip actors for ``steps`` steps. A point that fails (for example
 a batch that does not fit in HBM, or does not split over the cores) is
@@ -30,9 +30,10 @@ from statistics import fmean
 from typing import Any, Callable
 
 from pod.errors import USER_ERRORS, ScenarioError
-from pod.plan import build_plan
-from pod.scenario import Scenario
-from pod.slices import resolve_pod
+from pod.config.plan import build_plan
+from pod.report.stats import mfu
+from pod.config.scenario import Scenario
+from pod.config.slices import resolve_pod
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 
@@ -127,20 +128,18 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     The epoch time is the step time x the full global batches in an epoch of
     ``epoch_examples`` (default: the train split), as with drop_remainder.
     """
-    from pod.timing import TimingPod
+    from pod.runtime.timing import TimingPod
 
     t0 = time.perf_counter()
     plan = build_plan(point.scenario, timing_only=(mode == "timing"))
     if mode == "timing":
         pod = TimingPod(plan)
         stats = [pod.step(s) for s in range(plan.steps)]
-        algorithm = pod.algorithm
     else:
-        from pod.coordinator import Pod
+        from pod.runtime.coordinator import Pod
 
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
-            algorithm = pod.allreduce_algorithm
     wall = time.perf_counter() - t0
     timed = stats[1:] or stats
     step = fmean(s.step_seconds for s in timed)
@@ -153,7 +152,7 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
         "chip": plan.pod.chip.name, "chips": plan.pod.chips,
-        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "algorithm": algorithm,
+        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "algorithm": plan.ici.algorithm,
         "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
         "per_core_batch": plan.per_core_batch, "simulated_step_seconds": step,
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
@@ -162,7 +161,7 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "update_seconds": mean(lambda s: s.update_seconds),
         "examples_per_second": plan.global_batch / step,
         "tflops": flops / step / 1e12,
-        "mfu": flops / step / plan.pod.peak_bf16_flops_per_s,
+        "mfu": mfu(flops, step, plan.pod.peak_bf16_flops_per_s),
         "communication_fraction": allreduce / step,
         "wall_seconds": wall,
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),

@@ -1,31 +1,36 @@
-"""``Pod``: places the chip actors and drives data-parallel training.
+"""``Pod``: places the chip actors and runs one data-parallel step of a plan.
 
-One step (see ../shared/DESIGN.md, "One training step"): split the global
+One step (docs/ARCHITECTURE.md, "One training step"): split the global
 batch into one slice per chip (the chip splits it over its TensorCores),
 ``compute`` on every chip, run the allreduce schedule chip to chip over the
-actors, ``apply`` the update on every core, and add up the simulated times.
-All calls of a step are submitted at once; the driver waits once per step.
+actors, ``apply`` the update on every core, and combine the chips' reports
+(``combine_reports``). All calls of a step are submitted at once; the driver
+then waits on every one of them, the collective's included, so an ``IciError``
+on any chip is seen (and a chip whose collective failed refuses to apply).
+
+The pod decides nothing: the allreduce algorithm, its cost at every step and
+the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import ray
 
-from interconnect import LinkSpec, Schedule, build_collective
-from pod.actor import ChipActor
-from pod.cluster import ensure_ray, shutdown_ray
-from pod.collective import choose_algorithm, link_faults, run_schedule
-from pod.errors import USER_ERRORS, ClusterError
-from pod.faults import ChipFailureError, FaultPlan
-from pod.plan import TrainingPlan, batch_indices
-from pod.stats import StepStats
+from interconnect import Schedule, ScheduleCost, build_collective
+from pod.config.plan import TrainingPlan, batch_indices
+from pod.errors import USER_ERRORS, CheckpointError, ChipFailureError, ClusterError
+from pod.report.stats import StepStats
+from pod.runtime.actor import ApplyReport, ChipActor, ComputeReport, Evaluation, Snapshot
+from pod.runtime.cluster import ensure_ray, shutdown_ray
+from pod.runtime.collective import run_schedule
+from pod.state.checkpoint import mean_replica_state, params_digest
 
-__all__ = ["Pod"]
+__all__ = ["Pod", "combine_reports", "chip_arguments"]
 
 # Each chip actor reserves a token CPU share, so that a pod of many chips fits on
 # a few cores (the emulation is not CPU-bound per actor); placement groups need a
@@ -34,13 +39,78 @@ _ACTOR_CPUS = 0.01
 _PLACEMENT_TIMEOUT_S = 60.0
 
 
+def combine_reports(plan: TrainingPlan, step: int, computed: Sequence[ComputeReport],
+                    applied: Sequence[ApplyReport], ici_cost: ScheduleCost, wall: float,
+                    infeed_bytes: int, replicate: int = 1) -> StepStats:
+    """Combine the chips' reports of one step into its statistics.
+
+    Args:
+        plan: the training plan.
+        step: zero-based step number.
+        computed: ``ChipActor.compute`` reports, one per chip reported.
+        applied: ``ChipActor.apply`` reports, same chips.
+        ici_cost: the allreduce's cost at this step (``plan.ici.cost_at``).
+        wall: wall seconds of the step.
+        infeed_bytes: bytes of one chip's share of the batch.
+        replicate: how many chips each report stands for (timing-only
+            mode reports one representative chip for the whole pod).
+
+    Returns:
+        The step's statistics.
+    """
+    chip = plan.pod.chip
+    hbm_used, hbm_peak = {}, {}
+    for r, out in enumerate(applied):
+        for c, mem in enumerate(out.hbm):
+            hbm_used[(r, c)] = mem.used_bytes
+            hbm_peak[(r, c)] = mem.peak_bytes
+    losses = [loss for out in computed for loss in out.losses]
+    return StepStats(
+        step=step,
+        loss=float(np.mean(losses)),
+        global_batch=plan.global_batch,
+        infeed_seconds=infeed_bytes / chip.host_to_chip_bytes_per_s,
+        compute_seconds=max(max(out.compute_seconds) for out in computed),
+        local_reduce_seconds=max(out.local_reduce_seconds for out in computed),
+        ici_seconds=ici_cost.seconds,
+        update_seconds=max(max(out.update_seconds) for out in applied),
+        model_flops=replicate * int(sum(sum(out.mxu_flops) for out in computed)),
+        peak_flops_per_s=plan.pod.peak_bf16_flops_per_s,
+        wall_seconds=wall,
+        hbm_used_bytes=hbm_used,
+        hbm_peak_bytes=hbm_peak,
+        hbm_capacity_bytes=chip.core.hbm_bytes,
+        ici_link_bytes={f"{a}->{b}": int(v) for (a, b), v in ici_cost.link_bytes.items()},
+        core_mxu_flops={(r, c): int(f) for r, out in enumerate(computed)
+                        for c, f in enumerate(out.mxu_flops)},
+        core_peak_flops_per_s=chip.core.peak_bf16_flops_per_s,
+        ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
+        chip_compute_seconds={r: max(out.compute_seconds) for r, out in enumerate(computed)},
+    )
+
+
+def chip_arguments(plan: TrainingPlan, rank: int, *, in_process: bool = False
+                   ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``ChipActor`` arguments of one rank of a plan: (args, kwargs).
+
+    ``in_process``: a chip in the driver (timing-only), whose BLAS threads
+    are not pinned to one (no other actor shares the cores).
+    """
+    scenario = plan.scenario
+    opt = scenario.training.optimizer
+    return ((plan.pod.chip, rank, plan.model, opt.name, opt.options(), scenario.training.seed,
+             plan.pod.tensorcores),
+            {"numerics": True, "limit_threads": not in_process,
+             "precision": scenario.training.precision})
+
+
 class Pod:
     """An emulated TPU pod running one training plan.
 
     Use as a context manager, or call ``start`` and ``shutdown``.
 
     Args:
-        plan: the checked training plan (``pod.plan.build_plan``).
+        plan: the checked training plan (``pod.config.plan.build_plan``).
         ray_address: a cluster to join; defaults to the scenario's
             ``ray.address``, then ``RAY_ADDRESS``, then a local cluster.
 
@@ -54,40 +124,19 @@ class Pod:
         self.actors: list[Any] = []
         self.last_trace: dict[str, Any] | None = None
         self.placement: Any = None
-        # the secret every chip of this pod presents on its ICI links (pod/ici.py)
+        # the secret every chip of this pod presents on its ICI links (pod/runtime/ici.py)
         self.ici_key = secrets.token_bytes(16)
         self._owns_ray = False
-        spec = plan.pod.chip
-        self.num_params = plan.num_params
-        self.link = LinkSpec(spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
-        # pod.allreduce picks the algorithm (auto: the fastest here); pod.links slows or fails links
-        self.faults = link_faults(plan.scenario.pod.links)
-        # the cost comes from the fast regular-schedule path where one exists (equal to
-        # schedule_cost of the built schedule, tested in interconnect), so a timing-only
-        # pod of thousands of chips never materialises its transfers
-        self.allreduce_algorithm, self.ici_cost = choose_algorithm(
-            "allreduce", plan.pod.torus, self.num_params, self.link,
-            algorithm=plan.scenario.pod.allreduce, faults=self.faults)
+        self.ici_cost = plan.ici.cost_at(0)
         self._schedule: Schedule | None = None
-        self.ici_link_bytes = {f"{a}->{b}": int(v) for (a, b), v in self.ici_cost.link_bytes.items()}
-        # scenario faults (pod/faults.py): checked here, before Ray starts; link faults that
-        # start later are costed now too (an unroutable failure is an error before step 1),
-        # with the algorithm chosen above kept, so the gradient bytes never change
-        self.fault_plan = FaultPlan(plan.scenario.faults, plan.pod.chips,
-                                    plan.pod.chip.chips_per_host, plan.scenario.pod.links)
-        self._ici_by_step = [(s, choose_algorithm(
-            "allreduce", plan.pod.torus, self.num_params, self.link,
-            algorithm=self.allreduce_algorithm,
-            faults=link_faults(self.fault_plan.link_entries(s)))[1])
-            for s in self.fault_plan.link_change_steps()] if self.fault_plan.faults else []
         self._slowdowns: dict[int, float] = {}
 
     @property
     def schedule(self) -> Schedule:
         """The allreduce schedule the actors run (built on first use)."""
         if self._schedule is None:
-            self._schedule = build_collective("allreduce", self.plan.pod.torus, self.num_params, 4,
-                                              self.allreduce_algorithm)
+            self._schedule = build_collective("allreduce", self.plan.pod.torus,
+                                              self.plan.num_params, 4, self.plan.ici.algorithm)
         return self._schedule
 
     # -- lifecycle ---------------------------------------------------------------
@@ -140,18 +189,15 @@ class Pod:
         return group
 
     def _new_actor(self, rank: int) -> Any:
-        """Start the chip actor of one rank in its host's bundle."""
+        """Start the chip actor of one rank in its host's bundle, named ``chip-<rank>``."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        plan, scenario = self.plan, self.plan.scenario
-        opt = scenario.training.optimizer
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement,
                                                     placement_group_bundle_index=self.host_of(rank))
         remote = ray.remote(ChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1,
                                                scheduling_strategy=strategy)
-        return remote.remote(plan.pod.chip, rank, plan.model, opt.name, opt.options(),
-                             scenario.training.seed, plan.pod.tensorcores, True, True, True,
-                             precision=scenario.training.precision)
+        args, kwargs = chip_arguments(self.plan, rank)
+        return remote.remote(*args, **kwargs)
 
     def shutdown(self) -> None:
         """Stop the actors, and the local Ray cluster if this pod started it."""
@@ -180,10 +226,16 @@ class Pod:
         Args:
             step: zero-based step number (selects the batch and the dropout streams).
             trace: keep every op record of this step in ``last_trace`` (for
-                ``pod.trace``).
+                ``pod.report.trace``).
 
         Returns:
             The step's statistics (simulated and wall).
+
+        Raises:
+            ClusterError: a chip failed (``ChipFailureError`` if its actor
+                died; ``IciError`` if its collective did not complete). No
+                chip applies a partly reduced buffer: a chip whose collective
+                failed refuses to apply.
         """
         plan = self.plan
         data = plan.dataset
@@ -195,66 +247,22 @@ class Pod:
         computed = [actor.compute.remote(step, x[r * per_chip:(r + 1) * per_chip],
                                          y[r * per_chip:(r + 1) * per_chip], seed, trace)
                     for r, actor in enumerate(self.actors)]
-        run_schedule(self.actors, self.schedule, key=self.ici_key)
+        reduced = run_schedule(self.actors, self.schedule, key=self.ici_key)
         applied = [actor.apply.remote(step, trace) for actor in self.actors]
-        computed, applied = self._get(computed), self._get(applied)
+        # every ref, the collective's too, in this order: the first error is the cause
+        n = len(self.actors)
+        results = self._get_all(computed + reduced + applied)
+        computed, applied = results[:n], results[2 * n:]
         wall = time.perf_counter() - t0
         self.last_trace = {
-            "compute": [out["records"] for out in computed],
-            "local_reduce": [out["local_reduce_records"] for out in computed],
-            "update": [out["records"] for out in applied],
+            "compute": [out.trace for out in computed],
+            "local_reduce": [out.local_reduce_trace for out in computed],
+            "update": [out.trace for out in applied],
         } if trace else None
         infeed_bytes = x[:per_chip].nbytes + y[:per_chip].nbytes
-        return self.step_stats(step, computed, applied, wall, infeed_bytes)
+        return combine_reports(plan, step, computed, applied, self.ici_cost, wall, infeed_bytes)
 
-    def step_stats(self, step: int, computed: list[dict[str, Any]], applied: list[dict[str, Any]],
-                   wall: float, infeed_bytes: int, replicate: int = 1) -> StepStats:
-        """Combine the chips' reports of one step into its statistics.
-
-        Args:
-            step: zero-based step number.
-            computed: ``ChipActor.compute`` results, one per chip reported.
-            applied: ``ChipActor.apply`` results, same chips.
-            wall: wall seconds of the step.
-            infeed_bytes: bytes of one chip's share of the batch.
-            replicate: how many chips each report stands for (timing-only
-                mode reports one representative chip for the whole pod).
-
-        Returns:
-            The step's statistics.
-        """
-        plan = self.plan
-        chip = plan.pod.chip
-        hbm_used, hbm_peak = {}, {}
-        for r, out in enumerate(applied):
-            for c, mem in enumerate(out["hbm"]):
-                hbm_used[(r, c)] = mem["used_bytes"]
-                hbm_peak[(r, c)] = mem["peak_bytes"]
-        losses = [loss for out in computed for loss in out["loss"]]
-        return StepStats(
-            step=step,
-            loss=float(np.mean(losses)),
-            global_batch=plan.global_batch,
-            infeed_seconds=infeed_bytes / chip.host_to_chip_bytes_per_s,
-            compute_seconds=max(max(out["compute_seconds"]) for out in computed),
-            local_reduce_seconds=max(out["local_reduce_seconds"] for out in computed),
-            ici_seconds=self.ici_cost.seconds,
-            update_seconds=max(max(out["update_seconds"]) for out in applied),
-            model_flops=replicate * int(sum(sum(out["mxu_flops"]) for out in computed)),
-            peak_flops_per_s=plan.pod.peak_bf16_flops_per_s,
-            wall_seconds=wall,
-            hbm_used_bytes=hbm_used,
-            hbm_peak_bytes=hbm_peak,
-            hbm_capacity_bytes=chip.core.hbm_bytes,
-            ici_link_bytes=self.ici_link_bytes,
-            core_mxu_flops={(r, c): int(f) for r, out in enumerate(computed)
-                            for c, f in enumerate(out["mxu_flops"])},
-            core_peak_flops_per_s=chip.core.peak_bf16_flops_per_s,
-            ici_link_bandwidth_bytes_per_s=self.link.bandwidth_bytes_per_s,
-            chip_compute_seconds={r: max(out["compute_seconds"]) for r, out in enumerate(computed)},
-        )
-
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         """Test loss and accuracy of chip 0, core 0's replica on the test split.
 
         A model with state (BatchNorm running averages, kept per replica from
@@ -264,20 +272,11 @@ class Pod:
         state = self.model_state_mean() if self.plan.model.state_shapes else None
         return self._get(self.actors[0].evaluate.remote(data.x_test, data.y_test, 512, state))
 
-    def model_state(self, chip: int = 0, core: int = 0) -> dict[str, np.ndarray]:
-        """A copy of one replica's model state ({} for a model without state)."""
-        return self._get(self.actors[chip].get_model_state.remote(core))
-
     def model_state_mean(self) -> dict[str, np.ndarray]:
         """The mean over every replica of the model state, float32."""
         cores = self.plan.pod.chip.tensorcores
         states = self._get([a.get_model_state.remote(c) for a in self.actors for c in range(cores)])
-        return {k: np.mean([s[k] for s in states], axis=0, dtype=np.float64).astype(np.float32)
-                for k in self.plan.model.state_shapes}
-
-    def optimizer_state(self, chip: int = 0, core: int = 0) -> dict[str, np.ndarray]:
-        """A copy of one replica's optimizer state."""
-        return self._get(self.actors[chip].get_opt_state.remote(core))
+        return mean_replica_state(states, self.plan.model.state_shapes)
 
     def digests(self) -> list[list[str]]:
         """SHA-256 of every replica's parameters, [chip][core]."""
@@ -299,20 +298,18 @@ class Pod:
     # -- faults and checkpoints (pod/faults.py, pod/checkpoint.py) -----------------
 
     def apply_faults(self, step: int) -> None:
-        """Put the scenario's stragglers and link faults in force for zero-based ``step``
+        """Put the plan's stragglers and link faults in force for zero-based ``step``
         (those started by then; a rollback to an earlier step takes them back out)."""
-        if not self.fault_plan.faults:
+        faults = self.plan.faults
+        if not faults.faults:
             return
-        want = self.fault_plan.compute_slowdowns(step)
+        want = faults.compute_slowdowns(step)
         changed = {r: want.get(r, 1.0) for r in set(want) | set(self._slowdowns)
                    if want.get(r, 1.0) != self._slowdowns.get(r, 1.0)}
         if changed:
             self._get([self.actors[r].set_compute_slowdown.remote(f) for r, f in changed.items()])
             self._slowdowns = {r: f for r, f in want.items() if f != 1.0}
-        cost = [c for s, c in self._ici_by_step if s <= step][-1]
-        if cost is not self.ici_cost:
-            self.ici_cost = cost
-            self.ici_link_bytes = {f"{a}->{b}": int(v) for (a, b), v in cost.link_bytes.items()}
+        self.ici_cost = self.plan.ici.cost_at(step)
 
     def kill_chips(self, ranks: Any) -> None:
         """Kill these chips' actors (``ray.kill``, no restart): an injected fault."""
@@ -360,24 +357,19 @@ class Pod:
                    for r in ranks])
         return time.perf_counter() - t0
 
-    def snapshot(self) -> dict[str, Any]:
-        """Every chip's ``ChipActor.snapshot``: ``digests`` and ``model_state`` per
-        [chip][core], and chip 0, core 0's ``params`` and ``optimizer_state``."""
-        outs = self._get([a.snapshot.remote(r == 0) for r, a in enumerate(self.actors)])
-        return {"digests": [o["digests"] for o in outs],
-                "model_state": [o["model_state"] for o in outs],
-                "params": outs[0]["params"], "optimizer_state": outs[0]["optimizer_state"]}
+    def snapshot(self) -> list[Snapshot]:
+        """Every chip's ``ChipActor.snapshot``, by rank; chip 0's with its parameters
+        and optimizer state."""
+        return self._get([a.snapshot.remote(r == 0) for r, a in enumerate(self.actors)])
 
     def restore(self, checkpoint: Any) -> None:
-        """Load a ``pod.checkpoint.Checkpoint`` into every chip and check the result.
+        """Load a ``pod.state.checkpoint.Checkpoint`` into every chip and check the result.
 
         Raises:
             CheckpointError: the checkpoint's replica layout does not match this pod,
                 or a chip's parameters after the load differ from the checkpoint's
                 digest.
         """
-        from pod.checkpoint import CheckpointError, params_digest
-
         chips, cores = self.plan.pod.chips, self.plan.pod.chip.tensorcores
         replicas = checkpoint.replica_model_state or [[checkpoint.model_state] * cores] * chips
         if len(replicas) != chips or any(len(c) != cores for c in replicas):
@@ -397,15 +389,55 @@ class Pod:
 
     @staticmethod
     def _get(refs: Any) -> Any:
-        """``ray.get`` that turns a user error raised in an actor into itself."""
+        """``ray.get`` with a chip's failure turned into one clear error."""
         try:
             return ray.get(refs)
-        except ray.exceptions.RayTaskError as err:
-            cause = getattr(err, "cause", None)
-            if isinstance(cause, USER_ERRORS):
-                raise cause from None
-            raise ClusterError(f"a chip actor failed: {str(err).strip().splitlines()[0]}") from err
-        except ray.exceptions.RayActorError as err:
-            raise ChipFailureError(f"a chip actor died: {str(err).strip().splitlines()[0]}") from err
-        except ray.exceptions.RayError as err:  # e.g. a chunk lost with the actor that owned it
-            raise ClusterError(f"a chip actor call failed: {str(err).strip().splitlines()[0]}") from err
+        except ray.exceptions.RayError as err:
+            raise _chip_error(err) from None
+
+    def _get_all(self, refs: list[Any]) -> list[Any]:
+        """Wait for every ref; on a failure, raise the first one's error (in the
+        refs' order) once every ref has settled or its chip is gone, so no
+        error is left unread and no chip is still mid-step."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayError as err:
+            first = err
+        # settle the rest (a chip waiting on a dead peer ends with its IciError)
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=_SETTLE_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                break  # stuck: recovery replaces every actor
+            except ray.exceptions.RayError:
+                pass  # read, so Ray does not report it as unhandled
+        raise _chip_error(first) from None
+
+
+#: how long a failed step waits for the other chips' calls to end (they hold the error
+#: of a peer that died: the ICI link closes at once, so this is rarely reached)
+_SETTLE_TIMEOUT_S = 5.0
+
+
+def _chip_error(err: Exception) -> Exception:
+    """The error a chip's failed call stands for, one line with its cause.
+
+    A user error raised inside an actor (a scenario, chip or interconnect
+    error) is itself; a dead actor is a ``ChipFailureError``; any other
+    exception keeps its type name and message: ``chip actor failed:
+    IciError: chip 2: ...``.
+    """
+    if isinstance(err, ray.exceptions.RayTaskError):
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, USER_ERRORS):
+            return cause
+        if cause is not None:
+            text = (str(cause).strip().splitlines() or [""])[0]
+            return ClusterError(f"a chip actor failed: {type(cause).__name__}: {text}")
+    if isinstance(err, ray.exceptions.RayActorError):
+        return ChipFailureError(f"a chip actor died: {_first_line(err)}")
+    return ClusterError(f"a chip actor call failed: {_first_line(err)}")
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -32,19 +32,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from chip import HBM, TensorCore, check_precision, get_chip_spec
+from chip import TensorCore, check_precision, get_chip_spec
+from pod.config.bench import check_benchmark
 from pod.errors import ScenarioError
-from pod.scenario import Scenario
-from pod.slices import PodShape, resolve_pod
+from pod.config.scenario import Scenario
+from pod.runtime.bench import benchmark_inputs, run_benchmark_chips
 
-__all__ = ["matmul_report", "BenchmarkPlan", "check_benchmark", "BenchmarkChipActor",
-           "benchmark_inputs", "cpu_flops_per_s", "run_benchmark", "format_report"]
+__all__ = ["matmul_report", "cpu_flops_per_s", "run_benchmark", "format_report"]
 
 
 def matmul_report(chip: str, m: int, k: int, n: int, *, precision: str = "bf16",
@@ -98,138 +97,6 @@ def matmul_report(chip: str, m: int, k: int, n: int, *, precision: str = "bf16",
     }
 
 
-@dataclass(frozen=True)
-class BenchmarkPlan:
-    """A benchmark scenario resolved against its pod.
-
-    Attributes:
-        scenario: The scenario (its ``benchmark`` section is set).
-        pod: Chip preset and topology.
-        memory: Per TensorCore HBM plan, bytes: the benchmark's arrays and total.
-    """
-
-    scenario: Scenario
-    pod: PodShape
-    memory: dict[str, int]
-
-    @property
-    def flops(self) -> float:
-        """FLOPs of the whole run over the pod (useful FLOPs)."""
-        b = self.scenario.benchmark
-        per = 2.0 * b.n**3 if b.kind == "matmul" else float(b.n) ** 2
-        return self.pod.tensorcores * b.iterations * per
-
-
-def check_benchmark(scenario: Scenario) -> BenchmarkPlan:
-    """Resolve and check a benchmark scenario without Ray.
-
-    Raises:
-        ScenarioError: not a benchmark scenario. PrecisionError: int8 on v2 / v3.
-        HBMOutOfMemoryError: the arrays do not fit one TensorCore's HBM.
-    """
-    b = scenario.benchmark
-    if b is None:
-        raise ScenarioError(f"{scenario.name}: not a benchmark scenario (no benchmark section)")
-    cfg = scenario.pod
-    pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
-                      topology=cfg.topology, wraparound=cfg.wraparound)
-    try:
-        check_precision(b.precision, pod.chip.core, pod.chip.name)
-    except ValueError as err:
-        raise ScenarioError(f"benchmark.precision: {err}") from None
-    if b.kind == "matrix_add" and b.precision != "bf16":
-        raise ScenarioError("benchmark.precision: matrix_add runs on the VPU in float32; "
-                            f"leave precision at bf16 (got {b.precision!r})")
-    n2 = b.n * b.n
-    if b.kind == "matmul":
-        items = {"x": 4 * n2, "y": 4 * n2, "product": 4 * n2}
-    else:
-        items = {"a": 4 * n2, "b": 4 * n2, "c": 4 * n2}
-    hbm = HBM(pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore")
-    for tag, nbytes in items.items():
-        hbm.allocate(tag, nbytes)
-    return BenchmarkPlan(scenario=scenario, pod=pod, memory={**items, "total": hbm.used_bytes})
-
-
-def benchmark_inputs(kind: str, n: int, seed: int, chip_id: int, core: int
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """The two N x N float32 inputs of one TensorCore (deterministic).
-
-    matmul: x ~ N(0, 1), y ~ N(0, 1) / sqrt(N) (keeps x finite under x <- x . y).
-    matrix_add: a, b ~ N(0, 1).
-    """
-    rng = np.random.default_rng([seed, chip_id, core])
-    first = rng.standard_normal((n, n), dtype=np.float32)
-    second = rng.standard_normal((n, n), dtype=np.float32)
-    if kind == "matmul":
-        second *= np.float32(1.0 / np.sqrt(n))
-    return first, second
-
-
-class BenchmarkChipActor:
-    """One chip running a seed benchmark on each of its TensorCores (Ray actor body).
-
-    Args:
-        chip: Chip preset name.
-        chip_id: This chip's rank.
-        precision: MXU precision of its cores.
-        limit_threads: Pin BLAS to one thread (several actors share few cores).
-    """
-
-    def __init__(self, chip: str, chip_id: int, precision: str = "bf16",
-                 limit_threads: bool = True) -> None:
-        if limit_threads:
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(1)
-        from chip import Chip
-        self.chip = Chip(get_chip_spec(chip), chip_id, precision=precision)
-        self.chip_id = chip_id
-
-    def run(self, kind: str, n: int, iterations: int, functional: bool, seed: int
-            ) -> list[dict[str, Any]]:
-        """Run the benchmark on every core.
-
-        Returns:
-            Per core: simulated ``seconds`` (the ops back to back), ``flops``,
-            ``bound`` (of the last op), ``wall_seconds``, and with functional
-            runs ``checksum`` (float64 sum of the final x or c) and ``finite``.
-        """
-        out = []
-        for i, core in enumerate(self.chip.cores):
-            t0 = time.perf_counter()
-            result = None
-            if functional:
-                a, b = benchmark_inputs(kind, n, seed, self.chip_id, i)
-                if kind == "matmul":
-                    y = core.mxu_input(b)  # the same weights every iteration: round once
-                    x = a
-                    for it in range(iterations):
-                        x = core.matmul(x, y, name=f"matmul{it}", b_rounded=True)
-                    result = x
-                else:
-                    for it in range(iterations):
-                        result = core.vector(f"add{it}", np.add, a, b)
-            else:
-                for it in range(iterations):
-                    if kind == "matmul":
-                        core.account_matmul(n, n, n, name=f"matmul{it}")
-                    else:
-                        core.account_vector(f"add{it}", n * n, 3 * 4 * n * n)
-            records = core.take_records()
-            entry = {
-                "core": i,
-                "seconds": float(sum(r.seconds for r in records)),
-                "flops": float(sum(r.flops for r in records)),
-                "bound": records[-1].bound if records else "",
-                "wall_seconds": time.perf_counter() - t0,
-            }
-            if result is not None:
-                entry["checksum"] = float(np.sum(result, dtype=np.float64))
-                entry["finite"] = bool(np.isfinite(result).all())
-            out.append(entry)
-        return out
-
-
 def cpu_flops_per_s(kind: str, n: int, iterations: int, seed: int = 0) -> tuple[float, float]:
     """This host's numpy FLOP/s on the benchmark's kind of work (wall clock).
 
@@ -275,27 +142,11 @@ def run_benchmark(scenario: Scenario, *, output_dir: Path | None = None,
         ScenarioError, PrecisionError, HBMOutOfMemoryError: from `check_benchmark`.
         ClusterError: Ray could not start.
     """
-    import ray
-
-    from pod.cluster import ensure_ray, shutdown_ray
-
     plan = check_benchmark(scenario)
     b = scenario.benchmark
     functional = b.functional if functional is None else functional
-    owns = ensure_ray(scenario.ray.address)
     t0 = time.perf_counter()
-    try:
-        remote = ray.remote(BenchmarkChipActor).options(num_cpus=0)
-        actors = [remote.remote(plan.pod.chip.name, r, b.precision) for r in range(plan.pod.chips)]
-        try:
-            per_chip = ray.get([a.run.remote(b.kind, b.n, b.iterations, functional, b.seed)
-                                for a in actors])
-        finally:
-            for a in actors:
-                ray.kill(a)
-    finally:
-        if owns:
-            shutdown_ray()
+    per_chip = run_benchmark_chips(plan, functional)
     wall = time.perf_counter() - t0
     cores = [c for chip in per_chip for c in chip]
     sim_seconds = max(c["seconds"] for c in cores)  # cores run in parallel

@@ -14,14 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip import HBM, HBMOutOfMemoryError, check_precision
-from interconnect import LinkFaults, TopologyError, Torus, parse_link, route
-from pod.errors import ScenarioError, ShardingError
-from pod.scenario import Scenario
-from pod.slices import PodShape, resolve_pod
+from interconnect import LinkSpec
+from pod.config.faults import FaultPlan
+from pod.config.ici import IciPlan, choose_algorithm
+from pod.config.links import check_links, link_faults
+from pod.config.scenario import Scenario
+from pod.config.slices import PodShape, resolve_pod
+from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
 
-__all__ = ["TrainingPlan", "build_plan", "check_links", "memory_plan", "shard_batch_size",
-           "batch_indices"]
+__all__ = ["TrainingPlan", "build_plan", "memory_plan", "shard_batch_size", "batch_indices",
+           "plan_ici"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class TrainingPlan:
         steps_per_epoch: full global batches in one pass over the train split.
         memory: per TensorCore HBM plan in bytes: params, grads,
             optimizer_state, activations, workspace, and their total.
+        ici: the allreduce algorithm and its cost at every step (link
+            faults included).
+        faults: the scenario's faults checked against the pod.
     """
 
     scenario: Scenario
@@ -48,6 +54,8 @@ class TrainingPlan:
     steps: int
     steps_per_epoch: int
     memory: dict[str, int]
+    ici: IciPlan
+    faults: FaultPlan
 
     @property
     def global_batch(self) -> int:
@@ -112,9 +120,9 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
         parameter).
 
     Raises:
-        HBMOutOfMemoryError: an item does not fit; it names the item, the
-            bytes asked and the bytes free, and carries the whole plan as
-            ``memory_plan`` (the items' bytes and their total).
+        HBMPlanError: an item does not fit (an ``HBMOutOfMemoryError``); it
+            names the item, the bytes asked and the bytes free, and carries the
+            whole plan as ``memory_plan`` (the items' bytes and their total).
     """
     params_bytes = 4 * int(model.num_params)  # float32
     items = {
@@ -130,8 +138,9 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
             hbm.allocate(tag, nbytes)
     except HBMOutOfMemoryError as err:
         # the whole plan travels with the error, so `tpu-pod describe` can show why
-        err.memory_plan = {**items, "total": sum(items.values())}
-        raise
+        raise HBMPlanError(str(err), tag=err.tag, requested_bytes=err.requested_bytes,
+                           free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
+                           memory_plan={**items, "total": sum(items.values())}) from None
     return {**items, "total": hbm.used_bytes}
 
 
@@ -139,37 +148,6 @@ def _shape_only(model: Model) -> dict[str, np.ndarray]:
     """Zero-copy stand-ins with the parameters' shapes (no memory for big models)."""
     zero = np.zeros((), dtype=np.float32)
     return {k: np.broadcast_to(zero, shape) for k, shape in model.param_shapes.items()}
-
-
-def check_links(links, torus: Torus) -> None:
-    """Check scenario ``pod.links`` against the pod's torus, before any actor starts.
-
-    Args:
-        links: the scenario's ``pod.links`` entries (``LinkConfig``).
-        torus: the resolved ICI topology.
-
-    Raises:
-        TopologyError: ``pod.links.<i>.link: ...`` for a link the torus does
-            not have (the message lists the links of its source chip), or a
-            failed link that nothing can route around.
-    """
-    for index, entry in enumerate(links):
-        single = LinkFaults.from_entries([{"link": entry.link, "slowdown": entry.slowdown,
-                                           "failed": entry.failed}])
-        try:
-            single.check(torus)
-        except TopologyError as err:
-            raise TopologyError(f"pod.links.{index}.link: {err} (got {entry.link!r})") from None
-    faults = LinkFaults.from_entries([{"link": e.link, "slowdown": e.slowdown, "failed": e.failed}
-                                      for e in links])
-    for index, entry in enumerate(links):
-        if entry.failed:
-            src, dst = parse_link(entry.link)
-            try:
-                route(torus, src, dst, faults)
-            except TopologyError as err:
-                raise TopologyError(f"pod.links.{index}.failed: {err} (got {entry.link!r} "
-                                    f"failed); fail fewer links") from None
 
 
 def _data_field(message: str, path: str | None) -> str:
@@ -190,7 +168,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     Args:
         scenario: the validated scenario.
         dataset: an already loaded dataset to reuse (else it is loaded).
-        timing_only: the plan is only costed (``pod.timing``): a global batch
+        timing_only: the plan is only costed (``pod.runtime.timing``): a global batch
             larger than the train split is allowed, since one chip's share
             stands for the whole batch.
 
@@ -203,7 +181,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     """
     if scenario.training is None:
         raise ScenarioError(f"{scenario.name}: a benchmark scenario has no training plan; "
-                            "use pod.bench.check_benchmark")
+                            "use pod.config.bench.check_benchmark")
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound)
@@ -245,18 +223,22 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
                              pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",
                              precision=training.precision)
-    except HBMOutOfMemoryError as err:
-        # keep the type (callers catch it) and name the field a user would change
+    except HBMPlanError as err:
+        # name the field a user would change
         field = "training.global_batch" if err.tag == "activations" else "model.options"
         what = (f"{per_core} examples per TensorCore" if err.tag == "activations" else
                 f"{scenario.model.name} with {int(model.num_params):,} parameters")
-        err.args = (f"{field}: {what} does not fit: {err}; use a smaller "
-                    f"{'global batch' if err.tag == 'activations' else 'model'} or a chip with "
-                    f"more HBM per TensorCore",)
-        raise
+        raise HBMPlanError(
+            f"{field}: {what} does not fit: {err}; use a smaller "
+            f"{'global batch' if err.tag == 'activations' else 'model'} or a chip with more HBM "
+            f"per TensorCore", tag=err.tag, requested_bytes=err.requested_bytes,
+            free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
+            memory_plan=err.memory_plan) from None
+    faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
+    ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
-                        steps_per_epoch=steps_per_epoch, memory=memory)
+                        steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults)
 
 
 def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) -> np.ndarray:
@@ -279,3 +261,36 @@ def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) ->
     epoch, index = divmod(step, per_epoch)
     order = np.random.default_rng([seed, epoch]).permutation(num_examples)
     return order[index * global_batch:(index + 1) * global_batch]
+
+
+def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan) -> IciPlan:
+    """Decide the allreduce of a data-parallel run and cost it at every step.
+
+    The algorithm is chosen once over the links of step 0 (``pod.links``):
+    the given one, or the fastest for this pod when ``auto``. Link faults
+    that start later are costed now too, with the same algorithm, so an
+    unroutable failure is an error before step 1 and the runtime costs
+    nothing itself.
+
+    Args:
+        pod: chip preset and torus.
+        num_elements: float32 elements of the gradient buffer (parameters).
+        algorithm: ``pod.allreduce`` (a name or "auto").
+        faults: the checked fault plan (its link entries per step).
+
+    Raises:
+        TopologyError: a failed link that nothing can route around, naming
+            the scenario entry.
+    """
+    link = LinkSpec(pod.chip.ici_link_bandwidth_bytes_per_s, pod.chip.ici_latency_s)
+    chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
+                                     algorithm=algorithm, faults=link_faults(faults.base_links))
+    costs = [(0, first)]
+    for step in faults.link_change_steps():
+        if step == 0:
+            continue
+        entries = faults.link_entries(step)
+        check_links(entries, pod.torus, field=f"faults (links in force at step {step + 1})")
+        costs.append((step, choose_algorithm("allreduce", pod.torus, num_elements, link,
+                                             algorithm=chosen, faults=link_faults(entries))[1]))
+    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=tuple(costs))

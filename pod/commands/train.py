@@ -1,0 +1,413 @@
+"""``tpu-pod run``: one training scenario from start to summary, as a ``Run``.
+
+A ``Run`` owns what one run of a plan needs: the pod, the checkpoints, the
+metrics, steps.csv and the running totals. Its methods are the parts of the
+loop: ``step`` (one step and what it reports), ``recover`` (a chip died:
+new actors, back to the last checkpoint), ``checkpoint`` (the schedule),
+``end_of_epoch`` (evaluation and the Keras-style line), ``finish`` (summary,
+files) and ``stop`` (the partial summary after an interruption or a failure).
+``run_training`` builds one and runs it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rich.console import Console
+
+from pod.commands.interrupt import InterruptGuard
+from pod.config.plan import TrainingPlan
+from pod.errors import ChipFailureError, ClusterError, RunInterrupted
+from pod.report.console import (epoch_line, hold, make_console, progress_bar, progress_line,
+                                summary_table)
+from pod.report.files import StepsCsv, reliability, summarize, write_json
+from pod.report.metrics import PodMetrics
+from pod.report.model_summary import model_summary_table
+from pod.report.stats import StepStats, StepTotals
+from pod.report.trace import metadata_events, step_events, write_trace
+from pod.runtime.coordinator import Pod
+from pod.state.checkpoint import Checkpoint
+from pod.state.resume import RunCheckpoints, resume_checkpoint
+
+__all__ = ["Run", "run_training"]
+
+
+class Run:
+    """One training run of a plan on an emulated pod.
+
+    With a ``checkpoint:`` block in the scenario, the complete training state
+    is written every ``every_steps`` steps and at the end; a chip actor that
+    dies (a ``faults:`` kill, or a real failure) is replaced and the pod
+    restored from the newest checkpoint, and training continues. SIGINT /
+    SIGTERM stop the run at the next step boundary: a final checkpoint (if
+    configured), the partial summary.json and steps.csv are written, the
+    actors (and a local Ray cluster this run started) are shut down, and
+    ``RunInterrupted`` is raised.
+
+    Args:
+        plan: the checked plan.
+        output_dir: where summary.json and steps.csv go (created).
+        metrics_port: Prometheus port (None: the scenario's; 0: off).
+        console: where progress goes (default: stdout).
+        log_every: print a progress line every this many steps (0: none).
+        on_step: called with each step's statistics (tests, dashboards).
+        trace_path: write a Chrome trace of ``trace_steps`` here.
+        trace_steps: zero-based steps to trace (default: the last step).
+        hold_seconds: keep the metrics endpoint up this long after the run
+            (``math.inf``: until Ctrl-C), so a last scrape sees final values.
+        resume_dir: continue from the newest valid checkpoint in this
+            directory (``tpu-pod run --resume``); steps.csv keeps its rows
+            before the checkpoint's step.
+
+    Raises:
+        CheckpointError: no valid checkpoint to resume, or one of another run.
+    """
+
+    def __init__(self, plan: TrainingPlan, *, output_dir: Path, metrics_port: int | None = None,
+                 console: Console | None = None, log_every: int = 1,
+                 on_step: Callable[[StepStats], None] | None = None,
+                 trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
+                 hold_seconds: float = 0.0, resume_dir: Path | None = None) -> None:
+        self.plan = plan
+        self.output_dir = Path(output_dir)
+        self.console = console or make_console()
+        self.log_every = log_every
+        self.on_step = on_step
+        self.trace_path = trace_path
+        self.traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
+        self.hold_seconds = hold_seconds
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.resumed_path: Path | None = None
+        self.resumed: Checkpoint | None = None
+        if resume_dir is not None:
+            self.resumed_path, self.resumed = resume_checkpoint(resume_dir, plan, warn=self.warn)
+        scenario = plan.scenario
+        self.checkpoints = (RunCheckpoints(plan, self.output_dir, resume_dir)
+                            if scenario.checkpoint else None)
+        self.metrics_port = scenario.metrics.port if metrics_port is None else metrics_port
+        self.metrics: PodMetrics | None = None
+        self.pod: Pod | None = None
+        self.trace_events: list[dict[str, Any]] = []
+        # O(1) memory per step: running sums, not a list of every step (a long run stays flat)
+        self.totals = StepTotals()
+        self.faults_done: list[int] = []
+        self.fault_events: list[dict[str, Any]] = []
+        self.simulated_clock = 0.0
+        self.step_index = 0  # steps done; the next step to run, zero-based
+        if self.resumed is not None:
+            self._load_run_state(self.resumed, faults_done=True)
+        self.rows = StepsCsv(self.output_dir / "steps.csv",
+                             keep_below=self.step_index if self.resumed is not None else None)
+        self.guard = InterruptGuard()
+        self.startup_wall_seconds = 0.0
+        self.wall_seconds = 0.0
+        self.evaluation: Any = None
+        self.identical: bool | None = None
+        self._t0 = time.perf_counter()
+        self._epoch_wall = time.perf_counter()
+
+    # -- small helpers -------------------------------------------------------------
+
+    def warn(self, text: str) -> None:
+        """Print a warning line (yellow)."""
+        self.console.print(text, style="yellow", highlight=False)
+
+    def run_state(self) -> dict[str, Any]:
+        """What a checkpoint carries for the run itself: sums, faults done, the clock."""
+        return {"totals": self.totals.to_dict(), "faults_done": list(self.faults_done),
+                "simulated_clock": self.simulated_clock}
+
+    def _load_run_state(self, point: Checkpoint, faults_done: bool = False) -> None:
+        """Continue from a checkpoint's step, sums and clock (and, resuming, its list of
+        faults already injected; a recovering run keeps its own, so a kill is not
+        injected twice)."""
+        self.step_index = point.step
+        self.totals = StepTotals.from_dict(point.run_state.get("totals"))
+        self.simulated_clock = float(point.run_state.get("simulated_clock", 0.0))
+        if faults_done:
+            self.faults_done = list(point.run_state.get("faults_done", []))
+
+    @property
+    def epochs(self) -> int:
+        """Epochs the run spans (the last may be partial)."""
+        return -(-self.plan.steps // self.plan.steps_per_epoch)
+
+    # -- the run -------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Train to the last step and write the results.
+
+        Returns:
+            The summary dict, also written to ``output_dir / "summary.json"``.
+
+        Raises:
+            MetricsError, ClusterError, HBMOutOfMemoryError: one-line messages.
+            ChipFailureError: chips died and there is no checkpoint to restore
+                (the partial summary is written first).
+            RunInterrupted: SIGINT / SIGTERM (after writing what the run has).
+        """
+        self.start_metrics()
+        try:
+            self.pod = Pod(self.plan)
+            with self.guard, self.rows:
+                try:
+                    self.start_pod()
+                    self.train()
+                    self.final_evaluation()
+                finally:
+                    self.pod.shutdown()
+            return self.finish()
+        except BaseException as err:
+            self.stop(err)
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def start_metrics(self) -> None:
+        """Serve Prometheus and print the run's header and model summary."""
+        plan, scenario = self.plan, self.plan.scenario
+        self.metrics = PodMetrics(
+            scenario=scenario.name, chip=plan.pod.chip.name, slice_name=plan.pod.name,
+            topology=plan.pod.torus.name, links=[f"{a}->{b}" for a, b in plan.pod.torus.links()],
+            chips=plan.pod.chips, cores=plan.pod.chip.tensorcores, dataset=plan.dataset.name,
+            synthetic=plan.dataset.synthetic)
+        self.metrics.serve(self.metrics_port, scenario.metrics.host)
+        data_label = f"{plan.dataset.name}{' (synthetic)' if plan.dataset.synthetic else ''}"
+        self.console.print(
+            f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
+            f"{plan.pod.chip.tensorcores} TensorCores on a {plan.pod.torus.name} torus; "
+            f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
+            f"{plan.global_batch} = {plan.per_core_batch} per core; {plan.steps} steps; "
+            f"allreduce {plan.ici.algorithm}")
+        self.console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                                               chip_name=plan.pod.chip.name))
+        if self.metrics.port:
+            self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
+                               f"{self.metrics.port}/metrics")
+        if self.resumed is not None:
+            self.console.print(f"Resuming from {self.resumed_path} (step {self.step_index} of "
+                               f"{plan.steps})")
+
+    def start_pod(self) -> None:
+        """Start the chip actors (and restore a resumed checkpoint)."""
+        plan = self.plan
+        self.startup_wall_seconds = self.pod.start()
+        self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
+        self.console.print(f"{plan.pod.chips} chip actors ready in "
+                           f"{self.startup_wall_seconds:.1f} s (wall)")
+        if self.resumed is not None:
+            self.pod.restore(self.resumed)
+        if self.trace_path is not None:
+            self.trace_events.extend(metadata_events(plan.pod.chips, plan.pod.chip.tensorcores,
+                                                     plan.pod.torus))
+
+    def train(self) -> None:
+        """Step until the last step, recovering from chip failures."""
+        plan = self.plan
+        self._t0 = self._epoch_wall = time.perf_counter()
+        with progress_bar(self.console, plan.steps) as progress:
+            task = progress.add_task("training", total=plan.steps, completed=self.step_index)
+            out = progress.console
+            while self.step_index < plan.steps:
+                self.stop_if_signalled(out)
+                if self.step(out):
+                    progress.advance(task)
+                else:
+                    progress.update(task, completed=self.step_index)
+        self.wall_seconds = time.perf_counter() - self._t0
+        self.guard.check()  # a signal during the last step: its checkpoint is written, stop here
+
+    def stop_if_signalled(self, out: Console) -> None:
+        """Between steps: after SIGINT / SIGTERM, checkpoint and raise ``RunInterrupted``."""
+        if self.guard.signum is None:
+            return
+        cp, step = self.checkpoints, self.step_index
+        if cp is not None and cp.last_step != step and step:
+            path = cp.save(self.pod, self.plan, step, self.run_state())
+            out.print(f"Interrupted: wrote {path}", highlight=False)
+        self.guard.check()
+
+    def step(self, out: Console) -> bool:
+        """Run the next step and report it.
+
+        Returns:
+            True if the step was done; False if chips failed and the run went
+            back to a checkpoint (``recover``).
+        """
+        plan, pod, step = self.plan, self.pod, self.step_index
+        pod.apply_faults(step)
+        kills = [f for f in plan.faults.kills_at(step) if f.index not in self.faults_done]
+        trace_this = self.trace_path is not None and step in self.traced
+        t_step = time.perf_counter()
+        try:
+            if kills:
+                self.faults_done.extend(f.index for f in kills)
+                pod.kill_chips(sorted({r for f in kills for r in f.chips}))
+            stats = pod.step(step, trace=trace_this)
+        except ClusterError as err:
+            self.recover(err, kills, time.perf_counter() - t_step, out)
+            return False
+        if trace_this:
+            core = plan.pod.chip.core
+            self.trace_events.extend(step_events(
+                stats, pod.last_trace, pod.schedule, plan.pod.torus, pod.ici_cost.phase_seconds,
+                start_s=self.simulated_clock,
+                scalar_issue_seconds=core.scalar_issue_cycles / core.clock_hz))
+        self.record(stats, out)
+        self.checkpoint()
+        self.end_of_epoch(out)
+        return True
+
+    def record(self, stats: StepStats, out: Console) -> None:
+        """Add a done step to the totals, metrics, steps.csv and the console."""
+        self.simulated_clock += stats.step_seconds
+        self.totals.add(stats)
+        self.metrics.observe(stats)
+        self.rows.write({**stats.row(), "synthetic_data": self.plan.dataset.synthetic})
+        if self.on_step:
+            self.on_step(stats)
+        self.step_index += 1
+        step, total = self.step_index, self.plan.steps
+        if self.log_every and (step % self.log_every == 0 or step == total):
+            out.print(progress_line(stats, total), highlight=False, soft_wrap=True)
+
+    def recover(self, err: ClusterError, kills: list[Any], detected: float, out: Console) -> None:
+        """Chips failed during a step: report it, start new actors for every chip and
+        go back to the newest checkpoint (or stop if there is none).
+
+        Raises:
+            ClusterError: ``err`` itself when no chip actor died (not a chip failure).
+            ChipFailureError: chips died and the scenario has no checkpoint block.
+        """
+        plan, step = self.plan, self.step_index
+        dead, hung = self.pod.failed_chips()
+        if not dead:
+            raise err
+        event = {"fault": "; ".join(f.describe() for f in kills) or "a chip actor died (not injected)",
+                 "step": step + 1, "dead_chips": dead, "hung_chips": hung, "error": str(err),
+                 "detection_wall_seconds": detected}
+        self.fault_events.append(event)
+        out.print(f"fault: {event['fault']}: chip actor(s) {dead} died"
+                  + (f", {hung} stuck waiting for them" if hung else "")
+                  + f"; detected after {detected:.3f} s (wall)", style="red", highlight=False)
+        if self.checkpoints is None:
+            event["recovered"] = False
+            raise ChipFailureError(
+                f"chip actor(s) {', '.join(map(str, dead))} died at step {step + 1} "
+                f"({event['fault']}) and the scenario has no checkpoint: block to restore from "
+                f"(add checkpoint: {{every_steps: N}} to survive it); the partial results are "
+                f"in {self.output_dir}") from None
+        t_recover = time.perf_counter()
+        point = self.checkpoints.restore_point(plan, self.resumed, warn=self.warn)
+        # every chip gets a new actor: survivors hold ICI links to the dead chips
+        # (pod/runtime/ici.py) and may be stuck in the failed collective; a real slice
+        # restarts as a unit from its checkpoint too
+        replacing = list(range(plan.pod.chips))
+        replaced = self.pod.replace_chips(replacing)
+        self.pod.restore(point)
+        self._load_run_state(point)
+        self.rows.truncate(point.step)
+        event.update(recovered=True, replaced_chips=replacing, restored_from_step=point.step,
+                     steps_recomputed=step - point.step, replace_wall_seconds=replaced,
+                     recovery_wall_seconds=time.perf_counter() - t_recover)
+        out.print(f"  new actors for chips {replacing}, restored step {point.step}, "
+                  f"recomputing {step - point.step} step(s)", highlight=False)
+
+    def checkpoint(self) -> None:
+        """Write a checkpoint if one is due after the step just done."""
+        cp = self.checkpoints
+        if cp is not None and cp.due(self.step_index, self.plan.steps):
+            cp.save(self.pod, self.plan, self.step_index, self.run_state())
+
+    def end_of_epoch(self, out: Console) -> None:
+        """Evaluate at the end of an epoch (with its Keras-style line) or every
+        ``eval_every_steps``; the last step's evaluation is ``final_evaluation``'s."""
+        step, plan = self.step_index, self.plan
+        if step == plan.steps:
+            return
+        eval_every = plan.scenario.training.eval_every_steps
+        if step % plan.steps_per_epoch == 0 and self.epochs > 1:
+            ev = self.pod.evaluate()
+            self.metrics.set_accuracy(ev.accuracy)
+            out.print(epoch_line(self.totals, ev, step // plan.steps_per_epoch, self.epochs,
+                                 time.perf_counter() - self._epoch_wall),
+                      highlight=False, soft_wrap=True)
+            self._epoch_wall = time.perf_counter()
+        elif eval_every and step % eval_every == 0:
+            ev = self.pod.evaluate()
+            self.metrics.set_accuracy(ev.accuracy)
+            out.print(f"  test loss {ev.loss:.4f}  test accuracy {ev.accuracy:.1%}",
+                      highlight=False)
+
+    def final_evaluation(self) -> None:
+        """Evaluate the trained replica, print the last epoch's line, compare replicas."""
+        self.evaluation = self.pod.evaluate()
+        self.metrics.set_accuracy(self.evaluation.accuracy)
+        if self.epochs > 1 and self.totals.epoch_steps:  # the last (possibly partial) epoch
+            self.console.print(epoch_line(self.totals, self.evaluation, self.epochs, self.epochs,
+                                          time.perf_counter() - self._epoch_wall),
+                               highlight=False, soft_wrap=True)
+        self.identical = self.pod.replicas_identical()
+
+    # -- the end -------------------------------------------------------------------
+
+    def finish(self) -> dict[str, Any]:
+        """Write summary.json (and the trace), print the summary table; hold the
+        metrics endpoint if asked."""
+        plan = self.plan
+        summary = summarize(plan, self.totals, self.evaluation, self.identical, self.wall_seconds,
+                            self.startup_wall_seconds)
+        summary |= reliability(self.fault_events, self.checkpoints, self.resumed, completed=True)
+        write_json(self.output_dir / "summary.json", summary)
+        self.console.print(summary_table(summary))
+        written = [self.output_dir / "summary.json", self.rows.path]
+        if self.checkpoints is not None:
+            written.append(self.checkpoints.dir)
+        if self.trace_path is not None:
+            write_trace(self.trace_path, self.trace_events,
+                        {"scenario": plan.scenario.name, "clock": "simulated microseconds",
+                         "dataset": plan.dataset.name, "synthetic_data": plan.dataset.synthetic,
+                         "traced_steps": sorted(s + 1 for s in self.traced if s < plan.steps)})
+            written.append(self.trace_path)
+        self.console.print("Wrote " + ", ".join(str(p) for p in written))
+        if self.metrics.port and self.hold_seconds > 0:
+            hold(self.console, self.metrics.port, self.hold_seconds)
+        return summary
+
+    def stop(self, err: BaseException) -> None:
+        """Never lose what was done: write the partial summary (steps.csv is on disk)."""
+        if isinstance(err, RunInterrupted):
+            import signal
+
+            stopped = f"signal {signal.Signals(err.signum).name}"
+        else:
+            stopped = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        if not (self.totals.steps or self.fault_events or isinstance(err, RunInterrupted)):
+            return
+        partial = summarize(self.plan, self.totals, self.evaluation, self.identical,
+                            self.wall_seconds or time.perf_counter() - self._t0,
+                            self.startup_wall_seconds)
+        partial |= reliability(self.fault_events, self.checkpoints, self.resumed, completed=False)
+        partial["stopped_by"] = stopped
+        write_json(self.output_dir / "summary.json", partial)
+        self.console.print(f"Stopped by {stopped} after {self.totals.steps} of {self.plan.steps} "
+                           f"steps; wrote {self.output_dir / 'summary.json'} (partial), "
+                           f"{self.rows.path}"
+                           + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints else ""),
+                           highlight=False)
+
+
+def run_training(plan: TrainingPlan, **options: Any) -> dict[str, Any]:
+    """Train the plan on an emulated pod and write the results (``Run(plan, ...).run()``).
+
+    Args:
+        plan: the checked plan.
+        **options: ``Run``'s keyword arguments (``output_dir`` is required).
+
+    Returns:
+        The summary dict, also written to ``output_dir / "summary.json"``.
+    """
+    return Run(plan, **options).run()
