@@ -26,7 +26,7 @@ from pod.errors import CheckpointError
 from pod.state.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pod.workloads import build_model, build_optimizer, load_dataset
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True, scope="module")

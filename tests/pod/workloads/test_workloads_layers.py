@@ -13,7 +13,7 @@ import pytest
 
 from pod.workloads import (LSTM, AveragePooling2D, BatchNormalization, Dense, Embedding, Sigmoid,
                            Softmax, Tanh, build_model, sigmoid_binary_cross_entropy)
-from tests.pod.test_workloads import check_layer_grads, numeric_grad
+from tests.pod.workloads.test_workloads import check_layer_grads, numeric_grad
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

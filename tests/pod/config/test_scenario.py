@@ -13,7 +13,7 @@ from pod.config.plan import batch_indices, build_plan, shard_batch_size
 from pod.config.scenario import load_scenario, parse_scenario
 from pod.config.slices import default_shape, parse_slice, resolve_pod
 
-SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((Path(__file__).resolve().parents[3] / "scenarios").glob("*.yaml"))
 
 BASE = {
     "name": "t",
@@ -88,7 +88,7 @@ def test_training_precision_reaches_the_plan_and_int8_needs_int8_hardware():
 
 
 def test_quickstart_is_a_v2_8_on_a_2x2_torus():
-    plan = build_plan(load_scenario(Path(__file__).resolve().parents[2] / "scenarios/quickstart.yaml"))
+    plan = build_plan(load_scenario(Path(__file__).resolve().parents[3] / "scenarios/quickstart.yaml"))
     assert (plan.pod.chip.name, plan.pod.chips, plan.pod.tensorcores) == ("v2", 4, 8)
     assert plan.pod.torus.shape == (2, 2)
     assert plan.model.name == "cnn" and plan.dataset.name == "digits"
@@ -196,7 +196,7 @@ def test_batches_are_deterministic_permutations():
 
 def test_the_readme_scenario_example_validates():
     """The YAML block under "## Scenario format" in the README is a valid scenario."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme.split("## Scenario format", 1)[1]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     plan = build_plan(parse_scenario(yaml.safe_load(block), source="README.md"))

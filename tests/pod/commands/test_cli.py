@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tpu_pod(*args: str, env: dict | None = None, timeout: float = 300):
@@ -94,7 +94,7 @@ def test_describe_scenario_shows_the_hbm_plan_even_when_it_does_not_fit():
     assert ok.returncode == 0, ok.stderr
     for item in ("params", "grads", "optimizer_state", "activations", "workspace", "capacity"):
         assert item in ok.stdout
-    bad = tpu_pod("describe", "tests/pod/bad_scenarios/model_too_big_for_hbm.yaml")
+    bad = tpu_pod("describe", "tests/pod/config/bad_scenarios/model_too_big_for_hbm.yaml")
     assert bad.returncode == 2
     assert "DOES NOT FIT" in bad.stdout and "optimizer_state" in bad.stdout
     assert len(bad.stderr.strip().splitlines()) == 1 and "does not fit" in bad.stderr

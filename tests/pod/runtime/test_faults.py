@@ -17,10 +17,10 @@ import pytest
 from pod.state.checkpoint import checkpoint_path, load_checkpoint
 from pod.errors import ScenarioError
 from pod.config.plan import build_plan
-from tests.pod.test_checkpoint import run
-from tests.pod.test_checkpoint import scenario as checkpoint_scenario
+from tests.pod.state.test_checkpoint import run
+from tests.pod.state.test_checkpoint import scenario as checkpoint_scenario
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CKPT = {"every_steps": 2, "keep": 5}
 
 

@@ -18,7 +18,7 @@ from pod.config.bench import check_benchmark
 from pod.runtime.bench import BenchmarkChipActor, benchmark_inputs
 from pod.config.scenario import load_scenario
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def bf16(x):

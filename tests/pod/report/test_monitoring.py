@@ -22,7 +22,7 @@ from pod.errors import MetricsError
 from pod.report.metrics import METRIC_NAMES, PodMetrics
 from pod.report.stats import StepStats
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MONITORING = ROOT / "monitoring"
 METRIC_RE = re.compile(r"\btpu_pod_[a-z0-9_]+")
 
@@ -141,7 +141,7 @@ def test_trace_is_well_formed_and_adds_up_to_the_step_time(tmp_path):
 
     from pod.config.plan import build_plan
     from pod.commands.train import run_training
-    from tests.pod.test_pod import mlp_scenario
+    from tests.pod.runtime.test_pod import mlp_scenario
 
     plan = build_plan(mlp_scenario(steps=3))
     trace_path = tmp_path / "trace.json"
@@ -283,7 +283,7 @@ def test_progress_bar_and_keras_style_epoch_lines(tmp_path):
 
     from pod.config.plan import build_plan
     from pod.commands.train import run_training
-    from tests.pod.test_pod import mlp_scenario
+    from tests.pod.runtime.test_pod import mlp_scenario
 
     # digits' 1,437 training examples at global batch 512: 2 steps per epoch, 5 steps = 3 epochs
     plan = build_plan(mlp_scenario(steps=5, global_batch=512))

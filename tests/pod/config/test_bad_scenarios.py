@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CORPUS_DIR = Path(__file__).resolve().parent / "bad_scenarios"
 CORPUS = sorted(CORPUS_DIR.glob("*.yaml"))
 
