@@ -123,13 +123,16 @@ class FaultPlan:
     def link_entries(self, step: int) -> list[dict[str, Any]]:
         """``pod.links``-style entries in force at zero-based ``step``: the scenario's
         ``pod.links``, overridden per link by the link faults started by then
-        (a later fault on the same link replaces an earlier one)."""
-        entries = {parse_link(e["link"]): e for e in self.base_links}
+        (a later fault on the same link replaces an earlier one). Each entry's
+        ``field`` names where it comes from (``pod.links.<i>``, ``faults.<i>``)."""
+        entries = {parse_link(e["link"]): {**e, "field": f"pod.links.{i}"}
+                   for i, e in enumerate(self.base_links)}
         for f in sorted((f for f in self.faults if f.link and f.step <= step),
                         key=lambda f: (f.step, f.index)):
             text = f"{f.link[0]}->{f.link[1]}"
             entries[f.link] = ({"link": text, "failed": True} if f.kind == "fail_link"
                                else {"link": text, "slowdown": f.slowdown})
+            entries[f.link]["field"] = f"faults.{f.index}"
         return [entries[k] for k in sorted(entries)]
 
     def link_change_steps(self) -> list[int]:

@@ -47,7 +47,8 @@ def check_links(entries: Sequence[Any], torus: Torus, field: str = "pod.links") 
     Args:
         entries: link entries (``LinkConfig`` or mappings).
         torus: the resolved ICI topology.
-        field: the scenario field the entries come from, for messages.
+        field: the scenario field the entries come from, for messages (an
+            entry's own ``field`` key, where it has one, names it instead).
 
     Raises:
         TopologyError: ``<field>.<i>.link: ...`` for a link the torus does
@@ -56,17 +57,19 @@ def check_links(entries: Sequence[Any], torus: Torus, field: str = "pod.links") 
             route around.
     """
     rows = [link_entry(e) for e in entries]
-    for index, row in enumerate(rows):
+    names = [e["field"] if isinstance(e, Mapping) and "field" in e else f"{field}.{i}"
+             for i, e in enumerate(entries)]
+    for name, row in zip(names, rows):
         try:
             LinkFaults.from_entries([row]).check(torus)
         except TopologyError as err:
-            raise TopologyError(f"{field}.{index}.link: {err} (got {row['link']!r})") from None
+            raise TopologyError(f"{name}.link: {err} (got {row['link']!r})") from None
     faults = LinkFaults.from_entries(rows)
-    for index, row in enumerate(rows):
+    for name, row in zip(names, rows):
         if row.get("failed"):
             src, dst = parse_link(row["link"])
             try:
                 route(torus, src, dst, faults)
             except TopologyError as err:
-                raise TopologyError(f"{field}.{index}.failed: {err} (got {row['link']!r} "
+                raise TopologyError(f"{name}.failed: {err} (got {row['link']!r} "
                                     f"failed); fail fewer links") from None

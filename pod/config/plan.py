@@ -290,7 +290,9 @@ def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan
         if step == 0:
             continue
         entries = faults.link_entries(step)
-        check_links(entries, pod.torus, field=f"faults (links in force at step {step + 1})")
+        # the faults that start at this step first: an unroutable set names them
+        new = {f"faults.{f.index}" for f in faults.faults if f.link and f.step == step}
+        check_links(sorted(entries, key=lambda e: e["field"] not in new), pod.torus)
         costs.append((step, choose_algorithm("allreduce", pod.torus, num_elements, link,
                                              algorithm=chosen, faults=link_faults(entries))[1]))
     return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=tuple(costs))

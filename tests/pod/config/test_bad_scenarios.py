@@ -11,9 +11,13 @@ FIELD is the dotted path the message must name right after the file
 received, what is allowed) must appear in the line. The message must be the
 only line on stderr, the exit status 2, and there must be no traceback.
 
+``validate`` and ``run`` agree: every validate case is also given to
+``run`` (no ``--steps``, which would change the scenario), which must stop
+with the very same line before any actor starts.
+
 Speed: the validate cases run in ONE subprocess (this file run as a script
-calls ``pod.cli.main(["validate", FILE])`` per file and reports each exit
-status and stderr as JSON); four are also run as ``python -m pod validate``
+calls ``pod.cli.main(["validate", FILE])`` and ``pod.cli.main(["run", FILE])``
+per file and reports each exit status and stderr as JSON); four are also run as ``python -m pod validate``
 (two at a time) to check the real entry point; the cases only ``run`` can see (a port in use)
 run ``python -m pod run FILE --steps 1`` in their own subprocess. All of them
 run from a different working directory than the repository, so ``data.path``
@@ -116,6 +120,14 @@ def test_validate_gives_one_line_naming_field_and_value(validated, name):
     _check(name, CASES[name][0], row["code"], row["stdout"], row["stderr"])
 
 
+@pytest.mark.parametrize("name", VALIDATE)
+def test_run_rejects_what_validate_rejects_with_the_same_line(validated, name):
+    row, run = validated[name], validated[name]["run"]
+    assert "Traceback" not in run["stderr"], f"{name}: traceback:\n{run['stderr']}"
+    assert (run["code"], run["stderr"]) == (row["code"], row["stderr"]), name
+    assert "chip actors ready" not in run["stdout"], f"{name}: run started the pod"
+
+
 def test_the_real_entry_point_agrees(tmp_path):
     """A few cases as a user types them, ``python -m pod validate FILE``, two at a time."""
     names = ["python_object_tag.yaml", "empty_file.yaml", "model_too_big_for_hbm.yaml",
@@ -172,22 +184,33 @@ def test_data_path_is_relative_to_the_scenario_not_the_working_directory(tmp_pat
     assert out.returncode == 0 and ": ok (" in out.stdout, out.stderr
 
 
-def _runner(paths: list[str]) -> None:
-    """Script mode: validate each file through the CLI entry point; one JSON line per file."""
+def _main(args: list[str]) -> dict:
+    """``pod.cli.main(args)`` in this process: exit code, stdout, stderr (a traceback
+    if one escaped)."""
     from pod.cli import main
 
+    err, std = io.StringIO(), io.StringIO()
+    code = None
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        try:
+            main(args)
+        except SystemExit as exit_:
+            code = exit_.code
+        except BaseException:  # noqa: BLE001 - a traceback is exactly what we look for
+            err.write(traceback.format_exc())
+    return {"code": code, "stdout": std.getvalue(), "stderr": err.getvalue()}
+
+
+def _runner(paths: list[str]) -> None:
+    """Script mode: validate, then run, each file through the CLI entry point; one JSON
+    line per file."""
+    import tempfile
+
     for path in paths:
-        err, std = io.StringIO(), io.StringIO()
-        code = None
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
-            try:
-                main(["validate", path])
-            except SystemExit as exit_:
-                code = exit_.code
-            except BaseException:  # noqa: BLE001 - a traceback is exactly what we look for
-                err.write(traceback.format_exc())
-        print(json.dumps({"path": path, "code": code, "stdout": std.getvalue(),
-                          "stderr": err.getvalue()}), flush=True)
+        row = _main(["validate", path])
+        with tempfile.TemporaryDirectory() as out:
+            row["run"] = _main(["run", path, "--output-dir", out, "--metrics-port", "0"])
+        print(json.dumps({"path": path, **row}), flush=True)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,13 @@ def final_params(out: Path, step: int = 6) -> dict[str, bytes]:
     return {k: v.tobytes() for k, v in {**ck.params, **ck.optimizer_state}.items()}
 
 
-def test_fault_entries_are_checked_against_the_pod():
-    from pod.runtime.coordinator import Pod
+def test_fault_entries_are_checked_by_the_plan_before_any_actor():
 
     with pytest.raises(ScenarioError, match=r"faults\.0\.chip: 4 is not a chip of this pod "
                                             r"\(ranks 0\.\.3\)"):
-        Pod(build_plan(scenario(faults=[{"kind": "kill_chip", "chip": 4, "step": 2}])))
+        build_plan(scenario(faults=[{"kind": "kill_chip", "chip": 4, "step": 2}]))
     with pytest.raises(ScenarioError, match=r"faults\.0\.host: 1 is not a host"):
-        Pod(build_plan(scenario(faults=[{"kind": "kill_host", "host": 1, "step": 2}])))
+        build_plan(scenario(faults=[{"kind": "kill_host", "host": 1, "step": 2}]))
     with pytest.raises(ScenarioError, match="factor does not belong to kill_chip"):
         scenario(faults=[{"kind": "kill_chip", "chip": 1, "factor": 2.0}])
 
