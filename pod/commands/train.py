@@ -19,7 +19,7 @@ from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
 from pod.config.plan import TrainingPlan
-from pod.errors import ChipFailureError, ClusterError, RunInterrupted
+from pod.errors import ChipFailureError, ClusterError, RunInterrupted, ScenarioError
 from pod.report.console import (epoch_line, hold, make_console, progress_bar, progress_line,
                                 summary_table)
 from pod.report.files import StepsCsv, reliability, summarize, write_json
@@ -48,7 +48,9 @@ class Run:
 
     Args:
         plan: the checked plan.
-        output_dir: where summary.json and steps.csv go (created).
+        output_dir: where summary.json and steps.csv go (created); None writes
+            no files (the Python API's default; checkpoints then need their
+            own ``checkpoint.dir``).
         metrics_port: Prometheus port (None: the scenario's; 0: off).
         console: where progress goes (default: stdout).
         log_every: print a progress line every this many steps (0: none).
@@ -60,25 +62,34 @@ class Run:
         resume_dir: continue from the newest valid checkpoint in this
             directory (``tpu-pod run --resume``); steps.csv keeps its rows
             before the checkpoint's step.
+        keep_history: keep every step's ``StepStats`` in ``history`` (the
+            Python API; a CLI run keeps only running sums).
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
+        ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``.
     """
 
     def __init__(self, plan: TrainingPlan, *, output_dir: Path, metrics_port: int | None = None,
                  console: Console | None = None, log_every: int = 1,
                  on_step: Callable[[StepStats], None] | None = None,
                  trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
-                 hold_seconds: float = 0.0, resume_dir: Path | None = None) -> None:
+                 hold_seconds: float = 0.0, resume_dir: Path | None = None,
+                 keep_history: bool = False) -> None:
         self.plan = plan
-        self.output_dir = Path(output_dir)
+        self.output_dir = Path(output_dir) if output_dir is not None else None
         self.console = console or make_console()
         self.log_every = log_every
         self.on_step = on_step
         self.trace_path = trace_path
         self.traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
         self.hold_seconds = hold_seconds
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.history: list[StepStats] | None = [] if keep_history else None
+        if self.output_dir is not None:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        elif plan.scenario.checkpoint is not None and plan.scenario.checkpoint.dir is None:
+            raise ScenarioError("checkpoint.dir: a run that writes no files (no output "
+                                "directory) needs the checkpoints' own dir")
         self.resumed_path: Path | None = None
         self.resumed: Checkpoint | None = None
         if resume_dir is not None:
@@ -98,13 +109,16 @@ class Run:
         self.step_index = 0  # steps done; the next step to run, zero-based
         if self.resumed is not None:
             self._load_run_state(self.resumed, faults_done=True)
-        self.rows = StepsCsv(self.output_dir / "steps.csv",
-                             keep_below=self.step_index if self.resumed is not None else None)
+        self.rows: StepsCsv | _NoFiles = (
+            StepsCsv(self.output_dir / "steps.csv",
+                     keep_below=self.step_index if self.resumed is not None else None)
+            if self.output_dir is not None else _NoFiles())
         self.guard = InterruptGuard()
         self.startup_wall_seconds = 0.0
         self.wall_seconds = 0.0
         self.evaluation: Any = None
         self.identical: bool | None = None
+        self.partial_summary: dict[str, Any] | None = None
         self._t0 = time.perf_counter()
         self._epoch_wall = time.perf_counter()
 
@@ -267,6 +281,8 @@ class Run:
         self.totals.add(stats)
         self.metrics.observe(stats)
         self.rows.write({**stats.row(), "synthetic_data": self.plan.dataset.synthetic})
+        if self.history is not None:
+            self.history.append(stats)
         if self.on_step:
             self.on_step(stats)
         self.step_index += 1
@@ -310,6 +326,8 @@ class Run:
         self.pod.restore(point)
         self._load_run_state(point)
         self.rows.truncate(point.step)
+        if self.history is not None:
+            del self.history[point.step - (self.resumed.step if self.resumed else 0):]
         event.update(recovered=True, replaced_chips=replacing, restored_from_step=point.step,
                      steps_recomputed=step - point.step, replace_wall_seconds=replaced,
                      recovery_wall_seconds=time.perf_counter() - t_recover)
@@ -361,9 +379,11 @@ class Run:
         summary = summarize(plan, self.totals, self.evaluation, self.identical, self.wall_seconds,
                             self.startup_wall_seconds)
         summary |= reliability(self.fault_events, self.checkpoints, self.resumed, completed=True)
-        write_json(self.output_dir / "summary.json", summary)
         self.console.print(summary_table(summary))
-        written = [self.output_dir / "summary.json", self.rows.path]
+        written = []
+        if self.output_dir is not None:
+            write_json(self.output_dir / "summary.json", summary)
+            written += [self.output_dir / "summary.json", self.rows.path]
         if self.checkpoints is not None:
             written.append(self.checkpoints.dir)
         if self.trace_path is not None:
@@ -372,7 +392,8 @@ class Run:
                          "dataset": plan.dataset.name, "synthetic_data": plan.dataset.synthetic,
                          "traced_steps": sorted(s + 1 for s in self.traced if s < plan.steps)})
             written.append(self.trace_path)
-        self.console.print("Wrote " + ", ".join(str(p) for p in written))
+        if written:
+            self.console.print("Wrote " + ", ".join(str(p) for p in written))
         if self.metrics.port and self.hold_seconds > 0:
             hold(self.console, self.metrics.port, self.hold_seconds)
         return summary
@@ -392,12 +413,33 @@ class Run:
                             self.startup_wall_seconds)
         partial |= reliability(self.fault_events, self.checkpoints, self.resumed, completed=False)
         partial["stopped_by"] = stopped
-        write_json(self.output_dir / "summary.json", partial)
+        self.partial_summary = partial
+        wrote = ""
+        if self.output_dir is not None:
+            write_json(self.output_dir / "summary.json", partial)
+            wrote = f"; wrote {self.output_dir / 'summary.json'} (partial), {self.rows.path}"
         self.console.print(f"Stopped by {stopped} after {self.totals.steps} of {self.plan.steps} "
-                           f"steps; wrote {self.output_dir / 'summary.json'} (partial), "
-                           f"{self.rows.path}"
+                           f"steps{wrote}"
                            + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints else ""),
                            highlight=False)
+
+
+class _NoFiles:
+    """steps.csv's stand-in for a run that writes no files."""
+
+    path = None
+
+    def __enter__(self) -> "_NoFiles":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def write(self, row: dict[str, Any]) -> None:
+        pass
+
+    def truncate(self, below: int) -> None:
+        pass
 
 
 def run_training(plan: TrainingPlan, **options: Any) -> dict[str, Any]:

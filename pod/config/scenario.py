@@ -76,6 +76,7 @@ ALLREDUCE_CHOICES = ("auto", *ALLREDUCE_ALGORITHMS)
 
 __all__ = [
     "Scenario",
+    "scenario_from_text",
     "PodConfig",
     "ModelConfig",
     "DataConfig",
@@ -625,6 +626,26 @@ def load_scenario(path: str | Path) -> Scenario:
     except UnicodeDecodeError as err:
         raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a "
                             f"scenario is a UTF-8 YAML file") from None
+    return scenario_from_text(text, source=str(path), base_dir=path.resolve().parent)
+
+
+def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str | Path = ".") -> Scenario:
+    """Parse and validate a scenario given as YAML text.
+
+    Args:
+        text: the YAML document.
+        source: where it came from, used in messages (a file name).
+        base_dir: the directory relative ``data.path`` and ``checkpoint.dir``
+            are resolved against (a file's own directory; the working
+            directory for text).
+
+    Returns:
+        The frozen scenario.
+
+    Raises:
+        ScenarioError: bad YAML, or an invalid field.
+    """
+    base = Path(base_dir)
     try:
         data = yaml.load(text, Loader=_ScenarioLoader)  # a SafeLoader: no object construction
     except yaml.YAMLError as err:
@@ -641,14 +662,14 @@ def load_scenario(path: str | Path) -> Scenario:
         elif problem == "mapping values are not allowed here":
             problem += (" (a key indented deeper than the key above it, or an unquoted value "
                         "holding ': ')")
-        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise ScenarioError(f"{source}: invalid YAML{where}: {problem}") from None
     data_path = data.get("data", {}).get("path") if isinstance(data, dict) and \
         isinstance(data.get("data"), dict) else None
     if isinstance(data_path, str) and data_path:
         # paths in a scenario are relative to the scenario file, not to the working directory
-        data["data"]["path"] = str(path.resolve().parent / Path(data_path).expanduser())
+        data["data"]["path"] = str(base.resolve() / Path(data_path).expanduser())
     checkpoint = data.get("checkpoint") if isinstance(data, dict) else None
     if isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str) and checkpoint["dir"]:
         # like data.path: relative to the scenario file
-        checkpoint["dir"] = str(path.resolve().parent / Path(checkpoint["dir"]).expanduser())
-    return parse_scenario(data, source=str(path))
+        checkpoint["dir"] = str(base.resolve() / Path(checkpoint["dir"]).expanduser())
+    return parse_scenario(data, source=source)

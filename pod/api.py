@@ -1,0 +1,219 @@
+"""The Python API, for notebooks and scripts: ``pod.run``, ``pod.validate``,
+``pod.describe``, ``pod.sweep``.
+
+A scenario is given as a path to a YAML file, a YAML string, a dict (the
+same keys as the file) or a ``Scenario``. Nothing is printed with
+``quiet=True`` and nothing is written without ``output_dir``. Example::
+
+    import pod
+    result = pod.run("scenarios/quickstart.yaml", steps=20, quiet=True)
+    result.summary["test_accuracy"], len(result.history)
+    result.to_pandas()      # one row per step (needs pandas)
+    result.plot()           # loss and the simulated step-time breakdown (needs matplotlib)
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from rich.console import Console
+
+from pod.config.bench import BenchmarkPlan, check_benchmark
+from pod.config.plan import TrainingPlan, build_plan
+from pod.config.scenario import Scenario, load_scenario, parse_scenario, scenario_from_text
+from pod.errors import ScenarioError
+from pod.report.model_summary import model_summary_table
+from pod.report.stats import StepStats
+
+__all__ = ["RunResult", "Description", "load", "run", "validate", "describe", "sweep"]
+
+
+def load(scenario: str | Path | Mapping[str, Any] | Scenario) -> Scenario:
+    """A ``Scenario`` from a path, a YAML string, a dict or a ``Scenario``.
+
+    A string is a path when it names an existing file or ends in ``.yaml`` /
+    ``.yml``; otherwise it is YAML text (relative paths in it are relative to
+    the working directory).
+
+    Raises:
+        ScenarioError: unreadable file, bad YAML or an invalid field (one line).
+    """
+    if isinstance(scenario, Scenario):
+        return scenario
+    if isinstance(scenario, Mapping):
+        return parse_scenario(dict(scenario), source="<dict>")
+    if isinstance(scenario, Path):
+        return load_scenario(scenario)
+    if isinstance(scenario, str):
+        if scenario.strip().endswith((".yaml", ".yml")) and "\n" not in scenario.strip() \
+                or Path(scenario).is_file():
+            return load_scenario(scenario)
+        return scenario_from_text(scenario, source="<yaml>")
+    raise ScenarioError(f"scenario: expected a path, YAML text, a dict or a Scenario, got "
+                        f"{type(scenario).__name__}")
+
+
+def validate(scenario: str | Path | Mapping[str, Any] | Scenario) -> TrainingPlan | BenchmarkPlan:
+    """Check a scenario as ``tpu-pod validate`` does and return its plan.
+
+    Returns:
+        The ``TrainingPlan`` (pod, batch split, HBM plan, allreduce algorithm
+        and its cost, fault plan), or a ``BenchmarkPlan`` for a benchmark.
+
+    Raises:
+        ScenarioError, ShardingError, HBMPlanError, ChipError,
+        InterconnectError: what ``tpu-pod run`` would reject, as one line.
+    """
+    spec = load(scenario)
+    if spec.benchmark is not None:
+        return check_benchmark(spec)
+    return build_plan(spec)
+
+
+@dataclass(frozen=True)
+class Description:
+    """What ``describe`` returns.
+
+    Attributes:
+        plan: the checked plan (``plan.pod``: chip, torus, peak FLOP/s, HBM).
+        memory: the HBM plan per TensorCore, bytes per item and total.
+        model_summary: the Keras-style per-layer table as text (empty for a
+            benchmark).
+    """
+
+    plan: TrainingPlan | BenchmarkPlan
+    memory: dict[str, int]
+    model_summary: str
+
+
+def describe(scenario: str | Path | Mapping[str, Any] | Scenario) -> Description:
+    """The pod, the HBM plan and the model summary of a scenario, as values."""
+    plan = validate(scenario)
+    text = ""
+    if isinstance(plan, TrainingPlan):
+        buffer = io.StringIO()
+        Console(file=buffer, width=160).print(model_summary_table(
+            plan.model, plan.pod.chip.core, plan.per_core_batch, chip_name=plan.pod.chip.name))
+        text = buffer.getvalue()
+    return Description(plan=plan, memory=dict(plan.memory), model_summary=text)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What ``run`` returns.
+
+    Attributes:
+        summary: the run's summary (the content of summary.json).
+        history: one ``StepStats`` per step done, in order (simulated parts,
+            loss, wall seconds, HBM, ICI bytes).
+        output_dir: where the files went (None: none written).
+    """
+
+    summary: dict[str, Any]
+    history: tuple[StepStats, ...]
+    output_dir: Path | None = None
+
+    def to_pandas(self) -> Any:
+        """The history as a pandas DataFrame, one row per step (pandas required).
+
+        Raises:
+            ImportError: pandas is not installed (one line saying so).
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("RunResult.to_pandas needs pandas: pip install pandas") from None
+        return pd.DataFrame([{**s.row(), "step": s.step + 1} for s in self.history])
+
+    def plot(self, path: str | Path | None = None) -> Any:
+        """Loss per step and the simulated step-time breakdown (matplotlib required).
+
+        Args:
+            path: also save the figure there (PNG, SVG, ...).
+
+        Returns:
+            The matplotlib Figure.
+        """
+        import matplotlib
+
+        if path is not None:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [s.step + 1 for s in self.history]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        left.plot(steps, [s.loss for s in self.history])
+        left.set(xlabel="step", ylabel="training loss", title="loss")
+        parts = {"infeed": [s.infeed_seconds for s in self.history],
+                 "compute": [s.compute_seconds for s in self.history],
+                 "allreduce": [s.allreduce_seconds for s in self.history],
+                 "update": [s.update_seconds for s in self.history]}
+        right.stackplot(steps, *[[v * 1e3 for v in vals] for vals in parts.values()],
+                        labels=list(parts))
+        right.set(xlabel="step", ylabel="simulated ms", title="step time (simulated)")
+        right.legend(loc="upper right")
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path)
+        return fig
+
+
+def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | None = None,
+        output_dir: str | Path | None = None, quiet: bool = False,
+        metrics_port: int | None = None) -> RunResult:
+    """Train a scenario on an emulated pod (starts a local Ray cluster if none).
+
+    Args:
+        scenario: a path, YAML text, a dict or a ``Scenario``.
+        steps: override ``training.steps``.
+        output_dir: write summary.json and steps.csv there; None writes nothing.
+        quiet: print nothing.
+        metrics_port: serve Prometheus metrics on this port of 127.0.0.1 for the
+            length of the run (None or 0: no endpoint, whatever the scenario says;
+            a notebook rarely wants one).
+
+    Returns:
+        The summary and the per-step history.
+
+    Raises:
+        ScenarioError and the other user errors: one line, before any actor
+        starts. ClusterError: Ray could not start, or a chip failed for good.
+        RunInterrupted: Ctrl-C (after writing what the run had).
+    """
+    from pod.commands.train import Run  # Ray is imported only when a run starts
+
+    spec = load(scenario)
+    if spec.benchmark is not None:
+        raise ScenarioError("scenario: a benchmark scenario has no training run; use "
+                            "`tpu-pod run` for it")
+    if steps is not None:
+        spec = spec.with_overrides(training__steps=steps)
+    plan = build_plan(spec)
+    console = Console(quiet=True) if quiet else None
+    the_run = Run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
+                  metrics_port=metrics_port or 0, console=console, keep_history=True)
+    summary = the_run.run()
+    return RunResult(summary=summary, history=tuple(the_run.history or ()),
+                     output_dir=the_run.output_dir)
+
+
+def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
+          output_dir: str | Path | None = None, mode: str | None = None) -> list[dict[str, Any]]:
+    """Run a sweep scenario (``sweep:`` block) and return its rows (results.csv's rows).
+
+    Args:
+        scenario: a sweep scenario.
+        output_dir: where results.csv, results.md and the plots go (default:
+            runs/<name>-sweep, as the CLI).
+        mode: "timing" or "functional" (default: the scenario's).
+    """
+    from pod.commands.sweep import run_sweep
+
+    spec = load(scenario)
+    if spec.sweep is None:
+        raise ScenarioError("sweep: no sweep: block in this scenario")
+    out = Path(output_dir) if output_dir is not None else Path("runs") / f"{spec.name}-sweep"
+    return run_sweep(spec, out, mode=mode)
