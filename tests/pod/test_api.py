@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pod
-from pod.errors import ScenarioError
+from pod.errors import ScenarioError, ShardingError
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"name": "api-test", "pod": {"slice": "v2-8"},
@@ -67,7 +67,7 @@ def test_describe_returns_values_and_errors_are_one_line():
     d = pod.describe(SMALL)
     assert d.memory["total"] == sum(v for k, v in d.memory.items() if k != "total")
     assert "dense1 (dense)" in d.model_summary and d.plan.pod.chips == 4
-    with pytest.raises(ScenarioError, match=r"training\.global_batch: global batch 65 is not "
+    with pytest.raises(ShardingError, match=r"training\.global_batch: global batch 65 is not "
                                             r"divisible by 8 TensorCores"):
         pod.validate({**SMALL, "training": {"global_batch": 65, "steps": 1}})
     with pytest.raises(ScenarioError, match="scenario: expected a path"):
