@@ -88,11 +88,6 @@ class Model:
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.param_shapes.values())
 
-    @property
-    def layer_input_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Each layer's input shape (without the batch axis), in order."""
-        return tuple(self._shapes[:-1])
-
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         """Glorot-uniform kernels, zero biases, float32, from default_rng(seed)."""
         rng = np.random.default_rng(seed)
