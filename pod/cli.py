@@ -11,17 +11,18 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 
-from pod.report.console import make_console
-from rich.table import Table
+from pod.report.console import make_console, titled_table
 
-from chip import PRECISIONS, PRESETS, HBMOutOfMemoryError, get_chip_spec
+from chip import PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
-from pod.errors import USER_ERRORS, RunInterrupted, ScenarioError
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
+from pod.report.model_summary import layer_costs, model_summary_table
 from pod.config.plan import build_plan
 from pod.config.scenario import load_scenario
 from pod.config.slices import resolve_pod
@@ -42,7 +43,7 @@ def cli() -> None:
     """
 
 
-@cli.command()
+@cli.command(short_help="Train a scenario on an emulated pod (or run its benchmark).")
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--steps", type=click.IntRange(min=1), help="Override training.steps.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -53,44 +54,62 @@ def cli() -> None:
               help="Print a progress line every N steps (0: none).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Chrome trace (Perfetto, chrome://tracing) of the simulated timeline.")
-@click.option("--trace-steps", default="last", show_default=True,
-              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last.")
+@click.option("--trace-steps", default=None,
+              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last [default: last].")
 @click.option("--hold", is_flag=True, help="Keep the metrics endpoint up after the run, until Ctrl-C.")
 @click.option("--hold-seconds", type=click.FloatRange(min=0), default=0.0,
               help="Keep the metrics endpoint up this many seconds after the run.")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Continue from the newest valid checkpoint in this directory.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as one JSON document on stdout (progress goes to stderr).")
 def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port: int | None,
-        log_every: int, trace_path: Path | None, trace_steps: str, hold: bool,
-        hold_seconds: float, resume_dir: Path | None) -> None:
+        log_every: int, trace_path: Path | None, trace_steps: str | None, hold: bool,
+        hold_seconds: float, resume_dir: Path | None, as_json: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     spec = load_scenario(scenario)
+    if trace_steps is not None and trace_path is None:
+        raise click.BadParameter("needs --trace FILE to write the steps to",
+                                 param_hint="--trace-steps")
+    if spec.sweep is not None:
+        raise ScenarioError(f"{scenario}: sweep: this is a sweep scenario; run it with "
+                            f"`tpu-pod sweep {scenario}`")
+    console = make_console(sys.stderr) if as_json else None
     if spec.benchmark is not None:
         from pod.commands.bench import run_benchmark  # Ray is imported only when a run starts
 
-        run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=click.echo)
-        return
-    from pod.commands.train import run_training  # Ray is imported only when a run starts
+        if trace_path is not None:
+            raise click.BadParameter("a benchmark scenario has no training timeline to trace",
+                                     param_hint="--trace")
+        echo = (lambda line: click.echo(line, err=True)) if as_json else click.echo
+        summary = run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=echo)
+    else:
+        from pod.commands.train import run_training  # Ray is imported only when a run starts
 
-    if steps is not None:
-        spec = spec.with_overrides(training__steps=steps)
-    plan = _checked(build_plan, spec, scenario)
-    run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
-                 metrics_port=metrics_port, log_every=log_every, trace_path=trace_path,
-                 trace_steps=_parse_steps(trace_steps, plan.steps),
-                 hold_seconds=math.inf if hold else hold_seconds, resume_dir=resume_dir)
+        if steps is not None:
+            spec = spec.with_overrides(training__steps=steps)
+        plan = _checked(build_plan, spec, scenario)
+        summary = run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
+                               metrics_port=metrics_port, log_every=log_every,
+                               trace_path=trace_path,
+                               trace_steps=_parse_steps(trace_steps or "last", plan.steps),
+                               hold_seconds=math.inf if hold else hold_seconds,
+                               resume_dir=resume_dir, console=console)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
 
 
 def _checked(check, spec, path):
-    """``check(spec)`` (build_plan, check_benchmark); a user error in it gets the scenario file
-    in front, as ``load_scenario``'s do: ``<file>: <field>: ...``. The error keeps its type."""
+    """``check(spec)`` (build_plan, check_benchmark); a user error in it gets the scenario
+    file in front, as ``load_scenario``'s do: ``<file>: <field>: ...`` (a ScenarioError,
+    or the error itself when it already names the file)."""
     try:
         return check(spec)
     except USER_ERRORS as err:
         text = str(err)
-        if not text.startswith(f"{path}: "):
-            err.args = (f"{path}: {text}",)
-        raise
+        if text.startswith(f"{path}: "):
+            raise
+        raise ScenarioError(f"{path}: {text}") from err
 
 
 def _parse_steps(text: str, total: int) -> list[int]:
@@ -109,62 +128,138 @@ def _parse_steps(text: str, total: int) -> list[int]:
     return [s - 1 for s in steps]
 
 
-@cli.command()
+def _validate_one(path: Path) -> dict[str, Any]:
+    """Check one scenario file; its JSON record (``ok``, and what was checked)."""
+    spec = load_scenario(path)
+    if spec.benchmark is not None:
+        bplan = _checked(check_benchmark, spec, path)
+        b = spec.benchmark
+        return {"path": str(path), "ok": True, "kind": "benchmark", "benchmark": b.kind,
+                "slice": bplan.pod.name, "chips": bplan.pod.chips,
+                "cores": bplan.pod.tensorcores, "n": b.n, "iterations": b.iterations,
+                "precision": b.precision}
+    plan = _checked(build_plan, spec, path)
+    return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
+            "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
+            "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
+            "global_batch": plan.global_batch, "per_core_batch": plan.per_core_batch,
+            "steps": plan.steps, "allreduce_algorithm": plan.ici.algorithm,
+            "hbm_bytes_per_core": plan.memory["total"]}
+
+
+def _ok_line(row: dict[str, Any]) -> str:
+    if row["kind"] == "benchmark":
+        return (f"{row['path']}: ok (benchmark {row['benchmark']}, {row['slice']}, {row['chips']:,} "
+                f"chips, {row['cores']:,} TensorCores, N={row['n']}, {row['iterations']} iterations, "
+                f"{row['precision']})")
+    return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, {row['cores']:,} TensorCores, "
+            f"{row['model']} on {row['dataset']}, global batch {row['global_batch']} = "
+            f"{row['per_core_batch']} per core, {row['steps']} steps, allreduce "
+            f"{row['allreduce_algorithm']})")
+
+
+@cli.command(short_help="Check scenario files without running them.")
 @click.argument("scenarios", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
-def validate(scenarios: tuple[Path, ...]) -> None:
-    """Check SCENARIOS without running them (pod, batch split, HBM fit)."""
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON list: per file ok, or its error.")
+def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
+    """Check SCENARIOS without running them: everything `run` would check (pod, batch
+    split, HBM fit, links, faults). Every file is checked and reported; the exit
+    status is 2 if any failed."""
+    rows, failed = [], 0
     for path in scenarios:
-        spec = load_scenario(path)
-        if spec.benchmark is not None:
-            bplan = _checked(check_benchmark, spec, path)
-            b = spec.benchmark
-            click.echo(f"{path}: ok (benchmark {b.kind}, {bplan.pod.name}, {bplan.pod.chips} chips, "
-                       f"{bplan.pod.tensorcores} TensorCores, N={b.n}, {b.iterations} iterations, "
-                       f"{b.precision})")
-            continue
-        plan = _checked(build_plan, spec, path)
-        click.echo(f"{path}: ok ({plan.pod.name}, {plan.pod.chips} chips, {plan.pod.tensorcores} "
-                   f"TensorCores, {plan.model.name} on {plan.dataset.name}, global batch "
-                   f"{plan.global_batch} = {plan.per_core_batch} per core, {plan.steps} steps)")
+        try:
+            row = _validate_one(path)
+        except USER_ERRORS as err:
+            failed += 1
+            text = str(err) if str(err).startswith(f"{path}: ") else f"{path}: {err}"
+            row = {"path": str(path), "ok": False, "error": text}
+            if not as_json:
+                click.echo(f"error: {text}", err=True)
+        else:
+            if not as_json:
+                click.echo(_ok_line(row))
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    if failed:
+        sys.exit(EXIT_USER_ERROR)
 
 
-@cli.command()
+@cli.command(short_help="Describe a chip, a slice or a scenario (pod, model, HBM plan).")
 @click.argument("target")
-def describe(target: str) -> None:
-    """Describe a chip (v4), a slice (v2-8) or a scenario file (its memory plan)."""
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def describe(target: str, as_json: bool) -> None:
+    """Describe a chip (v4), a slice (v2-8) or a scenario file: its pod, the model
+    summary and the HBM plan per TensorCore."""
     console = make_console()
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        spec = load_scenario(target)
-        if spec.benchmark is not None:
-            bplan = _checked(check_benchmark, spec, target)
-            _describe_pod(console, bplan.pod)
-            _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
-                                   f"N={spec.benchmark.n})", bplan.memory,
-                          bplan.pod.chip.core.hbm_bytes)
-            return
-        try:
-            plan = _checked(build_plan, spec, target)
-        except HBMOutOfMemoryError as err:
-            # show the plan that does not fit, then the one-line error (exit 2)
-            if getattr(err, "memory_plan", None):
-                _memory_table(console, f"HBM plan per TensorCore: DOES NOT FIT "
-                                       f"({err.capacity_bytes / 2**30:.2f} GiB per core)",
-                              err.memory_plan, err.capacity_bytes)
-            raise
-        _describe_pod(console, plan.pod)
-        _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch} = "
-                               f"{plan.per_core_batch} per core)", plan.memory,
-                      plan.pod.chip.core.hbm_bytes)
+        _describe_scenario(console, target, as_json)
         return
     if target.lower() in PRESETS:
-        spec = get_chip_spec(target)
-        _describe_pod(console, resolve_pod(chip=spec.name, chips=1))
+        pod = resolve_pod(chip=get_chip_spec(target).name, chips=1)
+    else:
+        pod = resolve_pod(slice_name=target)
+    if as_json:
+        click.echo(json.dumps(_pod_json(pod), indent=2))
         return
-    _describe_pod(console, resolve_pod(slice_name=target))
+    _describe_pod(console, pod)
 
 
-@cli.command()
+def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
+    spec = load_scenario(target)
+    if spec.benchmark is not None:
+        bplan = _checked(check_benchmark, spec, target)
+        if as_json:
+            click.echo(json.dumps({"pod": _pod_json(bplan.pod), "memory": bplan.memory}, indent=2))
+            return
+        _describe_pod(console, bplan.pod)
+        _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
+                               f"N={spec.benchmark.n})", bplan.memory, bplan.pod.chip.core.hbm_bytes)
+        return
+    try:
+        plan = build_plan(spec)
+    except HBMPlanError as err:
+        # show the plan that does not fit, then the one-line error (exit 2)
+        if not as_json:
+            _memory_table(console, f"HBM plan per TensorCore: DOES NOT FIT "
+                                   f"({err.capacity_bytes / 2**30:.2f} GiB per core)",
+                          err.memory_plan, err.capacity_bytes)
+        raise ScenarioError(f"{target}: {err}") from err
+    except USER_ERRORS as err:
+        raise ScenarioError(f"{target}: {err}") from err
+    if as_json:
+        layers = layer_costs(plan.model, plan.pod.chip.core, plan.per_core_batch)
+        click.echo(json.dumps({"pod": _pod_json(plan.pod), "model": plan.model.name,
+                               "parameters": plan.num_params, "global_batch": plan.global_batch,
+                               "per_core_batch": plan.per_core_batch,
+                               "allreduce_algorithm": plan.ici.algorithm,
+                               "allreduce_simulated_seconds": plan.ici.cost.seconds,
+                               "memory": plan.memory, "layers": layers}, indent=2))
+        return
+    _describe_pod(console, plan.pod)
+    console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                                      chip_name=plan.pod.chip.name))
+    _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch} = "
+                           f"{plan.per_core_batch} per core)", plan.memory,
+                  plan.pod.chip.core.hbm_bytes)
+    console.print(f"allreduce: {plan.ici.algorithm}, {plan.ici.cost.seconds * 1e6:,.2f} us per "
+                  f"step (simulated) for {plan.num_params:,} float32 gradients", highlight=False)
+
+
+def _pod_json(pod) -> dict[str, Any]:
+    chip = pod.chip
+    return {"name": pod.name, "generation": chip.name, "chips": pod.chips,
+            "tensorcores": pod.tensorcores, "topology": pod.torus.name,
+            "wraparound": list(pod.torus.wraparound),
+            "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s, "hbm_bytes": pod.hbm_bytes,
+            "hbm_bandwidth_bytes_per_s_per_chip": chip.hbm_bandwidth_bytes_per_s,
+            "ici_links_per_chip": chip.ici_links,
+            "ici_link_bandwidth_bytes_per_s": chip.ici_link_bandwidth_bytes_per_s}
+
+
+@cli.command(short_help="Sample text from a char_lstm checkpoint.")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--length", type=click.IntRange(min=1), default=300, show_default=True,
               help="Characters to generate.")
@@ -204,7 +299,7 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
 
 
 def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int) -> None:
-    table = Table(title=title)
+    table = titled_table(title)
     table.add_column("item")
     table.add_column("bytes", justify="right")
     table.add_column("MiB", justify="right")
@@ -244,7 +339,7 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, double_buffer
     click.echo(f"MXU utilisation    {report['mxu_utilization']:.1%}")
 
 
-@cli.command()
+@cli.command(short_help="Simulated collective benchmark over the ICI, like nccl-tests.")
 @click.option("--chip", required=True, help="Chip preset: v2 v3 v4 v5e v5p v6e.")
 @click.option("--topology", required=True, help="Torus shape: 8, 4x4 or 4x4x4.")
 @click.option("--op", default="allreduce", show_default=True,
@@ -269,7 +364,7 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
     chosen = sorted({row.algorithm for row in rows})
     how = "given" if algorithm else "fastest per size"
     console = make_console()
-    table = Table(title=f"{op} on {spec.name} {torus.name} ({torus.num_chips} chips, wraparound {wrap}), "
+    table = titled_table(f"{op} on {spec.name} {torus.name} ({torus.num_chips} chips, wraparound {wrap}), "
                         f"float32; algorithm {', '.join(chosen)} ({how}); simulated time")
     for column in ("size", "count", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                    "busiest link"):
@@ -285,14 +380,16 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
                       f"(local_reduce_seconds in --json; not in the time column).")
 
 
-@cli.command()
+@cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).")
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where results.csv, results.md and the plots go [default: runs/<name>-sweep].")
 @click.option("--mode", type=click.Choice(["timing", "functional"]),
               help="timing: cost one representative chip (any pod size); functional: train "
                    "on chip actors [default: the sweep block's].")
-def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the rows as one JSON list on stdout (progress goes to stderr).")
+def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bool) -> None:
     """Run the scaling experiment in SCENARIO's sweep: block."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
@@ -302,7 +399,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
     if spec.sweep is None:
         raise ScenarioError(f"{scenario}: sweep: no sweep: block in this scenario")
     out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
-    console = make_console()
+    console = make_console(sys.stderr) if as_json else make_console()
     total = len(sweep_points(spec))
     console.print(f"[bold]{spec.name}[/]: {total} points, {spec.sweep.scaling} scaling, "
                   f"{mode or spec.sweep.mode} mode")
@@ -326,6 +423,8 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None) -> None:
     failed = sum(r["status"] != "ok" for r in rows)
     console.print(f"{len(rows) - failed} points ok, {failed} failed. Wrote {out_dir}/results.csv, "
                   f"results.md, throughput.png, efficiency.png, breakdown.png", soft_wrap=True)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
     if rows and failed == len(rows):
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
 
@@ -337,7 +436,7 @@ def _describe_pod(console: Console, pod) -> None:
     if chip.published_peak_bf16_flops_per_s:
         published = (f" (Google: {pod.chips * chip.published_peak_bf16_flops_per_s / 1e12:,.0f}"
                      f" TFLOP/s)")
-    table = Table(title=f"{pod.name}: {pod.chips} chips, {pod.tensorcores} TensorCores, "
+    table = titled_table(f"{pod.name}: {pod.chips:,} chips, {pod.tensorcores} TensorCores, "
                         f"{pod.peak_bf16_flops_per_s / 1e12:,.0f} TFLOP/s bf16{published}, "
                         f"{pod.hbm_bytes / 2**30:,.0f} GiB HBM")
     table.add_column("figure")

@@ -15,8 +15,8 @@ from rich.table import Table
 
 from pod.report.stats import StepStats, StepTotals
 
-__all__ = ["make_console", "PIPE_WIDTH", "progress_line", "epoch_line", "progress_bar",
-           "summary_table", "hold"]
+__all__ = ["make_console", "PIPE_WIDTH", "titled_table", "progress_line", "epoch_line",
+           "progress_bar", "summary_table", "hold"]
 
 #: Columns when output is not a terminal (a file, a pipe, CI): rich would use 80
 #: and cut table cells such as layer and algorithm names.
@@ -31,6 +31,11 @@ def make_console(file: IO[str] | None = None) -> Console:
     return console
 
 
+def titled_table(title: str, **options: Any) -> Table:
+    """A rich Table at least as wide as its title, so the title never wraps mid-phrase."""
+    return Table(title=title, min_width=len(title), **options)
+
+
 def progress_line(stats: StepStats, total: int) -> str:
     width = len(str(total))
     return (f"step {stats.step + 1:>{width}}/{total}  loss {stats.loss:.4f}  "
@@ -40,9 +45,9 @@ def progress_line(stats: StepStats, total: int) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"{summary['scenario']}: {summary['slice'] or summary['chip']} "
-                        f"({summary['chips']} chips, {summary['cores']} TensorCores, "
-                        f"{summary['topology']})", show_header=True)
+    table = titled_table(f"{summary['scenario']}: {summary['slice'] or summary['chip']} "
+                         f"({summary['chips']:,} chips, {summary['cores']:,} TensorCores, "
+                         f"{summary['topology']})", show_header=True)
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("clock")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from rich.table import Table
 
+from pod.report.console import titled_table
+
 from chip import TensorCore, TensorCoreSpec
 from pod.workloads.models import Model
 
@@ -76,7 +78,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
     costs = layer_costs(model, core_spec, batch, optimizer=optimizer)
     total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
     on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
-    table = Table(title=f"Model: {model.name} (batch {batch} per core{on}; "
+    table = titled_table(f"Model: {model.name} (batch {batch} per core{on}; "
                         f"time is simulated, forward + backward)")
     for col, justify in (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
                          ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right")):

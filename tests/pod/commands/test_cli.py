@@ -118,3 +118,59 @@ def test_resume_through_the_cli(tmp_path, ray_cluster):
     assert "Resuming from" in resumed.stdout and "step 4 of 6" in resumed.stdout
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["completed"] is True
+
+
+def test_validate_checks_every_file_and_reports_each(tmp_path):
+    """A bad file does not stop the others: each is reported, then exit 2."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\npod: {slice: v2-8}\nmodel: {name: cnn}\n"
+                   "training: {global_batch: 100, steps: 1}\n")
+    good = ROOT / "scenarios" / "quickstart.yaml"
+    out = tpu_pod("validate", str(bad), str(good), str(bad))
+    assert out.returncode == 2
+    assert out.stderr.count(f"error: {bad}: training.global_batch: global batch 100") == 2
+    assert f"{good}: ok (" in out.stdout
+    out = tpu_pod("validate", "--json", str(bad), str(good))
+    rows = json.loads(out.stdout)
+    assert out.returncode == 2 and [r["ok"] for r in rows] == [False, True]
+    assert rows[0]["error"].startswith(f"{bad}: training.global_batch")
+    assert rows[1]["allreduce_algorithm"] and rows[1]["per_core_batch"] == 32
+
+
+def test_describe_json_for_a_slice_and_a_scenario():
+    out = tpu_pod("describe", "v4-32", "--json")
+    pod = json.loads(out.stdout)
+    assert (pod["chips"], pod["tensorcores"], pod["generation"]) == (16, 32, "v4")
+    out = tpu_pod("describe", "scenarios/quickstart.yaml", "--json")
+    doc = json.loads(out.stdout)
+    assert doc["memory"]["total"] == sum(v for k, v in doc["memory"].items() if k != "total")
+    assert doc["parameters"] == 44_138  # the seed CNN (README's model table)
+    # the layers' simulated seconds are the model summary's: one per layer plus the loss
+    assert "conv1" in doc["layers"] and "loss" in doc["layers"]
+    text = tpu_pod("describe", "scenarios/quickstart.yaml").stdout
+    assert "Model: cnn" in text and "HBM plan per TensorCore" in text
+
+
+def test_run_and_sweep_json_print_one_document(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [8]}}\n"
+                        "training: {global_batch: 64, steps: 2}\nmetrics: {port: 0}\n")
+    out = tpu_pod("run", str(scenario), "--json", "--output-dir", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary == json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "step 2/2" in out.stderr
+    sweep = ROOT / "scenarios" / "scaling-v4-weak.yaml"
+    out = tpu_pod("sweep", str(sweep), "--json", "--output-dir", str(tmp_path / "sweep"))
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert len(rows) == len((tmp_path / "sweep" / "results.csv").read_text().splitlines()) - 1
+
+
+def test_options_that_cannot_act_are_errors(tmp_path):
+    out = tpu_pod("run", "scenarios/quickstart.yaml", "--trace-steps", "2")
+    assert out.returncode == 2 and "--trace-steps" in out.stderr and "--trace FILE" in out.stderr
+    out = tpu_pod("run", "scenarios/seed-matmul-v2-8.yaml", "--trace", str(tmp_path / "t.json"))
+    assert out.returncode == 2 and "--trace" in out.stderr
+    out = tpu_pod("run", "scenarios/scaling-v4-weak.yaml", "--steps", "1")
+    assert out.returncode == 2 and "tpu-pod sweep" in out.stderr
