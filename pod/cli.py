@@ -372,7 +372,7 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
     for row in rows:
         table.add_row(format_size(row.size_bytes), f"{row.count:,}", row.algorithm,
                       f"{row.simulated_seconds * 1e6:,.2f}", f"{row.algbw_bytes_per_s / 1e9:,.2f}",
-                      f"{row.busbw_bytes_per_s / 1e9:,.2f}", f"{row.busiest_link_utilisation:.0%}")
+                      f"{row.busbw_bytes_per_s / 1e9:,.2f}", f"{row.busiest_link_utilization:.0%}")
     console.print(table)
     if rows and rows[-1].local_reduce_seconds:
         console.print(f"Before the ICI each chip adds its {spec.tensorcores} TensorCores' buffers at HBM "
@@ -410,10 +410,10 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
         def report(row: dict) -> None:
             progress.advance(task)
             if row["status"] == "ok":
-                line = (f"point {row['point']}/{total}: {row['chip']} {row['chips']} chips "
-                        f"{row['topology']} {row['algorithm']} batch {row['global_batch']}: "
+                line = (f"point {row['point']}/{total}: {row['generation']} {row['chips']:,} chips "
+                        f"{row['topology']} {row['allreduce_algorithm']} batch {row['global_batch']}: "
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
-                        f"{row['examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
+                        f"{row['simulated_examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")
             else:
                 line = f"point {row['point']}/{total}: failed: {row['error']}"

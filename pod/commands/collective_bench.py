@@ -99,7 +99,7 @@ class CollectiveRow:
         simulated_seconds: the collective over the ICI.
         algbw_bytes_per_s: size / time.
         busbw_bytes_per_s: algbw x bus factor.
-        busiest_link_utilisation: busiest link's busy time / time, 0..1.
+        busiest_link_utilization: busiest link's busy time / time, 0..1.
         local_reduce_seconds: the on-chip add of the chip's TensorCores
             before the ICI (reducing ops on multi-core chips; else 0), at the
             core's HBM bandwidth: (cores - 1) x 3 x size / bandwidth, as
@@ -113,7 +113,7 @@ class CollectiveRow:
     simulated_seconds: float
     algbw_bytes_per_s: float
     busbw_bytes_per_s: float
-    busiest_link_utilisation: float
+    busiest_link_utilization: float
     local_reduce_seconds: float
 
     def as_dict(self) -> dict:
@@ -168,7 +168,7 @@ def run_collective_bench(chip: str, topology: str, op: str, sizes: list[int], *,
         rows.append(CollectiveRow(size_bytes=nbytes, count=count, algorithm=chosen,
                                   simulated_seconds=seconds, algbw_bytes_per_s=algbw,
                                   busbw_bytes_per_s=algbw * bus_factor(name, n),
-                                  busiest_link_utilisation=cost.busiest_link_utilisation,
+                                  busiest_link_utilization=cost.busiest_link_utilisation,
                                   local_reduce_seconds=local))
     return spec, torus, rows
 

@@ -11,6 +11,7 @@ import numpy as np
 from pod.workloads.layers import Dense
 from pod.workloads.models import Model
 from pod.workloads.recurrent import LSTM, Embedding
+from pod.workloads.checks import check_int
 
 __all__ = ["sample_text"]
 
@@ -42,8 +43,7 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
     if not (len(layers) == 3 and isinstance(layers[0], Embedding) and isinstance(layers[1], LSTM)
             and isinstance(layers[2], Dense)):
         raise ValueError(f"generate needs a char_lstm model (Embedding, LSTM, Dense), got {model.name!r}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be a positive integer, got {length!r}")
+    check_int(length, "length")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     if len(vocabulary) != model.num_classes:

@@ -38,12 +38,12 @@ from pod.config.slices import resolve_pod
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 
 COLUMNS = (
-    "point", "status", "error", "dataset", "synthetic_data", "chip", "chips", "cores", "topology",
-    "algorithm", "precision",
+    "point", "status", "error", "dataset", "synthetic_data", "generation", "chips", "cores",
+    "topology", "allreduce_algorithm", "precision",
     "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
     "compute_seconds", "allreduce_seconds", "update_seconds", "simulated_epoch_seconds",
-    "examples_per_second",
-    "tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
+    "simulated_examples_per_second",
+    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
     "wall_seconds_per_step",
 )
 
@@ -151,16 +151,16 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
-        "chip": plan.pod.chip.name, "chips": plan.pod.chips,
-        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "algorithm": plan.ici.algorithm,
+        "generation": plan.pod.chip.name, "chips": plan.pod.chips,
+        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "allreduce_algorithm": plan.ici.algorithm,
         "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
         "per_core_batch": plan.per_core_batch, "simulated_step_seconds": step,
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
         "compute_seconds": mean(lambda s: s.compute_seconds),
         "allreduce_seconds": allreduce,
         "update_seconds": mean(lambda s: s.update_seconds),
-        "examples_per_second": plan.global_batch / step,
-        "tflops": flops / step / 1e12,
+        "simulated_examples_per_second": plan.global_batch / step,
+        "simulated_tflops": flops / step / 1e12,
         "mfu": mfu(flops, step, plan.pod.peak_bf16_flops_per_s),
         "communication_fraction": allreduce / step,
         "wall_seconds": wall,
@@ -179,8 +179,8 @@ def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
     for row, point in zip(rows, points):
         ref = best.get(point.series)
         if row["status"] == "ok" and ref is not None:
-            row["scaling_efficiency"] = ((row["examples_per_second"] / row["chips"])
-                                         / (ref["examples_per_second"] / ref["chips"]))
+            row["scaling_efficiency"] = ((row["simulated_examples_per_second"] / row["chips"])
+                                         / (ref["simulated_examples_per_second"] / ref["chips"]))
 
 
 def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
@@ -228,10 +228,10 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
     v = point.values
-    return {"algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
+    return {"allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", ""),
             "chips": v.get("pod__chips") or "", "topology": v.get("pod__topology") or "",
-            "chip": v.get("pod__slice") or v.get("pod__chip") or ""}
+            "generation": v.get("pod__slice") or v.get("pod__chip") or ""}
 
 
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
@@ -249,16 +249,16 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     for r in rows:
         if r["status"] == "ok":
             lines.append(
-                f"| {r['point']} | {r['chip']} | {r['chips']} | {r['cores']} | {r['topology']} | "
-                f"{r['algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
+                f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | {r['topology']} | "
+                f"{r['allreduce_algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
-                f"{r['simulated_epoch_seconds']:.4f} | {r['examples_per_second']:,.0f} | {r['tflops']:.2f} | {r['mfu']:.1%} | "
+                f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
                 f"{r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
-            lines.append(f"| {r['point']} | {r['chip']} | {r['chips']} | | {r['topology']} | "
-                         f"{r['algorithm']} | {r['global_batch']} | | | | | | | | | | | "
+            lines.append(f"| {r['point']} | {r['generation']} | {r['chips']} | | {r['topology']} | "
+                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | "
                          f"failed: {error} |")
     return head + "\n".join(lines) + "\n"
 
@@ -279,7 +279,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         return []
     series: dict[str, list[dict[str, Any]]] = {}
     for r in ok:
-        label = f"{r['algorithm']} {r['precision']}"
+        label = f"{r['allreduce_algorithm']} {r['precision']}"
         if scenario.sweep.scaling == "strong":
             label += f" B={r['global_batch']}"
         elif len(scenario.sweep.per_core_batch) > 1:
@@ -289,7 +289,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
     written = []
     for name, key, ylabel, logy in (
-            ("throughput.png", "examples_per_second", "examples/s (simulated)", True),
+            ("throughput.png", "simulated_examples_per_second", "examples/s (simulated)", True),
             ("efficiency.png", "scaling_efficiency", "scaling efficiency", False)):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, rs in series.items():
@@ -311,7 +311,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         plt.close(fig)
         written.append(output_dir / name)
     fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
-    labels = [f"{r['chips']}\n{r['algorithm'][:6]}" for r in ok]
+    labels = [f"{r['chips']}\n{r['allreduce_algorithm'][:6]}" for r in ok]
     bottom = [0.0] * len(ok)
     for part in ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds"):
         values = [r[part] * 1e3 for r in ok]

@@ -45,7 +45,7 @@ def progress_line(stats: StepStats, total: int) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    table = titled_table(f"{summary['scenario']}: {summary['slice'] or summary['chip']} "
+    table = titled_table(f"{summary['scenario']}: {summary['slice'] or summary['generation']} "
                          f"({summary['chips']:,} chips, {summary['cores']:,} TensorCores, "
                          f"{summary['topology']})", show_header=True)
     table.add_column("figure")

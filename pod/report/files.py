@@ -94,7 +94,7 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
     pod = plan.pod
     return {
         "scenario": plan.scenario.name,
-        "chip": pod.chip.name,
+        "generation": pod.chip.name,
         "slice": pod.slice_name,
         "topology": pod.torus.name,
         "wraparound": list(pod.torus.wraparound),

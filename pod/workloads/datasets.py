@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pod.workloads.checks import check_int
+
 from pod.workloads import files
 from pod.workloads.dataset import Dataset, stratified_split
 
@@ -44,13 +46,10 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
                             for v in shape):
         raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r}")
     for field, value, low in (("num_classes", num_classes, 2), ("num_examples", num_examples, 2)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"synthetic: option {field} must be an integer >= {low}, got {value!r}")
+        check_int(value, f"synthetic: option {field}", low)
     rng = np.random.default_rng(seed)
     if vocabulary is not None:
-        if isinstance(vocabulary, bool) or not isinstance(vocabulary, (int, np.integer)) \
-                or vocabulary < 2:
-            raise ValueError(f"synthetic: option vocabulary must be an integer >= 2, got {vocabulary!r}")
+        check_int(vocabulary, "synthetic: option vocabulary", 2)
         x = rng.integers(1, vocabulary, size=(num_examples, *shape)).astype(np.int32)  # (N, *shape)
         scores = rng.standard_normal((int(vocabulary), num_classes))                 # (V, K)
         scores -= scores.mean(axis=0)                                     # balanced classes

@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pod.workloads.checks import check_int
+
 from pod.workloads.dataset import Dataset, stratified_split
 
 FORMATS = {
@@ -238,9 +240,7 @@ def _read_reviews(directory: Path) -> tuple[list[str], list[int]]:
 
 
 def _check_int(value, field: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"imdb: option {field} must be an integer >= {low}, got {value!r}")
-    return int(value)
+    return check_int(value, f"imdb: option {field}", low)
 
 
 def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 15000,
@@ -323,10 +323,7 @@ def load_text(test_fraction: float, seed: int, path: Path | None = None,
     one; windows do not overlap and are split into train / test by a seeded
     shuffle. ``Dataset.vocabulary`` lists the characters (sorted).
     """
-    if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) \
-            or sequence_length < 2:
-        raise ValueError(f"text: option sequence_length must be an integer >= 2, "
-                         f"got {sequence_length!r}")
+    check_int(sequence_length, "text: option sequence_length", 2)
     if path is None:
         text, source = python_docs_text(), "pydoc_data.topics (Python's documentation)"
     else:

@@ -28,6 +28,8 @@ import math
 
 import numpy as np
 
+from pod.workloads.checks import check_int
+
 from chip import to_bf16
 
 
@@ -455,9 +457,7 @@ class AveragePooling2D(Layer):
 
     def __init__(self, pool_size: int = 2, name: str | None = None):
         super().__init__(name)
-        if isinstance(pool_size, bool) or int(pool_size) != pool_size or pool_size < 1:
-            raise ValueError(f"AveragePooling2D pool_size must be a positive integer, got {pool_size!r}")
-        self.pool_size = int(pool_size)
+        self.pool_size = check_int(pool_size, "AveragePooling2D pool_size")
 
     def output_shape(self, input_shape):
         if len(input_shape) != 3:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pod.workloads.checks import check_int
+
 from chip import to_bf16
 from pod.workloads.layers import Conv2D, Dense, Dropout, Flatten, Layer, MaxPool2D, ReLU
 from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
@@ -312,9 +314,7 @@ def _mlp(input_shape, num_classes, hidden=(128, 64), dropout=False, batch_norm=F
 
 
 def _positive_int(model: str, field: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{model}: option {field} must be a positive integer, got {value!r}")
-    return int(value)
+    return check_int(value, f"{model}: option {field}")
 
 
 def _lstm_classifier(input_shape, num_classes, vocabulary=15000, embedding_dim=32,
@@ -382,8 +382,7 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r}; "
                          f"allowed: {', '.join(allowed)}")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    check_int(num_classes, "num_classes", 2)
     shape = tuple(input_shape)
     if not shape or not all(isinstance(v, (int, np.integer)) and v > 0 for v in shape):
         raise ValueError(f"input_shape must be positive integers, got {input_shape!r}")

@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from pod.workloads.checks import check_number
+
 from pod.workloads.layers import Layer
 
 
@@ -40,12 +42,9 @@ class BatchNormalization(Layer):
 
     def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, name: str | None = None):
         super().__init__(name)
-        if isinstance(momentum, bool) or not 0.0 <= float(momentum) < 1.0:
-            raise ValueError(f"BatchNormalization momentum must be in [0, 1), got {momentum!r}")
-        if isinstance(epsilon, bool) or not float(epsilon) > 0.0:
-            raise ValueError(f"BatchNormalization epsilon must be > 0, got {epsilon!r}")
-        self.momentum = float(momentum)
-        self.epsilon = float(epsilon)
+        self.momentum = check_number(momentum, "BatchNormalization momentum", low=0.0, high=1.0,
+                                     high_open=True)
+        self.epsilon = check_number(epsilon, "BatchNormalization epsilon", low=0.0, low_open=True)
 
     def _channels(self, input_shape) -> int:
         if len(input_shape) < 1:

@@ -11,9 +11,10 @@ object store); every call returns new arrays. Elementwise work goes through
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
+
+from pod.workloads.checks import check_int, check_number
 
 OPTIMIZER_NAMES = ("sgd", "adam")
 
@@ -53,8 +54,7 @@ class Optimizer:
         Raises:
             ValueError: step < 1 or keys that do not match.
         """
-        if isinstance(step, bool) or int(step) != step or step < 1:
-            raise ValueError(f"step counts from 1, got {step!r}")
+        check_int(step, "step (counting from 1)")
         if grads.keys() != params.keys():
             raise ValueError(f"grads and params have different keys: {sorted(grads)} vs {sorted(params)}")
         new_params, new_state = {}, {}
@@ -72,16 +72,11 @@ class Optimizer:
 
 
 def _check_positive(opt: str, field: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-            or not math.isfinite(value):
-        raise ValueError(f"{opt}: {field} must be a positive number, got {value!r}")
-    return float(value)
+    return check_number(value, f"{opt}: {field}", low=0.0, low_open=True)
 
 
 def _check_fraction(opt: str, field: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{opt}: {field} must be in [0, 1), got {value!r}")
-    return float(value)
+    return check_number(value, f"{opt}: {field}", low=0.0, high=1.0, high_open=True)
 
 
 @dataclasses.dataclass(frozen=True)

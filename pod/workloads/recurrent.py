@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from pod.workloads.checks import check_int
+
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid
 
 
@@ -37,8 +39,7 @@ class Embedding(Layer):
     def __init__(self, input_dim: int, output_dim: int, name: str | None = None):
         super().__init__(name)
         for field, value in (("input_dim", input_dim), ("output_dim", output_dim)):
-            if isinstance(value, bool) or int(value) != value or value < 1:
-                raise ValueError(f"Embedding {field} must be a positive integer, got {value!r}")
+            check_int(value, f"Embedding {field}")
         self.input_dim, self.output_dim = int(input_dim), int(output_dim)
 
     def param_shapes(self, input_shape):
@@ -114,9 +115,7 @@ class LSTM(Layer):
 
     def __init__(self, units: int, *, return_sequences: bool = False, name: str | None = None):
         super().__init__(name)
-        if isinstance(units, bool) or int(units) != units or units < 1:
-            raise ValueError(f"LSTM units must be a positive integer, got {units!r}")
-        self.units = int(units)
+        self.units = check_int(units, "LSTM units")
         self.return_sequences = bool(return_sequences)
 
     def _check(self, input_shape) -> tuple[int, int]:

@@ -72,7 +72,7 @@ def test_quickstart_runs_end_to_end(tmp_path, ray_cluster):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["chips"] == 4 and summary["cores"] == 8
     assert summary["replicas_identical"] is True
-    assert summary["chip"] == "v2" and summary["dataset"] == "digits"
+    assert summary["generation"] == "v2" and summary["dataset"] == "digits"
 
 
 @pytest.mark.parametrize("args, needle", [

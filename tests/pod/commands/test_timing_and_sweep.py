@@ -81,7 +81,7 @@ def test_sweep_records_a_failed_point_and_goes_on(tmp_path):
     assert len(written) == 3 and written[2]["status"] == "failed"
     assert float(written[0]["scaling_efficiency"]) == pytest.approx(1.0)
     # efficiency = examples/s per chip relative to the 1-chip point
-    expected = (rows[1]["examples_per_second"] / 2) / rows[0]["examples_per_second"]
+    expected = (rows[1]["simulated_examples_per_second"] / 2) / rows[0]["simulated_examples_per_second"]
     assert rows[1]["scaling_efficiency"] == pytest.approx(expected)
     assert rows[1]["communication_fraction"] == pytest.approx(
         rows[1]["allreduce_seconds"] / rows[1]["simulated_step_seconds"])
