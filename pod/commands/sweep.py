@@ -41,7 +41,8 @@ COLUMNS = (
     "point", "status", "error", "dataset", "synthetic_data", "generation", "chips", "cores",
     "topology", "allreduce_algorithm", "precision",
     "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
-    "compute_seconds", "allreduce_seconds", "update_seconds", "simulated_epoch_seconds",
+    "compute_seconds", "allreduce_seconds", "exposed_allreduce_seconds", "update_seconds",
+    "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
     "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
     "wall_seconds_per_step",
@@ -146,6 +147,7 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
     flops = mean(lambda s: s.model_flops)
     allreduce = mean(lambda s: s.allreduce_seconds)
+    exposed = mean(lambda s: s.exposed_allreduce_seconds)
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
     return {
         "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
@@ -158,11 +160,14 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
         "compute_seconds": mean(lambda s: s.compute_seconds),
         "allreduce_seconds": allreduce,
+        "exposed_allreduce_seconds": exposed,
+        "serial_step_seconds": mean(lambda s: s.serial_step_seconds),
+        "overlap_fraction": 1.0 - exposed / allreduce if allreduce > 0 else 0.0,
         "update_seconds": mean(lambda s: s.update_seconds),
         "simulated_examples_per_second": plan.global_batch / step,
         "simulated_tflops": flops / step / 1e12,
         "mfu": mfu(flops, step, plan.pod.peak_bf16_flops_per_s),
-        "communication_fraction": allreduce / step,
+        "communication_fraction": exposed / step,
         "wall_seconds": wall,
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
     }

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
 from pod.config.plan import TrainingPlan
-from pod.errors import ChipFailureError, ClusterError, RunInterrupted, ScenarioError
+from pod.errors import ChipFailureError, ClusterError, IciError, RunInterrupted, ScenarioError
 from pod.report.console import (epoch_line, hold, make_console, progress_bar, progress_line,
                                 summary_table)
 from pod.report.files import StepsCsv, reliability, summarize, write_json
@@ -291,26 +291,36 @@ class Run:
             out.print(progress_line(stats, total), highlight=False, soft_wrap=True)
 
     def recover(self, err: ClusterError, kills: list[Any], detected: float, out: Console) -> None:
-        """Chips failed during a step: report it, start new actors for every chip and
-        go back to the newest checkpoint (or stop if there is none).
+        """Chips or links failed during a step: report it, start new actors for every
+        chip and go back to the newest checkpoint (or stop if there is none).
+
+        A dead chip actor, or an ``IciError`` (a chip-to-chip link that failed
+        mid-collective: no chip applied a partial sum, but the step is lost),
+        is recovered the same way.
 
         Raises:
-            ClusterError: ``err`` itself when no chip actor died (not a chip failure).
+            ClusterError: ``err`` itself when it is neither (not a chip failure).
             ChipFailureError: chips died and the scenario has no checkpoint block.
+            IciError: a link failed and the scenario has no checkpoint block.
         """
         plan, step = self.plan, self.step_index
         dead, hung = self.pod.failed_chips()
-        if not dead:
+        link_failure = isinstance(err, IciError)
+        if not dead and not link_failure:
             raise err
-        event = {"fault": "; ".join(f.describe() for f in kills) or "a chip actor died (not injected)",
+        what = (f"chip actor(s) {dead} died" if dead else "an ICI link failed mid-collective")
+        event = {"fault": "; ".join(f.describe() for f in kills)
+                 or ("a chip actor died (not injected)" if dead else f"ICI link failure: {err}"),
                  "step": step + 1, "dead_chips": dead, "hung_chips": hung, "error": str(err),
                  "detection_wall_seconds": detected}
         self.fault_events.append(event)
-        out.print(f"fault: {event['fault']}: chip actor(s) {dead} died"
+        out.print(f"fault: {event['fault']}: {what}"
                   + (f", {hung} stuck waiting for them" if hung else "")
                   + f"; detected after {detected:.3f} s (wall)", style="red", highlight=False)
         if self.checkpoints is None:
             event["recovered"] = False
+            if link_failure and not dead:
+                raise err
             raise ChipFailureError(
                 f"chip actor(s) {', '.join(map(str, dead))} died at step {step + 1} "
                 f"({event['fault']}) and the scenario has no checkpoint: block to restore from "

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip import HBM, HBMOutOfMemoryError, check_precision
-from interconnect import LinkSpec
+from interconnect import LinkSpec, ScheduleCost
 from pod.config.faults import FaultPlan
-from pod.config.ici import IciPlan, choose_algorithm
+from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
 from pod.config.scenario import Scenario
 from pod.config.slices import PodShape, resolve_pod
@@ -235,7 +235,9 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
             free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
             memory_plan=err.memory_plan) from None
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
-    ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults)
+    buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
+               if training.overlap else ())
+    ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults)
@@ -263,7 +265,8 @@ def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) ->
     return order[index * global_batch:(index + 1) * global_batch]
 
 
-def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan) -> IciPlan:
+def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan,
+             buckets: tuple[tuple[tuple[str, ...], int], ...] = ()) -> IciPlan:
     """Decide the allreduce of a data-parallel run and cost it at every step.
 
     The algorithm is chosen once over the links of step 0 (``pod.links``):
@@ -277,6 +280,9 @@ def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan
         num_elements: float32 elements of the gradient buffer (parameters).
         algorithm: ``pod.allreduce`` (a name or "auto").
         faults: the checked fault plan (its link entries per step).
+        buckets: (layers, elements) of the overlapped allreduce, in backward
+            order; each is costed as its own allreduce with the same algorithm
+            (empty: no overlap).
 
     Raises:
         TopologyError: a failed link that nothing can route around, naming
@@ -285,14 +291,21 @@ def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan
     link = LinkSpec(pod.chip.ici_link_bandwidth_bytes_per_s, pod.chip.ici_latency_s)
     chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
                                      algorithm=algorithm, faults=link_faults(faults.base_links))
-    costs = [(0, first)]
+    costs, bucket_costs = [], []
     for step in faults.link_change_steps():
-        if step == 0:
-            continue
         entries = faults.link_entries(step)
-        # the faults that start at this step first: an unroutable set names them
-        new = {f"faults.{f.index}" for f in faults.faults if f.link and f.step == step}
-        check_links(sorted(entries, key=lambda e: e["field"] not in new), pod.torus)
-        costs.append((step, choose_algorithm("allreduce", pod.torus, num_elements, link,
-                                             algorithm=chosen, faults=link_faults(entries))[1]))
-    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=tuple(costs))
+        if step:
+            # the faults that start at this step first: an unroutable set names them
+            new = {f"faults.{f.index}" for f in faults.faults if f.link and f.step == step}
+            check_links(sorted(entries, key=lambda e: e["field"] not in new), pod.torus)
+        in_force = link_faults(entries)
+
+        def cost(elements: int) -> ScheduleCost:
+            return choose_algorithm("allreduce", pod.torus, elements, link, algorithm=chosen,
+                                    faults=in_force)[1]
+
+        costs.append((step, first if step == 0 else cost(num_elements)))
+        if buckets:
+            bucket_costs.append((step, tuple(cost(n) for _, n in buckets)))
+    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=tuple(costs),
+                   buckets=tuple(buckets), bucket_costs=tuple(bucket_costs))

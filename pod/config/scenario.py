@@ -96,6 +96,7 @@ __all__ = [
 
 PRECISIONS = CHIP_PRECISIONS  # bf16 | fp32 | int8 (chip.PRECISIONS; int8 not on v2 / v3)
 BENCHMARK_KINDS = ("matmul", "matrix_add")
+HOST_DISPATCH = ("device_loop", "per_step")
 
 
 class _Frozen(BaseModel):
@@ -238,11 +239,27 @@ class TrainingConfig(_Frozen):
     precision: str = "bf16"
     seed: int = Field(default=0, ge=0)
     eval_every_steps: int = Field(default=0, ge=0)
+    # XLA's async collectives: each layer's gradients are allreduced as the backward
+    # pass produces them and infeed is double-buffered; false: one allreduce after the
+    # backward pass, everything in sequence (the sum, an upper bound)
+    overlap: bool = True
+    # the overlapped allreduce combines consecutive layers' gradients into buckets of up
+    # to this many bytes (as XLA's all-reduce combiner does; a larger layer is a bucket
+    # of its own): fewer fixed costs per collective, less overlap
+    overlap_bucket_bytes: int = Field(default=32 * 2**20, gt=0, le=2**40)
+    # device_loop: steps looped on the device (no host call per step, as training loops
+    # run); per_step: one host dispatch per step (about 100 us [PALLAS] C3)
+    host_dispatch: str = "device_loop"
 
     @field_validator("precision")
     @classmethod
     def _known_precision(cls, value: str) -> str:
         return _one_of(value, PRECISIONS)
+
+    @field_validator("host_dispatch")
+    @classmethod
+    def _known_dispatch(cls, value: str) -> str:
+        return _one_of(value, HOST_DISPATCH)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> "TrainingConfig":

@@ -137,6 +137,13 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
         _ops(events, chip, 0, rows, reduce_start, "local_reduce", scalar_issue_seconds)
     ici_pid = len(records["compute"])
     link_tid = {tuple(link): i + 1 for i, link in enumerate(torus.links())}
+    if stats.allreduce_buckets:
+        events.extend(_bucket_events(stats, ici_pid, compute_start))
+        update_start = compute_start + stats.compute_seconds + stats.exposed_allreduce_seconds
+        for chip, per_core in enumerate(records["update"]):
+            for core, rows in enumerate(per_core):
+                _ops(events, chip, core, rows, update_start, "update", scalar_issue_seconds)
+        return events
     t = reduce_start + stats.local_reduce_seconds
     for k, (loads, seconds) in enumerate(zip(phase_link_bytes(schedule, torus), phase_seconds)):
         events.append({"ph": "X", "name": f"phase {k + 1}", "cat": "ici", "pid": ici_pid,
@@ -153,6 +160,20 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
         for core, rows in enumerate(per_core):
             _ops(events, chip, core, rows, update_start, "update", scalar_issue_seconds)
     return events
+
+
+def _bucket_events(stats: StepStats, ici_pid: int, compute_start: float) -> list[dict[str, Any]]:
+    """The overlapped allreduce: one bar per gradient bucket on the ICI's phase lane,
+    from when its layers' gradients are ready (and the bucket before it is done), so
+    it overlaps the backward pass on the cores' lanes."""
+    out = []
+    for i, (layers, start, end) in enumerate(stats.allreduce_buckets):
+        out.append({"ph": "X", "name": f"allreduce bucket {i + 1}", "cat": "ici", "pid": ici_pid,
+                    "tid": _PHASE_TID, "ts": (compute_start + start) * _US,
+                    "dur": (end - start) * _US,
+                    "args": {"layers": list(layers), "step": stats.step + 1,
+                             "hidden": end <= stats.compute_seconds}})
+    return out
 
 
 def write_trace(path: Path, events: list[dict[str, Any]], metadata: dict[str, Any]) -> None:

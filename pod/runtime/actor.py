@@ -61,6 +61,9 @@ class ComputeReport:
         compute_seconds: each core's forward + backward.
         mxu_flops: each core's MXU FLOPs (model FLOPs of the step).
         local_reduce_seconds: the on-chip reduce of the cores' gradients.
+        grad_ready_seconds: each core's {layer: simulated seconds from the start
+            of its forward pass until the backward pass has finished that
+            layer's gradients} (the overlapped allreduce starts a bucket then).
         hbm: each core's HBM after the step's allocations.
         trace: each core's op rows (empty unless traced).
         local_reduce_trace: the local reduce's op rows (empty unless traced).
@@ -71,6 +74,7 @@ class ComputeReport:
     mxu_flops: tuple[int, ...]
     local_reduce_seconds: float
     hbm: tuple[HbmUsage, ...]
+    grad_ready_seconds: tuple[dict[str, float], ...] = ()
     trace: tuple[tuple[TraceRow, ...], ...] = ()
     local_reduce_trace: tuple[TraceRow, ...] = ()
 
@@ -299,7 +303,7 @@ class ChipActor:
         """
         cores = self.chip.cores
         b = x.shape[0] // len(cores)
-        losses, totals, flats, traces = [], [], [], []
+        losses, totals, flats, traces, ready = [], [], [], [], []
         for i, core in enumerate(cores):
             rng = np.random.default_rng([seed, step, self.chip_id, i])
             core.hbm.allocate("activations", self.model.activation_bytes(b))
@@ -310,6 +314,7 @@ class ChipActor:
             losses.append(float(loss))
             records = self._slowed(core.take_records())
             totals.append(RecordTotals.of(records))
+            ready.append(_layer_ends(records))
             traces.append(_trace_rows(records) if trace else ())
             flats.append(flatten(grads))
         reducer = cores[0]
@@ -324,6 +329,7 @@ class ChipActor:
             mxu_flops=tuple(t.mxu_flops for t in totals),
             local_reduce_seconds=RecordTotals.of(reduce_records).seconds,
             hbm=self.hbm(),
+            grad_ready_seconds=tuple(ready),
             trace=tuple(traces) if trace else (),
             local_reduce_trace=_trace_rows(reduce_records) if trace else ())
 
@@ -412,6 +418,18 @@ class ChipActor:
         core.take_records()
         n = max(1, count)
         return Evaluation(loss=loss_sum / n, accuracy=correct / n)
+
+
+def _layer_ends(records: Sequence[OpRecord]) -> dict[str, float]:
+    """{layer: simulated seconds from the first record to the end of that layer's
+    last record}; records are named ``<layer>/<op>`` and run back to back, so a
+    layer's last record is the end of its backward pass."""
+    ends: dict[str, float] = {}
+    t = 0.0
+    for rec in records:
+        t += rec.seconds
+        ends[rec.name.split("/", 1)[0]] = t
+    return ends
 
 
 def _trace_rows(records: Sequence[OpRecord]) -> tuple[TraceRow, ...]:

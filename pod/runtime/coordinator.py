@@ -24,7 +24,7 @@ import ray
 from interconnect import Schedule, ScheduleCost, build_collective
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.errors import USER_ERRORS, CheckpointError, ChipFailureError, ClusterError
-from pod.report.stats import StepStats
+from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, overlapped_end
 from pod.runtime.actor import ApplyReport, ChipActor, ComputeReport, Evaluation, Snapshot
 from pod.runtime.cluster import ensure_ray, shutdown_ray
 from pod.runtime.collective import run_schedule
@@ -65,28 +65,75 @@ def combine_reports(plan: TrainingPlan, step: int, computed: Sequence[ComputeRep
             hbm_used[(r, c)] = mem.used_bytes
             hbm_peak[(r, c)] = mem.peak_bytes
     losses = [loss for out in computed for loss in out.losses]
+    training = plan.scenario.training
+    infeed = infeed_bytes / chip.host_to_chip_bytes_per_s
+    compute = max(max(out.compute_seconds) for out in computed)
+    local_reduce = max(out.local_reduce_seconds for out in computed)
+    update = max(max(out.update_seconds) for out in applied)
+    exposed, link_bytes, ici_seconds, spans = _allreduce_path(plan, step, computed, compute,
+                                                               local_reduce, ici_cost)
+    exposed_infeed = (max(0.0, infeed - (compute + exposed + update)) if training.overlap
+                      else infeed)
     return StepStats(
         step=step,
         loss=float(np.mean(losses)),
         global_batch=plan.global_batch,
-        infeed_seconds=infeed_bytes / chip.host_to_chip_bytes_per_s,
-        compute_seconds=max(max(out.compute_seconds) for out in computed),
-        local_reduce_seconds=max(out.local_reduce_seconds for out in computed),
-        ici_seconds=ici_cost.seconds,
-        update_seconds=max(max(out.update_seconds) for out in applied),
+        infeed_seconds=infeed,
+        compute_seconds=compute,
+        local_reduce_seconds=local_reduce,
+        ici_seconds=ici_seconds,
+        update_seconds=update,
+        dispatch_seconds=HOST_DISPATCH_SECONDS if training.host_dispatch == "per_step" else 0.0,
+        exposed_infeed_seconds=exposed_infeed,
+        exposed_allreduce_seconds=exposed,
+        allreduce_buckets=spans,
         model_flops=replicate * int(sum(sum(out.mxu_flops) for out in computed)),
         peak_flops_per_s=plan.pod.peak_bf16_flops_per_s,
         wall_seconds=wall,
         hbm_used_bytes=hbm_used,
         hbm_peak_bytes=hbm_peak,
         hbm_capacity_bytes=chip.core.hbm_bytes,
-        ici_link_bytes={f"{a}->{b}": int(v) for (a, b), v in ici_cost.link_bytes.items()},
+        ici_link_bytes={f"{a}->{b}": int(v) for (a, b), v in link_bytes.items()},
         core_mxu_flops={(r, c): int(f) for r, out in enumerate(computed)
                         for c, f in enumerate(out.mxu_flops)},
         core_peak_flops_per_s=chip.core.peak_bf16_flops_per_s,
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
         chip_compute_seconds={r: max(out.compute_seconds) for r, out in enumerate(computed)},
     )
+
+
+def _allreduce_path(plan: TrainingPlan, step: int, computed: Sequence[ComputeReport],
+                    compute: float, local_reduce: float, ici_cost: ScheduleCost
+                    ) -> tuple[float, dict[tuple[int, int], float], float, tuple]:
+    """The allreduce's exposed seconds, its bytes per directed link, its ICI seconds
+    and, with overlap, each bucket's (layers, start, end) from the forward pass's start.
+
+    Without overlap: one allreduce after the backward pass, all of it exposed.
+    With overlap (``plan.ici.buckets``): each bucket is reduced (its share of the
+    on-chip reduce, then its own ICI allreduce) once every core of every chip has
+    finished its layers' gradients, one bucket after another
+    (``overlapped_end``); what runs past the end of the backward pass is exposed.
+    """
+    buckets, costs = plan.ici.buckets, plan.ici.bucket_costs_at(step)
+    if not costs:
+        return local_reduce + ici_cost.seconds, dict(ici_cost.link_bytes), ici_cost.seconds, ()
+    ready = []
+    for layers, _ in buckets:
+        ready.append(max(ends.get(layer, compute) for out in computed
+                         for ends in out.grad_ready_seconds for layer in layers))
+    total = sum(n for _, n in buckets)
+    seconds = [local_reduce * n / total + c.seconds for (_, n), c in zip(buckets, costs)]
+    end = overlapped_end(ready, seconds)
+    spans, t = [], 0.0
+    for (layers, _), r, s in zip(buckets, ready, seconds):
+        start = max(t, r)
+        t = start + s
+        spans.append((layers, start, t))
+    link_bytes: dict[tuple[int, int], float] = {}
+    for c in costs:
+        for link, nbytes in c.link_bytes.items():
+            link_bytes[link] = link_bytes.get(link, 0.0) + nbytes
+    return max(0.0, end - compute), link_bytes, sum(c.seconds for c in costs), tuple(spans)
 
 
 def chip_arguments(plan: TrainingPlan, rank: int, *, in_process: bool = False

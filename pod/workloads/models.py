@@ -90,6 +90,16 @@ class Model:
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.param_shapes.values())
 
+    def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
+        """The layers with parameters in backward order, with their parameter counts:
+        the order in which the backward pass finishes each layer's gradients (each
+        layer's gradients are one bucket of the overlapped allreduce)."""
+        out = []
+        for layer, keys in zip(reversed(self.layers), reversed(self._layer_keys)):
+            if keys:
+                out.append((layer.name, sum(math.prod(self.param_shapes[k]) for k, _ in keys)))
+        return tuple(out)
+
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         """Glorot-uniform kernels, zero biases, float32, from default_rng(seed)."""
         rng = np.random.default_rng(seed)
