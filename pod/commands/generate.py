@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pod.workloads.checks import check_int
 from pod.workloads.layers import Dense
 from pod.workloads.models import Model
 from pod.workloads.recurrent import LSTM, Embedding
-from pod.workloads.checks import check_int
 
 __all__ = ["sample_text"]
 

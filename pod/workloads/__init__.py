@@ -5,13 +5,30 @@ time) and follow TPU numerics (bf16 inputs, float32 accumulation). No Ray.
 """
 
 from pod.workloads.datasets import DATASET_NAMES, Dataset, load_dataset
-from pod.workloads.layers import (AveragePooling2D, Conv2D, Dense, Dropout, Flatten, Layer,
-                                  MaxPool2D, ReLU, Sigmoid, Softmax, Tanh)
+from pod.workloads.layers import (
+                                  AveragePooling2D,
+                                  Conv2D,
+                                  Dense,
+                                  Dropout,
+                                  Flatten,
+                                  Layer,
+                                  MaxPool2D,
+                                  ReLU,
+                                  Sigmoid,
+                                  Softmax,
+                                  Tanh,
+)
 from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
 from pod.workloads.models import MODEL_NAMES, Model, build_model
 from pod.workloads.normalization import BatchNormalization
+from pod.workloads.optimizers import (
+                                  OPTIMIZER_NAMES,
+                                  SGD,
+                                  Adam,
+                                  Optimizer,
+                                  build_optimizer,
+)
 from pod.workloads.recurrent import LSTM, Embedding
-from pod.workloads.optimizers import OPTIMIZER_NAMES, SGD, Adam, Optimizer, build_optimizer
 
 __all__ = [
     "Model",

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pod.workloads.checks import check_int
-
 from pod.workloads import files
+from pod.workloads.checks import check_int
 from pod.workloads.dataset import Dataset, stratified_split
 
 __all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "stratified_split"]

@@ -45,7 +45,6 @@ from pathlib import Path
 import numpy as np
 
 from pod.workloads.checks import check_int
-
 from pod.workloads.dataset import Dataset, stratified_split
 
 FORMATS = {

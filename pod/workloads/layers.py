@@ -28,9 +28,8 @@ import math
 
 import numpy as np
 
-from pod.workloads.checks import check_int
-
 from chip import to_bf16
+from pod.workloads.checks import check_int
 
 
 def mxu_input(core, x: np.ndarray) -> np.ndarray:

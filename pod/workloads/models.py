@@ -12,9 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pod.workloads.checks import check_int
-
 from chip import to_bf16
+from pod.workloads.checks import check_int
 from pod.workloads.layers import Conv2D, Dense, Dropout, Flatten, Layer, MaxPool2D, ReLU
 from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
 from pod.workloads.normalization import BatchNormalization

@@ -17,7 +17,6 @@ import math
 import numpy as np
 
 from pod.workloads.checks import check_number
-
 from pod.workloads.layers import Layer
 
 

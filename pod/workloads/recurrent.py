@@ -14,7 +14,6 @@ import math
 import numpy as np
 
 from pod.workloads.checks import check_int
-
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid
 
 
