@@ -125,11 +125,15 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
     """
     events: list[dict[str, Any]] = []
     step = stats.step + 1
-    compute_start = start_s + stats.infeed_seconds
+    compute_start = start_s + stats.dispatch_seconds + stats.exposed_infeed_seconds
+    # the infeed ends where the step's compute starts; with overlap (double-buffered)
+    # most of it runs during the step before
+    infeed_start = max(0.0, compute_start - stats.infeed_seconds)
     for chip, per_core in enumerate(records["compute"]):
         events.append({"ph": "X", "name": "infeed", "cat": "infeed", "pid": chip,
-                       "tid": _INFEED_TID, "ts": start_s * _US,
-                       "dur": stats.infeed_seconds * _US, "args": {"step": step}})
+                       "tid": _INFEED_TID, "ts": infeed_start * _US,
+                       "dur": (compute_start - infeed_start) * _US,
+                       "args": {"step": step, "exposed_us": stats.exposed_infeed_seconds * _US}})
         for core, rows in enumerate(per_core):
             _ops(events, chip, core, rows, compute_start, "compute", scalar_issue_seconds)
     reduce_start = compute_start + stats.compute_seconds

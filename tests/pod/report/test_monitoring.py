@@ -182,7 +182,13 @@ def test_trace_is_well_formed_and_adds_up_to_the_step_time(tmp_path):
         compute = max(v for (cat, _), v in by_core.items() if cat == "compute")
         update = max(v for (cat, _), v in by_core.items() if cat == "update")
         phases = sum(e["dur"] for e in mine if names[(e["pid"], e["tid"])] == "allreduce phases")
-        infeed = max(e["dur"] for e in mine if e["cat"] == "infeed")
+        # the infeed ends where compute starts; only its exposed part is in the step
+        infeed = float(row["exposed_infeed_seconds"]) * 1e6
+        compute_start = start + infeed + float(row["dispatch_seconds"]) * 1e6
+        feeds = [e for e in complete if e["cat"] == "infeed"
+                 and e["ts"] + e["dur"] == pytest.approx(compute_start, rel=1e-12)]
+        assert feeds and all(e["dur"] <= float(row["infeed_seconds"]) * 1e6 * (1 + 1e-9)
+                             for e in feeds)
         per_chip: dict = {}
         for e in mine:
             if e["cat"] == "local_reduce":  # scalar issue + vector add, per chip
