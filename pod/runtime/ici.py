@@ -340,9 +340,12 @@ class IciPort:
             limits = self.limits
             if (self._mailbox_chunks >= limits.max_mailbox_chunks
                     or self._mailbox_bytes + nbytes > limits.max_mailbox_bytes):
-                raise _Violation(run_id, phase, f"the mailbox is full ({self._mailbox_chunks} "
-                                                f"chunks, {self._mailbox_bytes:,} bytes) for the "
-                                                f"chunk from chip {src}")
+                raise _Violation(run_id, phase, f"no room in the mailbox for the chunk from chip "
+                                                f"{src} ({nbytes:,} bytes): it holds "
+                                                f"{self._mailbox_chunks} of "
+                                                f"{limits.max_mailbox_chunks} chunks, "
+                                                f"{self._mailbox_bytes:,} of "
+                                                f"{limits.max_mailbox_bytes:,} bytes")
             self._mailbox_chunks += 1
             self._mailbox_bytes += nbytes
             return True
