@@ -3,8 +3,8 @@
 
 Each chip actor owns one ``IciPort``: a listening socket on its Ray node's
 address and a reader thread per incoming connection that files every chunk it
-receives into a mailbox, keyed by (run, phase, sender, sequence). The actor's
-own thread runs its rank's part of a schedule (``IciPort.run``): per phase it
+receives into a mailbox, keyed by (phase, sender, sequence). The actor's own
+thread runs its rank's part of a schedule (``IciPort.run``): per phase it
 sends its chunks straight from its gradient buffer to the receivers' ports,
 then waits for the chunks addressed to it and applies them in the schedule's
 order. The driver is never on the data path; it only starts one call per chip
@@ -18,38 +18,116 @@ made remote (an actor without it crashes when called in that group). A reader
 thread beside the actor's task thread needs neither. It also costs tens of
 microseconds per hop instead of the ~0.5 ms of an actor call.
 
-Wire format: on connect the sender sends its rank and the pod's 16-byte link
-key (``<I16s``); a receiver closes a connection whose key is not its own, so
-only chips of the same pod can write into its buffer (the key is a random
-secret the coordinator hands every chip; it is not encryption: run on a
-trusted network). Then per chunk a header ``<QIIIQ`` (run id, phase, sender
-rank, sequence, payload bytes) and the raw float32 bytes.
+Wire format (little-endian, ``struct`` notation):
+
+* hello, once per connection: ``<I16s`` (sender rank, the pod's 16-byte link
+  key). The key is a random secret the coordinator hands every chip, so only
+  chips of the same pod can write into a buffer; it is not encryption (run on
+  a trusted network).
+* then per chunk a header ``<QIIIQ`` (run id, phase, sender rank, sequence,
+  payload bytes) and the payload: the chunk's float32 values, raw.
+
+What a receiver checks, and what it does when a check fails:
+
+* An accepted connection has ``IciLimits.handshake_timeout_s`` to send its
+  hello; at most ``IciLimits.max_pending_handshakes`` connections may wait for
+  theirs at once (one thread each), more are closed at once. A wrong key or a
+  short hello closes the connection. The hello's rank is the link's sender.
+* Each header, before a byte of its payload is read or allocated: the sender
+  field must be the hello's rank, the length a multiple of 4 and at most
+  ``IciLimits.max_chunk_bytes``; then (phase, sender, sequence) must be a
+  receive of the current run's plan not yet received, its length exactly
+  that chunk's bounds, and the mailbox must have room (``max_mailbox_chunks``,
+  ``max_mailbox_bytes``). A failed check is a protocol violation: the
+  connection is dropped, the reason is kept (``IciPort.dropped_reasons``) and
+  the run it names fails with an ``IciError`` naming the chip, the phase and
+  the reason. So is a link that closes mid-header or mid-chunk.
+* A payload is read into a receive buffer of its own and applied to the
+  gradient buffer only once complete: a failed chunk never touches it.
+
+Chunks of a run this chip has not started: ``IciPort.run`` registers its plan
+before it sends anything, but a peer may start (and send) first. The reader
+does not hold such chunks: it stops on the header, reading nothing more from
+that link, until the run is registered (TCP flow control then makes the
+sender wait once the socket buffers are full). A chip runs one collective at
+a time and a peer cannot be more than one collective ahead of it (no chip
+ends an allreduce before every chip has sent), and a link carries its
+sender's runs in order. So the waiting chunk is of a run that is over (a
+failed one) if this chip registers a different run first, or if the run it
+is in still expects chunks from that sender (a later run's chunks would come
+after them). Such a chunk is read into a small scratch buffer and discarded,
+the link kept.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from pod.errors import IciError
 
-__all__ = ["IciPort", "IciError", "RankPlan"]
+__all__ = ["IciPort", "IciError", "IciLimits", "RankPlan"]
 
 _HELLO = struct.Struct("<I16s")
 _HEADER = struct.Struct("<QIIIQ")
 _SOCKET_BUFFER = 4 << 20
+_DRAIN_BYTES = 1 << 20  # scratch buffer for discarding a stale chunk's payload
+_KEPT_REASONS = 64  # drop reasons kept for inspection (``dropped_reasons``)
+_KEPT_FAULTS = 16  # runs whose first protocol fault is kept until the run reads it
 
 #: One rank's part of a schedule: per non-empty phase (phase index,
 #: sends [(dst, chunk, seq)], receives [(src, seq, dst_chunk, reduce)] in the
 #: schedule's transfer order).
 RankPlan = list[tuple[int, list[tuple[int, int, int]], list[tuple[int, int, int, bool]]]]
+
+
+@dataclass(frozen=True)
+class IciLimits:
+    """What one port accepts from the network before it refuses.
+
+    Attributes:
+        handshake_timeout_s: seconds an accepted connection has to send a
+            valid hello before it is closed.
+        max_pending_handshakes: accepted connections waiting for their hello
+            at once (each holds a thread); more are closed at once.
+        max_chunk_bytes: the largest payload a header may declare (1 GiB:
+            a 256 Mi-parameter float32 chunk).
+        max_mailbox_chunks: chunks received and not yet applied, at most.
+        max_mailbox_bytes: their payload bytes, at most.
+
+    Raises:
+        ValueError: a limit that is not positive.
+    """
+
+    handshake_timeout_s: float = 5.0
+    max_pending_handshakes: int = 32
+    max_chunk_bytes: int = 1 << 30
+    max_mailbox_chunks: int = 4096
+    max_mailbox_bytes: int = 2 << 30
+
+    def __post_init__(self) -> None:
+        for name in ("handshake_timeout_s", "max_pending_handshakes", "max_chunk_bytes",
+                     "max_mailbox_chunks", "max_mailbox_bytes"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"IciLimits.{name} must be positive, got {value!r}")
+
+
+class _Violation(Exception):
+    """A link broke the protocol (or closed mid-message): drop it, fail the run."""
+
+    def __init__(self, run_id: int | None, phase: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.run_id, self.phase, self.reason = run_id, phase, reason
 
 
 def _node_address() -> str:
@@ -71,17 +149,16 @@ def _tune(sock: socket.socket) -> None:
             pass
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
-    """Fill ``view`` from ``sock``; False on a clean end of stream before any byte."""
+def _recv_into(sock: socket.socket, view: memoryview) -> int:
+    """Fill ``view`` from ``sock``; return the bytes received (fewer than
+    ``len(view)`` only if the peer closed the connection first)."""
     got, total = 0, len(view)
     while got < total:
         n = sock.recv_into(view[got:], total - got)
         if n == 0:
-            if got == 0:
-                return False
-            raise ConnectionError("connection closed in the middle of a message")
+            break
         got += n
-    return True
+    return got
 
 
 class IciPort:
@@ -90,10 +167,12 @@ class IciPort:
     Args:
         rank: this chip's rank (sent to peers when connecting).
         key: the pod's link secret (any bytes; the same on every chip of a pod).
+        limits: what the port accepts from the network (``IciLimits``).
     """
 
-    def __init__(self, rank: int, key: bytes = b"") -> None:
+    def __init__(self, rank: int, key: bytes = b"", limits: IciLimits = IciLimits()) -> None:
         self.rank = rank
+        self.limits = limits
         self._key = hashlib.sha256(b"tpu-pod-ici:" + bytes(key)).digest()[:16]
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -101,12 +180,30 @@ class IciPort:
         self._listener.bind((host, 0))
         self._listener.listen(64)
         self.address = (host, self._listener.getsockname()[1])
+        self._handshakes = threading.BoundedSemaphore(limits.max_pending_handshakes)
         self._cond = threading.Condition()
-        self._mailbox: dict[tuple[int, int, int, int], np.ndarray] = {}
+        self._closed = False
+        self._conns: set[socket.socket] = set()
+        # the current run (None between runs); ``_generation`` counts registrations
+        self._run_id: int | None = None
+        self._generation = 0
+        self._expected: dict[tuple[int, int, int], int] = {}  # (phase, src, seq) -> bytes
+        self._expected_from: collections.Counter[int] = collections.Counter()  # src -> chunks
+        self._mailbox: dict[tuple[int, int, int], np.ndarray] = {}
+        self._mailbox_bytes = 0  # admitted chunks' bytes (being read or waiting to apply)
+        self._mailbox_chunks = 0
+        self._faults: collections.OrderedDict[int, tuple[int | None, str]] = collections.OrderedDict()
+        self._dropped: collections.deque[str] = collections.deque(maxlen=_KEPT_REASONS)
         self._lost: set[int] = set()
         self._free: dict[int, list[np.ndarray]] = {}
         self._links: dict[tuple[str, int], socket.socket] = {}
         threading.Thread(target=self._accept, name="ici-accept", daemon=True).start()
+
+    @property
+    def dropped_reasons(self) -> tuple[str, ...]:
+        """Why this port dropped connections or chunks, oldest first (the last 64)."""
+        with self._cond:
+            return tuple(self._dropped)
 
     # -- receiving (reader threads) ---------------------------------------------
 
@@ -116,38 +213,168 @@ class IciPort:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            if not self._handshakes.acquire(blocking=False):
+                conn.close()
+                self._note(f"closed a connection: {self.limits.max_pending_handshakes} "
+                           "connections already wait for their hello")
+                continue
+            with self._cond:
+                self._conns.add(conn)
             _tune(conn)
-            threading.Thread(target=self._read, args=(conn,), name="ici-read", daemon=True).start()
+            conn.settimeout(self.limits.handshake_timeout_s)
+            threading.Thread(target=self._serve, args=(conn,), name="ici-read", daemon=True).start()
 
-    def _read(self, conn: socket.socket) -> None:
-        hello = bytearray(_HELLO.size)
+    def _serve(self, conn: socket.socket) -> None:
         src = None
         try:
-            if not _recv_exact(conn, memoryview(hello)):
-                return
-            src, key = _HELLO.unpack(hello)
-            if not hmac.compare_digest(key, self._key):
-                src = None  # not a chip of this pod: drop the connection, unseen
-                return
-            with self._cond:
-                self._lost.discard(src)
-            header = bytearray(_HEADER.size)
-            while _recv_exact(conn, memoryview(header)):
-                run_id, phase, sender, seq, nbytes = _HEADER.unpack(header)
-                data = self._buffer(nbytes // 4)
-                if nbytes:
-                    _recv_exact(conn, memoryview(data).cast("B"))
-                with self._cond:
-                    self._mailbox[(run_id, phase, sender, seq)] = data
-                    self._cond.notify_all()
+            src = self._handshake(conn)
+            if src is not None:
+                self._read_chunks(conn, src)
+        except _Violation as violation:
+            self._fault(violation)
         except OSError:
             pass
         finally:
             conn.close()
-            if src is not None:
-                with self._cond:
+            with self._cond:
+                self._conns.discard(conn)
+                if src is not None:
                     self._lost.add(src)
+                self._cond.notify_all()
+
+    def _handshake(self, conn: socket.socket) -> int | None:
+        """The hello's rank, or None (connection to drop) for a bad or missing hello."""
+        hello = bytearray(_HELLO.size)
+        try:
+            got = _recv_into(conn, memoryview(hello))
+        except TimeoutError:
+            self._note(f"closed a connection that sent no hello within "
+                       f"{self.limits.handshake_timeout_s:g} s")
+            return None
+        finally:
+            self._handshakes.release()
+        if got < _HELLO.size:
+            self._note(f"a connection closed after {got} of {_HELLO.size} hello bytes")
+            return None
+        src, key = _HELLO.unpack(hello)
+        if not hmac.compare_digest(key, self._key):
+            self._note(f"closed a connection claiming chip {src}: wrong link key")
+            return None
+        conn.settimeout(None)
+        with self._cond:
+            self._lost.discard(src)
+        return src
+
+    def _read_chunks(self, conn: socket.socket, src: int) -> None:
+        header = bytearray(_HEADER.size)
+        while True:
+            got = _recv_into(conn, memoryview(header))
+            if got == 0:
+                return  # closed between chunks: ``_take`` names it if a chunk is missing
+            if got < _HEADER.size:
+                raise _Violation(None, None, f"the link from chip {src} closed mid-header "
+                                             f"(got {got} of {_HEADER.size} bytes)")
+            run_id, phase, sender, seq, nbytes = _HEADER.unpack(header)
+            self._check_header(src, run_id, phase, sender, nbytes)
+            if not self._admit(src, run_id, phase, seq, nbytes):
+                self._drain(conn, src, run_id, phase, nbytes)
+                continue
+            data = self._buffer(nbytes // 4)
+            got = _recv_into(conn, memoryview(data).cast("B")) if nbytes else 0
+            if got < nbytes:
+                self._release(data)
+                raise _Violation(run_id, phase, f"the link from chip {src} closed mid-chunk "
+                                                f"(got {got:,} of {nbytes:,} bytes)")
+            with self._cond:
+                if self._run_id == run_id:
+                    self._mailbox[(phase, src, seq)] = data
                     self._cond.notify_all()
+                    continue
+            self._release(data)  # the run ended (failed) while the payload came in
+
+    def _check_header(self, src: int, run_id: int, phase: int, sender: int, nbytes: int) -> None:
+        """The checks that need no plan: sender, whole float32, the per-chunk cap."""
+        if sender != src:
+            raise _Violation(run_id, phase, f"a header from the link of chip {src} names chip "
+                                            f"{sender} as its sender")
+        if nbytes % 4:
+            raise _Violation(run_id, phase, f"the chunk from chip {src} declares {nbytes:,} bytes, "
+                                            "not a whole number of float32")
+        if nbytes > self.limits.max_chunk_bytes:
+            raise _Violation(run_id, phase, f"the chunk from chip {src} declares {nbytes:,} bytes, "
+                                            f"more than the {self.limits.max_chunk_bytes:,}-byte "
+                                            "cap on a chunk")
+
+    def _admit(self, src: int, run_id: int, phase: int, seq: int, nbytes: int) -> bool:
+        """Wait until ``run_id`` is the registered run, then check the chunk against its
+        plan and reserve its room in the mailbox.
+
+        Returns:
+            False if the chunk is of a run that is over: this chip has registered
+            another run since the header came (a peer is never more than one run
+            ahead), or the registered run still expects chunks from ``src`` (a
+            later run's chunks would come after those on this link).
+
+        Raises:
+            _Violation: the plan does not expect the chunk, its length is not
+                the plan's, or the mailbox is full.
+        """
+        with self._cond:
+            generation = self._generation
+            while self._run_id != run_id:
+                if self._closed:
+                    raise OSError("port closed")
+                if self._run_id is not None and (self._generation != generation
+                                                 or self._expected_from[src]):
+                    return False
+                self._cond.wait()
+            expected = self._expected.pop((phase, src, seq), None)
+            if expected is None:
+                raise _Violation(run_id, phase, f"chip {src} sent chunk {seq} of phase {phase}, "
+                                                "which this chip's plan does not expect (or "
+                                                "already received)")
+            self._expected_from[src] -= 1
+            if nbytes != expected:
+                raise _Violation(run_id, phase, f"the chunk from chip {src} declares {nbytes:,} "
+                                                f"bytes, the plan expects {expected:,}")
+            limits = self.limits
+            if (self._mailbox_chunks >= limits.max_mailbox_chunks
+                    or self._mailbox_bytes + nbytes > limits.max_mailbox_bytes):
+                raise _Violation(run_id, phase, f"no room in the mailbox for the chunk from chip "
+                                                f"{src} ({nbytes:,} bytes): it holds "
+                                                f"{self._mailbox_chunks} of "
+                                                f"{limits.max_mailbox_chunks} chunks, "
+                                                f"{self._mailbox_bytes:,} of "
+                                                f"{limits.max_mailbox_bytes:,} bytes")
+            self._mailbox_chunks += 1
+            self._mailbox_bytes += nbytes
+            return True
+
+    def _drain(self, conn: socket.socket, src: int, run_id: int, phase: int, nbytes: int) -> None:
+        """Read and discard a stale chunk's payload (``nbytes`` is within the cap)."""
+        self._note(f"discarded a chunk of phase {phase} from chip {src} of run {run_id}, "
+                   "which is over")
+        scratch = memoryview(bytearray(min(nbytes, _DRAIN_BYTES)))
+        left = nbytes
+        while left:
+            step = min(left, len(scratch))
+            if _recv_into(conn, scratch[:step]) < step:
+                raise OSError("closed mid-chunk")  # nothing waits for this run: just drop
+            left -= step
+
+    def _note(self, reason: str) -> None:
+        with self._cond:
+            self._dropped.append(reason)
+
+    def _fault(self, violation: _Violation) -> None:
+        """Keep a violation's reason for the run it names (``_take`` raises it)."""
+        with self._cond:
+            self._dropped.append(violation.reason)
+            if violation.run_id is not None and violation.run_id not in self._faults:
+                self._faults[violation.run_id] = (violation.phase, violation.reason)
+                while len(self._faults) > _KEPT_FAULTS:
+                    self._faults.popitem(last=False)
+            self._cond.notify_all()
 
     def _buffer(self, count: int) -> np.ndarray:
         """A receive buffer of ``count`` float32, reused (fresh pages fault: slow)."""
@@ -163,19 +390,28 @@ class IciPort:
             if len(free) < 4:
                 free.append(data)
 
-    def _take(self, key: tuple[int, int, int, int], deadline: float) -> np.ndarray:
+    def _take(self, run_id: int, key: tuple[int, int, int], deadline: float) -> np.ndarray:
+        phase, src, _ = key
         with self._cond:
-            while key not in self._mailbox:
-                src = key[2]
+            while True:
+                if run_id in self._faults:
+                    fault_phase, reason = self._faults[run_id]
+                    raise IciError(f"chip {self.rank}: phase "
+                                   f"{phase if fault_phase is None else fault_phase}: {reason}")
+                if key in self._mailbox:
+                    break
                 if src in self._lost:
-                    raise IciError(f"chip {self.rank}: the link from chip {src} closed before "
-                                   f"phase {key[1]}'s chunk arrived (chip {src} died?)")
+                    raise IciError(f"chip {self.rank}: phase {phase}: the link from chip {src} "
+                                   f"closed before its chunk arrived (chip {src} died?)")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise IciError(f"chip {self.rank}: no chunk from chip {src} in phase {key[1]} "
-                                   f"within the collective's timeout")
+                    raise IciError(f"chip {self.rank}: phase {phase}: no chunk from chip {src} "
+                                   "within the collective's timeout")
                 self._cond.wait(min(left, 1.0))
-            return self._mailbox.pop(key)
+            data = self._mailbox.pop(key)
+            self._mailbox_chunks -= 1
+            self._mailbox_bytes -= data.nbytes
+            return data
 
     # -- sending (the actor's own thread) ---------------------------------------
 
@@ -213,25 +449,48 @@ class IciPort:
         start of the phase, then take the incoming chunks and, in the
         schedule's order, reduce (``dst = dst + incoming``) or copy them: the
         semantics of ``interconnect.execute``, so the results are bit-identical.
+        The plan is registered with the reader threads before anything is
+        sent: they accept exactly its receives.
 
         Args:
             run_id: identifies this collective (the same on every rank).
             plan: this rank's phases (``RankPlan``).
             addresses: (host, port) of every rank this one sends to.
-            buffer: this chip's flat float32 gradient buffer.
-            bounds: the schedule's chunk element ranges.
+            buffer: this chip's flat float32 gradient buffer, (P,).
+            bounds: the schedule's chunk element ranges [(start, stop), ...].
             timeout: seconds to wait for the whole collective's chunks.
 
         Raises:
-            IciError: a peer died or a chunk did not arrive in time.
+            IciError: a peer died, its link closed (mid-chunk or before its
+                chunk), it broke the protocol (a chunk the plan does not
+                expect, of the wrong length, from the wrong sender), or a
+                chunk did not arrive in time. Chunks are applied only whole,
+                but earlier chunks of the run have been: the buffer holds a
+                partial result.
+            RuntimeError: another run is in progress on this port.
         """
+        expected = {(phase, src, seq): (bounds[dst_chunk][1] - bounds[dst_chunk][0]) * 4
+                    for phase, _, receives in plan for src, seq, dst_chunk, _ in receives}
+        with self._cond:
+            if self._run_id is not None:
+                raise RuntimeError(f"chip {self.rank}: run {run_id} started while run "
+                                   f"{self._run_id} is in progress")
+            self._run_id, self._expected = run_id, expected
+            self._expected_from = collections.Counter(src for _, src, _ in expected)
+            self._generation += 1
+            self._cond.notify_all()
         try:
             self._run(run_id, plan, addresses, buffer, bounds, time.monotonic() + timeout)
-        except BaseException:
-            with self._cond:  # drop what this failed run left behind
-                for key in [k for k in self._mailbox if k[0] == run_id]:
-                    del self._mailbox[key]
-            raise
+        finally:
+            with self._cond:  # forget the run: what it left behind is never applied
+                for data in self._mailbox.values():
+                    self._release(data)
+                self._mailbox.clear()
+                self._mailbox_chunks = self._mailbox_bytes = 0
+                self._run_id, self._expected = None, {}
+                self._expected_from.clear()
+                self._faults.pop(run_id, None)
+                self._cond.notify_all()
 
     def _run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
              buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float) -> None:
@@ -242,7 +501,7 @@ class IciPort:
                 header = _HEADER.pack(run_id, phase, self.rank, seq, (stop - start) * 4)
                 self._send(addresses[dst], header, raw[start * 4:stop * 4])
             for src, seq, dst_chunk, reduce in receives:
-                data = self._take((run_id, phase, src, seq), deadline)
+                data = self._take(run_id, (phase, src, seq), deadline)
                 start, stop = bounds[dst_chunk]
                 target = buffer[start:stop]
                 if reduce:
@@ -252,8 +511,21 @@ class IciPort:
                 self._release(data)
 
     def close(self) -> None:
-        """Close the listener and every outgoing link."""
+        """Close the listener, every incoming connection and every outgoing link."""
+        with self._cond:
+            self._closed = True
+            conns = list(self._conns)
+            self._cond.notify_all()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread (Linux)
+        except OSError:
+            pass
         self._listener.close()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         for sock in self._links.values():
             sock.close()
         self._links.clear()

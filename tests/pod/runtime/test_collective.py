@@ -48,6 +48,60 @@ def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
             ray.kill(actor)
 
 
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_link_cut_mid_collective_fails_the_receiving_chip_and_apply_refuses():
+    import ray
+
+    from chip import get_chip_spec
+    from pod.errors import IciError
+    from pod.runtime.actor import ChipActor
+    from pod.runtime.collective import run_schedule
+    from pod.workloads import build_model
+
+    def die_mid_second_chunk(chip):
+        """Test-only, run inside chip 0's actor: its first chunk goes out whole; the
+        second stops half-way and the link closes, as when the chip dies mid-send."""
+        port, sent = chip._ici_port(), []
+        send = port._send
+
+        def cut(address, header, payload):
+            if not sent:
+                sent.append(address)
+                return send(address, header, payload)
+            sock = port._links.pop(address, None) or port._link(address)
+            sock.sendall(header)
+            sock.sendall(payload[:len(payload) // 2])
+            sock.close()
+            raise ConnectionError("chip 0 dies mid-chunk (test)")
+
+        port._send = cut
+
+    # ring on 3 chips: chip 0 sends chunk 0 to chip 1 in phase 0, chunk 2 in phase 1
+    schedule = build_collective("allreduce", Torus((3,), True), 1200, 4, "ring")
+    model = build_model("mlp", (8, 8, 1), 10, hidden=[4], dropout=False)
+    remote = ray.remote(ChipActor).options(num_cpus=0)
+    actors = [remote.remote(get_chip_spec("v4"), r, model, "sgd", {"learning_rate": 0.1}, 0, 3,
+                            numerics=True, limit_threads=True) for r in range(3)]
+    try:
+        ray.get([a.set_chunk_bounds.remote(schedule.chunk_bounds) for a in actors])
+        ray.get([a.set_buffer.remote(np.ones(1200, np.float32)) for a in actors])
+        ray.get(actors[0].__ray_call__.remote(die_mid_second_chunk))
+        done = run_schedule(actors, schedule)
+        with pytest.raises(ConnectionError, match="dies mid-chunk"):
+            ray.get(done[0], timeout=60)
+        start, stop = schedule.chunk_bounds[2]
+        nbytes = (stop - start) * 4
+        with pytest.raises(IciError) as info:
+            ray.get(done[1], timeout=60)
+        assert str(info.value.cause) == (f"chip 1: phase 1: the link from chip 0 closed mid-chunk "
+                                         f"(got {nbytes // 2:,} of {nbytes:,} bytes)")
+        with pytest.raises(RuntimeError, match="chip 1: apply at step 1 without reduced gradients"):
+            ray.get(actors[1].apply.remote(0), timeout=60)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
 def test_rank_plans_carry_no_gradient_bytes_and_cover_every_transfer():
     from pod.runtime.collective import rank_plans
 
