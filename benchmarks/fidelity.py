@@ -317,6 +317,7 @@ def fit(ic) -> dict:
                 best = (sse, float(e), float(g), fixed, pred, pub)
     sse, e, g, fixed, pred, pub = best
     return {
+        "multi_link_cap": int(max(float(k.max()) for _, _, _, k, _, _ in parts)),
         "efficiency": round(e, 4), "multi_link_exponent": round(g, 4),
         "fixed_s_by_generation": {k: float(f"{v:.3g}") for k, v in fixed.items()},
         "default_fixed_s": float(f"{np.mean(list(fixed.values())):.3g}"),

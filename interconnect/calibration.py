@@ -45,6 +45,8 @@ class Calibration:
         efficiency: achieved / nominal bandwidth of one link driven alone, (0, 1].
         multi_link_exponent: achieved bandwidth falls as ``k ** -exponent``
             with the ``k`` links a chip drives at once, >= 0.
+        multi_link_cap: the largest ``k`` the fitted rows drive; beyond it
+            the loss is held (no data says how it grows).
         fixed_s_by_generation: fixed cost of one collective, seconds, per
             chip generation the data cover.
         default_fixed_s: fixed cost for generations without data (the mean
@@ -53,6 +55,7 @@ class Calibration:
 
     efficiency: float
     multi_link_exponent: float
+    multi_link_cap: float = 2.0
     fixed_s_by_generation: dict[str, float] = field(default_factory=dict)
     default_fixed_s: float = 0.0
 
@@ -65,10 +68,12 @@ class Calibration:
 CALIBRATION = Calibration(
     # joint fit; [MARIN] C11 alone gives 86.3 / 90 = 0.959, [SB-prof] C6 59.4 / 62 = 0.958
     efficiency=0.9625,
-    # joint fit, set by [JS168] C8-C10 (v5e 2x4 mesh, up to 3 links per chip: 3 ** -0.655 = 0.49)
-    # and [SB-shard] C7 (a line of 4: 2 links); no row drives more than 3 links, so on a 3-D
-    # torus (6 links) this is an extrapolation
+    # joint fit, set by [JS168] C8-C10 (v5e 2x4 mesh, chips driving 2 links: 2 ** -0.655 = 0.635)
+    # and [SB-shard] C7 (a line of 4: 2 links). Every other row drives 1 link, and every 2-link
+    # row is a v5e: the data cannot tell "2 links at once" from "v5e links" apart.
     multi_link_exponent=0.655,
+    # no row drives more than 2 links: a 2-D / 3-D torus (4 / 6 links) keeps the 2-link value
+    multi_link_cap=2.0,
     fixed_s_by_generation={
         "v5e": 1.86e-6,  # [SB-shard] C7 alone ("closer to 8us"): the host rows C8-C10 cannot see it
         "v5p": 3.9e-6,  # [MARIN] C11-C13 (intercept 4.55 us = fixed + one 1 us hop + bytes)
@@ -91,8 +96,8 @@ def calibrated_link(generation: str, bandwidth_bytes_per_s: float, latency_s: fl
         calibration: the constants (default :data:`CALIBRATION`).
 
     Returns:
-        A :class:`LinkSpec` with ``efficiency``, ``multi_link_exponent`` and
-        ``collective_fixed_s`` set.
+        A :class:`LinkSpec` with ``efficiency``, ``multi_link_exponent``,
+        ``multi_link_cap`` and ``collective_fixed_s`` set.
 
     Raises:
         LinkSpecError: a bad bandwidth or latency, or a generation that is not a string.
@@ -101,4 +106,5 @@ def calibrated_link(generation: str, bandwidth_bytes_per_s: float, latency_s: fl
         raise LinkSpecError(f"generation {generation!r} is not valid: expected a name such as 'v5e'")
     return LinkSpec(bandwidth_bytes_per_s, latency_s, efficiency=calibration.efficiency,
                     multi_link_exponent=calibration.multi_link_exponent,
-                    collective_fixed_s=calibration.fixed_s(generation))
+                    collective_fixed_s=calibration.fixed_s(generation),
+                    multi_link_cap=calibration.multi_link_cap)

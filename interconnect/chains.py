@@ -42,13 +42,13 @@ rank must own one contiguous chunk, so the buffer is cut by owner first
 ranges (one transfer each).
 
 :func:`build_axis_collective` builds the :class:`Schedule`;
-:func:`axis_collective_phases` gives the same phases as numpy arrays of
-(src, dst, bytes) without Transfer objects, for the cost fast path.
+:func:`axis_reduce_scatter_phases` gives the same reduce-scatter phases as
+numpy arrays of (src, dst, bytes, link) without Transfer objects, for the
+cost fast path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +57,7 @@ from interconnect.collectives import (Schedule, ScheduleError, Transfer, _check_
                                       _make_transfer, _trusted_schedule, chunk_bounds)
 from interconnect.topology import Torus
 
-__all__ = ["Chain", "axis_chains", "build_axis_collective", "axis_collective_phases", "ppermute"]
+__all__ = ["Chain", "axis_chains", "build_axis_collective", "axis_reduce_scatter_phases", "ppermute"]
 
 WHOLE, FIRST_HALF, SECOND_HALF = 0, 1, 2
 
@@ -172,21 +172,32 @@ def _part_orders(levels: list[_Level]) -> list[list[_Level]]:
     return [levels[j:] + levels[:j] for j in range(m)]
 
 
+def _split(start: np.ndarray, stop: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each range cut into ``parts`` as :func:`chunk_bounds` cuts: (starts, stops), shape (..., parts)."""
+    length = (stop - start)[..., None]
+    index = np.arange(parts)
+    sizes = length // parts + (index < length % parts)
+    stops = start[..., None] + np.cumsum(sizes, axis=-1)
+    return stops - sizes, stops
+
+
 def _atom_sizes(n: int, num_elements: int, orders: list[list[_Level]], owner_major: bool) -> np.ndarray:
     """(m, n, 2) element range (start, stop) of the atom of (part j, owner rank)."""
     m = max(len(orders), 1)
     atoms = np.zeros((m, n, 2), dtype=np.int64)
+    whole_start, whole_stop = np.array(0), np.array(num_elements)
     if owner_major:
-        for owner, (start, stop) in enumerate(chunk_bounds(num_elements, n)):
-            for j, (a, b) in enumerate(chunk_bounds(stop - start, m)):
-                atoms[j, owner] = (start + a, start + b)
+        owner_start, owner_stop = _split(whole_start, whole_stop, n)  # (n,)
+        starts, stops = _split(owner_start, owner_stop, m)  # (n, m)
+        atoms[..., 0], atoms[..., 1] = starts.T, stops.T
         return atoms
-    for j, (start, stop) in enumerate(chunk_bounds(num_elements, m)):
+    part_start, part_stop = _split(whole_start, whole_stop, m)  # (m,)
+    starts, stops = _split(part_start, part_stop, n)  # (m, n), in each part's owner order
+    for j in range(m):
         levels = orders[j] if orders else []
         # owners sorted by their positions on the part's levels, the first level most significant
         sequence = np.lexsort([level.position for level in reversed(levels)]) if levels else np.arange(n)
-        for owner, (a, b) in zip(sequence, chunk_bounds(stop - start, n)):
-            atoms[j, owner] = (start + a, start + b)
+        atoms[j, sequence, 0], atoms[j, sequence, 1] = starts[j], stops[j]
     return atoms
 
 
@@ -306,17 +317,22 @@ def build_axis_collective(op: str, topology: Torus, num_elements: int, itemsize:
     )
 
 
-def axis_collective_phases(op: str, topology: Torus, num_elements: int, itemsize: int,
-                           algorithm: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The phases of :func:`build_axis_collective` as ``(src, dst, nbytes)`` arrays.
+def axis_reduce_scatter_phases(op: str, topology: Torus, num_elements: int, itemsize: int,
+                               algorithm: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The reduce-scatter phases of :func:`build_axis_collective` as numpy arrays.
 
     Same transfers' ranks and bytes per phase (zero-byte sends included:
-    the caller drops them), summed per (src, dst) group of ranges, computed
-    with numpy from the groups' sizes: a group's bytes are the sum of its
-    owners' atoms, found by summing the atom grid over the levels still to
-    come. Fast for tori of thousands of chips.
+    the caller drops them), one entry per group (not per range), computed
+    from the groups' sizes: a group's elements are the sum of its owners'
+    atoms. Fast for tori of thousands of chips. The all-gather's phases are
+    these reversed, each transfer turned round; the allreduce's, both.
 
-    Yields:
+    Args:
+        op: the collective whose element layout to use (``"allreduce"``:
+            parts first; otherwise owners first).
+        topology, num_elements, itemsize, algorithm: as :func:`build_axis_collective`.
+
+    Returns:
         One ``(src (T,), dst (T,), nbytes (T,), link (T,))`` per phase, in
         order; ``link`` is the directed link's id
         (``src x 2 ndim + axis x 2 + (1 if dst is src's +1 neighbour)``) for
@@ -324,8 +340,7 @@ def axis_collective_phases(op: str, topology: Torus, num_elements: int, itemsize
         the caller routes).
     """
     n = topology.num_chips
-    owner_major = op != "allreduce"
-    orders, atoms = _plan(topology, num_elements, algorithm, owner_major)
+    orders, atoms = _plan(topology, num_elements, algorithm, op != "allreduce")
     sizes = atoms[..., 1] - atoms[..., 0]  # (m, n) elements per atom
     rs: list[list[tuple[np.ndarray, ...]]] = []
     two_ndim = 2 * topology.ndim
@@ -340,28 +355,22 @@ def axis_collective_phases(op: str, topology: Torus, num_elements: int, itemsize
             steps = np.array([(chain.path[t], chain.path[t + 1], chain.group, chain.half if t == 0 else WHOLE,
                                chain.start + t)
                               for chain in chains for t in range(len(chain.path) - 1)], dtype=np.int64)
-            if not len(steps):
-                continue
             frm, to, group, half, phase = steps.T
             rings = level.rings  # (R, a)
             total = _group_elements(sizes[j], levels[:k + 1], n)[rings[:, group]]  # (R, S)
-            elements = np.where(half == WHOLE, total, np.where(half == FIRST_HALF, (total + 1) // 2, total // 2))
+            nbytes = itemsize * np.where(half == WHOLE, total,
+                                         np.where(half == FIRST_HALF, (total + 1) // 2, total // 2))
             src, dst = rings[:, frm], rings[:, to]
             if level.axis is None:
-                ids = back = np.full(src.shape, -1, dtype=np.int64)
+                ids = np.full(src.shape, -1, dtype=np.int64)
             else:  # as interconnect.cost._link_ids: the +1 neighbour when to = from + 1 (mod a)
                 ids = src * two_ndim + 2 * level.axis + ((to - frm) % a == 1)
-                back = dst * two_ndim + 2 * level.axis + ((frm - to) % a == 1)
             for p in range(count):
                 cols = phase == p
-                rs[offset + p].append(tuple(x[:, cols].reshape(-1)
-                                            for x in (src, dst, elements * itemsize, ids, back)))
+                rs[offset + p].append(tuple(x[:, cols].reshape(-1) for x in (src, dst, nbytes, ids)))
             offset += count
-    joined = [tuple(np.concatenate(parts) for parts in zip(*phase)) if phase else (np.zeros(0, np.int64),) * 5
-              for phase in rs]
-    ag = [(dst, src, nbytes, back) for src, dst, nbytes, _, back in reversed(joined)]
-    joined = [phase[:4] for phase in joined]
-    yield from {"allreduce": joined + ag, "reduce_scatter": joined, "all_gather": ag}[op]
+    return [tuple(np.concatenate(parts) for parts in zip(*phase)) if phase else (np.zeros(0, np.int64),) * 4
+            for phase in rs]
 
 
 def _group_elements(sizes: np.ndarray, levels: list[_Level], n: int) -> np.ndarray:

@@ -434,7 +434,7 @@ def _cost_of(topology: Torus, phase_seconds: list[float], totals: np.ndarray, fa
              link: LinkSpec) -> ScheduleCost:
     used = np.flatnonzero(totals)
     srcs, dsts = _link_of_id(topology, used)
-    link_bytes = {(int(a), int(b)): int(v) for a, b, v in zip(srcs, dsts, totals[used])}
+    link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist()), totals[used].tolist()))
     busiest_seconds = (float((totals * factors).max()) / link.achieved_bandwidth_bytes_per_s(1)
                        if used.size else 0.0)
     fixed = link.collective_fixed_s if topology.num_chips >= 2 else 0.0
@@ -465,37 +465,39 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
                           link: LinkSpec, faults: LinkFaults) -> ScheduleCost:
     """Exact cost of the ``"torus"`` and ``"bidirectional_ring"`` collectives (interconnect.chains).
 
-    Takes the phases as (src, dst, bytes) arrays from
-    :func:`interconnect.chains.axis_collective_phases`; neighbour transfers
-    map to link ids directly, longer ones (a ring order over a mesh) follow
+    Takes the reduce-scatter phases as (src, dst, bytes, link) arrays from
+    :func:`interconnect.chains.axis_reduce_scatter_phases`. Steps along a
+    torus axis come with their link ids; steps of ``ring_order()`` follow
     :meth:`Torus.route`. Per phase: bytes per link by bincount, then
-    :func:`_phase_seconds`, exactly as :func:`schedule_cost` would.
+    :func:`_phase_seconds`, exactly as :func:`schedule_cost` would. The
+    all-gather runs the phases backwards with every transfer turned round:
+    a one-hop transfer then loads the reverse link with the same bytes, so
+    its loads are the reduce-scatter's permuted; longer routes are routed
+    again (a reversed dimension-order route is not the reverse route).
     """
-    from interconnect.chains import axis_collective_phases
+    from interconnect.chains import axis_reduce_scatter_phases
 
     n = topology.num_chips
     nlinks = n * 2 * topology.ndim
     factors = np.ones(nlinks)
     for (src, dst), factor in faults.slowdowns.items():
         factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
-    slowed = bool(faults.slowdowns)
+    slowed = factors if faults.slowdowns else None
     neighbour_dst, neighbour_id = _neighbour_tables(topology)
+    reverse = np.zeros(nlinks, dtype=np.int64)
+    has = neighbour_dst >= 0
+    reverse[neighbour_id[has]] = _link_ids(topology, neighbour_dst[has], np.nonzero(has)[0])
     totals = np.zeros(nlinks, dtype=np.int64)
     route_ids: dict[tuple[int, int], np.ndarray] = {}
-    phase_seconds: list[float] = []
-    for srcs, dsts, nbytes, ids in axis_collective_phases(op, topology, num_elements, itemsize, algorithm):
-        sent = nbytes > 0
-        if not sent.any():
-            phase_seconds.append(0.0)
-            continue
-        srcs, dsts, nbytes, ids = srcs[sent], dsts[sent], nbytes[sent], ids[sent]
+
+    def loads_of(srcs, dsts, nbytes, ids):
+        """(loads (nlinks,), max hops) of one phase's sent transfers."""
         known = ids >= 0
         if known.all():  # steps along torus axes: one hop each, link ids given
-            near, near_ids = known, ids
-        else:
-            match = neighbour_dst[srcs] == dsts[:, None]  # (T, 2 ndim)
-            near = match.any(axis=1)
-            near_ids = neighbour_id[srcs[near], match[near].argmax(axis=1)]
+            return np.bincount(ids, weights=nbytes, minlength=nlinks).astype(np.int64), 1
+        match = neighbour_dst[srcs] == dsts[:, None]  # (T, 2 ndim)
+        near = match.any(axis=1)
+        near_ids = neighbour_id[srcs[near], match[near].argmax(axis=1)]
         loads = np.bincount(near_ids, weights=nbytes[near], minlength=nlinks).astype(np.int64)
         max_hops = 1 if near.any() else 0
         for src, dst, size in zip(srcs[~near].tolist(), dsts[~near].tolist(), nbytes[~near].tolist()):
@@ -505,6 +507,31 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
                 far = route_ids[(src, dst)] = _link_ids(topology, path[:, 0], path[:, 1])
             np.add.at(loads, far, size)
             max_hops = max(max_hops, len(far))
-        totals += loads
-        phase_seconds.append(_phase_seconds(topology, loads, factors if slowed else None, max_hops, link))
+        return loads, max_hops
+
+    rs_seconds: list[float] = []
+    ag_seconds: list[float] = []
+    for srcs, dsts, nbytes, ids in axis_reduce_scatter_phases(op, topology, num_elements, itemsize, algorithm):
+        sent = nbytes > 0
+        if not sent.any():
+            rs_seconds.append(0.0)
+            ag_seconds.append(0.0)
+            continue
+        srcs, dsts, nbytes, ids = srcs[sent], dsts[sent], nbytes[sent], ids[sent]
+        if op in ("allreduce", "reduce_scatter"):
+            loads, max_hops = loads_of(srcs, dsts, nbytes, ids)
+            totals += loads
+            rs_seconds.append(_phase_seconds(topology, loads, slowed, max_hops, link))
+        if op in ("allreduce", "all_gather"):
+            if (ids >= 0).all():
+                if op == "all_gather":
+                    loads, max_hops = loads_of(srcs, dsts, nbytes, ids)
+                back = np.zeros(nlinks, dtype=np.int64)
+                back[reverse] = loads
+            else:
+                back, max_hops = loads_of(dsts, srcs, nbytes, np.full(len(ids), -1, dtype=np.int64))
+            totals += back
+            ag_seconds.append(_phase_seconds(topology, back, slowed, max_hops, link))
+    phase_seconds = {"allreduce": rs_seconds + ag_seconds[::-1], "reduce_scatter": rs_seconds,
+                     "all_gather": ag_seconds[::-1]}[op]
     return _cost_of(topology, phase_seconds, totals, factors, link)

@@ -31,8 +31,10 @@ class LinkSpec:
             drives only that link, in (0, 1] (default 1.0: ideal).
         multi_link_exponent: how the achieved bandwidth falls when a chip
             drives ``k`` outgoing links in one phase: each runs at
-            ``efficiency x k ** -multi_link_exponent`` of nominal; >= 0
-            (default 0.0: no loss).
+            ``efficiency x min(k, multi_link_cap) ** -multi_link_exponent``
+            of nominal; >= 0 (default 0.0: no loss).
+        multi_link_cap: links beyond which the loss stops growing (the
+            largest ``k`` the calibration data cover), >= 1 (default: no cap).
         collective_fixed_s: seconds every collective over 2 or more chips
             pays once, whatever its size (launch and synchronisation); >= 0
             (default 0.0).
@@ -47,6 +49,7 @@ class LinkSpec:
     efficiency: float = 1.0
     multi_link_exponent: float = 0.0
     collective_fixed_s: float = 0.0
+    multi_link_cap: float = math.inf
 
     def __post_init__(self) -> None:
         bandwidth = _as_float("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
@@ -54,6 +57,9 @@ class LinkSpec:
         efficiency = _as_float("efficiency", self.efficiency)
         exponent = _as_float("multi_link_exponent", self.multi_link_exponent)
         fixed = _as_float("collective_fixed_s", self.collective_fixed_s)
+        cap = self.multi_link_cap
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or math.isnan(cap) or cap < 1:
+            raise LinkSpecError(f"multi_link_cap {cap!r} is not valid: must be a number >= 1")
         if not bandwidth > 0:
             raise LinkSpecError(f"bandwidth_bytes_per_s {self.bandwidth_bytes_per_s!r} is not valid: must be > 0")
         if not latency >= 0:
@@ -69,11 +75,12 @@ class LinkSpec:
         object.__setattr__(self, "efficiency", efficiency)
         object.__setattr__(self, "multi_link_exponent", exponent)
         object.__setattr__(self, "collective_fixed_s", fixed)
+        object.__setattr__(self, "multi_link_cap", float(cap))
 
     def achieved_bandwidth_bytes_per_s(self, links_driven: int = 1) -> float:
         """Bytes per second one link achieves while its chip drives ``links_driven`` links.
 
-        ``bandwidth_bytes_per_s x efficiency x links_driven ** -multi_link_exponent``.
+        ``bandwidth_bytes_per_s x efficiency x min(links_driven, multi_link_cap) ** -multi_link_exponent``.
 
         Args:
             links_driven: outgoing links of the chip carrying data at once, >= 1.
@@ -81,7 +88,7 @@ class LinkSpec:
         Returns:
             Bytes per second, one way.
         """
-        k = max(int(links_driven), 1)
+        k = min(max(int(links_driven), 1), self.multi_link_cap)
         return self.bandwidth_bytes_per_s * self.efficiency * k ** -self.multi_link_exponent
 
     def transfer_seconds(self, nbytes: int, hops: int = 1) -> float:

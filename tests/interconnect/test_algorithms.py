@@ -143,9 +143,9 @@ def test_fast_cost_equals_the_schedule_cost(shape, wrap, size, op, algorithm):
 
 def test_v5p_full_pod_torus_allreduce_costs_in_under_a_second():
     t = Torus((16, 20, 28), True)  # 8,960 chips, the largest v5p pod [GC-v5p]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the 2-core test machines are shared and often loaded
     cost = collective_cost("allreduce", t, 1 << 28, LinkSpec(9e10), algorithm="torus")
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0  # about 0.3 s
     volume, n = 4 << 28, t.num_chips
     # [SB]: every axis at once, V / (W_bidi x axes) per half, plus T_min x sum(a_i) / 2 per half
     textbook = 2 * ((n - 1) / n * volume / (2 * 9e10 * 3) + (8 + 10 + 14) * 1e-6)
