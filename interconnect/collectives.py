@@ -503,8 +503,9 @@ _cached_ring_allreduce = functools.lru_cache(maxsize=8)(_ring_allreduce)
 
 
 # ------------------------------------------------------------------------------
-# Every algorithm: hierarchical rings (ring, bidirectional ring, torus), recursive
-# halving-doubling, binomial tree, all-to-all, broadcast.
+# Every algorithm: the unidirectional ring (above), the bidirectional ring and the
+# multi-axis torus (interconnect.chains), recursive halving-doubling, binomial tree,
+# all-to-all, broadcast, ppermute (interconnect.chains).
 # ------------------------------------------------------------------------------
 
 #: Algorithms per operation; the first one of each is its default.

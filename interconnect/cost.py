@@ -353,7 +353,7 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
         factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
     slowed = bool(faults.slowdowns)
     order = topology.ring_order()
-    levels, bidirectional = ([[order]] if n >= 2 else []), False
+    levels = [[order]] if n >= 2 else []
     owned_size = np.full(n, num_elements, dtype=np.int64)
     totals = np.zeros(nlinks, dtype=np.int64)
     rs_seconds: list[float] = []
@@ -362,17 +362,12 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
     for rings in levels:
         rings = np.asarray(rings, dtype=np.int64)  # (R, a)
         num_rings, a = rings.shape
-        both = bidirectional and a >= 3
         sizes = owned_size[rings[:, 0]]
         k = np.arange(a)
         parts = sizes[:, None] // a + (k[None, :] < (sizes % a)[:, None])  # (R, a) elements
-        if both:
-            plus, minus = (parts + 1) // 2, parts // 2
-        else:
-            plus, minus = parts, None
-        # routes of every (position, direction), translated ring by ring: entries of
-        # (ring, position, direction, hop) -> link id
-        directions = [(1, plus)] + ([(-1, minus)] if both else [])
+        # routes of every position, translated ring by ring: entries of
+        # (ring, position, hop) -> link id
+        directions = [(1, parts)]
         entries = []  # per direction: (positions (E,), rings (E,), link ids (E,), hops (E,))
         for step, _ in directions:
             e_pos, e_ring, e_link, e_hops = [], [], [], []
@@ -407,15 +402,10 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
             totals[:] += loads
             return _phase_seconds(topology, loads, factors if slowed else None, max_hops, link)
 
-        rs_seconds.extend(
-            phase(lambda step, pos, s=s: (pos - s) % a if step == 1 else (pos + 2 + s) % a)
-            for s in range(a - 1)
-        ) if op in ("allreduce", "reduce_scatter") else None
+        if op in ("allreduce", "reduce_scatter"):
+            rs_seconds.extend(phase(lambda step, pos, s=s: (pos - s) % a) for s in range(a - 1))
         if op in ("allreduce", "all_gather"):
-            ag_levels.append([
-                phase(lambda step, pos, s=s: (pos + 1 - s) % a if step == 1 else (pos + 1 + s) % a)
-                for s in range(a - 1)
-            ])
+            ag_levels.append([phase(lambda step, pos, s=s: (pos + 1 - s) % a) for s in range(a - 1)])
         owned_size[rings.reshape(-1)] = np.roll(parts, -1, axis=1).reshape(-1)
     phase_seconds = rs_seconds + [p for level in reversed(ag_levels) for p in level]
     return _cost_of(topology, phase_seconds, totals, factors, link)
