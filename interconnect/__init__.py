@@ -6,10 +6,15 @@ Pure Python + numpy; never imports Ray, ``pod`` or ``chip``. One room at a time:
   torus/mesh: ranks <-> coordinates (row-major), neighbours, directed links,
   dimension-order routes, hop counts, a ring order over neighbour links.
 - :mod:`~interconnect.link`: :class:`LinkSpec`, bandwidth and latency of one
-  link direction.
+  link direction (and, once calibrated, its achieved efficiency and the
+  fixed cost of a collective).
+- :mod:`~interconnect.calibration`: the fitted constants and
+  :func:`calibrated_link`.
 - :mod:`~interconnect.collectives`: pure functions that build a
   :class:`Schedule` (phases of :class:`Transfer`); allreduce = reduce-scatter
   then all-gather.
+- :mod:`~interconnect.chains`: the torus collectives over every axis at once
+  (and the bidirectional ring), and :func:`ppermute`.
 - :mod:`~interconnect.execute`: :func:`execute` runs a schedule on numpy
   buffers (the reference for the distributed run).
 - :mod:`~interconnect.cost`: :func:`schedule_cost` / :func:`schedule_time`,
@@ -45,6 +50,8 @@ from interconnect.collectives import (
     ring_reduce_scatter,
     tree_allreduce,
 )
+from interconnect.calibration import CALIBRATION, Calibration, calibrated_link
+from interconnect.chains import ppermute
 from interconnect.cost import FAST_PATHS, ScheduleCost, collective_cost, schedule_cost, schedule_time
 from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError, TopologyError
 from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
@@ -60,6 +67,9 @@ __all__ = [
     "Torus",
     "parse_shape",
     "LinkSpec",
+    "Calibration",
+    "CALIBRATION",
+    "calibrated_link",
     "Transfer",
     "Schedule",
     "chunk_bounds",
@@ -76,6 +86,7 @@ __all__ = [
     "tree_allreduce",
     "all_to_all",
     "broadcast",
+    "ppermute",
     "build_collective",
     "execute",
     "ScheduleCost",

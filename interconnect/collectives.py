@@ -23,7 +23,7 @@ With ``n = 1`` there are no phases.
 
 Textbook cost on a full unidirectional ring of link bandwidth ``W``, ``V``
 bytes per rank: ``(n-1)/n x V / W`` for each half, ``2 (n-1)/n x V / W`` for
-the allreduce (``../shared/reference/tpu-specs.md``, "Textbook collective
+the allreduce ([SB], "Textbook collective
 costs").
 """
 
@@ -129,7 +129,7 @@ def _non_negative_int(what: str, value: object) -> int:
 Phase = tuple[Transfer, ...]
 
 #: Operations a Schedule can perform (its ``op``).
-OPS = ("allreduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
+OPS = ("allreduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "ppermute")
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,9 @@ class Schedule:
             ``"all_gather"`` (rank ``r`` starts with chunk ``owned_chunks[r]``;
             every rank ends with every rank's owned chunk), ``"all_to_all"``
             (chunk ``j`` of rank ``r`` ends in chunk ``r`` of rank ``j``),
-            ``"broadcast"`` (every rank ends with rank ``root``'s buffer).
+            ``"broadcast"`` (every rank ends with rank ``root``'s buffer),
+            ``"ppermute"`` (every rank ends with the buffer of another, as
+            its transfers say; see :func:`interconnect.chains.ppermute`).
         owned_chunks: for reduce-scatter and all-gather, one chunk per rank
             (see ``op``); empty otherwise.
         root: the broadcasting rank (``op == "broadcast"``), else 0.
@@ -464,7 +466,7 @@ def ring_allreduce(topology: object, num_elements: int, itemsize: int = 4) -> Sc
     rank's copy of a chunk was computed once (at its owner) and copied, so
     all ranks end bit-identical. Time on a full unidirectional ring of link
     bandwidth ``W``: ``2 (n-1)/n x V / W + 2 (n-1) x latency`` for
-    ``V = num_elements x itemsize`` bytes (tpu-specs.md, "Textbook collective
+    ``V = num_elements x itemsize`` bytes ([SB], "Textbook collective
     costs").
 
     Args:
@@ -501,8 +503,9 @@ _cached_ring_allreduce = functools.lru_cache(maxsize=8)(_ring_allreduce)
 
 
 # ------------------------------------------------------------------------------
-# Every algorithm: hierarchical rings (ring, bidirectional ring, torus), recursive
-# halving-doubling, binomial tree, all-to-all, broadcast.
+# Every algorithm: the unidirectional ring (above), the bidirectional ring and the
+# multi-axis torus (interconnect.chains), recursive halving-doubling, binomial tree,
+# all-to-all, broadcast, ppermute (interconnect.chains).
 # ------------------------------------------------------------------------------
 
 #: Algorithms per operation; the first one of each is its default.
@@ -512,6 +515,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_gather": ("torus", "bidirectional_ring", "ring"),
     "all_to_all": ("direct",),
     "broadcast": ("pipelined_ring", "tree"),
+    "ppermute": ("direct",),
 }
 
 #: The allreduce algorithms, as scenarios name them.
@@ -583,83 +587,6 @@ def axis_rings(topology: Torus) -> list[list[list[int]]]:
     return out
 
 
-def _hierarchical_rings(
-    levels: Sequence[Sequence[Sequence[int]]], num_ranks: int, num_elements: int, itemsize: int,
-    bidirectional: bool,
-) -> tuple[_ChunkTree, list[list[Transfer]], list[list[Transfer]], list[int]]:
-    """Reduce-scatter and all-gather phases over rings, level after level.
-
-    At each level every rank belongs to one ring, whose members own the same
-    chunk R (the whole buffer at the first level). R is cut into ``a`` parts
-    (``a`` = ring length); ring position ``p`` ends owning part ``(p+1) mod a``.
-    Unidirectional: phase ``s`` position ``i`` sends part ``(i - s)`` to
-    ``i + 1`` (reduce-scatter) or part ``(i + 1 - s)`` (all-gather).
-    Bidirectional (``a >= 3``): every part is cut in two halves; the first
-    halves travel as above, the second halves the other way round, position
-    ``i`` sending half ``(i + 2 + s)`` (reduce-scatter) or ``(i + 1 + s)``
-    (all-gather) to ``i - 1``; both halves of part ``p + 1`` end at ``p``.
-    Rings of one level run in parallel: their phase ``s`` is one phase.
-
-    Returns:
-        (chunk tree, reduce-scatter phases in order, all-gather phases in
-        order (the last level first), chunk owned by each rank after the
-        reduce-scatter).
-    """
-    tree = _ChunkTree(num_elements)
-    owned = [0] * num_ranks
-    rs_phases: list[list[Transfer]] = []
-    ag_levels: list[list[list[Transfer]]] = []
-    make = _make_transfer
-    with _gc_paused():
-        for rings in levels:
-            a = len(rings[0])
-            rs: list[list[Transfer]] = [[] for _ in range(a - 1)]
-            ag: list[list[Transfer]] = [[] for _ in range(a - 1)]
-            both = bidirectional and a >= 3
-            for ring in rings:
-                parts = tree.split(owned[ring[0]], a)
-                if both:
-                    halves = [tree.split(part, 2) for part in parts]
-                    plus = [h[0] for h in halves]
-                    minus = [h[1] for h in halves]
-                else:
-                    plus, minus = parts, []
-                plus_bytes = [tree.nbytes(c, itemsize) for c in plus]
-                minus_bytes = [tree.nbytes(c, itemsize) for c in minus]
-                for s in range(a - 1):
-                    rs_s, ag_s = rs[s], ag[s]
-                    for i in range(a):
-                        src, nxt = ring[i], ring[(i + 1) % a]
-                        k = (i - s) % a
-                        if plus_bytes[k]:
-                            rs_s.append(make((src, nxt, plus[k], plus_bytes[k], True, plus[k])))
-                        k = (i + 1 - s) % a
-                        if plus_bytes[k]:
-                            ag_s.append(make((src, nxt, plus[k], plus_bytes[k], False, plus[k])))
-                        if both:
-                            prev = ring[i - 1]
-                            k = (i + 2 + s) % a
-                            if minus_bytes[k]:
-                                rs_s.append(make((src, prev, minus[k], minus_bytes[k], True, minus[k])))
-                            k = (i + 1 + s) % a
-                            if minus_bytes[k]:
-                                ag_s.append(make((src, prev, minus[k], minus_bytes[k], False, minus[k])))
-                for p, rank in enumerate(ring):
-                    owned[rank] = parts[(p + 1) % a]
-            rs_phases.extend(rs)
-            ag_levels.append(ag)
-    ag_phases = [phase for level in reversed(ag_levels) for phase in level]
-    return tree, rs_phases, ag_phases, owned
-
-
-def _ring_levels(topology: Torus, algorithm: str) -> tuple[list, bool]:
-    if algorithm == "torus":
-        return axis_rings(topology), True
-    order = topology.ring_order()
-    levels = [[order]] if len(order) >= 2 else []
-    return levels, algorithm == "bidirectional_ring"
-
-
 def _check_algorithm(op: str, algorithm: str) -> None:
     if op not in ALGORITHMS:
         raise ScheduleError(f"operation {op!r} is not valid: expected one of {', '.join(ALGORITHMS)}")
@@ -667,18 +594,6 @@ def _check_algorithm(op: str, algorithm: str) -> None:
         raise ScheduleError(
             f"algorithm {algorithm!r} is not available for {op}: expected one of {', '.join(ALGORITHMS[op])}"
         )
-
-
-def _ring_family(op: str, topology: Torus, num_elements: int, itemsize: int, algorithm: str) -> Schedule:
-    num_ranks, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
-    levels, bidirectional = _ring_levels(topology, algorithm)
-    tree, rs, ag, owned = _hierarchical_rings(levels, num_ranks, num_elements, itemsize, bidirectional)
-    phases = {"allreduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
-    return _trusted_schedule(
-        name=f"{algorithm}_{op}", num_ranks=num_ranks, num_elements=num_elements, itemsize=itemsize,
-        chunk_bounds=tuple(tree.bounds), phases=tuple(tuple(p) for p in phases), op=op,
-        owned_chunks=tuple(owned) if op != "allreduce" else (), root=0,
-    )
 
 
 def halving_doubling_allreduce(topology: Torus, num_elements: int, itemsize: int = 4) -> Schedule:
@@ -696,8 +611,10 @@ def halving_doubling_allreduce(topology: Torus, num_elements: int, itemsize: int
 
     Cost on a full bidirectional ring of ``n = 2^k`` chips, busiest link
     (der.: step ``d`` moves ``V / 2^(d+1)`` over ``2^d`` hops and ``2^d``
-    routes share the busiest link): ``k x V / (2W)`` per half, ``k V / W``
-    for the allreduce, plus latency ``2 (n - 1)`` hops.
+    routes share the busiest link, except the last step, whose partners are
+    half-way round: those tied routes split between both directions, so
+    half as many share a link): ``(k - 1/2) x V / (2W)`` per half,
+    ``(k - 1/2) V / W`` for the allreduce, plus latency ``2 (n - 1)`` hops.
 
     Args:
         topology: the torus (n = num_chips).
@@ -803,8 +720,11 @@ def all_to_all(topology: Torus, num_elements: int, itemsize: int = 4) -> Schedul
     """Direct all-to-all: chunk ``j`` of rank ``r`` goes to chunk ``r`` of rank ``j``.
 
     One phase; every message takes its routed path and the busiest link
-    decides (on a full 1-D ring of ``n`` chips that link carries about
-    ``n^2 / 8`` of the ``V / n`` chunks).
+    decides. On a full 1-D ring of ``n`` chips (``n`` a multiple of 4) a
+    link carries ``(n/2 - 1) n/4 + n/4`` of the ``V / n`` chunks: every
+    route of 1 to ``n/2 - 1`` hops crossing it, and a quarter of the ``n``
+    routes of ``n/2`` hops, whose ties split between the two directions
+    (der.; about ``n^2 / 8``).
 
     Args:
         topology: the torus (n = num_chips).
@@ -884,18 +804,21 @@ def broadcast(topology: Torus, num_elements: int, itemsize: int = 4, root: int =
 
 
 def build_collective(op: str, topology: Torus, num_elements: int, itemsize: int = 4,
-                     algorithm: str | None = None, root: int = 0) -> Schedule:
+                     algorithm: str | None = None, root: int = 0, *, shift: int = 1,
+                     axis: int = 0) -> Schedule:
     """The schedule of any operation and algorithm (see :data:`ALGORITHMS`).
 
     Args:
         op: ``"allreduce"``, ``"reduce_scatter"``, ``"all_gather"``,
-            ``"all_to_all"`` or ``"broadcast"``.
+            ``"all_to_all"``, ``"broadcast"`` or ``"ppermute"``.
         topology: the torus.
         num_elements: elements per rank's buffer (for all-gather: the
             gathered output), >= 0.
         itemsize: bytes per element, >= 1.
         algorithm: one of ``ALGORITHMS[op]``; None takes the first.
         root: broadcast root rank.
+        shift: ppermute: places each buffer moves along ``axis``.
+        axis: ppermute: the torus axis.
 
     Returns:
         The Schedule.
@@ -910,6 +833,9 @@ def build_collective(op: str, topology: Torus, num_elements: int, itemsize: int 
         return all_to_all(topology, num_elements, itemsize)
     if op == "broadcast":
         return broadcast(topology, num_elements, itemsize, root=root, algorithm=algorithm)
+    if op == "ppermute":
+        from interconnect.chains import ppermute
+        return ppermute(topology, num_elements, itemsize, shift=shift, axis=axis)
     if algorithm == "halving_doubling":
         return halving_doubling_allreduce(topology, num_elements, itemsize)
     if algorithm == "tree":
@@ -920,17 +846,19 @@ def build_collective(op: str, topology: Torus, num_elements: int, itemsize: int 
         return ring_reduce_scatter(topology, num_elements, itemsize)
     if op == "all_gather" and algorithm == "ring":
         return ring_all_gather(topology, num_elements, itemsize)
-    return _ring_family(op, topology, num_elements, itemsize, algorithm)
+    from interconnect.chains import build_axis_collective
+    return build_axis_collective(op, topology, num_elements, itemsize, algorithm)
 
 
 def allreduce(topology: Torus, num_elements: int, itemsize: int = 4, algorithm: str = "torus") -> Schedule:
     """Allreduce by any algorithm of :data:`ALLREDUCE_ALGORITHMS` (see :func:`build_collective`).
 
-    ``"bidirectional_ring"``: half the data each way round ``ring_order()``;
-    ``(n-1)/n x V / W`` on a full ring (half the unidirectional ring's).
-    ``"torus"``: per axis (axis 0 first) a bidirectional-ring reduce-scatter
-    on the part the earlier axes left, then all-gathers back in reverse
-    order; the axes' times add, each on a ``V`` already shrunk by the earlier
-    reduce-scatters (tpu-specs.md). On a 1-D ring it is the bidirectional ring.
+    ``"bidirectional_ring"``: every chunk reaches its owner from both sides
+    of ``ring_order()`` at once; ``(n-1)/n x V / W`` on a full ring (half the
+    unidirectional ring's) in ``2 floor(n/2)`` phases.
+    ``"torus"``: every axis at once, the buffer cut into one part per axis,
+    each part reducing over the axes in a rotated order
+    (:mod:`interconnect.chains`); bandwidth term ``V / (W_bidi x axes)``
+    [SB]. On a 1-D ring it is the bidirectional ring.
     """
     return build_collective("allreduce", topology, num_elements, itemsize, algorithm)

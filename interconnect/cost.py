@@ -1,19 +1,26 @@
 """Simulated time of a collective schedule on a topology: where contention lives.
 
-Model (DESIGN.md, interconnect/cost.py). Phases run one after the other. In a
-phase every transfer of ``nbytes > 0`` is routed with
-:meth:`~interconnect.topology.Torus.route` and adds its ``nbytes`` to every
-directed link on its route. The links all run in parallel at bandwidth
-``W``; the busiest one decides, and a message pays ``latency_s`` per hop::
+Model. Phases run one after the other. In a phase every transfer of
+``nbytes > 0`` is routed with :meth:`~interconnect.topology.Torus.route` and
+adds its ``nbytes`` to every directed link on its route. The links all run
+in parallel; the busiest one decides, and a message pays ``latency_s`` per
+hop::
 
-    phase_seconds = max_link bytes(link) / W + latency_s x max_transfer hops(transfer)
-    seconds       = sum of phase_seconds
+    phase_seconds = max_link bytes(link) / W_achieved(k) + latency_s x max_transfer hops(transfer)
+    seconds       = collective_fixed_s + sum of phase_seconds
+
+``W_achieved(k) = W x efficiency x k ** -multi_link_exponent``
+(:meth:`LinkSpec.achieved_bandwidth_bytes_per_s`), where ``k`` is the
+largest number of outgoing links any one chip drives in that phase; the
+fixed cost is paid once by every collective over 2 or more chips. With the
+default :class:`LinkSpec` (efficiency 1, no exponent, no fixed cost) this is
+the textbook model: on a full unidirectional ring a ring allreduce of ``V``
+bytes per chip takes ``2 (n-1)/n x V / W`` plus ``2 (n-1) x latency_s``
+([SB]). :mod:`interconnect.calibration` holds the fitted constants.
 
 An empty phase (or one with only zero-byte transfers, which are not sent)
-takes 0 s. Two transfers sharing a link in one phase therefore take twice
-the bandwidth time of one: that is the contention. On a full unidirectional
-ring a ring allreduce of ``V`` bytes per chip gives the textbook
-``2 (n-1)/n x V / W`` plus ``2 (n-1) x latency_s`` (tpu-specs.md).
+takes 0 s. Two transfers sharing a link in one phase take twice the
+bandwidth time of one: that is the contention.
 """
 
 from __future__ import annotations
@@ -46,19 +53,23 @@ class ScheduleCost:
     """Simulated time and per-link traffic of a schedule.
 
     Attributes:
-        seconds: total simulated time, the sum of ``phase_seconds``.
+        seconds: total simulated time, ``fixed_seconds`` plus the sum of
+            ``phase_seconds``.
         phase_seconds: simulated seconds of each phase, in order.
         link_bytes: ``{(src, dst): bytes}`` carried by each directed link
             over the whole schedule; links that carried nothing are absent.
         busiest_link_seconds: the longest time any one link spent sending
             (its bytes over its own, possibly slowed, bandwidth); divided by
             ``seconds`` it is the busiest link's utilisation.
+        fixed_seconds: the collective's fixed cost
+            (``LinkSpec.collective_fixed_s``; 0 on one chip).
     """
 
     seconds: float
     phase_seconds: tuple[float, ...]
     link_bytes: dict[tuple[int, int], int]
     busiest_link_seconds: float = 0.0
+    fixed_seconds: float = 0.0
 
     @property
     def busiest_link_utilisation(self) -> float:
@@ -81,9 +92,11 @@ def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
     """Times ``schedule`` on ``topology`` whose every directed link is ``link``.
 
     Per phase: ``max over links of bytes(link) x slowdown(link) /
-    link.bandwidth_bytes_per_s + link.latency_s x max over transfers of hops``
-    (see the module docstring); zero-byte transfers are not sent and cost
-    nothing. With failed links, a transfer whose dimension-order route
+    link.achieved_bandwidth_bytes_per_s(k) + link.latency_s x max over
+    transfers of hops``, ``k`` the most links one chip drives in the phase;
+    plus ``link.collective_fixed_s`` once when the schedule spans 2 or more
+    ranks (see the module docstring). Zero-byte transfers are not sent and
+    cost nothing. With failed links, a transfer whose dimension-order route
     crosses one takes the shortest route around them (:func:`route`).
 
     Args:
@@ -109,7 +122,7 @@ def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
             f"schedule {schedule.name!r} has num_ranks={schedule.num_ranks} but topology "
             f"{topology.name} has {topology.num_chips} chips: they must be equal"
         )
-    bandwidth = link.bandwidth_bytes_per_s
+    bandwidth = link.achieved_bandwidth_bytes_per_s(1)
     latency = link.latency_s
     plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _PhasePlan] = {}
     totals: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
@@ -132,7 +145,8 @@ def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
         totals[key] += loads
         max_hops = int(plan.hops[sent].max())
         busiest = int(loads.max()) if plan.factors is None else float((loads * plan.factors).max())
-        phase_seconds.append(busiest / bandwidth + latency * max_hops)
+        driven = int(np.bincount(plan.link_srcs[loads > 0]).max())
+        phase_seconds.append(busiest / link.achieved_bandwidth_bytes_per_s(driven) + latency * max_hops)
     link_bytes: dict[tuple[int, int], int] = {}
     for key, plan in plans.items():
         for hop, nbytes in zip(plan.links, totals[key].tolist()):
@@ -140,9 +154,10 @@ def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
                 link_bytes[hop] = link_bytes.get(hop, 0) + nbytes
     busiest_seconds = max((nbytes * faults.slowdown(hop) / bandwidth for hop, nbytes in link_bytes.items()),
                           default=0.0)
+    fixed = link.collective_fixed_s if schedule.num_ranks >= 2 else 0.0
     return ScheduleCost(
-        seconds=float(sum(phase_seconds)), phase_seconds=tuple(phase_seconds), link_bytes=link_bytes,
-        busiest_link_seconds=float(busiest_seconds),
+        seconds=fixed + float(sum(phase_seconds)), phase_seconds=tuple(phase_seconds), link_bytes=link_bytes,
+        busiest_link_seconds=float(busiest_seconds), fixed_seconds=fixed,
     )
 
 
@@ -166,6 +181,7 @@ class _PhasePlan:
         simple: every transfer uses exactly one link and no link twice
             (then the loads are the transfers' bytes as they are).
         factors: (L,) slowdown of each of ``links``, or None when all are 1.
+        link_srcs: (L,) the chip driving each of ``links``.
     """
 
     links: tuple[tuple[int, int], ...]
@@ -174,6 +190,7 @@ class _PhasePlan:
     transfer_index: np.ndarray
     simple: bool
     factors: np.ndarray | None = None
+    link_srcs: np.ndarray | None = None
 
     @classmethod
     def build(cls, topology: Torus, srcs: tuple[int, ...], dsts: tuple[int, ...],
@@ -200,6 +217,7 @@ class _PhasePlan:
             transfer_index=np.asarray(transfer_index, dtype=np.int64),
             simple=simple,
             factors=factors,
+            link_srcs=np.asarray([hop[0] for hop in index], dtype=np.int64),
         )
 
     def link_loads(self, nbytes: np.ndarray) -> np.ndarray:
@@ -245,13 +263,15 @@ FAST_PATHS = frozenset(
 
 def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec, *,
                     algorithm: str | None = None, itemsize: int = 4,
-                    faults: LinkFaults | None = None, fast: bool = True) -> ScheduleCost:
+                    faults: LinkFaults | None = None, fast: bool = True, shift: int = 1,
+                    axis: int = 0) -> ScheduleCost:
     """Simulated cost of a collective, by the fast path where one exists.
 
     For the ring, bidirectional-ring and torus variants of allreduce,
     reduce-scatter and all-gather on links without failures, the cost is
-    computed from the schedule's regular structure (:func:`_ring_family_cost`:
-    per phase a vectorised sum of bytes per link, no Transfer objects), which
+    computed from the schedule's regular structure (:func:`_ring_family_cost`,
+    :func:`_axis_collective_cost`: per phase a vectorised sum of bytes per
+    link, no Transfer objects), which
     gives the same seconds and link bytes as ``schedule_cost(build_collective(...))``
     (the tests check it) in a small fraction of the time: a v5p 16x20x28
     torus allreduce takes well under a second. Everything else builds the
@@ -266,6 +286,8 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         itemsize: bytes per element.
         faults: slowed / failed links.
         fast: False forces the schedule-based reference path.
+        shift: ppermute only: places each buffer moves.
+        axis: ppermute only: the torus axis it moves along.
 
     Returns:
         The :class:`ScheduleCost`.
@@ -281,8 +303,10 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
     checked = _checked_faults(faults, topology)
     if fast and (op, algorithm) in FAST_PATHS and not checked.failed:
         _, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
-        return _ring_family_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
-    schedule = build_collective(op, topology, num_elements, itemsize, algorithm)
+        if algorithm == "ring":
+            return _ring_family_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
+        return _axis_collective_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
+    schedule = build_collective(op, topology, num_elements, itemsize, algorithm, shift=shift, axis=axis)
     return schedule_cost(schedule, topology, link, checked)
 
 
@@ -312,31 +336,24 @@ def _link_of_id(topology: Torus, ids: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: int, itemsize: int,
                       link: LinkSpec, faults: LinkFaults) -> ScheduleCost:
-    """Exact cost of ``build_collective(op, topology, ..., algorithm)`` for the ring family.
+    """Exact cost of the unidirectional ``"ring"`` collectives along ``ring_order()``.
 
-    Mirrors ``interconnect.collectives._hierarchical_rings``: at each level
-    the rings' parts have sizes that depend only on the size of the chunk the
-    ring owns (np.array_split), part ``k`` of ``S`` elements cut ``a`` ways
-    holding ``S // a + (k < S % a)``. Phase ``s`` of a level sends, from
-    every ring position, the part the schedule names; its routed hops are the
-    same for every ring up to a translation, so a phase is a few numpy
-    operations over (rings x positions) arrays: bytes per link by bincount,
-    the busiest (slowdown-weighted) link and the longest route of a
-    non-empty message, exactly as :func:`schedule_cost` would find them.
+    The ring is one level of ``a = n`` positions; the parts have sizes of
+    np.array_split, part ``k`` of ``S`` elements cut ``a`` ways holding
+    ``S // a + (k < S % a)``. Phase ``s`` sends, from every ring position,
+    the part the schedule names; a phase is a few numpy operations: bytes
+    per link by bincount, the busiest (slowdown-weighted) link, the chips'
+    driven links and the longest route of a non-empty message, exactly as
+    :func:`schedule_cost` finds them.
     """
-    from interconnect.collectives import axis_rings
-
     n = topology.num_chips
     nlinks = n * 2 * topology.ndim
     factors = np.ones(nlinks)
     for (src, dst), factor in faults.slowdowns.items():
         factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
     slowed = bool(faults.slowdowns)
-    if algorithm == "torus":
-        levels, bidirectional = axis_rings(topology), True
-    else:
-        order = topology.ring_order()
-        levels, bidirectional = ([[order]] if n >= 2 else []), algorithm == "bidirectional_ring"
+    order = topology.ring_order()
+    levels = [[order]] if n >= 2 else []
     owned_size = np.full(n, num_elements, dtype=np.int64)
     totals = np.zeros(nlinks, dtype=np.int64)
     rs_seconds: list[float] = []
@@ -345,17 +362,12 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
     for rings in levels:
         rings = np.asarray(rings, dtype=np.int64)  # (R, a)
         num_rings, a = rings.shape
-        both = bidirectional and a >= 3
         sizes = owned_size[rings[:, 0]]
         k = np.arange(a)
         parts = sizes[:, None] // a + (k[None, :] < (sizes % a)[:, None])  # (R, a) elements
-        if both:
-            plus, minus = (parts + 1) // 2, parts // 2
-        else:
-            plus, minus = parts, None
-        # routes of every (position, direction), translated ring by ring: entries of
-        # (ring, position, direction, hop) -> link id
-        directions = [(1, plus)] + ([(-1, minus)] if both else [])
+        # routes of every position, translated ring by ring: entries of
+        # (ring, position, hop) -> link id
+        directions = [(1, parts)]
         entries = []  # per direction: (positions (E,), rings (E,), link ids (E,), hops (E,))
         for step, _ in directions:
             e_pos, e_ring, e_link, e_hops = [], [], [], []
@@ -388,23 +400,128 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
             if not loads.any():
                 return 0.0
             totals[:] += loads
-            busiest = float((loads * factors).max()) if slowed else int(loads.max())
-            return busiest / link.bandwidth_bytes_per_s + link.latency_s * max_hops
+            return _phase_seconds(topology, loads, factors if slowed else None, max_hops, link)
 
-        rs_seconds.extend(
-            phase(lambda step, pos, s=s: (pos - s) % a if step == 1 else (pos + 2 + s) % a)
-            for s in range(a - 1)
-        ) if op in ("allreduce", "reduce_scatter") else None
+        if op in ("allreduce", "reduce_scatter"):
+            rs_seconds.extend(phase(lambda step, pos, s=s: (pos - s) % a) for s in range(a - 1))
         if op in ("allreduce", "all_gather"):
-            ag_levels.append([
-                phase(lambda step, pos, s=s: (pos + 1 - s) % a if step == 1 else (pos + 1 + s) % a)
-                for s in range(a - 1)
-            ])
+            ag_levels.append([phase(lambda step, pos, s=s: (pos + 1 - s) % a) for s in range(a - 1)])
         owned_size[rings.reshape(-1)] = np.roll(parts, -1, axis=1).reshape(-1)
     phase_seconds = rs_seconds + [p for level in reversed(ag_levels) for p in level]
+    return _cost_of(topology, phase_seconds, totals, factors, link)
+
+
+def _phase_seconds(topology: Torus, loads: np.ndarray, factors: np.ndarray | None, max_hops: int,
+                   link: LinkSpec) -> float:
+    """One phase from its (nlinks,) loads by link id: busiest link at the achieved bandwidth, plus latency."""
+    busiest = float((loads * factors).max()) if factors is not None else int(loads.max())
+    used = np.flatnonzero(loads)
+    driven = int(np.bincount(used // (2 * topology.ndim)).max())
+    return busiest / link.achieved_bandwidth_bytes_per_s(driven) + link.latency_s * max_hops
+
+
+def _cost_of(topology: Torus, phase_seconds: list[float], totals: np.ndarray, factors: np.ndarray,
+             link: LinkSpec) -> ScheduleCost:
     used = np.flatnonzero(totals)
     srcs, dsts = _link_of_id(topology, used)
-    link_bytes = {(int(a), int(b)): int(v) for a, b, v in zip(srcs, dsts, totals[used])}
-    busiest_seconds = float((totals * factors).max()) / link.bandwidth_bytes_per_s if used.size else 0.0
-    return ScheduleCost(seconds=float(sum(phase_seconds)), phase_seconds=tuple(phase_seconds),
-                        link_bytes=link_bytes, busiest_link_seconds=busiest_seconds)
+    link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist()), totals[used].tolist()))
+    busiest_seconds = (float((totals * factors).max()) / link.achieved_bandwidth_bytes_per_s(1)
+                       if used.size else 0.0)
+    fixed = link.collective_fixed_s if topology.num_chips >= 2 else 0.0
+    return ScheduleCost(seconds=fixed + float(sum(phase_seconds)), phase_seconds=tuple(phase_seconds),
+                        link_bytes=link_bytes, busiest_link_seconds=busiest_seconds, fixed_seconds=fixed)
+
+
+def _neighbour_tables(topology: Torus) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 2 ndim) neighbour rank of each chip per (axis, direction) (-1: none) and its link id."""
+    n, ndim = topology.num_chips, topology.ndim
+    ranks = np.arange(n, dtype=np.int64)
+    strides = np.asarray(topology._strides)  # noqa: SLF001 - same package
+    dst = np.full((n, 2 * ndim), -1, dtype=np.int64)
+    ids = np.zeros((n, 2 * ndim), dtype=np.int64)
+    for axis, size in enumerate(topology.shape):
+        c = (ranks // strides[axis]) % size
+        for slot, step in ((2 * axis, -1), (2 * axis + 1, 1)):
+            nc = c + step
+            ok = (nc >= 0) & (nc < size) if not topology.wraparound[axis] else np.ones(n, dtype=bool)
+            nc %= size
+            ok &= nc != c
+            dst[ok, slot] = ranks[ok] + (nc[ok] - c[ok]) * strides[axis]
+            ids[ok, slot] = _link_ids(topology, ranks[ok], dst[ok, slot])
+    return dst, ids
+
+
+def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements: int, itemsize: int,
+                          link: LinkSpec, faults: LinkFaults) -> ScheduleCost:
+    """Exact cost of the ``"torus"`` and ``"bidirectional_ring"`` collectives (interconnect.chains).
+
+    Takes the reduce-scatter phases as (src, dst, bytes, link) arrays from
+    :func:`interconnect.chains.axis_reduce_scatter_phases`. Steps along a
+    torus axis come with their link ids; steps of ``ring_order()`` follow
+    :meth:`Torus.route`. Per phase: bytes per link by bincount, then
+    :func:`_phase_seconds`, exactly as :func:`schedule_cost` would. The
+    all-gather runs the phases backwards with every transfer turned round:
+    a one-hop transfer then loads the reverse link with the same bytes, so
+    its loads are the reduce-scatter's permuted; longer routes are routed
+    again (a reversed dimension-order route is not the reverse route).
+    """
+    from interconnect.chains import axis_reduce_scatter_phases
+
+    n = topology.num_chips
+    nlinks = n * 2 * topology.ndim
+    factors = np.ones(nlinks)
+    for (src, dst), factor in faults.slowdowns.items():
+        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+    slowed = factors if faults.slowdowns else None
+    neighbour_dst, neighbour_id = _neighbour_tables(topology)
+    reverse = np.zeros(nlinks, dtype=np.int64)
+    has = neighbour_dst >= 0
+    reverse[neighbour_id[has]] = _link_ids(topology, neighbour_dst[has], np.nonzero(has)[0])
+    totals = np.zeros(nlinks, dtype=np.int64)
+    route_ids: dict[tuple[int, int], np.ndarray] = {}
+
+    def loads_of(srcs, dsts, nbytes, ids):
+        """(loads (nlinks,), max hops) of one phase's sent transfers."""
+        known = ids >= 0
+        if known.all():  # steps along torus axes: one hop each, link ids given
+            return np.bincount(ids, weights=nbytes, minlength=nlinks).astype(np.int64), 1
+        match = neighbour_dst[srcs] == dsts[:, None]  # (T, 2 ndim)
+        near = match.any(axis=1)
+        near_ids = neighbour_id[srcs[near], match[near].argmax(axis=1)]
+        loads = np.bincount(near_ids, weights=nbytes[near], minlength=nlinks).astype(np.int64)
+        max_hops = 1 if near.any() else 0
+        for src, dst, size in zip(srcs[~near].tolist(), dsts[~near].tolist(), nbytes[~near].tolist()):
+            far = route_ids.get((src, dst))
+            if far is None:
+                path = np.asarray(topology.route(src, dst), dtype=np.int64)
+                far = route_ids[(src, dst)] = _link_ids(topology, path[:, 0], path[:, 1])
+            np.add.at(loads, far, size)
+            max_hops = max(max_hops, len(far))
+        return loads, max_hops
+
+    rs_seconds: list[float] = []
+    ag_seconds: list[float] = []
+    for srcs, dsts, nbytes, ids in axis_reduce_scatter_phases(op, topology, num_elements, itemsize, algorithm):
+        sent = nbytes > 0
+        if not sent.any():
+            rs_seconds.append(0.0)
+            ag_seconds.append(0.0)
+            continue
+        srcs, dsts, nbytes, ids = srcs[sent], dsts[sent], nbytes[sent], ids[sent]
+        if op in ("allreduce", "reduce_scatter"):
+            loads, max_hops = loads_of(srcs, dsts, nbytes, ids)
+            totals += loads
+            rs_seconds.append(_phase_seconds(topology, loads, slowed, max_hops, link))
+        if op in ("allreduce", "all_gather"):
+            if (ids >= 0).all():
+                if op == "all_gather":
+                    loads, max_hops = loads_of(srcs, dsts, nbytes, ids)
+                back = np.zeros(nlinks, dtype=np.int64)
+                back[reverse] = loads
+            else:
+                back, max_hops = loads_of(dsts, srcs, nbytes, np.full(len(ids), -1, dtype=np.int64))
+            totals += back
+            ag_seconds.append(_phase_seconds(topology, back, slowed, max_hops, link))
+    phase_seconds = {"allreduce": rs_seconds + ag_seconds[::-1], "reduce_scatter": rs_seconds,
+                     "all_gather": ag_seconds[::-1]}[op]
+    return _cost_of(topology, phase_seconds, totals, factors, link)

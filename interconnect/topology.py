@@ -20,8 +20,11 @@ Conventions and invariants (the tests check each of them):
   direction between its two chips whether or not it wraps (the wraparound
   link would join the same pair; it is not counted twice).
 - **Routes** are dimension-order (axis 0 first, then 1, then 2); on an axis
-  with wraparound a route takes the shorter way round, the positive direction
-  on a tie. The hop count is the torus Manhattan distance.
+  with wraparound a route takes the shorter way round. On a tie (half-way
+  round an even ring) it goes the positive way from an even coordinate and
+  the negative way from an odd one, so tied messages (an all-to-all's)
+  share both directions instead of loading one. The hop count is the torus
+  Manhattan distance.
 - **Ring order** (:meth:`Torus.ring_order`) is a Hamiltonian cycle over
   neighbour links wherever the shape has one; see that method.
 """
@@ -295,15 +298,18 @@ class Torus:
         if self.wraparound[axis]:
             forward = (stop - start) % size
             backward = (start - stop) % size
-            return (1, forward) if forward <= backward else (-1, backward)
+            if forward == backward:  # half-way round an even ring: split ties by the start's parity
+                return (1, forward) if start % 2 == 0 else (-1, backward)
+            return (1, forward) if forward < backward else (-1, backward)
         return (1 if stop >= start else -1), abs(stop - start)
 
     def route(self, src: int, dst: int) -> list[Link]:
         """Dimension-order route from ``src`` to ``dst``.
 
         Axis 0 is corrected first, then axis 1, then axis 2. On an axis with
-        wraparound the route goes the shorter way round (positive direction on
-        a tie); on a mesh axis it goes straight.
+        wraparound the route goes the shorter way round (on a tie: the
+        positive direction from an even coordinate on that axis, the negative
+        one from an odd coordinate); on a mesh axis it goes straight.
 
         Args:
             src: source rank.

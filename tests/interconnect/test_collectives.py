@@ -175,11 +175,11 @@ def test_builders_reject_bad_arguments():
 
 
 def test_build_1024_ring_quickly():
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: wall time on the shared 2-core machines swings 10x with load
     schedule = ring_reduce_scatter(Torus((1024,)), 1 << 20)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert schedule.num_transfers == 1024 * 1023
-    assert elapsed < 3.0  # about 0.3 s on an idle laptop; generous for busy CI
+    assert elapsed < 3.0  # about 0.3-0.7 s; generous for busy CI
 
 
 # ------------------------------------------------------------------ execute

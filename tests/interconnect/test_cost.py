@@ -52,6 +52,24 @@ def test_linkspec_rejects(bandwidth, latency, fragment):
     assert isinstance(info.value, ValueError) and isinstance(info.value, InterconnectError)
 
 
+@pytest.mark.parametrize("field, value", [("efficiency", 0.0), ("efficiency", 1.5), ("multi_link_exponent", -0.1),
+                                          ("collective_fixed_s", -1e-6), ("efficiency", math.nan)])
+def test_linkspec_rejects_calibration(field, value):
+    with pytest.raises(LinkSpecError, match=f"{field} {value!r}"):
+        LinkSpec(1e9, **{field: value})
+
+
+def test_linkspec_achieved_bandwidth():
+    link = LinkSpec(9e10, efficiency=0.96, multi_link_exponent=0.25)
+    assert link.achieved_bandwidth_bytes_per_s(1) == pytest.approx(0.96 * 9e10)
+    assert link.achieved_bandwidth_bytes_per_s(4) == pytest.approx(0.96 * 9e10 / math.sqrt(2))
+    assert link.transfer_seconds(0.96 * 9e10) == pytest.approx(1.0 + 1e-6)
+    capped = LinkSpec(9e10, efficiency=0.5, multi_link_exponent=1.0, multi_link_cap=2)
+    assert capped.achieved_bandwidth_bytes_per_s(6) == capped.achieved_bandwidth_bytes_per_s(2) == 0.25 * 9e10
+    with pytest.raises(LinkSpecError, match="multi_link_cap 0.5"):
+        LinkSpec(9e10, multi_link_cap=0.5)
+
+
 # ------------------------------------------------------- textbook ring costs
 
 

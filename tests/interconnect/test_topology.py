@@ -237,7 +237,8 @@ def test_route_examples():
     ring = Torus((8,))
     assert ring.route(0, 7) == [(0, 7)]  # wraparound is the short way
     assert ring.route(0, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # tie: positive direction
-    assert Torus((4,)).route(2, 0) == [(2, 3), (3, 0)]  # tie: positive direction
+    assert Torus((4,)).route(2, 0) == [(2, 3), (3, 0)]  # tie from an even coordinate: positive
+    assert Torus((4,)).route(1, 3) == [(1, 0), (0, 3)]  # tie from an odd coordinate: negative
     assert len(Torus((8,), False).route(0, 7)) == 7
     assert ring.route(3, 3) == []
     t = Torus((4, 4), False)

@@ -1,0 +1,61 @@
+"""The calibrated ICI constants against the published figures they were fitted to.
+
+References: [MARIN] (ppermute on v5p-8 and v6e-8: "time = 4.55 us + bytes /
+86.3 GB/s" on v5p, intercept about 2.29 us on v6e), [SB] (1 us per hop,
+nominal one-way link bandwidths 9e10 B/s on v5p / v6e, 4.5e10 on v5e).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from interconnect import CALIBRATION, LinkSpec, Torus, calibrated_link, collective_cost
+from interconnect.calibration import Calibration
+from interconnect.errors import LinkSpecError
+
+MIB = 1 << 20
+
+
+def test_calibrated_link_carries_the_constants():
+    link = calibrated_link("v5p", 9e10)
+    assert isinstance(link, LinkSpec)
+    assert link.efficiency == CALIBRATION.efficiency
+    assert link.multi_link_exponent == CALIBRATION.multi_link_exponent
+    assert link.collective_fixed_s == CALIBRATION.fixed_s("v5p")
+    assert link.multi_link_cap == CALIBRATION.multi_link_cap == 2  # no calibration row drives more links
+    assert calibrated_link("v4", 4.5e10).collective_fixed_s == CALIBRATION.default_fixed_s
+    with pytest.raises(LinkSpecError, match="generation 5"):
+        calibrated_link(5, 9e10)  # type: ignore[arg-type]
+
+
+def test_single_link_efficiency_matches_marin():
+    """[MARIN] C11 fit: 86.3 GB/s achieved on a 90 GB/s link."""
+    assert CALIBRATION.efficiency == pytest.approx(86.3 / 90, abs=0.01)
+
+
+@pytest.mark.parametrize("nbytes, published_s", [(64 * MIB, 781.98e-6), (1 * MIB, 16.94e-6)])
+def test_v5p_one_hop_ppermute_reproduces_marin(nbytes, published_s):
+    link = calibrated_link("v5p", 9e10)
+    cost = collective_cost("ppermute", Torus((2, 2, 1), False), nbytes // 2, link, itemsize=2)
+    assert cost.seconds == pytest.approx(published_s, rel=0.01)
+
+
+def test_v6e_intercept_matches_marin():
+    """[MARIN] C14: a v6e ppermute of (almost) nothing takes about 2.29 us: fixed cost + one hop."""
+    link = calibrated_link("v6e", 9e10)
+    assert link.collective_fixed_s + link.latency_s == pytest.approx(2.29e-6, rel=0.01)
+
+
+def test_fixed_costs_lie_in_the_measured_floors():
+    """C7, C11-C14: floors of 2.3 to 5.5 us include one 1 us hop [SB]; the fixed part is below them."""
+    for generation in ("v5e", "v5p", "v6e"):
+        assert 0 < CALIBRATION.fixed_s(generation) < 5.5e-6
+    fixed = [CALIBRATION.fixed_s(g) for g in ("v5e", "v5p", "v6e")]
+    assert CALIBRATION.default_fixed_s == pytest.approx(sum(fixed) / 3, rel=0.01)
+
+
+def test_calibration_is_a_frozen_value():
+    calibration = Calibration(0.9, 0.1, fixed_s_by_generation={"v5e": 1e-6}, default_fixed_s=2e-6)
+    assert calibration.fixed_s("v5e") == 1e-6 and calibration.fixed_s("v2") == 2e-6
+    with pytest.raises(AttributeError):
+        calibration.efficiency = 1.0  # type: ignore[misc]
