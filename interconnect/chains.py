@@ -53,8 +53,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from interconnect.collectives import (Schedule, ScheduleError, Transfer, _check_counts, _gc_paused,
-                                      _make_transfer, _trusted_schedule, chunk_bounds)
+from interconnect.errors import ScheduleError
+from interconnect.schedule import (Schedule, Transfer, _check_counts, _gc_paused, _make_transfer,
+                                   _trusted_schedule, chunk_bounds)
 from interconnect.topology import Torus
 
 __all__ = ["Chain", "axis_chains", "build_axis_collective", "axis_reduce_scatter_phases", "ppermute"]

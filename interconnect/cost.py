@@ -72,7 +72,7 @@ class ScheduleCost:
     fixed_seconds: float = 0.0
 
     @property
-    def busiest_link_utilisation(self) -> float:
+    def busiest_link_utilization(self) -> float:
         """Busy time of the busiest link / the schedule's time, 0..1 (0 for an empty schedule)."""
         return self.busiest_link_seconds / self.seconds if self.seconds > 0 else 0.0
 

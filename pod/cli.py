@@ -343,7 +343,8 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, double_buffer
 @click.option("--chip", required=True, help="Chip preset: v2 v3 v4 v5e v5p v6e.")
 @click.option("--topology", required=True, help="Torus shape: 8, 4x4 or 4x4x4.")
 @click.option("--op", default="allreduce", show_default=True,
-              type=click.Choice(["allreduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast"]))
+              type=click.Choice(["allreduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast",
+                                 "ppermute"]))
 @click.option("--algorithm", default=None, help="Algorithm [default: the fastest at each size].")
 @click.option("--sizes", default="1KiB:1GiB", show_default=True,
               help="Whole-buffer bytes: one size or MIN:MAX doubling (e.g. 1KiB:1GiB).")

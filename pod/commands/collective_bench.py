@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from chip import ChipSpec, get_chip_spec
-from interconnect import ALGORITHMS, LinkFaults, LinkSpec, Torus, parse_shape
+from interconnect import ALGORITHMS, LinkFaults, Torus, calibrated_link, parse_shape
 from pod.config.ici import choose_algorithm
 from pod.errors import BenchError
 from pod.config.slices import default_wraparound
@@ -34,7 +34,8 @@ ITEMSIZE = 4  # float32
 
 #: CLI names of the operations -> interconnect op names.
 OPS_BY_NAME = {"allreduce": "allreduce", "reduce-scatter": "reduce_scatter",
-               "all-gather": "all_gather", "all-to-all": "all_to_all", "broadcast": "broadcast"}
+               "all-gather": "all_gather", "all-to-all": "all_to_all", "broadcast": "broadcast",
+               "ppermute": "ppermute"}
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024**2, "mib": 1024**2,
           "mb": 1000**2, "g": 1024**3, "gib": 1024**3, "gb": 1000**3}
@@ -85,7 +86,7 @@ def bus_factor(op: str, n: int) -> float:
     if n <= 1:
         return 1.0 if op == "broadcast" else 0.0
     return {"allreduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
-            "all_to_all": (n - 1) / n, "broadcast": 1.0}[op]
+            "all_to_all": (n - 1) / n, "broadcast": 1.0, "ppermute": 1.0}[op]
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def run_collective_bench(chip: str, topology: str, op: str, sizes: list[int], *,
     shape = parse_shape(topology)
     torus = Torus(shape, default_wraparound(spec, shape) if wraparound is None else wraparound)
     n = torus.num_chips
-    link = LinkSpec(spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
+    link = calibrated_link(spec.name, spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
     rows = []
     for size in sizes:
         count = size // ITEMSIZE
@@ -168,7 +169,7 @@ def run_collective_bench(chip: str, topology: str, op: str, sizes: list[int], *,
         rows.append(CollectiveRow(size_bytes=nbytes, count=count, algorithm=chosen,
                                   simulated_seconds=seconds, algbw_bytes_per_s=algbw,
                                   busbw_bytes_per_s=algbw * bus_factor(name, n),
-                                  busiest_link_utilization=cost.busiest_link_utilisation,
+                                  busiest_link_utilization=cost.busiest_link_utilization,
                                   local_reduce_seconds=local))
     return spec, torus, rows
 

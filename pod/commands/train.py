@@ -269,7 +269,8 @@ class Run:
             self.trace_events.extend(step_events(
                 stats, pod.last_trace, pod.schedule, plan.pod.torus, pod.ici_cost.phase_seconds,
                 start_s=self.simulated_clock,
-                scalar_issue_seconds=core.scalar_issue_cycles / core.clock_hz))
+                scalar_issue_seconds=core.scalar_issue_cycles / core.clock_hz,
+                fixed_seconds=pod.ici_cost.fixed_seconds))
         self.record(stats, out)
         self.checkpoint()
         self.end_of_epoch(out)

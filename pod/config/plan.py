@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip import HBM, HBMOutOfMemoryError, check_precision
-from interconnect import LinkSpec, ScheduleCost
+from interconnect import ScheduleCost, calibrated_link
 from pod.config.faults import FaultPlan
 from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
@@ -288,7 +288,8 @@ def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan
         TopologyError: a failed link that nothing can route around, naming
             the scenario entry.
     """
-    link = LinkSpec(pod.chip.ici_link_bandwidth_bytes_per_s, pod.chip.ici_latency_s)
+    link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
+                           pod.chip.ici_latency_s)
     chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
                                      algorithm=algorithm, faults=link_faults(faults.base_links))
     costs, bucket_costs = [], []

@@ -105,7 +105,8 @@ def phase_link_bytes(schedule: Schedule, torus: Torus) -> list[dict[tuple[int, i
 
 def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, torus: Torus,
                 phase_seconds: Sequence[float], start_s: float = 0.0,
-                scalar_issue_seconds: float = 0.0) -> list[dict[str, Any]]:
+                scalar_issue_seconds: float = 0.0, fixed_seconds: float = 0.0
+                ) -> list[dict[str, Any]]:
     """The complete events of one step.
 
     Args:
@@ -119,6 +120,8 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
         scalar_issue_seconds: the scalar unit's issue time per op
             (``TensorCoreSpec.scalar_issue_cycles / clock_hz``), shown on the
             scalar lane before each op.
+        fixed_seconds: the collective's fixed cost (``ScheduleCost.fixed_seconds``),
+            drawn on the phase lane before its first phase.
 
     Returns:
         Chrome trace events (``ph: "X"``), times in microseconds.
@@ -149,6 +152,11 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
                 _ops(events, chip, core, rows, update_start, "update", scalar_issue_seconds)
         return events
     t = reduce_start + stats.local_reduce_seconds
+    if fixed_seconds > 0:
+        events.append({"ph": "X", "name": "collective fixed cost", "cat": "ici", "pid": ici_pid,
+                       "tid": _PHASE_TID, "ts": t * _US, "dur": fixed_seconds * _US,
+                       "args": {"step": step}})
+        t += fixed_seconds
     for k, (loads, seconds) in enumerate(zip(phase_link_bytes(schedule, torus), phase_seconds)):
         events.append({"ph": "X", "name": f"phase {k + 1}", "cat": "ici", "pid": ici_pid,
                        "tid": _PHASE_TID, "ts": t * _US, "dur": seconds * _US,
