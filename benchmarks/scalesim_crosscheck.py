@@ -2,7 +2,7 @@
 
 SCALE-Sim (PyPI `scalesim` 3.0.0, a public cycle-level systolic-array
 simulator) needs numpy < 2.4, so it lives in its own virtualenv, outside this
-repository (see ../shared/reference/pitfalls.md):
+repository (SCALE-Sim 3.0.0 crashes with numpy 2.4):
 
     python3 -m venv /tmp/scalesim-venv
     /tmp/scalesim-venv/bin/pip install scalesim 'numpy<2.4'
