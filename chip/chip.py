@@ -15,13 +15,17 @@ class Chip:
         numerics: Passed to every TensorCore (MXU numerics if True).
         precision: MXU precision of every core: "bf16" (default), "fp32" or
             "int8" (see `TensorCore`).
-        double_buffered: Double-buffered MXU weights on every core.
+        double_buffered: Double-buffered MXU weights on every core ("scalesim"
+            model only, see `TensorCore`).
+        mxu_model: MXU cycle count of every core: "pipelined" (default) or
+            "scalesim" (see `TensorCore`).
 
     Attributes:
         spec: The ChipSpec.
         chip_id: As given.
         numerics: As given.
         precision: As given.
+        mxu_model: As given.
         cores: spec.tensorcores TensorCores named "chip{chip_id}/core{i}", each
             with an HBM of spec.core.hbm_bytes.
 
@@ -29,10 +33,12 @@ class Chip:
         ValueError: if chip_id is not an int >= 0.
         TypeError: if spec is not a ChipSpec.
         PrecisionError: unknown precision, or int8 on a chip without it (v2, v3).
+        ValueError: unknown mxu_model.
     """
 
     def __init__(self, spec: ChipSpec, chip_id: int = 0, *, numerics: bool = True,
-                 precision: str = "bf16", double_buffered: bool = False) -> None:
+                 precision: str = "bf16", double_buffered: bool = False,
+                 mxu_model: str = "pipelined") -> None:
         if not isinstance(spec, ChipSpec):
             raise TypeError(f"spec must be a ChipSpec, got {spec!r}")
         if isinstance(chip_id, bool) or not isinstance(chip_id, int) or chip_id < 0:
@@ -41,9 +47,10 @@ class Chip:
         self.chip_id = chip_id
         self.numerics = bool(numerics)
         self.precision = check_precision(precision, spec.core, spec.name)
+        self.mxu_model = mxu_model
         self.cores = [
             TensorCore(spec.core, numerics=numerics, name=f"chip{chip_id}/core{i}",
-                       precision=precision, double_buffered=double_buffered)
+                       precision=precision, double_buffered=double_buffered, mxu_model=mxu_model)
             for i in range(spec.tensorcores)
         ]
 

@@ -4,11 +4,15 @@ Every op returns its real numpy result and appends an `OpRecord` to
 `TensorCore.records`. Per op:
 
     compute_seconds = cycles / clock_hz
-    memory_seconds  = hbm_bytes / hbm_bandwidth_bytes_per_s
+    memory_seconds  = hbm_bytes / achieved_hbm_bandwidth_bytes_per_s
     seconds         = max(compute_seconds, memory_seconds)   (roofline)
 
-`cycles` includes the scalar unit's issue cost (`chip.scalar`). Callers must
-call `take_records()` every step so `records` stays bounded.
+`cycles` = `mxu_cycles` (MXU ops) or the VPU's cycles, plus `issue_cycles`,
+the scalar unit's issue cost (`chip.scalar`). The achieved HBM bandwidth and
+the MXU's sustained efficiency are calibrated constants of the spec
+(`chip.calibration`). Host dispatch (about 100 us per jitted call on real
+TPUs) is not a chip cost and is not modelled here. Callers must call
+`take_records()` every step so `records` stays bounded.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 
 from chip.errors import PrecisionError
 from chip.hbm import HBM
-from chip.mxu import mxu_gemm_cycles
+from chip.mxu import MXU_MODELS, check_mxu_model, mxu_gemm_cycles
 from chip.numerics import FP32_PASSES, mxu_matmul, mxu_matmul_fp32, mxu_matmul_int8, to_bf16
 from chip.scalar import scalar_cycles
 from chip.spec import TensorCoreSpec
@@ -41,11 +45,14 @@ class OpRecord:
         unit: "mxu", "vpu" or "scalar".
         flops: Floating-point operations done (2 per multiply-accumulate).
         hbm_bytes: Bytes moved between HBM and the core.
-        cycles: Core cycles of compute, including the scalar issue cost.
+        cycles: Core cycles of compute: the unit's cycles plus issue_cycles.
         compute_seconds: cycles / clock_hz, simulated seconds.
-        memory_seconds: hbm_bytes / HBM bandwidth, simulated seconds.
+        memory_seconds: hbm_bytes / achieved HBM bandwidth, simulated seconds.
         seconds: max(compute_seconds, memory_seconds), simulated seconds.
         bound: "compute" or "memory", whichever is larger (compute on a tie).
+        mxu_cycles: The op's MXU cycles (0 for VPU and scalar ops), the
+            sustained efficiency included.
+        issue_cycles: The scalar unit's cycles issuing the op.
     """
 
     name: str
@@ -57,6 +64,8 @@ class OpRecord:
     memory_seconds: float
     seconds: float
     bound: str
+    mxu_cycles: int = 0
+    issue_cycles: int = 0
 
 
 def _nbytes(x: Any) -> int:
@@ -73,6 +82,11 @@ PRECISIONS = ("bf16", "fp32", "int8")
 """MXU precision modes: bf16 (one pass), fp32 (6 bf16 passes), int8 (quantised)."""
 
 _OPERAND_BYTES = {"bf16": 2, "fp32": 4, "int8": 1}  # bytes per MXU input element in HBM
+# Bytes per MXU output element written to HBM: a bf16 matmul accumulates in
+# fp32 inside the MXU and writes bf16 back [PALLAS]; fp32 writes float32,
+# int8 its int32 accumulators. (The emulator still returns float32 arrays:
+# only the cost follows the hardware.)
+_OUTPUT_BYTES = {"bf16": 2, "fp32": 4, "int8": 4}
 
 
 def check_precision(precision: str, spec: TensorCoreSpec, chip_name: str | None = None) -> str:
@@ -118,8 +132,13 @@ class TensorCore:
             six times the MXU passes, float32 inputs in HBM;
             "int8": symmetric per-tensor quantisation, int32 accumulation
             (`numerics.mxu_matmul_int8`), cycles / spec.int8_macs_per_bf16_mac.
-        double_buffered: Cost GEMMs with double-buffered weights (see
-            `mxu_gemm_cycles`); default False, the SCALE-Sim-identical count.
+        double_buffered: With mxu_model "scalesim", hide every weight load
+            but the first (see `mxu_gemm_cycles`); "pipelined" already
+            double-buffers weights, so there it changes nothing.
+        mxu_model: MXU cycle count, one of `MXU_MODELS`: "pipelined"
+            (default; the TPU: one pipeline bubble per op, the calibrated
+            `spec.mxu_efficiency` applied) or "scalesim" (SCALE-Sim's "ws"
+            count, a bubble per fold, cycle for cycle, no efficiency).
         execute: False skips the MXU products (they return zeros of the
             right shape and dtype) while every cost is still recorded:
             timing-only mode, where costs depend on shapes alone.
@@ -134,6 +153,7 @@ class TensorCore:
             is False, so they pass the float32 values unrounded and the core
             splits or quantises them itself.
         double_buffered: As given.
+        mxu_model: As given.
         name: As given.
         hbm: This core's HBM budget (capacity spec.hbm_bytes).
         records: OpRecords since the last `take_records()`.
@@ -141,15 +161,17 @@ class TensorCore:
     Raises:
         TypeError: if spec is not a TensorCoreSpec.
         PrecisionError: for an unknown precision, or int8 on an MXU without it.
+        ValueError: for an unknown mxu_model.
     """
 
     def __init__(self, spec: TensorCoreSpec, *, numerics: bool = True, name: str = "core0",
                  precision: str = "bf16", double_buffered: bool = False,
-                 execute: bool = True) -> None:
+                 execute: bool = True, mxu_model: str = MXU_MODELS[0]) -> None:
         if not isinstance(spec, TensorCoreSpec):
             raise TypeError(f"spec must be a TensorCoreSpec, got {spec!r}")
         self.spec = spec
         self.precision = check_precision(precision, spec)
+        self.mxu_model = check_mxu_model(mxu_model)
         self.emulates_numerics = bool(numerics)
         self.double_buffered = bool(double_buffered)
         self.execute = bool(execute)
@@ -167,39 +189,48 @@ class TensorCore:
         return (f"TensorCore(name={self.name!r}, numerics={self.emulates_numerics}, "
                 f"precision={self.precision!r})")
 
-    def _record(self, name: str, unit: str, flops: float, hbm_bytes: int, cycles: int) -> OpRecord:
+    def _record(self, name: str, unit: str, flops: float, hbm_bytes: int, cycles: int, *,
+                mxu_cycles: int = 0, issue_cycles: int = 0) -> OpRecord:
         compute_seconds = cycles / self.spec.clock_hz
-        memory_seconds = hbm_bytes / self.spec.hbm_bandwidth_bytes_per_s
+        memory_seconds = hbm_bytes / self.spec.achieved_hbm_bandwidth_bytes_per_s
         if compute_seconds >= memory_seconds:
             seconds, bound = compute_seconds, "compute"
         else:
             seconds, bound = memory_seconds, "memory"
         record = OpRecord(
-            name, unit, flops, hbm_bytes, cycles, compute_seconds, memory_seconds, seconds, bound
+            name, unit, flops, hbm_bytes, cycles, compute_seconds, memory_seconds, seconds, bound,
+            mxu_cycles, issue_cycles,
         )
         self.records.append(record)
         return record
 
     # -- MXU -------------------------------------------------------------------
 
-    def mxu_cycles(self, m: int, k: int, n: int, *, batch: int = 1) -> int:
+    def mxu_cycles(self, m: int, k: int, n: int, *, batch: int = 1,
+                   mxu_model: str | None = None) -> int:
         """MXU cycles of `batch` GEMMs (M x K) . (K x N) in this core's precision.
 
         bf16: `mxu_gemm_cycles` over the core's MXUs; fp32: six passes, i.e. six
         times the folds (`numerics.FP32_PASSES`); int8: the bf16 count divided by
-        spec.int8_macs_per_bf16_mac, rounded up. Zero if any dimension is 0.
-        The scalar issue cost is not included.
+        spec.int8_macs_per_bf16_mac, rounded up. In the "pipelined" model the
+        count is then divided by spec.mxu_efficiency (the calibrated sustained
+        rate) and rounded up; "scalesim" is SCALE-Sim's count as is. Zero if
+        any dimension is 0. The scalar issue cost is not included.
 
         Args:
             m, k, n: GEMM dimensions, ints >= 0.
             batch: Independent GEMMs with their own weights, int >= 1.
+            mxu_model: "pipelined" or "scalesim" for this call; None uses the
+                core's `mxu_model`.
 
         Returns:
             Cycles, int.
 
         Raises:
-            ValueError: if a dimension is negative or not an integer.
+            ValueError: if a dimension is negative or not an integer, or
+                mxu_model is unknown.
         """
+        model = self.mxu_model if mxu_model is None else check_mxu_model(mxu_model)
         for label, v in (("m", m), ("k", k), ("n", n)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
                 raise ValueError(f"{label} must be an integer >= 0, got {v!r}")
@@ -207,21 +238,25 @@ class TensorCore:
             return 0
         passes = FP32_PASSES if self.precision == "fp32" else 1
         cycles = mxu_gemm_cycles(int(m), int(k), int(n), self.spec.mxu, self.spec.mxus_per_core,
-                                 batch=batch * passes, double_buffered=self.double_buffered)
+                                 batch=batch * passes, double_buffered=self.double_buffered,
+                                 mxu_model=model)
         if self.precision == "int8":
             cycles = math.ceil(cycles / self.spec.int8_macs_per_bf16_mac)
+        if model == "pipelined":
+            cycles = math.ceil(cycles / self.spec.mxu_efficiency)
         return cycles
 
     def account_matmul(self, m: int, k: int, n: int, *, name: str = "matmul", batch: int = 1,
-                       shared_weights: bool = False) -> OpRecord:
+                       shared_weights: bool = False, mxu_model: str | None = None) -> OpRecord:
         """Records the cost of a matmul without computing it (timing-only runs).
 
         Same cost as `matmul` / `batch_matmul` on inputs of these shapes:
         flops = 2*batch*M*K*N (useful FLOPs; fp32's six passes are in the
         cycles, not the FLOPs); hbm_bytes = operand bytes in (2 per element in
-        bf16, 4 in fp32, 1 in int8; the weights once when shared) + 4 per
-        output element (float32 / int32); cycles = `mxu_cycles` plus the
-        scalar issue cost.
+        bf16, 4 in fp32, 1 in int8; the weights once when shared) + output
+        bytes out (2 per element in bf16 [PALLAS], 4 in fp32 and int8);
+        mxu_cycles = `mxu_cycles`; issue_cycles = the scalar issue cost;
+        cycles = their sum.
 
         Args:
             m, k, n: GEMM dimensions, ints >= 0.
@@ -229,24 +264,28 @@ class TensorCore:
             batch: Number of (M x K) . (K x N) products, int >= 1.
             shared_weights: True if every product uses the same (K x N)
                 weights (they then stay in the array: one GEMM of batch*M rows).
+            mxu_model: MXU cycle count for this call; None uses the core's.
 
         Returns:
             The OpRecord appended to `records`.
 
         Raises:
-            ValueError: if a dimension is negative or batch < 1.
+            ValueError: if a dimension is negative, batch < 1 or mxu_model unknown.
         """
         if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         op_bytes = _OPERAND_BYTES[self.precision]
         weights = k * n if shared_weights else batch * k * n
-        hbm_bytes = op_bytes * (batch * m * k + weights) + 4 * batch * m * n
+        hbm_bytes = op_bytes * (batch * m * k + weights) + _OUTPUT_BYTES[self.precision] * batch * m * n
         if shared_weights:
-            cycles = self.mxu_cycles(batch * m, k, n)
+            cycles = self.mxu_cycles(batch * m, k, n, mxu_model=mxu_model)
         else:
-            cycles = self.mxu_cycles(m, k, n, batch=batch)
-        return self._record(name, "mxu", 2.0 * batch * m * k * n, int(hbm_bytes),
-                            cycles + self._scalar_cycles)
+            cycles = self.mxu_cycles(m, k, n, batch=batch, mxu_model=mxu_model)
+        return self._mxu_record(name, 2.0 * batch * m * k * n, int(hbm_bytes), cycles)
+
+    def _mxu_record(self, name: str, flops: float, hbm_bytes: int, mxu_cycles: int) -> OpRecord:
+        return self._record(name, "mxu", flops, hbm_bytes, mxu_cycles + self._scalar_cycles,
+                            mxu_cycles=mxu_cycles, issue_cycles=self._scalar_cycles)
 
     def mxu_input(self, x: np.ndarray) -> np.ndarray:
         """Returns x as this core's MXU takes it, to round once and reuse.
@@ -284,8 +323,8 @@ class TensorCore:
         rounded to bf16 unless flagged as already rounded, float32
         accumulation; fp32: six bf16 passes; int8: quantised, int32
         accumulation). Records one "mxu" OpRecord (see `account_matmul`): in
-        bf16, flops = 2*M*K*N, hbm_bytes = 2*(M*K + K*N) + 4*M*N, cycles =
-        `mxu_gemm_cycles` over the core's MXUs plus the scalar issue cost.
+        bf16, flops = 2*M*K*N, hbm_bytes = 2*(M*K + K*N) + 2*M*N (bf16 out
+        [PALLAS]), cycles = `mxu_cycles` plus the scalar issue cost.
 
         Args:
             a: (M, K) activations.
@@ -354,7 +393,7 @@ class TensorCore:
         if bsz:
             self.account_matmul(m, k, n, name=name, batch=bsz, shared_weights=shared)
         else:
-            self._record(name, "mxu", 0.0, 0, self._scalar_cycles)
+            self._mxu_record(name, 0.0, 0, 0)
         return out
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, *, stride: int = 1, padding: str = "valid",
@@ -365,7 +404,7 @@ class TensorCore:
         kernel a (KH*KW*C_in, C_out) one (`mxu.conv2d_gemm_shape`); the cycles
         are those of that GEMM. HBM traffic counts x, w and the output once
         (the TPU forms patches on chip; they are not written to HBM): in bf16
-        2 bytes per input element, 4 per output element.
+        2 bytes per input and per output element [PALLAS].
 
         Args:
             x: (B, H, W, C_in) input.
@@ -410,9 +449,9 @@ class TensorCore:
         out = self._product(cols, w.reshape(kh * kw * c, f), False, False)
         m, k, n = bsz * ho * wo, kh * kw * c, f
         op_bytes = _OPERAND_BYTES[self.precision]
-        hbm_bytes = op_bytes * (x_elements + w.size) + 4 * m * n
+        hbm_bytes = op_bytes * (x_elements + w.size) + _OUTPUT_BYTES[self.precision] * m * n
         cycles = self.mxu_cycles(m, k, n) if m else 0
-        self._record(name, "mxu", 2.0 * m * k * n, int(hbm_bytes), cycles + self._scalar_cycles)
+        self._mxu_record(name, 2.0 * m * k * n, int(hbm_bytes), cycles)
         return out.reshape(bsz, ho, wo, f)
 
     # -- VPU -------------------------------------------------------------------
@@ -452,7 +491,7 @@ class TensorCore:
         cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
         self._record(
             name, "vpu", float(elements) * ops_per_element, hbm_bytes,
-            cycles + self._scalar_cycles,
+            cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles,
         )
         return result
 
@@ -479,12 +518,13 @@ class TensorCore:
             raise ValueError(f"hbm_bytes must be an integer >= 0, got {hbm_bytes!r}")
         cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
         return self._record(name, "vpu", float(elements) * ops_per_element, int(hbm_bytes),
-                            cycles + self._scalar_cycles)
+                            cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles)
 
     def account(self, name: str, unit: str, flops: float, hbm_bytes: int, cycles: int) -> OpRecord:
         """Records work done outside the other methods (e.g. data movement).
 
-        The figures are recorded as given (no scalar issue cost is added).
+        The figures are recorded as given (no scalar issue cost is added;
+        for unit "mxu", mxu_cycles = cycles).
 
         Args:
             name: Op name for the record.
@@ -507,7 +547,8 @@ class TensorCore:
             raise ValueError(f"hbm_bytes must be >= 0, got {hbm_bytes!r}")
         if not cycles >= 0:
             raise ValueError(f"cycles must be >= 0, got {cycles!r}")
-        return self._record(name, unit, flops, int(hbm_bytes), int(cycles))
+        mxu_cycles = int(cycles) if unit == "mxu" else 0
+        return self._record(name, unit, flops, int(hbm_bytes), int(cycles), mxu_cycles=mxu_cycles)
 
     def take_records(self) -> list[OpRecord]:
         """Returns the records since the last call and clears them.

@@ -4,10 +4,18 @@ One function, `mxu_gemm_cycles`, costs every MXU op: a plain GEMM, a batched
 matmul (`batch`) and a convolution lowered to a GEMM by im2col
 (`conv2d_gemm_shape`). The functional products live in `chip.numerics`.
 
-The default count agrees cycle for cycle with SCALE-Sim 3.0.0's
-weight-stationary ("ws") dataflow (PyPI `scalesim`, a public cycle-level
-systolic-array simulator); `benchmarks/scalesim_crosscheck.py` runs both on
-18 shapes and VALIDATION.md holds the table.
+Two counts, chosen by name (`MXU_MODELS`):
+
+- "pipelined" (the default): the MXU as the TPU runs it. Weights are
+  double-buffered and fold follows fold without a gap: the op pays "an
+  initial pipeline bubble ... After that initial bubble, new inputs and
+  weights can be loaded in without an additional bubble" [SB-tpus]. Large
+  GEMMs then run at the array's peak, as measured ones nearly do [PALLAS].
+- "scalesim": SCALE-Sim 3.0.0's weight-stationary ("ws") dataflow (PyPI
+  `scalesim`, a public cycle-level systolic-array simulator), which pays the
+  weight load and the fill/drain on every fold. It agrees with SCALE-Sim
+  cycle for cycle; `benchmarks/scalesim_crosscheck.py` runs both on 18 shapes
+  and VALIDATION.md holds the table.
 """
 
 from __future__ import annotations
@@ -15,6 +23,27 @@ from __future__ import annotations
 import numbers
 
 from chip.spec import MXUSpec
+
+MXU_MODELS = ("pipelined", "scalesim")
+"""Names of the MXU cycle counts (see the module docstring); the first is the default."""
+
+
+def check_mxu_model(mxu_model: str) -> str:
+    """Checks an MXU cycle-count name.
+
+    Args:
+        mxu_model: One of `MXU_MODELS`.
+
+    Returns:
+        The name.
+
+    Raises:
+        ValueError: for any other value; the message lists the choices.
+    """
+    if mxu_model not in MXU_MODELS:
+        raise ValueError(f"unknown mxu_model {mxu_model!r}; choose one of "
+                         f"{', '.join(repr(m) for m in MXU_MODELS)}")
+    return mxu_model
 
 
 def _positive_int(name: str, value) -> int:
@@ -51,39 +80,55 @@ def mxu_gemm_cycles(
     *,
     batch: int = 1,
     double_buffered: bool = False,
+    mxu_model: str = "pipelined",
 ) -> int:
     """Cycles to compute (M x K) . (K x N) on weight-stationary R x C systolic arrays.
 
     The weights (K x N) are cut into ceil(K / R) * ceil(N / C) folds, one R x C
-    tile each (a partial tile pays for the whole array). Per fold the array:
-
-    1. loads the weight tile: R cycles (one row of weights per cycle);
-    2. streams the M activation rows in, skewed by one cycle per array row,
-       and drains the partial sums out through the columns: the last of the M
-       rows enters at cycle M - 1, takes R - 1 cycles to reach the bottom row
-       and C - 1 more to reach the last column: M + R + C - 2 cycles.
-
-    So one fold takes 2R + C + M - 2 cycles. Folds accumulate over K in place
-    (no extra cycles). The `mxus` arrays of a TensorCore work in parallel on
-    different folds; a batched matmul with per-example weights brings
-    `batch` times as many folds:
+    tile each (a partial tile pays for the whole array). The `mxus` arrays of
+    a TensorCore work in parallel on different folds; a batched matmul with
+    per-example weights brings `batch` times as many folds. Folds accumulate
+    over K in place (no extra cycles). Each array runs
 
         rounds = ceil(batch * folds / mxus)
-        cycles = rounds * (2R + C + M - 2) - 1                  (default)
-        cycles = R + rounds * (R + C + M - 2) - 1               (double_buffered)
+
+    folds one after another. One fold alone takes R cycles to load its
+    weights (one row per cycle), then streams the M activation rows in,
+    skewed by one cycle per array row; the last row enters at cycle M - 1,
+    takes R - 1 cycles to reach the bottom row and C - 1 more to reach the
+    last column: the fold's "bubble" is the load plus that fill and drain,
+
+        one_fold = 2R + C + M - 2  cycles.
+
+    mxu_model "pipelined" (default; the TPU [SB-tpus]): the next fold's
+    weights shift in while the current fold streams (double-buffered), and
+    its rows follow the current fold's last row at once, so the bubble is
+    paid once per op. A weight load still takes R cycles, so a fold can
+    start no sooner than R cycles after the previous one (at M < R the
+    array waits for weights; an assumption, the rate of the hardware's
+    weight path is not published):
+
+        cycles = (rounds - 1) * max(M, R) + one_fold - 1
+               = rounds * M + 2R + C - 2 - 1          when M >= R
+
+    mxu_model "scalesim": every fold pays its own load, fill and drain
+    (SCALE-Sim 3.0.0 "ws"):
+
+        cycles = rounds * one_fold - 1
+        cycles = R + rounds * (R + C + M - 2) - 1     (double_buffered)
+
+    double_buffered (scalesim only) hides every weight load but the first
+    and keeps the per-fold fill and drain; "pipelined" already double-buffers
+    the weights, so there it changes nothing.
 
     The final - 1 is SCALE-Sim's convention: its total is the cycle in which
     the last output is written, counted from 0, i.e. one less than the number
-    of cycles the pipeline is busy. With it, the default agrees with SCALE-Sim
+    of cycles the pipeline is busy. With it, "scalesim" agrees with SCALE-Sim
     3.0.0 "ws" (bandwidth mode CALC, no stalls) cycle for cycle on every case
-    of `benchmarks/scalesim_crosscheck.py` (VALIDATION.md). The seed's
-    unskewed count for an n x n product on an n x n array is 3n - 2 (stream
-    and drain); SCALE-Sim's is n (weight load) + 3n - 3.
-
-    double_buffered models the TPU's second weight buffer: the next fold's
-    weights shift in while the current fold streams (R <= M + R + C - 2
-    always, so the load is fully hidden), leaving only the first fold's load
-    exposed. Drain and the next fold's stream are still not overlapped.
+    of `benchmarks/scalesim_crosscheck.py` (VALIDATION.md), and both models
+    agree on one fold. The seed's unskewed count for an n x n product on an
+    n x n array is 3n - 2 (stream and drain); SCALE-Sim's is n (weight
+    load) + 3n - 3.
 
     Args:
         m: Rows of the activations (M), positive int. For a batched matmul
@@ -95,22 +140,30 @@ def mxu_gemm_cycles(
         mxus: Arrays working in parallel (MXUs per TensorCore), positive int.
         batch: Independent GEMMs of this shape, each with its own weights
             (batched matmul), positive int.
-        double_buffered: Hide every weight load but the first (see above).
+        double_buffered: "scalesim" only: hide every weight load but the first.
+        mxu_model: "pipelined" (default) or "scalesim" (`MXU_MODELS`).
 
     Returns:
-        Total cycles, int.
+        Total cycles, int. These are ideal pipeline cycles: the calibrated
+        sustained efficiency (`TensorCoreSpec.mxu_efficiency`) is applied by
+        `TensorCore`, not here.
 
     Raises:
-        ValueError: if m, k, n, mxus or batch is not a positive integer.
+        ValueError: if m, k, n, mxus or batch is not a positive integer, or
+            mxu_model is unknown.
     """
     m = _positive_int("m", m)
     mxus = _positive_int("mxus", mxus)
     batch = _positive_int("batch", batch)
+    check_mxu_model(mxu_model)
     r, c = mxu.rows, mxu.cols
     rounds = -(-(batch * mxu_folds(k, n, mxu)) // mxus)
+    one_fold = 2 * r + c + m - 2
+    if mxu_model == "pipelined":
+        return (rounds - 1) * max(m, r) + one_fold - 1
     if double_buffered:
         return r + rounds * (r + c + m - 2) - 1
-    return rounds * (2 * r + c + m - 2) - 1
+    return rounds * one_fold - 1
 
 
 def conv2d_gemm_shape(

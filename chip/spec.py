@@ -1,15 +1,22 @@
 """Chip specifications: frozen dataclasses and the public presets.
 
-Figures come from `shared/reference/tpu-specs.md`; the comment beside every
+Figures come from public sources; the comment beside every
 number gives its source key:
 
 - [GC-v3], [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e]: Google Cloud TPU system
   architecture pages.
-- [SB]: "How to Scale Your Model" (Google DeepMind scaling book).
+- [SB]: "How to Scale Your Model" (Google DeepMind scaling book); [SB-tpus],
+  [SB-roof] name its chapters "How to Think About TPUs" and "Rooflines".
+- [PALLAS]: JAX docs, Pallas TPU matmul guide, "XLA matmul" timings on one v5e.
+- [RECIPES]: AI-Hypercomputer/tpu-recipes microbenchmarks (v6e-1, device time).
+- [JS168]: AI-Hypercomputer/jetstream-pytorch pull request 168 (v5e, host time).
 - [JAX]: jax/_src/pallas/mosaic/tpu_info.py.
 - [SEED]: the project's seed documents (TPU v2 lecture and tutorials).
 - der.: derived here from the other numbers.
 - assumption: not published; chosen by us and documented as such.
+- fit: fitted to published measurements by `chip.calibration` (rows C1-C5,
+  cited by id); `python -m chip.calibration` re-runs the fit and prints it,
+  and tests/chip/test_calibration.py fails if a constant here drifts from it.
 
 Derived figures (peak FLOP/s, ...) are properties, never stored. The one stored
 peak, `ChipSpec.published_peak_bf16_flops_per_s`, is Google's published number,
@@ -38,6 +45,27 @@ _SCALAR_ISSUE_CYCLES = 8
 # - An int8 MXU pass does (published int8 peak / published bf16 peak) times the
 #   MACs of a bf16 pass; 0 means the MXU has no int8 mode. The ratio is der.
 #   from the published peaks; how the hardware achieves it is not published.
+# - Each (lane, sublane) of the VPU holds 2 floating-point ALUs: "2048
+#   floating point adders" per v4 TensorCore = 2 x 8 x 128 [SB-tpus]; with it
+#   a v5p chip does 2 cores x 2048 x 1.75e9 = 7.2e12 FLOP/s, "roughly 7e12
+#   FLOPs / second" [SB-roof].
+_VPU_ALUS_PER_LANE = 2
+# Calibrated (fit) constants; `chip.calibration` holds the rows and the fit.
+# - Sustained MXU efficiency: the fraction of the ideal pipelined MXU rate a
+#   long GEMM achieves. Fit: least squares in relative error of
+#   (predicted device time + 100 us host dispatch) against the host-timed
+#   v5e rows C1 (8192^3, 6.047 ms [PALLAS]), C2 (4096^3, 0.827 ms [PALLAS])
+#   and C4 (32768^3, 438.17 ms [JS168]); C3 (1024^3) is dispatch-dominated
+#   and left out. Measured utilisation falls with size (about 96%, 94%, 82%
+#   on C2, C1, C4 once dispatch is removed; cause unpublished), which one
+#   constant cannot follow: the fit leaves C1 +3.7%, C2 +5.4%, C4 -9.8%.
+#   Only v5e has rows; every other generation carries the v5e value over.
+_MXU_EFFICIENCY_V5E = 0.9060  # fit [PALLAS][JS168], rows C1, C2, C4
+# - Achieved HBM bandwidth: fraction of the spec bandwidth a streaming copy
+#   reaches. Fit: the one row C5, `a.copy()` of 32 MiB on v6e in 49.36 us
+#   device time (64 MiB moved: 1359.6 GB/s of 1638 spec) [RECIPES]; with one
+#   row the fit is that ratio. Carried over to every other generation.
+_HBM_EFFICIENCY_V6E = 0.8300  # fit [RECIPES], row C5
 
 
 def _check_int(owner: str, field: str, value, minimum: int) -> None:
@@ -90,13 +118,21 @@ class TensorCoreSpec:
         hbm_bandwidth_bytes_per_s: This core's share of the chip's HBM bandwidth, bytes/s.
         vmem_bytes: On-chip vector memory of this core, bytes.
         vpu_lanes: VPU lanes (128 on every generation so far).
-        vpu_sublanes: VPU sublanes (8); the VPU does lanes * sublanes element-ops per cycle.
+        vpu_sublanes: VPU sublanes (8).
+        vpu_alus_per_lane: Floating-point ALUs per (lane, sublane) (2 [SB-tpus]);
+            the VPU does lanes * sublanes * ALUs element-ops per cycle.
         transcendental_cycles_per_element_op: Cost of a transcendental element-op
             relative to an add/multiply (which costs 1) (assumption).
         scalar_issue_cycles: Cycles the scalar unit spends issuing each op (assumption).
         int8_macs_per_bf16_mac: int8 MXU throughput relative to bf16 (der.:
             published int8 peak / bf16 peak); 0.0 for an MXU without int8
             (TPU v2, v3).
+        mxu_efficiency: Sustained fraction of the ideal pipelined MXU rate,
+            0 < x <= 1 (fit, see `chip.calibration`); MXU cycles of the
+            "pipelined" model are divided by it. 1.0 = the ideal pipeline.
+        hbm_efficiency: Achieved fraction of `hbm_bandwidth_bytes_per_s`,
+            0 < x <= 1 (fit, see `chip.calibration`); HBM time is
+            bytes / (hbm_bandwidth_bytes_per_s * hbm_efficiency).
 
     Raises:
         ChipSpecError: (a ValueError) quoting the first invalid field.
@@ -110,9 +146,12 @@ class TensorCoreSpec:
     vmem_bytes: int
     vpu_lanes: int = 128
     vpu_sublanes: int = 8
+    vpu_alus_per_lane: int = _VPU_ALUS_PER_LANE
     transcendental_cycles_per_element_op: float = _TRANSCENDENTAL_CYCLES
     scalar_issue_cycles: int = _SCALAR_ISSUE_CYCLES
     int8_macs_per_bf16_mac: float = 0.0
+    mxu_efficiency: float = 1.0
+    hbm_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mxu, MXUSpec):
@@ -124,6 +163,7 @@ class TensorCoreSpec:
         _check_int("TensorCoreSpec", "vmem_bytes", self.vmem_bytes, 0)
         _check_int("TensorCoreSpec", "vpu_lanes", self.vpu_lanes, 1)
         _check_int("TensorCoreSpec", "vpu_sublanes", self.vpu_sublanes, 1)
+        _check_int("TensorCoreSpec", "vpu_alus_per_lane", self.vpu_alus_per_lane, 1)
         _check_positive(
             "TensorCoreSpec", "transcendental_cycles_per_element_op",
             self.transcendental_cycles_per_element_op,
@@ -131,6 +171,12 @@ class TensorCoreSpec:
         _check_int("TensorCoreSpec", "scalar_issue_cycles", self.scalar_issue_cycles, 0)
         _check_positive("TensorCoreSpec", "int8_macs_per_bf16_mac", self.int8_macs_per_bf16_mac,
                         allow_zero=True)
+        for field in ("mxu_efficiency", "hbm_efficiency"):
+            value = getattr(self, field)
+            _check_positive("TensorCoreSpec", field, value)
+            if value > 1:
+                raise ChipSpecError(f"TensorCoreSpec.{field} must be a fraction in (0, 1], "
+                                    f"got {value!r}")
 
     @property
     def peak_bf16_flops_per_s(self) -> float:
@@ -144,13 +190,18 @@ class TensorCoreSpec:
 
     @property
     def vpu_elements_per_cycle(self) -> int:
-        """Element-ops the VPU completes per cycle (lanes * sublanes)."""
-        return self.vpu_lanes * self.vpu_sublanes
+        """Element-ops the VPU completes per cycle (lanes * sublanes * ALUs per lane)."""
+        return self.vpu_lanes * self.vpu_sublanes * self.vpu_alus_per_lane
 
     @property
     def peak_vpu_flops_per_s(self) -> float:
-        """Peak VPU FLOP/s of this core (one op per element per lane per cycle)."""
+        """Peak VPU FLOP/s of this core (one op per ALU per cycle)."""
         return self.vpu_elements_per_cycle * self.clock_hz
+
+    @property
+    def achieved_hbm_bandwidth_bytes_per_s(self) -> float:
+        """HBM bandwidth the cost model uses, bytes/s: spec bandwidth * hbm_efficiency."""
+        return self.hbm_bandwidth_bytes_per_s * self.hbm_efficiency
 
 
 @dataclass(frozen=True)
@@ -177,6 +228,11 @@ class ChipSpec:
             custom chip.
         slice_counts_tensorcores: True if slice names count TensorCores
             ("v2-8" = 4 chips), False if they count chips ("v5e-8" = 8 chips).
+        megacore: True if the chip's TensorCores act as one "megacore" (v4,
+            v5p [GC-v4][SB]): the compiler splits each op over both cores,
+            so there is no separate core-to-core reduce of their results.
+            The chip model only exposes the flag; callers that reduce over
+            the cores of a chip should skip that step when it is True.
 
     Raises:
         ChipSpecError: (a ValueError) quoting the first invalid field, or if the
@@ -197,6 +253,7 @@ class ChipSpec:
     host_to_chip_bytes_per_s: float
     published_peak_bf16_flops_per_s: float | None
     slice_counts_tensorcores: bool
+    megacore: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -234,6 +291,13 @@ class ChipSpec:
             raise ChipSpecError(
                 f"ChipSpec.slice_counts_tensorcores must be a bool, got {self.slice_counts_tensorcores!r}"
             )
+        if not isinstance(self.megacore, bool):
+            raise ChipSpecError(f"ChipSpec.megacore must be a bool, got {self.megacore!r}")
+        if self.megacore and self.tensorcores < 2:
+            raise ChipSpecError(
+                f"ChipSpec {self.name!r}: megacore needs at least 2 TensorCores, "
+                f"got tensorcores={self.tensorcores!r}"
+            )
         # The core's HBM is its share of the chip's: one figure, not two.
         if self.core.hbm_bytes != self.hbm_bytes // self.tensorcores:
             raise ChipSpecError(
@@ -252,6 +316,11 @@ class ChipSpec:
     def peak_bf16_flops_per_s(self) -> float:
         """Derived peak bf16 FLOP/s of the chip: tensorcores * core.peak_bf16_flops_per_s."""
         return self.tensorcores * self.core.peak_bf16_flops_per_s
+
+    @property
+    def peak_vpu_flops_per_s(self) -> float:
+        """Peak VPU FLOP/s of the chip: tensorcores * core.peak_vpu_flops_per_s."""
+        return self.tensorcores * self.core.peak_vpu_flops_per_s
 
     @property
     def mxus(self) -> int:
@@ -343,6 +412,9 @@ V2 = ChipSpec.from_chip_figures(
     host_to_chip_bytes_per_s=1.6e10,  # [SB]
     published_peak_bf16_flops_per_s=45e12,  # [SEED: 180e12 per 4-chip board]
     slice_counts_tensorcores=True,  # "v2-8" = 8 cores = 4 chips [SEED]
+    megacore=False,  # two separate cores, not megacore (compute table)
+    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
 )
 
 V3 = ChipSpec.from_chip_figures(
@@ -363,6 +435,9 @@ V3 = ChipSpec.from_chip_figures(
     host_to_chip_bytes_per_s=1.6e10,  # [SB]
     published_peak_bf16_flops_per_s=123e12,  # [GC-v3]
     slice_counts_tensorcores=True,  # "v3-8" = 4 chips [GC-v3]
+    megacore=False,  # two separate cores, not megacore (compute table)
+    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
 )
 
 V4 = ChipSpec.from_chip_figures(
@@ -384,6 +459,9 @@ V4 = ChipSpec.from_chip_figures(
     host_to_chip_bytes_per_s=1.6e10,  # [SB]
     published_peak_bf16_flops_per_s=275e12,  # [GC-v4]
     slice_counts_tensorcores=True,  # "v4-8" = 4 chips [GC-v4]
+    megacore=True,  # the two TensorCores act as one [GC-v4][SB]
+    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
 )
 
 V5E = ChipSpec.from_chip_figures(
@@ -405,6 +483,9 @@ V5E = ChipSpec.from_chip_figures(
     host_to_chip_bytes_per_s=1.6e10,  # [SB]
     published_peak_bf16_flops_per_s=197e12,  # [GC-v5e]
     slice_counts_tensorcores=False,  # "v5e-8" = 8 chips [GC-v5e]
+    megacore=False,  # one TensorCore (compute table)
+    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # fit on v5e rows C1, C2, C4
+    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
 )
 
 V5P = ChipSpec.from_chip_figures(
@@ -426,6 +507,9 @@ V5P = ChipSpec.from_chip_figures(
     host_to_chip_bytes_per_s=1.6e10,  # [SB]
     published_peak_bf16_flops_per_s=459e12,  # [GC-v5p]
     slice_counts_tensorcores=True,  # "v5p-8" = 4 chips [GC-v5p]
+    megacore=True,  # the two TensorCores act as one [GC-v4][SB]
+    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
 )
 
 V6E = ChipSpec.from_chip_figures(
@@ -447,6 +531,9 @@ V6E = ChipSpec.from_chip_figures(
     host_to_chip_bytes_per_s=3.2e10,  # [SB]
     published_peak_bf16_flops_per_s=918e12,  # [GC-v6e]
     slice_counts_tensorcores=False,  # "v6e-8" = 8 chips [GC-v6e]
+    megacore=False,  # one TensorCore (compute table)
+    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # fit on v6e row C5
 )
 
 PRESETS: dict[str, ChipSpec] = {s.name: s for s in (V2, V3, V4, V5E, V5P, V6E)}

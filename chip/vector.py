@@ -1,7 +1,9 @@
 """The VPU: cost of elementwise and reduction work.
 
-The VPU of a TensorCore is a (sublanes x lanes) = (8 x 128) grid of ALUs: it
-completes lanes * sublanes element-ops per cycle [SB, JAX]. Transcendental
+The VPU of a TensorCore is a (sublanes x lanes) = (8 x 128) grid [SB, JAX]
+with 2 floating-point ALUs in each cell ("2048 floating point adders" per
+v4 TensorCore [SB-tpus]): it completes lanes * sublanes * 2 element-ops per
+cycle (a v5p chip: about 7e12 FLOP/s [SB-roof]). Transcendental
 ops (exp, log, tanh, ...) cost `transcendental_cycles_per_element_op` times
 as much (an assumption; see chip/spec.py).
 """
@@ -19,7 +21,7 @@ def vpu_cycles(
 ) -> int:
     """Cycles for the VPU to apply `ops_per_element` ops to `elements` elements.
 
-    cycles = ceil(elements * ops_per_element / (lanes * sublanes)), multiplied by
+    cycles = ceil(elements * ops_per_element / (lanes * sublanes * ALUs per lane)), times
     spec.transcendental_cycles_per_element_op (rounded up) when transcendental.
 
     Args:
@@ -27,7 +29,7 @@ def vpu_cycles(
         ops_per_element: Element-ops per element (e.g. 2 for a fused multiply-add
             counted as two ops), >= 0.
         transcendental: True for exp / log / tanh / ... work.
-        spec: The TensorCore (lanes, sublanes, transcendental factor).
+        spec: The TensorCore (lanes, sublanes, ALUs, transcendental factor).
 
     Returns:
         Cycles, int >= 0.

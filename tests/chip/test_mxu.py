@@ -1,4 +1,9 @@
-"""Tests of chip.mxu_gemm_cycles: hand-worked cases, SCALE-Sim's own numbers, invariants."""
+"""Tests of chip.mxu_gemm_cycles: hand-worked cases, SCALE-Sim's own numbers, invariants.
+
+Both counts are tested: "scalesim" against SCALE-Sim's own numbers and the
+per-fold closed form, "pipelined" (the default, the TPU's) against its
+closed form (one bubble per op) and the array's peak rate.
+"""
 
 import math
 
@@ -6,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chip import MXUSpec, conv2d_gemm_shape, mxu_folds, mxu_gemm_cycles
+from chip import MXU_MODELS, MXUSpec, conv2d_gemm_shape, mxu_folds, mxu_gemm_cycles
+
+SS = "scalesim"
 
 
 def last_mac_cycle(m, rows, cols):
@@ -29,24 +36,26 @@ def test_two_by_two_one_fold():
     # Hand-worked: weights in at t=0,1; rows enter at t=2,3, skewed one cycle
     # per array row; the last MAC (row 1, array cell (1, 1)) fires at t=3+1+1=5.
     # SCALE-Sim 3.0.0 "ws" reports 5 (VALIDATION.md).
+    assert mxu_gemm_cycles(2, 2, 2, MXUSpec(2, 2), mxu_model=SS) == 5
+    # One fold has one bubble either way: the pipelined count agrees.
     assert mxu_gemm_cycles(2, 2, 2, MXUSpec(2, 2)) == 5
 
 
 def test_two_folds_over_k_and_over_n():
     mxu = MXUSpec(2, 2)
     # Two folds, back to back: 2 x 6 cycles, the last one not counted (SCALE-Sim: 11, 11, 23).
-    assert mxu_gemm_cycles(2, 4, 2, mxu) == 11
-    assert mxu_gemm_cycles(2, 2, 4, mxu) == 11
-    assert mxu_gemm_cycles(2, 4, 4, mxu) == 23
+    assert mxu_gemm_cycles(2, 4, 2, mxu, mxu_model=SS) == 11
+    assert mxu_gemm_cycles(2, 2, 4, mxu, mxu_model=SS) == 11
+    assert mxu_gemm_cycles(2, 4, 4, mxu, mxu_model=SS) == 23
     # Two MXUs take one fold each; three folds on two MXUs take two rounds.
-    assert mxu_gemm_cycles(2, 4, 2, mxu, mxus=2) == 5
-    assert mxu_gemm_cycles(2, 6, 2, mxu, mxus=2) == 11
+    assert mxu_gemm_cycles(2, 4, 2, mxu, mxus=2, mxu_model=SS) == 5
+    assert mxu_gemm_cycles(2, 6, 2, mxu, mxus=2, mxu_model=SS) == 11
 
 
 def test_m_smaller_than_array():
     # M=1 on a 4x4 array: 4 load, then the row crosses 4 rows and 4 columns:
     # last MAC at 4 + 0 + 3 + 3 = 10 (SCALE-Sim: 10).
-    assert mxu_gemm_cycles(1, 4, 4, MXUSpec(4, 4)) == 10
+    assert mxu_gemm_cycles(1, 4, 4, MXUSpec(4, 4), mxu_model=SS) == 10
 
 
 # Copied from the SCALE-Sim 3.0.0 run of benchmarks/scalesim_crosscheck.py
@@ -76,58 +85,120 @@ SCALESIM_WS_CYCLES = [
 
 @pytest.mark.parametrize("m, k, n, rows, cols, scalesim", SCALESIM_WS_CYCLES)
 def test_agrees_with_scalesim_cycle_for_cycle(m, k, n, rows, cols, scalesim):
-    assert mxu_gemm_cycles(m, k, n, MXUSpec(rows, cols)) == scalesim
+    assert mxu_gemm_cycles(m, k, n, MXUSpec(rows, cols), mxu_model=SS) == scalesim
 
 
 def test_partial_fold_pays_for_whole_array():
     mxu = MXUSpec(128, 128)
     # 129 x 1 weights -> 2 folds of a full 128x128 tile each.
-    assert mxu_gemm_cycles(8, 129, 1, mxu) == 2 * (2 * 128 + 128 + 8 - 2) - 1
+    assert mxu_gemm_cycles(8, 129, 1, mxu, mxu_model=SS) == 2 * (2 * 128 + 128 + 8 - 2) - 1
+    # Pipelined: M = 8 < R, so the second fold waits R cycles for its weights.
+    assert mxu_gemm_cycles(8, 129, 1, mxu) == 128 + (2 * 128 + 128 + 8 - 2) - 1
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 128])
 def test_square_is_load_plus_seed_3n_minus_2_less_one(n):
     # The seed's unskewed stream + drain of an n x n product: 3n - 2 cycles;
     # plus n weight-load cycles; SCALE-Sim counts to the last MAC's cycle (-1).
-    assert mxu_gemm_cycles(n, n, n, MXUSpec(n, n)) == n + (3 * n - 2) - 1
+    for model in MXU_MODELS:  # one fold: the models agree
+        assert mxu_gemm_cycles(n, n, n, MXUSpec(n, n), mxu_model=model) == n + (3 * n - 2) - 1
 
 
 @pytest.mark.parametrize("m, rows, cols", [(1, 1, 1), (2, 2, 2), (5, 3, 4), (2, 6, 3), (9, 4, 4)])
 def test_one_fold_matches_cell_by_cell_count(m, rows, cols):
-    assert mxu_gemm_cycles(m, rows, cols, MXUSpec(rows, cols)) == last_mac_cycle(m, rows, cols)
+    for model in MXU_MODELS:
+        assert mxu_gemm_cycles(m, rows, cols, MXUSpec(rows, cols), mxu_model=model) == \
+            last_mac_cycle(m, rows, cols)
 
 
-def test_double_buffered_hides_all_loads_but_the_first():
+def test_scalesim_double_buffered_hides_all_loads_but_the_first():
     mxu = MXUSpec(2, 2)
     # One fold: nothing to overlap, same as default.
-    assert mxu_gemm_cycles(2, 2, 2, mxu, double_buffered=True) == 5
+    assert mxu_gemm_cycles(2, 2, 2, mxu, double_buffered=True, mxu_model=SS) == 5
     # Hand-worked, 4 folds (K=4, N=4), M=2: first load 2 cycles, then 4 x
     # (M + R + C - 2 = 4) stream-and-drain cycles, the last not counted: 2 + 16 - 1.
-    assert mxu_gemm_cycles(2, 4, 4, mxu, double_buffered=True) == 17
+    assert mxu_gemm_cycles(2, 4, 4, mxu, double_buffered=True, mxu_model=SS) == 17
     # Saves (folds - 1) * R against the default (23).
-    assert mxu_gemm_cycles(2, 4, 4, mxu) - 17 == 3 * 2
+    assert mxu_gemm_cycles(2, 4, 4, mxu, mxu_model=SS) - 17 == 3 * 2
     big = MXUSpec(128, 128)
-    plain = mxu_gemm_cycles(4096, 4096, 4096, big)
-    buffered = mxu_gemm_cycles(4096, 4096, 4096, big, double_buffered=True)
+    plain = mxu_gemm_cycles(4096, 4096, 4096, big, mxu_model=SS)
+    buffered = mxu_gemm_cycles(4096, 4096, 4096, big, double_buffered=True, mxu_model=SS)
     assert plain - buffered == (32 * 32 - 1) * 128
+    # The pipelined model double-buffers already: the flag changes nothing.
+    assert mxu_gemm_cycles(4096, 4096, 4096, big, double_buffered=True) == \
+        mxu_gemm_cycles(4096, 4096, 4096, big)
+
+
+def test_pipelined_is_the_default_with_one_bubble_per_op():
+    mxu = MXUSpec(128, 128)
+    m, k, n = 4096, 4096, 4096
+    assert mxu_gemm_cycles(m, k, n, mxu) == mxu_gemm_cycles(m, k, n, mxu, mxu_model="pipelined")
+    # Closed form [SB-tpus]: folds x M streaming, plus ONE bubble (weight load R,
+    # skew R - 1, drain C - 1, busy-cycle count - 1): 1024 folds x 4096 + 2R + C - 3.
+    assert mxu_gemm_cycles(m, k, n, mxu) == 1024 * 4096 + 2 * 128 + 128 - 3
+    # The per-fold model pays that bubble 1024 times: the difference is 1023 bubbles.
+    assert mxu_gemm_cycles(m, k, n, mxu, mxu_model=SS) - mxu_gemm_cycles(m, k, n, mxu) == \
+        1023 * (2 * 128 + 128 - 2)
+
+
+def test_pipelined_hand_worked_two_by_two():
+    mxu = MXUSpec(2, 2)
+    # 4 folds of M = 2 rows, M >= R: load 2, then 4 x 2 rows stream back to back;
+    # the last row enters at cycle 2 + 8 - 1 = 9 and its last MAC fires
+    # R - 1 + C - 1 = 2 cycles later, at cycle 11 (the count is that cycle).
+    assert mxu_gemm_cycles(2, 4, 4, mxu) == 11
+    # M = 1 < R = 2: each fold waits 2 cycles for its weights: 3 x 2 + one fold (4).
+    assert mxu_gemm_cycles(1, 4, 4, mxu) == 3 * 2 + (2 * 2 + 2 + 1 - 2) - 1
+
+
+@pytest.mark.parametrize("m", [32, 128, 1024, 8192])
+def test_pipelined_reaches_the_roofline_at_large_m(m):
+    mxu = MXUSpec(128, 128)
+    k = n = 8192
+    cycles = mxu_gemm_cycles(m, k, n, mxu, mxus=4)
+    ideal = m * k * n / (4 * 128 * 128)  # every MAC of 4 MXUs busy every cycle
+    bubble = 2 * 128 + 128 - 3
+    if m >= 128:
+        # Exactly the roofline plus one bubble.
+        assert cycles == ideal + bubble
+    else:
+        # Below R rows the weight load (R cycles per fold) is the limit.
+        assert cycles == (ideal / m) * 128 - 128 + (2 * 128 + 128 + m - 2) - 1
+    if m == 8192:
+        assert ideal / cycles > 0.9999
+    # The per-fold count is far slower at small M: at M = 32, 414 / 32 per fold.
+    if m == 32:
+        assert mxu_gemm_cycles(m, k, n, mxu, mxus=4, mxu_model=SS) / ideal == \
+            pytest.approx((2 * 128 + 128 + 32 - 2) / 32, rel=1e-3)
+
+
+def test_unknown_mxu_model_lists_the_choices():
+    with pytest.raises(ValueError, match="'pipelined', 'scalesim'"):
+        mxu_gemm_cycles(4, 4, 4, MXUSpec(4, 4), mxu_model="ws")
 
 
 def test_four_mxus_take_a_quarter_on_large_gemm():
     mxu = MXUSpec(128, 128)
-    one = mxu_gemm_cycles(4096, 4096, 4096, mxu, mxus=1)
-    four = mxu_gemm_cycles(4096, 4096, 4096, mxu, mxus=4)
-    assert four / one == pytest.approx(0.25, rel=0.01)
+    for model in MXU_MODELS:
+        one = mxu_gemm_cycles(4096, 4096, 4096, mxu, mxus=1, mxu_model=model)
+        four = mxu_gemm_cycles(4096, 4096, 4096, mxu, mxus=4, mxu_model=model)
+        assert four / one == pytest.approx(0.25, rel=0.01)
+        # And a large GEMM runs the array near its peak (streaming dominates loading).
+        assert 4096**3 / (one * 128 * 128) > 0.9
     # 1024 folds on 4 MXUs: 256 rounds of one fold's cycles (closed form).
-    assert four == 256 * (2 * 128 + 128 + 4096 - 2) - 1
-    # And a large GEMM runs the array near its peak (streaming dominates loading).
-    assert 4096**3 / (one * 128 * 128) > 0.9
+    assert mxu_gemm_cycles(4096, 4096, 4096, mxu, mxus=4, mxu_model=SS) == \
+        256 * (2 * 128 + 128 + 4096 - 2) - 1
+    assert mxu_gemm_cycles(4096, 4096, 4096, mxu, mxus=4) == 256 * 4096 + 2 * 128 + 128 - 3
 
 
 def test_batched_matmul_multiplies_the_folds():
     mxu = MXUSpec(128, 128)
     # 8 GEMMs with their own weights = 8 times the folds, spread over the MXUs.
-    assert mxu_gemm_cycles(64, 256, 256, mxu, batch=8) == 32 * (2 * 128 + 128 + 64 - 2) - 1
-    assert mxu_gemm_cycles(64, 256, 256, mxu, mxus=4, batch=8) == 8 * (2 * 128 + 128 + 64 - 2) - 1
+    one_fold = 2 * 128 + 128 + 64 - 2
+    assert mxu_gemm_cycles(64, 256, 256, mxu, batch=8, mxu_model=SS) == 32 * one_fold - 1
+    assert mxu_gemm_cycles(64, 256, 256, mxu, mxus=4, batch=8, mxu_model=SS) == 8 * one_fold - 1
+    # Pipelined, M = 64 < R: each further fold costs R (the weight load).
+    assert mxu_gemm_cycles(64, 256, 256, mxu, mxus=4, batch=8) == 7 * 128 + one_fold - 1
 
 
 def test_conv_as_im2col_gemm():
@@ -156,18 +227,25 @@ arrays = st.sampled_from([MXUSpec(1, 1), MXUSpec(2, 2), MXUSpec(4, 8), MXUSpec(1
 
 
 @settings(max_examples=300, deadline=None)
-@given(dims, dims, dims, arrays, st.integers(1, 8), st.booleans())
-def test_monotone_and_never_above_peak(m, k, n, mxu, mxus, buffered):
-    cycles = mxu_gemm_cycles(m, k, n, mxu, mxus, double_buffered=buffered)
-    assert mxu_gemm_cycles(m + 1, k, n, mxu, mxus, double_buffered=buffered) > cycles
-    assert mxu_gemm_cycles(m, k + 1, n, mxu, mxus, double_buffered=buffered) >= cycles
-    assert mxu_gemm_cycles(m, k, n + 1, mxu, mxus, double_buffered=buffered) >= cycles
-    assert mxu_gemm_cycles(m, k, n, mxu, mxus + 1, double_buffered=buffered) <= cycles
-    # Double buffering never costs more.
-    assert mxu_gemm_cycles(m, k, n, mxu, mxus, double_buffered=True) <= mxu_gemm_cycles(
-        m, k, n, mxu, mxus)
+@given(dims, dims, dims, arrays, st.integers(1, 8), st.booleans(), st.sampled_from(MXU_MODELS))
+def test_monotone_and_never_above_peak(m, k, n, mxu, mxus, buffered, model):
+    kw = dict(double_buffered=buffered, mxu_model=model)
+    cycles = mxu_gemm_cycles(m, k, n, mxu, mxus, **kw)
+    assert mxu_gemm_cycles(m + 1, k, n, mxu, mxus, **kw) > cycles
+    assert mxu_gemm_cycles(m, k + 1, n, mxu, mxus, **kw) >= cycles
+    assert mxu_gemm_cycles(m, k, n + 1, mxu, mxus, **kw) >= cycles
+    assert mxu_gemm_cycles(m, k, n, mxu, mxus + 1, **kw) <= cycles
+    # Double buffering never costs more; the pipelined model never costs more
+    # than the per-fold one.
+    assert mxu_gemm_cycles(m, k, n, mxu, mxus, double_buffered=True, mxu_model=model) <= \
+        mxu_gemm_cycles(m, k, n, mxu, mxus, mxu_model=model)
+    assert mxu_gemm_cycles(m, k, n, mxu, mxus) <= \
+        mxu_gemm_cycles(m, k, n, mxu, mxus, double_buffered=True, mxu_model=SS)
     # No faster than every MAC cell busy every cycle (within the one uncounted cycle).
     assert (cycles + 1) * mxu.rows * mxu.cols * mxus >= m * k * n
-    folds = math.ceil(k / mxu.rows) * math.ceil(n / mxu.cols)
-    if not buffered:
-        assert cycles == math.ceil(folds / mxus) * (2 * mxu.rows + mxu.cols + m - 2) - 1
+    rounds = math.ceil(math.ceil(k / mxu.rows) * math.ceil(n / mxu.cols) / mxus)
+    one_fold = 2 * mxu.rows + mxu.cols + m - 2
+    if model == SS and not buffered:
+        assert cycles == rounds * one_fold - 1
+    if model == "pipelined":
+        assert cycles == (rounds - 1) * max(m, mxu.rows) + one_fold - 1

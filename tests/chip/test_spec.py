@@ -112,7 +112,7 @@ def test_every_preset_figure_cites_a_source():
         for line in block.strip().splitlines():
             if "=" not in line or line.strip().startswith(("name=", "#")):
                 continue
-            assert re.search(r"#.*(\[[A-Z]+[-\w]*|der\.|table|assumption)", line), line
+            assert re.search(r"#.*(\[[A-Z]+[-\w]*|der\.|table|assumption|fit)", line), line
 
 
 def test_specs_are_frozen():
@@ -180,3 +180,38 @@ def test_from_chip_figures_splits_hbm_over_cores():
     assert spec.core.scalar_issue_cycles == 0
     assert spec.max_pod_shape == (4,)
     assert spec.peak_bf16_flops_per_s == 2 * 2 * 64 * 1e9
+
+
+def test_vpu_has_two_alus_per_lane_and_v5p_does_7e12():
+    # "2048 floating point adders" per v4 TensorCore [SB-tpus]: 8 x 128 x 2.
+    v4 = get_chip_spec("v4")
+    assert v4.core.vpu_elements_per_cycle == 2048
+    # "The TPU v5p VPU can do roughly 7e12 FLOPs / second" [SB-roof]: per chip.
+    v5p = get_chip_spec("v5p")
+    assert v5p.peak_vpu_flops_per_s == pytest.approx(7e12, rel=0.05)
+    assert v5p.peak_vpu_flops_per_s == 2 * 8 * 128 * 2 * 1.75e9
+
+
+def test_megacore_flag_is_v4_and_v5p():
+    # v4 and v5p run their two TensorCores as one megacore [GC-v4][SB]; v2 and
+    # v3 have two separate cores; v5e and v6e have one.
+    assert {name for name, s in PRESETS.items() if s.megacore} == {"v4", "v5p"}
+    with pytest.raises(ChipSpecError, match="megacore"):
+        dataclasses.replace(get_chip_spec("v5e"), megacore=True)
+    with pytest.raises(ChipSpecError, match="megacore"):
+        dataclasses.replace(get_chip_spec("v4"), megacore="yes")
+
+
+@pytest.mark.parametrize("field", ["mxu_efficiency", "hbm_efficiency"])
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.01, float("nan"), True])
+def test_efficiencies_are_fractions(field, bad):
+    with pytest.raises(ChipSpecError, match=field):
+        dataclasses.replace(get_chip_spec("v5e").core, **{field: bad})
+
+
+def test_achieved_hbm_bandwidth_is_spec_times_efficiency():
+    for spec in PRESETS.values():
+        core = spec.core
+        assert 0 < core.hbm_efficiency <= 1 and 0 < core.mxu_efficiency <= 1
+        assert core.achieved_hbm_bandwidth_bytes_per_s == pytest.approx(
+            core.hbm_bandwidth_bytes_per_s * core.hbm_efficiency)
