@@ -13,7 +13,7 @@ signed error, then the mean absolute error and the worst row.
   ``tpu-pod collective`` does without ``--algorithm``, the fastest of the
   ring, bidirectional-ring and torus algorithms.
 - Rows timed from the host ("host") include Python dispatch: the prediction
-  adds :data:`HOST_DISPATCH_S` once per call (C3: 119.4 us measured for about
+  adds :data:`HOST_DISPATCH_SECONDS` once per call (C3: 119.4 us measured for about
   15 us of device work).
 - S1-S2 are specifications ("All-reduce bandwidth per Pod"), not
   measurements: shown against the emulator's total one-way link bandwidth,
@@ -43,14 +43,14 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: Python dispatch per host-timed call, seconds: C3 measures 119.4 us around ~15 us of
-#: device work, and the measurement notes give "about 100 us per call" [PALLAS].
-HOST_DISPATCH_S = 100e-6
+sys.path.insert(0, ROOT)
+from chip import get_chip_spec  # noqa: E402
+from chip.calibration import HOST_DISPATCH_SECONDS  # noqa: E402  (one home: the chip's calibration)
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
-# nominal one-way ICI link bandwidths [SB]; v2 unconfirmed (the chip presets use the same)
-LINK_BYTES_PER_S = {"v2": 62e9, "v5e": 45e9, "v5p": 90e9, "v6e": 90e9}
+# nominal one-way ICI link bandwidths [SB]: the chip presets' own figures
+LINK_BYTES_PER_S = {g: get_chip_spec(g).ici_link_bandwidth_bytes_per_s for g in ("v2", "v5e", "v5p", "v6e")}
 HOP_LATENCY_S = 1e-6  # [SB]
 
 #: Generations whose fixed cost the data constrain: each has a row of a few microseconds
@@ -226,7 +226,7 @@ class Result:
 
 
 def predict(row: Row, ic, link_for: Callable[[str], object]) -> tuple[float, str]:
-    host = HOST_DISPATCH_S if row.timing == "host" else 0.0
+    host = HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0
     if row.kind == "gemm":
         n = {"C1": 8192, "C2": 4096, "C3": 1024, "C4": 32768}[row.id]
         return gemm_seconds(n) + host, "mxu"
@@ -298,7 +298,7 @@ def fit(ic) -> dict:
         b = np.array(algorithm_cost["bw"])
         k = np.where(b > 0, np.array(algorithm_cost["k"]) / np.where(b > 0, b, 1), 1.0)
         latency = float(sum(algorithm_cost["lat"]))
-        parts.append((row, c.generation, b, np.rint(k), latency, HOST_DISPATCH_S if row.timing == "host" else 0.0))
+        parts.append((row, c.generation, b, np.rint(k), latency, HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0))
     generations = [g for g in FIXED_COST_GENERATIONS if any(gg == g for _, gg, *_ in parts)]
     best = None
     for e in np.arange(0.50, 1.0001, 0.0025):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from chip.core import TensorCore
 from chip.spec import ChipSpec, get_chip_spec
 
-HOST_DISPATCH_S = 100e-6
+HOST_DISPATCH_SECONDS = 100e-6
 """Host dispatch per jitted call, seconds (C3 [PALLAS]); added to "host" rows only."""
 
 
@@ -121,7 +121,7 @@ def predict_gemm_seconds(row: GemmRow, spec: ChipSpec | None = None,
     spec = spec or get_chip_spec(row.chip)
     record = TensorCore(spec.core, execute=False, mxu_model=mxu_model).account_matmul(
         row.m, row.k, row.n)
-    dispatch = HOST_DISPATCH_S if row.timing == "host" else 0.0
+    dispatch = HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0
     return record.seconds + dispatch, record.bound
 
 
@@ -165,7 +165,7 @@ def fit_mxu_efficiency(row_ids: tuple[str, ...] = MXU_FIT_ROW_IDS) -> float:
         if record.bound != "compute":
             raise ValueError(f"row {rid} is memory-bound in the model; it cannot fit the MXU")
         ideal.append(record.compute_seconds)
-        fixed.append(HOST_DISPATCH_S if row.timing == "host" else 0.0)
+        fixed.append(HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0)
         published.append(row.published_s)
     return _least_squares_reciprocal(ideal, fixed, published)
 
@@ -211,7 +211,7 @@ def report() -> str:
                      f"device | {fmt(row.published_s)} | {fmt(before)} | "
                      f"{before / row.published_s - 1:+.1%} | {fmt(after)} | "
                      f"{after / row.published_s - 1:+.1%} | memory |")
-    lines.append(f"\nhost rows: predicted = device + {HOST_DISPATCH_S * 1e6:.0f} us dispatch")
+    lines.append(f"\nhost rows: predicted = device + {HOST_DISPATCH_SECONDS * 1e6:.0f} us dispatch")
     return "\n".join(lines)
 
 

@@ -96,7 +96,8 @@ def describe(scenario: str | Path | Mapping[str, Any] | Scenario) -> Description
     if isinstance(plan, TrainingPlan):
         buffer = io.StringIO()
         Console(file=buffer, width=160).print(model_summary_table(
-            plan.model, plan.pod.chip.core, plan.per_core_batch, chip_name=plan.pod.chip.name))
+            plan.model, plan.pod.chip.core, plan.per_core_batch, chip_name=plan.pod.chip.name,
+                                      mxu_model=plan.scenario.pod.mxu_model))
         text = buffer.getvalue()
     return Description(plan=plan, memory=dict(plan.memory), model_summary=text)
 

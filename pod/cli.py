@@ -18,7 +18,7 @@ from rich.console import Console
 
 from pod.report.console import make_console, titled_table
 
-from chip import PRECISIONS, PRESETS, get_chip_spec
+from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
@@ -230,7 +230,8 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
     except USER_ERRORS as err:
         raise ScenarioError(f"{target}: {err}") from err
     if as_json:
-        layers = layer_costs(plan.model, plan.pod.chip.core, plan.per_core_batch)
+        layers = layer_costs(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                             mxu_model=plan.scenario.pod.mxu_model)
         click.echo(json.dumps({"pod": _pod_json(plan.pod), "model": plan.model.name,
                                "parameters": plan.num_params, "global_batch": plan.global_batch,
                                "per_core_batch": plan.per_core_batch,
@@ -240,7 +241,8 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
         return
     _describe_pod(console, plan.pod)
     console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                                      chip_name=plan.pod.chip.name))
+                                      chip_name=plan.pod.chip.name,
+                                      mxu_model=plan.scenario.pod.mxu_model))
     _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch} = "
                            f"{plan.per_core_batch} per core)", plan.memory,
                   plan.pod.chip.core.hbm_bytes)
@@ -320,22 +322,31 @@ def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int
               help="Columns of B (N).")
 @click.option("--precision", default="bf16", show_default=True,
               help="MXU precision: " + " | ".join(PRECISIONS) + ".")
-@click.option("--double-buffered", is_flag=True, help="Double-buffered MXU weights.")
+@click.option("--mxu-model", type=click.Choice(list(MXU_MODELS)), default=MXU_MODELS[0],
+              show_default=True, help="pipelined: weights double-buffered, one pipeline bubble "
+                                      "per op (the hardware); scalesim: SCALE-Sim's per-fold count.")
+@click.option("--double-buffered", is_flag=True,
+              help="Double-buffered MXU weights in --mxu-model scalesim.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def matmul(chip_name: str, m: int, k: int, n: int, precision: str, double_buffered: bool,
-           as_json: bool) -> None:
+def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: str,
+           double_buffered: bool, as_json: bool) -> None:
     """Cost of one (M x K) . (K x N) GEMM on ONE TensorCore (simulated)."""
     report = matmul_report(chip_name, m, k, n, precision=precision,
-                           double_buffered=double_buffered)
+                           double_buffered=double_buffered, mxu_model=mxu_model)
     if as_json:
         click.echo(json.dumps(report))
         return
-    click.echo(f"{report['chip']} TensorCore, ({m} x {k}) . ({k} x {n}), {precision}"
-               f"{', double-buffered weights' if double_buffered else ''} (simulated)")
-    click.echo(f"cycles             {report['cycles']:,}")
+    click.echo(f"{report['chip']} TensorCore, ({m:,} x {k:,}) . ({k:,} x {n:,}), {precision}, "
+               f"{mxu_model} MXU{', double-buffered weights' if double_buffered else ''} (simulated)")
+    click.echo(f"cycles             {report['cycles']:,}  (MXU {report['mxu_cycles']:,} + "
+               f"scalar issue {report['issue_cycles']:,})")
     click.echo(f"simulated seconds  {report['simulated_seconds']:.6e}  ({report['bound']}-bound)")
-    click.echo(f"TFLOP/s            {report['tflops']:,.2f}  (core peak bf16 "
-               f"{report['peak_tflops']:,.2f})")
+    if precision == "int8":
+        click.echo(f"TOP/s              {report['tops']:,.2f}  (core peak int8 "
+                   f"{report['peak_tops']:,.2f})")
+    else:
+        click.echo(f"TFLOP/s            {report['tflops']:,.2f}  (core peak bf16 "
+                   f"{report['peak_tflops']:,.2f})")
     click.echo(f"MXU utilisation    {report['mxu_utilization']:.1%}")
 
 

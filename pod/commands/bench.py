@@ -47,24 +47,29 @@ __all__ = ["matmul_report", "cpu_flops_per_s", "run_benchmark", "format_report"]
 
 
 def matmul_report(chip: str, m: int, k: int, n: int, *, precision: str = "bf16",
-                  double_buffered: bool = False) -> dict[str, Any]:
+                  double_buffered: bool = False, mxu_model: str = "pipelined") -> dict[str, Any]:
     """Cost of one (M x K) . (K x N) GEMM on one TensorCore of a chip preset.
 
     Args:
         chip: Chip preset name ("v2", ..., "v6e").
         m, k, n: GEMM dimensions, positive ints.
         precision: "bf16", "fp32" or "int8".
-        double_buffered: Double-buffered MXU weights.
+        double_buffered: Double-buffered MXU weights (matters only with
+            mxu_model "scalesim"; the pipelined MXU always double-buffers).
+        mxu_model: "pipelined" (the hardware: one bubble per op) or "scalesim"
+            (SCALE-Sim's per-fold count).
 
     Returns:
-        A JSON-serialisable dict: chip, m, k, n, precision, cycles (MXU plus
-        scalar issue), simulated_seconds (max of compute and HBM time),
+        A JSON-serialisable dict: chip, m, k, n, precision, mxu_model, cycles
+        (mxu_cycles of the array plus issue_cycles of the scalar unit),
+        simulated_seconds (max of compute and HBM time),
         compute_seconds, memory_seconds, bound, flops, hbm_bytes, tflops
         (useful FLOPs / simulated seconds / 1e12), mxu_utilization (MXU cell
         work done / cell-cycles available in the simulated time; 1.0 = every
         MAC of every MXU busy every cycle; fp32's six passes count as work,
-        int8 counts int8 MACs against the int8 rate), peak_tflops (bf16 peak
-        of one core).
+        int8 counts int8 MACs against the int8 rate), and the rate against its
+        own peak: tflops / peak_tflops (bf16 peak of one core) for bf16 and
+        fp32, tops / peak_tops (integer ops, the int8 peak) for int8.
 
     Raises:
         ChipSpecError: unknown chip. PrecisionError: unknown precision or int8
@@ -75,25 +80,28 @@ def matmul_report(chip: str, m: int, k: int, n: int, *, precision: str = "bf16",
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ScenarioError(f"--{label}: must be a positive integer, got {v!r}")
     check_precision(precision, spec.core, spec.name)
-    core = TensorCore(spec.core, precision=precision, double_buffered=double_buffered)
+    core = TensorCore(spec.core, precision=precision, double_buffered=double_buffered,
+                      mxu_model=mxu_model)
     rec = core.account_matmul(m, k, n)
     c = spec.core
     passes = 6 if precision == "fp32" else 1
     rate = c.int8_macs_per_bf16_mac if precision == "int8" else 1.0
     cell_cycles = rec.seconds * c.clock_hz * c.mxus_per_core * c.mxu.rows * c.mxu.cols
+    rate_key, peak = (("tops", c.peak_bf16_flops_per_s * rate) if precision == "int8"
+                      else ("tflops", c.peak_bf16_flops_per_s))
     return {
         "chip": spec.name, "m": m, "k": k, "n": n, "precision": precision,
-        "double_buffered": double_buffered,
-        "cycles": rec.cycles,
+        "mxu_model": mxu_model, "double_buffered": double_buffered,
+        "cycles": rec.cycles, "mxu_cycles": rec.mxu_cycles, "issue_cycles": rec.issue_cycles,
         "simulated_seconds": rec.seconds,
         "compute_seconds": rec.compute_seconds,
         "memory_seconds": rec.memory_seconds,
         "bound": rec.bound,
         "flops": rec.flops,
         "hbm_bytes": rec.hbm_bytes,
-        "tflops": rec.flops / rec.seconds / 1e12,
+        rate_key: rec.flops / rec.seconds / 1e12,
         "mxu_utilization": m * k * n * passes / rate / cell_cycles,
-        "peak_tflops": c.peak_bf16_flops_per_s / 1e12,
+        f"peak_{rate_key}": peak / 1e12,
     }
 
 

@@ -164,7 +164,9 @@ def run_collective_bench(chip: str, topology: str, op: str, sizes: list[int], *,
         seconds = cost.seconds
         algbw = nbytes / seconds if seconds > 0 else float("inf")
         reduces = name in ("allreduce", "reduce_scatter")
-        local = ((spec.tensorcores - 1) * 3 * nbytes / spec.core.hbm_bandwidth_bytes_per_s
+        # megacore chips (v4, v5p) are one device: no separate core-to-core reduce
+        local = (0.0 if spec.megacore else
+                 (spec.tensorcores - 1) * 3 * nbytes / spec.core.achieved_hbm_bandwidth_bytes_per_s
                  if reduces else 0.0)
         rows.append(CollectiveRow(size_bytes=nbytes, count=count, algorithm=chosen,
                                   simulated_seconds=seconds, algbw_bytes_per_s=algbw,

@@ -197,7 +197,8 @@ class Run:
             f"{plan.global_batch} = {plan.per_core_batch} per core; {plan.steps} steps; "
             f"allreduce {plan.ici.algorithm}")
         self.console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                                               chip_name=plan.pod.chip.name))
+                                               chip_name=plan.pod.chip.name,
+                                      mxu_model=plan.scenario.pod.mxu_model))
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")

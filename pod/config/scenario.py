@@ -66,6 +66,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
+from chip import MXU_MODELS
 from chip import PRECISIONS as CHIP_PRECISIONS
 from interconnect import ALLREDUCE_ALGORITHMS
 from pod.errors import ScenarioError
@@ -139,11 +140,19 @@ class PodConfig(_Frozen):
     wraparound: bool | None = None
     allreduce: str = Field(default="auto", description="allreduce algorithm or auto")
     links: tuple[LinkConfig, ...] = ()
+    # pipelined: weights double-buffered, one pipeline bubble per op (the hardware [SB]);
+    # scalesim: SCALE-Sim's weight-stationary count, a weight load and fill/drain per fold
+    mxu_model: str = "pipelined"
 
     @field_validator("allreduce")
     @classmethod
     def _known_allreduce(cls, value: str) -> str:
         return _one_of(value, ALLREDUCE_CHOICES)
+
+    @field_validator("mxu_model")
+    @classmethod
+    def _known_mxu_model(cls, value: str) -> str:
+        return _one_of(value, MXU_MODELS)
 
     @field_validator("topology", mode="before")
     @classmethod

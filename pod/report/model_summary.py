@@ -21,7 +21,7 @@ __all__ = ["layer_costs", "model_summary_table"]
 
 
 def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
-                optimizer=None) -> dict[str, dict[str, float]]:
+                optimizer=None, mxu_model: str = "pipelined") -> dict[str, dict[str, float]]:
     """Simulated cost per layer of one training step on one TensorCore.
 
     Args:
@@ -34,7 +34,7 @@ def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         {layer name | "loss" | "optimizer": {"flops", "mxu_flops", "seconds"}}
         in layer order; seconds are simulated.
     """
-    core = TensorCore(core_spec, numerics=False, name="summary")
+    core = TensorCore(core_spec, numerics=False, name="summary", mxu_model=mxu_model)
     integer_inputs = model.layers and model.layers[0].kind == "embedding"
     x = np.zeros((batch, *model.input_shape), np.int32 if integer_inputs else np.float32)
     label_shape = (batch,) if len(model.output_shape) == 1 else (batch, model.output_shape[0])
@@ -64,7 +64,7 @@ def _shape(shape) -> str:
 
 
 def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
-                        optimizer=None, chip_name: str = "") -> Table:
+                        optimizer=None, chip_name: str = "", mxu_model: str = "pipelined") -> Table:
     """The summary as a rich Table: layer (type), output shape, parameters,
     FLOPs per step and simulated time per step on one TensorCore.
 
@@ -75,7 +75,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         optimizer: optional; adds the update's row.
         chip_name: shown in the title.
     """
-    costs = layer_costs(model, core_spec, batch, optimizer=optimizer)
+    costs = layer_costs(model, core_spec, batch, optimizer=optimizer, mxu_model=mxu_model)
     total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
     on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
     table = titled_table(f"Model: {model.name} (batch {batch} per core{on}; "

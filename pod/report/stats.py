@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
+
 __all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end",
            "HOST_DISPATCH_SECONDS"]
 
-#: One host call into the TPU (dispatching a jitted step), seconds: a 1024^3 bf16
-#: matmul on v5e takes 119.4 us timed from the host with about 15 us of device work
-#: ([PALLAS], measurements C3), so about 100 us per call. Charged per step only with
-#: ``training.host_dispatch: per_step``; training loops run steps on the device.
-HOST_DISPATCH_SECONDS = 100e-6
+#: One host call into the TPU, seconds (``chip.calibration``: [PALLAS] C3). Charged per
+#: step only with ``training.host_dispatch: per_step``; training loops run on the device.
+HOST_DISPATCH_SECONDS = _HOST_DISPATCH_SECONDS
 
 
 def overlapped_end(ready_seconds: Iterable[float], cost_seconds: Iterable[float]) -> float:

@@ -151,6 +151,7 @@ class ChipActor:
         limit_threads: pin BLAS to one thread (several actors share few cores).
         precision: MXU precision of every core: "bf16", "fp32" or "int8"
             (the scenario's ``training.precision``).
+        mxu_model: the MXU cycle count, "pipelined" or "scalesim" (``pod.mxu_model``).
 
     Raises:
         HBMOutOfMemoryError: the parameters, gradients or optimizer state do
@@ -160,11 +161,11 @@ class ChipActor:
     def __init__(self, spec: ChipSpec, chip_id: int, model: Model, optimizer_name: str,
                  optimizer_options: dict[str, Any], seed: int, num_replicas: int,
                  numerics: bool = True, limit_threads: bool = True,
-                 precision: str = "bf16") -> None:
+                 precision: str = "bf16", mxu_model: str = "pipelined") -> None:
         if limit_threads:
             from threadpoolctl import threadpool_limits
             threadpool_limits(1)
-        self.chip = Chip(spec, chip_id, numerics=numerics, precision=precision)
+        self.chip = Chip(spec, chip_id, numerics=numerics, precision=precision, mxu_model=mxu_model)
         self.chip_id = chip_id
         self.model = model
         self.optimizer = build_optimizer(optimizer_name, **optimizer_options)
@@ -320,7 +321,10 @@ class ChipActor:
         reducer = cores[0]
         acc = flats[0]
         for other in flats[1:]:
-            acc = reducer.vector("local_reduce", np.add, acc, other)
+            if self.chip.spec.megacore:  # the cores are one device: no separate reduce to cost
+                acc = np.add(acc, other)
+            else:
+                acc = reducer.vector("local_reduce", np.add, acc, other)
         reduce_records = reducer.take_records()
         self.grad_flat = np.array(acc, dtype=np.float32, copy=True)
         return ComputeReport(

@@ -148,7 +148,7 @@ def chip_arguments(plan: TrainingPlan, rank: int, *, in_process: bool = False
     return ((plan.pod.chip, rank, plan.model, opt.name, opt.options(), scenario.training.seed,
              plan.pod.tensorcores),
             {"numerics": True, "limit_threads": not in_process,
-             "precision": scenario.training.precision})
+             "precision": scenario.training.precision, "mxu_model": scenario.pod.mxu_model})
 
 
 class Pod:

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from chip import get_chip_spec
-from chip.calibration import (COPY_ROWS, GEMM_ROWS, HOST_DISPATCH_S, fit_hbm_efficiency,
+from chip.calibration import (COPY_ROWS, GEMM_ROWS, HOST_DISPATCH_SECONDS, fit_hbm_efficiency,
                               fit_mxu_efficiency, predict_copy_seconds, predict_gemm_seconds)
 
 # id: (chip, N of an N^3 GEMM or copied MiB, published seconds) as quoted.
@@ -57,12 +57,12 @@ def test_mxu_fit_is_least_squares_in_relative_error():
         return (rounds * n + 3 * 128 - 3 + v5e.scalar_issue_cycles) / v5e.clock_hz
 
     def loss(e):
-        return sum(((ideal_s(r.m) / e + HOST_DISPATCH_S) / r.published_s - 1) ** 2 for r in rows)
+        return sum(((ideal_s(r.m) / e + HOST_DISPATCH_SECONDS) / r.published_s - 1) ** 2 for r in rows)
 
     e = fit_mxu_efficiency()
     assert loss(e) < loss(e * 1.002) and loss(e) < loss(e / 1.002)
     # The measured utilisations (device time) bracket it: ~96% (C2) .. ~82% (C4).
-    util = {r.row_id: ideal_s(r.m) / (r.published_s - HOST_DISPATCH_S) for r in rows}
+    util = {r.row_id: ideal_s(r.m) / (r.published_s - HOST_DISPATCH_SECONDS) for r in rows}
     assert util["C4"] < e < util["C1"] < util["C2"]
     assert util["C4"] == pytest.approx(0.817, abs=0.005)
 

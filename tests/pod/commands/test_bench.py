@@ -32,17 +32,32 @@ def tpu_pod(*args):
 
 
 def test_matmul_report_v2_4096_closed_form():
-    r = matmul_report("v2", 4096, 4096, 4096)
-    # 32 x 32 folds of (2*128 + 128 + 4096 - 2) cycles, less one (SCALE-Sim's
+    import math
+
+    from chip import get_chip_spec
+
+    # the hardware's pipelined MXU: 32 x 32 folds of M = 4096 rows back to back and one
+    # fill / drain bubble (2R + C - 2) per op, at the fitted sustained efficiency, plus 8
+    # scalar issue cycles
+    pipelined = matmul_report("v2", 4096, 4096, 4096)
+    efficiency = get_chip_spec("v2").core.mxu_efficiency
+    mxu = math.ceil((1024 * 4096 + 2 * 128 + 128 - 2 - 1) / efficiency)
+    assert (pipelined["mxu_cycles"], pipelined["issue_cycles"]) == (mxu, 8)
+    assert pipelined["cycles"] == mxu + 8 and pipelined["mxu_model"] == "pipelined"
+    r = matmul_report("v2", 4096, 4096, 4096, mxu_model="scalesim")
+    # SCALE-Sim: 32 x 32 folds of (2*128 + 128 + 4096 - 2) cycles, less one (its
     # convention), plus 8 scalar issue cycles; 700 MHz.
     cycles = 1024 * (2 * 128 + 128 + 4096 - 2) - 1 + 8
     assert r["cycles"] == cycles
+    # one bubble per op instead of one per fold: the ideal pipelined count is lower
+    # (the fitted efficiency applies to the pipelined mode only)
+    assert 1024 * 4096 + 2 * 128 + 128 - 3 < cycles - 8
     assert r["simulated_seconds"] == pytest.approx(cycles / 700e6)
     assert r["bound"] == "compute"
     assert r["tflops"] == pytest.approx(2 * 4096**3 / (cycles / 700e6) / 1e12)
     assert r["mxu_utilization"] == pytest.approx(4096**3 / (cycles * 128 * 128))
     assert 0.9 < r["mxu_utilization"] < 1.0
-    fp32 = matmul_report("v2", 4096, 4096, 4096, precision="fp32")
+    fp32 = matmul_report("v2", 4096, 4096, 4096, precision="fp32", mxu_model="scalesim")
     assert fp32["cycles"] == pytest.approx(6 * r["cycles"], rel=1e-3)
     assert fp32["mxu_utilization"] == pytest.approx(r["mxu_utilization"], rel=1e-3)
     with pytest.raises(PrecisionError, match="TPU v2"):
