@@ -139,18 +139,20 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
                        "args": {"step": step, "exposed_us": stats.exposed_infeed_seconds * _US}})
         for core, rows in enumerate(per_core):
             _ops(events, chip, core, rows, compute_start, "compute", scalar_issue_seconds)
-    reduce_start = compute_start + stats.compute_seconds
-    for chip, rows in enumerate(records["local_reduce"]):
-        _ops(events, chip, 0, rows, reduce_start, "local_reduce", scalar_issue_seconds)
     ici_pid = len(records["compute"])
     link_tid = {tuple(link): i + 1 for i, link in enumerate(torus.links())}
-    if stats.allreduce_buckets:
+    update_start = compute_start + stats.compute_seconds + stats.exposed_allreduce_seconds
+    if len(stats.allreduce_buckets) > 1:  # overlapped buckets: one bar each
         events.extend(_bucket_events(stats, ici_pid, compute_start))
-        update_start = compute_start + stats.compute_seconds + stats.exposed_allreduce_seconds
         for chip, per_core in enumerate(records["update"]):
             for core, rows in enumerate(per_core):
                 _ops(events, chip, core, rows, update_start, "update", scalar_issue_seconds)
         return events
+    # one allreduce: its phases in detail, from when its gradients are ready
+    reduce_start = compute_start + (stats.allreduce_buckets[0][1] if stats.allreduce_buckets
+                                    else stats.compute_seconds)
+    for chip, rows in enumerate(records["local_reduce"]):
+        _ops(events, chip, 0, rows, reduce_start, "local_reduce", scalar_issue_seconds)
     t = reduce_start + stats.local_reduce_seconds
     if fixed_seconds > 0:
         events.append({"ph": "X", "name": "collective fixed cost", "cat": "ici", "pid": ici_pid,
@@ -167,7 +169,6 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
                            "tid": link_tid[link], "ts": t * _US, "dur": busy * _US,
                            "args": {"bytes": nbytes, "phase": k + 1}})
         t += seconds
-    update_start = reduce_start + stats.allreduce_seconds
     for chip, per_core in enumerate(records["update"]):
         for core, rows in enumerate(per_core):
             _ops(events, chip, core, rows, update_start, "update", scalar_issue_seconds)

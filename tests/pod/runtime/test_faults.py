@@ -130,7 +130,7 @@ def test_the_straggler_gauge_is_exported():
 
 def test_link_faults_change_the_allreduce_cost_from_their_step_not_the_result(ray_cluster,
                                                                                tmp_path):
-    from interconnect import LinkFaults, LinkSpec, collective_cost
+    from interconnect import LinkFaults, calibrated_link, collective_cost
 
     seen = []
     faults = [{"kind": "slow_link", "link": "0->1", "slowdown": 4.0, "step": 2},
@@ -138,7 +138,9 @@ def test_link_faults_change_the_allreduce_cost_from_their_step_not_the_result(ra
     run(tmp_path, scenario(steps=3, faults=faults), on_step=seen.append)
     plan = build_plan(scenario(steps=3))
     spec = plan.pod.chip
-    link = LinkSpec(spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
+    link = plan.ici.link  # the calibrated link the plan costs with
+    assert link == calibrated_link(spec.name, spec.ici_link_bandwidth_bytes_per_s,
+                                   spec.ici_latency_s)
 
     algorithm = plan.ici.algorithm
     expected = [collective_cost("allreduce", plan.pod.torus, plan.num_params, link,
