@@ -786,6 +786,41 @@ class TransformerModel(Model):
             x, _ = layer.forward(core, p, x, training=False)
         return x[:, -1]
 
+    def sample(self, core, params, prompt_ids, *, length: int, temperature: float = 1.0,
+               seed: int = 0) -> list[int]:
+        """Continues ``prompt_ids`` with ``length`` sampled tokens.
+
+        Each new token runs the model on the last ``sequence_length`` tokens
+        (no key/value cache: the cost of a token is one window's forward).
+
+        Args:
+            core: the ``chip.TensorCore`` that runs (and costs) the forwards.
+            params: the model's parameters.
+            prompt_ids: at least one token id to start from.
+            length: tokens to generate (>= 1).
+            temperature: > 0; the logits are divided by it.
+            seed: seed of the sampling generator.
+
+        Returns:
+            The generated token ids (without the prompt).
+
+        Raises:
+            ValueError: an empty prompt, a bad length or temperature.
+        """
+        check_int(length, "length")
+        check_number(temperature, "temperature", low=0.0, low_open=True)
+        ids = [int(i) for i in prompt_ids]
+        if not ids:
+            raise ValueError("sample needs at least one prompt token")
+        rng = np.random.default_rng(seed)
+        start = len(ids)
+        for _ in range(length):
+            z = self.next_token_logits(core, params, np.array([ids]))[0].astype(np.float64)
+            z = z / temperature
+            p = np.exp(z - z.max())
+            ids.append(int(rng.choice(p.size, p=p / p.sum())))
+        return ids[start:]
+
 
 def build_transformer(input_shape, num_classes: int, **options) -> TransformerModel:
     """Builds the ``transformer`` model from ``build_model`` arguments.

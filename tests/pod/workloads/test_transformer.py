@@ -370,6 +370,21 @@ def test_next_token_logits_match_the_full_forward(core):
     np.testing.assert_array_equal(model.next_token_logits(core, params, longer), full[:, -1])
 
 
+def test_sample_is_seeded_and_follows_the_logits(core):
+    model = build_model("transformer", (6,), 13, **TINY)
+    params = model.init_params(0)
+    params["embed/embedding"] *= 40                                       # peaked logits (tied)
+    a = model.sample(core, params, [1, 2], length=9, temperature=1.0, seed=3)
+    assert a == model.sample(core, params, [1, 2], length=9, temperature=1.0, seed=3)
+    assert len(a) == 9 and all(0 <= i < 13 for i in a)
+    greedy = model.sample(core, params, [1, 2], length=9, temperature=1e-6, seed=4)
+    ids = [1, 2]
+    for _ in range(9):                                                    # argmax by hand
+        ids.append(int(model.next_token_logits(core, params, np.array([ids]))[0].argmax()))
+    assert greedy == ids[2:]
+    core.take_records()
+
+
 # --------------------------------------------------------------------------- AdamW
 
 def test_adamw_matches_optax_formula_and_decouples_decay(core):
