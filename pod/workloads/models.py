@@ -359,7 +359,8 @@ def _char_lstm(input_shape, num_classes, embedding_dim=32, units=128) -> list[La
 def _transformer(input_shape, num_classes, **options) -> Model:
     """The decoder-only transformer (``pod.workloads.transformer``), a whole
     ``Model`` (it ties the embedding table across two layers)."""
-    from pod.workloads.transformer import build_transformer  # it imports Model from here
+    # imported here: pod.workloads.transformer imports Model from this module
+    from pod.workloads.transformer import build_transformer
     return build_transformer(input_shape, num_classes, **options)
 
 

@@ -46,9 +46,21 @@ from pod.workloads.checks import check_int, check_number
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid
 from pod.workloads.models import Model
 
-__all__ = ["RMSNorm", "LayerNorm", "MLP", "TransformerBlock", "TokenEmbedding", "Unembed",
-           "TransformerModel", "TransformerConfig", "build_transformer", "NORMS", "POSITIONS", "MLP_ACTIVATIONS",
-           "REMAT_POLICIES"]
+__all__ = [
+    "MLP",
+    "MLP_ACTIVATIONS",
+    "NORMS",
+    "POSITIONS",
+    "REMAT_POLICIES",
+    "LayerNorm",
+    "RMSNorm",
+    "TokenEmbedding",
+    "TransformerBlock",
+    "TransformerConfig",
+    "TransformerModel",
+    "Unembed",
+    "build_transformer",
+]
 
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rotary", "learned")

@@ -16,15 +16,25 @@ import numpy as np
 import pytest
 
 from chip import TensorCore, get_chip_spec
-from pod.workloads import (MLP, OPTIMIZER_NAMES, CausalSelfAttention, LayerNorm, RMSNorm,
-                           TokenEmbedding, TransformerBlock, Unembed, build_model,
-                           build_optimizer, load_dataset)
+from pod.workloads import (
+    MLP,
+    OPTIMIZER_NAMES,
+    CausalSelfAttention,
+    LayerNorm,
+    RMSNorm,
+    TokenEmbedding,
+    TransformerBlock,
+    Unembed,
+    build_model,
+    build_optimizer,
+    load_dataset,
+)
 from pod.workloads.attention import apply_rope, rope_tables
 from tests.pod.workloads.test_workloads import numeric_grad
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
-TINY = dict(embed_dim=8, heads=2, head_dim=4, mlp_dim=12, layers=2)
+TINY = {"embed_dim": 8, "heads": 2, "head_dim": 4, "mlp_dim": 12, "layers": 2}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -149,8 +159,8 @@ def test_unembed_grads(core64, tied):
 
 
 @pytest.mark.parametrize("options", [
-    dict(tied_embeddings=True, positions="rotary"),
-    dict(tied_embeddings=False, positions="learned", norm="layernorm", mlp_activation="gelu"),
+    {"tied_embeddings": True, "positions": "rotary"},
+    {"tied_embeddings": False, "positions": "learned", "norm": "layernorm", "mlp_activation": "gelu"},
 ], ids=["tied_rope", "untied_learned"])
 def test_model_loss_grads_against_finite_differences(core64, options):
     """The whole model, softmax cross-entropy included; the tied table's
@@ -178,7 +188,7 @@ def reference_block(x, p, heads, head_dim, eps=1e-6):
     """One pre-norm block in plain float64 numpy, written independently of
     the layers: RMSNorm, per-head loops, RoPE as a complex rotation, causal
     softmax by explicit prefixes, SwiGLU MLP."""
-    b, t, c = x.shape
+    b, t, _c = x.shape
 
     def rms(v, g):
         return v / np.sqrt(np.mean(v ** 2, axis=-1, keepdims=True) + eps) * g
@@ -308,8 +318,8 @@ def test_param_count_closed_form():
     model = build_model("transformer", (64,), 50, embed_dim=32, heads=2, layers=2)
     assert model.num_params == 2 * (2 * 32 + 4 * 32 * 32 + 3 * 32 * 128) + 32 + 50 * 32 == 34528
     assert model.config.param_count() == model.num_params
-    for options in (dict(tied_embeddings=False), dict(positions="learned"),
-                    dict(norm="layernorm", mlp_activation="gelu", heads=4, head_dim=6)):
+    for options in ({"tied_embeddings": False}, {"positions": "learned"},
+                    {"norm": "layernorm", "mlp_activation": "gelu", "heads": 4, "head_dim": 6}):
         m = build_model("transformer", (10,), 7, **{"embed_dim": 12, "heads": 3, "layers": 3,
                                                     **options})
         assert m.config.param_count() == m.num_params == sum(p.size for p in m.init_params(0).values())
@@ -335,16 +345,16 @@ def test_model_flops_formula():
 # --------------------------------------------------------------------------- options
 
 @pytest.mark.parametrize("options, message", [
-    (dict(heads=0), "transformer: option heads must be a positive integer, got 0"),
-    (dict(embed_dim=30, heads=4), "transformer: option head_dim is needed"),
-    (dict(head_dim=5), "transformer: option head_dim must be even for rotary positions"),
-    (dict(mlp_activation="relu"), "transformer: option mlp_activation must be one of gated_silu, gelu"),
-    (dict(norm="batch"), "transformer: option norm must be one of rmsnorm, layernorm"),
-    (dict(positions="alibi"), "transformer: option positions must be one of rotary, learned"),
-    (dict(remat="some"), "transformer: option remat must be one of none, minimal, full"),
-    (dict(tied_embeddings="yes"), "transformer: option tied_embeddings must be true or false"),
-    (dict(layers=1.5), "transformer: option layers must be a positive integer"),
-    (dict(dropout=0.1), "unknown option(s) 'dropout' for model 'transformer'"),
+    ({"heads": 0}, "transformer: option heads must be a positive integer, got 0"),
+    ({"embed_dim": 30, "heads": 4}, "transformer: option head_dim is needed"),
+    ({"head_dim": 5}, "transformer: option head_dim must be even for rotary positions"),
+    ({"mlp_activation": "relu"}, "transformer: option mlp_activation must be one of gated_silu, gelu"),
+    ({"norm": "batch"}, "transformer: option norm must be one of rmsnorm, layernorm"),
+    ({"positions": "alibi"}, "transformer: option positions must be one of rotary, learned"),
+    ({"remat": "some"}, "transformer: option remat must be one of none, minimal, full"),
+    ({"tied_embeddings": "yes"}, "transformer: option tied_embeddings must be true or false"),
+    ({"layers": 1.5}, "transformer: option layers must be a positive integer"),
+    ({"dropout": 0.1}, "unknown option(s) 'dropout' for model 'transformer'"),
 ])
 def test_bad_options_are_one_line_errors(options, message):
     with pytest.raises(ValueError) as err:
