@@ -401,15 +401,18 @@ def test_adamw_matches_optax_formula_and_decouples_decay(core):
     assert "adamw" in OPTIMIZER_NAMES
     opt = build_optimizer("adamw", learning_rate=0.1, weight_decay=0.5)
     p = {"w": np.array([1.0, -2.0, 3.0], np.float32)}
-    g = {"w": np.array([0.5, 0.0, -1.0], np.float32)}
-    p1, state = opt.update(core, g, opt.init(p), p, 1)
-    p2, _ = opt.update(core, g, state, p1, 2)
-    for step, before, after in ((1, p, p1), (2, p1, p2)):
-        gw = g["w"].astype(np.float64)                                    # constant gradient
-        m_hat = (1 - 0.9 ** step) * gw / (1 - 0.9 ** step)
-        v_hat = (1 - 0.999 ** step) * gw ** 2 / (1 - 0.999 ** step)
+    g1 = {"w": np.array([0.5, 0.0, -1.0], np.float32)}
+    g2 = {"w": np.array([-0.25, 0.0, 2.0], np.float32)}
+    p1, state = opt.update(core, g1, opt.init(p), p, 1)
+    p2, _ = opt.update(core, g2, state, p1, 2)
+    m = v = np.zeros(3)
+    for step, g, before, after in ((1, g1, p, p1), (2, g2, p1, p2)):
+        gw = g["w"].astype(np.float64)
+        m = 0.9 * m + 0.1 * gw
+        v = 0.999 * v + 0.001 * gw ** 2
+        m_hat, v_hat = m / (1 - 0.9 ** step), v / (1 - 0.999 ** step)
         w = before["w"].astype(np.float64)
-        expected = w - 0.1 * (m_hat / (np.sqrt(v_hat) + 1e-8) + 0.5 * w)
+        expected = w - 0.1 * (m_hat / (np.sqrt(v_hat) + 1e-8) + 0.5 * w)   # optax.adamw
         np.testing.assert_allclose(after["w"], expected, rtol=1e-6)
     # a zero gradient still decays: p (1 - lr wd); Adam's part is 0
     assert p2["w"][1] == pytest.approx(-2.0 * 0.95 * 0.95, rel=1e-6)
