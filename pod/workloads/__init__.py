@@ -4,6 +4,7 @@ Heavy ops go through a `chip.TensorCore` so that they are costed (simulated
 time) and follow TPU numerics (bf16 inputs, float32 accumulation). No Ray.
 """
 
+from pod.workloads.attention import CausalSelfAttention
 from pod.workloads.datasets import DATASET_NAMES, Dataset, load_dataset
 from pod.workloads.layers import (
                                   AveragePooling2D,
@@ -25,10 +26,21 @@ from pod.workloads.optimizers import (
                                   OPTIMIZER_NAMES,
                                   SGD,
                                   Adam,
+                                  AdamW,
                                   Optimizer,
                                   build_optimizer,
 )
 from pod.workloads.recurrent import LSTM, Embedding
+from pod.workloads.transformer import (
+                                  MLP,
+                                  LayerNorm,
+                                  RMSNorm,
+                                  TokenEmbedding,
+                                  TransformerBlock,
+                                  TransformerConfig,
+                                  TransformerModel,
+                                  Unembed,
+)
 
 __all__ = [
     "Model",
@@ -58,4 +70,14 @@ __all__ = [
     "LSTM",
     "SGD",
     "Adam",
+    "AdamW",
+    "CausalSelfAttention",
+    "RMSNorm",
+    "LayerNorm",
+    "MLP",
+    "TransformerBlock",
+    "TokenEmbedding",
+    "Unembed",
+    "TransformerConfig",
+    "TransformerModel",
 ]

@@ -19,7 +19,7 @@ from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_ent
 from pod.workloads.normalization import BatchNormalization
 from pod.workloads.recurrent import LSTM, Embedding
 
-MODEL_NAMES = ("cnn", "mlp", "lstm_classifier", "char_lstm")
+MODEL_NAMES = ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer")
 LOSSES = ("softmax_cross_entropy", "sigmoid_binary_cross_entropy")
 
 FLOAT32_BYTES = 4
@@ -356,12 +356,23 @@ def _char_lstm(input_shape, num_classes, embedding_dim=32, units=128) -> list[La
             Dense(num_classes, "dense")]
 
 
+def _transformer(input_shape, num_classes, **options) -> Model:
+    """The decoder-only transformer (``pod.workloads.transformer``), a whole
+    ``Model`` (it ties the embedding table across two layers)."""
+    # imported here: pod.workloads.transformer imports Model from this module
+    from pod.workloads.transformer import build_transformer
+    return build_transformer(input_shape, num_classes, **options)
+
+
 _BUILDERS = {
     "cnn": (_cnn, ("dropout",), "softmax_cross_entropy"),
     "mlp": (_mlp, ("hidden", "dropout", "batch_norm"), "softmax_cross_entropy"),
     "lstm_classifier": (_lstm_classifier, ("vocabulary", "embedding_dim", "units"),
                         "sigmoid_binary_cross_entropy"),
     "char_lstm": (_char_lstm, ("embedding_dim", "units"), "softmax_cross_entropy"),
+    "transformer": (_transformer, ("embed_dim", "heads", "head_dim", "mlp_dim", "mlp_activation",
+                                   "layers", "norm", "positions", "tied_embeddings", "remat"),
+                    "softmax_cross_entropy"),
 }
 
 
@@ -377,7 +388,14 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
             "lstm_classifier" (options ``vocabulary`` 15000, ``embedding_dim``
             32, ``units`` 100; inputs (T,) token ids, 2 classes);
             "char_lstm" (options ``embedding_dim`` 32, ``units`` 128; inputs
-            (T,) character ids, labels (T,), num_classes = the characters).
+            (T,) character ids, labels (T,), num_classes = the characters);
+            "transformer" (decoder-only language model, options ``embed_dim``
+            64, ``heads`` 4, ``head_dim`` embed_dim // heads, ``mlp_dim``
+            4 * embed_dim, ``mlp_activation`` gated_silu | gelu, ``layers`` 2,
+            ``norm`` rmsnorm | layernorm, ``positions`` rotary | learned,
+            ``tied_embeddings`` true, ``remat`` none | minimal | full; inputs
+            (T,) token ids, labels (T,), num_classes = the vocabulary; see
+            ``pod.workloads.transformer``).
         input_shape: one example's shape, e.g. (8, 8, 1).
         num_classes: number of classes (>= 2).
 
@@ -395,4 +413,7 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     shape = tuple(input_shape)
     if not shape or not all(isinstance(v, (int, np.integer)) and v > 0 for v in shape):
         raise ValueError(f"input_shape must be positive integers, got {input_shape!r}")
-    return Model(name, builder(shape, num_classes, **options), shape, num_classes, loss=loss)
+    built = builder(shape, num_classes, **options)
+    if isinstance(built, Model):
+        return built
+    return Model(name, built, shape, num_classes, loss=loss)

@@ -16,7 +16,7 @@ import numpy as np
 
 from pod.workloads.checks import check_int, check_number
 
-OPTIMIZER_NAMES = ("sgd", "adam")
+OPTIMIZER_NAMES = ("sgd", "adam", "adamw")
 
 _F32 = np.float32
 
@@ -144,15 +144,60 @@ class Adam(Optimizer):
         return p_new, {"m": m, "v": v}
 
 
-_OPTIMIZERS = {"sgd": SGD, "adam": Adam}
+@dataclasses.dataclass(frozen=True)
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019), as
+    ``optax.adamw``: m and v as Adam's, then
+    p = p - lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p).
+
+    The decay acts on every parameter (optax's default ``mask=None``) and is
+    not scaled by the adaptive denominator; the defaults are optax's
+    (b1 0.9, b2 0.999, eps 1e-8, weight_decay 1e-4).
+    """
+
+    name = "adamw"
+    learning_rate: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 1e-4
+    slots = ("m", "v")
+
+    def __post_init__(self):
+        _check_positive("adamw", "learning_rate", self.learning_rate)
+        _check_fraction("adamw", "beta1", self.beta1)
+        _check_fraction("adamw", "beta2", self.beta2)
+        _check_positive("adamw", "eps", self.eps)
+        check_number(self.weight_decay, "adamw: weight_decay", low=0.0)
+
+    def _update_one(self, core, key, g, slots, p, step):
+        b1, b2 = _F32(self.beta1), _F32(self.beta2)
+        c1, c2 = _F32(1.0 - self.beta1), _F32(1.0 - self.beta2)
+        inv_bc1 = _F32(1.0 / (1.0 - self.beta1 ** step))
+        inv_bc2 = _F32(1.0 / (1.0 - self.beta2 ** step))
+        lr, eps, wd = _F32(self.learning_rate), _F32(self.eps), _F32(self.weight_decay)
+        m = core.vector(f"adamw/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
+                        slots["m"], g, ops_per_element=3.0)
+        v = core.vector(f"adamw/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
+                        slots["v"], g, ops_per_element=4.0)
+        p_new = core.vector(
+            f"adamw/{key}",
+            lambda p_, m_, v_: p_ - lr * ((m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps) + wd * p_),
+            p, m, v, ops_per_element=8.0, transcendental=True)
+        return p_new, {"m": m, "v": v}
+
+
+_OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 
 
 def build_optimizer(name: str, **options) -> Optimizer:
     """Builds an optimizer by name.
 
     Args:
-        name: "sgd" (options learning_rate=0.01, momentum=0.0) or "adam"
-            (learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-7).
+        name: "sgd" (options learning_rate=0.01, momentum=0.0), "adam"
+            (learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-7) or "adamw"
+            (learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+            weight_decay=1e-4; optax semantics).
 
     Raises:
         ValueError: unknown name, unknown option, or a bad value.
