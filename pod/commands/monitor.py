@@ -108,11 +108,17 @@ def render_config(options: MonitorOptions) -> dict[str, Any]:
     if options.targets:
         doc["scrape_configs"][0]["static_configs"] = [{"targets": list(options.targets)}]
     if options.scrape_interval_s is not None:
-        interval = f"{round(options.scrape_interval_s * 1000)}ms"
+        interval = _duration(options.scrape_interval_s)
         doc.setdefault("global", {}).update(scrape_interval=interval, evaluation_interval=interval)
         for job in doc["scrape_configs"]:
             job.pop("scrape_interval", None)
     return doc
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as a Prometheus duration: 5 -> "5s", 0.5 -> "500ms" (millisecond resolution)."""
+    ms = round(seconds * 1000)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def _check_port_free(port: int) -> None:

@@ -247,7 +247,7 @@ def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer
                                     "--scrape-interval", "1")
     try:
         assert lines[0].startswith(f"Prometheus on http://127.0.0.1:{server} scraping "
-                                   f"127.0.0.1:{exporter} every 1000ms"), lines
+                                   f"127.0.0.1:{exporter} every 1s"), lines
         workdir = Path(re.search(r"data and log in (\S+) ", lines[1]).group(1))
         assert workdir.is_dir() and (workdir / "tsdb").is_dir()
         # the shipped alert rules are loaded
