@@ -492,3 +492,45 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("interrupted", err=True)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+@cli.command("init")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Replace files there that differ from the shipped ones.")
+def init_command(directory: Path, force: bool) -> None:
+    """Copy the shipped scenarios and monitoring files into DIRECTORY."""
+    from pod.commands.init import init_directory, next_steps
+
+    try:
+        result = init_directory(directory, overwrite=force)
+    except (FileExistsError, NotADirectoryError) as err:
+        raise click.UsageError(str(err)) from None
+    scenarios = sum(p.parent == directory for p in result.written + result.unchanged)
+    click.echo(f"{directory}: {scenarios} scenarios and "
+               f"{len(result.written) + len(result.unchanged) - scenarios} monitoring files "
+               f"({len(result.written)} written, {len(result.unchanged)} already up to date)")
+    for line in next_steps(directory):
+        click.echo(line)
+
+
+@cli.command("monitor")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Prometheus configuration [default: the shipped monitoring/prometheus.yml].")
+@click.option("--port", type=click.IntRange(1, 65535), default=9090, show_default=True,
+              help="Prometheus web port on 127.0.0.1.")
+@click.option("--target", "targets", multiple=True, metavar="HOST:PORT",
+              help="Metrics endpoint to scrape, repeatable [default: the configuration's, "
+                   "127.0.0.1:9188].")
+@click.option("--scrape-interval", type=click.FloatRange(min=0.001), metavar="SECONDS",
+              help="Scrape and rule-evaluation interval [default: the configuration's, 5 s].")
+def monitor_command(config_path: Path | None, port: int, targets: tuple[str, ...],
+                    scrape_interval: float | None) -> None:
+    """Run a local Prometheus (the 'prometheus' binary) scraping a run, until Ctrl-C."""
+    from pod.commands.monitor import MonitorOptions, default_config, monitor, targets_of
+
+    try:
+        options = MonitorOptions(config=config_path or default_config(), port=port,
+                                 targets=targets_of(targets), scrape_interval_s=scrape_interval)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    monitor(options, echo=click.echo)

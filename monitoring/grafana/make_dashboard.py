@@ -1,10 +1,58 @@
-"""Writes monitoring/grafana/tpu-pod-dashboard.json (run from the repository root):
-    .venv/bin/python monitoring/grafana/make_dashboard.py
-Edit the panels here, not in the JSON."""
+"""Writes tpu-pod-dashboard.json next to this file; edit the panels here, not in the JSON.
+
+Run it from anywhere: ``.venv/bin/python monitoring/grafana/make_dashboard.py``.
+
+Every query is narrowed to the runs chosen in the ``scenario`` and ``instance``
+variables: a metric is kept only where ``tpu_pod_info`` of the same target
+(``instance``, ``job``) names a chosen scenario, so two runs, or two scenarios,
+can be told apart. The data source is the ``datasource`` variable, whose default
+is the data source of ``provisioning/datasources/prometheus.yaml`` (uid
+``tpu-pod-prometheus``): a Grafana provisioned from this folder shows the
+dashboard with no clicks; one where the dashboard is imported by hand picks its
+own Prometheus in the variable.
+"""
+
+from __future__ import annotations
+
 import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DATASOURCE_UID", "build_dashboard", "main"]
+
+DATASOURCE_UID = "tpu-pod-prometheus"  # the uid in provisioning/datasources/prometheus.yaml
 DS = {"type": "prometheus", "uid": "${datasource}"}
-panels = []
-def panel(title, kind, exprs, x, y, w=12, h=8, unit=None, stack=False, legend=None, extra=None):
+OUTPUT = Path(__file__).with_name("tpu-pod-dashboard.json")
+
+# the chosen runs: tpu_pod_info of a chosen scenario on a chosen instance
+_RUNS = 'tpu_pod_info{scenario=~"$scenario", instance=~"$instance"}'
+
+
+def run(metric: str, window: str | None = None) -> str:
+    """A metric of the chosen runs only.
+
+    Args:
+        metric: a metric name, e.g. ``tpu_pod_mfu_ratio``.
+        window: a range such as ``1m``: the per-second ``rate`` over it (counters and
+            histogram buckets) instead of the value.
+
+    Returns:
+        A PromQL expression keeping the metric's own labels (``instance`` among them).
+    """
+    series = f'{metric}{{instance=~"$instance"}}'
+    if window:
+        series = f"rate({series}[{window}])"
+    return f"({series} and on (instance, job) {_RUNS})"
+
+
+def quantile(q: float, histogram: str) -> str:
+    """The q-quantile of a histogram over the last minute, per run."""
+    return f"histogram_quantile({q}, sum by (instance, le) {run(histogram + '_bucket', '1m')})"
+
+
+def _panel(panels: list[dict[str, Any]], title: str, kind: str, exprs: list[str], x: int, y: int,
+           w: int = 12, h: int = 8, unit: str | None = None, stack: bool = False,
+           legend: list[str] | None = None, extra: dict[str, Any] | None = None) -> None:
     targets = [{"refId": chr(65 + i), "expr": e, "legendFormat": (legend[i] if legend else ""),
                 "datasource": DS} for i, e in enumerate(exprs)]
     p = {"id": len(panels) + 1, "title": title, "type": kind, "datasource": DS,
@@ -16,63 +64,100 @@ def panel(title, kind, exprs, x, y, w=12, h=8, unit=None, stack=False, legend=No
         p["fieldConfig"]["defaults"]["custom"] = {"stacking": {"mode": "normal", "group": "A"},
                                                   "fillOpacity": 60}
     if extra:
-        for k, v in extra.items():
-            p[k] = v
+        p.update(extra)
     panels.append(p)
-panel("Throughput (simulated examples/s)", "timeseries",
-      ["tpu_pod_simulated_examples_per_second"], 0, 0, legend=["{{instance}}"], unit="short")
-panel("MFU (simulated)", "gauge", ["tpu_pod_mfu_ratio"], 12, 0, w=6, unit="percentunit",
-      extra={"options": {"reduceOptions": {"calcs": ["lastNotNull"]}}})
-panel("Model FLOP/s (simulated)", "stat", ["tpu_pod_simulated_flops_per_second"], 18, 0, w=6,
-      unit="flops", extra={"options": {"reduceOptions": {"calcs": ["lastNotNull"]}}})
-panel("Step time breakdown (simulated)", "timeseries",
-      ["tpu_pod_simulated_step_part_seconds"], 0, 8, unit="s", stack=True, legend=["{{part}}"])
-panel("Step time quantiles (simulated)", "timeseries",
-      ["histogram_quantile(0.5, sum by (le) (rate(tpu_pod_simulated_step_seconds_bucket[1m])))",
-       "histogram_quantile(0.99, sum by (le) (rate(tpu_pod_simulated_step_seconds_bucket[1m])))",
-       "histogram_quantile(0.5, sum by (le) (rate(tpu_pod_simulated_allreduce_seconds_bucket[1m])))"],
-      12, 8, unit="s", legend=["step p50", "step p99", "allreduce p50"])
-panel("Loss and test accuracy", "timeseries", ["tpu_pod_loss", "tpu_pod_test_accuracy_ratio"],
-      0, 16, legend=["training loss", "test accuracy"])
-panel("HBM in use per chip", "bargauge",
-      ["sum by (chip) (tpu_pod_hbm_used_bytes) / sum by (chip) (tpu_pod_hbm_capacity_bytes)"],
-      12, 16, unit="percentunit", legend=["chip {{chip}}"],
-      extra={"options": {"orientation": "horizontal", "reduceOptions": {"calcs": ["lastNotNull"]}}})
-panel("ICI heat map: utilisation per directed link (simulated)", "status-history",
-      ["tpu_pod_ici_link_utilization_ratio"], 0, 24, w=24, h=10,
-      unit="percentunit", legend=["{{link}}"],
-      extra={"fieldConfig": {"defaults": {"unit": "percentunit", "min": 0, "max": 1,
-                                          "color": {"mode": "continuous-GrYlRd"}},
-                             "overrides": []}})
-panel("ICI traffic: bytes per WALL second of emulation", "timeseries",
-      ["sum by (link) (rate(tpu_pod_ici_transferred_bytes_total[1m]))"], 0, 34, unit="Bps",
-      legend=["{{link}}"])
-panel("MXU utilisation per TensorCore (simulated)", "timeseries",
-      ["tpu_pod_mxu_utilization_ratio"], 12, 34, unit="percentunit",
-      legend=["chip {{chip}} core {{core}}"])
-panel("Emulation: wall time per step and slowdown", "timeseries",
-      ["histogram_quantile(0.5, sum by (le) (rate(tpu_pod_wall_step_seconds_bucket[1m])))",
-       "tpu_pod_emulation_slowdown_ratio"], 0, 42, legend=["wall step p50 (s)", "wall / simulated"])
-panel("Steps and examples", "stat",
-      ["tpu_pod_steps_total", "tpu_pod_examples_total", "tpu_pod_info"], 12, 42,
-      legend=["steps", "examples", "{{slice}} {{topology}}"],
-      extra={"options": {"reduceOptions": {"calcs": ["lastNotNull"]}}})
-dash = {
-    "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
-                  "pluginId": "prometheus", "pluginName": "Prometheus"}],
-    "uid": "tpu-pod-emulator",
-    "title": "TPU pod emulator",
-    "description": "An emulated TPU pod: simulated throughput, MFU, step breakdown, HBM and ICI.",
-    "tags": ["tpu", "tpu-pod-emulator"],
-    "timezone": "browser",
-    "schemaVersion": 39,
-    "version": 1,
-    "editable": True,
-    "refresh": "5s",
-    "time": {"from": "now-15m", "to": "now"},
-    "templating": {"list": [{"name": "datasource", "label": "Prometheus", "type": "datasource",
-                             "query": "prometheus", "current": {}, "hide": 0}]},
-    "annotations": {"list": []},
-    "panels": panels,
-}
-open("monitoring/grafana/tpu-pod-dashboard.json", "w").write(json.dumps(dash, indent=2) + "\n")
+
+
+def _panels() -> list[dict[str, Any]]:
+    panels: list[dict[str, Any]] = []
+    last = {"options": {"reduceOptions": {"calcs": ["lastNotNull"]}}}
+    _panel(panels, "Throughput (simulated examples/s)", "timeseries",
+           [run("tpu_pod_simulated_examples_per_second")], 0, 0, legend=["{{instance}}"],
+           unit="short")
+    _panel(panels, "MFU (simulated)", "gauge", [run("tpu_pod_mfu_ratio")], 12, 0, w=6,
+           unit="percentunit", legend=["{{instance}}"], extra=last)
+    _panel(panels, "Model FLOP/s (simulated)", "stat", [run("tpu_pod_simulated_flops_per_second")],
+           18, 0, w=6, unit="flops", legend=["{{instance}}"], extra=last)
+    _panel(panels, "Step time breakdown (simulated)", "timeseries",
+           [run("tpu_pod_simulated_step_part_seconds")], 0, 8, unit="s", stack=True,
+           legend=["{{instance}} {{part}}"])
+    _panel(panels, "Step time quantiles (simulated)", "timeseries",
+           [quantile(0.5, "tpu_pod_simulated_step_seconds"),
+            quantile(0.99, "tpu_pod_simulated_step_seconds"),
+            quantile(0.5, "tpu_pod_simulated_allreduce_seconds")],
+           12, 8, unit="s",
+           legend=["{{instance}} step p50", "{{instance}} step p99", "{{instance}} allreduce p50"])
+    _panel(panels, "Loss and test accuracy", "timeseries",
+           [run("tpu_pod_loss"), run("tpu_pod_test_accuracy_ratio")], 0, 16,
+           legend=["{{instance}} training loss", "{{instance}} test accuracy"])
+    _panel(panels, "HBM in use per chip", "bargauge",
+           [f"sum by (instance, chip) {run('tpu_pod_hbm_used_bytes')} / "
+            f"sum by (instance, chip) {run('tpu_pod_hbm_capacity_bytes')}"],
+           12, 16, unit="percentunit", legend=["{{instance}} chip {{chip}}"],
+           extra={"options": {"orientation": "horizontal",
+                              "reduceOptions": {"calcs": ["lastNotNull"]}}})
+    _panel(panels, "ICI heat map: utilisation per directed link (simulated)", "status-history",
+           [run("tpu_pod_ici_link_utilization_ratio")], 0, 24, w=24, h=10,
+           legend=["{{instance}} {{link}}"],
+           extra={"fieldConfig": {"defaults": {"unit": "percentunit", "min": 0, "max": 1,
+                                               "color": {"mode": "continuous-GrYlRd"}},
+                                  "overrides": []}})
+    _panel(panels, "ICI traffic: bytes per WALL second of emulation", "timeseries",
+           [f"sum by (instance, link) {run('tpu_pod_ici_transferred_bytes_total', '1m')}"],
+           0, 34, unit="Bps", legend=["{{instance}} {{link}}"])
+    _panel(panels, "MXU utilisation per TensorCore (simulated)", "timeseries",
+           [run("tpu_pod_mxu_utilization_ratio")], 12, 34, unit="percentunit",
+           legend=["{{instance}} chip {{chip}} core {{core}}"])
+    _panel(panels, "Emulation: wall time per step and slowdown", "timeseries",
+           [quantile(0.5, "tpu_pod_wall_step_seconds"), run("tpu_pod_emulation_slowdown_ratio")],
+           0, 42, legend=["{{instance}} wall step p50 (s)", "{{instance}} wall / simulated"])
+    _panel(panels, "Steps and examples", "stat",
+           [run("tpu_pod_steps_total"), run("tpu_pod_examples_total"), _RUNS], 12, 42,
+           legend=["{{instance}} steps", "{{instance}} examples",
+                   "{{scenario}}: {{generation}} {{slice}} {{topology}}"], extra=last)
+    return panels
+
+
+def _variables() -> list[dict[str, Any]]:
+    datasource = {"name": "datasource", "label": "Prometheus", "type": "datasource",
+                  "query": "prometheus", "hide": 0,
+                  "current": {"text": "Prometheus (tpu-pod)", "value": DATASOURCE_UID}}
+
+    def query(name: str, expr: str) -> dict[str, Any]:
+        return {"name": name, "label": name, "type": "query", "datasource": DS,
+                "query": {"query": expr, "refId": f"{name}-values"}, "definition": expr,
+                "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*",
+                "current": {"text": ["All"], "value": ["$__all"]}, "sort": 1, "hide": 0}
+
+    return [datasource,
+            query("scenario", "label_values(tpu_pod_info, scenario)"),
+            query("instance", 'label_values(tpu_pod_info{scenario=~"$scenario"}, instance)')]
+
+
+def build_dashboard() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model (schema version 39)."""
+    return {
+        "uid": "tpu-pod-emulator",
+        "title": "TPU pod emulator",
+        "description": "An emulated TPU pod: simulated throughput, MFU, step breakdown, HBM and "
+                       "ICI, per scenario and instance.",
+        "tags": ["tpu", "tpu-pod-emulator"],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "5s",
+        "time": {"from": "now-15m", "to": "now"},
+        "templating": {"list": _variables()},
+        "annotations": {"list": []},
+        "panels": _panels(),
+    }
+
+
+def main() -> None:
+    """Write the dashboard JSON next to this file."""
+    OUTPUT.write_text(json.dumps(build_dashboard(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

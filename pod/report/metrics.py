@@ -3,11 +3,13 @@
 Names follow Prometheus conventions (``tpu_pod_`` prefix, base units,
 ``_total`` for counters); the clock is in the name: ``simulated`` figures come
 from the cost models, ``wall`` figures from this host. Labels are bounded:
-``chip``, ``core``, ``link`` and the run-info labels, never a step number.
+``chip`` (a rank), ``core``, ``link`` and the run-info labels, never a step
+number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
+``chip`` means one thing everywhere.
 
 | metric | type | labels | meaning |
 |---|---|---|---|
-| tpu_pod_info | gauge (1) | scenario, chip, slice, topology, dataset, synthetic | what is running |
+| tpu_pod_info | gauge (1) | scenario, generation, slice, topology, dataset, synthetic | what is running |
 | tpu_pod_steps_total | counter | | training steps done |
 | tpu_pod_examples_total | counter | | training examples processed |
 | tpu_pod_simulated_step_seconds | histogram | | simulated step time |
@@ -66,7 +68,7 @@ class PodMetrics:
 
     Args:
         scenario: scenario name (info label).
-        chip: chip preset name (info label).
+        chip: chip generation preset, e.g. "v4" (the info label ``generation``).
         slice_name: slice or pod name (info label).
         topology: torus shape, e.g. "2x2" (info label).
         dataset, synthetic: the training data's name and whether it is
@@ -82,7 +84,7 @@ class PodMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.info = Gauge("tpu_pod_info", "The emulated pod (value 1).",
-                          ["scenario", "chip", "slice", "topology", "dataset", "synthetic"],
+                          ["scenario", "generation", "slice", "topology", "dataset", "synthetic"],
                           registry=r)
         self.info.labels(scenario, chip, slice_name, topology, dataset,
                          "true" if synthetic else "false").set(1)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -217,31 +219,48 @@ def _query(port: int, expr: str) -> list:
     return body["data"]["result"]
 
 
+def _start_monitor(*args: str) -> tuple[subprocess.Popen, list[str]]:
+    """``tpu-pod monitor ARGS``; returns it and its first lines, once it prints the URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "pod", "monitor", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("Start a run"):
+            return proc, lines
+    proc.wait(timeout=30)
+    pytest.fail(f"tpu-pod monitor ended: {''.join(lines)} {proc.stderr.read()}")
+
+
+def _stop_monitor(proc: subprocess.Popen) -> tuple[int, str]:
+    """Ctrl-C, as a terminal sends it; returns the exit status and the rest of stdout."""
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=40)
+    return proc.returncode, rest
+
+
 @pytest.mark.skipif(prometheus is None, reason="prometheus not installed (Debian package "
                     "'prometheus'; .ci/run installs it)")
-def test_a_real_prometheus_scrapes_a_training_run(tmp_path, ray_cluster):
+def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer(tmp_path,
+                                                                                 ray_cluster):
     exporter, server = _free_port(), _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: tpu_pod\n"
-                      f"    static_configs:\n      - targets: ['127.0.0.1:{exporter}']\n")
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(
         "name: prom\npod: {slice: v2-8}\n"
         "model: {name: mlp, options: {hidden: [16], dropout: false}}\n"
         "training: {global_batch: 64, steps: 400, optimizer: {name: sgd, learning_rate: 0.05}}\n")
-    prom = subprocess.Popen([prometheus, f"--config.file={config}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{server}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    monitor, lines = _start_monitor("--port", str(server), "--target", f"127.0.0.1:{exporter}",
+                                    "--scrape-interval", "1")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{server}/-/ready", timeout=1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "prometheus did not become ready"
-                time.sleep(0.2)
+        assert lines[0].startswith(f"Prometheus on http://127.0.0.1:{server} scraping "
+                                   f"127.0.0.1:{exporter} every 1s"), lines
+        workdir = Path(re.search(r"data and log in (\S+) ", lines[1]).group(1))
+        assert workdir.is_dir() and (workdir / "tsdb").is_dir()
+        # the shipped alert rules are loaded
+        with urllib.request.urlopen(f"http://127.0.0.1:{server}/api/v1/rules", timeout=5) as resp:
+            groups = json.loads(resp.read())["data"]["groups"]
+        assert {r["name"] for g in groups for r in g["rules"]} >= {"TpuPodLowMFU",
+                                                                   "TpuPodIciLinkIdle"}
         # the run holds its endpoint 30 s after training; query while it does
         # (once the target goes away, Prometheus marks its series stale)
         run = subprocess.Popen(
@@ -273,12 +292,77 @@ def test_a_real_prometheus_scrapes_a_training_run(tmp_path, ray_cluster):
             assert values == sorted(values) and values[-1] > values[0], s["metric"]
         total = sum(float(s["values"][-1][1]) for s in series)
         assert total == summary["ici_bytes_per_step"] * summary["steps"]
+        (info,) = _query(server, "tpu_pod_info")
+        assert info["metric"]["scenario"] == "prom" and info["metric"]["generation"] == "v2"
+
+        # every dashboard query answers for this run (All selected), and for its
+        # scenario and instance; another scenario's name selects nothing
+        dash = json.loads((MONITORING / "grafana" / "tpu-pod-dashboard.json").read_text())
+        instance = f"127.0.0.1:{exporter}"
+        for panel in dash["panels"]:
+            for target in panel["targets"]:
+                for chosen, other in ((".*", ".*"), ("prom", instance)):
+                    expr = target["expr"].replace("$scenario", chosen).replace("$instance", other)
+                    assert _query(server, expr), f"{panel['title']}: {expr} returned nothing"
+                expr = target["expr"].replace("$scenario", "another").replace("$instance", ".*")
+                assert not _query(server, expr), f"{panel['title']}: {expr}"
     finally:
         if "run" in locals():
             run.terminate()
             run.wait(timeout=30)
-        prom.terminate()
-        prom.wait(timeout=20)
+        code, rest = _stop_monitor(monitor)
+    assert code == 0 and "Prometheus stopped (exit status 0)" in rest, rest
+    assert not workdir.exists()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{server}/-/ready", timeout=2)
+
+
+@pytest.mark.skipif(prometheus is None, reason="prometheus not installed (Debian package "
+                    "'prometheus'; .ci/run installs it)")
+def test_tpu_pod_monitor_stops_on_sigterm_and_reports_a_busy_port(tmp_path):
+    server = _free_port()
+    monitor, _ = _start_monitor("--port", str(server))
+    try:
+        second = subprocess.run([sys.executable, "-m", "pod", "monitor", "--port", str(server)],
+                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"port {server} on 127.0.0.1 is already in use" in second.stderr
+    finally:
+        monitor.terminate()
+        rest, _ = monitor.communicate(timeout=40)
+    assert monitor.returncode == 0 and "Prometheus stopped" in rest
+
+
+def test_tpu_pod_monitor_without_prometheus_is_one_line_naming_the_binary(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pod", "monitor"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PATH": str(tmp_path)})
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "'prometheus' binary is not on PATH" in out.stderr
+    assert "apt-get install prometheus" in out.stderr
+
+
+def test_monitor_config_is_the_shipped_one_with_the_options_applied(tmp_path):
+    from pod.commands.monitor import MonitorOptions, default_config, render_config
+
+    shipped = default_config()
+    assert shipped.read_bytes() == (MONITORING / "prometheus.yml").read_bytes()
+    plain = render_config(MonitorOptions(config=shipped))
+    assert plain["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9188"]
+    assert [Path(p) for p in plain["rule_files"]] == [(MONITORING / "alerts.yml").resolve()]
+    config = render_config(MonitorOptions(config=shipped, targets=("127.0.0.1:9200", "h:9201"),
+                                          scrape_interval_s=0.5))
+    assert config["scrape_configs"][0]["static_configs"] == [
+        {"targets": ["127.0.0.1:9200", "h:9201"]}]
+    assert config["global"]["scrape_interval"] == config["global"]["evaluation_interval"] == "500ms"
+    for bad in ({"targets": ("9188",)}, {"targets": ("host:port",)}, {"port": 0}):
+        with pytest.raises(ValueError):
+            MonitorOptions(config=shipped, **bad)
+    if promtool is not None:
+        path = tmp_path / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config))
+        out = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
+                             text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.mark.usefixtures("ray_cluster")
