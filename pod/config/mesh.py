@@ -495,7 +495,9 @@ def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / _GIB:.1f}".removesuffix(".0") + " GiB"
+    """Bytes as "9.1 GiB" (one decimal, ".0" dropped), or "30.5 MiB" below 1 GiB."""
+    value, unit = (nbytes / _GIB, "GiB") if nbytes >= _GIB else (nbytes / 2**20, "MiB")
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
 def _sharded_items(params: int, optimizer_bytes_per_param: float, activation_bytes_per_example: int,
