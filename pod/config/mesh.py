@@ -440,12 +440,13 @@ def _fits_torus(axes: Mapping[str, int], torus: Torus, per_chip: int) -> bool:
 
 
 def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
-    """Two valid meshes nearest the one given (by the log-ratio of their sizes)."""
+    """Two valid meshes nearest the one given (by the log-ratio of their sizes; an axis
+    given as -1 may take any size)."""
     count = torus.num_chips * per_chip
-    want = {name: abs(size) for name, size in given.items()}
+    want = {name: given.get(name, 1) for name in AXIS_NAMES if given.get(name) != -1}
 
     def distance(axes: dict[str, int]) -> float:
-        return sum(abs(math.log(axes.get(n, 1) / want.get(n, 1))) for n in AXIS_NAMES)
+        return sum(abs(math.log(axes.get(n, 1) / size)) for n, size in want.items())
 
     near = sorted((m for m in _all_meshes(count) if _fits_torus(m, torus, per_chip)),
                   key=distance)

@@ -180,7 +180,7 @@ def test_the_mesh_is_an_immutable_value():
      "tensor: 4})"),
     ({"data": -1, "tensor": 3}, "pod.mesh: {data: -1, tensor: 3}: the other axes take 3 devices, "
      "which does not divide the 16 devices of the v4-32 slice; sizes must multiply to 16 (e.g. "
-     "{data: 4, tensor: 4}, {data: 2, fsdp: 2, tensor: 4})"),
+     "{data: 4, tensor: 4}, {data: 8, tensor: 2})"),
 ])
 def test_sizes_that_do_not_multiply_to_the_devices_name_valid_meshes(axes, message):
     with pytest.raises(ScenarioError) as err:
