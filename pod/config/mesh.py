@@ -172,9 +172,13 @@ class MeshAxis:
         name: data, fsdp or tensor.
         size: devices along it.
         blocks: the physical axes it occupies, slowest first (empty for size 1).
-        closed: its groups are closed rings in ring order (else open lines).
+        closed: its groups are closed rings in ring order: the last device is as
+            near the first as consecutive ones are (a group of two is a closed
+            ring; a group of one is not); else open lines.
         hops_per_step: the largest number of ICI hops between consecutive
             devices of a group in ring order (0: all on one chip).
+        ring: the indices along the axis in ring order (a permutation of
+            ``range(size)``); :meth:`Mesh.groups` applies it.
     """
 
     name: str
