@@ -19,16 +19,17 @@ Layout (``jax.experimental.mesh_utils.create_device_mesh`` [JAX-MU], [SB]
 "How to Scale Your Model", sharding chapter). The physical axes, innermost
 first, are: the TensorCores of a chip (v2 / v3 only), then the torus axes
 from the last (fastest, contiguous ranks) to the first. Mesh axes are placed
-innermost first (tensor, then fsdp, then data); each takes
-
-- whole physical axes (what is left of them), whose product is its size, or
-- whole axes and one contiguous block of one more axis (the axis is *split*:
-  its inner block goes to this mesh axis, the rest, strided by the block, is
-  left to the outer mesh axes; JAX's ``allow_split_physical_axes``).
-
+innermost first (tensor, then fsdp, then data); from each physical axis a
+mesh axis takes all that is left of it, nothing, or a contiguous block (the
+axis is *split*: the inner block goes to this mesh axis, the rest, strided by
+the block, is left to the outer mesh axes; JAX's
+``allow_split_physical_axes``), so that the sizes multiply to its size.
 Among the choices it prefers, in order: the smallest stride (contiguous
-chips), no split, the fastest axes. So the innermost mesh axis with an even
-size takes the two TensorCores of a v2 / v3 chip.
+chips), the fewest split axes, the fastest axes. So the innermost mesh axis
+with an even size takes the two TensorCores of a v2 / v3 chip. Every mesh
+whose sizes multiply to the device count can be laid out this way (each
+size divides what is left; deal its prime factors out axis by axis), so the
+only layout error is a wrong product.
 
 Invariants (tests/pod/config/test_mesh.py checks each, over 1-D, 2-D and 3-D
 tori with and without wraparound):
@@ -306,54 +307,38 @@ def _physical_axes(torus: Torus, per_chip: int) -> list[_Physical]:
 
 
 def _candidates(phys: list[_Physical]):
-    """Every (whole axes, block axis, block size, size) a mesh axis may take now."""
-    free = [i for i, p in enumerate(phys) if p.left > 1]
-    for count in range(len(free) + 1):
-        for whole in itertools.combinations(free, count):
-            base = math.prod(phys[i].left for i in whole)
-            yield whole, None, 1, base
-            for q in free:
-                if q in whole:
-                    continue
-                for b in range(2, phys[q].left):
-                    if phys[q].left % b == 0:
-                        yield whole, q, b, base * b
+    """Every way to take a mesh axis now: per physical axis, a divisor of what is left of
+    it (1: not used; all of it: the whole axis; else a contiguous block)."""
+    options = [[f for f in range(1, p.left + 1) if p.left % f == 0] for p in phys]
+    yield from itertools.product(*options)
 
 
 def _place(name: str, size: int, phys: list[_Physical]) -> list[AxisBlock]:
-    """Take the physical axes of one mesh axis; see the module docstring for the order."""
-    if size == 1:
-        return []
+    """Take the physical axes of one mesh axis; see the module docstring for the order.
+
+    A choice always exists when the sizes multiply to the device count: each
+    size divides the product of what is left, and its prime factors can be
+    dealt out to the axes prime by prime.
+    """
     best = None
-    for whole, q, b, product in _candidates(phys):
-        if product != size:
+    for factors in _candidates(phys):
+        if math.prod(factors) != size:
             continue
-        used = [*whole, *([q] if q is not None else [])]
-        key = (max(phys[i].stride for i in used), q is not None, sorted(used),
-               -(q if q is not None else 0))
+        used = [i for i, f in enumerate(factors) if f > 1]
+        blocks = [i for i in used if factors[i] < phys[i].left]
+        key = (max((phys[i].stride for i in used), default=1), len(blocks), used,
+               [-i for i in blocks])
         if best is None or key < best[0]:
-            best = (key, whole, q, b)
-    if best is None:
-        choices = sorted({product for *_, product in _candidates(phys)})
-        left = " and ".join(
-            f"{p.left} TensorCores of a chip" if p.torus_axis is None else
-            f"{p.left} chips of torus axis {p.torus_axis}" for p in phys if p.left > 1)
-        listed = ", ".join(map(str, choices[:-1])) + f" or {choices[-1]}"
-        raise ScenarioError(f"pod.mesh: {name}: {size} cannot be laid on neighbouring devices: "
-                            f"it takes whole torus axes and at most one contiguous block of one "
-                            f"more, and {left or 'nothing'} are left to it; choose {listed}")
-    _, whole, q, b = best
-    blocks = []
-    for i in whole:
-        p = phys[i]
-        blocks.append(AxisBlock(p.torus_axis, p.left, p.stride, p.wraps and p.stride * p.left
-                                == p.size))
-        p.stride, p.left = p.stride * p.left, 1
-    if q is not None:
-        p = phys[q]
-        blocks.append(AxisBlock(p.torus_axis, b, p.stride, False))
-        p.stride, p.left = p.stride * b, p.left // b
-    return blocks
+            best = (key, factors)
+    if best is None:  # unreachable when the sizes multiply to the devices (see above)
+        raise ValueError(f"mesh axis {name} of {size} devices does not divide what is left")
+    out = []
+    for p, f in zip(phys, best[1]):
+        if f > 1:
+            whole = f == p.left and p.stride * p.left == p.size
+            out.append(AxisBlock(p.torus_axis, f, p.stride, p.wraps and whole))
+            p.stride, p.left = p.stride * f, p.left // f
+    return out
 
 
 def _slow_first(blocks, ndim: int):
@@ -397,10 +382,8 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
         The mesh.
 
     Raises:
-        ScenarioError: an axis that cannot take whole torus axes plus one
-            contiguous block ("pod.mesh: tensor: 9 cannot be laid ...; choose
-            1, 2, 3, 6, 12, 18 or 36").
-        ValueError: the sizes do not multiply to the device count.
+        ValueError: the sizes do not multiply to the device count (the only
+            way a layout fails; :func:`build_mesh` says it in one line).
     """
     names = tuple(name for name in AXIS_NAMES if name in axes)
     shape = tuple(int(axes[name]) for name in names)
@@ -435,25 +418,17 @@ def _all_meshes(count: int) -> list[dict[str, int]]:
     return out
 
 
-def _fits_torus(axes: Mapping[str, int], torus: Torus, per_chip: int) -> bool:
-    try:
-        layout_mesh(axes, torus, per_chip)
-    except ScenarioError:
-        return False
-    return True
-
-
 def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
-    """Two valid meshes nearest the one given (by the log-ratio of their sizes; an axis
-    given as -1 may take any size)."""
+    """Two valid meshes nearest the one given: fewest sizes changed, then the smallest
+    sum of log-ratios of the sizes (an axis given as -1 may take any size)."""
     count = torus.num_chips * per_chip
     want = {name: given.get(name, 1) for name in AXIS_NAMES if given.get(name) != -1}
 
-    def distance(axes: dict[str, int]) -> float:
-        return sum(abs(math.log(axes.get(n, 1) / size)) for n, size in want.items())
+    def distance(axes: dict[str, int]) -> tuple[int, float]:
+        changed = sum(axes.get(n, 1) != size for n, size in want.items())
+        return changed, sum(abs(math.log(axes.get(n, 1) / size)) for n, size in want.items())
 
-    near = sorted((m for m in _all_meshes(count) if _fits_torus(m, torus, per_chip)),
-                  key=distance)
+    near = sorted(_all_meshes(count), key=distance)  # every one of them can be laid out
     return ", ".join(format_axes(m) for m in near[:2])
 
 
@@ -574,8 +549,7 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
             continue
         plan = _sharded_items(*args, global_batch // (axes["data"] * f), f, t, largest, precision)
         key = (f * t, t, plan["total"])
-        if plan["total"] <= capacity_bytes and (found is None or key < found[0]) and \
-                _fits_torus(axes, mesh.torus, mesh.devices_per_chip):
+        if plan["total"] <= capacity_bytes and (found is None or key < found[0]):
             found = (key, axes, plan["total"])
     hint = (f"{format_axes(found[1])} fits ({_gib(found[2])} per device)" if found else
             f"no mesh of {mesh.size} devices fits; use a smaller model or batch, or more devices")
