@@ -39,9 +39,9 @@ tori with and without wraparound):
 - a group in ring order (:meth:`Mesh.groups`) steps between devices on the
   same chip (v2 / v3 cores) or ``hops_per_step`` ICI hops apart: 1 hop (a
   physical neighbour) unless the group runs over the outer, strided part of
-  a split axis. A split cannot keep both parts on neighbours: a cycle of
-  ``a x b`` chips has ``a b`` links, an ``a x b`` grid of neighbours needs
-  ``2ab - a - b``, more unless a = b = 2;
+  a split axis. A split cannot keep both parts on neighbours: a torus axis
+  of ``a b`` chips has at most ``a b`` links, an ``a x b`` grid of
+  neighbours needs ``2ab - a - b``, more unless a = b = 2;
 - a group is a closed ring when its last device is as near the first as
   consecutive ones are (wraparound links, or a 2-D sub-torus with an even
   side), else an open line;
@@ -271,7 +271,9 @@ class Mesh:
 
         Returns:
             ``size / axis size`` tuples of device ids, in row-major order of the
-            other axes; together they hold every device once.
+            other axes; together they hold every device once. The groups of
+            one axis are translates of each other on the torus, so they share
+            :meth:`is_ring` and ``hops_per_step``.
         """
         info = self._axis(axis)
         if order not in ("ring", "mesh"):
