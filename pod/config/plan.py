@@ -18,6 +18,7 @@ from interconnect import ScheduleCost, calibrated_link
 from pod.config.faults import FaultPlan
 from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
+from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, mesh_memory_plan
 from pod.config.scenario import Scenario
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
@@ -44,6 +45,9 @@ class TrainingPlan:
         ici: the allreduce algorithm and its cost at every step (link
             faults included).
         faults: the scenario's faults checked against the pod.
+        mesh: the device mesh (``pod.mesh``; default ``{data: every device}``).
+            With fsdp or tensor above 1, ``memory`` is one device's
+            sharded plan (``pod.config.mesh.mesh_memory_plan``).
     """
 
     scenario: Scenario
@@ -56,6 +60,7 @@ class TrainingPlan:
     memory: dict[str, int]
     ici: IciPlan
     faults: FaultPlan
+    mesh: Mesh | None = None
 
     @property
     def global_batch(self) -> int:
@@ -161,6 +166,40 @@ def _data_field(message: str, path: str | None) -> str:
     return "data"
 
 
+def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, optimizer,
+                 per_core: int) -> dict[str, int]:
+    """The HBM check of ``build_plan``: one TensorCore's plan (``memory_plan``), or with
+    a ``pod.mesh`` that has fsdp or tensor, one device's sharded plan (pod/config/mesh.py).
+
+    Raises:
+        HBMPlanError: one line naming the field to change.
+    """
+    training = scenario.training
+    try:
+        if not mesh.is_data_parallel:  # pod.mesh with fsdp / tensor: one device's sharded plan
+            memory = mesh_memory_plan(model, optimizer.state_bytes(_shape_only(model)),
+                                      training.global_batch, mesh, device_hbm_bytes(pod.chip),
+                                      precision=training.precision)
+        else:
+            memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
+                                 pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",
+                                 precision=training.precision)
+    except HBMPlanError as err:
+        if not mesh.is_data_parallel:
+            raise  # its one line names pod.mesh and a mesh that fits
+        # name the field a user would change
+        field = "training.global_batch" if err.tag == "activations" else "model.options"
+        what = (f"{per_core} examples per TensorCore" if err.tag == "activations" else
+                f"{scenario.model.name} with {int(model.num_params):,} parameters")
+        raise HBMPlanError(
+            f"{field}: {what} does not fit: {err}; use a smaller "
+            f"{'global batch' if err.tag == 'activations' else 'model'} or a chip with more HBM "
+            f"per TensorCore", tag=err.tag, requested_bytes=err.requested_bytes,
+            free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
+            memory_plan=err.memory_plan) from None
+    return memory
+
+
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False) -> TrainingPlan:
     """Resolve and check a scenario.
@@ -186,6 +225,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound)
     check_links(cfg.links, pod.torus)
+    mesh = build_mesh(cfg.mesh, pod)
     training = scenario.training
     try:
         check_precision(training.precision, pod.chip.core, pod.chip.name)
@@ -219,28 +259,15 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         raise ScenarioError(f"training.optimizer: {err}") from None
     steps_per_epoch = max(1, n_train // training.global_batch)
     steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
-    try:
-        memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
-                             pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",
-                             precision=training.precision)
-    except HBMPlanError as err:
-        # name the field a user would change
-        field = "training.global_batch" if err.tag == "activations" else "model.options"
-        what = (f"{per_core} examples per TensorCore" if err.tag == "activations" else
-                f"{scenario.model.name} with {int(model.num_params):,} parameters")
-        raise HBMPlanError(
-            f"{field}: {what} does not fit: {err}; use a smaller "
-            f"{'global batch' if err.tag == 'activations' else 'model'} or a chip with more HBM "
-            f"per TensorCore", tag=err.tag, requested_bytes=err.requested_bytes,
-            free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
-            memory_plan=err.memory_plan) from None
+    memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
                if training.overlap else ())
     ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
-                        steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults)
+                        steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
+                        mesh=mesh)
 
 
 def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) -> np.ndarray:

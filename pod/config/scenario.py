@@ -18,6 +18,8 @@ default)::
       wraparound: true               # default: the generation's rules
       allreduce: auto                # auto | torus | bidirectional_ring | ring |
                                      # halving_doubling | tree (auto: the fastest)
+      mesh: {data: 2, tensor: 2}     # device mesh, axes data | fsdp | tensor, -1: the rest
+                                     # (pod/config/mesh.py; default {data: every device})
       links:                         # slowed or failed directed ICI links
         - {link: "0->1", slowdown: 2.0}
         - {link: "1->2", failed: true}
@@ -143,6 +145,15 @@ class PodConfig(_Frozen):
     # pipelined: weights double-buffered, one pipeline bubble per op (the hardware [SB]);
     # scalesim: SCALE-Sim's weight-stationary count, a weight load and fill/drain per fold
     mxu_model: str = "pipelined"
+    # pod.mesh: axis name -> size (pod/config/mesh.py); None: {data: every device}
+    mesh: dict[str, int] | None = None
+
+    @field_validator("mesh", mode="before")
+    @classmethod
+    def _mesh_axes(cls, value: Any) -> Any:
+        from pod.config.mesh import parse_mesh_axes  # ScenarioError is a ValueError: pydantic reports it
+
+        return None if value is None else parse_mesh_axes(value)
 
     @field_validator("allreduce")
     @classmethod

@@ -1,0 +1,594 @@
+"""A device mesh laid on the ICI torus, JAX style, and the HBM it leaves per device.
+
+A :class:`Mesh` is an immutable value, as ``jax.sharding.Mesh``: an n-d array
+of device ids plus axis names. The axes are ``data``, ``fsdp`` and ``tensor``,
+always in that order (data outermost, tensor innermost, as MaxText's
+``ici_{data,fsdp,tensor}_parallelism``); a scenario gives a subset of them in
+``pod.mesh`` (``{data: 2, fsdp: -1, tensor: 4}``), ``-1`` meaning "the rest"
+(at most one axis). Without ``pod.mesh`` the mesh is ``{data: <every
+device>}``, today's data-parallel layout.
+
+Devices [JAX]: on v2 and v3 each TensorCore is its own JAX device (2 per
+chip); v4 and v5p run their two TensorCores as one "megacore" device; v5e
+and v6e have one TensorCore per chip. So a v2-8 (4 chips) has 8 devices, a
+v4-32 (16 chips) 16. Device id ``d`` is chip rank ``d // devices_per_chip``,
+core ``d % devices_per_chip``: ids follow the torus's row-major ranks with
+the chip's cores innermost.
+
+Layout (``jax.experimental.mesh_utils.create_device_mesh`` [JAX-MU], [SB]
+"How to Scale Your Model", sharding chapter). The physical axes, innermost
+first, are: the TensorCores of a chip (v2 / v3 only), then the torus axes
+from the last (fastest, contiguous ranks) to the first. Mesh axes are placed
+innermost first (tensor, then fsdp, then data); from each physical axis a
+mesh axis takes all that is left of it, nothing, or a contiguous block (the
+axis is *split*: the inner block goes to this mesh axis, the rest, strided by
+the block, is left to the outer mesh axes; JAX's
+``allow_split_physical_axes``), so that the sizes multiply to its size.
+Among the choices it prefers, in order: the smallest stride (contiguous
+chips), the fewest split axes, the fastest axes. So the innermost mesh axis
+with an even size takes the two TensorCores of a v2 / v3 chip. Every mesh
+whose sizes multiply to the device count can be laid out this way (each
+size divides what is left; deal its prime factors out axis by axis), so the
+only layout error is a wrong product.
+
+Invariants (tests/pod/config/test_mesh.py checks each, over 1-D, 2-D and 3-D
+tori with and without wraparound):
+
+- every device appears exactly once in ``devices``; the groups along one
+  axis (the devices along it, the other axes fixed) partition the devices;
+- a group in ring order (:meth:`Mesh.groups`) steps between devices on the
+  same chip (v2 / v3 cores) or ``hops_per_step`` ICI hops apart: 1 hop (a
+  physical neighbour) unless the group runs over the outer, strided part of
+  a split axis. A split cannot keep both parts on neighbours: a torus axis
+  of ``a b`` chips has at most ``a b`` links, an ``a x b`` grid of
+  neighbours needs ``2ab - a - b``, more unless a = b = 2;
+- a group is a closed ring when its last device is as near the first as
+  consecutive ones are (wraparound links, or a 2-D sub-torus with an even
+  side), else an open line;
+- ``{data: N}``: ``devices == arange(N)``, as the data-parallel batch split.
+
+Sources: [JAX] jax.readthedocs.io "TPU devices" (cores per device per
+generation); [JAX-MU] ``jax/experimental/mesh_utils.py``; [SB] "How to Scale
+Your Model", the sharding and training chapters (FSDP = ZeRO-3).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from chip import ChipSpec
+from interconnect import Torus
+from pod.config.slices import PodShape
+from pod.errors import HBMPlanError, ScenarioError
+
+__all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
+           "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
+           "sharded_memory_plan", "mesh_memory_plan"]
+
+#: Mesh axis names, outermost first (MaxText's ici_*_parallelism order).
+AXIS_NAMES = ("data", "fsdp", "tensor")
+
+#: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
+#: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).
+CORES_ARE_DEVICES = ("v2", "v3")
+
+_GIB = 2**30
+#: Bytes of the MXU's copy of a weight per precision (fp32 runs on the float32 weights).
+_MXU_COPY_BYTES = {"bf16": 2, "int8": 1, "fp32": 0}
+_FLOAT32_BYTES = 4
+
+
+# ------------------------------------------------------------------ the scenario
+
+
+def format_axes(axes: Mapping[str, int]) -> str:
+    """A mesh as YAML flow text, e.g. ``{data: 2, tensor: 4}``."""
+    return "{" + ", ".join(f"{name}: {size}" for name, size in axes.items()) + "}"
+
+
+def parse_mesh_axes(value: object) -> dict[str, int]:
+    """Check ``pod.mesh`` as written: known axis names, sizes >= 1 or one ``-1``.
+
+    Args:
+        value: the YAML value, a mapping of axis name to size.
+
+    Returns:
+        The axes in mesh order (data, fsdp, tensor), e.g. ``{"data": 2, "tensor": -1}``.
+
+    Raises:
+        ScenarioError: one line quoting the mesh and the allowed names or sizes.
+    """
+    allowed = ", ".join(AXIS_NAMES)
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"must be a mapping of axis name to size such as "
+                            f"{{data: 2, tensor: 4}}; axes: {allowed}")
+    shown = format_axes(value) if value else "{}"
+    if not value:
+        raise ScenarioError(f"{shown}: give at least one axis such as {{data: 2, tensor: 4}}; "
+                            f"axes: {allowed}")
+    for name, size in value.items():
+        if name not in AXIS_NAMES:
+            raise ScenarioError(f"{shown}: unknown axis {name!r}; allowed: {allowed}")
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise ScenarioError(f"{shown}: {name}: {size!r} is not a whole number; give a size "
+                                f">= 1, or -1 for the rest of the devices")
+        if size < 1 and size != -1:
+            raise ScenarioError(f"{shown}: {name}: {size} is not a size; give a size >= 1, or -1 "
+                                f"for the rest of the devices (at most one axis)")
+    rest = [name for name in value if value[name] == -1]
+    if len(rest) > 1:
+        raise ScenarioError(f"{shown}: {' and '.join(rest)} are both -1; at most one axis takes "
+                            f"the rest of the devices")
+    return {name: value[name] for name in AXIS_NAMES if name in value}
+
+
+def devices_per_chip(chip: ChipSpec) -> int:
+    """JAX devices per chip: its TensorCores on v2 / v3, else 1 (megacore or one core) [JAX]."""
+    return chip.tensorcores if chip.name in CORES_ARE_DEVICES else 1
+
+
+def device_hbm_bytes(chip: ChipSpec) -> int:
+    """HBM of one device, bytes: a TensorCore's share on v2 / v3, the whole chip's otherwise."""
+    return chip.hbm_bytes // devices_per_chip(chip)
+
+
+# ------------------------------------------------------------------ the value
+
+
+@dataclass(frozen=True)
+class AxisBlock:
+    """The part of one physical axis a mesh axis occupies.
+
+    Attributes:
+        torus_axis: the torus axis (0 = slowest), or None for the TensorCores of a
+            chip (v2 / v3).
+        size: devices along it.
+        stride: chips between consecutive devices along the torus axis (1:
+            contiguous; > 1: the outer part of a split axis); 1 for cores.
+        wraps: the block closes into a ring over the axis's wraparound link
+            (it spans the whole axis, which wraps, and has more than 2 chips).
+    """
+
+    torus_axis: int | None
+    size: int
+    stride: int
+    wraps: bool
+
+    @property
+    def hops(self) -> int:
+        """ICI hops between consecutive devices along the block (0: same chip)."""
+        return 0 if self.torus_axis is None else self.stride
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    """One mesh axis and where it lies on the torus.
+
+    Attributes:
+        name: data, fsdp or tensor.
+        size: devices along it.
+        blocks: the physical axes it occupies, slowest first (empty for size 1).
+        closed: its groups are closed rings in ring order: the last device is as
+            near the first as consecutive ones are (a group of two is a closed
+            ring; a group of one is not); else open lines.
+        hops_per_step: the largest number of ICI hops between consecutive
+            devices of a group in ring order (0: all on one chip).
+        ring: the indices along the axis in ring order (a permutation of
+            ``range(size)``); :meth:`Mesh.groups` applies it.
+    """
+
+    name: str
+    size: int
+    blocks: tuple[AxisBlock, ...]
+    closed: bool
+    hops_per_step: int
+    ring: tuple[int, ...] = field(repr=False, default=())  # indices along the axis, ring order
+
+
+@dataclass(frozen=True, eq=False)
+class Mesh:
+    """An immutable device mesh laid on a torus; build it with :func:`build_mesh`.
+
+    Attributes:
+        axis_names: mesh axes, outermost first, e.g. ("data", "tensor").
+        shape: devices per axis, e.g. (4, 4); the product is the device count.
+        devices: int array of that shape holding device ids (read-only); device
+            ``d`` is chip rank ``d // devices_per_chip``, core ``d % devices_per_chip``.
+        torus: the ICI torus of the chips.
+        devices_per_chip: 2 on v2 / v3 (a device per TensorCore), else 1.
+        axes: per axis its :class:`MeshAxis` (blocks, ring or line).
+    """
+
+    axis_names: tuple[str, ...]
+    shape: tuple[int, ...]
+    devices: np.ndarray
+    torus: Torus
+    devices_per_chip: int
+    axes: tuple[MeshAxis, ...]
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Mesh) and self._key() == other._key()
+                and np.array_equal(self.devices, other.devices))
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple:
+        return (self.axis_names, self.shape, self.torus, self.devices_per_chip)
+
+    @property
+    def size(self) -> int:
+        """Number of devices."""
+        return int(self.devices.size)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Axis name -> size, in mesh order."""
+        return dict(zip(self.axis_names, self.shape))
+
+    def axis_size(self, axis: str) -> int:
+        """Devices along ``axis``; 1 for an axis the mesh does not have (data, fsdp, tensor)."""
+        if axis not in AXIS_NAMES:
+            raise ValueError(f"mesh axis {axis!r} is unknown; allowed: {', '.join(AXIS_NAMES)}")
+        return self.sizes.get(axis, 1)
+
+    @property
+    def is_data_parallel(self) -> bool:
+        """Only the data axis has more than one device (today's data-parallel run)."""
+        return self.axis_size("fsdp") == 1 and self.axis_size("tensor") == 1
+
+    def chip_and_core(self, device: int) -> tuple[int, int]:
+        """(chip rank, core) of a device id."""
+        return divmod(int(device), self.devices_per_chip)
+
+    def _axis(self, axis: str) -> MeshAxis:
+        if axis not in self.axis_names:
+            raise ValueError(f"mesh axis {axis!r} is not in the mesh {format_axes(self.sizes)}; "
+                             f"its axes: {', '.join(self.axis_names)}")
+        return self.axes[self.axis_names.index(axis)]
+
+    def torus_axes(self, axis: str) -> tuple[AxisBlock, ...]:
+        """The physical axes (or blocks of one) ``axis`` occupies, slowest first."""
+        return self._axis(axis).blocks
+
+    def is_ring(self, axis: str) -> bool:
+        """Whether the groups along ``axis`` are closed rings (else open lines)."""
+        return self._axis(axis).closed
+
+    def groups(self, axis: str, order: str = "ring") -> list[tuple[int, ...]]:
+        """All groups along ``axis``: the devices along it with the other axes fixed.
+
+        Args:
+            axis: a mesh axis name.
+            order: "ring": each group in ring order, the order a ring collective
+                visits it (consecutive devices physical neighbours, or on one
+                chip); "mesh": in the order of the mesh index (the shard order).
+
+        Returns:
+            ``size / axis size`` tuples of device ids, in row-major order of the
+            other axes; together they hold every device once. The groups of
+            one axis are translates of each other on the torus, so they share
+            :meth:`is_ring` and ``hops_per_step``.
+        """
+        info = self._axis(axis)
+        if order not in ("ring", "mesh"):
+            raise ValueError(f"order {order!r} is unknown; allowed: ring, mesh")
+        index = self.axis_names.index(axis)
+        rows = np.moveaxis(self.devices, index, -1).reshape(-1, info.size)
+        if order == "ring":
+            rows = rows[:, list(info.ring)]
+        return [tuple(int(d) for d in row) for row in rows]
+
+
+# ------------------------------------------------------------------ the layout
+
+
+@dataclass
+class _Physical:
+    """A physical axis while mesh axes are placed: what is left of it."""
+
+    torus_axis: int | None
+    size: int
+    wraps: bool
+    left: int
+    stride: int = 1
+
+
+def _physical_axes(torus: Torus, per_chip: int) -> list[_Physical]:
+    """The physical axes, innermost first: the chip's cores, then the torus axes, last first."""
+    out = [_Physical(None, per_chip, False, per_chip)] if per_chip > 1 else []
+    for axis in reversed(range(torus.ndim)):
+        size = torus.shape[axis]
+        out.append(_Physical(axis, size, bool(torus.wraparound[axis]) and size > 2, size))
+    return out
+
+
+def _candidates(phys: list[_Physical]):
+    """Every way to take a mesh axis now: per physical axis, a divisor of what is left of
+    it (1: not used; all of it: the whole axis; else a contiguous block)."""
+    options = [[f for f in range(1, p.left + 1) if p.left % f == 0] for p in phys]
+    yield from itertools.product(*options)
+
+
+def _place(name: str, size: int, phys: list[_Physical]) -> list[AxisBlock]:
+    """Take the physical axes of one mesh axis; see the module docstring for the order.
+
+    A choice always exists when the sizes multiply to the device count: each
+    size divides the product of what is left, and its prime factors can be
+    dealt out to the axes prime by prime.
+    """
+    best = None
+    for factors in _candidates(phys):
+        if math.prod(factors) != size:
+            continue
+        used = [i for i, f in enumerate(factors) if f > 1]
+        blocks = [i for i in used if factors[i] < phys[i].left]
+        key = (max((phys[i].stride for i in used), default=1), len(blocks), used,
+               [-i for i in blocks])
+        if best is None or key < best[0]:
+            best = (key, factors)
+    if best is None:  # unreachable when the sizes multiply to the devices (see above)
+        raise ValueError(f"mesh axis {name} of {size} devices does not divide what is left")
+    out = []
+    for p, f in zip(phys, best[1]):
+        if f > 1:
+            whole = f == p.left and p.stride * p.left == p.size
+            out.append(AxisBlock(p.torus_axis, f, p.stride, p.wraps and whole))
+            p.stride, p.left = p.stride * f, p.left // f
+    return out
+
+
+def _slow_first(blocks, ndim: int):
+    """Sort blocks slowest first: torus axis 0 first, larger strides first, cores last."""
+    return sorted(blocks, key=lambda k: (ndim if k.torus_axis is None else k.torus_axis,
+                                         -k.stride))
+
+
+def _snake(shape: tuple[int, ...]) -> list[int]:
+    """Row-major indices of a box in boustrophedon order (each step changes one index by 1)."""
+    if not shape:
+        return [0]
+    inner = _snake(shape[1:])
+    width = math.prod(shape[1:])
+    return [i * width + j for i in range(shape[0]) for j in (inner if i % 2 == 0 else inner[::-1])]
+
+
+def _ring(blocks: tuple[AxisBlock, ...]) -> tuple[tuple[int, ...], bool]:
+    """(indices along the axis in ring order, closed) for blocks ordered slowest first."""
+    sizes = tuple(k.size for k in blocks)
+    if not sizes:
+        return (0,), False
+    if len(sizes) <= 3:
+        box = Torus(sizes, tuple(k.wraps for k in blocks))
+        order = box.ring_order()
+        if all(box.has_link(a, b) for a, b in zip(order, order[1:] + order[:1])):
+            return tuple(order), True
+    return tuple(_snake(sizes)), False
+
+
+def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mesh:
+    """Lay mesh axes of known sizes on a torus (the module docstring says how).
+
+    Args:
+        axes: axis name -> size >= 1, names from :data:`AXIS_NAMES`; the product
+            must be ``torus.num_chips * per_chip``.
+        torus: the chips' ICI torus.
+        per_chip: devices per chip (2 on v2 / v3).
+
+    Returns:
+        The mesh.
+
+    Raises:
+        ValueError: the sizes do not multiply to the device count (the only
+            way a layout fails; :func:`build_mesh` says it in one line).
+    """
+    names = tuple(name for name in AXIS_NAMES if name in axes)
+    shape = tuple(int(axes[name]) for name in names)
+    count = torus.num_chips * per_chip
+    if math.prod(shape) != count:
+        raise ValueError(f"mesh {format_axes(axes)} has {math.prod(shape)} devices, not {count}")
+    phys = _physical_axes(torus, per_chip)
+    placed = {name: _place(name, size, phys) for name, size in reversed(list(zip(names, shape)))}
+    # every physical axis (split ones as their blocks), slowest first, as the ids lie
+    physical = _slow_first([k for blocks in placed.values() for k in blocks], torus.ndim)
+    ids = np.arange(count).reshape([k.size for k in physical])
+    order, mesh_axes = [], []
+    for name, size in zip(names, shape):
+        blocks = tuple(_slow_first(placed[name], torus.ndim))
+        order.extend(physical.index(k) for k in blocks)
+        ring, closed = _ring(blocks)
+        hops = max((k.hops for k in blocks), default=0)
+        mesh_axes.append(MeshAxis(name, size, blocks, closed and size > 1, hops, ring))
+    devices = ids.transpose(order).reshape(shape) if order else ids.reshape(shape)
+    devices.flags.writeable = False
+    return Mesh(names, shape, devices, torus, per_chip, tuple(mesh_axes))
+
+
+def _all_meshes(count: int) -> list[dict[str, int]]:
+    """Every {data, fsdp, tensor} split of ``count`` devices (size-1 axes dropped, but data)."""
+    out = []
+    for tensor in range(1, count + 1):
+        for fsdp in range(1, count // tensor + 1):
+            if count % (tensor * fsdp) == 0:
+                sizes = {"data": count // (tensor * fsdp), "fsdp": fsdp, "tensor": tensor}
+                out.append({k: v for k, v in sizes.items() if v > 1 or k == "data"})
+    return out
+
+
+def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
+    """Two valid meshes nearest the one given: fewest sizes changed, then the smallest
+    sum of log-ratios of the sizes (an axis given as -1 may take any size)."""
+    count = torus.num_chips * per_chip
+    want = {name: given.get(name, 1) for name in AXIS_NAMES if given.get(name) != -1}
+
+    def distance(axes: dict[str, int]) -> tuple[int, float]:
+        changed = sum(axes.get(n, 1) != size for n, size in want.items())
+        return changed, sum(abs(math.log(axes.get(n, 1) / size)) for n, size in want.items())
+
+    near = sorted(_all_meshes(count), key=distance)  # every one of them can be laid out
+    return ", ".join(format_axes(m) for m in near[:2])
+
+
+def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
+    """The mesh a scenario's ``pod.mesh`` asks for, on the scenario's pod.
+
+    Args:
+        axes: ``pod.mesh`` as :func:`parse_mesh_axes` returns it (one size may
+            be -1, "the rest"); None: ``{data: <every device>}``.
+        pod: the resolved pod.
+
+    Returns:
+        The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``.
+
+    Raises:
+        ScenarioError: one line naming the sizes and valid choices, e.g.
+            ``pod.mesh: {data: 3, tensor: 4} has 12 devices but the v4-32 slice has
+            16; sizes must multiply to 16 (e.g. {data: 4, tensor: 4}, ...)``.
+    """
+    per_chip = devices_per_chip(pod.chip)
+    count = pod.chips * per_chip
+    axes = parse_mesh_axes(axes) if axes is not None else {"data": count}
+    where = (f"the {pod.slice_name} slice" if pod.slice_name else
+             f"the {pod.chip.name} {pod.torus.name} pod")
+    per_core = " (a device per TensorCore)" if per_chip > 1 else ""
+    given = math.prod(size for size in axes.values() if size != -1)
+    rest = [name for name, size in axes.items() if size == -1]
+    if (rest and count % given) or (not rest and given != count):
+        what = (f"the other axes take {given} devices, which does not divide the {count}"
+                if rest else f"has {given} devices but")
+        examples = _examples(axes, pod.torus, per_chip)
+        tail = f"; sizes must multiply to {count} (e.g. {examples})"
+        if rest:
+            raise ScenarioError(f"pod.mesh: {format_axes(axes)}: {what} devices of {where}"
+                                f"{per_core}{tail}")
+        raise ScenarioError(f"pod.mesh: {format_axes(axes)} {what} {where} has {count}"
+                            f"{per_core}{tail}")
+    if rest:
+        axes = {**axes, rest[0]: count // given}
+    return layout_mesh(axes, pod.torus, per_chip)
+
+
+# ------------------------------------------------------------------ memory
+
+
+def _gib(nbytes: float) -> str:
+    """Bytes as "9.1 GiB" (one decimal, ".0" dropped), or "30.5 MiB" below 1 GiB."""
+    value, unit = (nbytes / _GIB, "GiB") if nbytes >= _GIB else (nbytes / 2**20, "MiB")
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+
+
+def _sharded_items(params: int, optimizer_bytes_per_param: float, activation_bytes_per_example: int,
+                   per_device_batch: int, fsdp: int, tensor: int, largest_layer: int,
+                   precision: str) -> dict[str, int]:
+    local = math.ceil(params / (fsdp * tensor))  # parameters each device keeps (padded)
+    layer = math.ceil(largest_layer / tensor)  # one layer gathered over fsdp, still split by tensor
+    items = {
+        "params": _FLOAT32_BYTES * local,
+        "grads": _FLOAT32_BYTES * local,
+        "optimizer_state": math.ceil(optimizer_bytes_per_param * local),
+        "activations": math.ceil(per_device_batch * activation_bytes_per_example / tensor),
+        "workspace": layer * (2 * _FLOAT32_BYTES + _MXU_COPY_BYTES.get(precision, 0)),
+    }
+    return {**items, "total": sum(items.values())}
+
+
+def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param: float,
+                        activation_bytes_per_example: int, per_device_batch: int, mesh: Mesh,
+                        capacity_bytes: int, precision: str = "bf16",
+                        largest_layer_param_count: int | None = None) -> dict[str, int]:
+    """One device's HBM under a data / fsdp / tensor mesh (ZeRO-3 plus tensor sharding) [SB].
+
+    Closed forms, with ``S = fsdp * tensor`` and ``p = ceil(P / S)``:
+
+    - params, grads: ``4 p`` bytes each (float32, sharded over fsdp and tensor);
+    - optimizer_state: ``ceil(optimizer_state_bytes_per_param * p)``;
+    - activations: ``ceil(per_device_batch * activation_bytes_per_example / tensor)``:
+      the batch is split over data x fsdp; tensor splits the hidden activations
+      (a simplification: the replicated layer inputs and outputs are counted
+      as split too);
+    - workspace: FSDP all-gathers one layer at a time, so the largest layer
+      ``L`` is held whole over fsdp (still split by tensor): ``ceil(L / tensor)
+      * (4 + 4 + c)`` bytes, its float32 weights, its full gradient before the
+      reduce-scatter and the MXU's copy (c = 2 bf16, 1 int8, 0 fp32).
+
+    Args:
+        model_param_count: P, trainable parameters.
+        optimizer_state_bytes_per_param: e.g. 8.0 for Adam (two float32 slots).
+        activation_bytes_per_example: bytes kept from forward for backward per example.
+        per_device_batch: examples per device per step (global batch / (data x fsdp)).
+        mesh: the mesh.
+        capacity_bytes: HBM of one device (:func:`device_hbm_bytes`).
+        precision: MXU precision, bf16 | fp32 | int8.
+        largest_layer_param_count: L; None: the whole model is one layer.
+
+    Returns:
+        Bytes per item (params, grads, optimizer_state, activations, workspace)
+        and their total.
+
+    Raises:
+        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the
+            mesh, its need per device and, if one exists, the mesh of the same
+            devices with more fsdp / tensor sharding that fits, e.g. ``{data: 16}
+            needs 19.5 GiB per device and does not fit 16 GiB; {data: 2, fsdp: 8}
+            fits (9.1 GiB per device)``. It carries the plan as ``memory_plan``.
+    """
+    largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
+    args = (model_param_count, optimizer_state_bytes_per_param, activation_bytes_per_example)
+    fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
+    items = _sharded_items(*args, per_device_batch, fsdp, tensor, largest, precision)
+    if items["total"] <= capacity_bytes:
+        return items
+    global_batch = per_device_batch * mesh.axis_size("data") * fsdp
+    found = None
+    for axes in _all_meshes(mesh.size):
+        f, t = axes.get("fsdp", 1), axes.get("tensor", 1)
+        if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % (axes["data"] * f):
+            continue
+        plan = _sharded_items(*args, global_batch // (axes["data"] * f), f, t, largest, precision)
+        key = (f * t, t, plan["total"])
+        if plan["total"] <= capacity_bytes and (found is None or key < found[0]):
+            found = (key, axes, plan["total"])
+    hint = (f"{format_axes(found[1])} fits ({_gib(found[2])} per device)" if found else
+            f"no mesh of {mesh.size} devices fits; use a smaller model or batch, or more devices")
+    raise HBMPlanError(
+        f"{format_axes(mesh.sizes)} needs {_gib(items['total'])} per device (params "
+        f"{_gib(items['params'])}, grads {_gib(items['grads'])}, optimizer state "
+        f"{_gib(items['optimizer_state'])}, activations {_gib(items['activations'])}, workspace "
+        f"{_gib(items['workspace'])}) and does not fit {_gib(capacity_bytes)}; {hint}",
+        tag="total", requested_bytes=items["total"], free_bytes=capacity_bytes,
+        capacity_bytes=capacity_bytes, memory_plan=items)
+
+
+def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh: Mesh,
+                     capacity_bytes: int, precision: str = "bf16") -> dict[str, int]:
+    """:func:`sharded_memory_plan` for a model of ``pod.workloads`` (``build_plan`` uses it).
+
+    Args:
+        model: a ``pod.workloads.Model`` (its parameter count, layers and
+            activation bytes).
+        optimizer_state_bytes: the optimizer's state for the whole model, bytes.
+        global_batch: examples per step over the pod (split over data x fsdp).
+        mesh: the mesh.
+        capacity_bytes: HBM of one device.
+        precision: MXU precision.
+
+    Raises:
+        HBMPlanError: as :func:`sharded_memory_plan`, the message starting
+            ``pod.mesh: ``.
+    """
+    params = int(model.num_params)
+    layers = [count for _, count in model.gradient_buckets()]
+    batch_shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    try:
+        return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1),
+                                   int(model.activation_bytes(1)), global_batch // batch_shards,
+                                   mesh, capacity_bytes, precision, max(layers, default=params))
+    except HBMPlanError as err:
+        raise HBMPlanError(f"pod.mesh: {err}", tag=err.tag, requested_bytes=err.requested_bytes,
+                           free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
+                           memory_plan=err.memory_plan) from None

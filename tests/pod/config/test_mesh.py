@@ -1,0 +1,306 @@
+"""The device mesh (pod/config/mesh.py): layout invariants over tori, messages, HBM closed forms.
+
+Devices are mock ids (``chip rank * devices_per_chip + core``), as JAX's mesh
+tests use mock TPU devices; no Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from interconnect import Torus
+from pod.config.mesh import (AxisBlock, build_mesh, device_hbm_bytes, devices_per_chip,
+                             layout_mesh, mesh_memory_plan, parse_mesh_axes,
+                             sharded_memory_plan)
+from pod.config.plan import build_plan, memory_plan
+from pod.config.scenario import parse_scenario
+from pod.config.slices import resolve_pod
+from pod.errors import HBMPlanError, ScenarioError
+
+GIB = 2**30
+
+
+def _meshes(count: int) -> list[dict[str, int]]:
+    """Every {data, fsdp, tensor} split of ``count`` devices."""
+    return [{"data": count // (f * t), "fsdp": f, "tensor": t}
+            for t in range(1, count + 1) for f in range(1, count // t + 1)
+            if count % (f * t) == 0]
+
+
+@st.composite
+def tori_and_meshes(draw, sizes=(1, 2, 3, 4, 6, 8)):
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.sampled_from(sizes)) for _ in range(ndim))
+    assume(math.prod(shape) <= 64)
+    wrap = tuple(draw(st.booleans()) for _ in range(ndim))
+    per_chip = draw(st.sampled_from((1, 2)))
+    axes = draw(st.sampled_from(_meshes(math.prod(shape) * per_chip)))
+    return Torus(shape, wrap), per_chip, axes
+
+
+def _check_step(mesh, info, a: int, b: int) -> None:
+    """Consecutive devices of a group: on one chip, or 1..hops_per_step ICI hops apart."""
+    (ra, ca), (rb, cb) = mesh.chip_and_core(a), mesh.chip_and_core(b)
+    if ra == rb:
+        assert ca != cb and mesh.devices_per_chip > 1, (a, b)
+        return
+    assert ca == cb, (a, b)
+    hops = mesh.torus.hops(ra, rb)
+    assert 1 <= hops <= info.hops_per_step, (a, b, hops, info)
+    if all(block.stride == 1 for block in info.blocks):
+        assert mesh.torus.has_link(ra, rb), (a, b)
+
+
+def _check_invariants(mesh) -> None:
+    count = mesh.torus.num_chips * mesh.devices_per_chip
+    assert mesh.devices.shape == mesh.shape and math.prod(mesh.shape) == count
+    assert sorted(mesh.devices.ravel().tolist()) == list(range(count))
+    for name, info in zip(mesh.axis_names, mesh.axes):
+        for order in ("ring", "mesh"):
+            groups = mesh.groups(name, order)
+            assert len(groups) == count // info.size
+            assert all(len(g) == info.size for g in groups)
+            assert sorted(d for g in groups for d in g) == list(range(count))
+        assert [set(g) for g in mesh.groups(name, "ring")] == \
+               [set(g) for g in mesh.groups(name, "mesh")]
+        assert math.prod(block.size for block in info.blocks) == info.size
+        for group in mesh.groups(name):
+            for a, b in zip(group, group[1:]):
+                _check_step(mesh, info, a, b)
+            if info.closed:
+                _check_step(mesh, info, group[-1], group[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(tori_and_meshes())
+def test_every_valid_mesh_on_every_torus_keeps_the_invariants(case):
+    torus, per_chip, axes = case
+    mesh = layout_mesh(axes, torus, per_chip)  # every mesh of the right product lays out
+    _check_invariants(mesh)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tori_and_meshes(sizes=(1, 2, 4, 8)))
+def test_power_of_two_tori_take_every_mesh(case):
+    torus, per_chip, axes = case
+    _check_invariants(layout_mesh(axes, torus, per_chip))
+
+
+@settings(max_examples=200, deadline=None)
+@given(tori_and_meshes())
+def test_data_alone_is_todays_data_parallel_layout(case):
+    torus, per_chip, _ = case
+    count = torus.num_chips * per_chip
+    mesh = layout_mesh({"data": count}, torus, per_chip)
+    assert mesh.axis_names == ("data",) and mesh.shape == (count,)
+    np.testing.assert_array_equal(mesh.devices, np.arange(count))
+    assert mesh.groups("data", "mesh") == [tuple(range(count))]
+    assert mesh.is_data_parallel
+    has_unit_axis = 1 in torus.shape
+    if per_chip == 1 and not has_unit_axis and mesh.is_ring("data"):
+        assert mesh.groups("data") == [tuple(torus.ring_order())]
+
+
+def test_v2_cores_are_the_innermost_pair():
+    mesh = build_mesh({"data": 4, "tensor": 2}, resolve_pod(slice_name="v2-8"))
+    assert mesh.groups("tensor") == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert mesh.torus_axes("tensor") == (AxisBlock(None, 2, 1, False),)
+    assert mesh.axes[1].hops_per_step == 0
+    assert mesh.groups("data", "mesh") == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    assert mesh.groups("data") == [(0, 2, 6, 4), (1, 3, 7, 5)]  # a ring of the 2x2 chips
+    assert mesh.is_ring("data") and mesh.chip_and_core(5) == (2, 1)
+
+
+def test_devices_per_generation():
+    got = {name: devices_per_chip(resolve_pod(slice_name=s).chip)
+           for name, s in [("v2", "v2-8"), ("v3", "v3-8"), ("v4", "v4-8"), ("v5p", "v5p-8"),
+                           ("v5e", "v5e-4"), ("v6e", "v6e-4")]}
+    assert got == {"v2": 2, "v3": 2, "v4": 1, "v5p": 1, "v5e": 1, "v6e": 1}
+    v4 = resolve_pod(slice_name="v4-8").chip
+    assert device_hbm_bytes(v4) == v4.hbm_bytes  # megacore: one device, the chip's HBM
+    v2 = resolve_pod(slice_name="v2-8").chip
+    assert device_hbm_bytes(v2) == v2.core.hbm_bytes
+
+
+def test_tensor_takes_the_fastest_torus_axes_whole():
+    mesh = build_mesh({"data": 2, "tensor": 8}, resolve_pod(slice_name="v4-32"))  # 2x2x4
+    np.testing.assert_array_equal(mesh.devices, np.arange(16).reshape(2, 8))
+    assert mesh.torus_axes("tensor") == (AxisBlock(1, 2, 1, False), AxisBlock(2, 4, 1, False))
+    assert mesh.groups("tensor")[0] == (0, 1, 2, 3, 7, 6, 5, 4)  # a closed 2x4 ring
+    assert mesh.is_ring("tensor") and mesh.torus_axes("data") == (AxisBlock(0, 2, 1, False),)
+
+
+def test_a_split_axis_leaves_its_strided_part_outside():
+    mesh = build_mesh({"data": -1, "fsdp": 2, "tensor": 2}, resolve_pod(slice_name="v5e-16"))
+    assert mesh.sizes == {"data": 4, "fsdp": 2, "tensor": 2}
+    assert mesh.torus_axes("tensor") == (AxisBlock(1, 2, 1, False),)
+    assert mesh.torus_axes("fsdp") == (AxisBlock(0, 2, 1, False),)
+    assert mesh.torus_axes("data") == (AxisBlock(0, 2, 2, False), AxisBlock(1, 2, 2, False))
+    assert [a.hops_per_step for a in mesh.axes] == [2, 1, 1]
+    assert mesh.groups("tensor")[:2] == [(0, 1), (4, 5)]
+
+
+def test_a_ring_over_wraparound_is_closed_and_a_line_is_open():
+    ring = layout_mesh({"data": 2, "tensor": 4}, Torus((2, 4), (False, True)))
+    line = layout_mesh({"data": 2, "tensor": 4}, Torus((2, 4), (False, False)))
+    assert ring.is_ring("tensor") and ring.torus_axes("tensor") == (AxisBlock(1, 4, 1, True),)
+    assert not line.is_ring("tensor") and line.groups("tensor")[0] == (0, 1, 2, 3)
+
+
+def test_the_mesh_is_an_immutable_value():
+    pod = resolve_pod(slice_name="v2-8")
+    mesh = build_mesh({"tensor": 2, "data": -1}, pod)
+    assert mesh == build_mesh({"data": 4, "tensor": 2}, pod)
+    assert hash(mesh) == hash(build_mesh({"data": 4, "tensor": 2}, pod))
+    with pytest.raises(ValueError):
+        mesh.devices[0, 0] = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mesh.shape = (8,)
+    with pytest.raises(ValueError, match="its axes: data, tensor"):
+        mesh.groups("fsdp")
+
+
+# ------------------------------------------------------------------ messages
+
+
+@pytest.mark.parametrize("axes, message", [
+    ({"data": 3, "tensor": 4}, "pod.mesh: {data: 3, tensor: 4} has 12 devices but the v4-32 "
+     "slice has 16; sizes must multiply to 16 (e.g. {data: 4, tensor: 4}, {data: 2, fsdp: 2, "
+     "tensor: 4})"),
+    ({"data": -1, "tensor": 3}, "pod.mesh: {data: -1, tensor: 3}: the other axes take 3 devices, "
+     "which does not divide the 16 devices of the v4-32 slice; sizes must multiply to 16 (e.g. "
+     "{data: 4, tensor: 4}, {data: 8, tensor: 2})"),
+])
+def test_sizes_that_do_not_multiply_to_the_devices_name_valid_meshes(axes, message):
+    with pytest.raises(ScenarioError) as err:
+        build_mesh(axes, resolve_pod(slice_name="v4-32"))
+    assert str(err.value) == message
+
+
+def test_v2_counts_a_device_per_tensorcore_in_the_message():
+    with pytest.raises(ScenarioError) as err:
+        build_mesh({"data": 4}, resolve_pod(slice_name="v2-8"))
+    assert str(err.value) == ("pod.mesh: {data: 4} has 4 devices but the v2-8 slice has 8 (a "
+                              "device per TensorCore); sizes must multiply to 8 (e.g. {data: 8}, "
+                              "{data: 4, fsdp: 2})")
+
+
+def test_an_axis_may_take_blocks_of_several_torus_axes():
+    # 9 on a 6x6 torus: a 3-chip block of each axis, a 3x3 sub-grid of neighbours
+    mesh = build_mesh({"data": 4, "tensor": 9}, resolve_pod(chip="v5e", topology="6x6"))
+    assert mesh.torus_axes("tensor") == (AxisBlock(0, 3, 1, False), AxisBlock(1, 3, 1, False))
+    assert mesh.torus_axes("data") == (AxisBlock(0, 2, 3, False), AxisBlock(1, 2, 3, False))
+    assert mesh.groups("tensor", "mesh")[0] == (0, 1, 2, 6, 7, 8, 12, 13, 14)
+    assert not mesh.is_ring("tensor")  # 3x3 without wraparound: no cycle (odd and bipartite)
+
+
+def _scenario_error(mesh) -> str:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({"pod": {"slice": "v4-32", "mesh": mesh}, "model": {"name": "mlp"},
+                        "training": {"global_batch": 64, "steps": 1}})
+    return str(err.value)
+
+
+@pytest.mark.parametrize("mesh, message", [
+    ({"data": 2, "model": 8}, "{data: 2, model: 8}: unknown axis 'model'; allowed: data, fsdp, "
+     "tensor"),
+    ({"data": -1, "tensor": -1}, "{data: -1, tensor: -1}: data and tensor are both -1; at most "
+     "one axis takes the rest of the devices"),
+    ({"data": 0}, "{data: 0}: data: 0 is not a size; give a size >= 1, or -1 for the rest of the "
+     "devices (at most one axis)"),
+    ({"tensor": -2}, "{tensor: -2}: tensor: -2 is not a size; give a size >= 1, or -1 for the "
+     "rest of the devices (at most one axis)"),
+    ({"tensor": 2.5}, "{tensor: 2.5}: tensor: 2.5 is not a whole number; give a size >= 1, or -1 "
+     "for the rest of the devices"),
+    ({"tensor": True}, "{tensor: True}: tensor: True is not a whole number; give a size >= 1, or "
+     "-1 for the rest of the devices"),
+    ({}, "{}: give at least one axis such as {data: 2, tensor: 4}; axes: data, fsdp, tensor"),
+    (16, "must be a mapping of axis name to size such as {data: 2, tensor: 4}; axes: data, fsdp, "
+     "tensor (got 16)"),
+])
+def test_a_malformed_mesh_is_one_line_naming_the_field(mesh, message):
+    assert _scenario_error(mesh) == f"<scenario>: pod.mesh: {message}"
+
+
+def test_axes_are_kept_in_mesh_order_whatever_the_order_written():
+    assert list(parse_mesh_axes({"tensor": 4, "data": -1})) == ["data", "tensor"]
+
+
+# ------------------------------------------------------------------ memory
+
+
+def test_sharded_memory_closed_forms():
+    pod = resolve_pod(slice_name="v5e-16")
+    mesh = build_mesh({"data": 2, "fsdp": 4, "tensor": 2}, pod)
+    plan = sharded_memory_plan(1_000_000, 8.0, 1000, 16, mesh, 16 * GIB, "bf16", 10_000)
+    local = 1_000_000 // 8  # params over fsdp x tensor
+    assert plan == {"params": 4 * local, "grads": 4 * local, "optimizer_state": 8 * local,
+                    "activations": 16 * 1000 // 2, "workspace": (10_000 // 2) * (4 + 4 + 2),
+                    "total": 16 * local + 8000 + 50_000}
+    fp32 = sharded_memory_plan(1_000_000, 8.0, 1000, 16, mesh, 16 * GIB, "fp32", 10_000)
+    assert fp32["workspace"] == 5000 * 8
+    odd = sharded_memory_plan(1_000_001, 4.0, 3, 1, mesh, 16 * GIB, "int8")
+    assert odd["params"] == 4 * 125_001 and odd["workspace"] == math.ceil(1_000_001 / 2) * 9
+    assert odd["activations"] == 2  # ceil(1 x 3 / 2)
+
+
+def test_an_overflow_names_the_least_sharded_mesh_that_fits():
+    pod = resolve_pod(slice_name="v5e-16")
+    mesh = build_mesh({"data": 16}, pod)
+    with pytest.raises(HBMPlanError) as err:
+        sharded_memory_plan(1_500_000_000, 8.0, 1_000_000, 32, mesh, 16 * GIB, "bf16",
+                            100_000_000)
+    # {data: 16}: 16 B x 1.5e9 = 22.4 GiB + 30.5 MiB activations + 10 B x 1e8 workspace;
+    # {data: 8, fsdp: 2}: 11.2 GiB + 61 MiB (64 examples) + 0.9 GiB = 12.1 GiB
+    assert str(err.value) == (
+        "{data: 16} needs 23.3 GiB per device (params 5.6 GiB, grads 5.6 GiB, optimizer state "
+        "11.2 GiB, activations 30.5 MiB, workspace 953.7 MiB) and does not fit 16 GiB; "
+        "{data: 8, fsdp: 2} fits (12.1 GiB per device)")
+    assert err.value.memory_plan["total"] == 16 * 1_500_000_000 + 32_000_000 + 1_000_000_000
+    with pytest.raises(HBMPlanError, match="; no mesh of 16 devices fits; use a smaller model"):
+        sharded_memory_plan(10**11, 8.0, 1, 1, mesh, 16 * GIB, "bf16", 10)
+
+
+BASE = {"name": "t", "pod": {"slice": "v2-8"},
+        "model": {"name": "mlp", "options": {"hidden": [64], "dropout": False}},
+        "data": {"name": "digits"}, "training": {"global_batch": 64, "steps": 2}}
+
+
+def _plan(mesh=None, model=None):
+    pod = {"slice": "v2-8", **({"mesh": mesh} if mesh is not None else {})}
+    return build_plan(parse_scenario({**BASE, "pod": pod, **({"model": model} if model else {})}))
+
+
+def test_todays_scenarios_keep_their_data_parallel_plan():
+    plain, data = _plan(), _plan({"data": -1})
+    assert plain.mesh == data.mesh and plain.mesh.sizes == {"data": 8}
+    assert plain.memory == data.memory
+    np.testing.assert_array_equal(plain.mesh.devices, np.arange(8))
+
+
+def test_a_sharded_mesh_checks_one_devices_sharded_plan():
+    plan = _plan({"data": 2, "fsdp": 2, "tensor": 2})
+    expected = mesh_memory_plan(plan.model, 8 * plan.num_params, 64, plan.mesh,  # adam: 2 slots
+                                device_hbm_bytes(plan.pod.chip), "bf16")
+    assert plan.memory == expected
+    assert plan.memory["params"] == 4 * math.ceil(plan.num_params / 4)
+    assert plan.memory["activations"] == math.ceil(16 * plan.model.activation_bytes(1) / 2)
+    assert plan.memory != memory_plan(plan.model, expected["optimizer_state"], 8, 8 * GIB)
+
+
+def test_a_sharded_model_too_big_names_the_field_and_a_mesh_that_fits():
+    big = {"name": "mlp", "options": {"hidden": [30000, 30000]}}
+    with pytest.raises(HBMPlanError) as err:
+        _plan({"data": 4, "fsdp": 2}, big)
+    # the 30000 x 30000 layer, gathered whole by fsdp, is 9e9 B of workspace: only tensor
+    # splits it; {data: 2, fsdp: 2, tensor: 2}: 16 B x P / 4 + 4.5e9 B = 7.6 GiB
+    assert str(err.value) == (
+        "pod.mesh: {data: 4, fsdp: 2} needs 15.1 GiB per device (params 1.7 GiB, grads 1.7 GiB, "
+        "optimizer state 3.4 GiB, activations 3.7 MiB, workspace 8.4 GiB) and does not fit "
+        "8 GiB; {data: 2, fsdp: 2, tensor: 2} fits (7.6 GiB per device)")
