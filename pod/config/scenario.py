@@ -58,6 +58,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import reprlib
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -484,9 +485,19 @@ _PATTERN_HELP = {
 }
 
 
+#: ``repr`` with every container and string cut short: a message about a huge
+#: (or alias-expanded) value costs microseconds, not the size of the value.
+_BOUNDED_REPR = reprlib.Repr()
+_BOUNDED_REPR.maxlevel = 4
+_BOUNDED_REPR.maxtuple = _BOUNDED_REPR.maxlist = _BOUNDED_REPR.maxdict = 8
+_BOUNDED_REPR.maxset = _BOUNDED_REPR.maxfrozenset = _BOUNDED_REPR.maxdeque = 8
+_BOUNDED_REPR.maxstring = _BOUNDED_REPR.maxother = 80
+_BOUNDED_REPR.maxlong = 40
+
+
 def _show(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, shortened to ``limit`` characters for a one-line message."""
-    text = repr(value)
+    """A bounded ``repr(value)``, shortened to ``limit`` characters for a one-line message."""
+    text = _BOUNDED_REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -587,9 +598,60 @@ def _check_numbers(scenario: Scenario, source: str) -> None:
         raise ScenarioError(f"{source}: training.optimizer.learning_rate must be finite (got {lr})")
 
 
+#: Bounds on a scenario file, so that a small hostile file cannot cost minutes or
+#: gigabytes (a YAML "billion laughs" alias bomb) or overflow the stack (deep
+#: nesting). Real scenarios are a few kilobytes, a few levels deep, with no aliases.
+MAX_SCENARIO_BYTES = 1 << 20
+#: deepest nesting of mappings and lists
+MAX_YAML_DEPTH = 64
+#: aliases (``*name``) in one file
+MAX_YAML_ALIASES = 100
+#: values in the document once every alias is expanded
+MAX_YAML_NODES = 100_000
+
+
 class _ScenarioLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` (plain data only) that also refuses a key given twice in one
-    mapping, which plain YAML loaders resolve silently by keeping the last."""
+    mapping, which plain YAML loaders resolve silently by keeping the last, and
+    a document deeper than ``MAX_YAML_DEPTH``, with more than ``MAX_YAML_ALIASES``
+    aliases, or of more than ``MAX_YAML_NODES`` values once aliases are expanded."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_YAML_ALIASES} aliases (*name); a scenario "
+                    "needs few or none (refused: aliases can expand a small file enormously)",
+                    self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        if node is not None:
+            expanded, depth = _expanded_size(node, {})
+            if depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels once its aliases "
+                    "are expanded", node.start_mark)
+            if expanded > MAX_YAML_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"the document expands to more than {MAX_YAML_NODES:,} values "
+                    "with its aliases", node.start_mark)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
@@ -599,10 +661,55 @@ class _ScenarioLoader(yaml.SafeLoader):
                 continue  # SafeLoader reports unhashable keys itself
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice in one mapping; keep one",
+                    None, None, f"key {_show(key)} is given twice in one mapping; keep one",
                     key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node: yaml.Node, seen: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(values, depth) under ``node`` with every alias expanded, memoised per node:
+    aliases share nodes, so the walk is linear in the file while the counts are
+    not. Both are capped just past their limits (``MAX_YAML_NODES``,
+    ``MAX_YAML_DEPTH``); a node inside itself (a recursive alias) counts as past both.
+    """
+    key = id(node)
+    if key in seen:
+        return seen[key]
+    too_much = (MAX_YAML_NODES + 1, MAX_YAML_DEPTH + 1)
+    seen[key] = too_much  # a cycle reaching back here is too big
+    if isinstance(node, yaml.MappingNode):
+        children = [c for pair in node.value for c in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    else:
+        children = []
+    sizes = [_expanded_size(child, seen) for child in children]
+    total = (min(1 + sum(n for n, _ in sizes), too_much[0]),
+             min(1 + max((d for _, d in sizes), default=0), too_much[1]))
+    seen[key] = total
+    return total
+
+
+def _read_scenario_text(path: Path) -> str:
+    """The file's text, at most ``MAX_SCENARIO_BYTES`` read (``/dev/zero`` ends too).
+
+    Raises:
+        ScenarioError: unreadable, too large, or not UTF-8.
+    """
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as err:
+        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path}: the scenario file is larger than {MAX_SCENARIO_BYTES:,} "
+                            "bytes; a scenario is a small YAML file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a "
+                            f"scenario is a UTF-8 YAML file") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -615,16 +722,13 @@ def load_scenario(path: str | Path) -> Scenario:
         The frozen scenario.
 
     Raises:
-        ScenarioError: unreadable file, bad YAML, or an invalid field.
+        ScenarioError: unreadable file, bad YAML, or an invalid field; a file
+            over ``MAX_SCENARIO_BYTES``, nested deeper than ``MAX_YAML_DEPTH``,
+            with more than ``MAX_YAML_ALIASES`` aliases or expanding to more
+            than ``MAX_YAML_NODES`` values.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a "
-                            f"scenario is a UTF-8 YAML file") from None
+    text = _read_scenario_text(path)
     try:
         data = yaml.load(text, Loader=_ScenarioLoader)  # a SafeLoader: no object construction
     except yaml.YAMLError as err:
