@@ -219,6 +219,10 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         raise ScenarioError(f"training.optimizer: {err}") from None
     steps_per_epoch = max(1, n_train // training.global_batch)
     steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
+    for index, fault in enumerate(scenario.faults):
+        if fault.step > steps:
+            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
+                                f"({steps}); the fault would never happen")
     try:
         memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
                              pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",

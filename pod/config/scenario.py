@@ -95,6 +95,33 @@ __all__ = [
 ]
 
 PRECISIONS = CHIP_PRECISIONS  # bf16 | fp32 | int8 (chip.PRECISIONS; int8 not on v2 / v3)
+
+# Upper bounds on every number of a scenario, so that no value can overflow the
+# cost model or ask for absurd work; each is far above any real use.
+#: chips in a pod: the largest Google slice, v5p-17920, has 8,960 chips
+MAX_CHIPS = 16384
+#: examples per global batch (2**24; the largest published TPU batches are ~65k)
+MAX_GLOBAL_BATCH = 1 << 24
+#: optimizer steps (or steps between checkpoints / evaluations) of one run
+MAX_STEPS = 100_000_000
+#: passes over the train split
+MAX_EPOCHS = 1_000_000
+#: a slowed link's bandwidth divisor or a straggler's compute factor
+MAX_SLOWDOWN = 1e6
+#: the seed (numpy's generators take any non-negative int; 2**32 - 1 is plenty)
+MAX_SEED = 2**32 - 1
+#: checkpoints kept
+MAX_KEEP = 10_000
+#: a learning rate (any real one is below 10)
+MAX_LEARNING_RATE = 1e3
+#: matrix size n of a benchmark (an n x n matrix; costs only above a few thousand)
+MAX_BENCH_N = 1 << 17
+#: iterations of a benchmark
+MAX_BENCH_ITERATIONS = 1_000_000
+#: matrix size and iterations of the host numpy measurement
+MAX_CPU_N, MAX_CPU_ITERATIONS = 8192, 10_000
+#: characters of a scenario's name and description
+MAX_NAME_CHARS, MAX_DESCRIPTION_CHARS = 128, 10_000
 BENCHMARK_KINDS = ("matmul", "matrix_add")
 
 
@@ -117,7 +144,7 @@ class LinkConfig(_Frozen):
     """One slowed or failed directed ICI link, e.g. ``{link: "0->1", slowdown: 2.0}``."""
 
     link: str = Field(pattern=r"^\s*\d+\s*->\s*\d+\s*$", description="src->dst chip ranks")
-    slowdown: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+    slowdown: float | None = Field(default=None, ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False,
                                    description="the link runs at bandwidth / slowdown")
     failed: bool = False
 
@@ -133,8 +160,9 @@ class PodConfig(_Frozen):
 
     slice: str | None = Field(default=None, description="Google slice name, e.g. v2-8")
     chip: str | None = Field(default=None, description="chip preset: v2 v3 v4 v5e v5p v6e")
-    chips: int | None = Field(default=None, gt=0, description="number of chips")
-    topology: str | None = Field(default=None, description="torus shape, e.g. 2x2 or 4x4x4")
+    chips: int | None = Field(default=None, gt=0, le=MAX_CHIPS, description="number of chips")
+    topology: str | None = Field(default=None, max_length=64,
+                                 description="torus shape, e.g. 2x2 or 4x4x4")
     wraparound: bool | None = None
     allreduce: str = Field(default="auto", description="allreduce algorithm or auto")
     links: tuple[LinkConfig, ...] = ()
@@ -151,6 +179,15 @@ class PodConfig(_Frozen):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise ValueError("must be a shape in quotes such as \"8\", \"4x4\" or \"4x4x4\" "
                              "(YAML reads an unquoted 8 as a number and 0x4 as hexadecimal 4)")
+        return value
+
+    @field_validator("topology")
+    @classmethod
+    def _not_too_many_chips(cls, value: str | None) -> str | None:
+        dims = re.findall(r"\d+", value or "")
+        if dims and math.prod(int(d) for d in dims) > MAX_CHIPS:
+            raise ValueError(f"holds {math.prod(int(d) for d in dims):,} chips; at most "
+                             f"{MAX_CHIPS:,} (the largest Google slice has 8,960)")
         return value
 
     @model_validator(mode="after")
@@ -199,11 +236,11 @@ class OptimizerConfig(_Frozen):
     """Optimizer name and hyper-parameters."""
 
     name: str = "adam"
-    learning_rate: float = Field(default=1e-3, gt=0.0)
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=MAX_LEARNING_RATE, allow_inf_nan=False)
     momentum: float | None = Field(default=None, ge=0.0, lt=1.0)
     beta1: float | None = Field(default=None, ge=0.0, lt=1.0)
     beta2: float | None = Field(default=None, ge=0.0, lt=1.0)
-    eps: float | None = Field(default=None, gt=0.0)
+    eps: float | None = Field(default=None, gt=0.0, le=1.0)
 
     @field_validator("name")
     @classmethod
@@ -231,13 +268,13 @@ class OptimizerConfig(_Frozen):
 class TrainingConfig(_Frozen):
     """How to train: batch, length, optimizer, numerics, seed."""
 
-    global_batch: int = Field(gt=0)
-    steps: int | None = Field(default=None, gt=0)
-    epochs: int | None = Field(default=None, gt=0)
+    global_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH)
+    steps: int | None = Field(default=None, gt=0, le=MAX_STEPS)
+    epochs: int | None = Field(default=None, gt=0, le=MAX_EPOCHS)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     precision: str = "bf16"
-    seed: int = Field(default=0, ge=0)
-    eval_every_steps: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    eval_every_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
 
     @field_validator("precision")
     @classmethod
@@ -272,9 +309,9 @@ class CheckpointConfig(_Frozen):
     """Periodic checkpoints: every ``every_steps`` steps (and at the end), the newest
     ``keep`` kept, in ``dir`` (relative to the scenario file; None: <output dir>/checkpoints)."""
 
-    every_steps: int = Field(gt=0, description="steps between checkpoints")
+    every_steps: int = Field(gt=0, le=MAX_STEPS, description="steps between checkpoints")
     dir: str | None = Field(default=None, min_length=1, description="checkpoint directory")
-    keep: int = Field(default=3, ge=1, description="checkpoints kept, newest first")
+    keep: int = Field(default=3, ge=1, le=MAX_KEEP, description="checkpoints kept, newest first")
 
 
 #: ``faults[].kind`` values and the fields each one needs.
@@ -295,14 +332,15 @@ class FaultConfig(_Frozen):
     """
 
     kind: str
-    step: int = Field(default=1, gt=0, description="1-based step the fault starts at")
-    chip: int | None = Field(default=None, ge=0, description="chip rank")
-    host: int | None = Field(default=None, ge=0, description="TPU host index")
-    factor: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+    step: int = Field(default=1, gt=0, le=MAX_STEPS,
+                      description="1-based step the fault starts at")
+    chip: int | None = Field(default=None, ge=0, lt=MAX_CHIPS, description="chip rank")
+    host: int | None = Field(default=None, ge=0, lt=MAX_CHIPS, description="TPU host index")
+    factor: float | None = Field(default=None, ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False,
                                  description="compute slowdown factor of a straggler")
     link: str | None = Field(default=None, pattern=r"^\s*\d+\s*->\s*\d+\s*$",
                              description="src->dst chip ranks")
-    slowdown: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+    slowdown: float | None = Field(default=None, ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False,
                                    description="link bandwidth divisor")
 
     @field_validator("kind")
@@ -333,13 +371,13 @@ class BenchmarkConfig(_Frozen):
     """
 
     kind: str
-    n: int = Field(default=4096, gt=0)
-    iterations: int = Field(default=100, gt=0)
+    n: int = Field(default=4096, gt=0, le=MAX_BENCH_N)
+    iterations: int = Field(default=100, gt=0, le=MAX_BENCH_ITERATIONS)
     precision: str = "bf16"
     functional: bool = False
-    seed: int = Field(default=0, ge=0)
-    cpu_n: int = Field(default=1024, gt=0)
-    cpu_iterations: int = Field(default=10, gt=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    cpu_n: int = Field(default=1024, gt=0, le=MAX_CPU_N)
+    cpu_iterations: int = Field(default=10, gt=0, le=MAX_CPU_ITERATIONS)
 
     @field_validator("kind")
     @classmethod
@@ -364,21 +402,24 @@ class SweepConfig(_Frozen):
 
     mode: Literal["timing", "functional"] = "timing"
     scaling: Literal["weak", "strong"] = "strong"
-    per_core_batch: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None,
-                                                                          min_length=1)
+    per_core_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
+        default=None, min_length=1)
 
     @field_validator("per_core_batch", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, int) and not isinstance(value, bool) else value
     slices: tuple[str, ...] | None = Field(default=None, min_length=1)
-    chips: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
+    chips: tuple[Annotated[int, Field(gt=0, le=MAX_CHIPS)], ...] | None = Field(default=None,
+                                                                             min_length=1)
     topologies: tuple[str, ...] | None = Field(default=None, min_length=1)
     allreduce: tuple[str, ...] | None = Field(default=None, min_length=1)
-    global_batch: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
+    global_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
+        default=None, min_length=1)
     precision: tuple[str, ...] | None = Field(default=None, min_length=1)
-    steps: int = Field(default=2, gt=0, description="steps per point; the first is not timed")
-    epoch_examples: int | None = Field(default=None, gt=0,
+    steps: int = Field(default=2, gt=0, le=MAX_STEPS,
+                       description="steps per point; the first is not timed")
+    epoch_examples: int | None = Field(default=None, gt=0, le=MAX_GLOBAL_BATCH * MAX_STEPS,
                                        description="examples per epoch for the epoch-time "
                                                    "column (default: the train split)")
 
@@ -423,8 +464,9 @@ class SweepConfig(_Frozen):
 class Scenario(_Frozen):
     """A validated, frozen scenario. Build it with ``load_scenario``."""
 
-    name: str = Field(default="scenario", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    description: str = ""
+    name: str = Field(default="scenario", min_length=1, max_length=MAX_NAME_CHARS,
+                      pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
     pod: PodConfig
     model: ModelConfig | None = None
     data: DataConfig = Field(default_factory=DataConfig)
@@ -435,6 +477,15 @@ class Scenario(_Frozen):
     ray: RayConfig = Field(default_factory=RayConfig)
     checkpoint: CheckpointConfig | None = None
     faults: tuple[FaultConfig, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_directory_step(cls, value: str) -> str:
+        # runs/<name> must be a directory inside runs/: "." is runs/ itself, ".." its parent
+        if set(value) == {"."}:
+            raise ValueError("must name a directory inside runs/, not '.' or '..' (it names the "
+                             "output directory runs/<name>)")
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Scenario":

@@ -108,3 +108,58 @@ def test_a_gzip_bomb_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz: decompresses to more than "
                                          r"1,048,576 bytes"):
         load_dataset("mnist", path=root)
+
+
+def _numeric(annotation) -> bool:
+    import typing
+
+    args = typing.get_args(annotation) or (annotation,)
+    return any(a in (int, float) for a in args) and bool not in args
+
+
+def _has_upper_bound(metadata) -> bool:
+    return any(getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None
+               for m in metadata)
+
+
+def test_every_number_of_a_scenario_has_an_upper_bound():
+    """So that no value can overflow the cost model (a documented MAX_* each)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from pod.config import scenario as module
+
+    unbounded = []
+    for cls in vars(module).values():
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel):
+            continue
+        for name, field in cls.model_fields.items():
+            annotation = field.annotation
+            inner = [a for a in typing.get_args(annotation) if typing.get_args(a)]
+            for a in inner:  # tuple[Annotated[int, Field(...)], ...]
+                for item in typing.get_args(a):
+                    if typing.get_origin(item) is typing.Annotated:
+                        base, *meta = typing.get_args(item)
+                        if _numeric(base) and not _has_upper_bound(
+                                [m for f in meta for m in getattr(f, "metadata", [f])]):
+                            unbounded.append(f"{cls.__name__}.{name}[]")
+            if _numeric(annotation) and not _has_upper_bound(field.metadata):
+                unbounded.append(f"{cls.__name__}.{name}")
+    assert not unbounded
+
+
+def test_a_fault_after_the_last_step_is_an_error():
+    from pod.config.plan import build_plan
+
+    data = {"name": "late", "pod": {"slice": "v2-8"}, "model": {"name": "mlp"},
+            "training": {"global_batch": 64, "steps": 20}, "metrics": {"port": 0},
+            "faults": [{"kind": "slow_chip", "chip": 1, "factor": 2.0, "step": 50}]}
+    with pytest.raises(ScenarioError, match=r"^faults\.0\.step: 50 is after the last step \(20\)"):
+        build_plan(parse_scenario(data))
+
+
+@pytest.mark.parametrize("name", [".", "..", "..."])
+def test_a_name_that_is_not_a_directory_inside_runs_is_refused(name):
+    with pytest.raises(ScenarioError, match=r"name: must name a directory inside runs/"):
+        parse_scenario({"name": name, "pod": {"slice": "v2-8"}})
