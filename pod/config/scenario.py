@@ -5,6 +5,12 @@ is parsed with ``yaml.safe_load`` (no object construction) and validated with
 pydantic; unknown keys and bad values are rejected with the field's path, the
 value received and what is allowed, in one line (``ScenarioError``).
 
+Everything is bounded, so a small hostile file costs milliseconds: the file
+(``MAX_SCENARIO_BYTES``), its nesting (``MAX_YAML_DEPTH``), its aliases
+(``MAX_YAML_ALIASES``, ``MAX_YAML_NODES`` once expanded), every number (the
+``MAX_*`` constants below, far above real use) and every value quoted in a
+message (a bounded ``repr``).
+
 Format (every key but ``pod``, ``model`` and ``training.global_batch`` has a
 default)::
 
