@@ -18,6 +18,7 @@ The tree::
     |   +-- ChipFailureError              chips died and nothing can restore them
     |   +-- IciError                      a chip-to-chip link failed mid-collective
     +-- MetricsError (RuntimeError)       the Prometheus exporter could not start
+    +-- OutputError                       a result or checkpoint cannot be written
 
 ``RunInterrupted`` is not an error: a run stopped by SIGINT / SIGTERM after
 writing what it had.
@@ -43,6 +44,7 @@ __all__ = [
     "ChipFailureError",
     "IciError",
     "MetricsError",
+    "OutputError",
     "RunInterrupted",
     "USER_ERRORS",
 ]
@@ -116,6 +118,20 @@ class IciError(ClusterError):
 
 class MetricsError(EmulatorError, RuntimeError):
     """The Prometheus exporter could not start (for example, port in use)."""
+
+
+class OutputError(EmulatorError):
+    """A result file or checkpoint cannot be written: no space left (ENOSPC), a
+    read-only file system (EROFS), no permission (EACCES), ...; one line naming
+    the path and the reason.
+
+    Attributes:
+        path: the file or directory that could not be written.
+    """
+
+    def __init__(self, path: object, reason: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{self.path}: cannot write ({reason})")
 
 
 class RunInterrupted(Exception):

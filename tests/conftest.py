@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def pytest_configure(config):
@@ -16,12 +12,17 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray cluster on 127.0.0.1, shared by every Ray test; yields its address."""
+    """A local Ray cluster on 127.0.0.1, shared by every Ray test; yields its address.
+
+    Started as the CLI starts its own (``pod.runtime.cluster``): token
+    authentication with a token of this process, which subprocesses inherit
+    through the environment (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN_PATH``).
+    """
     import ray
 
-    from pod.runtime.cluster import ensure_ray
+    from pod.runtime.cluster import ensure_ray, shutdown_ray
 
     started = ensure_ray(None)
     yield ray.get_runtime_context().gcs_address
     if started:
-        ray.shutdown()
+        shutdown_ray()

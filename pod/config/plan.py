@@ -259,6 +259,10 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         raise ScenarioError(f"training.optimizer: {err}") from None
     steps_per_epoch = max(1, n_train // training.global_batch)
     steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
+    for index, fault in enumerate(scenario.faults):
+        if fault.step > steps:
+            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
+                                f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)

@@ -5,6 +5,12 @@ is parsed with ``yaml.safe_load`` (no object construction) and validated with
 pydantic; unknown keys and bad values are rejected with the field's path, the
 value received and what is allowed, in one line (``ScenarioError``).
 
+Everything is bounded, so a small hostile file costs milliseconds: the file
+(``MAX_SCENARIO_BYTES``), its nesting (``MAX_YAML_DEPTH``), its aliases
+(``MAX_YAML_ALIASES``, ``MAX_YAML_NODES`` once expanded), every number (the
+``MAX_*`` constants below, far above real use) and every value quoted in a
+message (a bounded ``repr``).
+
 Format (every key but ``pod``, ``model`` and ``training.global_batch`` has a
 default)::
 
@@ -60,6 +66,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import reprlib
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -98,6 +105,33 @@ __all__ = [
 ]
 
 PRECISIONS = CHIP_PRECISIONS  # bf16 | fp32 | int8 (chip.PRECISIONS; int8 not on v2 / v3)
+
+# Upper bounds on every number of a scenario, so that no value can overflow the
+# cost model or ask for absurd work; each is far above any real use.
+#: chips in a pod: the largest Google slice, v5p-17920, has 8,960 chips
+MAX_CHIPS = 16384
+#: examples per global batch (2**24; the largest published TPU batches are ~65k)
+MAX_GLOBAL_BATCH = 1 << 24
+#: optimizer steps (or steps between checkpoints / evaluations) of one run
+MAX_STEPS = 100_000_000
+#: passes over the train split
+MAX_EPOCHS = 1_000_000
+#: a slowed link's bandwidth divisor or a straggler's compute factor
+MAX_SLOWDOWN = 1e6
+#: the seed (numpy's generators take any non-negative int; 2**32 - 1 is plenty)
+MAX_SEED = 2**32 - 1
+#: checkpoints kept
+MAX_KEEP = 10_000
+#: a learning rate (any real one is below 10)
+MAX_LEARNING_RATE = 1e3
+#: matrix size n of a benchmark (an n x n matrix; costs only above a few thousand)
+MAX_BENCH_N = 1 << 17
+#: iterations of a benchmark
+MAX_BENCH_ITERATIONS = 1_000_000
+#: matrix size and iterations of the host numpy measurement
+MAX_CPU_N, MAX_CPU_ITERATIONS = 8192, 10_000
+#: characters of a scenario's name and description
+MAX_NAME_CHARS, MAX_DESCRIPTION_CHARS = 128, 10_000
 BENCHMARK_KINDS = ("matmul", "matrix_add")
 HOST_DISPATCH = ("device_loop", "per_step")
 
@@ -121,7 +155,7 @@ class LinkConfig(_Frozen):
     """One slowed or failed directed ICI link, e.g. ``{link: "0->1", slowdown: 2.0}``."""
 
     link: str = Field(pattern=r"^\s*\d+\s*->\s*\d+\s*$", description="src->dst chip ranks")
-    slowdown: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+    slowdown: float | None = Field(default=None, ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False,
                                    description="the link runs at bandwidth / slowdown")
     failed: bool = False
 
@@ -137,8 +171,9 @@ class PodConfig(_Frozen):
 
     slice: str | None = Field(default=None, description="Google slice name, e.g. v2-8")
     chip: str | None = Field(default=None, description="chip preset: v2 v3 v4 v5e v5p v6e")
-    chips: int | None = Field(default=None, gt=0, description="number of chips")
-    topology: str | None = Field(default=None, description="torus shape, e.g. 2x2 or 4x4x4")
+    chips: int | None = Field(default=None, gt=0, le=MAX_CHIPS, description="number of chips")
+    topology: str | None = Field(default=None, max_length=64,
+                                 description="torus shape, e.g. 2x2 or 4x4x4")
     wraparound: bool | None = None
     allreduce: str = Field(default="auto", description="allreduce algorithm or auto")
     links: tuple[LinkConfig, ...] = ()
@@ -172,6 +207,15 @@ class PodConfig(_Frozen):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise ValueError("must be a shape in quotes such as \"8\", \"4x4\" or \"4x4x4\" "
                              "(YAML reads an unquoted 8 as a number and 0x4 as hexadecimal 4)")
+        return value
+
+    @field_validator("topology")
+    @classmethod
+    def _not_too_many_chips(cls, value: str | None) -> str | None:
+        dims = re.findall(r"\d+", value or "")
+        if dims and math.prod(int(d) for d in dims) > MAX_CHIPS:
+            raise ValueError(f"holds {math.prod(int(d) for d in dims):,} chips; at most "
+                             f"{MAX_CHIPS:,} (the largest Google slice has 8,960)")
         return value
 
     @model_validator(mode="after")
@@ -220,11 +264,11 @@ class OptimizerConfig(_Frozen):
     """Optimizer name and hyper-parameters."""
 
     name: str = "adam"
-    learning_rate: float = Field(default=1e-3, gt=0.0)
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=MAX_LEARNING_RATE, allow_inf_nan=False)
     momentum: float | None = Field(default=None, ge=0.0, lt=1.0)
     beta1: float | None = Field(default=None, ge=0.0, lt=1.0)
     beta2: float | None = Field(default=None, ge=0.0, lt=1.0)
-    eps: float | None = Field(default=None, gt=0.0)
+    eps: float | None = Field(default=None, gt=0.0, le=1.0)
 
     @field_validator("name")
     @classmethod
@@ -252,13 +296,13 @@ class OptimizerConfig(_Frozen):
 class TrainingConfig(_Frozen):
     """How to train: batch, length, optimizer, numerics, seed."""
 
-    global_batch: int = Field(gt=0)
-    steps: int | None = Field(default=None, gt=0)
-    epochs: int | None = Field(default=None, gt=0)
+    global_batch: int = Field(gt=0, le=MAX_GLOBAL_BATCH)
+    steps: int | None = Field(default=None, gt=0, le=MAX_STEPS)
+    epochs: int | None = Field(default=None, gt=0, le=MAX_EPOCHS)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     precision: str = "bf16"
-    seed: int = Field(default=0, ge=0)
-    eval_every_steps: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    eval_every_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     # XLA's async collectives: each layer's gradients are allreduced as the backward
     # pass produces them and infeed is double-buffered; false: one allreduce after the
     # backward pass, everything in sequence (the sum, an upper bound)
@@ -309,9 +353,9 @@ class CheckpointConfig(_Frozen):
     """Periodic checkpoints: every ``every_steps`` steps (and at the end), the newest
     ``keep`` kept, in ``dir`` (relative to the scenario file; None: <output dir>/checkpoints)."""
 
-    every_steps: int = Field(gt=0, description="steps between checkpoints")
+    every_steps: int = Field(gt=0, le=MAX_STEPS, description="steps between checkpoints")
     dir: str | None = Field(default=None, min_length=1, description="checkpoint directory")
-    keep: int = Field(default=3, ge=1, description="checkpoints kept, newest first")
+    keep: int = Field(default=3, ge=1, le=MAX_KEEP, description="checkpoints kept, newest first")
 
 
 #: ``faults[].kind`` values and the fields each one needs.
@@ -332,14 +376,15 @@ class FaultConfig(_Frozen):
     """
 
     kind: str
-    step: int = Field(default=1, gt=0, description="1-based step the fault starts at")
-    chip: int | None = Field(default=None, ge=0, description="chip rank")
-    host: int | None = Field(default=None, ge=0, description="TPU host index")
-    factor: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+    step: int = Field(default=1, gt=0, le=MAX_STEPS,
+                      description="1-based step the fault starts at")
+    chip: int | None = Field(default=None, ge=0, lt=MAX_CHIPS, description="chip rank")
+    host: int | None = Field(default=None, ge=0, lt=MAX_CHIPS, description="TPU host index")
+    factor: float | None = Field(default=None, ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False,
                                  description="compute slowdown factor of a straggler")
     link: str | None = Field(default=None, pattern=r"^\s*\d+\s*->\s*\d+\s*$",
                              description="src->dst chip ranks")
-    slowdown: float | None = Field(default=None, ge=1.0, allow_inf_nan=False,
+    slowdown: float | None = Field(default=None, ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False,
                                    description="link bandwidth divisor")
 
     @field_validator("kind")
@@ -370,13 +415,13 @@ class BenchmarkConfig(_Frozen):
     """
 
     kind: str
-    n: int = Field(default=4096, gt=0)
-    iterations: int = Field(default=100, gt=0)
+    n: int = Field(default=4096, gt=0, le=MAX_BENCH_N)
+    iterations: int = Field(default=100, gt=0, le=MAX_BENCH_ITERATIONS)
     precision: str = "bf16"
     functional: bool = False
-    seed: int = Field(default=0, ge=0)
-    cpu_n: int = Field(default=1024, gt=0)
-    cpu_iterations: int = Field(default=10, gt=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    cpu_n: int = Field(default=1024, gt=0, le=MAX_CPU_N)
+    cpu_iterations: int = Field(default=10, gt=0, le=MAX_CPU_ITERATIONS)
 
     @field_validator("kind")
     @classmethod
@@ -401,21 +446,24 @@ class SweepConfig(_Frozen):
 
     mode: Literal["timing", "functional"] = "timing"
     scaling: Literal["weak", "strong"] = "strong"
-    per_core_batch: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None,
-                                                                          min_length=1)
+    per_core_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
+        default=None, min_length=1)
 
     @field_validator("per_core_batch", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, int) and not isinstance(value, bool) else value
     slices: tuple[str, ...] | None = Field(default=None, min_length=1)
-    chips: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
+    chips: tuple[Annotated[int, Field(gt=0, le=MAX_CHIPS)], ...] | None = Field(default=None,
+                                                                             min_length=1)
     topologies: tuple[str, ...] | None = Field(default=None, min_length=1)
     allreduce: tuple[str, ...] | None = Field(default=None, min_length=1)
-    global_batch: tuple[Annotated[int, Field(gt=0)], ...] | None = Field(default=None, min_length=1)
+    global_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
+        default=None, min_length=1)
     precision: tuple[str, ...] | None = Field(default=None, min_length=1)
-    steps: int = Field(default=2, gt=0, description="steps per point; the first is not timed")
-    epoch_examples: int | None = Field(default=None, gt=0,
+    steps: int = Field(default=2, gt=0, le=MAX_STEPS,
+                       description="steps per point; the first is not timed")
+    epoch_examples: int | None = Field(default=None, gt=0, le=MAX_GLOBAL_BATCH * MAX_STEPS,
                                        description="examples per epoch for the epoch-time "
                                                    "column (default: the train split)")
 
@@ -460,8 +508,9 @@ class SweepConfig(_Frozen):
 class Scenario(_Frozen):
     """A validated, frozen scenario. Build it with ``load_scenario``."""
 
-    name: str = Field(default="scenario", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    description: str = ""
+    name: str = Field(default="scenario", min_length=1, max_length=MAX_NAME_CHARS,
+                      pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
     pod: PodConfig
     model: ModelConfig | None = None
     data: DataConfig = Field(default_factory=DataConfig)
@@ -472,6 +521,15 @@ class Scenario(_Frozen):
     ray: RayConfig = Field(default_factory=RayConfig)
     checkpoint: CheckpointConfig | None = None
     faults: tuple[FaultConfig, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_directory_step(cls, value: str) -> str:
+        # runs/<name> must be a directory inside runs/: "." is runs/ itself, ".." its parent
+        if set(value) == {"."}:
+            raise ValueError("must name a directory inside runs/, not '.' or '..' (it names the "
+                             "output directory runs/<name>)")
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Scenario":
@@ -522,9 +580,19 @@ _PATTERN_HELP = {
 }
 
 
+#: ``repr`` with every container and string cut short: a message about a huge
+#: (or alias-expanded) value costs microseconds, not the size of the value.
+_BOUNDED_REPR = reprlib.Repr()
+_BOUNDED_REPR.maxlevel = 4
+_BOUNDED_REPR.maxtuple = _BOUNDED_REPR.maxlist = _BOUNDED_REPR.maxdict = 8
+_BOUNDED_REPR.maxset = _BOUNDED_REPR.maxfrozenset = _BOUNDED_REPR.maxdeque = 8
+_BOUNDED_REPR.maxstring = _BOUNDED_REPR.maxother = 80
+_BOUNDED_REPR.maxlong = 40
+
+
 def _show(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, shortened to ``limit`` characters for a one-line message."""
-    text = repr(value)
+    """A bounded ``repr(value)``, shortened to ``limit`` characters for a one-line message."""
+    text = _BOUNDED_REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -625,9 +693,60 @@ def _check_numbers(scenario: Scenario, source: str) -> None:
         raise ScenarioError(f"{source}: training.optimizer.learning_rate must be finite (got {lr})")
 
 
+#: Bounds on a scenario file, so that a small hostile file cannot cost minutes or
+#: gigabytes (a YAML "billion laughs" alias bomb) or overflow the stack (deep
+#: nesting). Real scenarios are a few kilobytes, a few levels deep, with no aliases.
+MAX_SCENARIO_BYTES = 1 << 20
+#: deepest nesting of mappings and lists
+MAX_YAML_DEPTH = 64
+#: aliases (``*name``) in one file
+MAX_YAML_ALIASES = 100
+#: values in the document once every alias is expanded
+MAX_YAML_NODES = 100_000
+
+
 class _ScenarioLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` (plain data only) that also refuses a key given twice in one
-    mapping, which plain YAML loaders resolve silently by keeping the last."""
+    mapping, which plain YAML loaders resolve silently by keeping the last, and
+    a document deeper than ``MAX_YAML_DEPTH``, with more than ``MAX_YAML_ALIASES``
+    aliases, or of more than ``MAX_YAML_NODES`` values once aliases are expanded."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_YAML_ALIASES} aliases (*name); a scenario "
+                    "needs few or none (refused: aliases can expand a small file enormously)",
+                    self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        if node is not None:
+            expanded, depth = _expanded_size(node, {})
+            if depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels once its aliases "
+                    "are expanded", node.start_mark)
+            if expanded > MAX_YAML_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"the document expands to more than {MAX_YAML_NODES:,} values "
+                    "with its aliases", node.start_mark)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
@@ -637,10 +756,55 @@ class _ScenarioLoader(yaml.SafeLoader):
                 continue  # SafeLoader reports unhashable keys itself
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice in one mapping; keep one",
+                    None, None, f"key {_show(key)} is given twice in one mapping; keep one",
                     key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node: yaml.Node, seen: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(values, depth) under ``node`` with every alias expanded, memoised per node:
+    aliases share nodes, so the walk is linear in the file while the counts are
+    not. Both are capped just past their limits (``MAX_YAML_NODES``,
+    ``MAX_YAML_DEPTH``); a node inside itself (a recursive alias) counts as past both.
+    """
+    key = id(node)
+    if key in seen:
+        return seen[key]
+    too_much = (MAX_YAML_NODES + 1, MAX_YAML_DEPTH + 1)
+    seen[key] = too_much  # a cycle reaching back here is too big
+    if isinstance(node, yaml.MappingNode):
+        children = [c for pair in node.value for c in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    else:
+        children = []
+    sizes = [_expanded_size(child, seen) for child in children]
+    total = (min(1 + sum(n for n, _ in sizes), too_much[0]),
+             min(1 + max((d for _, d in sizes), default=0), too_much[1]))
+    seen[key] = total
+    return total
+
+
+def _read_scenario_text(path: Path) -> str:
+    """The file's text, at most ``MAX_SCENARIO_BYTES`` read (``/dev/zero`` ends too).
+
+    Raises:
+        ScenarioError: unreadable, too large, or not UTF-8.
+    """
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as err:
+        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path}: the scenario file is larger than {MAX_SCENARIO_BYTES:,} "
+                            "bytes; a scenario is a small YAML file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a "
+                            f"scenario is a UTF-8 YAML file") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -653,16 +817,13 @@ def load_scenario(path: str | Path) -> Scenario:
         The frozen scenario.
 
     Raises:
-        ScenarioError: unreadable file, bad YAML, or an invalid field.
+        ScenarioError: unreadable file, bad YAML, or an invalid field; a file
+            over ``MAX_SCENARIO_BYTES``, nested deeper than ``MAX_YAML_DEPTH``,
+            with more than ``MAX_YAML_ALIASES`` aliases or expanding to more
+            than ``MAX_YAML_NODES`` values.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); a "
-                            f"scenario is a UTF-8 YAML file") from None
+    text = _read_scenario_text(path)
     return scenario_from_text(text, source=str(path), base_dir=path.resolve().parent)
 
 
@@ -670,7 +831,7 @@ def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str |
     """Parse and validate a scenario given as YAML text.
 
     Args:
-        text: the YAML document.
+        text: the YAML document (at most ``MAX_SCENARIO_BYTES`` of UTF-8).
         source: where it came from, used in messages (a file name).
         base_dir: the directory relative ``data.path`` and ``checkpoint.dir``
             are resolved against (a file's own directory; the working
@@ -680,8 +841,11 @@ def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str |
         The frozen scenario.
 
     Raises:
-        ScenarioError: bad YAML, or an invalid field.
+        ScenarioError: too large, bad YAML, or an invalid field.
     """
+    if len(text.encode("utf-8", errors="replace")) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{source}: the scenario is larger than {MAX_SCENARIO_BYTES:,} bytes; "
+                            "a scenario is a small YAML document")
     base = Path(base_dir)
     try:
         data = yaml.load(text, Loader=_ScenarioLoader)  # a SafeLoader: no object construction

@@ -1,29 +1,106 @@
 """The files a run writes: ``summary.json`` (``summarize``, ``reliability``),
-``steps.csv`` (``StepsCsv``), both written so that a reader never sees half a
-file (``write_json``: a temporary file, flushed, then renamed)."""
+``steps.csv`` (``StepsCsv``), written so that a reader never sees half a file
+(``write_json`` and every rewrite of steps.csv: a temporary file in the same
+directory, flushed to disk, then renamed over the target).
+
+A file system that refuses (no space, read-only, no permission) ends the run
+with one line naming the path (``OutputError``); ``check_writable`` finds it
+before the first step.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from pod.errors import OutputError
 from pod.report.stats import StepStats, StepTotals, mfu
 
-__all__ = ["summarize", "reliability", "StepsCsv", "write_json"]
+__all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic",
+           "check_writable", "output_errors"]
+
+
+def _file_mode() -> int:
+    """The mode ``open`` would give a new file (0666 less the umask): ``mkstemp``
+    makes 0600 files, and a result file should read like any other."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def output_errors(path: Path | str) -> Iterator[None]:
+    """Turn an ``OSError`` while writing ``path`` (ENOSPC, EROFS, EACCES, ...) into
+    one ``OutputError`` line naming it."""
+    try:
+        yield
+    except OSError as err:
+        where = err.filename if err.filename else path
+        raise OutputError(where, err.strerror or str(err)) from None
+
+
+def write_atomic(path: Path, write: Callable[[Any], None], *, newline: str | None = None) -> None:
+    """Write a text file atomically: ``write(file)`` fills a temporary file in the
+    same directory, which is flushed to disk and renamed over ``path``.
+
+    Raises:
+        OutputError: the file system refused (the temporary file is removed).
+    """
+    path = Path(path)
+    with output_errors(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", newline=newline) as f:
+                write(f)
+                f.flush()
+                os.fchmod(f.fileno(), _file_mode())
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON to ``path`` atomically (temp file + rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    """Write ``data`` as indented JSON to ``path`` atomically (temp file + rename).
+
+    Raises:
+        OutputError: the file system refused; one line naming the path.
+    """
+    text = json.dumps(data, indent=2) + "\n"
+    write_atomic(Path(path), lambda f: f.write(text))
+
+
+def check_writable(*directories: Path | str | None) -> None:
+    """Check that results can be written before the first step: each directory is
+    created if needed, and a small file is written, flushed to disk and removed in it.
+
+    Args:
+        directories: the output directory, the checkpoint directory, ...
+            (None entries are skipped).
+
+    Raises:
+        OutputError: a directory cannot be created or written (read-only file
+            system, no permission, no space left); one line naming it.
+    """
+    for directory in directories:
+        if directory is None:
+            continue
+        directory = Path(directory)
+        with output_errors(directory):
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=directory)
+            try:
+                os.write(fd, b"\0" * 4096)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
 
 
 def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
@@ -150,42 +227,56 @@ class StepsCsv:
         self._writer: csv.DictWriter | None = None
 
     def __enter__(self) -> "StepsCsv":
-        if self._keep_below is None or not self.path.exists():
-            self._file = self.path.open("w", newline="")
-        else:
-            self.truncate(self._keep_below, reopen=False)
+        with output_errors(self.path):
+            if self._keep_below is None or not self.path.exists():
+                write_atomic(self.path, lambda f: None)  # a new, empty file
+            else:
+                self.truncate(self._keep_below, reopen=False)
             self._file = self.path.open("a", newline="")
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._file is not None:
-            self._file.close()
+            with output_errors(self.path):
+                self._file.close()
             self._file = None
 
     def write(self, row: dict[str, Any]) -> None:
-        """Append one step's row (the header first, in a new file)."""
-        if self._writer is None:
-            self._writer = csv.DictWriter(self._file, fieldnames=list(row))
-            if self._file.tell() == 0:
-                self._writer.writeheader()
-        self._writer.writerow(row)
-        self._file.flush()
+        """Append one step's row (the header first, in a new file).
+
+        Raises:
+            OutputError: the file system refused; one line naming the path.
+        """
+        with output_errors(self.path):
+            if self._writer is None:
+                self._writer = csv.DictWriter(self._file, fieldnames=list(row))
+                if self._file.tell() == 0:
+                    self._writer.writeheader()
+            self._writer.writerow(row)
+            self._file.flush()
 
     def truncate(self, below: int, reopen: bool = True) -> None:
-        """Drop the rows of steps >= ``below`` (zero-based): they will be recomputed."""
-        if self._file is not None:
-            self._file.close()
-        with self.path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            fields = reader.fieldnames
-            kept = [r for r in reader if int(r["step"]) < below]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", newline="") as f:
-            if fields:
-                writer = csv.DictWriter(f, fieldnames=fields)
-                writer.writeheader()
-                writer.writerows(kept)
-        tmp.replace(self.path)
-        self._writer = None
-        if reopen:
-            self._file = self.path.open("a", newline="")
+        """Drop the rows of steps >= ``below`` (zero-based): they will be recomputed.
+
+        The file is rewritten atomically (``write_atomic``): a crash leaves the
+        old rows or the new ones, never a half-written file.
+        """
+        with output_errors(self.path):
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            with self.path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                fields = reader.fieldnames
+                kept = [r for r in reader if int(r["step"]) < below]
+
+            def rewrite(f: Any) -> None:
+                if fields:
+                    writer = csv.DictWriter(f, fieldnames=fields)
+                    writer.writeheader()
+                    writer.writerows(kept)
+
+            write_atomic(self.path, rewrite, newline="")
+            self._writer = None
+            if reopen:
+                self._file = self.path.open("a", newline="")

@@ -1,59 +1,252 @@
 """Start or join the Ray cluster the chip actors run on.
 
 A local cluster is started when no address is given (the scenario's
-``ray.address``, else the ``RAY_ADDRESS`` environment variable): bound to
-127.0.0.1, dashboard off, token authentication off, logs at ERROR, session
-files in Ray's own temporary directory.
+``ray.address``, else the ``RAY_ADDRESS`` environment variable):
+
+- bound to 127.0.0.1, dashboard off, logs at ERROR;
+- with Ray's token authentication on and a fresh random token per process
+  (``secrets.token_hex``), written to a file only its user can read and
+  passed to Ray's processes with ``RAY_AUTH_MODE=token`` and
+  ``RAY_AUTH_TOKEN_PATH``: another local process, even of another user, cannot
+  join the cluster and run code in it without that token (Ray's default would
+  share one token under the home directory between every cluster of a user);
+- session files under its own directory, ``<tmp>/tpu-pod-ray-<uid>/<pid>``
+  (``cluster_temp_dir``), removed at shutdown; directories left by emulator
+  processes that no longer run are removed when the next local cluster starts
+  (only these: Ray's own ``/tmp/ray`` and other users' clusters are not touched);
+- Ray's daemons (GCS, raylet; Ray puts its workers in groups of their own)
+  each in a process group of its own, so a SIGTERM sent to the driver's whole
+  process group (what ``timeout`` and service managers send) reaches only the
+  driver, which stops gracefully (final checkpoint, partial summary, exit 143)
+  and then stops the cluster, instead of Ray's GCS dying under a running step.
+  The daemons still die with the driver (Ray's own fate-sharing). A service
+  manager that kills every process of the service's cgroup at once (systemd's
+  default ``KillMode=control-group``) still reaches them: use
+  ``KillMode=mixed`` so that only the main process gets the SIGTERM first.
+
+Joining a cluster you started yourself (``ray.address: host:port``, or
+``RAY_ADDRESS``): start it with token authentication, the default from Ray
+2.60 on::
+
+    ray start --head --port 6379            # writes a token to ~/.ray/auth_token
+    ray start --address HEAD:6379           # on the other machines, same token
+
+and run ``tpu-pod`` where the same token is available (``~/.ray/auth_token``,
+or ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``). The address is tried first
+with a plain TCP connection bounded by ``CONNECT_TIMEOUT_S``: an address where
+no cluster answers fails within seconds with one line naming it as given,
+instead of Ray's minutes of retries.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import ray
 
 from pod.errors import ClusterError
 
-__all__ = ["ensure_ray", "shutdown_ray"]
+__all__ = ["ensure_ray", "shutdown_ray", "cluster_temp_dir", "CONNECT_TIMEOUT_S"]
+
+#: Seconds to wait for a given cluster address to accept a connection.
+CONNECT_TIMEOUT_S = 10.0
+
+#: This process's token for the local clusters it starts (one per process: Ray's
+#: token loader keeps the first token it reads for the process's lifetime).
+_TOKEN: str | None = None
+#: The local cluster this process started: its temp dir and the environment it changed.
+_STARTED: dict[str, object] = {}
+_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
 
 
-def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+def _temp_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"tpu-pod-ray-{os.getuid()}"
+
+
+def cluster_temp_dir(pid: int | None = None) -> Path:
+    """Where the local cluster of process ``pid`` (default: this one) keeps its session files."""
+    return _temp_root() / str(os.getpid() if pid is None else pid)
+
+
+def _private_dir(path: Path) -> Path:
+    """``path`` as a directory of this user only (0700), refusing a symlink or another owner."""
+    path.mkdir(mode=0o700, parents=False, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ClusterError(f"{path}: not a directory of this user; refusing to put a Ray "
+                           "cluster's files there")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the session directories of emulator processes that no longer run."""
+    root = _temp_root()
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and not _alive(int(entry.name)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _use_run_token(directory: Path) -> dict[str, str | None]:
+    """Turn on Ray's token authentication with this process's token, for this process
+    and the Ray processes it starts; returns the environment it replaced."""
+    global _TOKEN
+    if _TOKEN is None:
+        _TOKEN = secrets.token_hex(32)
+    token_path = directory / "auth_token"
+    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(_TOKEN)
+    previous = {k: os.environ.get(k) for k in _AUTH_VARS}
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # Ray prefers it to the path: ours must win
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+    from ray._raylet import Config
+
+    Config.initialize("")  # this process reads RAY_AUTH_MODE again (Ray does the same)
+    return previous
+
+
+def _restore_env(previous: dict[str, str | None]) -> None:
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+class _DaemonsInTheirOwnGroups:
+    """While inside, every process Ray's ``ray.init`` starts (GCS, raylet, their
+    helpers) leads a process group of its own, out of the driver's group.
+
+    Ray starts its daemons through ``ray._private.services.ConsolePopen`` (a
+    ``subprocess.Popen``); it is swapped for a subclass passing
+    ``process_group=0`` for the time of ``ray.init``, and put back after. This
+    works whatever the driver is (a group leader, a session leader under a
+    service manager). Ray's own fate-sharing (``PR_SET_PDEATHSIG``) still
+    ends the daemons with the driver. Where that class is missing (another Ray
+    version) nothing changes.
+    """
+
+    def __enter__(self) -> "_DaemonsInTheirOwnGroups":
+        from ray._private import services
+
+        self.services = services
+        self.original = getattr(services, "ConsolePopen", None)
+        if sys.platform != "win32" and isinstance(self.original, type) and \
+                issubclass(self.original, subprocess.Popen):
+            original = self.original
+
+            class OwnGroupPopen(original):  # type: ignore[misc, valid-type]
+                def __init__(self, *args: object, **kwargs: object) -> None:
+                    kwargs.setdefault("process_group", 0)
+                    super().__init__(*args, **kwargs)
+
+            services.ConsolePopen = OwnGroupPopen
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.original is not None:
+            self.services.ConsolePopen = self.original
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """A TCP connection to ``address`` ("host:port", "ray://host:port") within
+    ``timeout_s``; other forms ("auto", "local") are left to Ray.
+
+    Raises:
+        ClusterError: nothing answers there; one line naming the address as given.
+    """
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]\s]+?)\]?:(\d+)", address.strip())
+    if not match:
+        return
+    host, port = match.group(1), int(match.group(2))
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except OSError as err:
+        reason = (f"no answer within {timeout_s:g} s" if isinstance(err, socket.timeout)
+                  else err.strerror or str(err))
+        raise ClusterError(f"ray.address: no Ray cluster answers at {address!r} ({reason}, after "
+                           f"{time.monotonic() - t0:.1f} s); start one there, or remove "
+                           "ray.address and RAY_ADDRESS to run on a local cluster") from None
+
+
+def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
+               connect_timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
     """Make sure this process is connected to a Ray cluster.
 
     Args:
         address: an existing cluster to join ("auto", "host:port",
             "ray://..."); None uses ``RAY_ADDRESS`` or starts a local cluster.
         num_cpus: CPUs a local cluster advertises (default: the machine's).
+        connect_timeout_s: how long a given address may take to accept a
+            connection.
 
     Returns:
         True if this call started a local cluster (so the caller owns it and
-        should shut it down), False if Ray was already up or was joined.
+        should shut it down with ``shutdown_ray``), False if Ray was already
+        up or was joined.
 
     Raises:
-        ClusterError: Ray could not be started or the address not joined.
+        ClusterError: Ray could not be started or the address not joined
+            (one line naming the address as given).
     """
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
     try:
         if address:
+            _check_reachable(address, connect_timeout_s)
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
             return False
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         _loopback_only()
-        ray.init(
-            num_cpus=num_cpus or os.cpu_count() or 1,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            logging_level=logging.ERROR,
-            configure_logging=True,
-            log_to_driver=False,  # actor errors still arrive as exceptions; no raylet chatter
-        )
+        _private_dir(_temp_root())
+        _remove_stale_dirs()
+        temp_dir = _private_dir(cluster_temp_dir())
+        previous = _use_run_token(temp_dir)
+        _STARTED.update(temp_dir=temp_dir, env=previous)
+        with _DaemonsInTheirOwnGroups():
+            ray.init(
+                num_cpus=num_cpus or os.cpu_count() or 1,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                _temp_dir=str(temp_dir),
+                logging_level=logging.ERROR,
+                configure_logging=True,
+                log_to_driver=False,  # actor errors still arrive as exceptions; no raylet chatter
+            )
         return True
     except ClusterError:
+        _cleanup_started()
         raise
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; one clear line
+        _cleanup_started()
         where = f"join the Ray cluster at {address!r}" if address else "start a local Ray cluster"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ClusterError(f"ray.address: could not {where}: {first}") from None
@@ -75,7 +268,17 @@ def _loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def _cleanup_started() -> None:
+    """Forget the local cluster this process started: its environment and its files."""
+    if not _STARTED:
+        return
+    _restore_env(_STARTED.pop("env"))  # type: ignore[arg-type]
+    shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)  # type: ignore[arg-type]
+
+
 def shutdown_ray() -> None:
-    """Disconnect from Ray (and stop the local cluster if this process started it)."""
+    """Disconnect from Ray; a local cluster this process started is stopped and its
+    session directory removed."""
     if ray.is_initialized():
         ray.shutdown()
+    _cleanup_started()

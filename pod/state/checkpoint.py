@@ -55,7 +55,7 @@ from typing import Any, Callable
 import msgpack
 import numpy as np
 
-from pod.errors import CheckpointError
+from pod.errors import CheckpointError, OutputError
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "FORMAT", "VERSION",
            "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune_checkpoints",
@@ -147,7 +147,8 @@ def save_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
 
     Raises:
         CheckpointError: an array of a dtype that cannot be stored.
-        OSError: the file cannot be written.
+        OutputError: the file cannot be written (no space, read-only file
+            system, no permission); one line naming it.
     """
     path = Path(path)
     body = msgpack.packb({
@@ -167,17 +168,20 @@ def save_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
     blob = msgpack.packb({"format": FORMAT, "version": VERSION,
                           "sha256": hashlib.sha256(body).hexdigest(), "body": body},
                          use_bin_type=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:  # ENOSPC, EROFS, EACCES: one line naming the file
+        raise OutputError(err.filename or path, err.strerror or str(err)) from None
     return path
 
 

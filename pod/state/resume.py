@@ -13,9 +13,10 @@ from pod.errors import CheckpointError
 from pod.state.checkpoint import (Checkpoint, checkpoint_path, list_checkpoints, load_checkpoint,
                                   mean_replica_state, newest_valid_checkpoint, params_digest,
                                   prune_checkpoints, save_checkpoint)
+from pod.state.checks import check_state
 
-__all__ = ["initial_checkpoint", "pod_checkpoint", "check_compatible", "resume_checkpoint",
-           "RunCheckpoints"]
+__all__ = ["initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
+           "resume_checkpoint", "RunCheckpoints"]
 
 
 def _rng_and_position(plan, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -101,29 +102,93 @@ def pod_checkpoint(pod, plan, step: int, run_state: dict[str, Any] | None = None
 
 #: scenario keys that may differ between a checkpoint and the run that resumes it
 _RESUMABLE_CHANGES = {"training": ("steps", "epochs", "eval_every_steps"), "data": ("path",)}
+#: pod keys compared as the plan resolves them (``resolve_pod``), not as written
+_RESOLVED_POD_KEYS = ("slice", "chip", "chips", "topology", "wraparound")
+
+
+def _resolved_pod(pod: Any) -> dict[str, Any]:
+    """The pod's shape as ``resolve_pod`` decides it: slice name, chip, count,
+    torus shape and wraparound, whatever the scenario wrote out or left to defaults."""
+    return {"slice": pod.slice_name or None, "chip": pod.chip.name, "chips": pod.chips,
+            "topology": pod.torus.name, "wraparound": list(pod.torus.wraparound)}
+
+
+def _their_pod(section: Any, source: str) -> dict[str, Any]:
+    """The checkpoint's ``pod`` section resolved like the plan's."""
+    from pod.config.scenario import PodConfig
+    from pod.config.slices import resolve_pod
+
+    try:
+        cfg = PodConfig.model_validate(section)
+        return _resolved_pod(resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
+                                         topology=cfg.topology, wraparound=cfg.wraparound))
+    except ValueError as err:  # pydantic's ValidationError and ScenarioError are ValueErrors
+        first = (str(err).splitlines() or [""])[0]
+        raise CheckpointError(f"{source}: the checkpoint's pod is not a valid pod ({first[:120]})"
+                              ) from None
+
+
+def _layers(model: Any) -> list[tuple[str, dict[str, Any]]]:
+    return [(type(layer).__name__, dict(vars(layer))) for layer in model.layers]
+
+
+def _same_model(theirs: Any, plan) -> bool:
+    """True when the checkpoint's model section builds the plan's model (same layers,
+    same settings): options written out at their defaults are no difference."""
+    from pod.workloads import build_model
+
+    if not isinstance(theirs, dict) or theirs.get("name") != plan.model.name:
+        return False
+    try:
+        model = build_model(theirs["name"], input_shape=plan.model.input_shape,
+                            num_classes=plan.model.num_classes, **(theirs.get("options") or {}))
+    except (TypeError, ValueError, KeyError):
+        return False
+    return _layers(model) == _layers(plan.model) and model.loss == plan.model.loss
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -> None:
     """Refuse to continue a run from a checkpoint of a different one.
 
-    The pod, model, data and training (except the length and evaluation
-    interval, and where the data file lives) must be those of the
-    checkpoint's scenario; so must the data order (train examples, batch).
+    The pod is compared as the plan resolves it (slice, chip, chip count,
+    topology, wraparound; a default written out is no difference), and its
+    allreduce and links as written; the model by name and by the layers its
+    options build; data and training as written (except the length and
+    evaluation interval, and where the data file lives). The data order
+    (train examples) must be the checkpoint's too.
 
     Raises:
         CheckpointError: one line naming the first differing key and both values.
     """
     mine = plan.scenario.model_dump(mode="json")
-    theirs = checkpoint.scenario or {}
+    theirs = checkpoint.scenario if isinstance(checkpoint.scenario, dict) else {}
+
+    def differ(key: str, a: Any, b: Any) -> CheckpointError:
+        return CheckpointError(f"{source}: {key} is {_show(b)} in the checkpoint but {_show(a)} "
+                               "in the scenario; a checkpoint continues only the run it came from")
+
+    their_pod = theirs.get("pod") if isinstance(theirs.get("pod"), dict) else {}
+    a, b = _resolved_pod(plan.pod), _their_pod(their_pod, source)
+    for key in _RESOLVED_POD_KEYS:
+        if a[key] != b[key]:
+            raise differ(f"pod.{key}", a[key], b[key])
     for section in ("pod", "model", "data", "training"):
         skip = _RESUMABLE_CHANGES.get(section, ())
+        if section == "pod":
+            skip = _RESOLVED_POD_KEYS
+        got = theirs.get(section) if isinstance(theirs.get(section), dict) else {}
+        if section == "model" and _same_model(got, plan):
+            continue
         a = {k: v for k, v in (mine.get(section) or {}).items() if k not in skip}
-        b = {k: v for k, v in (theirs.get(section) or {}).items() if k not in skip}
-        for key in sorted(set(a) | set(b)):
+        b = {k: v for k, v in got.items() if k not in skip}
+        for key in sorted(set(a) | set(b), key=lambda k: (k != "name", k)):
             if a.get(key) != b.get(key):
-                raise CheckpointError(f"{source}: {section}.{key} is {b.get(key)!r} in the checkpoint "
-                                      f"but {a.get(key)!r} in the scenario; a checkpoint continues "
-                                      "only the run it came from")
+                raise differ(f"{section}.{key}", a.get(key), b.get(key))
     position = checkpoint.data_position
     n = int(plan.dataset.x_train.shape[0])
     if position and position.get("num_examples") != n:
@@ -145,7 +210,9 @@ def resume_checkpoint(directory: str | Path, plan,
 
     Raises:
         CheckpointError: not a directory, no valid checkpoint in it, a checkpoint
-            of another scenario, or one past the run's last step.
+            of another scenario, one past the run's last step, or a state tree
+            that does not fit the plan (``check_state``: names, shapes, dtypes,
+            finite values, run state, digests).
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -154,10 +221,12 @@ def resume_checkpoint(directory: str | Path, plan,
     if found is None:
         raise CheckpointError(f"--resume: no valid checkpoint (ckpt-<step>.msgpack) in {directory}")
     path, checkpoint = found
-    check_compatible(checkpoint, plan, source=f"--resume {path}")
-    if checkpoint.step > plan.steps:
-        raise CheckpointError(f"--resume {path}: the checkpoint is at step {checkpoint.step}, past "
+    source = f"--resume {path}"
+    check_compatible(checkpoint, plan, source=source)
+    if isinstance(checkpoint.step, int) and checkpoint.step > plan.steps:
+        raise CheckpointError(f"{source}: the checkpoint is at step {checkpoint.step}, past "
                               f"training.steps {plan.steps}")
+    check_state(checkpoint, plan, source=source)
     return path, checkpoint
 
 
@@ -209,12 +278,15 @@ class RunCheckpoints:
                       warn: Callable[[str], None] | None = None) -> Checkpoint:
         """What a pod that lost chips goes back to: the newest valid checkpoint this
         run wrote (a corrupted one is skipped with a warning), else ``fallback``
-        (the checkpoint it resumed from), else the initial state."""
+        (the checkpoint it resumed from), else the initial state. A checkpoint whose
+        state does not fit the plan (``check_state``) is skipped like a corrupted one."""
         for path in reversed(self.written):
             if not path.exists():
                 continue
             try:
-                return load_checkpoint(path)
+                point = load_checkpoint(path)
+                check_state(point, plan, source=str(path))
+                return point
             except CheckpointError as err:
                 if warn is not None:
                     warn(f"warning: skipping checkpoint {path}: {err}")

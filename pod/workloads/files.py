@@ -38,7 +38,9 @@ import collections
 import gzip
 import io
 import pickle
+import os
 import re
+import stat
 import zipfile
 from pathlib import Path
 
@@ -57,12 +59,91 @@ FORMATS = {
 }
 
 
+#: Largest data file read, in bytes (the largest format here, an IMDB .npz or the
+#: MNIST train images, is tens of megabytes): ``/dev/zero`` or a runaway file ends
+#: with one line instead of filling memory.
+MAX_DATA_FILE_BYTES = 1 << 30
+#: Largest decompressed size of a gzipped IDX file or of an .npz's arrays, in
+#: bytes: a gzip bomb (kilobytes that expand to gigabytes) is refused.
+MAX_DECOMPRESSED_BYTES = 1 << 30
+
+
+def _regular(path: Path) -> os.stat_result:
+    """``path``'s stat, refusing anything but a regular file (following symlinks).
+
+    A FIFO named like a data file would block the read forever; a device
+    (``/dev/zero``) never ends.
+
+    Raises:
+        ValueError: missing, not a regular file, or larger than ``MAX_DATA_FILE_BYTES``.
+    """
+    try:
+        info = path.stat()
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device" if
+                stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else
+                "a directory" if stat.S_ISDIR(info.st_mode) else "a socket" if
+                stat.S_ISSOCK(info.st_mode) else "not a regular file")
+        raise ValueError(f"{path}: is {kind}; data files must be regular files")
+    if info.st_size > MAX_DATA_FILE_BYTES:
+        raise ValueError(f"{path}: {info.st_size:,} bytes is larger than the "
+                         f"{MAX_DATA_FILE_BYTES:,} bytes a data file may have")
+    return info
+
+
+def read_data_file(path: Path) -> bytes:
+    """A regular file's bytes, at most ``MAX_DATA_FILE_BYTES``.
+
+    The file is opened without blocking (a FIFO swapped in after the check
+    cannot hang the open) and checked again once open.
+
+    Raises:
+        ValueError: not a regular file, too large, or unreadable; one line
+            naming the path.
+    """
+    _regular(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path}: is not a regular file; data files must be regular files")
+        try:
+            raw = f.read(MAX_DATA_FILE_BYTES + 1)
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    if len(raw) > MAX_DATA_FILE_BYTES:
+        raise ValueError(f"{path}: larger than the {MAX_DATA_FILE_BYTES:,} bytes a data file "
+                         "may have")
+    return raw
+
+
+def gunzip_bounded(raw: bytes, path: Path) -> bytes:
+    """Decompress gzip data, refusing more than ``MAX_DECOMPRESSED_BYTES``.
+
+    Raises:
+        ValueError: not gzip, or a gzip bomb; one line naming the path.
+    """
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+            out = f.read(MAX_DECOMPRESSED_BYTES + 1)
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a valid gzip file ({err})") from None
+    if len(out) > MAX_DECOMPRESSED_BYTES:
+        raise ValueError(f"{path}: decompresses to more than {MAX_DECOMPRESSED_BYTES:,} bytes; "
+                         "refused (a data file this size is not one of the formats read here)")
+    return out
+
+
 def _require(path: Path, name: str, *, directory: bool | None = None) -> Path:
     if not path.exists():
         raise ValueError(f"path {str(path)!r} does not exist; {name} needs {FORMATS[name]}")
     if directory is True and not path.is_dir():
         raise ValueError(f"path {str(path)!r} is not a directory; {name} needs {FORMATS[name]}")
-    if directory is False and not path.is_file():
+    if directory is False and path.is_dir():  # other non-regular files: read_data_file
         raise ValueError(f"path {str(path)!r} is not a file; {name} needs {FORMATS[name]}")
     return path
 
@@ -79,12 +160,9 @@ def read_idx(path: Path) -> np.ndarray:
     Raises:
         ValueError: a bad magic number, type or size, naming the file.
     """
-    raw = path.read_bytes()
+    raw = read_data_file(path)
     if path.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as err:
-            raise ValueError(f"{path}: not a valid gzip file ({err})") from None
+        raw = gunzip_bounded(raw, path)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES or raw[3] < 1:
         raise ValueError(f"{path}: not an IDX file (magic bytes {raw[:4].hex() or 'missing'}; "
                          "expected 00 00 <type> <dims>)")
@@ -104,8 +182,8 @@ def read_idx(path: Path) -> np.ndarray:
 def _find(directory: Path, stems: tuple[str, ...], name: str) -> Path:
     for stem in stems:
         for candidate in (directory / stem, directory / f"{stem}.gz"):
-            if candidate.is_file():
-                return candidate
+            if candidate.exists():
+                return candidate  # read_idx refuses anything but a regular file
     raise ValueError(f"{directory}: no {stems[0]} file; {name} needs {FORMATS[name]}")
 
 
@@ -167,7 +245,7 @@ def safe_unpickle(raw: bytes, source: Path) -> object:
 
 
 def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    batch = safe_unpickle(path.read_bytes(), path)
+    batch = safe_unpickle(read_data_file(path), path)
     if not isinstance(batch, dict):
         raise ValueError(f"{path}: a CIFAR-10 batch is a dict, got {type(batch).__name__}")
     get = {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
@@ -191,7 +269,7 @@ def load_cifar10(test_fraction: float, seed: int, path: Path) -> Dataset:
     _require(path, "cifar10", directory=True)
     train_files = sorted(path.glob("data_batch_*"))
     test_file = path / "test_batch"
-    if not train_files or not test_file.is_file():
+    if not train_files or not test_file.exists():
         raise ValueError(f"{path}: no data_batch_* or test_batch file; cifar10 needs "
                          f"{FORMATS['cifar10']}")
     parts = [_cifar_batch(p) for p in train_files]
@@ -228,10 +306,7 @@ def _read_reviews(directory: Path) -> tuple[list[str], list[int]]:
         if not folder.is_dir():
             raise ValueError(f"{directory}: no {sub}/ folder; imdb needs {FORMATS['imdb']}")
         for f in sorted(folder.glob("*.txt")):
-            try:
-                texts.append(f.read_text(encoding="utf-8", errors="replace"))
-            except OSError as err:
-                raise ValueError(f"{f}: cannot read ({err.strerror})") from None
+            texts.append(read_data_file(f).decode("utf-8", errors="replace"))
             labels.append(label)
     if not texts:
         raise ValueError(f"{directory}: pos/ and neg/ hold no .txt files")
@@ -242,19 +317,34 @@ def _check_int(value, field: str, low: int) -> int:
     return check_int(value, f"imdb: option {field}", low)
 
 
+def _check_zip_size(path: Path) -> None:
+    """Refuse an .npz whose arrays decompress to more than ``MAX_DECOMPRESSED_BYTES``
+    (the sizes in the zip directory; reading stops at them)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            total = sum(info.file_size for info in z.infolist())
+    except (OSError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{path}: not a valid .npz file ({err})") from None
+    if total > MAX_DECOMPRESSED_BYTES:
+        raise ValueError(f"{path}: its arrays decompress to {total:,} bytes, more than "
+                         f"{MAX_DECOMPRESSED_BYTES:,}; refused")
+
+
 def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 15000,
               maxlen: int = 250) -> Dataset:
     """IMDB reviews as (N, maxlen) int32 token ids, labels 1 positive / 0 negative."""
     num_words = _check_int(num_words, "num_words", 3)
     maxlen = _check_int(maxlen, "maxlen", 1)
     _require(path, "imdb")
-    if path.is_file():
+    if not path.is_dir():
+        _regular(path)
         if path.suffix != ".npz":
             raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
         if not zipfile.is_zipfile(path):
             # np.load would try it as a pickle and talk about allow_pickle, which misleads
             raise ValueError(f"{path}: not a .npz archive (an .npz is a zip of .npy arrays, as "
                              f"numpy.savez writes); imdb needs {FORMATS['imdb']}")
+        _check_zip_size(path)
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
@@ -328,7 +418,7 @@ def load_text(test_fraction: float, seed: int, path: Path | None = None,
     else:
         _require(path, "text", directory=False)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_data_file(path).decode("utf-8")
         except UnicodeDecodeError as err:
             raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         source = str(path)
