@@ -37,8 +37,8 @@ from __future__ import annotations
 import collections
 import gzip
 import io
-import pickle
 import os
+import pickle
 import re
 import stat
 import zipfile

@@ -44,7 +44,7 @@ from chip import to_bf16
 from pod.workloads.attention import CausalSelfAttention
 from pod.workloads.checks import check_int, check_number
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid
-from pod.workloads.models import Model
+from pod.workloads.model import Model
 
 __all__ = [
     "MLP",

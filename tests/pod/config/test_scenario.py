@@ -98,7 +98,7 @@ def test_quickstart_is_a_v2_8_on_a_2x2_torus():
 @pytest.mark.parametrize("path, value, needles", [
     ("pod.slice", "v9-8", ["v9", "v2", "v5e"]),
     ("pod.slice", "v2-7", ["v2-7", "multiple of 2"]),
-    ("model.name", "transformer", ["model.name", "transformer", "cnn", "mlp"]),
+    ("model.name", "gpt", ["model.name", "gpt", "cnn", "mlp", "transformer"]),
     ("training.global_batch", -4, ["training.global_batch", "-4", "greater than 0"]),
     ("training.global_batch", "many", ["training.global_batch", "many", "integer"]),
     ("training.epochs", 3, ["steps or epochs, not both"]),

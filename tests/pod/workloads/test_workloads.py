@@ -281,7 +281,7 @@ def test_bf16_path_differs_from_float64_by_a_bf16_sized_error(core, core64, digi
 
 
 def test_weights_rounded_once_per_call(core, monkeypatch, digits):
-    import pod.workloads.models as models_module
+    import pod.workloads.model as models_module  # where Model.prepare_params rounds
     calls = []
     real = models_module.to_bf16
     monkeypatch.setattr(models_module, "to_bf16", lambda v: calls.append(v.shape) or real(v))
@@ -355,8 +355,8 @@ def test_unknown_names_and_options_raise_listing_choices():
         load_dataset("mnist_png")
     with pytest.raises(ValueError, match="'shape'"):
         load_dataset("digits", shape=(8, 8, 1))
-    assert MODEL_NAMES == ("cnn", "mlp", "lstm_classifier", "char_lstm")
-    assert OPTIMIZER_NAMES == ("sgd", "adam")
+    assert MODEL_NAMES == ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer")
+    assert OPTIMIZER_NAMES == ("sgd", "adam", "adamw")
     assert DATASET_NAMES == ("digits", "synthetic", "mnist", "cifar10", "imdb", "text")
 
 

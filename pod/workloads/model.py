@@ -1,0 +1,273 @@
+"""``Model``: a sequence of layers, stateless, parameters passed in.
+
+One ``Model`` object serves every replica: parameters are a flat ordered dict
+``{"conv1/kernel": ..., "conv1/bias": ..., ...}`` of float32 arrays, created
+by ``init_params(seed)`` and passed to every call. The named models are built
+in ``pod.workloads.models``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from chip import to_bf16
+from pod.workloads.layers import Layer
+from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
+
+__all__ = ["Model", "LOSSES", "FLOAT32_BYTES"]
+
+LOSSES = ("softmax_cross_entropy", "sigmoid_binary_cross_entropy")
+
+FLOAT32_BYTES = 4
+
+
+class Model:
+    """A feed-forward stack of layers ending in logits, with a fused loss.
+
+    Args:
+        name: model name ("cnn", "mlp", ... or anything for a custom stack).
+        layers: layers in order; their ``name`` attributes must be unique and
+            prefix the parameter and state keys ("dense1/kernel",
+            "bn1/moving_mean").
+        input_shape: one example's shape, e.g. (8, 8, 1), or (250,) token ids.
+        num_classes: number of classes.
+        loss: "softmax_cross_entropy" (the last layer outputs (num_classes,),
+            or (T, num_classes) for a label per time step) or
+            "sigmoid_binary_cross_entropy" (num_classes 2, last layer (1,)).
+
+    Raises:
+        ValueError: duplicate layer names, shapes that do not chain, or a
+            last layer whose output does not fit the loss.
+    """
+
+    def __init__(self, name: str, layers: Sequence[Layer], input_shape: tuple[int, ...],
+                 num_classes: int, loss: str = "softmax_cross_entropy"):
+        self.name = name
+        self.layers = tuple(layers)
+        self.input_shape = tuple(int(v) for v in input_shape)
+        self.num_classes = int(num_classes)
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        self.loss = loss
+        names = [layer.name for layer in self.layers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"layer names must be unique, got {names}")
+        # per layer input shapes (without batch), and the final output shape
+        self._shapes = [self.input_shape]
+        for layer in self.layers:
+            self._shapes.append(tuple(layer.output_shape(self._shapes[-1])))
+        out = self._shapes[-1]
+        if loss == "softmax_cross_entropy" and (len(out) not in (1, 2) or out[-1] != self.num_classes):
+            raise ValueError(f"{name}: the last layer outputs {out}, expected ({self.num_classes},) "
+                             f"or (steps, {self.num_classes})")
+        if loss == "sigmoid_binary_cross_entropy" and (out != (1,) or self.num_classes != 2):
+            raise ValueError(f"{name}: binary cross-entropy needs 2 classes and a last layer "
+                             f"output of (1,), got {self.num_classes} classes and {out}")
+        self.output_shape = out
+        self.param_shapes = {f"{layer.name}/{k}": shape
+                             for layer, in_shape in zip(self.layers, self._shapes)
+                             for k, shape in layer.param_shapes(in_shape).items()}
+        self.state_shapes = {f"{layer.name}/{k}": shape
+                             for layer, in_shape in zip(self.layers, self._shapes)
+                             for k, shape in layer.state_shapes(in_shape).items()}
+        self._layer_keys = [[(f"{layer.name}/{k}", k) for k in layer.param_shapes(in_shape)]
+                            for layer, in_shape in zip(self.layers, self._shapes)]
+        self._state_keys = [[(f"{layer.name}/{k}", k) for k in layer.state_shapes(in_shape)]
+                            for layer, in_shape in zip(self.layers, self._shapes)]
+        self._matmul_keys = frozenset(f"{layer.name}/{k}" for layer in self.layers
+                                      for k in layer.matmul_params)
+
+    def __repr__(self) -> str:
+        return (f"Model({self.name!r}, input_shape={self.input_shape}, "
+                f"num_classes={self.num_classes}, layers={[layer.name for layer in self.layers]})")
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(s) for s in self.param_shapes.values())
+
+    def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
+        """The layers with parameters in backward order, with their parameter counts:
+        the order in which the backward pass finishes each layer's gradients (each
+        layer's gradients are one bucket of the overlapped allreduce)."""
+        out = []
+        for layer, keys in zip(reversed(self.layers), reversed(self._layer_keys)):
+            if keys:
+                out.append((layer.name, sum(math.prod(self.param_shapes[k]) for k, _ in keys)))
+        return tuple(out)
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        """Glorot-uniform kernels, zero biases, float32, from default_rng(seed)."""
+        rng = np.random.default_rng(seed)
+        params = {}
+        for layer, in_shape in zip(self.layers, self._shapes):
+            for k, v in layer.init_params(rng, in_shape).items():
+                params[f"{layer.name}/{k}"] = v
+        return params
+
+    def init_state(self) -> dict[str, np.ndarray]:
+        """Non-trainable state (BatchNorm running averages), float32; {} if none."""
+        state = {}
+        for layer, in_shape in zip(self.layers, self._shapes):
+            for k, v in layer.init_state(in_shape).items():
+                state[f"{layer.name}/{k}"] = v
+        return state
+
+    def _check_params(self, params) -> None:
+        if params.keys() != self.param_shapes.keys():
+            missing = sorted(self.param_shapes.keys() - params.keys())
+            extra = sorted(params.keys() - self.param_shapes.keys())
+            raise ValueError(f"{self.name}: params do not match the model "
+                             f"(missing {missing}, unexpected {extra})")
+
+    def prepare_params(self, core, params) -> list[dict[str, np.ndarray]]:
+        """Per layer local param dicts; MXU weights rounded to bf16 once when
+        ``core.numerics`` (every use then passes ``b_rounded=True``)."""
+        self._check_params(params)
+        return [{local: (to_bf16(params[key]) if core.numerics and key in self._matmul_keys
+                         else params[key])
+                 for key, local in keys}
+                for keys in self._layer_keys]
+
+    def _local_state(self, state) -> list[dict[str, np.ndarray]]:
+        state = self.init_state() if state is None else state
+        if state.keys() != self.state_shapes.keys():
+            raise ValueError(f"{self.name}: state keys {sorted(state)} do not match the model's "
+                             f"{sorted(self.state_shapes)}")
+        return [{local: state[key] for key, local in keys} for keys in self._state_keys]
+
+    def _check_x(self, x) -> None:
+        if tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"{self.name}: inputs must be (B, {', '.join(map(str, self.input_shape))}), "
+                             f"got {x.shape}")
+
+    def forward(self, core, local_params, x, *, training: bool, rng=None, local_state=None):
+        """Runs the layers; returns the outputs (B, *output_shape) and the caches.
+
+        ``local_state`` (per layer dicts) is needed by stateful layers in
+        evaluation mode; in training mode they use batch statistics.
+        """
+        caches = []
+        for i, (layer, p) in enumerate(zip(self.layers, local_params)):
+            if layer.stateful:
+                x, cache = layer.forward(core, p, x, training=training, rng=rng,
+                                         state=None if local_state is None else local_state[i])
+            else:
+                x, cache = layer.forward(core, p, x, training=training, rng=rng)
+            caches.append(cache)
+        return x, caches
+
+    def _loss(self, core, out, y) -> tuple[float, np.ndarray]:
+        if self.loss == "sigmoid_binary_cross_entropy":
+            return sigmoid_binary_cross_entropy(core, out, y)
+        if out.ndim == 3:                                                 # (B, T, K), y (B, T)
+            loss, d = softmax_cross_entropy(core, out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            return loss, d.reshape(out.shape)
+        return softmax_cross_entropy(core, out, y)
+
+    def loss_grads_and_state(self, core, params, x, y, *, state=None, rng=None
+                             ) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Training step on one shard: forward, loss, backward, new model state.
+
+        Args:
+            core: the ``chip.TensorCore`` that computes and costs the work.
+            params: flat dict of float32 arrays (not modified).
+            x: (B, *input_shape) inputs (float, or integer token ids).
+            y: (B,) integer labels, or (B, T) for a label per time step.
+            state: the model state (``init_state()`` if None; not modified).
+            rng: numpy Generator for the dropout masks (needed if the model
+                has active dropout).
+
+        Returns:
+            (loss, grads, new_state): mean loss over the shard as a float;
+            grads with the keys, shapes and dtypes of ``params``; the state
+            after this step (BatchNorm running averages moved towards this
+            shard's statistics), float32.
+        """
+        self._check_x(x)
+        local = self.prepare_params(core, params)
+        local_state = self._local_state(state)
+        out, caches = self.forward(core, local, x, training=True, rng=rng)
+        loss, dy = self._loss(core, out, y)
+        new_state = {}
+        for i, layer in enumerate(self.layers):
+            if layer.stateful:
+                for k, v in layer.update_state(core, local_state[i], caches[i]).items():
+                    new_state[f"{layer.name}/{k}"] = v
+        grads = {}
+        # the input gradient of a layer is needed only if a layer before it has parameters
+        first_trainable = next((i for i, keys in enumerate(self._layer_keys) if keys), 0)
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            dy, g = layer.backward(core, local[i], caches[i], dy, need_dx=i > first_trainable)
+            for k, v in g.items():
+                grads[f"{layer.name}/{k}"] = v
+            if i <= first_trainable:
+                break
+        grads = {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
+        return loss, grads, {k: new_state[k] for k in self.state_shapes}
+
+    def loss_and_grads(self, core, params, x, y, *, rng=None, state=None
+                       ) -> tuple[float, dict[str, np.ndarray]]:
+        """``loss_grads_and_state`` without the new state: (loss, grads)."""
+        loss, grads, _ = self.loss_grads_and_state(core, params, x, y, state=state, rng=rng)
+        return loss, grads
+
+    def predict(self, core, params, x, *, state=None) -> np.ndarray:
+        """Eval mode (no dropout, BatchNorm on the running averages): the
+        outputs (B, *output_shape), logits."""
+        self._check_x(x)
+        out, _ = self.forward(core, self.prepare_params(core, params), x, training=False,
+                              local_state=self._local_state(state))
+        return out
+
+    def evaluate_sums(self, core, params, x, y, *, state=None) -> tuple[float, int, int]:
+        """Eval mode: (sum of the losses, correct predictions, predictions).
+
+        A prediction is one example, or one time step for per-step labels.
+        Sums (not means) so that batches of a test set can be added up.
+        """
+        out = self.predict(core, params, x, state=state)
+        if self.loss == "sigmoid_binary_cross_entropy":
+            z = out.reshape(-1).astype(np.float64)
+            yy = y.reshape(-1)
+            losses = np.maximum(z, 0) - z * yy + np.log1p(np.exp(-np.abs(z)))
+            return float(losses.sum()), int(((z > 0) == (yy == 1)).sum()), int(yy.size)
+        logits = out.reshape(-1, out.shape[-1]).astype(np.float64)
+        yy = y.reshape(-1)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        rows = np.arange(yy.size)
+        return (float(-logp[rows, yy].sum()), int((logits.argmax(axis=1) == yy).sum()),
+                int(yy.size))
+
+    def evaluate(self, core, params, x, y, *, state=None) -> tuple[float, float]:
+        """Eval mode: (mean loss, accuracy in [0, 1]) on (x, y)."""
+        loss_sum, correct, count = self.evaluate_sums(core, params, x, y, state=state)
+        n = max(1, count)
+        return loss_sum / n, correct / n
+
+    def activation_bytes(self, batch: int) -> int:
+        """Bytes (float32) the layers keep from forward for backward in one
+        training step of ``batch`` examples: layer inputs of conv / dense /
+        pooling, ReLU outputs, dropout masks, LSTM gates, plus the outputs."""
+        per_example = sum(layer.cache_elements(s) for layer, s in zip(self.layers, self._shapes))
+        per_example += math.prod(self.output_shape)
+        return int(batch) * per_example * FLOAT32_BYTES
+
+    def forward_flops_per_example(self) -> int:
+        """MXU FLOPs (2 per multiply-add) of one example's forward pass."""
+        return sum(layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes))
+
+    def flops_per_example(self) -> int:
+        """Training FLOPs per example: forward + backward = 3 x forward matmul
+        FLOPs (backward = dX and dW, each the size of the forward product)."""
+        return 3 * self.forward_flops_per_example()
+
+    def summary_rows(self, batch: int | None = None) -> list[tuple[str, tuple, int, int]]:
+        """Keras-like summary: (layer name, output shape with batch first,
+        parameter count, forward MXU FLOPs per example) per layer."""
+        return [(layer.name, (batch, *out), layer.param_count(s), layer.forward_flops(s))
+                for layer, s, out in zip(self.layers, self._shapes, self._shapes[1:])]
