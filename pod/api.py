@@ -56,7 +56,8 @@ def load(scenario: str | Path | Mapping[str, Any] | Scenario) -> Scenario:
                         f"{type(scenario).__name__}")
 
 
-def validate(scenario: str | Path | Mapping[str, Any] | Scenario) -> TrainingPlan | BenchmarkPlan:
+def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,
+             sharded_ok: bool = False) -> TrainingPlan | BenchmarkPlan:
     """Check a scenario as ``tpu-pod validate`` does and return its plan.
 
     Returns:
@@ -65,12 +66,13 @@ def validate(scenario: str | Path | Mapping[str, Any] | Scenario) -> TrainingPla
 
     Raises:
         ScenarioError, ShardingError, HBMPlanError, ChipError,
-        InterconnectError: what ``tpu-pod run`` would reject, as one line.
+        InterconnectError: what ``tpu-pod run`` would reject, as one line
+        (``sharded_ok``: a mesh with fsdp / tensor axes is planned, not refused).
     """
     spec = load(scenario)
     if spec.benchmark is not None:
         return check_benchmark(spec)
-    return build_plan(spec)
+    return build_plan(spec, sharded_ok=sharded_ok)
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Description:
 
 def describe(scenario: str | Path | Mapping[str, Any] | Scenario) -> Description:
     """The pod, the HBM plan and the model summary of a scenario, as values."""
-    plan = validate(scenario)
+    plan = validate(scenario, sharded_ok=True)
     text = ""
     if isinstance(plan, TrainingPlan):
         buffer = io.StringIO()

@@ -219,7 +219,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
                                f"N={spec.benchmark.n})", bplan.memory, bplan.pod.chip.core.hbm_bytes)
         return
     try:
-        plan = build_plan(spec)
+        plan = build_plan(spec, sharded_ok=True)
     except HBMPlanError as err:
         # show the plan that does not fit, then the one-line error (exit 2)
         if not as_json:
@@ -261,7 +261,7 @@ def _pod_json(pod) -> dict[str, Any]:
             "ici_link_bandwidth_bytes_per_s": chip.ici_link_bandwidth_bytes_per_s}
 
 
-@cli.command(short_help="Sample text from a char_lstm checkpoint.")
+@cli.command(short_help="Sample text from a char_lstm or transformer checkpoint.")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--length", type=click.IntRange(min=1), default=300, show_default=True,
               help="Characters to generate.")
@@ -270,7 +270,7 @@ def _pod_json(pod) -> dict[str, Any]:
               show_default=True, help="Sampling temperature (lower: more conservative).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 def generate(checkpoint: Path, length: int, prompt: str, temperature: float, seed: int) -> None:
-    """Sample text from a char_lstm CHECKPOINT: a checkpoint file, or a checkpoint
+    """Sample text from a char_lstm or transformer CHECKPOINT: a checkpoint file, or a checkpoint
     directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
     from chip import TensorCore
     from pod.errors import CheckpointError
@@ -285,11 +285,12 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
     else:
         ckpt = load_checkpoint(checkpoint)
     extra = ckpt.extra
-    if extra.get("model") != "char_lstm" or not extra.get("vocabulary"):
-        raise click.UsageError(f"{checkpoint}: generate needs a char_lstm checkpoint, this one "
-                               f"holds {extra.get('model')!r}")
+    if extra.get("model") not in ("char_lstm", "transformer") or not extra.get("vocabulary"):
+        raise click.UsageError(f"{checkpoint}: generate needs a char_lstm or transformer checkpoint "
+                               f"of a text run, this one holds {extra.get('model')!r}")
     options = ckpt.scenario.get("model", {}).get("options", {})
-    model = build_model("char_lstm", tuple(extra["input_shape"]), int(extra["num_classes"]), **options)
+    model = build_model(extra["model"], tuple(extra["input_shape"]), int(extra["num_classes"]),
+                        **options)
     chip = ckpt.scenario.get("pod", {}).get("chip") or "v2"
     core = TensorCore(get_chip_spec(chip).core, numerics=True)
     try:

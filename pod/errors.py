@@ -112,12 +112,15 @@ class ChipFailureError(ClusterError):
 
 
 class IciError(ClusterError):
-    """A peer chip did not deliver a chunk (it died, the link closed, or the
-    wait timed out); the message names the chip, the phase and the reason."""
+    """A peer chip did not deliver a chunk (it died, the link closed, the wait
+    timed out) or broke the link protocol (a chunk the plan does not expect, of
+    the wrong length, from the wrong sender); the message names the chip, the
+    phase and the reason."""
 
 
 class MetricsError(EmulatorError, RuntimeError):
-    """The Prometheus exporter could not start (for example, port in use)."""
+    """The Prometheus exporter or ``tpu-pod monitor`` could not start (for example,
+    a port in use, or no ``prometheus`` binary)."""
 
 
 class OutputError(EmulatorError):

@@ -11,6 +11,7 @@ import numpy as np
 from pod.workloads.checks import check_int
 from pod.workloads.layers import Dense
 from pod.workloads.models import Model
+from pod.workloads.transformer import TransformerModel
 from pod.workloads.recurrent import LSTM, Embedding
 
 __all__ = ["sample_text"]
@@ -23,7 +24,8 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
 
     Args:
         core: the ``chip.TensorCore`` that runs (and costs) the steps.
-        model: a ``char_lstm`` (Embedding, LSTM over every step, Dense).
+        model: a ``char_lstm`` (Embedding, LSTM over every step, Dense), or a
+            ``transformer`` (each new character runs its window's forward).
         params: its parameters.
         vocabulary: the characters; id i is ``vocabulary[i]``.
         prompt: text to start from (every character must be in the vocabulary);
@@ -39,6 +41,9 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
         ValueError: not a char_lstm, a prompt character outside the
             vocabulary, or a bad length / temperature.
     """
+    if isinstance(model, TransformerModel):
+        return _sample_transformer(core, model, params, vocabulary, prompt=prompt, length=length,
+                                   temperature=temperature, seed=seed)
     layers = model.layers
     if not (len(layers) == 3 and isinstance(layers[0], Embedding) and isinstance(layers[1], LSTM)
             and isinstance(layers[2], Dense)):
@@ -79,3 +84,19 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
         logits = feed(nxt)
     core.take_records()
     return "".join(out)
+
+
+def _sample_transformer(core, model: TransformerModel, params: dict[str, np.ndarray],
+                        vocabulary: str, *, prompt: str, length: int, temperature: float,
+                        seed: int) -> str:
+    """``sample_text`` for a transformer: the prompt's ids, ``TransformerModel.sample``."""
+    if len(vocabulary) != model.num_classes:
+        raise ValueError(f"the vocabulary has {len(vocabulary)} characters, the model {model.num_classes}")
+    index = {c: i for i, c in enumerate(vocabulary)}
+    unknown = sorted({c for c in prompt if c not in index})
+    if unknown:
+        raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's vocabulary")
+    start = prompt or ("\n" if "\n" in index else vocabulary[0])
+    ids = model.sample(core, params, [index[c] for c in start], length=length,
+                       temperature=temperature, seed=seed)
+    return "".join(vocabulary[i] for i in ids)

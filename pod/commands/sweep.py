@@ -274,7 +274,11 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     Returns:
         The files written (none when no point succeeded).
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise ScenarioError("sweep: the plots need matplotlib: pip install "
+                            "'tpu-pod-emulator[plots]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

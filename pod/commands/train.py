@@ -22,7 +22,7 @@ from pod.config.plan import TrainingPlan
 from pod.errors import ChipFailureError, ClusterError, IciError, RunInterrupted, ScenarioError
 from pod.report.console import (epoch_line, hold, make_console, progress_bar, progress_line,
                                 summary_table)
-from pod.report.files import StepsCsv, reliability, summarize, write_json
+from pod.report.files import StepsCsv, check_writable, reliability, summarize, write_json
 from pod.report.metrics import PodMetrics
 from pod.report.model_summary import model_summary_table
 from pod.report.stats import StepStats, StepTotals
@@ -97,6 +97,8 @@ class Run:
         scenario = plan.scenario
         self.checkpoints = (RunCheckpoints(plan, self.output_dir, resume_dir)
                             if scenario.checkpoint else None)
+        # found unwritable before the first step, not at the first checkpoint
+        check_writable(self.output_dir, self.checkpoints.dir if self.checkpoints else None)
         self.metrics_port = scenario.metrics.port if metrics_port is None else metrics_port
         self.metrics: PodMetrics | None = None
         self.pod: Pod | None = None
@@ -184,7 +186,7 @@ class Run:
         """Serve Prometheus and print the run's header and model summary."""
         plan, scenario = self.plan, self.plan.scenario
         self.metrics = PodMetrics(
-            scenario=scenario.name, chip=plan.pod.chip.name, slice_name=plan.pod.name,
+            scenario=scenario.name, generation=plan.pod.chip.name, slice_name=plan.pod.name,
             topology=plan.pod.torus.name, links=[f"{a}->{b}" for a, b in plan.pod.torus.links()],
             chips=plan.pod.chips, cores=plan.pod.chip.tensorcores, dataset=plan.dataset.name,
             synthetic=plan.dataset.synthetic)

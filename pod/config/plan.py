@@ -18,7 +18,7 @@ from interconnect import ScheduleCost, calibrated_link
 from pod.config.faults import FaultPlan
 from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
-from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, mesh_memory_plan
+from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.scenario import Scenario
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
@@ -200,8 +200,41 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
     return memory
 
 
+def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Dataset | None,
+                   timing_only: bool) -> Dataset:
+    """The scenario's dataset (loaded unless given), checked against the global batch."""
+    training = scenario.training
+    if dataset is None:
+        try:
+            dataset = load_dataset(scenario.data.name, test_fraction=scenario.data.test_fraction,
+                                   seed=training.seed, path=scenario.data.path,
+                                   **scenario.data.options)
+        except ValueError as err:
+            raise ScenarioError(f"{_data_field(str(err), scenario.data.path)}: {err}") from None
+    n_train = int(dataset.x_train.shape[0])
+    if training.global_batch > n_train and not (timing_only and per_core * pod.chip.tensorcores
+                                                   <= n_train):
+        largest = n_train // pod.tensorcores * pod.tensorcores
+        raise ScenarioError(
+            f"training.global_batch: {training.global_batch} is larger than the "
+            f"{n_train} training examples of {dataset.name}; use at most {largest} "
+            f"(a multiple of {pod.tensorcores} TensorCores), or more data"
+        )
+    return dataset
+
+
+def _check_runnable_mesh(mesh: Mesh) -> None:
+    """A mesh with fsdp or tensor axes is planned (its per-device HBM) but the
+    runtime trains data-parallel only: refuse it rather than train something else."""
+    if not mesh.is_data_parallel:
+        axes = format_axes(dict(zip(mesh.axis_names, mesh.shape)))
+        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which this version "
+                            f"plans but does not run yet (`tpu-pod describe` shows its HBM per "
+                            f"device); use {{data: {mesh.size}}} or leave pod.mesh out to train")
+
+
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
-               timing_only: bool = False) -> TrainingPlan:
+               timing_only: bool = False, sharded_ok: bool = False) -> TrainingPlan:
     """Resolve and check a scenario.
 
     Args:
@@ -210,6 +243,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         timing_only: the plan is only costed (``pod.runtime.timing``): a global batch
             larger than the train split is allowed, since one chip's share
             stands for the whole batch.
+        sharded_ok: accept a ``pod.mesh`` with fsdp / tensor axes (``describe``
+            plans it); a run refuses it until the runtime executes it.
 
     Returns:
         The plan.
@@ -232,22 +267,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     except ValueError as err:
         raise ScenarioError(f"training.precision: {err}") from None
     per_core = shard_batch_size(training.global_batch, pod.tensorcores)
-    if dataset is None:
-        try:
-            dataset = load_dataset(scenario.data.name, test_fraction=scenario.data.test_fraction,
-                                   seed=training.seed, path=scenario.data.path,
-                                   **scenario.data.options)
-        except ValueError as err:
-            raise ScenarioError(f"{_data_field(str(err), scenario.data.path)}: {err}") from None
+    dataset = _training_data(scenario, pod, per_core, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])
-    if training.global_batch > n_train and not (timing_only and per_core * pod.chip.tensorcores
-                                                   <= n_train):
-        largest = n_train // pod.tensorcores * pod.tensorcores
-        raise ScenarioError(
-            f"training.global_batch: {training.global_batch} is larger than the "
-            f"{n_train} training examples of {dataset.name}; use at most {largest} "
-            f"(a multiple of {pod.tensorcores} TensorCores), or more data"
-        )
     try:
         model = build_model(scenario.model.name, input_shape=tuple(dataset.x_train.shape[1:]),
                             num_classes=dataset.num_classes, **scenario.model.options)
@@ -264,6 +285,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
             raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
                                 f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
+    if not sharded_ok:
+        _check_runnable_mesh(mesh)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
                if training.overlap else ())

@@ -269,6 +269,7 @@ class OptimizerConfig(_Frozen):
     beta1: float | None = Field(default=None, ge=0.0, lt=1.0)
     beta2: float | None = Field(default=None, ge=0.0, lt=1.0)
     eps: float | None = Field(default=None, gt=0.0, le=1.0)
+    weight_decay: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 
     @field_validator("name")
     @classmethod
@@ -278,18 +279,22 @@ class OptimizerConfig(_Frozen):
     @model_validator(mode="after")
     def _options_fit(self) -> "OptimizerConfig":
         # "<key>: ..." names the sub-field in the one-line message (see _describe_error)
-        for key in ("beta1", "beta2", "eps"):
+        for key in ("beta1", "beta2", "eps", "weight_decay"):
             if self.name == "sgd" and getattr(self, key) is not None:
-                raise ValueError(f"{key}: belongs to adam, not sgd (got {getattr(self, key)!r}); "
-                                 "sgd takes learning_rate and momentum")
-        if self.name == "adam" and self.momentum is not None:
-            raise ValueError(f"momentum: belongs to sgd, not adam (got {self.momentum!r}); adam "
-                             "takes learning_rate, beta1, beta2 and eps")
+                raise ValueError(f"{key}: belongs to adam / adamw, not sgd (got "
+                                 f"{getattr(self, key)!r}); sgd takes learning_rate and momentum")
+        if self.name in ("adam", "adamw") and self.momentum is not None:
+            raise ValueError(f"momentum: belongs to sgd, not {self.name} (got {self.momentum!r}); "
+                             f"{self.name} takes learning_rate, beta1, beta2 and eps"
+                             + (" and weight_decay" if self.name == "adamw" else ""))
+        if self.name == "adam" and self.weight_decay is not None:
+            raise ValueError(f"weight_decay: belongs to adamw, not adam (got {self.weight_decay!r}); "
+                             "use name: adamw for decoupled weight decay")
         return self
 
     def options(self) -> dict[str, float]:
         """The hyper-parameters that were given, as keyword arguments."""
-        fields = ("learning_rate", "momentum", "beta1", "beta2", "eps")
+        fields = ("learning_rate", "momentum", "beta1", "beta2", "eps", "weight_decay")
         return {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
 
 

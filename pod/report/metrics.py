@@ -13,7 +13,8 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 | tpu_pod_steps_total | counter | | training steps done |
 | tpu_pod_examples_total | counter | | training examples processed |
 | tpu_pod_simulated_step_seconds | histogram | | simulated step time |
-| tpu_pod_simulated_step_part_seconds | gauge | part | last step: infeed, compute, allreduce, update |
+| tpu_pod_simulated_step_part_seconds | gauge | part | last step: infeed, compute, allreduce, update, and exposed_infeed, exposed_allreduce, dispatch (the critical path's parts) |
+| tpu_pod_allreduce_overlap_ratio | gauge | | share of the allreduce hidden behind the backward pass, last step |
 | tpu_pod_simulated_examples_per_second | gauge | | last step's simulated throughput |
 | tpu_pod_simulated_flops_per_second | gauge | | last step's model FLOP/s (simulated) |
 | tpu_pod_mfu_ratio | gauge | | model FLOPs utilisation, 0..1 |
@@ -59,6 +60,7 @@ METRIC_NAMES = (
     "tpu_pod_ici_transferred_bytes_total", "tpu_pod_ici_link_utilization_ratio",
     "tpu_pod_simulated_allreduce_seconds", "tpu_pod_wall_step_seconds",
     "tpu_pod_emulation_slowdown_ratio", "tpu_pod_emulation_rate_ratio",
+    "tpu_pod_allreduce_overlap_ratio",
     "tpu_pod_simulated_chip_compute_seconds",
 )
 
@@ -78,7 +80,7 @@ class PodMetrics:
         chips, cores: pod size; per (chip, core) series start at 0.
     """
 
-    def __init__(self, *, scenario: str, chip: str, slice_name: str, topology: str,
+    def __init__(self, *, scenario: str, generation: str, slice_name: str, topology: str,
                  links: Sequence[str] = (), chips: int = 0, cores: int = 0,
                  dataset: str = "", synthetic: bool = False) -> None:
         self.registry = CollectorRegistry()
@@ -86,7 +88,7 @@ class PodMetrics:
         self.info = Gauge("tpu_pod_info", "The emulated pod (value 1).",
                           ["scenario", "generation", "slice", "topology", "dataset", "synthetic"],
                           registry=r)
-        self.info.labels(scenario, chip, slice_name, topology, dataset,
+        self.info.labels(scenario, generation, slice_name, topology, dataset,
                          "true" if synthetic else "false").set(1)
         self.steps = Counter("tpu_pod_steps", "Training steps done.", registry=r)
         self.examples = Counter("tpu_pod_examples", "Training examples processed.", registry=r)
@@ -129,15 +131,18 @@ class PodMetrics:
                                       buckets=_WALL_BUCKETS, registry=r)
         self.slowdown = Gauge("tpu_pod_emulation_slowdown_ratio",
                               "Wall seconds per simulated second, last step.", registry=r)
+        self.overlap = Gauge("tpu_pod_allreduce_overlap_ratio",
+                             "Share of the last step's allreduce hidden behind the backward "
+                             "pass, 0..1.", registry=r)
         self.rate = Gauge("tpu_pod_emulation_rate_ratio",
                           "Simulated seconds per wall second, last step.", registry=r)
         for link in links:
             self.ici_bytes.labels(link)
             self.ici_utilization.labels(link).set(0)
-        for chip in range(chips):
-            self.chip_compute_seconds.labels(str(chip)).set(0)
+        for rank in range(chips):
+            self.chip_compute_seconds.labels(str(rank)).set(0)
             for core in range(cores):
-                self.mxu_utilization.labels(str(chip), str(core)).set(0)
+                self.mxu_utilization.labels(str(rank), str(core)).set(0)
         self._server: Any = None
         self.port = 0
 
@@ -182,8 +187,12 @@ class PodMetrics:
         self.step_seconds.observe(stats.step_seconds)
         for part, value in (("infeed", stats.infeed_seconds), ("compute", stats.compute_seconds),
                             ("allreduce", stats.allreduce_seconds),
+                            ("exposed_infeed", stats.exposed_infeed_seconds),
+                            ("exposed_allreduce", stats.exposed_allreduce_seconds),
+                            ("dispatch", stats.dispatch_seconds),
                             ("update", stats.update_seconds)):
             self.part_seconds.labels(part).set(value)
+        self.overlap.set(stats.overlap_fraction)
         self.examples_per_second.set(stats.examples_per_second)
         self.flops_per_second.set(stats.flops_per_second)
         self.mfu.set(stats.mfu)

@@ -16,6 +16,7 @@ from pod.report.console import titled_table
 
 from chip import TensorCore, TensorCoreSpec
 from pod.workloads.models import Model
+from pod.workloads.optimizers import OPTIMIZER_NAMES
 
 __all__ = ["layer_costs", "model_summary_table"]
 
@@ -51,7 +52,7 @@ def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         costs["optimizer"] = {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0}
     for rec in core.take_records():
         prefix = rec.name.split("/", 1)[0]
-        key = prefix if prefix in names else ("optimizer" if prefix in ("adam", "sgd") else "loss")
+        key = prefix if prefix in names else ("optimizer" if prefix in OPTIMIZER_NAMES else "loss")
         costs[key]["flops"] += rec.flops
         costs[key]["seconds"] += rec.seconds
         if rec.unit == "mxu":

@@ -107,7 +107,10 @@ class StepStats:
         local_reduce_seconds: simulated on-chip reduce of the cores' gradients.
         ici_seconds: simulated ICI allreduce of the chip gradients.
         update_seconds: simulated optimizer update, slowest core.
-        model_flops: MXU FLOPs of forward + backward over the whole pod.
+        model_flops: model FLOPs of forward + backward over the whole pod (no
+            recomputation; what MFU counts).
+        hardware_flops: MXU FLOPs the pod executed, recomputation included
+            (0: equal to ``model_flops``).
         peak_flops_per_s: the pod's peak bf16 FLOP/s.
         wall_seconds: host wall time of the step.
         hbm_used_bytes: per (chip, core) HBM bytes in use after the step.
@@ -151,8 +154,11 @@ class StepStats:
     exposed_infeed_seconds: float | None = None
     exposed_allreduce_seconds: float | None = None
     allreduce_buckets: tuple[tuple[tuple[str, ...], float, float], ...] = ()
+    hardware_flops: int = 0
 
     def __post_init__(self) -> None:
+        if not self.hardware_flops:
+            object.__setattr__(self, "hardware_flops", self.model_flops)
         if self.exposed_infeed_seconds is None:
             object.__setattr__(self, "exposed_infeed_seconds", self.infeed_seconds)
         if self.exposed_allreduce_seconds is None:
@@ -214,6 +220,7 @@ class StepStats:
             serial_step_seconds=self.serial_step_seconds,
             allreduce_seconds=self.allreduce_seconds,
             overlap_fraction=self.overlap_fraction,
+            hfu=mfu(self.hardware_flops, self.step_seconds, self.peak_flops_per_s),
             simulated_examples_per_second=self.examples_per_second,
             simulated_flops_per_second=self.flops_per_second,
             mfu=self.mfu,
@@ -225,7 +232,7 @@ class StepStats:
 TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
                 "allreduce_seconds", "ici_seconds", "update_seconds", "wall_seconds",
                 "serial_step_seconds", "exposed_allreduce_seconds", "exposed_infeed_seconds",
-                "dispatch_seconds")
+                "dispatch_seconds", "hardware_flops")
 
 
 @dataclass

@@ -66,6 +66,7 @@ def combine_reports(plan: TrainingPlan, step: int, computed: Sequence[ComputeRep
             hbm_peak[(r, c)] = mem.peak_bytes
     losses = [loss for out in computed for loss in out.losses]
     training = plan.scenario.training
+    hardware = replicate * int(sum(sum(out.mxu_flops) for out in computed))
     infeed = infeed_bytes / chip.host_to_chip_bytes_per_s
     compute = max(max(out.compute_seconds) for out in computed)
     local_reduce = max(out.local_reduce_seconds for out in computed)
@@ -87,7 +88,8 @@ def combine_reports(plan: TrainingPlan, step: int, computed: Sequence[ComputeRep
         exposed_infeed_seconds=exposed_infeed,
         exposed_allreduce_seconds=exposed,
         allreduce_buckets=spans,
-        model_flops=replicate * int(sum(sum(out.mxu_flops) for out in computed)),
+        model_flops=_model_flops(plan, hardware),
+        hardware_flops=hardware,
         peak_flops_per_s=plan.pod.peak_bf16_flops_per_s,
         wall_seconds=wall,
         hbm_used_bytes=hbm_used,
@@ -100,6 +102,13 @@ def combine_reports(plan: TrainingPlan, step: int, computed: Sequence[ComputeRep
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
         chip_compute_seconds={r: max(out.compute_seconds) for r, out in enumerate(computed)},
     )
+
+
+def _model_flops(plan: TrainingPlan, hardware_flops: int) -> int:
+    """The step's model FLOPs: the model's own count where recomputation makes the
+    recorded MXU FLOPs (hardware FLOPs) larger, else the recorded ones."""
+    per_example = plan.model.model_flops_per_example()
+    return hardware_flops if per_example is None else int(per_example) * plan.global_batch
 
 
 def _allreduce_path(plan: TrainingPlan, step: int, computed: Sequence[ComputeReport],

@@ -261,6 +261,12 @@ class Model:
         """MXU FLOPs (2 per multiply-add) of one example's forward pass."""
         return sum(layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes))
 
+    def model_flops_per_example(self) -> int | None:
+        """Model FLOPs per example of one training step as the published MFU tables
+        count them (no recomputation), when they differ from the MXU FLOPs the step
+        records; None: the recorded MXU FLOPs are the model FLOPs (no remat)."""
+        return None
+
     def flops_per_example(self) -> int:
         """Training FLOPs per example: forward + backward = 3 x forward matmul
         FLOPs (backward = dX and dW, each the size of the forward product)."""

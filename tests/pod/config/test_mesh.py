@@ -272,9 +272,19 @@ BASE = {"name": "t", "pod": {"slice": "v2-8"},
         "data": {"name": "digits"}, "training": {"global_batch": 64, "steps": 2}}
 
 
-def _plan(mesh=None, model=None):
+def _plan(mesh=None, model=None, sharded_ok=True):
     pod = {"slice": "v2-8", **({"mesh": mesh} if mesh is not None else {})}
-    return build_plan(parse_scenario({**BASE, "pod": pod, **({"model": model} if model else {})}))
+    return build_plan(parse_scenario({**BASE, "pod": pod, **({"model": model} if model else {})}),
+                      sharded_ok=sharded_ok)
+
+
+def test_a_sharded_mesh_is_planned_but_not_run_yet():
+    """Until the runtime executes fsdp / tensor, validate and run refuse such a mesh
+    (one line) instead of training it data-parallel; describe plans it."""
+    with pytest.raises(ScenarioError, match=r"^pod\.mesh: \{data: 2, fsdp: 2, tensor: 2\} shards "
+                                            r"over fsdp / tensor, .* use \{data: 8\}"):
+        _plan({"data": 2, "fsdp": 2, "tensor": 2}, sharded_ok=False)
+    assert _plan({"data": 8}, sharded_ok=False).mesh.is_data_parallel
 
 
 def test_todays_scenarios_keep_their_data_parallel_plan():

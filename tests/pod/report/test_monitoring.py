@@ -40,7 +40,7 @@ def fake_stats(step=0) -> StepStats:
 
 
 def exported_samples() -> set[str]:
-    metrics = PodMetrics(scenario="s", chip="v2", slice_name="v2-8", topology="2x2",
+    metrics = PodMetrics(scenario="s", generation="v2", slice_name="v2-8", topology="2x2",
                          links=["0->1", "1->0"], chips=1, cores=2)
     metrics.observe(fake_stats())
     metrics.set_accuracy(0.5)
@@ -77,7 +77,7 @@ def test_port_in_use_is_one_clear_error():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        metrics = PodMetrics(scenario="s", chip="v2", slice_name="v2-8", topology="2x2")
+        metrics = PodMetrics(scenario="s", generation="v2", slice_name="v2-8", topology="2x2")
         with pytest.raises(MetricsError, match=f"port {port} on 127.0.0.1 is already in use"):
             metrics.serve(port)
 

@@ -118,7 +118,7 @@ def test_the_straggler_gauge_is_exported():
     from pod.report.metrics import PodMetrics
     from pod.report.stats import StepStats
 
-    m = PodMetrics(scenario="s", chip="v2", slice_name="v2-8", topology="2x2", links=[],
+    m = PodMetrics(scenario="s", generation="v2", slice_name="v2-8", topology="2x2", links=[],
                    chips=2, cores=1)
     m.observe(StepStats(step=0, loss=1.0, global_batch=8, infeed_seconds=0, compute_seconds=3e-6,
                         local_reduce_seconds=0, ici_seconds=0, update_seconds=0, model_flops=0,
