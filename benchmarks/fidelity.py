@@ -116,7 +116,7 @@ def _size_text(nbytes: int) -> str:
 
 def rows() -> list[Row]:
     """The calibration set as the model covers it."""
-    gemm = "python -c 'TensorCore(get_chip_spec(\"v5e\").core).account_matmul({0}, {0}, {0})'"
+    gemm = "tpu-pod matmul --chip v5e --m {0} --k {0} --n {0}"
     out = [
         Row("C1", "[PALLAS]", "v5e matmul 8192^3 bf16", gemm.format(8192), 6.047e-3, "host", "gemm"),
         Row("C2", "[PALLAS]", "v5e matmul 4096^3 bf16", gemm.format(4096), 0.827e-3, "host", "gemm"),
@@ -240,8 +240,8 @@ def predict(row: Row, ic, link_for: Callable[[str], object]) -> tuple[float, str
 
 
 NOTES = {
-    "C4": "chip model: MXU utilisation at 32768^3 falls to 81.7% on the hardware (cause unpublished)",
-    "C5": "chip model: HBM copy reaches ~83% of the 1638e9 B/s spec; the core costs it at the spec",
+    "C4": "chip model: MXU utilisation at 32768^3 falls to 81.7% on the hardware (cause unpublished); one fitted efficiency (0.906) cannot follow it",
+    "C5": "fitted on this row (the only HBM measurement): hbm_efficiency 0.83, not a check",
     "C8": "hypothesis: XLA runs this all_gather as an allreduce of the zero-padded gathered buffer; "
           "C10 / C9 = 7.9, the ratio of allreduce volumes (1 GiB / 128 MiB = 8), where all-gathers would "
           "give 4; read so (--as-allreduce) it is within 1%",

@@ -162,7 +162,7 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "allreduce_seconds": allreduce,
         "exposed_allreduce_seconds": exposed,
         "serial_step_seconds": mean(lambda s: s.serial_step_seconds),
-        "overlap_fraction": 1.0 - exposed / allreduce if allreduce > 0 else 0.0,
+        "overlap_fraction": min(1.0, max(0.0, 1.0 - exposed / allreduce)) if allreduce > 0 else 0.0,
         "update_seconds": mean(lambda s: s.update_seconds),
         "simulated_examples_per_second": plan.global_batch / step,
         "simulated_tflops": flops / step / 1e12,

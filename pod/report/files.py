@@ -157,7 +157,8 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "exposed_infeed_seconds": mean("exposed_infeed_seconds"),
         "dispatch_seconds": mean("dispatch_seconds"),
         "serial_step_seconds": mean("serial_step_seconds"),
-        "overlap_fraction": (1.0 - mean("exposed_allreduce_seconds") / mean("allreduce_seconds")
+        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_allreduce_seconds")
+                                              / mean("allreduce_seconds")))
                              if mean("allreduce_seconds") > 0 else 0.0),
         "ici_seconds": mean("ici_seconds"),
         "update_seconds": mean("update_seconds"),

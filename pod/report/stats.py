@@ -185,7 +185,7 @@ class StepStats:
     def overlap_fraction(self) -> float:
         """The share of the allreduce hidden behind the backward pass, 0..1."""
         total = self.allreduce_seconds
-        return 1.0 - self.exposed_allreduce_seconds / total if total > 0 else 0.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_allreduce_seconds / total)) if total > 0 else 0.0
 
     @property
     def examples_per_second(self) -> float:
