@@ -51,13 +51,7 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
     check_int(length, "length")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if len(vocabulary) != model.num_classes:
-        raise ValueError(f"the vocabulary has {len(vocabulary)} characters, the model {model.num_classes}")
-    index = {c: i for i, c in enumerate(vocabulary)}
-    unknown = sorted({c for c in prompt if c not in index})
-    if unknown:
-        raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's vocabulary")
-    start = prompt or ("\n" if "\n" in index else vocabulary[0])
+    index, start = _prompt(model, vocabulary, prompt)
     emb, lstm, dense = layers
     local = model.prepare_params(core, params)
     rng = np.random.default_rng(seed)
@@ -86,17 +80,28 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
     return "".join(out)
 
 
-def _sample_transformer(core, model: TransformerModel, params: dict[str, np.ndarray],
-                        vocabulary: str, *, prompt: str, length: int, temperature: float,
-                        seed: int) -> str:
-    """``sample_text`` for a transformer: the prompt's ids, ``TransformerModel.sample``."""
+def _prompt(model: Model, vocabulary: str, prompt: str) -> tuple[dict[str, int], str]:
+    """The vocabulary's index and the text to start from (the prompt, or a newline /
+    the first character when it is empty).
+
+    Raises:
+        ValueError: a vocabulary of another size than the model's, or a prompt
+            character outside it.
+    """
     if len(vocabulary) != model.num_classes:
         raise ValueError(f"the vocabulary has {len(vocabulary)} characters, the model {model.num_classes}")
     index = {c: i for i, c in enumerate(vocabulary)}
     unknown = sorted({c for c in prompt if c not in index})
     if unknown:
         raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's vocabulary")
-    start = prompt or ("\n" if "\n" in index else vocabulary[0])
+    return index, prompt or ("\n" if "\n" in index else vocabulary[0])
+
+
+def _sample_transformer(core, model: TransformerModel, params: dict[str, np.ndarray],
+                        vocabulary: str, *, prompt: str, length: int, temperature: float,
+                        seed: int) -> str:
+    """``sample_text`` for a transformer: the prompt's ids, ``TransformerModel.sample``."""
+    index, start = _prompt(model, vocabulary, prompt)
     ids = model.sample(core, params, [index[c] for c in start], length=length,
                        temperature=temperature, seed=seed)
     return "".join(vocabulary[i] for i in ids)
