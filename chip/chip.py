@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chip.core import OpRecord, TensorCore, check_precision
+from chip.core import TensorCore, check_precision
 from chip.spec import ChipSpec
 
 
@@ -56,14 +56,6 @@ class Chip:
 
     def __repr__(self) -> str:
         return f"Chip(spec={self.spec.name!r}, chip_id={self.chip_id}, cores={len(self.cores)})"
-
-    def take_records(self) -> list[list[OpRecord]]:
-        """Takes every core's records (see `TensorCore.take_records`).
-
-        Returns:
-            One list of OpRecords per core, in core order.
-        """
-        return [core.take_records() for core in self.cores]
 
     @property
     def hbm_peak_bytes(self) -> list[int]:

@@ -163,7 +163,7 @@ def _levels(topology: Torus, algorithm: str) -> list[_Level]:
         position = np.moveaxis(np.indices(topology.shape)[axis], axis, -1).reshape(-1)
         position_by_rank = np.empty(n, dtype=np.int64)
         position_by_rank[rings.reshape(-1)] = position
-        levels.append(_Level(rings, position_by_rank, topology._axis_wraps(axis), axis))  # noqa: SLF001
+        levels.append(_Level(rings, position_by_rank, topology.axis_wraps(axis), axis))
     return levels
 
 

@@ -230,7 +230,7 @@ class Torus:
 
     # ------------------------------------------------------ neighbours, links
 
-    def _axis_wraps(self, axis: int) -> bool:
+    def axis_wraps(self, axis: int) -> bool:
         """True when the axis has a wraparound link distinct from its others."""
         return self.wraparound[axis] and self.shape[axis] > 2
 

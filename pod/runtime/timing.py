@@ -44,8 +44,8 @@ class TimingPod:
     def __init__(self, plan: TrainingPlan) -> None:
         self.plan = plan
         args, kwargs = chip_arguments(plan, 0, in_process=True)
-        self.chip = ChipActor(*args, **kwargs)
-        for core in self.chip.chip.cores:
+        self.actor = ChipActor(*args, **kwargs)  # the representative chip
+        for core in self.actor.chip.cores:
             core.execute = False  # costs depend on shapes only: skip the MXU products
 
     @property
@@ -74,9 +74,9 @@ class TimingPod:
         else:  # a batch bigger than the data set: costs depend on shapes only
             idx = np.arange(per_chip) % n
         x, y = data.x_train[idx], data.y_train[idx]
-        computed = self.chip.compute(step, x, y, seed)
+        computed = self.actor.compute(step, x, y, seed)
         # the in-process chip has no collective: its buffer stands for the reduced one
-        applied = self.chip.apply(step)
+        applied = self.actor.apply(step)
         wall = time.perf_counter() - t0
         return combine_reports(plan, step, [computed], [applied], plan.ici.cost_at(step), wall,
                                x.nbytes + y.nbytes, replicate=plan.pod.chips)
