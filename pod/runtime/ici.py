@@ -499,7 +499,11 @@ class IciPort:
             for dst, chunk, seq in sends:
                 start, stop = bounds[chunk]
                 header = _HEADER.pack(run_id, phase, self.rank, seq, (stop - start) * 4)
-                self._send(addresses[dst], header, raw[start * 4:stop * 4])
+                try:
+                    self._send(addresses[dst], header, raw[start * 4:stop * 4])
+                except OSError as err:  # ConnectionError, BrokenPipeError, a timeout ...
+                    raise IciError(f"chip {self.rank}: phase {phase}: the link to chip {dst} "
+                                   f"failed while sending ({type(err).__name__}: {err})") from None
             for src, seq, dst_chunk, reduce in receives:
                 data = self._take(run_id, (phase, src, seq), deadline)
                 start, stop = bounds[dst_chunk]

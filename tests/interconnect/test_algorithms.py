@@ -1,7 +1,7 @@
 """Every collective algorithm: results against numpy, routes, wire bytes, textbook costs.
 
 References: numpy sums / copies for results; closed-form costs from
-../shared/reference/tpu-specs.md ("Textbook collective costs": ring
+the reference TPU figures ("Textbook collective costs" [SB]): ring
 2 (n-1)/n V/W, bidirectional ring half of it) and, where the reference gives
 none, formulas derived in each builder's docstring (der.).
 """

@@ -1,6 +1,6 @@
 """Tests of interconnect.cost and interconnect.link against closed-form costs.
 
-Textbook references (../shared/reference/tpu-specs.md, "Textbook collective
+Textbook references ([SB], "How to Scale Your Model", the "Textbook collective
 costs"): on a full unidirectional ring of N chips with one-way link
 bandwidth W, an allreduce of V bytes per chip takes 2 (N-1)/N x V / W; small
 messages are latency-bound at about one hop latency per phase.

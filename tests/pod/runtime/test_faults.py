@@ -76,6 +76,76 @@ def test_a_killed_chip_is_replaced_and_training_ends_bit_identical(fault_free, t
     assert [int(r["step"]) for r in rows] == list(range(6))      # one row per step, no duplicates
 
 
+def _cut_the_next_collective(chip) -> None:
+    """Runs inside chip 0's actor (``__ray_call__``): in its next collective, the second
+    chunk it sends stops half-way and the link closes, as when a link fails mid-send."""
+    port, sent = chip._ici_port(), []
+    send = port._send
+
+    def cut(address, header, payload):
+        if not sent:
+            sent.append(address)
+            return send(address, header, payload)
+        port._send = send  # once
+        sock = port._links.pop(address, None) or port._link(address)
+        sock.sendall(header)
+        sock.sendall(payload[:len(payload) // 2])
+        sock.close()
+        raise ConnectionError("the link fails mid-chunk (test)")
+
+    port._send = cut
+
+
+def _run_with_a_cut_link(tmp_path, checkpoint):
+    """The fault tests' scenario, with chip 0's link cut in step 4's collective."""
+    import io
+
+    import ray
+    from rich.console import Console
+
+    from pod.commands.train import Run
+
+    holder: dict = {}
+
+    def on_step(stats):
+        if stats.step == 2 and "cut" not in holder:  # step 3 done: step 4's collective breaks
+            holder["cut"] = True
+            ray.get(holder["run"].pod.actors[0].__ray_call__.remote(_cut_the_next_collective))
+
+    log = io.StringIO()
+    run = Run(build_plan(scenario(checkpoint=checkpoint)), output_dir=tmp_path,
+              console=Console(file=log, width=200), on_step=on_step)
+    holder["run"] = run
+    return run, log
+
+
+def test_a_link_cut_mid_collective_recovers_bit_identical_and_never_applies_a_partial_sum(
+        fault_free, tmp_path):
+    reference, ref_summary = fault_free
+    run, log = _run_with_a_cut_link(tmp_path, CKPT)
+    summary = run.run()
+    # no chip applied the partial sum: recovery from the step-2 checkpoint redoes step 3
+    # and 4, and the result is the fault-free run's, bit for bit
+    assert final_params(tmp_path) == final_params(reference)
+    assert summary["final_loss"] == ref_summary["final_loss"]
+    (event,) = summary["faults"]
+    assert event["dead_chips"] == [] and event["recovered"] is True
+    assert event["step"] == 4 and event["restored_from_step"] == 2
+    assert event["fault"].startswith("ICI link failure: chip ")
+    assert "failed while sending" in event["error"] or "closed mid-chunk" in event["error"]
+    assert "an ICI link failed mid-collective" in log.getvalue()
+
+
+def test_a_link_cut_mid_collective_without_checkpoints_stops_with_one_line(ray_cluster, tmp_path):
+    from pod.errors import IciError
+
+    run, _ = _run_with_a_cut_link(tmp_path, None)
+    with pytest.raises(IciError, match=r"^chip \d: phase \d+: the link "):
+        run.run()
+    partial = json.loads((tmp_path / "summary.json").read_text())
+    assert partial["completed"] is False and partial["steps"] == 3
+
+
 def test_without_checkpoints_a_killed_chip_stops_the_run_and_keeps_the_partial_results(
         ray_cluster, tmp_path):
     from pod.errors import ChipFailureError
