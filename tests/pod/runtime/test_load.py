@@ -14,8 +14,9 @@ RSS is still sampled and reported (the driver, and the sum of the 16 actors, whi
 a loose bound). A second, cheap test injects a leak (``Run.record`` keeping every
 ``StepStats``) and checks the detector names it.
 
-Marked ``load`` (deselect with ``-m "not load"``); about a minute and a half on a loaded
-2-core machine (tracing makes the driver's traced steps several times slower).
+Marked ``load`` (deselect with ``-m "not load"``); 80-100 s for the first test and 10-15 s
+for the second on a loaded 2-core machine (tracing makes the 75 traced steps several times
+slower in the driver, so only the last 75 of the 300 are traced).
 ``TPU_POD_LOAD_STEPS`` changes the length (default 300, at least 200).
 """
 
