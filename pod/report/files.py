@@ -208,7 +208,7 @@ def reliability(events: list[dict[str, Any]], checkpoints: Any | None, resumed: 
         "faults": events,
         "steps_recomputed": int(sum(e.get("steps_recomputed", 0) for e in events)),
         "checkpoint_dir": str(checkpoints.dir) if checkpoints else None,
-        "checkpoints_written": len(checkpoints.written) if checkpoints else 0,
+        "checkpoints_written": checkpoints.count if checkpoints else 0,
         "checkpoint_wall_seconds": checkpoints.wall_seconds if checkpoints else 0.0,
     }
 

@@ -5,6 +5,7 @@ checkpoint continues only the run it came from. The file format itself is
 
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -248,7 +249,9 @@ class RunCheckpoints:
         config = plan.scenario.checkpoint
         self.dir = Path(config.dir) if config.dir else Path(output_dir) / "checkpoints"
         self.every_steps, self.keep = config.every_steps, config.keep
-        self.written: list[Path] = []
+        # the newest ``keep`` paths (the others are pruned): a long run keeps O(1) memory
+        self.written: collections.deque[Path] = collections.deque(maxlen=self.keep)
+        self.count = 0  # checkpoints written by this run
         self.last_step: int | None = None
         self.wall_seconds = 0.0
         existing = list_checkpoints(self.dir)
@@ -269,6 +272,7 @@ class RunCheckpoints:
         path = save_checkpoint(checkpoint_path(self.dir, step),
                                pod_checkpoint(pod, plan, step, run_state))
         self.written.append(path)
+        self.count += 1
         self.last_step = step
         prune_checkpoints(self.dir, self.keep)
         self.wall_seconds += time.perf_counter() - t0
