@@ -18,6 +18,7 @@ The tree::
     |   +-- ChipFailureError              chips died and nothing can restore them
     |   +-- IciError                      a chip-to-chip link failed mid-collective
     +-- MetricsError (RuntimeError)       the Prometheus exporter could not start
+    +-- NonFiniteLossError                a step's loss is NaN or infinite
     +-- OutputError                       a result or checkpoint cannot be written
 
 ``RunInterrupted`` is not an error: a run stopped by SIGINT / SIGTERM after
@@ -44,6 +45,7 @@ __all__ = [
     "ChipFailureError",
     "IciError",
     "MetricsError",
+    "NonFiniteLossError",
     "OutputError",
     "RunInterrupted",
     "USER_ERRORS",
@@ -121,6 +123,11 @@ class IciError(ClusterError):
 class MetricsError(EmulatorError, RuntimeError):
     """The Prometheus exporter or ``tpu-pod monitor`` could not start (for example,
     a port in use, or no ``prometheus`` binary)."""
+
+
+class NonFiniteLossError(EmulatorError):
+    """A training step's loss is NaN or infinite: the run stops (unless the
+    scenario says to continue), keeping what it had written."""
 
 
 class OutputError(EmulatorError):

@@ -11,6 +11,7 @@ files) and ``stop`` (the partial summary after an interruption or a failure).
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,7 +20,8 @@ from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
 from pod.config.plan import TrainingPlan
-from pod.errors import ChipFailureError, ClusterError, IciError, RunInterrupted, ScenarioError
+from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
+                        ScenarioError)
 from pod.report.console import (epoch_line, hold, make_console, progress_bar, progress_line,
                                 summary_table)
 from pod.report.files import StepsCsv, check_writable, reliability, summarize, write_json
@@ -280,7 +282,19 @@ class Run:
         return True
 
     def record(self, stats: StepStats, out: Console) -> None:
-        """Add a done step to the totals, metrics, steps.csv and the console."""
+        """Add a done step to the totals, metrics, steps.csv and the console.
+
+        Raises:
+            NonFiniteLossError: the step's loss is NaN or infinite (unless
+                ``training.continue_on_nonfinite_loss``); the step is not recorded,
+                so the last checkpoint and steps.csv hold only finite steps.
+        """
+        if not math.isfinite(stats.loss) and \
+                not self.plan.scenario.training.continue_on_nonfinite_loss:
+            raise NonFiniteLossError(
+                f"training: the loss of step {stats.step + 1} is {stats.loss}; stopping (the "
+                f"checkpoints of the steps before are kept; lower training.optimizer."
+                f"learning_rate, or set training.continue_on_nonfinite_loss: true)")
         self.simulated_clock += stats.step_seconds
         self.totals.add(stats)
         self.metrics.observe(stats)

@@ -319,6 +319,9 @@ class TrainingConfig(_Frozen):
     # device_loop: steps looped on the device (no host call per step, as training loops
     # run); per_step: one host dispatch per step (about 100 us [PALLAS] C3)
     host_dispatch: str = "device_loop"
+    # a step whose loss is NaN or infinite stops the run (exit 2, the checkpoints of the
+    # steps before kept); true: go on training (what a diverging run does on hardware)
+    continue_on_nonfinite_loss: bool = False
 
     @field_validator("precision")
     @classmethod

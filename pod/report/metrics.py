@@ -136,6 +136,7 @@ class PodMetrics:
                              "pass, 0..1.", registry=r)
         self.rate = Gauge("tpu_pod_emulation_rate_ratio",
                           "Simulated seconds per wall second, last step.", registry=r)
+        self._links = tuple(links)
         for link in links:
             self.ici_bytes.labels(link)
             self.ici_utilization.labels(link).set(0)
@@ -204,7 +205,10 @@ class PodMetrics:
             self.hbm_peak.labels(str(chip), str(core)).set(peak)
         for link, nbytes in stats.ici_link_bytes.items():
             self.ici_bytes.labels(link).inc(nbytes)
-        for link, ratio in stats.ici_link_utilization().items():
+        ratios = stats.ici_link_utilization()
+        for link in self._links:  # a link that carried nothing (failed, idle) reads 0
+            self.ici_utilization.labels(link).set(ratios.get(link, 0.0))
+        for link, ratio in ratios.items():
             self.ici_utilization.labels(link).set(ratio)
         for (chip, core), ratio in stats.mxu_utilization().items():
             self.mxu_utilization.labels(str(chip), str(core)).set(ratio)

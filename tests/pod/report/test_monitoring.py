@@ -389,3 +389,24 @@ def test_progress_bar_and_keras_style_epoch_lines(tmp_path):
             assert field in line, line
     assert "3/3" in epochs[-1] and "1 steps" in epochs[-1]  # the last, partial epoch
     assert "ETA" in text and "training" in text  # the progress bar, drawn on a terminal
+
+
+def test_a_link_that_stops_carrying_traffic_reads_zero_utilization():
+    """A link that fails (routed around from some step on) carries nothing: its gauge
+    must fall to 0, not keep the last step's value."""
+    import dataclasses
+
+    metrics = PodMetrics(scenario="s", generation="v2", slice_name="v2-8", topology="2x2",
+                         links=["0->1", "1->0"], chips=1, cores=2)
+
+    def utilization() -> dict[str, float]:
+        text = generate_latest(metrics.registry).decode()
+        return {s.labels["link"]: s.value for fam in text_string_to_metric_families(text)
+                for s in fam.samples if s.name == "tpu_pod_ici_link_utilization_ratio"}
+
+    both = dataclasses.replace(fake_stats(), ici_link_bytes={"0->1": 1000, "1->0": 500})
+    metrics.observe(both)
+    assert utilization()["1->0"] > 0
+    metrics.observe(dataclasses.replace(fake_stats(1), ici_link_bytes={"0->1": 1500}))
+    assert utilization()["1->0"] == 0.0
+    assert utilization()["0->1"] == pytest.approx(both.ici_link_utilization()["0->1"] * 1.5)

@@ -328,3 +328,37 @@ def test_sigterm_without_a_cluster_shuts_down_the_local_ray_it_started(tmp_path)
     while time.monotonic() < deadline and alive():
         time.sleep(0.5)
     assert not alive(), alive()
+
+
+def test_a_nonfinite_loss_stops_the_run_unless_the_scenario_says_to_continue(tmp_path):
+    """NaN or infinity in the loss ends the run with one line (exit 2 through the CLI)
+    before the step is recorded; ``training.continue_on_nonfinite_loss`` keeps going."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from pod.commands.train import Run
+    from pod.errors import NonFiniteLossError
+    from pod.report.stats import StepStats
+
+    bad = StepStats(step=3, loss=float("nan"), global_batch=64, infeed_seconds=0.0,
+                    compute_seconds=1e-5, local_reduce_seconds=0.0, ici_seconds=1e-6,
+                    update_seconds=1e-6, model_flops=1, peak_flops_per_s=1e12, wall_seconds=0.1)
+    console = Console(file=io.StringIO())
+    run = Run(build_plan(scenario()), output_dir=tmp_path / "a", console=console)
+    with pytest.raises(NonFiniteLossError, match=r"^training: the loss of step 4 is nan; stopping"):
+        run.record(bad, console)
+    assert run.totals.steps == 0 and run.step_index == 0   # not recorded
+    with pytest.raises(NonFiniteLossError, match="is inf"):
+        run.record(dataclasses.replace(bad, loss=float("inf")), console)
+    keep_going = scenario().with_overrides(training__continue_on_nonfinite_loss=True)
+    going = Run(build_plan(keep_going), output_dir=tmp_path / "b", console=console,
+                metrics_port=0)
+    going.start_metrics()
+    try:
+        with going.rows:  # steps.csv open, as during a run
+            going.record(bad, console)
+    finally:
+        going.metrics.close()
+    assert going.totals.steps == 1 and going.step_index == 1
