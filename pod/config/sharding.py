@@ -17,14 +17,17 @@ hosts one device per chip actor.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
+
+from chip import ChipSpec
 
 from interconnect import GROUP_OPS, LinkSpec, ScheduleCost, Torus, group_collective_cost
 from pod.config.mesh import AXIS_NAMES, Mesh, format_axes
 from pod.errors import ScenarioError
 
-__all__ = ["DeviceGroups", "device_groups", "MeshCollectiveCosts", "check_sharded_mesh",
+__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts", "check_sharded_mesh",
            "SHARDED_MODELS"]
 
 #: Models the sharded device program runs (``pod.workloads.sharded``).
@@ -70,6 +73,27 @@ def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
         ring[axis] = next(g for g in mesh.groups(axis, "ring") if device in g)
         order[axis] = next(g for g in mesh.groups(axis, "mesh") if device in g)
     return DeviceGroups(device, ring, order)
+
+
+def device_chip_spec(spec: ChipSpec) -> ChipSpec:
+    """The chip as one device with one TensorCore, for the sharded device program.
+
+    On v4 / v5p the two TensorCores run as one megacore device [JAX]: modelled
+    as one TensorCore with both cores' MXUs, VPU sublanes, VMEM, HBM and HBM
+    bandwidth (the compiler splits every op over the two; the chip's peak
+    FLOP/s is unchanged). Chips of one TensorCore (v5e, v6e) are themselves.
+    v2 / v3 (a device per TensorCore) are refused before this
+    (:func:`check_sharded_mesh`).
+    """
+    if not spec.megacore:
+        return spec
+    n, core = spec.tensorcores, spec.core
+    merged = dataclasses.replace(core, mxus_per_core=core.mxus_per_core * n,
+                                 hbm_bytes=core.hbm_bytes * n,
+                                 hbm_bandwidth_bytes_per_s=core.hbm_bandwidth_bytes_per_s * n,
+                                 vmem_bytes=core.vmem_bytes * n,
+                                 vpu_sublanes=core.vpu_sublanes * n)
+    return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged)
 
 
 def check_sharded_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:

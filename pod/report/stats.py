@@ -129,6 +129,11 @@ class StepStats:
             pass (None: all of it).
         allreduce_buckets: with overlap, per bucket (layers, start, end): seconds
             from the start of the forward pass (for the trace).
+        axis_collective_bytes: a sharded step's collective bytes per mesh axis
+            (one device's buffers; empty for a data-parallel step).
+        axis_collective_seconds: their simulated seconds per axis, all of them.
+        axis_exposed_seconds: the part per axis the compute stream waited for
+            (``pod.report.sharded``).
     """
 
     step: int
@@ -155,6 +160,9 @@ class StepStats:
     exposed_allreduce_seconds: float | None = None
     allreduce_buckets: tuple[tuple[tuple[str, ...], float, float], ...] = ()
     hardware_flops: int = 0
+    axis_collective_bytes: dict[str, int] = field(default_factory=dict)
+    axis_collective_seconds: dict[str, float] = field(default_factory=dict)
+    axis_exposed_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:

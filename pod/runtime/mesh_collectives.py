@@ -37,10 +37,11 @@ import numpy as np
 
 from interconnect import group_ring_schedule
 from pod.config.sharding import DeviceGroups
+from pod.report.sharded import IssuedCollective
 from pod.runtime.collective import rank_plans
 from pod.runtime.ici import IciPort
 
-__all__ = ["GroupTransport"]
+__all__ = ["GroupTransport", "RuntimeCollectives", "ShapeCollectives"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,3 +140,93 @@ class GroupTransport:
         flat[index * x.size:(index + 1) * x.size] = x.reshape(-1)
         flat = self._run("all_gather", axis, flat)
         return flat.reshape((size * x.shape[0],) + x.shape[1:]) if x.ndim else flat
+
+
+class RuntimeCollectives:
+    """The device program's collectives (``DeviceCollectives``) over a ``GroupTransport``.
+
+    Every call runs at once over the device's group of the axis, and is recorded
+    (``calls``) with the number of op records the TensorCore had issued, which
+    is what the clock (``pod.report.sharded``) needs.
+
+    Args:
+        core: the device's TensorCore (its ``records`` place each call).
+        transport: the device's ``GroupTransport`` for this step.
+    """
+
+    def __init__(self, core: Any, transport: GroupTransport) -> None:
+        self.core = core
+        self.transport = transport
+        self.calls: list[IssuedCollective] = []
+
+    def axis_size(self, axis: str) -> int:
+        """Devices along ``axis``."""
+        return self.transport.groups.axis_size(axis)
+
+    def axis_index(self, axis: str) -> int:
+        """This device's index along ``axis`` (mesh order)."""
+        return self.transport.groups.axis_index(axis)
+
+    def _note(self, axis: str, op: str, nbytes: int, tag: str, kind: str) -> None:
+        self.calls.append(IssuedCollective(axis, op, int(nbytes), tag, kind,
+                                           len(self.core.records)))
+
+    def all_gather(self, x: np.ndarray, axis: str, *, tag: str = "",
+                   kind: str = "param_gather") -> np.ndarray:
+        """Shards of the group concatenated on the leading axis, mesh order (float32)."""
+        self._note(axis, "all_gather", 4 * np.size(x) * self.axis_size(axis), tag, kind)
+        return self.transport.all_gather(x, axis)
+
+    def reduce_scatter(self, x: np.ndarray, axis: str, *, tag: str = "",
+                       kind: str = "grad_reduce") -> np.ndarray:
+        """This device's shard (leading axis, mesh order) of the group's sum (float32)."""
+        self._note(axis, "reduce_scatter", 4 * np.size(x), tag, kind)
+        return self.transport.reduce_scatter(x, axis)
+
+    def allreduce(self, x: np.ndarray, axis: str, *, tag: str = "",
+                  kind: str = "activation") -> np.ndarray:
+        """The group's sum of ``x`` (float32, same shape)."""
+        self._note(axis, "allreduce", 4 * np.size(x), tag, kind)
+        return self.transport.allreduce(x, axis)
+
+
+class ShapeCollectives(RuntimeCollectives):
+    """Timing-only collectives: results are zeros of the right shape, every call is
+    recorded as ``RuntimeCollectives`` records it (so the clock costs it the same).
+
+    Args:
+        core: the representative device's TensorCore.
+        groups: its groups per mesh axis.
+    """
+
+    def __init__(self, core: Any, groups: DeviceGroups) -> None:
+        super().__init__(core, transport=None)  # type: ignore[arg-type]
+        self.groups = groups
+
+    def axis_size(self, axis: str) -> int:
+        """Devices along ``axis``."""
+        return self.groups.axis_size(axis)
+
+    def axis_index(self, axis: str) -> int:
+        """The device's index along ``axis``."""
+        return self.groups.axis_index(axis)
+
+    def all_gather(self, x: np.ndarray, axis: str, *, tag: str = "",
+                   kind: str = "param_gather") -> np.ndarray:
+        """Zeros shaped like the gathered result."""
+        self._note(axis, "all_gather", 4 * np.size(x) * self.axis_size(axis), tag, kind)
+        shape = np.shape(x)
+        return np.zeros((self.axis_size(axis) * shape[0],) + shape[1:], np.float32)
+
+    def reduce_scatter(self, x: np.ndarray, axis: str, *, tag: str = "",
+                       kind: str = "grad_reduce") -> np.ndarray:
+        """Zeros shaped like this device's shard."""
+        self._note(axis, "reduce_scatter", 4 * np.size(x), tag, kind)
+        shape = np.shape(x)
+        return np.zeros((shape[0] // self.axis_size(axis),) + shape[1:], np.float32)
+
+    def allreduce(self, x: np.ndarray, axis: str, *, tag: str = "",
+                  kind: str = "activation") -> np.ndarray:
+        """Zeros shaped like ``x``."""
+        self._note(axis, "allreduce", 4 * np.size(x), tag, kind)
+        return np.zeros(np.shape(x), np.float32)
