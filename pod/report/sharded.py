@@ -131,6 +131,16 @@ class _Ici:
         return t, t + seconds
 
 
+def _check_call(call: Any, last_after: int, n: int) -> None:
+    """A call's kind is known and its ``after_record`` within ``last_after..n``."""
+    if call.kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"collective {call.tag!r}: kind {call.kind!r} is not one of "
+                         f"{', '.join(COLLECTIVE_KINDS)}")
+    if not last_after <= call.after_record <= n:
+        raise ValueError(f"collective {call.tag!r}: after_record {call.after_record} is "
+                         f"outside {last_after}..{n} (calls must be in issue order)")
+
+
 def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
                        cost_seconds: Callable[[str, str, int], float],
                        update_start: int | None = None) -> ShardedClock:
@@ -167,7 +177,6 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
 
     def run_until(index: int) -> None:
         nonlocal t, done
-        nonlocal grad_end
         while done < index:
             if done == update_start and grad_end > t:  # the optimizer waits for the gradients
                 exposed[grad_axis] = exposed.get(grad_axis, 0.0) + grad_end - t
@@ -176,12 +185,7 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
             done += 1
 
     for call in calls:
-        if call.kind not in COLLECTIVE_KINDS:
-            raise ValueError(f"collective {call.tag!r}: kind {call.kind!r} is not one of "
-                             f"{', '.join(COLLECTIVE_KINDS)}")
-        if not last_after <= call.after_record <= n:
-            raise ValueError(f"collective {call.tag!r}: after_record {call.after_record} is "
-                             f"outside {last_after}..{n} (calls must be in issue order)")
+        _check_call(call, last_after, n)
         last_after = call.after_record
         run_until(call.after_record)
         cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
