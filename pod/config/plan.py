@@ -20,6 +20,7 @@ from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.scenario import Scenario
+from pod.config.sharding import MeshCollectiveCosts, check_sharded_mesh
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
@@ -48,6 +49,9 @@ class TrainingPlan:
         mesh: the device mesh (``pod.mesh``; default ``{data: every device}``).
             With fsdp or tensor above 1, ``memory`` is one device's
             sharded plan (``pod.config.mesh.mesh_memory_plan``).
+        mesh_costs: with fsdp or tensor above 1, the cost of a collective over
+            every group of a mesh axis, cached per (axis, op, bytes)
+            (``pod.config.sharding.MeshCollectiveCosts``); None for data parallel.
     """
 
     scenario: Scenario
@@ -61,6 +65,7 @@ class TrainingPlan:
     ici: IciPlan
     faults: FaultPlan
     mesh: Mesh | None = None
+    mesh_costs: MeshCollectiveCosts | None = None
 
     @property
     def global_batch(self) -> int:
@@ -223,9 +228,12 @@ def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Da
     return dataset
 
 
-def _check_runnable_mesh(mesh: Mesh) -> None:
+def _check_runnable_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:
     """A mesh with fsdp or tensor axes is planned (its per-device HBM) but the
-    runtime trains data-parallel only: refuse it rather than train something else."""
+    runtime trains data-parallel only: refuse it rather than train something else.
+    A model other than the transformer, or v2 / v3, is refused with its own line
+    (``check_sharded_mesh``)."""
+    check_sharded_mesh(mesh, model_name, chip_name)
     if not mesh.is_data_parallel:
         axes = format_axes(dict(zip(mesh.axis_names, mesh.shape)))
         raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which this version "
@@ -286,15 +294,16 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                 f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
     if not sharded_ok:
-        _check_runnable_mesh(mesh)
+        _check_runnable_mesh(mesh, scenario.model.name, pod.chip.name)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
                if training.overlap else ())
     ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
+    mesh_costs = None if mesh.is_data_parallel else MeshCollectiveCosts(mesh, ici.link)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
-                        mesh=mesh)
+                        mesh=mesh, mesh_costs=mesh_costs)
 
 
 def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) -> np.ndarray:
