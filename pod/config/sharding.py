@@ -53,8 +53,13 @@ class DeviceGroups:
         return len(self.mesh_order.get(axis, (self.device,)))
 
     def axis_index(self, axis: str) -> int:
-        """This device's index along ``axis`` (its shard), 0 for an absent axis."""
+        """This device's index along ``axis`` in mesh order, 0 for an absent axis."""
         return self.mesh_order.get(axis, (self.device,)).index(self.device)
+
+    def ring_index(self, axis: str) -> int:
+        """This device's position in its group's ring order (the device program's
+        ``axis_index``: its shard), 0 for an absent axis."""
+        return self.ring.get(axis, (self.device,)).index(self.device)
 
 
 def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
@@ -145,9 +150,10 @@ class MeshCollectiveCosts:
         Args:
             axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
             op: allreduce, reduce_scatter or all_gather.
-            nbytes: bytes of each device's full buffer (the input of an
-                allreduce or reduce-scatter, the output of an all-gather),
-                float32 (a multiple of 4).
+            nbytes: bytes of each device's input buffer, float32 (the
+                ``CollectiveCall.nbytes`` of ``pod.workloads.collectives``: an
+                all-gather's piece, a reduce-scatter's or allreduce's whole
+                buffer).
 
         Returns:
             ``interconnect.group_collective_cost`` of the axis's groups (chip ranks).
@@ -168,7 +174,10 @@ class MeshCollectiveCosts:
         else:
             per_chip = self.mesh.devices_per_chip
             groups = [tuple(d // per_chip for d in g) for g in self.mesh.groups(axis, "ring")]
-            result = group_collective_cost(op, self.torus, groups, int(nbytes) // 4, self.link)
+            elements = int(nbytes) // 4
+            if op == "all_gather":  # the schedule's buffer is the gathered result
+                elements *= self.mesh.axis_size(axis)
+            result = group_collective_cost(op, self.torus, groups, elements, self.link)
         with self._lock:
             self._cache[key] = result
         return result

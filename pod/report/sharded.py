@@ -35,32 +35,11 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["CollectiveSpan", "IssuedCollective", "ShardedClock", "sharded_step_clock",
+from pod.workloads.collectives import COLLECTIVE_KINDS
+
+__all__ = ["CollectiveSpan", "ShardedClock", "sharded_step_clock",
            "COLLECTIVE_KINDS"]
 
-#: The kinds of collective call a device program makes (see the module docstring).
-COLLECTIVE_KINDS = ("param_gather", "grad_reduce", "activation")
-
-
-@dataclass(frozen=True)
-class IssuedCollective:
-    """One collective a device program issued (the clock's input; the fields of the
-    device program's ``CollectiveCall``).
-
-    Attributes:
-        axis: the mesh axis; op: allreduce, reduce_scatter or all_gather;
-        nbytes: the device's full buffer, bytes (input of an allreduce or
-            reduce-scatter, output of an all-gather);
-        tag: the program's name for it; kind: one of ``COLLECTIVE_KINDS``;
-        after_record: op records the TensorCore had issued when it was called.
-    """
-
-    axis: str
-    op: str
-    nbytes: int
-    tag: str
-    kind: str
-    after_record: int
 
 
 @dataclass(frozen=True)

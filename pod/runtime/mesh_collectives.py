@@ -12,17 +12,17 @@ on every device, so a peer that is several collectives ahead (it finished
 collectives over groups this device is not in) has its chunks wait until
 this device reaches that collective.
 
-Shard order. A reduce-scatter leaves device ``d`` with the sum of shard
-``axis_index(d)`` (its index in mesh order), and an all-gather concatenates
-the shards in mesh order, as ``jax.lax.psum_scatter(..., tiled=True)`` and
-``all_gather(..., tiled=True)`` do; the ring visits the group in ring order,
-so the schedule's chunk owned by ring position ``p`` is mapped to the
-element range of that device's shard (all shards the same size).
+Shard order (the contract of ``pod.workloads.collectives``): a device's
+index along an axis is its position in the group's ring order; a
+reduce-scatter leaves it the sum of shard ``index``, an all-gather
+concatenates the shards in ring order. The ring schedule's chunk owned by
+ring position ``p`` is mapped to the element range of shard ``p`` (all
+shards the same size).
 
 Reduction order: a ring reduce-scatter adds the group's contributions in
-ring order starting after the owner; float32 sums in another order (a
-reference that sums in mesh order) agree to rounding, bit-identical when
-the group has two devices.
+ring order starting after the owner; ``LocalMesh`` sums in group order, so
+the two agree to float32 rounding, bit-identically when the group has two
+devices (a + b == b + a).
 
 :class:`RuntimeCollectives` is the ``DeviceCollectives`` protocol of the
 device program (``pod.workloads.collectives``) over a ``GroupTransport``.
@@ -37,7 +37,7 @@ import numpy as np
 
 from interconnect import group_ring_schedule
 from pod.config.sharding import DeviceGroups
-from pod.report.sharded import IssuedCollective
+from pod.workloads.collectives import AXES, CollectivesBase
 from pod.runtime.collective import rank_plans
 from pod.runtime.ici import IciPort
 
@@ -76,19 +76,18 @@ class GroupTransport:
 
     def _run(self, op: str, axis: str, flat: np.ndarray) -> np.ndarray:
         """Run ``op`` over this device's group of ``axis`` on ``flat`` in place."""
-        ring, order = self.groups.ring[axis], self.groups.mesh_order[axis]
+        ring = self.groups.ring[axis]
         size = len(ring)
         run_id = self.run_base + self.count
         self.count += 1
         if size == 1:
             return flat
         plans, bounds, owned = _local_plans(op, size, flat.size)
-        if op != "allreduce":  # chunk owned by ring position q -> that device's shard
+        if op != "allreduce":  # chunk owned by ring position q -> shard q (ring order)
             shard = flat.size // size
             mapped = list(bounds)
-            for q, device in enumerate(ring):
-                m = order.index(device)
-                mapped[owned[q]] = (m * shard, (m + 1) * shard)
+            for q in range(size):
+                mapped[owned[q]] = (q * shard, (q + 1) * shard)
             bounds = tuple(mapped)
         me = ring.index(self.groups.device)
         plan = [(phase, [(ring[dst], chunk, seq) for dst, chunk, seq in sends],
@@ -104,7 +103,7 @@ class GroupTransport:
         return self._run("allreduce", axis, flat).reshape(np.shape(x))
 
     def reduce_scatter(self, x: np.ndarray, axis: str) -> np.ndarray:
-        """This device's shard (leading axis split in mesh order) of the group's sum.
+        """This device's shard (leading axis split in ring order) of the group's sum.
 
         Args:
             x: (g * n, ...) float32, g the group's size.
@@ -121,11 +120,11 @@ class GroupTransport:
             raise ValueError(f"reduce_scatter over {axis}: leading axis of shape {x.shape} does "
                              f"not split into {size} equal shards")
         flat = self._run("reduce_scatter", axis, np.array(x, np.float32, copy=True).reshape(-1))
-        index, shard = self.groups.axis_index(axis), flat.size // size
+        index, shard = self.groups.ring_index(axis), flat.size // size
         return flat[index * shard:(index + 1) * shard].reshape((x.shape[0] // size,) + x.shape[1:])
 
     def all_gather(self, x: np.ndarray, axis: str) -> np.ndarray:
-        """The group's shards concatenated on the leading axis, in mesh order.
+        """The group's shards concatenated on the leading axis, in ring order.
 
         Args:
             x: (n, ...) this device's shard.
@@ -136,97 +135,50 @@ class GroupTransport:
         x = np.asarray(x, dtype=np.float32)
         size = self.groups.axis_size(axis)
         flat = np.empty(size * x.size, dtype=np.float32)
-        index = self.groups.axis_index(axis)
+        index = self.groups.ring_index(axis)
         flat[index * x.size:(index + 1) * x.size] = x.reshape(-1)
         flat = self._run("all_gather", axis, flat)
         return flat.reshape((size * x.shape[0],) + x.shape[1:]) if x.ndim else flat
 
 
-class RuntimeCollectives:
-    """The device program's collectives (``DeviceCollectives``) over a ``GroupTransport``.
-
-    Every call runs at once over the device's group of the axis, and is recorded
-    (``calls``) with the number of op records the TensorCore had issued, which
-    is what the clock (``pod.report.sharded``) needs.
+class RuntimeCollectives(CollectivesBase):
+    """The device program's collectives (``pod.workloads.collectives.DeviceCollectives``)
+    over a ``GroupTransport``: ``CollectivesBase`` checks and records every call
+    (a ``CollectiveCall``, what the clock ``pod.report.sharded`` needs), this class
+    moves the bytes device to device over the group of the named axis.
 
     Args:
-        core: the device's TensorCore (its ``records`` place each call).
         transport: the device's ``GroupTransport`` for this step.
     """
 
-    def __init__(self, core: Any, transport: GroupTransport) -> None:
-        self.core = core
+    def __init__(self, transport: GroupTransport) -> None:
+        groups = transport.groups
+        super().__init__({a: groups.axis_size(a) for a in AXES},
+                         {a: groups.ring_index(a) for a in AXES})
         self.transport = transport
-        self.calls: list[IssuedCollective] = []
 
-    def axis_size(self, axis: str) -> int:
-        """Devices along ``axis``."""
-        return self.transport.groups.axis_size(axis)
-
-    def axis_index(self, axis: str) -> int:
-        """This device's index along ``axis`` (mesh order)."""
-        return self.transport.groups.axis_index(axis)
-
-    def _note(self, axis: str, op: str, nbytes: int, tag: str, kind: str) -> None:
-        self.calls.append(IssuedCollective(axis, op, int(nbytes), tag, kind,
-                                           len(self.core.records)))
-
-    def all_gather(self, x: np.ndarray, axis: str, *, tag: str = "",
-                   kind: str = "param_gather") -> np.ndarray:
-        """Shards of the group concatenated on the leading axis, mesh order (float32)."""
-        self._note(axis, "all_gather", 4 * np.size(x) * self.axis_size(axis), tag, kind)
-        return self.transport.all_gather(x, axis)
-
-    def reduce_scatter(self, x: np.ndarray, axis: str, *, tag: str = "",
-                       kind: str = "grad_reduce") -> np.ndarray:
-        """This device's shard (leading axis, mesh order) of the group's sum (float32)."""
-        self._note(axis, "reduce_scatter", 4 * np.size(x), tag, kind)
-        return self.transport.reduce_scatter(x, axis)
-
-    def allreduce(self, x: np.ndarray, axis: str, *, tag: str = "",
-                  kind: str = "activation") -> np.ndarray:
-        """The group's sum of ``x`` (float32, same shape)."""
-        self._note(axis, "allreduce", 4 * np.size(x), tag, kind)
+    def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
+        if op == "all_gather":
+            return self.transport.all_gather(x, axis)
+        if op == "reduce_scatter":
+            return self.transport.reduce_scatter(x, axis)
         return self.transport.allreduce(x, axis)
 
 
-class ShapeCollectives(RuntimeCollectives):
-    """Timing-only collectives: results are zeros of the right shape, every call is
-    recorded as ``RuntimeCollectives`` records it (so the clock costs it the same).
+class ShapeCollectives(CollectivesBase):
+    """Timing-only collectives: results are zeros of the right shape; every call is
+    checked and recorded as ``RuntimeCollectives`` records it, so the clock costs
+    it the same.
 
     Args:
-        core: the representative device's TensorCore.
-        groups: its groups per mesh axis.
+        groups: the representative device's groups per mesh axis.
     """
 
-    def __init__(self, core: Any, groups: DeviceGroups) -> None:
-        super().__init__(core, transport=None)  # type: ignore[arg-type]
-        self.groups = groups
+    def __init__(self, groups: DeviceGroups) -> None:
+        super().__init__({a: groups.axis_size(a) for a in AXES},
+                         {a: groups.ring_index(a) for a in AXES})
 
-    def axis_size(self, axis: str) -> int:
-        """Devices along ``axis``."""
-        return self.groups.axis_size(axis)
-
-    def axis_index(self, axis: str) -> int:
-        """The device's index along ``axis``."""
-        return self.groups.axis_index(axis)
-
-    def all_gather(self, x: np.ndarray, axis: str, *, tag: str = "",
-                   kind: str = "param_gather") -> np.ndarray:
-        """Zeros shaped like the gathered result."""
-        self._note(axis, "all_gather", 4 * np.size(x) * self.axis_size(axis), tag, kind)
-        shape = np.shape(x)
-        return np.zeros((self.axis_size(axis) * shape[0],) + shape[1:], np.float32)
-
-    def reduce_scatter(self, x: np.ndarray, axis: str, *, tag: str = "",
-                       kind: str = "grad_reduce") -> np.ndarray:
-        """Zeros shaped like this device's shard."""
-        self._note(axis, "reduce_scatter", 4 * np.size(x), tag, kind)
-        shape = np.shape(x)
-        return np.zeros((shape[0] // self.axis_size(axis),) + shape[1:], np.float32)
-
-    def allreduce(self, x: np.ndarray, axis: str, *, tag: str = "",
-                  kind: str = "activation") -> np.ndarray:
-        """Zeros shaped like ``x``."""
-        self._note(axis, "allreduce", 4 * np.size(x), tag, kind)
-        return np.zeros(np.shape(x), np.float32)
+    def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
+        size = self.axis_size(axis)
+        n = {"all_gather": x.size * size, "reduce_scatter": x.size // size}.get(op, x.size)
+        return np.zeros(n, np.float32)

@@ -27,7 +27,7 @@ import numpy as np
 
 from chip import Chip, ChipSpec
 from pod.config.sharding import DeviceGroups, device_chip_spec
-from pod.report.sharded import IssuedCollective
+from pod.workloads.collectives import CollectiveCall
 from pod.report.stats import RecordTotals
 from pod.runtime.actor import HbmUsage, TraceRow, _trace_rows
 from pod.state.checkpoint import params_digest
@@ -55,7 +55,7 @@ class ShardedReport:
     loss: float
     record_seconds: tuple[float, ...]
     update_start: int | None
-    calls: tuple[IssuedCollective, ...]
+    calls: tuple[CollectiveCall, ...]
     mxu_flops: int
     hbm: HbmUsage
     trace: tuple[TraceRow, ...] = ()
@@ -161,7 +161,7 @@ class ShardedChipActor:
         from pod.runtime.mesh_collectives import GroupTransport, RuntimeCollectives
 
         transport = GroupTransport(self._ici_port(), self.groups, self.addresses, run_base)
-        comm = RuntimeCollectives(self.core, transport)
+        comm = RuntimeCollectives(transport)
         self.core.take_records()
         loss, self.state, update_start = self.program.train_step(self.core, comm, self.state, x,
                                                                  y, step, seed)

@@ -33,6 +33,8 @@ def test_the_plans_cost_is_the_group_cost_and_cached():
     assert costs.cost("tensor", "allreduce", 4096) == want
     assert costs.cost("tensor", "allreduce", 4096) is costs.cost("tensor", "allreduce", 4096)
     assert costs.seconds("fsdp", "allreduce", 4096) == 0.0  # an absent axis
+    gathered = group_collective_cost("all_gather", mesh.torus, mesh.groups("tensor"), 1024, link)
+    assert costs.cost("tensor", "all_gather", 1024) == gathered  # a piece of 256 float32
     with pytest.raises(ValueError, match="ops"):
         costs.cost("tensor", "broadcast", 4)
 

@@ -35,16 +35,16 @@ def _program(comm: GroupTransport, x: np.ndarray, jitter: random.Random) -> list
 
 
 def _reference(mesh, inputs: dict[int, np.ndarray], device: int) -> list[np.ndarray]:
-    """The same program from numpy sums over each group in mesh order."""
+    """The same program from numpy sums over each group."""
     groups = device_groups(mesh, device)
     out = []
     for step, axis in enumerate(["tensor", "fsdp", "data", "fsdp", "tensor", "data"]):
-        members = groups.mesh_order[axis]
+        members = groups.ring[axis]  # shards and gathers in ring order (the contract)
         if step % 3 == 0:
             out.append(np.sum([inputs[d] + step for d in members], axis=0))
         elif step % 3 == 1:
             total = np.sum([inputs[d] * (step + 1) for d in members], axis=0)
-            out.append(np.split(total, len(members))[groups.axis_index(axis)])
+            out.append(np.split(total, len(members))[groups.ring_index(axis)])
         else:
             out.append(np.concatenate([inputs[d][:3] - step for d in members]))
     return out

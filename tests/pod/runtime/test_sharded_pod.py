@@ -55,12 +55,13 @@ def test_the_step_reports_per_axis_collectives(trained):
     _, costs, stats, _, _ = trained
     s = stats[-1]
     assert set(s.axis_collective_bytes) == {"data", "fsdp", "tensor"}
-    # the fsdp all-gather of W's column block, then the reduce-scatter of its gradient
-    assert s.axis_collective_bytes["fsdp"] == 2 * 4 * D * K // 2
+    # the fsdp all-gather of W's (D/2, K/2) shard, then the reduce-scatter of the
+    # (D, K/2) gradient: the callers' input bytes (the contract's nbytes)
+    assert s.axis_collective_bytes["fsdp"] == 4 * D * K // 4 + 4 * D * K // 2
     assert s.ici_seconds == pytest.approx(sum(s.axis_collective_seconds.values()))
     assert s.step_seconds <= s.serial_step_seconds + 1e-15
     assert s.axis_collective_seconds["fsdp"] == pytest.approx(
-        costs.seconds("fsdp", "all_gather", 4 * D * K // 2)
+        costs.seconds("fsdp", "all_gather", 4 * D * K // 4)
         + costs.seconds("fsdp", "reduce_scatter", 4 * D * K // 2))
 
 
@@ -73,7 +74,7 @@ def test_timing_only_equals_the_functional_step(trained):
         core = chip.cores[0]
         groups = device_groups(mesh, d)
         program = ToyProgram()
-        comm = ShapeCollectives(core, groups)
+        comm = ShapeCollectives(groups)
         index, shards = batch_shard(mesh, d)
         rows = BATCH // shards
         part = slice(index * rows, (index + 1) * rows)

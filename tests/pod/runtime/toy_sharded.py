@@ -16,7 +16,7 @@ def full_init(seed: int) -> np.ndarray:
 
 class ToyProgram:
     def init_local(self, groups, seed):
-        f, t = groups.axis_index("fsdp"), groups.axis_index("tensor")
+        f, t = groups.ring_index("fsdp"), groups.ring_index("tensor")
         nf, nt = groups.axis_size("fsdp"), groups.axis_size("tensor")
         w = full_init(seed)
         return {"w": w[f * D // nf:(f + 1) * D // nf, t * K // nt:(t + 1) * K // nt].copy()}
@@ -25,19 +25,27 @@ class ToyProgram:
         nt = comm.axis_size("tensor")
         t = comm.axis_index("tensor")
         n_global = x.shape[0] * comm.axis_size("data") * comm.axis_size("fsdp")
-        w_cols = comm.all_gather(state["w"], "fsdp", tag="w", kind="param_gather")  # (D, K/nt)
+        kb = K // nt
+
+        def at():
+            return len(core.records)
+
+        w_cols = comm.all_gather("fsdp", state["w"].reshape(-1), tag="w", kind="param_gather",
+                                 after_record=at()).reshape(D, kb)
         out = core.vector("toy/forward", np.matmul, x, w_cols)  # (B, K/nt)
-        pred = comm.all_gather(np.ascontiguousarray(out.T), "tensor", tag="out",
-                               kind="activation").T  # (B, K)
+        pred = comm.all_gather("tensor", np.ascontiguousarray(out.T).reshape(-1), tag="out",
+                               kind="activation", after_record=at()).reshape(K, -1).T  # (B, K)
         err = core.vector("toy/error", np.subtract, pred, y)
         loss = float(np.mean(err * err))
         scale = np.float32(2.0 / (n_global * K))
-        mine = np.ascontiguousarray(err[:, t * K // nt:(t + 1) * K // nt])
+        mine = np.ascontiguousarray(err[:, t * kb:(t + 1) * kb])
         g = core.vector("toy/grad", lambda a, b: (a.T @ b) * scale, x, mine)  # (D, K/nt)
-        g = comm.reduce_scatter(g, "fsdp", tag="g", kind="grad_reduce")
-        g = comm.allreduce(g, "data", tag="g", kind="grad_reduce")
-        update_start = len(core.records)
-        w = core.vector("opt/sgd", lambda a, b: a - np.float32(LR) * b, state["w"], g)
+        g = comm.reduce_scatter("fsdp", np.ascontiguousarray(g).reshape(-1).astype(np.float32),
+                                tag="g", kind="grad_reduce", after_record=at())
+        g = comm.allreduce("data", g, tag="g", kind="grad_reduce", after_record=at())
+        update_start = at()
+        w = core.vector("opt/sgd", lambda a, b: a - np.float32(LR) * b, state["w"],
+                        g.reshape(state["w"].shape))
         return loss, {"w": np.asarray(w, np.float32)}, update_start
 
     def local_params(self, state):
@@ -51,7 +59,7 @@ def assemble(local: list[dict], mesh) -> np.ndarray:
     w = np.empty((D, K), np.float32)
     for d, params in enumerate(local):
         g = device_groups(mesh, d)
-        f, t = g.axis_index("fsdp"), g.axis_index("tensor")
+        f, t = g.ring_index("fsdp"), g.ring_index("tensor")
         nf, nt = g.axis_size("fsdp"), g.axis_size("tensor")
         w[f * D // nf:(f + 1) * D // nf, t * K // nt:(t + 1) * K // nt] = params["w"]
     return w
