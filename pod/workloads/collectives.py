@@ -196,18 +196,24 @@ class CollectivesBase:
 
 
 class _Exchange:
-    """One group's meeting point: every member posts, all read, all leave."""
+    """One group's meeting point: every member posts, waits for the others, reads.
+
+    Two sets of slots, used in turn, make one barrier per exchange enough: a
+    member posting its exchange k + 2 into the set of exchange k has passed
+    the barrier of k + 1, which every member reaches only after reading k.
+    """
 
     def __init__(self, size: int, timeout_seconds: float):
-        self.slots: list[np.ndarray | None] = [None] * size
+        self.slots: list[list[np.ndarray | None]] = [[None] * size, [None] * size]
+        self.count = [0] * size          # exchanges each member has made
         self.barrier = threading.Barrier(size, timeout=timeout_seconds)
 
     def swap(self, position: int, x: np.ndarray) -> list[np.ndarray]:
-        self.slots[position] = x
+        slots = self.slots[self.count[position] % 2]
+        self.count[position] += 1
+        slots[position] = x
         self.barrier.wait()              # everyone has posted
-        parts = list(self.slots)
-        self.barrier.wait()              # everyone has read: the slots may be reused
-        return parts
+        return list(slots)
 
 
 class LocalMeshCollectives(CollectivesBase):
