@@ -150,6 +150,12 @@ class CollectivesBase:
         """Devices along ``axis`` (1 when the mesh does not have it)."""
         return self._sizes[self._axis(axis)]
 
+    def take_calls(self) -> list[CollectiveCall]:
+        """The calls since the last take, and forget them (as ``TensorCore.take_records``;
+        take both at the same points so that ``after_record`` indexes the records taken)."""
+        calls, self.calls = self.calls, []
+        return calls
+
     def axis_index(self, axis: str) -> int:
         """Position in the group along ``axis``, ring order."""
         return self._index[self._axis(axis)]

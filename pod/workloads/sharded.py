@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip import to_bf16
-from pod.workloads.collectives import AXES, DeviceCollectives
+from pod.workloads.collectives import AXES, CollectiveCall, DeviceCollectives
 from pod.workloads.optimizers import Optimizer
 from pod.workloads.transformer import TransformerBlock, TransformerConfig, TransformerModel
 
@@ -293,7 +293,7 @@ class ShardedTransformer:
     def local_param_bytes(self) -> int:
         """float32 bytes of one device's parameter chunks (the gradient chunks after
         the reduce-scatter are as large)."""
-        return _F32_BYTES * sum(-(-math.prod(s) // self.fsdp) for s in self._shapes.values())
+        return self._chunk_bytes(self._shapes)
 
     def optimizer_state_bytes(self) -> int:
         """float32 bytes of one device's optimizer state (slots x its chunks)."""
@@ -302,9 +302,52 @@ class ShardedTransformer:
     def gathered_layer_bytes(self) -> int:
         """float32 bytes of the largest layer after its fsdp all-gather (tensor-local,
         padding included): the workspace FSDP adds."""
-        return max((_F32_BYTES * self.fsdp * sum(-(-math.prod(self._shapes[k]) // self.fsdp)
-                                                 for k, _ in keys)
-                    for keys in self._keys), default=0)
+        return max(self.fsdp * self._chunk_bytes(k for k, _ in keys) for keys in self._keys)
+
+    def planned_calls(self, per_device_batch: int) -> list[CollectiveCall]:
+        """The collectives one :meth:`train_step` issues, in order, without running it
+        (for timing-only runs at any size): the calls ``comm.calls`` records, with
+        ``after_record`` -1 (no records exist).
+
+        Args:
+            per_device_batch: b, examples per device (global batch / (data x fsdp)).
+        """
+        cfg, out = self.model.config, []
+        activation = _F32_BYTES * per_device_batch * cfg.sequence_length * cfg.embed_dim
+
+        def add(axis, op, nbytes, tag, kind):
+            if self.sizes[axis] > 1:
+                out.append(CollectiveCall(axis, op, nbytes, tag, kind, -1))
+
+        def gather(i, phase):
+            if self._keys[i]:
+                add("fsdp", "all_gather", self._chunk_bytes(k for k, _ in self._keys[i]),
+                    f"{self.local_model.layers[i].name} {phase}", "param_gather")
+
+        layers = self.local_model.layers
+        for i, layer in enumerate(layers):
+            gather(i, "fwd")
+            if isinstance(layer, TransformerBlock):
+                for part in ("attention/out", "mlp/wo"):
+                    add("tensor", "allreduce", activation, f"{layer.name}/{part} fwd", "activation")
+        for i in range(len(layers) - 1, -1, -1):
+            layer = layers[i]
+            if layer.backward_reads_params:
+                gather(i, "bwd")
+            if isinstance(layer, TransformerBlock):
+                parts = ("attention/out", "mlp/dx", "attention/dx")[layer.remat != "full":]
+                for part in parts:
+                    add("tensor", "allreduce", activation, f"{layer.name}/{part} bwd", "activation")
+            if self._owned[i]:
+                shard_bytes = self._chunk_bytes(self._owned[i])
+                add("fsdp", "reduce_scatter", self.fsdp * shard_bytes, f"{layer.name} grads",
+                    "grad_reduce")
+                add("data", "allreduce", shard_bytes, f"{layer.name} grads", "grad_reduce")
+        return out
+
+    def _chunk_bytes(self, keys: Iterable[str]) -> int:
+        """float32 bytes of this device's chunks of ``keys``."""
+        return _F32_BYTES * sum(-(-math.prod(self._shapes[k]) // self.fsdp) for k in keys)
 
     # ------------------------------------------------------------ the step
 

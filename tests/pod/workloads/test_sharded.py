@@ -22,6 +22,7 @@ largest absolute parameter difference after training):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -196,13 +197,23 @@ def test_collective_counts_and_bytes_match_the_closed_form():
     assert len({(call.axis, call.tag) for call in calls}) == len(calls) // STEPS  # unique a step
 
 
+@pytest.mark.parametrize("mesh", [MESH_3D, {"data": 8}, {"fsdp": 4}])
+def test_planned_calls_are_the_calls_a_step_makes(mesh):
+    program, devices = sharded("fp32", tuple(mesh.items()))
+    calls = devices[-1][2]
+    per_step = len(calls) // STEPS
+    planned = program.planned_calls(BATCH // program.batch_shards)
+    assert [dataclasses.replace(c, after_record=-1) for c in calls[-per_step:]] == planned
+
+
 @pytest.mark.parametrize("remat,per_block", [("none", 4), ("minimal", 4), ("full", 5)])
 def test_remat_decides_the_tensor_allreduces(remat, per_block):
     """Full remat recomputes the attention output in backward, allreduce included."""
-    _, devices = sharded("bf16", (("tensor", 2),), 1, remat=remat)
+    program, devices = sharded("bf16", (("tensor", 2),), 1, remat=remat)
     calls = devices[0][2]
     assert all(call.axis == "tensor" and call.kind == "activation" for call in calls)
     assert len(calls) == per_block * TINY["layers"]
+    assert [dataclasses.replace(c, after_record=-1) for c in calls] == program.planned_calls(BATCH)
 
 
 def test_size_one_axes_are_free():
@@ -234,6 +245,8 @@ def test_local_mesh_reduction_order_ring_positions_and_errors():
             raise RuntimeError("device 1 failed")
         comm.allreduce("fsdp", np.zeros(2, np.float32), tag="a", kind="activation", after_record=0)
 
+    first = mesh.devices[0]
+    assert [c.tag for c in first.take_calls()] == ["g", "r"] and first.calls == []
     with pytest.raises(RuntimeError, match="device 1 failed"):
         mesh.run(broken)
     with pytest.raises(ValueError, match="1-D float32"):
