@@ -257,14 +257,16 @@ def test_local_mesh_reduction_order_ring_positions_and_errors():
 
 @settings(max_examples=25, deadline=None)
 @given(st.sampled_from([1, 2]), st.sampled_from([1, 2, 3, 4]), st.sampled_from([1, 2, 4]),
-       st.lists(st.tuples(st.integers(1, 5), st.integers(1, 7)), min_size=1, max_size=3))
-def test_gather_and_scatter_are_inverses(data, fsdp, tensor, shapes):
+       st.lists(st.tuples(st.integers(1, 5), st.integers(1, 7)), min_size=1, max_size=3),
+       st.randoms(use_true_random=False))
+def test_gather_and_scatter_are_inverses(data, fsdp, tensor, shapes, random):
     """Chunks all-gathered rebuild the arrays; packed buffers reduce-scattered give
     each device the group's sum of its chunks; assemble inverts shard_params
-    (fsdp 3 pads every parameter here)."""
+    (fsdp 3 pads every parameter here); under any ring order of the axes."""
     rng = np.random.default_rng(fsdp * 10 + tensor)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    mesh = LocalMesh({"data": data, "fsdp": fsdp, "tensor": tensor})
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    mesh = LocalMesh(sizes, rings={a: random.sample(range(n), n) for a, n in sizes.items()})
 
     def program(comm):
         i = comm.axis_index("fsdp")
