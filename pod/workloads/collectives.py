@@ -276,6 +276,14 @@ class LocalMesh:
         self._lock = threading.Lock()
         self.devices = [LocalMeshCollectives(self, d) for d in range(self.size)]
 
+    @classmethod
+    def for_mesh(cls, mesh, timeout_seconds: float = 120.0) -> LocalMesh:
+        """The LocalMesh of a ``pod.config.mesh.Mesh``: its sizes and ring orders.
+        LocalMesh device d has mesh coordinates ``coords(d)``, i.e. it stands for
+        the pod's device ``mesh.devices[coords]``; its positions are the pod's."""
+        return cls(mesh.sizes, rings={a.name: a.ring for a in mesh.axes},
+                   timeout_seconds=timeout_seconds)
+
     @property
     def size(self) -> int:
         """Number of devices."""

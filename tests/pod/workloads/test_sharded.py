@@ -32,6 +32,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chip import TensorCore, get_chip_spec
+from interconnect import Torus
+from pod.config.mesh import layout_mesh
 from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
 from pod.workloads.collectives import LocalMesh, sum_in_order
 from pod.workloads.sharded import (
@@ -143,6 +145,25 @@ def test_other_options_and_remat_shard_too():
     want, _ = single("fp32", 5, **options)
     program, devices = sharded("fp32", (("fsdp", 2), ("tensor", 2)), 5, **options)
     assert max_diff(program.assemble(s for s, _, _ in devices), want) < FP32_ATOL
+
+
+def test_a_mesh_laid_on_a_torus_trains_the_same():
+    """{fsdp: 4, tensor: 2} on a 2x2x2 torus: the fsdp ring is (0, 1, 3, 2), so
+    device positions differ from mesh coordinates; 3 steps."""
+    mesh = layout_mesh({"fsdp": 4, "tensor": 2}, Torus((2, 2, 2)))
+    local = LocalMesh.for_mesh(mesh)
+    assert [c.axis_index("fsdp") for c in local.devices[::2]] == [0, 1, 3, 2]
+    model = TransformerModel(TransformerConfig(**TINY))
+    program = ShardedTransformer(model, mesh.sizes, optimizer())
+
+    def device(comm):
+        core, shard = TensorCore(SPEC, precision="fp32"), program.init_local(0, DeviceCoords.of(comm))
+        part = program.batch_slice(BATCH, shard.coords)
+        for step, (x, y) in enumerate(batches(3), 1):
+            shard = program.train_step(core, comm, shard, x[part], y[part], step).shard
+        return shard
+
+    assert max_diff(program.assemble(local.run(device)), single("fp32", 3)[0]) < FP32_ATOL
 
 
 def test_replicas_hold_the_same_bits():
