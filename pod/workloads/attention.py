@@ -21,6 +21,7 @@ work is redone (and costed).
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import numpy as np
 
@@ -115,6 +116,8 @@ class CausalSelfAttention(Layer):
 
     kind = "attention"
     matmul_params = ("query", "key", "value", "out")
+    # Megatron: heads split over the tensor devices (q, k, v columns; out rows)
+    tensor_split = MappingProxyType({"query": 1, "key": 1, "value": 1, "out": 0})
     dot_keys = ("q", "k", "v", "scores", "attn", "out")
     backward_keys = ("x", "qh", "kh", "vh", "probs", "o")
 

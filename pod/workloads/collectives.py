@@ -150,6 +150,12 @@ class CollectivesBase:
         """Devices along ``axis`` (1 when the mesh does not have it)."""
         return self._sizes[self._axis(axis)]
 
+    def take_calls(self) -> list[CollectiveCall]:
+        """The calls since the last take, and forget them (as ``TensorCore.take_records``;
+        take both at the same points so that ``after_record`` indexes the records taken)."""
+        calls, self.calls = self.calls, []
+        return calls
+
     def axis_index(self, axis: str) -> int:
         """Position in the group along ``axis``, ring order."""
         return self._index[self._axis(axis)]
@@ -196,18 +202,24 @@ class CollectivesBase:
 
 
 class _Exchange:
-    """One group's meeting point: every member posts, all read, all leave."""
+    """One group's meeting point: every member posts, waits for the others, reads.
+
+    Two sets of slots, used in turn, make one barrier per exchange enough: a
+    member posting its exchange k + 2 into the set of exchange k has passed
+    the barrier of k + 1, which every member reaches only after reading k.
+    """
 
     def __init__(self, size: int, timeout_seconds: float):
-        self.slots: list[np.ndarray | None] = [None] * size
+        self.slots: list[list[np.ndarray | None]] = [[None] * size, [None] * size]
+        self.count = [0] * size          # exchanges each member has made
         self.barrier = threading.Barrier(size, timeout=timeout_seconds)
 
     def swap(self, position: int, x: np.ndarray) -> list[np.ndarray]:
-        self.slots[position] = x
+        slots = self.slots[self.count[position] % 2]
+        self.count[position] += 1
+        slots[position] = x
         self.barrier.wait()              # everyone has posted
-        parts = list(self.slots)
-        self.barrier.wait()              # everyone has read: the slots may be reused
-        return parts
+        return list(slots)
 
 
 class LocalMeshCollectives(CollectivesBase):
@@ -263,6 +275,14 @@ class LocalMesh:
         self._exchanges: dict[tuple, _Exchange] = {}
         self._lock = threading.Lock()
         self.devices = [LocalMeshCollectives(self, d) for d in range(self.size)]
+
+    @classmethod
+    def for_mesh(cls, mesh, timeout_seconds: float = 120.0) -> LocalMesh:
+        """The LocalMesh of a ``pod.config.mesh.Mesh``: its sizes and ring orders.
+        LocalMesh device d has mesh coordinates ``coords(d)``, i.e. it stands for
+        the pod's device ``mesh.devices[coords]``; its positions are the pod's."""
+        return cls(mesh.sizes, rings={a.name: a.ring for a in mesh.axes},
+                   timeout_seconds=timeout_seconds)
 
     @property
     def size(self) -> int:

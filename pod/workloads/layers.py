@@ -25,6 +25,8 @@ finite-difference tests).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -51,6 +53,11 @@ class Layer:
     kind = "layer"
     matmul_params: tuple[str, ...] = ()  # local param names fed to the MXU
     stateful = False  # True: keeps non-trainable state (e.g. BatchNorm running averages)
+    # Tensor parallelism (pod.workloads.sharded): local param name -> the axis split
+    # over the mesh's tensor devices (1: columns, 0: rows); params not named are
+    # replicated. Read-only.
+    tensor_split: Mapping[str, int] = MappingProxyType({})
+    backward_reads_params = True  # False: FSDP need not gather the params before backward
 
     def __init__(self, name: str | None = None):
         self.name = name or self.kind

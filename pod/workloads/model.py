@@ -159,6 +159,15 @@ class Model:
             caches.append(cache)
         return x, caches
 
+    def layer_param_keys(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """Per layer, its parameters as (model key, layer-local name) pairs, in
+        layer order (a shared parameter appears under every layer that uses it)."""
+        return tuple(tuple(keys) for keys in self._layer_keys)
+
+    def output_loss(self, core, out, y) -> tuple[float, np.ndarray]:
+        """(mean loss over the predictions of ``out``, its gradient w.r.t. ``out``)."""
+        return self._loss(core, out, y)
+
     def _loss(self, core, out, y) -> tuple[float, np.ndarray]:
         if self.loss == "sigmoid_binary_cross_entropy":
             return sigmoid_binary_cross_entropy(core, out, y)

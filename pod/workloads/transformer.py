@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 
 import numpy as np
 
@@ -224,6 +225,8 @@ class MLP(Layer):
         self.gated = activation == "gated_silu"
         self.inputs = ("wi_0", "wi_1") if self.gated else ("wi",)
         self.matmul_params = (*self.inputs, "wo")
+        # Megatron: hidden units split over the tensor devices (wi columns, wo rows)
+        self.tensor_split = MappingProxyType({**{k: 1 for k in self.inputs}, "wo": 0})
         self.dot_keys = ("u0", "u1") if self.gated else ("u",)
         self.backward_keys = ("x", *self.dot_keys, "g")
 
@@ -341,6 +344,8 @@ class TransformerBlock(Layer):
                       "norm2": self.norm2, "mlp": self.mlp}
         self.matmul_params = tuple(f"{p}/{k}" for p, layer in self.parts.items()
                                    for k in layer.matmul_params)
+        self.tensor_split = MappingProxyType({f"{p}/{k}": axis for p, layer in self.parts.items()
+                                              for k, axis in layer.tensor_split.items()})
 
     def _check(self, input_shape):
         if len(input_shape) != 2:
@@ -381,22 +386,31 @@ class TransformerBlock(Layer):
             return x + self.attention.dot_elements(shape) + self.mlp.dot_elements(shape)
         return sum(layer.cache_elements(shape) for layer in self.parts.values())
 
-    def _run(self, core, params, x, saved, need_output):
+    def _run(self, core, params, x, saved, need_output, tensor_sum=None):
         """The block's forward; ``saved`` MXU outputs are reused, not recomputed."""
         saved = saved or {}
         n1, c1 = self.norm1.forward(core, _params_of(params, "norm1"), x)
         a, ca = self.attention.forward(core, _params_of(params, "attention"), n1,
                                        saved=saved.get("attention"))      # (B, T, C)
+        if tensor_sum is not None and "out" not in saved.get("attention", {}):
+            a = tensor_sum(f"{self.name}/attention/out", a)               # sum the heads' parts
+            ca = {**ca, "out": a.reshape(ca["out"].shape)}                # remat keeps the sum
         h = core.vector(f"{self.name}/residual1", np.add, x, a)
         n2, c2 = self.norm2.forward(core, _params_of(params, "norm2"), h)
         m, cm = self.mlp.forward(core, _params_of(params, "mlp"), n2, saved=saved.get("mlp"),
                                  need_output=need_output)
+        if need_output and tensor_sum is not None:
+            m = tensor_sum(f"{self.name}/mlp/wo", m)                       # sum the hidden parts
         y = core.vector(f"{self.name}/residual2", np.add, h, m) if need_output else None
         return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm}
 
-    def forward(self, core, params, x, *, training=False, rng=None):
+    def forward(self, core, params, x, *, training=False, rng=None, tensor_sum=None):
+        """As ``Layer.forward``; ``tensor_sum(tag, v) -> v`` summed over the tensor
+        devices (``pod.workloads.sharded``), applied to the attention and MLP
+        outputs when the params are one tensor device's slice (``tensor_split``);
+        None on one device."""
         self._check(x.shape[1:])
-        y, caches = self._run(core, params, x, None, True)
+        y, caches = self._run(core, params, x, None, True, tensor_sum)
         if self.remat == "full":
             return y, {"x": x}
         if self.remat == "minimal":
@@ -406,12 +420,16 @@ class TransformerBlock(Layer):
         return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
                              for p, layer in self.parts.items()}}
 
-    def backward(self, core, params, cache, dy, *, need_dx=True):
+    def backward(self, core, params, cache, dy, *, need_dx=True, tensor_sum=None):
+        """As ``Layer.backward``; ``tensor_sum`` as in ``forward``, here applied to
+        the input gradients of the MLP and the attention (and, under ``full``
+        remat, to the recomputed attention output)."""
         if "parts" in cache:
             caches = cache["parts"]
         else:  # remat: recompute what was not kept, costed as any forward work
-            _, caches = self._run(core, params, cache["x"], cache.get("dots"), False)
+            _, caches = self._run(core, params, cache["x"], cache.get("dots"), False, tensor_sum)
         grads = {}
+        total = tensor_sum or (lambda tag, v: v)
 
         def part(p, d, need=True):
             layer = self.parts[p]
@@ -419,8 +437,9 @@ class TransformerBlock(Layer):
             grads.update({f"{p}/{k}": v for k, v in g.items()})
             return dx
 
-        dh = core.vector(f"{self.name}/residual2_bwd", np.add, dy, part("norm2", part("mlp", dy)))
-        dn1 = part("attention", dh)
+        dn2 = total(f"{self.name}/mlp/dx", part("mlp", dy))
+        dh = core.vector(f"{self.name}/residual2_bwd", np.add, dy, part("norm2", dn2))
+        dn1 = total(f"{self.name}/attention/dx", part("attention", dh))
         dxn = part("norm1", dn1, need_dx)                                 # scale grad always
         dx = core.vector(f"{self.name}/residual1_bwd", np.add, dh, dxn) if need_dx else None
         return dx, grads
@@ -443,6 +462,7 @@ class TokenEmbedding(Layer):
     """
 
     kind = "embedding"
+    backward_reads_params = False  # the gradient is a scatter-add of dy
 
     def __init__(self, vocabulary: int, embed_dim: int, max_steps: int | None = None,
                  name: str | None = None):

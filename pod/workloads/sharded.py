@@ -1,0 +1,468 @@
+"""The SPMD program every device of a ``{data, fsdp, tensor}`` mesh runs to train the transformer.
+
+One :class:`ShardedTransformer` serves every device; a device's state is a
+:class:`DeviceShard` (its parameter and optimizer-state shards) and its
+exchanges go through a ``pod.workloads.collectives.DeviceCollectives``. The
+layout (JAX ``NamedSharding`` terms; [MEG] Shoeybi et al. 2019, "Megatron-LM";
+[ZeRO] Rajbhandari et al. 2020; [SB] "How to Scale Your Model"):
+
+- **tensor** [MEG]: each block's attention heads and MLP hidden units are
+  split over the tensor devices: query / key / value and the MLP input
+  projections column-parallel (a device holds the columns of its heads or
+  hidden units), the attention output projection and the MLP output
+  projection row-parallel (the rows of the same heads / units), so a device
+  computes a partial sum of each block output. One allreduce over ``tensor``
+  after the attention and one after the MLP in forward; in backward one of
+  the MLP's and one of the attention's input gradient (Megatron's f / g
+  operators). Everything else is replicated over ``tensor`` and computed
+  redundantly by every tensor device: the norms, the token embedding and the
+  unembedding (logits over the whole vocabulary), the loss. Their gradients
+  come out identical on every tensor device, so no gradient crosses the
+  tensor axis. Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
+  (:func:`check_tensor_split`).
+- **fsdp** [ZeRO] (ZeRO-3): every parameter's tensor-local array is
+  flattened, zero-padded to a multiple of the fsdp size and split into equal
+  chunks; device ``f`` keeps chunk ``f`` and the optimizer state of that chunk
+  only. A layer all-gathers its parameters (one buffer per layer) before its
+  forward and again before its backward (the gathered copy is not kept
+  between the passes), and reduce-scatters its gradients when its backward is
+  done. The token embedding's backward does not read the table, so it is not
+  gathered there; a tied output layer gathers the embedding table itself.
+- **data**: after the reduce-scatter, each gradient shard is allreduced over
+  ``data``; then scaled by 1 / (data x fsdp), the number of batch shards (as
+  the data-parallel runtime's ``grad_mean``).
+- **batch**: the global batch is split over data x fsdp (:meth:`batch_slice`);
+  the tensor devices of a group see the same examples. Each device's loss is
+  the mean over its examples; the global loss is the mean of the losses of
+  the devices with ``coords.tensor == 0`` (every shard has the same number of
+  tokens), which equals the single-device mean over the global batch.
+
+Per training step a layer with parameters issues (closed forms the tests
+check, ``L`` blocks): fsdp all-gathers: every layer with parameters in
+forward (embed, L blocks, final_norm, unembed), and in backward all of them
+but the embedding (``2 L + 5``); fsdp reduce-scatters and data allreduces:
+one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
+layer); tensor activation allreduces of ``B T C`` float32 each (B the
+per-device batch): 2 per block in forward, 2 in backward, plus 1 under
+``remat: full`` (backward recomputes the attention output; ``minimal``
+keeps the summed output). An axis of size 1 issues nothing.
+
+Remat policies work unchanged (``TransformerBlock`` takes the tensor sum as a
+hook). The core must emulate numerics (``TensorCore(numerics=True)``): every
+exchanged buffer is float32. No dropout in this model, so a step needs no
+random seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from chip import to_bf16
+from pod.workloads.collectives import AXES, CollectiveCall, DeviceCollectives
+from pod.workloads.optimizers import Optimizer
+from pod.workloads.transformer import TransformerBlock, TransformerConfig, TransformerModel
+
+__all__ = ["DeviceCoords", "DeviceShard", "StepResult", "ShardedTransformer",
+           "check_tensor_split", "flat_chunk", "pack_chunks", "unpack_gathered"]
+
+_F32_BYTES = 4
+
+
+@dataclass(frozen=True, order=True)
+class DeviceCoords:
+    """A device's place in the mesh: its position along each axis (ring order,
+    ``DeviceCollectives.axis_index``)."""
+
+    data: int = 0
+    fsdp: int = 0
+    tensor: int = 0
+
+    @classmethod
+    def of(cls, comm: DeviceCollectives) -> DeviceCoords:
+        """The coordinates ``comm`` reports."""
+        return cls(*(comm.axis_index(a) for a in AXES))
+
+
+@dataclass(frozen=True)
+class DeviceShard:
+    """What one device keeps between steps.
+
+    Attributes:
+        coords: the device's coordinates.
+        params: model key -> this device's chunk, 1-D float32 of
+            ``ceil(n / fsdp)`` elements, n the size of the key's tensor-local
+            array (padding zeros at the end of the last chunk).
+        opt_state: the optimizer's state of those chunks, keyed as
+            ``Optimizer.init`` keys it ("<key>/<slot>").
+    """
+
+    coords: DeviceCoords
+    params: Mapping[str, np.ndarray]
+    opt_state: Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One device's training step: ``loss`` (float, the mean over this
+    device's examples) and the updated ``shard``."""
+
+    loss: float
+    shard: DeviceShard
+
+
+def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
+    """Checks that ``tensor`` devices can split the heads and the MLP hidden units.
+
+    Raises:
+        ValueError: one line, e.g. ``tensor 3 does not divide the transformer's
+            heads 4 and mlp_dim 32; tensor must divide both: 1, 2, 4``.
+    """
+    if config.heads % tensor == 0 and config.mlp_dim % tensor == 0:
+        return
+    both = math.gcd(config.heads, config.mlp_dim)
+    choices = ", ".join(str(d) for d in range(1, both + 1) if both % d == 0)
+    raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads} "
+                     f"and mlp_dim {config.mlp_dim}; tensor must divide both: {choices}")
+
+
+def flat_chunk(x: np.ndarray, parts: int, index: int) -> np.ndarray:
+    """Chunk ``index`` of x flattened and zero-padded to ``parts * ceil(x.size / parts)``.
+
+    Returns:
+        (ceil(x.size / parts),) float32, a new array.
+    """
+    c = -(-x.size // parts)
+    padded = np.zeros(parts * c, np.float32)
+    padded[:x.size] = np.asarray(x, np.float32).reshape(-1)
+    return padded[index * c:(index + 1) * c].copy()
+
+
+def pack_chunks(arrays: Sequence[np.ndarray], parts: int) -> np.ndarray:
+    """The reduce-scatter buffer of several arrays: for j in 0 .. parts-1, chunk j
+    (:func:`flat_chunk`) of each array in turn, so that chunk j of the buffer
+    is device j's piece of every array.
+
+    Returns:
+        (parts * sum(ceil(a.size / parts)),) float32.
+    """
+    chunks = [[flat_chunk(a, parts, j) for a in arrays] for j in range(parts)]
+    return np.concatenate([c for row in chunks for c in row]) if arrays else np.zeros(0, np.float32)
+
+
+def unpack_gathered(buffer: np.ndarray, shapes: Sequence[tuple[int, ...]],
+                    parts: int) -> list[np.ndarray]:
+    """Inverse of :func:`pack_chunks`: the arrays of ``shapes`` from ``parts``
+    concatenated pieces (an all-gather of every device's chunks).
+
+    Args:
+        buffer: (parts * sum(c_i),) float32, c_i = ceil(prod(shape_i) / parts).
+        shapes: the arrays' shapes.
+        parts: devices the arrays are split over.
+
+    Returns:
+        The arrays, float32, padding dropped.
+    """
+    sizes = [math.prod(s) for s in shapes]
+    widths = [-(-n // parts) for n in sizes]
+    rows = buffer.reshape(parts, sum(widths))                            # (parts, sum c)
+    out, start = [], 0
+    for shape, n, c in zip(shapes, sizes, widths):
+        out.append(rows[:, start:start + c].reshape(-1)[:n].reshape(shape))
+        start += c
+    return out
+
+
+class ShardedTransformer:
+    """The device program of a transformer on a ``{data, fsdp, tensor}`` mesh.
+
+    Args:
+        model: the (whole) TransformerModel.
+        sizes: axis name -> size (missing axes are 1).
+        optimizer: the optimizer (``pod.workloads.optimizers``); it updates the
+            local chunks only (its arithmetic is elementwise, so a chunk's update
+            is the whole model's restricted to the chunk).
+
+    Attributes:
+        model, optimizer: as given.
+        sizes: {"data", "fsdp", "tensor"} -> size.
+        local_model: the TransformerModel of one tensor device (heads / tensor
+            heads, mlp_dim / tensor hidden units); its layers run the step.
+
+    Raises:
+        ValueError: an unknown axis or a size < 1; tensor not dividing heads
+            and mlp_dim (:func:`check_tensor_split`).
+    """
+
+    def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer):
+        for name, size in sizes.items():
+            if name not in AXES or int(size) < 1:
+                raise ValueError(f"mesh axis {name!r} of size {size!r}: axes are "
+                                 f"{', '.join(AXES)}, sizes >= 1")
+        self.model, self.optimizer = model, optimizer
+        self.sizes = {a: int(sizes.get(a, 1)) for a in AXES}
+        self.data, self.fsdp, self.tensor = (self.sizes[a] for a in AXES)
+        cfg = model.config
+        check_tensor_split(cfg, self.tensor)
+        self.local_model = TransformerModel(dataclasses.replace(
+            cfg, heads=cfg.heads // self.tensor, mlp_dim=cfg.mlp_dim // self.tensor))
+        self._keys = self.local_model.layer_param_keys()
+        self._split = {key: layer.tensor_split.get(local)
+                       for layer, keys in zip(self.local_model.layers, self._keys)
+                       for key, local in keys}
+        owner: dict[str, int] = {}
+        for i, keys in enumerate(self._keys):
+            for key, _ in keys:
+                owner.setdefault(key, i)
+        self._owned = [[k for k, _ in keys if owner[k] == i] for i, keys in enumerate(self._keys)]
+        self._shapes = self.local_model.param_shapes
+
+    # ------------------------------------------------------------ layout
+
+    @property
+    def batch_shards(self) -> int:
+        """Devices that see different examples: data x fsdp."""
+        return self.data * self.fsdp
+
+    def batch_slice(self, global_batch: int, coords: DeviceCoords) -> slice:
+        """The examples of the global batch this device trains on.
+
+        Raises:
+            ValueError: the global batch does not split evenly over data x fsdp.
+        """
+        if global_batch % self.batch_shards:
+            raise ValueError(f"global batch {global_batch} does not split over data x fsdp = "
+                             f"{self.batch_shards} devices")
+        per = global_batch // self.batch_shards
+        s = coords.data * self.fsdp + coords.fsdp
+        return slice(s * per, (s + 1) * per)
+
+    def shard_params(self, params: Mapping[str, np.ndarray], coords: DeviceCoords
+                     ) -> dict[str, np.ndarray]:
+        """A device's chunks of the whole model's ``params`` (``model.init_params``
+        or a checkpoint): the tensor slice, then fsdp chunk ``coords.fsdp``."""
+        out = {}
+        for key in self._shapes:
+            a = np.asarray(params[key], np.float32)
+            axis = self._split[key]
+            if axis is not None:
+                a = np.split(a, self.tensor, axis=axis)[coords.tensor]
+            out[key] = flat_chunk(a, self.fsdp, coords.fsdp)
+        return out
+
+    def init_local(self, seed: int, coords: DeviceCoords) -> DeviceShard:
+        """The device's shard of ``model.init_params(seed)`` and a fresh optimizer
+        state for it, so that a sharded run starts where a single-device one does."""
+        params = self.shard_params(self.model.init_params(seed), coords)
+        return DeviceShard(coords, params, self.optimizer.init(params))
+
+    def assemble(self, shards: Iterable[DeviceShard]) -> dict[str, np.ndarray]:
+        """The whole model's parameters from the shards of one data replica.
+
+        Args:
+            shards: DeviceShards covering every (fsdp, tensor) pair with
+                ``coords.data == 0`` (others are ignored), e.g. every device's.
+
+        Returns:
+            key -> float32 array of ``model.param_shapes[key]``.
+
+        Raises:
+            ValueError: a (fsdp, tensor) pair of data replica 0 is missing.
+        """
+        have = {(s.coords.fsdp, s.coords.tensor): s for s in shards if s.coords.data == 0}
+        missing = [(f, t) for f in range(self.fsdp) for t in range(self.tensor) if (f, t) not in have]
+        if missing:
+            raise ValueError(f"assemble needs the shards of data replica 0, missing (fsdp, tensor) "
+                             f"{missing}")
+        out = {}
+        for key, shape in self._shapes.items():
+            axis = self._split[key]
+            pieces = []
+            for t in range(self.tensor if axis is not None else 1):
+                flat = np.concatenate([have[(f, t)].params[key] for f in range(self.fsdp)])
+                pieces.append(flat[:math.prod(shape)].reshape(shape))
+            out[key] = pieces[0] if axis is None else np.concatenate(pieces, axis=axis)
+        return out
+
+    # ------------------------------------------------------------ memory
+
+    def local_param_bytes(self) -> int:
+        """float32 bytes of one device's parameter chunks (the gradient chunks after
+        the reduce-scatter are as large)."""
+        return self._chunk_bytes(self._shapes)
+
+    def optimizer_state_bytes(self) -> int:
+        """float32 bytes of one device's optimizer state (slots x its chunks)."""
+        return len(self.optimizer.slots) * self.local_param_bytes()
+
+    def gathered_layer_bytes(self) -> int:
+        """float32 bytes of the largest layer after its fsdp all-gather (tensor-local,
+        padding included): the workspace FSDP adds."""
+        return max(self.fsdp * self._chunk_bytes(k for k, _ in keys) for keys in self._keys)
+
+    def planned_calls(self, per_device_batch: int) -> list[CollectiveCall]:
+        """The collectives one :meth:`train_step` issues, in order, without running it
+        (for timing-only runs at any size): the calls ``comm.calls`` records, with
+        ``after_record`` -1 (no records exist).
+
+        Args:
+            per_device_batch: b, examples per device (global batch / (data x fsdp)).
+        """
+        cfg, out = self.model.config, []
+        activation = _F32_BYTES * per_device_batch * cfg.sequence_length * cfg.embed_dim
+
+        def add(axis, op, nbytes, tag, kind):
+            if self.sizes[axis] > 1:
+                out.append(CollectiveCall(axis, op, nbytes, tag, kind, -1))
+
+        def gather(i, phase):
+            if self._keys[i]:
+                add("fsdp", "all_gather", self._chunk_bytes(k for k, _ in self._keys[i]),
+                    f"{self.local_model.layers[i].name} {phase}", "param_gather")
+
+        layers = self.local_model.layers
+        for i, layer in enumerate(layers):
+            gather(i, "fwd")
+            if isinstance(layer, TransformerBlock):
+                for part in ("attention/out", "mlp/wo"):
+                    add("tensor", "allreduce", activation, f"{layer.name}/{part} fwd", "activation")
+        for i in range(len(layers) - 1, -1, -1):
+            layer = layers[i]
+            if layer.backward_reads_params:
+                gather(i, "bwd")
+            if isinstance(layer, TransformerBlock):
+                parts = ("attention/out", "mlp/dx", "attention/dx")[layer.remat != "full":]
+                for part in parts:
+                    add("tensor", "allreduce", activation, f"{layer.name}/{part} bwd", "activation")
+            if self._owned[i]:
+                shard_bytes = self._chunk_bytes(self._owned[i])
+                add("fsdp", "reduce_scatter", self.fsdp * shard_bytes, f"{layer.name} grads",
+                    "grad_reduce")
+                add("data", "allreduce", shard_bytes, f"{layer.name} grads", "grad_reduce")
+        return out
+
+    def _chunk_bytes(self, keys: Iterable[str]) -> int:
+        """float32 bytes of this device's chunks of ``keys``."""
+        return _F32_BYTES * sum(-(-math.prod(self._shapes[k]) // self.fsdp) for k in keys)
+
+    # ------------------------------------------------------------ the step
+
+    def train_step(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
+                   y: np.ndarray, step: int) -> StepResult:
+        """One training step of one device: forward, loss, backward, gradient
+        reduction and the optimizer update of the local chunks.
+
+        Args:
+            core: the device's ``chip.TensorCore`` (numerics emulated); it records
+                the compute, ``comm.calls`` the collectives.
+            comm: the device's collectives; its axis sizes must be ``sizes``.
+            shard: the device's state; ``shard.coords`` must be ``DeviceCoords.of(comm)``.
+            x: (b, T) token ids, b = global batch / (data x fsdp): the examples of
+                :meth:`batch_slice`.
+            y: (b, T) next-token labels.
+            step: the optimizer step, 1 for the first.
+
+        Returns:
+            StepResult (this device's mean loss and its new shard).
+
+        Raises:
+            ValueError: comm or shard do not belong to this mesh or device.
+        """
+        self._check(comm, shard)
+        out, caches = self._forward(core, comm, shard, x, "fwd", training=True)
+        loss, dy = self.local_model.output_loss(core, out, y)
+        grads = self._backward(core, comm, shard, caches, dy)
+        params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
+        return StepResult(loss, DeviceShard(shard.coords, params, state))
+
+    def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
+                 y: np.ndarray) -> float:
+        """Eval-mode mean loss over this device's (x, y), with the collectives of a
+        forward pass (tagged "eval"). The global figure is formed as in training."""
+        self._check(comm, shard)
+        out, _ = self._forward(core, comm, shard, x, "eval", training=False)
+        return self.local_model.output_loss(core, out, y)[0]
+
+    def _check(self, comm: DeviceCollectives, shard: DeviceShard) -> None:
+        got = {a: comm.axis_size(a) for a in AXES}
+        if got != self.sizes:
+            raise ValueError(f"the collectives' mesh {got} is not the program's {self.sizes}")
+        if DeviceCoords.of(comm) != shard.coords:
+            raise ValueError(f"shard of {shard.coords} given to the device at "
+                             f"{DeviceCoords.of(comm)}")
+
+    def _tensor_sum(self, core, comm: DeviceCollectives, phase: str):
+        """The blocks' hook: allreduce a (B, T, C) partial sum over ``tensor`` (None
+        when tensor is 1, so one device runs the unsharded code path)."""
+        if self.tensor == 1:
+            return None
+
+        def total(tag: str, v: np.ndarray) -> np.ndarray:
+            flat = comm.allreduce("tensor", np.ascontiguousarray(v).reshape(-1), tag=f"{tag} {phase}",
+                                  kind="activation", after_record=len(core.records))
+            return flat.reshape(v.shape)
+        return total
+
+    def _gather(self, core, comm: DeviceCollectives, shard: DeviceShard, i: int,
+                phase: str) -> dict[str, np.ndarray]:
+        """Layer i's tensor-local params, all-gathered over fsdp, MXU weights rounded
+        to bf16 when ``core.numerics`` (as ``TransformerModel.prepare_params``)."""
+        keys = self._keys[i]
+        if not keys:
+            return {}
+        layer = self.local_model.layers[i]
+        mine = np.concatenate([shard.params[k] for k, _ in keys])
+        full = comm.all_gather("fsdp", mine, tag=f"{layer.name} {phase}", kind="param_gather",
+                               after_record=len(core.records))
+        arrays = unpack_gathered(full, [self._shapes[k] for k, _ in keys], self.fsdp)
+        return {local: (to_bf16(a) if core.numerics and local in layer.matmul_params else a)
+                for (_, local), a in zip(keys, arrays)}
+
+    def _forward(self, core, comm, shard, x, phase, *, training):
+        caches = []
+        total = self._tensor_sum(core, comm, phase)
+        for i, layer in enumerate(self.local_model.layers):
+            p = self._gather(core, comm, shard, i, phase)
+            hook = {"tensor_sum": total} if isinstance(layer, TransformerBlock) else {}
+            x, cache = layer.forward(core, p, x, training=training, **hook)
+            caches.append(cache)
+        return x, caches
+
+    def _backward(self, core, comm, shard, caches, dy) -> dict[str, np.ndarray]:
+        """Backward through the layers, last first; a layer's gradients leave as
+        chunks (:meth:`_reduce`) as soon as its backward is done."""
+        layers = self.local_model.layers
+        total = self._tensor_sum(core, comm, "bwd")
+        grads: dict[str, np.ndarray] = {}
+        chunks: dict[str, np.ndarray] = {}
+        for i in range(len(layers) - 1, -1, -1):
+            layer = layers[i]
+            p = self._gather(core, comm, shard, i, "bwd") if layer.backward_reads_params else {}
+            hook = {"tensor_sum": total} if isinstance(layer, TransformerBlock) else {}
+            dy, g = layer.backward(core, p, caches[i], dy, need_dx=i > 0, **hook)
+            for key, local in self._keys[i]:
+                grads[key] = g[local] if key not in grads else core.vector(
+                    f"{layer.name}/tied_grad_sum", np.add, grads[key], g[local])
+            chunks.update(self._reduce(core, comm, layer.name,
+                                       {k: grads.pop(k) for k in self._owned[i]}))
+        return chunks
+
+    def _reduce(self, core, comm, name: str, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A layer's gradients -> this device's chunks of the global-batch mean:
+        reduce-scatter over fsdp, allreduce over data, times 1 / (data x fsdp)."""
+        if not grads:
+            return {}
+        buf = pack_chunks(list(grads.values()), self.fsdp)
+        part = comm.reduce_scatter("fsdp", buf, tag=f"{name} grads", kind="grad_reduce",
+                                   after_record=len(core.records))
+        part = comm.allreduce("data", part, tag=f"{name} grads", kind="grad_reduce",
+                              after_record=len(core.records))
+        if self.batch_shards > 1:
+            scale = np.float32(1.0 / self.batch_shards)
+            part = core.vector(f"{name}/grad_mean", np.multiply, part, scale)
+        widths = np.cumsum([-(-g.size // self.fsdp) for g in grads.values()])[:-1]
+        return dict(zip(grads, np.split(part, widths)))
