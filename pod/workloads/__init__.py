@@ -31,6 +31,7 @@ from pod.workloads.optimizers import (
                                   build_optimizer,
 )
 from pod.workloads.recurrent import LSTM, Embedding
+from pod.workloads.resnet import GlobalAveragePooling2D, MaxPool2DSame, ResidualBlock, build_resnet
 from pod.workloads.transformer import (
                                   MLP,
                                   LayerNorm,
@@ -80,4 +81,8 @@ __all__ = [
     "Unembed",
     "TransformerConfig",
     "TransformerModel",
+    "ResidualBlock",
+    "MaxPool2DSame",
+    "GlobalAveragePooling2D",
+    "build_resnet",
 ]
