@@ -38,6 +38,7 @@ from pod.workloads.optimizers import (
 )
 from pod.workloads.recurrent import LSTM, Embedding
 from pod.workloads.sharded import DeviceCoords, DeviceShard, ShardedTransformer, StepResult
+from pod.workloads.resnet import GlobalAveragePooling2D, MaxPool2DSame, ResidualBlock, build_resnet
 from pod.workloads.transformer import (
                                   MLP,
                                   LayerNorm,
@@ -95,4 +96,8 @@ __all__ = [
     "DeviceCoords",
     "DeviceShard",
     "StepResult",
+    "ResidualBlock",
+    "MaxPool2DSame",
+    "GlobalAveragePooling2D",
+    "build_resnet",
 ]

@@ -124,9 +124,11 @@ class Model:
 
     def prepare_params(self, core, params) -> list[dict[str, np.ndarray]]:
         """Per layer local param dicts; MXU weights rounded to bf16 once when
-        ``core.numerics`` (every use then passes ``b_rounded=True``)."""
+        ``core.numerics`` (every use then passes ``b_rounded=True``), except on a
+        timing-only core (``core.execute`` False), which computes no product."""
         self._check_params(params)
-        return [{local: (to_bf16(params[key]) if core.numerics and key in self._matmul_keys
+        rounding = core.numerics and core.execute
+        return [{local: (to_bf16(params[key]) if rounding and key in self._matmul_keys
                          else params[key])
                  for key, local in keys}
                 for keys in self._layer_keys]

@@ -338,7 +338,7 @@ def test_cnn_dropout_option():
 
 def test_unknown_names_and_options_raise_listing_choices():
     with pytest.raises(ValueError, match="cnn, mlp, lstm_classifier, char_lstm"):
-        build_model("resnet", (8, 8, 1), 10)
+        build_model("vgg", (8, 8, 1), 10)
     with pytest.raises(ValueError, match="'width'.*allowed: dropout"):
         build_model("cnn", (8, 8, 1), 10, width=3)
     with pytest.raises(ValueError, match="dropout"):
@@ -355,7 +355,7 @@ def test_unknown_names_and_options_raise_listing_choices():
         load_dataset("mnist_png")
     with pytest.raises(ValueError, match="'shape'"):
         load_dataset("digits", shape=(8, 8, 1))
-    assert MODEL_NAMES == ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer")
+    assert MODEL_NAMES == ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer", "resnet")
     assert OPTIMIZER_NAMES == ("sgd", "adam", "adamw")
     assert DATASET_NAMES == ("digits", "synthetic", "mnist", "cifar10", "imdb", "text")
 
