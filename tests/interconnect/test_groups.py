@@ -117,3 +117,48 @@ def test_unknown_op_is_refused():
     with pytest.raises(ScheduleError, match="all_gather"):
         group_ring_schedule("broadcast", 2, 8)
     assert math.isclose(group_ring_schedule("allreduce", 1, 8).num_phases, 0)
+
+
+# ------------------------------------------------------------------ the fast path
+
+
+@settings(max_examples=80, deadline=None)
+@given(tg=tori_and_groups(), op=st.sampled_from(["allreduce", "reduce_scatter", "all_gather"]),
+       elements=st.integers(0, 40), slow=st.booleans())
+def test_fast_group_cost_equals_the_schedule_path(tg, op, elements, slow):
+    """group_ring_cost (one bincount per phase) = schedule_cost of the concurrent schedule,
+    seconds, phases and bytes per link, for any groups (random orders: routes of any
+    length), even and uneven parts, with a slowed link."""
+    from interconnect import LinkFaults, schedule_cost
+    from interconnect.groups import group_ring_cost
+
+    torus, groups = tg
+    link = LinkSpec(bandwidth_bytes_per_s=1e9, latency_s=1e-6, collective_fixed_s=2e-6,
+                    multi_link_exponent=0.3)
+    faults = None
+    if slow and torus.num_chips > 1:
+        src = 0
+        dst = torus.neighbors(0)[0]
+        faults = LinkFaults(slowdowns={(src, dst): 3.0})
+    reference = schedule_cost(concurrent_group_schedule(op, groups, torus.num_chips, elements),
+                              torus, link, faults)
+    if all(len(g) <= 1 for g in groups):
+        return
+    fast = group_ring_cost(op, torus, groups, elements, link, faults=faults)
+    assert fast.seconds == pytest.approx(reference.seconds, rel=1e-12, abs=1e-18)
+    assert fast.phase_seconds == pytest.approx(reference.phase_seconds, rel=1e-12, abs=1e-18)
+    assert fast.link_bytes == reference.link_bytes
+    assert fast.busiest_link_seconds == pytest.approx(reference.busiest_link_seconds, rel=1e-12)
+
+
+def test_mesh_axis_cost_on_a_full_v5p_pod_takes_little_work():
+    """On the 8,960-chip v5p pod (a 16x20x28 torus), 320 groups of 28 chips along the
+    last axis (closed rings, no shared links) cost the textbook ring reduce-scatter:
+    (g - 1) phases of V / g bytes per link."""
+    torus = Torus((16, 20, 28), wraparound=(True, True, True))
+    link = LinkSpec(bandwidth_bytes_per_s=1e9, latency_s=0.0)
+    # groups along the last axis (28 chips, a closed ring): translates of each other
+    groups = [tuple(base + k for k in range(28)) for base in range(0, torus.num_chips, 28)]
+    elements = 28 * 1000
+    cost = group_collective_cost("reduce_scatter", torus, groups, elements, link)
+    assert cost.seconds == pytest.approx(27 * 1000 * 4 / 1e9, rel=1e-12)
