@@ -38,7 +38,8 @@ class TrainingPlan:
         pod: chip preset and ICI topology.
         dataset: the loaded dataset (train and test splits).
         model: the model (stateless; one object serves every replica).
-        per_core_batch: examples per TensorCore per step.
+        per_core_batch: examples per TensorCore per step (on a mesh with fsdp or
+            tensor axes: per device, the global batch over data x fsdp).
         steps: optimizer steps to run.
         steps_per_epoch: full global batches in one pass over the train split.
         memory: per TensorCore HBM plan in bytes: params, grads,
@@ -241,6 +242,27 @@ def _check_runnable_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:
                             f"device); use {{data: {mesh.size}}} or leave pod.mesh out to train")
 
 
+def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
+    """Examples per TensorCore (data parallel: ``shard_batch_size``), or on a mesh with
+    fsdp / tensor axes, per device: the batch splits over data x fsdp, the devices
+    along tensor share their examples.
+
+    Raises:
+        ShardingError: the batch does not split evenly, naming the mesh.
+    """
+    if mesh.is_data_parallel:
+        return shard_batch_size(global_batch, pod.tensorcores)
+    shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    if global_batch % shards:
+        lower = global_batch // shards * shards
+        nearby = f"{lower} or {lower + shards}" if lower else f"{shards}"
+        raise ShardingError(f"training.global_batch: global batch {global_batch} does not split "
+                            f"over data x fsdp = {shards} devices of pod.mesh "
+                            f"{format_axes(mesh.sizes)}; use a multiple of {shards} such as "
+                            f"{nearby}")
+    return global_batch // shards
+
+
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False, sharded_ok: bool = False) -> TrainingPlan:
     """Resolve and check a scenario.
@@ -274,7 +296,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         check_precision(training.precision, pod.chip.core, pod.chip.name)
     except ValueError as err:
         raise ScenarioError(f"training.precision: {err}") from None
-    per_core = shard_batch_size(training.global_batch, pod.tensorcores)
+    per_core = _per_device_batch(training.global_batch, pod, mesh)
     dataset = _training_data(scenario, pod, per_core, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])
     try:

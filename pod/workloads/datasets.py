@@ -13,7 +13,7 @@ from pod.workloads.dataset import Dataset, stratified_split
 
 __all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "stratified_split"]
 
-DATASET_NAMES = ("digits", "synthetic", "mnist", "cifar10", "imdb", "text")
+DATASET_NAMES = ("digits", "synthetic", "mnist", "cifar10", "imdb", "text", "synthetic_text")
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,6 +66,26 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
                    int(num_classes), synthetic=True, source="generated")
 
 
+def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
+                    sequence_length: int = 2048, num_examples: int = 64) -> Dataset:
+    """Uniformly random token ids for a language model's shapes (timing-only runs of
+    full-size models): x (N, T) int32 ids in [0, V), y (N, T) int64 the next token
+    of the same stream (x shifted by one), V classes. Nothing to learn: the data
+    only set the vocabulary and the sequence length."""
+    for field, value, low in (("vocabulary", vocabulary, 2), ("sequence_length", sequence_length, 1),
+                              ("num_examples", num_examples, 2)):
+        check_int(value, f"synthetic_text: option {field}", low)
+    stream = np.random.default_rng(seed).integers(
+        0, vocabulary, size=(num_examples, sequence_length + 1))             # (N, T + 1)
+    x, y = stream[:, :-1].astype(np.int32), stream[:, 1:].astype(np.int64)
+    n_test = int(round(test_fraction * num_examples))
+    if n_test < 1 or n_test >= num_examples:
+        raise ValueError(f"synthetic_text: test_fraction {test_fraction} of {num_examples} "
+                         "examples leaves an empty split")
+    return Dataset("synthetic_text", x[n_test:], y[n_test:], x[:n_test], y[:n_test],
+                   int(vocabulary), synthetic=True, source="generated")
+
+
 _LOADERS = {
     "digits": (_digits, ()),
     "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary")),
@@ -73,6 +93,7 @@ _LOADERS = {
     "cifar10": (files.load_cifar10, ()),
     "imdb": (files.load_imdb, ("num_words", "maxlen")),
     "text": (files.load_text, ("sequence_length",)),
+    "synthetic_text": (_synthetic_text, ("vocabulary", "sequence_length", "num_examples")),
 }
 _NEEDS_PATH = ("mnist", "cifar10", "imdb")
 _TAKES_PATH = ("mnist", "cifar10", "imdb", "text")
@@ -96,7 +117,10 @@ def load_dataset(name: str, *, test_fraction: float = 0.2, seed: int = 0,
             num_words=15000, maxlen=250);
             "text": characters of an English text for next-character models,
             the Python documentation shipped with Python (``pydoc_data``) or
-            ``path`` = a UTF-8 text file (option sequence_length=64).
+            ``path`` = a UTF-8 text file (option sequence_length=64);
+            "synthetic_text": random token ids and their next tokens, for a
+            language model's shapes (options vocabulary=32000,
+            sequence_length=2048, num_examples=64).
             See ``pod.workloads.files`` for the formats.
         test_fraction: share of the examples held out for test, in (0, 1)
             (files that come with their own test split keep it).

@@ -48,7 +48,17 @@ def timing_zeros(shape, dtype) -> np.ndarray:
     """Zeros of ``shape`` as a read-only broadcast view of one zero: what a
     timing-only core returns for work it only costs (no memory, no page faults;
     ``size`` and ``nbytes`` are those of a real array)."""
-    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
+    dtype = np.dtype(dtype)
+    zero = _ZERO.get(dtype)
+    if zero is None:
+        zero = _ZERO[dtype] = np.zeros(1, dtype)
+    shape = tuple(int(n) for n in shape)
+    out = np.ndarray(shape, dtype, buffer=zero, strides=(0,) * len(shape))  # a 0-stride view
+    out.flags.writeable = False
+    return out
+
+
+_ZERO: dict = {}  # dtype -> one zero element, the buffer of every timing_zeros view
 
 
 def vector_op(core, name: str, fn, *arrays, out, ops_per_element: float = 1.0,

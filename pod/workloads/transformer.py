@@ -44,7 +44,7 @@ import numpy as np
 from chip import to_bf16
 from pod.workloads.attention import CausalSelfAttention
 from pod.workloads.checks import check_int, check_number
-from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid
+from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid, vector_op
 from pod.workloads.model import Model
 
 __all__ = [
@@ -69,6 +69,12 @@ MLP_ACTIVATIONS = ("gated_silu", "gelu")
 REMAT_POLICIES = ("none", "minimal", "full")
 
 EMBEDDING_INIT_STDDEV = 0.02  # GPT-2 / nanoGPT embedding init (normal, std 0.02)
+
+
+def _add(core, name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b on the VPU (``vector_op``: on a timing-only core only its cost)."""
+    return vector_op(core, name, np.add, a, b, out=(np.broadcast_shapes(a.shape, b.shape),
+                                                     np.result_type(a, b)))
 
 
 def _params_of(params: dict, prefix: str) -> dict:
@@ -109,27 +115,30 @@ class RMSNorm(_Norm):
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         eps = np.asarray(self.epsilon, x.dtype)
-        inv = core.vector(f"{self.name}/rsqrt",
-                          lambda v: 1.0 / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps), x,
-                          ops_per_element=2.0, transcendental=True)        # (..., 1)
+        stat = (x.shape[:-1] + (1,), x.dtype)
+        inv = vector_op(core, f"{self.name}/rsqrt",
+                        lambda v: 1.0 / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps), x,
+                        out=stat, ops_per_element=2.0, transcendental=True)  # (..., 1)
         scale = params["scale"].astype(x.dtype, copy=False)
-        xhat, y = core.vector(f"{self.name}/normalize",
-                              lambda v, s: (v * s, v * s * scale), x, inv, ops_per_element=2.0)
+        xhat, y = vector_op(core, f"{self.name}/normalize",
+                            lambda v, s: (v * s, v * s * scale), x, inv,
+                            out=[(x.shape, x.dtype)] * 2, ops_per_element=2.0)
         return y, {"xhat": xhat, "inv": inv}
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         xhat, inv = cache["xhat"], cache["inv"]
         lead = tuple(range(dy.ndim - 1))
         scale = params["scale"].astype(dy.dtype, copy=False)
-        dscale = core.vector(f"{self.name}/d_scale", lambda d, xh: (d * xh).sum(axis=lead),
-                             dy, xhat, ops_per_element=2.0)               # (C,)
+        dscale = vector_op(core, f"{self.name}/d_scale", lambda d, xh: (d * xh).sum(axis=lead),
+                           dy, xhat, out=(dy.shape[-1:], dy.dtype), ops_per_element=2.0)  # (C,)
         dx = None
         if need_dx:
             # dx = inv * (g - xhat * mean(g * xhat)), g = dy * scale
             def back(d, xh, s):
                 g = d * scale
                 return s * (g - xh * (g * xh).mean(axis=-1, keepdims=True))
-            dx = core.vector(f"{self.name}/dx", back, dy, xhat, inv, ops_per_element=6.0)
+            dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
+                           ops_per_element=6.0)
         return dx, {"scale": dscale}
 
 
@@ -157,22 +166,24 @@ class LayerNorm(_Norm):
             mu = v.mean(axis=-1, keepdims=True)
             return mu, 1.0 / np.sqrt(((v - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
 
-        mu, inv = core.vector(f"{self.name}/moments", stats, x, ops_per_element=4.0,
-                              transcendental=True)                         # (..., 1) each
+        mu, inv = vector_op(core, f"{self.name}/moments", stats, x,
+                            out=[(x.shape[:-1] + (1,), x.dtype)] * 2, ops_per_element=4.0,
+                            transcendental=True)                           # (..., 1) each
         scale = params["scale"].astype(x.dtype, copy=False)
         bias = params["bias"].astype(x.dtype, copy=False)
-        xhat, y = core.vector(f"{self.name}/normalize",
-                              lambda v, m, s: ((v - m) * s, (v - m) * s * scale + bias),
-                              x, mu, inv, ops_per_element=4.0)
+        xhat, y = vector_op(core, f"{self.name}/normalize",
+                            lambda v, m, s: ((v - m) * s, (v - m) * s * scale + bias),
+                            x, mu, inv, out=[(x.shape, x.dtype)] * 2, ops_per_element=4.0)
         return y, {"xhat": xhat, "inv": inv}
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         xhat, inv = cache["xhat"], cache["inv"]
         lead = tuple(range(dy.ndim - 1))
         scale = params["scale"].astype(dy.dtype, copy=False)
-        dscale, dbias = core.vector(f"{self.name}/d_scale_bias",
-                                    lambda d, xh: ((d * xh).sum(axis=lead), d.sum(axis=lead)),
-                                    dy, xhat, ops_per_element=3.0)        # (C,), (C,)
+        dscale, dbias = vector_op(core, f"{self.name}/d_scale_bias",
+                                  lambda d, xh: ((d * xh).sum(axis=lead), d.sum(axis=lead)),
+                                  dy, xhat, out=[(dy.shape[-1:], dy.dtype)] * 2,
+                                  ops_per_element=3.0)                    # (C,), (C,)
         dx = None
         if need_dx:
             # dx = inv * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale
@@ -180,7 +191,8 @@ class LayerNorm(_Norm):
                 g = d * scale
                 return s * (g - g.mean(axis=-1, keepdims=True)
                             - xh * (g * xh).mean(axis=-1, keepdims=True))
-            dx = core.vector(f"{self.name}/dx", back, dy, xhat, inv, ops_per_element=8.0)
+            dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
+                           ops_per_element=8.0)
         return dx, {"scale": dscale, "bias": dbias}
 
 
@@ -254,9 +266,10 @@ class MLP(Layer):
 
     def _activate(self, core, u):
         if self.gated:
-            return core.vector(f"{self.name}/silu_gate", lambda a, b: a * sigmoid(a) * b, *u,
-                               ops_per_element=5.0, transcendental=True)
-        return core.vector(f"{self.name}/gelu", gelu, *u, ops_per_element=8.0, transcendental=True)
+            return vector_op(core, f"{self.name}/silu_gate", lambda a, b: a * sigmoid(a) * b, *u,
+                             out=(u[0].shape, u[0].dtype), ops_per_element=5.0, transcendental=True)
+        return vector_op(core, f"{self.name}/gelu", gelu, *u, out=(u[0].shape, u[0].dtype),
+                         ops_per_element=8.0, transcendental=True)
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         lead = x.shape[:-1]
@@ -290,11 +303,11 @@ class MLP(Layer):
             def back(d, a, b):
                 s = sigmoid(a)
                 return d * b * s * (one + a * (one - s)), d * a * s       # d u0, d u1
-            du = core.vector(f"{self.name}/silu_gate_bwd", back, dg, *u, ops_per_element=8.0,
-                             transcendental=True)
+            du = vector_op(core, f"{self.name}/silu_gate_bwd", back, dg, *u,
+                           out=[(dg.shape, dg.dtype)] * 2, ops_per_element=8.0, transcendental=True)
         else:
-            du = (core.vector(f"{self.name}/gelu_bwd", lambda d, a: d * gelu_grad(a), dg, *u,
-                              ops_per_element=12.0, transcendental=True),)
+            du = (vector_op(core, f"{self.name}/gelu_bwd", lambda d, a: d * gelu_grad(a), dg, *u,
+                            out=(dg.shape, dg.dtype), ops_per_element=12.0, transcendental=True),)
         dx = None
         for w, d in zip(self.inputs, du):
             dr = mxu_input(core, d)                                       # (B*T, F)
@@ -303,7 +316,7 @@ class MLP(Layer):
             if need_dx:
                 part = core.matmul(dr, params[w].T, name=f"{self.name}/dx_{w}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)
-                dx = part if dx is None else core.vector(f"{self.name}/dx_sum", np.add, dx, part)
+                dx = part if dx is None else _add(core, f"{self.name}/dx_sum", dx, part)
         return (None if dx is None else dx.reshape(*lead, dx.shape[-1])), grads
 
 
@@ -395,13 +408,13 @@ class TransformerBlock(Layer):
         if tensor_sum is not None and "out" not in saved.get("attention", {}):
             a = tensor_sum(f"{self.name}/attention/out", a)               # sum the heads' parts
             ca = {**ca, "out": a.reshape(ca["out"].shape)}                # remat keeps the sum
-        h = core.vector(f"{self.name}/residual1", np.add, x, a)
+        h = _add(core, f"{self.name}/residual1", x, a)
         n2, c2 = self.norm2.forward(core, _params_of(params, "norm2"), h)
         m, cm = self.mlp.forward(core, _params_of(params, "mlp"), n2, saved=saved.get("mlp"),
                                  need_output=need_output)
         if need_output and tensor_sum is not None:
             m = tensor_sum(f"{self.name}/mlp/wo", m)                       # sum the hidden parts
-        y = core.vector(f"{self.name}/residual2", np.add, h, m) if need_output else None
+        y = _add(core, f"{self.name}/residual2", h, m) if need_output else None
         return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm}
 
     def forward(self, core, params, x, *, training=False, rng=None, tensor_sum=None):
@@ -438,10 +451,10 @@ class TransformerBlock(Layer):
             return dx
 
         dn2 = total(f"{self.name}/mlp/dx", part("mlp", dy))
-        dh = core.vector(f"{self.name}/residual2_bwd", np.add, dy, part("norm2", dn2))
+        dh = _add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2))
         dn1 = total(f"{self.name}/attention/dx", part("attention", dh))
         dxn = part("norm1", dn1, need_dx)                                 # scale grad always
-        dx = core.vector(f"{self.name}/residual1_bwd", np.add, dh, dxn) if need_dx else None
+        dx = _add(core, f"{self.name}/residual1_bwd", dh, dxn) if need_dx else None
         return dx, grads
 
 
@@ -499,11 +512,12 @@ class TokenEmbedding(Layer):
                              f"[{ids.min()}, {ids.max()}]")
         self.output_shape(ids.shape[1:])
         table = params["embedding"]                                       # (V, C)
+        out = (ids.shape + (self.embed_dim,), table.dtype)
         if self.max_steps is None:
-            y = core.vector(f"{self.name}/gather", lambda i: table[i], ids)
+            y = vector_op(core, f"{self.name}/gather", lambda i: table[i], ids, out=out)
         else:
             pos = params["position"][:ids.shape[1]]                       # (T, C)
-            y = core.vector(f"{self.name}/gather", lambda i: table[i] + pos, ids)
+            y = vector_op(core, f"{self.name}/gather", lambda i: table[i] + pos, ids, out=out)
         return y, ids
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -514,13 +528,15 @@ class TokenEmbedding(Layer):
             np.add.at(dtable, ids.reshape(-1), d.reshape(-1, self.embed_dim))
             return dtable
 
-        grads = {"embedding": core.vector(f"{self.name}/scatter_add", scatter, dy)}
+        grads = {"embedding": vector_op(core, f"{self.name}/scatter_add", scatter, dy,
+                                        out=((self.vocabulary, self.embed_dim), dy.dtype))}
         if self.max_steps is not None:
             def positions(d):
                 dpos = np.zeros((self.max_steps, self.embed_dim), d.dtype)  # (T_max, C)
                 dpos[:d.shape[1]] = d.sum(axis=0)
                 return dpos
-            grads["position"] = core.vector(f"{self.name}/d_position", positions, dy)
+            grads["position"] = vector_op(core, f"{self.name}/d_position", positions, dy,
+                                          out=((self.max_steps, self.embed_dim), dy.dtype))
         return None, grads
 
 
@@ -760,8 +776,8 @@ class TransformerModel(Model):
             layer = self.layers[i]
             dy, g = layer.backward(core, local[i], caches[i], dy, need_dx=i > 0)
             for key, name in self._layer_keys[i]:
-                grads[key] = g[name] if key not in grads else core.vector(
-                    f"{layer.name}/tied_grad_sum", np.add, grads[key], g[name])
+                grads[key] = g[name] if key not in grads else _add(
+                    core, f"{layer.name}/tied_grad_sum", grads[key], g[name])
         grads = {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
         return loss, grads, {}
 
