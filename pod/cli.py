@@ -428,14 +428,18 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
                         f"{row['simulated_examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")
+                if row.get("per_device_batch") not in ("", None):  # a sharded layout
+                    line += (f" {row['mesh']} remat {row['remat']} "
+                             f"{row['per_device_batch']}/device")
             else:
                 line = f"point {row['point']}/{total}: failed: {row['error']}"
             progress.console.print(line, highlight=False, soft_wrap=True)
 
         rows = run_sweep(spec, out_dir, mode=mode, on_point=report)
     failed = sum(r["status"] != "ok" for r in rows)
+    plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
     console.print(f"{len(rows) - failed} points ok, {failed} failed. Wrote {out_dir}/results.csv, "
-                  f"results.md, throughput.png, efficiency.png, breakdown.png", soft_wrap=True)
+                  f"results.md, {plots}", soft_wrap=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
     if rows and failed == len(rows):

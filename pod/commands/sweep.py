@@ -29,7 +29,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable
 
-from pod.errors import USER_ERRORS, ScenarioError
+from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
+from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
 from pod.report.stats import mfu
 from pod.config.scenario import Scenario
@@ -46,7 +47,17 @@ COLUMNS = (
     "simulated_examples_per_second",
     "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
     "wall_seconds_per_step",
+) + (
+    # sharded layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
+    # exposed and total collective seconds per mesh axis, one device's HBM plan
+    "mesh", "data", "fsdp", "tensor", "remat", "per_device_batch", "fits",
+    "hbm_per_device_bytes", "simulated_tokens_per_second", "hfu",
+    "exposed_data_seconds", "exposed_fsdp_seconds", "exposed_tensor_seconds",
+    "collective_data_seconds", "collective_fsdp_seconds", "collective_tensor_seconds",
 )
+
+#: The mesh axes of the per-axis columns.
+_AXES = ("data", "fsdp", "tensor")
 
 
 @dataclass(frozen=True)
@@ -101,14 +112,25 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     else:
         batches = sweep.global_batch or (scenario.training.global_batch,)
     precisions = sweep.precision or (scenario.training.precision,)
+    if sweep.per_device_batch:
+        batches = sweep.per_device_batch
+    meshes = sweep.mesh or (scenario.pod.mesh,)
+    remats = sweep.remat or (None,)
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
-    for i, (pod, algorithm, per_point, precision) in enumerate(
-            itertools.product(_pods(scenario), algorithms, batches, precisions)):
+    for i, (pod, mesh, remat, algorithm, per_point, precision) in enumerate(
+            itertools.product(_pods(scenario), meshes, remats, algorithms, batches, precisions)):
         batch = per_point
         values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
+        if sweep.mesh:
+            values["pod__mesh"] = mesh
+        if remat is not None:
+            values["model__options"] = {**(scenario.model.options if scenario.model else {}),
+                                        "remat": remat}
         try:
-            if sweep.scaling == "weak":
+            if sweep.per_device_batch:  # x data x fsdp of the point's mesh
+                batch = per_point * _batch_shards(scenario.with_overrides(**base, **values))
+            elif sweep.scaling == "weak":
                 shape = scenario.with_overrides(**base, **values).pod
                 cores = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
                                     topology=shape.topology).tensorcores
@@ -118,9 +140,22 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             error = ""
         except USER_ERRORS as err:
             point, error = None, str(err)
-        series = (algorithm, precision, per_point)
+        series = (algorithm, precision, per_point, format_axes(mesh) if sweep.mesh else "",
+                  remat or "")
         points.append(SweepPoint(i, values, point, error, series))
     return points
+
+
+def _batch_shards(scenario: Scenario) -> int:
+    """The devices that split the batch: data x fsdp of the scenario's mesh on its pod, or
+    every TensorCore for a data-parallel mesh (as the data-parallel runtime splits it)."""
+    shape = scenario.pod
+    pod = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
+                      topology=shape.topology)
+    mesh = build_mesh(shape.mesh, pod)
+    if mesh.is_data_parallel:  # the data-parallel runtime splits the batch per TensorCore
+        return pod.tensorcores
+    return mesh.axis_size("data") * mesh.axis_size("fsdp")
 
 
 def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict[str, Any]:
@@ -132,8 +167,14 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     from pod.runtime.timing import TimingPod
 
     t0 = time.perf_counter()
-    plan = build_plan(point.scenario, timing_only=(mode == "timing"))
-    if mode == "timing":
+    plan = build_plan(point.scenario, timing_only=(mode == "timing"),
+                      sharded_ok=(mode == "timing"))
+    if mode == "timing" and not plan.mesh.is_data_parallel:
+        from pod.runtime.sharded_timing import ShardedTimingPod
+
+        pod = ShardedTimingPod(plan)
+        stats = [pod.step(s) for s in range(plan.steps)]
+    elif mode == "timing":
         pod = TimingPod(plan)
         stats = [pod.step(s) for s in range(plan.steps)]
     else:
@@ -170,7 +211,27 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "communication_fraction": exposed / step,
         "wall_seconds": wall,
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
+        **_layout_columns(plan, timed, step),
     }
+
+
+def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
+    """The mesh, remat, per-device batch, HBM, tokens/s and per-axis columns of a point."""
+    mesh = plan.mesh
+    options = plan.scenario.model.options if plan.scenario.model else {}
+    tokens = int(plan.dataset.x_train[0].size) if plan.scenario.model.name == "transformer" else 0
+    hardware = fmean(s.hardware_flops or s.model_flops for s in timed)
+    row = {"mesh": format_axes(mesh.sizes), "remat": options.get("remat", ""),
+           "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
+           "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else "",
+           "hfu": mfu(hardware, step, plan.pod.peak_bf16_flops_per_s),
+           "per_device_batch": "" if mesh.is_data_parallel else plan.per_core_batch}
+    for axis in _AXES:
+        row[axis] = mesh.axis_size(axis)
+        row[f"exposed_{axis}_seconds"] = fmean(s.axis_exposed_seconds.get(axis, 0.0) for s in timed)
+        row[f"collective_{axis}_seconds"] = fmean(s.axis_collective_seconds.get(axis, 0.0)
+                                                  for s in timed)
+    return row
 
 
 def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
@@ -210,11 +271,16 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
     for point in points:
         row = {key: "" for key in COLUMNS}
         row.update(point=point.index + 1, **_labels(point))
+        if scenario.sweep.per_device_batch:
+            row["per_device_batch"] = point.series[2]
         if point.error:
             row.update(status="failed", error=point.error)
         else:
             try:
                 row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
+            except HBMPlanError as err:  # the layout does not fit: say why and how much
+                row.update(status="failed", error=str(err), fits=False,
+                           hbm_per_device_bytes=(err.memory_plan or {}).get("total", ""))
             except USER_ERRORS as err:
                 row.update(status="failed", error=str(err))
         rows.append(row)
@@ -233,7 +299,11 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
     v = point.values
-    return {"allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
+    mesh = v.get("pod__mesh")
+    layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
+    if "model__options" in v:
+        layout["remat"] = v["model__options"].get("remat", "")
+    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", ""),
             "chips": v.get("pod__chips") or "", "topology": v.get("pod__topology") or "",
             "generation": v.get("pod__slice") or v.get("pod__chip") or ""}
@@ -265,7 +335,34 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
             lines.append(f"| {r['point']} | {r['generation']} | {r['chips']} | | {r['topology']} | "
                          f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | "
                          f"failed: {error} |")
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n" + _layout_table(rows)
+
+
+def _layout_table(rows: list[dict[str, Any]]) -> str:
+    """The sharded columns as a second table (rows with a layout only)."""
+    rows = [r for r in rows if r.get("mesh") and r.get("per_device_batch") not in ("", None)
+            or r.get("fits") is False]
+    if not rows:
+        return ""
+    out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
+           "", "| # | chips | mesh | remat | batch / device | step s | tokens/s | MFU | "
+           "exposed data / fsdp / tensor ms | HBM GiB / device | status |",
+           "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|"]
+    for r in rows:
+        hbm = r.get("hbm_per_device_bytes")
+        hbm = f"{hbm / 2**30:.1f}" if isinstance(hbm, (int, float)) else ""
+        if r["status"] == "ok":
+            exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
+            out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
+                       f"{r['per_device_batch']} | {r['simulated_step_seconds']:.3f} | "
+                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | {exposed} | "
+                       f"{hbm} | ok |")
+        else:
+            why = str(r["error"]).replace("|", "/")
+            out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r.get('remat', '')} | "
+                       f"| | | | | {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
+                       f": {why} |")
+    return "\n".join(out) + "\n"
 
 
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
@@ -289,6 +386,8 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     series: dict[str, list[dict[str, Any]]] = {}
     for r in ok:
         label = f"{r['allreduce_algorithm']} {r['precision']}"
+        if scenario.sweep.mesh or scenario.sweep.remat or scenario.sweep.per_device_batch:
+            label = f"{r['mesh']} remat {r['remat'] or 'none'} b={r['per_device_batch']}"
         if scenario.sweep.scaling == "strong":
             label += f" B={r['global_batch']}"
         elif len(scenario.sweep.per_core_batch) > 1:
@@ -335,4 +434,75 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     fig.savefig(output_dir / "breakdown.png", dpi=110)
     plt.close(fig)
     written.append(output_dir / "breakdown.png")
+    if any(r["simulated_tokens_per_second"] not in ("", None) for r in ok):
+        if len({r["chips"] for r in ok}) > 1:
+            written.append(_plot_tokens(plt, scenario, series, output_dir))
+        else:
+            written.append(_plot_layouts(plt, scenario, rows, output_dir))
     return written
+
+
+def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Path:
+    """tokens/s and MFU against chips, a line per series (transformer sweeps)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for label, rs in series.items():
+        rs = sorted(rs, key=lambda r: r["chips"])
+        chips = [r["chips"] for r in rs]
+        left.plot(chips, [r["simulated_tokens_per_second"] for r in rs], marker="o", label=label)
+        right.plot(chips, [100 * r["mfu"] for r in rs], marker="o", label=label)
+    for ax, ylabel in ((left, "tokens/s (simulated)"), (right, "MFU % (simulated)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("chips")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    left.set_yscale("log")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=7)
+    fig.suptitle(f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated)")
+    fig.tight_layout()
+    fig.savefig(output_dir / "tokens.png", dpi=110)
+    plt.close(fig)
+    return output_dir / "tokens.png"
+
+
+def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> Path:
+    """One bar per layout: compute, update and exposed collective seconds per mesh axis
+    (simulated), layouts that do not fit in HBM shown empty with their need; the
+    fastest layout that fits marked with a star and its MFU."""
+    labels, stacks, notes = [], [], []
+    for r in rows:
+        labels.append(f"{r['mesh']} {r['remat'] or ''} b={r['per_device_batch']}".strip())
+        if r["status"] == "ok":
+            stacks.append([r["compute_seconds"], r["update_seconds"],
+                           *(r[f"exposed_{a}_seconds"] for a in _AXES)])
+            notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
+        else:
+            stacks.append([0.0] * 5)
+            need = r.get("hbm_per_device_bytes")
+            notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
+                         else "failed: " + str(r["error"])[:40])
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
+    left = [0.0] * len(rows)
+    parts = ("compute", "update", *(f"exposed {a}" for a in _AXES))
+    for k, part in enumerate(parts):
+        widths = [st[k] for st in stacks]
+        ax.barh(range(len(rows)), widths, left=left, label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    for i, note in enumerate(notes):
+        ax.text(left[i], i, "  " + note, va="center", fontsize=7)
+    ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]
+    if ok:
+        best = min(ok, key=lambda i: rows[i]["simulated_step_seconds"])
+        ax.plot([left[best]], [best], marker="*", markersize=14, color="gold",
+                markeredgecolor="black", label="fastest that fits")
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("simulated step time (s)")
+    ax.set_xlim(0, max(left + [1e-9]) * 1.45)
+    ax.set_title(f"{scenario.name}: layouts on {rows[0]['generation']} x{rows[0]['chips']} "
+                 "(simulated)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(output_dir / "layouts.png", dpi=110)
+    plt.close(fig)
+    return output_dir / "layouts.png"
