@@ -241,14 +241,28 @@ class ShardedTransformer:
         s = coords.data * self.fsdp + coords.fsdp
         return slice(s * per, (s + 1) * per)
 
+    def _param_of(self, name: str) -> str:
+        """The parameter a key names: itself, or "<param>" of an optimizer "<param>/<slot>"."""
+        return name if name in self._shapes else name.rsplit("/", 1)[0]
+
     def shard_params(self, params: Mapping[str, np.ndarray], coords: DeviceCoords
                      ) -> dict[str, np.ndarray]:
-        """A device's chunks of the whole model's ``params`` (``model.init_params``
-        or a checkpoint): the tensor slice, then fsdp chunk ``coords.fsdp``."""
+        """A device's chunks of whole-model arrays: the tensor slice, then fsdp chunk
+        ``coords.fsdp``, per key.
+
+        Args:
+            params: the whole model's parameters (``model.init_params``, a
+                checkpoint), or an optimizer state of them ("<key>/<slot>" keys,
+                shaped like the parameter).
+            coords: the device's coordinates.
+
+        Returns:
+            The same keys -> 1-D float32 chunks.
+        """
         out = {}
-        for key in self._shapes:
-            a = np.asarray(params[key], np.float32)
-            axis = self._split[key]
+        for key, value in params.items():
+            a = np.asarray(value, np.float32)
+            axis = self._split[self._param_of(key)]
             if axis is not None:
                 a = np.split(a, self.tensor, axis=axis)[coords.tensor]
             out[key] = flat_chunk(a, self.fsdp, coords.fsdp)
@@ -260,30 +274,36 @@ class ShardedTransformer:
         params = self.shard_params(self.model.init_params(seed), coords)
         return DeviceShard(coords, params, self.optimizer.init(params))
 
-    def assemble(self, shards: Iterable[DeviceShard]) -> dict[str, np.ndarray]:
-        """The whole model's parameters from the shards of one data replica.
+    def assemble(self, shards: Iterable[DeviceShard], *, opt_state: bool = False
+                 ) -> dict[str, np.ndarray]:
+        """The whole model's parameters (or optimizer state) from the shards of one
+        data replica; the inverse of :meth:`shard_params`.
 
         Args:
             shards: DeviceShards covering every (fsdp, tensor) pair with
                 ``coords.data == 0`` (others are ignored), e.g. every device's.
+            opt_state: assemble ``DeviceShard.opt_state`` instead of ``params``.
 
         Returns:
-            key -> float32 array of ``model.param_shapes[key]``.
+            key -> float32 array shaped as ``model.param_shapes`` (of the key's
+            parameter for an optimizer state key).
 
         Raises:
             ValueError: a (fsdp, tensor) pair of data replica 0 is missing.
         """
-        have = {(s.coords.fsdp, s.coords.tensor): s for s in shards if s.coords.data == 0}
+        have = {(s.coords.fsdp, s.coords.tensor): (s.opt_state if opt_state else s.params)
+                for s in shards if s.coords.data == 0}
         missing = [(f, t) for f in range(self.fsdp) for t in range(self.tensor) if (f, t) not in have]
         if missing:
             raise ValueError(f"assemble needs the shards of data replica 0, missing (fsdp, tensor) "
                              f"{missing}")
         out = {}
-        for key, shape in self._shapes.items():
-            axis = self._split[key]
+        for key in have[(0, 0)]:
+            shape = self._shapes[self._param_of(key)]
+            axis = self._split[self._param_of(key)]
             pieces = []
             for t in range(self.tensor if axis is not None else 1):
-                flat = np.concatenate([have[(f, t)].params[key] for f in range(self.fsdp)])
+                flat = np.concatenate([have[(f, t)][key] for f in range(self.fsdp)])
                 pieces.append(flat[:math.prod(shape)].reshape(shape))
             out[key] = pieces[0] if axis is None else np.concatenate(pieces, axis=axis)
         return out

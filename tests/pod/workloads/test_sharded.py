@@ -135,6 +135,11 @@ def test_bf16_sharded_training_stays_well_within_the_bf16_rounding_effect():
     rounding_effect = max_diff(single("fp32")[0], want)                  # 0.12 measured
     assert rounding_effect > 0.05
     assert max_diff(got, want) < rounding_effect / 5
+    state = program.assemble((s for s, _, _ in devices), opt_state=True)   # AdamW's m and v
+    assert set(state) == {f"{k}/{slot}" for k in want for slot in ("m", "v")}
+    for shard, _, _ in devices:                                          # shards it back
+        again = program.shard_params(state, shard.coords)
+        assert all(np.array_equal(again[k], shard.opt_state[k]) for k in state)
     np.testing.assert_allclose(global_losses(devices), want_losses, rtol=1e-3)
 
 
