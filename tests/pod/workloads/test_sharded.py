@@ -68,9 +68,14 @@ def optimizer():
     return build_optimizer("adamw", learning_rate=LR)
 
 
-@functools.lru_cache(maxsize=None)
 def single(precision, steps=STEPS, **options):
     """One TensorCore on the global batches: (params, losses)."""
+    return _single(precision, steps, tuple(sorted(options.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _single(precision, steps, option_items):
+    options = dict(option_items)
     model = TransformerModel(TransformerConfig(**{**TINY, **options}))
     core, opt = TensorCore(SPEC, precision=precision), optimizer()
     params = model.init_params(0)
@@ -83,10 +88,14 @@ def single(precision, steps=STEPS, **options):
     return params, losses
 
 
-@functools.lru_cache(maxsize=None)
 def sharded(precision, mesh_items, steps=STEPS, sequence_parallel=False, **options):
     """Every device of a LocalMesh: (program, [(shard, losses, calls)] by device)."""
-    sizes = dict(mesh_items)
+    return _sharded(precision, mesh_items, steps, sequence_parallel, tuple(sorted(options.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded(precision, mesh_items, steps, sequence_parallel, option_items):
+    sizes, options = dict(mesh_items), dict(option_items)
     model = TransformerModel(TransformerConfig(**{**TINY, **options}))
     program = ShardedTransformer(model, sizes, optimizer(), sequence_parallel=sequence_parallel)
     data = batches(steps)
