@@ -133,11 +133,20 @@ class DeviceShard:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One device's training step: ``loss`` (float, the mean over this
-    device's examples) and the updated ``shard``."""
+    """One device's training step.
+
+    Attributes:
+        loss: the mean loss over this device's tokens (float);
+            :meth:`ShardedTransformer.global_loss` combines the devices'.
+        shard: the updated DeviceShard.
+        update_start: index in ``core.records`` (counted from the step's
+            start, as ``after_record``) of the optimizer's first op: what
+            comes from there on waits for every gradient collective.
+    """
 
     loss: float
     shard: DeviceShard
+    update_start: int
 
 
 def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
@@ -501,7 +510,8 @@ class ShardedTransformer:
             step: the optimizer step, 1 for the first.
 
         Returns:
-            StepResult (this device's mean loss and its new shard).
+            StepResult: this device's mean loss, its new shard, where the
+            optimizer's records start.
 
         Raises:
             ValueError: comm or shard do not belong to this mesh or device.
@@ -510,8 +520,9 @@ class ShardedTransformer:
         out, caches = self._forward(core, comm, shard, x, "fwd", training=True)
         loss, dy = self.local_model.output_loss(core, out, y[:, self.sequence_slice(shard.coords)])
         grads = self._backward(core, comm, shard, caches, dy)
+        update_start = len(core.records)
         params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
-        return StepResult(loss, DeviceShard(shard.coords, params, state))
+        return StepResult(loss, DeviceShard(shard.coords, params, state), update_start)
 
     def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
                  y: np.ndarray) -> float:

@@ -108,7 +108,9 @@ def _sharded(precision, mesh_items, steps, sequence_parallel, option_items):
             result = program.train_step(core, comm, shard, x[part], y[part], step)
             shard = result.shard
             losses.append(result.loss)
-            core.take_records()
+            records = core.take_records()
+            assert records[result.update_start].name.startswith("adamw/")
+            assert not any(r.name.startswith("adamw/") for r in records[:result.update_start])
         return shard, losses, list(comm.calls)
 
     return program, LocalMesh(sizes).run(device)
