@@ -186,7 +186,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         starts. ClusterError: Ray could not start, or a chip failed for good.
         RunInterrupted: Ctrl-C (after writing what the run had).
     """
-    from pod.commands.train import Run  # Ray is imported only when a run starts
+    from pod.commands.train import make_run  # Ray is imported only when a run starts
 
     spec = load(scenario)
     if spec.benchmark is not None:
@@ -196,7 +196,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         spec = spec.with_overrides(training__steps=steps)
     plan = build_plan(spec)
     console = Console(quiet=True) if quiet else None
-    the_run = Run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
+    the_run = make_run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
                   metrics_port=metrics_port or 0, console=console, keep_history=True)
     summary = the_run.run()
     return RunResult(summary=summary, history=tuple(the_run.history or ()),

@@ -33,7 +33,7 @@ from pod.runtime.coordinator import Pod
 from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, resume_checkpoint
 
-__all__ = ["Run", "run_training"]
+__all__ = ["Run", "make_run", "run_training"]
 
 
 class Run:
@@ -168,7 +168,7 @@ class Run:
         """
         self.start_metrics()
         try:
-            self.pod = Pod(self.plan)
+            self.pod = self._make_pod()
             with self.guard, self.rows:
                 try:
                     self.start_pod()
@@ -183,6 +183,10 @@ class Run:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+
+    def _make_pod(self) -> Any:
+        """The pod this run trains on (a ``ShardedRun`` makes a sharded one)."""
+        return Pod(self.plan)
 
     def start_metrics(self) -> None:
         """Serve Prometheus and print the run's header and model summary."""
@@ -480,4 +484,13 @@ def run_training(plan: TrainingPlan, **options: Any) -> dict[str, Any]:
     Returns:
         The summary dict, also written to ``output_dir / "summary.json"``.
     """
-    return Run(plan, **options).run()
+    return make_run(plan, **options).run()
+
+
+def make_run(plan: TrainingPlan, **options: Any) -> Run:
+    """The ``Run`` of a plan: a ``pod.commands.sharded_run.ShardedRun`` when its
+    ``pod.mesh`` has fsdp or tensor axes, else the data-parallel ``Run``."""
+    if plan.mesh is not None and not plan.mesh.is_data_parallel:
+        from pod.commands.sharded_run import ShardedRun
+        return ShardedRun(plan, **options)
+    return Run(plan, **options)

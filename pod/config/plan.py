@@ -229,17 +229,24 @@ def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Da
     return dataset
 
 
-def _check_runnable_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:
-    """A mesh with fsdp or tensor axes is planned (its per-device HBM) but the
-    runtime trains data-parallel only: refuse it rather than train something else.
-    A model other than the transformer, or v2 / v3, is refused with its own line
-    (``check_sharded_mesh``)."""
-    check_sharded_mesh(mesh, model_name, chip_name)
-    if not mesh.is_data_parallel:
-        axes = format_axes(dict(zip(mesh.axis_names, mesh.shape)))
-        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which this version "
-                            f"plans but does not run yet (`tpu-pod describe` shows its HBM per "
-                            f"device); use {{data: {mesh.size}}} or leave pod.mesh out to train")
+def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model, chip_name: str) -> None:
+    """A mesh with fsdp or tensor axes trains the transformer on one device per chip
+    (``pod.runtime.sharded_pod``); a model other than the transformer, or v2 / v3,
+    is refused with its own line (``check_sharded_mesh``), and so are the features
+    a sharded run does not have yet (faults: restoring a sharded checkpoint)."""
+    check_sharded_mesh(mesh, scenario.model.name, chip_name)
+    if mesh.is_data_parallel:
+        return
+    axes = format_axes(mesh.sizes)
+    try:
+        from pod.workloads.sharded import check_tensor_split
+        check_tensor_split(model.config, mesh.axis_size("tensor"))
+    except ValueError as err:
+        raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
+    if scenario.faults:
+        raise ScenarioError(f"faults: a sharded run (pod.mesh {axes}) does not inject faults yet "
+                            "(recovery would restore a sharded checkpoint); remove faults: or "
+                            f"use {{data: {mesh.size}}}")
 
 
 def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
@@ -273,8 +280,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         timing_only: the plan is only costed (``pod.runtime.timing``): a global batch
             larger than the train split is allowed, since one chip's share
             stands for the whole batch.
-        sharded_ok: accept a ``pod.mesh`` with fsdp / tensor axes (``describe``
-            plans it); a run refuses it until the runtime executes it.
+        sharded_ok: plan a ``pod.mesh`` with fsdp / tensor axes without the run's
+            checks (``describe`` and timing-only sweeps plan any model / chip on it).
 
     Returns:
         The plan.
@@ -316,7 +323,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                 f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
     if not sharded_ok:
-        _check_runnable_mesh(mesh, scenario.model.name, pod.chip.name)
+        _check_runnable_mesh(scenario, mesh, model, pod.chip.name)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
                if training.overlap else ())
