@@ -186,7 +186,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         starts. ClusterError: Ray could not start, or a chip failed for good.
         RunInterrupted: Ctrl-C (after writing what the run had).
     """
-    from pod.commands.train import make_run  # Ray is imported only when a run starts
+    from pod.commands.runs import make_run  # Ray is imported only when a run starts
 
     spec = load(scenario)
     if spec.benchmark is not None:

@@ -84,7 +84,7 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
         echo = (lambda line: click.echo(line, err=True)) if as_json else click.echo
         summary = run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=echo)
     else:
-        from pod.commands.train import run_training  # Ray is imported only when a run starts
+        from pod.commands.runs import run_training  # Ray is imported only when a run starts
 
         if steps is not None:
             spec = spec.with_overrides(training__steps=steps)

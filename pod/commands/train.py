@@ -33,7 +33,7 @@ from pod.runtime.coordinator import Pod
 from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, resume_checkpoint
 
-__all__ = ["Run", "make_run", "run_training"]
+__all__ = ["Run", "run_training"]
 
 
 class Run:
@@ -484,13 +484,4 @@ def run_training(plan: TrainingPlan, **options: Any) -> dict[str, Any]:
     Returns:
         The summary dict, also written to ``output_dir / "summary.json"``.
     """
-    return make_run(plan, **options).run()
-
-
-def make_run(plan: TrainingPlan, **options: Any) -> Run:
-    """The ``Run`` of a plan: a ``pod.commands.sharded_run.ShardedRun`` when its
-    ``pod.mesh`` has fsdp or tensor axes, else the data-parallel ``Run``."""
-    if plan.mesh is not None and not plan.mesh.is_data_parallel:
-        from pod.commands.sharded_run import ShardedRun
-        return ShardedRun(plan, **options)
-    return Run(plan, **options)
+    return Run(plan, **options).run()
