@@ -67,12 +67,14 @@ def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     Raises:
         ScenarioError, ShardingError, HBMPlanError, ChipError,
         InterconnectError: what ``tpu-pod run`` would reject, as one line
-        (``sharded_ok``: a mesh with fsdp / tensor axes is planned, not refused).
+        (``sharded_ok``: a mesh with fsdp / tensor axes is planned, not refused;
+        a timing-only sweep plans it too, as ``tpu-pod sweep`` costs it).
     """
     spec = load(scenario)
     if spec.benchmark is not None:
         return check_benchmark(spec)
-    return build_plan(spec, sharded_ok=sharded_ok)
+    timing_sweep = spec.sweep is not None and spec.sweep.mode == "timing"
+    return build_plan(spec, sharded_ok=sharded_ok or timing_sweep, timing_only=timing_sweep)
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,9 @@ def _validate_one(path: Path) -> dict[str, Any]:
                 "slice": bplan.pod.name, "chips": bplan.pod.chips,
                 "cores": bplan.pod.tensorcores, "n": b.n, "iterations": b.iterations,
                 "precision": b.precision}
-    plan = _checked(build_plan, spec, path)
+    timing_sweep = spec.sweep is not None and spec.sweep.mode == "timing"  # as `sweep` plans it
+    plan = _checked(lambda s: build_plan(s, timing_only=timing_sweep, sharded_ok=timing_sweep),
+                    spec, path)
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
             "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
             "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,

@@ -326,7 +326,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         _check_runnable_mesh(scenario, mesh, model, pod.chip.name)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
-               if training.overlap else ())
+               if training.overlap and mesh.is_data_parallel else ())  # sharded: no DP buckets
     ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
     mesh_costs = None if mesh.is_data_parallel else MeshCollectiveCosts(mesh, ici.link)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,

@@ -84,6 +84,7 @@ import numpy as np
 
 from chip import to_bf16
 from pod.workloads.collectives import AXES, CollectiveCall, DeviceCollectives
+from pod.workloads.layers import vector_op
 from pod.workloads.optimizers import Optimizer
 from pod.workloads.transformer import (
     TensorHooks,
@@ -593,8 +594,9 @@ class ShardedTransformer:
                 dy = full
             dy, g = layer.backward(core, p, caches[i], dy, need_dx=i > 0, **hook)
             for key, local in self._keys[i]:
-                grads[key] = g[local] if key not in grads else core.vector(
-                    f"{layer.name}/tied_grad_sum", np.add, grads[key], g[local])
+                grads[key] = g[local] if key not in grads else vector_op(
+                    core, f"{layer.name}/tied_grad_sum", np.add, grads[key], g[local],
+                    out=(g[local].shape, np.float32))
             chunks.update(self._reduce(core, comm, layer.name,
                                        {k: grads.pop(k) for k in self._owned[i]}))
         return chunks

@@ -50,9 +50,14 @@ def test_every_shipped_scenario_validates():
             bplan = check_benchmark(scenario)
             assert bplan.flops > 0 and bplan.memory["total"] <= bplan.pod.chip.core.hbm_bytes
             continue
-        plan = build_plan(scenario)
+        timing_sweep = scenario.sweep is not None and scenario.sweep.mode == "timing"
+        plan = build_plan(scenario, timing_only=timing_sweep, sharded_ok=timing_sweep)
         assert plan.steps > 0
-        assert plan.per_core_batch * plan.pod.tensorcores == plan.global_batch
+        if plan.mesh.is_data_parallel:
+            assert plan.per_core_batch * plan.pod.tensorcores == plan.global_batch
+        else:  # per device: the batch splits over data x fsdp
+            shards = plan.mesh.axis_size("data") * plan.mesh.axis_size("fsdp")
+            assert plan.per_core_batch * shards == plan.global_batch
         assert plan.memory["workspace"] > 0
     assert kinds == {"training", "benchmark"}
 
