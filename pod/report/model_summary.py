@@ -16,6 +16,7 @@ import numpy as np
 from rich.table import Table
 
 from pod.report.console import titled_table
+from pod.report.stats import OP_BOUNDS, op_bound
 
 from chip import TensorCore, TensorCoreSpec
 from pod.workloads.models import Model
@@ -23,15 +24,7 @@ from pod.workloads.optimizers import OPTIMIZER_NAMES
 
 __all__ = ["BOUNDS", "layer_costs", "model_summary_table", "op_bound", "layer_detail_table"]
 
-#: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
-#: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
-BOUNDS = ("mxu", "vpu", "scalar", "hbm")
-
-
-def op_bound(record) -> str:
-    """What bounds one op record: "hbm" when its HBM traffic takes longer than
-    its cycles (``bound == "memory"``), else its unit ("mxu", "vpu", "scalar")."""
-    return "hbm" if record.bound == "memory" else record.unit
+BOUNDS = OP_BOUNDS
 
 
 def _empty() -> dict[str, float]:
