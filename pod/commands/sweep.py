@@ -300,7 +300,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     return head + "\n".join(lines) + "\n"
 
 
-#: a colour per bound category (``pod.report.bounds.BOUND_CATEGORIES``) in the plots
+#: a colour per bound category (``pod.report.bounds.BOUND_CATEGORIES``) in bounds.png
 BOUND_COLOURS = {"mxu": "tab:green", "vpu": "tab:olive", "hbm": "tab:orange", "ici": "tab:red",
                  "latency": "tab:purple", "host": "tab:grey"}
 
@@ -325,16 +325,28 @@ def _category(row: dict[str, Any]) -> str:
     return str(row.get("bound", "")).split(" ")[0].lower()
 
 
+#: a marker shape per bound category in the line plots (the colour is the series')
+BOUND_MARKERS = {"mxu": "^", "vpu": "v", "hbm": "s", "ici": "D", "latency": "X", "host": "P"}
+
+
+def _bound_name(category: str) -> str:
+    return f"{category.upper() if category in ('mxu', 'vpu', 'hbm', 'ici') else category}-bound"
+
+
 def _line_plot(plt, name, key, ylabel, logy, series, title, output_dir) -> Path:
     """One of throughput.png / efficiency.png: a line per series, each point's
-    marker coloured by what bounds its step."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    marker shaped by what bounds its step (legend on the right)."""
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    seen = set()
     for label, rs in series.items():
         rs = sorted(rs, key=lambda r: r["chips"])
         line, = ax.plot([r["chips"] for r in rs], [r[key] for r in rs], label=label, zorder=2)
-        ax.scatter([r["chips"] for r in rs], [r[key] for r in rs], zorder=3, s=28,
-                   c=[BOUND_COLOURS.get(_category(r), "black") for r in rs],
-                   edgecolors=line.get_color(), linewidths=1.2)
+        for category, marker in BOUND_MARKERS.items():
+            pts = [r for r in rs if _category(r) == category]
+            if pts:
+                seen.add(category)
+                ax.scatter([r["chips"] for r in pts], [r[key] for r in pts], marker=marker, s=36,
+                           color=line.get_color(), zorder=3)
     ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
@@ -345,14 +357,11 @@ def _line_plot(plt, name, key, ylabel, logy, series, title, output_dir) -> Path:
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    first = ax.legend(fontsize=7, loc="best")
-    seen = sorted({_category(r) for rs in series.values() for r in rs} & set(BOUND_COLOURS),
-                  key=list(BOUND_COLOURS).index)
-    handles = [plt.Line2D([], [], marker="o", linestyle="", color=BOUND_COLOURS[c],
-                          label=f"{c.upper() if c in ('mxu', 'vpu', 'hbm', 'ici') else c}-bound")
-               for c in seen]
-    ax.add_artist(first)
-    ax.legend(handles=handles, fontsize=7, loc="lower left", title="step bound", title_fontsize=7)
+    handles = ax.get_legend_handles_labels()[0]
+    handles += [plt.Line2D([], [], marker=BOUND_MARKERS[c], linestyle="", color="black",
+                           label=_bound_name(c)) for c in BOUND_MARKERS if c in seen]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              title="series / step bound", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(output_dir / name, dpi=110)
     plt.close(fig)
@@ -378,7 +387,7 @@ def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
 
 
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
-    """Throughput and scaling efficiency (points coloured by their bound), the step
+    """Throughput and scaling efficiency (each point marked with its bound), the step
     breakdown by part and by bound (PNG).
 
     Returns:
