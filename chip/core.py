@@ -247,7 +247,8 @@ class TensorCore:
         return cycles
 
     def account_matmul(self, m: int, k: int, n: int, *, name: str = "matmul", batch: int = 1,
-                       shared_weights: bool = False, mxu_model: str | None = None) -> OpRecord:
+                       shared_weights: bool = False, mxu_model: str | None = None,
+                       a_elements: int | None = None, out_elements: int | None = None) -> OpRecord:
         """Records the cost of a matmul without computing it (timing-only runs).
 
         Same cost as `matmul` / `batch_matmul` on inputs of these shapes:
@@ -265,6 +266,12 @@ class TensorCore:
             shared_weights: True if every product uses the same (K x N)
                 weights (they then stay in the array: one GEMM of batch*M rows).
             mxu_model: MXU cycle count for this call; None uses the core's.
+            a_elements: elements of the (M x K) operand read from HBM when that
+                is not batch*M*K: a convolution forms its patch matrix on chip
+                from its input, so it reads the input's elements (None: batch*M*K).
+            out_elements: elements written to HBM when not batch*M*N (a
+                transposed convolution sums its patches on chip into its
+                output's elements; None: batch*M*N).
 
         Returns:
             The OpRecord appended to `records`.
@@ -276,7 +283,9 @@ class TensorCore:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         op_bytes = _OPERAND_BYTES[self.precision]
         weights = k * n if shared_weights else batch * k * n
-        hbm_bytes = op_bytes * (batch * m * k + weights) + _OUTPUT_BYTES[self.precision] * batch * m * n
+        a_in = batch * m * k if a_elements is None else a_elements
+        out = batch * m * n if out_elements is None else out_elements
+        hbm_bytes = op_bytes * (a_in + weights) + _OUTPUT_BYTES[self.precision] * out
         if shared_weights:
             cycles = self.mxu_cycles(batch * m, k, n, mxu_model=mxu_model)
         else:
@@ -316,6 +325,8 @@ class TensorCore:
         name: str = "matmul",
         a_rounded: bool = False,
         b_rounded: bool = False,
+        a_elements: int | None = None,
+        out_elements: int | None = None,
     ) -> np.ndarray:
         """Multiplies a (M, K) by b (K, N) on the MXUs.
 
@@ -333,6 +344,8 @@ class TensorCore:
             a_rounded: a already holds bf16 values in float32 (skip its
                 rounding; bf16 precision only, ignored otherwise).
             b_rounded: b already holds bf16 values in float32 (likewise).
+            a_elements, out_elements: HBM elements read for a and written, when
+                not M*K and M*N (see `account_matmul`; costs only).
 
         Returns:
             (M, N) product: float32 with numerics, else `a @ b` in the inputs' dtype.
@@ -349,7 +362,7 @@ class TensorCore:
         m, k = a.shape
         n = b.shape[1]
         out = self._product(a, b, a_rounded, b_rounded)
-        self.account_matmul(m, k, n, name=name)
+        self.account_matmul(m, k, n, name=name, a_elements=a_elements, out_elements=out_elements)
         return out
 
     def batch_matmul(self, a: np.ndarray, b: np.ndarray, *, name: str = "batch_matmul") -> np.ndarray:

@@ -22,10 +22,10 @@ from typing import Any, Mapping
 from rich.console import Console
 
 from pod.config.bench import BenchmarkPlan, check_benchmark
-from pod.config.plan import TrainingPlan, build_plan
+from pod.config.plan import TrainingPlan, build_plan, is_timing_sweep
 from pod.config.scenario import Scenario, load_scenario, parse_scenario, scenario_from_text
 from pod.errors import ScenarioError
-from pod.report.model_summary import model_summary_table
+from pod.report.model_summary import layer_detail_table, model_summary_table
 from pod.report.stats import StepStats
 
 __all__ = ["RunResult", "Description", "load", "run", "validate", "describe", "sweep"]
@@ -73,7 +73,7 @@ def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     spec = load(scenario)
     if spec.benchmark is not None:
         return check_benchmark(spec)
-    timing_sweep = spec.sweep is not None and spec.sweep.mode == "timing"
+    timing_sweep = is_timing_sweep(spec)
     return build_plan(spec, sharded_ok=sharded_ok or timing_sweep, timing_only=timing_sweep)
 
 
@@ -93,15 +93,22 @@ class Description:
     model_summary: str
 
 
-def describe(scenario: str | Path | Mapping[str, Any] | Scenario) -> Description:
-    """The pod, the HBM plan and the model summary of a scenario, as values."""
+def describe(scenario: str | Path | Mapping[str, Any] | Scenario, *,
+             detail: bool = False) -> Description:
+    """The pod, the HBM plan and the model summary of a scenario, as values;
+    ``detail`` adds the per-part table (``layer_detail_table``) to the summary text."""
     plan = validate(scenario, sharded_ok=True)
     text = ""
     if isinstance(plan, TrainingPlan):
         buffer = io.StringIO()
-        Console(file=buffer, width=160).print(model_summary_table(
+        console = Console(file=buffer, width=160)
+        console.print(model_summary_table(
             plan.model, plan.pod.chip.core, plan.per_core_batch, chip_name=plan.pod.chip.name,
                                       mxu_model=plan.scenario.pod.mxu_model))
+        if detail:
+            console.print(layer_detail_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                                             chip_name=plan.pod.chip.name,
+                                             mxu_model=plan.scenario.pod.mxu_model))
         text = buffer.getvalue()
     return Description(plan=plan, memory=dict(plan.memory), model_summary=text)
 

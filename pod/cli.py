@@ -7,6 +7,7 @@ field, the value and what is allowed, and exit status 2; never a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -22,8 +23,8 @@ from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
-from pod.report.model_summary import layer_costs, model_summary_table
-from pod.config.plan import build_plan
+from pod.report.model_summary import layer_costs, layer_detail_table, model_summary_table
+from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.scenario import load_scenario
 from pod.config.slices import resolve_pod
 
@@ -138,8 +139,8 @@ def _validate_one(path: Path) -> dict[str, Any]:
                 "slice": bplan.pod.name, "chips": bplan.pod.chips,
                 "cores": bplan.pod.tensorcores, "n": b.n, "iterations": b.iterations,
                 "precision": b.precision}
-    timing_sweep = spec.sweep is not None and spec.sweep.mode == "timing"  # as `sweep` plans it
-    plan = _checked(lambda s: build_plan(s, timing_only=timing_sweep, sharded_ok=timing_sweep),
+    timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
+    plan = _checked(functools.partial(build_plan, timing_only=timing_sweep, sharded_ok=timing_sweep),
                     spec, path)
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
             "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
@@ -192,12 +193,15 @@ def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
 @cli.command(short_help="Describe a chip, a slice or a scenario (pod, model, HBM plan).")
 @click.argument("target")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def describe(target: str, as_json: bool) -> None:
+@click.option("--detail", is_flag=True,
+              help="Scenario: also a row per part of every layer (each conv, norm, add of a "
+                   "ResNet or transformer block) with its MXU utilisation and bound.")
+def describe(target: str, as_json: bool, detail: bool) -> None:
     """Describe a chip (v4), a slice (v2-8) or a scenario file: its pod, the model
     summary and the HBM plan per TensorCore."""
     console = make_console()
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        _describe_scenario(console, target, as_json)
+        _describe_scenario(console, target, as_json, detail)
         return
     if target.lower() in PRESETS:
         pod = resolve_pod(chip=get_chip_spec(target).name, chips=1)
@@ -209,7 +213,7 @@ def describe(target: str, as_json: bool) -> None:
     _describe_pod(console, pod)
 
 
-def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
+def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False) -> None:
     spec = load_scenario(target)
     if spec.benchmark is not None:
         bplan = _checked(check_benchmark, spec, target)
@@ -221,7 +225,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
                                f"N={spec.benchmark.n})", bplan.memory, bplan.pod.chip.core.hbm_bytes)
         return
     try:
-        plan = build_plan(spec, sharded_ok=True)
+        plan = build_plan(spec, sharded_ok=True, timing_only=is_timing_sweep(spec))
     except HBMPlanError as err:
         # show the plan that does not fit, then the one-line error (exit 2)
         if not as_json:
@@ -233,7 +237,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
         raise ScenarioError(f"{target}: {err}") from err
     if as_json:
         layers = layer_costs(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                             mxu_model=plan.scenario.pod.mxu_model)
+                             mxu_model=plan.scenario.pod.mxu_model, detail=detail)
         click.echo(json.dumps({"pod": _pod_json(plan.pod), "model": plan.model.name,
                                "parameters": plan.num_params, "global_batch": plan.global_batch,
                                "per_core_batch": plan.per_core_batch,
@@ -245,6 +249,10 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
     console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
                                       chip_name=plan.pod.chip.name,
                                       mxu_model=plan.scenario.pod.mxu_model))
+    if detail:
+        console.print(layer_detail_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                                         chip_name=plan.pod.chip.name,
+                                         mxu_model=plan.scenario.pod.mxu_model))
     _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch} = "
                            f"{plan.per_core_batch} per core)", plan.memory,
                   plan.pod.chip.core.hbm_bytes)

@@ -15,8 +15,15 @@ chips) and ``breakdown.png`` (the simulated step time of every point, stacked
 by part).
 
 Scaling efficiency of a point = its examples/s per chip divided by that of
-the smallest-chip point of its series (same algorithm, precision and, for
-strong scaling, global batch). It is 1 for perfect weak or strong scaling.
+the smallest-chip point of its series (same chip generation, algorithm,
+precision and batch). It is 1 for perfect weak or strong scaling.
+
+Every row says what bounds its step (``pod.report.bounds``): the share of
+the simulated critical path that is MXU, VPU or HBM work, ICI bandwidth
+(with the torus axes of the busiest links), latency (per-hop, fixed
+per-collective and per-op issue costs) or the host (dispatch, exposed
+infeed); ``bounds.png`` stacks those shares per point, and the throughput
+and efficiency plots mark every point with its bound.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any, Callable
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
+from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.stats import mfu
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
@@ -39,14 +47,16 @@ from pod.config.slices import resolve_pod
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 
 COLUMNS = (
-    "point", "status", "error", "dataset", "synthetic_data", "generation", "chips", "cores",
-    "topology", "allreduce_algorithm", "precision",
+    "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
+    "chips", "cores", "topology", "allreduce_algorithm", "precision",
     "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
     "compute_seconds", "allreduce_seconds", "exposed_allreduce_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
-    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
-    "wall_seconds_per_step",
+    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency",
+    "bound", "bound_fraction", "ici_axes",
+    *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
+    "wall_seconds", "wall_seconds_per_step",
 ) + (
     # sharded layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
     # exposed and total collective seconds per mesh axis, one device's HBM plan
@@ -140,8 +150,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             error = ""
         except USER_ERRORS as err:
             point, error = None, str(err)
-        series = (algorithm, precision, per_point, format_axes(mesh) if sweep.mesh else "",
-                  remat or "")
+        series = (_generation(pod, scenario), algorithm, precision, per_point,
+                  format_axes(mesh) if sweep.mesh else "", remat or "")
         points.append(SweepPoint(i, values, point, error, series))
     return points
 
@@ -156,6 +166,23 @@ def _batch_shards(scenario: Scenario) -> int:
     if mesh.is_data_parallel:  # the data-parallel runtime splits the batch per TensorCore
         return pod.tensorcores
     return mesh.axis_size("data") * mesh.axis_size("fsdp")
+
+
+def _generation(pod: dict[str, Any], scenario: Scenario) -> str:
+    """The chip generation of a point's pod values (its series splits by it)."""
+    if pod.get("pod__slice"):
+        return resolve_pod(slice_name=pod["pod__slice"]).chip.name
+    return pod.get("pod__chip") or scenario.pod.chip or ""
+
+
+def _mean_bounds(plan, stats) -> StepBounds:
+    """The steps' bounds, seconds averaged (``pod.report.bounds``)."""
+    each = []
+    for s in stats:
+        costs = plan.ici.bucket_costs_at(s.step) or (plan.ici.cost_at(s.step),)
+        each.append(step_bounds(s, costs, plan.pod.torus))
+    seconds = {c: fmean(b.seconds[c] for b in each) for c in BOUND_CATEGORIES}
+    return StepBounds(seconds, each[-1].ici_axes)
 
 
 def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict[str, Any]:
@@ -190,7 +217,11 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     allreduce = mean(lambda s: s.allreduce_seconds)
     exposed = mean(lambda s: s.exposed_allreduce_seconds)
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
+    bounds = _mean_bounds(plan, timed)
     return {
+        "model": plan.model.name, "bound": bounds.label, "bound_fraction": bounds.fraction,
+        "ici_axes": bounds.ici_axes,
+        **{f"{c}_bound_seconds": bounds.seconds[c] for c in BOUND_CATEGORIES},
         "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
@@ -306,7 +337,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
     return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", ""),
             "chips": v.get("pod__chips") or "", "topology": v.get("pod__topology") or "",
-            "generation": v.get("pod__slice") or v.get("pod__chip") or ""}
+            "generation": v.get("pod__slice") or v.get("pod__chip") or "",
+            "slice": v.get("pod__slice") or ""}
 
 
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
@@ -318,8 +350,8 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
             f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
             "compute ms | allreduce ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
-            "efficiency | wall s | status |\n"
-            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            "efficiency | bound | wall s | status |\n"
+            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
     lines = []
     for r in rows:
         if r["status"] == "ok":
@@ -329,11 +361,11 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
                 f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
-                f"{r['wall_seconds']:.2f} | ok |")
+                f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
             lines.append(f"| {r['point']} | {r['generation']} | {r['chips']} | | {r['topology']} | "
-                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | "
+                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | | "
                          f"failed: {error} |")
     return head + "\n".join(lines) + "\n" + _layout_table(rows)
 
@@ -365,8 +397,97 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+#: a colour per bound category (``pod.report.bounds.BOUND_CATEGORIES``) in bounds.png
+BOUND_COLOURS = {"mxu": "tab:green", "vpu": "tab:olive", "hbm": "tab:orange", "ici": "tab:red",
+                 "latency": "tab:purple", "host": "tab:grey"}
+
+
+def _series(scenario: Scenario, ok: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The rows by plotted series: generation (when several), algorithm, precision, batch."""
+    several = len({r["generation"] for r in ok}) > 1
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in ok:
+        label = f"{r['generation']} " if several else ""
+        label += f"{r['allreduce_algorithm']} {r['precision']}"
+        if scenario.sweep.mesh or scenario.sweep.remat or scenario.sweep.per_device_batch:
+            label = f"{r['mesh']} remat {r['remat'] or 'none'} b={r['per_device_batch']}"
+        if scenario.sweep.scaling == "strong":
+            label += f" B={r['global_batch']}"
+        elif len(scenario.sweep.per_core_batch) > 1:
+            label += f" {r['per_core_batch']}/core"
+        series.setdefault(label, []).append(r)
+    return series
+
+
+def _category(row: dict[str, Any]) -> str:
+    """The row's bound category ("ICI x+y" -> "ici")."""
+    return str(row.get("bound", "")).split(" ")[0].lower()
+
+
+#: a marker shape per bound category in the line plots (the colour is the series')
+BOUND_MARKERS = {"mxu": "^", "vpu": "v", "hbm": "s", "ici": "D", "latency": "X", "host": "P"}
+
+
+def _bound_name(category: str) -> str:
+    return f"{category.upper() if category in ('mxu', 'vpu', 'hbm', 'ici') else category}-bound"
+
+
+def _line_plot(plt, name, key, ylabel, logy, series, title, output_dir) -> Path:
+    """One of throughput.png / efficiency.png: a line per series, each point's
+    marker shaped by what bounds its step (legend on the right)."""
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    seen = set()
+    for label, rs in series.items():
+        rs = sorted(rs, key=lambda r: r["chips"])
+        line, = ax.plot([r["chips"] for r in rs], [r[key] for r in rs], label=label, zorder=2)
+        for category, marker in BOUND_MARKERS.items():
+            pts = [r for r in rs if _category(r) == category]
+            if pts:
+                seen.add(category)
+                ax.scatter([r["chips"] for r in pts], [r[key] for r in pts], marker=marker, s=36,
+                           color=line.get_color(), zorder=3)
+    ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    else:
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel("chips")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    handles = ax.get_legend_handles_labels()[0]
+    handles += [plt.Line2D([], [], marker=BOUND_MARKERS[c], linestyle="", color="black",
+                           label=_bound_name(c)) for c in BOUND_MARKERS if c in seen]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              title="series / step bound", title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(output_dir / name, dpi=110)
+    plt.close(fig)
+    return output_dir / name
+
+
+def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
+    """A stacked bar per point: ``parts`` is [(row key, legend label, colour)]."""
+    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
+    bottom = [0.0] * len(ok)
+    for key, label, colour in parts:
+        values = [r[key] * 1e3 for r in ok]
+        ax.bar(range(len(ok)), values, bottom=bottom, label=label, color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(ok)), [labels_of(r) for r in ok], fontsize=6)
+    ax.set_ylabel("simulated step time (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(output_dir / name, dpi=110)
+    plt.close(fig)
+    return output_dir / name
+
+
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
-    """Throughput, scaling efficiency and step breakdown plots (PNG).
+    """Throughput and scaling efficiency (each point marked with its bound), the step
+    breakdown by part and by bound (PNG).
 
     Returns:
         The files written (none when no point succeeded).
@@ -383,57 +504,25 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return []
-    series: dict[str, list[dict[str, Any]]] = {}
-    for r in ok:
-        label = f"{r['allreduce_algorithm']} {r['precision']}"
-        if scenario.sweep.mesh or scenario.sweep.remat or scenario.sweep.per_device_batch:
-            label = f"{r['mesh']} remat {r['remat'] or 'none'} b={r['per_device_batch']}"
-        if scenario.sweep.scaling == "strong":
-            label += f" B={r['global_batch']}"
-        elif len(scenario.sweep.per_core_batch) > 1:
-            label += f" {r['per_core_batch']}/core"
-        series.setdefault(label, []).append(r)
+    series = _series(scenario, ok)
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
     title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
-    written = []
-    for name, key, ylabel, logy in (
-            ("throughput.png", "simulated_examples_per_second", "examples/s (simulated)", True),
-            ("efficiency.png", "scaling_efficiency", "scaling efficiency", False)):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, rs in series.items():
-            rs = sorted(rs, key=lambda r: r["chips"])
-            ax.plot([r["chips"] for r in rs], [r[key] for r in rs], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        if logy:
-            ax.set_yscale("log")
-        else:
-            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-            ax.set_ylim(bottom=0)
-        ax.set_xlabel("chips")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(output_dir / name, dpi=110)
-        plt.close(fig)
-        written.append(output_dir / name)
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
-    labels = [f"{r['chips']}\n{r['allreduce_algorithm'][:6]}" for r in ok]
-    bottom = [0.0] * len(ok)
-    for part in ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds"):
-        values = [r[part] * 1e3 for r in ok]
-        ax.bar(range(len(ok)), values, bottom=bottom, label=part.replace("_seconds", ""))
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_xticks(range(len(ok)), labels, fontsize=7)
-    ax.set_ylabel("simulated step time (ms)")
-    ax.set_xlabel("chips / allreduce")
-    ax.set_title(f"{scenario.name}: step time breakdown (simulated)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(output_dir / "breakdown.png", dpi=110)
-    plt.close(fig)
-    written.append(output_dir / "breakdown.png")
+    written = [_line_plot(plt, "throughput.png", "simulated_examples_per_second",
+                          "examples/s (simulated)", True, series, title, output_dir),
+               _line_plot(plt, "efficiency.png", "scaling_efficiency", "scaling efficiency",
+                          False, series, title, output_dir)]
+    several = len({r["generation"] for r in ok}) > 1
+    labels_of = lambda r: (f"{r['generation']}\n" if several else "") + (  # noqa: E731
+        f"{r['chips']}\n{r['allreduce_algorithm'][:6]}")
+    written.append(_stacked(
+        plt, ok, [(p, p.replace("_seconds", ""), None) for p in
+                  ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds")],
+        labels_of, f"{scenario.name}: step time breakdown (simulated)", output_dir,
+        "breakdown.png"))
+    written.append(_stacked(
+        plt, ok, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
+        labels_of, f"{scenario.name}: the critical path by what bounds it (simulated)",
+        output_dir, "bounds.png"))
     if any(r["simulated_tokens_per_second"] not in ("", None) for r in ok):
         if len({r["chips"] for r in ok}) > 1:
             written.append(_plot_tokens(plt, scenario, series, output_dir))

@@ -270,6 +270,13 @@ def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
     return global_batch // shards
 
 
+def is_timing_sweep(scenario: Scenario) -> bool:
+    """True for a sweep scenario costed timing-only (``sweep.mode: timing``): ``tpu-pod run``
+    refuses it, ``sweep`` plans its points with ``timing_only``, and so do ``validate`` and
+    ``describe`` (its data only has to hold one chip's share of the batch)."""
+    return scenario.sweep is not None and scenario.sweep.mode == "timing"
+
+
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False, sharded_ok: bool = False) -> TrainingPlan:
     """Resolve and check a scenario.

@@ -15,8 +15,19 @@ from typing import Any, Iterable
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end",
-           "HOST_DISPATCH_SECONDS"]
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end", "op_bound",
+           "OP_BOUNDS", "HOST_DISPATCH_SECONDS"]
+
+#: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
+#: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
+OP_BOUNDS = ("mxu", "vpu", "scalar", "hbm")
+
+
+def op_bound(record: Any) -> str:
+    """What bounds one op record (``chip.OpRecord``): "hbm" when its HBM traffic
+    takes longer than its cycles (``bound == "memory"``), else its unit ("mxu",
+    "vpu", "scalar")."""
+    return "hbm" if record.bound == "memory" else record.unit
 
 #: One host call into the TPU, seconds (``chip.calibration``: [PALLAS] C3). Charged per
 #: step only with ``training.host_dispatch: per_step``; training loops run on the device.
@@ -62,6 +73,8 @@ class RecordTotals:
         flops: FLOPs of every op; mxu_flops: those of MXU ops.
         hbm_bytes: HBM traffic.
         unit_seconds: simulated seconds per unit ("mxu", "vpu", "scalar").
+        bound_seconds: simulated seconds per bound (``op_bound``: "mxu",
+            "vpu", "scalar", "hbm").
     """
 
     seconds: float = 0.0
@@ -69,20 +82,24 @@ class RecordTotals:
     mxu_flops: int = 0
     hbm_bytes: int = 0
     unit_seconds: dict[str, float] = field(default_factory=dict)
+    bound_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, records: Iterable[Any]) -> "RecordTotals":
         """Sum a sequence of op records."""
         seconds, flops, mxu_flops, hbm_bytes = 0.0, 0, 0, 0
         units: dict[str, float] = {}
+        bounds: dict[str, float] = {}
         for rec in records:
             seconds += rec.seconds
             flops += rec.flops
             hbm_bytes += rec.hbm_bytes
             units[rec.unit] = units.get(rec.unit, 0.0) + rec.seconds
+            bound = op_bound(rec)
+            bounds[bound] = bounds.get(bound, 0.0) + rec.seconds
             if rec.unit == "mxu":
                 mxu_flops += rec.flops
-        return cls(seconds, int(flops), int(mxu_flops), int(hbm_bytes), units)
+        return cls(seconds, int(flops), int(mxu_flops), int(hbm_bytes), units, bounds)
 
 
 @dataclass(frozen=True)
@@ -134,6 +151,9 @@ class StepStats:
         axis_collective_seconds: their simulated seconds per axis, all of them.
         axis_exposed_seconds: the part per axis the compute stream waited for
             (``pod.report.sharded``).
+        compute_bound_seconds: the slowest core's forward + backward seconds by
+            what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
+        update_bound_seconds: the same for the slowest core's update.
     """
 
     step: int
@@ -163,6 +183,8 @@ class StepStats:
     axis_collective_bytes: dict[str, int] = field(default_factory=dict)
     axis_collective_seconds: dict[str, float] = field(default_factory=dict)
     axis_exposed_seconds: dict[str, float] = field(default_factory=dict)
+    compute_bound_seconds: dict[str, float] = field(default_factory=dict)
+    update_bound_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:

@@ -67,6 +67,8 @@ class ComputeReport:
         hbm: each core's HBM after the step's allocations.
         trace: each core's op rows (empty unless traced).
         local_reduce_trace: the local reduce's op rows (empty unless traced).
+        bound_seconds: each core's forward + backward seconds by what bounds
+            each op ("mxu", "vpu", "scalar", "hbm"; ``RecordTotals``).
     """
 
     losses: tuple[float, ...]
@@ -77,6 +79,7 @@ class ComputeReport:
     grad_ready_seconds: tuple[dict[str, float], ...] = ()
     trace: tuple[tuple[TraceRow, ...], ...] = ()
     local_reduce_trace: tuple[TraceRow, ...] = ()
+    bound_seconds: tuple[dict[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,11 +90,13 @@ class ApplyReport:
         update_seconds: each core's update (simulated).
         hbm: each core's HBM.
         trace: each core's op rows (empty unless traced).
+        bound_seconds: each core's update seconds by what bounds each op.
     """
 
     update_seconds: tuple[float, ...]
     hbm: tuple[HbmUsage, ...]
     trace: tuple[tuple[TraceRow, ...], ...] = ()
+    bound_seconds: tuple[dict[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -335,7 +340,8 @@ class ChipActor:
             hbm=self.hbm(),
             grad_ready_seconds=tuple(ready),
             trace=tuple(traces) if trace else (),
-            local_reduce_trace=_trace_rows(reduce_records) if trace else ())
+            local_reduce_trace=_trace_rows(reduce_records) if trace else (),
+            bound_seconds=tuple(t.bound_seconds for t in totals))
 
     def _slowed(self, records: list[OpRecord]) -> list[OpRecord]:
         """A straggler's records take ``compute_slowdown`` times longer."""
@@ -393,7 +399,7 @@ class ChipActor:
         if self.grad_flat is None:
             raise RuntimeError(f"chip {self.chip_id}: apply at step {step + 1} without "
                                "reduced gradients")
-        seconds, traces = [], []
+        seconds, traces, bounds = [], [], []
         scale = np.float32(1.0 / self.num_replicas)
         for i, core in enumerate(self.chip.cores):
             mean = core.vector("grad_mean", np.multiply, self.grad_flat, scale)
@@ -401,11 +407,13 @@ class ChipActor:
             self.params[i], self.opt_state[i] = self.optimizer.update(
                 core, grads, self.opt_state[i], self.params[i], step + 1)
             records = core.take_records()
-            seconds.append(RecordTotals.of(records).seconds)
+            totals = RecordTotals.of(records)
+            seconds.append(totals.seconds)
+            bounds.append(totals.bound_seconds)
             traces.append(_trace_rows(records) if trace else ())
         self.grad_flat = None
         return ApplyReport(update_seconds=tuple(seconds), hbm=self.hbm(),
-                           trace=tuple(traces) if trace else ())
+                           trace=tuple(traces) if trace else (), bound_seconds=tuple(bounds))
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 512,
                  state: dict[str, np.ndarray] | None = None) -> Evaluation:

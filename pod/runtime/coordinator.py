@@ -101,7 +101,22 @@ def combine_reports(plan: TrainingPlan, step: int, computed: Sequence[ComputeRep
         core_peak_flops_per_s=chip.core.peak_bf16_flops_per_s,
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
         chip_compute_seconds={r: max(out.compute_seconds) for r, out in enumerate(computed)},
+        compute_bound_seconds=_slowest_bounds((out.compute_seconds, out.bound_seconds)
+                                              for out in computed),
+        update_bound_seconds=_slowest_bounds((out.update_seconds, out.bound_seconds)
+                                             for out in applied),
     )
+
+
+def _slowest_bounds(reports) -> dict[str, float]:
+    """The seconds-by-bound of the slowest core among (per-core seconds, per-core
+    bound seconds) pairs ({} when the reports carry none)."""
+    best, out = -1.0, {}
+    for seconds, bounds in reports:
+        for s, b in zip(seconds, bounds):
+            if s > best:
+                best, out = s, dict(b)
+    return out
 
 
 def _model_flops(plan: TrainingPlan, hardware_flops: int) -> int:

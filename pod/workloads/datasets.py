@@ -31,13 +31,20 @@ def _digits(test_fraction: float, seed: int) -> Dataset:
 
 
 def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: int = 10,
-               num_examples: int = 2048, vocabulary: int | None = None) -> Dataset:
+               num_examples: int = 2048, vocabulary: int | None = None,
+               labels: str = "linear") -> Dataset:
     """Gaussian inputs; label = argmax of a fixed random linear map of the
     input (a rule a model can learn, so the loss can fall).
 
     With ``vocabulary`` V: integer token ids in [1, V) (0 is left for
     padding), int32, and label = argmax over classes of the summed random
-    per-token class scores (a bag-of-words rule)."""
+    per-token class scores (a bag-of-words rule).
+
+    ``labels: uniform`` draws the labels uniformly instead (nothing to learn):
+    for throughput-only data whose linear map would be large (224x224x3
+    inputs and 1000 classes: a 150528 x 1000 map, 0.6 GB)."""
+    if labels not in ("linear", "uniform"):
+        raise ValueError(f"synthetic: option labels must be linear or uniform, got {labels!r}")
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(shape)
@@ -54,6 +61,9 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
         scores -= scores.mean(axis=0)                                     # balanced classes
         y = scores[x].reshape(num_examples, -1, num_classes).sum(axis=1).argmax(axis=1)
         y = y.astype(np.int64)
+    elif labels == "uniform":
+        x = rng.standard_normal((num_examples, *shape), dtype=np.float32)  # (N, *shape)
+        y = rng.integers(0, num_classes, num_examples).astype(np.int64)  # (N,)
     else:
         x = rng.standard_normal((num_examples, *shape), dtype=np.float32)  # (N, *shape)
         w = rng.standard_normal((int(np.prod(shape)), num_classes)).astype(np.float32)
@@ -88,7 +98,7 @@ def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
 
 _LOADERS = {
     "digits": (_digits, ()),
-    "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary")),
+    "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary", "labels")),
     "mnist": (files.load_mnist, ()),
     "cifar10": (files.load_cifar10, ()),
     "imdb": (files.load_imdb, ("num_words", "maxlen")),
@@ -109,7 +119,8 @@ def load_dataset(name: str, *, test_fraction: float = 0.2, seed: int = 0,
             pixels 0..16 scaled to [0, 1], shape (N, 8, 8, 1), 10 classes,
             split stratified by class with a seeded shuffle;
             "synthetic": generated, labelled synthetic (options shape=(8, 8, 1),
-            num_classes=10, num_examples=2048, vocabulary=None for token ids);
+            num_classes=10, num_examples=2048, vocabulary=None for token ids,
+            labels="linear" (a learnable rule) or "uniform" (random, cheap));
             "mnist": ``path`` = a directory with the four IDX files;
             "cifar10": ``path`` = the "cifar-10-batches-py" directory;
             "imdb": ``path`` = a directory of pos/ and neg/ text files (or

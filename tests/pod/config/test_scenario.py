@@ -9,7 +9,7 @@ import yaml
 
 from chip import ChipSpecError, HBMOutOfMemoryError
 from pod.errors import ScenarioError, ShardingError
-from pod.config.plan import batch_indices, build_plan, shard_batch_size
+from pod.config.plan import batch_indices, build_plan, is_timing_sweep, shard_batch_size
 from pod.config.scenario import load_scenario, parse_scenario
 from pod.config.slices import default_shape, parse_slice, resolve_pod
 
@@ -50,7 +50,7 @@ def test_every_shipped_scenario_validates():
             bplan = check_benchmark(scenario)
             assert bplan.flops > 0 and bplan.memory["total"] <= bplan.pod.chip.core.hbm_bytes
             continue
-        timing_sweep = scenario.sweep is not None and scenario.sweep.mode == "timing"
+        timing_sweep = is_timing_sweep(scenario)  # as validate does
         plan = build_plan(scenario, timing_only=timing_sweep, sharded_ok=timing_sweep)
         assert plan.steps > 0
         if plan.mesh.is_data_parallel:
