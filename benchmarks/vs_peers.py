@@ -50,7 +50,7 @@ from pod.config.plan import batch_indices, build_plan  # noqa: E402
 from pod.config.scenario import load_scenario  # noqa: E402
 from pod.runtime.actor import ChipActor  # noqa: E402
 from pod.runtime.cluster import ensure_ray, shutdown_ray  # noqa: E402
-from pod.runtime.collective import run_schedule  # noqa: E402
+from pod.runtime.collective import run_schedule, split_chunks  # noqa: E402
 from pod.runtime.coordinator import Pod  # noqa: E402
 from pod.workloads import build_model  # noqa: E402
 
@@ -202,14 +202,21 @@ class GlooRank:
         return self.tensor.numpy().copy()
 
 
-def compare_allreduce(num_bytes: int, repeats: int, chips, schedules, gloo, group: str
-                      ) -> dict[str, float]:
-    """Median wall ms of each variant at one size, alternated, results checked."""
+def compare_allreduce(num_bytes: int, repeats: int, chips, schedules, gloo, group: str,
+                      piece_bytes: int | None = None) -> dict[str, float]:
+    """Median wall ms of each variant at one size, alternated, results checked.
+
+    The emulator's schedules run as the pod runs them: large chunks cut into
+    pieces (``split_chunks``), the chips' link addresses looked up once (as
+    the gloo group is set up once)."""
     count = num_bytes // 4
     rng = np.random.default_rng(count)
     buffers = [rng.integers(-8, 8, count).astype(np.float32) for _ in chips]
     total = np.sum(np.stack(buffers), axis=0)
-    built = {name: build_collective("allreduce", TORUS, count, 4, name) for name in schedules}
+    addresses = ray.get([a.ici_address.remote(b"") for a in chips])
+    piece = {} if piece_bytes is None else {"max_chunk_bytes": piece_bytes}
+    built = {name: split_chunks(build_collective("allreduce", TORUS, count, 4, name), **piece)
+             for name in schedules}
     times: dict[str, list[float]] = {name: [] for name in [*built, "gloo"]}
     for _ in range(repeats):
         for name in times:
@@ -221,7 +228,7 @@ def compare_allreduce(num_bytes: int, repeats: int, chips, schedules, gloo, grou
             if name == "gloo":
                 ray.get([a.allreduce.remote(group) for a in gloo])
             else:
-                ray.get(run_schedule(chips, built[name]))
+                ray.get(run_schedule(chips, built[name], addresses=addresses))
             times[name].append(time.perf_counter() - t0)
             got = ray.get(actors[-1].get_buffer.remote())
             if not np.array_equal(got, total):

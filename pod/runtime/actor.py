@@ -17,6 +17,9 @@ One training step, seen from a chip (docs/ARCHITECTURE.md):
    the optimizer on its own replica. The same bytes in give the same bytes
    out, so replicas stay bit-identical (checked by ``digests``).
 
+``train_step`` runs the three in one call (the pod's step), with the part of
+the schedule ``set_collective`` handed over once.
+
 What a call returns is a frozen dataclass (``ComputeReport``,
 ``ApplyReport``, ``Evaluation``, ``Snapshot``), never a dict read back by key.
 """

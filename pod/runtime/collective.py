@@ -28,9 +28,11 @@ __all__ = ["run_schedule", "rank_plans", "install_schedule", "split_chunks",
 
 #: Chunks larger than this are cut into pieces of at most this many bytes
 #: (``split_chunks``), so that a chip reduces the first pieces of a chunk while
-#: the rest are still on the wire. Measured on 8 actors on 2 cores
-#: (BENCHMARKS.md, "Emulation speed").
-PIPELINE_CHUNK_BYTES = 512 << 10
+#: the rest are still on the wire. Smaller pieces cost more CPU per byte
+#: (headers, wake-ups): on 8 actors sharing 2 cores, where no core is idle,
+#: pieces of 128-512 KiB made a 16 MiB allreduce slower (BENCHMARKS.md,
+#: "Emulation speed"), so only chunks above 4 MiB are cut.
+PIPELINE_CHUNK_BYTES = 4 << 20
 
 
 def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"",

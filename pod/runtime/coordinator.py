@@ -1,12 +1,12 @@
 """``Pod``: places the chip actors and runs one data-parallel step of a plan.
 
 One step (docs/ARCHITECTURE.md, "One training step"): split the global
-batch into one slice per chip (the chip splits it over its TensorCores),
-``compute`` on every chip, run the allreduce schedule chip to chip over the
-actors, ``apply`` the update on every core, and combine the chips' reports
-(``combine_reports``). All calls of a step are submitted at once; the driver
-then waits on every one of them, the collective's included, so an ``IciError``
-on any chip is seen (and a chip whose collective failed refuses to apply).
+batch into one slice per chip (the chip splits it over its TensorCores) and
+make one call per chip (``ChipActor.train_step``): ``compute``, the chip's
+part of the allreduce schedule chip to chip (handed to every chip once at
+start-up, ``install_schedule``), ``apply``; then combine the chips' reports
+(``combine_reports``). The driver waits on every chip, so an ``IciError`` on
+any chip is seen (and a chip whose collective failed never applies).
 
 The pod decides nothing: the allreduce algorithm, its cost at every step and
 the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
