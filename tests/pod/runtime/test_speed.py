@@ -74,3 +74,20 @@ def test_split_chunks_leaves_small_chunks_and_refuses_less_than_an_element():
     assert split_chunks(schedule, 1 << 20) is schedule
     with pytest.raises(ValueError, match="max_chunk_bytes must hold one element"):
         split_chunks(schedule, 3)
+
+
+def test_core_threads_give_the_same_report_and_gradients_in_process():
+    from pod.runtime.actor import ChipActor
+    from pod.runtime.coordinator import chip_arguments
+
+    plan = quickstart_plan()
+    args, kwargs = chip_arguments(plan, 1, in_process=True)
+    chips = [ChipActor(*args, **kwargs, core_threads=threads) for threads in (False, True)]
+    assert chips[1]._pool is not None and chips[0]._pool is None
+    data = plan.dataset
+    x, y = data.x_train[:plan.per_chip_batch], data.y_train[:plan.per_chip_batch]
+    reports = [chip.compute(0, x, y, 0, trace=True) for chip in chips]
+    assert reports[0] == reports[1]
+    np.testing.assert_array_equal(chips[0].get_buffer(), chips[1].get_buffer())
+    with pytest.raises(RuntimeError, match="train_step before set_collective"):
+        chips[0].train_step(1, x, y, 0, run_id=1)
