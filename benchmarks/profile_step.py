@@ -3,7 +3,7 @@
 Usage:
     .venv/bin/python benchmarks/profile_step.py [--steps 30]
 
-Two views, both wall clock:
+Two views, wall clock and CPU time (never simulated time):
 
 1. **The pod, phase by phase** (a real ``Pod`` on ``scenarios/quickstart.yaml``:
    4 chip actors, 2 TensorCores each): the normal step (``Pod.step``), then the
@@ -11,8 +11,8 @@ Two views, both wall clock:
    chip, the allreduce, ``apply``; the driver's own share (choosing the batch,
    submitting the calls, ``combine_reports``) is profiled with cProfile.
 2. **One chip in this process** (the very ``ChipActor`` the pod runs, rank 0,
-   its collective skipped), cProfile over ``compute`` + ``apply``; time per
-   category: MXU products (BLAS), bf16 rounding, op records (the cost model's
+   its collective skipped), cProfile over ``compute`` + ``apply`` with a CPU-time
+   clock (less sensitive to other jobs on the machine); time per category: MXU products (BLAS), bf16 rounding, op records (the cost model's
    bookkeeping: records, cycles, totals), the optimizer (apply), and the rest
    of the layers' numpy and Python. cProfile slows Python-heavy code more
    than BLAS, so the split is a guide; the plain wall times beside it are not
@@ -76,19 +76,19 @@ def profile_chip(plan, steps: int) -> None:
     compute_s, apply_s = [], []
     for step in range(steps + 2):
         x, y = shard(step)
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         actor.compute(step, x, y, seed)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         actor.apply(step)
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         if step >= 2:
             compute_s.append(t1 - t0)
             apply_s.append(t2 - t1)
-    print(f"\none chip in-process (2 TensorCores, 64 examples), wall ms, median of {steps}: "
+    print(f"\none chip in-process (2 TensorCores, 64 examples), CPU ms, median of {steps}: "
           f"compute {statistics.median(compute_s) * 1e3:.2f}, apply "
           f"{statistics.median(apply_s) * 1e3:.2f}")
     for name, method in (("compute", "compute"), ("apply", "apply")):
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.process_time)  # CPU time: less sensitive to other jobs
         for step in range(steps):
             x, y = shard(step)
             if name == "apply":
@@ -103,7 +103,7 @@ def profile_chip(plan, steps: int) -> None:
                 actor.apply(step)
         stats = pstats.Stats(prof)
         total = stats.total_tt
-        print(f"  {name} under cProfile: {total / steps * 1e3:.2f} ms per step")
+        print(f"  {name} under cProfile: {total / steps * 1e3:.2f} CPU ms per step")
         for label, seconds in _split(stats, total).items():
             print(f"    {label:45s} {seconds / steps * 1e3:7.2f} ms  {seconds / total:6.1%}")
 
