@@ -446,7 +446,9 @@ class Run:
         if self.output_dir is not None:
             write_json(self.output_dir / "summary.json", partial)
             wrote = f"; wrote {self.output_dir / 'summary.json'} (partial), {self.rows.path}"
-        self.console.print(f"Stopped by {stopped} after {self.totals.steps} of {self.plan.steps} "
+        # an error is printed once, by whoever catches it (the CLI's one line): not here
+        by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
+        self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
                            f"steps{wrote}"
                            + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints else ""),
                            highlight=False)
