@@ -1,12 +1,53 @@
-"""The one input check of ``pod.workloads``: numbers that must be integers or
-lie in a range, with one message shape ("<what> must be ..., got <value>")."""
+"""The input checks of ``pod.workloads``: numbers that must be integers or lie in
+a range, with one message shape ("<what> must be ..., got <value>"); token ids
+inside a vocabulary; and the error for a model that does not fit its data."""
 
 from __future__ import annotations
 
 import math
 import numbers
 
-__all__ = ["check_int", "check_number"]
+import numpy as np
+
+__all__ = ["check_int", "check_number", "check_token_ids", "DataMismatchError", "TokenIdError"]
+
+
+class DataMismatchError(ValueError):
+    """A model cannot take a dataset: its input shape, its classes or its labels
+    per example differ from what the model takes and predicts."""
+
+
+class TokenIdError(DataMismatchError):
+    """Token ids outside an embedding's vocabulary.
+
+    Attributes:
+        vocabulary: the embedding's size V (ids must be in [0, V)).
+        low, high: the smallest and largest id found.
+    """
+
+    def __init__(self, message: str, vocabulary: int, low: int, high: int) -> None:
+        super().__init__(message)
+        self.vocabulary, self.low, self.high = vocabulary, low, high
+
+
+def check_token_ids(x: np.ndarray, vocabulary: int, what: str) -> np.ndarray:
+    """``x`` (any shape) as int64 token ids, if every one is a whole number in
+    [0, vocabulary).
+
+    Raises:
+        DataMismatchError: fractional values ("<what>: ... integer token ids").
+        TokenIdError: an id outside [0, vocabulary), naming the range found.
+    """
+    if x.dtype.kind not in "iu" and not np.all(np.floor(x) == x):
+        raise DataMismatchError(f"{what}: inputs must be integer token ids, got dtype {x.dtype} "
+                                "with fractional values")
+    ids = x.astype(np.int64, copy=False)
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocabulary:
+            raise TokenIdError(f"{what}: token ids must be in [0, {vocabulary}) (the vocabulary), "
+                               f"got range [{low}, {high}]", vocabulary, low, high)
+    return ids
 
 
 def check_int(value: object, what: str, minimum: int = 1) -> int:
