@@ -122,20 +122,38 @@ def read_data_file(path: Path) -> bytes:
     return raw
 
 
-def gunzip_bounded(raw: bytes, path: Path) -> bytes:
+def gunzip_bounded(raw: bytes, path: Path, limit_of=None) -> bytes:
     """Decompress gzip data, refusing more than ``MAX_DECOMPRESSED_BYTES``.
+
+    Args:
+        raw: the gzip file's bytes.
+        path: named in errors.
+        limit_of: optional ``f(read) -> (limit_bytes, why)`` given a function that
+            reads the first bytes (a format's header): the data may not decompress
+            to more than ``limit_bytes``; so a bomb stops at the size its header
+            declares, not at ``MAX_DECOMPRESSED_BYTES`` of memory.
 
     Raises:
         ValueError: not gzip, or a gzip bomb; one line naming the path.
     """
+    limit, why = MAX_DECOMPRESSED_BYTES, f"{MAX_DECOMPRESSED_BYTES:,} bytes"
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
-            out = f.read(MAX_DECOMPRESSED_BYTES + 1)
+            head = b""
+            if limit_of is not None:
+                def read(n: int) -> bytes:
+                    nonlocal head
+                    head += f.read(n)
+                    return head
+                declared, declared_why = limit_of(read)
+                if declared <= limit:
+                    limit, why = declared, declared_why
+            out = head + f.read(limit + 1 - len(head))
     except (OSError, EOFError) as err:
         raise ValueError(f"{path}: not a valid gzip file ({err})") from None
-    if len(out) > MAX_DECOMPRESSED_BYTES:
-        raise ValueError(f"{path}: decompresses to more than {MAX_DECOMPRESSED_BYTES:,} bytes; "
-                         "refused (a data file this size is not one of the formats read here)")
+    if len(out) > limit:
+        raise ValueError(f"{path}: decompresses to more than {why}; refused (a data file this "
+                         "size is not one of the formats read here)")
     return out
 
 
@@ -155,6 +173,17 @@ _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dty
               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
 
+def _idx_declared_bytes(read) -> tuple[int, str]:
+    """The size an IDX header declares (header and data), from its first bytes."""
+    head = read(4)
+    if len(head) < 4 or head[2] not in _IDX_TYPES:
+        return MAX_DECOMPRESSED_BYTES, f"{MAX_DECOMPRESSED_BYTES:,} bytes"
+    head = read(4 * head[3])
+    dims = [int.from_bytes(head[i:i + 4], "big") for i in range(4, len(head) - 3, 4)]
+    total = len(head) + math.prod(dims) * np.dtype(_IDX_TYPES[head[2]]).itemsize
+    return total, f"the {total:,} bytes its IDX header declares"
+
+
 def read_idx(path: Path) -> np.ndarray:
     """Reads one IDX file (gzipped if it ends in .gz).
 
@@ -163,7 +192,7 @@ def read_idx(path: Path) -> np.ndarray:
     """
     raw = read_data_file(path)
     if path.suffix == ".gz":
-        raw = gunzip_bounded(raw, path)
+        raw = gunzip_bounded(raw, path, _idx_declared_bytes)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES or raw[3] < 1:
         raise ValueError(f"{path}: not an IDX file (magic bytes {raw[:4].hex() or 'missing'}; "
                          "expected 00 00 <type> <dims>)")

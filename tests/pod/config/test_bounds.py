@@ -110,6 +110,18 @@ def test_a_gzip_bomb_is_refused(tmp_path, monkeypatch):
         load_dataset("mnist", path=root)
 
 
+def test_a_gzip_bomb_stops_at_the_size_its_idx_header_declares(tmp_path):
+    """A header declaring 16 bytes of labels followed by 64 MiB of zeros: reading stops
+    at the declared size (memory bounded by the header, not by MAX_DECOMPRESSED_BYTES)."""
+    root = tmp_path / "mnist"
+    root.mkdir()
+    with gzip.open(root / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + (16).to_bytes(4, "big") + bytes(64 << 20))
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz: decompresses to more than "
+                                         r"the 24 bytes its IDX header declares; refused"):
+        load_dataset("mnist", path=root)
+
+
 def huge_array_pickle(elements: int = 2**40) -> bytes:
     """A 100-byte pickle: ``numpy._core.multiarray._reconstruct(ndarray, (elements,), b'b')``,
     which allocates its shape before reading any data."""
