@@ -88,7 +88,7 @@ class Run:
         self.hold_seconds = hold_seconds
         self.history: list[StepStats] | None = [] if keep_history else None
         if self.output_dir is not None:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
+            check_writable(self.output_dir)  # created; a read-only file system is one line
         elif plan.scenario.checkpoint is not None and plan.scenario.checkpoint.dir is None:
             raise ScenarioError("checkpoint.dir: a run that writes no files (no output "
                                 "directory) needs the checkpoints' own dir")
@@ -100,7 +100,8 @@ class Run:
         self.checkpoints = (RunCheckpoints(plan, self.output_dir, resume_dir)
                             if scenario.checkpoint else None)
         # found unwritable before the first step, not at the first checkpoint
-        check_writable(self.output_dir, self.checkpoints.dir if self.checkpoints else None)
+        check_writable(self.output_dir, self.checkpoints.dir if self.checkpoints else None,
+                       trace_path.parent if trace_path is not None else None)
         self.metrics_port = scenario.metrics.port if metrics_port is None else metrics_port
         self.metrics: PodMetrics | None = None
         self.pod: Pod | None = None
