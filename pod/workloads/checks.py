@@ -9,7 +9,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_int", "check_number", "check_token_ids", "DataMismatchError", "TokenIdError"]
+__all__ = ["check_int", "check_number", "check_token_ids", "short_repr", "DataMismatchError", "TokenIdError"]
 
 
 class DataMismatchError(ValueError):
@@ -50,6 +50,13 @@ def check_token_ids(x: np.ndarray, vocabulary: int, what: str) -> np.ndarray:
     return ids
 
 
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a huge list given as a size is
+    quoted by its start)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def check_int(value: object, what: str, minimum: int = 1) -> int:
     """``value`` as an int, if it is an integer (not a bool) >= ``minimum``.
 
@@ -59,7 +66,7 @@ def check_int(value: object, what: str, minimum: int = 1) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{what} must be {need}, got {value!r}")
+        raise ValueError(f"{what} must be {need}, got {short_repr(value)}")
     return int(value)
 
 
@@ -91,5 +98,5 @@ def check_number(value: object, what: str, *, low: float | None = None,
             need = f"a number {'<' if high_open else '<='} {high:g}"
         else:
             need = "a finite number"
-        raise ValueError(f"{what} must be {need}, got {value!r}")
+        raise ValueError(f"{what} must be {need}, got {short_repr(value)}")
     return float(value)
