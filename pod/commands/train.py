@@ -214,7 +214,7 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
-        self.startup_wall_seconds = self.pod.start()
+        self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         self.console.print(f"{plan.pod.chips} chip actors ready in "
                            f"{self.startup_wall_seconds:.1f} s (wall)")

@@ -228,7 +228,7 @@ def test_a_sigkilled_driver_leaves_no_ray_process_and_no_session(tmp_path):
 def test_sigterm_while_ray_starts_ends_with_143_a_partial_summary_and_nothing_left(tmp_path):
     """A SIGTERM during ``ray.init`` (whose own handler exited with status 15, no line,
     no summary): the run's handler is kept, and the run stops at its first step
-    boundary like any interrupted run."""
+    boundary like any interrupted run, or as soon as Ray is up (``Pod.start``'s check)."""
     proc, out = _start_run(tmp_path, "early")
     try:
         deadline = time.monotonic() + 300
@@ -240,7 +240,7 @@ def test_sigterm_while_ray_starts_ends_with_143_a_partial_summary_and_nothing_le
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert "chip actors ready" in stdout and "step 1/" not in stdout
+    assert "step 1/" not in stdout  # stopped once Ray was up, before or after the actors
     assert proc.returncode == 143, (proc.returncode, stderr[-2000:])
     assert [line for line in stderr.splitlines() if line.strip()] == ["interrupted by SIGTERM"]
     summary = json.loads((out / "summary.json").read_text())
