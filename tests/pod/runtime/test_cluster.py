@@ -247,3 +247,20 @@ def test_sigterm_while_ray_starts_ends_with_143_a_partial_summary_and_nothing_le
     assert summary["completed"] is False and summary["stopped_by"] == "signal SIGTERM"
     assert summary["steps"] == 0
     assert not cluster_temp_dir(proc.pid).exists()
+
+
+def test_an_exception_inside_an_actor_reaches_the_user_as_its_type_and_message():
+    """Not Ray's first line (``ray::ChipActor.compute() (pid=..., repr=...)``)."""
+    import ray
+
+    from pod.errors import ClusterError, ScenarioError
+    from pod.runtime.coordinator import _chip_error
+
+    inner = ValueError("embedding: token ids must be in [0, 100) (the vocabulary), got range "
+                       "[236, 14860]\nsecond line")
+    err = _chip_error(ray.exceptions.RayTaskError("ChipActor.compute", "Traceback ...", inner))
+    assert isinstance(err, ClusterError)
+    assert str(err) == ("a chip actor failed: ValueError: embedding: token ids must be in "
+                        "[0, 100) (the vocabulary), got range [236, 14860]")
+    user = ScenarioError("training.global_batch: ...")
+    assert _chip_error(ray.exceptions.RayTaskError("ChipActor.compute", "", user)) is user
