@@ -22,7 +22,7 @@ from pod.report.console import make_console, titled_table
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
 from pod.report.model_summary import layer_costs, layer_detail_table, model_summary_table
 from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.scenario import load_scenario
@@ -179,7 +179,7 @@ def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
             text = str(err) if str(err).startswith(f"{path}: ") else f"{path}: {err}"
             row = {"path": str(path), "ok": False, "error": text}
             if not as_json:
-                click.echo(f"error: {text}", err=True)
+                click.echo(f"error: {one_line(text)}", err=True)
         else:
             if not as_json:
                 click.echo(_ok_line(row))
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except USER_ERRORS as err:
-        click.echo(f"error: {err}", err=True)
+        click.echo(f"error: {one_line(err)}", err=True)
         sys.exit(EXIT_USER_ERROR)
     except RunInterrupted as err:  # the run wrote its checkpoint and partial summary first
         click.echo(str(err), err=True)

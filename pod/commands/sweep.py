@@ -40,6 +40,7 @@ from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
+from pod.report.files import check_writable, write_atomic
 from pod.report.stats import mfu
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
@@ -298,6 +299,7 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
     """
     points = sweep_points(scenario)
     mode = mode or scenario.sweep.mode
+    check_writable(output_dir)  # before the first point, not after the last
     rows = []
     for point in points:
         row = {key: "" for key in COLUMNS}
@@ -318,12 +320,14 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
         if on_point:
             on_point(row)
     _efficiency(rows, points)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    with (output_dir / "results.csv").open("w", newline="") as f:
+    def write_rows(f) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    (output_dir / "results.md").write_text(markdown_table(scenario, rows, mode))
+
+    write_atomic(output_dir / "results.csv", write_rows, newline="")
+    table = markdown_table(scenario, rows, mode)
+    write_atomic(output_dir / "results.md", lambda f: f.write(table))
     plot(scenario, rows, output_dir)
     return rows
 

@@ -88,7 +88,7 @@ class Run:
         self.hold_seconds = hold_seconds
         self.history: list[StepStats] | None = [] if keep_history else None
         if self.output_dir is not None:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
+            check_writable(self.output_dir)  # created; a read-only file system is one line
         elif plan.scenario.checkpoint is not None and plan.scenario.checkpoint.dir is None:
             raise ScenarioError("checkpoint.dir: a run that writes no files (no output "
                                 "directory) needs the checkpoints' own dir")
@@ -100,7 +100,8 @@ class Run:
         self.checkpoints = (RunCheckpoints(plan, self.output_dir, resume_dir)
                             if scenario.checkpoint else None)
         # found unwritable before the first step, not at the first checkpoint
-        check_writable(self.output_dir, self.checkpoints.dir if self.checkpoints else None)
+        check_writable(self.output_dir, self.checkpoints.dir if self.checkpoints else None,
+                       trace_path.parent if trace_path is not None else None)
         self.metrics_port = scenario.metrics.port if metrics_port is None else metrics_port
         self.metrics: PodMetrics | None = None
         self.pod: Pod | None = None
@@ -217,7 +218,7 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
-        self.startup_wall_seconds = self.pod.start()
+        self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         self.console.print(f"{plan.pod.chips} chip actors ready in "
                            f"{self.startup_wall_seconds:.1f} s (wall)")
@@ -450,7 +451,9 @@ class Run:
         if self.output_dir is not None:
             write_json(self.output_dir / "summary.json", partial)
             wrote = f"; wrote {self.output_dir / 'summary.json'} (partial), {self.rows.path}"
-        self.console.print(f"Stopped by {stopped} after {self.totals.steps} of {self.plan.steps} "
+        # an error is printed once, by whoever catches it (the CLI's one line): not here
+        by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
+        self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
                            f"steps{wrote}"
                            + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints else ""),
                            highlight=False)

@@ -24,6 +24,8 @@ from pod.config.sharding import MeshCollectiveCosts, check_sharded_mesh
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
+from pod.workloads.checks import DataMismatchError, TokenIdError
+from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
 
 __all__ = ["TrainingPlan", "build_plan", "memory_plan", "shard_batch_size", "batch_indices",
            "plan_ici"]
@@ -229,6 +231,52 @@ def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Da
     return dataset
 
 
+def _model_for_data(scenario: Scenario, dataset: Dataset) -> Model:
+    """The scenario's model, built for the data and checked against every example
+    (labels per example, token ids in the vocabulary), so that a model and data
+    that disagree are one line from ``validate``, not an error inside a chip actor.
+
+    Raises:
+        ScenarioError: ``model.options.vocabulary`` smaller than the data's ids;
+            ``model.name`` when the model cannot take this data (naming the
+            models that can); ``model.options`` for a bad option.
+    """
+    name, options = scenario.model.name, scenario.model.options
+    try:
+        model = _built(name, dataset, options)
+        for x, y in ((dataset.x_train, dataset.y_train), (dataset.x_test, dataset.y_test)):
+            model.check_data(x, y)
+        return model
+    except TokenIdError as err:
+        if "vocabulary" not in MODEL_OPTIONS[name]:
+            raise ScenarioError(f"data: {err}") from None
+        raise ScenarioError(
+            f"model.options.vocabulary: {err.vocabulary} is smaller than the token ids of "
+            f"{dataset.name} (up to {err.high}); use at least {err.high + 1}"
+            + (", or data.options.num_words to keep fewer words" if dataset.name == "imdb"
+               else "")) from None
+    except DataMismatchError as err:
+        fit = [m for m in MODEL_NAMES if m != name and _fits(m, dataset)]
+        raise ScenarioError(f"model.name: {name} does not fit {dataset.name} data: {err}; models "
+                            f"that fit it: {', '.join(fit) or 'none'}") from None
+    except ValueError as err:
+        raise ScenarioError(f"model.options: {err}") from None
+
+
+def _built(name: str, dataset: Dataset, options: dict) -> Model:
+    return build_model(name, input_shape=tuple(dataset.x_train.shape[1:]),
+                       num_classes=dataset.num_classes, **options)
+
+
+def _fits(name: str, dataset: Dataset) -> bool:
+    """Whether model ``name`` with its default options takes a sample of ``dataset``."""
+    try:
+        _built(name, dataset, {}).check_data(dataset.x_train[:256], dataset.y_train[:256])
+    except ValueError:
+        return False
+    return True
+
+
 def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model, chip_name: str) -> None:
     """A mesh with fsdp or tensor axes trains the transformer on one device per chip
     (``pod.runtime.sharded_pod``); a model other than the transformer, or v2 / v3,
@@ -313,11 +361,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     per_core = _per_device_batch(training.global_batch, pod, mesh)
     dataset = _training_data(scenario, pod, per_core, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])
-    try:
-        model = build_model(scenario.model.name, input_shape=tuple(dataset.x_train.shape[1:]),
-                            num_classes=dataset.num_classes, **scenario.model.options)
-    except ValueError as err:
-        raise ScenarioError(f"model.options: {err}") from None
+    model = _model_for_data(scenario, dataset)
     try:
         optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     except ValueError as err:

@@ -92,7 +92,7 @@ def check_writable(*directories: Path | str | None) -> None:
         if directory is None:
             continue
         directory = Path(directory)
-        with output_errors(directory):
+        try:
             directory.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=directory)
             try:
@@ -101,6 +101,10 @@ def check_writable(*directories: Path | str | None) -> None:
             finally:
                 os.close(fd)
                 os.unlink(probe)
+        except OSError as err:  # named: the directory, not the probe file in it
+            where = err.filename if err.filename and ".write-check." not in str(err.filename) \
+                else directory
+            raise OutputError(where, err.strerror or str(err)) from None
 
 
 def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from interconnect import Schedule, Torus
+from pod.report.files import output_errors, write_atomic
 from pod.report.stats import StepStats
 
 __all__ = ["step_events", "write_trace", "UNITS"]
@@ -196,7 +197,12 @@ def write_trace(path: Path, events: list[dict[str, Any]], metadata: dict[str, An
         path: the output file; its directory is created.
         events: metadata and complete events.
         metadata: run facts stored under ``otherData``.
+
+    Raises:
+        OutputError: the file system refused (written via a temporary file and
+            a rename, so a failed write leaves no half trace).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"traceEvents": events, "otherData": metadata}
-    path.write_text(json.dumps(doc))
+    text = json.dumps({"traceEvents": events, "otherData": metadata})
+    with output_errors(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda f: f.write(text))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import ray
@@ -234,18 +234,26 @@ class Pod:
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
 
-    def start(self) -> float:
+    def start(self, check: Callable[[], None] | None = None) -> float:
         """Start (or join) Ray and create one actor per chip.
+
+        Args:
+            check: called once Ray is up and once the hosts are placed: a run's
+                interrupt check, so a SIGTERM during start-up stops it there
+                rather than after every actor is up.
 
         Returns:
             Wall seconds the actors took to come up.
         """
+        check = check or (lambda: None)
         self._owns_ray = ensure_ray(self.ray_address)
+        check()
         t0 = time.perf_counter()
         self.placement = self._place_hosts()
         if self.core_threads is None:
             cpus = ray.cluster_resources().get("CPU", 1)
             self.core_threads = cpus >= self.plan.pod.tensorcores
+        check()
         self.actors = [self._new_actor(rank) for rank in range(self.plan.pod.chips)]
         self._get([a.set_chunk_bounds.remote(self.wire_schedule.chunk_bounds) for a in self.actors])
         self._install_collective()

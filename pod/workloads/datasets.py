@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,12 @@ def _digits(test_fraction: float, seed: int) -> Dataset:
     return Dataset("digits", x[tr], y[tr], x[te], y[te], 10, synthetic=False)
 
 
+#: Most values a synthetic dataset (or its labelling table) may hold: 2**26 float32
+#: values are 256 MiB; the largest shipped one (CIFAR-shaped, 4,096 examples) has
+#: 12.6 million.
+MAX_SYNTHETIC_VALUES = 1 << 26
+
+
 def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: int = 10,
                num_examples: int = 2048, vocabulary: int | None = None,
                labels: str = "linear") -> Dataset:
@@ -47,15 +54,27 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
         raise ValueError(f"synthetic: option labels must be linear or uniform, got {labels!r}")
     if isinstance(shape, int):
         shape = (shape,)
+    if not isinstance(shape, (list, tuple)):
+        raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r:.60}")
     shape = tuple(shape)
     if not shape or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0
                             for v in shape):
-        raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r}")
+        raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r:.60}")
     for field, value, low in (("num_classes", num_classes, 2), ("num_examples", num_examples, 2)):
         check_int(value, f"synthetic: option {field}", low)
-    rng = np.random.default_rng(seed)
     if vocabulary is not None:
         check_int(vocabulary, "synthetic: option vocabulary", 2)
+    per_example = math.prod(shape)
+    table = (vocabulary if vocabulary is not None else per_example) * num_classes
+    for what, values in ((f"num_examples x shape ({num_examples} x {per_example})",
+                          num_examples * per_example),
+                         (f"{'vocabulary' if vocabulary is not None else 'shape'} x num_classes",
+                          table)):
+        if values > MAX_SYNTHETIC_VALUES:
+            raise ValueError(f"synthetic: options {what} make {values:,} values, more than the "
+                             f"{MAX_SYNTHETIC_VALUES:,} allowed")
+    rng = np.random.default_rng(seed)
+    if vocabulary is not None:
         x = rng.integers(1, vocabulary, size=(num_examples, *shape)).astype(np.int32)  # (N, *shape)
         scores = rng.standard_normal((int(vocabulary), num_classes))                 # (V, K)
         scores -= scores.mean(axis=0)                                     # balanced classes

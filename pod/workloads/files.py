@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import gzip
 import io
+import math
 import os
 import pickle
 import re
@@ -121,20 +122,38 @@ def read_data_file(path: Path) -> bytes:
     return raw
 
 
-def gunzip_bounded(raw: bytes, path: Path) -> bytes:
+def gunzip_bounded(raw: bytes, path: Path, limit_of=None) -> bytes:
     """Decompress gzip data, refusing more than ``MAX_DECOMPRESSED_BYTES``.
+
+    Args:
+        raw: the gzip file's bytes.
+        path: named in errors.
+        limit_of: optional ``f(read) -> (limit_bytes, why)`` given a function that
+            reads the first bytes (a format's header): the data may not decompress
+            to more than ``limit_bytes``; so a bomb stops at the size its header
+            declares, not at ``MAX_DECOMPRESSED_BYTES`` of memory.
 
     Raises:
         ValueError: not gzip, or a gzip bomb; one line naming the path.
     """
+    limit, why = MAX_DECOMPRESSED_BYTES, f"{MAX_DECOMPRESSED_BYTES:,} bytes"
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
-            out = f.read(MAX_DECOMPRESSED_BYTES + 1)
+            head = b""
+            if limit_of is not None:
+                def read(n: int) -> bytes:
+                    nonlocal head
+                    head += f.read(n)
+                    return head
+                declared, declared_why = limit_of(read)
+                if declared <= limit:
+                    limit, why = declared, declared_why
+            out = head + f.read(limit + 1 - len(head))
     except (OSError, EOFError) as err:
         raise ValueError(f"{path}: not a valid gzip file ({err})") from None
-    if len(out) > MAX_DECOMPRESSED_BYTES:
-        raise ValueError(f"{path}: decompresses to more than {MAX_DECOMPRESSED_BYTES:,} bytes; "
-                         "refused (a data file this size is not one of the formats read here)")
+    if len(out) > limit:
+        raise ValueError(f"{path}: decompresses to more than {why}; refused (a data file this "
+                         "size is not one of the formats read here)")
     return out
 
 
@@ -154,6 +173,17 @@ _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dty
               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
 
+def _idx_declared_bytes(read) -> tuple[int, str]:
+    """The size an IDX header declares (header and data), from its first bytes."""
+    head = read(4)
+    if len(head) < 4 or head[2] not in _IDX_TYPES:
+        return MAX_DECOMPRESSED_BYTES, f"{MAX_DECOMPRESSED_BYTES:,} bytes"
+    head = read(4 * head[3])
+    dims = [int.from_bytes(head[i:i + 4], "big") for i in range(4, len(head) - 3, 4)]
+    total = len(head) + math.prod(dims) * np.dtype(_IDX_TYPES[head[2]]).itemsize
+    return total, f"the {total:,} bytes its IDX header declares"
+
+
 def read_idx(path: Path) -> np.ndarray:
     """Reads one IDX file (gzipped if it ends in .gz).
 
@@ -162,7 +192,7 @@ def read_idx(path: Path) -> np.ndarray:
     """
     raw = read_data_file(path)
     if path.suffix == ".gz":
-        raw = gunzip_bounded(raw, path)
+        raw = gunzip_bounded(raw, path, _idx_declared_bytes)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES or raw[3] < 1:
         raise ValueError(f"{path}: not an IDX file (magic bytes {raw[:4].hex() or 'missing'}; "
                          "expected 00 00 <type> <dims>)")
@@ -225,7 +255,29 @@ class SafeUnpickler(pickle.Unpickler):
         if (module, name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data and "
                                          "numpy arrays are allowed")
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        return _bounded_reconstruct(found) if name == "_reconstruct" else found
+
+
+def _bounded_reconstruct(reconstruct):
+    """numpy's ``_reconstruct(subtype, shape, typecode)`` allocates ``shape`` before any
+    data is read (pickles write ``(0,)``): refuse a shape whose elements would exceed
+    ``MAX_DECOMPRESSED_BYTES`` (a 100-byte pickle asking for 1 TiB)."""
+
+    def checked(subtype, shape, typecode):
+        dims = shape if isinstance(shape, tuple) else (shape,)
+        if not all(isinstance(d, int) and d >= 0 for d in dims) or \
+                math.prod(dims) > MAX_DECOMPRESSED_BYTES:
+            raise pickle.UnpicklingError(f"an array of shape {_short(shape)} is larger than the "
+                                         f"{MAX_DECOMPRESSED_BYTES:,} bytes allowed")
+        return reconstruct(subtype, shape, typecode)
+
+    return checked
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def safe_unpickle(raw: bytes, source: Path) -> object:
@@ -237,8 +289,9 @@ def safe_unpickle(raw: bytes, source: Path) -> object:
     try:
         obj = SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-            IndexError, KeyError) as err:
-        raise ValueError(f"{source}: not a CIFAR-10 python batch ({err})") from None
+            IndexError, KeyError, MemoryError) as err:
+        raise ValueError(f"{source}: not a CIFAR-10 python batch "
+                         f"({_short(str(err) or type(err).__name__, 200)})") from None
     if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
         raise ValueError(f"{source}: object arrays are not allowed")
     return obj
@@ -319,15 +372,37 @@ def _check_int(value, field: str, low: int) -> int:
 
 def _check_zip_size(path: Path) -> None:
     """Refuse an .npz whose arrays decompress to more than ``MAX_DECOMPRESSED_BYTES``
-    (the sizes in the zip directory; reading stops at them)."""
+    (the sizes in the zip directory; reading stops at them), or whose .npy headers
+    declare more bytes than their member holds (numpy allocates the declared shape
+    before reading: a 100-byte member claiming 4 TiB would be a MemoryError)."""
     try:
         with zipfile.ZipFile(path) as z:
-            total = sum(info.file_size for info in z.infolist())
+            members = z.infolist()
+            total = sum(info.file_size for info in members)
+            if total > MAX_DECOMPRESSED_BYTES:
+                raise ValueError(f"{path}: its arrays decompress to {total:,} bytes, more than "
+                                 f"{MAX_DECOMPRESSED_BYTES:,}; refused")
+            for info in members:
+                if info.filename.endswith(".npy"):
+                    with z.open(info) as member:
+                        _check_npy_header(path, info, member)
     except (OSError, zipfile.BadZipFile) as err:
         raise ValueError(f"{path}: not a valid .npz file ({err})") from None
-    if total > MAX_DECOMPRESSED_BYTES:
-        raise ValueError(f"{path}: its arrays decompress to {total:,} bytes, more than "
-                         f"{MAX_DECOMPRESSED_BYTES:,}; refused")
+
+
+def _check_npy_header(path: Path, info: zipfile.ZipInfo, member) -> None:
+    """The shape and dtype an .npy member declares must fit in the bytes it holds."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(member)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read(member)
+    except (ValueError, TypeError, SyntaxError) as err:
+        raise ValueError(f"{path}: {info.filename}: not an .npy array ({err})") from None
+    declared = dtype.itemsize * math.prod(shape)
+    if declared > info.file_size:
+        raise ValueError(f"{path}: {info.filename} declares shape {shape} of {dtype} "
+                         f"({declared:,} bytes) but holds {info.file_size:,} bytes; refused")
 
 
 def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 15000,

@@ -122,6 +122,11 @@ class Layer:
     def output_shape(self, input_shape) -> tuple[int, ...]:
         return tuple(input_shape)
 
+    def check_inputs(self, x: np.ndarray) -> None:
+        """Raise ``DataMismatchError`` if ``x`` (B, *input_shape) cannot be this
+        layer's input whatever its parameters (an embedding: ids outside its
+        vocabulary); any values by default."""
+
     def forward_flops(self, input_shape) -> int:
         return 0
 

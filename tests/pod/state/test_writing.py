@@ -87,3 +87,41 @@ def test_a_checkpoint_on_a_read_only_file_system_is_one_line(tmp_path, monkeypat
     with pytest.raises(OutputError, match=r"ckpt\.msgpack: cannot write \(Read-only file system\)"):
         save_checkpoint(tmp_path / "ckpt.msgpack", ck)
     assert list(tmp_path.iterdir()) == []
+
+
+def _refuse_mkdir(code: int):
+    def fail(path, *args, **kwargs):
+        raise OSError(code, os.strerror(code), os.fspath(path))
+    return fail
+
+
+def test_a_run_whose_output_or_trace_directory_cannot_be_created_is_one_line(tmp_path,
+                                                                           monkeypatch):
+    """A missing output directory on a read-only file system was a mkdir traceback;
+    a trace's directory was found unwritable only after the last step."""
+    from pod.commands.train import Run
+    from pod.config.plan import build_plan
+    from pod.config.scenario import parse_scenario
+
+    plan = build_plan(parse_scenario({"name": "w", "pod": {"slice": "v2-8"},
+                                      "model": {"name": "mlp"},
+                                      "training": {"global_batch": 64, "steps": 1},
+                                      "metrics": {"port": 0}}))
+    monkeypatch.setattr(os, "mkdir", _refuse_mkdir(errno.EROFS))
+    with pytest.raises(OutputError, match=rf"^{tmp_path / 'out'}: cannot write \(Read-only file "
+                                          r"system\)$"):
+        Run(plan, output_dir=tmp_path / "out")
+    monkeypatch.undo()
+    monkeypatch.setattr(files.os, "write", refuse(errno.EROFS))
+    (tmp_path / "traces").mkdir()
+    with pytest.raises(OutputError, match=rf"^{tmp_path / 'traces'}: cannot write"):
+        Run(plan, output_dir=None, trace_path=tmp_path / "traces" / "t.json")
+
+
+def test_a_trace_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from pod.report.trace import write_trace
+
+    monkeypatch.setattr(files.os, "fsync", refuse(errno.ENOSPC))
+    with pytest.raises(OutputError, match=r"t\.json: cannot write \(No space left on device\)"):
+        write_trace(tmp_path / "t.json", [{"ph": "M"}], {"clock": "simulated microseconds"})
+    assert list(tmp_path.iterdir()) == []
