@@ -10,9 +10,10 @@ recorded with its error and the sweep goes on.
 
 Outputs, in the output directory: ``results.csv`` (a row per point),
 ``results.md`` (the same as a Markdown table), ``throughput.png`` (examples/s
-against chips, log-log), ``efficiency.png`` (scaling efficiency against
-chips) and ``breakdown.png`` (the simulated step time of every point, stacked
-by part).
+against the quantity the sweep varies: chips, else the batch, ...),
+``efficiency.png`` (scaling efficiency against chips, when they vary) and
+``breakdown.png`` (the simulated step's critical path of every point, stacked
+by part, one panel per series).
 
 Scaling efficiency of a point = its examples/s per chip divided by that of
 the smallest-chip point of its series (same algorithm, precision and, for
@@ -268,8 +269,63 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     return head + "\n".join(lines) + "\n"
 
 
+def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
+    """What a sweep's points may vary, as (row key, axis label), in the order the plots
+    prefer for their x axis. The batch is the one the sweep sets (examples per
+    TensorCore in weak scaling, the global batch in strong); the other follows."""
+    batch = (("per_core_batch", "examples per TensorCore") if scenario.sweep.scaling == "weak"
+             else ("global_batch", "global batch"))
+    return [("chips", "chips"), batch, ("precision", "precision"),
+            ("allreduce_algorithm", "allreduce")]
+
+
+def _x_axis(scenario: Scenario, ok: list[dict[str, Any]]) -> tuple[str, str]:
+    """The quantity the sweep varies (the plots' x axis): chips if they vary, else the
+    batch, else the precision or the algorithm; (row key, axis label)."""
+    for key, label in _dimensions(scenario):
+        if len({r[key] for r in ok}) > 1:
+            return key, label
+    return "chips", "chips"
+
+
+def _series(scenario: Scenario, ok: list[dict[str, Any]],
+            x_key: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by what else the sweep varies, each sorted along the x axis; a
+    label names each such quantity in full (the algorithm alone when nothing else)."""
+    varying = [(k, label) for k, label in _dimensions(scenario)
+               if k != x_key and len({r[k] for r in ok}) > 1]
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in ok:
+        parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
+                 for k, label in varying]
+        series.setdefault(", ".join(parts) or str(r["allreduce_algorithm"]), []).append(r)
+    for rs in series.values():
+        rs.sort(key=lambda r: (r[x_key] if isinstance(r[x_key], (int, float)) else 0))
+    return series
+
+
+def _tick_label(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
+    """The x axis: log2 with a tick at every value (chip counts as labels), or categories."""
+    if numeric:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [_tick_label(v) for v in xs])
+        ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
-    """Throughput, scaling efficiency and step breakdown plots (PNG).
+    """The sweep's plots (PNG), against the quantity it varies (``_x_axis``).
+
+    ``throughput.png``: examples/s (log); ``efficiency.png``: scaling efficiency,
+    only when the chips vary (at one pod size it is 1 by definition);
+    ``breakdown.png``: the simulated step's critical path (compute, exposed
+    allreduce, update, the rest) stacked per point, one panel per series with
+    its own scale, so a small pod's compute stays visible beside a large
+    pod's allreduce.
 
     Returns:
         The files written (none when no point succeeded).
@@ -286,31 +342,32 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return []
-    series: dict[str, list[dict[str, Any]]] = {}
-    for r in ok:
-        label = f"{r['allreduce_algorithm']} {r['precision']}"
-        if scenario.sweep.scaling == "strong":
-            label += f" B={r['global_batch']}"
-        elif len(scenario.sweep.per_core_batch) > 1:
-            label += f" {r['per_core_batch']}/core"
-        series.setdefault(label, []).append(r)
+    x_key, x_label = _x_axis(scenario, ok)
+    numeric = all(isinstance(r[x_key], (int, float)) for r in ok)
+    series = _series(scenario, ok, x_key)
+    xs = sorted({r[x_key] for r in ok}, key=lambda v: v if numeric else str(v))
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
     title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
+    position = (lambda v: v) if numeric else (lambda v: xs.index(v))  # noqa: E731
     written = []
-    for name, key, ylabel, logy in (
-            ("throughput.png", "simulated_examples_per_second", "examples/s (simulated)", True),
-            ("efficiency.png", "scaling_efficiency", "scaling efficiency", False)):
+    plots = [("throughput.png", "simulated_examples_per_second", "examples/s (simulated)")]
+    if x_key == "chips":
+        plots.append(("efficiency.png", "scaling_efficiency", "scaling efficiency"))
+    else:
+        (output_dir / "efficiency.png").unlink(missing_ok=True)  # an earlier sweep's
+    for name, key, ylabel in plots:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, rs in series.items():
-            rs = sorted(rs, key=lambda r: r["chips"])
-            ax.plot([r["chips"] for r in rs], [r[key] for r in rs], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        if logy:
-            ax.set_yscale("log")
-        else:
+            ax.plot([position(r[x_key]) for r in rs], [r[key] for r in rs], marker="o",
+                    label=label)
+        if key == "scaling_efficiency":
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
             ax.set_ylim(bottom=0)
-        ax.set_xlabel("chips")
+        elif max(r[key] for r in ok) > 10 * min(r[key] for r in ok):
+            ax.set_yscale("log")  # more than a decade: log; within one, log shows no ticks
+        _along_x(ax, xs, numeric, x_label)
+        if not numeric:
+            ax.set_xticks(range(len(xs)), [_tick_label(v) for v in xs])
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -319,20 +376,36 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         fig.savefig(output_dir / name, dpi=110)
         plt.close(fig)
         written.append(output_dir / name)
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
-    labels = [f"{r['chips']}\n{r['allreduce_algorithm'][:6]}" for r in ok]
-    bottom = [0.0] * len(ok)
-    for part in ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds"):
-        values = [r[part] * 1e3 for r in ok]
-        ax.bar(range(len(ok)), values, bottom=bottom, label=part.replace("_seconds", ""))
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_xticks(range(len(ok)), labels, fontsize=7)
-    ax.set_ylabel("simulated step time (ms)")
-    ax.set_xlabel("chips / allreduce")
-    ax.set_title(f"{scenario.name}: step time breakdown (simulated)")
-    ax.legend(fontsize=8)
+    written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
+    return written
+
+
+def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
+               x_key: str, x_label: str, output_dir: Path) -> Path:
+    """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
+    parts = (("compute", lambda r: r["compute_seconds"]),
+             ("allreduce, exposed", lambda r: r["exposed_allreduce_seconds"]),
+             ("update", lambda r: r["update_seconds"]),
+             ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
+                                                            - r["compute_seconds"]
+                                                            - r["exposed_allreduce_seconds"]
+                                                            - r["update_seconds"])))
+    fig, axes = plt.subplots(len(series), 1, squeeze=False,
+                             figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
+                                      3 * len(series)))
+    for ax, (label, rs) in zip(axes[:, 0], series.items()):
+        bottom = [0.0] * len(rs)
+        for part, value in parts:
+            values = [value(r) * 1e3 for r in rs]
+            ax.bar(range(len(rs)), values, bottom=bottom, label=part)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs])
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("simulated ms per step")
+        ax.set_title(label, fontsize=10)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{scenario.name}: simulated step time, critical path")
     fig.tight_layout()
     fig.savefig(output_dir / "breakdown.png", dpi=110)
     plt.close(fig)
-    written.append(output_dir / "breakdown.png")
-    return written
+    return output_dir / "breakdown.png"
