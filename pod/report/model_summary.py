@@ -18,7 +18,7 @@ from chip import TensorCore, TensorCoreSpec
 from pod.workloads.models import Model
 from pod.workloads.optimizers import OPTIMIZER_NAMES
 
-__all__ = ["layer_costs", "model_summary_table"]
+__all__ = ["layer_costs", "layer_rows", "LAYER_COLUMNS", "model_summary_table"]
 
 
 def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
@@ -32,8 +32,10 @@ def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         optimizer: if given, its update is costed as a row "optimizer".
 
     Returns:
-        {layer name | "loss" | "optimizer": {"flops", "mxu_flops", "seconds"}}
-        in layer order; seconds are simulated.
+        {layer name | "loss" | "optimizer": {"flops", "mxu_flops", "hbm_bytes",
+        "seconds", "mxu_seconds", "vpu_seconds", "scalar_seconds"}} in layer
+        order; seconds are simulated (per unit: the ops each unit runs, each op
+        the larger of its compute and its HBM traffic, ``chip.OpRecord``).
     """
     core = TensorCore(core_spec, numerics=False, name="summary", mxu_model=mxu_model)
     integer_inputs = model.layers and model.layers[0].kind == "embedding"
@@ -46,18 +48,65 @@ def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
     if optimizer is not None:
         optimizer.update(core, grads, optimizer.init(params), params, 1)
     names = {layer.name for layer in model.layers}
-    costs = {layer.name: {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0} for layer in model.layers}
-    costs["loss"] = {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0}
-    if optimizer is not None:
-        costs["optimizer"] = {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0}
+    keys = [layer.name for layer in model.layers] + ["loss"]
+    keys += ["optimizer"] if optimizer is not None else []
+    costs = {key: dict.fromkeys(_COST_FIELDS, 0.0) for key in keys}
     for rec in core.take_records():
         prefix = rec.name.split("/", 1)[0]
         key = prefix if prefix in names else ("optimizer" if prefix in OPTIMIZER_NAMES else "loss")
         costs[key]["flops"] += rec.flops
+        costs[key]["hbm_bytes"] += rec.hbm_bytes
         costs[key]["seconds"] += rec.seconds
+        costs[key][f"{rec.unit}_seconds"] += rec.seconds
         if rec.unit == "mxu":
             costs[key]["mxu_flops"] += rec.flops
     return costs
+
+
+_COST_FIELDS = ("flops", "mxu_flops", "hbm_bytes", "seconds", "mxu_seconds", "vpu_seconds",
+                "scalar_seconds")
+
+#: layers.csv's columns (``layer_rows``).
+LAYER_COLUMNS = ("layer", "type", "input_shape", "output_shape", "parameters", "flops",
+                 "mxu_flops", "hbm_bytes", "simulated_seconds", "simulated_mxu_seconds",
+                 "simulated_vpu_seconds", "simulated_scalar_seconds")
+
+
+def layer_rows(model: Model, core_spec: TensorCoreSpec, batch: int, *,
+               mxu_model: str = "pipelined") -> list[dict[str, object]]:
+    """One row per layer (then "loss") for layers.csv: shapes, parameters, FLOPs,
+    HBM bytes and simulated seconds of one training step (forward + backward) on
+    one TensorCore, in total and per unit (MXU, vector unit, scalar unit).
+
+    Args:
+        model: the model.
+        core_spec: the TensorCore that runs it.
+        batch: examples per TensorCore; shapes have it first.
+
+    Returns:
+        Dicts with the keys of ``LAYER_COLUMNS``; FLOPs and bytes are counts for
+        one step of one TensorCore, seconds simulated.
+    """
+    costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model)
+    summary = model.summary_rows(batch)
+    shape_in = (batch, *model.input_shape)
+    rows = []
+    for layer, (name, out, nparams, _) in zip(model.layers, summary):
+        rows.append(_layer_row(name, layer.kind, _shape(shape_in), _shape(out), nparams,
+                               costs[name]))
+        shape_in = out
+    rows.append(_layer_row("loss", "loss", _shape(shape_in), "", 0, costs["loss"]))
+    return rows
+
+
+def _layer_row(name: str, kind: str, shape_in: str, shape_out: str, nparams: int,
+               cost: dict[str, float]) -> dict[str, object]:
+    return {"layer": name, "type": kind, "input_shape": shape_in, "output_shape": shape_out,
+            "parameters": nparams, "flops": int(cost["flops"]), "mxu_flops": int(cost["mxu_flops"]),
+            "hbm_bytes": int(cost["hbm_bytes"]), "simulated_seconds": cost["seconds"],
+            "simulated_mxu_seconds": cost["mxu_seconds"],
+            "simulated_vpu_seconds": cost["vpu_seconds"],
+            "simulated_scalar_seconds": cost["scalar_seconds"]}
 
 
 def _shape(shape) -> str:
