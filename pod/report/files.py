@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from pod.errors import OutputError
 from pod.report.stats import StepStats, StepTotals, mfu
 
-__all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic",
+__all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
            "check_writable", "output_errors"]
 
 
@@ -214,12 +214,13 @@ def reliability(events: list[dict[str, Any]], checkpoints: Any | None, resumed: 
 
 
 class StepsCsv:
-    """steps.csv, one row per step done, written as the run goes.
+    """steps.csv, one row per step done, written as the run goes; ``step`` counts
+    from 1, and ``test_loss`` / ``test_accuracy`` are filled where the run evaluated.
 
     Args:
         path: the file.
-        keep_below: resuming: keep the existing rows of steps below this
-            (zero-based) and append; None: start a new file.
+        keep_below: resuming: keep the existing rows of the first ``keep_below``
+            steps (steps done at the checkpoint) and append; None: start a new file.
     """
 
     def __init__(self, path: Path, keep_below: int | None = None) -> None:
@@ -258,7 +259,8 @@ class StepsCsv:
             self._file.flush()
 
     def truncate(self, below: int, reopen: bool = True) -> None:
-        """Drop the rows of steps >= ``below`` (zero-based): they will be recomputed.
+        """Keep the rows of the first ``below`` steps (steps numbered from 1), drop the
+        rest: they will be recomputed.
 
         The file is rewritten atomically (``write_atomic``): a crash leaves the
         old rows or the new ones, never a half-written file.
@@ -270,7 +272,7 @@ class StepsCsv:
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 fields = reader.fieldnames
-                kept = [r for r in reader if int(r["step"]) < below]
+                kept = [r for r in reader if int(r["step"]) <= below]
 
             def rewrite(f: Any) -> None:
                 if fields:
@@ -282,3 +284,17 @@ class StepsCsv:
             self._writer = None
             if reopen:
                 self._file = self.path.open("a", newline="")
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    """Write rows as CSV with these columns, atomically (``layers.csv``).
+
+    Raises:
+        OutputError: the file system refused; one line naming the path.
+    """
+    def fill(f: Any) -> None:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    write_atomic(Path(path), fill, newline="")
