@@ -158,11 +158,11 @@ def _validate_one(path: Path) -> dict[str, Any]:
 def _ok_line(row: dict[str, Any]) -> str:
     if row["kind"] == "benchmark":
         return (f"{row['path']}: ok (benchmark {row['benchmark']}, {row['slice']}, {row['chips']:,} "
-                f"chips, {row['cores']:,} TensorCores, N={row['n']}, {row['iterations']} iterations, "
+                f"chips, {row['cores']:,} TensorCores, N={row['n']:,}, {row['iterations']:,} iterations, "
                 f"{row['precision']})")
     return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, {row['cores']:,} TensorCores, "
-            f"{row['model']} on {row['dataset']}, global batch {row['global_batch']} = "
-            f"{row['per_core_batch']} per core, {row['steps']} steps, allreduce "
+            f"{row['model']} on {row['dataset']}, global batch {row['global_batch']:,} = "
+            f"{row['per_core_batch']:,} per core, {row['steps']:,} steps, allreduce "
             f"{row['allreduce_algorithm']})")
 
 
@@ -251,7 +251,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
     console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
                                       chip_name=plan.pod.chip.name,
                                       mxu_model=plan.scenario.pod.mxu_model))
-    _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch} = "
+    _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch:,} = "
                            f"{plan.per_core_batch} per core)", plan.memory,
                   plan.pod.chip.core.hbm_bytes)
     console.print(f"allreduce: {plan.ici.algorithm}, {plan.ici.cost.seconds * 1e6:,.2f} us per "
@@ -448,7 +448,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
             progress.advance(task)
             if row["status"] == "ok":
                 line = (f"point {row['point']}/{total}: {row['generation']} {row['chips']:,} chips "
-                        f"{row['topology']} {row['allreduce_algorithm']} batch {row['global_batch']}: "
+                        f"{row['topology']} {row['allreduce_algorithm']} batch {row['global_batch']:,}: "
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
                         f"{row['simulated_examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")

@@ -224,7 +224,7 @@ class Run:
             f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
             f"{plan.pod.chip.tensorcores} TensorCores on a {plan.pod.torus.name} torus; "
             f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
-            f"{plan.global_batch} = {plan.per_core_batch} per core; {plan.steps} steps; "
+            f"{plan.global_batch:,} = {plan.per_core_batch:,} per core; {plan.steps:,} steps; "
             f"allreduce {plan.ici.algorithm}")
         self.console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
                                                chip_name=plan.pod.chip.name,
