@@ -39,7 +39,7 @@ def test_validate_every_scenario():
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(": ok (") == len(paths)
     # both kinds are shipped and validated: training scenarios and seed benchmarks
-    assert ": ok (benchmark matmul, v2-8, 4 chips, 8 TensorCores, N=4096" in out.stdout
+    assert ": ok (benchmark matmul, v2-8, 4 chips, 8 TensorCores, N=4,096" in out.stdout
     assert ": ok (benchmark matrix_add" in out.stdout
     assert out.stdout.count("global batch") == len(paths) - out.stdout.count("(benchmark ")
 
