@@ -23,7 +23,7 @@ def test_help_lists_the_commands():
     assert out.returncode == 0
     for command in ("run", "validate", "describe", "export", "init", "monitor"):
         assert command in out.stdout
-    assert "..." not in out.stdout  # every command's short_help fits: none is cut
+    assert "..." not in out.stdout.split("Commands:")[1]  # no short_help is cut
 
 
 def test_describe_v2_8():
