@@ -175,17 +175,20 @@ class RunResult:
 
 def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | None = None,
         output_dir: str | Path | None = None, quiet: bool = False,
-        metrics_port: int | None = None) -> RunResult:
+        metrics_port: int | None = None, report: bool = False) -> RunResult:
     """Train a scenario on an emulated pod (starts a local Ray cluster if none).
 
     Args:
         scenario: a path, YAML text, a dict or a ``Scenario``.
         steps: override ``training.steps``.
-        output_dir: write summary.json and steps.csv there; None writes nothing.
+        output_dir: write summary.json, steps.csv and layers.csv there; None writes
+            nothing.
         quiet: print nothing.
         metrics_port: serve Prometheus metrics on this port of 127.0.0.1 for the
             length of the run (None or 0: no endpoint, whatever the scenario says;
             a notebook rarely wants one).
+        report: also write report.html in ``output_dir`` (summary, model, loss and
+            step-time plots, HBM plan).
 
     Returns:
         The summary and the per-step history.
@@ -203,10 +206,13 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
                             "`tpu-pod run` for it")
     if steps is not None:
         spec = spec.with_overrides(training__steps=steps)
+    if report and output_dir is None:
+        raise ScenarioError("report: report.html needs an output_dir to be written to")
     plan = build_plan(spec)
     console = Console(quiet=True) if quiet else None
     the_run = make_run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
-                  metrics_port=metrics_port or 0, console=console, keep_history=True)
+                       metrics_port=metrics_port or 0, console=console, keep_history=True,
+                       report=report)
     summary = the_run.run()
     return RunResult(summary=summary, history=tuple(the_run.history or ()),
                      output_dir=the_run.output_dir)

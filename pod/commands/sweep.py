@@ -10,9 +10,10 @@ recorded with its error and the sweep goes on.
 
 Outputs, in the output directory: ``results.csv`` (a row per point),
 ``results.md`` (the same as a Markdown table), ``throughput.png`` (examples/s
-against chips, log-log), ``efficiency.png`` (scaling efficiency against
-chips) and ``breakdown.png`` (the simulated step time of every point, stacked
-by part).
+against the quantity the sweep varies: chips, else the batch, ...),
+``efficiency.png`` (scaling efficiency against chips, when they vary) and
+``breakdown.png`` (the simulated step's critical path of every point, stacked
+by part, one panel per series).
 
 Scaling efficiency of a point = its examples/s per chip divided by that of
 the smallest-chip point of its series (same chip generation, algorithm,
@@ -22,8 +23,8 @@ Every row says what bounds its step (``pod.report.bounds``): the share of
 the simulated critical path that is MXU, VPU or HBM work, ICI bandwidth
 (with the torus axes of the busiest links), latency (per-hop, fixed
 per-collective and per-op issue costs) or the host (dispatch, exposed
-infeed); ``bounds.png`` stacks those shares per point, and the throughput
-and efficiency plots mark every point with its bound.
+infeed); ``bounds.png`` stacks those shares per point and results.csv has
+them per row.
 """
 
 from __future__ import annotations
@@ -406,69 +407,20 @@ BOUND_COLOURS = {"mxu": "tab:green", "vpu": "tab:olive", "hbm": "tab:orange", "i
                  "latency": "tab:purple", "host": "tab:grey"}
 
 
-def _series(scenario: Scenario, ok: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The rows by plotted series: generation (when several), algorithm, precision, batch."""
-    several = len({r["generation"] for r in ok}) > 1
+def _series(scenario: Scenario, ok: list[dict[str, Any]],
+            x_key: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by what else the sweep varies, each sorted along the x axis; a
+    label names each such quantity in full (the algorithm alone when nothing else)."""
+    varying = [(k, label) for k, label in _dimensions(scenario)
+               if k != x_key and len({r[k] for r in ok}) > 1]
     series: dict[str, list[dict[str, Any]]] = {}
     for r in ok:
-        label = f"{r['generation']} " if several else ""
-        label += f"{r['allreduce_algorithm']} {r['precision']}"
-        if scenario.sweep.mesh or scenario.sweep.remat or scenario.sweep.per_device_batch:
-            label = f"{r['mesh']} remat {r['remat'] or 'none'} b={r['per_device_batch']}"
-        if scenario.sweep.scaling == "strong":
-            label += f" B={r['global_batch']}"
-        elif len(scenario.sweep.per_core_batch) > 1:
-            label += f" {r['per_core_batch']}/core"
-        series.setdefault(label, []).append(r)
+        parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
+                 for k, label in varying]
+        series.setdefault(", ".join(parts) or str(r["allreduce_algorithm"]), []).append(r)
+    for rs in series.values():
+        rs.sort(key=lambda r: (r[x_key] if isinstance(r[x_key], (int, float)) else 0))
     return series
-
-
-def _category(row: dict[str, Any]) -> str:
-    """The row's bound category ("ICI x+y" -> "ici")."""
-    return str(row.get("bound", "")).split(" ")[0].lower()
-
-
-#: a marker shape per bound category in the line plots (the colour is the series')
-BOUND_MARKERS = {"mxu": "^", "vpu": "v", "hbm": "s", "ici": "D", "latency": "X", "host": "P"}
-
-
-def _bound_name(category: str) -> str:
-    return f"{category.upper() if category in ('mxu', 'vpu', 'hbm', 'ici') else category}-bound"
-
-
-def _line_plot(plt, name, key, ylabel, logy, series, title, output_dir) -> Path:
-    """One of throughput.png / efficiency.png: a line per series, each point's
-    marker shaped by what bounds its step (legend on the right)."""
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    seen = set()
-    for label, rs in series.items():
-        rs = sorted(rs, key=lambda r: r["chips"])
-        line, = ax.plot([r["chips"] for r in rs], [r[key] for r in rs], label=label, zorder=2)
-        for category, marker in BOUND_MARKERS.items():
-            pts = [r for r in rs if _category(r) == category]
-            if pts:
-                seen.add(category)
-                ax.scatter([r["chips"] for r in pts], [r[key] for r in pts], marker=marker, s=36,
-                           color=line.get_color(), zorder=3)
-    ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    else:
-        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_ylim(bottom=0)
-    ax.set_xlabel("chips")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    handles = ax.get_legend_handles_labels()[0]
-    handles += [plt.Line2D([], [], marker=BOUND_MARKERS[c], linestyle="", color="black",
-                           label=_bound_name(c)) for c in BOUND_MARKERS if c in seen]
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              title="series / step bound", title_fontsize=7)
-    fig.tight_layout()
-    fig.savefig(output_dir / name, dpi=110)
-    plt.close(fig)
-    return output_dir / name
 
 
 def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
@@ -489,9 +441,80 @@ def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     return output_dir / name
 
 
+def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
+    """What a sweep's points may vary, as (row key, axis label), in the order the plots
+    prefer for their x axis. The batch is the one the sweep sets (examples per
+    TensorCore in weak scaling, the global batch in strong); the other follows."""
+    batch = (("per_core_batch", "examples per TensorCore") if scenario.sweep.scaling == "weak"
+             else ("global_batch", "global batch"))
+    return [("chips", "chips"), batch, ("precision", "precision"),
+            ("allreduce_algorithm", "allreduce"), ("generation", "chip"), ("mesh", "mesh"),
+            ("remat", "remat"), ("per_device_batch", "per-device batch")]
+
+
+def _x_axis(scenario: Scenario, ok: list[dict[str, Any]]) -> tuple[str, str]:
+    """The quantity the sweep varies (the plots' x axis): chips if they vary, else the
+    batch, else the precision or the algorithm; (row key, axis label)."""
+    for key, label in _dimensions(scenario):
+        if len({r[key] for r in ok}) > 1:
+            return key, label
+    return "chips", "chips"
+
+
+def _tick_label(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
+    """The x axis: log2 with a tick at every value (chip counts as labels), or categories."""
+    if numeric:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [_tick_label(v) for v in xs])
+        ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
+def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
+               x_key: str, x_label: str, output_dir: Path) -> Path:
+    """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
+    parts = (("compute", lambda r: r["compute_seconds"]),
+             ("allreduce, exposed", lambda r: r["exposed_allreduce_seconds"]),
+             ("update", lambda r: r["update_seconds"]),
+             ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
+                                                            - r["compute_seconds"]
+                                                            - r["exposed_allreduce_seconds"]
+                                                            - r["update_seconds"])))
+    fig, axes = plt.subplots(len(series), 1, squeeze=False,
+                             figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
+                                      3 * len(series)))
+    for ax, (label, rs) in zip(axes[:, 0], series.items()):
+        bottom = [0.0] * len(rs)
+        for part, value in parts:
+            values = [value(r) * 1e3 for r in rs]
+            ax.bar(range(len(rs)), values, bottom=bottom, label=part)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs])
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("simulated ms per step")
+        ax.set_title(label, fontsize=10)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{scenario.name}: simulated step time, critical path")
+    fig.tight_layout()
+    fig.savefig(output_dir / "breakdown.png", dpi=110)
+    plt.close(fig)
+    return output_dir / "breakdown.png"
+
+
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
-    """Throughput and scaling efficiency (each point marked with its bound), the step
-    breakdown by part and by bound (PNG).
+    """The sweep's plots (PNG), against the quantity it varies (``_x_axis``).
+
+    ``throughput.png``: examples/s (log); ``efficiency.png``: scaling efficiency,
+    only when the chips vary (at one pod size it is 1 by definition);
+    ``breakdown.png``: the simulated step's critical path (compute, exposed
+    allreduce, update, the rest) stacked per point, one panel per series with
+    its own scale, so a small pod's compute stays visible beside a large
+    pod's allreduce; ``bounds.png``: the critical path by what bounds it;
+    transformer sweeps add ``tokens.png`` (chips vary) or ``layouts.png``.
 
     Returns:
         The files written (none when no point succeeded).
@@ -508,25 +531,45 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return []
-    series = _series(scenario, ok)
+    x_key, x_label = _x_axis(scenario, ok)
+    numeric = all(isinstance(r[x_key], (int, float)) for r in ok)
+    series = _series(scenario, ok, x_key)
+    xs = sorted({r[x_key] for r in ok}, key=lambda v: v if numeric else str(v))
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
     title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
-    written = [_line_plot(plt, "throughput.png", "simulated_examples_per_second",
-                          "examples/s (simulated)", True, series, title, output_dir),
-               _line_plot(plt, "efficiency.png", "scaling_efficiency", "scaling efficiency",
-                          False, series, title, output_dir)]
-    several = len({r["generation"] for r in ok}) > 1
-    labels_of = lambda r: (f"{r['generation']}\n" if several else "") + (  # noqa: E731
-        f"{r['chips']}\n{r['allreduce_algorithm'][:6]}")
-    written.append(_stacked(
-        plt, ok, [(p, p.replace("_seconds", ""), None) for p in
-                  ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds")],
-        labels_of, f"{scenario.name}: step time breakdown (simulated)", output_dir,
-        "breakdown.png"))
+    position = (lambda v: v) if numeric else (lambda v: xs.index(v))  # noqa: E731
+    written = []
+    plots = [("throughput.png", "simulated_examples_per_second", "examples/s (simulated)")]
+    if x_key == "chips":
+        plots.append(("efficiency.png", "scaling_efficiency", "scaling efficiency"))
+    else:
+        (output_dir / "efficiency.png").unlink(missing_ok=True)  # an earlier sweep's
+    for name, key, ylabel in plots:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, rs in series.items():
+            ax.plot([position(r[x_key]) for r in rs], [r[key] for r in rs], marker="o",
+                    label=label)
+        if key == "scaling_efficiency":
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+            ax.set_ylim(bottom=0)
+        elif max(r[key] for r in ok) > 10 * min(r[key] for r in ok):
+            ax.set_yscale("log")  # more than a decade: log; within one, log shows no ticks
+        _along_x(ax, xs, numeric, x_label)
+        if not numeric:
+            ax.set_xticks(range(len(xs)), [_tick_label(v) for v in xs])
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(output_dir / name, dpi=110)
+        plt.close(fig)
+        written.append(output_dir / name)
+    written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
     written.append(_stacked(
         plt, ok, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
-        labels_of, f"{scenario.name}: the critical path by what bounds it (simulated)",
-        output_dir, "bounds.png"))
+        lambda r: _tick_label(r[x_key]), f"{scenario.name}: the critical path by what bounds "
+        "it (simulated)", output_dir, "bounds.png"))
     if any(r["simulated_tokens_per_second"] not in ("", None) for r in ok):
         if len({r["chips"] for r in ok}) > 1:
             written.append(_plot_tokens(plt, scenario, series, output_dir))

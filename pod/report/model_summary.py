@@ -22,13 +22,15 @@ from chip import TensorCore, TensorCoreSpec
 from pod.workloads.models import Model
 from pod.workloads.optimizers import OPTIMIZER_NAMES
 
-__all__ = ["BOUNDS", "layer_costs", "model_summary_table", "op_bound", "layer_detail_table"]
+__all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
+           "layer_detail_table"]
 
 BOUNDS = OP_BOUNDS
 
 
 def _empty() -> dict[str, float]:
-    return {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0,
+    return {"flops": 0.0, "mxu_flops": 0.0, "hbm_bytes": 0.0, "seconds": 0.0,
+            "mxu_seconds": 0.0, "vpu_seconds": 0.0, "scalar_seconds": 0.0,
             **{f"{b}_bound_seconds": 0.0 for b in BOUNDS}}
 
 
@@ -86,6 +88,8 @@ def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         c = costs.setdefault(_group(model, rec, detail), _empty())
         c["flops"] += rec.flops
         c["seconds"] += rec.seconds
+        c["hbm_bytes"] += rec.hbm_bytes
+        c[f"{rec.unit}_seconds"] += rec.seconds
         c[f"{op_bound(rec)}_bound_seconds"] += rec.seconds
         if rec.unit == "mxu":
             c["mxu_flops"] += rec.flops
@@ -112,6 +116,49 @@ def _bound(cost: dict[str, float]) -> str:
         return "-"
     best = max(BOUNDS, key=lambda b: cost[f"{b}_bound_seconds"])
     return f"{best.upper()} {cost[f'{best}_bound_seconds'] / cost['seconds']:.0%}"
+
+
+#: layers.csv's columns (``layer_rows``).
+LAYER_COLUMNS = ("layer", "type", "input_shape", "output_shape", "parameters", "flops",
+                 "mxu_flops", "hbm_bytes", "simulated_seconds", "simulated_mxu_seconds",
+                 "simulated_vpu_seconds", "simulated_scalar_seconds")
+
+
+def layer_rows(model: Model, core_spec: TensorCoreSpec, batch: int, *,
+               mxu_model: str = "pipelined") -> list[dict[str, object]]:
+    """One row per layer (then "loss") for layers.csv: shapes, parameters, FLOPs,
+    HBM bytes and simulated seconds of one training step (forward + backward) on
+    one TensorCore, in total and per unit (MXU, vector unit, scalar unit).
+
+    Args:
+        model: the model.
+        core_spec: the TensorCore that runs it.
+        batch: examples per TensorCore; shapes have it first.
+
+    Returns:
+        Dicts with the keys of ``LAYER_COLUMNS``; FLOPs and bytes are counts for
+        one step of one TensorCore, seconds simulated.
+    """
+    costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model)
+    summary = model.summary_rows(batch)
+    shape_in = (batch, *model.input_shape)
+    rows = []
+    for layer, (name, out, nparams, _) in zip(model.layers, summary):
+        rows.append(_layer_row(name, layer.kind, _shape(shape_in), _shape(out), nparams,
+                               costs[name]))
+        shape_in = out
+    rows.append(_layer_row("loss", "loss", _shape(shape_in), "", 0, costs["loss"]))
+    return rows
+
+
+def _layer_row(name: str, kind: str, shape_in: str, shape_out: str, nparams: int,
+               cost: dict[str, float]) -> dict[str, object]:
+    return {"layer": name, "type": kind, "input_shape": shape_in, "output_shape": shape_out,
+            "parameters": nparams, "flops": int(cost["flops"]), "mxu_flops": int(cost["mxu_flops"]),
+            "hbm_bytes": int(cost["hbm_bytes"]), "simulated_seconds": cost["seconds"],
+            "simulated_mxu_seconds": cost["mxu_seconds"],
+            "simulated_vpu_seconds": cost["vpu_seconds"],
+            "simulated_scalar_seconds": cost["scalar_seconds"]}
 
 
 def _shape(shape) -> str:

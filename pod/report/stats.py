@@ -154,6 +154,9 @@ class StepStats:
         compute_bound_seconds: the slowest core's forward + backward seconds by
             what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
         update_bound_seconds: the same for the slowest core's update.
+        test_loss, test_accuracy: the held-out evaluation after this step, where
+            the run evaluated (``training.eval_every_steps`` and the last step);
+            None elsewhere.
     """
 
     step: int
@@ -185,6 +188,8 @@ class StepStats:
     axis_exposed_seconds: dict[str, float] = field(default_factory=dict)
     compute_bound_seconds: dict[str, float] = field(default_factory=dict)
     update_bound_seconds: dict[str, float] = field(default_factory=dict)
+    test_loss: float | None = None
+    test_accuracy: float | None = None
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:
@@ -243,9 +248,11 @@ class StepStats:
         return {link: (nbytes / denom if denom else 0.0) for link, nbytes in self.ici_link_bytes.items()}
 
     def row(self) -> dict[str, float]:
-        """A flat record for steps.csv (scalars only)."""
+        """A flat record for steps.csv (scalars only); ``step`` counts from 1, as the
+        progress lines do, and the test figures are None where not evaluated."""
         data = {k: v for k, v in asdict(self).items() if not isinstance(v, (dict, tuple))}
         data.update(
+            step=self.step + 1,
             simulated_step_seconds=self.step_seconds,
             serial_step_seconds=self.serial_step_seconds,
             allreduce_seconds=self.allreduce_seconds,
@@ -281,8 +288,10 @@ class StepTotals:
         initial_loss, final_loss: the first and the last step's loss.
         hbm_peak_bytes: maximum HBM high-water mark of any core.
         hbm_capacity_bytes, ici_bytes_per_step: from the last step.
-        epoch_steps, epoch_step_seconds: steps and simulated seconds since the
-            last epoch line.
+        epoch_steps, epoch_step_seconds, epoch_loss_sum: steps, simulated
+            seconds and the sum of training losses in the current epoch
+            (``start_epoch`` starts one at each epoch's first step, so a resumed
+            or recovered run never merges two epochs).
     """
 
     steps: int = 0
@@ -295,6 +304,7 @@ class StepTotals:
     ici_bytes_per_step: int = 0
     epoch_steps: int = 0
     epoch_step_seconds: float = 0.0
+    epoch_loss_sum: float = 0.0
 
     def add(self, stats: StepStats) -> None:
         """Account one step."""
@@ -311,6 +321,7 @@ class StepTotals:
         self.ici_bytes_per_step = int(sum(stats.ici_link_bytes.values()))
         self.epoch_steps += 1
         self.epoch_step_seconds += stats.step_seconds
+        self.epoch_loss_sum += stats.loss
 
     def mean(self, name: str) -> float:
         """Mean of a ``TOTAL_FIELDS`` figure over the steps after the first (or the first)."""
@@ -318,11 +329,19 @@ class StepTotals:
             raise ValueError("no steps yet")
         return self.sums[name] / (self.steps - 1) if self.steps > 1 else self.first[name]
 
-    def end_epoch(self) -> float:
-        """Mean simulated step seconds of the epoch just ended; starts the next one."""
-        mean = self.epoch_step_seconds / max(1, self.epoch_steps)
-        self.epoch_steps, self.epoch_step_seconds = 0, 0.0
-        return mean
+    def start_epoch(self) -> None:
+        """Start a new epoch's sums (called before an epoch's first step)."""
+        self.epoch_steps, self.epoch_step_seconds, self.epoch_loss_sum = 0, 0.0, 0.0
+
+    @property
+    def epoch_step_seconds_mean(self) -> float:
+        """Mean simulated step seconds of the current epoch's steps so far."""
+        return self.epoch_step_seconds / max(1, self.epoch_steps)
+
+    @property
+    def epoch_loss(self) -> float:
+        """Mean training loss of the current epoch's steps so far (Keras' epoch loss)."""
+        return self.epoch_loss_sum / max(1, self.epoch_steps)
 
     def to_dict(self) -> dict:
         """Plain data (for a checkpoint)."""

@@ -208,6 +208,11 @@ class Pod:
         self._schedule: Schedule | None = None
         self._wire: Schedule | None = None
         self._slowdowns: dict[int, float] = {}
+        # chip actors are named chip-<rank> (``ray list actors``) in a namespace of this
+        # pod's own, so two pods on one cluster never collide; a replacement actor is
+        # chip-<rank>-restart-<n> (the dead one's name may not be released yet)
+        self.namespace = f"tpu-pod-{plan.scenario.name}-{secrets.token_hex(4)}"
+        self._restarts: dict[int, int] = {}
 
     @property
     def schedule(self) -> Schedule:
@@ -246,7 +251,8 @@ class Pod:
             Wall seconds the actors took to come up.
         """
         check = check or (lambda: None)
-        self._owns_ray = ensure_ray(self.ray_address)
+        self._owns_ray = ensure_ray(self.ray_address,
+                                    dashboard=self.plan.scenario.ray.dashboard)
         check()
         t0 = time.perf_counter()
         self.placement = self._place_hosts()
@@ -293,13 +299,17 @@ class Pod:
         return group
 
     def _new_actor(self, rank: int) -> Any:
-        """Start the chip actor of one rank in its host's bundle, named ``chip-<rank>``."""
+        """Start the chip actor of one rank in its host's bundle, named ``chip-<rank>``
+        (``chip-<rank>-restart-<n>`` for its n-th replacement) in this pod's namespace."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement,
                                                     placement_group_bundle_index=self.host_of(rank))
+        restarts = self._restarts.get(rank, 0)
+        name = f"chip-{rank}" + (f"-restart-{restarts}" if restarts else "")
         remote = ray.remote(ChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1,
-                                               scheduling_strategy=strategy)
+                                               scheduling_strategy=strategy, name=name,
+                                               namespace=self.namespace)
         args, kwargs = chip_arguments(self.plan, rank)
         return remote.remote(*args, **kwargs, core_threads=bool(self.core_threads))
 
@@ -454,6 +464,7 @@ class Pod:
                 ray.kill(self.actors[r], no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+            self._restarts[r] = self._restarts.get(r, 0) + 1
             self.actors[r] = self._new_actor(r)
             self._slowdowns.pop(r, None)
         self._get([self.actors[r].set_chunk_bounds.remote(self.wire_schedule.chunk_bounds)

@@ -140,7 +140,8 @@ def load_dataset(name: str, *, test_fraction: float = 0.2, seed: int = 0,
             "synthetic": generated, labelled synthetic (options shape=(8, 8, 1),
             num_classes=10, num_examples=2048, vocabulary=None for token ids,
             labels="linear" (a learnable rule) or "uniform" (random, cheap));
-            "mnist": ``path`` = a directory with the four IDX files;
+            "mnist": ``path`` = a directory with the four IDX files, or Keras's
+            mnist.npz (or a directory holding it);
             "cifar10": ``path`` = the "cifar-10-batches-py" directory;
             "imdb": ``path`` = a directory of pos/ and neg/ text files (or
             train/ and test/ holding them), or a pre-tokenised .npz (options
