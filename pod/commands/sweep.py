@@ -447,9 +447,11 @@ def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
     TensorCore in weak scaling, the global batch in strong); the other follows."""
     batch = (("per_core_batch", "examples per TensorCore") if scenario.sweep.scaling == "weak"
              else ("global_batch", "global batch"))
+    layout = [(key, label) for key, label, varied in (
+        ("mesh", "mesh", scenario.sweep.mesh), ("remat", "remat", scenario.sweep.remat),
+        ("per_device_batch", "per-device batch", scenario.sweep.per_device_batch)) if varied]
     return [("chips", "chips"), batch, ("precision", "precision"),
-            ("allreduce_algorithm", "allreduce"), ("generation", "chip"), ("mesh", "mesh"),
-            ("remat", "remat"), ("per_device_batch", "per-device batch")]
+            ("allreduce_algorithm", "allreduce"), ("generation", "chip"), *layout]
 
 
 def _x_axis(scenario: Scenario, ok: list[dict[str, Any]]) -> tuple[str, str]:

@@ -160,7 +160,14 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
 def _shape_only(model: Model) -> dict[str, np.ndarray]:
     """Zero-copy stand-ins with the parameters' shapes (no memory for big models)."""
     zero = np.zeros((), dtype=np.float32)
-    return {k: np.broadcast_to(zero, shape) for k, shape in model.param_shapes.items()}
+    out = {}
+    for key, shape in model.param_shapes.items():
+        try:
+            out[key] = np.broadcast_to(zero, shape)
+        except ValueError:  # a dimension past what numpy can index: no HBM holds it either
+            raise ScenarioError(f"model.options: parameter {key} of shape {tuple(shape)!r:.80} is "
+                                "too large for any chip's HBM; use smaller sizes") from None
+    return out
 
 
 def _data_field(message: str, path: str | None) -> str:
