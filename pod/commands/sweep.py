@@ -10,13 +10,21 @@ recorded with its error and the sweep goes on.
 
 Outputs, in the output directory: ``results.csv`` (a row per point),
 ``results.md`` (the same as a Markdown table), ``throughput.png`` (examples/s
-against chips, log-log), ``efficiency.png`` (scaling efficiency against
-chips) and ``breakdown.png`` (the simulated step time of every point, stacked
-by part).
+against the quantity the sweep varies: chips, else the batch, ...),
+``efficiency.png`` (scaling efficiency against chips, when they vary) and
+``breakdown.png`` (the simulated step's critical path of every point, stacked
+by part, one panel per series).
 
 Scaling efficiency of a point = its examples/s per chip divided by that of
-the smallest-chip point of its series (same algorithm, precision and, for
-strong scaling, global batch). It is 1 for perfect weak or strong scaling.
+the smallest-chip point of its series (same chip generation, algorithm,
+precision and batch). It is 1 for perfect weak or strong scaling.
+
+Every row says what bounds its step (``pod.report.bounds``): the share of
+the simulated critical path that is MXU, VPU or HBM work, ICI bandwidth
+(with the torus axes of the busiest links), latency (per-hop, fixed
+per-collective and per-op issue costs) or the host (dispatch, exposed
+infeed); ``bounds.png`` stacks those shares per point and results.csv has
+them per row.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable
 
-from pod.errors import USER_ERRORS, ScenarioError
+from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
+from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
+from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
 from pod.report.stats import mfu
 from pod.config.scenario import Scenario
@@ -39,15 +49,27 @@ from pod.config.slices import resolve_pod
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 
 COLUMNS = (
-    "point", "status", "error", "dataset", "synthetic_data", "generation", "chips", "cores",
-    "topology", "allreduce_algorithm", "precision",
+    "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
+    "chips", "cores", "topology", "allreduce_algorithm", "precision",
     "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
     "compute_seconds", "allreduce_seconds", "exposed_allreduce_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
-    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
-    "wall_seconds_per_step",
+    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency",
+    "bound", "bound_fraction", "ici_axes",
+    *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
+    "wall_seconds", "wall_seconds_per_step",
+) + (
+    # sharded layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
+    # exposed and total collective seconds per mesh axis, one device's HBM plan
+    "mesh", "data", "fsdp", "tensor", "remat", "per_device_batch", "fits",
+    "hbm_per_device_bytes", "simulated_tokens_per_second", "hfu",
+    "exposed_data_seconds", "exposed_fsdp_seconds", "exposed_tensor_seconds",
+    "collective_data_seconds", "collective_fsdp_seconds", "collective_tensor_seconds",
 )
+
+#: The mesh axes of the per-axis columns.
+_AXES = ("data", "fsdp", "tensor")
 
 
 @dataclass(frozen=True)
@@ -102,14 +124,25 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     else:
         batches = sweep.global_batch or (scenario.training.global_batch,)
     precisions = sweep.precision or (scenario.training.precision,)
+    if sweep.per_device_batch:
+        batches = sweep.per_device_batch
+    meshes = sweep.mesh or (scenario.pod.mesh,)
+    remats = sweep.remat or (None,)
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
-    for i, (pod, algorithm, per_point, precision) in enumerate(
-            itertools.product(_pods(scenario), algorithms, batches, precisions)):
+    for i, (pod, mesh, remat, algorithm, per_point, precision) in enumerate(
+            itertools.product(_pods(scenario), meshes, remats, algorithms, batches, precisions)):
         batch = per_point
         values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
+        if sweep.mesh:
+            values["pod__mesh"] = mesh
+        if remat is not None:
+            values["model__options"] = {**(scenario.model.options if scenario.model else {}),
+                                        "remat": remat}
         try:
-            if sweep.scaling == "weak":
+            if sweep.per_device_batch:  # x data x fsdp of the point's mesh
+                batch = per_point * _batch_shards(scenario.with_overrides(**base, **values))
+            elif sweep.scaling == "weak":
                 shape = scenario.with_overrides(**base, **values).pod
                 cores = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
                                     topology=shape.topology).tensorcores
@@ -119,9 +152,39 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             error = ""
         except USER_ERRORS as err:
             point, error = None, str(err)
-        series = (algorithm, precision, per_point)
+        series = (_generation(pod, scenario), algorithm, precision, per_point,
+                  format_axes(mesh) if sweep.mesh else "", remat or "")
         points.append(SweepPoint(i, values, point, error, series))
     return points
+
+
+def _batch_shards(scenario: Scenario) -> int:
+    """The devices that split the batch: data x fsdp of the scenario's mesh on its pod, or
+    every TensorCore for a data-parallel mesh (as the data-parallel runtime splits it)."""
+    shape = scenario.pod
+    pod = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
+                      topology=shape.topology)
+    mesh = build_mesh(shape.mesh, pod)
+    if mesh.is_data_parallel:  # the data-parallel runtime splits the batch per TensorCore
+        return pod.tensorcores
+    return mesh.axis_size("data") * mesh.axis_size("fsdp")
+
+
+def _generation(pod: dict[str, Any], scenario: Scenario) -> str:
+    """The chip generation of a point's pod values (its series splits by it)."""
+    if pod.get("pod__slice"):
+        return resolve_pod(slice_name=pod["pod__slice"]).chip.name
+    return pod.get("pod__chip") or scenario.pod.chip or ""
+
+
+def _mean_bounds(plan, stats) -> StepBounds:
+    """The steps' bounds, seconds averaged (``pod.report.bounds``)."""
+    each = []
+    for s in stats:
+        costs = plan.ici.bucket_costs_at(s.step) or (plan.ici.cost_at(s.step),)
+        each.append(step_bounds(s, costs, plan.pod.torus))
+    seconds = {c: fmean(b.seconds[c] for b in each) for c in BOUND_CATEGORIES}
+    return StepBounds(seconds, each[-1].ici_axes)
 
 
 def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict[str, Any]:
@@ -133,8 +196,14 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     from pod.runtime.timing import TimingPod
 
     t0 = time.perf_counter()
-    plan = build_plan(point.scenario, timing_only=(mode == "timing"))
-    if mode == "timing":
+    plan = build_plan(point.scenario, timing_only=(mode == "timing"),
+                      sharded_ok=(mode == "timing"))
+    if mode == "timing" and not plan.mesh.is_data_parallel:
+        from pod.runtime.sharded_timing import ShardedTimingPod
+
+        pod = ShardedTimingPod(plan)
+        stats = [pod.step(s) for s in range(plan.steps)]
+    elif mode == "timing":
         pod = TimingPod(plan)
         stats = [pod.step(s) for s in range(plan.steps)]
     else:
@@ -150,7 +219,11 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     allreduce = mean(lambda s: s.allreduce_seconds)
     exposed = mean(lambda s: s.exposed_allreduce_seconds)
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
+    bounds = _mean_bounds(plan, timed)
     return {
+        "model": plan.model.name, "bound": bounds.label, "bound_fraction": bounds.fraction,
+        "ici_axes": bounds.ici_axes,
+        **{f"{c}_bound_seconds": bounds.seconds[c] for c in BOUND_CATEGORIES},
         "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
@@ -171,7 +244,27 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "communication_fraction": exposed / step,
         "wall_seconds": wall,
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
+        **_layout_columns(plan, timed, step),
     }
+
+
+def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
+    """The mesh, remat, per-device batch, HBM, tokens/s and per-axis columns of a point."""
+    mesh = plan.mesh
+    options = plan.scenario.model.options if plan.scenario.model else {}
+    tokens = int(plan.dataset.x_train[0].size) if plan.scenario.model.name == "transformer" else 0
+    hardware = fmean(s.hardware_flops or s.model_flops for s in timed)
+    row = {"mesh": format_axes(mesh.sizes), "remat": options.get("remat", ""),
+           "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
+           "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else "",
+           "hfu": mfu(hardware, step, plan.pod.peak_bf16_flops_per_s),
+           "per_device_batch": "" if mesh.is_data_parallel else plan.per_core_batch}
+    for axis in _AXES:
+        row[axis] = mesh.axis_size(axis)
+        row[f"exposed_{axis}_seconds"] = fmean(s.axis_exposed_seconds.get(axis, 0.0) for s in timed)
+        row[f"collective_{axis}_seconds"] = fmean(s.axis_collective_seconds.get(axis, 0.0)
+                                                  for s in timed)
+    return row
 
 
 def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
@@ -212,11 +305,16 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
     for point in points:
         row = {key: "" for key in COLUMNS}
         row.update(point=point.index + 1, **_labels(point))
+        if scenario.sweep.per_device_batch:
+            row["per_device_batch"] = point.series[2]
         if point.error:
             row.update(status="failed", error=point.error)
         else:
             try:
                 row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
+            except HBMPlanError as err:  # the layout does not fit: say why and how much
+                row.update(status="failed", error=str(err), fits=False,
+                           hbm_per_device_bytes=(err.memory_plan or {}).get("total", ""))
             except USER_ERRORS as err:
                 row.update(status="failed", error=str(err))
         rows.append(row)
@@ -237,10 +335,15 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
     v = point.values
-    return {"allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
+    mesh = v.get("pod__mesh")
+    layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
+    if "model__options" in v:
+        layout["remat"] = v["model__options"].get("remat", "")
+    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", ""),
             "chips": v.get("pod__chips") or "", "topology": v.get("pod__topology") or "",
-            "generation": v.get("pod__slice") or v.get("pod__chip") or ""}
+            "generation": v.get("pod__slice") or v.get("pod__chip") or "",
+            "slice": v.get("pod__slice") or ""}
 
 
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
@@ -252,8 +355,8 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
             f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
             "compute ms | allreduce ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
-            "efficiency | wall s | status |\n"
-            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            "efficiency | bound | wall s | status |\n"
+            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
     lines = []
     for r in rows:
         if r["status"] == "ok":
@@ -263,17 +366,155 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
                 f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
-                f"{r['wall_seconds']:.2f} | ok |")
+                f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
             lines.append(f"| {r['point']} | {r['generation']} | {r['chips']} | | {r['topology']} | "
-                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | "
+                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | | "
                          f"failed: {error} |")
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n" + _layout_table(rows)
+
+
+def _layout_table(rows: list[dict[str, Any]]) -> str:
+    """The sharded columns as a second table (rows with a layout only)."""
+    rows = [r for r in rows if r.get("mesh") and r.get("per_device_batch") not in ("", None)
+            or r.get("fits") is False]
+    if not rows:
+        return ""
+    out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
+           "", "| # | chips | mesh | remat | batch / device | step s | tokens/s | MFU | "
+           "exposed data / fsdp / tensor ms | HBM GiB / device | status |",
+           "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|"]
+    for r in rows:
+        hbm = r.get("hbm_per_device_bytes")
+        hbm = f"{hbm / 2**30:.1f}" if isinstance(hbm, (int, float)) else ""
+        if r["status"] == "ok":
+            exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
+            out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
+                       f"{r['per_device_batch']} | {r['simulated_step_seconds']:.3f} | "
+                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | {exposed} | "
+                       f"{hbm} | ok |")
+        else:
+            why = str(r["error"]).replace("|", "/")
+            out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r.get('remat', '')} | "
+                       f"| | | | | {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
+                       f": {why} |")
+    return "\n".join(out) + "\n"
+
+
+#: a colour per bound category (``pod.report.bounds.BOUND_CATEGORIES``) in bounds.png
+BOUND_COLOURS = {"mxu": "tab:green", "vpu": "tab:olive", "hbm": "tab:orange", "ici": "tab:red",
+                 "latency": "tab:purple", "host": "tab:grey"}
+
+
+def _series(scenario: Scenario, ok: list[dict[str, Any]],
+            x_key: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by what else the sweep varies, each sorted along the x axis; a
+    label names each such quantity in full (the algorithm alone when nothing else)."""
+    varying = [(k, label) for k, label in _dimensions(scenario)
+               if k != x_key and len({r[k] for r in ok}) > 1]
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in ok:
+        parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
+                 for k, label in varying]
+        series.setdefault(", ".join(parts) or str(r["allreduce_algorithm"]), []).append(r)
+    for rs in series.values():
+        rs.sort(key=lambda r: (r[x_key] if isinstance(r[x_key], (int, float)) else 0))
+    return series
+
+
+def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
+    """A stacked bar per point: ``parts`` is [(row key, legend label, colour)]."""
+    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
+    bottom = [0.0] * len(ok)
+    for key, label, colour in parts:
+        values = [r[key] * 1e3 for r in ok]
+        ax.bar(range(len(ok)), values, bottom=bottom, label=label, color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(ok)), [labels_of(r) for r in ok], fontsize=6)
+    ax.set_ylabel("simulated step time (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(output_dir / name, dpi=110)
+    plt.close(fig)
+    return output_dir / name
+
+
+def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
+    """What a sweep's points may vary, as (row key, axis label), in the order the plots
+    prefer for their x axis. The batch is the one the sweep sets (examples per
+    TensorCore in weak scaling, the global batch in strong); the other follows."""
+    batch = (("per_core_batch", "examples per TensorCore") if scenario.sweep.scaling == "weak"
+             else ("global_batch", "global batch"))
+    return [("chips", "chips"), batch, ("precision", "precision"),
+            ("allreduce_algorithm", "allreduce"), ("generation", "chip"), ("mesh", "mesh"),
+            ("remat", "remat"), ("per_device_batch", "per-device batch")]
+
+
+def _x_axis(scenario: Scenario, ok: list[dict[str, Any]]) -> tuple[str, str]:
+    """The quantity the sweep varies (the plots' x axis): chips if they vary, else the
+    batch, else the precision or the algorithm; (row key, axis label)."""
+    for key, label in _dimensions(scenario):
+        if len({r[key] for r in ok}) > 1:
+            return key, label
+    return "chips", "chips"
+
+
+def _tick_label(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
+    """The x axis: log2 with a tick at every value (chip counts as labels), or categories."""
+    if numeric:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [_tick_label(v) for v in xs])
+        ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
+def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
+               x_key: str, x_label: str, output_dir: Path) -> Path:
+    """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
+    parts = (("compute", lambda r: r["compute_seconds"]),
+             ("allreduce, exposed", lambda r: r["exposed_allreduce_seconds"]),
+             ("update", lambda r: r["update_seconds"]),
+             ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
+                                                            - r["compute_seconds"]
+                                                            - r["exposed_allreduce_seconds"]
+                                                            - r["update_seconds"])))
+    fig, axes = plt.subplots(len(series), 1, squeeze=False,
+                             figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
+                                      3 * len(series)))
+    for ax, (label, rs) in zip(axes[:, 0], series.items()):
+        bottom = [0.0] * len(rs)
+        for part, value in parts:
+            values = [value(r) * 1e3 for r in rs]
+            ax.bar(range(len(rs)), values, bottom=bottom, label=part)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs])
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("simulated ms per step")
+        ax.set_title(label, fontsize=10)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{scenario.name}: simulated step time, critical path")
+    fig.tight_layout()
+    fig.savefig(output_dir / "breakdown.png", dpi=110)
+    plt.close(fig)
+    return output_dir / "breakdown.png"
 
 
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
-    """Throughput, scaling efficiency and step breakdown plots (PNG).
+    """The sweep's plots (PNG), against the quantity it varies (``_x_axis``).
+
+    ``throughput.png``: examples/s (log); ``efficiency.png``: scaling efficiency,
+    only when the chips vary (at one pod size it is 1 by definition);
+    ``breakdown.png``: the simulated step's critical path (compute, exposed
+    allreduce, update, the rest) stacked per point, one panel per series with
+    its own scale, so a small pod's compute stays visible beside a large
+    pod's allreduce; ``bounds.png``: the critical path by what bounds it;
+    transformer sweeps add ``tokens.png`` (chips vary) or ``layouts.png``.
 
     Returns:
         The files written (none when no point succeeded).
@@ -290,31 +531,32 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return []
-    series: dict[str, list[dict[str, Any]]] = {}
-    for r in ok:
-        label = f"{r['allreduce_algorithm']} {r['precision']}"
-        if scenario.sweep.scaling == "strong":
-            label += f" B={r['global_batch']}"
-        elif len(scenario.sweep.per_core_batch) > 1:
-            label += f" {r['per_core_batch']}/core"
-        series.setdefault(label, []).append(r)
+    x_key, x_label = _x_axis(scenario, ok)
+    numeric = all(isinstance(r[x_key], (int, float)) for r in ok)
+    series = _series(scenario, ok, x_key)
+    xs = sorted({r[x_key] for r in ok}, key=lambda v: v if numeric else str(v))
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
     title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
+    position = (lambda v: v) if numeric else (lambda v: xs.index(v))  # noqa: E731
     written = []
-    for name, key, ylabel, logy in (
-            ("throughput.png", "simulated_examples_per_second", "examples/s (simulated)", True),
-            ("efficiency.png", "scaling_efficiency", "scaling efficiency", False)):
+    plots = [("throughput.png", "simulated_examples_per_second", "examples/s (simulated)")]
+    if x_key == "chips":
+        plots.append(("efficiency.png", "scaling_efficiency", "scaling efficiency"))
+    else:
+        (output_dir / "efficiency.png").unlink(missing_ok=True)  # an earlier sweep's
+    for name, key, ylabel in plots:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, rs in series.items():
-            rs = sorted(rs, key=lambda r: r["chips"])
-            ax.plot([r["chips"] for r in rs], [r[key] for r in rs], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        if logy:
-            ax.set_yscale("log")
-        else:
+            ax.plot([position(r[x_key]) for r in rs], [r[key] for r in rs], marker="o",
+                    label=label)
+        if key == "scaling_efficiency":
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
             ax.set_ylim(bottom=0)
-        ax.set_xlabel("chips")
+        elif max(r[key] for r in ok) > 10 * min(r[key] for r in ok):
+            ax.set_yscale("log")  # more than a decade: log; within one, log shows no ticks
+        _along_x(ax, xs, numeric, x_label)
+        if not numeric:
+            ax.set_xticks(range(len(xs)), [_tick_label(v) for v in xs])
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -323,20 +565,80 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         fig.savefig(output_dir / name, dpi=110)
         plt.close(fig)
         written.append(output_dir / name)
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
-    labels = [f"{r['chips']}\n{r['allreduce_algorithm'][:6]}" for r in ok]
-    bottom = [0.0] * len(ok)
-    for part in ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds"):
-        values = [r[part] * 1e3 for r in ok]
-        ax.bar(range(len(ok)), values, bottom=bottom, label=part.replace("_seconds", ""))
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_xticks(range(len(ok)), labels, fontsize=7)
-    ax.set_ylabel("simulated step time (ms)")
-    ax.set_xlabel("chips / allreduce")
-    ax.set_title(f"{scenario.name}: step time breakdown (simulated)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(output_dir / "breakdown.png", dpi=110)
-    plt.close(fig)
-    written.append(output_dir / "breakdown.png")
+    written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
+    written.append(_stacked(
+        plt, ok, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
+        lambda r: _tick_label(r[x_key]), f"{scenario.name}: the critical path by what bounds "
+        "it (simulated)", output_dir, "bounds.png"))
+    if any(r["simulated_tokens_per_second"] not in ("", None) for r in ok):
+        if len({r["chips"] for r in ok}) > 1:
+            written.append(_plot_tokens(plt, scenario, series, output_dir))
+        else:
+            written.append(_plot_layouts(plt, scenario, rows, output_dir))
     return written
+
+
+def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Path:
+    """tokens/s and MFU against chips, a line per series (transformer sweeps)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for label, rs in series.items():
+        rs = sorted(rs, key=lambda r: r["chips"])
+        chips = [r["chips"] for r in rs]
+        left.plot(chips, [r["simulated_tokens_per_second"] for r in rs], marker="o", label=label)
+        right.plot(chips, [100 * r["mfu"] for r in rs], marker="o", label=label)
+    for ax, ylabel in ((left, "tokens/s (simulated)"), (right, "MFU % (simulated)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("chips")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    left.set_yscale("log")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=7)
+    fig.suptitle(f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated)")
+    fig.tight_layout()
+    fig.savefig(output_dir / "tokens.png", dpi=110)
+    plt.close(fig)
+    return output_dir / "tokens.png"
+
+
+def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> Path:
+    """One bar per layout: compute, update and exposed collective seconds per mesh axis
+    (simulated), layouts that do not fit in HBM shown empty with their need; the
+    fastest layout that fits marked with a star and its MFU."""
+    labels, stacks, notes = [], [], []
+    for r in rows:
+        labels.append(f"{r['mesh']} {r['remat'] or ''} b={r['per_device_batch']}".strip())
+        if r["status"] == "ok":
+            stacks.append([r["compute_seconds"], r["update_seconds"],
+                           *(r[f"exposed_{a}_seconds"] for a in _AXES)])
+            notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
+        else:
+            stacks.append([0.0] * 5)
+            need = r.get("hbm_per_device_bytes")
+            notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
+                         else "failed: " + str(r["error"])[:40])
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
+    left = [0.0] * len(rows)
+    parts = ("compute", "update", *(f"exposed {a}" for a in _AXES))
+    for k, part in enumerate(parts):
+        widths = [st[k] for st in stacks]
+        ax.barh(range(len(rows)), widths, left=left, label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    for i, note in enumerate(notes):
+        ax.text(left[i], i, "  " + note, va="center", fontsize=7)
+    ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]
+    if ok:
+        best = min(ok, key=lambda i: rows[i]["simulated_step_seconds"])
+        ax.plot([left[best]], [best], marker="*", markersize=14, color="gold",
+                markeredgecolor="black", label="fastest that fits")
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("simulated step time (s)")
+    ax.set_xlim(0, max(left + [1e-9]) * 1.45)
+    ax.set_title(f"{scenario.name}: layouts on {rows[0]['generation']} x{rows[0]['chips']} "
+                 "(simulated)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(output_dir / "layouts.png", dpi=110)
+    plt.close(fig)
+    return output_dir / "layouts.png"

@@ -20,6 +20,7 @@ from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.scenario import Scenario
+from pod.config.sharding import MeshCollectiveCosts, check_sharded_mesh
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
@@ -39,7 +40,8 @@ class TrainingPlan:
         pod: chip preset and ICI topology.
         dataset: the loaded dataset (train and test splits).
         model: the model (stateless; one object serves every replica).
-        per_core_batch: examples per TensorCore per step.
+        per_core_batch: examples per TensorCore per step (on a mesh with fsdp or
+            tensor axes: per device, the global batch over data x fsdp).
         steps: optimizer steps to run.
         steps_per_epoch: full global batches in one pass over the train split.
         memory: per TensorCore HBM plan in bytes: params, grads,
@@ -50,6 +52,9 @@ class TrainingPlan:
         mesh: the device mesh (``pod.mesh``; default ``{data: every device}``).
             With fsdp or tensor above 1, ``memory`` is one device's
             sharded plan (``pod.config.mesh.mesh_memory_plan``).
+        mesh_costs: with fsdp or tensor above 1, the cost of a collective over
+            every group of a mesh axis, cached per (axis, op, bytes)
+            (``pod.config.sharding.MeshCollectiveCosts``); None for data parallel.
     """
 
     scenario: Scenario
@@ -63,6 +68,7 @@ class TrainingPlan:
     ici: IciPlan
     faults: FaultPlan
     mesh: Mesh | None = None
+    mesh_costs: MeshCollectiveCosts | None = None
 
     @property
     def global_batch(self) -> int:
@@ -277,14 +283,52 @@ def _fits(name: str, dataset: Dataset) -> bool:
     return True
 
 
-def _check_runnable_mesh(mesh: Mesh) -> None:
-    """A mesh with fsdp or tensor axes is planned (its per-device HBM) but the
-    runtime trains data-parallel only: refuse it rather than train something else."""
-    if not mesh.is_data_parallel:
-        axes = format_axes(dict(zip(mesh.axis_names, mesh.shape)))
-        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which this version "
-                            f"plans but does not run yet (`tpu-pod describe` shows its HBM per "
-                            f"device); use {{data: {mesh.size}}} or leave pod.mesh out to train")
+def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model, chip_name: str) -> None:
+    """A mesh with fsdp or tensor axes trains the transformer on one device per chip
+    (``pod.runtime.sharded_pod``); a model other than the transformer, or v2 / v3,
+    is refused with its own line (``check_sharded_mesh``), and so are the features
+    a sharded run does not have yet (faults: restoring a sharded checkpoint)."""
+    check_sharded_mesh(mesh, scenario.model.name, chip_name)
+    if mesh.is_data_parallel:
+        return
+    axes = format_axes(mesh.sizes)
+    try:
+        from pod.workloads.sharded import check_tensor_split
+        check_tensor_split(model.config, mesh.axis_size("tensor"))
+    except ValueError as err:
+        raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
+    if scenario.faults:
+        raise ScenarioError(f"faults: a sharded run (pod.mesh {axes}) does not inject faults yet "
+                            "(recovery would restore a sharded checkpoint); remove faults: or "
+                            f"use {{data: {mesh.size}}}")
+
+
+def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
+    """Examples per TensorCore (data parallel: ``shard_batch_size``), or on a mesh with
+    fsdp / tensor axes, per device: the batch splits over data x fsdp, the devices
+    along tensor share their examples.
+
+    Raises:
+        ShardingError: the batch does not split evenly, naming the mesh.
+    """
+    if mesh.is_data_parallel:
+        return shard_batch_size(global_batch, pod.tensorcores)
+    shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    if global_batch % shards:
+        lower = global_batch // shards * shards
+        nearby = f"{lower} or {lower + shards}" if lower else f"{shards}"
+        raise ShardingError(f"training.global_batch: global batch {global_batch} does not split "
+                            f"over data x fsdp = {shards} devices of pod.mesh "
+                            f"{format_axes(mesh.sizes)}; use a multiple of {shards} such as "
+                            f"{nearby}")
+    return global_batch // shards
+
+
+def is_timing_sweep(scenario: Scenario) -> bool:
+    """True for a sweep scenario costed timing-only (``sweep.mode: timing``): ``tpu-pod run``
+    refuses it, ``sweep`` plans its points with ``timing_only``, and so do ``validate`` and
+    ``describe`` (its data only has to hold one chip's share of the batch)."""
+    return scenario.sweep is not None and scenario.sweep.mode == "timing"
 
 
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
@@ -297,8 +341,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         timing_only: the plan is only costed (``pod.runtime.timing``): a global batch
             larger than the train split is allowed, since one chip's share
             stands for the whole batch.
-        sharded_ok: accept a ``pod.mesh`` with fsdp / tensor axes (``describe``
-            plans it); a run refuses it until the runtime executes it.
+        sharded_ok: plan a ``pod.mesh`` with fsdp / tensor axes without the run's
+            checks (``describe`` and timing-only sweeps plan any model / chip on it).
 
     Returns:
         The plan.
@@ -320,7 +364,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         check_precision(training.precision, pod.chip.core, pod.chip.name)
     except ValueError as err:
         raise ScenarioError(f"training.precision: {err}") from None
-    per_core = shard_batch_size(training.global_batch, pod.tensorcores)
+    per_core = _per_device_batch(training.global_batch, pod, mesh)
     dataset = _training_data(scenario, pod, per_core, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])
     model = _model_for_data(scenario, dataset)
@@ -336,15 +380,16 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                 f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
     if not sharded_ok:
-        _check_runnable_mesh(mesh)
+        _check_runnable_mesh(scenario, mesh, model, pod.chip.name)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
-               if training.overlap else ())
+               if training.overlap and mesh.is_data_parallel else ())  # sharded: no DP buckets
     ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
+    mesh_costs = None if mesh.is_data_parallel else MeshCollectiveCosts(mesh, ici.link)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
-                        mesh=mesh)
+                        mesh=mesh, mesh_costs=mesh_costs)
 
 
 def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) -> np.ndarray:

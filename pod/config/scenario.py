@@ -48,6 +48,7 @@ default)::
       host: 127.0.0.1
     ray:
       address: null                  # join this cluster; else RAY_ADDRESS; else local
+      dashboard: false               # a local cluster keeps Ray's dashboard (127.0.0.1:8265)
     checkpoint:                      # optional: periodic checkpoints (pod/checkpoint.py)
       every_steps: 50                # a checkpoint after every 50th step, and at the end
       dir: checkpoints               # relative to the scenario file; default <output>/checkpoints
@@ -352,9 +353,12 @@ class MetricsConfig(_Frozen):
 
 
 class RayConfig(_Frozen):
-    """Where the chip actors run."""
+    """Where the chip actors run, and whether a local cluster keeps Ray's dashboard."""
 
     address: str | None = None
+    dashboard: bool = Field(default=False, description="a local cluster started for the run "
+                                                       "serves Ray's dashboard on 127.0.0.1:8265 "
+                                                       "(needs 'ray[default]')")
 
 
 class CheckpointConfig(_Frozen):
@@ -469,6 +473,13 @@ class SweepConfig(_Frozen):
     global_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
     precision: tuple[str, ...] | None = Field(default=None, min_length=1)
+    # sharded layouts (pod/config/mesh.py): a list of pod.mesh values, transformer remat
+    # policies, and examples per device (the global batch is that x data x fsdp)
+    mesh: tuple[dict[str, int], ...] | None = Field(default=None, min_length=1)
+    remat: tuple[Literal["none", "minimal", "full"], ...] | None = Field(default=None,
+                                                                       min_length=1)
+    per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
+        default=None, min_length=1)
     steps: int = Field(default=2, gt=0, le=MAX_STEPS,
                        description="steps per point; the first is not timed")
     epoch_examples: int | None = Field(default=None, gt=0, le=MAX_GLOBAL_BATCH * MAX_STEPS,
@@ -480,9 +491,12 @@ class SweepConfig(_Frozen):
         given = [k for k in ("slices", "chips", "topologies") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give one of slices, chips or topologies, not {' and '.join(given)}")
-        if self.scaling == "weak" and self.per_core_batch is None:
+        if self.scaling == "weak" and self.per_core_batch is None and self.per_device_batch is None:
             raise ValueError("per_core_batch: weak scaling needs per_core_batch, the examples "
-                             "per TensorCore (got none)")
+                             "per TensorCore, or per_device_batch on a sharded mesh (got none)")
+        if self.per_device_batch is not None and (self.per_core_batch or self.global_batch):
+            raise ValueError("per_device_batch sets the global batch (x data x fsdp of each "
+                             "mesh); drop per_core_batch and global_batch")
         if self.scaling == "weak" and self.global_batch is not None:
             raise ValueError("weak scaling sets the global batch from per_core_batch; "
                              "drop global_batch or use scaling: strong")
@@ -493,6 +507,18 @@ class SweepConfig(_Frozen):
                 raise ValueError(f"allreduce: {algorithm!r} is not an algorithm; must be one of "
                                  f"{', '.join(ALLREDUCE_CHOICES)}")
         return self
+
+    @field_validator("mesh", mode="before")
+    @classmethod
+    def _meshes(cls, value: Any) -> Any:
+        from pod.config.mesh import parse_mesh_axes  # ScenarioError is a ValueError: pydantic reports it
+
+        return value if value is None else [parse_mesh_axes(m) for m in value]
+
+    @field_validator("per_device_batch", mode="before")
+    @classmethod
+    def _one_or_many_devices(cls, value: Any) -> Any:
+        return [value] if isinstance(value, int) and not isinstance(value, bool) else value
 
     @field_validator("slices")
     @classmethod

@@ -3,7 +3,8 @@
 A local cluster is started when no address is given (the scenario's
 ``ray.address``, else the ``RAY_ADDRESS`` environment variable):
 
-- bound to 127.0.0.1, dashboard off, logs at ERROR;
+- bound to 127.0.0.1, logs at ERROR, dashboard off (on with ``dashboard=True``:
+  ``ray.dashboard`` / ``tpu-pod run --ray-dashboard``, also on 127.0.0.1);
 - with Ray's token authentication on and a fresh random token per process
   (``secrets.token_hex``), written to a file only its user can read and
   passed to Ray's processes with ``RAY_AUTH_MODE=token`` and
@@ -266,7 +267,7 @@ def _check_reachable(address: str, timeout_s: float) -> None:
 
 
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
-               connect_timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+               connect_timeout_s: float = CONNECT_TIMEOUT_S, dashboard: bool = False) -> bool:
     """Make sure this process is connected to a Ray cluster.
 
     Args:
@@ -275,6 +276,9 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
         num_cpus: CPUs a local cluster advertises (default: the machine's).
         connect_timeout_s: how long a given address may take to accept a
             connection.
+        dashboard: a local cluster serves Ray's dashboard on 127.0.0.1:8265
+            (``ray.dashboard`` in a scenario, ``tpu-pod run --ray-dashboard``);
+            it needs Ray's optional dashboard packages (``ray[default]``).
 
     Returns:
         True if this call started a local cluster (so the caller owns it and
@@ -293,6 +297,8 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
             _check_reachable(address, connect_timeout_s)
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
             return False
+        if dashboard:
+            _check_dashboard_packages()
         _loopback_only()
         _private_dir(_temp_root())
         _remove_stale_dirs()
@@ -303,7 +309,8 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
         with _DaemonsInTheirOwnGroups(), _KeepSigtermHandler():
             ray.init(
                 num_cpus=num_cpus or os.cpu_count() or 1,
-                include_dashboard=False,
+                include_dashboard=dashboard,
+                dashboard_host="127.0.0.1",
                 _node_ip_address="127.0.0.1",
                 _temp_dir=str(temp_dir),
                 logging_level=logging.ERROR,
@@ -319,6 +326,21 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
         where = f"join the Ray cluster at {address!r}" if address else "start a local Ray cluster"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ClusterError(f"ray.address: could not {where}: {first}") from None
+
+
+def _check_dashboard_packages() -> None:
+    """Ray's dashboard runs only with its optional packages (``ray[default]``); without
+    them Ray would start with no dashboard and say so only in its logs.
+
+    Raises:
+        ClusterError: they are missing; one line saying what to install.
+    """
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401 - what Ray itself checks
+    except ImportError as err:
+        raise ClusterError(f"ray.dashboard: Ray's dashboard needs its optional packages "
+                           f"({err.name or err} is missing): pip install "
+                           f"'tpu-pod-emulator[dashboard]' (ray[default])") from None
 
 
 def _loopback_only() -> None:

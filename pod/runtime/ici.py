@@ -49,7 +49,9 @@ Chunks of a run this chip has not started: ``IciPort.run`` registers its plan
 before it sends anything, but a peer may start (and send) first. The reader
 does not hold such chunks: it stops on the header, reading nothing more from
 that link, until the run is registered (TCP flow control then makes the
-sender wait once the socket buffers are full). A chip runs one collective at
+sender wait once the socket buffers are full).
+
+Plain runs (the data-parallel allreduce: ``IciPort.run``). A chip runs one collective at
 a time and a peer cannot be more than one collective ahead of it (no chip
 ends an allreduce before every chip has sent), and a link carries its
 sender's runs in order. So the waiting chunk is of a run that is over (a
@@ -57,6 +59,20 @@ failed one) if this chip registers a different run first, or if the run it
 is in still expects chunks from that sender (a later run's chunks would come
 after them). Such a chunk is read into a small scratch buffer and discarded,
 the link kept.
+
+Sequenced runs (``IciPort.run(..., sequenced=True)``: the sharded step, where a
+device program issues many sub-group collectives in one actor task). Run ids
+increase in program order on every device (the same id for the same
+collective on every member of its group), but a peer may be several runs
+ahead: it may have finished collectives over other groups this chip is not
+in. So the rule is by order, not by "the run in progress": a chunk of a run
+id above the last sequenced run this chip registered waits (the reader stops
+on its header, as above); a chunk of an id at or below it, other than the
+run in progress, is of a run that is over and is discarded. Every check of a
+plain run (the key, the header checks, the caps, the plan's receives and
+lengths) applies unchanged once the chunk's run is registered. A chip
+registers sequenced ids strictly increasing (``run`` refuses others); a
+plain run in between leaves sequenced mode.
 """
 
 from __future__ import annotations
@@ -187,6 +203,8 @@ class IciPort:
         # the current run (None between runs); ``_generation`` counts registrations
         self._run_id: int | None = None
         self._generation = 0
+        # sequenced mode (module docstring): the last sequenced run id registered, or None
+        self._sequence_last: int | None = None
         self._expected: dict[tuple[int, int, int], int] = {}  # (phase, src, seq) -> bytes
         self._expected_from: collections.Counter[int] = collections.Counter()  # src -> chunks
         self._mailbox: dict[tuple[int, int, int], np.ndarray] = {}
@@ -324,8 +342,11 @@ class IciPort:
             while self._run_id != run_id:
                 if self._closed:
                     raise OSError("port closed")
-                if self._run_id is not None and (self._generation != generation
-                                                 or self._expected_from[src]):
+                if self._sequence_last is not None:
+                    if run_id <= self._sequence_last:
+                        return False  # sequenced: a run at or below the last registered is over
+                elif self._run_id is not None and (self._generation != generation
+                                                   or self._expected_from[src]):
                     return False
                 self._cond.wait()
             expected = self._expected.pop((phase, src, seq), None)
@@ -442,7 +463,8 @@ class IciPort:
     # -- one rank's collective ---------------------------------------------------
 
     def run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
-            buffer: np.ndarray, bounds: Sequence[tuple[int, int]], timeout: float = 600.0) -> None:
+            buffer: np.ndarray, bounds: Sequence[tuple[int, int]], timeout: float = 600.0,
+            sequenced: bool = False) -> None:
         """Run this rank's part of a schedule on ``buffer`` in place.
 
         Per phase: send every outgoing chunk as the buffer holds it at the
@@ -459,6 +481,10 @@ class IciPort:
             buffer: this chip's flat float32 gradient buffer, (P,).
             bounds: the schedule's chunk element ranges [(start, stop), ...].
             timeout: seconds to wait for the whole collective's chunks.
+            sequenced: a run of a sequence (module docstring, "Sequenced
+                runs"): ``run_id`` must exceed every sequenced id this port
+                registered before; chunks of later ids wait, of earlier ones
+                are discarded. False (a plain run) leaves sequenced mode.
 
         Raises:
             IciError: a peer died, its link closed (mid-chunk or before its
@@ -467,7 +493,8 @@ class IciPort:
                 chunk did not arrive in time. Chunks are applied only whole,
                 but earlier chunks of the run have been: the buffer holds a
                 partial result.
-            RuntimeError: another run is in progress on this port.
+            RuntimeError: another run is in progress on this port, or a
+                sequenced ``run_id`` does not exceed the last one.
         """
         expected = {(phase, src, seq): (bounds[dst_chunk][1] - bounds[dst_chunk][0]) * 4
                     for phase, _, receives in plan for src, seq, dst_chunk, _ in receives}
@@ -475,6 +502,14 @@ class IciPort:
             if self._run_id is not None:
                 raise RuntimeError(f"chip {self.rank}: run {run_id} started while run "
                                    f"{self._run_id} is in progress")
+            if sequenced:
+                last = self._sequence_last
+                if last is not None and run_id <= last:
+                    raise RuntimeError(f"chip {self.rank}: sequenced run {run_id} does not "
+                                       f"follow run {last}: sequenced run ids must increase")
+                self._sequence_last = run_id
+            else:
+                self._sequence_last = None
             self._run_id, self._expected = run_id, expected
             self._expected_from = collections.Counter(src for _, src, _ in expected)
             self._generation += 1

@@ -21,11 +21,12 @@ work is redone (and costed).
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import numpy as np
 
 from pod.workloads.checks import check_int
-from pod.workloads.layers import Layer, glorot_uniform, mxu_input
+from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
 
 ROPE_MAX_TIMESCALE = 10_000.0
 """RoPE wavelength base (Su et al. 2021, "RoFormer"; MaxText ``max_timescale``)."""
@@ -115,6 +116,8 @@ class CausalSelfAttention(Layer):
 
     kind = "attention"
     matmul_params = ("query", "key", "value", "out")
+    # Megatron: heads split over the tensor devices (q, k, v columns; out rows)
+    tensor_split = MappingProxyType({"query": 1, "key": 1, "value": 1, "out": 0})
     dot_keys = ("q", "k", "v", "scores", "attn", "out")
     backward_keys = ("x", "qh", "kh", "vh", "probs", "o")
 
@@ -167,24 +170,30 @@ class CausalSelfAttention(Layer):
         d = self.inner_dim
         return 4 * t * d + self.heads * t * t + t * c
 
-    def _heads(self, z, b, t):
-        """(B*T, H*Dh) -> (B*H, T, Dh)."""
+    def _heads(self, core, z, b, t):
+        """(B*T, H*Dh) -> (B*H, T, Dh) (zeros, without a copy, on a timing-only core)."""
+        if not core.execute:
+            return timing_zeros((b * self.heads, t, self.head_dim), z.dtype)
         return z.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3).reshape(
             b * self.heads, t, self.head_dim)
 
-    def _merge(self, z, b, t):
-        """(B*H, T, Dh) -> (B*T, H*Dh)."""
+    def _merge(self, core, z, b, t):
+        """(B*H, T, Dh) -> (B*T, H*Dh) (zeros, without a copy, on a timing-only core)."""
+        if not core.execute:
+            return timing_zeros((b * t, self.inner_dim), z.dtype)
         return z.reshape(b, self.heads, t, self.head_dim).transpose(0, 2, 1, 3).reshape(
             b * t, self.inner_dim)
 
     def _rope(self, core, name, z, t, *, inverse=False):
         if not self.rotary:
             return z
-        cos, sin = core.vector(f"{self.name}/rope_tables",
-                               lambda: rope_tables(t, self.head_dim, z.dtype),
-                               transcendental=True)                       # (T, Dh/2) each
-        return core.vector(f"{self.name}/{name}", lambda v: apply_rope(v, cos, sin, inverse=inverse),
-                           z, ops_per_element=3.0)
+        cos, sin = vector_op(core, f"{self.name}/rope_tables",
+                             lambda: rope_tables(t, self.head_dim, z.dtype),
+                             out=[((t, self.head_dim // 2), z.dtype)] * 2,
+                             transcendental=True)                         # (T, Dh/2) each
+        return vector_op(core, f"{self.name}/{name}",
+                         lambda v: apply_rope(v, cos, sin, inverse=inverse), z,
+                         out=(z.shape, z.dtype), ops_per_element=3.0)
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         b, t, c = x.shape
@@ -197,16 +206,17 @@ class CausalSelfAttention(Layer):
         q = _dot(saved, "q", lambda: project("query"))
         k = _dot(saved, "k", lambda: project("key"))
         v = _dot(saved, "v", lambda: project("value"))
-        qh = self._rope(core, "rope_q", self._heads(q, b, t), t)         # (B*H, T, Dh)
-        kh = self._rope(core, "rope_k", self._heads(k, b, t), t)
-        vh = self._heads(v, b, t)
+        qh = self._rope(core, "rope_q", self._heads(core, q, b, t), t)         # (B*H, T, Dh)
+        kh = self._rope(core, "rope_k", self._heads(core, k, b, t), t)
+        vh = self._heads(core, v, b, t)
         scores = _dot(saved, "scores", lambda: core.batch_matmul(
             qh, kh.transpose(0, 2, 1), name=f"{self.name}/scores"))        # (B*H, T, T)
-        probs = core.vector(f"{self.name}/softmax", lambda s: causal_softmax(s, self.scale),
-                            scores, ops_per_element=5.0, transcendental=True)
+        probs = vector_op(core, f"{self.name}/softmax", lambda s: causal_softmax(s, self.scale),
+                          scores, out=(scores.shape, scores.dtype), ops_per_element=5.0,
+                          transcendental=True)
         attn = _dot(saved, "attn", lambda: core.batch_matmul(
             probs, vh, name=f"{self.name}/context"))                      # (B*H, T, Dh)
-        o = mxu_input(core, self._merge(attn, b, t))                      # (B*T, D)
+        o = mxu_input(core, self._merge(core, attn, b, t))                      # (B*T, D)
         out = None
         if need_output:
             out = _dot(saved, "out", lambda: core.matmul(o, params["out"], name=f"{self.name}/out",
@@ -224,24 +234,26 @@ class CausalSelfAttention(Layer):
                                     a_rounded=True, b_rounded=True)}      # (D, C)
         do = core.matmul(dyr, params["out"].T, name=f"{self.name}/d_context",
                          a_rounded=True, b_rounded=True)                  # (B*T, D)
-        doh = self._heads(do, b, t)                                       # (B*H, T, Dh)
+        doh = self._heads(core, do, b, t)                                       # (B*H, T, Dh)
         dprobs = core.batch_matmul(doh, vh.transpose(0, 2, 1), name=f"{self.name}/d_probs")
         dvh = core.batch_matmul(probs.transpose(0, 2, 1), doh, name=f"{self.name}/d_value")
         scale = np.asarray(self.scale, dprobs.dtype)
-        ds = core.vector(f"{self.name}/softmax_bwd",
-                         lambda dp, p: p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale,
-                         dprobs, probs, ops_per_element=4.0)              # (B*H, T, T)
+        ds = vector_op(core, f"{self.name}/softmax_bwd",
+                       lambda dp, p: p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale,
+                       dprobs, probs, out=(dprobs.shape, dprobs.dtype),
+                       ops_per_element=4.0)                               # (B*H, T, T)
         dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*H, T, Dh)
         dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")
         dqh = self._rope(core, "rope_q_bwd", dqh, t, inverse=True)
         dkh = self._rope(core, "rope_k_bwd", dkh, t, inverse=True)
         dx = None
         for key, dz in (("query", dqh), ("key", dkh), ("value", dvh)):
-            dzr = mxu_input(core, self._merge(dz, b, t))                  # (B*T, D)
+            dzr = mxu_input(core, self._merge(core, dz, b, t))                  # (B*T, D)
             grads[key] = core.matmul(xr.T, dzr, name=f"{self.name}/d_{key}",
                                      a_rounded=True, b_rounded=True)      # (C, D)
             if need_dx:
                 part = core.matmul(dzr, params[key].T, name=f"{self.name}/dx_{key}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)
-                dx = part if dx is None else core.vector(f"{self.name}/dx_sum", np.add, dx, part)
+                dx = part if dx is None else vector_op(core, f"{self.name}/dx_sum", np.add, dx, part,
+                                                       out=(part.shape, part.dtype))
         return (None if dx is None else dx.reshape(b, t, c)), grads

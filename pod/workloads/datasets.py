@@ -14,7 +14,7 @@ from pod.workloads.dataset import Dataset, stratified_split
 
 __all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "stratified_split"]
 
-DATASET_NAMES = ("digits", "synthetic", "mnist", "cifar10", "imdb", "text")
+DATASET_NAMES = ("digits", "synthetic", "mnist", "cifar10", "imdb", "text", "synthetic_text")
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,13 +38,20 @@ MAX_SYNTHETIC_VALUES = 1 << 26
 
 
 def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: int = 10,
-               num_examples: int = 2048, vocabulary: int | None = None) -> Dataset:
+               num_examples: int = 2048, vocabulary: int | None = None,
+               labels: str = "linear") -> Dataset:
     """Gaussian inputs; label = argmax of a fixed random linear map of the
     input (a rule a model can learn, so the loss can fall).
 
     With ``vocabulary`` V: integer token ids in [1, V) (0 is left for
     padding), int32, and label = argmax over classes of the summed random
-    per-token class scores (a bag-of-words rule)."""
+    per-token class scores (a bag-of-words rule).
+
+    ``labels: uniform`` draws the labels uniformly instead (nothing to learn):
+    for throughput-only data whose linear map would be large (224x224x3
+    inputs and 1000 classes: a 150528 x 1000 map, 0.6 GB)."""
+    if labels not in ("linear", "uniform"):
+        raise ValueError(f"synthetic: option labels must be linear or uniform, got {labels!r}")
     if isinstance(shape, int):
         shape = (shape,)
     if not isinstance(shape, (list, tuple)):
@@ -73,6 +80,9 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
         scores -= scores.mean(axis=0)                                     # balanced classes
         y = scores[x].reshape(num_examples, -1, num_classes).sum(axis=1).argmax(axis=1)
         y = y.astype(np.int64)
+    elif labels == "uniform":
+        x = rng.standard_normal((num_examples, *shape), dtype=np.float32)  # (N, *shape)
+        y = rng.integers(0, num_classes, num_examples).astype(np.int64)  # (N,)
     else:
         x = rng.standard_normal((num_examples, *shape), dtype=np.float32)  # (N, *shape)
         w = rng.standard_normal((int(np.prod(shape)), num_classes)).astype(np.float32)
@@ -85,13 +95,34 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
                    int(num_classes), synthetic=True, source="generated")
 
 
+def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
+                    sequence_length: int = 2048, num_examples: int = 64) -> Dataset:
+    """Uniformly random token ids for a language model's shapes (timing-only runs of
+    full-size models): x (N, T) int32 ids in [0, V), y (N, T) int64 the next token
+    of the same stream (x shifted by one), V classes. Nothing to learn: the data
+    only set the vocabulary and the sequence length."""
+    for field, value, low in (("vocabulary", vocabulary, 2), ("sequence_length", sequence_length, 1),
+                              ("num_examples", num_examples, 2)):
+        check_int(value, f"synthetic_text: option {field}", low)
+    stream = np.random.default_rng(seed).integers(
+        0, vocabulary, size=(num_examples, sequence_length + 1))             # (N, T + 1)
+    x, y = stream[:, :-1].astype(np.int32), stream[:, 1:].astype(np.int64)
+    n_test = int(round(test_fraction * num_examples))
+    if n_test < 1 or n_test >= num_examples:
+        raise ValueError(f"synthetic_text: test_fraction {test_fraction} of {num_examples} "
+                         "examples leaves an empty split")
+    return Dataset("synthetic_text", x[n_test:], y[n_test:], x[:n_test], y[:n_test],
+                   int(vocabulary), synthetic=True, source="generated")
+
+
 _LOADERS = {
     "digits": (_digits, ()),
-    "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary")),
+    "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary", "labels")),
     "mnist": (files.load_mnist, ()),
     "cifar10": (files.load_cifar10, ()),
     "imdb": (files.load_imdb, ("num_words", "maxlen")),
     "text": (files.load_text, ("sequence_length",)),
+    "synthetic_text": (_synthetic_text, ("vocabulary", "sequence_length", "num_examples")),
 }
 _NEEDS_PATH = ("mnist", "cifar10", "imdb")
 _TAKES_PATH = ("mnist", "cifar10", "imdb", "text")
@@ -107,15 +138,20 @@ def load_dataset(name: str, *, test_fraction: float = 0.2, seed: int = 0,
             pixels 0..16 scaled to [0, 1], shape (N, 8, 8, 1), 10 classes,
             split stratified by class with a seeded shuffle;
             "synthetic": generated, labelled synthetic (options shape=(8, 8, 1),
-            num_classes=10, num_examples=2048, vocabulary=None for token ids);
-            "mnist": ``path`` = a directory with the four IDX files;
+            num_classes=10, num_examples=2048, vocabulary=None for token ids,
+            labels="linear" (a learnable rule) or "uniform" (random, cheap));
+            "mnist": ``path`` = a directory with the four IDX files, or Keras's
+            mnist.npz (or a directory holding it);
             "cifar10": ``path`` = the "cifar-10-batches-py" directory;
             "imdb": ``path`` = a directory of pos/ and neg/ text files (or
             train/ and test/ holding them), or a pre-tokenised .npz (options
             num_words=15000, maxlen=250);
             "text": characters of an English text for next-character models,
             the Python documentation shipped with Python (``pydoc_data``) or
-            ``path`` = a UTF-8 text file (option sequence_length=64).
+            ``path`` = a UTF-8 text file (option sequence_length=64);
+            "synthetic_text": random token ids and their next tokens, for a
+            language model's shapes (options vocabulary=32000,
+            sequence_length=2048, num_examples=64).
             See ``pod.workloads.files`` for the formats.
         test_fraction: share of the examples held out for test, in (0, 1)
             (files that come with their own test split keep it).

@@ -9,7 +9,9 @@ the scenario file's directory):
   also be ".idx3-ubyte"; each may be gzipped, ending ".gz"). IDX: two zero
   bytes, a type byte (0x08 = uint8), the number of dimensions, then each
   dimension as a big-endian uint32, then the data (LeCun et al.,
-  http://yann.lecun.com/exdb/mnist/). Pixels scaled to [0, 1], (N, 28, 28, 1).
+  http://yann.lecun.com/exdb/mnist/). Or Keras's ``mnist.npz`` (the file, or a
+  directory holding it): uint8 ``x_train`` (N, 28, 28), ``y_train`` (N,),
+  ``x_test``, ``y_test``, read without pickle. Pixels scaled to [0, 1], (N, 28, 28, 1).
 - CIFAR-10: the "python version" directory ``cifar-10-batches-py`` with
   ``data_batch_1`` ... ``data_batch_5`` (any that exist) and ``test_batch``:
   pickled dicts with ``data`` (N, 3072) uint8 (1024 red, 1024 green, 1024
@@ -52,7 +54,8 @@ from pod.workloads.dataset import Dataset, stratified_split
 
 FORMATS = {
     "mnist": "a directory with the MNIST IDX files train-images-idx3-ubyte, "
-             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (.gz allowed)",
+             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (.gz allowed), "
+             "or Keras's mnist.npz (x_train, y_train, x_test, y_test)",
     "cifar10": "the cifar-10-batches-py directory (data_batch_1..5, test_batch)",
     "imdb": "a directory with pos/ and neg/ text files (or train/ and test/ holding them), "
             "or a pre-tokenised .npz with x_train, y_train, x_test, y_test",
@@ -218,23 +221,69 @@ def _find(directory: Path, stems: tuple[str, ...], name: str) -> Path:
 
 
 def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
-    """MNIST from its IDX files: (60000, 28, 28, 1) train, (10000, ...) test
-    (the files' own split; ``test_fraction`` is not used)."""
-    _require(path, "mnist", directory=True)
+    """MNIST: (60000, 28, 28, 1) train, (10000, ...) test (the files' own split;
+    ``test_fraction`` is not used), from the four IDX files in a directory, or from
+    Keras's ``mnist.npz`` (the file, or a directory holding it; arrays ``x_train``
+    (N, 28, 28) uint8, ``y_train`` (N,), ``x_test``, ``y_test``, read without pickle)."""
+    _require(path, "mnist")
+    if not path.is_dir() or (not _has_idx(path) and (path / "mnist.npz").exists()):
+        npz = path if not path.is_dir() else path / "mnist.npz"
+        arrays = _read_npz(npz, "mnist", ("x_train", "y_train", "x_test", "y_test"))
+        pairs = {"train": (arrays["x_train"], arrays["y_train"]),
+                 "test": (arrays["x_test"], arrays["y_test"])}
+    else:
+        pairs = {}
+        for split, prefix in (("train", "train"), ("test", "t10k")):
+            pairs[split] = tuple(read_idx(_find(path, (f"{prefix}-{kind}-idx{n}-ubyte",
+                                                       f"{prefix}-{kind}.idx{n}-ubyte"), "mnist"))
+                                 for kind, n in (("images", 3), ("labels", 1)))
     arrays = {}
-    for split, prefix in (("train", "train"), ("test", "t10k")):
-        images = read_idx(_find(path, (f"{prefix}-images-idx3-ubyte", f"{prefix}-images.idx3-ubyte"),
-                                "mnist"))
-        labels = read_idx(_find(path, (f"{prefix}-labels-idx1-ubyte", f"{prefix}-labels.idx1-ubyte"),
-                                "mnist"))
+    for split, (images, labels) in pairs.items():
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise ValueError(f"{path}: MNIST {split} images {images.shape} and labels {labels.shape} "
                              "do not match (expected (N, H, W) and (N,))")
-        if labels.size and labels.max() > 9:
-            raise ValueError(f"{path}: MNIST {split} labels must be 0..9, found {labels.max()}")
+        if images.dtype != np.uint8 or labels.dtype.kind not in "iu":
+            raise ValueError(f"{path}: MNIST {split} images must be uint8 and labels integers, "
+                             f"got {images.dtype} and {labels.dtype}")
+        if labels.size and (labels.max() > 9 or labels.min() < 0):
+            raise ValueError(f"{path}: MNIST {split} labels must be 0..9, found "
+                             f"{labels.min()}..{labels.max()}")
         arrays[split] = ((images.astype(np.float32) / 255.0)[..., None], labels.astype(np.int64))
     (xtr, ytr), (xte, yte) = arrays["train"], arrays["test"]
     return Dataset("mnist", xtr, ytr, xte, yte, 10, synthetic=False, source=str(path))
+
+
+def _has_idx(directory: Path) -> bool:
+    return any(directory.glob("train-images*idx3-ubyte*"))
+
+
+def _read_npz(path: Path, name: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz archive, read without pickle and bounded in size.
+
+    Raises:
+        ValueError: not a regular .npz file, too large, an array missing or not
+            readable without pickle; one line naming the file.
+    """
+    _regular(path)
+    if path.suffix != ".npz" or not zipfile.is_zipfile(path):
+        # np.load would try it as a pickle and talk about allow_pickle, which misleads
+        raise ValueError(f"{path}: not a .npz archive (an .npz is a zip of .npy arrays, as "
+                         f"numpy.savez writes); {name} needs {FORMATS[name]}")
+    _check_zip_size(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise ValueError(f"{path}: missing array {missing[0]!r}; {name} .npz needs "
+                                 f"{', '.join(keys)}")
+            return {k: z[k] for k in keys}
+    except ValueError as err:
+        if str(err).startswith(f"{path}: missing array"):
+            raise
+        raise ValueError(f"{path}: cannot read without pickle ({err}); save numeric arrays, "
+                         "not lists of lists") from None
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a valid .npz file ({err})") from None
 
 
 # --------------------------------------------------------------------------- CIFAR-10
@@ -415,22 +464,7 @@ def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 1500
         _regular(path)
         if path.suffix != ".npz":
             raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
-        if not zipfile.is_zipfile(path):
-            # np.load would try it as a pickle and talk about allow_pickle, which misleads
-            raise ValueError(f"{path}: not a .npz archive (an .npz is a zip of .npy arrays, as "
-                             f"numpy.savez writes); imdb needs {FORMATS['imdb']}")
-        _check_zip_size(path)
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-        except KeyError as err:
-            raise ValueError(f"{path}: missing array {err}; imdb .npz needs x_train, y_train, "
-                             "x_test, y_test") from None
-        except ValueError as err:
-            raise ValueError(f"{path}: cannot read without pickle ({err}); save padded integer "
-                             "arrays, not lists of lists") from None
-        except (OSError, EOFError) as err:
-            raise ValueError(f"{path}: not a valid .npz file ({err})") from None
+        arrays = _read_npz(path, "imdb", ("x_train", "y_train", "x_test", "y_test"))
         for k in ("x_train", "x_test"):
             if arrays[k].ndim != 2 or arrays[k].dtype.kind not in "iu":
                 raise ValueError(f"{path}: {k} must be an integer array (N, L), got "

@@ -25,6 +25,8 @@ finite-difference tests).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -34,8 +36,62 @@ from pod.workloads.checks import check_int
 
 def mxu_input(core, x: np.ndarray) -> np.ndarray:
     """Returns ``x`` as the MXU will see it: bf16-rounded (float32) when
-    ``core.numerics``, else unchanged. Pass the result with ``*_rounded=True``."""
-    return to_bf16(x) if core.numerics else x
+    ``core.numerics``, else unchanged. Pass the result with ``*_rounded=True``.
+    On a timing-only core (``core.execute`` False) a float32 ``x`` is returned
+    as is: the products are not computed, and the costs depend on shapes only."""
+    if not core.numerics or (not core.execute and x.dtype == np.float32):
+        return x
+    return to_bf16(x)
+
+
+def timing_zeros(shape, dtype) -> np.ndarray:
+    """Zeros of ``shape`` as a read-only broadcast view of one zero: what a
+    timing-only core returns for work it only costs (no memory, no page faults;
+    ``size`` and ``nbytes`` are those of a real array)."""
+    dtype = np.dtype(dtype)
+    zero = _ZERO.get(dtype)
+    if zero is None:
+        zero = _ZERO[dtype] = np.zeros(1, dtype)
+    shape = tuple(int(n) for n in shape)
+    out = np.ndarray(shape, dtype, buffer=zero, strides=(0,) * len(shape))  # a 0-stride view
+    out.flags.writeable = False
+    return out
+
+
+_ZERO: dict = {}  # dtype -> one zero element, the buffer of every timing_zeros view
+
+
+def vector_op(core, name: str, fn, *arrays, out, ops_per_element: float = 1.0,
+              transcendental: bool = False):
+    """``core.vector(name, fn, *arrays, ...)``, but on a timing-only core
+    (``core.execute`` False) ``fn`` is not run: the same record is made from
+    the shapes (``core.account_vector`` with the elements and bytes
+    ``core.vector`` would count: the largest size among inputs and outputs,
+    the inputs' and outputs' bytes) and zeros are returned: read-only
+    broadcast views of one zero, which cost no memory (timing-only work
+    never writes into them).
+
+    Args:
+        core: the TensorCore.
+        name, fn, arrays, ops_per_element, transcendental: as ``core.vector``.
+        out: what ``fn`` returns: (shape, dtype), or a list of them for a
+            tuple result. Must be exact (a test runs every layer both ways and
+            compares the records).
+
+    Returns:
+        fn(*arrays), or zeros of the ``out`` shapes and dtypes.
+    """
+    if core.execute:
+        return core.vector(name, fn, *arrays, ops_per_element=ops_per_element,
+                           transcendental=transcendental)
+    several = isinstance(out, list)
+    specs = out if several else (out,)
+    results = tuple(timing_zeros(shape, dtype) for shape, dtype in specs)
+    sizes = [np.asarray(a).size for a in arrays] + [r.size for r in results]
+    nbytes = sum(np.asarray(a).nbytes for a in arrays) + sum(r.nbytes for r in results)
+    core.account_vector(name, max(sizes), nbytes, ops_per_element=ops_per_element,
+                        transcendental=transcendental)
+    return results if several else results[0]
 
 
 def glorot_uniform(rng: np.random.Generator, shape: tuple[int, ...],
@@ -51,6 +107,11 @@ class Layer:
     kind = "layer"
     matmul_params: tuple[str, ...] = ()  # local param names fed to the MXU
     stateful = False  # True: keeps non-trainable state (e.g. BatchNorm running averages)
+    # Tensor parallelism (pod.workloads.sharded): local param name -> the axis split
+    # over the mesh's tensor devices (1: columns, 0: rows); params not named are
+    # replicated. Read-only.
+    tensor_split: Mapping[str, int] = MappingProxyType({})
+    backward_reads_params = True  # False: FSDP need not gather the params before backward
 
     def __init__(self, name: str | None = None):
         self.name = name or self.kind
@@ -186,16 +247,38 @@ def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
 class Conv2D(Layer):
     """2-D convolution, NHWC, as im2col followed by one GEMM on the MXU.
 
-    Kernel (KH, KW, C_in, C_out), bias (C_out,). Padding "same" (TF/XLA
-    convention, see ``same_padding``) or "valid".
+    Kernel (KH, KW, C_in, C_out), bias (C_out,) unless ``use_bias=False``
+    (a conv followed by BatchNorm, as in ResNet, has none). Padding "same"
+    (TF/XLA convention, see ``same_padding``) or "valid".
+
+    ``im2col_in_hbm`` says how the HBM traffic is costed. True (the default,
+    the seed CNN's accounting): the patch matrix (B*Ho*Wo, KH*KW*C) is read
+    from HBM by each GEMM and the input gradient is summed from its columns
+    by a separate col2im pass on the VPU. False: as XLA's convolution emitter
+    does on a TPU, the patches are formed on chip, so the forward and the
+    weight-gradient GEMMs read the input (B, H, W, C) once, and the input
+    gradient is a transposed convolution on the MXU that writes (B, H, W, C)
+    with no separate pass (ResNet's convs). MXU cycles are the same either way.
+
+    On a timing-only core (``core.execute`` False) the im2col / col2im
+    buffers are not built: the same ops are recorded from their shapes
+    (``account_matmul`` / ``account_vector``, the costs ``matmul`` and
+    ``vector`` would record) and zeros of the right shape are returned.
     """
 
     kind = "conv2d"
     matmul_params = ("kernel",)
 
     def __init__(self, filters: int, kernel_size: int | tuple[int, int] = 2, *,
-                 stride: int = 1, padding: str = "same", name: str | None = None):
+                 stride: int = 1, padding: str = "same", use_bias: bool = True,
+                 im2col_in_hbm: bool = True, name: str | None = None):
         super().__init__(name)
+        if not isinstance(im2col_in_hbm, bool):
+            raise ValueError(f"Conv2D im2col_in_hbm must be true or false, got {im2col_in_hbm!r}")
+        self.im2col_in_hbm = im2col_in_hbm
+        if not isinstance(use_bias, bool):
+            raise ValueError(f"Conv2D use_bias must be true or false, got {use_bias!r}")
+        self.use_bias = use_bias
         if isinstance(kernel_size, int):
             kernel_size = (kernel_size, kernel_size)
         if int(filters) != filters or filters < 1:
@@ -231,13 +314,18 @@ class Conv2D(Layer):
     def param_shapes(self, input_shape):
         c = self._geometry(input_shape)[2]
         kh, kw = self.kernel_size
-        return {"kernel": (kh, kw, c, self.filters), "bias": (self.filters,)}
+        shapes = {"kernel": (kh, kw, c, self.filters)}
+        if self.use_bias:
+            shapes["bias"] = (self.filters,)
+        return shapes
 
     def init_params(self, rng, input_shape):
         shape = self.param_shapes(input_shape)["kernel"]
         kh, kw, c, f = shape
-        return {"kernel": glorot_uniform(rng, shape, kh * kw * c, kh * kw * f),
-                "bias": np.zeros(f, np.float32)}
+        params = {"kernel": glorot_uniform(rng, shape, kh * kw * c, kh * kw * f)}
+        if self.use_bias:
+            params["bias"] = np.zeros(f, np.float32)
+        return params
 
     def output_shape(self, input_shape):
         _, _, _, ho, wo, _, _ = self._geometry(input_shape)
@@ -281,33 +369,64 @@ class Conv2D(Layer):
                 dxp[:, i:i + span_h:s, j:j + span_w:s, :] += dcols[:, :, :, i * kw + j, :]
         return dxp[:, top:top + h, left:left + w, :]
 
+    def _gemm(self, core, cols_shape, lhs, rhs, name, out_shape, dtype, **hbm):
+        """One im2col GEMM, or on a timing-only core its cost alone (``lhs`` / ``rhs``
+        are callables so the operands are built only when the product runs; ``hbm``:
+        ``a_elements`` / ``out_elements`` when the patches stay on chip)."""
+        hbm = {} if self.im2col_in_hbm else hbm
+        if core.execute:
+            return core.matmul(lhs(), rhs(), name=name, a_rounded=True, b_rounded=True, **hbm)
+        core.account_matmul(*cols_shape, name=name, **hbm)
+        return timing_zeros(out_shape, dtype)
+
     def forward(self, core, params, x, *, training=False, rng=None):
         b = x.shape[0]
-        _, _, _, ho, wo, _, _ = self._geometry(x.shape[1:])
+        _, _, c, ho, wo, _, _ = self._geometry(x.shape[1:])
+        kh, kw = self.kernel_size
+        m, k = b * ho * wo, kh * kw * c
         xr = mxu_input(core, x)                                           # (B, H, W, C)
-        cols = self._im2col(xr)                                           # (B*Ho*Wo, KH*KW*C)
         w2d = params["kernel"].reshape(-1, self.filters)                  # (KH*KW*C, F)
-        y = core.matmul(cols, w2d, name=f"{self.name}/fwd",
-                        a_rounded=True, b_rounded=True)                   # (B*Ho*Wo, F)
-        y = _bias_add(core, self.name, y, params["bias"])
+        y = self._gemm(core, (m, k, self.filters), lambda: self._im2col(xr), lambda: w2d,
+                       f"{self.name}/fwd", (m, self.filters),
+                       self._out_dtype(core, xr, w2d), a_elements=xr.size)  # (B*Ho*Wo, F)
+        if self.use_bias:
+            y = _bias_add(core, self.name, y, params["bias"])
         return y.reshape(b, ho, wo, self.filters), xr
+
+    @staticmethod
+    def _out_dtype(core, a, b):
+        return np.float32 if core.emulates_numerics else np.result_type(a, b)
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         xr = cache                                                        # (B, H, W, C)
         dy2d = dy.reshape(-1, self.filters)                               # (B*Ho*Wo, F)
         dyr = mxu_input(core, dy2d)
-        cols = self._im2col(xr)                                           # (B*Ho*Wo, KH*KW*C)
-        dw = core.matmul(cols.T, dyr, name=f"{self.name}/dW",
-                         a_rounded=True, b_rounded=True)                  # (KH*KW*C, F)
-        db = _bias_grad(core, self.name, dy2d)                            # (F,)
+        m = dy2d.shape[0]
+        k = math.prod(self.kernel_size) * xr.shape[3]
+        w2d = params["kernel"].reshape(-1, self.filters)                  # (KH*KW*C, F)
+        dw = self._gemm(core, (k, m, self.filters), lambda: self._im2col(xr).T, lambda: dyr,
+                        f"{self.name}/dW", (k, self.filters),
+                        self._out_dtype(core, xr, dyr), a_elements=xr.size)  # (KH*KW*C, F)
+        grads = {"kernel": dw.reshape(params["kernel"].shape)}
+        if self.use_bias:
+            grads["bias"] = _bias_grad(core, self.name, dy2d)             # (F,)
         dx = None
         if need_dx:
-            w2d = params["kernel"].reshape(-1, self.filters)
-            dcols = core.matmul(dyr, w2d.T, name=f"{self.name}/dx",
-                                a_rounded=True, b_rounded=True)           # (B*Ho*Wo, KH*KW*C)
-            dx = core.vector(f"{self.name}/col2im",
-                             lambda d: self._col2im(d, xr.shape), dcols)  # (B, H, W, C)
-        return dx, {"kernel": dw.reshape(params["kernel"].shape), "bias": db}
+            dtype = self._out_dtype(core, dyr, w2d)
+            dcols = self._gemm(core, (m, self.filters, k), lambda: dyr, lambda: w2d.T,
+                               f"{self.name}/dx", (m, k), dtype,
+                               out_elements=xr.size)                      # (B*Ho*Wo, KH*KW*C)
+            if not self.im2col_in_hbm:  # summed on chip by the transposed convolution
+                dx = (self._col2im(dcols, xr.shape) if core.execute
+                      else timing_zeros(xr.shape, dtype))                 # (B, H, W, C)
+            elif core.execute:
+                dx = core.vector(f"{self.name}/col2im",
+                                 lambda d: self._col2im(d, xr.shape), dcols)  # (B, H, W, C)
+            else:  # the cost of the col2im above: max(elements), bytes in and out
+                dx = timing_zeros(xr.shape, dtype)
+                core.account_vector(f"{self.name}/col2im", max(dcols.size, dx.size),
+                                    dcols.nbytes + dx.nbytes)
+        return dx, grads
 
 
 class ReLU(Layer):
@@ -319,12 +438,13 @@ class ReLU(Layer):
         return math.prod(input_shape)
 
     def forward(self, core, params, x, *, training=False, rng=None):
-        y = core.vector(f"{self.name}/fwd", lambda v: np.maximum(v, 0), x)
+        y = vector_op(core, f"{self.name}/fwd", lambda v: np.maximum(v, 0), x, out=(x.shape, x.dtype))
         return y, y
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         y = cache
-        dx = core.vector(f"{self.name}/bwd", lambda d, out: d * (out > 0), dy, y)
+        dx = vector_op(core, f"{self.name}/bwd", lambda d, out: d * (out > 0), dy, y,
+                       out=(dy.shape, dy.dtype))
         return dx, {}
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pod.workloads.layers import vector_op
+
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     shifted = z - z.max(axis=1, keepdims=True)                           # (B, K), max 0
@@ -35,8 +37,9 @@ def softmax_cross_entropy(core, logits: np.ndarray, labels: np.ndarray) -> tuple
     b, k = logits.shape
     if b and (labels.min() < 0 or labels.max() >= k):
         raise ValueError(f"labels must be in [0, {k}), got range [{labels.min()}, {labels.max()}]")
-    logp = core.vector("xent/log_softmax", _log_softmax, logits,
-                       ops_per_element=5.0, transcendental=True)          # (B, K)
+    logp = vector_op(core, "xent/log_softmax", _log_softmax, logits,
+                     out=(logits.shape, logits.dtype), ops_per_element=5.0,
+                     transcendental=True)                                 # (B, K)
     rows = np.arange(b)
     loss = -float(logp[rows, labels].mean())
 
@@ -46,7 +49,8 @@ def softmax_cross_entropy(core, logits: np.ndarray, labels: np.ndarray) -> tuple
         g *= np.asarray(1.0 / b, lp.dtype)
         return g
 
-    dlogits = core.vector("xent/grad", grad, logp, ops_per_element=3.0, transcendental=True)
+    dlogits = vector_op(core, "xent/grad", grad, logp, out=(logp.shape, logp.dtype),
+                        ops_per_element=3.0, transcendental=True)
     return loss, dlogits
 
 

@@ -125,9 +125,11 @@ class Model:
 
     def prepare_params(self, core, params) -> list[dict[str, np.ndarray]]:
         """Per layer local param dicts; MXU weights rounded to bf16 once when
-        ``core.numerics`` (every use then passes ``b_rounded=True``)."""
+        ``core.numerics`` (every use then passes ``b_rounded=True``), except on a
+        timing-only core (``core.execute`` False), which computes no product."""
         self._check_params(params)
-        return [{local: (to_bf16(params[key]) if core.numerics and key in self._matmul_keys
+        rounding = core.numerics and core.execute
+        return [{local: (to_bf16(params[key]) if rounding and key in self._matmul_keys
                          else params[key])
                  for key, local in keys}
                 for keys in self._layer_keys]
@@ -184,6 +186,15 @@ class Model:
                 x, cache = layer.forward(core, p, x, training=training, rng=rng)
             caches.append(cache)
         return x, caches
+
+    def layer_param_keys(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """Per layer, its parameters as (model key, layer-local name) pairs, in
+        layer order (a shared parameter appears under every layer that uses it)."""
+        return tuple(tuple(keys) for keys in self._layer_keys)
+
+    def output_loss(self, core, out, y) -> tuple[float, np.ndarray]:
+        """(mean loss over the predictions of ``out``, its gradient w.r.t. ``out``)."""
+        return self._loss(core, out, y)
 
     def _loss(self, core, out, y) -> tuple[float, np.ndarray]:
         if self.loss == "sigmoid_binary_cross_entropy":

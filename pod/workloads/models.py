@@ -13,9 +13,10 @@ from pod.workloads.layers import Conv2D, Dense, Dropout, Flatten, Layer, MaxPool
 from pod.workloads.model import FLOAT32_BYTES, LOSSES, Model  # noqa: F401 - re-exported
 from pod.workloads.normalization import BatchNormalization
 from pod.workloads.recurrent import LSTM, Embedding
+from pod.workloads.resnet import build_resnet
 from pod.workloads.transformer import build_transformer
 
-MODEL_NAMES = ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer")
+MODEL_NAMES = ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer", "resnet")
 
 
 def _dropout_rates(value, default: float, model: str) -> float:
@@ -106,6 +107,11 @@ def _transformer(input_shape, num_classes, **options) -> Model:
     return build_transformer(input_shape, num_classes, **options)
 
 
+def _resnet(input_shape, num_classes, **options) -> Model:
+    """ResNet-18 / 34 / 50 / 101 / 152 or a smaller one (``pod.workloads.resnet``)."""
+    return build_resnet(input_shape, num_classes, **options)
+
+
 _BUILDERS = {
     "cnn": (_cnn, ("dropout",), "softmax_cross_entropy"),
     "mlp": (_mlp, ("hidden", "dropout", "batch_norm"), "softmax_cross_entropy"),
@@ -115,6 +121,7 @@ _BUILDERS = {
     "transformer": (_transformer, ("embed_dim", "heads", "head_dim", "mlp_dim", "mlp_activation",
                                    "layers", "norm", "positions", "tied_embeddings", "remat"),
                     "softmax_cross_entropy"),
+    "resnet": (_resnet, ("depth", "width", "blocks", "block", "stem"), "softmax_cross_entropy"),
 }
 
 
@@ -141,7 +148,12 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
             ``norm`` rmsnorm | layernorm, ``positions`` rotary | learned,
             ``tied_embeddings`` true, ``remat`` none | minimal | full; inputs
             (T,) token ids, labels (T,), num_classes = the vocabulary; see
-            ``pod.workloads.transformer``).
+            ``pod.workloads.transformer``);
+            "resnet" (options ``depth`` 50 (18, 34, 50, 101, 152), ``width`` 64,
+            ``blocks`` (per stage; default the depth's), ``block`` basic |
+            bottleneck (default the depth's), ``stem`` imagenet | small (default
+            imagenet from 64x64 up); inputs (H, W, C) images; see
+            ``pod.workloads.resnet``).
         input_shape: one example's shape, e.g. (8, 8, 1).
         num_classes: number of classes (>= 2).
 

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from pod.workloads.checks import check_number
-from pod.workloads.layers import Layer
+from pod.workloads.layers import Layer, vector_op
 
 
 class BatchNormalization(Layer):
@@ -75,21 +75,22 @@ class BatchNormalization(Layer):
         dt = x.dtype
         eps = np.asarray(self.epsilon, dt)
         gamma, beta = params["gamma"].astype(dt, copy=False), params["beta"].astype(dt, copy=False)
+        c = (x.shape[-1],)
         if training:
-            mean, var = core.vector(f"{self.name}/moments",
-                                    lambda v: (v.mean(axis=axes), v.var(axis=axes)), x,
-                                    ops_per_element=4.0)                  # (C,), (C,) biased
+            mean, var = vector_op(core, f"{self.name}/moments",
+                                  lambda v: (v.mean(axis=axes), v.var(axis=axes)), x,
+                                  out=[(c, dt), (c, dt)], ops_per_element=4.0)  # (C,), (C,) biased
         else:
             if state is None:
                 raise ValueError(f"{self.name}: evaluation needs the running averages (state)")
             mean = state["moving_mean"].astype(dt, copy=False)
             var = state["moving_variance"].astype(dt, copy=False)
-        inv = core.vector(f"{self.name}/rsqrt", lambda v: 1.0 / np.sqrt(v + eps), var,
-                          transcendental=True)                           # (C,)
-        x_hat = core.vector(f"{self.name}/normalize", lambda v: (v - mean) * inv, x,
-                            ops_per_element=2.0)                          # like x
-        y = core.vector(f"{self.name}/scale", lambda v: v * gamma + beta, x_hat,
-                        ops_per_element=2.0)
+        inv = vector_op(core, f"{self.name}/rsqrt", lambda v: 1.0 / np.sqrt(v + eps), var,
+                        out=(c, dt), transcendental=True)                 # (C,)
+        x_hat = vector_op(core, f"{self.name}/normalize", lambda v: (v - mean) * inv, x,
+                          out=(x.shape, dt), ops_per_element=2.0)         # like x
+        y = vector_op(core, f"{self.name}/scale", lambda v: v * gamma + beta, x_hat,
+                      out=(x.shape, dt), ops_per_element=2.0)
         return y, (x_hat, inv, mean, var, bool(training))
 
     def update_state(self, core, state, cache):
@@ -112,18 +113,21 @@ class BatchNormalization(Layer):
         x_hat, inv, _, _, training = cache
         axes = tuple(range(dy.ndim - 1))
         gamma = params["gamma"].astype(dy.dtype, copy=False)
-        dgamma, dbeta = core.vector(f"{self.name}/dgamma_dbeta",
-                                    lambda d, xh: ((d * xh).sum(axis=axes), d.sum(axis=axes)),
-                                    dy, x_hat, ops_per_element=3.0)      # (C,), (C,)
+        c = (dy.shape[-1],)
+        dgamma, dbeta = vector_op(core, f"{self.name}/dgamma_dbeta",
+                                  lambda d, xh: ((d * xh).sum(axis=axes), d.sum(axis=axes)),
+                                  dy, x_hat, out=[(c, dy.dtype), (c, dy.dtype)],
+                                  ops_per_element=3.0)                   # (C,), (C,)
         dx = None
         if need_dx:
             if training:
                 n = np.asarray(math.prod(dy.shape[:-1]), dy.dtype)       # examples per statistic
                 # dx = inv / n * (n * dxh - sum(dxh) - x_hat * sum(dxh * x_hat)), dxh = dy * gamma
-                dx = core.vector(
-                    f"{self.name}/dx",
+                dx = vector_op(
+                    core, f"{self.name}/dx",
                     lambda d, xh: (inv / n) * (n * gamma * d - gamma * dbeta - xh * (gamma * dgamma)),
-                    dy, x_hat, ops_per_element=6.0)
+                    dy, x_hat, out=(dy.shape, dy.dtype), ops_per_element=6.0)
             else:
-                dx = core.vector(f"{self.name}/dx", lambda d: d * (gamma * inv), dy)
+                dx = vector_op(core, f"{self.name}/dx", lambda d: d * (gamma * inv), dy,
+                               out=(dy.shape, dy.dtype))
         return dx, {"gamma": dgamma, "beta": dbeta}

@@ -5,7 +5,8 @@ update must be deterministic: float32 elementwise arithmetic only (no
 reductions, no threads), scalars precomputed once in float64 and cast to
 float32. Inputs are never modified (they may be read-only views from Ray's
 object store); every call returns new arrays. Elementwise work goes through
-``core.vector`` so that it is costed on the VPU.
+``vector_op`` (``core.vector``) so that it is costed on the VPU; on a timing-only
+core only its cost is recorded and the results are zeros.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from pod.workloads.checks import check_int, check_number
+from pod.workloads.layers import vector_op
 
 OPTIMIZER_NAMES = ("sgd", "adam", "adamw")
 
@@ -99,11 +101,12 @@ class SGD(Optimizer):
     def _update_one(self, core, key, g, slots, p, step):
         lr, mu = _F32(self.learning_rate), _F32(self.momentum)
         if not self.momentum:
-            return core.vector(f"sgd/{key}", lambda p_, g_: p_ - lr * g_, p, g,
-                               ops_per_element=2.0), {}
-        v = core.vector(f"sgd/{key}/momentum", lambda v_, g_: mu * v_ + g_,
-                        slots["momentum"], g, ops_per_element=2.0)
-        p_new = core.vector(f"sgd/{key}", lambda p_, v_: p_ - lr * v_, p, v, ops_per_element=2.0)
+            return vector_op(core, f"sgd/{key}", lambda p_, g_: p_ - lr * g_, p, g,
+                             out=(p.shape, p.dtype), ops_per_element=2.0), {}
+        v = vector_op(core, f"sgd/{key}/momentum", lambda v_, g_: mu * v_ + g_,
+                      slots["momentum"], g, out=(p.shape, p.dtype), ops_per_element=2.0)
+        p_new = vector_op(core, f"sgd/{key}", lambda p_, v_: p_ - lr * v_, p, v,
+                          out=(p.shape, p.dtype), ops_per_element=2.0)
         return p_new, {"momentum": v}
 
 
@@ -133,14 +136,14 @@ class Adam(Optimizer):
         inv_bc1 = _F32(1.0 / (1.0 - self.beta1 ** step))
         inv_bc2 = _F32(1.0 / (1.0 - self.beta2 ** step))
         lr, eps = _F32(self.learning_rate), _F32(self.eps)
-        m = core.vector(f"adam/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
-                        slots["m"], g, ops_per_element=3.0)
-        v = core.vector(f"adam/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
-                        slots["v"], g, ops_per_element=4.0)
-        p_new = core.vector(
-            f"adam/{key}",
+        m = vector_op(core, f"adam/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
+                      slots["m"], g, out=(p.shape, p.dtype), ops_per_element=3.0)
+        v = vector_op(core, f"adam/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
+                      slots["v"], g, out=(p.shape, p.dtype), ops_per_element=4.0)
+        p_new = vector_op(
+            core, f"adam/{key}",
             lambda p_, m_, v_: p_ - lr * (m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps),
-            p, m, v, ops_per_element=6.0, transcendental=True)
+            p, m, v, out=(p.shape, p.dtype), ops_per_element=6.0, transcendental=True)
         return p_new, {"m": m, "v": v}
 
 
@@ -176,14 +179,14 @@ class AdamW(Optimizer):
         inv_bc1 = _F32(1.0 / (1.0 - self.beta1 ** step))
         inv_bc2 = _F32(1.0 / (1.0 - self.beta2 ** step))
         lr, eps, wd = _F32(self.learning_rate), _F32(self.eps), _F32(self.weight_decay)
-        m = core.vector(f"adamw/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
-                        slots["m"], g, ops_per_element=3.0)
-        v = core.vector(f"adamw/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
-                        slots["v"], g, ops_per_element=4.0)
-        p_new = core.vector(
-            f"adamw/{key}",
+        m = vector_op(core, f"adamw/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
+                      slots["m"], g, out=(p.shape, p.dtype), ops_per_element=3.0)
+        v = vector_op(core, f"adamw/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
+                      slots["v"], g, out=(p.shape, p.dtype), ops_per_element=4.0)
+        p_new = vector_op(
+            core, f"adamw/{key}",
             lambda p_, m_, v_: p_ - lr * ((m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps) + wd * p_),
-            p, m, v, ops_per_element=8.0, transcendental=True)
+            p, m, v, out=(p.shape, p.dtype), ops_per_element=8.0, transcendental=True)
         return p_new, {"m": m, "v": v}
 
 

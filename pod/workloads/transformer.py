@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 
 import numpy as np
 
 from chip import to_bf16
 from pod.workloads.attention import CausalSelfAttention
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
-from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid
+from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid, vector_op
 from pod.workloads.model import Model
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "POSITIONS",
     "REMAT_POLICIES",
     "LayerNorm",
+    "TensorHooks",
     "RMSNorm",
     "TokenEmbedding",
     "TransformerBlock",
@@ -68,6 +70,12 @@ MLP_ACTIVATIONS = ("gated_silu", "gelu")
 REMAT_POLICIES = ("none", "minimal", "full")
 
 EMBEDDING_INIT_STDDEV = 0.02  # GPT-2 / nanoGPT embedding init (normal, std 0.02)
+
+
+def _add(core, name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b on the VPU (``vector_op``: on a timing-only core only its cost)."""
+    return vector_op(core, name, np.add, a, b, out=(np.broadcast_shapes(a.shape, b.shape),
+                                                     np.result_type(a, b)))
 
 
 def _params_of(params: dict, prefix: str) -> dict:
@@ -108,27 +116,30 @@ class RMSNorm(_Norm):
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         eps = np.asarray(self.epsilon, x.dtype)
-        inv = core.vector(f"{self.name}/rsqrt",
-                          lambda v: 1.0 / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps), x,
-                          ops_per_element=2.0, transcendental=True)        # (..., 1)
+        stat = (x.shape[:-1] + (1,), x.dtype)
+        inv = vector_op(core, f"{self.name}/rsqrt",
+                        lambda v: 1.0 / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps), x,
+                        out=stat, ops_per_element=2.0, transcendental=True)  # (..., 1)
         scale = params["scale"].astype(x.dtype, copy=False)
-        xhat, y = core.vector(f"{self.name}/normalize",
-                              lambda v, s: (v * s, v * s * scale), x, inv, ops_per_element=2.0)
+        xhat, y = vector_op(core, f"{self.name}/normalize",
+                            lambda v, s: (v * s, v * s * scale), x, inv,
+                            out=[(x.shape, x.dtype)] * 2, ops_per_element=2.0)
         return y, {"xhat": xhat, "inv": inv}
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         xhat, inv = cache["xhat"], cache["inv"]
         lead = tuple(range(dy.ndim - 1))
         scale = params["scale"].astype(dy.dtype, copy=False)
-        dscale = core.vector(f"{self.name}/d_scale", lambda d, xh: (d * xh).sum(axis=lead),
-                             dy, xhat, ops_per_element=2.0)               # (C,)
+        dscale = vector_op(core, f"{self.name}/d_scale", lambda d, xh: (d * xh).sum(axis=lead),
+                           dy, xhat, out=(dy.shape[-1:], dy.dtype), ops_per_element=2.0)  # (C,)
         dx = None
         if need_dx:
             # dx = inv * (g - xhat * mean(g * xhat)), g = dy * scale
             def back(d, xh, s):
                 g = d * scale
                 return s * (g - xh * (g * xh).mean(axis=-1, keepdims=True))
-            dx = core.vector(f"{self.name}/dx", back, dy, xhat, inv, ops_per_element=6.0)
+            dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
+                           ops_per_element=6.0)
         return dx, {"scale": dscale}
 
 
@@ -156,22 +167,24 @@ class LayerNorm(_Norm):
             mu = v.mean(axis=-1, keepdims=True)
             return mu, 1.0 / np.sqrt(((v - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
 
-        mu, inv = core.vector(f"{self.name}/moments", stats, x, ops_per_element=4.0,
-                              transcendental=True)                         # (..., 1) each
+        mu, inv = vector_op(core, f"{self.name}/moments", stats, x,
+                            out=[(x.shape[:-1] + (1,), x.dtype)] * 2, ops_per_element=4.0,
+                            transcendental=True)                           # (..., 1) each
         scale = params["scale"].astype(x.dtype, copy=False)
         bias = params["bias"].astype(x.dtype, copy=False)
-        xhat, y = core.vector(f"{self.name}/normalize",
-                              lambda v, m, s: ((v - m) * s, (v - m) * s * scale + bias),
-                              x, mu, inv, ops_per_element=4.0)
+        xhat, y = vector_op(core, f"{self.name}/normalize",
+                            lambda v, m, s: ((v - m) * s, (v - m) * s * scale + bias),
+                            x, mu, inv, out=[(x.shape, x.dtype)] * 2, ops_per_element=4.0)
         return y, {"xhat": xhat, "inv": inv}
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         xhat, inv = cache["xhat"], cache["inv"]
         lead = tuple(range(dy.ndim - 1))
         scale = params["scale"].astype(dy.dtype, copy=False)
-        dscale, dbias = core.vector(f"{self.name}/d_scale_bias",
-                                    lambda d, xh: ((d * xh).sum(axis=lead), d.sum(axis=lead)),
-                                    dy, xhat, ops_per_element=3.0)        # (C,), (C,)
+        dscale, dbias = vector_op(core, f"{self.name}/d_scale_bias",
+                                  lambda d, xh: ((d * xh).sum(axis=lead), d.sum(axis=lead)),
+                                  dy, xhat, out=[(dy.shape[-1:], dy.dtype)] * 2,
+                                  ops_per_element=3.0)                    # (C,), (C,)
         dx = None
         if need_dx:
             # dx = inv * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale
@@ -179,7 +192,8 @@ class LayerNorm(_Norm):
                 g = d * scale
                 return s * (g - g.mean(axis=-1, keepdims=True)
                             - xh * (g * xh).mean(axis=-1, keepdims=True))
-            dx = core.vector(f"{self.name}/dx", back, dy, xhat, inv, ops_per_element=8.0)
+            dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
+                           ops_per_element=8.0)
         return dx, {"scale": dscale, "bias": dbias}
 
 
@@ -224,6 +238,8 @@ class MLP(Layer):
         self.gated = activation == "gated_silu"
         self.inputs = ("wi_0", "wi_1") if self.gated else ("wi",)
         self.matmul_params = (*self.inputs, "wo")
+        # Megatron: hidden units split over the tensor devices (wi columns, wo rows)
+        self.tensor_split = MappingProxyType({**{k: 1 for k in self.inputs}, "wo": 0})
         self.dot_keys = ("u0", "u1") if self.gated else ("u",)
         self.backward_keys = ("x", *self.dot_keys, "g")
 
@@ -251,9 +267,10 @@ class MLP(Layer):
 
     def _activate(self, core, u):
         if self.gated:
-            return core.vector(f"{self.name}/silu_gate", lambda a, b: a * sigmoid(a) * b, *u,
-                               ops_per_element=5.0, transcendental=True)
-        return core.vector(f"{self.name}/gelu", gelu, *u, ops_per_element=8.0, transcendental=True)
+            return vector_op(core, f"{self.name}/silu_gate", lambda a, b: a * sigmoid(a) * b, *u,
+                             out=(u[0].shape, u[0].dtype), ops_per_element=5.0, transcendental=True)
+        return vector_op(core, f"{self.name}/gelu", gelu, *u, out=(u[0].shape, u[0].dtype),
+                         ops_per_element=8.0, transcendental=True)
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         lead = x.shape[:-1]
@@ -287,11 +304,11 @@ class MLP(Layer):
             def back(d, a, b):
                 s = sigmoid(a)
                 return d * b * s * (one + a * (one - s)), d * a * s       # d u0, d u1
-            du = core.vector(f"{self.name}/silu_gate_bwd", back, dg, *u, ops_per_element=8.0,
-                             transcendental=True)
+            du = vector_op(core, f"{self.name}/silu_gate_bwd", back, dg, *u,
+                           out=[(dg.shape, dg.dtype)] * 2, ops_per_element=8.0, transcendental=True)
         else:
-            du = (core.vector(f"{self.name}/gelu_bwd", lambda d, a: d * gelu_grad(a), dg, *u,
-                              ops_per_element=12.0, transcendental=True),)
+            du = (vector_op(core, f"{self.name}/gelu_bwd", lambda d, a: d * gelu_grad(a), dg, *u,
+                            out=(dg.shape, dg.dtype), ops_per_element=12.0, transcendental=True),)
         dx = None
         for w, d in zip(self.inputs, du):
             dr = mxu_input(core, d)                                       # (B*T, F)
@@ -300,8 +317,39 @@ class MLP(Layer):
             if need_dx:
                 part = core.matmul(dr, params[w].T, name=f"{self.name}/dx_{w}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)
-                dx = part if dx is None else core.vector(f"{self.name}/dx_sum", np.add, dx, part)
+                dx = part if dx is None else _add(core, f"{self.name}/dx_sum", dx, part)
         return (None if dx is None else dx.reshape(*lead, dx.shape[-1])), grads
+
+
+class TensorHooks:
+    """Megatron's operators around a block's tensor-parallel parts, for a
+    device holding a slice of the heads and MLP units (Shoeybi et al. 2019,
+    the f and g operators; Korthikanti et al. 2022 for the sequence-parallel
+    variant). This class is the one-device identity; ``pod.workloads.sharded``
+    has the collective ones. Each takes a tag naming the place
+    ("block1/attention/out") and a (B, t, C) array.
+
+    - ``enter`` before a column-parallel layer: identity, or all-gather of the
+      sequence chunks (sequence parallelism);
+    - ``leave`` after a row-parallel layer: allreduce of the partial sums, or
+      reduce-scatter over the sequence;
+    - ``enter_grad`` / ``leave_grad``: their transposes in backward.
+    """
+
+    def enter(self, tag: str, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def leave(self, tag: str, y: np.ndarray) -> np.ndarray:
+        return y
+
+    def enter_grad(self, tag: str, dx: np.ndarray) -> np.ndarray:
+        return dx
+
+    def leave_grad(self, tag: str, dy: np.ndarray) -> np.ndarray:
+        return dy
+
+
+_ONE_DEVICE = TensorHooks()
 
 
 class TransformerBlock(Layer):
@@ -341,6 +389,8 @@ class TransformerBlock(Layer):
                       "norm2": self.norm2, "mlp": self.mlp}
         self.matmul_params = tuple(f"{p}/{k}" for p, layer in self.parts.items()
                                    for k in layer.matmul_params)
+        self.tensor_split = MappingProxyType({f"{p}/{k}": axis for p, layer in self.parts.items()
+                                              for k, axis in layer.tensor_split.items()})
 
     def _check(self, input_shape):
         if len(input_shape) != 2:
@@ -381,37 +431,56 @@ class TransformerBlock(Layer):
             return x + self.attention.dot_elements(shape) + self.mlp.dot_elements(shape)
         return sum(layer.cache_elements(shape) for layer in self.parts.values())
 
-    def _run(self, core, params, x, saved, need_output):
+    def _run(self, core, params, x, saved, need_output, tensor=None):
         """The block's forward; ``saved`` MXU outputs are reused, not recomputed."""
         saved = saved or {}
+        tp = tensor or _ONE_DEVICE
         n1, c1 = self.norm1.forward(core, _params_of(params, "norm1"), x)
-        a, ca = self.attention.forward(core, _params_of(params, "attention"), n1,
-                                       saved=saved.get("attention"))      # (B, T, C)
-        h = core.vector(f"{self.name}/residual1", np.add, x, a)
+        kept = saved.get("attention_sum")                                 # minimal remat, tensor
+        a, ca = self.attention.forward(core, _params_of(params, "attention"),
+                                       tp.enter(f"{self.name}/attention/in", n1),
+                                       saved=saved.get("attention"), need_output=kept is None)
+        a = kept if kept is not None else tp.leave(f"{self.name}/attention/out", a)
+        h = _add(core, f"{self.name}/residual1", x, a)
         n2, c2 = self.norm2.forward(core, _params_of(params, "norm2"), h)
-        m, cm = self.mlp.forward(core, _params_of(params, "mlp"), n2, saved=saved.get("mlp"),
-                                 need_output=need_output)
-        y = core.vector(f"{self.name}/residual2", np.add, h, m) if need_output else None
-        return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm}
+        m, cm = self.mlp.forward(core, _params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
+                                 saved=saved.get("mlp"), need_output=need_output)
+        y = None
+        if need_output:
+            m = tp.leave(f"{self.name}/mlp/wo", m)
+            y = _add(core, f"{self.name}/residual2", h, m)
+        caches = {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm}
+        if tensor is not None:
+            caches["attention_sum"] = a
+        return y, caches
 
-    def forward(self, core, params, x, *, training=False, rng=None):
+    def forward(self, core, params, x, *, training=False, rng=None, tensor=None):
+        """As ``Layer.forward``. ``tensor`` (None on one device): the
+        :class:`TensorHooks` of a tensor-parallel device whose params are its
+        slice (``tensor_split``), put around the attention and the MLP."""
         self._check(x.shape[1:])
-        y, caches = self._run(core, params, x, None, True)
+        y, caches = self._run(core, params, x, None, True, tensor)
         if self.remat == "full":
             return y, {"x": x}
         if self.remat == "minimal":
             dots = {p: {k: caches[p][k] for k in layer.dot_keys}
                     for p, layer in self.parts.items() if layer.dot_keys}
+            if tensor is not None:  # keep the attention output summed over tensor, not a part
+                dots["attention"].pop("out")
+                dots["attention_sum"] = caches["attention_sum"]
             return y, {"x": x, "dots": dots}
         return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
                              for p, layer in self.parts.items()}}
 
-    def backward(self, core, params, cache, dy, *, need_dx=True):
+    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None):
+        """As ``Layer.backward``; ``tensor`` as in ``forward`` (its ``*_grad``
+        operators here, and the forward ones when remat recomputes)."""
         if "parts" in cache:
             caches = cache["parts"]
         else:  # remat: recompute what was not kept, costed as any forward work
-            _, caches = self._run(core, params, cache["x"], cache.get("dots"), False)
+            _, caches = self._run(core, params, cache["x"], cache.get("dots"), False, tensor)
         grads = {}
+        tp = tensor or _ONE_DEVICE
 
         def part(p, d, need=True):
             layer = self.parts[p]
@@ -419,10 +488,13 @@ class TransformerBlock(Layer):
             grads.update({f"{p}/{k}": v for k, v in g.items()})
             return dx
 
-        dh = core.vector(f"{self.name}/residual2_bwd", np.add, dy, part("norm2", part("mlp", dy)))
-        dn1 = part("attention", dh)
+        dm = tp.leave_grad(f"{self.name}/mlp/dout", dy)
+        dn2 = tp.enter_grad(f"{self.name}/mlp/dx", part("mlp", dm))
+        dh = _add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2))
+        da = tp.leave_grad(f"{self.name}/attention/dout", dh)
+        dn1 = tp.enter_grad(f"{self.name}/attention/dx", part("attention", da))
         dxn = part("norm1", dn1, need_dx)                                 # scale grad always
-        dx = core.vector(f"{self.name}/residual1_bwd", np.add, dh, dxn) if need_dx else None
+        dx = _add(core, f"{self.name}/residual1_bwd", dh, dxn) if need_dx else None
         return dx, grads
 
 
@@ -443,6 +515,7 @@ class TokenEmbedding(Layer):
     """
 
     kind = "embedding"
+    backward_reads_params = False  # the gradient is a scatter-add of dy
 
     def __init__(self, vocabulary: int, embed_dim: int, max_steps: int | None = None,
                  name: str | None = None):
@@ -479,11 +552,12 @@ class TokenEmbedding(Layer):
         ids = check_token_ids(x, self.vocabulary, self.name)              # (B, T)
         self.output_shape(ids.shape[1:])
         table = params["embedding"]                                       # (V, C)
+        out = (ids.shape + (self.embed_dim,), table.dtype)
         if self.max_steps is None:
-            y = core.vector(f"{self.name}/gather", lambda i: table[i], ids)
+            y = vector_op(core, f"{self.name}/gather", lambda i: table[i], ids, out=out)
         else:
             pos = params["position"][:ids.shape[1]]                       # (T, C)
-            y = core.vector(f"{self.name}/gather", lambda i: table[i] + pos, ids)
+            y = vector_op(core, f"{self.name}/gather", lambda i: table[i] + pos, ids, out=out)
         return y, ids
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -494,13 +568,15 @@ class TokenEmbedding(Layer):
             np.add.at(dtable, ids.reshape(-1), d.reshape(-1, self.embed_dim))
             return dtable
 
-        grads = {"embedding": core.vector(f"{self.name}/scatter_add", scatter, dy)}
+        grads = {"embedding": vector_op(core, f"{self.name}/scatter_add", scatter, dy,
+                                        out=((self.vocabulary, self.embed_dim), dy.dtype))}
         if self.max_steps is not None:
             def positions(d):
                 dpos = np.zeros((self.max_steps, self.embed_dim), d.dtype)  # (T_max, C)
                 dpos[:d.shape[1]] = d.sum(axis=0)
                 return dpos
-            grads["position"] = core.vector(f"{self.name}/d_position", positions, dy)
+            grads["position"] = vector_op(core, f"{self.name}/d_position", positions, dy,
+                                          out=((self.max_steps, self.embed_dim), dy.dtype))
         return None, grads
 
 
@@ -740,8 +816,8 @@ class TransformerModel(Model):
             layer = self.layers[i]
             dy, g = layer.backward(core, local[i], caches[i], dy, need_dx=i > 0)
             for key, name in self._layer_keys[i]:
-                grads[key] = g[name] if key not in grads else core.vector(
-                    f"{layer.name}/tied_grad_sum", np.add, grads[key], g[name])
+                grads[key] = g[name] if key not in grads else _add(
+                    core, f"{layer.name}/tied_grad_sum", grads[key], g[name])
         grads = {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
         return loss, grads, {}
 

@@ -9,7 +9,7 @@ import yaml
 
 from chip import ChipSpecError, HBMOutOfMemoryError
 from pod.errors import ScenarioError, ShardingError
-from pod.config.plan import batch_indices, build_plan, shard_batch_size
+from pod.config.plan import batch_indices, build_plan, is_timing_sweep, shard_batch_size
 from pod.config.scenario import load_scenario, parse_scenario
 from pod.config.slices import default_shape, parse_slice, resolve_pod
 
@@ -50,9 +50,14 @@ def test_every_shipped_scenario_validates():
             bplan = check_benchmark(scenario)
             assert bplan.flops > 0 and bplan.memory["total"] <= bplan.pod.chip.core.hbm_bytes
             continue
-        plan = build_plan(scenario)
+        timing_sweep = is_timing_sweep(scenario)  # as validate does
+        plan = build_plan(scenario, timing_only=timing_sweep, sharded_ok=timing_sweep)
         assert plan.steps > 0
-        assert plan.per_core_batch * plan.pod.tensorcores == plan.global_batch
+        if plan.mesh.is_data_parallel:
+            assert plan.per_core_batch * plan.pod.tensorcores == plan.global_batch
+        else:  # per device: the batch splits over data x fsdp
+            shards = plan.mesh.axis_size("data") * plan.mesh.axis_size("fsdp")
+            assert plan.per_core_batch * shards == plan.global_batch
         assert plan.memory["workspace"] > 0
     assert kinds == {"training", "benchmark"}
 

@@ -23,7 +23,8 @@ def refuse(code: int):
 
 
 def rows(n):
-    return [{"step": i, "loss": 1.0 / (i + 1)} for i in range(n)]
+    """steps.csv rows of steps 1..n (numbered from 1, as a run writes them)."""
+    return [{"step": i, "loss": 1.0 / i} for i in range(1, n + 1)]
 
 
 def test_truncating_steps_csv_is_atomic_and_leaves_no_temporary_file(tmp_path, monkeypatch):
@@ -38,9 +39,9 @@ def test_truncating_steps_csv_is_atomic_and_leaves_no_temporary_file(tmp_path, m
     assert path.read_text() == before                       # the old rows, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv"]
     monkeypatch.undo()
-    with StepsCsv(path, keep_below=3) as csv_file:
-        csv_file.write({"step": 3, "loss": 0.5})
-    assert [line.split(",")[0] for line in path.read_text().splitlines()] == ["step", "0", "1", "2", "3"]
+    with StepsCsv(path, keep_below=3) as csv_file:   # 3 steps done: rows 1..3 kept
+        csv_file.write({"step": 4, "loss": 0.5})
+    assert [line.split(",")[0] for line in path.read_text().splitlines()] == ["step", "1", "2", "3", "4"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv"]
 
 

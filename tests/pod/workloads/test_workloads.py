@@ -338,7 +338,7 @@ def test_cnn_dropout_option():
 
 def test_unknown_names_and_options_raise_listing_choices():
     with pytest.raises(ValueError, match="cnn, mlp, lstm_classifier, char_lstm"):
-        build_model("resnet", (8, 8, 1), 10)
+        build_model("vgg", (8, 8, 1), 10)
     with pytest.raises(ValueError, match="'width'.*allowed: dropout"):
         build_model("cnn", (8, 8, 1), 10, width=3)
     with pytest.raises(ValueError, match="dropout"):
@@ -355,9 +355,10 @@ def test_unknown_names_and_options_raise_listing_choices():
         load_dataset("mnist_png")
     with pytest.raises(ValueError, match="'shape'"):
         load_dataset("digits", shape=(8, 8, 1))
-    assert MODEL_NAMES == ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer")
+    assert MODEL_NAMES == ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer", "resnet")
     assert OPTIMIZER_NAMES == ("sgd", "adam", "adamw")
-    assert DATASET_NAMES == ("digits", "synthetic", "mnist", "cifar10", "imdb", "text")
+    assert DATASET_NAMES == ("digits", "synthetic", "mnist", "cifar10", "imdb", "text",
+                             "synthetic_text")
 
 
 # --------------------------------------------------------------------------- optimizers
@@ -509,3 +510,15 @@ def test_model_and_optimizer_pickle_for_ray_actors(core, digits):
     b = clone.loss_and_grads(core, params, x, y, rng=np.random.default_rng(1))
     assert a[0] == b[0] and all(np.array_equal(a[1][k], b[1][k]) for k in params)
     assert pickle.loads(pickle.dumps(build_optimizer("adam"))) == build_optimizer("adam")
+
+
+def test_synthetic_text_is_a_next_token_stream():
+    """synthetic_text: ids in [0, V), labels the next id of the same stream."""
+    data = load_dataset("synthetic_text", vocabulary=50, sequence_length=12, num_examples=20,
+                        test_fraction=0.25)
+    assert data.x_train.shape == (15, 12) and data.y_train.shape == (15, 12)
+    assert data.num_classes == 50 and data.synthetic
+    assert 0 <= data.x_train.min() and data.x_train.max() < 50
+    np.testing.assert_array_equal(data.x_train[:, 1:], data.y_train[:, :-1])
+    with pytest.raises(ValueError, match="synthetic_text: option vocabulary"):
+        load_dataset("synthetic_text", vocabulary=1)

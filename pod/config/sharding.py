@@ -1,0 +1,187 @@
+"""What a sharded step needs resolved from the mesh: each device's groups, and the
+cost of a collective over every group of one mesh axis.
+
+A device program (``pod.workloads.sharded``) calls collectives over a mesh axis;
+every device of the pod calls the same ones in the same order (SPMD). What a
+device needs to run its part is :class:`DeviceGroups` (per axis: its group in
+ring order, the order the ring visits it, and in mesh order, the order of the
+shards). What the clock needs is :class:`MeshCollectiveCosts`: per (axis, op,
+bytes) the simulated cost of that collective over every group of the axis at
+once (``interconnect.group_collective_cost``: a ring per group, the groups'
+phases aligned, contention where they share links), computed once and kept.
+
+Devices are chips here: a sharded mesh on v2 / v3 (two TensorCores, two devices
+per chip) is refused by the plan (``check_sharded_mesh``), because the runtime
+hosts one device per chip actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+
+from chip import ChipSpec
+
+from interconnect import GROUP_OPS, LinkSpec, ScheduleCost, Torus, group_collective_cost
+from pod.config.mesh import AXIS_NAMES, Mesh, format_axes
+from pod.errors import ScenarioError
+
+__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts", "check_sharded_mesh",
+           "SHARDED_MODELS"]
+
+#: Models the sharded device program runs (``pod.workloads.sharded``).
+SHARDED_MODELS = ("transformer",)
+
+
+@dataclass(frozen=True)
+class DeviceGroups:
+    """One device's view of the mesh.
+
+    Attributes:
+        device: its device id (chip rank, one device per chip).
+        ring: axis -> its group's device ids in ring order (what the ring visits).
+        mesh_order: axis -> the same devices in mesh-index order (shard order).
+    """
+
+    device: int
+    ring: dict[str, tuple[int, ...]]
+    mesh_order: dict[str, tuple[int, ...]]
+
+    def axis_size(self, axis: str) -> int:
+        """Devices along ``axis`` (1 for an axis the mesh does not have)."""
+        return len(self.mesh_order.get(axis, (self.device,)))
+
+    def axis_index(self, axis: str) -> int:
+        """This device's index along ``axis`` in mesh order, 0 for an absent axis."""
+        return self.mesh_order.get(axis, (self.device,)).index(self.device)
+
+    def ring_index(self, axis: str) -> int:
+        """This device's position in its group's ring order (the device program's
+        ``axis_index``: its shard), 0 for an absent axis."""
+        return self.ring.get(axis, (self.device,)).index(self.device)
+
+
+def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
+    """The groups ``device`` belongs to, per axis of ``mesh`` (absent axes: itself alone).
+
+    Raises:
+        ValueError: a device id not in the mesh.
+    """
+    if not 0 <= device < mesh.size:
+        raise ValueError(f"device {device} is not in the mesh of {mesh.size} devices")
+    ring, order = {}, {}
+    for axis in AXIS_NAMES:
+        if axis not in mesh.axis_names:
+            ring[axis] = order[axis] = (device,)
+            continue
+        ring[axis] = next(g for g in mesh.groups(axis, "ring") if device in g)
+        order[axis] = next(g for g in mesh.groups(axis, "mesh") if device in g)
+    return DeviceGroups(device, ring, order)
+
+
+def device_chip_spec(spec: ChipSpec) -> ChipSpec:
+    """The chip as one device with one TensorCore, for the sharded device program.
+
+    On v4 / v5p the two TensorCores run as one megacore device [JAX]: modelled
+    as one TensorCore with both cores' MXUs, VPU sublanes, VMEM, HBM and HBM
+    bandwidth (the compiler splits every op over the two; the chip's peak
+    FLOP/s is unchanged). Chips of one TensorCore (v5e, v6e) are themselves.
+    v2 / v3 (a device per TensorCore) are refused before this
+    (:func:`check_sharded_mesh`).
+    """
+    if not spec.megacore:
+        return spec
+    n, core = spec.tensorcores, spec.core
+    merged = dataclasses.replace(core, mxus_per_core=core.mxus_per_core * n,
+                                 hbm_bytes=core.hbm_bytes * n,
+                                 hbm_bandwidth_bytes_per_s=core.hbm_bandwidth_bytes_per_s * n,
+                                 vmem_bytes=core.vmem_bytes * n,
+                                 vpu_sublanes=core.vpu_sublanes * n)
+    return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged)
+
+
+def check_sharded_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:
+    """Refuse a sharded mesh the runtime cannot run, with one line.
+
+    Raises:
+        ScenarioError: a model other than the transformer on an fsdp / tensor
+            mesh, or a sharded mesh on v2 / v3 (a device per TensorCore).
+    """
+    if mesh.is_data_parallel:
+        return
+    axes = format_axes(mesh.sizes)
+    if model_name not in SHARDED_MODELS:
+        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which only the "
+                            f"{', '.join(SHARDED_MODELS)} model does; {model_name} trains "
+                            f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
+    if mesh.devices_per_chip > 1:
+        raise ScenarioError(f"pod.mesh: {axes} on {chip_name} (a device per TensorCore) is not "
+                            "run sharded: the runtime hosts one device per chip; use a v4, v5e, "
+                            "v5p or v6e pod, or {data: N}")
+
+
+@dataclass(frozen=True, eq=False)
+class MeshCollectiveCosts:
+    """The simulated cost of a collective over every group of a mesh axis at once.
+
+    Cached per (axis, op, bytes): a step calls few distinct ones, each many
+    times. ``cost`` is pure (the cache only saves time), so the plan stays a
+    value.
+
+    Attributes:
+        mesh: the device mesh (one device per chip).
+        link: the calibrated ICI link.
+    """
+
+    mesh: Mesh
+    link: LinkSpec
+    _cache: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def torus(self) -> Torus:
+        """The chips' torus."""
+        return self.mesh.torus
+
+    def cost(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
+        """Every group of ``axis`` running ``op`` on ``nbytes`` per device at once.
+
+        Args:
+            axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
+            op: allreduce, reduce_scatter or all_gather.
+            nbytes: bytes of each device's input buffer, float32 (the
+                ``CollectiveCall.nbytes`` of ``pod.workloads.collectives``: an
+                all-gather's piece, a reduce-scatter's or allreduce's whole
+                buffer).
+
+        Returns:
+            ``interconnect.group_collective_cost`` of the axis's groups (chip ranks).
+
+        Raises:
+            ValueError: an unknown axis or op.
+        """
+        if axis not in AXIS_NAMES or op not in GROUP_OPS:
+            raise ValueError(f"collective {op!r} over axis {axis!r}: axes {AXIS_NAMES}, "
+                             f"ops {GROUP_OPS}")
+        key = (axis, op, int(nbytes))
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if self.mesh.axis_size(axis) <= 1:
+            result = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+        else:
+            per_chip = self.mesh.devices_per_chip
+            groups = [tuple(d // per_chip for d in g) for g in self.mesh.groups(axis, "ring")]
+            elements = int(nbytes) // 4
+            if op == "all_gather":  # the schedule's buffer is the gathered result
+                elements *= self.mesh.axis_size(axis)
+            result = group_collective_cost(op, self.torus, groups, elements, self.link)
+        with self._lock:
+            self._cache[key] = result
+        return result
+
+    def seconds(self, axis: str, op: str, nbytes: int) -> float:
+        """Simulated seconds of :meth:`cost`."""
+        return self.cost(axis, op, nbytes).seconds

@@ -1,0 +1,217 @@
+"""The simulated clock of one device's sharded step: a compute stream and an ICI stream.
+
+A device program (``pod.workloads.sharded``) leaves two things: its op records
+(``chip.OpRecord``, run back to back on the TensorCore: the compute stream)
+and its collective calls (``CollectiveCall``: axis, op, bytes, kind and
+``after_record``, the number of op records issued before it). The plan costs
+each call (``pod.config.sharding.MeshCollectiveCosts``: every group of the
+axis at once, contention included). This module places them in time, as
+XLA's latency-hiding scheduler does on a TPU ([SB] "How to Scale Your Model",
+training chapter; the XLA async collective pipeline):
+
+- The ICI runs one collective at a time; each takes the first gap in the
+  ICI's time line at or after it is ready that fits it, in program order
+  (async collectives are issued in program order; a later one can use a gap
+  an earlier one left).
+- ``activation`` (tensor parallelism's allreduces): blocking. Ready when the
+  compute stream reaches it; the compute stream waits for its end.
+- ``param_gather`` (FSDP's all-gathers): prefetched one layer ahead. Ready
+  when the compute stream reaches the *previous* param_gather (the first one
+  at the step's start); the compute stream waits at its own point for its end.
+- ``grad_reduce`` (gradient reduce-scatters and allreduces): behind the
+  backward pass. Ready when the compute stream reaches it; nothing waits
+  for it but the optimizer: the records from ``update_start`` on (the
+  optimizer's) start only once every grad_reduce has ended.
+
+The step ends when both streams have. What the compute stream waits is the
+*exposed* collective time. A wait is charged to the axes of the collectives
+the ICI runs during it (a blocking tensor allreduce queued behind an fsdp
+gather charges the queueing to fsdp), so no axis's exposed time exceeds its
+total. The serial sum (every record and every collective one after another)
+is reported beside it, an upper bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from pod.workloads.collectives import COLLECTIVE_KINDS
+
+__all__ = ["CollectiveSpan", "ShardedClock", "sharded_step_clock",
+           "COLLECTIVE_KINDS"]
+
+
+
+@dataclass(frozen=True)
+class CollectiveSpan:
+    """One collective placed in time, simulated seconds from the step's start.
+
+    Attributes:
+        axis: the mesh axis; op: allreduce, reduce_scatter or all_gather;
+        kind: param_gather, grad_reduce or activation; tag: the program's name for it;
+        nbytes: the device's buffer bytes; start, end: its place on the ICI.
+    """
+
+    axis: str
+    op: str
+    kind: str
+    tag: str
+    nbytes: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class ShardedClock:
+    """One device's sharded step, simulated seconds.
+
+    Attributes:
+        step_seconds: the critical path (both streams done).
+        compute_seconds: the op records before the optimizer (forward + backward).
+        update_seconds: the optimizer's op records.
+        collective_seconds: every collective's cost, summed.
+        exposed_seconds: what the compute stream waited for collectives, plus
+            collectives running past the end of the compute stream.
+        serial_seconds: records and collectives one after another (an upper bound).
+        axis_bytes: per mesh axis, the bytes of its collectives (the device's buffers).
+        axis_seconds: per axis, its collectives' cost, summed.
+        axis_exposed_seconds: per axis, the part of ``exposed_seconds`` charged to it.
+        spans: every collective placed in time (for the trace).
+    """
+
+    step_seconds: float
+    compute_seconds: float
+    update_seconds: float
+    collective_seconds: float
+    exposed_seconds: float
+    serial_seconds: float
+    axis_bytes: dict[str, int]
+    axis_seconds: dict[str, float]
+    axis_exposed_seconds: dict[str, float]
+    spans: tuple[CollectiveSpan, ...] = ()
+
+
+class _Ici:
+    """The ICI's time line: busy intervals, sorted; a collective takes the first gap."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def place(self, ready: float, seconds: float) -> tuple[float, float]:
+        t = ready
+        i = bisect.bisect_right(self.ends, t)  # intervals ending after t, sorted by start
+        while i < len(self.starts) and self.starts[i] < t + seconds:
+            t = max(t, self.ends[i])
+            i += 1
+        j = bisect.bisect_left(self.starts, t)
+        self.starts.insert(j, t)
+        self.ends.insert(j, t + seconds)
+        return t, t + seconds
+
+
+def _charge(exposed: dict[str, float], spans: Sequence[CollectiveSpan], t0: float, t1: float,
+            fallback: str) -> None:
+    """Charge the wait [t0, t1) to the axes of the spans running in it, by overlap;
+    what no span covers (none should) goes to ``fallback``."""
+    left = t1 - t0
+    for span in spans:
+        overlap = min(span.end, t1) - max(span.start, t0)
+        if overlap > 0:
+            exposed[span.axis] = exposed.get(span.axis, 0.0) + overlap
+            left -= overlap
+    if left > 1e-15:
+        exposed[fallback] = exposed.get(fallback, 0.0) + left
+
+
+def _check_call(call: Any, last_after: int, n: int) -> None:
+    """A call's kind is known and its ``after_record`` within ``last_after..n``."""
+    if call.kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"collective {call.tag!r}: kind {call.kind!r} is not one of "
+                         f"{', '.join(COLLECTIVE_KINDS)}")
+    if not last_after <= call.after_record <= n:
+        raise ValueError(f"collective {call.tag!r}: after_record {call.after_record} is "
+                         f"outside {last_after}..{n} (calls must be in issue order)")
+
+
+def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
+                       cost_seconds: Callable[[str, str, int], float],
+                       update_start: int | None = None) -> ShardedClock:
+    """Place a device's op records and collective calls in time (module docstring).
+
+    Args:
+        records: its op records in issue order (``.seconds`` simulated).
+        calls: its collective calls in issue order (``.axis``, ``.op``,
+            ``.nbytes``, ``.kind``, ``.after_record``, ``.tag``).
+        cost_seconds: (axis, op, nbytes) -> simulated seconds of the collective
+            over every group of the axis (the plan's ``MeshCollectiveCosts.seconds``).
+        update_start: index of the optimizer's first record; None: after the
+            last grad_reduce call (or the end, without one).
+
+    Returns:
+        The :class:`ShardedClock`.
+
+    Raises:
+        ValueError: a call of an unknown kind, or an ``after_record`` outside
+            ``0..len(records)`` or decreasing.
+    """
+    n = len(records)
+    grads = [c.after_record for c in calls if c.kind == "grad_reduce"]
+    if update_start is None:
+        update_start = max(grads, default=n)
+    seconds = [float(r.seconds) for r in records]
+    ici = _Ici()
+    axis_bytes: dict[str, int] = {}
+    axis_seconds: dict[str, float] = {}
+    exposed: dict[str, float] = {}
+    spans: list[CollectiveSpan] = []
+    t, done, last_after, prev_gather = 0.0, 0, 0, 0.0
+    grad_end, grad_axis = 0.0, ""
+
+    def run_until(index: int) -> None:
+        nonlocal t, done
+        while done < index:
+            if done == update_start and grad_end > t:  # the optimizer waits for the gradients
+                _charge(exposed, spans, t, grad_end, grad_axis)
+                t = grad_end
+            t += seconds[done]
+            done += 1
+
+    for call in calls:
+        _check_call(call, last_after, n)
+        last_after = call.after_record
+        run_until(call.after_record)
+        cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
+        ready = prev_gather if call.kind == "param_gather" else t
+        start, end = ici.place(ready, cost)
+        spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
+                                    int(call.nbytes), start, end))
+        if call.kind == "param_gather":
+            prev_gather = t
+        if call.kind == "grad_reduce":
+            if end >= grad_end:
+                grad_end, grad_axis = end, call.axis
+        elif end > t:  # activation and param_gather: the compute stream waits
+            _charge(exposed, spans, t, end, call.axis)
+            t = end
+        axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
+        axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
+    run_until(n)
+    if update_start >= n and grad_end > t:  # no optimizer records: the step waits anyway
+        _charge(exposed, spans, t, grad_end, grad_axis)
+        t = grad_end
+    tail = max((s.end for s in spans), default=0.0)
+    if tail > t:  # collectives still running when compute is done
+        last = max(spans, key=lambda s: s.end)
+        _charge(exposed, spans, t, tail, last.axis)
+        t = tail
+    compute = sum(seconds[:update_start])
+    update = sum(seconds[update_start:])
+    total = sum(axis_seconds.values())
+    return ShardedClock(step_seconds=t, compute_seconds=compute, update_seconds=update,
+                        collective_seconds=total, exposed_seconds=t - compute - update,
+                        serial_seconds=compute + update + total, axis_bytes=axis_bytes,
+                        axis_seconds=axis_seconds, axis_exposed_seconds=exposed,
+                        spans=tuple(spans))
