@@ -225,7 +225,7 @@ TOKENS = {"name": "synthetic", "options": {"shape": [20], "vocabulary": 500, "nu
      "(20,); models that fit it: mlp, lstm_classifier"),
     ({"name": "char_lstm"}, {"name": "digits"},
      "model.name: char_lstm does not fit digits data: char_lstm: input_shape must be (steps,) "
-     "character ids, got (8, 8, 1); models that fit it: cnn, mlp"),
+     "character ids, got (8, 8, 1); models that fit it: cnn, mlp, resnet"),
 ])
 def test_validate_checks_that_model_and_data_agree(model, data, message):
     """What a chip actor would fail on at its first step is one line from the plan."""
