@@ -220,6 +220,12 @@ def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Da
     """The scenario's dataset (loaded unless given), checked against the global batch."""
     training = scenario.training
     if dataset is None:
+        # keys that are load_dataset's own arguments, set elsewhere in the scenario
+        where = {"name": "data.name", "path": "data.path", "test_fraction": "data.test_fraction",
+                 "seed": "training.seed"}
+        for key in sorted(set(scenario.data.options) & set(where)):
+            raise ScenarioError(f"data.options: {key!r} is not an option of dataset "
+                                f"{scenario.data.name!r}; it is set by {where[key]}")
         try:
             dataset = load_dataset(scenario.data.name, test_fraction=scenario.data.test_fraction,
                                    seed=training.seed, path=scenario.data.path,

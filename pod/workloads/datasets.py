@@ -65,9 +65,10 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
     if vocabulary is not None:
         check_int(vocabulary, "synthetic: option vocabulary", 2)
     per_example = math.prod(shape)
-    # the label rule's table (none for uniform labels on float inputs)
-    table = (vocabulary if vocabulary is not None
-             else 0 if labels == "uniform" else per_example) * num_classes
+    # the labelling table: per-token class scores, or the linear rule's weights
+    # (uniform labels have none)
+    table = (vocabulary * num_classes if vocabulary is not None else
+             per_example * num_classes if labels == "linear" else 0)
     for what, values in ((f"num_examples x shape ({num_examples} x {per_example})",
                           num_examples * per_example),
                          (f"{'vocabulary' if vocabulary is not None else 'shape'} x num_classes",
