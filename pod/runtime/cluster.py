@@ -65,7 +65,7 @@ import ray
 
 from pod.errors import ClusterError, RunInterrupted
 
-__all__ = ["ensure_ray", "shutdown_ray", "cluster_temp_dir", "CONNECT_TIMEOUT_S"]
+__all__ = ["kill_actors", "ensure_ray", "shutdown_ray", "cluster_temp_dir", "CONNECT_TIMEOUT_S"]
 
 #: Seconds to wait for a given cluster address to accept a connection.
 CONNECT_TIMEOUT_S = 10.0
@@ -385,3 +385,12 @@ def shutdown_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
     _cleanup_started()
+
+
+def kill_actors(actors) -> None:
+    """Kill every actor handle given; one already gone is skipped (a pod's shutdown)."""
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass

@@ -26,7 +26,7 @@ from pod.config.plan import TrainingPlan, batch_indices
 from pod.errors import USER_ERRORS, CheckpointError, ChipFailureError, ClusterError
 from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, overlapped_end
 from pod.runtime.actor import ApplyReport, ChipActor, ComputeReport, Evaluation, Snapshot
-from pod.runtime.cluster import ensure_ray, shutdown_ray
+from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
 from pod.runtime.collective import install_schedule, split_chunks
 from pod.state.checkpoint import mean_replica_state, params_digest
 
@@ -315,11 +315,7 @@ class Pod:
 
     def shutdown(self) -> None:
         """Stop the actors, and the local Ray cluster if this pod started it."""
-        for actor in self.actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        kill_actors(self.actors)
         self.actors = []
         if self.placement is not None:
             try:

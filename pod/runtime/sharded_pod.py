@@ -23,7 +23,7 @@ from pod.config.mesh import Mesh
 from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, device_groups
 from pod.report.sharded import ShardedClock, sharded_step_clock
 from pod.report.stats import StepStats
-from pod.runtime.cluster import ensure_ray, shutdown_ray
+from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
 from pod.runtime.sharded_actor import (ShardedChipActor, ShardedReport, device_coords,
                                        record_stand_ins)
 
@@ -138,11 +138,7 @@ class ShardedPod:
 
     def shutdown(self) -> None:
         """Stop the actors (and the local Ray cluster if this pod started it)."""
-        for actor in self.actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        kill_actors(self.actors)
         self.actors = []
         if self._owns_ray:
             shutdown_ray()
