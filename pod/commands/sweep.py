@@ -390,7 +390,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
             label = f"{r['mesh']} remat {r['remat'] or 'none'} b={r['per_device_batch']}"
         if scenario.sweep.scaling == "strong":
             label += f" B={r['global_batch']}"
-        elif len(scenario.sweep.per_core_batch) > 1:
+        elif len(scenario.sweep.per_core_batch or ()) > 1:
             label += f" {r['per_core_batch']}/core"
         series.setdefault(label, []).append(r)
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
@@ -468,7 +468,8 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
 def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> Path:
     """One bar per layout: compute, update and exposed collective seconds per mesh axis
     (simulated), layouts that do not fit in HBM shown empty with their need; the
-    fastest layout that fits marked with a star and its MFU."""
+    layout that fits with the most tokens (examples) per second marked with a star; MFU
+    and HBM per device beside each bar."""
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(f"{r['mesh']} {r['remat'] or ''} b={r['per_device_batch']}".strip())
@@ -491,15 +492,16 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
     for i, note in enumerate(notes):
         ax.text(left[i], i, "  " + note, va="center", fontsize=7)
     ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]
-    if ok:
-        best = min(ok, key=lambda i: rows[i]["simulated_step_seconds"])
+    if ok:  # the most tokens (examples) per second: layouts differ in their global batch
+        best = max(ok, key=lambda i: rows[i]["simulated_examples_per_second"])
         ax.plot([left[best]], [best], marker="*", markersize=14, color="gold",
-                markeredgecolor="black", label="fastest that fits")
+                markeredgecolor="black", label="most tokens/s that fits")
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("simulated step time (s)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.45)
-    ax.set_title(f"{scenario.name}: layouts on {rows[0]['generation']} x{rows[0]['chips']} "
+    where = rows[ok[0]] if ok else rows[0]
+    ax.set_title(f"{scenario.name}: layouts on {where['chips']} {where['generation']} chips "
                  "(simulated)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
