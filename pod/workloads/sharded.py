@@ -20,6 +20,17 @@ layout (JAX ``NamedSharding`` terms; [MEG] Shoeybi et al. 2019, "Megatron-LM";
   come out identical on every tensor device, so no gradient crosses the
   tensor axis. Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
   (:func:`check_tensor_split`).
+- **sequence parallelism** (``sequence_parallel=True``; [SP] Korthikanti et
+  al. 2022): outside the attention and MLP products a tensor device keeps
+  only its chunk of the sequence (T / tensor positions): the norms, the
+  residual adds, the final norm, the logits and the loss run on the chunk.
+  Each allreduce becomes a reduce-scatter over the sequence after the
+  row-parallel part and an all-gather before the column-parallel part (the
+  same bytes on a ring, the norms' work and activations split); backward
+  has their transposes. The embedding looks up the whole sequence and keeps
+  the chunk. The replicated parameters (norms, embedding, unembedding) now
+  see different tokens on each tensor device: their gradient chunks are
+  allreduced over ``tensor`` too. Needs T divisible by the tensor size.
 - **fsdp** [ZeRO] (ZeRO-3): every parameter's tensor-local array is
   flattened, zero-padded to a multiple of the fsdp size and split into equal
   chunks; device ``f`` keeps chunk ``f`` and the optimizer state of that chunk
@@ -29,13 +40,16 @@ layout (JAX ``NamedSharding`` terms; [MEG] Shoeybi et al. 2019, "Megatron-LM";
   done. The token embedding's backward does not read the table, so it is not
   gathered there; a tied output layer gathers the embedding table itself.
 - **data**: after the reduce-scatter, each gradient shard is allreduced over
-  ``data``; then scaled by 1 / (data x fsdp), the number of batch shards (as
-  the data-parallel runtime's ``grad_mean``).
+  ``data``; then scaled by 1 / (data x fsdp) (times 1 / tensor with sequence
+  parallelism), the number of token shards (as the data-parallel runtime's
+  ``grad_mean``).
 - **batch**: the global batch is split over data x fsdp (:meth:`batch_slice`);
-  the tensor devices of a group see the same examples. Each device's loss is
-  the mean over its examples; the global loss is the mean of the losses of
-  the devices with ``coords.tensor == 0`` (every shard has the same number of
-  tokens), which equals the single-device mean over the global batch.
+  the tensor devices of a group get the same examples (and, with sequence
+  parallelism, take their chunk of the positions themselves). Each device's
+  loss is the mean over its tokens; the global loss is the mean over every
+  device (:meth:`ShardedTransformer.global_loss`; every device's mean is
+  over the same number of tokens), which equals the single-device mean over
+  the global batch.
 
 Per training step a layer with parameters issues (closed forms the tests
 check, ``L`` blocks): fsdp all-gathers: every layer with parameters in
@@ -45,10 +59,16 @@ one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
 layer); tensor activation allreduces of ``B T C`` float32 each (B the
 per-device batch): 2 per block in forward, 2 in backward, plus 1 under
 ``remat: full`` (backward recomputes the attention output; ``minimal``
-keeps the summed output). An axis of size 1 issues nothing.
+keeps the summed output). With sequence parallelism: per block 2
+all-gathers (``B T C / tensor`` float32 in) and 2 reduce-scatters (``B T C``
+in) in forward, as many in backward, plus the recomputation's all-gathers
+of the attention and MLP inputs (``minimal``: 2) and, under ``full``, the
+attention output's reduce-scatter; and one gradient allreduce over tensor
+per layer with replicated parameters. An axis of size 1 issues nothing;
+:meth:`ShardedTransformer.planned_calls` lists them all.
 
-Remat policies work unchanged (``TransformerBlock`` takes the tensor sum as a
-hook). The core must emulate numerics (``TensorCore(numerics=True)``): every
+Remat policies work unchanged (``TransformerBlock`` takes the tensor
+operators as ``TensorHooks``). The core must emulate numerics (``TensorCore(numerics=True)``): every
 exchanged buffer is float32. No dropout in this model, so a step needs no
 random seed.
 """
@@ -66,7 +86,12 @@ from chip import to_bf16
 from pod.workloads.collectives import AXES, CollectiveCall, DeviceCollectives
 from pod.workloads.layers import vector_op
 from pod.workloads.optimizers import Optimizer
-from pod.workloads.transformer import TransformerBlock, TransformerConfig, TransformerModel
+from pod.workloads.transformer import (
+    TensorHooks,
+    TransformerBlock,
+    TransformerConfig,
+    TransformerModel,
+)
 
 __all__ = ["DeviceCoords", "DeviceShard", "StepResult", "ShardedTransformer",
            "check_tensor_split", "flat_chunk", "pack_chunks", "unpack_gathered"]
@@ -109,11 +134,20 @@ class DeviceShard:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One device's training step: ``loss`` (float, the mean over this
-    device's examples) and the updated ``shard``."""
+    """One device's training step.
+
+    Attributes:
+        loss: the mean loss over this device's tokens (float);
+            :meth:`ShardedTransformer.global_loss` combines the devices'.
+        shard: the updated DeviceShard.
+        update_start: index in ``core.records`` (counted from the step's
+            start, as ``after_record``) of the optimizer's first op: what
+            comes from there on waits for every gradient collective.
+    """
 
     loss: float
     shard: DeviceShard
+    update_start: int
 
 
 def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
@@ -178,6 +212,48 @@ def unpack_gathered(buffer: np.ndarray, shapes: Sequence[tuple[int, ...]],
     return out
 
 
+class _TensorCollectives(TensorHooks):
+    """``TensorHooks`` over the tensor axis of a device's collectives (kind
+    "activation", tags "<place> <phase>"): allreduce after the row-parallel
+    parts; with sequence parallelism all-gather of the sequence chunks before
+    the column-parallel parts and reduce-scatter after the row-parallel ones
+    (device at position i holds chunk i of the sequence)."""
+
+    def __init__(self, core, comm: DeviceCollectives, phase: str, sequence: bool):
+        self.core, self.comm, self.phase, self.sequence = core, comm, phase, sequence
+        self.size = comm.axis_size("tensor")
+
+    def _kw(self, tag: str) -> dict:
+        return {"tag": f"{tag} {self.phase}", "kind": "activation",
+                "after_record": len(self.core.records)}
+
+    def _allreduce(self, tag, v):
+        return self.comm.allreduce("tensor", np.ascontiguousarray(v).reshape(-1),
+                                   **self._kw(tag)).reshape(v.shape)
+
+    def _gather(self, tag, v):                                            # (B, t, C) -> (B, T, C)
+        b, t, c = v.shape
+        full = self.comm.all_gather("tensor", np.ascontiguousarray(v).reshape(-1), **self._kw(tag))
+        return full.reshape(self.size, b, t, c).transpose(1, 0, 2, 3).reshape(b, self.size * t, c)
+
+    def _scatter(self, tag, v):                                           # (B, T, C) -> (B, t, C)
+        b, t, c = v.shape[0], v.shape[1] // self.size, v.shape[2]
+        buf = np.ascontiguousarray(v.reshape(b, self.size, t, c).transpose(1, 0, 2, 3))
+        return self.comm.reduce_scatter("tensor", buf.reshape(-1), **self._kw(tag)).reshape(b, t, c)
+
+    def enter(self, tag, x):
+        return self._gather(tag, x) if self.sequence else x
+
+    def leave(self, tag, y):
+        return self._scatter(tag, y) if self.sequence else self._allreduce(tag, y)
+
+    def enter_grad(self, tag, dx):
+        return self._scatter(tag, dx) if self.sequence else self._allreduce(tag, dx)
+
+    def leave_grad(self, tag, dy):
+        return self._gather(tag, dy) if self.sequence else dy
+
+
 class ShardedTransformer:
     """The device program of a transformer on a ``{data, fsdp, tensor}`` mesh.
 
@@ -199,7 +275,8 @@ class ShardedTransformer:
             and mlp_dim (:func:`check_tensor_split`).
     """
 
-    def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer):
+    def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer,
+                 *, sequence_parallel: bool = False):
         for name, size in sizes.items():
             if name not in AXES or int(size) < 1:
                 raise ValueError(f"mesh axis {name!r} of size {size!r}: axes are "
@@ -209,6 +286,10 @@ class ShardedTransformer:
         self.data, self.fsdp, self.tensor = (self.sizes[a] for a in AXES)
         cfg = model.config
         check_tensor_split(cfg, self.tensor)
+        self.sequence_parallel = bool(sequence_parallel) and self.tensor > 1
+        if self.sequence_parallel and cfg.sequence_length % self.tensor:
+            raise ValueError(f"sequence parallelism: tensor {self.tensor} does not divide the "
+                             f"sequence length {cfg.sequence_length}")
         self.local_model = TransformerModel(dataclasses.replace(
             cfg, heads=cfg.heads // self.tensor, mlp_dim=cfg.mlp_dim // self.tensor))
         self._keys = self.local_model.layer_param_keys()
@@ -229,6 +310,29 @@ class ShardedTransformer:
         """Devices that see different examples: data x fsdp."""
         return self.data * self.fsdp
 
+    @property
+    def token_shards(self) -> int:
+        """Devices that see different tokens: data x fsdp, times tensor with
+        sequence parallelism (the gradients are scaled by its inverse)."""
+        return self.batch_shards * (self.tensor if self.sequence_parallel else 1)
+
+    def sequence_slice(self, coords: DeviceCoords) -> slice:
+        """The positions of the sequence whose loss this device computes: all of
+        them, or chunk ``coords.tensor`` with sequence parallelism."""
+        if not self.sequence_parallel:
+            return slice(None)
+        t = self.model.config.sequence_length // self.tensor
+        return slice(coords.tensor * t, (coords.tensor + 1) * t)
+
+    @staticmethod
+    def global_loss(losses: Iterable[float]) -> float:
+        """The loss over the global batch from every device's :meth:`train_step`
+        (or :meth:`evaluate`) loss: their mean. Every device's loss is a mean over
+        the same number of tokens; without sequence parallelism the tensor
+        devices of a group report the same bits, so they weigh alike."""
+        values = [float(v) for v in losses]
+        return sum(values) / len(values)
+
     def batch_slice(self, global_batch: int, coords: DeviceCoords) -> slice:
         """The examples of the global batch this device trains on.
 
@@ -242,14 +346,28 @@ class ShardedTransformer:
         s = coords.data * self.fsdp + coords.fsdp
         return slice(s * per, (s + 1) * per)
 
+    def _param_of(self, name: str) -> str:
+        """The parameter a key names: itself, or "<param>" of an optimizer "<param>/<slot>"."""
+        return name if name in self._shapes else name.rsplit("/", 1)[0]
+
     def shard_params(self, params: Mapping[str, np.ndarray], coords: DeviceCoords
                      ) -> dict[str, np.ndarray]:
-        """A device's chunks of the whole model's ``params`` (``model.init_params``
-        or a checkpoint): the tensor slice, then fsdp chunk ``coords.fsdp``."""
+        """A device's chunks of whole-model arrays: the tensor slice, then fsdp chunk
+        ``coords.fsdp``, per key.
+
+        Args:
+            params: the whole model's parameters (``model.init_params``, a
+                checkpoint), or an optimizer state of them ("<key>/<slot>" keys,
+                shaped like the parameter).
+            coords: the device's coordinates.
+
+        Returns:
+            The same keys -> 1-D float32 chunks.
+        """
         out = {}
-        for key in self._shapes:
-            a = np.asarray(params[key], np.float32)
-            axis = self._split[key]
+        for key, value in params.items():
+            a = np.asarray(value, np.float32)
+            axis = self._split[self._param_of(key)]
             if axis is not None:
                 a = np.split(a, self.tensor, axis=axis)[coords.tensor]
             out[key] = flat_chunk(a, self.fsdp, coords.fsdp)
@@ -261,30 +379,36 @@ class ShardedTransformer:
         params = self.shard_params(self.model.init_params(seed), coords)
         return DeviceShard(coords, params, self.optimizer.init(params))
 
-    def assemble(self, shards: Iterable[DeviceShard]) -> dict[str, np.ndarray]:
-        """The whole model's parameters from the shards of one data replica.
+    def assemble(self, shards: Iterable[DeviceShard], *, opt_state: bool = False
+                 ) -> dict[str, np.ndarray]:
+        """The whole model's parameters (or optimizer state) from the shards of one
+        data replica; the inverse of :meth:`shard_params`.
 
         Args:
             shards: DeviceShards covering every (fsdp, tensor) pair with
                 ``coords.data == 0`` (others are ignored), e.g. every device's.
+            opt_state: assemble ``DeviceShard.opt_state`` instead of ``params``.
 
         Returns:
-            key -> float32 array of ``model.param_shapes[key]``.
+            key -> float32 array shaped as ``model.param_shapes`` (of the key's
+            parameter for an optimizer state key).
 
         Raises:
             ValueError: a (fsdp, tensor) pair of data replica 0 is missing.
         """
-        have = {(s.coords.fsdp, s.coords.tensor): s for s in shards if s.coords.data == 0}
+        have = {(s.coords.fsdp, s.coords.tensor): (s.opt_state if opt_state else s.params)
+                for s in shards if s.coords.data == 0}
         missing = [(f, t) for f in range(self.fsdp) for t in range(self.tensor) if (f, t) not in have]
         if missing:
             raise ValueError(f"assemble needs the shards of data replica 0, missing (fsdp, tensor) "
                              f"{missing}")
         out = {}
-        for key, shape in self._shapes.items():
-            axis = self._split[key]
+        for key in have[(0, 0)]:
+            shape = self._shapes[self._param_of(key)]
+            axis = self._split[self._param_of(key)]
             pieces = []
             for t in range(self.tensor if axis is not None else 1):
-                flat = np.concatenate([have[(f, t)].params[key] for f in range(self.fsdp)])
+                flat = np.concatenate([have[(f, t)][key] for f in range(self.fsdp)])
                 pieces.append(flat[:math.prod(shape)].reshape(shape))
             out[key] = pieces[0] if axis is None else np.concatenate(pieces, axis=axis)
         return out
@@ -313,8 +437,7 @@ class ShardedTransformer:
         Args:
             per_device_batch: b, examples per device (global batch / (data x fsdp)).
         """
-        cfg, out = self.model.config, []
-        activation = _F32_BYTES * per_device_batch * cfg.sequence_length * cfg.embed_dim
+        out: list[CollectiveCall] = []
 
         def add(axis, op, nbytes, tag, kind):
             if self.sizes[axis] > 1:
@@ -328,23 +451,43 @@ class ShardedTransformer:
         layers = self.local_model.layers
         for i, layer in enumerate(layers):
             gather(i, "fwd")
-            if isinstance(layer, TransformerBlock):
-                for part in ("attention/out", "mlp/wo"):
-                    add("tensor", "allreduce", activation, f"{layer.name}/{part} fwd", "activation")
+            for call in self._block_calls(layer, per_device_batch, "fwd"):
+                add(*call)
         for i in range(len(layers) - 1, -1, -1):
             layer = layers[i]
             if layer.backward_reads_params:
                 gather(i, "bwd")
-            if isinstance(layer, TransformerBlock):
-                parts = ("attention/out", "mlp/dx", "attention/dx")[layer.remat != "full":]
-                for part in parts:
-                    add("tensor", "allreduce", activation, f"{layer.name}/{part} bwd", "activation")
+            for call in self._block_calls(layer, per_device_batch, "bwd"):
+                add(*call)
             if self._owned[i]:
                 shard_bytes = self._chunk_bytes(self._owned[i])
                 add("fsdp", "reduce_scatter", self.fsdp * shard_bytes, f"{layer.name} grads",
                     "grad_reduce")
                 add("data", "allreduce", shard_bytes, f"{layer.name} grads", "grad_reduce")
+                replicated = [k for k in self._owned[i] if self._split[k] is None]
+                if self.sequence_parallel and replicated:
+                    add("tensor", "allreduce", self._chunk_bytes(replicated),
+                        f"{layer.name} replicated grads", "grad_reduce")
         return out
+
+    def _block_calls(self, layer, batch: int, phase: str) -> list[tuple]:
+        """(axis, op, nbytes, tag, kind) of a block's tensor operators in a pass,
+        in the order ``TransformerBlock`` calls them (none for other layers)."""
+        if not isinstance(layer, TransformerBlock):
+            return []
+        cfg = self.model.config
+        whole = _F32_BYTES * batch * cfg.sequence_length * cfg.embed_dim   # (b, T, C) float32
+        ops = {"enter": ("all_gather", whole // self.tensor) if self.sequence_parallel else None,
+               "leave": ("reduce_scatter", whole) if self.sequence_parallel else ("allreduce", whole)}
+        ops["leave_grad"], ops["enter_grad"] = ops["enter"], ops["leave"]
+        forward = [("enter", "attention/in"), ("leave", "attention/out"), ("enter", "mlp/in"),
+                   ("leave", "mlp/wo")]
+        recompute = {"none": [], "minimal": forward[0:1] + forward[2:3], "full": forward[:3]}
+        grads = [("leave_grad", "mlp/dout"), ("enter_grad", "mlp/dx"),
+                 ("leave_grad", "attention/dout"), ("enter_grad", "attention/dx")]
+        steps = forward if phase == "fwd" else recompute[layer.remat] + grads
+        return [("tensor", *ops[hook], f"{layer.name}/{place} {phase}", "activation")
+                for hook, place in steps if ops[hook] is not None]
 
     def _chunk_bytes(self, keys: Iterable[str]) -> int:
         """float32 bytes of this device's chunks of ``keys``."""
@@ -368,17 +511,19 @@ class ShardedTransformer:
             step: the optimizer step, 1 for the first.
 
         Returns:
-            StepResult (this device's mean loss and its new shard).
+            StepResult: this device's mean loss, its new shard, where the
+            optimizer's records start.
 
         Raises:
             ValueError: comm or shard do not belong to this mesh or device.
         """
         self._check(comm, shard)
         out, caches = self._forward(core, comm, shard, x, "fwd", training=True)
-        loss, dy = self.local_model.output_loss(core, out, y)
+        loss, dy = self.local_model.output_loss(core, out, y[:, self.sequence_slice(shard.coords)])
         grads = self._backward(core, comm, shard, caches, dy)
+        update_start = len(core.records)
         params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
-        return StepResult(loss, DeviceShard(shard.coords, params, state))
+        return StepResult(loss, DeviceShard(shard.coords, params, state), update_start)
 
     def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
                  y: np.ndarray) -> float:
@@ -386,7 +531,7 @@ class ShardedTransformer:
         forward pass (tagged "eval"). The global figure is formed as in training."""
         self._check(comm, shard)
         out, _ = self._forward(core, comm, shard, x, "eval", training=False)
-        return self.local_model.output_loss(core, out, y)[0]
+        return self.local_model.output_loss(core, out, y[:, self.sequence_slice(shard.coords)])[0]
 
     def _check(self, comm: DeviceCollectives, shard: DeviceShard) -> None:
         got = {a: comm.axis_size(a) for a in AXES}
@@ -396,17 +541,11 @@ class ShardedTransformer:
             raise ValueError(f"shard of {shard.coords} given to the device at "
                              f"{DeviceCoords.of(comm)}")
 
-    def _tensor_sum(self, core, comm: DeviceCollectives, phase: str):
-        """The blocks' hook: allreduce a (B, T, C) partial sum over ``tensor`` (None
-        when tensor is 1, so one device runs the unsharded code path)."""
+    def _hooks(self, core, comm: DeviceCollectives, phase: str) -> _TensorCollectives | None:
+        """The blocks' tensor operators (None when tensor is 1: one device's code path)."""
         if self.tensor == 1:
             return None
-
-        def total(tag: str, v: np.ndarray) -> np.ndarray:
-            flat = comm.allreduce("tensor", np.ascontiguousarray(v).reshape(-1), tag=f"{tag} {phase}",
-                                  kind="activation", after_record=len(core.records))
-            return flat.reshape(v.shape)
-        return total
+        return _TensorCollectives(core, comm, phase, self.sequence_parallel)
 
     def _gather(self, core, comm: DeviceCollectives, shard: DeviceShard, i: int,
                 phase: str) -> dict[str, np.ndarray]:
@@ -424,12 +563,16 @@ class ShardedTransformer:
                 for (_, local), a in zip(keys, arrays)}
 
     def _forward(self, core, comm, shard, x, phase, *, training):
+        """Forward through the layers; with sequence parallelism the layers after
+        the embedding see this device's sequence chunk only."""
         caches = []
-        total = self._tensor_sum(core, comm, phase)
+        hooks = self._hooks(core, comm, phase)
         for i, layer in enumerate(self.local_model.layers):
             p = self._gather(core, comm, shard, i, phase)
-            hook = {"tensor_sum": total} if isinstance(layer, TransformerBlock) else {}
+            hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
             x, cache = layer.forward(core, p, x, training=training, **hook)
+            if i == 0 and self.sequence_parallel:
+                x = x[:, self.sequence_slice(shard.coords)]                # (B, T / tensor, C)
             caches.append(cache)
         return x, caches
 
@@ -437,13 +580,18 @@ class ShardedTransformer:
         """Backward through the layers, last first; a layer's gradients leave as
         chunks (:meth:`_reduce`) as soon as its backward is done."""
         layers = self.local_model.layers
-        total = self._tensor_sum(core, comm, "bwd")
+        hooks = self._hooks(core, comm, "bwd")
         grads: dict[str, np.ndarray] = {}
         chunks: dict[str, np.ndarray] = {}
         for i in range(len(layers) - 1, -1, -1):
             layer = layers[i]
             p = self._gather(core, comm, shard, i, "bwd") if layer.backward_reads_params else {}
-            hook = {"tensor_sum": total} if isinstance(layer, TransformerBlock) else {}
+            hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
+            if i == 0 and self.sequence_parallel:  # the embedding saw the whole sequence
+                full = np.zeros((dy.shape[0], self.model.config.sequence_length, dy.shape[2]),
+                                dy.dtype)
+                full[:, self.sequence_slice(shard.coords)] = dy
+                dy = full
             dy, g = layer.backward(core, p, caches[i], dy, need_dx=i > 0, **hook)
             for key, local in self._keys[i]:
                 grads[key] = g[local] if key not in grads else vector_op(
@@ -463,8 +611,16 @@ class ShardedTransformer:
                                    after_record=len(core.records))
         part = comm.allreduce("data", part, tag=f"{name} grads", kind="grad_reduce",
                               after_record=len(core.records))
-        if self.batch_shards > 1:
-            scale = np.float32(1.0 / self.batch_shards)
+        widths = [-(-g.size // self.fsdp) for g in grads.values()]
+        if self.sequence_parallel and self.tensor > 1:  # replicated params saw a chunk each
+            ends = np.cumsum(widths)
+            mine = np.concatenate([np.arange(e - w, e) for k, w, e in zip(grads, widths, ends)
+                                   if self._split[k] is None] or [np.zeros(0, int)])
+            if mine.size:
+                part = np.array(part)                                     # may be read-only
+                part[mine] = comm.allreduce("tensor", part[mine], tag=f"{name} replicated grads",
+                                            kind="grad_reduce", after_record=len(core.records))
+        if self.token_shards > 1:
+            scale = np.float32(1.0 / self.token_shards)
             part = core.vector(f"{name}/grad_mean", np.multiply, part, scale)
-        widths = np.cumsum([-(-g.size // self.fsdp) for g in grads.values()])[:-1]
-        return dict(zip(grads, np.split(part, widths)))
+        return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1])))

@@ -54,6 +54,7 @@ __all__ = [
     "POSITIONS",
     "REMAT_POLICIES",
     "LayerNorm",
+    "TensorHooks",
     "RMSNorm",
     "TokenEmbedding",
     "TransformerBlock",
@@ -320,6 +321,37 @@ class MLP(Layer):
         return (None if dx is None else dx.reshape(*lead, dx.shape[-1])), grads
 
 
+class TensorHooks:
+    """Megatron's operators around a block's tensor-parallel parts, for a
+    device holding a slice of the heads and MLP units (Shoeybi et al. 2019,
+    the f and g operators; Korthikanti et al. 2022 for the sequence-parallel
+    variant). This class is the one-device identity; ``pod.workloads.sharded``
+    has the collective ones. Each takes a tag naming the place
+    ("block1/attention/out") and a (B, t, C) array.
+
+    - ``enter`` before a column-parallel layer: identity, or all-gather of the
+      sequence chunks (sequence parallelism);
+    - ``leave`` after a row-parallel layer: allreduce of the partial sums, or
+      reduce-scatter over the sequence;
+    - ``enter_grad`` / ``leave_grad``: their transposes in backward.
+    """
+
+    def enter(self, tag: str, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def leave(self, tag: str, y: np.ndarray) -> np.ndarray:
+        return y
+
+    def enter_grad(self, tag: str, dx: np.ndarray) -> np.ndarray:
+        return dx
+
+    def leave_grad(self, tag: str, dy: np.ndarray) -> np.ndarray:
+        return dy
+
+
+_ONE_DEVICE = TensorHooks()
+
+
 class TransformerBlock(Layer):
     """Pre-norm decoder block: h = x + attn(norm1(x)); y = h + mlp(norm2(h)).
 
@@ -399,50 +431,56 @@ class TransformerBlock(Layer):
             return x + self.attention.dot_elements(shape) + self.mlp.dot_elements(shape)
         return sum(layer.cache_elements(shape) for layer in self.parts.values())
 
-    def _run(self, core, params, x, saved, need_output, tensor_sum=None):
+    def _run(self, core, params, x, saved, need_output, tensor=None):
         """The block's forward; ``saved`` MXU outputs are reused, not recomputed."""
         saved = saved or {}
+        tp = tensor or _ONE_DEVICE
         n1, c1 = self.norm1.forward(core, _params_of(params, "norm1"), x)
-        a, ca = self.attention.forward(core, _params_of(params, "attention"), n1,
-                                       saved=saved.get("attention"))      # (B, T, C)
-        if tensor_sum is not None and "out" not in saved.get("attention", {}):
-            a = tensor_sum(f"{self.name}/attention/out", a)               # sum the heads' parts
-            ca = {**ca, "out": a.reshape(ca["out"].shape)}                # remat keeps the sum
+        kept = saved.get("attention_sum")                                 # minimal remat, tensor
+        a, ca = self.attention.forward(core, _params_of(params, "attention"),
+                                       tp.enter(f"{self.name}/attention/in", n1),
+                                       saved=saved.get("attention"), need_output=kept is None)
+        a = kept if kept is not None else tp.leave(f"{self.name}/attention/out", a)
         h = _add(core, f"{self.name}/residual1", x, a)
         n2, c2 = self.norm2.forward(core, _params_of(params, "norm2"), h)
-        m, cm = self.mlp.forward(core, _params_of(params, "mlp"), n2, saved=saved.get("mlp"),
-                                 need_output=need_output)
-        if need_output and tensor_sum is not None:
-            m = tensor_sum(f"{self.name}/mlp/wo", m)                       # sum the hidden parts
-        y = _add(core, f"{self.name}/residual2", h, m) if need_output else None
-        return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm}
+        m, cm = self.mlp.forward(core, _params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
+                                 saved=saved.get("mlp"), need_output=need_output)
+        y = None
+        if need_output:
+            m = tp.leave(f"{self.name}/mlp/wo", m)
+            y = _add(core, f"{self.name}/residual2", h, m)
+        caches = {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm}
+        if tensor is not None:
+            caches["attention_sum"] = a
+        return y, caches
 
-    def forward(self, core, params, x, *, training=False, rng=None, tensor_sum=None):
-        """As ``Layer.forward``; ``tensor_sum(tag, v) -> v`` summed over the tensor
-        devices (``pod.workloads.sharded``), applied to the attention and MLP
-        outputs when the params are one tensor device's slice (``tensor_split``);
-        None on one device."""
+    def forward(self, core, params, x, *, training=False, rng=None, tensor=None):
+        """As ``Layer.forward``. ``tensor`` (None on one device): the
+        :class:`TensorHooks` of a tensor-parallel device whose params are its
+        slice (``tensor_split``), put around the attention and the MLP."""
         self._check(x.shape[1:])
-        y, caches = self._run(core, params, x, None, True, tensor_sum)
+        y, caches = self._run(core, params, x, None, True, tensor)
         if self.remat == "full":
             return y, {"x": x}
         if self.remat == "minimal":
             dots = {p: {k: caches[p][k] for k in layer.dot_keys}
                     for p, layer in self.parts.items() if layer.dot_keys}
+            if tensor is not None:  # keep the attention output summed over tensor, not a part
+                dots["attention"].pop("out")
+                dots["attention_sum"] = caches["attention_sum"]
             return y, {"x": x, "dots": dots}
         return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
                              for p, layer in self.parts.items()}}
 
-    def backward(self, core, params, cache, dy, *, need_dx=True, tensor_sum=None):
-        """As ``Layer.backward``; ``tensor_sum`` as in ``forward``, here applied to
-        the input gradients of the MLP and the attention (and, under ``full``
-        remat, to the recomputed attention output)."""
+    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None):
+        """As ``Layer.backward``; ``tensor`` as in ``forward`` (its ``*_grad``
+        operators here, and the forward ones when remat recomputes)."""
         if "parts" in cache:
             caches = cache["parts"]
         else:  # remat: recompute what was not kept, costed as any forward work
-            _, caches = self._run(core, params, cache["x"], cache.get("dots"), False, tensor_sum)
+            _, caches = self._run(core, params, cache["x"], cache.get("dots"), False, tensor)
         grads = {}
-        total = tensor_sum or (lambda tag, v: v)
+        tp = tensor or _ONE_DEVICE
 
         def part(p, d, need=True):
             layer = self.parts[p]
@@ -450,9 +488,11 @@ class TransformerBlock(Layer):
             grads.update({f"{p}/{k}": v for k, v in g.items()})
             return dx
 
-        dn2 = total(f"{self.name}/mlp/dx", part("mlp", dy))
+        dm = tp.leave_grad(f"{self.name}/mlp/dout", dy)
+        dn2 = tp.enter_grad(f"{self.name}/mlp/dx", part("mlp", dm))
         dh = _add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2))
-        dn1 = total(f"{self.name}/attention/dx", part("attention", dh))
+        da = tp.leave_grad(f"{self.name}/attention/dout", dh)
+        dn1 = tp.enter_grad(f"{self.name}/attention/dx", part("attention", da))
         dxn = part("norm1", dn1, need_dx)                                 # scale grad always
         dx = _add(core, f"{self.name}/residual1_bwd", dh, dxn) if need_dx else None
         return dx, grads

@@ -68,9 +68,14 @@ def optimizer():
     return build_optimizer("adamw", learning_rate=LR)
 
 
-@functools.lru_cache(maxsize=None)
 def single(precision, steps=STEPS, **options):
     """One TensorCore on the global batches: (params, losses)."""
+    return _single(precision, steps, tuple(sorted(options.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _single(precision, steps, option_items):
+    options = dict(option_items)
     model = TransformerModel(TransformerConfig(**{**TINY, **options}))
     core, opt = TensorCore(SPEC, precision=precision), optimizer()
     params = model.init_params(0)
@@ -83,12 +88,16 @@ def single(precision, steps=STEPS, **options):
     return params, losses
 
 
-@functools.lru_cache(maxsize=None)
-def sharded(precision, mesh_items, steps=STEPS, **options):
+def sharded(precision, mesh_items, steps=STEPS, sequence_parallel=False, **options):
     """Every device of a LocalMesh: (program, [(shard, losses, calls)] by device)."""
-    sizes = dict(mesh_items)
+    return _sharded(precision, mesh_items, steps, sequence_parallel, tuple(sorted(options.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded(precision, mesh_items, steps, sequence_parallel, option_items):
+    sizes, options = dict(mesh_items), dict(option_items)
     model = TransformerModel(TransformerConfig(**{**TINY, **options}))
-    program = ShardedTransformer(model, sizes, optimizer())
+    program = ShardedTransformer(model, sizes, optimizer(), sequence_parallel=sequence_parallel)
     data = batches(steps)
 
     def device(comm):
@@ -99,7 +108,9 @@ def sharded(precision, mesh_items, steps=STEPS, **options):
             result = program.train_step(core, comm, shard, x[part], y[part], step)
             shard = result.shard
             losses.append(result.loss)
-            core.take_records()
+            records = core.take_records()
+            assert records[result.update_start].name.startswith("adamw/")
+            assert not any(r.name.startswith("adamw/") for r in records[:result.update_start])
         return shard, losses, list(comm.calls)
 
     return program, LocalMesh(sizes).run(device)
@@ -109,10 +120,9 @@ def max_diff(a, b):
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
-def global_losses(devices):
-    """Per step, the mean of the losses of the tensor-0 devices."""
-    rows = [losses for shard, losses, _ in devices if shard.coords.tensor == 0]
-    return np.mean(rows, axis=0)
+def global_losses(program, devices):
+    """Per step, the global loss from every device's."""
+    return [program.global_loss(step) for step in zip(*(losses for _, losses, _ in devices))]
 
 
 # --------------------------------------------------------------------------- equality
@@ -125,7 +135,7 @@ def test_fp32_sharded_training_ends_with_the_single_device_parameters(mesh):
     got = program.assemble(shard for shard, _, _ in devices)
     assert got.keys() == want.keys()
     assert max_diff(got, want) < FP32_ATOL
-    np.testing.assert_allclose(global_losses(devices), want_losses, rtol=1e-6)
+    np.testing.assert_allclose(global_losses(program, devices), want_losses, rtol=1e-6)
 
 
 def test_bf16_sharded_training_stays_well_within_the_bf16_rounding_effect():
@@ -135,7 +145,21 @@ def test_bf16_sharded_training_stays_well_within_the_bf16_rounding_effect():
     rounding_effect = max_diff(single("fp32")[0], want)                  # 0.12 measured
     assert rounding_effect > 0.05
     assert max_diff(got, want) < rounding_effect / 5
-    np.testing.assert_allclose(global_losses(devices), want_losses, rtol=1e-3)
+    state = program.assemble((s for s, _, _ in devices), opt_state=True)   # AdamW's m and v
+    assert set(state) == {f"{k}/{slot}" for k in want for slot in ("m", "v")}
+    for shard, _, _ in devices:                                          # shards it back
+        again = program.shard_params(state, shard.coords)
+        assert all(np.array_equal(again[k], shard.opt_state[k]) for k in state)
+    np.testing.assert_allclose(global_losses(program, devices), want_losses, rtol=1e-3)
+
+
+@pytest.mark.parametrize("mesh,steps", [(MESH_3D, STEPS), ({"tensor": 4}, 5)],
+                         ids=["data2-fsdp2-tensor2", "tensor4"])
+def test_sequence_parallel_training_ends_with_the_single_device_parameters(mesh, steps):
+    want, want_losses = single("fp32", steps)
+    program, devices = sharded("fp32", tuple(mesh.items()), steps, sequence_parallel=True)
+    assert max_diff(program.assemble(s for s, _, _ in devices), want) < FP32_ATOL
+    np.testing.assert_allclose(global_losses(program, devices), want_losses, rtol=1e-6)
 
 
 def test_other_options_and_remat_shard_too():
@@ -143,8 +167,10 @@ def test_other_options_and_remat_shard_too():
     options = {"tied_embeddings": False, "positions": "learned", "norm": "layernorm",
                "mlp_activation": "gelu", "remat": "minimal"}
     want, _ = single("fp32", 5, **options)
-    program, devices = sharded("fp32", (("fsdp", 2), ("tensor", 2)), 5, **options)
-    assert max_diff(program.assemble(s for s, _, _ in devices), want) < FP32_ATOL
+    for sequence_parallel in (False, True):
+        program, devices = sharded("fp32", (("fsdp", 2), ("tensor", 2)), 5, sequence_parallel,
+                                   **options)
+        assert max_diff(program.assemble(s for s, _, _ in devices), want) < FP32_ATOL
 
 
 def test_a_mesh_laid_on_a_torus_trains_the_same():
@@ -218,22 +244,35 @@ def test_collective_counts_and_bytes_match_the_closed_form():
     assert len({(call.axis, call.tag) for call in calls}) == len(calls) // STEPS  # unique a step
 
 
-@pytest.mark.parametrize("mesh", [MESH_3D, {"data": 8}, {"fsdp": 4}])
-def test_planned_calls_are_the_calls_a_step_makes(mesh):
-    program, devices = sharded("fp32", tuple(mesh.items()))
+@pytest.mark.parametrize("mesh,sequence", [(MESH_3D, False), (MESH_3D, True), ({"data": 8}, False),
+                                           ({"fsdp": 4}, False)])
+def test_planned_calls_are_the_calls_a_step_makes(mesh, sequence):
+    program, devices = sharded("fp32", tuple(mesh.items()), sequence_parallel=sequence)
     calls = devices[-1][2]
     per_step = len(calls) // STEPS
     planned = program.planned_calls(BATCH // program.batch_shards)
     assert [dataclasses.replace(c, after_record=-1) for c in calls[-per_step:]] == planned
 
 
-@pytest.mark.parametrize("remat,per_block", [("none", 4), ("minimal", 4), ("full", 5)])
-def test_remat_decides_the_tensor_allreduces(remat, per_block):
-    """Full remat recomputes the attention output in backward, allreduce included."""
-    program, devices = sharded("bf16", (("tensor", 2),), 1, remat=remat)
+@pytest.mark.parametrize("remat,sequence,per_block", [
+    ("none", False, 4), ("minimal", False, 4), ("full", False, 5),
+    ("none", True, 8), ("minimal", True, 10), ("full", True, 11)])
+def test_remat_decides_the_tensor_collectives(remat, sequence, per_block):
+    """Per block: an allreduce after attention and MLP and of their input gradients
+    (full remat recomputes the attention output, allreduce included); with
+    sequence parallelism an all-gather before and a reduce-scatter after each,
+    and their transposes in backward (remat re-gathers the inputs it recomputes
+    from). One step, B T C float32 per allreduce or reduce-scatter, a tensor
+    size's share of it per all-gather."""
+    program, devices = sharded("bf16", (("tensor", 2),), 1, sequence, remat=remat)
     calls = devices[0][2]
-    assert all(call.axis == "tensor" and call.kind == "activation" for call in calls)
-    assert len(calls) == per_block * TINY["layers"]
+    blocks = [c for c in calls if c.kind == "activation"]
+    assert all(c.axis == "tensor" for c in calls)
+    assert len(blocks) == per_block * TINY["layers"]
+    whole = 4 * BATCH * TINY["sequence_length"] * TINY["embed_dim"]
+    assert {c.nbytes for c in blocks if c.op != "all_gather"} == {whole}
+    assert {c.nbytes for c in blocks if c.op == "all_gather"} <= {whole // 2}
+    assert len(calls) - len(blocks) == (TINY["layers"] + 2 if sequence else 0)  # norm grads
     assert [dataclasses.replace(c, after_record=-1) for c in calls] == program.planned_calls(BATCH)
 
 
@@ -343,7 +382,7 @@ def test_evaluate_matches_the_model_on_the_assembled_parameters():
         part = program.batch_slice(BATCH, c)
         return c, program.evaluate(TensorCore(SPEC, precision="fp32"), comm, shards[c], x[part], y[part])
 
-    got = np.mean([loss for c, loss in mesh.run(device) if c.tensor == 0])
+    got = program.global_loss(loss for _, loss in mesh.run(device))
     model = program.model
     core = TensorCore(SPEC, precision="fp32")
     out = model.predict(core, program.assemble(shards.values()), x)
