@@ -89,6 +89,25 @@ def _size(x: Any) -> int:
     return int(size) if size is not None else int(np.asarray(x).size)
 
 
+def _elements_and_bytes(arrays: tuple, outs: tuple | list) -> tuple[int, int]:
+    """(the largest size, the sum of nbytes) over an op's inputs and outputs."""
+    elements = hbm_bytes = 0
+    for group in (arrays, outs):
+        for x in group:
+            if type(x) is np.ndarray:
+                size, nbytes = x.size, x.nbytes
+            else:
+                size, nbytes = _size(x), _nbytes(x)
+            if size > elements:
+                elements = size
+            hbm_bytes += nbytes
+    return int(elements), int(hbm_bytes)
+
+
+#: distinct op costs one TensorCore keeps (a model has a few hundred; varying shapes
+#: such as a last partial batch add a few more)
+_RECORD_CACHE_SIZE = 4096
+
 PRECISIONS = ("bf16", "fp32", "int8")
 """MXU precision modes: bf16 (one pass), fp32 (6 bf16 passes), int8 (quantised)."""
 
@@ -190,6 +209,9 @@ class TensorCore:
         self.hbm = HBM(spec.hbm_bytes, name=name)
         self.records: list[OpRecord] = []
         self._scalar_cycles = scalar_cycles(spec, 1)
+        # costs depend on shapes only: one OpRecord per distinct (op, figures), reused
+        # every step (records are frozen); cleared when it holds _RECORD_CACHE_SIZE
+        self._records_by_key: dict[tuple, OpRecord] = {}
 
     @property
     def numerics(self) -> bool:
@@ -199,6 +221,20 @@ class TensorCore:
     def __repr__(self) -> str:
         return (f"TensorCore(name={self.name!r}, numerics={self.emulates_numerics}, "
                 f"precision={self.precision!r})")
+
+    def _cached(self, key: tuple) -> OpRecord | None:
+        """The record of an op already costed with these figures (appended), or None."""
+        record = self._records_by_key.get(key)
+        if record is not None:
+            self.records.append(record)
+        return record
+
+    def _keep(self, key: tuple, record: OpRecord) -> OpRecord:
+        cache = self._records_by_key
+        if len(cache) >= _RECORD_CACHE_SIZE:
+            cache.clear()
+        cache[key] = record
+        return record
 
     def _record(self, name: str, unit: str, flops: float, hbm_bytes: int, cycles: int, *,
                 mxu_cycles: int = 0, issue_cycles: int = 0) -> OpRecord:
@@ -258,7 +294,8 @@ class TensorCore:
         return cycles
 
     def account_matmul(self, m: int, k: int, n: int, *, name: str = "matmul", batch: int = 1,
-                       shared_weights: bool = False, mxu_model: str | None = None) -> OpRecord:
+                       shared_weights: bool = False, mxu_model: str | None = None,
+                       a_elements: int | None = None, out_elements: int | None = None) -> OpRecord:
         """Records the cost of a matmul without computing it (timing-only runs).
 
         Same cost as `matmul` / `batch_matmul` on inputs of these shapes:
@@ -276,6 +313,12 @@ class TensorCore:
             shared_weights: True if every product uses the same (K x N)
                 weights (they then stay in the array: one GEMM of batch*M rows).
             mxu_model: MXU cycle count for this call; None uses the core's.
+            a_elements: elements of the (M x K) operand read from HBM when that
+                is not batch*M*K: a convolution forms its patch matrix on chip
+                from its input, so it reads the input's elements (None: batch*M*K).
+            out_elements: elements written to HBM when not batch*M*N (a
+                transposed convolution sums its patches on chip into its
+                output's elements; None: batch*M*N).
 
         Returns:
             The OpRecord appended to `records`.
@@ -283,16 +326,26 @@ class TensorCore:
         Raises:
             ValueError: if a dimension is negative, batch < 1 or mxu_model unknown.
         """
+        key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model)
+        if type(m) is int and type(k) is int and type(n) is int and type(batch) is int:
+            record = self._cached(key)
+            if record is not None:
+                return record
+        else:
+            key = None
         if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         op_bytes = _OPERAND_BYTES[self.precision]
         weights = k * n if shared_weights else batch * k * n
-        hbm_bytes = op_bytes * (batch * m * k + weights) + _OUTPUT_BYTES[self.precision] * batch * m * n
+        a_in = batch * m * k if a_elements is None else a_elements
+        out = batch * m * n if out_elements is None else out_elements
+        hbm_bytes = op_bytes * (a_in + weights) + _OUTPUT_BYTES[self.precision] * out
         if shared_weights:
             cycles = self.mxu_cycles(batch * m, k, n, mxu_model=mxu_model)
         else:
             cycles = self.mxu_cycles(m, k, n, batch=batch, mxu_model=mxu_model)
-        return self._mxu_record(name, 2.0 * batch * m * k * n, int(hbm_bytes), cycles)
+        record = self._mxu_record(name, 2.0 * batch * m * k * n, int(hbm_bytes), cycles)
+        return record if key is None else self._keep(key, record)
 
     def _mxu_record(self, name: str, flops: float, hbm_bytes: int, mxu_cycles: int) -> OpRecord:
         return self._record(name, "mxu", flops, hbm_bytes, mxu_cycles + self._scalar_cycles,
@@ -327,6 +380,8 @@ class TensorCore:
         name: str = "matmul",
         a_rounded: bool = False,
         b_rounded: bool = False,
+        a_elements: int | None = None,
+        out_elements: int | None = None,
     ) -> np.ndarray:
         """Multiplies a (M, K) by b (K, N) on the MXUs.
 
@@ -344,6 +399,8 @@ class TensorCore:
             a_rounded: a already holds bf16 values in float32 (skip its
                 rounding; bf16 precision only, ignored otherwise).
             b_rounded: b already holds bf16 values in float32 (likewise).
+            a_elements, out_elements: HBM elements read for a and written, when
+                not M*K and M*N (see `account_matmul`; costs only).
 
         Returns:
             (M, N) product: float32 with numerics, else `a @ b` in the inputs' dtype.
@@ -360,7 +417,7 @@ class TensorCore:
         m, k = a.shape
         n = b.shape[1]
         out = self._product(a, b, a_rounded, b_rounded)
-        self.account_matmul(m, k, n, name=name)
+        self.account_matmul(m, k, n, name=name, a_elements=a_elements, out_elements=out_elements)
         return out
 
     def batch_matmul(self, a: np.ndarray, b: np.ndarray, *, name: str = "batch_matmul") -> np.ndarray:
@@ -497,13 +554,14 @@ class TensorCore:
         """
         result = fn(*arrays)
         outs = result if isinstance(result, (tuple, list)) else (result,)
-        elements = max([_size(x) for x in arrays] + [_size(x) for x in outs])
-        hbm_bytes = sum(_nbytes(x) for x in arrays) + sum(_nbytes(x) for x in outs)
-        cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
-        self._record(
-            name, "vpu", float(elements) * ops_per_element, hbm_bytes,
-            cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles,
-        )
+        elements, hbm_bytes = _elements_and_bytes(arrays, outs)
+        key = ("vpu", name, elements, hbm_bytes, ops_per_element, transcendental)
+        if self._cached(key) is None:
+            cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
+            self._keep(key, self._record(
+                name, "vpu", float(elements) * ops_per_element, hbm_bytes,
+                cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles,
+            ))
         return result
 
     def account_vector(self, name: str, elements: int, hbm_bytes: int, *,

@@ -22,10 +22,10 @@ from typing import Any, Mapping
 from rich.console import Console
 
 from pod.config.bench import BenchmarkPlan, check_benchmark
-from pod.config.plan import TrainingPlan, build_plan
+from pod.config.plan import TrainingPlan, build_plan, is_timing_sweep
 from pod.config.scenario import Scenario, load_scenario, parse_scenario, scenario_from_text
 from pod.errors import ScenarioError
-from pod.report.model_summary import model_summary_table
+from pod.report.model_summary import layer_detail_table, model_summary_table
 from pod.report.stats import StepStats
 
 __all__ = ["RunResult", "Description", "load", "run", "validate", "describe", "sweep"]
@@ -73,7 +73,7 @@ def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     spec = load(scenario)
     if spec.benchmark is not None:
         return check_benchmark(spec)
-    timing_sweep = spec.sweep is not None and spec.sweep.mode == "timing"
+    timing_sweep = is_timing_sweep(spec)
     return build_plan(spec, sharded_ok=sharded_ok or timing_sweep, timing_only=timing_sweep)
 
 
@@ -93,15 +93,22 @@ class Description:
     model_summary: str
 
 
-def describe(scenario: str | Path | Mapping[str, Any] | Scenario) -> Description:
-    """The pod, the HBM plan and the model summary of a scenario, as values."""
+def describe(scenario: str | Path | Mapping[str, Any] | Scenario, *,
+             detail: bool = False) -> Description:
+    """The pod, the HBM plan and the model summary of a scenario, as values;
+    ``detail`` adds the per-part table (``layer_detail_table``) to the summary text."""
     plan = validate(scenario, sharded_ok=True)
     text = ""
     if isinstance(plan, TrainingPlan):
         buffer = io.StringIO()
-        Console(file=buffer, width=160).print(model_summary_table(
+        console = Console(file=buffer, width=160)
+        console.print(model_summary_table(
             plan.model, plan.pod.chip.core, plan.per_core_batch, chip_name=plan.pod.chip.name,
                                       mxu_model=plan.scenario.pod.mxu_model))
+        if detail:
+            console.print(layer_detail_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                                             chip_name=plan.pod.chip.name,
+                                             mxu_model=plan.scenario.pod.mxu_model))
         text = buffer.getvalue()
     return Description(plan=plan, memory=dict(plan.memory), model_summary=text)
 
@@ -168,17 +175,20 @@ class RunResult:
 
 def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | None = None,
         output_dir: str | Path | None = None, quiet: bool = False,
-        metrics_port: int | None = None) -> RunResult:
+        metrics_port: int | None = None, report: bool = False) -> RunResult:
     """Train a scenario on an emulated pod (starts a local Ray cluster if none).
 
     Args:
         scenario: a path, YAML text, a dict or a ``Scenario``.
         steps: override ``training.steps``.
-        output_dir: write summary.json and steps.csv there; None writes nothing.
+        output_dir: write summary.json, steps.csv and layers.csv there; None writes
+            nothing.
         quiet: print nothing.
         metrics_port: serve Prometheus metrics on this port of 127.0.0.1 for the
             length of the run (None or 0: no endpoint, whatever the scenario says;
             a notebook rarely wants one).
+        report: also write report.html in ``output_dir`` (summary, model, loss and
+            step-time plots, HBM plan).
 
     Returns:
         The summary and the per-step history.
@@ -188,7 +198,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         starts. ClusterError: Ray could not start, or a chip failed for good.
         RunInterrupted: Ctrl-C (after writing what the run had).
     """
-    from pod.commands.train import Run  # Ray is imported only when a run starts
+    from pod.commands.runs import make_run  # Ray is imported only when a run starts
 
     spec = load(scenario)
     if spec.benchmark is not None:
@@ -196,10 +206,13 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
                             "`tpu-pod run` for it")
     if steps is not None:
         spec = spec.with_overrides(training__steps=steps)
+    if report and output_dir is None:
+        raise ScenarioError("report: report.html needs an output_dir to be written to")
     plan = build_plan(spec)
     console = Console(quiet=True) if quiet else None
-    the_run = Run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
-                  metrics_port=metrics_port or 0, console=console, keep_history=True)
+    the_run = make_run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
+                       metrics_port=metrics_port or 0, console=console, keep_history=True,
+                       report=report)
     summary = the_run.run()
     return RunResult(summary=summary, history=tuple(the_run.history or ()),
                      output_dir=the_run.output_dir)

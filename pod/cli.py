@@ -7,6 +7,7 @@ field, the value and what is allowed, and exit status 2; never a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -21,9 +22,9 @@ from pod.report.console import make_console, titled_table
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
-from pod.report.model_summary import layer_costs, model_summary_table
-from pod.config.plan import build_plan
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
+from pod.report.model_summary import layer_costs, layer_detail_table, model_summary_table
+from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.scenario import load_scenario
 from pod.config.slices import resolve_pod
 
@@ -63,9 +64,15 @@ def cli() -> None:
               help="Continue from the newest valid checkpoint in this directory.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON document on stdout (progress goes to stderr).")
+@click.option("--report", is_flag=True,
+              help="Also write report.html: summary, model, loss and step-time plots, HBM plan.")
+@click.option("--ray-dashboard", is_flag=True,
+              help="Keep Ray's dashboard on (127.0.0.1:8265) for a local cluster; needs "
+                   "'ray[default]'.")
 def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port: int | None,
         log_every: int, trace_path: Path | None, trace_steps: str | None, hold: bool,
-        hold_seconds: float, resume_dir: Path | None, as_json: bool) -> None:
+        hold_seconds: float, resume_dir: Path | None, as_json: bool, report: bool,
+        ray_dashboard: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     spec = load_scenario(scenario)
     if trace_steps is not None and trace_path is None:
@@ -84,17 +91,19 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
         echo = (lambda line: click.echo(line, err=True)) if as_json else click.echo
         summary = run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=echo)
     else:
-        from pod.commands.train import run_training  # Ray is imported only when a run starts
+        from pod.commands.runs import run_training  # Ray is imported only when a run starts
 
         if steps is not None:
             spec = spec.with_overrides(training__steps=steps)
+        if ray_dashboard:
+            spec = spec.with_overrides(ray__dashboard=True)
         plan = _checked(build_plan, spec, scenario)
         summary = run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
                                metrics_port=metrics_port, log_every=log_every,
                                trace_path=trace_path,
                                trace_steps=_parse_steps(trace_steps or "last", plan.steps),
                                hold_seconds=math.inf if hold else hold_seconds,
-                               resume_dir=resume_dir, console=console)
+                               resume_dir=resume_dir, console=console, report=report)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
 
@@ -138,8 +147,8 @@ def _validate_one(path: Path) -> dict[str, Any]:
                 "slice": bplan.pod.name, "chips": bplan.pod.chips,
                 "cores": bplan.pod.tensorcores, "n": b.n, "iterations": b.iterations,
                 "precision": b.precision}
-    timing_sweep = spec.sweep is not None and spec.sweep.mode == "timing"  # as `sweep` plans it
-    plan = _checked(lambda s: build_plan(s, timing_only=timing_sweep, sharded_ok=timing_sweep),
+    timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
+    plan = _checked(functools.partial(build_plan, timing_only=timing_sweep, sharded_ok=timing_sweep),
                     spec, path)
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
             "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
@@ -152,11 +161,11 @@ def _validate_one(path: Path) -> dict[str, Any]:
 def _ok_line(row: dict[str, Any]) -> str:
     if row["kind"] == "benchmark":
         return (f"{row['path']}: ok (benchmark {row['benchmark']}, {row['slice']}, {row['chips']:,} "
-                f"chips, {row['cores']:,} TensorCores, N={row['n']}, {row['iterations']} iterations, "
+                f"chips, {row['cores']:,} TensorCores, N={row['n']:,}, {row['iterations']:,} iterations, "
                 f"{row['precision']})")
     return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, {row['cores']:,} TensorCores, "
-            f"{row['model']} on {row['dataset']}, global batch {row['global_batch']} = "
-            f"{row['per_core_batch']} per core, {row['steps']} steps, allreduce "
+            f"{row['model']} on {row['dataset']}, global batch {row['global_batch']:,} = "
+            f"{row['per_core_batch']:,} per core, {row['steps']:,} steps, allreduce "
             f"{row['allreduce_algorithm']})")
 
 
@@ -178,7 +187,7 @@ def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
             text = str(err) if str(err).startswith(f"{path}: ") else f"{path}: {err}"
             row = {"path": str(path), "ok": False, "error": text}
             if not as_json:
-                click.echo(f"error: {text}", err=True)
+                click.echo(f"error: {one_line(text)}", err=True)
         else:
             if not as_json:
                 click.echo(_ok_line(row))
@@ -192,12 +201,15 @@ def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
 @cli.command(short_help="Describe a chip, a slice or a scenario (pod, model, HBM plan).")
 @click.argument("target")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def describe(target: str, as_json: bool) -> None:
+@click.option("--detail", is_flag=True,
+              help="Scenario: also a row per part of every layer (each conv, norm, add of a "
+                   "ResNet or transformer block) with its MXU utilisation and bound.")
+def describe(target: str, as_json: bool, detail: bool) -> None:
     """Describe a chip (v4), a slice (v2-8) or a scenario file: its pod, the model
     summary and the HBM plan per TensorCore."""
     console = make_console()
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        _describe_scenario(console, target, as_json)
+        _describe_scenario(console, target, as_json, detail)
         return
     if target.lower() in PRESETS:
         pod = resolve_pod(chip=get_chip_spec(target).name, chips=1)
@@ -209,7 +221,7 @@ def describe(target: str, as_json: bool) -> None:
     _describe_pod(console, pod)
 
 
-def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
+def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False) -> None:
     spec = load_scenario(target)
     if spec.benchmark is not None:
         bplan = _checked(check_benchmark, spec, target)
@@ -221,7 +233,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
                                f"N={spec.benchmark.n})", bplan.memory, bplan.pod.chip.core.hbm_bytes)
         return
     try:
-        plan = build_plan(spec, sharded_ok=True)
+        plan = build_plan(spec, sharded_ok=True, timing_only=is_timing_sweep(spec))
     except HBMPlanError as err:
         # show the plan that does not fit, then the one-line error (exit 2)
         if not as_json:
@@ -233,7 +245,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
         raise ScenarioError(f"{target}: {err}") from err
     if as_json:
         layers = layer_costs(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                             mxu_model=plan.scenario.pod.mxu_model)
+                             mxu_model=plan.scenario.pod.mxu_model, detail=detail)
         click.echo(json.dumps({"pod": _pod_json(plan.pod), "model": plan.model.name,
                                "parameters": plan.num_params, "global_batch": plan.global_batch,
                                "per_core_batch": plan.per_core_batch,
@@ -245,7 +257,11 @@ def _describe_scenario(console: Console, target: str, as_json: bool) -> None:
     console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
                                       chip_name=plan.pod.chip.name,
                                       mxu_model=plan.scenario.pod.mxu_model))
-    _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch} = "
+    if detail:
+        console.print(layer_detail_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                                         chip_name=plan.pod.chip.name,
+                                         mxu_model=plan.scenario.pod.mxu_model))
+    _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch:,} = "
                            f"{plan.per_core_batch} per core)", plan.memory,
                   plan.pod.chip.core.hbm_bytes)
     console.print(f"allreduce: {plan.ici.algorithm}, {plan.ici.cost.seconds * 1e6:,.2f} us per "
@@ -275,17 +291,11 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
     """Sample text from a char_lstm or transformer CHECKPOINT: a checkpoint file, or a checkpoint
     directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
     from chip import TensorCore
-    from pod.errors import CheckpointError
-    from pod.state.checkpoint import latest_checkpoint, load_checkpoint
-    from pod.workloads import build_model
     from pod.commands.generate import sample_text
+    from pod.state.export import read_checkpoint
+    from pod.workloads import build_model
 
-    if checkpoint.is_dir():
-        ckpt = latest_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
-        if ckpt is None:
-            raise CheckpointError(f"{checkpoint}: no valid checkpoint (ckpt-<step>.msgpack) here")
-    else:
-        ckpt = load_checkpoint(checkpoint)
+    ckpt = read_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
     extra = ckpt.extra
     if extra.get("model") not in ("char_lstm", "transformer") or not extra.get("vocabulary"):
         raise click.UsageError(f"{checkpoint}: generate needs a char_lstm or transformer checkpoint "
@@ -301,6 +311,28 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     click.echo(prompt + text)
+
+
+@cli.command("export", short_help="Write a checkpoint's trained parameters as safetensors.")
+@click.argument("checkpoint", type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["safetensors"]), default="safetensors",
+              show_default=True, help="Output format.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="File to write [default: <checkpoint dir>/ckpt-<step>.safetensors].")
+@click.option("--optimizer-state", is_flag=True,
+              help="Also write the optimizer's slots (as optimizer/<name>).")
+def export_command(checkpoint: Path, fmt: str, output: Path | None, optimizer_state: bool) -> None:
+    """Write the trained parameters (and model state) of CHECKPOINT, a checkpoint file or
+    directory (its newest valid checkpoint), in FORMAT; safetensors.numpy.load_file reads
+    it back with the checkpoint's names."""
+    from pod.state.export import export_safetensors, read_checkpoint
+
+    ckpt = read_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    output = output or folder / f"ckpt-{ckpt.step:08d}.{fmt}"
+    shapes = export_safetensors(ckpt, output, optimizer_state=optimizer_state)
+    count = sum(math.prod(shape) for shape in shapes.values())
+    click.echo(f"Wrote {output}: {len(shapes):,} tensors, {count:,} values (step {ckpt.step:,})")
 
 
 def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int) -> None:
@@ -426,7 +458,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
             progress.advance(task)
             if row["status"] == "ok":
                 line = (f"point {row['point']}/{total}: {row['generation']} {row['chips']:,} chips "
-                        f"{row['topology']} {row['allreduce_algorithm']} batch {row['global_batch']}: "
+                        f"{row['topology']} {row['allreduce_algorithm']} batch {row['global_batch']:,}: "
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
                         f"{row['simulated_examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")
@@ -440,8 +472,8 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
         rows = run_sweep(spec, out_dir, mode=mode, on_point=report)
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
-    console.print(f"{len(rows) - failed} points ok, {failed} failed. Wrote {out_dir}/results.csv, "
-                  f"results.md, {plots}", soft_wrap=True)
+    console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. Wrote {out_dir}/results.csv, "
+                  f"results.md{', ' + plots if plots else ''}", soft_wrap=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
     if rows and failed == len(rows):
@@ -490,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except USER_ERRORS as err:
-        click.echo(f"error: {err}", err=True)
+        click.echo(f"error: {one_line(err)}", err=True)
         sys.exit(EXIT_USER_ERROR)
     except RunInterrupted as err:  # the run wrote its checkpoint and partial summary first
         click.echo(str(err), err=True)
@@ -501,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-@cli.command("init")
+@cli.command("init", short_help="Copy the shipped scenarios and monitoring files into a folder.")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Replace files there that differ from the shipped ones.")
 def init_command(directory: Path, force: bool) -> None:
@@ -520,7 +552,7 @@ def init_command(directory: Path, force: bool) -> None:
         click.echo(line)
 
 
-@cli.command("monitor")
+@cli.command("monitor", short_help="Run a local Prometheus scraping a run, until Ctrl-C.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Prometheus configuration [default: the shipped monitoring/prometheus.yml].")
 @click.option("--port", type=click.IntRange(1, 65535), default=9090, show_default=True,

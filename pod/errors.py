@@ -49,7 +49,24 @@ __all__ = [
     "OutputError",
     "RunInterrupted",
     "USER_ERRORS",
+    "MAX_ERROR_CHARS",
+    "one_line",
 ]
+
+#: Longest error line the CLI prints: a message quoting a huge value (a list of a
+#: thousand numbers given as a size) keeps its start (the field) and its end (what
+#: is allowed).
+MAX_ERROR_CHARS = 600
+
+
+def one_line(message: object, limit: int = MAX_ERROR_CHARS) -> str:
+    """``message`` as one line of at most ``limit`` characters: line breaks become
+    spaces and an over-long middle becomes `` ... ``."""
+    text = " ".join(str(message).split())
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return f"{text[:head]} ... {text[len(text) - (limit - head - 5):]}"
 
 
 class EmulatorError(Exception):

@@ -8,6 +8,8 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line("markers", "load: long-run memory test (about a minute); "
                                        "deselect with -m 'not load'")
+    config.addinivalue_line("markers", "chaos: seeded kills and SIGTERMs over resumed runs "
+                                       "(about a minute per seed); deselect with -m 'not chaos'")
 
 
 @pytest.fixture(scope="session")

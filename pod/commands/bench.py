@@ -30,7 +30,6 @@ measurements of this host.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ import numpy as np
 from chip import TensorCore, check_precision, get_chip_spec
 from pod.config.bench import check_benchmark
 from pod.errors import ScenarioError
+from pod.report.files import check_writable, write_json
 from pod.config.scenario import Scenario
 from pod.runtime.bench import benchmark_inputs, run_benchmark_chips
 
@@ -178,9 +178,8 @@ def run_benchmark(scenario: Scenario, *, output_dir: Path | None = None,
     for line in format_report(summary):
         echo(line)
     if output_dir is not None:
-        output_dir = Path(output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        check_writable(output_dir)
+        write_json(Path(output_dir) / "summary.json", summary)
     return summary
 
 

@@ -10,13 +10,21 @@ recorded with its error and the sweep goes on.
 
 Outputs, in the output directory: ``results.csv`` (a row per point),
 ``results.md`` (the same as a Markdown table), ``throughput.png`` (examples/s
-against chips, log-log), ``efficiency.png`` (scaling efficiency against
-chips) and ``breakdown.png`` (the simulated step time of every point, stacked
-by part).
+against the quantity the sweep varies: chips, else the batch, ...),
+``efficiency.png`` (scaling efficiency against chips, when they vary) and
+``breakdown.png`` (the simulated step's critical path of every point, stacked
+by part, one panel per series).
 
 Scaling efficiency of a point = its examples/s per chip divided by that of
-the smallest-chip point of its series (same algorithm, precision and, for
-strong scaling, global batch). It is 1 for perfect weak or strong scaling.
+the smallest-chip point of its series (same chip generation, algorithm,
+precision and batch). It is 1 for perfect weak or strong scaling.
+
+Every row says what bounds its step (``pod.report.bounds``): the share of
+the simulated critical path that is MXU, VPU or HBM work, ICI bandwidth
+(with the torus axes of the busiest links), latency (per-hop, fixed
+per-collective and per-op issue costs) or the host (dispatch, exposed
+infeed); ``bounds.png`` stacks those shares per point and results.csv has
+them per row.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from typing import Any, Callable
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
+from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
+from pod.report.files import check_writable, write_atomic
 from pod.report.stats import mfu
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
@@ -39,14 +49,16 @@ from pod.config.slices import resolve_pod
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 
 COLUMNS = (
-    "point", "status", "error", "dataset", "synthetic_data", "generation", "chips", "cores",
-    "topology", "allreduce_algorithm", "precision",
+    "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
+    "chips", "cores", "topology", "allreduce_algorithm", "precision",
     "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
     "compute_seconds", "allreduce_seconds", "exposed_allreduce_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
-    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency", "wall_seconds",
-    "wall_seconds_per_step",
+    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency",
+    "bound", "bound_fraction", "ici_axes",
+    *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
+    "wall_seconds", "wall_seconds_per_step",
 ) + (
     # sharded layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
     # exposed and total collective seconds per mesh axis, one device's HBM plan
@@ -140,8 +152,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             error = ""
         except USER_ERRORS as err:
             point, error = None, str(err)
-        series = (algorithm, precision, per_point, format_axes(mesh) if sweep.mesh else "",
-                  remat or "")
+        series = (_generation(pod, scenario), algorithm, precision, per_point,
+                  format_axes(mesh) if sweep.mesh else "", remat or "")
         points.append(SweepPoint(i, values, point, error, series))
     return points
 
@@ -156,6 +168,23 @@ def _batch_shards(scenario: Scenario) -> int:
     if mesh.is_data_parallel:  # the data-parallel runtime splits the batch per TensorCore
         return pod.tensorcores
     return mesh.axis_size("data") * mesh.axis_size("fsdp")
+
+
+def _generation(pod: dict[str, Any], scenario: Scenario) -> str:
+    """The chip generation of a point's pod values (its series splits by it)."""
+    if pod.get("pod__slice"):
+        return resolve_pod(slice_name=pod["pod__slice"]).chip.name
+    return pod.get("pod__chip") or scenario.pod.chip or ""
+
+
+def _mean_bounds(plan, stats) -> StepBounds:
+    """The steps' bounds, seconds averaged (``pod.report.bounds``)."""
+    each = []
+    for s in stats:
+        costs = plan.ici.bucket_costs_at(s.step) or (plan.ici.cost_at(s.step),)
+        each.append(step_bounds(s, costs, plan.pod.torus))
+    seconds = {c: fmean(b.seconds[c] for b in each) for c in BOUND_CATEGORIES}
+    return StepBounds(seconds, each[-1].ici_axes)
 
 
 def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict[str, Any]:
@@ -190,7 +219,11 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     allreduce = mean(lambda s: s.allreduce_seconds)
     exposed = mean(lambda s: s.exposed_allreduce_seconds)
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
+    bounds = _mean_bounds(plan, timed)
     return {
+        "model": plan.model.name, "bound": bounds.label, "bound_fraction": bounds.fraction,
+        "ici_axes": bounds.ici_axes,
+        **{f"{c}_bound_seconds": bounds.seconds[c] for c in BOUND_CATEGORIES},
         "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
@@ -267,6 +300,7 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
     """
     points = sweep_points(scenario)
     mode = mode or scenario.sweep.mode
+    check_writable(output_dir)  # before the first point, not after the last
     rows = []
     for point in points:
         row = {key: "" for key in COLUMNS}
@@ -287,12 +321,14 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
         if on_point:
             on_point(row)
     _efficiency(rows, points)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    with (output_dir / "results.csv").open("w", newline="") as f:
+    def write_rows(f) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    (output_dir / "results.md").write_text(markdown_table(scenario, rows, mode))
+
+    write_atomic(output_dir / "results.csv", write_rows, newline="")
+    table = markdown_table(scenario, rows, mode)
+    write_atomic(output_dir / "results.md", lambda f: f.write(table))
     plot(scenario, rows, output_dir)
     return rows
 
@@ -306,7 +342,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
     return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", ""),
             "chips": v.get("pod__chips") or "", "topology": v.get("pod__topology") or "",
-            "generation": v.get("pod__slice") or v.get("pod__chip") or ""}
+            "generation": v.get("pod__slice") or v.get("pod__chip") or "",
+            "slice": v.get("pod__slice") or ""}
 
 
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
@@ -318,8 +355,8 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
             f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
             "compute ms | allreduce ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
-            "efficiency | wall s | status |\n"
-            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            "efficiency | bound | wall s | status |\n"
+            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
     lines = []
     for r in rows:
         if r["status"] == "ok":
@@ -329,11 +366,11 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
                 f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
-                f"{r['wall_seconds']:.2f} | ok |")
+                f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
             lines.append(f"| {r['point']} | {r['generation']} | {r['chips']} | | {r['topology']} | "
-                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | "
+                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | | "
                          f"failed: {error} |")
     return head + "\n".join(lines) + "\n" + _layout_table(rows)
 
@@ -365,8 +402,119 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+#: a colour per bound category (``pod.report.bounds.BOUND_CATEGORIES``) in bounds.png
+BOUND_COLOURS = {"mxu": "tab:green", "vpu": "tab:olive", "hbm": "tab:orange", "ici": "tab:red",
+                 "latency": "tab:purple", "host": "tab:grey"}
+
+
+def _series(scenario: Scenario, ok: list[dict[str, Any]],
+            x_key: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by what else the sweep varies, each sorted along the x axis; a
+    label names each such quantity in full (the algorithm alone when nothing else)."""
+    varying = [(k, label) for k, label in _dimensions(scenario)
+               if k != x_key and len({r[k] for r in ok}) > 1]
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in ok:
+        parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
+                 for k, label in varying]
+        series.setdefault(", ".join(parts) or str(r["allreduce_algorithm"]), []).append(r)
+    for rs in series.values():
+        rs.sort(key=lambda r: (r[x_key] if isinstance(r[x_key], (int, float)) else 0))
+    return series
+
+
+def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
+    """A stacked bar per point: ``parts`` is [(row key, legend label, colour)]."""
+    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
+    bottom = [0.0] * len(ok)
+    for key, label, colour in parts:
+        values = [r[key] * 1e3 for r in ok]
+        ax.bar(range(len(ok)), values, bottom=bottom, label=label, color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(ok)), [labels_of(r) for r in ok], fontsize=6)
+    ax.set_ylabel("simulated step time (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(output_dir / name, dpi=110)
+    plt.close(fig)
+    return output_dir / name
+
+
+def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
+    """What a sweep's points may vary, as (row key, axis label), in the order the plots
+    prefer for their x axis. The batch is the one the sweep sets (examples per
+    TensorCore in weak scaling, the global batch in strong); the other follows."""
+    batch = (("per_core_batch", "examples per TensorCore") if scenario.sweep.scaling == "weak"
+             else ("global_batch", "global batch"))
+    return [("chips", "chips"), batch, ("precision", "precision"),
+            ("allreduce_algorithm", "allreduce"), ("generation", "chip"), ("mesh", "mesh"),
+            ("remat", "remat"), ("per_device_batch", "per-device batch")]
+
+
+def _x_axis(scenario: Scenario, ok: list[dict[str, Any]]) -> tuple[str, str]:
+    """The quantity the sweep varies (the plots' x axis): chips if they vary, else the
+    batch, else the precision or the algorithm; (row key, axis label)."""
+    for key, label in _dimensions(scenario):
+        if len({r[key] for r in ok}) > 1:
+            return key, label
+    return "chips", "chips"
+
+
+def _tick_label(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
+    """The x axis: log2 with a tick at every value (chip counts as labels), or categories."""
+    if numeric:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [_tick_label(v) for v in xs])
+        ax.minorticks_off()
+    ax.set_xlabel(label)
+
+
+def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
+               x_key: str, x_label: str, output_dir: Path) -> Path:
+    """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
+    parts = (("compute", lambda r: r["compute_seconds"]),
+             ("allreduce, exposed", lambda r: r["exposed_allreduce_seconds"]),
+             ("update", lambda r: r["update_seconds"]),
+             ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
+                                                            - r["compute_seconds"]
+                                                            - r["exposed_allreduce_seconds"]
+                                                            - r["update_seconds"])))
+    fig, axes = plt.subplots(len(series), 1, squeeze=False,
+                             figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
+                                      3 * len(series)))
+    for ax, (label, rs) in zip(axes[:, 0], series.items()):
+        bottom = [0.0] * len(rs)
+        for part, value in parts:
+            values = [value(r) * 1e3 for r in rs]
+            ax.bar(range(len(rs)), values, bottom=bottom, label=part)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs])
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("simulated ms per step")
+        ax.set_title(label, fontsize=10)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{scenario.name}: simulated step time, critical path")
+    fig.tight_layout()
+    fig.savefig(output_dir / "breakdown.png", dpi=110)
+    plt.close(fig)
+    return output_dir / "breakdown.png"
+
+
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
-    """Throughput, scaling efficiency and step breakdown plots (PNG).
+    """The sweep's plots (PNG), against the quantity it varies (``_x_axis``).
+
+    ``throughput.png``: examples/s (log); ``efficiency.png``: scaling efficiency,
+    only when the chips vary (at one pod size it is 1 by definition);
+    ``breakdown.png``: the simulated step's critical path (compute, exposed
+    allreduce, update, the rest) stacked per point, one panel per series with
+    its own scale, so a small pod's compute stays visible beside a large
+    pod's allreduce; ``bounds.png``: the critical path by what bounds it;
+    transformer sweeps add ``tokens.png`` (chips vary) or ``layouts.png``.
 
     Returns:
         The files written (none when no point succeeded).
@@ -383,33 +531,32 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return []
-    series: dict[str, list[dict[str, Any]]] = {}
-    for r in ok:
-        label = f"{r['allreduce_algorithm']} {r['precision']}"
-        if scenario.sweep.mesh or scenario.sweep.remat or scenario.sweep.per_device_batch:
-            label = f"{r['mesh']} remat {r['remat'] or 'none'} b={r['per_device_batch']}"
-        if scenario.sweep.scaling == "strong":
-            label += f" B={r['global_batch']}"
-        elif len(scenario.sweep.per_core_batch or ()) > 1:
-            label += f" {r['per_core_batch']}/core"
-        series.setdefault(label, []).append(r)
+    x_key, x_label = _x_axis(scenario, ok)
+    numeric = all(isinstance(r[x_key], (int, float)) for r in ok)
+    series = _series(scenario, ok, x_key)
+    xs = sorted({r[x_key] for r in ok}, key=lambda v: v if numeric else str(v))
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
     title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
+    position = (lambda v: v) if numeric else (lambda v: xs.index(v))  # noqa: E731
     written = []
-    for name, key, ylabel, logy in (
-            ("throughput.png", "simulated_examples_per_second", "examples/s (simulated)", True),
-            ("efficiency.png", "scaling_efficiency", "scaling efficiency", False)):
+    plots = [("throughput.png", "simulated_examples_per_second", "examples/s (simulated)")]
+    if x_key == "chips":
+        plots.append(("efficiency.png", "scaling_efficiency", "scaling efficiency"))
+    else:
+        (output_dir / "efficiency.png").unlink(missing_ok=True)  # an earlier sweep's
+    for name, key, ylabel in plots:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, rs in series.items():
-            rs = sorted(rs, key=lambda r: r["chips"])
-            ax.plot([r["chips"] for r in rs], [r[key] for r in rs], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        if logy:
-            ax.set_yscale("log")
-        else:
+            ax.plot([position(r[x_key]) for r in rs], [r[key] for r in rs], marker="o",
+                    label=label)
+        if key == "scaling_efficiency":
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
             ax.set_ylim(bottom=0)
-        ax.set_xlabel("chips")
+        elif max(r[key] for r in ok) > 10 * min(r[key] for r in ok):
+            ax.set_yscale("log")  # more than a decade: log; within one, log shows no ticks
+        _along_x(ax, xs, numeric, x_label)
+        if not numeric:
+            ax.set_xticks(range(len(xs)), [_tick_label(v) for v in xs])
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -418,22 +565,11 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         fig.savefig(output_dir / name, dpi=110)
         plt.close(fig)
         written.append(output_dir / name)
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
-    labels = [f"{r['chips']}\n{r['allreduce_algorithm'][:6]}" for r in ok]
-    bottom = [0.0] * len(ok)
-    for part in ("infeed_seconds", "compute_seconds", "allreduce_seconds", "update_seconds"):
-        values = [r[part] * 1e3 for r in ok]
-        ax.bar(range(len(ok)), values, bottom=bottom, label=part.replace("_seconds", ""))
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_xticks(range(len(ok)), labels, fontsize=7)
-    ax.set_ylabel("simulated step time (ms)")
-    ax.set_xlabel("chips / allreduce")
-    ax.set_title(f"{scenario.name}: step time breakdown (simulated)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(output_dir / "breakdown.png", dpi=110)
-    plt.close(fig)
-    written.append(output_dir / "breakdown.png")
+    written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
+    written.append(_stacked(
+        plt, ok, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
+        lambda r: _tick_label(r[x_key]), f"{scenario.name}: the critical path by what bounds "
+        "it (simulated)", output_dir, "bounds.png"))
     if any(r["simulated_tokens_per_second"] not in ("", None) for r in ok):
         if len({r["chips"] for r in ok}) > 1:
             written.append(_plot_tokens(plt, scenario, series, output_dir))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -22,18 +23,23 @@ from pod.commands.interrupt import InterruptGuard
 from pod.config.plan import TrainingPlan
 from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
                         ScenarioError)
-from pod.report.console import (epoch_line, hold, make_console, progress_bar, progress_line,
-                                summary_table)
-from pod.report.files import StepsCsv, check_writable, reliability, summarize, write_json
+from pod.report.console import (epoch_line, evaluation_text, hold, make_console, progress_bar,
+                                progress_line, summary_table)
+from pod.report.files import (StepsCsv, check_writable, reliability, summarize, write_csv,
+                              write_json)
+from pod.report.html import read_steps, write_report
 from pod.report.metrics import PodMetrics
-from pod.report.model_summary import model_summary_table
+from pod.report.model_summary import LAYER_COLUMNS, layer_rows, model_summary_table
 from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
 from pod.runtime.coordinator import Pod
 from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, resume_checkpoint
 
-__all__ = ["Run", "run_training"]
+__all__ = ["Run", "run_training", "RESULT_FILES"]
+
+#: What a run writes in its output directory (a rerun that replaces them says so).
+RESULT_FILES = ("summary.json", "steps.csv", "layers.csv", "report.html")
 
 
 class Run:
@@ -66,6 +72,8 @@ class Run:
             before the checkpoint's step.
         keep_history: keep every step's ``StepStats`` in ``history`` (the
             Python API; a CLI run keeps only running sums).
+        report: also write ``report.html`` in ``output_dir`` at the end
+            (``pod.report.html``).
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
@@ -77,8 +85,9 @@ class Run:
                  on_step: Callable[[StepStats], None] | None = None,
                  trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
                  hold_seconds: float = 0.0, resume_dir: Path | None = None,
-                 keep_history: bool = False) -> None:
+                 keep_history: bool = False, report: bool = False) -> None:
         self.plan = plan
+        self.report = report
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.console = console or make_console()
         self.log_every = log_every
@@ -88,7 +97,9 @@ class Run:
         self.hold_seconds = hold_seconds
         self.history: list[StepStats] | None = [] if keep_history else None
         if self.output_dir is not None:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
+            if resume_dir is None:
+                self._warn_overwrite(self.output_dir)
+            check_writable(self.output_dir)  # created; a read-only file system is one line
         elif plan.scenario.checkpoint is not None and plan.scenario.checkpoint.dir is None:
             raise ScenarioError("checkpoint.dir: a run that writes no files (no output "
                                 "directory) needs the checkpoints' own dir")
@@ -100,7 +111,8 @@ class Run:
         self.checkpoints = (RunCheckpoints(plan, self.output_dir, resume_dir)
                             if scenario.checkpoint else None)
         # found unwritable before the first step, not at the first checkpoint
-        check_writable(self.output_dir, self.checkpoints.dir if self.checkpoints else None)
+        check_writable(self.output_dir, self.checkpoints.dir if self.checkpoints else None,
+                       trace_path.parent if trace_path is not None else None)
         self.metrics_port = scenario.metrics.port if metrics_port is None else metrics_port
         self.metrics: PodMetrics | None = None
         self.pod: Pod | None = None
@@ -121,12 +133,21 @@ class Run:
         self.startup_wall_seconds = 0.0
         self.wall_seconds = 0.0
         self.evaluation: Any = None
+        self._evaluated_at: int | None = None  # the step of the last evaluation
         self.identical: bool | None = None
         self.partial_summary: dict[str, Any] | None = None
         self._t0 = time.perf_counter()
         self._epoch_wall = time.perf_counter()
 
     # -- small helpers -------------------------------------------------------------
+
+    def _warn_overwrite(self, directory: Path) -> None:
+        """Say so when this run replaces an earlier run's results in ``directory``."""
+        writes = RESULT_FILES if self.report else RESULT_FILES[:-1]
+        earlier = [name for name in writes if (directory / name).exists()]
+        if earlier:
+            self.warn(f"{directory} holds an earlier run's {', '.join(earlier)}: this run "
+                      f"replaces them (--output-dir DIR keeps both)")
 
     def warn(self, text: str) -> None:
         """Print a warning line (yellow)."""
@@ -146,6 +167,12 @@ class Run:
         self.simulated_clock = float(point.run_state.get("simulated_clock", 0.0))
         if faults_done:
             self.faults_done = list(point.run_state.get("faults_done", []))
+
+    def layer_rows(self) -> list[dict[str, Any]]:
+        """layers.csv's rows: per layer, shapes, FLOPs, HBM bytes, simulated seconds."""
+        plan = self.plan
+        return layer_rows(plan.model, plan.pod.chip.core, plan.per_core_batch,
+                          mxu_model=plan.scenario.pod.mxu_model)
 
     @property
     def epochs(self) -> int:
@@ -168,7 +195,7 @@ class Run:
         """
         self.start_metrics()
         try:
-            self.pod = Pod(self.plan)
+            self.pod = self._make_pod()
             with self.guard, self.rows:
                 try:
                     self.start_pod()
@@ -184,6 +211,10 @@ class Run:
             if self.metrics is not None:
                 self.metrics.close()
 
+    def _make_pod(self) -> Any:
+        """The pod this run trains on (a ``ShardedRun`` makes a sharded one)."""
+        return Pod(self.plan)
+
     def start_metrics(self) -> None:
         """Serve Prometheus and print the run's header and model summary."""
         plan, scenario = self.plan, self.plan.scenario
@@ -198,11 +229,13 @@ class Run:
             f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
             f"{plan.pod.chip.tensorcores} TensorCores on a {plan.pod.torus.name} torus; "
             f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
-            f"{plan.global_batch} = {plan.per_core_batch} per core; {plan.steps} steps; "
+            f"{plan.global_batch:,} = {plan.per_core_batch:,} per core; {plan.steps:,} steps; "
             f"allreduce {plan.ici.algorithm}")
         self.console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
                                                chip_name=plan.pod.chip.name,
                                       mxu_model=plan.scenario.pod.mxu_model))
+        if self.output_dir is not None:
+            write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
@@ -213,7 +246,7 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
-        self.startup_wall_seconds = self.pod.start()
+        self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         self.console.print(f"{plan.pod.chips} chip actors ready in "
                            f"{self.startup_wall_seconds:.1f} s (wall)")
@@ -295,18 +328,34 @@ class Run:
                 f"training: the loss of step {stats.step + 1} is {stats.loss}; stopping (the "
                 f"checkpoints of the steps before are kept; lower training.optimizer."
                 f"learning_rate, or set training.continue_on_nonfinite_loss: true)")
+        if self.step_index % self.plan.steps_per_epoch == 0:
+            self.totals.start_epoch()  # by step number: a resumed run never merges two epochs
         self.simulated_clock += stats.step_seconds
         self.totals.add(stats)
         self.metrics.observe(stats)
+        self.step_index += 1
+        evaluation = self.evaluate_if_due()
+        if evaluation is not None:
+            stats = replace(stats, test_loss=evaluation.loss, test_accuracy=evaluation.accuracy)
         self.rows.write({**stats.row(), "synthetic_data": self.plan.dataset.synthetic})
         if self.history is not None:
             self.history.append(stats)
         if self.on_step:
             self.on_step(stats)
-        self.step_index += 1
         step, total = self.step_index, self.plan.steps
         if self.log_every and (step % self.log_every == 0 or step == total):
             out.print(progress_line(stats, total), highlight=False, soft_wrap=True)
+
+    def evaluate_if_due(self) -> Any:
+        """Evaluate on the test split after every ``eval_every_steps``-th step and after
+        the last; returns the evaluation (None when not due)."""
+        step, every = self.step_index, self.plan.scenario.training.eval_every_steps
+        if step != self.plan.steps and not (every and step % every == 0):
+            return None
+        self.evaluation = self.pod.evaluate()
+        self.metrics.set_accuracy(self.evaluation.accuracy)
+        self._evaluated_at = step
+        return self.evaluation
 
     def recover(self, err: ClusterError, kills: list[Any], detected: float, out: Console) -> None:
         """Chips or links failed during a step: report it, start new actors for every
@@ -369,33 +418,24 @@ class Run:
             cp.save(self.pod, self.plan, self.step_index, self.run_state())
 
     def end_of_epoch(self, out: Console) -> None:
-        """Evaluate at the end of an epoch (with its Keras-style line) or every
-        ``eval_every_steps``; the last step's evaluation is ``final_evaluation``'s."""
+        """After an epoch's last step, the Keras-style epoch line (with the test figures
+        if the run evaluated after this step); after another evaluated step, its line."""
         step, plan = self.step_index, self.plan
-        if step == plan.steps:
-            return
-        eval_every = plan.scenario.training.eval_every_steps
-        if step % plan.steps_per_epoch == 0 and self.epochs > 1:
-            ev = self.pod.evaluate()
-            self.metrics.set_accuracy(ev.accuracy)
-            out.print(epoch_line(self.totals, ev, step // plan.steps_per_epoch, self.epochs,
-                                 time.perf_counter() - self._epoch_wall),
+        evaluated = self.evaluation if self._evaluated_at == step else None
+        if self.epochs > 1 and (step % plan.steps_per_epoch == 0 or step == plan.steps):
+            out.print(epoch_line(self.totals, evaluated, -(-step // plan.steps_per_epoch),
+                                 self.epochs, time.perf_counter() - self._epoch_wall),
                       highlight=False, soft_wrap=True)
             self._epoch_wall = time.perf_counter()
-        elif eval_every and step % eval_every == 0:
-            ev = self.pod.evaluate()
-            self.metrics.set_accuracy(ev.accuracy)
-            out.print(f"  test loss {ev.loss:.4f}  test accuracy {ev.accuracy:.1%}",
-                      highlight=False)
+        elif evaluated is not None and step != plan.steps:
+            out.print(f"  {evaluation_text(evaluated)}", highlight=False)
 
     def final_evaluation(self) -> None:
-        """Evaluate the trained replica, print the last epoch's line, compare replicas."""
-        self.evaluation = self.pod.evaluate()
-        self.metrics.set_accuracy(self.evaluation.accuracy)
-        if self.epochs > 1 and self.totals.epoch_steps:  # the last (possibly partial) epoch
-            self.console.print(epoch_line(self.totals, self.evaluation, self.epochs, self.epochs,
-                                          time.perf_counter() - self._epoch_wall),
-                               highlight=False, soft_wrap=True)
+        """Compare the replicas (the last step's evaluation is ``evaluate_if_due``'s;
+        a run resumed at its last step evaluates here)."""
+        if self.evaluation is None or self._evaluated_at != self.step_index:
+            self.evaluation = self.pod.evaluate()
+            self.metrics.set_accuracy(self.evaluation.accuracy)
         self.identical = self.pod.replicas_identical()
 
     # -- the end -------------------------------------------------------------------
@@ -411,7 +451,12 @@ class Run:
         written = []
         if self.output_dir is not None:
             write_json(self.output_dir / "summary.json", summary)
-            written += [self.output_dir / "summary.json", self.rows.path]
+            written += [self.output_dir / "summary.json", self.rows.path,
+                        self.output_dir / "layers.csv"]
+            if self.report:
+                written.append(write_report(
+                    self.output_dir / "report.html", summary, read_steps(self.rows.path),
+                    self.layer_rows(), plan.memory, plan.pod.chip.core.hbm_bytes))
         if self.checkpoints is not None:
             written.append(self.checkpoints.dir)
         if self.trace_path is not None:
@@ -446,7 +491,9 @@ class Run:
         if self.output_dir is not None:
             write_json(self.output_dir / "summary.json", partial)
             wrote = f"; wrote {self.output_dir / 'summary.json'} (partial), {self.rows.path}"
-        self.console.print(f"Stopped by {stopped} after {self.totals.steps} of {self.plan.steps} "
+        # an error is printed once, by whoever catches it (the CLI's one line): not here
+        by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
+        self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
                            f"steps{wrote}"
                            + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints else ""),
                            highlight=False)

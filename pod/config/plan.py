@@ -24,6 +24,8 @@ from pod.config.sharding import MeshCollectiveCosts, check_sharded_mesh
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
+from pod.workloads.checks import DataMismatchError, TokenIdError
+from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
 
 __all__ = ["TrainingPlan", "build_plan", "memory_plan", "shard_batch_size", "batch_indices",
            "plan_ici"]
@@ -229,17 +231,70 @@ def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Da
     return dataset
 
 
-def _check_runnable_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:
-    """A mesh with fsdp or tensor axes is planned (its per-device HBM) but the
-    runtime trains data-parallel only: refuse it rather than train something else.
-    A model other than the transformer, or v2 / v3, is refused with its own line
-    (``check_sharded_mesh``)."""
-    check_sharded_mesh(mesh, model_name, chip_name)
-    if not mesh.is_data_parallel:
-        axes = format_axes(dict(zip(mesh.axis_names, mesh.shape)))
-        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which this version "
-                            f"plans but does not run yet (`tpu-pod describe` shows its HBM per "
-                            f"device); use {{data: {mesh.size}}} or leave pod.mesh out to train")
+def _model_for_data(scenario: Scenario, dataset: Dataset) -> Model:
+    """The scenario's model, built for the data and checked against every example
+    (labels per example, token ids in the vocabulary), so that a model and data
+    that disagree are one line from ``validate``, not an error inside a chip actor.
+
+    Raises:
+        ScenarioError: ``model.options.vocabulary`` smaller than the data's ids;
+            ``model.name`` when the model cannot take this data (naming the
+            models that can); ``model.options`` for a bad option.
+    """
+    name, options = scenario.model.name, scenario.model.options
+    try:
+        model = _built(name, dataset, options)
+        for x, y in ((dataset.x_train, dataset.y_train), (dataset.x_test, dataset.y_test)):
+            model.check_data(x, y)
+        return model
+    except TokenIdError as err:
+        if "vocabulary" not in MODEL_OPTIONS[name]:
+            raise ScenarioError(f"data: {err}") from None
+        raise ScenarioError(
+            f"model.options.vocabulary: {err.vocabulary} is smaller than the token ids of "
+            f"{dataset.name} (up to {err.high}); use at least {err.high + 1}"
+            + (", or data.options.num_words to keep fewer words" if dataset.name == "imdb"
+               else "")) from None
+    except DataMismatchError as err:
+        fit = [m for m in MODEL_NAMES if m != name and _fits(m, dataset)]
+        raise ScenarioError(f"model.name: {name} does not fit {dataset.name} data: {err}; models "
+                            f"that fit it: {', '.join(fit) or 'none'}") from None
+    except ValueError as err:
+        raise ScenarioError(f"model.options: {err}") from None
+
+
+def _built(name: str, dataset: Dataset, options: dict) -> Model:
+    return build_model(name, input_shape=tuple(dataset.x_train.shape[1:]),
+                       num_classes=dataset.num_classes, **options)
+
+
+def _fits(name: str, dataset: Dataset) -> bool:
+    """Whether model ``name`` with its default options takes a sample of ``dataset``."""
+    try:
+        _built(name, dataset, {}).check_data(dataset.x_train[:256], dataset.y_train[:256])
+    except ValueError:
+        return False
+    return True
+
+
+def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model, chip_name: str) -> None:
+    """A mesh with fsdp or tensor axes trains the transformer on one device per chip
+    (``pod.runtime.sharded_pod``); a model other than the transformer, or v2 / v3,
+    is refused with its own line (``check_sharded_mesh``), and so are the features
+    a sharded run does not have yet (faults: restoring a sharded checkpoint)."""
+    check_sharded_mesh(mesh, scenario.model.name, chip_name)
+    if mesh.is_data_parallel:
+        return
+    axes = format_axes(mesh.sizes)
+    try:
+        from pod.workloads.sharded import check_tensor_split
+        check_tensor_split(model.config, mesh.axis_size("tensor"))
+    except ValueError as err:
+        raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
+    if scenario.faults:
+        raise ScenarioError(f"faults: a sharded run (pod.mesh {axes}) does not inject faults yet "
+                            "(recovery would restore a sharded checkpoint); remove faults: or "
+                            f"use {{data: {mesh.size}}}")
 
 
 def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
@@ -263,6 +318,13 @@ def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
     return global_batch // shards
 
 
+def is_timing_sweep(scenario: Scenario) -> bool:
+    """True for a sweep scenario costed timing-only (``sweep.mode: timing``): ``tpu-pod run``
+    refuses it, ``sweep`` plans its points with ``timing_only``, and so do ``validate`` and
+    ``describe`` (its data only has to hold one chip's share of the batch)."""
+    return scenario.sweep is not None and scenario.sweep.mode == "timing"
+
+
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False, sharded_ok: bool = False) -> TrainingPlan:
     """Resolve and check a scenario.
@@ -273,8 +335,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         timing_only: the plan is only costed (``pod.runtime.timing``): a global batch
             larger than the train split is allowed, since one chip's share
             stands for the whole batch.
-        sharded_ok: accept a ``pod.mesh`` with fsdp / tensor axes (``describe``
-            plans it); a run refuses it until the runtime executes it.
+        sharded_ok: plan a ``pod.mesh`` with fsdp / tensor axes without the run's
+            checks (``describe`` and timing-only sweeps plan any model / chip on it).
 
     Returns:
         The plan.
@@ -299,11 +361,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     per_core = _per_device_batch(training.global_batch, pod, mesh)
     dataset = _training_data(scenario, pod, per_core, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])
-    try:
-        model = build_model(scenario.model.name, input_shape=tuple(dataset.x_train.shape[1:]),
-                            num_classes=dataset.num_classes, **scenario.model.options)
-    except ValueError as err:
-        raise ScenarioError(f"model.options: {err}") from None
+    model = _model_for_data(scenario, dataset)
     try:
         optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     except ValueError as err:
@@ -316,7 +374,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                 f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
     if not sharded_ok:
-        _check_runnable_mesh(mesh, scenario.model.name, pod.chip.name)
+        _check_runnable_mesh(scenario, mesh, model, pod.chip.name)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
                if training.overlap and mesh.is_data_parallel else ())  # sharded: no DP buckets

@@ -48,6 +48,7 @@ default)::
       host: 127.0.0.1
     ray:
       address: null                  # join this cluster; else RAY_ADDRESS; else local
+      dashboard: false               # a local cluster keeps Ray's dashboard (127.0.0.1:8265)
     checkpoint:                      # optional: periodic checkpoints (pod/checkpoint.py)
       every_steps: 50                # a checkpoint after every 50th step, and at the end
       dir: checkpoints               # relative to the scenario file; default <output>/checkpoints
@@ -352,9 +353,12 @@ class MetricsConfig(_Frozen):
 
 
 class RayConfig(_Frozen):
-    """Where the chip actors run."""
+    """Where the chip actors run, and whether a local cluster keeps Ray's dashboard."""
 
     address: str | None = None
+    dashboard: bool = Field(default=False, description="a local cluster started for the run "
+                                                       "serves Ray's dashboard on 127.0.0.1:8265 "
+                                                       "(needs 'ray[default]')")
 
 
 class CheckpointConfig(_Frozen):

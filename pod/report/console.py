@@ -16,6 +16,7 @@ from rich.table import Table
 from pod.report.stats import StepStats, StepTotals
 
 __all__ = ["make_console", "PIPE_WIDTH", "titled_table", "progress_line", "epoch_line",
+           "accuracy_text", "evaluation_text",
            "progress_bar", "summary_table", "hold"]
 
 #: Columns when output is not a terminal (a file, a pipe, CI): rich would use 80
@@ -37,8 +38,8 @@ def titled_table(title: str, **options: Any) -> Table:
 
 
 def progress_line(stats: StepStats, total: int) -> str:
-    width = len(str(total))
-    return (f"step {stats.step + 1:>{width}}/{total}  loss {stats.loss:.4f}  "
+    width = len(f"{total:,}")
+    return (f"step {stats.step + 1:>{width},}/{total:,}  loss {stats.loss:.4f}  "
             f"sim {stats.step_seconds * 1e3:.4f} ms/step  "
             f"sim {stats.examples_per_second:,.0f} examples/s  "
             f"wall {stats.wall_seconds * 1e3:.1f} ms/step")
@@ -52,10 +53,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("value", justify="right")
     table.add_column("clock")
     rows = [
-        ("steps x global batch", f"{summary['steps']} x {summary['global_batch']}", ""),
+        ("steps x global batch", f"{summary['steps']:,} x {summary['global_batch']:,}", ""),
         ("loss first -> last", f"{summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}", ""),
         ("allreduce algorithm", f"{summary['allreduce_algorithm']}", ""),
-        ("test accuracy", f"{summary['test_accuracy']:.1%}", ""),
+        ("test loss, accuracy", f"{summary['test_loss']:.4f}, "
+                                f"{accuracy_text(summary['test_accuracy'])}", ""),
         ("step time (critical path)", f"{summary['simulated_step_seconds'] * 1e3:.4f} ms",
          "simulated"),
         ("  without overlap (sum)", f"{summary['serial_step_seconds'] * 1e3:.4f} ms", "simulated"),
@@ -81,15 +83,27 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-def epoch_line(totals: StepTotals, evaluation: Any, epoch: int, epochs: int,
-                wall_seconds: float) -> str:
-    """A Keras-style epoch line: loss, test loss / accuracy, simulated ms/step, wall
-    (starts the next epoch's sums in ``totals``)."""
-    steps = totals.epoch_steps
-    sim_ms = totals.end_epoch() * 1e3
-    return (f"Epoch {epoch}/{epochs} - {steps} steps - loss: {totals.final_loss:.4f} - "
-            f"test_loss: {evaluation.loss:.4f} - test_accuracy: {evaluation.accuracy:.4f} - "
-            f"{sim_ms:.4f} ms/step (simulated) - {wall_seconds:.1f} s (wall)")
+def accuracy_text(accuracy: float) -> str:
+    """Test accuracy as every line and table prints it: a fraction, 4 decimals (Keras)."""
+    return f"{accuracy:.4f}"
+
+
+def evaluation_text(evaluation: Any) -> str:
+    """``test_loss: L - test_accuracy: A``, the one format of a held-out evaluation."""
+    return (f"test_loss: {evaluation.loss:.4f} - "
+            f"test_accuracy: {accuracy_text(evaluation.accuracy)}")
+
+
+def epoch_line(totals: StepTotals, evaluation: Any | None, epoch: int, epochs: int,
+               wall_seconds: float) -> str:
+    """A Keras-style epoch line: the epoch's mean training loss, the test loss and
+    accuracy when the run evaluated after this step (``eval_every_steps``, the last
+    step), the epoch's mean simulated ms/step and its wall seconds."""
+    test = f"{evaluation_text(evaluation)} - " if evaluation is not None else ""
+    return (f"Epoch {epoch:,}/{epochs:,} - {totals.epoch_steps:,} steps - "
+            f"loss: {totals.epoch_loss:.4f} - {test}"
+            f"{totals.epoch_step_seconds_mean * 1e3:.4f} ms/step (simulated) - "
+            f"{wall_seconds:.1f} s (wall)")
 
 
 def progress_bar(console: Console, total: int) -> Progress:

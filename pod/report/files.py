@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from pod.errors import OutputError
 from pod.report.stats import StepStats, StepTotals, mfu
 
-__all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic",
+__all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
            "check_writable", "output_errors"]
 
 
@@ -44,9 +44,11 @@ def output_errors(path: Path | str) -> Iterator[None]:
         raise OutputError(where, err.strerror or str(err)) from None
 
 
-def write_atomic(path: Path, write: Callable[[Any], None], *, newline: str | None = None) -> None:
-    """Write a text file atomically: ``write(file)`` fills a temporary file in the
-    same directory, which is flushed to disk and renamed over ``path``.
+def write_atomic(path: Path, write: Callable[[Any], None], *, newline: str | None = None,
+                 binary: bool = False) -> None:
+    """Write a text (or, with ``binary``, bytes) file atomically: ``write(file)`` fills
+    a temporary file in the same directory, which is flushed to disk and renamed
+    over ``path``.
 
     Raises:
         OutputError: the file system refused (the temporary file is removed).
@@ -55,7 +57,7 @@ def write_atomic(path: Path, write: Callable[[Any], None], *, newline: str | Non
     with output_errors(path):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "w", newline=newline) as f:
+            with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline=newline)) as f:
                 write(f)
                 f.flush()
                 os.fchmod(f.fileno(), _file_mode())
@@ -92,7 +94,7 @@ def check_writable(*directories: Path | str | None) -> None:
         if directory is None:
             continue
         directory = Path(directory)
-        with output_errors(directory):
+        try:
             directory.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=directory)
             try:
@@ -101,6 +103,10 @@ def check_writable(*directories: Path | str | None) -> None:
             finally:
                 os.close(fd)
                 os.unlink(probe)
+        except OSError as err:  # named: the directory, not the probe file in it
+            where = err.filename if err.filename and ".write-check." not in str(err.filename) \
+                else directory
+            raise OutputError(where, err.strerror or str(err)) from None
 
 
 def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
@@ -214,12 +220,13 @@ def reliability(events: list[dict[str, Any]], checkpoints: Any | None, resumed: 
 
 
 class StepsCsv:
-    """steps.csv, one row per step done, written as the run goes.
+    """steps.csv, one row per step done, written as the run goes; ``step`` counts
+    from 1, and ``test_loss`` / ``test_accuracy`` are filled where the run evaluated.
 
     Args:
         path: the file.
-        keep_below: resuming: keep the existing rows of steps below this
-            (zero-based) and append; None: start a new file.
+        keep_below: resuming: keep the existing rows of the first ``keep_below``
+            steps (steps done at the checkpoint) and append; None: start a new file.
     """
 
     def __init__(self, path: Path, keep_below: int | None = None) -> None:
@@ -258,7 +265,8 @@ class StepsCsv:
             self._file.flush()
 
     def truncate(self, below: int, reopen: bool = True) -> None:
-        """Drop the rows of steps >= ``below`` (zero-based): they will be recomputed.
+        """Keep the rows of the first ``below`` steps (steps numbered from 1), drop the
+        rest: they will be recomputed.
 
         The file is rewritten atomically (``write_atomic``): a crash leaves the
         old rows or the new ones, never a half-written file.
@@ -270,7 +278,7 @@ class StepsCsv:
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 fields = reader.fieldnames
-                kept = [r for r in reader if int(r["step"]) < below]
+                kept = [r for r in reader if int(r["step"]) <= below]
 
             def rewrite(f: Any) -> None:
                 if fields:
@@ -282,3 +290,17 @@ class StepsCsv:
             self._writer = None
             if reopen:
                 self._file = self.path.open("a", newline="")
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    """Write rows as CSV with these columns, atomically (``layers.csv``).
+
+    Raises:
+        OutputError: the file system refused; one line naming the path.
+    """
+    def fill(f: Any) -> None:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    write_atomic(Path(path), fill, newline="")

@@ -136,6 +136,15 @@ class PodMetrics:
                              "pass, 0..1.", registry=r)
         self.rate = Gauge("tpu_pod_emulation_rate_ratio",
                           "Simulated seconds per wall second, last step.", registry=r)
+        self.collective_seconds = Counter(
+            "tpu_pod_collective_seconds", "Simulated seconds of a sharded run's collectives "
+            "per mesh axis.", ["axis"], registry=r)
+        self.collective_exposed_seconds = Counter(
+            "tpu_pod_collective_exposed_seconds", "Simulated seconds the compute stream waited "
+            "for a sharded run's collectives, per mesh axis.", ["axis"], registry=r)
+        self.collective_bytes = Counter(
+            "tpu_pod_collective_bytes", "Bytes a device passed to a sharded run's collectives "
+            "per mesh axis (the slowest device's).", ["axis"], registry=r)
         self._links = tuple(links)
         for link in links:
             self.ici_bytes.labels(link)
@@ -180,6 +189,14 @@ class PodMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    def observe_axes(self, stats: StepStats) -> None:
+        """Add a sharded step's per-mesh-axis collective seconds, exposed seconds and bytes."""
+        for axis, seconds in stats.axis_collective_seconds.items():
+            self.collective_seconds.labels(axis).inc(seconds)
+            self.collective_exposed_seconds.labels(axis).inc(
+                stats.axis_exposed_seconds.get(axis, 0.0))
+            self.collective_bytes.labels(axis).inc(stats.axis_collective_bytes.get(axis, 0))
 
     def observe(self, stats: StepStats) -> None:
         """Record one step."""

@@ -3,8 +3,11 @@
 Keras prints layer, output shape and parameters; this adds, per layer, the
 FLOPs and the simulated time of one training step (forward + backward) on
 one TensorCore of the chosen chip, measured by running one step of the
-real layers on a ``chip.TensorCore`` (numerics off: the costs are the same)
-and adding up the op records of each layer.
+real layers on a timing-only ``chip.TensorCore`` (products skipped: the costs
+depend on shapes only and equal an executing core's, tested) and adding up
+the op records of each layer, with its MXU utilisation and what bounds it.
+``layer_detail_table`` splits composite layers (ResNet and transformer
+blocks) into their convs, norms and adds.
 """
 
 from __future__ import annotations
@@ -13,29 +16,29 @@ import numpy as np
 from rich.table import Table
 
 from pod.report.console import titled_table
+from pod.report.stats import OP_BOUNDS, op_bound
 
 from chip import TensorCore, TensorCoreSpec
 from pod.workloads.models import Model
 from pod.workloads.optimizers import OPTIMIZER_NAMES
 
-__all__ = ["layer_costs", "model_summary_table"]
+__all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
+           "layer_detail_table"]
+
+BOUNDS = OP_BOUNDS
 
 
-def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
-                optimizer=None, mxu_model: str = "pipelined") -> dict[str, dict[str, float]]:
-    """Simulated cost per layer of one training step on one TensorCore.
+def _empty() -> dict[str, float]:
+    return {"flops": 0.0, "mxu_flops": 0.0, "hbm_bytes": 0.0, "seconds": 0.0,
+            "mxu_seconds": 0.0, "vpu_seconds": 0.0, "scalar_seconds": 0.0,
+            **{f"{b}_bound_seconds": 0.0 for b in BOUNDS}}
 
-    Args:
-        model: the model.
-        core_spec: the TensorCore that runs it.
-        batch: examples per TensorCore.
-        optimizer: if given, its update is costed as a row "optimizer".
 
-    Returns:
-        {layer name | "loss" | "optimizer": {"flops", "mxu_flops", "seconds"}}
-        in layer order; seconds are simulated.
-    """
-    core = TensorCore(core_spec, numerics=False, name="summary", mxu_model=mxu_model)
+def _records(model: Model, core_spec: TensorCoreSpec, batch: int, optimizer, mxu_model: str):
+    """The op records of one training step (and the update) on a timing-only core:
+    the same records an executing core makes (tested), in a fraction of the wall time."""
+    core = TensorCore(core_spec, numerics=True, name="summary", mxu_model=mxu_model,
+                      execute=False)
     integer_inputs = model.layers and model.layers[0].kind == "embedding"
     x = np.zeros((batch, *model.input_shape), np.int32 if integer_inputs else np.float32)
     label_shape = (batch,) if len(model.output_shape) == 1 else (batch, model.output_shape[0])
@@ -45,19 +48,117 @@ def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
                                              rng=np.random.default_rng(0))
     if optimizer is not None:
         optimizer.update(core, grads, optimizer.init(params), params, 1)
-    names = {layer.name for layer in model.layers}
-    costs = {layer.name: {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0} for layer in model.layers}
-    costs["loss"] = {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0}
-    if optimizer is not None:
-        costs["optimizer"] = {"flops": 0.0, "mxu_flops": 0.0, "seconds": 0.0}
-    for rec in core.take_records():
-        prefix = rec.name.split("/", 1)[0]
-        key = prefix if prefix in names else ("optimizer" if prefix in OPTIMIZER_NAMES else "loss")
-        costs[key]["flops"] += rec.flops
-        costs[key]["seconds"] += rec.seconds
+    return core.take_records()
+
+
+def _group(model: Model, rec, detail: bool) -> str:
+    prefix = rec.name.split("/", 1)[0]
+    if prefix not in {layer.name for layer in model.layers}:
+        return "optimizer" if prefix in OPTIMIZER_NAMES else "loss"
+    return rec.name.rsplit("/", 1)[0] if detail and "/" in rec.name else prefix
+
+
+def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
+                optimizer=None, mxu_model: str = "pipelined",
+                detail: bool = False) -> dict[str, dict[str, float]]:
+    """Simulated cost per layer of one training step on one TensorCore.
+
+    Args:
+        model: the model.
+        core_spec: the TensorCore that runs it.
+        batch: examples per TensorCore.
+        optimizer: if given, its update is costed as a row "optimizer".
+        mxu_model: the MXU cycle model ("pipelined" or "scalesim").
+        detail: split composite layers (a ResNet block, a transformer block)
+            into their parts: one row per op name less its last component
+            ("stage1_block1/conv2" gathers that conv's fwd, dW and dx).
+
+    Returns:
+        {layer name | "loss" | "optimizer": {"flops", "mxu_flops", "seconds",
+        "mxu_bound_seconds", "vpu_bound_seconds", "scalar_bound_seconds",
+        "hbm_bound_seconds"}} in the order the forward pass first meets them;
+        seconds are simulated, ``<b>_bound_seconds`` the seconds of the ops
+        that ``b`` bounds (``op_bound``).
+    """
+    costs: dict[str, dict[str, float]] = {}
+    if not detail:
+        costs = {layer.name: _empty() for layer in model.layers}
+    records = _records(model, core_spec, batch, optimizer, mxu_model)
+    for rec in records:
+        c = costs.setdefault(_group(model, rec, detail), _empty())
+        c["flops"] += rec.flops
+        c["seconds"] += rec.seconds
+        c["hbm_bytes"] += rec.hbm_bytes
+        c[f"{rec.unit}_seconds"] += rec.seconds
+        c[f"{op_bound(rec)}_bound_seconds"] += rec.seconds
         if rec.unit == "mxu":
-            costs[key]["mxu_flops"] += rec.flops
+            c["mxu_flops"] += rec.flops
+    costs.setdefault("loss", _empty())
+    if optimizer is not None:
+        costs.setdefault("optimizer", _empty())
+    for extra in ("loss", "optimizer"):  # last, as in the summary
+        if extra in costs:
+            costs[extra] = costs.pop(extra)
     return costs
+
+
+def _utilization(cost: dict[str, float], core_spec: TensorCoreSpec) -> str:
+    """MXU FLOPs / (simulated seconds x the core's peak bf16 FLOP/s), as TPU profilers
+    show per op ("-" for a row without MXU work)."""
+    if not cost["mxu_flops"] or not cost["seconds"]:
+        return "-"
+    return f"{cost['mxu_flops'] / (cost['seconds'] * core_spec.peak_bf16_flops_per_s):.1%}"
+
+
+def _bound(cost: dict[str, float]) -> str:
+    """The bound holding the largest share of the row's time, e.g. "HBM 71%"."""
+    if not cost["seconds"]:
+        return "-"
+    best = max(BOUNDS, key=lambda b: cost[f"{b}_bound_seconds"])
+    return f"{best.upper()} {cost[f'{best}_bound_seconds'] / cost['seconds']:.0%}"
+
+
+#: layers.csv's columns (``layer_rows``).
+LAYER_COLUMNS = ("layer", "type", "input_shape", "output_shape", "parameters", "flops",
+                 "mxu_flops", "hbm_bytes", "simulated_seconds", "simulated_mxu_seconds",
+                 "simulated_vpu_seconds", "simulated_scalar_seconds")
+
+
+def layer_rows(model: Model, core_spec: TensorCoreSpec, batch: int, *,
+               mxu_model: str = "pipelined") -> list[dict[str, object]]:
+    """One row per layer (then "loss") for layers.csv: shapes, parameters, FLOPs,
+    HBM bytes and simulated seconds of one training step (forward + backward) on
+    one TensorCore, in total and per unit (MXU, vector unit, scalar unit).
+
+    Args:
+        model: the model.
+        core_spec: the TensorCore that runs it.
+        batch: examples per TensorCore; shapes have it first.
+
+    Returns:
+        Dicts with the keys of ``LAYER_COLUMNS``; FLOPs and bytes are counts for
+        one step of one TensorCore, seconds simulated.
+    """
+    costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model)
+    summary = model.summary_rows(batch)
+    shape_in = (batch, *model.input_shape)
+    rows = []
+    for layer, (name, out, nparams, _) in zip(model.layers, summary):
+        rows.append(_layer_row(name, layer.kind, _shape(shape_in), _shape(out), nparams,
+                               costs[name]))
+        shape_in = out
+    rows.append(_layer_row("loss", "loss", _shape(shape_in), "", 0, costs["loss"]))
+    return rows
+
+
+def _layer_row(name: str, kind: str, shape_in: str, shape_out: str, nparams: int,
+               cost: dict[str, float]) -> dict[str, object]:
+    return {"layer": name, "type": kind, "input_shape": shape_in, "output_shape": shape_out,
+            "parameters": nparams, "flops": int(cost["flops"]), "mxu_flops": int(cost["mxu_flops"]),
+            "hbm_bytes": int(cost["hbm_bytes"]), "simulated_seconds": cost["seconds"],
+            "simulated_mxu_seconds": cost["mxu_seconds"],
+            "simulated_vpu_seconds": cost["vpu_seconds"],
+            "simulated_scalar_seconds": cost["scalar_seconds"]}
 
 
 def _shape(shape) -> str:
@@ -82,20 +183,63 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
     table = titled_table(f"Model: {model.name} (batch {batch} per core{on}; "
                         f"time is simulated, forward + backward)")
     for col, justify in (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
-                         ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right")):
+                         ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right"),
+                         ("MXU util", "right"), ("bound", "left")):
         table.add_column(col, justify=justify)
     for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers):
         c = costs[name]
         table.add_row(f"{name} ({layer.kind})", _shape(out), f"{nparams:,}", f"{c['flops']:,.0f}",
-                      f"{c['seconds'] * 1e6:,.2f} us", f"{c['seconds'] / total_seconds:.1%}")
+                      f"{c['seconds'] * 1e6:,.2f} us", f"{c['seconds'] / total_seconds:.1%}",
+                      _utilization(c, core_spec), _bound(c))
     for extra in ("loss", "optimizer"):
         if extra in costs:
             c = costs[extra]
             table.add_row(extra, "", "", f"{c['flops']:,.0f}", f"{c['seconds'] * 1e6:,.2f} us",
-                          f"{c['seconds'] / total_seconds:.1%}")
+                          f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec),
+                          _bound(c))
     n_state = sum(int(np.prod(s)) for s in model.state_shapes.values())
     state_note = f" (+ {n_state:,} non-trainable)" if n_state else ""
     table.add_row("total", "", f"{model.num_params:,}{state_note}",
                   f"{sum(c['flops'] for c in costs.values()):,.0f}",
-                  f"{total_seconds * 1e6:,.2f} us", "100.0%", style="bold")
+                  f"{total_seconds * 1e6:,.2f} us", "100.0%", _utilization(_sum(costs), core_spec),
+                  _bound(_sum(costs)), style="bold")
+    return table
+
+
+def _sum(costs: dict[str, dict[str, float]]) -> dict[str, float]:
+    total = _empty()
+    for c in costs.values():
+        for k, v in c.items():
+            total[k] += v
+    return total
+
+
+def layer_detail_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
+                       chip_name: str = "", mxu_model: str = "pipelined") -> Table:
+    """Every part of every layer (``layer_costs(..., detail=True)``) as a rich Table:
+    FLOPs, simulated time and share of one training step on one TensorCore, MXU
+    utilisation (MXU FLOPs / (time x peak)) and what bounds the part's ops
+    (MXU, VPU, scalar issue or HBM, with its share of the part's time).
+
+    Args:
+        model: the model.
+        core_spec: the TensorCore of the chosen chip.
+        batch: examples per TensorCore per step.
+        chip_name: shown in the title.
+        mxu_model: the MXU cycle model.
+    """
+    costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model, detail=True)
+    total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
+    on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
+    table = titled_table(f"Layer parts: {model.name} (batch {batch} per core{on}; "
+                         f"time is simulated, forward + backward)")
+    for col, justify in (("part", "left"), ("FLOPs / step", "right"), ("sim time / step", "right"),
+                         ("share", "right"), ("MXU util", "right"), ("bound", "left")):
+        table.add_column(col, justify=justify)
+    for name, c in costs.items():
+        table.add_row(name, f"{c['flops']:,.0f}", f"{c['seconds'] * 1e6:,.2f} us",
+                      f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec), _bound(c))
+    total = _sum(costs)
+    table.add_row("total", f"{total['flops']:,.0f}", f"{total_seconds * 1e6:,.2f} us", "100.0%",
+                  _utilization(total, core_spec), _bound(total), style="bold")
     return table

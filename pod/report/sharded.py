@@ -24,8 +24,10 @@ training chapter; the XLA async collective pipeline):
   optimizer's) start only once every grad_reduce has ended.
 
 The step ends when both streams have. What the compute stream waits is the
-*exposed* collective time, charged to the axis of the collective it waited
-for. The serial sum (every record and every collective one after another)
+*exposed* collective time. A wait is charged to the axes of the collectives
+the ICI runs during it (a blocking tensor allreduce queued behind an fsdp
+gather charges the queueing to fsdp), so no axis's exposed time exceeds its
+total. The serial sum (every record and every collective one after another)
 is reported beside it, an upper bound.
 """
 
@@ -110,6 +112,20 @@ class _Ici:
         return t, t + seconds
 
 
+def _charge(exposed: dict[str, float], spans: Sequence[CollectiveSpan], t0: float, t1: float,
+            fallback: str) -> None:
+    """Charge the wait [t0, t1) to the axes of the spans running in it, by overlap;
+    what no span covers (none should) goes to ``fallback``."""
+    left = t1 - t0
+    for span in spans:
+        overlap = min(span.end, t1) - max(span.start, t0)
+        if overlap > 0:
+            exposed[span.axis] = exposed.get(span.axis, 0.0) + overlap
+            left -= overlap
+    if left > 1e-15:
+        exposed[fallback] = exposed.get(fallback, 0.0) + left
+
+
 def _check_call(call: Any, last_after: int, n: int) -> None:
     """A call's kind is known and its ``after_record`` within ``last_after..n``."""
     if call.kind not in COLLECTIVE_KINDS:
@@ -158,7 +174,7 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
         nonlocal t, done
         while done < index:
             if done == update_start and grad_end > t:  # the optimizer waits for the gradients
-                exposed[grad_axis] = exposed.get(grad_axis, 0.0) + grad_end - t
+                _charge(exposed, spans, t, grad_end, grad_axis)
                 t = grad_end
             t += seconds[done]
             done += 1
@@ -170,26 +186,26 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
         cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
         ready = prev_gather if call.kind == "param_gather" else t
         start, end = ici.place(ready, cost)
+        spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
+                                    int(call.nbytes), start, end))
         if call.kind == "param_gather":
             prev_gather = t
         if call.kind == "grad_reduce":
             if end >= grad_end:
                 grad_end, grad_axis = end, call.axis
         elif end > t:  # activation and param_gather: the compute stream waits
-            exposed[call.axis] = exposed.get(call.axis, 0.0) + end - t
+            _charge(exposed, spans, t, end, call.axis)
             t = end
         axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
         axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
-        spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
-                                    int(call.nbytes), start, end))
     run_until(n)
     if update_start >= n and grad_end > t:  # no optimizer records: the step waits anyway
-        exposed[grad_axis] = exposed.get(grad_axis, 0.0) + grad_end - t
+        _charge(exposed, spans, t, grad_end, grad_axis)
         t = grad_end
     tail = max((s.end for s in spans), default=0.0)
     if tail > t:  # collectives still running when compute is done
         last = max(spans, key=lambda s: s.end)
-        exposed[last.axis] = exposed.get(last.axis, 0.0) + tail - t
+        _charge(exposed, spans, t, tail, last.axis)
         t = tail
     compute = sum(seconds[:update_start])
     update = sum(seconds[update_start:])

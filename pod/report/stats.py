@@ -15,8 +15,19 @@ from typing import Any, Iterable
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end",
-           "HOST_DISPATCH_SECONDS"]
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end", "op_bound",
+           "OP_BOUNDS", "HOST_DISPATCH_SECONDS"]
+
+#: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
+#: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
+OP_BOUNDS = ("mxu", "vpu", "scalar", "hbm")
+
+
+def op_bound(record: Any) -> str:
+    """What bounds one op record (``chip.OpRecord``): "hbm" when its HBM traffic
+    takes longer than its cycles (``bound == "memory"``), else its unit ("mxu",
+    "vpu", "scalar")."""
+    return "hbm" if record.bound == "memory" else record.unit
 
 #: One host call into the TPU, seconds (``chip.calibration``: [PALLAS] C3). Charged per
 #: step only with ``training.host_dispatch: per_step``; training loops run on the device.
@@ -62,6 +73,8 @@ class RecordTotals:
         flops: FLOPs of every op; mxu_flops: those of MXU ops.
         hbm_bytes: HBM traffic.
         unit_seconds: simulated seconds per unit ("mxu", "vpu", "scalar").
+        bound_seconds: simulated seconds per bound (``op_bound``: "mxu",
+            "vpu", "scalar", "hbm").
     """
 
     seconds: float = 0.0
@@ -69,20 +82,24 @@ class RecordTotals:
     mxu_flops: int = 0
     hbm_bytes: int = 0
     unit_seconds: dict[str, float] = field(default_factory=dict)
+    bound_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, records: Iterable[Any]) -> "RecordTotals":
         """Sum a sequence of op records."""
         seconds, flops, mxu_flops, hbm_bytes = 0.0, 0, 0, 0
         units: dict[str, float] = {}
+        bounds: dict[str, float] = {}
         for rec in records:
             seconds += rec.seconds
             flops += rec.flops
             hbm_bytes += rec.hbm_bytes
             units[rec.unit] = units.get(rec.unit, 0.0) + rec.seconds
+            bound = op_bound(rec)
+            bounds[bound] = bounds.get(bound, 0.0) + rec.seconds
             if rec.unit == "mxu":
                 mxu_flops += rec.flops
-        return cls(seconds, int(flops), int(mxu_flops), int(hbm_bytes), units)
+        return cls(seconds, int(flops), int(mxu_flops), int(hbm_bytes), units, bounds)
 
 
 @dataclass(frozen=True)
@@ -134,6 +151,12 @@ class StepStats:
         axis_collective_seconds: their simulated seconds per axis, all of them.
         axis_exposed_seconds: the part per axis the compute stream waited for
             (``pod.report.sharded``).
+        compute_bound_seconds: the slowest core's forward + backward seconds by
+            what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
+        update_bound_seconds: the same for the slowest core's update.
+        test_loss, test_accuracy: the held-out evaluation after this step, where
+            the run evaluated (``training.eval_every_steps`` and the last step);
+            None elsewhere.
     """
 
     step: int
@@ -163,6 +186,10 @@ class StepStats:
     axis_collective_bytes: dict[str, int] = field(default_factory=dict)
     axis_collective_seconds: dict[str, float] = field(default_factory=dict)
     axis_exposed_seconds: dict[str, float] = field(default_factory=dict)
+    compute_bound_seconds: dict[str, float] = field(default_factory=dict)
+    update_bound_seconds: dict[str, float] = field(default_factory=dict)
+    test_loss: float | None = None
+    test_accuracy: float | None = None
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:
@@ -221,9 +248,11 @@ class StepStats:
         return {link: (nbytes / denom if denom else 0.0) for link, nbytes in self.ici_link_bytes.items()}
 
     def row(self) -> dict[str, float]:
-        """A flat record for steps.csv (scalars only)."""
+        """A flat record for steps.csv (scalars only); ``step`` counts from 1, as the
+        progress lines do, and the test figures are None where not evaluated."""
         data = {k: v for k, v in asdict(self).items() if not isinstance(v, (dict, tuple))}
         data.update(
+            step=self.step + 1,
             simulated_step_seconds=self.step_seconds,
             serial_step_seconds=self.serial_step_seconds,
             allreduce_seconds=self.allreduce_seconds,
@@ -259,8 +288,10 @@ class StepTotals:
         initial_loss, final_loss: the first and the last step's loss.
         hbm_peak_bytes: maximum HBM high-water mark of any core.
         hbm_capacity_bytes, ici_bytes_per_step: from the last step.
-        epoch_steps, epoch_step_seconds: steps and simulated seconds since the
-            last epoch line.
+        epoch_steps, epoch_step_seconds, epoch_loss_sum: steps, simulated
+            seconds and the sum of training losses in the current epoch
+            (``start_epoch`` starts one at each epoch's first step, so a resumed
+            or recovered run never merges two epochs).
     """
 
     steps: int = 0
@@ -273,6 +304,7 @@ class StepTotals:
     ici_bytes_per_step: int = 0
     epoch_steps: int = 0
     epoch_step_seconds: float = 0.0
+    epoch_loss_sum: float = 0.0
 
     def add(self, stats: StepStats) -> None:
         """Account one step."""
@@ -289,6 +321,7 @@ class StepTotals:
         self.ici_bytes_per_step = int(sum(stats.ici_link_bytes.values()))
         self.epoch_steps += 1
         self.epoch_step_seconds += stats.step_seconds
+        self.epoch_loss_sum += stats.loss
 
     def mean(self, name: str) -> float:
         """Mean of a ``TOTAL_FIELDS`` figure over the steps after the first (or the first)."""
@@ -296,11 +329,19 @@ class StepTotals:
             raise ValueError("no steps yet")
         return self.sums[name] / (self.steps - 1) if self.steps > 1 else self.first[name]
 
-    def end_epoch(self) -> float:
-        """Mean simulated step seconds of the epoch just ended; starts the next one."""
-        mean = self.epoch_step_seconds / max(1, self.epoch_steps)
-        self.epoch_steps, self.epoch_step_seconds = 0, 0.0
-        return mean
+    def start_epoch(self) -> None:
+        """Start a new epoch's sums (called before an epoch's first step)."""
+        self.epoch_steps, self.epoch_step_seconds, self.epoch_loss_sum = 0, 0.0, 0.0
+
+    @property
+    def epoch_step_seconds_mean(self) -> float:
+        """Mean simulated step seconds of the current epoch's steps so far."""
+        return self.epoch_step_seconds / max(1, self.epoch_steps)
+
+    @property
+    def epoch_loss(self) -> float:
+        """Mean training loss of the current epoch's steps so far (Keras' epoch loss)."""
+        return self.epoch_loss_sum / max(1, self.epoch_steps)
 
     def to_dict(self) -> dict:
         """Plain data (for a checkpoint)."""

@@ -1,9 +1,12 @@
 """Simulated timelines in the Chrome trace event format (Perfetto, chrome://tracing).
 
 One "process" per chip with a lane ("thread") per TensorCore unit (MXU,
-vector unit, scalar unit) plus an infeed lane; one "ICI" process with a lane
-per directed link and a lane for the allreduce phases. Times are SIMULATED
-microseconds (``ts``, ``dur``), never wall time.
+vector unit, scalar unit), an infeed lane, ICI send and receive lanes (each
+chunk the chip sends and receives, a flow arrow from a send to its receive) and
+a counter track of the HBM in use per core; one "ICI" process with a lane per
+directed link, a lane for the allreduce phases and a lane with one span per
+step. Times are SIMULATED microseconds (``ts``, ``dur``), never wall time. A
+path ending in ``.gz`` is written gzip-compressed (Perfetto opens it as is).
 
 The layout follows the step-time model of ``pod.report.stats.StepStats``:
 infeed, then every core's forward + backward ops back to back, a barrier at
@@ -13,17 +16,20 @@ then every core's optimizer ops. So the end of the last event minus the start
 of the step equals the reported simulated step time.
 
 Format reference: "Trace Event Format" (Google, the JSON Array/Object format
-with ``ph: "X"`` complete events and ``ph: "M"`` metadata events).
+with ``ph: "X"`` complete events, ``ph: "M"`` metadata events, ``ph: "C"``
+counter events and ``ph: "s"`` / ``ph: "f"`` flow events).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
 from interconnect import Schedule, Torus
+from pod.report.files import output_errors, write_atomic
 from pod.report.stats import StepStats
 
 __all__ = ["step_events", "write_trace", "UNITS"]
@@ -32,7 +38,9 @@ UNITS = ("mxu", "vpu", "scalar")
 _UNIT_LABEL = {"mxu": "MXU", "vpu": "vector unit", "scalar": "scalar unit"}
 _LANES_PER_CORE = len(UNITS)
 _INFEED_TID = 1000
+_SEND_TID, _RECEIVE_TID = 1001, 1002
 _PHASE_TID = 0
+_STEP_TID = -1
 _US = 1e6
 
 
@@ -51,6 +59,10 @@ def metadata_events(num_chips: int, cores: int, torus: Torus) -> list[dict[str, 
                        "args": {"sort_index": chip}})
         events.append({"ph": "M", "name": "thread_name", "pid": chip, "tid": _INFEED_TID,
                        "args": {"name": "infeed (host to chip)"}})
+        events.append({"ph": "M", "name": "thread_name", "pid": chip, "tid": _SEND_TID,
+                       "args": {"name": "ICI send"}})
+        events.append({"ph": "M", "name": "thread_name", "pid": chip, "tid": _RECEIVE_TID,
+                       "args": {"name": "ICI receive"}})
         for core in range(cores):
             for unit in UNITS:
                 events.append({"ph": "M", "name": "thread_name", "pid": chip,
@@ -62,6 +74,8 @@ def metadata_events(num_chips: int, cores: int, torus: Torus) -> list[dict[str, 
                    "args": {"sort_index": ici_pid}})
     events.append({"ph": "M", "name": "thread_name", "pid": ici_pid, "tid": _PHASE_TID,
                    "args": {"name": "allreduce phases"}})
+    events.append({"ph": "M", "name": "thread_name", "pid": ici_pid, "tid": _STEP_TID,
+                   "args": {"name": "steps"}})
     for i, (src, dst) in enumerate(torus.links()):
         events.append({"ph": "M", "name": "thread_name", "pid": ici_pid, "tid": i + 1,
                        "args": {"name": f"link {src}->{dst}"}})
@@ -129,6 +143,7 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
     events: list[dict[str, Any]] = []
     step = stats.step + 1
     compute_start = start_s + stats.dispatch_seconds + stats.exposed_infeed_seconds
+    events.extend(_step_span_and_counters(stats, len(records["compute"]), start_s, compute_start))
     # the infeed ends where the step's compute starts; with overlap (double-buffered)
     # most of it runs during the step before
     infeed_start = max(0.0, compute_start - stats.infeed_seconds)
@@ -168,10 +183,63 @@ def step_events(stats: StepStats, records: dict[str, Any], schedule: Schedule, t
             events.append({"ph": "X", "name": f"{nbytes:,} B", "cat": "ici", "pid": ici_pid,
                            "tid": link_tid[link], "ts": t * _US, "dur": busy * _US,
                            "args": {"bytes": nbytes, "phase": k + 1}})
+        events.extend(_send_receive_flows(schedule.phases[k], k + 1, step, t, seconds,
+                                          stats.ici_link_bandwidth_bytes_per_s))
         t += seconds
     for chip, per_core in enumerate(records["update"]):
         for core, rows in enumerate(per_core):
             _ops(events, chip, core, rows, update_start, "update", scalar_issue_seconds)
+    return events
+
+
+def _step_span_and_counters(stats: StepStats, chips: int, start_s: float,
+                            compute_start: float) -> list[dict[str, Any]]:
+    """The step's span on the ICI process's "steps" lane, and per chip a counter track
+    of the HBM in use per core: the step's high-water mark while forward and backward
+    run (activations held), what stays resident after the step from its update on."""
+    end = start_s + stats.step_seconds
+    update_start = end - stats.update_seconds
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "name": f"step {stats.step + 1}", "cat": "step", "pid": chips,
+         "tid": _STEP_TID, "ts": start_s * _US, "dur": stats.step_seconds * _US,
+         "args": {"loss": stats.loss, "simulated_step_seconds": stats.step_seconds}}]
+    for chip in range(chips):
+        for ts, values in ((compute_start, stats.hbm_peak_bytes),
+                           (update_start, stats.hbm_used_bytes)):
+            cores = {f"core {core}": nbytes for (c, core), nbytes in sorted(values.items())
+                     if c == chip}
+            if cores:
+                events.append({"ph": "C", "name": "HBM in use (bytes)", "pid": chip,
+                               "ts": ts * _US, "args": cores})
+    return events
+
+
+def _send_receive_flows(transfers: Sequence[Any], phase: int, step: int, start_s: float,
+                        phase_seconds: float, link_bandwidth_bytes_per_s: float
+                        ) -> list[dict[str, Any]]:
+    """Each transfer of a phase as a send on its source chip's "ICI send" lane and a
+    receive on its destination's "ICI receive" lane, joined by a flow arrow (``ph: "s"`` at the send's start,
+    ``ph: "f"`` at the receive's end; bound to the enclosing slices). A chunk is on
+    the wire for bytes / link bandwidth and received by the end of its phase."""
+    events: list[dict[str, Any]] = []
+    for i, t in enumerate(transfers):
+        if not t.nbytes:
+            continue
+        wire = min(phase_seconds, t.nbytes / link_bandwidth_bytes_per_s) if \
+            link_bandwidth_bytes_per_s > 0 else phase_seconds
+        flow = f"s{step}p{phase}t{i}"
+        args = {"bytes": t.nbytes, "phase": phase, "step": step}
+        events += [
+            {"ph": "X", "name": f"send to chip {t.dst}", "cat": "ici", "pid": t.src,
+             "tid": _SEND_TID, "ts": start_s * _US, "dur": wire * _US, "args": args},
+            {"ph": "X", "name": f"receive from chip {t.src}", "cat": "ici", "pid": t.dst,
+             "tid": _RECEIVE_TID, "ts": (start_s + phase_seconds - wire) * _US,
+             "dur": wire * _US, "args": args},
+            {"ph": "s", "name": "ICI chunk", "cat": "ici", "id": flow, "pid": t.src,
+             "tid": _SEND_TID, "ts": start_s * _US},
+            {"ph": "f", "bp": "e", "name": "ICI chunk", "cat": "ici", "id": flow, "pid": t.dst,
+             "tid": _RECEIVE_TID, "ts": (start_s + phase_seconds) * _US},
+        ]
     return events
 
 
@@ -193,10 +261,20 @@ def write_trace(path: Path, events: list[dict[str, Any]], metadata: dict[str, An
     """Write a trace file (JSON object format) that Perfetto and chrome://tracing open.
 
     Args:
-        path: the output file; its directory is created.
+        path: the output file; its directory is created; ``.gz``: gzip-compressed.
         events: metadata and complete events.
         metadata: run facts stored under ``otherData``.
+
+    Raises:
+        OutputError: the file system refused (written via a temporary file and
+            a rename, so a failed write leaves no half trace).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"traceEvents": events, "otherData": metadata}
-    path.write_text(json.dumps(doc))
+    path = Path(path)
+    text = json.dumps({"traceEvents": events, "otherData": metadata})
+    with output_errors(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":  # mtime=0: the same trace gives the same bytes
+        data = gzip.compress(text.encode(), mtime=0)
+        write_atomic(path, lambda f: f.write(data), binary=True)
+    else:
+        write_atomic(path, lambda f: f.write(text))

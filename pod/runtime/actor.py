@@ -17,6 +17,9 @@ One training step, seen from a chip (docs/ARCHITECTURE.md):
    the optimizer on its own replica. The same bytes in give the same bytes
    out, so replicas stay bit-identical (checked by ``digests``).
 
+``train_step`` runs the three in one call (the pod's step), with the part of
+the schedule ``set_collective`` handed over once.
+
 What a call returns is a frozen dataclass (``ComputeReport``,
 ``ApplyReport``, ``Evaluation``, ``Snapshot``), never a dict read back by key.
 """
@@ -35,7 +38,7 @@ from pod.state.checkpoint import params_digest
 from pod.workloads import Model, build_optimizer
 
 __all__ = ["ChipActor", "flatten", "unflatten", "HbmUsage", "ComputeReport", "ApplyReport",
-           "Evaluation", "Snapshot", "TraceRow"]
+           "StepReport", "Evaluation", "Snapshot", "TraceRow"]
 
 #: One op of a timeline: (name, unit, simulated seconds, flops, hbm_bytes, bound).
 TraceRow = tuple[str, str, float, int, int, str]
@@ -67,6 +70,8 @@ class ComputeReport:
         hbm: each core's HBM after the step's allocations.
         trace: each core's op rows (empty unless traced).
         local_reduce_trace: the local reduce's op rows (empty unless traced).
+        bound_seconds: each core's forward + backward seconds by what bounds
+            each op ("mxu", "vpu", "scalar", "hbm"; ``RecordTotals``).
     """
 
     losses: tuple[float, ...]
@@ -77,6 +82,7 @@ class ComputeReport:
     grad_ready_seconds: tuple[dict[str, float], ...] = ()
     trace: tuple[tuple[TraceRow, ...], ...] = ()
     local_reduce_trace: tuple[TraceRow, ...] = ()
+    bound_seconds: tuple[dict[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,11 +93,21 @@ class ApplyReport:
         update_seconds: each core's update (simulated).
         hbm: each core's HBM.
         trace: each core's op rows (empty unless traced).
+        bound_seconds: each core's update seconds by what bounds each op.
     """
 
     update_seconds: tuple[float, ...]
     hbm: tuple[HbmUsage, ...]
     trace: tuple[tuple[TraceRow, ...], ...] = ()
+    bound_seconds: tuple[dict[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What ``ChipActor.train_step`` returns: the chip's whole data-parallel step."""
+
+    compute: ComputeReport
+    apply: ApplyReport
 
 
 @dataclass(frozen=True)
@@ -152,6 +168,9 @@ class ChipActor:
         precision: MXU precision of every core: "bf16", "fp32" or "int8"
             (the scenario's ``training.precision``).
         mxu_model: the MXU cycle count, "pipelined" or "scalesim" (``pod.mxu_model``).
+        core_threads: run the TensorCores' forward + backward in parallel threads
+            (numpy releases the GIL in its kernels), for machines with a CPU core
+            to spare per TensorCore; the results are the same bits either way.
 
     Raises:
         HBMOutOfMemoryError: the parameters, gradients or optimizer state do
@@ -161,7 +180,8 @@ class ChipActor:
     def __init__(self, spec: ChipSpec, chip_id: int, model: Model, optimizer_name: str,
                  optimizer_options: dict[str, Any], seed: int, num_replicas: int,
                  numerics: bool = True, limit_threads: bool = True,
-                 precision: str = "bf16", mxu_model: str = "pipelined") -> None:
+                 precision: str = "bf16", mxu_model: str = "pipelined",
+                 core_threads: bool = False) -> None:
         if limit_threads:
             from threadpoolctl import threadpool_limits
             threadpool_limits(1)
@@ -184,6 +204,13 @@ class ChipActor:
         self.chunk_bounds: tuple[tuple[int, int], ...] = ()
         # a straggler (scenario faults: slow_chip): simulated compute seconds x this factor
         self.compute_slowdown = 1.0
+        self._activation_bytes: dict[int, int] = {}  # per-core batch -> model.activation_bytes
+        self._pool = None
+        if core_threads and len(self.chip.cores) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(len(self.chip.cores), thread_name_prefix="tensorcore")
+        # this chip's part of the data-parallel allreduce (``set_collective``)
+        self._collective: tuple[Any, tuple[int, ...], tuple[tuple[str, int], ...]] | None = None
 
     # -- set-up and inspection -------------------------------------------------
 
@@ -304,20 +331,16 @@ class ChipActor:
         """
         cores = self.chip.cores
         b = x.shape[0] // len(cores)
-        losses, totals, flats, traces, ready = [], [], [], [], []
-        for i, core in enumerate(cores):
-            rng = np.random.default_rng([seed, step, self.chip_id, i])
-            core.hbm.allocate("activations", self.model.activation_bytes(b))
-            loss, grads, self.model_state[i] = self.model.loss_grads_and_state(
-                core, self.params[i], x[i * b:(i + 1) * b], y[i * b:(i + 1) * b],
-                state=self.model_state[i], rng=rng)
-            core.hbm.free("activations")
-            losses.append(float(loss))
-            records = self._slowed(core.take_records())
-            totals.append(RecordTotals.of(records))
-            ready.append(_layer_ends(records))
-            traces.append(_trace_rows(records) if trace else ())
-            flats.append(flatten(grads))
+        if b not in self._activation_bytes:
+            self._activation_bytes[b] = self.model.activation_bytes(b)
+
+        def one_core(i: int) -> tuple:
+            return self._core_step(i, step, x[i * b:(i + 1) * b], y[i * b:(i + 1) * b], seed,
+                                   trace)
+
+        outs = (list(self._pool.map(one_core, range(len(cores)))) if self._pool is not None
+                else [one_core(i) for i in range(len(cores))])
+        losses, totals, ready, traces, flats = (list(v) for v in zip(*outs))
         reducer = cores[0]
         acc = flats[0]
         for other in flats[1:]:
@@ -335,7 +358,23 @@ class ChipActor:
             hbm=self.hbm(),
             grad_ready_seconds=tuple(ready),
             trace=tuple(traces) if trace else (),
-            local_reduce_trace=_trace_rows(reduce_records) if trace else ())
+            local_reduce_trace=_trace_rows(reduce_records) if trace else (),
+            bound_seconds=tuple(t.bound_seconds for t in totals))
+
+    def _core_step(self, i: int, step: int, x: np.ndarray, y: np.ndarray, seed: int,
+                   trace: bool) -> tuple:
+        """Forward + backward of core ``i`` on its shard (touches only core ``i``'s
+        state, so cores may run in parallel threads): (loss, totals, layer ends,
+        trace rows, flat gradients)."""
+        core = self.chip.cores[i]
+        rng = np.random.default_rng([seed, step, self.chip_id, i])
+        core.hbm.allocate("activations", self._activation_bytes[x.shape[0]])
+        loss, grads, self.model_state[i] = self.model.loss_grads_and_state(
+            core, self.params[i], x, y, state=self.model_state[i], rng=rng)
+        core.hbm.free("activations")
+        records = self._slowed(core.take_records())
+        return (float(loss), RecordTotals.of(records), _layer_ends(records),
+                _trace_rows(records) if trace else (), flatten(grads))
 
     def _slowed(self, records: list[OpRecord]) -> list[OpRecord]:
         """A straggler's records take ``compute_slowdown`` times longer."""
@@ -372,6 +411,33 @@ class ChipActor:
             self.grad_flat = None  # partly reduced: ``apply`` must refuse it
             raise
 
+    def set_collective(self, plan: Sequence[Any], peers: Sequence[int],
+                       addresses: Sequence[tuple[str, int]]) -> None:
+        """Keep this chip's part of the data-parallel allreduce for ``train_step``:
+        its phases (``pod.runtime.ici.RankPlan``), the ranks it sends to and their
+        ``ici_address()``, in the same order (the coordinator sends them once, and
+        again when a chip is replaced)."""
+        self._collective = (plan, tuple(peers), tuple(tuple(a) for a in addresses))
+
+    def train_step(self, step: int, x: np.ndarray, y: np.ndarray, seed: int, run_id: int,
+                   trace: bool = False) -> StepReport:
+        """A whole data-parallel step in one call: ``compute``, this chip's part of
+        the allreduce (as ``set_collective`` gave it, run ``run_id``, the same on
+        every chip), then ``apply``. One actor call per chip per step instead of
+        three (and no driver round trip between them).
+
+        Raises:
+            RuntimeError: ``set_collective`` has not been called.
+            IciError: the collective failed (as ``run_collective``); nothing was
+                applied and the buffer is dropped.
+        """
+        if self._collective is None:
+            raise RuntimeError(f"chip {self.chip_id}: train_step before set_collective")
+        computed = self.compute(step, x, y, seed, trace)
+        plan, peers, addresses = self._collective
+        self.run_collective(run_id, plan, peers, *addresses)
+        return StepReport(computed, self.apply(step, trace))
+
     def _ici_port(self, key: bytes = b"") -> Any:
         port = getattr(self, "_ici", None)
         if port is None:
@@ -393,7 +459,7 @@ class ChipActor:
         if self.grad_flat is None:
             raise RuntimeError(f"chip {self.chip_id}: apply at step {step + 1} without "
                                "reduced gradients")
-        seconds, traces = [], []
+        seconds, traces, bounds = [], [], []
         scale = np.float32(1.0 / self.num_replicas)
         for i, core in enumerate(self.chip.cores):
             mean = core.vector("grad_mean", np.multiply, self.grad_flat, scale)
@@ -401,11 +467,13 @@ class ChipActor:
             self.params[i], self.opt_state[i] = self.optimizer.update(
                 core, grads, self.opt_state[i], self.params[i], step + 1)
             records = core.take_records()
-            seconds.append(RecordTotals.of(records).seconds)
+            totals = RecordTotals.of(records)
+            seconds.append(totals.seconds)
+            bounds.append(totals.bound_seconds)
             traces.append(_trace_rows(records) if trace else ())
         self.grad_flat = None
         return ApplyReport(update_seconds=tuple(seconds), hbm=self.hbm(),
-                           trace=tuple(traces) if trace else ())
+                           trace=tuple(traces) if trace else (), bound_seconds=tuple(bounds))
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 512,
                  state: dict[str, np.ndarray] | None = None) -> Evaluation:

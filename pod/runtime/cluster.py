@@ -3,7 +3,8 @@
 A local cluster is started when no address is given (the scenario's
 ``ray.address``, else the ``RAY_ADDRESS`` environment variable):
 
-- bound to 127.0.0.1, dashboard off, logs at ERROR;
+- bound to 127.0.0.1, logs at ERROR, dashboard off (on with ``dashboard=True``:
+  ``ray.dashboard`` / ``tpu-pod run --ray-dashboard``, also on 127.0.0.1);
 - with Ray's token authentication on and a fresh random token per process
   (``secrets.token_hex``), written to a file only its user can read and
   passed to Ray's processes with ``RAY_AUTH_MODE=token`` and
@@ -19,10 +20,16 @@ A local cluster is started when no address is given (the scenario's
   process group (what ``timeout`` and service managers send) reaches only the
   driver, which stops gracefully (final checkpoint, partial summary, exit 143)
   and then stops the cluster, instead of Ray's GCS dying under a running step.
-  The daemons still die with the driver (Ray's own fate-sharing). A service
-  manager that kills every process of the service's cgroup at once (systemd's
-  default ``KillMode=control-group``) still reaches them: use
-  ``KillMode=mixed`` so that only the main process gets the SIGTERM first.
+  The GCS and raylet still die with the driver (Ray's own fate-sharing); the
+  raylet's agents did not (they lingered about 60 s after a ``kill -9``, and
+  the session directory for good): a reaper (``pod/runtime/reaper.py``), a
+  small process holding a pipe from the driver, kills every process of the
+  cluster and removes its directory when the driver dies without stopping it.
+  A service manager that kills every process of the service's cgroup at once
+  (systemd's default ``KillMode=control-group``) still reaches the daemons:
+  use ``KillMode=mixed`` so that only the main process gets the SIGTERM first;
+- a SIGTERM while ``ray.init`` runs keeps the run's own handler (Ray's would
+  exit at once with status 15): the run stops at its first step boundary.
 
 Joining a cluster you started yourself (``ray.address: host:port``, or
 ``RAY_ADDRESS``): start it with token authentication, the default from Ray
@@ -45,6 +52,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -55,7 +63,7 @@ from pathlib import Path
 
 import ray
 
-from pod.errors import ClusterError
+from pod.errors import ClusterError, RunInterrupted
 
 __all__ = ["ensure_ray", "shutdown_ray", "cluster_temp_dir", "CONNECT_TIMEOUT_S"]
 
@@ -165,6 +173,7 @@ class _DaemonsInTheirOwnGroups:
                 def __init__(self, *args: object, **kwargs: object) -> None:
                     kwargs.setdefault("process_group", 0)
                     super().__init__(*args, **kwargs)
+                    _tell_reaper(f"group {self.pid}")  # it leads its own group
 
             services.ConsolePopen = OwnGroupPopen
         return self
@@ -172,6 +181,66 @@ class _DaemonsInTheirOwnGroups:
     def __exit__(self, *exc: object) -> None:
         if self.original is not None:
             self.services.ConsolePopen = self.original
+
+
+def _start_reaper(temp_dir: Path) -> None:
+    """Start the cluster's reaper (``pod/runtime/reaper.py``): it ends Ray's processes
+    and removes ``temp_dir`` if this process dies without ``shutdown_ray``."""
+    reaper = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(Path(__file__).with_name("reaper.py"))],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, text=True, bufsize=1)
+    _STARTED["reaper"] = reaper
+    _tell_reaper(f"env RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']}")
+    _tell_reaper(f"dir {temp_dir}")
+
+
+def _tell_reaper(line: str) -> None:
+    reaper = _STARTED.get("reaper")
+    if reaper is not None and reaper.stdin is not None:
+        try:
+            reaper.stdin.write(line + "\n")
+        except (OSError, ValueError):  # it died: nothing to tell
+            pass
+
+
+def _stop_reaper() -> None:
+    """The cluster is stopped: the reaper has nothing to do; it exits."""
+    reaper = _STARTED.pop("reaper", None)
+    if reaper is None:
+        return
+    try:
+        reaper.stdin.write("done\n")
+        reaper.stdin.close()
+    except (OSError, ValueError):
+        pass
+    try:
+        reaper.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+
+
+class _KeepSigtermHandler:
+    """While inside, Ray does not replace a SIGTERM handler this process installed.
+
+    ``ray.init`` installs handlers that exit at once (status 15, or 1 after
+    killing its processes): a SIGTERM during start-up would end a run without a
+    line or a summary. A run's ``InterruptGuard`` is already handling SIGTERM
+    then: it is kept, and the run stops at its first step boundary (exit 143).
+    Without a Python handler of ours (the default action), Ray's are installed
+    as usual.
+    """
+
+    def __enter__(self) -> "_KeepSigtermHandler":
+        from ray._private import utils
+
+        self.utils, self.original = utils, utils.set_sigterm_handler
+        if callable(signal.getsignal(signal.SIGTERM)):
+            utils.set_sigterm_handler = lambda handler: None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.utils.set_sigterm_handler = self.original
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:
@@ -198,7 +267,7 @@ def _check_reachable(address: str, timeout_s: float) -> None:
 
 
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
-               connect_timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+               connect_timeout_s: float = CONNECT_TIMEOUT_S, dashboard: bool = False) -> bool:
     """Make sure this process is connected to a Ray cluster.
 
     Args:
@@ -207,6 +276,9 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
         num_cpus: CPUs a local cluster advertises (default: the machine's).
         connect_timeout_s: how long a given address may take to accept a
             connection.
+        dashboard: a local cluster serves Ray's dashboard on 127.0.0.1:8265
+            (``ray.dashboard`` in a scenario, ``tpu-pod run --ray-dashboard``);
+            it needs Ray's optional dashboard packages (``ray[default]``).
 
     Returns:
         True if this call started a local cluster (so the caller owns it and
@@ -225,16 +297,20 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
             _check_reachable(address, connect_timeout_s)
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
             return False
+        if dashboard:
+            _check_dashboard_packages()
         _loopback_only()
         _private_dir(_temp_root())
         _remove_stale_dirs()
         temp_dir = _private_dir(cluster_temp_dir())
         previous = _use_run_token(temp_dir)
         _STARTED.update(temp_dir=temp_dir, env=previous)
-        with _DaemonsInTheirOwnGroups():
+        _start_reaper(temp_dir)
+        with _DaemonsInTheirOwnGroups(), _KeepSigtermHandler():
             ray.init(
                 num_cpus=num_cpus or os.cpu_count() or 1,
-                include_dashboard=False,
+                include_dashboard=dashboard,
+                dashboard_host="127.0.0.1",
                 _node_ip_address="127.0.0.1",
                 _temp_dir=str(temp_dir),
                 logging_level=logging.ERROR,
@@ -242,14 +318,29 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
                 log_to_driver=False,  # actor errors still arrive as exceptions; no raylet chatter
             )
         return True
-    except ClusterError:
-        _cleanup_started()
+    except (ClusterError, RunInterrupted):
+        _stop_started()
         raise
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; one clear line
-        _cleanup_started()
+        _stop_started()
         where = f"join the Ray cluster at {address!r}" if address else "start a local Ray cluster"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ClusterError(f"ray.address: could not {where}: {first}") from None
+
+
+def _check_dashboard_packages() -> None:
+    """Ray's dashboard runs only with its optional packages (``ray[default]``); without
+    them Ray would start with no dashboard and say so only in its logs.
+
+    Raises:
+        ClusterError: they are missing; one line saying what to install.
+    """
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401 - what Ray itself checks
+    except ImportError as err:
+        raise ClusterError(f"ray.dashboard: Ray's dashboard needs its optional packages "
+                           f"({err.name or err} is missing): pip install "
+                           f"'tpu-pod-emulator[dashboard]' (ray[default])") from None
 
 
 def _loopback_only() -> None:
@@ -269,11 +360,23 @@ def _loopback_only() -> None:
 
 
 def _cleanup_started() -> None:
-    """Forget the local cluster this process started: its environment and its files."""
+    """Forget the local cluster this process started: its reaper, its environment
+    and its files."""
     if not _STARTED:
         return
+    _stop_reaper()
     _restore_env(_STARTED.pop("env"))  # type: ignore[arg-type]
     shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)  # type: ignore[arg-type]
+
+
+def _stop_started() -> None:
+    """A local start that failed half-way: stop what Ray had started, then forget it."""
+    if _STARTED:
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - best effort; the reaper is still there
+            pass
+    _cleanup_started()
 
 
 def shutdown_ray() -> None:

@@ -14,18 +14,29 @@ bit-identical results. Gradient bytes never pass through the driver.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections import defaultdict
 from typing import Any, Sequence
 
 import ray
 
-from interconnect import Schedule
+from interconnect import Schedule, Transfer, chunk_bounds
 
-__all__ = ["run_schedule", "rank_plans"]
+__all__ = ["run_schedule", "rank_plans", "install_schedule", "split_chunks",
+           "PIPELINE_CHUNK_BYTES"]
+
+#: Chunks larger than this are cut into pieces of at most this many bytes
+#: (``split_chunks``), so that a chip reduces the first pieces of a chunk while
+#: the rest are still on the wire. Smaller pieces cost more CPU per byte
+#: (headers, wake-ups): on 8 actors sharing 2 cores, where no core is idle,
+#: pieces of 128-512 KiB made a 16 MiB allreduce slower (BENCHMARKS.md,
+#: "Emulation speed"), so only chunks above 4 MiB are cut.
+PIPELINE_CHUNK_BYTES = 4 << 20
 
 
-def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"") -> list[ray.ObjectRef]:
+def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"",
+                 addresses: Sequence[Any] | None = None) -> list[ray.ObjectRef]:
     """Submit a schedule to the actors; return one completion ref per actor.
 
     The actors must already hold their buffers (``ChipActor.compute``) and the
@@ -39,6 +50,8 @@ def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"")
         schedule: the collective's phases of transfers.
         key: the pod's link secret (the same for every call on these actors):
             a chip accepts chunks only from peers that present it.
+        addresses: every actor's ``ici_address(key)`` by rank (values or refs),
+            when the caller already has them: saves one call per actor.
 
     Returns:
         One ObjectRef per actor; each resolves (to None) when that actor has
@@ -51,13 +64,84 @@ def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"")
     if schedule.num_ranks != n:
         raise ValueError(f"schedule is for {schedule.num_ranks} ranks but there are {n} actors")
     run_id = secrets.randbits(63)
-    addresses = [actor.ici_address.remote(key) for actor in actors]
+    if addresses is None:
+        addresses = [actor.ici_address.remote(key) for actor in actors]
     done = []
     for rank, plan in enumerate(rank_plans(schedule)):
         peers = sorted({dst for _, sends, _ in plan for dst, _, _ in sends})
         done.append(actors[rank].run_collective.remote(run_id, plan, peers,
                                                        *(addresses[p] for p in peers)))
     return done
+
+
+def install_schedule(actors: Sequence[Any], schedule: Schedule,
+                     addresses: Sequence[tuple[str, int]]) -> list[ray.ObjectRef]:
+    """Give every chip its part of a schedule once (``ChipActor.set_collective``), so
+    that each step's ``ChipActor.train_step`` runs it without the driver sending
+    plans or addresses again.
+
+    Args:
+        actors: Ray actor handles of ``ChipActor``, indexed by topology rank.
+        schedule: the collective the chips will run every step.
+        addresses: every actor's ``ici_address(key)`` by rank, resolved.
+
+    Returns:
+        One ObjectRef per actor (``ray.get`` them before the first step).
+
+    Raises:
+        ValueError: the schedule or the addresses are for a different number of ranks.
+    """
+    n = len(actors)
+    if schedule.num_ranks != n or len(addresses) != n:
+        raise ValueError(f"schedule is for {schedule.num_ranks} ranks, {len(addresses)} "
+                         f"addresses, but there are {n} actors")
+    refs = []
+    for rank, plan in enumerate(rank_plans(schedule)):
+        peers = sorted({dst for _, sends, _ in plan for dst, _, _ in sends})
+        refs.append(actors[rank].set_collective.remote(plan, peers, [addresses[p] for p in peers]))
+    return refs
+
+
+def split_chunks(schedule: Schedule, max_chunk_bytes: int = PIPELINE_CHUNK_BYTES) -> Schedule:
+    """The same collective with every chunk larger than ``max_chunk_bytes`` cut into
+    equal pieces (``interconnect.chunk_bounds``) that travel as the chunk did.
+
+    Each piece takes its chunk's transfers, phase by phase, in the schedule's
+    order, so every element is added in the same order as before: the result
+    is bit-identical (tested against ``interconnect.execute``). A chip then
+    applies a chunk piece by piece as the pieces arrive, while its reader
+    threads still receive the next ones. Only the execution changes: the
+    simulated cost is the plan's, from the schedule as built.
+
+    Args:
+        schedule: any schedule without ``owned_chunks`` (those are returned as is).
+        max_chunk_bytes: the largest piece, bytes >= the itemsize.
+
+    Returns:
+        The split schedule (``schedule`` itself if no chunk is larger).
+
+    Raises:
+        ValueError: ``max_chunk_bytes`` smaller than one element.
+    """
+    if max_chunk_bytes < schedule.itemsize:
+        raise ValueError(f"max_chunk_bytes must hold one element ({schedule.itemsize} bytes), "
+                         f"got {max_chunk_bytes!r}")
+    per_piece = max_chunk_bytes // schedule.itemsize
+    if schedule.owned_chunks or all(b - a <= per_piece for a, b in schedule.chunk_bounds):
+        return schedule
+    bounds: list[tuple[int, int]] = []
+    pieces: list[list[int]] = []  # chunk -> its pieces' indices
+    for start, stop in schedule.chunk_bounds:
+        count = max(1, -(-(stop - start) // per_piece))
+        first = len(bounds)
+        bounds.extend((start + a, start + b) for a, b in chunk_bounds(stop - start, count))
+        pieces.append(list(range(first, len(bounds))))
+    size = schedule.itemsize
+    phases = tuple(
+        tuple(Transfer(t.src, t.dst, c, (bounds[c][1] - bounds[c][0]) * size, t.reduce, d)
+              for t in phase for c, d in zip(pieces[t.chunk], pieces[t.dst_chunk]))
+        for phase in schedule.phases)
+    return dataclasses.replace(schedule, chunk_bounds=tuple(bounds), phases=phases)
 
 
 def rank_plans(schedule: Schedule) -> list[list[tuple[int, list, list]]]:

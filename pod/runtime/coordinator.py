@@ -1,12 +1,12 @@
 """``Pod``: places the chip actors and runs one data-parallel step of a plan.
 
 One step (docs/ARCHITECTURE.md, "One training step"): split the global
-batch into one slice per chip (the chip splits it over its TensorCores),
-``compute`` on every chip, run the allreduce schedule chip to chip over the
-actors, ``apply`` the update on every core, and combine the chips' reports
-(``combine_reports``). All calls of a step are submitted at once; the driver
-then waits on every one of them, the collective's included, so an ``IciError``
-on any chip is seen (and a chip whose collective failed refuses to apply).
+batch into one slice per chip (the chip splits it over its TensorCores) and
+make one call per chip (``ChipActor.train_step``): ``compute``, the chip's
+part of the allreduce schedule chip to chip (handed to every chip once at
+start-up, ``install_schedule``), ``apply``; then combine the chips' reports
+(``combine_reports``). The driver waits on every chip, so an ``IciError`` on
+any chip is seen (and a chip whose collective failed never applies).
 
 The pod decides nothing: the allreduce algorithm, its cost at every step and
 the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import ray
@@ -27,15 +27,16 @@ from pod.errors import USER_ERRORS, CheckpointError, ChipFailureError, ClusterEr
 from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, overlapped_end
 from pod.runtime.actor import ApplyReport, ChipActor, ComputeReport, Evaluation, Snapshot
 from pod.runtime.cluster import ensure_ray, shutdown_ray
-from pod.runtime.collective import run_schedule
+from pod.runtime.collective import install_schedule, split_chunks
 from pod.state.checkpoint import mean_replica_state, params_digest
 
 __all__ = ["Pod", "combine_reports", "chip_arguments"]
 
 # Each chip actor reserves a token CPU share, so that a pod of many chips fits on
 # a few cores (the emulation is not CPU-bound per actor); placement groups need a
-# non-zero resource per bundle.
-_ACTOR_CPUS = 0.01
+# non-zero resource per bundle. 0.001: 2,000 chips per advertised CPU (0.01 refused
+# a v5e-256 on a 2-core machine: 2.56 CPUs of bundles).
+_ACTOR_CPUS = 0.001
 _PLACEMENT_TIMEOUT_S = 60.0
 
 
@@ -101,7 +102,22 @@ def combine_reports(plan: TrainingPlan, step: int, computed: Sequence[ComputeRep
         core_peak_flops_per_s=chip.core.peak_bf16_flops_per_s,
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
         chip_compute_seconds={r: max(out.compute_seconds) for r, out in enumerate(computed)},
+        compute_bound_seconds=_slowest_bounds((out.compute_seconds, out.bound_seconds)
+                                              for out in computed),
+        update_bound_seconds=_slowest_bounds((out.update_seconds, out.bound_seconds)
+                                             for out in applied),
     )
+
+
+def _slowest_bounds(reports) -> dict[str, float]:
+    """The seconds-by-bound of the slowest core among (per-core seconds, per-core
+    bound seconds) pairs ({} when the reports carry none)."""
+    best, out = -1.0, {}
+    for seconds, bounds in reports:
+        for s, b in zip(seconds, bounds):
+            if s > best:
+                best, out = s, dict(b)
+    return out
 
 
 def _model_flops(plan: TrainingPlan, hardware_flops: int) -> int:
@@ -169,13 +185,18 @@ class Pod:
         plan: the checked training plan (``pod.config.plan.build_plan``).
         ray_address: a cluster to join; defaults to the scenario's
             ``ray.address``, then ``RAY_ADDRESS``, then a local cluster.
+        core_threads: run each chip's TensorCores in parallel threads
+            (``ChipActor``); None: when the cluster has a CPU per TensorCore.
+            The results are the same bits either way.
 
     Raises:
         ClusterError: Ray could not start, or a chip actor died.
     """
 
-    def __init__(self, plan: TrainingPlan, *, ray_address: str | None = None) -> None:
+    def __init__(self, plan: TrainingPlan, *, ray_address: str | None = None,
+                 core_threads: bool | None = None) -> None:
         self.plan = plan
+        self.core_threads = core_threads
         self.ray_address = ray_address or plan.scenario.ray.address
         self.actors: list[Any] = []
         self.last_trace: dict[str, Any] | None = None
@@ -185,7 +206,13 @@ class Pod:
         self._owns_ray = False
         self.ici_cost = plan.ici.cost_at(0)
         self._schedule: Schedule | None = None
+        self._wire: Schedule | None = None
         self._slowdowns: dict[int, float] = {}
+        # chip actors are named chip-<rank> (``ray list actors``) in a namespace of this
+        # pod's own, so two pods on one cluster never collide; a replacement actor is
+        # chip-<rank>-restart-<n> (the dead one's name may not be released yet)
+        self.namespace = f"tpu-pod-{plan.scenario.name}-{secrets.token_hex(4)}"
+        self._restarts: dict[int, int] = {}
 
     @property
     def schedule(self) -> Schedule:
@@ -194,6 +221,14 @@ class Pod:
             self._schedule = build_collective("allreduce", self.plan.pod.torus,
                                               self.plan.num_params, 4, self.plan.ici.algorithm)
         return self._schedule
+
+    @property
+    def wire_schedule(self) -> Schedule:
+        """The schedule as the chips run it: ``schedule`` with large chunks cut into
+        pieces (``split_chunks``; the same sums, bit for bit)."""
+        if self._wire is None:
+            self._wire = split_chunks(self.schedule)
+        return self._wire
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -204,18 +239,37 @@ class Pod:
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
 
-    def start(self) -> float:
+    def start(self, check: Callable[[], None] | None = None) -> float:
         """Start (or join) Ray and create one actor per chip.
+
+        Args:
+            check: called once Ray is up and once the hosts are placed: a run's
+                interrupt check, so a SIGTERM during start-up stops it there
+                rather than after every actor is up.
 
         Returns:
             Wall seconds the actors took to come up.
         """
-        self._owns_ray = ensure_ray(self.ray_address)
+        check = check or (lambda: None)
+        self._owns_ray = ensure_ray(self.ray_address,
+                                    dashboard=self.plan.scenario.ray.dashboard)
+        check()
         t0 = time.perf_counter()
         self.placement = self._place_hosts()
+        if self.core_threads is None:
+            cpus = ray.cluster_resources().get("CPU", 1)
+            self.core_threads = cpus >= self.plan.pod.tensorcores
+        check()
         self.actors = [self._new_actor(rank) for rank in range(self.plan.pod.chips)]
-        self._get([a.set_chunk_bounds.remote(self.schedule.chunk_bounds) for a in self.actors])
+        self._get([a.set_chunk_bounds.remote(self.wire_schedule.chunk_bounds) for a in self.actors])
+        self._install_collective()
         return time.perf_counter() - t0
+
+    def _install_collective(self) -> None:
+        """Hand every chip its part of the allreduce and its peers' link addresses
+        (once; again after chips are replaced)."""
+        addresses = self._get([a.ici_address.remote(self.ici_key) for a in self.actors])
+        self._get(install_schedule(self.actors, self.wire_schedule, addresses))
 
     def host_of(self, rank: int) -> int:
         """The TPU host a chip belongs to: ranks in blocks of the chip's chips_per_host."""
@@ -245,15 +299,19 @@ class Pod:
         return group
 
     def _new_actor(self, rank: int) -> Any:
-        """Start the chip actor of one rank in its host's bundle, named ``chip-<rank>``."""
+        """Start the chip actor of one rank in its host's bundle, named ``chip-<rank>``
+        (``chip-<rank>-restart-<n>`` for its n-th replacement) in this pod's namespace."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement,
                                                     placement_group_bundle_index=self.host_of(rank))
+        restarts = self._restarts.get(rank, 0)
+        name = f"chip-{rank}" + (f"-restart-{restarts}" if restarts else "")
         remote = ray.remote(ChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1,
-                                               scheduling_strategy=strategy)
+                                               scheduling_strategy=strategy, name=name,
+                                               namespace=self.namespace)
         args, kwargs = chip_arguments(self.plan, rank)
-        return remote.remote(*args, **kwargs)
+        return remote.remote(*args, **kwargs, core_threads=bool(self.core_threads))
 
     def shutdown(self) -> None:
         """Stop the actors, and the local Ray cluster if this pod started it."""
@@ -300,15 +358,14 @@ class Pod:
         idx = batch_indices(data.x_train.shape[0], plan.global_batch, step, seed)
         x, y = data.x_train[idx], data.y_train[idx]
         per_chip = plan.per_chip_batch
-        computed = [actor.compute.remote(step, x[r * per_chip:(r + 1) * per_chip],
-                                         y[r * per_chip:(r + 1) * per_chip], seed, trace)
-                    for r, actor in enumerate(self.actors)]
-        reduced = run_schedule(self.actors, self.schedule, key=self.ici_key)
-        applied = [actor.apply.remote(step, trace) for actor in self.actors]
-        # every ref, the collective's too, in this order: the first error is the cause
-        n = len(self.actors)
-        results = self._get_all(computed + reduced + applied)
-        computed, applied = results[:n], results[2 * n:]
+        run_id = secrets.randbits(63)  # the step's collective, the same on every chip
+        # one call per chip: compute, its part of the allreduce chip to chip, apply
+        reports = self._get_all([actor.train_step.remote(step, x[r * per_chip:(r + 1) * per_chip],
+                                                         y[r * per_chip:(r + 1) * per_chip],
+                                                         seed, run_id, trace)
+                                 for r, actor in enumerate(self.actors)])
+        computed = [r.compute for r in reports]
+        applied = [r.apply for r in reports]
         wall = time.perf_counter() - t0
         self.last_trace = {
             "compute": [out.trace for out in computed],
@@ -407,10 +464,12 @@ class Pod:
                 ray.kill(self.actors[r], no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+            self._restarts[r] = self._restarts.get(r, 0) + 1
             self.actors[r] = self._new_actor(r)
             self._slowdowns.pop(r, None)
-        self._get([self.actors[r].set_chunk_bounds.remote(self.schedule.chunk_bounds)
+        self._get([self.actors[r].set_chunk_bounds.remote(self.wire_schedule.chunk_bounds)
                    for r in ranks])
+        self._install_collective()  # the new chips' addresses, to every chip
         return time.perf_counter() - t0
 
     def snapshot(self) -> list[Snapshot]:
@@ -452,22 +511,26 @@ class Pod:
             raise _chip_error(err) from None
 
     def _get_all(self, refs: list[Any]) -> list[Any]:
-        """Wait for every ref; on a failure, raise the first one's error (in the
-        refs' order) once every ref has settled or its chip is gone, so no
-        error is left unread and no chip is still mid-step."""
+        """Wait for every ref; on a failure, raise once every ref has settled or
+        its chip is gone, so no error is left unread and no chip is still
+        mid-step: the first dead chip's error if a chip died (its peers' link
+        errors follow from it), else the first error in the refs' order."""
         try:
             return ray.get(refs)
         except ray.exceptions.RayError as err:
             first = err
+        dead = None
         # settle the rest (a chip waiting on a dead peer ends with its IciError)
         for ref in refs:
             try:
                 ray.get(ref, timeout=_SETTLE_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
                 break  # stuck: recovery replaces every actor
+            except ray.exceptions.RayActorError as err:
+                dead = dead or err
             except ray.exceptions.RayError:
                 pass  # read, so Ray does not report it as unhandled
-        raise _chip_error(first) from None
+        raise _chip_error(dead or first) from None
 
 
 #: how long a failed step waits for the other chips' calls to end (they hold the error

@@ -27,12 +27,13 @@ import numpy as np
 
 from chip import Chip, ChipSpec
 from pod.config.sharding import DeviceGroups, device_chip_spec
-from pod.workloads.collectives import CollectiveCall
+from pod.workloads.collectives import AXES, CollectiveCall
+from pod.workloads.sharded import DeviceCoords
 from pod.report.stats import RecordTotals
 from pod.runtime.actor import HbmUsage, TraceRow, _trace_rows
 from pod.state.checkpoint import params_digest
 
-__all__ = ["ShardedChipActor", "ShardedReport"]
+__all__ = ["ShardedChipActor", "ShardedReport", "device_coords"]
 
 
 @dataclass(frozen=True)
@@ -69,15 +70,18 @@ class _Seconds:
 class ShardedChipActor:
     """One chip as one device of a sharded mesh (plain Python; ``ray.remote`` where made).
 
-    The device program is any object with:
+    The device program is ``pod.workloads.sharded.ShardedTransformer``, or any
+    object with its methods:
 
-    - ``init_local(groups, seed) -> state``: this device's parameter and
-      optimizer shards (``groups``: its ``DeviceGroups``);
-    - ``train_step(core, comm, state, x, y, step, seed) -> (loss, state,
-      update_start)``: one step on the device's batch shard, collectives
-      through ``comm`` (``DeviceCollectives``), ops on ``core``;
-      ``update_start`` is the index of the optimizer's first op record, or None;
-    - ``local_params(state) -> dict``: this device's parameter shards.
+    - ``init_local(seed, coords) -> shard``: this device's parameter and
+      optimizer shards (``coords``: its ``DeviceCoords``, ring positions);
+      the shard has ``params`` (name -> array);
+    - ``train_step(core, comm, shard, x, y, step) -> StepResult`` (``loss``,
+      ``shard``, ``update_start``): one step on the device's batch shard
+      (``batch_slice``), collectives through ``comm`` (``DeviceCollectives``),
+      ops on ``core``; ``step`` is the optimizer step, 1 for the first;
+      ``update_start`` the index of the optimizer's first op record, or None;
+    - ``evaluate(core, comm, shard, x, y) -> float`` (optional): the eval loss.
 
     Args:
         spec: the chip preset (v4 / v5p run as one megacore device).
@@ -100,7 +104,8 @@ class ShardedChipActor:
         self.device = device
         self.groups = groups
         self.program = program
-        self.state = program.init_local(groups, seed)
+        self.coords = device_coords(groups)
+        self.state = program.init_local(seed, self.coords)
         self.addresses: dict[int, tuple[str, int]] = {}
         self.compute_slowdown = 1.0
 
@@ -163,8 +168,8 @@ class ShardedChipActor:
         transport = GroupTransport(self._ici_port(), self.groups, self.addresses, run_base)
         comm = RuntimeCollectives(transport)
         self.core.take_records()
-        loss, self.state, update_start = self.program.train_step(self.core, comm, self.state, x,
-                                                                 y, step, seed)
+        result = self.program.train_step(self.core, comm, self.state, x, y, step + 1)
+        loss, self.state, update_start = result.loss, result.shard, result.update_start
         records = self.core.take_records()
         f = self.compute_slowdown
         if f != 1.0:
@@ -180,13 +185,36 @@ class ShardedChipActor:
 
     # -- state ----------------------------------------------------------------------
 
+    def evaluate(self, x: np.ndarray, y: np.ndarray, run_base: int) -> float:
+        """The program's eval-mode loss on this device's shard of an eval batch
+        (its collectives run like a step's, from ``run_base``); its op records
+        are dropped (evaluation is not training time)."""
+        from pod.runtime.mesh_collectives import GroupTransport, RuntimeCollectives
+
+        comm = RuntimeCollectives(GroupTransport(self._ici_port(), self.groups, self.addresses,
+                                                 run_base))
+        self.core.take_records()
+        loss = self.program.evaluate(self.core, comm, self.state, x, y)
+        self.core.take_records()
+        return float(loss)
+
+    def shard(self) -> Any:
+        """This device's state (the program's shard: ``DeviceShard``), for ``assemble``."""
+        return self.state
+
     def local_params(self) -> dict[str, np.ndarray]:
         """A copy of this device's parameter shards."""
-        return {k: np.array(v, copy=True) for k, v in self.program.local_params(self.state).items()}
+        return {k: np.array(v, copy=True) for k, v in self.state.params.items()}
 
     def digest(self) -> str:
         """SHA-256 of this device's parameter shards (``params_digest``)."""
-        return params_digest(self.program.local_params(self.state))
+        return params_digest(dict(self.state.params))
+
+
+def device_coords(groups: DeviceGroups) -> DeviceCoords:
+    """A device's ``DeviceCoords``: its ring position along each axis (what its
+    ``RuntimeCollectives.axis_index`` reports, so its shard is the one it exchanges)."""
+    return DeviceCoords(*(groups.ring_index(a) for a in AXES))
 
 
 def record_stand_ins(report: ShardedReport) -> list[_Seconds]:

@@ -24,9 +24,11 @@ from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, device_gr
 from pod.report.sharded import ShardedClock, sharded_step_clock
 from pod.report.stats import StepStats
 from pod.runtime.cluster import ensure_ray, shutdown_ray
-from pod.runtime.sharded_actor import ShardedChipActor, ShardedReport, record_stand_ins
+from pod.runtime.sharded_actor import (ShardedChipActor, ShardedReport, device_coords,
+                                       record_stand_ins)
 
-__all__ = ["ShardedPod", "batch_shard", "combine_sharded_reports", "device_clock"]
+__all__ = ["ShardedPod", "ShardedTrainingPod", "batch_shard", "combine_sharded_reports",
+           "device_clock"]
 
 _ACTOR_CPUS = 0.01
 #: run ids per step: a step may issue at most this many collectives per device
@@ -107,6 +109,7 @@ class ShardedPod:
         self._owns_ray = False
         self._run_base = RUNS_PER_STEP  # run ids of the next step start here
         self.last_reports: list[ShardedReport] = []
+        self.coords = [device_coords(device_groups(mesh, d)) for d in range(mesh.size)]
 
     def __enter__(self) -> "ShardedPod":
         self.start()
@@ -159,9 +162,7 @@ class ShardedPod:
         self._run_base += RUNS_PER_STEP
         refs = []
         for d, actor in enumerate(self.actors):
-            index, shards = batch_shard(self.mesh, d)
-            rows = x.shape[0] // shards
-            part = slice(index * rows, (index + 1) * rows)
+            part = self.program.batch_slice(int(x.shape[0]), self.coords[d])
             refs.append(actor.step.remote(step, x[part], y[part], self.seed, base, trace))
         reports = Pod._get_all(self, refs)  # every ref; the first error is the cause
         self.last_reports = reports
@@ -175,3 +176,123 @@ class ShardedPod:
     def local_params(self) -> list[dict[str, np.ndarray]]:
         """Every device's parameter shards, by device id."""
         return ray.get([a.local_params.remote() for a in self.actors])
+
+    def shards(self) -> list[Any]:
+        """Every device's state (the program's shard), by device id."""
+        return ray.get([a.shard.remote() for a in self.actors])
+
+    def assemble(self, *, opt_state: bool = False) -> dict[str, np.ndarray]:
+        """The whole model's parameters (or optimizer state) from the devices' shards
+        (the program's ``assemble``: data replica 0's)."""
+        return self.program.assemble(self.shards(), opt_state=opt_state)
+
+    def replicas_identical(self) -> bool:
+        """Whether the data replicas hold bit-identical shards: every device's digest
+        equals that of the device at the same (fsdp, tensor) of data replica 0."""
+        digests = ray.get([a.digest.remote() for a in self.actors])
+        first = {(c.fsdp, c.tensor): digests[d] for d, c in enumerate(self.coords)
+                 if c.data == 0}
+        return all(digests[d] == first[(c.fsdp, c.tensor)] for d, c in enumerate(self.coords))
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
+        """The program's eval-mode loss over the batch ``x``, ``y`` (split as a
+        training batch; the global figure is the devices' mean, ``global_loss``).
+
+        Raises:
+            ClusterError: a device failed.
+        """
+        from pod.runtime.coordinator import Pod
+
+        base = self._run_base
+        self._run_base += RUNS_PER_STEP
+        refs = [actor.evaluate.remote(*(a[self.program.batch_slice(int(x.shape[0]), c)]
+                                        for a in (x, y)), base)
+                for actor, c in zip(self.actors, self.coords)]
+        return float(np.mean(Pod._get_all(self, refs)))
+
+
+class ShardedTrainingPod:
+    """A training plan's sharded pod: the transformer's device program
+    (``pod.workloads.sharded.ShardedTransformer``) on one ``ShardedChipActor`` per
+    device, fed the plan's batches (``batch_indices``, as the data-parallel ``Pod``).
+
+    What ``pod.commands.train`` needs of a pod: ``start``, ``step``, ``evaluate``,
+    ``replicas_identical``, ``snapshot`` (a checkpoint of the assembled whole
+    model), ``shutdown``.
+
+    Args:
+        plan: a checked plan whose mesh has fsdp or tensor axes (transformer model).
+        ray_address: a cluster to join (None: a local one).
+
+    Raises:
+        ValueError: tensor does not split the model's heads and MLP (the plan
+            refuses that first).
+    """
+
+    #: test examples of the evaluation batch at most (cut to a multiple of data x fsdp)
+    EVAL_EXAMPLES = 256
+
+    def __init__(self, plan: Any, *, ray_address: str | None = None) -> None:
+        from pod.workloads import build_optimizer
+        from pod.workloads.sharded import ShardedTransformer
+
+        self.plan = plan
+        training = plan.scenario.training
+        self.optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
+        self.program = ShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer)
+        costs = plan.mesh_costs or MeshCollectiveCosts(plan.mesh, plan.ici.link)
+        self.pod = ShardedPod(plan.mesh, plan.pod.chip, self.program, costs, training.seed,
+                              ray_address=ray_address, precision=training.precision,
+                              mxu_model=plan.scenario.pod.mxu_model)
+        self.last_trace = None
+
+    def start(self) -> float:
+        """Start the device actors; wall seconds they took."""
+        return self.pod.start()
+
+    def shutdown(self) -> None:
+        """Stop the actors (and a local Ray cluster this pod started)."""
+        self.pod.shutdown()
+
+    def step(self, step: int, trace: bool = False) -> StepStats:
+        """One sharded training step on the plan's batch of ``step`` (zero-based).
+
+        Raises:
+            ClusterError: a device failed.
+        """
+        from pod.config.plan import batch_indices
+
+        plan, data = self.plan, self.plan.dataset
+        idx = batch_indices(data.x_train.shape[0], plan.global_batch, step,
+                            plan.scenario.training.seed)
+        return self.pod.step(step, data.x_train[idx], data.y_train[idx],
+                             model_flops=plan.model.model_flops_per_example() * plan.global_batch)
+
+    def evaluate(self) -> Any:
+        """Eval-mode loss over the first examples of the test split (at most
+        ``EVAL_EXAMPLES``, a multiple of data x fsdp); accuracy is not computed
+        by the sharded program (NaN)."""
+        from pod.runtime.actor import Evaluation
+
+        data, shards = self.plan.dataset, self.program.batch_shards
+        n = min(len(data.x_test), self.EVAL_EXAMPLES) // shards * shards
+        if n == 0:
+            return Evaluation(float("nan"), float("nan"))
+        return Evaluation(self.pod.evaluate(data.x_test[:n], data.y_test[:n]), float("nan"))
+
+    def replicas_identical(self) -> bool:
+        """Whether every data replica holds bit-identical shards."""
+        return self.pod.replicas_identical()
+
+    def snapshot(self) -> list[Any]:
+        """One ``Snapshot`` of the whole model assembled from the shards (data
+        replica 0's; ``replicas_identical`` says whether the others agree), as
+        ``pod.state.resume.pod_checkpoint`` takes it."""
+        from pod.runtime.actor import Snapshot
+        from pod.state.checkpoint import params_digest
+
+        shards = self.pod.shards()
+        params = self.program.assemble(shards)
+        opt_state = self.program.assemble(shards, opt_state=True)
+        return [Snapshot(digests=((params_digest(params), params_digest(opt_state)),),
+                         model_state=({},), params=params, optimizer_state=opt_state)]

@@ -1,12 +1,60 @@
-"""The one input check of ``pod.workloads``: numbers that must be integers or
-lie in a range, with one message shape ("<what> must be ..., got <value>")."""
+"""The input checks of ``pod.workloads``: numbers that must be integers or lie in
+a range, with one message shape ("<what> must be ..., got <value>"); token ids
+inside a vocabulary; and the error for a model that does not fit its data."""
 
 from __future__ import annotations
 
 import math
 import numbers
 
-__all__ = ["check_int", "check_number"]
+import numpy as np
+
+__all__ = ["check_int", "check_number", "check_token_ids", "short_repr", "DataMismatchError", "TokenIdError"]
+
+
+class DataMismatchError(ValueError):
+    """A model cannot take a dataset: its input shape, its classes or its labels
+    per example differ from what the model takes and predicts."""
+
+
+class TokenIdError(DataMismatchError):
+    """Token ids outside an embedding's vocabulary.
+
+    Attributes:
+        vocabulary: the embedding's size V (ids must be in [0, V)).
+        low, high: the smallest and largest id found.
+    """
+
+    def __init__(self, message: str, vocabulary: int, low: int, high: int) -> None:
+        super().__init__(message)
+        self.vocabulary, self.low, self.high = vocabulary, low, high
+
+
+def check_token_ids(x: np.ndarray, vocabulary: int, what: str) -> np.ndarray:
+    """``x`` (any shape) as int64 token ids, if every one is a whole number in
+    [0, vocabulary).
+
+    Raises:
+        DataMismatchError: fractional values ("<what>: ... integer token ids").
+        TokenIdError: an id outside [0, vocabulary), naming the range found.
+    """
+    if x.dtype.kind not in "iu" and not np.all(np.floor(x) == x):
+        raise DataMismatchError(f"{what}: inputs must be integer token ids, got dtype {x.dtype} "
+                                "with fractional values")
+    ids = x.astype(np.int64, copy=False)
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocabulary:
+            raise TokenIdError(f"{what}: token ids must be in [0, {vocabulary}) (the vocabulary), "
+                               f"got range [{low}, {high}]", vocabulary, low, high)
+    return ids
+
+
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a huge list given as a size is
+    quoted by its start)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_int(value: object, what: str, minimum: int = 1) -> int:
@@ -18,7 +66,7 @@ def check_int(value: object, what: str, minimum: int = 1) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{what} must be {need}, got {value!r}")
+        raise ValueError(f"{what} must be {need}, got {short_repr(value)}")
     return int(value)
 
 
@@ -50,5 +98,5 @@ def check_number(value: object, what: str, *, low: float | None = None,
             need = f"a number {'<' if high_open else '<='} {high:g}"
         else:
             need = "a finite number"
-        raise ValueError(f"{what} must be {need}, got {value!r}")
+        raise ValueError(f"{what} must be {need}, got {short_repr(value)}")
     return float(value)

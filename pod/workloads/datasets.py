@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -30,30 +31,58 @@ def _digits(test_fraction: float, seed: int) -> Dataset:
     return Dataset("digits", x[tr], y[tr], x[te], y[te], 10, synthetic=False)
 
 
+#: Most values a synthetic dataset (or its labelling table) may hold: 2**26 float32
+#: values are 256 MiB; the largest shipped one (CIFAR-shaped, 4,096 examples) has
+#: 12.6 million.
+MAX_SYNTHETIC_VALUES = 1 << 26
+
+
 def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: int = 10,
-               num_examples: int = 2048, vocabulary: int | None = None) -> Dataset:
+               num_examples: int = 2048, vocabulary: int | None = None,
+               labels: str = "linear") -> Dataset:
     """Gaussian inputs; label = argmax of a fixed random linear map of the
     input (a rule a model can learn, so the loss can fall).
 
     With ``vocabulary`` V: integer token ids in [1, V) (0 is left for
     padding), int32, and label = argmax over classes of the summed random
-    per-token class scores (a bag-of-words rule)."""
+    per-token class scores (a bag-of-words rule).
+
+    ``labels: uniform`` draws the labels uniformly instead (nothing to learn):
+    for throughput-only data whose linear map would be large (224x224x3
+    inputs and 1000 classes: a 150528 x 1000 map, 0.6 GB)."""
+    if labels not in ("linear", "uniform"):
+        raise ValueError(f"synthetic: option labels must be linear or uniform, got {labels!r}")
     if isinstance(shape, int):
         shape = (shape,)
+    if not isinstance(shape, (list, tuple)):
+        raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r:.60}")
     shape = tuple(shape)
     if not shape or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0
                             for v in shape):
-        raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r}")
+        raise ValueError(f"synthetic: option shape must be positive integers, got {shape!r:.60}")
     for field, value, low in (("num_classes", num_classes, 2), ("num_examples", num_examples, 2)):
         check_int(value, f"synthetic: option {field}", low)
-    rng = np.random.default_rng(seed)
     if vocabulary is not None:
         check_int(vocabulary, "synthetic: option vocabulary", 2)
+    per_example = math.prod(shape)
+    table = (vocabulary if vocabulary is not None else per_example) * num_classes
+    for what, values in ((f"num_examples x shape ({num_examples} x {per_example})",
+                          num_examples * per_example),
+                         (f"{'vocabulary' if vocabulary is not None else 'shape'} x num_classes",
+                          table)):
+        if values > MAX_SYNTHETIC_VALUES:
+            raise ValueError(f"synthetic: options {what} make {values:,} values, more than the "
+                             f"{MAX_SYNTHETIC_VALUES:,} allowed")
+    rng = np.random.default_rng(seed)
+    if vocabulary is not None:
         x = rng.integers(1, vocabulary, size=(num_examples, *shape)).astype(np.int32)  # (N, *shape)
         scores = rng.standard_normal((int(vocabulary), num_classes))                 # (V, K)
         scores -= scores.mean(axis=0)                                     # balanced classes
         y = scores[x].reshape(num_examples, -1, num_classes).sum(axis=1).argmax(axis=1)
         y = y.astype(np.int64)
+    elif labels == "uniform":
+        x = rng.standard_normal((num_examples, *shape), dtype=np.float32)  # (N, *shape)
+        y = rng.integers(0, num_classes, num_examples).astype(np.int64)  # (N,)
     else:
         x = rng.standard_normal((num_examples, *shape), dtype=np.float32)  # (N, *shape)
         w = rng.standard_normal((int(np.prod(shape)), num_classes)).astype(np.float32)
@@ -88,7 +117,7 @@ def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
 
 _LOADERS = {
     "digits": (_digits, ()),
-    "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary")),
+    "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary", "labels")),
     "mnist": (files.load_mnist, ()),
     "cifar10": (files.load_cifar10, ()),
     "imdb": (files.load_imdb, ("num_words", "maxlen")),
@@ -109,8 +138,10 @@ def load_dataset(name: str, *, test_fraction: float = 0.2, seed: int = 0,
             pixels 0..16 scaled to [0, 1], shape (N, 8, 8, 1), 10 classes,
             split stratified by class with a seeded shuffle;
             "synthetic": generated, labelled synthetic (options shape=(8, 8, 1),
-            num_classes=10, num_examples=2048, vocabulary=None for token ids);
-            "mnist": ``path`` = a directory with the four IDX files;
+            num_classes=10, num_examples=2048, vocabulary=None for token ids,
+            labels="linear" (a learnable rule) or "uniform" (random, cheap));
+            "mnist": ``path`` = a directory with the four IDX files, or Keras's
+            mnist.npz (or a directory holding it);
             "cifar10": ``path`` = the "cifar-10-batches-py" directory;
             "imdb": ``path`` = a directory of pos/ and neg/ text files (or
             train/ and test/ holding them), or a pre-tokenised .npz (options

@@ -9,7 +9,9 @@ the scenario file's directory):
   also be ".idx3-ubyte"; each may be gzipped, ending ".gz"). IDX: two zero
   bytes, a type byte (0x08 = uint8), the number of dimensions, then each
   dimension as a big-endian uint32, then the data (LeCun et al.,
-  http://yann.lecun.com/exdb/mnist/). Pixels scaled to [0, 1], (N, 28, 28, 1).
+  http://yann.lecun.com/exdb/mnist/). Or Keras's ``mnist.npz`` (the file, or a
+  directory holding it): uint8 ``x_train`` (N, 28, 28), ``y_train`` (N,),
+  ``x_test``, ``y_test``, read without pickle. Pixels scaled to [0, 1], (N, 28, 28, 1).
 - CIFAR-10: the "python version" directory ``cifar-10-batches-py`` with
   ``data_batch_1`` ... ``data_batch_5`` (any that exist) and ``test_batch``:
   pickled dicts with ``data`` (N, 3072) uint8 (1024 red, 1024 green, 1024
@@ -37,6 +39,7 @@ from __future__ import annotations
 import collections
 import gzip
 import io
+import math
 import os
 import pickle
 import re
@@ -51,7 +54,8 @@ from pod.workloads.dataset import Dataset, stratified_split
 
 FORMATS = {
     "mnist": "a directory with the MNIST IDX files train-images-idx3-ubyte, "
-             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (.gz allowed)",
+             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (.gz allowed), "
+             "or Keras's mnist.npz (x_train, y_train, x_test, y_test)",
     "cifar10": "the cifar-10-batches-py directory (data_batch_1..5, test_batch)",
     "imdb": "a directory with pos/ and neg/ text files (or train/ and test/ holding them), "
             "or a pre-tokenised .npz with x_train, y_train, x_test, y_test",
@@ -121,20 +125,38 @@ def read_data_file(path: Path) -> bytes:
     return raw
 
 
-def gunzip_bounded(raw: bytes, path: Path) -> bytes:
+def gunzip_bounded(raw: bytes, path: Path, limit_of=None) -> bytes:
     """Decompress gzip data, refusing more than ``MAX_DECOMPRESSED_BYTES``.
+
+    Args:
+        raw: the gzip file's bytes.
+        path: named in errors.
+        limit_of: optional ``f(read) -> (limit_bytes, why)`` given a function that
+            reads the first bytes (a format's header): the data may not decompress
+            to more than ``limit_bytes``; so a bomb stops at the size its header
+            declares, not at ``MAX_DECOMPRESSED_BYTES`` of memory.
 
     Raises:
         ValueError: not gzip, or a gzip bomb; one line naming the path.
     """
+    limit, why = MAX_DECOMPRESSED_BYTES, f"{MAX_DECOMPRESSED_BYTES:,} bytes"
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
-            out = f.read(MAX_DECOMPRESSED_BYTES + 1)
+            head = b""
+            if limit_of is not None:
+                def read(n: int) -> bytes:
+                    nonlocal head
+                    head += f.read(n)
+                    return head
+                declared, declared_why = limit_of(read)
+                if declared <= limit:
+                    limit, why = declared, declared_why
+            out = head + f.read(limit + 1 - len(head))
     except (OSError, EOFError) as err:
         raise ValueError(f"{path}: not a valid gzip file ({err})") from None
-    if len(out) > MAX_DECOMPRESSED_BYTES:
-        raise ValueError(f"{path}: decompresses to more than {MAX_DECOMPRESSED_BYTES:,} bytes; "
-                         "refused (a data file this size is not one of the formats read here)")
+    if len(out) > limit:
+        raise ValueError(f"{path}: decompresses to more than {why}; refused (a data file this "
+                         "size is not one of the formats read here)")
     return out
 
 
@@ -154,6 +176,17 @@ _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dty
               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
 
+def _idx_declared_bytes(read) -> tuple[int, str]:
+    """The size an IDX header declares (header and data), from its first bytes."""
+    head = read(4)
+    if len(head) < 4 or head[2] not in _IDX_TYPES:
+        return MAX_DECOMPRESSED_BYTES, f"{MAX_DECOMPRESSED_BYTES:,} bytes"
+    head = read(4 * head[3])
+    dims = [int.from_bytes(head[i:i + 4], "big") for i in range(4, len(head) - 3, 4)]
+    total = len(head) + math.prod(dims) * np.dtype(_IDX_TYPES[head[2]]).itemsize
+    return total, f"the {total:,} bytes its IDX header declares"
+
+
 def read_idx(path: Path) -> np.ndarray:
     """Reads one IDX file (gzipped if it ends in .gz).
 
@@ -162,7 +195,7 @@ def read_idx(path: Path) -> np.ndarray:
     """
     raw = read_data_file(path)
     if path.suffix == ".gz":
-        raw = gunzip_bounded(raw, path)
+        raw = gunzip_bounded(raw, path, _idx_declared_bytes)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES or raw[3] < 1:
         raise ValueError(f"{path}: not an IDX file (magic bytes {raw[:4].hex() or 'missing'}; "
                          "expected 00 00 <type> <dims>)")
@@ -188,23 +221,69 @@ def _find(directory: Path, stems: tuple[str, ...], name: str) -> Path:
 
 
 def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
-    """MNIST from its IDX files: (60000, 28, 28, 1) train, (10000, ...) test
-    (the files' own split; ``test_fraction`` is not used)."""
-    _require(path, "mnist", directory=True)
+    """MNIST: (60000, 28, 28, 1) train, (10000, ...) test (the files' own split;
+    ``test_fraction`` is not used), from the four IDX files in a directory, or from
+    Keras's ``mnist.npz`` (the file, or a directory holding it; arrays ``x_train``
+    (N, 28, 28) uint8, ``y_train`` (N,), ``x_test``, ``y_test``, read without pickle)."""
+    _require(path, "mnist")
+    if not path.is_dir() or (not _has_idx(path) and (path / "mnist.npz").exists()):
+        npz = path if not path.is_dir() else path / "mnist.npz"
+        arrays = _read_npz(npz, "mnist", ("x_train", "y_train", "x_test", "y_test"))
+        pairs = {"train": (arrays["x_train"], arrays["y_train"]),
+                 "test": (arrays["x_test"], arrays["y_test"])}
+    else:
+        pairs = {}
+        for split, prefix in (("train", "train"), ("test", "t10k")):
+            pairs[split] = tuple(read_idx(_find(path, (f"{prefix}-{kind}-idx{n}-ubyte",
+                                                       f"{prefix}-{kind}.idx{n}-ubyte"), "mnist"))
+                                 for kind, n in (("images", 3), ("labels", 1)))
     arrays = {}
-    for split, prefix in (("train", "train"), ("test", "t10k")):
-        images = read_idx(_find(path, (f"{prefix}-images-idx3-ubyte", f"{prefix}-images.idx3-ubyte"),
-                                "mnist"))
-        labels = read_idx(_find(path, (f"{prefix}-labels-idx1-ubyte", f"{prefix}-labels.idx1-ubyte"),
-                                "mnist"))
+    for split, (images, labels) in pairs.items():
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise ValueError(f"{path}: MNIST {split} images {images.shape} and labels {labels.shape} "
                              "do not match (expected (N, H, W) and (N,))")
-        if labels.size and labels.max() > 9:
-            raise ValueError(f"{path}: MNIST {split} labels must be 0..9, found {labels.max()}")
+        if images.dtype != np.uint8 or labels.dtype.kind not in "iu":
+            raise ValueError(f"{path}: MNIST {split} images must be uint8 and labels integers, "
+                             f"got {images.dtype} and {labels.dtype}")
+        if labels.size and (labels.max() > 9 or labels.min() < 0):
+            raise ValueError(f"{path}: MNIST {split} labels must be 0..9, found "
+                             f"{labels.min()}..{labels.max()}")
         arrays[split] = ((images.astype(np.float32) / 255.0)[..., None], labels.astype(np.int64))
     (xtr, ytr), (xte, yte) = arrays["train"], arrays["test"]
     return Dataset("mnist", xtr, ytr, xte, yte, 10, synthetic=False, source=str(path))
+
+
+def _has_idx(directory: Path) -> bool:
+    return any(directory.glob("train-images*idx3-ubyte*"))
+
+
+def _read_npz(path: Path, name: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz archive, read without pickle and bounded in size.
+
+    Raises:
+        ValueError: not a regular .npz file, too large, an array missing or not
+            readable without pickle; one line naming the file.
+    """
+    _regular(path)
+    if path.suffix != ".npz" or not zipfile.is_zipfile(path):
+        # np.load would try it as a pickle and talk about allow_pickle, which misleads
+        raise ValueError(f"{path}: not a .npz archive (an .npz is a zip of .npy arrays, as "
+                         f"numpy.savez writes); {name} needs {FORMATS[name]}")
+    _check_zip_size(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise ValueError(f"{path}: missing array {missing[0]!r}; {name} .npz needs "
+                                 f"{', '.join(keys)}")
+            return {k: z[k] for k in keys}
+    except ValueError as err:
+        if str(err).startswith(f"{path}: missing array"):
+            raise
+        raise ValueError(f"{path}: cannot read without pickle ({err}); save numeric arrays, "
+                         "not lists of lists") from None
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a valid .npz file ({err})") from None
 
 
 # --------------------------------------------------------------------------- CIFAR-10
@@ -225,7 +304,29 @@ class SafeUnpickler(pickle.Unpickler):
         if (module, name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data and "
                                          "numpy arrays are allowed")
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        return _bounded_reconstruct(found) if name == "_reconstruct" else found
+
+
+def _bounded_reconstruct(reconstruct):
+    """numpy's ``_reconstruct(subtype, shape, typecode)`` allocates ``shape`` before any
+    data is read (pickles write ``(0,)``): refuse a shape whose elements would exceed
+    ``MAX_DECOMPRESSED_BYTES`` (a 100-byte pickle asking for 1 TiB)."""
+
+    def checked(subtype, shape, typecode):
+        dims = shape if isinstance(shape, tuple) else (shape,)
+        if not all(isinstance(d, int) and d >= 0 for d in dims) or \
+                math.prod(dims) > MAX_DECOMPRESSED_BYTES:
+            raise pickle.UnpicklingError(f"an array of shape {_short(shape)} is larger than the "
+                                         f"{MAX_DECOMPRESSED_BYTES:,} bytes allowed")
+        return reconstruct(subtype, shape, typecode)
+
+    return checked
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def safe_unpickle(raw: bytes, source: Path) -> object:
@@ -237,8 +338,9 @@ def safe_unpickle(raw: bytes, source: Path) -> object:
     try:
         obj = SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-            IndexError, KeyError) as err:
-        raise ValueError(f"{source}: not a CIFAR-10 python batch ({err})") from None
+            IndexError, KeyError, MemoryError) as err:
+        raise ValueError(f"{source}: not a CIFAR-10 python batch "
+                         f"({_short(str(err) or type(err).__name__, 200)})") from None
     if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
         raise ValueError(f"{source}: object arrays are not allowed")
     return obj
@@ -319,15 +421,37 @@ def _check_int(value, field: str, low: int) -> int:
 
 def _check_zip_size(path: Path) -> None:
     """Refuse an .npz whose arrays decompress to more than ``MAX_DECOMPRESSED_BYTES``
-    (the sizes in the zip directory; reading stops at them)."""
+    (the sizes in the zip directory; reading stops at them), or whose .npy headers
+    declare more bytes than their member holds (numpy allocates the declared shape
+    before reading: a 100-byte member claiming 4 TiB would be a MemoryError)."""
     try:
         with zipfile.ZipFile(path) as z:
-            total = sum(info.file_size for info in z.infolist())
+            members = z.infolist()
+            total = sum(info.file_size for info in members)
+            if total > MAX_DECOMPRESSED_BYTES:
+                raise ValueError(f"{path}: its arrays decompress to {total:,} bytes, more than "
+                                 f"{MAX_DECOMPRESSED_BYTES:,}; refused")
+            for info in members:
+                if info.filename.endswith(".npy"):
+                    with z.open(info) as member:
+                        _check_npy_header(path, info, member)
     except (OSError, zipfile.BadZipFile) as err:
         raise ValueError(f"{path}: not a valid .npz file ({err})") from None
-    if total > MAX_DECOMPRESSED_BYTES:
-        raise ValueError(f"{path}: its arrays decompress to {total:,} bytes, more than "
-                         f"{MAX_DECOMPRESSED_BYTES:,}; refused")
+
+
+def _check_npy_header(path: Path, info: zipfile.ZipInfo, member) -> None:
+    """The shape and dtype an .npy member declares must fit in the bytes it holds."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(member)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read(member)
+    except (ValueError, TypeError, SyntaxError) as err:
+        raise ValueError(f"{path}: {info.filename}: not an .npy array ({err})") from None
+    declared = dtype.itemsize * math.prod(shape)
+    if declared > info.file_size:
+        raise ValueError(f"{path}: {info.filename} declares shape {shape} of {dtype} "
+                         f"({declared:,} bytes) but holds {info.file_size:,} bytes; refused")
 
 
 def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 15000,
@@ -340,22 +464,7 @@ def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 1500
         _regular(path)
         if path.suffix != ".npz":
             raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
-        if not zipfile.is_zipfile(path):
-            # np.load would try it as a pickle and talk about allow_pickle, which misleads
-            raise ValueError(f"{path}: not a .npz archive (an .npz is a zip of .npy arrays, as "
-                             f"numpy.savez writes); imdb needs {FORMATS['imdb']}")
-        _check_zip_size(path)
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-        except KeyError as err:
-            raise ValueError(f"{path}: missing array {err}; imdb .npz needs x_train, y_train, "
-                             "x_test, y_test") from None
-        except ValueError as err:
-            raise ValueError(f"{path}: cannot read without pickle ({err}); save padded integer "
-                             "arrays, not lists of lists") from None
-        except (OSError, EOFError) as err:
-            raise ValueError(f"{path}: not a valid .npz file ({err})") from None
+        arrays = _read_npz(path, "imdb", ("x_train", "y_train", "x_test", "y_test"))
         for k in ("x_train", "x_test"):
             if arrays[k].ndim != 2 or arrays[k].dtype.kind not in "iu":
                 raise ValueError(f"{path}: {k} must be an integer array (N, L), got "

@@ -122,6 +122,11 @@ class Layer:
     def output_shape(self, input_shape) -> tuple[int, ...]:
         return tuple(input_shape)
 
+    def check_inputs(self, x: np.ndarray) -> None:
+        """Raise ``DataMismatchError`` if ``x`` (B, *input_shape) cannot be this
+        layer's input whatever its parameters (an embedding: ids outside its
+        vocabulary); any values by default."""
+
     def forward_flops(self, input_shape) -> int:
         return 0
 
@@ -246,6 +251,15 @@ class Conv2D(Layer):
     (a conv followed by BatchNorm, as in ResNet, has none). Padding "same"
     (TF/XLA convention, see ``same_padding``) or "valid".
 
+    ``im2col_in_hbm`` says how the HBM traffic is costed. True (the default,
+    the seed CNN's accounting): the patch matrix (B*Ho*Wo, KH*KW*C) is read
+    from HBM by each GEMM and the input gradient is summed from its columns
+    by a separate col2im pass on the VPU. False: as XLA's convolution emitter
+    does on a TPU, the patches are formed on chip, so the forward and the
+    weight-gradient GEMMs read the input (B, H, W, C) once, and the input
+    gradient is a transposed convolution on the MXU that writes (B, H, W, C)
+    with no separate pass (ResNet's convs). MXU cycles are the same either way.
+
     On a timing-only core (``core.execute`` False) the im2col / col2im
     buffers are not built: the same ops are recorded from their shapes
     (``account_matmul`` / ``account_vector``, the costs ``matmul`` and
@@ -257,8 +271,11 @@ class Conv2D(Layer):
 
     def __init__(self, filters: int, kernel_size: int | tuple[int, int] = 2, *,
                  stride: int = 1, padding: str = "same", use_bias: bool = True,
-                 name: str | None = None):
+                 im2col_in_hbm: bool = True, name: str | None = None):
         super().__init__(name)
+        if not isinstance(im2col_in_hbm, bool):
+            raise ValueError(f"Conv2D im2col_in_hbm must be true or false, got {im2col_in_hbm!r}")
+        self.im2col_in_hbm = im2col_in_hbm
         if not isinstance(use_bias, bool):
             raise ValueError(f"Conv2D use_bias must be true or false, got {use_bias!r}")
         self.use_bias = use_bias
@@ -352,12 +369,14 @@ class Conv2D(Layer):
                 dxp[:, i:i + span_h:s, j:j + span_w:s, :] += dcols[:, :, :, i * kw + j, :]
         return dxp[:, top:top + h, left:left + w, :]
 
-    def _gemm(self, core, cols_shape, lhs, rhs, name, out_shape, dtype):
+    def _gemm(self, core, cols_shape, lhs, rhs, name, out_shape, dtype, **hbm):
         """One im2col GEMM, or on a timing-only core its cost alone (``lhs`` / ``rhs``
-        are callables so the operands are built only when the product runs)."""
+        are callables so the operands are built only when the product runs; ``hbm``:
+        ``a_elements`` / ``out_elements`` when the patches stay on chip)."""
+        hbm = {} if self.im2col_in_hbm else hbm
         if core.execute:
-            return core.matmul(lhs(), rhs(), name=name, a_rounded=True, b_rounded=True)
-        core.account_matmul(*cols_shape, name=name)
+            return core.matmul(lhs(), rhs(), name=name, a_rounded=True, b_rounded=True, **hbm)
+        core.account_matmul(*cols_shape, name=name, **hbm)
         return timing_zeros(out_shape, dtype)
 
     def forward(self, core, params, x, *, training=False, rng=None):
@@ -369,7 +388,7 @@ class Conv2D(Layer):
         w2d = params["kernel"].reshape(-1, self.filters)                  # (KH*KW*C, F)
         y = self._gemm(core, (m, k, self.filters), lambda: self._im2col(xr), lambda: w2d,
                        f"{self.name}/fwd", (m, self.filters),
-                       self._out_dtype(core, xr, w2d))                    # (B*Ho*Wo, F)
+                       self._out_dtype(core, xr, w2d), a_elements=xr.size)  # (B*Ho*Wo, F)
         if self.use_bias:
             y = _bias_add(core, self.name, y, params["bias"])
         return y.reshape(b, ho, wo, self.filters), xr
@@ -387,7 +406,7 @@ class Conv2D(Layer):
         w2d = params["kernel"].reshape(-1, self.filters)                  # (KH*KW*C, F)
         dw = self._gemm(core, (k, m, self.filters), lambda: self._im2col(xr).T, lambda: dyr,
                         f"{self.name}/dW", (k, self.filters),
-                        self._out_dtype(core, xr, dyr))                   # (KH*KW*C, F)
+                        self._out_dtype(core, xr, dyr), a_elements=xr.size)  # (KH*KW*C, F)
         grads = {"kernel": dw.reshape(params["kernel"].shape)}
         if self.use_bias:
             grads["bias"] = _bias_grad(core, self.name, dy2d)             # (F,)
@@ -395,8 +414,12 @@ class Conv2D(Layer):
         if need_dx:
             dtype = self._out_dtype(core, dyr, w2d)
             dcols = self._gemm(core, (m, self.filters, k), lambda: dyr, lambda: w2d.T,
-                               f"{self.name}/dx", (m, k), dtype)          # (B*Ho*Wo, KH*KW*C)
-            if core.execute:
+                               f"{self.name}/dx", (m, k), dtype,
+                               out_elements=xr.size)                      # (B*Ho*Wo, KH*KW*C)
+            if not self.im2col_in_hbm:  # summed on chip by the transposed convolution
+                dx = (self._col2im(dcols, xr.shape) if core.execute
+                      else timing_zeros(xr.shape, dtype))                 # (B, H, W, C)
+            elif core.execute:
                 dx = core.vector(f"{self.name}/col2im",
                                  lambda d: self._col2im(d, xr.shape), dcols)  # (B, H, W, C)
             else:  # the cost of the col2im above: max(elements), bytes in and out

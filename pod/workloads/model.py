@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chip import to_bf16
+from pod.workloads.checks import DataMismatchError
 from pod.workloads.layers import Layer
 from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
 
@@ -139,6 +140,31 @@ class Model:
             raise ValueError(f"{self.name}: state keys {sorted(state)} do not match the model's "
                              f"{sorted(self.state_shapes)}")
         return [{local: state[key] for key, local in keys} for keys in self._state_keys]
+
+    def check_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Check a whole split against the model before any chip sees it.
+
+        Args:
+            x: (N, *input_shape) inputs.
+            y: (N, *label_shape) labels: one class per example (N,) when the
+                model predicts (num_classes,) or (1,); one per step (N, T)
+                when it predicts (T, num_classes).
+
+        Raises:
+            DataMismatchError: the labels per example are not what the loss
+                takes, or the first layer refuses the inputs.
+            TokenIdError: token ids outside the first layer's vocabulary.
+        """
+        want = self.output_shape[:-1]
+        got = tuple(y.shape[1:])
+        if got != want:
+            per = "one class per example" if not want else f"a class per step {want}"
+            raise DataMismatchError(f"{self.name} predicts {per} (output "
+                                    f"{self.output_shape}), but the labels are "
+                                    f"{got or 'one class'} per example")
+        self._check_x(x)
+        if self.layers:
+            self.layers[0].check_inputs(x)
 
     def _check_x(self, x) -> None:
         if tuple(x.shape[1:]) != self.input_shape:

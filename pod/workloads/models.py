@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pod.workloads.checks import check_int
+from pod.workloads.checks import DataMismatchError, check_int
 from pod.workloads.layers import Conv2D, Dense, Dropout, Flatten, Layer, MaxPool2D, ReLU
 from pod.workloads.model import FLOAT32_BYTES, LOSSES, Model  # noqa: F401 - re-exported
 from pod.workloads.normalization import BatchNormalization
@@ -32,7 +32,7 @@ def _cnn(input_shape, num_classes, dropout=True) -> list[Layer]:
     """The seed MNIST CNN, adapted to the input's size."""
     rates = (0.3, 0.3, 0.5) if dropout is True else (_dropout_rates(dropout, 0.0, "cnn"),) * 3
     if len(input_shape) != 3:
-        raise ValueError(f"cnn: input_shape must be (H, W, C), got {tuple(input_shape)}")
+        raise DataMismatchError(f"cnn: input_shape must be (H, W, C), got {tuple(input_shape)}")
     layers = [Conv2D(64, 2, padding="same", name="conv1"), ReLU("relu1"),
               MaxPool2D(2, name="pool1"), Dropout(rates[0], "dropout1"),
               Conv2D(32, 2, padding="same", name="conv2"), ReLU("relu2"),
@@ -77,10 +77,10 @@ def _lstm_classifier(input_shape, num_classes, vocabulary=15000, embedding_dim=3
     (+ sigmoid, fused into the binary cross-entropy). Inputs are token ids
     (B, T), T = 250 in the seed (reviews padded / truncated to 250)."""
     if len(input_shape) != 1:
-        raise ValueError(f"lstm_classifier: input_shape must be (steps,) token ids, "
+        raise DataMismatchError(f"lstm_classifier: input_shape must be (steps,) token ids, "
                          f"got {tuple(input_shape)}")
     if num_classes != 2:
-        raise ValueError(f"lstm_classifier: classifies into 2 classes (binary), got {num_classes}")
+        raise DataMismatchError(f"lstm_classifier: classifies into 2 classes (binary), got {num_classes}")
     return [Embedding(_positive_int("lstm_classifier", "vocabulary", vocabulary),
                       _positive_int("lstm_classifier", "embedding_dim", embedding_dim),
                       name="embedding"),
@@ -93,7 +93,7 @@ def _char_lstm(input_shape, num_classes, embedding_dim=32, units=128) -> list[La
     step, Dense(V) at every step; V = num_classes (the characters). Inputs
     (B, T) character ids, labels (B, T) the next character at each step."""
     if len(input_shape) != 1:
-        raise ValueError(f"char_lstm: input_shape must be (steps,) character ids, "
+        raise DataMismatchError(f"char_lstm: input_shape must be (steps,) character ids, "
                          f"got {tuple(input_shape)}")
     return [Embedding(num_classes, _positive_int("char_lstm", "embedding_dim", embedding_dim),
                       name="embedding"),
@@ -123,6 +123,10 @@ _BUILDERS = {
                     "softmax_cross_entropy"),
     "resnet": (_resnet, ("depth", "width", "blocks", "block", "stem"), "softmax_cross_entropy"),
 }
+
+
+#: The options each model takes.
+MODEL_OPTIONS = {name: allowed for name, (_, allowed, _) in _BUILDERS.items()}
 
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, **options) -> Model:

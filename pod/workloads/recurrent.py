@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from pod.workloads.checks import check_int
+from pod.workloads.checks import check_int, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid
 
 
@@ -55,15 +55,10 @@ class Embedding(Layer):
         return math.prod(input_shape)  # the ids
 
     def _ids(self, x) -> np.ndarray:
-        if x.dtype.kind not in "iu":
-            if not np.all(np.floor(x) == x):
-                raise ValueError(f"{self.name}: Embedding inputs must be integer token ids, "
-                                 f"got dtype {x.dtype} with fractional values")
-        ids = x.astype(np.int64, copy=False)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.input_dim):
-            raise ValueError(f"{self.name}: token ids must be in [0, {self.input_dim}) (the "
-                             f"vocabulary), got range [{ids.min()}, {ids.max()}]")
-        return ids
+        return check_token_ids(x, self.input_dim, self.name)
+
+    def check_inputs(self, x) -> None:
+        self._ids(x)
 
     def forward(self, core, params, x, *, training=False, rng=None):
         ids = self._ids(x)                                                # (B, *S)

@@ -18,9 +18,12 @@ follows each); BN uses momentum 0.9 and epsilon 1e-5 (torchvision's).
 Parameter counts equal torchvision's (ResNet-18 11,689,512; ResNet-50
 25,557,032 at 1000 classes; tested).
 
-Every conv is an im2col GEMM on the MXU (``layers.Conv2D``), every BN, ReLU,
-pool and residual add a VPU op, so a layer's simulated cost shows where the
-MXU is poorly used: the stem's contraction of 7 x 7 x 3 = 147 fills two
+Every conv is an im2col GEMM on the MXU (``layers.Conv2D``) whose patches are
+formed on chip, as XLA's convolutions are (HBM traffic: the input, the
+weights and the output once; ``im2col_in_hbm=False``); every BN, ReLU, pool
+and residual add is a VPU op of its own (no fusion: each reads and writes
+HBM, which a TPU's fused kernels avoid). A layer's simulated cost shows where
+the MXU is poorly used: the stem's contraction of 7 x 7 x 3 = 147 fills two
 128-deep folds to 57%, layers with 64 output channels fill half the array's
 128 columns, and stride-2 layers shrink M, the streamed dimension.
 """
@@ -195,7 +198,8 @@ class ResidualBlock(Layer):
         n = self.name
 
         def conv(key, f, k, s=1):
-            return key, Conv2D(f, k, stride=s, padding="same", use_bias=False, name=f"{n}/{key}")
+            return key, Conv2D(f, k, stride=s, padding="same", use_bias=False, im2col_in_hbm=False,
+                               name=f"{n}/{key}")
 
         def bn(key):
             return key, BatchNormalization(BN_MOMENTUM, BN_EPSILON, name=f"{n}/{key}")
@@ -328,10 +332,10 @@ def _positive_ints(field: str, value) -> tuple[int, ...]:
 def _stem(stem: str, width: int) -> list[Layer]:
     bn = BatchNormalization(BN_MOMENTUM, BN_EPSILON, name="stem_bn")
     if stem == "imagenet":
-        return [Conv2D(width, 7, stride=2, padding="same", use_bias=False, name="stem_conv"), bn,
-                ReLU("stem_relu"), MaxPool2DSame(3, 2, name="stem_pool")]
-    return [Conv2D(width, 3, padding="same", use_bias=False, name="stem_conv"), bn,
-            ReLU("stem_relu")]
+        return [Conv2D(width, 7, stride=2, padding="same", use_bias=False, im2col_in_hbm=False,
+                       name="stem_conv"), bn, ReLU("stem_relu"), MaxPool2DSame(3, 2, name="stem_pool")]
+    return [Conv2D(width, 3, padding="same", use_bias=False, im2col_in_hbm=False, name="stem_conv"),
+            bn, ReLU("stem_relu")]
 
 
 def build_resnet(input_shape, num_classes: int, depth: int = 50, width: int = 64,

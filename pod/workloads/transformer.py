@@ -43,7 +43,7 @@ import numpy as np
 
 from chip import to_bf16
 from pod.workloads.attention import CausalSelfAttention
-from pod.workloads.checks import check_int, check_number
+from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid, vector_op
 from pod.workloads.model import Model
 
@@ -534,6 +534,9 @@ class TokenEmbedding(Layer):
         return {k: (rng.standard_normal(s) * EMBEDDING_INIT_STDDEV).astype(np.float32)
                 for k, s in self.param_shapes(input_shape).items()}
 
+    def check_inputs(self, x) -> None:
+        check_token_ids(x, self.vocabulary, self.name)
+
     def output_shape(self, input_shape):
         if len(input_shape) != 1:
             raise ValueError(f"{self.name}: expects (steps,) token ids, got {tuple(input_shape)}")
@@ -546,10 +549,7 @@ class TokenEmbedding(Layer):
         return math.prod(input_shape)  # the ids
 
     def forward(self, core, params, x, *, training=False, rng=None):
-        ids = x.astype(np.int64, copy=False)                              # (B, T)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocabulary):
-            raise ValueError(f"{self.name}: token ids must be in [0, {self.vocabulary}), got range "
-                             f"[{ids.min()}, {ids.max()}]")
+        ids = check_token_ids(x, self.vocabulary, self.name)              # (B, T)
         self.output_shape(ids.shape[1:])
         table = params["embedding"]                                       # (V, C)
         out = (ids.shape + (self.embed_dim,), table.dtype)
@@ -922,7 +922,7 @@ def build_transformer(input_shape, num_classes: int, **options) -> TransformerMo
         ValueError: a bad input shape or option, in one line.
     """
     if len(input_shape) != 1:
-        raise ValueError(f"transformer: input_shape must be (steps,) token ids, "
+        raise DataMismatchError(f"transformer: input_shape must be (steps,) token ids, "
                          f"got {tuple(input_shape)}")
     return TransformerModel(TransformerConfig(vocabulary=num_classes,
                                               sequence_length=int(input_shape[0]), **options))

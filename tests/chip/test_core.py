@@ -221,3 +221,25 @@ def test_timing_only_core_records_the_same_costs_without_computing():
         assert dry.shape == real.shape and dry.dtype == real.dtype
         assert not dry.any() and real.any()
     assert cores[0].take_records() == cores[1].take_records()
+
+
+def test_cached_op_costs_equal_a_fresh_cores_and_still_check_their_input():
+    # costs are cached per (op, shapes): a core that has seen an op many times
+    # records exactly what a fresh core records for it, and bad input still raises
+    warm, fresh = TensorCore(V2.core), TensorCore(V2.core)
+    a, b = np.ones((64, 32), np.float32), np.ones((32, 16), np.float32)
+    for _ in range(3):
+        warm.matmul(a, b, name="mm")
+        warm.vector("add", np.add, a, a)
+    warm.take_records()
+    warm.matmul(a, b, name="mm")
+    warm.vector("add", np.add, a, a)
+    fresh.matmul(a, b, name="mm")
+    fresh.vector("add", np.add, a, a)
+    assert warm.take_records() == fresh.take_records()
+    warm.vector("add", np.add, a[:10], a[:10])  # another shape: another cost
+    assert warm.records[-1].flops == 10 * 32
+    with pytest.raises(ValueError, match="m must be an integer"):
+        warm.account_matmul(64.0, 32, 16, name="mm")
+    with pytest.raises(ValueError, match="ops_per_element"):
+        warm.vector("add", np.add, a, a, ops_per_element=-1.0)

@@ -21,8 +21,9 @@ def tpu_pod(*args: str, env: dict | None = None, timeout: float = 300):
 def test_help_lists_the_commands():
     out = tpu_pod("--help")
     assert out.returncode == 0
-    for command in ("run", "validate", "describe"):
+    for command in ("run", "validate", "describe", "export", "init", "monitor"):
         assert command in out.stdout
+    assert "..." not in out.stdout.split("Commands:")[1]  # no short_help is cut
 
 
 def test_describe_v2_8():
@@ -39,7 +40,7 @@ def test_validate_every_scenario():
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(": ok (") == len(paths)
     # both kinds are shipped and validated: training scenarios and seed benchmarks
-    assert ": ok (benchmark matmul, v2-8, 4 chips, 8 TensorCores, N=4096" in out.stdout
+    assert ": ok (benchmark matmul, v2-8, 4 chips, 8 TensorCores, N=4,096" in out.stdout
     assert ": ok (benchmark matrix_add" in out.stdout
     assert out.stdout.count("global batch") == len(paths) - out.stdout.count("(benchmark ")
 

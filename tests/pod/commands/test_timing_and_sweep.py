@@ -9,6 +9,7 @@ import pytest
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.commands.sweep import run_sweep, sweep_points
+from pod.report.bounds import BOUND_CATEGORIES
 from pod.runtime.timing import TimingPod
 
 
@@ -88,3 +89,33 @@ def test_sweep_records_a_failed_point_and_goes_on(tmp_path):
     for name in ("results.md", "throughput.png", "efficiency.png", "breakdown.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "failed: " in (tmp_path / "results.md").read_text()
+
+
+def test_every_sweep_row_says_what_bounds_its_step(tmp_path):
+    """Per row: a bound label, seconds per bound summing to the simulated step, the
+    varied parameters as columns; a slices sweep over two generations makes a
+    series (and an efficiency baseline) per generation; bounds.png is drawn."""
+    s = scenario(pod={"slice": "v4-8"},
+                 sweep={"scaling": "weak", "per_core_batch": 8,
+                        "slices": ["v3-8", "v3-32", "v4-8", "v4-32"], "allreduce": ["ring"]})
+    rows = run_sweep(s, tmp_path)
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert [r["slice"] for r in rows] == ["v3-8", "v3-32", "v4-8", "v4-32"]
+    assert [r["generation"] for r in rows] == ["v3", "v3", "v4", "v4"]
+    assert rows[0]["scaling_efficiency"] == rows[2]["scaling_efficiency"] == 1.0
+    for r in rows:
+        parts = {c: r[f"{c}_bound_seconds"] for c in BOUND_CATEGORIES}
+        assert sum(parts.values()) == pytest.approx(r["simulated_step_seconds"], rel=1e-9)
+        top = max(parts, key=parts.get)
+        assert r["bound"].split(" ")[0].lower() == top
+        assert r["bound_fraction"] == pytest.approx(parts[top] / r["simulated_step_seconds"])
+        if top == "ici":
+            assert r["bound"] == f"ICI {r['ici_axes']}"
+    with (tmp_path / "results.csv").open() as f:
+        header = next(csv.reader(f))
+    for column in ("slice", "chips", "allreduce_algorithm", "per_core_batch", "global_batch",
+                   "precision", "bound", "ici_axes", "mxu_bound_seconds"):
+        assert column in header
+    assert (tmp_path / "bounds.png").stat().st_size > 0
+    table = (tmp_path / "results.md").read_text().splitlines()
+    assert len({line.count("|") for line in table if line.startswith("|")}) == 1

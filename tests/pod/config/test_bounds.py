@@ -110,6 +110,73 @@ def test_a_gzip_bomb_is_refused(tmp_path, monkeypatch):
         load_dataset("mnist", path=root)
 
 
+def test_a_gzip_bomb_stops_at_the_size_its_idx_header_declares(tmp_path):
+    """A header declaring 16 bytes of labels followed by 64 MiB of zeros: reading stops
+    at the declared size (memory bounded by the header, not by MAX_DECOMPRESSED_BYTES)."""
+    root = tmp_path / "mnist"
+    root.mkdir()
+    with gzip.open(root / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + (16).to_bytes(4, "big") + bytes(64 << 20))
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz: decompresses to more than "
+                                         r"the 24 bytes its IDX header declares; refused"):
+        load_dataset("mnist", path=root)
+
+
+def huge_array_pickle(elements: int = 2**40) -> bytes:
+    """A 100-byte pickle: ``numpy._core.multiarray._reconstruct(ndarray, (elements,), b'b')``,
+    which allocates its shape before reading any data."""
+    import pickle
+
+    return (b"\x80\x02cnumpy._core.multiarray\n_reconstruct\nq\x00cnumpy\nndarray\nq\x01"
+            + pickle.dumps((elements,), protocol=2)[2:-1] + b"C\x01b\x87R.")
+
+
+def lying_npz(path, rows: int = 2**37) -> None:
+    """An .npz of a few hundred bytes whose x_train.npy header declares (rows, 8) int32."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    def npy(arr, shape=None) -> bytes:
+        buffer = io.BytesIO()
+        np.save(buffer, arr)
+        raw = buffer.getvalue()
+        if shape is None:
+            return raw
+        length = int.from_bytes(raw[8:10], "little")
+        header = raw[10:10 + length].decode("latin1").replace(repr(arr.shape), repr(shape))
+        header = header.rstrip().ljust(length - 1) + "\n"
+        return raw[:10] + header.encode("latin1") + raw[10 + length:]
+
+    x, y = np.zeros((4, 8), np.int32), np.zeros(4, np.int32)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x_train.npy", npy(x, (rows, 8)))
+        for name, arr in (("y_train", y), ("x_test", x), ("y_test", y)):
+            z.writestr(f"{name}.npy", npy(arr))
+
+
+def test_a_pickled_array_asking_for_a_tebibyte_is_refused_before_allocation(tmp_path):
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (root / name).write_bytes(huge_array_pickle())
+    out = finishes(lambda: load_dataset("cifar10", path=root))
+    assert str(out.get("error")) == (
+        f"{root / 'data_batch_1'}: not a CIFAR-10 python batch (an array of shape "
+        "(1099511627776,) is larger than the 1,073,741,824 bytes allowed)"), out
+
+
+def test_an_npz_header_declaring_more_than_its_bytes_is_refused(tmp_path):
+    path = tmp_path / "imdb.npz"
+    lying_npz(path)
+    assert path.stat().st_size < 2000
+    out = finishes(lambda: load_dataset("imdb", path=path))
+    assert str(out.get("error")) == (
+        f"{path}: x_train.npy declares shape (137438953472, 8) of int32 (4,398,046,511,104 "
+        "bytes) but holds 256 bytes; refused"), out
+
+
 def _numeric(annotation) -> bool:
     import typing
 

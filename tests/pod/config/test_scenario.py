@@ -9,7 +9,7 @@ import yaml
 
 from chip import ChipSpecError, HBMOutOfMemoryError
 from pod.errors import ScenarioError, ShardingError
-from pod.config.plan import batch_indices, build_plan, shard_batch_size
+from pod.config.plan import batch_indices, build_plan, is_timing_sweep, shard_batch_size
 from pod.config.scenario import load_scenario, parse_scenario
 from pod.config.slices import default_shape, parse_slice, resolve_pod
 
@@ -50,7 +50,7 @@ def test_every_shipped_scenario_validates():
             bplan = check_benchmark(scenario)
             assert bplan.flops > 0 and bplan.memory["total"] <= bplan.pod.chip.core.hbm_bytes
             continue
-        timing_sweep = scenario.sweep is not None and scenario.sweep.mode == "timing"
+        timing_sweep = is_timing_sweep(scenario)  # as validate does
         plan = build_plan(scenario, timing_only=timing_sweep, sharded_ok=timing_sweep)
         assert plan.steps > 0
         if plan.mesh.is_data_parallel:
@@ -206,3 +206,37 @@ def test_the_readme_scenario_example_validates():
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     plan = build_plan(parse_scenario(yaml.safe_load(block), source="README.md"))
     assert plan.pod.chips == 4 and plan.model.name == "cnn"
+
+
+TOKENS = {"name": "synthetic", "options": {"shape": [20], "vocabulary": 500, "num_classes": 2,
+                                           "num_examples": 256}}
+
+
+@pytest.mark.parametrize("model, data, message", [
+    ({"name": "lstm_classifier", "options": {"vocabulary": 100}}, TOKENS,
+     # the synthetic ids are drawn from [0, 500): the largest of 256 x 20 draws is 499
+     "model.options.vocabulary: 100 is smaller than the token ids of synthetic (up to 499); "
+     "use at least 500"),
+    ({"name": "mlp"}, {"name": "text", "options": {"sequence_length": 16}},
+     "model.name: mlp does not fit text data: mlp predicts one class per example (output "
+     "(103,)), but the labels are (16,) per example; models that fit it: char_lstm, transformer"),
+    ({"name": "cnn"}, TOKENS,
+     "model.name: cnn does not fit synthetic data: cnn: input_shape must be (H, W, C), got "
+     "(20,); models that fit it: mlp, lstm_classifier"),
+    ({"name": "char_lstm"}, {"name": "digits"},
+     "model.name: char_lstm does not fit digits data: char_lstm: input_shape must be (steps,) "
+     "character ids, got (8, 8, 1); models that fit it: cnn, mlp"),
+])
+def test_validate_checks_that_model_and_data_agree(model, data, message):
+    """What a chip actor would fail on at its first step is one line from the plan."""
+    with pytest.raises(ScenarioError) as err:
+        build_plan(parse_scenario({**BASE, "model": model, "data": data}))
+    assert str(err.value) == message
+
+
+def test_a_model_that_fits_its_data_passes_the_check():
+    ok = {**TOKENS, "options": {**TOKENS["options"], "vocabulary": 100}}
+    plan = build_plan(parse_scenario({**BASE, "model": {"name": "lstm_classifier",
+                                                        "options": {"vocabulary": 100}},
+                                      "data": ok}))
+    assert int(plan.dataset.x_train.max()) == 99 and plan.model.name == "lstm_classifier"

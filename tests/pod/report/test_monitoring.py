@@ -365,30 +365,104 @@ def test_monitor_config_is_the_shipped_one_with_the_options_applied(tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
 
 
+def _epoch_scenario(steps: int, **extra):
+    """digits' 1,437 training examples at global batch 512: 2 steps per epoch;
+    evaluated after every 4th step and the last."""
+    from pod.config.scenario import parse_scenario
+
+    return parse_scenario({
+        "name": "epochs", "pod": {"slice": "v2-8"},
+        "model": {"name": "mlp", "options": {"hidden": [32], "dropout": False}},
+        "data": {"name": "digits"},
+        "training": {"global_batch": 512, "steps": steps, "eval_every_steps": 4,
+                     "optimizer": {"name": "adam", "learning_rate": 0.01}},
+        "metrics": {"port": 0}, **extra})
+
+
+def _epoch_lines(text: str) -> list[dict[str, str]]:
+    """Each 'Epoch e/n - k steps - loss: L - ...' line as {field: value}."""
+    out = []
+    for line in text.splitlines():
+        if "Epoch " in line:
+            parts = line[line.index("Epoch "):].split(" - ")
+            fields = dict(p.split(": ", 1) for p in parts if ": " in p)
+            fields["wall"] = fields.get("wall", parts[-1].split()[0])
+            out.append({"epoch": parts[0].split()[1], "steps": parts[1].split()[0], **fields})
+    return out
+
+
+def _check_keras_habits(out, log: str) -> None:
+    """Epoch lines: the epoch's mean loss, test figures only where evaluated; steps.csv:
+    steps from 1, test figures on the evaluated rows, equal to the lines'."""
+    import csv
+
+    rows = list(csv.DictReader((out / "steps.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows if r["test_loss"]] == ["4", "5"]
+    epochs = _epoch_lines(log)[-3:]  # a recovered run prints the recomputed epoch again
+    # (epoch number, steps in it); a first run of 4 steps before a resume says 1/2, 2/2
+    assert [(e["epoch"].split("/")[0], e["steps"]) for e in epochs] == [("1", "2"), ("2", "2"),
+                                                                         ("3", "1")]
+    assert epochs[-1]["epoch"] == "3/3"
+    for e, steps in zip(epochs, ([1, 2], [3, 4], [5])):
+        mean = sum(float(rows[s - 1]["loss"]) for s in steps) / len(steps)
+        assert e["loss"] == f"{mean:.4f}"             # the epoch's mean, not its last step's
+        evaluated = rows[steps[-1] - 1]
+        if evaluated["test_loss"]:
+            assert e["test_loss"] == f"{float(evaluated['test_loss']):.4f}"
+            assert e["test_accuracy"] == f"{float(evaluated['test_accuracy']):.4f}"
+        else:
+            assert "test_loss" not in e and "test_accuracy" not in e
+
+
 @pytest.mark.usefixtures("ray_cluster")
-def test_progress_bar_and_keras_style_epoch_lines(tmp_path):
+def test_keras_habits_epoch_mean_loss_eval_every_steps_and_steps_csv(tmp_path):
     import io
 
     from rich.console import Console
 
     from pod.config.plan import build_plan
     from pod.commands.train import run_training
-    from tests.pod.runtime.test_pod import mlp_scenario
 
-    # digits' 1,437 training examples at global batch 512: 2 steps per epoch, 5 steps = 3 epochs
-    plan = build_plan(mlp_scenario(steps=5, global_batch=512))
+    plan = build_plan(_epoch_scenario(5))
     assert plan.steps_per_epoch == 2
     log = io.StringIO()
-    run_training(plan, output_dir=tmp_path, metrics_port=0, log_every=0,
-                 console=Console(file=log, force_terminal=True, width=200))
+    summary = run_training(plan, output_dir=tmp_path, metrics_port=0, log_every=0,
+                           console=Console(file=log, force_terminal=True, width=200))
     text = log.getvalue()
-    epochs = [line for line in text.splitlines() if "Epoch " in line]
-    assert [line.split(" - ")[0].split("Epoch ")[1] for line in epochs] == ["1/3", "2/3", "3/3"]
-    for line in epochs:
-        for field in ("loss: ", "test_loss: ", "test_accuracy: ", "ms/step (simulated)", "(wall)"):
-            assert field in line, line
-    assert "3/3" in epochs[-1] and "1 steps" in epochs[-1]  # the last, partial epoch
+    _check_keras_habits(tmp_path, text)
+    assert f"test_accuracy: {summary['test_accuracy']:.4f}" in text
     assert "ETA" in text and "training" in text  # the progress bar, drawn on a terminal
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_epoch_lines_after_a_resume_or_a_recovery_do_not_merge_two_epochs(tmp_path):
+    """The checkpoint after step 4 closes epoch 2; the run resumed from it (or restored
+    to it after chip 1 dies in step 5) prints epoch 3 as its one step."""
+    import io
+
+    from rich.console import Console
+
+    from pod.config.plan import build_plan
+    from pod.commands.train import run_training
+
+    def run(out, steps, **kw):
+        log = io.StringIO()
+        run_training(build_plan(_epoch_scenario(steps, checkpoint={"every_steps": 2})),
+                     output_dir=out, metrics_port=0, log_every=0,
+                     console=Console(file=log, width=200), **kw)
+        return log.getvalue()
+
+    first = run(tmp_path / "resumed", 4)
+    _check_keras_habits(tmp_path / "resumed", first + run(
+        tmp_path / "resumed", 5, resume_dir=tmp_path / "resumed" / "checkpoints"))
+    log = io.StringIO()
+    sc = _epoch_scenario(5, checkpoint={"every_steps": 2},
+                         faults=[{"kind": "kill_chip", "chip": 1, "step": 5}])
+    summary = run_training(build_plan(sc), output_dir=tmp_path / "recovered", metrics_port=0,
+                           log_every=0, console=Console(file=log, width=200))
+    assert summary["faults"][0]["restored_from_step"] == 4
+    _check_keras_habits(tmp_path / "recovered", log.getvalue())
 
 
 def test_a_link_that_stops_carrying_traffic_reads_zero_utilization():

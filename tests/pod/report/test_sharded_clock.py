@@ -87,3 +87,18 @@ def test_bad_calls_are_refused():
     with pytest.raises(ValueError, match="issue order"):
         sharded_step_clock([Rec(1.0)], [Call("data", "allreduce", 4, "t", "activation", 2)],
                            cost_of({("data", "allreduce"): 0.0}))
+
+
+def test_an_activation_queued_behind_a_grad_reduce_charges_the_queue_to_the_grads_axis():
+    # a 2 s data allreduce of gradients runs [1, 3] behind record 1; the tensor
+    # allreduce issued at t = 2 waits for the ICI until 3 and runs [3, 3.5]
+    calls = [Call("data", "allreduce", 8, "g", "grad_reduce", 1),
+             Call("tensor", "allreduce", 4, "a", "activation", 2)]
+    costs = cost_of({("data", "allreduce"): 2.0, ("tensor", "allreduce"): 0.5})
+    clock = sharded_step_clock([Rec(1.0)] * 3, calls, costs, update_start=3)
+    exposed, total = clock.axis_exposed_seconds, clock.axis_seconds
+    assert [(s.start, s.end) for s in clock.spans] == [(1.0, 3.0), (3.0, 3.5)]
+    assert exposed == {"data": pytest.approx(1.0), "tensor": pytest.approx(0.5)}
+    for axis in exposed:  # what an axis exposes is part of what it costs
+        assert exposed[axis] <= total[axis] + 1e-12
+    assert sum(exposed.values()) == pytest.approx(clock.exposed_seconds)

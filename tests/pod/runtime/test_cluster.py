@@ -135,3 +135,132 @@ def test_sigterm_to_the_whole_process_group_still_ends_gracefully(tmp_path):
     assert summary["completed"] is False and summary["stopped_by"] == "signal SIGTERM"
     assert (tmp_path / "ck" / f"ckpt-{summary['steps']:08d}.msgpack").exists()
     assert not cluster_temp_dir(proc.pid).exists()
+
+
+def _children_groups(pid: int) -> set[int]:
+    """The process groups of ``pid``'s children (Ray's daemons lead one each)."""
+    groups = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid, pgrp = stat[stat.rindex(")") + 2:].split()[1:3]
+            if int(ppid) == pid:
+                groups.add(int(pgrp))
+    return groups
+
+
+def _cluster_processes(driver: int) -> set[int]:
+    """Every process of the local cluster ``driver`` started: the members of its
+    daemons' groups (the raylet's agents included) and the processes whose environment
+    holds the cluster's token path (its workers)."""
+    marker = f"RAY_AUTH_TOKEN_PATH={cluster_temp_dir(driver) / 'auth_token'}".encode()
+    groups = _children_groups(driver)
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == driver:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[2]) in groups or marker in environ.split(b"\0"):
+            found.add(int(entry.name))
+    return found
+
+
+def _alive_of(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _start_run(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(SCENARIO.format(name=name, steps=5000))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pod", "run", str(path), "--output-dir",
+                             str(out), "--log-every", "0"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=_env(RAY_ADDRESS=None))
+    return proc, out
+
+
+def test_a_sigkilled_driver_leaves_no_ray_process_and_no_session(tmp_path):
+    """``kill -9`` of a run: Ray's GCS and raylet die with it (Ray's fate-sharing), the
+    raylet's agents used to linger about 60 s and the session directory for good; the
+    run's reaper (pod/runtime/reaper.py) ends them all and removes the directory."""
+    proc, out = _start_run(tmp_path, "killed")
+    try:
+        deadline = time.monotonic() + 300
+        rows = out / "steps.csv"
+        while time.monotonic() < deadline and (not rows.exists()
+                                               or rows.read_text().count("\n") < 3):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        cluster = _cluster_processes(proc.pid)
+        names = {Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                 for p in cluster if Path(f"/proc/{p}").exists()}
+        assert any("ray::" in n for n in names) and len(cluster) >= 6, names
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 30  # Ray's agents alone took 60-70 s here
+        while _alive_of(cluster) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _alive_of(cluster), _alive_of(cluster)
+        while cluster_temp_dir(proc.pid).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not cluster_temp_dir(proc.pid).exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_sigterm_while_ray_starts_ends_with_143_a_partial_summary_and_nothing_left(tmp_path):
+    """A SIGTERM during ``ray.init`` (whose own handler exited with status 15, no line,
+    no summary): the run's handler is kept, and the run stops at its first step
+    boundary like any interrupted run, or as soon as Ray is up (``Pod.start``'s check)."""
+    proc, out = _start_run(tmp_path, "early")
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not _children_groups(proc.pid):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # Ray's first daemon is up: ray.init is running
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "step 1/" not in stdout  # stopped once Ray was up, before or after the actors
+    assert proc.returncode == 143, (proc.returncode, stderr[-2000:])
+    assert [line for line in stderr.splitlines() if line.strip()] == ["interrupted by SIGTERM"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is False and summary["stopped_by"] == "signal SIGTERM"
+    assert summary["steps"] == 0
+    assert not cluster_temp_dir(proc.pid).exists()
+
+
+def test_an_exception_inside_an_actor_reaches_the_user_as_its_type_and_message():
+    """Not Ray's first line (``ray::ChipActor.compute() (pid=..., repr=...)``)."""
+    import ray
+
+    from pod.errors import ClusterError, ScenarioError
+    from pod.runtime.coordinator import _chip_error
+
+    inner = ValueError("embedding: token ids must be in [0, 100) (the vocabulary), got range "
+                       "[236, 14860]\nsecond line")
+    err = _chip_error(ray.exceptions.RayTaskError("ChipActor.compute", "Traceback ...", inner))
+    assert isinstance(err, ClusterError)
+    assert str(err) == ("a chip actor failed: ValueError: embedding: token ids must be in "
+                        "[0, 100) (the vocabulary), got range [236, 14860]")
+    user = ScenarioError("training.global_batch: ...")
+    assert _chip_error(ray.exceptions.RayTaskError("ChipActor.compute", "", user)) is user

@@ -19,7 +19,7 @@ def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
 
     from chip import get_chip_spec
     from pod.runtime.actor import ChipActor
-    from pod.runtime.collective import run_schedule
+    from pod.runtime.collective import run_schedule, split_chunks
     from pod.workloads import build_model
 
     torus = Torus((2, 2), True)
@@ -32,17 +32,21 @@ def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
         for algorithm in ALGORITHMS["allreduce"]:
             buffers = [rng.standard_normal(1001).astype(np.float32) for _ in actors]
             schedule = build_collective("allreduce", torus, 1001, 4, algorithm)
-            ray.get([a.set_chunk_bounds.remote(schedule.chunk_bounds) for a in actors])
-            ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
-            done = run_schedule(actors, schedule)
-            assert all(isinstance(ref, ray.ObjectRef) for ref in done)
-            ray.get(done)
-            results = ray.get([a.get_buffer.remote() for a in actors])
             reference = execute(schedule, buffers)
             total = np.sum(np.stack(buffers).astype(np.float64), axis=0)
-            for got, ref in zip(results, reference):
-                np.testing.assert_array_equal(got, ref, err_msg=algorithm)
-                np.testing.assert_allclose(got, total, rtol=1e-5, atol=1e-5, err_msg=algorithm)
+            # as built, and with its chunks cut into pieces of at most 100 floats (the
+            # pipelined form the pod runs large chunks in): the same bits
+            for run in (schedule, split_chunks(schedule, 400)):
+                ray.get([a.set_chunk_bounds.remote(run.chunk_bounds) for a in actors])
+                ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
+                done = run_schedule(actors, run)
+                assert all(isinstance(ref, ray.ObjectRef) for ref in done)
+                ray.get(done)
+                results = ray.get([a.get_buffer.remote() for a in actors])
+                for got, ref in zip(results, reference):
+                    np.testing.assert_array_equal(got, ref, err_msg=algorithm)
+                    np.testing.assert_allclose(got, total, rtol=1e-5, atol=1e-5,
+                                               err_msg=algorithm)
     finally:
         for actor in actors:
             ray.kill(actor)

@@ -4,6 +4,7 @@ no-checkpoint stops, and SIGTERM to the CLI."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from pod.state.checkpoint import checkpoint_path, load_checkpoint
 from pod.errors import ScenarioError
@@ -73,7 +75,7 @@ def test_a_killed_chip_is_replaced_and_training_ends_bit_identical(fault_free, t
     assert event["restored_from_step"] == fault["step"] - 1 - recomputed
     assert "fault: " + fault["kind"] in log
     rows = list(csv.DictReader((tmp_path / "steps.csv").open()))
-    assert [int(r["step"]) for r in rows] == list(range(6))      # one row per step, no duplicates
+    assert [int(r["step"]) for r in rows] == list(range(1, 7))  # one row per step, no duplicates
 
 
 def _cut_the_next_collective(chip) -> None:
@@ -150,8 +152,16 @@ def test_without_checkpoints_a_killed_chip_stops_the_run_and_keeps_the_partial_r
         ray_cluster, tmp_path):
     from pod.errors import ChipFailureError
 
+    from pod.commands.train import run_training
+
+    log = io.StringIO()
     with pytest.raises(ChipFailureError, match=r"chip actor\(s\) 3 died at step 3 .*no checkpoint"):
-        run(tmp_path, scenario(faults=[{"kind": "kill_chip", "chip": 3, "step": 3}]))
+        run_training(build_plan(scenario(faults=[{"kind": "kill_chip", "chip": 3, "step": 3}])),
+                     output_dir=tmp_path, console=Console(file=log, width=200))
+    # the error is printed once, by the CLI (error: ...): the run's own lines do not repeat it
+    # nor name its class
+    assert "no checkpoint" not in log.getvalue() and "ChipFailureError" not in log.getvalue()
+    assert "Stopped after 2 of 6 steps; wrote " in log.getvalue(), log.getvalue()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["completed"] is False and summary["steps"] == 2
     assert summary["faults"][0]["recovered"] is False

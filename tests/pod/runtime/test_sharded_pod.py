@@ -14,8 +14,9 @@ from pod.config.mesh import layout_mesh
 from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, device_groups
 from pod.runtime.mesh_collectives import ShapeCollectives
 from pod.runtime.sharded_actor import ShardedReport
-from pod.runtime.sharded_pod import ShardedPod, batch_shard, combine_sharded_reports
-from tests.pod.runtime.toy_sharded import D, K, ToyProgram, assemble, reference
+from pod.runtime.sharded_pod import ShardedPod, combine_sharded_reports
+from pod.runtime.sharded_actor import device_coords
+from tests.pod.runtime.toy_sharded import D, K, ToyProgram, reference
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -37,9 +38,9 @@ def trained():
     mesh = layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 4)))
     link = calibrated_link("v5e", V5E.ici_link_bandwidth_bytes_per_s, V5E.ici_latency_s)
     costs = MeshCollectiveCosts(mesh, link)
-    with ShardedPod(mesh, V5E, ToyProgram(), costs, SEED) as pod:
+    with ShardedPod(mesh, V5E, ToyProgram(mesh.sizes), costs, SEED) as pod:
         stats = [pod.step(s, x, y) for s, (x, y) in enumerate(_batches())]
-        local = pod.local_params()
+        local = pod.assemble()["w"]
         reports = pod.last_reports
     return mesh, costs, stats, local, reports
 
@@ -47,7 +48,7 @@ def trained():
 def test_sharded_training_equals_one_device_training(trained):
     mesh, _, stats, local, _ = trained
     want = reference(SEED, _batches())
-    np.testing.assert_allclose(assemble(local, mesh), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(local, want, rtol=1e-5, atol=1e-6)
     assert stats[-1].loss < stats[0].loss
 
 
@@ -73,13 +74,13 @@ def test_timing_only_equals_the_functional_step(trained):
         chip = Chip(device_chip_spec(V5E), d, numerics=True)
         core = chip.cores[0]
         groups = device_groups(mesh, d)
-        program = ToyProgram()
+        program = ToyProgram(mesh.sizes)
         comm = ShapeCollectives(groups)
-        index, shards = batch_shard(mesh, d)
-        rows = BATCH // shards
-        part = slice(index * rows, (index + 1) * rows)
-        loss, _, update_start = program.train_step(core, comm, program.init_local(groups, SEED),
-                                                   x[part], y[part], STEPS - 1, SEED)
+        coords = device_coords(groups)
+        part = program.batch_slice(BATCH, coords)
+        result = program.train_step(core, comm, program.init_local(SEED, coords),
+                                    x[part], y[part], STEPS)
+        loss, update_start = result.loss, result.update_start
         records = core.take_records()
         reports.append(ShardedReport(d, loss, tuple(r.seconds for r in records), update_start,
                                      tuple(comm.calls), 0, stats[-1] and _hbm(core)))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pod.workloads.sharded import DeviceShard, StepResult
+
 D, K, LR = 8, 4, 0.5
 
 
@@ -15,13 +17,36 @@ def full_init(seed: int) -> np.ndarray:
 
 
 class ToyProgram:
-    def init_local(self, groups, seed):
-        f, t = groups.ring_index("fsdp"), groups.ring_index("tensor")
-        nf, nt = groups.axis_size("fsdp"), groups.axis_size("tensor")
-        w = full_init(seed)
-        return {"w": w[f * D // nf:(f + 1) * D // nf, t * K // nt:(t + 1) * K // nt].copy()}
+    """The device program API of ``pod.workloads.sharded.ShardedTransformer``:
+    init_local(seed, coords) -> DeviceShard, train_step(...) -> StepResult,
+    batch_slice, assemble."""
 
-    def train_step(self, core, comm, state, x, y, step, seed):
+    def __init__(self, sizes):
+        self.sizes = {a: int(sizes.get(a, 1)) for a in ("data", "fsdp", "tensor")}
+
+    def init_local(self, seed, coords):
+        f, t = coords.fsdp, coords.tensor
+        nf, nt = self.sizes["fsdp"], self.sizes["tensor"]
+        w = full_init(seed)
+        return DeviceShard(coords, {"w": w[f * D // nf:(f + 1) * D // nf,
+                                           t * K // nt:(t + 1) * K // nt].copy()}, {})
+
+    def batch_slice(self, global_batch, coords):
+        shards = self.sizes["data"] * self.sizes["fsdp"]
+        per = global_batch // shards
+        s = coords.data * self.sizes["fsdp"] + coords.fsdp
+        return slice(s * per, (s + 1) * per)
+
+    def assemble(self, shards, opt_state=False):
+        w = np.empty((D, K), np.float32)
+        nf, nt = self.sizes["fsdp"], self.sizes["tensor"]
+        for shard in shards:
+            f, t = shard.coords.fsdp, shard.coords.tensor
+            w[f * D // nf:(f + 1) * D // nf, t * K // nt:(t + 1) * K // nt] = shard.params["w"]
+        return {"w": w}
+
+    def train_step(self, core, comm, shard, x, y, step):
+        state = shard.params
         nt = comm.axis_size("tensor")
         t = comm.axis_index("tensor")
         n_global = x.shape[0] * comm.axis_size("data") * comm.axis_size("fsdp")
@@ -46,23 +71,8 @@ class ToyProgram:
         update_start = at()
         w = core.vector("opt/sgd", lambda a, b: a - np.float32(LR) * b, state["w"],
                         g.reshape(state["w"].shape))
-        return loss, {"w": np.asarray(w, np.float32)}, update_start
-
-    def local_params(self, state):
-        return state
-
-
-def assemble(local: list[dict], mesh) -> np.ndarray:
-    """The full W from every device's shard."""
-    from pod.config.sharding import device_groups
-
-    w = np.empty((D, K), np.float32)
-    for d, params in enumerate(local):
-        g = device_groups(mesh, d)
-        f, t = g.ring_index("fsdp"), g.ring_index("tensor")
-        nf, nt = g.axis_size("fsdp"), g.axis_size("tensor")
-        w[f * D // nf:(f + 1) * D // nf, t * K // nt:(t + 1) * K // nt] = params["w"]
-    return w
+        return StepResult(loss, DeviceShard(shard.coords, {"w": np.asarray(w, np.float32)}, {}),
+                          update_start)
 
 
 def reference(seed: int, batches) -> np.ndarray:

@@ -165,7 +165,7 @@ def test_stop_at_k_and_resume_is_bit_identical(uninterrupted, tmp_path):
         assert summary[key] == whole_summary[key], key
     assert summary["resumed_from_step"] == 4 and summary["replicas_identical"] is True
     rows = (tmp_path / "steps.csv").read_text().splitlines()
-    assert len(rows) == 7 and [r.split(",")[0] for r in rows[1:]] == [str(s) for s in range(6)]
+    assert len(rows) == 7 and [r.split(",")[0] for r in rows[1:]] == [str(s) for s in range(1, 7)]
 
 
 def test_a_corrupted_newest_checkpoint_is_skipped_with_a_warning(uninterrupted, tmp_path):

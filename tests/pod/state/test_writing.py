@@ -23,7 +23,8 @@ def refuse(code: int):
 
 
 def rows(n):
-    return [{"step": i, "loss": 1.0 / (i + 1)} for i in range(n)]
+    """steps.csv rows of steps 1..n (numbered from 1, as a run writes them)."""
+    return [{"step": i, "loss": 1.0 / i} for i in range(1, n + 1)]
 
 
 def test_truncating_steps_csv_is_atomic_and_leaves_no_temporary_file(tmp_path, monkeypatch):
@@ -38,9 +39,9 @@ def test_truncating_steps_csv_is_atomic_and_leaves_no_temporary_file(tmp_path, m
     assert path.read_text() == before                       # the old rows, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv"]
     monkeypatch.undo()
-    with StepsCsv(path, keep_below=3) as csv_file:
-        csv_file.write({"step": 3, "loss": 0.5})
-    assert [line.split(",")[0] for line in path.read_text().splitlines()] == ["step", "0", "1", "2", "3"]
+    with StepsCsv(path, keep_below=3) as csv_file:   # 3 steps done: rows 1..3 kept
+        csv_file.write({"step": 4, "loss": 0.5})
+    assert [line.split(",")[0] for line in path.read_text().splitlines()] == ["step", "1", "2", "3", "4"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv"]
 
 
@@ -86,4 +87,42 @@ def test_a_checkpoint_on_a_read_only_file_system_is_one_line(tmp_path, monkeypat
     ck = Checkpoint(step=1, scenario={}, params={"w": np.zeros(2, np.float32)})
     with pytest.raises(OutputError, match=r"ckpt\.msgpack: cannot write \(Read-only file system\)"):
         save_checkpoint(tmp_path / "ckpt.msgpack", ck)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _refuse_mkdir(code: int):
+    def fail(path, *args, **kwargs):
+        raise OSError(code, os.strerror(code), os.fspath(path))
+    return fail
+
+
+def test_a_run_whose_output_or_trace_directory_cannot_be_created_is_one_line(tmp_path,
+                                                                           monkeypatch):
+    """A missing output directory on a read-only file system was a mkdir traceback;
+    a trace's directory was found unwritable only after the last step."""
+    from pod.commands.train import Run
+    from pod.config.plan import build_plan
+    from pod.config.scenario import parse_scenario
+
+    plan = build_plan(parse_scenario({"name": "w", "pod": {"slice": "v2-8"},
+                                      "model": {"name": "mlp"},
+                                      "training": {"global_batch": 64, "steps": 1},
+                                      "metrics": {"port": 0}}))
+    monkeypatch.setattr(os, "mkdir", _refuse_mkdir(errno.EROFS))
+    with pytest.raises(OutputError, match=rf"^{tmp_path / 'out'}: cannot write \(Read-only file "
+                                          r"system\)$"):
+        Run(plan, output_dir=tmp_path / "out")
+    monkeypatch.undo()
+    monkeypatch.setattr(files.os, "write", refuse(errno.EROFS))
+    (tmp_path / "traces").mkdir()
+    with pytest.raises(OutputError, match=rf"^{tmp_path / 'traces'}: cannot write"):
+        Run(plan, output_dir=None, trace_path=tmp_path / "traces" / "t.json")
+
+
+def test_a_trace_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from pod.report.trace import write_trace
+
+    monkeypatch.setattr(files.os, "fsync", refuse(errno.ENOSPC))
+    with pytest.raises(OutputError, match=r"t\.json: cannot write \(No space left on device\)"):
+        write_trace(tmp_path / "t.json", [{"ph": "M"}], {"clock": "simulated microseconds"})
     assert list(tmp_path.iterdir()) == []

@@ -58,6 +58,36 @@ def test_mnist_idx_files(tmp_path):
         load_dataset("mnist", path=bad)
 
 
+def test_keras_mnist_npz_reads_as_the_idx_files_do(tmp_path):
+    """Keras's mnist.npz (its keys and dtypes, generated small here) loads to the same
+    arrays as the IDX files holding the same pixels; as a file or in a directory."""
+    rng = np.random.default_rng(1)
+    arrays = {"x_train": rng.integers(0, 256, (6, 28, 28)).astype(np.uint8),
+              "y_train": (np.arange(6) % 10).astype(np.uint8),
+              "x_test": rng.integers(0, 256, (4, 28, 28)).astype(np.uint8),
+              "y_test": (np.arange(4) % 10).astype(np.uint8)}
+    folder = tmp_path / "keras"
+    folder.mkdir()
+    np.savez_compressed(folder / "mnist.npz", **arrays)
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        write_idx(idx / f"{prefix}-images-idx3-ubyte", arrays[f"x_{split}"])
+        write_idx(idx / f"{prefix}-labels-idx1-ubyte", arrays[f"y_{split}"])
+    reference = load_dataset("mnist", path=idx)
+    for path in (folder / "mnist.npz", folder):
+        ds = load_dataset("mnist", path=path)
+        for name in ("x_train", "y_train", "x_test", "y_test"):
+            np.testing.assert_array_equal(getattr(ds, name), getattr(reference, name))
+        np.testing.assert_allclose(ds.x_test[..., 0], arrays["x_test"] / 255.0, rtol=1e-6)
+    np.savez(tmp_path / "partial.npz", x_train=arrays["x_train"], y_train=arrays["y_train"])
+    with pytest.raises(ValueError, match="missing array 'x_test'; mnist .npz needs x_train"):
+        load_dataset("mnist", path=tmp_path / "partial.npz")
+    (tmp_path / "fake.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="not a .npz archive"):
+        load_dataset("mnist", path=tmp_path / "fake.npz")
+
+
 def cifar_batch(n, seed, **extra):
     rng = np.random.default_rng(seed)
     return {b"batch_label": b"test", b"labels": [int(v) for v in rng.integers(0, 10, n)],

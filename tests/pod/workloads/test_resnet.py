@@ -233,3 +233,32 @@ def test_a_small_resnet_trains_data_parallel_on_digits(ray_cluster):
         after = pod.params(chip=3, core=1)
         assert any(not np.array_equal(start[k], after[k]) for k in start)
     assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.3, losses
+
+
+def test_a_conv_with_patches_on_chip_reads_its_input_once():
+    """HBM bytes in bf16 (2 per element in and out, [PALLAS]): with the patches in HBM
+    each GEMM reads the (M, K) patch matrix and col2im is a VPU pass; on chip the
+    forward and dW read x, dx writes x's shape, and there is no col2im pass. The
+    MXU cycles are the same."""
+    from pod.workloads import Conv2D
+
+    x = np.zeros((2, 6, 6, 3), np.float32)
+    m, k, n = 2 * 3 * 3, 3 * 3 * 3, 4                                     # stride 2: 3x3 outputs
+    runs = {}
+    for in_hbm in (True, False):
+        conv = Conv2D(n, 3, stride=2, use_bias=False, im2col_in_hbm=in_hbm, name="c")
+        core = TensorCore(get_chip_spec("v4").core, numerics=True)
+        params = conv.init_params(np.random.default_rng(0), x.shape[1:])
+        y, cache = conv.forward(core, params, x)
+        conv.backward(core, params, cache, np.ones_like(y))
+        runs[in_hbm] = {r.name: r for r in core.take_records()}
+    hbm, chip = runs[True], runs[False]
+    assert set(hbm) == {"c/fwd", "c/dW", "c/dx", "c/col2im"}
+    assert set(chip) == {"c/fwd", "c/dW", "c/dx"}
+    w = k * n
+    assert hbm["c/fwd"].hbm_bytes == 2 * (m * k + w) + 2 * m * n
+    assert chip["c/fwd"].hbm_bytes == 2 * (x.size + w) + 2 * m * n
+    assert chip["c/dW"].hbm_bytes == 2 * (x.size + m * n) + 2 * w
+    assert chip["c/dx"].hbm_bytes == 2 * (m * n + w) + 2 * x.size
+    for name in chip:
+        assert chip[name].mxu_cycles == hbm[name].mxu_cycles > 0

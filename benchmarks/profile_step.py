@@ -1,0 +1,201 @@
+"""Where the wall time of one quick-start step goes (driver and chip actors).
+
+Usage:
+    .venv/bin/python benchmarks/profile_step.py [--steps 30]
+
+Two views, wall clock and CPU time (never simulated time):
+
+1. **The pod, phase by phase** (a real ``Pod`` on ``scenarios/quickstart.yaml``:
+   4 chip actors, 2 TensorCores each): the normal step (``Pod.step``), then the
+   same work with the driver waiting after each phase: ``compute`` on every
+   chip, the allreduce, ``apply``; the driver's own share (choosing the batch,
+   submitting the calls, ``combine_reports``) is profiled with cProfile.
+2. **One chip in this process** (the very ``ChipActor`` the pod runs, rank 0,
+   its collective skipped), cProfile over ``compute`` + ``apply`` with a CPU-time
+   clock (less sensitive to other jobs on the machine); time per category: MXU products (BLAS), bf16 rounding, op records (the cost model's
+   bookkeeping: records, cycles, totals), the optimizer (apply), and the rest
+   of the layers' numpy and Python. cProfile slows Python-heavy code more
+   than BLAS, so the split is a guide; the plain wall times beside it are not
+   profiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import time
+
+import numpy as np
+import ray
+
+from pod.config.plan import batch_indices, build_plan
+from pod.config.scenario import load_scenario
+from pod.runtime.actor import ChipActor
+from pod.runtime.cluster import ensure_ray, shutdown_ray
+from pod.runtime.collective import run_schedule
+from pod.runtime.coordinator import Pod, chip_arguments
+
+QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios",
+                          "quickstart.yaml")
+
+# category -> (file suffix, function name) whose CUMULATIVE time counts (first match wins)
+_CUMULATIVE = {
+    "bf16 rounding": [("chip/numerics.py", "to_bf16")],
+    "op records": [("chip/core.py", "_record"), ("chip/vector.py", "vpu_cycles"),
+                   ("chip/core.py", "mxu_cycles"), ("pod/report/stats.py", "of"),
+                   ("pod/runtime/actor.py", "_layer_ends"), ("chip/core.py", "_vpu_record"),
+                   ("chip/core.py", "_cached_record")],
+}
+# category -> functions whose OWN time counts
+_OWN = {"MXU products (BLAS)": [("chip/numerics.py", "mxu_matmul")]}
+
+
+def _split(stats: pstats.Stats, total: float) -> dict[str, float]:
+    """Seconds per category from a profile (categories do not nest here)."""
+    out = {}
+    for label, table, index in (*((k, v, 3) for k, v in _CUMULATIVE.items()),
+                                *((k, v, 2) for k, v in _OWN.items())):
+        out[label] = sum(row[index] for (path, _, name), row in stats.stats.items()
+                         if any(path.endswith(f) and name == n for f, n in table))
+    out["everything else (layers' numpy and Python)"] = total - sum(out.values())
+    return out
+
+
+def profile_chip(plan, steps: int) -> None:
+    args, kwargs = chip_arguments(plan, 0)
+    actor = ChipActor(*args, **kwargs)
+    data, seed, per_chip = plan.dataset, plan.scenario.training.seed, plan.per_chip_batch
+
+    def shard(step):
+        idx = batch_indices(data.x_train.shape[0], plan.global_batch, step, seed)
+        return data.x_train[idx][:per_chip], data.y_train[idx][:per_chip]
+
+    compute_s, apply_s = [], []
+    for step in range(steps + 2):
+        x, y = shard(step)
+        t0 = time.process_time()
+        actor.compute(step, x, y, seed)
+        t1 = time.process_time()
+        actor.apply(step)
+        t2 = time.process_time()
+        if step >= 2:
+            compute_s.append(t1 - t0)
+            apply_s.append(t2 - t1)
+    print(f"\none chip in-process (2 TensorCores, 64 examples), CPU ms, median of {steps}: "
+          f"compute {statistics.median(compute_s) * 1e3:.2f}, apply "
+          f"{statistics.median(apply_s) * 1e3:.2f}")
+    for name, method in (("compute", "compute"), ("apply", "apply")):
+        prof = cProfile.Profile(time.process_time)  # CPU time: less sensitive to other jobs
+        for step in range(steps):
+            x, y = shard(step)
+            if name == "apply":
+                actor.compute(step, x, y, seed)
+                prof.enable()
+                actor.apply(step)
+                prof.disable()
+            else:
+                prof.enable()
+                actor.compute(step, x, y, seed)
+                prof.disable()
+                actor.apply(step)
+        stats = pstats.Stats(prof)
+        total = stats.total_tt
+        print(f"  {name} under cProfile: {total / steps * 1e3:.2f} CPU ms per step")
+        for label, seconds in _split(stats, total).items():
+            print(f"    {label:45s} {seconds / steps * 1e3:7.2f} ms  {seconds / total:6.1%}")
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (/proc/<pid>/stat)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def profile_pod(plan, steps: int) -> None:
+    pod = Pod(plan)
+    pod.start()
+    try:
+        for step in range(3):
+            pod.step(step)
+        pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in pod.actors])
+        cpu0, driver0, t_all = _cpu_seconds(pids), time.process_time(), time.perf_counter()
+        for step in range(3, steps + 3):
+            pod.step(step)
+        t_all = time.perf_counter() - t_all
+        cpu = (_cpu_seconds(pids) - cpu0) / steps
+        driver_cpu = (time.process_time() - driver0) / steps
+        print(f"pod step without a profiler: {t_all / steps * 1e3:.2f} ms wall (mean); CPU per "
+              f"step: chip actors {cpu * 1e3:.1f} ms (summed over {len(pids)}), driver "
+              f"{driver_cpu * 1e3:.1f} ms")
+        whole = []
+        prof = cProfile.Profile()
+        for step in range(steps + 3, 2 * steps + 3):
+            t0 = time.perf_counter()
+            prof.enable()
+            pod.step(step)
+            prof.disable()
+            whole.append(time.perf_counter() - t0)
+        driver = pstats.Stats(prof)
+        phases = {"compute": [], "allreduce": [], "apply": []}
+        seed, data = plan.scenario.training.seed, plan.dataset
+        for step in range(2 * steps + 3, 3 * steps + 3):
+            idx = batch_indices(data.x_train.shape[0], plan.global_batch, step, seed)
+            x, y = data.x_train[idx], data.y_train[idx]
+            pc = plan.per_chip_batch
+            t0 = time.perf_counter()
+            ray.get([a.compute.remote(step, x[r * pc:(r + 1) * pc], y[r * pc:(r + 1) * pc], seed)
+                     for r, a in enumerate(pod.actors)])
+            t1 = time.perf_counter()
+            ray.get(run_schedule(pod.actors, pod.schedule, key=pod.ici_key))
+            t2 = time.perf_counter()
+            ray.get([a.apply.remote(step) for a in pod.actors])
+            t3 = time.perf_counter()
+            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+                phases[k].append(v)
+    finally:
+        pod.shutdown()
+    print(f"pod step under cProfile (Pod.step), wall ms, median of {steps}: "
+          f"{statistics.median(whole) * 1e3:.2f}")
+    print("  the same work, the driver waiting after each phase (wall ms, medians): "
+          + ", ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in phases.items()))
+    total = driver.total_tt
+    own = {"ray calls (submit, get)": 0.0, "combine_reports (stats)": 0.0, "batch": 0.0}
+    for (path, _, name), row in driver.stats.items():
+        if "/ray/" in path and name in ("remote", "_remote", "get"):
+            own["ray calls (submit, get)"] = max(own["ray calls (submit, get)"], row[3])
+        elif name == "combine_reports":
+            own["combine_reports (stats)"] += row[3]
+        elif name == "batch_indices":
+            own["batch"] += row[3]
+    print(f"  driver under cProfile: {total / steps * 1e3:.2f} ms of CPU-profiled time per step "
+          "(includes waiting in ray.get)")
+    for label, seconds in own.items():
+        print(f"    {label:45s} {seconds / steps * 1e3:7.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    plan = build_plan(load_scenario(QUICKSTART))
+    print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    started = ensure_ray(None)
+    try:
+        profile_pod(plan, args.steps)
+    finally:
+        if started:
+            shutdown_ray()
+    np.seterr(all="ignore")
+    profile_chip(plan, args.steps)
+    print(f"load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""``tpu-pod run`` of a plan whose ``pod.mesh`` has fsdp or tensor axes: a ``Run``
+on a ``pod.runtime.sharded_pod.ShardedTrainingPod``.
+
+The loop, the progress and epoch lines, steps.csv, the Prometheus metrics and
+summary.json are ``Run``'s; a sharded run adds per mesh axis the collective
+bytes, simulated seconds and exposed seconds (summed over the steps) to the
+summary (``collectives_by_axis``) and to the metrics
+(``tpu_pod_collective_seconds_total{axis}`` and friends). Checkpoints hold the
+whole model assembled from the shards (so ``tpu-pod generate`` reads them).
+
+Not yet for a sharded run, refused with one line rather than ignored:
+``--resume``, ``--trace``, and recovery from a failed chip (a failure stops
+the run; ``faults:`` are refused by the plan). The test accuracy is not
+computed (the sharded program's evaluation gives the loss).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from pod.commands.train import Run
+from pod.errors import ClusterError, ScenarioError
+from pod.report.stats import StepStats
+
+__all__ = ["ShardedRun"]
+
+
+class ShardedRun(Run):
+    """A ``Run`` of a sharded plan (``Run``'s arguments).
+
+    Raises:
+        ScenarioError: ``resume_dir`` or ``trace_path`` given (one line each).
+    """
+
+    def __init__(self, plan, **options: Any) -> None:
+        axes = ", ".join(f"{a}: {n}" for a, n in plan.mesh.sizes.items())
+        if options.get("resume_dir") is not None:
+            raise ScenarioError(f"--resume: a sharded run (pod.mesh {{{axes}}}) cannot resume "
+                                "yet; its checkpoints serve tpu-pod generate")
+        if options.get("trace_path") is not None:
+            raise ScenarioError(f"--trace: a sharded run (pod.mesh {{{axes}}}) has no trace "
+                                "yet; summary.json and the metrics give its per-axis collectives")
+        super().__init__(plan, **options)
+        self.axis_totals: dict[str, dict[str, float]] = {}
+
+    def _make_pod(self) -> Any:
+        from pod.runtime.sharded_pod import ShardedTrainingPod
+
+        return ShardedTrainingPod(self.plan)
+
+    def start_pod(self) -> None:
+        """Start the device actors."""
+        self.startup_wall_seconds = self.pod.start()
+        self.guard.arm()
+        self.console.print(f"{self.plan.mesh.size} device actors ready (pod.mesh "
+                           f"{self.plan.mesh.sizes}) in {self.startup_wall_seconds:.1f} s (wall)")
+
+    def step(self, out: Console) -> bool:
+        """Run the next sharded step and report it (a failure stops the run)."""
+        stats = self.pod.step(self.step_index)
+        for axis, nbytes in stats.axis_collective_bytes.items():
+            t = self.axis_totals.setdefault(axis, {"bytes": 0, "seconds": 0.0,
+                                                   "exposed_seconds": 0.0})
+            t["bytes"] += int(nbytes)
+            t["seconds"] += float(stats.axis_collective_seconds.get(axis, 0.0))
+            t["exposed_seconds"] += float(stats.axis_exposed_seconds.get(axis, 0.0))
+        self.record(stats, out)
+        self.metrics.observe_axes(stats)
+        self.checkpoint()
+        self.end_of_epoch(out)
+        return True
+
+    def recover(self, err: ClusterError, kills: list[Any], detected: float, out: Console) -> None:
+        """A sharded run does not recover yet: the failure stops it."""
+        raise err
+
+    def end_of_epoch(self, out: Console) -> None:
+        """The test loss every ``eval_every_steps`` and at the end of an epoch."""
+        step, plan = self.step_index, self.plan
+        eval_every = plan.scenario.training.eval_every_steps
+        if step == plan.steps or not ((eval_every and step % eval_every == 0)
+                                      or (step % plan.steps_per_epoch == 0 and self.epochs > 1)):
+            return
+        ev = self.pod.evaluate()
+        out.print(f"  step {step}: test loss {ev.loss:.4f} (sharded evaluation)", highlight=False)
+
+    def final_evaluation(self) -> None:
+        """The final test loss; whether the data replicas agree bit for bit."""
+        self.evaluation = self.pod.evaluate()
+        self.console.print(f"test loss {self.evaluation.loss:.4f} (sharded evaluation)",
+                           highlight=False)
+        self.identical = self.pod.replicas_identical()
+
+    def finish(self) -> dict[str, Any]:
+        """``Run.finish`` with the mesh and per-axis collectives in summary.json."""
+        summary = super().finish()
+        self._add_sharded(summary)
+        if self.output_dir is not None:
+            from pod.report.files import write_json
+            write_json(self.output_dir / "summary.json", summary)
+        return summary
+
+    def stop(self, err: BaseException) -> None:
+        super().stop(err)
+        if self.partial_summary is not None:
+            self._add_sharded(self.partial_summary)
+            if self.output_dir is not None:
+                from pod.report.files import write_json
+                write_json(self.output_dir / "summary.json", self.partial_summary)
+
+    def _add_sharded(self, summary: dict[str, Any]) -> None:
+        summary["test_accuracy"] = None  # not computed by the sharded evaluation
+        summary["mesh"] = dict(self.plan.mesh.sizes)
+        summary["collectives_by_axis"] = {
+            axis: {"bytes": int(t["bytes"]), "simulated_seconds": t["seconds"],
+                   "exposed_simulated_seconds": t["exposed_seconds"]}
+            for axis, t in self.axis_totals.items()}

@@ -1,0 +1,141 @@
+"""The real sharded transformer program on Ray actors (``ShardedPod``, 8 devices of a
+v5e 2x4 torus, {data: 2, fsdp: 2, tensor: 2}, 3 steps, tiny dims, fp32 numerics):
+its parameters equal the in-process ``LocalMesh`` run of the same program (the
+reference the runtime's ICI collectives are checked against) bit for bit, and the
+single-device training within the program's own fp32 tolerance
+(tests/pod/workloads/test_sharded.py). And the transformer-sharded scenario:
+validate and run refuse and accept the same things."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chip import TensorCore
+from chip.spec import V5E
+from interconnect import Torus, calibrated_link
+from pod.config.mesh import layout_mesh
+from pod.config.sharding import MeshCollectiveCosts, device_chip_spec
+from pod.runtime.sharded_pod import ShardedPod
+from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
+from pod.workloads.collectives import LocalMesh
+from pod.workloads.sharded import DeviceCoords, ShardedTransformer
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = {"vocabulary": 32, "sequence_length": 8, "embed_dim": 16, "heads": 4, "head_dim": 4,
+        "mlp_dim": 32, "layers": 1}
+SEED, STEPS, BATCH = 0, 3, 8
+FP32_ATOL = 5e-5  # test_sharded.py's tolerance against one device
+
+
+def _batches():
+    rng = np.random.default_rng(1)
+    shape = (BATCH, TINY["sequence_length"])
+    return [(rng.integers(0, TINY["vocabulary"], shape), rng.integers(0, TINY["vocabulary"], shape))
+            for _ in range(STEPS)]
+
+
+def _program(mesh):
+    model = TransformerModel(TransformerConfig(**TINY))
+    return ShardedTransformer(model, mesh.sizes, build_optimizer("adamw", learning_rate=1e-2))
+
+
+def _mesh():
+    return layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 4)))
+
+
+def _single():
+    model = TransformerModel(TransformerConfig(**TINY))
+    opt = build_optimizer("adamw", learning_rate=1e-2)
+    core = TensorCore(device_chip_spec(V5E).core, precision="fp32")
+    params = model.init_params(SEED)
+    state, losses = opt.init(params), []
+    for step, (x, y) in enumerate(_batches(), 1):
+        loss, grads = model.loss_and_grads(core, params, x, y)
+        params, state = opt.update(core, grads, state, params, step)
+        losses.append(loss)
+    return params, losses
+
+
+def _local_mesh(mesh):
+    program = _program(mesh)
+
+    def device(comm):
+        core = TensorCore(device_chip_spec(V5E).core, precision="fp32")
+        shard = program.init_local(SEED, DeviceCoords.of(comm))
+        part = program.batch_slice(BATCH, shard.coords)
+        for step, (x, y) in enumerate(_batches(), 1):
+            shard = program.train_step(core, comm, shard, x[part], y[part], step).shard
+        return shard
+
+    return program.assemble(LocalMesh.for_mesh(mesh).run(device))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_ray_sharded_transformer_equals_the_local_mesh_and_one_device():
+    mesh = _mesh()
+    link = calibrated_link("v5e", V5E.ici_link_bandwidth_bytes_per_s, V5E.ici_latency_s)
+    with ShardedPod(mesh, V5E, _program(mesh), MeshCollectiveCosts(mesh, link), SEED,
+                    precision="fp32") as pod:
+        stats = [pod.step(s, x, y) for s, (x, y) in enumerate(_batches())]
+        got = pod.assemble()
+        identical = pod.replicas_identical()
+    want_params, want_losses = _single()
+    local = _local_mesh(mesh)
+    assert identical
+    assert set(got) == set(local)
+    for key in got:  # the same ring orders and float32 sums in the same order: the same bits
+        np.testing.assert_array_equal(got[key], local[key], err_msg=key)
+    assert max(float(np.max(np.abs(got[k] - want_params[k]))) for k in got) < FP32_ATOL
+    np.testing.assert_allclose([s.loss for s in stats], want_losses, rtol=1e-6)
+    assert set(stats[-1].axis_collective_bytes) == {"data", "fsdp", "tensor"}
+
+
+def _cli(args):
+    """``tpu-pod ARGS`` in this process: (exit code, stdout + stderr)."""
+    import contextlib
+    import io
+
+    from pod.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
+        try:
+            main(args)
+        except SystemExit as exit_:
+            return exit_.code, out.getvalue()
+    return 0, out.getvalue()
+
+
+def _scenario(tmp_path, extra=""):
+    text = (ROOT / "scenarios" / "transformer-sharded.yaml").read_text() + extra
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_scenario_validates():
+    code, output = _cli(["validate", str(ROOT / "scenarios" / "transformer-sharded.yaml")])
+    assert code == 0, output
+    assert "transformer-sharded.yaml: ok" in output
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("faults:\n  - {kind: slow_chip, chip: 1, factor: 2.0, step: 2}\n",
+     "faults: a sharded run"),
+])
+def test_validate_and_run_refuse_the_same_line(tmp_path, extra, words):
+    path = _scenario(tmp_path, extra)
+    checked = _cli(["validate", str(path)])
+    ran = _cli(["run", str(path), "--output-dir", str(tmp_path / "out")])
+    assert checked[0] == ran[0] == 2
+    assert words in checked[1] and words in ran[1]
+    assert "Traceback" not in checked[1] + ran[1]
+
+
+def test_run_refuses_resume_of_a_sharded_run_in_one_line(tmp_path):
+    code, output = _cli(["run", str(_scenario(tmp_path)), "--resume", str(tmp_path)])
+    assert code == 2
+    assert "--resume: a sharded run" in output
