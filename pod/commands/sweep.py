@@ -581,7 +581,12 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
 def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Path:
     """tokens/s and MFU against chips, a line per series (transformer sweeps)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for label, rs in series.items():
+    lines: dict[str, list[dict[str, Any]]] = {}  # the mesh's resolved sizes grow with the chips
+    for r in (r for rs in series.values() for r in rs):
+        batch = (f"{r['per_device_batch']} per device" if scenario.sweep.scaling == "weak"
+                 else f"global batch {r['global_batch']}")
+        lines.setdefault(f"remat {r['remat'] or 'none'}, {batch}", []).append(r)
+    for label, rs in lines.items():
         rs = sorted(rs, key=lambda r: r["chips"])
         chips = [r["chips"] for r in rs]
         left.plot(chips, [r["simulated_tokens_per_second"] for r in rs], marker="o", label=label)
