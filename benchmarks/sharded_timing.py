@@ -92,7 +92,7 @@ def main() -> None:
             print(json.dumps(run_point(name, args.steps)), flush=True)
         return
     print(f"{'point':<20} {'chips':>5} {'params':>7} {'plan s':>7} {'1st step s':>10} "
-          f"{'step s':>7} {'cpu s':>6} {'RSS MiB':>8} {'ops':>6} {'sim step s':>10} {'MFU':>6} "
+          f"{'step s':>7} {'1st cpu':>7} {'cpu s':>6} {'RSS MiB':>8} {'ops':>6} {'sim step s':>10} {'MFU':>6} "
           f"{'tokens/s':>11} {'HBM GiB':>8}   (wall unless 'sim')")
     for name in names:  # a fresh process per point: its own peak RSS
         out = subprocess.run([sys.executable, __file__, "--inline", "--point", name,
@@ -101,7 +101,7 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{r['point']:<20} {r['chips']:>5} {r['params_billion']:>6.1f}B "
               f"{r['plan_wall_s']:>7.2f} {r['first_step_wall_s']:>10.2f} {r['step_wall_s']:>7.2f} "
-              f"{r['step_cpu_s']:>6.2f} "
+              f"{r['first_step_cpu_s']:>7.2f} {r['step_cpu_s']:>6.2f} "
               f"{r['peak_rss_mib']:>8.0f} {r['records']:>6} {r['sim_step_s']:>10.3f} "
               f"{r['mfu']:>6.1%} {r['sim_tokens_per_s']:>11,.0f} {r['hbm_per_device_gib']:>8.1f}",
               flush=True)

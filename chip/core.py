@@ -68,6 +68,17 @@ class OpRecord:
     issue_cycles: int = 0
 
 
+def _zeros_view(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Read-only zeros of ``shape`` that take no memory (every stride 0): what a
+    timing-only core returns for a product it does not compute. A pod-scale
+    product (a (B*H, T, T) score tensor of GiBs) could not even be allocated."""
+    zero = np.zeros(1, dtype)
+    out = np.ndarray(tuple(int(n) for n in shape), zero.dtype, buffer=zero,
+                     strides=(0,) * len(shape))
+    out.flags.writeable = False
+    return out
+
+
 def _nbytes(x: Any) -> int:
     nbytes = getattr(x, "nbytes", None)
     return int(nbytes) if nbytes is not None else int(np.asarray(x).nbytes)
@@ -352,7 +363,7 @@ class TensorCore:
     def _product(self, a: np.ndarray, b: np.ndarray, a_rounded: bool, b_rounded: bool) -> np.ndarray:
         if not self.execute:  # timing-only: the cost is recorded by the caller
             dtype = np.float32 if self.emulates_numerics else np.result_type(a, b)
-            return np.zeros((a.shape[0], b.shape[1]), dtype=dtype)
+            return _zeros_view((a.shape[0], b.shape[1]), dtype)
         if not self.emulates_numerics:
             return a @ b
         if self.precision == "bf16":
@@ -441,7 +452,7 @@ class TensorCore:
         if shared:
             out = self._product(a.reshape(bsz * m, k), b, False, False).reshape(bsz, m, n)
         elif not self.execute:
-            out = np.zeros((bsz, m, n), dtype=np.float32)
+            out = _zeros_view((bsz, m, n), np.float32)
         elif self.emulates_numerics and self.precision == "bf16":
             out = np.matmul(to_bf16(a), to_bf16(b))
         else:

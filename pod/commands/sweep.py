@@ -583,7 +583,12 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
 def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Path:
     """tokens/s and MFU against chips, a line per series (transformer sweeps)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for label, rs in series.items():
+    lines: dict[str, list[dict[str, Any]]] = {}  # the mesh's resolved sizes grow with the chips
+    for r in (r for rs in series.values() for r in rs):
+        batch = (f"{r['per_device_batch']} per device" if scenario.sweep.scaling == "weak"
+                 else f"global batch {r['global_batch']}")
+        lines.setdefault(f"remat {r['remat'] or 'none'}, {batch}", []).append(r)
+    for label, rs in lines.items():
         rs = sorted(rs, key=lambda r: r["chips"])
         chips = [r["chips"] for r in rs]
         left.plot(chips, [r["simulated_tokens_per_second"] for r in rs], marker="o", label=label)
@@ -606,7 +611,8 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
 def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> Path:
     """One bar per layout: compute, update and exposed collective seconds per mesh axis
     (simulated), layouts that do not fit in HBM shown empty with their need; the
-    fastest layout that fits marked with a star and its MFU."""
+    layout that fits with the most tokens (examples) per second marked with a star; MFU
+    and HBM per device beside each bar."""
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(f"{r['mesh']} {r['remat'] or ''} b={r['per_device_batch']}".strip())
@@ -629,15 +635,16 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
     for i, note in enumerate(notes):
         ax.text(left[i], i, "  " + note, va="center", fontsize=7)
     ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]
-    if ok:
-        best = min(ok, key=lambda i: rows[i]["simulated_step_seconds"])
+    if ok:  # the most tokens (examples) per second: layouts differ in their global batch
+        best = max(ok, key=lambda i: rows[i]["simulated_examples_per_second"])
         ax.plot([left[best]], [best], marker="*", markersize=14, color="gold",
-                markeredgecolor="black", label="fastest that fits")
+                markeredgecolor="black", label="most tokens/s that fits")
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("simulated step time (s)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.45)
-    ax.set_title(f"{scenario.name}: layouts on {rows[0]['generation']} x{rows[0]['chips']} "
+    where = rows[ok[0]] if ok else rows[0]
+    ax.set_title(f"{scenario.name}: layouts on {where['chips']} {where['generation']} chips "
                  "(simulated)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

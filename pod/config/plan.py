@@ -391,7 +391,14 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
                if training.overlap and mesh.is_data_parallel else ())  # sharded: no DP buckets
-    ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
+    if mesh.is_data_parallel:
+        ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
+    else:  # gradients reduce per mesh axis (mesh_costs): no data-parallel allreduce, whose
+        # algorithm choice would take minutes at pod scale for nothing
+        link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
+                               pod.chip.ici_latency_s)
+        ici = IciPlan(algorithm=cfg.allreduce, num_elements=0, link=link,
+                      costs=((0, ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})),))
     mesh_costs = None if mesh.is_data_parallel else MeshCollectiveCosts(mesh, ici.link)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),

@@ -41,7 +41,7 @@ from pod.runtime.sharded_actor import ShardedReport
 from pod.runtime.sharded_pod import combine_sharded_reports
 from pod.workloads import build_optimizer
 from pod.workloads.layers import timing_zeros
-from pod.workloads.sharded_timing import ShapeShardedTransformer, update_start
+from pod.workloads.sharded_timing import ShapeShardedTransformer
 
 __all__ = ["ShardedTimingPod", "ZeroCollectives"]
 
@@ -63,13 +63,15 @@ class ShardedTimingPod:
         plan: a checked plan with a mesh (``build_plan(..., sharded_ok=True)``)
             and a transformer model; ``plan.per_core_batch`` is the per-device
             batch (global batch / (data x fsdp)).
+        sequence_parallel: Megatron sequence parallelism over tensor (the device
+            program's option).
 
     Raises:
         ValueError: the plan's model is not a transformer, or tensor does not
             split its heads and MLP.
     """
 
-    def __init__(self, plan: TrainingPlan) -> None:
+    def __init__(self, plan: TrainingPlan, *, sequence_parallel: bool = False) -> None:
         from pod.config.sharding import MeshCollectiveCosts
         from pod.workloads.transformer import TransformerModel
 
@@ -79,7 +81,8 @@ class ShardedTimingPod:
         self.plan = plan
         training = plan.scenario.training
         self.optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
-        self.program = ShapeShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer)
+        self.program = ShapeShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer,
+                                               sequence_parallel=sequence_parallel)
         self.costs = plan.mesh_costs or MeshCollectiveCosts(plan.mesh, plan.ici.link)
         self.spec = device_chip_spec(plan.pod.chip)
         chip = Chip(self.spec, 0, numerics=True, precision=training.precision,
@@ -111,7 +114,7 @@ class ShardedTimingPod:
         report = ShardedReport(
             device=0, loss=float(result.loss),
             record_seconds=tuple(float(r.seconds) for r in records),
-            update_start=update_start(records, self.optimizer.name), calls=tuple(comm.calls),
+            update_start=result.update_start, calls=tuple(comm.calls),
             mxu_flops=RecordTotals.of(records).mxu_flops,
             hbm=HbmUsage(hbm.used_bytes, hbm.peak_bytes, hbm.capacity_bytes))
         self.last_report = report

@@ -12,14 +12,18 @@ is only what moves data without costing anything on the chip:
 - the shard (:meth:`ShapeShardedTransformer.shape_shard`): parameter and
   optimizer-state chunks are read-only zero views of the right sizes (no
   memory);
-- the tensor allreduce of a partial activation (``_tensor_sum``): issued
-  with a buffer of its size, the sum returned as a zero view (no copy);
+- the tensor operators around a block's parallel parts (``_hooks``: the
+  allreduce, or with sequence parallelism the all-gather and reduce-scatter,
+  of an activation): issued with buffers of their sizes, the results zero
+  views (no copy);
 - the fsdp all-gather of a layer (``_gather``): the call is issued with a
   buffer of the device's chunk sizes, and the layer gets zero views of its
   tensor-local shapes (no unpacking copy, no bf16 rounding);
 - the gradient reduction (``_reduce``): the reduce-scatter and the data
   allreduce are issued with buffers of the sizes ``pack_chunks`` would
-  build, and the 1 / (data x fsdp) scaling is recorded from its shape.
+  build (with sequence parallelism also the tensor allreduce of the
+  replicated parameters' chunks), and the scaling by the number of token
+  shards is recorded from its shape.
 
 So its op records and collective calls equal a functional device's, record
 for record and call for call (``tests/pod/runtime/test_sharded_timing.py``),
@@ -40,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pod.workloads.layers import timing_zeros, vector_op
-from pod.workloads.sharded import DeviceCoords, DeviceShard, ShardedTransformer
+from pod.workloads.sharded import DeviceCoords, DeviceShard, ShardedTransformer, _TensorCollectives
 
 __all__ = ["ShapeShardedTransformer", "update_start"]
 
@@ -78,15 +82,10 @@ class ShapeShardedTransformer(ShardedTransformer):
         state = {f"{k}/{slot}": v for k, v in params.items() for slot in self.optimizer.slots}
         return DeviceShard(coords, params, state)
 
-    def _tensor_sum(self, core, comm, phase):
+    def _hooks(self, core, comm, phase):
         if self.tensor == 1:
             return None
-
-        def total(tag, v):
-            comm.allreduce("tensor", timing_zeros((v.size,), _F32), tag=f"{tag} {phase}",
-                           kind="activation", after_record=len(core.records))
-            return timing_zeros(v.shape, _F32)
-        return total
+        return _ShapeTensorHooks(core, comm, phase, self.sequence_parallel)
 
     def _gather(self, core, comm, shard, i, phase):
         keys = self._keys[i]
@@ -103,12 +102,40 @@ class ShapeShardedTransformer(ShardedTransformer):
             return {}
         widths = self._chunk_elements(grads)
         buf = timing_zeros((self.fsdp * sum(widths),), _F32)
-        part = comm.reduce_scatter("fsdp", buf, tag=f"{name} grads", kind="grad_reduce",
-                                   after_record=len(core.records))
+        comm.reduce_scatter("fsdp", buf, tag=f"{name} grads", kind="grad_reduce",
+                            after_record=len(core.records))
         part = comm.allreduce("data", timing_zeros((sum(widths),), _F32), tag=f"{name} grads",
                               kind="grad_reduce", after_record=len(core.records))
-        if self.batch_shards > 1:
-            scale = np.float32(1.0 / self.batch_shards)
+        if self.sequence_parallel and self.tensor > 1:  # replicated params: a chunk each
+            mine = sum(w for key, w in zip(grads, widths) if self._split[key] is None)
+            if mine:
+                comm.allreduce("tensor", timing_zeros((mine,), _F32),
+                               tag=f"{name} replicated grads", kind="grad_reduce",
+                               after_record=len(core.records))
+        if self.token_shards > 1:
+            scale = np.float32(1.0 / self.token_shards)
             vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
                       out=(part.shape, _F32))
         return {key: timing_zeros((n,), _F32) for key, n in zip(grads, widths)}
+
+
+class _ShapeTensorHooks(_TensorCollectives):
+    """The tensor operators of the functional program (same calls, same tags and
+    sizes), the exchanged activations zero views: no copy of a (B, T, C) array."""
+
+    def _call(self, op, tag, size):
+        getattr(self.comm, op)("tensor", timing_zeros((size,), _F32), **self._kw(tag))
+
+    def _allreduce(self, tag, v):
+        self._call("allreduce", tag, v.size)
+        return timing_zeros(v.shape, _F32)
+
+    def _gather(self, tag, v):                                            # (B, t, C) -> (B, T, C)
+        b, t, c = v.shape
+        self._call("all_gather", tag, v.size)
+        return timing_zeros((b, self.size * t, c), _F32)
+
+    def _scatter(self, tag, v):                                           # (B, T, C) -> (B, t, C)
+        b, t, c = v.shape
+        self._call("reduce_scatter", tag, v.size)
+        return timing_zeros((b, t // self.size, c), _F32)

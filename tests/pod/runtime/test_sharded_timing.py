@@ -43,12 +43,13 @@ def scenario(mesh, slice_name="v5p-16", batch=8, **options):
     })
 
 
-def functional_reports(plan, steps=2):
+def functional_reports(plan, steps=2, sequence_parallel=False):
     """Every device's (record seconds, calls, update start) of the last of ``steps``
     functional steps (LocalMesh, numerics on), by device."""
     training = plan.scenario.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
-    program = ShardedTransformer(plan.model, plan.mesh.sizes, optimizer)
+    program = ShardedTransformer(plan.model, plan.mesh.sizes, optimizer,
+                                 sequence_parallel=sequence_parallel)
     data = plan.dataset
 
     def device(comm):
@@ -62,15 +63,18 @@ def functional_reports(plan, steps=2):
             x, y = data.x_train[rows][part], data.y_train[rows][part]
             core.take_records()
             comm.take_calls()
-            shard = program.train_step(core, comm, shard, x, y, step + 1).shard
+            result = program.train_step(core, comm, shard, x, y, step + 1)
+            shard = result.shard
         records = core.take_records()
-        return records, comm.take_calls()
+        assert result.update_start == update_start(records, optimizer.name)
+        return records, comm.take_calls(), result.update_start
 
     return LocalMesh.for_mesh(plan.mesh).run(device)
 
 
 LAYOUTS = [
     ({"data": 2, "fsdp": 2, "tensor": 2}, {}),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, {"sequence_parallel": True, "remat": "minimal"}),
     ({"fsdp": 8}, {"remat": "full"}),
     ({"data": 2, "tensor": 4}, {"remat": "minimal", "tied_embeddings": False}),
     ({"fsdp": 2, "tensor": 4}, {"norm": "layernorm", "mlp_activation": "gelu",
@@ -82,19 +86,19 @@ LAYOUTS = [
 def test_timing_only_step_equals_the_functional_step(mesh, options):
     """Same records and calls as every functional device; the same simulated step,
     compute, update, exposed and per-axis bytes / seconds / exposed seconds."""
+    options = dict(options)
+    sequence = options.pop("sequence_parallel", False)
     plan = build_plan(scenario(mesh, **options), timing_only=True, sharded_ok=True)
-    devices = functional_reports(plan)
-    clocks = []
-    for records, calls in devices:
-        start = update_start(records, plan.scenario.training.optimizer.name)
-        clocks.append(sharded_step_clock(records, calls, plan.mesh_costs.seconds, start))
+    devices = functional_reports(plan, sequence_parallel=sequence)
+    clocks = [sharded_step_clock(records, calls, plan.mesh_costs.seconds, start)
+              for records, calls, start in devices]
     want = max(clocks, key=lambda c: c.step_seconds)
 
-    pod = ShardedTimingPod(plan)
+    pod = ShardedTimingPod(plan, sequence_parallel=sequence)
     pod.step(0)
     stats = pod.step(1)
     report = pod.last_report
-    for records, calls in devices:  # every device does the same work: one stands for all
+    for records, calls, _ in devices:  # every device does the same work: one stands for all
         assert report.record_seconds == tuple(r.seconds for r in records)
         assert report.calls == tuple(calls)
     assert len(report.calls) > 10
