@@ -101,4 +101,4 @@ def test_kills_and_sigterms_at_random_steps_end_bit_identical(fault_free, tmp_pa
     for key in ("steps", "initial_loss", "final_loss", "test_loss", "test_accuracy"):
         assert summary[key] == reference_summary[key], key
     rows = list(csv.DictReader((tmp_path / "steps.csv").open()))
-    assert [int(r["step"]) for r in rows] == list(range(STEPS))  # each step once, in order
+    assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))  # each step once, in order

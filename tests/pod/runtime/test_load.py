@@ -234,9 +234,9 @@ def test_sixteen_chips_hundreds_of_steps_with_checkpoints_retain_nothing_per_ste
     pods: list[Pod] = []
 
     class RecordedPod(Pod):
-        def start(self) -> float:
+        def start(self, **options) -> float:
             pods.append(self)
-            return super().start()
+            return super().start(**options)
 
     monkeypatch.setattr(run_module, "Pod", RecordedPod)
     # the last 60 steps are the window, in 4 intervals of 15 (a multiple of the checkpoint
