@@ -178,14 +178,11 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         chip_name: shown in the title.
     """
     costs = layer_costs(model, core_spec, batch, optimizer=optimizer, mxu_model=mxu_model)
-    total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
-    on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
-    table = titled_table(f"Model: {model.name} (batch {batch} per core{on}; "
-                        f"time is simulated, forward + backward)")
-    for col, justify in (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
-                         ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right"),
-                         ("MXU util", "right"), ("bound", "left")):
-        table.add_column(col, justify=justify)
+    total_seconds, table = _cost_table(
+        "Model", model, batch, chip_name, costs,
+        (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
+         ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right"),
+         ("MXU util", "right"), ("bound", "left")))
     for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers):
         c = costs[name]
         table.add_row(f"{name} ({layer.kind})", _shape(out), f"{nparams:,}", f"{c['flops']:,.0f}",
@@ -205,6 +202,20 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
                   _bound(_sum(costs)), style="bold")
     return table
 
+
+
+def _cost_table(kind: str, model: Model, batch: int, chip_name: str,
+                costs: dict[str, dict[str, float]],
+                columns: tuple[tuple[str, str], ...]) -> tuple[float, Table]:
+    """The total simulated seconds of ``costs`` (1.0 when zero, a share's divisor) and an
+    empty titled table with ``columns`` ((name, justify) pairs)."""
+    total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
+    on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
+    table = titled_table(f"{kind}: {model.name} (batch {batch} per core{on}; "
+                         f"time is simulated, forward + backward)")
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
+    return total_seconds, table
 
 def _sum(costs: dict[str, dict[str, float]]) -> dict[str, float]:
     total = _empty()
@@ -229,13 +240,10 @@ def layer_detail_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         mxu_model: the MXU cycle model.
     """
     costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model, detail=True)
-    total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
-    on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
-    table = titled_table(f"Layer parts: {model.name} (batch {batch} per core{on}; "
-                         f"time is simulated, forward + backward)")
-    for col, justify in (("part", "left"), ("FLOPs / step", "right"), ("sim time / step", "right"),
-                         ("share", "right"), ("MXU util", "right"), ("bound", "left")):
-        table.add_column(col, justify=justify)
+    total_seconds, table = _cost_table(
+        "Layer parts", model, batch, chip_name, costs,
+        (("part", "left"), ("FLOPs / step", "right"), ("sim time / step", "right"),
+         ("share", "right"), ("MXU util", "right"), ("bound", "left")))
     for name, c in costs.items():
         table.add_row(name, f"{c['flops']:,.0f}", f"{c['seconds'] * 1e6:,.2f} us",
                       f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec), _bound(c))
