@@ -10,6 +10,14 @@ same keys as the file) or a ``Scenario``. Nothing is printed with
     result.summary["test_accuracy"], len(result.history)
     result.to_pandas()      # one row per step (needs pandas)
     result.plot()           # loss and the simulated step-time breakdown (needs matplotlib)
+
+A custom model built from ``pod.workloads`` layers trains in place of the
+scenario's named one::
+
+    from pod.workloads import Dense, Flatten, Model, ReLU
+    mine = Model("my-mlp", [Flatten("flat"), Dense(32, "hidden"), ReLU("relu"),
+                            Dense(10, "logits")], input_shape=(8, 8, 1), num_classes=10)
+    result = pod.run("scenarios/quickstart.yaml", model=mine, steps=20, quiet=True)
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pod.config.scenario import Scenario, load_scenario, parse_scenario, scenari
 from pod.errors import ScenarioError
 from pod.report.model_summary import layer_detail_table, model_summary_table
 from pod.report.stats import StepStats
+from pod.workloads.model import Model
 
 __all__ = ["RunResult", "Description", "load", "run", "validate", "describe", "sweep"]
 
@@ -175,11 +184,17 @@ class RunResult:
 
 def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | None = None,
         output_dir: str | Path | None = None, quiet: bool = False,
-        metrics_port: int | None = None, report: bool = False) -> RunResult:
+        metrics_port: int | None = None, report: bool = False,
+        model: Model | None = None) -> RunResult:
     """Train a scenario on an emulated pod (starts a local Ray cluster if none).
 
     Args:
         scenario: a path, YAML text, a dict or a ``Scenario``.
+        model: a custom model built from ``pod.workloads`` layers (a ``Model``) to
+            train instead of the scenario's ``model`` block (which must still be
+            valid; its name is not used). Data parallel only; its checkpoints are
+            written, but ``tpu-pod run --resume`` / ``generate`` / ``export``
+            rebuild models by name and do not load them.
         steps: override ``training.steps``.
         output_dir: write summary.json, steps.csv and layers.csv there; None writes
             nothing.
@@ -208,7 +223,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         spec = spec.with_overrides(training__steps=steps)
     if report and output_dir is None:
         raise ScenarioError("report: report.html needs an output_dir to be written to")
-    plan = build_plan(spec)
+    plan = build_plan(spec, model=model)
     console = Console(quiet=True) if quiet else None
     the_run = make_run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
                        metrics_port=metrics_port or 0, console=console, keep_history=True,

@@ -10,6 +10,7 @@ this; ``tpu-pod run`` runs it first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -276,6 +277,29 @@ def _model_for_data(scenario: Scenario, dataset: Dataset) -> Model:
         raise ScenarioError(f"model.options: {err}") from None
 
 
+def _custom_model_for_data(model: Any, dataset: Dataset, mesh: Mesh) -> Model:
+    """A custom model given to ``build_plan``, checked as ``_model_for_data`` checks a
+    named one.
+
+    Raises:
+        ScenarioError: not a ``Model``; a model that cannot take this data; a mesh
+            with fsdp or tensor axes (only the named transformer is sharded).
+    """
+    if not isinstance(model, Model):
+        raise ScenarioError(f"model: a custom model must be a pod.workloads.Model, got "
+                            f"{type(model).__name__}")
+    if not mesh.is_data_parallel:
+        raise ScenarioError(f"pod.mesh: {format_axes(mesh.sizes)}: a custom model ({model.name}) "
+                            f"trains data parallel only; use {{data: {mesh.size}}}")
+    try:
+        for x, y in ((dataset.x_train, dataset.y_train), (dataset.x_test, dataset.y_test)):
+            model.check_data(x, y)
+    except ValueError as err:  # DataMismatchError and TokenIdError are ValueErrors
+        raise ScenarioError(f"model: the custom model {model.name} does not fit "
+                            f"{dataset.name} data: {err}") from None
+    return model
+
+
 def _built(name: str, dataset: Dataset, options: dict) -> Model:
     return build_model(name, input_shape=tuple(dataset.x_train.shape[1:]),
                        num_classes=dataset.num_classes, **options)
@@ -339,12 +363,16 @@ def is_timing_sweep(scenario: Scenario) -> bool:
 
 
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
-               timing_only: bool = False, sharded_ok: bool = False) -> TrainingPlan:
+               timing_only: bool = False, sharded_ok: bool = False,
+               model: Model | None = None) -> TrainingPlan:
     """Resolve and check a scenario.
 
     Args:
         scenario: the validated scenario.
         dataset: an already loaded dataset to reuse (else it is loaded).
+        model: a custom model (``pod.workloads.Model`` built from its layers) to train
+            instead of the scenario's ``model`` block; checked against every example
+            of the data like a named one. Data parallel meshes only.
         timing_only: the plan is only costed (``pod.runtime.timing``): a global batch
             larger than the train split is allowed, since one chip's share
             stands for the whole batch.
@@ -374,7 +402,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     per_core = _per_device_batch(training.global_batch, pod, mesh)
     dataset = _training_data(scenario, pod, per_core, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])
-    model = _model_for_data(scenario, dataset)
+    model = (_model_for_data(scenario, dataset) if model is None
+             else _custom_model_for_data(model, dataset, mesh))
     try:
         optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     except ValueError as err:
