@@ -29,7 +29,13 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
     """
     # ml_dtypes converts float64 via float32, so a float64 input can be rounded
     # twice (differs from direct rounding only on exact float32 ties).
-    return np.asarray(x).astype(_BF16).astype(np.float32)
+    a = np.asarray(x)
+    if a.size > 1 and not any(a.strides):
+        # a zero-stride view (a timing-only stand-in, every element the same): round
+        # its one value and keep it a view, so shape-only costing allocates nothing
+        one = a.reshape(-1)[:1].astype(_BF16).astype(np.float32)
+        return np.broadcast_to(one.reshape(()), a.shape)
+    return a.astype(_BF16).astype(np.float32)
 
 
 def mxu_matmul(

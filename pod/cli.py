@@ -23,7 +23,13 @@ from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
-from pod.report.model_summary import layer_costs, layer_detail_table, model_summary_table
+from pod.report.model_summary import (
+    layer_costs,
+    layer_detail_table,
+    model_summary_table,
+    plan_sharding_table,
+)
+from pod.config.mesh import device_hbm_bytes, format_axes
 from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.scenario import load_scenario
 from pod.config.slices import resolve_pod
@@ -261,11 +267,24 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
         console.print(layer_detail_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
                                          chip_name=plan.pod.chip.name,
                                          mxu_model=plan.scenario.pod.mxu_model))
-    _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch:,} = "
-                           f"{plan.per_core_batch} per core)", plan.memory,
-                  plan.pod.chip.core.hbm_bytes)
-    console.print(f"allreduce: {plan.ici.algorithm}, {plan.ici.cost.seconds * 1e6:,.2f} us per "
-                  f"step (simulated) for {plan.num_params:,} float32 gradients", highlight=False)
+    sharding = plan_sharding_table(plan)
+    if sharding is not None:
+        console.print(sharding)
+    if plan.mesh.is_data_parallel:
+        _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch:,} = "
+                               f"{plan.per_core_batch} per core)", plan.memory,
+                      plan.pod.chip.core.hbm_bytes)
+        console.print(f"allreduce: {plan.ici.algorithm}, {plan.ici.cost.seconds * 1e6:,.2f} us per "
+                      f"step (simulated) for {plan.num_params:,} float32 gradients",
+                      highlight=False)
+        return
+    axes = format_axes(plan.mesh.sizes)
+    _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
+                           f"{plan.global_batch:,} = {plan.per_core_batch} per device)",
+                  plan.memory, device_hbm_bytes(plan.pod.chip))
+    console.print(f"gradients: reduce-scattered over fsdp and allreduced over data per layer, "
+                  f"activations allreduced over tensor (pod.mesh {axes}); no data-parallel "
+                  f"allreduce. `tpu-pod sweep` costs the step per mesh axis.", highlight=False)
 
 
 def _pod_json(pod) -> dict[str, Any]:

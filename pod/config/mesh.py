@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,6 +65,8 @@ from chip import ChipSpec
 from interconnect import Torus
 from pod.config.slices import PodShape
 from pod.errors import HBMPlanError, ScenarioError
+from pod.workloads.sharded import device_param_elements
+from pod.workloads.transformer import TransformerModel
 
 __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
            "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
@@ -484,8 +486,9 @@ def _gib(nbytes: float) -> str:
 
 def _sharded_items(params: int, optimizer_bytes_per_param: float, activation_bytes_per_example: int,
                    per_device_batch: int, fsdp: int, tensor: int, largest_layer: int,
-                   precision: str) -> dict[str, int]:
-    local = math.ceil(params / (fsdp * tensor))  # parameters each device keeps (padded)
+                   precision: str, local: int | None = None) -> dict[str, int]:
+    if local is None:
+        local = math.ceil(params / (fsdp * tensor))  # parameters each device keeps (padded)
     layer = math.ceil(largest_layer / tensor)  # one layer gathered over fsdp, still split by tensor
     items = {
         "params": _FLOAT32_BYTES * local,
@@ -500,10 +503,13 @@ def _sharded_items(params: int, optimizer_bytes_per_param: float, activation_byt
 def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param: float,
                         activation_bytes_per_example: int, per_device_batch: int, mesh: Mesh,
                         capacity_bytes: int, precision: str = "bf16",
-                        largest_layer_param_count: int | None = None) -> dict[str, int]:
+                        largest_layer_param_count: int | None = None,
+                        device_param_count: Callable[[int, int], int | None] | None = None
+                        ) -> dict[str, int]:
     """One device's HBM under a data / fsdp / tensor mesh (ZeRO-3 plus tensor sharding) [SB].
 
-    Closed forms, with ``S = fsdp * tensor`` and ``p = ceil(P / S)``:
+    Closed forms, with ``S = fsdp * tensor`` and ``p = ceil(P / S)`` (or the exact
+    ``device_param_count(fsdp, tensor)`` when given):
 
     - params, grads: ``4 p`` bytes each (float32, sharded over fsdp and tensor);
     - optimizer_state: ``ceil(optimizer_state_bytes_per_param * p)``;
@@ -525,6 +531,9 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         capacity_bytes: HBM of one device (:func:`device_hbm_bytes`).
         precision: MXU precision, bf16 | fp32 | int8.
         largest_layer_param_count: L; None: the whole model is one layer.
+        device_param_count: (fsdp, tensor) -> the parameters one device keeps, exact
+            (replicated embeddings and norms whole, padding included), or None for a
+            layout the model cannot take (never suggested); None: ``ceil(P / S)``.
 
     Returns:
         Bytes per item (params, grads, optimizer_state, activations, workspace)
@@ -540,7 +549,9 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
     largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
     args = (model_param_count, optimizer_state_bytes_per_param, activation_bytes_per_example)
     fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
-    items = _sharded_items(*args, per_device_batch, fsdp, tensor, largest, precision)
+    exact = device_param_count or (lambda f, t: math.ceil(model_param_count / (f * t)))
+    items = _sharded_items(*args, per_device_batch, fsdp, tensor, largest, precision,
+                           exact(fsdp, tensor))
     if items["total"] <= capacity_bytes:
         return items
     global_batch = per_device_batch * mesh.axis_size("data") * fsdp
@@ -549,7 +560,11 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         f, t = axes.get("fsdp", 1), axes.get("tensor", 1)
         if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % (axes["data"] * f):
             continue
-        plan = _sharded_items(*args, global_batch // (axes["data"] * f), f, t, largest, precision)
+        local = exact(f, t)
+        if local is None:
+            continue
+        plan = _sharded_items(*args, global_batch // (axes["data"] * f), f, t, largest, precision,
+                              local)
         key = (f * t, t, plan["total"])
         if plan["total"] <= capacity_bytes and (found is None or key < found[0]):
             found = (key, axes, plan["total"])
@@ -584,10 +599,19 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
     params = int(model.num_params)
     layers = [count for _, count in model.gradient_buckets()]
     batch_shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    exact = None
+    if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
+        def exact(fsdp: int, tensor: int) -> int | None:
+            try:
+                return device_param_elements(model, fsdp, tensor)
+            except ValueError:  # tensor does not divide the heads / mlp_dim
+                return None if (fsdp, tensor) != (mesh.axis_size("fsdp"), mesh.axis_size("tensor")) \
+                    else math.ceil(params / (fsdp * tensor))
     try:
         return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1),
                                    int(model.activation_bytes(1)), global_batch // batch_shards,
-                                   mesh, capacity_bytes, precision, max(layers, default=params))
+                                   mesh, capacity_bytes, precision, max(layers, default=params),
+                                   exact)
     except HBMPlanError as err:
         raise HBMPlanError(f"pod.mesh: {err}", tag=err.tag, requested_bytes=err.requested_bytes,
                            free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,

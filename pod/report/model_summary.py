@@ -20,10 +20,12 @@ from pod.report.stats import OP_BOUNDS, op_bound
 
 from chip import TensorCore, TensorCoreSpec
 from pod.workloads.models import Model
-from pod.workloads.optimizers import OPTIMIZER_NAMES
+from pod.workloads.optimizers import OPTIMIZER_NAMES, build_optimizer
+from pod.workloads.sharded import ParamLayout, ShardedTransformer
+from pod.workloads.transformer import TransformerModel
 
 __all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
-           "layer_detail_table"]
+           "layer_detail_table", "plan_sharding_table", "sharding_groups", "sharding_table"]
 
 BOUNDS = OP_BOUNDS
 
@@ -43,7 +45,10 @@ def _records(model: Model, core_spec: TensorCoreSpec, batch: int, optimizer, mxu
     x = np.zeros((batch, *model.input_shape), np.int32 if integer_inputs else np.float32)
     label_shape = (batch,) if len(model.output_shape) == 1 else (batch, model.output_shape[0])
     y = np.zeros(label_shape, np.int64)
-    params = model.init_params(0)
+    # zero views (no memory) stand in for the parameters: the costs depend on shapes
+    # only, and a 33B model's float32 parameters alone would be 130 GB
+    zero = np.zeros((), np.float32)
+    params = {key: np.broadcast_to(zero, shape) for key, shape in model.param_shapes.items()}
     _, grads, _ = model.loss_grads_and_state(core, params, x, y, state=model.init_state(),
                                              rng=np.random.default_rng(0))
     if optimizer is not None:
@@ -162,6 +167,8 @@ def _layer_row(name: str, kind: str, shape_in: str, shape_out: str, nparams: int
 
 
 def _shape(shape) -> str:
+    if len(shape) == 1:
+        return f"({'None' if shape[0] is None else shape[0]},)"
     return "(" + ", ".join("None" if v is None else str(v) for v in shape) + ")"
 
 
@@ -251,3 +258,80 @@ def layer_detail_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
     table.add_row("total", f"{total['flops']:,.0f}", f"{total_seconds * 1e6:,.2f} us", "100.0%",
                   _utilization(total, core_spec), _bound(total), style="bold")
     return table
+
+
+def sharding_groups(layouts: list[ParamLayout]) -> list[tuple[list[str], list[ParamLayout]]]:
+    """``ShardedTransformer.param_layout()`` grouped by layer, consecutive layers
+    with the same parameters (names after the layer's, shapes, splits) merged:
+    [(layer names, the first layer's layouts)], so 60 identical blocks are one group."""
+    by_layer: list[tuple[str, list[ParamLayout]]] = []
+    for p in layouts:
+        if not by_layer or by_layer[-1][0] != p.layer:
+            by_layer.append((p.layer, []))
+        by_layer[-1][1].append(p)
+
+    def signature(layer: str, params: list[ParamLayout]) -> tuple:
+        return tuple((p.key[len(layer):], p.shape, p.tensor_dim, p.device_elements) for p in params)
+
+    groups: list[tuple[list[str], list[ParamLayout]]] = []
+    for layer, params in by_layer:
+        if groups and signature(groups[-1][0][0], groups[-1][1]) == signature(layer, params):
+            groups[-1][0].append(layer)
+        else:
+            groups.append(([layer], params))
+    return groups
+
+
+def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int]) -> Table:
+    """Each layer's sharding on a mesh as a rich Table: per parameter, its whole
+    shape, the dimension split over ``tensor`` (Megatron: column-parallel splits
+    the output dimension, row-parallel the input one), its shape on one tensor
+    device, the chunk one device keeps after the ``fsdp`` split (ZeRO-3: flattened,
+    then split) and its float32 bytes. Identical consecutive layers are one group
+    ("block1 .. block60 (x60)", bytes per layer).
+
+    Args:
+        layouts: ``ShardedTransformer.param_layout()``.
+        sizes: the mesh, axis -> size (``{"data", "fsdp", "tensor"}``).
+    """
+    mesh = ", ".join(f"{a}: {n}" for a, n in sizes.items())
+    table = titled_table(f"Sharding on the mesh {{{mesh}}} (parameters; gradients and "
+                         f"optimizer slots are split alike)")
+    for col, justify in (("layer", "left"), ("parameter", "left"), ("shape", "left"),
+                         ("tensor split", "left"), ("per tensor device", "left"),
+                         ("fsdp chunk / device", "right"), ("bytes / device", "right")):
+        table.add_column(col, justify=justify)
+    fsdp = int(sizes.get("fsdp", 1))
+    whole = device = 0
+    for names, params in sharding_groups(layouts):
+        label = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} (x{len(names)})"
+        for i, p in enumerate(params):
+            split = ("replicated" if p.tensor_dim is None else
+                     f"dim {p.tensor_dim} ({'column' if p.tensor_dim == len(p.shape) - 1 else 'row'})")
+            chunk = f"{p.device_elements:,}" + (f" (1/{fsdp})" if fsdp > 1 else "")
+            table.add_row(label if i == 0 else "", p.key[len(p.layer) + 1:], _shape(p.shape), split,
+                          _shape(p.local_shape), chunk, f"{4 * p.device_elements:,}")
+            whole += len(names) * int(np.prod(p.shape))
+            device += len(names) * p.device_elements
+    table.add_row("total", "", f"{whole:,} parameters", "", "", f"{device:,}", f"{4 * device:,}",
+                  style="bold")
+    return table
+
+
+def plan_sharding_table(plan) -> Table | None:
+    """The sharding table of a plan's mesh (``sharding_table``), or None for a data
+    parallel mesh, or a model that is not the transformer (a timing-only plan of
+    another model on a mesh), or a tensor size the model does not split by.
+
+    Args:
+        plan: a ``pod.config.plan.TrainingPlan``.
+    """
+    if plan.mesh.is_data_parallel or not isinstance(plan.model, TransformerModel):
+        return None
+    training = plan.scenario.training
+    try:
+        optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
+        program = ShardedTransformer(plan.model, plan.mesh.sizes, optimizer)
+    except ValueError:
+        return None
+    return sharding_table(program.param_layout(), program.sizes)

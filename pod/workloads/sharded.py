@@ -93,8 +93,9 @@ from pod.workloads.transformer import (
     TransformerModel,
 )
 
-__all__ = ["DeviceCoords", "DeviceShard", "StepResult", "ShardedTransformer",
-           "check_tensor_split", "flat_chunk", "pack_chunks", "unpack_gathered"]
+__all__ = ["DeviceCoords", "DeviceShard", "ParamLayout", "StepResult", "ShardedTransformer",
+           "check_tensor_split", "device_param_elements", "flat_chunk", "pack_chunks",
+           "unpack_gathered"]
 
 _F32_BYTES = 4
 
@@ -133,6 +134,31 @@ class DeviceShard:
 
 
 @dataclass(frozen=True)
+class ParamLayout:
+    """Where one parameter of the whole model lives on the mesh.
+
+    Attributes:
+        layer: the layer that owns it (``TransformerModel.layers`` name).
+        key: the parameter key ("block0/attention/wq").
+        shape: its whole-model shape.
+        tensor_dim: the dimension split over ``tensor`` (column-parallel: the
+            output dimension; row-parallel: the input one), None if replicated
+            over tensor.
+        local_shape: its shape on one tensor device.
+        device_elements: the elements of its chunk on one device,
+            ``ceil(prod(local_shape) / fsdp)`` (:func:`flat_chunk`: flattened, then
+            split over ``fsdp``, the last chunk zero-padded).
+    """
+
+    layer: str
+    key: str
+    shape: tuple[int, ...]
+    tensor_dim: int | None
+    local_shape: tuple[int, ...]
+    device_elements: int
+
+
+@dataclass(frozen=True)
 class StepResult:
     """One device's training step.
 
@@ -163,6 +189,22 @@ def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
     choices = ", ".join(str(d) for d in range(1, both + 1) if both % d == 0)
     raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads} "
                      f"and mlp_dim {config.mlp_dim}; tensor must divide both: {choices}")
+
+
+def device_param_elements(model: TransformerModel, fsdp: int, tensor: int) -> int:
+    """The parameters one device keeps on a mesh with these fsdp and tensor sizes:
+    the tensor-split weights' share, the replicated ones (embeddings, norms) whole,
+    every array's fsdp chunk with its padding (``ShardedTransformer.param_layout``).
+    The data size does not matter.
+
+    Raises:
+        ValueError: tensor does not divide the heads and mlp_dim
+            (:func:`check_tensor_split`).
+    """
+    from pod.workloads.optimizers import build_optimizer
+
+    program = ShardedTransformer(model, {"fsdp": fsdp, "tensor": tensor}, build_optimizer("sgd"))
+    return sum(p.device_elements for p in program.param_layout())
 
 
 def flat_chunk(x: np.ndarray, parts: int, index: int) -> np.ndarray:
@@ -414,6 +456,19 @@ class ShardedTransformer:
         return out
 
     # ------------------------------------------------------------ memory
+
+    def param_layout(self) -> list[ParamLayout]:
+        """Every parameter's sharding, in layer order: its tensor split and the size
+        of one device's chunk (the console's sharding table, ``describe``)."""
+        whole = self.model.param_shapes
+        out = []
+        for layer, keys in zip(self.local_model.layers, self._owned):
+            for key in keys:
+                local = tuple(self._shapes[key])
+                out.append(ParamLayout(layer=layer.name, key=key, shape=tuple(whole[key]),
+                                       tensor_dim=self._split[key], local_shape=local,
+                                       device_elements=-(-math.prod(local) // self.fsdp)))
+        return out
 
     def local_param_bytes(self) -> int:
         """float32 bytes of one device's parameter chunks (the gradient chunks after

@@ -314,3 +314,44 @@ def test_a_sharded_model_too_big_names_the_field_and_a_mesh_that_fits():
         "pod.mesh: {data: 4, fsdp: 2} needs 15.1 GiB per device (params 1.7 GiB, grads 1.7 GiB, "
         "optimizer state 3.4 GiB, activations 3.7 MiB, workspace 8.4 GiB) and does not fit "
         "8 GiB; {data: 2, fsdp: 2, tensor: 2} fits (7.6 GiB per device)")
+
+
+def _transformer(layers=2):
+    from pod.workloads import build_model
+    return build_model("transformer", (64,), 256, embed_dim=64, heads=4, head_dim=16,
+                       mlp_dim=128, layers=layers)
+
+
+@pytest.mark.parametrize("fsdp, tensor", [(1, 1), (2, 2), (4, 1), (1, 4), (3, 2)])
+def test_a_transformers_device_params_are_the_chunks_the_program_keeps(fsdp, tensor):
+    """The HBM plan's parameters are the sizes of the chunks ``shard_params`` really
+    cuts (the embeddings and norms replicated over tensor, padding): not ceil(P / S)."""
+    from pod.workloads import build_optimizer
+    from pod.workloads.sharded import DeviceCoords, ShardedTransformer
+
+    model = _transformer()
+    program = ShardedTransformer(model, {"fsdp": fsdp, "tensor": tensor}, build_optimizer("sgd"))
+    chunks = program.shard_params(model.init_params(0), DeviceCoords(0, fsdp - 1, tensor - 1))
+    kept = sum(c.size for c in chunks.values())
+    torus = resolve_pod(chip="v5e", chips=fsdp * tensor)
+    plan = mesh_memory_plan(model, 8 * model.num_params, fsdp, build_mesh(
+        {"fsdp": fsdp, "tensor": tensor}, torus), 16 * GIB)
+    assert plan["params"] == plan["grads"] == 4 * kept
+    assert sum(p.device_elements for p in program.param_layout()) == kept
+    if tensor > 1:  # the replicated embedding makes a device hold more than P / S
+        assert kept > math.ceil(model.num_params / (fsdp * tensor))
+
+
+def test_an_overflow_never_suggests_a_tensor_size_the_model_cannot_take():
+    """4 heads: tensor 8 cannot split them. At 950,000 bytes per device the closed form
+    ceil(P / S) names {data: 1, tensor: 8} as the mesh that fits; the model's own layout
+    never does."""
+    model = _transformer(layers=2)
+    mesh = build_mesh({"data": 8}, resolve_pod(chip="v5e", chips=8))
+    largest = max(count for _, count in model.gradient_buckets())
+    with pytest.raises(HBMPlanError, match=r"\{data: 1, tensor: 8\} fits"):
+        sharded_memory_plan(model.num_params, 8.0, int(model.activation_bytes(1)), 1, mesh,
+                            950_000, "bf16", largest)
+    with pytest.raises(HBMPlanError) as err:
+        mesh_memory_plan(model, 8 * model.num_params, 8, mesh, 950_000)
+    assert "tensor: 8" not in str(err.value)
