@@ -8,9 +8,13 @@ summary (``collectives_by_axis``) and to the metrics
 (``tpu_pod_collective_seconds_total{axis}`` and friends). Checkpoints hold the
 whole model assembled from the shards (so ``tpu-pod generate`` reads them).
 
+``--trace`` lays out the traced steps on a lane of steps, the compute of the
+step's slowest device with its waits, and a lane per mesh axis with that
+device's collectives (``pod.report.trace.sharded_step_events``).
+
 Not yet for a sharded run, refused with one line rather than ignored:
-``--resume``, ``--trace``, and recovery from a failed chip (a failure stops
-the run; ``faults:`` are refused by the plan). The test accuracy is not
+``--resume``, and recovery from a failed chip (a failure stops the run;
+``faults:`` are refused by the plan). The test accuracy is not
 computed (the sharded program's evaluation gives the loss).
 """
 
@@ -23,7 +27,9 @@ from rich.console import Console
 
 from pod.commands.train import Run
 from pod.errors import ClusterError, ScenarioError
+from pod.config.mesh import format_axes
 from pod.report.stats import StepStats
+from pod.report.trace import sharded_metadata_events, sharded_step_events
 
 __all__ = ["ShardedRun"]
 
@@ -32,7 +38,7 @@ class ShardedRun(Run):
     """A ``Run`` of a sharded plan (``Run``'s arguments).
 
     Raises:
-        ScenarioError: ``resume_dir`` or ``trace_path`` given (one line each).
+        ScenarioError: ``resume_dir`` given (one line).
     """
 
     def __init__(self, plan, **options: Any) -> None:
@@ -40,9 +46,6 @@ class ShardedRun(Run):
         if options.get("resume_dir") is not None:
             raise ScenarioError(f"--resume: a sharded run (pod.mesh {{{axes}}}) cannot resume "
                                 "yet; its checkpoints serve tpu-pod generate")
-        if options.get("trace_path") is not None:
-            raise ScenarioError(f"--trace: a sharded run (pod.mesh {{{axes}}}) has no trace "
-                                "yet; summary.json and the metrics give its per-axis collectives")
         super().__init__(plan, **options)
         self.axis_totals: dict[str, dict[str, float]] = {}
 
@@ -57,10 +60,16 @@ class ShardedRun(Run):
         self.guard.arm()
         self.console.print(f"{self.plan.mesh.size} device actors ready (pod.mesh "
                            f"{self.plan.mesh.sizes}) in {self.startup_wall_seconds:.1f} s (wall)")
+        if self.trace_path is not None:
+            self.trace_events.extend(sharded_metadata_events(
+                f"pod.mesh {format_axes(self.plan.mesh.sizes)}", list(self.plan.mesh.sizes)))
 
     def step(self, out: Console) -> bool:
         """Run the next sharded step and report it (a failure stops the run)."""
         stats = self.pod.step(self.step_index)
+        if self.trace_path is not None and self.step_index in self.traced:
+            self.trace_events.extend(sharded_step_events(stats, list(self.plan.mesh.sizes),
+                                                         self.simulated_clock))
         for axis, nbytes in stats.axis_collective_bytes.items():
             t = self.axis_totals.setdefault(axis, {"bytes": 0, "seconds": 0.0,
                                                    "exposed_seconds": 0.0})

@@ -79,6 +79,8 @@ class ShardedClock:
         axis_seconds: per axis, its collectives' cost, summed.
         axis_exposed_seconds: per axis, the part of ``exposed_seconds`` charged to it.
         spans: every collective placed in time (for the trace).
+        waits: the compute stream's waits (start, end, the axis of the collective
+            it waited for), simulated seconds from the step's start (for the trace).
     """
 
     step_seconds: float
@@ -91,6 +93,7 @@ class ShardedClock:
     axis_seconds: dict[str, float]
     axis_exposed_seconds: dict[str, float]
     spans: tuple[CollectiveSpan, ...] = ()
+    waits: tuple[tuple[float, float, str], ...] = ()
 
 
 class _Ici:
@@ -167,14 +170,19 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
     axis_seconds: dict[str, float] = {}
     exposed: dict[str, float] = {}
     spans: list[CollectiveSpan] = []
+    waits: list[tuple[float, float, str]] = []
     t, done, last_after, prev_gather = 0.0, 0, 0, 0.0
     grad_end, grad_axis = 0.0, ""
+
+    def wait(t0: float, t1: float, axis: str) -> None:
+        _charge(exposed, spans, t0, t1, axis)
+        waits.append((t0, t1, axis))
 
     def run_until(index: int) -> None:
         nonlocal t, done
         while done < index:
             if done == update_start and grad_end > t:  # the optimizer waits for the gradients
-                _charge(exposed, spans, t, grad_end, grad_axis)
+                wait(t, grad_end, grad_axis)
                 t = grad_end
             t += seconds[done]
             done += 1
@@ -194,18 +202,18 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
             if end >= grad_end:
                 grad_end, grad_axis = end, call.axis
         elif end > t:  # activation and param_gather: the compute stream waits
-            _charge(exposed, spans, t, end, call.axis)
+            wait(t, end, call.axis)
             t = end
         axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
         axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
     run_until(n)
     if update_start >= n and grad_end > t:  # no optimizer records: the step waits anyway
-        _charge(exposed, spans, t, grad_end, grad_axis)
+        wait(t, grad_end, grad_axis)
         t = grad_end
     tail = max((s.end for s in spans), default=0.0)
     if tail > t:  # collectives still running when compute is done
         last = max(spans, key=lambda s: s.end)
-        _charge(exposed, spans, t, tail, last.axis)
+        wait(t, tail, last.axis)
         t = tail
     compute = sum(seconds[:update_start])
     update = sum(seconds[update_start:])
@@ -214,4 +222,4 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
                         collective_seconds=total, exposed_seconds=t - compute - update,
                         serial_seconds=compute + update + total, axis_bytes=axis_bytes,
                         axis_seconds=axis_seconds, axis_exposed_seconds=exposed,
-                        spans=tuple(spans))
+                        spans=tuple(spans), waits=tuple(waits))

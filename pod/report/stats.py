@@ -151,6 +151,9 @@ class StepStats:
         axis_collective_seconds: their simulated seconds per axis, all of them.
         axis_exposed_seconds: the part per axis the compute stream waited for
             (``pod.report.sharded``).
+        traced_device, collective_spans, compute_waits: a sharded step's slowest
+            device, its collectives placed in time (``CollectiveSpan``) and its
+            compute stream's waits (start, end, axis), for the trace.
         compute_bound_seconds: the slowest core's forward + backward seconds by
             what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
         update_bound_seconds: the same for the slowest core's update.
@@ -186,6 +189,9 @@ class StepStats:
     axis_collective_bytes: dict[str, int] = field(default_factory=dict)
     axis_collective_seconds: dict[str, float] = field(default_factory=dict)
     axis_exposed_seconds: dict[str, float] = field(default_factory=dict)
+    traced_device: int = -1
+    collective_spans: tuple[Any, ...] = ()
+    compute_waits: tuple[tuple[float, float, str], ...] = ()
     compute_bound_seconds: dict[str, float] = field(default_factory=dict)
     update_bound_seconds: dict[str, float] = field(default_factory=dict)
     test_loss: float | None = None

@@ -32,7 +32,8 @@ from interconnect import Schedule, Torus
 from pod.report.files import output_errors, write_atomic
 from pod.report.stats import StepStats
 
-__all__ = ["step_events", "write_trace", "UNITS"]
+__all__ = ["step_events", "sharded_metadata_events", "sharded_step_events", "write_trace",
+           "UNITS"]
 
 UNITS = ("mxu", "vpu", "scalar")
 _UNIT_LABEL = {"mxu": "MXU", "vpu": "vector unit", "scalar": "scalar unit"}
@@ -255,6 +256,80 @@ def _bucket_events(stats: StepStats, ici_pid: int, compute_start: float) -> list
                     "args": {"layers": list(layers), "step": stats.step + 1,
                              "hidden": end <= stats.compute_seconds}})
     return out
+
+
+# ---------------------------------------------------------------- sharded steps
+
+_MESH_PID = 0
+_SHARDED_STEP_TID, _SHARDED_COMPUTE_TID = 0, 1
+
+
+def _axis_tid(axes: Sequence[str], axis: str) -> int:
+    return 2 + list(axes).index(axis)
+
+
+def sharded_metadata_events(mesh_name: str, axes: Sequence[str]) -> list[dict[str, Any]]:
+    """The lanes of a sharded run's trace: one process for the mesh with a lane of
+    steps, a compute lane (the step's slowest device: its ops and its waits for
+    collectives) and a lane per mesh axis (that device's collectives over it).
+
+    Args:
+        mesh_name: shown as the process name, e.g. "pod.mesh {data: 2, fsdp: 2}".
+        axes: the mesh's axis names, in lane order.
+    """
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": _MESH_PID, "tid": 0,
+         "args": {"name": mesh_name}},
+        {"ph": "M", "name": "thread_name", "pid": _MESH_PID, "tid": _SHARDED_STEP_TID,
+         "args": {"name": "steps"}},
+        {"ph": "M", "name": "thread_name", "pid": _MESH_PID, "tid": _SHARDED_COMPUTE_TID,
+         "args": {"name": "compute (slowest device)"}}]
+    for axis in axes:
+        events.append({"ph": "M", "name": "thread_name", "pid": _MESH_PID,
+                       "tid": _axis_tid(axes, axis), "args": {"name": f"ICI {axis}"}})
+    return events
+
+
+def sharded_step_events(stats: StepStats, axes: Sequence[str], start_s: float
+                        ) -> list[dict[str, Any]]:
+    """One sharded step on the lanes of :func:`sharded_metadata_events`: the step's
+    span; on the compute lane the device's compute between its waits and each wait
+    (named after the axis it waited for); on each axis's lane its collectives
+    (``StepStats.collective_spans``: op, tag, bytes, kind). Simulated microseconds
+    from ``start_s``; the last event ends at ``start_s + stats.step_seconds``.
+
+    Args:
+        stats: a sharded step's statistics (``traced_device`` >= 0).
+        axes: the mesh's axis names (the lanes).
+        start_s: the step's start on the run's simulated clock, seconds.
+    """
+    device = stats.traced_device
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "name": f"step {stats.step + 1}", "cat": "step", "pid": _MESH_PID,
+         "tid": _SHARDED_STEP_TID, "ts": start_s * _US, "dur": stats.step_seconds * _US,
+         "args": {"loss": stats.loss, "simulated_step_seconds": stats.step_seconds,
+                  "slowest_device": device}}]
+    t = 0.0
+    for a, b, axis in sorted(stats.compute_waits):  # the stream is sequential: no overlaps
+        if a > t:
+            events.append({"ph": "X", "name": "compute", "cat": "compute", "pid": _MESH_PID,
+                           "tid": _SHARDED_COMPUTE_TID, "ts": (start_s + t) * _US,
+                           "dur": (a - t) * _US, "args": {"device": device}})
+        events.append({"ph": "X", "name": f"wait for {axis}", "cat": "wait", "pid": _MESH_PID,
+                       "tid": _SHARDED_COMPUTE_TID, "ts": (start_s + a) * _US,
+                       "dur": (b - a) * _US, "args": {"axis": axis, "device": device}})
+        t = max(t, b)
+    if stats.step_seconds > t:
+        events.append({"ph": "X", "name": "compute", "cat": "compute", "pid": _MESH_PID,
+                       "tid": _SHARDED_COMPUTE_TID, "ts": (start_s + t) * _US,
+                       "dur": (stats.step_seconds - t) * _US, "args": {"device": device}})
+    for span in stats.collective_spans:
+        events.append({"ph": "X", "name": f"{span.op} {span.tag}", "cat": "ici",
+                       "pid": _MESH_PID, "tid": _axis_tid(axes, span.axis),
+                       "ts": (start_s + span.start) * _US, "dur": (span.end - span.start) * _US,
+                       "args": {"bytes": span.nbytes, "kind": span.kind, "axis": span.axis,
+                                "device": device}})
+    return events
 
 
 def write_trace(path: Path, events: list[dict[str, Any]], metadata: dict[str, Any]) -> None:

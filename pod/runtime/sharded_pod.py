@@ -82,7 +82,8 @@ def combine_sharded_reports(step: int, reports: Sequence[ShardedReport],
         chip_compute_seconds={r.device: k.compute_seconds for r, k in zip(reports, clocks)},
         exposed_infeed_seconds=0.0, exposed_allreduce_seconds=c.exposed_seconds,
         axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
-        axis_exposed_seconds=dict(c.axis_exposed_seconds))
+        axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=reports[slow].device,
+        collective_spans=c.spans, compute_waits=c.waits)
 
 
 class ShardedPod:

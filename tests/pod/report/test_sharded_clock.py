@@ -96,3 +96,41 @@ def test_an_activation_queued_behind_a_grad_reduce_charges_the_queue_to_the_grad
     for axis in exposed:  # what an axis exposes is part of what it costs
         assert exposed[axis] <= total[axis] + 1e-12
     assert sum(exposed.values()) == pytest.approx(clock.exposed_seconds)
+
+
+def test_the_trace_lays_compute_waits_and_collectives_on_the_clocks_times():
+    """The trace of a step: compute between the waits (the clock's), a wait per blocking
+    collective named after its axis, each collective on its axis's lane; compute and
+    waits tile [0, step] with no gap or overlap."""
+    from pod.report.stats import StepStats
+    from pod.report.trace import sharded_metadata_events, sharded_step_events
+
+    calls = [Call("fsdp", "all_gather", 8, "l0", "param_gather", 0),
+             Call("tensor", "allreduce", 4, "mlp", "activation", 1),
+             Call("data", "allreduce", 8, "grads", "grad_reduce", 2)]
+    costs = cost_of({("fsdp", "all_gather"): 0.5, ("tensor", "allreduce"): 0.25,
+                     ("data", "allreduce"): 2.0})
+    clock = sharded_step_clock([Rec(1.0)] * 3, calls, costs)  # optimizer: record 2
+    assert clock.waits == ((0.0, 0.5, "fsdp"), (1.5, 1.75, "tensor"), (2.75, 4.75, "data"))
+    stats = StepStats(step=4, loss=1.0, global_batch=8, infeed_seconds=0.0,
+                      compute_seconds=clock.compute_seconds, local_reduce_seconds=0.0,
+                      ici_seconds=clock.collective_seconds, update_seconds=clock.update_seconds,
+                      model_flops=1, peak_flops_per_s=1.0, wall_seconds=0.0,
+                      exposed_allreduce_seconds=clock.exposed_seconds, traced_device=3,
+                      collective_spans=clock.spans, compute_waits=clock.waits)
+    assert stats.step_seconds == pytest.approx(clock.step_seconds)
+    axes = ["data", "fsdp", "tensor"]
+    lanes = {e["tid"]: e["args"]["name"] for e in sharded_metadata_events("m", axes)
+             if e["name"] == "thread_name"}
+    events = sharded_step_events(stats, axes, start_s=10.0)
+    by_lane: dict[str, list] = {}
+    for e in events:
+        by_lane.setdefault(lanes[e["tid"]], []).append(
+            (e["name"], round(e["ts"] - 10e6, 6), round(e["ts"] + e["dur"] - 10e6, 6)))
+    assert by_lane["steps"] == [("step 5", 0.0, 5.75e6)]
+    assert by_lane["compute (slowest device)"] == [
+        ("wait for fsdp", 0.0, 0.5e6), ("compute", 0.5e6, 1.5e6), ("wait for tensor", 1.5e6, 1.75e6),
+        ("compute", 1.75e6, 2.75e6), ("wait for data", 2.75e6, 4.75e6), ("compute", 4.75e6, 5.75e6)]
+    assert by_lane["ICI fsdp"] == [("all_gather l0", 0.0, 0.5e6)]
+    assert by_lane["ICI tensor"] == [("allreduce mlp", 1.5e6, 1.75e6)]
+    assert by_lane["ICI data"] == [("allreduce grads", 2.75e6, 4.75e6)]

@@ -139,3 +139,36 @@ def test_run_refuses_resume_of_a_sharded_run_in_one_line(tmp_path):
     code, output = _cli(["run", str(_scenario(tmp_path)), "--resume", str(tmp_path)])
     assert code == 2
     assert "--resume: a sharded run" in output
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
+    """``tpu-pod run`` of the shipped sharded scenario for 2 steps with ``--trace``:
+    summary.json holds the mesh and per-axis collectives; the trace has a lane per
+    mesh axis whose collectives' bytes add up to the summary's for the traced step,
+    and the step's span ends where the simulated clock says."""
+    import gzip
+    import json
+
+    out, trace = tmp_path / "out", tmp_path / "trace.json.gz"
+    code, output = _cli(["run", str(_scenario(tmp_path)), "--steps", "2", "--output-dir",
+                         str(out), "--trace", str(trace), "--trace-steps", "2"])
+    assert code == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    by_axis = summary["collectives_by_axis"]
+    assert set(by_axis) == {"data", "fsdp", "tensor"}
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"steps", "compute (slowest device)", "ICI data", "ICI fsdp", "ICI tensor"} <= \
+        set(lanes.values())
+    spans = [e for e in events if e["ph"] == "X"]
+    steps = [e for e in spans if lanes[e["tid"]] == "steps"]
+    assert [e["name"] for e in steps] == ["step 2"]
+    for axis in ("data", "fsdp", "tensor"):
+        traced = sum(e["args"]["bytes"] for e in spans if lanes[e["tid"]] == f"ICI {axis}")
+        assert traced * 2 == by_axis[axis]["bytes"], axis  # two equal steps, one traced
+    end = max(e["ts"] + e["dur"] for e in spans)
+    assert end == pytest.approx((steps[0]["ts"] + steps[0]["dur"]), rel=1e-9)
+    # the summary's step time is the mean of the steps after the first: step 2's
+    assert steps[0]["dur"] == pytest.approx(summary["simulated_step_seconds"] * 1e6, rel=1e-9)
