@@ -33,7 +33,7 @@ from pod.config.bench import BenchmarkPlan, check_benchmark
 from pod.config.plan import TrainingPlan, build_plan, is_timing_sweep
 from pod.config.scenario import Scenario, load_scenario, parse_scenario, scenario_from_text
 from pod.errors import ScenarioError
-from pod.report.model_summary import layer_detail_table, model_summary_table, plan_sharding_table
+from pod.report.model_summary import plan_model_tables
 from pod.report.stats import StepStats
 from pod.workloads.model import Model
 
@@ -111,16 +111,8 @@ def describe(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     if isinstance(plan, TrainingPlan):
         buffer = io.StringIO()
         console = Console(file=buffer, width=160)
-        console.print(model_summary_table(
-            plan.model, plan.pod.chip.core, plan.per_core_batch, chip_name=plan.pod.chip.name,
-                                      mxu_model=plan.scenario.pod.mxu_model))
-        if detail:
-            console.print(layer_detail_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                                             chip_name=plan.pod.chip.name,
-                                             mxu_model=plan.scenario.pod.mxu_model))
-        sharding = plan_sharding_table(plan)
-        if sharding is not None:
-            console.print(sharding)
+        for table in plan_model_tables(plan, detail=detail):
+            console.print(table)
         text = buffer.getvalue()
     return Description(plan=plan, memory=dict(plan.memory), model_summary=text)
 

@@ -23,12 +23,7 @@ from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
-from pod.report.model_summary import (
-    layer_costs,
-    layer_detail_table,
-    model_summary_table,
-    plan_sharding_table,
-)
+from pod.report.model_summary import layer_costs, plan_model_tables
 from pod.config.mesh import device_hbm_bytes, format_axes
 from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.scenario import load_scenario
@@ -260,16 +255,8 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
                                "memory": plan.memory, "layers": layers}, indent=2))
         return
     _describe_pod(console, plan.pod)
-    console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                                      chip_name=plan.pod.chip.name,
-                                      mxu_model=plan.scenario.pod.mxu_model))
-    if detail:
-        console.print(layer_detail_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                                         chip_name=plan.pod.chip.name,
-                                         mxu_model=plan.scenario.pod.mxu_model))
-    sharding = plan_sharding_table(plan)
-    if sharding is not None:
-        console.print(sharding)
+    for table in plan_model_tables(plan, detail=detail):
+        console.print(table)
     if plan.mesh.is_data_parallel:
         _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch:,} = "
                                f"{plan.per_core_batch} per core)", plan.memory,

@@ -20,7 +20,6 @@ computed (the sharded program's evaluation gives the loss).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -28,7 +27,6 @@ from rich.console import Console
 from pod.commands.train import Run
 from pod.errors import ClusterError, ScenarioError
 from pod.config.mesh import format_axes
-from pod.report.stats import StepStats
 from pod.report.trace import sharded_metadata_events, sharded_step_events
 
 __all__ = ["ShardedRun"]

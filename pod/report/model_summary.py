@@ -25,7 +25,7 @@ from pod.workloads.sharded import ParamLayout, ShardedTransformer
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
-           "layer_detail_table", "plan_sharding_table", "sharding_groups", "sharding_table"]
+           "layer_detail_table", "plan_model_tables", "plan_sharding_table", "sharding_groups", "sharding_table"]
 
 BOUNDS = OP_BOUNDS
 
@@ -335,3 +335,22 @@ def plan_sharding_table(plan) -> Table | None:
     except ValueError:
         return None
     return sharding_table(program.param_layout(), program.sizes)
+
+
+def plan_model_tables(plan, *, detail: bool = False) -> list[Table]:
+    """What ``describe`` shows of a plan's model: the summary table, with ``detail``
+    the per-part table, and on a mesh with fsdp / tensor axes the sharding table.
+
+    Args:
+        plan: a ``pod.config.plan.TrainingPlan``.
+        detail: add ``layer_detail_table``.
+    """
+    core, chip = plan.pod.chip.core, plan.pod.chip.name
+    mxu_model = plan.scenario.pod.mxu_model
+    tables = [model_summary_table(plan.model, core, plan.per_core_batch, chip_name=chip,
+                                  mxu_model=mxu_model)]
+    if detail:
+        tables.append(layer_detail_table(plan.model, core, plan.per_core_batch, chip_name=chip,
+                                         mxu_model=mxu_model))
+    sharding = plan_sharding_table(plan)
+    return tables if sharding is None else [*tables, sharding]

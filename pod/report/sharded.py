@@ -116,9 +116,12 @@ class _Ici:
 
 
 def _charge(exposed: dict[str, float], spans: Sequence[CollectiveSpan], t0: float, t1: float,
-            fallback: str) -> None:
+            fallback: str, waits: list[tuple[float, float, str]] | None = None) -> None:
     """Charge the wait [t0, t1) to the axes of the spans running in it, by overlap;
-    what no span covers (none should) goes to ``fallback``."""
+    what no span covers (none should) goes to ``fallback``. The wait is appended to
+    ``waits`` as (t0, t1, fallback)."""
+    if waits is not None:
+        waits.append((t0, t1, fallback))
     left = t1 - t0
     for span in spans:
         overlap = min(span.end, t1) - max(span.start, t0)
@@ -174,15 +177,11 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
     t, done, last_after, prev_gather = 0.0, 0, 0, 0.0
     grad_end, grad_axis = 0.0, ""
 
-    def wait(t0: float, t1: float, axis: str) -> None:
-        _charge(exposed, spans, t0, t1, axis)
-        waits.append((t0, t1, axis))
-
     def run_until(index: int) -> None:
         nonlocal t, done
         while done < index:
             if done == update_start and grad_end > t:  # the optimizer waits for the gradients
-                wait(t, grad_end, grad_axis)
+                _charge(exposed, spans, t, grad_end, grad_axis, waits)
                 t = grad_end
             t += seconds[done]
             done += 1
@@ -202,18 +201,18 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
             if end >= grad_end:
                 grad_end, grad_axis = end, call.axis
         elif end > t:  # activation and param_gather: the compute stream waits
-            wait(t, end, call.axis)
+            _charge(exposed, spans, t, end, call.axis, waits)
             t = end
         axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
         axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
     run_until(n)
     if update_start >= n and grad_end > t:  # no optimizer records: the step waits anyway
-        wait(t, grad_end, grad_axis)
+        _charge(exposed, spans, t, grad_end, grad_axis, waits)
         t = grad_end
     tail = max((s.end for s in spans), default=0.0)
     if tail > t:  # collectives still running when compute is done
         last = max(spans, key=lambda s: s.end)
-        wait(t, tail, last.axis)
+        _charge(exposed, spans, t, tail, last.axis, waits)
         t = tail
     compute = sum(seconds[:update_start])
     update = sum(seconds[update_start:])
