@@ -23,11 +23,11 @@ from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
-from pod.report.model_summary import layer_costs, plan_model_tables
 from pod.config.mesh import device_hbm_bytes, format_axes
 from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.scenario import load_scenario
 from pod.config.slices import resolve_pod
+from pod.report.model_summary import layer_costs, plan_model_tables
 
 __all__ = ["cli", "main"]
 

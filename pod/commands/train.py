@@ -29,12 +29,7 @@ from pod.report.files import (StepsCsv, check_writable, reliability, summarize, 
                               write_json)
 from pod.report.html import read_steps, write_report
 from pod.report.metrics import PodMetrics
-from pod.report.model_summary import (
-    LAYER_COLUMNS,
-    layer_rows,
-    model_summary_table,
-    plan_sharding_table,
-)
+from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
 from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
 from pod.runtime.coordinator import Pod
@@ -236,12 +231,8 @@ class Run:
             f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
             f"{plan.global_batch:,} = {plan.per_core_batch:,} per core; {plan.steps:,} steps; "
             f"allreduce {plan.ici.algorithm}")
-        self.console.print(model_summary_table(plan.model, plan.pod.chip.core, plan.per_core_batch,
-                                               chip_name=plan.pod.chip.name,
-                                               mxu_model=plan.scenario.pod.mxu_model))
-        sharding = plan_sharding_table(plan)
-        if sharding is not None:
-            self.console.print(sharding)
+        for table in plan_model_tables(plan):
+            self.console.print(table)
         if self.output_dir is not None:
             write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
         if self.metrics.port:

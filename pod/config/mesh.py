@@ -533,7 +533,8 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         largest_layer_param_count: L; None: the whole model is one layer.
         device_param_count: (fsdp, tensor) -> the parameters one device keeps, exact
             (replicated embeddings and norms whole, padding included), or None for a
-            layout the model cannot take (never suggested); None: ``ceil(P / S)``.
+            layout the model cannot take (never suggested; the mesh asked for then
+            gets ``ceil(P / S)``); None: ``ceil(P / S)`` everywhere.
 
     Returns:
         Bytes per item (params, grads, optimizer_state, activations, workspace)
@@ -549,7 +550,9 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
     largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
     args = (model_param_count, optimizer_state_bytes_per_param, activation_bytes_per_example)
     fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
-    exact = device_param_count or (lambda f, t: math.ceil(model_param_count / (f * t)))
+    exact = device_param_count or (lambda f, t: None)
+    # the mesh asked for is planned even where the model cannot split (describe and
+    # timing-only sweeps plan any mesh): the closed form then
     items = _sharded_items(*args, per_device_batch, fsdp, tensor, largest, precision,
                            exact(fsdp, tensor))
     if items["total"] <= capacity_bytes:
@@ -561,8 +564,8 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % (axes["data"] * f):
             continue
         local = exact(f, t)
-        if local is None:
-            continue
+        if local is None and device_param_count is not None:
+            continue  # a layout the model cannot take is never suggested
         plan = _sharded_items(*args, global_batch // (axes["data"] * f), f, t, largest, precision,
                               local)
         key = (f * t, t, plan["total"])
@@ -605,8 +608,7 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
             try:
                 return device_param_elements(model, fsdp, tensor)
             except ValueError:  # tensor does not divide the heads / mlp_dim
-                return None if (fsdp, tensor) != (mesh.axis_size("fsdp"), mesh.axis_size("tensor")) \
-                    else math.ceil(params / (fsdp * tensor))
+                return None
     try:
         return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1),
                                    int(model.activation_bytes(1)), global_batch // batch_shards,

@@ -19,13 +19,15 @@ from pod.report.console import titled_table
 from pod.report.stats import OP_BOUNDS, op_bound
 
 from chip import TensorCore, TensorCoreSpec
+from pod.workloads.layers import timing_zeros
 from pod.workloads.models import Model
-from pod.workloads.optimizers import OPTIMIZER_NAMES, build_optimizer
-from pod.workloads.sharded import ParamLayout, ShardedTransformer
+from pod.workloads.optimizers import OPTIMIZER_NAMES
+from pod.workloads.sharded import ParamLayout, param_layout
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
-           "layer_detail_table", "plan_model_tables", "plan_sharding_table", "sharding_groups", "sharding_table"]
+           "layer_detail_table", "plan_model_tables", "plan_sharding_table", "sharding_groups",
+           "sharding_table"]
 
 BOUNDS = OP_BOUNDS
 
@@ -47,8 +49,7 @@ def _records(model: Model, core_spec: TensorCoreSpec, batch: int, optimizer, mxu
     y = np.zeros(label_shape, np.int64)
     # zero views (no memory) stand in for the parameters: the costs depend on shapes
     # only, and a 33B model's float32 parameters alone would be 130 GB
-    zero = np.zeros((), np.float32)
-    params = {key: np.broadcast_to(zero, shape) for key, shape in model.param_shapes.items()}
+    params = {key: timing_zeros(shape, np.float32) for key, shape in model.param_shapes.items()}
     _, grads, _ = model.loss_grads_and_state(core, params, x, y, state=model.init_state(),
                                              rng=np.random.default_rng(0))
     if optimizer is not None:
@@ -210,7 +211,6 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
     return table
 
 
-
 def _cost_table(kind: str, model: Model, batch: int, chip_name: str,
                 costs: dict[str, dict[str, float]],
                 columns: tuple[tuple[str, str], ...]) -> tuple[float, Table]:
@@ -223,6 +223,7 @@ def _cost_table(kind: str, model: Model, batch: int, chip_name: str,
     for col, justify in columns:
         table.add_column(col, justify=justify)
     return total_seconds, table
+
 
 def _sum(costs: dict[str, dict[str, float]]) -> dict[str, float]:
     total = _empty()
@@ -328,13 +329,11 @@ def plan_sharding_table(plan) -> Table | None:
     """
     if plan.mesh.is_data_parallel or not isinstance(plan.model, TransformerModel):
         return None
-    training = plan.scenario.training
     try:
-        optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
-        program = ShardedTransformer(plan.model, plan.mesh.sizes, optimizer)
+        layouts = param_layout(plan.model, plan.mesh.sizes)
     except ValueError:
         return None
-    return sharding_table(program.param_layout(), program.sizes)
+    return sharding_table(layouts, dict(plan.mesh.sizes))
 
 
 def plan_model_tables(plan, *, detail: bool = False) -> list[Table]:

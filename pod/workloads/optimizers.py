@@ -110,6 +110,21 @@ class SGD(Optimizer):
         return p_new, {"momentum": v}
 
 
+def _adam_moments(core, name: str, beta1: float, beta2: float, key: str, g, slots, p, step):
+    """Adam's first and second moments (ops "<name>/<key>/m", "/v") and its bias
+    corrections 1 / (1 - beta ** step), computed once in float64 and applied in
+    float32 (Kingma & Ba 2015, Algorithm 1). Returns (m, v, inv_bc1, inv_bc2)."""
+    b1, b2 = _F32(beta1), _F32(beta2)
+    c1, c2 = _F32(1.0 - beta1), _F32(1.0 - beta2)
+    inv_bc1 = _F32(1.0 / (1.0 - beta1 ** step))
+    inv_bc2 = _F32(1.0 / (1.0 - beta2 ** step))
+    m = vector_op(core, f"{name}/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
+                  slots["m"], g, out=(p.shape, p.dtype), ops_per_element=3.0)
+    v = vector_op(core, f"{name}/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
+                  slots["v"], g, out=(p.shape, p.dtype), ops_per_element=4.0)
+    return m, v, inv_bc1, inv_bc2
+
+
 @dataclasses.dataclass(frozen=True)
 class Adam(Optimizer):
     """Adam with bias correction (Kingma & Ba, eps outside the root):
@@ -130,16 +145,9 @@ class Adam(Optimizer):
         _check_positive("adam", "eps", self.eps)
 
     def _update_one(self, core, key, g, slots, p, step):
-        b1, b2 = _F32(self.beta1), _F32(self.beta2)
-        c1, c2 = _F32(1.0 - self.beta1), _F32(1.0 - self.beta2)
-        # bias corrections, computed once in float64, applied in float32
-        inv_bc1 = _F32(1.0 / (1.0 - self.beta1 ** step))
-        inv_bc2 = _F32(1.0 / (1.0 - self.beta2 ** step))
+        m, v, inv_bc1, inv_bc2 = _adam_moments(core, "adam", self.beta1, self.beta2, key, g,
+                                               slots, p, step)
         lr, eps = _F32(self.learning_rate), _F32(self.eps)
-        m = vector_op(core, f"adam/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
-                      slots["m"], g, out=(p.shape, p.dtype), ops_per_element=3.0)
-        v = vector_op(core, f"adam/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
-                      slots["v"], g, out=(p.shape, p.dtype), ops_per_element=4.0)
         p_new = vector_op(
             core, f"adam/{key}",
             lambda p_, m_, v_: p_ - lr * (m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps),
@@ -174,15 +182,9 @@ class AdamW(Optimizer):
         check_number(self.weight_decay, "adamw: weight_decay", low=0.0)
 
     def _update_one(self, core, key, g, slots, p, step):
-        b1, b2 = _F32(self.beta1), _F32(self.beta2)
-        c1, c2 = _F32(1.0 - self.beta1), _F32(1.0 - self.beta2)
-        inv_bc1 = _F32(1.0 / (1.0 - self.beta1 ** step))
-        inv_bc2 = _F32(1.0 / (1.0 - self.beta2 ** step))
+        m, v, inv_bc1, inv_bc2 = _adam_moments(core, "adamw", self.beta1, self.beta2, key, g,
+                                               slots, p, step)
         lr, eps, wd = _F32(self.learning_rate), _F32(self.eps), _F32(self.weight_decay)
-        m = vector_op(core, f"adamw/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
-                      slots["m"], g, out=(p.shape, p.dtype), ops_per_element=3.0)
-        v = vector_op(core, f"adamw/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
-                      slots["v"], g, out=(p.shape, p.dtype), ops_per_element=4.0)
         p_new = vector_op(
             core, f"adamw/{key}",
             lambda p_, m_, v_: p_ - lr * ((m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps) + wd * p_),

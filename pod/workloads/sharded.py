@@ -94,7 +94,7 @@ from pod.workloads.transformer import (
 )
 
 __all__ = ["DeviceCoords", "DeviceShard", "ParamLayout", "StepResult", "ShardedTransformer",
-           "check_tensor_split", "device_param_elements", "flat_chunk", "pack_chunks",
+           "check_tensor_split", "device_param_elements", "flat_chunk", "pack_chunks", "param_layout",
            "unpack_gathered"]
 
 _F32_BYTES = 4
@@ -191,20 +191,30 @@ def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
                      f"and mlp_dim {config.mlp_dim}; tensor must divide both: {choices}")
 
 
+def param_layout(model: TransformerModel, sizes: Mapping[str, int]) -> list[ParamLayout]:
+    """``ShardedTransformer.param_layout`` of ``model`` on a mesh of these axis sizes
+    (the layout does not depend on the optimizer; SGD stands in).
+
+    Raises:
+        ValueError: as :class:`ShardedTransformer` (a bad axis, or tensor not
+            dividing the heads and mlp_dim).
+    """
+    from pod.workloads.optimizers import build_optimizer
+
+    return ShardedTransformer(model, sizes, build_optimizer("sgd")).param_layout()
+
+
 def device_param_elements(model: TransformerModel, fsdp: int, tensor: int) -> int:
     """The parameters one device keeps on a mesh with these fsdp and tensor sizes:
     the tensor-split weights' share, the replicated ones (embeddings, norms) whole,
-    every array's fsdp chunk with its padding (``ShardedTransformer.param_layout``).
-    The data size does not matter.
+    every array's fsdp chunk with its padding (:func:`param_layout`). The data size
+    does not matter.
 
     Raises:
         ValueError: tensor does not divide the heads and mlp_dim
             (:func:`check_tensor_split`).
     """
-    from pod.workloads.optimizers import build_optimizer
-
-    program = ShardedTransformer(model, {"fsdp": fsdp, "tensor": tensor}, build_optimizer("sgd"))
-    return sum(p.device_elements for p in program.param_layout())
+    return sum(p.device_elements for p in param_layout(model, {"fsdp": fsdp, "tensor": tensor}))
 
 
 def flat_chunk(x: np.ndarray, parts: int, index: int) -> np.ndarray:

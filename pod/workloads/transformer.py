@@ -782,9 +782,11 @@ class TransformerModel(Model):
     def prepare_params(self, core, params) -> list[dict[str, np.ndarray]]:
         """Per layer local param dicts; the weights a layer feeds to the MXU
         rounded to bf16 once when ``core.numerics`` (the tied table is
-        rounded for the logits, not for the lookup)."""
+        rounded for the logits, not for the lookup), except on a timing-only core
+        (``core.execute`` False), which computes no product (as ``Model.prepare_params``)."""
         self._check_params(params)
-        return [{local: (to_bf16(params[key]) if core.numerics and local in layer.matmul_params
+        rounding = core.numerics and core.execute
+        return [{local: (to_bf16(params[key]) if rounding and local in layer.matmul_params
                          else params[key])
                  for key, local in keys}
                 for layer, keys in zip(self.layers, self._layer_keys)]
