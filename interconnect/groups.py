@@ -21,9 +21,18 @@ so the clock and the bytes moved agree. It is slower than the chains on a
 large sub-torus (one direction of one axis at a time); the next issue's
 pod-scale work may switch the cost to the chains.
 
-Ranks are chips: a group whose devices share a chip (the two TensorCores of
-a v2 / v3 chip) is not an ICI collective; :func:`concurrent_group_schedule`
-refuses it (the pod refuses sharded v2 / v3 meshes before this).
+Groups are device ids. With one device per chip (v4 / v5p megacore, v5e,
+v6e) a device id is its torus rank. On v2 / v3 each TensorCore is a device
+(``devices_per_chip = 2``, device ``d`` on chip ``d // 2``): two devices of
+one chip share its ICI links (the groups of both cores load the same
+links, which the phase's busiest link sees), and a ring step between the
+two TensorCores of one chip moves no ICI byte; it is an on-chip copy
+charged at ``on_chip_bytes_per_s`` (the pod passes one TensorCore's HBM
+bandwidth: an assumption, there is no published core-to-core figure; see
+VALIDATION.md), in parallel with the phase's ICI transfers (the phase
+takes the longer). Only the fast path (:func:`group_ring_cost`) takes
+several devices per chip; failed links (the schedule path) are refused
+there.
 """
 
 from __future__ import annotations
@@ -91,8 +100,8 @@ def _checked_groups(groups: Sequence[Sequence[int]], num_ranks: int) -> list[tup
                             "have the same size")
     flat = [r for g in groups for r in g]
     if len(set(flat)) != len(flat):
-        raise ScheduleError("a rank appears twice in the groups: groups must be disjoint and a "
-                            "group's devices on different chips")
+        raise ScheduleError("a rank appears twice in the groups: groups must be disjoint (as "
+                            "chip ranks: a group's devices on different chips)")
     if any(not 0 <= r < num_ranks for r in flat):
         raise ScheduleError(f"a group names a rank outside 0..{num_ranks - 1}")
     return groups
@@ -141,7 +150,8 @@ def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_rank
 
 def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
                           num_elements: int, link: LinkSpec, itemsize: int = 4,
-                          faults: LinkFaults | None = None) -> ScheduleCost:
+                          faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
+                          on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
     """Simulated cost of every group's collective running at once.
 
     :func:`concurrent_group_schedule` costed by :func:`schedule_cost` (per phase
@@ -152,25 +162,45 @@ def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
     Args:
         op: allreduce, reduce_scatter or all_gather.
         topology: the chips' torus.
-        groups: the groups as torus ranks, each in ring order.
+        groups: the groups as device ids (device ``d`` on torus rank
+            ``d // devices_per_chip``), each in ring order.
         num_elements: elements of each device's buffer (the full buffer: for
             an all-gather, the gathered result).
         link: the (calibrated) link.
         itemsize: bytes per element.
         faults: slowed and failed links.
+        devices_per_chip: devices per chip (2 for the TensorCores of v2 / v3).
+        on_chip_bytes_per_s: bandwidth of a ring step between two devices of
+            one chip, bytes/s (required when ``devices_per_chip > 1``).
 
     Returns:
         The :class:`ScheduleCost` (simulated seconds, bytes per directed link).
 
     Raises:
-        ScheduleError, TopologyError: as the builders and :func:`schedule_cost`.
+        ScheduleError, TopologyError: as the builders and :func:`schedule_cost`;
+            several devices per chip without ``on_chip_bytes_per_s`` or with
+            failed links.
     """
     if all(len(g) <= 1 for g in groups):
         return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+    if not isinstance(devices_per_chip, int) or devices_per_chip < 1:
+        raise ScheduleError(f"devices_per_chip {devices_per_chip!r} is not valid: expected an "
+                            "int >= 1")
     if faults is None or not faults.failed:
         group_ring_schedule(op, 1, 0)  # checks the op
-        groups = _checked_groups(groups, topology.num_chips)
-        return group_ring_cost(op, topology, groups, num_elements, link, itemsize, faults)
+        groups = _checked_groups(groups, topology.num_chips * devices_per_chip)
+        if devices_per_chip > 1 and not (on_chip_bytes_per_s is not None
+                                         and np.isfinite(on_chip_bytes_per_s)
+                                         and on_chip_bytes_per_s > 0):
+            raise ScheduleError(f"on_chip_bytes_per_s {on_chip_bytes_per_s!r} is not valid: "
+                                "several devices per chip need the bandwidth of a copy between "
+                                "two devices of one chip, a positive number of bytes/s")
+        return group_ring_cost(op, topology, groups, num_elements, link, itemsize, faults,
+                               devices_per_chip=devices_per_chip,
+                               on_chip_bytes_per_s=on_chip_bytes_per_s)
+    if devices_per_chip > 1:
+        raise ScheduleError("failed links with several devices per chip (v2 / v3 TensorCores) "
+                            "are not modelled: the rerouted schedule has chip ranks only")
     schedule = concurrent_group_schedule(op, groups, topology.num_chips, num_elements, itemsize)
     return schedule_cost(schedule, topology, link, faults)
 
@@ -218,7 +248,8 @@ def _routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray
 
 def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
                     num_elements: int, link: LinkSpec, itemsize: int = 4,
-                    faults: LinkFaults | None = None) -> ScheduleCost:
+                    faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
+                    on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
     """The fast path of :func:`group_collective_cost`: the same seconds and link bytes
     as ``schedule_cost(concurrent_group_schedule(...))`` without a Transfer per message.
 
@@ -234,9 +265,14 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     thousands of chips cost in well under a second (the schedule path builds
     millions of transfers).
 
+    A ring edge between two devices of one chip (v2 / v3 TensorCores) loads
+    no link; its part takes ``bytes / on_chip_bytes_per_s`` beside the
+    phase's ICI transfers, and the phase takes the longer of the two.
+
     Args:
-        op, topology, groups, num_elements, link, itemsize: as
-            :func:`group_collective_cost` (groups checked by the caller).
+        op, topology, groups, num_elements, link, itemsize, devices_per_chip,
+            on_chip_bytes_per_s: as :func:`group_collective_cost` (groups
+            checked by the caller).
         faults: slowed links only (failed links reroute: the schedule path).
 
     Returns:
@@ -249,9 +285,10 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     for (src, dst), factor in (faults.slowdowns.items() if faults is not None else ()):
         factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
     slowed = factors if faults is not None and faults.slowdowns else None
-    srcs = rings.reshape(-1)                                                 # edge i of ring r
-    dsts = np.roll(rings, -1, axis=1).reshape(-1)
-    edge, ids, hop = _routes(topology, srcs, dsts)
+    srcs = rings.reshape(-1) // devices_per_chip                             # edge i of ring r
+    dsts = np.roll(rings, -1, axis=1).reshape(-1) // devices_per_chip
+    edge, ids, hop = _routes(topology, srcs, dsts)                           # on-chip: no hop
+    on_chip = np.flatnonzero(srcs == dsts) % size                            # their positions
     pos = edge % size                                                        # its ring position
     k = np.arange(size)
     parts = (num_elements // size + (k < num_elements % size)) * itemsize   # (g,) bytes
@@ -269,6 +306,9 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
             sent = nbytes > 0
             seconds = (_phase_seconds(topology, loads, slowed, int(hop[sent].max()), link)
                        if sent.any() else 0.0)
+            if on_chip.size:
+                copied = int(parts[(on_chip + shift) % size].max())
+                seconds = max(seconds, copied / on_chip_bytes_per_s)
             memo["all"] = (loads, seconds)
         totals[:] += loads
         return seconds

@@ -21,7 +21,7 @@ from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.scenario import Scenario
-from pod.config.sharding import MeshCollectiveCosts, check_sharded_mesh
+from pod.config.sharding import MeshCollectiveCosts, check_sharded_mesh, on_chip_bandwidth
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
@@ -70,6 +70,12 @@ class TrainingPlan:
     faults: FaultPlan
     mesh: Mesh | None = None
     mesh_costs: MeshCollectiveCosts | None = None
+
+    @property
+    def collective_costs(self) -> MeshCollectiveCosts:
+        """``mesh_costs``, or for a data-parallel mesh costs built the same way (a sharded
+        pod of the transformer runs on ``{data: N}`` too)."""
+        return self.mesh_costs or _mesh_costs(self.mesh, self.ici.link, self.pod.chip)
 
     @property
     def global_batch(self) -> int:
@@ -314,12 +320,12 @@ def _fits(name: str, dataset: Dataset) -> bool:
     return True
 
 
-def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model, chip_name: str) -> None:
-    """A mesh with fsdp or tensor axes trains the transformer on one device per chip
-    (``pod.runtime.sharded_pod``); a model other than the transformer, or v2 / v3,
-    is refused with its own line (``check_sharded_mesh``), and so are the features
-    a sharded run does not have yet (faults: restoring a sharded checkpoint)."""
-    check_sharded_mesh(mesh, scenario.model.name, chip_name)
+def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
+    """A mesh with fsdp or tensor axes trains the transformer, one actor per device
+    (``pod.runtime.sharded_pod``); a model other than the transformer is refused with
+    its own line (``check_sharded_mesh``), and so are the features a sharded run does
+    not have yet (faults: restoring a sharded checkpoint)."""
+    check_sharded_mesh(mesh, scenario.model.name)
     if mesh.is_data_parallel:
         return
     axes = format_axes(mesh.sizes)
@@ -416,7 +422,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                 f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
     if not sharded_ok:
-        _check_runnable_mesh(scenario, mesh, model, pod.chip.name)
+        _check_runnable_mesh(scenario, mesh, model)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
                if training.overlap and mesh.is_data_parallel else ())  # sharded: no DP buckets
@@ -428,11 +434,16 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                pod.chip.ici_latency_s)
         ici = IciPlan(algorithm=cfg.allreduce, num_elements=0, link=link,
                       costs=((0, ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})),))
-    mesh_costs = None if mesh.is_data_parallel else MeshCollectiveCosts(mesh, ici.link)
+    mesh_costs = None if mesh.is_data_parallel else _mesh_costs(mesh, ici.link, pod.chip)
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
                         mesh=mesh, mesh_costs=mesh_costs)
+
+
+def _mesh_costs(mesh: Mesh, link, chip) -> MeshCollectiveCosts:
+    """The mesh's collective costs on ``link``, on-chip steps at ``on_chip_bandwidth``."""
+    return MeshCollectiveCosts(mesh, link, on_chip_bandwidth(chip))
 
 
 def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) -> np.ndarray:

@@ -10,9 +10,11 @@ bytes) the simulated cost of that collective over every group of the axis at
 once (``interconnect.group_collective_cost``: a ring per group, the groups'
 phases aligned, contention where they share links), computed once and kept.
 
-Devices are chips here: a sharded mesh on v2 / v3 (two TensorCores, two devices
-per chip) is refused by the plan (``check_sharded_mesh``), because the runtime
-hosts one device per chip actor.
+Devices are chips on v4 / v5p (megacore), v5e and v6e; on v2 / v3 each
+TensorCore is a device (two per chip, device ``d`` on chip ``d // 2``): the
+two share the chip's ICI links, and a ring step between them is an on-chip
+copy at one TensorCore's HBM bandwidth (``MeshCollectiveCosts``; an
+assumption, see VALIDATION.md).
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from dataclasses import dataclass, field
 from chip import ChipSpec
 
 from interconnect import GROUP_OPS, LinkSpec, ScheduleCost, Torus, group_collective_cost
-from pod.config.mesh import AXIS_NAMES, Mesh, format_axes
+from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip, format_axes
 from pod.errors import ScenarioError
 
 __all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts", "check_sharded_mesh",
-           "SHARDED_MODELS"]
+           "SHARDED_MODELS", "on_chip_bandwidth"]
 
 #: Models the sharded device program runs (``pod.workloads.sharded``).
 SHARDED_MODELS = ("transformer",)
@@ -39,7 +41,7 @@ class DeviceGroups:
     """One device's view of the mesh.
 
     Attributes:
-        device: its device id (chip rank, one device per chip).
+        device: its device id (chip rank x devices per chip + core, ``Mesh``).
         ring: axis -> its group's device ids in ring order (what the ring visits).
         mesh_order: axis -> the same devices in mesh-index order (shard order).
     """
@@ -81,15 +83,22 @@ def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
 
 
 def device_chip_spec(spec: ChipSpec) -> ChipSpec:
-    """The chip as one device with one TensorCore, for the sharded device program.
+    """One device of the chip as a chip of one TensorCore, for the sharded device program.
 
     On v4 / v5p the two TensorCores run as one megacore device [JAX]: modelled
     as one TensorCore with both cores' MXUs, VPU sublanes, VMEM, HBM and HBM
     bandwidth (the compiler splits every op over the two; the chip's peak
-    FLOP/s is unchanged). Chips of one TensorCore (v5e, v6e) are themselves.
-    v2 / v3 (a device per TensorCore) are refused before this
-    (:func:`check_sharded_mesh`).
+    FLOP/s is unchanged). On v2 / v3 each TensorCore is a device [JAX]: one
+    core with its share of the chip's HBM and HBM bandwidth (half the chip's
+    peak FLOP/s). Chips of one TensorCore (v5e, v6e) are themselves.
     """
+    if devices_per_chip(spec) > 1:
+        n = spec.tensorcores
+        published = spec.published_peak_bf16_flops_per_s
+        return dataclasses.replace(
+            spec, tensorcores=1, hbm_bytes=spec.core.hbm_bytes,
+            hbm_bandwidth_bytes_per_s=spec.core.hbm_bandwidth_bytes_per_s,
+            published_peak_bf16_flops_per_s=None if published is None else published / n)
     if not spec.megacore:
         return spec
     n, core = spec.tensorcores, spec.core
@@ -101,12 +110,12 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
     return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged)
 
 
-def check_sharded_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:
+def check_sharded_mesh(mesh: Mesh, model_name: str) -> None:
     """Refuse a sharded mesh the runtime cannot run, with one line.
 
     Raises:
         ScenarioError: a model other than the transformer on an fsdp / tensor
-            mesh, or a sharded mesh on v2 / v3 (a device per TensorCore).
+            mesh.
     """
     if mesh.is_data_parallel:
         return
@@ -115,10 +124,14 @@ def check_sharded_mesh(mesh: Mesh, model_name: str, chip_name: str) -> None:
         raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which only the "
                             f"{', '.join(SHARDED_MODELS)} model does; {model_name} trains "
                             f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
-    if mesh.devices_per_chip > 1:
-        raise ScenarioError(f"pod.mesh: {axes} on {chip_name} (a device per TensorCore) is not "
-                            "run sharded: the runtime hosts one device per chip; use a v4, v5e, "
-                            "v5p or v6e pod, or {data: N}")
+
+
+def on_chip_bandwidth(spec: ChipSpec) -> float | None:
+    """Bandwidth of a copy between two devices of one chip, bytes/s: one TensorCore's
+    HBM bandwidth on v2 / v3 (``core.hbm_bandwidth_bytes_per_s``: the copy reads one
+    core's HBM and writes the other's, each at its share; no published core-to-core
+    figure, an assumption stated in VALIDATION.md); None with one device per chip."""
+    return spec.core.hbm_bandwidth_bytes_per_s if devices_per_chip(spec) > 1 else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,12 +143,17 @@ class MeshCollectiveCosts:
     value.
 
     Attributes:
-        mesh: the device mesh (one device per chip).
+        mesh: the device mesh.
         link: the calibrated ICI link.
+        on_chip_bytes_per_s: bandwidth of a ring step between two devices of
+            one chip (v2 / v3 TensorCores), bytes/s; None when the mesh has one
+            device per chip. The plan passes one TensorCore's HBM bandwidth
+            (``on_chip_bandwidth``).
     """
 
     mesh: Mesh
     link: LinkSpec
+    on_chip_bytes_per_s: float | None = None
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -156,7 +174,7 @@ class MeshCollectiveCosts:
                 buffer).
 
         Returns:
-            ``interconnect.group_collective_cost`` of the axis's groups (chip ranks).
+            ``interconnect.group_collective_cost`` of the axis's groups.
 
         Raises:
             ValueError: an unknown axis or op.
@@ -172,12 +190,13 @@ class MeshCollectiveCosts:
         if self.mesh.axis_size(axis) <= 1:
             result = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
         else:
-            per_chip = self.mesh.devices_per_chip
-            groups = [tuple(d // per_chip for d in g) for g in self.mesh.groups(axis, "ring")]
             elements = int(nbytes) // 4
             if op == "all_gather":  # the schedule's buffer is the gathered result
                 elements *= self.mesh.axis_size(axis)
-            result = group_collective_cost(op, self.torus, groups, elements, self.link)
+            result = group_collective_cost(op, self.torus, self.mesh.groups(axis, "ring"),
+                                           elements, self.link,
+                                           devices_per_chip=self.mesh.devices_per_chip,
+                                           on_chip_bytes_per_s=self.on_chip_bytes_per_s)
         with self._lock:
             self._cache[key] = result
         return result

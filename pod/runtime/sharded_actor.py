@@ -9,10 +9,11 @@ of the named axis, device to device over the chip's ``IciPort``. The driver
 only hands out the batch and the step's first run id; no parameter or
 gradient byte goes through it.
 
-One device per chip: v4 / v5p as a megacore (``device_chip_spec``), v5e /
-v6e their one TensorCore. v2 / v3 (a device per TensorCore) would need two
-devices per actor, each its own thread and port; the plan refuses sharded
-meshes there (``check_sharded_mesh``).
+An actor per device (``device_chip_spec``): a chip on v4 / v5p (megacore),
+v5e and v6e (one TensorCore); on v2 / v3 each TensorCore is a device, so a
+chip is two actors, each with its own core, HBM share and ``IciPort``. The
+two exchange real bytes over their ports like any pair; the clock charges
+their ring steps as on-chip copies (``MeshCollectiveCosts``).
 
 What a step returns is a frozen :class:`ShardedReport`.
 """
@@ -84,8 +85,9 @@ class ShardedChipActor:
     - ``evaluate(core, comm, shard, x, y) -> float`` (optional): the eval loss.
 
     Args:
-        spec: the chip preset (v4 / v5p run as one megacore device).
-        device: the device id (its chip rank).
+        spec: the chip preset (``device_chip_spec``: v4 / v5p run as one
+            megacore device, v2 / v3 as a device per TensorCore).
+        device: the device id (``Mesh``: chip rank x devices per chip + core).
         groups: its groups per mesh axis.
         program: the device program.
         seed: the scenario seed.

@@ -90,7 +90,7 @@ class ShardedPod:
     """Chip actors for every device of a sharded mesh, running a device program.
 
     Args:
-        mesh: the device mesh (one device per chip).
+        mesh: the device mesh (an actor per device: per chip, or per TensorCore on v2 / v3).
         chip: the chip preset.
         program: the device program (``ShardedChipActor`` says its methods).
         costs: the plan's per-axis collective costs.
@@ -166,7 +166,7 @@ class ShardedPod:
         spec = device_chip_spec(self.chip)
         return combine_sharded_reports(
             step, reports, self.costs, global_batch=int(x.shape[0]),
-            peak_flops_per_s=spec.peak_bf16_flops_per_s * self.mesh.torus.num_chips,
+            peak_flops_per_s=spec.peak_bf16_flops_per_s * self.mesh.size,  # a device x devices
             core_peak_flops_per_s=spec.core.peak_bf16_flops_per_s, model_flops=model_flops,
             wall=time.perf_counter() - t0)
 
@@ -237,7 +237,7 @@ class ShardedTrainingPod:
         training = plan.scenario.training
         self.optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
         self.program = ShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer)
-        costs = plan.mesh_costs or MeshCollectiveCosts(plan.mesh, plan.ici.link)
+        costs = plan.collective_costs
         self.pod = ShardedPod(plan.mesh, plan.pod.chip, self.program, costs, training.seed,
                               ray_address=ray_address, precision=training.precision,
                               mxu_model=plan.scenario.pod.mxu_model)

@@ -72,7 +72,6 @@ class ShardedTimingPod:
     """
 
     def __init__(self, plan: TrainingPlan, *, sequence_parallel: bool = False) -> None:
-        from pod.config.sharding import MeshCollectiveCosts
         from pod.workloads.transformer import TransformerModel
 
         if not isinstance(plan.model, TransformerModel):
@@ -83,7 +82,7 @@ class ShardedTimingPod:
         self.optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
         self.program = ShapeShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer,
                                                sequence_parallel=sequence_parallel)
-        self.costs = plan.mesh_costs or MeshCollectiveCosts(plan.mesh, plan.ici.link)
+        self.costs = plan.collective_costs
         self.spec = device_chip_spec(plan.pod.chip)
         chip = Chip(self.spec, 0, numerics=True, precision=training.precision,
                     mxu_model=plan.scenario.pod.mxu_model)
@@ -121,7 +120,7 @@ class ShardedTimingPod:
         mesh = self.plan.mesh
         return combine_sharded_reports(
             step, [report], self.costs, global_batch=self.plan.global_batch,
-            peak_flops_per_s=self.spec.peak_bf16_flops_per_s * mesh.torus.num_chips,
+            peak_flops_per_s=self.spec.peak_bf16_flops_per_s * mesh.size,  # a device x devices
             core_peak_flops_per_s=self.spec.core.peak_bf16_flops_per_s,
             model_flops=self.plan.model.model_flops_per_example() * self.plan.global_batch,
             wall=time.perf_counter() - t0, replicate=mesh.size)

@@ -162,3 +162,65 @@ def test_mesh_axis_cost_on_a_full_v5p_pod_takes_little_work():
     elements = 28 * 1000
     cost = group_collective_cost("reduce_scatter", torus, groups, elements, link)
     assert cost.seconds == pytest.approx(27 * 1000 * 4 / 1e9, rel=1e-12)
+
+
+# ------------------------------------------- two devices per chip (v2 / v3 TensorCores)
+
+
+@pytest.mark.parametrize("op,phases", [("allreduce", 2), ("reduce_scatter", 1), ("all_gather", 1)])
+def test_the_two_tensorcores_of_a_chip_copy_at_the_on_chip_bandwidth(op, phases):
+    """Groups of the two devices of each chip (device d on chip d // 2) load no ICI
+    link: each ring phase copies half the buffer at the on-chip bandwidth."""
+    torus = Torus((2, 2))
+    link = LinkSpec(1e9, latency_s=1e-6, collective_fixed_s=3e-6)
+    groups = [(2 * c, 2 * c + 1) for c in range(4)]
+    cost = group_collective_cost(op, torus, groups, 1000, link, devices_per_chip=2,
+                                 on_chip_bytes_per_s=4e11)
+    assert not cost.link_bytes
+    assert cost.seconds == pytest.approx(3e-6 + phases * 500 * 4 / 4e11, rel=1e-12)
+
+
+@pytest.mark.parametrize("op", ["allreduce", "reduce_scatter", "all_gather"])
+def test_the_groups_of_both_cores_share_their_chips_links(op):
+    """Core 0's ring and core 1's ring over the same four chips load every link twice:
+    the cost of one ring of chips moving twice the bytes (the textbook closed form,
+    test_one_ring_group_costs_the_textbook_closed_form)."""
+    torus = Torus((4,), wraparound=(True,))
+    link = LinkSpec(1e9, latency_s=1e-6)
+    both = group_collective_cost(op, torus, [(0, 2, 4, 6), (1, 3, 5, 7)], 4000, link,
+                                 devices_per_chip=2, on_chip_bytes_per_s=1e12)
+    chips = group_collective_cost(op, torus, [(0, 1, 2, 3)], 8000, link)
+    assert both.seconds == pytest.approx(chips.seconds, rel=1e-12)
+    assert both.link_bytes == chips.link_bytes
+
+
+@pytest.mark.parametrize("on_chip", [1e12, 1e8])
+def test_a_ring_through_both_cores_takes_the_slower_of_its_ici_and_on_chip_steps(on_chip):
+    """Devices 0, 1 (chip 0) and 2, 3 (chip 1) in one ring: two steps cross the link
+    between the chips, two stay on a chip; each phase takes the longer."""
+    torus = Torus((2,), wraparound=(False,))
+    link = LinkSpec(1e9, latency_s=1e-6)
+    cost = group_collective_cost("allreduce", torus, [(0, 1, 2, 3)], 4000, link,
+                                 devices_per_chip=2, on_chip_bytes_per_s=on_chip)
+    part = 1000 * 4
+    phase = max(part / 1e9 + 1e-6, part / on_chip)
+    assert cost.seconds == pytest.approx(6 * phase, rel=1e-12)
+    assert cost.link_bytes == {(0, 1): 6 * part, (1, 0): 6 * part}
+
+
+def test_several_devices_per_chip_are_refused_without_a_bandwidth_or_with_failed_links():
+    from interconnect import LinkFaults
+
+    torus, link = Torus((2, 2)), LinkSpec(1e9)
+    groups = [(0, 2, 4, 6), (1, 3, 5, 7)]
+    with pytest.raises(ScheduleError, match="on_chip_bytes_per_s None"):
+        group_collective_cost("allreduce", torus, groups, 8, link, devices_per_chip=2)
+    with pytest.raises(ScheduleError, match="failed links with several devices per chip"):
+        group_collective_cost("allreduce", torus, groups, 8, link, devices_per_chip=2,
+                              on_chip_bytes_per_s=1e9, faults=LinkFaults(failed={(0, 1)}))
+    with pytest.raises(ScheduleError, match="appears twice"):
+        group_collective_cost("allreduce", torus, [(0, 1), (1, 2)], 8, link, devices_per_chip=2,
+                              on_chip_bytes_per_s=1e9)
+    with pytest.raises(ScheduleError, match="outside 0..7"):
+        group_collective_cost("allreduce", torus, [(0, 8)], 8, link, devices_per_chip=2,
+                              on_chip_bytes_per_s=1e9)

@@ -1,5 +1,6 @@
 """The real sharded transformer program on Ray actors (``ShardedPod``, 8 devices of a
-v5e 2x4 torus, {data: 2, fsdp: 2, tensor: 2}, 3 steps, tiny dims, fp32 numerics):
+v5e 2x4 torus, or of a v3 2x2 torus, a device per TensorCore; {data: 2, fsdp: 2,
+tensor: 2}, 3 steps, tiny dims, fp32 numerics):
 its parameters equal the in-process ``LocalMesh`` run of the same program (the
 reference the runtime's ICI collectives are checked against) bit for bit, and the
 single-device training within the program's own fp32 tolerance
@@ -14,10 +15,10 @@ import numpy as np
 import pytest
 
 from chip import TensorCore
-from chip.spec import V5E
+from chip.spec import V3, V5E
 from interconnect import Torus, calibrated_link
 from pod.config.mesh import layout_mesh
-from pod.config.sharding import MeshCollectiveCosts, device_chip_spec
+from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, on_chip_bandwidth
 from pod.runtime.sharded_pod import ShardedPod
 from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
 from pod.workloads.collectives import LocalMesh
@@ -42,14 +43,16 @@ def _program(mesh):
     return ShardedTransformer(model, mesh.sizes, build_optimizer("adamw", learning_rate=1e-2))
 
 
-def _mesh():
-    return layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 4)))
+#: chip -> its 8-device mesh: v5e 2x4 (a device per chip), v3-8 2x2 (a device per TensorCore)
+MESHES = {"v5e": (V5E, lambda: layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 4)))),
+          "v3": (V3, lambda: layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 2)),
+                                         per_chip=2))}
 
 
-def _single():
+def _single(chip):
     model = TransformerModel(TransformerConfig(**TINY))
     opt = build_optimizer("adamw", learning_rate=1e-2)
-    core = TensorCore(device_chip_spec(V5E).core, precision="fp32")
+    core = TensorCore(device_chip_spec(chip).core, precision="fp32")
     params = model.init_params(SEED)
     state, losses = opt.init(params), []
     for step, (x, y) in enumerate(_batches(), 1):
@@ -59,11 +62,11 @@ def _single():
     return params, losses
 
 
-def _local_mesh(mesh):
+def _local_mesh(mesh, chip):
     program = _program(mesh)
 
     def device(comm):
-        core = TensorCore(device_chip_spec(V5E).core, precision="fp32")
+        core = TensorCore(device_chip_spec(chip).core, precision="fp32")
         shard = program.init_local(SEED, DeviceCoords.of(comm))
         part = program.batch_slice(BATCH, shard.coords)
         for step, (x, y) in enumerate(_batches(), 1):
@@ -74,16 +77,19 @@ def _local_mesh(mesh):
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_ray_sharded_transformer_equals_the_local_mesh_and_one_device():
-    mesh = _mesh()
-    link = calibrated_link("v5e", V5E.ici_link_bandwidth_bytes_per_s, V5E.ici_latency_s)
-    with ShardedPod(mesh, V5E, _program(mesh), MeshCollectiveCosts(mesh, link), SEED,
-                    precision="fp32") as pod:
+@pytest.mark.parametrize("name", sorted(MESHES))
+def test_ray_sharded_transformer_equals_the_local_mesh_and_one_device(name):
+    chip, make_mesh = MESHES[name]
+    mesh = make_mesh()
+    assert mesh.size == 8
+    link = calibrated_link(name, chip.ici_link_bandwidth_bytes_per_s, chip.ici_latency_s)
+    costs = MeshCollectiveCosts(mesh, link, on_chip_bandwidth(chip))
+    with ShardedPod(mesh, chip, _program(mesh), costs, SEED, precision="fp32") as pod:
         stats = [pod.step(s, x, y) for s, (x, y) in enumerate(_batches())]
         got = pod.assemble()
         identical = pod.replicas_identical()
-    want_params, want_losses = _single()
-    local = _local_mesh(mesh)
+    want_params, want_losses = _single(chip)
+    local = _local_mesh(mesh, chip)
     assert identical
     assert set(got) == set(local)
     for key in got:  # the same ring orders and float32 sums in the same order: the same bits
@@ -91,6 +97,11 @@ def test_ray_sharded_transformer_equals_the_local_mesh_and_one_device():
     assert max(float(np.max(np.abs(got[k] - want_params[k]))) for k in got) < FP32_ATOL
     np.testing.assert_allclose([s.loss for s in stats], want_losses, rtol=1e-6)
     assert set(stats[-1].axis_collective_bytes) == {"data", "fsdp", "tensor"}
+    peak = device_chip_spec(chip).peak_bf16_flops_per_s * 8
+    assert stats[-1].peak_flops_per_s == pytest.approx(peak)  # 8 chips, or 8 TensorCores
+    tensor_on_chip = all(d // mesh.devices_per_chip == e // mesh.devices_per_chip
+                         for d, e in mesh.groups("tensor"))
+    assert tensor_on_chip == (name == "v3")  # v3: tensor takes the two cores of a chip
 
 
 def _cli(args):
