@@ -6,15 +6,16 @@ summary.json are ``Run``'s; a sharded run adds per mesh axis the collective
 bytes, simulated seconds and exposed seconds (summed over the steps) to the
 summary (``collectives_by_axis``) and to the metrics
 (``tpu_pod_collective_seconds_total{axis}`` and friends). Checkpoints hold the
-whole model assembled from the shards (so ``tpu-pod generate`` reads them).
+whole model assembled from the shards (so ``tpu-pod generate`` reads them,
+and ``--resume`` shards them onto the devices again).
 
 ``--trace`` lays out the traced steps on a lane of steps, the compute of the
 step's slowest device with its waits, and a lane per mesh axis with that
 device's collectives (``pod.report.trace.sharded_step_events``).
 
 Not yet for a sharded run, refused with one line rather than ignored:
-``--resume``, and recovery from a failed chip (a failure stops the run;
-``faults:`` are refused by the plan). The test accuracy is not
+recovery from a failed chip (a failure stops the run; ``faults:`` are
+refused by the plan). The test accuracy is not
 computed (the sharded program's evaluation gives the loss).
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from pod.commands.train import Run
-from pod.errors import ClusterError, ScenarioError
+from pod.errors import ClusterError
 from pod.config.mesh import format_axes
 from pod.report.trace import sharded_metadata_events, sharded_step_events
 
@@ -33,19 +34,23 @@ __all__ = ["ShardedRun"]
 
 
 class ShardedRun(Run):
-    """A ``Run`` of a sharded plan (``Run``'s arguments).
-
-    Raises:
-        ScenarioError: ``resume_dir`` given (one line).
-    """
+    """A ``Run`` of a sharded plan (``Run``'s arguments; ``--resume`` re-shards the
+    checkpoint's whole model onto the devices, ``ShardedTrainingPod.restore``)."""
 
     def __init__(self, plan, **options: Any) -> None:
-        axes = ", ".join(f"{a}: {n}" for a, n in plan.mesh.sizes.items())
-        if options.get("resume_dir") is not None:
-            raise ScenarioError(f"--resume: a sharded run (pod.mesh {{{axes}}}) cannot resume "
-                                "yet; its checkpoints serve tpu-pod generate")
+        self.axis_totals: dict[str, dict[str, float]] = {}  # a resumed run: the checkpoint's
         super().__init__(plan, **options)
-        self.axis_totals: dict[str, dict[str, float]] = {}
+
+    def run_state(self) -> dict[str, Any]:
+        """``Run.run_state`` and the per-axis collective sums (a resumed run's summary
+        counts every step)."""
+        return super().run_state() | {"axis_totals": self.axis_totals}
+
+    def _load_run_state(self, point: Any, faults_done: bool = False) -> None:
+        super()._load_run_state(point, faults_done)
+        saved = point.run_state.get("axis_totals")
+        self.axis_totals = ({str(a): {k: v for k, v in t.items()} for a, t in saved.items()}
+                            if isinstance(saved, dict) else {})
 
     def _make_pod(self) -> Any:
         from pod.runtime.sharded_pod import ShardedTrainingPod
@@ -58,6 +63,8 @@ class ShardedRun(Run):
         self.guard.arm()
         self.console.print(f"{self.plan.mesh.size} device actors ready (pod.mesh "
                            f"{self.plan.mesh.sizes}) in {self.startup_wall_seconds:.1f} s (wall)")
+        if self.resumed is not None:
+            self.pod.restore(self.resumed)
         if self.trace_path is not None:
             self.trace_events.extend(sharded_metadata_events(
                 f"pod.mesh {format_axes(self.plan.mesh.sizes)}", list(self.plan.mesh.sizes)))

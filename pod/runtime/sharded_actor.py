@@ -204,6 +204,20 @@ class ShardedChipActor:
         """This device's state (the program's shard: ``DeviceShard``), for ``assemble``."""
         return self.state
 
+    def load(self, params: dict[str, np.ndarray], opt_state: dict[str, np.ndarray]) -> str:
+        """Replace this device's state by its shard of whole-model arrays (a checkpoint's
+        parameters and optimizer state, ``program.shard_params``); returns ``digest``.
+
+        Raises:
+            KeyError, ValueError: the arrays do not fit the program's model.
+        """
+        from pod.workloads.sharded import DeviceShard
+
+        shard = self.program.shard_params
+        self.state = DeviceShard(self.coords, shard(params, self.coords),
+                                 shard(opt_state, self.coords))
+        return self.digest()
+
     def local_params(self) -> dict[str, np.ndarray]:
         """A copy of this device's parameter shards."""
         return {k: np.array(v, copy=True) for k, v in self.state.params.items()}

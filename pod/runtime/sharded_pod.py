@@ -178,6 +178,18 @@ class ShardedPod:
         """Every device's state (the program's shard), by device id."""
         return ray.get([a.shard.remote() for a in self.actors])
 
+    def load(self, params: dict[str, np.ndarray], opt_state: dict[str, np.ndarray]) -> None:
+        """Every device takes its shard of whole-model parameters and optimizer state
+        (``ShardedChipActor.load``).
+
+        Raises:
+            ClusterError: a device failed.
+        """
+        from pod.runtime.coordinator import Pod
+
+        refs = (ray.put(dict(params)), ray.put(dict(opt_state)))
+        Pod._get_all(self, [a.load.remote(*refs) for a in self.actors])
+
     def assemble(self, *, opt_state: bool = False) -> dict[str, np.ndarray]:
         """The whole model's parameters (or optimizer state) from the devices' shards
         (the program's ``assemble``: data replica 0's)."""
@@ -215,7 +227,8 @@ class ShardedTrainingPod:
 
     What ``pod.commands.train`` needs of a pod: ``start``, ``step``, ``evaluate``,
     ``replicas_identical``, ``snapshot`` (a checkpoint of the assembled whole
-    model), ``shutdown``.
+    model), ``restore`` (``--resume``: the checkpoint re-sharded onto the
+    devices), ``shutdown``.
 
     Args:
         plan: a checked plan whose mesh has fsdp or tensor axes (transformer model).
@@ -280,6 +293,32 @@ class ShardedTrainingPod:
     def replicas_identical(self) -> bool:
         """Whether every data replica holds bit-identical shards."""
         return self.pod.replicas_identical()
+
+    def restore(self, checkpoint: Any) -> None:
+        """Shard a checkpoint's whole model (``snapshot``'s) onto the devices and check it.
+
+        The checkpoint holds the parameters and optimizer state assembled from data
+        replica 0; each device takes its tensor slice and fsdp chunk of them
+        (``ShardedTransformer.shard_params``, padding zeros as a run keeps them), so
+        a resumed run continues bit for bit where the checkpointed one was.
+
+        Raises:
+            CheckpointError: after the load, the shards assembled again differ from
+                the checkpoint's digests, or the data replicas differ.
+        """
+        from pod.errors import CheckpointError
+        from pod.state.checkpoint import params_digest
+
+        self.pod.load(checkpoint.params, checkpoint.optimizer_state)
+        shards = self.pod.shards()
+        got = (params_digest(self.program.assemble(shards)),
+               params_digest(self.program.assemble(shards, opt_state=True)))
+        want = (checkpoint.digests.get("params") or params_digest(checkpoint.params),
+                checkpoint.digests.get("optimizer_state")
+                or params_digest(checkpoint.optimizer_state))
+        if got != want or not self.pod.replicas_identical():
+            raise CheckpointError(f"restore: the devices do not hold the checkpoint's parameters "
+                                  f"and optimizer state after loading step {checkpoint.step}")
 
     def snapshot(self) -> list[Any]:
         """One ``Snapshot`` of the whole model assembled from the shards (data

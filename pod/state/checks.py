@@ -10,11 +10,13 @@ actor is touched:
 - ``optimizer_state``: exactly the names and shapes the optimizer's ``init``
   gives for those parameters (``<param>/<slot>``), float32, finite;
 - ``model_state`` and every replica's model state: the names and shapes of
-  ``plan.model.state_shapes``, float32, finite; one replica per chip and core;
+  ``plan.model.state_shapes``, float32, finite; one replica per chip and core
+  (a sharded run's checkpoint: one, the assembled model's);
 - ``step``: an integer in ``[0, plan.steps]``;
 - ``run_state``: a mapping whose ``totals`` are step totals of ``step`` steps,
-  whose ``faults_done`` are indices into the scenario's faults and whose
-  ``simulated_clock`` is a finite, non-negative number of seconds;
+  whose ``faults_done`` are indices into the scenario's faults, whose
+  ``simulated_clock`` is a finite, non-negative number of seconds and whose
+  ``axis_totals`` (sharded runs) are per mesh axis finite sums >= 0;
 - ``digests``: the stored SHA-256 of the parameters and of the optimizer
   state match the arrays (``params_digest``, in the stored order).
 
@@ -115,6 +117,21 @@ def _is_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
+def _check_axis_totals(source: str, axis_totals: Any) -> None:
+    """``run_state['axis_totals']``: mesh axis -> {bytes, seconds, exposed_seconds} >= 0."""
+    from pod.config.mesh import AXIS_NAMES
+
+    keys = {"bytes", "seconds", "exposed_seconds"}
+    ok = isinstance(axis_totals, dict) and all(
+        axis in AXIS_NAMES and isinstance(t, dict) and set(t) == keys
+        and all(_is_number(v) and v >= 0 for v in t.values())
+        for axis, t in axis_totals.items())
+    if not ok:
+        raise CheckpointError(f"{source}: run_state['axis_totals'] is {str(axis_totals)[:80]}, "
+                              f"expected per mesh axis ({', '.join(AXIS_NAMES)}) the sums "
+                              f"{', '.join(sorted(keys))}, finite and >= 0")
+
+
 def _check_run_state(source: str, run_state: Any, step: int, num_faults: int) -> None:
     """``run_state``: totals of ``step`` steps, fault indices, a finite clock."""
     from pod.report.stats import StepTotals
@@ -122,10 +139,11 @@ def _check_run_state(source: str, run_state: Any, step: int, num_faults: int) ->
     if not isinstance(run_state, dict):
         raise CheckpointError(f"{source}: run_state is a {type(run_state).__name__}, expected a "
                               "mapping (totals, faults_done, simulated_clock)")
-    unknown = set(run_state) - {"totals", "faults_done", "simulated_clock"}
+    unknown = set(run_state) - {"totals", "faults_done", "simulated_clock", "axis_totals"}
     if unknown:
         raise CheckpointError(f"{source}: run_state has unknown key(s) {_names(unknown)}; "
-                              "expected totals, faults_done, simulated_clock")
+                              "expected totals, faults_done, simulated_clock, axis_totals")
+    _check_axis_totals(source, run_state.get("axis_totals", {}))
     clock = run_state.get("simulated_clock", 0.0)
     if not _is_number(clock) or clock < 0:
         raise CheckpointError(f"{source}: run_state['simulated_clock'] is {clock!r}, expected "
@@ -200,7 +218,8 @@ def check_state(checkpoint: Checkpoint, plan: Any, source: str = "checkpoint") -
     _check_tree(source, "model_state", checkpoint.model_state, state_shapes)
     replicas = checkpoint.replica_model_state
     if replicas:
-        chips, cores = plan.pod.chips, plan.pod.chip.tensorcores
+        sharded = plan.mesh is not None and not plan.mesh.is_data_parallel
+        chips, cores = (1, 1) if sharded else (plan.pod.chips, plan.pod.chip.tensorcores)
         if not isinstance(replicas, list) or len(replicas) != chips or any(
                 not isinstance(c, list) or len(c) != cores for c in replicas):
             layout = ([len(c) if isinstance(c, list) else "?" for c in replicas]

@@ -146,10 +146,63 @@ def test_validate_and_run_refuse_the_same_line(tmp_path, extra, words):
     assert "Traceback" not in checked[1] + ran[1]
 
 
-def test_run_refuses_resume_of_a_sharded_run_in_one_line(tmp_path):
-    code, output = _cli(["run", str(_scenario(tmp_path)), "--resume", str(tmp_path)])
-    assert code == 2
-    assert "--resume: a sharded run" in output
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_resumed_sharded_run_ends_with_the_uninterrupted_runs_bits(tmp_path):
+    """The shipped sharded scenario for 4 steps, checkpoints every 2; then a run resumed
+    from its step-2 checkpoint to step 4: the step-4 checkpoints hold the same
+    parameters and AdamW state bit for bit (the checkpoint's whole model is sharded
+    onto the devices again, padding and all), and summary.json's per-axis sums and
+    step count cover all 4 steps, as the uninterrupted run's."""
+    import json
+    import shutil
+
+    from pod.state.checkpoint import checkpoint_path, load_checkpoint
+
+    text = (ROOT / "scenarios" / "transformer-sharded.yaml").read_text()
+    assert "every_steps: 100" in text
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("every_steps: 100", "every_steps: 2"))
+    straight, resumed, start = tmp_path / "straight", tmp_path / "resumed", tmp_path / "start"
+    code, output = _cli(["run", str(path), "--steps", "4", "--output-dir", str(straight)])
+    assert code == 0, output
+    start.mkdir()
+    shutil.copy(checkpoint_path(straight / "checkpoints", 2), start)
+    code, output = _cli(["run", str(path), "--steps", "4", "--resume", str(start),
+                         "--output-dir", str(resumed)])
+    assert code == 0, output
+    assert "Resuming from" in output and "step 2 of 4" in output
+    want = load_checkpoint(checkpoint_path(straight / "checkpoints", 4))
+    got = load_checkpoint(checkpoint_path(resumed / "checkpoints", 4))
+    assert got.step == 4
+    for tree in ("params", "optimizer_state"):
+        a, b = getattr(got, tree), getattr(want, tree)
+        assert set(a) == set(b)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"{tree} {key}")
+    assert got.digests == want.digests
+    one, two = (json.loads((d / "summary.json").read_text()) for d in (straight, resumed))
+    assert two["resumed_from_step"] == 2 and two["steps"] == one["steps"] == 4
+    assert two["collectives_by_axis"] == one["collectives_by_axis"]
+    assert two["final_loss"] == one["final_loss"]
+
+
+def test_a_checkpoint_of_another_mesh_is_refused_in_one_line(tmp_path):
+    """--resume checks the scenario: a checkpoint of {data: 2, fsdp: 2, tensor: 2} does
+    not continue a run on {fsdp: 4, tensor: 2} (one line naming pod.mesh)."""
+    from pod.state.checkpoint import save_checkpoint, checkpoint_path
+    from pod.config.plan import build_plan
+    from pod.config.scenario import load_scenario
+    from pod.state.resume import initial_checkpoint
+
+    plan = build_plan(load_scenario(ROOT / "scenarios" / "transformer-sharded.yaml"))
+    (tmp_path / "ck").mkdir()
+    save_checkpoint(checkpoint_path(tmp_path / "ck", 0), initial_checkpoint(plan))
+    other = _scenario(tmp_path)
+    other.write_text(other.read_text().replace("{data: 2, fsdp: 2, tensor: 2}",
+                                               "{fsdp: 4, tensor: 2}"))
+    code, output = _cli(["run", str(other), "--resume", str(tmp_path / "ck"), "--output-dir",
+                         str(tmp_path / "out")])
+    assert code == 2 and "pod.mesh" in output and "Traceback" not in output
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -131,6 +131,10 @@ def test_the_optimizer_digest_is_compared(tmp_path, plan):
                                               r"checkpoint's step \(4\)"),
     ({"run_state": {"totals": {"steps": 4, "bogus": 1}}}, r"totals'\] has 'bogus'"),
     ({"run_state": {"junk": 1}}, r"run_state has unknown key\(s\) 'junk'"),
+    ({"run_state": {"axis_totals": {"pipe": {"bytes": 1, "seconds": 0, "exposed_seconds": 0}}}},
+     r"axis_totals'\] is .*pipe.*, expected per mesh axis \(data, fsdp, tensor\)"),
+    ({"run_state": {"axis_totals": {"data": {"bytes": -1, "seconds": 0, "exposed_seconds": 0}}}},
+     r"axis_totals'\] is .*finite and >= 0"),
 ])
 def test_step_and_run_state_are_checked(tmp_path, plan, changes, needle):
     with pytest.raises(CheckpointError, match=needle) as err:
