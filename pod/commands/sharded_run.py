@@ -108,27 +108,16 @@ class ShardedRun(Run):
                            highlight=False)
         self.identical = self.pod.replicas_identical()
 
-    def finish(self) -> dict[str, Any]:
-        """``Run.finish`` with the mesh and per-axis collectives in summary.json."""
-        summary = super().finish()
-        self._add_sharded(summary)
-        if self.output_dir is not None:
-            from pod.report.files import write_json
-            write_json(self.output_dir / "summary.json", summary)
-        return summary
-
-    def stop(self, err: BaseException) -> None:
-        super().stop(err)
-        if self.partial_summary is not None:
-            self._add_sharded(self.partial_summary)
-            if self.output_dir is not None:
-                from pod.report.files import write_json
-                write_json(self.output_dir / "summary.json", self.partial_summary)
-
-    def _add_sharded(self, summary: dict[str, Any]) -> None:
-        summary["test_accuracy"] = None  # not computed by the sharded evaluation
+    def summary(self, wall_seconds: float, *, completed: bool) -> dict[str, Any]:
+        """``Run.summary`` with the mesh, the devices per chip and the per-axis
+        collectives (summed over the steps); no test accuracy (the sharded
+        evaluation gives the loss)."""
+        summary = super().summary(wall_seconds, completed=completed)
+        summary["test_accuracy"] = None
         summary["mesh"] = dict(self.plan.mesh.sizes)
+        summary["devices_per_chip"] = self.plan.mesh.devices_per_chip
         summary["collectives_by_axis"] = {
             axis: {"bytes": int(t["bytes"]), "simulated_seconds": t["seconds"],
                    "exposed_simulated_seconds": t["exposed_seconds"]}
             for axis, t in self.axis_totals.items()}
+        return summary

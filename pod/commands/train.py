@@ -25,6 +25,7 @@ from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossE
                         ScenarioError)
 from pod.report.console import (epoch_line, evaluation_text, hold, make_console, progress_bar,
                                 progress_line, summary_table)
+from pod.config.mesh import format_axes
 from pod.report.files import (StepsCsv, check_writable, reliability, summarize, write_csv,
                               write_json)
 from pod.report.html import read_steps, write_report
@@ -225,12 +226,16 @@ class Run:
             synthetic=plan.dataset.synthetic)
         self.metrics.serve(self.metrics_port, scenario.metrics.host)
         data_label = f"{plan.dataset.name}{' (synthetic)' if plan.dataset.synthetic else ''}"
+        mesh = plan.mesh
+        split = (f"{plan.per_core_batch:,} per core; {plan.steps:,} steps; allreduce "
+                 f"{plan.ici.algorithm}" if mesh is None or mesh.is_data_parallel else
+                 f"{plan.per_core_batch:,} per data x fsdp shard; {plan.steps:,} steps; mesh "
+                 f"{format_axes(mesh.sizes)} ({mesh.size} devices)")
         self.console.print(
             f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
             f"{plan.pod.chip.tensorcores} TensorCores on a {plan.pod.torus.name} torus; "
             f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
-            f"{plan.global_batch:,} = {plan.per_core_batch:,} per core; {plan.steps:,} steps; "
-            f"allreduce {plan.ici.algorithm}")
+            f"{plan.global_batch:,} = {split}")
         for table in plan_model_tables(plan):
             self.console.print(table)
         if self.output_dir is not None:
@@ -443,9 +448,7 @@ class Run:
         """Write summary.json (and the trace), print the summary table; hold the
         metrics endpoint if asked."""
         plan = self.plan
-        summary = summarize(plan, self.totals, self.evaluation, self.identical, self.wall_seconds,
-                            self.startup_wall_seconds)
-        summary |= reliability(self.fault_events, self.checkpoints, self.resumed, completed=True)
+        summary = self.summary(self.wall_seconds, completed=True)
         self.console.print(summary_table(summary))
         written = []
         if self.output_dir is not None:
@@ -470,6 +473,14 @@ class Run:
             hold(self.console, self.metrics.port, self.hold_seconds)
         return summary
 
+    def summary(self, wall_seconds: float, *, completed: bool) -> dict[str, Any]:
+        """What summary.json holds (``summarize`` and ``reliability``); a sharded run
+        adds its mesh and per-axis collectives."""
+        summary = summarize(self.plan, self.totals, self.evaluation, self.identical,
+                            wall_seconds, self.startup_wall_seconds)
+        return summary | reliability(self.fault_events, self.checkpoints, self.resumed,
+                                     completed=completed)
+
     def stop(self, err: BaseException) -> None:
         """Never lose what was done: write the partial summary (steps.csv is on disk)."""
         if isinstance(err, RunInterrupted):
@@ -480,10 +491,8 @@ class Run:
             stopped = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         if not (self.totals.steps or self.fault_events or isinstance(err, RunInterrupted)):
             return
-        partial = summarize(self.plan, self.totals, self.evaluation, self.identical,
-                            self.wall_seconds or time.perf_counter() - self._t0,
-                            self.startup_wall_seconds)
-        partial |= reliability(self.fault_events, self.checkpoints, self.resumed, completed=False)
+        partial = self.summary(self.wall_seconds or time.perf_counter() - self._t0,
+                               completed=False)
         partial["stopped_by"] = stopped
         self.partial_summary = partial
         wrote = ""

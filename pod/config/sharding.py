@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from chip import ChipSpec
 
@@ -204,3 +207,14 @@ class MeshCollectiveCosts:
     def seconds(self, axis: str, op: str, nbytes: int) -> float:
         """Simulated seconds of :meth:`cost`."""
         return self.cost(axis, op, nbytes).seconds
+
+    def link_bytes(self, calls: Iterable[Any]) -> dict[str, int]:
+        """Bytes per directed ICI link ("src->dst", chip ranks) when every device issues
+        ``calls`` (``CollectiveCall``: axis, op, nbytes), as SPMD devices do in a step:
+        the sum of each call's :meth:`cost` link bytes (every group of its axis)."""
+        total: Counter = Counter()
+        for (axis, op, nbytes), count in Counter((c.axis, c.op, int(c.nbytes))
+                                                 for c in calls).items():
+            for link, b in self.cost(axis, op, nbytes).link_bytes.items():
+                total[link] += count * int(b)
+        return {f"{a}->{b}": int(v) for (a, b), v in sorted(total.items())}

@@ -46,16 +46,24 @@ def progress_line(stats: StepStats, total: int) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
+    """The end-of-run table from summary.json's figures. A sharded run's (one with
+    ``collectives_by_axis``) names its mesh instead of the allreduce algorithm, its
+    collectives per mesh axis (per step) instead of one allreduce, HBM per device,
+    and no test accuracy (its evaluation gives the loss)."""
     table = titled_table(f"{summary['scenario']}: {summary['slice'] or summary['generation']} "
                          f"({summary['chips']:,} chips, {summary['cores']:,} TensorCores, "
                          f"{summary['topology']})", show_header=True)
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("clock")
+    sharded = "collectives_by_axis" in summary
+    per = "device" if sharded else "core"
     rows = [
         ("steps x global batch", f"{summary['steps']:,} x {summary['global_batch']:,}", ""),
         ("loss first -> last", f"{summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}", ""),
+        _mesh_row(summary) if sharded else
         ("allreduce algorithm", f"{summary['allreduce_algorithm']}", ""),
+        ("test loss", f"{summary['test_loss']:.4f}", "") if summary["test_accuracy"] is None else
         ("test loss, accuracy", f"{summary['test_loss']:.4f}, "
                                 f"{accuracy_text(summary['test_accuracy'])}", ""),
         ("step time (critical path)", f"{summary['simulated_step_seconds'] * 1e3:.4f} ms",
@@ -64,14 +72,16 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("  infeed, exposed", f"{summary['exposed_infeed_seconds'] * 1e3:.4f} ms of "
                               f"{summary['infeed_seconds'] * 1e3:.4f}", "simulated"),
         ("  compute (fwd+bwd)", f"{summary['compute_seconds'] * 1e3:.4f} ms", "simulated"),
-        ("  allreduce, exposed", f"{summary['exposed_allreduce_seconds'] * 1e3:.4f} ms of "
-                                 f"{summary['allreduce_seconds'] * 1e3:.4f} "
-                                 f"({summary['overlap_fraction']:.0%} hidden)", "simulated"),
+        (f"  {'collectives' if sharded else 'allreduce'}, exposed",
+         f"{summary['exposed_allreduce_seconds'] * 1e3:.4f} ms of "
+         f"{summary['allreduce_seconds'] * 1e3:.4f} "
+         f"({summary['overlap_fraction']:.0%} hidden)", "simulated"),
+        *(_axis_rows(summary) if sharded else []),
         ("  update", f"{summary['update_seconds'] * 1e3:.4f} ms", "simulated"),
         ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s", "simulated"),
         ("model TFLOP/s", f"{summary['simulated_tflops']:.3f}", "simulated"),
         ("MFU", f"{summary['mfu']:.2%}", "simulated"),
-        ("HBM peak per core", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
+        (f"HBM peak per {per}", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
                               f"{summary['hbm_capacity_bytes'] / 2**30:.0f} GiB", ""),
         ("ICI bytes per step", f"{summary['ici_bytes_per_step']:,}", ""),
         ("step time", f"{summary['wall_step_seconds'] * 1e3:.1f} ms", "wall"),
@@ -81,6 +91,24 @@ def summary_table(summary: dict[str, Any]) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
+    axes = ", ".join(f"{a}: {n}" for a, n in summary["mesh"].items())
+    each = " (a device per TensorCore)" if summary.get("devices_per_chip", 1) > 1 else ""
+    return ("mesh", f"{{{axes}}}{each}", "")
+
+
+def _axis_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Per mesh axis, per step: exposed of all collective seconds, and the bytes a
+    device passed to them (summary.json's ``collectives_by_axis`` / steps)."""
+    steps = max(int(summary["steps"]), 1)
+    return [(f"    {axis}", f"{t['exposed_simulated_seconds'] / steps * 1e3:.4f} ms of "
+                         f"{t['simulated_seconds'] / steps * 1e3:.4f}, "
+                         f"{t['bytes'] // steps:,} B", "simulated")
+            for axis, t in sorted(summary["collectives_by_axis"].items(),
+                                  key=lambda kv: list(summary["mesh"]).index(kv[0])
+                                  if kv[0] in summary["mesh"] else len(summary["mesh"]))]
 
 
 def accuracy_text(accuracy: float) -> str:

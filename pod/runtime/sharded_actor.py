@@ -34,7 +34,7 @@ from pod.report.stats import RecordTotals
 from pod.runtime.actor import HbmUsage, TraceRow, _trace_rows
 from pod.state.checkpoint import params_digest
 
-__all__ = ["ShardedChipActor", "ShardedReport", "device_coords"]
+__all__ = ["ShardedChipActor", "ShardedReport", "device_coords", "allocate_shard_hbm"]
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,14 @@ class ShardedChipActor:
         program: the device program.
         seed: the scenario seed.
         numerics, limit_threads, precision, mxu_model: as ``ChipActor``.
+        activation_bytes: HBM its activations take during a step (the plan's
+            ``memory["activations"]``, as ``ChipActor`` allocates its own).
     """
 
     def __init__(self, spec: ChipSpec, device: int, groups: DeviceGroups, program: Any,
                  seed: int, numerics: bool = True, limit_threads: bool = True,
-                 precision: str = "bf16", mxu_model: str = "pipelined") -> None:
+                 precision: str = "bf16", mxu_model: str = "pipelined",
+                 activation_bytes: int = 0) -> None:
         if limit_threads:
             from threadpoolctl import threadpool_limits
             threadpool_limits(1)
@@ -108,6 +111,8 @@ class ShardedChipActor:
         self.program = program
         self.coords = device_coords(groups)
         self.state = program.init_local(seed, self.coords)
+        allocate_shard_hbm(self.core, self.state)
+        self.activation_bytes = int(activation_bytes)
         self.addresses: dict[int, tuple[str, int]] = {}
         self.compute_slowdown = 1.0
 
@@ -170,7 +175,11 @@ class ShardedChipActor:
         transport = GroupTransport(self._ici_port(), self.groups, self.addresses, run_base)
         comm = RuntimeCollectives(transport)
         self.core.take_records()
-        result = self.program.train_step(self.core, comm, self.state, x, y, step + 1)
+        self.core.hbm.allocate("activations", self.activation_bytes)
+        try:
+            result = self.program.train_step(self.core, comm, self.state, x, y, step + 1)
+        finally:
+            self.core.hbm.free("activations")
         loss, self.state, update_start = result.loss, result.shard, result.update_start
         records = self.core.take_records()
         f = self.compute_slowdown
@@ -225,6 +234,20 @@ class ShardedChipActor:
     def digest(self) -> str:
         """SHA-256 of this device's parameter shards (``params_digest``)."""
         return params_digest(dict(self.state.params))
+
+
+def allocate_shard_hbm(core: Any, shard: Any) -> None:
+    """Allocate on ``core``'s HBM what a device keeps between steps: its parameter
+    chunks, as many bytes of gradient chunks, and its optimizer state (``shard``: a
+    ``DeviceShard``; bytes of its float32 arrays).
+
+    Raises:
+        HBMOutOfMemoryError: they do not fit (the plan refuses such a mesh first).
+    """
+    params = int(sum(v.nbytes for v in shard.params.values()))
+    core.hbm.allocate("params", params)
+    core.hbm.allocate("grads", params)
+    core.hbm.allocate("optimizer_state", int(sum(v.nbytes for v in shard.opt_state.values())))
 
 
 def device_coords(groups: DeviceGroups) -> DeviceCoords:

@@ -53,15 +53,16 @@ def device_clock(report: ShardedReport, costs: MeshCollectiveCosts) -> ShardedCl
 def combine_sharded_reports(step: int, reports: Sequence[ShardedReport],
                             costs: MeshCollectiveCosts, *, global_batch: int,
                             peak_flops_per_s: float, core_peak_flops_per_s: float,
-                            model_flops: int | None, wall: float, replicate: int = 1
-                            ) -> StepStats:
+                            model_flops: int | None, wall: float, replicate: int = 1,
+                            ici_link_bytes: dict[str, int] | None = None) -> StepStats:
     """The step's statistics from every device's report (or one per role, ``replicate``
     devices each, timing-only).
 
     The step's parts are the slowest device's (by its clock): compute = its
     forward + backward, update = its optimizer, ici = its collectives' cost,
     exposed = what its compute stream waited; ``serial_step_seconds`` is its
-    serial sum. Per-axis figures are that device's.
+    serial sum. Per-axis figures are that device's. ``ici_link_bytes``: the
+    pod's bytes per link (``MeshCollectiveCosts.link_bytes``), if computed.
     """
     clocks = [device_clock(r, costs) for r in reports]
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
@@ -79,6 +80,7 @@ def combine_sharded_reports(step: int, reports: Sequence[ShardedReport],
         core_mxu_flops={(r.device, 0): r.mxu_flops for r in reports},
         core_peak_flops_per_s=core_peak_flops_per_s,
         ici_link_bandwidth_bytes_per_s=costs.link.bandwidth_bytes_per_s,
+        ici_link_bytes=dict(ici_link_bytes or {}),
         chip_compute_seconds={r.device: k.compute_seconds for r, k in zip(reports, clocks)},
         exposed_infeed_seconds=0.0, exposed_allreduce_seconds=c.exposed_seconds,
         axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
@@ -96,15 +98,16 @@ class ShardedPod:
         costs: the plan's per-axis collective costs.
         seed: the scenario seed.
         ray_address: a cluster to join (None: a local one).
-        precision, mxu_model: as ``ChipActor``.
+        precision, mxu_model, activation_bytes: as ``ShardedChipActor``.
     """
 
     def __init__(self, mesh: Mesh, chip: Any, program: Any, costs: MeshCollectiveCosts,
                  seed: int, *, ray_address: str | None = None, precision: str = "bf16",
-                 mxu_model: str = "pipelined") -> None:
+                 mxu_model: str = "pipelined", activation_bytes: int = 0) -> None:
         self.mesh, self.chip, self.program, self.costs = mesh, chip, program, costs
         self.seed, self.ray_address = seed, ray_address
         self.precision, self.mxu_model = precision, mxu_model
+        self.activation_bytes = activation_bytes
         self.actors: list[Any] = []
         self.ici_key = secrets.token_bytes(16)
         self._owns_ray = False
@@ -130,7 +133,8 @@ class ShardedPod:
         remote = ray.remote(ShardedChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1)
         self.actors = [remote.remote(self.chip, d, device_groups(self.mesh, d), self.program,
                                      self.seed, precision=self.precision,
-                                     mxu_model=self.mxu_model)
+                                     mxu_model=self.mxu_model,
+                                     activation_bytes=self.activation_bytes)
                        for d in range(self.mesh.size)]
         addresses = dict(enumerate(ray.get([a.ici_address.remote(self.ici_key)
                                             for a in self.actors])))
@@ -168,7 +172,7 @@ class ShardedPod:
             step, reports, self.costs, global_batch=int(x.shape[0]),
             peak_flops_per_s=spec.peak_bf16_flops_per_s * self.mesh.size,  # a device x devices
             core_peak_flops_per_s=spec.core.peak_bf16_flops_per_s, model_flops=model_flops,
-            wall=time.perf_counter() - t0)
+            wall=time.perf_counter() - t0, ici_link_bytes=self.costs.link_bytes(reports[0].calls))
 
     def local_params(self) -> list[dict[str, np.ndarray]]:
         """Every device's parameter shards, by device id."""
@@ -253,7 +257,8 @@ class ShardedTrainingPod:
         costs = plan.collective_costs
         self.pod = ShardedPod(plan.mesh, plan.pod.chip, self.program, costs, training.seed,
                               ray_address=ray_address, precision=training.precision,
-                              mxu_model=plan.scenario.pod.mxu_model)
+                              mxu_model=plan.scenario.pod.mxu_model,
+                              activation_bytes=int(plan.memory.get("activations", 0)))
         self.last_trace = None
 
     def start(self) -> float:

@@ -83,3 +83,21 @@ def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links():
     fsdp = costs.cost("fsdp", "reduce_scatter", 4096)
     assert fsdp.seconds == pytest.approx(one_ring.seconds, rel=1e-12)
     assert fsdp.link_bytes == one_ring.link_bytes
+
+
+def test_link_bytes_of_a_steps_calls_are_the_ring_closed_form():
+    """{tensor: 4} on a 4-chip ring: an allreduce of N bytes sends 2 (g - 1) / g N from
+    each of the g devices over one hop, 2 (g - 1) N on the links in all; three calls
+    three times that; a 2-device axis on the two cores of v3 chips moves no ICI byte."""
+    from pod.workloads.collectives import CollectiveCall
+
+    mesh = layout_mesh({"tensor": 4}, Torus((4,), wraparound=(True,)))
+    costs = MeshCollectiveCosts(mesh, LinkSpec(1e11))
+    n = 4096
+    calls = [CollectiveCall("tensor", "allreduce", n, "t", "activations", 0)] * 3
+    links = costs.link_bytes(calls)
+    assert sum(links.values()) == 3 * 2 * 3 * n
+    assert all("->" in k for k in links)
+    v3 = layout_mesh({"fsdp": 4, "tensor": 2}, Torus((2, 2)), per_chip=2)
+    on_chip = MeshCollectiveCosts(v3, LinkSpec(1e11), on_chip_bandwidth(V3))
+    assert on_chip.link_bytes(calls[:1]) == {}
