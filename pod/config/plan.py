@@ -9,6 +9,7 @@ this; ``tpu-pod run`` runs it first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.scenario import Scenario
-from pod.config.sharding import MeshCollectiveCosts, check_sharded_mesh, on_chip_bandwidth
+from pod.config.sharding import (SHARDED_MODELS, MeshCollectiveCosts, check_sharded_mesh,
+                                 on_chip_bandwidth)
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
@@ -340,6 +342,30 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
                             f"use {{data: {mesh.size}}}")
 
 
+def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> None:
+    """``training.sequence_parallel`` needs the transformer, and its sequence length
+    split evenly over tensor.
+
+    Raises:
+        ScenarioError: one line naming the field, the value and what is allowed.
+    """
+    if not scenario.training.sequence_parallel:
+        return
+    tensor = mesh.axis_size("tensor")
+    config = getattr(model, "config", None)
+    if scenario.model.name not in SHARDED_MODELS or config is None:
+        raise ScenarioError(f"training.sequence_parallel: true needs the transformer model on a "
+                            f"mesh with a tensor axis; {scenario.model.name} has no sequence to "
+                            "split: remove it")
+    if tensor > 1 and config.sequence_length % tensor:
+        common = math.gcd(config.heads, config.mlp_dim, config.sequence_length)
+        sizes = ", ".join(str(t) for t in range(1, common + 1) if common % t == 0)
+        raise ScenarioError(f"training.sequence_parallel: tensor {tensor} (pod.mesh "
+                            f"{format_axes(mesh.sizes)}) does not divide the sequence length "
+                            f"{config.sequence_length}; tensor sizes that split the heads, MLP "
+                            f"and sequence: {sizes}; or sequence_parallel: false")
+
+
 def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
     """Examples per TensorCore (data parallel: ``shard_batch_size``), or on a mesh with
     fsdp / tensor axes, per device: the batch splits over data x fsdp, the devices
@@ -421,6 +447,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
             raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
                                 f"({steps}); the fault would never happen")
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
+    _check_sequence_parallel(scenario, mesh, model)
     if not sharded_ok:
         _check_runnable_mesh(scenario, mesh, model)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)

@@ -320,6 +320,10 @@ class TrainingConfig(_Frozen):
     # device_loop: steps looped on the device (no host call per step, as training loops
     # run); per_step: one host dispatch per step (about 100 us [PALLAS] C3)
     host_dispatch: str = "device_loop"
+    # Megatron sequence parallelism over the mesh's tensor axis (transformer): between
+    # blocks the activations are split over the sequence, so each tensor allreduce
+    # becomes a reduce-scatter and an all-gather; no effect without a tensor axis
+    sequence_parallel: bool = False
     # a step whose loss is NaN or infinite stops the run (exit 2, the checkpoints of the
     # steps before kept); true: go on training (what a diverging run does on hardware)
     continue_on_nonfinite_loss: bool = False

@@ -253,7 +253,8 @@ class ShardedTrainingPod:
         self.plan = plan
         training = plan.scenario.training
         self.optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
-        self.program = ShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer)
+        self.program = ShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer,
+                                          sequence_parallel=training.sequence_parallel)
         costs = plan.collective_costs
         self.pod = ShardedPod(plan.mesh, plan.pod.chip, self.program, costs, training.seed,
                               ray_address=ray_address, precision=training.precision,

@@ -64,14 +64,14 @@ class ShardedTimingPod:
             and a transformer model; ``plan.per_core_batch`` is the per-device
             batch (global batch / (data x fsdp)).
         sequence_parallel: Megatron sequence parallelism over tensor (the device
-            program's option).
+            program's option); None: the scenario's ``training.sequence_parallel``.
 
     Raises:
         ValueError: the plan's model is not a transformer, or tensor does not
             split its heads and MLP.
     """
 
-    def __init__(self, plan: TrainingPlan, *, sequence_parallel: bool = False) -> None:
+    def __init__(self, plan: TrainingPlan, *, sequence_parallel: bool | None = None) -> None:
         from pod.workloads.transformer import TransformerModel
 
         if not isinstance(plan.model, TransformerModel):
@@ -79,6 +79,8 @@ class ShardedTimingPod:
                              f"{plan.scenario.model.name}")
         self.plan = plan
         training = plan.scenario.training
+        if sequence_parallel is None:
+            sequence_parallel = training.sequence_parallel
         self.optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
         self.program = ShapeShardedTransformer(plan.model, plan.mesh.sizes, self.optimizer,
                                                sequence_parallel=sequence_parallel)

@@ -153,6 +153,19 @@ def _show(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _default(scenario: Any, section: str, key: str) -> Any:
+    """The default of field ``key`` of the scenario's ``section`` (a marker if none)."""
+    model = getattr(scenario, section, None)
+    field = type(model).model_fields.get(key) if model is not None else None
+    if field is None or field.is_required():
+        return _NO_DEFAULT
+    default = field.get_default(call_default_factory=True)
+    return default.model_dump(mode="json") if hasattr(default, "model_dump") else default
+
+
+_NO_DEFAULT = object()
+
+
 def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -> None:
     """Refuse to continue a run from a checkpoint of a different one.
 
@@ -188,6 +201,8 @@ def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -
         a = {k: v for k, v in (mine.get(section) or {}).items() if k not in skip}
         b = {k: v for k, v in got.items() if k not in skip}
         for key in sorted(set(a) | set(b), key=lambda k: (k != "name", k)):
+            if key not in got and a.get(key) == _default(plan.scenario, section, key):
+                continue  # a field added since the checkpoint was written, at its default
             if a.get(key) != b.get(key):
                 raise differ(f"{section}.{key}", a.get(key), b.get(key))
     position = checkpoint.data_position

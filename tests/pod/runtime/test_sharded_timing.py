@@ -30,14 +30,14 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 TINY = {"embed_dim": 32, "heads": 4, "head_dim": 8, "mlp_dim": 64, "layers": 2}
 
 
-def scenario(mesh, slice_name="v5p-16", batch=8, **options):
+def scenario(mesh, slice_name="v5p-16", batch=8, sequence_parallel=False, **options):
     return parse_scenario({
         "name": "sharded-timing-test",
         "pod": {"slice": slice_name, "mesh": mesh},
         "model": {"name": "transformer", "options": {**TINY, **options}},
         "data": {"name": "synthetic_text",
                  "options": {"vocabulary": 64, "sequence_length": 16, "num_examples": 64}},
-        "training": {"global_batch": batch, "steps": 2,
+        "training": {"global_batch": batch, "steps": 2, "sequence_parallel": sequence_parallel,
                      "optimizer": {"name": "adamw", "learning_rate": 0.01}},
         "metrics": {"port": 0},
     })
@@ -79,6 +79,8 @@ LAYOUTS = [
     ({"data": 2, "tensor": 4}, {"remat": "minimal", "tied_embeddings": False}),
     ({"fsdp": 2, "tensor": 4}, {"norm": "layernorm", "mlp_activation": "gelu",
                                 "positions": "learned"}),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, {"slice_name": "v3-8"}),  # a device per TensorCore
+    ({"fsdp": 4, "tensor": 2}, {"slice_name": "v3-8", "sequence_parallel": True}),
 ]
 
 
@@ -86,15 +88,16 @@ LAYOUTS = [
 def test_timing_only_step_equals_the_functional_step(mesh, options):
     """Same records and calls as every functional device; the same simulated step,
     compute, update, exposed and per-axis bytes / seconds / exposed seconds."""
-    options = dict(options)
-    sequence = options.pop("sequence_parallel", False)
+    sequence = options.get("sequence_parallel", False)
     plan = build_plan(scenario(mesh, **options), timing_only=True, sharded_ok=True)
+    assert plan.mesh.size == 8
     devices = functional_reports(plan, sequence_parallel=sequence)
     clocks = [sharded_step_clock(records, calls, plan.mesh_costs.seconds, start)
               for records, calls, start in devices]
     want = max(clocks, key=lambda c: c.step_seconds)
 
-    pod = ShardedTimingPod(plan, sequence_parallel=sequence)
+    pod = ShardedTimingPod(plan)  # training.sequence_parallel from the scenario
+    assert pod.program.sequence_parallel == sequence
     pod.step(0)
     stats = pod.step(1)
     report = pod.last_report

@@ -162,3 +162,17 @@ def test_a_really_different_pod_is_named(tmp_path, plan):
     ck = valid(plan, scenario=other.scenario.model_dump(mode="json"))
     with pytest.raises(CheckpointError, match=r"pod\.slice is None in the checkpoint but 'v2-8'"):
         resume(tmp_path, plan, ck)
+
+
+def test_a_checkpoint_written_before_a_field_existed_resumes_at_its_default(tmp_path, plan):
+    """A scenario field added since the checkpoint (absent from its scenario) is no
+    difference while this run keeps the field's default, and one line when it does not."""
+    older = plan.scenario.model_dump(mode="json")
+    del older["training"]["sequence_parallel"], older["training"]["overlap"]
+    assert resume(tmp_path / "a", plan, valid(plan, scenario=older))[1].step == 4
+    data = scenario().model_dump(mode="json")
+    data["training"]["overlap"] = False  # not the default (true)
+    mine = build_plan(parse_scenario(data))
+    with pytest.raises(CheckpointError, match=r"training.overlap is None in the checkpoint but "
+                                              r"False in the scenario"):
+        resume(tmp_path / "b", mine, valid(mine, scenario=older))
