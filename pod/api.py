@@ -57,12 +57,21 @@ def load(scenario: str | Path | Mapping[str, Any] | Scenario) -> Scenario:
     if isinstance(scenario, Path):
         return load_scenario(scenario)
     if isinstance(scenario, str):
-        if scenario.strip().endswith((".yaml", ".yml")) and "\n" not in scenario.strip() \
-                or Path(scenario).is_file():
+        one_line = "\n" not in scenario.strip()
+        if one_line and (scenario.strip().endswith((".yaml", ".yml")) or _is_file(scenario)):
             return load_scenario(scenario)
         return scenario_from_text(scenario, source="<yaml>")
     raise ScenarioError(f"scenario: expected a path, YAML text, a dict or a Scenario, got "
                         f"{type(scenario).__name__}")
+
+
+def _is_file(text: str) -> bool:
+    """Whether ``text`` names an existing file (False where the OS refuses the name, e.g.
+    too long)."""
+    try:
+        return Path(text).is_file()
+    except OSError:
+        return False
 
 
 def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,

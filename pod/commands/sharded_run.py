@@ -13,9 +13,11 @@ and ``--resume`` shards them onto the devices again).
 step's slowest device with its waits, and a lane per mesh axis with that
 device's collectives (``pod.report.trace.sharded_step_events``).
 
-Not yet for a sharded run, refused with one line rather than ignored:
-recovery from a failed chip (a failure stops the run; ``faults:`` are
-refused by the plan). The test accuracy is not
+Faults: ``slow_chip`` slows every device of the chip from its step,
+``slow_link`` / ``fail_link`` (and ``pod.links``) change the collectives'
+costs from theirs (``ShardedTrainingPod.apply_faults``). Not yet, refused by
+the plan with one line: ``kill_chip`` / ``kill_host`` (a failure stops the
+run; the device actors are not recovered). The test accuracy is not
 computed (the sharded program's evaluation gives the loss).
 """
 
@@ -70,7 +72,9 @@ class ShardedRun(Run):
                 f"pod.mesh {format_axes(self.plan.mesh.sizes)}", list(self.plan.mesh.sizes)))
 
     def step(self, out: Console) -> bool:
-        """Run the next sharded step and report it (a failure stops the run)."""
+        """Run the next sharded step and report it (the stragglers and link faults in
+        force first; a failure stops the run)."""
+        self.pod.apply_faults(self.step_index)
         stats = self.pod.step(self.step_index)
         if self.trace_path is not None and self.step_index in self.traced:
             self.trace_events.extend(sharded_step_events(stats, list(self.plan.mesh.sizes),

@@ -20,7 +20,9 @@ lines count):
   allreduce is routed around it (``interconnect.LinkFaults``, the semantics of
   ``pod.links``). The allreduce algorithm chosen at the start is kept (a real
   pod does not recompile mid-run), so the gradient bytes do not change; only
-  its simulated cost does.
+  its simulated cost does. On a sharded mesh every collective's cost over
+  every group is recomputed with the links in force
+  (``TrainingPlan.collective_costs_at``); kill faults are refused there.
 """
 
 from __future__ import annotations

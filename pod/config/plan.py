@@ -57,7 +57,10 @@ class TrainingPlan:
             sharded plan (``pod.config.mesh.mesh_memory_plan``).
         mesh_costs: with fsdp or tensor above 1, the cost of a collective over
             every group of a mesh axis, cached per (axis, op, bytes)
-            (``pod.config.sharding.MeshCollectiveCosts``); None for data parallel.
+            (``pod.config.sharding.MeshCollectiveCosts``), with the links of step 0
+            (``pod.links``); None for data parallel.
+        mesh_costs_by_step: (first zero-based step, costs) each time the link
+            faults change (``collective_costs_at``); empty for data parallel.
     """
 
     scenario: Scenario
@@ -72,12 +75,20 @@ class TrainingPlan:
     faults: FaultPlan
     mesh: Mesh | None = None
     mesh_costs: MeshCollectiveCosts | None = None
+    mesh_costs_by_step: tuple[tuple[int, MeshCollectiveCosts], ...] = ()
 
     @property
     def collective_costs(self) -> MeshCollectiveCosts:
         """``mesh_costs``, or for a data-parallel mesh costs built the same way (a sharded
         pod of the transformer runs on ``{data: N}`` too)."""
-        return self.mesh_costs or _mesh_costs(self.mesh, self.ici.link, self.pod.chip)
+        return self.mesh_costs or _mesh_costs(self.mesh, self.ici.link, self.pod.chip,
+                                              link_faults(self.faults.base_links))
+
+    def collective_costs_at(self, step: int) -> MeshCollectiveCosts:
+        """The mesh's collective costs with the link faults in force at zero-based
+        ``step`` (``collective_costs`` when no link fault starts later)."""
+        later = [c for s, c in self.mesh_costs_by_step if s <= step]
+        return later[-1] if later else self.collective_costs
 
     @property
     def global_batch(self) -> int:
@@ -325,8 +336,8 @@ def _fits(name: str, dataset: Dataset) -> bool:
 def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
     """A mesh with fsdp or tensor axes trains the transformer, one actor per device
     (``pod.runtime.sharded_pod``); a model other than the transformer is refused with
-    its own line (``check_sharded_mesh``), and so are the features a sharded run does
-    not have yet (faults: restoring a sharded checkpoint)."""
+    its own line (``check_sharded_mesh``), and so are the faults a sharded run does not
+    inject yet (kill_chip, kill_host: no recovery of its device actors)."""
     check_sharded_mesh(mesh, scenario.model.name)
     if mesh.is_data_parallel:
         return
@@ -336,10 +347,12 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
         check_tensor_split(model.config, mesh.axis_size("tensor"))
     except ValueError as err:
         raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
-    if scenario.faults:
-        raise ScenarioError(f"faults: a sharded run (pod.mesh {axes}) does not inject faults yet "
-                            "(recovery would restore a sharded checkpoint); remove faults: or "
-                            f"use {{data: {mesh.size}}}")
+    for index, fault in enumerate(scenario.faults):
+        if fault.kind.startswith("kill_"):
+            raise ScenarioError(f"faults.{index}.kind: {fault.kind} on a sharded run (pod.mesh "
+                                f"{axes}) is not injected yet (no recovery of the device "
+                                "actors); slow_chip, slow_link and fail_link are, or use "
+                                f"{{data: {mesh.size}}}")
 
 
 def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> None:
@@ -461,16 +474,51 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                pod.chip.ici_latency_s)
         ici = IciPlan(algorithm=cfg.allreduce, num_elements=0, link=link,
                       costs=((0, ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})),))
-    mesh_costs = None if mesh.is_data_parallel else _mesh_costs(mesh, ici.link, pod.chip)
+    mesh_steps = () if mesh.is_data_parallel else tuple(
+        (step, _mesh_costs(mesh, ici.link, pod.chip, in_force, field))
+        for step, in_force, field in _link_faults_by_step(faults, pod.torus))
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_core_batch=per_core, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
-                        mesh=mesh, mesh_costs=mesh_costs)
+                        mesh=mesh, mesh_costs=mesh_steps[0][1] if mesh_steps else None,
+                        mesh_costs_by_step=mesh_steps)
 
 
-def _mesh_costs(mesh: Mesh, link, chip) -> MeshCollectiveCosts:
-    """The mesh's collective costs on ``link``, on-chip steps at ``on_chip_bandwidth``."""
-    return MeshCollectiveCosts(mesh, link, on_chip_bandwidth(chip))
+def _mesh_costs(mesh: Mesh, link, chip, faults=None, field: str = "pod.links"
+                ) -> MeshCollectiveCosts:
+    """The mesh's collective costs on ``link`` with the link ``faults`` in force, on-chip
+    steps at ``on_chip_bandwidth``.
+
+    Raises:
+        ScenarioError: a failed link on a mesh of a device per TensorCore (v2 / v3),
+            whose rerouted collectives are not modelled; ``field`` names the entry.
+    """
+    if faults is not None and faults.failed and mesh.devices_per_chip > 1:
+        raise ScenarioError(f"{field}: a failed link on a sharded mesh of a device per "
+                            f"TensorCore (pod.mesh {format_axes(mesh.sizes)}) is not modelled "
+                            "(its rerouted collectives have chip ranks only); use slowdown, a "
+                            "v4 / v5e / v5p / v6e pod, or {data: N}")
+    return MeshCollectiveCosts(mesh, link, on_chip_bandwidth(chip), faults)
+
+
+def _link_faults_by_step(faults: FaultPlan, torus) -> list[tuple[int, Any, str]]:
+    """(zero-based step, ``LinkFaults`` in force from it, the field of its first failed
+    link) each time the link faults change; the sets that start after step 0 are
+    checked routable here (``pod.links`` is checked with the scenario).
+
+    Raises:
+        TopologyError: a failed link nothing can route around, naming the entry.
+    """
+    out = []
+    for step in faults.link_change_steps():
+        entries = faults.link_entries(step)
+        new = {f"faults.{f.index}" for f in faults.faults if f.link and f.step == step}
+        ordered = sorted(entries, key=lambda e: e["field"] not in new)
+        if step:  # the faults that start at this step first: an unroutable set names them
+            check_links(ordered, torus)
+        failed = [e["field"] for e in ordered if e.get("failed")]
+        out.append((step, link_faults(entries), failed[0] if failed else "pod.links"))
+    return out
 
 
 def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) -> np.ndarray:
@@ -523,13 +571,7 @@ def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan
     chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
                                      algorithm=algorithm, faults=link_faults(faults.base_links))
     costs, bucket_costs = [], []
-    for step in faults.link_change_steps():
-        entries = faults.link_entries(step)
-        if step:
-            # the faults that start at this step first: an unroutable set names them
-            new = {f"faults.{f.index}" for f in faults.faults if f.link and f.step == step}
-            check_links(sorted(entries, key=lambda e: e["field"] not in new), pod.torus)
-        in_force = link_faults(entries)
+    for step, in_force, _ in _link_faults_by_step(faults, pod.torus):
 
         def cost(elements: int) -> ScheduleCost:
             return choose_algorithm("allreduce", pod.torus, elements, link, algorithm=chosen,

@@ -28,7 +28,8 @@ from typing import Any
 
 from chip import ChipSpec
 
-from interconnect import GROUP_OPS, LinkSpec, ScheduleCost, Torus, group_collective_cost
+from interconnect import (GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
+                          group_collective_cost)
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip, format_axes
 from pod.errors import ScenarioError
 
@@ -152,11 +153,14 @@ class MeshCollectiveCosts:
             one chip (v2 / v3 TensorCores), bytes/s; None when the mesh has one
             device per chip. The plan passes one TensorCore's HBM bandwidth
             (``on_chip_bandwidth``).
+        faults: slowed and failed links in force (``pod.links``, link faults
+            started by the step; ``interconnect.LinkFaults``); None: none.
     """
 
     mesh: Mesh
     link: LinkSpec
     on_chip_bytes_per_s: float | None = None
+    faults: LinkFaults | None = None
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -197,7 +201,7 @@ class MeshCollectiveCosts:
             if op == "all_gather":  # the schedule's buffer is the gathered result
                 elements *= self.mesh.axis_size(axis)
             result = group_collective_cost(op, self.torus, self.mesh.groups(axis, "ring"),
-                                           elements, self.link,
+                                           elements, self.link, faults=self.faults,
                                            devices_per_chip=self.mesh.devices_per_chip,
                                            on_chip_bytes_per_s=self.on_chip_bytes_per_s)
         with self._lock:

@@ -109,6 +109,7 @@ class ShardedPod:
         self.precision, self.mxu_model = precision, mxu_model
         self.activation_bytes = activation_bytes
         self.actors: list[Any] = []
+        self._slowdowns: dict[int, float] = {}  # device -> straggler factor in force
         self.ici_key = secrets.token_bytes(16)
         self._owns_ray = False
         self._run_base = RUNS_PER_STEP  # run ids of the next step start here
@@ -140,6 +141,21 @@ class ShardedPod:
                                             for a in self.actors])))
         ray.get([a.set_peers.remote(addresses) for a in self.actors])
         return time.perf_counter() - t0
+
+    def set_chip_slowdowns(self, factors: dict[int, float]) -> None:
+        """Stragglers: chip rank -> factor >= 1 for the op records of its devices (every
+        device of a v2 / v3 chip); chips not named run at 1. Only changes are sent.
+
+        Raises:
+            ClusterError: a device failed.
+        """
+        from pod.runtime.coordinator import Pod
+
+        per_chip = self.mesh.devices_per_chip
+        want = {d: float(factors.get(d // per_chip, 1.0)) for d in range(self.mesh.size)}
+        changed = [d for d, f in want.items() if f != self._slowdowns.get(d, 1.0)]
+        Pod._get_all(self, [self.actors[d].set_compute_slowdown.remote(want[d]) for d in changed])
+        self._slowdowns = {d: f for d, f in want.items() if f != 1.0}
 
     def shutdown(self) -> None:
         """Stop the actors (and the local Ray cluster if this pod started it)."""
@@ -269,6 +285,17 @@ class ShardedTrainingPod:
     def shutdown(self) -> None:
         """Stop the actors (and a local Ray cluster this pod started)."""
         self.pod.shutdown()
+
+    def apply_faults(self, step: int) -> None:
+        """Put the plan's stragglers (``slow_chip``: every device of the chip) and link
+        faults (``slow_link``, ``fail_link``, costed by ``plan.collective_costs_at``) in
+        force for zero-based ``step``.
+
+        Raises:
+            ClusterError: a device failed.
+        """
+        self.pod.costs = self.plan.collective_costs_at(step)
+        self.pod.set_chip_slowdowns(self.plan.faults.compute_slowdowns(step))
 
     def step(self, step: int, trace: bool = False) -> StepStats:
         """One sharded training step on the plan's batch of ``step`` (zero-based).

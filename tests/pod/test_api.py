@@ -63,6 +63,15 @@ def test_yaml_text_and_dict_give_the_same_plan_and_files_only_when_asked(ray_clu
     assert len(result.history) == 3
 
 
+def test_yaml_text_longer_than_a_file_name_is_text():
+    """A scenario file's whole text (comments and all, longer than the OS allows a file
+    name) loads as YAML text, as a path to that file does."""
+    path = ROOT / "scenarios" / "transformer-sharded.yaml"
+    text = path.read_text()
+    assert len(text) > 255  # NAME_MAX
+    assert pod.load(text) == pod.load(path)
+
+
 def test_describe_returns_values_and_errors_are_one_line():
     d = pod.describe(SMALL)
     assert d.memory["total"] == sum(v for k, v in d.memory.items() if k != "total")

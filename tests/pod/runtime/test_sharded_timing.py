@@ -30,10 +30,11 @@ pytestmark = pytest.mark.usefixtures("one_blas_thread")
 TINY = {"embed_dim": 32, "heads": 4, "head_dim": 8, "mlp_dim": 64, "layers": 2}
 
 
-def scenario(mesh, slice_name="v5p-16", batch=8, sequence_parallel=False, **options):
+def scenario(mesh, slice_name="v5p-16", batch=8, sequence_parallel=False, links=(),
+             **options):
     return parse_scenario({
         "name": "sharded-timing-test",
-        "pod": {"slice": slice_name, "mesh": mesh},
+        "pod": {"slice": slice_name, "mesh": mesh, "links": list(links)},
         "model": {"name": "transformer", "options": {**TINY, **options}},
         "data": {"name": "synthetic_text",
                  "options": {"vocabulary": 64, "sequence_length": 16, "num_examples": 64}},
@@ -172,3 +173,27 @@ def test_transformer_timing_only_records_equal_the_executed_ones(options):
     executed, timed = runs
     assert len(executed) == len(timed) > 50
     assert executed == timed
+
+
+def test_pod_links_slow_and_reroute_a_sharded_mesh():
+    """``pod.links`` on a sharded mesh: a link of one tensor group at a quarter of its
+    bandwidth slows the tensor collectives only; failed, the group's ring is routed
+    around it (longer); on a v3 (a device per TensorCore) a failed link is one line."""
+    from pod.errors import ScenarioError
+
+    mesh = {"fsdp": 2, "tensor": 4}
+    base = build_plan(scenario(mesh), timing_only=True, sharded_ok=True)
+    a, b = base.mesh.groups("tensor")[0][:2]
+    link = f"{a}->{b}"
+    assert base.pod.torus.route(a, b) == [(a, b)]  # neighbours
+    plain = ShardedTimingPod(base).step(0).axis_collective_seconds
+    for entry in ({"link": link, "slowdown": 4.0}, {"link": link, "failed": True}):
+        plan = build_plan(scenario(mesh, links=[entry]), timing_only=True, sharded_ok=True)
+        got = ShardedTimingPod(plan).step(0).axis_collective_seconds
+        assert got["tensor"] > plain["tensor"], entry
+        assert got["fsdp"] == plain["fsdp"], entry
+    with pytest.raises(ScenarioError, match=r"pod.links.0: a failed link on a sharded mesh of "
+                                            r"a device per TensorCore"):
+        build_plan(scenario({"fsdp": 4, "tensor": 2}, slice_name="v3-8",
+                            links=[{"link": "0->1", "failed": True}]),
+                   timing_only=True, sharded_ok=True)

@@ -134,8 +134,10 @@ def test_the_shipped_scenario_validates():
 
 
 @pytest.mark.parametrize("extra, words", [
-    ("faults:\n  - {kind: slow_chip, chip: 1, factor: 2.0, step: 2}\n",
-     "faults: a sharded run"),
+    ("faults:\n  - {kind: kill_chip, chip: 1, step: 2}\n",
+     "faults.0.kind: kill_chip on a sharded run"),
+    ("faults:\n  - {kind: kill_host, host: 0, step: 2}\n",
+     "faults.0.kind: kill_host on a sharded run"),
 ])
 def test_validate_and_run_refuse_the_same_line(tmp_path, extra, words):
     path = _scenario(tmp_path, extra)
@@ -184,6 +186,32 @@ def test_a_resumed_sharded_run_ends_with_the_uninterrupted_runs_bits(tmp_path):
     assert two["resumed_from_step"] == 2 and two["steps"] == one["steps"] == 4
     assert two["collectives_by_axis"] == one["collectives_by_axis"]
     assert two["final_loss"] == one["final_loss"]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_stragglers_and_link_faults_slow_a_sharded_run_from_their_step():
+    """v5e 2x4, {data: 2, fsdp: 2, tensor: 2}: chip 1 runs 3x slower from step 2, link
+    0->4 (in the tensor group of chips 0 and 4 only) at a quarter of its bandwidth from
+    step 3. Step 2's compute is exactly 3x step 1's (the slowest device's records x 3);
+    step 3's tensor collectives take longer, its data and fsdp ones do not; the
+    parameters are those of the fault-free run (faults change time, not numbers)."""
+    from pod import api
+
+    text = (ROOT / "scenarios" / "transformer-sharded.yaml").read_text()
+    text = text.replace("checkpoint:\n  every_steps: 100\n", "")  # no files to write
+    assert "checkpoint" not in text.split("name:")[1]
+    faults = ("faults:\n  - {kind: slow_chip, chip: 1, factor: 3.0, step: 2}\n"
+              "  - {kind: slow_link, link: \"0->4\", slowdown: 4.0, step: 3}\n")
+    assert (0, 4) in api.validate(text).mesh.groups("tensor")
+    plain = api.run(text, steps=3, quiet=True).history
+    slowed = api.run(text + faults, steps=3, quiet=True).history
+    assert slowed[0].compute_seconds == plain[0].compute_seconds
+    assert slowed[1].compute_seconds == pytest.approx(3 * plain[1].compute_seconds, rel=1e-12)
+    assert slowed[1].axis_collective_seconds == plain[1].axis_collective_seconds
+    late, early = slowed[2].axis_collective_seconds, plain[2].axis_collective_seconds
+    assert late["tensor"] > early["tensor"]
+    assert (late["data"], late["fsdp"]) == (early["data"], early["fsdp"])
+    assert [s.loss for s in slowed] == [s.loss for s in plain]
 
 
 def test_a_checkpoint_of_another_mesh_is_refused_in_one_line(tmp_path):
