@@ -13,11 +13,13 @@ and ``--resume`` shards them onto the devices again).
 step's slowest device with its waits, and a lane per mesh axis with that
 device's collectives (``pod.report.trace.sharded_step_events``).
 
-Faults: ``slow_chip`` slows every device of the chip from its step,
-``slow_link`` / ``fail_link`` (and ``pod.links``) change the collectives'
-costs from theirs (``ShardedTrainingPod.apply_faults``). Not yet, refused by
-the plan with one line: ``kill_chip`` / ``kill_host`` (a failure stops the
-run; the device actors are not recovered). The test accuracy is not
+Faults (``Run.faulted_step``, ``Run.recover``): ``slow_chip`` slows every
+device of the chip from its step, ``slow_link`` / ``fail_link`` (and
+``pod.links``) change the collectives' costs from theirs
+(``ShardedTrainingPod.apply_faults``); ``kill_chip`` / ``kill_host`` kill the
+chips' device actors mid-step, and the run replaces every device actor,
+shards the newest checkpoint onto them and recomputes the steps since, as a
+data-parallel run does. The test accuracy is not
 computed (the sharded program's evaluation gives the loss).
 """
 
@@ -28,7 +30,6 @@ from typing import Any
 from rich.console import Console
 
 from pod.commands.train import Run
-from pod.errors import ClusterError
 from pod.config.mesh import format_axes
 from pod.report.trace import sharded_metadata_events, sharded_step_events
 
@@ -72,10 +73,12 @@ class ShardedRun(Run):
                 f"pod.mesh {format_axes(self.plan.mesh.sizes)}", list(self.plan.mesh.sizes)))
 
     def step(self, out: Console) -> bool:
-        """Run the next sharded step and report it (the stragglers and link faults in
-        force first; a failure stops the run)."""
-        self.pod.apply_faults(self.step_index)
-        stats = self.pod.step(self.step_index)
+        """Run the next sharded step and report it (``Run.faulted_step``: the faults in
+        force, kills injected and recovered from); False when the run went back to a
+        checkpoint."""
+        stats = self.faulted_step(out)
+        if stats is None:
+            return False
         if self.trace_path is not None and self.step_index in self.traced:
             self.trace_events.extend(sharded_step_events(stats, list(self.plan.mesh.sizes),
                                                          self.simulated_clock))
@@ -90,10 +93,6 @@ class ShardedRun(Run):
         self.checkpoint()
         self.end_of_epoch(out)
         return True
-
-    def recover(self, err: ClusterError, kills: list[Any], detected: float, out: Console) -> None:
-        """A sharded run does not recover yet: the failure stops it."""
-        raise err
 
     def end_of_epoch(self, out: Console) -> None:
         """The test loss every ``eval_every_steps`` and at the end of an epoch."""

@@ -294,17 +294,9 @@ class Run:
             back to a checkpoint (``recover``).
         """
         plan, pod, step = self.plan, self.pod, self.step_index
-        pod.apply_faults(step)
-        kills = [f for f in plan.faults.kills_at(step) if f.index not in self.faults_done]
         trace_this = self.trace_path is not None and step in self.traced
-        t_step = time.perf_counter()
-        try:
-            if kills:
-                self.faults_done.extend(f.index for f in kills)
-                pod.kill_chips(sorted({r for f in kills for r in f.chips}))
-            stats = pod.step(step, trace=trace_this)
-        except ClusterError as err:
-            self.recover(err, kills, time.perf_counter() - t_step, out)
+        stats = self.faulted_step(out, trace_this)
+        if stats is None:
             return False
         if trace_this:
             core = plan.pod.chip.core
@@ -317,6 +309,23 @@ class Run:
         self.checkpoint()
         self.end_of_epoch(out)
         return True
+
+    def faulted_step(self, out: Console, trace: bool = False) -> StepStats | None:
+        """The pod's next step with the plan's faults in force (stragglers, links) and
+        its kills injected; None when chips failed and the run went back to a
+        checkpoint (``recover``)."""
+        plan, pod, step = self.plan, self.pod, self.step_index
+        pod.apply_faults(step)
+        kills = [f for f in plan.faults.kills_at(step) if f.index not in self.faults_done]
+        t_step = time.perf_counter()
+        try:
+            if kills:
+                self.faults_done.extend(f.index for f in kills)
+                pod.kill_chips(sorted({r for f in kills for r in f.chips}))
+            return pod.step(step, trace=trace)
+        except ClusterError as err:
+            self.recover(err, kills, time.perf_counter() - t_step, out)
+            return None
 
     def record(self, stats: StepStats, out: Console) -> None:
         """Add a done step to the totals, metrics, steps.csv and the console.

@@ -22,7 +22,9 @@ lines count):
   pod does not recompile mid-run), so the gradient bytes do not change; only
   its simulated cost does. On a sharded mesh every collective's cost over
   every group is recomputed with the links in force
-  (``TrainingPlan.collective_costs_at``); kill faults are refused there.
+  (``TrainingPlan.collective_costs_at``); a kill takes down the chip's device
+  actors (two on a v2 / v3 chip) and recovery shards the checkpoint onto new
+  ones.
 """
 
 from __future__ import annotations

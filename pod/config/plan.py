@@ -336,8 +336,8 @@ def _fits(name: str, dataset: Dataset) -> bool:
 def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
     """A mesh with fsdp or tensor axes trains the transformer, one actor per device
     (``pod.runtime.sharded_pod``); a model other than the transformer is refused with
-    its own line (``check_sharded_mesh``), and so are the faults a sharded run does not
-    inject yet (kill_chip, kill_host: no recovery of its device actors)."""
+    its own line (``check_sharded_mesh``), and so is a tensor size that does not split
+    the model."""
     check_sharded_mesh(mesh, scenario.model.name)
     if mesh.is_data_parallel:
         return
@@ -347,12 +347,6 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
         check_tensor_split(model.config, mesh.axis_size("tensor"))
     except ValueError as err:
         raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
-    for index, fault in enumerate(scenario.faults):
-        if fault.kind.startswith("kill_"):
-            raise ScenarioError(f"faults.{index}.kind: {fault.kind} on a sharded run (pod.mesh "
-                                f"{axes}) is not injected yet (no recovery of the device "
-                                "actors); slow_chip, slow_link and fail_link are, or use "
-                                f"{{data: {mesh.size}}}")
 
 
 def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> None:
@@ -503,8 +497,8 @@ def _mesh_costs(mesh: Mesh, link, chip, faults=None, field: str = "pod.links"
 
 def _link_faults_by_step(faults: FaultPlan, torus) -> list[tuple[int, Any, str]]:
     """(zero-based step, ``LinkFaults`` in force from it, the field of its first failed
-    link) each time the link faults change; the sets that start after step 0 are
-    checked routable here (``pod.links`` is checked with the scenario).
+    link) each time the link faults change; each set is checked against the torus
+    (links it has, failed links routable around), naming the entry.
 
     Raises:
         TopologyError: a failed link nothing can route around, naming the entry.
@@ -513,9 +507,9 @@ def _link_faults_by_step(faults: FaultPlan, torus) -> list[tuple[int, Any, str]]
     for step in faults.link_change_steps():
         entries = faults.link_entries(step)
         new = {f"faults.{f.index}" for f in faults.faults if f.link and f.step == step}
+        # the faults that start at this step first: an unroutable set names them
         ordered = sorted(entries, key=lambda e: e["field"] not in new)
-        if step:  # the faults that start at this step first: an unroutable set names them
-            check_links(ordered, torus)
+        check_links(ordered, torus)
         failed = [e["field"] for e in ordered if e.get("failed")]
         out.append((step, link_faults(entries), failed[0] if failed else "pod.links"))
     return out

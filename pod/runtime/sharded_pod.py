@@ -130,6 +130,10 @@ class ShardedPod:
             Wall seconds the actors took.
         """
         self._owns_ray = ensure_ray(self.ray_address)
+        return self._start_actors()
+
+    def _start_actors(self) -> float:
+        """One new actor per device, each told its peers' ICI addresses; wall seconds."""
         t0 = time.perf_counter()
         remote = ray.remote(ShardedChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1)
         self.actors = [remote.remote(self.chip, d, device_groups(self.mesh, d), self.program,
@@ -137,10 +141,39 @@ class ShardedPod:
                                      mxu_model=self.mxu_model,
                                      activation_bytes=self.activation_bytes)
                        for d in range(self.mesh.size)]
+        self._slowdowns = {}
         addresses = dict(enumerate(ray.get([a.ici_address.remote(self.ici_key)
                                             for a in self.actors])))
         ray.get([a.set_peers.remote(addresses) for a in self.actors])
         return time.perf_counter() - t0
+
+    def devices_of(self, ranks: Any) -> list[int]:
+        """The device ids on these chip ranks (two per chip on v2 / v3)."""
+        per_chip, ranks = self.mesh.devices_per_chip, set(ranks)
+        return [d for d in range(self.mesh.size) if d // per_chip in ranks]
+
+    def kill_chips(self, ranks: Any) -> None:
+        """Kill the device actors of these chips (``ray.kill``, no restart): an injected
+        fault (``kill_chip``, ``kill_host``)."""
+        for d in self.devices_of(ranks):
+            ray.kill(self.actors[d], no_restart=True)
+
+    def failed_chips(self, timeout_s: float = 10.0) -> tuple[list[int], list[int]]:
+        """(dead, hung) chip ranks after a failed step: chips with a device actor gone,
+        and chips with one that did not answer within ``timeout_s`` (as ``Pod``'s)."""
+        from pod.runtime.coordinator import Pod
+
+        dead, hung = Pod.failed_chips(self, timeout_s)  # per device: its actors
+        per_chip = self.mesh.devices_per_chip
+        return (sorted({d // per_chip for d in dead}),
+                sorted({d // per_chip for d in hung} - {d // per_chip for d in dead}))
+
+    def replace_chips(self, ranks: Any) -> float:
+        """New actors for every device (a sharded slice restarts as a unit; the
+        survivors hold links to the dead and may sit in the failed collective); their
+        state is the initial one until ``load``. Returns wall seconds."""
+        kill_actors(self.actors)
+        return self._start_actors()
 
     def set_chip_slowdowns(self, factors: dict[int, float]) -> None:
         """Stragglers: chip rank -> factor >= 1 for the op records of its devices (every
@@ -247,8 +280,9 @@ class ShardedTrainingPod:
 
     What ``pod.commands.train`` needs of a pod: ``start``, ``step``, ``evaluate``,
     ``replicas_identical``, ``snapshot`` (a checkpoint of the assembled whole
-    model), ``restore`` (``--resume``: the checkpoint re-sharded onto the
-    devices), ``shutdown``.
+    model), ``restore`` (``--resume`` and recovery: the checkpoint re-sharded onto
+    the devices), ``apply_faults``, ``kill_chips``, ``failed_chips``,
+    ``replace_chips`` (faults), ``shutdown``.
 
     Args:
         plan: a checked plan whose mesh has fsdp or tensor axes (transformer model).
@@ -296,6 +330,19 @@ class ShardedTrainingPod:
         """
         self.pod.costs = self.plan.collective_costs_at(step)
         self.pod.set_chip_slowdowns(self.plan.faults.compute_slowdowns(step))
+
+    def kill_chips(self, ranks: Any) -> None:
+        """Kill the device actors of these chips (an injected fault)."""
+        self.pod.kill_chips(ranks)
+
+    def failed_chips(self, timeout_s: float = 10.0) -> tuple[list[int], list[int]]:
+        """(dead, hung) chip ranks after a failed step (``ShardedPod.failed_chips``)."""
+        return self.pod.failed_chips(timeout_s)
+
+    def replace_chips(self, ranks: Any) -> float:
+        """New actors for every device (``ShardedPod.replace_chips``); ``restore`` then
+        loads the checkpoint to go back to. Returns wall seconds."""
+        return self.pod.replace_chips(ranks)
 
     def step(self, step: int, trace: bool = False) -> StepStats:
         """One sharded training step on the plan's batch of ``step`` (zero-based).

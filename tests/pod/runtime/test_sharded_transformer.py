@@ -134,10 +134,9 @@ def test_the_shipped_scenario_validates():
 
 
 @pytest.mark.parametrize("extra, words", [
-    ("faults:\n  - {kind: kill_chip, chip: 1, step: 2}\n",
-     "faults.0.kind: kill_chip on a sharded run"),
-    ("faults:\n  - {kind: kill_host, host: 0, step: 2}\n",
-     "faults.0.kind: kill_host on a sharded run"),
+    ("faults:\n  - {kind: kill_chip, chip: 9, step: 2}\n", "faults.0.chip"),
+    ("faults:\n  - {kind: slow_link, link: \"0->5\", slowdown: 2.0, step: 1}\n",
+     "faults.0.link"),
 ])
 def test_validate_and_run_refuse_the_same_line(tmp_path, extra, words):
     path = _scenario(tmp_path, extra)
@@ -149,12 +148,14 @@ def test_validate_and_run_refuse_the_same_line(tmp_path, extra, words):
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_a_resumed_sharded_run_ends_with_the_uninterrupted_runs_bits(tmp_path):
-    """The shipped sharded scenario for 4 steps, checkpoints every 2; then a run resumed
-    from its step-2 checkpoint to step 4: the step-4 checkpoints hold the same
-    parameters and AdamW state bit for bit (the checkpoint's whole model is sharded
-    onto the devices again, padding and all), and summary.json's per-axis sums and
-    step count cover all 4 steps, as the uninterrupted run's."""
+def test_resumed_and_recovered_sharded_runs_end_with_the_uninterrupted_runs_bits(tmp_path):
+    """The shipped sharded scenario for 4 steps, checkpoints every 2; a run resumed
+    from its step-2 checkpoint to step 4; a run whose chip 3 is killed during step 4
+    (every device actor replaced, the step-2 checkpoint restored, steps 3-4 run
+    again). The step-4 checkpoints hold the same parameters and AdamW state bit for
+    bit (the checkpoint's whole model is sharded onto the devices again, padding and
+    all); summary.json's per-axis sums and step count cover 4 steps, as the
+    uninterrupted run's."""
     import json
     import shutil
 
@@ -186,6 +187,20 @@ def test_a_resumed_sharded_run_ends_with_the_uninterrupted_runs_bits(tmp_path):
     assert two["resumed_from_step"] == 2 and two["steps"] == one["steps"] == 4
     assert two["collectives_by_axis"] == one["collectives_by_axis"]
     assert two["final_loss"] == one["final_loss"]
+
+    killed = tmp_path / "killed"
+    path.write_text(path.read_text() + "faults:\n  - {kind: kill_chip, chip: 3, step: 4}\n")
+    code, output = _cli(["run", str(path), "--steps", "4", "--output-dir", str(killed)])
+    assert code == 0, output
+    assert "restored step 2, recomputing 1 step(s)" in output
+    got = load_checkpoint(checkpoint_path(killed / "checkpoints", 4))
+    for tree in ("params", "optimizer_state"):
+        a, b = getattr(got, tree), getattr(want, tree)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"killed: {tree} {key}")
+    three = json.loads((killed / "summary.json").read_text())
+    assert three["faults"][0]["recovered"] is True and three["steps_recomputed"] == 1
+    assert three["collectives_by_axis"] == one["collectives_by_axis"]
 
 
 @pytest.mark.usefixtures("ray_cluster")
