@@ -46,16 +46,24 @@ def progress_line(stats: StepStats, total: int) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    """The end-of-run table from summary.json's figures. A sharded run's (one with
-    ``collectives_by_axis``) names its mesh instead of the allreduce algorithm, its
-    collectives per mesh axis (per step) instead of one allreduce, HBM per device,
-    and no test accuracy (its evaluation gives the loss)."""
+    """The end-of-run table of ``summary_rows``."""
     table = titled_table(f"{summary['scenario']}: {summary['slice'] or summary['generation']} "
                          f"({summary['chips']:,} chips, {summary['cores']:,} TensorCores, "
                          f"{summary['topology']})", show_header=True)
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("clock")
+    for row in summary_rows(summary):
+        table.add_row(*row)
+    return table
+
+
+def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(figure, value, clock) rows of the end-of-run summary (the console's table and
+    report.html's) from summary.json's figures. A sharded run's (one with
+    ``collectives_by_axis``) names its mesh instead of the allreduce algorithm, its
+    collectives per mesh axis (per step) instead of one allreduce, HBM per device,
+    and no test accuracy (its evaluation gives the loss)."""
     sharded = "collectives_by_axis" in summary
     per = "device" if sharded else "core"
     rows = [
@@ -88,9 +96,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("emulation slowdown", f"{summary['emulation_slowdown']:,.0f}x", "wall/simulated"),
         ("replicas bit-identical", "yes" if summary["replicas_identical"] else "NO", ""),
     ]
-    for row in rows:
-        table.add_row(*row)
-    return table
+    return rows
 
 
 def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:

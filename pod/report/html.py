@@ -4,7 +4,8 @@ The page holds the summary table (each figure with its clock), the model
 summary (per layer: shapes, parameters, FLOPs, HBM bytes, simulated time of
 one training step on one TensorCore), the loss and the simulated step-time
 breakdown per step (inline SVG drawn by matplotlib, the ``[plots]`` extra;
-without it the page says so) and the HBM plan per TensorCore. Nothing is
+without it the page says so) and the HBM plan per TensorCore (per device on a
+sharded mesh). Nothing is
 loaded from the network: the file opens offline and can be mailed.
 """
 
@@ -16,6 +17,7 @@ import io
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pod.report.console import summary_rows
 from pod.report.files import write_atomic
 
 __all__ = ["render_report", "write_report", "read_steps"]
@@ -29,42 +31,6 @@ th { background: #eef; text-align: left; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 p.note { color: #555; }
 """
-
-#: summary.json figures shown in the summary table: (key, label, format, clock).
-_SUMMARY_ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("steps", "steps", "{:,}", ""),
-    ("global_batch", "global batch", "{:,}", ""),
-    ("initial_loss", "loss, first step", "{:.4f}", ""),
-    ("final_loss", "loss, last step", "{:.4f}", ""),
-    ("test_loss", "test loss", "{:.4f}", ""),
-    ("test_accuracy", "test accuracy", "{:.4f}", ""),
-    ("allreduce_algorithm", "allreduce algorithm", "{}", ""),
-    ("simulated_step_seconds", "step time (critical path), ms", "ms", "simulated"),
-    ("serial_step_seconds", "without overlap (sum), ms", "ms", "simulated"),
-    ("compute_seconds", "compute (forward + backward), ms", "ms", "simulated"),
-    ("allreduce_seconds", "allreduce, ms", "ms", "simulated"),
-    ("exposed_allreduce_seconds", "allreduce exposed, ms", "ms", "simulated"),
-    ("update_seconds", "update, ms", "ms", "simulated"),
-    ("simulated_examples_per_second", "throughput, examples/s", "{:,.0f}", "simulated"),
-    ("simulated_tflops", "model TFLOP/s", "{:,.3f}", "simulated"),
-    ("mfu", "MFU", "{:.2%}", "simulated"),
-    ("hbm_peak_bytes", "HBM peak per core, bytes", "{:,}", ""),
-    ("ici_bytes_per_step", "ICI bytes per step", "{:,}", ""),
-    ("wall_step_seconds", "step time, ms", "ms", "wall"),
-    ("emulation_slowdown", "emulation slowdown (wall / simulated)", "{:,.0f}x", "wall/simulated"),
-    ("replicas_identical", "replicas bit-identical", "{}", ""),
-)
-
-
-def _cell(value: Any, fmt: str) -> str:
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    if fmt == "ms":
-        return f"{float(value) * 1e3:,.4f}"
-    return fmt.format(value)
-
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[int]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
@@ -125,16 +91,19 @@ def render_report(summary: Mapping[str, Any], steps: Sequence[Mapping[str, float
         summary: the run's summary (summary.json).
         steps: steps.csv's rows (``read_steps``).
         layers: layers.csv's rows (``pod.report.model_summary.layer_rows``).
-        memory: the HBM plan of one TensorCore, bytes per item and ``total``.
-        hbm_capacity_bytes: one TensorCore's HBM capacity.
+        memory: the HBM plan of one TensorCore (of one device on a sharded
+            mesh), bytes per item and ``total``.
+        hbm_capacity_bytes: one TensorCore's (device's) HBM capacity.
     """
     title = (f"{summary['scenario']}: {summary.get('slice') or summary['generation']} "
              f"({summary['chips']:,} chips, {summary['cores']:,} TensorCores, "
              f"{summary['topology']})")
     data = summary["dataset"] + (" (synthetic)" if summary.get("synthetic_data") else "")
-    figures = _table(("figure", "value", "clock"),
-                     [(label, _cell(summary.get(key), fmt), clock)
-                      for key, label, fmt, clock in _SUMMARY_ROWS if key in summary], {1})
+    figures = _table(("figure", "value", "clock"), summary_rows(dict(summary)), {1})
+    mesh = summary.get("mesh") if "collectives_by_axis" in summary else None
+    per = "device" if mesh else "TensorCore"
+    split = (f"data x fsdp shard of the mesh {{{', '.join(f'{a}: {n}' for a, n in mesh.items())}}}"
+             if mesh else "TensorCore")
     model = _table(("layer (type)", "input shape", "output shape", "params", "FLOPs / step",
                     "HBM bytes / step", "sim time / step (us)", "MXU us", "vector unit us"),
                    [(f"{r['layer']} ({r['type']})", r["input_shape"], r["output_shape"],
@@ -156,7 +125,7 @@ def render_report(summary: Mapping[str, Any], steps: Sequence[Mapping[str, float
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(summary['model'])} ({summary.get('parameters', 0):,} parameters) on
 {html.escape(data)}; global batch {summary['global_batch']:,} = {summary['per_core_batch']:,}
-per TensorCore; {summary['steps']:,} steps. Figures are <b>simulated</b> (what the TPU pod would
+per {html.escape(split)}; {summary['steps']:,} steps. Figures are <b>simulated</b> (what the TPU pod would
 take) or <b>wall</b> (what the emulation took here), as marked.</p>
 <h2>Summary</h2>
 {figures}
@@ -164,7 +133,7 @@ take) or <b>wall</b> (what the emulation took here), as marked.</p>
 {plots}
 <h2>Model (one training step on one TensorCore, simulated)</h2>
 {model}
-<h2>HBM plan per TensorCore</h2>
+<h2>HBM plan per {per}</h2>
 {hbm}
 </body></html>
 """

@@ -259,7 +259,7 @@ def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
 
     out, trace = tmp_path / "out", tmp_path / "trace.json.gz"
     code, output = _cli(["run", str(_scenario(tmp_path)), "--steps", "2", "--output-dir",
-                         str(out), "--trace", str(trace), "--trace-steps", "2"])
+                         str(out), "--trace", str(trace), "--trace-steps", "2", "--report"])
     assert code == 0, output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
@@ -290,6 +290,9 @@ def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
     # the console's table: the mesh, and per axis a step's bytes as summary.json's / 2
     assert "{data: 2, fsdp: 2, tensor: 2}" in output and "collectives, exposed" in output
     assert "allreduce algorithm" not in output and "HBM peak per device" in output
+    page = (out / "report.html").read_text()
     for axis in ("data", "fsdp", "tensor"):
         row = next(line for line in output.splitlines() if line.strip("│ ").startswith(axis + " "))
         assert f"{by_axis[axis]['bytes'] // 2:,} B" in row, row
+        assert f"{by_axis[axis]['bytes'] // 2:,} B" in page, axis  # report.html's rows too
+    assert "HBM plan per device" in page and "allreduce algorithm" not in page
