@@ -52,7 +52,7 @@ class ShardedRun(Run):
     def _load_run_state(self, point: Any, faults_done: bool = False) -> None:
         super()._load_run_state(point, faults_done)
         saved = point.run_state.get("axis_totals")
-        self.axis_totals = ({str(a): {k: v for k, v in t.items()} for a, t in saved.items()}
+        self.axis_totals = ({str(a): dict(t) for a, t in saved.items()}
                             if isinstance(saved, dict) else {})
 
     def _make_pod(self) -> Any:

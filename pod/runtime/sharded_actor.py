@@ -82,7 +82,9 @@ class ShardedChipActor:
       (``batch_slice``), collectives through ``comm`` (``DeviceCollectives``),
       ops on ``core``; ``step`` is the optimizer step, 1 for the first;
       ``update_start`` the index of the optimizer's first op record, or None;
-    - ``evaluate(core, comm, shard, x, y) -> float`` (optional): the eval loss.
+    - ``evaluate(core, comm, shard, x, y) -> float`` (optional): the eval loss;
+    - ``load_local(params, opt_state, coords) -> shard`` (optional, for
+      ``load``): this device's shard of a whole model's arrays.
 
     Args:
         spec: the chip preset (``device_chip_spec``: v4 / v5p run as one
@@ -215,16 +217,12 @@ class ShardedChipActor:
 
     def load(self, params: dict[str, np.ndarray], opt_state: dict[str, np.ndarray]) -> str:
         """Replace this device's state by its shard of whole-model arrays (a checkpoint's
-        parameters and optimizer state, ``program.shard_params``); returns ``digest``.
+        parameters and optimizer state, ``program.load_local``); returns ``digest``.
 
         Raises:
             KeyError, ValueError: the arrays do not fit the program's model.
         """
-        from pod.workloads.sharded import DeviceShard
-
-        shard = self.program.shard_params
-        self.state = DeviceShard(self.coords, shard(params, self.coords),
-                                 shard(opt_state, self.coords))
+        self.state = self.program.load_local(params, opt_state, self.coords)
         return self.digest()
 
     def local_params(self) -> dict[str, np.ndarray]:

@@ -431,6 +431,18 @@ class ShardedTransformer:
         params = self.shard_params(self.model.init_params(seed), coords)
         return DeviceShard(coords, params, self.optimizer.init(params))
 
+    def load_local(self, params: Mapping[str, np.ndarray], opt_state: Mapping[str, np.ndarray],
+                   coords: DeviceCoords) -> DeviceShard:
+        """The device's shard of a whole model's parameters and optimizer state (a
+        checkpoint's, :meth:`assemble`'s output): the inverse of :meth:`assemble`, so a
+        run resumed from it continues bit for bit (padding is zeros, as a run keeps it).
+
+        Raises:
+            KeyError, ValueError: arrays that do not fit this program's model.
+        """
+        return DeviceShard(coords, self.shard_params(params, coords),
+                           self.shard_params(opt_state, coords))
+
     def assemble(self, shards: Iterable[DeviceShard], *, opt_state: bool = False
                  ) -> dict[str, np.ndarray]:
         """The whole model's parameters (or optimizer state) from the shards of one
