@@ -51,8 +51,8 @@ __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
     "chips", "cores", "topology", "allreduce_algorithm", "precision",
-    "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
-    "compute_seconds", "allreduce_seconds", "exposed_allreduce_seconds", "update_seconds",
+    "global_batch", "per_device_batch", "simulated_step_seconds", "infeed_seconds",
+    "compute_seconds", "collective_seconds", "exposed_collective_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
     "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency",
@@ -60,9 +60,9 @@ COLUMNS = (
     *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
     "wall_seconds", "wall_seconds_per_step",
 ) + (
-    # sharded layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
+    # layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
     # exposed and total collective seconds per mesh axis, one device's HBM plan
-    "mesh", "data", "fsdp", "tensor", "remat", "per_device_batch", "fits",
+    "mesh", "data", "fsdp", "tensor", "remat", "fits",
     "hbm_per_device_bytes", "simulated_tokens_per_second", "hfu",
     "exposed_data_seconds", "exposed_fsdp_seconds", "exposed_tensor_seconds",
     "collective_data_seconds", "collective_fsdp_seconds", "collective_tensor_seconds",
@@ -159,14 +159,11 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
 
 
 def _batch_shards(scenario: Scenario) -> int:
-    """The devices that split the batch: data x fsdp of the scenario's mesh on its pod, or
-    every TensorCore for a data-parallel mesh (as the data-parallel runtime splits it)."""
+    """The devices that split the batch: data x fsdp of the scenario's mesh on its pod."""
     shape = scenario.pod
     pod = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
                       topology=shape.topology)
     mesh = build_mesh(shape.mesh, pod)
-    if mesh.is_data_parallel:  # the data-parallel runtime splits the batch per TensorCore
-        return pod.tensorcores
     return mesh.axis_size("data") * mesh.axis_size("fsdp")
 
 
@@ -179,10 +176,7 @@ def _generation(pod: dict[str, Any], scenario: Scenario) -> str:
 
 def _mean_bounds(plan, stats) -> StepBounds:
     """The steps' bounds, seconds averaged (``pod.report.bounds``)."""
-    each = []
-    for s in stats:
-        costs = plan.ici.bucket_costs_at(s.step) or (plan.ici.cost_at(s.step),)
-        each.append(step_bounds(s, costs, plan.pod.torus))
+    each = [step_bounds(s, plan.collective_costs_at(s.step), plan.pod.torus) for s in stats]
     seconds = {c: fmean(b.seconds[c] for b in each) for c in BOUND_CATEGORIES}
     return StepBounds(seconds, each[-1].ici_axes)
 
@@ -193,21 +187,15 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     The epoch time is the step time x the full global batches in an epoch of
     ``epoch_examples`` (default: the train split), as with drop_remainder.
     """
-    from pod.runtime.timing import TimingPod
-
     t0 = time.perf_counter()
-    plan = build_plan(point.scenario, timing_only=(mode == "timing"),
-                      sharded_ok=(mode == "timing"))
-    if mode == "timing" and not plan.mesh.is_data_parallel:
-        from pod.runtime.sharded_timing import ShardedTimingPod
+    plan = build_plan(point.scenario, timing_only=(mode == "timing"))
+    if mode == "timing":
+        from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
 
-        pod = ShardedTimingPod(plan)
-        stats = [pod.step(s) for s in range(plan.steps)]
-    elif mode == "timing":
         pod = TimingPod(plan)
         stats = [pod.step(s) for s in range(plan.steps)]
     else:
-        from pod.runtime.coordinator import Pod
+        from pod.runtime.pod import Pod
 
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
@@ -216,8 +204,8 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     step = fmean(s.step_seconds for s in timed)
     mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
     flops = mean(lambda s: s.model_flops)
-    allreduce = mean(lambda s: s.allreduce_seconds)
-    exposed = mean(lambda s: s.exposed_allreduce_seconds)
+    collective = mean(lambda s: s.collective_seconds)
+    exposed = mean(lambda s: s.exposed_collective_seconds)
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
     bounds = _mean_bounds(plan, timed)
     return {
@@ -230,13 +218,14 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "generation": plan.pod.chip.name, "chips": plan.pod.chips,
         "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "allreduce_algorithm": plan.ici.algorithm,
         "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
-        "per_core_batch": plan.per_core_batch, "simulated_step_seconds": step,
+        "simulated_step_seconds": step,
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
         "compute_seconds": mean(lambda s: s.compute_seconds),
-        "allreduce_seconds": allreduce,
-        "exposed_allreduce_seconds": exposed,
+        "collective_seconds": collective,
+        "exposed_collective_seconds": exposed,
         "serial_step_seconds": mean(lambda s: s.serial_step_seconds),
-        "overlap_fraction": min(1.0, max(0.0, 1.0 - exposed / allreduce)) if allreduce > 0 else 0.0,
+        "overlap_fraction": (min(1.0, max(0.0, 1.0 - exposed / collective)) if collective > 0
+                             else 0.0),
         "update_seconds": mean(lambda s: s.update_seconds),
         "simulated_examples_per_second": plan.global_batch / step,
         "simulated_tflops": flops / step / 1e12,
@@ -258,7 +247,7 @@ def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
            "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
            "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else "",
            "hfu": mfu(hardware, step, plan.pod.peak_bf16_flops_per_s),
-           "per_device_batch": "" if mesh.is_data_parallel else plan.per_core_batch}
+           "per_device_batch": plan.per_device_batch}
     for axis in _AXES:
         row[axis] = mesh.axis_size(axis)
         row[f"exposed_{axis}_seconds"] = fmean(s.axis_exposed_seconds.get(axis, 0.0) for s in timed)
@@ -306,7 +295,7 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
         row = {key: "" for key in COLUMNS}
         row.update(point=point.index + 1, **_labels(point))
         if scenario.sweep.per_device_batch:
-            row["per_device_batch"] = point.series[2]
+            row["per_device_batch"] = point.series[3]
         if point.error:
             row.update(status="failed", error=point.error)
         else:
@@ -354,7 +343,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     head = (f"# Sweep: {scenario.name} ({scenario.sweep.scaling} scaling, {mode} mode)\n\n"
             f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
-            "compute ms | allreduce ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
+            "compute ms | collectives ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
             "efficiency | bound | wall s | status |\n"
             "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
     lines = []
@@ -363,7 +352,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
             lines.append(
                 f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | {r['topology']} | "
                 f"{r['allreduce_algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
-                f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
+                f"{r['compute_seconds'] * 1e3:.4f} | {r['collective_seconds'] * 1e3:.4f} | "
                 f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
                 f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
@@ -377,7 +366,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
 
 def _layout_table(rows: list[dict[str, Any]]) -> str:
     """The sharded columns as a second table (rows with a layout only)."""
-    rows = [r for r in rows if r.get("mesh") and r.get("per_device_batch") not in ("", None)
+    rows = [r for r in rows if r.get("mesh") and r.get("mesh") != f"{{data: {r.get('data')}}}"
             or r.get("fits") is False]
     if not rows:
         return ""
@@ -445,7 +434,7 @@ def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
     """What a sweep's points may vary, as (row key, axis label), in the order the plots
     prefer for their x axis. The batch is the one the sweep sets (examples per
     TensorCore in weak scaling, the global batch in strong); the other follows."""
-    batch = (("per_core_batch", "examples per TensorCore") if scenario.sweep.scaling == "weak"
+    batch = (("per_device_batch", "examples per device") if scenario.sweep.scaling == "weak"
              else ("global_batch", "global batch"))
     layout = [(key, label) for key, label, varied in (
         ("mesh", "mesh", scenario.sweep.mesh), ("remat", "remat", scenario.sweep.remat),
@@ -480,11 +469,11 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
                x_key: str, x_label: str, output_dir: Path) -> Path:
     """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
     parts = (("compute", lambda r: r["compute_seconds"]),
-             ("allreduce, exposed", lambda r: r["exposed_allreduce_seconds"]),
+             ("collectives, exposed", lambda r: r["exposed_collective_seconds"]),
              ("update", lambda r: r["update_seconds"]),
              ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
                                                             - r["compute_seconds"]
-                                                            - r["exposed_allreduce_seconds"]
+                                                            - r["exposed_collective_seconds"]
                                                             - r["update_seconds"])))
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),

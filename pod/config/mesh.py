@@ -65,7 +65,7 @@ from chip import ChipSpec
 from interconnect import Torus
 from pod.config.slices import PodShape
 from pod.errors import HBMPlanError, ScenarioError
-from pod.workloads.sharded import device_param_elements
+from pod.programs.transformer import device_param_elements
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
@@ -583,7 +583,8 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
 
 
 def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh: Mesh,
-                     capacity_bytes: int, precision: str = "bf16") -> dict[str, int]:
+                     capacity_bytes: int, precision: str = "bf16", *,
+                     shardable: bool = True) -> dict[str, int]:
     """:func:`sharded_memory_plan` for a model of ``pod.workloads`` (``build_plan`` uses it).
 
     Args:
@@ -594,6 +595,9 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
         mesh: the mesh.
         capacity_bytes: HBM of one device.
         precision: MXU precision.
+        shardable: the model's program can shard it over fsdp / tensor (the
+            transformer); False: a replicated model, for which no other mesh is
+            suggested.
 
     Raises:
         HBMPlanError: as :func:`sharded_memory_plan`, the message starting
@@ -602,7 +606,7 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
     params = int(model.num_params)
     layers = [count for _, count in model.gradient_buckets()]
     batch_shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
-    exact = None
+    exact = None if shardable else (lambda f, t: params if f * t == 1 else None)
     if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
         def exact(fsdp: int, tensor: int) -> int | None:
             try:

@@ -1,7 +1,7 @@
 """What a sharded step needs resolved from the mesh: each device's groups, and the
 cost of a collective over every group of one mesh axis.
 
-A device program (``pod.workloads.sharded``) calls collectives over a mesh axis;
+A device program (``pod.programs``) calls collectives over a mesh axis;
 every device of the pod calls the same ones in the same order (SPMD). What a
 device needs to run its part is :class:`DeviceGroups` (per axis: its group in
 ring order, the order the ring visits it, and in mesh order, the order of the
@@ -30,13 +30,12 @@ from chip import ChipSpec
 
 from interconnect import (GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
                           group_collective_cost)
-from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip, format_axes
-from pod.errors import ScenarioError
+from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
-__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts", "check_sharded_mesh",
+__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
            "SHARDED_MODELS", "on_chip_bandwidth"]
 
-#: Models the sharded device program runs (``pod.workloads.sharded``).
+#: Models the sharded device program runs (``pod.programs.transformer``).
 SHARDED_MODELS = ("transformer",)
 
 
@@ -114,22 +113,6 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
     return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged)
 
 
-def check_sharded_mesh(mesh: Mesh, model_name: str) -> None:
-    """Refuse a sharded mesh the runtime cannot run, with one line.
-
-    Raises:
-        ScenarioError: a model other than the transformer on an fsdp / tensor
-            mesh.
-    """
-    if mesh.is_data_parallel:
-        return
-    axes = format_axes(mesh.sizes)
-    if model_name not in SHARDED_MODELS:
-        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which only the "
-                            f"{', '.join(SHARDED_MODELS)} model does; {model_name} trains "
-                            f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
-
-
 def on_chip_bandwidth(spec: ChipSpec) -> float | None:
     """Bandwidth of a copy between two devices of one chip, bytes/s: one TensorCore's
     HBM bandwidth on v2 / v3 (``core.hbm_bandwidth_bytes_per_s``: the copy reads one
@@ -155,12 +138,18 @@ class MeshCollectiveCosts:
             (``on_chip_bandwidth``).
         faults: slowed and failed links in force (``pod.links``, link faults
             started by the step; ``interconnect.LinkFaults``); None: none.
+        torus_algorithm: the allreduce algorithm of an axis whose one group is
+            every device of the pod (``pod.allreduce``, chosen by the plan:
+            ``pod.config.ici.choose_algorithm``), so that data parallelism over
+            the whole slice costs what the data-parallel figures of VALIDATION.md
+            were checked with; None: the group ring.
     """
 
     mesh: Mesh
     link: LinkSpec
     on_chip_bytes_per_s: float | None = None
     faults: LinkFaults | None = None
+    torus_algorithm: str | None = None
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -176,7 +165,7 @@ class MeshCollectiveCosts:
             axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
             op: allreduce, reduce_scatter or all_gather.
             nbytes: bytes of each device's input buffer, float32 (the
-                ``CollectiveCall.nbytes`` of ``pod.workloads.collectives``: an
+                ``CollectiveCall.nbytes`` of ``pod.programs.collectives``: an
                 all-gather's piece, a reduce-scatter's or allreduce's whole
                 buffer).
 
@@ -196,6 +185,8 @@ class MeshCollectiveCosts:
             return hit
         if self.mesh.axis_size(axis) <= 1:
             result = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+        elif self._whole_torus(axis, op):
+            result = self._torus_allreduce(int(nbytes))
         else:
             elements = int(nbytes) // 4
             if op == "all_gather":  # the schedule's buffer is the gathered result
@@ -207,6 +198,27 @@ class MeshCollectiveCosts:
         with self._lock:
             self._cache[key] = result
         return result
+
+    def _whole_torus(self, axis: str, op: str) -> bool:
+        """An allreduce over an axis whose one group is every device of the pod."""
+        return (op == "allreduce" and self.torus_algorithm is not None
+                and self.mesh.axis_size(axis) == self.mesh.size)
+
+    def _torus_allreduce(self, nbytes: int) -> ScheduleCost:
+        """The whole pod's allreduce by ``torus_algorithm`` over the chips' torus; with
+        two devices per chip (v2 / v3) the chip's devices first add their buffers on
+        chip (a float32 add reading two buffers and writing one at one TensorCore's
+        HBM bandwidth, the on-chip reduce of the data-parallel figures), then the
+        chips allreduce one buffer each."""
+        from interconnect import collective_cost
+
+        cost = collective_cost("allreduce", self.torus, max(1, nbytes // 4), self.link,
+                               algorithm=self.torus_algorithm, faults=self.faults)
+        if self.mesh.devices_per_chip > 1 and self.on_chip_bytes_per_s:
+            local = 3 * nbytes / self.on_chip_bytes_per_s
+            cost = dataclasses.replace(cost, seconds=cost.seconds + local,
+                                       phase_seconds=(local, *cost.phase_seconds))
+        return cost
 
     def seconds(self, axis: str, op: str, nbytes: int) -> float:
         """Simulated seconds of :meth:`cost`."""

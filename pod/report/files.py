@@ -149,25 +149,30 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
     return _identity(plan, totals.steps) | {
         "initial_loss": totals.initial_loss,
         "final_loss": totals.final_loss,
-        "test_loss": evaluation.loss if evaluation is not None else None,
-        "test_accuracy": evaluation.accuracy if evaluation is not None else None,
+        "test_loss": _figure(evaluation, "loss"),
+        "test_accuracy": _figure(evaluation, "accuracy"),
         "simulated_step_seconds": step_seconds,
         "simulated_examples_per_second": plan.global_batch / step_seconds,
+        "simulated_tokens_per_second": plan.global_batch * _tokens(plan) / step_seconds,
         "simulated_tflops": flops / step_seconds / 1e12,
         "mfu": mfu(flops, step_seconds, pod.peak_bf16_flops_per_s),
         "hfu": mfu(mean("hardware_flops"), step_seconds, pod.peak_bf16_flops_per_s),
         "infeed_seconds": mean("infeed_seconds"),
         "compute_seconds": mean("compute_seconds"),
-        "allreduce_seconds": mean("allreduce_seconds"),
-        "exposed_allreduce_seconds": mean("exposed_allreduce_seconds"),
+        "collective_seconds": mean("collective_seconds"),
+        "exposed_collective_seconds": mean("exposed_collective_seconds"),
         "exposed_infeed_seconds": mean("exposed_infeed_seconds"),
         "dispatch_seconds": mean("dispatch_seconds"),
         "serial_step_seconds": mean("serial_step_seconds"),
-        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_allreduce_seconds")
-                                              / mean("allreduce_seconds")))
-                             if mean("allreduce_seconds") > 0 else 0.0),
-        "ici_seconds": mean("ici_seconds"),
+        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_collective_seconds")
+                                              / mean("collective_seconds")))
+                             if mean("collective_seconds") > 0 else 0.0),
         "update_seconds": mean("update_seconds"),
+        "collectives_by_axis": {
+            axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
+                   "simulated_seconds": mean(f"{axis}_collective_seconds"),
+                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds")}
+            for axis in plan.mesh.axis_names},
         "ici_bytes_per_step": totals.ici_bytes_per_step,
         "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s,
         "wall_seconds": wall_seconds,
@@ -178,6 +183,17 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
     }
+
+
+def _figure(evaluation: Any | None, name: str) -> float | None:
+    """A test figure, None when not evaluated or when no example was (NaN)."""
+    value = getattr(evaluation, name, None) if evaluation is not None else None
+    return None if value is None or value != value else float(value)
+
+
+def _tokens(plan: Any) -> int:
+    """Tokens per example of a sequence model (the transformer's sequence length), else 0."""
+    return int(getattr(getattr(plan.model, "config", None), "sequence_length", 0) or 0)
 
 
 def _identity(plan: Any, steps: int) -> dict[str, Any]:
@@ -196,12 +212,15 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
         "precision": plan.scenario.training.precision,
+        "mesh": dict(plan.mesh.sizes),
+        "devices": plan.mesh.size,
+        "devices_per_chip": plan.mesh.devices_per_chip,
         "allreduce_algorithm": plan.ici.algorithm,
         "overlap": bool(plan.scenario.training.overlap),
         "host_dispatch": plan.scenario.training.host_dispatch,
         "steps": steps,
         "global_batch": plan.global_batch,
-        "per_core_batch": plan.per_core_batch,
+        "per_device_batch": plan.per_device_batch,
     }
 
 

@@ -17,7 +17,7 @@ msgpack map::
     model_state     {name: array}   non-trainable state (BatchNorm running
                                     averages), the mean over the replicas
     optimizer_state {name: array}   (every replica's, checked identical too)
-    replica_model_state [[{name: array}]]  [chip][core]: each replica's own model
+    replica_model_state [[{name: array}]]  [chip][device]: each replica's own model
                                     state (they differ: each sees its own shards)
     rng             plain data: the random generators. None carries state from
                     step to step: dropout masks of (step, chip, core) come from
@@ -79,7 +79,7 @@ class Checkpoint:
         model_state: non-trainable state, name -> array.
         optimizer_state: optimizer slots, name -> array.
         extra: other plain data (str, numbers, lists, dicts).
-        replica_model_state: per [chip][core], that replica's model state.
+        replica_model_state: per [chip][device of the chip], that replica's model state.
         rng: how every random generator is derived, and its seed.
         data_position: epoch, index (batch in the epoch), num_examples,
             global_batch.

@@ -89,7 +89,7 @@ def test_link_bytes_of_a_steps_calls_are_the_ring_closed_form():
     """{tensor: 4} on a 4-chip ring: an allreduce of N bytes sends 2 (g - 1) / g N from
     each of the g devices over one hop, 2 (g - 1) N on the links in all; three calls
     three times that; a 2-device axis on the two cores of v3 chips moves no ICI byte."""
-    from pod.workloads.collectives import CollectiveCall
+    from pod.programs.collectives import CollectiveCall
 
     mesh = layout_mesh({"tensor": 4}, Torus((4,), wraparound=(True,)))
     costs = MeshCollectiveCosts(mesh, LinkSpec(1e11))

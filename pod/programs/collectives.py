@@ -1,6 +1,6 @@
-"""What a sharded device program asks of the mesh: collectives over one mesh axis.
+"""What a device program asks of the mesh: collectives over one mesh axis.
 
-A device program (``pod.workloads.sharded``) runs the same code on every
+A device program (``pod.programs``) runs the same code on every
 device of a ``{data, fsdp, tensor}`` mesh and exchanges arrays with the other
 devices of its *group* along one axis (the devices that differ from it only
 in that axis) through a :class:`DeviceCollectives`. The contract:
@@ -32,7 +32,8 @@ travels, so two implementations may differ in the last float32 bit.
 :class:`CollectivesBase` does the checks, the size-1 rule and the recording;
 an implementation only moves bytes (``_exchange``). :class:`LocalMesh` is the
 in-process reference: N device programs in N threads meeting at a barrier
-per group. No Ray.
+per group. :class:`ShapeCollectives` is the timing-only one: every call
+recorded, the results read-only zero views of the right size. No Ray.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import numpy as np
 
 __all__ = ["AXES", "COLLECTIVE_KINDS", "COLLECTIVE_OPS", "CollectiveKind", "CollectiveCall",
            "DeviceCollectives", "CollectivesBase", "LocalMesh", "LocalMeshCollectives",
-           "sum_in_order"]
+           "ShapeCollectives", "sum_in_order"]
 
 AXES = ("data", "fsdp", "tensor")
 """Mesh axes, outermost first (as ``pod.config.mesh.AXIS_NAMES``)."""
@@ -199,6 +200,25 @@ class CollectivesBase:
 
     def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+
+class ShapeCollectives(CollectivesBase):
+    """Timing-only collectives: every call is checked and recorded as a functional
+    transport records it (so the clock costs it the same); the results are
+    read-only zero views of the right size (``timing_zeros``: no memory for a
+    gathered layer or a summed activation).
+
+    Args:
+        sizes: axis name -> size; index: axis name -> this device's position
+            (as :class:`CollectivesBase`).
+    """
+
+    def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
+        from pod.workloads.layers import timing_zeros
+
+        size = self.axis_size(axis)
+        n = {"all_gather": x.size * size, "reduce_scatter": x.size // size}.get(op, x.size)
+        return timing_zeros((n,), np.float32)
 
 
 class _Exchange:

@@ -1,6 +1,6 @@
-"""The simulated clock of one device's sharded step: a compute stream and an ICI stream.
+"""The simulated clock of a training step, one for every mesh: a compute stream and an ICI stream.
 
-A device program (``pod.workloads.sharded``) leaves two things: its op records
+A device program (``pod.programs``) leaves two things: its op records
 (``chip.OpRecord``, run back to back on the TensorCore: the compute stream)
 and its collective calls (``CollectiveCall``: axis, op, bytes, kind and
 ``after_record``, the number of op records issued before it). The plan costs
@@ -23,6 +23,10 @@ training chapter; the XLA async collective pipeline):
   for it but the optimizer: the records from ``update_start`` on (the
   optimizer's) start only once every grad_reduce has ended.
 
+With ``overlap=False`` (``training.overlap: false``: for teaching, and for
+what XLA fails to overlap) every collective blocks where it is issued: the
+step is the serial sum of its records and collectives.
+
 The step ends when both streams have. What the compute stream waits is the
 *exposed* collective time. A wait is charged to the axes of the collectives
 the ICI runs during it (a blocking tensor allreduce queued behind an fsdp
@@ -37,11 +41,12 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from pod.workloads.collectives import COLLECTIVE_KINDS
+import numpy as np
 
-__all__ = ["CollectiveSpan", "ShardedClock", "sharded_step_clock",
-           "COLLECTIVE_KINDS"]
+from pod.programs.collectives import COLLECTIVE_KINDS
 
+__all__ = ["CollectiveSpan", "StepClock", "step_clock", "COLLECTIVE_KINDS", "DeviceReport",
+           "StepContext", "device_clock", "combine_device_reports"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,8 @@ class CollectiveSpan:
 
 
 @dataclass(frozen=True)
-class ShardedClock:
-    """One device's sharded step, simulated seconds.
+class StepClock:
+    """One device's step, simulated seconds.
 
     Attributes:
         step_seconds: the critical path (both streams done).
@@ -142,9 +147,9 @@ def _check_call(call: Any, last_after: int, n: int) -> None:
                          f"outside {last_after}..{n} (calls must be in issue order)")
 
 
-def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
-                       cost_seconds: Callable[[str, str, int], float],
-                       update_start: int | None = None) -> ShardedClock:
+def step_clock(records: Sequence[Any], calls: Sequence[Any],
+               cost_seconds: Callable[[str, str, int], float],
+               update_start: int | None = None, *, overlap: bool = True) -> StepClock:
     """Place a device's op records and collective calls in time (module docstring).
 
     Args:
@@ -153,11 +158,11 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
             ``.nbytes``, ``.kind``, ``.after_record``, ``.tag``).
         cost_seconds: (axis, op, nbytes) -> simulated seconds of the collective
             over every group of the axis (the plan's ``MeshCollectiveCosts.seconds``).
-        update_start: index of the optimizer's first record; None: after the
-            last grad_reduce call (or the end, without one).
+        update_start: the optimizer's first record; None: after the last grad_reduce.
+        overlap: False: every collective blocks where it is issued.
 
     Returns:
-        The :class:`ShardedClock`.
+        The :class:`StepClock`.
 
     Raises:
         ValueError: a call of an unknown kind, or an ``after_record`` outside
@@ -191,13 +196,13 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
         last_after = call.after_record
         run_until(call.after_record)
         cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
-        ready = prev_gather if call.kind == "param_gather" else t
+        ready = prev_gather if call.kind == "param_gather" and overlap else t
         start, end = ici.place(ready, cost)
         spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
                                     int(call.nbytes), start, end))
         if call.kind == "param_gather":
             prev_gather = t
-        if call.kind == "grad_reduce":
+        if call.kind == "grad_reduce" and overlap:
             if end >= grad_end:
                 grad_end, grad_axis = end, call.axis
         elif end > t:  # activation and param_gather: the compute stream waits
@@ -217,8 +222,159 @@ def sharded_step_clock(records: Sequence[Any], calls: Sequence[Any],
     compute = sum(seconds[:update_start])
     update = sum(seconds[update_start:])
     total = sum(axis_seconds.values())
-    return ShardedClock(step_seconds=t, compute_seconds=compute, update_seconds=update,
+    return StepClock(step_seconds=t, compute_seconds=compute, update_seconds=update,
                         collective_seconds=total, exposed_seconds=t - compute - update,
                         serial_seconds=compute + update + total, axis_bytes=axis_bytes,
                         axis_seconds=axis_seconds, axis_exposed_seconds=exposed,
                         spans=tuple(spans), waits=tuple(waits))
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """What one device's step returns (crosses the actor boundary; simulated seconds).
+
+    Attributes:
+        device: the device id (``pod.config.mesh.Mesh``: chip rank x devices
+            per chip + core).
+        loss: the training loss on its examples (the program's).
+        record_seconds: each op record's simulated seconds, in issue order.
+        record_bounds: what bounds each record (``pod.report.stats.op_bound``).
+        update_start: index of the optimizer's first record (None: the clock's
+            default, after the last grad_reduce).
+        calls: its collectives in issue order (``CollectiveCall``).
+        mxu_flops: MXU FLOPs it executed.
+        hbm_used_bytes, hbm_peak_bytes, hbm_capacity_bytes: its HBM.
+        trace: its op rows (name, unit, seconds, flops, hbm_bytes, bound); empty
+            unless traced.
+    """
+
+    device: int
+    loss: float
+    record_seconds: tuple[float, ...]
+    record_bounds: tuple[str, ...]
+    update_start: int | None
+    calls: tuple[Any, ...]
+    mxu_flops: int
+    hbm_used_bytes: int = 0
+    hbm_peak_bytes: int = 0
+    hbm_capacity_bytes: int = 0
+    trace: tuple[tuple[Any, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Seconds:
+    seconds: float
+
+
+def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], float], *,
+                 overlap: bool = True) -> StepClock:
+    """One device's :class:`StepClock` from its report and the plan's collective costs
+    (``MeshCollectiveCosts.seconds``)."""
+    return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
+                      report.update_start, overlap=overlap)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What turns device reports into a step's figures, from the plan (fixed for a run).
+
+    Attributes:
+        global_batch: examples per step.
+        model_flops: model FLOPs of a step over the pod (no recomputation), or
+            None: the recorded MXU FLOPs are the model FLOPs.
+        device_peak_flops_per_s: one device's peak bf16 FLOP/s.
+        devices: devices of the mesh (the pod's peak is the device's times this).
+        devices_per_chip: 2 on v2 / v3 (a device per TensorCore), else 1.
+        host_to_chip_bytes_per_s: the infeed's bandwidth (PCIe; ``chip.spec``).
+        dispatch_seconds: a host dispatch per step (0: the loop runs on the device).
+        overlap: collectives and infeed overlapped with compute (XLA's async
+            collectives); False: everything serial.
+        ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
+        tokens_per_example: tokens in one example (sequence models; 0 otherwise).
+    """
+
+    global_batch: int
+    model_flops: int | None
+    device_peak_flops_per_s: float
+    devices: int
+    devices_per_chip: int
+    host_to_chip_bytes_per_s: float
+    dispatch_seconds: float = 0.0
+    overlap: bool = True
+    ici_link_bandwidth_bytes_per_s: float = 0.0
+    tokens_per_example: int = 0
+
+
+def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
+    """Seconds by what bounds each record, over records [start, stop)."""
+    out: dict[str, float] = {}
+    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop]):
+        out[b] = out.get(b, 0.0) + s
+    return out
+
+
+def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: Any,
+                           context: StepContext, *, infeed_bytes: int, wall_seconds: float,
+                           loss: float | None = None, replicate: int = 1,
+                           ici_link_bytes: dict[str, int] | None = None):
+    """A step's ``StepStats`` from every device's report (or, timing-only, one device
+    that stands for ``replicate`` devices).
+
+    The step is the slowest device's clock (:func:`step_clock` over its records
+    and calls, the collectives costed by ``costs.seconds`` over every group of
+    their axis at once), plus the exposed infeed (``infeed_bytes`` of the
+    busiest chip over the host link, hidden behind the step before with
+    overlap) and the host dispatch.
+
+    Args:
+        step: zero-based step number.
+        reports: the devices' reports.
+        costs: the plan's ``MeshCollectiveCosts`` at this step.
+        context: the run's :class:`StepContext`.
+        infeed_bytes: bytes of the busiest chip's share of the batch.
+        wall_seconds: the step's wall time.
+        loss: the global loss (None: the mean of the reports').
+        replicate: devices each report stands for.
+        ici_link_bytes: the pod's bytes per link (None: computed from the
+            slowest device's calls, ``costs.link_bytes``).
+
+    Returns:
+        The ``pod.report.stats.StepStats``.
+    """
+    from pod.report.stats import StepStats
+
+    clocks = [device_clock(r, costs.seconds, overlap=context.overlap) for r in reports]
+    slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
+    c, r = clocks[slow], reports[slow]
+    hardware = replicate * int(sum(x.mxu_flops for x in reports))
+    infeed = infeed_bytes / context.host_to_chip_bytes_per_s
+    exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
+    update_start = len(r.record_seconds) if r.update_start is None else r.update_start
+    per_chip: dict[int, float] = {}
+    for x, clock in zip(reports, clocks):
+        chip = x.device // context.devices_per_chip
+        per_chip[chip] = max(per_chip.get(chip, 0.0), clock.compute_seconds)
+    return StepStats(
+        step=step, loss=float(np.mean([x.loss for x in reports]) if loss is None else loss),
+        global_batch=context.global_batch, infeed_seconds=infeed,
+        compute_seconds=c.compute_seconds, collective_seconds=c.collective_seconds,
+        update_seconds=c.update_seconds,
+        model_flops=hardware if context.model_flops is None else int(context.model_flops),
+        hardware_flops=hardware,
+        peak_flops_per_s=context.device_peak_flops_per_s * context.devices,
+        wall_seconds=wall_seconds, tokens_per_example=context.tokens_per_example,
+        exposed_collective_seconds=c.exposed_seconds, exposed_infeed_seconds=exposed_infeed,
+        dispatch_seconds=context.dispatch_seconds,
+        hbm_used_bytes={x.device: x.hbm_used_bytes for x in reports},
+        hbm_peak_bytes={x.device: x.hbm_peak_bytes for x in reports},
+        hbm_capacity_bytes=r.hbm_capacity_bytes,
+        ici_link_bytes=(costs.link_bytes(r.calls) if ici_link_bytes is None else ici_link_bytes),
+        ici_link_bandwidth_bytes_per_s=context.ici_link_bandwidth_bytes_per_s,
+        device_mxu_flops={x.device: x.mxu_flops for x in reports},
+        device_peak_flops_per_s=context.device_peak_flops_per_s,
+        chip_compute_seconds=per_chip,
+        axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
+        axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
+        collective_spans=c.spans, compute_waits=c.waits,
+        compute_bound_seconds=_bounds(r, 0, update_start),
+        update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)))
