@@ -50,13 +50,15 @@ there.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
 from interconnect.chains import axis_reduce_scatter_phases, build_axis_collective
 from interconnect.collectives import ring_all_gather, ring_allreduce, ring_reduce_scatter
-from interconnect.cost import ScheduleCost, _cost_of, _link_ids, _phase_seconds, schedule_cost
+from interconnect.cost import (ScheduleCost, _cost_of, _link_ids, _link_of_id, _phase_seconds,
+                               schedule_cost)
 from interconnect.errors import ScheduleError
 from interconnect.faults import LinkFaults
 from interconnect.link import LinkSpec
@@ -466,29 +468,82 @@ def group_torus_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     nlinks = topology.num_chips * 2 * topology.ndim
     factors, slowed = _slowdowns(topology, faults)
     totals = np.zeros(nlinks, dtype=np.int64)
+    # (local link id, bytes) per phase; the all-gather turns every transfer round
+    rs = [(ids, nbytes) for _, _, nbytes, ids in
+          axis_reduce_scatter_phases(op, group_torus, num_elements, itemsize, "torus")]
+    turned = [(_reverse_link_ids(group_torus, ids), nbytes) for ids, nbytes in reversed(rs)]
+    phases = {"allreduce": rs + turned, "reduce_scatter": rs, "all_gather": turned}[op]
+    pairs = _PairRoutes.build(topology, members, group_torus, phases, devices_per_chip)
 
-    def phase(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> float:
-        """One phase: local transfers (T,) sent in every group at once."""
-        sent = nbytes > 0
-        src, dst = members[:, src[sent]].reshape(-1), members[:, dst[sent]].reshape(-1)
-        nbytes = np.broadcast_to(nbytes[sent], (len(members), int(sent.sum()))).reshape(-1)
-        src_chip, dst_chip = src // devices_per_chip, dst // devices_per_chip
-        ici = src_chip != dst_chip
+    def phase(ids: np.ndarray, nbytes: np.ndarray) -> float:
+        """One phase: local transfers (T,), by local link id, sent in every group at once."""
+        pair_bytes = np.bincount(pairs.index[ids], weights=nbytes, minlength=pairs.count)  # (P,)
+        entry_bytes = pair_bytes[pairs.entry_pair]                             # (E,)
         seconds = 0.0
-        if ici.any():
-            edge, ids, hops = _routes(topology, src_chip[ici], dst_chip[ici])
-            loads = np.bincount(ids, weights=nbytes[ici][edge], minlength=nlinks).astype(np.int64)
+        if entry_bytes.any():
+            loads = np.bincount(pairs.entry_link, weights=entry_bytes, minlength=nlinks)
+            loads = loads.astype(np.int64)
             totals[:] += loads
-            seconds = _phase_seconds(topology, loads, slowed, int(hops.max()), link)
-        if not ici.all():
-            copied = np.bincount(src[~ici], weights=nbytes[~ici]).max()
-            seconds = max(seconds, float(copied) / on_chip_bytes_per_s)
+            hops = int(pairs.entry_hops[entry_bytes > 0].max())
+            seconds = _phase_seconds(topology, loads, slowed, hops, link)
+        copied = pair_bytes[pairs.on_chip_pair]                                # (O,)
+        if copied.any():  # each device copies what it sends on-chip, one after another
+            most = np.bincount(pairs.on_chip_device, weights=copied).max()
+            seconds = max(seconds, float(most) / on_chip_bytes_per_s)
         return seconds
 
-    rs = axis_reduce_scatter_phases(op, group_torus, num_elements, itemsize, "torus")
-    seconds = []
-    if op in ("allreduce", "reduce_scatter"):
-        seconds += [phase(src, dst, nbytes) for src, dst, nbytes, _ in rs]
-    if op in ("allreduce", "all_gather"):
-        seconds += [phase(dst, src, nbytes) for src, dst, nbytes, _ in reversed(rs)]
+    seconds = [phase(ids, nbytes) for ids, nbytes in phases]
     return _cost_of(topology, seconds, totals, factors, link)
+
+
+def _reverse_link_ids(topology: Torus, ids: np.ndarray) -> np.ndarray:
+    """Id of the link ``dst -> src`` for each directed link id ``src -> dst``."""
+    src, dst = _link_of_id(topology, ids)
+    return _link_ids(topology, dst, src)
+
+
+@dataclass(frozen=True)
+class _PairRoutes:
+    """The routes of every local link a group collective uses, in every group.
+
+    A step of the group torus's schedule goes between neighbours of the group
+    torus (a local link); every group sends over the same local links, and a
+    local link's bytes are the same in every group, so each is routed once per
+    group up front and a phase is one bincount of its bytes over the route
+    entries.
+
+    Attributes:
+        index: (n x 2 ndim,) position of each local link id among the used ones (-1: unused).
+        count: P, the local links used.
+        entry_pair: (E,) the local link (position) of each (group, link, hop) route entry.
+        entry_link: (E,) its directed ICI link id (``interconnect.cost._link_ids``).
+        entry_hops: (E,) the length of its route.
+        on_chip_pair: (O,) the local link of each (group, link) between two devices of one chip.
+        on_chip_device: (O,) its sending device.
+    """
+
+    index: np.ndarray
+    count: int
+    entry_pair: np.ndarray
+    entry_link: np.ndarray
+    entry_hops: np.ndarray
+    on_chip_pair: np.ndarray
+    on_chip_device: np.ndarray
+
+    @classmethod
+    def build(cls, topology: Torus, members: np.ndarray, group_torus: Torus, phases,
+              devices_per_chip: int) -> "_PairRoutes":
+        """Routes of the local links of ``phases`` ((ids, bytes) per phase) for ``members`` (R, n)."""
+        index = np.full(group_torus.num_chips * 2 * group_torus.ndim, -1, dtype=np.int64)
+        for ids, _ in phases:
+            index[ids] = 0
+        keys = np.flatnonzero(index == 0)
+        index[keys] = np.arange(len(keys))
+        local_src, local_dst = _link_of_id(group_torus, keys)
+        src, dst = members[:, local_src].reshape(-1), members[:, local_dst].reshape(-1)  # (R x P,)
+        src_chip, dst_chip = src // devices_per_chip, dst // devices_per_chip
+        pair = np.tile(np.arange(len(keys)), len(members))
+        ici = np.flatnonzero(src_chip != dst_chip)
+        edge, ids, hops = _routes(topology, src_chip[ici], dst_chip[ici])
+        on_chip = np.flatnonzero(src_chip == dst_chip)
+        return cls(index, len(keys), pair[ici][edge], ids, hops, pair[on_chip], src[on_chip])
