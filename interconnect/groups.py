@@ -3,11 +3,10 @@
 A sharded step runs collectives over the devices along one mesh axis (a
 *group*: the devices that differ only in that axis's index). Every group of
 the axis runs the same collective at the same time, so they share the
-torus's links where their routes meet. Here a group's collective is a ring
-over the group in the order given (``pod.config.mesh.Mesh.groups(axis)``
-returns it in ring order: consecutive devices neighbours, or as near as the
-layout allows), built on local positions ``0..g-1`` by the ring builders of
-:mod:`interconnect.collectives`, then *re-labelled* onto torus ranks; the
+torus's links where their routes meet. A group's collective is built on
+local positions ``0..g-1`` (by the ring builders of
+:mod:`interconnect.collectives` or the multi-axis chains of
+:mod:`interconnect.chains`), then *re-labelled* onto torus ranks; the
 groups' phases are aligned (phase ``s`` of the result holds phase ``s`` of
 every group), so :func:`interconnect.cost.schedule_cost` sees the
 contention of groups that share links, and every transfer is routed over
@@ -29,7 +28,8 @@ Two algorithms (``algorithm``, :data:`GROUP_ALGORITHMS`):
   contend. Bandwidth term ``(n-1)/n x V / (W_bidi x m)`` for a group of
   ``n`` devices over ``m`` equal axes with wraparound, twice that on lines.
 - ``"ring"``: one unidirectional ring per group in the order given
-  (``Mesh.groups(axis, "ring")``), laid through the whole sub-torus; one
+  (``Mesh.groups(axis, "ring")``: consecutive devices neighbours, or as
+  near as the layout allows), laid through the whole sub-torus; one
   link per device per phase: ``(n-1)/n x V / W``. What the functional
   transport runs; kept for teaching and tests.
 
@@ -42,9 +42,11 @@ two TensorCores of one chip moves no ICI byte; it is an on-chip copy
 charged at ``on_chip_bytes_per_s`` (the pod passes one TensorCore's HBM
 bandwidth: an assumption, there is no published core-to-core figure; see
 VALIDATION.md), in parallel with the phase's ICI transfers (the phase
-takes the longer). Only the fast path (:func:`group_ring_cost`) takes
-several devices per chip; failed links (the schedule path) are refused
-there.
+takes the longer). Only the fast paths (:func:`group_ring_cost`,
+:func:`group_torus_cost`) take several devices per chip; failed links (the
+schedule path) are refused there. With ``"xla"`` a block may be the two
+TensorCores of a chip (an axis of the group torus of size 2 whose steps
+stay on a chip).
 """
 
 from __future__ import annotations
