@@ -7,8 +7,10 @@ device needs to run its part is :class:`DeviceGroups` (per axis: its group in
 ring order, the order the ring visits it, and in mesh order, the order of the
 shards). What the clock needs is :class:`MeshCollectiveCosts`: per (axis, op,
 bytes) the simulated cost of that collective over every group of the axis at
-once (``interconnect.group_collective_cost``: a ring per group, the groups'
-phases aligned, contention where they share links), computed once and kept.
+once (``interconnect.group_collective_cost``: by default as XLA runs it, over
+every torus axis of the block the mesh axis occupies at once and in both
+directions; or one unidirectional ring per group; the groups' phases aligned,
+contention where they share links), computed once and kept.
 
 Devices are chips on v4 / v5p (megacore), v5e and v6e; on v2 / v3 each
 TensorCore is a device (two per chip, device ``d`` on chip ``d // 2``): the
@@ -28,7 +30,7 @@ from typing import Any
 
 from chip import ChipSpec
 
-from interconnect import (GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
+from interconnect import (GROUP_ALGORITHMS, GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
                           group_collective_cost)
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
@@ -132,8 +134,8 @@ class MeshCollectiveCosts:
     Attributes:
         mesh: the device mesh.
         link: the calibrated ICI link.
-        on_chip_bytes_per_s: bandwidth of a ring step between two devices of
-            one chip (v2 / v3 TensorCores), bytes/s; None when the mesh has one
+        on_chip_bytes_per_s: bandwidth of a step between two devices of one
+            chip (v2 / v3 TensorCores), bytes/s; None when the mesh has one
             device per chip. The plan passes one TensorCore's HBM bandwidth
             (``on_chip_bandwidth``).
         faults: slowed and failed links in force (``pod.links``, link faults
@@ -143,6 +145,19 @@ class MeshCollectiveCosts:
             ``pod.config.ici.choose_algorithm``), so that data parallelism over
             the whole slice costs what the data-parallel figures of VALIDATION.md
             were checked with; None: the group ring.
+        algorithm: how a mesh axis's collective runs
+            (``interconnect.GROUP_ALGORITHMS``): ``"xla"`` (default), as XLA
+            runs it on a TPU slice, over every torus axis of the block the
+            mesh axis occupies (``Mesh.torus_axes``) at once, both directions
+            ([SB] sharding.md); ``"ring"``, one unidirectional ring per group
+            in ring order (what the functional transport runs; for teaching).
+        itemsize: bytes per element of what moves (2: bf16, the dtype XLA
+            moves parameters and activations in [SB] training.md). The cost
+            depends on the bytes; the element size only sets how finely a
+            buffer splits.
+
+    Raises:
+        ValueError: an unknown algorithm or an itemsize below 1.
     """
 
     mesh: Mesh
@@ -150,13 +165,30 @@ class MeshCollectiveCosts:
     on_chip_bytes_per_s: float | None = None
     faults: LinkFaults | None = None
     torus_algorithm: str | None = None
+    algorithm: str = "xla"
+    itemsize: int = 2
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in GROUP_ALGORITHMS:
+            raise ValueError(f"mesh collective algorithm {self.algorithm!r} is unknown; allowed: "
+                             f"{', '.join(GROUP_ALGORITHMS)}")
+        if isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int) or self.itemsize < 1:
+            raise ValueError(f"itemsize {self.itemsize!r} is not valid: bytes per element, an "
+                             "int >= 1 (2 for bf16)")
 
     @property
     def torus(self) -> Torus:
         """The chips' torus."""
         return self.mesh.torus
+
+    def group_torus(self, axis: str) -> Torus:
+        """The block of the torus each group of ``axis`` occupies, as a torus of its own:
+        one axis per ``AxisBlock`` (slowest first), its size, a ring where it wraps; the
+        groups of ``Mesh.groups(axis, "mesh")`` list their devices in its row-major order."""
+        blocks = self.mesh.torus_axes(axis)
+        return Torus(tuple(k.size for k in blocks), tuple(k.wraps for k in blocks))
 
     def cost(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
         """Every group of ``axis`` running ``op`` on ``nbytes`` per device at once.
@@ -164,9 +196,9 @@ class MeshCollectiveCosts:
         Args:
             axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
             op: allreduce, reduce_scatter or all_gather.
-            nbytes: bytes of each device's input buffer, float32 (the
-                ``CollectiveCall.nbytes`` of ``pod.programs.collectives``: an
-                all-gather's piece, a reduce-scatter's or allreduce's whole
+            nbytes: bytes of each device's input buffer in the dtype that moves
+                (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
+                an all-gather's piece, a reduce-scatter's or allreduce's whole
                 buffer).
 
         Returns:
@@ -188,13 +220,15 @@ class MeshCollectiveCosts:
         elif self._whole_torus(axis, op):
             result = self._torus_allreduce(int(nbytes))
         else:
-            elements = int(nbytes) // 4
+            elements = int(nbytes) // self.itemsize
             if op == "all_gather":  # the schedule's buffer is the gathered result
                 elements *= self.mesh.axis_size(axis)
-            result = group_collective_cost(op, self.torus, self.mesh.groups(axis, "ring"),
-                                           elements, self.link, faults=self.faults,
-                                           devices_per_chip=self.mesh.devices_per_chip,
-                                           on_chip_bytes_per_s=self.on_chip_bytes_per_s)
+            xla = self.algorithm == "xla"
+            result = group_collective_cost(
+                op, self.torus, self.mesh.groups(axis, "mesh" if xla else "ring"), elements,
+                self.link, self.itemsize, self.faults, devices_per_chip=self.mesh.devices_per_chip,
+                on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=self.algorithm,
+                group_torus=self.group_torus(axis) if xla else None)
         with self._lock:
             self._cache[key] = result
         return result
@@ -212,8 +246,9 @@ class MeshCollectiveCosts:
         chips allreduce one buffer each."""
         from interconnect import collective_cost
 
-        cost = collective_cost("allreduce", self.torus, max(1, nbytes // 4), self.link,
-                               algorithm=self.torus_algorithm, faults=self.faults)
+        cost = collective_cost("allreduce", self.torus, max(1, nbytes // self.itemsize), self.link,
+                               algorithm=self.torus_algorithm, itemsize=self.itemsize,
+                               faults=self.faults)
         if self.mesh.devices_per_chip > 1 and self.on_chip_bytes_per_s:
             local = 3 * nbytes / self.on_chip_bytes_per_s
             cost = dataclasses.replace(cost, seconds=cost.seconds + local,
