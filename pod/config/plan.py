@@ -461,9 +461,11 @@ def plan_ici(pod: PodShape, mesh: Mesh, num_elements: int, algorithm: str,
              faults: FaultPlan) -> IciPlan:
     """Decide the allreduce of a data axis that spans the whole pod.
 
-    The algorithm is chosen once over the links of step 0 (``pod.links``): the
-    given one, or the fastest for this pod when ``auto`` (for the whole model's
-    gradient buffer). Every step's collectives are then costed with it
+    The algorithm is decided once: the given one, or with ``auto`` the one XLA
+    runs on a TPU slice, ``torus`` (every torus axis at once, both directions:
+    ``interconnect.chains``; the calibration of VALIDATION.md reads the published
+    collective rows with it, and the fastest of the textbook algorithms
+    underestimates small slices without wraparound by up to 68%: C8 / C10). Every step's collectives are then costed with it
     (``MeshCollectiveCosts``, link faults in force). A mesh with fsdp or tensor
     axes has no such axis: its ``IciPlan`` holds the link only (the algorithm
     choice would take minutes at pod scale for nothing).
@@ -484,5 +486,6 @@ def plan_ici(pod: PodShape, mesh: Mesh, num_elements: int, algorithm: str,
         return IciPlan(algorithm="ring" if algorithm == "auto" else algorithm,
                        num_elements=num_elements, link=link, costs=())
     chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
-                                     algorithm=algorithm, faults=link_faults(faults.base_links))
+                                     algorithm="torus" if algorithm == "auto" else algorithm,
+                                     faults=link_faults(faults.base_links))
     return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=((0, first),))

@@ -23,7 +23,7 @@ default)::
       topology: 2x2                  # torus shape (default: from the slice)
       wraparound: true               # default: the generation's rules
       allreduce: auto                # auto | torus | bidirectional_ring | ring |
-                                     # halving_doubling | tree (auto: the fastest)
+                                     # halving_doubling | tree (auto: torus, what XLA runs)
       mesh: {data: 2, tensor: 2}     # device mesh, axes data | fsdp | tensor, -1: the rest
                                      # (pod/config/mesh.py; default {data: every device})
       links:                         # slowed or failed directed ICI links
@@ -82,7 +82,7 @@ from interconnect import ALLREDUCE_ALGORITHMS
 from pod.errors import ScenarioError
 from pod.workloads import DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES
 
-#: ``pod.allreduce`` values: an interconnect algorithm, or auto (the fastest for the pod).
+#: ``pod.allreduce`` values: an interconnect algorithm, or auto (torus: what XLA runs).
 ALLREDUCE_CHOICES = ("auto", *ALLREDUCE_ALGORITHMS)
 
 __all__ = [

@@ -17,6 +17,13 @@ The device at position i of its tensor group holds chunk i of the sequence.
 On a timing-only core (``core.execute`` False) the calls are issued with
 buffers of the right sizes and the results are zero views: no copy of a
 (B, T, C) activation.
+
+What the clock is told (``CollectiveCall``): the activations move in the
+dtype of the activations (bf16 under bf16 precision: :func:`wire_itemsize`),
+and each collective is overlapped with its matmul as XLA's collective matmul
+(windowed einsum) does: a ``leave`` / ``enter_grad`` with the matmuls that
+produce it (the trailing MXU records of its sub-layer), an ``enter`` all-gather
+with the matmul that consumes it.
 """
 
 from __future__ import annotations
@@ -27,9 +34,31 @@ from pod.programs.collectives import DeviceCollectives
 from pod.workloads.layers import timing_zeros
 from pod.workloads.transformer import TensorHooks
 
-__all__ = ["TensorCollectives"]
+__all__ = ["TensorCollectives", "wire_itemsize", "producing_records"]
 
 _F32 = np.float32
+#: bytes per element of the activations and the weights an MXU of this precision
+#: reads: what XLA moves after hoisting the convert ([SB] training.md: bf16)
+_WIRE_BYTES = {"bf16": 2, "int8": 1, "fp32": 4}
+
+
+def wire_itemsize(core) -> int:
+    """Bytes per element of the activations and gathered weights on ``core``'s wire:
+    bf16 (2) under bf16 precision, 4 under fp32, 1 under int8."""
+    return _WIRE_BYTES.get(getattr(core, "precision", "bf16"), 4)
+
+
+def producing_records(records, prefix: str) -> int:
+    """How many trailing op records produced a tensor-parallel collective's input:
+    the MXU records of its sub-layer (names starting with ``prefix``) at the end of
+    ``records``, and the adds that sum their parts ("..._sum")."""
+    count = 0
+    for rec in reversed(records):
+        if not rec.name.startswith(prefix) or not (rec.unit == "mxu"
+                                                    or rec.name.endswith("_sum")):
+            break
+        count += 1
+    return count
 
 
 class TensorCollectives(TensorHooks):
@@ -47,9 +76,16 @@ class TensorCollectives(TensorHooks):
         self.size = comm.axis_size("tensor")
         self.shapes_only = not core.execute
 
-    def _kw(self, tag: str) -> dict:
+    def _kw(self, tag: str, *, produced: bool = False) -> dict:
+        """The call's keywords: ``produced``: the input of the collective was just
+        produced by its sub-layer's matmuls (overlapped with them); else it feeds
+        the next matmul (overlapped with that one)."""
+        records = self.core.records
+        prefix = tag.rsplit("/", 1)[0] + "/"
+        overlap = ({"overlap_before": producing_records(records, prefix)} if produced
+                   else {"overlap_after": 1})
         return {"tag": f"{tag} {self.phase}", "kind": "activation",
-                "after_record": len(self.core.records)}
+                "after_record": len(records), "itemsize": wire_itemsize(self.core), **overlap}
 
     def _flat(self, v: np.ndarray) -> np.ndarray:
         if self.shapes_only:
@@ -57,7 +93,7 @@ class TensorCollectives(TensorHooks):
         return np.ascontiguousarray(v, dtype=_F32).reshape(-1)
 
     def _allreduce(self, tag: str, v: np.ndarray) -> np.ndarray:
-        out = self.comm.allreduce("tensor", self._flat(v), **self._kw(tag))
+        out = self.comm.allreduce("tensor", self._flat(v), **self._kw(tag, produced=True))
         return timing_zeros(v.shape, _F32) if self.shapes_only else out.reshape(v.shape)
 
     def _gather(self, tag: str, v: np.ndarray) -> np.ndarray:            # (B, t, C) -> (B, T, C)
@@ -69,12 +105,12 @@ class TensorCollectives(TensorHooks):
 
     def _scatter(self, tag: str, v: np.ndarray) -> np.ndarray:           # (B, T, C) -> (B, t, C)
         b, t, c = v.shape[0], v.shape[1] // self.size, v.shape[2]
+        kw = self._kw(tag, produced=True)
         if self.shapes_only:
-            self.comm.reduce_scatter("tensor", timing_zeros((v.size,), _F32), **self._kw(tag))
+            self.comm.reduce_scatter("tensor", timing_zeros((v.size,), _F32), **kw)
             return timing_zeros((b, t, c), _F32)
         buf = np.ascontiguousarray(v.reshape(b, self.size, t, c).transpose(1, 0, 2, 3))
-        return self.comm.reduce_scatter("tensor", buf.reshape(-1),
-                                        **self._kw(tag)).reshape(b, t, c)
+        return self.comm.reduce_scatter("tensor", buf.reshape(-1), **kw).reshape(b, t, c)
 
     def enter(self, tag, x):
         return self._gather(tag, x) if self.sequence else x

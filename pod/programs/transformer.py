@@ -60,7 +60,7 @@ from chip import to_bf16
 from pod.programs.collectives import AXES, DeviceCollectives
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
 from pod.programs.fsdp import chunk_elements, flat_chunk, pack_chunks, unpack_gathered
-from pod.programs.tensor import TensorCollectives
+from pod.programs.tensor import TensorCollectives, wire_itemsize
 from pod.workloads.layers import timing_zeros, vector_op
 from pod.workloads.optimizers import Optimizer
 from pod.workloads.transformer import (
@@ -444,7 +444,7 @@ class ShardedTransformer:
             return {}
         layer = self.local_model.layers[i]
         kw = {"tag": f"{layer.name} {phase}", "kind": "param_gather",
-              "after_record": len(core.records)}
+              "after_record": len(core.records), "itemsize": wire_itemsize(core)}
         if not core.execute:
             comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
                                                  np.float32), **kw)

@@ -1,20 +1,27 @@
-"""The simulated clock of a training step, one for every mesh: a compute stream and an ICI stream.
+"""The simulated clock of a training step, one for every mesh: a compute stream and
+an ICI stream per mesh axis.
 
 A device program (``pod.programs``) leaves two things: its op records
 (``chip.OpRecord``, run back to back on the TensorCore: the compute stream)
-and its collective calls (``CollectiveCall``: axis, op, bytes, kind and
-``after_record``, the number of op records issued before it). The plan costs
-each call (``pod.config.sharding.MeshCollectiveCosts``: every group of the
-axis at once, contention included). This module places them in time, as
-XLA's latency-hiding scheduler does on a TPU ([SB] "How to Scale Your Model",
-training chapter; the XLA async collective pipeline):
+and its collective calls (``CollectiveCall``: axis, op, bytes in the dtype
+that moves, kind, ``after_record`` = the op records issued before it, and its
+overlap window). The plan costs each call
+(``pod.config.sharding.MeshCollectiveCosts``: every group of the axis at once,
+contention included). This module places them in time, as XLA's
+latency-hiding scheduler does on a TPU ([SB] "How to Scale Your Model",
+training chapter; the XLA async collective pipeline and the flags the
+published MaxText runs set: async all-gather, reduce-scatter and all-reduce,
+overlap of compute and collectives, windowed-einsum collective matmul):
 
-- The ICI runs one collective at a time; each takes the first gap in the
-  ICI's time line at or after it is ready that fits it, in program order
-  (async collectives are issued in program order; a later one can use a gap
-  an earlier one left).
-- ``activation`` (tensor parallelism's allreduces): blocking. Ready when the
-  compute stream reaches it; the compute stream waits for its end.
+- Each mesh axis has its own ICI stream (its collectives run on the DMA
+  engines and links of its block of the torus; the device drives several
+  streams at once); a collective takes the first gap of its axis's stream at
+  or after it is ready that fits it, in program order.
+- ``activation`` (tensor parallelism's collectives): the compute stream waits
+  for it. With collective matmul (XLA's windowed einsum) it is decomposed
+  into the matmul that produces it (``overlap_before`` records: it may start
+  when they start) or consumes it (``overlap_after`` records: they run while
+  it completes), so only what the matmuls cannot hide shows.
 - ``param_gather`` (FSDP's all-gathers): prefetched one layer ahead. Ready
   when the compute stream reaches the *previous* param_gather (the first one
   at the step's start); the compute stream waits at its own point for its end.
@@ -27,12 +34,10 @@ With ``overlap=False`` (``training.overlap: false``: for teaching, and for
 what XLA fails to overlap) every collective blocks where it is issued: the
 step is the serial sum of its records and collectives.
 
-The step ends when both streams have. What the compute stream waits is the
-*exposed* collective time. A wait is charged to the axes of the collectives
-the ICI runs during it (a blocking tensor allreduce queued behind an fsdp
-gather charges the queueing to fsdp), so no axis's exposed time exceeds its
-total. The serial sum (every record and every collective one after another)
-is reported beside it, an upper bound.
+The step ends when every stream has. What the compute stream waits is the
+*exposed* collective time, each wait charged to the axis of the collective it
+waited for. The serial sum (every record and every collective one after
+another) is reported beside it, an upper bound.
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ class StepClock:
 
 
 class _Ici:
-    """The ICI's time line: busy intervals, sorted; a collective takes the first gap."""
+    """One axis's ICI stream: busy intervals, sorted; a collective takes the first gap."""
 
     def __init__(self) -> None:
         self.starts: list[float] = []
@@ -120,23 +125,6 @@ class _Ici:
         return t, t + seconds
 
 
-def _charge(exposed: dict[str, float], spans: Sequence[CollectiveSpan], t0: float, t1: float,
-            fallback: str, waits: list[tuple[float, float, str]] | None = None) -> None:
-    """Charge the wait [t0, t1) to the axes of the spans running in it, by overlap;
-    what no span covers (none should) goes to ``fallback``. The wait is appended to
-    ``waits`` as (t0, t1, fallback)."""
-    if waits is not None:
-        waits.append((t0, t1, fallback))
-    left = t1 - t0
-    for span in spans:
-        overlap = min(span.end, t1) - max(span.start, t0)
-        if overlap > 0:
-            exposed[span.axis] = exposed.get(span.axis, 0.0) + overlap
-            left -= overlap
-    if left > 1e-15:
-        exposed[fallback] = exposed.get(fallback, 0.0) + left
-
-
 def _check_call(call: Any, last_after: int, n: int) -> None:
     """A call's kind is known and its ``after_record`` within ``last_after..n``."""
     if call.kind not in COLLECTIVE_KINDS:
@@ -147,6 +135,48 @@ def _check_call(call: Any, last_after: int, n: int) -> None:
                          f"outside {last_after}..{n} (calls must be in issue order)")
 
 
+class _Stream:
+    """The compute stream: records back to back, waiting where a collective is due.
+
+    ``waits`` holds pending (record index, end, axis): before running that record
+    the stream waits until ``end`` (charged to ``axis``).
+    """
+
+    def __init__(self, seconds: Sequence[float], update_start: int) -> None:
+        self.seconds = seconds
+        self.update_start = update_start
+        self.t = 0.0
+        self.done = 0
+        self.starts: list[float] = []
+        self.pending: list[tuple[int, float, str]] = []
+        self.exposed: dict[str, float] = {}
+        self.waits: list[tuple[float, float, str]] = []
+        self.grad_end, self.grad_axis = 0.0, ""
+
+    def wait(self, until: float, axis: str) -> None:
+        if until > self.t:
+            self.waits.append((self.t, until, axis))
+            self.exposed[axis] = self.exposed.get(axis, 0.0) + until - self.t
+            self.t = until
+
+    def run_until(self, index: int) -> None:
+        while True:
+            for due in [w for w in self.pending if w[0] <= self.done]:
+                self.pending.remove(due)
+                self.wait(due[1], due[2])
+            if self.done >= index:
+                return
+            if self.done == self.update_start:  # the optimizer waits for the gradients
+                self.wait(self.grad_end, self.grad_axis)
+            self.starts.append(self.t)
+            self.t += self.seconds[self.done]
+            self.done += 1
+
+    def start_of(self, index: int) -> float:
+        """When record ``index`` started (the stream's time if it has not)."""
+        return self.starts[index] if 0 <= index < len(self.starts) else self.t
+
+
 def step_clock(records: Sequence[Any], calls: Sequence[Any],
                cost_seconds: Callable[[str, str, int], float],
                update_start: int | None = None, *, overlap: bool = True) -> StepClock:
@@ -154,8 +184,9 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
 
     Args:
         records: its op records in issue order (``.seconds`` simulated).
-        calls: its collective calls in issue order (``.axis``, ``.op``,
-            ``.nbytes``, ``.kind``, ``.after_record``, ``.tag``).
+        calls: its collective calls in issue order (``.axis``, ``.op``, ``.nbytes``,
+            ``.kind``, ``.after_record``, ``.tag``; optional ``.overlap_before`` and
+            ``.overlap_after``, records of collective matmul).
         cost_seconds: (axis, op, nbytes) -> simulated seconds of the collective
             over every group of the axis (the plan's ``MeshCollectiveCosts.seconds``).
         update_start: the optimizer's first record; None: after the last grad_reduce.
@@ -169,64 +200,55 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
             ``0..len(records)`` or decreasing.
     """
     n = len(records)
-    grads = [c.after_record for c in calls if c.kind == "grad_reduce"]
     if update_start is None:
-        update_start = max(grads, default=n)
-    seconds = [float(r.seconds) for r in records]
-    ici = _Ici()
+        update_start = max((c.after_record for c in calls if c.kind == "grad_reduce"), default=n)
+    stream = _Stream([float(r.seconds) for r in records], update_start)
+    ici: dict[str, _Ici] = {}
     axis_bytes: dict[str, int] = {}
     axis_seconds: dict[str, float] = {}
-    exposed: dict[str, float] = {}
     spans: list[CollectiveSpan] = []
-    waits: list[tuple[float, float, str]] = []
-    t, done, last_after, prev_gather = 0.0, 0, 0, 0.0
-    grad_end, grad_axis = 0.0, ""
-
-    def run_until(index: int) -> None:
-        nonlocal t, done
-        while done < index:
-            if done == update_start and grad_end > t:  # the optimizer waits for the gradients
-                _charge(exposed, spans, t, grad_end, grad_axis, waits)
-                t = grad_end
-            t += seconds[done]
-            done += 1
-
+    last_after, prev_gather = 0, 0.0
     for call in calls:
         _check_call(call, last_after, n)
         last_after = call.after_record
-        run_until(call.after_record)
+        stream.run_until(call.after_record)
         cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
-        ready = prev_gather if call.kind == "param_gather" and overlap else t
-        start, end = ici.place(ready, cost)
+        before = int(getattr(call, "overlap_before", 0)) if overlap else 0
+        after = int(getattr(call, "overlap_after", 0)) if overlap else 0
+        if call.kind == "param_gather" and overlap:
+            ready = prev_gather
+        else:
+            ready = stream.start_of(call.after_record - before) if before else stream.t
+        start, end = ici.setdefault(call.axis, _Ici()).place(ready, cost)
         spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
                                     int(call.nbytes), start, end))
         if call.kind == "param_gather":
-            prev_gather = t
+            prev_gather = stream.t
         if call.kind == "grad_reduce" and overlap:
-            if end >= grad_end:
-                grad_end, grad_axis = end, call.axis
-        elif end > t:  # activation and param_gather: the compute stream waits
-            _charge(exposed, spans, t, end, call.axis, waits)
-            t = end
+            if end >= stream.grad_end:
+                stream.grad_end, stream.grad_axis = end, call.axis
+        elif after:
+            stream.pending.append((min(n, call.after_record + after), end, call.axis))
+        else:
+            stream.wait(end, call.axis)
         axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
         axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
-    run_until(n)
-    if update_start >= n and grad_end > t:  # no optimizer records: the step waits anyway
-        _charge(exposed, spans, t, grad_end, grad_axis, waits)
-        t = grad_end
-    tail = max((s.end for s in spans), default=0.0)
-    if tail > t:  # collectives still running when compute is done
-        last = max(spans, key=lambda s: s.end)
-        _charge(exposed, spans, t, tail, last.axis, waits)
-        t = tail
-    compute = sum(seconds[:update_start])
-    update = sum(seconds[update_start:])
+    stream.run_until(n)
+    if update_start >= n:  # no optimizer records: the step waits for the gradients anyway
+        stream.wait(stream.grad_end, stream.grad_axis)
+    for _, end, axis in stream.pending:
+        stream.wait(end, axis)
+    last = max(spans, key=lambda sp: sp.end, default=None)
+    if last is not None:  # collectives still running when compute is done
+        stream.wait(last.end, last.axis)
+    seconds = stream.seconds
+    compute, update = sum(seconds[:update_start]), sum(seconds[update_start:])
     total = sum(axis_seconds.values())
-    return StepClock(step_seconds=t, compute_seconds=compute, update_seconds=update,
-                        collective_seconds=total, exposed_seconds=t - compute - update,
-                        serial_seconds=compute + update + total, axis_bytes=axis_bytes,
-                        axis_seconds=axis_seconds, axis_exposed_seconds=exposed,
-                        spans=tuple(spans), waits=tuple(waits))
+    return StepClock(step_seconds=stream.t, compute_seconds=compute, update_seconds=update,
+                     collective_seconds=total, exposed_seconds=stream.t - compute - update,
+                     serial_seconds=compute + update + total, axis_bytes=axis_bytes,
+                     axis_seconds=axis_seconds, axis_exposed_seconds=stream.exposed,
+                     spans=tuple(spans), waits=tuple(stream.waits))
 
 
 @dataclass(frozen=True)
