@@ -49,7 +49,6 @@ costs wall time in the number of ops, not in their sizes.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -101,18 +100,22 @@ class ParamLayout:
 
 
 def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
-    """Checks that ``tensor`` devices can split the heads and the MLP hidden units.
+    """Checks that ``tensor`` devices can split the query heads, the key / value
+    heads and the MLP hidden units.
 
     Raises:
         ValueError: one line, e.g. ``tensor 3 does not divide the transformer's
-            heads 4 and mlp_dim 32; tensor must divide both: 1, 2, 4``.
+            heads 4, kv_heads 4 and mlp_dim 32; tensor must divide all three: 1,
+            2, 4``.
     """
-    if config.heads % tensor == 0 and config.mlp_dim % tensor == 0:
+    sizes = (config.heads, config.kv_heads, config.mlp_dim)
+    if all(n % tensor == 0 for n in sizes):
         return
-    both = math.gcd(config.heads, config.mlp_dim)
-    choices = ", ".join(str(d) for d in range(1, both + 1) if both % d == 0)
-    raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads} "
-                     f"and mlp_dim {config.mlp_dim}; tensor must divide both: {choices}")
+    common = math.gcd(*sizes)
+    choices = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+    raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads}, "
+                     f"kv_heads {config.kv_heads} and mlp_dim {config.mlp_dim}; tensor must "
+                     f"divide all three: {choices}")
 
 
 def param_layout(model: TransformerModel, sizes: Mapping[str, int]) -> list[ParamLayout]:
@@ -177,8 +180,7 @@ class ShardedTransformer:
         if self.sequence_parallel and cfg.sequence_length % self.tensor:
             raise ValueError(f"sequence parallelism: tensor {self.tensor} does not divide the "
                              f"sequence length {cfg.sequence_length}")
-        self.local_model = TransformerModel(dataclasses.replace(
-            cfg, heads=cfg.heads // self.tensor, mlp_dim=cfg.mlp_dim // self.tensor))
+        self.local_model = TransformerModel(cfg.tensor_local(self.tensor))
         self._keys = self.local_model.layer_param_keys()
         self._split = {key: layer.tensor_split.get(local)
                        for layer, keys in zip(self.local_model.layers, self._keys)
