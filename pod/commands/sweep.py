@@ -333,6 +333,12 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
     return rows
 
 
+def _save_png(fig: Any, path: Path) -> None:
+    """Write a figure as PNG whole or not at all (``pod.safe_io.write_atomic``): a full
+    disk is one ``OutputError`` line, never a truncated PNG."""
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+
+
 def _labels(point: SweepPoint) -> dict[str, Any]:
     v = point.values
     mesh = v.get("pod__mesh")
@@ -436,7 +442,7 @@ def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(output_dir / name, dpi=110)
+    _save_png(fig, output_dir / name)
     plt.close(fig)
     return output_dir / name
 
@@ -502,7 +508,7 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(f"{scenario.name}: simulated step time, critical path")
     fig.tight_layout()
-    fig.savefig(output_dir / "breakdown.png", dpi=110)
+    _save_png(fig, output_dir / "breakdown.png")
     plt.close(fig)
     return output_dir / "breakdown.png"
 
@@ -564,7 +570,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(output_dir / name, dpi=110)
+        _save_png(fig, output_dir / name)
         plt.close(fig)
         written.append(output_dir / name)
     written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
@@ -603,7 +609,7 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated)")
     fig.tight_layout()
-    fig.savefig(output_dir / "tokens.png", dpi=110)
+    _save_png(fig, output_dir / "tokens.png")
     plt.close(fig)
     return output_dir / "tokens.png"
 
@@ -648,6 +654,6 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
                  "(simulated)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(output_dir / "layouts.png", dpi=110)
+    _save_png(fig, output_dir / "layouts.png")
     plt.close(fig)
     return output_dir / "layouts.png"
