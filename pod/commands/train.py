@@ -35,7 +35,8 @@ from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
 from pod.runtime.coordinator import Pod
 from pod.state.checkpoint import Checkpoint
-from pod.state.resume import RunCheckpoints, resume_checkpoint
+from pod.safe_io import lock_directories
+from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
 __all__ = ["Run", "run_training", "RESULT_FILES"]
 
@@ -78,6 +79,9 @@ class Run:
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
+        DirectoryInUseError: another live run or sweep holds the output or the
+            checkpoint directory (``pod.safe_io.lock_directories``; held from
+            here to the end of ``run``).
         ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``.
     """
 
@@ -97,6 +101,7 @@ class Run:
         self.traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
         self.hold_seconds = hold_seconds
         self.history: list[StepStats] | None = [] if keep_history else None
+        self.locks = lock_directories(self.output_dir, checkpoint_dir(plan, self.output_dir))
         if self.output_dir is not None:
             if resume_dir is None:
                 self._warn_overwrite(self.output_dir)
@@ -211,6 +216,7 @@ class Run:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+            self.locks.release()
 
     def _make_pod(self) -> Any:
         """The pod this run trains on (a ``ShardedRun`` makes a sharded one)."""
