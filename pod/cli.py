@@ -442,8 +442,17 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
                    "on chip actors [default: the sweep block's].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the rows as one JSON list on stdout (progress goes to stderr).")
-def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bool) -> None:
-    """Run the scaling experiment in SCENARIO's sweep: block."""
+@click.option("--fresh", is_flag=True,
+              help="Run every point again, ignoring the points an earlier, stopped run of the "
+                   "same sweep finished in this output directory.")
+def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bool,
+          fresh: bool) -> None:
+    """Run the scaling experiment in SCENARIO's sweep: block.
+
+    Each finished point is kept on disk as it finishes (sweep-journal.jsonl and
+    results.csv in the output directory): a sweep stopped by Ctrl-C or SIGTERM
+    and run again into the same directory, with the same scenario and mode, runs
+    only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from pod.commands.sweep import run_sweep, sweep_points
@@ -475,7 +484,13 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
                 line = f"point {row['point']}/{total}: failed: {row['error']}"
             progress.console.print(line, highlight=False, soft_wrap=True)
 
-        rows = run_sweep(spec, out_dir, mode=mode, on_point=report)
+        def resumed(done: int, journal: Path) -> None:
+            progress.console.print(f"Resuming: {done} of {total} points already done "
+                                   f"({journal}, same scenario and mode); --fresh runs them "
+                                   "again", highlight=False, soft_wrap=True)
+
+        rows = run_sweep(spec, out_dir, mode=mode, on_point=report, fresh=fresh,
+                         on_resume=resumed)
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. Wrote {out_dir}/results.csv, "
