@@ -32,6 +32,8 @@ from pod.report.model_summary import layer_costs, plan_model_tables
 __all__ = ["cli", "main"]
 
 EXIT_USER_ERROR = 2
+#: Most steps one --trace holds (each keeps its events in memory until the trace is written).
+MAX_TRACED_STEPS = 1_000
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,7 +59,8 @@ def cli() -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Chrome trace (Perfetto, chrome://tracing) of the simulated timeline.")
 @click.option("--trace-steps", default=None,
-              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last [default: last].")
+              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last (at most 1,000) "
+                   "[default: last].")
 @click.option("--hold", is_flag=True, help="Keep the metrics endpoint up after the run, until Ctrl-C.")
 @click.option("--hold-seconds", type=click.FloatRange(min=0), default=0.0,
               help="Keep the metrics endpoint up this many seconds after the run.")
@@ -131,6 +134,9 @@ def _parse_steps(text: str, total: int) -> list[int]:
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a list of step numbers such as 1,5,10 or "
                                  f"'last'", param_hint="--trace-steps") from None
+    if len(steps) > MAX_TRACED_STEPS:  # each traced step keeps its events in memory
+        raise click.BadParameter(f"at most {MAX_TRACED_STEPS:,} steps can be traced, got "
+                                 f"{len(steps):,}", param_hint="--trace-steps")
     bad = [s for s in steps if not 1 <= s <= total]
     if bad or not steps:
         raise click.BadParameter(f"steps must be between 1 and {total}, got {text!r}",
@@ -287,8 +293,8 @@ def _pod_json(pod) -> dict[str, Any]:
 
 @cli.command(short_help="Sample text from a char_lstm or transformer checkpoint.")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--length", type=click.IntRange(min=1), default=300, show_default=True,
-              help="Characters to generate.")
+@click.option("--length", type=click.IntRange(min=1, max=100_000), default=300,
+              show_default=True, help="Characters to generate (at most 100,000).")
 @click.option("--prompt", default="", help="Text to start from (characters the model knows).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8,
               show_default=True, help="Sampling temperature (lower: more conservative).")

@@ -217,8 +217,10 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         pod = TimingPod(plan)
         stats = [pod.step(s) for s in range(plan.steps)]
     else:
+        from pod.runtime.admission import admit
         from pod.runtime.coordinator import Pod
 
+        admit(plan)  # before any actor: the point's row says how many chips fit
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
     wall = time.perf_counter() - t0

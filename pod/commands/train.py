@@ -33,6 +33,7 @@ from pod.report.metrics import PodMetrics
 from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
 from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
+from pod.runtime.admission import admit
 from pod.runtime.coordinator import Pod
 from pod.state.checkpoint import Checkpoint
 from pod.safe_io import lock_directories
@@ -256,6 +257,7 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
+        admit(plan)  # a pod this machine cannot hold is one line, before any actor
         self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         self.console.print(f"{plan.pod.chips} chip actors ready in "

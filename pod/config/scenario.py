@@ -80,6 +80,7 @@ from chip import MXU_MODELS
 from chip import PRECISIONS as CHIP_PRECISIONS
 from interconnect import ALLREDUCE_ALGORITHMS
 from pod.errors import ScenarioError
+from pod.safe_io import read_regular
 from pod.workloads import DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES
 
 #: ``pod.allreduce`` values: an interconnect algorithm, or auto (the fastest for the pod).
@@ -825,19 +826,21 @@ def _expanded_size(node: yaml.Node, seen: dict[int, tuple[int, int]]) -> tuple[i
 
 
 def _read_scenario_text(path: Path) -> str:
-    """The file's text, at most ``MAX_SCENARIO_BYTES`` read (``/dev/zero`` ends too).
+    """The file's text, at most ``MAX_SCENARIO_BYTES`` read, from a regular file only
+    (a FIFO or ``/dev/zero`` is one line, not a hang).
 
     Raises:
-        ScenarioError: unreadable, too large, or not UTF-8.
+        ScenarioError: unreadable, not a regular file, too large, or not UTF-8.
     """
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_SCENARIO_BYTES + 1)
-    except OSError as err:
-        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
-    if len(raw) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{path}: the scenario file is larger than {MAX_SCENARIO_BYTES:,} "
-                            "bytes; a scenario is a small YAML file")
+    try:  # a regular file only: a FIFO would block the read, /dev/zero never end
+        raw = read_regular(path, MAX_SCENARIO_BYTES, "scenarios")
+    except ValueError as err:
+        if "larger than" in str(err):
+            raise ScenarioError(f"{path}: the scenario file is larger than "
+                                f"{MAX_SCENARIO_BYTES:,} bytes; a scenario is a small YAML "
+                                "file") from None
+        raise ScenarioError(str(err).replace(": cannot read (", ": cannot read the scenario "
+                                             "file (")) from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -25,6 +25,7 @@ from interconnect import Schedule, ScheduleCost, build_collective
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.errors import USER_ERRORS, CheckpointError, ChipFailureError, ClusterError
 from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, overlapped_end
+from pod.runtime.admission import ACTOR_CPUS
 from pod.runtime.actor import ApplyReport, ChipActor, ComputeReport, Evaluation, Snapshot
 from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
 from pod.runtime.collective import install_schedule, split_chunks
@@ -35,8 +36,8 @@ __all__ = ["Pod", "combine_reports", "chip_arguments"]
 # Each chip actor reserves a token CPU share, so that a pod of many chips fits on
 # a few cores (the emulation is not CPU-bound per actor); placement groups need a
 # non-zero resource per bundle. 0.001: 2,000 chips per advertised CPU (0.01 refused
-# a v5e-256 on a 2-core machine: 2.56 CPUs of bundles).
-_ACTOR_CPUS = 0.001
+# a v5e-256 on a 2-core machine: 2.56 CPUs of bundles). Admission checks it.
+_ACTOR_CPUS = ACTOR_CPUS
 _PLACEMENT_TIMEOUT_S = 60.0
 
 

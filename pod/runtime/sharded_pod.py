@@ -24,13 +24,14 @@ from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, device_gr
 from pod.report.sharded import ShardedClock, sharded_step_clock
 from pod.report.stats import StepStats
 from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
+from pod.runtime.admission import SHARDED_ACTOR_CPUS
 from pod.runtime.sharded_actor import (ShardedChipActor, ShardedReport, device_coords,
                                        record_stand_ins)
 
 __all__ = ["ShardedPod", "ShardedTrainingPod", "batch_shard", "combine_sharded_reports",
            "device_clock"]
 
-_ACTOR_CPUS = 0.01
+_ACTOR_CPUS = SHARDED_ACTOR_CPUS  # a token share per device actor; admission checks it
 #: run ids per step: a step may issue at most this many collectives per device
 RUNS_PER_STEP = 1 << 20
 
