@@ -482,6 +482,43 @@ def _check_npy_header(path: Path, info: zipfile.ZipInfo, member) -> None:
                          f"({declared:,} bytes) but holds {info.file_size:,} bytes; refused")
 
 
+def _imdb_labels(path: Path, key: str, y: np.ndarray, rows: int) -> np.ndarray:
+    """An .npz's labels, checked for type and range before any conversion (a float
+    0.5 must not become 0)."""
+    if y.dtype.kind not in "biu" or y.ndim not in (1, 2) or (y.ndim == 2 and y.shape[1] != 1):
+        raise ValueError(f"{path}: {key} must be {rows:,} integer labels of 0 or 1, got "
+                         f"{y.dtype} {y.shape}")
+    y = y.reshape(-1)
+    if len(y) != rows:
+        raise ValueError(f"{path}: {key} has {len(y):,} labels for {rows:,} sequences")
+    bad = y[(y != 0) & (y != 1)]
+    if bad.size:
+        raise ValueError(f"{path}: {key} must hold labels of 0 or 1, found {bad[0].item()!r} "
+                         f"({bad.size:,} such)")
+    return y.astype(np.int64)
+
+
+def _imdb_npz(path: Path, num_words: int, maxlen: int) -> Dataset:
+    """A pre-tokenised IMDB .npz: token ids and labels checked for type and range."""
+    arrays = _read_npz(path, "imdb", ("x_train", "y_train", "x_test", "y_test"))
+    xs, ys = {}, {}
+    for split in ("train", "test"):
+        key, x = f"x_{split}", arrays[f"x_{split}"]
+        if x.ndim != 2 or x.dtype.kind not in "iu":
+            raise ValueError(f"{path}: {key} must be an integer array (N, L), got "
+                             f"{x.dtype} {x.shape}")
+        _check_values(path, key, x.size)
+        if x.size and x.min() < 0:
+            raise ValueError(f"{path}: {key} holds negative token ids (smallest {x.min()}); "
+                             "token ids are 0 (padding), 1 (out of vocabulary) and up")
+        x = np.where(x >= num_words, 1, x.astype(np.int64))                # out of vocabulary
+        xs[split] = pad_sequences([row[np.argmax(row != 0):] if row.any() else [] for row in x],
+                                  maxlen)
+        ys[split] = _imdb_labels(path, f"y_{split}", arrays[f"y_{split}"], len(x))
+    return Dataset("imdb", xs["train"], ys["train"], xs["test"], ys["test"], 2,
+                   synthetic=False, source=str(path))
+
+
 def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 15000,
               maxlen: int = 250) -> Dataset:
     """IMDB reviews as (N, maxlen) int32 token ids, labels 1 positive / 0 negative."""
@@ -492,24 +529,7 @@ def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 1500
         _regular(path)
         if path.suffix != ".npz":
             raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
-        arrays = _read_npz(path, "imdb", ("x_train", "y_train", "x_test", "y_test"))
-        for k in ("x_train", "x_test"):
-            if arrays[k].ndim != 2 or arrays[k].dtype.kind not in "iu":
-                raise ValueError(f"{path}: {k} must be an integer array (N, L), got "
-                                 f"{arrays[k].dtype} {arrays[k].shape}")
-        xs = {}
-        for k in ("x_train", "x_test"):
-            x = arrays[k].astype(np.int64)
-            x = np.where(x >= num_words, 1, x)                            # out of vocabulary
-            xs[k] = pad_sequences([row[np.argmax(row != 0):] if row.any() else [] for row in x],
-                                  maxlen)
-        ys = {k: arrays[k].astype(np.int64).reshape(-1) for k in ("y_train", "y_test")}
-        for k, x in (("train", xs["x_train"]), ("test", xs["x_test"])):
-            y = ys[f"y_{k}"]
-            if len(y) != len(x) or (y.size and not np.all((y == 0) | (y == 1))):
-                raise ValueError(f"{path}: y_{k} must be {len(x)} labels of 0 or 1")
-        return Dataset("imdb", xs["x_train"], ys["y_train"], xs["x_test"], ys["y_test"], 2,
-                       synthetic=False, source=str(path))
+        return _imdb_npz(path, num_words, maxlen)
     if (path / "train").is_dir():
         train_texts, train_labels = _read_reviews(path / "train")
         test_texts, test_labels = _read_reviews(path / "test")
