@@ -21,6 +21,7 @@ from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
 from pod.config.plan import TrainingPlan
+from pod.config.scenario import is_loopback
 from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
                         ScenarioError)
 from pod.report.console import (epoch_line, evaluation_text, hold, make_console, progress_bar,
@@ -250,6 +251,9 @@ class Run:
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
+            if scenario.metrics.expose and not is_loopback(scenario.metrics.host):
+                self.warn(f"warning: metrics.expose: serving metrics on {scenario.metrics.host}, "
+                          "beyond loopback: anyone who can reach this machine can read them")
         if self.resumed is not None:
             self.console.print(f"Resuming from {self.resumed_path} (step {self.step_index} of "
                                f"{plan.steps})")

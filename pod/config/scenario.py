@@ -65,6 +65,7 @@ default)::
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 import reprlib
@@ -350,11 +351,37 @@ class TrainingConfig(_Frozen):
         return self
 
 
+def is_loopback(host: str) -> bool:
+    """True for a loopback address (127.0.0.0/8, ::1) or ``localhost``; no name is
+    looked up (a lookup could wait on DNS without bound)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class MetricsConfig(_Frozen):
-    """The Prometheus endpoint."""
+    """The Prometheus endpoint: on loopback unless ``expose`` says otherwise.
+
+    Serving metrics beyond loopback (``host: 0.0.0.0``, a LAN address) lets
+    anyone who reaches the machine read them: it needs ``expose: true``, and the
+    run prints a warning.
+    """
 
     port: int = Field(default=9188, ge=0, le=65535)
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    expose: bool = Field(default=False, description="serve on a host beyond loopback (0.0.0.0, "
+                                                    "a network address): a deliberate choice")
+
+    @model_validator(mode="after")
+    def _exposure_is_a_choice(self) -> "MetricsConfig":
+        if not is_loopback(self.host) and not self.expose:
+            raise ValueError(f"host: {self.host!r} is beyond loopback: anyone who reaches this "
+                             "machine could read the metrics; set metrics.expose: true to serve "
+                             "them there, or use 127.0.0.1")
+        return self
 
 
 class RayConfig(_Frozen):
