@@ -181,8 +181,11 @@ class RunResult:
         right.set(xlabel="step", ylabel="simulated ms", title="step time (simulated)")
         right.legend(loc="upper right")
         fig.tight_layout()
-        if path is not None:
-            fig.savefig(path)
+        if path is not None:  # whole or not at all, like every file the tool writes
+            from pod.safe_io import write_atomic
+
+            fmt = Path(path).suffix.lstrip(".").lower() or "png"
+            write_atomic(Path(path), lambda f: fig.savefig(f, format=fmt), binary=True)
         return fig
 
 

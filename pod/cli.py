@@ -33,6 +33,8 @@ from pod.report.model_summary import layer_costs, plan_model_tables
 __all__ = ["cli", "main"]
 
 EXIT_USER_ERROR = 2
+#: Most steps one --trace holds (each keeps its events in memory until the trace is written).
+MAX_TRACED_STEPS = 1_000
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -58,7 +60,8 @@ def cli() -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Chrome trace (Perfetto, chrome://tracing) of the simulated timeline.")
 @click.option("--trace-steps", default=None,
-              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last [default: last].")
+              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last (at most 1,000) "
+                   "[default: last].")
 @click.option("--hold", is_flag=True, help="Keep the metrics endpoint up after the run, until Ctrl-C.")
 @click.option("--hold-seconds", type=click.FloatRange(min=0), default=0.0,
               help="Keep the metrics endpoint up this many seconds after the run.")
@@ -136,6 +139,9 @@ def _parse_steps(text: str, total: int) -> list[int]:
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a list of step numbers such as 1,5,10 or "
                                  f"'last'", param_hint="--trace-steps") from None
+    if len(steps) > MAX_TRACED_STEPS:  # each traced step keeps its events in memory
+        raise click.BadParameter(f"at most {MAX_TRACED_STEPS:,} steps can be traced, got "
+                                 f"{len(steps):,}", param_hint="--trace-steps")
     bad = [s for s in steps if not 1 <= s <= total]
     if bad or not steps:
         raise click.BadParameter(f"steps must be between 1 and {total}, got {text!r}",
@@ -324,8 +330,8 @@ def _pod_json(pod) -> dict[str, Any]:
 
 @cli.command(short_help="Sample text from a char_lstm or transformer checkpoint.")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--length", type=click.IntRange(min=1), default=300, show_default=True,
-              help="Characters to generate.")
+@click.option("--length", type=click.IntRange(min=1, max=100_000), default=300,
+              show_default=True, help="Characters to generate (at most 100,000).")
 @click.option("--prompt", default="", help="Text to start from (characters the model knows).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8,
               show_default=True, help="Sampling temperature (lower: more conservative).")
@@ -479,8 +485,17 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
                    "on chip actors [default: the sweep block's].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the rows as one JSON list on stdout (progress goes to stderr).")
-def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bool) -> None:
-    """Run the scaling experiment in SCENARIO's sweep: block."""
+@click.option("--fresh", is_flag=True,
+              help="Run every point again, ignoring the points an earlier, stopped run of the "
+                   "same sweep finished in this output directory.")
+def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bool,
+          fresh: bool) -> None:
+    """Run the scaling experiment in SCENARIO's sweep: block.
+
+    Each finished point is kept on disk as it finishes (sweep-journal.jsonl and
+    results.csv in the output directory): a sweep stopped by Ctrl-C or SIGTERM
+    and run again into the same directory, with the same scenario and mode, runs
+    only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from pod.commands.sweep import run_sweep, sweep_points
@@ -512,7 +527,13 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
                 line = f"point {row['point']}/{total}: failed: {row['error']}"
             progress.console.print(line, highlight=False, soft_wrap=True)
 
-        rows = run_sweep(spec, out_dir, mode=mode, on_point=report)
+        def resumed(done: int, journal: Path) -> None:
+            progress.console.print(f"Resuming: {done} of {total} points already done "
+                                   f"({journal}, same scenario and mode); --fresh runs them "
+                                   "again", highlight=False, soft_wrap=True)
+
+        rows = run_sweep(spec, out_dir, mode=mode, on_point=report, fresh=fresh,
+                         on_resume=resumed)
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. Wrote {out_dir}/results.csv, "

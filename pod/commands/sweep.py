@@ -8,6 +8,13 @@ trained on chip actors for ``steps`` steps. A point that fails (for example
 a batch that does not fit in HBM, or does not split over the cores) is
 recorded with its error and the sweep goes on.
 
+Finished points are never lost: each point's row is on disk as it finishes
+(``sweep-journal.jsonl``, and results.csv rewritten with the rows so far); a
+sweep stopped by SIGTERM or Ctrl-C exits 143 / 130 keeping them, and run again
+into the same directory (same scenario and mode) it runs only the points not
+done (``--fresh`` runs them all). The output directory is locked while a sweep
+writes it.
+
 Outputs, in the output directory: ``results.csv`` (a row per point),
 ``results.md`` (the same as a Markdown table), ``throughput.png`` (examples/s
 against the quantity the sweep varies: chips, else the batch, ...),
@@ -37,12 +44,15 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable
 
-from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
+from pod.commands.interrupt import RaiseOnSignals
+from pod.commands.sweep_journal import SweepJournal, point_key
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
 from pod.report.stats import mfu
+from pod.safe_io import lock_directories
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
 
@@ -195,8 +205,10 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         pod = TimingPod(plan)
         stats = [pod.step(s) for s in range(plan.steps)]
     else:
+        from pod.runtime.admission import admit
         from pod.runtime.pod import Pod
 
+        admit(plan)  # before any actor: the point's row says how many chips fit
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
     wall = time.perf_counter() - t0
@@ -272,54 +284,102 @@ def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
 
 
 def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
-              on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_point: Callable[[dict[str, Any]], None] | None = None, fresh: bool = False,
+              on_resume: Callable[[int, Path], None] | None = None) -> list[dict[str, Any]]:
     """Run every point of a sweep and write results.csv, results.md and the plots.
+
+    The output directory is locked for the sweep (``pod.safe_io.lock_directories``).
+    Each point's row is on disk as soon as it finishes: appended to
+    ``sweep-journal.jsonl`` (``SweepJournal``) and results.csv rewritten whole
+    with the rows so far. Run again into the same directory, the sweep reuses the
+    rows of the points already done (same scenario and mode) and runs the rest.
+    SIGINT / SIGTERM stop it at once with ``RunInterrupted`` (exit 130 / 143),
+    the finished rows kept.
 
     Args:
         scenario: a training scenario with a ``sweep`` block.
         output_dir: where the files go (created).
         mode: "timing" or "functional" (default: the sweep block's).
-        on_point: called with each finished row (progress).
+        on_point: called with each finished row (progress), reused ones included.
+        fresh: run every point again, ignoring the rows of an earlier run.
+        on_resume: called with the number of reused rows and the journal, if any.
 
     Returns:
         The rows, one per point, with the keys of ``COLUMNS``.
 
     Raises:
         ScenarioError: the scenario is not a sweep.
+        DirectoryInUseError: another run or sweep holds ``output_dir``.
+        RunInterrupted: SIGINT / SIGTERM (after keeping the finished rows).
     """
     points = sweep_points(scenario)
     mode = mode or scenario.sweep.mode
-    check_writable(output_dir)  # before the first point, not after the last
-    rows = []
-    for point in points:
-        row = {key: "" for key in COLUMNS}
-        row.update(point=point.index + 1, **_labels(point))
-        if scenario.sweep.per_device_batch:
-            row["per_device_batch"] = point.series[3]
-        if point.error:
-            row.update(status="failed", error=point.error)
-        else:
-            try:
-                row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
-            except HBMPlanError as err:  # the layout does not fit: say why and how much
-                row.update(status="failed", error=str(err), fits=False,
-                           hbm_per_device_bytes=(err.memory_plan or {}).get("total", ""))
-            except USER_ERRORS as err:
-                row.update(status="failed", error=str(err))
-        rows.append(row)
-        if on_point:
-            on_point(row)
-    _efficiency(rows, points)
+    with lock_directories(output_dir), RaiseOnSignals():
+        check_writable(output_dir)  # before the first point, not after the last
+        journal = SweepJournal(output_dir, scenario, mode, COLUMNS, fresh=fresh)
+        if journal.rows and on_resume is not None:
+            on_resume(sum(point_key(p.values) in journal.rows for p in points), journal.path)
+        rows: list[dict[str, Any]] = []
+        try:
+            for point in points:
+                row = journal.done(point.values)
+                if row is None:
+                    row = _point_row(scenario, point, mode)
+                    journal.record(point.values, row)
+                rows.append(row)
+                _write_results_csv(output_dir, rows, points)
+                if on_point:
+                    on_point(row)
+        except RunInterrupted as err:
+            raise RunInterrupted(err.signum, f"{err}; {len(rows)} of {len(points)} points kept "
+                                 f"in {output_dir / 'results.csv'} (run the sweep again to do "
+                                 "the rest)") from None
+        _efficiency(rows, points)
+        _write_results_csv(output_dir, rows, points)
+        table = markdown_table(scenario, rows, mode)
+        write_atomic(output_dir / "results.md", lambda f: f.write(table))
+        plot(scenario, rows, output_dir)
+    return rows
+
+
+def _point_row(scenario: Scenario, point: SweepPoint, mode: str) -> dict[str, Any]:
+    """Run one point; its row (a failed point's row carries its error)."""
+    row = {key: "" for key in COLUMNS}
+    row.update(point=point.index + 1, **_labels(point))
+    if scenario.sweep.per_device_batch:
+        row["per_device_batch"] = point.series[3]
+    if point.error:
+        row.update(status="failed", error=point.error)
+        return row
+    try:
+        row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
+    except HBMPlanError as err:  # the layout does not fit: say why and how much
+        row.update(status="failed", error=str(err), fits=False,
+                   hbm_per_device_bytes=(err.memory_plan or {}).get("total", ""))
+    except USER_ERRORS as err:
+        row.update(status="failed", error=str(err))
+    return row
+
+
+def _write_results_csv(output_dir: Path, rows: list[dict[str, Any]],
+                       points: list[SweepPoint]) -> None:
+    """results.csv with the rows so far (scaling efficiency among them), whole or not
+    at all (``write_atomic``)."""
+    rows = [dict(r) for r in rows]
+    _efficiency(rows, points[:len(rows)])
+
     def write_rows(f) -> None:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
 
     write_atomic(output_dir / "results.csv", write_rows, newline="")
-    table = markdown_table(scenario, rows, mode)
-    write_atomic(output_dir / "results.md", lambda f: f.write(table))
-    plot(scenario, rows, output_dir)
-    return rows
+
+
+def _save_png(fig: Any, path: Path) -> None:
+    """Write a figure as PNG whole or not at all (``pod.safe_io.write_atomic``): a full
+    disk is one ``OutputError`` line, never a truncated PNG."""
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
 
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
@@ -425,7 +485,7 @@ def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(output_dir / name, dpi=110)
+    _save_png(fig, output_dir / name)
     plt.close(fig)
     return output_dir / name
 
@@ -491,7 +551,7 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(f"{scenario.name}: simulated step time, critical path")
     fig.tight_layout()
-    fig.savefig(output_dir / "breakdown.png", dpi=110)
+    _save_png(fig, output_dir / "breakdown.png")
     plt.close(fig)
     return output_dir / "breakdown.png"
 
@@ -553,7 +613,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(output_dir / name, dpi=110)
+        _save_png(fig, output_dir / name)
         plt.close(fig)
         written.append(output_dir / name)
     written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
@@ -592,7 +652,7 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated)")
     fig.tight_layout()
-    fig.savefig(output_dir / "tokens.png", dpi=110)
+    _save_png(fig, output_dir / "tokens.png")
     plt.close(fig)
     return output_dir / "tokens.png"
 
@@ -637,6 +697,6 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
                  "(simulated)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(output_dir / "layouts.png", dpi=110)
+    _save_png(fig, output_dir / "layouts.png")
     plt.close(fig)
     return output_dir / "layouts.png"

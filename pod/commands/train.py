@@ -21,6 +21,7 @@ from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
 from pod.config.plan import TrainingPlan
+from pod.config.scenario import is_loopback
 from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
                         ScenarioError)
 from pod.report.console import (epoch_line, evaluation_text, hold, make_console, progress_bar,
@@ -34,8 +35,10 @@ from pod.report.metrics import PodMetrics
 from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
 from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
+from pod.runtime.admission import admit
 from pod.state.checkpoint import Checkpoint
-from pod.state.resume import RunCheckpoints, resume_checkpoint
+from pod.safe_io import lock_directories
+from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
 __all__ = ["Run", "run_training", "RESULT_FILES"]
 
@@ -81,6 +84,9 @@ class Run:
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
+        DirectoryInUseError: another live run or sweep holds the output or the
+            checkpoint directory (``pod.safe_io.lock_directories``; held from
+            here to the end of ``run``).
         ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``.
     """
 
@@ -103,6 +109,7 @@ class Run:
         self.traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
         self.hold_seconds = hold_seconds
         self.history: list[StepStats] | None = [] if keep_history else None
+        self.locks = lock_directories(self.output_dir, checkpoint_dir(plan, self.output_dir))
         if self.output_dir is not None:
             if resume_dir is None:
                 self._warn_overwrite(self.output_dir)
@@ -217,6 +224,7 @@ class Run:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+            self.locks.release()
 
     def _make_pod(self) -> Any:
         """The pod this run trains on: chip actors on Ray, or every device in this
@@ -254,6 +262,9 @@ class Run:
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
+            if scenario.metrics.expose and not is_loopback(scenario.metrics.host):
+                self.warn(f"warning: metrics.expose: serving metrics on {scenario.metrics.host}, "
+                          "beyond loopback: anyone who can reach this machine can read them")
         if self.resumed is not None:
             self.console.print(f"Resuming from {self.resumed_path} (step {self.step_index} of "
                                f"{plan.steps})")
@@ -261,6 +272,8 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
+        if self.backend == "ray":
+            admit(plan)  # a pod this machine cannot hold is one line, before any actor
         self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         where = "chip actors" if self.backend == "ray" else "chips in this process"

@@ -239,11 +239,6 @@ class Mesh:
             raise ValueError(f"mesh axis {axis!r} is unknown; allowed: {', '.join(AXIS_NAMES)}")
         return self.sizes.get(axis, 1)
 
-    @property
-    def is_data_parallel(self) -> bool:
-        """Only the data axis has more than one device (today's data-parallel run)."""
-        return self.axis_size("fsdp") == 1 and self.axis_size("tensor") == 1
-
     def chip_and_core(self, device: int) -> tuple[int, int]:
         """(chip rank, core) of a device id."""
         return divmod(int(device), self.devices_per_chip)

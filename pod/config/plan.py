@@ -172,6 +172,10 @@ def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dat
         except ValueError as err:
             raise ScenarioError(f"{_data_field(str(err), scenario.data.path)}: {err}") from None
     n_train = int(dataset.x_train.shape[0])
+    if not timing_only and int(dataset.x_test.shape[0]) == 0:  # never a test accuracy of 0.0
+        raise ScenarioError(f"{'data.path' if scenario.data.path else 'data'}: the test split of "
+                            f"{dataset.name} is empty (0 examples); the test loss and accuracy "
+                            "need at least one (give x_test and y_test examples)")
     shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
     if training.global_batch > n_train and not (timing_only and per_device * mesh.devices_per_chip
                                                    <= n_train):
@@ -201,6 +205,10 @@ def _model_for_data(scenario: Scenario, dataset: Dataset) -> Model:
             model.check_data(x, y)
         return model
     except TokenIdError as err:
+        if err.low < 0:  # the data's fault, not the vocabulary's
+            raise ScenarioError(f"{'data.path' if scenario.data.path else 'data'}: "
+                                f"{dataset.name} holds negative token ids (smallest {err.low}); "
+                                "token ids are 0 (padding) and up") from None
         if "vocabulary" not in MODEL_OPTIONS[name]:
             raise ScenarioError(f"data: {err}") from None
         raise ScenarioError(

@@ -65,6 +65,7 @@ default)::
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 import reprlib
@@ -80,6 +81,7 @@ from chip import MXU_MODELS
 from chip import PRECISIONS as CHIP_PRECISIONS
 from interconnect import ALLREDUCE_ALGORITHMS
 from pod.errors import ScenarioError
+from pod.safe_io import read_regular
 from pod.workloads import DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES
 
 #: ``pod.allreduce`` values: an interconnect algorithm, or auto (torus: what XLA runs).
@@ -349,11 +351,37 @@ class TrainingConfig(_Frozen):
         return self
 
 
+def is_loopback(host: str) -> bool:
+    """True for a loopback address (127.0.0.0/8, ::1) or ``localhost``; no name is
+    looked up (a lookup could wait on DNS without bound)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class MetricsConfig(_Frozen):
-    """The Prometheus endpoint."""
+    """The Prometheus endpoint: on loopback unless ``expose`` says otherwise.
+
+    Serving metrics beyond loopback (``host: 0.0.0.0``, a LAN address) lets
+    anyone who reaches the machine read them: it needs ``expose: true``, and the
+    run prints a warning.
+    """
 
     port: int = Field(default=9188, ge=0, le=65535)
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    expose: bool = Field(default=False, description="serve on a host beyond loopback (0.0.0.0, "
+                                                    "a network address): a deliberate choice")
+
+    @model_validator(mode="after")
+    def _exposure_is_a_choice(self) -> "MetricsConfig":
+        if not is_loopback(self.host) and not self.expose:
+            raise ValueError(f"host: {self.host!r} is beyond loopback: anyone who reaches this "
+                             "machine could read the metrics; set metrics.expose: true to serve "
+                             "them there, or use 127.0.0.1")
+        return self
 
 
 class RayConfig(_Frozen):
@@ -825,19 +853,21 @@ def _expanded_size(node: yaml.Node, seen: dict[int, tuple[int, int]]) -> tuple[i
 
 
 def _read_scenario_text(path: Path) -> str:
-    """The file's text, at most ``MAX_SCENARIO_BYTES`` read (``/dev/zero`` ends too).
+    """The file's text, at most ``MAX_SCENARIO_BYTES`` read, from a regular file only
+    (a FIFO or ``/dev/zero`` is one line, not a hang).
 
     Raises:
-        ScenarioError: unreadable, too large, or not UTF-8.
+        ScenarioError: unreadable, not a regular file, too large, or not UTF-8.
     """
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_SCENARIO_BYTES + 1)
-    except OSError as err:
-        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
-    if len(raw) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{path}: the scenario file is larger than {MAX_SCENARIO_BYTES:,} "
-                            "bytes; a scenario is a small YAML file")
+    try:  # a regular file only: a FIFO would block the read, /dev/zero never end
+        raw = read_regular(path, MAX_SCENARIO_BYTES, "scenarios")
+    except ValueError as err:
+        if "larger than" in str(err):
+            raise ScenarioError(f"{path}: the scenario file is larger than "
+                                f"{MAX_SCENARIO_BYTES:,} bytes; a scenario is a small YAML "
+                                "file") from None
+        raise ScenarioError(str(err).replace(": cannot read (", ": cannot read the scenario "
+                                             "file (")) from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

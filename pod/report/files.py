@@ -1,7 +1,8 @@
 """The files a run writes: ``summary.json`` (``summarize``, ``reliability``),
 ``steps.csv`` (``StepsCsv``), written so that a reader never sees half a file
-(``write_json`` and every rewrite of steps.csv: a temporary file in the same
-directory, flushed to disk, then renamed over the target).
+(``write_json`` and every rewrite of steps.csv go through ``pod.safe_io.write_atomic``:
+a fresh temporary file in the same directory, flushed to disk, then renamed over
+the target; re-exported here).
 
 A file system that refuses (no space, read-only, no permission) ends the run
 with one line naming the path (``OutputError``); ``check_writable`` finds it
@@ -10,62 +11,19 @@ before the first step.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
 from pod.errors import OutputError
 from pod.report.stats import StepStats, StepTotals, mfu
+from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
            "check_writable", "output_errors"]
-
-
-def _file_mode() -> int:
-    """The mode ``open`` would give a new file (0666 less the umask): ``mkstemp``
-    makes 0600 files, and a result file should read like any other."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-@contextlib.contextmanager
-def output_errors(path: Path | str) -> Iterator[None]:
-    """Turn an ``OSError`` while writing ``path`` (ENOSPC, EROFS, EACCES, ...) into
-    one ``OutputError`` line naming it."""
-    try:
-        yield
-    except OSError as err:
-        where = err.filename if err.filename else path
-        raise OutputError(where, err.strerror or str(err)) from None
-
-
-def write_atomic(path: Path, write: Callable[[Any], None], *, newline: str | None = None,
-                 binary: bool = False) -> None:
-    """Write a text (or, with ``binary``, bytes) file atomically: ``write(file)`` fills
-    a temporary file in the same directory, which is flushed to disk and renamed
-    over ``path``.
-
-    Raises:
-        OutputError: the file system refused (the temporary file is removed).
-    """
-    path = Path(path)
-    with output_errors(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline=newline)) as f:
-                write(f)
-                f.flush()
-                os.fchmod(f.fileno(), _file_mode())
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -260,7 +218,7 @@ class StepsCsv:
                 write_atomic(self.path, lambda f: None)  # a new, empty file
             else:
                 self.truncate(self._keep_below, reopen=False)
-            self._file = self.path.open("a", newline="")
+            self._file = _append(self.path)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -308,7 +266,13 @@ class StepsCsv:
             write_atomic(self.path, rewrite, newline="")
             self._writer = None
             if reopen:
-                self._file = self.path.open("a", newline="")
+                self._file = _append(self.path)
+
+
+def _append(path: Path) -> Any:
+    """``path`` opened to append text, refusing to follow a link planted there."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return os.fdopen(fd, "a", newline="", encoding="utf-8")
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:

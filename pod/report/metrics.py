@@ -41,6 +41,7 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 from __future__ import annotations
 
 import errno
+import socket
 from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -180,7 +181,8 @@ class PodMetrics:
             The port served (0 when disabled).
 
         Raises:
-            MetricsError: the port is in use or cannot be bound.
+            MetricsError: the port is in use or cannot be bound (``metrics.port``), or
+                the host is not an address of this machine (``metrics.host``).
         """
         if port == 0:
             return 0
@@ -191,6 +193,9 @@ class PodMetrics:
                 raise MetricsError(
                     f"metrics.port: port {port} on {host} is already in use; choose a free port "
                     f"with --metrics-port, or 0 to disable the endpoint") from None
+            if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
+                raise MetricsError(f"metrics.host: cannot serve on {host!r} ({err.strerror or err}); "
+                                   "use 127.0.0.1, or an address of this machine") from None
             raise MetricsError(f"metrics.port: cannot serve on {host}:{port}: {err.strerror}") from None
         self._server = server
         self.port = port

@@ -27,16 +27,13 @@ from pod.errors import USER_ERRORS, ChipFailureError, ClusterError
 from pod.programs import EvalSums
 from pod.report.clock import DeviceReport
 from pod.runtime.actor import ChipActor
+from pod.runtime.admission import ACTOR_CPUS
 from pod.runtime.base import PodBase, chip_devices
 from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
 
 __all__ = ["Pod", "RUNS_PER_STEP"]
 
-# Each chip actor reserves a token CPU share, so that a pod of many chips fits on
-# a few cores (the emulation is not CPU-bound per actor); placement groups need a
-# non-zero resource per bundle. 0.001: 2,000 chips per advertised CPU (0.01 refused
-# a v5e-256 on a 2-core machine: 2.56 CPUs of bundles).
-_ACTOR_CPUS = 0.001
+_ACTOR_CPUS = ACTOR_CPUS  # a token CPU share per chip actor; admission checks it
 _PLACEMENT_TIMEOUT_S = 60.0
 #: run ids per step: a step may issue at most this many collectives per device
 RUNS_PER_STEP = 1 << 20

@@ -16,7 +16,7 @@ from pod.state.checkpoint import (Checkpoint, checkpoint_path, list_checkpoints,
                                   prune_checkpoints, save_checkpoint)
 from pod.state.checks import check_state
 
-__all__ = ["initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
+__all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
            "resume_checkpoint", "RunCheckpoints"]
 
 
@@ -238,6 +238,18 @@ def resume_checkpoint(directory: str | Path, plan,
     return path, checkpoint
 
 
+def checkpoint_dir(plan, output_dir: Path | None) -> Path | None:
+    """Where a run of ``plan`` keeps its checkpoints: ``checkpoint.dir``, else
+    ``<output_dir>/checkpoints``; None without a ``checkpoint:`` block (or without
+    either directory)."""
+    config = plan.scenario.checkpoint
+    if config is None:
+        return None
+    if config.dir:
+        return Path(config.dir)
+    return Path(output_dir) / "checkpoints" if output_dir is not None else None
+
+
 class RunCheckpoints:
     """The checkpoints of one run, per the scenario's ``checkpoint:`` block.
 
@@ -254,7 +266,7 @@ class RunCheckpoints:
 
     def __init__(self, plan, output_dir: Path, resume_dir: Path | None = None) -> None:
         config = plan.scenario.checkpoint
-        self.dir = Path(config.dir) if config.dir else Path(output_dir) / "checkpoints"
+        self.dir = checkpoint_dir(plan, output_dir)
         self.every_steps, self.keep = config.every_steps, config.keep
         # the newest ``keep`` paths (the others are pruned): a long run keeps O(1) memory
         self.written: collections.deque[Path] = collections.deque(maxlen=self.keep)
