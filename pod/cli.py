@@ -25,7 +25,8 @@ from pod.config.bench import check_benchmark
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
 from pod.config.mesh import device_hbm_bytes, format_axes
 from pod.config.plan import build_plan, is_timing_sweep
-from pod.config.scenario import load_scenario
+from pod.config.overrides import (Override, as_overrides, blame, load_with_overrides,
+                                  looks_like_override)
 from pod.config.slices import resolve_pod
 from pod.report.model_summary import layer_costs, plan_model_tables
 
@@ -45,8 +46,16 @@ def cli() -> None:
     """
 
 
-@cli.command(short_help="Train a scenario on an emulated pod (or run its benchmark).")
+#: The help of the KEY=VALUE arguments of every command that takes a scenario.
+OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys before it is checked "
+                  "(dotted keys, YAML values): training.steps=10 pod.mesh.fsdp=8 "
+                  "'pod.mesh={data: 2, fsdp: 4}'.")
+
+
+@cli.command(short_help="Train a scenario on an emulated pod (or run its benchmark).",
+             epilog=OVERRIDES_HELP)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--steps", type=click.IntRange(min=1), help="Override training.steps.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where summary.json and steps.csv go [default: runs/<scenario name>].")
@@ -70,12 +79,13 @@ def cli() -> None:
 @click.option("--ray-dashboard", is_flag=True,
               help="Keep Ray's dashboard on (127.0.0.1:8265) for a local cluster; needs "
                    "'ray[default]'.")
-def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port: int | None,
-        log_every: int, trace_path: Path | None, trace_steps: str | None, hold: bool,
-        hold_seconds: float, resume_dir: Path | None, as_json: bool, report: bool,
-        ray_dashboard: bool) -> None:
+def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_dir: Path | None,
+        metrics_port: int | None, log_every: int, trace_path: Path | None,
+        trace_steps: str | None, hold: bool, hold_seconds: float, resume_dir: Path | None,
+        as_json: bool, report: bool, ray_dashboard: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
-    spec = load_scenario(scenario)
+    items = as_overrides(overrides)
+    spec = load_with_overrides(scenario, items)
     if trace_steps is not None and trace_path is None:
         raise click.BadParameter("needs --trace FILE to write the steps to",
                                  param_hint="--trace-steps")
@@ -98,7 +108,7 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
             spec = spec.with_overrides(training__steps=steps)
         if ray_dashboard:
             spec = spec.with_overrides(ray__dashboard=True)
-        plan = _checked(build_plan, spec, scenario)
+        plan = _checked(build_plan, spec, scenario, items)
         summary = run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
                                metrics_port=metrics_port, log_every=log_every,
                                trace_path=trace_path,
@@ -109,17 +119,19 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
         click.echo(json.dumps(summary, indent=2))
 
 
-def _checked(check, spec, path):
+def _checked(check, spec, path, overrides: tuple[Override, ...] = ()):
     """``check(spec)`` (build_plan, check_benchmark); a user error in it gets the scenario
     file in front, as ``load_scenario``'s do: ``<file>: <field>: ...`` (a ScenarioError,
-    or the error itself when it already names the file)."""
+    or the error itself when it already names the file), and the overrides that set
+    its field at the end."""
     try:
         return check(spec)
     except USER_ERRORS as err:
         text = str(err)
-        if text.startswith(f"{path}: "):
+        if text.startswith(f"{path}: ") and not overrides:
             raise
-        raise ScenarioError(f"{path}: {text}") from err
+        text = text if text.startswith(f"{path}: ") else f"{path}: {text}"
+        raise ScenarioError(blame(text, overrides)) from err
 
 
 def _parse_steps(text: str, total: int) -> list[int]:
@@ -138,11 +150,11 @@ def _parse_steps(text: str, total: int) -> list[int]:
     return [s - 1 for s in steps]
 
 
-def _validate_one(path: Path) -> dict[str, Any]:
+def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
     """Check one scenario file; its JSON record (``ok``, and what was checked)."""
-    spec = load_scenario(path)
+    spec = load_with_overrides(path, overrides)
     if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, path)
+        bplan = _checked(check_benchmark, spec, path, overrides)
         b = spec.benchmark
         return {"path": str(path), "ok": True, "kind": "benchmark", "benchmark": b.kind,
                 "slice": bplan.pod.name, "chips": bplan.pod.chips,
@@ -150,7 +162,7 @@ def _validate_one(path: Path) -> dict[str, Any]:
                 "precision": b.precision}
     timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
     plan = _checked(functools.partial(build_plan, timing_only=timing_sweep, sharded_ok=timing_sweep),
-                    spec, path)
+                    spec, path, overrides)
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
             "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
             "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
@@ -170,19 +182,22 @@ def _ok_line(row: dict[str, Any]) -> str:
             f"{row['allreduce_algorithm']})")
 
 
-@cli.command(short_help="Check scenario files without running them.")
-@click.argument("scenarios", nargs=-1, required=True,
-                type=click.Path(dir_okay=False, path_type=Path))
+@cli.command(short_help="Check scenario files without running them.", epilog=OVERRIDES_HELP)
+@click.argument("arguments", nargs=-1, required=True, metavar="SCENARIO... [KEY=VALUE]...")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON list: per file ok, or its error.")
-def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
+def validate(arguments: tuple[str, ...], as_json: bool) -> None:
     """Check SCENARIOS without running them: everything `run` would check (pod, batch
     split, HBM fit, links, faults). Every file is checked and reported; the exit
-    status is 2 if any failed."""
+    status is 2 if any failed. KEY=VALUE arguments apply to every file."""
+    scenarios = [Path(a) for a in arguments if not looks_like_override(a)]
+    items = as_overrides([a for a in arguments if looks_like_override(a)])
+    if not scenarios:
+        raise click.UsageError("give at least one scenario file", ctx=click.get_current_context())
     rows, failed = [], 0
     for path in scenarios:
         try:
-            row = _validate_one(path)
+            row = _validate_one(path, items)
         except USER_ERRORS as err:
             failed += 1
             text = str(err) if str(err).startswith(f"{path}: ") else f"{path}: {err}"
@@ -199,19 +214,25 @@ def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
         sys.exit(EXIT_USER_ERROR)
 
 
-@cli.command(short_help="Describe a chip, a slice or a scenario (pod, model, HBM plan).")
+@cli.command(short_help="Describe a chip, a slice or a scenario (pod, model, HBM plan).",
+             epilog=OVERRIDES_HELP)
 @click.argument("target")
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--detail", is_flag=True,
               help="Scenario: also a row per part of every layer (each conv, norm, add of a "
                    "ResNet or transformer block) with its MXU utilisation and bound.")
-def describe(target: str, as_json: bool, detail: bool) -> None:
+def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool) -> None:
     """Describe a chip (v4), a slice (v2-8) or a scenario file: its pod, the model
     summary and the HBM plan per TensorCore."""
     console = make_console()
+    items = as_overrides(overrides)
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        _describe_scenario(console, target, as_json, detail)
+        _describe_scenario(console, target, as_json, detail, items)
         return
+    if items:
+        raise click.UsageError(f"KEY=VALUE overrides belong to a scenario; {target!r} is a chip "
+                               f"or a slice", ctx=click.get_current_context())
     if target.lower() in PRESETS:
         pod = resolve_pod(chip=get_chip_spec(target).name, chips=1)
     else:
@@ -222,10 +243,11 @@ def describe(target: str, as_json: bool, detail: bool) -> None:
     _describe_pod(console, pod)
 
 
-def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False) -> None:
-    spec = load_scenario(target)
+def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False,
+                       overrides: tuple[Override, ...] = ()) -> None:
+    spec = load_with_overrides(target, overrides)
     if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, target)
+        bplan = _checked(check_benchmark, spec, target, overrides)
         if as_json:
             click.echo(json.dumps({"pod": _pod_json(bplan.pod), "memory": bplan.memory}, indent=2))
             return
@@ -241,9 +263,9 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
             _memory_table(console, f"HBM plan per TensorCore: DOES NOT FIT "
                                    f"({err.capacity_bytes / 2**30:.2f} GiB per core)",
                           err.memory_plan, err.capacity_bytes)
-        raise ScenarioError(f"{target}: {err}") from err
+        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
     except USER_ERRORS as err:
-        raise ScenarioError(f"{target}: {err}") from err
+        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
     if as_json:
         layers = layer_costs(plan.model, plan.pod.chip.core, plan.per_core_batch,
                              mxu_model=plan.scenario.pod.mxu_model, detail=detail)
@@ -433,8 +455,10 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
                       f"(local_reduce_seconds in --json; not in the time column).")
 
 
-@cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).")
+@cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).",
+             epilog=OVERRIDES_HELP)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where results.csv, results.md and the plots go [default: runs/<name>-sweep].")
 @click.option("--mode", type=click.Choice(["timing", "functional"]),
@@ -442,13 +466,14 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
                    "on chip actors [default: the sweep block's].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the rows as one JSON list on stdout (progress goes to stderr).")
-def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bool) -> None:
+def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, mode: str | None,
+          as_json: bool) -> None:
     """Run the scaling experiment in SCENARIO's sweep: block."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from pod.commands.sweep import run_sweep, sweep_points
 
-    spec = load_scenario(scenario)
+    spec = load_with_overrides(scenario, overrides)
     if spec.sweep is None:
         raise ScenarioError(f"{scenario}: sweep: no sweep: block in this scenario")
     out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
