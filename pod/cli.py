@@ -414,45 +414,63 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: st
 
 
 @cli.command(short_help="Simulated collective benchmark over the ICI, like nccl-tests.")
-@click.option("--chip", required=True, help="Chip preset: v2 v3 v4 v5e v5p v6e.")
-@click.option("--topology", required=True, help="Torus shape: 8, 4x4 or 4x4x4.")
+@click.option("--slice", "slice_name", help="A slice, as scenarios name them: v4-128, v5e-256, ...")
+@click.option("--chip", help="Chip preset (with --topology): v2 v3 v4 v5e v5p v6e.")
+@click.option("--topology", help="Torus shape (with --chip): 8, 4x4 or 4x4x4.")
 @click.option("--op", default="allreduce", show_default=True,
               type=click.Choice(["allreduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast",
                                  "ppermute"]))
-@click.option("--algorithm", default=None, help="Algorithm [default: the fastest at each size].")
+@click.option("--algorithm", default=None,
+              help="Algorithm, or several comma-separated (a row each per size; e.g. ring,torus) "
+                   "[default: the fastest at each size].")
+@click.option("--dtype", type=click.Choice(["bf16", "f32", "int8"]), default="f32",
+              show_default=True, help="Element type (sets the element count of each size).")
 @click.option("--sizes", default="1KiB:1GiB", show_default=True,
               help="Whole-buffer bytes: one size or MIN:MAX doubling (e.g. 1KiB:1GiB).")
 @click.option("--wraparound/--no-wraparound", default=None,
               help="Wraparound links on every axis [default: the chip generation's rules].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows.")
-def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: str,
-               wraparound: bool | None, as_json: bool) -> None:
-    """Simulated collective benchmark over the ICI, read like nccl-tests."""
-    from pod.commands.collective_bench import format_size, parse_sizes, run_collective_bench
+def collective(slice_name: str | None, chip: str | None, topology: str | None, op: str,
+               algorithm: str | None, dtype: str, sizes: str, wraparound: bool | None,
+               as_json: bool) -> None:
+    """Simulated collective benchmark over the ICI, read like nccl-tests; ends with its
+    '# Avg bus bandwidth' line."""
+    from pod.commands.collective_bench import (avg_bus_bandwidth, format_size, parse_sizes,
+                                               run_collective_bench, summary_line)
 
+    given = [a.strip() for a in algorithm.split(",") if a.strip()] if algorithm else None
     spec, torus, rows = run_collective_bench(chip, topology, op, parse_sizes(sizes),
-                                             algorithm=algorithm, wraparound=wraparound)
+                                             algorithm=given, wraparound=wraparound,
+                                             dtype=dtype, slice_name=slice_name)
     if as_json:
         click.echo(json.dumps([row.as_dict() for row in rows], indent=1))
         return
     wrap = "/".join("y" if w else "n" for w in torus.wraparound)
-    chosen = sorted({row.algorithm for row in rows})
-    how = "given" if algorithm else "fastest per size"
+    how = "given" if given else "fastest per size"
+    where = f"{slice_name} = " if slice_name else ""
     console = make_console()
-    table = titled_table(f"{op} on {spec.name} {torus.name} ({torus.num_chips} chips, wraparound {wrap}), "
-                        f"float32; algorithm {', '.join(chosen)} ({how}); simulated time")
+    table = titled_table(f"{op} on {where}{spec.name} {torus.name} ({torus.num_chips} chips, "
+                         f"wraparound {wrap}), {dtype}; algorithm "
+                         f"{', '.join(dict.fromkeys(r.algorithm for r in rows))} ({how}); "
+                         f"simulated time")
     for column in ("size", "count", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                    "busiest link"):
         table.add_column(column, justify="left" if column == "algorithm" else "right")
     for row in rows:
-        table.add_row(format_size(row.size_bytes), f"{row.count:,}", row.algorithm,
+        table.add_row(format_size(row.requested_bytes) + (" *" if row.cut else ""),
+                      f"{row.count:,}", row.algorithm,
                       f"{row.simulated_seconds * 1e6:,.2f}", f"{row.algbw_bytes_per_s / 1e9:,.2f}",
                       f"{row.busbw_bytes_per_s / 1e9:,.2f}", f"{row.busiest_link_utilization:.0%}")
     console.print(table)
+    for row in dict((r.requested_bytes, r) for r in rows if r.cut).values():
+        console.print(f"* {format_size(row.requested_bytes)}: {row.cut}", highlight=False,
+                      soft_wrap=True)
     if rows and rows[-1].local_reduce_seconds:
         console.print(f"Before the ICI each chip adds its {spec.tensorcores} TensorCores' buffers at HBM "
                       f"bandwidth: {rows[-1].local_reduce_seconds * 1e6:,.2f} us at the largest size "
                       f"(local_reduce_seconds in --json; not in the time column).")
+    for label, busbw in avg_bus_bandwidth(rows, by_algorithm=bool(given) and len(given) > 1).items():
+        click.echo(summary_line(busbw, label))
 
 
 @cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).",
