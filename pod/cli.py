@@ -473,6 +473,64 @@ def collective(slice_name: str | None, chip: str | None, topology: str | None, o
         click.echo(summary_line(busbw, label))
 
 
+@cli.command("import-maxtext", short_help="Write a scenario from MaxText configs (base, model, "
+                                          "key=value).")
+@click.argument("arguments", nargs=-1, required=True, metavar="BASE.yml [MODEL.yml] [KEY=VALUE]...")
+@click.option("--slice", "slice_name", help="Target slice, e.g. v5p-128 [default: the config's "
+                                            "compile_topology].")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the scenario here [default: print it on stdout].")
+@click.option("--name", help="The scenario's name [default: <model>-<slice>].")
+@click.option("--all-warnings", is_flag=True,
+              help="Also name, one line each, the keys with no effect on the simulated step.")
+def import_maxtext_command(arguments: tuple[str, ...], slice_name: str | None,
+                           output: Path | None, name: str | None, all_warnings: bool) -> None:
+    """Write a timing-only scenario from MaxText configs: BASE.yml, then MODEL.yml over it,
+    then KEY=VALUE overrides (MaxText's precedence). Every key that is not mapped is named,
+    one line each: an error if it changes the step and is not modelled, a warning if the
+    step is approximated or the model file / command line sets it."""
+    import shlex
+
+    from pod.commands.import_maxtext import import_maxtext, scenario_yaml
+
+    files = [a for a in arguments if "=" not in a or Path(a).exists()]
+    keys = [a for a in arguments if a not in files]
+    result = import_maxtext(files, keys, slice_name=slice_name, name=name)
+    for note in result.notes:
+        if note.level != "ignored" or all_warnings:
+            click.echo(f"{'warning' if note.level != 'error' else 'error'}: {note.text}", err=True)
+    errors = result.of("error")
+    if errors:
+        raise ScenarioError(f"{len(errors)} MaxText key{'s' if len(errors) > 1 else ''} above "
+                            f"change the step and are not modelled; no scenario written")
+    ignored = len(result.of("ignored"))
+    if ignored and not all_warnings:
+        click.echo(f"note: {ignored} keys of {files[0]} do not change the simulated step and are "
+                   f"not mapped; the scenario's header names each (--all-warnings prints them)",
+                   err=True)
+    command = shlex.join(["tpu-pod", "import-maxtext", *arguments,
+                          *(["--slice", slice_name] if slice_name else [])])
+    text = scenario_yaml(result, command)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+    _check_imported(text, output)
+
+
+def _check_imported(text: str, output: Path | None) -> None:
+    """Plan the written scenario as ``validate`` does: one line if it does not plan."""
+    from pod.config.scenario import scenario_from_text
+
+    where = str(output) if output is not None else "<stdout>"
+    spec = scenario_from_text(text, source=where)
+    plan = _checked(functools.partial(build_plan, timing_only=True, sharded_ok=True), spec, where)
+    if output is not None:
+        click.echo(f"Wrote {output}: ok ({plan.pod.name}, mesh {format_axes(plan.mesh.sizes)}, "
+                   f"{plan.num_params:,} parameters, global batch {plan.global_batch:,}); cost "
+                   f"a step with: tpu-pod sweep {output}", err=True)
+
+
 @cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).",
              epilog=OVERRIDES_HELP)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
