@@ -547,7 +547,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     """Run the scaling experiment in SCENARIO's sweep: block."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from pod.commands.sweep import run_sweep, sweep_points
+    from pod.commands.sweep import is_missing, json_row, run_sweep, sweep_kind, sweep_points
 
     spec = load_with_overrides(scenario, overrides)
     if spec.sweep is None:
@@ -555,7 +555,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
     console = make_console(sys.stderr) if as_json else make_console()
     total = len(sweep_points(spec))
-    console.print(f"[bold]{spec.name}[/]: {total} points, {spec.sweep.scaling} scaling, "
+    console.print(f"[bold]{spec.name}[/]: {total} points, {sweep_kind(spec)}, "
                   f"{mode or spec.sweep.mode} mode")
     with Progress("[bold]sweep", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, transient=True, disable=not console.is_terminal) as progress:
@@ -569,7 +569,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
                         f"{row['simulated_examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")
-                if row.get("per_device_batch") not in ("", None):  # a sharded layout
+                if not is_missing(row.get("per_device_batch")):  # a sharded layout
                     line += (f" {row['mesh']} remat {row['remat']} "
                              f"{row['per_device_batch']}/device")
             else:
@@ -582,7 +582,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. Wrote {out_dir}/results.csv, "
                   f"results.md{', ' + plots if plots else ''}", soft_wrap=True)
     if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str))
+        click.echo(json.dumps([json_row(r) for r in rows], indent=2, default=str))
     if rows and failed == len(rows):
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
 
