@@ -365,7 +365,7 @@ def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> No
                             f"mesh with a tensor axis; {scenario.model.name} has no sequence to "
                             "split: remove it")
     if tensor > 1 and config.sequence_length % tensor:
-        common = math.gcd(config.heads, config.mlp_dim, config.sequence_length)
+        common = math.gcd(config.heads, config.kv_heads, config.mlp_dim, config.sequence_length)
         sizes = ", ".join(str(t) for t in range(1, common + 1) if common % t == 0)
         raise ScenarioError(f"training.sequence_parallel: tensor {tensor} (pod.mesh "
                             f"{format_axes(mesh.sizes)}) does not divide the sequence length "

@@ -72,20 +72,38 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, inverse: bool
     return np.concatenate([x1 * cos - x2 * s, x2 * cos + x1 * s], axis=-1)
 
 
-def causal_softmax(scores: np.ndarray, scale: float) -> np.ndarray:
-    """softmax over the last axis of scale * scores, future keys (j > i) masked.
+def causal_mask(rows: int, steps: int) -> np.ndarray:
+    """Where a query row may not see a key: key j after the row's position.
+
+    Rows hold the positions of ``rows // steps`` query heads of one key /
+    value head one after another (grouped-query layout, ``CausalSelfAttention``),
+    so row r is position ``r % steps``.
 
     Args:
-        scores: (N, T, T) raw q.k products, query i on axis 1, key j on axis 2.
+        rows: G * T query rows.
+        steps: T, the keys.
+
+    Returns:
+        (rows, T) bool, True where key j > position of row r.
+    """
+    position = np.arange(rows) % steps                                    # (rows,)
+    return np.arange(steps)[None, :] > position[:, None]
+
+
+def causal_softmax(scores: np.ndarray, scale: float) -> np.ndarray:
+    """softmax over the last axis of scale * scores, future keys masked.
+
+    Args:
+        scores: (N, G*T, T) raw q.k products, query row r (position r % T) on
+            axis 1, key j on axis 2 (G = 1: plain multi-head attention).
         scale: 1 / sqrt(Dh).
 
     Returns:
-        (N, T, T) probabilities; zero above the diagonal.
+        (N, G*T, T) probabilities; zero for keys after the row's position.
     """
-    t = scores.shape[-1]
-    future = np.triu(np.ones((t, t), bool), k=1)                           # (T, T), j > i
+    future = causal_mask(scores.shape[-2], scores.shape[-1])             # (G*T, T)
     z = np.where(future, -np.inf, scores * np.asarray(scale, scores.dtype))
-    e = np.exp(z - z.max(axis=-1, keepdims=True))                          # diagonal is finite
+    e = np.exp(z - z.max(axis=-1, keepdims=True))                          # key 0 is finite
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -97,43 +115,81 @@ def _dot(saved, key, compute):
 
 
 class CausalSelfAttention(Layer):
-    """Multi-head causal self-attention over (B, T, C) inputs.
+    """Causal self-attention over (B, T, C) inputs, multi-head or grouped-query.
 
-    Params: ``query``, ``key``, ``value`` (C, H*Dh) and ``out`` (H*Dh, C),
-    no biases. Output (B, T, C). Shorter sequences than the configured one
-    work (the RoPE tables follow the input), which sampling uses.
+    H query heads share K key / value heads (grouped-query attention, Ainslie
+    et al. 2023; MaxText ``num_kv_heads``): query head ``h`` reads kv head
+    ``h // (H / K)``; K = H is multi-head attention, K = 1 multi-query.
+
+    Params: ``query`` (C, H*Dh), ``key`` and ``value`` (C, K*Dh), ``out``
+    (H*Dh, C). With ``fused_qkv`` one ``qkv`` (C, (H+2K)*Dh) instead of the
+    three, its columns grouped per kv head: for kv head k, its G = H / K query
+    heads, then its key head, then its value head (so splitting the columns
+    into ``tensor`` equal chunks gives each device whole groups; MaxText
+    ``fused_qkv``). With ``use_bias``: ``query_bias`` (H*Dh,), ``key_bias``,
+    ``value_bias`` (K*Dh,) or ``qkv_bias`` ((H+2K)*Dh,); the bias of the output
+    projection is the block's (``TransformerBlock``: it is added once, after
+    the tensor-parallel sum of the row-parallel output). Output (B, T, C);
+    shorter sequences than the configured one work (the RoPE tables follow
+    the input), which sampling uses.
+
+    Heads are laid out per kv head: queries (B*K, G*T, Dh), the G query heads
+    of a group one after another (row r is position r % T), keys and values
+    (B*K, T, Dh); the score and value products are then one batched matmul per
+    kv head (no copy of a key per query head), as XLA's grouped einsum.
 
     Args:
         heads: H.
         head_dim: Dh (even when ``rotary``).
+        kv_heads: K, dividing H; None: H.
         rotary: apply RoPE to queries and keys (else positions must come from
             elsewhere, e.g. learned position embeddings).
+        use_bias: biases on the q, k, v projections.
+        fused_qkv: one (C, (H+2K)*Dh) projection instead of three.
         name: layer name.
 
     Raises:
-        ValueError: non-positive sizes, or an odd head_dim with rotary.
+        ValueError: non-positive sizes, K not dividing H, or an odd head_dim
+            with rotary.
     """
 
     kind = "attention"
-    matmul_params = ("query", "key", "value", "out")
-    # Megatron: heads split over the tensor devices (q, k, v columns; out rows)
-    tensor_split = MappingProxyType({"query": 1, "key": 1, "value": 1, "out": 0})
-    dot_keys = ("q", "k", "v", "scores", "attn", "out")
     backward_keys = ("x", "qh", "kh", "vh", "probs", "o")
 
-    def __init__(self, heads: int, head_dim: int, *, rotary: bool = True, name: str | None = None):
+    def __init__(self, heads: int, head_dim: int, *, kv_heads: int | None = None,
+                 rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
+                 name: str | None = None):
         super().__init__(name)
         self.heads = check_int(heads, "attention heads")
         self.head_dim = check_int(head_dim, "attention head_dim")
+        self.kv_heads = self.heads if kv_heads is None else check_int(kv_heads, "attention kv_heads")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"attention kv_heads {kv_heads!r} must divide heads {heads!r}")
         if rotary and self.head_dim % 2:
             raise ValueError(f"attention head_dim must be even for rotary positions, got {head_dim!r}")
-        self.rotary = bool(rotary)
+        self.rotary, self.use_bias, self.fused_qkv = bool(rotary), bool(use_bias), bool(fused_qkv)
+        self.group = self.heads // self.kv_heads                          # G query heads per kv head
         self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.projections = ("qkv",) if self.fused_qkv else ("query", "key", "value")
+        self.matmul_params = (*self.projections, "out")
+        # Megatron: heads split over the tensor devices (q, k, v columns and their
+        # biases; out rows)
+        split = {k: 1 for k in self.projections}
+        if self.use_bias:
+            split.update({f"{k}_bias": 0 for k in self.projections})
+        self.tensor_split = MappingProxyType({**split, "out": 0})
+        self.dot_keys = ("qkv" if self.fused_qkv else "q", *(() if self.fused_qkv else ("k", "v")),
+                         "scores", "attn", "out")
 
     @property
     def inner_dim(self) -> int:
-        """H * Dh."""
+        """H * Dh, the width of the queries and of the context."""
         return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """K * Dh, the width of the keys and of the values."""
+        return self.kv_heads * self.head_dim
 
     def _check(self, input_shape) -> tuple[int, int]:
         if len(input_shape) != 2:
@@ -141,119 +197,208 @@ class CausalSelfAttention(Layer):
                              f"got {tuple(input_shape)}")
         return int(input_shape[0]), int(input_shape[1])
 
+    def _widths(self) -> dict[str, int]:
+        """Output columns of each projection."""
+        if self.fused_qkv:
+            return {"qkv": self.inner_dim + 2 * self.kv_dim}
+        return {"query": self.inner_dim, "key": self.kv_dim, "value": self.kv_dim}
+
     def param_shapes(self, input_shape):
         _, c = self._check(input_shape)
-        d = self.inner_dim
-        return {"query": (c, d), "key": (c, d), "value": (c, d), "out": (d, c)}
+        shapes = {k: (c, n) for k, n in self._widths().items()}
+        shapes["out"] = (self.inner_dim, c)
+        if self.use_bias:
+            shapes.update({f"{k}_bias": (n,) for k, n in self._widths().items()})
+        return shapes
 
     def init_params(self, rng, input_shape):
-        return {k: glorot_uniform(rng, s, s[0], s[1])
+        return {k: (glorot_uniform(rng, s, s[0], s[1]) if len(s) == 2 else np.zeros(s, np.float32))
                 for k, s in self.param_shapes(input_shape).items()}
 
-    def forward_flops(self, input_shape):
-        """Projections 2*T*C*D x 4, plus q.k^T and p.v, 2*T*T*D each (the
-        full T x T products are computed, then masked, as on the MXU)."""
+    def projection_flops(self, input_shape) -> int:
+        """MXU FLOPs of q, k, v per example: 2 T C (H + 2K) Dh."""
         t, c = self._check(input_shape)
-        d = self.inner_dim
-        return 8 * t * c * d + 4 * t * t * d
+        return 2 * t * c * (self.inner_dim + 2 * self.kv_dim)
+
+    def output_flops(self, input_shape) -> int:
+        """MXU FLOPs of the output projection per example: 2 T H Dh C."""
+        t, c = self._check(input_shape)
+        return 2 * t * self.inner_dim * c
+
+    def core_flops(self, input_shape) -> int:
+        """MXU FLOPs of q.k^T and p.v per example, 2 T T H Dh each (the full
+        T x T products are computed, then masked, as on the MXU)."""
+        t, _ = self._check(input_shape)
+        return 4 * t * t * self.inner_dim
+
+    def forward_flops(self, input_shape):
+        """Projections, output projection and the two attention products."""
+        return (self.projection_flops(input_shape) + self.output_flops(input_shape)
+                + self.core_flops(input_shape))
 
     def cache_elements(self, input_shape):
-        """Per example, what backward reads: x, q, k, v after RoPE, the
-        probabilities (H, T, T) and the merged heads (T, D)."""
+        """Per example, what backward reads: x, q after RoPE, k after RoPE, v,
+        the probabilities (H, T, T) and the merged heads (T, H Dh)."""
         t, c = self._check(input_shape)
-        d = self.inner_dim
-        return t * c + 4 * t * d + self.heads * t * t
+        return t * c + 2 * t * self.inner_dim + 2 * t * self.kv_dim + self.heads * t * t
 
     def dot_elements(self, input_shape) -> int:
         """Per example, the MXU outputs ``dot_keys``: q, k, v, scores, p.v, out."""
         t, c = self._check(input_shape)
-        d = self.inner_dim
-        return 4 * t * d + self.heads * t * t + t * c
+        return t * (self.inner_dim + 2 * self.kv_dim) + self.heads * t * t + t * self.inner_dim + t * c
 
-    def _heads(self, core, z, b, t):
-        """(B*T, H*Dh) -> (B*H, T, Dh) (zeros, without a copy, on a timing-only core)."""
+    # ------------------------------------------------------------ layouts
+
+    def _q_heads(self, core, z, b, t):
+        """(B*T, H*Dh) -> (B*K, G*T, Dh) (zeros, without a copy, on a timing-only core)."""
+        shape = (b * self.kv_heads, self.group * t, self.head_dim)
         if not core.execute:
-            return timing_zeros((b * self.heads, t, self.head_dim), z.dtype)
-        return z.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3).reshape(
-            b * self.heads, t, self.head_dim)
+            return timing_zeros(shape, z.dtype)
+        return z.reshape(b, t, self.kv_heads, self.group, self.head_dim).transpose(
+            0, 2, 3, 1, 4).reshape(shape)
+
+    def _kv_heads(self, core, z, b, t):
+        """(B*T, K*Dh) -> (B*K, T, Dh)."""
+        shape = (b * self.kv_heads, t, self.head_dim)
+        if not core.execute:
+            return timing_zeros(shape, z.dtype)
+        return z.reshape(b, t, self.kv_heads, self.head_dim).transpose(0, 2, 1, 3).reshape(shape)
 
     def _merge(self, core, z, b, t):
-        """(B*H, T, Dh) -> (B*T, H*Dh) (zeros, without a copy, on a timing-only core)."""
+        """(B*K, G*T, Dh) -> (B*T, H*Dh), the inverse of ``_q_heads``."""
         if not core.execute:
             return timing_zeros((b * t, self.inner_dim), z.dtype)
-        return z.reshape(b, self.heads, t, self.head_dim).transpose(0, 2, 1, 3).reshape(
-            b * t, self.inner_dim)
+        return z.reshape(b, self.kv_heads, self.group, t, self.head_dim).transpose(
+            0, 3, 1, 2, 4).reshape(b * t, self.inner_dim)
+
+    def _kv_merge(self, core, z, b, t):
+        """(B*K, T, Dh) -> (B*T, K*Dh), the inverse of ``_kv_heads``."""
+        if not core.execute:
+            return timing_zeros((b * t, self.kv_dim), z.dtype)
+        return z.reshape(b, self.kv_heads, t, self.head_dim).transpose(0, 2, 1, 3).reshape(
+            b * t, self.kv_dim)
+
+    def _split_qkv(self, core, qkv):
+        """Fused (B*T, (H+2K)*Dh) -> q (B*T, H*Dh), k, v (B*T, K*Dh), per the group layout."""
+        n, kv, g, dh = qkv.shape[0], self.kv_heads, self.group, self.head_dim
+        if not core.execute:
+            return (timing_zeros((n, self.inner_dim), qkv.dtype),
+                    *(timing_zeros((n, self.kv_dim), qkv.dtype),) * 2)
+        z = qkv.reshape(n, kv, g + 2, dh)
+        return (z[:, :, :g].reshape(n, self.inner_dim), z[:, :, g].reshape(n, self.kv_dim),
+                z[:, :, g + 1].reshape(n, self.kv_dim))
+
+    def _join_qkv(self, core, dq, dk, dv):
+        """The inverse of ``_split_qkv``: (B*T, (H+2K)*Dh)."""
+        n, kv, g, dh = dq.shape[0], self.kv_heads, self.group, self.head_dim
+        if not core.execute:
+            return timing_zeros((n, self.inner_dim + 2 * self.kv_dim), dq.dtype)
+        return np.concatenate([dq.reshape(n, kv, g, dh), dk.reshape(n, kv, 1, dh),
+                               dv.reshape(n, kv, 1, dh)], axis=2).reshape(n, -1)
 
     def _rope(self, core, name, z, t, *, inverse=False):
+        """RoPE on (N, R*T, Dh) heads (R = G for queries, 1 for keys)."""
         if not self.rotary:
             return z
         cos, sin = vector_op(core, f"{self.name}/rope_tables",
                              lambda: rope_tables(t, self.head_dim, z.dtype),
                              out=[((t, self.head_dim // 2), z.dtype)] * 2,
                              transcendental=True)                         # (T, Dh/2) each
-        return vector_op(core, f"{self.name}/{name}",
-                         lambda v: apply_rope(v, cos, sin, inverse=inverse), z,
-                         out=(z.shape, z.dtype), ops_per_element=3.0)
+
+        def rotate(v):
+            return apply_rope(v.reshape(v.shape[0], -1, t, v.shape[-1]), cos, sin,
+                              inverse=inverse).reshape(v.shape)
+        return vector_op(core, f"{self.name}/{name}", rotate, z, out=(z.shape, z.dtype),
+                         ops_per_element=3.0)
+
+    # ------------------------------------------------------------ passes
+
+    def _add_bias(self, core, key, z, params):
+        if not self.use_bias:
+            return z
+        return vector_op(core, f"{self.name}/{key}_bias", np.add, z, params[f"{key}_bias"],
+                         out=(z.shape, z.dtype))
+
+    def _project(self, core, params, xr, saved):
+        """q (B*T, H*Dh), k, v (B*T, K*Dh) and the cache entries of the products."""
+        def product(key):
+            z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True,
+                            b_rounded=True)
+            return self._add_bias(core, key, z, params)
+
+        if self.fused_qkv:
+            qkv = _dot(saved, "qkv", lambda: product("qkv"))             # (B*T, (H+2K)*Dh)
+            return (*self._split_qkv(core, qkv), {"qkv": qkv})
+        q = _dot(saved, "q", lambda: product("query"))
+        k = _dot(saved, "k", lambda: product("key"))
+        v = _dot(saved, "v", lambda: product("value"))
+        return q, k, v, {"q": q, "k": k, "v": v}
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         b, t, c = x.shape
         xr = mxu_input(core, x).reshape(b * t, c)                         # (B*T, C)
-
-        def project(key):
-            return core.matmul(xr, params[key], name=f"{self.name}/{key}",
-                               a_rounded=True, b_rounded=True)            # (B*T, D)
-
-        q = _dot(saved, "q", lambda: project("query"))
-        k = _dot(saved, "k", lambda: project("key"))
-        v = _dot(saved, "v", lambda: project("value"))
-        qh = self._rope(core, "rope_q", self._heads(core, q, b, t), t)         # (B*H, T, Dh)
-        kh = self._rope(core, "rope_k", self._heads(core, k, b, t), t)
-        vh = self._heads(core, v, b, t)
+        q, k, v, dots = self._project(core, params, xr, saved)
+        qh = self._rope(core, "rope_q", self._q_heads(core, q, b, t), t)     # (B*K, G*T, Dh)
+        kh = self._rope(core, "rope_k", self._kv_heads(core, k, b, t), t)    # (B*K, T, Dh)
+        vh = self._kv_heads(core, v, b, t)
         scores = _dot(saved, "scores", lambda: core.batch_matmul(
-            qh, kh.transpose(0, 2, 1), name=f"{self.name}/scores"))        # (B*H, T, T)
+            qh, kh.transpose(0, 2, 1), name=f"{self.name}/scores"))        # (B*K, G*T, T)
         probs = vector_op(core, f"{self.name}/softmax", lambda s: causal_softmax(s, self.scale),
                           scores, out=(scores.shape, scores.dtype), ops_per_element=5.0,
                           transcendental=True)
         attn = _dot(saved, "attn", lambda: core.batch_matmul(
-            probs, vh, name=f"{self.name}/context"))                      # (B*H, T, Dh)
-        o = mxu_input(core, self._merge(core, attn, b, t))                      # (B*T, D)
+            probs, vh, name=f"{self.name}/context"))                      # (B*K, G*T, Dh)
+        o = mxu_input(core, self._merge(core, attn, b, t))                # (B*T, H*Dh)
         out = None
         if need_output:
             out = _dot(saved, "out", lambda: core.matmul(o, params["out"], name=f"{self.name}/out",
                                                          a_rounded=True, b_rounded=True))
-        cache = {"x": xr, "q": q, "k": k, "v": v, "qh": qh, "kh": kh, "vh": vh,
-                 "scores": scores, "probs": probs, "attn": attn, "o": o, "out": out}
+        cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, "scores": scores, "probs": probs,
+                 "attn": attn, "o": o, "out": out}
         y = None if out is None else out.reshape(b, t, c)                  # (B, T, C)
         return y, cache
+
+    def _input_grads(self, core, params, xr, dzs, grads, need_dx):
+        """Weight (and bias) gradients of the projections from their output
+        gradients ``dzs`` (projection -> (B*T, width)); their input gradient."""
+        dx = None
+        for key, dz in dzs.items():
+            dzr = mxu_input(core, dz)
+            grads[key] = core.matmul(xr.T, dzr, name=f"{self.name}/d_{key}",
+                                     a_rounded=True, b_rounded=True)      # (C, width)
+            if self.use_bias:
+                grads[f"{key}_bias"] = vector_op(core, f"{self.name}/d_{key}_bias",
+                                                 lambda d: d.sum(axis=0), dz,
+                                                 out=(dz.shape[1:], dz.dtype))
+            if need_dx:
+                part = core.matmul(dzr, params[key].T, name=f"{self.name}/dx_{key}",
+                                   a_rounded=True, b_rounded=True)        # (B*T, C)
+                dx = part if dx is None else vector_op(core, f"{self.name}/dx_sum", np.add, dx,
+                                                       part, out=(part.shape, part.dtype))
+        return dx
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         xr, qh, kh, vh, probs, o = (cache[k] for k in self.backward_keys)
         b, t, c = dy.shape
         dyr = mxu_input(core, dy.reshape(b * t, c))                       # (B*T, C)
         grads = {"out": core.matmul(o.T, dyr, name=f"{self.name}/d_out",
-                                    a_rounded=True, b_rounded=True)}      # (D, C)
+                                    a_rounded=True, b_rounded=True)}      # (H*Dh, C)
         do = core.matmul(dyr, params["out"].T, name=f"{self.name}/d_context",
-                         a_rounded=True, b_rounded=True)                  # (B*T, D)
-        doh = self._heads(core, do, b, t)                                       # (B*H, T, Dh)
+                         a_rounded=True, b_rounded=True)                  # (B*T, H*Dh)
+        doh = self._q_heads(core, do, b, t)                               # (B*K, G*T, Dh)
         dprobs = core.batch_matmul(doh, vh.transpose(0, 2, 1), name=f"{self.name}/d_probs")
         dvh = core.batch_matmul(probs.transpose(0, 2, 1), doh, name=f"{self.name}/d_value")
         scale = np.asarray(self.scale, dprobs.dtype)
         ds = vector_op(core, f"{self.name}/softmax_bwd",
                        lambda dp, p: p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale,
                        dprobs, probs, out=(dprobs.shape, dprobs.dtype),
-                       ops_per_element=4.0)                               # (B*H, T, T)
-        dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*H, T, Dh)
-        dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")
-        dqh = self._rope(core, "rope_q_bwd", dqh, t, inverse=True)
-        dkh = self._rope(core, "rope_k_bwd", dkh, t, inverse=True)
-        dx = None
-        for key, dz in (("query", dqh), ("key", dkh), ("value", dvh)):
-            dzr = mxu_input(core, self._merge(core, dz, b, t))                  # (B*T, D)
-            grads[key] = core.matmul(xr.T, dzr, name=f"{self.name}/d_{key}",
-                                     a_rounded=True, b_rounded=True)      # (C, D)
-            if need_dx:
-                part = core.matmul(dzr, params[key].T, name=f"{self.name}/dx_{key}",
-                                   a_rounded=True, b_rounded=True)        # (B*T, C)
-                dx = part if dx is None else vector_op(core, f"{self.name}/dx_sum", np.add, dx, part,
-                                                       out=(part.shape, part.dtype))
+                       ops_per_element=4.0)                               # (B*K, G*T, T)
+        dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*K, G*T, Dh)
+        dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")  # (B*K, T, Dh)
+        dq = self._merge(core, self._rope(core, "rope_q_bwd", dqh, t, inverse=True), b, t)
+        dk = self._kv_merge(core, self._rope(core, "rope_k_bwd", dkh, t, inverse=True), b, t)
+        dv = self._kv_merge(core, dvh, b, t)
+        dzs = ({"qkv": self._join_qkv(core, dq, dk, dv)} if self.fused_qkv
+               else {"query": dq, "key": dk, "value": dv})
+        dx = self._input_grads(core, params, xr, dzs, grads, need_dx)
         return (None if dx is None else dx.reshape(b, t, c)), grads

@@ -14,7 +14,7 @@ from pod.workloads.model import FLOAT32_BYTES, LOSSES, Model  # noqa: F401 - re-
 from pod.workloads.normalization import BatchNormalization
 from pod.workloads.recurrent import LSTM, Embedding
 from pod.workloads.resnet import build_resnet
-from pod.workloads.transformer import build_transformer
+from pod.workloads.transformer import TRANSFORMER_OPTIONS, build_transformer
 
 MODEL_NAMES = ("cnn", "mlp", "lstm_classifier", "char_lstm", "transformer", "resnet")
 
@@ -118,9 +118,7 @@ _BUILDERS = {
     "lstm_classifier": (_lstm_classifier, ("vocabulary", "embedding_dim", "units"),
                         "sigmoid_binary_cross_entropy"),
     "char_lstm": (_char_lstm, ("embedding_dim", "units"), "softmax_cross_entropy"),
-    "transformer": (_transformer, ("embed_dim", "heads", "head_dim", "mlp_dim", "mlp_activation",
-                                   "layers", "norm", "positions", "tied_embeddings", "remat"),
-                    "softmax_cross_entropy"),
+    "transformer": (_transformer, TRANSFORMER_OPTIONS, "softmax_cross_entropy"),
     "resnet": (_resnet, ("depth", "width", "blocks", "block", "stem"), "softmax_cross_entropy"),
 }
 
@@ -142,11 +140,13 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
             32, ``units`` 100; inputs (T,) token ids, 2 classes);
             "char_lstm" (options ``embedding_dim`` 32, ``units`` 128; inputs
             (T,) character ids, labels (T,), num_classes = the characters);
-            "transformer" (decoder-only language model, options ``embed_dim``
-            64, ``heads`` 4, ``head_dim`` embed_dim // heads, ``mlp_dim``
-            4 * embed_dim, ``mlp_activation`` gated_silu | gelu, ``layers`` 2,
-            ``norm`` rmsnorm | layernorm, ``positions`` rotary | learned,
-            ``tied_embeddings`` true, ``remat`` none | minimal | full; inputs
+            "transformer" (decoder-only language model, options
+            ``TRANSFORMER_OPTIONS``: ``embed_dim`` 64, ``heads`` 4,
+            ``kv_heads`` heads, ``head_dim`` embed_dim // heads, ``mlp_dim``
+            4 * embed_dim, ``mlp_activation`` gated_silu | gated_gelu | gelu |
+            relu, ``layers`` 2, ``norm`` rmsnorm | layernorm, ``positions``
+            rotary | learned, ``tied_embeddings`` true, ``block`` sequential |
+            parallel, ``use_bias`` false, ``fused_qkv`` false, ``remat``; inputs
             (T,) token ids, labels (T,), num_classes = the vocabulary; see
             ``pod.workloads.transformer``);
             "resnet" (options ``depth`` 50 (18, 34, 50, 101, 152), ``width`` 64,

@@ -75,7 +75,6 @@ random seed.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -177,18 +176,22 @@ class StepResult:
 
 
 def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
-    """Checks that ``tensor`` devices can split the heads and the MLP hidden units.
+    """Checks that ``tensor`` devices can split the query heads, the key / value
+    heads and the MLP hidden units.
 
     Raises:
         ValueError: one line, e.g. ``tensor 3 does not divide the transformer's
-            heads 4 and mlp_dim 32; tensor must divide both: 1, 2, 4``.
+            heads 4, kv_heads 4 and mlp_dim 32; tensor must divide all three: 1,
+            2, 4``.
     """
-    if config.heads % tensor == 0 and config.mlp_dim % tensor == 0:
+    sizes = (config.heads, config.kv_heads, config.mlp_dim)
+    if all(n % tensor == 0 for n in sizes):
         return
-    both = math.gcd(config.heads, config.mlp_dim)
-    choices = ", ".join(str(d) for d in range(1, both + 1) if both % d == 0)
-    raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads} "
-                     f"and mlp_dim {config.mlp_dim}; tensor must divide both: {choices}")
+    common = math.gcd(*sizes)
+    choices = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+    raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads}, "
+                     f"kv_heads {config.kv_heads} and mlp_dim {config.mlp_dim}; tensor must "
+                     f"divide all three: {choices}")
 
 
 def param_layout(model: TransformerModel, sizes: Mapping[str, int]) -> list[ParamLayout]:
@@ -342,8 +345,7 @@ class ShardedTransformer:
         if self.sequence_parallel and cfg.sequence_length % self.tensor:
             raise ValueError(f"sequence parallelism: tensor {self.tensor} does not divide the "
                              f"sequence length {cfg.sequence_length}")
-        self.local_model = TransformerModel(dataclasses.replace(
-            cfg, heads=cfg.heads // self.tensor, mlp_dim=cfg.mlp_dim // self.tensor))
+        self.local_model = TransformerModel(cfg.tensor_local(self.tensor))
         self._keys = self.local_model.layer_param_keys()
         self._split = {key: layer.tensor_split.get(local)
                        for layer, keys in zip(self.local_model.layers, self._keys)
@@ -557,12 +559,7 @@ class ShardedTransformer:
         ops = {"enter": ("all_gather", whole // self.tensor) if self.sequence_parallel else None,
                "leave": ("reduce_scatter", whole) if self.sequence_parallel else ("allreduce", whole)}
         ops["leave_grad"], ops["enter_grad"] = ops["enter"], ops["leave"]
-        forward = [("enter", "attention/in"), ("leave", "attention/out"), ("enter", "mlp/in"),
-                   ("leave", "mlp/wo")]
-        recompute = {"none": [], "minimal": forward[0:1] + forward[2:3], "full": forward[:3]}
-        grads = [("leave_grad", "mlp/dout"), ("enter_grad", "mlp/dx"),
-                 ("leave_grad", "attention/dout"), ("enter_grad", "attention/dx")]
-        steps = forward if phase == "fwd" else recompute[layer.remat] + grads
+        steps = layer.tensor_hook_calls(phase)
         return [("tensor", *ops[hook], f"{layer.name}/{place} {phase}", "activation")
                 for hook, place in steps if ops[hook] is not None]
 

@@ -3,56 +3,51 @@
 Per token ids (B, T) -> logits (B, T, V):
 
     h = embed(ids) [+ learned positions]                       # (B, T, C)
-    per block:  h = h + attention(norm(h))                     # causal, RoPE or not
-                h = h + mlp(norm(h))                           # gated SiLU or GELU
+    per block (pod.workloads.block), sequential:
+                h = h + attention(norm(h))                     # causal, RoPE or not
+                h = h + mlp(norm(h))                           # gated or not
+              or parallel:
+                h = h + attention(norm(h)) + mlp(norm(h))      # one norm
     logits = norm(h) @ E^T (tied) or @ W_out                   # (B, T, V)
 
-with the options of MaxText's base config (``emb_dim``, ``num_heads``,
-``head_dim``, ``mlp_dim``, ``mlp_activations``, ``num_decoder_layers``,
-``logits_via_embedding``, ``remat_policy``) under the names of
-``build_transformer``. The loss is the per-step softmax cross-entropy of the
-other sequence models. Every matmul runs on the MXU (``core.matmul`` /
+with the options of MaxText's base config (``emb_dim``, ``num_query_heads``,
+``num_kv_heads``, ``head_dim``, ``mlp_dim``, ``mlp_activations``,
+``num_decoder_layers``, ``logits_via_embedding``, ``decoder_block``,
+``fused_qkv``, ``remat_policy``) under the names of ``build_transformer``
+(``TRANSFORMER_OPTIONS``). The loss is the per-step softmax cross-entropy of
+the other sequence models. Every matmul runs on the MXU (``core.matmul`` /
 ``core.batch_matmul``), every elementwise step on the VPU (``core.vector``),
-so the simulated time of a step is the model's.
+so the simulated time of a step is the model's. The block, its layouts and
+its rematerialisation policies are ``pod.workloads.block``'s; the
+attention ``pod.workloads.attention``'s; the MLP ``pod.workloads.mlp``'s.
 
-Rematerialisation (``remat``) decides what a block keeps from forward for
-backward, and so both the activation bytes the HBM plan counts and the work
-recorded in backward; the numbers computed are the same in every mode
-(bit-identical loss and gradients):
-
-- ``none``: everything backward reads is kept (JAX ``everything_saveable``).
-- ``minimal``: only the block input and the MXU outputs (q, k, v, the scores
-  q.k^T, p.v, the attention output projection, the MLP input projections)
-  are kept; backward recomputes the cheap elementwise parts from them: both
-  norms, RoPE, the softmax, the MLP activation and the residual add (JAX's
-  ``checkpoint_dots`` policy; MaxText's ``minimal`` also drops the two
-  batched attention products, ``checkpoint_dots_with_no_batch_dims``; here
-  they are kept so that the recomputation has no MXU work).
-- ``full``: only the block input is kept; backward reruns the block's
-  forward (JAX ``nothing_saveable``) except the MLP output projection,
-  whose result backward does not need (XLA removes it as dead code).
+The TFLOP/s per device MaxText prints (``maxtext_tflops_2023``,
+``maxtext_tflops_2025``) are here too, beside the model's own FLOP counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from types import MappingProxyType
 
 import numpy as np
 
 from chip import to_bf16
-from pod.workloads.attention import CausalSelfAttention
+from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
-from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid, vector_op
+from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
+from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import Model
+from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
 
 __all__ = [
+    "BLOCKS",
     "MLP",
     "MLP_ACTIVATIONS",
     "NORMS",
     "POSITIONS",
     "REMAT_POLICIES",
+    "TRANSFORMER_OPTIONS",
     "LayerNorm",
     "TensorHooks",
     "RMSNorm",
@@ -62,440 +57,13 @@ __all__ = [
     "TransformerModel",
     "Unembed",
     "build_transformer",
+    "maxtext_tflops_2023",
+    "maxtext_tflops_2025",
 ]
 
-NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rotary", "learned")
-MLP_ACTIVATIONS = ("gated_silu", "gelu")
-REMAT_POLICIES = ("none", "minimal", "full")
 
 EMBEDDING_INIT_STDDEV = 0.02  # GPT-2 / nanoGPT embedding init (normal, std 0.02)
-
-
-def _add(core, name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a + b on the VPU (``vector_op``: on a timing-only core only its cost)."""
-    return vector_op(core, name, np.add, a, b, out=(np.broadcast_shapes(a.shape, b.shape),
-                                                     np.result_type(a, b)))
-
-
-def _params_of(params: dict, prefix: str) -> dict:
-    """The entries "<prefix>/<local>" of a block's params, keyed by <local>."""
-    n = len(prefix) + 1
-    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + "/")}
-
-
-class _Norm(Layer):
-    """Shared shape handling of RMSNorm and LayerNorm (over the last axis)."""
-
-    dot_keys: tuple[str, ...] = ()
-    backward_keys = ("xhat", "inv")
-
-    def __init__(self, epsilon: float = 1e-6, name: str | None = None):
-        super().__init__(name)
-        self.epsilon = check_number(epsilon, f"{type(self).__name__} epsilon", low=0.0, low_open=True)
-
-    def cache_elements(self, input_shape):
-        # x_hat like x, plus one 1/sigma per position
-        return math.prod(input_shape) + math.prod(input_shape[:-1])
-
-
-class RMSNorm(_Norm):
-    """y = x / sqrt(mean(x^2) + eps) * scale over the last axis (Zhang &
-    Sennrich 2019; MaxText's default ``RMSNorm``, eps 1e-6, no bias).
-
-    Params: ``scale`` (C,), ones at init.
-    """
-
-    kind = "rmsnorm"
-
-    def param_shapes(self, input_shape):
-        return {"scale": (int(input_shape[-1]),)}
-
-    def init_params(self, rng, input_shape):
-        return {"scale": np.ones(int(input_shape[-1]), np.float32)}
-
-    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
-        eps = np.asarray(self.epsilon, x.dtype)
-        stat = (x.shape[:-1] + (1,), x.dtype)
-        inv = vector_op(core, f"{self.name}/rsqrt",
-                        lambda v: 1.0 / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps), x,
-                        out=stat, ops_per_element=2.0, transcendental=True)  # (..., 1)
-        scale = params["scale"].astype(x.dtype, copy=False)
-        xhat, y = vector_op(core, f"{self.name}/normalize",
-                            lambda v, s: (v * s, v * s * scale), x, inv,
-                            out=[(x.shape, x.dtype)] * 2, ops_per_element=2.0)
-        return y, {"xhat": xhat, "inv": inv}
-
-    def backward(self, core, params, cache, dy, *, need_dx=True):
-        xhat, inv = cache["xhat"], cache["inv"]
-        lead = tuple(range(dy.ndim - 1))
-        scale = params["scale"].astype(dy.dtype, copy=False)
-        dscale = vector_op(core, f"{self.name}/d_scale", lambda d, xh: (d * xh).sum(axis=lead),
-                           dy, xhat, out=(dy.shape[-1:], dy.dtype), ops_per_element=2.0)  # (C,)
-        dx = None
-        if need_dx:
-            # dx = inv * (g - xhat * mean(g * xhat)), g = dy * scale
-            def back(d, xh, s):
-                g = d * scale
-                return s * (g - xh * (g * xh).mean(axis=-1, keepdims=True))
-            dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
-                           ops_per_element=6.0)
-        return dx, {"scale": dscale}
-
-
-class LayerNorm(_Norm):
-    """y = (x - mean) / sqrt(var + eps) * scale + bias over the last axis
-    (Ba et al. 2016; eps 1e-6 as MaxText's).
-
-    Params: ``scale`` (C,) ones and ``bias`` (C,) zeros at init.
-    """
-
-    kind = "layernorm"
-
-    def param_shapes(self, input_shape):
-        c = int(input_shape[-1])
-        return {"scale": (c,), "bias": (c,)}
-
-    def init_params(self, rng, input_shape):
-        c = int(input_shape[-1])
-        return {"scale": np.ones(c, np.float32), "bias": np.zeros(c, np.float32)}
-
-    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
-        eps = np.asarray(self.epsilon, x.dtype)
-
-        def stats(v):
-            mu = v.mean(axis=-1, keepdims=True)
-            return mu, 1.0 / np.sqrt(((v - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
-
-        mu, inv = vector_op(core, f"{self.name}/moments", stats, x,
-                            out=[(x.shape[:-1] + (1,), x.dtype)] * 2, ops_per_element=4.0,
-                            transcendental=True)                           # (..., 1) each
-        scale = params["scale"].astype(x.dtype, copy=False)
-        bias = params["bias"].astype(x.dtype, copy=False)
-        xhat, y = vector_op(core, f"{self.name}/normalize",
-                            lambda v, m, s: ((v - m) * s, (v - m) * s * scale + bias),
-                            x, mu, inv, out=[(x.shape, x.dtype)] * 2, ops_per_element=4.0)
-        return y, {"xhat": xhat, "inv": inv}
-
-    def backward(self, core, params, cache, dy, *, need_dx=True):
-        xhat, inv = cache["xhat"], cache["inv"]
-        lead = tuple(range(dy.ndim - 1))
-        scale = params["scale"].astype(dy.dtype, copy=False)
-        dscale, dbias = vector_op(core, f"{self.name}/d_scale_bias",
-                                  lambda d, xh: ((d * xh).sum(axis=lead), d.sum(axis=lead)),
-                                  dy, xhat, out=[(dy.shape[-1:], dy.dtype)] * 2,
-                                  ops_per_element=3.0)                    # (C,), (C,)
-        dx = None
-        if need_dx:
-            # dx = inv * (g - mean(g) - xhat * mean(g * xhat)), g = dy * scale
-            def back(d, xh, s):
-                g = d * scale
-                return s * (g - g.mean(axis=-1, keepdims=True)
-                            - xh * (g * xh).mean(axis=-1, keepdims=True))
-            dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
-                           ops_per_element=8.0)
-        return dx, {"scale": dscale, "bias": dbias}
-
-
-def gelu(u: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation (Hendrycks & Gimpel 2016; ``jax.nn.gelu``'s
-    default, which MaxText's "gelu" uses)."""
-    c = np.asarray(math.sqrt(2.0 / math.pi), u.dtype)
-    return 0.5 * u * (1.0 + np.tanh(c * (u + np.asarray(0.044715, u.dtype) * u ** 3)))
-
-
-def gelu_grad(u: np.ndarray) -> np.ndarray:
-    """d gelu(u) / du of the tanh approximation."""
-    c = np.asarray(math.sqrt(2.0 / math.pi), u.dtype)
-    a = np.asarray(0.044715, u.dtype)
-    th = np.tanh(c * (u + a * u ** 3))
-    return 0.5 * (1.0 + th) + 0.5 * u * (1.0 - th * th) * c * (1.0 + 3.0 * a * u * u)
-
-
-class MLP(Layer):
-    """The block's feed-forward part over (B, T, C).
-
-    ``gated_silu`` (SwiGLU, Shazeer 2020; MaxText ``mlp_activations:
-    [silu, linear]``): y = (silu(x W0) * (x W1)) Wo, params ``wi_0``, ``wi_1``
-    (C, F), ``wo`` (F, C). ``gelu``: y = gelu(x Wi) Wo, params ``wi`` (C, F),
-    ``wo`` (F, C). No biases.
-
-    Args:
-        mlp_dim: F.
-        activation: "gated_silu" or "gelu".
-        name: layer name.
-    """
-
-    kind = "mlp"
-
-    def __init__(self, mlp_dim: int, activation: str = "gated_silu", name: str | None = None):
-        super().__init__(name)
-        self.mlp_dim = check_int(mlp_dim, "MLP mlp_dim")
-        if activation not in MLP_ACTIVATIONS:
-            raise ValueError(f"MLP activation must be one of {', '.join(MLP_ACTIVATIONS)}, "
-                             f"got {activation!r}")
-        self.activation = activation
-        self.gated = activation == "gated_silu"
-        self.inputs = ("wi_0", "wi_1") if self.gated else ("wi",)
-        self.matmul_params = (*self.inputs, "wo")
-        # Megatron: hidden units split over the tensor devices (wi columns, wo rows)
-        self.tensor_split = MappingProxyType({**{k: 1 for k in self.inputs}, "wo": 0})
-        self.dot_keys = ("u0", "u1") if self.gated else ("u",)
-        self.backward_keys = ("x", *self.dot_keys, "g")
-
-    def param_shapes(self, input_shape):
-        c, f = int(input_shape[-1]), self.mlp_dim
-        return {**{k: (c, f) for k in self.inputs}, "wo": (f, c)}
-
-    def init_params(self, rng, input_shape):
-        return {k: glorot_uniform(rng, s, s[0], s[1])
-                for k, s in self.param_shapes(input_shape).items()}
-
-    def forward_flops(self, input_shape):
-        return 2 * math.prod(input_shape) * self.mlp_dim * (len(self.inputs) + 1)
-
-    def output_flops(self, input_shape) -> int:
-        """FLOPs of the output projection alone (skipped when recomputing)."""
-        return 2 * math.prod(input_shape) * self.mlp_dim
-
-    def cache_elements(self, input_shape):
-        t = math.prod(input_shape[:-1])
-        return math.prod(input_shape) + (len(self.inputs) + 1) * t * self.mlp_dim  # x, u's, g
-
-    def dot_elements(self, input_shape) -> int:
-        return len(self.inputs) * math.prod(input_shape[:-1]) * self.mlp_dim
-
-    def _activate(self, core, u):
-        if self.gated:
-            return vector_op(core, f"{self.name}/silu_gate", lambda a, b: a * sigmoid(a) * b, *u,
-                             out=(u[0].shape, u[0].dtype), ops_per_element=5.0, transcendental=True)
-        return vector_op(core, f"{self.name}/gelu", gelu, *u, out=(u[0].shape, u[0].dtype),
-                         ops_per_element=8.0, transcendental=True)
-
-    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
-        lead = x.shape[:-1]
-        xr = mxu_input(core, x).reshape(-1, x.shape[-1])                  # (B*T, C)
-        u = []
-        for key, w in zip(self.dot_keys, self.inputs):
-            if saved is not None and key in saved:
-                u.append(saved[key])
-            else:
-                u.append(core.matmul(xr, params[w], name=f"{self.name}/{w}",
-                                     a_rounded=True, b_rounded=True))      # (B*T, F)
-        g = mxu_input(core, self._activate(core, u))                      # (B*T, F)
-        cache = {"x": xr, **dict(zip(self.dot_keys, u)), "g": g}
-        if not need_output:
-            return None, cache
-        y = core.matmul(g, params["wo"], name=f"{self.name}/wo", a_rounded=True, b_rounded=True)
-        return y.reshape(*lead, y.shape[-1]), cache
-
-    def backward(self, core, params, cache, dy, *, need_dx=True):
-        xr, g = cache["x"], cache["g"]
-        u = [cache[k] for k in self.dot_keys]
-        lead = dy.shape[:-1]
-        dyr = mxu_input(core, dy.reshape(-1, dy.shape[-1]))               # (B*T, C)
-        grads = {"wo": core.matmul(g.T, dyr, name=f"{self.name}/d_wo",
-                                   a_rounded=True, b_rounded=True)}       # (F, C)
-        dg = core.matmul(dyr, params["wo"].T, name=f"{self.name}/d_hidden",
-                         a_rounded=True, b_rounded=True)                  # (B*T, F)
-        if self.gated:
-            one = np.asarray(1.0, dg.dtype)
-
-            def back(d, a, b):
-                s = sigmoid(a)
-                return d * b * s * (one + a * (one - s)), d * a * s       # d u0, d u1
-            du = vector_op(core, f"{self.name}/silu_gate_bwd", back, dg, *u,
-                           out=[(dg.shape, dg.dtype)] * 2, ops_per_element=8.0, transcendental=True)
-        else:
-            du = (vector_op(core, f"{self.name}/gelu_bwd", lambda d, a: d * gelu_grad(a), dg, *u,
-                            out=(dg.shape, dg.dtype), ops_per_element=12.0, transcendental=True),)
-        dx = None
-        for w, d in zip(self.inputs, du):
-            dr = mxu_input(core, d)                                       # (B*T, F)
-            grads[w] = core.matmul(xr.T, dr, name=f"{self.name}/d_{w}",
-                                   a_rounded=True, b_rounded=True)        # (C, F)
-            if need_dx:
-                part = core.matmul(dr, params[w].T, name=f"{self.name}/dx_{w}",
-                                   a_rounded=True, b_rounded=True)        # (B*T, C)
-                dx = part if dx is None else _add(core, f"{self.name}/dx_sum", dx, part)
-        return (None if dx is None else dx.reshape(*lead, dx.shape[-1])), grads
-
-
-class TensorHooks:
-    """Megatron's operators around a block's tensor-parallel parts, for a
-    device holding a slice of the heads and MLP units (Shoeybi et al. 2019,
-    the f and g operators; Korthikanti et al. 2022 for the sequence-parallel
-    variant). This class is the one-device identity; ``pod.workloads.sharded``
-    has the collective ones. Each takes a tag naming the place
-    ("block1/attention/out") and a (B, t, C) array.
-
-    - ``enter`` before a column-parallel layer: identity, or all-gather of the
-      sequence chunks (sequence parallelism);
-    - ``leave`` after a row-parallel layer: allreduce of the partial sums, or
-      reduce-scatter over the sequence;
-    - ``enter_grad`` / ``leave_grad``: their transposes in backward.
-    """
-
-    def enter(self, tag: str, x: np.ndarray) -> np.ndarray:
-        return x
-
-    def leave(self, tag: str, y: np.ndarray) -> np.ndarray:
-        return y
-
-    def enter_grad(self, tag: str, dx: np.ndarray) -> np.ndarray:
-        return dx
-
-    def leave_grad(self, tag: str, dy: np.ndarray) -> np.ndarray:
-        return dy
-
-
-_ONE_DEVICE = TensorHooks()
-
-
-class TransformerBlock(Layer):
-    """Pre-norm decoder block: h = x + attn(norm1(x)); y = h + mlp(norm2(h)).
-
-    Params are the sub-layers' under their prefixes: ``norm1/scale``,
-    ``attention/query``, ..., ``norm2/scale``, ``mlp/wi_0``, ... See the
-    module docstring for ``remat``.
-
-    Args:
-        heads, head_dim: attention heads and their size.
-        mlp_dim, mlp_activation: the MLP.
-        norm: "rmsnorm" or "layernorm".
-        rotary: RoPE in the attention.
-        remat: "none", "minimal" or "full".
-        name: layer name; sub-layer ops are recorded as "<name>/attention/...".
-    """
-
-    kind = "transformer_block"
-
-    def __init__(self, heads: int, head_dim: int, mlp_dim: int, *, mlp_activation: str = "gated_silu",
-                 norm: str = "rmsnorm", rotary: bool = True, remat: str = "none",
-                 name: str | None = None):
-        super().__init__(name)
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
-        if remat not in REMAT_POLICIES:
-            raise ValueError(f"remat must be one of {', '.join(REMAT_POLICIES)}, got {remat!r}")
-        norm_cls = RMSNorm if norm == "rmsnorm" else LayerNorm
-        self.remat = remat
-        self.norm1 = norm_cls(name=f"{self.name}/norm1")
-        self.attention = CausalSelfAttention(heads, head_dim, rotary=rotary,
-                                             name=f"{self.name}/attention")
-        self.norm2 = norm_cls(name=f"{self.name}/norm2")
-        self.mlp = MLP(mlp_dim, mlp_activation, name=f"{self.name}/mlp")
-        self.parts = {"norm1": self.norm1, "attention": self.attention,
-                      "norm2": self.norm2, "mlp": self.mlp}
-        self.matmul_params = tuple(f"{p}/{k}" for p, layer in self.parts.items()
-                                   for k in layer.matmul_params)
-        self.tensor_split = MappingProxyType({f"{p}/{k}": axis for p, layer in self.parts.items()
-                                              for k, axis in layer.tensor_split.items()})
-
-    def _check(self, input_shape):
-        if len(input_shape) != 2:
-            raise ValueError(f"{self.name}: a transformer block expects (steps, features) inputs, "
-                             f"got {tuple(input_shape)}")
-        return tuple(int(v) for v in input_shape)
-
-    def param_shapes(self, input_shape):
-        shape = self._check(input_shape)
-        return {f"{p}/{k}": s for p, layer in self.parts.items()
-                for k, s in layer.param_shapes(shape).items()}
-
-    def init_params(self, rng, input_shape):
-        shape = self._check(input_shape)
-        return {f"{p}/{k}": v for p, layer in self.parts.items()
-                for k, v in layer.init_params(rng, shape).items()}
-
-    def forward_flops(self, input_shape):
-        shape = self._check(input_shape)
-        return self.attention.forward_flops(shape) + self.mlp.forward_flops(shape)
-
-    def recompute_flops(self, input_shape) -> int:
-        """MXU FLOPs the backward pass redoes per example under ``remat``:
-        0 for none and minimal; the forward less the MLP output projection
-        for full."""
-        shape = self._check(input_shape)
-        if self.remat != "full":
-            return 0
-        return self.forward_flops(shape) - self.mlp.output_flops(shape)
-
-    def cache_elements(self, input_shape):
-        """Elements kept per example for backward, by ``remat`` (see the module docstring)."""
-        shape = self._check(input_shape)
-        x = math.prod(shape)
-        if self.remat == "full":
-            return x
-        if self.remat == "minimal":
-            return x + self.attention.dot_elements(shape) + self.mlp.dot_elements(shape)
-        return sum(layer.cache_elements(shape) for layer in self.parts.values())
-
-    def _run(self, core, params, x, saved, need_output, tensor=None):
-        """The block's forward; ``saved`` MXU outputs are reused, not recomputed."""
-        saved = saved or {}
-        tp = tensor or _ONE_DEVICE
-        n1, c1 = self.norm1.forward(core, _params_of(params, "norm1"), x)
-        kept = saved.get("attention_sum")                                 # minimal remat, tensor
-        a, ca = self.attention.forward(core, _params_of(params, "attention"),
-                                       tp.enter(f"{self.name}/attention/in", n1),
-                                       saved=saved.get("attention"), need_output=kept is None)
-        a = kept if kept is not None else tp.leave(f"{self.name}/attention/out", a)
-        h = _add(core, f"{self.name}/residual1", x, a)
-        n2, c2 = self.norm2.forward(core, _params_of(params, "norm2"), h)
-        m, cm = self.mlp.forward(core, _params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
-                                 saved=saved.get("mlp"), need_output=need_output)
-        y = None
-        if need_output:
-            m = tp.leave(f"{self.name}/mlp/wo", m)
-            y = _add(core, f"{self.name}/residual2", h, m)
-        caches = {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm}
-        if tensor is not None:
-            caches["attention_sum"] = a
-        return y, caches
-
-    def forward(self, core, params, x, *, training=False, rng=None, tensor=None):
-        """As ``Layer.forward``. ``tensor`` (None on one device): the
-        :class:`TensorHooks` of a tensor-parallel device whose params are its
-        slice (``tensor_split``), put around the attention and the MLP."""
-        self._check(x.shape[1:])
-        y, caches = self._run(core, params, x, None, True, tensor)
-        if self.remat == "full":
-            return y, {"x": x}
-        if self.remat == "minimal":
-            dots = {p: {k: caches[p][k] for k in layer.dot_keys}
-                    for p, layer in self.parts.items() if layer.dot_keys}
-            if tensor is not None:  # keep the attention output summed over tensor, not a part
-                dots["attention"].pop("out")
-                dots["attention_sum"] = caches["attention_sum"]
-            return y, {"x": x, "dots": dots}
-        return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
-                             for p, layer in self.parts.items()}}
-
-    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None):
-        """As ``Layer.backward``; ``tensor`` as in ``forward`` (its ``*_grad``
-        operators here, and the forward ones when remat recomputes)."""
-        if "parts" in cache:
-            caches = cache["parts"]
-        else:  # remat: recompute what was not kept, costed as any forward work
-            _, caches = self._run(core, params, cache["x"], cache.get("dots"), False, tensor)
-        grads = {}
-        tp = tensor or _ONE_DEVICE
-
-        def part(p, d, need=True):
-            layer = self.parts[p]
-            dx, g = layer.backward(core, _params_of(params, p), caches[p], d, need_dx=need)
-            grads.update({f"{p}/{k}": v for k, v in g.items()})
-            return dx
-
-        dm = tp.leave_grad(f"{self.name}/mlp/dout", dy)
-        dn2 = tp.enter_grad(f"{self.name}/mlp/dx", part("mlp", dm))
-        dh = _add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2))
-        da = tp.leave_grad(f"{self.name}/attention/dout", dh)
-        dn1 = tp.enter_grad(f"{self.name}/attention/dx", part("attention", da))
-        dxn = part("norm1", dn1, need_dx)                                 # scale grad always
-        dx = _add(core, f"{self.name}/residual1_bwd", dh, dxn) if need_dx else None
-        return dx, grads
 
 
 class TokenEmbedding(Layer):
@@ -643,8 +211,10 @@ class Unembed(Layer):
         return dx, grads
 
 
-TRANSFORMER_OPTIONS = ("embed_dim", "heads", "head_dim", "mlp_dim", "mlp_activation", "layers",
-                       "norm", "positions", "tied_embeddings", "remat")
+#: The ``model.options`` of the transformer (``build_transformer``).
+TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
+                       "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
+                       "fused_qkv", "remat")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -652,6 +222,10 @@ def _choice(field: str, value, choices: tuple[str, ...]) -> str:
         raise ValueError(f"transformer: option {field} must be one of {', '.join(choices)}, "
                          f"got {value!r}")
     return value
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -662,17 +236,23 @@ class TransformerConfig:
         vocabulary: V, tokens (the dataset's num_classes).
         sequence_length: T, tokens per example (from the data).
         embed_dim: C, the residual stream width (MaxText ``emb_dim``).
-        heads: H, attention heads (``num_query_heads``).
+        heads: H, query heads (``num_query_heads``).
+        kv_heads: K, key / value heads (``num_kv_heads``; grouped-query
+            attention), dividing H; None: H (multi-head attention).
         head_dim: Dh (``head_dim``); None: embed_dim // heads.
         mlp_dim: F, the MLP hidden width (``mlp_dim``); None: 4 * embed_dim.
-        mlp_activation: "gated_silu" (SwiGLU) or "gelu".
+        mlp_activation: one of ``MLP_ACTIVATIONS`` ("gated_silu" SwiGLU,
+            "gated_gelu", "gelu", "relu").
         layers: L, transformer blocks (``num_decoder_layers``).
         norm: "rmsnorm" or "layernorm" (pre-norm in every block, and final).
         positions: "rotary" (RoPE in attention) or "learned" (added to the
             token embeddings).
         tied_embeddings: logits through the token embedding table
             (``logits_via_embedding``) instead of a separate (C, V) kernel.
-        remat: "none", "minimal" or "full" (module docstring).
+        block: "sequential" or "parallel" (``pod.workloads.block``).
+        use_bias: biases on every projection (GPT-3; MaxText's models have none).
+        fused_qkv: one (C, (H+2K)*Dh) projection for q, k and v (``fused_qkv``).
+        remat: one of ``REMAT_POLICIES`` (``pod.workloads.block``).
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -691,6 +271,10 @@ class TransformerConfig:
     positions: str = "rotary"
     tied_embeddings: bool = True
     remat: str = "none"
+    kv_heads: int | None = None
+    block: str = "sequential"
+    use_bias: bool = False
+    fused_qkv: bool = False
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -701,34 +285,67 @@ class TransformerConfig:
                                  f"{self.embed_dim} is not a multiple of heads {self.heads}")
             object.__setattr__(self, "head_dim", self.embed_dim // self.heads)
         check_int(self.head_dim, "transformer: option head_dim")
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        check_int(self.kv_heads, "transformer: option kv_heads")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"transformer: option kv_heads must divide heads {self.heads} "
+                             f"({_divisors(self.heads)}), got {self.kv_heads}")
         if self.mlp_dim is None:
             object.__setattr__(self, "mlp_dim", 4 * self.embed_dim)
         check_int(self.mlp_dim, "transformer: option mlp_dim")
         _choice("mlp_activation", self.mlp_activation, MLP_ACTIVATIONS)
         _choice("norm", self.norm, NORMS)
         _choice("positions", self.positions, POSITIONS)
+        _choice("block", self.block, BLOCKS)
         _choice("remat", self.remat, REMAT_POLICIES)
-        if not isinstance(self.tied_embeddings, bool):
-            raise ValueError(f"transformer: option tied_embeddings must be true or false, "
-                             f"got {self.tied_embeddings!r}")
+        for field in ("tied_embeddings", "use_bias", "fused_qkv"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"transformer: option {field} must be true or false, "
+                                 f"got {getattr(self, field)!r}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"transformer: option head_dim must be even for rotary positions, "
                              f"got {self.head_dim}")
 
     @property
     def inner_dim(self) -> int:
-        """D = H * Dh, the width of q, k, v."""
+        """H * Dh, the width of the queries and of the attention context."""
         return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """K * Dh, the width of the keys and of the values."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def mlp_inputs(self) -> int:
+        """Input projections of the MLP: 2 when gated, else 1."""
+        return 2 if self.mlp_activation.startswith("gated_") else 1
+
+    def tensor_local(self, tensor: int) -> TransformerConfig:
+        """The config of one of ``tensor`` devices: H / tensor query heads, K /
+        tensor kv heads, F / tensor hidden units (``pod.workloads.sharded``;
+        ``check_tensor_split`` checks that they divide)."""
+        return dataclasses.replace(self, heads=self.heads // tensor,
+                                   kv_heads=self.kv_heads // tensor, mlp_dim=self.mlp_dim // tensor)
+
+    def block_matmul_params(self) -> int:
+        """Weights of one block's projections: C (H + 2K) Dh for q, k, v,
+        H Dh C for the output, (1 + MLP inputs) C F for the MLP."""
+        c, f = self.embed_dim, self.mlp_dim
+        return c * (self.inner_dim + 2 * self.kv_dim) + self.inner_dim * c + (self.mlp_inputs + 1) * c * f
 
     def param_count(self) -> int:
         """Parameters in closed form: per block the norms (C each, 2C for
-        layernorm), q, k, v, out (4 C D), the MLP (3 C F gated, 2 C F gelu);
-        the final norm; the table V C; learned positions T C; an untied
-        output kernel C V."""
-        c, d, f, v = self.embed_dim, self.inner_dim, self.mlp_dim, self.vocabulary
+        layernorm; two norms in a sequential block, one in a parallel one),
+        the projections (``block_matmul_params``) and with ``use_bias`` their
+        biases ((H + 2K) Dh + C + MLP inputs x F + C); the final norm; the
+        table V C; learned positions T C; an untied output kernel C V."""
+        c, f, v = self.embed_dim, self.mlp_dim, self.vocabulary
         norm = c * (2 if self.norm == "layernorm" else 1)
-        mlp = (3 if self.mlp_activation == "gated_silu" else 2) * c * f
-        block = 2 * norm + 4 * c * d + mlp
+        norms = (1 if self.block == "parallel" else 2) * norm
+        bias = (self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias else 0
+        block = norms + self.block_matmul_params() + bias
         return (self.layers * block + norm + v * c
                 + (self.sequence_length * c if self.positions == "learned" else 0)
                 + (0 if self.tied_embeddings else c * v))
@@ -737,11 +354,9 @@ class TransformerConfig:
         """N of the 6 N T formula: the weights that take part in a matmul per
         token (PaLM, Chowdhery et al. 2022, app. B; MaxText
         ``calculate_tflops_training_per_device``): the projections and the
-        output layer (V C, tied or not); not the norms, not the embedding
-        lookup (a gather) and not learned positions."""
-        c, d, f, v = self.embed_dim, self.inner_dim, self.mlp_dim, self.vocabulary
-        mlp = (3 if self.mlp_activation == "gated_silu" else 2) * c * f
-        return self.layers * (4 * c * d + mlp) + c * v
+        output layer (V C, tied or not); not the norms, not biases, not the
+        embedding lookup (a gather) and not learned positions."""
+        return self.layers * self.block_matmul_params() + self.embed_dim * self.vocabulary
 
 
 class TransformerModel(Model):
@@ -760,17 +375,17 @@ class TransformerModel(Model):
     def __init__(self, config: TransformerConfig):
         self.config = config
         cfg = config
-        norm_cls = RMSNorm if cfg.norm == "rmsnorm" else LayerNorm
         layers: list[Layer] = [TokenEmbedding(
             cfg.vocabulary, cfg.embed_dim,
             cfg.sequence_length if cfg.positions == "learned" else None, name="embed")]
-        layers += [TransformerBlock(cfg.heads, cfg.head_dim, cfg.mlp_dim,
+        layers += [TransformerBlock(cfg.heads, cfg.head_dim, cfg.mlp_dim, kv_heads=cfg.kv_heads,
                                     mlp_activation=cfg.mlp_activation, norm=cfg.norm,
                                     rotary=cfg.positions == "rotary", remat=cfg.remat,
-                                    name=f"block{i}")
+                                    block=cfg.block, use_bias=cfg.use_bias,
+                                    fused_qkv=cfg.fused_qkv, name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
-        layers += [norm_cls(name="final_norm"), Unembed(cfg.vocabulary, tied=cfg.tied_embeddings,
-                                                        name="unembed")]
+        layers += [norm_class(cfg.norm)(name="final_norm"),
+                   Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
         super().__init__("transformer", layers, (cfg.sequence_length,), cfg.vocabulary)
         if cfg.tied_embeddings:
             del self.param_shapes["unembed/embedding"]
@@ -818,7 +433,7 @@ class TransformerModel(Model):
             layer = self.layers[i]
             dy, g = layer.backward(core, local[i], caches[i], dy, need_dx=i > 0)
             for key, name in self._layer_keys[i]:
-                grads[key] = g[name] if key not in grads else _add(
+                grads[key] = g[name] if key not in grads else add(
                     core, f"{layer.name}/tied_grad_sum", grads[key], g[name])
         grads = {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
         return loss, grads, {}
@@ -910,6 +525,61 @@ class TransformerModel(Model):
             p = np.exp(z - z.max())
             ids.append(int(rng.choice(p.size, p=p / p.sum())))
         return ids[start:]
+
+
+def maxtext_tflops_2023(config: TransformerConfig, batch: int, *,
+                        causal_halving: bool = False) -> float:
+    """Training FLOPs of one step on one device as MaxText 2023 counts them.
+
+    ``MaxText/train.py calculate_training_tflops`` (training-steps.md, "The
+    metric"): 6 N T B + 12 H L Dh T^2 B, N the whole parameter count
+    (``config.param_count()``: embedding included, a tied output layer once,
+    norms and biases too), H query heads, L layers, Dh the head dimension, T
+    the sequence length, B the sequences per device; with ``causal_halving``
+    the attention term is halved (MaxText from 64ee4e938, 2023-11-08: the v5p
+    rows T1, T2 were measured with it, the v5e rows T3, T4 without). No
+    recomputation, no optimizer work.
+
+    Args:
+        config: the model.
+        batch: B, sequences per device per step.
+        causal_halving: halve the attention term.
+
+    Returns:
+        FLOPs per device per step (divide by the step's seconds for the
+        TFLOP/s per device MaxText prints, times 1e-12).
+    """
+    cfg, t, b = config, config.sequence_length, int(batch)
+    attention = 12 * cfg.heads * cfg.layers * cfg.head_dim * t * t * b
+    return float(6 * cfg.param_count() * t * b + (attention / 2 if causal_halving else attention))
+
+
+def maxtext_tflops_2025(config: TransformerConfig, batch: int) -> float:
+    """Training FLOPs of one step on one device as MaxText counts them at
+    tpu-recipes-v0.1.4 (``maxtext_utils.calculate_tflops_training_per_device``;
+    training-steps.md, "The metric"), the T5 row's figure.
+
+    Per layer: ffn = 2 B T F E x (MLP input matrices: 2 gated, 1 not) + 2 B T
+    F E; qkv = 2 B T E (H + 2K) Dh; projection = 2 B T E H Dh; attention =
+    4 B T^2 H Dh (not halved for causality); once: embedding = 2 B T E V.
+    Total = 3 ((ffn + qkv + projection) L + embedding) + 3 attention L (3:
+    forward and the two backward products). No recomputation, no optimizer.
+
+    Args:
+        config: the model (E = embed_dim, F = mlp_dim, H heads, K kv_heads).
+        batch: B, sequences per device per step.
+
+    Returns:
+        FLOPs per device per step.
+    """
+    cfg, t, b = config, config.sequence_length, int(batch)
+    e, f, dh = cfg.embed_dim, cfg.mlp_dim, cfg.head_dim
+    ffn = 2 * b * t * f * e * cfg.mlp_inputs + 2 * b * t * f * e
+    qkv = 2 * b * t * e * (cfg.heads + 2 * cfg.kv_heads) * dh
+    projection = 2 * b * t * e * cfg.heads * dh
+    attention = 4 * b * t * t * cfg.heads * dh
+    embedding = 2 * b * t * e * cfg.vocabulary
+    return float(3 * ((ffn + qkv + projection) * cfg.layers + embedding) + 3 * attention * cfg.layers)
 
 
 def build_transformer(input_shape, num_classes: int, **options) -> TransformerModel:

@@ -82,6 +82,10 @@ LAYOUTS = [
                                 "positions": "learned"}),
     ({"data": 2, "fsdp": 2, "tensor": 2}, {"slice_name": "v3-8"}),  # a device per TensorCore
     ({"fsdp": 4, "tensor": 2}, {"slice_name": "v3-8", "sequence_parallel": True}),
+    ({"fsdp": 2, "tensor": 4}, {"block": "parallel", "mlp_activation": "relu", "remat": "full"}),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, {"sequence_parallel": True, "kv_heads": 2,
+                                           "use_bias": True, "fused_qkv": True,
+                                           "block": "parallel", "remat": "minimal"}),
 ]
 
 
@@ -151,7 +155,11 @@ def test_a_175b_class_step_holds_no_model_sized_array():
 @pytest.mark.parametrize("options", [
     {}, {"remat": "full", "tied_embeddings": False},
     {"remat": "minimal", "norm": "layernorm", "mlp_activation": "gelu", "positions": "learned"},
-], ids=["rmsnorm-swiglu-rope", "remat-full-untied", "layernorm-gelu-learned-minimal"])
+    {"remat": "minimal", "block": "parallel", "mlp_activation": "relu", "kv_heads": 2,
+     "use_bias": True, "fused_qkv": True},
+    {"remat": "full", "mlp_activation": "gated_gelu", "kv_heads": 1, "use_bias": True},
+], ids=["rmsnorm-swiglu-rope", "remat-full-untied", "layernorm-gelu-learned-minimal",
+        "parallel-relu-gqa-bias-fused-minimal", "geglu-mqa-bias-full"])
 def test_transformer_timing_only_records_equal_the_executed_ones(options):
     """One device, no mesh: a timing-only core skips the products and the VPU work
     of the transformer, its loss and AdamW, yet records the same ops, FLOPs, bytes

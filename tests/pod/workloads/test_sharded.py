@@ -173,6 +173,32 @@ def test_other_options_and_remat_shard_too():
         assert max_diff(program.assemble(s for s, _, _ in devices), want) < FP32_ATOL
 
 
+MAXTEXT_2023 = {"block": "parallel", "mlp_activation": "relu"}
+GQA_BIAS_FUSED = {"kv_heads": 2, "use_bias": True, "fused_qkv": True,
+                  "mlp_activation": "gated_gelu"}
+
+
+@pytest.mark.parametrize("options", [MAXTEXT_2023, {**MAXTEXT_2023, "remat": "full"},
+                                     GQA_BIAS_FUSED, {**GQA_BIAS_FUSED, "block": "parallel",
+                                                      "remat": "minimal"}],
+                         ids=["parallel-relu", "parallel-full", "gqa-bias-fused",
+                              "gqa-bias-fused-parallel-minimal"])
+def test_the_parallel_block_gqa_biases_and_fused_qkv_shard(options):
+    """The parallel block sums its attention and MLP partial outputs once over tensor;
+    grouped-query heads, biases (the output biases added once, after the sum) and the
+    fused q/k/v columns split over tensor: 5 steps equal one device's, with and
+    without sequence parallelism."""
+    want, want_losses = single("fp32", 5, **options)
+    for sequence_parallel in (False, True):
+        program, devices = sharded("fp32", (("fsdp", 2), ("tensor", 2)), 5, sequence_parallel,
+                                   **options)
+        assert max_diff(program.assemble(s for s, _, _ in devices), want) < FP32_ATOL
+        np.testing.assert_allclose(global_losses(program, devices), want_losses, rtol=1e-6)
+        calls = devices[0][2]
+        assert [dataclasses.replace(c, after_record=-1) for c in calls[-len(calls) // 5:]] == \
+            program.planned_calls(BATCH // program.batch_shards)
+
+
 def test_a_mesh_laid_on_a_torus_trains_the_same():
     """{fsdp: 4, tensor: 2} on a 2x2x2 torus: the fsdp ring is (0, 1, 3, 2), so
     device positions differ from mesh coordinates; 3 steps."""
@@ -254,17 +280,22 @@ def test_planned_calls_are_the_calls_a_step_makes(mesh, sequence):
     assert [dataclasses.replace(c, after_record=-1) for c in calls[-per_step:]] == planned
 
 
-@pytest.mark.parametrize("remat,sequence,per_block", [
-    ("none", False, 4), ("minimal", False, 4), ("full", False, 5),
-    ("none", True, 8), ("minimal", True, 10), ("full", True, 11)])
-def test_remat_decides_the_tensor_collectives(remat, sequence, per_block):
+@pytest.mark.parametrize("remat,sequence,per_block,block", [
+    ("none", False, 4, "sequential"), ("minimal", False, 4, "sequential"),
+    ("full", False, 5, "sequential"), ("none", True, 8, "sequential"),
+    ("minimal", True, 10, "sequential"), ("full", True, 11, "sequential"),
+    ("none", False, 2, "parallel"), ("full", False, 2, "parallel"),
+    ("none", True, 4, "parallel"), ("full", True, 5, "parallel")])
+def test_remat_decides_the_tensor_collectives(remat, sequence, per_block, block):
     """Per block: an allreduce after attention and MLP and of their input gradients
     (full remat recomputes the attention output, allreduce included); with
     sequence parallelism an all-gather before and a reduce-scatter after each,
     and their transposes in backward (remat re-gathers the inputs it recomputes
-    from). One step, B T C float32 per allreduce or reduce-scatter, a tensor
-    size's share of it per all-gather."""
-    program, devices = sharded("bf16", (("tensor", 2),), 1, sequence, remat=remat)
+    from). The parallel block: one allreduce of the summed attention and MLP
+    outputs, one of its input gradient (remat recomputes no output). One step,
+    B T C float32 per allreduce or reduce-scatter, a tensor size's share of it
+    per all-gather."""
+    program, devices = sharded("bf16", (("tensor", 2),), 1, sequence, remat=remat, block=block)
     calls = devices[0][2]
     blocks = [c for c in calls if c.kind == "activation"]
     assert all(c.axis == "tensor" for c in calls)
@@ -367,8 +398,13 @@ def test_a_tensor_size_that_does_not_split_the_heads_is_one_line():
     check_tensor_split(cfg, 4)
     with pytest.raises(ValueError) as err:
         ShardedTransformer(TransformerModel(cfg), {"tensor": 3, "data": 2}, optimizer())
-    assert str(err.value) == ("tensor 3 does not divide the transformer's heads 4 and mlp_dim 32; "
-                              "tensor must divide both: 1, 2, 4")
+    assert str(err.value) == ("tensor 3 does not divide the transformer's heads 4, kv_heads 4 and "
+                              "mlp_dim 32; tensor must divide all three: 1, 2, 4")
+    gqa = TransformerConfig(**{**TINY, "kv_heads": 2})                 # 2 key / value heads
+    check_tensor_split(gqa, 2)
+    with pytest.raises(ValueError, match=r"heads 4, kv_heads 2 and mlp_dim 32; tensor must divide "
+                                         r"all three: 1, 2$"):
+        check_tensor_split(gqa, 4)
 
 
 def test_evaluate_matches_the_model_on_the_assembled_parameters():

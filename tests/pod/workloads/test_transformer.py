@@ -9,6 +9,7 @@ counts in closed form; a tiny model learning the Python docs text. No Ray.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -24,12 +25,14 @@ from pod.workloads import (
     RMSNorm,
     TokenEmbedding,
     TransformerBlock,
+    TransformerConfig,
     Unembed,
     build_model,
     build_optimizer,
     load_dataset,
 )
 from pod.workloads.attention import apply_rope, rope_tables
+from pod.workloads.transformer import maxtext_tflops_2023, maxtext_tflops_2025
 from tests.pod.workloads.test_workloads import numeric_grad
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
@@ -115,25 +118,34 @@ def test_norm_forwards_against_closed_forms(core64):
                                / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * g + b, rtol=1e-10)
 
 
-@pytest.mark.parametrize("rotary", [True, False], ids=["rope", "no_rope"])
-def test_attention_grads(core64, rotary):
+@pytest.mark.parametrize("rotary, options", [
+    (True, {}), (False, {}), (True, {"kv_heads": 2}), (True, {"kv_heads": 1, "use_bias": True}),
+    (False, {"kv_heads": 2, "fused_qkv": True, "use_bias": True})],
+    ids=["rope", "no_rope", "gqa", "mqa-bias", "gqa-fused-bias"])
+def test_attention_grads(core64, rotary, options):
+    heads = 4 if options else 2
     x = np.random.default_rng(4).standard_normal((2, 5, 6))
-    layer = CausalSelfAttention(2, 4, rotary=rotary)
+    layer = CausalSelfAttention(heads, 4, rotary=rotary, **options)
     check_grads(core64, layer, x, small_params(layer, x.shape[1:], scale=1.5))
 
 
-@pytest.mark.parametrize("activation", ["gated_silu", "gelu"])
-def test_mlp_grads(core64, activation):
+@pytest.mark.parametrize("activation, use_bias", [("gated_silu", False), ("gelu", False),
+                                                  ("relu", True), ("gated_gelu", True)])
+def test_mlp_grads(core64, activation, use_bias):
     x = np.random.default_rng(5).standard_normal((2, 3, 6))
-    layer = MLP(7, activation)
+    layer = MLP(7, activation, use_bias=use_bias)
     check_grads(core64, layer, x, small_params(layer, x.shape[1:], scale=1.5))
 
 
-@pytest.mark.parametrize("norm, remat", [("rmsnorm", "none"), ("layernorm", "minimal"),
-                                         ("rmsnorm", "full")])
-def test_block_grads(core64, norm, remat):
+@pytest.mark.parametrize("norm, remat, options", [
+    ("rmsnorm", "none", {}), ("layernorm", "minimal", {}), ("rmsnorm", "full", {}),
+    ("rmsnorm", "none", {"block": "parallel", "use_bias": True}),
+    ("layernorm", "minimal", {"block": "parallel", "kv_heads": 1}),
+    ("rmsnorm", "full", {"use_bias": True, "fused_qkv": True, "kv_heads": 1}),
+], ids=["none", "minimal", "full", "parallel-bias", "parallel-mqa-minimal", "bias-fused-full"])
+def test_block_grads(core64, norm, remat, options):
     x = np.random.default_rng(6).standard_normal((2, 4, 8))
-    layer = TransformerBlock(2, 4, 12, norm=norm, remat=remat, name="block")
+    layer = TransformerBlock(2, 4, 12, norm=norm, remat=remat, name="block", **options)
     check_grads(core64, layer, x, small_params(layer, x.shape[1:], scale=1.2))
 
 
@@ -223,6 +235,76 @@ def test_block_forward_matches_numpy_reference(core64):
     params = small_params(block, x.shape[1:], scale=1.5)
     y, _ = block.forward(core64, params, x)
     np.testing.assert_allclose(y, reference_block(x, params, 2, 4), rtol=1e-11, atol=1e-12)
+
+
+def reference_parallel_gqa_block(x, p, heads, kv_heads, head_dim, eps=1e-6):
+    """The PaLM / MaxText 2023 parallel block with grouped-query attention, a relu
+    MLP and biases, in float64 numpy with per-head loops (no RoPE): query head h
+    reads kv head h // (heads / kv_heads)."""
+    b, t, _c = x.shape
+    n = x / np.sqrt(np.mean(x ** 2, axis=-1, keepdims=True) + eps) * p["norm/scale"]
+    q = n @ p["attention/query"] + p["attention/query_bias"]
+    k = n @ p["attention/key"] + p["attention/key_bias"]
+    v = n @ p["attention/value"] + p["attention/value_bias"]
+    ctx = np.zeros((b, t, heads * head_dim))
+    for bi in range(b):
+        for h in range(heads):
+            kv = h // (heads // kv_heads)
+            qs, ks = slice(h * head_dim, (h + 1) * head_dim), slice(kv * head_dim, (kv + 1) * head_dim)
+            for i in range(t):
+                s = k[bi, :i + 1, ks] @ q[bi, i, qs] / math.sqrt(head_dim)
+                w = np.exp(s - s.max())
+                ctx[bi, i, qs] = (w / w.sum()) @ v[bi, :i + 1, ks]
+    attn = ctx @ p["attention/out"] + p["attention/out_bias"]
+    mlp = np.maximum(n @ p["mlp/wi"] + p["mlp/wi_bias"], 0) @ p["mlp/wo"] + p["mlp/wo_bias"]
+    return x + attn + mlp
+
+
+def test_parallel_gqa_block_matches_numpy_reference(core64):
+    x = np.random.default_rng(17).standard_normal((2, 6, 8))
+    block = TransformerBlock(4, 2, 12, kv_heads=2, block="parallel", mlp_activation="relu",
+                             use_bias=True, rotary=False, name="block")
+    params = small_params(block, x.shape[1:], scale=1.5)
+    assert {k for k in params if k.endswith("bias")} == {
+        "attention/query_bias", "attention/key_bias", "attention/value_bias",
+        "attention/out_bias", "mlp/wi_bias", "mlp/wo_bias"}
+    assert params["attention/key"].shape == (8, 4) and params["attention/query"].shape == (8, 8)
+    y, _ = block.forward(core64, params, x)
+    np.testing.assert_allclose(y, reference_parallel_gqa_block(x, params, 4, 2, 2), rtol=1e-11,
+                               atol=1e-12)
+
+
+def test_fused_qkv_is_the_three_projections_with_grouped_columns(core64):
+    """A fused (C, (H+2K) Dh) projection whose columns are, per kv head, its query
+    heads then its key then its value head computes what the three projections do;
+    its gradient is theirs, regrouped."""
+    heads, kv_heads, dh = 4, 2, 3
+    g = heads // kv_heads
+    x = np.random.default_rng(18).standard_normal((2, 5, 6))
+    split = CausalSelfAttention(heads, dh, kv_heads=kv_heads, rotary=False, use_bias=True)
+    fused = CausalSelfAttention(heads, dh, kv_heads=kv_heads, rotary=False, use_bias=True,
+                                fused_qkv=True)
+    p = small_params(split, x.shape[1:], scale=1.5)
+
+    def grouped(q, k, v):                                                # (..., columns)
+        lead = q.shape[:-1]
+        return np.concatenate([q.reshape(*lead, kv_heads, g, dh), k.reshape(*lead, kv_heads, 1, dh),
+                               v.reshape(*lead, kv_heads, 1, dh)], axis=-2).reshape(*lead, -1)
+
+    pf = {"qkv": grouped(p["query"], p["key"], p["value"]), "out": p["out"],
+          "qkv_bias": grouped(p["query_bias"], p["key_bias"], p["value_bias"])}
+    assert fused.param_shapes((5, 6)) == {k: v.shape for k, v in pf.items()}
+    y, cache = split.forward(core64, p, x)
+    yf, cache_f = fused.forward(core64, pf, x)
+    np.testing.assert_allclose(yf, y, rtol=1e-12, atol=1e-12)
+    dy = np.random.default_rng(19).standard_normal(y.shape)
+    dx, grads = split.backward(core64, p, cache, dy)
+    dxf, grads_f = fused.backward(core64, pf, cache_f, dy)
+    np.testing.assert_allclose(dxf, dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads_f["qkv"], grouped(grads["query"], grads["key"], grads["value"]),
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads_f["qkv_bias"], grouped(grads["query_bias"], grads["key_bias"],
+                                                            grads["value_bias"]), rtol=1e-12)
 
 
 def test_causal_mask_future_tokens_do_not_change_earlier_logits(core64):
@@ -330,6 +412,67 @@ def test_param_count_closed_form():
     assert model.gradient_buckets()[-1] == ("embed", 50 * 32)
 
 
+OPTION_GRID = [dict(zip(("kv_heads", "block", "mlp_activation", "use_bias", "fused_qkv", "norm",
+                         "tied_embeddings", "positions"), values))
+               for values in itertools.product((None, 1, 3), ("sequential", "parallel"),
+                                               ("gated_silu", "gated_gelu", "gelu", "relu"),
+                                               (False, True), (False, True),
+                                               ("rmsnorm", "layernorm"), (True, False),
+                                               ("rotary", "learned"))]
+
+
+def test_param_count_closed_form_over_every_option():
+    """``param_count`` against the parameters the layers really create, over every
+    combination of kv heads, block, activation, biases, fused qkv, norm, tied output
+    and positions (768 models, 6 heads x 4 of 12 wide); ``matmul_param_count``
+    against the matrices the MXU multiplies by."""
+    for options in OPTION_GRID:
+        model = build_model("transformer", (10,), 7, embed_dim=12, heads=6, head_dim=4, mlp_dim=20,
+                            layers=2, **options)
+        shapes = model.param_shapes
+        assert model.config.param_count() == sum(math.prod(s) for s in shapes.values()), options
+        matrices = sum(math.prod(s) for k, s in shapes.items()
+                       if len(s) == 2 and not k.endswith(("embedding", "position")))
+        tied_logits = 7 * 12 if options["tied_embeddings"] else 0       # the table, as (C, V)
+        assert model.config.matmul_param_count() == matrices + tied_logits, options
+
+
+# training-steps.md: the T1 and T5 rows (MaxText 2023 s = 32; Llama 3.1 8B on v6e-256)
+T1 = {"embed_dim": 10240, "heads": 32, "head_dim": 256, "mlp_dim": 32768, "layers": 32,
+      "mlp_activation": "relu", "block": "parallel", "tied_embeddings": True}
+T5 = {"embed_dim": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "mlp_dim": 14336,
+      "layers": 32, "mlp_activation": "gated_silu", "tied_embeddings": False}
+
+
+def test_maxtext_2023_formula_reproduces_t1():
+    """T1: 32.5B parameters (training-steps.md's table); 328 TFLOP/s per chip is 71.47%
+    of v5p's 459 TFLOP/s, so the step implied by the MFU is the step implied by the
+    TFLOP/s (9.9 s, the published step issue 23 quotes), with the causal halving."""
+    cfg = TransformerConfig(vocabulary=32768, sequence_length=2048, **T1)
+    assert cfg.param_count() == pytest.approx(32.5e9, abs=0.05e9)
+    flops = maxtext_tflops_2023(cfg, 8, causal_halving=True)
+    n = cfg.param_count()                                                 # by hand
+    assert flops == 6 * n * 2048 * 8 + 12 * 32 * 32 * 256 * 2048 ** 2 * 8 / 2
+    step_from_mfu = flops / (0.7147 * 459e12)
+    assert flops / step_from_mfu / 1e12 == pytest.approx(328, rel=5e-3)
+    assert step_from_mfu == pytest.approx(9.9, abs=0.05)
+    assert maxtext_tflops_2023(cfg, 8) > flops                            # unhalved: more
+
+
+def test_maxtext_2025_formula_reproduces_t5():
+    """T5: 417.397 TFLOP/s per device at the logged 4.546 s step; by hand from
+    training-steps.md's per-layer terms."""
+    cfg = TransformerConfig(vocabulary=128256, sequence_length=8192, **T5)
+    flops = maxtext_tflops_2025(cfg, 4)
+    b, t, e, f, v = 4, 8192, 4096, 14336, 128256
+    ffn = 2 * b * t * f * e * 2 + 2 * b * t * f * e
+    qkv, proj = 2 * b * t * e * (32 + 2 * 8) * 128, 2 * b * t * e * 32 * 128
+    want = 3 * ((ffn + qkv + proj) * 32 + 2 * b * t * e * v) + 3 * 4 * b * t * t * 32 * 128 * 32
+    assert flops == want
+    assert flops / 4.546 / 1e12 == pytest.approx(417.397, rel=5e-3)
+    assert flops / 4.546 / (4 * 8192) / 6 < 1e10                         # sanity: 6 N per token
+
+
 def test_model_flops_formula():
     model = build_model("transformer", (64,), 50, embed_dim=32, heads=2, layers=2, mlp_dim=96)
     n = 2 * (4 * 32 * 32 + 3 * 32 * 96) + 32 * 50                          # matmul weights
@@ -348,7 +491,15 @@ def test_model_flops_formula():
     ({"heads": 0}, "transformer: option heads must be a positive integer, got 0"),
     ({"embed_dim": 30, "heads": 4}, "transformer: option head_dim is needed"),
     ({"head_dim": 5}, "transformer: option head_dim must be even for rotary positions"),
-    ({"mlp_activation": "relu"}, "transformer: option mlp_activation must be one of gated_silu, gelu"),
+    ({"mlp_activation": "swish"},
+     "transformer: option mlp_activation must be one of gated_silu, gated_gelu, gelu, relu, "
+     "got 'swish'"),
+    ({"kv_heads": 3}, "transformer: option kv_heads must divide heads 4 (1, 2, 4), got 3"),
+    ({"kv_heads": 0}, "transformer: option kv_heads must be a positive integer, got 0"),
+    ({"block": "serial"},
+     "transformer: option block must be one of sequential, parallel, got 'serial'"),
+    ({"use_bias": "yes"}, "transformer: option use_bias must be true or false, got 'yes'"),
+    ({"fused_qkv": 1}, "transformer: option fused_qkv must be true or false, got 1"),
     ({"norm": "batch"}, "transformer: option norm must be one of rmsnorm, layernorm"),
     ({"positions": "alibi"}, "transformer: option positions must be one of rotary, learned"),
     ({"remat": "some"}, "transformer: option remat must be one of none, minimal, full"),

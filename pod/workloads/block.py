@@ -1,0 +1,345 @@
+"""The transformer's decoder block: sequential or parallel, with remat and tensor hooks.
+
+Two layouts (MaxText ``decoder_block``; training-steps.md, "The MaxText 2023
+model"):
+
+- ``sequential`` (GPT-2, Llama): h = x + attn(norm1(x)); y = h + mlp(norm2(h)).
+- ``parallel`` (GPT-J, PaLM, the MaxText 2023 decoder layer): one norm, the
+  attention and the MLP read the same normed input and their outputs are
+  summed with the residual: y = x + attn(norm(x)) + mlp(norm(x)).
+
+With tensor parallelism (``TensorHooks``, Megatron's f and g operators) the
+sequential block sums its row-parallel partial outputs twice per pass (after
+the attention and after the MLP); the parallel block once (the attention and
+MLP partial outputs are added first, then summed over the tensor devices), and
+its input gradient is summed once in backward. The output projections'
+biases are the block's (``attention/out_bias``, ``mlp/wo_bias``): replicated
+over tensor and added once, after the sum.
+
+Rematerialisation (``remat``) decides what a block keeps from forward for
+backward, and so both the activation bytes the HBM plan counts and the work
+recorded in backward; the numbers computed are the same in every mode
+(bit-identical loss and gradients). The block's input is always kept (the
+checkpoint remat restarts from). Backward reruns, from it and the kept
+tensors, the part of the forward it needs (``_run`` with ``saved``); the
+output projection of the MLP is never rerun (backward does not need its
+result; XLA removes it as dead code), nor, in the parallel block, the
+attention's (both outputs only feed the residual sum).
+
+- ``none``: everything backward reads is kept (JAX ``everything_saveable``).
+- ``minimal``: the block input and the MXU outputs (q, k, v, the scores
+  q.k^T, p.v, the attention output, the MLP input projections) are kept;
+  backward recomputes the cheap elementwise parts from them: the norms,
+  RoPE, the softmax, the MLP activation and the residual add (JAX's
+  ``checkpoint_dots`` policy).
+- ``full``: only the block input is kept (JAX ``nothing_saveable``).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import numpy as np
+
+from pod.workloads.attention import CausalSelfAttention
+from pod.workloads.layers import Layer, vector_op
+from pod.workloads.mlp import MLP, add
+from pod.workloads.norms import norm_class
+
+__all__ = ["BLOCKS", "REMAT_POLICIES", "TensorHooks", "TransformerBlock"]
+
+BLOCKS = ("sequential", "parallel")
+REMAT_POLICIES = ("none", "minimal", "full")
+
+# the tensors ``minimal`` keeps besides the block input (attention cache keys, the
+# summed attention output, the MLP input products)
+_MINIMAL = frozenset({"q", "k", "v", "qkv", "scores", "attn", "out_proj", "u", "u0", "u1"})
+
+
+def params_of(params: dict, prefix: str) -> dict:
+    """The entries "<prefix>/<local>" of a block's params, keyed by <local>."""
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + "/")}
+
+
+class TensorHooks:
+    """Megatron's operators around a block's tensor-parallel parts, for a
+    device holding a slice of the heads and MLP units (Shoeybi et al. 2019,
+    the f and g operators; Korthikanti et al. 2022 for the sequence-parallel
+    variant). This class is the one-device identity; ``pod.workloads.sharded``
+    has the collective ones. Each takes a tag naming the place
+    ("block1/attention/out") and a (B, t, C) array.
+
+    - ``enter`` before a column-parallel layer: identity, or all-gather of the
+      sequence chunks (sequence parallelism);
+    - ``leave`` after a row-parallel layer: allreduce of the partial sums, or
+      reduce-scatter over the sequence;
+    - ``enter_grad`` / ``leave_grad``: their transposes in backward.
+
+    ``TransformerBlock.tensor_hook_calls`` lists the calls a pass makes.
+    """
+
+    def enter(self, tag: str, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def leave(self, tag: str, y: np.ndarray) -> np.ndarray:
+        return y
+
+    def enter_grad(self, tag: str, dx: np.ndarray) -> np.ndarray:
+        return dx
+
+    def leave_grad(self, tag: str, dy: np.ndarray) -> np.ndarray:
+        return dy
+
+
+_ONE_DEVICE = TensorHooks()
+
+
+def _bias_grad(core, name: str, d: np.ndarray) -> np.ndarray:
+    """sum of d (B, T, C) over batch and positions: (C,), a reduction on the VPU."""
+    return vector_op(core, name, lambda z: z.sum(axis=(0, 1)), d, out=(d.shape[-1:], d.dtype))
+
+
+class TransformerBlock(Layer):
+    """A pre-norm decoder block (module docstring: layouts, remat, tensor hooks).
+
+    Params are the sub-layers' under their prefixes: ``norm1/scale``
+    (``norm/scale`` in the parallel block), ``attention/query``, ...,
+    ``norm2/scale``, ``mlp/wi_0``, ...; with ``use_bias`` also
+    ``attention/out_bias`` and ``mlp/wo_bias`` (C,).
+
+    Args:
+        heads, head_dim: attention heads and their size.
+        mlp_dim, mlp_activation: the MLP.
+        kv_heads: key / value heads (grouped-query attention); None: heads.
+        norm: "rmsnorm" or "layernorm".
+        rotary: RoPE in the attention.
+        remat: one of ``REMAT_POLICIES``.
+        block: "sequential" or "parallel".
+        use_bias: biases on every projection.
+        fused_qkv: one q/k/v projection.
+        name: layer name; sub-layer ops are recorded as "<name>/attention/...".
+
+    Raises:
+        ValueError: an unknown norm, remat or block, or bad sizes.
+    """
+
+    kind = "transformer_block"
+
+    def __init__(self, heads: int, head_dim: int, mlp_dim: int, *, kv_heads: int | None = None,
+                 mlp_activation: str = "gated_silu", norm: str = "rmsnorm", rotary: bool = True,
+                 remat: str = "none", block: str = "sequential", use_bias: bool = False,
+                 fused_qkv: bool = False, name: str | None = None):
+        super().__init__(name)
+        for what, value, allowed in (("remat", remat, REMAT_POLICIES), ("block", block, BLOCKS)):
+            if value not in allowed:
+                raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+        norm_cls = norm_class(norm)
+        self.remat, self.parallel, self.use_bias = remat, block == "parallel", bool(use_bias)
+        self.attention = CausalSelfAttention(heads, head_dim, kv_heads=kv_heads, rotary=rotary,
+                                             use_bias=use_bias, fused_qkv=fused_qkv,
+                                             name=f"{self.name}/attention")
+        self.mlp = MLP(mlp_dim, mlp_activation, use_bias=use_bias, name=f"{self.name}/mlp")
+        if self.parallel:
+            self.parts = {"norm": norm_cls(name=f"{self.name}/norm"), "attention": self.attention,
+                          "mlp": self.mlp}
+        else:
+            self.parts = {"norm1": norm_cls(name=f"{self.name}/norm1"), "attention": self.attention,
+                          "norm2": norm_cls(name=f"{self.name}/norm2"), "mlp": self.mlp}
+        self.biases = ("attention/out_bias", "mlp/wo_bias") if self.use_bias else ()
+        self.matmul_params = tuple(f"{p}/{k}" for p, layer in self.parts.items()
+                                   for k in layer.matmul_params)
+        self.tensor_split = MappingProxyType({f"{p}/{k}": axis for p, layer in self.parts.items()
+                                              for k, axis in layer.tensor_split.items()})
+
+    def _check(self, input_shape):
+        if len(input_shape) != 2:
+            raise ValueError(f"{self.name}: a transformer block expects (steps, features) inputs, "
+                             f"got {tuple(input_shape)}")
+        return tuple(int(v) for v in input_shape)
+
+    def param_shapes(self, input_shape):
+        shape = self._check(input_shape)
+        out = {f"{p}/{k}": s for p, layer in self.parts.items()
+               for k, s in layer.param_shapes(shape).items()}
+        return {**out, **{k: (shape[-1],) for k in self.biases}}
+
+    def init_params(self, rng, input_shape):
+        shape = self._check(input_shape)
+        out = {f"{p}/{k}": v for p, layer in self.parts.items()
+               for k, v in layer.init_params(rng, shape).items()}
+        return {**out, **{k: np.zeros(shape[-1], np.float32) for k in self.biases}}
+
+    def forward_flops(self, input_shape):
+        shape = self._check(input_shape)
+        return self.attention.forward_flops(shape) + self.mlp.forward_flops(shape)
+
+    # ------------------------------------------------------------ remat
+
+    def kept(self) -> frozenset[str] | None:
+        """What ``remat`` keeps besides the block input, as cache keys (attention:
+        "q", "k", "v", "qkv", "scores", "attn"; "out_proj", the summed attention
+        output of the sequential block; MLP: "u", "u0", "u1"); None: everything
+        backward reads (``none``)."""
+        if self.remat == "none":
+            return None
+        return _MINIMAL if self.remat == "minimal" else frozenset()
+
+    def _keeps(self, key: str) -> bool:
+        kept = self.kept()
+        return kept is None or key in kept
+
+    def recompute_flops(self, input_shape) -> int:
+        """MXU FLOPs the backward pass redoes per example under ``remat``: the
+        projections, attention products and MLP input products whose outputs
+        were not kept, and the sequential block's attention output projection
+        when the summed output was not kept (never the MLP output projection)."""
+        shape = self._check(input_shape)
+        if self.remat == "none":
+            return 0
+        att, mlp = self.attention, self.mlp
+        qkv_kept = all(self._keeps(k) for k in att.dot_keys if k in ("q", "k", "v", "qkv"))
+        flops = 0 if qkv_kept else att.projection_flops(shape)
+        flops += sum(att.core_flops(shape) // 2 for k in ("scores", "attn") if not self._keeps(k))
+        if not self.parallel and not self._keeps("out_proj"):
+            flops += att.output_flops(shape)
+        return flops + sum(mlp.input_flops(shape) for k in mlp.dot_keys if not self._keeps(k))
+
+    def cache_elements(self, input_shape):
+        """Elements kept per example for backward, by ``remat`` (module docstring)."""
+        shape = self._check(input_shape)
+        t, c = shape
+        kept = self.kept()
+        if kept is None:
+            return sum(layer.cache_elements(shape) for layer in self.parts.values())
+        att, f = self.attention, self.mlp.mlp_dim
+        sizes = {"q": t * att.inner_dim, "k": t * att.kv_dim, "v": t * att.kv_dim,
+                 "qkv": t * (att.inner_dim + 2 * att.kv_dim), "scores": att.heads * t * t,
+                 "attn": t * att.inner_dim, "out_proj": 0 if self.parallel else t * c,
+                 "u": t * f, "u0": t * f, "u1": t * f}
+        present = set(att.dot_keys) | set(self.mlp.dot_keys) | {"out_proj"}
+        return t * c + sum(sizes[k] for k in kept & present)
+
+    def _saved(self, caches) -> dict:
+        """The kept tensors of a forward's caches, by part (``kept``)."""
+        kept = self.kept()
+        saved = {p: {k: caches[p][k] for k in layer.dot_keys if k in kept}
+                 for p, layer in self.parts.items() if getattr(layer, "dot_keys", ())}
+        if "out_proj" in kept and not self.parallel:
+            saved["out_proj"] = caches["out_proj"]
+        return saved
+
+    def tensor_hook_calls(self, phase: str) -> list[tuple[str, str]]:
+        """The ``TensorHooks`` calls of one pass, in order: (hook, place) with the
+        tag "<block>/<place>"; ``phase`` "fwd" (or "eval") or "bwd" (remat's
+        recomputation, then the gradients)."""
+        if self.parallel:
+            forward = [("enter", "parallel/in"), ("leave", "parallel/out")]
+            grads = [("leave_grad", "parallel/dout"), ("enter_grad", "parallel/dx")]
+        else:
+            forward = [("enter", "attention/in"), ("leave", "attention/out"), ("enter", "mlp/in"),
+                       ("leave", "mlp/wo")]
+            grads = [("leave_grad", "mlp/dout"), ("enter_grad", "mlp/dx"),
+                     ("leave_grad", "attention/dout"), ("enter_grad", "attention/dx")]
+        if phase != "bwd":
+            return forward
+        if self.remat == "none":
+            return grads
+        if self.parallel:
+            return forward[:1] + grads
+        redo = [forward[0]] + ([] if self._keeps("out_proj") else [forward[1]]) + [forward[2]]
+        return redo + grads
+
+    # ------------------------------------------------------------ passes
+
+    def _bias(self, core, params, key, y):
+        """y + the block's bias ``key`` (none without ``use_bias``)."""
+        if not self.use_bias:
+            return y
+        return vector_op(core, f"{self.name}/{key}", np.add, y, params[key], out=(y.shape, y.dtype))
+
+    def _sequential(self, core, params, x, saved, need_output, tp):
+        n1, c1 = self.parts["norm1"].forward(core, params_of(params, "norm1"), x)
+        kept = saved.get("out_proj")                                      # summed over tensor
+        a, ca = self.attention.forward(core, params_of(params, "attention"),
+                                       tp.enter(f"{self.name}/attention/in", n1),
+                                       saved=saved.get("attention"), need_output=kept is None)
+        if kept is None:
+            a = self._bias(core, params, "attention/out_bias",
+                           tp.leave(f"{self.name}/attention/out", a))
+        else:
+            a = kept
+        h = add(core, f"{self.name}/residual1", x, a)
+        n2, c2 = self.parts["norm2"].forward(core, params_of(params, "norm2"), h)
+        m, cm = self.mlp.forward(core, params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
+                                 saved=saved.get("mlp"), need_output=need_output)
+        y = None
+        if need_output:
+            m = self._bias(core, params, "mlp/wo_bias", tp.leave(f"{self.name}/mlp/wo", m))
+            y = add(core, f"{self.name}/residual2", h, m)
+        return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm, "out_proj": a}
+
+    def _parallel(self, core, params, x, saved, need_output, tp):
+        n, cn = self.parts["norm"].forward(core, params_of(params, "norm"), x)
+        n_in = tp.enter(f"{self.name}/parallel/in", n)
+        a, ca = self.attention.forward(core, params_of(params, "attention"), n_in,
+                                       saved=saved.get("attention"), need_output=need_output)
+        m, cm = self.mlp.forward(core, params_of(params, "mlp"), n_in, saved=saved.get("mlp"),
+                                 need_output=need_output)
+        y = None
+        if need_output:
+            s = tp.leave(f"{self.name}/parallel/out", add(core, f"{self.name}/parallel_sum", a, m))
+            s = self._bias(core, params, "mlp/wo_bias", self._bias(core, params, "attention/out_bias", s))
+            y = add(core, f"{self.name}/residual", x, s)
+        return y, {"norm": cn, "attention": ca, "mlp": cm}
+
+    def _run(self, core, params, x, saved, need_output, tensor=None):
+        """The block's forward; ``saved`` tensors are reused, not recomputed."""
+        run = self._parallel if self.parallel else self._sequential
+        return run(core, params, x, saved or {}, need_output, tensor or _ONE_DEVICE)
+
+    def forward(self, core, params, x, *, training=False, rng=None, tensor=None):
+        """As ``Layer.forward``. ``tensor`` (None on one device): the
+        :class:`TensorHooks` of a tensor-parallel device whose params are its
+        slice (``tensor_split``), put around the attention and the MLP."""
+        self._check(x.shape[1:])
+        y, caches = self._run(core, params, x, None, True, tensor)
+        if self.remat == "none":
+            return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
+                                 for p, layer in self.parts.items()}}
+        return y, {"x": x, "saved": self._saved(caches)}
+
+    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None):
+        """As ``Layer.backward``; ``tensor`` as in ``forward`` (its ``*_grad``
+        operators here, and the forward ones when remat recomputes)."""
+        if "parts" in cache:
+            caches = cache["parts"]
+        else:  # remat: recompute what was not kept, costed as any forward work
+            _, caches = self._run(core, params, cache["x"], cache["saved"], False, tensor)
+        grads: dict[str, np.ndarray] = {}
+        tp = tensor or _ONE_DEVICE
+
+        def part(p, d, need=True):
+            dx, g = self.parts[p].backward(core, params_of(params, p), caches[p], d, need_dx=need)
+            grads.update({f"{p}/{k}": v for k, v in g.items()})
+            return dx
+
+        if self.parallel:
+            if self.use_bias:
+                grads["attention/out_bias"] = _bias_grad(core, f"{self.name}/d_out_bias", dy)
+                grads["mlp/wo_bias"] = grads["attention/out_bias"].copy()
+            ds = tp.leave_grad(f"{self.name}/parallel/dout", dy)
+            dn = add(core, f"{self.name}/parallel_dx_sum", part("mlp", ds), part("attention", ds))
+            dxn = part("norm", tp.enter_grad(f"{self.name}/parallel/dx", dn), need_dx)
+            return (add(core, f"{self.name}/residual_bwd", dy, dxn) if need_dx else None), grads
+        if self.use_bias:
+            grads["mlp/wo_bias"] = _bias_grad(core, f"{self.name}/d_wo_bias", dy)
+        dm = tp.leave_grad(f"{self.name}/mlp/dout", dy)
+        dn2 = tp.enter_grad(f"{self.name}/mlp/dx", part("mlp", dm))
+        dh = add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2))
+        if self.use_bias:
+            grads["attention/out_bias"] = _bias_grad(core, f"{self.name}/d_out_bias", dh)
+        da = tp.leave_grad(f"{self.name}/attention/dout", dh)
+        dn1 = tp.enter_grad(f"{self.name}/attention/dx", part("attention", da))
+        dxn = part("norm1", dn1, need_dx)                                 # scale grad always
+        return (add(core, f"{self.name}/residual1_bwd", dh, dxn) if need_dx else None), grads
