@@ -25,13 +25,15 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from rich.console import Console
 
 from pod.config.bench import BenchmarkPlan, check_benchmark
 from pod.config.plan import TrainingPlan, build_plan, is_timing_sweep
-from pod.config.scenario import Scenario, load_scenario, parse_scenario, scenario_from_text
+from pod.config.overrides import (load_with_overrides, scenario_with_overrides,
+                                  text_with_overrides)
+from pod.config.scenario import Scenario, parse_scenario
 from pod.errors import ScenarioError
 from pod.report.model_summary import plan_model_tables
 from pod.report.stats import StepStats
@@ -40,27 +42,44 @@ from pod.workloads.model import Model
 __all__ = ["RunResult", "Description", "load", "run", "validate", "describe", "sweep"]
 
 
-def load(scenario: str | Path | Mapping[str, Any] | Scenario) -> Scenario:
+#: What ``overrides=`` takes: ``["training.steps=10", "pod.mesh.fsdp=8"]`` (values read as
+#: YAML, as on the command line) or ``{"training.steps": 10}`` (values as given).
+Overrides = Sequence[str] | Mapping[str, Any] | None
+
+
+def load(scenario: str | Path | Mapping[str, Any] | Scenario, *,
+         overrides: Overrides = None) -> Scenario:
     """A ``Scenario`` from a path, a YAML string, a dict or a ``Scenario``.
 
     A string is a path when it names an existing file or ends in ``.yaml`` /
     ``.yml``; otherwise it is YAML text (relative paths in it are relative to
     the working directory).
 
+    Args:
+        scenario: the scenario.
+        overrides: dotted keys set before the scenario is checked, as ``tpu-pod run
+            s.yaml training.steps=10`` does (``pod.config.overrides``):
+            ``["training.steps=10", "pod.mesh={data: 2, fsdp: 4}"]`` or
+            ``{"training.steps": 10}``.
+
     Raises:
-        ScenarioError: unreadable file, bad YAML or an invalid field (one line).
+        ScenarioError: unreadable file, bad YAML, a malformed override or an invalid
+            field (one line; the override that set it named).
     """
-    if isinstance(scenario, Scenario):
-        return scenario
-    if isinstance(scenario, Mapping):
-        return parse_scenario(dict(scenario), source="<dict>")
+    if isinstance(scenario, (Scenario, Mapping)):
+        if not overrides:
+            return scenario if isinstance(scenario, Scenario) else parse_scenario(
+                dict(scenario), source="<dict>")
+        return scenario_with_overrides(scenario, overrides,
+                                       source="<scenario>" if isinstance(scenario, Scenario)
+                                       else "<dict>")
     if isinstance(scenario, Path):
-        return load_scenario(scenario)
+        return load_with_overrides(scenario, overrides)
     if isinstance(scenario, str):
         one_line = "\n" not in scenario.strip()
         if one_line and (scenario.strip().endswith((".yaml", ".yml")) or _is_file(scenario)):
-            return load_scenario(scenario)
-        return scenario_from_text(scenario, source="<yaml>")
+            return load_with_overrides(scenario, overrides)
+        return text_with_overrides(scenario, overrides, source="<yaml>")
     raise ScenarioError(f"scenario: expected a path, YAML text, a dict or a Scenario, got "
                         f"{type(scenario).__name__}")
 
@@ -75,7 +94,7 @@ def _is_file(text: str) -> bool:
 
 
 def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,
-             sharded_ok: bool = False) -> TrainingPlan | BenchmarkPlan:
+             sharded_ok: bool = False, overrides: Overrides = None) -> TrainingPlan | BenchmarkPlan:
     """Check a scenario as ``tpu-pod validate`` does and return its plan.
 
     Returns:
@@ -87,8 +106,9 @@ def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,
         InterconnectError: what ``tpu-pod run`` would reject, as one line
         (``sharded_ok``: a mesh with fsdp / tensor axes is planned, not refused;
         a timing-only sweep plans it too, as ``tpu-pod sweep`` costs it).
+        ``overrides``: as ``load``.
     """
-    spec = load(scenario)
+    spec = load(scenario, overrides=overrides)
     if spec.benchmark is not None:
         return check_benchmark(spec)
     timing_sweep = is_timing_sweep(spec)
@@ -112,10 +132,11 @@ class Description:
 
 
 def describe(scenario: str | Path | Mapping[str, Any] | Scenario, *,
-             detail: bool = False) -> Description:
+             detail: bool = False, overrides: Overrides = None) -> Description:
     """The pod, the HBM plan and the model summary of a scenario, as values;
-    ``detail`` adds the per-part table (``layer_detail_table``) to the summary text."""
-    plan = validate(scenario, sharded_ok=True)
+    ``detail`` adds the per-part table (``layer_detail_table``) to the summary text;
+    ``overrides`` as ``load``."""
+    plan = validate(scenario, sharded_ok=True, overrides=overrides)
     text = ""
     if isinstance(plan, TrainingPlan):
         buffer = io.StringIO()
@@ -192,7 +213,8 @@ class RunResult:
 def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | None = None,
         output_dir: str | Path | None = None, quiet: bool = False,
         metrics_port: int | None = None, report: bool = False,
-        model: Model | None = None, in_process: bool = False) -> RunResult:
+        model: Model | None = None, overrides: Overrides = None,
+        in_process: bool = False) -> RunResult:
     """Train a scenario on an emulated pod (starts a local Ray cluster if none, unless
     ``in_process``).
 
@@ -212,6 +234,8 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
             a notebook rarely wants one).
         report: also write report.html in ``output_dir`` (summary, model, loss and
             step-time plots, HBM plan).
+        overrides: dotted keys set before the scenario is checked, as ``load``
+            (``["training.steps=10", "pod.mesh.fsdp=8"]``).
         in_process: run every device in this process (threads, ``LocalPod``) instead
             of Ray chip actors: the same program and simulated clock, no ICI transport
             and no Ray start-up (seconds instead of tens of seconds).
@@ -226,7 +250,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
     """
     from pod.commands.runs import make_run  # Ray is imported only when a run starts
 
-    spec = load(scenario)
+    spec = load(scenario, overrides=overrides)
     if spec.benchmark is not None:
         raise ScenarioError("scenario: a benchmark scenario has no training run; use "
                             "`tpu-pod run` for it")
@@ -245,7 +269,8 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
 
 
 def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
-          output_dir: str | Path | None = None, mode: str | None = None) -> list[dict[str, Any]]:
+          output_dir: str | Path | None = None, mode: str | None = None,
+          overrides: Overrides = None) -> list[dict[str, Any]]:
     """Run a sweep scenario (``sweep:`` block) and return its rows (results.csv's rows).
 
     Args:
@@ -253,10 +278,11 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
         output_dir: where results.csv, results.md and the plots go (default:
             runs/<name>-sweep, as the CLI).
         mode: "timing" or "functional" (default: the scenario's).
+        overrides: dotted keys set before the scenario is checked, as ``load``.
     """
     from pod.commands.sweep import run_sweep
 
-    spec = load(scenario)
+    spec = load(scenario, overrides=overrides)
     if spec.sweep is None:
         raise ScenarioError("sweep: no sweep: block in this scenario")
     out = Path(output_dir) if output_dir is not None else Path("runs") / f"{spec.name}-sweep"

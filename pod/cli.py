@@ -26,7 +26,8 @@ from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError,
 from pod.config.mesh import device_hbm_bytes, format_axes
 from pod.config.sharding import device_chip_spec
 from pod.config.plan import build_plan, is_timing_sweep
-from pod.config.scenario import load_scenario
+from pod.config.overrides import (Override, as_overrides, blame, load_with_overrides,
+                                  looks_like_override)
 from pod.config.slices import resolve_pod
 from pod.report.model_summary import layer_costs, plan_model_tables
 
@@ -48,8 +49,16 @@ def cli() -> None:
     """
 
 
-@cli.command(short_help="Train a scenario on an emulated pod (or run its benchmark).")
+#: The help of the KEY=VALUE arguments of every command that takes a scenario.
+OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys before it is checked "
+                  "(dotted keys, YAML values): training.steps=10 pod.mesh.fsdp=8 "
+                  "'pod.mesh={data: 2, fsdp: 4}'.")
+
+
+@cli.command(short_help="Train a scenario on an emulated pod (or run its benchmark).",
+             epilog=OVERRIDES_HELP)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--steps", type=click.IntRange(min=1), help="Override training.steps.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where summary.json and steps.csv go [default: runs/<scenario name>].")
@@ -77,12 +86,13 @@ def cli() -> None:
 @click.option("--in-process", is_flag=True,
               help="Run every device in this process (threads) instead of Ray chip actors: the "
                    "same program and simulated clock, no ICI transport, no Ray start-up.")
-def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port: int | None,
-        log_every: int, trace_path: Path | None, trace_steps: str | None, hold: bool,
-        hold_seconds: float, resume_dir: Path | None, as_json: bool, report: bool,
-        ray_dashboard: bool, in_process: bool) -> None:
+def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_dir: Path | None,
+        metrics_port: int | None, log_every: int, trace_path: Path | None,
+        trace_steps: str | None, hold: bool, hold_seconds: float, resume_dir: Path | None,
+        as_json: bool, report: bool, ray_dashboard: bool, in_process: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
-    spec = load_scenario(scenario)
+    items = as_overrides(overrides)
+    spec = load_with_overrides(scenario, items)
     if trace_steps is not None and trace_path is None:
         raise click.BadParameter("needs --trace FILE to write the steps to",
                                  param_hint="--trace-steps")
@@ -105,7 +115,7 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
             spec = spec.with_overrides(training__steps=steps)
         if ray_dashboard:
             spec = spec.with_overrides(ray__dashboard=True)
-        plan = _checked(build_plan, spec, scenario)
+        plan = _checked(build_plan, spec, scenario, items)
         summary = run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
                                metrics_port=metrics_port, log_every=log_every,
                                trace_path=trace_path,
@@ -117,17 +127,19 @@ def run(scenario: Path, steps: int | None, output_dir: Path | None, metrics_port
         click.echo(json.dumps(summary, indent=2))
 
 
-def _checked(check, spec, path):
+def _checked(check, spec, path, overrides: tuple[Override, ...] = ()):
     """``check(spec)`` (build_plan, check_benchmark); a user error in it gets the scenario
     file in front, as ``load_scenario``'s do: ``<file>: <field>: ...`` (a ScenarioError,
-    or the error itself when it already names the file)."""
+    or the error itself when it already names the file), and the overrides that set
+    its field at the end."""
     try:
         return check(spec)
     except USER_ERRORS as err:
         text = str(err)
-        if text.startswith(f"{path}: "):
+        if text.startswith(f"{path}: ") and not overrides:
             raise
-        raise ScenarioError(f"{path}: {text}") from err
+        text = text if text.startswith(f"{path}: ") else f"{path}: {text}"
+        raise ScenarioError(blame(text, overrides)) from err
 
 
 def _parse_steps(text: str, total: int) -> list[int]:
@@ -149,11 +161,11 @@ def _parse_steps(text: str, total: int) -> list[int]:
     return [s - 1 for s in steps]
 
 
-def _validate_one(path: Path) -> dict[str, Any]:
+def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
     """Check one scenario file; its JSON record (``ok``, and what was checked)."""
-    spec = load_scenario(path)
+    spec = load_with_overrides(path, overrides)
     if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, path)
+        bplan = _checked(check_benchmark, spec, path, overrides)
         b = spec.benchmark
         return {"path": str(path), "ok": True, "kind": "benchmark", "benchmark": b.kind,
                 "slice": bplan.pod.name, "chips": bplan.pod.chips,
@@ -161,7 +173,7 @@ def _validate_one(path: Path) -> dict[str, Any]:
                 "precision": b.precision}
     timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
     plan = _checked(functools.partial(build_plan, timing_only=timing_sweep, sharded_ok=timing_sweep),
-                    spec, path)
+                    spec, path, overrides)
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
             "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
             "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
@@ -185,19 +197,22 @@ def _ok_line(row: dict[str, Any]) -> str:
             f"{row['steps']:,} steps{allreduce})")
 
 
-@cli.command(short_help="Check scenario files without running them.")
-@click.argument("scenarios", nargs=-1, required=True,
-                type=click.Path(dir_okay=False, path_type=Path))
+@cli.command(short_help="Check scenario files without running them.", epilog=OVERRIDES_HELP)
+@click.argument("arguments", nargs=-1, required=True, metavar="SCENARIO... [KEY=VALUE]...")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON list: per file ok, or its error.")
-def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
+def validate(arguments: tuple[str, ...], as_json: bool) -> None:
     """Check SCENARIOS without running them: everything `run` would check (pod, batch
     split, HBM fit, links, faults). Every file is checked and reported; the exit
-    status is 2 if any failed."""
+    status is 2 if any failed. KEY=VALUE arguments apply to every file."""
+    scenarios = [Path(a) for a in arguments if not looks_like_override(a)]
+    items = as_overrides([a for a in arguments if looks_like_override(a)])
+    if not scenarios:
+        raise click.UsageError("give at least one scenario file", ctx=click.get_current_context())
     rows, failed = [], 0
     for path in scenarios:
         try:
-            row = _validate_one(path)
+            row = _validate_one(path, items)
         except USER_ERRORS as err:
             failed += 1
             text = str(err) if str(err).startswith(f"{path}: ") else f"{path}: {err}"
@@ -214,19 +229,25 @@ def validate(scenarios: tuple[Path, ...], as_json: bool) -> None:
         sys.exit(EXIT_USER_ERROR)
 
 
-@cli.command(short_help="Describe a chip, a slice or a scenario (pod, model, HBM plan).")
+@cli.command(short_help="Describe a chip, a slice or a scenario (pod, model, HBM plan).",
+             epilog=OVERRIDES_HELP)
 @click.argument("target")
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--detail", is_flag=True,
               help="Scenario: also a row per part of every layer (each conv, norm, add of a "
                    "ResNet or transformer block) with its MXU utilisation and bound.")
-def describe(target: str, as_json: bool, detail: bool) -> None:
+def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool) -> None:
     """Describe a chip (v4), a slice (v2-8) or a scenario file: its pod, the model
     summary, the HBM plan per device and one timing-only step (what bounds it)."""
     console = make_console()
+    items = as_overrides(overrides)
     if target.endswith((".yaml", ".yml")) or Path(target).is_file():
-        _describe_scenario(console, target, as_json, detail)
+        _describe_scenario(console, target, as_json, detail, items)
         return
+    if items:
+        raise click.UsageError(f"KEY=VALUE overrides belong to a scenario; {target!r} is a chip "
+                               f"or a slice", ctx=click.get_current_context())
     if target.lower() in PRESETS:
         pod = resolve_pod(chip=get_chip_spec(target).name, chips=1)
     else:
@@ -237,10 +258,11 @@ def describe(target: str, as_json: bool, detail: bool) -> None:
     _describe_pod(console, pod)
 
 
-def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False) -> None:
-    spec = load_scenario(target)
+def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False,
+                       overrides: tuple[Override, ...] = ()) -> None:
+    spec = load_with_overrides(target, overrides)
     if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, target)
+        bplan = _checked(check_benchmark, spec, target, overrides)
         if as_json:
             click.echo(json.dumps({"pod": _pod_json(bplan.pod), "memory": bplan.memory}, indent=2))
             return
@@ -256,9 +278,9 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
             _memory_table(console, f"HBM plan per device: DOES NOT FIT "
                                    f"({err.capacity_bytes / 2**30:.2f} GiB per device)",
                           err.memory_plan, err.capacity_bytes)
-        raise ScenarioError(f"{target}: {err}") from err
+        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
     except USER_ERRORS as err:
-        raise ScenarioError(f"{target}: {err}") from err
+        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
     core = device_chip_spec(plan.pod.chip).core
     step = _estimate_step(plan)
     if as_json:
@@ -435,49 +457,127 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: st
 
 
 @cli.command(short_help="Simulated collective benchmark over the ICI, like nccl-tests.")
-@click.option("--chip", required=True, help="Chip preset: v2 v3 v4 v5e v5p v6e.")
-@click.option("--topology", required=True, help="Torus shape: 8, 4x4 or 4x4x4.")
+@click.option("--slice", "slice_name", help="A slice, as scenarios name them: v4-128, v5e-256, ...")
+@click.option("--chip", help="Chip preset (with --topology): v2 v3 v4 v5e v5p v6e.")
+@click.option("--topology", help="Torus shape (with --chip): 8, 4x4 or 4x4x4.")
 @click.option("--op", default="allreduce", show_default=True,
               type=click.Choice(["allreduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast",
                                  "ppermute"]))
-@click.option("--algorithm", default=None, help="Algorithm [default: the fastest at each size].")
+@click.option("--algorithm", default=None,
+              help="Algorithm, or several comma-separated (a row each per size; e.g. ring,torus) "
+                   "[default: the fastest at each size].")
+@click.option("--dtype", type=click.Choice(["bf16", "f32", "int8"]), default="f32",
+              show_default=True, help="Element type (sets the element count of each size).")
 @click.option("--sizes", default="1KiB:1GiB", show_default=True,
               help="Whole-buffer bytes: one size or MIN:MAX doubling (e.g. 1KiB:1GiB).")
 @click.option("--wraparound/--no-wraparound", default=None,
               help="Wraparound links on every axis [default: the chip generation's rules].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows.")
-def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: str,
-               wraparound: bool | None, as_json: bool) -> None:
-    """Simulated collective benchmark over the ICI, read like nccl-tests."""
-    from pod.commands.collective_bench import format_size, parse_sizes, run_collective_bench
+def collective(slice_name: str | None, chip: str | None, topology: str | None, op: str,
+               algorithm: str | None, dtype: str, sizes: str, wraparound: bool | None,
+               as_json: bool) -> None:
+    """Simulated collective benchmark over the ICI, read like nccl-tests; ends with its
+    '# Avg bus bandwidth' line."""
+    from pod.commands.collective_bench import (avg_bus_bandwidth, format_size, parse_sizes,
+                                               run_collective_bench, summary_line)
 
+    given = [a.strip() for a in algorithm.split(",") if a.strip()] if algorithm else None
     spec, torus, rows = run_collective_bench(chip, topology, op, parse_sizes(sizes),
-                                             algorithm=algorithm, wraparound=wraparound)
+                                             algorithm=given, wraparound=wraparound,
+                                             dtype=dtype, slice_name=slice_name)
     if as_json:
         click.echo(json.dumps([row.as_dict() for row in rows], indent=1))
         return
     wrap = "/".join("y" if w else "n" for w in torus.wraparound)
-    chosen = sorted({row.algorithm for row in rows})
-    how = "given" if algorithm else "fastest per size"
+    how = "given" if given else "fastest per size"
+    where = f"{slice_name} = " if slice_name else ""
     console = make_console()
-    table = titled_table(f"{op} on {spec.name} {torus.name} ({torus.num_chips} chips, wraparound {wrap}), "
-                        f"float32; algorithm {', '.join(chosen)} ({how}); simulated time")
+    table = titled_table(f"{op} on {where}{spec.name} {torus.name} ({torus.num_chips} chips, "
+                         f"wraparound {wrap}), {dtype}; algorithm "
+                         f"{', '.join(dict.fromkeys(r.algorithm for r in rows))} ({how}); "
+                         f"simulated time")
     for column in ("size", "count", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                    "busiest link"):
         table.add_column(column, justify="left" if column == "algorithm" else "right")
     for row in rows:
-        table.add_row(format_size(row.size_bytes), f"{row.count:,}", row.algorithm,
+        table.add_row(format_size(row.requested_bytes) + (" *" if row.cut else ""),
+                      f"{row.count:,}", row.algorithm,
                       f"{row.simulated_seconds * 1e6:,.2f}", f"{row.algbw_bytes_per_s / 1e9:,.2f}",
                       f"{row.busbw_bytes_per_s / 1e9:,.2f}", f"{row.busiest_link_utilization:.0%}")
     console.print(table)
+    for row in dict((r.requested_bytes, r) for r in rows if r.cut).values():
+        console.print(f"* {format_size(row.requested_bytes)}: {row.cut}", highlight=False,
+                      soft_wrap=True)
     if rows and rows[-1].local_reduce_seconds:
         console.print(f"Before the ICI each chip adds its {spec.tensorcores} TensorCores' buffers at HBM "
                       f"bandwidth: {rows[-1].local_reduce_seconds * 1e6:,.2f} us at the largest size "
                       f"(local_reduce_seconds in --json; not in the time column).")
+    for label, busbw in avg_bus_bandwidth(rows, by_algorithm=bool(given) and len(given) > 1).items():
+        click.echo(summary_line(busbw, label))
 
 
-@cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).")
+@cli.command("import-maxtext", short_help="Write a scenario from MaxText configs (base, model, "
+                                          "key=value).")
+@click.argument("arguments", nargs=-1, required=True, metavar="BASE.yml [MODEL.yml] [KEY=VALUE]...")
+@click.option("--slice", "slice_name", help="Target slice, e.g. v5p-128 [default: the config's "
+                                            "compile_topology].")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the scenario here [default: print it on stdout].")
+@click.option("--name", help="The scenario's name [default: <model>-<slice>].")
+@click.option("--all-warnings", is_flag=True,
+              help="Also name, one line each, the keys with no effect on the simulated step.")
+def import_maxtext_command(arguments: tuple[str, ...], slice_name: str | None,
+                           output: Path | None, name: str | None, all_warnings: bool) -> None:
+    """Write a timing-only scenario from MaxText configs: BASE.yml, then MODEL.yml over it,
+    then KEY=VALUE overrides (MaxText's precedence). Every key that is not mapped is named,
+    one line each: an error if it changes the step and is not modelled, a warning if the
+    step is approximated or the model file / command line sets it."""
+    import shlex
+
+    from pod.commands.import_maxtext import import_maxtext, scenario_yaml
+
+    files = [a for a in arguments if "=" not in a or Path(a).exists()]
+    keys = [a for a in arguments if a not in files]
+    result = import_maxtext(files, keys, slice_name=slice_name, name=name)
+    for note in result.notes:
+        if note.level != "ignored" or all_warnings:
+            click.echo(f"{'warning' if note.level != 'error' else 'error'}: {note.text}", err=True)
+    errors = result.of("error")
+    if errors:
+        raise ScenarioError(f"{len(errors)} MaxText key{'s' if len(errors) > 1 else ''} above "
+                            f"change the step and are not modelled; no scenario written")
+    ignored = len(result.of("ignored"))
+    if ignored and not all_warnings:
+        click.echo(f"note: {ignored} keys of {files[0]} do not change the simulated step and are "
+                   f"not mapped; the scenario's header names each (--all-warnings prints them)",
+                   err=True)
+    command = shlex.join(["tpu-pod", "import-maxtext", *arguments,
+                          *(["--slice", slice_name] if slice_name else [])])
+    text = scenario_yaml(result, command)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+    _check_imported(text, output)
+
+
+def _check_imported(text: str, output: Path | None) -> None:
+    """Plan the written scenario as ``validate`` does: one line if it does not plan."""
+    from pod.config.scenario import scenario_from_text
+
+    where = str(output) if output is not None else "<stdout>"
+    spec = scenario_from_text(text, source=where)
+    plan = _checked(functools.partial(build_plan, timing_only=True, sharded_ok=True), spec, where)
+    if output is not None:
+        click.echo(f"Wrote {output}: ok ({plan.pod.name}, mesh {format_axes(plan.mesh.sizes)}, "
+                   f"{plan.num_params:,} parameters, global batch {plan.global_batch:,}); cost "
+                   f"a step with: tpu-pod sweep {output}", err=True)
+
+
+@cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).",
+             epilog=OVERRIDES_HELP)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where results.csv, results.md and the plots go [default: runs/<name>-sweep].")
 @click.option("--mode", type=click.Choice(["timing", "functional"]),
@@ -488,8 +588,8 @@ def collective(chip: str, topology: str, op: str, algorithm: str | None, sizes: 
 @click.option("--fresh", is_flag=True,
               help="Run every point again, ignoring the points an earlier, stopped run of the "
                    "same sweep finished in this output directory.")
-def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bool,
-          fresh: bool) -> None:
+def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, mode: str | None,
+          as_json: bool, fresh: bool) -> None:
     """Run the scaling experiment in SCENARIO's sweep: block.
 
     Each finished point is kept on disk as it finishes (sweep-journal.jsonl and
@@ -498,15 +598,15 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
     only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from pod.commands.sweep import run_sweep, sweep_points
+    from pod.commands.sweep import is_missing, json_row, run_sweep, sweep_kind, sweep_points
 
-    spec = load_scenario(scenario)
+    spec = load_with_overrides(scenario, overrides)
     if spec.sweep is None:
         raise ScenarioError(f"{scenario}: sweep: no sweep: block in this scenario")
     out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
     console = make_console(sys.stderr) if as_json else make_console()
     total = len(sweep_points(spec))
-    console.print(f"[bold]{spec.name}[/]: {total} points, {spec.sweep.scaling} scaling, "
+    console.print(f"[bold]{spec.name}[/]: {total} points, {sweep_kind(spec)}, "
                   f"{mode or spec.sweep.mode} mode")
     with Progress("[bold]sweep", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, transient=True, disable=not console.is_terminal) as progress:
@@ -520,7 +620,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
                         f"{row['simulated_examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")
-                if row.get("per_device_batch") not in ("", None):  # a sharded layout
+                if not is_missing(row.get("per_device_batch")):  # a sharded layout
                     line += (f" {row['mesh']} remat {row['remat']} "
                              f"{row['per_device_batch']}/device")
             else:
@@ -539,7 +639,7 @@ def sweep(scenario: Path, output_dir: Path | None, mode: str | None, as_json: bo
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. Wrote {out_dir}/results.csv, "
                   f"results.md{', ' + plots if plots else ''}", soft_wrap=True)
     if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str))
+        click.echo(json.dumps([json_row(r) for r in rows], indent=2, default=str))
     if rows and failed == len(rows):
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
 

@@ -5,37 +5,52 @@ For each message size it costs one collective on the chip's ICI
 bytes over its bandwidth plus per-hop latency) and reports, as the GPU
 collective benchmarks do:
 
-- ``size``: the whole buffer in bytes (for all-gather, the gathered output;
-  for all-to-all, rounded down to a multiple of chips x 4 bytes);
+- ``size``: the whole buffer in bytes as given (for all-gather, the gathered
+  output). Elements are of ``dtype`` (bf16 2 bytes, f32 4, int8 1); a size that
+  is not a whole number of elements, or (reduce-scatter, all-gather,
+  all-to-all) of elements per chip, is cut down to one, as nccl-tests cuts its
+  counts, and the row says how (``cut``): nothing is rounded silently;
 - ``time``: simulated seconds;
-- ``algbw = size / time``;
-- ``busbw = algbw x factor``, the factor of nccl-tests' PERFORMANCE.md:
-  allreduce ``2 (n-1)/n``, reduce-scatter, all-gather and all-to-all
-  ``(n-1)/n``, broadcast 1;
+- ``algbw = bytes moved / time``;
+- ``busbw = algbw x factor``, the factor of nccl-tests' PERFORMANCE.md
+  (NVIDIA/nccl-tests, doc/PERFORMANCE.md, "Bus bandwidth"): allreduce
+  ``2 (n-1)/n``, reduce-scatter, all-gather and all-to-all ``(n-1)/n``,
+  broadcast 1;
 - the busiest link's utilisation: its busy time over the collective's time.
 
-Elements are float32 (4 bytes). Every figure is simulated time.
+The run ends with nccl-tests' summary line, ``# Avg bus bandwidth : X``, the
+mean busbw over the sizes (nccl-tests' ``common.cu`` averages the bus bandwidth
+of every size it ran), in GB/s. Every figure is simulated time.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from statistics import fmean
+from typing import Sequence
 
-from chip import ChipSpec, get_chip_spec
-from interconnect import ALGORITHMS, LinkFaults, Torus, calibrated_link, parse_shape
+from chip import ChipSpec
+from interconnect import ALGORITHMS, LinkFaults, Torus, calibrated_link
 from pod.config.ici import choose_algorithm
-from pod.errors import BenchError
-from pod.config.slices import default_wraparound
+from pod.config.slices import resolve_pod
+from pod.errors import BenchError, ScenarioError
 
-__all__ = ["CollectiveRow", "OPS_BY_NAME", "bus_factor", "parse_size", "parse_sizes", "run_collective_bench"]
+__all__ = ["CollectiveRow", "DTYPES", "OPS_BY_NAME", "avg_bus_bandwidth", "bus_factor",
+           "bench_torus", "cut_count", "format_size", "parse_size", "parse_sizes",
+           "run_collective_bench", "summary_line"]
 
-ITEMSIZE = 4  # float32
+#: ``--dtype`` names -> bytes per element (nccl-tests' ``-d``: bfloat16, float, int8).
+DTYPES = {"bf16": 2, "f32": 4, "int8": 1}
 
 #: CLI names of the operations -> interconnect op names.
 OPS_BY_NAME = {"allreduce": "allreduce", "reduce-scatter": "reduce_scatter",
                "all-gather": "all_gather", "all-to-all": "all_to_all", "broadcast": "broadcast",
                "ppermute": "ppermute"}
+
+#: Ops whose buffer is split into one equal part per chip (nccl-tests cuts their count
+#: to a multiple of the ranks: ``count / nranks * nranks``).
+_PER_CHIP = ("reduce_scatter", "all_gather", "all_to_all")
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024**2, "mib": 1024**2,
           "mb": 1000**2, "g": 1024**3, "gib": 1024**3, "gb": 1000**3}
@@ -94,11 +109,15 @@ class CollectiveRow:
     """One line of the table; every time is simulated.
 
     Attributes:
-        size_bytes: the buffer (see module docstring).
-        count: float32 elements.
+        requested_bytes: the size as given.
+        size_bytes: the bytes the collective moves: ``count`` whole elements
+            (``requested_bytes`` unless cut, see ``cut``).
+        count: elements of ``dtype``.
+        dtype: bf16, f32 or int8.
+        cut: how ``requested_bytes`` was cut to ``size_bytes`` ("" if it was not).
         algorithm: the algorithm run (chosen when not given).
         simulated_seconds: the collective over the ICI.
-        algbw_bytes_per_s: size / time.
+        algbw_bytes_per_s: size_bytes / time.
         busbw_bytes_per_s: algbw x bus factor.
         busiest_link_utilization: busiest link's busy time / time, 0..1.
         local_reduce_seconds: the on-chip add of the chip's TensorCores
@@ -108,8 +127,11 @@ class CollectiveRow:
             ``simulated_seconds``.
     """
 
+    requested_bytes: int
     size_bytes: int
     count: int
+    dtype: str
+    cut: str
     algorithm: str
     simulated_seconds: float
     algbw_bytes_per_s: float
@@ -121,59 +143,134 @@ class CollectiveRow:
         return asdict(self)
 
 
-def run_collective_bench(chip: str, topology: str, op: str, sizes: list[int], *,
-                         algorithm: str | None = None, wraparound: bool | None = None,
-                         faults: LinkFaults | None = None) -> tuple[ChipSpec, Torus, list[CollectiveRow]]:
-    """Costs the collective at every size.
+def bench_torus(*, slice_name: str | None = None, chip: str | None = None,
+                topology: str | None = None,
+                wraparound: bool | None = None) -> tuple[ChipSpec, Torus]:
+    """The chip and torus of a benchmark: a slice (``v4-128``), or a chip with a topology.
 
-    Args:
-        chip: chip preset name (v2 ... v6e).
-        topology: shape text, e.g. "4x4".
-        op: a key of :data:`OPS_BY_NAME`.
-        sizes: bytes per size.
-        algorithm: an algorithm of the op, or None for the fastest at each size.
-        wraparound: None: the chip generation's rules.
-        faults: slowed / failed links.
+    Raises:
+        BenchError: neither given, or a bad slice, chip or shape (one line naming the
+            option: ``--slice``, ``--chip``, ``--topology``).
+    """
+    if not slice_name and not (chip and topology):
+        raise BenchError("give --slice (e.g. v4-128) or --chip with --topology (e.g. --chip v5e "
+                         "--topology 4x4)")
+    try:
+        pod = resolve_pod(slice_name=slice_name, chip=chip, topology=topology,
+                          wraparound=wraparound)
+    except (ScenarioError, ValueError) as err:
+        raise BenchError(re.sub(r"\bpod\.(slice|chips|chip|topology)\b", r"--\1", str(err))) from None
+    return pod.chip, pod.torus
+
+
+def cut_count(size_bytes: int, itemsize: int, op: str, chips: int,
+              dtype: str = "f32") -> tuple[int, str]:
+    """Whole elements of a ``size_bytes`` buffer for ``op`` on ``chips``, and how it was cut.
 
     Returns:
-        (chip spec, torus, rows).
+        (count, cut): ``cut`` is "" when ``size_bytes`` is ``count`` whole elements, else
+        one sentence saying what was dropped and why.
+
+    Raises:
+        BenchError: too small to hold one element (one per chip for per-chip ops).
+    """
+    count = size_bytes // itemsize
+    reasons = []
+    if count * itemsize != size_bytes:
+        reasons.append(f"{size_bytes:,} B is not a whole number of {itemsize}-byte {dtype} "
+                       f"elements")
+    if op in _PER_CHIP and count % chips:
+        reasons.append(f"{count:,} elements do not split into {chips} equal parts (one per chip)")
+        count -= count % chips
+    if count < 1:
+        least = itemsize * (chips if op in _PER_CHIP else 1)
+        raise BenchError(f"size {size_bytes:,} B is too small for {op.replace('_', '-')} of "
+                         f"{dtype} on {chips} chips: at least {least:,} B")
+    if not reasons:
+        return count, ""
+    return count, (f"{'; '.join(reasons)}: cut to {count:,} elements = {count * itemsize:,} B "
+                   f"(as nccl-tests cuts its counts)")
+
+
+def run_collective_bench(chip: str | None, topology: str | None, op: str, sizes: list[int], *,
+                         algorithm: str | Sequence[str] | None = None,
+                         wraparound: bool | None = None, faults: LinkFaults | None = None,
+                         dtype: str = "f32", slice_name: str | None = None
+                         ) -> tuple[ChipSpec, Torus, list[CollectiveRow]]:
+    """Costs the collective at every size (and every algorithm given).
+
+    Args:
+        chip: chip preset name (v2 ... v6e), with ``topology``; or None with ``slice_name``.
+        topology: shape text, e.g. "4x4".
+        op: a key of :data:`OPS_BY_NAME`.
+        sizes: bytes per size, as given.
+        algorithm: an algorithm of the op, several (a row each per size), or None for
+            the fastest at each size.
+        wraparound: None: the chip generation's rules.
+        faults: slowed / failed links.
+        dtype: a key of :data:`DTYPES`.
+        slice_name: a Google slice name (``v4-128``) instead of chip and topology.
+
+    Returns:
+        (chip spec, torus, rows): per size, a row per algorithm.
 
     Raises:
         BenchError, ChipSpecError, TopologyError, ScheduleError: bad options.
     """
-    spec = get_chip_spec(chip)
     if op not in OPS_BY_NAME:
         raise BenchError(f"op {op!r} is not valid: expected one of {', '.join(OPS_BY_NAME)}")
+    if dtype not in DTYPES:
+        raise BenchError(f"dtype {dtype!r} is not valid: expected one of {', '.join(DTYPES)}")
     name = OPS_BY_NAME[op]
-    if algorithm is not None and algorithm not in ALGORITHMS[name]:
-        raise BenchError(f"algorithm {algorithm!r} is not available for {op}: expected one of "
-                         f"{', '.join(ALGORITHMS[name])}")
-    shape = parse_shape(topology)
-    torus = Torus(shape, default_wraparound(spec, shape) if wraparound is None else wraparound)
-    n = torus.num_chips
+    algorithms = [algorithm] if algorithm is None or isinstance(algorithm, str) else list(algorithm)
+    for given in algorithms:
+        if given is not None and given not in ALGORITHMS[name]:
+            raise BenchError(f"algorithm {given!r} is not available for {op}: expected one of "
+                             f"{', '.join(ALGORITHMS[name])}")
+    spec, torus = bench_torus(slice_name=slice_name, chip=chip, topology=topology,
+                              wraparound=wraparound)
     link = calibrated_link(spec.name, spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
     rows = []
     for size in sizes:
-        count = size // ITEMSIZE
-        if name == "all_to_all":
-            count -= count % n
-        if count < 1:
-            raise BenchError(f"size {size} bytes is too small for {op} of float32 on {n} chips")
-        nbytes = count * ITEMSIZE
-        chosen, cost = choose_algorithm(name, torus, count, link, algorithm=algorithm, faults=faults)
-        seconds = cost.seconds
-        algbw = nbytes / seconds if seconds > 0 else float("inf")
-        reduces = name in ("allreduce", "reduce_scatter")
-        # megacore chips (v4, v5p) are one device: no separate core-to-core reduce
-        local = (0.0 if spec.megacore else
-                 (spec.tensorcores - 1) * 3 * nbytes / spec.core.achieved_hbm_bandwidth_bytes_per_s
-                 if reduces else 0.0)
-        rows.append(CollectiveRow(size_bytes=nbytes, count=count, algorithm=chosen,
-                                  simulated_seconds=seconds, algbw_bytes_per_s=algbw,
-                                  busbw_bytes_per_s=algbw * bus_factor(name, n),
-                                  busiest_link_utilization=cost.busiest_link_utilization,
-                                  local_reduce_seconds=local))
+        count, cut = cut_count(size, DTYPES[dtype], name, torus.num_chips, dtype)
+        for given in algorithms:
+            chosen, cost = choose_algorithm(name, torus, count, link, algorithm=given,
+                                            itemsize=DTYPES[dtype], faults=faults)
+            rows.append(_row(spec, name, torus.num_chips, size, count, dtype, cut, chosen, cost))
     return spec, torus, rows
+
+
+def _row(spec: ChipSpec, op: str, n: int, size: int, count: int, dtype: str, cut: str,
+         algorithm: str, cost) -> CollectiveRow:
+    nbytes = count * DTYPES[dtype]
+    seconds = cost.seconds
+    algbw = nbytes / seconds if seconds > 0 else float("inf")
+    reduces = op in ("allreduce", "reduce_scatter")
+    # megacore chips (v4, v5p) are one device: no separate core-to-core reduce
+    local = (0.0 if spec.megacore or not reduces else
+             (spec.tensorcores - 1) * 3 * nbytes / spec.core.achieved_hbm_bandwidth_bytes_per_s)
+    return CollectiveRow(requested_bytes=size, size_bytes=nbytes, count=count, dtype=dtype,
+                         cut=cut, algorithm=algorithm, simulated_seconds=seconds,
+                         algbw_bytes_per_s=algbw, busbw_bytes_per_s=algbw * bus_factor(op, n),
+                         busiest_link_utilization=cost.busiest_link_utilization,
+                         local_reduce_seconds=local)
+
+
+def avg_bus_bandwidth(rows: Sequence[CollectiveRow], *, by_algorithm: bool = False
+                      ) -> dict[str, float]:
+    """Mean busbw (bytes/s) over the sizes, nccl-tests' average (the plain mean of every
+    size's bus bandwidth): one figure keyed "" (the fastest per size, or one algorithm),
+    or with ``by_algorithm`` one per algorithm given."""
+    series: dict[str, list[float]] = {}
+    for row in rows:
+        series.setdefault(row.algorithm if by_algorithm else "", []).append(row.busbw_bytes_per_s)
+    return {name: fmean(values) for name, values in series.items()}
+
+
+def summary_line(busbw_bytes_per_s: float, label: str = "") -> str:
+    """nccl-tests' closing line, ``# Avg bus bandwidth    : 123.456 GB/s`` (GB = 10^9 B)."""
+    return (f"# Avg bus bandwidth    : {busbw_bytes_per_s / 1e9:.4f} GB/s"
+            + (f" ({label})" if label else ""))
 
 
 def format_size(nbytes: int) -> str:
@@ -181,4 +278,4 @@ def format_size(nbytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
+    return f"{nbytes:,} B"

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,8 @@ from pod.safe_io import lock_directories
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
 
-__all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS"]
+__all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
+           "is_missing", "csv_row", "json_row", "sweep_kind"]
 
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
@@ -80,6 +82,38 @@ COLUMNS = (
 
 #: The mesh axes of the per-axis columns.
 _AXES = ("data", "fsdp", "tensor")
+
+#: Columns of text (or true / false); every other column is a number, NaN when a point has
+#: none (a failed point, a column of another kind of sweep): ``pd.DataFrame(rows)["mfu"].max()``
+#: works on any sweep. results.csv writes a missing value as an empty field.
+TEXT_COLUMNS = frozenset({"status", "error", "model", "dataset", "synthetic_data", "generation",
+                          "slice", "topology", "allreduce_algorithm", "precision", "bound",
+                          "ici_axes", "mesh", "remat", "fits"})
+
+
+def empty_row() -> dict[str, Any]:
+    """A row before its point runs: "" for the text columns, NaN for the numbers."""
+    return {key: "" if key in TEXT_COLUMNS else math.nan for key in COLUMNS}
+
+
+def is_missing(value: Any) -> bool:
+    """Whether a row value is missing: None, "" or NaN."""
+    return value is None or value == "" or (isinstance(value, float) and math.isnan(value))
+
+
+def csv_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The row as results.csv writes it: a missing number is an empty field."""
+    return {k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+
+
+def json_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The row as ``--json`` prints it: a missing number is null (JSON has no NaN)."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+
+
+#: Where a point's batch value (per core, per device or global, as the sweep sets it) sits
+#: in ``SweepPoint.series``.
+_SERIES_BATCH = 3
 
 
 @dataclass(frozen=True)
@@ -163,7 +197,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         except USER_ERRORS as err:
             point, error = None, str(err)
         series = (_generation(pod, scenario), algorithm, precision, per_point,
-                  format_axes(mesh) if sweep.mesh else "", remat or "")
+                  format_axes(mesh) if sweep.mesh else "", remat or "")  # _SERIES_BATCH: per_point
         points.append(SweepPoint(i, values, point, error, series))
     return points
 
@@ -257,7 +291,7 @@ def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
     hardware = fmean(s.hardware_flops or s.model_flops for s in timed)
     row = {"mesh": format_axes(mesh.sizes), "remat": options.get("remat", ""),
            "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
-           "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else "",
+           "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else math.nan,
            "hfu": mfu(hardware, step, plan.pod.peak_bf16_flops_per_s),
            "per_device_batch": plan.per_device_batch}
     for axis in _AXES:
@@ -344,10 +378,10 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
 
 def _point_row(scenario: Scenario, point: SweepPoint, mode: str) -> dict[str, Any]:
     """Run one point; its row (a failed point's row carries its error)."""
-    row = {key: "" for key in COLUMNS}
+    row = empty_row()
     row.update(point=point.index + 1, **_labels(point))
     if scenario.sweep.per_device_batch:
-        row["per_device_batch"] = point.series[3]
+        row["per_device_batch"] = point.series[_SERIES_BATCH]  # the point's, even if it fails
     if point.error:
         row.update(status="failed", error=point.error)
         return row
@@ -355,7 +389,7 @@ def _point_row(scenario: Scenario, point: SweepPoint, mode: str) -> dict[str, An
         row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
     except HBMPlanError as err:  # the layout does not fit: say why and how much
         row.update(status="failed", error=str(err), fits=False,
-                   hbm_per_device_bytes=(err.memory_plan or {}).get("total", ""))
+                   hbm_per_device_bytes=(err.memory_plan or {}).get("total", math.nan))
     except USER_ERRORS as err:
         row.update(status="failed", error=str(err))
     return row
@@ -371,7 +405,7 @@ def _write_results_csv(output_dir: Path, rows: list[dict[str, Any]],
     def write_rows(f) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(map(csv_row, rows))
 
     write_atomic(output_dir / "results.csv", write_rows, newline="")
 
@@ -383,16 +417,57 @@ def _save_png(fig: Any, path: Path) -> None:
 
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
+    """A point's own values (mesh, remat, algorithm, precision, batch, pod), known before it
+    runs, so that a failed point's row says what it was."""
     v = point.values
     mesh = v.get("pod__mesh")
     layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
     if "model__options" in v:
         layout["remat"] = v["model__options"].get("remat", "")
     return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
-            "global_batch": v.get("training__global_batch", ""),
-            "chips": v.get("pod__chips") or "", "topology": v.get("pod__topology") or "",
+            "global_batch": v.get("training__global_batch", math.nan),
+            "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
             "generation": v.get("pod__slice") or v.get("pod__chip") or "",
             "slice": v.get("pod__slice") or ""}
+
+
+def _chips(point: SweepPoint) -> float | int:
+    """The chips of a point's pod (NaN if its pod does not resolve)."""
+    source = point.scenario.pod if point.scenario is not None else None
+    name = point.values.get("pod__slice") or (source.slice if source else None)
+    try:
+        if source is not None:
+            return resolve_pod(slice_name=source.slice, chip=source.chip, chips=source.chips,
+                               topology=source.topology).chips
+        return resolve_pod(slice_name=name).chips if name else math.nan
+    except USER_ERRORS:
+        return math.nan
+
+
+def _cell(value: Any, spec: str = "") -> str:
+    """A row value in a Markdown cell (formatted by ``spec``): empty when missing."""
+    return "" if is_missing(value) else format(value, spec)
+
+
+def _distinct(values) -> int:
+    """How many different values (every missing one counts as one)."""
+    return len({None if is_missing(v) else v for v in values})
+
+
+def sweep_kind(scenario: Scenario) -> str:
+    """What a sweep is, for titles: "strong scaling" / "weak scaling" when its pods differ;
+    "one point"; else what it varies ("a sweep of mesh, remat and per-device batch")."""
+    sweep = scenario.sweep
+    if len(_pods(scenario)) > 1:
+        return f"{sweep.scaling} scaling"
+    varied = [label for label, values in (
+        ("mesh", sweep.mesh), ("remat", sweep.remat), ("per-device batch", sweep.per_device_batch),
+        ("global batch", sweep.global_batch), ("per-core batch", sweep.per_core_batch),
+        ("precision", sweep.precision), ("allreduce", sweep.allreduce)) if values and len(values) > 1]
+    if not varied:
+        return "one point"
+    return "a sweep of " + (", ".join(varied[:-1]) + " and " + varied[-1] if len(varied) > 1
+                            else varied[0])
 
 
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
@@ -400,7 +475,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     synthetic = any(r.get("synthetic_data") is True for r in rows)
     data = f"data: {scenario.data.name}" + (" (SYNTHETIC: the data only set shapes)" if synthetic
                                            else "")
-    head = (f"# Sweep: {scenario.name} ({scenario.sweep.scaling} scaling, {mode} mode)\n\n"
+    head = (f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)\n\n"
             f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
             "compute ms | collectives ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
@@ -414,12 +489,12 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
                 f"{r['allreduce_algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['collective_seconds'] * 1e3:.4f} | "
                 f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
-                f"{r['communication_fraction']:.1%} | {r['scaling_efficiency']:.2f} | "
+                f"{r['communication_fraction']:.1%} | {_cell(r['scaling_efficiency'], '.2f')} | "
                 f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
-            lines.append(f"| {r['point']} | {r['generation']} | {r['chips']} | | {r['topology']} | "
-                         f"{r['allreduce_algorithm']} | {r['global_batch']} | | | | | | | | | | | | "
+            lines.append(f"| {r['point']} | {r['generation']} | {_cell(r['chips'])} | | {r['topology']} | "
+                         f"{r['allreduce_algorithm']} | {_cell(r['global_batch'])} | | | | | | | | | | | | "
                          f"failed: {error} |")
     return head + "\n".join(lines) + "\n" + _layout_table(rows)
 
@@ -436,7 +511,7 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
            "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
         hbm = r.get("hbm_per_device_bytes")
-        hbm = f"{hbm / 2**30:.1f}" if isinstance(hbm, (int, float)) else ""
+        hbm = "" if is_missing(hbm) else f"{hbm / 2**30:.1f}"
         if r["status"] == "ok":
             exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
             out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
@@ -445,8 +520,8 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
                        f"{hbm} | ok |")
         else:
             why = str(r["error"]).replace("|", "/")
-            out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r.get('remat', '')} | "
-                       f"| | | | | {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
+            out.append(f"| {r['point']} | {_cell(r['chips'])} | {r['mesh']} | {r.get('remat', '')} | "
+                       f"{_cell(r['per_device_batch'])} | | | | | {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
                        f": {why} |")
     return "\n".join(out) + "\n"
 
@@ -461,7 +536,7 @@ def _series(scenario: Scenario, ok: list[dict[str, Any]],
     """Rows grouped by what else the sweep varies, each sorted along the x axis; a
     label names each such quantity in full (the algorithm alone when nothing else)."""
     varying = [(k, label) for k, label in _dimensions(scenario)
-               if k != x_key and len({r[k] for r in ok}) > 1]
+               if k != x_key and _distinct(r[k] for r in ok) > 1]
     series: dict[str, list[dict[str, Any]]] = {}
     for r in ok:
         parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
@@ -507,7 +582,7 @@ def _x_axis(scenario: Scenario, ok: list[dict[str, Any]]) -> tuple[str, str]:
     """The quantity the sweep varies (the plots' x axis): chips if they vary, else the
     batch, else the precision or the algorithm; (row key, axis label)."""
     for key, label in _dimensions(scenario):
-        if len({r[key] for r in ok}) > 1:
+        if _distinct(r[key] for r in ok) > 1:
             return key, label
     return "chips", "chips"
 
@@ -544,7 +619,8 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
             values = [value(r) * 1e3 for r in rs]
             ax.bar(range(len(rs)), values, bottom=bottom, label=part)
             bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs])
+        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs],
+                      rotation=90 if x_key == "layout" else 0, fontsize=7 if x_key == "layout" else None)
         ax.set_xlabel(x_label)
         ax.set_ylabel("simulated ms per step")
         ax.set_title(label, fontsize=10)
@@ -559,22 +635,22 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
 def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> list[Path]:
     """The sweep's plots (PNG), against the quantity it varies (``_x_axis``).
 
-    ``throughput.png``: examples/s (log); ``efficiency.png``: scaling efficiency,
-    only when the chips vary (at one pod size it is 1 by definition);
-    ``breakdown.png``: the simulated step's critical path (compute, exposed
-    allreduce, update, the rest) stacked per point, one panel per series with
-    its own scale, so a small pod's compute stays visible beside a large
-    pod's allreduce; ``bounds.png``: the critical path by what bounds it;
-    transformer sweeps add ``tokens.png`` (chips vary) or ``layouts.png``.
+    ``throughput.png``: examples/s (log), a line per series; a layout sweep on one
+    pod (``sweep.mesh`` / ``remat`` / ``per_device_batch``) draws a bar per layout
+    instead (tokens/s, the best starred, what does not fit said), not a one-point
+    series each. ``efficiency.png``: scaling efficiency, only when the chips vary
+    (at one pod size it is 1 by definition). ``breakdown.png``: the simulated
+    step's critical path (compute, exposed allreduce, update, the rest) stacked
+    per point, one panel per series with its own scale, so a small pod's compute
+    stays visible beside a large pod's allreduce (a layout sweep: one panel);
+    ``bounds.png``: the critical path by what bounds it; transformer sweeps add
+    ``tokens.png`` (chips vary) or ``layouts.png``. Titles say what the sweep is
+    (``sweep_kind``): "strong scaling" only when the pods differ.
 
     Returns:
         The files written (none when no point succeeded).
     """
-    try:
-        import matplotlib
-    except ModuleNotFoundError:
-        raise ScenarioError("sweep: the plots need matplotlib: pip install "
-                            "'tpu-pod-emulator[plots]'") from None
+    import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -582,51 +658,104 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return []
-    x_key, x_label = _x_axis(scenario, ok)
-    numeric = all(isinstance(r[x_key], (int, float)) for r in ok)
-    series = _series(scenario, ok, x_key)
-    xs = sorted({r[x_key] for r in ok}, key=lambda v: v if numeric else str(v))
+    chips_vary = _distinct(r["chips"] for r in ok) > 1
     synthetic = " - synthetic data" if any(r.get("synthetic_data") is True for r in ok) else ""
-    title = f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated){synthetic}"
-    position = (lambda v: v) if numeric else (lambda v: xs.index(v))  # noqa: E731
-    written = []
-    plots = [("throughput.png", "simulated_examples_per_second", "examples/s (simulated)")]
-    if x_key == "chips":
-        plots.append(("efficiency.png", "scaling_efficiency", "scaling efficiency"))
+    title = f"{scenario.name}: {sweep_kind(scenario)} (simulated){synthetic}"
+    if not chips_vary and _is_layout_sweep(scenario):
+        ok = [{**r, "layout": _layout_label(r)} for r in ok]
+        x_key, x_label, series = "layout", "layout", {"every layout that ran": ok}
+        written = [_plot_layout_throughput(plt, title, rows, output_dir)]
+    else:
+        x_key, x_label = _x_axis(scenario, ok)
+        series = _series(scenario, ok, x_key)
+        written = [_line_plot(plt, ok, series, x_key, x_label, title, output_dir,
+                              ("throughput.png", "simulated_examples_per_second",
+                               "examples/s (simulated)"))]
+    if chips_vary and x_key == "chips":
+        written.append(_line_plot(plt, ok, series, x_key, x_label, title, output_dir,
+                                  ("efficiency.png", "scaling_efficiency", "scaling efficiency")))
     else:
         (output_dir / "efficiency.png").unlink(missing_ok=True)  # an earlier sweep's
-    for name, key, ylabel in plots:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, rs in series.items():
-            ax.plot([position(r[x_key]) for r in rs], [r[key] for r in rs], marker="o",
-                    label=label)
-        if key == "scaling_efficiency":
-            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-            ax.set_ylim(bottom=0)
-        elif max(r[key] for r in ok) > 10 * min(r[key] for r in ok):
-            ax.set_yscale("log")  # more than a decade: log; within one, log shows no ticks
-        _along_x(ax, xs, numeric, x_label)
-        if not numeric:
-            ax.set_xticks(range(len(xs)), [_tick_label(v) for v in xs])
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        _save_png(fig, output_dir / name)
-        plt.close(fig)
-        written.append(output_dir / name)
     written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
     written.append(_stacked(
         plt, ok, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
         lambda r: _tick_label(r[x_key]), f"{scenario.name}: the critical path by what bounds "
         "it (simulated)", output_dir, "bounds.png"))
-    if any(r["simulated_tokens_per_second"] not in ("", None) for r in ok):
-        if len({r["chips"] for r in ok}) > 1:
+    if any(not is_missing(r["simulated_tokens_per_second"]) for r in ok):
+        if chips_vary:
             written.append(_plot_tokens(plt, scenario, series, output_dir))
         else:
             written.append(_plot_layouts(plt, scenario, rows, output_dir))
     return written
+
+
+def _is_layout_sweep(scenario: Scenario) -> bool:
+    """Whether the sweep varies sharded layouts (mesh, remat or the per-device batch)."""
+    sweep = scenario.sweep
+    return bool(sweep.mesh or sweep.remat or sweep.per_device_batch)
+
+
+def _layout_label(row: dict[str, Any]) -> str:
+    """``{fsdp: 16, tensor: 4} minimal b=4``: a layout's mesh, remat and batch per device."""
+    batch = "" if is_missing(row.get("per_device_batch")) else f" b={row['per_device_batch']}"
+    return f"{row['mesh']} {row['remat'] or 'none'}{batch}"
+
+
+def _line_plot(plt, ok: list[dict[str, Any]], series: dict[str, list[dict[str, Any]]],
+               x_key: str, x_label: str, title: str, output_dir: Path,
+               what: tuple[str, str, str]) -> Path:
+    """A line per series of ``what`` = (file name, row key, y label) along the x axis."""
+    name, key, ylabel = what
+    numeric = all(isinstance(r[x_key], (int, float)) for r in ok)
+    xs = sorted({r[x_key] for r in ok}, key=lambda v: v if numeric else str(v))
+    position = (lambda v: v) if numeric else (lambda v: xs.index(v))  # noqa: E731
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, rs in series.items():
+        ax.plot([position(r[x_key]) for r in rs], [r[key] for r in rs], marker="o", label=label)
+    if key == "scaling_efficiency":
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_ylim(bottom=0)
+    elif max(r[key] for r in ok) > 10 * min(r[key] for r in ok):
+        ax.set_yscale("log")  # more than a decade: log; within one, log shows no ticks
+    _along_x(ax, xs, numeric, x_label)
+    if not numeric:
+        ax.set_xticks(range(len(xs)), [_tick_label(v) for v in xs])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save_png(fig, output_dir / name)
+    plt.close(fig)
+    return output_dir / name
+
+
+def _plot_layout_throughput(plt, title: str, rows: list[dict[str, Any]], output_dir: Path) -> Path:
+    """throughput.png of a layout sweep: a bar per layout, in the sweep's order, of its
+    tokens/s (examples/s for models without tokens), the best starred; a layout that
+    does not fit or fails is an empty bar saying so."""
+    tokens = any(not is_missing(r["simulated_tokens_per_second"]) for r in rows
+                 if r["status"] == "ok")
+    key = "simulated_tokens_per_second" if tokens else "simulated_examples_per_second"
+    values = [r[key] if r["status"] == "ok" else 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.6))
+    ax.barh(range(len(rows)), values, color="tab:blue")
+    best = max(range(len(rows)), key=lambda i: values[i])
+    ax.barh([best], [values[best]], color="tab:green", label="most " + key.split("_")[1] + "/s")
+    for i, r in enumerate(rows):
+        note = (f"  {values[i]:,.0f}" if r["status"] == "ok" else
+                "  does not fit" if r.get("fits") is False else "  failed")
+        ax.text(values[i], i, note, va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [_layout_label(r) for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(values) * 1.25 or 1.0)
+    ax.set_xlabel(("tokens" if tokens else "examples") + "/s (simulated)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    _save_png(fig, output_dir / "throughput.png")
+    plt.close(fig)
+    return output_dir / "throughput.png"
 
 
 def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Path:
@@ -650,7 +779,7 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     left.set_yscale("log")
     right.set_ylim(bottom=0)
     right.legend(fontsize=7)
-    fig.suptitle(f"{scenario.name}: {scenario.sweep.scaling} scaling (simulated)")
+    fig.suptitle(f"{scenario.name}: {sweep_kind(scenario)} (simulated)")
     fig.tight_layout()
     _save_png(fig, output_dir / "tokens.png")
     plt.close(fig)
@@ -664,7 +793,7 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
     and HBM per device beside each bar."""
     labels, stacks, notes = [], [], []
     for r in rows:
-        labels.append(f"{r['mesh']} {r['remat'] or ''} b={r['per_device_batch']}".strip())
+        labels.append(_layout_label(r))
         if r["status"] == "ok":
             stacks.append([r["compute_seconds"], r["update_seconds"],
                            *(r[f"exposed_{a}_seconds"] for a in _AXES)])

@@ -71,7 +71,7 @@ import re
 import reprlib
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
@@ -98,6 +98,7 @@ __all__ = [
     "MetricsConfig",
     "RayConfig",
     "load_scenario",
+    "load_yaml",
     "parse_scenario",
     "PRECISIONS",
     "BenchmarkConfig",
@@ -875,11 +876,14 @@ def _read_scenario_text(path: Path) -> str:
                             f"scenario is a UTF-8 YAML file") from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, *, edit: Callable[[dict], dict] | None = None) -> Scenario:
     """Read and validate a scenario file.
 
     Args:
         path: the YAML file.
+        edit: applied to the file's mapping before it is validated (command-line
+            overrides, ``pod.config.overrides``); relative paths in the file are
+            already resolved against the file's folder.
 
     Returns:
         The frozen scenario.
@@ -892,31 +896,19 @@ def load_scenario(path: str | Path) -> Scenario:
     """
     path = Path(path)
     text = _read_scenario_text(path)
-    return scenario_from_text(text, source=str(path), base_dir=path.resolve().parent)
+    return scenario_from_text(text, source=str(path), base_dir=path.resolve().parent, edit=edit)
 
 
-def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str | Path = ".") -> Scenario:
-    """Parse and validate a scenario given as YAML text.
-
-    Args:
-        text: the YAML document (at most ``MAX_SCENARIO_BYTES`` of UTF-8).
-        source: where it came from, used in messages (a file name).
-        base_dir: the directory relative ``data.path`` and ``checkpoint.dir``
-            are resolved against (a file's own directory; the working
-            directory for text).
-
-    Returns:
-        The frozen scenario.
+def load_yaml(text: str, *, source: str = "<scenario>") -> Any:
+    """Parse YAML text as a scenario is read: safely (plain data only), refusing a key
+    given twice, and within ``MAX_YAML_DEPTH``, ``MAX_YAML_ALIASES`` and
+    ``MAX_YAML_NODES``.
 
     Raises:
-        ScenarioError: too large, bad YAML, or an invalid field.
+        ScenarioError: ``<source>: invalid YAML at line L, column C: <problem>``.
     """
-    if len(text.encode("utf-8", errors="replace")) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{source}: the scenario is larger than {MAX_SCENARIO_BYTES:,} bytes; "
-                            "a scenario is a small YAML document")
-    base = Path(base_dir)
     try:
-        data = yaml.load(text, Loader=_ScenarioLoader)  # a SafeLoader: no object construction
+        return yaml.load(text, Loader=_ScenarioLoader)  # a SafeLoader: no object construction
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -932,6 +924,32 @@ def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str |
             problem += (" (a key indented deeper than the key above it, or an unquoted value "
                         "holding ': ')")
         raise ScenarioError(f"{source}: invalid YAML{where}: {problem}") from None
+
+
+def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str | Path = ".",
+                       edit: Callable[[dict], dict] | None = None) -> Scenario:
+    """Parse and validate a scenario given as YAML text.
+
+    Args:
+        text: the YAML document (at most ``MAX_SCENARIO_BYTES`` of UTF-8).
+        source: where it came from, used in messages (a file name).
+        base_dir: the directory relative ``data.path`` and ``checkpoint.dir``
+            are resolved against (a file's own directory; the working
+            directory for text).
+        edit: applied to the document's mapping (its paths resolved) before it is
+            validated; a document that is not a mapping is reported as such.
+
+    Returns:
+        The frozen scenario.
+
+    Raises:
+        ScenarioError: too large, bad YAML, or an invalid field.
+    """
+    if len(text.encode("utf-8", errors="replace")) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{source}: the scenario is larger than {MAX_SCENARIO_BYTES:,} bytes; "
+                            "a scenario is a small YAML document")
+    base = Path(base_dir)
+    data = load_yaml(text, source=source)
     data_path = data.get("data", {}).get("path") if isinstance(data, dict) and \
         isinstance(data.get("data"), dict) else None
     if isinstance(data_path, str) and data_path:
@@ -941,4 +959,6 @@ def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str |
     if isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str) and checkpoint["dir"]:
         # like data.path: relative to the scenario file
         checkpoint["dir"] = str(base.resolve() / Path(checkpoint["dir"]).expanduser())
+    if edit is not None and isinstance(data, dict):
+        data = edit(data)
     return parse_scenario(data, source=source)

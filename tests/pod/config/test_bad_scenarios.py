@@ -4,6 +4,7 @@ Each corpus file starts with a comment saying what is wrong, then
 
     # expect: FIELD | FRAGMENT | FRAGMENT ...
     # command: validate            (optional; "run", or "validate, run")
+    # overrides: KEY=VALUE ...     (optional; command-line overrides given after the file)
 
 FIELD is the dotted path the message must name right after the file
 (``error: <file>: FIELD: ...``), ``line N`` for a YAML error at line N, or
@@ -30,6 +31,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -56,6 +58,16 @@ def _header(path: Path) -> tuple[str, list[str], set[str]]:
             commands = {c.strip() for c in line[len("# command:"):].split(",")}
     assert field, f"{path.name}: no '# expect: FIELD | FRAGMENT' line"
     return field, fragments, commands
+
+
+def overrides_of(path: Path) -> list[str]:
+    """The ``# overrides:`` arguments of a corpus file (shell words), given after the file."""
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith("# overrides:"):
+            return shlex.split(line[len("# overrides:"):])
+    return []
 
 
 CASES = {path.name: (path, *_header(path)) for path in CORPUS}
@@ -159,7 +171,8 @@ def test_run_gives_one_line_before_training(tmp_path, name):
         port = sock.getsockname()[1]
         path = tmp_path / source.name
         path.write_text(source.read_text().replace("PORT_IN_USE", str(port)))
-        out = subprocess.run([sys.executable, "-m", "pod", "run", str(path), "--steps", "1",
+        out = subprocess.run([sys.executable, "-m", "pod", "run", str(path), *overrides_of(source),
+                              "--steps", "1",
                               "--output-dir", str(tmp_path / "out")], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300, env=_env())
     _check(name, path, out.returncode, out.stdout, out.stderr, file_named=False)
@@ -207,9 +220,10 @@ def _runner(paths: list[str]) -> None:
     import tempfile
 
     for path in paths:
-        row = _main(["validate", path])
+        extra = overrides_of(Path(path))
+        row = _main(["validate", path, *extra])
         with tempfile.TemporaryDirectory() as out:
-            row["run"] = _main(["run", path, "--output-dir", out, "--metrics-port", "0"])
+            row["run"] = _main(["run", path, *extra, "--output-dir", out, "--metrics-port", "0"])
         print(json.dumps({"path": path, **row}), flush=True)
 
 

@@ -134,3 +134,58 @@ def test_a_mutated_scenario_is_ok_or_one_line(workdir, mutation):
     assert code == 2 and len(lines) == 1, f"{what}: exit {code}, stderr:\n{stderr}"
     assert lines[0].startswith(f"error: {path}: "), f"{what}: {lines[0]}"
     assert len(lines[0]) < MAX_LINE, f"{what}: a {len(lines[0])}-character line"
+
+
+def _validate_with(path: Path, overrides: list[str]) -> tuple[Any, str, str]:
+    """``pod.cli.main(["validate", path, *overrides])``: exit code, stdout, stderr."""
+    from pod.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: Any = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(["validate", str(path), *overrides])
+        except SystemExit as exit_:
+            code = exit_.code
+        except BaseException:  # noqa: BLE001 - a traceback is what this test looks for
+            err.write(traceback.format_exc())
+    return code, out.getvalue(), err.getvalue()
+
+
+def _as_override(place: tuple, value: Any) -> str | None:
+    """``KEY=VALUE`` setting ``place`` to ``value`` on the command line (None: cannot be one:
+    too long, or a key whose override drops another or whose path resolves differently)."""
+    from pod.config.overrides import MAX_OVERRIDE_CHARS, REPLACES
+
+    key = ".".join(map(str, place))
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10**9)
+    text = text.removesuffix("\n").removesuffix("\n...")
+    if key in REPLACES or key in ("data.path", "checkpoint.dir") or not all(
+            str(p).isidentifier() or str(p).isdigit() for p in place):
+        return None
+    override = f"{key}={text}"
+    return override if len(override) <= MAX_OVERRIDE_CHARS and "\n" not in override else None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutations())
+def test_a_mutation_given_as_an_override_gives_the_file_s_outcome(workdir, mutation):
+    """The same replacement, made in the file or given as KEY=VALUE after it, is accepted
+    or refused alike, with the same line (the override named at its end)."""
+    name, place, _, value = mutation
+    override = _as_override(place, value)
+    if override is None:
+        return
+    base = workdir / f"base-{name}.yaml"
+    base.write_text(yaml.safe_dump(BASES[name], allow_unicode=True), encoding="utf-8")
+    edited = workdir / "edited.yaml"
+    edited.write_text(yaml.safe_dump(_mutated(BASES[name], place, "replace", value),
+                                     allow_unicode=True), encoding="utf-8")
+    file_code, _, file_err = _validate_with(edited, [])
+    code, out, err = _validate_with(base, [override])
+    assert "Traceback" not in err + out, f"{override}: traceback:\n{err}"
+    assert code == file_code, f"{override}: exit {code}, the edited file's {file_code}: {err}"
+    if code:
+        mine = err.strip().removeprefix(f"error: {base}: ")
+        theirs = file_err.strip().removeprefix(f"error: {edited}: ")
+        assert mine.startswith(theirs.split(" (and ")[0]), (override, mine, theirs)

@@ -1,0 +1,496 @@
+"""``tpu-pod import-maxtext base.yml [model.yml] key=value ...``: a MaxText config as a scenario.
+
+MaxText's precedence: the base config, then the model file's keys over it, then
+``key=value`` overrides over both (an override of a key neither file has is
+refused, as MaxText refuses it). The result is a timing-only scenario (the
+shipped large scenarios' form: random token ids that only set the shapes,
+``sweep: {mode: timing, steps: 2}``) of the ``transformer`` model:
+
+- model: ``base_emb_dim``, ``base_num_query_heads`` (2023: ``base_num_heads``),
+  ``base_num_kv_heads``, ``base_mlp_dim``, ``base_num_decoder_layers`` scaled by
+  ``global_parameter_scale`` (``pod.config.presets.parameter_scale``),
+  ``head_dim``, ``mlp_activations``, ``logits_via_embedding``, ``vocab_size``,
+  ``decoder_block`` (block, norm, positions, biases), ``fused_qkv``,
+  ``trainable_position_size``, ``attention`` and ``remat_policy`` (``custom``:
+  the per-tensor keys ``decoder_layer_input``, ``query_proj``, ... as
+  ``remat_custom``);
+- mesh: ``ici_{data,fsdp,tensor}_parallelism`` (-1: the devices the other axes
+  leave, as MaxText fills it); ``dcn_*_parallelism`` must come to one slice;
+- batch: ``per_device_batch_size`` x the slice's devices = the global batch;
+  ``max_target_length`` = the sequence length; ``dtype`` = the precision
+  (``int8_training`` / ``quantization: int8``: int8); ``opt_type``,
+  ``learning_rate``, ``adam_*`` = the optimizer;
+- the slice: ``--slice`` or ``compile_topology`` (``v5p-128``).
+
+Every other key is named, one line each (``Note``): an **error** when it
+changes the step and the emulator cannot model it (mixture of experts, a
+sequence or pipeline axis, several slices, gradient accumulation, ...); a
+**warning** when the step is approximated (soft caps, sliding windows, extra
+norms) or when the model file or the command line sets a key the scenario
+does not carry; otherwise it does not change the simulated step (logging,
+dataset paths, checkpoints, profiling, decoding, the learning-rate schedule)
+and is listed in the written scenario's header (``--all-warnings`` prints
+those too).
+
+Sources: [MT-2023] AI-Hypercomputer/maxtext ``MaxText/configs/base.yml``,
+``pyconfig.py``, ``layers/models.py`` at 76bd53b0f; [MT-2025] the same files
+(``src/MaxText/configs/base.yml``, ``layers/decoders.py``) at tpu-recipes-v0.1.4.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from pod.config.mesh import devices_per_chip
+from pod.config.overrides import parse_override
+from pod.config.presets import parameter_scale
+from pod.config.scenario import load_yaml
+from pod.config.slices import resolve_pod
+from pod.errors import ScenarioError
+
+__all__ = ["MaxTextConfig", "Note", "ImportResult", "read_maxtext", "to_scenario",
+           "import_maxtext", "scenario_yaml"]
+
+
+@dataclass(frozen=True)
+class MaxTextConfig:
+    """A merged MaxText config.
+
+    Attributes:
+        values: key -> value, after MaxText's precedence.
+        origin: key -> where its value came from (a file name or "command line").
+        base: the base file's name (its keys are MaxText's defaults).
+    """
+
+    values: dict[str, Any]
+    origin: dict[str, str]
+    base: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """What became of one MaxText key that is not mapped one to one.
+
+    Attributes:
+        key: the MaxText key.
+        level: "error" (changes the step, not modelled), "warning" (approximated, or set
+            by the model file or the command line and not carried), "ignored" (no
+            effect on the simulated step).
+        text: one line: the key, its value, and why.
+    """
+
+    key: str
+    level: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """The scenario mapping and the notes of every key not mapped one to one."""
+
+    scenario: dict[str, Any]
+    notes: tuple[Note, ...] = field(default=())
+
+    def of(self, level: str) -> list[Note]:
+        """The notes of one level."""
+        return [n for n in self.notes if n.level == level]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScenarioError(f"{path}: cannot read the MaxText config ({err})") from None
+    data = load_yaml(text, source=str(path))
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a MaxText config is a mapping of keys (got "
+                            f"{type(data).__name__})")
+    return data
+
+
+def read_maxtext(files: Sequence[str | Path], overrides: Sequence[str] = ()) -> MaxTextConfig:
+    """Merge MaxText configs as MaxText does: base, then the model file, then ``key=value``.
+
+    Raises:
+        ScenarioError: an unreadable file, bad YAML, or an override of a key no file has
+            (one line, with the closest key).
+    """
+    if not 1 <= len(files) <= 2:
+        raise ScenarioError(f"import-maxtext: give the base config and at most one model config "
+                            f"(got {len(files)} files)")
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for path in map(Path, files):
+        for key, value in _read(path).items():
+            values[str(key)], origin[str(key)] = value, path.name
+    for text in overrides:
+        item = parse_override(text)
+        if item.key not in values:
+            close = difflib.get_close_matches(item.key, list(values), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ScenarioError(f"{item.key}: not a key of {' or '.join(Path(f).name for f in files)} "
+                                f"(got {item.text}){hint}")
+        values[item.key], origin[item.key] = item.value, "command line"
+    return MaxTextConfig(values, origin, Path(files[0]).name)
+
+
+# --------------------------------------------------------------------------- model
+
+#: mlp_activations -> the transformer's mlp_activation.
+ACTIVATIONS = {("relu",): "relu", ("gelu",): "gelu", ("silu", "linear"): "gated_silu",
+               ("gelu", "linear"): "gated_gelu"}
+#: decoder_block -> block, norm, positions, biases [MT-2025] layers/decoders.py; the 2023
+#: base has no decoder_block: its one DecoderLayer is the parallel block [MT-2023].
+DECODER_BLOCKS = {
+    "default": ("parallel", "rmsnorm", "rotary", False),
+    "llama2": ("sequential", "rmsnorm", "rotary", False),
+    "mistral": ("sequential", "rmsnorm", "rotary", False),
+    "qwen3": ("sequential", "rmsnorm", "rotary", False),
+    "gemma": ("sequential", "rmsnorm", "rotary", False),
+    "gemma2": ("sequential", "rmsnorm", "rotary", False),
+    "gemma3": ("sequential", "rmsnorm", "rotary", False),
+    "gpt3": ("sequential", "layernorm", "learned", True),
+}
+#: decoder blocks of mixture-of-experts models (issue 24)
+MOE_BLOCKS = ("mixtral", "deepseek", "llama4")
+#: attention -> the transformer's attention kernel (TPU: "autoselected" picks flash for training)
+ATTENTIONS = {"flash": "flash", "autoselected": "flash", "dot_product": "dot_product",
+              "mha": "dot_product"}
+#: remat_policy "custom": the tensors it names, each "device", "remat" or "offload" [MT-2025]
+REMAT_CUSTOM_KEYS = ("decoder_layer_input", "context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo",
+                     "query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj")
+#: dtype -> training.precision
+DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+#: opt_type -> training.optimizer.name (adam_pax: Adam with decoupled weight decay, as AdamW)
+OPTIMIZERS = {"adamw": "adamw", "adam_pax": "adamw", "sgd": "sgd"}
+
+
+def _int(config: MaxTextConfig, key: str, default: Any = None) -> int:
+    value = config.values.get(key, default)
+    if isinstance(value, str):
+        value = value.replace("_", "")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ScenarioError(f"{key}: must be a number (got {value!r}, from "
+                            f"{config.origin.get(key, 'the default')})") from None
+    if number != int(number):
+        raise ScenarioError(f"{key}: must be a whole number (got {value!r})")
+    return int(number)
+
+
+def _choice(config: MaxTextConfig, key: str, table: dict, default: Any) -> Any:
+    raw = config.values.get(key, default)
+    value = tuple(raw) if isinstance(raw, list) else raw
+    if value not in table:
+        shown = ", ".join(str(list(k)) if isinstance(k, tuple) else str(k) for k in table)
+        raise ScenarioError(f"{key}: {raw!r} is not modelled; the emulator maps {shown} "
+                            f"(from {config.origin.get(key, 'the default')})")
+    return table[value]
+
+
+def _model_options(config: MaxTextConfig) -> tuple[dict[str, Any], int]:
+    """The transformer's options and the vocabulary."""
+    v = config.values
+    scale = parameter_scale(_int(config, "global_parameter_scale", 1))
+    heads = "base_num_query_heads" if "base_num_query_heads" in v else "base_num_heads"
+    kv = "base_num_kv_heads" if "base_num_kv_heads" in v else heads
+    if v.get("decoder_block") in MOE_BLOCKS or _int(config, "num_experts", 1) > 1:
+        raise ScenarioError(f"num_experts: {v.get('num_experts', 1)} experts (decoder_block "
+                            f"{v.get('decoder_block')!r}): mixture of experts is not modelled yet "
+                            f"(issue 24)")
+    block, norm, positions, bias = _choice(config, "decoder_block", DECODER_BLOCKS, "default")
+    layers = _int(config, "base_num_decoder_layers") * scale.layers
+    if v.get("decoder_block") == "gemma2":  # MaxText merges a local and a global layer into one
+        layers *= 2
+    options = {
+        "embed_dim": _int(config, "base_emb_dim") * scale.embed,
+        "heads": _int(config, heads) * scale.heads,
+        "kv_heads": _int(config, kv) * scale.heads,
+        "head_dim": _int(config, "head_dim"),
+        "mlp_dim": _int(config, "base_mlp_dim") * scale.mlp,
+        "mlp_activation": _choice(config, "mlp_activations", ACTIVATIONS, ["silu", "linear"]),
+        "layers": layers, "norm": norm, "positions": positions,
+        "tied_embeddings": bool(v.get("logits_via_embedding", False)),
+        "block": block, "attention": _choice(config, "attention", ATTENTIONS, "flash"),
+        "use_bias": bias, "fused_qkv": bool(v.get("fused_qkv", False)),
+        "remat": str(v.get("remat_policy", "full")),
+    }
+    if options["remat"] == "custom":
+        options["remat_custom"] = {k: v[k] for k in REMAT_CUSTOM_KEYS if k in v}
+    return options, _int(config, "vocab_size")
+
+
+# --------------------------------------------------------------------------- pod and batch
+
+_MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def _slice_name(config: MaxTextConfig, slice_name: str | None) -> str:
+    name = slice_name or str(config.values.get("compile_topology") or "")
+    if not name:
+        raise ScenarioError("import-maxtext needs the target slice: --slice v5p-128, or "
+                            "compile_topology=v5p-128 as MaxText's AOT compiler takes it")
+    return name
+
+
+def _mesh(config: MaxTextConfig, devices: int) -> dict[str, int]:
+    """``ici_*_parallelism`` as the scenario's mesh, -1 filled as MaxText fills it."""
+    sizes = {axis: _int(config, f"ici_{axis}_parallelism", 1) for axis in _MESH_AXES}
+    rest = [a for a, s in sizes.items() if s == -1]
+    if len(rest) > 1:
+        raise ScenarioError(f"ici_{rest[1]}_parallelism: -1 for both {rest[0]} and {rest[1]}; "
+                            f"MaxText fills at most one ICI axis")
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if any(s == 0 or s < -1 for s in sizes.values()) or devices % known:
+        raise ScenarioError(f"ici_*_parallelism: {sizes} does not divide the slice's "
+                            f"{devices} devices")
+    if rest:
+        sizes[rest[0]] = devices // known
+    if math.prod(sizes.values()) != devices:
+        raise ScenarioError(f"ici_*_parallelism: data x fsdp x tensor = "
+                            f"{math.prod(sizes.values())}, the slice has {devices} devices")
+    return {a: s for a, s in sizes.items() if s != 1} or {"data": 1}
+
+
+def _batch(config: MaxTextConfig, devices: int) -> int:
+    per_device = float(config.values.get("per_device_batch_size", 1))
+    batch = per_device * devices
+    if batch < 1 or batch != int(batch):
+        raise ScenarioError(f"per_device_batch_size: {per_device:g} x {devices} devices = "
+                            f"{batch:g} sequences, not a whole global batch")
+    return int(batch)
+
+
+def _optimizer(config: MaxTextConfig) -> dict[str, Any]:
+    v = config.values
+    name = _choice(config, "opt_type", OPTIMIZERS, "adamw")
+    out: dict[str, Any] = {"name": name, "learning_rate": float(str(v.get("learning_rate", 3e-5)))}
+    if name == "adamw":
+        for ours, theirs in (("beta1", "adam_b1"), ("beta2", "adam_b2"), ("eps", "adam_eps"),
+                             ("weight_decay", "adam_weight_decay")):
+            if theirs in v:
+                out[ours] = float(str(v[theirs]))
+    return out
+
+
+def _num_examples(per_device_examples: int, tensorcores: int) -> int:
+    """Random sequences enough for one chip's share of the batch (a timing-only plan
+    reads one chip's) with a test split of 20%, as the shipped large scenarios."""
+    n = max(10, math.ceil(per_device_examples * tensorcores / 0.8) + 1)
+    while n - round(0.2 * n) < per_device_examples * tensorcores:
+        n += 1
+    return n
+
+
+def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
+                name: str | None = None) -> ImportResult:
+    """The scenario a merged MaxText config describes, and the notes of the other keys.
+
+    Raises:
+        ScenarioError: a key the scenario needs is missing or not modelled (one line).
+    """
+    target = _slice_name(config, slice_name)
+    try:
+        pod = resolve_pod(slice_name=target)
+    except ScenarioError as err:
+        raise ScenarioError(str(err).replace("pod.slice:", "--slice:", 1)) from None
+    devices = pod.chips * devices_per_chip(pod.chip)
+    options, vocabulary = _model_options(config)
+    mesh = _mesh(config, devices)
+    batch = _batch(config, devices)
+    length = _int(config, "max_target_length")
+    shards = mesh.get("data", 1) * mesh.get("fsdp", 1)
+    precision = _precision(config)
+    label = name or _default_name(config, target)
+    scenario = {
+        "name": label,
+        "description": f"Imported from MaxText ({', '.join(dict.fromkeys(config.origin.values()))})"
+                       f" for {target}; timing-only.",
+        "pod": {"slice": target, "mesh": mesh},
+        "model": {"name": "transformer", "options": options},
+        "data": {"name": "synthetic_text", "test_fraction": 0.2,
+                 "options": {"vocabulary": vocabulary, "sequence_length": length,
+                             "num_examples": _num_examples(-(-batch // shards),
+                                                           pod.chip.tensorcores)}},
+        "training": {"global_batch": batch, "steps": 2, "precision": precision,
+                     "optimizer": _optimizer(config), "seed": 0},
+        "metrics": {"port": 0},
+        "sweep": {"mode": "timing", "steps": 2},
+    }
+    return ImportResult(scenario, tuple(_notes(config, target)))
+
+
+def _precision(config: MaxTextConfig) -> str:
+    v = config.values
+    if v.get("int8_training") is True or str(v.get("quantization") or "") == "int8":
+        return "int8"
+    return _choice(config, "dtype", DTYPES, "bfloat16")
+
+
+def _default_name(config: MaxTextConfig, target: str) -> str:
+    v = config.values
+    model = v.get("model_name") if v.get("model_name") not in (None, "", "default") else None
+    files = [o for o in dict.fromkeys(config.origin.values()) if o != "command line"]
+    if model is None and len(files) > 1:
+        model = Path(files[1]).stem
+    if model is None:
+        model = f"maxtext-s{_int(config, 'global_parameter_scale', 1)}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{model}-{target}")
+
+
+# --------------------------------------------------------------------------- notes
+
+#: Keys the mapping reads.
+MAPPED = frozenset({
+    "global_parameter_scale", "base_emb_dim", "base_num_heads", "base_num_query_heads",
+    "base_num_kv_heads", "base_mlp_dim", "base_num_decoder_layers", "head_dim", "mlp_activations",
+    "logits_via_embedding", "vocab_size", "remat_policy", "attention", "dtype", "decoder_block",
+    "fused_qkv", "per_device_batch_size", "max_target_length", "compile_topology", "opt_type",
+    "learning_rate", "adam_b1", "adam_b2", "adam_eps", "adam_weight_decay", "int8_training",
+    "quantization", "model_name", "ici_data_parallelism", "ici_fsdp_parallelism",
+    "ici_tensor_parallelism", *REMAT_CUSTOM_KEYS,
+})
+
+#: Keys that change the step unless at their neutral value: key -> (neutral values, level,
+#: why). "error": not modelled; "warning": approximated.
+STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
+    "num_experts": ((1,), "error", "mixture of experts is not modelled yet (issue 24)"),
+    "num_slices": ((-1, 1), "error", "several slices over DCN are not modelled yet"),
+    "compile_topology_num_slices": ((-1, 1), "error", "several slices over DCN are not modelled yet"),
+    "gradient_accumulation_steps": ((1,), "error", "gradient accumulation is not modelled"),
+    "attention_type": (("global", "local_sliding"), "error", "only global (and sliding-window) "
+                       "attention are modelled"),
+    "first_num_dense_layers": ((0,), "error", "mixed dense / MoE layers are not modelled"),
+    "parameter_memory_host_offload": ((False,), "error", "parameter host offload is not modelled"),
+    "optimizer_memory_host_offload": ((False,), "error", "optimizer host offload is not modelled"),
+    "hardware": (("tpu",), "error", "the emulator is a TPU pod"),
+    "sliding_window_size": ((0, None), "warning", "sliding-window layers are costed as full "
+                            "causal attention (an overestimate of their attention work)"),
+    "attn_logits_soft_cap": ((0, 0.0, None), "warning", "the tanh soft cap of the attention "
+                             "logits is not modelled (a VPU op per score)"),
+    "final_logits_soft_cap": ((0, 0.0, None), "warning", "the tanh soft cap of the output "
+                              "logits is not modelled (a VPU op per logit)"),
+    "use_post_attn_norm": ((False,), "warning", "the norm after attention is not modelled (E "
+                           "parameters and a VPU pass per layer)"),
+    "use_post_ffw_norm": ((False,), "warning", "the norm after the MLP is not modelled (E "
+                          "parameters and a VPU pass per layer)"),
+    "use_qk_norm": ((False,), "warning", "the query / key norms are not modelled"),
+    "dropout_rate": ((0, 0.0), "warning", "dropout is not costed (a VPU mask per activation)"),
+    "weight_dtype": (("float32",), "warning", "parameters are costed as float32 masters"),
+    "activations_in_float32": ((False,), "warning", "activations are costed in bf16"),
+    "trainable_position_size": ((-1, None), "warning", "learned positions are sized by the "
+                                "sequence length"),
+}
+for _axis in ("sequence", "context", "context_autoregressive", "tensor_transpose",
+              "tensor_sequence", "autoregressive", "pipeline", "expert", "fsdp_transpose"):
+    STEP_KEYS[f"ici_{_axis}_parallelism"] = ((1,), "error", f"the mesh has no {_axis} axis "
+                                             "(data, fsdp and tensor only)")
+    STEP_KEYS[f"dcn_{_axis}_parallelism"] = ((1,), "error", "several slices over DCN are not "
+                                             "modelled yet")
+for _axis in _MESH_AXES:
+    STEP_KEYS[f"dcn_{_axis}_parallelism"] = ((1, -1), "error", "several slices over DCN are not "
+                                             "modelled yet (-1 is one slice)")
+
+#: What a key that does not change the simulated step is about, by name.
+NO_STEP_EFFECT = (
+    ("the dataset and tokenizer", r"dataset|tokeniz|vocab_relative_path|assets_path|corpus|"
+     r"^add_(bos|eos)$|packing|^hf_|^grain_|_split$|_columns$|shuffl|expansion_factor|"
+     r"reuse_example_batch|^num_epoch$|^eval_|max_eval_target_length|use_chat_template|^eos_id$"),
+    ("the run's logging and metrics", r"^run_name$|output_dir|^log_|metrics|tensorboard|goodput|"
+     r"monitor|heartbeat|report_|stack_trace|^jax_|checkify|step_deviation|save_config"),
+    ("checkpoints", r"checkpoint|^load_|^save_|lora|replicator|restor|force_unroll"),
+    ("profiling and compilation", r"profil|dump_|compiled_trainstep_file"),
+    ("inference and decoding", r"prompt|decode|sampling|predict|inference|prefill|generate_slice|"
+     r"paged|kv_quant|kvcache|ragged|_axis_order$|reshape_q|multi_sampling|log_prob|"
+     r"llm_inference|prefix_caching|padding_causal_mask|model_warmup|^sa_|autoregressive_decode"),
+    ("the optimizer's schedule and seeds", r"learning_rate|warmup|cosine|clipping|eps_root|seed|"
+     r"^steps$|target_eval_loss|mu_dtype"),
+    ("numerics with no cost in the model", r"epsilon|^rope_|rope_|timescale|position_embeddings|"
+     r"^beta_(fast|slow)$|^mscale$|iota_embed|scan|float32_(qk_product|logits)|logits_dot_in_fp32|"
+     r"cast_logits_to_fp32|normalize_embedding_logits|enable_dropout|matmul_precision"),
+    ("sharding rules (the emulator shards as MaxText's defaults: parameters over fsdp on the "
+     "embedding, over tensor on heads, MLP and vocabulary)", r"logical_axis_rules|mesh_axes|"
+     r"data_sharding|sharding_tolerance|custom_mesh|allow_split_physical_axes|optimize_mesh"),
+)
+
+
+def _about(key: str) -> str:
+    for label, pattern in NO_STEP_EFFECT:
+        if re.search(pattern, key):
+            return label
+    return "assumed not to change the simulated step"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _notes(config: MaxTextConfig, target: str) -> list[Note]:
+    """A note per key that is not mapped one to one."""
+    notes = []
+    remat_custom = config.values.get("remat_policy") == "custom"
+    for key, value in config.values.items():
+        where = config.origin[key]
+        if key in MAPPED and (remat_custom or key not in REMAT_CUSTOM_KEYS):
+            continue
+        if key in STEP_KEYS:
+            neutral, level, why = STEP_KEYS[key]
+            if value in neutral or (isinstance(value, str) and value.lower() in map(str, neutral)):
+                continue
+            notes.append(Note(key, level, f"{key}: {_shown(value)} ({where}): {why}"))
+            continue
+        level = "ignored" if where == config.base else "warning"
+        notes.append(Note(key, level, f"{key}: {_shown(value)} ({where}): not mapped, "
+                                      f"{_about(key)}"))
+    return notes
+
+
+def import_maxtext(files: Sequence[str | Path], overrides: Sequence[str] = (), *,
+                   slice_name: str | None = None, name: str | None = None) -> ImportResult:
+    """``read_maxtext`` then ``to_scenario``."""
+    return to_scenario(read_maxtext(files, overrides), slice_name=slice_name, name=name)
+
+
+def scenario_yaml(result: ImportResult, command: str) -> str:
+    """The scenario as YAML, headed by the command and every note (one line each)."""
+    head = [f"# Written by: {command}",
+            "# Timing-only: random token ids set the shapes; cost a step with `tpu-pod sweep "
+            "<this file>`."]
+    for title, level in (("Not modelled", "error"), ("Approximated or not carried", "warning"),
+                         ("Not mapped, no effect on the simulated step", "ignored")):
+        lines = [n.text for n in result.of(level)]
+        if lines:
+            head += [f"# {title}:"] + [f"#   {line}" for line in lines]
+    body = yaml.dump(_flowed(result.scenario), Dumper=_Dumper, sort_keys=False,
+                     default_flow_style=False, width=100)
+    return "\n".join(head) + "\n" + body
+
+
+class _Flow(dict):
+    """A mapping written on one line (``{fsdp: 16, tensor: 4}``)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Flow, lambda dumper, data: dumper.represent_mapping(
+    "tag:yaml.org,2002:map", data, flow_style=True))
+
+
+def _flowed(node: Any, depth: int = 0) -> Any:
+    """Small mappings of scalars below the sections on one line, as the shipped scenarios."""
+    if not isinstance(node, dict):
+        return node
+    items = {k: _flowed(v, depth + 1) for k, v in node.items()}
+    small = len(node) <= 6 and not any(isinstance(v, (dict, list)) for v in node.values())
+    return _Flow(items) if depth >= 1 and small else items

@@ -1,0 +1,233 @@
+"""``tpu-pod import-maxtext``: MaxText's own configs (../shared/reference/maxtext) as scenarios,
+checked against the published runs of ../shared/reference/training-steps.md."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pod.cli import main
+from pod.commands.import_maxtext import import_maxtext, read_maxtext
+from pod.config.presets import parameter_scale
+from pod.errors import ScenarioError
+
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "maxtext"
+BASE_2023 = REFERENCE / "base-2023-12.yml"
+BASE_2025 = REFERENCE / "base-tpu-recipes-v0.1.4.yml"
+MODELS = REFERENCE / "models"
+#: training-steps.md T1's overrides of MaxText's 2023 base ([MT-v5p] v5p/32b.sh)
+T1 = ["global_parameter_scale=32", "ici_fsdp_parallelism=16", "ici_tensor_parallelism=4",
+      "per_device_batch_size=8", "max_target_length=2048", "remat_policy=minimal"]
+
+pytestmark = pytest.mark.skipif(not BASE_2023.is_file(), reason="../shared/reference is not here")
+
+
+def _transformer_knows(*options: str) -> bool:
+    from pod.workloads.transformer import TRANSFORMER_OPTIONS
+
+    return set(options) <= set(TRANSFORMER_OPTIONS)
+
+
+def test_t1_is_maxtext_s_base_with_its_overrides():
+    """training-steps.md T1: s = 32: E 10240, 32 heads x 256, F 32768, 32 layers (32.5B), the
+    2023 decoder (relu MLP, parallel block, tied embeddings, flash attention), {fsdp 16,
+    tensor 4} on v5p-128, 8 x 2048 per device, remat minimal."""
+    result = import_maxtext([BASE_2023], T1, slice_name="v5p-128")
+    s = result.scenario
+    options = s["model"]["options"]
+    assert s["pod"] == {"slice": "v5p-128", "mesh": {"fsdp": 16, "tensor": 4}}
+    assert s["model"]["name"] == "transformer"
+    assert options == {"embed_dim": 10240, "heads": 32, "kv_heads": 32, "head_dim": 256,
+                       "mlp_dim": 32768, "mlp_activation": "relu", "layers": 32,
+                       "norm": "rmsnorm", "positions": "rotary", "tied_embeddings": True,
+                       "block": "parallel", "attention": "flash", "use_bias": False,
+                       "fused_qkv": False, "remat": "minimal"}
+    assert s["data"]["name"] == "synthetic_text"
+    assert s["data"]["options"]["vocabulary"] == 32768
+    assert s["data"]["options"]["sequence_length"] == 2048
+    assert s["training"]["global_batch"] == 8 * 64 == 512
+    assert s["training"]["precision"] == "bf16"
+    assert s["training"]["optimizer"] == {"name": "adamw", "learning_rate": 3e-5, "beta1": 0.9,
+                                          "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+    assert s["sweep"] == {"mode": "timing", "steps": 2}
+    assert not result.of("error") and not result.of("warning")
+    # 32.5B (training-steps.md), closed form of the parallel block: one norm, q k v o, wi wo
+    e, d, f, v, layers = 10240, 32 * 256, 32768, 32768, 32
+    params = layers * (e + 4 * e * d + 2 * e * f) + e + v * e
+    assert round(params / 1e9, 1) == 32.5
+
+
+@pytest.mark.parametrize("scale, embed, heads, mlp, layers", [
+    (16, 5120, 32, 32768, 32),    # T3
+    (32, 10240, 32, 32768, 32),   # T1
+    (128, 10240, 64, 65536, 64),  # T4
+    (512, 20480, 64, 65536, 128),  # T2
+    (1, 2560, 8, 8192, 16),       # the base
+])
+def test_global_parameter_scale_gives_the_published_rows(scale, embed, heads, mlp, layers):
+    result = import_maxtext([BASE_2023], [f"global_parameter_scale={scale}"], slice_name="v5p-128")
+    o = result.scenario["model"]["options"]
+    assert (o["embed_dim"], o["heads"], o["mlp_dim"], o["layers"], o["head_dim"]) == (
+        embed, heads, mlp, layers, 256)
+    factors = parameter_scale(scale)
+    assert (2560 * factors.embed, 8 * factors.heads) == (embed, heads)
+
+
+def test_a_scale_that_is_not_a_power_of_two_is_refused():
+    with pytest.raises(ScenarioError, match=r"^global_parameter_scale: must be a power of two"):
+        import_maxtext([BASE_2023], ["global_parameter_scale=24"], slice_name="v5p-128")
+
+
+def test_t5_llama_3_1_8b_with_custom_remat_on_v6e_256():
+    """training-steps.md T5: the tpu-recipes base with MaxText's llama3.1-8b.yml: E 4096,
+    32 query heads, 8 kv heads, D 128, F 14336 gated SiLU, 32 layers, V 128256 untied,
+    fsdp 256, 4 x 8192 per device, remat custom with the layer input and q/k/v/out offloaded."""
+    keys = ["per_device_batch_size=4", "max_target_length=8192", "remat_policy=custom",
+            "decoder_layer_input=offload", "query_proj=offload", "key_proj=offload",
+            "value_proj=offload", "out_proj=offload"]
+    result = import_maxtext([BASE_2025, MODELS / "llama3.1-8b.yml"], keys, slice_name="v6e-256")
+    s = result.scenario
+    o = s["model"]["options"]
+    assert s["pod"]["mesh"] == {"fsdp": 256}  # ici_fsdp_parallelism: -1 fills the slice
+    assert (o["embed_dim"], o["heads"], o["kv_heads"], o["head_dim"], o["mlp_dim"], o["layers"]) == (
+        4096, 32, 8, 128, 14336, 32)
+    assert (o["mlp_activation"], o["block"], o["tied_embeddings"], o["attention"]) == (
+        "gated_silu", "sequential", False, "flash")
+    assert o["remat"] == "custom"
+    assert o["remat_custom"]["decoder_layer_input"] == "offload"
+    assert o["remat_custom"]["query_proj"] == o["remat_custom"]["out_proj"] == "offload"
+    assert o["remat_custom"]["mlpwo"] == "remat"  # the base's default for the other tensors
+    assert s["data"]["options"]["vocabulary"] == 128256
+    assert s["training"]["global_batch"] == 4 * 256
+    assert s["name"] == "llama3.1-8b-v6e-256"
+
+
+def test_precedence_is_base_then_model_file_then_command_line():
+    config = read_maxtext([BASE_2025, MODELS / "llama2-7b.yml"], ["base_num_decoder_layers=2"])
+    assert config.values["base_emb_dim"] == 4096 and config.origin["base_emb_dim"] == "llama2-7b.yml"
+    assert config.values["base_num_decoder_layers"] == 2
+    assert config.origin["base_num_decoder_layers"] == "command line"
+    assert config.values["dtype"] == "bfloat16" and config.origin["dtype"] == BASE_2025.name
+
+
+def test_gemma2_layers_are_unmerged_and_its_specifics_are_named():
+    """MaxText's gemma2 files count a local and a global layer as one (21 for Gemma 2 9B's 42)."""
+    result = import_maxtext([BASE_2025, MODELS / "gemma2-9b.yml"], ["per_device_batch_size=1"],
+                            slice_name="v5e-256")
+    o = result.scenario["model"]["options"]
+    assert (o["layers"], o["heads"], o["kv_heads"], o["head_dim"], o["mlp_activation"]) == (
+        42, 16, 8, 256, "gated_gelu")
+    assert o["tied_embeddings"] is True
+    warned = {n.key for n in result.of("warning")}
+    assert {"sliding_window_size", "attn_logits_soft_cap", "final_logits_soft_cap",
+            "use_post_attn_norm", "use_post_ffw_norm"} <= warned
+
+
+def test_gpt3_is_layernorm_with_biases_learned_positions_and_fused_qkv():
+    result = import_maxtext([BASE_2025, MODELS / "gpt3-175b.yml"], ["per_device_batch_size=1"],
+                            slice_name="v5p-1024")
+    o = result.scenario["model"]["options"]
+    assert (o["norm"], o["positions"], o["use_bias"], o["fused_qkv"], o["mlp_activation"]) == (
+        "layernorm", "learned", True, True, "gelu")
+    assert (o["embed_dim"], o["heads"], o["layers"]) == (12288, 96, 96)
+
+
+def test_every_key_not_mapped_is_named_once_with_its_level():
+    config = read_maxtext([BASE_2025, MODELS / "llama2-7b.yml"], ["dataset_path=gs://x"])
+    result = import_maxtext([BASE_2025, MODELS / "llama2-7b.yml"], ["dataset_path=gs://x"],
+                            slice_name="v5e-256")
+    named = [n.key for n in result.notes]
+    assert len(named) == len(set(named))
+    assert {n.key: n.level for n in result.notes}["dataset_path"] == "warning"  # set by the user
+    levels = {n.key: n.level for n in result.notes}
+    assert levels["log_period"] == "ignored" and levels["logical_axis_rules"] == "warning"
+    mapped = {"base_emb_dim", "ici_fsdp_parallelism", "per_device_batch_size", "remat_policy"}
+    assert not mapped & set(named)
+    every = set(config.values)
+    neutral = every - set(named)  # mapped, or a step key at its neutral value
+    assert "num_experts" in neutral and "ici_sequence_parallelism" in neutral
+
+
+@pytest.mark.parametrize("keys, needle", [
+    (["ici_sequence_parallelism=2", "ici_fsdp_parallelism=32"],
+     "ici_sequence_parallelism: 2 (command line): the mesh has no sequence axis"),
+    (["num_slices=2"], "num_slices: 2 (command line): several slices over DCN"),
+    (["dcn_data_parallelism=2"], "dcn_data_parallelism: 2 (command line): several slices"),
+    (["gradient_accumulation_steps=4"], "gradient accumulation is not modelled"),
+])
+def test_keys_that_change_the_step_and_are_not_modelled_are_errors(keys, needle):
+    result = import_maxtext([BASE_2025], keys, slice_name="v5p-64")
+    assert any(needle in n.text for n in result.of("error")), [n.text for n in result.notes]
+
+
+@pytest.mark.parametrize("files, keys, slice_name, needle", [
+    ([BASE_2023], [], None, "needs the target slice: --slice v5p-128, or compile_topology"),
+    ([BASE_2023], ["ici_fdsp_parallelism=4"], "v5p-128",
+     "ici_fdsp_parallelism: not a key of base-2023-12.yml (got ici_fdsp_parallelism=4); did you "
+     "mean ici_fsdp_parallelism?"),
+    ([BASE_2025, MODELS / "mixtral-8x7b.yml"], [], "v5p-128",
+     "mixture of experts is not modelled yet (issue 24)"),
+    ([BASE_2023], ["per_device_batch_size=0.3"], "v5p-128",
+     "per_device_batch_size: 0.3 x 64 devices = 19.2 sequences, not a whole global batch"),
+    ([BASE_2023], ["ici_fsdp_parallelism=3"], "v5p-128", "does not divide the slice's 64 devices"),
+    ([BASE_2023], ["mlp_activations=[tanh]"], "v5p-128", "mlp_activations: ['tanh'] is not modelled"),
+    ([BASE_2023], [], "v5p-100", "--slice: slice 'v5p-100' does not exist"),
+])
+def test_mistakes_are_one_line(files, keys, slice_name, needle):
+    with pytest.raises(ScenarioError) as err:
+        import_maxtext(files, keys, slice_name=slice_name)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_compile_topology_names_the_slice_and_v3_counts_tensorcores():
+    result = import_maxtext([BASE_2023], ["compile_topology=v3-8"])
+    assert result.scenario["pod"] == {"slice": "v3-8", "mesh": {"fsdp": 8}}  # 8 devices
+    assert result.scenario["training"]["global_batch"] == 12 * 8  # per_device_batch_size 12.0
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_cli_writes_the_scenario_with_every_key_in_its_header(tmp_path):
+    out = tmp_path / "t1.yaml"
+    code, _, err = _cli("import-maxtext", str(BASE_2023), *T1, "--slice", "v5p-128", "-o", str(out))
+    text = out.read_text()
+    scenario = yaml.safe_load(text)
+    assert scenario == import_maxtext([BASE_2023], T1, slice_name="v5p-128").scenario
+    header = [line for line in text.splitlines() if line.startswith("#   ")]
+    ignored = import_maxtext([BASE_2023], T1, slice_name="v5p-128").of("ignored")
+    assert len(header) == len(ignored) and "#   log_period: 100" in text
+    assert f"note: {len(ignored)} keys of {BASE_2023} do not change the simulated step" in err
+    if _transformer_knows("kv_heads", "block", "attention", "use_bias", "fused_qkv"):
+        assert code == 0, err
+        assert f"Wrote {out}: ok (v5p-128, mesh {{fsdp: 16, tensor: 4}}" in err
+    else:  # blocked on branch model: the transformer does not take these options yet
+        assert code == 2 and "unknown option(s) 'attention', 'block'" in err
+
+
+def test_the_cli_stops_on_keys_it_cannot_model_one_line_each(tmp_path):
+    out = tmp_path / "x.yaml"
+    code, _, err = _cli("import-maxtext", str(BASE_2025), "num_slices=2", "dcn_data_parallelism=2",
+                        "--slice", "v5p-128", "-o", str(out))
+    lines = err.strip().splitlines()
+    assert code == 2 and not out.exists()
+    assert sorted(line.split(" (")[0] for line in lines[:2]) == [
+        "error: dcn_data_parallelism: 2", "error: num_slices: 2"]  # in the base file's order
+    assert lines[-1] == ("error: 2 MaxText keys above change the step and are not modelled; no "
+                         "scenario written")
+    code, _, err = _cli("import-maxtext", str(BASE_2023))
+    assert code == 2 and err.strip().splitlines() == [
+        "error: import-maxtext needs the target slice: --slice v5p-128, or compile_topology="
+        "v5p-128 as MaxText's AOT compiler takes it"]
