@@ -50,8 +50,9 @@ def wire_itemsize(core) -> int:
 
 def producing_records(records, prefix: str) -> int:
     """How many trailing op records produced a tensor-parallel collective's input:
-    the MXU records of its sub-layer (names starting with ``prefix``) at the end of
-    ``records``, and the adds that sum their parts ("..._sum")."""
+    the MXU records of its block (names starting with ``prefix``) at the end of
+    ``records``, and the adds that sum their parts ("..._sum"): the matmuls XLA's
+    collective matmul decomposes the collective into."""
     count = 0
     for rec in reversed(records):
         if not rec.name.startswith(prefix) or not (rec.unit == "mxu"
@@ -81,7 +82,7 @@ class TensorCollectives(TensorHooks):
         produced by its sub-layer's matmuls (overlapped with them); else it feeds
         the next matmul (overlapped with that one)."""
         records = self.core.records
-        prefix = tag.rsplit("/", 1)[0] + "/"
+        prefix = tag.split("/", 1)[0] + "/"                               # the block's records
         overlap = ({"overlap_before": producing_records(records, prefix)} if produced
                    else {"overlap_after": 1})
         return {"tag": f"{tag} {self.phase}", "kind": "activation",
