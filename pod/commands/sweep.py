@@ -52,7 +52,7 @@ from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
-from pod.report.stats import mfu
+from pod.report.stats import AXIS_ORDER, mfu
 from pod.safe_io import lock_directories
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
@@ -74,14 +74,14 @@ COLUMNS = (
 ) + (
     # layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
     # exposed and total collective seconds per mesh axis, one device's HBM plan
-    "mesh", "data", "fsdp", "tensor", "remat", "fits",
+    "mesh", *AXIS_ORDER, "remat", "fits",
     "hbm_per_device_bytes", "simulated_tokens_per_second", "hfu",
-    "exposed_data_seconds", "exposed_fsdp_seconds", "exposed_tensor_seconds",
-    "collective_data_seconds", "collective_fsdp_seconds", "collective_tensor_seconds",
+    *(f"exposed_{a}_seconds" for a in AXIS_ORDER),
+    *(f"collective_{a}_seconds" for a in AXIS_ORDER),
 )
 
 #: The mesh axes of the per-axis columns.
-_AXES = ("data", "fsdp", "tensor")
+_AXES = AXIS_ORDER
 
 #: Columns of text (or true / false); every other column is a number, NaN when a point has
 #: none (a failed point, a column of another kind of sweep): ``pd.DataFrame(rows)["mfu"].max()``
@@ -507,7 +507,7 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
         return ""
     out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
            "", "| # | chips | mesh | remat | batch / device | step s | tokens/s | MFU | "
-           "exposed data / fsdp / tensor ms | HBM GiB / device | status |",
+           f"exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
            "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
         hbm = r.get("hbm_per_device_bytes")
@@ -799,7 +799,7 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
                            *(r[f"exposed_{a}_seconds"] for a in _AXES)])
             notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
         else:
-            stacks.append([0.0] * 5)
+            stacks.append([0.0] * (2 + len(_AXES)))
             need = r.get("hbm_per_device_bytes")
             notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
                          else "failed: " + str(r["error"])[:40])

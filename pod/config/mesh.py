@@ -72,8 +72,9 @@ __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "
            "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
            "sharded_memory_plan", "mesh_memory_plan"]
 
-#: Mesh axis names, outermost first (MaxText's ici_*_parallelism order).
-AXIS_NAMES = ("data", "fsdp", "tensor")
+#: Mesh axis names, outermost first (MaxText's ici_*_parallelism order: data, stage
+#: (pipeline), fsdp, expert, tensor).
+AXIS_NAMES = ("data", "stage", "fsdp", "expert", "tensor")
 
 #: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
 #: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).

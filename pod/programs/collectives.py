@@ -51,8 +51,9 @@ __all__ = ["AXES", "COLLECTIVE_KINDS", "COLLECTIVE_OPS", "CollectiveKind", "Coll
            "DeviceCollectives", "CollectivesBase", "LocalMesh", "LocalMeshCollectives",
            "ShapeCollectives", "sum_in_order"]
 
-AXES = ("data", "fsdp", "tensor")
-"""Mesh axes, outermost first (as ``pod.config.mesh.AXIS_NAMES``)."""
+AXES = ("data", "stage", "fsdp", "expert", "tensor")
+"""Mesh axes, outermost first (as ``pod.config.mesh.AXIS_NAMES``; MaxText's order:
+data, stage (pipeline), fsdp, expert, tensor)."""
 
 CollectiveKind = Literal["param_gather", "grad_reduce", "activation"]
 COLLECTIVE_KINDS: tuple[str, ...] = ("param_gather", "grad_reduce", "activation")

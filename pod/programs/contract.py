@@ -49,16 +49,20 @@ __all__ = ["DeviceCoords", "DeviceShard", "StepResult", "EvalSums", "DeviceProgr
 @dataclass(frozen=True, order=True)
 class DeviceCoords:
     """A device's place in the mesh: its position along each axis (ring order,
-    ``DeviceCollectives.axis_index``)."""
+    ``DeviceCollectives.axis_index``). The pipeline ``stage`` and ``expert`` axes
+    come last so that ``DeviceCoords(data, fsdp, tensor)`` keeps its meaning."""
 
     data: int = 0
     fsdp: int = 0
     tensor: int = 0
+    stage: int = 0
+    expert: int = 0
 
     @classmethod
     def of(cls, comm: DeviceCollectives) -> DeviceCoords:
         """The coordinates ``comm`` reports."""
-        return cls(*(comm.axis_index(a) for a in ("data", "fsdp", "tensor")))
+        return cls(**{a: comm.axis_index(a) for a in ("data", "stage", "fsdp", "expert",
+                                                      "tensor")})
 
 
 @dataclass(frozen=True)

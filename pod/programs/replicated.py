@@ -106,9 +106,9 @@ class ReplicatedProgram:
                 raise ValueError(f"mesh axis {name!r} of size {size!r}: axes are "
                                  f"{', '.join(AXES)}, sizes >= 1")
         self.sizes = {a: int(sizes.get(a, 1)) for a in AXES}
-        if self.sizes["fsdp"] > 1 or self.sizes["tensor"] > 1:
+        if any(self.sizes[a] > 1 for a in AXES if a != "data"):
             raise ValueError(f"{model.name} is replicated (data parallel): mesh "
-                             f"{self.sizes} must have fsdp and tensor 1")
+                             f"{self.sizes} must have every axis but data 1")
         self.model, self.optimizer = model, optimizer
         keys = {layer.name: [k for k, _ in layer_keys]
                 for layer, layer_keys in zip(model.layers, model.layer_param_keys())}

@@ -173,7 +173,11 @@ class ShardedTransformer:
                                  f"{', '.join(AXES)}, sizes >= 1")
         self.model, self.optimizer = model, optimizer
         self.sizes = {a: int(sizes.get(a, 1)) for a in AXES}
-        self.data, self.fsdp, self.tensor = (self.sizes[a] for a in AXES)
+        self.data, self.fsdp, self.tensor = (self.sizes[a] for a in ("data", "fsdp", "tensor"))
+        for axis in ("stage", "expert"):
+            if self.sizes[axis] > 1:
+                raise ValueError(f"mesh axis {axis} of size {self.sizes[axis]}: the transformer "
+                                 "program runs on data, fsdp and tensor axes")
         cfg = model.config
         check_tensor_split(cfg, self.tensor)
         self.sequence_parallel = bool(sequence_parallel) and self.tensor > 1

@@ -274,8 +274,8 @@ class StepStats:
         return data
 
 
-#: the mesh axes, in the order the files list them
-AXIS_ORDER = ("data", "fsdp", "tensor")
+#: the mesh axes, in the order the files list them (``pod.config.mesh.AXIS_NAMES``)
+AXIS_ORDER = ("data", "stage", "fsdp", "expert", "tensor")
 
 
 #: the StepStats figures a run's summary averages (``StepTotals``).

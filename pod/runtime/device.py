@@ -38,7 +38,7 @@ __all__ = ["Device", "device_coords", "allocate_shard_hbm", "trace_rows"]
 def device_coords(groups: DeviceGroups) -> DeviceCoords:
     """A device's ``DeviceCoords``: its ring position along each axis (what its
     collectives' ``axis_index`` reports, so its shard is the one it exchanges)."""
-    return DeviceCoords(*(groups.ring_index(a) for a in AXES))
+    return DeviceCoords(**{a: groups.ring_index(a) for a in AXES})
 
 
 def allocate_shard_hbm(core: Any, shard: Any) -> None:
