@@ -108,7 +108,10 @@ def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
     each = " (a device per TensorCore)" if summary.get("devices_per_chip", 1) > 1 else ""
     algorithm = (f"; allreduce {summary['allreduce_algorithm']}"
                  if list(summary["mesh"]) == ["data"] else "")
-    return ("mesh", f"{{{axes}}}{each}{algorithm}", "")
+    dcn = summary.get("dcn_mesh") or {}
+    slices = (f"; {summary.get('slices', 1)} slices over the DCN ("
+              + ", ".join(f"{a} x{n}" for a, n in dcn.items()) + ")" if dcn else "")
+    return ("mesh", f"{{{axes}}}{each}{algorithm}{slices}", "")
 
 
 def _axis_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:

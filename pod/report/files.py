@@ -171,6 +171,8 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "synthetic_data": bool(plan.dataset.synthetic),
         "precision": plan.scenario.training.precision,
         "mesh": dict(plan.mesh.sizes),
+        "slices": plan.mesh.slices,
+        "dcn_mesh": plan.mesh.dcn_sizes,
         "devices": plan.mesh.size,
         "devices_per_chip": plan.mesh.devices_per_chip,
         "allreduce_algorithm": plan.ici.algorithm,
