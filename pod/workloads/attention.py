@@ -1,4 +1,4 @@
-"""Causal multi-head self-attention with rotary position embeddings (RoPE).
+"""Causal self-attention (multi-head or grouped-query) with rotary position embeddings (RoPE).
 
 The layer follows the decoder attention of the open TPU stacks (MaxText's
 ``Attention`` with ``attention_type: global``): separate query, key and value
@@ -8,6 +8,12 @@ softmax(q k^T / sqrt(Dh)) v under a causal mask, and an output projection
 score and value products are batched over (batch x heads) with per-example
 operands (``core.batch_matmul``); RoPE and the softmax run on the VPU
 (``core.vector``, the softmax and the RoPE tables as transcendental work).
+
+Two kernels for the score, softmax and value products (``attention``):
+``dot_product`` (the T x T scores and probabilities as tensors of their own,
+the probabilities kept for backward; MaxText ``attention: dot_product``) and
+``flash`` (the blocked kernel of ``pod.workloads.flash``: no T x T tensor in
+HBM, causal blocks skipped, scores recomputed in backward).
 
 Sub-layers of a transformer block share one small protocol beyond ``Layer``:
 ``forward(..., saved=None, need_output=True)`` returns a cache dict;
@@ -26,7 +32,12 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.checks import check_int
+from pod.workloads.flash import (BACKWARD_PRODUCTS, FLASH_BLOCK_SIZE, FORWARD_PRODUCTS,
+                                 causal_blocks, flash_backward, flash_forward,
+                                 record_flash_backward, record_flash_forward)
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
+
+ATTENTION_KERNELS = ("flash", "dot_product")
 
 ROPE_MAX_TIMESCALE = 10_000.0
 """RoPE wavelength base (Su et al. 2021, "RoFormer"; MaxText ``max_timescale``)."""
@@ -146,20 +157,27 @@ class CausalSelfAttention(Layer):
             elsewhere, e.g. learned position embeddings).
         use_bias: biases on the q, k, v projections.
         fused_qkv: one (C, (H+2K)*Dh) projection instead of three.
+        attention: the kernel, "flash" or "dot_product" (module docstring).
+        block_size: the flash kernel's block (``FLASH_BLOCK_SIZE``).
         name: layer name.
 
     Raises:
-        ValueError: non-positive sizes, K not dividing H, or an odd head_dim
-            with rotary.
+        ValueError: non-positive sizes, K not dividing H, an odd head_dim
+            with rotary, or an unknown kernel.
     """
 
     kind = "attention"
-    backward_keys = ("x", "qh", "kh", "vh", "probs", "o")
 
     def __init__(self, heads: int, head_dim: int, *, kv_heads: int | None = None,
                  rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
+                 attention: str = "dot_product", block_size: int = FLASH_BLOCK_SIZE,
                  name: str | None = None):
         super().__init__(name)
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                             f"got {attention!r}")
+        self.flash = attention == "flash"
+        self.block_size = check_int(block_size, "attention block_size")
         self.heads = check_int(heads, "attention heads")
         self.head_dim = check_int(head_dim, "attention head_dim")
         self.kv_heads = self.heads if kv_heads is None else check_int(kv_heads, "attention kv_heads")
@@ -178,8 +196,13 @@ class CausalSelfAttention(Layer):
         if self.use_bias:
             split.update({f"{k}_bias": 0 for k in self.projections})
         self.tensor_split = MappingProxyType({**split, "out": 0})
+        # the MXU outputs a "save the dots" policy can keep (the flash kernel's output
+        # comes with its row statistics); what backward reads
+        core = ("attn", "stats") if self.flash else ("scores", "attn")
         self.dot_keys = ("qkv" if self.fused_qkv else "q", *(() if self.fused_qkv else ("k", "v")),
-                         "scores", "attn", "out")
+                         *core, "out")
+        self.backward_keys = ("x", "qh", "kh", "vh", *(("attn", "stats") if self.flash
+                                                       else ("probs",)), "o")
 
     @property
     def inner_dim(self) -> int:
@@ -226,26 +249,67 @@ class CausalSelfAttention(Layer):
         return 2 * t * self.inner_dim * c
 
     def core_flops(self, input_shape) -> int:
-        """MXU FLOPs of q.k^T and p.v per example, 2 T T H Dh each (the full
-        T x T products are computed, then masked, as on the MXU)."""
+        """Model FLOPs of q.k^T and p.v per example, 2 T T H Dh each: the full T x
+        T products, as MaxText and PaLM count them (``core_mxu_flops``: what the
+        kernel runs)."""
         t, _ = self._check(input_shape)
         return 4 * t * t * self.inner_dim
 
+    def core_mxu_flops(self, input_shape, products: int) -> int:
+        """MXU FLOPs per example of ``products`` score-sized block products as the
+        kernel runs them: 2 T T Dh per head each for ``dot_product`` (every
+        block computed, then masked); for ``flash`` 2 Dh per score element of
+        the computed causal blocks (``flash.causal_blocks``)."""
+        t, _ = self._check(input_shape)
+        scores = causal_blocks(t, self.block_size).score_elements if self.flash else t * t
+        return products * 2 * self.head_dim * self.heads * scores
+
+    def core_products(self, phase: str) -> int:
+        """Score-sized block products of the kernel per pass: forward 2; backward
+        4 (dot_product: dP, dV, dQ, dK) or 7 (flash: both kernels recompute S
+        and dP)."""
+        if phase == "fwd":
+            return FORWARD_PRODUCTS
+        return BACKWARD_PRODUCTS if self.flash else 4
+
+    def hardware_flops(self, input_shape) -> int:
+        """MXU FLOPs per example of forward and backward (dX and dW of the
+        projections, the kernel's backward), without recomputation."""
+        weights = self.projection_flops(input_shape) + self.output_flops(input_shape)
+        return 3 * weights + sum(self.core_mxu_flops(input_shape, self.core_products(p))
+                                 for p in ("fwd", "bwd"))
+
+    def recompute_core_flops(self, input_shape, kept) -> int:
+        """MXU FLOPs per example of rerunning the kernel's forward when ``kept``
+        (cache keys) lacks its outputs: flash reruns the whole kernel unless
+        "attn" (with its statistics) is kept; dot_product reruns q.k^T unless
+        "scores" is kept and p.v unless "attn" is."""
+        if self.flash:
+            missing = 0 if "attn" in kept else FORWARD_PRODUCTS
+        else:
+            missing = ("scores" not in kept) + ("attn" not in kept)
+        return self.core_mxu_flops(input_shape, missing)
+
     def forward_flops(self, input_shape):
-        """Projections, output projection and the two attention products."""
+        """Projections, output projection and the two attention products
+        (``core_flops``: the model's count)."""
         return (self.projection_flops(input_shape) + self.output_flops(input_shape)
                 + self.core_flops(input_shape))
 
     def cache_elements(self, input_shape):
         """Per example, what backward reads: x, q after RoPE, k after RoPE, v,
-        the probabilities (H, T, T) and the merged heads (T, H Dh)."""
+        the merged heads (T, H Dh), and the probabilities (H, T, T) or, with
+        flash, the output in heads layout (T, H Dh) and its row statistics (H, T)."""
         t, c = self._check(input_shape)
-        return t * c + 2 * t * self.inner_dim + 2 * t * self.kv_dim + self.heads * t * t
+        core = t * self.inner_dim + self.heads * t if self.flash else self.heads * t * t
+        return t * c + 2 * t * self.inner_dim + 2 * t * self.kv_dim + core
 
     def dot_elements(self, input_shape) -> int:
-        """Per example, the MXU outputs ``dot_keys``: q, k, v, scores, p.v, out."""
+        """Per example, the MXU outputs ``dot_keys``: q, k, v, the scores (not with
+        flash), p.v (with flash its statistics), out."""
         t, c = self._check(input_shape)
-        return t * (self.inner_dim + 2 * self.kv_dim) + self.heads * t * t + t * self.inner_dim + t * c
+        core = self.heads * t if self.flash else self.heads * t * t
+        return t * (self.inner_dim + 2 * self.kv_dim) + core + t * self.inner_dim + t * c
 
     # ------------------------------------------------------------ layouts
 
@@ -334,13 +398,8 @@ class CausalSelfAttention(Layer):
         v = _dot(saved, "v", lambda: product("value"))
         return q, k, v, {"q": q, "k": k, "v": v}
 
-    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
-        b, t, c = x.shape
-        xr = mxu_input(core, x).reshape(b * t, c)                         # (B*T, C)
-        q, k, v, dots = self._project(core, params, xr, saved)
-        qh = self._rope(core, "rope_q", self._q_heads(core, q, b, t), t)     # (B*K, G*T, Dh)
-        kh = self._rope(core, "rope_k", self._kv_heads(core, k, b, t), t)    # (B*K, T, Dh)
-        vh = self._kv_heads(core, v, b, t)
+    def _dot_product(self, core, qh, kh, vh, saved) -> dict:
+        """Scores, probabilities and context as tensors of their own."""
         scores = _dot(saved, "scores", lambda: core.batch_matmul(
             qh, kh.transpose(0, 2, 1), name=f"{self.name}/scores"))        # (B*K, G*T, T)
         probs = vector_op(core, f"{self.name}/softmax", lambda s: causal_softmax(s, self.scale),
@@ -348,13 +407,35 @@ class CausalSelfAttention(Layer):
                           transcendental=True)
         attn = _dot(saved, "attn", lambda: core.batch_matmul(
             probs, vh, name=f"{self.name}/context"))                      # (B*K, G*T, Dh)
-        o = mxu_input(core, self._merge(core, attn, b, t))                # (B*T, H*Dh)
+        return {"scores": scores, "probs": probs, "attn": attn}
+
+    def _flash(self, core, qh, kh, vh, saved, b, t) -> dict:
+        """The flash kernel's output and row statistics (reused when saved)."""
+        if saved is not None and "attn" in saved:
+            return {"attn": saved["attn"], "stats": saved["stats"]}
+        record_flash_forward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
+                             self.block_size)
+        if not core.execute:
+            return {"attn": timing_zeros(qh.shape, qh.dtype),
+                    "stats": timing_zeros(qh.shape[:2], qh.dtype)}
+        attn, stats = flash_forward(qh, kh, vh, self.scale, self.block_size, core.numerics)
+        return {"attn": attn, "stats": stats}                             # (B*K, G*T, Dh), (B*K, G*T)
+
+    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
+        b, t, c = x.shape
+        xr = mxu_input(core, x).reshape(b * t, c)                         # (B*T, C)
+        q, k, v, dots = self._project(core, params, xr, saved)
+        qh = self._rope(core, "rope_q", self._q_heads(core, q, b, t), t)     # (B*K, G*T, Dh)
+        kh = self._rope(core, "rope_k", self._kv_heads(core, k, b, t), t)    # (B*K, T, Dh)
+        vh = self._kv_heads(core, v, b, t)
+        kernel = (self._flash(core, qh, kh, vh, saved, b, t) if self.flash
+                  else self._dot_product(core, qh, kh, vh, saved))
+        o = mxu_input(core, self._merge(core, kernel["attn"], b, t))      # (B*T, H*Dh)
         out = None
         if need_output:
             out = _dot(saved, "out", lambda: core.matmul(o, params["out"], name=f"{self.name}/out",
                                                          a_rounded=True, b_rounded=True))
-        cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, "scores": scores, "probs": probs,
-                 "attn": attn, "o": o, "out": out}
+        cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, **kernel, "o": o, "out": out}
         y = None if out is None else out.reshape(b, t, c)                  # (B, T, C)
         return y, cache
 
@@ -377,15 +458,9 @@ class CausalSelfAttention(Layer):
                                                        part, out=(part.shape, part.dtype))
         return dx
 
-    def backward(self, core, params, cache, dy, *, need_dx=True):
-        xr, qh, kh, vh, probs, o = (cache[k] for k in self.backward_keys)
-        b, t, c = dy.shape
-        dyr = mxu_input(core, dy.reshape(b * t, c))                       # (B*T, C)
-        grads = {"out": core.matmul(o.T, dyr, name=f"{self.name}/d_out",
-                                    a_rounded=True, b_rounded=True)}      # (H*Dh, C)
-        do = core.matmul(dyr, params["out"].T, name=f"{self.name}/d_context",
-                         a_rounded=True, b_rounded=True)                  # (B*T, H*Dh)
-        doh = self._q_heads(core, do, b, t)                               # (B*K, G*T, Dh)
+    def _dot_product_backward(self, core, cache, doh):
+        """dq (B*K, G*T, Dh), dk, dv (B*K, T, Dh) from the kept probabilities."""
+        qh, kh, vh, probs = cache["qh"], cache["kh"], cache["vh"], cache["probs"]
         dprobs = core.batch_matmul(doh, vh.transpose(0, 2, 1), name=f"{self.name}/d_probs")
         dvh = core.batch_matmul(probs.transpose(0, 2, 1), doh, name=f"{self.name}/d_value")
         scale = np.asarray(self.scale, dprobs.dtype)
@@ -395,6 +470,30 @@ class CausalSelfAttention(Layer):
                        ops_per_element=4.0)                               # (B*K, G*T, T)
         dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*K, G*T, Dh)
         dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")  # (B*K, T, Dh)
+        return dqh, dkh, dvh
+
+    def _flash_backward(self, core, cache, doh, b, t):
+        """The flash kernels' dq, dk, dv (scores recomputed by blocks)."""
+        qh, kh, vh = cache["qh"], cache["kh"], cache["vh"]
+        record_flash_backward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
+                              self.block_size)
+        if not core.execute:
+            return (timing_zeros(qh.shape, qh.dtype), timing_zeros(kh.shape, kh.dtype),
+                    timing_zeros(vh.shape, vh.dtype))
+        return flash_backward(qh, kh, vh, cache["attn"], cache["stats"], doh, self.scale,
+                              self.block_size, core.numerics)
+
+    def backward(self, core, params, cache, dy, *, need_dx=True):
+        xr, o = cache["x"], cache["o"]
+        b, t, c = dy.shape
+        dyr = mxu_input(core, dy.reshape(b * t, c))                       # (B*T, C)
+        grads = {"out": core.matmul(o.T, dyr, name=f"{self.name}/d_out",
+                                    a_rounded=True, b_rounded=True)}      # (H*Dh, C)
+        do = core.matmul(dyr, params["out"].T, name=f"{self.name}/d_context",
+                         a_rounded=True, b_rounded=True)                  # (B*T, H*Dh)
+        doh = self._q_heads(core, do, b, t)                               # (B*K, G*T, Dh)
+        dqh, dkh, dvh = (self._flash_backward(core, cache, doh, b, t) if self.flash
+                         else self._dot_product_backward(core, cache, doh))
         dq = self._merge(core, self._rope(core, "rope_q_bwd", dqh, t, inverse=True), b, t)
         dk = self._kv_merge(core, self._rope(core, "rope_k_bwd", dkh, t, inverse=True), b, t)
         dv = self._kv_merge(core, dvh, b, t)

@@ -28,7 +28,8 @@ attention's (both outputs only feed the residual sum).
 
 - ``none``: everything backward reads is kept (JAX ``everything_saveable``).
 - ``minimal``: the block input and the MXU outputs (q, k, v, the scores
-  q.k^T, p.v, the attention output, the MLP input projections) are kept;
+  q.k^T and p.v, or the flash kernel's output with its row statistics, the
+  attention output, the MLP input projections) are kept;
   backward recomputes the cheap elementwise parts from them: the norms,
   RoPE, the softmax, the MLP activation and the residual add (JAX's
   ``checkpoint_dots`` policy).
@@ -53,7 +54,8 @@ REMAT_POLICIES = ("none", "minimal", "full")
 
 # the tensors ``minimal`` keeps besides the block input (attention cache keys, the
 # summed attention output, the MLP input products)
-_MINIMAL = frozenset({"q", "k", "v", "qkv", "scores", "attn", "out_proj", "u", "u0", "u1"})
+_MINIMAL = frozenset({"q", "k", "v", "qkv", "scores", "attn", "stats", "out_proj", "u", "u0",
+                      "u1"})
 
 
 def params_of(params: dict, prefix: str) -> dict:
@@ -118,6 +120,7 @@ class TransformerBlock(Layer):
         block: "sequential" or "parallel".
         use_bias: biases on every projection.
         fused_qkv: one q/k/v projection.
+        attention: the attention kernel, "flash" or "dot_product".
         name: layer name; sub-layer ops are recorded as "<name>/attention/...".
 
     Raises:
@@ -129,7 +132,7 @@ class TransformerBlock(Layer):
     def __init__(self, heads: int, head_dim: int, mlp_dim: int, *, kv_heads: int | None = None,
                  mlp_activation: str = "gated_silu", norm: str = "rmsnorm", rotary: bool = True,
                  remat: str = "none", block: str = "sequential", use_bias: bool = False,
-                 fused_qkv: bool = False, name: str | None = None):
+                 fused_qkv: bool = False, attention: str = "flash", name: str | None = None):
         super().__init__(name)
         for what, value, allowed in (("remat", remat, REMAT_POLICIES), ("block", block, BLOCKS)):
             if value not in allowed:
@@ -138,7 +141,7 @@ class TransformerBlock(Layer):
         self.remat, self.parallel, self.use_bias = remat, block == "parallel", bool(use_bias)
         self.attention = CausalSelfAttention(heads, head_dim, kv_heads=kv_heads, rotary=rotary,
                                              use_bias=use_bias, fused_qkv=fused_qkv,
-                                             name=f"{self.name}/attention")
+                                             attention=attention, name=f"{self.name}/attention")
         self.mlp = MLP(mlp_dim, mlp_activation, use_bias=use_bias, name=f"{self.name}/mlp")
         if self.parallel:
             self.parts = {"norm": norm_cls(name=f"{self.name}/norm"), "attention": self.attention,
@@ -191,19 +194,28 @@ class TransformerBlock(Layer):
 
     def recompute_flops(self, input_shape) -> int:
         """MXU FLOPs the backward pass redoes per example under ``remat``: the
-        projections, attention products and MLP input products whose outputs
-        were not kept, and the sequential block's attention output projection
-        when the summed output was not kept (never the MLP output projection)."""
+        projections, attention kernel products and MLP input products whose
+        outputs were not kept, and the sequential block's attention output
+        projection when the summed output was not kept (never the MLP output
+        projection)."""
         shape = self._check(input_shape)
-        if self.remat == "none":
+        kept = self.kept()
+        if kept is None:
             return 0
         att, mlp = self.attention, self.mlp
-        qkv_kept = all(self._keeps(k) for k in att.dot_keys if k in ("q", "k", "v", "qkv"))
-        flops = 0 if qkv_kept else att.projection_flops(shape)
-        flops += sum(att.core_flops(shape) // 2 for k in ("scores", "attn") if not self._keeps(k))
-        if not self.parallel and not self._keeps("out_proj"):
+        qkv_kept = all(k in kept for k in att.dot_keys if k in ("q", "k", "v", "qkv"))
+        flops = (0 if qkv_kept else att.projection_flops(shape)) + att.recompute_core_flops(shape, kept)
+        if not self.parallel and "out_proj" not in kept:
             flops += att.output_flops(shape)
-        return flops + sum(mlp.input_flops(shape) for k in mlp.dot_keys if not self._keeps(k))
+        return flops + sum(mlp.input_flops(shape) for k in mlp.dot_keys if k not in kept)
+
+    def hardware_flops(self, input_shape) -> int:
+        """MXU FLOPs per example of forward and backward as run: the attention's
+        (``CausalSelfAttention.hardware_flops``), three times the MLP's forward,
+        and remat's recomputation."""
+        shape = self._check(input_shape)
+        return (self.attention.hardware_flops(shape) + 3 * self.mlp.forward_flops(shape)
+                + self.recompute_flops(shape))
 
     def cache_elements(self, input_shape):
         """Elements kept per example for backward, by ``remat`` (module docstring)."""
@@ -215,8 +227,8 @@ class TransformerBlock(Layer):
         att, f = self.attention, self.mlp.mlp_dim
         sizes = {"q": t * att.inner_dim, "k": t * att.kv_dim, "v": t * att.kv_dim,
                  "qkv": t * (att.inner_dim + 2 * att.kv_dim), "scores": att.heads * t * t,
-                 "attn": t * att.inner_dim, "out_proj": 0 if self.parallel else t * c,
-                 "u": t * f, "u0": t * f, "u1": t * f}
+                 "attn": t * att.inner_dim, "stats": att.heads * t,
+                 "out_proj": 0 if self.parallel else t * c, "u": t * f, "u0": t * f, "u1": t * f}
         present = set(att.dot_keys) | set(self.mlp.dot_keys) | {"out_proj"}
         return t * c + sum(sizes[k] for k in kept & present)
 
