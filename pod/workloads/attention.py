@@ -35,6 +35,7 @@ from pod.workloads.checks import check_int
 from pod.workloads.flash import (BACKWARD_PRODUCTS, FLASH_BLOCK_SIZE, FORWARD_PRODUCTS,
                                  causal_blocks, flash_backward, flash_forward,
                                  record_flash_backward, record_flash_forward)
+from pod.workloads.fusion import after, epilogue, prologue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
 
 ATTENTION_KERNELS = ("flash", "dot_product")
@@ -159,6 +160,7 @@ class CausalSelfAttention(Layer):
         fused_qkv: one (C, (H+2K)*Dh) projection instead of three.
         attention: the kernel, "flash" or "dot_product" (module docstring).
         block_size: the flash kernel's block (``FLASH_BLOCK_SIZE``).
+        fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         name: layer name.
 
     Raises:
@@ -171,8 +173,9 @@ class CausalSelfAttention(Layer):
     def __init__(self, heads: int, head_dim: int, *, kv_heads: int | None = None,
                  rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
                  attention: str = "dot_product", block_size: int = FLASH_BLOCK_SIZE,
-                 name: str | None = None):
+                 fusion: bool = False, name: str | None = None):
         super().__init__(name)
+        self.fusion = bool(fusion)
         if attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
                              f"got {attention!r}")
@@ -360,51 +363,65 @@ class CausalSelfAttention(Layer):
         return np.concatenate([dq.reshape(n, kv, g, dh), dk.reshape(n, kv, 1, dh),
                                dv.reshape(n, kv, 1, dh)], axis=2).reshape(n, -1)
 
-    def _rope(self, core, name, z, t, *, inverse=False):
+    def _rope(self, core, name, z, t, *, inverse=False, fused=None):
         """RoPE on (N, R*T, Dh) heads (R = G for queries, 1 for keys)."""
         if not self.rotary:
             return z
         cos, sin = vector_op(core, f"{self.name}/rope_tables",
                              lambda: rope_tables(t, self.head_dim, z.dtype),
                              out=[((t, self.head_dim // 2), z.dtype)] * 2,
-                             transcendental=True)                         # (T, Dh/2) each
+                             transcendental=True, fused=fused)            # (T, Dh/2) each
 
         def rotate(v):
             return apply_rope(v.reshape(v.shape[0], -1, t, v.shape[-1]), cos, sin,
                               inverse=inverse).reshape(v.shape)
         return vector_op(core, f"{self.name}/{name}", rotate, z, out=(z.shape, z.dtype),
-                         ops_per_element=3.0)
+                         ops_per_element=3.0, fused=fused)
 
     # ------------------------------------------------------------ passes
 
-    def _add_bias(self, core, key, z, params):
+    def _product(self, core, params, xr, key):
+        """x W (+ bias, fused into the product) for projection ``key``."""
+        z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True, b_rounded=True)
         if not self.use_bias:
             return z
         return vector_op(core, f"{self.name}/{key}_bias", np.add, z, params[f"{key}_bias"],
-                         out=(z.shape, z.dtype))
+                         out=(z.shape, z.dtype), fused=epilogue(self.fusion))
 
-    def _project(self, core, params, xr, saved):
-        """q (B*T, H*Dh), k, v (B*T, K*Dh) and the cache entries of the products."""
-        def product(key):
-            z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True,
-                            b_rounded=True)
-            return self._add_bias(core, key, z, params)
+    def _heads_with_rope(self, core, params, xr, saved, b, t):
+        """The projections, each followed by its RoPE (fused into it when it ran):
+        qh (B*K, G*T, Dh), kh, vh (B*K, T, Dh) and the cache entries of the products."""
+        def project(key, cache_key):
+            ran = saved is None or cache_key not in saved
+            return (self._product(core, params, xr, key) if ran else saved[cache_key]), ran
+
+        def rope(name, z, ran):
+            # a RoPE whose projection did not run: its own op before the flash kernel,
+            # a prologue of the scores product
+            return self._rope(core, name, z, t, fused=after(self.fusion, ran,
+                                                            None if self.flash else "next"))
 
         if self.fused_qkv:
-            qkv = _dot(saved, "qkv", lambda: product("qkv"))             # (B*T, (H+2K)*Dh)
-            return (*self._split_qkv(core, qkv), {"qkv": qkv})
-        q = _dot(saved, "q", lambda: product("query"))
-        k = _dot(saved, "k", lambda: product("key"))
-        v = _dot(saved, "v", lambda: product("value"))
-        return q, k, v, {"q": q, "k": k, "v": v}
+            qkv, ran = project("qkv", "qkv")                              # (B*T, (H+2K)*Dh)
+            q, k, v = self._split_qkv(core, qkv)
+            qh = rope("rope_q", self._q_heads(core, q, b, t), ran)
+            kh = rope("rope_k", self._kv_heads(core, k, b, t), ran)
+            return qh, kh, self._kv_heads(core, v, b, t), {"qkv": qkv}
+        q, ran = project("query", "q")
+        qh = rope("rope_q", self._q_heads(core, q, b, t), ran)            # (B*K, G*T, Dh)
+        k, ran = project("key", "k")
+        kh = rope("rope_k", self._kv_heads(core, k, b, t), ran)           # (B*K, T, Dh)
+        v, _ = project("value", "v")
+        return qh, kh, self._kv_heads(core, v, b, t), {"q": q, "k": k, "v": v}
 
     def _dot_product(self, core, qh, kh, vh, saved) -> dict:
         """Scores, probabilities and context as tensors of their own."""
+        ran = saved is None or "scores" not in saved
         scores = _dot(saved, "scores", lambda: core.batch_matmul(
             qh, kh.transpose(0, 2, 1), name=f"{self.name}/scores"))        # (B*K, G*T, T)
         probs = vector_op(core, f"{self.name}/softmax", lambda s: causal_softmax(s, self.scale),
                           scores, out=(scores.shape, scores.dtype), ops_per_element=5.0,
-                          transcendental=True)
+                          transcendental=True, fused=after(self.fusion, ran))
         attn = _dot(saved, "attn", lambda: core.batch_matmul(
             probs, vh, name=f"{self.name}/context"))                      # (B*K, G*T, Dh)
         return {"scores": scores, "probs": probs, "attn": attn}
@@ -424,10 +441,7 @@ class CausalSelfAttention(Layer):
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         b, t, c = x.shape
         xr = mxu_input(core, x).reshape(b * t, c)                         # (B*T, C)
-        q, k, v, dots = self._project(core, params, xr, saved)
-        qh = self._rope(core, "rope_q", self._q_heads(core, q, b, t), t)     # (B*K, G*T, Dh)
-        kh = self._rope(core, "rope_k", self._kv_heads(core, k, b, t), t)    # (B*K, T, Dh)
-        vh = self._kv_heads(core, v, b, t)
+        qh, kh, vh, dots = self._heads_with_rope(core, params, xr, saved, b, t)
         kernel = (self._flash(core, qh, kh, vh, saved, b, t) if self.flash
                   else self._dot_product(core, qh, kh, vh, saved))
         o = mxu_input(core, self._merge(core, kernel["attn"], b, t))      # (B*T, H*Dh)
@@ -447,7 +461,7 @@ class CausalSelfAttention(Layer):
             dzr = mxu_input(core, dz)
             grads[key] = core.matmul(xr.T, dzr, name=f"{self.name}/d_{key}",
                                      a_rounded=True, b_rounded=True)      # (C, width)
-            if self.use_bias:
+            if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{key}_bias"] = vector_op(core, f"{self.name}/d_{key}_bias",
                                                  lambda d: d.sum(axis=0), dz,
                                                  out=(dz.shape[1:], dz.dtype))
@@ -455,7 +469,8 @@ class CausalSelfAttention(Layer):
                 part = core.matmul(dzr, params[key].T, name=f"{self.name}/dx_{key}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)
                 dx = part if dx is None else vector_op(core, f"{self.name}/dx_sum", np.add, dx,
-                                                       part, out=(part.shape, part.dtype))
+                                                       part, out=(part.shape, part.dtype),
+                                                       fused=epilogue(self.fusion))
         return dx
 
     def _dot_product_backward(self, core, cache, doh):
@@ -467,7 +482,7 @@ class CausalSelfAttention(Layer):
         ds = vector_op(core, f"{self.name}/softmax_bwd",
                        lambda dp, p: p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale,
                        dprobs, probs, out=(dprobs.shape, dprobs.dtype),
-                       ops_per_element=4.0)                               # (B*K, G*T, T)
+                       ops_per_element=4.0, fused=prologue(self.fusion))  # (B*K, G*T, T)
         dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*K, G*T, Dh)
         dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")  # (B*K, T, Dh)
         return dqh, dkh, dvh
@@ -494,8 +509,11 @@ class CausalSelfAttention(Layer):
         doh = self._q_heads(core, do, b, t)                               # (B*K, G*T, Dh)
         dqh, dkh, dvh = (self._flash_backward(core, cache, doh, b, t) if self.flash
                          else self._dot_product_backward(core, cache, doh))
-        dq = self._merge(core, self._rope(core, "rope_q_bwd", dqh, t, inverse=True), b, t)
-        dk = self._kv_merge(core, self._rope(core, "rope_k_bwd", dkh, t, inverse=True), b, t)
+        fused = prologue(self.fusion)                                     # of the weight gradient
+        dq = self._merge(core, self._rope(core, "rope_q_bwd", dqh, t, inverse=True, fused=fused),
+                         b, t)
+        dk = self._kv_merge(core, self._rope(core, "rope_k_bwd", dkh, t, inverse=True, fused=fused),
+                            b, t)
         dv = self._kv_merge(core, dvh, b, t)
         dzs = ({"qkv": self._join_qkv(core, dq, dk, dv)} if self.fused_qkv
                else {"query": dq, "key": dk, "value": dv})

@@ -215,7 +215,7 @@ class Unembed(Layer):
 #: The ``model.options`` of the transformer (``build_transformer``).
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
-                       "fused_qkv", "attention", "remat")
+                       "fused_qkv", "attention", "fusion", "remat")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -256,6 +256,9 @@ class TransformerConfig:
         attention: the attention kernel, "flash" (default; the blocked kernel
             of ``pod.workloads.flash``, MaxText ``attention: flash``) or
             "dot_product" (the T x T scores as tensors).
+        fusion: elementwise work fused into the matmuls as XLA does (default;
+            ``pod.workloads.fusion`` has the rule), or every elementwise op
+            costed with its own HBM round trip (false).
         remat: one of ``REMAT_POLICIES`` (``pod.workloads.block``).
 
     Raises:
@@ -280,6 +283,7 @@ class TransformerConfig:
     use_bias: bool = False
     fused_qkv: bool = False
     attention: str = "flash"
+    fusion: bool = True
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -305,7 +309,7 @@ class TransformerConfig:
         _choice("block", self.block, BLOCKS)
         _choice("attention", self.attention, ATTENTION_KERNELS)
         _choice("remat", self.remat, REMAT_POLICIES)
-        for field in ("tied_embeddings", "use_bias", "fused_qkv"):
+        for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
                                  f"got {getattr(self, field)!r}")
@@ -389,9 +393,9 @@ class TransformerModel(Model):
                                     rotary=cfg.positions == "rotary", remat=cfg.remat,
                                     block=cfg.block, use_bias=cfg.use_bias,
                                     fused_qkv=cfg.fused_qkv, attention=cfg.attention,
-                                    name=f"block{i}")
+                                    fusion=cfg.fusion, name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
-        layers += [norm_class(cfg.norm)(name="final_norm"),
+        layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
         super().__init__("transformer", layers, (cfg.sequence_length,), cfg.vocabulary)
         if cfg.tied_embeddings:

@@ -348,7 +348,7 @@ def _step(model, params, x, y):
 
 
 def test_remat_variants_bit_identical_with_ordered_costs_and_memory():
-    options = dict(TINY, embed_dim=16, mlp_dim=32, attention="dot_product")
+    options = dict(TINY, embed_dim=16, mlp_dim=32, attention="dot_product", fusion=False)
     models = {r: build_model("transformer", (16,), 20, **options, remat=r)
               for r in ("none", "minimal", "full")}
     params = models["none"].init_params(3)
