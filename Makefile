@@ -1,27 +1,47 @@
 # On a fresh machine (Python 3.11 and make):
-#   make run   - set up .venv and run the quick-start scenario (v2-8, CNN, digits)
-#   make test  - set up .venv and run the test suite
+#   make run    - set up .venv and run the quick-start scenario (v2-8, CNN, digits)
+#   make test   - set up .venv and run the fast test tier (in-process; under 5 minutes)
+#   make test-slow - the slow tier: Ray transport and faults, chaos, load, install, multi-node
+#   make check  - types (mypy) and lint (ruff)
+#   make lock   - refresh requirements-dev.lock from pyproject.toml's ranges
 #   make monitor - Prometheus on http://127.0.0.1:9090 scraping a run (needs the
 #                  'prometheus' binary: sudo apt-get install prometheus); Ctrl-C stops it
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# the fast tier: everything but the tests marked slow (see pyproject.toml's markers)
+FAST   := not slow and not chaos and not load and not install
 
-.PHONY: run test monitor setup clean
+.PHONY: run test test-slow check lock monitor setup clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The development environment is the versions CI tested (requirements-dev.lock); the
+# package's own dependencies stay ranges (pyproject.toml).
+$(VENV)/.installed: pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
 run: setup
 	$(BIN)/tpu-pod run scenarios/quickstart.yaml --output-dir runs/quickstart
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "$(FAST)"
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m "not ($(FAST))"
+
+check: setup
+	$(BIN)/python -m mypy
+	$(BIN)/python -m ruff check pod chip interconnect
+
+lock: setup
+	$(BIN)/python -m pip install --quiet pip-tools
+	$(BIN)/pip-compile --quiet --strip-extras --no-emit-index-url --no-emit-find-links \
+		--extra test --extra dev -o requirements-dev.lock pyproject.toml
 
 monitor: setup
 	$(BIN)/tpu-pod monitor

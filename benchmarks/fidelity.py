@@ -9,9 +9,13 @@ signed error, then the mean absolute error and the worst row.
 - GEMM rows C1-C4 and the HBM row C5 are costed by the ``chip`` package's
   public API (``TensorCore.account_matmul`` / ``account_vector``).
 - Collective rows C6-C14 are costed by ``interconnect.collective_cost`` on
-  the calibrated link (``interconnect.calibrated_link``), taking, as
-  ``tpu-pod collective`` does without ``--algorithm``, the fastest of the
-  ring, bidirectional-ring and torus algorithms.
+  the calibrated link (``interconnect.calibrated_link``) as XLA runs them:
+  reduce-scatter, all-gather and allreduce with the ``"torus"`` algorithm
+  (every torus axis of the slice at once, both directions; lines where the
+  slice has no wraparound [SB] sharding.md), ppermute directly. With
+  ``--fastest`` the fastest of the ring, bidirectional-ring and torus
+  algorithms instead, as ``tpu-pod collective`` picks without
+  ``--algorithm`` (the reading of the calibration before issue 23).
 - Rows timed from the host ("host") include Python dispatch: the prediction
   adds :data:`HOST_DISPATCH_SECONDS` once per call (C3: 119.4 us measured for about
   15 us of device work).
@@ -25,6 +29,7 @@ Usage::
     python benchmarks/fidelity.py --markdown   # the table for VALIDATION.md
     python benchmarks/fidelity.py --json       # machine-readable rows
     python benchmarks/fidelity.py --fit        # fit the ICI constants on the collective rows
+    python benchmarks/fidelity.py --fastest    # collectives by the fastest algorithm, not XLA's
     python benchmarks/fidelity.py --baseline DIR   # collective rows with another interconnect/
                                                    # (e.g. an old commit's, exported to DIR), ideal link
 """
@@ -52,6 +57,13 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 # nominal one-way ICI link bandwidths [SB]: the chip presets' own figures
 LINK_BYTES_PER_S = {g: get_chip_spec(g).ici_link_bandwidth_bytes_per_s for g in ("v2", "v5e", "v5p", "v6e")}
 HOP_LATENCY_S = 1e-6  # [SB]
+
+#: The algorithm XLA runs a reduce-scatter, all-gather or allreduce with on a TPU slice:
+#: every torus axis at once, both directions ([SB] sharding.md, "multi-axis torus").
+XLA_ALGORITHM = "torus"
+
+#: DMA streams tried by ``--fit`` (links a chip drives at once at the full rate).
+FIT_DMA_STREAMS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
 
 #: Generations whose fixed cost the data constrain: each has a row of a few microseconds
 #: (C7; C12-C13; C14). Others (v2: only C6, 1.13 ms) get the mean of these.
@@ -103,7 +115,9 @@ def _cli_op(op: str) -> str:
 def _collective_row(rid, source, setup, published_s, timing, c: Collective, note="") -> Row:
     shape = "x".join(map(str, c.shape))
     size = _size_text(c.size_bytes)
-    command = f"tpu-pod collective --chip {c.generation} --topology {shape} --op {_cli_op(c.op)} --sizes {size}"
+    algorithm = "" if c.op == "ppermute" else f" --algorithm {XLA_ALGORITHM}"
+    command = (f"tpu-pod collective --chip {c.generation} --topology {shape} --op {_cli_op(c.op)} "
+               f"--sizes {size}{algorithm}")
     return Row(rid, source, setup, command, published_s, timing, "collective", c, note)
 
 
@@ -174,8 +188,9 @@ def _ppermute_schedule(ic, torus, num_elements: int, itemsize: int, axis: int):
     return ic.Schedule("ppermute", torus.num_chips, num_elements, itemsize, ((0, num_elements),), (phase,))
 
 
-def collective_seconds(ic, c: Collective, link) -> tuple[float, str]:
-    """(simulated seconds, algorithm) of a collective row, the fastest algorithm as the CLI picks it."""
+def collective_seconds(ic, c: Collective, link, fastest: bool = False) -> tuple[float, str]:
+    """(simulated seconds, algorithm) of a collective row: XLA's algorithm, or with
+    ``fastest`` the fastest one as the CLI picks it without ``--algorithm``."""
     torus = ic.Torus(c.shape, c.wraparound)
     num_elements = c.size_bytes // c.itemsize
     if c.op == "ppermute":
@@ -186,7 +201,7 @@ def collective_seconds(ic, c: Collective, link) -> tuple[float, str]:
                                 link).seconds, "direct"
     best = None
     for algorithm in ic.ALGORITHMS[c.op]:
-        if (c.op, algorithm) not in ic.FAST_PATHS:
+        if (c.op, algorithm) not in ic.FAST_PATHS or (not fastest and algorithm != XLA_ALGORITHM):
             continue
         seconds = ic.collective_cost(c.op, torus, num_elements, link, algorithm=algorithm,
                                      itemsize=c.itemsize).seconds
@@ -225,7 +240,7 @@ class Result:
     note: str = ""
 
 
-def predict(row: Row, ic, link_for: Callable[[str], object]) -> tuple[float, str]:
+def predict(row: Row, ic, link_for: Callable[[str], object], fastest: bool = False) -> tuple[float, str]:
     host = HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0
     if row.kind == "gemm":
         n = {"C1": 8192, "C2": 4096, "C3": 1024, "C4": 32768}[row.id]
@@ -235,7 +250,7 @@ def predict(row: Row, ic, link_for: Callable[[str], object]) -> tuple[float, str
     if row.kind == "spec":
         torus = ic.Torus(row.collective.shape, row.collective.wraparound)
         return len(torus.links()) * LINK_BYTES_PER_S[row.collective.generation], "links"
-    seconds, algorithm = collective_seconds(ic, row.collective, link_for(row.collective.generation))
+    seconds, algorithm = collective_seconds(ic, row.collective, link_for(row.collective.generation), fastest)
     return seconds + host, algorithm
 
 
@@ -251,7 +266,8 @@ NOTES = {
 }
 
 
-def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = False) -> list[Result]:
+def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = False,
+        fastest: bool = False) -> list[Result]:
     out = []
     for row in rows():
         if collective_only and row.kind != "collective":
@@ -262,7 +278,10 @@ def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = Fal
                       row.command.replace("--op all-gather", "--op allreduce"), row.published_s, row.timing,
                       row.kind, Collective(c.generation, c.shape, c.wraparound, "allreduce", c.size_bytes,
                                            c.itemsize), row.note)
-        predicted, algorithm = predict(row, ic, link_for)
+        if fastest and row.kind == "collective":
+            row = Row(row.id, row.source, row.setup, row.command.replace(f" --algorithm {XLA_ALGORITHM}", ""),
+                      row.published_s, row.timing, row.kind, row.collective, row.note)
+        predicted, algorithm = predict(row, ic, link_for, fastest)
         error = (predicted - row.published_s) / row.published_s * 100
         out.append(Result(row.id, row.source, row.setup, row.command, row.published_s, predicted, error,
                           row.timing, row.kind != "spec", algorithm, NOTES.get(row.id, "")))
@@ -272,17 +291,56 @@ def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = Fal
 # ------------------------------------------------------------------------------------- fit
 
 
-def fit(ic) -> dict:
+def fit(ic, fastest: bool = False) -> dict:
     """Least squares of the relative error over the collective rows (C8, C10 read as allreduces).
 
     Per row the cost splits into parts measured with three ideal-link runs:
     latency ``L`` (hops x 1 us), and per phase the bandwidth seconds ``b_p`` at
     the nominal bandwidth and the links ``k_p`` one chip drives. With
-    efficiency ``e`` and exponent ``g`` the row costs
-    ``L + sum_p b_p k_p^g / e + fixed(generation) + host``. A grid over
-    (``e``, ``g``); for each, the fixed cost per generation minimising the
-    squared relative error is a weighted mean (clipped at 0).
+    efficiency ``e``, exponent ``g`` and ``S`` DMA streams the row costs
+    ``L + sum_p b_p k_p^g / min(1, S / k_p) / e + fixed(generation) + host``.
+    A grid over (``e``, ``g``, ``S``); for each, the fixed cost per generation
+    minimising the squared relative error is a weighted mean (clipped at 0).
+    Ties keep the smallest ``g`` and ``S``: the ``S`` printed is the fewest
+    streams the rows allow, a lower bound when it equals the most links any
+    row drives (``multi_link_cap``).
     """
+    parts = _fit_parts(ic, fastest)
+    pub = np.array([row.published_s for row, *_ in parts])
+    generations = [g for g in FIXED_COST_GENERATIONS if any(gg == g for _, gg, *_ in parts)]
+    efficiencies = np.arange(0.50, 1.0001, 0.0025)                                  # (E,)
+    best = None
+    for streams in FIT_DMA_STREAMS:
+        for g in np.arange(0.0, 1.0001, 0.005):
+            bandwidth = np.array([float((b * k ** g / np.minimum(1.0, streams / k)).sum())
+                                  for _, _, b, k, _, _ in parts])
+            fixed_cost = np.array([lat + host for *_, lat, host in parts])
+            base = fixed_cost[None, :] + bandwidth[None, :] / efficiencies[:, None]   # (E, rows)
+            fixed = {}
+            for gen in generations:
+                sel = np.array([gg == gen for _, gg, *_ in parts])
+                weights = 1 / pub[sel] ** 2
+                fixed[gen] = np.maximum(((pub[sel] - base[:, sel]) * weights).sum(axis=1) / weights.sum(), 0.0)
+            default = np.mean(list(fixed.values()), axis=0)
+            pred = base + np.stack([fixed.get(gg, default) for _, gg, *_ in parts], axis=1)
+            sse = (((pred - pub) / pub) ** 2).sum(axis=1)                           # (E,)
+            i = int(np.argmin(sse))
+            if best is None or sse[i] < best[0] - 1e-15:
+                best = (float(sse[i]), float(efficiencies[i]), float(g), streams,
+                        {k: float(v[i]) for k, v in fixed.items()}, pred[i])
+    sse, e, g, streams, fixed, pred = best
+    return {
+        "multi_link_cap": int(max(float(k.max()) for _, _, _, k, _, _ in parts)),
+        "efficiency": round(e, 4), "multi_link_exponent": round(g, 4), "dma_streams": streams,
+        "fixed_s_by_generation": {k: float(f"{v:.3g}") for k, v in fixed.items()},
+        "default_fixed_s": float(f"{np.mean(list(fixed.values())):.3g}"),
+        "rms_relative_error": math.sqrt(sse / len(parts)),
+        "rows": {row.id: round(float((p - q) / q * 100), 2) for (row, *_), p, q in zip(parts, pred, pub)},
+    }
+
+
+def _fit_parts(ic, fastest: bool) -> list[tuple]:
+    """Per collective row: (row, generation, b (P,), k (P,), latency, host) for :func:`fit`."""
     parts = []
     for row in rows():
         if row.kind != "collective":
@@ -294,39 +352,15 @@ def fit(ic) -> dict:
         algorithm_cost = {}
         for name, link in (("bw", ic.LinkSpec(w, 0.0)), ("k", ic.LinkSpec(w, 0.0, multi_link_exponent=1.0)),
                            ("lat", ic.LinkSpec(1e30, HOP_LATENCY_S))):
-            algorithm_cost[name] = _phase_seconds(ic, c, link)
+            algorithm_cost[name] = _phase_seconds(ic, c, link, fastest)
         b = np.array(algorithm_cost["bw"])
         k = np.where(b > 0, np.array(algorithm_cost["k"]) / np.where(b > 0, b, 1), 1.0)
         latency = float(sum(algorithm_cost["lat"]))
         parts.append((row, c.generation, b, np.rint(k), latency, HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0))
-    generations = [g for g in FIXED_COST_GENERATIONS if any(gg == g for _, gg, *_ in parts)]
-    best = None
-    for e in np.arange(0.50, 1.0001, 0.0025):
-        for g in np.arange(0.0, 1.0001, 0.005):
-            base = np.array([lat + float((b * k ** g).sum()) / e + host for _, _, b, k, lat, host in parts])
-            pub = np.array([row.published_s for row, *_ in parts])
-            fixed = {}
-            for gen in generations:
-                sel = np.array([gg == gen for _, gg, *_ in parts])
-                weights = 1 / pub[sel] ** 2
-                fixed[gen] = max(float(((pub[sel] - base[sel]) * weights).sum() / weights.sum()), 0.0)
-            default = float(np.mean(list(fixed.values())))
-            pred = base + np.array([fixed.get(gg, default) for _, gg, *_ in parts])
-            sse = float((((pred - pub) / pub) ** 2).sum())
-            if best is None or sse < best[0]:
-                best = (sse, float(e), float(g), fixed, pred, pub)
-    sse, e, g, fixed, pred, pub = best
-    return {
-        "multi_link_cap": int(max(float(k.max()) for _, _, _, k, _, _ in parts)),
-        "efficiency": round(e, 4), "multi_link_exponent": round(g, 4),
-        "fixed_s_by_generation": {k: float(f"{v:.3g}") for k, v in fixed.items()},
-        "default_fixed_s": float(f"{np.mean(list(fixed.values())):.3g}"),
-        "rms_relative_error": math.sqrt(sse / len(parts)),
-        "rows": {row.id: round(float((p - q) / q * 100), 2) for (row, *_), p, q in zip(parts, pred, pub)},
-    }
+    return parts
 
 
-def _phase_seconds(ic, c: Collective, link) -> list[float]:
+def _phase_seconds(ic, c: Collective, link, fastest: bool = False) -> list[float]:
     """Per-phase seconds of the row's collective (the algorithm the calibrated run picks)."""
     torus = ic.Torus(c.shape, c.wraparound)
     num_elements = c.size_bytes // c.itemsize
@@ -334,7 +368,7 @@ def _phase_seconds(ic, c: Collective, link) -> list[float]:
         return list(ic.collective_cost("ppermute", torus, num_elements, link, itemsize=c.itemsize,
                                        axis=c.axis).phase_seconds)
     calibrated = ic.calibrated_link(c.generation, LINK_BYTES_PER_S[c.generation], HOP_LATENCY_S)
-    _, algorithm = collective_seconds(ic, c, calibrated)
+    _, algorithm = collective_seconds(ic, c, calibrated, fastest)
     return list(ic.collective_cost(c.op, torus, num_elements, link, algorithm=algorithm,
                                    itemsize=c.itemsize).phase_seconds)
 
@@ -392,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--fit", action="store_true", help="fit efficiency, exponent and fixed costs")
+    parser.add_argument("--fastest", action="store_true",
+                        help="cost collectives by the fastest algorithm (as the CLI without --algorithm), "
+                             "not by XLA's (the torus algorithm)")
     parser.add_argument("--as-allreduce", action="store_true",
                         help="read C8 and C10 as allreduces of the gathered buffer (the fit's reading)")
     parser.add_argument("--baseline", metavar="DIR",
@@ -400,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ic = _import_interconnect(args.baseline)
     if args.fit:
-        print(json.dumps(fit(ic), indent=2))
+        print(json.dumps(fit(ic, args.fastest), indent=2))
         return 0
     if args.baseline:
         def link_for(generation: str):
@@ -408,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         def link_for(generation: str):
             return ic.calibrated_link(generation, LINK_BYTES_PER_S[generation], HOP_LATENCY_S)
-    results = run(ic, link_for, collective_only=bool(args.baseline), as_allreduce=args.as_allreduce)
+    results = run(ic, link_for, collective_only=bool(args.baseline), as_allreduce=args.as_allreduce,
+                  fastest=args.fastest)
     if args.json:
         mae, worst = summary(results)
         print(json.dumps({"rows": [asdict(r) for r in results], "mean_abs_error_pct": mae,

@@ -18,7 +18,8 @@ Pure Python + numpy; never imports Ray, ``pod`` or ``chip``. One room at a time:
 - :mod:`~interconnect.execute`: :func:`execute` runs a schedule on numpy
   buffers (the reference for the distributed run).
 - :mod:`~interconnect.groups`: collectives of every group of a mesh axis at
-  once, re-labelled onto torus ranks, and their cost.
+  once, re-labelled onto torus ranks, and their cost: as XLA runs them
+  (every torus axis of the group's block, both directions) or one ring each.
 - :mod:`~interconnect.cost`: :func:`schedule_cost` / :func:`schedule_time`,
   simulated seconds with per-link contention; :func:`collective_cost`, a fast
   path for the regular ring / torus schedules that agrees with it.
@@ -55,15 +56,18 @@ from interconnect.collectives import (
 from interconnect.calibration import CALIBRATION, Calibration, calibrated_link
 from interconnect.chains import ppermute
 from interconnect.cost import FAST_PATHS, ScheduleCost, collective_cost, schedule_cost, schedule_time
+from interconnect.dcn import DCN_OPS, dcn_collective_seconds
 from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError, TopologyError
 from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
 from interconnect.execute import execute
-from interconnect.groups import (GROUP_OPS, concurrent_group_schedule, group_collective_cost,
-                                 group_ring_schedule)
+from interconnect.groups import (GROUP_ALGORITHMS, GROUP_OPS, concurrent_group_schedule,
+                                 group_collective_cost, group_ring_schedule, group_torus_schedule)
 from interconnect.link import LinkSpec
 from interconnect.topology import Torus, parse_shape
 
 __all__ = [
+    "DCN_OPS",
+    "dcn_collective_seconds",
     "InterconnectError",
     "TopologyError",
     "LinkSpecError",
@@ -94,7 +98,9 @@ __all__ = [
     "build_collective",
     "execute",
     "GROUP_OPS",
+    "GROUP_ALGORITHMS",
     "group_ring_schedule",
+    "group_torus_schedule",
     "concurrent_group_schedule",
     "group_collective_cost",
     "ScheduleCost",

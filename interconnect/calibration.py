@@ -1,34 +1,44 @@
-"""Calibrated ICI constants: achieved link efficiency and the fixed cost of a collective.
+"""Calibrated ICI constants: achieved link efficiency, DMA streams and the fixed cost of a collective.
 
 The textbook link of :class:`~interconnect.link.LinkSpec` (nominal bandwidth,
 1 us per hop, nothing else) misses two things the published measurements
 show ([MARIN], [SB-prof], [SB-shard], [JS168]; the calibration set C6-C14):
 
-- a link reaches about 96% of its nominal bandwidth alone (C11: "time =
-  4.55 us + bytes / 86.3 GB/s" on 90 GB/s links), and less when its chip
-  drives several links at once (C9: a 2x4 v5e allreduce);
+- a link reaches about 96% of its nominal bandwidth (C11: "time = 4.55 us +
+  bytes / 86.3 GB/s" on 90 GB/s links);
 - every collective pays a fixed few microseconds whatever its size (C7,
   C11-C14), beyond the 1 us per hop [SB].
 
 The model (:mod:`interconnect.cost`): a phase's busiest link runs at
-``W x efficiency x k ** -multi_link_exponent`` for a chip driving ``k``
-links, and a collective over 2+ chips adds ``collective_fixed_s``. The
-constants below are FITTED, not set by hand: ``python benchmarks/fidelity.py
---fit`` minimises the squared relative error of every collective row of the
-calibration set at once (a grid over efficiency and exponent; per
-generation the fixed cost that minimises the error given those, in closed
-form), and prints them. Hop latency stays the textbook 1 us [SB]: the
-one-hop rows cannot separate it from the fixed cost.
+``W x efficiency x k ** -multi_link_exponent x min(1, dma_streams / k)`` for
+a chip driving ``k`` links, and a collective over 2+ chips adds
+``collective_fixed_s``. The constants below are FITTED, not set by hand
+(except ``dma_streams``, see below): ``python benchmarks/fidelity.py --fit``
+minimises the squared relative error of every collective row of the
+calibration set at once, each row costed as XLA runs it (reduce-scatter,
+all-gather and allreduce over every torus axis of the slice at once, both
+directions, lines where the slice has no wraparound: the ``"torus"``
+algorithm), on a grid over efficiency, exponent and DMA streams, with the
+fixed cost per generation in closed form; and prints them. Hop latency stays
+the textbook 1 us [SB]: the one-hop rows cannot separate it from the fixed
+cost.
 
 Fit (``benchmarks/fidelity.py --fit``; rows C6, C7, C9, C11-C14, and C8, C10
 read as allreduces of the gathered buffer, see VALIDATION.md): 9 rows, 5
-free constants (efficiency, exponent, 3 fixed costs); RMS relative error
-0.36%, every row within 0.8%. The residuals and the reasoning are in
-VALIDATION.md, "Collectives and the calibration set".
+free constants (efficiency, exponent, 3 fixed costs) and the DMA streams;
+RMS relative error 0.36%, every row within 0.8%. No multi-link loss: the
+exponent fits to 0 and a chip drives 3 links at once at the single-link
+rate (C9). Before issue 23 the rows were read with the fastest algorithm
+(``--fastest``: the bidirectional ring over the 2x4 slices' Hamiltonian
+cycle), which needs a loss of ``2 ** -0.655 = 0.635`` per link to match C9;
+XLA's multi-axis algorithm on the 2x4 slice's lines matches it without one.
+The residuals and the reasoning are in VALIDATION.md, "Collectives and the
+calibration set".
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from interconnect.errors import LinkSpecError
@@ -47,6 +57,8 @@ class Calibration:
             with the ``k`` links a chip drives at once, >= 0.
         multi_link_cap: the largest ``k`` the fitted rows drive; beyond it
             the loss is held (no data says how it grows).
+        dma_streams: links a chip drives at once at the full rate
+            (``LinkSpec.dma_streams``); beyond them the streams are shared.
         fixed_s_by_generation: fixed cost of one collective, seconds, per
             chip generation the data cover.
         default_fixed_s: fixed cost for generations without data (the mean
@@ -58,6 +70,7 @@ class Calibration:
     multi_link_cap: float = 2.0
     fixed_s_by_generation: dict[str, float] = field(default_factory=dict)
     default_fixed_s: float = 0.0
+    dma_streams: float = math.inf
 
     def fixed_s(self, generation: str) -> float:
         """Fixed cost of a collective on ``generation`` (e.g. ``"v5p"``), seconds."""
@@ -66,20 +79,27 @@ class Calibration:
 
 #: Fitted by ``benchmarks/fidelity.py --fit`` on the calibration set (see the module docstring).
 CALIBRATION = Calibration(
-    # joint fit; [MARIN] C11 alone gives 86.3 / 90 = 0.959, [SB-prof] C6 59.4 / 62 = 0.958
+    # joint fit; [MARIN] C11 alone gives 86.3 / 90 = 0.959, [SB-prof] C6 59.4 / 62 = 0.958, and
+    # [JS168] C9 (chips driving 3 links at once) agrees at the same rate
     efficiency=0.9625,
-    # joint fit, set by [JS168] C8-C10 (v5e 2x4 mesh, chips driving 2 links: 2 ** -0.655 = 0.635)
-    # and [SB-shard] C7 (a line of 4: 2 links). Every other row drives 1 link, and every 2-link
-    # row is a v5e: the data cannot tell "2 links at once" from "v5e links" apart.
-    multi_link_exponent=0.655,
-    # no row drives more than 2 links: a 2-D / 3-D torus (4 / 6 links) keeps the 2-link value
-    multi_link_cap=2.0,
+    # joint fit: 0, no loss when a chip drives several links ([JS168] C9: up to 3 links per chip on
+    # the 2x4 v5e slice's lines, [SB-shard] C7: 2 on a line of 4). Fitted at 0.655 before issue 23,
+    # when the rows were read with the bidirectional ring over a Hamiltonian cycle of the 2x4 slice
+    # (2 links), which XLA does not run.
+    multi_link_exponent=0.0,
+    # the most links any fitted row drives per chip (C9); with no loss it only documents the data
+    multi_link_cap=3.0,
     fixed_s_by_generation={
-        "v5e": 1.86e-6,  # [SB-shard] C7 alone ("closer to 8us"): the host rows C8-C10 cannot see it
+        "v5e": 2.73e-6,  # [SB-shard] C7 alone ("closer to 8us"): the host rows C8-C10 cannot see it
         "v5p": 3.9e-6,  # [MARIN] C11-C13 (intercept 4.55 us = fixed + one 1 us hop + bytes)
         "v6e": 1.29e-6,  # [MARIN] C14 alone (intercept 2.29 us = fixed + one 1 us hop)
     },
-    default_fixed_s=2.35e-6,  # mean of the three; v2, v3, v4 have no small-message data
+    default_fixed_s=2.64e-6,  # mean of the three; v2, v3, v4 have no small-message data
+    # NOT fitted above its bound: the fit needs at least 3 ([JS168] C9 drives 3 links per chip at
+    # the single-link rate; no row drives more). 6 is [SB]'s model (sharding.md, "multi-axis torus":
+    # V / (W_bidi x 3) on a 3-D torus has a chip drive all 6 of its links at once; tpu-specs.md: 6
+    # links per v4 / v5p chip, 4 on 2-D tori), so on every torus the streams never bind.
+    dma_streams=6.0,
 )
 
 
@@ -97,7 +117,7 @@ def calibrated_link(generation: str, bandwidth_bytes_per_s: float, latency_s: fl
 
     Returns:
         A :class:`LinkSpec` with ``efficiency``, ``multi_link_exponent``,
-        ``multi_link_cap`` and ``collective_fixed_s`` set.
+        ``multi_link_cap``, ``dma_streams`` and ``collective_fixed_s`` set.
 
     Raises:
         LinkSpecError: a bad bandwidth or latency, or a generation that is not a string.
@@ -107,4 +127,4 @@ def calibrated_link(generation: str, bandwidth_bytes_per_s: float, latency_s: fl
     return LinkSpec(bandwidth_bytes_per_s, latency_s, efficiency=calibration.efficiency,
                     multi_link_exponent=calibration.multi_link_exponent,
                     collective_fixed_s=calibration.fixed_s(generation),
-                    multi_link_cap=calibration.multi_link_cap)
+                    multi_link_cap=calibration.multi_link_cap, dma_streams=calibration.dma_streams)

@@ -3,23 +3,35 @@
 A sharded step runs collectives over the devices along one mesh axis (a
 *group*: the devices that differ only in that axis's index). Every group of
 the axis runs the same collective at the same time, so they share the
-torus's links where their routes meet. Here a group's collective is a ring
-over the group in the order given (``pod.config.mesh.Mesh.groups(axis)``
-returns it in ring order: consecutive devices neighbours, or as near as the
-layout allows), built on local positions ``0..g-1`` by the ring builders of
-:mod:`interconnect.collectives`, then *re-labelled* onto torus ranks; the
+torus's links where their routes meet. A group's collective is built on
+local positions ``0..g-1`` (by the ring builders of
+:mod:`interconnect.collectives` or the multi-axis chains of
+:mod:`interconnect.chains`), then *re-labelled* onto torus ranks; the
 groups' phases are aligned (phase ``s`` of the result holds phase ``s`` of
 every group), so :func:`interconnect.cost.schedule_cost` sees the
 contention of groups that share links, and every transfer is routed over
 real links (dimension-order routes, so a step of a ring that is not a
 neighbour pays its hops).
 
-A mesh axis laid over two or three torus axes (a sub-torus) is one ring over
-the sub-torus in the mesh's ring order, not the multi-axis chains of
-:mod:`interconnect.chains`: the ring is what the functional transport runs,
-so the clock and the bytes moved agree. It is slower than the chains on a
-large sub-torus (one direction of one axis at a time); the next issue's
-pod-scale work may switch the cost to the chains.
+Two algorithms (``algorithm``, :data:`GROUP_ALGORITHMS`):
+
+- ``"xla"``: the collective as XLA runs it on a TPU slice ([SB] sharding.md,
+  "multi-axis torus"): over every torus axis the group spans at once, in
+  both directions. A group lies on a block of the torus (a mesh axis takes
+  one block of each torus axis it spans, ``pod.config.mesh.AxisBlock``):
+  its ``group_torus`` gives the block's shape and which of its axes close
+  into rings, and the group lists its devices in row-major order of it. The
+  collective is the multi-axis schedule of :mod:`interconnect.chains`
+  (``"torus"``) built on that small torus and re-labelled onto the chips: a
+  step along a block with stride ``s`` (the outer part of a split axis)
+  travels ``s`` hops, and the groups that interleave on those links
+  contend. Bandwidth term ``(n-1)/n x V / (W_bidi x m)`` for a group of
+  ``n`` devices over ``m`` equal axes with wraparound, twice that on lines.
+- ``"ring"``: one unidirectional ring per group in the order given
+  (``Mesh.groups(axis, "ring")``: consecutive devices neighbours, or as
+  near as the layout allows), laid through the whole sub-torus; one
+  link per device per phase: ``(n-1)/n x V / W``. What the functional
+  transport runs; kept for teaching and tests.
 
 Groups are device ids. With one device per chip (v4 / v5p megacore, v5e,
 v6e) a device id is its torus rank. On v2 / v3 each TensorCore is a device
@@ -30,30 +42,41 @@ two TensorCores of one chip moves no ICI byte; it is an on-chip copy
 charged at ``on_chip_bytes_per_s`` (the pod passes one TensorCore's HBM
 bandwidth: an assumption, there is no published core-to-core figure; see
 VALIDATION.md), in parallel with the phase's ICI transfers (the phase
-takes the longer). Only the fast path (:func:`group_ring_cost`) takes
-several devices per chip; failed links (the schedule path) are refused
-there.
+takes the longer). Only the fast paths (:func:`group_ring_cost`,
+:func:`group_torus_cost`) take several devices per chip; failed links (the
+schedule path) are refused there. With ``"xla"`` a block may be the two
+TensorCores of a chip (an axis of the group torus of size 2 whose steps
+stay on a chip).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 
-from interconnect.collectives import ring_all_gather, ring_allreduce, ring_reduce_scatter
 import numpy as np
 
-from interconnect.cost import ScheduleCost, _cost_of, _link_ids, _phase_seconds, schedule_cost
+from interconnect.chains import axis_reduce_scatter_phases, build_axis_collective
+from interconnect.collectives import ring_all_gather, ring_allreduce, ring_reduce_scatter
+from interconnect.cost import (ScheduleCost, _cost_of, _link_ids, _link_of_id, _phase_seconds,
+                               schedule_cost)
 from interconnect.errors import ScheduleError
 from interconnect.faults import LinkFaults
 from interconnect.link import LinkSpec
 from interconnect.schedule import Schedule, _make_transfer, _trusted_schedule
 from interconnect.topology import Torus
 
-__all__ = ["GROUP_OPS", "group_ring_schedule", "concurrent_group_schedule",
-           "group_collective_cost", "group_ring_cost"]
+__all__ = ["GROUP_OPS", "GROUP_ALGORITHMS", "group_ring_schedule", "group_torus_schedule",
+           "concurrent_group_schedule", "group_collective_cost", "group_ring_cost",
+           "group_torus_cost"]
 
 #: The operations a group collective performs (the device program's three).
 GROUP_OPS = ("allreduce", "reduce_scatter", "all_gather")
+
+#: How a group collective runs: "xla" (every torus axis of the group's block at once,
+#: both directions) or "ring" (one unidirectional ring per group); see the module docstring.
+GROUP_ALGORITHMS = ("xla", "ring")
 
 _BUILDERS = {"allreduce": ring_allreduce, "reduce_scatter": ring_reduce_scatter,
              "all_gather": ring_all_gather}
@@ -79,9 +102,7 @@ def group_ring_schedule(op: str, size: int, num_elements: int, itemsize: int = 4
     Raises:
         ScheduleError: an unknown op or a size below 1.
     """
-    if op not in _BUILDERS:
-        raise ScheduleError(f"group collective {op!r} is not valid: expected one of "
-                            f"{', '.join(GROUP_OPS)}")
+    _check_op(op)
     if not isinstance(size, int) or size < 1:
         raise ScheduleError(f"group size {size!r} is not valid: expected an int >= 1")
     return _BUILDERS[op](Torus((size,), wraparound=(True,)), num_elements, itemsize)
@@ -107,17 +128,82 @@ def _checked_groups(groups: Sequence[Sequence[int]], num_ranks: int) -> list[tup
     return groups
 
 
-def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_ranks: int,
-                              num_elements: int, itemsize: int = 4) -> Schedule:
-    """Every group's ring collective at once, re-labelled onto torus ranks.
+def group_torus_schedule(op: str, group_torus: Torus, num_elements: int,
+                         itemsize: int = 4) -> Schedule:
+    """One group's XLA-style collective on local ranks ``0..n-1`` of its own torus.
+
+    The multi-axis schedule of :func:`interconnect.chains.build_axis_collective`
+    (``"torus"``): the buffer cut into one part per axis of size >= 2, each
+    part reduced over the axes in a rotated order, every axis used in both
+    directions (a ring where it wraps, a line where it does not). Local rank
+    ``r`` is the group's ``r``-th device in row-major order of
+    ``group_torus``; a reduce-scatter leaves it owning the elements
+    ``chunk_bounds(num_elements, n)[r]``.
 
     Args:
         op: allreduce, reduce_scatter or all_gather.
-        groups: disjoint groups of equal size, each the torus ranks of its
-            devices in ring order (``Mesh.groups(axis)`` mapped to chips).
+        group_torus: the block of the torus the group occupies (shape and
+            wraparound per block axis).
+        num_elements: elements of each device's buffer (all-gather: the
+            gathered result), >= 0.
+        itemsize: bytes per element (2 for bf16).
+
+    Returns:
+        A Schedule over ``group_torus.num_chips`` ranks.
+
+    Raises:
+        ScheduleError: an unknown op or bad counts.
+    """
+    _check_op(op)
+    return build_axis_collective(op, group_torus, num_elements, itemsize, "torus")
+
+
+def _check_op(op: str) -> None:
+    if op not in _BUILDERS:
+        raise ScheduleError(f"group collective {op!r} is not valid: expected one of "
+                            f"{', '.join(GROUP_OPS)}")
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in GROUP_ALGORITHMS:
+        raise ScheduleError(f"group algorithm {algorithm!r} is not valid: expected one of "
+                            f"{', '.join(GROUP_ALGORITHMS)}")
+
+
+def _checked_group_torus(group_torus: Torus | None, size: int) -> Torus:
+    """The group's torus, checked against the group size (None: one closed ring).
+
+    Raises:
+        ScheduleError: not a Torus, or a torus of another number of ranks.
+    """
+    if group_torus is None:
+        return Torus((max(size, 1),), wraparound=(True,))
+    if not isinstance(group_torus, Torus):
+        raise ScheduleError(f"group_torus {group_torus!r} is not valid: expected an "
+                            "interconnect.Torus (the block of the torus a group occupies)")
+    if group_torus.num_chips != size:
+        raise ScheduleError(f"group_torus {group_torus.name} has {group_torus.num_chips} ranks "
+                            f"but the groups have {size} devices: they must be equal")
+    return group_torus
+
+
+def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_ranks: int,
+                              num_elements: int, itemsize: int = 4, *, algorithm: str = "ring",
+                              group_torus: Torus | None = None) -> Schedule:
+    """Every group's collective at once, re-labelled onto torus ranks.
+
+    Args:
+        op: allreduce, reduce_scatter or all_gather.
+        groups: disjoint groups of equal size, as torus ranks: in ring order
+            for ``"ring"`` (``Mesh.groups(axis, "ring")``), in row-major order
+            of ``group_torus`` for ``"xla"`` (``Mesh.groups(axis, "mesh")``).
         num_ranks: chips of the torus (ranks outside every group take no part).
         num_elements: elements of each device's buffer.
         itemsize: bytes per element.
+        algorithm: ``"ring"`` (:func:`group_ring_schedule`) or ``"xla"``
+            (:func:`group_torus_schedule`).
+        group_torus: ``"xla"`` only: the block every group occupies (None:
+            one closed ring in the order given).
 
     Returns:
         A Schedule over ``num_ranks`` ranks whose phase ``s`` holds phase ``s``
@@ -126,12 +212,18 @@ def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_rank
 
     Raises:
         ScheduleError: groups of different sizes, a rank twice (two devices of
-            one chip in a group, or overlapping groups), or a rank outside
-            ``0..num_ranks-1``.
+            one chip in a group, or overlapping groups), a rank outside
+            ``0..num_ranks-1``, an unknown op or algorithm, or a group torus
+            whose size is not the groups'.
     """
+    _check_algorithm(algorithm)
     groups = _checked_groups(groups, num_ranks)
     size = len(groups[0]) if groups else 1
-    local = group_ring_schedule(op, size, num_elements, itemsize)
+    if algorithm == "ring":
+        local = group_ring_schedule(op, size, num_elements, itemsize)
+    else:
+        local = group_torus_schedule(op, _checked_group_torus(group_torus, size), num_elements,
+                                     itemsize)
     phases = tuple(tuple(_make_transfer((g[t.src], g[t.dst], t.chunk, t.nbytes, t.reduce,
                                          t.dst_chunk)) for g in groups for t in phase)
                    for phase in local.phases)
@@ -151,43 +243,55 @@ def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_rank
 def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
                           num_elements: int, link: LinkSpec, itemsize: int = 4,
                           faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
-                          on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+                          on_chip_bytes_per_s: float | None = None, algorithm: str = "ring",
+                          group_torus: Torus | None = None) -> ScheduleCost:
     """Simulated cost of every group's collective running at once.
 
     :func:`concurrent_group_schedule` costed by :func:`schedule_cost` (per phase
     the busiest link, contention between groups included, plus per-hop
-    latency and the collective's fixed cost once). Groups of one device cost
-    nothing (no transfer, no fixed cost).
+    latency and the collective's fixed cost once), by the fast paths
+    (:func:`group_ring_cost`, :func:`group_torus_cost`) unless links have
+    failed. Groups of one device cost nothing (no transfer, no fixed cost).
 
     Args:
         op: allreduce, reduce_scatter or all_gather.
         topology: the chips' torus.
         groups: the groups as device ids (device ``d`` on torus rank
-            ``d // devices_per_chip``), each in ring order.
+            ``d // devices_per_chip``): in ring order for ``"ring"``, in
+            row-major order of ``group_torus`` for ``"xla"``.
         num_elements: elements of each device's buffer (the full buffer: for
             an all-gather, the gathered result).
         link: the (calibrated) link.
-        itemsize: bytes per element.
+        itemsize: bytes per element of what moves (2 for bf16).
         faults: slowed and failed links.
         devices_per_chip: devices per chip (2 for the TensorCores of v2 / v3).
-        on_chip_bytes_per_s: bandwidth of a ring step between two devices of
-            one chip, bytes/s (required when ``devices_per_chip > 1``).
+        on_chip_bytes_per_s: bandwidth of a step between two devices of one
+            chip, bytes/s (required when ``devices_per_chip > 1``).
+        algorithm: ``"ring"`` (default: one unidirectional ring per group) or
+            ``"xla"`` (every axis of the group's block at once, both
+            directions); :data:`GROUP_ALGORITHMS`, module docstring.
+        group_torus: ``"xla"`` only: the block of the torus each group
+            occupies, one axis per block (``pod.config.mesh.AxisBlock``: its
+            size, and ``wraps``); None: one closed ring in the order given.
 
     Returns:
         The :class:`ScheduleCost` (simulated seconds, bytes per directed link).
 
     Raises:
         ScheduleError, TopologyError: as the builders and :func:`schedule_cost`;
-            several devices per chip without ``on_chip_bytes_per_s`` or with
-            failed links.
+            an unknown algorithm; several devices per chip without
+            ``on_chip_bytes_per_s`` or with failed links.
     """
+    _check_algorithm(algorithm)
     if all(len(g) <= 1 for g in groups):
         return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
     if not isinstance(devices_per_chip, int) or devices_per_chip < 1:
         raise ScheduleError(f"devices_per_chip {devices_per_chip!r} is not valid: expected an "
                             "int >= 1")
+    _check_op(op)
+    group_torus = (_checked_group_torus(group_torus, len(groups[0])) if algorithm == "xla"
+                   else None)
     if faults is None or not faults.failed:
-        group_ring_schedule(op, 1, 0)  # checks the op
         groups = _checked_groups(groups, topology.num_chips * devices_per_chip)
         if devices_per_chip > 1 and not (on_chip_bytes_per_s is not None
                                          and np.isfinite(on_chip_bytes_per_s)
@@ -195,13 +299,15 @@ def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
             raise ScheduleError(f"on_chip_bytes_per_s {on_chip_bytes_per_s!r} is not valid: "
                                 "several devices per chip need the bandwidth of a copy between "
                                 "two devices of one chip, a positive number of bytes/s")
-        return group_ring_cost(op, topology, groups, num_elements, link, itemsize, faults,
-                               devices_per_chip=devices_per_chip,
-                               on_chip_bytes_per_s=on_chip_bytes_per_s)
+        fast = group_ring_cost if algorithm == "ring" else partial(group_torus_cost,
+                                                                   group_torus=group_torus)
+        return fast(op, topology, groups, num_elements, link, itemsize, faults,
+                    devices_per_chip=devices_per_chip, on_chip_bytes_per_s=on_chip_bytes_per_s)
     if devices_per_chip > 1:
         raise ScheduleError("failed links with several devices per chip (v2 / v3 TensorCores) "
                             "are not modelled: the rerouted schedule has chip ranks only")
-    schedule = concurrent_group_schedule(op, groups, topology.num_chips, num_elements, itemsize)
+    schedule = concurrent_group_schedule(op, groups, topology.num_chips, num_elements, itemsize,
+                                         algorithm=algorithm, group_torus=group_torus)
     return schedule_cost(schedule, topology, link, faults)
 
 
@@ -281,10 +387,7 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     size = len(groups[0])
     rings = np.asarray(groups, dtype=np.int64).reshape(len(groups), size)       # (R, g)
     nlinks = topology.num_chips * 2 * topology.ndim
-    factors = np.ones(nlinks)
-    for (src, dst), factor in (faults.slowdowns.items() if faults is not None else ()):
-        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
-    slowed = factors if faults is not None and faults.slowdowns else None
+    factors, slowed = _slowdowns(topology, faults)
     srcs = rings.reshape(-1) // devices_per_chip                             # edge i of ring r
     dsts = np.roll(rings, -1, axis=1).reshape(-1) // devices_per_chip
     edge, ids, hop = _routes(topology, srcs, dsts)                           # on-chip: no hop
@@ -319,3 +422,130 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     if op in ("allreduce", "all_gather"):
         seconds += [phase(1 - s) for s in range(size - 1)]
     return _cost_of(topology, seconds, totals, factors, link)
+
+
+def _slowdowns(topology: Torus, faults: LinkFaults | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(nlinks,) slowdown factor by link id, and the same or None when no link is slowed."""
+    factors = np.ones(topology.num_chips * 2 * topology.ndim)
+    for (src, dst), factor in (faults.slowdowns.items() if faults is not None else ()):
+        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+    return factors, (factors if faults is not None and faults.slowdowns else None)
+
+
+def group_torus_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
+                     num_elements: int, link: LinkSpec, itemsize: int = 4,
+                     faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
+                     on_chip_bytes_per_s: float | None = None,
+                     group_torus: Torus | None = None) -> ScheduleCost:
+    """The fast path of ``group_collective_cost(..., algorithm="xla")``: the same seconds
+    and link bytes as ``schedule_cost(concurrent_group_schedule(..., algorithm="xla"))``
+    without a Transfer per message.
+
+    The reduce-scatter's phases on the group torus come as arrays of (local
+    src, local dst, bytes) from :func:`interconnect.chains.axis_reduce_scatter_phases`
+    (computed once: every group runs the same); each phase is mapped onto
+    every group's devices at once, routed (dimension order, vectorised) and
+    costed as :func:`schedule_cost` costs it: the busiest link's bytes at the
+    achieved bandwidth of the chips' driven links, plus latency times the
+    longest route. The all-gather is the reduce-scatter's phases reversed,
+    every transfer turned round; the allreduce is both.
+
+    A transfer between two devices of one chip (v2 / v3 TensorCores) loads
+    no link: each device copies what it sends on-chip at
+    ``on_chip_bytes_per_s``, beside the phase's ICI transfers (the phase
+    takes the longer).
+
+    Args:
+        op, topology, groups, num_elements, link, itemsize, devices_per_chip,
+            on_chip_bytes_per_s, group_torus: as :func:`group_collective_cost`
+            (checked by the caller; ``group_torus`` None: one closed ring).
+        faults: slowed links only (failed links reroute: the schedule path).
+
+    Returns:
+        The :class:`ScheduleCost`.
+    """
+    size = len(groups[0])
+    group_torus = _checked_group_torus(group_torus, size)
+    members = np.asarray(groups, dtype=np.int64).reshape(len(groups), size)    # (R, n)
+    nlinks = topology.num_chips * 2 * topology.ndim
+    factors, slowed = _slowdowns(topology, faults)
+    totals = np.zeros(nlinks, dtype=np.int64)
+    # (local link id, bytes) per phase; the all-gather turns every transfer round
+    rs = [(ids, nbytes) for _, _, nbytes, ids in
+          axis_reduce_scatter_phases(op, group_torus, num_elements, itemsize, "torus")]
+    turned = [(_reverse_link_ids(group_torus, ids), nbytes) for ids, nbytes in reversed(rs)]
+    phases = {"allreduce": rs + turned, "reduce_scatter": rs, "all_gather": turned}[op]
+    pairs = _PairRoutes.build(topology, members, group_torus, phases, devices_per_chip)
+
+    def phase(ids: np.ndarray, nbytes: np.ndarray) -> float:
+        """One phase: local transfers (T,), by local link id, sent in every group at once."""
+        pair_bytes = np.bincount(pairs.index[ids], weights=nbytes, minlength=pairs.count)  # (P,)
+        entry_bytes = pair_bytes[pairs.entry_pair]                             # (E,)
+        seconds = 0.0
+        if entry_bytes.any():
+            loads = np.bincount(pairs.entry_link, weights=entry_bytes, minlength=nlinks)
+            loads = loads.astype(np.int64)
+            totals[:] += loads
+            hops = int(pairs.entry_hops[entry_bytes > 0].max())
+            seconds = _phase_seconds(topology, loads, slowed, hops, link)
+        copied = pair_bytes[pairs.on_chip_pair]                                # (O,)
+        if copied.any():  # each device copies what it sends on-chip, one after another
+            most = np.bincount(pairs.on_chip_device, weights=copied).max()
+            seconds = max(seconds, float(most) / on_chip_bytes_per_s)
+        return seconds
+
+    seconds = [phase(ids, nbytes) for ids, nbytes in phases]
+    return _cost_of(topology, seconds, totals, factors, link)
+
+
+def _reverse_link_ids(topology: Torus, ids: np.ndarray) -> np.ndarray:
+    """Id of the link ``dst -> src`` for each directed link id ``src -> dst``."""
+    src, dst = _link_of_id(topology, ids)
+    return _link_ids(topology, dst, src)
+
+
+@dataclass(frozen=True)
+class _PairRoutes:
+    """The routes of every local link a group collective uses, in every group.
+
+    A step of the group torus's schedule goes between neighbours of the group
+    torus (a local link); every group sends over the same local links, and a
+    local link's bytes are the same in every group, so each is routed once per
+    group up front and a phase is one bincount of its bytes over the route
+    entries.
+
+    Attributes:
+        index: (n x 2 ndim,) position of each local link id among the used ones (-1: unused).
+        count: P, the local links used.
+        entry_pair: (E,) the local link (position) of each (group, link, hop) route entry.
+        entry_link: (E,) its directed ICI link id (``interconnect.cost._link_ids``).
+        entry_hops: (E,) the length of its route.
+        on_chip_pair: (O,) the local link of each (group, link) between two devices of one chip.
+        on_chip_device: (O,) its sending device.
+    """
+
+    index: np.ndarray
+    count: int
+    entry_pair: np.ndarray
+    entry_link: np.ndarray
+    entry_hops: np.ndarray
+    on_chip_pair: np.ndarray
+    on_chip_device: np.ndarray
+
+    @classmethod
+    def build(cls, topology: Torus, members: np.ndarray, group_torus: Torus, phases,
+              devices_per_chip: int) -> "_PairRoutes":
+        """Routes of the local links of ``phases`` ((ids, bytes) per phase) for ``members`` (R, n)."""
+        index = np.full(group_torus.num_chips * 2 * group_torus.ndim, -1, dtype=np.int64)
+        for ids, _ in phases:
+            index[ids] = 0
+        keys = np.flatnonzero(index == 0)
+        index[keys] = np.arange(len(keys))
+        local_src, local_dst = _link_of_id(group_torus, keys)
+        src, dst = members[:, local_src].reshape(-1), members[:, local_dst].reshape(-1)  # (R x P,)
+        src_chip, dst_chip = src // devices_per_chip, dst // devices_per_chip
+        pair = np.tile(np.arange(len(keys)), len(members))
+        ici = np.flatnonzero(src_chip != dst_chip)
+        edge, ids, hops = _routes(topology, src_chip[ici], dst_chip[ici])
+        on_chip = np.flatnonzero(src_chip == dst_chip)
+        return cls(index, len(keys), pair[ici][edge], ids, hops, pair[on_chip], src[on_chip])

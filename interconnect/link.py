@@ -20,8 +20,12 @@ class LinkSpec:
     about 1 us per hop.
 
     The defaults are the ideal link of the textbook: the nominal bandwidth,
-    no fixed cost. :func:`interconnect.calibration.calibrated_link` fills
-    the last three fields with constants fitted to published measurements.
+    no fixed cost, every link of a chip driven at once. The textbook's
+    multi-axis collectives ([SB] "multi-axis torus": ``V / (W_bidi x
+    axes)``) drive every link of a chip together: a chip's DMA engines run
+    several streams at once. :func:`interconnect.calibration.calibrated_link`
+    fills the calibration fields with constants fitted to published
+    measurements.
 
     Attributes:
         bandwidth_bytes_per_s: nominal bytes per second one way, > 0 and finite.
@@ -38,6 +42,11 @@ class LinkSpec:
         collective_fixed_s: seconds every collective over 2 or more chips
             pays once, whatever its size (launch and synchronisation); >= 0
             (default 0.0).
+        dma_streams: links a chip drives at once at the full achieved rate
+            (its concurrent DMA streams); in a phase where a chip drives
+            ``k > dma_streams`` links, each runs at ``dma_streams / k`` of
+            that rate (the streams are shared); > 0 (default: no limit).
+            ``1`` models a chip that drives one link at a time.
 
     Raises:
         LinkSpecError: a value that is not a finite number in its range; the
@@ -50,6 +59,7 @@ class LinkSpec:
     multi_link_exponent: float = 0.0
     collective_fixed_s: float = 0.0
     multi_link_cap: float = math.inf
+    dma_streams: float = math.inf
 
     def __post_init__(self) -> None:
         bandwidth = _as_float("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
@@ -60,6 +70,10 @@ class LinkSpec:
         cap = self.multi_link_cap
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or math.isnan(cap) or cap < 1:
             raise LinkSpecError(f"multi_link_cap {cap!r} is not valid: must be a number >= 1")
+        streams = self.dma_streams
+        if isinstance(streams, bool) or not isinstance(streams, (int, float)) or not streams > 0:
+            raise LinkSpecError(f"dma_streams {streams!r} is not valid: must be a number > 0 "
+                                "(links a chip drives at once)")
         if not bandwidth > 0:
             raise LinkSpecError(f"bandwidth_bytes_per_s {self.bandwidth_bytes_per_s!r} is not valid: must be > 0")
         if not latency >= 0:
@@ -76,11 +90,13 @@ class LinkSpec:
         object.__setattr__(self, "multi_link_exponent", exponent)
         object.__setattr__(self, "collective_fixed_s", fixed)
         object.__setattr__(self, "multi_link_cap", float(cap))
+        object.__setattr__(self, "dma_streams", float(streams))
 
     def achieved_bandwidth_bytes_per_s(self, links_driven: int = 1) -> float:
         """Bytes per second one link achieves while its chip drives ``links_driven`` links.
 
-        ``bandwidth_bytes_per_s x efficiency x min(links_driven, multi_link_cap) ** -multi_link_exponent``.
+        ``bandwidth_bytes_per_s x efficiency x min(k, multi_link_cap) ** -multi_link_exponent
+        x min(1, dma_streams / k)`` for ``k = links_driven``.
 
         Args:
             links_driven: outgoing links of the chip carrying data at once, >= 1.
@@ -88,8 +104,9 @@ class LinkSpec:
         Returns:
             Bytes per second, one way.
         """
-        k = min(max(int(links_driven), 1), self.multi_link_cap)
-        return self.bandwidth_bytes_per_s * self.efficiency * k ** -self.multi_link_exponent
+        k = max(int(links_driven), 1)
+        loss = min(k, self.multi_link_cap) ** -self.multi_link_exponent
+        return self.bandwidth_bytes_per_s * self.efficiency * loss * min(1.0, self.dma_streams / k)
 
     def transfer_seconds(self, nbytes: int, hops: int = 1) -> float:
         """Time of one message alone on an idle route: ``nbytes / W + latency_s x hops``.

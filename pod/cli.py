@@ -25,6 +25,7 @@ from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
 from pod.config.mesh import device_hbm_bytes, format_axes
+from pod.config.sharding import device_chip_spec
 from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.overrides import (Override, as_overrides, blame, load_with_overrides,
                                   looks_like_override)
@@ -36,13 +37,15 @@ from pod.report.model_summary import layer_costs, plan_model_tables
 __all__ = ["cli", "main"]
 
 EXIT_USER_ERROR = 2
+#: Most steps one --trace holds (each keeps its events in memory until the trace is written).
+MAX_TRACED_STEPS = 1_000
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tpu-pod-emulator")
 def cli() -> None:
     """Emulate a TPU pod: chips that really compute, a simulated ICI, and
-    data-parallel training with Prometheus metrics.
+    training on a device mesh (data, fsdp, tensor) with Prometheus metrics.
 
     Figures are either SIMULATED (what the TPU pod would take, from the cost
     models) or WALL (what the emulation took on this machine).
@@ -69,7 +72,8 @@ OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys befo
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Chrome trace (Perfetto, chrome://tracing) of the simulated timeline.")
 @click.option("--trace-steps", default=None,
-              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last [default: last].")
+              help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last (at most 1,000) "
+                   "[default: last].")
 @click.option("--hold", is_flag=True, help="Keep the metrics endpoint up after the run, until Ctrl-C.")
 @click.option("--hold-seconds", type=click.FloatRange(min=0), default=0.0,
               help="Keep the metrics endpoint up this many seconds after the run.")
@@ -82,10 +86,13 @@ OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys befo
 @click.option("--ray-dashboard", is_flag=True,
               help="Keep Ray's dashboard on (127.0.0.1:8265) for a local cluster; needs "
                    "'ray[default]'.")
+@click.option("--in-process", is_flag=True,
+              help="Run every device in this process (threads) instead of Ray chip actors: the "
+                   "same program and simulated clock, no ICI transport, no Ray start-up.")
 def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_dir: Path | None,
         metrics_port: int | None, log_every: int, trace_path: Path | None,
         trace_steps: str | None, hold: bool, hold_seconds: float, resume_dir: Path | None,
-        as_json: bool, report: bool, ray_dashboard: bool) -> None:
+        as_json: bool, report: bool, ray_dashboard: bool, in_process: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     items = as_overrides(overrides)
     spec = _load(scenario, items)
@@ -117,7 +124,8 @@ def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_di
                                trace_path=trace_path,
                                trace_steps=_parse_steps(trace_steps or "last", plan.steps),
                                hold_seconds=math.inf if hold else hold_seconds,
-                               resume_dir=resume_dir, console=console, report=report)
+                               resume_dir=resume_dir, console=console, report=report,
+                               backend="local" if in_process else "ray")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
 
@@ -157,6 +165,9 @@ def _parse_steps(text: str, total: int) -> list[int]:
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a list of step numbers such as 1,5,10 or "
                                  f"'last'", param_hint="--trace-steps") from None
+    if len(steps) > MAX_TRACED_STEPS:  # each traced step keeps its events in memory
+        raise click.BadParameter(f"at most {MAX_TRACED_STEPS:,} steps can be traced, got "
+                                 f"{len(steps):,}", param_hint="--trace-steps")
     bad = [s for s in steps if not 1 <= s <= total]
     if bad or not steps:
         raise click.BadParameter(f"steps must be between 1 and {total}, got {text!r}",
@@ -180,9 +191,10 @@ def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str,
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
             "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
             "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
-            "global_batch": plan.global_batch, "per_core_batch": plan.per_core_batch,
-            "steps": plan.steps, "allreduce_algorithm": plan.ici.algorithm,
-            "hbm_bytes_per_core": plan.memory["total"]}
+            "global_batch": plan.global_batch, "per_device_batch": plan.per_device_batch,
+            "mesh": dict(plan.mesh.sizes), "devices": plan.mesh.size, "steps": plan.steps,
+            "allreduce_algorithm": plan.ici.algorithm if plan.ici.costs else None,
+            "hbm_bytes_per_device": plan.memory["total"]}
 
 
 def _ok_line(row: dict[str, Any]) -> str:
@@ -190,10 +202,13 @@ def _ok_line(row: dict[str, Any]) -> str:
         return (f"{row['path']}: ok (benchmark {row['benchmark']}, {row['slice']}, {row['chips']:,} "
                 f"chips, {row['cores']:,} TensorCores, N={row['n']:,}, {row['iterations']:,} iterations, "
                 f"{row['precision']})")
+    mesh = "{" + ", ".join(f"{a}: {n}" for a, n in row["mesh"].items()) + "}"
+    allreduce = (f", allreduce {row['allreduce_algorithm']}" if row["allreduce_algorithm"]
+                 else "")
     return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, {row['cores']:,} TensorCores, "
-            f"{row['model']} on {row['dataset']}, global batch {row['global_batch']:,} = "
-            f"{row['per_core_batch']:,} per core, {row['steps']:,} steps, allreduce "
-            f"{row['allreduce_algorithm']})")
+            f"{row['model']} on {row['dataset']}, mesh {mesh} ({row['devices']:,} devices), "
+            f"global batch {row['global_batch']:,} = {row['per_device_batch']:,} per device, "
+            f"{row['steps']:,} steps{allreduce})")
 
 
 @cli.command(short_help="Check scenario files without running them.", epilog=OVERRIDES_HELP)
@@ -238,8 +253,9 @@ def validate(arguments: tuple[str, ...], as_json: bool) -> None:
                    "ResNet or transformer block) with its MXU utilisation and bound.")
 def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool) -> None:
     """Describe a chip (v4), a slice (v2-8), a scenario file or a model preset
-    (llama3.1-8b: on the smallest v5p slice that holds it with FSDP; KEY=VALUE to change
-    it): its pod, the model summary and the HBM plan."""
+    (llama3.1-8b: on the smallest v5p slice and layout that holds it; KEY=VALUE to change
+    it): its pod, the model summary, the HBM plan per device and one timing-only step
+    (what bounds it)."""
     console = make_console()
     items = as_overrides(overrides)
     if target.endswith((".yaml", ".yml")) or Path(target).is_file() or is_preset_name(target):
@@ -280,40 +296,68 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     except HBMPlanError as err:
         # show the plan that does not fit, then the one-line error (exit 2)
         if not as_json:
-            _memory_table(console, f"HBM plan per TensorCore: DOES NOT FIT "
-                                   f"({err.capacity_bytes / 2**30:.2f} GiB per core)",
+            _memory_table(console, f"HBM plan per device: DOES NOT FIT "
+                                   f"({err.capacity_bytes / 2**30:.2f} GiB per device)",
                           err.memory_plan, err.capacity_bytes)
         raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
     except USER_ERRORS as err:
         raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
+    core = device_chip_spec(plan.pod.chip).core
+    step = _estimate_step(plan)
     if as_json:
-        layers = layer_costs(plan.model, plan.pod.chip.core, plan.per_core_batch,
+        layers = layer_costs(plan.model, core, plan.per_device_batch,
                              mxu_model=plan.scenario.pod.mxu_model, detail=detail)
         click.echo(json.dumps({"pod": _pod_json(plan.pod), "model": plan.model.name,
-                               "parameters": plan.num_params, "global_batch": plan.global_batch,
-                               "per_core_batch": plan.per_core_batch,
-                               "allreduce_algorithm": plan.ici.algorithm,
-                               "allreduce_simulated_seconds": plan.ici.cost.seconds,
-                               "memory": plan.memory, "layers": layers}, indent=2))
+                               "parameters": plan.num_params, "mesh": dict(plan.mesh.sizes),
+                               "global_batch": plan.global_batch,
+                               "per_device_batch": plan.per_device_batch,
+                               "allreduce_algorithm": (plan.ici.algorithm if plan.ici.costs
+                                                       else None),
+                               "memory": plan.memory, "step": step, "layers": layers}, indent=2))
         return
     _describe_pod(console, plan.pod)
     for table in plan_model_tables(plan, detail=detail):
         console.print(table)
-    if plan.mesh.is_data_parallel:
-        _memory_table(console, f"HBM plan per TensorCore (global batch {plan.global_batch:,} = "
-                               f"{plan.per_core_batch} per core)", plan.memory,
-                      plan.pod.chip.core.hbm_bytes)
-        console.print(f"allreduce: {plan.ici.algorithm}, {plan.ici.cost.seconds * 1e6:,.2f} us per "
-                      f"step (simulated) for {plan.num_params:,} float32 gradients",
-                      highlight=False)
-        return
     axes = format_axes(plan.mesh.sizes)
     _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
-                           f"{plan.global_batch:,} = {plan.per_core_batch} per device)",
+                           f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
                   plan.memory, device_hbm_bytes(plan.pod.chip))
-    console.print(f"gradients: reduce-scattered over fsdp and allreduced over data per layer, "
-                  f"activations allreduced over tensor (pod.mesh {axes}); no data-parallel "
-                  f"allreduce. `tpu-pod sweep` costs the step per mesh axis.", highlight=False)
+    if step is not None:
+        console.print(_step_line(step), highlight=False)
+
+
+def _estimate_step(plan) -> dict[str, Any] | None:
+    """One timing-only step of the plan (``pod.runtime.timing``): its simulated figures,
+    or None when the model's program cannot run on the mesh."""
+    from pod.config.plan import _check_runnable_mesh
+    from pod.report.bounds import step_bounds
+    from pod.runtime.timing import TimingPod
+
+    try:
+        _check_runnable_mesh(plan.scenario, plan.mesh, plan.model)
+    except ScenarioError:
+        return None
+    stats = TimingPod(plan).step(0)
+    bounds = step_bounds(stats, plan.collective_costs, plan.pod.torus)
+    return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
+            "exposed_collective_seconds": stats.exposed_collective_seconds,
+            "exposed_by_axis": dict(stats.axis_exposed_seconds),
+            "update_seconds": stats.update_seconds, "mfu": stats.mfu,
+            "simulated_examples_per_second": stats.examples_per_second,
+            "simulated_tokens_per_second": stats.tokens_per_second,
+            "bound": bounds.label, "bound_fraction": bounds.fraction}
+
+
+def _step_line(step: dict[str, Any]) -> str:
+    axes = ", ".join(f"{a} {s * 1e3:.3f} ms" for a, s in step["exposed_by_axis"].items() if s)
+    rate = (f"{step['simulated_tokens_per_second']:,.0f} tokens/s"
+            if step["simulated_tokens_per_second"] else
+            f"{step['simulated_examples_per_second']:,.0f} examples/s")
+    return (f"step (simulated, timing-only): {step['simulated_step_seconds'] * 1e3:.3f} ms = "
+            f"compute {step['compute_seconds'] * 1e3:.3f} + exposed collectives "
+            f"{step['exposed_collective_seconds'] * 1e3:.3f}{f' ({axes})' if axes else ''} + "
+            f"update {step['update_seconds'] * 1e3:.3f}; {rate}, MFU {step['mfu']:.1%}; bound "
+            f"{step['bound']} {step['bound_fraction']:.0%}")
 
 
 def _pod_json(pod) -> dict[str, Any]:
@@ -329,8 +373,8 @@ def _pod_json(pod) -> dict[str, Any]:
 
 @cli.command(short_help="Sample text from a char_lstm or transformer checkpoint.")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--length", type=click.IntRange(min=1), default=300, show_default=True,
-              help="Characters to generate.")
+@click.option("--length", type=click.IntRange(min=1, max=100_000), default=300,
+              show_default=True, help="Characters to generate (at most 100,000).")
 @click.option("--prompt", default="", help="Text to start from (characters the model knows).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8,
               show_default=True, help="Sampling temperature (lower: more conservative).")
@@ -562,9 +606,17 @@ def _check_imported(text: str, output: Path | None) -> None:
                    "on chip actors [default: the sweep block's].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the rows as one JSON list on stdout (progress goes to stderr).")
+@click.option("--fresh", is_flag=True,
+              help="Run every point again, ignoring the points an earlier, stopped run of the "
+                   "same sweep finished in this output directory.")
 def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, mode: str | None,
-          as_json: bool) -> None:
-    """Run the scaling experiment in SCENARIO's sweep: block."""
+          as_json: bool, fresh: bool) -> None:
+    """Run the scaling experiment in SCENARIO's sweep: block.
+
+    Each finished point is kept on disk as it finishes (sweep-journal.jsonl and
+    results.csv in the output directory): a sweep stopped by Ctrl-C or SIGTERM
+    and run again into the same directory, with the same scenario and mode, runs
+    only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from pod.commands.sweep import is_missing, json_row, run_sweep, sweep_kind, sweep_points
@@ -596,7 +648,13 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                 line = f"point {row['point']}/{total}: failed: {row['error']}"
             progress.console.print(line, highlight=False, soft_wrap=True)
 
-        rows = run_sweep(spec, out_dir, mode=mode, on_point=report)
+        def resumed(done: int, journal: Path) -> None:
+            progress.console.print(f"Resuming: {done} of {total} points already done "
+                                   f"({journal}, same scenario and mode); --fresh runs them "
+                                   "again", highlight=False, soft_wrap=True)
+
+        rows = run_sweep(spec, out_dir, mode=mode, on_point=report, fresh=fresh,
+                         on_resume=resumed)
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. Wrote {out_dir}/results.csv, "

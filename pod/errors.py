@@ -161,6 +161,25 @@ class OutputError(EmulatorError):
         super().__init__(f"{self.path}: cannot write ({reason})")
 
 
+class DirectoryInUseError(EmulatorError):
+    """Another live run, sweep or plan holds the lock of a directory this command
+    would write into (``pod.safe_io.lock_directories``): two writers would mix
+    their results.
+
+    Attributes:
+        path: the directory.
+        holder: what its lock file says of the holder (pid, host, command, since).
+    """
+
+    def __init__(self, path: object, holder: dict) -> None:
+        self.path, self.holder = str(path), dict(holder)
+        who = (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}: "
+               f"'{holder.get('command', '?')}', since {holder.get('since', '?')}"
+               if holder else "its holder has not written its note yet")
+        super().__init__(f"{self.path}: in use by another tpu-pod command ({who}); wait for it "
+                         "to end, or write to another directory (--output-dir, checkpoint.dir)")
+
+
 class RunInterrupted(Exception):
     """The run was stopped by a signal after writing what it had.
 

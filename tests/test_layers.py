@@ -4,8 +4,10 @@ Every module's imports are parsed (``ast``, so imports inside functions
 count too):
 
 - ``chip`` and ``interconnect`` are pure: no ray, no ``pod``, not each other;
-- ``pod.config``, ``pod.state``, ``pod.report`` and ``pod.workloads`` never
-  import ``pod.runtime`` or ``pod.commands``;
+- ``pod.config``, ``pod.state``, ``pod.report``, ``pod.programs`` and
+  ``pod.workloads`` never import ``pod.runtime`` or ``pod.commands``;
+- timing-only mode (``pod.runtime.timing``) never imports ray, not even
+  through the modules it imports;
 - only ``pod.runtime`` imports ray;
 - no import cycles between the modules of the repository;
 - no function in ``pod/`` longer than ``MAX_FUNCTION_LINES``.
@@ -59,8 +61,8 @@ def _under(name: str, prefix: str) -> bool:
 
 
 def test_the_modules_are_found():
-    assert "pod.runtime.coordinator" in MODULES and "chip.mxu" in MODULES
-    assert "ray" in IMPORTS["pod.runtime.coordinator"]
+    assert "pod.runtime.pod" in MODULES and "chip.mxu" in MODULES
+    assert "ray" in IMPORTS["pod.runtime.pod"]
 
 
 @pytest.mark.parametrize("package", ["chip", "interconnect"])
@@ -72,7 +74,8 @@ def test_chip_and_interconnect_are_pure(package):
     assert not {k: v for k, v in bad.items() if v}
 
 
-@pytest.mark.parametrize("layer", ["pod.config", "pod.state", "pod.report", "pod.workloads"])
+@pytest.mark.parametrize("layer", ["pod.config", "pod.state", "pod.report", "pod.programs",
+                                   "pod.workloads"])
 def test_lower_layers_never_import_runtime_or_commands(layer):
     bad = {name: sorted(i for i in imports if _under(i, "pod.runtime") or _under(i, "pod.commands")
                         or _under(i, "pod.cli"))
@@ -130,3 +133,26 @@ def test_the_checker_sees_a_violation(tmp_path):
                    "def f():\n    from pod.commands import train\n")
     names = _imports(bad)
     assert "ray" in names and "pod.runtime.coordinator" in names and "pod.commands" in names
+
+
+def _reachable(start: str) -> set[str]:
+    """Every repository module ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for imported in IMPORTS.get(name, ()):
+            for module in MODULES:
+                if _under(imported, module) or module == imported:
+                    todo.append(module)
+    return seen
+
+
+def test_timing_only_mode_never_imports_ray():
+    """The timing pod and everything it reaches import no ray (a sweep of thousands of
+    points then costs no Ray import); the Ray pod, by contrast, does (the check can fail)."""
+    assert not {m for m in _reachable("pod.runtime.timing") if "ray" in IMPORTS[m]}
+    assert "pod.runtime.pod" in _reachable("pod.runtime.pod")
+    assert any("ray" in IMPORTS[m] for m in _reachable("pod.runtime.pod"))

@@ -14,7 +14,13 @@ from pod.workloads.models import Model
 from pod.workloads.transformer import TransformerModel
 from pod.workloads.recurrent import LSTM, Embedding
 
-__all__ = ["sample_text"]
+__all__ = ["sample_text", "MAX_GENERATE_CHARS"]
+
+#: Most characters one ``tpu-pod generate`` samples (each is a step of the model on one
+#: TensorCore, about a millisecond: 100,000 take minutes; memory stays small).
+MAX_GENERATE_CHARS = 100_000
+#: Longest prompt, in characters (the transformer runs its window over it).
+MAX_PROMPT_CHARS = 100_000
 
 
 def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: str, *,
@@ -41,6 +47,10 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
         ValueError: not a char_lstm, a prompt character outside the
             vocabulary, or a bad length / temperature.
     """
+    check_int(length, "length", 1)
+    if length > MAX_GENERATE_CHARS or len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"--length: at most {MAX_GENERATE_CHARS:,} characters (and a prompt of "
+                         f"at most {MAX_PROMPT_CHARS:,}), got {length:,} (prompt {len(prompt):,})")
     if isinstance(model, TransformerModel):
         return _sample_transformer(core, model, params, vocabulary, prompt=prompt, length=length,
                                    temperature=temperature, seed=seed)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pod.data import shipped_files
+from pod.safe_io import write_atomic
 
 __all__ = ["InitResult", "init_directory", "next_steps"]
 
@@ -53,6 +54,8 @@ def init_directory(directory: Path, *, overwrite: bool = False) -> InitResult:
             is false (the message names it and the option that replaces it); nothing
             is written then.
         NotADirectoryError: ``directory`` is a file.
+        OutputError: a file or folder cannot be written there (``/proc/foo``, a
+            read-only file system, no space); one line naming it.
     """
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"{directory} is a file, not a directory")
@@ -68,8 +71,7 @@ def init_directory(directory: Path, *, overwrite: bool = False) -> InitResult:
     for dest, data in plan:
         if dest in unchanged:
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
+        write_atomic(dest, lambda f, data=data: f.write(data), binary=True, make_parents=True)
         written.append(dest)
     return InitResult(directory, tuple(written), tuple(unchanged))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pod.errors import RunInterrupted
 
-__all__ = ["InterruptGuard"]
+__all__ = ["InterruptGuard", "RaiseOnSignals"]
 
 
 class InterruptGuard:
@@ -52,3 +52,29 @@ class InterruptGuard:
         """Raise ``RunInterrupted`` if a signal arrived (call between steps)."""
         if self.signum is not None:
             raise RunInterrupted(self.signum)
+
+
+class RaiseOnSignals:
+    """SIGINT and SIGTERM raise ``RunInterrupted`` at once, inside the ``with`` block
+    (a sweep: what is finished is on disk already, the point under way is dropped),
+    so a SIGTERM ends in exit 143 with the CLI's line rather than a silent kill.
+    The handlers found are restored on exit; outside the main thread it does
+    nothing."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:  # noqa: ARG004 - signal API
+        raise RunInterrupted(signum)
+
+    def __enter__(self) -> "RaiseOnSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._raise)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}

@@ -27,6 +27,7 @@ import yaml
 
 from pod.data import data_root
 from pod.errors import MetricsError
+from pod.safe_io import read_regular
 
 __all__ = ["MonitorOptions", "default_config", "find_prometheus", "monitor", "render_config",
            "targets_of"]
@@ -95,8 +96,11 @@ def render_config(options: MonitorOptions) -> dict[str, Any]:
     Raises:
         MetricsError: the source configuration is missing or not a YAML mapping.
     """
-    try:
-        doc = yaml.safe_load(options.config.read_text())
+    try:  # a regular file only (a FIFO would hang), at most 1 MiB
+        text = read_regular(options.config, 1 << 20, "Prometheus configurations").decode()
+        doc = yaml.safe_load(text)
+    except ValueError as err:
+        raise MetricsError(f"monitor: {err}") from None
     except (OSError, yaml.YAMLError) as err:
         raise MetricsError(f"monitor: cannot read {options.config}: "
                            f"{getattr(err, 'strerror', None) or err}") from None

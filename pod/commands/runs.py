@@ -1,11 +1,9 @@
-"""The ``Run`` of a plan: data-parallel (``pod.commands.train``) or sharded
-(``pod.commands.sharded_run``), as its ``pod.mesh`` says."""
+"""The ``Run`` of a plan, on any mesh (``pod.commands.train``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pod.commands.sharded_run import ShardedRun
 from pod.commands.train import Run
 from pod.config.plan import TrainingPlan
 
@@ -13,10 +11,7 @@ __all__ = ["make_run", "run_training"]
 
 
 def make_run(plan: TrainingPlan, **options: Any) -> Run:
-    """A ``ShardedRun`` when the plan's ``pod.mesh`` has fsdp or tensor axes, else
-    the data-parallel ``Run`` (``Run``'s keyword arguments)."""
-    if plan.mesh is not None and not plan.mesh.is_data_parallel:
-        return ShardedRun(plan, **options)
+    """The ``Run`` of a plan (``Run``'s keyword arguments): one for every mesh."""
     return Run(plan, **options)
 
 

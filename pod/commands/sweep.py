@@ -8,6 +8,13 @@ trained on chip actors for ``steps`` steps. A point that fails (for example
 a batch that does not fit in HBM, or does not split over the cores) is
 recorded with its error and the sweep goes on.
 
+Finished points are never lost: each point's row is on disk as it finishes
+(``sweep-journal.jsonl``, and results.csv rewritten with the rows so far); a
+sweep stopped by SIGTERM or Ctrl-C exits 143 / 130 keeping them, and run again
+into the same directory (same scenario and mode) it runs only the points not
+done (``--fresh`` runs them all). The output directory is locked while a sweep
+writes it.
+
 Outputs, in the output directory: ``results.csv`` (a row per point),
 ``results.md`` (the same as a Markdown table), ``throughput.png`` (examples/s
 against the quantity the sweep varies: chips, else the batch, ...),
@@ -38,12 +45,15 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Callable
 
-from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
+from pod.commands.interrupt import RaiseOnSignals
+from pod.commands.sweep_journal import SweepJournal, point_key
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
-from pod.report.stats import mfu
+from pod.report.stats import AXIS_ORDER, mfu
+from pod.safe_io import lock_directories
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
 
@@ -53,8 +63,8 @@ __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS",
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
     "chips", "cores", "topology", "allreduce_algorithm", "precision",
-    "global_batch", "per_core_batch", "simulated_step_seconds", "infeed_seconds",
-    "compute_seconds", "allreduce_seconds", "exposed_allreduce_seconds", "update_seconds",
+    "global_batch", "per_device_batch", "simulated_step_seconds", "infeed_seconds",
+    "compute_seconds", "collective_seconds", "exposed_collective_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
     "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency",
@@ -62,16 +72,16 @@ COLUMNS = (
     *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
     "wall_seconds", "wall_seconds_per_step",
 ) + (
-    # sharded layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
+    # layouts (sweep.mesh / remat / per_device_batch): the parameters, tokens,
     # exposed and total collective seconds per mesh axis, one device's HBM plan
-    "mesh", "data", "fsdp", "tensor", "remat", "per_device_batch", "fits",
+    "mesh", *AXIS_ORDER, "remat", "fits",
     "hbm_per_device_bytes", "simulated_tokens_per_second", "hfu",
-    "exposed_data_seconds", "exposed_fsdp_seconds", "exposed_tensor_seconds",
-    "collective_data_seconds", "collective_fsdp_seconds", "collective_tensor_seconds",
+    *(f"exposed_{a}_seconds" for a in AXIS_ORDER),
+    *(f"collective_{a}_seconds" for a in AXIS_ORDER),
 )
 
 #: The mesh axes of the per-axis columns.
-_AXES = ("data", "fsdp", "tensor")
+_AXES = AXIS_ORDER
 
 #: Columns of text (or true / false); every other column is a number, NaN when a point has
 #: none (a failed point, a column of another kind of sweep): ``pd.DataFrame(rows)["mfu"].max()``
@@ -193,14 +203,11 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
 
 
 def _batch_shards(scenario: Scenario) -> int:
-    """The devices that split the batch: data x fsdp of the scenario's mesh on its pod, or
-    every TensorCore for a data-parallel mesh (as the data-parallel runtime splits it)."""
+    """The devices that split the batch: data x fsdp of the scenario's mesh on its pod."""
     shape = scenario.pod
     pod = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
                       topology=shape.topology)
     mesh = build_mesh(shape.mesh, pod)
-    if mesh.is_data_parallel:  # the data-parallel runtime splits the batch per TensorCore
-        return pod.tensorcores
     return mesh.axis_size("data") * mesh.axis_size("fsdp")
 
 
@@ -213,10 +220,7 @@ def _generation(pod: dict[str, Any], scenario: Scenario) -> str:
 
 def _mean_bounds(plan, stats) -> StepBounds:
     """The steps' bounds, seconds averaged (``pod.report.bounds``)."""
-    each = []
-    for s in stats:
-        costs = plan.ici.bucket_costs_at(s.step) or (plan.ici.cost_at(s.step),)
-        each.append(step_bounds(s, costs, plan.pod.torus))
+    each = [step_bounds(s, plan.collective_costs_at(s.step), plan.pod.torus) for s in stats]
     seconds = {c: fmean(b.seconds[c] for b in each) for c in BOUND_CATEGORIES}
     return StepBounds(seconds, each[-1].ici_axes)
 
@@ -227,22 +231,18 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     The epoch time is the step time x the full global batches in an epoch of
     ``epoch_examples`` (default: the train split), as with drop_remainder.
     """
-    from pod.runtime.timing import TimingPod
-
     t0 = time.perf_counter()
-    plan = build_plan(point.scenario, timing_only=(mode == "timing"),
-                      sharded_ok=(mode == "timing"))
-    if mode == "timing" and not plan.mesh.is_data_parallel:
-        from pod.runtime.sharded_timing import ShardedTimingPod
+    plan = build_plan(point.scenario, timing_only=(mode == "timing"))
+    if mode == "timing":
+        from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
 
-        pod = ShardedTimingPod(plan)
-        stats = [pod.step(s) for s in range(plan.steps)]
-    elif mode == "timing":
         pod = TimingPod(plan)
         stats = [pod.step(s) for s in range(plan.steps)]
     else:
-        from pod.runtime.coordinator import Pod
+        from pod.runtime.admission import admit
+        from pod.runtime.pod import Pod
 
+        admit(plan)  # before any actor: the point's row says how many chips fit
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
     wall = time.perf_counter() - t0
@@ -250,8 +250,8 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     step = fmean(s.step_seconds for s in timed)
     mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
     flops = mean(lambda s: s.model_flops)
-    allreduce = mean(lambda s: s.allreduce_seconds)
-    exposed = mean(lambda s: s.exposed_allreduce_seconds)
+    collective = mean(lambda s: s.collective_seconds)
+    exposed = mean(lambda s: s.exposed_collective_seconds)
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
     bounds = _mean_bounds(plan, timed)
     return {
@@ -264,13 +264,14 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "generation": plan.pod.chip.name, "chips": plan.pod.chips,
         "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "allreduce_algorithm": plan.ici.algorithm,
         "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
-        "per_core_batch": plan.per_core_batch, "simulated_step_seconds": step,
+        "simulated_step_seconds": step,
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
         "compute_seconds": mean(lambda s: s.compute_seconds),
-        "allreduce_seconds": allreduce,
-        "exposed_allreduce_seconds": exposed,
+        "collective_seconds": collective,
+        "exposed_collective_seconds": exposed,
         "serial_step_seconds": mean(lambda s: s.serial_step_seconds),
-        "overlap_fraction": min(1.0, max(0.0, 1.0 - exposed / allreduce)) if allreduce > 0 else 0.0,
+        "overlap_fraction": (min(1.0, max(0.0, 1.0 - exposed / collective)) if collective > 0
+                             else 0.0),
         "update_seconds": mean(lambda s: s.update_seconds),
         "simulated_examples_per_second": plan.global_batch / step,
         "simulated_tflops": flops / step / 1e12,
@@ -292,7 +293,7 @@ def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
            "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
            "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else math.nan,
            "hfu": mfu(hardware, step, plan.pod.peak_bf16_flops_per_s),
-           "per_device_batch": math.nan if mesh.is_data_parallel else plan.per_core_batch}
+           "per_device_batch": plan.per_device_batch}
     for axis in _AXES:
         row[axis] = mesh.axis_size(axis)
         row[f"exposed_{axis}_seconds"] = fmean(s.axis_exposed_seconds.get(axis, 0.0) for s in timed)
@@ -317,54 +318,102 @@ def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
 
 
 def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
-              on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_point: Callable[[dict[str, Any]], None] | None = None, fresh: bool = False,
+              on_resume: Callable[[int, Path], None] | None = None) -> list[dict[str, Any]]:
     """Run every point of a sweep and write results.csv, results.md and the plots.
+
+    The output directory is locked for the sweep (``pod.safe_io.lock_directories``).
+    Each point's row is on disk as soon as it finishes: appended to
+    ``sweep-journal.jsonl`` (``SweepJournal``) and results.csv rewritten whole
+    with the rows so far. Run again into the same directory, the sweep reuses the
+    rows of the points already done (same scenario and mode) and runs the rest.
+    SIGINT / SIGTERM stop it at once with ``RunInterrupted`` (exit 130 / 143),
+    the finished rows kept.
 
     Args:
         scenario: a training scenario with a ``sweep`` block.
         output_dir: where the files go (created).
         mode: "timing" or "functional" (default: the sweep block's).
-        on_point: called with each finished row (progress).
+        on_point: called with each finished row (progress), reused ones included.
+        fresh: run every point again, ignoring the rows of an earlier run.
+        on_resume: called with the number of reused rows and the journal, if any.
 
     Returns:
         The rows, one per point, with the keys of ``COLUMNS``.
 
     Raises:
         ScenarioError: the scenario is not a sweep.
+        DirectoryInUseError: another run or sweep holds ``output_dir``.
+        RunInterrupted: SIGINT / SIGTERM (after keeping the finished rows).
     """
     points = sweep_points(scenario)
     mode = mode or scenario.sweep.mode
-    check_writable(output_dir)  # before the first point, not after the last
-    rows = []
-    for point in points:
-        row = empty_row()
-        row.update(point=point.index + 1, **_labels(point))
-        if scenario.sweep.per_device_batch:
-            row["per_device_batch"] = point.series[_SERIES_BATCH]  # the point's, even if it fails
-        if point.error:
-            row.update(status="failed", error=point.error)
-        else:
-            try:
-                row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
-            except HBMPlanError as err:  # the layout does not fit: say why and how much
-                row.update(status="failed", error=str(err), fits=False,
-                           hbm_per_device_bytes=(err.memory_plan or {}).get("total", math.nan))
-            except USER_ERRORS as err:
-                row.update(status="failed", error=str(err))
-        rows.append(row)
-        if on_point:
-            on_point(row)
-    _efficiency(rows, points)
+    with lock_directories(output_dir), RaiseOnSignals():
+        check_writable(output_dir)  # before the first point, not after the last
+        journal = SweepJournal(output_dir, scenario, mode, COLUMNS, fresh=fresh)
+        if journal.rows and on_resume is not None:
+            on_resume(sum(point_key(p.values) in journal.rows for p in points), journal.path)
+        rows: list[dict[str, Any]] = []
+        try:
+            for point in points:
+                row = journal.done(point.values)
+                if row is None:
+                    row = _point_row(scenario, point, mode)
+                    journal.record(point.values, row)
+                rows.append(row)
+                _write_results_csv(output_dir, rows, points)
+                if on_point:
+                    on_point(row)
+        except RunInterrupted as err:
+            raise RunInterrupted(err.signum, f"{err}; {len(rows)} of {len(points)} points kept "
+                                 f"in {output_dir / 'results.csv'} (run the sweep again to do "
+                                 "the rest)") from None
+        _efficiency(rows, points)
+        _write_results_csv(output_dir, rows, points)
+        table = markdown_table(scenario, rows, mode)
+        write_atomic(output_dir / "results.md", lambda f: f.write(table))
+        plot(scenario, rows, output_dir)
+    return rows
+
+
+def _point_row(scenario: Scenario, point: SweepPoint, mode: str) -> dict[str, Any]:
+    """Run one point; its row (a failed point's row carries its error)."""
+    row = empty_row()
+    row.update(point=point.index + 1, **_labels(point))
+    if scenario.sweep.per_device_batch:
+        row["per_device_batch"] = point.series[_SERIES_BATCH]  # the point's, even if it fails
+    if point.error:
+        row.update(status="failed", error=point.error)
+        return row
+    try:
+        row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
+    except HBMPlanError as err:  # the layout does not fit: say why and how much
+        row.update(status="failed", error=str(err), fits=False,
+                   hbm_per_device_bytes=(err.memory_plan or {}).get("total", math.nan))
+    except USER_ERRORS as err:
+        row.update(status="failed", error=str(err))
+    return row
+
+
+def _write_results_csv(output_dir: Path, rows: list[dict[str, Any]],
+                       points: list[SweepPoint]) -> None:
+    """results.csv with the rows so far (scaling efficiency among them), whole or not
+    at all (``write_atomic``)."""
+    rows = [dict(r) for r in rows]
+    _efficiency(rows, points[:len(rows)])
+
     def write_rows(f) -> None:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(map(csv_row, rows))
 
     write_atomic(output_dir / "results.csv", write_rows, newline="")
-    table = markdown_table(scenario, rows, mode)
-    write_atomic(output_dir / "results.md", lambda f: f.write(table))
-    plot(scenario, rows, output_dir)
-    return rows
+
+
+def _save_png(fig: Any, path: Path) -> None:
+    """Write a figure as PNG whole or not at all (``pod.safe_io.write_atomic``): a full
+    disk is one ``OutputError`` line, never a truncated PNG."""
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
 
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
@@ -429,7 +478,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     head = (f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)\n\n"
             f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
-            "compute ms | allreduce ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
+            "compute ms | collectives ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
             "efficiency | bound | wall s | status |\n"
             "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
     lines = []
@@ -438,7 +487,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
             lines.append(
                 f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | {r['topology']} | "
                 f"{r['allreduce_algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
-                f"{r['compute_seconds'] * 1e3:.4f} | {r['allreduce_seconds'] * 1e3:.4f} | "
+                f"{r['compute_seconds'] * 1e3:.4f} | {r['collective_seconds'] * 1e3:.4f} | "
                 f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {_cell(r['scaling_efficiency'], '.2f')} | "
                 f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
@@ -452,13 +501,13 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
 
 def _layout_table(rows: list[dict[str, Any]]) -> str:
     """The sharded columns as a second table (rows with a layout only)."""
-    rows = [r for r in rows if r.get("mesh") and not is_missing(r.get("per_device_batch"))
+    rows = [r for r in rows if r.get("mesh") and r.get("mesh") != f"{{data: {r.get('data')}}}"
             or r.get("fits") is False]
     if not rows:
         return ""
     out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
            "", "| # | chips | mesh | remat | batch / device | step s | tokens/s | MFU | "
-           "exposed data / fsdp / tensor ms | HBM GiB / device | status |",
+           f"exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
            "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
         hbm = r.get("hbm_per_device_bytes")
@@ -511,7 +560,7 @@ def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(output_dir / name, dpi=110)
+    _save_png(fig, output_dir / name)
     plt.close(fig)
     return output_dir / name
 
@@ -520,7 +569,7 @@ def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
     """What a sweep's points may vary, as (row key, axis label), in the order the plots
     prefer for their x axis. The batch is the one the sweep sets (examples per
     TensorCore in weak scaling, the global batch in strong); the other follows."""
-    batch = (("per_core_batch", "examples per TensorCore") if scenario.sweep.scaling == "weak"
+    batch = (("per_device_batch", "examples per device") if scenario.sweep.scaling == "weak"
              else ("global_batch", "global batch"))
     layout = [(key, label) for key, label, varied in (
         ("mesh", "mesh", scenario.sweep.mesh), ("remat", "remat", scenario.sweep.remat),
@@ -555,11 +604,11 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
                x_key: str, x_label: str, output_dir: Path) -> Path:
     """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
     parts = (("compute", lambda r: r["compute_seconds"]),
-             ("allreduce, exposed", lambda r: r["exposed_allreduce_seconds"]),
+             ("collectives, exposed", lambda r: r["exposed_collective_seconds"]),
              ("update", lambda r: r["update_seconds"]),
              ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
                                                             - r["compute_seconds"]
-                                                            - r["exposed_allreduce_seconds"]
+                                                            - r["exposed_collective_seconds"]
                                                             - r["update_seconds"])))
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
@@ -578,7 +627,7 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(f"{scenario.name}: simulated step time, critical path")
     fig.tight_layout()
-    fig.savefig(output_dir / "breakdown.png", dpi=110)
+    _save_png(fig, output_dir / "breakdown.png")
     plt.close(fig)
     return output_dir / "breakdown.png"
 
@@ -676,7 +725,7 @@ def _line_plot(plt, ok: list[dict[str, Any]], series: dict[str, list[dict[str, A
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(output_dir / name, dpi=110)
+    _save_png(fig, output_dir / name)
     plt.close(fig)
     return output_dir / name
 
@@ -704,7 +753,7 @@ def _plot_layout_throughput(plt, title: str, rows: list[dict[str, Any]], output_
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(output_dir / "throughput.png", dpi=110)
+    _save_png(fig, output_dir / "throughput.png")
     plt.close(fig)
     return output_dir / "throughput.png"
 
@@ -732,7 +781,7 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario.name}: {sweep_kind(scenario)} (simulated)")
     fig.tight_layout()
-    fig.savefig(output_dir / "tokens.png", dpi=110)
+    _save_png(fig, output_dir / "tokens.png")
     plt.close(fig)
     return output_dir / "tokens.png"
 
@@ -750,7 +799,7 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
                            *(r[f"exposed_{a}_seconds"] for a in _AXES)])
             notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
         else:
-            stacks.append([0.0] * 5)
+            stacks.append([0.0] * (2 + len(_AXES)))
             need = r.get("hbm_per_device_bytes")
             notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
                          else "failed: " + str(r["error"])[:40])
@@ -777,6 +826,6 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
                  "(simulated)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(output_dir / "layouts.png", dpi=110)
+    _save_png(fig, output_dir / "layouts.png")
     plt.close(fig)
     return output_dir / "layouts.png"

@@ -21,11 +21,13 @@ from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
 from pod.config.plan import TrainingPlan
+from pod.config.scenario import is_loopback
 from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
                         ScenarioError)
 from pod.report.console import (epoch_line, evaluation_text, hold, make_console, progress_bar,
                                 progress_line, summary_table)
 from pod.config.mesh import format_axes
+from pod.config.sharding import device_chip_spec
 from pod.report.files import (StepsCsv, check_writable, reliability, summarize, write_csv,
                               write_json)
 from pod.report.html import read_steps, write_report
@@ -33,9 +35,10 @@ from pod.report.metrics import PodMetrics
 from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
 from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
-from pod.runtime.coordinator import Pod
+from pod.runtime.admission import admit
 from pod.state.checkpoint import Checkpoint
-from pod.state.resume import RunCheckpoints, resume_checkpoint
+from pod.safe_io import lock_directories
+from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
 __all__ = ["Run", "run_training", "RESULT_FILES"]
 
@@ -75,9 +78,15 @@ class Run:
             Python API; a CLI run keeps only running sums).
         report: also write ``report.html`` in ``output_dir`` at the end
             (``pod.report.html``).
+        backend: "ray" (chip actors, the ICI transport: ``pod.runtime.pod.Pod``)
+            or "local" (every device in this process: ``pod.runtime.local.LocalPod``;
+            the same program and clock, no Ray).
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
+        DirectoryInUseError: another live run or sweep holds the output or the
+            checkpoint directory (``pod.safe_io.lock_directories``; held from
+            here to the end of ``run``).
         ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``.
     """
 
@@ -86,8 +95,11 @@ class Run:
                  on_step: Callable[[StepStats], None] | None = None,
                  trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
                  hold_seconds: float = 0.0, resume_dir: Path | None = None,
-                 keep_history: bool = False, report: bool = False) -> None:
+                 keep_history: bool = False, report: bool = False, backend: str = "ray") -> None:
+        if backend not in ("ray", "local"):
+            raise ValueError(f"backend {backend!r} is unknown; allowed: ray, local")
         self.plan = plan
+        self.backend = backend
         self.report = report
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.console = console or make_console()
@@ -97,6 +109,7 @@ class Run:
         self.traced = set(trace_steps) if trace_steps is not None else {plan.steps - 1}
         self.hold_seconds = hold_seconds
         self.history: list[StepStats] | None = [] if keep_history else None
+        self.locks = lock_directories(self.output_dir, checkpoint_dir(plan, self.output_dir))
         if self.output_dir is not None:
             if resume_dir is None:
                 self._warn_overwrite(self.output_dir)
@@ -116,7 +129,7 @@ class Run:
                        trace_path.parent if trace_path is not None else None)
         self.metrics_port = scenario.metrics.port if metrics_port is None else metrics_port
         self.metrics: PodMetrics | None = None
-        self.pod: Pod | None = None
+        self.pod: Any = None
         self.trace_events: list[dict[str, Any]] = []
         # O(1) memory per step: running sums, not a list of every step (a long run stays flat)
         self.totals = StepTotals()
@@ -172,7 +185,7 @@ class Run:
     def layer_rows(self) -> list[dict[str, Any]]:
         """layers.csv's rows: per layer, shapes, FLOPs, HBM bytes, simulated seconds."""
         plan = self.plan
-        return layer_rows(plan.model, plan.pod.chip.core, plan.per_core_batch,
+        return layer_rows(plan.model, device_chip_spec(plan.pod.chip).core, plan.per_device_batch,
                           mxu_model=plan.scenario.pod.mxu_model)
 
     @property
@@ -211,9 +224,15 @@ class Run:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+            self.locks.release()
 
     def _make_pod(self) -> Any:
-        """The pod this run trains on (a ``ShardedRun`` makes a sharded one)."""
+        """The pod this run trains on: chip actors on Ray, or every device in this
+        process (``backend``); the same program and clock either way."""
+        if self.backend == "local":
+            from pod.runtime.local import LocalPod
+            return LocalPod(self.plan)
+        from pod.runtime.pod import Pod
         return Pod(self.plan)
 
     def start_metrics(self) -> None:
@@ -222,15 +241,15 @@ class Run:
         self.metrics = PodMetrics(
             scenario=scenario.name, generation=plan.pod.chip.name, slice_name=plan.pod.name,
             topology=plan.pod.torus.name, links=[f"{a}->{b}" for a, b in plan.pod.torus.links()],
-            chips=plan.pod.chips, cores=plan.pod.chip.tensorcores, dataset=plan.dataset.name,
+            chips=plan.pod.chips, devices_per_chip=plan.mesh.devices_per_chip,
+            dataset=plan.dataset.name,
             synthetic=plan.dataset.synthetic)
         self.metrics.serve(self.metrics_port, scenario.metrics.host)
         data_label = f"{plan.dataset.name}{' (synthetic)' if plan.dataset.synthetic else ''}"
         mesh = plan.mesh
-        split = (f"{plan.per_core_batch:,} per core; {plan.steps:,} steps; allreduce "
-                 f"{plan.ici.algorithm}" if mesh is None or mesh.is_data_parallel else
-                 f"{plan.per_core_batch:,} per data x fsdp shard; {plan.steps:,} steps; mesh "
-                 f"{format_axes(mesh.sizes)} ({mesh.size} devices)")
+        split = (f"{plan.per_device_batch:,} per device; {plan.steps:,} steps; mesh "
+                 f"{format_axes(mesh.sizes)} ({mesh.size} devices)"
+                 + (f", allreduce {plan.ici.algorithm}" if plan.ici.costs else ""))
         self.console.print(
             f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
             f"{plan.pod.chip.tensorcores} TensorCores on a {plan.pod.torus.name} torus; "
@@ -243,6 +262,9 @@ class Run:
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
+            if scenario.metrics.expose and not is_loopback(scenario.metrics.host):
+                self.warn(f"warning: metrics.expose: serving metrics on {scenario.metrics.host}, "
+                          "beyond loopback: anyone who can reach this machine can read them")
         if self.resumed is not None:
             self.console.print(f"Resuming from {self.resumed_path} (step {self.step_index} of "
                                f"{plan.steps})")
@@ -250,15 +272,19 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
+        if self.backend == "ray":
+            admit(plan)  # a pod this machine cannot hold is one line, before any actor
         self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
-        self.console.print(f"{plan.pod.chips} chip actors ready in "
+        where = "chip actors" if self.backend == "ray" else "chips in this process"
+        devices = (f" ({plan.mesh.size} devices)" if plan.mesh.size != plan.pod.chips else "")
+        self.console.print(f"{plan.pod.chips} {where}{devices} ready in "
                            f"{self.startup_wall_seconds:.1f} s (wall)")
         if self.resumed is not None:
             self.pod.restore(self.resumed)
         if self.trace_path is not None:
-            self.trace_events.extend(metadata_events(plan.pod.chips, plan.pod.chip.tensorcores,
-                                                     plan.pod.torus))
+            self.trace_events.extend(metadata_events(f"pod.mesh {format_axes(plan.mesh.sizes)}",
+                                                     list(plan.mesh.sizes)))
 
     def train(self) -> None:
         """Step until the last step, recovering from chip failures."""
@@ -293,18 +319,16 @@ class Run:
             True if the step was done; False if chips failed and the run went
             back to a checkpoint (``recover``).
         """
-        plan, pod, step = self.plan, self.pod, self.step_index
+        step = self.step_index
         trace_this = self.trace_path is not None and step in self.traced
         stats = self.faulted_step(out, trace_this)
         if stats is None:
             return False
         if trace_this:
-            core = plan.pod.chip.core
-            self.trace_events.extend(step_events(
-                stats, pod.last_trace, pod.schedule, plan.pod.torus, pod.ici_cost.phase_seconds,
-                start_s=self.simulated_clock,
-                scalar_issue_seconds=core.scalar_issue_cycles / core.clock_hz,
-                fixed_seconds=pod.ici_cost.fixed_seconds))
+            rows = next((r.trace for r in self.pod.last_reports
+                         if r.device == stats.traced_device), ())
+            self.trace_events.extend(step_events(stats, list(self.plan.mesh.sizes),
+                                                 self.simulated_clock, rows))
         self.record(stats, out)
         self.checkpoint()
         self.end_of_epoch(out)
@@ -483,8 +507,7 @@ class Run:
         return summary
 
     def summary(self, wall_seconds: float, *, completed: bool) -> dict[str, Any]:
-        """What summary.json holds (``summarize`` and ``reliability``); a sharded run
-        adds its mesh and per-axis collectives."""
+        """What summary.json holds (``summarize`` and ``reliability``)."""
         summary = summarize(self.plan, self.totals, self.evaluation, self.identical,
                             wall_seconds, self.startup_wall_seconds)
         return summary | reliability(self.fault_events, self.checkpoints, self.resumed,

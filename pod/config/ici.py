@@ -13,6 +13,7 @@ from typing import Sequence
 
 from interconnect import (ALGORITHMS, ALLREDUCE_ALGORITHMS, FAST_PATHS, LinkFaults, LinkSpec,
                           ScheduleCost, Torus, collective_cost)
+from pod.programs.replicated import combine_buckets
 
 __all__ = ["choose_algorithm", "combine_buckets", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
 
@@ -66,71 +67,28 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
     return best
 
 
-def combine_buckets(layers: Sequence[tuple[str, int]], max_elements: int
-                    ) -> tuple[tuple[tuple[str, ...], int], ...]:
-    """Combine consecutive layers' gradients into allreduce buckets, as XLA's
-    all-reduce combiner merges small all-reduces.
-
-    Args:
-        layers: (layer, elements) in the order the backward pass finishes them.
-        max_elements: a bucket holds at most this many elements, unless a single
-            layer is larger (it is a bucket of its own).
-
-    Returns:
-        ((layers, elements), ...) in the same order; every layer in exactly one.
-    """
-    out: list[tuple[tuple[str, ...], int]] = []
-    names: list[str] = []
-    total = 0
-    for name, elements in layers:
-        if names and total + elements > max_elements:
-            out.append((tuple(names), total))
-            names, total = [], 0
-        names.append(name)
-        total += elements
-    if names:
-        out.append((tuple(names), total))
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class IciPlan:
-    """The allreduce of a data-parallel plan, decided once.
+    """The allreduce of a data axis that spans the whole pod, decided once.
 
     Attributes:
         algorithm: the allreduce algorithm the pod runs (``pod.allreduce``,
             or the fastest for this pod when ``auto``); kept for the whole
             run, as a real pod does not recompile mid-run.
-        num_elements: float32 elements of the gradient buffer.
+        num_elements: float32 elements of the model's gradient buffer.
         link: a healthy directed link (bandwidth, latency).
-        costs: (first zero-based step, cost) in step order: the cost of the
-            allreduce over the links in force from that step on (``pod.links``
-            plus the link faults started by then). The first entry is step 0.
-        buckets: the overlapped allreduce's buckets, (layers, elements) in the
-            order the backward pass finishes them (empty without overlap); a
-            bucket is ready when the backward pass has finished its last layer.
-        bucket_costs: (first zero-based step, one cost per bucket), as ``costs``.
+        costs: ((0, cost),): the whole model's allreduce with the links of step 0
+            (what ``describe`` and ``validate`` show); empty when no mesh axis
+            spans the pod (the mesh's collectives are costed per axis:
+            ``TrainingPlan.collective_costs``).
     """
 
     algorithm: str
     num_elements: int
     link: LinkSpec
-    costs: tuple[tuple[int, ScheduleCost], ...]
-    buckets: tuple[tuple[tuple[str, ...], int], ...] = ()
-    bucket_costs: tuple[tuple[int, tuple[ScheduleCost, ...]], ...] = ()
-
-    def cost_at(self, step: int) -> ScheduleCost:
-        """The allreduce cost at zero-based ``step``."""
-        return [c for s, c in self.costs if s <= step][-1]
-
-    def bucket_costs_at(self, step: int) -> tuple[ScheduleCost, ...]:
-        """The cost of each bucket's allreduce at zero-based ``step`` (empty without
-        overlap)."""
-        if not self.bucket_costs:
-            return ()
-        return [c for s, c in self.bucket_costs if s <= step][-1]
+    costs: tuple[tuple[int, ScheduleCost], ...] = ()
 
     @property
-    def cost(self) -> ScheduleCost:
-        """The cost at step 0."""
-        return self.costs[0][1]
+    def cost(self) -> ScheduleCost | None:
+        """The whole model's allreduce at step 0 (None when not costed)."""
+        return self.costs[0][1] if self.costs else None

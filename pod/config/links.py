@@ -54,7 +54,8 @@ def check_links(entries: Sequence[Any], torus: Torus, field: str = "pod.links") 
         TopologyError: ``<field>.<i>.link: ...`` for a link the torus does
             not have (the message lists the links of its source chip), or
             ``<field>.<i>.failed: ...`` for a failed link that nothing can
-            route around.
+            route around (``faults.<i>.link`` for a ``fail_link`` fault, which
+            has no ``failed`` field).
     """
     rows = [link_entry(e) for e in entries]
     names = [e["field"] if isinstance(e, Mapping) and "field" in e else f"{field}.{i}"
@@ -71,5 +72,7 @@ def check_links(entries: Sequence[Any], torus: Torus, field: str = "pod.links") 
             try:
                 route(torus, src, dst, faults)
             except TopologyError as err:
-                raise TopologyError(f"{name}.failed: {err} (got {row['link']!r} "
+                # pod.links entries say `failed: true`; a fail_link fault has only `link`
+                where = f"{name}.link" if name.startswith("faults.") else f"{name}.failed"
+                raise TopologyError(f"{where}: {err} (got {row['link']!r} "
                                     f"failed); fail fewer links") from None

@@ -54,6 +54,7 @@ Your Model", the sharding and training chapters (FSDP = ZeRO-3).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -65,15 +66,16 @@ from chip import ChipSpec
 from interconnect import Torus
 from pod.config.slices import PodShape
 from pod.errors import HBMPlanError, ScenarioError
-from pod.workloads.sharded import device_param_elements
+from pod.programs.transformer import device_param_elements
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
            "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
            "sharded_memory_plan", "mesh_memory_plan"]
 
-#: Mesh axis names, outermost first (MaxText's ici_*_parallelism order).
-AXIS_NAMES = ("data", "fsdp", "tensor")
+#: Mesh axis names, outermost first (MaxText's ici_*_parallelism order: data, stage
+#: (pipeline), fsdp, expert, tensor).
+AXIS_NAMES = ("data", "stage", "fsdp", "expert", "tensor")
 
 #: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
 #: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).
@@ -182,6 +184,9 @@ class MeshAxis:
             devices of a group in ring order (0: all on one chip).
         ring: the indices along the axis in ring order (a permutation of
             ``range(size)``); :meth:`Mesh.groups` applies it.
+        dcn: the axis's factor across slices (multislice, ``pod.dcn_mesh``): the
+            outer ``dcn`` part of the axis spans slices over the data-centre
+            network, the inner ``size / dcn`` lies in each slice on ``blocks``.
     """
 
     name: str
@@ -190,6 +195,7 @@ class MeshAxis:
     closed: bool
     hops_per_step: int
     ring: tuple[int, ...] = field(repr=False, default=())  # indices along the axis, ring order
+    dcn: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,6 +210,12 @@ class Mesh:
         torus: the ICI torus of the chips.
         devices_per_chip: 2 on v2 / v3 (a device per TensorCore), else 1.
         axes: per axis its :class:`MeshAxis` (blocks, ring or line).
+        slices: slices joined by the data-centre network (multislice); device
+            ``d`` is on slice ``d // slice_devices``, chip ``d // devices_per_chip``
+            (chip ranks run on across slices), torus rank ``(d % slice_devices)
+            // devices_per_chip`` of its slice's ``torus``.
+        slice_mesh: the mesh of one slice (the axes' in-slice parts, laid on
+            ``torus``); the mesh itself when there is one slice.
     """
 
     axis_names: tuple[str, ...]
@@ -212,6 +224,8 @@ class Mesh:
     torus: Torus
     devices_per_chip: int
     axes: tuple[MeshAxis, ...]
+    slices: int = 1
+    slice_mesh: "Mesh | None" = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Mesh) and self._key() == other._key()
@@ -221,7 +235,27 @@ class Mesh:
         return hash(self._key())
 
     def _key(self) -> tuple:
-        return (self.axis_names, self.shape, self.torus, self.devices_per_chip)
+        return (self.axis_names, self.shape, self.torus, self.devices_per_chip, self.slices,
+                tuple(a.dcn for a in self.axes))
+
+    @property
+    def in_slice(self) -> "Mesh":
+        """The mesh of one slice (``slice_mesh``, or itself with one slice)."""
+        return self.slice_mesh if self.slice_mesh is not None else self
+
+    @property
+    def slice_devices(self) -> int:
+        """Devices in one slice."""
+        return self.size // self.slices
+
+    def dcn_size(self, axis: str) -> int:
+        """The factor of ``axis`` across slices (1 for an axis within slices or absent)."""
+        return self._axis(axis).dcn if axis in self.axis_names else 1
+
+    @property
+    def dcn_sizes(self) -> dict[str, int]:
+        """Axis -> its factor across slices, for the axes that cross slices."""
+        return {a.name: a.dcn for a in self.axes if a.dcn > 1}
 
     @property
     def size(self) -> int:
@@ -238,11 +272,6 @@ class Mesh:
         if axis not in AXIS_NAMES:
             raise ValueError(f"mesh axis {axis!r} is unknown; allowed: {', '.join(AXIS_NAMES)}")
         return self.sizes.get(axis, 1)
-
-    @property
-    def is_data_parallel(self) -> bool:
-        """Only the data axis has more than one device (today's data-parallel run)."""
-        return self.axis_size("fsdp") == 1 and self.axis_size("tensor") == 1
 
     def chip_and_core(self, device: int) -> tuple[int, int]:
         """(chip rank, core) of a device id."""
@@ -436,16 +465,22 @@ def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
     return ", ".join(format_axes(m) for m in near[:2])
 
 
-def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
-    """The mesh a scenario's ``pod.mesh`` asks for, on the scenario's pod.
+def build_mesh(axes: Mapping[str, int] | None, pod: PodShape,
+               dcn: Mapping[str, int] | None = None) -> Mesh:
+    """The mesh a scenario's ``pod.mesh`` (and ``pod.dcn_mesh``) asks for, on its pod.
 
     Args:
         axes: ``pod.mesh`` as :func:`parse_mesh_axes` returns it (one size may
-            be -1, "the rest"); None: ``{data: <every device>}``.
-        pod: the resolved pod.
+            be -1, "the rest"): the axes within one slice (MaxText's
+            ``ici_*_parallelism``); None: ``{data: <every device of a slice>}``.
+        pod: the resolved pod (``pod.slices`` slices of ``pod.torus``).
+        dcn: ``pod.dcn_mesh``: each axis's factor across slices (MaxText's
+            ``dcn_*_parallelism``; the sizes multiply to ``pod.slices``); None:
+            ``{data: pod.slices}``.
 
     Returns:
-        The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``.
+        The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``,
+        each axis ``ici x dcn`` long (the DCN part outer).
 
     Raises:
         ScenarioError: one line naming the sizes and valid choices, e.g.
@@ -453,7 +488,7 @@ def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
             16; sizes must multiply to 16 (e.g. {data: 4, tensor: 4}, ...)``.
     """
     per_chip = devices_per_chip(pod.chip)
-    count = pod.chips * per_chip
+    count = pod.torus.num_chips * per_chip                              # one slice's devices
     axes = parse_mesh_axes(axes) if axes is not None else {"data": count}
     where = (f"the {pod.slice_name} slice" if pod.slice_name else
              f"the {pod.chip.name} {pod.torus.name} pod")
@@ -472,7 +507,52 @@ def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
                             f"{per_core}{tail}")
     if rest:
         axes = {**axes, rest[0]: count // given}
-    return layout_mesh(axes, pod.torus, per_chip)
+    one = layout_mesh(axes, pod.torus, per_chip)
+    slices = getattr(pod, "slices", 1)
+    if slices == 1 and not dcn:
+        return one
+    return multislice_mesh(one, dict(dcn) if dcn else {"data": slices}, slices)
+
+
+def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
+    """``slices`` copies of a one-slice mesh joined over the data-centre network, each
+    axis ``a`` ``dcn[a]`` times longer, its DCN part outermost (MaxText's
+    ``create_hybrid_device_mesh``: slice ``s`` holds the devices whose DCN indices
+    number ``s`` row-major).
+
+    Args:
+        one: the mesh of one slice.
+        dcn: axis -> factor across slices; the factors multiply to ``slices``.
+        slices: slices.
+
+    Raises:
+        ScenarioError: the factors do not multiply to the slices, or an unknown axis.
+    """
+    if math.prod(dcn.values()) != slices or any(a not in AXIS_NAMES for a in dcn):
+        raise ScenarioError(f"pod.dcn_mesh: {format_axes(dcn)} must name mesh axes "
+                            f"({', '.join(AXIS_NAMES)}) whose sizes multiply to pod.slices "
+                            f"{slices}, e.g. {{data: {slices}}}")
+    names = tuple(n for n in AXIS_NAMES if n in one.axis_names or n in dcn)
+    ici = [one.axis_size(n) if n in one.axis_names else 1 for n in names]
+    outer = [int(dcn.get(n, 1)) for n in names]
+    local = one.devices.reshape(ici)                                    # every axis, size 1 too
+    n_local = one.size
+    slice_of = np.arange(slices).reshape(outer)                         # row-major DCN indices
+    full = (slice_of.reshape(*outer, *([1] * len(names))) * n_local
+            + local.reshape(*([1] * len(names)), *ici))                 # (dcn..., ici...)
+    k = len(names)
+    order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]   # dcn_i outer of ici_i
+    shape = tuple(o * i for o, i in zip(outer, ici))
+    devices = full.transpose(order).reshape(shape)
+    devices.flags.writeable = False
+    axes = []
+    for n, o, i in zip(names, outer, ici):
+        base = one._axis(n) if n in one.axis_names else MeshAxis(n, 1, (), False, 0, (0,))
+        ring = tuple(d * i + r for d in range(o) for r in (base.ring or (0,)))
+        axes.append(dataclasses.replace(base, size=o * i, ring=ring, dcn=o,
+                                        closed=base.closed or o > 1))
+    return Mesh(names, shape, devices, one.torus, one.devices_per_chip, tuple(axes),
+                slices=slices, slice_mesh=one)
 
 
 # ------------------------------------------------------------------ memory
@@ -583,7 +663,8 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
 
 
 def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh: Mesh,
-                     capacity_bytes: int, precision: str = "bf16") -> dict[str, int]:
+                     capacity_bytes: int, precision: str = "bf16", *,
+                     shardable: bool = True) -> dict[str, int]:
     """:func:`sharded_memory_plan` for a model of ``pod.workloads`` (``build_plan`` uses it).
 
     Args:
@@ -594,6 +675,9 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
         mesh: the mesh.
         capacity_bytes: HBM of one device.
         precision: MXU precision.
+        shardable: the model's program can shard it over fsdp / tensor (the
+            transformer); False: a replicated model, for which no other mesh is
+            suggested.
 
     Raises:
         HBMPlanError: as :func:`sharded_memory_plan`, the message starting
@@ -602,7 +686,7 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
     params = int(model.num_params)
     layers = [count for _, count in model.gradient_buckets()]
     batch_shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
-    exact = None
+    exact = None if shardable else (lambda f, t: params if f * t == 1 else None)
     if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
         def exact(fsdp: int, tensor: int) -> int | None:
             try:

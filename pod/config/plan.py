@@ -1,10 +1,11 @@
 """Turn a ``Scenario`` into a checked ``TrainingPlan``, without Ray.
 
 Everything that can be found wrong before a single actor starts is found
-here: the pod shape, the split of the global batch over the TensorCores, the
-number of steps, and whether parameters, gradients, optimizer state and
-activations fit in one TensorCore's HBM. ``tpu-pod validate`` runs exactly
-this; ``tpu-pod run`` runs it first.
+here: the pod shape and its device mesh (data parallelism is ``{data: N}``),
+the split of the global batch over the devices, the number of steps, whether
+parameters, gradients, optimizer state and activations fit in one device's
+HBM, and what every collective of a mesh axis costs at every step.
+``tpu-pod validate`` runs exactly this; ``tpu-pod run`` runs it first.
 """
 
 from __future__ import annotations
@@ -16,78 +17,74 @@ from typing import Any
 import numpy as np
 
 from chip import HBM, HBMOutOfMemoryError, check_precision
-from interconnect import ScheduleCost, calibrated_link
+from interconnect import calibrated_link
 from pod.config.faults import FaultPlan
-from pod.config.ici import IciPlan, choose_algorithm, combine_buckets
+from pod.config.ici import IciPlan, choose_algorithm
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.scenario import Scenario
-from pod.config.sharding import (SHARDED_MODELS, MeshCollectiveCosts, check_sharded_mesh,
-                                 on_chip_bandwidth)
+from pod.config.sharding import SHARDED_MODELS, MeshCollectiveCosts, on_chip_bandwidth
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
 from pod.workloads.checks import DataMismatchError, TokenIdError
 from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
 
-__all__ = ["TrainingPlan", "build_plan", "memory_plan", "shard_batch_size", "batch_indices",
-           "plan_ici"]
+__all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep"]
 
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    """A scenario resolved against the chip, the dataset and the model.
+    """A scenario resolved against the chip, the dataset, the model and the mesh.
 
     Attributes:
         scenario: the scenario it came from.
-        pod: chip preset and ICI topology.
+        pod: the slice: chip preset and ICI torus.
         dataset: the loaded dataset (train and test splits).
-        model: the model (stateless; one object serves every replica).
-        per_core_batch: examples per TensorCore per step (on a mesh with fsdp or
-            tensor axes: per device, the global batch over data x fsdp).
+        model: the model (stateless; one object serves every device).
+        per_device_batch: examples per device per step: the global batch over
+            data x fsdp (the devices along tensor share their examples).
         steps: optimizer steps to run.
         steps_per_epoch: full global batches in one pass over the train split.
-        memory: per TensorCore HBM plan in bytes: params, grads,
-            optimizer_state, activations, workspace, and their total.
-        ici: the allreduce algorithm and its cost at every step (link
-            faults included).
+        memory: one device's HBM plan in bytes: params, grads, optimizer_state,
+            activations, workspace, and their total
+            (``pod.config.mesh.mesh_memory_plan``).
+        ici: the allreduce algorithm of a data axis that spans the whole pod
+            (``pod.allreduce``, or the fastest when ``auto``) and the cost of the
+            whole model's allreduce with it (empty ``costs`` when no axis spans
+            the pod).
         faults: the scenario's faults checked against the pod.
         mesh: the device mesh (``pod.mesh``; default ``{data: every device}``).
-            With fsdp or tensor above 1, ``memory`` is one device's
-            sharded plan (``pod.config.mesh.mesh_memory_plan``).
-        mesh_costs: with fsdp or tensor above 1, the cost of a collective over
-            every group of a mesh axis, cached per (axis, op, bytes)
+        collective_costs: the cost of a collective over every group of a mesh
+            axis, cached per (axis, op, bytes)
             (``pod.config.sharding.MeshCollectiveCosts``), with the links of step 0
-            (``pod.links``); None for data parallel.
-        mesh_costs_by_step: (first zero-based step, costs) each time the link
-            faults change (``collective_costs_at``); empty for data parallel.
+            (``pod.links``).
+        collective_costs_by_step: (first zero-based step, costs) each time the
+            link faults change (``collective_costs_at``).
+        bucket_elements: the replicated program's gradient buckets hold at most
+            this many elements (``training.overlap_bucket_bytes`` / 4); None
+            without overlap (one allreduce after the backward pass).
     """
 
     scenario: Scenario
     pod: PodShape
     dataset: Dataset
     model: Model
-    per_core_batch: int
+    per_device_batch: int
     steps: int
     steps_per_epoch: int
     memory: dict[str, int]
     ici: IciPlan
     faults: FaultPlan
-    mesh: Mesh | None = None
-    mesh_costs: MeshCollectiveCosts | None = None
-    mesh_costs_by_step: tuple[tuple[int, MeshCollectiveCosts], ...] = ()
-
-    @property
-    def collective_costs(self) -> MeshCollectiveCosts:
-        """``mesh_costs``, or for a data-parallel mesh costs built the same way (a sharded
-        pod of the transformer runs on ``{data: N}`` too)."""
-        return self.mesh_costs or _mesh_costs(self.mesh, self.ici.link, self.pod.chip,
-                                              link_faults(self.faults.base_links))
+    mesh: Mesh
+    collective_costs: MeshCollectiveCosts
+    collective_costs_by_step: tuple[tuple[int, MeshCollectiveCosts], ...] = ()
+    bucket_elements: int | None = None
 
     def collective_costs_at(self, step: int) -> MeshCollectiveCosts:
         """The mesh's collective costs with the link faults in force at zero-based
-        ``step`` (``collective_costs`` when no link fault starts later)."""
-        later = [c for s, c in self.mesh_costs_by_step if s <= step]
+        ``step``."""
+        later = [c for s, c in self.collective_costs_by_step if s <= step]
         return later[-1] if later else self.collective_costs
 
     @property
@@ -96,85 +93,9 @@ class TrainingPlan:
         return self.scenario.training.global_batch
 
     @property
-    def per_chip_batch(self) -> int:
-        """Examples per chip per step."""
-        return self.per_core_batch * self.pod.chip.tensorcores
-
-    @property
     def num_params(self) -> int:
         """Number of trainable parameters of the model."""
         return int(self.model.num_params)
-
-
-def shard_batch_size(global_batch: int, tensorcores: int) -> int:
-    """Examples per TensorCore for an even data-parallel split.
-
-    Args:
-        global_batch: examples per step over the pod.
-        tensorcores: TensorCores in the pod.
-
-    Returns:
-        global_batch // tensorcores.
-
-    Raises:
-        ShardingError: the batch does not split evenly, as on a real pod
-            ("batch_size must be divisible by the number of TPU cores").
-    """
-    if global_batch % tensorcores:
-        lower = (global_batch // tensorcores) * tensorcores
-        upper = lower + tensorcores
-        nearby = f"{lower} or {upper}" if lower > 0 else f"{upper}"
-        raise ShardingError(
-            f"training.global_batch: global batch {global_batch} is not divisible by "
-            f"{tensorcores} TensorCores; use a multiple of {tensorcores} such as {nearby}"
-        )
-    return global_batch // tensorcores
-
-
-def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
-                capacity_bytes: int, name: str = "core", precision: str = "bf16"
-                ) -> dict[str, int]:
-    """Allocate one TensorCore's training state against its HBM.
-
-    Args:
-        model: the model.
-        optimizer_state_bytes: bytes of optimizer state for the model's params.
-        per_core_batch: examples per core per step.
-        capacity_bytes: the core's HBM capacity.
-        name: the core's name, for the error message.
-        precision: the MXU precision (sizes the workspace's weight copies).
-
-    Returns:
-        Bytes per item (params, grads, optimizer_state, activations,
-        workspace) and total. workspace = the MXU's copy of the weights
-        (2 bytes per parameter in bf16, 1 in int8, none in fp32, which splits
-        the float32 weights on chip) + the flat float32 gradient buffer the
-        chip's cores reduce into and the allreduce sends from (4 bytes per
-        parameter).
-
-    Raises:
-        HBMPlanError: an item does not fit (an ``HBMOutOfMemoryError``); it
-            names the item, the bytes asked and the bytes free, and carries the
-            whole plan as ``memory_plan`` (the items' bytes and their total).
-    """
-    params_bytes = 4 * int(model.num_params)  # float32
-    items = {
-        "params": params_bytes,
-        "grads": params_bytes,
-        "optimizer_state": int(optimizer_state_bytes),
-        "activations": int(model.activation_bytes(per_core_batch)),
-        "workspace": ({"bf16": 2, "int8": 1}.get(precision, 0) + 4) * int(model.num_params),
-    }
-    hbm = HBM(capacity_bytes, name=name)
-    try:
-        for tag, nbytes in items.items():
-            hbm.allocate(tag, nbytes)
-    except HBMOutOfMemoryError as err:
-        # the whole plan travels with the error, so `tpu-pod describe` can show why
-        raise HBMPlanError(str(err), tag=err.tag, requested_bytes=err.requested_bytes,
-                           free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
-                           memory_plan={**items, "total": sum(items.values())}) from None
-    return {**items, "total": hbm.used_bytes}
 
 
 def _shape_only(model: Model) -> dict[str, np.ndarray]:
@@ -202,40 +123,38 @@ def _data_field(message: str, path: str | None) -> str:
 
 
 def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, optimizer,
-                 per_core: int) -> dict[str, int]:
-    """The HBM check of ``build_plan``: one TensorCore's plan (``memory_plan``), or with
-    a ``pod.mesh`` that has fsdp or tensor, one device's sharded plan (pod/config/mesh.py).
+                 per_device: int) -> dict[str, int]:
+    """The HBM check of ``build_plan``: one device's plan on its mesh
+    (``pod.config.mesh.mesh_memory_plan``), the same for every mesh.
 
     Raises:
-        HBMPlanError: one line naming the field to change.
+        HBMPlanError: one line naming the field to change: ``pod.mesh`` where a
+            mesh with more sharding would fit (the transformer), else the batch
+            or the model.
     """
     training = scenario.training
     try:
-        if not mesh.is_data_parallel:  # pod.mesh with fsdp / tensor: one device's sharded plan
-            memory = mesh_memory_plan(model, optimizer.state_bytes(_shape_only(model)),
-                                      training.global_batch, mesh, device_hbm_bytes(pod.chip),
-                                      precision=training.precision)
-        else:
-            memory = memory_plan(model, optimizer.state_bytes(_shape_only(model)), per_core,
-                                 pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore",
-                                 precision=training.precision)
+        return mesh_memory_plan(model, optimizer.state_bytes(_shape_only(model)),
+                                training.global_batch, mesh, device_hbm_bytes(pod.chip),
+                                precision=training.precision,
+                                shardable=scenario.model.name in SHARDED_MODELS)
     except HBMPlanError as err:
-        if not mesh.is_data_parallel:
+        if scenario.model.name in SHARDED_MODELS:
             raise  # its one line names pod.mesh and a mesh that fits
-        # name the field a user would change
-        field = "training.global_batch" if err.tag == "activations" else "model.options"
-        what = (f"{per_core} examples per TensorCore" if err.tag == "activations" else
+        activations = err.memory_plan.get("activations", 0) if err.memory_plan else 0
+        field = ("training.global_batch" if activations * 2 > err.requested_bytes else
+                 "model.options")
+        what = (f"{per_device} examples per device" if field == "training.global_batch" else
                 f"{scenario.model.name} with {int(model.num_params):,} parameters")
         raise HBMPlanError(
-            f"{field}: {what} does not fit: {err}; use a smaller "
-            f"{'global batch' if err.tag == 'activations' else 'model'} or a chip with more HBM "
-            f"per TensorCore", tag=err.tag, requested_bytes=err.requested_bytes,
+            f"{field}: {what} does not fit: {str(err).removeprefix('pod.mesh: ')}; use a smaller "
+            f"{'global batch' if field == 'training.global_batch' else 'model'} or a chip with "
+            "more HBM per device", tag=err.tag, requested_bytes=err.requested_bytes,
             free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
             memory_plan=err.memory_plan) from None
-    return memory
 
 
-def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Dataset | None,
+def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dataset | None,
                    timing_only: bool) -> Dataset:
     """The scenario's dataset (loaded unless given), checked against the global batch."""
     training = scenario.training
@@ -253,13 +172,18 @@ def _training_data(scenario: Scenario, pod: PodShape, per_core: int, dataset: Da
         except ValueError as err:
             raise ScenarioError(f"{_data_field(str(err), scenario.data.path)}: {err}") from None
     n_train = int(dataset.x_train.shape[0])
-    if training.global_batch > n_train and not (timing_only and per_core * pod.chip.tensorcores
+    if not timing_only and int(dataset.x_test.shape[0]) == 0:  # never a test accuracy of 0.0
+        raise ScenarioError(f"{'data.path' if scenario.data.path else 'data'}: the test split of "
+                            f"{dataset.name} is empty (0 examples); the test loss and accuracy "
+                            "need at least one (give x_test and y_test examples)")
+    shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    if training.global_batch > n_train and not (timing_only and per_device * mesh.devices_per_chip
                                                    <= n_train):
-        largest = n_train // pod.tensorcores * pod.tensorcores
+        largest = n_train // shards * shards
         raise ScenarioError(
             f"training.global_batch: {training.global_batch} is larger than the "
             f"{n_train} training examples of {dataset.name}; use at most {largest} "
-            f"(a multiple of {pod.tensorcores} TensorCores), or more data"
+            f"(a multiple of data x fsdp = {shards} devices), or more data"
         )
     return dataset
 
@@ -281,6 +205,10 @@ def _model_for_data(scenario: Scenario, dataset: Dataset) -> Model:
             model.check_data(x, y)
         return model
     except TokenIdError as err:
+        if err.low < 0:  # the data's fault, not the vocabulary's
+            raise ScenarioError(f"{'data.path' if scenario.data.path else 'data'}: "
+                                f"{dataset.name} holds negative token ids (smallest {err.low}); "
+                                "token ids are 0 (padding) and up") from None
         if "vocabulary" not in MODEL_OPTIONS[name]:
             raise ScenarioError(f"data: {err}") from None
         raise ScenarioError(
@@ -302,12 +230,12 @@ def _custom_model_for_data(model: Any, dataset: Dataset, mesh: Mesh) -> Model:
 
     Raises:
         ScenarioError: not a ``Model``; a model that cannot take this data; a mesh
-            with fsdp or tensor axes (only the named transformer is sharded).
+            with fsdp or tensor axes (a custom model is replicated).
     """
     if not isinstance(model, Model):
         raise ScenarioError(f"model: a custom model must be a pod.workloads.Model, got "
                             f"{type(model).__name__}")
-    if not mesh.is_data_parallel:
+    if mesh.axis_size("fsdp") > 1 or mesh.axis_size("tensor") > 1:
         raise ScenarioError(f"pod.mesh: {format_axes(mesh.sizes)}: a custom model ({model.name}) "
                             f"trains data parallel only; use {{data: {mesh.size}}}")
     try:
@@ -334,17 +262,25 @@ def _fits(name: str, dataset: Dataset) -> bool:
 
 
 def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
-    """A mesh with fsdp or tensor axes trains the transformer, one actor per device
-    (``pod.runtime.sharded_pod``); a model other than the transformer is refused with
-    its own line (``check_sharded_mesh``), and so is a tensor size that does not split
-    the model."""
-    check_sharded_mesh(mesh, scenario.model.name)
-    if mesh.is_data_parallel:
-        return
+    """The model's device program can run on the mesh (``pod.programs.build_program``):
+    a model other than the transformer is replicated (``{data: N}`` only), and a
+    tensor size must split the transformer's heads and MLP.
+
+    Raises:
+        ScenarioError: one line naming ``pod.mesh``.
+    """
     axes = format_axes(mesh.sizes)
+    sharded = mesh.axis_size("fsdp") > 1 or mesh.axis_size("tensor") > 1
+    if sharded and scenario.model.name not in SHARDED_MODELS:
+        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which only the "
+                            f"{', '.join(SHARDED_MODELS)} model does; {scenario.model.name} trains "
+                            f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
+    config = getattr(model, "config", None)
+    if config is None or scenario.model.name not in SHARDED_MODELS:
+        return
     try:
-        from pod.workloads.sharded import check_tensor_split
-        check_tensor_split(model.config, mesh.axis_size("tensor"))
+        from pod.programs.transformer import check_tensor_split
+        check_tensor_split(config, mesh.axis_size("tensor"))
     except ValueError as err:
         raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
 
@@ -373,16 +309,14 @@ def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> No
                             f"and sequence: {sizes}; or sequence_parallel: false")
 
 
-def _per_device_batch(global_batch: int, pod: PodShape, mesh: Mesh) -> int:
-    """Examples per TensorCore (data parallel: ``shard_batch_size``), or on a mesh with
-    fsdp / tensor axes, per device: the batch splits over data x fsdp, the devices
-    along tensor share their examples.
+def _per_device_batch(global_batch: int, mesh: Mesh) -> int:
+    """Examples per device: the batch splits over data x fsdp, the devices along
+    tensor share their examples (on ``{data: N}``, the batch over every device).
 
     Raises:
-        ShardingError: the batch does not split evenly, naming the mesh.
+        ShardingError: the batch does not split evenly, naming the mesh (as on a
+            real pod: "batch_size must be divisible by the number of devices").
     """
-    if mesh.is_data_parallel:
-        return shard_batch_size(global_batch, pod.tensorcores)
     shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
     if global_batch % shards:
         lower = global_batch // shards * shards
@@ -413,10 +347,10 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
             instead of the scenario's ``model`` block; checked against every example
             of the data like a named one. Data parallel meshes only.
         timing_only: the plan is only costed (``pod.runtime.timing``): a global batch
-            larger than the train split is allowed, since one chip's share
+            larger than the train split is allowed, since one device's share
             stands for the whole batch.
-        sharded_ok: plan a ``pod.mesh`` with fsdp / tensor axes without the run's
-            checks (``describe`` and timing-only sweeps plan any model / chip on it).
+        sharded_ok: plan a ``pod.mesh`` without checking that the model's program
+            runs on it (``describe`` plans any model on any mesh).
 
     Returns:
         The plan.
@@ -430,16 +364,16 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                             "use pod.config.bench.check_benchmark")
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
-                      topology=cfg.topology, wraparound=cfg.wraparound)
+                      topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
     check_links(cfg.links, pod.torus)
-    mesh = build_mesh(cfg.mesh, pod)
+    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh)
     training = scenario.training
     try:
         check_precision(training.precision, pod.chip.core, pod.chip.name)
     except ValueError as err:
         raise ScenarioError(f"training.precision: {err}") from None
-    per_core = _per_device_batch(training.global_batch, pod, mesh)
-    dataset = _training_data(scenario, pod, per_core, dataset, timing_only)
+    per_device = _per_device_batch(training.global_batch, mesh)
+    dataset = _training_data(scenario, mesh, per_device, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])
     model = (_model_for_data(scenario, dataset) if model is None
              else _custom_model_for_data(model, dataset, mesh))
@@ -453,46 +387,42 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         if fault.step > steps:
             raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
                                 f"({steps}); the fault would never happen")
-    memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_core)
+    memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device)
     _check_sequence_parallel(scenario, mesh, model)
     if not sharded_ok:
         _check_runnable_mesh(scenario, mesh, model)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
-    buckets = (combine_buckets(model.gradient_buckets(), training.overlap_bucket_bytes // 4)
-               if training.overlap and mesh.is_data_parallel else ())  # sharded: no DP buckets
-    if mesh.is_data_parallel:
-        ici = plan_ici(pod, int(model.num_params), cfg.allreduce, faults, buckets)
-    else:  # gradients reduce per mesh axis (mesh_costs): no data-parallel allreduce, whose
-        # algorithm choice would take minutes at pod scale for nothing
-        link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
-                               pod.chip.ici_latency_s)
-        ici = IciPlan(algorithm=cfg.allreduce, num_elements=0, link=link,
-                      costs=((0, ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})),))
-    mesh_steps = () if mesh.is_data_parallel else tuple(
-        (step, _mesh_costs(mesh, ici.link, pod.chip, in_force, field))
-        for step, in_force, field in _link_faults_by_step(faults, pod.torus))
+    ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce, faults)
+    by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field))
+                    for step, in_force, field in _link_faults_by_step(faults, pod.torus))
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
-                        per_core_batch=per_core, steps=int(steps),
+                        per_device_batch=per_device, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
-                        mesh=mesh, mesh_costs=mesh_steps[0][1] if mesh_steps else None,
-                        mesh_costs_by_step=mesh_steps)
+                        mesh=mesh, collective_costs=by_step[0][1], collective_costs_by_step=by_step,
+                        bucket_elements=(training.overlap_bucket_bytes // 4 if training.overlap
+                                         else None))
 
 
-def _mesh_costs(mesh: Mesh, link, chip, faults=None, field: str = "pod.links"
+def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links"
                 ) -> MeshCollectiveCosts:
-    """The mesh's collective costs on ``link`` with the link ``faults`` in force, on-chip
-    steps at ``on_chip_bandwidth``.
+    """The mesh's collective costs on the plan's link with the link ``faults`` in force,
+    on-chip steps at ``on_chip_bandwidth``, an axis over the whole pod allreduced by
+    the plan's algorithm.
 
     Raises:
         ScenarioError: a failed link on a mesh of a device per TensorCore (v2 / v3),
             whose rerouted collectives are not modelled; ``field`` names the entry.
     """
-    if faults is not None and faults.failed and mesh.devices_per_chip > 1:
+    sharded = mesh.in_slice.axis_size("data") != mesh.in_slice.size
+    if faults is not None and faults.failed and mesh.devices_per_chip > 1 and sharded:
         raise ScenarioError(f"{field}: a failed link on a sharded mesh of a device per "
                             f"TensorCore (pod.mesh {format_axes(mesh.sizes)}) is not modelled "
                             "(its rerouted collectives have chip ranks only); use slowdown, a "
                             "v4 / v5e / v5p / v6e pod, or {data: N}")
-    return MeshCollectiveCosts(mesh, link, on_chip_bandwidth(chip), faults)
+    return MeshCollectiveCosts(mesh, ici.link, on_chip_bandwidth(chip), faults,
+                               torus_algorithm=ici.algorithm if ici.costs else None,
+                               dcn_bytes_per_s=chip.dcn_bytes_per_s,
+                               dcn_latency_s=chip.dcn_latency_s)
 
 
 def _link_faults_by_step(faults: FaultPlan, torus) -> list[tuple[int, Any, str]]:
@@ -537,42 +467,36 @@ def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) ->
     return order[index * global_batch:(index + 1) * global_batch]
 
 
-def plan_ici(pod: PodShape, num_elements: int, algorithm: str, faults: FaultPlan,
-             buckets: tuple[tuple[tuple[str, ...], int], ...] = ()) -> IciPlan:
-    """Decide the allreduce of a data-parallel run and cost it at every step.
+def plan_ici(pod: PodShape, mesh: Mesh, num_elements: int, algorithm: str,
+             faults: FaultPlan) -> IciPlan:
+    """Decide the allreduce of a data axis that spans the whole pod.
 
-    The algorithm is chosen once over the links of step 0 (``pod.links``):
-    the given one, or the fastest for this pod when ``auto``. Link faults
-    that start later are costed now too, with the same algorithm, so an
-    unroutable failure is an error before step 1 and the runtime costs
-    nothing itself.
+    The algorithm is decided once: the given one, or with ``auto`` the one XLA
+    runs on a TPU slice, ``torus`` (every torus axis at once, both directions:
+    ``interconnect.chains``; the calibration of VALIDATION.md reads the published
+    collective rows with it, and the fastest of the textbook algorithms
+    underestimates small slices without wraparound by up to 68%: C8 / C10). Every step's collectives are then costed with it
+    (``MeshCollectiveCosts``, link faults in force). A mesh with fsdp or tensor
+    axes has no such axis: its ``IciPlan`` holds the link only (the algorithm
+    choice would take minutes at pod scale for nothing).
 
     Args:
         pod: chip preset and torus.
+        mesh: the device mesh.
         num_elements: float32 elements of the gradient buffer (parameters).
         algorithm: ``pod.allreduce`` (a name or "auto").
-        faults: the checked fault plan (its link entries per step).
-        buckets: (layers, elements) of the overlapped allreduce, in backward
-            order; each is costed as its own allreduce with the same algorithm
-            (empty: no overlap).
+        faults: the checked fault plan.
 
     Raises:
-        TopologyError: a failed link that nothing can route around, naming
-            the scenario entry.
+        TopologyError: a failed link that nothing can route around.
     """
     link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
                            pod.chip.ici_latency_s)
+    one = mesh.in_slice
+    if "data" not in one.axis_names or one.axis_size("data") != one.size or one.size == 1:
+        return IciPlan(algorithm="ring" if algorithm == "auto" else algorithm,
+                       num_elements=num_elements, link=link, costs=())
     chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
-                                     algorithm=algorithm, faults=link_faults(faults.base_links))
-    costs, bucket_costs = [], []
-    for step, in_force, _ in _link_faults_by_step(faults, pod.torus):
-
-        def cost(elements: int) -> ScheduleCost:
-            return choose_algorithm("allreduce", pod.torus, elements, link, algorithm=chosen,
-                                    faults=in_force)[1]
-
-        costs.append((step, first if step == 0 else cost(num_elements)))
-        if buckets:
-            bucket_costs.append((step, tuple(cost(n) for _, n in buckets)))
-    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=tuple(costs),
-                   buckets=tuple(buckets), bucket_costs=tuple(bucket_costs))
+                                     algorithm="torus" if algorithm == "auto" else algorithm,
+                                     faults=link_faults(faults.base_links))
+    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=((0, first),))

@@ -23,7 +23,7 @@ default)::
       topology: 2x2                  # torus shape (default: from the slice)
       wraparound: true               # default: the generation's rules
       allreduce: auto                # auto | torus | bidirectional_ring | ring |
-                                     # halving_doubling | tree (auto: the fastest)
+                                     # halving_doubling | tree (auto: torus, what XLA runs)
       mesh: {data: 2, tensor: 2}     # device mesh, axes data | fsdp | tensor, -1: the rest
                                      # (pod/config/mesh.py; default {data: every device})
       links:                         # slowed or failed directed ICI links
@@ -65,6 +65,7 @@ default)::
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 import reprlib
@@ -80,9 +81,10 @@ from chip import MXU_MODELS
 from chip import PRECISIONS as CHIP_PRECISIONS
 from interconnect import ALLREDUCE_ALGORITHMS
 from pod.errors import ScenarioError
+from pod.safe_io import read_regular
 from pod.workloads import DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES
 
-#: ``pod.allreduce`` values: an interconnect algorithm, or auto (the fastest for the pod).
+#: ``pod.allreduce`` values: an interconnect algorithm, or auto (torus: what XLA runs).
 ALLREDUCE_CHOICES = ("auto", *ALLREDUCE_ALGORITHMS)
 
 __all__ = [
@@ -112,6 +114,9 @@ PRECISIONS = CHIP_PRECISIONS  # bf16 | fp32 | int8 (chip.PRECISIONS; int8 not on
 # cost model or ask for absurd work; each is far above any real use.
 #: chips in a pod: the largest Google slice, v5p-17920, has 8,960 chips
 MAX_CHIPS = 16384
+#: multislice: slices joined by the DCN (the largest published job: 199 v5e-256 slices,
+#: 50,944 chips)
+MAX_SLICES = 256
 #: examples per global batch (2**24; the largest published TPU batches are ~65k)
 MAX_GLOBAL_BATCH = 1 << 24
 #: optimizer steps (or steps between checkpoints / evaluations) of one run
@@ -182,13 +187,25 @@ class PodConfig(_Frozen):
     # pipelined: weights double-buffered, one pipeline bubble per op (the hardware [SB]);
     # scalesim: SCALE-Sim's weight-stationary count, a weight load and fill/drain per fold
     mxu_model: str = "pipelined"
-    # pod.mesh: axis name -> size (pod/config/mesh.py); None: {data: every device}
+    # pod.mesh: axis name -> size within a slice (pod/config/mesh.py, MaxText's
+    # ici_*_parallelism); None: {data: every device of a slice}
     mesh: dict[str, int] | None = None
+    # multislice: identical slices joined by the data-centre network; pod.dcn_mesh: each
+    # axis's factor across them (MaxText's dcn_*_parallelism); None: {data: slices}
+    slices: int = Field(default=1, ge=1, le=MAX_SLICES, description="slices over the DCN")
+    dcn_mesh: dict[str, int] | None = None
 
     @field_validator("mesh", mode="before")
     @classmethod
     def _mesh_axes(cls, value: Any) -> Any:
         from pod.config.mesh import parse_mesh_axes  # ScenarioError is a ValueError: pydantic reports it
+
+        return None if value is None else parse_mesh_axes(value)
+
+    @field_validator("dcn_mesh", mode="before")
+    @classmethod
+    def _dcn_axes(cls, value: Any) -> Any:
+        from pod.config.mesh import parse_mesh_axes
 
         return None if value is None else parse_mesh_axes(value)
 
@@ -224,6 +241,16 @@ class PodConfig(_Frozen):
     def _one_way(self) -> "PodConfig":
         if not self.slice and not self.chip:
             raise ValueError("give either slice (e.g. v2-8) or chip (e.g. v2) with chips")
+        if self.dcn_mesh is not None:
+            sizes = dict(self.dcn_mesh)
+            rest = [a for a, n in sizes.items() if n == -1]
+            given = math.prod(n for n in sizes.values() if n != -1)
+            if (rest and self.slices % given) or (not rest and given != self.slices):
+                raise ValueError(f"dcn_mesh: {sizes} must multiply to pod.slices {self.slices} "
+                                 f"(one size may be -1: the rest), e.g. {{data: {self.slices}}}")
+            if rest:
+                sizes[rest[0]] = self.slices // given
+            object.__setattr__(self, "dcn_mesh", sizes)
         return self
 
 
@@ -250,6 +277,17 @@ class ModelConfig(_Frozen):
         from pod.config.presets import expand_model  # ScenarioError is a ValueError
 
         return expand_model(value)
+
+    @field_validator("options")
+    @classmethod
+    def _not_an_argument(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # build_model(name, input_shape, num_classes, **options): these are set elsewhere
+        # (a TypeError traceback before; `model.options.name=x` on the command line reaches it)
+        where = {"name": "model.name", "input_shape": "the data's example shape",
+                 "num_classes": "the data's classes (the vocabulary for token models)"}
+        for key in sorted(set(value) & set(where)):
+            raise ValueError(f"{key!r} is not a model option; it is set by {where[key]}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -362,11 +400,37 @@ class TrainingConfig(_Frozen):
         return self
 
 
+def is_loopback(host: str) -> bool:
+    """True for a loopback address (127.0.0.0/8, ::1) or ``localhost``; no name is
+    looked up (a lookup could wait on DNS without bound)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class MetricsConfig(_Frozen):
-    """The Prometheus endpoint."""
+    """The Prometheus endpoint: on loopback unless ``expose`` says otherwise.
+
+    Serving metrics beyond loopback (``host: 0.0.0.0``, a LAN address) lets
+    anyone who reaches the machine read them: it needs ``expose: true``, and the
+    run prints a warning.
+    """
 
     port: int = Field(default=9188, ge=0, le=65535)
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    expose: bool = Field(default=False, description="serve on a host beyond loopback (0.0.0.0, "
+                                                    "a network address): a deliberate choice")
+
+    @model_validator(mode="after")
+    def _exposure_is_a_choice(self) -> "MetricsConfig":
+        if not is_loopback(self.host) and not self.expose:
+            raise ValueError(f"host: {self.host!r} is beyond loopback: anyone who reaches this "
+                             "machine could read the metrics; set metrics.expose: true to serve "
+                             "them there, or use 127.0.0.1")
+        return self
 
 
 class RayConfig(_Frozen):
@@ -850,19 +914,21 @@ def _expanded_size(node: yaml.Node, seen: dict[int, tuple[int, int]]) -> tuple[i
 
 
 def _read_scenario_text(path: Path) -> str:
-    """The file's text, at most ``MAX_SCENARIO_BYTES`` read (``/dev/zero`` ends too).
+    """The file's text, at most ``MAX_SCENARIO_BYTES`` read, from a regular file only
+    (a FIFO or ``/dev/zero`` is one line, not a hang).
 
     Raises:
-        ScenarioError: unreadable, too large, or not UTF-8.
+        ScenarioError: unreadable, not a regular file, too large, or not UTF-8.
     """
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_SCENARIO_BYTES + 1)
-    except OSError as err:
-        raise ScenarioError(f"{path}: cannot read the scenario file ({err.strerror})") from None
-    if len(raw) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{path}: the scenario file is larger than {MAX_SCENARIO_BYTES:,} "
-                            "bytes; a scenario is a small YAML file")
+    try:  # a regular file only: a FIFO would block the read, /dev/zero never end
+        raw = read_regular(path, MAX_SCENARIO_BYTES, "scenarios")
+    except ValueError as err:
+        if "larger than" in str(err):
+            raise ScenarioError(f"{path}: the scenario file is larger than "
+                                f"{MAX_SCENARIO_BYTES:,} bytes; a scenario is a small YAML "
+                                "file") from None
+        raise ScenarioError(str(err).replace(": cannot read (", ": cannot read the scenario "
+                                             "file (")) from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

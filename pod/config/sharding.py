@@ -1,14 +1,16 @@
 """What a sharded step needs resolved from the mesh: each device's groups, and the
 cost of a collective over every group of one mesh axis.
 
-A device program (``pod.workloads.sharded``) calls collectives over a mesh axis;
+A device program (``pod.programs``) calls collectives over a mesh axis;
 every device of the pod calls the same ones in the same order (SPMD). What a
 device needs to run its part is :class:`DeviceGroups` (per axis: its group in
 ring order, the order the ring visits it, and in mesh order, the order of the
 shards). What the clock needs is :class:`MeshCollectiveCosts`: per (axis, op,
 bytes) the simulated cost of that collective over every group of the axis at
-once (``interconnect.group_collective_cost``: a ring per group, the groups'
-phases aligned, contention where they share links), computed once and kept.
+once (``interconnect.group_collective_cost``: by default as XLA runs it, over
+every torus axis of the block the mesh axis occupies at once and in both
+directions; or one unidirectional ring per group; the groups' phases aligned,
+contention where they share links), computed once and kept.
 
 Devices are chips on v4 / v5p (megacore), v5e and v6e; on v2 / v3 each
 TensorCore is a device (two per chip, device ``d`` on chip ``d // 2``): the
@@ -28,15 +30,14 @@ from typing import Any
 
 from chip import ChipSpec
 
-from interconnect import (GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
-                          group_collective_cost)
-from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip, format_axes
-from pod.errors import ScenarioError
+from interconnect import (GROUP_ALGORITHMS, GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
+                          dcn_collective_seconds, group_collective_cost)
+from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
-__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts", "check_sharded_mesh",
+__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
            "SHARDED_MODELS", "on_chip_bandwidth"]
 
-#: Models the sharded device program runs (``pod.workloads.sharded``).
+#: Models the sharded device program runs (``pod.programs.transformer``).
 SHARDED_MODELS = ("transformer",)
 
 
@@ -114,22 +115,6 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
     return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged)
 
 
-def check_sharded_mesh(mesh: Mesh, model_name: str) -> None:
-    """Refuse a sharded mesh the runtime cannot run, with one line.
-
-    Raises:
-        ScenarioError: a model other than the transformer on an fsdp / tensor
-            mesh.
-    """
-    if mesh.is_data_parallel:
-        return
-    axes = format_axes(mesh.sizes)
-    if model_name not in SHARDED_MODELS:
-        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which only the "
-                            f"{', '.join(SHARDED_MODELS)} model does; {model_name} trains "
-                            f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
-
-
 def on_chip_bandwidth(spec: ChipSpec) -> float | None:
     """Bandwidth of a copy between two devices of one chip, bytes/s: one TensorCore's
     HBM bandwidth on v2 / v3 (``core.hbm_bandwidth_bytes_per_s``: the copy reads one
@@ -149,25 +134,67 @@ class MeshCollectiveCosts:
     Attributes:
         mesh: the device mesh.
         link: the calibrated ICI link.
-        on_chip_bytes_per_s: bandwidth of a ring step between two devices of
-            one chip (v2 / v3 TensorCores), bytes/s; None when the mesh has one
+        on_chip_bytes_per_s: bandwidth of a step between two devices of one
+            chip (v2 / v3 TensorCores), bytes/s; None when the mesh has one
             device per chip. The plan passes one TensorCore's HBM bandwidth
             (``on_chip_bandwidth``).
         faults: slowed and failed links in force (``pod.links``, link faults
             started by the step; ``interconnect.LinkFaults``); None: none.
+        torus_algorithm: the allreduce algorithm of an axis whose one group is
+            every device of the pod (``pod.allreduce``, chosen by the plan:
+            ``pod.config.ici.choose_algorithm``), so that data parallelism over
+            the whole slice costs what the data-parallel figures of VALIDATION.md
+            were checked with; None: the group ring.
+        algorithm: how a mesh axis's collective runs
+            (``interconnect.GROUP_ALGORITHMS``): ``"xla"`` (default), as XLA
+            runs it on a TPU slice, over every torus axis of the block the
+            mesh axis occupies (``Mesh.torus_axes``) at once, both directions
+            ([SB] sharding.md); ``"ring"``, one unidirectional ring per group
+            in ring order (what the functional transport runs; for teaching).
+        itemsize: bytes per element of what moves (2: bf16, the dtype XLA
+            moves parameters and activations in [SB] training.md). The cost
+            depends on the bytes; the element size only sets how finely a
+            buffer splits.
+        dcn_bytes_per_s, dcn_latency_s: the data-centre network between slices
+            (``chip.ChipSpec``'s, per chip): an axis with a factor across slices
+            (``Mesh.dcn_size``) is costed hierarchically (:meth:`cost`).
+
+    Raises:
+        ValueError: an unknown algorithm or an itemsize below 1.
     """
 
     mesh: Mesh
     link: LinkSpec
     on_chip_bytes_per_s: float | None = None
     faults: LinkFaults | None = None
+    torus_algorithm: str | None = None
+    algorithm: str = "xla"
+    itemsize: int = 2
+    dcn_bytes_per_s: float = 3.1e9
+    dcn_latency_s: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.algorithm not in GROUP_ALGORITHMS:
+            raise ValueError(f"mesh collective algorithm {self.algorithm!r} is unknown; allowed: "
+                             f"{', '.join(GROUP_ALGORITHMS)}")
+        if isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int) or self.itemsize < 1:
+            raise ValueError(f"itemsize {self.itemsize!r} is not valid: bytes per element, an "
+                             "int >= 1 (2 for bf16)")
+
     @property
     def torus(self) -> Torus:
-        """The chips' torus."""
+        """The torus of one slice's chips."""
         return self.mesh.torus
+
+    def group_torus(self, axis: str) -> Torus:
+        """The block of the torus each group of ``axis`` occupies in a slice, as a torus of
+        its own: one axis per ``AxisBlock`` (slowest first), its size, a ring where it
+        wraps; the groups of ``Mesh.groups(axis, "mesh")`` list their devices in its
+        row-major order."""
+        blocks = self.mesh.in_slice.torus_axes(axis)
+        return Torus(tuple(k.size for k in blocks), tuple(k.wraps for k in blocks))
 
     def cost(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
         """Every group of ``axis`` running ``op`` on ``nbytes`` per device at once.
@@ -175,13 +202,20 @@ class MeshCollectiveCosts:
         Args:
             axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
             op: allreduce, reduce_scatter or all_gather.
-            nbytes: bytes of each device's input buffer, float32 (the
-                ``CollectiveCall.nbytes`` of ``pod.workloads.collectives``: an
-                all-gather's piece, a reduce-scatter's or allreduce's whole
+            nbytes: bytes of each device's input buffer in the dtype that moves
+                (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
+                an all-gather's piece, a reduce-scatter's or allreduce's whole
                 buffer).
 
         Returns:
-            ``interconnect.group_collective_cost`` of the axis's groups.
+            ``interconnect.group_collective_cost`` of the axis's groups (in one slice:
+            every slice does the same on its own torus). An axis that spans slices
+            (``Mesh.dcn_size`` K > 1) is hierarchical, as XLA keeps it: an allreduce
+            is a reduce-scatter in the slice, an allreduce of the shard across the
+            K slices over the DCN, an all-gather in the slice; a reduce-scatter the
+            slice's then the DCN's on the shard; an all-gather the DCN's then the
+            slice's (``interconnect.dcn_collective_seconds``). The DCN seconds are a
+            phase of the result; its link bytes are the ICI links'.
 
         Raises:
             ValueError: an unknown axis or op.
@@ -195,18 +229,74 @@ class MeshCollectiveCosts:
         if hit is not None:
             return hit
         if self.mesh.axis_size(axis) <= 1:
-            result = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+            result = _FREE
+        elif self.mesh.dcn_size(axis) > 1:
+            result = self._hierarchical(axis, op, int(nbytes))
         else:
-            elements = int(nbytes) // 4
-            if op == "all_gather":  # the schedule's buffer is the gathered result
-                elements *= self.mesh.axis_size(axis)
-            result = group_collective_cost(op, self.torus, self.mesh.groups(axis, "ring"),
-                                           elements, self.link, faults=self.faults,
-                                           devices_per_chip=self.mesh.devices_per_chip,
-                                           on_chip_bytes_per_s=self.on_chip_bytes_per_s)
+            result = self._in_slice(axis, op, int(nbytes))
         with self._lock:
             self._cache[key] = result
         return result
+
+    def _in_slice(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
+        """``op`` over the groups of ``axis`` within one slice."""
+        one = self.mesh.in_slice
+        if axis not in one.axis_names or one.axis_size(axis) <= 1:
+            return _FREE
+        if self._whole_torus(axis, op):
+            return self._torus_allreduce(nbytes)
+        elements = nbytes // self.itemsize
+        if op == "all_gather":  # the schedule's buffer is the gathered result
+            elements *= one.axis_size(axis)
+        xla = self.algorithm == "xla"
+        return group_collective_cost(
+            op, self.torus, one.groups(axis, "mesh" if xla else "ring"), elements, self.link,
+            self.itemsize, self.faults, devices_per_chip=one.devices_per_chip,
+            on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=self.algorithm,
+            group_torus=self.group_torus(axis) if xla else None)
+
+    def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
+        """``op`` over an axis that spans K slices (:meth:`cost`)."""
+        one, k = self.mesh.in_slice, self.mesh.dcn_size(axis)
+        g = one.axis_size(axis) if axis in one.axis_names else 1
+
+        def dcn(dcn_op: str, buffer: float) -> float:
+            return dcn_collective_seconds(dcn_op, k, buffer, self.dcn_bytes_per_s,
+                                          self.dcn_latency_s,
+                                          senders_per_chip=one.devices_per_chip)
+
+        if op == "allreduce":
+            parts = [self._in_slice(axis, "reduce_scatter", nbytes), dcn("allreduce", nbytes / g),
+                     self._in_slice(axis, "all_gather", nbytes // g)]
+        elif op == "reduce_scatter":
+            parts = [self._in_slice(axis, "reduce_scatter", nbytes),
+                     dcn("reduce_scatter", nbytes / g)]
+        else:  # all_gather of a piece: across slices, then in the slice
+            parts = [dcn("all_gather", k * nbytes), self._in_slice(axis, "all_gather", k * nbytes)]
+        return _combined(parts)
+
+    def _whole_torus(self, axis: str, op: str) -> bool:
+        """An allreduce over an axis whose one group is every device of a slice."""
+        one = self.mesh.in_slice
+        return (op == "allreduce" and self.torus_algorithm is not None
+                and one.axis_size(axis) == one.size)
+
+    def _torus_allreduce(self, nbytes: int) -> ScheduleCost:
+        """The whole pod's allreduce by ``torus_algorithm`` over the chips' torus; with
+        two devices per chip (v2 / v3) the chip's devices first add their buffers on
+        chip (a float32 add reading two buffers and writing one at one TensorCore's
+        HBM bandwidth, the on-chip reduce of the data-parallel figures), then the
+        chips allreduce one buffer each."""
+        from interconnect import collective_cost
+
+        cost = collective_cost("allreduce", self.torus, max(1, nbytes // self.itemsize), self.link,
+                               algorithm=self.torus_algorithm, itemsize=self.itemsize,
+                               faults=self.faults)
+        if self.mesh.devices_per_chip > 1 and self.on_chip_bytes_per_s:
+            local = 3 * nbytes / self.on_chip_bytes_per_s
+            cost = dataclasses.replace(cost, seconds=cost.seconds + local,
+                                       phase_seconds=(local, *cost.phase_seconds))
+        return cost
 
     def seconds(self, axis: str, op: str, nbytes: int) -> float:
         """Simulated seconds of :meth:`cost`."""
@@ -222,3 +312,25 @@ class MeshCollectiveCosts:
             for link, b in self.cost(axis, op, nbytes).link_bytes.items():
                 total[link] += count * int(b)
         return {f"{a}->{b}": int(v) for (a, b), v in sorted(total.items())}
+
+
+_FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+
+
+def _combined(parts: Iterable[ScheduleCost | float]) -> ScheduleCost:
+    """Costs run one after another: seconds added, ICI link bytes added; a float is a DCN
+    phase (no ICI link bytes)."""
+    seconds, phases, busiest, fixed = 0.0, [], 0.0, 0.0
+    link_bytes: Counter = Counter()
+    for part in parts:
+        if isinstance(part, ScheduleCost):
+            seconds += part.seconds
+            phases.extend(part.phase_seconds)
+            busiest += part.busiest_link_seconds
+            fixed += part.fixed_seconds
+            link_bytes.update(part.link_bytes)
+        elif part > 0:
+            seconds += float(part)
+            phases.append(float(part))
+    return ScheduleCost(seconds=seconds, phase_seconds=tuple(phases), link_bytes=dict(link_bytes),
+                        busiest_link_seconds=busiest, fixed_seconds=fixed)

@@ -1,17 +1,18 @@
 """What bounds a simulated step: MXU, VPU, HBM, ICI (which torus axis), latency, host.
 
 A step's simulated time is its critical path (``StepStats.step_seconds``):
-dispatch + exposed infeed + compute + exposed allreduce + update. Each part
-is split by what bounds it, from figures the step already carries:
+dispatch + exposed infeed + compute + exposed collectives + update, from the
+one clock of every mesh (``pod.report.clock``). Each part is split by what
+bounds it, from figures the step already carries:
 
 - compute and update: each op's seconds go to what bounds that op
   (``stats.op_bound``: its MXU or VPU cycles, its HBM traffic, or the scalar
   unit's issue cycles, counted as "latency": a small op's fixed cost);
-- exposed allreduce: the on-chip reduce of a chip's cores is HBM work; the
-  ICI schedule's share is split between bandwidth ("ICI", the busiest link's
-  busy time) and "latency" (per-hop latency and the fixed cost per
-  collective: the rest of the schedule's time), in the proportions of the
-  schedule (or of its gradient buckets, summed);
+- exposed collectives, per mesh axis: the axis's exposed seconds split
+  between bandwidth ("ICI", the busiest link's busy time) and "latency"
+  (per-hop latency and the fixed cost per collective: the rest), in the
+  proportions of that axis's collectives in the step (their
+  ``ScheduleCost``s);
 - dispatch and exposed infeed: "host".
 
 The bound of the step is the category with the most seconds; the ICI label
@@ -101,13 +102,14 @@ def _split(seconds: float, by: dict[str, float], into: dict[str, float]) -> None
         into[_OP_CATEGORY.get(bound, bound)] += seconds * part / total
 
 
-def step_bounds(stats: Any, ici_costs: Sequence[Any], torus: Any) -> StepBounds:
+def step_bounds(stats: Any, costs: Any, torus: Any) -> StepBounds:
     """Split one step's critical path by what bounds it (see the module docstring).
 
     Args:
-        stats: the step's ``StepStats``.
-        ici_costs: the ICI schedules of the step's allreduce (``ScheduleCost``:
-            the whole one, or one per gradient bucket).
+        stats: the step's ``StepStats`` (its ``collective_spans``, per-axis exposed
+            seconds and per-op bounds).
+        costs: the plan's ``MeshCollectiveCosts`` in force at the step (each
+            span's ``ScheduleCost``: its busiest link's share).
         torus: the pod's ``interconnect.Torus``.
 
     Returns:
@@ -117,19 +119,18 @@ def step_bounds(stats: Any, ici_costs: Sequence[Any], torus: Any) -> StepBounds:
     out["host"] += stats.dispatch_seconds + stats.exposed_infeed_seconds
     _split(stats.compute_seconds, stats.compute_bound_seconds, out)
     _split(stats.update_seconds, stats.update_bound_seconds, out)
-    exposed = stats.exposed_allreduce_seconds
-    total = stats.allreduce_seconds
+    busy: dict[str, float] = {}
+    total: dict[str, float] = {}
     link_bytes: dict[tuple[int, int], int] = {}
-    if exposed > 0 and total > 0:
-        ici_time = sum(c.seconds for c in ici_costs)
-        busy = sum(min(c.busiest_link_seconds, c.seconds) for c in ici_costs)
-        local_share = stats.local_reduce_seconds / total
-        ici_share = 1.0 - local_share
-        out["hbm"] += exposed * local_share
-        bandwidth = busy / ici_time if ici_time > 0 else 0.0
-        out["ici"] += exposed * ici_share * bandwidth
-        out["latency"] += exposed * ici_share * (1.0 - bandwidth)
-        for c in ici_costs:
-            for link, nbytes in c.link_bytes.items():
-                link_bytes[link] = link_bytes.get(link, 0) + nbytes
+    for span in stats.collective_spans:
+        c = costs.cost(span.axis, span.op, span.nbytes)
+        busy[span.axis] = busy.get(span.axis, 0.0) + min(c.busiest_link_seconds, c.seconds)
+        total[span.axis] = total.get(span.axis, 0.0) + c.seconds
+    for axis, exposed in stats.axis_exposed_seconds.items():
+        bandwidth = busy.get(axis, 0.0) / total[axis] if total.get(axis) else 0.0
+        out["ici"] += exposed * bandwidth
+        out["latency"] += exposed * (1.0 - bandwidth)
+    for key, nbytes in stats.ici_link_bytes.items():
+        src, dst = (int(v) for v in key.split("->"))
+        link_bytes[(src, dst)] = nbytes
     return StepBounds(out, busiest_axes(link_bytes, torus))

@@ -39,9 +39,10 @@ def titled_table(title: str, **options: Any) -> Table:
 
 def progress_line(stats: StepStats, total: int) -> str:
     width = len(f"{total:,}")
+    rate = (f"sim {stats.tokens_per_second:,.0f} tokens/s" if stats.tokens_per_example else
+            f"sim {stats.examples_per_second:,.0f} examples/s")
     return (f"step {stats.step + 1:>{width},}/{total:,}  loss {stats.loss:.4f}  "
-            f"sim {stats.step_seconds * 1e3:.4f} ms/step  "
-            f"sim {stats.examples_per_second:,.0f} examples/s  "
+            f"sim {stats.step_seconds * 1e3:.4f} ms/step  {rate}  "
             f"wall {stats.wall_seconds * 1e3:.1f} ms/step")
 
 
@@ -60,37 +61,32 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(figure, value, clock) rows of the end-of-run summary (the console's table and
-    report.html's) from summary.json's figures. A sharded run's (one with
-    ``collectives_by_axis``) names its mesh instead of the allreduce algorithm, its
-    collectives per mesh axis (per step) instead of one allreduce, HBM per device,
-    and no test accuracy (its evaluation gives the loss)."""
-    sharded = "collectives_by_axis" in summary
-    per = "device" if sharded else "core"
+    report.html's) from summary.json's figures: the same rows for every mesh (its
+    collectives per mesh axis, per step; HBM per device)."""
+    tokens = summary.get("simulated_tokens_per_second") or 0.0
     rows = [
         ("steps x global batch", f"{summary['steps']:,} x {summary['global_batch']:,}", ""),
         ("loss first -> last", f"{summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}", ""),
-        _mesh_row(summary) if sharded else
-        ("allreduce algorithm", f"{summary['allreduce_algorithm']}", ""),
-        ("test loss", f"{summary['test_loss']:.4f}", "") if summary["test_accuracy"] is None else
-        ("test loss, accuracy", f"{summary['test_loss']:.4f}, "
-                                f"{accuracy_text(summary['test_accuracy'])}", ""),
+        _mesh_row(summary),
+        _test_row(summary),
         ("step time (critical path)", f"{summary['simulated_step_seconds'] * 1e3:.4f} ms",
          "simulated"),
         ("  without overlap (sum)", f"{summary['serial_step_seconds'] * 1e3:.4f} ms", "simulated"),
         ("  infeed, exposed", f"{summary['exposed_infeed_seconds'] * 1e3:.4f} ms of "
                               f"{summary['infeed_seconds'] * 1e3:.4f}", "simulated"),
         ("  compute (fwd+bwd)", f"{summary['compute_seconds'] * 1e3:.4f} ms", "simulated"),
-        (f"  {'collectives' if sharded else 'allreduce'}, exposed",
-         f"{summary['exposed_allreduce_seconds'] * 1e3:.4f} ms of "
-         f"{summary['allreduce_seconds'] * 1e3:.4f} "
+        ("  collectives, exposed",
+         f"{summary['exposed_collective_seconds'] * 1e3:.4f} ms of "
+         f"{summary['collective_seconds'] * 1e3:.4f} "
          f"({summary['overlap_fraction']:.0%} hidden)", "simulated"),
-        *(_axis_rows(summary) if sharded else []),
+        *_axis_rows(summary),
         ("  update", f"{summary['update_seconds'] * 1e3:.4f} ms", "simulated"),
-        ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s", "simulated"),
+        ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s"
+                       + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),
         ("model TFLOP/s", f"{summary['simulated_tflops']:.3f}", "simulated"),
         ("MFU", f"{summary['mfu']:.2%}", "simulated"),
-        (f"HBM peak per {per}", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
-                              f"{summary['hbm_capacity_bytes'] / 2**30:.0f} GiB", ""),
+        ("HBM peak per device", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
+                                f"{summary['hbm_capacity_bytes'] / 2**30:.0f} GiB", ""),
         ("ICI bytes per step", f"{summary['ici_bytes_per_step']:,}", ""),
         ("step time", f"{summary['wall_step_seconds'] * 1e3:.1f} ms", "wall"),
         ("emulation slowdown", f"{summary['emulation_slowdown']:,.0f}x", "wall/simulated"),
@@ -99,22 +95,32 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _test_row(summary: dict[str, Any]) -> tuple[str, str, str]:
+    loss, accuracy = summary.get("test_loss"), summary.get("test_accuracy")
+    if loss is None:
+        return ("test loss, accuracy", "none (no test example evaluated)", "")
+    return ("test loss, accuracy", f"{loss:.4f}, "
+            + (accuracy_text(accuracy) if accuracy is not None else "none"), "")
+
+
 def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
     axes = ", ".join(f"{a}: {n}" for a, n in summary["mesh"].items())
     each = " (a device per TensorCore)" if summary.get("devices_per_chip", 1) > 1 else ""
-    return ("mesh", f"{{{axes}}}{each}", "")
+    algorithm = (f"; allreduce {summary['allreduce_algorithm']}"
+                 if list(summary["mesh"]) == ["data"] else "")
+    dcn = summary.get("dcn_mesh") or {}
+    slices = (f"; {summary.get('slices', 1)} slices over the DCN ("
+              + ", ".join(f"{a} x{n}" for a, n in dcn.items()) + ")" if dcn else "")
+    return ("mesh", f"{{{axes}}}{each}{algorithm}{slices}", "")
 
 
 def _axis_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Per mesh axis, per step: exposed of all collective seconds, and the bytes a
-    device passed to them (summary.json's ``collectives_by_axis`` / steps)."""
-    steps = max(int(summary["steps"]), 1)
-    return [(f"    {axis}", f"{t['exposed_simulated_seconds'] / steps * 1e3:.4f} ms of "
-                         f"{t['simulated_seconds'] / steps * 1e3:.4f}, "
-                         f"{t['bytes'] // steps:,} B", "simulated")
-            for axis, t in sorted(summary["collectives_by_axis"].items(),
-                                  key=lambda kv: list(summary["mesh"]).index(kv[0])
-                                  if kv[0] in summary["mesh"] else len(summary["mesh"]))]
+    device passed to them (summary.json's ``collectives_by_axis``)."""
+    return [(f"    {axis}", f"{t['exposed_simulated_seconds'] * 1e3:.4f} ms of "
+                         f"{t['simulated_seconds'] * 1e3:.4f}, "
+                         f"{int(t['bytes_per_step']):,} B", "simulated")
+            for axis, t in summary.get("collectives_by_axis", {}).items()]
 
 
 def accuracy_text(accuracy: float) -> str:

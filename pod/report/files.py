@@ -1,7 +1,8 @@
 """The files a run writes: ``summary.json`` (``summarize``, ``reliability``),
 ``steps.csv`` (``StepsCsv``), written so that a reader never sees half a file
-(``write_json`` and every rewrite of steps.csv: a temporary file in the same
-directory, flushed to disk, then renamed over the target).
+(``write_json`` and every rewrite of steps.csv go through ``pod.safe_io.write_atomic``:
+a fresh temporary file in the same directory, flushed to disk, then renamed over
+the target; re-exported here).
 
 A file system that refuses (no space, read-only, no permission) ends the run
 with one line naming the path (``OutputError``); ``check_writable`` finds it
@@ -10,62 +11,19 @@ before the first step.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
 from pod.errors import OutputError
 from pod.report.stats import StepStats, StepTotals, mfu
+from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
            "check_writable", "output_errors"]
-
-
-def _file_mode() -> int:
-    """The mode ``open`` would give a new file (0666 less the umask): ``mkstemp``
-    makes 0600 files, and a result file should read like any other."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-@contextlib.contextmanager
-def output_errors(path: Path | str) -> Iterator[None]:
-    """Turn an ``OSError`` while writing ``path`` (ENOSPC, EROFS, EACCES, ...) into
-    one ``OutputError`` line naming it."""
-    try:
-        yield
-    except OSError as err:
-        where = err.filename if err.filename else path
-        raise OutputError(where, err.strerror or str(err)) from None
-
-
-def write_atomic(path: Path, write: Callable[[Any], None], *, newline: str | None = None,
-                 binary: bool = False) -> None:
-    """Write a text (or, with ``binary``, bytes) file atomically: ``write(file)`` fills
-    a temporary file in the same directory, which is flushed to disk and renamed
-    over ``path``.
-
-    Raises:
-        OutputError: the file system refused (the temporary file is removed).
-    """
-    path = Path(path)
-    with output_errors(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline=newline)) as f:
-                write(f)
-                f.flush()
-                os.fchmod(f.fileno(), _file_mode())
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -149,25 +107,30 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
     return _identity(plan, totals.steps) | {
         "initial_loss": totals.initial_loss,
         "final_loss": totals.final_loss,
-        "test_loss": evaluation.loss if evaluation is not None else None,
-        "test_accuracy": evaluation.accuracy if evaluation is not None else None,
+        "test_loss": _figure(evaluation, "loss"),
+        "test_accuracy": _figure(evaluation, "accuracy"),
         "simulated_step_seconds": step_seconds,
         "simulated_examples_per_second": plan.global_batch / step_seconds,
+        "simulated_tokens_per_second": plan.global_batch * _tokens(plan) / step_seconds,
         "simulated_tflops": flops / step_seconds / 1e12,
         "mfu": mfu(flops, step_seconds, pod.peak_bf16_flops_per_s),
         "hfu": mfu(mean("hardware_flops"), step_seconds, pod.peak_bf16_flops_per_s),
         "infeed_seconds": mean("infeed_seconds"),
         "compute_seconds": mean("compute_seconds"),
-        "allreduce_seconds": mean("allreduce_seconds"),
-        "exposed_allreduce_seconds": mean("exposed_allreduce_seconds"),
+        "collective_seconds": mean("collective_seconds"),
+        "exposed_collective_seconds": mean("exposed_collective_seconds"),
         "exposed_infeed_seconds": mean("exposed_infeed_seconds"),
         "dispatch_seconds": mean("dispatch_seconds"),
         "serial_step_seconds": mean("serial_step_seconds"),
-        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_allreduce_seconds")
-                                              / mean("allreduce_seconds")))
-                             if mean("allreduce_seconds") > 0 else 0.0),
-        "ici_seconds": mean("ici_seconds"),
+        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_collective_seconds")
+                                              / mean("collective_seconds")))
+                             if mean("collective_seconds") > 0 else 0.0),
         "update_seconds": mean("update_seconds"),
+        "collectives_by_axis": {
+            axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
+                   "simulated_seconds": mean(f"{axis}_collective_seconds"),
+                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds")}
+            for axis in plan.mesh.axis_names},
         "ici_bytes_per_step": totals.ici_bytes_per_step,
         "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s,
         "wall_seconds": wall_seconds,
@@ -178,6 +141,17 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
     }
+
+
+def _figure(evaluation: Any | None, name: str) -> float | None:
+    """A test figure, None when not evaluated or when no example was (NaN)."""
+    value = getattr(evaluation, name, None) if evaluation is not None else None
+    return None if value is None or value != value else float(value)
+
+
+def _tokens(plan: Any) -> int:
+    """Tokens per example of a sequence model (the transformer's sequence length), else 0."""
+    return int(getattr(getattr(plan.model, "config", None), "sequence_length", 0) or 0)
 
 
 def _identity(plan: Any, steps: int) -> dict[str, Any]:
@@ -196,12 +170,17 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
         "precision": plan.scenario.training.precision,
+        "mesh": dict(plan.mesh.sizes),
+        "slices": plan.mesh.slices,
+        "dcn_mesh": plan.mesh.dcn_sizes,
+        "devices": plan.mesh.size,
+        "devices_per_chip": plan.mesh.devices_per_chip,
         "allreduce_algorithm": plan.ici.algorithm,
         "overlap": bool(plan.scenario.training.overlap),
         "host_dispatch": plan.scenario.training.host_dispatch,
         "steps": steps,
         "global_batch": plan.global_batch,
-        "per_core_batch": plan.per_core_batch,
+        "per_device_batch": plan.per_device_batch,
     }
 
 
@@ -241,7 +220,7 @@ class StepsCsv:
                 write_atomic(self.path, lambda f: None)  # a new, empty file
             else:
                 self.truncate(self._keep_below, reopen=False)
-            self._file = self.path.open("a", newline="")
+            self._file = _append(self.path)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -289,7 +268,13 @@ class StepsCsv:
             write_atomic(self.path, rewrite, newline="")
             self._writer = None
             if reopen:
-                self._file = self.path.open("a", newline="")
+                self._file = _append(self.path)
+
+
+def _append(path: Path) -> Any:
+    """``path`` opened to append text, refusing to follow a link planted there."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return os.fdopen(fd, "a", newline="", encoding="utf-8")
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:

@@ -68,7 +68,7 @@ def _plots_svg(steps: Sequence[Mapping[str, float]]) -> str:
                   label="test loss")
     left.set(xlabel="step", ylabel="loss", title="loss")
     left.legend(fontsize=8)
-    parts = ("exposed_infeed_seconds", "compute_seconds", "exposed_allreduce_seconds",
+    parts = ("exposed_infeed_seconds", "compute_seconds", "exposed_collective_seconds",
              "update_seconds")
     right.stackplot(x, *[[s.get(p, 0.0) * 1e3 for s in steps] for p in parts],
                     labels=[p.replace("_seconds", "").replace("_", " ") for p in parts])
@@ -100,10 +100,9 @@ def render_report(summary: Mapping[str, Any], steps: Sequence[Mapping[str, float
              f"{summary['topology']})")
     data = summary["dataset"] + (" (synthetic)" if summary.get("synthetic_data") else "")
     figures = _table(("figure", "value", "clock"), summary_rows(dict(summary)), {1})
-    mesh = summary.get("mesh") if "collectives_by_axis" in summary else None
-    per = "device" if mesh else "TensorCore"
-    split = (f"data x fsdp shard of the mesh {{{', '.join(f'{a}: {n}' for a, n in mesh.items())}}}"
-             if mesh else "TensorCore")
+    mesh = summary.get("mesh") or {}
+    per = "device"
+    split = f"device of the mesh {{{', '.join(f'{a}: {n}' for a, n in mesh.items())}}}"
     model = _table(("layer (type)", "input shape", "output shape", "params", "FLOPs / step",
                     "HBM bytes / step", "sim time / step (us)", "MXU us", "vector unit us"),
                    [(f"{r['layer']} ({r['type']})", r["input_shape"], r["output_shape"],
@@ -124,7 +123,7 @@ def render_report(summary: Mapping[str, Any], steps: Sequence[Mapping[str, float
 <body>
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(summary['model'])} ({summary.get('parameters', 0):,} parameters) on
-{html.escape(data)}; global batch {summary['global_batch']:,} = {summary['per_core_batch']:,}
+{html.escape(data)}; global batch {summary['global_batch']:,} = {summary["per_device_batch"]:,}
 per {html.escape(split)}; {summary['steps']:,} steps. Figures are <b>simulated</b> (what the TPU pod would
 take) or <b>wall</b> (what the emulation took here), as marked.</p>
 <h2>Summary</h2>

@@ -3,7 +3,8 @@
 Names follow Prometheus conventions (``tpu_pod_`` prefix, base units,
 ``_total`` for counters); the clock is in the name: ``simulated`` figures come
 from the cost models, ``wall`` figures from this host. Labels are bounded:
-``chip`` (a rank), ``core``, ``link`` and the run-info labels, never a step
+``chip`` (a rank), ``core`` (the TensorCore of a device: 0 on chips of one
+device), ``link``, ``axis`` (a mesh axis) and the run-info labels, never a step
 number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 ``chip`` means one thing everywhere.
 
@@ -13,21 +14,25 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 | tpu_pod_steps_total | counter | | training steps done |
 | tpu_pod_examples_total | counter | | training examples processed |
 | tpu_pod_simulated_step_seconds | histogram | | simulated step time |
-| tpu_pod_simulated_step_part_seconds | gauge | part | last step: infeed, compute, allreduce, update, and exposed_infeed, exposed_allreduce, dispatch (the critical path's parts) |
-| tpu_pod_allreduce_overlap_ratio | gauge | | share of the allreduce hidden behind the backward pass, last step |
+| tpu_pod_simulated_step_part_seconds | gauge | part | last step: infeed, compute, collective, update, and exposed_infeed, exposed_collective, dispatch (the critical path's parts) |
+| tpu_pod_collective_overlap_ratio | gauge | | share of the collectives hidden behind the compute, last step |
 | tpu_pod_simulated_examples_per_second | gauge | | last step's simulated throughput |
+| tpu_pod_simulated_tokens_per_second | gauge | | last step's simulated tokens/s (sequence models) |
 | tpu_pod_simulated_flops_per_second | gauge | | last step's model FLOP/s (simulated) |
 | tpu_pod_mfu_ratio | gauge | | model FLOPs utilisation, 0..1 |
 | tpu_pod_loss | gauge | | last step's training loss |
 | tpu_pod_test_accuracy_ratio | gauge | | last evaluated test accuracy |
-| tpu_pod_mxu_utilization_ratio | gauge | chip, core | MXU FLOPs / (core peak x step time), last step |
-| tpu_pod_simulated_chip_compute_seconds | gauge | chip | the chip's forward + backward (slowest core), last step |
+| tpu_pod_mxu_utilization_ratio | gauge | chip, core | MXU FLOPs / (device peak x step time), last step |
+| tpu_pod_simulated_chip_compute_seconds | gauge | chip | the chip's forward + backward (slowest device), last step |
 | tpu_pod_hbm_used_bytes | gauge | chip, core | HBM in use |
 | tpu_pod_hbm_peak_bytes | gauge | chip, core | HBM high-water mark |
 | tpu_pod_hbm_capacity_bytes | gauge | chip, core | HBM capacity |
 | tpu_pod_ici_transferred_bytes_total | counter | link | bytes sent over a directed ICI link |
 | tpu_pod_ici_link_utilization_ratio | gauge | link | link bytes / (bandwidth x step time), last step |
-| tpu_pod_simulated_allreduce_seconds | histogram | | simulated gradient allreduce time |
+| tpu_pod_simulated_collective_seconds | histogram | | a step's simulated collective time, every mesh axis |
+| tpu_pod_collective_seconds_total | counter | axis | simulated seconds of the collectives over a mesh axis |
+| tpu_pod_collective_exposed_seconds_total | counter | axis | the part of them the compute waited for |
+| tpu_pod_collective_bytes_total | counter | axis | bytes a device passed to them |
 | tpu_pod_wall_step_seconds | histogram | | host wall time per step |
 | tpu_pod_emulation_slowdown_ratio | gauge | | wall seconds / simulated seconds, last step |
 | tpu_pod_emulation_rate_ratio | gauge | | simulated seconds per wall second, last step |
@@ -36,6 +41,7 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 from __future__ import annotations
 
 import errno
+import socket
 from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -58,10 +64,11 @@ METRIC_NAMES = (
     "tpu_pod_mfu_ratio", "tpu_pod_loss", "tpu_pod_test_accuracy_ratio",
     "tpu_pod_mxu_utilization_ratio", "tpu_pod_hbm_used_bytes", "tpu_pod_hbm_peak_bytes", "tpu_pod_hbm_capacity_bytes",
     "tpu_pod_ici_transferred_bytes_total", "tpu_pod_ici_link_utilization_ratio",
-    "tpu_pod_simulated_allreduce_seconds", "tpu_pod_wall_step_seconds",
+    "tpu_pod_simulated_collective_seconds", "tpu_pod_wall_step_seconds",
     "tpu_pod_emulation_slowdown_ratio", "tpu_pod_emulation_rate_ratio",
-    "tpu_pod_allreduce_overlap_ratio",
-    "tpu_pod_simulated_chip_compute_seconds",
+    "tpu_pod_collective_overlap_ratio", "tpu_pod_simulated_tokens_per_second",
+    "tpu_pod_simulated_chip_compute_seconds", "tpu_pod_collective_seconds_total",
+    "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total",
 )
 
 
@@ -77,12 +84,15 @@ class PodMetrics:
             synthetic (info labels: synthetic data is labelled as such).
         links: every directed ICI link ("src->dst"): their series start at 0,
             so a link the collective never uses shows as idle, not missing.
-        chips, cores: pod size; per (chip, core) series start at 0.
+        chips: pod size; per chip series start at 0.
+        devices_per_chip: devices per chip (2 on v2 / v3: a device per TensorCore,
+            labelled by its ``core``); per (chip, core) series start at 0.
     """
 
     def __init__(self, *, scenario: str, generation: str, slice_name: str, topology: str,
-                 links: Sequence[str] = (), chips: int = 0, cores: int = 0,
+                 links: Sequence[str] = (), chips: int = 0, devices_per_chip: int = 1,
                  dataset: str = "", synthetic: bool = False) -> None:
+        self.devices_per_chip = max(1, int(devices_per_chip))
         self.registry = CollectorRegistry()
         r = self.registry
         self.info = Gauge("tpu_pod_info", "The emulated pod (value 1).",
@@ -99,6 +109,9 @@ class PodMetrics:
                                   registry=r)
         self.examples_per_second = Gauge("tpu_pod_simulated_examples_per_second",
                                          "Simulated examples/s of the last step.", registry=r)
+        self.tokens_per_second = Gauge("tpu_pod_simulated_tokens_per_second",
+                                       "Simulated tokens/s of the last step (sequence models).",
+                                       registry=r)
         self.flops_per_second = Gauge("tpu_pod_simulated_flops_per_second",
                                       "Simulated model FLOP/s of the last step.", registry=r)
         self.mfu = Gauge("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).",
@@ -107,11 +120,11 @@ class PodMetrics:
         self.accuracy = Gauge("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).",
                               registry=r)
         self.mxu_utilization = Gauge("tpu_pod_mxu_utilization_ratio",
-                                     "MXU FLOPs / (core peak FLOP/s x simulated step time), 0..1.",
+                                     "MXU FLOPs / (device peak FLOP/s x simulated step time), 0..1.",
                                      ["chip", "core"], registry=r)
         self.chip_compute_seconds = Gauge(
             "tpu_pod_simulated_chip_compute_seconds",
-            "Simulated forward + backward of a chip's slowest core, last step (a straggler "
+            "Simulated forward + backward of a chip's slowest device, last step (a straggler "
             "stands out here).", ["chip"], registry=r)
         self.hbm_used = Gauge("tpu_pod_hbm_used_bytes", "HBM bytes in use.", ["chip", "core"],
                               registry=r)
@@ -124,34 +137,35 @@ class PodMetrics:
         self.ici_utilization = Gauge("tpu_pod_ici_link_utilization_ratio",
                                      "Directed ICI link bytes / (bandwidth x simulated step time).",
                                      ["link"], registry=r)
-        self.allreduce_seconds = Histogram("tpu_pod_simulated_allreduce_seconds",
-                                           "Simulated gradient allreduce time.",
-                                           buckets=_SIM_BUCKETS, registry=r)
+        self.collective_step_seconds = Histogram(
+            "tpu_pod_simulated_collective_seconds",
+            "Simulated collective time of a step, every mesh axis.", buckets=_SIM_BUCKETS,
+            registry=r)
         self.wall_seconds = Histogram("tpu_pod_wall_step_seconds", "Host wall time per step.",
                                       buckets=_WALL_BUCKETS, registry=r)
         self.slowdown = Gauge("tpu_pod_emulation_slowdown_ratio",
                               "Wall seconds per simulated second, last step.", registry=r)
-        self.overlap = Gauge("tpu_pod_allreduce_overlap_ratio",
-                             "Share of the last step's allreduce hidden behind the backward "
-                             "pass, 0..1.", registry=r)
+        self.overlap = Gauge("tpu_pod_collective_overlap_ratio",
+                             "Share of the last step's collectives hidden behind the compute, "
+                             "0..1.", registry=r)
         self.rate = Gauge("tpu_pod_emulation_rate_ratio",
                           "Simulated seconds per wall second, last step.", registry=r)
         self.collective_seconds = Counter(
-            "tpu_pod_collective_seconds", "Simulated seconds of a sharded run's collectives "
-            "per mesh axis.", ["axis"], registry=r)
+            "tpu_pod_collective_seconds", "Simulated seconds of the collectives per mesh axis.",
+            ["axis"], registry=r)
         self.collective_exposed_seconds = Counter(
             "tpu_pod_collective_exposed_seconds", "Simulated seconds the compute stream waited "
-            "for a sharded run's collectives, per mesh axis.", ["axis"], registry=r)
+            "for the collectives, per mesh axis.", ["axis"], registry=r)
         self.collective_bytes = Counter(
-            "tpu_pod_collective_bytes", "Bytes a device passed to a sharded run's collectives "
-            "per mesh axis (the slowest device's).", ["axis"], registry=r)
+            "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
+            "axis (the slowest device's).", ["axis"], registry=r)
         self._links = tuple(links)
         for link in links:
             self.ici_bytes.labels(link)
             self.ici_utilization.labels(link).set(0)
         for rank in range(chips):
             self.chip_compute_seconds.labels(str(rank)).set(0)
-            for core in range(cores):
+            for core in range(self.devices_per_chip):
                 self.mxu_utilization.labels(str(rank), str(core)).set(0)
         self._server: Any = None
         self.port = 0
@@ -167,7 +181,8 @@ class PodMetrics:
             The port served (0 when disabled).
 
         Raises:
-            MetricsError: the port is in use or cannot be bound.
+            MetricsError: the port is in use or cannot be bound (``metrics.port``), or
+                the host is not an address of this machine (``metrics.host``).
         """
         if port == 0:
             return 0
@@ -178,6 +193,9 @@ class PodMetrics:
                 raise MetricsError(
                     f"metrics.port: port {port} on {host} is already in use; choose a free port "
                     f"with --metrics-port, or 0 to disable the endpoint") from None
+            if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
+                raise MetricsError(f"metrics.host: cannot serve on {host!r} ({err.strerror or err}); "
+                                   "use 127.0.0.1, or an address of this machine") from None
             raise MetricsError(f"metrics.port: cannot serve on {host}:{port}: {err.strerror}") from None
         self._server = server
         self.port = port
@@ -190,8 +208,13 @@ class PodMetrics:
             self._server.server_close()
             self._server = None
 
+    def _labels(self, device: int) -> tuple[str, str]:
+        """(chip, core) labels of a device id."""
+        chip, core = divmod(int(device), self.devices_per_chip)
+        return str(chip), str(core)
+
     def observe_axes(self, stats: StepStats) -> None:
-        """Add a sharded step's per-mesh-axis collective seconds, exposed seconds and bytes."""
+        """Add a step's per-mesh-axis collective seconds, exposed seconds and bytes."""
         for axis, seconds in stats.axis_collective_seconds.items():
             self.collective_seconds.labels(axis).inc(seconds)
             self.collective_exposed_seconds.labels(axis).inc(
@@ -203,23 +226,25 @@ class PodMetrics:
         self.steps.inc()
         self.examples.inc(stats.global_batch)
         self.step_seconds.observe(stats.step_seconds)
+        self.observe_axes(stats)
         for part, value in (("infeed", stats.infeed_seconds), ("compute", stats.compute_seconds),
-                            ("allreduce", stats.allreduce_seconds),
+                            ("collective", stats.collective_seconds),
                             ("exposed_infeed", stats.exposed_infeed_seconds),
-                            ("exposed_allreduce", stats.exposed_allreduce_seconds),
+                            ("exposed_collective", stats.exposed_collective_seconds),
                             ("dispatch", stats.dispatch_seconds),
                             ("update", stats.update_seconds)):
             self.part_seconds.labels(part).set(value)
         self.overlap.set(stats.overlap_fraction)
         self.examples_per_second.set(stats.examples_per_second)
+        self.tokens_per_second.set(stats.tokens_per_second)
         self.flops_per_second.set(stats.flops_per_second)
         self.mfu.set(stats.mfu)
         self.loss.set(stats.loss)
-        for (chip, core), used in stats.hbm_used_bytes.items():
-            self.hbm_used.labels(str(chip), str(core)).set(used)
-            self.hbm_capacity.labels(str(chip), str(core)).set(stats.hbm_capacity_bytes)
-        for (chip, core), peak in stats.hbm_peak_bytes.items():
-            self.hbm_peak.labels(str(chip), str(core)).set(peak)
+        for device, used in stats.hbm_used_bytes.items():
+            self.hbm_used.labels(*self._labels(device)).set(used)
+            self.hbm_capacity.labels(*self._labels(device)).set(stats.hbm_capacity_bytes)
+        for device, peak in stats.hbm_peak_bytes.items():
+            self.hbm_peak.labels(*self._labels(device)).set(peak)
         for link, nbytes in stats.ici_link_bytes.items():
             self.ici_bytes.labels(link).inc(nbytes)
         ratios = stats.ici_link_utilization()
@@ -227,11 +252,11 @@ class PodMetrics:
             self.ici_utilization.labels(link).set(ratios.get(link, 0.0))
         for link, ratio in ratios.items():
             self.ici_utilization.labels(link).set(ratio)
-        for (chip, core), ratio in stats.mxu_utilization().items():
-            self.mxu_utilization.labels(str(chip), str(core)).set(ratio)
+        for device, ratio in stats.mxu_utilization().items():
+            self.mxu_utilization.labels(*self._labels(device)).set(ratio)
         for chip, seconds in stats.chip_compute_seconds.items():
             self.chip_compute_seconds.labels(str(chip)).set(seconds)
-        self.allreduce_seconds.observe(stats.allreduce_seconds)
+        self.collective_step_seconds.observe(stats.collective_seconds)
         self.wall_seconds.observe(stats.wall_seconds)
         if stats.step_seconds > 0:
             self.slowdown.set(stats.wall_seconds / stats.step_seconds)

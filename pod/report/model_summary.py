@@ -22,7 +22,7 @@ from chip import TensorCore, TensorCoreSpec
 from pod.workloads.layers import timing_zeros
 from pod.workloads.models import Model
 from pod.workloads.optimizers import OPTIMIZER_NAMES
-from pod.workloads.sharded import ParamLayout, param_layout
+from pod.programs.transformer import ParamLayout, param_layout
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
@@ -327,7 +327,7 @@ def plan_sharding_table(plan) -> Table | None:
     Args:
         plan: a ``pod.config.plan.TrainingPlan``.
     """
-    if plan.mesh.is_data_parallel or not isinstance(plan.model, TransformerModel):
+    if plan.mesh.axis_names == ("data",) or not isinstance(plan.model, TransformerModel):
         return None
     try:
         layouts = param_layout(plan.model, plan.mesh.sizes)
@@ -344,12 +344,14 @@ def plan_model_tables(plan, *, detail: bool = False) -> list[Table]:
         plan: a ``pod.config.plan.TrainingPlan``.
         detail: add ``layer_detail_table``.
     """
-    core, chip = plan.pod.chip.core, plan.pod.chip.name
+    from pod.config.sharding import device_chip_spec
+
+    core, chip = device_chip_spec(plan.pod.chip).core, plan.pod.chip.name
     mxu_model = plan.scenario.pod.mxu_model
-    tables = [model_summary_table(plan.model, core, plan.per_core_batch, chip_name=chip,
+    tables = [model_summary_table(plan.model, core, plan.per_device_batch, chip_name=chip,
                                   mxu_model=mxu_model)]
     if detail:
-        tables.append(layer_detail_table(plan.model, core, plan.per_core_batch, chip_name=chip,
+        tables.append(layer_detail_table(plan.model, core, plan.per_device_batch, chip_name=chip,
                                          mxu_model=mxu_model))
     sharding = plan_sharding_table(plan)
     return tables if sharding is None else [*tables, sharding]

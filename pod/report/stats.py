@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
 __all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end", "op_bound",
-           "OP_BOUNDS", "HOST_DISPATCH_SECONDS"]
+           "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER", "TOTAL_FIELDS"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
 #: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
@@ -104,59 +104,57 @@ class RecordTotals:
 
 @dataclass(frozen=True)
 class StepStats:
-    """One training step of the pod.
+    """One training step of the pod, on any mesh.
 
-    Simulated step time = dispatch + exposed infeed + compute + exposed
-    allreduce + update (the critical path), where compute is the slowest
-    TensorCore's forward + backward (every step waits for the slowest chip),
-    allreduce = on-chip core reduce + ICI schedule time, and "exposed" is the
-    part not hidden behind compute: with ``training.overlap`` the gradient
-    buckets are reduced while the backward pass goes on and the next batch's
-    infeed runs behind this step; without it both are fully exposed and the
-    step is the plain sum (``serial_step_seconds``, an upper bound).
+    Simulated step time = dispatch + exposed infeed + the slowest device's
+    critical path (``pod.report.clock``): its forward + backward (compute),
+    the collectives its compute stream waited for (exposed), its update. With
+    ``training.overlap`` the collectives run behind the compute as XLA's async
+    collectives do and the next batch's infeed behind this step; without it
+    both are fully exposed and the step is the plain sum
+    (``serial_step_seconds``, an upper bound).
 
     Attributes:
         step: zero-based step number.
         loss: mean training loss over the global batch.
         global_batch: examples in the step.
         infeed_seconds: simulated host-to-chip transfer of one chip's batch.
-        compute_seconds: simulated forward + backward, slowest core.
-        local_reduce_seconds: simulated on-chip reduce of the cores' gradients.
-        ici_seconds: simulated ICI allreduce of the chip gradients.
-        update_seconds: simulated optimizer update, slowest core.
+        compute_seconds: simulated forward + backward of the slowest device.
+        collective_seconds: its collectives' simulated seconds, every mesh axis,
+            hidden or not.
+        update_seconds: its optimizer update (gradient mean included).
         model_flops: model FLOPs of forward + backward over the whole pod (no
             recomputation; what MFU counts).
+        peak_flops_per_s: the pod's peak bf16 FLOP/s (device peak x devices).
+        wall_seconds: host wall time of the step.
         hardware_flops: MXU FLOPs the pod executed, recomputation included
             (0: equal to ``model_flops``).
-        peak_flops_per_s: the pod's peak bf16 FLOP/s.
-        wall_seconds: host wall time of the step.
-        hbm_used_bytes: per (chip, core) HBM bytes in use after the step.
-        hbm_peak_bytes: per (chip, core) HBM high-water mark.
-        hbm_capacity_bytes: per core HBM capacity.
-        ici_link_bytes: bytes per directed ICI link "src->dst" in this step.
-        core_mxu_flops: per (chip, core) MXU FLOPs of forward + backward.
-        core_peak_flops_per_s: one TensorCore's peak bf16 FLOP/s.
-        ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
-        chip_compute_seconds: per chip, its slowest core's simulated forward +
-            backward (a straggler shows here; ``compute_seconds`` is the max).
-        dispatch_seconds: simulated host dispatch of the step (0 in a device loop).
+        tokens_per_example: tokens in one example (sequence models; 0 otherwise).
+        exposed_collective_seconds: the collectives the compute stream waited for,
+            plus what ran past its end (None: all of them).
         exposed_infeed_seconds: the infeed not hidden behind the previous step
             (None: all of it).
-        exposed_allreduce_seconds: the allreduce not hidden behind the backward
-            pass (None: all of it).
-        allreduce_buckets: with overlap, per bucket (layers, start, end): seconds
-            from the start of the forward pass (for the trace).
-        axis_collective_bytes: a sharded step's collective bytes per mesh axis
-            (one device's buffers; empty for a data-parallel step).
-        axis_collective_seconds: their simulated seconds per axis, all of them.
-        axis_exposed_seconds: the part per axis the compute stream waited for
-            (``pod.report.sharded``).
-        traced_device, collective_spans, compute_waits: a sharded step's slowest
-            device, its collectives placed in time (``CollectiveSpan``) and its
-            compute stream's waits (start, end, axis), for the trace.
-        compute_bound_seconds: the slowest core's forward + backward seconds by
+        dispatch_seconds: simulated host dispatch of the step (0 in a device loop).
+        hbm_used_bytes: per device, HBM bytes in use after the step.
+        hbm_peak_bytes: per device, the HBM high-water mark.
+        hbm_capacity_bytes: one device's HBM capacity.
+        ici_link_bytes: bytes per directed ICI link "src->dst" in this step.
+        ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
+        device_mxu_flops: per device, MXU FLOPs of the step.
+        device_peak_flops_per_s: one device's peak bf16 FLOP/s.
+        chip_compute_seconds: per chip, its slowest device's simulated forward +
+            backward (a straggler shows here; ``compute_seconds`` is the max).
+        axis_collective_bytes: per mesh axis, the bytes of its collectives (the
+            slowest device's buffers, in the dtype that moves).
+        axis_collective_seconds: per axis, their simulated seconds, all of them.
+        axis_exposed_seconds: per axis, the part of the exposed seconds charged
+            to it (``pod.report.clock``).
+        traced_device, collective_spans, compute_waits: the slowest device, its
+            collectives placed in time (``CollectiveSpan``) and its compute
+            stream's waits (start, end, axis), for the trace.
+        compute_bound_seconds: the slowest device's forward + backward seconds by
             what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
-        update_bound_seconds: the same for the slowest core's update.
+        update_bound_seconds: the same for its update.
         test_loss, test_accuracy: the held-out evaluation after this step, where
             the run evaluated (``training.eval_every_steps`` and the last step);
             None elsewhere.
@@ -167,25 +165,24 @@ class StepStats:
     global_batch: int
     infeed_seconds: float
     compute_seconds: float
-    local_reduce_seconds: float
-    ici_seconds: float
+    collective_seconds: float
     update_seconds: float
     model_flops: int
     peak_flops_per_s: float
     wall_seconds: float
-    hbm_used_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
-    hbm_peak_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    hardware_flops: int = 0
+    tokens_per_example: int = 0
+    exposed_collective_seconds: float | None = None
+    exposed_infeed_seconds: float | None = None
+    dispatch_seconds: float = 0.0
+    hbm_used_bytes: dict[int, int] = field(default_factory=dict)
+    hbm_peak_bytes: dict[int, int] = field(default_factory=dict)
     hbm_capacity_bytes: int = 0
     ici_link_bytes: dict[str, int] = field(default_factory=dict)
-    core_mxu_flops: dict[tuple[int, int], int] = field(default_factory=dict)
-    core_peak_flops_per_s: float = 0.0
     ici_link_bandwidth_bytes_per_s: float = 0.0
+    device_mxu_flops: dict[int, int] = field(default_factory=dict)
+    device_peak_flops_per_s: float = 0.0
     chip_compute_seconds: dict[int, float] = field(default_factory=dict)
-    dispatch_seconds: float = 0.0
-    exposed_infeed_seconds: float | None = None
-    exposed_allreduce_seconds: float | None = None
-    allreduce_buckets: tuple[tuple[tuple[str, ...], float, float], ...] = ()
-    hardware_flops: int = 0
     axis_collective_bytes: dict[str, int] = field(default_factory=dict)
     axis_collective_seconds: dict[str, float] = field(default_factory=dict)
     axis_exposed_seconds: dict[str, float] = field(default_factory=dict)
@@ -202,36 +199,37 @@ class StepStats:
             object.__setattr__(self, "hardware_flops", self.model_flops)
         if self.exposed_infeed_seconds is None:
             object.__setattr__(self, "exposed_infeed_seconds", self.infeed_seconds)
-        if self.exposed_allreduce_seconds is None:
-            object.__setattr__(self, "exposed_allreduce_seconds", self.allreduce_seconds)
-
-    @property
-    def allreduce_seconds(self) -> float:
-        """Simulated gradient allreduce: on-chip reduce plus ICI (all of it, hidden or not)."""
-        return self.local_reduce_seconds + self.ici_seconds
+        if self.exposed_collective_seconds is None:
+            object.__setattr__(self, "exposed_collective_seconds", self.collective_seconds)
 
     @property
     def step_seconds(self) -> float:
         """Simulated step time in seconds: the critical path."""
         return (self.dispatch_seconds + self.exposed_infeed_seconds + self.compute_seconds
-                + self.exposed_allreduce_seconds + self.update_seconds)
+                + self.exposed_collective_seconds + self.update_seconds)
 
     @property
     def serial_step_seconds(self) -> float:
         """Simulated step time with nothing overlapped (the sum of the parts, an upper bound)."""
         return (self.dispatch_seconds + self.infeed_seconds + self.compute_seconds
-                + self.allreduce_seconds + self.update_seconds)
+                + self.collective_seconds + self.update_seconds)
 
     @property
     def overlap_fraction(self) -> float:
-        """The share of the allreduce hidden behind the backward pass, 0..1."""
-        total = self.allreduce_seconds
-        return min(1.0, max(0.0, 1.0 - self.exposed_allreduce_seconds / total)) if total > 0 else 0.0
+        """The share of the collectives hidden behind the compute, 0..1."""
+        total = self.collective_seconds
+        return (min(1.0, max(0.0, 1.0 - self.exposed_collective_seconds / total))
+                if total > 0 else 0.0)
 
     @property
     def examples_per_second(self) -> float:
         """Simulated throughput: global batch / simulated step seconds."""
         return self.global_batch / self.step_seconds if self.step_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Simulated tokens/s (sequence models; 0 for others)."""
+        return self.examples_per_second * self.tokens_per_example
 
     @property
     def flops_per_second(self) -> float:
@@ -243,10 +241,11 @@ class StepStats:
         """Model FLOPs utilisation = model FLOP/s / pod peak bf16 FLOP/s (0..1)."""
         return mfu(self.model_flops, self.step_seconds, self.peak_flops_per_s)
 
-    def mxu_utilization(self) -> dict[tuple[int, int], float]:
-        """Per (chip, core): MXU FLOPs / (core peak FLOP/s x simulated step seconds), 0..1."""
-        denom = self.core_peak_flops_per_s * self.step_seconds
-        return {key: (flops / denom if denom else 0.0) for key, flops in self.core_mxu_flops.items()}
+    def mxu_utilization(self) -> dict[int, float]:
+        """Per device: MXU FLOPs / (device peak FLOP/s x simulated step seconds), 0..1."""
+        denom = self.device_peak_flops_per_s * self.step_seconds
+        return {key: (flops / denom if denom else 0.0)
+                for key, flops in self.device_mxu_flops.items()}
 
     def ici_link_utilization(self) -> dict[str, float]:
         """Per directed link: bytes / (one-way bandwidth x simulated step seconds), 0..1."""
@@ -255,27 +254,49 @@ class StepStats:
 
     def row(self) -> dict[str, float]:
         """A flat record for steps.csv (scalars only); ``step`` counts from 1, as the
-        progress lines do, and the test figures are None where not evaluated."""
+        progress lines do, and the test figures are None where not evaluated. Each
+        mesh axis adds its collective and exposed seconds."""
         data = {k: v for k, v in asdict(self).items() if not isinstance(v, (dict, tuple))}
         data.update(
             step=self.step + 1,
             simulated_step_seconds=self.step_seconds,
             serial_step_seconds=self.serial_step_seconds,
-            allreduce_seconds=self.allreduce_seconds,
             overlap_fraction=self.overlap_fraction,
             hfu=mfu(self.hardware_flops, self.step_seconds, self.peak_flops_per_s),
             simulated_examples_per_second=self.examples_per_second,
+            simulated_tokens_per_second=self.tokens_per_second,
             simulated_flops_per_second=self.flops_per_second,
             mfu=self.mfu,
         )
+        for axis in AXIS_ORDER:
+            data[f"{axis}_collective_seconds"] = self.axis_collective_seconds.get(axis, 0.0)
+            data[f"{axis}_exposed_seconds"] = self.axis_exposed_seconds.get(axis, 0.0)
         return data
 
 
+#: the mesh axes, in the order the files list them (``pod.config.mesh.AXIS_NAMES``)
+AXIS_ORDER = ("data", "stage", "fsdp", "expert", "tensor")
+
+
 #: the StepStats figures a run's summary averages (``StepTotals``).
+AXIS_FIELDS = tuple(f"{axis}_{what}" for axis in AXIS_ORDER
+                    for what in ("collective_bytes", "collective_seconds", "exposed_seconds"))
 TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
-                "allreduce_seconds", "ici_seconds", "update_seconds", "wall_seconds",
-                "serial_step_seconds", "exposed_allreduce_seconds", "exposed_infeed_seconds",
-                "dispatch_seconds", "hardware_flops")
+                "collective_seconds", "update_seconds", "wall_seconds",
+                "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
+                "dispatch_seconds", "hardware_flops", *AXIS_FIELDS)
+
+
+def _total_value(stats: StepStats, name: str) -> float:
+    """A ``TOTAL_FIELDS`` figure of a step: an attribute, or a mesh axis's entry
+    ("fsdp_exposed_seconds": ``axis_exposed_seconds["fsdp"]``)."""
+    if name in AXIS_FIELDS:
+        axis, what = name.split("_", 1)
+        source = {"collective_bytes": stats.axis_collective_bytes,
+                  "collective_seconds": stats.axis_collective_seconds,
+                  "exposed_seconds": stats.axis_exposed_seconds}[what]
+        return float(source.get(axis, 0.0))
+    return float(getattr(stats, name))
 
 
 @dataclass
@@ -292,7 +313,7 @@ class StepTotals:
         first: the first step's figures (``TOTAL_FIELDS``).
         sums: sums of ``TOTAL_FIELDS`` over the steps after the first.
         initial_loss, final_loss: the first and the last step's loss.
-        hbm_peak_bytes: maximum HBM high-water mark of any core.
+        hbm_peak_bytes: maximum HBM high-water mark of any device.
         hbm_capacity_bytes, ici_bytes_per_step: from the last step.
         epoch_steps, epoch_step_seconds, epoch_loss_sum: steps, simulated
             seconds and the sum of training losses in the current epoch
@@ -314,7 +335,7 @@ class StepTotals:
 
     def add(self, stats: StepStats) -> None:
         """Account one step."""
-        values = {k: float(getattr(stats, k)) for k in TOTAL_FIELDS}
+        values = {k: _total_value(stats, k) for k in TOTAL_FIELDS}
         if self.steps == 0:
             self.first, self.initial_loss = values, stats.loss
         else:

@@ -40,9 +40,10 @@ Joining a cluster you started yourself (``ray.address: host:port``, or
 
 and run ``tpu-pod`` where the same token is available (``~/.ray/auth_token``,
 or ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``). The address is tried first
-with a plain TCP connection bounded by ``CONNECT_TIMEOUT_S``: an address where
-no cluster answers fails within seconds with one line naming it as given,
-instead of Ray's minutes of retries.
+with a TCP connection and an HTTP/2 greeting (the GCS is a gRPC server), both
+bounded by ``CONNECT_TIMEOUT_S``: an address where no cluster answers, or a
+port that accepts and never answers, fails within seconds with one line naming
+it as given, instead of Ray's minutes of retries.
 """
 
 from __future__ import annotations
@@ -243,27 +244,47 @@ class _KeepSigtermHandler:
         self.utils.set_sigterm_handler = self.original
 
 
+#: HTTP/2's client connection preface and an empty SETTINGS frame: a Ray GCS (a gRPC
+#: server) answers with a SETTINGS frame of its own at once.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
 def _check_reachable(address: str, timeout_s: float) -> None:
-    """A TCP connection to ``address`` ("host:port", "ray://host:port") within
-    ``timeout_s``; other forms ("auto", "local") are left to Ray.
+    """A Ray cluster answers at ``address`` ("host:port", "ray://host:port") within
+    ``timeout_s``: a TCP connection, then an HTTP/2 (gRPC) answer to the connection
+    preface, so that a port that accepts and never answers fails within the bound
+    rather than leaving ``ray.init`` waiting for minutes. Other forms ("auto",
+    "local") are left to Ray; with ``RAY_USE_TLS`` only the connection is checked.
 
     Raises:
-        ClusterError: nothing answers there; one line naming the address as given.
+        ClusterError: nothing answers there, or not as a Ray cluster; one line
+            naming the address as given.
     """
     match = re.fullmatch(r"(?:ray://)?\[?([^\]\s]+?)\]?:(\d+)", address.strip())
     if not match:
         return
     host, port = match.group(1), int(match.group(2))
     t0 = time.monotonic()
+
+    def fail(reason: str) -> ClusterError:
+        return ClusterError(f"ray.address: no Ray cluster answers at {address!r} ({reason}, after "
+                            f"{time.monotonic() - t0:.1f} s); start one there, or remove "
+                            "ray.address and RAY_ADDRESS to run on a local cluster")
+
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            sock.settimeout(max(0.1, timeout_s - (time.monotonic() - t0)))
+            sock.sendall(_H2_PREFACE)
+            head = sock.recv(9)
+    except socket.timeout:
+        raise fail(f"the port accepts connections but nothing answered within {timeout_s:g} s"
+                   ) from None
     except OSError as err:
-        reason = (f"no answer within {timeout_s:g} s" if isinstance(err, socket.timeout)
-                  else err.strerror or str(err))
-        raise ClusterError(f"ray.address: no Ray cluster answers at {address!r} ({reason}, after "
-                           f"{time.monotonic() - t0:.1f} s); start one there, or remove "
-                           "ray.address and RAY_ADDRESS to run on a local cluster") from None
+        raise fail(err.strerror or str(err)) from None
+    if len(head) < 4 or head[3] != 4:  # not an HTTP/2 SETTINGS frame
+        raise fail("something answers there, but not a Ray cluster (no gRPC answer)")
 
 
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,

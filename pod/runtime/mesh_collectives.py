@@ -12,7 +12,7 @@ on every device, so a peer that is several collectives ahead (it finished
 collectives over groups this device is not in) has its chunks wait until
 this device reaches that collective.
 
-Shard order (the contract of ``pod.workloads.collectives``): a device's
+Shard order (the contract of ``pod.programs.collectives``): a device's
 index along an axis is its position in the group's ring order; a
 reduce-scatter leaves it the sum of shard ``index``, an all-gather
 concatenates the shards in ring order. The ring schedule's chunk owned by
@@ -25,7 +25,7 @@ the two agree to float32 rounding, bit-identically when the group has two
 devices (a + b == b + a).
 
 :class:`RuntimeCollectives` is the ``DeviceCollectives`` protocol of the
-device program (``pod.workloads.collectives``) over a ``GroupTransport``.
+device program (``pod.programs.collectives``) over a ``GroupTransport``.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ import numpy as np
 
 from interconnect import group_ring_schedule
 from pod.config.sharding import DeviceGroups
-from pod.workloads.collectives import AXES, CollectivesBase
+from pod.programs.collectives import AXES, CollectivesBase
 from pod.runtime.collective import rank_plans
 from pod.runtime.ici import IciPort
 
-__all__ = ["GroupTransport", "RuntimeCollectives", "ShapeCollectives"]
+__all__ = ["GroupTransport", "RuntimeCollectives"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -142,7 +142,7 @@ class GroupTransport:
 
 
 class RuntimeCollectives(CollectivesBase):
-    """The device program's collectives (``pod.workloads.collectives.DeviceCollectives``)
+    """The device program's collectives (``pod.programs.collectives.DeviceCollectives``)
     over a ``GroupTransport``: ``CollectivesBase`` checks and records every call
     (a ``CollectiveCall``, what the clock ``pod.report.sharded`` needs), this class
     moves the bytes device to device over the group of the named axis.
@@ -163,22 +163,3 @@ class RuntimeCollectives(CollectivesBase):
         if op == "reduce_scatter":
             return self.transport.reduce_scatter(x, axis)
         return self.transport.allreduce(x, axis)
-
-
-class ShapeCollectives(CollectivesBase):
-    """Timing-only collectives: results are zeros of the right shape; every call is
-    checked and recorded as ``RuntimeCollectives`` records it, so the clock costs
-    it the same.
-
-    Args:
-        groups: the representative device's groups per mesh axis.
-    """
-
-    def __init__(self, groups: DeviceGroups) -> None:
-        super().__init__({a: groups.axis_size(a) for a in AXES},
-                         {a: groups.ring_index(a) for a in AXES})
-
-    def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
-        size = self.axis_size(axis)
-        n = {"all_gather": x.size * size, "reduce_scatter": x.size // size}.get(op, x.size)
-        return np.zeros(n, np.float32)

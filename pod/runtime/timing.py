@@ -1,16 +1,18 @@
-"""Timing-only mode: the simulated step of a pod, without actors or Ray.
+"""Timing-only mode: the simulated step of a pod of any size, from one representative
+device, in this process, without Ray (this module never imports it).
 
-Every replica of a data-parallel step does the same work on same-shaped
-data, so one representative chip tells the cost of all of them: it runs
-exactly the code a chip actor runs (``ChipActor.compute`` and ``apply``,
-in-process) with its TensorCores' MXU products switched off
-(``TensorCore.execute = False``: every op is still recorded and costed from
-its shapes, but the products return zeros); the ICI allreduce's cost is the
-plan's (``plan.ici``), the same the functional pod uses, and the reports are
-combined by the same ``combine_reports``. So a timing-only step and a
-functional step of the same scenario report identical simulated times
-(tested), and a sweep can reach full pods that no host could emulate
-functionally.
+Every device of a mesh runs the same program on arrays of the same shapes
+(the batch and every shard split evenly), and each collective is costed over
+every group of its axis at once (``pod.config.sharding.MeshCollectiveCosts``),
+so one device's clock is every device's. The representative device is a
+``pod.runtime.device.Device`` with ``execute = False``: the program records
+every op from its shapes (``chip.TensorCore`` with its MXU products off,
+``pod.workloads.layers.vector_op``) and moves no data that costs nothing (zero
+views, ``ShapeCollectives``). Its report goes through the one clock
+(``pod.report.clock.combine_device_reports``) with ``replicate`` = the mesh's
+devices. So a timing-only step and a functional step of the same scenario
+report the same simulated figures (tested record for record), and a
+175B-class model on thousands of chips costs a step in about a second.
 
 What timing-only mode does not give: a loss (the products are zeros),
 bit-identity checks, or test accuracy.
@@ -23,60 +25,76 @@ import time
 import numpy as np
 
 from pod.config.plan import TrainingPlan, batch_indices
+from pod.config.sharding import device_groups
+from pod.programs import ShapeCollectives
+from pod.report.clock import combine_device_reports
 from pod.report.stats import StepStats
-from pod.runtime.actor import ChipActor
-from pod.runtime.coordinator import chip_arguments, combine_reports
+from pod.runtime.base import plan_program, step_context
+from pod.runtime.device import Device
 
 __all__ = ["TimingPod"]
 
 
 class TimingPod:
-    """A pod that only accounts time: one in-process chip stands for all.
+    """A pod that only accounts time: one in-process device stands for all.
 
     Args:
-        plan: the checked training plan (its ICI cost and algorithm are used
-            as they are).
+        plan: the checked training plan.
+
+    Attributes:
+        device: the representative device (device 0).
+        last_report: its last step's ``DeviceReport``.
 
     Raises:
-        HBMOutOfMemoryError: the model does not fit (as in a functional run).
+        HBMOutOfMemoryError: the device's state does not fit (as in a functional run).
     """
 
     def __init__(self, plan: TrainingPlan) -> None:
         self.plan = plan
-        args, kwargs = chip_arguments(plan, 0, in_process=True)
-        self.actor = ChipActor(*args, **kwargs)  # the representative chip
-        for core in self.actor.chip.cores:
-            core.execute = False  # costs depend on shapes only: skip the MXU products
+        self.program = plan_program(plan)
+        self.context = step_context(plan)
+        training = plan.scenario.training
+        self.groups = device_groups(plan.mesh, 0)
+        self.device = Device(plan.pod.chip, 0, self.groups, self.program, training.seed,
+                             devices_per_chip=plan.mesh.devices_per_chip,
+                             precision=training.precision, mxu_model=plan.scenario.pod.mxu_model,
+                             activation_bytes=int(plan.memory.get("activations", 0)),
+                             execute=False)
+        self.last_report = None
 
     @property
     def algorithm(self) -> str:
-        """The allreduce algorithm the pod uses."""
+        """The allreduce algorithm of a data axis over the whole pod."""
         return self.plan.ici.algorithm
+
+    def _examples(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The representative device's examples (their values do not matter, only shapes)."""
+        plan, data = self.plan, self.plan.dataset
+        b, n = plan.per_device_batch, int(data.x_train.shape[0])
+        if plan.global_batch <= n:
+            idx = batch_indices(n, plan.global_batch, step, plan.scenario.training.seed)[:b]
+        else:  # a batch bigger than the data set: costs depend on shapes only
+            idx = np.arange(b) % n
+        return data.x_train[idx], data.y_train[idx]
 
     def step(self, step: int = 0) -> StepStats:
         """Account one training step of the whole pod.
 
         Args:
-            step: zero-based step number (selects the representative batch).
+            step: zero-based step number (selects the link faults in force).
 
         Returns:
-            The step's statistics: simulated figures for the whole pod, wall
-            seconds of this host's accounting, HBM of the representative chip.
+            Its statistics: simulated figures of the pod (every device's clock is
+            the representative's), wall seconds of this host's accounting.
         """
-        plan = self.plan
-        data = plan.dataset
-        seed = plan.scenario.training.seed
         t0 = time.perf_counter()
-        per_chip = plan.per_chip_batch
-        n = data.x_train.shape[0]
-        if plan.global_batch <= n:
-            idx = batch_indices(n, plan.global_batch, step, seed)[:per_chip]
-        else:  # a batch bigger than the data set: costs depend on shapes only
-            idx = np.arange(per_chip) % n
-        x, y = data.x_train[idx], data.y_train[idx]
-        computed = self.actor.compute(step, x, y, seed)
-        # the in-process chip has no collective: its buffer stands for the reduced one
-        applied = self.actor.apply(step)
-        wall = time.perf_counter() - t0
-        return combine_reports(plan, step, [computed], [applied], plan.ici.cost_at(step), wall,
-                               x.nbytes + y.nbytes, replicate=plan.pod.chips)
+        x, y = self._examples(step)
+        comm = ShapeCollectives({a: self.groups.axis_size(a) for a in ("data", "fsdp", "tensor")},
+                                {a: self.groups.ring_index(a) for a in ("data", "fsdp", "tensor")})
+        report = self.device.step(comm, x, y, step, self.plan.scenario.training.seed)
+        self.last_report = report
+        per_chip = self.plan.mesh.devices_per_chip
+        return combine_device_reports(
+            step, [report], self.plan.collective_costs_at(step), self.context,
+            infeed_bytes=per_chip * int(x.nbytes + y.nbytes),
+            wall_seconds=time.perf_counter() - t0, replicate=self.plan.mesh.size)

@@ -17,7 +17,7 @@ msgpack map::
     model_state     {name: array}   non-trainable state (BatchNorm running
                                     averages), the mean over the replicas
     optimizer_state {name: array}   (every replica's, checked identical too)
-    replica_model_state [[{name: array}]]  [chip][core]: each replica's own model
+    replica_model_state [[{name: array}]]  [chip][device]: each replica's own model
                                     state (they differ: each sees its own shards)
     rng             plain data: the random generators. None carries state from
                     step to step: dropout masks of (step, chip, core) come from
@@ -45,9 +45,7 @@ a checkpoint. Reading verifies the checksum first.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -55,7 +53,8 @@ from typing import Any, Callable
 import msgpack
 import numpy as np
 
-from pod.errors import CheckpointError, OutputError
+from pod.errors import CheckpointError
+from pod.safe_io import read_regular, write_atomic
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "FORMAT", "VERSION",
            "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune_checkpoints",
@@ -64,6 +63,10 @@ __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "FORMAT", "VERSIO
 FORMAT = "tpu-pod-checkpoint"
 VERSION = 2
 _READABLE_VERSIONS = (1, 2)
+#: Largest checkpoint file read, in bytes (a checkpoint is read whole: a file named
+#: like one that is larger, or ``/dev/zero``, is one line instead of filling memory).
+#: The emulator's largest shipped model checkpoints in tens of megabytes.
+MAX_CHECKPOINT_BYTES = 4 << 30
 _NAME_RE = re.compile(r"^ckpt-(\d{8,})\.msgpack$")
 _KINDS = "biuf"  # bool, signed / unsigned integers, floats
 
@@ -79,7 +82,7 @@ class Checkpoint:
         model_state: non-trainable state, name -> array.
         optimizer_state: optimizer slots, name -> array.
         extra: other plain data (str, numbers, lists, dicts).
-        replica_model_state: per [chip][core], that replica's model state.
+        replica_model_state: per [chip][device of the chip], that replica's model state.
         rng: how every random generator is derived, and its seed.
         data_position: epoch, index (batch in the epoch), num_examples,
             global_batch.
@@ -168,20 +171,7 @@ def save_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
     blob = msgpack.packb({"format": FORMAT, "version": VERSION,
                           "sha256": hashlib.sha256(body).hexdigest(), "body": body},
                          use_bin_type=True)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as err:  # ENOSPC, EROFS, EACCES: one line naming the file
-        raise OutputError(err.filename or path, err.strerror or str(err)) from None
+    write_atomic(path, lambda f: f.write(blob), binary=True, make_parents=True)
     return path
 
 
@@ -196,9 +186,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     source = str(path)
     try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise CheckpointError(f"{source}: cannot read the checkpoint ({err.strerror})") from None
+        raw = read_regular(path, MAX_CHECKPOINT_BYTES, "checkpoints")
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
     try:
         outer = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except (msgpack.UnpackException, ValueError) as err:

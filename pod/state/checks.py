@@ -10,13 +10,13 @@ actor is touched:
 - ``optimizer_state``: exactly the names and shapes the optimizer's ``init``
   gives for those parameters (``<param>/<slot>``), float32, finite;
 - ``model_state`` and every replica's model state: the names and shapes of
-  ``plan.model.state_shapes``, float32, finite; one replica per chip and core
-  (a sharded run's checkpoint: one, the assembled model's);
+  ``plan.model.state_shapes``, float32, finite; one replica per device, per
+  chip ([chip][device of the chip]);
 - ``step``: an integer in ``[0, plan.steps]``;
 - ``run_state``: a mapping whose ``totals`` are step totals of ``step`` steps,
   whose ``faults_done`` are indices into the scenario's faults, whose
   ``simulated_clock`` is a finite, non-negative number of seconds and whose
-  ``axis_totals`` (sharded runs) are per mesh axis finite sums >= 0;
+  ``axis_totals`` (runs before the one runtime) are per mesh axis finite sums >= 0;
 - ``digests``: the stored SHA-256 of the parameters and of the optimizer
   state match the arrays (``params_digest``, in the stored order).
 
@@ -218,15 +218,14 @@ def check_state(checkpoint: Checkpoint, plan: Any, source: str = "checkpoint") -
     _check_tree(source, "model_state", checkpoint.model_state, state_shapes)
     replicas = checkpoint.replica_model_state
     if replicas:
-        sharded = plan.mesh is not None and not plan.mesh.is_data_parallel
-        chips, cores = (1, 1) if sharded else (plan.pod.chips, plan.pod.chip.tensorcores)
+        chips, cores = plan.pod.chips, plan.mesh.devices_per_chip
         if not isinstance(replicas, list) or len(replicas) != chips or any(
                 not isinstance(c, list) or len(c) != cores for c in replicas):
             layout = ([len(c) if isinstance(c, list) else "?" for c in replicas]
                       if isinstance(replicas, list) else type(replicas).__name__)
-            raise CheckpointError(f"{source}: replica_model_state has per-chip cores "
+            raise CheckpointError(f"{source}: replica_model_state has per-chip devices "
                                   f"{str(layout)[:60]}, expected {chips} chips x {cores} "
-                                  "TensorCores")
+                                  "devices")
         for chip, per_core in enumerate(replicas):
             for core, state in enumerate(per_core):
                 _check_tree(source, f"replica_model_state[{chip}][{core}]", state, state_shapes)

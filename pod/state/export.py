@@ -17,7 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from pod.errors import CheckpointError, OutputError
+from pod.errors import CheckpointError
+from pod.safe_io import write_atomic
 from pod.state.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint
 
 __all__ = ["EXPORT_FORMATS", "read_checkpoint", "export_safetensors"]
@@ -47,7 +48,8 @@ def export_safetensors(ckpt: Checkpoint, output: Path, *,
     Args:
         ckpt: a checkpoint (``read_checkpoint``).
         output: the ``.safetensors`` file to write (its directory is created);
-            written to a temporary file and renamed.
+            written whole or not at all (``pod.safe_io.write_atomic``: a fresh
+            temporary name, never a fixed one another user could plant a link at).
         optimizer_state: also write the optimizer's slots, under ``optimizer/<name>``.
 
     Returns:
@@ -73,13 +75,5 @@ def export_safetensors(ckpt: Checkpoint, output: Path, *,
                 "scenario": str(scenario.get("name", "")),
                 "model": str((scenario.get("model") or {}).get("name", ""))}
     data = save(tensors, metadata=metadata)
-    output = Path(output)
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        tmp.replace(output)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(err.filename or output, err.strerror or str(err)) from None
+    write_atomic(Path(output), lambda f: f.write(data), binary=True, make_parents=True)
     return {name: tuple(a.shape) for name, a in tensors.items()}

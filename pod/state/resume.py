@@ -16,7 +16,7 @@ from pod.state.checkpoint import (Checkpoint, checkpoint_path, list_checkpoints,
                                   prune_checkpoints, save_checkpoint)
 from pod.state.checks import check_state
 
-__all__ = ["initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
+__all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
            "resume_checkpoint", "RunCheckpoints"]
 
 
@@ -53,7 +53,7 @@ def initial_checkpoint(plan) -> Checkpoint:
     params = plan.model.init_params(training.seed)
     opt = build_optimizer(training.optimizer.name, **training.optimizer.options())
     opt_state = opt.init(params)
-    replicas = [[plan.model.init_state() for _ in range(plan.pod.chip.tensorcores)]
+    replicas = [[plan.model.init_state() for _ in range(plan.mesh.devices_per_chip)]
                 for _ in range(plan.pod.chips)]
     rng, position = _rng_and_position(plan, 0)
     return Checkpoint(step=0, scenario=plan.scenario.model_dump(mode="json"), params=params,
@@ -65,39 +65,31 @@ def initial_checkpoint(plan) -> Checkpoint:
 
 
 def pod_checkpoint(pod, plan, step: int, run_state: dict[str, Any] | None = None) -> Checkpoint:
-    """The complete training state of a running ``pod.runtime.coordinator.Pod`` after ``step`` steps.
+    """The complete training state of a running pod after ``step`` steps.
 
-    Every replica's parameters and optimizer state are hashed in its actor and
-    compared: one copy (chip 0, core 0) is stored only because they are
-    bit-identical. Each replica's model state is stored (they differ), and
-    their mean as ``model_state`` (what evaluation and ``tpu-pod generate`` use).
+    The pod (``pod.runtime.base.PodBase.checkpoint_state``) hashes every device's
+    state where it lives and compares the data replicas: the model is assembled
+    from data replica 0's shards only because the others are bit-identical.
+    Each device's model state is stored (they differ), and their mean as
+    ``model_state`` (what evaluation and ``tpu-pod generate`` use).
 
     Args:
-        pod: a started ``Pod``.
+        pod: a started pod (``Pod``, ``LocalPod``).
         plan: its training plan.
         step: optimizer steps done.
         run_state: plain data for the run (summary sums, faults done).
 
     Raises:
         CheckpointError: the replicas differ (a checkpoint of one of them would
-            silently drop the others); names the first differing chip and core.
+            silently drop the others); names the first differing device.
     """
-    snaps = pod.snapshot()
-    first = snaps[0].digests[0]
-    for chip, per_core in enumerate(s.digests for s in snaps):
-        for core, digest in enumerate(per_core):
-            if digest != first:
-                raise CheckpointError(f"step {step}: chip {chip} core {core} differs from chip 0 "
-                                      f"core 0 ({digest[0][:12]} != {first[0][:12]}); replicas are not "
-                                      "bit-identical, refusing to checkpoint one of them")
-    replicas = [list(s.model_state) for s in snaps]
-    mean = mean_replica_state(replicas, plan.model.state_shapes)
+    state = pod.checkpoint_state()
     rng, position = _rng_and_position(plan, step)
     return Checkpoint(step=int(step), scenario=plan.scenario.model_dump(mode="json"),
-                      params=snaps[0].params, model_state=mean,
-                      optimizer_state=snaps[0].optimizer_state, extra=_extra(plan),
-                      replica_model_state=replicas, rng=rng, data_position=position,
-                      digests={"params": first[0], "optimizer_state": first[1]},
+                      params=state["params"], model_state=state["model_state"],
+                      optimizer_state=state["optimizer_state"], extra=_extra(plan),
+                      replica_model_state=state["replica_model_state"], rng=rng,
+                      data_position=position, digests=state["digests"],
                       run_state=dict(run_state or {}))
 
 
@@ -246,6 +238,18 @@ def resume_checkpoint(directory: str | Path, plan,
     return path, checkpoint
 
 
+def checkpoint_dir(plan, output_dir: Path | None) -> Path | None:
+    """Where a run of ``plan`` keeps its checkpoints: ``checkpoint.dir``, else
+    ``<output_dir>/checkpoints``; None without a ``checkpoint:`` block (or without
+    either directory)."""
+    config = plan.scenario.checkpoint
+    if config is None:
+        return None
+    if config.dir:
+        return Path(config.dir)
+    return Path(output_dir) / "checkpoints" if output_dir is not None else None
+
+
 class RunCheckpoints:
     """The checkpoints of one run, per the scenario's ``checkpoint:`` block.
 
@@ -262,7 +266,7 @@ class RunCheckpoints:
 
     def __init__(self, plan, output_dir: Path, resume_dir: Path | None = None) -> None:
         config = plan.scenario.checkpoint
-        self.dir = Path(config.dir) if config.dir else Path(output_dir) / "checkpoints"
+        self.dir = checkpoint_dir(plan, output_dir)
         self.every_steps, self.keep = config.every_steps, config.keep
         # the newest ``keep`` paths (the others are pruned): a long run keeps O(1) memory
         self.written: collections.deque[Path] = collections.deque(maxlen=self.keep)

@@ -5,12 +5,6 @@ time) and follow TPU numerics (bf16 inputs, float32 accumulation). No Ray.
 """
 
 from pod.workloads.attention import CausalSelfAttention
-from pod.workloads.collectives import (
-                                  CollectiveCall,
-                                  CollectivesBase,
-                                  DeviceCollectives,
-                                  LocalMesh,
-)
 from pod.workloads.datasets import DATASET_NAMES, Dataset, load_dataset
 from pod.workloads.layers import (
                                   AveragePooling2D,
@@ -37,7 +31,6 @@ from pod.workloads.optimizers import (
                                   build_optimizer,
 )
 from pod.workloads.recurrent import LSTM, Embedding
-from pod.workloads.sharded import DeviceCoords, DeviceShard, ShardedTransformer, StepResult
 from pod.workloads.resnet import GlobalAveragePooling2D, MaxPool2DSame, ResidualBlock, build_resnet
 from pod.workloads.transformer import (
                                   MLP,
@@ -90,14 +83,6 @@ __all__ = [
     "Unembed",
     "TransformerConfig",
     "TransformerModel",
-    "CollectiveCall",
-    "DeviceCollectives",
-    "CollectivesBase",
-    "LocalMesh",
-    "ShardedTransformer",
-    "DeviceCoords",
-    "DeviceShard",
-    "StepResult",
     "ResidualBlock",
     "MaxPool2DSame",
     "GlobalAveragePooling2D",

@@ -66,7 +66,7 @@ class TensorHooks:
     """Megatron's operators around a block's tensor-parallel parts, for a
     device holding a slice of the heads and MLP units (Shoeybi et al. 2019,
     the f and g operators; Korthikanti et al. 2022 for the sequence-parallel
-    variant). This class is the one-device identity; ``pod.workloads.sharded``
+    variant). This class is the one-device identity; ``pod.programs.tensor``
     has the collective ones. Each takes a tag naming the place
     ("block1/attention/out") and a (B, t, C) array.
 

@@ -70,6 +70,25 @@ MAX_DATA_FILE_BYTES = 1 << 30
 #: Largest decompressed size of a gzipped IDX file or of an .npz's arrays, in
 #: bytes: a gzip bomb (kilobytes that expand to gigabytes) is refused.
 MAX_DECOMPRESSED_BYTES = 1 << 30
+#: Most values (pixels, token ids) a dataset read from files may hold, checked before
+#: they are converted to float32 / int64: 2**28 values is 1 GiB of float32 (CIFAR-10's
+#: train split is 153,600,000 pixels, MNIST's 47,040,000). A file at the caps above
+#: then peaks at about 3 GiB of memory (the bytes, the float32 copy, one temporary).
+MAX_DATASET_VALUES = 1 << 28
+#: Largest text file (``data.name: text``) read, in bytes: its windows take about 30
+#: bytes of memory per character (UTF-32, ids, next-character labels, the split),
+#: so 64 MiB (140 times the shipped Python documentation) peaks near 2 GiB.
+MAX_TEXT_FILE_BYTES = 64 << 20
+#: Most bytes of review files an IMDB directory may hold in total (aclImdb: 130 MB).
+MAX_REVIEWS_BYTES = 1 << 30
+
+
+def _check_values(path: Path, what: str, count: int) -> None:
+    """Refuse a dataset array of more than ``MAX_DATASET_VALUES`` values before it is
+    converted (a file at the byte caps would otherwise need several GiB more)."""
+    if count > MAX_DATASET_VALUES:
+        raise ValueError(f"{path}: {what} holds {count:,} values, more than the "
+                         f"{MAX_DATASET_VALUES:,} a dataset may have")
 
 
 def _regular(path: Path) -> os.stat_result:
@@ -248,6 +267,7 @@ def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
         if labels.size and (labels.max() > 9 or labels.min() < 0):
             raise ValueError(f"{path}: MNIST {split} labels must be 0..9, found "
                              f"{labels.min()}..{labels.max()}")
+        _check_values(path, f"MNIST {split} images", images.size)
         arrays[split] = ((images.astype(np.float32) / 255.0)[..., None], labels.astype(np.int64))
     (xtr, ytr), (xte, yte) = arrays["train"], arrays["test"]
     return Dataset("mnist", xtr, ytr, xte, yte, 10, synthetic=False, source=str(path))
@@ -361,6 +381,7 @@ def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     y = np.asarray(labels, dtype=np.int64)
     if y.size and (y.min() < 0 or y.max() > 9):
         raise ValueError(f"{path}: labels must be 0..9, found {y.min()}..{y.max()}")
+    _check_values(path, "'data'", data.size)
     x = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)                # (N, 32, 32, 3)
     return (x.astype(np.float32) / 255.0), y
 
@@ -374,6 +395,9 @@ def load_cifar10(test_fraction: float, seed: int, path: Path) -> Dataset:
     if not train_files or not test_file.exists():
         raise ValueError(f"{path}: no data_batch_* or test_batch file; cifar10 needs "
                          f"{FORMATS['cifar10']}")
+    if len(train_files) > 5:
+        raise ValueError(f"{path}: {len(train_files)} data_batch_* files; CIFAR-10 has 5 "
+                         "(data_batch_1 .. data_batch_5)")
     parts = [_cifar_batch(p) for p in train_files]
     xte, yte = _cifar_batch(test_file)
     return Dataset("cifar10", np.concatenate([p[0] for p in parts]),
@@ -402,12 +426,16 @@ def pad_sequences(seqs, maxlen: int) -> np.ndarray:
 
 
 def _read_reviews(directory: Path) -> tuple[list[str], list[int]]:
-    texts, labels = [], []
+    texts, labels, total = [], [], 0
     for label, sub in ((0, "neg"), (1, "pos")):
         folder = directory / sub
         if not folder.is_dir():
             raise ValueError(f"{directory}: no {sub}/ folder; imdb needs {FORMATS['imdb']}")
         for f in sorted(folder.glob("*.txt")):
+            total += _regular(f).st_size
+            if total > MAX_REVIEWS_BYTES:
+                raise ValueError(f"{directory}: its reviews hold more than {MAX_REVIEWS_BYTES:,} "
+                                 "bytes; refused (aclImdb holds about 130 MB)")
             texts.append(read_data_file(f).decode("utf-8", errors="replace"))
             labels.append(label)
     if not texts:
@@ -454,6 +482,43 @@ def _check_npy_header(path: Path, info: zipfile.ZipInfo, member) -> None:
                          f"({declared:,} bytes) but holds {info.file_size:,} bytes; refused")
 
 
+def _imdb_labels(path: Path, key: str, y: np.ndarray, rows: int) -> np.ndarray:
+    """An .npz's labels, checked for type and range before any conversion (a float
+    0.5 must not become 0)."""
+    if y.dtype.kind not in "biu" or y.ndim not in (1, 2) or (y.ndim == 2 and y.shape[1] != 1):
+        raise ValueError(f"{path}: {key} must be {rows:,} integer labels of 0 or 1, got "
+                         f"{y.dtype} {y.shape}")
+    y = y.reshape(-1)
+    if len(y) != rows:
+        raise ValueError(f"{path}: {key} has {len(y):,} labels for {rows:,} sequences")
+    bad = y[(y != 0) & (y != 1)]
+    if bad.size:
+        raise ValueError(f"{path}: {key} must hold labels of 0 or 1, found {bad[0].item()!r} "
+                         f"({bad.size:,} such)")
+    return y.astype(np.int64)
+
+
+def _imdb_npz(path: Path, num_words: int, maxlen: int) -> Dataset:
+    """A pre-tokenised IMDB .npz: token ids and labels checked for type and range."""
+    arrays = _read_npz(path, "imdb", ("x_train", "y_train", "x_test", "y_test"))
+    xs, ys = {}, {}
+    for split in ("train", "test"):
+        key, x = f"x_{split}", arrays[f"x_{split}"]
+        if x.ndim != 2 or x.dtype.kind not in "iu":
+            raise ValueError(f"{path}: {key} must be an integer array (N, L), got "
+                             f"{x.dtype} {x.shape}")
+        _check_values(path, key, x.size)
+        if x.size and x.min() < 0:
+            raise ValueError(f"{path}: {key} holds negative token ids (smallest {x.min()}); "
+                             "token ids are 0 (padding), 1 (out of vocabulary) and up")
+        x = np.where(x >= num_words, 1, x.astype(np.int64))                # out of vocabulary
+        xs[split] = pad_sequences([row[np.argmax(row != 0):] if row.any() else [] for row in x],
+                                  maxlen)
+        ys[split] = _imdb_labels(path, f"y_{split}", arrays[f"y_{split}"], len(x))
+    return Dataset("imdb", xs["train"], ys["train"], xs["test"], ys["test"], 2,
+                   synthetic=False, source=str(path))
+
+
 def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 15000,
               maxlen: int = 250) -> Dataset:
     """IMDB reviews as (N, maxlen) int32 token ids, labels 1 positive / 0 negative."""
@@ -464,24 +529,7 @@ def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 1500
         _regular(path)
         if path.suffix != ".npz":
             raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
-        arrays = _read_npz(path, "imdb", ("x_train", "y_train", "x_test", "y_test"))
-        for k in ("x_train", "x_test"):
-            if arrays[k].ndim != 2 or arrays[k].dtype.kind not in "iu":
-                raise ValueError(f"{path}: {k} must be an integer array (N, L), got "
-                                 f"{arrays[k].dtype} {arrays[k].shape}")
-        xs = {}
-        for k in ("x_train", "x_test"):
-            x = arrays[k].astype(np.int64)
-            x = np.where(x >= num_words, 1, x)                            # out of vocabulary
-            xs[k] = pad_sequences([row[np.argmax(row != 0):] if row.any() else [] for row in x],
-                                  maxlen)
-        ys = {k: arrays[k].astype(np.int64).reshape(-1) for k in ("y_train", "y_test")}
-        for k, x in (("train", xs["x_train"]), ("test", xs["x_test"])):
-            y = ys[f"y_{k}"]
-            if len(y) != len(x) or (y.size and not np.all((y == 0) | (y == 1))):
-                raise ValueError(f"{path}: y_{k} must be {len(x)} labels of 0 or 1")
-        return Dataset("imdb", xs["x_train"], ys["y_train"], xs["x_test"], ys["y_test"], 2,
-                       synthetic=False, source=str(path))
+        return _imdb_npz(path, num_words, maxlen)
     if (path / "train").is_dir():
         train_texts, train_labels = _read_reviews(path / "train")
         test_texts, test_labels = _read_reviews(path / "test")
@@ -526,6 +574,9 @@ def load_text(test_fraction: float, seed: int, path: Path | None = None,
         text, source = python_docs_text(), "pydoc_data.topics (Python's documentation)"
     else:
         _require(path, "text", directory=False)
+        if _regular(path).st_size > MAX_TEXT_FILE_BYTES:
+            raise ValueError(f"{path}: {path.stat().st_size:,} bytes is larger than the "
+                             f"{MAX_TEXT_FILE_BYTES:,} bytes a text file may have")
         try:
             text = read_data_file(path).decode("utf-8")
         except UnicodeDecodeError as err:

@@ -107,7 +107,7 @@ class Layer:
     kind = "layer"
     matmul_params: tuple[str, ...] = ()  # local param names fed to the MXU
     stateful = False  # True: keeps non-trainable state (e.g. BatchNorm running averages)
-    # Tensor parallelism (pod.workloads.sharded): local param name -> the axis split
+    # Tensor parallelism (pod.programs.transformer): local param name -> the axis split
     # over the mesh's tensor devices (1: columns, 0: rows); params not named are
     # replicated. Read-only.
     tensor_split: Mapping[str, int] = MappingProxyType({})

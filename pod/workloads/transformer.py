@@ -324,7 +324,7 @@ class TransformerConfig:
 
     def tensor_local(self, tensor: int) -> TransformerConfig:
         """The config of one of ``tensor`` devices: H / tensor query heads, K /
-        tensor kv heads, F / tensor hidden units (``pod.workloads.sharded``;
+        tensor kv heads, F / tensor hidden units (``pod.programs.transformer``;
         ``check_tensor_split`` checks that they divide)."""
         return dataclasses.replace(self, heads=self.heads // tensor,
                                    kv_heads=self.kv_heads // tensor, mlp_dim=self.mlp_dim // tensor)

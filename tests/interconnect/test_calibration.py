@@ -22,7 +22,8 @@ def test_calibrated_link_carries_the_constants():
     assert link.efficiency == CALIBRATION.efficiency
     assert link.multi_link_exponent == CALIBRATION.multi_link_exponent
     assert link.collective_fixed_s == CALIBRATION.fixed_s("v5p")
-    assert link.multi_link_cap == CALIBRATION.multi_link_cap == 2  # no calibration row drives more links
+    assert link.multi_link_cap == CALIBRATION.multi_link_cap == 3  # no calibration row drives more links
+    assert link.dma_streams == CALIBRATION.dma_streams == 6  # [SB]: all six links of a 3-D torus chip
     assert calibrated_link("v4", 4.5e10).collective_fixed_s == CALIBRATION.default_fixed_s
     with pytest.raises(LinkSpecError, match="generation 5"):
         calibrated_link(5, 9e10)  # type: ignore[arg-type]
@@ -59,3 +60,27 @@ def test_calibration_is_a_frozen_value():
     assert calibration.fixed_s("v5e") == 1e-6 and calibration.fixed_s("v2") == 2e-6
     with pytest.raises(AttributeError):
         calibration.efficiency = 1.0  # type: ignore[misc]
+
+
+def test_a_chip_drives_several_links_at_the_single_link_rate():
+    """The fit ([JS168] C9 read as XLA runs it) finds no multi-link loss, and DMA streams
+    that never bind on a torus (6 links per chip at most): a 4x4x4 phase driving all six
+    links of a chip runs each at the one-link rate."""
+    link = calibrated_link("v4", 4.5e10)
+    assert CALIBRATION.multi_link_exponent == 0.0
+    assert link.achieved_bandwidth_bytes_per_s(6) == link.achieved_bandwidth_bytes_per_s(1)
+
+
+def test_c9_is_the_multi_axis_allreduce_at_the_single_link_rate():
+    """[JS168] C9: int8 psum of 128 MiB per chip on a v5e 2x4 slice (no wraparound), 4.347 ms
+    timed from the host (about 100 us of it dispatch, C3). XLA's multi-axis allreduce over
+    the slice's two lines, chips driving up to 3 links at the fitted single-link rate, lands
+    within 1%; the bidirectional ring over the slice's Hamiltonian cycle, which the data
+    before issue 23 were read with, would be a third faster than measured."""
+    link = calibrated_link("v5e", 4.5e10)
+    torus = Torus((2, 4), False)
+    xla = collective_cost("allreduce", torus, 128 * MIB, link, algorithm="torus", itemsize=1)
+    ring = collective_cost("allreduce", torus, 128 * MIB, link, algorithm="bidirectional_ring",
+                           itemsize=1)
+    assert xla.seconds + 100e-6 == pytest.approx(4.347e-3, rel=0.01)
+    assert (ring.seconds + 100e-6) / 4.347e-3 < 0.7

@@ -70,6 +70,17 @@ def test_linkspec_achieved_bandwidth():
         LinkSpec(9e10, multi_link_cap=0.5)
 
 
+def test_linkspec_dma_streams_share_the_links_beyond_them():
+    """S streams drive up to S links at the full rate; k > S links get S / k each."""
+    link = LinkSpec(9e10, efficiency=0.5, dma_streams=2)
+    assert link.achieved_bandwidth_bytes_per_s(1) == link.achieved_bandwidth_bytes_per_s(2) == 0.5 * 9e10
+    assert link.achieved_bandwidth_bytes_per_s(6) == pytest.approx(0.5 * 9e10 / 3)
+    assert LinkSpec(9e10).achieved_bandwidth_bytes_per_s(6) == 9e10  # default: no limit
+    for bad in (0, -1.0, math.nan, True, "2"):
+        with pytest.raises(LinkSpecError, match="dma_streams"):
+            LinkSpec(9e10, dma_streams=bad)
+
+
 # ------------------------------------------------------- textbook ring costs
 
 

@@ -327,7 +327,7 @@ def test_a_transformers_device_params_are_the_chunks_the_program_keeps(fsdp, ten
     """The HBM plan's parameters are the sizes of the chunks ``shard_params`` really
     cuts (the embeddings and norms replicated over tensor, padding): not ceil(P / S)."""
     from pod.workloads import build_optimizer
-    from pod.workloads.sharded import DeviceCoords, ShardedTransformer
+    from pod.programs import DeviceCoords, ShardedTransformer
 
     model = _transformer()
     program = ShardedTransformer(model, {"fsdp": fsdp, "tensor": tensor}, build_optimizer("sgd"))

@@ -1,14 +1,26 @@
 """pod.config.sharding: device groups, the plan's per-axis collective costs, and the
-one-line refusals of meshes the runtime cannot shard."""
+one-line refusals of meshes the runtime cannot shard.
+
+References for the costs: the interconnect's own group cost (the plan must call it
+with the mesh's groups and blocks), the pure executor (every device ends with its
+group's result), the schedule path, and the textbook closed forms of [SB]
+(sharding.md; tpu-specs.md "Textbook collective costs").
+"""
 
 from __future__ import annotations
 
-import pytest
+import math
 
-from chip.spec import V2, V3, V4, V5E
-from interconnect import LinkSpec, Torus, group_collective_cost
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from chip.spec import V2, V3, V4, V5E, V5P
+from interconnect import (LinkSpec, Torus, calibrated_link, concurrent_group_schedule, execute,
+                          group_collective_cost, schedule_cost)
 from pod.config.mesh import layout_mesh
-from pod.config.sharding import (MeshCollectiveCosts, check_sharded_mesh, device_chip_spec,
+from pod.config.sharding import (MeshCollectiveCosts, device_chip_spec,
                                  device_groups, on_chip_bandwidth)
 from pod.errors import ScenarioError
 
@@ -25,27 +37,71 @@ def test_device_groups_partition_each_axis():
         assert sorted(x for grp in seen for x in grp) == list(range(8))
 
 
-def test_the_plans_cost_is_the_group_cost_and_cached():
+def test_the_plans_cost_is_the_xla_group_cost_and_cached():
+    """Default: as XLA runs it, the groups in mesh order over the axis's block, bf16."""
     mesh = layout_mesh({"data": 2, "tensor": 4}, Torus((2, 4)))
     link = LinkSpec(1e11, latency_s=1e-6)
     costs = MeshCollectiveCosts(mesh, link)
-    want = group_collective_cost("allreduce", mesh.torus, mesh.groups("tensor"), 1024, link)
+    assert costs.algorithm == "xla" and costs.itemsize == 2
+    block = costs.group_torus("tensor")
+    assert block == Torus((4,), (True,))
+    want = group_collective_cost("allreduce", mesh.torus, mesh.groups("tensor", "mesh"), 2048,
+                                 link, 2, algorithm="xla", group_torus=block)
     assert costs.cost("tensor", "allreduce", 4096) == want
     assert costs.cost("tensor", "allreduce", 4096) is costs.cost("tensor", "allreduce", 4096)
     assert costs.seconds("fsdp", "allreduce", 4096) == 0.0  # an absent axis
-    gathered = group_collective_cost("all_gather", mesh.torus, mesh.groups("tensor"), 1024, link)
-    assert costs.cost("tensor", "all_gather", 1024) == gathered  # a piece of 256 float32
+    gathered = group_collective_cost("all_gather", mesh.torus, mesh.groups("tensor", "mesh"), 2048,
+                                     link, 2, algorithm="xla", group_torus=block)
+    assert costs.cost("tensor", "all_gather", 1024) == gathered  # a piece of 512 bf16
     with pytest.raises(ValueError, match="ops"):
         costs.cost("tensor", "broadcast", 4)
 
 
+def test_the_ring_model_is_kept_as_a_choice():
+    mesh = layout_mesh({"data": 2, "tensor": 4}, Torus((2, 4)))
+    link = LinkSpec(1e11, latency_s=1e-6)
+    costs = MeshCollectiveCosts(mesh, link, algorithm="ring", itemsize=4)
+    want = group_collective_cost("allreduce", mesh.torus, mesh.groups("tensor"), 1024, link)
+    assert costs.cost("tensor", "allreduce", 4096) == want
+    xla = MeshCollectiveCosts(mesh, link).cost("tensor", "allreduce", 4096)
+    # the bidirectional ring of 4 moves each byte half as far in time: (n-1)/n V / W, not 2x
+    assert xla.seconds - 2 * 2 * 1e-6 == pytest.approx((want.seconds - 2 * 3 * 1e-6) / 2)
+
+
+def test_the_cost_depends_on_bytes_not_on_the_element_size():
+    mesh = layout_mesh({"fsdp": 8}, Torus((2, 4)))
+    link = LinkSpec(1e11)
+    bf16, f32 = MeshCollectiveCosts(mesh, link), MeshCollectiveCosts(mesh, link, itemsize=4)
+    for op in ("allreduce", "reduce_scatter", "all_gather"):
+        assert bf16.cost("fsdp", op, 8 * 4096) == f32.cost("fsdp", op, 8 * 4096)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [({"algorithm": "tree"}, "allowed: xla, ring"),
+                                              ({"itemsize": 0}, "itemsize 0"),
+                                              ({"itemsize": 2.0}, "itemsize 2.0")])
+def test_bad_choices_are_refused(kwargs, fragment):
+    mesh = layout_mesh({"fsdp": 4}, Torus((4,)))
+    with pytest.raises(ValueError, match=fragment):
+        MeshCollectiveCosts(mesh, LinkSpec(1e11), **kwargs)
+
+
 def test_meshes_the_runtime_cannot_shard_are_one_line():
-    mesh = layout_mesh({"data": 2, "fsdp": 2}, Torus((2, 2)))
-    with pytest.raises(ScenarioError, match="only the transformer model does; mlp trains"):
-        check_sharded_mesh(mesh, "mlp")
-    v3 = layout_mesh({"data": 2, "tensor": 4}, Torus((2, 2)), per_chip=2)
-    check_sharded_mesh(v3, "transformer")  # a device per TensorCore: run sharded
-    check_sharded_mesh(layout_mesh({"data": 4}, Torus((2, 2))), "mlp")  # data parallel
+    """A replicated model on an fsdp mesh is refused by the plan, naming pod.mesh; on a
+    data mesh it plans; the transformer plans on a v3 mesh of a device per TensorCore."""
+    from pod.config.plan import build_plan
+    from pod.config.scenario import parse_scenario
+
+    def plan(model, mesh, slice_name="v4-8"):
+        return build_plan(parse_scenario({
+            "name": "m", "pod": {"slice": slice_name, "mesh": mesh}, "model": {"name": model},
+            "data": {"name": "digits"} if model == "mlp" else
+            {"name": "text", "options": {"sequence_length": 64}},
+            "training": {"global_batch": 32, "steps": 1}}))
+
+    with pytest.raises(ScenarioError, match="pod.mesh: .*only the transformer model does; mlp"):
+        plan("mlp", {"data": 2, "fsdp": 2})
+    assert plan("mlp", {"data": 4}).mesh.sizes == {"data": 4}
+    assert plan("transformer", {"data": 2, "tensor": 4}, "v3-8").mesh.devices_per_chip == 2
 
 
 def test_a_megacore_device_has_the_chips_peak():
@@ -73,7 +129,7 @@ def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links():
     mesh = layout_mesh({"fsdp": 4, "tensor": 2}, Torus((2, 2)), per_chip=2)
     assert all(d // 2 == e // 2 for d, e in mesh.groups("tensor"))
     link = LinkSpec(1e11, latency_s=1e-6)
-    costs = MeshCollectiveCosts(mesh, link, on_chip_bandwidth(V3))
+    costs = MeshCollectiveCosts(mesh, link, on_chip_bandwidth(V3), algorithm="ring", itemsize=4)
     tensor = costs.cost("tensor", "allreduce", 4096)
     assert not tensor.link_bytes
     assert tensor.seconds == pytest.approx(2 * 2048 / on_chip_bandwidth(V3), rel=1e-12)
@@ -85,19 +141,161 @@ def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links():
     assert fsdp.link_bytes == one_ring.link_bytes
 
 
-def test_link_bytes_of_a_steps_calls_are_the_ring_closed_form():
+@pytest.mark.parametrize("algorithm", ["xla", "ring"])
+def test_link_bytes_of_a_steps_calls_are_the_ring_closed_form(algorithm):
     """{tensor: 4} on a 4-chip ring: an allreduce of N bytes sends 2 (g - 1) / g N from
-    each of the g devices over one hop, 2 (g - 1) N on the links in all; three calls
-    three times that; a 2-device axis on the two cores of v3 chips moves no ICI byte."""
-    from pod.workloads.collectives import CollectiveCall
+    each of the g devices over one hop, 2 (g - 1) N on the links in all (one ring, or the
+    bidirectional chains: the same bytes, both directions); three calls three times
+    that; a 2-device axis on the two cores of v3 chips moves no ICI byte."""
+    from pod.programs.collectives import CollectiveCall
 
     mesh = layout_mesh({"tensor": 4}, Torus((4,), wraparound=(True,)))
-    costs = MeshCollectiveCosts(mesh, LinkSpec(1e11))
+    costs = MeshCollectiveCosts(mesh, LinkSpec(1e11), algorithm=algorithm)
     n = 4096
     calls = [CollectiveCall("tensor", "allreduce", n, "t", "activations", 0)] * 3
     links = costs.link_bytes(calls)
     assert sum(links.values()) == 3 * 2 * 3 * n
     assert all("->" in k for k in links)
     v3 = layout_mesh({"fsdp": 4, "tensor": 2}, Torus((2, 2)), per_chip=2)
-    on_chip = MeshCollectiveCosts(v3, LinkSpec(1e11), on_chip_bandwidth(V3))
+    on_chip = MeshCollectiveCosts(v3, LinkSpec(1e11), on_chip_bandwidth(V3), algorithm=algorithm)
     assert on_chip.link_bytes(calls[:1]) == {}
+
+
+def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links_as_xla_runs_it():
+    """v3-8 {fsdp: 4, tensor: 2}, "xla": tensor's block is the two cores (one phase per
+    pass, half the buffer on-chip); fsdp's groups of both cores run over the same 2x2
+    chips: one group of chips moving twice the bytes."""
+    mesh = layout_mesh({"fsdp": 4, "tensor": 2}, Torus((2, 2)), per_chip=2)
+    link = LinkSpec(1e11, latency_s=1e-6)
+    costs = MeshCollectiveCosts(mesh, link, on_chip_bandwidth(V3))
+    tensor = costs.cost("tensor", "allreduce", 4096)
+    assert not tensor.link_bytes
+    assert tensor.seconds == pytest.approx(2 * 2048 / on_chip_bandwidth(V3), rel=1e-12)
+    chips = [tuple(d // 2 for d in g) for g in mesh.groups("fsdp", "mesh")]
+    assert chips[0] == chips[1]
+    block = costs.group_torus("fsdp")
+    one = group_collective_cost("reduce_scatter", mesh.torus, chips[:1], 2 * 2048, link, 2,
+                                algorithm="xla", group_torus=block)
+    fsdp = costs.cost("fsdp", "reduce_scatter", 4096)
+    assert fsdp.seconds == pytest.approx(one.seconds, rel=1e-12)
+    assert fsdp.link_bytes == one.link_bytes
+
+
+# ------------------------------------------------- the T1 layout: closed forms
+
+
+T1_ACTIVATION_BYTES = 8 * 2048 * 10240 * 2  # (B, T, E) per device, bf16 [training-steps.md T1]
+
+
+def test_the_t1_tensor_allreduce_is_the_bidirectional_ring_closed_form():
+    """v5p-128 (4x4x4, wraparound), {fsdp: 16, tensor: 4}: tensor is the innermost torus
+    axis, a ring of 4; an allreduce of V bytes is reduce-scatter + all-gather over both
+    directions: 2 x (n-1)/n x V / (2 W) [SB], 2 + 2 hops, the fixed cost once."""
+    mesh = layout_mesh({"fsdp": 16, "tensor": 4}, Torus((4, 4, 4)))
+    w = V5P.ici_link_bandwidth_bytes_per_s
+    link = LinkSpec(w, 1e-6, collective_fixed_s=4e-6)
+    costs = MeshCollectiveCosts(mesh, link)
+    assert costs.group_torus("tensor") == Torus((4,), (True,))
+    v = T1_ACTIVATION_BYTES
+    want = 2 * (3 / 4 * v / (2 * w) + 2e-6) + 4e-6
+    assert costs.seconds("tensor", "allreduce", v) == pytest.approx(want, rel=1e-9)
+    ring = MeshCollectiveCosts(mesh, link, algorithm="ring").seconds("tensor", "allreduce", v)
+    assert ring == pytest.approx(2 * (3 / 4 * v / w + 3e-6) + 4e-6, rel=1e-9)
+
+
+def test_the_t1_fsdp_gather_uses_both_axes_of_its_block():
+    """fsdp 16 on the 4x4 block of torus axes 0 and 1 (both wrap): an all-gather of a
+    piece P per device gathers V = 16 P: (n-1)/n x V / (W_bidi x 2) + 2 + 2 hops."""
+    mesh = layout_mesh({"fsdp": 16, "tensor": 4}, Torus((4, 4, 4)))
+    w = V5P.ici_link_bandwidth_bytes_per_s
+    costs = MeshCollectiveCosts(mesh, LinkSpec(w, 1e-6))
+    assert costs.group_torus("fsdp") == Torus((4, 4), (True, True))
+    piece = 3 * 2**20  # bytes per device; V splits evenly over 2 parts and 16 owners
+    v = 16 * piece
+    want = 15 / 16 * v / (2 * w * 2) + 4e-6
+    assert costs.seconds("fsdp", "all_gather", piece) == pytest.approx(want, rel=1e-9)
+
+
+# ------------------------------------------------- every layout: properties
+
+
+@st.composite
+def layouts(draw):
+    """A small torus, a mesh laid on it (pod.config.mesh) and one of its axes."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.sampled_from((1, 2, 3, 4, 6))) for _ in range(ndim))
+    assume(math.prod(shape) <= 36)
+    torus = Torus(shape, tuple(draw(st.booleans()) for _ in shape))
+    n = torus.num_chips
+    tensor = draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+    fsdp = draw(st.sampled_from([d for d in range(1, n // tensor + 1) if n // tensor % d == 0]))
+    mesh = layout_mesh({"data": n // (tensor * fsdp), "fsdp": fsdp, "tensor": tensor}, torus)
+    axis = draw(st.sampled_from([a for a in mesh.axis_names]))
+    assume(mesh.axis_size(axis) > 1)
+    return mesh, axis
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=layouts())
+def test_a_mesh_groups_steps_along_its_block_axes_are_the_blocks_hops(layout):
+    """In mesh order a group lists its devices row-major over the axis's blocks: a step
+    of one along block k moves ``stride`` chips along that block's torus axis."""
+    mesh, axis = layout
+    blocks = mesh.torus_axes(axis)
+    shape = tuple(k.size for k in blocks)
+    for group in mesh.groups(axis, "mesh"):
+        grid = np.asarray(group).reshape(shape)
+        for k, block in enumerate(blocks):
+            a = np.take(grid, range(block.size - 1), axis=k).reshape(-1)
+            b = np.take(grid, range(1, block.size), axis=k).reshape(-1)
+            for x, y in zip(a.tolist(), b.tolist()):
+                cx, cy = mesh.torus.coords(x), mesh.torus.coords(y)
+                moved = [i for i in range(mesh.torus.ndim) if cx[i] != cy[i]]
+                assert moved == [block.torus_axis]
+                assert cy[block.torus_axis] - cx[block.torus_axis] == block.stride
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=layouts(), op=st.sampled_from(["allreduce", "reduce_scatter", "all_gather"]),
+       per_device=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_every_layout_costs_as_its_schedule_and_every_device_ends_right(layout, op, per_device,
+                                                                        seed):
+    """The plan's cost (fast path) = schedule_cost of the concurrent schedule over the same
+    groups and block; executed, every device ends with its group's result."""
+    mesh, axis = layout
+    link = LinkSpec(1e9, 1e-6, collective_fixed_s=2e-6)
+    costs = MeshCollectiveCosts(mesh, link)
+    size = mesh.axis_size(axis)
+    nbytes = 2 * size * per_device
+    elements = nbytes // 2 * (size if op == "all_gather" else 1)
+    groups = mesh.groups(axis, "mesh")
+    schedule = concurrent_group_schedule(op, groups, mesh.torus.num_chips, elements, 2,
+                                         algorithm="xla", group_torus=costs.group_torus(axis))
+    reference = schedule_cost(schedule, mesh.torus, link)
+    fast = costs.cost(axis, op, nbytes)
+    assert fast.seconds == pytest.approx(reference.seconds, rel=1e-12)
+    assert fast.link_bytes == reference.link_bytes
+    rng = np.random.default_rng(seed)
+    buffers = [rng.integers(-9, 9, elements).astype(np.float32) for _ in range(mesh.size)]
+    out = execute(schedule, buffers)
+    for g in groups:
+        total = np.sum([buffers[d] for d in g], axis=0)
+        for d in g:
+            if op == "allreduce":
+                np.testing.assert_array_equal(out[d], total)
+            elif op == "reduce_scatter":
+                a, b = schedule.chunk_bounds[schedule.owned_chunks[d]]
+                np.testing.assert_array_equal(out[d][a:b], total[a:b])
+
+
+def test_the_t1_tensor_allreduce_on_the_calibrated_link():
+    """Issue 23's T1 figure: the ring model moved float32 over one direction; the xla
+    model moves bf16 over both: a quarter of the bandwidth term, less the loss of a
+    chip driving two links instead of one (``LinkSpec.achieved_bandwidth_bytes_per_s``)."""
+    t1 = layout_mesh({"fsdp": 16, "tensor": 4}, Torus((4, 4, 4)))
+    link = calibrated_link("v5p", V5P.ici_link_bandwidth_bytes_per_s)
+    xla = MeshCollectiveCosts(t1, link).seconds("tensor", "allreduce", T1_ACTIVATION_BYTES)
+    ring = MeshCollectiveCosts(t1, link, algorithm="ring").seconds("tensor", "allreduce",
+                                                                    2 * T1_ACTIVATION_BYTES)
+    loss = link.achieved_bandwidth_bytes_per_s(2) / link.achieved_bandwidth_bytes_per_s(1)
+    assert ring / xla == pytest.approx(4 * loss, rel=0.01)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from pod.report.sharded import sharded_step_clock
-from pod.workloads.collectives import CollectiveCall
+from pod.report.clock import step_clock as sharded_step_clock
+from pod.programs.collectives import CollectiveCall
 
 
 @dataclass(frozen=True)

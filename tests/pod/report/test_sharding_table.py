@@ -12,7 +12,7 @@ from rich.console import Console
 from pod.cli import cli
 from pod.report.model_summary import layer_costs, sharding_groups, sharding_table
 from pod.workloads import build_model, build_optimizer
-from pod.workloads.sharded import ShardedTransformer
+from pod.programs import ShardedTransformer
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -18,11 +18,11 @@ from chip import Chip
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.config.sharding import device_chip_spec
-from pod.report.sharded import sharded_step_clock
+from pod.report.clock import step_clock as sharded_step_clock
 from pod.runtime.sharded_timing import ShardedTimingPod
 from pod.workloads import build_optimizer
-from pod.workloads.collectives import LocalMesh
-from pod.workloads.sharded import DeviceCoords, ShardedTransformer
+from pod.programs.collectives import LocalMesh
+from pod.programs import DeviceCoords, ShardedTransformer
 from pod.workloads.sharded_timing import update_start
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")

@@ -21,8 +21,8 @@ from pod.config.mesh import layout_mesh
 from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, on_chip_bandwidth
 from pod.runtime.sharded_pod import ShardedPod
 from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
-from pod.workloads.collectives import LocalMesh
-from pod.workloads.sharded import DeviceCoords, ShardedTransformer
+from pod.programs.collectives import LocalMesh
+from pod.programs import DeviceCoords, ShardedTransformer
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = {"vocabulary": 32, "sequence_length": 8, "embed_dim": 16, "heads": 4, "head_dim": 4,

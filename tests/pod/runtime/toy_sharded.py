@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pod.workloads.sharded import DeviceShard, StepResult
+from pod.programs import DeviceShard, StepResult
 
 D, K, LR = 8, 4, 0.5
 

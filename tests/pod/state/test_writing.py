@@ -81,9 +81,7 @@ def test_check_writable_under_a_file_is_one_line(tmp_path):
 
 
 def test_a_checkpoint_on_a_read_only_file_system_is_one_line(tmp_path, monkeypatch):
-    from pod.state import checkpoint as module
-
-    monkeypatch.setattr(module.os, "fsync", refuse(errno.EROFS))
+    monkeypatch.setattr(os, "fsync", refuse(errno.EROFS))
     ck = Checkpoint(step=1, scenario={}, params={"w": np.zeros(2, np.float32)})
     with pytest.raises(OutputError, match=r"ckpt\.msgpack: cannot write \(Read-only file system\)"):
         save_checkpoint(tmp_path / "ckpt.msgpack", ck)

@@ -220,3 +220,64 @@ def test_scenario_paths_resolve_relative_to_the_scenario_file(tmp_path, monkeypa
     scenario.write_text(scenario.read_text().replace("../data/mnist", "../data/nope"))
     with pytest.raises(ScenarioError, match=r"^data: path '.*data/nope' does not exist"):
         build_plan(load_scenario(scenario))
+
+
+# ---- issue 26: no silent wrong result; ids and labels checked on load --------------
+
+def _imdb_npz(path, *, y_train=None, x_train=None, x_test=None, y_test=None):
+    x = np.array([[3, 4, 5], [0, 2, 6], [7, 8, 9], [2, 3, 4]], np.int32)
+    np.savez(path, x_train=x if x_train is None else x_train,
+             y_train=np.array([0, 1, 0, 1]) if y_train is None else y_train,
+             x_test=x[:2] if x_test is None else x_test,
+             y_test=np.array([1, 0]) if y_test is None else y_test)
+    return path
+
+
+def _imdb_scenario(tmp_path, npz):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(f"name: t\npod: {{slice: v2-8}}\nmodel: {{name: lstm_classifier, options: "
+                        f"{{vocabulary: 100}}}}\ndata: {{name: imdb, path: {npz.name}, options: "
+                        f"{{num_words: 100, maxlen: 3}}}}\ntraining: {{global_batch: 8, steps: 1}}\n")
+    return scenario
+
+
+def test_imdb_labels_of_half_are_refused_not_rounded(tmp_path):
+    """Probe: IMDB labels 0.5 / 1.5 silently became 0 / 1."""
+    npz = _imdb_npz(tmp_path / "i.npz", y_train=np.array([0.5, 1.5, 0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"i\.npz: y_train must be 4 integer labels of 0 or 1, "
+                                         r"got float64"):
+        load_dataset("imdb", path=npz)
+    npz = _imdb_npz(tmp_path / "j.npz", y_test=np.array([0, 2]))
+    with pytest.raises(ValueError, match=r"y_test must hold labels of 0 or 1, found 2"):
+        load_dataset("imdb", path=npz)
+
+
+def test_negative_token_ids_are_the_datas_fault_not_the_vocabularys(tmp_path):
+    """Probe: a negative token id was reported as 'vocabulary ... use at least 100'."""
+    bad = np.array([[3, -4, 5], [0, 2, 6], [7, 8, 9], [2, 3, 4]], np.int32)
+    npz = _imdb_npz(tmp_path / "i.npz", x_train=bad)
+    with pytest.raises(ScenarioError) as err:
+        build_plan(load_scenario(_imdb_scenario(tmp_path, npz)))
+    text = str(err.value)
+    assert text.startswith("data.path: ") and "x_train holds negative token ids (smallest -4)" \
+        in text and "use at least" not in text
+
+
+def test_an_empty_test_split_is_an_error_not_an_accuracy_of_zero(tmp_path):
+    """Probe: an .npz with an empty test split ran and reported test loss 0.0000 and
+    accuracy 0.0000."""
+    npz = _imdb_npz(tmp_path / "i.npz", x_test=np.zeros((0, 3), np.int32),
+                    y_test=np.zeros((0,), np.int64))
+    with pytest.raises(ScenarioError, match=r"^data\.path: the test split of imdb is empty "
+                                            r"\(0 examples\)"):
+        build_plan(load_scenario(_imdb_scenario(tmp_path, npz)))
+
+
+def test_a_dataset_past_the_value_cap_is_refused_before_conversion(tmp_path, monkeypatch):
+    from pod.workloads import files
+
+    monkeypatch.setattr(files, "MAX_DATASET_VALUES", 100)
+    npz = _imdb_npz(tmp_path / "i.npz", x_train=np.ones((40, 3), np.int32),
+                    y_train=np.zeros(40, np.int64))
+    with pytest.raises(ValueError, match=r"x_train holds 120 values, more than the 100"):
+        load_dataset("imdb", path=npz)

@@ -35,8 +35,8 @@ from chip import TensorCore, get_chip_spec
 from interconnect import Torus
 from pod.config.mesh import layout_mesh
 from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
-from pod.workloads.collectives import LocalMesh, sum_in_order
-from pod.workloads.sharded import (
+from pod.programs.collectives import LocalMesh, sum_in_order
+from pod.programs import (
     DeviceCoords,
     ShardedTransformer,
     check_tensor_split,

@@ -1,135 +1,77 @@
 """The SPMD program every device of a ``{data, fsdp, tensor}`` mesh runs to train the transformer.
 
 One :class:`ShardedTransformer` serves every device; a device's state is a
-:class:`DeviceShard` (its parameter and optimizer-state shards) and its
-exchanges go through a ``pod.workloads.collectives.DeviceCollectives``. The
-layout (JAX ``NamedSharding`` terms; [MEG] Shoeybi et al. 2019, "Megatron-LM";
-[ZeRO] Rajbhandari et al. 2020; [SB] "How to Scale Your Model"):
+``DeviceShard`` (its parameter and optimizer-state shards) and its exchanges
+go through a ``pod.programs.collectives.DeviceCollectives``
+(``pod.programs.contract`` is the contract). The layout (JAX ``NamedSharding``
+terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
+2020; [SB] "How to Scale Your Model"):
 
-- **tensor** [MEG]: each block's attention heads and MLP hidden units are
-  split over the tensor devices: query / key / value and the MLP input
-  projections column-parallel (a device holds the columns of its heads or
-  hidden units), the attention output projection and the MLP output
-  projection row-parallel (the rows of the same heads / units), so a device
-  computes a partial sum of each block output. One allreduce over ``tensor``
-  after the attention and one after the MLP in forward; in backward one of
-  the MLP's and one of the attention's input gradient (Megatron's f / g
-  operators). Everything else is replicated over ``tensor`` and computed
-  redundantly by every tensor device: the norms, the token embedding and the
-  unembedding (logits over the whole vocabulary), the loss. Their gradients
-  come out identical on every tensor device, so no gradient crosses the
-  tensor axis. Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
+- **tensor** [MEG] (``pod.programs.tensor``): each block's attention heads and
+  MLP hidden units are split over the tensor devices: query / key / value and
+  the MLP input projections column-parallel, the attention output projection
+  and the MLP output projection row-parallel, so a device computes a partial
+  sum of each block output, allreduced over ``tensor`` (Megatron's f / g
+  operators). Everything else is replicated over ``tensor``: the norms, the
+  token embedding and the unembedding, the loss. Their gradients come out
+  identical on every tensor device, so no gradient crosses the tensor axis.
+  Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
   (:func:`check_tensor_split`).
 - **sequence parallelism** (``sequence_parallel=True``; [SP] Korthikanti et
   al. 2022): outside the attention and MLP products a tensor device keeps
-  only its chunk of the sequence (T / tensor positions): the norms, the
-  residual adds, the final norm, the logits and the loss run on the chunk.
-  Each allreduce becomes a reduce-scatter over the sequence after the
-  row-parallel part and an all-gather before the column-parallel part (the
-  same bytes on a ring, the norms' work and activations split); backward
-  has their transposes. The embedding looks up the whole sequence and keeps
-  the chunk. The replicated parameters (norms, embedding, unembedding) now
-  see different tokens on each tensor device: their gradient chunks are
+  only its chunk of the sequence; each allreduce becomes a reduce-scatter
+  over the sequence and an all-gather; the replicated parameters see
+  different tokens on each tensor device, so their gradient chunks are
   allreduced over ``tensor`` too. Needs T divisible by the tensor size.
-- **fsdp** [ZeRO] (ZeRO-3): every parameter's tensor-local array is
-  flattened, zero-padded to a multiple of the fsdp size and split into equal
-  chunks; device ``f`` keeps chunk ``f`` and the optimizer state of that chunk
-  only. A layer all-gathers its parameters (one buffer per layer) before its
-  forward and again before its backward (the gathered copy is not kept
-  between the passes), and reduce-scatters its gradients when its backward is
-  done. The token embedding's backward does not read the table, so it is not
-  gathered there; a tied output layer gathers the embedding table itself.
+- **fsdp** [ZeRO] (ZeRO-3, ``pod.programs.fsdp``): every parameter's
+  tensor-local array is cut into equal chunks, one per fsdp device, with its
+  optimizer state. A layer all-gathers its parameters before its forward and
+  again before its backward, and reduce-scatters its gradients when its
+  backward is done. The token embedding's backward does not read the table,
+  so it is not gathered there.
 - **data**: after the reduce-scatter, each gradient shard is allreduced over
-  ``data``; then scaled by 1 / (data x fsdp) (times 1 / tensor with sequence
-  parallelism), the number of token shards (as the data-parallel runtime's
-  ``grad_mean``).
+  ``data``, then scaled by 1 / (data x fsdp) (times 1 / tensor with sequence
+  parallelism), the number of token shards.
 - **batch**: the global batch is split over data x fsdp (:meth:`batch_slice`);
-  the tensor devices of a group get the same examples (and, with sequence
-  parallelism, take their chunk of the positions themselves). Each device's
-  loss is the mean over its tokens; the global loss is the mean over every
-  device (:meth:`ShardedTransformer.global_loss`; every device's mean is
-  over the same number of tokens), which equals the single-device mean over
-  the global batch.
+  the tensor devices of a group get the same examples.
 
-Per training step a layer with parameters issues (closed forms the tests
-check, ``L`` blocks): fsdp all-gathers: every layer with parameters in
-forward (embed, L blocks, final_norm, unembed), and in backward all of them
-but the embedding (``2 L + 5``); fsdp reduce-scatters and data allreduces:
-one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
-layer); tensor activation allreduces of ``B T C`` float32 each (B the
-per-device batch): 2 per block in forward, 2 in backward, plus 1 under
-``remat: full`` (backward recomputes the attention output; ``minimal``
-keeps the summed output). With sequence parallelism: per block 2
-all-gathers (``B T C / tensor`` float32 in) and 2 reduce-scatters (``B T C``
-in) in forward, as many in backward, plus the recomputation's all-gathers
-of the attention and MLP inputs (``minimal``: 2) and, under ``full``, the
-attention output's reduce-scatter; and one gradient allreduce over tensor
-per layer with replicated parameters. An axis of size 1 issues nothing;
-:meth:`ShardedTransformer.planned_calls` lists them all.
+On a ``{data: N}`` mesh this is data parallelism with one gradient allreduce
+per layer, issued as the backward pass finishes the layer.
 
 Remat policies work unchanged (``TransformerBlock`` takes the tensor
-operators as ``TensorHooks``). The core must emulate numerics (``TensorCore(numerics=True)``): every
-exchanged buffer is float32. No dropout in this model, so a step needs no
-random seed.
+operators as ``TensorHooks``). Every exchanged buffer is float32. On a
+timing-only core (``core.execute`` False) the program records the same ops and
+calls with the data movement that costs nothing left out: shards, gathered
+layers, packed gradients and summed activations are read-only zero views
+(:meth:`ShardedTransformer.shape_shard`), so a step of a 175B-class model
+costs wall time in the number of ops, not in their sizes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from chip import to_bf16
-from pod.workloads.collectives import AXES, CollectiveCall, DeviceCollectives
-from pod.workloads.layers import vector_op
+from pod.programs.collectives import AXES, DeviceCollectives
+from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
+from pod.programs.fsdp import chunk_elements, flat_chunk, pack_chunks, unpack_gathered
+from pod.programs.tensor import TensorCollectives, wire_itemsize
+from pod.workloads.layers import timing_zeros, vector_op
 from pod.workloads.optimizers import Optimizer
 from pod.workloads.transformer import (
-    TensorHooks,
     TransformerBlock,
     TransformerConfig,
     TransformerModel,
 )
 
-__all__ = ["DeviceCoords", "DeviceShard", "ParamLayout", "StepResult", "ShardedTransformer",
-           "check_tensor_split", "device_param_elements", "flat_chunk", "pack_chunks", "param_layout",
-           "unpack_gathered"]
+__all__ = ["ParamLayout", "ShardedTransformer", "check_tensor_split", "device_param_elements",
+           "param_layout"]
 
 _F32_BYTES = 4
-
-
-@dataclass(frozen=True, order=True)
-class DeviceCoords:
-    """A device's place in the mesh: its position along each axis (ring order,
-    ``DeviceCollectives.axis_index``)."""
-
-    data: int = 0
-    fsdp: int = 0
-    tensor: int = 0
-
-    @classmethod
-    def of(cls, comm: DeviceCollectives) -> DeviceCoords:
-        """The coordinates ``comm`` reports."""
-        return cls(*(comm.axis_index(a) for a in AXES))
-
-
-@dataclass(frozen=True)
-class DeviceShard:
-    """What one device keeps between steps.
-
-    Attributes:
-        coords: the device's coordinates.
-        params: model key -> this device's chunk, 1-D float32 of
-            ``ceil(n / fsdp)`` elements, n the size of the key's tensor-local
-            array (padding zeros at the end of the last chunk).
-        opt_state: the optimizer's state of those chunks, keyed as
-            ``Optimizer.init`` keys it ("<key>/<slot>").
-    """
-
-    coords: DeviceCoords
-    params: Mapping[str, np.ndarray]
-    opt_state: Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -155,24 +97,6 @@ class ParamLayout:
     tensor_dim: int | None
     local_shape: tuple[int, ...]
     device_elements: int
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One device's training step.
-
-    Attributes:
-        loss: the mean loss over this device's tokens (float);
-            :meth:`ShardedTransformer.global_loss` combines the devices'.
-        shard: the updated DeviceShard.
-        update_start: index in ``core.records`` (counted from the step's
-            start, as ``after_record``) of the optimizer's first op: what
-            comes from there on waits for every gradient collective.
-    """
-
-    loss: float
-    shard: DeviceShard
-    update_start: int
 
 
 def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
@@ -220,95 +144,6 @@ def device_param_elements(model: TransformerModel, fsdp: int, tensor: int) -> in
     return sum(p.device_elements for p in param_layout(model, {"fsdp": fsdp, "tensor": tensor}))
 
 
-def flat_chunk(x: np.ndarray, parts: int, index: int) -> np.ndarray:
-    """Chunk ``index`` of x flattened and zero-padded to ``parts * ceil(x.size / parts)``.
-
-    Returns:
-        (ceil(x.size / parts),) float32, a new array.
-    """
-    c = -(-x.size // parts)
-    padded = np.zeros(parts * c, np.float32)
-    padded[:x.size] = np.asarray(x, np.float32).reshape(-1)
-    return padded[index * c:(index + 1) * c].copy()
-
-
-def pack_chunks(arrays: Sequence[np.ndarray], parts: int) -> np.ndarray:
-    """The reduce-scatter buffer of several arrays: for j in 0 .. parts-1, chunk j
-    (:func:`flat_chunk`) of each array in turn, so that chunk j of the buffer
-    is device j's piece of every array.
-
-    Returns:
-        (parts * sum(ceil(a.size / parts)),) float32.
-    """
-    chunks = [[flat_chunk(a, parts, j) for a in arrays] for j in range(parts)]
-    return np.concatenate([c for row in chunks for c in row]) if arrays else np.zeros(0, np.float32)
-
-
-def unpack_gathered(buffer: np.ndarray, shapes: Sequence[tuple[int, ...]],
-                    parts: int) -> list[np.ndarray]:
-    """Inverse of :func:`pack_chunks`: the arrays of ``shapes`` from ``parts``
-    concatenated pieces (an all-gather of every device's chunks).
-
-    Args:
-        buffer: (parts * sum(c_i),) float32, c_i = ceil(prod(shape_i) / parts).
-        shapes: the arrays' shapes.
-        parts: devices the arrays are split over.
-
-    Returns:
-        The arrays, float32, padding dropped.
-    """
-    sizes = [math.prod(s) for s in shapes]
-    widths = [-(-n // parts) for n in sizes]
-    rows = buffer.reshape(parts, sum(widths))                            # (parts, sum c)
-    out, start = [], 0
-    for shape, n, c in zip(shapes, sizes, widths):
-        out.append(rows[:, start:start + c].reshape(-1)[:n].reshape(shape))
-        start += c
-    return out
-
-
-class _TensorCollectives(TensorHooks):
-    """``TensorHooks`` over the tensor axis of a device's collectives (kind
-    "activation", tags "<place> <phase>"): allreduce after the row-parallel
-    parts; with sequence parallelism all-gather of the sequence chunks before
-    the column-parallel parts and reduce-scatter after the row-parallel ones
-    (device at position i holds chunk i of the sequence)."""
-
-    def __init__(self, core, comm: DeviceCollectives, phase: str, sequence: bool):
-        self.core, self.comm, self.phase, self.sequence = core, comm, phase, sequence
-        self.size = comm.axis_size("tensor")
-
-    def _kw(self, tag: str) -> dict:
-        return {"tag": f"{tag} {self.phase}", "kind": "activation",
-                "after_record": len(self.core.records)}
-
-    def _allreduce(self, tag, v):
-        return self.comm.allreduce("tensor", np.ascontiguousarray(v).reshape(-1),
-                                   **self._kw(tag)).reshape(v.shape)
-
-    def _gather(self, tag, v):                                            # (B, t, C) -> (B, T, C)
-        b, t, c = v.shape
-        full = self.comm.all_gather("tensor", np.ascontiguousarray(v).reshape(-1), **self._kw(tag))
-        return full.reshape(self.size, b, t, c).transpose(1, 0, 2, 3).reshape(b, self.size * t, c)
-
-    def _scatter(self, tag, v):                                           # (B, T, C) -> (B, t, C)
-        b, t, c = v.shape[0], v.shape[1] // self.size, v.shape[2]
-        buf = np.ascontiguousarray(v.reshape(b, self.size, t, c).transpose(1, 0, 2, 3))
-        return self.comm.reduce_scatter("tensor", buf.reshape(-1), **self._kw(tag)).reshape(b, t, c)
-
-    def enter(self, tag, x):
-        return self._gather(tag, x) if self.sequence else x
-
-    def leave(self, tag, y):
-        return self._scatter(tag, y) if self.sequence else self._allreduce(tag, y)
-
-    def enter_grad(self, tag, dx):
-        return self._scatter(tag, dx) if self.sequence else self._allreduce(tag, dx)
-
-    def leave_grad(self, tag, dy):
-        return self._gather(tag, dy) if self.sequence else dy
-
-
 class ShardedTransformer:
     """The device program of a transformer on a ``{data, fsdp, tensor}`` mesh.
 
@@ -338,7 +173,11 @@ class ShardedTransformer:
                                  f"{', '.join(AXES)}, sizes >= 1")
         self.model, self.optimizer = model, optimizer
         self.sizes = {a: int(sizes.get(a, 1)) for a in AXES}
-        self.data, self.fsdp, self.tensor = (self.sizes[a] for a in AXES)
+        self.data, self.fsdp, self.tensor = (self.sizes[a] for a in ("data", "fsdp", "tensor"))
+        for axis in ("stage", "expert"):
+            if self.sizes[axis] > 1:
+                raise ValueError(f"mesh axis {axis} of size {self.sizes[axis]}: the transformer "
+                                 "program runs on data, fsdp and tensor axes")
         cfg = model.config
         check_tensor_split(cfg, self.tensor)
         self.sequence_parallel = bool(sequence_parallel) and self.tensor > 1
@@ -433,11 +272,21 @@ class ShardedTransformer:
         params = self.shard_params(self.model.init_params(seed), coords)
         return DeviceShard(coords, params, self.optimizer.init(params))
 
+    def shape_shard(self, coords: DeviceCoords = DeviceCoords()) -> DeviceShard:
+        """A timing-only device's parameter and optimizer-state chunks: read-only zero
+        views of the sizes :meth:`init_local` gives (no memory)."""
+        params = {k: timing_zeros((self._chunk_count([k]),), np.float32) for k in self._shapes}
+        state = {f"{k}/{slot}": v for k, v in params.items() for slot in self.optimizer.slots}
+        return DeviceShard(coords, params, state)
+
     def load_local(self, params: Mapping[str, np.ndarray], opt_state: Mapping[str, np.ndarray],
-                   coords: DeviceCoords) -> DeviceShard:
+                   coords: DeviceCoords, model_state: Mapping[str, np.ndarray] | None = None
+                   ) -> DeviceShard:
         """The device's shard of a whole model's parameters and optimizer state (a
         checkpoint's, :meth:`assemble`'s output): the inverse of :meth:`assemble`, so a
         run resumed from it continues bit for bit (padding is zeros, as a run keeps it).
+
+        ``model_state`` is ignored (the transformer has none).
 
         Raises:
             KeyError, ValueError: arrays that do not fit this program's model.
@@ -508,61 +357,6 @@ class ShardedTransformer:
         padding included): the workspace FSDP adds."""
         return max(self.fsdp * self._chunk_bytes(k for k, _ in keys) for keys in self._keys)
 
-    def planned_calls(self, per_device_batch: int) -> list[CollectiveCall]:
-        """The collectives one :meth:`train_step` issues, in order, without running it
-        (for timing-only runs at any size): the calls ``comm.calls`` records, with
-        ``after_record`` -1 (no records exist).
-
-        Args:
-            per_device_batch: b, examples per device (global batch / (data x fsdp)).
-        """
-        out: list[CollectiveCall] = []
-
-        def add(axis, op, nbytes, tag, kind):
-            if self.sizes[axis] > 1:
-                out.append(CollectiveCall(axis, op, nbytes, tag, kind, -1))
-
-        def gather(i, phase):
-            if self._keys[i]:
-                add("fsdp", "all_gather", self._chunk_bytes(k for k, _ in self._keys[i]),
-                    f"{self.local_model.layers[i].name} {phase}", "param_gather")
-
-        layers = self.local_model.layers
-        for i, layer in enumerate(layers):
-            gather(i, "fwd")
-            for call in self._block_calls(layer, per_device_batch, "fwd"):
-                add(*call)
-        for i in range(len(layers) - 1, -1, -1):
-            layer = layers[i]
-            if layer.backward_reads_params:
-                gather(i, "bwd")
-            for call in self._block_calls(layer, per_device_batch, "bwd"):
-                add(*call)
-            if self._owned[i]:
-                shard_bytes = self._chunk_bytes(self._owned[i])
-                add("fsdp", "reduce_scatter", self.fsdp * shard_bytes, f"{layer.name} grads",
-                    "grad_reduce")
-                add("data", "allreduce", shard_bytes, f"{layer.name} grads", "grad_reduce")
-                replicated = [k for k in self._owned[i] if self._split[k] is None]
-                if self.sequence_parallel and replicated:
-                    add("tensor", "allreduce", self._chunk_bytes(replicated),
-                        f"{layer.name} replicated grads", "grad_reduce")
-        return out
-
-    def _block_calls(self, layer, batch: int, phase: str) -> list[tuple]:
-        """(axis, op, nbytes, tag, kind) of a block's tensor operators in a pass,
-        in the order ``TransformerBlock`` calls them (none for other layers)."""
-        if not isinstance(layer, TransformerBlock):
-            return []
-        cfg = self.model.config
-        whole = _F32_BYTES * batch * cfg.sequence_length * cfg.embed_dim   # (b, T, C) float32
-        ops = {"enter": ("all_gather", whole // self.tensor) if self.sequence_parallel else None,
-               "leave": ("reduce_scatter", whole) if self.sequence_parallel else ("allreduce", whole)}
-        ops["leave_grad"], ops["enter_grad"] = ops["enter"], ops["leave"]
-        steps = layer.tensor_hook_calls(phase)
-        return [("tensor", *ops[hook], f"{layer.name}/{place} {phase}", "activation")
-                for hook, place in steps if ops[hook] is not None]
-
     def _chunk_bytes(self, keys: Iterable[str]) -> int:
         """float32 bytes of this device's chunks of ``keys``."""
         return _F32_BYTES * sum(-(-math.prod(self._shapes[k]) // self.fsdp) for k in keys)
@@ -570,7 +364,7 @@ class ShardedTransformer:
     # ------------------------------------------------------------ the step
 
     def train_step(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
-                   y: np.ndarray, step: int) -> StepResult:
+                   y: np.ndarray, step: int, *, rng=None) -> StepResult:
         """One training step of one device: forward, loss, backward, gradient
         reduction and the optimizer update of the local chunks.
 
@@ -583,6 +377,7 @@ class ShardedTransformer:
                 :meth:`batch_slice`.
             y: (b, T) next-token labels.
             step: the optimizer step, 1 for the first.
+            rng: unused (the model has no dropout).
 
         Returns:
             StepResult: this device's mean loss, its new shard, where the
@@ -599,13 +394,37 @@ class ShardedTransformer:
         params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
         return StepResult(loss, DeviceShard(shard.coords, params, state), update_start)
 
+    #: test examples an evaluation takes at most (cut to a multiple of data x fsdp): the
+    #: sharded forward pass is costly to emulate and the loss settles on fewer
+    EVAL_EXAMPLES = 256
+
+    def eval_slice(self, num_examples: int, coords: DeviceCoords) -> slice:
+        """This device's examples of an evaluation set: the first ``EVAL_EXAMPLES`` (at
+        most), cut to a multiple of data x fsdp, split as a training batch (every
+        device takes part in the forward pass's collectives)."""
+        n = min(int(num_examples), self.EVAL_EXAMPLES) // self.batch_shards * self.batch_shards
+        if n == 0:
+            return slice(0, 0)
+        return self.batch_slice(n, coords)
+
+    def counts_eval(self, coords: DeviceCoords) -> bool:
+        """The tensor devices of a group predict the same tokens (without sequence
+        parallelism): only the first counts."""
+        return self.sequence_parallel or coords.tensor == 0
+
     def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
-                 y: np.ndarray) -> float:
-        """Eval-mode mean loss over this device's (x, y), with the collectives of a
-        forward pass (tagged "eval"). The global figure is formed as in training."""
+                 y: np.ndarray) -> EvalSums:
+        """Eval-mode sums over this device's (x, y) (its tokens, or its sequence chunk
+        with sequence parallelism): the losses, the next tokens predicted right, the
+        tokens; with the collectives of a forward pass (tagged "eval")."""
         self._check(comm, shard)
+        if x.shape[0] == 0:
+            return EvalSums(0.0, 0, 0)
         out, _ = self._forward(core, comm, shard, x, "eval", training=False)
-        return self.local_model.output_loss(core, out, y[:, self.sequence_slice(shard.coords)])[0]
+        labels = y[:, self.sequence_slice(shard.coords)]
+        loss, _ = self.local_model.output_loss(core, out, labels)
+        correct = int((np.asarray(out).argmax(axis=-1) == labels).sum()) if core.execute else 0
+        return EvalSums(float(loss) * labels.size, correct, int(labels.size))
 
     def _check(self, comm: DeviceCollectives, shard: DeviceShard) -> None:
         got = {a: comm.axis_size(a) for a in AXES}
@@ -615,23 +434,29 @@ class ShardedTransformer:
             raise ValueError(f"shard of {shard.coords} given to the device at "
                              f"{DeviceCoords.of(comm)}")
 
-    def _hooks(self, core, comm: DeviceCollectives, phase: str) -> _TensorCollectives | None:
+    def _hooks(self, core, comm: DeviceCollectives, phase: str) -> TensorCollectives | None:
         """The blocks' tensor operators (None when tensor is 1: one device's code path)."""
         if self.tensor == 1:
             return None
-        return _TensorCollectives(core, comm, phase, self.sequence_parallel)
+        return TensorCollectives(core, comm, phase, self.sequence_parallel)
 
     def _gather(self, core, comm: DeviceCollectives, shard: DeviceShard, i: int,
                 phase: str) -> dict[str, np.ndarray]:
         """Layer i's tensor-local params, all-gathered over fsdp, MXU weights rounded
-        to bf16 when ``core.numerics`` (as ``TransformerModel.prepare_params``)."""
+        to bf16 when ``core.numerics`` (as ``TransformerModel.prepare_params``); on a
+        timing-only core the call is issued and the layer gets zero views."""
         keys = self._keys[i]
         if not keys:
             return {}
         layer = self.local_model.layers[i]
+        kw = {"tag": f"{layer.name} {phase}", "kind": "param_gather",
+              "after_record": len(core.records), "itemsize": wire_itemsize(core)}
+        if not core.execute:
+            comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
+                                                 np.float32), **kw)
+            return {local: timing_zeros(self._shapes[key], np.float32) for key, local in keys}
         mine = np.concatenate([shard.params[k] for k, _ in keys])
-        full = comm.all_gather("fsdp", mine, tag=f"{layer.name} {phase}", kind="param_gather",
-                               after_record=len(core.records))
+        full = comm.all_gather("fsdp", mine, **kw)
         arrays = unpack_gathered(full, [self._shapes[k] for k, _ in keys], self.fsdp)
         return {local: (to_bf16(a) if core.numerics and local in layer.matmul_params else a)
                 for (_, local), a in zip(keys, arrays)}
@@ -662,10 +487,13 @@ class ShardedTransformer:
             p = self._gather(core, comm, shard, i, "bwd") if layer.backward_reads_params else {}
             hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
             if i == 0 and self.sequence_parallel:  # the embedding saw the whole sequence
-                full = np.zeros((dy.shape[0], self.model.config.sequence_length, dy.shape[2]),
-                                dy.dtype)
-                full[:, self.sequence_slice(shard.coords)] = dy
-                dy = full
+                shape = (dy.shape[0], self.model.config.sequence_length, dy.shape[2])
+                if core.execute:
+                    full = np.zeros(shape, dy.dtype)
+                    full[:, self.sequence_slice(shard.coords)] = dy
+                    dy = full
+                else:
+                    dy = timing_zeros(shape, dy.dtype)
             dy, g = layer.backward(core, p, caches[i], dy, need_dx=i > 0, **hook)
             for key, local in self._keys[i]:
                 grads[key] = g[local] if key not in grads else vector_op(
@@ -680,21 +508,42 @@ class ShardedTransformer:
         reduce-scatter over fsdp, allreduce over data, times 1 / (data x fsdp)."""
         if not grads:
             return {}
-        buf = pack_chunks(list(grads.values()), self.fsdp)
-        part = comm.reduce_scatter("fsdp", buf, tag=f"{name} grads", kind="grad_reduce",
-                                   after_record=len(core.records))
-        part = comm.allreduce("data", part, tag=f"{name} grads", kind="grad_reduce",
-                              after_record=len(core.records))
-        widths = [-(-g.size // self.fsdp) for g in grads.values()]
+        widths = [chunk_elements(g.size, self.fsdp) for g in grads.values()]
+        kw = {"tag": f"{name} grads", "kind": "grad_reduce"}
+        if core.execute:
+            buf = pack_chunks(list(grads.values()), self.fsdp)
+        else:  # timing-only: a buffer of the size pack_chunks would build, no copy
+            buf = timing_zeros((self.fsdp * sum(widths),), np.float32)
+        part = comm.reduce_scatter("fsdp", buf, **kw, after_record=len(core.records))
+        part = comm.allreduce("data", part, **kw, after_record=len(core.records))
         if self.sequence_parallel and self.tensor > 1:  # replicated params saw a chunk each
-            ends = np.cumsum(widths)
-            mine = np.concatenate([np.arange(e - w, e) for k, w, e in zip(grads, widths, ends)
-                                   if self._split[k] is None] or [np.zeros(0, int)])
-            if mine.size:
-                part = np.array(part)                                     # may be read-only
-                part[mine] = comm.allreduce("tensor", part[mine], tag=f"{name} replicated grads",
-                                            kind="grad_reduce", after_record=len(core.records))
+            part = self._reduce_replicated(core, comm, name, grads, widths, part)
         if self.token_shards > 1:
             scale = np.float32(1.0 / self.token_shards)
-            part = core.vector(f"{name}/grad_mean", np.multiply, part, scale)
+            part = vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
+                             out=(part.shape, np.float32))
+        if not core.execute:
+            return {key: timing_zeros((n,), np.float32) for key, n in zip(grads, widths)}
         return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1])))
+
+    def _reduce_replicated(self, core, comm, name, grads, widths, part) -> np.ndarray:
+        """Sequence parallelism: the chunks of the parameters replicated over tensor
+        (norms, embeddings) saw a sequence chunk each; allreduce them over tensor."""
+        ends = np.cumsum(widths)
+        mine = [np.arange(e - w, e) for k, w, e in zip(grads, widths, ends)
+                if self._split[k] is None]
+        if not mine:
+            return part
+        kw = {"tag": f"{name} replicated grads", "kind": "grad_reduce",
+              "after_record": len(core.records)}
+        if not core.execute:
+            comm.allreduce("tensor", timing_zeros((sum(m.size for m in mine),), np.float32), **kw)
+            return part
+        index = np.concatenate(mine)
+        part = np.array(part)                                             # may be read-only
+        part[index] = comm.allreduce("tensor", part[index], **kw)
+        return part
+
+    def _chunk_count(self, keys: Iterable[str]) -> int:
+        """Elements of this device's chunks of ``keys`` (padded, ``flat_chunk``)."""
+        return sum(chunk_elements(math.prod(self._shapes[k]), self.fsdp) for k in keys)

@@ -1,6 +1,6 @@
-"""What a sharded device program asks of the mesh: collectives over one mesh axis.
+"""What a device program asks of the mesh: collectives over one mesh axis.
 
-A device program (``pod.workloads.sharded``) runs the same code on every
+A device program (``pod.programs``) runs the same code on every
 device of a ``{data, fsdp, tensor}`` mesh and exchanges arrays with the other
 devices of its *group* along one axis (the devices that differ from it only
 in that axis) through a :class:`DeviceCollectives`. The contract:
@@ -32,7 +32,8 @@ travels, so two implementations may differ in the last float32 bit.
 :class:`CollectivesBase` does the checks, the size-1 rule and the recording;
 an implementation only moves bytes (``_exchange``). :class:`LocalMesh` is the
 in-process reference: N device programs in N threads meeting at a barrier
-per group. No Ray.
+per group. :class:`ShapeCollectives` is the timing-only one: every call
+recorded, the results read-only zero views of the right size. No Ray.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ import numpy as np
 
 __all__ = ["AXES", "COLLECTIVE_KINDS", "COLLECTIVE_OPS", "CollectiveKind", "CollectiveCall",
            "DeviceCollectives", "CollectivesBase", "LocalMesh", "LocalMeshCollectives",
-           "sum_in_order"]
+           "ShapeCollectives", "sum_in_order"]
 
-AXES = ("data", "fsdp", "tensor")
-"""Mesh axes, outermost first (as ``pod.config.mesh.AXIS_NAMES``)."""
+AXES = ("data", "stage", "fsdp", "expert", "tensor")
+"""Mesh axes, outermost first (as ``pod.config.mesh.AXIS_NAMES``; MaxText's order:
+data, stage (pipeline), fsdp, expert, tensor)."""
 
 CollectiveKind = Literal["param_gather", "grad_reduce", "activation"]
 COLLECTIVE_KINDS: tuple[str, ...] = ("param_gather", "grad_reduce", "activation")
@@ -69,14 +71,23 @@ class CollectiveCall:
     Attributes:
         axis: the mesh axis, "data", "fsdp" or "tensor".
         op: "all_gather", "reduce_scatter" or "allreduce".
-        nbytes: bytes of this device's input buffer (float32): n * 4 for an
-            all-gather of (n,) or an allreduce of (n,); size * n * 4 for a
-            reduce-scatter of (size * n,).
+        nbytes: bytes of this device's input buffer in the dtype that moves
+            (``itemsize`` bytes per element, e.g. 2 for bf16 parameters and
+            activations as XLA moves them): n * itemsize for an all-gather of
+            (n,) or an allreduce of (n,); size * n * itemsize for a
+            reduce-scatter of (size * n,). The buffers the emulation exchanges
+            are float32 whatever the wire dtype (rounding to bf16 and back is
+            elementwise, so a gather of rounded values is the rounding of a
+            gather); the clock costs the wire bytes.
         tag: what moved, e.g. "block1 fwd" (FSDP gather of a layer) or
             "block1/attention fwd" (tensor-parallel allreduce).
         kind: see :data:`COLLECTIVE_KINDS`.
         after_record: ``len(core.records)`` when issued: the collective
             follows the compute recorded before that index.
+        overlap_before: records before ``after_record`` it may run beside
+            (collective matmul: decomposed into the matmul that produces it).
+        overlap_after: records after it that may run before the compute waits
+            for it (collective matmul: the matmul that consumes it).
     """
 
     axis: str
@@ -85,6 +96,8 @@ class CollectiveCall:
     tag: str
     kind: str
     after_record: int
+    overlap_before: int = 0
+    overlap_after: int = 0
 
 
 @runtime_checkable
@@ -165,7 +178,8 @@ class CollectivesBase:
             raise ValueError(f"mesh axis {axis!r} is unknown; allowed: {', '.join(AXES)}")
         return axis
 
-    def _call(self, op: str, axis: str, x, tag: str, kind: str, after_record: int) -> np.ndarray:
+    def _call(self, op: str, axis: str, x, tag: str, kind: str, after_record: int,
+              itemsize: int = 4, overlap_before: int = 0, overlap_after: int = 0) -> np.ndarray:
         size = self.axis_size(axis)
         if kind not in COLLECTIVE_KINDS:
             raise ValueError(f"collective kind {kind!r} is unknown; allowed: "
@@ -179,26 +193,50 @@ class CollectivesBase:
                              f"split into {size} equal chunks")
         if size == 1:
             return x
-        self.calls.append(CollectiveCall(axis, op, int(x.nbytes), tag, kind, int(after_record)))
+        self.calls.append(CollectiveCall(axis, op, int(x.size) * int(itemsize), tag, kind,
+                                         int(after_record), int(overlap_before),
+                                         int(overlap_after)))
         return self._exchange(axis, op, x)
 
-    def all_gather(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                   after_record: int) -> np.ndarray:
-        """x (n,) float32 -> (size * n,): every member's x, in group (ring) order."""
-        return self._call("all_gather", axis, x, tag, kind, after_record)
+    def all_gather(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
+                   **wire: int) -> np.ndarray:
+        """x (n,) float32 -> (size * n,): every member's x, in group (ring) order. ``wire``: ``itemsize``,
+        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        return self._call("all_gather", axis, x, tag, kind, after_record, **wire)
 
-    def reduce_scatter(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                       after_record: int) -> np.ndarray:
-        """x (size * n,) float32 -> (n,): the group's float32 sum of chunk ``axis_index``."""
-        return self._call("reduce_scatter", axis, x, tag, kind, after_record)
+    def reduce_scatter(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
+                       **wire: int) -> np.ndarray:
+        """x (size * n,) float32 -> (n,): the group's float32 sum of chunk ``axis_index``. ``wire``: ``itemsize``,
+        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        return self._call("reduce_scatter", axis, x, tag, kind, after_record, **wire)
 
-    def allreduce(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                  after_record: int) -> np.ndarray:
-        """x (n,) float32 -> (n,): the group's float32 sum, the same bits on every member."""
-        return self._call("allreduce", axis, x, tag, kind, after_record)
+    def allreduce(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
+                  **wire: int) -> np.ndarray:
+        """x (n,) float32 -> (n,): the group's float32 sum, the same bits on every member. ``wire``: ``itemsize``,
+        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        return self._call("allreduce", axis, x, tag, kind, after_record, **wire)
 
     def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+
+class ShapeCollectives(CollectivesBase):
+    """Timing-only collectives: every call is checked and recorded as a functional
+    transport records it (so the clock costs it the same); the results are
+    read-only zero views of the right size (``timing_zeros``: no memory for a
+    gathered layer or a summed activation).
+
+    Args:
+        sizes: axis name -> size; index: axis name -> this device's position
+            (as :class:`CollectivesBase`).
+    """
+
+    def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
+        from pod.workloads.layers import timing_zeros
+
+        size = self.axis_size(axis)
+        n = {"all_gather": x.size * size, "reduce_scatter": x.size // size}.get(op, x.size)
+        return timing_zeros((n,), np.float32)
 
 
 class _Exchange:

@@ -1,0 +1,62 @@
+"""Device programs: what every device of a mesh runs, one SPMD program per model.
+
+- ``contract``: the ``DeviceProgram`` protocol and the values it passes
+  (``DeviceCoords``, ``DeviceShard``, ``StepResult``, ``EvalSums``);
+- ``collectives``: collectives over one mesh axis (``DeviceCollectives``), the
+  in-process ``LocalMesh`` and the timing-only ``ShapeCollectives``;
+- ``replicated``: data parallelism for any ``Model`` (gradient buckets
+  allreduced over ``data``);
+- ``transformer``: the transformer on ``{data, fsdp, tensor}``; its FSDP
+  chunks in ``fsdp``, its tensor-parallel collectives in ``tensor``.
+
+``build_program`` picks the program of a model. No Ray here: the runtime
+(``pod.runtime``) runs these programs on actors, threads or one timing-only
+device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pod.programs.collectives import (AXES, CollectiveCall, CollectivesBase, DeviceCollectives,
+                                      LocalMesh, ShapeCollectives)
+from pod.programs.contract import DeviceCoords, DeviceProgram, DeviceShard, EvalSums, StepResult
+from pod.programs.fsdp import flat_chunk, pack_chunks, unpack_gathered
+from pod.programs.replicated import ReplicatedProgram, combine_buckets
+from pod.programs.transformer import (ParamLayout, ShardedTransformer, check_tensor_split,
+                                      device_param_elements, param_layout)
+
+__all__ = ["AXES", "CollectiveCall", "CollectivesBase", "DeviceCollectives", "LocalMesh",
+           "ShapeCollectives", "DeviceCoords", "DeviceProgram", "DeviceShard", "EvalSums",
+           "StepResult", "ReplicatedProgram", "ShardedTransformer", "build_program",
+           "check_tensor_split", "combine_buckets", "flat_chunk", "pack_chunks",
+           "unpack_gathered", "ParamLayout", "device_param_elements", "param_layout"]
+
+
+def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parallel: bool = False,
+                  bucket_elements: int | None = None) -> DeviceProgram:
+    """The device program of ``model`` on a mesh of these axis sizes.
+
+    The transformer runs the sharded program on any mesh (on ``{data: N}`` it is
+    data parallelism with a gradient allreduce per layer); any other model runs
+    the replicated program (``{data: N}`` only).
+
+    Args:
+        model: a ``pod.workloads.Model``.
+        sizes: mesh axis -> size.
+        optimizer: the optimizer.
+        sequence_parallel: Megatron sequence parallelism (the transformer).
+        bucket_elements: the replicated program's gradient buckets hold at most
+            this many elements (``combine_buckets``; XLA's combiner threshold);
+            None: one bucket after the backward pass (no overlap).
+
+    Raises:
+        ValueError: a mesh the model's program cannot run (one line).
+    """
+    from pod.workloads.transformer import TransformerModel
+
+    if isinstance(model, TransformerModel):
+        return ShardedTransformer(model, sizes, optimizer, sequence_parallel=sequence_parallel)
+    buckets = (None if bucket_elements is None
+               else combine_buckets(model.gradient_buckets(), bucket_elements))
+    return ReplicatedProgram(model, sizes, optimizer, buckets=buckets)

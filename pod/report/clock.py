@@ -1,0 +1,402 @@
+"""The simulated clock of a training step, one for every mesh: a compute stream and
+an ICI stream per mesh axis.
+
+A device program (``pod.programs``) leaves two things: its op records
+(``chip.OpRecord``, run back to back on the TensorCore: the compute stream)
+and its collective calls (``CollectiveCall``: axis, op, bytes in the dtype
+that moves, kind, ``after_record`` = the op records issued before it, and its
+overlap window). The plan costs each call
+(``pod.config.sharding.MeshCollectiveCosts``: every group of the axis at once,
+contention included). This module places them in time, as XLA's
+latency-hiding scheduler does on a TPU ([SB] "How to Scale Your Model",
+training chapter; the XLA async collective pipeline and the flags the
+published MaxText runs set: async all-gather, reduce-scatter and all-reduce,
+overlap of compute and collectives, windowed-einsum collective matmul):
+
+- Each mesh axis has its own ICI stream (its collectives run on the DMA
+  engines and links of its block of the torus; the device drives several
+  streams at once); a collective takes the first gap of its axis's stream at
+  or after it is ready that fits it, in program order.
+- ``activation`` (tensor parallelism's collectives): the compute stream waits
+  for it. With collective matmul (XLA's windowed einsum) it is decomposed
+  into the matmul that produces it (``overlap_before`` records: it may start
+  when they start) or consumes it (``overlap_after`` records: they run while
+  it completes), so only what the matmuls cannot hide shows.
+- ``param_gather`` (FSDP's all-gathers): prefetched one layer ahead. Ready
+  when the compute stream reaches the *previous* param_gather (the first one
+  at the step's start); the compute stream waits at its own point for its end.
+- ``grad_reduce`` (gradient reduce-scatters and allreduces): behind the
+  backward pass. Ready when the compute stream reaches it; nothing waits
+  for it but the optimizer: the records from ``update_start`` on (the
+  optimizer's) start only once every grad_reduce has ended.
+
+With ``overlap=False`` (``training.overlap: false``: for teaching, and for
+what XLA fails to overlap) every collective blocks where it is issued: the
+step is the serial sum of its records and collectives.
+
+The step ends when every stream has. What the compute stream waits is the
+*exposed* collective time, each wait charged to the axis of the collective it
+waited for. The serial sum (every record and every collective one after
+another) is reported beside it, an upper bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pod.programs.collectives import COLLECTIVE_KINDS
+
+__all__ = ["CollectiveSpan", "StepClock", "step_clock", "COLLECTIVE_KINDS", "DeviceReport",
+           "StepContext", "device_clock", "combine_device_reports"]
+
+
+@dataclass(frozen=True)
+class CollectiveSpan:
+    """One collective placed in time, simulated seconds from the step's start.
+
+    Attributes:
+        axis: the mesh axis; op: allreduce, reduce_scatter or all_gather;
+        kind: param_gather, grad_reduce or activation; tag: the program's name for it;
+        nbytes: the device's buffer bytes; start, end: its place on the ICI.
+    """
+
+    axis: str
+    op: str
+    kind: str
+    tag: str
+    nbytes: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class StepClock:
+    """One device's step, simulated seconds.
+
+    Attributes:
+        step_seconds: the critical path (both streams done).
+        compute_seconds: the op records before the optimizer (forward + backward).
+        update_seconds: the optimizer's op records.
+        collective_seconds: every collective's cost, summed.
+        exposed_seconds: what the compute stream waited for collectives, plus
+            collectives running past the end of the compute stream.
+        serial_seconds: records and collectives one after another (an upper bound).
+        axis_bytes: per mesh axis, the bytes of its collectives (the device's buffers).
+        axis_seconds: per axis, its collectives' cost, summed.
+        axis_exposed_seconds: per axis, the part of ``exposed_seconds`` charged to it.
+        spans: every collective placed in time (for the trace).
+        waits: the compute stream's waits (start, end, the axis of the collective
+            it waited for), simulated seconds from the step's start (for the trace).
+    """
+
+    step_seconds: float
+    compute_seconds: float
+    update_seconds: float
+    collective_seconds: float
+    exposed_seconds: float
+    serial_seconds: float
+    axis_bytes: dict[str, int]
+    axis_seconds: dict[str, float]
+    axis_exposed_seconds: dict[str, float]
+    spans: tuple[CollectiveSpan, ...] = ()
+    waits: tuple[tuple[float, float, str], ...] = ()
+
+
+class _Ici:
+    """One axis's ICI stream: busy intervals, sorted; a collective takes the first gap."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def place(self, ready: float, seconds: float) -> tuple[float, float]:
+        t = ready
+        i = bisect.bisect_right(self.ends, t)  # intervals ending after t, sorted by start
+        while i < len(self.starts) and self.starts[i] < t + seconds:
+            t = max(t, self.ends[i])
+            i += 1
+        j = bisect.bisect_left(self.starts, t)
+        self.starts.insert(j, t)
+        self.ends.insert(j, t + seconds)
+        return t, t + seconds
+
+
+def _check_call(call: Any, last_after: int, n: int) -> None:
+    """A call's kind is known and its ``after_record`` within ``last_after..n``."""
+    if call.kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"collective {call.tag!r}: kind {call.kind!r} is not one of "
+                         f"{', '.join(COLLECTIVE_KINDS)}")
+    if not last_after <= call.after_record <= n:
+        raise ValueError(f"collective {call.tag!r}: after_record {call.after_record} is "
+                         f"outside {last_after}..{n} (calls must be in issue order)")
+
+
+class _Stream:
+    """The compute stream: records back to back, waiting where a collective is due.
+
+    ``waits`` holds pending (record index, end, axis): before running that record
+    the stream waits until ``end`` (charged to ``axis``).
+    """
+
+    def __init__(self, seconds: Sequence[float], update_start: int) -> None:
+        self.seconds = seconds
+        self.update_start = update_start
+        self.t = 0.0
+        self.done = 0
+        self.starts: list[float] = []
+        self.pending: list[tuple[int, float, str]] = []
+        self.exposed: dict[str, float] = {}
+        self.waits: list[tuple[float, float, str]] = []
+        self.grad_end, self.grad_axis = 0.0, ""
+
+    def wait(self, until: float, axis: str) -> None:
+        if until > self.t:
+            self.waits.append((self.t, until, axis))
+            self.exposed[axis] = self.exposed.get(axis, 0.0) + until - self.t
+            self.t = until
+
+    def run_until(self, index: int) -> None:
+        while True:
+            for due in [w for w in self.pending if w[0] <= self.done]:
+                self.pending.remove(due)
+                self.wait(due[1], due[2])
+            if self.done >= index:
+                return
+            if self.done == self.update_start:  # the optimizer waits for the gradients
+                self.wait(self.grad_end, self.grad_axis)
+            self.starts.append(self.t)
+            self.t += self.seconds[self.done]
+            self.done += 1
+
+    def start_of(self, index: int) -> float:
+        """When record ``index`` started (the stream's time if it has not)."""
+        return self.starts[index] if 0 <= index < len(self.starts) else self.t
+
+
+def step_clock(records: Sequence[Any], calls: Sequence[Any],
+               cost_seconds: Callable[[str, str, int], float],
+               update_start: int | None = None, *, overlap: bool = True) -> StepClock:
+    """Place a device's op records and collective calls in time (module docstring).
+
+    Args:
+        records: its op records in issue order (``.seconds`` simulated).
+        calls: its collective calls in issue order (``.axis``, ``.op``, ``.nbytes``,
+            ``.kind``, ``.after_record``, ``.tag``; optional ``.overlap_before`` and
+            ``.overlap_after``, records of collective matmul).
+        cost_seconds: (axis, op, nbytes) -> simulated seconds of the collective
+            over every group of the axis (the plan's ``MeshCollectiveCosts.seconds``).
+        update_start: the optimizer's first record; None: after the last grad_reduce.
+        overlap: False: every collective blocks where it is issued.
+
+    Returns:
+        The :class:`StepClock`.
+
+    Raises:
+        ValueError: a call of an unknown kind, or an ``after_record`` outside
+            ``0..len(records)`` or decreasing.
+    """
+    n = len(records)
+    if update_start is None:
+        update_start = max((c.after_record for c in calls if c.kind == "grad_reduce"), default=n)
+    stream = _Stream([float(r.seconds) for r in records], update_start)
+    ici: dict[str, _Ici] = {}
+    axis_bytes: dict[str, int] = {}
+    axis_seconds: dict[str, float] = {}
+    spans: list[CollectiveSpan] = []
+    last_after, prev_gather = 0, 0.0
+    for call in calls:
+        _check_call(call, last_after, n)
+        last_after = call.after_record
+        stream.run_until(call.after_record)
+        cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
+        before = int(getattr(call, "overlap_before", 0)) if overlap else 0
+        after = int(getattr(call, "overlap_after", 0)) if overlap else 0
+        if call.kind == "param_gather" and overlap:
+            ready = prev_gather
+        else:
+            ready = stream.start_of(call.after_record - before) if before else stream.t
+        start, end = ici.setdefault(call.axis, _Ici()).place(ready, cost)
+        spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
+                                    int(call.nbytes), start, end))
+        if call.kind == "param_gather":
+            prev_gather = stream.t
+        if call.kind == "grad_reduce" and overlap:
+            if end >= stream.grad_end:
+                stream.grad_end, stream.grad_axis = end, call.axis
+        elif after:
+            stream.pending.append((min(n, call.after_record + after), end, call.axis))
+        else:
+            stream.wait(end, call.axis)
+        axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
+        axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
+    stream.run_until(n)
+    if update_start >= n:  # no optimizer records: the step waits for the gradients anyway
+        stream.wait(stream.grad_end, stream.grad_axis)
+    for _, end, axis in stream.pending:
+        stream.wait(end, axis)
+    last = max(spans, key=lambda sp: sp.end, default=None)
+    if last is not None:  # collectives still running when compute is done
+        stream.wait(last.end, last.axis)
+    seconds = stream.seconds
+    compute, update = sum(seconds[:update_start]), sum(seconds[update_start:])
+    total = sum(axis_seconds.values())
+    return StepClock(step_seconds=stream.t, compute_seconds=compute, update_seconds=update,
+                     collective_seconds=total, exposed_seconds=stream.t - compute - update,
+                     serial_seconds=compute + update + total, axis_bytes=axis_bytes,
+                     axis_seconds=axis_seconds, axis_exposed_seconds=stream.exposed,
+                     spans=tuple(spans), waits=tuple(stream.waits))
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """What one device's step returns (crosses the actor boundary; simulated seconds).
+
+    Attributes:
+        device: the device id (``pod.config.mesh.Mesh``: chip rank x devices
+            per chip + core).
+        loss: the training loss on its examples (the program's).
+        record_seconds: each op record's simulated seconds, in issue order.
+        record_bounds: what bounds each record (``pod.report.stats.op_bound``).
+        update_start: index of the optimizer's first record (None: the clock's
+            default, after the last grad_reduce).
+        calls: its collectives in issue order (``CollectiveCall``).
+        mxu_flops: MXU FLOPs it executed.
+        hbm_used_bytes, hbm_peak_bytes, hbm_capacity_bytes: its HBM.
+        trace: its op rows (name, unit, seconds, flops, hbm_bytes, bound); empty
+            unless traced.
+    """
+
+    device: int
+    loss: float
+    record_seconds: tuple[float, ...]
+    record_bounds: tuple[str, ...]
+    update_start: int | None
+    calls: tuple[Any, ...]
+    mxu_flops: int
+    hbm_used_bytes: int = 0
+    hbm_peak_bytes: int = 0
+    hbm_capacity_bytes: int = 0
+    trace: tuple[tuple[Any, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Seconds:
+    seconds: float
+
+
+def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], float], *,
+                 overlap: bool = True) -> StepClock:
+    """One device's :class:`StepClock` from its report and the plan's collective costs
+    (``MeshCollectiveCosts.seconds``)."""
+    return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
+                      report.update_start, overlap=overlap)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What turns device reports into a step's figures, from the plan (fixed for a run).
+
+    Attributes:
+        global_batch: examples per step.
+        model_flops: model FLOPs of a step over the pod (no recomputation), or
+            None: the recorded MXU FLOPs are the model FLOPs.
+        device_peak_flops_per_s: one device's peak bf16 FLOP/s.
+        devices: devices of the mesh (the pod's peak is the device's times this).
+        devices_per_chip: 2 on v2 / v3 (a device per TensorCore), else 1.
+        host_to_chip_bytes_per_s: the infeed's bandwidth (PCIe; ``chip.spec``).
+        dispatch_seconds: a host dispatch per step (0: the loop runs on the device).
+        overlap: collectives and infeed overlapped with compute (XLA's async
+            collectives); False: everything serial.
+        ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
+        tokens_per_example: tokens in one example (sequence models; 0 otherwise).
+    """
+
+    global_batch: int
+    model_flops: int | None
+    device_peak_flops_per_s: float
+    devices: int
+    devices_per_chip: int
+    host_to_chip_bytes_per_s: float
+    dispatch_seconds: float = 0.0
+    overlap: bool = True
+    ici_link_bandwidth_bytes_per_s: float = 0.0
+    tokens_per_example: int = 0
+
+
+def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
+    """Seconds by what bounds each record, over records [start, stop)."""
+    out: dict[str, float] = {}
+    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop]):
+        out[b] = out.get(b, 0.0) + s
+    return out
+
+
+def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: Any,
+                           context: StepContext, *, infeed_bytes: int, wall_seconds: float,
+                           loss: float | None = None, replicate: int = 1,
+                           ici_link_bytes: dict[str, int] | None = None):
+    """A step's ``StepStats`` from every device's report (or, timing-only, one device
+    that stands for ``replicate`` devices).
+
+    The step is the slowest device's clock (:func:`step_clock` over its records
+    and calls, the collectives costed by ``costs.seconds`` over every group of
+    their axis at once), plus the exposed infeed (``infeed_bytes`` of the
+    busiest chip over the host link, hidden behind the step before with
+    overlap) and the host dispatch.
+
+    Args:
+        step: zero-based step number.
+        reports: the devices' reports.
+        costs: the plan's ``MeshCollectiveCosts`` at this step.
+        context: the run's :class:`StepContext`.
+        infeed_bytes: bytes of the busiest chip's share of the batch.
+        wall_seconds: the step's wall time.
+        loss: the global loss (None: the mean of the reports').
+        replicate: devices each report stands for.
+        ici_link_bytes: the pod's bytes per link (None: computed from the
+            slowest device's calls, ``costs.link_bytes``).
+
+    Returns:
+        The ``pod.report.stats.StepStats``.
+    """
+    from pod.report.stats import StepStats
+
+    clocks = [device_clock(r, costs.seconds, overlap=context.overlap) for r in reports]
+    slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
+    c, r = clocks[slow], reports[slow]
+    hardware = replicate * int(sum(x.mxu_flops for x in reports))
+    infeed = infeed_bytes / context.host_to_chip_bytes_per_s
+    exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
+    update_start = len(r.record_seconds) if r.update_start is None else r.update_start
+    per_chip: dict[int, float] = {}
+    for x, clock in zip(reports, clocks):
+        chip = x.device // context.devices_per_chip
+        per_chip[chip] = max(per_chip.get(chip, 0.0), clock.compute_seconds)
+    return StepStats(
+        step=step, loss=float(np.mean([x.loss for x in reports]) if loss is None else loss),
+        global_batch=context.global_batch, infeed_seconds=infeed,
+        compute_seconds=c.compute_seconds, collective_seconds=c.collective_seconds,
+        update_seconds=c.update_seconds,
+        model_flops=hardware if context.model_flops is None else int(context.model_flops),
+        hardware_flops=hardware,
+        peak_flops_per_s=context.device_peak_flops_per_s * context.devices,
+        wall_seconds=wall_seconds, tokens_per_example=context.tokens_per_example,
+        exposed_collective_seconds=c.exposed_seconds, exposed_infeed_seconds=exposed_infeed,
+        dispatch_seconds=context.dispatch_seconds,
+        hbm_used_bytes={x.device: x.hbm_used_bytes for x in reports},
+        hbm_peak_bytes={x.device: x.hbm_peak_bytes for x in reports},
+        hbm_capacity_bytes=r.hbm_capacity_bytes,
+        ici_link_bytes=(costs.link_bytes(r.calls) if ici_link_bytes is None else ici_link_bytes),
+        ici_link_bandwidth_bytes_per_s=context.ici_link_bandwidth_bytes_per_s,
+        device_mxu_flops={x.device: x.mxu_flops for x in reports},
+        device_peak_flops_per_s=context.device_peak_flops_per_s,
+        chip_compute_seconds=per_chip,
+        axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
+        axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
+        collective_spans=c.spans, compute_waits=c.waits,
+        compute_bound_seconds=_bounds(r, 0, update_start),
+        update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)))

@@ -1,0 +1,359 @@
+"""The tool's file rules, in one place: every file it writes, every file it reads,
+every directory it writes into.
+
+Writing (``write_atomic``): the content goes to a fresh temporary file in the
+target's own directory (``mkstemp``: created with ``O_CREAT | O_EXCL``, so a
+symbolic link planted at that name is never followed), is flushed to disk
+(``fsync``) and renamed over the target (a link planted at the target is
+replaced, the file it pointed to is untouched); the directory is flushed too.
+A failure removes the temporary file; a ``kill -9`` can leave at most one,
+named ``.<target>.tmp-<pid>-<random>``: readers ignore it by name (a leading
+dot), and the next run that locks the directory removes it
+(``remove_stale_temporaries``, only when its pid no longer runs).
+
+Reading (``read_regular``): only regular files, opened without blocking
+(a FIFO or ``/dev/zero`` named as a scenario, a checkpoint or a data file is
+one line, not a hang), at most a given number of bytes.
+
+Directories (``lock_directories``): a run or a sweep holds an exclusive
+``fcntl.flock`` on ``.tpu-pod.lock`` in its output (and checkpoint) directory;
+a second one is refused with one line naming the holder (pid, host, command,
+since when). The kernel drops the lock when its holder dies, however it dies,
+so a stale lock file (``kill -9``, a reboot) is simply taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+import stat
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pod.errors import DirectoryInUseError, OutputError
+
+__all__ = ["write_atomic", "output_errors", "read_regular", "check_regular",
+           "remove_stale_temporaries", "lock_directories", "DirectoryLock", "LOCK_NAME"]
+
+#: The lock file a run or sweep holds in each directory it writes.
+LOCK_NAME = ".tpu-pod.lock"
+#: ``.<target name>.tmp-<pid>-<mkstemp's random part>``; the pid tells a live writer's
+#: file from a dead one's.
+_TEMPORARY = re.compile(r"^\..+\.tmp-(\d+)-[a-z0-9_]+$")
+#: The name earlier versions gave their temporaries (no pid): ``.<name>.<random>.tmp``.
+_OLD_TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def _file_mode() -> int:
+    """The mode ``open`` would give a new file (0666 less the umask): ``mkstemp``
+    makes 0600 files, and a result file should read like any other."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def output_errors(path: Path | str) -> Iterator[None]:
+    """Turn an ``OSError`` while writing ``path`` (ENOSPC, EROFS, EACCES, ...) into
+    one ``OutputError`` line naming it."""
+    try:
+        yield
+    except OSError as err:
+        where = err.filename if err.filename else path
+        raise OutputError(where, err.strerror or str(err)) from None
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Flush a directory's entries (the rename) to disk; a file system that cannot
+    (some network ones) is left as it is."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path | str, write: Callable[[Any], None], *, newline: str | None = None,
+                 binary: bool = False, make_parents: bool = False) -> Path:
+    """Write a file whole or not at all.
+
+    ``write(file)`` fills a fresh temporary file in ``path``'s directory (text,
+    or bytes with ``binary``), which is flushed to disk and renamed over
+    ``path``; the directory entry is flushed too.
+
+    Args:
+        path: the file to write.
+        write: fills the open temporary file (``f.write``, ``savefig(f)``, ...).
+        newline: ``open``'s newline for text (``""`` for CSV).
+        binary: the file is bytes.
+        make_parents: create ``path``'s directory (and its parents) first.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OutputError: the file system refused (no space, read-only, no
+            permission); one line naming the path. The temporary file is gone
+            and ``path`` holds what it held before.
+    """
+    path = Path(path)
+    with output_errors(path):
+        if make_parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+        try:
+            with (os.fdopen(fd, "wb") if binary else
+                  os.fdopen(fd, "w", newline=newline, encoding="utf-8")) as f:
+                write(f)
+                f.flush()
+                os.fchmod(f.fileno(), _file_mode())
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_directory(path.parent)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: Path | str, *, old_format: bool = False) -> list[Path]:
+    """Remove the temporary files that writers which no longer run left in ``directory``
+    (a ``kill -9`` between creating one and renaming it).
+
+    Args:
+        directory: the directory to clean (missing: nothing to do).
+        old_format: also remove temporaries without a pid (earlier versions'
+            ``.<name>.<random>.tmp``): only safe when this process holds the
+            directory's lock.
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMPORARY.match(entry.name)
+        stale = ((match is not None and not _alive(int(match.group(1))))
+                 or (old_format and match is None and _OLD_TEMPORARY.match(entry.name)))
+        if stale and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if
+            stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "a directory" if stat.S_ISDIR(mode) else "a socket" if
+            stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def check_regular(path: Path | str, what: str = "files read here") -> os.stat_result:
+    """``path``'s stat (following links), refusing anything but a regular file.
+
+    Raises:
+        ValueError: missing, unreadable, or a FIFO, device, directory, socket:
+            ``<path>: is a FIFO; <what> must be regular files``.
+    """
+    try:
+        info = Path(path).stat()
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path}: is {_kind(info.st_mode)}; {what} must be regular files")
+    return info
+
+
+def read_regular(path: Path | str, limit_bytes: int, what: str = "files read here") -> bytes:
+    """A regular file's bytes, at most ``limit_bytes``.
+
+    The file is opened without blocking (a FIFO swapped in after the check
+    cannot hang the open) and checked again once open.
+
+    Raises:
+        ValueError: not a regular file, larger than ``limit_bytes``, or
+            unreadable; one line naming the path.
+    """
+    check_regular(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path}: is {_kind(mode)}; {what} must be regular files")
+        try:
+            raw = f.read(limit_bytes + 1)
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    if len(raw) > limit_bytes:
+        raise ValueError(f"{path}: larger than the {limit_bytes:,} bytes allowed here")
+    return raw
+
+
+class DirectoryLock:
+    """An exclusive lock on a directory a command writes into, held while it runs.
+
+    ``fcntl.flock`` on ``<directory>/.tpu-pod.lock`` (opened without following a
+    link), which then holds the holder's pid, host, command and start time for
+    the error line of whoever comes second. Stale temporaries of dead writers
+    are removed once the lock is held.
+
+    Args:
+        directory: created (with its parents) if missing.
+        command: what holds it, as shown to the next one (``tpu-pod run x.yaml``).
+    """
+
+    def __init__(self, directory: Path | str, command: str) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_NAME
+        self.command = command
+        self._fd: int | None = None
+
+    def acquire(self) -> "DirectoryLock":
+        """Take the lock.
+
+        Raises:
+            DirectoryInUseError: another live process holds it; one line naming it.
+            OutputError: the directory or its lock file cannot be created.
+        """
+        with output_errors(self.directory):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         _file_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DirectoryInUseError(self.directory, holder) from None
+            raise OutputError(self.path, err.strerror or str(err)) from None
+        self._fd = fd
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
+                  "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "since_unix_s": time.time()}
+        with contextlib.suppress(OSError):  # the lock holds even if the note cannot be written
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        remove_stale_temporaries(self.directory, old_format=True)
+        return self
+
+    def release(self) -> None:
+        """Let go (the note is cleared: a lock file with a note and no lock is stale)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+        os.close(self._fd)  # closing drops the flock
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> "DirectoryLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __del__(self) -> None:  # a Run never run (the Python API) lets go when collected
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    """The note of the process holding a lock file ({} if none can be read)."""
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", errors="replace")
+        holder = json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+class DirectoryLocks:
+    """The locks of a command's directories (``lock_directories``), released together."""
+
+    def __init__(self, locks: list[DirectoryLock]) -> None:
+        self.locks = locks
+
+    def release(self) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
+
+    def __enter__(self) -> "DirectoryLocks":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def command_line() -> str:
+    """This process's command as a user would type it (``tpu-pod run x.yaml``)."""
+    argv = list(sys.argv) or ["python"]
+    name = Path(argv[0]).name
+    argv[0] = "tpu-pod" if name in ("tpu-pod", "__main__.py") else name
+    text = " ".join(argv)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def lock_directories(*directories: Path | str | None, command: str | None = None
+                     ) -> DirectoryLocks:
+    """Lock every directory given (None skipped; one directory named twice is locked
+    once), or none: on a refusal the locks already taken are released.
+
+    Args:
+        directories: the output directory, the checkpoint directory, ...
+        command: shown to a second command (default: this process's command line).
+
+    Returns:
+        The held locks (a context manager; ``release()`` lets go).
+
+    Raises:
+        DirectoryInUseError: one directory is held by another live process.
+        OutputError: a directory cannot be created.
+    """
+    command = command or command_line()
+    seen, locks = set(), []
+    try:
+        for directory in directories:
+            if directory is None:
+                continue
+            key = os.path.abspath(directory)
+            if key in seen:
+                continue
+            seen.add(key)
+            locks.append(DirectoryLock(directory, command).acquire())
+    except BaseException:
+        DirectoryLocks(locks).release()
+        raise
+    return DirectoryLocks(locks)
