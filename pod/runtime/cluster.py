@@ -29,7 +29,10 @@ A local cluster is started when no address is given (the scenario's
   (systemd's default ``KillMode=control-group``) still reaches the daemons:
   use ``KillMode=mixed`` so that only the main process gets the SIGTERM first;
 - a SIGTERM while ``ray.init`` runs keeps the run's own handler (Ray's would
-  exit at once with status 15): the run stops at its first step boundary.
+  exit at once with status 15): the run stops at its first step boundary;
+  Ray's C++ failure-signal handler is kept out (``pod/runtime/__init__.py``) and
+  the run's handler is put back after ``ray.init``, so a SIGTERM while the
+  actors start is the run's too (it printed a C++ stack and could abort, -6).
 
 Joining a cluster you started yourself (``ray.address: host:port``, or
 ``RAY_ADDRESS``): start it with token authentication, the default from Ray
@@ -236,12 +239,15 @@ class _KeepSigtermHandler:
         from ray._private import utils
 
         self.utils, self.original = utils, utils.set_sigterm_handler
-        if callable(signal.getsignal(signal.SIGTERM)):
+        self.kept = signal.getsignal(signal.SIGTERM)
+        if callable(self.kept):
             utils.set_sigterm_handler = lambda handler: None
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.utils.set_sigterm_handler = self.original
+        if callable(self.kept):  # C++ code (absl) may have taken SIGTERM over: take it back
+            signal.signal(signal.SIGTERM, self.kept)
 
 
 #: HTTP/2's client connection preface and an empty SETTINGS frame: a Ray GCS (a gRPC
@@ -316,7 +322,8 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
     try:
         if address:
             _check_reachable(address, connect_timeout_s)
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
+            with _KeepSigtermHandler():
+                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
             return False
         if dashboard:
             _check_dashboard_packages()
