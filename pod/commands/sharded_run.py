@@ -30,7 +30,6 @@ from typing import Any
 from rich.console import Console
 
 from pod.commands.train import Run
-from pod.runtime.admission import admit
 from pod.config.mesh import format_axes
 from pod.report.trace import sharded_metadata_events, sharded_step_events
 
@@ -63,7 +62,6 @@ class ShardedRun(Run):
 
     def start_pod(self) -> None:
         """Start the device actors."""
-        admit(self.plan)  # a mesh this machine cannot hold is one line, before any actor
         self.startup_wall_seconds = self.pod.start()
         self.guard.arm()
         self.console.print(f"{self.plan.mesh.size} device actors ready (pod.mesh "

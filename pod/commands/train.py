@@ -201,8 +201,9 @@ class Run:
                 (the partial summary is written first).
             RunInterrupted: SIGINT / SIGTERM (after writing what the run has).
         """
-        self.start_metrics()
-        try:
+        try:  # the locks are let go whatever fails, from here on
+            admit(self.plan)  # a pod this machine cannot hold: one line, before any file or actor
+            self.start_metrics()
             self.pod = self._make_pod()
             with self.guard, self.rows:
                 try:
@@ -261,7 +262,6 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
-        admit(plan)  # a pod this machine cannot hold is one line, before any actor
         self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         self.console.print(f"{plan.pod.chips} chip actors ready in "
