@@ -258,7 +258,11 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
     (what bounds it)."""
     console = make_console()
     items = as_overrides(overrides)
-    if target.endswith((".yaml", ".yml")) or Path(target).is_file() or is_preset_name(target):
+    try:
+        is_file = Path(target).is_file()
+    except OSError:  # a name too long for a path is a chip or slice name that is unknown
+        is_file = False
+    if target.endswith((".yaml", ".yml")) or is_file or is_preset_name(target):
         _describe_scenario(console, target, as_json, detail, items)
         return
     if items:
@@ -693,11 +697,16 @@ def _describe_pod(console: Console, pod) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``tpu-pod`` console script."""
+    nul = next((a for a in (sys.argv[1:] if argv is None else argv) if "\x00" in a), None)
+    if nul is not None:  # click's path checks would raise ValueError: embedded null byte
+        click.echo(f"error: the argument {nul[:60]!r} holds a NUL byte; no file name or value "
+                   "can (see 'tpu-pod --help')", err=True)
+        sys.exit(EXIT_USER_ERROR)
     try:
         code = cli.main(args=argv, prog_name="tpu-pod", standalone_mode=False)
     except click.UsageError as err:  # a bad option or argument: one line, like every user error
         where = err.ctx.command_path if err.ctx is not None else "tpu-pod"
-        message = " ".join(err.format_message().split())
+        message = one_line(err.format_message())  # a huge value quoted is cut to fit
         click.echo(f"error: {message} (see '{where} --help')", err=True)
         sys.exit(err.exit_code)
     except click.ClickException as err:
