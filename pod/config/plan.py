@@ -146,11 +146,15 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
 
     Returns:
         Bytes per item (params, grads, optimizer_state, activations,
-        workspace) and total. workspace = the MXU's copy of the weights
+        workspace) and total. activations = what forward keeps for backward
+        (``Model.activation_memory``: in the activation dtype of the
+        precision, bf16 2 bytes; the transformer's remat, offload and flash
+        attention included). workspace = the MXU's copy of the weights
         (2 bytes per parameter in bf16, 1 in int8, none in fp32, which splits
         the float32 weights on chip) + the flat float32 gradient buffer the
         chip's cores reduce into and the allreduce sends from (4 bytes per
-        parameter).
+        parameter) + the largest working set of one layer in backward
+        (``ActivationMemory.transient_bytes``).
 
     Raises:
         HBMPlanError: an item does not fit (an ``HBMOutOfMemoryError``); it
@@ -158,12 +162,14 @@ def memory_plan(model: Model, optimizer_state_bytes: int, per_core_batch: int,
             whole plan as ``memory_plan`` (the items' bytes and their total).
     """
     params_bytes = 4 * int(model.num_params)  # float32
+    activations = model.activation_memory(per_core_batch, precision=precision)
     items = {
         "params": params_bytes,
         "grads": params_bytes,
         "optimizer_state": int(optimizer_state_bytes),
-        "activations": int(model.activation_bytes(per_core_batch)),
-        "workspace": ({"bf16": 2, "int8": 1}.get(precision, 0) + 4) * int(model.num_params),
+        "activations": int(activations.device_bytes),
+        "workspace": ({"bf16": 2, "int8": 1}.get(precision, 0) + 4) * int(model.num_params)
+                     + int(activations.transient_bytes),
     }
     hbm = HBM(capacity_bytes, name=name)
     try:

@@ -35,8 +35,9 @@ from pod.report.stats import StepStats
 __all__ = ["step_events", "sharded_metadata_events", "sharded_step_events", "write_trace",
            "UNITS"]
 
-UNITS = ("mxu", "vpu", "scalar")
-_UNIT_LABEL = {"mxu": "MXU", "vpu": "vector unit", "scalar": "scalar unit"}
+UNITS = ("mxu", "vpu", "scalar", "host")
+_UNIT_LABEL = {"mxu": "MXU", "vpu": "vector unit", "scalar": "scalar unit",
+               "host": "host link"}  # "host": remat offload transfers (chip.TensorCore)
 _LANES_PER_CORE = len(UNITS)
 _INFEED_TID = 1000
 _SEND_TID, _RECEIVE_TID = 1001, 1002
