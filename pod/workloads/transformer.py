@@ -533,12 +533,18 @@ class TransformerModel(Model):
         return batch * device, batch * host, batch * transient
 
     def largest_layer_params(self, tensor: int = 1) -> int:
-        """Parameters of the largest layer on one of ``tensor`` devices (its split
-        weights, its replicated ones whole): what an FSDP all-gather brings."""
+        """Parameters of the largest layer on one of ``tensor`` devices, what an FSDP
+        all-gather brings at once, as MaxText shards them (its logical axis
+        rules: heads, MLP units and the vocabulary over tensor): a block's with
+        the device's heads and MLP units, the token table's (or the output
+        kernel's) V C / tensor. (The emulator's program keeps the tables whole
+        on every tensor device; the plan is the hardware's.)"""
         local = self._local(int(tensor))
         if local is None:
             return super().largest_layer_params(tensor)
-        return max(count for _, count in local.gradient_buckets())
+        blocks = max(layer.param_count(shape) for layer, shape in zip(local.layers, local._shapes)
+                     if isinstance(layer, TransformerBlock))
+        return max(blocks, -(-self.config.vocabulary * self.config.embed_dim // int(tensor)))
 
     def remat_variants(self) -> dict[str, TransformerModel]:
         """The same model under each other named remat policy (``custom`` aside), for

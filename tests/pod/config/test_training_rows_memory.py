@@ -10,9 +10,11 @@ here by hand (the float32 parameters, gradients and AdamW state of the device's
 share, 16 bytes a parameter, and the bf16 tensors its remat policy keeps: under
 ``full`` the layer inputs; under ``minimal`` also q, k, v and the MLP input
 product; T5's offloaded ones in host memory instead), and at most the chip's HBM.
-For T1 that floor is 26% of v5p's 95 GiB: the plan must be above 30% once the
-FSDP buffers and the logits are counted. The plan follows MaxText's activation
-sharding (the residual stream and the logits split over tensor).
+For T1 that floor is 77% of v5p's 95 GiB (66 GiB of kept activations: MaxText's
+per-device batch counts the tensor devices, so a group of 4 holds 32 sequences),
+so a plan under 40% of HBM would have lost the activations: T1 ran near its
+memory limit, as tuned MaxText configurations do. The plan follows MaxText's
+sharding (the residual stream, the logits and the vocabulary split over tensor).
 """
 
 from __future__ import annotations
@@ -55,21 +57,24 @@ ROWS = {
 
 
 def row_plan(row_id, **changes):
+    """The row's plan. MaxText's per-device batch counts every device, tensor ones too
+    (global batch = B x devices); the devices of a tensor group share their examples,
+    so each holds B x tensor sequences with its 1 / tensor of the heads and MLP."""
     slice_name, axes, batch, steps, vocabulary, options = ROWS[row_id]
     pod = resolve_pod(slice_name=slice_name)
     mesh = build_mesh(axes, pod)
     model = build_model("transformer", (steps,), vocabulary, **{**options, **changes})
-    shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
-    plan = mesh_memory_plan(model, 8 * model.num_params, batch * shards, mesh,
+    plan = mesh_memory_plan(model, 8 * model.num_params, batch * mesh.size, mesh,
                             device_hbm_bytes(pod.chip))
     return plan, model, mesh, device_hbm_bytes(pod.chip)
 
 
 def kept_by_hand(row_id):
     """bf16 bytes per device the row's remat keeps in HBM, by hand (per layer, per
-    token; the residual stream over tensor)."""
+    token of the B x tensor sequences; the residual stream over tensor)."""
     _, axes, b, t, _, o = ROWS[row_id]
     tensor, e = axes.get("tensor", 1), o["embed_dim"]
+    b *= tensor
     per_token = e // tensor                                               # the layer input
     if o["remat"] == "minimal":                                           # q, k, v; relu: one wi
         per_token += 3 * o["heads"] * o["head_dim"] // tensor + o["mlp_dim"] // tensor
@@ -89,7 +94,7 @@ def test_every_calibration_row_fits_at_its_published_batch_and_remat(row_id):
     assert floor <= plan["total"] <= capacity
     assert plan["activations"] >= kept_by_hand(row_id)
     if row_id == "T1":
-        assert plan["total"] > 0.30 * capacity
+        assert plan["total"] > 0.40 * capacity
 
 
 def test_t5_offloads_its_layer_inputs_and_projections_to_the_host():
