@@ -57,9 +57,10 @@ forward (embed, L blocks, final_norm, unembed), and in backward all of them
 but the embedding (``2 L + 5``); fsdp reduce-scatters and data allreduces:
 one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
 layer); tensor activation allreduces of ``B T C`` float32 each (B the
-per-device batch): 2 per block in forward, 2 in backward, plus 1 under
-``remat: full`` (backward recomputes the attention output; ``minimal``
-keeps the summed output). With sequence parallelism: per block 2
+per-device batch): 2 per block in forward, 2 in backward, plus 1 when remat
+does not keep the summed attention output (``full``: backward recomputes
+it); a parallel block 1 each way (``TransformerBlock.tensor_hook_calls``
+lists a block's). With sequence parallelism: per block 2
 all-gathers (``B T C / tensor`` float32 in) and 2 reduce-scatters (``B T C``
 in) in forward, as many in backward, plus the recomputation's all-gathers
 of the attention and MLP inputs (``minimal``: 2) and, under ``full``, the
