@@ -32,7 +32,13 @@ from chip.scalar import scalar_cycles
 from chip.spec import TensorCoreSpec
 from chip.vector import vpu_cycles
 
-UNITS = ("mxu", "vpu", "scalar")
+UNITS = ("mxu", "vpu", "scalar", "host")
+"""Where an op runs: the MXU, the VPU, the scalar unit, or the host link (a DMA between
+HBM and host memory over PCIe, `TensorCore.account_host_transfer`)."""
+
+#: Host to chip bandwidth of a TensorCore made without one (`TensorCore(host_bytes_per_s=)`),
+#: bytes/s: the PCIe figure of the v2 .. v5p presets [SB] (chip/spec.py).
+DEFAULT_HOST_BYTES_PER_S = 1.6e10
 
 
 
@@ -42,14 +48,15 @@ class OpRecord:
 
     Attributes:
         name: Op name given by the caller, e.g. "dense1/fwd".
-        unit: "mxu", "vpu" or "scalar".
+        unit: "mxu", "vpu", "scalar" or "host" (`UNITS`).
         flops: Floating-point operations done (2 per multiply-accumulate).
         hbm_bytes: Bytes moved between HBM and the core.
         cycles: Core cycles of compute: the unit's cycles plus issue_cycles.
         compute_seconds: cycles / clock_hz, simulated seconds.
         memory_seconds: hbm_bytes / achieved HBM bandwidth, simulated seconds.
         seconds: max(compute_seconds, memory_seconds), simulated seconds.
-        bound: "compute" or "memory", whichever is larger (compute on a tie).
+        bound: "compute" or "memory", whichever is larger (compute on a tie);
+            "host" for a host transfer (its time is the host link's).
         mxu_cycles: The op's MXU cycles (0 for VPU and scalar ops), the
             sustained efficiency included.
         issue_cycles: The scalar unit's cycles issuing the op.
@@ -186,6 +193,9 @@ class TensorCore:
         execute: False skips the MXU products (they return zeros of the
             right shape and dtype) while every cost is still recorded:
             timing-only mode, where costs depend on shapes alone.
+        host_bytes_per_s: This core's share of the chip's host link (PCIe),
+            bytes/s, for host transfers; None: `DEFAULT_HOST_BYTES_PER_S`
+            (`Chip` passes spec.host_to_chip_bytes_per_s / tensorcores).
 
     Attributes:
         spec: The TensorCoreSpec.
@@ -210,7 +220,8 @@ class TensorCore:
 
     def __init__(self, spec: TensorCoreSpec, *, numerics: bool = True, name: str = "core0",
                  precision: str = "bf16", double_buffered: bool = False,
-                 execute: bool = True, mxu_model: str = MXU_MODELS[0]) -> None:
+                 execute: bool = True, mxu_model: str = MXU_MODELS[0],
+                 host_bytes_per_s: float | None = None) -> None:
         if not isinstance(spec, TensorCoreSpec):
             raise TypeError(f"spec must be a TensorCoreSpec, got {spec!r}")
         self.spec = spec
@@ -219,6 +230,10 @@ class TensorCore:
         self.emulates_numerics = bool(numerics)
         self.double_buffered = bool(double_buffered)
         self.execute = bool(execute)
+        self.host_bytes_per_s = float(DEFAULT_HOST_BYTES_PER_S if host_bytes_per_s is None
+                                      else host_bytes_per_s)
+        if not self.host_bytes_per_s > 0:
+            raise ValueError(f"host_bytes_per_s must be > 0, got {host_bytes_per_s!r}")
         self.name = name
         self.hbm = HBM(spec.hbm_bytes, name=name)
         self.records: list[OpRecord] = []
@@ -252,7 +267,7 @@ class TensorCore:
         """Appends a record; an MXU record becomes the kernel later fused ops join,
         and takes the prologue ops waiting for it. Any other op first records the
         waiting prologue ops as ops of their own (no matmul took them)."""
-        if self._pending and record.unit != "mxu":
+        if self._pending and record.unit in ("vpu", "scalar"):
             self._flush_pending()
         self.records.append(record)
         if record.unit == "mxu":
@@ -742,6 +757,35 @@ class TensorCore:
             raise ValueError(f"cycles must be >= 0, got {cycles!r}")
         mxu_cycles = int(cycles) if unit == "mxu" else 0
         return self._record(name, unit, flops, int(hbm_bytes), int(cycles), mxu_cycles=mxu_cycles)
+
+    def account_host_transfer(self, name: str, nbytes: int) -> OpRecord:
+        """Records a DMA between HBM and host memory (remat offload and reload).
+
+        seconds = nbytes / `host_bytes_per_s` (the core's share of the host
+        link; one direction at a time); unit and bound "host"; hbm_bytes =
+        nbytes (the DMA reads or writes HBM); no cycles. The step's clock can
+        run it beside the compute (it uses neither the MXU nor the VPU).
+
+        Args:
+            name: Op name, e.g. "block1/offload/query_proj".
+            nbytes: Bytes moved, int >= 0.
+
+        Returns:
+            The OpRecord appended to `records`.
+
+        Raises:
+            ValueError: a negative or non-integer byte count.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
+            raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
+        key = ("host", name, int(nbytes))
+        record = self._cached(key)
+        if record is None:
+            seconds = int(nbytes) / self.host_bytes_per_s
+            record = self._keep(key, OpRecord(name, "host", 0.0, int(nbytes), 0, 0.0, seconds,
+                                              seconds, "host"))
+            self._append(record)
+        return record
 
     def take_records(self) -> list[OpRecord]:
         """Returns the records since the last call and clears them.

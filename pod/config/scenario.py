@@ -557,8 +557,9 @@ class SweepConfig(_Frozen):
     # sharded layouts (pod/config/mesh.py): a list of pod.mesh values, transformer remat
     # policies, and examples per device (the global batch is that x data x fsdp)
     mesh: tuple[dict[str, int], ...] | None = Field(default=None, min_length=1)
-    remat: tuple[Literal["none", "minimal", "full"], ...] | None = Field(default=None,
-                                                                       min_length=1)
+    remat: tuple[Literal["none", "full", "minimal", "save_dot_except_mlp",  # pod.workloads.remat
+                         "save_dot_except_mlpwi", "save_qkv_proj"], ...] | None = Field(
+        default=None, min_length=1)
     per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
     steps: int = Field(default=2, gt=0, le=MAX_STEPS,

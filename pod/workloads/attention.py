@@ -241,10 +241,14 @@ class CausalSelfAttention(Layer):
         return {k: (glorot_uniform(rng, s, s[0], s[1]) if len(s) == 2 else np.zeros(s, np.float32))
                 for k, s in self.param_shapes(input_shape).items()}
 
-    def projection_flops(self, input_shape) -> int:
-        """MXU FLOPs of q, k, v per example: 2 T C (H + 2K) Dh."""
+    def projection_flops(self, input_shape, key: str | None = None) -> int:
+        """MXU FLOPs of q, k, v per example: 2 T C (H + 2K) Dh; of one of them
+        with ``key`` (a cache key: "q" 2 T C H Dh, "k" or "v" 2 T C K Dh, "qkv"
+        all three)."""
         t, c = self._check(input_shape)
-        return 2 * t * c * (self.inner_dim + 2 * self.kv_dim)
+        width = {None: self.inner_dim + 2 * self.kv_dim, "qkv": self.inner_dim + 2 * self.kv_dim,
+                 "q": self.inner_dim, "k": self.kv_dim, "v": self.kv_dim}[key]
+        return 2 * t * c * width
 
     def output_flops(self, input_shape) -> int:
         """MXU FLOPs of the output projection per example: 2 T H Dh C."""

@@ -189,15 +189,18 @@ def test_other_options_and_remat_shard_too():
 
 
 MAXTEXT_2023 = {"block": "parallel", "mlp_activation": "relu"}
+OFFLOAD = {"remat": "custom", "remat_custom": (("decoder_layer_input", "offload"),
+                                               ("key_proj", "device"), ("out_proj", "offload"),
+                                               ("mlpwi_0", "offload"))}
 GQA_BIAS_FUSED = {"kv_heads": 2, "use_bias": True, "fused_qkv": True,
                   "mlp_activation": "gated_gelu"}
 
 
 @pytest.mark.parametrize("options", [MAXTEXT_2023, {**MAXTEXT_2023, "remat": "full"},
                                      GQA_BIAS_FUSED, {**GQA_BIAS_FUSED, "block": "parallel",
-                                                      "remat": "minimal"}],
+                                                      "remat": "minimal"}, OFFLOAD],
                          ids=["parallel-relu", "parallel-full", "gqa-bias-fused",
-                              "gqa-bias-fused-parallel-minimal"])
+                              "gqa-bias-fused-parallel-minimal", "custom-offload"])
 def test_the_parallel_block_gqa_biases_and_fused_qkv_shard(options):
     """The parallel block sums its attention and MLP partial outputs once over tensor;
     grouped-query heads, biases (the output biases added once, after the sum) and the
