@@ -196,6 +196,10 @@ class TensorCore:
         host_bytes_per_s: This core's share of the chip's host link (PCIe),
             bytes/s, for host transfers; None: `DEFAULT_HOST_BYTES_PER_S`
             (`Chip` passes spec.host_to_chip_bytes_per_s / tensorcores).
+        sustained: the core runs in steady state under sustained load (a
+            training step: seconds of back-to-back MXU work): MXU cycles at
+            `spec.sustained_mxu_efficiency`; False (one benchmarked op from an
+            idle start): at `spec.mxu_efficiency_over` the op's duration.
 
     Attributes:
         spec: The TensorCoreSpec.
@@ -221,10 +225,11 @@ class TensorCore:
     def __init__(self, spec: TensorCoreSpec, *, numerics: bool = True, name: str = "core0",
                  precision: str = "bf16", double_buffered: bool = False,
                  execute: bool = True, mxu_model: str = MXU_MODELS[0],
-                 host_bytes_per_s: float | None = None) -> None:
+                 host_bytes_per_s: float | None = None, sustained: bool = False) -> None:
         if not isinstance(spec, TensorCoreSpec):
             raise TypeError(f"spec must be a TensorCoreSpec, got {spec!r}")
         self.spec = spec
+        self.sustained = bool(sustained)
         self.precision = check_precision(precision, spec)
         self.mxu_model = check_mxu_model(mxu_model)
         self.emulates_numerics = bool(numerics)
@@ -340,8 +345,10 @@ class TensorCore:
         bf16: `mxu_gemm_cycles` over the core's MXUs; fp32: six passes, i.e. six
         times the folds (`numerics.FP32_PASSES`); int8: the bf16 count divided by
         spec.int8_macs_per_bf16_mac, rounded up. In the "pipelined" model the
-        count is then divided by spec.mxu_efficiency (the calibrated sustained
-        rate) and rounded up; "scalesim" is SCALE-Sim's count as is. Zero if
+        count is then divided by the calibrated efficiency (`_mxu_efficiency`:
+        spec.mxu_efficiency for a short op, falling towards
+        spec.sustained_mxu_efficiency for a long one or on a sustained core) and
+        rounded up; "scalesim" is SCALE-Sim's count as is. Zero if
         any dimension is 0. The scalar issue cost is not included.
 
         Args:
@@ -370,8 +377,16 @@ class TensorCore:
         if self.precision == "int8":
             cycles = math.ceil(cycles / self.spec.int8_macs_per_bf16_mac)
         if model == "pipelined":
-            cycles = math.ceil(cycles / self.spec.mxu_efficiency)
+            cycles = math.ceil(cycles / self._mxu_efficiency(cycles))
         return cycles
+
+    def _mxu_efficiency(self, ideal_cycles: int) -> float:
+        """The MXU efficiency of an op of ``ideal_cycles``: the sustained one on a
+        sustained core, else the mean over the op's duration from an idle start."""
+        if self.sustained:
+            return self.spec.sustained_mxu_efficiency
+        seconds = ideal_cycles / self.spec.clock_hz / self.spec.mxu_efficiency
+        return self.spec.mxu_efficiency_over(seconds)
 
     def account_matmul(self, m: int, k: int, n: int, *, name: str = "matmul", batch: int = 1,
                        shared_weights: bool = False, mxu_model: str | None = None,

@@ -80,6 +80,10 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
          f"{summary['collective_seconds'] * 1e3:.4f} "
          f"({summary['overlap_fraction']:.0%} hidden)", "simulated"),
         *_axis_rows(summary),
+        *([("  host offload, exposed",
+            f"{summary['exposed_host_offload_seconds'] * 1e3:.4f} ms of "
+            f"{summary['host_offload_seconds'] * 1e3:.4f}", "simulated")]
+          if summary.get("host_offload_seconds") else []),
         ("  update", f"{summary['update_seconds'] * 1e3:.4f} ms", "simulated"),
         ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s"
                        + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),

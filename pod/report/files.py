@@ -128,6 +128,8 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
                                               / mean("collective_seconds")))
                              if mean("collective_seconds") > 0 else 0.0),
         "update_seconds": mean("update_seconds"),
+        "host_offload_seconds": mean("host_offload_seconds"),
+        "exposed_host_offload_seconds": mean("exposed_host_offload_seconds"),
         "collectives_by_axis": {
             axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
                    "simulated_seconds": mean(f"{axis}_collective_seconds"),

@@ -164,6 +164,9 @@ class StepStats:
         exposed_infeed_seconds: the infeed not hidden behind the previous step
             (None: all of it).
         dispatch_seconds: simulated host dispatch of the step (0 in a device loop).
+        host_offload_seconds: host-link transfers of offloaded tensors (remat
+            ``offload``), all of them; exposed_host_offload_seconds: the part the
+            compute waited for (they run beside it).
         hbm_used_bytes: per device, HBM bytes in use after the step.
         hbm_peak_bytes: per device, the HBM high-water mark.
         hbm_capacity_bytes: one device's HBM capacity.
@@ -206,6 +209,8 @@ class StepStats:
     exposed_collective_seconds: float | None = None
     exposed_infeed_seconds: float | None = None
     dispatch_seconds: float = 0.0
+    host_offload_seconds: float = 0.0
+    exposed_host_offload_seconds: float = 0.0
     hbm_used_bytes: dict[int, int] = field(default_factory=dict)
     hbm_peak_bytes: dict[int, int] = field(default_factory=dict)
     hbm_capacity_bytes: int = 0
@@ -237,13 +242,14 @@ class StepStats:
     def step_seconds(self) -> float:
         """Simulated step time in seconds: the critical path."""
         return (self.dispatch_seconds + self.exposed_infeed_seconds + self.compute_seconds
-                + self.exposed_collective_seconds + self.update_seconds)
+                + self.exposed_collective_seconds + self.exposed_host_offload_seconds
+                + self.update_seconds)
 
     @property
     def serial_step_seconds(self) -> float:
         """Simulated step time with nothing overlapped (the sum of the parts, an upper bound)."""
         return (self.dispatch_seconds + self.infeed_seconds + self.compute_seconds
-                + self.collective_seconds + self.update_seconds)
+                + self.collective_seconds + self.host_offload_seconds + self.update_seconds)
 
     @property
     def overlap_fraction(self) -> float:
@@ -329,7 +335,8 @@ AXIS_FIELDS = tuple(f"{axis}_{what}" for axis in AXIS_ORDER
 TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
                 "collective_seconds", "update_seconds", "wall_seconds",
                 "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
-                "dispatch_seconds", "hardware_flops", *AXIS_FIELDS)
+                "dispatch_seconds", "hardware_flops", "host_offload_seconds",
+                "exposed_host_offload_seconds", *AXIS_FIELDS)
 
 
 def _total_value(stats: StepStats, name: str) -> float:
