@@ -500,6 +500,16 @@ def _sharded_items(params: int, optimizer_bytes_per_param: float, activation_byt
     return {**items, "total": sum(items.values())}
 
 
+def _overflow_hint(found: tuple | None, considered: bool, devices: int) -> str:
+    """The end of an overflow's line: the mesh that fits, or that none does; nothing for
+    a model with no other layout to consider (more sharding is no advice for it)."""
+    if found:
+        return f"; {format_axes(found[1])} fits ({_gib(found[2])} per device)"
+    if considered:
+        return f"; no mesh of {devices} devices fits; use a smaller model or batch, or more devices"
+    return ""
+
+
 def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param: float,
                         activation_bytes_per_example: int, per_device_batch: int, mesh: Mesh,
                         capacity_bytes: int, precision: str = "bf16",
@@ -537,15 +547,15 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
             gets ``ceil(P / S)``); None: ``ceil(P / S)`` everywhere.
 
     Returns:
-        Bytes per item (params, grads, optimizer_state, activations, workspace)
-        and their total.
+        Bytes per item (params, grads, optimizer_state, activations, workspace), total.
 
     Raises:
         HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the
             mesh, its need per device and, if one exists, the mesh of the same
             devices with more fsdp / tensor sharding that fits, e.g. ``{data: 16}
             needs 19.5 GiB per device and does not fit 16 GiB; {data: 2, fsdp: 8}
-            fits (9.1 GiB per device)``. It carries the plan as ``memory_plan``.
+            fits (9.1 GiB per device)`` (:func:`_overflow_hint`). It carries the plan
+            as ``memory_plan``.
     """
     largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
     args = (model_param_count, optimizer_state_bytes_per_param, activation_bytes_per_example)
@@ -558,7 +568,7 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
     if items["total"] <= capacity_bytes:
         return items
     global_batch = per_device_batch * mesh.axis_size("data") * fsdp
-    found = None
+    found, considered = None, False
     for axes in _all_meshes(mesh.size):
         f, t = axes.get("fsdp", 1), axes.get("tensor", 1)
         if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % (axes["data"] * f):
@@ -566,18 +576,18 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         local = exact(f, t)
         if local is None and device_param_count is not None:
             continue  # a layout the model cannot take is never suggested
+        considered = True
         plan = _sharded_items(*args, global_batch // (axes["data"] * f), f, t, largest, precision,
                               local)
         key = (f * t, t, plan["total"])
         if plan["total"] <= capacity_bytes and (found is None or key < found[0]):
             found = (key, axes, plan["total"])
-    hint = (f"{format_axes(found[1])} fits ({_gib(found[2])} per device)" if found else
-            f"no mesh of {mesh.size} devices fits; use a smaller model or batch, or more devices")
     raise HBMPlanError(
         f"{format_axes(mesh.sizes)} needs {_gib(items['total'])} per device (params "
         f"{_gib(items['params'])}, grads {_gib(items['grads'])}, optimizer state "
         f"{_gib(items['optimizer_state'])}, activations {_gib(items['activations'])}, workspace "
-        f"{_gib(items['workspace'])}) and does not fit {_gib(capacity_bytes)}; {hint}",
+        f"{_gib(items['workspace'])}) and does not fit {_gib(capacity_bytes)}"
+        f"{_overflow_hint(found, considered, mesh.size)}",
         tag="total", requested_bytes=items["total"], free_bytes=capacity_bytes,
         capacity_bytes=capacity_bytes, memory_plan=items)
 
