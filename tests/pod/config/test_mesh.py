@@ -18,7 +18,7 @@ from interconnect import Torus
 from pod.config.mesh import (AxisBlock, build_mesh, device_hbm_bytes, devices_per_chip,
                              layout_mesh, mesh_memory_plan, parse_mesh_axes,
                              sharded_memory_plan)
-from pod.config.plan import build_plan, memory_plan
+from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import HBMPlanError, ScenarioError
@@ -278,13 +278,20 @@ def _plan(mesh=None, model=None, sharded_ok=True):
                       sharded_ok=sharded_ok)
 
 
-def test_a_sharded_mesh_is_planned_but_not_run_yet():
-    """Until the runtime executes fsdp / tensor, validate and run refuse such a mesh
-    (one line) instead of training it data-parallel; describe plans it."""
+def test_a_replicated_model_on_a_sharded_mesh_is_refused_before_its_hbm_plan():
+    """Only the transformer's program shards: validate and run refuse an MLP on an fsdp /
+    tensor mesh (one line naming pod.mesh and the {data: N} to use), even one whose
+    HBM plan would overflow too (the mesh is the first thing to fix); describe
+    (sharded_ok) plans it."""
     with pytest.raises(ScenarioError, match=r"^pod\.mesh: \{data: 2, fsdp: 2, tensor: 2\} shards "
                                             r"over fsdp / tensor, .* use \{data: 8\}"):
         _plan({"data": 2, "fsdp": 2, "tensor": 2}, sharded_ok=False)
+    big = {"name": "mlp", "options": {"hidden": [30000, 30000]}}
+    with pytest.raises(ScenarioError, match=r"^pod\.mesh: \{data: 4, fsdp: 2\} shards"):
+        _plan({"data": 4, "fsdp": 2}, big, sharded_ok=False)
     assert _plan({"data": 8}, sharded_ok=False).mesh.is_data_parallel
+    assert _plan({"data": 2, "fsdp": 2, "tensor": 2}).mesh.sizes == {"data": 2, "fsdp": 2,
+                                                                     "tensor": 2}
 
 
 def test_todays_scenarios_keep_their_data_parallel_plan():
@@ -301,19 +308,65 @@ def test_a_sharded_mesh_checks_one_devices_sharded_plan():
     assert plan.memory == expected
     assert plan.memory["params"] == 4 * math.ceil(plan.num_params / 4)
     assert plan.memory["activations"] == math.ceil(16 * plan.model.activation_bytes(1) / 2)
-    assert plan.memory != memory_plan(plan.model, expected["optimizer_state"], 8, 8 * GIB)
+    replicated = _plan({"data": 8}).memory                              # the same model unsharded
+    assert replicated["params"] == 4 * plan.num_params
+    assert replicated["activations"] == plan.model.activation_bytes(64 // 8)
+    assert plan.memory["total"] < replicated["total"]
+
+
+def _text_plan(mesh, options):
+    return build_plan(parse_scenario({
+        "name": "t", "pod": {"slice": "v2-8", "mesh": mesh},
+        "model": {"name": "transformer", "options": options},
+        "data": {"name": "text", "options": {"sequence_length": 64}},
+        "training": {"global_batch": 64, "steps": 1}}))
 
 
 def test_a_sharded_model_too_big_names_the_field_and_a_mesh_that_fits():
+    options = {"embed_dim": 4096, "heads": 32, "head_dim": 128, "mlp_dim": 16384, "layers": 4}
+    with pytest.raises(HBMPlanError) as err:
+        _text_plan({"data": 4, "fsdp": 2}, options)
+    # 1.07e9 parameters: 16 B x P / 2 = 16 GiB on fsdp 2 before the workspace; fsdp 4 halves it
+    assert str(err.value) == (
+        "pod.mesh: {data: 4, fsdp: 2} needs 11.2 GiB per device (params 2 GiB, grads 2 GiB, "
+        "optimizer state 4 GiB, activations 672.2 MiB, workspace 2.5 GiB) and does not fit "
+        "8 GiB; {data: 2, fsdp: 4} fits (7.2 GiB per device)")
+    assert _text_plan({"data": 2, "fsdp": 4}, options).memory["total"] < 8 * GIB
+
+
+def test_a_replicated_model_too_big_names_the_model_and_no_mesh():
+    """An MLP cannot shard: its overflow names model.options, the mesh's need per device,
+    and no other mesh (more devices or sharding would not help it)."""
     big = {"name": "mlp", "options": {"hidden": [30000, 30000]}}
     with pytest.raises(HBMPlanError) as err:
-        _plan({"data": 4, "fsdp": 2}, big)
-    # the 30000 x 30000 layer, gathered whole by fsdp, is 9e9 B of workspace: only tensor
-    # splits it; {data: 2, fsdp: 2, tensor: 2}: 16 B x P / 4 + 4.5e9 B = 7.6 GiB
+        _plan({"data": 8}, big)
+    # 16 B x P = 13.4 GiB, plus the largest layer (30000^2 + 30000) x (4 + 4 + 2) B = 8.4 GiB
     assert str(err.value) == (
-        "pod.mesh: {data: 4, fsdp: 2} needs 15.1 GiB per device (params 1.7 GiB, grads 1.7 GiB, "
-        "optimizer state 3.4 GiB, activations 3.7 MiB, workspace 8.4 GiB) and does not fit "
-        "8 GiB; {data: 2, fsdp: 2, tensor: 2} fits (7.6 GiB per device)")
+        "model.options: mlp with 902,280,010 parameters on {data: 8} needs 21.8 GiB per device "
+        "(params 3.4 GiB, grads 3.4 GiB, optimizer state 6.7 GiB, activations 3.7 MiB, workspace "
+        "8.4 GiB) and does not fit 8 GiB; use a smaller model or a chip with more HBM per device")
+    assert err.value.memory_plan["workspace"] == (30000**2 + 30000) * 10
+
+
+def test_activations_that_overflow_name_the_global_batch():
+    """A replicated LSTM whose activations (16.9 MB per example of 512 tokens) fill the
+    HBM: the line names training.global_batch and the examples per device."""
+    scenario = parse_scenario({
+        "name": "t", "pod": {"slice": "v2-8"},
+        "model": {"name": "lstm_classifier",
+                  "options": {"units": 1024, "embedding_dim": 64, "vocabulary": 100}},
+        "data": {"name": "synthetic", "options": {"shape": [512], "vocabulary": 100,
+                                                  "num_examples": 6000, "num_classes": 2}},
+        "training": {"global_batch": 4096, "steps": 1}})
+    with pytest.raises(HBMPlanError) as err:
+        build_plan(scenario)
+    message = str(err.value)
+    assert message.startswith("training.global_batch: 4096 (512 examples per device) on "
+                              "{data: 8} needs 8.2 GiB per device (")
+    assert message.endswith("and does not fit 8 GiB; use a smaller global batch or a chip with "
+                            "more HBM per device")
+    plan = err.value.memory_plan
+    assert plan["activations"] * 2 > plan["total"] > 8 * GIB
 
 
 def _transformer(layers=2):
