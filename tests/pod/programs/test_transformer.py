@@ -1,4 +1,6 @@
-"""The sharded transformer program (issue 13, item 5) on the in-process LocalMesh. No Ray.
+"""The sharded transformer program (``pod.programs.transformer``; issue 13, item 5) on the
+in-process LocalMesh, and its timing-only path (``core.execute`` False, the step
+TimingPod runs). No Ray.
 
 The reference is the same model trained on one TensorCore on the same global
 batches (``TransformerModel.loss_and_grads`` + the optimizer). Tolerances come
@@ -18,11 +20,15 @@ largest absolute parameter difference after training):
   5e-3. The test asks that the sharded bf16 run stays within a fifth of the
   distance between the bf16 and fp32 single-device runs (0.12), the whole
   effect of bf16 rounding.
+
+The collectives of a step are pinned by closed forms in the model's sizes
+(``closed_form``: counts and bytes per axis, op and kind), and a timing-only
+step issues exactly the calls and records of a functional one (what replaced
+the deleted ``planned_calls``, a third copy of the schedule).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -38,6 +44,8 @@ from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
 from pod.programs.collectives import LocalMesh, sum_in_order
 from pod.programs import (
     DeviceCoords,
+    EvalSums,
+    ShapeCollectives,
     ShardedTransformer,
     check_tensor_split,
     flat_chunk,
@@ -218,40 +226,107 @@ def block_params(tensor):
     return 2 * c + (4 * c * d + 3 * c * f) // tensor
 
 
-def test_collective_counts_and_bytes_match_the_closed_form():
-    program, devices = sharded("fp32", tuple(MESH_3D.items()))
-    calls = devices[0][2]
-    per = {}
-    for call in calls:
-        n, nbytes = per.get((call.axis, call.op, call.kind), (0, 0))
-        per[(call.axis, call.op, call.kind)] = (n + 1, nbytes + call.nbytes)
+def closed_form(sizes, sequence=False):
+    """{(axis, op, kind): (calls, bytes)} of one training step of one device (TINY, tied
+    embeddings, no remat; every size here divides the fsdp size, so no padding).
+
+    Layers: embed, L blocks, final_norm, unembed (the tied table, owned by embed).
+    fsdp gathers every layer before its forward and, but for the embedding, before its
+    backward: L + 3 and L + 2 gathers of a device's chunks; each layer owning
+    parameters reduce-scatters its gradients (L + 2), then allreduces its chunk over
+    data. Tensor: an allreduce after attention and after the MLP, and of their input
+    gradients (4 per block) of (b, T, C) float32; with sequence parallelism an
+    all-gather of a (b, T / t, C) chunk before each and a reduce-scatter after, the
+    transposes in backward, and the replicated parameters' gradient chunks (the
+    table, the norms) allreduced over tensor.
+    """
+    d, f, t = (sizes.get(a, 1) for a in ("data", "fsdp", "tensor"))
     layers, c, v = TINY["layers"], TINY["embed_dim"], TINY["vocabulary"]
-    d, f, t = MESH_3D["data"], MESH_3D["fsdp"], MESH_3D["tensor"]
     blk = block_params(t)
     owned = layers * blk + v * c + c                                    # blocks, table, final norm
     gathered = 2 * layers * blk + 3 * v * c + 2 * c                     # embed once, unembed twice
-    b = BATCH // (d * f)
-    want = {
-        ("fsdp", "all_gather", "param_gather"): (2 * layers + 5, 4 * gathered // f),
-        ("fsdp", "reduce_scatter", "grad_reduce"): (layers + 2, 4 * owned),
-        ("data", "allreduce", "grad_reduce"): (layers + 2, 4 * owned // f),
-        ("tensor", "allreduce", "activation"): (4 * layers, 4 * layers * 4 * b * TINY[
-            "sequence_length"] * c),
-    }
-    assert {k: (n // STEPS, nb // STEPS) for k, (n, nb) in per.items()} == want
+    whole = 4 * BATCH // (d * f) * TINY["sequence_length"] * c          # (b, T, C) float32
+    want = {}
+    if f > 1:
+        want[("fsdp", "all_gather", "param_gather")] = (2 * layers + 5, 4 * gathered // f)
+        want[("fsdp", "reduce_scatter", "grad_reduce")] = (layers + 2, 4 * owned)
+    if d > 1:
+        want[("data", "allreduce", "grad_reduce")] = (layers + 2, 4 * owned // f)
+    if t > 1 and not sequence:
+        want[("tensor", "allreduce", "activation")] = (4 * layers, 4 * layers * whole)
+    if t > 1 and sequence:
+        want[("tensor", "all_gather", "activation")] = (4 * layers, 4 * layers * whole // t)
+        want[("tensor", "reduce_scatter", "activation")] = (4 * layers, 4 * layers * whole)
+        replicated = v * c + 2 * layers * c + c                         # table and norms
+        want[("tensor", "allreduce", "grad_reduce")] = (layers + 2, 4 * replicated // f)
+    return want
+
+
+def tally(calls):
+    """{(axis, op, kind): (calls, bytes)}."""
+    out = {}
+    for call in calls:
+        n, nbytes = out.get((call.axis, call.op, call.kind), (0, 0))
+        out[(call.axis, call.op, call.kind)] = (n + 1, nbytes + call.nbytes)
+    return out
+
+
+def test_collective_counts_and_bytes_match_the_closed_form():
+    program, devices = sharded("fp32", tuple(MESH_3D.items()))
+    calls = devices[0][2]
+    per_step = {k: (n // STEPS, nb // STEPS) for k, (n, nb) in tally(calls).items()}
+    assert per_step == closed_form(MESH_3D)
     marks = [call.after_record for call in calls[:len(calls) // STEPS]]
     assert marks == sorted(marks) and marks[0] == 0 < marks[-1]         # embed gather first
     assert len({(call.axis, call.tag) for call in calls}) == len(calls) // STEPS  # unique a step
 
 
+def timing_only_step(program, coords, precision="fp32"):
+    """One step as TimingPod's representative device runs it: shapes only (``core.execute``
+    False, a shape-only shard, ShapeCollectives). Returns (records, calls, result)."""
+    core = TensorCore(SPEC, precision=precision)
+    core.execute = False
+    comm = ShapeCollectives(program.sizes, {"data": coords.data, "fsdp": coords.fsdp,
+                                            "tensor": coords.tensor})
+    b = BATCH // program.batch_shards
+    x = np.zeros((b, program.model.config.sequence_length), np.int64)
+    result = program.train_step(core, comm, program.shape_shard(coords), x, x, 1)
+    return core.take_records(), comm.calls, result
+
+
+def _rows(records):
+    return [(r.name, r.unit, r.seconds, r.flops, r.hbm_bytes, r.bound) for r in records]
+
+
 @pytest.mark.parametrize("mesh,sequence", [(MESH_3D, False), (MESH_3D, True), ({"data": 8}, False),
-                                           ({"fsdp": 4}, False)])
-def test_planned_calls_are_the_calls_a_step_makes(mesh, sequence):
+                                           ({"fsdp": 4}, False), ({"tensor": 4}, True)])
+def test_a_timing_only_step_makes_the_calls_of_a_functional_step(mesh, sequence):
+    """The last device's last functional step and a shape-only step of the same device:
+    the same calls (after_record included) and the same op records; their counts and
+    bytes are the closed form's."""
     program, devices = sharded("fp32", tuple(mesh.items()), sequence_parallel=sequence)
-    calls = devices[-1][2]
+    shard, _, calls = devices[-1]
     per_step = len(calls) // STEPS
-    planned = program.planned_calls(BATCH // program.batch_shards)
-    assert [dataclasses.replace(c, after_record=-1) for c in calls[-per_step:]] == planned
+    records, shaped, result = timing_only_step(program, shard.coords)
+    assert shaped == calls[-per_step:]
+    assert tally(shaped) == closed_form(mesh, sequence)
+    assert records[result.update_start].name.startswith("adamw/")
+    functional = one_functional_step(program, shard.coords)
+    assert _rows(records) == _rows(functional)
+
+
+def one_functional_step(program, coords, precision="fp32", **options):
+    """The op records of one functional step of the device at ``coords``."""
+    x, y = batches(1)[0]
+
+    def device(comm):
+        c = DeviceCoords.of(comm)
+        core = TensorCore(SPEC, precision=precision)
+        part = program.batch_slice(BATCH, c)
+        program.train_step(core, comm, program.init_local(0, c), x[part], y[part], 1)
+        return c, core.take_records()
+
+    return dict(LocalMesh(program.sizes).run(device))[coords]
 
 
 @pytest.mark.parametrize("remat,sequence,per_block", [
@@ -263,7 +338,7 @@ def test_remat_decides_the_tensor_collectives(remat, sequence, per_block):
     sequence parallelism an all-gather before and a reduce-scatter after each,
     and their transposes in backward (remat re-gathers the inputs it recomputes
     from). One step, B T C float32 per allreduce or reduce-scatter, a tensor
-    size's share of it per all-gather."""
+    size's share of it per all-gather; a timing-only step issues the same calls."""
     program, devices = sharded("bf16", (("tensor", 2),), 1, sequence, remat=remat)
     calls = devices[0][2]
     blocks = [c for c in calls if c.kind == "activation"]
@@ -273,7 +348,8 @@ def test_remat_decides_the_tensor_collectives(remat, sequence, per_block):
     assert {c.nbytes for c in blocks if c.op != "all_gather"} == {whole}
     assert {c.nbytes for c in blocks if c.op == "all_gather"} <= {whole // 2}
     assert len(calls) - len(blocks) == (TINY["layers"] + 2 if sequence else 0)  # norm grads
-    assert [dataclasses.replace(c, after_record=-1) for c in calls] == program.planned_calls(BATCH)
+    _, shaped, _ = timing_only_step(program, devices[0][0].coords, precision="bf16")
+    assert shaped == calls
 
 
 def test_size_one_axes_are_free():
@@ -371,24 +447,32 @@ def test_a_tensor_size_that_does_not_split_the_heads_is_one_line():
                               "tensor must divide both: 1, 2, 4")
 
 
-def test_evaluate_matches_the_model_on_the_assembled_parameters():
-    program, devices = sharded("fp32", tuple(MESH_3D.items()))
+@pytest.mark.parametrize("sequence", [False, True])
+def test_evaluate_matches_the_model_on_the_assembled_parameters(sequence):
+    """The counting devices' EvalSums (one per tensor group, or every sequence chunk with
+    sequence parallelism) add up to the whole model on the whole batch: every token
+    once, the same mean loss, the same next tokens predicted (a float32 tie aside)."""
+    program, devices = sharded("fp32", tuple(MESH_3D.items()), sequence_parallel=sequence)
     shards = {shard.coords: shard for shard, _, _ in devices}
     x, y = batches(1)[0]
-    mesh = LocalMesh(MESH_3D)
 
     def device(comm):
         c = DeviceCoords.of(comm)
-        part = program.batch_slice(BATCH, c)
-        return c, program.evaluate(TensorCore(SPEC, precision="fp32"), comm, shards[c], x[part], y[part])
+        part = program.eval_slice(BATCH, c)
+        return c, program.evaluate(TensorCore(SPEC, precision="fp32"), comm, shards[c], x[part],
+                                   y[part])
 
-    got = program.global_loss(loss for _, loss in mesh.run(device))
+    out = LocalMesh(MESH_3D).run(device)
+    got = EvalSums.total(sums for c, sums in out if program.counts_eval(c))
+    assert got.count == BATCH * TINY["sequence_length"]
     model = program.model
     core = TensorCore(SPEC, precision="fp32")
-    out = model.predict(core, program.assemble(shards.values()), x)
-    want, _ = model.output_loss(core, out, y)
-    assert got == pytest.approx(want, rel=1e-5)
-    assert math.isfinite(got)
+    logits = model.predict(core, program.assemble(shards.values()), x)
+    want, _ = model.output_loss(core, logits, y)
+    assert got.loss_sum / got.count == pytest.approx(want, rel=1e-5)
+    correct = int((np.asarray(logits).argmax(axis=-1) == y).sum())
+    assert abs(got.correct - correct) <= 1 and correct > 0
+    assert math.isfinite(got.loss_sum)
 
 
 def test_load_local_is_the_inverse_of_assemble():
