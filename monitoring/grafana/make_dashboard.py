@@ -84,9 +84,10 @@ def _panels() -> list[dict[str, Any]]:
     _panel(panels, "Step time quantiles (simulated)", "timeseries",
            [quantile(0.5, "tpu_pod_simulated_step_seconds"),
             quantile(0.99, "tpu_pod_simulated_step_seconds"),
-            quantile(0.5, "tpu_pod_simulated_allreduce_seconds")],
+            quantile(0.5, "tpu_pod_simulated_collective_seconds")],
            12, 8, unit="s",
-           legend=["{{instance}} step p50", "{{instance}} step p99", "{{instance}} allreduce p50"])
+           legend=["{{instance}} step p50", "{{instance}} step p99",
+                   "{{instance}} collectives p50"])
     _panel(panels, "Loss and test accuracy", "timeseries",
            [run("tpu_pod_loss"), run("tpu_pod_test_accuracy_ratio")], 0, 16,
            legend=["{{instance}} training loss", "{{instance}} test accuracy"])
@@ -105,12 +106,22 @@ def _panels() -> list[dict[str, Any]]:
     _panel(panels, "ICI traffic: bytes per WALL second of emulation", "timeseries",
            [f"sum by (instance, link) {run('tpu_pod_ici_transferred_bytes_total', '1m')}"],
            0, 34, unit="Bps", legend=["{{instance}} {{link}}"])
-    _panel(panels, "MXU utilisation per TensorCore (simulated)", "timeseries",
+    _panel(panels, "MXU utilisation per device (simulated)", "timeseries",
            [run("tpu_pod_mxu_utilization_ratio")], 12, 34, unit="percentunit",
            legend=["{{instance}} chip {{chip}} core {{core}}"])
     _panel(panels, "Emulation: wall time per step and slowdown", "timeseries",
            [quantile(0.5, "tpu_pod_wall_step_seconds"), run("tpu_pod_emulation_slowdown_ratio")],
            0, 42, legend=["{{instance}} wall step p50 (s)", "{{instance}} wall / simulated"])
+    per_step = f"on (instance) group_left sum by (instance) {run('tpu_pod_steps_total', '1m')}"
+    _panel(panels, "Collectives per mesh axis: simulated seconds per step", "timeseries",
+           [f"sum by (instance, axis) {run('tpu_pod_collective_seconds_total', '1m')} / "
+            f"{per_step}",
+            f"sum by (instance, axis) {run('tpu_pod_collective_exposed_seconds_total', '1m')} / "
+            f"{per_step}"],
+           0, 50, unit="s", legend=["{{instance}} {{axis}}", "{{instance}} {{axis}} exposed"])
+    _panel(panels, "Collectives hidden behind compute (simulated)", "timeseries",
+           [run("tpu_pod_collective_overlap_ratio")], 12, 50, unit="percentunit",
+           legend=["{{instance}}"])
     _panel(panels, "Steps and examples", "stat",
            [run("tpu_pod_steps_total"), run("tpu_pod_examples_total"), _RUNS], 12, 42,
            legend=["{{instance}} steps", "{{instance}} examples",

@@ -628,12 +628,14 @@ def _sharded_items(params: int, optimizer_bytes_per_param: float, fsdp: int, ten
 
 
 def _search(items_of: Callable[[int, int, int], dict | None], mesh: Mesh, per_device_batch: int,
-            capacity_bytes: int) -> tuple[dict[str, int], int] | None:
-    """The mesh of the same devices with more fsdp / tensor sharding that fits, the
-    least sharded first (then the least tensor, then the smallest total)."""
+            capacity_bytes: int) -> tuple[tuple[dict[str, int], int] | None, bool]:
+    """(the mesh of the same devices with more fsdp / tensor sharding that fits, the
+    least sharded first (then the least tensor, then the smallest total), and its
+    bytes; None when none fits), and whether any other layout could be considered
+    (False for a model with no other layout: more sharding is then no advice)."""
     fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
     global_batch = per_device_batch * mesh.axis_size("data") * fsdp
-    found = None
+    found, considered = None, False
     for axes in _all_meshes(mesh.size):
         f, t = axes.get("fsdp", 1), axes.get("tensor", 1)
         if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % (axes["data"] * f):
@@ -641,10 +643,11 @@ def _search(items_of: Callable[[int, int, int], dict | None], mesh: Mesh, per_de
         plan = items_of(f, t, global_batch // (axes["data"] * f))
         if plan is None:
             continue  # a layout the model cannot take is never suggested
+        considered = True
         key = (f * t, t, plan["total"])
         if plan["total"] <= capacity_bytes and (found is None or key < found[0]):
             found = (key, axes, plan["total"])
-    return None if found is None else (found[1], found[2])
+    return (None if found is None else (found[1], found[2])), considered
 
 
 def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param: float,
@@ -720,23 +723,25 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
     hints = [f"{label} fits ({_gib(other['total'])} per device)" for label, other in
              ((label, items_of(fn, fsdp, tensor, per_device_batch)) for label, fn in alternatives)
              if other is not None and other["total"] <= capacity_bytes][:1]
-    found = _search(lambda f, t, b: items_of(figures, f, t, b), mesh, per_device_batch,
-                    capacity_bytes)
+    found, considered = _search(lambda f, t, b: items_of(figures, f, t, b), mesh,
+                                per_device_batch, capacity_bytes)
     if found:
         hints.append(f"{format_axes(found[0])} fits ({_gib(found[1])} per device)")
+    elif considered and not hints:
+        hints.append(f"no mesh of {mesh.size} devices fits; use a smaller model or batch, or "
+                     "more devices")
     raise _refusal(mesh, items, capacity_bytes, hints)
 
 
 def _refusal(mesh: Mesh, items: dict[str, int], capacity_bytes: int, hints: list[str]
              ) -> HBMPlanError:
-    """The one-line error of a plan that does not fit, with what would."""
-    hint = "; ".join(hints) or (f"no mesh of {mesh.size} devices fits; use a smaller model or "
-                                "batch, or more devices")
+    """The one-line error of a plan that does not fit, with what would (``hints``)."""
     return HBMPlanError(
         f"{format_axes(mesh.sizes)} needs {_gib(items['total'])} per device (params "
         f"{_gib(items['params'])}, grads {_gib(items['grads'])}, optimizer state "
         f"{_gib(items['optimizer_state'])}, activations {_gib(items['activations'])}, workspace "
-        f"{_gib(items['workspace'])}) and does not fit {_gib(capacity_bytes)}; {hint}",
+        f"{_gib(items['workspace'])}) and does not fit {_gib(capacity_bytes)}"
+        + "".join(f"; {h}" for h in hints),
         tag="total", requested_bytes=items["total"], free_bytes=capacity_bytes,
         capacity_bytes=capacity_bytes, memory_plan=items)
 
@@ -792,9 +797,11 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
     ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
     alternatives = tuple((f"remat {policy}", model_figures(m, precision)) for policy, m in ranked)
     figures = model_figures(model, precision)
-    if not shardable:  # a replicated model: no mesh with fsdp or tensor is suggested
+    if not shardable:  # a replicated model: planned on its own mesh, no other mesh suggested
+        own = (mesh.axis_size("fsdp"), mesh.axis_size("tensor"))
+
         def figures(fsdp: int, tensor: int, batch: int, _all=figures) -> DeviceFigures | None:
-            return _all(fsdp, tensor, batch) if fsdp * tensor == 1 else None
+            return _all(fsdp, tensor, batch) if (fsdp, tensor) == own else None
     try:
         return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1), 0,
                                    global_batch // batch_shards, mesh, capacity_bytes, precision,

@@ -142,14 +142,15 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
         if scenario.model.name in SHARDED_MODELS:
             raise  # its one line names pod.mesh and a mesh that fits
         activations = err.memory_plan.get("activations", 0) if err.memory_plan else 0
-        field = ("training.global_batch" if activations * 2 > err.requested_bytes else
-                 "model.options")
-        what = (f"{per_device} examples per device" if field == "training.global_batch" else
+        batch = activations * 2 > err.requested_bytes
+        field = "training.global_batch" if batch else "model.options"
+        what = (f"{training.global_batch} ({per_device} examples per device)" if batch else
                 f"{scenario.model.name} with {int(model.num_params):,} parameters")
+        # "<field>: <what> on {data: 8} needs 141 GiB per device (...) and does not fit 8 GiB"
         raise HBMPlanError(
-            f"{field}: {what} does not fit: {str(err).removeprefix('pod.mesh: ')}; use a smaller "
-            f"{'global batch' if field == 'training.global_batch' else 'model'} or a chip with "
-            "more HBM per device", tag=err.tag, requested_bytes=err.requested_bytes,
+            f"{field}: {what} on {str(err).removeprefix('pod.mesh: ')}; use a smaller "
+            f"{'global batch' if batch else 'model'} or a chip with more HBM per device",
+            tag=err.tag, requested_bytes=err.requested_bytes,
             free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
             memory_plan=err.memory_plan) from None
 
@@ -393,10 +394,10 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         if fault.step > steps:
             raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
                                 f"({steps}); the fault would never happen")
+    if not sharded_ok:  # before the HBM plan: a mesh the model cannot run is the first fix
+        _check_runnable_mesh(scenario, mesh, model)
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device)
     _check_sequence_parallel(scenario, mesh, model)
-    if not sharded_ok:
-        _check_runnable_mesh(scenario, mesh, model)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
     ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce, faults)
     by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field))

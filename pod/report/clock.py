@@ -124,9 +124,10 @@ class _Ici:
         while i < len(self.starts) and self.starts[i] < t + seconds:
             t = max(t, self.ends[i])
             i += 1
-        j = bisect.bisect_left(self.starts, t)
-        self.starts.insert(j, t)
-        self.ends.insert(j, t + seconds)
+        if t + seconds > t:  # a zero-length one occupies nothing; kept, it would unsort the ends
+            j = bisect.bisect_left(self.starts, t)
+            self.starts.insert(j, t)
+            self.ends.insert(j, t + seconds)
         return t, t + seconds
 
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "maxtext_flops", "overlapped_end", "op_bound",
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "maxtext_flops", "op_bound",
            "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER", "TOTAL_FIELDS"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
@@ -32,25 +32,6 @@ def op_bound(record: Any) -> str:
 #: One host call into the TPU, seconds (``chip.calibration``: [PALLAS] C3). Charged per
 #: step only with ``training.host_dispatch: per_step``; training loops run on the device.
 HOST_DISPATCH_SECONDS = _HOST_DISPATCH_SECONDS
-
-
-def overlapped_end(ready_seconds: Iterable[float], cost_seconds: Iterable[float]) -> float:
-    """When the last of a sequence of collectives ends, each starting once its
-    input is ready and the one before it is done (one collective at a time on the
-    ICI, as XLA's async collectives are issued in order).
-
-    Args:
-        ready_seconds: per collective, when its input is ready (seconds from a
-            common origin).
-        cost_seconds: per collective, how long it takes.
-
-    Returns:
-        The end of the last collective, seconds from the same origin (0 for none).
-    """
-    t = 0.0
-    for ready, cost in zip(ready_seconds, cost_seconds):
-        t = max(t, ready) + cost
-    return t
 
 
 def maxtext_flops(model: Any, per_device_batch: float) -> dict[str, float]:

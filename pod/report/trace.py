@@ -3,8 +3,9 @@
 One process for the pod's mesh with lanes:
 
 - "steps": one span per traced step;
-- "infeed": the host-to-chip transfer of the busiest chip's batch, behind the
-  step before when overlapped;
+- "infeed": the host-to-chip transfer of the busiest chip's batch, ending where
+  the step's compute starts (behind the step before when overlapped; cut at
+  the run's start for the first step);
 - "compute (slowest device)": the step's slowest device, its compute between
   its waits and each wait named after the mesh axis it waited for;
 - one lane per TensorCore unit of that device ("MXU", "vector unit", "scalar
@@ -108,10 +109,11 @@ def step_events(stats: StepStats, axes: Sequence[str], start_s: float,
         _event(f"step {stats.step + 1}", "step", _STEP_TID, start_s, stats.step_seconds,
                {"loss": stats.loss, "simulated_step_seconds": stats.step_seconds,
                 "slowest_device": device})]
-    if stats.infeed_seconds > 0:
-        events.append(_event("infeed", "infeed", _INFEED_TID,
-                             origin - stats.exposed_infeed_seconds, stats.infeed_seconds,
-                             {"exposed_seconds": stats.exposed_infeed_seconds}))
+    if stats.infeed_seconds > 0:  # it ends where the compute starts; it began behind the
+        begin = max(0.0, origin - stats.infeed_seconds)  # step before (the run's start at most)
+        events.append(_event("infeed", "infeed", _INFEED_TID, begin, origin - begin,
+                             {"infeed_seconds": stats.infeed_seconds,
+                              "exposed_seconds": stats.exposed_infeed_seconds}))
     t = 0.0
     end = stats.compute_seconds + stats.exposed_collective_seconds + stats.update_seconds
     for a, b, axis in sorted(stats.compute_waits):  # the stream is sequential: no overlaps

@@ -53,6 +53,6 @@ def test_a_bad_metrics_host_is_named_as_the_host_not_the_port():
     from pod.report.metrics import PodMetrics
 
     metrics = PodMetrics(scenario="x", generation="v2", slice_name="v2-8", topology="2x2",
-                         links=[], chips=1, cores=2, dataset="d", synthetic=True)
+                         links=[], chips=1, devices_per_chip=2, dataset="d", synthetic=True)
     with pytest.raises(MetricsError, match=r"^metrics\.host: cannot serve on 'no such host!'"):
         metrics.serve(9999, "no such host!")

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from interconnect import Torus
 from pod.config.mesh import (AxisBlock, build_mesh, device_hbm_bytes, devices_per_chip,
-                             fsdp_buffer_bytes, layout_mesh, mesh_memory_plan,
-                             parse_mesh_axes, sharded_memory_plan)
-from pod.config.plan import build_plan, memory_plan
+                             layout_mesh, mesh_memory_plan, parse_mesh_axes,
+                             sharded_memory_plan)
+from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import HBMPlanError, ScenarioError
@@ -101,7 +101,7 @@ def test_data_alone_is_todays_data_parallel_layout(case):
     assert mesh.axis_names == ("data",) and mesh.shape == (count,)
     np.testing.assert_array_equal(mesh.devices, np.arange(count))
     assert mesh.groups("data", "mesh") == [tuple(range(count))]
-    assert mesh.is_data_parallel
+    assert mesh.sizes == {"data": count}
     has_unit_axis = 1 in torus.shape
     if per_chip == 1 and not has_unit_axis and mesh.is_ring("data"):
         assert mesh.groups("data") == [tuple(torus.ring_order())]
@@ -208,8 +208,8 @@ def _scenario_error(mesh) -> str:
 
 
 @pytest.mark.parametrize("mesh, message", [
-    ({"data": 2, "model": 8}, "{data: 2, model: 8}: unknown axis 'model'; allowed: data, fsdp, "
-     "tensor"),
+    ({"data": 2, "model": 8}, "{data: 2, model: 8}: unknown axis 'model'; allowed: data, stage, "
+     "fsdp, expert, tensor"),
     ({"data": -1, "tensor": -1}, "{data: -1, tensor: -1}: data and tensor are both -1; at most "
      "one axis takes the rest of the devices"),
     ({"data": 0}, "{data: 0}: data: 0 is not a size; give a size >= 1, or -1 for the rest of the "
@@ -220,9 +220,10 @@ def _scenario_error(mesh) -> str:
      "for the rest of the devices"),
     ({"tensor": True}, "{tensor: True}: tensor: True is not a whole number; give a size >= 1, or "
      "-1 for the rest of the devices"),
-    ({}, "{}: give at least one axis such as {data: 2, tensor: 4}; axes: data, fsdp, tensor"),
-    (16, "must be a mapping of axis name to size such as {data: 2, tensor: 4}; axes: data, fsdp, "
-     "tensor (got 16)"),
+    ({}, "{}: give at least one axis such as {data: 2, tensor: 4}; axes: data, stage, fsdp, expert, "
+     "tensor"),
+    (16, "must be a mapping of axis name to size such as {data: 2, tensor: 4}; axes: data, stage, fsdp, "
+     "expert, tensor (got 16)"),
 ])
 def test_a_malformed_mesh_is_one_line_naming_the_field(mesh, message):
     assert _scenario_error(mesh) == f"<scenario>: pod.mesh: {message}"
@@ -236,25 +237,21 @@ def test_axes_are_kept_in_mesh_order_whatever_the_order_written():
 
 
 def test_sharded_memory_closed_forms():
-    """params, grads and optimizer state split over fsdp x tensor; activations over
-    tensor; workspace: two layers gathered in bf16 and two layers' float32 gradients
-    (fsdp > 1), or the MXU's copy of two layers (fsdp 1)."""
     pod = resolve_pod(slice_name="v5e-16")
     mesh = build_mesh({"data": 2, "fsdp": 4, "tensor": 2}, pod)
     plan = sharded_memory_plan(1_000_000, 8.0, 1000, 16, mesh, 16 * GIB, "bf16", 10_000)
     local = 1_000_000 // 8  # params over fsdp x tensor
+    # workspace: two layers (computing, prefetched) gathered in bf16 plus two float32
+    # gradient layers being reduce-scattered, the largest layer split over tensor
     assert plan == {"params": 4 * local, "grads": 4 * local, "optimizer_state": 8 * local,
                     "activations": 16 * 1000 // 2, "workspace": 2 * (10_000 // 2) * (2 + 4),
                     "total": 16 * local + 8000 + 60_000}
     fp32 = sharded_memory_plan(1_000_000, 8.0, 1000, 16, mesh, 16 * GIB, "fp32", 10_000)
-    assert fp32["workspace"] == 2 * 5000 * (4 + 4)                       # float32 gathers
+    assert fp32["workspace"] == 2 * 5000 * (4 + 4)
     odd = sharded_memory_plan(1_000_001, 4.0, 3, 1, mesh, 16 * GIB, "int8")
+    # int8 training gathers bf16 weights
     assert odd["params"] == 4 * 125_001 and odd["workspace"] == 2 * math.ceil(1_000_001 / 2) * 6
     assert odd["activations"] == 2  # ceil(1 x 3 / 2)
-    data = sharded_memory_plan(1_000_000, 8.0, 1000, 16, build_mesh({"data": 16}, pod), 16 * GIB,
-                               "bf16", 10_000)
-    assert data["workspace"] == 2 * 10_000 * 2                           # no gathers: MXU copies
-    assert fsdp_buffer_bytes(10_000, 1, "fp32") == 0
 
 
 def test_an_overflow_names_the_least_sharded_mesh_that_fits():
@@ -263,13 +260,14 @@ def test_an_overflow_names_the_least_sharded_mesh_that_fits():
     with pytest.raises(HBMPlanError) as err:
         sharded_memory_plan(1_500_000_000, 8.0, 1_000_000, 32, mesh, 16 * GIB, "bf16",
                             100_000_000)
-    # {data: 16}: 16 B x 1.5e9 = 22.4 GiB + 30.5 MiB activations + 2 x 2 B x 1e8 workspace;
-    # {data: 8, fsdp: 2}: 11.2 GiB + 30.5 MiB (32 examples) + 2 x 6 B x 1e8 = 12.3 GiB
+    # {data: 16}: 16 B x 1.5e9 = 22.4 GiB + 30.5 MiB activations + the MXU's bf16 copy of
+    # two layers, 2 x 2 B x 1e8; {data: 8, fsdp: 2}: 11.2 GiB + 61 MiB (64 examples) + two
+    # gathered bf16 layers and two float32 gradient layers, 2 x (2 + 4) B x 1e8 = 12.3 GiB
     assert str(err.value) == (
         "{data: 16} needs 22.8 GiB per device (params 5.6 GiB, grads 5.6 GiB, optimizer state "
         "11.2 GiB, activations 30.5 MiB, workspace 381.5 MiB) and does not fit 16 GiB; "
         "{data: 8, fsdp: 2} fits (12.3 GiB per device)")
-    assert err.value.memory_plan["total"] == 16 * 1_500_000_000 + 32_000_000 + 400_000_000
+    assert err.value.memory_plan["total"] == 16 * 1_500_000_000 + 32_000_000 + 2 * 2 * 10**8
     with pytest.raises(HBMPlanError, match="; no mesh of 16 devices fits; use a smaller model"):
         sharded_memory_plan(10**11, 8.0, 1, 1, mesh, 16 * GIB, "bf16", 10)
 
@@ -285,13 +283,20 @@ def _plan(mesh=None, model=None, sharded_ok=True):
                       sharded_ok=sharded_ok)
 
 
-def test_a_sharded_mesh_is_planned_but_not_run_yet():
-    """Until the runtime executes fsdp / tensor, validate and run refuse such a mesh
-    (one line) instead of training it data-parallel; describe plans it."""
+def test_a_replicated_model_on_a_sharded_mesh_is_refused_before_its_hbm_plan():
+    """Only the transformer's program shards: validate and run refuse an MLP on an fsdp /
+    tensor mesh (one line naming pod.mesh and the {data: N} to use), even one whose
+    HBM plan would overflow too (the mesh is the first thing to fix); describe
+    (sharded_ok) plans it."""
     with pytest.raises(ScenarioError, match=r"^pod\.mesh: \{data: 2, fsdp: 2, tensor: 2\} shards "
                                             r"over fsdp / tensor, .* use \{data: 8\}"):
         _plan({"data": 2, "fsdp": 2, "tensor": 2}, sharded_ok=False)
-    assert _plan({"data": 8}, sharded_ok=False).mesh.is_data_parallel
+    big = {"name": "mlp", "options": {"hidden": [30000, 30000]}}
+    with pytest.raises(ScenarioError, match=r"^pod\.mesh: \{data: 4, fsdp: 2\} shards"):
+        _plan({"data": 4, "fsdp": 2}, big, sharded_ok=False)
+    assert _plan({"data": 8}, sharded_ok=False).mesh.axis_names == ("data",)
+    assert _plan({"data": 2, "fsdp": 2, "tensor": 2}).mesh.sizes == {"data": 2, "fsdp": 2,
+                                                                     "tensor": 2}
 
 
 def test_todays_scenarios_keep_their_data_parallel_plan():
@@ -304,32 +309,77 @@ def test_todays_scenarios_keep_their_data_parallel_plan():
 def test_a_sharded_mesh_checks_one_devices_sharded_plan():
     plan = _plan({"data": 2, "fsdp": 2, "tensor": 2})
     expected = mesh_memory_plan(plan.model, 8 * plan.num_params, 64, plan.mesh,  # adam: 2 slots
-                                device_hbm_bytes(plan.pod.chip), "bf16")
+                                device_hbm_bytes(plan.pod.chip), "bf16", shardable=False)
     assert plan.memory == expected
     assert plan.memory["params"] == 4 * math.ceil(plan.num_params / 4)
-    # bf16 activations (2 bytes), split over tensor (an MLP has no layout of its own)
-    assert plan.memory["activations"] == math.ceil(
-        16 * plan.model.activation_bytes(1, bytes_per_element=2) / 2)
-    assert plan.memory != memory_plan(plan.model, expected["optimizer_state"], 8, 8 * GIB)
+    # 16 examples per device, bf16 activations (2 of float32's 4 bytes), split over tensor 2
+    assert plan.memory["activations"] == math.ceil(16 * plan.model.activation_bytes(1) / 2 / 2)
+    replicated = _plan({"data": 8}).memory                              # the same model unsharded
+    assert replicated["params"] == 4 * plan.num_params
+    assert replicated["activations"] == plan.model.activation_bytes(64 // 8) // 2  # bf16
+    assert plan.memory["total"] < replicated["total"]
+
+
+def _text_plan(mesh, options):
+    return build_plan(parse_scenario({
+        "name": "t", "pod": {"slice": "v2-8", "mesh": mesh},
+        "model": {"name": "transformer", "options": options},
+        "data": {"name": "text", "options": {"sequence_length": 64}},
+        "training": {"global_batch": 64, "steps": 1}}))
 
 
 def test_a_sharded_model_too_big_names_the_field_and_a_mesh_that_fits():
+    options = {"embed_dim": 4096, "heads": 32, "head_dim": 128, "mlp_dim": 16384, "layers": 4}
+    with pytest.raises(HBMPlanError) as err:
+        _text_plan({"data": 4, "fsdp": 2}, options)
+    # 1.07e9 parameters: 16 B x P / 2 = 16 GiB on fsdp 2 before the workspace; fsdp 4 halves it
+    assert str(err.value) == (
+        "pod.mesh: {data: 4, fsdp: 2} needs 11.4 GiB per device (params 2 GiB, grads 2 GiB, "
+        "optimizer state 4 GiB, activations 328.3 MiB, workspace 3.1 GiB) and does not fit "
+        "8 GiB; {data: 2, fsdp: 4} fits (7.4 GiB per device)")
+    assert _text_plan({"data": 2, "fsdp": 4}, options).memory["total"] < 8 * GIB
+
+
+def test_a_replicated_model_too_big_names_the_model_and_no_mesh():
+    """An MLP cannot shard: its overflow names model.options, the mesh's need per device,
+    and no other mesh (more devices or sharding would not help it)."""
     big = {"name": "mlp", "options": {"hidden": [30000, 30000]}}
     with pytest.raises(HBMPlanError) as err:
-        _plan({"data": 4, "fsdp": 2}, big)
-    # the 30000 x 30000 layer, gathered twice by fsdp, is 2 x 6 B x 9e8 = 10.1 GiB of
-    # workspace: only tensor splits it; {data: 2, fsdp: 2, tensor: 2}: 16 B x P / 4 +
-    # 5.4e9 B = 11.8 GiB; {data: 1, fsdp: 4, tensor: 2}: 16 B x P / 8 + 5.4e9 B = 6.7 GiB
+        _plan({"data": 8}, big)
+    # 16 B x P = 13.4 GiB, plus the MXU's bf16 copy of two of the largest layer,
+    # 2 x (30000^2 + 30000) x 2 B = 3.4 GiB
     assert str(err.value) == (
-        "pod.mesh: {data: 4, fsdp: 2} needs 16.8 GiB per device (params 1.7 GiB, grads 1.7 GiB, "
-        "optimizer state 3.4 GiB, activations 1.8 MiB, workspace 10.1 GiB) and does not fit "
-        "8 GiB; {data: 1, fsdp: 4, tensor: 2} fits (6.7 GiB per device)")
+        "model.options: mlp with 902,280,010 parameters on {data: 8} needs 16.8 GiB per device "
+        "(params 3.4 GiB, grads 3.4 GiB, optimizer state 6.7 GiB, activations 1.8 MiB, workspace "
+        "3.4 GiB) and does not fit 8 GiB; use a smaller model or a chip with more HBM per device")
+    assert err.value.memory_plan["workspace"] == 2 * (30000**2 + 30000) * 2
+
+
+def test_activations_that_overflow_name_the_global_batch():
+    """A replicated LSTM whose float32 activations (16.9 MB per example of 512 tokens)
+    fill the HBM: the line names training.global_batch and the examples per device."""
+    scenario = parse_scenario({
+        "name": "t", "pod": {"slice": "v2-8"},
+        "model": {"name": "lstm_classifier",
+                  "options": {"units": 1024, "embedding_dim": 64, "vocabulary": 100}},
+        "data": {"name": "synthetic", "options": {"shape": [512], "vocabulary": 100,
+                                                  "num_examples": 6000, "num_classes": 2}},
+        "training": {"global_batch": 4096, "steps": 1, "precision": "fp32"}})
+    with pytest.raises(HBMPlanError) as err:
+        build_plan(scenario)
+    message = str(err.value)
+    assert message.startswith("training.global_batch: 4096 (512 examples per device) on "
+                              "{data: 8} needs 8.1 GiB per device (")
+    assert message.endswith("and does not fit 8 GiB; use a smaller global batch or a chip with "
+                            "more HBM per device")
+    plan = err.value.memory_plan
+    assert plan["activations"] * 2 > plan["total"] > 8 * GIB
 
 
 def _transformer(layers=2):
     from pod.workloads import build_model
     return build_model("transformer", (64,), 256, embed_dim=64, heads=4, head_dim=16,
-                       mlp_dim=128, layers=layers, attention="dot_product")
+                       mlp_dim=128, layers=layers)
 
 
 @pytest.mark.parametrize("fsdp, tensor", [(1, 1), (2, 2), (4, 1), (1, 4), (3, 2)])
@@ -353,7 +403,7 @@ def test_a_transformers_device_params_are_the_chunks_the_program_keeps(fsdp, ten
 
 
 def test_an_overflow_never_suggests_a_tensor_size_the_model_cannot_take():
-    """4 heads: tensor 8 cannot split them. At 900,000 bytes per device the closed form
+    """4 heads: tensor 8 cannot split them. At 800,000 bytes per device the closed form
     ceil(P / S) names {data: 1, tensor: 8} as the mesh that fits; the model's own layout
     never does."""
     model = _transformer(layers=2)
@@ -361,7 +411,7 @@ def test_an_overflow_never_suggests_a_tensor_size_the_model_cannot_take():
     largest = max(count for _, count in model.gradient_buckets())
     with pytest.raises(HBMPlanError, match=r"\{data: 1, tensor: 8\} fits"):
         sharded_memory_plan(model.num_params, 8.0, int(model.activation_bytes(1)), 1, mesh,
-                            900_000, "bf16", largest)
+                            800_000, "bf16", largest)
     with pytest.raises(HBMPlanError) as err:
-        mesh_memory_plan(model, 8 * model.num_params, 8, mesh, 900_000)
+        mesh_memory_plan(model, 8 * model.num_params, 8, mesh, 800_000)
     assert "tensor: 8" not in str(err.value)

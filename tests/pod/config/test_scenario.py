@@ -9,7 +9,7 @@ import yaml
 
 from chip import ChipSpecError, HBMOutOfMemoryError
 from pod.errors import ScenarioError, ShardingError
-from pod.config.plan import batch_indices, build_plan, is_timing_sweep, shard_batch_size
+from pod.config.plan import batch_indices, build_plan, is_timing_sweep
 from pod.config.scenario import load_scenario, parse_scenario
 from pod.config.slices import default_shape, parse_slice, resolve_pod
 
@@ -53,12 +53,15 @@ def test_every_shipped_scenario_validates():
         timing_sweep = is_timing_sweep(scenario)  # as validate does
         plan = build_plan(scenario, timing_only=timing_sweep, sharded_ok=timing_sweep)
         assert plan.steps > 0
-        if plan.mesh.is_data_parallel:
-            assert plan.per_core_batch * plan.pod.tensorcores == plan.global_batch
-        else:  # per device: the batch splits over data x fsdp
-            shards = plan.mesh.axis_size("data") * plan.mesh.axis_size("fsdp")
-            assert plan.per_core_batch * shards == plan.global_batch
+        # a device per TensorCore on v2 / v3, per chip elsewhere; the batch splits over
+        # data x fsdp (on {data: N}, over every device)
+        assert plan.mesh.size == plan.pod.chips * plan.mesh.devices_per_chip, path.name
+        shards = plan.mesh.axis_size("data") * plan.mesh.axis_size("fsdp")
+        assert plan.per_device_batch * shards == plan.global_batch, path.name
+        if plan.mesh.axis_names == ("data",):
+            assert plan.per_device_batch * plan.mesh.size == plan.global_batch
         assert plan.memory["workspace"] > 0
+        assert plan.memory["total"] == sum(v for k, v in plan.memory.items() if k != "total")
     assert kinds == {"training", "benchmark"}
 
 
@@ -86,10 +89,14 @@ def test_training_precision_reaches_the_plan_and_int8_needs_int8_hardware():
     assert plan.scenario.training.precision == "fp32"
     with pytest.raises(ScenarioError, match="training.precision.*TPU v2 does not have"):
         build_plan(parse_scenario(with_("training.precision", "int8")))
-    ok = with_("training.precision", "int8")
-    ok["pod"] = {"chip": "v4", "chips": 4}
-    assert build_plan(parse_scenario(ok)).memory["workspace"] == 5 * build_plan(
-        parse_scenario(ok)).num_params
+    # without fsdp the workspace is the MXU's copy of two layers (the one computing and
+    # the next) of the largest (dense1: 64 x 16 + 16): 1 byte in int8, 2 in bf16, none
+    # in fp32, which reads the float32 master weights
+    largest = 64 * 16 + 16
+    for precision, per_param in (("int8", 2 * 1), ("bf16", 2 * 2), ("fp32", 0)):
+        ok = with_("training.precision", precision)
+        ok["pod"] = {"chip": "v4", "chips": 4}
+        assert build_plan(parse_scenario(ok)).memory["workspace"] == per_param * largest
 
 
 def test_quickstart_is_a_v2_8_on_a_2x2_torus():
@@ -147,10 +154,14 @@ def test_yaml_is_loaded_safely(tmp_path):
         load_scenario(path)
 
 
-def test_global_batch_must_divide_over_tensorcores():
-    with pytest.raises(ShardingError, match="global batch 100 is not divisible by 8 TensorCores"):
+def test_global_batch_must_divide_over_the_devices():
+    """A v2-8 is 8 devices (one per TensorCore): {data: 8}."""
+    with pytest.raises(ShardingError) as err:
         build_plan(parse_scenario(with_("training.global_batch", 100)))
-    assert shard_batch_size(256, 8) == 32
+    assert str(err.value) == ("training.global_batch: global batch 100 does not split over "
+                              "data x fsdp = 8 devices of pod.mesh {data: 8}; use a multiple of 8 "
+                              "such as 96 or 104")
+    assert build_plan(parse_scenario(with_("training.global_batch", 256))).per_device_batch == 32
 
 
 def test_model_too_big_for_hbm_names_what_did_not_fit():
@@ -159,8 +170,10 @@ def test_model_too_big_for_hbm_names_what_did_not_fit():
     with pytest.raises(HBMOutOfMemoryError) as info:
         build_plan(parse_scenario(data))
     message = str(info.value)
-    assert "GiB" in message and "free" in message
-    assert any(tag in message for tag in ("params", "grads", "optimizer_state", "activations"))
+    assert "\n" not in message and message.startswith("model.options: mlp with ")
+    for item in ("params", "grads", "optimizer state", "activations", "workspace"):
+        assert f"{item} " in message and " GiB" in message, item
+    assert "does not fit 8 GiB" in message
 
 
 @pytest.mark.parametrize("name, chips", [("v2-8", 4), ("v3-32", 16), ("v4-32", 16),

@@ -109,6 +109,30 @@ def test_a_megacore_device_has_the_chips_peak():
     assert device_chip_spec(V4).tensorcores == 1 and device_chip_spec(V5E) is V5E
 
 
+@pytest.mark.parametrize("chip", [V4, V5P], ids=["v4", "v5p"])
+def test_a_megacore_device_is_both_tensorcores(chip):
+    """[JAX] megacore: one device with both cores' MXUs, VPU, VMEM, HBM and bandwidth
+    (issue 22's surviving mutant gave it one core's VPU: a vector op then took twice
+    as long). A VPU-bound op on the device takes half a core's time."""
+    from chip import TensorCore
+
+    core, device = chip.core, device_chip_spec(chip).core
+    n = chip.tensorcores
+    assert n == 2
+    assert device.mxus_per_core == n * core.mxus_per_core
+    assert device.vpu_sublanes == n * core.vpu_sublanes
+    assert device.vmem_bytes == n * core.vmem_bytes
+    assert device.hbm_bytes == n * core.hbm_bytes
+    assert device.hbm_bandwidth_bytes_per_s == n * core.hbm_bandwidth_bytes_per_s
+    x = np.ones((1024, 1024), np.float32)
+    one, both = TensorCore(core), TensorCore(device)
+    for c in (one, both):
+        c.vector("add", np.add, x, x)
+    (a,), (b,) = one.take_records(), both.take_records()
+    assert (a.unit, b.unit) == ("vpu", "vpu")
+    assert b.seconds == pytest.approx(a.seconds / n, rel=1e-9)
+
+
 def test_a_v2_v3_device_is_one_tensorcore():
     """[JAX]: each TensorCore of a v2 / v3 chip is a device: half the chip's peak, HBM
     and HBM bandwidth; a copy between the two runs at one core's HBM bandwidth."""
@@ -299,3 +323,82 @@ def test_the_t1_tensor_allreduce_on_the_calibrated_link():
                                                                     2 * T1_ACTIVATION_BYTES)
     loss = link.achieved_bandwidth_bytes_per_s(2) / link.achieved_bandwidth_bytes_per_s(1)
     assert ring / xla == pytest.approx(4 * loss, rel=0.01)
+
+
+# ---------------------------------------------------------------- a data axis over the whole pod
+
+
+def _ring_allreduce_seconds(n, nbytes, link):
+    """[SB]'s textbook ring allreduce: 2 (n - 1) phases, each moving a 1/n chunk over
+    one link and paying one hop."""
+    return 2 * (n - 1) * (nbytes / n / link.bandwidth_bytes_per_s + link.latency_s)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "bidirectional_ring", "torus"])
+def test_an_allreduce_over_the_whole_torus_costs_the_plans_algorithm(algorithm):
+    """{data: 8} on a 2x4 torus: one group of every device; its allreduce is costed by the
+    plan's whole-torus algorithm (``collective_cost``), not the group model; its other
+    ops, and axes that do not span the pod, keep the group model."""
+    from interconnect import collective_cost
+
+    torus = Torus((2, 4))
+    link = LinkSpec(1e11, latency_s=1e-6)
+    mesh = layout_mesh({"data": 8}, torus)
+    costs = MeshCollectiveCosts(mesh, link, torus_algorithm=algorithm)
+    want = collective_cost("allreduce", torus, 4096, link, algorithm=algorithm, itemsize=2)
+    assert costs.cost("data", "allreduce", 8192) == want
+    group = MeshCollectiveCosts(mesh, link)
+    assert costs.cost("data", "reduce_scatter", 8192) == group.cost("data", "reduce_scatter", 8192)
+    assert group.torus_algorithm is None
+    if algorithm != "torus":  # XLA's group model of a whole-torus axis is the torus algorithm
+        assert group.cost("data", "allreduce", 8192).seconds != want.seconds
+    part = layout_mesh({"data": 4, "tensor": 2}, torus)
+    assert (MeshCollectiveCosts(part, link, torus_algorithm=algorithm).cost("data", "allreduce",
+                                                                          8192)
+            == MeshCollectiveCosts(part, link).cost("data", "allreduce", 8192))
+
+
+def test_the_whole_torus_ring_is_the_textbook_closed_form():
+    link = LinkSpec(1e11, latency_s=1e-6)
+    mesh = layout_mesh({"data": 4}, Torus((4,)))
+    seconds = MeshCollectiveCosts(mesh, link, torus_algorithm="ring").seconds("data", "allreduce",
+                                                                            8192)
+    assert seconds == pytest.approx(_ring_allreduce_seconds(4, 8192, link), rel=1e-12)
+
+
+def test_on_v2_v3_the_chips_devices_add_on_chip_first():
+    """{data: 8} over 4 v3 chips of two TensorCores: the devices of a chip add their
+    buffers on chip (read two, write one: 3 x bytes at one core's HBM bandwidth), then
+    the 4 chips ring-allreduce one buffer each."""
+    link = LinkSpec(1e11, latency_s=1e-6)
+    mesh = layout_mesh({"data": 8}, Torus((4,)), per_chip=2)
+    assert mesh.size == 8 and mesh.devices_per_chip == 2
+    bandwidth = on_chip_bandwidth(V3)
+    cost = MeshCollectiveCosts(mesh, link, bandwidth, torus_algorithm="ring").cost(
+        "data", "allreduce", 8192)
+    local = 3 * 8192 / bandwidth
+    assert cost.seconds == pytest.approx(local + _ring_allreduce_seconds(4, 8192, link), rel=1e-12)
+    assert cost.phase_seconds[0] == pytest.approx(local) and len(cost.phase_seconds) == 1 + 6
+
+
+def test_a_plan_allreduces_a_data_axis_over_the_pod_with_its_chosen_algorithm():
+    """The plan passes pod.allreduce (or auto's choice) as the whole-torus algorithm of a
+    {data: N} mesh, and none to a sharded mesh (no axis spans the pod)."""
+    from pod.config.plan import build_plan
+    from pod.config.scenario import parse_scenario
+
+    def plan(mesh=None, allreduce="auto"):
+        pod = {"slice": "v5e-8", "allreduce": allreduce, **({"mesh": mesh} if mesh else {})}
+        return build_plan(parse_scenario({
+            "name": "a", "pod": pod, "model": {"name": "transformer", "options": {
+                "embed_dim": 16, "heads": 2, "head_dim": 8, "mlp_dim": 32, "layers": 1}},
+            "data": {"name": "text", "options": {"sequence_length": 16}},
+            "training": {"global_batch": 16, "steps": 1}}))
+
+    ring = plan(allreduce="ring")
+    assert ring.ici.algorithm == ring.collective_costs.torus_algorithm == "ring"
+    assert ring.ici.cost is not None
+    auto = plan()
+    assert auto.collective_costs.torus_algorithm == auto.ici.algorithm
+    sharded = plan({"data": 2, "fsdp": 2, "tensor": 2})
+    assert sharded.collective_costs.torus_algorithm is None and sharded.ici.costs == ()

@@ -84,7 +84,7 @@ def test_dashboard_json_is_what_the_generator_writes():
 
 def test_info_metric_names_the_generation_and_chip_is_always_a_rank():
     metrics = PodMetrics(scenario="s", generation="v4", slice_name="v4-8", topology="2x2x1",
-                         chips=1, cores=1)
+                         chips=1, devices_per_chip=1)
     text = generate_latest(metrics.registry).decode()
     (info,) = [s for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == "tpu_pod_info"]

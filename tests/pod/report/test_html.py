@@ -1,6 +1,7 @@
-"""report.html and layers.csv: written by a real run (`tpu-pod run --report`), opened in a
-real headless browser (Debian's chromium): the page loads, renders (a screenshot with
-ink and colour in it) and says what summary.json and layers.csv say."""
+"""report.html and layers.csv: written by a real run (`tpu-pod run --report --in-process`,
+no Ray), read back, and opened in a real headless browser (Debian's chromium) where
+one is installed: the page loads, renders (a screenshot with ink and colour in it) and
+says what summary.json and layers.csv say."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.pod.commands.test_cli import tpu_pod
-
+ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -29,10 +30,12 @@ def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def run_dir(ray_cluster, tmp_path_factory):
+def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    result = tpu_pod("run", "scenarios/quickstart.yaml", "--steps", "6", "--metrics-port", "0",
-                     "--output-dir", str(out), "--report", env={"RAY_ADDRESS": ray_cluster})
+    result = subprocess.run([sys.executable, "-m", "pod", "run", "scenarios/quickstart.yaml",
+                             "--steps", "6", "--metrics-port", "0", "--output-dir", str(out),
+                             "--report", "--in-process"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "report.html" in result.stdout and "layers.csv" in result.stdout
     return out
@@ -54,6 +57,21 @@ def test_layers_csv_matches_the_model_and_the_cost_records(run_dir):
         assert int(r["hbm_bytes"]) >= 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert sum(int(r["parameters"]) for r in rows) == summary["parameters"]
+
+
+def test_report_html_says_what_summary_json_says(run_dir):
+    """The page's text (no browser): title, the summary's figures, the HBM plan per
+    device with the plan's items, the model's layers."""
+    page = (run_dir / "report.html").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "<title>quickstart - tpu-pod run report</title>" in page
+    assert f"{summary['simulated_examples_per_second']:,.0f}" in page
+    assert f"{summary['test_accuracy']:.4f}" in page and "<svg" in page
+    assert "HBM plan per device" in page and "conv1 (conv2d)" in page
+    assert (f"global batch {summary['global_batch']:,} = {summary['per_device_batch']:,}\n"
+            "per device of the mesh {data: 8}") in page
+    for item in ("params", "grads", "optimizer_state", "activations", "workspace", "total"):
+        assert f"<td>{item}</td>" in page, item
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
@@ -79,4 +97,4 @@ def test_report_html_renders_in_headless_chromium(run_dir, tmp_path):
     assert "<title>quickstart - tpu-pod run report</title>" in dom
     assert f"{summary['simulated_examples_per_second']:,.0f}" in dom
     assert f"{summary['test_accuracy']:.4f}" in dom and "<svg" in dom
-    assert "HBM plan per TensorCore" in dom and "conv1 (conv2d)" in dom
+    assert "HBM plan per device" in dom and "conv1 (conv2d)" in dom

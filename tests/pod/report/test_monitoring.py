@@ -1,4 +1,5 @@
-"""Monitoring: metric names, the monitoring/ files, traces, and a real Prometheus."""
+"""Monitoring: metric names, the monitoring/ files, epoch lines, and a real Prometheus
+(every run in this process: ``--in-process`` / ``backend="local"``, no Ray)."""
 
 from __future__ import annotations
 
@@ -30,22 +31,38 @@ METRIC_RE = re.compile(r"\btpu_pod_[a-z0-9_]+")
 
 
 def fake_stats(step=0) -> StepStats:
+    """A v2 step: devices 0 and 1 are chip 0's two TensorCores."""
     return StepStats(step=step, loss=1.5, global_batch=64, infeed_seconds=1e-6,
-                     compute_seconds=4e-5, local_reduce_seconds=1e-6, ici_seconds=1e-5,
+                     compute_seconds=4e-5, collective_seconds=1.1e-5,
                      update_seconds=5e-6, model_flops=10**9, peak_flops_per_s=1.8e14,
-                     wall_seconds=0.05, hbm_used_bytes={(0, 0): 100, (0, 1): 100},
-                     hbm_peak_bytes={(0, 0): 200, (0, 1): 200}, hbm_capacity_bytes=8 * 2**30,
-                     ici_link_bytes={"0->1": 1000}, core_mxu_flops={(0, 0): 5 * 10**8},
-                     core_peak_flops_per_s=2.3e13, ici_link_bandwidth_bytes_per_s=6.2e10)
+                     wall_seconds=0.05, tokens_per_example=16,
+                     exposed_collective_seconds=4e-6, exposed_infeed_seconds=0.0,
+                     hbm_used_bytes={0: 100, 1: 150}, hbm_peak_bytes={0: 200, 1: 250},
+                     hbm_capacity_bytes=8 * 2**30, ici_link_bytes={"0->1": 1000},
+                     device_mxu_flops={0: 5 * 10**8, 1: 4 * 10**8},
+                     device_peak_flops_per_s=2.3e13, ici_link_bandwidth_bytes_per_s=6.2e10,
+                     chip_compute_seconds={0: 4e-5},
+                     axis_collective_bytes={"data": 4000, "fsdp": 800},
+                     axis_collective_seconds={"data": 1e-5, "fsdp": 1e-6},
+                     axis_exposed_seconds={"data": 3e-6, "fsdp": 1e-6})
+
+
+def _metrics() -> PodMetrics:
+    return PodMetrics(scenario="s", generation="v2", slice_name="v2-8", topology="2x2",
+                      links=["0->1", "1->0"], chips=1, devices_per_chip=2)
+
+
+def _samples(metrics: PodMetrics) -> dict[tuple[str, tuple], float]:
+    text = generate_latest(metrics.registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def exported_samples() -> set[str]:
-    metrics = PodMetrics(scenario="s", generation="v2", slice_name="v2-8", topology="2x2",
-                         links=["0->1", "1->0"], chips=1, cores=2)
+    metrics = _metrics()
     metrics.observe(fake_stats())
     metrics.set_accuracy(0.5)
-    text = generate_latest(metrics.registry).decode()
-    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {name for name, _ in _samples(metrics)}
 
 
 def test_metric_names_follow_prometheus_conventions():
@@ -55,11 +72,11 @@ def test_metric_names_follow_prometheus_conventions():
     for name in METRIC_NAMES:
         assert name in samples or f"{name}_bucket" in samples, name
     counters = {"tpu_pod_steps_total", "tpu_pod_examples_total",
-                "tpu_pod_ici_transferred_bytes_total"}
+                "tpu_pod_ici_transferred_bytes_total", "tpu_pod_collective_seconds_total",
+                "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total"}
     assert counters <= samples
     # every documented name is exported and every exported family is documented
-    assert families - {"tpu_pod_steps", "tpu_pod_examples", "tpu_pod_ici_transferred_bytes"} \
-        <= set(METRIC_NAMES) | counters
+    assert families - {c.removesuffix("_total") for c in counters} <= set(METRIC_NAMES) | counters
     readme = (ROOT / "README.md").read_text()
     for name in METRIC_NAMES:
         assert f"`{name}`" in readme, f"{name} missing from the README's metric table"
@@ -68,8 +85,47 @@ def test_metric_names_follow_prometheus_conventions():
 def test_utilisation_metrics_follow_their_formulas():
     stats = fake_stats()
     step = stats.step_seconds
-    assert stats.mxu_utilization()[(0, 0)] == pytest.approx(5e8 / (2.3e13 * step))
+    assert step == pytest.approx(4e-5 + 4e-6 + 5e-6)           # infeed and 7 us of ICI hidden
+    assert stats.mxu_utilization() == {0: pytest.approx(5e8 / (2.3e13 * step)),
+                                       1: pytest.approx(4e8 / (2.3e13 * step))}
     assert stats.ici_link_utilization()["0->1"] == pytest.approx(1000 / (6.2e10 * step))
+    assert stats.overlap_fraction == pytest.approx(1 - 4 / 11)
+    assert stats.tokens_per_second == pytest.approx(16 * 64 / step)
+
+
+def test_every_device_and_mesh_axis_is_exported_under_its_labels():
+    """A device id becomes (chip, core): v2 device 1 is chip 0's core 1; the per-axis
+    counters add up over steps; the step's parts and the overlap follow the stats."""
+    metrics = _metrics()
+    stats = fake_stats()
+    metrics.observe(stats)
+    metrics.observe(fake_stats(1))
+    got = _samples(metrics)
+    for device, used, peak in ((0, 100, 200), (1, 150, 250)):
+        labels = (("chip", "0"), ("core", str(device)))
+        assert got[("tpu_pod_hbm_used_bytes", labels)] == used
+        assert got[("tpu_pod_hbm_peak_bytes", labels)] == peak
+        assert got[("tpu_pod_mxu_utilization_ratio", labels)] == pytest.approx(
+            stats.mxu_utilization()[device])
+    for axis in ("data", "fsdp"):
+        labels = (("axis", axis),)
+        assert got[("tpu_pod_collective_seconds_total", labels)] == pytest.approx(
+            2 * stats.axis_collective_seconds[axis])
+        assert got[("tpu_pod_collective_exposed_seconds_total", labels)] == pytest.approx(
+            2 * stats.axis_exposed_seconds[axis])
+        assert got[("tpu_pod_collective_bytes_total", labels)] == 2 * stats.axis_collective_bytes[
+            axis]
+    assert ("tpu_pod_collective_seconds_total", (("axis", "tensor"),)) not in got
+    assert got[("tpu_pod_collective_overlap_ratio", ())] == pytest.approx(1 - 4 / 11)
+    assert got[("tpu_pod_simulated_tokens_per_second", ())] == pytest.approx(
+        stats.tokens_per_second)
+    parts = {dict(labels)["part"]: v for (name, labels), v in got.items()
+             if name == "tpu_pod_simulated_step_part_seconds"}
+    assert parts == pytest.approx({"infeed": 1e-6, "compute": 4e-5, "collective": 1.1e-5,
+                                   "exposed_infeed": 0.0, "exposed_collective": 4e-6,
+                                   "dispatch": 0.0, "update": 5e-6})
+    assert got[("tpu_pod_simulated_collective_seconds_sum", ())] == pytest.approx(2 * 1.1e-5)
+    assert got[("tpu_pod_simulated_chip_compute_seconds", (("chip", "0"),))] == 4e-5
 
 
 def test_port_in_use_is_one_clear_error():
@@ -89,8 +145,8 @@ def test_port_in_use_through_the_cli(tmp_path):
         port = s.getsockname()[1]
         out = subprocess.run([sys.executable, "-m", "pod", "run", "scenarios/quickstart.yaml",
                               "--steps", "1", "--metrics-port", str(port), "--output-dir",
-                              str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
+                              str(tmp_path), "--in-process"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "already in use" in out.stderr
@@ -118,8 +174,16 @@ def test_grafana_dashboard_is_valid_and_queries_exported_metrics():
     # the dashboard shows what the issue asks for
     for needed in ("tpu_pod_simulated_examples_per_second", "tpu_pod_mfu_ratio",
                    "tpu_pod_simulated_step_part_seconds", "tpu_pod_hbm_used_bytes",
-                   "tpu_pod_ici_transferred_bytes_total"):
+                   "tpu_pod_ici_transferred_bytes_total",
+                   "tpu_pod_simulated_collective_seconds_bucket", "tpu_pod_collective_seconds_total", "tpu_pod_collective_exposed_seconds_total",
+                   "tpu_pod_collective_overlap_ratio"):
         assert needed in used, needed
+    # the files under monitoring/ name only metrics that exist (none of the old names)
+    for path in MONITORING.rglob("*"):
+        if path.suffix in (".yml", ".yaml", ".json", ".py"):
+            for name in METRIC_RE.findall(path.read_text()):
+                base = re.sub(r"_(sum|count|bucket)$", "", name)
+                assert base in set(METRIC_NAMES) | {"tpu_pod_"}, f"{path.name}: {name}"
 
 
 promtool = shutil.which("promtool")
@@ -135,71 +199,6 @@ def test_prometheus_config_and_alert_rules_check_and_pass_their_unit_tests():
     rules = (MONITORING / "alerts.yml").read_text()
     for name in METRIC_RE.findall(rules):
         assert re.sub(r"_(sum|count|bucket)$", "", name) in set(METRIC_NAMES), name
-
-
-@pytest.mark.usefixtures("ray_cluster")
-def test_trace_is_well_formed_and_adds_up_to_the_step_time(tmp_path):
-    from rich.console import Console
-
-    from pod.config.plan import build_plan
-    from pod.commands.train import run_training
-    from tests.pod.runtime.test_pod import mlp_scenario
-
-    plan = build_plan(mlp_scenario(steps=3))
-    trace_path = tmp_path / "trace.json"
-    run_training(plan, output_dir=tmp_path, metrics_port=0, trace_path=trace_path,
-                 trace_steps=[1, 2], console=Console(file=open(tmp_path / "log", "w")))
-    doc = json.loads(trace_path.read_text())
-    events = doc["traceEvents"]
-    complete = [e for e in events if e["ph"] == "X"]
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-             if e["ph"] == "M" and e["name"] == "thread_name"}
-    for e in complete:
-        assert e["dur"] >= 0 and e["ts"] >= 0 and (e["pid"], e["tid"]) in names
-    lanes = set(names.values())
-    assert {"core 0 MXU", "core 1 vector unit", "link 0->1", "allreduce phases"} <= lanes
-    # the scalar unit issues every op: its lane holds one event per MXU / vector op
-    busy = {names[(e["pid"], e["tid"])] for e in complete}
-    assert {"core 0 scalar unit", "core 1 scalar unit"} <= busy
-    issued = [e for e in complete if names[(e["pid"], e["tid"])].endswith("scalar unit")]
-    ops = [e for e in complete if names[(e["pid"], e["tid"])].endswith(("MXU", "vector unit"))]
-    assert len(issued) == len(ops)
-    rows = (tmp_path / "steps.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    steps = [dict(zip(header, r.split(","))) for r in rows[1:]]
-    start = float(steps[0]["simulated_step_seconds"]) * 1e6  # step 2 starts after step 1
-    for k in (1, 2):
-        row = steps[k]
-        step_us = float(row["simulated_step_seconds"]) * 1e6
-        mine = [e for e in complete if start - 1e-6 <= e["ts"] < start + step_us - 1e-9]
-        end = max(e["ts"] + e["dur"] for e in mine)
-        assert end - start == pytest.approx(step_us, rel=1e-9)
-        # the critical path: infeed + slowest core's ops + reduce + ICI phases + update
-        by_core: dict = {}
-        for e in mine:
-            if e["cat"] in ("compute", "update"):
-                core = (e["pid"], names[(e["pid"], e["tid"])].split()[1])
-                by_core.setdefault((e["cat"], core), 0.0)
-                by_core[(e["cat"], core)] += e["dur"]
-        compute = max(v for (cat, _), v in by_core.items() if cat == "compute")
-        update = max(v for (cat, _), v in by_core.items() if cat == "update")
-        phases = sum(e["dur"] for e in mine if names[(e["pid"], e["tid"])] == "allreduce phases")
-        # the infeed ends where compute starts; only its exposed part is in the step
-        infeed = float(row["exposed_infeed_seconds"]) * 1e6
-        compute_start = start + infeed + float(row["dispatch_seconds"]) * 1e6
-        feeds = [e for e in complete if e["cat"] == "infeed"
-                 and e["ts"] + e["dur"] == pytest.approx(compute_start, rel=1e-12)]
-        assert feeds and all(e["dur"] <= float(row["infeed_seconds"]) * 1e6 * (1 + 1e-9)
-                             for e in feeds)
-        per_chip: dict = {}
-        for e in mine:
-            if e["cat"] == "local_reduce":  # scalar issue + vector add, per chip
-                per_chip[e["pid"]] = per_chip.get(e["pid"], 0.0) + e["dur"]
-        reduce_ = max(per_chip.values())
-        assert compute == pytest.approx(float(row["compute_seconds"]) * 1e6, rel=1e-9)
-        assert phases == pytest.approx(float(row["ici_seconds"]) * 1e6, rel=1e-9)
-        assert infeed + compute + reduce_ + phases + update == pytest.approx(step_us, rel=1e-9)
-        start += step_us
 
 
 prometheus = shutil.which("prometheus")
@@ -241,8 +240,7 @@ def _stop_monitor(proc: subprocess.Popen) -> tuple[int, str]:
 
 @pytest.mark.skipif(prometheus is None, reason="prometheus not installed (Debian package "
                     "'prometheus'; .ci/run installs it)")
-def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer(tmp_path,
-                                                                                 ray_cluster):
+def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer(tmp_path):
     exporter, server = _free_port(), _free_port()
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(
@@ -265,9 +263,9 @@ def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer
         # (once the target goes away, Prometheus marks its series stale)
         run = subprocess.Popen(
             [sys.executable, "-m", "pod", "run", str(scenario), "--metrics-port", str(exporter),
-             "--output-dir", str(tmp_path / "out"), "--log-every", "0", "--hold-seconds", "30"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "RAY_ADDRESS": ray_cluster})
+             "--output-dir", str(tmp_path / "out"), "--log-every", "0", "--hold-seconds", "30",
+             "--in-process"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for line in run.stdout:
             if line.startswith("Holding the metrics endpoint"):
                 break
@@ -415,7 +413,6 @@ def _check_keras_habits(out, log: str) -> None:
             assert "test_loss" not in e and "test_accuracy" not in e
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_keras_habits_epoch_mean_loss_eval_every_steps_and_steps_csv(tmp_path):
     import io
 
@@ -428,14 +425,14 @@ def test_keras_habits_epoch_mean_loss_eval_every_steps_and_steps_csv(tmp_path):
     assert plan.steps_per_epoch == 2
     log = io.StringIO()
     summary = run_training(plan, output_dir=tmp_path, metrics_port=0, log_every=0,
-                           console=Console(file=log, force_terminal=True, width=200))
+                           console=Console(file=log, force_terminal=True, width=200),
+                           backend="local")
     text = log.getvalue()
     _check_keras_habits(tmp_path, text)
     assert f"test_accuracy: {summary['test_accuracy']:.4f}" in text
     assert "ETA" in text and "training" in text  # the progress bar, drawn on a terminal
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_epoch_lines_after_a_resume_or_a_recovery_do_not_merge_two_epochs(tmp_path):
     """The checkpoint after step 4 closes epoch 2; the run resumed from it (or restored
     to it after chip 1 dies in step 5) prints epoch 3 as its one step."""
@@ -450,7 +447,7 @@ def test_epoch_lines_after_a_resume_or_a_recovery_do_not_merge_two_epochs(tmp_pa
         log = io.StringIO()
         run_training(build_plan(_epoch_scenario(steps, checkpoint={"every_steps": 2})),
                      output_dir=out, metrics_port=0, log_every=0,
-                     console=Console(file=log, width=200), **kw)
+                     console=Console(file=log, width=200), backend="local", **kw)
         return log.getvalue()
 
     first = run(tmp_path / "resumed", 4)
@@ -460,7 +457,7 @@ def test_epoch_lines_after_a_resume_or_a_recovery_do_not_merge_two_epochs(tmp_pa
     sc = _epoch_scenario(5, checkpoint={"every_steps": 2},
                          faults=[{"kind": "kill_chip", "chip": 1, "step": 5}])
     summary = run_training(build_plan(sc), output_dir=tmp_path / "recovered", metrics_port=0,
-                           log_every=0, console=Console(file=log, width=200))
+                           log_every=0, console=Console(file=log, width=200), backend="local")
     assert summary["faults"][0]["restored_from_step"] == 4
     _check_keras_habits(tmp_path / "recovered", log.getvalue())
 
@@ -470,8 +467,7 @@ def test_a_link_that_stops_carrying_traffic_reads_zero_utilization():
     must fall to 0, not keep the last step's value."""
     import dataclasses
 
-    metrics = PodMetrics(scenario="s", generation="v2", slice_name="v2-8", topology="2x2",
-                         links=["0->1", "1->0"], chips=1, cores=2)
+    metrics = _metrics()
 
     def utilization() -> dict[str, float]:
         text = generate_latest(metrics.registry).decode()

@@ -1,40 +1,20 @@
 """The overlapped step (issue: "a step is the critical path"): gradient buckets
 reduced as the backward pass produces them, infeed behind the previous step,
-host dispatch; checked against closed forms."""
+host dispatch; checked against closed forms, through the one clock of a
+timing-only data-parallel step."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from pod.config.ici import combine_buckets
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
-from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, overlapped_end
+from pod.programs import combine_buckets
+from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats
+from pod.runtime.base import plan_program
 from pod.runtime.timing import TimingPod
-
-times = st.lists(st.floats(0, 1e-3, allow_nan=False), min_size=1, max_size=12)
-
-
-def test_overlapped_end_closed_forms():
-    assert overlapped_end([], []) == 0.0
-    # everything ready at once: the collectives run back to back
-    assert overlapped_end([0, 0, 0], [1, 2, 3]) == 6
-    # ready long after the one before is done: the last one's ready time plus its cost
-    assert overlapped_end([0, 10, 20], [1, 1, 1]) == 21
-    # a collective waits for the one before it
-    assert overlapped_end([0, 1], [5, 1]) == 6
-
-
-@given(times, times)
-@settings(max_examples=200, deadline=None)
-def test_overlapped_end_lies_between_its_bounds(ready, cost):
-    n = min(len(ready), len(cost))
-    ready, cost = sorted(ready[:n]), cost[:n]
-    end = overlapped_end(ready, cost)
-    assert end >= max(sum(cost), ready[-1] + cost[-1]) - 1e-15
-    assert end <= ready[-1] + sum(cost) + 1e-15
 
 
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=20), st.integers(1, 2000))
@@ -52,7 +32,7 @@ def test_combine_buckets_keeps_order_and_bounds(sizes, cap):
 
 def _stats(**parts) -> StepStats:
     base = dict(step=1, loss=1.0, global_batch=8, infeed_seconds=2e-6, compute_seconds=10e-6,
-                local_reduce_seconds=1e-6, ici_seconds=4e-6, update_seconds=3e-6, model_flops=0,
+                collective_seconds=5e-6, update_seconds=3e-6, model_flops=0,
                 peak_flops_per_s=1e12, wall_seconds=0.0)
     return StepStats(**{**base, **parts})
 
@@ -61,7 +41,7 @@ def test_without_overlap_the_step_is_the_sum():
     s = _stats()
     assert s.step_seconds == pytest.approx(2e-6 + 10e-6 + 5e-6 + 3e-6) == s.serial_step_seconds
     assert s.overlap_fraction == 0.0
-    hidden = _stats(exposed_allreduce_seconds=1e-6, exposed_infeed_seconds=0.0,
+    hidden = _stats(exposed_collective_seconds=1e-6, exposed_infeed_seconds=0.0,
                     dispatch_seconds=HOST_DISPATCH_SECONDS)
     assert hidden.step_seconds == pytest.approx(HOST_DISPATCH_SECONDS + 10e-6 + 1e-6 + 3e-6)
     assert hidden.serial_step_seconds == pytest.approx(HOST_DISPATCH_SECONDS + 20e-6)
@@ -78,28 +58,43 @@ def _plan(overlap: bool, bucket_bytes: int = 32 << 20, dispatch: str = "device_l
         timing_only=True)
 
 
+def _layers(plan):
+    return [layers for layers, _ in plan_program(plan).buckets]
+
+
 def test_one_bucket_is_the_serial_allreduce_and_buckets_hide_communication():
-    serial = TimingPod(_plan(False)).step(1)
-    one = TimingPod(_plan(True)).step(1)
-    assert len(_plan(True).ici.buckets) == 1
+    serial_plan, one_plan = _plan(False), _plan(True)
+    assert serial_plan.bucket_elements is None and one_plan.bucket_elements == (32 << 20) // 4
+    # without overlap: one bucket of every layer; 1.3M parameters fit one 32 MiB bucket too
+    assert _layers(serial_plan) == _layers(one_plan) == [("dense3", "dense2", "dense1")]
+    serial, one = TimingPod(serial_plan).step(1), TimingPod(one_plan).step(1)
+    (span,) = one.collective_spans
+    assert (span.axis, span.op, span.kind) == ("data", "allreduce", "grad_reduce")
+    assert span.nbytes == 4 * one_plan.num_params
     # one bucket is ready only when the backward pass ends: nothing of it is hidden
-    assert one.exposed_allreduce_seconds == pytest.approx(serial.allreduce_seconds)
+    assert span.start == pytest.approx(one.compute_seconds)
+    assert one.exposed_collective_seconds == pytest.approx(serial.collective_seconds)
+    assert one.axis_exposed_seconds == pytest.approx({"data": serial.collective_seconds})
     assert one.compute_seconds == serial.compute_seconds
     # infeed is double-buffered: hidden behind the previous step's work
     assert serial.exposed_infeed_seconds == serial.infeed_seconds > 0
     assert one.exposed_infeed_seconds == max(
-        0.0, one.infeed_seconds - (one.compute_seconds + one.exposed_allreduce_seconds
+        0.0, one.infeed_seconds - (one.compute_seconds + one.exposed_collective_seconds
                                    + one.update_seconds))
+    assert serial.step_seconds == pytest.approx(serial.serial_step_seconds)
+
     plan = _plan(True, bucket_bytes=2 << 20)
     layered = TimingPod(plan).step(1)
-    assert [names for names, _ in plan.ici.buckets] == [("dense3",), ("dense2",), ("dense1",)]
-    # each bucket starts when its layer's gradients are ready: the first ones run while
-    # the backward pass goes on, so the exposed part is less than the whole
-    first = layered.allreduce_buckets[0]
-    assert first[1] < layered.compute_seconds
-    assert layered.exposed_allreduce_seconds < layered.allreduce_seconds
-    assert layered.exposed_allreduce_seconds == pytest.approx(
-        max(0.0, layered.allreduce_buckets[-1][2] - layered.compute_seconds))
+    assert _layers(plan) == [("dense3",), ("dense2",), ("dense1",)]
+    spans = layered.collective_spans
+    assert [s.tag for s in spans] == ["dense3 grads", "dense2 grads", "dense1 grads"]
+    assert sum(s.nbytes for s in spans) == 4 * plan.num_params
+    # each bucket starts when its layer's gradients are ready: the first runs while the
+    # backward pass goes on, so the exposed part is less than the whole
+    assert spans[0].start < layered.compute_seconds
+    assert layered.exposed_collective_seconds < layered.collective_seconds
+    assert layered.exposed_collective_seconds == pytest.approx(
+        max(0.0, spans[-1].end - layered.compute_seconds))
     assert 0 < layered.overlap_fraction < 1
 
 

@@ -73,3 +73,35 @@ def test_the_summary_of_a_33b_model_holds_no_parameter_array():
         tracemalloc.stop()
     assert peak < 300 * 2**20, peak
     assert costs["block1"]["flops"] == costs["block60"]["flops"] > 0
+
+
+def test_describe_names_the_mxu_as_the_bound_of_the_blocks_and_of_the_sharded_step():
+    """Issue 22: describe's per-layer table said every LLaMA-33B block is MXU-bound while
+    the sharded step's bound read HBM. Both now come from per-op bounds: the blocks' rows
+    and the timing-only step line (the one clock) name the MXU."""
+    result = CliRunner().invoke(cli, ["describe", str(ROOT / "scenarios/llama-33b-v5p-128.yaml")],
+                                terminal_width=200)
+    assert result.exit_code == 0, result.output
+    blocks = [line for line in result.output.splitlines() if "(transformer_block)" in line]
+    assert len(blocks) == 60 and all("│ MXU " in line for line in blocks)
+    step = result.output[result.output.index("step (simulated, timing-only):"):]
+    assert "bound MXU" in " ".join(step.split())
+
+
+def test_describes_step_line_is_the_timing_pods_step():
+    """The step line of describe: the TimingPod's figures of step 0, every exposed axis."""
+    from pod.config.plan import build_plan
+    from pod.config.scenario import load_scenario
+    from pod.runtime.timing import TimingPod
+
+    path = ROOT / "scenarios/transformer-sharded.yaml"
+    stats = TimingPod(build_plan(load_scenario(path))).step(0)
+    result = CliRunner().invoke(cli, ["describe", str(path)], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    line = " ".join(result.output[result.output.index("step (simulated"):].split())
+    assert line.startswith(f"step (simulated, timing-only): {stats.step_seconds * 1e3:.3f} ms = "
+                           f"compute {stats.compute_seconds * 1e3:.3f} + exposed collectives "
+                           f"{stats.exposed_collective_seconds * 1e3:.3f} (")
+    for axis in ("data", "fsdp", "tensor"):
+        assert f"{axis} {stats.axis_exposed_seconds[axis] * 1e3:.3f} ms" in line
+    assert f"{stats.tokens_per_second:,.0f} tokens/s" in line

@@ -51,18 +51,18 @@ def test_a_thousand_chips_on_this_machines_figures_are_refused():
         admit(plan, available_bytes=23 * GIB, cpus=2)
 
 
-def test_cpus_bound_a_sharded_mesh():
-    """A sharded device actor asks Ray for 0.01 CPU: 201 devices on 2 CPUs would wait
-    for CPUs forever."""
+def test_cpus_bound_the_chip_actors():
+    """A chip actor asks Ray for 0.001 CPU (ACTOR_CPUS): 2,048 chips on 2 CPUs would wait
+    for CPUs forever; 2,000 fit."""
     from types import SimpleNamespace
 
-    plan = SimpleNamespace(mesh=SimpleNamespace(is_data_parallel=False, size=256),
-                           memory={"total": 1 << 20}, pod=SimpleNamespace(chips=256),
+    plan = SimpleNamespace(mesh=SimpleNamespace(devices_per_chip=1, size=2048),
+                           memory={"total": 1 << 20}, pod=SimpleNamespace(chips=2048),
                            scenario=SimpleNamespace(ray=SimpleNamespace(address=None)))
     found = admission(plan, available_bytes=1 << 50, cpus=2)
-    assert found.actors == 256 and found.actors_that_fit == 200 and not found.fits
-    with pytest.raises(ScenarioError, match=r"need 2.56 CPUs of Ray's but this machine has 2; "
-                                            r"at most 200 chips fit"):
+    assert found.actors == 2048 and found.actors_that_fit == 2000 and not found.fits
+    with pytest.raises(ScenarioError, match=r"need 2.048 CPUs of Ray's but this machine has 2; "
+                                            r"at most 2,000 chips fit"):
         admit(plan, available_bytes=1 << 50, cpus=2)
 
 
@@ -76,7 +76,7 @@ def test_a_joined_cluster_is_not_checked_here(monkeypatch):
 def test_a_run_is_refused_before_any_actor_starts_and_changes_no_earlier_result(tmp_path,
                                                                                 monkeypatch):
     from pod.commands.train import Run
-    from pod.runtime.coordinator import Pod
+    from pod.runtime.pod import Pod
     from pod.safe_io import lock_directories
 
     def no_actor(*args, **kwargs):

@@ -1,11 +1,13 @@
-"""Data parallelism per model, checkpoints, and the seed scenarios end to end.
+"""Data parallelism per model, checkpoints, and the seed scenarios end to end, all in
+process (no Ray).
 
-- In process (no Ray): ChipActors with the pure allreduce executor against
-  single-process training on the whole batch, for every model; BatchNorm
-  against a reference computing per-shard statistics.
+- The replicated program (``pod.programs.ReplicatedProgram``) on a ``LocalMesh`` of
+  four replicas against single-process training on the whole batch, for every model;
+  BatchNorm against a reference computing per-shard statistics; a plan's
+  ``{data: 8}`` on a ``LocalPod`` against the same reference on its global batches.
 - Checkpoints: round trip, checksum, atomic write, no pickle.
-- With the shared Ray cluster: each new scenario runs two steps (shrunk by
-  overrides), and ``tpu-pod generate`` samples from the char LSTM's checkpoint.
+- Each seed scenario runs two steps in process (shrunk by overrides), and
+  ``tpu-pod generate`` samples from the char LSTM's checkpoint.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from chip import TensorCore, get_chip_spec
-from interconnect import Torus, execute, ring_allreduce
-from pod.runtime.actor import ChipActor
 from pod.errors import CheckpointError
+from pod.programs import DeviceCoords, LocalMesh, ReplicatedProgram, combine_buckets
 from pod.state.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pod.workloads import build_model, build_optimizer, load_dataset
 
@@ -35,25 +36,29 @@ def one_blas_thread():
         yield
 
 
-def train_data_parallel(model, x_steps, y_steps, *, chips=2, opt=("adam", {"learning_rate": 0.01})):
-    """ChipActors in process (v2: 2 cores per chip), ring allreduce by the
-    pure executor. Returns chip 0 core 0's params and every replica's state."""
-    spec = get_chip_spec("v2")
-    actors = [ChipActor(spec, r, model, opt[0], opt[1], 0, chips * spec.tensorcores,
-                        limit_threads=False) for r in range(chips)]
-    n = model.num_params
-    schedule = ring_allreduce(Torus((chips,)), n)
-    for step, (x, y) in enumerate(zip(x_steps, y_steps)):
-        per_chip = x.shape[0] // chips
-        for r, a in enumerate(actors):
-            a.compute(step, x[r * per_chip:(r + 1) * per_chip], y[r * per_chip:(r + 1) * per_chip], 0)
-        summed = execute(schedule, [a.get_buffer() for a in actors])
-        for a, buf in zip(actors, summed):
-            a.set_buffer(buf)
-            a.apply(step)
-    digests = {d for a in actors for d in a.digests()}
-    assert len(digests) == 1                                             # replicas bit-identical
-    return actors[0].get_params(0), [a.get_model_state(c) for a in actors for c in range(2)]
+def train_data_parallel(model, x_steps, y_steps, *, replicas=4,
+                        opt=("adam", {"learning_rate": 0.01})):
+    """The replicated program on a LocalMesh of ``replicas`` v2 TensorCores, a gradient
+    bucket per layer. Returns replica 0's params and every replica's model state."""
+    program = ReplicatedProgram(model, {"data": replicas}, build_optimizer(opt[0], **opt[1]),
+                                buckets=combine_buckets(model.gradient_buckets(), 1))
+
+    def device(comm):
+        core = TensorCore(get_chip_spec("v2").core, numerics=True)
+        coords = DeviceCoords.of(comm)
+        shard = program.init_local(0, coords)
+        for step, (x, y) in enumerate(zip(x_steps, y_steps)):
+            part = program.batch_slice(x.shape[0], coords)
+            shard = program.train_step(core, comm, shard, x[part], y[part], step + 1).shard
+            core.take_records()
+        return shard
+
+    shards = LocalMesh({"data": replicas}).run(device)
+    for shard in shards[1:]:                                             # replicas bit-identical
+        for tree in ("params", "opt_state"):
+            mine, first = getattr(shard, tree), getattr(shards[0], tree)
+            assert all(np.array_equal(mine[k], first[k]) for k in first), tree
+    return program.assemble(shards), [dict(s.model_state) for s in shards]
 
 
 def train_reference(model, x_steps, y_steps, *, shards=1, opt=("adam", {"learning_rate": 0.01})):
@@ -120,6 +125,33 @@ def test_batchnorm_data_parallel_matches_per_shard_statistics_reference():
     assert max(np.abs(whole[k] - dp[k]).max() for k in dp) > 1e-3
 
 
+def test_a_plans_data_parallel_pod_trains_as_one_process_on_its_global_batches():
+    """A {data: 8} plan on a v2-8 (a device per TensorCore) run by LocalPod: its batches,
+    split and gradient buckets; the parameters after 3 steps are those of one process
+    on the same global batches (the pod's own ``batch``), within float32 reordering."""
+    from pod.config.plan import build_plan
+    from pod.config.scenario import parse_scenario
+    from pod.runtime.local import LocalPod
+
+    plan = build_plan(parse_scenario({
+        "name": "dp", "pod": {"slice": "v2-8"},
+        "model": {"name": "cnn", "options": {"dropout": False}}, "data": {"name": "digits"},
+        "training": {"global_batch": 64, "steps": 3, "overlap_bucket_bytes": 4096,
+                     "optimizer": {"name": "adam", "learning_rate": 0.01}},
+        "metrics": {"port": 0}}))
+    assert plan.mesh.sizes == {"data": 8} and plan.per_device_batch == 8
+    with LocalPod(plan) as pod:
+        assert len(pod.program.buckets) > 1                              # overlapped buckets
+        batches = [pod.batch(step) for step in range(3)]
+        for step in range(3):
+            pod.step(step)
+        assert pod.replicas_identical()
+        got = pod.checkpoint_state()["params"]
+    want, _ = train_reference(plan.model, [x for x, _ in batches], [y for _, y in batches])
+    _close(got, want)
+    assert not np.array_equal(got["conv1/kernel"], plan.model.init_params(0)["conv1/kernel"])
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 def test_checkpoint_round_trip_checksum_and_no_pickle(tmp_path):
@@ -154,7 +186,7 @@ def test_checkpoint_round_trip_checksum_and_no_pickle(tmp_path):
         save_checkpoint(tmp_path / "o.msgpack", Checkpoint(0, {}, {"x": np.array([None])}))
 
 
-# --------------------------------------------------------------------------- scenarios on Ray
+# --------------------------------------------------------------------------- scenarios
 
 SHRINK = {
     "seed-cifar-mlp-v3-8.yaml": {"model__options": {"hidden": [64, 32], "batch_norm": True,
@@ -169,7 +201,7 @@ SHRINK = {
 
 
 @pytest.mark.parametrize("filename", sorted(SHRINK))
-def test_seed_scenarios_run_two_steps(filename, tmp_path, ray_cluster):
+def test_seed_scenarios_run_two_steps(filename, tmp_path):
     from rich.console import Console
 
     from pod.config.plan import build_plan
@@ -183,7 +215,7 @@ def test_seed_scenarios_run_two_steps(filename, tmp_path, ray_cluster):
     log = tmp_path / "log.txt"
     with log.open("w") as f:
         summary = run_training(plan, output_dir=tmp_path, console=Console(file=f, width=150),
-                               log_every=1)
+                               log_every=1, backend="local")
     text = log.read_text()
     assert "Model: " in text and "sim time / step" in text               # the summary table
     assert summary["steps"] == 2 and summary["replicas_identical"] is True
