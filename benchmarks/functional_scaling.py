@@ -27,7 +27,7 @@ import time
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.runtime.cluster import ensure_ray
-from pod.runtime.coordinator import Pod
+from pod.runtime.pod import Pod
 
 
 def scenario(chip: str, chips: int, data: str, per_core_batch: int, steps: int,

@@ -2,7 +2,7 @@
 
 Each point is a full-size scenario (scenarios/llama-33b-v5p-128.yaml,
 llama2-7b-v5e-256.yaml, gpt3-175b-v5p-17920.yaml) on a slice and mesh, costed
-by ``pod.runtime.sharded_timing.ShardedTimingPod`` in a fresh Python process
+by ``pod.runtime.timing.TimingPod`` in a fresh Python process
 (so its peak RSS is its own). Printed per point, wall clock: building the
 plan, the first step (it also costs each distinct collective over every group
 of its mesh axis, cached after), the median of the next steps, and the peak
@@ -50,7 +50,7 @@ def run_point(name: str, steps: int) -> dict:
 
     from pod.config.plan import build_plan
     from pod.config.scenario import load_scenario
-    from pod.runtime.sharded_timing import ShardedTimingPod
+    from pod.runtime.timing import TimingPod
 
     path, overrides = POINTS[name]
     t0 = time.perf_counter()
@@ -59,7 +59,7 @@ def run_point(name: str, steps: int) -> dict:
         scenario = scenario.with_overrides(**overrides)
     plan = build_plan(scenario, timing_only=True, sharded_ok=True)
     plan_wall = time.perf_counter() - t0
-    pod = ShardedTimingPod(plan)
+    pod = TimingPod(plan)
     walls, cpus, stats = [], [], None
     for step in range(steps):
         t, c = time.perf_counter(), time.process_time()
