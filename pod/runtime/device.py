@@ -101,7 +101,8 @@ class Device:
         self.compute_slowdown = 1.0
 
     def set_compute_slowdown(self, factor: float) -> None:
-        """A straggler: its op records take ``factor`` >= 1 times longer.
+        """A straggler: its forward + backward op records take ``factor`` >= 1 times
+        longer (``slow_chip``: the chip's simulated forward + backward seconds x factor).
 
         Raises:
             ValueError: factor < 1 or not finite.
@@ -135,10 +136,12 @@ class Device:
         self.state = result.shard
         records = self.core.take_records()
         f = self.compute_slowdown
-        if f != 1.0:
+        if f != 1.0:  # a straggler's forward + backward (``slow_chip``), not its update
+            cut = len(records) if result.update_start is None else result.update_start
             records = [dataclasses.replace(r, seconds=r.seconds * f,
                                            compute_seconds=r.compute_seconds * f,
-                                           memory_seconds=r.memory_seconds * f) for r in records]
+                                           memory_seconds=r.memory_seconds * f)
+                       for r in records[:cut]] + records[cut:]
         hbm = self.core.hbm
         return DeviceReport(
             device=self.device, loss=float(result.loss),
