@@ -38,12 +38,13 @@ def scenario(steps=6, checkpoint=None, faults=(), name="ckpt-test", **options):
     return parse_scenario(data)
 
 
-def run(tmp, sc, **kw):
+def run(tmp, sc, backend="local", **kw):
+    """``run_training`` of a scenario, in this process unless ``backend="ray"``; (summary, log)."""
     from pod.commands.train import run_training
 
     log = io.StringIO()
     summary = run_training(build_plan(sc), output_dir=tmp, console=Console(file=log, width=200),
-                           log_every=1, **kw)
+                           log_every=1, backend=backend, **kw)
     return summary, log.getvalue()
 
 
