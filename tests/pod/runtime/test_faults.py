@@ -87,17 +87,26 @@ def test_a_killed_chip_is_replaced_and_training_ends_bit_identical(fault_free, t
     _check_recovered(summary, log, tmp_path, fault, recomputed)
 
 
+@pytest.fixture(scope="module")
+def ray_fault_free(ray_cluster, tmp_path_factory):
+    """The fault-free run on Ray chip actors (the reference of the Ray fault tests: a
+    ring of 8 sums in its own order, so not LocalPod's bits)."""
+    out = tmp_path_factory.mktemp("ray-fault-free")
+    summary, _ = run(out, scenario(checkpoint=CKPT), backend="ray")
+    return out, summary
+
+
 @pytest.mark.slow
-def test_a_chip_actor_killed_on_ray_is_replaced_and_training_ends_bit_identical(ray_cluster,
+def test_a_chip_actor_killed_on_ray_is_replaced_and_training_ends_bit_identical(ray_fault_free,
                                                                                 tmp_path):
     """The same on Ray: ``ray.kill`` of chip 2's actor during step 4, a new actor for
     every chip, the step-2 checkpoint restored; the end is the fault-free Ray run's
-    bits (a ring of 8 sums in its own order: compared with a Ray run, not LocalPod's)."""
+    bits."""
+    reference, ref_summary = ray_fault_free
     fault = {"kind": "kill_chip", "chip": 2, "step": 4}
-    _, ref_summary = run(tmp_path / "ref", scenario(checkpoint=CKPT), backend="ray")
     summary, log = run(tmp_path / "killed", scenario(checkpoint=CKPT, faults=[fault]),
                        backend="ray")
-    assert final_params(tmp_path / "killed") == final_params(tmp_path / "ref")
+    assert final_params(tmp_path / "killed") == final_params(reference)
     assert summary["final_loss"] == ref_summary["final_loss"]
     _check_recovered(summary, log, tmp_path / "killed", fault, 1)
     assert summary["faults"][0]["detection_wall_seconds"] > 0
@@ -149,13 +158,13 @@ def _run_with_a_cut_link(tmp_path, checkpoint):
 
 @pytest.mark.slow
 def test_a_link_cut_mid_collective_recovers_bit_identical_and_never_applies_a_partial_sum(
-        ray_cluster, tmp_path):
-    _, ref_summary = run(tmp_path / "ref", scenario(checkpoint=CKPT), backend="ray")
+        ray_fault_free, tmp_path):
+    reference, ref_summary = ray_fault_free
     run_, log = _run_with_a_cut_link(tmp_path / "cut", CKPT)
     summary = run_.run()
     # no chip applied the partial sum: recovery from the step-2 checkpoint redoes step 3
     # and 4, and the result is the fault-free run's, bit for bit
-    assert final_params(tmp_path / "cut") == final_params(tmp_path / "ref")
+    assert final_params(tmp_path / "cut") == final_params(reference)
     assert summary["final_loss"] == ref_summary["final_loss"]
     (event,) = summary["faults"]
     assert event["dead_chips"] == [] and event["recovered"] is True
