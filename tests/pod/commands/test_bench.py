@@ -113,6 +113,7 @@ def test_full_size_seed_scenarios_plan():
     assert add.flops == 8 * 100 * 4096**2
 
 
+@pytest.mark.slow
 def test_seed_matmul_runs_functionally_at_reduced_size_over_chip_actors(ray_cluster, tmp_path):
     from pod.commands.bench import run_benchmark
 
