@@ -14,6 +14,7 @@ from pod.cli import cli, main
 from pod.commands.collective_bench import bus_factor, parse_size, parse_sizes
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_every_allreduce_algorithm_over_actors_equals_the_numpy_sum():
     import ray
@@ -98,6 +99,7 @@ def test_every_collective_over_buffer_actors_in_process_equals_the_pure_executor
                 a.ici_port().close()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_link_cut_mid_collective_fails_the_receiving_chip_and_drops_its_buffer():
     import ray
