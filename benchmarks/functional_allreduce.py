@@ -3,7 +3,8 @@
 Usage: .venv/bin/python benchmarks/functional_allreduce.py [--repeats 5]
     [--algorithms ring,torus]
 
-All variants run over the same 8 ChipActors in one run, alternated, and
+All variants run over the same 8 chip actors (``BufferActor``: a buffer and its
+ICI port) in one run, alternated, and
 the medians are printed (wall time). The emulator's allreduce moves chunks
 chip to chip as the schedule says: one call per chip runs its whole part of
 the schedule and sends its chunks to the receivers over chip-to-chip links
@@ -24,12 +25,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
-from chip import get_chip_spec  # noqa: E402
 from interconnect import Torus, build_collective  # noqa: E402
-from pod.runtime.actor import ChipActor  # noqa: E402
 from pod.runtime.cluster import ensure_ray, shutdown_ray  # noqa: E402
-from pod.runtime.collective import run_schedule  # noqa: E402
-from pod.workloads import build_model  # noqa: E402
+from pod.runtime.collective import BufferActor, run_schedule  # noqa: E402
 
 SIZES = {"64 KiB": 64 << 10, "16 MiB": 16 << 20, "64 MiB": 64 << 20}
 
@@ -52,13 +50,9 @@ def main() -> None:
     parser.add_argument("--topology", default="2x4")
     args = parser.parse_args()
     started = ensure_ray(None)
-    spec = get_chip_spec("v5e")
     torus = Torus(tuple(int(a) for a in args.topology.split("x")), True)
-    model = build_model("mlp", (8, 8, 1), 10, hidden=[8], dropout=False)
-    remote = ray.remote(ChipActor).options(num_cpus=0)
-    actors = [remote.remote(spec, r, model, "sgd", {"learning_rate": 0.1}, 0, 8, numerics=True,
-                            limit_threads=True)
-              for r in range(torus.num_chips)]
+    remote = ray.remote(BufferActor).options(num_cpus=0)
+    actors = [remote.remote(r) for r in range(torus.num_chips)]
     rng = np.random.default_rng(0)
     print(f"{torus.num_chips} chip actors, topology {torus.name}, medians of {args.repeats} (wall); "
           f"loadavg {open('/proc/loadavg').read().strip()}")

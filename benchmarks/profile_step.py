@@ -5,18 +5,19 @@ Usage:
 
 Two views, wall clock and CPU time (never simulated time):
 
-1. **The pod, phase by phase** (a real ``Pod`` on ``scenarios/quickstart.yaml``:
-   4 chip actors, 2 TensorCores each): the normal step (``Pod.step``), then the
-   same work with the driver waiting after each phase: ``compute`` on every
-   chip, the allreduce, ``apply``; the driver's own share (choosing the batch,
-   submitting the calls, ``combine_reports``) is profiled with cProfile.
-2. **One chip in this process** (the very ``ChipActor`` the pod runs, rank 0,
-   its collective skipped), cProfile over ``compute`` + ``apply`` with a CPU-time
-   clock (less sensitive to other jobs on the machine); time per category: MXU products (BLAS), bf16 rounding, op records (the cost model's
-   bookkeeping: records, cycles, totals), the optimizer (apply), and the rest
-   of the layers' numpy and Python. cProfile slows Python-heavy code more
-   than BLAS, so the split is a guide; the plain wall times beside it are not
-   profiled.
+1. **The pod** (a real ``Pod`` on ``scenarios/quickstart.yaml``: 4 chip actors,
+   2 TensorCores each, one call per chip per step): the step's wall time, the
+   CPU of the chip actors and of the driver; the driver's own share (choosing
+   the batch, submitting the calls, ``combine_device_reports``) is profiled
+   with cProfile.
+2. **One device in this process** (the very ``Device`` a chip actor holds,
+   device 0, its collectives skipped: ``ShapeCollectives`` gives zeros of the
+   right shape), cProfile over its ``step`` with a CPU-time clock (less
+   sensitive to other jobs on the machine); time per category: MXU products
+   (BLAS), bf16 rounding, op records (the cost model's bookkeeping: records,
+   cycles, totals), and the rest of the layers' and the optimizer's numpy and
+   Python. cProfile slows Python-heavy code more than BLAS, so the split is a
+   guide; the plain times beside it are not profiled.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ import ray
 
 from pod.config.plan import batch_indices, build_plan
 from pod.config.scenario import load_scenario
-from pod.runtime.actor import ChipActor
+from pod.config.sharding import device_groups
+from pod.programs import ShapeCollectives
+from pod.runtime.base import plan_program
 from pod.runtime.cluster import ensure_ray, shutdown_ray
-from pod.runtime.collective import run_schedule
-from pod.runtime.coordinator import Pod, chip_arguments
+from pod.runtime.device import Device
+from pod.runtime.pod import Pod
 
 QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios",
                           "quickstart.yaml")
@@ -46,7 +49,7 @@ _CUMULATIVE = {
     "bf16 rounding": [("chip/numerics.py", "to_bf16")],
     "op records": [("chip/core.py", "_record"), ("chip/vector.py", "vpu_cycles"),
                    ("chip/core.py", "mxu_cycles"), ("pod/report/stats.py", "of"),
-                   ("pod/runtime/actor.py", "_layer_ends"), ("chip/core.py", "_vpu_record"),
+                   ("chip/core.py", "_vpu_record"),
                    ("chip/core.py", "_cached_record")],
 }
 # category -> functions whose OWN time counts
@@ -65,47 +68,44 @@ def _split(stats: pstats.Stats, total: float) -> dict[str, float]:
 
 
 def profile_chip(plan, steps: int) -> None:
-    args, kwargs = chip_arguments(plan, 0)
-    actor = ChipActor(*args, **kwargs)
-    data, seed, per_chip = plan.dataset, plan.scenario.training.seed, plan.per_chip_batch
+    training = plan.scenario.training
+    groups = device_groups(plan.mesh, 0)
+    device = Device(plan.pod.chip, 0, groups, plan_program(plan), training.seed,
+                    devices_per_chip=plan.mesh.devices_per_chip, precision=training.precision,
+                    mxu_model=plan.scenario.pod.mxu_model,
+                    activation_bytes=int(plan.memory.get("activations", 0)))
+    data, seed, per_device = plan.dataset, training.seed, plan.per_device_batch
+    axes = ("data", "fsdp", "tensor")
+
+    def comm():
+        return ShapeCollectives({a: groups.axis_size(a) for a in axes},
+                                {a: groups.ring_index(a) for a in axes})
 
     def shard(step):
         idx = batch_indices(data.x_train.shape[0], plan.global_batch, step, seed)
-        return data.x_train[idx][:per_chip], data.y_train[idx][:per_chip]
+        return data.x_train[idx][:per_device], data.y_train[idx][:per_device]
 
-    compute_s, apply_s = [], []
+    step_s = []
     for step in range(steps + 2):
         x, y = shard(step)
         t0 = time.process_time()
-        actor.compute(step, x, y, seed)
-        t1 = time.process_time()
-        actor.apply(step)
-        t2 = time.process_time()
+        device.step(comm(), x, y, step, seed)
         if step >= 2:
-            compute_s.append(t1 - t0)
-            apply_s.append(t2 - t1)
-    print(f"\none chip in-process (2 TensorCores, 64 examples), CPU ms, median of {steps}: "
-          f"compute {statistics.median(compute_s) * 1e3:.2f}, apply "
-          f"{statistics.median(apply_s) * 1e3:.2f}")
-    for name, method in (("compute", "compute"), ("apply", "apply")):
-        prof = cProfile.Profile(time.process_time)  # CPU time: less sensitive to other jobs
-        for step in range(steps):
-            x, y = shard(step)
-            if name == "apply":
-                actor.compute(step, x, y, seed)
-                prof.enable()
-                actor.apply(step)
-                prof.disable()
-            else:
-                prof.enable()
-                actor.compute(step, x, y, seed)
-                prof.disable()
-                actor.apply(step)
-        stats = pstats.Stats(prof)
-        total = stats.total_tt
-        print(f"  {name} under cProfile: {total / steps * 1e3:.2f} CPU ms per step")
-        for label, seconds in _split(stats, total).items():
-            print(f"    {label:45s} {seconds / steps * 1e3:7.2f} ms  {seconds / total:6.1%}")
+            step_s.append(time.process_time() - t0)
+    print(f"\none device in-process ({per_device} examples, collectives skipped), CPU ms, "
+          f"median of {steps}: step {statistics.median(step_s) * 1e3:.2f}")
+    prof = cProfile.Profile(time.process_time)  # CPU time: less sensitive to other jobs
+    for step in range(steps):
+        x, y = shard(step)
+        c = comm()
+        prof.enable()
+        device.step(c, x, y, step, seed)
+        prof.disable()
+    stats = pstats.Stats(prof)
+    total = stats.total_tt
+    print(f"  step under cProfile: {total / steps * 1e3:.2f} CPU ms per step")
+    for label, seconds in _split(stats, total).items():
+        print(f"    {label:45s} {seconds / steps * 1e3:7.2f} ms  {seconds / total:6.1%}")
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -143,35 +143,17 @@ def profile_pod(plan, steps: int) -> None:
             prof.disable()
             whole.append(time.perf_counter() - t0)
         driver = pstats.Stats(prof)
-        phases = {"compute": [], "allreduce": [], "apply": []}
-        seed, data = plan.scenario.training.seed, plan.dataset
-        for step in range(2 * steps + 3, 3 * steps + 3):
-            idx = batch_indices(data.x_train.shape[0], plan.global_batch, step, seed)
-            x, y = data.x_train[idx], data.y_train[idx]
-            pc = plan.per_chip_batch
-            t0 = time.perf_counter()
-            ray.get([a.compute.remote(step, x[r * pc:(r + 1) * pc], y[r * pc:(r + 1) * pc], seed)
-                     for r, a in enumerate(pod.actors)])
-            t1 = time.perf_counter()
-            ray.get(run_schedule(pod.actors, pod.schedule, key=pod.ici_key))
-            t2 = time.perf_counter()
-            ray.get([a.apply.remote(step) for a in pod.actors])
-            t3 = time.perf_counter()
-            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
-                phases[k].append(v)
     finally:
         pod.shutdown()
     print(f"pod step under cProfile (Pod.step), wall ms, median of {steps}: "
           f"{statistics.median(whole) * 1e3:.2f}")
-    print("  the same work, the driver waiting after each phase (wall ms, medians): "
-          + ", ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in phases.items()))
     total = driver.total_tt
-    own = {"ray calls (submit, get)": 0.0, "combine_reports (stats)": 0.0, "batch": 0.0}
+    own = {"ray calls (submit, get)": 0.0, "combine_device_reports (stats)": 0.0, "batch": 0.0}
     for (path, _, name), row in driver.stats.items():
         if "/ray/" in path and name in ("remote", "_remote", "get"):
             own["ray calls (submit, get)"] = max(own["ray calls (submit, get)"], row[3])
-        elif name == "combine_reports":
-            own["combine_reports (stats)"] += row[3]
+        elif name == "combine_device_reports":
+            own["combine_device_reports (stats)"] += row[3]
         elif name == "batch_indices":
             own["batch"] += row[3]
     print(f"  driver under cProfile: {total / steps * 1e3:.2f} ms of CPU-profiled time per step "

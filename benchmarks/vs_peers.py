@@ -44,15 +44,12 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo over loopback (pitfall
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
-from chip import get_chip_spec  # noqa: E402
 from interconnect import Torus, build_collective  # noqa: E402
 from pod.config.plan import batch_indices, build_plan  # noqa: E402
 from pod.config.scenario import load_scenario  # noqa: E402
-from pod.runtime.actor import ChipActor  # noqa: E402
 from pod.runtime.cluster import ensure_ray, shutdown_ray  # noqa: E402
-from pod.runtime.collective import run_schedule, split_chunks  # noqa: E402
-from pod.runtime.coordinator import Pod  # noqa: E402
-from pod.workloads import build_model  # noqa: E402
+from pod.runtime.collective import BufferActor, run_schedule, split_chunks  # noqa: E402
+from pod.runtime.pod import Pod  # noqa: E402
 
 QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios",
                           "quickstart.yaml")
@@ -240,14 +237,12 @@ TORUS = Torus((2, 4), True)
 
 
 def allreduce_actors():
-    """8 chip actors (v5e, as benchmarks/functional_allreduce.py) and 8 gloo ranks."""
+    """8 chip actors (``BufferActor``, as benchmarks/functional_allreduce.py) and 8 gloo
+    ranks."""
     from ray.util import collective
 
-    spec = get_chip_spec("v5e")
-    model = build_model("mlp", (8, 8, 1), 10, hidden=[8], dropout=False)
-    remote = ray.remote(ChipActor).options(num_cpus=0)
-    chips = [remote.remote(spec, r, model, "sgd", {"learning_rate": 0.1}, 0, 8)
-             for r in range(TORUS.num_chips)]
+    remote = ray.remote(BufferActor).options(num_cpus=0)
+    chips = [remote.remote(r) for r in range(TORUS.num_chips)]
     gloo = [GlooRank.remote() for _ in range(TORUS.num_chips)]
     group = "vs-peers"
     collective.create_collective_group(gloo, len(gloo), list(range(len(gloo))), backend="gloo",

@@ -1,15 +1,18 @@
-"""Run an ``interconnect.Schedule`` over chip actors, and wait for every chip.
+"""Run an ``interconnect.Schedule`` over actors that hold a buffer, and wait for every one.
 
-The driver makes one call per chip (``ChipActor.run_collective``) carrying
-only that rank's part of the schedule (``rank_plans``: ranks, chunk indices,
-reduce flags) and its receivers' link addresses. Each chip then runs its
-phases by itself: it sends this phase's chunks from its buffer straight to
-the receiving chips over chip-to-chip links (``pod.runtime.ici``), waits for
-the chunks addressed to it and applies them in the schedule's order. Sending
-before applying is exactly "every transfer reads its source as it was at the
-start of the phase", and the receiver computes ``dst = dst + incoming`` in the
-schedule's order, the semantics of ``interconnect.execute``, so the two give
-bit-identical results. Gradient bytes never pass through the driver.
+The transport of the ICI tested and benchmarked on its own, apart from the
+device programs (which run their collectives inside a step:
+``pod.runtime.mesh_collectives``). The driver makes one call per actor
+(``BufferActor.run_collective``) carrying only that rank's part of the
+schedule (``rank_plans``: ranks, chunk indices, reduce flags) and its
+receivers' link addresses. Each actor then runs its phases by itself: it
+sends this phase's chunks from its buffer straight to the receiving actors
+over chip-to-chip links (``pod.runtime.ici``), waits for the chunks addressed
+to it and applies them in the schedule's order. Sending before applying is
+exactly "every transfer reads its source as it was at the start of the
+phase", and the receiver computes ``dst = dst + incoming`` in the schedule's
+order, the semantics of ``interconnect.execute``, so the two give
+bit-identical results. The buffer's bytes never pass through the driver.
 """
 
 from __future__ import annotations
@@ -19,12 +22,11 @@ import secrets
 from collections import defaultdict
 from typing import Any, Sequence
 
-import ray
+import numpy as np
 
 from interconnect import Schedule, Transfer, chunk_bounds
 
-__all__ = ["run_schedule", "rank_plans", "install_schedule", "split_chunks",
-           "PIPELINE_CHUNK_BYTES"]
+__all__ = ["BufferActor", "run_schedule", "rank_plans", "split_chunks", "PIPELINE_CHUNK_BYTES"]
 
 #: Chunks larger than this are cut into pieces of at most this many bytes
 #: (``split_chunks``), so that a chip reduces the first pieces of a chunk while
@@ -36,17 +38,17 @@ PIPELINE_CHUNK_BYTES = 4 << 20
 
 
 def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"",
-                 addresses: Sequence[Any] | None = None) -> list[ray.ObjectRef]:
+                 addresses: Sequence[Any] | None = None) -> list[Any]:
     """Submit a schedule to the actors; return one completion ref per actor.
 
-    The actors must already hold their buffers (``ChipActor.compute``) and the
-    schedule's chunk bounds (``ChipActor.set_chunk_bounds``). Nothing here
+    The actors must already hold their buffers (``BufferActor.set_buffer``) and the
+    schedule's chunk bounds (``BufferActor.set_chunk_bounds``). Nothing here
     blocks: the caller must ``ray.get`` EVERY returned ref before it reads a
     chip's buffer, so that an ``IciError`` on any chip (a chunk that never
-    came) is seen and no chip goes on with a partly reduced buffer.
+    came) is seen (its buffer is dropped: ``get_buffer`` then refuses).
 
     Args:
-        actors: Ray actor handles of ``ChipActor``, indexed by topology rank.
+        actors: Ray actor handles of ``BufferActor``, indexed by topology rank.
         schedule: the collective's phases of transfers.
         key: the pod's link secret (the same for every call on these actors):
             a chip accepts chunks only from peers that present it.
@@ -54,7 +56,7 @@ def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"",
             when the caller already has them: saves one call per actor.
 
     Returns:
-        One ObjectRef per actor; each resolves (to None) when that actor has
+        One Ray ObjectRef per actor; each resolves (to None) when that actor has
         applied its last incoming chunk, or raises the chip's ``IciError``.
 
     Raises:
@@ -72,34 +74,6 @@ def run_schedule(actors: Sequence[Any], schedule: Schedule, *, key: bytes = b"",
         done.append(actors[rank].run_collective.remote(run_id, plan, peers,
                                                        *(addresses[p] for p in peers)))
     return done
-
-
-def install_schedule(actors: Sequence[Any], schedule: Schedule,
-                     addresses: Sequence[tuple[str, int]]) -> list[ray.ObjectRef]:
-    """Give every chip its part of a schedule once (``ChipActor.set_collective``), so
-    that each step's ``ChipActor.train_step`` runs it without the driver sending
-    plans or addresses again.
-
-    Args:
-        actors: Ray actor handles of ``ChipActor``, indexed by topology rank.
-        schedule: the collective the chips will run every step.
-        addresses: every actor's ``ici_address(key)`` by rank, resolved.
-
-    Returns:
-        One ObjectRef per actor (``ray.get`` them before the first step).
-
-    Raises:
-        ValueError: the schedule or the addresses are for a different number of ranks.
-    """
-    n = len(actors)
-    if schedule.num_ranks != n or len(addresses) != n:
-        raise ValueError(f"schedule is for {schedule.num_ranks} ranks, {len(addresses)} "
-                         f"addresses, but there are {n} actors")
-    refs = []
-    for rank, plan in enumerate(rank_plans(schedule)):
-        peers = sorted({dst for _, sends, _ in plan for dst, _, _ in sends})
-        refs.append(actors[rank].set_collective.remote(plan, peers, [addresses[p] for p in peers]))
-    return refs
 
 
 def split_chunks(schedule: Schedule, max_chunk_bytes: int = PIPELINE_CHUNK_BYTES) -> Schedule:
@@ -163,3 +137,87 @@ def rank_plans(schedule: Schedule) -> list[list[tuple[int, list, list]]]:
         for rank in sends.keys() | receives.keys():
             plans[rank].append((index, sends.get(rank, []), receives.get(rank, [])))
     return plans
+
+
+class BufferActor:
+    """One chip's flat float32 buffer and its ``IciPort``: what ``run_schedule`` runs a
+    collective over (tests and benchmarks of the transport).
+
+    Plain Python (usable in-process); wrap it with ``ray.remote`` where it is made.
+
+    Args:
+        rank: the chip's rank in the schedule (its ``IciPort`` rank).
+        limit_threads: pin BLAS to one thread (several actors share few cores).
+    """
+
+    def __init__(self, rank: int, *, limit_threads: bool = True) -> None:
+        if limit_threads:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(1)
+        self.rank = int(rank)
+        self.buffer: np.ndarray | None = None
+        self.chunk_bounds: tuple[tuple[int, int], ...] = ()
+        self._port: Any = None
+
+    def node_id(self) -> str:
+        """The Ray node this actor runs on ("" outside Ray)."""
+        try:
+            import ray
+            return ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - outside a Ray worker
+            return ""
+
+    def ici_port(self, key: bytes = b"") -> Any:
+        """This chip's ``IciPort`` (opened on first use with the link ``key``)."""
+        if self._port is None:
+            from pod.runtime.ici import IciPort
+            self._port = IciPort(self.rank, key)
+        return self._port
+
+    def ici_address(self, key: bytes = b"") -> tuple[str, int]:
+        """(host, port) where this chip receives chunks from its peers."""
+        return self.ici_port(key).address
+
+    def set_chunk_bounds(self, bounds: Sequence[Sequence[int]]) -> None:
+        """Store the schedule's chunk element ranges [(start, stop), ...]."""
+        self.chunk_bounds = tuple((int(a), int(b)) for a, b in bounds)
+
+    def set_buffer(self, buffer: np.ndarray) -> None:
+        """Replace the buffer by a float32 copy of ``buffer``, (P,)."""
+        self.buffer = np.array(buffer, dtype=np.float32, copy=True)
+
+    def get_buffer(self) -> np.ndarray:
+        """A copy of the buffer, (P,) float32.
+
+        Raises:
+            RuntimeError: there is none (never set, or dropped by a failed collective).
+        """
+        if self.buffer is None:
+            raise RuntimeError(f"chip {self.rank}: no buffer (none was set, or its last "
+                               "collective failed and dropped the partial result)")
+        return self.buffer.copy()
+
+    def run_collective(self, run_id: int, plan: Sequence[Any], peers: Sequence[int],
+                       *addresses: tuple[str, int]) -> None:
+        """Run this chip's part of a schedule on the buffer, chip to chip (``pod.runtime.ici``).
+
+        Args:
+            run_id: the collective's id, the same on every chip.
+            plan: this rank's phases (``pod.runtime.ici.RankPlan``).
+            peers: the ranks this chip sends to, in the order of ``addresses``.
+            addresses: their ``ici_address()`` (Ray resolves the references).
+
+        Raises:
+            IciError: a chunk did not arrive (the peer died, the link closed, or
+                the wait timed out); the buffer is dropped, so that no partial
+                result is read (``get_buffer`` refuses).
+            RuntimeError: no buffer.
+        """
+        if self.buffer is None:
+            raise RuntimeError(f"chip {self.rank}: run_collective without a buffer")
+        try:
+            self.ici_port().run(run_id, list(plan), dict(zip(peers, addresses)), self.buffer,
+                                self.chunk_bounds)
+        except BaseException:
+            self.buffer = None  # partly reduced: never read
+            raise

@@ -32,7 +32,7 @@ from pod.report.clock import HOST_IN, HOST_OUT, DeviceReport
 from pod.report.stats import op_bound
 from pod.state.checkpoint import params_digest
 
-__all__ = ["Device", "device_coords", "allocate_shard_hbm", "trace_rows"]
+__all__ = ["Device", "device_coords", "allocate_shard_hbm", "trace_rows", "record_bound"]
 
 
 def device_coords(groups: DeviceGroups) -> DeviceCoords:
@@ -60,7 +60,7 @@ def trace_rows(records: Any) -> tuple[tuple[Any, ...], ...]:
     return tuple((r.name, r.unit, r.seconds, r.flops, r.hbm_bytes, r.bound) for r in records)
 
 
-def _bound(record: Any) -> str:
+def record_bound(record: Any) -> str:
     """What bounds a record (``op_bound``); a host-link transfer says its direction
     (the clock runs them beside the compute: ``pod.report.clock.HOST_OUT`` / ``HOST_IN``)."""
     if record.unit == "host":
@@ -109,7 +109,8 @@ class Device:
         self.compute_slowdown = 1.0
 
     def set_compute_slowdown(self, factor: float) -> None:
-        """A straggler: its op records take ``factor`` >= 1 times longer.
+        """A straggler: its forward + backward op records take ``factor`` >= 1 times
+        longer (``slow_chip``: the chip's simulated forward + backward seconds x factor).
 
         Raises:
             ValueError: factor < 1 or not finite.
@@ -143,15 +144,17 @@ class Device:
         self.state = result.shard
         records = self.core.take_records()
         f = self.compute_slowdown
-        if f != 1.0:
+        if f != 1.0:  # a straggler's forward + backward (``slow_chip``), not its update
+            cut = len(records) if result.update_start is None else result.update_start
             records = [dataclasses.replace(r, seconds=r.seconds * f,
                                            compute_seconds=r.compute_seconds * f,
-                                           memory_seconds=r.memory_seconds * f) for r in records]
+                                           memory_seconds=r.memory_seconds * f)
+                       for r in records[:cut]] + records[cut:]
         hbm = self.core.hbm
         return DeviceReport(
             device=self.device, loss=float(result.loss),
             record_seconds=tuple(float(r.seconds) for r in records),
-            record_bounds=tuple(_bound(r) for r in records),
+            record_bounds=tuple(record_bound(r) for r in records),
             update_start=result.update_start, calls=tuple(comm.calls),
             mxu_flops=int(sum(r.flops for r in records if r.unit == "mxu")),
             hbm_used_bytes=hbm.used_bytes, hbm_peak_bytes=hbm.peak_bytes,

@@ -46,6 +46,7 @@ class LocalPod(PodBase):
                             for i in range(self.local_mesh.size)]
         self.devices: list[Device] = []
         self._dead: set[int] = set()
+        self._blas_limit: Any = None
 
     def __enter__(self) -> "LocalPod":
         self.start()
@@ -62,8 +63,18 @@ class LocalPod(PodBase):
                       activation_bytes=int(plan.memory.get("activations", 0)))
 
     def start(self, check: Callable[[], None] | None = None) -> float:
-        """Create every device (its initial state); wall seconds it took."""
+        """Create every device (its initial state); wall seconds it took.
+
+        BLAS runs one thread until ``shutdown``, as in a chip actor: the devices'
+        threads are the parallelism, and BLAS threads on top of them oversubscribe
+        the cores (a sharded step on 2 cores: 4.6 s with OpenBLAS's two threads,
+        0.2 s with one; pitfalls.md). Set once, not per step: raising the limit
+        again wakes OpenBLAS's pool, whose threads then spin between steps.
+        """
         t0 = time.perf_counter()
+        if self._blas_limit is None:
+            from threadpoolctl import threadpool_limits
+            self._blas_limit = threadpool_limits(limits=1, user_api="blas")
         self.devices = [self._new_device(d, groups)
                         for chip in chip_devices(self.plan) for d, groups in chip]
         self._dead = set()
@@ -73,8 +84,11 @@ class LocalPod(PodBase):
         return time.perf_counter() - t0
 
     def shutdown(self) -> None:
-        """Drop the devices."""
+        """Drop the devices; BLAS gets its threads back."""
         self.devices = []
+        if self._blas_limit is not None:
+            self._blas_limit.restore_original_limits()
+            self._blas_limit = None
 
     # -- the back-end of PodBase ----------------------------------------------------------
 

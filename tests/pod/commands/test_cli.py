@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pod.runtime.test_speed import PINNED_SECONDS
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -47,12 +49,12 @@ def test_validate_every_scenario():
 
 @pytest.mark.parametrize("content, needle", [
     ("name: x\npod: {slice: v2-8}\nmodel: {name: cnn}\ntraining: {global_batch: 100, steps: 1}\n",
-     "global batch 100 is not divisible by 8 TensorCores"),
+     "global batch 100 does not split over data x fsdp = 8 devices"),
     ("name: x\npod: {slice: v2-8}\nmodel: {name: cnn}\ntraining: {global_batch: 64, steps: 1}\n"
      "extra: 1\n", "extra: unknown key"),
     ("name: x\npod: [\n", "invalid YAML"),
     ("name: x\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [60000, 60000, 60000]}}\n"
-     "training: {global_batch: 64, steps: 1}\n", "HBM out of memory"),
+     "training: {global_batch: 64, steps: 1}\n", "needs 120.8 GiB per device"),
 ])
 def test_user_errors_are_one_line_without_traceback(tmp_path, content, needle):
     path = tmp_path / "bad.yaml"
@@ -65,15 +67,31 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, content, needle):
         assert len(lines) == 1 and needle in lines[0], out.stderr
 
 
-def test_quickstart_runs_end_to_end(tmp_path, ray_cluster):
+@pytest.mark.parametrize("backend", [
+    pytest.param("--in-process", id="in-process"),
+    pytest.param("ray", id="ray", marks=pytest.mark.slow),
+])
+def test_quickstart_runs_end_to_end(tmp_path, request, backend):
+    """``tpu-pod run`` of the quick start as a user runs it: on chip actors (joining the
+    test session's cluster) and with ``--in-process``; the same simulated figures."""
+    if backend == "ray":
+        options, env = (), {"RAY_ADDRESS": request.getfixturevalue("ray_cluster")}
+    else:
+        options, env = (backend,), {}
     out = tpu_pod("run", "scenarios/quickstart.yaml", "--steps", "3", "--metrics-port", "0",
-                  "--output-dir", str(tmp_path), env={"RAY_ADDRESS": ray_cluster})
+                  "--output-dir", str(tmp_path), *options, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "step 3/3" in out.stdout
+    where = "4 chips in this process" if options else "4 chip actors (8 devices) ready in"
+    assert where in out.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["chips"] == 4 and summary["cores"] == 8
+    assert summary["devices"] == 8 and summary["mesh"] == {"data": 8}
     assert summary["replicas_identical"] is True
     assert summary["generation"] == "v2" and summary["dataset"] == "digits"
+    # pinned in tests/pod/runtime/test_speed.py: the same simulated step on every back-end
+    assert summary["simulated_step_seconds"] == pytest.approx(PINNED_SECONDS["step_seconds"],
+                                                              rel=1e-12)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -101,20 +119,19 @@ def test_describe_scenario_shows_the_hbm_plan_even_when_it_does_not_fit():
     assert len(bad.stderr.strip().splitlines()) == 1 and "does not fit" in bad.stderr
 
 
-def test_resume_through_the_cli(tmp_path, ray_cluster):
+def test_resume_through_the_cli(tmp_path):
     scenario = tmp_path / "ck.yaml"
     scenario.write_text(
         "name: ck\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [16]}}\n"
         "training: {global_batch: 64, steps: 6, optimizer: {name: adam}}\nmetrics: {port: 0}\n"
         "checkpoint: {every_steps: 2, dir: ck, keep: 2}\n")
-    env = {"RAY_ADDRESS": ray_cluster}
     first = tpu_pod("run", str(scenario), "--steps", "4", "--output-dir", str(tmp_path / "a"),
-                    "--log-every", "0", env=env)
+                    "--log-every", "0", "--in-process")
     assert first.returncode == 0, first.stderr[-2000:]
-    again = tpu_pod("run", str(scenario), "--output-dir", str(tmp_path / "a"), env=env)
+    again = tpu_pod("run", str(scenario), "--output-dir", str(tmp_path / "a"), "--in-process")
     assert again.returncode == 2 and "--resume" in again.stderr  # never overwrites a run
     resumed = tpu_pod("run", str(scenario), "--resume", str(tmp_path / "ck"), "--output-dir",
-                      str(tmp_path / "a"), "--log-every", "0", env=env)
+                      str(tmp_path / "a"), "--log-every", "0", "--in-process")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resuming from" in resumed.stdout and "step 4 of 6" in resumed.stdout
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
@@ -135,7 +152,8 @@ def test_validate_checks_every_file_and_reports_each(tmp_path):
     rows = json.loads(out.stdout)
     assert out.returncode == 2 and [r["ok"] for r in rows] == [False, True]
     assert rows[0]["error"].startswith(f"{bad}: training.global_batch")
-    assert rows[1]["allreduce_algorithm"] and rows[1]["per_core_batch"] == 32
+    assert rows[1]["allreduce_algorithm"] and rows[1]["per_device_batch"] == 32
+    assert (rows[1]["mesh"], rows[1]["devices"]) == ({"data": 8}, 8)
 
 
 def test_describe_json_for_a_slice_and_a_scenario():
@@ -149,22 +167,29 @@ def test_describe_json_for_a_slice_and_a_scenario():
     # the layers' simulated seconds are the model summary's: one per layer plus the loss
     assert "conv1" in doc["layers"] and "loss" in doc["layers"]
     text = tpu_pod("describe", "scenarios/quickstart.yaml").stdout
-    assert "Model: cnn" in text and "HBM plan per TensorCore" in text
+    assert "Model: cnn" in text and "HBM plan per device (pod.mesh {data: 8}" in text
 
 
 def test_run_and_sweep_json_print_one_document(tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text("name: s\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [8]}}\n"
                         "training: {global_batch: 64, steps: 2}\nmetrics: {port: 0}\n")
-    out = tpu_pod("run", str(scenario), "--json", "--output-dir", str(tmp_path / "out"))
+    out = tpu_pod("run", str(scenario), "--json", "--in-process", "--output-dir",
+                  str(tmp_path / "out"))
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary == json.loads((tmp_path / "out" / "summary.json").read_text())
     assert "step 2/2" in out.stderr
-    sweep = ROOT / "scenarios" / "scaling-v4-weak.yaml"
+    # the shipped weak-scaling sweep, its first two pod sizes (its 22 points take a minute)
+    text = (ROOT / "scenarios" / "scaling-v4-weak.yaml").read_text()
+    chips = "chips: [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]"
+    assert chips in text
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(text.replace(chips, "chips: [4, 8]"))
     out = tpu_pod("sweep", str(sweep), "--json", "--output-dir", str(tmp_path / "sweep"))
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
+    assert len(rows) == 4  # 2 pod sizes x ring, torus
     assert len(rows) == len((tmp_path / "sweep" / "results.csv").read_text().splitlines()) - 1
 
 

@@ -1,7 +1,7 @@
 """tpu-pod sweep over sharded layouts: sweep.mesh / remat / per_device_batch (timing mode).
 
 References: the global batch is per_device_batch x data x fsdp (by hand); each
-sharded row equals a ShardedTimingPod step of the same scenario; a layout
+sharded row equals a TimingPod step of the same scenario; a layout
 too large for HBM is a row that says so with the plan's need per device."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from pod.commands.sweep import COLUMNS, run_sweep, sweep_points
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
-from pod.runtime.sharded_timing import ShardedTimingPod
+from pod.runtime.timing import TimingPod
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
@@ -50,7 +50,7 @@ def test_layout_sweep_rows_equal_a_timing_pod_step(tmp_path):
     assert (row["data"], row["fsdp"], row["tensor"], row["remat"], row["per_device_batch"]) == \
         (2, 2, 2, "none", 2)
     plan = build_plan(points[5].scenario, timing_only=True, sharded_ok=True)
-    pod = ShardedTimingPod(plan)
+    pod = TimingPod(plan)
     pod.step(0)
     stats = pod.step(1)
     assert row["simulated_step_seconds"] == pytest.approx(stats.step_seconds, rel=1e-12)

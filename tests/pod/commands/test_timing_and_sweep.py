@@ -1,4 +1,4 @@
-"""Timing-only mode agrees with functional runs; sweeps write what they promise."""
+"""Timing-only mode agrees with functional runs (in process); sweeps write what they promise."""
 
 from __future__ import annotations
 
@@ -27,19 +27,19 @@ def scenario(**extra):
     return parse_scenario(data)
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_timing_only_and_functional_report_identical_simulated_times():
-    from pod.runtime.coordinator import Pod
+    from pod.runtime.local import LocalPod
 
     plan = build_plan(scenario())
-    with Pod(plan) as pod:
+    with LocalPod(plan) as pod:
         functional = [pod.step(s) for s in range(plan.steps)]
     timing = TimingPod(plan)
     costed = [timing.step(s) for s in range(plan.steps)]
     for f, t in zip(functional, costed):
         assert t.step_seconds == f.step_seconds
-        for part in ("infeed_seconds", "compute_seconds", "local_reduce_seconds", "ici_seconds",
-                     "update_seconds", "model_flops"):
+        for part in ("infeed_seconds", "compute_seconds", "collective_seconds",
+                     "exposed_collective_seconds", "update_seconds", "model_flops",
+                     "axis_collective_seconds"):
             assert getattr(t, part) == getattr(f, part), part
         assert t.step_seconds > 0
 
@@ -49,8 +49,8 @@ def test_timing_only_reaches_pods_no_host_could_emulate():
                                training={"global_batch": 32768, "steps": 1}),
                       timing_only=True)
     stats = TimingPod(plan).step(0)
-    assert plan.pod.chips == 512 and plan.per_core_batch == 32
-    # weak scaling at a fixed per-core batch: per-chip compute is the same as on 4 chips
+    assert plan.pod.chips == 512 and plan.per_device_batch == 64  # a megacore device per chip
+    # weak scaling at a fixed per-device batch: per-chip compute is the same as on 4 chips
     small = TimingPod(build_plan(scenario(training={"global_batch": 256, "steps": 1}))).step(0)
     assert stats.compute_seconds == small.compute_seconds
     assert stats.model_flops == 128 * small.model_flops
@@ -72,11 +72,12 @@ def test_sweep_points_expand_the_product_and_set_weak_batches():
 
 
 def test_sweep_records_a_failed_point_and_goes_on(tmp_path):
-    # strong scaling at global batch 96: 96 does not split over 64 TensorCores (32 chips)
-    s = scenario(sweep={"chips": [1, 2, 32], "global_batch": [96], "steps": 2})
+    # strong scaling at global batch 96: 96 does not split over 64 devices (64 v4 chips,
+    # a megacore device each)
+    s = scenario(sweep={"chips": [1, 2, 64], "global_batch": [96], "steps": 2})
     rows = run_sweep(s, tmp_path)
     assert [r["status"] for r in rows] == ["ok", "ok", "failed"]
-    assert "not divisible by 64 TensorCores" in rows[2]["error"]
+    assert "global batch 96 does not split over data x fsdp = 64 devices" in rows[2]["error"]
     with (tmp_path / "results.csv").open() as f:
         written = list(csv.DictReader(f))
     assert len(written) == 3 and written[2]["status"] == "failed"
@@ -85,7 +86,7 @@ def test_sweep_records_a_failed_point_and_goes_on(tmp_path):
     expected = (rows[1]["simulated_examples_per_second"] / 2) / rows[0]["simulated_examples_per_second"]
     assert rows[1]["scaling_efficiency"] == pytest.approx(expected)
     assert rows[1]["communication_fraction"] == pytest.approx(
-        rows[1]["allreduce_seconds"] / rows[1]["simulated_step_seconds"])
+        rows[1]["exposed_collective_seconds"] / rows[1]["simulated_step_seconds"])
     for name in ("results.md", "throughput.png", "efficiency.png", "breakdown.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "failed: " in (tmp_path / "results.md").read_text()
@@ -113,7 +114,7 @@ def test_every_sweep_row_says_what_bounds_its_step(tmp_path):
             assert r["bound"] == f"ICI {r['ici_axes']}"
     with (tmp_path / "results.csv").open() as f:
         header = next(csv.reader(f))
-    for column in ("slice", "chips", "allreduce_algorithm", "per_core_batch", "global_batch",
+    for column in ("slice", "chips", "allreduce_algorithm", "per_device_batch", "global_batch",
                    "precision", "bound", "ici_axes", "mxu_bound_seconds"):
         assert column in header
     assert (tmp_path / "bounds.png").stat().st_size > 0

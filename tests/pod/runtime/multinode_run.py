@@ -1,6 +1,6 @@
 """Run a short 8-chip v4 training on a multi-node Ray cluster on this machine,
 then on a single-node cluster, and print both results as JSON (used by
-tests/pod/test_multinode.py in a subprocess: a process can only join one
+tests/pod/runtime/test_multinode.py in a subprocess: a process can only join one
 Ray cluster).
 """
 
@@ -16,7 +16,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from pod.runtime.coordinator import Pod  # noqa: E402
+from pod.runtime.pod import Pod  # noqa: E402
+from pod.state.checkpoint import params_digest  # noqa: E402
 from pod.config.plan import build_plan  # noqa: E402
 from pod.config.scenario import parse_scenario  # noqa: E402
 
@@ -36,7 +37,8 @@ def train() -> dict:
     with Pod(plan) as pod:
         stats = [pod.step(s) for s in range(STEPS)]
         return {"nodes": pod.node_ids(), "hosts": [pod.host_of(r) for r in range(plan.pod.chips)],
-                "digests": pod.digests(), "step_seconds": [s.step_seconds for s in stats],
+                "digests": [params_digest(dict(s.params)) for s in pod.shards()],
+                "step_seconds": [s.step_seconds for s in stats],
                 "losses": [s.loss for s in stats]}
 
 

@@ -27,10 +27,11 @@ def _names(namespace: str) -> set[str]:
             if a["namespace"] == namespace}
 
 
+@pytest.mark.slow
 def test_chip_actors_are_named_by_rank_and_never_collide(ray_cluster):
     import ray
 
-    from pod.runtime.coordinator import Pod
+    from pod.runtime.pod import Pod
 
     plan = build_plan(mlp_scenario(global_batch=16))
     with Pod(plan) as first, Pod(plan) as second:       # two pods of one scenario at once
@@ -44,6 +45,7 @@ def test_chip_actors_are_named_by_rank_and_never_collide(ray_cluster):
         assert _names(second.namespace) == {"chip-0", "chip-1", "chip-2", "chip-3"}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("RAY_ADDRESS" in os.environ, reason="joins a cluster: no local dashboard")
 def test_ray_dashboard_without_its_packages_is_one_line(tmp_path):
     try:

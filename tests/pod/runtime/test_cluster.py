@@ -36,6 +36,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
 def test_joining_an_address_where_nothing_answers_fails_within_the_bound(tmp_path, address):
     address = address.format(port=_closed_port())
@@ -54,6 +55,7 @@ def test_joining_an_address_where_nothing_answers_fails_within_the_bound(tmp_pat
     assert elapsed < 90  # python start-up and imports on a busy machine, not Ray's minutes
 
 
+@pytest.mark.slow
 def test_a_process_without_the_token_cannot_join(ray_cluster):
     """Another local process (here with Ray's auth off, or Ray's default token) is refused."""
     code = (f"import ray; ray.init(address={ray_cluster!r}); "
@@ -65,6 +67,7 @@ def test_a_process_without_the_token_cannot_join(ray_cluster):
         assert out.returncode != 0 and "JOINED" not in out.stdout, out.stdout[-500:]
 
 
+@pytest.mark.slow
 def test_the_local_cluster_has_its_own_directory_and_process_group(ray_cluster):
     import ray
 
@@ -104,6 +107,7 @@ def test_stale_session_directories_of_the_emulator_are_removed(tmp_path):
             alive.rmdir()
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_still_ends_gracefully(tmp_path):
     """What ``timeout`` and service managers do: the run's own local cluster survives
     until the driver has written its final checkpoint and partial summary."""
@@ -195,6 +199,7 @@ def _start_run(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
     return proc, out
 
 
+@pytest.mark.slow
 def test_a_sigkilled_driver_leaves_no_ray_process_and_no_session(tmp_path):
     """``kill -9`` of a run: Ray's GCS and raylet die with it (Ray's fate-sharing), the
     raylet's agents used to linger about 60 s and the session directory for good; the
@@ -225,6 +230,7 @@ def test_a_sigkilled_driver_leaves_no_ray_process_and_no_session(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_sigterm_while_ray_starts_ends_with_143_a_partial_summary_and_nothing_left(tmp_path):
     """A SIGTERM during ``ray.init`` (whose own handler exited with status 15, no line,
     no summary): the run's handler is kept, and the run stops at its first step
@@ -254,7 +260,7 @@ def test_an_exception_inside_an_actor_reaches_the_user_as_its_type_and_message()
     import ray
 
     from pod.errors import ClusterError, ScenarioError
-    from pod.runtime.coordinator import _chip_error
+    from pod.runtime.pod import _chip_error
 
     inner = ValueError("embedding: token ids must be in [0, 100) (the vocabulary), got range "
                        "[236, 14860]\nsecond line")

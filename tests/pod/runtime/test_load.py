@@ -227,18 +227,17 @@ def test_sixteen_chips_hundreds_of_steps_with_checkpoints_retain_nothing_per_ste
                                                                                   monkeypatch):
     import ray
 
-    import pod.commands.train as run_module
-    from pod.runtime.coordinator import Pod
+    import pod.runtime.pod as ray_pod
 
     assert STEPS >= 200, "TPU_POD_LOAD_STEPS: at least 200 (a warm-up and the window)"
-    pods: list[Pod] = []
+    pods: list[ray_pod.Pod] = []
 
-    class RecordedPod(Pod):
-        def start(self, **options) -> float:
+    class RecordedPod(ray_pod.Pod):
+        def start(self, *args, **options) -> float:
             pods.append(self)
-            return super().start(**options)
+            return super().start(*args, **options)
 
-    monkeypatch.setattr(run_module, "Pod", RecordedPod)
+    monkeypatch.setattr(ray_pod, "Pod", RecordedPod)  # ``Run`` imports it when it starts
     # the last 60 steps are the window, in 4 intervals of 15 (a multiple of the checkpoint
     # period, so each snapshot is taken at the same point of it); tracing starts 15 steps
     # before the window (Ray's buffers made since then settle; tracing costs the driver
@@ -325,8 +324,8 @@ def test_the_retention_probe_names_an_injected_per_step_leak(tmp_path, monkeypat
     print(json.dumps({"window_steps": probe.window_steps(), "growing_sites": growing,
                       "types_grown": probe.type_growth(probe.window_steps())}))
     assert growing, "the injected leak was not detected"
-    # the StepStats and its dicts are built by the coordinator
-    assert any(s.startswith("pod/runtime/coordinator.py:") for s in growing), \
+    # the StepStats and its dicts are built by the one clock
+    assert any(s.startswith("pod/report/clock.py:") for s in growing), \
         "\n".join(probe.describe(growing))
     assert sum(growing.values()) / probe.window_steps() > 500, "\n".join(probe.describe(growing))
     assert probe.type_growth(probe.window_steps()).get("StepStats", 0) >= probe.window_steps()

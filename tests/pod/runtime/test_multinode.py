@@ -10,7 +10,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_hosts_land_on_one_node_each_and_results_match_a_single_node_run():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # Cluster(temp_dir=...) crashes (pitfalls.md); RAY_TMPDIR must stay short (AF_UNIX
@@ -33,4 +36,4 @@ def test_hosts_land_on_one_node_each_and_results_match_a_single_node_run():
     assert multi["digests"] == single["digests"]  # bit-identical parameters
     assert multi["step_seconds"] == single["step_seconds"]
     assert multi["losses"] == single["losses"]
-    assert len({d for chip in multi["digests"] for d in chip}) == 1
+    assert len(multi["digests"]) == 8 and len(set(multi["digests"])) == 1  # a device per v4 chip

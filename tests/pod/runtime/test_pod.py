@@ -1,7 +1,10 @@
-"""Data-parallel training over chip actors on the shared Ray cluster."""
+"""Data-parallel training ({data: N}, the replicated program): the numerics and the
+step's figures in this process (``LocalPod``); on Ray chip actors (``Pod``) the same
+program gives the same figures and, to float32 rounding, the same parameters."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.request
 
@@ -9,18 +12,16 @@ import numpy as np
 import pytest
 
 from chip import TensorCore, get_chip_spec
-from interconnect import execute, ring_allreduce
 from pod.config.plan import batch_indices, build_plan
 from pod.config.scenario import parse_scenario
+from pod.runtime.local import LocalPod
 from pod.workloads import build_optimizer
-
-pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def mlp_scenario(**training):
     return parse_scenario({
         "name": "pod-test",
-        "pod": {"slice": "v2-8"},  # 4 chips, 8 TensorCores
+        "pod": {"slice": "v2-8"},  # 4 chips, 8 TensorCores: 8 devices
         "model": {"name": "mlp", "options": {"hidden": [32], "dropout": False}},
         "data": {"name": "digits"},
         "training": {"global_batch": 64, "steps": 3,
@@ -29,40 +30,8 @@ def mlp_scenario(**training):
     })
 
 
-@pytest.fixture(scope="module")
-def trained():
-    """A 4-chip pod after 3 steps, its step stats, and its plan."""
-    from pod.runtime.coordinator import Pod
-
-    plan = build_plan(mlp_scenario())
-    pod = Pod(plan)
-    pod.start()
-    stats = [pod.step(s) for s in range(plan.steps)]
-    yield pod, stats, plan
-    pod.shutdown()
-
-
-def test_the_local_cluster_is_bound_to_loopback():
-    import ray
-
-    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
-    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
-
-
-def test_replicas_stay_bit_identical(trained):
-    pod, _, plan = trained
-    digests = pod.digests()
-    assert len(digests) == plan.pod.chips
-    assert all(len(chip) == plan.pod.chip.tensorcores for chip in digests)
-    assert pod.replicas_identical()
-    # and the check can fail: parameters did move away from their start
-    start = plan.model.init_params(plan.scenario.training.seed)
-    after = pod.params(chip=3, core=1)
-    assert any(not np.array_equal(start[k], after[k]) for k in start)
-
-
-def test_parameters_match_single_process_training_on_the_whole_batch(trained):
-    pod, _, plan = trained
+def single_process_params(plan):
+    """The reference: one TensorCore training on the whole global batch of each step."""
     scenario = plan.scenario
     core = TensorCore(get_chip_spec("v2").core, numerics=True)
     opt = build_optimizer(scenario.training.optimizer.name, **scenario.training.optimizer.options())
@@ -74,30 +43,82 @@ def test_parameters_match_single_process_training_on_the_whole_batch(trained):
         _, grads = plan.model.loss_and_grads(core, params, data.x_train[idx], data.y_train[idx],
                                              rng=np.random.default_rng(0))
         params, state = opt.update(core, grads, state, params, step + 1)
-    emulated = pod.params(chip=2, core=0)
-    for name in params:
-        np.testing.assert_allclose(emulated[name], params[name], rtol=1e-4, atol=2e-5,
+    return params
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A v2-8 pod in this process after 3 steps, its step stats, and its plan."""
+    plan = build_plan(mlp_scenario())
+    with LocalPod(plan) as pod:
+        stats = [pod.step(s) for s in range(plan.steps)]
+        yield pod, stats, plan
+
+
+def test_replicas_stay_bit_identical_and_the_check_can_fail(trained):
+    pod, _, plan = trained
+    shards = pod.shards()
+    assert len(shards) == plan.mesh.size == 8  # a device per TensorCore on v2
+    assert pod.replicas_identical()
+    for shard in shards[1:]:
+        for name, value in shard.params.items():
+            assert value.tobytes() == shards[0].params[name].tobytes(), name
+    # parameters did move away from their start
+    start = plan.model.init_params(plan.scenario.training.seed)
+    assert any(not np.array_equal(start[k], shards[5].params[k]) for k in start)
+    # and one ulp on one device is seen, by the check and by the checkpoint
+    from pod.errors import CheckpointError
+
+    device = pod.devices[5]
+    kept = device.state
+    name = next(iter(kept.params))
+    bumped = dict(kept.params)
+    bumped[name] = np.nextafter(kept.params[name], np.float32(np.inf)).astype(np.float32)
+    device.state = dataclasses.replace(kept, params=bumped)
+    try:
+        assert not pod.replicas_identical()
+        with pytest.raises(CheckpointError, match="device 5 differs from its data replica 0"):
+            pod.checkpoint_state()
+    finally:
+        device.state = kept
+    assert pod.replicas_identical()
+
+
+def test_parameters_match_single_process_training_on_the_whole_batch(trained):
+    pod, _, plan = trained
+    want = single_process_params(plan)
+    emulated = pod.shards()[5].params  # chip 2, TensorCore 1
+    for name in want:
+        np.testing.assert_allclose(emulated[name], want[name], rtol=1e-4, atol=2e-5,
                                    err_msg=name)
 
 
 def test_step_time_is_the_sum_of_its_simulated_parts(trained):
     _, stats, plan = trained
+    peak = get_chip_spec("v2").peak_bf16_flops_per_s  # the chip's: two TensorCores
     for s in stats:
-        parts = s.infeed_seconds + s.compute_seconds + s.allreduce_seconds + s.update_seconds
+        parts = s.infeed_seconds + s.compute_seconds + s.collective_seconds + s.update_seconds
         assert s.serial_step_seconds == pytest.approx(parts)
         # the critical path: what is not hidden (one gradient bucket here: the allreduce
         # starts when the backward pass ends, so all of it is exposed; infeed hides
-        # behind the previous step)
-        assert s.exposed_allreduce_seconds == pytest.approx(s.allreduce_seconds)
-        assert s.step_seconds == pytest.approx(s.exposed_infeed_seconds + s.compute_seconds
-                                               + s.allreduce_seconds + s.update_seconds)
-        assert s.compute_seconds > 0 and s.ici_seconds > 0 and s.update_seconds > 0
+        # behind the step)
+        assert s.exposed_collective_seconds == pytest.approx(s.collective_seconds)
+        assert s.exposed_infeed_seconds == 0.0 < s.infeed_seconds
+        assert s.step_seconds == pytest.approx(s.compute_seconds + s.collective_seconds
+                                               + s.update_seconds)
+        assert s.compute_seconds > 0 and s.collective_seconds > 0 and s.update_seconds > 0
+        assert set(s.axis_collective_seconds) == {"data"}
+        assert s.axis_collective_seconds["data"] == pytest.approx(s.collective_seconds)
         # MXU FLOPs of the MLP 64 -> 32 -> 10 over the global batch: forward, weight
         # gradients, and the input gradient of the second layer only (the first
         # layer's input gradient is not needed and not computed).
         forward = 2 * (64 * 32 + 32 * 10)
         backward = 2 * (64 * 32 + 32 * 10) + 2 * 32 * 10
         assert s.model_flops == plan.global_batch * (forward + backward)
+        assert sum(s.device_mxu_flops.values()) == s.model_flops
+        # MFU over the pod's peak: 8 TensorCores of half a chip's peak each = 4 chips
+        assert s.peak_flops_per_s == pytest.approx(4 * peak)
+        assert s.mfu == pytest.approx(s.model_flops / s.step_seconds / (4 * peak))
         assert 0 < s.mfu < 1
     assert stats[-1].loss < stats[0].loss
 
@@ -106,38 +127,12 @@ def test_ici_bytes_match_the_ring_formula(trained):
     _, stats, plan = trained
     n = plan.pod.chips
     payload = plan.num_params * 4
-    # a ring allreduce sends 2 (n-1)/n of the buffer out of every chip
+    # the chip's two TensorCores add on chip; a ring allreduce over the chips sends
+    # 2 (n-1)/n of the buffer out of every chip
     expected = 2 * (n - 1) * payload
     assert sum(stats[0].ici_link_bytes.values()) == pytest.approx(expected, rel=0.01)
-
-
-def test_actor_allreduce_equals_numpy_sum_and_the_pure_executor():
-    import ray
-
-    from pod.runtime.actor import ChipActor
-    from pod.runtime.collective import run_schedule
-    from pod.config.slices import resolve_pod
-
-    plan = build_plan(mlp_scenario())
-    pod = resolve_pod(chip="v4", topology="2x2x1")
-    remote = ray.remote(ChipActor).options(num_cpus=0)
-    actors = [remote.remote(pod.chip, r, plan.model, "sgd", {"learning_rate": 0.1}, 0, 8,
-                            numerics=True, limit_threads=True) for r in range(pod.chips)]
-    rng = np.random.default_rng(7)
-    for size in (3, 1001):
-        buffers = [rng.standard_normal(size).astype(np.float32) for _ in actors]
-        schedule = ring_allreduce(pod.torus, size)
-        ray.get([a.set_chunk_bounds.remote(schedule.chunk_bounds) for a in actors])
-        ray.get([a.set_buffer.remote(b) for a, b in zip(actors, buffers)])
-        ray.get(run_schedule(actors, schedule))
-        results = ray.get([a.get_buffer.remote() for a in actors])
-        reference = execute(schedule, buffers)
-        total = np.sum(np.stack(buffers).astype(np.float64), axis=0)
-        for got, ref in zip(results, reference):
-            np.testing.assert_array_equal(got, ref)
-            np.testing.assert_allclose(got, total, rtol=1e-5, atol=1e-5)
-    for actor in actors:
-        ray.kill(actor)
+    # the gradient buffer, float32, once per device and step
+    assert stats[0].axis_collective_bytes == {"data": payload}
 
 
 def test_run_training_serves_prometheus_and_writes_summary(tmp_path):
@@ -158,12 +153,14 @@ def test_run_training_serves_prometheus_and_writes_summary(tmp_path):
 
     plan = build_plan(mlp_scenario(steps=2))
     summary = run_training(plan, output_dir=tmp_path, metrics_port=port, on_step=scrape,
-                           console=Console(file=open(tmp_path / "log.txt", "w")))
+                           console=Console(file=open(tmp_path / "log.txt", "w")),
+                           backend="local")
     text = scraped[-1]
     for name in ("tpu_pod_simulated_step_seconds_bucket", "tpu_pod_simulated_examples_per_second",
                  "tpu_pod_simulated_flops_per_second", "tpu_pod_mfu_ratio", "tpu_pod_loss",
                  'tpu_pod_hbm_used_bytes{chip="3",core="1"}', "tpu_pod_ici_transferred_bytes_total",
-                 "tpu_pod_simulated_allreduce_seconds_count"):
+                 "tpu_pod_simulated_collective_seconds_count",
+                 'tpu_pod_collective_seconds_total{axis="data"}'):
         assert name in text, name
     eps = [line for line in text.splitlines()
            if line.startswith("tpu_pod_simulated_examples_per_second ")]
@@ -172,10 +169,48 @@ def test_run_training_serves_prometheus_and_writes_summary(tmp_path):
     assert written == json.loads(json.dumps(summary))
     for key in ("generation", "chips", "cores", "steps", "global_batch", "initial_loss", "final_loss",
                 "test_accuracy", "simulated_step_seconds", "simulated_examples_per_second",
-                "simulated_tflops", "mfu", "compute_seconds", "allreduce_seconds",
-                "wall_seconds", "hbm_peak_bytes", "replicas_identical"):
+                "simulated_tflops", "mfu", "compute_seconds", "collective_seconds",
+                "exposed_collective_seconds", "collectives_by_axis", "mesh", "devices",
+                "per_device_batch", "wall_seconds", "hbm_peak_bytes", "replicas_identical"):
         assert key in written, key
     assert written["replicas_identical"] is True
+    assert (written["mesh"], written["devices"], written["per_device_batch"]) == ({"data": 8}, 8, 8)
     assert written["simulated_examples_per_second"] == pytest.approx(
         written["global_batch"] / written["simulated_step_seconds"])
     assert (tmp_path / "steps.csv").read_text().count("\n") == 3  # header + 2 steps
+
+
+# ------------------------------------------------------------------ on Ray
+
+@pytest.mark.slow
+def test_the_local_cluster_is_bound_to_loopback(ray_cluster):
+    import ray
+
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+
+
+@pytest.mark.slow
+def test_chip_actors_train_as_the_local_pod_does(ray_cluster, trained):
+    """The same plan on Ray chip actors (4 actors of 2 devices, gradients over the ICI
+    transport's ring): replicas bit-identical, the same simulated figures, the
+    parameters to float32 rounding (a ring of 8 sums in another order than
+    ``LocalMesh``), and the single-process reference as closely as the local pod."""
+    from pod.runtime.pod import Pod
+
+    local, local_stats, plan = trained
+    with Pod(plan) as pod:
+        stats = [pod.step(s) for s in range(plan.steps)]
+        shards = pod.shards()
+        assert pod.replicas_identical()
+        assert len(pod.actors) == plan.pod.chips == 4
+    for got, want in zip(stats, local_stats):
+        assert got.step_seconds == want.step_seconds
+        assert got.axis_collective_bytes == want.axis_collective_bytes
+        assert got.model_flops == want.model_flops
+        assert got.loss == pytest.approx(want.loss, rel=1e-5)
+    reference = local.shards()
+    for d, shard in enumerate(shards):
+        for name, value in shard.params.items():
+            np.testing.assert_allclose(value, reference[d].params[name], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"device {d} {name}")

@@ -1,65 +1,83 @@
-"""A sharded step on Ray actors (``pod.runtime.sharded_pod``) with a toy device
-program: the parameters equal one-device training (numpy), and a timing-only step
-(in-process, ``ShapeCollectives``) costs the same as the functional one."""
+"""A sharded step of a toy device program (``toy_sharded.ToyProgram``, the whole
+``DeviceProgram`` contract) on the runtime's pods, {data: 2, fsdp: 2, tensor: 2} on a
+v5e 2x4 torus: the parameters equal one-device training (numpy), the step's
+per-axis figures are the plan's costs of the program's calls, a timing-only step
+(``ShapeCollectives``, no data moved) costs the same as the functional one, and on
+Ray chip actors (slow tier) the parameters are the in-process pod's bits."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from chip import Chip
 from chip.spec import V5E
-from interconnect import Torus, calibrated_link
-from pod.config.mesh import layout_mesh
-from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, device_groups
-from pod.runtime.mesh_collectives import ShapeCollectives
-from pod.runtime.sharded_actor import ShardedReport
-from pod.runtime.sharded_pod import ShardedPod, combine_sharded_reports
-from pod.runtime.sharded_actor import device_coords
-from tests.pod.runtime.toy_sharded import D, K, ToyProgram, reference
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
+from pod.config.sharding import device_groups
+from pod.programs import DeviceProgram, ShapeCollectives
+from pod.report.clock import combine_device_reports
+from pod.runtime.device import Device
+from pod.runtime.local import LocalPod
+from tests.pod.runtime.toy_sharded import (BATCH, D, K, SEED, STEPS, ToyProgram, batches,
+                                           reference)
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
-
-SEED, STEPS, BATCH = 3, 4, 16
+AXES = ("data", "fsdp", "tensor")
 
 
-def _batches():
-    rng = np.random.default_rng(9)
-    truth = rng.standard_normal((D, K)).astype(np.float32)
-    out = []
-    for _ in range(STEPS):
-        x = rng.standard_normal((BATCH, D)).astype(np.float32)
-        out.append((x, (x @ truth).astype(np.float32)))
-    return out
+def toy_plan():
+    """A plan of the right mesh (its model is not used: the toy program replaces it)."""
+    return build_plan(parse_scenario({
+        "name": "toy", "pod": {"slice": "v5e-8", "mesh": {"data": 2, "fsdp": 2, "tensor": 2}},
+        "model": {"name": "transformer", "options": {"embed_dim": 8, "heads": 2, "head_dim": 4,
+                                                     "mlp_dim": 8, "layers": 1}},
+        "data": {"name": "synthetic_text",
+                 "options": {"vocabulary": 16, "sequence_length": 4, "num_examples": 64}},
+        "training": {"global_batch": BATCH, "steps": STEPS, "seed": SEED,
+                     "optimizer": {"name": "sgd"}},
+        "metrics": {"port": 0}}))
+
+
+class ToyLocalPod(LocalPod):
+    """``LocalPod`` running the toy program on the toy batches."""
+
+    def __init__(self, plan):
+        super().__init__(plan)
+        self.program = ToyProgram(plan.mesh.sizes)
+
+    def batch(self, step):
+        return batches()[step]
 
 
 @pytest.fixture(scope="module")
 def trained():
-    mesh = layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 4)))
-    link = calibrated_link("v5e", V5E.ici_link_bandwidth_bytes_per_s, V5E.ici_latency_s)
-    costs = MeshCollectiveCosts(mesh, link)
-    with ShardedPod(mesh, V5E, ToyProgram(mesh.sizes), costs, SEED) as pod:
-        stats = [pod.step(s, x, y) for s, (x, y) in enumerate(_batches())]
-        local = pod.assemble()["w"]
-        reports = pod.last_reports
-    return mesh, costs, stats, local, reports
+    plan = toy_plan()
+    with ToyLocalPod(plan) as pod:
+        stats = [pod.step(s) for s in range(STEPS)]
+        assert pod.replicas_identical()
+        state = pod.checkpoint_state()
+        return plan, pod, stats, state["params"]["w"], pod.last_reports
+
+
+def test_the_toy_keeps_the_device_program_contract():
+    assert isinstance(ToyProgram({"data": 2}), DeviceProgram)
 
 
 def test_sharded_training_equals_one_device_training(trained):
-    mesh, _, stats, local, _ = trained
-    want = reference(SEED, _batches())
+    _, _, stats, local, _ = trained
+    want = reference(SEED, batches())
     np.testing.assert_allclose(local, want, rtol=1e-5, atol=1e-6)
     assert stats[-1].loss < stats[0].loss
 
 
 def test_the_step_reports_per_axis_collectives(trained):
-    _, costs, stats, _, _ = trained
+    plan, _, stats, _, _ = trained
+    costs = plan.collective_costs
     s = stats[-1]
     assert set(s.axis_collective_bytes) == {"data", "fsdp", "tensor"}
     # the fsdp all-gather of W's (D/2, K/2) shard, then the reduce-scatter of the
     # (D, K/2) gradient: the callers' input bytes (the contract's nbytes)
     assert s.axis_collective_bytes["fsdp"] == 4 * D * K // 4 + 4 * D * K // 2
-    assert s.ici_seconds == pytest.approx(sum(s.axis_collective_seconds.values()))
+    assert s.collective_seconds == pytest.approx(sum(s.axis_collective_seconds.values()))
     assert s.step_seconds <= s.serial_step_seconds + 1e-15
     assert s.axis_collective_seconds["fsdp"] == pytest.approx(
         costs.seconds("fsdp", "all_gather", 4 * D * K // 4)
@@ -67,30 +85,45 @@ def test_the_step_reports_per_axis_collectives(trained):
 
 
 def test_timing_only_equals_the_functional_step(trained):
-    mesh, costs, stats, _, _ = trained
-    x, y = _batches()[-1]
+    """Every device again, its collectives ``ShapeCollectives`` (zero results of the
+    right size, nothing exchanged): the same records and calls, so the one clock
+    gives the functional step's figures."""
+    plan, pod, stats, _, functional = trained
+    xs, ys = pod.split(*batches()[-1])
     reports = []
-    for d in range(mesh.size):  # every device here; a sweep would take one per role
-        chip = Chip(device_chip_spec(V5E), d, numerics=True)
-        core = chip.cores[0]
-        groups = device_groups(mesh, d)
-        program = ToyProgram(mesh.sizes)
-        comm = ShapeCollectives(groups)
-        coords = device_coords(groups)
-        part = program.batch_slice(BATCH, coords)
-        result = program.train_step(core, comm, program.init_local(SEED, coords),
-                                    x[part], y[part], STEPS)
-        loss, update_start = result.loss, result.update_start
-        records = core.take_records()
-        reports.append(ShardedReport(d, loss, tuple(r.seconds for r in records), update_start,
-                                     tuple(comm.calls), 0, stats[-1] and _hbm(core)))
-    timing = combine_sharded_reports(STEPS - 1, reports, costs, global_batch=BATCH,
-                                     peak_flops_per_s=1.0, core_peak_flops_per_s=1.0,
-                                     model_flops=0, wall=0.0)
+    for d in range(plan.mesh.size):
+        groups = device_groups(plan.mesh, d)
+        device = Device(V5E, d, groups, ToyProgram(plan.mesh.sizes), SEED)
+        comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
+                                {a: groups.ring_index(a) for a in AXES})
+        reports.append(device.step(comm, xs[d], ys[d], STEPS - 1, SEED))
+    for got, want in zip(reports, functional):
+        assert (got.record_seconds, got.calls, got.update_start) == \
+            (want.record_seconds, want.calls, want.update_start)
+    timing = combine_device_reports(STEPS - 1, reports, plan.collective_costs, pod.context,
+                                    infeed_bytes=pod.infeed_bytes(xs, ys), wall_seconds=0.0)
     assert timing.step_seconds == stats[-1].step_seconds
     assert timing.axis_exposed_seconds == stats[-1].axis_exposed_seconds
 
 
-def _hbm(core):
-    from pod.runtime.actor import HbmUsage
-    return HbmUsage(core.hbm.used_bytes, core.hbm.peak_bytes, core.hbm.capacity_bytes)
+@pytest.mark.slow
+def test_on_ray_chip_actors_the_toy_trains_to_the_in_process_bits(ray_cluster, trained):
+    """Groups of two: the ICI ring's sums are LocalMesh's, bit for bit."""
+    from pod.runtime.pod import Pod
+
+    class ToyRayPod(Pod):
+        def __init__(self, plan):
+            super().__init__(plan)
+            self.program = ToyProgram(plan.mesh.sizes)
+
+        def batch(self, step):
+            return batches()[step]
+
+    plan, _, stats, local, _ = trained
+    with ToyRayPod(plan) as pod:
+        got = [pod.step(s) for s in range(STEPS)]
+        assert pod.replicas_identical()
+        w = pod.checkpoint_state()["params"]["w"]
+    assert w.tobytes() == local.tobytes()
+    assert [s.loss for s in got] == [s.loss for s in stats]
+    assert [s.step_seconds for s in got] == [s.step_seconds for s in stats]

@@ -1,4 +1,4 @@
-"""Timing-only sharded steps (pod/runtime/sharded_timing.py) against functional ones.
+"""Timing-only sharded steps (``pod.runtime.timing.TimingPod``) against functional ones.
 
 The reference is a functional step of every device of the same small layout,
 in process (``LocalMesh`` threads, real bf16 numerics, real gathers and
@@ -19,11 +19,11 @@ from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.config.sharding import device_chip_spec
 from pod.report.clock import step_clock as sharded_step_clock
-from pod.runtime.sharded_timing import ShardedTimingPod
+from pod.runtime.device import record_bound
+from pod.runtime.timing import TimingPod
 from pod.workloads import build_optimizer
 from pod.programs.collectives import LocalMesh
 from pod.programs import DeviceCoords, ShardedTransformer
-from pod.workloads.sharded_timing import update_start
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
@@ -55,7 +55,7 @@ def functional_reports(plan, steps=2, sequence_parallel=False):
 
     def device(comm):
         core = Chip(device_chip_spec(plan.pod.chip), 0, numerics=True,
-                    precision=training.precision).cores[0]
+                    precision=training.precision, sustained=True).cores[0]  # as Device
         coords = DeviceCoords.of(comm)
         shard = program.init_local(training.seed, coords)
         part = program.batch_slice(plan.global_batch, coords)
@@ -67,7 +67,7 @@ def functional_reports(plan, steps=2, sequence_parallel=False):
             result = program.train_step(core, comm, shard, x, y, step + 1)
             shard = result.shard
         records = core.take_records()
-        assert result.update_start == update_start(records, optimizer.name)
+        assert records[result.update_start].name.startswith(optimizer.name)
         return records, comm.take_calls(), result.update_start
 
     return LocalMesh.for_mesh(plan.mesh).run(device)
@@ -100,11 +100,12 @@ def test_timing_only_step_equals_the_functional_step(mesh, options):
     plan = build_plan(scenario(mesh, **options), timing_only=True, sharded_ok=True)
     assert plan.mesh.size == 8
     devices = functional_reports(plan, sequence_parallel=sequence)
-    clocks = [sharded_step_clock(records, calls, plan.mesh_costs.seconds, start)
+    clocks = [sharded_step_clock(records, calls, plan.collective_costs.seconds, start,
+                                 kinds=tuple(record_bound(r) for r in records))
               for records, calls, start in devices]
     want = max(clocks, key=lambda c: c.step_seconds)
 
-    pod = ShardedTimingPod(plan)  # training.sequence_parallel from the scenario
+    pod = TimingPod(plan)  # training.sequence_parallel from the scenario
     assert pod.program.sequence_parallel == sequence
     pod.step(0)
     stats = pod.step(1)
@@ -116,7 +117,7 @@ def test_timing_only_step_equals_the_functional_step(mesh, options):
     assert stats.step_seconds == pytest.approx(want.step_seconds, rel=1e-12)
     assert stats.compute_seconds == pytest.approx(want.compute_seconds, rel=1e-12)
     assert stats.update_seconds == pytest.approx(want.update_seconds, rel=1e-12)
-    assert stats.exposed_allreduce_seconds == pytest.approx(want.exposed_seconds, rel=1e-12,
+    assert stats.exposed_collective_seconds == pytest.approx(want.exposed_seconds, rel=1e-12,
                                                             abs=1e-15)
     assert stats.axis_collective_bytes == want.axis_bytes
     assert stats.axis_collective_seconds == pytest.approx(want.axis_seconds, rel=1e-12)
@@ -131,7 +132,7 @@ def test_model_flops_and_hardware_flops_count_the_whole_pod():
     of the tensor devices)."""
     plan = build_plan(scenario({"fsdp": 4, "tensor": 2}, remat="full"), timing_only=True,
                       sharded_ok=True)
-    stats = ShardedTimingPod(plan).step(0)
+    stats = TimingPod(plan).step(0)
     assert stats.model_flops == plan.model.model_flops_per_example() * plan.global_batch
     assert stats.hardware_flops > stats.model_flops
     assert stats.mfu == pytest.approx(
@@ -149,7 +150,7 @@ def test_a_175b_class_step_holds_no_model_sized_array():
                                mlp_activation="gelu", norm="layernorm", remat="full"),
                       timing_only=True, sharded_ok=True)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    stats = ShardedTimingPod(plan).step(0)
+    stats = TimingPod(plan).step(0)
     grown_bytes = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
     assert stats.step_seconds > 0
     assert grown_bytes < 300 * 2**20
@@ -197,10 +198,10 @@ def test_pod_links_slow_and_reroute_a_sharded_mesh():
     a, b = base.mesh.groups("tensor")[0][:2]
     link = f"{a}->{b}"
     assert base.pod.torus.route(a, b) == [(a, b)]  # neighbours
-    plain = ShardedTimingPod(base).step(0).axis_collective_seconds
+    plain = TimingPod(base).step(0).axis_collective_seconds
     for entry in ({"link": link, "slowdown": 4.0}, {"link": link, "failed": True}):
         plan = build_plan(scenario(mesh, links=[entry]), timing_only=True, sharded_ok=True)
-        got = ShardedTimingPod(plan).step(0).axis_collective_seconds
+        got = TimingPod(plan).step(0).axis_collective_seconds
         assert got["tensor"] > plain["tensor"], entry
         assert got["fsdp"] == plain["fsdp"], entry
     with pytest.raises(ScenarioError, match=r"pod.links.0: a failed link on a sharded mesh of "

@@ -1,11 +1,13 @@
-"""The real sharded transformer program on Ray actors (``ShardedPod``, 8 devices of a
-v5e 2x4 torus, or of a v3 2x2 torus, a device per TensorCore; {data: 2, fsdp: 2,
-tensor: 2}, 3 steps, tiny dims, fp32 numerics):
-its parameters equal the in-process ``LocalMesh`` run of the same program (the
-reference the runtime's ICI collectives are checked against) bit for bit, and the
-single-device training within the program's own fp32 tolerance
-(tests/pod/workloads/test_sharded.py). And the transformer-sharded scenario:
-validate and run refuse and accept the same things."""
+"""The real sharded transformer program on the runtime's pods ({data: 2, fsdp: 2,
+tensor: 2}, 8 devices of a v5e 2x4 torus or of a v3-8, a device per TensorCore; 3
+steps, tiny dims, fp32 numerics): in this process (``LocalPod``) its parameters equal
+the bare program on ``LocalMesh`` bit for bit and single-device training within the
+program's own fp32 tolerance (tests/pod/workloads/test_sharded.py); on Ray chip
+actors (slow tier) they equal ``LocalPod``'s bit for bit (groups of two: a ring's
+sum is ``LocalMesh``'s). And the transformer-sharded scenario through the CLI and
+the API, in process: validate and run refuse and accept the same things, resume
+and recovery end on the uninterrupted run's bits, faults change time only, the
+summary and the trace hold the mesh's axes."""
 
 from __future__ import annotations
 
@@ -14,94 +16,119 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chip import TensorCore
-from chip.spec import V3, V5E
-from interconnect import Torus, calibrated_link
-from pod.config.mesh import layout_mesh
-from pod.config.sharding import MeshCollectiveCosts, device_chip_spec, on_chip_bandwidth
-from pod.runtime.sharded_pod import ShardedPod
-from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
+from chip import TensorCore, get_chip_spec
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
+from pod.config.sharding import device_chip_spec
+from pod.programs import DeviceCoords
 from pod.programs.collectives import LocalMesh
-from pod.programs import DeviceCoords, ShardedTransformer
+from pod.runtime.base import plan_program
+from pod.runtime.local import LocalPod
+from pod.workloads import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = {"vocabulary": 32, "sequence_length": 8, "embed_dim": 16, "heads": 4, "head_dim": 4,
-        "mlp_dim": 32, "layers": 1}
+TINY = {"embed_dim": 16, "heads": 4, "head_dim": 4, "mlp_dim": 32, "layers": 1}
 SEED, STEPS, BATCH = 0, 3, 8
 FP32_ATOL = 5e-5  # test_sharded.py's tolerance against one device
 
 
-def _batches():
-    rng = np.random.default_rng(1)
-    shape = (BATCH, TINY["sequence_length"])
-    return [(rng.integers(0, TINY["vocabulary"], shape), rng.integers(0, TINY["vocabulary"], shape))
-            for _ in range(STEPS)]
+def tiny_plan(slice_name: str):
+    return build_plan(parse_scenario({
+        "name": "sharded-transformer", "pod": {"slice": slice_name,
+                                               "mesh": {"data": 2, "fsdp": 2, "tensor": 2}},
+        "model": {"name": "transformer", "options": TINY},
+        "data": {"name": "synthetic_text",
+                 "options": {"vocabulary": 32, "sequence_length": 8, "num_examples": 64}},
+        "training": {"global_batch": BATCH, "steps": STEPS, "seed": SEED, "precision": "fp32",
+                     "optimizer": {"name": "adamw", "learning_rate": 1e-2}},
+        "metrics": {"port": 0}}))
 
 
-def _program(mesh):
-    model = TransformerModel(TransformerConfig(**TINY))
-    return ShardedTransformer(model, mesh.sizes, build_optimizer("adamw", learning_rate=1e-2))
+#: 8 devices: v5e-8 (a 2x4 torus, a device per chip), v3-8 (2x2, a device per TensorCore)
+SLICES = {"v5e": "v5e-8", "v3": "v3-8"}
 
 
-#: chip -> its 8-device mesh: v5e 2x4 (a device per chip), v3-8 2x2 (a device per TensorCore)
-MESHES = {"v5e": (V5E, lambda: layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 4)))),
-          "v3": (V3, lambda: layout_mesh({"data": 2, "fsdp": 2, "tensor": 2}, Torus((2, 2)),
-                                         per_chip=2))}
-
-
-def _single(chip):
-    model = TransformerModel(TransformerConfig(**TINY))
+def _single(plan, batches):
+    model = plan.model
     opt = build_optimizer("adamw", learning_rate=1e-2)
-    core = TensorCore(device_chip_spec(chip).core, precision="fp32")
+    core = TensorCore(device_chip_spec(plan.pod.chip).core, precision="fp32")
     params = model.init_params(SEED)
     state, losses = opt.init(params), []
-    for step, (x, y) in enumerate(_batches(), 1):
+    for step, (x, y) in enumerate(batches, 1):
         loss, grads = model.loss_and_grads(core, params, x, y)
         params, state = opt.update(core, grads, state, params, step)
         losses.append(loss)
     return params, losses
 
 
-def _local_mesh(mesh, chip):
-    program = _program(mesh)
+def _local_mesh(plan, batches):
+    """The bare program on ``LocalMesh`` (no Device, no pod)."""
+    program = plan_program(plan)
 
     def device(comm):
-        core = TensorCore(device_chip_spec(chip).core, precision="fp32")
+        core = TensorCore(device_chip_spec(plan.pod.chip).core, precision="fp32")
         shard = program.init_local(SEED, DeviceCoords.of(comm))
         part = program.batch_slice(BATCH, shard.coords)
-        for step, (x, y) in enumerate(_batches(), 1):
+        for step, (x, y) in enumerate(batches, 1):
             shard = program.train_step(core, comm, shard, x[part], y[part], step).shard
         return shard
 
-    return program.assemble(LocalMesh.for_mesh(mesh).run(device))
+    return program.assemble(LocalMesh.for_mesh(plan.mesh).run(device))
 
 
-@pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("name", sorted(MESHES))
-def test_ray_sharded_transformer_equals_the_local_mesh_and_one_device(name):
-    chip, make_mesh = MESHES[name]
-    mesh = make_mesh()
-    assert mesh.size == 8
-    link = calibrated_link(name, chip.ici_link_bandwidth_bytes_per_s, chip.ici_latency_s)
-    costs = MeshCollectiveCosts(mesh, link, on_chip_bandwidth(chip))
-    with ShardedPod(mesh, chip, _program(mesh), costs, SEED, precision="fp32") as pod:
-        stats = [pod.step(s, x, y) for s, (x, y) in enumerate(_batches())]
-        got = pod.assemble()
-        identical = pod.replicas_identical()
-    want_params, want_losses = _single(chip)
-    local = _local_mesh(mesh, chip)
-    assert identical
-    assert set(got) == set(local)
-    for key in got:  # the same ring orders and float32 sums in the same order: the same bits
+def _train(pod, plan):
+    stats = [pod.step(s) for s in range(plan.steps)]
+    assert pod.replicas_identical()
+    return stats, pod.checkpoint_state()["params"]
+
+
+@pytest.fixture(scope="module", params=sorted(SLICES))
+def local_run(request):
+    plan = tiny_plan(SLICES[request.param])
+    with LocalPod(plan) as pod:
+        stats, params = _train(pod, plan)
+        batches = [pod.batch(s) for s in range(plan.steps)]
+    return request.param, plan, stats, params, batches
+
+
+@pytest.mark.usefixtures("one_blas_thread")
+def test_the_sharded_transformer_equals_the_local_mesh_and_one_device(local_run):
+    name, plan, stats, got, batches = local_run
+    assert plan.mesh.size == 8 and plan.mesh.devices_per_chip == (2 if name == "v3" else 1)
+    want_params, want_losses = _single(plan, batches)
+    local = _local_mesh(plan, batches)
+    assert set(got) == set(local) == set(want_params)
+    for key in got:  # the same program, the same float32 sums in the same order
         np.testing.assert_array_equal(got[key], local[key], err_msg=key)
     assert max(float(np.max(np.abs(got[k] - want_params[k]))) for k in got) < FP32_ATOL
     np.testing.assert_allclose([s.loss for s in stats], want_losses, rtol=1e-6)
     assert set(stats[-1].axis_collective_bytes) == {"data", "fsdp", "tensor"}
-    peak = device_chip_spec(chip).peak_bf16_flops_per_s * 8
-    assert stats[-1].peak_flops_per_s == pytest.approx(peak)  # 8 chips, or 8 TensorCores
-    tensor_on_chip = all(d // mesh.devices_per_chip == e // mesh.devices_per_chip
-                         for d, e in mesh.groups("tensor"))
+    chip = get_chip_spec(name)
+    assert stats[-1].peak_flops_per_s == pytest.approx(4 * chip.peak_bf16_flops_per_s
+                                                       if name == "v3" else
+                                                       8 * chip.peak_bf16_flops_per_s)
+    tensor_on_chip = all(d // plan.mesh.devices_per_chip == e // plan.mesh.devices_per_chip
+                         for d, e in plan.mesh.groups("tensor"))
     assert tensor_on_chip == (name == "v3")  # v3: tensor takes the two cores of a chip
+
+
+@pytest.mark.slow
+def test_on_ray_chip_actors_the_sharded_transformer_trains_to_the_in_process_bits(
+        ray_cluster, local_run):
+    """Every group has two devices: the ICI transport's ring sums are ``LocalMesh``'s,
+    so the losses, the parameters and the simulated steps are the same bits (v3: the
+    chip actor holds its two TensorCore devices)."""
+    from pod.runtime.pod import Pod
+
+    name, plan, stats, want, _ = local_run
+    with Pod(plan) as pod:
+        assert len(pod.actors) == plan.pod.chips == (4 if name == "v3" else 8)
+        got_stats, got = _train(pod, plan)
+    assert [s.loss for s in got_stats] == [s.loss for s in stats]
+    assert [s.step_seconds for s in got_stats] == [s.step_seconds for s in stats]
+    assert set(got) == set(want)
+    for key in got:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def _cli(args):
@@ -147,7 +174,6 @@ def test_validate_and_run_refuse_the_same_line(tmp_path, extra, words):
     assert "Traceback" not in checked[1] + ran[1]
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_resumed_and_recovered_sharded_runs_end_with_the_uninterrupted_runs_bits(tmp_path):
     """The shipped sharded scenario for 4 steps, checkpoints every 2; a run resumed
     from its step-2 checkpoint to step 4; a run whose chip 3 is killed during step 4
@@ -166,11 +192,12 @@ def test_resumed_and_recovered_sharded_runs_end_with_the_uninterrupted_runs_bits
     path = tmp_path / "s.yaml"
     path.write_text(text.replace("every_steps: 100", "every_steps: 2"))
     straight, resumed, start = tmp_path / "straight", tmp_path / "resumed", tmp_path / "start"
-    code, output = _cli(["run", str(path), "--steps", "4", "--output-dir", str(straight)])
+    code, output = _cli(["run", str(path), "--steps", "4", "--in-process", "--output-dir",
+                         str(straight)])
     assert code == 0, output
     start.mkdir()
     shutil.copy(checkpoint_path(straight / "checkpoints", 2), start)
-    code, output = _cli(["run", str(path), "--steps", "4", "--resume", str(start),
+    code, output = _cli(["run", str(path), "--steps", "4", "--in-process", "--resume", str(start),
                          "--output-dir", str(resumed)])
     assert code == 0, output
     assert "Resuming from" in output and "step 2 of 4" in output
@@ -190,7 +217,8 @@ def test_resumed_and_recovered_sharded_runs_end_with_the_uninterrupted_runs_bits
 
     killed = tmp_path / "killed"
     path.write_text(path.read_text() + "faults:\n  - {kind: kill_chip, chip: 3, step: 4}\n")
-    code, output = _cli(["run", str(path), "--steps", "4", "--output-dir", str(killed)])
+    code, output = _cli(["run", str(path), "--steps", "4", "--in-process", "--output-dir",
+                         str(killed)])
     assert code == 0, output
     assert "restored step 2, recomputing 1 step(s)" in output
     got = load_checkpoint(checkpoint_path(killed / "checkpoints", 4))
@@ -203,7 +231,6 @@ def test_resumed_and_recovered_sharded_runs_end_with_the_uninterrupted_runs_bits
     assert three["collectives_by_axis"] == one["collectives_by_axis"]
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_stragglers_and_link_faults_slow_a_sharded_run_from_their_step():
     """v5e 2x4, {data: 2, fsdp: 2, tensor: 2}: chip 1 runs 3x slower from step 2, link
     0->4 (in the tensor group of chips 0 and 4 only) at a quarter of its bandwidth from
@@ -218,8 +245,8 @@ def test_stragglers_and_link_faults_slow_a_sharded_run_from_their_step():
     faults = ("faults:\n  - {kind: slow_chip, chip: 1, factor: 3.0, step: 2}\n"
               "  - {kind: slow_link, link: \"0->4\", slowdown: 4.0, step: 3}\n")
     assert (0, 4) in api.validate(text).mesh.groups("tensor")
-    plain = api.run(text, steps=3, quiet=True).history
-    slowed = api.run(text + faults, steps=3, quiet=True).history
+    plain = api.run(text, steps=3, quiet=True, in_process=True).history
+    slowed = api.run(text + faults, steps=3, quiet=True, in_process=True).history
     assert slowed[0].compute_seconds == plain[0].compute_seconds
     assert slowed[1].compute_seconds == pytest.approx(3 * plain[1].compute_seconds, rel=1e-12)
     assert slowed[1].axis_collective_seconds == plain[1].axis_collective_seconds
@@ -248,7 +275,6 @@ def test_a_checkpoint_of_another_mesh_is_refused_in_one_line(tmp_path):
     assert code == 2 and "pod.mesh" in output and "Traceback" not in output
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
     """``tpu-pod run`` of the shipped sharded scenario for 2 steps with ``--trace``:
     summary.json holds the mesh and per-axis collectives; the trace has a lane per
@@ -258,8 +284,9 @@ def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
     import json
 
     out, trace = tmp_path / "out", tmp_path / "trace.json.gz"
-    code, output = _cli(["run", str(_scenario(tmp_path)), "--steps", "2", "--output-dir",
-                         str(out), "--trace", str(trace), "--trace-steps", "2", "--report"])
+    code, output = _cli(["run", str(_scenario(tmp_path)), "--steps", "2", "--in-process",
+                         "--output-dir", str(out), "--trace", str(trace), "--trace-steps", "2",
+                         "--report"])
     assert code == 0, output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
@@ -274,7 +301,7 @@ def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
     assert [e["name"] for e in steps] == ["step 2"]
     for axis in ("data", "fsdp", "tensor"):
         traced = sum(e["args"]["bytes"] for e in spans if lanes[e["tid"]] == f"ICI {axis}")
-        assert traced * 2 == by_axis[axis]["bytes"], axis  # two equal steps, one traced
+        assert traced == by_axis[axis]["bytes_per_step"], axis  # two equal steps, one traced
     end = max(e["ts"] + e["dur"] for e in spans)
     assert end == pytest.approx((steps[0]["ts"] + steps[0]["dur"]), rel=1e-9)
     # the summary's step time is the mean of the steps after the first: step 2's
@@ -287,12 +314,12 @@ def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
     assert summary["hbm_peak_bytes"] == sum(memory[k] for k in ("params", "grads",
                                                                  "optimizer_state", "activations"))
     assert summary["ici_bytes_per_step"] > 0
-    # the console's table: the mesh, and per axis a step's bytes as summary.json's / 2
+    # the console's table: the mesh, and per axis a step's bytes as summary.json's
     assert "{data: 2, fsdp: 2, tensor: 2}" in output and "collectives, exposed" in output
     assert "allreduce algorithm" not in output and "HBM peak per device" in output
     page = (out / "report.html").read_text()
     for axis in ("data", "fsdp", "tensor"):
         row = next(line for line in output.splitlines() if line.strip("│ ").startswith(axis + " "))
-        assert f"{by_axis[axis]['bytes'] // 2:,} B" in row, row
-        assert f"{by_axis[axis]['bytes'] // 2:,} B" in page, axis  # report.html's rows too
+        assert f"{int(by_axis[axis]['bytes_per_step']):,} B" in row, row
+        assert f"{int(by_axis[axis]['bytes_per_step']):,} B" in page, axis  # report.html too
     assert "HBM plan per device" in page and "allreduce algorithm" not in page

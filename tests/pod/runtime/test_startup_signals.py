@@ -13,7 +13,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
+
+@pytest.mark.slow
 def test_sigterm_while_the_actors_start_is_the_runs_not_rays(tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text("name: startup\npod: {chip: v4, chips: 8}\nmodel: {name: mlp, options: "
@@ -21,13 +24,13 @@ def test_sigterm_while_the_actors_start_is_the_runs_not_rays(tmp_path):
                         "metrics: {port: 0}\n")
     script = textwrap.dedent(f"""
         import os, signal
-        from pod.runtime import coordinator
-        original = coordinator.Pod._new_actor
+        from pod.runtime.pod import Pod
+        original = Pod._new_actor
         def new_actor(self, rank):
             if rank == 4:
                 os.kill(os.getpid(), signal.SIGTERM)
             return original(self, rank)
-        coordinator.Pod._new_actor = new_actor
+        Pod._new_actor = new_actor
         from pod.cli import main
         main(["run", {str(scenario)!r}, "--output-dir", {str(tmp_path / 'out')!r}])
     """)

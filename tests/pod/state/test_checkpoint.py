@@ -38,12 +38,13 @@ def scenario(steps=6, checkpoint=None, faults=(), name="ckpt-test", **options):
     return parse_scenario(data)
 
 
-def run(tmp, sc, **kw):
+def run(tmp, sc, backend="local", **kw):
+    """``run_training`` of a scenario, in this process unless ``backend="ray"``; (summary, log)."""
     from pod.commands.train import run_training
 
     log = io.StringIO()
     summary = run_training(build_plan(sc), output_dir=tmp, console=Console(file=log, width=200),
-                           log_every=1, **kw)
+                           log_every=1, backend=backend, **kw)
     return summary, log.getvalue()
 
 
@@ -100,17 +101,20 @@ def test_prune_keeps_the_newest_k_and_latest_skips_a_corrupted_one(tmp_path):
 
 
 def test_a_checkpoint_of_replicas_that_differ_is_refused():
-    from pod.runtime.actor import Snapshot
+    """The pod compares every device's digests with its data replica 0's before it
+    assembles anything: one differing device is named."""
+    from pod.runtime.actor import DeviceSnapshot
+    from pod.runtime.base import PodBase
 
-    class FakePod:
-        def snapshot(self):
-            return [Snapshot(digests=(("a", "o"), ("a", "o")), model_state=({}, {}), params={},
-                             optimizer_state={}),
-                    Snapshot(digests=(("a", "o"), ("b", "o")), model_state=({}, {}))]
+    class FakePod(PodBase):
+        def _snapshot(self, full):
+            return [DeviceSnapshot(d, ("b" if d == 3 else "a", "o"), {}, None)
+                    for d in range(len(full))]
 
     plan = build_plan(scenario(batch_norm=False))
-    with pytest.raises(CheckpointError, match="chip 1 core 1 differs"):
-        pod_checkpoint(FakePod(), plan, 3)
+    with pytest.raises(CheckpointError, match=r"device 3 differs from its data replica 0 "
+                                              r"\(b != a\); replicas are not bit-identical"):
+        pod_checkpoint(FakePod(plan), plan, 3)
 
 
 def test_resume_refuses_another_scenario_and_a_used_directory(tmp_path):
@@ -135,10 +139,10 @@ def test_digest_is_sha256_of_the_raw_bytes_in_order():
     assert params_digest(dict(reversed(arrays.items()))) != expected  # order matters
 
 
-# ------------------------------------------------------------------ on Ray: resume
+# ------------------------------------------------------------------ resume (in process)
 
 @pytest.fixture(scope="module")
-def uninterrupted(ray_cluster, tmp_path_factory):
+def uninterrupted(tmp_path_factory):
     """The reference: 6 steps in one go, checkpoints every 2 steps."""
     out = tmp_path_factory.mktemp("whole")
     summary, _ = run(out, scenario(checkpoint={"every_steps": 2, "keep": 5}))

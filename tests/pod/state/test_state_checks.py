@@ -92,8 +92,8 @@ def test_parameters_of_the_wrong_shape_fail_before_any_actor(tmp_path, plan):
     ({"params": "extra"}, r"params has 'stray'"),
     ({"params": "float64"}, r"has dtype float64, expected float32"),
     ({"model_state": "missing"}, r"model_state lacks"),
-    ({"replica_model_state": "short"}, r"replica_model_state has per-chip cores \[2, 2, 2\], "
-                                       r"expected 4 chips x 2 TensorCores"),
+    ({"replica_model_state": "short"}, r"replica_model_state has per-chip devices \[2, 2, 2\], "
+                                       r"expected 4 chips x 2 devices"),
 ])
 def test_every_tree_is_checked_for_names_and_dtypes(tmp_path, plan, change, needle):
     ck = valid(plan)
@@ -132,7 +132,7 @@ def test_the_optimizer_digest_is_compared(tmp_path, plan):
     ({"run_state": {"totals": {"steps": 4, "bogus": 1}}}, r"totals'\] has 'bogus'"),
     ({"run_state": {"junk": 1}}, r"run_state has unknown key\(s\) 'junk'"),
     ({"run_state": {"axis_totals": {"pipe": {"bytes": 1, "seconds": 0, "exposed_seconds": 0}}}},
-     r"axis_totals'\] is .*pipe.*, expected per mesh axis \(data, fsdp, tensor\)"),
+     r"axis_totals'\] is .*pipe.*, expected per mesh axis \(data, stage, fsdp, expert, tensor\)"),
     ({"run_state": {"axis_totals": {"data": {"bytes": -1, "seconds": 0, "exposed_seconds": 0}}}},
      r"axis_totals'\] is .*finite and >= 0"),
 ])
