@@ -101,7 +101,9 @@ MXU_FIT_ROW_IDS = ("C1", "C2", "C4")
 
 
 def _uncalibrated(spec: ChipSpec) -> ChipSpec:
-    core = dataclasses.replace(spec.core, mxu_efficiency=1.0, hbm_efficiency=1.0)
+    """The chip at its ideal rates: MXU and HBM efficiency 1, no sustained drop."""
+    core = dataclasses.replace(spec.core, mxu_efficiency=1.0, hbm_efficiency=1.0,
+                               mxu_sustained_efficiency=None, mxu_burst_seconds=0.0)
     return dataclasses.replace(spec, core=core)
 
 

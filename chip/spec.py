@@ -71,7 +71,7 @@ _VPU_ALUS_PER_LANE = 2
 _MXU_EFFICIENCY_V5E = 0.952  # e0, fit [PALLAS][JS168] C1, C2, C4 with T1-T4, M1, M2
 _MXU_BURST_SECONDS = 0.158  # tau, the same fit
 _MXU_SUSTAINED_V5E = 0.733  # e1 of v5e, the same fit (C1, C2, C4, T3, T4, M1)
-_MXU_SUSTAINED_V5P = 0.807  # e1 of v5p, the same fit (T1, T2, M2)
+_MXU_SUSTAINED_V5P = 0.803  # e1 of v5p, the same fit (T1, T2, M2)
 # - Achieved HBM bandwidth: fraction of the spec bandwidth a streaming copy
 #   reaches. Fit: the one row C5, `a.copy()` of 32 MiB on v6e in 49.36 us
 #   device time (64 MiB moved: 1359.6 GB/s of 1638 spec) [RECIPES]; with one
@@ -482,7 +482,7 @@ V2 = ChipSpec.from_chip_figures(
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v2: v5e's per-chip figure [SB] assumed
-    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
+    dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
 V3 = ChipSpec.from_chip_figures(
@@ -509,7 +509,7 @@ V3 = ChipSpec.from_chip_figures(
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v3: v5e's per-chip figure [SB] assumed
-    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
+    dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
 V4 = ChipSpec.from_chip_figures(
@@ -537,7 +537,7 @@ V4 = ChipSpec.from_chip_figures(
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=6.25e9,  # unpublished for v4: v5p's per-chip figure [SB] assumed (4 chips per host, as v5p)
-    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
+    dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
 V5E = ChipSpec.from_chip_figures(
@@ -565,7 +565,7 @@ V5E = ChipSpec.from_chip_figures(
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # [SB]: about 3.1e9 B/s per chip across slices
-    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
+    dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
 V5P = ChipSpec.from_chip_figures(
@@ -593,7 +593,7 @@ V5P = ChipSpec.from_chip_figures(
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # fit (shared)
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=6.25e9,  # [SB]: about 6.25e9 B/s per chip across slices
-    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
+    dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
 V6E = ChipSpec.from_chip_figures(
@@ -617,11 +617,11 @@ V6E = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=False,  # "v6e-8" = 8 chips [GC-v6e]
     megacore=False,  # one TensorCore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=None,  # T5 (v6e) agrees without a drop: none fitted
-    mxu_burst_seconds=0.0,
+    mxu_sustained_efficiency=None,  # fit: T5 (v6e) agrees without a drop, none fitted
+    mxu_burst_seconds=0.0,  # fit: no drop, no time constant
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # fit on v6e row C5
     dcn_bytes_per_s=3.1e9,  # unpublished for v6e: v5e's per-chip figure [SB] assumed (8 chips per host, as v5e)
-    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
+    dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
 PRESETS: dict[str, ChipSpec] = {s.name: s for s in (V2, V3, V4, V5E, V5P, V6E)}

@@ -685,7 +685,6 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
             it cannot take; replaces the closed forms.
         alternatives: (label, figures) of other versions of the model to name in
             a refusal when one fits this mesh (``"remat full"``).
-
     Returns:
         Bytes per item (params, grads, optimizer_state, activations, workspace), total.
 
