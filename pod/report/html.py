@@ -52,15 +52,14 @@ def read_steps(path: Path) -> list[dict[str, float]]:
 def _plots_svg(steps: Sequence[Mapping[str, float]]) -> str:
     """Loss and the simulated step-time parts per step, as inline SVG (matplotlib)."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ModuleNotFoundError:
         return ('<p class="note">The plots need matplotlib: pip install '
                 "'tpu-pod-emulator[plots]'.</p>")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from pod.report.figures import subplots  # no pyplot: a notebook's backend stays
 
     x = [s["step"] for s in steps]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right) = subplots(1, 2, figsize=(11, 3.8))
     left.plot(x, [s["loss"] for s in steps], label="training loss")
     tested = [s for s in steps if "test_loss" in s]
     if tested:
@@ -77,7 +76,6 @@ def _plots_svg(steps: Sequence[Mapping[str, float]]) -> str:
     fig.tight_layout()
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg")
-    plt.close(fig)
     text = buffer.getvalue()
     return text[text.index("<svg"):]  # drop the XML prologue: inline in HTML
 
