@@ -43,13 +43,27 @@ def close(fig: Any) -> None:
 def show_in_notebook() -> None:
     """In an IPython kernel, make a returned ``Figure`` display as an image.
 
-    IPython registers its figure formatter when the kernel's inline backend is
-    loaded, which happens when pyplot is imported; a figure built without
-    pyplot in a fresh kernel would otherwise show as ``<Figure size ...>``.
-    Importing pyplot changes no backend and makes no figure. Outside IPython
-    nothing happens.
+    IPython shows figures through a formatter that matplotlib's inline backend
+    registers when pyplot first loads it; a figure built without pyplot in a
+    fresh kernel would otherwise show as ``<Figure size ...>``. Where no
+    formatter for figures is registered yet, IPython's own PNG one is
+    (``select_figure_formats``, what the inline backend does); one the user or
+    the backend chose is kept. Nothing else changes: no backend, no pyplot.
+    Outside IPython nothing happens.
     """
     ipython = sys.modules.get("IPython")
-    if ipython is None or getattr(ipython, "get_ipython", lambda: None)() is None:
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython else None
+    formatters = getattr(getattr(shell, "display_formatter", None), "formatters", None)
+    if not formatters:
         return
-    import matplotlib.pyplot  # noqa: F401 - the kernel's inline backend hooks in on import
+    from matplotlib.figure import Figure
+
+    for formatter in formatters.values():
+        try:
+            formatter.lookup_by_type(Figure)
+            return  # a format for figures is registered: it is the user's or the backend's
+        except KeyError:
+            continue
+    from IPython.core.pylabtools import select_figure_formats
+
+    select_figure_formats(shell, {"png"})
