@@ -116,3 +116,19 @@ def test_status_line_throttles_and_always_shows_the_last_text():
 def test_a_bad_progress_mode_is_one_line():
     with pytest.raises(pod.ScenarioError, match="progress: 'bar' is not a progress mode"):
         pod.run(SMALL, in_process=True, progress="bar")
+
+
+def test_tpu_pod_run_progress_line_rewrites_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from pod.cli import cli
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: cli-line\npod: {slice: v2-8}\nmodel: {name: mlp, options: "
+                    "{hidden: [16]}}\ntraining: {global_batch: 64, steps: 4}\n"
+                    "metrics: {port: 0}\n")
+    out = CliRunner().invoke(cli, ["run", str(path), "--in-process", "--progress", "line",
+                                   "--output-dir", str(tmp_path / "out")])
+    assert out.exit_code == 0, out.output[-2000:]
+    line = next(row for row in out.output.split("\n") if row.startswith("\rstep "))
+    assert line.split("\r")[-1].startswith("step 4/4") and out.output.count("step 4/4") == 1
