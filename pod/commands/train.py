@@ -28,8 +28,8 @@ from pod.report.console import (PROGRESS_MODES, StatusLine, epoch_line, evaluati
                                 make_console, progress_bar, progress_line, summary_table)
 from pod.config.mesh import format_axes
 from pod.config.sharding import device_chip_spec
-from pod.report.files import (StepsCsv, check_writable, reliability, summarize, write_csv,
-                              write_json)
+from pod.report.files import (StepsCsv, check_writable, evaluated_figure, reliability,
+                              summarize, write_csv, write_json)
 from pod.report.html import read_steps, write_report
 from pod.report.metrics import PodMetrics
 from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
@@ -387,7 +387,8 @@ class Run:
         self.step_index += 1
         evaluation = self.evaluate_if_due()
         if evaluation is not None:
-            stats = replace(stats, test_loss=evaluation.loss, test_accuracy=evaluation.accuracy)
+            stats = replace(stats, test_loss=evaluated_figure(evaluation, "loss"),
+                            test_accuracy=evaluated_figure(evaluation, "accuracy"))
         self.rows.write({**stats.row(), "synthetic_data": self.plan.dataset.synthetic})
         if self.history is not None:
             self.history.append(stats)

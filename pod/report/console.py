@@ -133,9 +133,12 @@ def accuracy_text(accuracy: float) -> str:
 
 
 def evaluation_text(evaluation: Any) -> str:
-    """``test_loss: L - test_accuracy: A``, the one format of a held-out evaluation."""
-    return (f"test_loss: {evaluation.loss:.4f} - "
-            f"test_accuracy: {accuracy_text(evaluation.accuracy)}")
+    """``test_loss: L - test_accuracy: A``, the one format of a held-out evaluation
+    ("none" where no test example was evaluated, as the summary's null)."""
+    loss, accuracy = evaluation.loss, evaluation.accuracy
+    if not (math.isfinite(loss) and math.isfinite(accuracy)):
+        return "test_loss: none - test_accuracy: none (no test example evaluated)"
+    return f"test_loss: {loss:.4f} - test_accuracy: {accuracy_text(accuracy)}"
 
 
 def epoch_line(totals: StepTotals, evaluation: Any | None, epoch: int, epochs: int,
