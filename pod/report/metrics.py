@@ -168,10 +168,7 @@ class PodMetrics:
         self._links = tuple(links)
         for link in links:  # a counter at 0 is true before the first step: nothing sent yet
             self.ici_bytes.labels(link)
-        # A gauge of the last step reads 0 before there is one, and an alert such as
-        # TpuPodLowMFU (mfu < 0.25) fires on it while the pod starts: these are registered
-        # at the first step (the test accuracy at the first evaluation, the tokens only
-        # for sequence models), and the labelled ones get their series from the first step.
+        # registered at the first step (the module's docstring: absent, not 0, until then)
         self._step_gauges = (self.examples_per_second, self.flops_per_second, self.mfu,
                              self.loss, self.slowdown, self.overlap, self.rate)
         self._registered: set[Any] = set()
