@@ -123,36 +123,24 @@ def _data_field(message: str, path: str | None) -> str:
 
 
 def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, optimizer,
-                 per_device: int, dataset: Dataset | None = None) -> dict[str, int]:
+                 per_device: int) -> dict[str, int]:
     """The HBM check of ``build_plan``: one device's plan on its mesh
     (``pod.config.mesh.mesh_memory_plan``), the same for every mesh.
 
     Raises:
         HBMPlanError: one line naming the field to change: ``pod.mesh`` where a
-            mesh with more sharding would fit (the transformer), a remat policy
-            that would fit before "a smaller model", else the batch or the model.
+            mesh with more sharding would fit (the transformer), else the batch
+            or the model.
     """
     training = scenario.training
-
-    def plan(model: Model) -> dict[str, int]:
+    try:
         return mesh_memory_plan(model, optimizer.state_bytes(_shape_only(model)),
                                 training.global_batch, mesh, device_hbm_bytes(pod.chip),
                                 precision=training.precision,
                                 shardable=scenario.model.name in SHARDED_MODELS)
-
-    try:
-        return plan(model)
     except HBMPlanError as err:
         if scenario.model.name in SHARDED_MODELS:
-            fits = _remat_that_fits(scenario, dataset, plan) if _NO_MESH in str(err) else None
-            if fits is None:
-                raise  # its one line names pod.mesh and a mesh that fits
-            policy, total = fits
-            raise HBMPlanError(
-                str(err).replace(f"; {_NO_MESH}", f"; with model.options.remat: {policy} it "
-                                 f"fits ({total / 2**30:.1f} GiB per device); else {_NO_MESH}"),
-                tag=err.tag, requested_bytes=err.requested_bytes, free_bytes=err.free_bytes,
-                capacity_bytes=err.capacity_bytes, memory_plan=err.memory_plan) from None
+            raise  # its one line names pod.mesh and a mesh that fits
         activations = err.memory_plan.get("activations", 0) if err.memory_plan else 0
         field = ("training.global_batch" if activations * 2 > err.requested_bytes else
                  "model.options")
@@ -164,41 +152,6 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
             "more HBM per device", tag=err.tag, requested_bytes=err.requested_bytes,
             free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
             memory_plan=err.memory_plan) from None
-
-
-#: what ``sharded_memory_plan`` says when no mesh of the devices fits (``pod.config.mesh``)
-_NO_MESH = "no mesh of "
-
-
-def _remat_that_fits(scenario: Scenario, dataset: Dataset | None,
-                     plan: Any) -> tuple[str, int] | None:
-    """A remat policy under which the scenario's model fits where its own does not:
-    among the transformer's ``REMAT_POLICIES`` other than the scenario's, the one that
-    fits and keeps the most activations (the least recomputation), with its bytes per
-    device; None when none fits (or the model has no remat option).
-
-    Args:
-        scenario: the scenario (its model name and options).
-        dataset: the loaded data (the model is rebuilt for it); None: no search.
-        plan: model -> its HBM plan on the mesh, raising ``HBMPlanError`` when it does
-            not fit (``_memory_plan``'s).
-    """
-    from pod.workloads.transformer import REMAT_POLICIES
-
-    options = dict(scenario.model.options)
-    if dataset is None or "remat" not in MODEL_OPTIONS[scenario.model.name]:
-        return None
-    found: tuple[str, int] | None = None
-    for policy in REMAT_POLICIES:
-        if policy == options.get("remat", "none"):
-            continue
-        try:
-            total = plan(_built(scenario.model.name, dataset, {**options, "remat": policy}))
-        except (HBMPlanError, ValueError):
-            continue
-        if found is None or total["total"] > found[1]:
-            found = (policy, total["total"])
-    return found
 
 
 def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dataset | None,
@@ -434,7 +387,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         if fault.step > steps:
             raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
                                 f"({steps}); the fault would never happen")
-    memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device, dataset)
+    memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device)
     _check_sequence_parallel(scenario, mesh, model)
     if not sharded_ok:
         _check_runnable_mesh(scenario, mesh, model)
