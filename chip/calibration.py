@@ -170,6 +170,122 @@ def fit_mxu_efficiency(row_ids: tuple[str, ...] = MXU_FIT_ROW_IDS) -> float:
     return _least_squares_reciprocal(ideal, fixed, published)
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """A published training step, reduced to what the MXU fit needs.
+
+    A step costed at a reference sustained efficiency ``e_ref`` takes
+    ``step_seconds``, of which ``mxu_seconds`` are MXU-bound records; at another
+    sustained efficiency e it takes ``step_seconds + mxu_seconds (e_ref / e - 1)``
+    (the rest of the step does not move: its collectives are hidden behind the
+    compute). ``benchmarks/fidelity.py --fit-mxu`` measures these with the
+    timing-only pod.
+
+    Attributes:
+        row_id: T1-T5, M1-M2 (training-steps.md).
+        chip: chip generation.
+        step_seconds, mxu_seconds: the step and its MXU-bound part at ``e_ref``.
+        e_ref: the sustained efficiency they were costed at.
+        published_s: the published step (the row's MaxText FLOPs / its TFLOP/s).
+    """
+
+    row_id: str
+    chip: str
+    step_seconds: float
+    mxu_seconds: float
+    e_ref: float
+    published_s: float
+
+    def predicted(self, e: float) -> float:
+        """The step at sustained efficiency ``e``, seconds."""
+        return self.step_seconds + self.mxu_seconds * (self.e_ref / e - 1.0)
+
+
+@dataclass(frozen=True)
+class MxuFit:
+    """The MXU's efficiencies fitted on GEMM rows and training steps together.
+
+    Attributes:
+        efficiency: e0, a fresh op's (``TensorCoreSpec.mxu_efficiency``, v5e).
+        burst_seconds: tau, the time constant of the fall (``mxu_burst_seconds``).
+        sustained: generation -> e1, its sustained efficiency
+            (``mxu_sustained_efficiency``) for the generations with training rows.
+        rms_error: root-mean-square relative error over every row fitted.
+    """
+
+    efficiency: float
+    burst_seconds: float
+    sustained: dict[str, float]
+    rms_error: float
+
+
+def _gemm_fit_parts(row_ids: tuple[str, ...]) -> list[tuple[float, float, float]]:
+    """(ideal MXU seconds at efficiency 1, fixed seconds, published) of GEMM rows."""
+    by_id = {r.row_id: r for r in GEMM_ROWS}
+    out = []
+    for rid in row_ids:
+        row = by_id[rid]
+        spec = _uncalibrated(get_chip_spec(row.chip))
+        record = TensorCore(spec.core, execute=False).account_matmul(row.m, row.k, row.n)
+        out.append((record.compute_seconds, HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0,
+                    row.published_s))
+    return out
+
+
+def fit_mxu_sustained(steps: tuple[StepRow, ...], row_ids: tuple[str, ...] = MXU_FIT_ROW_IDS,
+                      gemm_chip: str = "v5e") -> MxuFit:
+    """Fit e0, tau and each generation's e1 on the GEMM rows and the training steps at once.
+
+    A GEMM of ideal time t (efficiency 1) takes t / e(d) + dispatch with e(d)
+    the mean efficiency over its duration d = t / e0 from an idle start
+    (``TensorCoreSpec.mxu_efficiency_over``); a training step takes
+    ``StepRow.predicted(e1)`` of its generation. Least squares in relative error
+    over every row, by grid search (e0 and e1 to 0.001, tau on a log grid);
+    ``gemm_chip``'s e1 is shared by its GEMM and step rows, every other
+    generation's e1 is fitted on its steps alone (they have no GEMM rows).
+
+    Raises:
+        ValueError: no training step of ``gemm_chip``.
+    """
+    import numpy as np
+
+    gemms = _gemm_fit_parts(row_ids)
+    by_chip: dict[str, list[StepRow]] = {}
+    for row in steps:
+        by_chip.setdefault(row.chip, []).append(row)
+    if gemm_chip not in by_chip:
+        raise ValueError(f"no training step of {gemm_chip} to fit its sustained efficiency")
+    e1s = np.arange(0.500, 1.0005, 0.001)
+
+    def step_sq(rows: list[StepRow], e1: np.ndarray) -> np.ndarray:
+        return sum(((r.step_seconds - r.mxu_seconds + r.mxu_seconds * r.e_ref / e1)
+                    / r.published_s - 1.0) ** 2 for r in rows)
+
+    best = None
+    for tau in np.geomspace(1e-3, 10.0, 121):
+        for e0 in np.arange(0.850, 1.0005, 0.001):
+            e1 = e1s[e1s <= e0 + 1e-12]
+            sq = step_sq(by_chip[gemm_chip], e1)
+            for ideal, fixed, published in gemms:
+                d = ideal / e0
+                x = d / tau
+                mean = e1 + (e0 - e1) * (-np.expm1(-x)) / x
+                sq = sq + ((ideal / mean + fixed) / published - 1.0) ** 2
+            k = int(np.argmin(sq))
+            if best is None or sq[k] < best[0]:
+                best = (float(sq[k]), float(e0), float(tau), float(e1[k]))
+    total, e0, tau, e1_gemm = best
+    sustained = {gemm_chip: round(e1_gemm, 3)}
+    for chip, rows in by_chip.items():
+        if chip != gemm_chip:
+            e1 = e1s[e1s <= e0 + 1e-12]
+            sq = step_sq(rows, e1)
+            k = int(np.argmin(sq))
+            sustained[chip], total = round(float(e1[k]), 3), total + float(sq[k])
+    n = len(gemms) + len(steps)
+    return MxuFit(round(e0, 3), float(f"{tau:.3g}"), sustained, (total / n) ** 0.5)
+
+
 def fit_hbm_efficiency(rows: tuple[CopyRow, ...] = COPY_ROWS) -> float:
     """Fits the achieved HBM fraction on copy rows (least squares in relative error).
 

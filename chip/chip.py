@@ -19,6 +19,8 @@ class Chip:
             model only, see `TensorCore`).
         mxu_model: MXU cycle count of every core: "pipelined" (default) or
             "scalesim" (see `TensorCore`).
+        sustained: every core in steady state under sustained load (a training
+            step; see `TensorCore`).
 
     Attributes:
         spec: The ChipSpec.
@@ -27,7 +29,8 @@ class Chip:
         precision: As given.
         mxu_model: As given.
         cores: spec.tensorcores TensorCores named "chip{chip_id}/core{i}", each
-            with an HBM of spec.core.hbm_bytes.
+            with an HBM of spec.core.hbm_bytes and an equal share of the host
+            link (spec.host_to_chip_bytes_per_s / tensorcores).
 
     Raises:
         ValueError: if chip_id is not an int >= 0.
@@ -38,7 +41,7 @@ class Chip:
 
     def __init__(self, spec: ChipSpec, chip_id: int = 0, *, numerics: bool = True,
                  precision: str = "bf16", double_buffered: bool = False,
-                 mxu_model: str = "pipelined") -> None:
+                 mxu_model: str = "pipelined", sustained: bool = False) -> None:
         if not isinstance(spec, ChipSpec):
             raise TypeError(f"spec must be a ChipSpec, got {spec!r}")
         if isinstance(chip_id, bool) or not isinstance(chip_id, int) or chip_id < 0:
@@ -50,7 +53,9 @@ class Chip:
         self.mxu_model = mxu_model
         self.cores = [
             TensorCore(spec.core, numerics=numerics, name=f"chip{chip_id}/core{i}",
-                       precision=precision, double_buffered=double_buffered, mxu_model=mxu_model)
+                       precision=precision, double_buffered=double_buffered, mxu_model=mxu_model,
+                       host_bytes_per_s=spec.host_to_chip_bytes_per_s / spec.tensorcores,
+                       sustained=sustained)
             for i in range(spec.tensorcores)
         ]
 

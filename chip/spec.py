@@ -58,9 +58,20 @@ _VPU_ALUS_PER_LANE = 2
 #   and C4 (32768^3, 438.17 ms [JS168]); C3 (1024^3) is dispatch-dominated
 #   and left out. Measured utilisation falls with size (about 96%, 94%, 82%
 #   on C2, C1, C4 once dispatch is removed; cause unpublished), which one
-#   constant cannot follow: the fit leaves C1 +3.7%, C2 +5.4%, C4 -9.8%.
-#   Only v5e has rows; every other generation carries the v5e value over.
-_MXU_EFFICIENCY_V5E = 0.9060  # fit [PALLAS][JS168], rows C1, C2, C4
+#   constant cannot follow. So the rate falls with sustained load, towards a
+#   sustained efficiency, with a time constant (`mxu_efficiency_over`; a power- or
+#   clock-limited chip; the cause is unpublished): a fresh op starts at e0, a
+#   training step (seconds of back-to-back MXU work, steady state) runs at e1.
+#   Fit (benchmarks/fidelity.py --fit-mxu; chip.calibration.fit_mxu_sustained):
+#   least squares in relative error over the GEMM rows C1, C2, C4 and the
+#   published training steps T1-T4, M1, M2 (training-steps.md) together; e0 and
+#   tau shared, e1 per generation (v5e: C1, C2, C4, T3, T4, M1; v5p: T1, T2, M2).
+#   v6e's one step (T5, 2025's stack) agrees without a drop: no e1 fitted there,
+#   T5 is a check. Generations without rows carry v5e's figures over.
+_MXU_EFFICIENCY_V5E = 0.952  # e0, fit [PALLAS][JS168] C1, C2, C4 with T1-T4, M1, M2
+_MXU_BURST_SECONDS = 0.158  # tau, the same fit
+_MXU_SUSTAINED_V5E = 0.733  # e1 of v5e, the same fit (C1, C2, C4, T3, T4, M1)
+_MXU_SUSTAINED_V5P = 0.807  # e1 of v5p, the same fit (T1, T2, M2)
 # - Achieved HBM bandwidth: fraction of the spec bandwidth a streaming copy
 #   reaches. Fit: the one row C5, `a.copy()` of 32 MiB on v6e in 49.36 us
 #   device time (64 MiB moved: 1359.6 GB/s of 1638 spec) [RECIPES]; with one
@@ -133,6 +144,15 @@ class TensorCoreSpec:
         hbm_efficiency: Achieved fraction of `hbm_bandwidth_bytes_per_s`,
             0 < x <= 1 (fit, see `chip.calibration`); HBM time is
             bytes / (hbm_bandwidth_bytes_per_s * hbm_efficiency).
+        mxu_sustained_efficiency: The MXU's fraction of the ideal rate under
+            sustained load, 0 < x <= mxu_efficiency, or None (= mxu_efficiency:
+            no drop). A benchmarked GEMM runs at ``mxu_efficiency`` at first and
+            its rate falls towards this with time constant ``mxu_burst_seconds``
+            (`mxu_efficiency_over`); a training step, seconds of back-to-back MXU
+            work in steady state, runs at this rate (`TensorCore(sustained=True)`).
+            Fit on the GEMM rows and the published training steps together
+            (benchmarks/fidelity.py --fit-mxu; VALIDATION.md).
+        mxu_burst_seconds: Time constant of that fall, seconds (0: no fall).
 
     Raises:
         ChipSpecError: (a ValueError) quoting the first invalid field.
@@ -152,6 +172,8 @@ class TensorCoreSpec:
     int8_macs_per_bf16_mac: float = 0.0
     mxu_efficiency: float = 1.0
     hbm_efficiency: float = 1.0
+    mxu_sustained_efficiency: float | None = None
+    mxu_burst_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mxu, MXUSpec):
@@ -177,6 +199,35 @@ class TensorCoreSpec:
             if value > 1:
                 raise ChipSpecError(f"TensorCoreSpec.{field} must be a fraction in (0, 1], "
                                     f"got {value!r}")
+        if self.mxu_sustained_efficiency is not None:
+            _check_positive("TensorCoreSpec", "mxu_sustained_efficiency",
+                            self.mxu_sustained_efficiency)
+            if self.mxu_sustained_efficiency > self.mxu_efficiency:
+                raise ChipSpecError(f"TensorCoreSpec.mxu_sustained_efficiency "
+                                    f"{self.mxu_sustained_efficiency!r} must not exceed "
+                                    f"mxu_efficiency {self.mxu_efficiency!r}")
+        _check_positive("TensorCoreSpec", "mxu_burst_seconds", self.mxu_burst_seconds,
+                        allow_zero=True)
+
+    @property
+    def sustained_mxu_efficiency(self) -> float:
+        """The MXU's efficiency under sustained load (``mxu_sustained_efficiency``, or
+        ``mxu_efficiency`` when there is no drop)."""
+        s = self.mxu_sustained_efficiency
+        return self.mxu_efficiency if s is None else s
+
+    def mxu_efficiency_over(self, seconds: float) -> float:
+        """The mean MXU efficiency of one op that keeps the MXU busy ``seconds`` from an
+        idle start: the rate falls exponentially from ``mxu_efficiency`` (e0) to the
+        sustained one (e1) with time constant tau (``mxu_burst_seconds``), so the mean
+        over d is e1 + (e0 - e1) (tau / d) (1 - exp(-d / tau)); e0 when tau is 0 or d
+        is 0. A power- or clock-limited chip behaves so; measurements.md: 92.5% of
+        peak at 8192^3 (6 ms), 81.7% at 32768^3 (438 ms) on v5e."""
+        e0, e1, tau = self.mxu_efficiency, self.sustained_mxu_efficiency, self.mxu_burst_seconds
+        if tau <= 0 or seconds <= 0 or e1 >= e0:
+            return e0
+        x = seconds / tau
+        return e1 + (e0 - e1) * (-math.expm1(-x)) / x
 
     @property
     def peak_bf16_flops_per_s(self) -> float:
@@ -427,6 +478,8 @@ V2 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v2-8" = 8 cores = 4 chips [SEED]
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v2: v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
@@ -452,6 +505,8 @@ V3 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v3-8" = 4 chips [GC-v3]
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v3: v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
@@ -478,6 +533,8 @@ V4 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v4-8" = 4 chips [GC-v4]
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=6.25e9,  # unpublished for v4: v5p's per-chip figure [SB] assumed (4 chips per host, as v5p)
     dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
@@ -504,6 +561,8 @@ V5E = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=False,  # "v5e-8" = 8 chips [GC-v5e]
     megacore=False,  # one TensorCore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # fit on v5e rows C1, C2, C4
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # fit: GEMM rows and T3, T4, M1
+    mxu_burst_seconds=_MXU_BURST_SECONDS,  # fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # [SB]: about 3.1e9 B/s per chip across slices
     dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
@@ -530,6 +589,8 @@ V5P = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v5p-8" = 4 chips [GC-v5p]
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5P,  # fit: T1, T2, M2 (with v5e's e0 and tau)
+    mxu_burst_seconds=_MXU_BURST_SECONDS,  # fit (shared)
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=6.25e9,  # [SB]: about 6.25e9 B/s per chip across slices
     dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
@@ -556,6 +617,8 @@ V6E = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=False,  # "v6e-8" = 8 chips [GC-v6e]
     megacore=False,  # one TensorCore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=None,  # T5 (v6e) agrees without a drop: none fitted
+    mxu_burst_seconds=0.0,
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # fit on v6e row C5
     dcn_bytes_per_s=3.1e9,  # unpublished for v6e: v5e's per-chip figure [SB] assumed (8 chips per host, as v5e)
     dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S

@@ -248,6 +248,12 @@ def _custom_model_for_data(model: Any, dataset: Dataset, mesh: Mesh) -> Model:
 
 
 def _built(name: str, dataset: Dataset, options: dict) -> Model:
+    """``build_model`` for the data; an option named like one of its own arguments is a
+    ValueError (``model.options: ...`` from the caller; it raised TypeError: 'got multiple
+    values for argument')."""
+    for key in sorted({"name", "input_shape", "num_classes"} & set(options)):
+        where = "model.name" if key == "name" else "the data"
+        raise ValueError(f"{key!r} is not an option of model {name!r}; it is set by {where}")
     return build_model(name, input_shape=tuple(dataset.x_train.shape[1:]),
                        num_classes=dataset.num_classes, **options)
 

@@ -261,10 +261,33 @@ def _one_of(value: str, allowed: tuple[str, ...]) -> str:
 
 
 class ModelConfig(_Frozen):
-    """The model to train, by name (``pod.workloads.MODEL_NAMES``), with its options."""
+    """The model to train, by name (``pod.workloads.MODEL_NAMES``), with its options; or a
+    published model by ``preset`` (``pod.config.presets``: the transformer with the preset's
+    options, then ``options`` over them)."""
 
     name: str
     options: dict[str, Any] = Field(default_factory=dict)
+    preset: str | None = Field(default=None, description="a published model, e.g. llama3.1-8b")
+    global_parameter_scale: int | None = Field(default=None, ge=1, le=1 << 20,
+                                               description="the maxtext-2023 preset's scale")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, value: Any) -> Any:
+        from pod.config.presets import expand_model  # ScenarioError is a ValueError
+
+        return expand_model(value)
+
+    @field_validator("options")
+    @classmethod
+    def _not_an_argument(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # build_model(name, input_shape, num_classes, **options): these are set elsewhere
+        # (a TypeError traceback before; `model.options.name=x` on the command line reaches it)
+        where = {"name": "model.name", "input_shape": "the data's example shape",
+                 "num_classes": "the data's classes (the vocabulary for token models)"}
+        for key in sorted(set(value) & set(where)):
+            raise ValueError(f"{key!r} is not a model option; it is set by {where[key]}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -534,8 +557,9 @@ class SweepConfig(_Frozen):
     # sharded layouts (pod/config/mesh.py): a list of pod.mesh values, transformer remat
     # policies, and examples per device (the global batch is that x data x fsdp)
     mesh: tuple[dict[str, int], ...] | None = Field(default=None, min_length=1)
-    remat: tuple[Literal["none", "minimal", "full"], ...] | None = Field(default=None,
-                                                                       min_length=1)
+    remat: tuple[Literal["none", "full", "minimal", "save_dot_except_mlp",  # pod.workloads.remat
+                         "save_dot_except_mlpwi", "save_qkv_proj"], ...] | None = Field(
+        default=None, min_length=1)
     per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
     steps: int = Field(default=2, gt=0, le=MAX_STEPS,
@@ -621,6 +645,18 @@ class Scenario(_Frozen):
         if set(value) == {"."}:
             raise ValueError("must name a directory inside runs/, not '.' or '..' (it names the "
                              "output directory runs/<name>)")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_data(cls, value: Any) -> Any:
+        # a preset model brings its vocabulary and context (pod.config.presets.preset_data)
+        from pod.config.presets import preset_data
+
+        if isinstance(value, dict) and isinstance(value.get("model"), dict):
+            data = preset_data(value["model"], value.get("data"), value.get("training"))
+            if data is not None:
+                return {**value, "data": data}
         return value
 
     @model_validator(mode="after")

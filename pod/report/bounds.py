@@ -116,7 +116,8 @@ def step_bounds(stats: Any, costs: Any, torus: Any) -> StepBounds:
         The ``StepBounds``; its seconds sum to ``stats.step_seconds``.
     """
     out = dict.fromkeys(BOUND_CATEGORIES, 0.0)
-    out["host"] += stats.dispatch_seconds + stats.exposed_infeed_seconds
+    out["host"] += (stats.dispatch_seconds + stats.exposed_infeed_seconds
+                    + getattr(stats, "exposed_host_offload_seconds", 0.0))
     _split(stats.compute_seconds, stats.compute_bound_seconds, out)
     _split(stats.update_seconds, stats.update_bound_seconds, out)
     busy: dict[str, float] = {}

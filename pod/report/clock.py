@@ -89,6 +89,9 @@ class StepClock:
         axis_seconds: per axis, its collectives' cost, summed.
         axis_exposed_seconds: per axis, the part of ``exposed_seconds`` charged to it.
         spans: every collective placed in time (for the trace).
+        host_seconds: host-link transfers (remat offload), all of them (not in
+            ``compute_seconds``).
+        exposed_host_seconds: the part of them the compute stream waited for.
         waits: the compute stream's waits (start, end, the axis of the collective
             it waited for), simulated seconds from the step's start (for the trace).
     """
@@ -104,6 +107,8 @@ class StepClock:
     axis_exposed_seconds: dict[str, float]
     spans: tuple[CollectiveSpan, ...] = ()
     waits: tuple[tuple[float, float, str], ...] = ()
+    host_seconds: float = 0.0
+    exposed_host_seconds: float = 0.0
 
 
 class _Ici:
@@ -135,15 +140,34 @@ def _check_call(call: Any, last_after: int, n: int) -> None:
                          f"outside {last_after}..{n} (calls must be in issue order)")
 
 
+#: Record bounds of host-link transfers (remat offload): "host_out" copies a tensor to
+#: host memory after the forward pass, "host_in" brings it back before the backward pass
+#: (``pod.runtime.device``; ``chip.TensorCore.account_host_transfer``).
+HOST_OUT, HOST_IN = "host_out", "host_in"
+
+
 class _Stream:
     """The compute stream: records back to back, waiting where a collective is due.
 
     ``waits`` holds pending (record index, end, axis): before running that record
-    the stream waits until ``end`` (charged to ``axis``).
+    the stream waits until ``end`` (charged to ``axis``). Host-link transfers
+    (``kinds`` HOST_OUT / HOST_IN) run on a DMA stream of their own beside the
+    compute, as XLA's async host offload does: an offload starts when its tensor
+    is made and nothing waits for it but the step's end; a reload is prefetched
+    one reload ahead and the compute waits for it where it is needed. Their time
+    the compute waited is charged to "host".
     """
 
-    def __init__(self, seconds: Sequence[float], update_start: int) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: Sequence[float], update_start: int,
+                 kinds: Sequence[str] | None = None) -> None:
+        self.kinds = kinds or ()
+        host = {HOST_OUT, HOST_IN}
+        self.host = [i for i, k in enumerate(self.kinds) if k in host]
+        self.host_stream = _Ici()
+        self.host_end, self.host_seconds, self.prev_reload = 0.0, 0.0, None
+        hosts = set(self.host)
+        self.seconds = [0.0 if i in hosts else float(s) for i, s in enumerate(seconds)]
+        self.host_record_seconds = {i: float(seconds[i]) for i in self.host}
         self.update_start = update_start
         self.t = 0.0
         self.done = 0
@@ -169,8 +193,21 @@ class _Stream:
             if self.done == self.update_start:  # the optimizer waits for the gradients
                 self.wait(self.grad_end, self.grad_axis)
             self.starts.append(self.t)
+            if self.done in self.host_record_seconds:
+                self._host(self.done)
             self.t += self.seconds[self.done]
             self.done += 1
+
+    def _host(self, index: int) -> None:
+        """Place host transfer ``index`` on the host DMA stream (class docstring)."""
+        seconds = self.host_record_seconds[index]
+        reload = self.kinds[index] == HOST_IN
+        ready = (self.prev_reload if reload and self.prev_reload is not None else self.t)
+        start, end = self.host_stream.place(ready, seconds)
+        self.host_end, self.host_seconds = max(self.host_end, end), self.host_seconds + seconds
+        if reload:
+            self.prev_reload = self.t
+            self.wait(end, "host")
 
     def start_of(self, index: int) -> float:
         """When record ``index`` started (the stream's time if it has not)."""
@@ -179,7 +216,8 @@ class _Stream:
 
 def step_clock(records: Sequence[Any], calls: Sequence[Any],
                cost_seconds: Callable[[str, str, int], float],
-               update_start: int | None = None, *, overlap: bool = True) -> StepClock:
+               update_start: int | None = None, *, overlap: bool = True,
+               kinds: Sequence[str] | None = None) -> StepClock:
     """Place a device's op records and collective calls in time (module docstring).
 
     Args:
@@ -191,6 +229,9 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
             over every group of the axis (the plan's ``MeshCollectiveCosts.seconds``).
         update_start: the optimizer's first record; None: after the last grad_reduce.
         overlap: False: every collective blocks where it is issued.
+        kinds: per record what bounds it (``DeviceReport.record_bounds``): host-link
+            transfers (:data:`HOST_OUT`, :data:`HOST_IN`) run beside the compute
+            (with ``overlap``; else in line, as compute).
 
     Returns:
         The :class:`StepClock`.
@@ -202,7 +243,8 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
     n = len(records)
     if update_start is None:
         update_start = max((c.after_record for c in calls if c.kind == "grad_reduce"), default=n)
-    stream = _Stream([float(r.seconds) for r in records], update_start)
+    stream = _Stream([float(r.seconds) for r in records], update_start,
+                     kinds if overlap else None)
     ici: dict[str, _Ici] = {}
     axis_bytes: dict[str, int] = {}
     axis_seconds: dict[str, float] = {}
@@ -241,14 +283,19 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
     last = max(spans, key=lambda sp: sp.end, default=None)
     if last is not None:  # collectives still running when compute is done
         stream.wait(last.end, last.axis)
+    stream.wait(stream.host_end, "host")  # offloads still copying out
     seconds = stream.seconds
     compute, update = sum(seconds[:update_start]), sum(seconds[update_start:])
     total = sum(axis_seconds.values())
+    exposed_host = stream.exposed.pop("host", 0.0)
     return StepClock(step_seconds=stream.t, compute_seconds=compute, update_seconds=update,
-                     collective_seconds=total, exposed_seconds=stream.t - compute - update,
-                     serial_seconds=compute + update + total, axis_bytes=axis_bytes,
-                     axis_seconds=axis_seconds, axis_exposed_seconds=stream.exposed,
-                     spans=tuple(spans), waits=tuple(stream.waits))
+                     collective_seconds=total,
+                     exposed_seconds=stream.t - compute - update - exposed_host,
+                     serial_seconds=compute + update + total + stream.host_seconds,
+                     axis_bytes=axis_bytes, axis_seconds=axis_seconds,
+                     axis_exposed_seconds=stream.exposed, spans=tuple(spans),
+                     waits=tuple(stream.waits), host_seconds=stream.host_seconds,
+                     exposed_host_seconds=exposed_host)
 
 
 @dataclass(frozen=True)
@@ -293,7 +340,7 @@ def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], f
     """One device's :class:`StepClock` from its report and the plan's collective costs
     (``MeshCollectiveCosts.seconds``)."""
     return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
-                      report.update_start, overlap=overlap)
+                      report.update_start, overlap=overlap, kinds=report.record_bounds)
 
 
 @dataclass(frozen=True)
@@ -313,6 +360,11 @@ class StepContext:
             collectives); False: everything serial.
         ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
         tokens_per_example: tokens in one example (sequence models; 0 otherwise).
+        maxtext_flops_per_device: a step's training FLOPs per device as MaxText
+            counts them today (``maxtext_utils.calculate_tflops_training_per_device``,
+            training-steps.md's 2025 formula); 0 for a model MaxText has no formula for.
+        maxtext_2023_flops_per_device: the same by MaxText's 2023 formula with the
+            causal halving of the attention term (the v5p table's).
     """
 
     global_batch: int
@@ -325,13 +377,16 @@ class StepContext:
     overlap: bool = True
     ici_link_bandwidth_bytes_per_s: float = 0.0
     tokens_per_example: int = 0
+    maxtext_flops_per_device: float = 0.0
+    maxtext_2023_flops_per_device: float = 0.0
 
 
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
     """Seconds by what bounds each record, over records [start, stop)."""
     out: dict[str, float] = {}
     for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop]):
-        out[b] = out.get(b, 0.0) + s
+        if b not in (HOST_OUT, HOST_IN):  # beside the compute (host_offload_seconds)
+            out[b] = out.get(b, 0.0) + s
     return out
 
 
@@ -385,7 +440,10 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         hardware_flops=hardware,
         peak_flops_per_s=context.device_peak_flops_per_s * context.devices,
         wall_seconds=wall_seconds, tokens_per_example=context.tokens_per_example,
+        maxtext_flops_per_device=context.maxtext_flops_per_device,
+        maxtext_2023_flops_per_device=context.maxtext_2023_flops_per_device,
         exposed_collective_seconds=c.exposed_seconds, exposed_infeed_seconds=exposed_infeed,
+        host_offload_seconds=c.host_seconds, exposed_host_offload_seconds=c.exposed_host_seconds,
         dispatch_seconds=context.dispatch_seconds,
         hbm_used_bytes={x.device: x.hbm_used_bytes for x in reports},
         hbm_peak_bytes={x.device: x.hbm_peak_bytes for x in reports},

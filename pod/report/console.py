@@ -84,10 +84,18 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
          f"{summary['collective_seconds'] * 1e3:.4f} "
          f"({summary['overlap_fraction']:.0%} hidden)", "simulated"),
         *_axis_rows(summary),
+        *([("  host offload, exposed",
+            f"{summary['exposed_host_offload_seconds'] * 1e3:.4f} ms of "
+            f"{summary['host_offload_seconds'] * 1e3:.4f}", "simulated")]
+          if summary.get("host_offload_seconds") else []),
         ("  update", f"{summary['update_seconds'] * 1e3:.4f} ms", "simulated"),
         ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s"
                        + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),
         ("model TFLOP/s", f"{summary['simulated_tflops']:.3f}", "simulated"),
+        *([("TFLOP/s per device (MaxText)",
+            f"{summary['maxtext_tflops_per_device']:.1f}; 2023 formula "
+            f"{summary['maxtext_2023_tflops_per_device']:.1f}", "simulated")]
+          if summary.get("maxtext_tflops_per_device") else []),
         ("MFU", f"{summary['mfu']:.2%}", "simulated"),
         ("HBM peak per device", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
                                 f"{summary['hbm_capacity_bytes'] / 2**30:.0f} GiB", ""),

@@ -24,6 +24,7 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 | tpu_pod_simulated_tokens_per_second | gauge | | last step's simulated tokens/s (sequence models) |
 | tpu_pod_simulated_flops_per_second | gauge | | last step's model FLOP/s (simulated) |
 | tpu_pod_mfu_ratio | gauge | | model FLOPs utilisation, 0..1 |
+| tpu_pod_simulated_tflops_per_device | gauge | | TFLOP/s per device as MaxText prints it (transformers) |
 | tpu_pod_loss | gauge | | last step's training loss |
 | tpu_pod_test_accuracy_ratio | gauge | | last evaluated test accuracy |
 | tpu_pod_mxu_utilization_ratio | gauge | chip, core | MXU FLOPs / (device peak x step time), last step |
@@ -45,6 +46,7 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import socket
 from typing import Any, Sequence
@@ -74,6 +76,7 @@ METRIC_NAMES = (
     "tpu_pod_collective_overlap_ratio", "tpu_pod_simulated_tokens_per_second",
     "tpu_pod_simulated_chip_compute_seconds", "tpu_pod_collective_seconds_total",
     "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total",
+    "tpu_pod_simulated_tflops_per_device",
 )
 
 
@@ -113,18 +116,19 @@ class PodMetrics:
         self.part_seconds = Gauge("tpu_pod_simulated_step_part_seconds",
                                   "Simulated time of the parts of the last step.", ["part"],
                                   registry=r)
-        self.examples_per_second = Gauge("tpu_pod_simulated_examples_per_second",
-                                         "Simulated examples/s of the last step.", registry=None)
-        self.tokens_per_second = Gauge("tpu_pod_simulated_tokens_per_second",
-                                       "Simulated tokens/s of the last step (sequence models).",
-                                       registry=None)
-        self.flops_per_second = Gauge("tpu_pod_simulated_flops_per_second",
-                                      "Simulated model FLOP/s of the last step.", registry=None)
-        self.mfu = Gauge("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).",
-                         registry=None)
-        self.loss = Gauge("tpu_pod_loss", "Training loss of the last step.", registry=None)
-        self.accuracy = Gauge("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).",
-                              registry=None)
+        later = functools.partial(Gauge, registry=None)  # registered when there is a value
+        self.examples_per_second = later("tpu_pod_simulated_examples_per_second",
+                                         "Simulated examples/s of the last step.")
+        self.tokens_per_second = later("tpu_pod_simulated_tokens_per_second",
+                                       "Simulated tokens/s of the last step (sequence models).")
+        self.flops_per_second = later("tpu_pod_simulated_flops_per_second",
+                                      "Simulated model FLOP/s of the last step.")
+        self.mfu = later("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).")
+        self.tflops_per_device = later(
+            "tpu_pod_simulated_tflops_per_device", "TFLOP/s per device of the last step as "
+            "MaxText prints it (maxtext_utils.calculate_tflops_training_per_device).")
+        self.loss = later("tpu_pod_loss", "Training loss of the last step.")
+        self.accuracy = later("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).")
         self.mxu_utilization = Gauge("tpu_pod_mxu_utilization_ratio",
                                      "MXU FLOPs / (device peak FLOP/s x simulated step time), 0..1.",
                                      ["chip", "core"], registry=r)
@@ -149,13 +153,12 @@ class PodMetrics:
             registry=r)
         self.wall_seconds = Histogram("tpu_pod_wall_step_seconds", "Host wall time per step.",
                                       buckets=_WALL_BUCKETS, registry=r)
-        self.slowdown = Gauge("tpu_pod_emulation_slowdown_ratio",
-                              "Wall seconds per simulated second, last step.", registry=None)
-        self.overlap = Gauge("tpu_pod_collective_overlap_ratio",
-                             "Share of the last step's collectives hidden behind the compute, "
-                             "0..1.", registry=None)
-        self.rate = Gauge("tpu_pod_emulation_rate_ratio",
-                          "Simulated seconds per wall second, last step.", registry=None)
+        self.slowdown = later("tpu_pod_emulation_slowdown_ratio",
+                              "Wall seconds per simulated second, last step.")
+        self.overlap = later("tpu_pod_collective_overlap_ratio", "Share of the last step's "
+                             "collectives hidden behind the compute, 0..1.")
+        self.rate = later("tpu_pod_emulation_rate_ratio",
+                          "Simulated seconds per wall second, last step.")
         self.collective_seconds = Counter(
             "tpu_pod_collective_seconds", "Simulated seconds of the collectives per mesh axis.",
             ["axis"], registry=r)
@@ -168,7 +171,6 @@ class PodMetrics:
         self._links = tuple(links)
         for link in links:  # a counter at 0 is true before the first step: nothing sent yet
             self.ici_bytes.labels(link)
-        # registered at the first step (the module's docstring: absent, not 0, until then)
         self._step_gauges = (self.examples_per_second, self.flops_per_second, self.mfu,
                              self.loss, self.slowdown, self.overlap, self.rate)
         self._registered: set[Any] = set()
@@ -254,6 +256,9 @@ class PodMetrics:
         self.tokens_per_second.set(stats.tokens_per_second)
         self.flops_per_second.set(stats.flops_per_second)
         self.mfu.set(stats.mfu)
+        if stats.maxtext_flops_per_device:
+            self._register(self.tflops_per_device)
+            self.tflops_per_device.set(stats.maxtext_tflops_per_device)
         self.loss.set(stats.loss)
         for device, used in stats.hbm_used_bytes.items():
             self.hbm_used.labels(*self._labels(device)).set(used)

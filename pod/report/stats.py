@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end", "op_bound",
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "maxtext_flops", "overlapped_end", "op_bound",
            "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER", "TOTAL_FIELDS"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
@@ -51,6 +51,31 @@ def overlapped_end(ready_seconds: Iterable[float], cost_seconds: Iterable[float]
     for ready, cost in zip(ready_seconds, cost_seconds):
         t = max(t, ready) + cost
     return t
+
+
+def maxtext_flops(model: Any, per_device_batch: float) -> dict[str, float]:
+    """A step's training FLOPs per device as MaxText counts them, for a transformer
+    (``pod.workloads.transformer.maxtext_tflops_2025`` / ``maxtext_tflops_2023`` with the
+    causal halving; training-steps.md, "The metric"); {} for another model.
+
+    Args:
+        model: the plan's model.
+        per_device_batch: MaxText's ``per_device_batch_size``: the global batch over
+            every device of the mesh (tensor devices count, unlike the plan's
+            per-device batch over data x fsdp).
+
+    Returns:
+        {"maxtext_flops_per_device": ..., "maxtext_2023_flops_per_device": ...}.
+    """
+    from pod.workloads.transformer import (TransformerModel, maxtext_tflops_2023,
+                                           maxtext_tflops_2025)
+
+    if not isinstance(model, TransformerModel):
+        return {}
+    cfg = model.config
+    return {"maxtext_flops_per_device": maxtext_tflops_2025(cfg, 1) * per_device_batch,
+            "maxtext_2023_flops_per_device":
+                maxtext_tflops_2023(cfg, 1, causal_halving=True) * per_device_batch}
 
 
 def mfu(model_flops: float, seconds: float, peak_flops_per_s: float) -> float:
@@ -130,11 +155,18 @@ class StepStats:
         hardware_flops: MXU FLOPs the pod executed, recomputation included
             (0: equal to ``model_flops``).
         tokens_per_example: tokens in one example (sequence models; 0 otherwise).
+        maxtext_flops_per_device, maxtext_2023_flops_per_device: a step's FLOPs per
+            device as MaxText counts them (today's formula; 2023's with the causal
+            halving: training-steps.md), for the TFLOP/s per device MaxText prints
+            (``maxtext_tflops_per_device``); 0 when MaxText has no formula.
         exposed_collective_seconds: the collectives the compute stream waited for,
             plus what ran past its end (None: all of them).
         exposed_infeed_seconds: the infeed not hidden behind the previous step
             (None: all of it).
         dispatch_seconds: simulated host dispatch of the step (0 in a device loop).
+        host_offload_seconds: host-link transfers of offloaded tensors (remat
+            ``offload``), all of them; exposed_host_offload_seconds: the part the
+            compute waited for (they run beside it).
         hbm_used_bytes: per device, HBM bytes in use after the step.
         hbm_peak_bytes: per device, the HBM high-water mark.
         hbm_capacity_bytes: one device's HBM capacity.
@@ -172,9 +204,13 @@ class StepStats:
     wall_seconds: float
     hardware_flops: int = 0
     tokens_per_example: int = 0
+    maxtext_flops_per_device: float = 0.0
+    maxtext_2023_flops_per_device: float = 0.0
     exposed_collective_seconds: float | None = None
     exposed_infeed_seconds: float | None = None
     dispatch_seconds: float = 0.0
+    host_offload_seconds: float = 0.0
+    exposed_host_offload_seconds: float = 0.0
     hbm_used_bytes: dict[int, int] = field(default_factory=dict)
     hbm_peak_bytes: dict[int, int] = field(default_factory=dict)
     hbm_capacity_bytes: int = 0
@@ -206,13 +242,14 @@ class StepStats:
     def step_seconds(self) -> float:
         """Simulated step time in seconds: the critical path."""
         return (self.dispatch_seconds + self.exposed_infeed_seconds + self.compute_seconds
-                + self.exposed_collective_seconds + self.update_seconds)
+                + self.exposed_collective_seconds + self.exposed_host_offload_seconds
+                + self.update_seconds)
 
     @property
     def serial_step_seconds(self) -> float:
         """Simulated step time with nothing overlapped (the sum of the parts, an upper bound)."""
         return (self.dispatch_seconds + self.infeed_seconds + self.compute_seconds
-                + self.collective_seconds + self.update_seconds)
+                + self.collective_seconds + self.host_offload_seconds + self.update_seconds)
 
     @property
     def overlap_fraction(self) -> float:
@@ -241,6 +278,18 @@ class StepStats:
         """Model FLOPs utilisation = model FLOP/s / pod peak bf16 FLOP/s (0..1)."""
         return mfu(self.model_flops, self.step_seconds, self.peak_flops_per_s)
 
+    @property
+    def maxtext_tflops_per_device(self) -> float:
+        """TFLOP/s per device as MaxText prints it (today's formula; 0 without one)."""
+        s = self.step_seconds
+        return self.maxtext_flops_per_device / s / 1e12 if s > 0 else 0.0
+
+    @property
+    def maxtext_2023_tflops_per_device(self) -> float:
+        """TFLOP/s per device by MaxText's 2023 formula (attention halved)."""
+        s = self.step_seconds
+        return self.maxtext_2023_flops_per_device / s / 1e12 if s > 0 else 0.0
+
     def mxu_utilization(self) -> dict[int, float]:
         """Per device: MXU FLOPs / (device peak FLOP/s x simulated step seconds), 0..1."""
         denom = self.device_peak_flops_per_s * self.step_seconds
@@ -267,6 +316,8 @@ class StepStats:
             simulated_tokens_per_second=self.tokens_per_second,
             simulated_flops_per_second=self.flops_per_second,
             mfu=self.mfu,
+            maxtext_tflops_per_device=self.maxtext_tflops_per_device,
+            maxtext_2023_tflops_per_device=self.maxtext_2023_tflops_per_device,
         )
         for axis in AXIS_ORDER:
             data[f"{axis}_collective_seconds"] = self.axis_collective_seconds.get(axis, 0.0)
@@ -284,7 +335,8 @@ AXIS_FIELDS = tuple(f"{axis}_{what}" for axis in AXIS_ORDER
 TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
                 "collective_seconds", "update_seconds", "wall_seconds",
                 "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
-                "dispatch_seconds", "hardware_flops", *AXIS_FIELDS)
+                "dispatch_seconds", "hardware_flops", "host_offload_seconds",
+                "exposed_host_offload_seconds", *AXIS_FIELDS)
 
 
 def _total_value(stats: StepStats, name: str) -> float:

@@ -1,8 +1,20 @@
-"""The back-ends that run device programs (docs/ARCHITECTURE.md); the only package that
-imports ray."""
+"""The runtime: the only package that imports ray or opens sockets.
+
+Ray's C++ failure-signal handler (absl's, installed when ``ray.init`` creates the
+driver's core worker) caught a SIGTERM during actor start-up, printed a C++ stack
+("*** SIGTERM received ***") and could abort the run (exit -6) before its own
+handler wrote the partial summary. Ray reads ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``
+when ``ray._raylet`` is imported, so it is set here, before any module of this
+package imports ray (a value the user set is kept); ``pod.runtime.cluster`` also
+puts a run's own SIGTERM handler back after ``ray.init``.
+
+In a notebook, ``import ray`` logged "Missing packages: ['ipywidgets'] ..." into the
+cell (Ray's rich display of its own context, which the emulator never shows): that
+logger is quieted here too, before ray is imported.
+"""
 
 import logging
+import os
 
-# In a notebook, `import ray` logs "Missing packages: ['ipywidgets'] ..." into the cell:
-# Ray's rich display of its own context, which the emulator never shows.
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 logging.getLogger("ray.widgets.util").setLevel(logging.WARNING)

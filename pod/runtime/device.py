@@ -28,7 +28,7 @@ import numpy as np
 from chip import Chip, ChipSpec
 from pod.config.sharding import DeviceGroups, device_chip_spec
 from pod.programs import AXES, DeviceCoords, DeviceProgram, EvalSums
-from pod.report.clock import DeviceReport
+from pod.report.clock import HOST_IN, HOST_OUT, DeviceReport
 from pod.report.stats import op_bound
 from pod.state.checkpoint import params_digest
 
@@ -60,6 +60,14 @@ def trace_rows(records: Any) -> tuple[tuple[Any, ...], ...]:
     return tuple((r.name, r.unit, r.seconds, r.flops, r.hbm_bytes, r.bound) for r in records)
 
 
+def _bound(record: Any) -> str:
+    """What bounds a record (``op_bound``); a host-link transfer says its direction
+    (the clock runs them beside the compute: ``pod.report.clock.HOST_OUT`` / ``HOST_IN``)."""
+    if record.unit == "host":
+        return HOST_IN if "/reload/" in record.name else HOST_OUT
+    return op_bound(record)
+
+
 class Device:
     """One device of a mesh (module docstring).
 
@@ -86,7 +94,7 @@ class Device:
                  precision: str = "bf16", mxu_model: str = "pipelined",
                  activation_bytes: int = 0, execute: bool = True) -> None:
         self.chip = Chip(device_chip_spec(spec), device, numerics=numerics, precision=precision,
-                         mxu_model=mxu_model)
+                         mxu_model=mxu_model, sustained=True)  # a training step: steady state
         self.core = self.chip.cores[0]
         self.core.execute = execute
         self.device = device
@@ -143,7 +151,7 @@ class Device:
         return DeviceReport(
             device=self.device, loss=float(result.loss),
             record_seconds=tuple(float(r.seconds) for r in records),
-            record_bounds=tuple(op_bound(r) for r in records),
+            record_bounds=tuple(_bound(r) for r in records),
             update_start=result.update_start, calls=tuple(comm.calls),
             mxu_flops=int(sum(r.flops for r in records if r.unit == "mxu")),
             hbm_used_bytes=hbm.used_bytes, hbm_peak_bytes=hbm.peak_bytes,
