@@ -12,6 +12,8 @@ blocks) into their convs, norms and adds.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
@@ -200,14 +202,14 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
                                        compact=compact)
 
     def add(label: str, kind: str, shape: str, params: str, c: dict[str, float],
-            **style: str) -> None:
+            style: str | None = None) -> None:
         time = f"{c['seconds'] * 1e6:,.2f}"
         tail = (f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec), _bound(c))
         if compact:
-            table.add_row(label, params, time, *tail, **style)
+            table.add_row(label, params, time, *tail, style=style)
         else:
             table.add_row(f"{label} ({kind})" if kind else label, shape, params,
-                          f"{c['flops']:,.0f}", f"{time} us", *tail, **style)
+                          f"{c['flops']:,.0f}", f"{time} us", *tail, style=style)
 
     for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers):
         add(name, layer.kind, _shape(out), f"{nparams:,}", costs[name])
@@ -383,10 +385,12 @@ def plan_model_tables(plan, *, detail: bool = False) -> list[FitWidth]:
 
     core, chip = device_chip_spec(plan.pod.chip).core, plan.pod.chip.name
     options = {"chip_name": chip, "mxu_model": plan.scenario.pod.mxu_model}
-    both = [(model_summary_table, {})] + ([(layer_detail_table, {})] if detail else [])
+    makers: list[Callable[..., Table]] = [model_summary_table]
+    if detail:
+        makers.append(layer_detail_table)
     tables = [FitWidth(*(make(plan.model, core, plan.per_device_batch, compact=compact,
                               **options) for compact in (False, True)))
-              for make, _ in both]
+              for make in makers]
     sharding = plan_sharding_table(plan)
     return tables if sharding is None else [*tables, sharding]
 
