@@ -3,13 +3,16 @@
 The public Python API (``__all__``); importing ``pod`` is cheap: Ray is
 imported only when a run starts.
 
-- ``run(scenario, *, steps, output_dir, quiet, metrics_port) -> RunResult``:
+- ``run(scenario, *, steps, output_dir, quiet, metrics_port, in_process, progress)
+  -> RunResult``:
   train on an emulated pod; ``RunResult.summary``, ``.history``,
   ``.to_pandas()``, ``.plot()``.
 - ``validate(scenario) -> TrainingPlan``: everything ``run`` would check.
 - ``describe(scenario) -> Description``: the plan, the HBM plan, the model summary.
 - ``sweep(scenario, *, output_dir, mode) -> rows``: a scaling experiment.
 - ``load(scenario) -> Scenario``: a path, YAML text or a dict, checked.
+- ``start_cluster() -> Cluster`` / ``stop_cluster()``: one Ray cluster kept warm for
+  every run of the process (a notebook's), instead of one started per run.
 - ``build_plan``, ``TrainingPlan``, ``Scenario``, ``Run``, ``TimingPod``: the
   layers underneath (docs/ARCHITECTURE.md); ``workloads``: layers, models,
   optimizers and datasets for custom models.
@@ -25,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "run", "validate", "describe", "sweep", "load", "RunResult", "Description",
+    "start_cluster", "stop_cluster", "Cluster",
     "Scenario", "TrainingPlan", "build_plan", "Run", "TimingPod", "workloads",
     "EmulatorError", "ScenarioError", "USER_ERRORS",
 ]
@@ -32,6 +36,7 @@ __all__ = [
 _WHERE = {
     "run": "pod.api", "validate": "pod.api", "describe": "pod.api", "sweep": "pod.api",
     "load": "pod.api", "RunResult": "pod.api", "Description": "pod.api",
+    "start_cluster": "pod.api", "stop_cluster": "pod.api", "Cluster": "pod.api",
     "Scenario": "pod.config.scenario", "TrainingPlan": "pod.config.plan",
     "build_plan": "pod.config.plan", "Run": "pod.commands.train",
     "TimingPod": "pod.runtime.timing", "EmulatorError": "pod.errors",

@@ -36,11 +36,13 @@ from pod.config.overrides import (load_with_overrides, scenario_with_overrides,
 from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario, parse_scenario
 from pod.errors import ScenarioError
+from pod.report.console import PROGRESS_MODES, make_console
 from pod.report.model_summary import plan_model_tables
 from pod.report.stats import StepStats
 from pod.workloads.model import Model
 
-__all__ = ["RunResult", "Description", "load", "run", "validate", "describe", "sweep"]
+__all__ = ["RunResult", "Description", "Cluster", "load", "run", "validate", "describe", "sweep",
+           "start_cluster", "stop_cluster"]
 
 
 #: What ``overrides=`` takes: ``["training.steps=10", "pod.mesh.fsdp=8"]`` (values read as
@@ -146,7 +148,9 @@ def describe(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     text = ""
     if isinstance(plan, TrainingPlan):
         buffer = io.StringIO()
-        console = Console(file=buffer, width=160)
+        # a plain file console: in Jupyter rich would draw into the cell and leave the
+        # buffer empty
+        console = Console(file=buffer, width=160, force_jupyter=False, force_terminal=False)
         for table in plan_model_tables(plan, detail=detail):
             console.print(table)
         text = buffer.getvalue()
@@ -181,7 +185,10 @@ class RunResult:
         return pd.DataFrame([{**s.row(), "step": s.step + 1} for s in self.history])
 
     def plot(self, path: str | Path | None = None) -> Any:
-        """Loss per step and the simulated step-time breakdown (matplotlib required).
+        """Loss per step and the simulated step-time breakdown (matplotlib).
+
+        Drawn without pyplot (``pod.report.figures``): the backend is left as it is,
+        and in a notebook the figure shows once, as the cell's value.
 
         Args:
             path: also save the figure there (PNG, SVG, ...).
@@ -189,14 +196,11 @@ class RunResult:
         Returns:
             The matplotlib Figure.
         """
-        import matplotlib
+        from pod.report import figures
 
-        if path is not None:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        figures.show_in_notebook()
         steps = [s.step + 1 for s in self.history]
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (left, right) = figures.subplots(1, 2, figsize=(11, 4))
         left.plot(steps, [s.loss for s in self.history])
         left.set(xlabel="step", ylabel="training loss", title="loss")
         parts = {"infeed": [s.infeed_seconds for s in self.history],
@@ -220,9 +224,9 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         output_dir: str | Path | None = None, quiet: bool = False,
         metrics_port: int | None = None, report: bool = False,
         model: Model | None = None, overrides: Overrides = None,
-        in_process: bool = False) -> RunResult:
-    """Train a scenario on an emulated pod (starts a local Ray cluster if none, unless
-    ``in_process``).
+        in_process: bool = False, progress: str | None = None) -> RunResult:
+    """Train a scenario on an emulated pod (unless ``in_process``, on Ray: the cluster of
+    ``start_cluster`` if one is up, else a local one started and stopped for this run).
 
     Args:
         scenario: a path, YAML text, a dict or a ``Scenario``.
@@ -245,6 +249,8 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         in_process: run every device in this process (threads, ``LocalPod``) instead
             of Ray chip actors: the same program and simulated clock, no ICI transport
             and no Ray start-up (seconds instead of tens of seconds).
+        progress: "line" (one progress line that each step replaces: the default in a
+            notebook) or "steps" (a line per step and per epoch: the default elsewhere).
 
     Returns:
         The summary and the per-step history.
@@ -264,14 +270,97 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         spec = spec.with_overrides(training__steps=steps)
     if report and output_dir is None:
         raise ScenarioError("report: report.html needs an output_dir to be written to")
+    if progress not in (None, *PROGRESS_MODES):
+        raise ScenarioError(f"progress: {progress!r} is not a progress mode; allowed: "
+                            f"{', '.join(PROGRESS_MODES)}")
     plan = build_plan(spec, model=model)
-    console = Console(quiet=True) if quiet else None
+    console = Console(quiet=True) if quiet else make_console()
     the_run = make_run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
                        metrics_port=metrics_port or 0, console=console, keep_history=True,
-                       report=report, backend="local" if in_process else "ray")
+                       report=report, backend="local" if in_process else "ray",
+                       progress=progress or ("line" if console.is_jupyter else "steps"))
     summary = the_run.run()
     return RunResult(summary=summary, history=tuple(the_run.history or ()),
                      output_dir=the_run.output_dir)
+
+
+class Cluster:
+    """The Ray cluster ``start_cluster`` started or joined; ``stop()`` (or the end of a
+    ``with`` block) stops it if it was started here. Runs in between use it.
+
+    Attributes:
+        started: True if ``start_cluster`` started this local cluster (False: it
+            joined one, or Ray was already up in this process).
+        address: the cluster's address (its GCS).
+    """
+
+    def __init__(self, started: bool, address: str) -> None:
+        self.started = started
+        self.address = address
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the cluster if ``start_cluster`` started it (else only forget it)."""
+        global _CLUSTER
+        if _CLUSTER is self:
+            _CLUSTER = None
+        if self.started:
+            from pod.runtime.cluster import shutdown_ray
+
+            shutdown_ray()
+            self.started = False
+
+    def __repr__(self) -> str:
+        return f"Cluster(address={self.address!r}, started={self.started})"
+
+
+#: The cluster ``start_cluster`` keeps warm (None: each run starts and stops its own).
+_CLUSTER: Cluster | None = None
+
+
+def start_cluster(*, address: str | None = None, num_cpus: int | None = None,
+                  dashboard: bool = False) -> Cluster:
+    """Start a local Ray cluster (or join ``address``) and keep it for every later
+    ``pod.run`` in this process, instead of a cluster started and stopped per run
+    (10-17 s each on a small machine). In a notebook, call it once and
+    ``pod.stop_cluster()`` at the end (or leave it: it stops when the kernel does); in a
+    script, ``with pod.start_cluster(): ...``. Calling it again returns the same cluster.
+
+    Args:
+        address: join this cluster ("host:port"); None: ``RAY_ADDRESS``, else a local
+            cluster on 127.0.0.1 with a token of this process
+            (``pod.runtime.cluster``).
+        num_cpus: CPUs a local cluster advertises (default: the machine's).
+        dashboard: keep Ray's dashboard on 127.0.0.1:8265 (needs ``ray[default]``).
+
+    Returns:
+        The ``Cluster`` (a context manager that stops it).
+
+    Raises:
+        ClusterError: Ray could not start, or the address not joined (one line).
+    """
+    global _CLUSTER
+    if _CLUSTER is not None:
+        return _CLUSTER
+    import atexit
+
+    from pod.runtime.cluster import ensure_ray, gcs_address
+
+    started = ensure_ray(address, num_cpus=num_cpus, dashboard=dashboard)
+    _CLUSTER = Cluster(started, gcs_address())
+    atexit.register(stop_cluster)
+    return _CLUSTER
+
+
+def stop_cluster() -> None:
+    """Stop the cluster of ``start_cluster`` (nothing if there is none)."""
+    if _CLUSTER is not None:
+        _CLUSTER.stop()
 
 
 def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,

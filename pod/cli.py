@@ -86,13 +86,18 @@ OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys befo
 @click.option("--ray-dashboard", is_flag=True,
               help="Keep Ray's dashboard on (127.0.0.1:8265) for a local cluster; needs "
                    "'ray[default]'.")
+@click.option("--progress", type=click.Choice(["steps", "line"]), default="steps",
+              show_default=True,
+              help="steps: a line per step (--log-every) and per epoch; line: one line that "
+                   "each step rewrites (for logs and notebooks).")
 @click.option("--in-process", is_flag=True,
               help="Run every device in this process (threads) instead of Ray chip actors: the "
                    "same program and simulated clock, no ICI transport, no Ray start-up.")
 def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_dir: Path | None,
         metrics_port: int | None, log_every: int, trace_path: Path | None,
         trace_steps: str | None, hold: bool, hold_seconds: float, resume_dir: Path | None,
-        as_json: bool, report: bool, ray_dashboard: bool, in_process: bool) -> None:
+        as_json: bool, report: bool, ray_dashboard: bool, progress: str,
+        in_process: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     items = as_overrides(overrides)
     spec = _load(scenario, items)
@@ -125,7 +130,7 @@ def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_di
                                trace_steps=_parse_steps(trace_steps or "last", plan.steps),
                                hold_seconds=math.inf if hold else hold_seconds,
                                resume_dir=resume_dir, console=console, report=report,
-                               backend="local" if in_process else "ray")
+                               backend="local" if in_process else "ray", progress=progress)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
 

@@ -653,10 +653,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     Returns:
         The files written (none when no point succeeded).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from pod.report import figures as plt  # pyplot's subplots without pyplot's state
 
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:

@@ -24,12 +24,12 @@ from pod.config.plan import TrainingPlan
 from pod.config.scenario import is_loopback
 from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
                         ScenarioError)
-from pod.report.console import (epoch_line, evaluation_text, hold, make_console, progress_bar,
-                                progress_line, summary_table)
+from pod.report.console import (PROGRESS_MODES, StatusLine, epoch_line, evaluation_text, hold,
+                                make_console, progress_bar, progress_line, summary_table)
 from pod.config.mesh import format_axes
 from pod.config.sharding import device_chip_spec
-from pod.report.files import (StepsCsv, check_writable, reliability, summarize, write_csv,
-                              write_json)
+from pod.report.files import (StepsCsv, check_writable, evaluated_figure, reliability,
+                              summarize, write_csv, write_json)
 from pod.report.html import read_steps, write_report
 from pod.report.metrics import PodMetrics
 from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
@@ -81,6 +81,9 @@ class Run:
         backend: "ray" (chip actors, the ICI transport: ``pod.runtime.pod.Pod``)
             or "local" (every device in this process: ``pod.runtime.local.LocalPod``;
             the same program and clock, no Ray).
+        progress: "steps" (a progress line every ``log_every`` steps, the Keras-style
+            epoch lines) or "line" (one line that each step replaces:
+            ``pod.report.console.StatusLine``; a notebook's default in ``pod.run``).
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
@@ -95,9 +98,15 @@ class Run:
                  on_step: Callable[[StepStats], None] | None = None,
                  trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
                  hold_seconds: float = 0.0, resume_dir: Path | None = None,
-                 keep_history: bool = False, report: bool = False, backend: str = "ray") -> None:
+                 keep_history: bool = False, report: bool = False, backend: str = "ray",
+                 progress: str = "steps") -> None:
         if backend not in ("ray", "local"):
             raise ValueError(f"backend {backend!r} is unknown; allowed: ray, local")
+        if progress not in PROGRESS_MODES:
+            raise ValueError(f"progress {progress!r} is unknown; allowed: "
+                             f"{', '.join(PROGRESS_MODES)}")
+        self.progress = progress
+        self.status: StatusLine | None = None
         self.plan = plan
         self.backend = backend
         self.report = report
@@ -290,15 +299,20 @@ class Run:
         """Step until the last step, recovering from chip failures."""
         plan = self.plan
         self._t0 = self._epoch_wall = time.perf_counter()
-        with progress_bar(self.console, plan.steps) as progress:
+        self.status = StatusLine(self.console) if self.progress == "line" else None
+        with progress_bar(self.console, plan.steps, disable=self.status is not None) as progress:
             task = progress.add_task("training", total=plan.steps, completed=self.step_index)
             out = progress.console
-            while self.step_index < plan.steps:
-                self.stop_if_signalled(out)
-                if self.step(out):
-                    progress.advance(task)
-                else:
-                    progress.update(task, completed=self.step_index)
+            try:
+                while self.step_index < plan.steps:
+                    self.stop_if_signalled(out)
+                    if self.step(out):
+                        progress.advance(task)
+                    else:
+                        progress.update(task, completed=self.step_index)
+            finally:
+                if self.status is not None:
+                    self.status.close()
         self.wall_seconds = time.perf_counter() - self._t0
         self.guard.check()  # a signal during the last step: its checkpoint is written, stop here
 
@@ -373,14 +387,17 @@ class Run:
         self.step_index += 1
         evaluation = self.evaluate_if_due()
         if evaluation is not None:
-            stats = replace(stats, test_loss=evaluation.loss, test_accuracy=evaluation.accuracy)
+            stats = replace(stats, test_loss=evaluated_figure(evaluation, "loss"),
+                            test_accuracy=evaluated_figure(evaluation, "accuracy"))
         self.rows.write({**stats.row(), "synthetic_data": self.plan.dataset.synthetic})
         if self.history is not None:
             self.history.append(stats)
         if self.on_step:
             self.on_step(stats)
         step, total = self.step_index, self.plan.steps
-        if self.log_every and (step % self.log_every == 0 or step == total):
+        if self.status is not None:
+            self.status.update(progress_line(stats, total))
+        elif self.log_every and (step % self.log_every == 0 or step == total):
             out.print(progress_line(stats, total), highlight=False, soft_wrap=True)
 
     def evaluate_if_due(self) -> Any:
@@ -418,6 +435,8 @@ class Run:
                  "step": step + 1, "dead_chips": dead, "hung_chips": hung, "error": str(err),
                  "detection_wall_seconds": detected}
         self.fault_events.append(event)
+        if self.status is not None:
+            self.status.close()  # the fault's lines below the progress line, not in it
         out.print(f"fault: {event['fault']}: {what}"
                   + (f", {hung} stuck waiting for them" if hung else "")
                   + f"; detected after {detected:.3f} s (wall)", style="red", highlight=False)
@@ -459,6 +478,8 @@ class Run:
         if the run evaluated after this step); after another evaluated step, its line."""
         step, plan = self.step_index, self.plan
         evaluated = self.evaluation if self._evaluated_at == step else None
+        if self.status is not None:
+            return  # one line only: the epochs' figures are in steps.csv and the summary
         if self.epochs > 1 and (step % plan.steps_per_epoch == 0 or step == plan.steps):
             out.print(epoch_line(self.totals, evaluated, -(-step // plan.steps_per_epoch),
                                  self.epochs, time.perf_counter() - self._epoch_wall),

@@ -17,7 +17,11 @@ from pod.report.stats import StepStats, StepTotals
 
 __all__ = ["make_console", "PIPE_WIDTH", "titled_table", "progress_line", "epoch_line",
            "accuracy_text", "evaluation_text",
-           "progress_bar", "summary_table", "hold"]
+           "progress_bar", "summary_table", "hold", "StatusLine", "PROGRESS_MODES"]
+
+#: How a run reports its steps: "steps", a line per step (``log_every``); "line", one
+#: line that each step replaces (a notebook's default: ``StatusLine``).
+PROGRESS_MODES = ("steps", "line")
 
 #: Columns when output is not a terminal (a file, a pipe, CI): rich would use 80
 #: and cut table cells such as layer and algorithm names.
@@ -137,9 +141,12 @@ def accuracy_text(accuracy: float) -> str:
 
 
 def evaluation_text(evaluation: Any) -> str:
-    """``test_loss: L - test_accuracy: A``, the one format of a held-out evaluation."""
-    return (f"test_loss: {evaluation.loss:.4f} - "
-            f"test_accuracy: {accuracy_text(evaluation.accuracy)}")
+    """``test_loss: L - test_accuracy: A``, the one format of a held-out evaluation
+    ("none" where no test example was evaluated, as the summary's null)."""
+    loss, accuracy = evaluation.loss, evaluation.accuracy
+    if not (math.isfinite(loss) and math.isfinite(accuracy)):
+        return "test_loss: none - test_accuracy: none (no test example evaluated)"
+    return f"test_loss: {loss:.4f} - test_accuracy: {accuracy_text(accuracy)}"
 
 
 def epoch_line(totals: StepTotals, evaluation: Any | None, epoch: int, epochs: int,
@@ -154,12 +161,73 @@ def epoch_line(totals: StepTotals, evaluation: Any | None, epoch: int, epochs: i
             f"{wall_seconds:.1f} s (wall)")
 
 
-def progress_bar(console: Console, total: int) -> Progress:
-    """A progress bar with ETA (wall clock); lines printed through it stay above it."""
+def progress_bar(console: Console, total: int, *, disable: bool = False) -> Progress:
+    """A progress bar with ETA (wall clock) on a terminal; lines printed through it stay
+    above it (``disable``: none, e.g. under a ``StatusLine``)."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("steps, elapsed"), TimeElapsedColumn(), TextColumn("ETA"),
                     TimeRemainingColumn(), console=console, transient=True,
-                    disable=not console.is_terminal)
+                    disable=disable or not console.is_terminal)
+
+
+class StatusLine:
+    """One line of progress that each update replaces, so a long run does not flood a
+    notebook cell or a log: in Jupyter a display that is updated in place (IPython's
+    ``display_id``, no widgets needed); elsewhere the line rewritten after a carriage
+    return, as tqdm does. At most ``updates_per_second`` updates reach the screen; the
+    last text is always shown by ``close``. A quiet console shows nothing.
+
+    Args:
+        console: the run's console (its file, ``is_jupyter`` and ``quiet``).
+        updates_per_second: the most updates drawn per wall second.
+    """
+
+    def __init__(self, console: Console, updates_per_second: float = 10.0) -> None:
+        self.console = console
+        self.min_interval_s = 1.0 / updates_per_second
+        self._handle: Any = None
+        self._width = 0
+        self._drawn_at = -math.inf
+        self._pending: str | None = None
+
+    def __enter__(self) -> StatusLine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def update(self, text: str) -> None:
+        """Show ``text`` in place of the line before (now, or at the next chance)."""
+        self._pending = text
+        if time.monotonic() - self._drawn_at >= self.min_interval_s:
+            self._draw()
+
+    def _draw(self) -> None:
+        text, self._pending = self._pending, None
+        if text is None or self.console.quiet:
+            return
+        self._drawn_at = time.monotonic()
+        if self.console.is_jupyter:
+            from IPython.display import display
+
+            data = {"text/plain": text}
+            if self._handle is None:
+                self._handle = display(data, raw=True, display_id=True)
+            else:
+                self._handle.update(data, raw=True)
+            return
+        file = self.console.file
+        file.write("\r" + text.ljust(self._width))
+        file.flush()
+        self._width = len(text)
+
+    def close(self) -> None:
+        """Draw the last text and end the line."""
+        self._draw()
+        if self._width and not self.console.is_jupyter:
+            self.console.file.write("\n")
+            self.console.file.flush()
+        self._width = 0
 
 
 def hold(console: Console, port: int, seconds: float) -> None:

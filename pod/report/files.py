@@ -23,7 +23,7 @@ from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu
 from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
-           "check_writable", "output_errors"]
+           "check_writable", "output_errors", "evaluated_figure"]
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -107,8 +107,8 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
     return _identity(plan, totals.steps) | {
         "initial_loss": totals.initial_loss,
         "final_loss": totals.final_loss,
-        "test_loss": _figure(evaluation, "loss"),
-        "test_accuracy": _figure(evaluation, "accuracy"),
+        "test_loss": evaluated_figure(evaluation, "loss"),
+        "test_accuracy": evaluated_figure(evaluation, "accuracy"),
         "simulated_step_seconds": step_seconds,
         "simulated_examples_per_second": plan.global_batch / step_seconds,
         "simulated_tokens_per_second": plan.global_batch * _tokens(plan) / step_seconds,
@@ -147,8 +147,9 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
     }
 
 
-def _figure(evaluation: Any | None, name: str) -> float | None:
-    """A test figure, None when not evaluated or when no example was (NaN)."""
+def evaluated_figure(evaluation: Any | None, name: str) -> float | None:
+    """A test figure ("loss", "accuracy"), None when not evaluated or when no example
+    was (NaN): summary.json's null, steps.csv's empty cell, an absent metric."""
     value = getattr(evaluation, name, None) if evaluation is not None else None
     return None if value is None or value != value else float(value)
 

@@ -15,7 +15,7 @@ import csv
 import html
 import io
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from pod.report.console import summary_rows
 from pod.report.files import write_atomic
@@ -29,17 +29,31 @@ table { border-collapse: collapse; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; white-space: nowrap; }
 th { background: #eef; text-align: left; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
+td.pre { white-space: pre; }
+div.wide { overflow-x: auto; max-width: 100%; }
 p.note { color: #555; }
 """
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[int]) -> str:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[int],
+           pre: Collection[int] = ()) -> str:
+    """An HTML table in a box that scrolls sideways when it is wider than the page.
+
+    Args:
+        headers: the column names.
+        rows: the cells, as text.
+        numeric: columns aligned right (numbers).
+        pre: columns whose leading spaces are kept (``white-space: pre``): the summary's
+            indented parts ("  compute", "    fsdp").
+    """
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
-        cells = "".join(f'<td{" class=n" if i in numeric else ""}>{html.escape(str(v))}</td>'
-                        for i, v in enumerate(row))
+        cells = "".join(
+            f"<td{' class=n' if i in numeric else ' class=pre' if i in pre else ''}>"
+            f"{html.escape(str(v))}</td>" for i, v in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f'<div class="wide"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 def read_steps(path: Path) -> list[dict[str, float]]:
@@ -52,15 +66,14 @@ def read_steps(path: Path) -> list[dict[str, float]]:
 def _plots_svg(steps: Sequence[Mapping[str, float]]) -> str:
     """Loss and the simulated step-time parts per step, as inline SVG (matplotlib)."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ModuleNotFoundError:
         return ('<p class="note">The plots need matplotlib: pip install '
                 "'tpu-pod-emulator[plots]'.</p>")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from pod.report.figures import subplots  # no pyplot: a notebook's backend stays
 
     x = [s["step"] for s in steps]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right) = subplots(1, 2, figsize=(11, 3.8))
     left.plot(x, [s["loss"] for s in steps], label="training loss")
     tested = [s for s in steps if "test_loss" in s]
     if tested:
@@ -77,7 +90,6 @@ def _plots_svg(steps: Sequence[Mapping[str, float]]) -> str:
     fig.tight_layout()
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg")
-    plt.close(fig)
     text = buffer.getvalue()
     return text[text.index("<svg"):]  # drop the XML prologue: inline in HTML
 
@@ -99,7 +111,7 @@ def render_report(summary: Mapping[str, Any], steps: Sequence[Mapping[str, float
              f"({summary['chips']:,} chips, {summary['cores']:,} TensorCores, "
              f"{summary['topology']})")
     data = summary["dataset"] + (" (synthetic)" if summary.get("synthetic_data") else "")
-    figures = _table(("figure", "value", "clock"), summary_rows(dict(summary)), {1})
+    figures = _table(("figure", "value", "clock"), summary_rows(dict(summary)), {1}, pre={0})
     mesh = summary.get("mesh") or {}
     per = "device"
     split = f"device of the mesh {{{', '.join(f'{a}: {n}' for a, n in mesh.items())}}}"

@@ -1,5 +1,9 @@
 """Prometheus exporter for a running pod, on its own ``CollectorRegistry``.
 
+A gauge of the last step (MFU, loss, throughput, ...) is absent until the
+first step, not 0, so that alert rules on it (``TpuPodLowMFU``) do not fire
+while the pod starts; the test accuracy is absent until the first evaluation.
+
 Names follow Prometheus conventions (``tpu_pod_`` prefix, base units,
 ``_total`` for counters); the clock is in the name: ``simulated`` figures come
 from the cost models, ``wall`` figures from this host. Labels are bounded:
@@ -42,6 +46,8 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 from __future__ import annotations
 
 import errno
+import functools
+import math
 import socket
 from typing import Any, Sequence
 
@@ -84,11 +90,12 @@ class PodMetrics:
         topology: torus shape, e.g. "2x2" (info label).
         dataset, synthetic: the training data's name and whether it is
             synthetic (info labels: synthetic data is labelled as such).
-        links: every directed ICI link ("src->dst"): their series start at 0,
-            so a link the collective never uses shows as idle, not missing.
-        chips: pod size; per chip series start at 0.
+        links: every directed ICI link ("src->dst"): their byte counters start at
+            0 and their utilisation is set for every link at every step, so a link
+            the collective never uses shows as idle, not missing.
+        chips: pod size.
         devices_per_chip: devices per chip (2 on v2 / v3: a device per TensorCore,
-            labelled by its ``core``); per (chip, core) series start at 0.
+            labelled by its ``core``).
     """
 
     def __init__(self, *, scenario: str, generation: str, slice_name: str, topology: str,
@@ -109,21 +116,19 @@ class PodMetrics:
         self.part_seconds = Gauge("tpu_pod_simulated_step_part_seconds",
                                   "Simulated time of the parts of the last step.", ["part"],
                                   registry=r)
-        self.examples_per_second = Gauge("tpu_pod_simulated_examples_per_second",
-                                         "Simulated examples/s of the last step.", registry=r)
-        self.tokens_per_second = Gauge("tpu_pod_simulated_tokens_per_second",
-                                       "Simulated tokens/s of the last step (sequence models).",
-                                       registry=r)
-        self.flops_per_second = Gauge("tpu_pod_simulated_flops_per_second",
-                                      "Simulated model FLOP/s of the last step.", registry=r)
-        self.mfu = Gauge("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).",
-                         registry=r)
-        self.tflops_per_device = Gauge(
+        later = functools.partial(Gauge, registry=None)  # registered when there is a value
+        self.examples_per_second = later("tpu_pod_simulated_examples_per_second",
+                                         "Simulated examples/s of the last step.")
+        self.tokens_per_second = later("tpu_pod_simulated_tokens_per_second",
+                                       "Simulated tokens/s of the last step (sequence models).")
+        self.flops_per_second = later("tpu_pod_simulated_flops_per_second",
+                                      "Simulated model FLOP/s of the last step.")
+        self.mfu = later("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).")
+        self.tflops_per_device = later(
             "tpu_pod_simulated_tflops_per_device", "TFLOP/s per device of the last step as "
-            "MaxText prints it (maxtext_utils.calculate_tflops_training_per_device).", registry=r)
-        self.loss = Gauge("tpu_pod_loss", "Training loss of the last step.", registry=r)
-        self.accuracy = Gauge("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).",
-                              registry=r)
+            "MaxText prints it (maxtext_utils.calculate_tflops_training_per_device).")
+        self.loss = later("tpu_pod_loss", "Training loss of the last step.")
+        self.accuracy = later("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).")
         self.mxu_utilization = Gauge("tpu_pod_mxu_utilization_ratio",
                                      "MXU FLOPs / (device peak FLOP/s x simulated step time), 0..1.",
                                      ["chip", "core"], registry=r)
@@ -148,13 +153,12 @@ class PodMetrics:
             registry=r)
         self.wall_seconds = Histogram("tpu_pod_wall_step_seconds", "Host wall time per step.",
                                       buckets=_WALL_BUCKETS, registry=r)
-        self.slowdown = Gauge("tpu_pod_emulation_slowdown_ratio",
-                              "Wall seconds per simulated second, last step.", registry=r)
-        self.overlap = Gauge("tpu_pod_collective_overlap_ratio",
-                             "Share of the last step's collectives hidden behind the compute, "
-                             "0..1.", registry=r)
-        self.rate = Gauge("tpu_pod_emulation_rate_ratio",
-                          "Simulated seconds per wall second, last step.", registry=r)
+        self.slowdown = later("tpu_pod_emulation_slowdown_ratio",
+                              "Wall seconds per simulated second, last step.")
+        self.overlap = later("tpu_pod_collective_overlap_ratio", "Share of the last step's "
+                             "collectives hidden behind the compute, 0..1.")
+        self.rate = later("tpu_pod_emulation_rate_ratio",
+                          "Simulated seconds per wall second, last step.")
         self.collective_seconds = Counter(
             "tpu_pod_collective_seconds", "Simulated seconds of the collectives per mesh axis.",
             ["axis"], registry=r)
@@ -165,13 +169,11 @@ class PodMetrics:
             "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
             "axis (the slowest device's).", ["axis"], registry=r)
         self._links = tuple(links)
-        for link in links:
+        for link in links:  # a counter at 0 is true before the first step: nothing sent yet
             self.ici_bytes.labels(link)
-            self.ici_utilization.labels(link).set(0)
-        for rank in range(chips):
-            self.chip_compute_seconds.labels(str(rank)).set(0)
-            for core in range(self.devices_per_chip):
-                self.mxu_utilization.labels(str(rank), str(core)).set(0)
+        self._step_gauges = (self.examples_per_second, self.flops_per_second, self.mfu,
+                             self.loss, self.slowdown, self.overlap, self.rate)
+        self._registered: set[Any] = set()
         self._server: Any = None
         self.port = 0
 
@@ -226,8 +228,18 @@ class PodMetrics:
                 stats.axis_exposed_seconds.get(axis, 0.0))
             self.collective_bytes.labels(axis).inc(stats.axis_collective_bytes.get(axis, 0))
 
+    def _register(self, *gauges: Any) -> None:
+        """Register gauges made with no registry (exported from now on), once each."""
+        for gauge in gauges:
+            if gauge not in self._registered:
+                self.registry.register(gauge)
+                self._registered.add(gauge)
+
     def observe(self, stats: StepStats) -> None:
-        """Record one step."""
+        """Record one step (the first registers the gauges of the last step)."""
+        self._register(*self._step_gauges)
+        if stats.tokens_per_example:
+            self._register(self.tokens_per_second)
         self.steps.inc()
         self.examples.inc(stats.global_batch)
         self.step_seconds.observe(stats.step_seconds)
@@ -245,6 +257,7 @@ class PodMetrics:
         self.flops_per_second.set(stats.flops_per_second)
         self.mfu.set(stats.mfu)
         if stats.maxtext_flops_per_device:
+            self._register(self.tflops_per_device)
             self.tflops_per_device.set(stats.maxtext_tflops_per_device)
         self.loss.set(stats.loss)
         for device, used in stats.hbm_used_bytes.items():
@@ -270,6 +283,11 @@ class PodMetrics:
         if stats.wall_seconds > 0:
             self.rate.set(stats.step_seconds / stats.wall_seconds)
 
-    def set_accuracy(self, accuracy: float) -> None:
-        """Record the latest test accuracy (0..1)."""
+    def set_accuracy(self, accuracy: float | None) -> None:
+        """Record the latest test accuracy (0..1); None or NaN (no example evaluated)
+        records nothing: the metric stays absent or at the last evaluated value, never
+        a made-up 0."""
+        if accuracy is None or not math.isfinite(accuracy):
+            return
+        self._register(self.accuracy)
         self.accuracy.set(accuracy)

@@ -12,7 +12,11 @@ blocks) into their convs, norms and adds.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 
 from pod.report.console import titled_table
@@ -27,7 +31,7 @@ from pod.workloads.transformer import TransformerModel
 
 __all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
            "layer_detail_table", "plan_model_tables", "plan_sharding_table", "sharding_groups",
-           "sharding_table"]
+           "sharding_table", "FitWidth"]
 
 BOUNDS = OP_BOUNDS
 
@@ -174,7 +178,8 @@ def _shape(shape) -> str:
 
 
 def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
-                        optimizer=None, chip_name: str = "", mxu_model: str = "pipelined") -> Table:
+                        optimizer=None, chip_name: str = "", mxu_model: str = "pipelined",
+                        compact: bool = False) -> Table:
     """The summary as a rich Table: layer (type), output shape, parameters,
     FLOPs per step and simulated time per step on one TensorCore.
 
@@ -184,42 +189,52 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         batch: examples per TensorCore per step.
         optimizer: optional; adds the update's row.
         chip_name: shown in the title.
+        compact: the form for 80 columns: layer names without their type, no output
+            shape and no FLOPs, the time in microseconds without its unit.
     """
     costs = layer_costs(model, core_spec, batch, optimizer=optimizer, mxu_model=mxu_model)
-    total_seconds, table = _cost_table(
-        "Model", model, batch, chip_name, costs,
-        (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
-         ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right"),
-         ("MXU util", "right"), ("bound", "left")))
+    columns = ((("layer", "left"), ("params", "right"), ("sim us / step", "right"),
+                ("share", "right"), ("MXU", "right"), ("bound", "left")) if compact else
+               (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
+                ("FLOPs / step", "right"), ("sim time / step", "right"), ("share", "right"),
+                ("MXU util", "right"), ("bound", "left")))
+    total_seconds, table = _cost_table("Model", model, batch, chip_name, costs, columns,
+                                       compact=compact)
+
+    def add(label: str, kind: str, shape: str, params: str, c: dict[str, float],
+            style: str | None = None) -> None:
+        time = f"{c['seconds'] * 1e6:,.2f}"
+        tail = (f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec), _bound(c))
+        if compact:
+            table.add_row(label, params, time, *tail, style=style)
+        else:
+            table.add_row(f"{label} ({kind})" if kind else label, shape, params,
+                          f"{c['flops']:,.0f}", f"{time} us", *tail, style=style)
+
     for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers):
-        c = costs[name]
-        table.add_row(f"{name} ({layer.kind})", _shape(out), f"{nparams:,}", f"{c['flops']:,.0f}",
-                      f"{c['seconds'] * 1e6:,.2f} us", f"{c['seconds'] / total_seconds:.1%}",
-                      _utilization(c, core_spec), _bound(c))
+        add(name, layer.kind, _shape(out), f"{nparams:,}", costs[name])
     for extra in ("loss", "optimizer"):
         if extra in costs:
-            c = costs[extra]
-            table.add_row(extra, "", "", f"{c['flops']:,.0f}", f"{c['seconds'] * 1e6:,.2f} us",
-                          f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec),
-                          _bound(c))
+            add(extra, "", "", "", costs[extra])
     n_state = sum(int(np.prod(s)) for s in model.state_shapes.values())
-    state_note = f" (+ {n_state:,} non-trainable)" if n_state else ""
-    table.add_row("total", "", f"{model.num_params:,}{state_note}",
-                  f"{sum(c['flops'] for c in costs.values()):,.0f}",
-                  f"{total_seconds * 1e6:,.2f} us", "100.0%", _utilization(_sum(costs), core_spec),
-                  _bound(_sum(costs)), style="bold")
+    state_note = f" (+ {n_state:,} non-trainable)" if n_state and not compact else ""
+    add("total", "", "", f"{model.num_params:,}{state_note}", _sum(costs), style="bold")
     return table
 
 
 def _cost_table(kind: str, model: Model, batch: int, chip_name: str,
                 costs: dict[str, dict[str, float]],
-                columns: tuple[tuple[str, str], ...]) -> tuple[float, Table]:
+                columns: tuple[tuple[str, str], ...],
+                compact: bool = False) -> tuple[float, Table]:
     """The total simulated seconds of ``costs`` (1.0 when zero, a share's divisor) and an
-    empty titled table with ``columns`` ((name, justify) pairs)."""
+    empty titled table with ``columns`` ((name, justify) pairs); ``compact``: a short
+    title."""
     total_seconds = sum(c["seconds"] for c in costs.values()) or 1.0
     on = f" on one {chip_name} TensorCore" if chip_name else " on one TensorCore"
-    table = titled_table(f"{kind}: {model.name} (batch {batch} per core{on}; "
-                         f"time is simulated, forward + backward)")
+    title = (f"{kind}: {model.name}, batch {batch}{on} (simulated, fwd + bwd)" if compact
+             else f"{kind}: {model.name} (batch {batch} per core{on}; "
+                  f"time is simulated, forward + backward)")
+    table = titled_table(title)
     for col, justify in columns:
         table.add_column(col, justify=justify)
     return total_seconds, table
@@ -234,7 +249,8 @@ def _sum(costs: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def layer_detail_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
-                       chip_name: str = "", mxu_model: str = "pipelined") -> Table:
+                       chip_name: str = "", mxu_model: str = "pipelined",
+                       compact: bool = False) -> Table:
     """Every part of every layer (``layer_costs(..., detail=True)``) as a rich Table:
     FLOPs, simulated time and share of one training step on one TensorCore, MXU
     utilisation (MXU FLOPs / (time x peak)) and what bounds the part's ops
@@ -246,18 +262,21 @@ def layer_detail_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         batch: examples per TensorCore per step.
         chip_name: shown in the title.
         mxu_model: the MXU cycle model.
+        compact: the form for 80 columns: no FLOPs, the time in microseconds.
     """
     costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model, detail=True)
-    total_seconds, table = _cost_table(
-        "Layer parts", model, batch, chip_name, costs,
-        (("part", "left"), ("FLOPs / step", "right"), ("sim time / step", "right"),
-         ("share", "right"), ("MXU util", "right"), ("bound", "left")))
-    for name, c in costs.items():
-        table.add_row(name, f"{c['flops']:,.0f}", f"{c['seconds'] * 1e6:,.2f} us",
-                      f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec), _bound(c))
-    total = _sum(costs)
-    table.add_row("total", f"{total['flops']:,.0f}", f"{total_seconds * 1e6:,.2f} us", "100.0%",
-                  _utilization(total, core_spec), _bound(total), style="bold")
+    columns = ((("part", "left"), ("sim us / step", "right"), ("share", "right"),
+                ("MXU", "right"), ("bound", "left")) if compact else
+               (("part", "left"), ("FLOPs / step", "right"), ("sim time / step", "right"),
+                ("share", "right"), ("MXU util", "right"), ("bound", "left")))
+    total_seconds, table = _cost_table("Layer parts", model, batch, chip_name, costs, columns,
+                                       compact=compact)
+    rows = [(name, c, None) for name, c in costs.items()] + [("total", _sum(costs), "bold")]
+    for name, c, style in rows:
+        time = f"{c['seconds'] * 1e6:,.2f}"
+        cells = (name, time) if compact else (name, f"{c['flops']:,.0f}", f"{time} us")
+        table.add_row(*cells, f"{c['seconds'] / total_seconds:.1%}", _utilization(c, core_spec),
+                      _bound(c), style=style)
     return table
 
 
@@ -283,7 +302,8 @@ def sharding_groups(layouts: list[ParamLayout]) -> list[tuple[list[str], list[Pa
     return groups
 
 
-def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int]) -> Table:
+def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int], *,
+                   compact: bool = False) -> Table:
     """Each layer's sharding on a mesh as a rich Table: per parameter, its whole
     shape, the dimension split over ``tensor`` (Megatron: column-parallel splits
     the output dimension, row-parallel the input one), its shape on one tensor
@@ -294,32 +314,46 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int]) -> Table:
     Args:
         layouts: ``ShardedTransformer.param_layout()``.
         sizes: the mesh, axis -> size (``{"data", "fsdp", "tensor"}``).
+        compact: the form for 80 columns: the split as "col 1" / "row 0" / "-", the
+            shape on a tensor device and its bytes per device (the whole shape and
+            the fsdp chunk left out).
     """
     mesh = ", ".join(f"{a}: {n}" for a, n in sizes.items())
-    table = titled_table(f"Sharding on the mesh {{{mesh}}} (parameters; gradients and "
+    table = titled_table(f"Sharding on {{{mesh}}}: parameters (gradients, optimizer "
+                         f"state alike)" if compact else
+                         f"Sharding on the mesh {{{mesh}}} (parameters; gradients and "
                          f"optimizer slots are split alike)")
-    for col, justify in (("layer", "left"), ("parameter", "left"), ("shape", "left"),
-                         ("tensor split", "left"), ("per tensor device", "left"),
-                         ("fsdp chunk / device", "right"), ("bytes / device", "right")):
+    columns = ((("layer", "left"), ("parameter", "left"), ("tensor", "left"),
+                ("tensor shard", "left"), ("bytes / device", "right")) if compact else
+               (("layer", "left"), ("parameter", "left"), ("shape", "left"),
+                ("tensor split", "left"), ("per tensor device", "left"),
+                ("fsdp chunk / device", "right"), ("bytes / device", "right")))
+    for col, justify in columns:
         table.add_column(col, justify=justify)
     fsdp = int(sizes.get("fsdp", 1))
     whole = device = 0
     for names, params in sharding_groups(layouts):
         label = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} (x{len(names)})"
         for i, p in enumerate(params):
-            split = ("replicated" if p.tensor_dim is None else
-                     f"dim {p.tensor_dim} ({'column' if p.tensor_dim == len(p.shape) - 1 else 'row'})")
-            chunk = f"{p.device_elements:,}" + (f" (1/{fsdp})" if fsdp > 1 else "")
-            table.add_row(label if i == 0 else "", p.key[len(p.layer) + 1:], _shape(p.shape), split,
-                          _shape(p.local_shape), chunk, f"{4 * p.device_elements:,}")
+            kind = "column" if p.tensor_dim == len(p.shape) - 1 else "row"
+            name, nbytes = p.key[len(p.layer) + 1:], f"{4 * p.device_elements:,}"
+            if compact:
+                split = "-" if p.tensor_dim is None else f"{kind[:3]} {p.tensor_dim}"
+                table.add_row(label if i == 0 else "", name, split, _shape(p.local_shape), nbytes)
+            else:
+                split = "replicated" if p.tensor_dim is None else f"dim {p.tensor_dim} ({kind})"
+                chunk = f"{p.device_elements:,}" + (f" (1/{fsdp})" if fsdp > 1 else "")
+                table.add_row(label if i == 0 else "", name, _shape(p.shape), split,
+                              _shape(p.local_shape), chunk, nbytes)
             whole += len(names) * int(np.prod(p.shape))
             device += len(names) * p.device_elements
-    table.add_row("total", "", f"{whole:,} parameters", "", "", f"{device:,}", f"{4 * device:,}",
-                  style="bold")
+    total = (("total", f"{whole:,} params", "", "", f"{4 * device:,}") if compact else
+             ("total", "", f"{whole:,} parameters", "", "", f"{device:,}", f"{4 * device:,}"))
+    table.add_row(*total, style="bold")
     return table
 
 
-def plan_sharding_table(plan) -> Table | None:
+def plan_sharding_table(plan) -> FitWidth | None:
     """The sharding table of a plan's mesh (``sharding_table``), or None for a data
     parallel mesh, or a model that is not the transformer (a timing-only plan of
     another model on a mesh), or a tensor size the model does not split by.
@@ -333,12 +367,15 @@ def plan_sharding_table(plan) -> Table | None:
         layouts = param_layout(plan.model, plan.mesh.sizes)
     except ValueError:
         return None
-    return sharding_table(layouts, dict(plan.mesh.sizes))
+    return FitWidth(sharding_table(layouts, dict(plan.mesh.sizes)),
+                    sharding_table(layouts, dict(plan.mesh.sizes), compact=True))
 
 
-def plan_model_tables(plan, *, detail: bool = False) -> list[Table]:
+def plan_model_tables(plan, *, detail: bool = False) -> list[FitWidth]:
     """What ``describe`` shows of a plan's model: the summary table, with ``detail``
-    the per-part table, and on a mesh with fsdp / tensor axes the sharding table.
+    the per-part table, and on a mesh with fsdp / tensor axes the sharding table; each
+    in its wide form where the console has the columns, else its compact one
+    (``FitWidth``: 80 columns read without cells wrapped letter by letter).
 
     Args:
         plan: a ``pod.config.plan.TrainingPlan``.
@@ -347,11 +384,32 @@ def plan_model_tables(plan, *, detail: bool = False) -> list[Table]:
     from pod.config.sharding import device_chip_spec
 
     core, chip = device_chip_spec(plan.pod.chip).core, plan.pod.chip.name
-    mxu_model = plan.scenario.pod.mxu_model
-    tables = [model_summary_table(plan.model, core, plan.per_device_batch, chip_name=chip,
-                                  mxu_model=mxu_model)]
+    options = {"chip_name": chip, "mxu_model": plan.scenario.pod.mxu_model}
+    makers: list[Callable[..., Table]] = [model_summary_table]
     if detail:
-        tables.append(layer_detail_table(plan.model, core, plan.per_device_batch, chip_name=chip,
-                                         mxu_model=mxu_model))
+        makers.append(layer_detail_table)
+    tables = [FitWidth(*(make(plan.model, core, plan.per_device_batch, compact=compact,
+                              **options) for compact in (False, True)))
+              for make in makers]
     sharding = plan_sharding_table(plan)
     return tables if sharding is None else [*tables, sharding]
+
+
+class FitWidth:
+    """A table in two forms, rendered by rich as the wide one where it fits the
+    console's width and as the compact one otherwise.
+
+    Args:
+        wide: the full table.
+        compact: the same figures in fewer, narrower columns.
+    """
+
+    def __init__(self, wide: Table, compact: Table) -> None:
+        self.wide, self.compact = wide, compact
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        natural = Measurement.get(console, options.update(width=10**6), self.wide).maximum
+        yield self.wide if natural <= options.max_width else self.compact
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.wide)

@@ -7,8 +7,14 @@ handler wrote the partial summary. Ray reads ``RAY_DISABLE_FAILURE_SIGNAL_HANDLE
 when ``ray._raylet`` is imported, so it is set here, before any module of this
 package imports ray (a value the user set is kept); ``pod.runtime.cluster`` also
 puts a run's own SIGTERM handler back after ``ray.init``.
+
+In a notebook, ``import ray`` logged "Missing packages: ['ipywidgets'] ..." into the
+cell (Ray's rich display of its own context, which the emulator never shows): that
+logger is quieted here too, before ray is imported.
 """
 
+import logging
 import os
 
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+logging.getLogger("ray.widgets.util").setLevel(logging.WARNING)

@@ -72,7 +72,8 @@ import ray
 
 from pod.errors import ClusterError, RunInterrupted
 
-__all__ = ["kill_actors", "ensure_ray", "shutdown_ray", "cluster_temp_dir", "CONNECT_TIMEOUT_S"]
+__all__ = ["kill_actors", "ensure_ray", "shutdown_ray", "cluster_temp_dir", "gcs_address",
+           "CONNECT_TIMEOUT_S"]
 
 #: Seconds to wait for a given cluster address to accept a connection.
 CONNECT_TIMEOUT_S = 10.0
@@ -83,6 +84,7 @@ _TOKEN: str | None = None
 #: The local cluster this process started: its temp dir and the environment it changed.
 _STARTED: dict[str, object] = {}
 _AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
+_CLUSTER_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: Ray's settings for the emulator's own local cluster (a value the user set is kept).
 #: Task events off: every actor call's events were kept in the GCS (about 2.6 KB a
 #: call, 12 KB a data-parallel step; 46 -> 291 MB over 20,000 steps). The GCS's RSS
@@ -325,47 +327,102 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
         up or was joined.
 
     Raises:
-        ClusterError: Ray could not be started or the address not joined
-            (one line naming the address as given).
+        ClusterError: the address not joined (one line naming the address as
+            given), or a local cluster that did not start, twice (one line saying
+            so: under load Ray's own start-up waits run out).
     """
     if ray.is_initialized():
         return False
+    field = "ray.address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        _join(address, connect_timeout_s, field)
+        return False
+    if dashboard:
+        _check_dashboard_packages()
+    for attempt in (1, 2):
+        t0 = time.monotonic()
+        try:
+            _start_local(num_cpus, dashboard)
+            return True
+        except (ClusterError, RunInterrupted):
+            _stop_started()
+            raise
+        except Exception as err:  # noqa: BLE001 - Ray raises many kinds; one clear line
+            _stop_started()
+            if attempt == 2:
+                raise ClusterError(_not_started(err, time.monotonic() - t0)) from None
+            print(f"the local Ray cluster did not start ({_first_line(err)}); trying once "
+                  "more", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _not_started(err: BaseException, seconds: float) -> str:
+    """The one line of a local cluster that did not start twice: a timeout (what load
+    does to Ray's start-up waits) said as such, with the load average; anything else
+    with Ray's own first line. Never ``ray.address``: the user set none."""
     try:
-        if address:
-            _check_reachable(address, connect_timeout_s)
-            with _KeepSigtermHandler():
-                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
-            return False
-        if dashboard:
-            _check_dashboard_packages()
-        _loopback_only()
-        _private_dir(_temp_root())
-        _remove_stale_dirs()
-        temp_dir = _private_dir(cluster_temp_dir())
-        previous = _use_run_token(temp_dir)
-        _STARTED.update(temp_dir=temp_dir, env=previous)
-        _start_reaper(temp_dir)
-        with _DaemonsInTheirOwnGroups(), _KeepSigtermHandler():
-            ray.init(
-                num_cpus=num_cpus or os.cpu_count() or 1,
-                include_dashboard=dashboard,
-                dashboard_host="127.0.0.1",
-                _node_ip_address="127.0.0.1",
-                _temp_dir=str(temp_dir),
-                logging_level=logging.ERROR,
-                configure_logging=True,
-                log_to_driver=False,  # actor errors still arrive as exceptions; no raylet chatter
-            )
-        return True
-    except (ClusterError, RunInterrupted):
-        _stop_started()
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} cores"
+    except OSError:
+        load = "load unknown"
+    if isinstance(err, TimeoutError) or "timed out" in str(err).lower() or \
+            "timeout" in type(err).__name__.lower():
+        return (f"ray: the local Ray cluster did not start within {seconds:.0f} s, twice "
+                f"(machine busy? {load}); try again when it is quieter, or start one with "
+                "`ray start --head` and set RAY_ADDRESS (or run with --in-process: no Ray)")
+    return (f"ray: could not start a local Ray cluster, twice ({load}): {_first_line(err)}")
+
+
+def _join(address: str, connect_timeout_s: float, field: str = "ray.address") -> None:
+    """Join the cluster at ``address`` (the scenario's ``ray.address`` or ``RAY_ADDRESS``,
+    which ``field`` names).
+
+    Raises:
+        ClusterError: nothing answers there within the bound, it is a dashboard's
+            HTTP address, or Ray refused; one line naming the address as given.
+    """
+    if re.match(r"https?://", address.strip()):
+        raise ClusterError(
+            f"{field}: {address!r} is the address of Ray's dashboard (what `ray job submit` "
+            "takes); tpu-pod joins the cluster itself at HEAD:6379 (unset RAY_ADDRESS inside "
+            "a Ray job, where Ray sets it)")
+    try:
+        _check_reachable(address, connect_timeout_s)
+        with _KeepSigtermHandler():
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
+    except ClusterError:
         raise
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; one clear line
-        _stop_started()
-        where = f"join the Ray cluster at {address!r}" if address else "start a local Ray cluster"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ClusterError(f"ray.address: could not {where}: {first}") from None
+        raise ClusterError(f"ray.address: could not join the Ray cluster at {address!r}: "
+                           f"{_first_line(err)}") from None
+
+
+def _start_local(num_cpus: int | None, dashboard: bool) -> None:
+    """Start a local cluster on 127.0.0.1 with a token of this process, its own session
+    directory and its reaper (the module's docstring)."""
+    _loopback_only()
+    _private_dir(_temp_root())
+    _remove_stale_dirs()
+    temp_dir = _private_dir(cluster_temp_dir())
+    previous = _use_run_token(temp_dir)
+    _STARTED.update(temp_dir=temp_dir, env=previous)
+    _start_reaper(temp_dir)
+    with _DaemonsInTheirOwnGroups(), _KeepSigtermHandler():
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count() or 1,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            _node_ip_address="127.0.0.1",
+            _temp_dir=str(temp_dir),
+            logging_level=logging.ERROR,
+            configure_logging=True,
+            log_to_driver=False,  # actor errors still arrive as exceptions; no raylet chatter
+        )
 
 
 def _check_dashboard_packages() -> None:
@@ -393,10 +450,22 @@ def _loopback_only() -> None:
     Only for a cluster this process starts: joining a multi-machine cluster
     needs the real address.
     """
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     from ray._private import ray_constants
 
+    _STARTED.setdefault("loopback", (os.environ.get(_CLUSTER_VAR),
+                                     getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)))
+    os.environ[_CLUSTER_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _restore_loopback(previous: tuple[str | None, bool | None]) -> None:
+    """Put back what ``_loopback_only`` changed: a later ``ray.init`` of the user's own in
+    this process (a notebook) starts Ray as it would have."""
+    from ray._private import ray_constants
+
+    _restore_env({_CLUSTER_VAR: previous[0]})
+    if previous[1] is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = previous[1]
 
 
 def _cleanup_started() -> None:
@@ -405,8 +474,29 @@ def _cleanup_started() -> None:
     if not _STARTED:
         return
     _stop_reaper()
-    _restore_env(_STARTED.pop("env"))  # type: ignore[arg-type]
-    shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)  # type: ignore[arg-type]
+    if "env" in _STARTED:
+        _restore_env(_STARTED.pop("env"))  # type: ignore[arg-type]
+        _forget_token()
+    if "loopback" in _STARTED:
+        _restore_loopback(_STARTED.pop("loopback"))  # type: ignore[arg-type]
+    if "temp_dir" in _STARTED:
+        shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)  # type: ignore[arg-type]
+    _STARTED.clear()
+
+
+def _forget_token() -> None:
+    """This process forgets the run's token and auth mode (the environment is already
+    restored), as Ray's own tests reset them: the configuration first, then the token
+    cache. Without it a later ``ray.init()`` of the user's in this process (a
+    notebook's) kept presenting the run's token to a cluster of its own and timed out."""
+    from ray._raylet import Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    try:
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+    except ImportError:  # a Ray without token authentication: nothing cached
+        return
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _stop_started() -> None:
@@ -425,6 +515,13 @@ def shutdown_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
     _cleanup_started()
+
+
+def gcs_address() -> str:
+    """The address of the cluster this process is connected to ("" if none)."""
+    if not ray.is_initialized():
+        return ""
+    return str(ray.get_runtime_context().gcs_address)
 
 
 def kill_actors(actors) -> None:

@@ -35,7 +35,7 @@ def fake_stats(step=0) -> StepStats:
     return StepStats(step=step, loss=1.5, global_batch=64, infeed_seconds=1e-6,
                      compute_seconds=4e-5, collective_seconds=1.1e-5,
                      update_seconds=5e-6, model_flops=10**9, peak_flops_per_s=1.8e14,
-                     wall_seconds=0.05, tokens_per_example=16,
+                     wall_seconds=0.05, tokens_per_example=16, maxtext_flops_per_device=2e9,
                      exposed_collective_seconds=4e-6, exposed_infeed_seconds=0.0,
                      hbm_used_bytes={0: 100, 1: 150}, hbm_peak_bytes={0: 200, 1: 250},
                      hbm_capacity_bytes=8 * 2**30, ici_link_bytes={"0->1": 1000},

@@ -1,0 +1,61 @@
+"""The README's quoted outputs equal what the code prints now (issue 25, item 10):
+every ``<!-- generated: NAME -->`` region against ``tools/readme_figures.py``'s
+generator, wall-clock figures left out, every other figure to its last printed digit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import readme_figures as figures  # noqa: E402
+
+README = (ROOT / "README.md").read_text()
+#: regions whose generator runs for more than a few seconds (a 12-step training run
+#: in-process, a 22-point sweep)
+SLOW = {"quickstart-run", "progress-line", "quickstart-epochs", "sweep-v4-weak"}
+
+
+def test_every_region_has_a_generator_and_every_generator_a_region():
+    assert set(figures.regions(README)) == set(figures.GENERATORS)
+
+
+def test_wall_figures_are_left_out_and_simulated_ones_are_not():
+    quoted = ("step 12/12  loss 2.1645  sim 0.0674 ms/step  sim 3,798,870 examples/s  "
+              "wall 1563.8 ms/step\n│ step time      │  1548.8 ms │ wall           │\n"
+              "Epoch 3/3 - loss: 2.1828 - 0.0674 ms/step (simulated) - 3.9 s (wall)")
+    other_machine = (quoted.replace("1563.8", "61.2").replace("1548.8", "60.0")
+                     .replace("3.9 s", "0.5 s"))
+    assert figures.stale(quoted, other_machine) is None
+    assert figures.stale(quoted, quoted.replace("2.1645", "2.1646")) is None  # a rounding flip
+    assert figures.stale(quoted, quoted.replace("2.1645", "2.1700"))  # stale: 0.6119 vs 0.6176
+    assert figures.stale(quoted, quoted.replace("0.0674 ms/step  sim", "0.0687 ms/step  sim"))
+    assert figures.stale(quoted, quoted.replace("examples/s", "tokens/s"))
+
+
+def test_rewriting_replaces_only_the_bodies():
+    text = "a\n<!-- generated: x -->\nold\n<!-- /generated -->\nb <!-- generated: y -->1<!-- /generated -->"
+    out = figures.rewrite(text, {"x": "new\n", "y": "2"})
+    assert out == "a\n<!-- generated: x -->\nnew\n<!-- /generated -->\nb <!-- generated: y -->2<!-- /generated -->"
+    assert figures.rewrite(out, {"x": "new\n", "y": "2"}) == out
+
+
+def _check(name: str) -> None:
+    quoted = figures.regions(README)[name]
+    why = figures.stale(quoted, figures.GENERATORS[name]())
+    assert why is None, f"README region {name} is stale (python tools/readme_figures.py " \
+                        f"rewrites it): {why}"
+
+
+@pytest.mark.parametrize("name", sorted(set(figures.GENERATORS) - SLOW))
+def test_quick_regions_are_current(name):
+    _check(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SLOW))
+def test_run_and_sweep_regions_are_current(name):
+    _check(name)
