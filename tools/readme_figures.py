@@ -171,7 +171,8 @@ def skeleton(text: str) -> tuple[str, list[str]]:
     lines = []
     for line in text.splitlines():
         if re.search(r"│\s*wall(/simulated)?\s*│\s*$", line):  # a summary row on the wall clock
-            line = re.sub(_NUMBER, "<wall>", line)
+            # its width follows the wall figure's digits: spaces collapsed too
+            line = re.sub(r" +", " ", re.sub(_NUMBER, "<wall>", line))
         for pattern in _WALL:
             line = pattern.sub(r"\1<wall>\2", line)
         lines.append(line)
