@@ -31,7 +31,7 @@ from typing import Any
 from chip import ChipSpec
 
 from interconnect import (GROUP_ALGORITHMS, GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
-                          group_collective_cost)
+                          group_collective_cost, group_ppermute_cost)
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
 __all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
@@ -194,12 +194,15 @@ class MeshCollectiveCosts:
         """Every group of ``axis`` running ``op`` on ``nbytes`` per device at once.
 
         Args:
-            axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
-            op: allreduce, reduce_scatter or all_gather.
+            axis: a mesh axis (an absent axis or one of size 1 costs 0).
+            op: allreduce, reduce_scatter, all_gather or ppermute (every
+                device's buffer to the next position of its group in ring
+                order, cyclic: ``interconnect.group_ppermute_cost`` with shift 1;
+                a shift of -1, its mirror image, costs the same).
             nbytes: bytes of each device's input buffer in the dtype that moves
                 (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
-                an all-gather's piece, a reduce-scatter's or allreduce's whole
-                buffer).
+                an all-gather's piece, a reduce-scatter's, allreduce's or
+                ppermute's whole buffer).
 
         Returns:
             ``interconnect.group_collective_cost`` of the axis's groups.
@@ -207,9 +210,9 @@ class MeshCollectiveCosts:
         Raises:
             ValueError: an unknown axis or op.
         """
-        if axis not in AXIS_NAMES or op not in GROUP_OPS:
+        if axis not in AXIS_NAMES or op not in (*GROUP_OPS, "ppermute"):
             raise ValueError(f"collective {op!r} over axis {axis!r}: axes {AXIS_NAMES}, "
-                             f"ops {GROUP_OPS}")
+                             f"ops {(*GROUP_OPS, 'ppermute')}")
         key = (axis, op, int(nbytes))
         with self._lock:
             hit = self._cache.get(key)
@@ -217,6 +220,11 @@ class MeshCollectiveCosts:
             return hit
         if self.mesh.axis_size(axis) <= 1:
             result = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+        elif op == "ppermute":
+            result = group_ppermute_cost(
+                self.torus, self.mesh.groups(axis, "ring"), int(nbytes) // self.itemsize,
+                self.link, self.itemsize, self.faults, devices_per_chip=self.mesh.devices_per_chip,
+                on_chip_bytes_per_s=self.on_chip_bytes_per_s)
         elif self._whole_torus(axis, op):
             result = self._torus_allreduce(int(nbytes))
         else:
