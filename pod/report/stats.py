@@ -15,7 +15,8 @@ from typing import Any, Iterable
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "overlapped_end", "op_bound",
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "pipeline_bubble_fraction",
+           "overlapped_end", "op_bound",
            "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER", "TOTAL_FIELDS"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
@@ -51,6 +52,13 @@ def overlapped_end(ready_seconds: Iterable[float], cost_seconds: Iterable[float]
     for ready, cost in zip(ready_seconds, cost_seconds):
         t = max(t, ready) + cost
     return t
+
+
+def pipeline_bubble_fraction(bubble_seconds: float, compute_seconds: float) -> float:
+    """The pipeline bubble's share of the forward and backward passes: bubble /
+    (compute + bubble), 0 when both are 0 (the one formula: a step's and a summary's)."""
+    total = bubble_seconds + compute_seconds
+    return bubble_seconds / total if total > 0 else 0.0
 
 
 def mfu(model_flops: float, seconds: float, peak_flops_per_s: float) -> float:
@@ -108,7 +116,8 @@ class StepStats:
 
     Simulated step time = dispatch + exposed infeed + the slowest device's
     critical path (``pod.report.clock``): its forward + backward (compute),
-    the collectives its compute stream waited for (exposed), its update. With
+    the collectives its compute stream waited for (exposed), its waits for
+    other pipeline stages (the pipeline bubble), its update. With
     ``training.overlap`` the collectives run behind the compute as XLA's async
     collectives do and the next batch's infeed behind this step; without it
     both are fully exposed and the step is the plain sum
@@ -158,6 +167,9 @@ class StepStats:
         test_loss, test_accuracy: the held-out evaluation after this step, where
             the run evaluated (``training.eval_every_steps`` and the last step);
             None elsewhere.
+        pipeline_bubble_seconds: what the slowest device's compute stream waited
+            for other pipeline stages (``pod.report.clock``; 0 without a stage
+            axis).
     """
 
     step: int
@@ -193,6 +205,7 @@ class StepStats:
     update_bound_seconds: dict[str, float] = field(default_factory=dict)
     test_loss: float | None = None
     test_accuracy: float | None = None
+    pipeline_bubble_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:
@@ -206,13 +219,22 @@ class StepStats:
     def step_seconds(self) -> float:
         """Simulated step time in seconds: the critical path."""
         return (self.dispatch_seconds + self.exposed_infeed_seconds + self.compute_seconds
-                + self.exposed_collective_seconds + self.update_seconds)
+                + self.exposed_collective_seconds + self.pipeline_bubble_seconds
+                + self.update_seconds)
 
     @property
     def serial_step_seconds(self) -> float:
-        """Simulated step time with nothing overlapped (the sum of the parts, an upper bound)."""
+        """Simulated step time with nothing overlapped (the sum of the parts, an upper bound;
+        the pipeline bubble counts whole: nothing hides it)."""
         return (self.dispatch_seconds + self.infeed_seconds + self.compute_seconds
-                + self.collective_seconds + self.update_seconds)
+                + self.collective_seconds + self.pipeline_bubble_seconds + self.update_seconds)
+
+    @property
+    def pipeline_bubble_fraction(self) -> float:
+        """The bubble's share of the pipelined forward and backward passes: bubble /
+        (compute + bubble), 0..1 (GPipe: ``(S - 1) / (M + S - 1)`` with stages of
+        equal cost and free transfers, ``pod.programs.pipeline_schedule``)."""
+        return pipeline_bubble_fraction(self.pipeline_bubble_seconds, self.compute_seconds)
 
     @property
     def overlap_fraction(self) -> float:
@@ -267,6 +289,7 @@ class StepStats:
             simulated_tokens_per_second=self.tokens_per_second,
             simulated_flops_per_second=self.flops_per_second,
             mfu=self.mfu,
+            pipeline_bubble_fraction=self.pipeline_bubble_fraction,
         )
         for axis in AXIS_ORDER:
             data[f"{axis}_collective_seconds"] = self.axis_collective_seconds.get(axis, 0.0)
@@ -284,7 +307,7 @@ AXIS_FIELDS = tuple(f"{axis}_{what}" for axis in AXIS_ORDER
 TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
                 "collective_seconds", "update_seconds", "wall_seconds",
                 "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
-                "dispatch_seconds", "hardware_flops", *AXIS_FIELDS)
+                "dispatch_seconds", "hardware_flops", "pipeline_bubble_seconds", *AXIS_FIELDS)
 
 
 def _total_value(stats: StepStats, name: str) -> float:
