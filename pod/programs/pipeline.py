@@ -241,8 +241,9 @@ class PipelinedTransformer(ShardedTransformer):
 
     def shape_shard(self, coords: DeviceCoords = DeviceCoords()) -> DeviceShard:
         """A timing-only device's chunks of its stage's parameters (zero views)."""
+        keep = set(self._stage_keys[coords.stage])
         params = {k: timing_zeros((self._chunk_count([k]),), np.float32)
-                  for k in self._stage_keys[coords.stage]}
+                  for k in self._shapes if k in keep}                     # the model's order
         state = {f"{k}/{slot}": v for k, v in params.items() for slot in self.optimizer.slots}
         return DeviceShard(coords, params, state)
 
