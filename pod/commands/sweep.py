@@ -52,7 +52,7 @@ from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
-from pod.report.stats import AXIS_ORDER, mfu
+from pod.report.stats import AXIS_ORDER, mfu, pipeline_bubble_fraction
 from pod.safe_io import lock_directories
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
@@ -76,6 +76,9 @@ COLUMNS = (
     # exposed and total collective seconds per mesh axis, one device's HBM plan
     "mesh", *AXIS_ORDER, "remat", "fits",
     "hbm_per_device_bytes", "simulated_tokens_per_second", "hfu",
+    # pipelines (a stage axis; sweep.microbatches): the microbatches, the bubble's
+    # seconds and its share of the forward and backward passes
+    "microbatches", "pipeline_bubble_seconds", "pipeline_bubble_fraction",
     *(f"exposed_{a}_seconds" for a in AXIS_ORDER),
     *(f"collective_{a}_seconds" for a in AXIS_ORDER),
 )
@@ -172,14 +175,21 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         batches = sweep.per_device_batch
     meshes = sweep.mesh or (scenario.pod.mesh,)
     remats = sweep.remat or (None,)
+    micros = sweep.microbatches or (None,)
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
-    for i, (pod, mesh, remat, algorithm, per_point, precision) in enumerate(
-            itertools.product(_pods(scenario), meshes, remats, algorithms, batches, precisions)):
+    for i, (pod, mesh, remat, algorithm, per_point, precision, micro) in enumerate(
+            itertools.product(_pods(scenario), meshes, remats, algorithms, batches, precisions,
+                              micros)):
         batch = per_point
         values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
         if sweep.mesh:
             values["pod__mesh"] = mesh
+        if sweep.mesh and (mesh or {}).get("stage", 1) == 1:  # no stages: no pipeline
+            values.update(training__microbatches=None, training__pipeline_schedule="gpipe",
+                          training__pipeline_repeats=1)
+        elif micro is not None:
+            values["training__microbatches"] = micro
         if remat is not None:
             values["model__options"] = {**(scenario.model.options if scenario.model else {}),
                                         "remat": remat}
@@ -197,7 +207,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         except USER_ERRORS as err:
             point, error = None, str(err)
         series = (_generation(pod, scenario), algorithm, precision, per_point,
-                  format_axes(mesh) if sweep.mesh else "", remat or "")  # _SERIES_BATCH: per_point
+                  format_axes(mesh) if sweep.mesh else "", remat or "",
+                  micro or "")  # _SERIES_BATCH: per_point
         points.append(SweepPoint(i, values, point, error, series))
     return points
 
@@ -280,7 +291,21 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "wall_seconds": wall,
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
         **_layout_columns(plan, timed, step),
+        **_pipeline_columns(plan, timed),
     }
+
+
+def _pipeline_columns(plan, timed: list) -> dict[str, Any]:
+    """A pipeline's microbatches and bubble (NaN without a stage axis)."""
+    from pod.config.pipeline import pipeline_microbatches
+
+    if plan.mesh.axis_size("stage") == 1:
+        return {}
+    bubble = fmean(s.pipeline_bubble_seconds for s in timed)
+    return {"microbatches": pipeline_microbatches(plan.scenario.training, plan.mesh),
+            "pipeline_bubble_seconds": bubble,
+            "pipeline_bubble_fraction": pipeline_bubble_fraction(
+                bubble, fmean(s.compute_seconds for s in timed))}
 
 
 def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
@@ -424,6 +449,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
     layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
     if "model__options" in v:
         layout["remat"] = v["model__options"].get("remat", "")
+    if "training__microbatches" in v:
+        layout["microbatches"] = v["training__microbatches"]
     return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", math.nan),
             "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
@@ -462,6 +489,7 @@ def sweep_kind(scenario: Scenario) -> str:
         return f"{sweep.scaling} scaling"
     varied = [label for label, values in (
         ("mesh", sweep.mesh), ("remat", sweep.remat), ("per-device batch", sweep.per_device_batch),
+        ("microbatches", sweep.microbatches),
         ("global batch", sweep.global_batch), ("per-core batch", sweep.per_core_batch),
         ("precision", sweep.precision), ("allreduce", sweep.allreduce)) if values and len(values) > 1]
     if not varied:
@@ -506,29 +534,32 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
-           "", "| # | chips | mesh | remat | batch / device | step s | tokens/s | MFU | "
-           f"exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
-           "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|"]
+           "", "| # | chips | mesh | remat | batch / device | microbatches | step s | tokens/s | "
+           f"MFU | bubble | exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
+           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
         hbm = r.get("hbm_per_device_bytes")
         hbm = "" if is_missing(hbm) else f"{hbm / 2**30:.1f}"
         if r["status"] == "ok":
             exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
             out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
-                       f"{r['per_device_batch']} | {r['simulated_step_seconds']:.3f} | "
-                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | {exposed} | "
+                       f"{r['per_device_batch']} | {_cell(r.get('microbatches'))} | "
+                       f"{r['simulated_step_seconds']:.3f} | "
+                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | "
+                       f"{_cell(r.get('pipeline_bubble_fraction'), '.0%')} | {exposed} | "
                        f"{hbm} | ok |")
         else:
             why = str(r["error"]).replace("|", "/")
             out.append(f"| {r['point']} | {_cell(r['chips'])} | {r['mesh']} | {r.get('remat', '')} | "
-                       f"{_cell(r['per_device_batch'])} | | | | | {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
+                       f"{_cell(r['per_device_batch'])} | {_cell(r.get('microbatches'))} | | | | | "
+                       f"| {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
                        f": {why} |")
     return "\n".join(out) + "\n"
 
 
 #: a colour per bound category (``pod.report.bounds.BOUND_CATEGORIES``) in bounds.png
 BOUND_COLOURS = {"mxu": "tab:green", "vpu": "tab:olive", "hbm": "tab:orange", "ici": "tab:red",
-                 "latency": "tab:purple", "host": "tab:grey"}
+                 "latency": "tab:purple", "host": "tab:grey", "bubble": "tab:brown"}
 
 
 def _series(scenario: Scenario, ok: list[dict[str, Any]],
@@ -573,7 +604,8 @@ def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
              else ("global_batch", "global batch"))
     layout = [(key, label) for key, label, varied in (
         ("mesh", "mesh", scenario.sweep.mesh), ("remat", "remat", scenario.sweep.remat),
-        ("per_device_batch", "per-device batch", scenario.sweep.per_device_batch)) if varied]
+        ("per_device_batch", "per-device batch", scenario.sweep.per_device_batch),
+        ("microbatches", "microbatches", scenario.sweep.microbatches)) if varied]
     return [("chips", "chips"), batch, ("precision", "precision"),
             ("allreduce_algorithm", "allreduce"), ("generation", "chip"), *layout]
 
@@ -692,13 +724,14 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
 def _is_layout_sweep(scenario: Scenario) -> bool:
     """Whether the sweep varies sharded layouts (mesh, remat or the per-device batch)."""
     sweep = scenario.sweep
-    return bool(sweep.mesh or sweep.remat or sweep.per_device_batch)
+    return bool(sweep.mesh or sweep.remat or sweep.per_device_batch or sweep.microbatches)
 
 
 def _layout_label(row: dict[str, Any]) -> str:
     """``{fsdp: 16, tensor: 4} minimal b=4``: a layout's mesh, remat and batch per device."""
     batch = "" if is_missing(row.get("per_device_batch")) else f" b={row['per_device_batch']}"
-    return f"{row['mesh']} {row['remat'] or 'none'}{batch}"
+    micro = "" if is_missing(row.get("microbatches")) else f" M={row['microbatches']}"
+    return f"{row['mesh']} {row['remat'] or 'none'}{batch}{micro}"
 
 
 def _line_plot(plt, ok: list[dict[str, Any]], series: dict[str, list[dict[str, Any]]],

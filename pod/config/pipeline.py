@@ -33,8 +33,8 @@ def check_pipeline_plan(scenario: Any, mesh: Mesh, model: Any) -> None:
     """A pipelined scenario's figures fit its mesh and model.
 
     Raises:
-        ScenarioError: one line: pipeline fields without a stage axis (outside a
-            sweep, whose other points may have none); a stage axis on a model
+        ScenarioError: one line: pipeline fields without a stage axis (a sweep
+            clears them on its stage-less points); a stage axis on a model
             other than the transformer; a bad schedule, repeats or microbatches
             (``pod.programs.pipeline_schedule.check_pipeline``); layers that do
             not split into stage x repeats chunks; a global batch that does not
@@ -48,7 +48,7 @@ def check_pipeline_plan(scenario: Any, mesh: Mesh, model: Any) -> None:
         given = [f"{f} {getattr(training, f)}" for f, default in
                  (("microbatches", None), ("pipeline_schedule", "gpipe"), ("pipeline_repeats", 1))
                  if getattr(training, f) != default]
-        if given and scenario.sweep is None:
+        if given:
             field = given[0].split()[0]
             raise ScenarioError(f"training.{field}: {given[0].split(' ', 1)[1]} needs pipeline "
                                 f"stages; pod.mesh {axes} has no stage axis: add one (e.g. "

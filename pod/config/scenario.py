@@ -534,6 +534,9 @@ class SweepConfig(_Frozen):
                                                                        min_length=1)
     per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
+    # pipelines (a mesh with a stage axis): training.microbatches per point
+    microbatches: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
+        default=None, min_length=1)
     steps: int = Field(default=2, gt=0, le=MAX_STEPS,
                        description="steps per point; the first is not timed")
     epoch_examples: int | None = Field(default=None, gt=0, le=MAX_GLOBAL_BATCH * MAX_STEPS,

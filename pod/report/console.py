@@ -80,6 +80,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
          f"{summary['collective_seconds'] * 1e3:.4f} "
          f"({summary['overlap_fraction']:.0%} hidden)", "simulated"),
         *_axis_rows(summary),
+        *_bubble_rows(summary),
         ("  update", f"{summary['update_seconds'] * 1e3:.4f} ms", "simulated"),
         ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s"
                        + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),
@@ -109,6 +110,19 @@ def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
     algorithm = (f"; allreduce {summary['allreduce_algorithm']}"
                  if list(summary["mesh"]) == ["data"] else "")
     return ("mesh", f"{{{axes}}}{each}{algorithm}", "")
+
+
+def _bubble_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The pipeline bubble (a mesh with a stage axis): its time per step and its share
+    of the forward and backward passes, with the schedule."""
+    pipe = summary.get("pipeline")
+    if not pipe:
+        return []
+    repeats = f", {pipe['repeats']} repeats" if pipe["repeats"] > 1 else ""
+    return [("  pipeline bubble", f"{summary['pipeline_bubble_seconds'] * 1e3:.4f} ms "
+                                  f"({summary['pipeline_bubble_fraction']:.0%} of fwd+bwd; "
+                                  f"{pipe['schedule']}, {pipe['stages']} stages x "
+                                  f"{pipe['microbatches']} microbatches{repeats})", "simulated")]
 
 
 def _axis_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pod.errors import OutputError
-from pod.report.stats import StepStats, StepTotals, mfu
+from pod.report.stats import StepStats, StepTotals, mfu, pipeline_bubble_fraction
 from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
@@ -126,6 +126,9 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
                                               / mean("collective_seconds")))
                              if mean("collective_seconds") > 0 else 0.0),
         "update_seconds": mean("update_seconds"),
+        "pipeline_bubble_seconds": mean("pipeline_bubble_seconds"),
+        "pipeline_bubble_fraction": pipeline_bubble_fraction(mean("pipeline_bubble_seconds"),
+                                                             mean("compute_seconds")),
         "collectives_by_axis": {
             axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
                    "simulated_seconds": mean(f"{axis}_collective_seconds"),
@@ -179,7 +182,23 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "steps": steps,
         "global_batch": plan.global_batch,
         "per_device_batch": plan.per_device_batch,
+        **_pipeline(plan),
     }
+
+
+def _pipeline(plan: Any) -> dict[str, Any]:
+    """The pipeline's figures (a mesh with a stage axis): stages, microbatches, schedule,
+    repeats; nothing without one."""
+    from pod.config.pipeline import pipeline_microbatches
+
+    stages = plan.mesh.axis_size("stage")
+    if stages == 1:
+        return {}
+    training = plan.scenario.training
+    return {"pipeline": {"stages": stages,
+                         "microbatches": pipeline_microbatches(training, plan.mesh),
+                         "schedule": training.pipeline_schedule,
+                         "repeats": training.pipeline_repeats}}
 
 
 def reliability(events: list[dict[str, Any]], checkpoints: Any | None, resumed: Any | None,

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pod.config.pipeline import pipeline_microbatches
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import DeviceGroups, device_chip_spec, device_groups
 from pod.errors import CheckpointError
@@ -58,7 +59,7 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
     return build_program(plan.model, plan.mesh.sizes, optimizer,
                          sequence_parallel=training.sequence_parallel,
                          bucket_elements=plan.bucket_elements,
-                         microbatches=training.microbatches,
+                         microbatches=pipeline_microbatches(training, plan.mesh),
                          pipeline_schedule=training.pipeline_schedule,
                          pipeline_repeats=training.pipeline_repeats)
 
