@@ -160,7 +160,7 @@ class DeviceCollectives(Protocol):
         """x (n,) float32 -> (n,): the group's sum."""
 
     def ppermute(self, axis: str, x: np.ndarray, shift: int, *, tag: str, kind: str,
-                 after_record: int, used: bool = True) -> np.ndarray:
+                 after_record: int, used: bool = True, **wire: int) -> np.ndarray:
         """x (n,) float32 -> (n,): the x of the member ``shift`` positions before."""
 
     def align(self, point: int) -> None:
@@ -225,7 +225,7 @@ class CollectivesBase:
 
     def _call(self, op: str, axis: str, x, tag: str, kind: str, after_record: int,
               itemsize: int = 4, overlap_before: int = 0, overlap_after: int = 0,
-              shift: int = 0, used: bool = True) -> np.ndarray:
+              shift: int = 0) -> np.ndarray:
         size = self.axis_size(axis)
         if kind not in COLLECTIVE_KINDS:
             raise ValueError(f"collective kind {kind!r} is unknown; allowed: "
@@ -239,7 +239,7 @@ class CollectivesBase:
                              f"split into {size} equal chunks")
         if size == 1:
             return x
-        wait = int(after_record) if op == "ppermute" and used else None
+        wait = int(after_record) if op == "ppermute" else None
         self.calls.append(CollectiveCall(axis, op, int(x.size) * int(itemsize), tag, kind,
                                          int(after_record), int(overlap_before),
                                          int(overlap_after), int(shift), wait))
@@ -278,8 +278,11 @@ class CollectivesBase:
         """
         if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
             raise ValueError(f"ppermute {tag!r} over {axis}: shift {shift!r} is not an int")
-        return self._call("ppermute", axis, x, tag, kind, after_record, shift=int(shift),
-                          used=bool(used), **wire)
+        count = len(self.calls)
+        out = self._call("ppermute", axis, x, tag, kind, after_record, shift=int(shift), **wire)
+        if not used and len(self.calls) > count:  # nothing waits for what it received
+            self.calls[-1] = dataclasses.replace(self.calls[-1], wait_record=None)
+        return out
 
     def align(self, point: int) -> None:
         """A point every device reaches in the same order (``DeviceCollectives.align``);

@@ -57,7 +57,6 @@ import numpy as np
 
 from pod.programs.collectives import AXES, DeviceCollectives, defer_wait
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
-from pod.programs.fsdp import chunk_elements
 from pod.programs.pipeline_schedule import PipelineSchedule, PipeOp, build_schedule
 from pod.programs.tensor import wire_itemsize
 from pod.programs.transformer import ShardedTransformer
@@ -68,6 +67,7 @@ from pod.workloads.transformer import TransformerModel
 __all__ = ["StageWork", "run_ticks", "PipelinedTransformer", "stage_layers"]
 
 _F32 = np.float32
+_ORIGIN = DeviceCoords()  # the first device of the mesh
 
 
 class StageWork(Protocol):
@@ -113,7 +113,8 @@ def run_ticks(schedule: PipelineSchedule, stage: int, comm: DeviceCollectives, c
     inbox: dict[PipeOp, tuple[np.ndarray, int | None]] = {}
     recorded = comm.axis_size("stage") > 1
     for t, row in enumerate(schedule.ticks):
-        op, out = row[stage], {"fwd": None, "bwd": None}
+        op = row[stage]
+        out: dict[str, np.ndarray | None] = {"fwd": None, "bwd": None}
         if op is not None:
             v = schedule.virtual(stage, op)
             data = None
@@ -239,12 +240,13 @@ class PipelinedTransformer(ShardedTransformer):
         params = self.shard_params(self.model.init_params(seed), coords)
         return DeviceShard(coords, params, self.optimizer.init(params))
 
-    def shape_shard(self, coords: DeviceCoords = DeviceCoords()) -> DeviceShard:
+    def shape_shard(self, coords: DeviceCoords = _ORIGIN) -> DeviceShard:
         """A timing-only device's chunks of its stage's parameters (zero views)."""
         keep = set(self._stage_keys[coords.stage])
         params = {k: timing_zeros((self._chunk_count([k]),), np.float32)
                   for k in self._shapes if k in keep}                     # the model's order
-        state = {f"{k}/{slot}": v for k, v in params.items() for slot in self.optimizer.slots}
+        slots: tuple[str, ...] = tuple(self.optimizer.slots)
+        state = {f"{k}/{slot}": v for k, v in params.items() for slot in slots}
         return DeviceShard(coords, params, state)
 
     def assemble(self, shards: Iterable[DeviceShard], *, opt_state: bool = False
@@ -327,15 +329,18 @@ class PipelinedTransformer(ShardedTransformer):
         if not self.shared_keys or self.stages == 1:
             return chunks
         widths = [self._chunk_count([k]) for k in self.shared_keys]
-        kw = {"tag": "shared grads", "kind": "grad_reduce", "after_record": len(core.records)}
+        after = len(core.records)
         if not core.execute:
-            comm.allreduce("stage", timing_zeros((sum(widths),), _F32), **kw)
+            comm.allreduce("stage", timing_zeros((sum(widths),), _F32), tag="shared grads",
+                           kind="grad_reduce", after_record=after)
             return chunks
         buf = np.concatenate([chunks[k] if k in chunks else np.zeros(w, _F32)
-                              for k, w in zip(self.shared_keys, widths)])
-        total = comm.allreduce("stage", buf, **kw)
+                              for k, w in zip(self.shared_keys, widths, strict=True)])
+        total = comm.allreduce("stage", buf, tag="shared grads", kind="grad_reduce",
+                               after_record=after)
         parts = np.split(total, np.cumsum(widths)[:-1])
-        return {**chunks, **{k: p for k, p in zip(self.shared_keys, parts) if k in chunks}}
+        return {**chunks, **{k: p for k, p in zip(self.shared_keys, parts, strict=True)
+                             if k in chunks}}
 
     def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
                  y: np.ndarray) -> EvalSums:
@@ -400,7 +405,11 @@ class _TransformerStage:
     def forward(self, op: PipeOp, x: np.ndarray | None) -> np.ndarray | None:
         p, m = self.p, op.microbatch
         v = p.schedule.virtual(self.stage, op)
-        h = self.x[self._microbatch(m)] if v == 0 else self._unflat(x)   # (b, T) or (b, T', C)
+        if v == 0:
+            h = self.x[self._microbatch(m)]                                # (b, T) token ids
+        else:
+            assert x is not None, "a later virtual stage's forward receives its input"
+            h = self._unflat(x)                                            # (b, T', C)
         phase = "fwd" if self.training else "eval"
         caches = []
         for i in p.chunks[v]:
@@ -426,21 +435,21 @@ class _TransformerStage:
         p, m, core = self.p, op.microbatch, self.core
         v = p.schedule.virtual(self.stage, op)
         if dy is None:
-            g = self.dy.pop(m)
+            g: np.ndarray | None = self.dy.pop(m)
         else:
             g = self._unflat(dy)
             self.losses[m] = float(dy[-1]) if core.execute else 0.0
         caches = self.caches.pop((m, op.repeat))
         self.done[op.repeat] += 1
         last = self.done[op.repeat] == p.microbatches
-        for i, cache in zip(reversed(p.chunks[v]), reversed(caches)):
+        for i, cache in zip(reversed(p.chunks[v]), reversed(caches), strict=True):
             g = p._layer_backward(core, self.comm, self.shard, i, cache, g, self.hooks["bwd"],
                                   self.grads, "accumulate")
             if last:
                 keys = p._reduce_at[self.stage][i]
                 self.chunks.update(p._reduce(core, self.comm, p.local_model.layers[i].name,
                                              {k: self.grads.pop(k) for k in keys}))
-        return None if v == 0 else self._flat(g, self.losses[m])
+        return None if v == 0 or g is None else self._flat(g, self.losses[m])
 
     def loss(self) -> float:
         """The mean of the microbatches' losses (float32 values, as they travel)."""

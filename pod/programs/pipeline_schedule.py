@@ -166,7 +166,7 @@ class PipelineSchedule:
 
     def ops(self, stage: int) -> list[PipeOp]:
         """``stage``'s ops in the order it runs them."""
-        return [row[stage] for row in self.ticks if row[stage] is not None]
+        return [op for row in self.ticks if (op := row[stage]) is not None]
 
 
 def build_schedule(name: str, stages: int, microbatches: int, repeats: int = 1, *,
@@ -190,8 +190,9 @@ def build_schedule(name: str, stages: int, microbatches: int, repeats: int = 1, 
               for s in range(stages)]
     v_last = stages * repeats - 1
     done: set[tuple[str, int, int]] = set()  # (phase, microbatch, virtual stage), earlier ticks
-    next_op, ticks = [0] * stages, []
-    while any(i < len(o) for i, o in zip(next_op, orders)):
+    next_op = [0] * stages
+    ticks: list[tuple[PipeOp | None, ...]] = []
+    while any(i < len(o) for i, o in zip(next_op, orders, strict=True)):
         row: list[PipeOp | None] = []
         for s, order in enumerate(orders):
             op = order[next_op[s]] if next_op[s] < len(order) else None

@@ -23,8 +23,7 @@ from pod.config.pipeline import _chunk_activation_bytes
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.errors import ScenarioError
-from pod.programs import (DeviceCoords, LocalMesh, PipelinedTransformer, build_program,
-                          stage_layers)
+from pod.programs import DeviceCoords, LocalMesh, PipelinedTransformer, build_program, stage_layers
 from pod.runtime.local import LocalPod
 from pod.runtime.timing import TimingPod
 from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
@@ -48,7 +47,7 @@ def optimizer():
     return build_optimizer("adamw", learning_rate=LR)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def single(option_items=()):
     """One TensorCore on the global batches: (params, losses)."""
     model = TransformerModel(TransformerConfig(**{**TINY, **dict(option_items)}))
@@ -114,7 +113,7 @@ def test_pipelined_training_ends_with_the_single_device_parameters(mesh, schedul
 
 
 @pytest.mark.parametrize("sizes, schedule, microbatches, options", [
-    ({"stage": 4}, "1f1b", 2, {}),                                   # fewer microbatches than stages
+    ({"stage": 4}, "1f1b", 2, {}),                          # fewer microbatches than stages
     ({"stage": 2, "tensor": 2}, "gpipe", 4, {"tied_embeddings": False}),
     ({"stage": 2, "data": 2}, "circular", 4, {"positions": "learned", "block": "parallel"}),
 ], ids=["stage4-m2", "untied-tensor", "learned-parallel"])
@@ -255,7 +254,8 @@ def test_the_memory_plan_counts_the_stage_and_the_microbatches_in_flight():
 @pytest.mark.parametrize("mesh, training, match", [
     ({"stage": 3, "fsdp": -1}, {}, None),                   # 8 devices: 3 does not divide
     ({"stage": 8}, {}, "4 layers do not split into stage 8 x pipeline_repeats 1"),
-    ({"stage": 2, "fsdp": 4}, {"microbatches": 3}, "does not split into data x fsdp = 4 devices x 3"),
+    ({"stage": 2, "fsdp": 4}, {"microbatches": 3},
+     "does not split into data x fsdp = 4 devices x 3"),
     ({"stage": 2, "fsdp": 4}, {"pipeline_repeats": 2}, "need the circular schedule"),
     ({"stage": 2, "fsdp": 4}, {"pipeline_schedule": "circular", "microbatches": 1},
      "multiple of the 2 stages"),

@@ -62,9 +62,9 @@ class FreeCosts:
         return {}
 
 
-def _step(schedule, costs=FreeCosts(), update_seconds=UPDATE_SECONDS):
+def _step(schedule, costs=None, update_seconds=UPDATE_SECONDS):
     """The stats of one step of equal stages under ``schedule``, and the device reports."""
-    stages = schedule.stages
+    stages, costs = schedule.stages, costs or FreeCosts()
 
     def device(comm):
         core = FakeCore()

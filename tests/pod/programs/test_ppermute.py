@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 
 from chip import get_chip_spec
-from interconnect import LinkSpec, Torus, group_ppermute_cost, group_ppermute_schedule
-from interconnect import calibrated_link, schedule_cost
+from interconnect import (
+    LinkSpec,
+    Torus,
+    calibrated_link,
+    group_ppermute_cost,
+    group_ppermute_schedule,
+    schedule_cost,
+)
 from pod.config.mesh import layout_mesh
 from pod.config.sharding import MeshCollectiveCosts
 from pod.programs.collectives import LocalMesh, ShapeCollectives, defer_wait
@@ -91,7 +97,7 @@ def test_the_mesh_cost_of_a_stage_ppermute_counts_every_group_and_their_contenti
     groups = mesh.groups("stage", "ring")
     assert cost == group_ppermute_cost(torus, groups, 4096, link, 2)
     # a line of 4 (no wraparound): the wrapping piece travels 3 hops back
-    hops = max(abs(a % 4 - b % 4) for g in groups for a, b in zip(g, g[1:] + g[:1]))
+    hops = max(abs(a % 4 - b % 4) for g in groups for a, b in zip(g, g[1:] + g[:1], strict=True))
     assert hops == 3
     want = 8192 / link.achieved_bandwidth_bytes_per_s(2) + 3 * link.latency_s \
         + link.collective_fixed_s
