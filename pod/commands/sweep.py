@@ -178,9 +178,15 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     micros = sweep.microbatches or (None,)
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
-    for i, (pod, mesh, remat, algorithm, per_point, precision, micro) in enumerate(
-            itertools.product(_pods(scenario), meshes, remats, algorithms, batches, precisions,
-                              micros)):
+    seen: set[str] = set()
+    for pod, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
+            _pods(scenario), meshes, remats, algorithms, batches, precisions, micros):
+        if sweep.microbatches and (mesh or {}).get("stage", 1) == 1:
+            key = repr((pod, mesh, remat, algorithm, per_point, precision))
+            if key in seen:  # a mesh without stages runs once, whatever the microbatches
+                continue
+            seen.add(key)
+        i = len(points)
         batch = per_point
         values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
         if sweep.mesh:
@@ -632,15 +638,23 @@ def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
     ax.set_xlabel(label)
 
 
+def _bubble(row: dict[str, Any]) -> float:
+    """A row's pipeline bubble seconds (0 without a pipeline)."""
+    value = row.get("pipeline_bubble_seconds")
+    return 0.0 if is_missing(value) else float(value)
+
+
 def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
                x_key: str, x_label: str, output_dir: Path) -> Path:
     """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
     parts = (("compute", lambda r: r["compute_seconds"]),
              ("collectives, exposed", lambda r: r["exposed_collective_seconds"]),
+             ("pipeline bubble", _bubble),
              ("update", lambda r: r["update_seconds"]),
              ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
                                                             - r["compute_seconds"]
                                                             - r["exposed_collective_seconds"]
+                                                            - _bubble(r)
                                                             - r["update_seconds"])))
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
@@ -820,25 +834,25 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
 
 
 def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> Path:
-    """One bar per layout: compute, update and exposed collective seconds per mesh axis
-    (simulated), layouts that do not fit in HBM shown empty with their need; the
+    """One bar per layout: compute, update, the pipeline bubble and exposed collective
+    seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with their need; the
     layout that fits with the most tokens (examples) per second marked with a star; MFU
     and HBM per device beside each bar."""
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(_layout_label(r))
         if r["status"] == "ok":
-            stacks.append([r["compute_seconds"], r["update_seconds"],
+            stacks.append([r["compute_seconds"], r["update_seconds"], _bubble(r),
                            *(r[f"exposed_{a}_seconds"] for a in _AXES)])
             notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
         else:
-            stacks.append([0.0] * (2 + len(_AXES)))
+            stacks.append([0.0] * (3 + len(_AXES)))
             need = r.get("hbm_per_device_bytes")
             notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
                          else "failed: " + str(r["error"])[:40])
     fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
     left = [0.0] * len(rows)
-    parts = ("compute", "update", *(f"exposed {a}" for a in _AXES))
+    parts = ("compute", "update", "pipeline bubble", *(f"exposed {a}" for a in _AXES))
     for k, part in enumerate(parts):
         widths = [st[k] for st in stacks]
         ax.barh(range(len(rows)), widths, left=left, label=part)

@@ -89,8 +89,9 @@ def test_a_sweep_varies_the_microbatches_and_the_stages():
                            "mesh": [{"stage": 2, "data": 4}, {"data": 8}]})
     points = sweep_points(spec)
     assert [(p.values["pod__mesh"], p.values["training__microbatches"]) for p in points] == [
-        ({"stage": 2, "data": 4}, 2), ({"stage": 2, "data": 4}, 4), ({"data": 8}, None),
-        ({"data": 8}, None)]  # a stage-less point clears the pipeline fields
+        ({"stage": 2, "data": 4}, 2), ({"stage": 2, "data": 4}, 4),
+        ({"data": 8}, None)]  # a stage-less point clears the pipeline fields and runs once
+    assert [p.index for p in points] == [0, 1, 2]
     for p in points:
         build_plan(p.scenario, timing_only=True)
     assert sweep_kind(spec) == "a sweep of mesh and microbatches"
