@@ -40,7 +40,8 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   back wherever their inputs are ready. A wait up to the moment the source
   reached its send is the **pipeline bubble** (the source stage was still
   busy, or idle itself); the rest, the transfer, is exposed ``stage`` time.
-  Any other collective over ``stage`` starts once every stage reached it.
+  Any other collective over ``stage`` starts once every stage reached it
+  (the wait for the others is the bubble too).
   With stages of equal cost and free transfers GPipe's bubble is ``(S - 1)
   (F + B)`` on the first stage, the closed form ``(S - 1) / (M + S - 1)`` of
   its forward and backward time (``pod.programs.pipeline_schedule``).
@@ -179,7 +180,7 @@ class _Stream:
         self.pending: list[tuple[int, float, str, float]] = []
         self.exposed: dict[str, float] = {}
         self.waits: list[tuple[float, float, str]] = []
-        self.grad_end, self.grad_axis = 0.0, ""
+        self.grad_end, self.grad_axis, self.grad_bubble = 0.0, "", 0.0
 
     def wait(self, until: float, axis: str, bubble_until: float = 0.0) -> None:
         if bubble_until > self.t:
@@ -197,7 +198,7 @@ class _Stream:
             if self.done >= index:
                 return
             if self.done == self.update_start:  # the optimizer waits for the gradients
-                self.wait(self.grad_end, self.grad_axis)
+                self.wait(self.grad_end, self.grad_axis, self.grad_bubble)
             self.starts.append(self.t)
             self.t += self.seconds[self.done]
             self.done += 1
@@ -304,11 +305,12 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
             prev_gather = stream.t
         if call.kind == "grad_reduce" and overlap:
             if end >= stream.grad_end:
-                stream.grad_end, stream.grad_axis = end, call.axis
+                stream.grad_end, stream.grad_axis, stream.grad_bubble = end, call.axis, group_ready
         elif after:
-            stream.pending.append((min(n, call.after_record + after), end, call.axis, 0.0))
+            stream.pending.append((min(n, call.after_record + after), end, call.axis,
+                                   group_ready))
         else:
-            stream.wait(end, call.axis)
+            stream.wait(end, call.axis, group_ready)
     return _finish(stream, spans, axis_bytes, axis_seconds)
 
 
@@ -318,7 +320,7 @@ def _finish(stream: _Stream, spans: list[CollectiveSpan], axis_bytes: dict[str, 
     n, update_start = len(stream.seconds), stream.update_start
     stream.run_until(n)
     if update_start >= n:  # no optimizer records: the step waits for the gradients anyway
-        stream.wait(stream.grad_end, stream.grad_axis)
+        stream.wait(stream.grad_end, stream.grad_axis, stream.grad_bubble)
     for _, end, axis, bubble in list(stream.pending):
         stream.wait(end, axis, bubble)
     last = max(spans, key=lambda sp: sp.end, default=None)
