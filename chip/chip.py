@@ -27,7 +27,8 @@ class Chip:
         precision: As given.
         mxu_model: As given.
         cores: spec.tensorcores TensorCores named "chip{chip_id}/core{i}", each
-            with an HBM of spec.core.hbm_bytes.
+            with an HBM of spec.core.hbm_bytes and an equal share of the host
+            link (spec.host_to_chip_bytes_per_s / tensorcores).
 
     Raises:
         ValueError: if chip_id is not an int >= 0.
@@ -50,7 +51,8 @@ class Chip:
         self.mxu_model = mxu_model
         self.cores = [
             TensorCore(spec.core, numerics=numerics, name=f"chip{chip_id}/core{i}",
-                       precision=precision, double_buffered=double_buffered, mxu_model=mxu_model)
+                       precision=precision, double_buffered=double_buffered, mxu_model=mxu_model,
+                       host_bytes_per_s=spec.host_to_chip_bytes_per_s / spec.tensorcores)
             for i in range(spec.tensorcores)
         ]
 

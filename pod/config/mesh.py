@@ -54,6 +54,7 @@ Your Model", the sharding and training chapters (FSDP = ZeRO-3).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -70,7 +71,8 @@ from pod.workloads.transformer import TransformerModel
 
 __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
            "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
-           "sharded_memory_plan", "mesh_memory_plan"]
+           "sharded_memory_plan", "mesh_memory_plan", "model_figures", "DeviceFigures",
+           "fsdp_buffer_bytes"]
 
 #: Mesh axis names, outermost first (MaxText's ici_*_parallelism order: data, stage
 #: (pipeline), fsdp, expert, tensor).
@@ -83,6 +85,10 @@ CORES_ARE_DEVICES = ("v2", "v3")
 _GIB = 2**30
 #: Bytes of the MXU's copy of a weight per precision (fp32 runs on the float32 weights).
 _MXU_COPY_BYTES = {"bf16": 2, "int8": 1, "fp32": 0}
+#: Bytes per weight an FSDP all-gather moves and the gathered layer holds: bf16 (XLA
+#: converts the float32 master before gathering [SB]; int8 training gathers bf16 and
+#: quantises on chip), float32 in fp32 training.
+_GATHER_BYTES = {"bf16": 2, "int8": 2, "fp32": 4}
 _FLOAT32_BYTES = 4
 
 
@@ -183,6 +189,9 @@ class MeshAxis:
             devices of a group in ring order (0: all on one chip).
         ring: the indices along the axis in ring order (a permutation of
             ``range(size)``); :meth:`Mesh.groups` applies it.
+        dcn: the axis's factor across slices (multislice, ``pod.dcn_mesh``): the
+            outer ``dcn`` part of the axis spans slices over the data-centre
+            network, the inner ``size / dcn`` lies in each slice on ``blocks``.
     """
 
     name: str
@@ -191,6 +200,7 @@ class MeshAxis:
     closed: bool
     hops_per_step: int
     ring: tuple[int, ...] = field(repr=False, default=())  # indices along the axis, ring order
+    dcn: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,6 +215,12 @@ class Mesh:
         torus: the ICI torus of the chips.
         devices_per_chip: 2 on v2 / v3 (a device per TensorCore), else 1.
         axes: per axis its :class:`MeshAxis` (blocks, ring or line).
+        slices: slices joined by the data-centre network (multislice); device
+            ``d`` is on slice ``d // slice_devices``, chip ``d // devices_per_chip``
+            (chip ranks run on across slices), torus rank ``(d % slice_devices)
+            // devices_per_chip`` of its slice's ``torus``.
+        slice_mesh: the mesh of one slice (the axes' in-slice parts, laid on
+            ``torus``); the mesh itself when there is one slice.
     """
 
     axis_names: tuple[str, ...]
@@ -213,6 +229,8 @@ class Mesh:
     torus: Torus
     devices_per_chip: int
     axes: tuple[MeshAxis, ...]
+    slices: int = 1
+    slice_mesh: "Mesh | None" = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Mesh) and self._key() == other._key()
@@ -222,7 +240,27 @@ class Mesh:
         return hash(self._key())
 
     def _key(self) -> tuple:
-        return (self.axis_names, self.shape, self.torus, self.devices_per_chip)
+        return (self.axis_names, self.shape, self.torus, self.devices_per_chip, self.slices,
+                tuple(a.dcn for a in self.axes))
+
+    @property
+    def in_slice(self) -> "Mesh":
+        """The mesh of one slice (``slice_mesh``, or itself with one slice)."""
+        return self.slice_mesh if self.slice_mesh is not None else self
+
+    @property
+    def slice_devices(self) -> int:
+        """Devices in one slice."""
+        return self.size // self.slices
+
+    def dcn_size(self, axis: str) -> int:
+        """The factor of ``axis`` across slices (1 for an axis within slices or absent)."""
+        return self._axis(axis).dcn if axis in self.axis_names else 1
+
+    @property
+    def dcn_sizes(self) -> dict[str, int]:
+        """Axis -> its factor across slices, for the axes that cross slices."""
+        return {a.name: a.dcn for a in self.axes if a.dcn > 1}
 
     @property
     def size(self) -> int:
@@ -432,16 +470,22 @@ def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
     return ", ".join(format_axes(m) for m in near[:2])
 
 
-def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
-    """The mesh a scenario's ``pod.mesh`` asks for, on the scenario's pod.
+def build_mesh(axes: Mapping[str, int] | None, pod: PodShape,
+               dcn: Mapping[str, int] | None = None) -> Mesh:
+    """The mesh a scenario's ``pod.mesh`` (and ``pod.dcn_mesh``) asks for, on its pod.
 
     Args:
         axes: ``pod.mesh`` as :func:`parse_mesh_axes` returns it (one size may
-            be -1, "the rest"); None: ``{data: <every device>}``.
-        pod: the resolved pod.
+            be -1, "the rest"): the axes within one slice (MaxText's
+            ``ici_*_parallelism``); None: ``{data: <every device of a slice>}``.
+        pod: the resolved pod (``pod.slices`` slices of ``pod.torus``).
+        dcn: ``pod.dcn_mesh``: each axis's factor across slices (MaxText's
+            ``dcn_*_parallelism``; the sizes multiply to ``pod.slices``); None:
+            ``{data: pod.slices}``.
 
     Returns:
-        The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``.
+        The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``,
+        each axis ``ici x dcn`` long (the DCN part outer).
 
     Raises:
         ScenarioError: one line naming the sizes and valid choices, e.g.
@@ -449,7 +493,7 @@ def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
             16; sizes must multiply to 16 (e.g. {data: 4, tensor: 4}, ...)``.
     """
     per_chip = devices_per_chip(pod.chip)
-    count = pod.chips * per_chip
+    count = pod.torus.num_chips * per_chip                              # one slice's devices
     axes = parse_mesh_axes(axes) if axes is not None else {"data": count}
     where = (f"the {pod.slice_name} slice" if pod.slice_name else
              f"the {pod.chip.name} {pod.torus.name} pod")
@@ -468,7 +512,52 @@ def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
                             f"{per_core}{tail}")
     if rest:
         axes = {**axes, rest[0]: count // given}
-    return layout_mesh(axes, pod.torus, per_chip)
+    one = layout_mesh(axes, pod.torus, per_chip)
+    slices = getattr(pod, "slices", 1)
+    if slices == 1 and not dcn:
+        return one
+    return multislice_mesh(one, dict(dcn) if dcn else {"data": slices}, slices)
+
+
+def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
+    """``slices`` copies of a one-slice mesh joined over the data-centre network, each
+    axis ``a`` ``dcn[a]`` times longer, its DCN part outermost (MaxText's
+    ``create_hybrid_device_mesh``: slice ``s`` holds the devices whose DCN indices
+    number ``s`` row-major).
+
+    Args:
+        one: the mesh of one slice.
+        dcn: axis -> factor across slices; the factors multiply to ``slices``.
+        slices: slices.
+
+    Raises:
+        ScenarioError: the factors do not multiply to the slices, or an unknown axis.
+    """
+    if math.prod(dcn.values()) != slices or any(a not in AXIS_NAMES for a in dcn):
+        raise ScenarioError(f"pod.dcn_mesh: {format_axes(dcn)} must name mesh axes "
+                            f"({', '.join(AXIS_NAMES)}) whose sizes multiply to pod.slices "
+                            f"{slices}, e.g. {{data: {slices}}}")
+    names = tuple(n for n in AXIS_NAMES if n in one.axis_names or n in dcn)
+    ici = [one.axis_size(n) if n in one.axis_names else 1 for n in names]
+    outer = [int(dcn.get(n, 1)) for n in names]
+    local = one.devices.reshape(ici)                                    # every axis, size 1 too
+    n_local = one.size
+    slice_of = np.arange(slices).reshape(outer)                         # row-major DCN indices
+    full = (slice_of.reshape(*outer, *([1] * len(names))) * n_local
+            + local.reshape(*([1] * len(names)), *ici))                 # (dcn..., ici...)
+    k = len(names)
+    order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]   # dcn_i outer of ici_i
+    shape = tuple(o * i for o, i in zip(outer, ici))
+    devices = full.transpose(order).reshape(shape)
+    devices.flags.writeable = False
+    axes = []
+    for n, o, i in zip(names, outer, ici):
+        base = one._axis(n) if n in one.axis_names else MeshAxis(n, 1, (), False, 0, (0,))
+        ring = tuple(d * i + r for d in range(o) for r in (base.ring or (0,)))
+        axes.append(dataclasses.replace(base, size=o * i, ring=ring, dcn=o,
+                                        closed=base.closed or o > 1))
+    return Mesh(names, shape, devices, one.torus, one.devices_per_chip, tuple(axes),
+                slices=slices, slice_mesh=one)
 
 
 # ------------------------------------------------------------------ memory
@@ -480,96 +569,170 @@ def _gib(nbytes: float) -> str:
     return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
-def _sharded_items(params: int, optimizer_bytes_per_param: float, activation_bytes_per_example: int,
-                   per_device_batch: int, fsdp: int, tensor: int, largest_layer: int,
-                   precision: str, local: int | None = None) -> dict[str, int]:
-    if local is None:
-        local = math.ceil(params / (fsdp * tensor))  # parameters each device keeps (padded)
-    layer = math.ceil(largest_layer / tensor)  # one layer gathered over fsdp, still split by tensor
+@dataclass(frozen=True)
+class DeviceFigures:
+    """What one device of a mesh holds for a model, from the model's own layout.
+
+    Attributes:
+        params: parameters the device keeps (its fsdp chunks of its tensor
+            slices, replicated arrays whole, padding included).
+        largest_layer: parameters of the largest layer on the device after its
+            fsdp all-gather (still split by tensor).
+        activations: bytes kept in HBM from forward for backward.
+        transient: bytes of the largest working set of one layer in backward.
+    """
+
+    params: int
+    largest_layer: int
+    activations: int
+    transient: int = 0
+
+
+#: (fsdp, tensor, per-device batch) -> the device's figures, None for a layout the
+#: model cannot take
+FiguresFn = Callable[[int, int, int], "DeviceFigures | None"]
+
+
+def fsdp_buffer_bytes(layer_params: int, fsdp: int, precision: str) -> int:
+    """The FSDP buffers of one device, bytes: two layers' weights as the MXU reads
+    them (the one computing and the next, prefetched: XLA's async all-gathers
+    run a layer ahead), and with fsdp > 1 two layers' whole float32 gradients
+    (one being reduce-scattered while the next is computed). ``layer_params``:
+    the largest layer's parameters on the device (a bound for both layers).
+
+    Weights: gathered in bf16 (2 bytes; XLA converts before the all-gather, [SB])
+    or float32 for fp32 training; without fsdp, the MXU's copy of the local
+    weights (bf16 2, int8 1, none for fp32, which reads the float32 master).
+    """
+    if fsdp > 1:
+        return 2 * layer_params * (_GATHER_BYTES.get(precision, 2) + _FLOAT32_BYTES)
+    return 2 * layer_params * _MXU_COPY_BYTES.get(precision, 0)
+
+
+def _sharded_items(params: int, optimizer_bytes_per_param: float, fsdp: int, tensor: int,
+                   precision: str, figures: DeviceFigures | None,
+                   activation_bytes_per_example: int = 0, per_device_batch: int = 0,
+                   largest_layer: int = 0) -> dict[str, int]:
+    if figures is None:  # closed forms: everything split evenly
+        figures = DeviceFigures(math.ceil(params / (fsdp * tensor)), math.ceil(largest_layer / tensor),
+                                math.ceil(per_device_batch * activation_bytes_per_example / tensor))
+    local = figures.params
     items = {
         "params": _FLOAT32_BYTES * local,
         "grads": _FLOAT32_BYTES * local,
         "optimizer_state": math.ceil(optimizer_bytes_per_param * local),
-        "activations": math.ceil(per_device_batch * activation_bytes_per_example / tensor),
-        "workspace": layer * (2 * _FLOAT32_BYTES + _MXU_COPY_BYTES.get(precision, 0)),
+        "activations": figures.activations,
+        "workspace": fsdp_buffer_bytes(figures.largest_layer, fsdp, precision) + figures.transient,
     }
     return {**items, "total": sum(items.values())}
 
 
-def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param: float,
-                        activation_bytes_per_example: int, per_device_batch: int, mesh: Mesh,
-                        capacity_bytes: int, precision: str = "bf16",
-                        largest_layer_param_count: int | None = None,
-                        device_param_count: Callable[[int, int], int | None] | None = None
-                        ) -> dict[str, int]:
-    """One device's HBM under a data / fsdp / tensor mesh (ZeRO-3 plus tensor sharding) [SB].
-
-    Closed forms, with ``S = fsdp * tensor`` and ``p = ceil(P / S)`` (or the exact
-    ``device_param_count(fsdp, tensor)`` when given):
-
-    - params, grads: ``4 p`` bytes each (float32, sharded over fsdp and tensor);
-    - optimizer_state: ``ceil(optimizer_state_bytes_per_param * p)``;
-    - activations: ``ceil(per_device_batch * activation_bytes_per_example / tensor)``:
-      the batch is split over data x fsdp; tensor splits the hidden activations
-      (a simplification: the replicated layer inputs and outputs are counted
-      as split too);
-    - workspace: FSDP all-gathers one layer at a time, so the largest layer
-      ``L`` is held whole over fsdp (still split by tensor): ``ceil(L / tensor)
-      * (4 + 4 + c)`` bytes, its float32 weights, its full gradient before the
-      reduce-scatter and the MXU's copy (c = 2 bf16, 1 int8, 0 fp32).
-
-    Args:
-        model_param_count: P, trainable parameters.
-        optimizer_state_bytes_per_param: e.g. 8.0 for Adam (two float32 slots).
-        activation_bytes_per_example: bytes kept from forward for backward per example.
-        per_device_batch: examples per device per step (global batch / (data x fsdp)).
-        mesh: the mesh.
-        capacity_bytes: HBM of one device (:func:`device_hbm_bytes`).
-        precision: MXU precision, bf16 | fp32 | int8.
-        largest_layer_param_count: L; None: the whole model is one layer.
-        device_param_count: (fsdp, tensor) -> the parameters one device keeps, exact
-            (replicated embeddings and norms whole, padding included), or None for a
-            layout the model cannot take (never suggested; the mesh asked for then
-            gets ``ceil(P / S)``); None: ``ceil(P / S)`` everywhere.
-
-    Returns:
-        Bytes per item (params, grads, optimizer_state, activations, workspace)
-        and their total.
-
-    Raises:
-        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the
-            mesh, its need per device and, if one exists, the mesh of the same
-            devices with more fsdp / tensor sharding that fits, e.g. ``{data: 16}
-            needs 19.5 GiB per device and does not fit 16 GiB; {data: 2, fsdp: 8}
-            fits (9.1 GiB per device)``. It carries the plan as ``memory_plan``.
-    """
-    largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
-    args = (model_param_count, optimizer_state_bytes_per_param, activation_bytes_per_example)
+def _search(items_of: Callable[[int, int, int], dict | None], mesh: Mesh, per_device_batch: int,
+            capacity_bytes: int) -> tuple[dict[str, int], int] | None:
+    """The mesh of the same devices with more fsdp / tensor sharding that fits, the
+    least sharded first (then the least tensor, then the smallest total)."""
     fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
-    exact = device_param_count or (lambda f, t: None)
-    # the mesh asked for is planned even where the model cannot split (describe and
-    # timing-only sweeps plan any mesh): the closed form then
-    items = _sharded_items(*args, per_device_batch, fsdp, tensor, largest, precision,
-                           exact(fsdp, tensor))
-    if items["total"] <= capacity_bytes:
-        return items
     global_batch = per_device_batch * mesh.axis_size("data") * fsdp
     found = None
     for axes in _all_meshes(mesh.size):
         f, t = axes.get("fsdp", 1), axes.get("tensor", 1)
         if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % (axes["data"] * f):
             continue
-        local = exact(f, t)
-        if local is None and device_param_count is not None:
+        plan = items_of(f, t, global_batch // (axes["data"] * f))
+        if plan is None:
             continue  # a layout the model cannot take is never suggested
-        plan = _sharded_items(*args, global_batch // (axes["data"] * f), f, t, largest, precision,
-                              local)
         key = (f * t, t, plan["total"])
         if plan["total"] <= capacity_bytes and (found is None or key < found[0]):
             found = (key, axes, plan["total"])
-    hint = (f"{format_axes(found[1])} fits ({_gib(found[2])} per device)" if found else
-            f"no mesh of {mesh.size} devices fits; use a smaller model or batch, or more devices")
-    raise HBMPlanError(
+    return None if found is None else (found[1], found[2])
+
+
+def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param: float,
+                        activation_bytes_per_example: int, per_device_batch: int, mesh: Mesh,
+                        capacity_bytes: int, precision: str = "bf16",
+                        largest_layer_param_count: int | None = None,
+                        device_param_count: Callable[[int, int], int | None] | None = None, *,
+                        figures: FiguresFn | None = None,
+                        alternatives: tuple[tuple[str, FiguresFn], ...] = ()) -> dict[str, int]:
+    """One device's HBM under a data / fsdp / tensor mesh (ZeRO-3 plus tensor sharding) [SB].
+
+    With ``p`` the parameters the device keeps (``figures``' exact count; else
+    ``device_param_count(fsdp, tensor)``; else ``ceil(P / (fsdp tensor))``):
+    params, grads ``4 p`` bytes each (float32 master weights and gradient
+    shards); optimizer_state ``ceil(optimizer_state_bytes_per_param * p)``;
+    activations, what forward keeps in HBM for backward (``figures``: the
+    model's count, remat and offload included; else ``ceil(per_device_batch *
+    activation_bytes_per_example / tensor)``); workspace, the FSDP buffers
+    (``fsdp_buffer_bytes``) plus the largest working set of one layer in
+    backward (``figures``' transient: a block's recomputed activations, or
+    the logits and their gradient).
+
+    Args:
+        model_param_count: P, trainable parameters.
+        optimizer_state_bytes_per_param: e.g. 8.0 for Adam (two float32 slots).
+        activation_bytes_per_example: bytes kept per example (closed form only).
+        per_device_batch: examples per device per step (global batch / (data x fsdp)).
+        mesh, capacity_bytes: the mesh; HBM of one device (:func:`device_hbm_bytes`).
+        precision: MXU precision, bf16 | fp32 | int8.
+        largest_layer_param_count: L for the closed form (split by tensor); None: P.
+        device_param_count: (fsdp, tensor) -> the parameters one device keeps, or
+            None for a layout the model cannot take (closed form only).
+        figures: (fsdp, tensor, per-device batch) -> :class:`DeviceFigures` from
+            the model's own layout (``mesh_memory_plan``), or None for a layout
+            it cannot take; replaces the closed forms.
+        alternatives: (label, figures) of other versions of the model to name in
+            a refusal when one fits this mesh (``"remat full"``).
+
+    Returns:
+        Bytes per item (params, grads, optimizer_state, activations, workspace), total.
+
+    Raises:
+        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the
+            mesh, its need per device and what would fit: another version of
+            the model on this mesh, e.g. ``remat full fits (12.1 GiB per
+            device)``, and the mesh of the same devices with more fsdp / tensor
+            sharding that fits, e.g. ``{data: 16} needs 19.5 GiB per device and
+            does not fit 16 GiB; {data: 2, fsdp: 8} fits (9.1 GiB per device)``.
+            It carries the plan as ``memory_plan``.
+    """
+    largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
+    args = (model_param_count, optimizer_state_bytes_per_param)
+    fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
+
+    def items_of(fn: FiguresFn | None, f: int, t: int, batch: int) -> dict[str, int] | None:
+        if fn is not None:
+            got = fn(f, t, batch)
+            return None if got is None else _sharded_items(*args, f, t, precision, got)
+        exact = device_param_count(f, t) if device_param_count is not None else None
+        if exact is None and device_param_count is not None and (f, t) != (fsdp, tensor):
+            return None
+        closed = None if exact is None else DeviceFigures(
+            exact, math.ceil(largest / t), math.ceil(batch * activation_bytes_per_example / t))
+        return _sharded_items(*args, f, t, precision, closed, activation_bytes_per_example, batch,
+                              largest)
+
+    # the mesh asked for is planned even where the model cannot split (describe and
+    # timing-only sweeps plan any mesh): the closed form then
+    items = (items_of(figures, fsdp, tensor, per_device_batch)
+             or items_of(None, fsdp, tensor, per_device_batch))
+    if items["total"] <= capacity_bytes:
+        return items
+    hints = [f"{label} fits ({_gib(other['total'])} per device)" for label, other in
+             ((label, items_of(fn, fsdp, tensor, per_device_batch)) for label, fn in alternatives)
+             if other is not None and other["total"] <= capacity_bytes][:1]
+    found = _search(lambda f, t, b: items_of(figures, f, t, b), mesh, per_device_batch,
+                    capacity_bytes)
+    if found:
+        hints.append(f"{format_axes(found[0])} fits ({_gib(found[1])} per device)")
+    raise _refusal(mesh, items, capacity_bytes, hints)
+
+
+def _refusal(mesh: Mesh, items: dict[str, int], capacity_bytes: int, hints: list[str]
+             ) -> HBMPlanError:
+    """The one-line error of a plan that does not fit, with what would."""
+    hint = "; ".join(hints) or (f"no mesh of {mesh.size} devices fits; use a smaller model or "
+                                "batch, or more devices")
+    return HBMPlanError(
         f"{format_axes(mesh.sizes)} needs {_gib(items['total'])} per device (params "
         f"{_gib(items['params'])}, grads {_gib(items['grads'])}, optimizer state "
         f"{_gib(items['optimizer_state'])}, activations {_gib(items['activations'])}, workspace "
@@ -578,19 +741,43 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         capacity_bytes=capacity_bytes, memory_plan=items)
 
 
+def model_figures(model, precision: str = "bf16") -> FiguresFn:
+    """:data:`FiguresFn` of a ``pod.workloads.Model``: its parameters per device (the
+    transformer's program layout, ``device_param_elements``; else ceil(P / S)),
+    its largest layer (``largest_layer_params``) and its activations
+    (``activation_memory``: remat, offload, flash attention and the activation
+    dtype of ``precision`` included)."""
+    def figures(fsdp: int, tensor: int, batch: int) -> DeviceFigures | None:
+        memory = model.activation_memory(batch, precision=precision, tensor=tensor)
+        if memory is None:
+            return None
+        if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
+            try:
+                params = device_param_elements(model, fsdp, tensor)
+            except ValueError:  # tensor does not divide the heads / mlp_dim
+                return None
+        else:
+            params = math.ceil(int(model.num_params) / (fsdp * tensor))
+        return DeviceFigures(params, model.largest_layer_params(tensor), memory.device_bytes,
+                             memory.transient_bytes)
+    return figures
+
+
 def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh: Mesh,
                      capacity_bytes: int, precision: str = "bf16", *,
                      shardable: bool = True) -> dict[str, int]:
-    """:func:`sharded_memory_plan` for a model of ``pod.workloads`` (``build_plan`` uses it).
+    """:func:`sharded_memory_plan` for any model of ``pod.workloads`` on any mesh
+    (``build_plan`` uses it), from the model's own figures (:func:`model_figures`);
+    a refusal names a remat policy that fits this mesh (the transformer's
+    ``remat_variants``, least recomputation first) and a mesh that fits.
 
     Args:
-        model: a ``pod.workloads.Model`` (its parameter count, layers and
-            activation bytes).
+        model: a ``pod.workloads.Model``.
         optimizer_state_bytes: the optimizer's state for the whole model, bytes.
         global_batch: examples per step over the pod (split over data x fsdp).
         mesh: the mesh.
         capacity_bytes: HBM of one device.
-        precision: MXU precision.
+        precision: the training precision (MXU and activation dtype).
         shardable: the model's program can shard it over fsdp / tensor (the
             transformer); False: a replicated model, for which no other mesh is
             suggested.
@@ -600,20 +787,18 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
             ``pod.mesh: ``.
     """
     params = int(model.num_params)
-    layers = [count for _, count in model.gradient_buckets()]
     batch_shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
-    exact = None if shardable else (lambda f, t: params if f * t == 1 else None)
-    if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
-        def exact(fsdp: int, tensor: int) -> int | None:
-            try:
-                return device_param_elements(model, fsdp, tensor)
-            except ValueError:  # tensor does not divide the heads / mlp_dim
-                return None
+    variants = getattr(model, "remat_variants", dict)()
+    ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
+    alternatives = tuple((f"remat {policy}", model_figures(m, precision)) for policy, m in ranked)
+    figures = model_figures(model, precision)
+    if not shardable:  # a replicated model: no mesh with fsdp or tensor is suggested
+        def figures(fsdp: int, tensor: int, batch: int, _all=figures) -> DeviceFigures | None:
+            return _all(fsdp, tensor, batch) if fsdp * tensor == 1 else None
     try:
-        return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1),
-                                   int(model.activation_bytes(1)), global_batch // batch_shards,
-                                   mesh, capacity_bytes, precision, max(layers, default=params),
-                                   exact)
+        return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1), 0,
+                                   global_batch // batch_shards, mesh, capacity_bytes, precision,
+                                   figures=figures, alternatives=alternatives)
     except HBMPlanError as err:
         raise HBMPlanError(f"pod.mesh: {err}", tag=err.tag, requested_bytes=err.requested_bytes,
                            free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,

@@ -14,14 +14,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pod.config.mesh import Mesh, _gib, format_axes
+from pod.config.mesh import Mesh, _gib, format_axes, fsdp_buffer_bytes
 from pod.errors import HBMPlanError, ScenarioError
 
 __all__ = ["pipeline_microbatches", "check_pipeline_plan", "pipeline_memory_plan"]
 
 _F32 = 4
-#: bytes of the MXU's copy of a gathered weight per precision (as ``pod.config.mesh``)
-_MXU_COPY_BYTES = {"bf16": 2, "int8": 1, "fp32": 0}
 
 
 def pipeline_microbatches(training: Any, mesh: Mesh) -> int:
@@ -35,7 +33,8 @@ def check_pipeline_plan(scenario: Any, mesh: Mesh, model: Any) -> None:
     Raises:
         ScenarioError: one line: pipeline fields without a stage axis (a sweep
             clears them on its stage-less points); a stage axis on a model
-            other than the transformer; a bad schedule, repeats or microbatches
+            other than the transformer; stages over the DCN; a bad schedule, repeats or
+            microbatches
             (``pod.programs.pipeline_schedule.check_pipeline``); layers that do
             not split into stage x repeats chunks; a global batch that does not
             split into data x fsdp x microbatches.
@@ -54,6 +53,10 @@ def check_pipeline_plan(scenario: Any, mesh: Mesh, model: Any) -> None:
                                 f"stages; pod.mesh {axes} has no stage axis: add one (e.g. "
                                 "stage: 2) or remove the pipeline fields")
         return
+    if mesh.dcn_size("stage") > 1:
+        raise ScenarioError(f"pod.dcn_mesh: stage {mesh.dcn_size('stage')} puts pipeline stages "
+                            "in different slices, which is not modelled yet; keep stage in "
+                            "pod.mesh (one slice) and data or fsdp over the DCN")
     config = getattr(model, "config", None)
     if scenario.model.name != "transformer" or config is None:
         raise ScenarioError(f"pod.mesh: {axes} has a stage axis, but {scenario.model.name} has "
@@ -82,38 +85,58 @@ def check_pipeline_plan(scenario: Any, mesh: Mesh, model: Any) -> None:
                             f"(pod.mesh {axes}); use a multiple of {unit} such as {near}")
 
 
-def _chunk_activation_bytes(model: Any, chunk: list[int]) -> int:
-    """float32 bytes one example keeps from a chunk's forward for its backward (its
-    layers' caches; the last chunk also its logits), as ``Model.activation_bytes``."""
-    shapes = model._shapes                                               # noqa: SLF001
-    elements = sum(model.layers[i].cache_elements(shapes[i]) for i in chunk)
-    if len(model.layers) - 1 in chunk:
-        elements += math.prod(model.output_shape)
-    return _F32 * elements
+def _chunk_activation_bytes(model: Any, chunk: list[int], precision: str, tensor: int
+                            ) -> tuple[int, int]:
+    """(kept, transient) bytes per example of one chunk of layers on one of ``tensor``
+    devices, as ``TransformerModel.activation_memory`` counts the whole model (its
+    blocks' ``activation_bytes`` under their remat policy and their
+    ``transient_bytes``; the token ids on the first chunk; the final norm's x_hat and
+    1/sigma, the output layer's input and, as transient, the logits and their
+    gradient on the last; the activation dtype of ``precision``)."""
+    from pod.workloads.model import activation_bytes_per_element
+    from pod.workloads.transformer import TransformerBlock
+
+    local = model._local(tensor)                                         # noqa: SLF001
+    bpe, cfg = activation_bytes_per_element(precision), model.config
+    t, c, last = cfg.sequence_length, cfg.embed_dim, len(model.layers) - 1
+    kept, transient = 0, 0
+    for i in chunk:
+        layer, shape = local.layers[i], local._shapes[i]                # noqa: SLF001
+        if isinstance(layer, TransformerBlock):
+            kept += layer.activation_bytes(shape, bpe, tensor)[0]
+            transient = max(transient, layer.transient_bytes(shape, bpe, tensor))
+    if 0 in chunk:
+        kept += 4 * t                                                    # int32 token ids
+    if last in chunk:
+        kept += 2 * -(-t * c * bpe // tensor) + -(-t * 4 // tensor)
+        transient = max(transient, -(-t * cfg.vocabulary // tensor) * 2 * bpe)
+    return kept, transient
 
 
 def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
                          capacity_bytes: int, precision: str = "bf16") -> dict[str, int]:
     """One device's HBM on a pipelined mesh: the largest of the stages' plans.
 
-    Per stage ``s`` of the program (``pod.programs.pipeline.PipelinedTransformer``):
+    Per stage ``s`` of the program (``pod.programs.pipeline.PipelinedTransformer``),
+    with ``b`` the examples of a microbatch:
 
     - params: ``4 p_s``, its stage's parameter chunks (split over fsdp and tensor
       inside the stage; a tied table on the first and last stage);
     - grads: ``4 g_s``, its gradient accumulator: the stage's tensor-local
       arrays, whole over fsdp (accumulated over the microbatches, reduced once
-      per step: MaxText's ``pipeline_fsdp_ag_once``; DeepSpeed keeps ZeRO's
-      gradient partitioning out of pipelines for the same reason);
-    - optimizer_state: the optimizer's bytes per parameter x ``p_s``;
-    - activations: the microbatches in flight on the stage
+      per step: MaxText's ``pipeline_fsdp_ag_once``; DeepSpeed likewise keeps
+      ZeRO's gradient partitioning out of pipelines);
+    - optimizer_state: the optimizer's float32 slots x ``p_s``;
+    - activations: the microbatch-chunks in flight on the stage
       (``PipelineSchedule.in_flight``: GPipe M, 1F1B ``min(S - s, M)``, circular
-      M R chunks) x the microbatch's examples x one chunk's activation bytes per
-      example (``cache_elements`` of its layers, the logits on the last) / tensor
-      (the simplification of ``pod.config.mesh.sharded_memory_plan``) [GPipe]
-      [1F1B] [MaxText];
-    - workspace: the largest layer gathered over fsdp (float32 weights, its
-      gradient, the MXU copy), as the sharded plan, plus the two permute
-      buffers (a microbatch's activations forward and their gradient back).
+      M R) [GPipe] [1F1B] [MaxText] x ``b`` x a chunk's kept bytes per example
+      (:func:`_chunk_activation_bytes`, the bytes ``pod.config.mesh``'s plan
+      counts for the whole model);
+    - workspace: the FSDP buffers of the stage's largest layer
+      (``pod.config.mesh.fsdp_buffer_bytes``), one layer's backward working set
+      for a microbatch (``b`` x the chunk's transient), and the two permute
+      buffers (a microbatch's activations forward and their gradient back, in
+      the activation dtype).
 
     Args:
         model: the TransformerModel.
@@ -122,7 +145,7 @@ def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
             schedule, repeats, sequence_parallel).
         mesh: the mesh, with a stage axis.
         capacity_bytes: HBM of one device.
-        precision: MXU precision.
+        precision: the training precision (MXU and activation dtype).
 
     Returns:
         Bytes per item and ``total`` (the stage with the largest total).
@@ -132,30 +155,27 @@ def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
             ``pod.mesh:`` with the stage's items and what to change.
     """
     from pod.programs.pipeline import PipelinedTransformer
+    from pod.workloads.model import activation_bytes_per_element
 
     micro = pipeline_microbatches(training, mesh)
     program = PipelinedTransformer(model, mesh.sizes, optimizer, microbatches=micro,
                                    schedule=training.pipeline_schedule,
                                    repeats=training.pipeline_repeats,
                                    sequence_parallel=training.sequence_parallel)
-    shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
-    per_microbatch = training.global_batch // shards // micro
-    tensor = mesh.axis_size("tensor")
+    fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
+    b = training.global_batch // (mesh.axis_size("data") * fsdp) // micro
     cfg = model.config
-    t = cfg.sequence_length // (tensor if program.sequence_parallel else 1)
-    buffers = 2 * _F32 * per_microbatch * t * cfg.embed_dim
-    gathered = program.gathered_layer_bytes()
-    workspace = gathered + gathered // _F32 * (_F32 + _MXU_COPY_BYTES.get(precision, 0)) + buffers
+    buffers = 2 * b * cfg.sequence_length * cfg.embed_dim * activation_bytes_per_element(precision)
     best: dict[str, int] | None = None
     for s in range(program.stages):
-        chunk = max(_chunk_activation_bytes(model, program.chunks[v])
-                    for v in range(s, len(program.chunks), program.stages))
+        chunks = [_chunk_activation_bytes(model, program.chunks[v], precision, tensor)
+                  for v in range(s, len(program.chunks), program.stages)]
         local = program.stage_param_elements(s)
         items = {"params": _F32 * local, "grads": program.stage_gradient_bytes(s),
                  "optimizer_state": _F32 * len(optimizer.slots) * local,
-                 "activations": math.ceil(program.schedule.in_flight(s) * per_microbatch
-                                          * chunk / tensor),
-                 "workspace": workspace}
+                 "activations": program.schedule.in_flight(s) * b * max(k for k, _ in chunks),
+                 "workspace": (fsdp_buffer_bytes(program.largest_stage_layer(s), fsdp, precision)
+                               + b * max(t for _, t in chunks) + buffers)}
         items["total"] = sum(items.values())
         if best is None or items["total"] > best["total"]:
             best = items

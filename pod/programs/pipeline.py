@@ -276,6 +276,12 @@ class PipelinedTransformer(ShardedTransformer):
         """float32 bytes of the parameter chunks of a device of the largest stage."""
         return 4 * max(self.stage_param_elements(s) for s in range(self.stages))
 
+    def largest_stage_layer(self, stage: int) -> int:
+        """Parameters of ``stage``'s largest layer on one tensor device, whole over fsdp
+        (what one all-gather brings)."""
+        return max(sum(math.prod(self._shapes[k]) for k, _ in self._keys[i])
+                   for i in self._layers[stage])
+
     def stage_gradient_bytes(self, stage: int) -> int:
         """float32 bytes of ``stage``'s gradient accumulator: its tensor-local arrays,
         whole over fsdp (reduce-scattered once per step)."""

@@ -38,6 +38,22 @@ terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
 On a ``{data: N}`` mesh this is data parallelism with one gradient allreduce
 per layer, issued as the backward pass finishes the layer.
 
+Per training step a layer with parameters issues (closed forms the tests
+check, ``L`` blocks): fsdp all-gathers: every layer with parameters in
+forward (embed, L blocks, final_norm, unembed), and in backward all of them
+but the embedding (``2 L + 5``); fsdp reduce-scatters and data allreduces:
+one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
+layer); tensor activation allreduces of ``B T C`` in the wire dtype each (B the
+per-device batch): 2 per block in forward, 2 in backward, plus 1 when remat
+does not keep the summed attention output (``full``: backward recomputes
+it); a parallel block 1 each way (``TransformerBlock.tensor_hook_calls``
+lists a block's). With sequence parallelism: per block 2
+all-gathers (``B T C / tensor`` float32 in) and 2 reduce-scatters (``B T C``
+in) in forward, as many in backward, plus the recomputation's all-gathers
+of the attention and MLP inputs (``minimal``: 2) and, under ``full``, the
+attention output's reduce-scatter; and one gradient allreduce over tensor
+per layer with replicated parameters. An axis of size 1 issues nothing.
+
 Remat policies work unchanged (``TransformerBlock`` takes the tensor
 operators as ``TensorHooks``). Every exchanged buffer is float32. On a
 timing-only core (``core.execute`` False) the program records the same ops and

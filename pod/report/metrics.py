@@ -20,6 +20,7 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 | tpu_pod_simulated_tokens_per_second | gauge | | last step's simulated tokens/s (sequence models) |
 | tpu_pod_simulated_flops_per_second | gauge | | last step's model FLOP/s (simulated) |
 | tpu_pod_mfu_ratio | gauge | | model FLOPs utilisation, 0..1 |
+| tpu_pod_simulated_tflops_per_device | gauge | | TFLOP/s per device as MaxText prints it (transformers) |
 | tpu_pod_loss | gauge | | last step's training loss |
 | tpu_pod_test_accuracy_ratio | gauge | | last evaluated test accuracy |
 | tpu_pod_mxu_utilization_ratio | gauge | chip, core | MXU FLOPs / (device peak x step time), last step |
@@ -69,6 +70,7 @@ METRIC_NAMES = (
     "tpu_pod_collective_overlap_ratio", "tpu_pod_simulated_tokens_per_second",
     "tpu_pod_simulated_chip_compute_seconds", "tpu_pod_collective_seconds_total",
     "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total",
+    "tpu_pod_simulated_tflops_per_device",
 )
 
 
@@ -116,6 +118,9 @@ class PodMetrics:
                                       "Simulated model FLOP/s of the last step.", registry=r)
         self.mfu = Gauge("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).",
                          registry=r)
+        self.tflops_per_device = Gauge(
+            "tpu_pod_simulated_tflops_per_device", "TFLOP/s per device of the last step as "
+            "MaxText prints it (maxtext_utils.calculate_tflops_training_per_device).", registry=r)
         self.loss = Gauge("tpu_pod_loss", "Training loss of the last step.", registry=r)
         self.accuracy = Gauge("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).",
                               registry=r)
@@ -240,6 +245,8 @@ class PodMetrics:
         self.tokens_per_second.set(stats.tokens_per_second)
         self.flops_per_second.set(stats.flops_per_second)
         self.mfu.set(stats.mfu)
+        if stats.maxtext_flops_per_device:
+            self.tflops_per_device.set(stats.maxtext_tflops_per_device)
         self.loss.set(stats.loss)
         for device, used in stats.hbm_used_bytes.items():
             self.hbm_used.labels(*self._labels(device)).set(used)

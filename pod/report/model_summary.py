@@ -95,8 +95,8 @@ def layer_costs(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         c["flops"] += rec.flops
         c["seconds"] += rec.seconds
         c["hbm_bytes"] += rec.hbm_bytes
-        c[f"{rec.unit}_seconds"] += rec.seconds
-        c[f"{op_bound(rec)}_bound_seconds"] += rec.seconds
+        for key in (f"{rec.unit}_seconds", f"{op_bound(rec)}_bound_seconds"):  # "host" too
+            c[key] = c.get(key, 0.0) + rec.seconds
         if rec.unit == "mxu":
             c["mxu_flops"] += rec.flops
     costs.setdefault("loss", _empty())

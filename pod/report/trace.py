@@ -34,8 +34,9 @@ from pod.report.stats import StepStats
 
 __all__ = ["metadata_events", "step_events", "write_trace", "UNITS"]
 
-UNITS = ("mxu", "vpu", "scalar")
-_UNIT_LABEL = {"mxu": "MXU", "vpu": "vector unit", "scalar": "scalar unit"}
+UNITS = ("mxu", "vpu", "scalar", "host")
+_UNIT_LABEL = {"mxu": "MXU", "vpu": "vector unit", "scalar": "scalar unit",
+               "host": "host link"}  # "host": remat offload transfers (chip.TensorCore)
 _US = 1e6
 _MESH_PID = 0
 _STEP_TID, _INFEED_TID, _COMPUTE_TID = 0, 1, 2

@@ -16,23 +16,21 @@ its input gradient is summed once in backward. The output projections'
 biases are the block's (``attention/out_bias``, ``mlp/wo_bias``): replicated
 over tensor and added once, after the sum.
 
-Rematerialisation (``remat``) decides what a block keeps from forward for
-backward, and so both the activation bytes the HBM plan counts and the work
-recorded in backward; the numbers computed are the same in every mode
-(bit-identical loss and gradients). The block's input is always kept (the
-checkpoint remat restarts from). Backward reruns, from it and the kept
-tensors, the part of the forward it needs (``_run`` with ``saved``); the
-output projection of the MLP is never rerun (backward does not need its
-result; XLA removes it as dead code), nor, in the parallel block, the
-attention's (both outputs only feed the residual sum).
-
-- ``none``: everything backward reads is kept (JAX ``everything_saveable``).
-- ``minimal``: the block input and the MXU outputs (q, k, v, the scores
-  q.k^T, p.v, the attention output, the MLP input projections) are kept;
-  backward recomputes the cheap elementwise parts from them: the norms,
-  RoPE, the softmax, the MLP activation and the residual add (JAX's
-  ``checkpoint_dots`` policy).
-- ``full``: only the block input is kept (JAX ``nothing_saveable``).
+Rematerialisation (``remat``, ``pod.workloads.remat``: MaxText's policies
+and tensor names) decides what a block keeps from forward for backward, and
+where (HBM or host memory), and so both the activation bytes the HBM plan
+counts and the work recorded in backward; the numbers computed are the same
+under every policy (bit-identical loss and gradients). The block's input is
+always kept (the checkpoint remat restarts from). Backward reruns, from it
+and the kept tensors, the part of the forward it needs (``_run`` with
+``saved``): the norms, RoPE and the activations always (cheap, fused), the
+projections and attention kernel whose outputs were not kept; never the MLP
+output projection (backward does not need its result; XLA removes it as
+dead code), nor, in the parallel block, the attention's output projection
+(both outputs only feed the residual sum). Offloaded tensors are copied to
+host memory at the end of the block's forward and back at the start of its
+backward (``TensorCore.account_host_transfer``, records "<block>/offload/<name>"
+and "<block>/reload/<name>").
 """
 
 from __future__ import annotations
@@ -42,18 +40,18 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.attention import CausalSelfAttention
+from pod.workloads.fusion import epilogue, prologue
 from pod.workloads.layers import Layer, vector_op
 from pod.workloads.mlp import MLP, add
+from pod.workloads.model import activation_bytes_per_element
 from pod.workloads.norms import norm_class
+from pod.workloads.remat import REMAT_POLICIES, TENSOR_KEYS, remat_choices
 
-__all__ = ["BLOCKS", "REMAT_POLICIES", "TensorHooks", "TransformerBlock"]
+__all__ = ["BLOCKS", "REMAT_POLICIES", "TensorHooks", "TransformerBlock", "STATS_BYTES"]
 
 BLOCKS = ("sequential", "parallel")
-REMAT_POLICIES = ("none", "minimal", "full")
-
-# the tensors ``minimal`` keeps besides the block input (attention cache keys, the
-# summed attention output, the MLP input products)
-_MINIMAL = frozenset({"q", "k", "v", "qkv", "scores", "attn", "out_proj", "u", "u0", "u1"})
+STATS_BYTES = 4  # a float32 per-row statistic (a norm's 1 / sigma, flash's log-sum-exp)
+_NAME_OF = {key: name for name, keys in TENSOR_KEYS.items() for key in keys}
 
 
 def params_of(params: dict, prefix: str) -> dict:
@@ -96,7 +94,8 @@ _ONE_DEVICE = TensorHooks()
 
 
 def _bias_grad(core, name: str, d: np.ndarray) -> np.ndarray:
-    """sum of d (B, T, C) over batch and positions: (C,), a reduction on the VPU."""
+    """sum of d (B, T, C) over batch and positions: (C,), a reduction on the VPU
+    (across tokens: never fused)."""
     return vector_op(core, name, lambda z: z.sum(axis=(0, 1)), d, out=(d.shape[-1:], d.dtype))
 
 
@@ -114,10 +113,14 @@ class TransformerBlock(Layer):
         kv_heads: key / value heads (grouped-query attention); None: heads.
         norm: "rmsnorm" or "layernorm".
         rotary: RoPE in the attention.
-        remat: one of ``REMAT_POLICIES``.
+        remat: one of ``REMAT_POLICIES`` (``pod.workloads.remat``).
+        remat_custom: with ``remat="custom"``, MaxText tensor name -> remat |
+            device | offload (``remat.check_remat_custom``).
         block: "sequential" or "parallel".
         use_bias: biases on every projection.
         fused_qkv: one q/k/v projection.
+        attention: the attention kernel, "flash" or "dot_product".
+        fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         name: layer name; sub-layer ops are recorded as "<name>/attention/...".
 
     Raises:
@@ -128,24 +131,30 @@ class TransformerBlock(Layer):
 
     def __init__(self, heads: int, head_dim: int, mlp_dim: int, *, kv_heads: int | None = None,
                  mlp_activation: str = "gated_silu", norm: str = "rmsnorm", rotary: bool = True,
-                 remat: str = "none", block: str = "sequential", use_bias: bool = False,
-                 fused_qkv: bool = False, name: str | None = None):
+                 remat: str = "none", remat_custom=None, block: str = "sequential",
+                 use_bias: bool = False, fused_qkv: bool = False, attention: str = "flash",
+                 fusion: bool = True, name: str | None = None):
         super().__init__(name)
-        for what, value, allowed in (("remat", remat, REMAT_POLICIES), ("block", block, BLOCKS)):
-            if value not in allowed:
-                raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+        if block not in BLOCKS:
+            raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {block!r}")
         norm_cls = norm_class(norm)
+        self.choices = remat_choices(remat, remat_custom)  # MaxText name -> remat | device | offload
         self.remat, self.parallel, self.use_bias = remat, block == "parallel", bool(use_bias)
+        self.fusion = bool(fusion)
         self.attention = CausalSelfAttention(heads, head_dim, kv_heads=kv_heads, rotary=rotary,
                                              use_bias=use_bias, fused_qkv=fused_qkv,
+                                             attention=attention, fusion=fusion,
                                              name=f"{self.name}/attention")
-        self.mlp = MLP(mlp_dim, mlp_activation, use_bias=use_bias, name=f"{self.name}/mlp")
+        self.mlp = MLP(mlp_dim, mlp_activation, use_bias=use_bias, fusion=fusion,
+                       name=f"{self.name}/mlp")
         if self.parallel:
-            self.parts = {"norm": norm_cls(name=f"{self.name}/norm"), "attention": self.attention,
-                          "mlp": self.mlp}
+            self.parts = {"norm": norm_cls(name=f"{self.name}/norm", fusion=fusion),
+                          "attention": self.attention, "mlp": self.mlp}
         else:
-            self.parts = {"norm1": norm_cls(name=f"{self.name}/norm1"), "attention": self.attention,
-                          "norm2": norm_cls(name=f"{self.name}/norm2"), "mlp": self.mlp}
+            self.parts = {"norm1": norm_cls(name=f"{self.name}/norm1", fusion=fusion),
+                          "attention": self.attention,
+                          "norm2": norm_cls(name=f"{self.name}/norm2", fusion=fusion),
+                          "mlp": self.mlp}
         self.biases = ("attention/out_bias", "mlp/wo_bias") if self.use_bias else ()
         self.matmul_params = tuple(f"{p}/{k}" for p, layer in self.parts.items()
                                    for k in layer.matmul_params)
@@ -177,48 +186,117 @@ class TransformerBlock(Layer):
     # ------------------------------------------------------------ remat
 
     def kept(self) -> frozenset[str] | None:
-        """What ``remat`` keeps besides the block input, as cache keys (attention:
-        "q", "k", "v", "qkv", "scores", "attn"; "out_proj", the summed attention
-        output of the sequential block; MLP: "u", "u0", "u1"); None: everything
-        backward reads (``none``)."""
-        if self.remat == "none":
+        """What ``remat`` keeps, on the device or offloaded, as cache keys ("x" the
+        block input; attention "q", "k", "v", "qkv", "attn" with flash's "stats";
+        "out_proj", the summed attention output of the sequential block; MLP "u",
+        "u0", "u1"); None: everything backward reads (``none``)."""
+        if self.choices is None:
             return None
-        return _MINIMAL if self.remat == "minimal" else frozenset()
+        return frozenset(k for name, choice in self.choices.items() if choice != "remat"
+                         for k in TENSOR_KEYS[name])
+
+    def offloaded(self) -> frozenset[str]:
+        """The cache keys kept in host memory (``offload``)."""
+        return frozenset(k for name, choice in (self.choices or {}).items() if choice == "offload"
+                         for k in TENSOR_KEYS[name])
 
     def _keeps(self, key: str) -> bool:
         kept = self.kept()
         return kept is None or key in kept
 
+    def _sizes(self, shape) -> dict[str, tuple[int, int, bool]]:
+        """Per example, each tensor a policy can keep that backward reads in this
+        block: cache key -> (elements, bytes per element (0: the activation
+        dtype's), in the residual stream (outside the attention and MLP))."""
+        t, c = shape
+        att, f = self.attention, self.mlp.mlp_dim
+        sizes = {"x": (t * c, 0, True), "q": (t * att.inner_dim, 0, False),
+                 "k": (t * att.kv_dim, 0, False), "v": (t * att.kv_dim, 0, False),
+                 "qkv": (t * (att.inner_dim + 2 * att.kv_dim), 0, False),
+                 "attn": (t * att.inner_dim, 0, False), "stats": (att.heads * t, STATS_BYTES, False),
+                 "out_proj": (t * c, 0, True), "u": (t * f, 0, False), "u0": (t * f, 0, False),
+                 "u1": (t * f, 0, False)}
+        present = {"x", *att.dot_keys, *self.mlp.dot_keys, *(() if self.parallel else ("out_proj",))}
+        return {k: v for k, v in sizes.items() if k in present}
+
+    def _everything(self, shape) -> list[tuple[int, int, bool]]:
+        """Per example, every tensor backward reads without remat, each once (a
+        tensor two parts read counts once): (elements, bytes per element, in the
+        residual stream)."""
+        t, c = shape
+        att, f = self.attention, self.mlp.mlp_dim
+        norms = [(t * c, 0, True), (t, STATS_BYTES, True)] * (1 if self.parallel else 2)  # x_hat, 1/sigma
+        core = ([(t * att.inner_dim, 0, False), (att.heads * t, STATS_BYTES, False)] if att.flash
+                else [(att.heads * t * t, 0, False), (t * att.inner_dim, 0, False)])  # o / probs, o
+        attention = [(t * c, 0, False), (t * att.inner_dim, 0, False), (t * att.kv_dim, 0, False),
+                     (t * att.kv_dim, 0, False), *core]                   # normed x, qh, kh, vh
+        mlp = [(t * f, 0, False)] * (len(self.mlp.inputs) + 1)           # u's, g
+        return norms + attention + mlp + ([] if self.parallel else [(t * c, 0, False)])  # MLP's x
+
+    def activation_bytes(self, input_shape, bytes_per_element: int, residual_shards: int = 1
+                         ) -> tuple[int, int]:
+        """(HBM bytes, host bytes) one example keeps for backward under ``remat``.
+
+        Args:
+            input_shape: (T, C) of the block (of one tensor device's model: its
+                heads and MLP units).
+            bytes_per_element: the activation dtype's (2 for bf16).
+            residual_shards: devices the residual stream's tensors (the block
+                input, the norms' x_hat, the summed attention output) are split
+                over: the tensor size as XLA shards them under MaxText's rules
+                (``activation_embed`` -> tensor), 1 on one device.
+        """
+        shape = self._check(input_shape)
+        if self.kept() is None:
+            return self.transient_bytes(shape, bytes_per_element, residual_shards), 0
+        device = host = 0
+        offloaded = self.offloaded()
+        for key, (n, b, residual) in self._sizes(shape).items():
+            if key in self.kept():
+                nbytes = -(-n * (b or bytes_per_element) // (residual_shards if residual else 1))
+                host, device = (host + nbytes, device) if key in offloaded else (host, device + nbytes)
+        return device, host
+
+    def transient_bytes(self, input_shape, bytes_per_element: int, residual_shards: int = 1) -> int:
+        """Bytes per example of every tensor this block's backward reads (the remat
+        ``none`` set): what the block holds while its backward runs, recomputed."""
+        return sum(-(-n * (b or bytes_per_element) // (residual_shards if residual else 1))
+                   for n, b, residual in self._everything(self._check(input_shape)))
+
     def recompute_flops(self, input_shape) -> int:
         """MXU FLOPs the backward pass redoes per example under ``remat``: the
-        projections, attention products and MLP input products whose outputs
-        were not kept, and the sequential block's attention output projection
-        when the summed output was not kept (never the MLP output projection)."""
+        projections, attention kernel products and MLP input products whose
+        outputs were not kept, and the sequential block's attention output
+        projection when the summed output was not kept (never the MLP output
+        projection)."""
         shape = self._check(input_shape)
-        if self.remat == "none":
+        kept = self.kept()
+        if kept is None:
             return 0
         att, mlp = self.attention, self.mlp
-        qkv_kept = all(self._keeps(k) for k in att.dot_keys if k in ("q", "k", "v", "qkv"))
-        flops = 0 if qkv_kept else att.projection_flops(shape)
-        flops += sum(att.core_flops(shape) // 2 for k in ("scores", "attn") if not self._keeps(k))
-        if not self.parallel and not self._keeps("out_proj"):
+        flops = sum(att.projection_flops(shape, k) for k in att.dot_keys
+                    if k in ("q", "k", "v", "qkv") and k not in kept)
+        flops += att.recompute_core_flops(shape, kept)
+        if not self.parallel and "out_proj" not in kept:
             flops += att.output_flops(shape)
-        return flops + sum(mlp.input_flops(shape) for k in mlp.dot_keys if not self._keeps(k))
+        return flops + sum(mlp.input_flops(shape) for k in mlp.dot_keys if k not in kept)
+
+    def hardware_flops(self, input_shape) -> int:
+        """MXU FLOPs per example of forward and backward as run: the attention's
+        (``CausalSelfAttention.hardware_flops``), three times the MLP's forward,
+        and remat's recomputation."""
+        shape = self._check(input_shape)
+        return (self.attention.hardware_flops(shape) + 3 * self.mlp.forward_flops(shape)
+                + self.recompute_flops(shape))
 
     def cache_elements(self, input_shape):
-        """Elements kept per example for backward, by ``remat`` (module docstring)."""
+        """Elements of the arrays kept per example for backward, by ``remat`` (on the
+        device or offloaded)."""
         shape = self._check(input_shape)
-        t, c = shape
         kept = self.kept()
         if kept is None:
             return sum(layer.cache_elements(shape) for layer in self.parts.values())
-        att, f = self.attention, self.mlp.mlp_dim
-        sizes = {"q": t * att.inner_dim, "k": t * att.kv_dim, "v": t * att.kv_dim,
-                 "qkv": t * (att.inner_dim + 2 * att.kv_dim), "scores": att.heads * t * t,
-                 "attn": t * att.inner_dim, "out_proj": 0 if self.parallel else t * c,
-                 "u": t * f, "u0": t * f, "u1": t * f}
-        present = set(att.dot_keys) | set(self.mlp.dot_keys) | {"out_proj"}
-        return t * c + sum(sizes[k] for k in kept & present)
+        return sum(n for key, (n, _, _) in self._sizes(shape).items() if key in kept | {"x"})
 
     def _saved(self, caches) -> dict:
         """The kept tensors of a forward's caches, by part (``kept``)."""
@@ -228,6 +306,23 @@ class TransformerBlock(Layer):
         if "out_proj" in kept and not self.parallel:
             saved["out_proj"] = caches["out_proj"]
         return saved
+
+    def _transfer(self, core, direction: str, x, saved) -> None:
+        """Records the host transfers of the offloaded tensors (``direction``:
+        "offload" after forward, "reload" before backward), one per MaxText name."""
+        offloaded = self.offloaded()
+        if not offloaded:
+            return
+        bpe = activation_bytes_per_element(core.precision)
+        arrays = {"x": x, "out_proj": saved.get("out_proj"),
+                  **{k: v for part in ("attention", "mlp") for k, v in saved.get(part, {}).items()}}
+        nbytes: dict[str, int] = {}
+        for key, a in arrays.items():
+            if key in offloaded and a is not None:
+                name = _NAME_OF[key]
+                nbytes[name] = nbytes.get(name, 0) + a.size * (STATS_BYTES if key == "stats" else bpe)
+        for name, n in nbytes.items():
+            core.account_host_transfer(f"{self.name}/{direction}/{name}", n)
 
     def tensor_hook_calls(self, phase: str) -> list[tuple[str, str]]:
         """The ``TensorHooks`` calls of one pass, in order: (hook, place) with the
@@ -243,7 +338,7 @@ class TransformerBlock(Layer):
                      ("leave_grad", "attention/dout"), ("enter_grad", "attention/dx")]
         if phase != "bwd":
             return forward
-        if self.remat == "none":
+        if self.kept() is None:
             return grads
         if self.parallel:
             return forward[:1] + grads
@@ -253,10 +348,12 @@ class TransformerBlock(Layer):
     # ------------------------------------------------------------ passes
 
     def _bias(self, core, params, key, y):
-        """y + the block's bias ``key`` (none without ``use_bias``)."""
+        """y + the block's bias ``key`` (none without ``use_bias``), after the tensor
+        sum: fused into the next matmul."""
         if not self.use_bias:
             return y
-        return vector_op(core, f"{self.name}/{key}", np.add, y, params[key], out=(y.shape, y.dtype))
+        return vector_op(core, f"{self.name}/{key}", np.add, y, params[key], out=(y.shape, y.dtype),
+                         fused=prologue(self.fusion))
 
     def _sequential(self, core, params, x, saved, need_output, tp):
         n1, c1 = self.parts["norm1"].forward(core, params_of(params, "norm1"), x)
@@ -269,14 +366,14 @@ class TransformerBlock(Layer):
                            tp.leave(f"{self.name}/attention/out", a))
         else:
             a = kept
-        h = add(core, f"{self.name}/residual1", x, a)
+        h = add(core, f"{self.name}/residual1", x, a, prologue(self.fusion))
         n2, c2 = self.parts["norm2"].forward(core, params_of(params, "norm2"), h)
         m, cm = self.mlp.forward(core, params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
                                  saved=saved.get("mlp"), need_output=need_output)
         y = None
         if need_output:
             m = self._bias(core, params, "mlp/wo_bias", tp.leave(f"{self.name}/mlp/wo", m))
-            y = add(core, f"{self.name}/residual2", h, m)
+            y = add(core, f"{self.name}/residual2", h, m, prologue(self.fusion))
         return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm, "out_proj": a}
 
     def _parallel(self, core, params, x, saved, need_output, tp):
@@ -288,9 +385,10 @@ class TransformerBlock(Layer):
                                  need_output=need_output)
         y = None
         if need_output:
-            s = tp.leave(f"{self.name}/parallel/out", add(core, f"{self.name}/parallel_sum", a, m))
+            s = tp.leave(f"{self.name}/parallel/out",
+                         add(core, f"{self.name}/parallel_sum", a, m, epilogue(self.fusion)))
             s = self._bias(core, params, "mlp/wo_bias", self._bias(core, params, "attention/out_bias", s))
-            y = add(core, f"{self.name}/residual", x, s)
+            y = add(core, f"{self.name}/residual", x, s, prologue(self.fusion))
         return y, {"norm": cn, "attention": ca, "mlp": cm}
 
     def _run(self, core, params, x, saved, need_output, tensor=None):
@@ -304,17 +402,20 @@ class TransformerBlock(Layer):
         slice (``tensor_split``), put around the attention and the MLP."""
         self._check(x.shape[1:])
         y, caches = self._run(core, params, x, None, True, tensor)
-        if self.remat == "none":
+        if self.kept() is None:
             return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
                                  for p, layer in self.parts.items()}}
-        return y, {"x": x, "saved": self._saved(caches)}
+        saved = self._saved(caches)
+        self._transfer(core, "offload", x, saved)
+        return y, {"x": x, "saved": saved}
 
     def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None):
         """As ``Layer.backward``; ``tensor`` as in ``forward`` (its ``*_grad``
         operators here, and the forward ones when remat recomputes)."""
         if "parts" in cache:
             caches = cache["parts"]
-        else:  # remat: recompute what was not kept, costed as any forward work
+        else:  # remat: reload what was offloaded, recompute what was not kept
+            self._transfer(core, "reload", cache["x"], cache["saved"])
             _, caches = self._run(core, params, cache["x"], cache["saved"], False, tensor)
         grads: dict[str, np.ndarray] = {}
         tp = tensor or _ONE_DEVICE
@@ -329,17 +430,20 @@ class TransformerBlock(Layer):
                 grads["attention/out_bias"] = _bias_grad(core, f"{self.name}/d_out_bias", dy)
                 grads["mlp/wo_bias"] = grads["attention/out_bias"].copy()
             ds = tp.leave_grad(f"{self.name}/parallel/dout", dy)
-            dn = add(core, f"{self.name}/parallel_dx_sum", part("mlp", ds), part("attention", ds))
+            dn = add(core, f"{self.name}/parallel_dx_sum", part("mlp", ds), part("attention", ds),
+                     epilogue(self.fusion))
             dxn = part("norm", tp.enter_grad(f"{self.name}/parallel/dx", dn), need_dx)
-            return (add(core, f"{self.name}/residual_bwd", dy, dxn) if need_dx else None), grads
+            return (add(core, f"{self.name}/residual_bwd", dy, dxn, prologue(self.fusion))
+                    if need_dx else None), grads
         if self.use_bias:
             grads["mlp/wo_bias"] = _bias_grad(core, f"{self.name}/d_wo_bias", dy)
         dm = tp.leave_grad(f"{self.name}/mlp/dout", dy)
         dn2 = tp.enter_grad(f"{self.name}/mlp/dx", part("mlp", dm))
-        dh = add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2))
+        dh = add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2), prologue(self.fusion))
         if self.use_bias:
             grads["attention/out_bias"] = _bias_grad(core, f"{self.name}/d_out_bias", dh)
         da = tp.leave_grad(f"{self.name}/attention/dout", dh)
         dn1 = tp.enter_grad(f"{self.name}/attention/dx", part("attention", da))
         dxn = part("norm1", dn1, need_dx)                                 # scale grad always
-        return (add(core, f"{self.name}/residual1_bwd", dh, dxn) if need_dx else None), grads
+        return (add(core, f"{self.name}/residual1_bwd", dh, dxn, prologue(self.fusion))
+                if need_dx else None), grads

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,11 +19,47 @@ from pod.workloads.checks import DataMismatchError
 from pod.workloads.layers import Layer
 from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
 
-__all__ = ["Model", "LOSSES", "FLOAT32_BYTES"]
+__all__ = ["Model", "LOSSES", "FLOAT32_BYTES", "ACTIVATION_BYTES", "ActivationMemory",
+           "activation_bytes_per_element"]
 
 LOSSES = ("softmax_cross_entropy", "sigmoid_binary_cross_entropy")
 
 FLOAT32_BYTES = 4
+
+#: Bytes of an activation element per training precision: bf16 training keeps its
+#: activations in bf16 (MaxText ``dtype: bfloat16``, training-steps.md), int8
+#: training too (only the MXU inputs are quantised); fp32 training in float32.
+ACTIVATION_BYTES = {"bf16": 2, "int8": 2, "fp32": 4}
+
+
+def activation_bytes_per_element(precision: str) -> int:
+    """Bytes of an activation element under ``precision`` (``ACTIVATION_BYTES``).
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    try:
+        return ACTIVATION_BYTES[precision]
+    except KeyError:
+        raise ValueError(f"precision must be one of {', '.join(ACTIVATION_BYTES)}, "
+                         f"got {precision!r}") from None
+
+
+@dataclass(frozen=True)
+class ActivationMemory:
+    """One device's activations in a training step, bytes.
+
+    Attributes:
+        device_bytes: what forward keeps in HBM for backward.
+        host_bytes: what forward keeps in host memory (remat offload).
+        transient_bytes: the largest working set of one layer while backward
+            runs, beside what is kept (the recomputed activations of one layer,
+            or the output layer's logits and their gradient); 0 when not modelled.
+    """
+
+    device_bytes: int
+    host_bytes: int = 0
+    transient_bytes: int = 0
 
 
 class Model:
@@ -286,13 +323,32 @@ class Model:
         n = max(1, count)
         return loss_sum / n, correct / n
 
-    def activation_bytes(self, batch: int) -> int:
-        """Bytes (float32) the layers keep from forward for backward in one
-        training step of ``batch`` examples: layer inputs of conv / dense /
-        pooling, ReLU outputs, dropout masks, LSTM gates, plus the outputs."""
+    def activation_bytes(self, batch: int, *, bytes_per_element: int = FLOAT32_BYTES) -> int:
+        """Bytes the layers keep from forward for backward in one training step of
+        ``batch`` examples: layer inputs of conv / dense / pooling, ReLU outputs,
+        dropout masks, LSTM gates, plus the outputs; ``bytes_per_element`` each
+        (float32 by default)."""
         per_example = sum(layer.cache_elements(s) for layer, s in zip(self.layers, self._shapes))
         per_example += math.prod(self.output_shape)
-        return int(batch) * per_example * FLOAT32_BYTES
+        return int(batch) * per_example * int(bytes_per_element)
+
+    def activation_memory(self, batch: int, *, precision: str = "bf16", tensor: int = 1
+                          ) -> ActivationMemory | None:
+        """One device's activations for ``batch`` examples in the precision's dtype
+        (``activation_bytes_per_element``). A model without a tensor-parallel
+        program splits them evenly over ``tensor`` (a simplification: the
+        planner only suggests such meshes); nothing is offloaded, no transient
+        is modelled. Models with a layout of their own (the transformer)
+        override this; None: the model cannot be split over ``tensor``."""
+        nbytes = self.activation_bytes(batch, bytes_per_element=activation_bytes_per_element(precision))
+        return ActivationMemory(-(-nbytes // int(tensor)))
+
+    def largest_layer_params(self, tensor: int = 1) -> int:
+        """Parameters of the largest layer on one of ``tensor`` devices: what an FSDP
+        all-gather brings at once (split evenly over tensor; the transformer
+        counts its own layout)."""
+        largest = max((count for _, count in self.gradient_buckets()), default=self.num_params)
+        return -(-largest // int(tensor))
 
     def forward_flops_per_example(self) -> int:
         """MXU FLOPs (2 per multiply-add) of one example's forward pass."""

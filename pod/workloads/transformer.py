@@ -33,12 +33,14 @@ import math
 import numpy as np
 
 from chip import to_bf16
+from pod.workloads.attention import ATTENTION_KERNELS
 from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
-from pod.workloads.model import Model
+from pod.workloads.model import (ActivationMemory, Model, activation_bytes_per_element)
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
+from pod.workloads.remat import check_remat_custom
 
 __all__ = [
     "BLOCKS",
@@ -214,7 +216,7 @@ class Unembed(Layer):
 #: The ``model.options`` of the transformer (``build_transformer``).
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
-                       "fused_qkv", "remat")
+                       "fused_qkv", "attention", "fusion", "remat", "remat_custom")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -252,7 +254,17 @@ class TransformerConfig:
         block: "sequential" or "parallel" (``pod.workloads.block``).
         use_bias: biases on every projection (GPT-3; MaxText's models have none).
         fused_qkv: one (C, (H+2K)*Dh) projection for q, k and v (``fused_qkv``).
-        remat: one of ``REMAT_POLICIES`` (``pod.workloads.block``).
+        attention: the attention kernel, "flash" (default; the blocked kernel
+            of ``pod.workloads.flash``, MaxText ``attention: flash``) or
+            "dot_product" (the T x T scores as tensors).
+        fusion: elementwise work fused into the matmuls as XLA does (default;
+            ``pod.workloads.fusion`` has the rule), or every elementwise op
+            costed with its own HBM round trip (false).
+        remat: one of ``REMAT_POLICIES`` (MaxText's names; ``pod.workloads.remat``).
+        remat_custom: with ``remat: custom``, MaxText's per-tensor choices: a
+            mapping of tensor name (``REMAT_TENSORS``: decoder_layer_input,
+            query_proj, ...) to remat | device | offload; kept as sorted
+            (name, choice) pairs.
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -275,6 +287,9 @@ class TransformerConfig:
     block: str = "sequential"
     use_bias: bool = False
     fused_qkv: bool = False
+    attention: str = "flash"
+    fusion: bool = True
+    remat_custom: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -298,8 +313,16 @@ class TransformerConfig:
         _choice("norm", self.norm, NORMS)
         _choice("positions", self.positions, POSITIONS)
         _choice("block", self.block, BLOCKS)
+        _choice("attention", self.attention, ATTENTION_KERNELS)
         _choice("remat", self.remat, REMAT_POLICIES)
-        for field in ("tied_embeddings", "use_bias", "fused_qkv"):
+        if self.remat_custom is not None:
+            given = self.remat_custom
+            custom = check_remat_custom(dict(given) if isinstance(given, tuple) else given)
+            if self.remat != "custom":
+                raise ValueError(f"transformer: option remat_custom needs remat: custom, got "
+                                 f"remat: {self.remat}")
+            object.__setattr__(self, "remat_custom", custom)
+        for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
                                  f"got {getattr(self, field)!r}")
@@ -381,10 +404,12 @@ class TransformerModel(Model):
         layers += [TransformerBlock(cfg.heads, cfg.head_dim, cfg.mlp_dim, kv_heads=cfg.kv_heads,
                                     mlp_activation=cfg.mlp_activation, norm=cfg.norm,
                                     rotary=cfg.positions == "rotary", remat=cfg.remat,
+                                    remat_custom=cfg.remat_custom,
                                     block=cfg.block, use_bias=cfg.use_bias,
-                                    fused_qkv=cfg.fused_qkv, name=f"block{i}")
+                                    fused_qkv=cfg.fused_qkv, attention=cfg.attention,
+                                    fusion=cfg.fusion, name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
-        layers += [norm_class(cfg.norm)(name="final_norm"),
+        layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
         super().__init__("transformer", layers, (cfg.sequence_length,), cfg.vocabulary)
         if cfg.tied_embeddings:
@@ -438,6 +463,95 @@ class TransformerModel(Model):
         grads = {k: grads[k].astype(params[k].dtype, copy=False) for k in params}
         return loss, grads, {}
 
+    # ------------------------------------------------------------ memory
+
+    def _local(self, tensor: int) -> TransformerModel | None:
+        """The model one of ``tensor`` devices runs (its heads and MLP units), or
+        None when tensor does not split them."""
+        cfg = self.config
+        if any(n % tensor for n in (cfg.heads, cfg.kv_heads, cfg.mlp_dim)):
+            return None
+        if tensor == 1:
+            return self
+        cache = self.__dict__.setdefault("_local_models", {})
+        if tensor not in cache:
+            cache[tensor] = TransformerModel(cfg.tensor_local(tensor))
+        return cache[tensor]
+
+    def activation_bytes(self, batch: int, *, bytes_per_element: int = 4) -> int:
+        """HBM bytes ``batch`` examples keep for backward on one device (no tensor
+        split), ``bytes_per_element`` per activation element (float32 by
+        default): ``activation_memory``'s device bytes."""
+        return self._activation_bytes(self, int(batch), bytes_per_element, 1)[0]
+
+    def activation_memory(self, batch: int, *, precision: str = "bf16", tensor: int = 1
+                          ) -> ActivationMemory | None:
+        """One device's activations for ``batch`` examples on a mesh with this tensor
+        size, as XLA lays them out for MaxText (training-steps.md; the logical
+        axis rules of MaxText's base.yml: ``activation_embed``,
+        ``activation_vocab`` -> tensor).
+
+        Kept (HBM or host, by ``remat``): per block what its policy keeps
+        (``TransformerBlock.activation_bytes``): the attention and MLP tensors
+        with the device's heads and MLP units, the residual stream's split over
+        tensor; the token ids (int32), the final norm's x_hat and 1/sigma and
+        the output layer's input (split over tensor). In the activation dtype
+        of ``precision`` (bf16: 2 bytes), statistics float32. No T x T tensor
+        with flash attention. (The emulator's device program keeps the
+        residual stream whole on every tensor device, or with sequence
+        parallelism a sequence chunk each, which is the same bytes; the plan
+        is the hardware's.)
+
+        Transient: the larger of one block's whole backward working set (its
+        remat ``none`` set, recomputed: ``TransformerBlock.transient_bytes``)
+        and the logits with their gradient, (T, V / tensor) each in the
+        activation dtype (XLA fuses the loss's float32 log-softmax into its
+        reductions, so no float32 (T, V) tensor is written).
+
+        Returns:
+            The bytes, or None when ``tensor`` does not split the heads, kv heads
+            and MLP units.
+        """
+        local = self._local(int(tensor))
+        if local is None:
+            return None
+        device, host, transient = self._activation_bytes(
+            local, int(batch), activation_bytes_per_element(precision), int(tensor))
+        return ActivationMemory(device, host, transient)
+
+    def _activation_bytes(self, local: TransformerModel, batch: int, bpe: int,
+                          shards: int) -> tuple[int, int, int]:
+        cfg = self.config
+        t, c = cfg.sequence_length, cfg.embed_dim
+        device = 4 * t + 2 * -(-t * c * bpe // shards) + -(-t * 4 // shards)
+        host, transient = 0, -(-t * cfg.vocabulary // shards) * 2 * bpe      # logits, dlogits
+        for layer, shape in zip(local.layers, local._shapes):
+            if isinstance(layer, TransformerBlock):
+                d, h = layer.activation_bytes(shape, bpe, shards)
+                device, host = device + d, host + h
+                transient = max(transient, layer.transient_bytes(shape, bpe, shards))
+        return batch * device, batch * host, batch * transient
+
+    def largest_layer_params(self, tensor: int = 1) -> int:
+        """Parameters of the largest layer on one of ``tensor`` devices, what an FSDP
+        all-gather brings at once, as MaxText shards them (its logical axis
+        rules: heads, MLP units and the vocabulary over tensor): a block's with
+        the device's heads and MLP units, the token table's (or the output
+        kernel's) V C / tensor. (The emulator's program keeps the tables whole
+        on every tensor device; the plan is the hardware's.)"""
+        local = self._local(int(tensor))
+        if local is None:
+            return super().largest_layer_params(tensor)
+        blocks = max(layer.param_count(shape) for layer, shape in zip(local.layers, local._shapes)
+                     if isinstance(layer, TransformerBlock))
+        return max(blocks, -(-self.config.vocabulary * self.config.embed_dim // int(tensor)))
+
+    def remat_variants(self) -> dict[str, TransformerModel]:
+        """The same model under each other named remat policy (``custom`` aside), for
+        an HBM plan that looks for one that fits."""
+        return {p: TransformerModel(dataclasses.replace(self.config, remat=p, remat_custom=None))
+                for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
+
     def summary_rows(self, batch: int | None = None):
         """As ``Model.summary_rows``; a tied output layer shows 0 parameters."""
         rows = super().summary_rows(batch)
@@ -464,14 +578,14 @@ class TransformerModel(Model):
         return 6 * cfg.matmul_param_count() * t + 12 * cfg.layers * t * t * cfg.inner_dim
 
     def hardware_flops_per_example(self) -> int:
-        """MXU FLOPs actually run per training example: the model FLOPs plus
-        the forward work ``remat`` redoes in backward (``full``: each block's
-        forward less its MLP output projection; none for ``none`` and
-        ``minimal``, whose recomputation is VPU work only). The numerator of
-        hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
-        return self.model_flops_per_example() + sum(
-            layer.recompute_flops(s) for layer, s in zip(self.layers, self._shapes)
-            if isinstance(layer, TransformerBlock))
+        """MXU FLOPs actually run per training example: forward and backward as
+        the kernels run them (flash attention computes only the causal blocks
+        and recomputes its scores in backward, ``TransformerBlock.hardware_flops``)
+        plus the forward work ``remat`` redoes in backward (``recompute_flops``);
+        the other layers three times their forward (dX and dW). The numerator
+        of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
+        return sum(layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
+                   else 3 * layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes))
 
     def next_token_logits(self, core, params, ids) -> np.ndarray:
         """Eval-mode logits of the token after the last of ``ids``.

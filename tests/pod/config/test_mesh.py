@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from interconnect import Torus
 from pod.config.mesh import (AxisBlock, build_mesh, device_hbm_bytes, devices_per_chip,
-                             layout_mesh, mesh_memory_plan, parse_mesh_axes,
-                             sharded_memory_plan)
+                             fsdp_buffer_bytes, layout_mesh, mesh_memory_plan,
+                             parse_mesh_axes, sharded_memory_plan)
 from pod.config.plan import build_plan, memory_plan
 from pod.config.scenario import parse_scenario
 from pod.config.slices import resolve_pod
@@ -236,18 +236,25 @@ def test_axes_are_kept_in_mesh_order_whatever_the_order_written():
 
 
 def test_sharded_memory_closed_forms():
+    """params, grads and optimizer state split over fsdp x tensor; activations over
+    tensor; workspace: two layers gathered in bf16 and two layers' float32 gradients
+    (fsdp > 1), or the MXU's copy of two layers (fsdp 1)."""
     pod = resolve_pod(slice_name="v5e-16")
     mesh = build_mesh({"data": 2, "fsdp": 4, "tensor": 2}, pod)
     plan = sharded_memory_plan(1_000_000, 8.0, 1000, 16, mesh, 16 * GIB, "bf16", 10_000)
     local = 1_000_000 // 8  # params over fsdp x tensor
     assert plan == {"params": 4 * local, "grads": 4 * local, "optimizer_state": 8 * local,
-                    "activations": 16 * 1000 // 2, "workspace": (10_000 // 2) * (4 + 4 + 2),
-                    "total": 16 * local + 8000 + 50_000}
+                    "activations": 16 * 1000 // 2, "workspace": 2 * (10_000 // 2) * (2 + 4),
+                    "total": 16 * local + 8000 + 60_000}
     fp32 = sharded_memory_plan(1_000_000, 8.0, 1000, 16, mesh, 16 * GIB, "fp32", 10_000)
-    assert fp32["workspace"] == 5000 * 8
+    assert fp32["workspace"] == 2 * 5000 * (4 + 4)                       # float32 gathers
     odd = sharded_memory_plan(1_000_001, 4.0, 3, 1, mesh, 16 * GIB, "int8")
-    assert odd["params"] == 4 * 125_001 and odd["workspace"] == math.ceil(1_000_001 / 2) * 9
+    assert odd["params"] == 4 * 125_001 and odd["workspace"] == 2 * math.ceil(1_000_001 / 2) * 6
     assert odd["activations"] == 2  # ceil(1 x 3 / 2)
+    data = sharded_memory_plan(1_000_000, 8.0, 1000, 16, build_mesh({"data": 16}, pod), 16 * GIB,
+                               "bf16", 10_000)
+    assert data["workspace"] == 2 * 10_000 * 2                           # no gathers: MXU copies
+    assert fsdp_buffer_bytes(10_000, 1, "fp32") == 0
 
 
 def test_an_overflow_names_the_least_sharded_mesh_that_fits():
@@ -256,13 +263,13 @@ def test_an_overflow_names_the_least_sharded_mesh_that_fits():
     with pytest.raises(HBMPlanError) as err:
         sharded_memory_plan(1_500_000_000, 8.0, 1_000_000, 32, mesh, 16 * GIB, "bf16",
                             100_000_000)
-    # {data: 16}: 16 B x 1.5e9 = 22.4 GiB + 30.5 MiB activations + 10 B x 1e8 workspace;
-    # {data: 8, fsdp: 2}: 11.2 GiB + 61 MiB (64 examples) + 0.9 GiB = 12.1 GiB
+    # {data: 16}: 16 B x 1.5e9 = 22.4 GiB + 30.5 MiB activations + 2 x 2 B x 1e8 workspace;
+    # {data: 8, fsdp: 2}: 11.2 GiB + 30.5 MiB (32 examples) + 2 x 6 B x 1e8 = 12.3 GiB
     assert str(err.value) == (
-        "{data: 16} needs 23.3 GiB per device (params 5.6 GiB, grads 5.6 GiB, optimizer state "
-        "11.2 GiB, activations 30.5 MiB, workspace 953.7 MiB) and does not fit 16 GiB; "
-        "{data: 8, fsdp: 2} fits (12.1 GiB per device)")
-    assert err.value.memory_plan["total"] == 16 * 1_500_000_000 + 32_000_000 + 1_000_000_000
+        "{data: 16} needs 22.8 GiB per device (params 5.6 GiB, grads 5.6 GiB, optimizer state "
+        "11.2 GiB, activations 30.5 MiB, workspace 381.5 MiB) and does not fit 16 GiB; "
+        "{data: 8, fsdp: 2} fits (12.3 GiB per device)")
+    assert err.value.memory_plan["total"] == 16 * 1_500_000_000 + 32_000_000 + 400_000_000
     with pytest.raises(HBMPlanError, match="; no mesh of 16 devices fits; use a smaller model"):
         sharded_memory_plan(10**11, 8.0, 1, 1, mesh, 16 * GIB, "bf16", 10)
 
@@ -300,7 +307,9 @@ def test_a_sharded_mesh_checks_one_devices_sharded_plan():
                                 device_hbm_bytes(plan.pod.chip), "bf16")
     assert plan.memory == expected
     assert plan.memory["params"] == 4 * math.ceil(plan.num_params / 4)
-    assert plan.memory["activations"] == math.ceil(16 * plan.model.activation_bytes(1) / 2)
+    # bf16 activations (2 bytes), split over tensor (an MLP has no layout of its own)
+    assert plan.memory["activations"] == math.ceil(
+        16 * plan.model.activation_bytes(1, bytes_per_element=2) / 2)
     assert plan.memory != memory_plan(plan.model, expected["optimizer_state"], 8, 8 * GIB)
 
 
@@ -308,18 +317,19 @@ def test_a_sharded_model_too_big_names_the_field_and_a_mesh_that_fits():
     big = {"name": "mlp", "options": {"hidden": [30000, 30000]}}
     with pytest.raises(HBMPlanError) as err:
         _plan({"data": 4, "fsdp": 2}, big)
-    # the 30000 x 30000 layer, gathered whole by fsdp, is 9e9 B of workspace: only tensor
-    # splits it; {data: 2, fsdp: 2, tensor: 2}: 16 B x P / 4 + 4.5e9 B = 7.6 GiB
+    # the 30000 x 30000 layer, gathered twice by fsdp, is 2 x 6 B x 9e8 = 10.1 GiB of
+    # workspace: only tensor splits it; {data: 2, fsdp: 2, tensor: 2}: 16 B x P / 4 +
+    # 5.4e9 B = 11.8 GiB; {data: 1, fsdp: 4, tensor: 2}: 16 B x P / 8 + 5.4e9 B = 6.7 GiB
     assert str(err.value) == (
-        "pod.mesh: {data: 4, fsdp: 2} needs 15.1 GiB per device (params 1.7 GiB, grads 1.7 GiB, "
-        "optimizer state 3.4 GiB, activations 3.7 MiB, workspace 8.4 GiB) and does not fit "
-        "8 GiB; {data: 2, fsdp: 2, tensor: 2} fits (7.6 GiB per device)")
+        "pod.mesh: {data: 4, fsdp: 2} needs 16.8 GiB per device (params 1.7 GiB, grads 1.7 GiB, "
+        "optimizer state 3.4 GiB, activations 1.8 MiB, workspace 10.1 GiB) and does not fit "
+        "8 GiB; {data: 1, fsdp: 4, tensor: 2} fits (6.7 GiB per device)")
 
 
 def _transformer(layers=2):
     from pod.workloads import build_model
     return build_model("transformer", (64,), 256, embed_dim=64, heads=4, head_dim=16,
-                       mlp_dim=128, layers=layers)
+                       mlp_dim=128, layers=layers, attention="dot_product")
 
 
 @pytest.mark.parametrize("fsdp, tensor", [(1, 1), (2, 2), (4, 1), (1, 4), (3, 2)])
@@ -343,7 +353,7 @@ def test_a_transformers_device_params_are_the_chunks_the_program_keeps(fsdp, ten
 
 
 def test_an_overflow_never_suggests_a_tensor_size_the_model_cannot_take():
-    """4 heads: tensor 8 cannot split them. At 950,000 bytes per device the closed form
+    """4 heads: tensor 8 cannot split them. At 900,000 bytes per device the closed form
     ceil(P / S) names {data: 1, tensor: 8} as the mesh that fits; the model's own layout
     never does."""
     model = _transformer(layers=2)
@@ -351,7 +361,7 @@ def test_an_overflow_never_suggests_a_tensor_size_the_model_cannot_take():
     largest = max(count for _, count in model.gradient_buckets())
     with pytest.raises(HBMPlanError, match=r"\{data: 1, tensor: 8\} fits"):
         sharded_memory_plan(model.num_params, 8.0, int(model.activation_bytes(1)), 1, mesh,
-                            950_000, "bf16", largest)
+                            900_000, "bf16", largest)
     with pytest.raises(HBMPlanError) as err:
-        mesh_memory_plan(model, 8 * model.num_params, 8, mesh, 950_000)
+        mesh_memory_plan(model, 8 * model.num_params, 8, mesh, 900_000)
     assert "tensor: 8" not in str(err.value)

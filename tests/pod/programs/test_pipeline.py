@@ -245,7 +245,8 @@ def test_the_memory_plan_counts_the_stage_and_the_microbatches_in_flight():
     # per microbatch of 16 / 4 / 4 = 1 example: a chunk's bytes x the chunks in flight, the
     # largest stage's (the last, with the logits); 1F1B keeps min(S - s, M) of M = 4
     plan = build_plan(scenario(base, microbatches=4))
-    chunk = [_chunk_activation_bytes(plan.model, layers) for layers in stage_layers(4, 2, 1)]
+    chunk = [_chunk_activation_bytes(plan.model, layers, "bf16", 1)[0]
+             for layers in stage_layers(4, 2, 1)]
     assert gpipe["activations"] == 4 * chunk[1]
     assert one_f["activations"] == max(2 * chunk[0], 1 * chunk[1]) < gpipe["activations"]
     assert gpipe["total"] == sum(v for k, v in gpipe.items() if k != "total")
@@ -267,3 +268,16 @@ def test_bad_pipelines_are_one_line_errors(mesh, training, match):
     assert "\n" not in str(err.value)
     if match:
         assert match in str(err.value)
+
+
+@pytest.mark.parametrize("remat, tensor", [("none", 1), ("full", 2), ("minimal", 4)])
+def test_the_chunks_activations_add_up_to_the_models(remat, tensor):
+    """The stages' chunks keep what the whole model's plan keeps (``activation_memory``,
+    the hardware's plan of pod.config.mesh), split by layer."""
+    model = TransformerModel(TransformerConfig(**{**TINY, "remat": remat}))
+    chunks = stage_layers(4, 2, 2)
+    kept = sum(_chunk_activation_bytes(model, c, "bf16", tensor)[0] for c in chunks)
+    whole = model.activation_memory(1, precision="bf16", tensor=tensor)
+    assert kept == whole.device_bytes
+    assert max(_chunk_activation_bytes(model, c, "bf16", tensor)[1] for c in chunks) \
+        == whole.transient_bytes

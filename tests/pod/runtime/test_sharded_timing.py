@@ -86,6 +86,9 @@ LAYOUTS = [
     ({"data": 2, "fsdp": 2, "tensor": 2}, {"sequence_parallel": True, "kv_heads": 2,
                                            "use_bias": True, "fused_qkv": True,
                                            "block": "parallel", "remat": "minimal"}),
+    ({"fsdp": 4, "tensor": 2}, {"remat": "custom", "attention": "dot_product",
+                                "remat_custom": {"decoder_layer_input": "offload",
+                                                 "query_proj": "offload", "context": "device"}}),
 ]
 
 

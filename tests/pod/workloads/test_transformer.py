@@ -347,40 +347,93 @@ def _step(model, params, x, y):
     return loss, grads, records
 
 
-def test_remat_variants_bit_identical_with_ordered_costs_and_memory():
-    options = dict(TINY, embed_dim=16, mlp_dim=32)
-    models = {r: build_model("transformer", (16,), 20, **options, remat=r)
-              for r in ("none", "minimal", "full")}
+CUSTOM = {"query_proj": "device", "context": "offload", "mlpwi_1": "offload"}
+POLICIES = ["none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
+            "save_qkv_proj", "custom"]
+
+
+def recompute_closed_form(policy, attention, block, t=16, c=16, h=2, kv=1, dh=4, f=32):
+    """MXU FLOPs per example and block that backward reruns under ``policy``, by hand:
+    the projections, attention products (T = 16 is one flash block, computed whole)
+    and MLP input products whose outputs a policy does not keep; the output
+    projection when the sequential block does not keep out_proj; never the MLP's."""
+    q, k, o, w = 2 * t * c * h * dh, 2 * t * c * kv * dh, 2 * t * h * dh * c, 2 * t * c * f
+    product = 2 * t * t * h * dh                                          # q.k^T or p.v
+    out = 0 if block == "parallel" else o
+    return {"none": 0,
+            "full": q + 2 * k + 2 * product + out + 2 * w,
+            "minimal": 2 * product,
+            "save_dot_except_mlp": 2 * product + 2 * w,
+            "save_dot_except_mlpwi": 2 * product + 2 * w,
+            "save_qkv_proj": 2 * product + out + 2 * w,
+            # q kept, k and v rerun; context offloaded: flash reruns nothing, the dot
+            # product still reruns its scores; mlpwi_1 offloaded, wi_0 rerun
+            "custom": 2 * k + (product if attention == "dot_product" else 0) + out + w}[policy]
+
+
+@pytest.mark.parametrize("attention, block", [("flash", "sequential"), ("dot_product", "parallel")])
+def test_remat_policies_bit_identical_with_closed_form_recomputation(attention, block):
+    """MaxText's policies and a custom one with offloads: the same loss and gradients
+    bit for bit; the MXU FLOPs recorded are the hardware FLOPs, whose excess over no
+    remat is each policy's recomputation in closed form; offloaded tensors go to the
+    host after forward and come back before backward (their bytes in bf16); the
+    HBM they keep falls as the policy keeps less."""
+    options = dict(TINY, embed_dim=16, mlp_dim=32, kv_heads=1, attention=attention, block=block)
+    models = {r: build_model("transformer", (16,), 20, **options, remat=r,
+                             remat_custom=CUSTOM if r == "custom" else None) for r in POLICIES}
     params = models["none"].init_params(3)
     x, y = tokens((4, 16), 20, seed=14)
     results = {r: _step(m, params, x, y) for r, m in models.items()}
     loss0, grads0, _ = results["none"]
-    for r in ("minimal", "full"):
-        loss, grads, _ = results[r]
+    base = models["none"].hardware_flops_per_example()
+    for r, (loss, grads, records) in results.items():
         assert loss == loss0
         for k in grads0:
             np.testing.assert_array_equal(grads[k], grads0[k], err_msg=f"{r} {k}")
-
-    def totals(records):
-        mxu = sum(rec.flops for rec in records if rec.unit == "mxu")
-        vpu = sum(rec.flops for rec in records if rec.unit == "vpu")
-        return mxu, vpu, sum(rec.seconds for rec in records)
-
-    (mxu_n, vpu_n, s_n), (mxu_m, vpu_m, s_m), (mxu_f, vpu_f, s_f) = (
-        totals(results[r][2]) for r in ("none", "minimal", "full"))
-    model = models["none"]
-    assert mxu_n == mxu_m == 4 * model.model_flops_per_example()            # minimal: VPU only
-    assert mxu_f == 4 * models["full"].hardware_flops_per_example() > mxu_n
-    assert vpu_n < vpu_m == vpu_f                                         # same elementwise redo
-    assert s_n < s_m < s_f
-    act = {r: m.activation_bytes(4) for r, m in models.items()}
-    assert act["none"] > act["minimal"] > act["full"]
-    assert models["minimal"].hardware_flops_per_example() == model.model_flops_per_example()
+        hardware = models[r].hardware_flops_per_example()
+        assert sum(rec.flops for rec in records if rec.unit == "mxu") == 4 * hardware, r
+        assert hardware - base == 2 * recompute_closed_form(r, attention, block), r
+        host = [rec for rec in records if rec.unit == "host"]
+        assert bool(host) == (r == "custom")
+    host = {rec.name: rec for rec in results["custom"][2] if rec.unit == "host"}
+    context = 4 * 16 * 2 * 4 * 2 + (4 * 2 * 16 * 4 if attention == "flash" else 0)  # o, lse
+    assert host["block1/offload/context"].hbm_bytes == host["block2/reload/context"].hbm_bytes == context
+    assert host["block1/offload/mlpwi_1"].hbm_bytes == 4 * 16 * 32 * 2
+    assert len(host) == 8 and all(rec.seconds == rec.hbm_bytes / 1.6e10 for rec in host.values())
+    device = {r: m.activation_memory(4).device_bytes for r, m in models.items()}
+    assert device["none"] > device["minimal"] > device["save_qkv_proj"] > device["full"]
+    assert models["custom"].activation_memory(4).host_bytes == 2 * (context + 4 * 16 * 32 * 2)
 
 
-@pytest.mark.parametrize("remat", ["none", "minimal", "full"])
+def test_activation_memory_in_closed_form():
+    """bf16 activations by hand, per example: the kept tensors of every block (T C the
+    block input; q H Dh + 2 K Dh per position; the summed attention output T C; the
+    MLP input products T F each), the ids (int32), the final norm's x_hat and
+    1/sigma and the output layer's input; the residual stream split over tensor."""
+    t, c, h, kv, dh, f, v = 16, 16, 2, 1, 4, 32, 20
+    options = dict(TINY, embed_dim=c, mlp_dim=f, kv_heads=kv, head_dim=dh)
+    rest = 4 * t + 2 * t * c * 2 + 4 * t
+    minimal = build_model("transformer", (t,), v, **options, remat="minimal")
+    per_block = (t * c + t * (h + 2 * kv) * dh + t * c + 2 * t * f) * 2
+    assert minimal.activation_memory(3).device_bytes == 3 * (2 * per_block + rest)
+    full = build_model("transformer", (t,), v, **options, remat="full")
+    assert full.activation_memory(3, precision="fp32").device_bytes == 3 * (
+        2 * t * c * 4 + 4 * t + 2 * t * c * 4 + 4 * t)
+    # tensor 2: heads 1 of 2, kv heads ... (kv 1 cannot split: None); F / 2
+    gqa2 = build_model("transformer", (t,), v, **{**options, "kv_heads": 2}, remat="minimal")
+    split = (t * c // 2 + t * (1 + 2 * 1) * dh + t * c // 2 + 2 * t * f // 2) * 2
+    rest2 = 4 * t + 2 * t * c * 2 // 2 + 4 * t // 2
+    assert gqa2.activation_memory(1, tensor=2).device_bytes == 2 * split + rest2
+    assert minimal.activation_memory(1, tensor=2) is None
+    # transient: the logits and their gradient (bf16) or one block's whole backward set
+    assert minimal.activation_memory(2).transient_bytes == max(
+        2 * t * v * 2 * 2, 2 * minimal.layers[1].transient_bytes((t, c), 2))
+
+
+@pytest.mark.parametrize("remat", POLICIES)
 def test_block_cache_elements_count_what_forward_keeps(core64, remat):
-    block = TransformerBlock(2, 4, 12, remat=remat, name="block")
+    block = TransformerBlock(2, 4, 12, remat=remat, remat_custom=CUSTOM if remat == "custom" else None,
+                             name="block")
     x = np.random.default_rng(15).standard_normal((3, 5, 8))
     _, cache = block.forward(core64, small_params(block, (5, 8)), x, training=True)
 
@@ -479,10 +532,15 @@ def test_model_flops_formula():
     assert model.model_flops_per_example() == 6 * n * 64 + 12 * 2 * 64 * 64 * 32
     assert model.model_flops_per_example() == model.flops_per_example()    # layer by layer
     full = build_model("transformer", (64,), 50, embed_dim=32, heads=2, layers=2, mlp_dim=96,
-                       remat="full")
+                       remat="full", attention="dot_product")
     per_block_forward = 2 * 64 * (4 * 32 * 32 + 3 * 32 * 96) + 4 * 64 * 64 * 32
     assert full.hardware_flops_per_example() == (full.model_flops_per_example()
                                                  + 2 * (per_block_forward - 2 * 64 * 96 * 32))
+    # flash: T = 64 is one block, computed whole and masked: 2 products forward, 7 backward
+    # (the scores and dP recomputed by both kernels), against 2 and 4; no remat
+    attention_product = 2 * 64 * 64 * 32                                  # 2 T^2 H Dh
+    assert model.hardware_flops_per_example() == (model.model_flops_per_example()
+                                                  + 2 * 3 * attention_product)
 
 
 # --------------------------------------------------------------------------- options
@@ -502,7 +560,19 @@ def test_model_flops_formula():
     ({"fused_qkv": 1}, "transformer: option fused_qkv must be true or false, got 1"),
     ({"norm": "batch"}, "transformer: option norm must be one of rmsnorm, layernorm"),
     ({"positions": "alibi"}, "transformer: option positions must be one of rotary, learned"),
-    ({"remat": "some"}, "transformer: option remat must be one of none, minimal, full"),
+    ({"remat": "some"}, "transformer: option remat must be one of none, full, minimal, "
+                        "save_dot_except_mlp, save_dot_except_mlpwi, save_qkv_proj, custom"),
+    ({"remat": "full", "remat_custom": {"context": "device"}},
+     "transformer: option remat_custom needs remat: custom, got remat: full"),
+    ({"remat": "custom", "remat_custom": {"contexts": "device"}},
+     "transformer: option remat_custom: unknown tensor 'contexts'; tensors: decoder_layer_input, "
+     "query_proj, key_proj, value_proj, qkv_proj, out_proj, mlpwi, mlpwi_0, mlpwi_1, mlpwo, "
+     "context"),
+    ({"remat": "custom", "remat_custom": {"context": "host"}},
+     "transformer: option remat_custom.context must be one of remat, device, offload, got 'host'"),
+    ({"remat": "custom", "remat_custom": ["context"]},
+     "transformer: option remat_custom must be a mapping of tensor name to remat | device | "
+     "offload"),
     ({"tied_embeddings": "yes"}, "transformer: option tied_embeddings must be true or false"),
     ({"layers": 1.5}, "transformer: option layers must be a positive integer"),
     ({"dropout": 0.1}, "unknown option(s) 'dropout' for model 'transformer'"),

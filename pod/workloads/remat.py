@@ -1,0 +1,110 @@
+"""Rematerialisation policies by MaxText's names: what a block keeps for backward, and where.
+
+MaxText (``remat_policy``, ``layers/decoders.py`` ``get_remat_policy``; the
+per-tensor names of ``MaxText/configs/base.yml`` at tpu-recipes-v0.1.4,
+../shared/reference/maxtext/base-tpu-recipes-v0.1.4.yml) names the tensors a
+decoder layer can keep with ``jax.ad_checkpoint.checkpoint_name``:
+
+- ``decoder_layer_input``: the layer's input, the checkpoint recomputation
+  restarts from (always kept: "this tensor cannot be rematerialized"; remat
+  and device are the same for it);
+- ``query_proj``, ``key_proj``, ``value_proj`` (``qkv_proj`` when fused): the
+  projections' outputs, before RoPE;
+- ``context``: the attention kernel's output before the output projection
+  (with flash attention, with its per-row statistics);
+- ``out_proj``: the output projection's result (summed over tensor);
+- ``mlpwi`` (``mlpwi_0``, ``mlpwi_1`` when gated): the MLP input products;
+- ``mlpwo``: the MLP output product.
+
+Each is recomputed in backward (``remat``), kept in HBM (``device``) or kept
+in host memory (``offload``: copied out after forward and back before its
+backward over the host link, ``TensorCore.account_host_transfer``). A name
+only costs memory where backward reads it: ``mlpwo`` never (nothing in
+backward reads the MLP output), nor ``out_proj`` in the parallel block (its
+output only feeds the residual sum).
+
+The policies (``save_only_these_names`` unless said):
+
+- ``none``: no remat; every intermediate backward reads stays (JAX
+  ``everything_saveable``), the elementwise ones too.
+- ``full``: nothing but the layer input (``nothing_saveable``).
+- ``minimal``: ``checkpoint_dots_with_no_batch_dims``: the outputs of the
+  weight matmuls (q, k, v, out_proj, mlpwi*, mlpwo), not the batched attention
+  products: the attention kernel reruns in backward.
+- ``save_dot_except_mlp``: q, k, v (qkv) and out_proj.
+- ``save_dot_except_mlpwi``: those and mlpwo.
+- ``save_qkv_proj``: q, k, v (qkv).
+- ``custom``: per name from ``remat_custom`` (MaxText's per-tensor keys);
+  names not given are ``remat`` (MaxText's defaults), the layer input
+  ``device``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["REMAT_POLICIES", "REMAT_TENSORS", "REMAT_CHOICES", "TENSOR_KEYS", "remat_choices",
+           "check_remat_custom"]
+
+REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
+                  "save_qkv_proj", "custom")
+REMAT_TENSORS = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "qkv_proj",
+                 "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "context")
+REMAT_CHOICES = ("remat", "device", "offload")
+
+#: MaxText tensor name -> the block's cache keys holding it (``TransformerBlock``)
+TENSOR_KEYS = {"decoder_layer_input": ("x",), "query_proj": ("q",), "key_proj": ("k",),
+               "value_proj": ("v",), "qkv_proj": ("qkv",), "context": ("attn", "stats"),
+               "out_proj": ("out_proj",), "mlpwi": ("u",), "mlpwi_0": ("u0",), "mlpwi_1": ("u1",),
+               "mlpwo": ()}
+
+_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "qkv_proj")
+_SAVED = {
+    "full": (),
+    "minimal": (*_PROJECTIONS, "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo"),
+    "save_dot_except_mlp": (*_PROJECTIONS, "out_proj"),
+    "save_dot_except_mlpwi": (*_PROJECTIONS, "out_proj", "mlpwo"),
+    "save_qkv_proj": _PROJECTIONS,
+}
+
+
+def check_remat_custom(value: object, what: str = "transformer: option remat_custom"
+                       ) -> tuple[tuple[str, str], ...]:
+    """``remat_custom`` as given (a mapping of tensor name to remat | device | offload)
+    as sorted pairs (hashable, in ``REMAT_TENSORS`` order).
+
+    Raises:
+        ValueError: one line naming the option, the value and what is allowed.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a mapping of tensor name to "
+                         f"{' | '.join(REMAT_CHOICES)}, got {value!r:.60}")
+    for name, choice in value.items():
+        if name not in REMAT_TENSORS:
+            raise ValueError(f"{what}: unknown tensor {name!r}; tensors: {', '.join(REMAT_TENSORS)}")
+        if choice not in REMAT_CHOICES:
+            raise ValueError(f"{what}.{name} must be one of {', '.join(REMAT_CHOICES)}, "
+                             f"got {choice!r}")
+    return tuple((name, value[name]) for name in REMAT_TENSORS if name in value)
+
+
+def remat_choices(policy: str, custom: tuple[tuple[str, str], ...] | Mapping | None = None
+                  ) -> dict[str, str] | None:
+    """Per MaxText tensor name, remat | device | offload under ``policy`` (None for
+    ``none``, which keeps everything on the device, not just named tensors).
+
+    Raises:
+        ValueError: an unknown policy, or a bad ``custom`` mapping.
+    """
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"remat must be one of {', '.join(REMAT_POLICIES)}, got {policy!r}")
+    if policy == "none":
+        return None
+    choices = dict.fromkeys(REMAT_TENSORS, "remat")
+    if policy == "custom":
+        choices.update(dict(check_remat_custom(dict(custom or {}))))
+    else:
+        choices.update(dict.fromkeys(_SAVED[policy], "device"))
+    if choices["decoder_layer_input"] == "remat":  # the checkpoint itself: always kept
+        choices["decoder_layer_input"] = "device"
+    return choices
