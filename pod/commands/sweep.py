@@ -180,6 +180,9 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
     seen: set[str] = set()
+    training = scenario.training
+    pipelined = bool(sweep.microbatches or training.microbatches
+                     or training.pipeline_schedule != "gpipe" or training.pipeline_repeats != 1)
     for pod, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
             _pods(scenario), meshes, remats, algorithms, batches, precisions, micros):
         if sweep.microbatches and (mesh or {}).get("stage", 1) == 1:
@@ -193,8 +196,9 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         if sweep.mesh:
             values["pod__mesh"] = mesh
         if sweep.mesh and (mesh or {}).get("stage", 1) == 1:  # no stages: no pipeline
-            values.update(training__microbatches=None, training__pipeline_schedule="gpipe",
-                          training__pipeline_repeats=1)
+            if pipelined:
+                values.update(training__microbatches=None, training__pipeline_schedule="gpipe",
+                              training__pipeline_repeats=1)
         elif micro is not None:
             values["training__microbatches"] = micro
         if remat is not None:
@@ -458,7 +462,7 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
     layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
     if "model__options" in v:
         layout["remat"] = v["model__options"].get("remat", "")
-    if "training__microbatches" in v:
+    if v.get("training__microbatches") is not None:
         layout["microbatches"] = v["training__microbatches"]
     return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", math.nan),
