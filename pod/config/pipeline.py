@@ -11,7 +11,6 @@ does).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from pod.config.mesh import Mesh, _gib, format_axes, fsdp_buffer_bytes
