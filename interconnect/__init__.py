@@ -61,7 +61,9 @@ from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError,
 from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
 from interconnect.execute import execute
 from interconnect.groups import (GROUP_ALGORITHMS, GROUP_OPS, concurrent_group_schedule,
-                                 group_collective_cost, group_ring_schedule, group_torus_schedule)
+                                 group_collective_cost, group_ppermute_cost,
+                                 group_ppermute_schedule, group_ring_schedule,
+                                 group_torus_schedule)
 from interconnect.link import LinkSpec
 from interconnect.topology import Torus, parse_shape
 
@@ -103,6 +105,8 @@ __all__ = [
     "group_torus_schedule",
     "concurrent_group_schedule",
     "group_collective_cost",
+    "group_ppermute_schedule",
+    "group_ppermute_cost",
     "ScheduleCost",
     "schedule_cost",
     "schedule_time",

@@ -69,7 +69,7 @@ from interconnect.topology import Torus
 
 __all__ = ["GROUP_OPS", "GROUP_ALGORITHMS", "group_ring_schedule", "group_torus_schedule",
            "concurrent_group_schedule", "group_collective_cost", "group_ring_cost",
-           "group_torus_cost"]
+           "group_torus_cost", "group_ppermute_schedule", "group_ppermute_cost"]
 
 #: The operations a group collective performs (the device program's three).
 GROUP_OPS = ("allreduce", "reduce_scatter", "all_gather")
@@ -309,6 +309,117 @@ def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
     schedule = concurrent_group_schedule(op, groups, topology.num_chips, num_elements, itemsize,
                                          algorithm=algorithm, group_torus=group_torus)
     return schedule_cost(schedule, topology, link, faults)
+
+
+def _ppermute_pairs(groups: Sequence[Sequence[int]], shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sources, destinations) device ids of every group's permute: position ``i`` of
+    each group sends to position ``(i + shift) mod g`` (pairs sending to themselves
+    dropped)."""
+    rings = np.asarray(groups, dtype=np.int64).reshape(len(groups), -1)       # (R, g)
+    dsts = np.roll(rings, -int(shift), axis=1)
+    keep = rings != dsts
+    return rings[keep], dsts[keep]
+
+
+def group_ppermute_schedule(groups: Sequence[Sequence[int]], num_ranks: int, num_elements: int,
+                            itemsize: int = 4, shift: int = 1) -> Schedule:
+    """Every group's collective permute at once, as one phase on torus ranks.
+
+    Position ``i`` of every group (in the order given: ring order for the
+    pipeline's stages) sends its whole buffer to position ``(i + shift) mod
+    g``, as ``jax.lax.ppermute`` with ``perm = [(i, (i + shift) % g)]``
+    (:func:`interconnect.chains.ppermute` on a sub-group).
+
+    Args:
+        groups: disjoint groups of equal size, as torus ranks.
+        num_ranks: chips of the torus.
+        num_elements: elements of each rank's buffer.
+        itemsize: bytes per element.
+        shift: positions each buffer moves (any int; negative: the other way).
+
+    Returns:
+        A Schedule (``op == "ppermute"``, one chunk, at most one phase).
+
+    Raises:
+        ScheduleError: as :func:`concurrent_group_schedule`'s group checks.
+    """
+    groups = _checked_groups(groups, num_ranks)
+    srcs, dsts = _ppermute_pairs(groups, shift)
+    whole = int(num_elements) * int(itemsize)
+    phase = tuple(_make_transfer((int(a), int(b), 0, whole, False, 0))
+                  for a, b in zip(srcs.tolist(), dsts.tolist())) if whole else ()
+    return _trusted_schedule(name="group_ppermute", num_ranks=num_ranks,
+                             num_elements=int(num_elements), itemsize=itemsize,
+                             chunk_bounds=((0, int(num_elements)),),
+                             phases=(phase,) if phase else (), op="ppermute", owned_chunks=(),
+                             root=0)
+
+
+def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_elements: int,
+                        link: LinkSpec, itemsize: int = 4, faults: LinkFaults | None = None, *,
+                        shift: int = 1, devices_per_chip: int = 1,
+                        on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+    """Simulated cost of every group's collective permute at once (one phase).
+
+    As :func:`schedule_cost` costs :func:`group_ppermute_schedule`: the busiest
+    link's bytes at the achieved bandwidth of the links a chip drives, plus
+    latency times the longest route, plus the collective's fixed cost; the
+    groups contend where their routes share links. On a ring of neighbours
+    with ``shift`` 1 every device sends ``V`` bytes over one link: ``V /
+    W(1) + latency + fixed`` ([MARIN] measures ``V / W`` plus a hop on v5p
+    and v6e). A transfer between two devices of one chip (v2 / v3) loads no
+    link: an on-chip copy at ``on_chip_bytes_per_s`` beside the phase (the
+    phase takes the longer). Failed links: the schedule path, which routes
+    around them.
+
+    Args:
+        topology: the chips' torus.
+        groups: the groups as device ids (device ``d`` on rank ``d //
+            devices_per_chip``), each in the order positions count (ring order).
+        num_elements: elements of each device's buffer.
+        link: the (calibrated) link.
+        itemsize: bytes per element (2 for bf16).
+        faults: slowed and failed links.
+        shift: positions each buffer moves.
+        devices_per_chip: devices per chip (2 for the TensorCores of v2 / v3).
+        on_chip_bytes_per_s: bandwidth of a copy between two devices of one chip
+            (needed when some pair shares a chip).
+
+    Returns:
+        The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: bad groups; a pair on one chip without ``on_chip_bytes_per_s``;
+            failed links with several devices per chip.
+        TopologyError: failed links that cut a pair off.
+    """
+    groups = _checked_groups(groups, topology.num_chips * devices_per_chip)
+    srcs, dsts = _ppermute_pairs(groups, shift)
+    whole = int(num_elements) * int(itemsize)
+    if srcs.size == 0 or whole == 0:
+        return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+    a, b = srcs // devices_per_chip, dsts // devices_per_chip
+    on_chip = a == b
+    local = 0.0
+    if on_chip.any():
+        if not on_chip_bytes_per_s or not np.isfinite(on_chip_bytes_per_s):
+            raise ScheduleError(f"on_chip_bytes_per_s {on_chip_bytes_per_s!r} is not valid: a "
+                                "permute between two devices of one chip needs a positive "
+                                "bandwidth in bytes/s")
+        local = whole / on_chip_bytes_per_s
+    if faults is not None and faults.failed:
+        if devices_per_chip > 1:
+            raise ScheduleError("failed links with several devices per chip (v2 / v3 "
+                                "TensorCores) are not modelled: the rerouted schedule has chip "
+                                "ranks only")
+        return schedule_cost(group_ppermute_schedule(groups, topology.num_chips, num_elements,
+                                                     itemsize, shift), topology, link, faults)
+    nlinks = topology.num_chips * 2 * topology.ndim
+    factors, slowed = _slowdowns(topology, faults)
+    edge, ids, hops = _routes(topology, a[~on_chip], b[~on_chip])
+    loads = np.bincount(ids, minlength=nlinks).astype(np.int64) * whole
+    seconds = _phase_seconds(topology, loads, slowed, int(hops.max()), link) if ids.size else 0.0
+    return _cost_of(topology, [max(seconds, local)], loads, factors, link)
 
 
 def _routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray

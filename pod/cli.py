@@ -351,6 +351,7 @@ def _estimate_step(plan) -> dict[str, Any] | None:
     return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
             "exposed_collective_seconds": stats.exposed_collective_seconds,
             "exposed_by_axis": dict(stats.axis_exposed_seconds),
+            "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
             "update_seconds": stats.update_seconds, "mfu": stats.mfu,
             "simulated_examples_per_second": stats.examples_per_second,
             "simulated_tokens_per_second": stats.tokens_per_second,
@@ -359,13 +360,15 @@ def _estimate_step(plan) -> dict[str, Any] | None:
 
 def _step_line(step: dict[str, Any]) -> str:
     axes = ", ".join(f"{a} {s * 1e3:.3f} ms" for a, s in step["exposed_by_axis"].items() if s)
+    bubble = (f"pipeline bubble {step['pipeline_bubble_seconds'] * 1e3:.3f} + "
+              if step.get("pipeline_bubble_seconds") else "")
     rate = (f"{step['simulated_tokens_per_second']:,.0f} tokens/s"
             if step["simulated_tokens_per_second"] else
             f"{step['simulated_examples_per_second']:,.0f} examples/s")
     return (f"step (simulated, timing-only): {step['simulated_step_seconds'] * 1e3:.3f} ms = "
             f"compute {step['compute_seconds'] * 1e3:.3f} + exposed collectives "
             f"{step['exposed_collective_seconds'] * 1e3:.3f}{f' ({axes})' if axes else ''} + "
-            f"update {step['update_seconds'] * 1e3:.3f}; {rate}, MFU {step['mfu']:.1%}; bound "
+            f"{bubble}update {step['update_seconds'] * 1e3:.3f}; {rate}, MFU {step['mfu']:.1%}; bound "
             f"{step['bound']} {step['bound_fraction']:.0%}")
 
 

@@ -52,7 +52,7 @@ from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
-from pod.report.stats import AXIS_ORDER, mfu
+from pod.report.stats import AXIS_ORDER, mfu, pipeline_bubble_fraction
 from pod.safe_io import lock_directories
 from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
@@ -77,6 +77,9 @@ COLUMNS = (
     # exposed and total collective seconds per mesh axis, one device's HBM plan
     "mesh", *AXIS_ORDER, "remat", "fits",
     "hbm_per_device_bytes", "simulated_tokens_per_second", "hfu",
+    # pipelines (a stage axis; sweep.microbatches): the microbatches, the bubble's
+    # seconds and its share of the forward and backward passes
+    "microbatches", "pipeline_bubble_seconds", "pipeline_bubble_fraction",
     *(f"exposed_{a}_seconds" for a in AXIS_ORDER),
     *(f"collective_{a}_seconds" for a in AXIS_ORDER),
 )
@@ -173,14 +176,31 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         batches = sweep.per_device_batch
     meshes = sweep.mesh or (scenario.pod.mesh,)
     remats = sweep.remat or (None,)
+    micros = sweep.microbatches or (None,)
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
-    for i, (pod, mesh, remat, algorithm, per_point, precision) in enumerate(
-            itertools.product(_pods(scenario), meshes, remats, algorithms, batches, precisions)):
+    seen: set[str] = set()
+    training = scenario.training
+    pipelined = bool(sweep.microbatches or training.microbatches
+                     or training.pipeline_schedule != "gpipe" or training.pipeline_repeats != 1)
+    for pod, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
+            _pods(scenario), meshes, remats, algorithms, batches, precisions, micros):
+        if sweep.microbatches and (mesh or {}).get("stage", 1) == 1:
+            key = repr((pod, mesh, remat, algorithm, per_point, precision))
+            if key in seen:  # a mesh without stages runs once, whatever the microbatches
+                continue
+            seen.add(key)
+        i = len(points)
         batch = per_point
         values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
         if sweep.mesh:
             values["pod__mesh"] = mesh
+        if sweep.mesh and (mesh or {}).get("stage", 1) == 1:  # no stages: no pipeline
+            if pipelined:
+                values.update(training__microbatches=None, training__pipeline_schedule="gpipe",
+                              training__pipeline_repeats=1)
+        elif micro is not None:
+            values["training__microbatches"] = micro
         if remat is not None:
             values["model__options"] = {**(scenario.model.options if scenario.model else {}),
                                         "remat": remat}
@@ -198,7 +218,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         except USER_ERRORS as err:
             point, error = None, str(err)
         series = (_generation(pod, scenario), algorithm, precision, per_point,
-                  format_axes(mesh) if sweep.mesh else "", remat or "")  # _SERIES_BATCH: per_point
+                  format_axes(mesh) if sweep.mesh else "", remat or "",
+                  micro or "")  # _SERIES_BATCH: per_point
         points.append(SweepPoint(i, values, point, error, series))
     return points
 
@@ -283,7 +304,21 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "wall_seconds": wall,
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
         **_layout_columns(plan, timed, step),
+        **_pipeline_columns(plan, timed),
     }
+
+
+def _pipeline_columns(plan, timed: list) -> dict[str, Any]:
+    """A pipeline's microbatches and bubble (NaN without a stage axis)."""
+    from pod.config.pipeline import pipeline_microbatches
+
+    if plan.mesh.axis_size("stage") == 1:
+        return {}
+    bubble = fmean(s.pipeline_bubble_seconds for s in timed)
+    return {"microbatches": pipeline_microbatches(plan.scenario.training, plan.mesh),
+            "pipeline_bubble_seconds": bubble,
+            "pipeline_bubble_fraction": pipeline_bubble_fraction(
+                bubble, fmean(s.compute_seconds for s in timed))}
 
 
 def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
@@ -427,6 +462,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
     layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
     if "model__options" in v:
         layout["remat"] = v["model__options"].get("remat", "")
+    if v.get("training__microbatches") is not None:
+        layout["microbatches"] = v["training__microbatches"]
     return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", math.nan),
             "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
@@ -465,6 +502,7 @@ def sweep_kind(scenario: Scenario) -> str:
         return f"{sweep.scaling} scaling"
     varied = [label for label, values in (
         ("mesh", sweep.mesh), ("remat", sweep.remat), ("per-device batch", sweep.per_device_batch),
+        ("microbatches", sweep.microbatches),
         ("global batch", sweep.global_batch), ("per-core batch", sweep.per_core_batch),
         ("precision", sweep.precision), ("allreduce", sweep.allreduce)) if values and len(values) > 1]
     if not varied:
@@ -509,29 +547,32 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
-           "", "| # | chips | mesh | remat | batch / device | step s | tokens/s | MFU | "
-           f"exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
-           "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|"]
+           "", "| # | chips | mesh | remat | batch / device | microbatches | step s | tokens/s | "
+           f"MFU | bubble | exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
+           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
         hbm = r.get("hbm_per_device_bytes")
         hbm = "" if is_missing(hbm) else f"{hbm / 2**30:.1f}"
         if r["status"] == "ok":
             exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
             out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
-                       f"{r['per_device_batch']} | {r['simulated_step_seconds']:.3f} | "
-                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | {exposed} | "
+                       f"{r['per_device_batch']} | {_cell(r.get('microbatches'))} | "
+                       f"{r['simulated_step_seconds']:.3f} | "
+                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | "
+                       f"{_cell(r.get('pipeline_bubble_fraction'), '.0%')} | {exposed} | "
                        f"{hbm} | ok |")
         else:
             why = str(r["error"]).replace("|", "/")
             out.append(f"| {r['point']} | {_cell(r['chips'])} | {r['mesh']} | {r.get('remat', '')} | "
-                       f"{_cell(r['per_device_batch'])} | | | | | {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
+                       f"{_cell(r['per_device_batch'])} | {_cell(r.get('microbatches'))} | | | | | "
+                       f"| {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
                        f": {why} |")
     return "\n".join(out) + "\n"
 
 
 #: a colour per bound category (``pod.report.bounds.BOUND_CATEGORIES``) in bounds.png
 BOUND_COLOURS = {"mxu": "tab:green", "vpu": "tab:olive", "hbm": "tab:orange", "ici": "tab:red",
-                 "latency": "tab:purple", "host": "tab:grey"}
+                 "latency": "tab:purple", "host": "tab:grey", "bubble": "tab:brown"}
 
 
 def _series(scenario: Scenario, ok: list[dict[str, Any]],
@@ -576,7 +617,8 @@ def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
              else ("global_batch", "global batch"))
     layout = [(key, label) for key, label, varied in (
         ("mesh", "mesh", scenario.sweep.mesh), ("remat", "remat", scenario.sweep.remat),
-        ("per_device_batch", "per-device batch", scenario.sweep.per_device_batch)) if varied]
+        ("per_device_batch", "per-device batch", scenario.sweep.per_device_batch),
+        ("microbatches", "microbatches", scenario.sweep.microbatches)) if varied]
     return [("chips", "chips"), batch, ("precision", "precision"),
             ("allreduce_algorithm", "allreduce"), ("generation", "chip"), *layout]
 
@@ -603,15 +645,23 @@ def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
     ax.set_xlabel(label)
 
 
+def _bubble(row: dict[str, Any]) -> float:
+    """A row's pipeline bubble seconds (0 without a pipeline)."""
+    value = row.get("pipeline_bubble_seconds")
+    return 0.0 if is_missing(value) else float(value)
+
+
 def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
                x_key: str, x_label: str, output_dir: Path) -> Path:
     """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
     parts = (("compute", lambda r: r["compute_seconds"]),
              ("collectives, exposed", lambda r: r["exposed_collective_seconds"]),
+             ("pipeline bubble", _bubble),
              ("update", lambda r: r["update_seconds"]),
              ("infeed and dispatch, exposed", lambda r: max(0.0, r["simulated_step_seconds"]
                                                             - r["compute_seconds"]
                                                             - r["exposed_collective_seconds"]
+                                                            - _bubble(r)
                                                             - r["update_seconds"])))
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
@@ -692,13 +742,14 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
 def _is_layout_sweep(scenario: Scenario) -> bool:
     """Whether the sweep varies sharded layouts (mesh, remat or the per-device batch)."""
     sweep = scenario.sweep
-    return bool(sweep.mesh or sweep.remat or sweep.per_device_batch)
+    return bool(sweep.mesh or sweep.remat or sweep.per_device_batch or sweep.microbatches)
 
 
 def _layout_label(row: dict[str, Any]) -> str:
     """``{fsdp: 16, tensor: 4} minimal b=4``: a layout's mesh, remat and batch per device."""
     batch = "" if is_missing(row.get("per_device_batch")) else f" b={row['per_device_batch']}"
-    return f"{row['mesh']} {row['remat'] or 'none'}{batch}"
+    micro = "" if is_missing(row.get("microbatches")) else f" M={row['microbatches']}"
+    return f"{row['mesh']} {row['remat'] or 'none'}{batch}{micro}"
 
 
 def _line_plot(plt, ok: list[dict[str, Any]], series: dict[str, list[dict[str, Any]]],
@@ -787,25 +838,25 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
 
 
 def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> Path:
-    """One bar per layout: compute, update and exposed collective seconds per mesh axis
-    (simulated), layouts that do not fit in HBM shown empty with their need; the
+    """One bar per layout: compute, update, the pipeline bubble and exposed collective
+    seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with their need; the
     layout that fits with the most tokens (examples) per second marked with a star; MFU
     and HBM per device beside each bar."""
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(_layout_label(r))
         if r["status"] == "ok":
-            stacks.append([r["compute_seconds"], r["update_seconds"],
+            stacks.append([r["compute_seconds"], r["update_seconds"], _bubble(r),
                            *(r[f"exposed_{a}_seconds"] for a in _AXES)])
             notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
         else:
-            stacks.append([0.0] * (2 + len(_AXES)))
+            stacks.append([0.0] * (3 + len(_AXES)))
             need = r.get("hbm_per_device_bytes")
             notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
                          else "failed: " + str(r["error"])[:40])
     fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
     left = [0.0] * len(rows)
-    parts = ("compute", "update", *(f"exposed {a}" for a in _AXES))
+    parts = ("compute", "update", "pipeline bubble", *(f"exposed {a}" for a in _AXES))
     for k, part in enumerate(parts):
         widths = [st[k] for st in stacks]
         ax.barh(range(len(rows)), widths, left=left, label=part)

@@ -22,6 +22,7 @@ from pod.config.faults import FaultPlan
 from pod.config.ici import IciPlan, choose_algorithm
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
+from pod.config.pipeline import check_pipeline_plan, pipeline_memory_plan
 from pod.config.scenario import Scenario
 from pod.config.sharding import SHARDED_MODELS, MeshCollectiveCosts, on_chip_bandwidth
 from pod.config.slices import PodShape, resolve_pod
@@ -133,6 +134,9 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
             or the model.
     """
     training = scenario.training
+    if mesh.axis_size("stage") > 1 and scenario.model.name in SHARDED_MODELS:
+        return pipeline_memory_plan(model, optimizer, training, mesh, device_hbm_bytes(pod.chip),
+                                    precision=training.precision)
     try:
         return mesh_memory_plan(model, optimizer.state_bytes(_shape_only(model)),
                                 training.global_batch, mesh, device_hbm_bytes(pod.chip),
@@ -388,6 +392,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     except ValueError as err:
         raise ScenarioError(f"training.optimizer: {err}") from None
+    check_pipeline_plan(scenario, mesh, model)
     steps_per_epoch = max(1, n_train // training.global_batch)
     steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
     for index, fault in enumerate(scenario.faults):

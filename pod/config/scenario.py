@@ -24,8 +24,9 @@ default)::
       wraparound: true               # default: the generation's rules
       allreduce: auto                # auto | torus | bidirectional_ring | ring |
                                      # halving_doubling | tree (auto: torus, what XLA runs)
-      mesh: {data: 2, tensor: 2}     # device mesh, axes data | fsdp | tensor, -1: the rest
-                                     # (pod/config/mesh.py; default {data: every device})
+      mesh: {data: 2, tensor: 2}     # device mesh, axes data | stage | fsdp | tensor, -1:
+                                     # the rest (pod/config/mesh.py; default {data: every
+                                     # device}); stage: pipeline stages (the transformer)
       links:                         # slowed or failed directed ICI links
         - {link: "0->1", slowdown: 2.0}
         - {link: "1->2", failed: true}
@@ -43,6 +44,10 @@ default)::
       precision: bf16
       seed: 0
       eval_every_steps: 0            # 0: evaluate at the end only
+      microbatches: 8                # pipeline (pod.mesh stage > 1): microbatches per step
+                                     # (default: the stages)
+      pipeline_schedule: gpipe       # gpipe | 1f1b | circular
+      pipeline_repeats: 1            # circular: chunks of layers per stage
     metrics:
       port: 9188                     # 0 disables the Prometheus endpoint
       host: 127.0.0.1
@@ -139,6 +144,8 @@ MAX_BENCH_ITERATIONS = 1_000_000
 MAX_CPU_N, MAX_CPU_ITERATIONS = 8192, 10_000
 #: characters of a scenario's name and description
 MAX_NAME_CHARS, MAX_DESCRIPTION_CHARS = 128, 10_000
+#: chunks of layers per pipeline stage (the circular schedule's repeats)
+MAX_PIPELINE_REPEATS = 1024
 BENCHMARK_KINDS = ("matmul", "matrix_add")
 HOST_DISPATCH = ("device_loop", "per_step")
 
@@ -378,6 +385,13 @@ class TrainingConfig(_Frozen):
     # a step whose loss is NaN or infinite stops the run (exit 2, the checkpoints of the
     # steps before kept); true: go on training (what a diverging run does on hardware)
     continue_on_nonfinite_loss: bool = False
+    # pipeline parallelism over pod.mesh's stage axis (the transformer;
+    # pod/programs/pipeline.py): microbatches per step (MaxText num_pipeline_microbatches;
+    # default: the stages, as MaxText's -1), the schedule (gpipe | 1f1b | circular) and
+    # the circular schedule's repeats (num_pipeline_repeats: chunks of layers per stage)
+    microbatches: int | None = Field(default=None, gt=0, le=MAX_GLOBAL_BATCH)
+    pipeline_schedule: str = "gpipe"
+    pipeline_repeats: int = Field(default=1, gt=0, le=MAX_PIPELINE_REPEATS)
 
     @field_validator("precision")
     @classmethod
@@ -388,6 +402,13 @@ class TrainingConfig(_Frozen):
     @classmethod
     def _known_dispatch(cls, value: str) -> str:
         return _one_of(value, HOST_DISPATCH)
+
+    @field_validator("pipeline_schedule")
+    @classmethod
+    def _known_schedule(cls, value: str) -> str:
+        from pod.programs.pipeline_schedule import SCHEDULES
+
+        return _one_of(value, SCHEDULES)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> "TrainingConfig":
@@ -561,6 +582,9 @@ class SweepConfig(_Frozen):
                          "save_dot_except_mlpwi", "save_qkv_proj"], ...] | None = Field(
         default=None, min_length=1)
     per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
+        default=None, min_length=1)
+    # pipelines (a mesh with a stage axis): training.microbatches per point
+    microbatches: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
     steps: int = Field(default=2, gt=0, le=MAX_STEPS,
                        description="steps per point; the first is not timed")

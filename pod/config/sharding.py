@@ -31,7 +31,8 @@ from typing import Any
 from chip import ChipSpec
 
 from interconnect import (GROUP_ALGORITHMS, GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
-                          dcn_collective_seconds, group_collective_cost)
+                          dcn_collective_seconds, group_collective_cost,
+                          group_ppermute_cost)
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
 __all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
@@ -200,12 +201,15 @@ class MeshCollectiveCosts:
         """Every group of ``axis`` running ``op`` on ``nbytes`` per device at once.
 
         Args:
-            axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
-            op: allreduce, reduce_scatter or all_gather.
+            axis: a mesh axis (an absent axis or one of size 1 costs 0).
+            op: allreduce, reduce_scatter, all_gather or ppermute (every
+                device's buffer to the next position of its group in ring
+                order, cyclic: ``interconnect.group_ppermute_cost`` with shift 1;
+                a shift of -1, its mirror image, costs the same).
             nbytes: bytes of each device's input buffer in the dtype that moves
                 (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
-                an all-gather's piece, a reduce-scatter's or allreduce's whole
-                buffer).
+                an all-gather's piece, a reduce-scatter's, allreduce's or
+                ppermute's whole buffer).
 
         Returns:
             ``interconnect.group_collective_cost`` of the axis's groups (in one slice:
@@ -220,9 +224,9 @@ class MeshCollectiveCosts:
         Raises:
             ValueError: an unknown axis or op.
         """
-        if axis not in AXIS_NAMES or op not in GROUP_OPS:
+        if axis not in AXIS_NAMES or op not in (*GROUP_OPS, "ppermute"):
             raise ValueError(f"collective {op!r} over axis {axis!r}: axes {AXIS_NAMES}, "
-                             f"ops {GROUP_OPS}")
+                             f"ops {(*GROUP_OPS, 'ppermute')}")
         key = (axis, op, int(nbytes))
         with self._lock:
             hit = self._cache.get(key)
@@ -230,6 +234,8 @@ class MeshCollectiveCosts:
             return hit
         if self.mesh.axis_size(axis) <= 1:
             result = _FREE
+        elif op == "ppermute":
+            result = self._permute(axis, int(nbytes))
         elif self.mesh.dcn_size(axis) > 1:
             result = self._hierarchical(axis, op, int(nbytes))
         else:
@@ -237,6 +243,24 @@ class MeshCollectiveCosts:
         with self._lock:
             self._cache[key] = result
         return result
+
+    def _permute(self, axis: str, nbytes: int) -> ScheduleCost:
+        """A ppermute over the groups of ``axis`` in ring order (shift 1), within one
+        slice (``interconnect.group_ppermute_cost``).
+
+        Raises:
+            ValueError: the axis spans slices (a stage axis over the DCN is not
+                modelled; the plan refuses it first).
+        """
+        if self.mesh.dcn_size(axis) > 1:
+            raise ValueError(f"ppermute over {axis}, which spans slices, is not modelled")
+        one = self.mesh.in_slice
+        if axis not in one.axis_names or one.axis_size(axis) <= 1:
+            return _FREE
+        return group_ppermute_cost(self.torus, one.groups(axis, "ring"), nbytes // self.itemsize,
+                                   self.link, self.itemsize, self.faults,
+                                   devices_per_chip=one.devices_per_chip,
+                                   on_chip_bytes_per_s=self.on_chip_bytes_per_s)
 
     def _in_slice(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
         """``op`` over the groups of ``axis`` within one slice."""

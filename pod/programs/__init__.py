@@ -7,7 +7,10 @@
 - ``replicated``: data parallelism for any ``Model`` (gradient buckets
   allreduced over ``data``);
 - ``transformer``: the transformer on ``{data, fsdp, tensor}``; its FSDP
-  chunks in ``fsdp``, its tensor-parallel collectives in ``tensor``.
+  chunks in ``fsdp``, its tensor-parallel collectives in ``tensor``;
+- ``pipeline``: the transformer pipelined over a ``stage`` axis (its stages
+  sharded as ``transformer`` shards the whole model); its schedules (GPipe,
+  1F1B, circular) in ``pipeline_schedule``.
 
 ``build_program`` picks the program of a model. No Ray here: the runtime
 (``pod.runtime``) runs these programs on actors, threads or one timing-only
@@ -22,6 +25,9 @@ from pod.programs.collectives import (AXES, CollectiveCall, CollectivesBase, Dev
                                       LocalMesh, ShapeCollectives)
 from pod.programs.contract import DeviceCoords, DeviceProgram, DeviceShard, EvalSums, StepResult
 from pod.programs.fsdp import flat_chunk, pack_chunks, unpack_gathered
+from pod.programs.pipeline import PipelinedTransformer, run_ticks, stage_layers
+from pod.programs.pipeline_schedule import (SCHEDULES, PipelineSchedule, PipeOp, bubble_fraction,
+                                            build_schedule, check_pipeline)
 from pod.programs.replicated import ReplicatedProgram, combine_buckets
 from pod.programs.transformer import (ParamLayout, ShardedTransformer, check_tensor_split,
                                       device_param_elements, param_layout)
@@ -30,16 +36,20 @@ __all__ = ["AXES", "CollectiveCall", "CollectivesBase", "DeviceCollectives", "Lo
            "ShapeCollectives", "DeviceCoords", "DeviceProgram", "DeviceShard", "EvalSums",
            "StepResult", "ReplicatedProgram", "ShardedTransformer", "build_program",
            "check_tensor_split", "combine_buckets", "flat_chunk", "pack_chunks",
-           "unpack_gathered", "ParamLayout", "device_param_elements", "param_layout"]
+           "unpack_gathered", "ParamLayout", "device_param_elements", "param_layout",
+           "PipelinedTransformer", "run_ticks", "stage_layers", "SCHEDULES", "PipelineSchedule",
+           "PipeOp", "bubble_fraction", "build_schedule", "check_pipeline"]
 
 
 def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parallel: bool = False,
-                  bucket_elements: int | None = None) -> DeviceProgram:
+                  bucket_elements: int | None = None, microbatches: int | None = None,
+                  pipeline_schedule: str = "gpipe", pipeline_repeats: int = 1) -> DeviceProgram:
     """The device program of ``model`` on a mesh of these axis sizes.
 
     The transformer runs the sharded program on any mesh (on ``{data: N}`` it is
-    data parallelism with a gradient allreduce per layer); any other model runs
-    the replicated program (``{data: N}`` only).
+    data parallelism with a gradient allreduce per layer), the pipelined one on a
+    mesh with a ``stage`` axis; any other model runs the replicated program
+    (``{data: N}`` only).
 
     Args:
         model: a ``pod.workloads.Model``.
@@ -49,6 +59,8 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
         bucket_elements: the replicated program's gradient buckets hold at most
             this many elements (``combine_buckets``; XLA's combiner threshold);
             None: one bucket after the backward pass (no overlap).
+        microbatches: the pipeline's microbatches (None: the stages, MaxText's
+            default); pipeline_schedule, pipeline_repeats: its schedule and repeats.
 
     Raises:
         ValueError: a mesh the model's program cannot run (one line).
@@ -56,6 +68,12 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
     from pod.workloads.transformer import TransformerModel
 
     if isinstance(model, TransformerModel):
+        stages = int(sizes.get("stage", 1))
+        if stages > 1:
+            return PipelinedTransformer(model, sizes, optimizer,
+                                        microbatches=microbatches or stages,
+                                        schedule=pipeline_schedule, repeats=pipeline_repeats,
+                                        sequence_parallel=sequence_parallel)
         return ShardedTransformer(model, sizes, optimizer, sequence_parallel=sequence_parallel)
     buckets = (None if bucket_elements is None
                else combine_buckets(model.gradient_buckets(), bucket_elements))

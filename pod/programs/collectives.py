@@ -19,6 +19,13 @@ in that axis) through a :class:`DeviceCollectives`. The contract:
 - ``allreduce(axis, x)``: x (n,) -> (n,), the sum over the group; every
   member gets the same bits (one reduction, then copies, as a ring schedule
   does).
+- ``ppermute(axis, x, shift)``: x (n,) -> (n,), the x of the member ``shift``
+  positions before this one in ring order (cyclic: position p receives from
+  ``(p - shift) mod size``), as ``jax.lax.ppermute`` with ``perm = [(i, (i +
+  shift) % size)]``. The pipeline's stage-to-stage transfer. Its call says
+  where the device needs what it received (``CollectiveCall.wait_record``;
+  :func:`defer_wait` moves it to where the data is used), so the clock
+  (``pod.report.clock``) waits for the sender there and not before.
 - An axis of size 1 (or absent) is free: the input comes back unchanged and
   nothing is recorded.
 - Every other call appends a :class:`CollectiveCall` to ``calls`` with the
@@ -38,6 +45,7 @@ recorded, the results read-only zero views of the right size. No Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -49,7 +57,7 @@ import numpy as np
 
 __all__ = ["AXES", "COLLECTIVE_KINDS", "COLLECTIVE_OPS", "CollectiveKind", "CollectiveCall",
            "DeviceCollectives", "CollectivesBase", "LocalMesh", "LocalMeshCollectives",
-           "ShapeCollectives", "sum_in_order"]
+           "ShapeCollectives", "sum_in_order", "defer_wait"]
 
 AXES = ("data", "stage", "fsdp", "expert", "tensor")
 """Mesh axes, outermost first (as ``pod.config.mesh.AXIS_NAMES``; MaxText's order:
@@ -61,7 +69,7 @@ COLLECTIVE_KINDS: tuple[str, ...] = ("param_gather", "grad_reduce", "activation"
 grad_reduce: gradients (they overlap the rest of the backward pass);
 activation: tensor-parallel activations (the next op waits for them)."""
 
-COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "allreduce")
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "allreduce", "ppermute")
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,13 @@ class CollectiveCall:
             (collective matmul: decomposed into the matmul that produces it).
         overlap_after: records after it that may run before the compute waits
             for it (collective matmul: the matmul that consumes it).
+        shift: ppermute only: positions (ring order) each buffer moves; 0 for
+            the other ops.
+        wait_record: ppermute only: the record before which this device waits
+            for the piece it received (``after_record`` when it is used at
+            once; later when :func:`defer_wait` moved it), or None when the
+            piece carries nothing the device uses (the pipeline's idle
+            stages send zeros): then nothing waits for it.
     """
 
     axis: str
@@ -98,6 +113,26 @@ class CollectiveCall:
     after_record: int
     overlap_before: int = 0
     overlap_after: int = 0
+    shift: int = 0
+    wait_record: int | None = None
+
+
+def defer_wait(calls: list[CollectiveCall], index: int | None, record: int) -> None:
+    """Move the wait of ppermute call ``calls[index]`` to record ``record``: the device
+    uses what it received only from there on (the pipeline keeps a stage's input
+    until the tick it runs that microbatch). ``index`` None (no call was recorded: an
+    axis of size 1) does nothing.
+
+    Raises:
+        ValueError: not a ppermute, or a record before the call.
+    """
+    if index is None:
+        return
+    call = calls[index]
+    if call.op != "ppermute" or record < call.after_record:
+        raise ValueError(f"defer_wait: call {index} ({call.op} {call.tag!r}, after record "
+                         f"{call.after_record}) cannot wait at record {record}")
+    calls[index] = dataclasses.replace(call, wait_record=int(record))
 
 
 @runtime_checkable
@@ -123,6 +158,16 @@ class DeviceCollectives(Protocol):
     def allreduce(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
                   after_record: int) -> np.ndarray:
         """x (n,) float32 -> (n,): the group's sum."""
+
+    def ppermute(self, axis: str, x: np.ndarray, shift: int, *, tag: str, kind: str,
+                 after_record: int, used: bool = True, **wire: int) -> np.ndarray:
+        """x (n,) float32 -> (n,): the x of the member ``shift`` positions before."""
+
+    def align(self, point: int) -> None:
+        """A point every device of the mesh reaches in the same order (a pipeline tick):
+        the collectives after it are numbered from it (XLA's channel ids), so that
+        devices that issued different numbers of collectives before (stages of a
+        pipeline) agree on the next one's. Nothing in process."""
 
 
 def sum_in_order(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -179,7 +224,8 @@ class CollectivesBase:
         return axis
 
     def _call(self, op: str, axis: str, x, tag: str, kind: str, after_record: int,
-              itemsize: int = 4, overlap_before: int = 0, overlap_after: int = 0) -> np.ndarray:
+              itemsize: int = 4, overlap_before: int = 0, overlap_after: int = 0,
+              shift: int = 0) -> np.ndarray:
         size = self.axis_size(axis)
         if kind not in COLLECTIVE_KINDS:
             raise ValueError(f"collective kind {kind!r} is unknown; allowed: "
@@ -193,9 +239,12 @@ class CollectivesBase:
                              f"split into {size} equal chunks")
         if size == 1:
             return x
+        wait = int(after_record) if op == "ppermute" else None
         self.calls.append(CollectiveCall(axis, op, int(x.size) * int(itemsize), tag, kind,
                                          int(after_record), int(overlap_before),
-                                         int(overlap_after)))
+                                         int(overlap_after), int(shift), wait))
+        if op == "ppermute":
+            return self._permute(axis, x, int(shift))
         return self._exchange(axis, op, x)
 
     def all_gather(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
@@ -216,7 +265,35 @@ class CollectivesBase:
         ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
         return self._call("allreduce", axis, x, tag, kind, after_record, **wire)
 
+    def ppermute(self, axis: str, x: np.ndarray, shift: int, *, tag: str, kind: str,
+                 after_record: int, used: bool = True, **wire: int) -> np.ndarray:
+        """x (n,) float32 -> (n,): the x of the member ``shift`` positions before this one
+        in ring order (cyclic), as ``jax.lax.ppermute``. ``used``: this device uses what
+        it receives (the call's ``wait_record`` is ``after_record``; :func:`defer_wait`
+        moves it); False: it does not (no wait). ``wire``: ``itemsize`` of the recorded
+        call. On an axis of size 1 x comes back (a shift of a one-device ring).
+
+        Raises:
+            ValueError: a shift that is not an int, or a bad buffer (as every call).
+        """
+        if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
+            raise ValueError(f"ppermute {tag!r} over {axis}: shift {shift!r} is not an int")
+        count = len(self.calls)
+        out = self._call("ppermute", axis, x, tag, kind, after_record, shift=int(shift), **wire)
+        if not used and len(self.calls) > count:  # nothing waits for what it received
+            self.calls[-1] = dataclasses.replace(self.calls[-1], wait_record=None)
+        return out
+
+    def align(self, point: int) -> None:
+        """A point every device reaches in the same order (``DeviceCollectives.align``);
+        only a transport that numbers its runs needs it: nothing here."""
+
     def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _permute(self, axis: str, x: np.ndarray, shift: int) -> np.ndarray:
+        """The ppermute's exchange (axis of size > 1): the piece from position
+        ``(index - shift) mod size``."""
         raise NotImplementedError
 
 
@@ -237,6 +314,11 @@ class ShapeCollectives(CollectivesBase):
         size = self.axis_size(axis)
         n = {"all_gather": x.size * size, "reduce_scatter": x.size // size}.get(op, x.size)
         return timing_zeros((n,), np.float32)
+
+    def _permute(self, axis: str, x: np.ndarray, shift: int) -> np.ndarray:
+        from pod.workloads.layers import timing_zeros
+
+        return timing_zeros((x.size,), np.float32)
 
 
 class _Exchange:
@@ -278,6 +360,14 @@ class LocalMeshCollectives(CollectivesBase):
         n = x.size // len(parts)
         i = self.axis_index(axis)
         return sum_in_order([p[i * n:(i + 1) * n] for p in parts])
+
+    def _permute(self, axis: str, x: np.ndarray, shift: int) -> np.ndarray:
+        parts = self.mesh.exchange(axis, self.coords).swap(self.axis_index(axis), x)
+        source = parts[(self.axis_index(axis) - shift) % len(parts)]
+        if source.size != x.size:
+            raise ValueError(f"ppermute over {axis}: {x.size} elements here, {source.size} "
+                             "from the source (every member must pass the same size)")
+        return np.array(source, dtype=np.float32, copy=True)
 
 
 class LocalMesh:

@@ -482,14 +482,23 @@ class ShardedTransformer:
         the embedding see this device's sequence chunk only."""
         caches = []
         hooks = self._hooks(core, comm, phase)
-        for i, layer in enumerate(self.local_model.layers):
-            p = self._gather(core, comm, shard, i, phase)
-            hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
-            x, cache = layer.forward(core, p, x, training=training, **hook)
-            if i == 0 and self.sequence_parallel:
-                x = x[:, self.sequence_slice(shard.coords)]                # (B, T / tensor, C)
+        for i in range(len(self.local_model.layers)):
+            x, cache = self._layer_forward(core, comm, shard, i, x, phase, hooks,
+                                           training=training)
             caches.append(cache)
         return x, caches
+
+    def _layer_forward(self, core, comm, shard, i, x, phase, hooks, *, training):
+        """Layer i's forward: its parameters gathered, its tensor operators; after the
+        embedding, with sequence parallelism, this device's sequence chunk. Returns
+        (output, cache)."""
+        layer = self.local_model.layers[i]
+        p = self._gather(core, comm, shard, i, phase)
+        hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
+        x, cache = layer.forward(core, p, x, training=training, **hook)
+        if i == 0 and self.sequence_parallel:
+            x = x[:, self.sequence_slice(shard.coords)]                    # (B, T / tensor, C)
+        return x, cache
 
     def _backward(self, core, comm, shard, caches, dy) -> dict[str, np.ndarray]:
         """Backward through the layers, last first; a layer's gradients leave as
@@ -499,25 +508,40 @@ class ShardedTransformer:
         grads: dict[str, np.ndarray] = {}
         chunks: dict[str, np.ndarray] = {}
         for i in range(len(layers) - 1, -1, -1):
-            layer = layers[i]
-            p = self._gather(core, comm, shard, i, "bwd") if layer.backward_reads_params else {}
-            hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
-            if i == 0 and self.sequence_parallel:  # the embedding saw the whole sequence
-                shape = (dy.shape[0], self.model.config.sequence_length, dy.shape[2])
-                if core.execute:
-                    full = np.zeros(shape, dy.dtype)
-                    full[:, self.sequence_slice(shard.coords)] = dy
-                    dy = full
-                else:
-                    dy = timing_zeros(shape, dy.dtype)
-            dy, g = layer.backward(core, p, caches[i], dy, need_dx=i > 0, **hook)
-            for key, local in self._keys[i]:
-                grads[key] = g[local] if key not in grads else vector_op(
-                    core, f"{layer.name}/tied_grad_sum", np.add, grads[key], g[local],
-                    out=(g[local].shape, np.float32))
-            chunks.update(self._reduce(core, comm, layer.name,
+            dy = self._layer_backward(core, comm, shard, i, caches[i], dy, hooks, grads, "tied")
+            chunks.update(self._reduce(core, comm, layers[i].name,
                                        {k: grads.pop(k) for k in self._owned[i]}))
         return chunks
+
+    def _layer_backward(self, core, comm, shard, i, cache, dy, hooks, grads, sum_name):
+        """Layer i's backward: its parameters gathered if it reads them, its tensor
+        operators; its gradients added into ``grads`` (by model key; a key already
+        there is summed by a VPU op "<layer>/<sum_name>_grad_sum": a tied parameter,
+        or the microbatches of a pipeline). Returns the input gradient (None for the
+        embedding)."""
+        layer = self.local_model.layers[i]
+        p = self._gather(core, comm, shard, i, "bwd") if layer.backward_reads_params else {}
+        hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
+        if i == 0 and self.sequence_parallel:  # the embedding saw the whole sequence
+            shape = (dy.shape[0], self.model.config.sequence_length, dy.shape[2])
+            if core.execute:
+                full = np.zeros(shape, dy.dtype)
+                full[:, self.sequence_slice(shard.coords)] = dy
+                dy = full
+            else:
+                dy = timing_zeros(shape, dy.dtype)
+        dy, g = layer.backward(core, p, cache, dy, need_dx=i > 0, **hook)
+        for key, local in self._keys[i]:
+            grads[key] = g[local] if key not in grads else vector_op(
+                core, f"{layer.name}/{sum_name}_grad_sum", np.add, grads[key], g[local],
+                out=(g[local].shape, np.float32))
+        return dy
+
+    @property
+    def gradient_divisor(self) -> int:
+        """The gradients' sum over the devices is divided by this: the token shards
+        (:attr:`token_shards`; a pipeline multiplies it by its microbatches)."""
+        return self.token_shards
 
     def _reduce(self, core, comm, name: str, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A layer's gradients -> this device's chunks of the global-batch mean:
@@ -534,8 +558,8 @@ class ShardedTransformer:
         part = comm.allreduce("data", part, **kw, after_record=len(core.records))
         if self.sequence_parallel and self.tensor > 1:  # replicated params saw a chunk each
             part = self._reduce_replicated(core, comm, name, grads, widths, part)
-        if self.token_shards > 1:
-            scale = np.float32(1.0 / self.token_shards)
+        if self.gradient_divisor > 1:
+            scale = np.float32(1.0 / self.gradient_divisor)
             part = vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
                              out=(part.shape, np.float32))
         if not core.execute:

@@ -1,7 +1,9 @@
-"""What bounds a simulated step: MXU, VPU, HBM, ICI (which torus axis), latency, host.
+"""What bounds a simulated step: MXU, VPU, HBM, ICI (which torus axis), latency, host,
+the pipeline bubble.
 
 A step's simulated time is its critical path (``StepStats.step_seconds``):
-dispatch + exposed infeed + compute + exposed collectives + update, from the
+dispatch + exposed infeed + compute + exposed collectives + the pipeline
+bubble + update, from the
 one clock of every mesh (``pod.report.clock``). Each part is split by what
 bounds it, from figures the step already carries:
 
@@ -13,7 +15,8 @@ bounds it, from figures the step already carries:
   (per-hop latency and the fixed cost per collective: the rest), in the
   proportions of that axis's collectives in the step (their
   ``ScheduleCost``s);
-- dispatch and exposed infeed: "host".
+- dispatch and exposed infeed: "host";
+- the waits for other pipeline stages: "bubble" (a mesh with a stage axis).
 
 The bound of the step is the category with the most seconds; the ICI label
 names the torus axes of the busiest links ("ICI x", "ICI x+y").
@@ -27,7 +30,7 @@ from typing import Any, Sequence
 __all__ = ["BOUND_CATEGORIES", "StepBounds", "step_bounds", "busiest_axes"]
 
 #: The categories a step's critical path is split into, in plot order.
-BOUND_CATEGORIES = ("mxu", "vpu", "hbm", "ici", "latency", "host")
+BOUND_CATEGORIES = ("mxu", "vpu", "hbm", "ici", "latency", "host", "bubble")
 
 AXIS_NAMES = "xyz"
 _OP_CATEGORY = {"mxu": "mxu", "vpu": "vpu", "hbm": "hbm", "scalar": "latency"}
@@ -62,10 +65,13 @@ class StepBounds:
 
     @property
     def label(self) -> str:
-        """The bound as people say it: "MXU", "HBM", "ICI x+y", "latency", "host"."""
+        """The bound as people say it: "MXU", "HBM", "ICI x+y", "latency", "host",
+        "pipeline bubble"."""
         bound = self.bound
         if bound == "ici" and self.ici_axes:
             return f"ICI {self.ici_axes}"
+        if bound == "bubble":
+            return "pipeline bubble"
         return bound.upper() if bound in ("mxu", "vpu", "hbm", "ici") else bound
 
 
@@ -118,6 +124,7 @@ def step_bounds(stats: Any, costs: Any, torus: Any) -> StepBounds:
     out = dict.fromkeys(BOUND_CATEGORIES, 0.0)
     out["host"] += (stats.dispatch_seconds + stats.exposed_infeed_seconds
                     + getattr(stats, "exposed_host_offload_seconds", 0.0))
+    out["bubble"] += getattr(stats, "pipeline_bubble_seconds", 0.0)
     _split(stats.compute_seconds, stats.compute_bound_seconds, out)
     _split(stats.update_seconds, stats.update_bound_seconds, out)
     busy: dict[str, float] = {}

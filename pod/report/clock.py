@@ -30,13 +30,29 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   for it but the optimizer: the records from ``update_start`` on (the
   optimizer's) start only once every grad_reduce has ended.
 
+- ``ppermute`` over the ``stage`` axis (the pipeline's stage-to-stage
+  transfers, ``pod.programs.pipeline``): the stages of a pipeline are clocked
+  together (:func:`device_clocks`). A device's send goes on its ICI stream
+  when its compute stream reaches the call; what it receives comes from the
+  source's send, and it waits for it only where it uses it
+  (``CollectiveCall.wait_record``; never, for a piece that carries nothing it
+  uses): the dataflow of the schedule, each stage running its ops back to
+  back wherever their inputs are ready. A wait up to the moment the source
+  reached its send is the **pipeline bubble** (the source stage was still
+  busy, or idle itself); the rest, the transfer, is exposed ``stage`` time.
+  Any other collective over ``stage`` starts once every stage reached it
+  (the wait for the others is the bubble too).
+  With stages of equal cost and free transfers GPipe's bubble is ``(S - 1)
+  (F + B)`` on the first stage, the closed form ``(S - 1) / (M + S - 1)`` of
+  its forward and backward time (``pod.programs.pipeline_schedule``).
+
 With ``overlap=False`` (``training.overlap: false``: for teaching, and for
 what XLA fails to overlap) every collective blocks where it is issued: the
 step is the serial sum of its records and collectives.
 
 The step ends when every stream has. What the compute stream waits is the
 *exposed* collective time, each wait charged to the axis of the collective it
-waited for. The serial sum (every record and every collective one after
+waited for (the pipeline bubble apart). The serial sum (every record and every collective one after
 another) is reported beside it, an upper bound.
 """
 
@@ -51,7 +67,15 @@ import numpy as np
 from pod.programs.collectives import COLLECTIVE_KINDS
 
 __all__ = ["CollectiveSpan", "StepClock", "step_clock", "COLLECTIVE_KINDS", "DeviceReport",
-           "StepContext", "device_clock", "combine_device_reports"]
+           "StepContext", "device_clock", "device_clocks", "combine_device_reports", "BUBBLE",
+           "PIPELINE_AXIS"]
+
+#: What the compute stream's waits for another pipeline stage are charged to (the
+#: ``waits`` of a :class:`StepClock`, the trace's compute lane).
+BUBBLE = "pipeline bubble"
+
+#: The mesh axis whose devices are clocked together (the pipeline's stages).
+PIPELINE_AXIS = "stage"
 
 
 @dataclass(frozen=True)
@@ -93,7 +117,10 @@ class StepClock:
             ``compute_seconds``).
         exposed_host_seconds: the part of them the compute stream waited for.
         waits: the compute stream's waits (start, end, the axis of the collective
-            it waited for), simulated seconds from the step's start (for the trace).
+            it waited for, or :data:`BUBBLE`), simulated seconds from the step's
+            start (for the trace).
+        bubble_seconds: what the compute stream waited for other pipeline stages
+            to reach their sends (the pipeline bubble; not in ``exposed_seconds``).
     """
 
     step_seconds: float
@@ -109,6 +136,7 @@ class StepClock:
     waits: tuple[tuple[float, float, str], ...] = ()
     host_seconds: float = 0.0
     exposed_host_seconds: float = 0.0
+    bubble_seconds: float = 0.0
 
 
 class _Ici:
@@ -150,13 +178,14 @@ HOST_OUT, HOST_IN = "host_out", "host_in"
 class _Stream:
     """The compute stream: records back to back, waiting where a collective is due.
 
-    ``waits`` holds pending (record index, end, axis): before running that record
-    the stream waits until ``end`` (charged to ``axis``). Host-link transfers
-    (``kinds`` HOST_OUT / HOST_IN) run on a DMA stream of their own beside the
-    compute, as XLA's async host offload does: an offload starts when its tensor
-    is made and nothing waits for it but the step's end; a reload is prefetched
-    one reload ahead and the compute waits for it where it is needed. Their time
-    the compute waited is charged to "host".
+    ``pending`` holds (record index, end, axis, bubble until): before running that
+    record the stream waits until ``bubble until`` (the pipeline bubble), then until
+    ``end`` (charged to ``axis``). Host-link transfers (``kinds`` HOST_OUT /
+    HOST_IN) run on a DMA stream of their own beside the compute, as XLA's async
+    host offload does: an offload starts when its tensor is made and nothing waits
+    for it but the step's end; a reload is prefetched one reload ahead and the
+    compute waits for it where it is needed. Their time the compute waited is
+    charged to "host".
     """
 
     def __init__(self, seconds: Sequence[float], update_start: int,
@@ -173,12 +202,14 @@ class _Stream:
         self.t = 0.0
         self.done = 0
         self.starts: list[float] = []
-        self.pending: list[tuple[int, float, str]] = []
+        self.pending: list[tuple[int, float, str, float]] = []
         self.exposed: dict[str, float] = {}
         self.waits: list[tuple[float, float, str]] = []
-        self.grad_end, self.grad_axis = 0.0, ""
+        self.grad_end, self.grad_axis, self.grad_bubble = 0.0, "", 0.0
 
-    def wait(self, until: float, axis: str) -> None:
+    def wait(self, until: float, axis: str, bubble_until: float = 0.0) -> None:
+        if bubble_until > self.t:
+            self.wait(min(bubble_until, until), BUBBLE)
         if until > self.t:
             self.waits.append((self.t, until, axis))
             self.exposed[axis] = self.exposed.get(axis, 0.0) + until - self.t
@@ -188,11 +219,11 @@ class _Stream:
         while True:
             for due in [w for w in self.pending if w[0] <= self.done]:
                 self.pending.remove(due)
-                self.wait(due[1], due[2])
+                self.wait(due[1], due[2], due[3])
             if self.done >= index:
                 return
             if self.done == self.update_start:  # the optimizer waits for the gradients
-                self.wait(self.grad_end, self.grad_axis)
+                self.wait(self.grad_end, self.grad_axis, self.grad_bubble)
             self.starts.append(self.t)
             if self.done in self.host_record_seconds:
                 self._host(self.done)
@@ -215,17 +246,34 @@ class _Stream:
         return self.starts[index] if 0 <= index < len(self.starts) else self.t
 
 
+@dataclass(frozen=True)
+class _Reach:
+    """What a device tells its pipeline stages when it reaches a collective over the
+    stage axis: the op and its shift, when its compute stream got there, and (a
+    ppermute) when its own send lands."""
+
+    op: str
+    shift: int
+    ready: float
+    end: float
+
+
 def step_clock(records: Sequence[Any], calls: Sequence[Any],
                cost_seconds: Callable[[str, str, int], float],
                update_start: int | None = None, *, overlap: bool = True,
                kinds: Sequence[str] | None = None) -> StepClock:
     """Place a device's op records and collective calls in time (module docstring).
 
+    Alone, a device stands for all of its pipeline stages: what it receives by a
+    ppermute left its source when it sent its own (use :func:`device_clocks` to
+    clock the stages of a pipeline together).
+
     Args:
         records: its op records in issue order (``.seconds`` simulated).
         calls: its collective calls in issue order (``.axis``, ``.op``, ``.nbytes``,
             ``.kind``, ``.after_record``, ``.tag``; optional ``.overlap_before`` and
-            ``.overlap_after``, records of collective matmul).
+            ``.overlap_after``, records of collective matmul; ``.shift`` and
+            ``.wait_record`` of a ppermute).
         cost_seconds: (axis, op, nbytes) -> simulated seconds of the collective
             over every group of the axis (the plan's ``MeshCollectiveCosts.seconds``).
         update_start: the optimizer's first record; None: after the last grad_reduce.
@@ -241,6 +289,22 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
         ValueError: a call of an unknown kind, or an ``after_record`` outside
             ``0..len(records)`` or decreasing.
     """
+    timeline = _timeline(records, calls, cost_seconds, update_start, overlap, sync=False,
+                         kinds=kinds)
+    try:
+        next(timeline)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a timeline without sync never yields")  # pragma: no cover
+
+
+def _timeline(records: Sequence[Any], calls: Sequence[Any],
+              cost_seconds: Callable[[str, str, int], float], update_start: int | None,
+              overlap: bool, sync: bool, kinds: Sequence[str] | None = None):
+    """:func:`step_clock` as a generator: with ``sync`` it yields a :class:`_Reach` at
+    every call over :data:`PIPELINE_AXIS` and takes back (ready, end): the source's
+    ready time and the end of its send (a ppermute), or the stages' latest ready
+    time (any other collective). Returns the :class:`StepClock`."""
     n = len(records)
     if update_start is None:
         update_start = max((c.after_record for c in calls if c.kind == "grad_reduce"), default=n)
@@ -256,31 +320,53 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
         last_after = call.after_record
         stream.run_until(call.after_record)
         cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
+        synced = sync and call.axis == PIPELINE_AXIS
+        axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
+        axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
+        if call.op == "ppermute":
+            start, end = ici.setdefault(call.axis, _Ici()).place(stream.t, cost)
+            reach = _Reach(call.op, int(getattr(call, "shift", 0)), stream.t, end)
+            src_ready, src_end = (yield reach) if synced else (reach.ready, reach.end)
+            spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
+                                        int(call.nbytes), start, end))
+            if not overlap:
+                stream.wait(end, call.axis)
+            wait = getattr(call, "wait_record", None)
+            if wait is not None:
+                stream.pending.append((min(n, int(wait)), src_end, call.axis, src_ready))
+            continue
+        group_ready = (yield _Reach(call.op, 0, stream.t, 0.0))[0] if synced else 0.0
         before = int(getattr(call, "overlap_before", 0)) if overlap else 0
         after = int(getattr(call, "overlap_after", 0)) if overlap else 0
         if call.kind == "param_gather" and overlap:
             ready = prev_gather
         else:
             ready = stream.start_of(call.after_record - before) if before else stream.t
-        start, end = ici.setdefault(call.axis, _Ici()).place(ready, cost)
+        start, end = ici.setdefault(call.axis, _Ici()).place(max(ready, group_ready), cost)
         spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
                                     int(call.nbytes), start, end))
         if call.kind == "param_gather":
             prev_gather = stream.t
         if call.kind == "grad_reduce" and overlap:
             if end >= stream.grad_end:
-                stream.grad_end, stream.grad_axis = end, call.axis
+                stream.grad_end, stream.grad_axis, stream.grad_bubble = end, call.axis, group_ready
         elif after:
-            stream.pending.append((min(n, call.after_record + after), end, call.axis))
+            stream.pending.append((min(n, call.after_record + after), end, call.axis,
+                                   group_ready))
         else:
-            stream.wait(end, call.axis)
-        axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
-        axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
+            stream.wait(end, call.axis, group_ready)
+    return _finish(stream, spans, axis_bytes, axis_seconds)
+
+
+def _finish(stream: _Stream, spans: list[CollectiveSpan], axis_bytes: dict[str, int],
+            axis_seconds: dict[str, float]) -> StepClock:
+    """The rest of the records, the waits still due, and the clock's figures."""
+    n, update_start = len(stream.seconds), stream.update_start
     stream.run_until(n)
     if update_start >= n:  # no optimizer records: the step waits for the gradients anyway
-        stream.wait(stream.grad_end, stream.grad_axis)
-    for _, end, axis in stream.pending:
-        stream.wait(end, axis)
+        stream.wait(stream.grad_end, stream.grad_axis, stream.grad_bubble)
+    for _, end, axis, bubble in list(stream.pending):
+        stream.wait(end, axis, bubble)
     last = max(spans, key=lambda sp: sp.end, default=None)
     if last is not None:  # collectives still running when compute is done
         stream.wait(last.end, last.axis)
@@ -289,14 +375,15 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
     compute, update = sum(seconds[:update_start]), sum(seconds[update_start:])
     total = sum(axis_seconds.values())
     exposed_host = stream.exposed.pop("host", 0.0)
+    bubble = stream.exposed.pop(BUBBLE, 0.0)
     return StepClock(step_seconds=stream.t, compute_seconds=compute, update_seconds=update,
                      collective_seconds=total,
-                     exposed_seconds=stream.t - compute - update - exposed_host,
+                     exposed_seconds=stream.t - compute - update - exposed_host - bubble,
                      serial_seconds=compute + update + total + stream.host_seconds,
                      axis_bytes=axis_bytes, axis_seconds=axis_seconds,
                      axis_exposed_seconds=stream.exposed, spans=tuple(spans),
                      waits=tuple(stream.waits), host_seconds=stream.host_seconds,
-                     exposed_host_seconds=exposed_host)
+                     exposed_host_seconds=exposed_host, bubble_seconds=bubble)
 
 
 @dataclass(frozen=True)
@@ -316,6 +403,9 @@ class DeviceReport:
         hbm_used_bytes, hbm_peak_bytes, hbm_capacity_bytes: its HBM.
         trace: its op rows (name, unit, seconds, flops, hbm_bytes, bound); empty
             unless traced.
+        stage_group: the device ids of its pipeline stages (its group along
+            ``stage``, ring order; empty without a stage axis): the devices
+            :func:`device_clocks` clocks together.
     """
 
     device: int
@@ -329,6 +419,7 @@ class DeviceReport:
     hbm_peak_bytes: int = 0
     hbm_capacity_bytes: int = 0
     trace: tuple[tuple[Any, ...], ...] = ()
+    stage_group: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -342,6 +433,70 @@ def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], f
     (``MeshCollectiveCosts.seconds``)."""
     return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
                       report.update_start, overlap=overlap, kinds=report.record_bounds)
+
+
+def device_clocks(reports: Sequence[DeviceReport],
+                  cost_seconds: Callable[[str, str, int], float], *,
+                  overlap: bool = True) -> list[StepClock]:
+    """Every device's :class:`StepClock`, the stages of a pipeline clocked together: the
+    devices of one ``stage_group`` run their timelines side by side, meeting at each
+    collective over the stage axis (module docstring); a device without a stage
+    group is clocked alone (:func:`device_clock`).
+
+    Returns:
+        The clocks, in the order of ``reports``.
+
+    Raises:
+        ValueError: a stage group whose devices are not all among the reports, or
+            whose devices issued different collectives over the stage axis.
+    """
+    by_device = {r.device: i for i, r in enumerate(reports)}
+    clocks: list[StepClock | None] = [None] * len(reports)
+    for i, r in enumerate(reports):
+        if clocks[i] is not None:
+            continue
+        if len(r.stage_group) <= 1:
+            clocks[i] = device_clock(r, cost_seconds, overlap=overlap)
+            continue
+        missing = [d for d in r.stage_group if d not in by_device]
+        if missing:
+            raise ValueError(f"the pipeline stages {r.stage_group} of device {r.device} are "
+                             f"clocked together; the reports lack devices {missing}")
+        members = [by_device[d] for d in r.stage_group]
+        for index, clock in zip(members, _clock_stages([reports[j] for j in members],
+                                                       cost_seconds, overlap)):
+            clocks[index] = clock
+    return [c for c in clocks if c is not None]
+
+
+def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: Callable[[str, str, int], float],
+                  overlap: bool) -> list[StepClock]:
+    """The timelines of one stage group (``reports`` in ring order) side by side: at
+    the k-th stage-axis collective each device learns its source's send (a
+    ppermute: the member ``shift`` positions before) or the latest arrival."""
+    timelines = [_timeline([_Seconds(x) for x in r.record_seconds], r.calls, cost_seconds,
+                           r.update_start, overlap, sync=True, kinds=r.record_bounds)
+                 for r in reports]
+    out: list[Any] = [None] * len(reports)
+    replies: list[Any] = [None] * len(reports)
+    while True:
+        reached: list[_Reach | None] = []
+        for i, timeline in enumerate(timelines):
+            try:
+                reached.append(timeline.send(replies[i]))  # the first send(None) starts it
+            except StopIteration as done:
+                out[i] = done.value
+                reached.append(None)
+        if all(r is None for r in reached):
+            return out
+        kinds = {(r.op, r.shift) for r in reached if r is not None}
+        if any(r is None for r in reached) or len(kinds) > 1:
+            raise ValueError(f"the pipeline stages {tuple(r.device for r in reports)} issued "
+                             f"different collectives over the stage axis: {sorted(kinds)}")
+        got = [r for r in reached if r is not None]
+        latest = max(r.ready for r in got)
+        replies = [(got[(i - r.shift) % len(got)].ready, got[(i - r.shift) % len(got)].end)
+                   if r.op == "ppermute" else (latest, 0.0) for i, r in enumerate(got)]
 
 
 @dataclass(frozen=True)
@@ -398,9 +553,9 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     """A step's ``StepStats`` from every device's report (or, timing-only, one device
     that stands for ``replicate`` devices).
 
-    The step is the slowest device's clock (:func:`step_clock` over its records
+    The step is the slowest device's clock (:func:`device_clocks`: its records
     and calls, the collectives costed by ``costs.seconds`` over every group of
-    their axis at once), plus the exposed infeed (``infeed_bytes`` of the
+    their axis at once, a pipeline's stages clocked together), plus the exposed infeed (``infeed_bytes`` of the
     busiest chip over the host link, hidden behind the step before with
     overlap) and the host dispatch.
 
@@ -421,7 +576,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     """
     from pod.report.stats import StepStats
 
-    clocks = [device_clock(r, costs.seconds, overlap=context.overlap) for r in reports]
+    clocks = device_clocks(reports, costs.seconds, overlap=context.overlap)
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
     c, r = clocks[slow], reports[slow]
     hardware = replicate * int(sum(x.mxu_flops for x in reports))
@@ -457,5 +612,6 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
         axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
         collective_spans=c.spans, compute_waits=c.waits,
+        pipeline_bubble_seconds=c.bubble_seconds,
         compute_bound_seconds=_bounds(r, 0, update_start),
         update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)))

@@ -88,6 +88,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{summary['exposed_host_offload_seconds'] * 1e3:.4f} ms of "
             f"{summary['host_offload_seconds'] * 1e3:.4f}", "simulated")]
           if summary.get("host_offload_seconds") else []),
+        *_bubble_rows(summary),
         ("  update", f"{summary['update_seconds'] * 1e3:.4f} ms", "simulated"),
         ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s"
                        + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),
@@ -124,6 +125,19 @@ def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
     slices = (f"; {summary.get('slices', 1)} slices over the DCN ("
               + ", ".join(f"{a} x{n}" for a, n in dcn.items()) + ")" if dcn else "")
     return ("mesh", f"{{{axes}}}{each}{algorithm}{slices}", "")
+
+
+def _bubble_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The pipeline bubble (a mesh with a stage axis): its time per step and its share
+    of the forward and backward passes, with the schedule."""
+    pipe = summary.get("pipeline")
+    if not pipe:
+        return []
+    repeats = f", {pipe['repeats']} repeats" if pipe["repeats"] > 1 else ""
+    return [("  pipeline bubble", f"{summary['pipeline_bubble_seconds'] * 1e3:.4f} ms "
+                                  f"({summary['pipeline_bubble_fraction']:.0%} of fwd+bwd; "
+                                  f"{pipe['schedule']}, {pipe['stages']} stages x "
+                                  f"{pipe['microbatches']} microbatches{repeats})", "simulated")]
 
 
 def _axis_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pod.errors import OutputError
-from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu
+from pod.report.stats import (StepStats, StepTotals, maxtext_flops, mfu,
+                               pipeline_bubble_fraction)
 from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
@@ -117,19 +118,7 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         **{k.replace("_flops_", "_tflops_"): v / step_seconds / 1e12
            for k, v in maxtext_flops(plan.model, plan.global_batch / plan.mesh.size).items()},
         "hfu": mfu(mean("hardware_flops"), step_seconds, pod.peak_bf16_flops_per_s),
-        "infeed_seconds": mean("infeed_seconds"),
-        "compute_seconds": mean("compute_seconds"),
-        "collective_seconds": mean("collective_seconds"),
-        "exposed_collective_seconds": mean("exposed_collective_seconds"),
-        "exposed_infeed_seconds": mean("exposed_infeed_seconds"),
-        "dispatch_seconds": mean("dispatch_seconds"),
-        "serial_step_seconds": mean("serial_step_seconds"),
-        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_collective_seconds")
-                                              / mean("collective_seconds")))
-                             if mean("collective_seconds") > 0 else 0.0),
-        "update_seconds": mean("update_seconds"),
-        "host_offload_seconds": mean("host_offload_seconds"),
-        "exposed_host_offload_seconds": mean("exposed_host_offload_seconds"),
+        **_step_parts(mean),
         "collectives_by_axis": {
             axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
                    "simulated_seconds": mean(f"{axis}_collective_seconds"),
@@ -144,6 +133,29 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "hbm_peak_bytes": totals.hbm_peak_bytes,
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
+    }
+
+
+def _step_parts(mean: Any) -> dict[str, float]:
+    """The summary's parts of a step (means over the steps, seconds) and the shares
+    derived from them (overlap, pipeline bubble)."""
+    return {
+        "infeed_seconds": mean("infeed_seconds"),
+        "compute_seconds": mean("compute_seconds"),
+        "collective_seconds": mean("collective_seconds"),
+        "exposed_collective_seconds": mean("exposed_collective_seconds"),
+        "exposed_infeed_seconds": mean("exposed_infeed_seconds"),
+        "dispatch_seconds": mean("dispatch_seconds"),
+        "serial_step_seconds": mean("serial_step_seconds"),
+        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_collective_seconds")
+                                              / mean("collective_seconds")))
+                             if mean("collective_seconds") > 0 else 0.0),
+        "update_seconds": mean("update_seconds"),
+        "host_offload_seconds": mean("host_offload_seconds"),
+        "exposed_host_offload_seconds": mean("exposed_host_offload_seconds"),
+        "pipeline_bubble_seconds": mean("pipeline_bubble_seconds"),
+        "pipeline_bubble_fraction": pipeline_bubble_fraction(mean("pipeline_bubble_seconds"),
+                                                             mean("compute_seconds")),
     }
 
 
@@ -186,7 +198,23 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "steps": steps,
         "global_batch": plan.global_batch,
         "per_device_batch": plan.per_device_batch,
+        **_pipeline(plan),
     }
+
+
+def _pipeline(plan: Any) -> dict[str, Any]:
+    """The pipeline's figures (a mesh with a stage axis): stages, microbatches, schedule,
+    repeats; nothing without one."""
+    from pod.config.pipeline import pipeline_microbatches
+
+    stages = plan.mesh.axis_size("stage")
+    if stages == 1:
+        return {}
+    training = plan.scenario.training
+    return {"pipeline": {"stages": stages,
+                         "microbatches": pipeline_microbatches(training, plan.mesh),
+                         "schedule": training.pipeline_schedule,
+                         "repeats": training.pipeline_repeats}}
 
 
 def reliability(events: list[dict[str, Any]], checkpoints: Any | None, resumed: Any | None,

@@ -82,7 +82,7 @@ def _plots_svg(steps: Sequence[Mapping[str, float]]) -> str:
     left.set(xlabel="step", ylabel="loss", title="loss")
     left.legend(fontsize=8)
     parts = ("exposed_infeed_seconds", "compute_seconds", "exposed_collective_seconds",
-             "update_seconds")
+             "pipeline_bubble_seconds", "update_seconds")
     right.stackplot(x, *[[s.get(p, 0.0) * 1e3 for s in steps] for p in parts],
                     labels=[p.replace("_seconds", "").replace("_", " ") for p in parts])
     right.set(xlabel="step", ylabel="ms (simulated)", title="step time, critical path (simulated)")

@@ -249,6 +249,9 @@ class PodMetrics:
                             ("exposed_infeed", stats.exposed_infeed_seconds),
                             ("exposed_collective", stats.exposed_collective_seconds),
                             ("dispatch", stats.dispatch_seconds),
+                            ("pipeline_bubble", stats.pipeline_bubble_seconds),
+                            ("host_offload", stats.host_offload_seconds),
+                            ("exposed_host_offload", stats.exposed_host_offload_seconds),
                             ("update", stats.update_seconds)):
             self.part_seconds.labels(part).set(value)
         self.overlap.set(stats.overlap_fraction)

@@ -15,7 +15,8 @@ from typing import Any, Iterable
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "maxtext_flops", "op_bound",
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "maxtext_flops",
+           "pipeline_bubble_fraction", "op_bound",
            "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER", "TOTAL_FIELDS"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
@@ -32,6 +33,13 @@ def op_bound(record: Any) -> str:
 #: One host call into the TPU, seconds (``chip.calibration``: [PALLAS] C3). Charged per
 #: step only with ``training.host_dispatch: per_step``; training loops run on the device.
 HOST_DISPATCH_SECONDS = _HOST_DISPATCH_SECONDS
+
+
+def pipeline_bubble_fraction(bubble_seconds: float, compute_seconds: float) -> float:
+    """The pipeline bubble's share of the forward and backward passes: bubble /
+    (compute + bubble), 0 when both are 0 (the one formula: a step's and a summary's)."""
+    total = bubble_seconds + compute_seconds
+    return bubble_seconds / total if total > 0 else 0.0
 
 
 def maxtext_flops(model: Any, per_device_batch: float) -> dict[str, float]:
@@ -114,7 +122,8 @@ class StepStats:
 
     Simulated step time = dispatch + exposed infeed + the slowest device's
     critical path (``pod.report.clock``): its forward + backward (compute),
-    the collectives its compute stream waited for (exposed), its update. With
+    the collectives its compute stream waited for (exposed), its waits for
+    other pipeline stages (the pipeline bubble), its update. With
     ``training.overlap`` the collectives run behind the compute as XLA's async
     collectives do and the next batch's infeed behind this step; without it
     both are fully exposed and the step is the plain sum
@@ -171,6 +180,9 @@ class StepStats:
         test_loss, test_accuracy: the held-out evaluation after this step, where
             the run evaluated (``training.eval_every_steps`` and the last step);
             None elsewhere.
+        pipeline_bubble_seconds: what the slowest device's compute stream waited
+            for other pipeline stages (``pod.report.clock``; 0 without a stage
+            axis).
     """
 
     step: int
@@ -210,6 +222,7 @@ class StepStats:
     update_bound_seconds: dict[str, float] = field(default_factory=dict)
     test_loss: float | None = None
     test_accuracy: float | None = None
+    pipeline_bubble_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:
@@ -224,13 +237,23 @@ class StepStats:
         """Simulated step time in seconds: the critical path."""
         return (self.dispatch_seconds + self.exposed_infeed_seconds + self.compute_seconds
                 + self.exposed_collective_seconds + self.exposed_host_offload_seconds
+                + self.pipeline_bubble_seconds
                 + self.update_seconds)
 
     @property
     def serial_step_seconds(self) -> float:
-        """Simulated step time with nothing overlapped (the sum of the parts, an upper bound)."""
+        """Simulated step time with nothing overlapped (the sum of the parts, an upper bound;
+        the pipeline bubble counts whole: nothing hides it)."""
         return (self.dispatch_seconds + self.infeed_seconds + self.compute_seconds
-                + self.collective_seconds + self.host_offload_seconds + self.update_seconds)
+                + self.collective_seconds + self.host_offload_seconds
+                + self.pipeline_bubble_seconds + self.update_seconds)
+
+    @property
+    def pipeline_bubble_fraction(self) -> float:
+        """The bubble's share of the pipelined forward and backward passes: bubble /
+        (compute + bubble), 0..1 (GPipe: ``(S - 1) / (M + S - 1)`` with stages of
+        equal cost and free transfers, ``pod.programs.pipeline_schedule``)."""
+        return pipeline_bubble_fraction(self.pipeline_bubble_seconds, self.compute_seconds)
 
     @property
     def overlap_fraction(self) -> float:
@@ -297,6 +320,7 @@ class StepStats:
             simulated_tokens_per_second=self.tokens_per_second,
             simulated_flops_per_second=self.flops_per_second,
             mfu=self.mfu,
+            pipeline_bubble_fraction=self.pipeline_bubble_fraction,
             maxtext_tflops_per_device=self.maxtext_tflops_per_device,
             maxtext_2023_tflops_per_device=self.maxtext_2023_tflops_per_device,
         )
@@ -317,7 +341,7 @@ TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_second
                 "collective_seconds", "update_seconds", "wall_seconds",
                 "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
                 "dispatch_seconds", "hardware_flops", "host_offload_seconds",
-                "exposed_host_offload_seconds", *AXIS_FIELDS)
+                "exposed_host_offload_seconds", "pipeline_bubble_seconds", *AXIS_FIELDS)
 
 
 def _total_value(stats: StepStats, name: str) -> float:

@@ -7,7 +7,8 @@ One process for the pod's mesh with lanes:
   the step's compute starts (behind the step before when overlapped; cut at
   the run's start for the first step);
 - "compute (slowest device)": the step's slowest device, its compute between
-  its waits and each wait named after the mesh axis it waited for;
+  its waits and each wait named after the mesh axis it waited for, or
+  "pipeline bubble" where it waited for another pipeline stage;
 - one lane per TensorCore unit of that device ("MXU", "vector unit", "scalar
   unit") with every op record of the step where the clock placed it;
 - one lane per mesh axis ("ICI data", "ICI fsdp", ...) with that device's
@@ -28,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from pod.report.clock import BUBBLE
 from pod.report.files import output_errors, write_atomic
 from pod.report.stats import StepStats
 
@@ -115,12 +117,14 @@ def step_events(stats: StepStats, axes: Sequence[str], start_s: float,
                              {"infeed_seconds": stats.infeed_seconds,
                               "exposed_seconds": stats.exposed_infeed_seconds}))
     t = 0.0
-    end = stats.compute_seconds + stats.exposed_collective_seconds + stats.update_seconds
+    end = (stats.compute_seconds + stats.exposed_collective_seconds
+           + stats.pipeline_bubble_seconds + stats.update_seconds)
     for a, b, axis in sorted(stats.compute_waits):  # the stream is sequential: no overlaps
         if a > t:
             events.append(_event("compute", "compute", _COMPUTE_TID, origin + t, a - t,
                                  {"device": device}))
-        events.append(_event(f"wait for {axis}", "wait", _COMPUTE_TID, origin + a, b - a,
+        name = axis if axis == BUBBLE else f"wait for {axis}"
+        events.append(_event(name, "wait", _COMPUTE_TID, origin + a, b - a,
                              {"axis": axis, "device": device}))
         t = max(t, b)
     if end > t:

@@ -16,11 +16,13 @@ replicas agree bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from pod.config.pipeline import pipeline_microbatches
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import DeviceGroups, device_chip_spec, device_groups
 from pod.errors import CheckpointError
@@ -56,7 +58,10 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     return build_program(plan.model, plan.mesh.sizes, optimizer,
                          sequence_parallel=training.sequence_parallel,
-                         bucket_elements=plan.bucket_elements)
+                         bucket_elements=plan.bucket_elements,
+                         microbatches=pipeline_microbatches(training, plan.mesh),
+                         pipeline_schedule=training.pipeline_schedule,
+                         pipeline_repeats=training.pipeline_repeats)
 
 
 def step_context(plan: TrainingPlan) -> StepContext:
@@ -194,10 +199,11 @@ class PodBase:
 
     def replicas_identical(self) -> bool:
         """Whether the data replicas hold bit-identical state: every device's digests
-        equal those of the device at the same (fsdp, tensor) of data replica 0."""
+        equal those of the device at the same place (stage, fsdp, tensor, ...) of data
+        replica 0."""
         digests = self._digests()
-        first = {(c.fsdp, c.tensor): digests[d] for d, c in enumerate(self.coords) if c.data == 0}
-        return all(digests[d] == first[(c.fsdp, c.tensor)] for d, c in enumerate(self.coords))
+        first = {_place(c): digests[d] for d, c in enumerate(self.coords) if c.data == 0}
+        return all(digests[d] == first[_place(c)] for d, c in enumerate(self.coords))
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds of the devices: the whole model assembled from data
@@ -208,11 +214,11 @@ class PodBase:
                 would silently drop the others); names the first differing device.
         """
         snaps = self._snapshot([c.data == 0 for c in self.coords])
-        first = {(c.fsdp, c.tensor): s.digests for s, c in zip(snaps, self.coords) if c.data == 0}
+        first = {_place(c): s.digests for s, c in zip(snaps, self.coords) if c.data == 0}
         for s, c in zip(snaps, self.coords):
-            if s.digests != first[(c.fsdp, c.tensor)]:
+            if s.digests != first[_place(c)]:
                 raise CheckpointError(f"device {s.device} differs from its data replica 0 "
-                                      f"({s.digests[0][:12]} != {first[(c.fsdp, c.tensor)][0][:12]}); "
+                                      f"({s.digests[0][:12]} != {first[_place(c)][0][:12]}); "
                                       "replicas are not bit-identical, refusing to checkpoint "
                                       "one of them")
         shards = [s.shard for s in snaps if s.shard is not None]
@@ -244,6 +250,11 @@ class PodBase:
         if (state["digests"]["params"], state["digests"]["optimizer_state"]) != want:
             raise CheckpointError(f"restore: the devices do not hold the checkpoint's parameters "
                                   f"and optimizer state after loading step {checkpoint.step}")
+
+
+def _place(coords: Any) -> Any:
+    """A device's place in its data replica: its coordinates but ``data``."""
+    return dataclasses.replace(coords, data=0)
 
 
 def _device_model_states(checkpoint: Any, devices: int) -> list[dict | None]:

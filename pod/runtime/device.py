@@ -159,7 +159,8 @@ class Device:
             mxu_flops=int(sum(r.flops for r in records if r.unit == "mxu")),
             hbm_used_bytes=hbm.used_bytes, hbm_peak_bytes=hbm.peak_bytes,
             hbm_capacity_bytes=hbm.capacity_bytes,
-            trace=trace_rows(records) if trace else ())
+            trace=trace_rows(records) if trace else (),
+            stage_group=self.groups.ring["stage"] if self.groups.axis_size("stage") > 1 else ())
 
     def evaluate(self, comm: Any, x: np.ndarray, y: np.ndarray) -> EvalSums:
         """The program's eval-mode sums over this device's examples; its op records

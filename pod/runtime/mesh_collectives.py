@@ -41,7 +41,11 @@ from pod.programs.collectives import AXES, CollectivesBase
 from pod.runtime.collective import rank_plans
 from pod.runtime.ici import IciPort
 
-__all__ = ["GroupTransport", "RuntimeCollectives"]
+__all__ = ["GroupTransport", "RuntimeCollectives", "ALIGN_RUNS"]
+
+#: run ids between two alignment points (``GroupTransport.align``: a pipeline tick): the
+#: most collectives one device may issue between two of them
+ALIGN_RUNS = 1 << 10
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,6 +99,46 @@ class GroupTransport:
                 for phase, sends, receives in plans[me]]
         self.port.run(run_id, plan, self.addresses, flat, bounds, timeout=self.timeout_s,
                       sequenced=True)
+        return flat
+
+    def align(self, point: int) -> None:
+        """Number the next collective ``point * ALIGN_RUNS`` (from this step's base): every
+        device reaches the same points in the same order (the pipeline's ticks), so the
+        stages, which issue different numbers of collectives inside their stage, agree
+        on the ids of the ppermutes between them.
+
+        Raises:
+            RuntimeError: the device issued more than ``ALIGN_RUNS`` collectives since the
+                point before (the ids would collide).
+        """
+        start = int(point) * ALIGN_RUNS
+        if self.count > start:
+            raise RuntimeError(f"alignment point {point}: {self.count} collectives issued, "
+                               f"more than {ALIGN_RUNS} per point")
+        self.count = start
+
+    def ppermute(self, x: np.ndarray, axis: str, shift: int) -> np.ndarray:
+        """The buffer of the group member ``shift`` positions before this one in ring
+        order (cyclic): one phase, the whole buffer to position ``+ shift``, the
+        source's into a copy of ``x``.
+
+        Args:
+            x: (n,) this device's buffer.
+
+        Returns:
+            (n,) float32.
+        """
+        ring = self.groups.ring[axis]
+        flat = np.array(x, dtype=np.float32, copy=True).reshape(-1)
+        run_id = self.run_base + self.count
+        self.count += 1
+        me = ring.index(self.groups.device)
+        dst, src = ring[(me + shift) % len(ring)], ring[(me - shift) % len(ring)]
+        if dst == self.groups.device:  # a shift by a multiple of the group: itself
+            return flat
+        plan = [(0, [(dst, 0, 0)], [(src, 0, 0, False)])]
+        self.port.run(run_id, plan, self.addresses, flat, ((0, flat.size),),
+                      timeout=self.timeout_s, sequenced=True)
         return flat
 
     def allreduce(self, x: np.ndarray, axis: str) -> np.ndarray:
@@ -156,6 +200,12 @@ class RuntimeCollectives(CollectivesBase):
         super().__init__({a: groups.axis_size(a) for a in AXES},
                          {a: groups.ring_index(a) for a in AXES})
         self.transport = transport
+
+    def align(self, point: int) -> None:
+        self.transport.align(point)
+
+    def _permute(self, axis: str, x: np.ndarray, shift: int) -> np.ndarray:
+        return self.transport.ppermute(x, axis, shift)
 
     def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
         if op == "all_gather":

@@ -4,7 +4,9 @@ device, in this process, without Ray (this module never imports it).
 Every device of a mesh runs the same program on arrays of the same shapes
 (the batch and every shard split evenly), and each collective is costed over
 every group of its axis at once (``pod.config.sharding.MeshCollectiveCosts``),
-so one device's clock is every device's. The representative device is a
+so one device's clock is every device's. A pipeline's stages run different
+layers: one device per stage stands for its stage (the stage group of device
+0), and their clocks run together as a functional step's do. The representative device is a
 ``pod.runtime.device.Device`` with ``execute = False``: the program records
 every op from its shapes (``chip.TensorCore`` with its MXU products off,
 ``pod.workloads.layers.vector_op``) and moves no data that costs nothing (zero
@@ -26,7 +28,7 @@ import numpy as np
 
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import device_groups
-from pod.programs import ShapeCollectives
+from pod.programs import AXES, ShapeCollectives
 from pod.report.clock import combine_device_reports
 from pod.report.stats import StepStats
 from pod.runtime.base import plan_program, step_context
@@ -43,7 +45,10 @@ class TimingPod:
 
     Attributes:
         device: the representative device (device 0).
-        last_report: its last step's ``DeviceReport``.
+        devices: the representative devices: device 0 and the other stages of its
+            pipeline (just device 0 without a stage axis).
+        last_report: device 0's last step's ``DeviceReport``.
+        last_reports: every representative's.
 
     Raises:
         HBMOutOfMemoryError: the device's state does not fit (as in a functional run).
@@ -55,12 +60,16 @@ class TimingPod:
         self.context = step_context(plan)
         training = plan.scenario.training
         self.groups = device_groups(plan.mesh, 0)
-        self.device = Device(plan.pod.chip, 0, self.groups, self.program, training.seed,
-                             devices_per_chip=plan.mesh.devices_per_chip,
-                             precision=training.precision, mxu_model=plan.scenario.pod.mxu_model,
-                             activation_bytes=int(plan.memory.get("activations", 0)),
-                             execute=False)
+        self.devices = [Device(plan.pod.chip, d, device_groups(plan.mesh, d), self.program,
+                               training.seed, devices_per_chip=plan.mesh.devices_per_chip,
+                               precision=training.precision,
+                               mxu_model=plan.scenario.pod.mxu_model,
+                               activation_bytes=int(plan.memory.get("activations", 0)),
+                               execute=False)
+                        for d in self.groups.ring["stage"]]
+        self.device = self.devices[self.groups.ring["stage"].index(0)]
         self.last_report = None
+        self.last_reports: list = []
 
     @property
     def algorithm(self) -> str:
@@ -89,12 +98,18 @@ class TimingPod:
         """
         t0 = time.perf_counter()
         x, y = self._examples(step)
-        comm = ShapeCollectives({a: self.groups.axis_size(a) for a in ("data", "fsdp", "tensor")},
-                                {a: self.groups.ring_index(a) for a in ("data", "fsdp", "tensor")})
-        report = self.device.step(comm, x, y, step, self.plan.scenario.training.seed)
-        self.last_report = report
+        seed = self.plan.scenario.training.seed
+        reports = []
+        for device in self.devices:
+            groups = device.groups
+            comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
+                                    {a: groups.ring_index(a) for a in AXES})
+            reports.append(device.step(comm, x, y, step, seed))
+        self.last_reports = reports
+        self.last_report = reports[self.devices.index(self.device)]
         per_chip = self.plan.mesh.devices_per_chip
         return combine_device_reports(
-            step, [report], self.plan.collective_costs_at(step), self.context,
+            step, reports, self.plan.collective_costs_at(step), self.context,
             infeed_bytes=per_chip * int(x.nbytes + y.nbytes),
-            wall_seconds=time.perf_counter() - t0, replicate=self.plan.mesh.size)
+            wall_seconds=time.perf_counter() - t0,
+            replicate=self.plan.mesh.size // len(reports))

@@ -58,7 +58,7 @@ def test_the_critical_path_is_split_by_bound_and_sums_to_the_step():
     # the scalar unit's second is latency; infeed is the host
     expected = {"mxu": 6.0, "vpu": 0.0, "hbm": 3.0 + 2.0,
                 "ici": 2.0 * 0.75 + 1.0 * 0.2, "latency": 1.0 + 2.0 * 0.25 + 1.0 * 0.8,
-                "host": 0.5}
+                "host": 0.5, "bubble": 0.0}
     assert b.seconds == pytest.approx(expected)
     assert sum(b.seconds.values()) == pytest.approx(s.step_seconds) == 15.5
     # the busiest links, 0 -> 4 -> 8, step along the first axis of "4x4"

@@ -123,7 +123,8 @@ def test_every_device_and_mesh_axis_is_exported_under_its_labels():
              if name == "tpu_pod_simulated_step_part_seconds"}
     assert parts == pytest.approx({"infeed": 1e-6, "compute": 4e-5, "collective": 1.1e-5,
                                    "exposed_infeed": 0.0, "exposed_collective": 4e-6,
-                                   "dispatch": 0.0, "update": 5e-6})
+                                   "dispatch": 0.0, "update": 5e-6, "pipeline_bubble": 0.0,
+                                   "host_offload": 0.0, "exposed_host_offload": 0.0})
     assert got[("tpu_pod_simulated_collective_seconds_sum", ())] == pytest.approx(2 * 1.1e-5)
     assert got[("tpu_pod_simulated_chip_compute_seconds", (("chip", "0"),))] == 4e-5
 
@@ -285,9 +286,9 @@ def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer
         series = _query(server, "tpu_pod_ici_transferred_bytes_total[2m]")
         busy = [s for s in series if float(s["values"][-1][1]) > 0]
         assert busy, "no ICI bytes arrived"
-        for s in busy:
-            values = [float(v) for _, v in s["values"]]
-            assert values == sorted(values) and values[-1] > values[0], s["metric"]
+        for s in busy:  # a counter never falls (the in-process run may finish within
+            values = [float(v) for _, v in s["values"]]  # one scrape: no rise is required)
+            assert values == sorted(values), s["metric"]
         total = sum(float(s["values"][-1][1]) for s in series)
         assert total == summary["ici_bytes_per_step"] * summary["steps"]
         (info,) = _query(server, "tpu_pod_info")

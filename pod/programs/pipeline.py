@@ -1,0 +1,462 @@
+"""The transformer pipelined over a ``stage`` axis: layers split into stages, the batch
+into microbatches, activations and their gradients passed stage to stage by ppermute.
+
+Layout ([MaxText] ``layers/pipeline.py``, ``ici_pipeline_parallelism``,
+``num_pipeline_microbatches``, ``num_pipeline_repeats``; [GPipe] Huang et al.
+2019; [1F1B] Narayanan et al. 2021 (Megatron-LM) and 2019 (PipeDream); [SB]
+"How to Scale Your Model", training chapter):
+
+- **stages**: the transformer's L blocks are cut into V = S R equal chunks
+  (S stages, R repeats), chunk ``v`` on stage ``v mod S`` (MaxText's circular
+  layout: with R > 1 a stage holds R chunks, ``L / V`` blocks each). The token
+  embedding joins virtual stage 0 (stage 0), the final norm, the unembedding
+  and the loss join the last (stage S - 1). A device keeps its stage's
+  parameters only (and their optimizer state), sharded inside the stage over
+  fsdp and tensor as :class:`pod.programs.transformer.ShardedTransformer`
+  shards the whole model; its fsdp gathers, tensor collectives and data
+  gradient reduction run unchanged inside the stage.
+- **microbatches**: a device's examples (the global batch over data x fsdp)
+  are cut into M microbatches; the schedule (``gpipe``, ``1f1b``,
+  ``circular``: :mod:`pod.programs.pipeline_schedule`) says which stage runs
+  which microbatch's forward or backward at each tick. After each tick the
+  outputs move one stage on (forward) and the input gradients one stage back
+  (backward) by a collective permute over ``stage`` (cyclic, as MaxText's),
+  in the activations' dtype; a stage waits for a piece only where it uses it
+  (``pod.programs.collectives.defer_wait``), so the clock
+  (``pod.report.clock``) sees the dataflow of the schedule and the bubble as
+  the waits for the other stages.
+- **gradients**: accumulated over the microbatches in the stage's
+  tensor-local arrays, then reduced once per step as the non-pipelined
+  program reduces them (reduce-scatter over fsdp, allreduce over data,
+  scaled by 1 / (data x fsdp x M)), each layer's as soon as its last
+  microbatch's backward is done (as MaxText's ``pipeline_fsdp_ag_once`` does
+  for the gradients; DeepSpeed likewise keeps ZeRO's gradient partitioning
+  out of pipelines). Stages share no layer, so they exchange no gradient,
+  except a **tied embedding**: its table lives on the first and the last
+  stage (lookup and logits); each reduces its own part, then one allreduce
+  over ``stage`` sums them (the other stages add zeros), so both keep the same
+  table and the run equals one device's. Untying is not needed.
+- **loss**: computed by the last stage; each microbatch's loss rides with its
+  gradient back through the stages (one more element of the backward
+  buffer), so every device reports the step's loss without a collective.
+- the optimizer runs once per step on the device's own parameters.
+
+The SPMD program every device runs is the tick loop :func:`run_ticks`, written
+once over a :class:`StageWork` (what a stage computes for an op): the
+transformer's is :class:`_TransformerStage`; a test can pass its own. On a
+timing-only core the same ops and calls are recorded with zero views.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from pod.programs.collectives import AXES, DeviceCollectives, defer_wait
+from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
+from pod.programs.pipeline_schedule import PipelineSchedule, PipeOp, build_schedule
+from pod.programs.tensor import wire_itemsize
+from pod.programs.transformer import ShardedTransformer
+from pod.workloads.layers import timing_zeros
+from pod.workloads.optimizers import Optimizer
+from pod.workloads.transformer import TransformerModel
+
+__all__ = ["StageWork", "run_ticks", "PipelinedTransformer", "stage_layers"]
+
+_F32 = np.float32
+_ORIGIN = DeviceCoords()  # the first device of the mesh
+
+
+class StageWork(Protocol):
+    """What one stage computes for the ops of a schedule (:func:`run_ticks`)."""
+
+    def buffer_elements(self, phase: str) -> int:
+        """Elements of the flat float32 buffer the stage sends in ``phase`` ("fwd":
+        a microbatch's activations; "bwd": their gradient and what rides with it)."""
+
+    def forward(self, op: PipeOp, x: np.ndarray | None) -> np.ndarray | None:
+        """``op``'s forward; ``x`` the previous virtual stage's buffer (None on virtual
+        stage 0). Returns the buffer to send on (None on the last virtual stage)."""
+
+    def backward(self, op: PipeOp, dy: np.ndarray | None) -> np.ndarray | None:
+        """``op``'s backward; ``dy`` the next virtual stage's buffer (None on the last).
+        Returns the buffer to send back (None on virtual stage 0)."""
+
+
+def run_ticks(schedule: PipelineSchedule, stage: int, comm: DeviceCollectives, core: Any,
+              work: StageWork, *, tag: str, itemsize: int, first_point: int = 1) -> int:
+    """The SPMD tick loop of one stage (module docstring): at each tick the stage runs
+    its op, if any, then takes part in the tick's permutes (forward: +1, backward:
+    -1, each only when some stage sends that way), sending its output or zeros.
+
+    What it receives for a later op waits in an inbox; the wait for it is moved to
+    where that op starts (``defer_wait``); a piece it does not use is waited for
+    nowhere.
+
+    Args:
+        schedule: the ticks.
+        stage: this device's stage (its ``stage`` axis index).
+        comm: its collectives; core: its TensorCore (``len(core.records)`` places
+            every call).
+        work: the stage's computation.
+        tag: the permutes' tag prefix ("pipeline" in training, "eval").
+        itemsize: bytes per element on the wire (the activations' dtype).
+        first_point: the ``align`` point of tick 0 (each tick is one).
+
+    Returns:
+        The next free ``align`` point.
+    """
+    last = schedule.virtual_stages - 1
+    inbox: dict[PipeOp, tuple[np.ndarray, int | None]] = {}
+    recorded = comm.axis_size("stage") > 1
+    for t, row in enumerate(schedule.ticks):
+        op = row[stage]
+        out: dict[str, np.ndarray | None] = {"fwd": None, "bwd": None}
+        if op is not None:
+            v = schedule.virtual(stage, op)
+            data = None
+            if (op.phase == "fwd" and v > 0) or (op.phase == "bwd" and v < last):
+                data, index = inbox.pop(op)
+                defer_wait(comm.calls, index, len(core.records))
+            out[op.phase] = work.forward(op, data) if op.phase == "fwd" else work.backward(op, data)
+        comm.align(first_point + t)
+        for phase, shift in (("fwd", 1), ("bwd", -1)):
+            if not schedule.sends(t, phase):
+                continue
+            target = schedule.received(stage, t, phase)
+            n = work.buffer_elements(phase)
+            buf = out[phase]
+            if buf is None:
+                buf = timing_zeros((n,), _F32) if not core.execute else np.zeros(n, _F32)
+            got = comm.ppermute("stage", buf, shift, tag=f"{tag} {phase} tick {t}",
+                                kind="activation", after_record=len(core.records),
+                                used=target is not None, itemsize=itemsize)
+            if target is not None:
+                inbox[target] = (got, len(comm.calls) - 1 if recorded else None)
+    return first_point + len(schedule.ticks)
+
+
+def stage_layers(layers: int, stages: int, repeats: int) -> list[list[int]]:
+    """Per virtual stage v = 0 .. S R - 1, its layer indices in a transformer of
+    ``layers`` blocks (``TransformerModel.layers``: embed, block1 .. blockL,
+    final_norm, unembed): ``L / (S R)`` consecutive blocks, the embedding on the
+    first, the final norm and the unembedding on the last.
+
+    Raises:
+        ValueError: L not a multiple of S R (one line, with the sizes that divide).
+    """
+    chunks = stages * repeats
+    if layers % chunks:
+        fit = ", ".join(str(d) for d in range(1, layers + 1) if layers % d == 0)
+        raise ValueError(f"{layers} transformer layers do not split into {stages} stages x "
+                         f"{repeats} repeats = {chunks} equal chunks; stages x repeats must "
+                         f"divide the layers: {fit}")
+    per = layers // chunks
+    out = [list(range(1 + v * per, 1 + (v + 1) * per)) for v in range(chunks)]
+    out[0].insert(0, 0)
+    out[-1] += [layers + 1, layers + 2]
+    return out
+
+
+class PipelinedTransformer(ShardedTransformer):
+    """The device program of the transformer on a mesh with a ``stage`` axis
+    (module docstring); the same contract as :class:`ShardedTransformer`, whose
+    per-layer machinery (gathers, tensor operators, gradient reduction) it runs
+    on its stage's layers.
+
+    Args:
+        model: the whole TransformerModel.
+        sizes: axis name -> size, ``stage`` among them.
+        optimizer: the optimizer.
+        microbatches: M, microbatches per step.
+        schedule: gpipe, 1f1b or circular.
+        repeats: R, chunks per stage (circular).
+        sequence_parallel: Megatron sequence parallelism inside each stage.
+
+    Attributes:
+        stages, microbatches, repeats: S, M, R.
+        schedule, eval_schedule: the step's ticks and the evaluation's (forwards).
+        chunks: per virtual stage, its layer indices (:func:`stage_layers`).
+
+    Raises:
+        ValueError: as ``ShardedTransformer``; a bad schedule
+            (``pipeline_schedule.check_pipeline``); layers not divisible by S R.
+    """
+
+    def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer,
+                 *, microbatches: int, schedule: str = "gpipe", repeats: int = 1,
+                 sequence_parallel: bool = False):
+        inner = {a: int(v) for a, v in sizes.items() if a != "stage"}
+        super().__init__(model, inner, optimizer, sequence_parallel=sequence_parallel)
+        self.stages = int(sizes.get("stage", 1))
+        self.sizes = {a: (self.stages if a == "stage" else self.sizes[a]) for a in AXES}
+        self.microbatches, self.repeats = int(microbatches), int(repeats)
+        self.schedule = build_schedule(schedule, self.stages, self.microbatches, self.repeats)
+        self.eval_schedule = build_schedule(schedule, self.stages, self.microbatches,
+                                            self.repeats, forward_only=True)
+        self.chunks = stage_layers(model.config.layers, self.stages, self.repeats)
+        self._layers = [sorted(i for v in range(s, len(self.chunks), self.stages)
+                               for i in self.chunks[v]) for s in range(self.stages)]
+        self._stage_keys = [list(dict.fromkeys(k for i in layers for k, _ in self._keys[i]))
+                            for layers in self._layers]
+        # keys whose last backward use on the stage (its lowest layer) is layer i
+        self._reduce_at: list[dict[int, list[str]]] = []
+        for layers in self._layers:
+            first = {k: i for i in reversed(layers) for k, _ in self._keys[i]}
+            self._reduce_at.append({i: [k for k, j in first.items() if j == i] for i in layers})
+        holders: dict[str, int] = {}
+        for keys in self._stage_keys:
+            for k in keys:
+                holders[k] = holders.get(k, 0) + 1
+        #: parameters held by several stages (a tied embedding): their gradients are summed
+        #: over stage
+        self.shared_keys = sorted(k for k, n in holders.items() if n > 1)
+
+    @property
+    def gradient_divisor(self) -> int:
+        """Token shards x microbatches: the gradient is the mean over them."""
+        return self.token_shards * self.microbatches
+
+    # ------------------------------------------------------------ layout
+
+    def stage_keys(self, stage: int) -> list[str]:
+        """The model keys of the parameters ``stage`` holds."""
+        return list(self._stage_keys[stage])
+
+    def shard_params(self, params: Mapping[str, np.ndarray], coords: DeviceCoords
+                     ) -> dict[str, np.ndarray]:
+        """A device's chunks of whole-model arrays: its stage's keys only, each cut as
+        ``ShardedTransformer.shard_params`` cuts it (optimizer-state keys follow their
+        parameter)."""
+        keep = set(self._stage_keys[coords.stage])
+        return super().shard_params({k: v for k, v in params.items()
+                                     if self._param_of(k) in keep}, coords)
+
+    def init_local(self, seed: int, coords: DeviceCoords) -> DeviceShard:
+        """The device's shard of ``model.init_params(seed)``: its stage's parameters."""
+        params = self.shard_params(self.model.init_params(seed), coords)
+        return DeviceShard(coords, params, self.optimizer.init(params))
+
+    def shape_shard(self, coords: DeviceCoords = _ORIGIN) -> DeviceShard:
+        """A timing-only device's chunks of its stage's parameters (zero views)."""
+        keep = set(self._stage_keys[coords.stage])
+        params = {k: timing_zeros((self._chunk_count([k]),), np.float32)
+                  for k in self._shapes if k in keep}                     # the model's order
+        slots: tuple[str, ...] = tuple(self.optimizer.slots)
+        state = {f"{k}/{slot}": v for k, v in params.items() for slot in slots}
+        return DeviceShard(coords, params, state)
+
+    def assemble(self, shards: Iterable[DeviceShard], *, opt_state: bool = False
+                 ) -> dict[str, np.ndarray]:
+        """The whole model from the shards of data replica 0, stage by stage (a table
+        two stages share is taken from the first; they hold the same bits).
+
+        Raises:
+            ValueError: a stage, or a (fsdp, tensor) pair of one, is missing.
+        """
+        shards = [s for s in shards if s.coords.data == 0]
+        out: dict[str, np.ndarray] = {}
+        for stage in range(self.stages):
+            mine = [s for s in shards if s.coords.stage == stage]
+            if not mine:
+                raise ValueError(f"assemble needs the shards of every stage; stage {stage} of "
+                                 f"data replica 0 is missing")
+            for key, value in super().assemble(mine, opt_state=opt_state).items():
+                out.setdefault(key, value)
+        return out
+
+    def stage_param_elements(self, stage: int) -> int:
+        """Parameters one device of ``stage`` keeps (its chunks, padding included)."""
+        return self._chunk_count(self._stage_keys[stage])
+
+    def local_param_bytes(self) -> int:
+        """float32 bytes of the parameter chunks of a device of the largest stage."""
+        return 4 * max(self.stage_param_elements(s) for s in range(self.stages))
+
+    def largest_stage_layer(self, stage: int) -> int:
+        """Parameters of ``stage``'s largest layer on one tensor device, whole over fsdp
+        (what one all-gather brings)."""
+        return max(sum(math.prod(self._shapes[k]) for k, _ in self._keys[i])
+                   for i in self._layers[stage])
+
+    def stage_gradient_bytes(self, stage: int) -> int:
+        """float32 bytes of ``stage``'s gradient accumulator: its tensor-local arrays,
+        whole over fsdp (reduce-scattered once per step)."""
+        return 4 * sum(math.prod(self._shapes[k]) for k in self._stage_keys[stage])
+
+    def counts_eval(self, coords: DeviceCoords) -> bool:
+        """Only the last stage predicts (and, without sequence parallelism, only its
+        first tensor device counts)."""
+        return coords.stage == self.stages - 1 and super().counts_eval(coords)
+
+    def eval_slice(self, num_examples: int, coords: DeviceCoords) -> slice:
+        """As ``ShardedTransformer.eval_slice``, cut to a multiple of data x fsdp x M."""
+        unit = self.batch_shards * self.microbatches
+        n = min(int(num_examples), self.EVAL_EXAMPLES) // unit * unit
+        return self.batch_slice(n, coords) if n else slice(0, 0)
+
+    # ------------------------------------------------------------ the step
+
+    def train_step(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
+                   y: np.ndarray, step: int, *, rng=None) -> StepResult:
+        """One training step of one device: its stage's ticks (forwards and backwards of
+        every microbatch, gradients accumulated and reduced), the shared tables'
+        gradient sum over stage, the optimizer on its parameters.
+
+        Args:
+            core, comm, shard, step, rng: as ``ShardedTransformer.train_step``.
+            x: (b, T) token ids, b = global batch / (data x fsdp), a multiple of M.
+            y: (b, T) next-token labels.
+
+        Returns:
+            StepResult: the mean loss over the device's microbatches (every stage
+            reports it), its new shard, where the optimizer's records start.
+
+        Raises:
+            ValueError: comm or shard not of this mesh or device; b not a multiple of M.
+        """
+        self._check(comm, shard)
+        work = _TransformerStage(self, core, comm, shard, x, y, training=True)
+        point = run_ticks(self.schedule, shard.coords.stage, comm, core, work, tag="pipeline",
+                          itemsize=wire_itemsize(core))
+        comm.align(point)
+        grads = self._share(core, comm, shard.coords.stage, work.chunks)
+        update_start = len(core.records)
+        params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
+        return StepResult(work.loss(), DeviceShard(shard.coords, params, state), update_start)
+
+    def _share(self, core, comm: DeviceCollectives, stage: int,
+               chunks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sum the shared tables' gradient chunks over stage (one allreduce; the stages
+        that do not hold them add zeros)."""
+        if not self.shared_keys or self.stages == 1:
+            return chunks
+        widths = [self._chunk_count([k]) for k in self.shared_keys]
+        after = len(core.records)
+        if not core.execute:
+            comm.allreduce("stage", timing_zeros((sum(widths),), _F32), tag="shared grads",
+                           kind="grad_reduce", after_record=after)
+            return chunks
+        buf = np.concatenate([chunks[k] if k in chunks else np.zeros(w, _F32)
+                              for k, w in zip(self.shared_keys, widths, strict=True)])
+        total = comm.allreduce("stage", buf, tag="shared grads", kind="grad_reduce",
+                               after_record=after)
+        parts = np.split(total, np.cumsum(widths)[:-1])
+        return {**chunks, **{k: p for k, p in zip(self.shared_keys, parts, strict=True)
+                             if k in chunks}}
+
+    def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
+                 y: np.ndarray) -> EvalSums:
+        """Eval-mode sums of the last stage over this device's examples (the forwards of
+        its microbatches through every stage); zeros on the other stages."""
+        self._check(comm, shard)
+        if x.shape[0] == 0:
+            return EvalSums(0.0, 0, 0)
+        work = _TransformerStage(self, core, comm, shard, x, y, training=False)
+        run_ticks(self.eval_schedule, shard.coords.stage, comm, core, work, tag="eval",
+                  itemsize=wire_itemsize(core))
+        return work.eval_sums
+
+
+class _TransformerStage:
+    """One device's stage of one step (:class:`StageWork`): the forwards and backwards
+    of its chunks for each microbatch, the caches between them, the gradient
+    accumulators and their reduction, the microbatches' losses."""
+
+    def __init__(self, program: PipelinedTransformer, core, comm, shard: DeviceShard,
+                 x: np.ndarray, y: np.ndarray, *, training: bool):
+        p = self.p = program
+        if x.shape[0] % p.microbatches:
+            raise ValueError(f"{x.shape[0]} examples per device do not split into "
+                             f"{p.microbatches} microbatches")
+        self.core, self.comm, self.shard, self.training = core, comm, shard, training
+        self.stage, self.b = shard.coords.stage, x.shape[0] // p.microbatches
+        self.x, self.y = x, y
+        cfg = p.model.config
+        t = cfg.sequence_length // (p.tensor if p.sequence_parallel else 1)
+        self.act_shape = (self.b, t, cfg.embed_dim)                      # (b, T', C)
+        self.hooks = {ph: p._hooks(core, comm, ph) for ph in (("fwd", "bwd") if training
+                                                               else ("eval",))}
+        self.caches: dict[tuple[int, int], list] = {}
+        self.dy: dict[int, np.ndarray] = {}
+        self.losses: dict[int, float] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.chunks: dict[str, np.ndarray] = {}
+        self.done = [0] * p.repeats                                      # backwards per chunk
+        self.eval_sums = EvalSums(0.0, 0, 0)
+
+    def buffer_elements(self, phase: str) -> int:
+        return math.prod(self.act_shape) + (1 if phase == "bwd" else 0)
+
+    def _flat(self, a: np.ndarray, extra: float | None = None) -> np.ndarray:
+        """a as the flat float32 buffer a permute sends (``extra`` appended)."""
+        n = a.size + (0 if extra is None else 1)
+        if not self.core.execute:
+            return timing_zeros((n,), _F32)
+        flat = np.ascontiguousarray(a, dtype=_F32).reshape(-1)
+        return flat if extra is None else np.append(flat, _F32(extra))
+
+    def _unflat(self, buf: np.ndarray) -> np.ndarray:
+        n = math.prod(self.act_shape)
+        if not self.core.execute:
+            return timing_zeros(self.act_shape, _F32)
+        return np.asarray(buf[:n], dtype=_F32).reshape(self.act_shape)
+
+    def _microbatch(self, m: int) -> slice:
+        return slice(m * self.b, (m + 1) * self.b)
+
+    def forward(self, op: PipeOp, x: np.ndarray | None) -> np.ndarray | None:
+        p, m = self.p, op.microbatch
+        v = p.schedule.virtual(self.stage, op)
+        if v == 0:
+            h = self.x[self._microbatch(m)]                                # (b, T) token ids
+        else:
+            assert x is not None, "a later virtual stage's forward receives its input"
+            h = self._unflat(x)                                            # (b, T', C)
+        phase = "fwd" if self.training else "eval"
+        caches = []
+        for i in p.chunks[v]:
+            h, cache = p._layer_forward(self.core, self.comm, self.shard, i, h, phase,
+                                        self.hooks[phase], training=self.training)
+            caches.append(cache)
+        if v < len(p.chunks) - 1:
+            if self.training:
+                self.caches[(m, op.repeat)] = caches
+            return self._flat(h)
+        labels = self.y[self._microbatch(m)][:, p.sequence_slice(self.shard.coords)]
+        loss, dy = p.local_model.output_loss(self.core, h, labels)
+        if self.training:
+            self.caches[(m, op.repeat)] = caches
+            self.dy[m], self.losses[m] = dy, float(_F32(loss))
+        else:
+            correct = (int((np.asarray(h).argmax(axis=-1) == labels).sum())
+                       if self.core.execute else 0)
+            self.eval_sums += EvalSums(float(loss) * labels.size, correct, int(labels.size))
+        return None
+
+    def backward(self, op: PipeOp, dy: np.ndarray | None) -> np.ndarray | None:
+        p, m, core = self.p, op.microbatch, self.core
+        v = p.schedule.virtual(self.stage, op)
+        if dy is None:
+            g: np.ndarray | None = self.dy.pop(m)
+        else:
+            g = self._unflat(dy)
+            self.losses[m] = float(dy[-1]) if core.execute else 0.0
+        caches = self.caches.pop((m, op.repeat))
+        self.done[op.repeat] += 1
+        last = self.done[op.repeat] == p.microbatches
+        for i, cache in zip(reversed(p.chunks[v]), reversed(caches), strict=True):
+            g = p._layer_backward(core, self.comm, self.shard, i, cache, g, self.hooks["bwd"],
+                                  self.grads, "accumulate")
+            if last:
+                keys = p._reduce_at[self.stage][i]
+                self.chunks.update(p._reduce(core, self.comm, p.local_model.layers[i].name,
+                                             {k: self.grads.pop(k) for k in keys}))
+        return None if v == 0 or g is None else self._flat(g, self.losses[m])
+
+    def loss(self) -> float:
+        """The mean of the microbatches' losses (float32 values, as they travel)."""
+        return float(np.mean([self.losses[m] for m in range(self.p.microbatches)]))
