@@ -44,6 +44,7 @@ import numpy as np
 from pod.workloads.attention import CausalSelfAttention
 from pod.workloads.layers import Layer, vector_op
 from pod.workloads.mlp import MLP, add
+from pod.workloads.moe import MoE
 from pod.workloads.norms import norm_class
 
 __all__ = ["BLOCKS", "REMAT_POLICIES", "TensorHooks", "TransformerBlock"]
@@ -118,6 +119,11 @@ class TransformerBlock(Layer):
         block: "sequential" or "parallel".
         use_bias: biases on every projection.
         fused_qkv: one q/k/v projection.
+        moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
+            keywords but ``mlp_dim`` and ``activation``: ``experts``,
+            ``experts_per_token``, ``capacity_factor``, ``aux_loss_weight``,
+            ``expert_shards``): an MoE layer in place of the MLP, under the same
+            name ("mlp"); its routing of a pass is the forward cache's "moe".
         name: layer name; sub-layer ops are recorded as "<name>/attention/...".
 
     Raises:
@@ -129,7 +135,7 @@ class TransformerBlock(Layer):
     def __init__(self, heads: int, head_dim: int, mlp_dim: int, *, kv_heads: int | None = None,
                  mlp_activation: str = "gated_silu", norm: str = "rmsnorm", rotary: bool = True,
                  remat: str = "none", block: str = "sequential", use_bias: bool = False,
-                 fused_qkv: bool = False, name: str | None = None):
+                 fused_qkv: bool = False, moe: dict | None = None, name: str | None = None):
         super().__init__(name)
         for what, value, allowed in (("remat", remat, REMAT_POLICIES), ("block", block, BLOCKS)):
             if value not in allowed:
@@ -139,7 +145,10 @@ class TransformerBlock(Layer):
         self.attention = CausalSelfAttention(heads, head_dim, kv_heads=kv_heads, rotary=rotary,
                                              use_bias=use_bias, fused_qkv=fused_qkv,
                                              name=f"{self.name}/attention")
-        self.mlp = MLP(mlp_dim, mlp_activation, use_bias=use_bias, name=f"{self.name}/mlp")
+        self.mlp = (MoE(mlp_dim=mlp_dim, activation=mlp_activation, name=f"{self.name}/mlp",
+                        **moe) if moe else
+                    MLP(mlp_dim, mlp_activation, use_bias=use_bias, name=f"{self.name}/mlp"))
+        self.moe = isinstance(self.mlp, MoE)
         if self.parallel:
             self.parts = {"norm": norm_cls(name=f"{self.name}/norm"), "attention": self.attention,
                           "mlp": self.mlp}
@@ -151,6 +160,9 @@ class TransformerBlock(Layer):
                                    for k in layer.matmul_params)
         self.tensor_split = MappingProxyType({f"{p}/{k}": axis for p, layer in self.parts.items()
                                               for k, axis in layer.tensor_split.items()})
+        #: params split over the mesh's expert axis (an MoE's experts), and on which dimension
+        self.expert_split = MappingProxyType({f"mlp/{k}": axis for k, axis in
+                                              getattr(self.mlp, "expert_split", {}).items()})
 
     def _check(self, input_shape):
         if len(input_shape) != 2:
@@ -203,7 +215,9 @@ class TransformerBlock(Layer):
         flops += sum(att.core_flops(shape) // 2 for k in ("scores", "attn") if not self._keeps(k))
         if not self.parallel and not self._keeps("out_proj"):
             flops += att.output_flops(shape)
-        return flops + sum(mlp.input_flops(shape) for k in mlp.dot_keys if not self._keeps(k))
+        extra = mlp.recompute_extra_flops(shape) if self.moe else 0      # router, wo
+        return flops + extra + sum(mlp.input_flops(shape) for k in mlp.dot_keys
+                                   if not self._keeps(k))
 
     def cache_elements(self, input_shape):
         """Elements kept per example for backward, by ``remat`` (module docstring)."""
@@ -212,11 +226,12 @@ class TransformerBlock(Layer):
         kept = self.kept()
         if kept is None:
             return sum(layer.cache_elements(shape) for layer in self.parts.values())
-        att, f = self.attention, self.mlp.mlp_dim
+        att = self.attention
+        u = self.mlp.dot_elements(shape) // len(self.mlp.dot_keys)      # one MLP input product
         sizes = {"q": t * att.inner_dim, "k": t * att.kv_dim, "v": t * att.kv_dim,
                  "qkv": t * (att.inner_dim + 2 * att.kv_dim), "scores": att.heads * t * t,
                  "attn": t * att.inner_dim, "out_proj": 0 if self.parallel else t * c,
-                 "u": t * f, "u0": t * f, "u1": t * f}
+                 "u": u, "u0": u, "u1": u}
         present = set(att.dot_keys) | set(self.mlp.dot_keys) | {"out_proj"}
         return t * c + sum(sizes[k] for k in kept & present)
 
@@ -258,7 +273,11 @@ class TransformerBlock(Layer):
             return y
         return vector_op(core, f"{self.name}/{key}", np.add, y, params[key], out=(y.shape, y.dtype))
 
-    def _sequential(self, core, params, x, saved, need_output, tp):
+    def _mlp_hooks(self, experts) -> dict:
+        """The MLP part's keywords: an MoE's expert hooks (None: one device)."""
+        return {"experts": experts} if self.moe else {}
+
+    def _sequential(self, core, params, x, saved, need_output, tp, ex=None):
         n1, c1 = self.parts["norm1"].forward(core, params_of(params, "norm1"), x)
         kept = saved.get("out_proj")                                      # summed over tensor
         a, ca = self.attention.forward(core, params_of(params, "attention"),
@@ -272,20 +291,21 @@ class TransformerBlock(Layer):
         h = add(core, f"{self.name}/residual1", x, a)
         n2, c2 = self.parts["norm2"].forward(core, params_of(params, "norm2"), h)
         m, cm = self.mlp.forward(core, params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
-                                 saved=saved.get("mlp"), need_output=need_output)
+                                 saved=saved.get("mlp"), need_output=need_output,
+                                 **self._mlp_hooks(ex))
         y = None
         if need_output:
             m = self._bias(core, params, "mlp/wo_bias", tp.leave(f"{self.name}/mlp/wo", m))
             y = add(core, f"{self.name}/residual2", h, m)
         return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm, "out_proj": a}
 
-    def _parallel(self, core, params, x, saved, need_output, tp):
+    def _parallel(self, core, params, x, saved, need_output, tp, ex=None):
         n, cn = self.parts["norm"].forward(core, params_of(params, "norm"), x)
         n_in = tp.enter(f"{self.name}/parallel/in", n)
         a, ca = self.attention.forward(core, params_of(params, "attention"), n_in,
                                        saved=saved.get("attention"), need_output=need_output)
         m, cm = self.mlp.forward(core, params_of(params, "mlp"), n_in, saved=saved.get("mlp"),
-                                 need_output=need_output)
+                                 need_output=need_output, **self._mlp_hooks(ex))
         y = None
         if need_output:
             s = tp.leave(f"{self.name}/parallel/out", add(core, f"{self.name}/parallel_sum", a, m))
@@ -293,34 +313,43 @@ class TransformerBlock(Layer):
             y = add(core, f"{self.name}/residual", x, s)
         return y, {"norm": cn, "attention": ca, "mlp": cm}
 
-    def _run(self, core, params, x, saved, need_output, tensor=None):
+    def _run(self, core, params, x, saved, need_output, tensor=None, experts=None):
         """The block's forward; ``saved`` tensors are reused, not recomputed."""
         run = self._parallel if self.parallel else self._sequential
-        return run(core, params, x, saved or {}, need_output, tensor or _ONE_DEVICE)
+        return run(core, params, x, saved or {}, need_output, tensor or _ONE_DEVICE, experts)
 
-    def forward(self, core, params, x, *, training=False, rng=None, tensor=None):
+    def forward(self, core, params, x, *, training=False, rng=None, tensor=None, experts=None):
         """As ``Layer.forward``. ``tensor`` (None on one device): the
         :class:`TensorHooks` of a tensor-parallel device whose params are its
-        slice (``tensor_split``), put around the attention and the MLP."""
+        slice (``tensor_split``), put around the attention and the MLP.
+        ``experts`` (None on one device): an MoE's ``ExpertHooks``; the cache's
+        "moe" is then the MoE's ``RouterLoad`` (whatever ``remat`` keeps)."""
         self._check(x.shape[1:])
-        y, caches = self._run(core, params, x, None, True, tensor)
+        y, caches = self._run(core, params, x, None, True, tensor, experts)
         if self.remat == "none":
-            return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
-                                 for p, layer in self.parts.items()}}
-        return y, {"x": x, "saved": self._saved(caches)}
+            out = {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
+                             for p, layer in self.parts.items()}}
+        else:
+            out = {"x": x, "saved": self._saved(caches)}
+        if self.moe:
+            out["moe"] = caches["mlp"]["route"]["load"]
+        return y, out
 
-    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None):
-        """As ``Layer.backward``; ``tensor`` as in ``forward`` (its ``*_grad``
-        operators here, and the forward ones when remat recomputes)."""
+    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None, experts=None):
+        """As ``Layer.backward``; ``tensor`` and ``experts`` as in ``forward`` (their
+        ``*_grad`` operators here, and the forward ones when remat recomputes)."""
         if "parts" in cache:
             caches = cache["parts"]
         else:  # remat: recompute what was not kept, costed as any forward work
-            _, caches = self._run(core, params, cache["x"], cache["saved"], False, tensor)
+            _, caches = self._run(core, params, cache["x"], cache["saved"], False, tensor,
+                                  experts)
         grads: dict[str, np.ndarray] = {}
         tp = tensor or _ONE_DEVICE
 
         def part(p, d, need=True):
-            dx, g = self.parts[p].backward(core, params_of(params, p), caches[p], d, need_dx=need)
+            hooks = self._mlp_hooks(experts) if p == "mlp" else {}
+            dx, g = self.parts[p].backward(core, params_of(params, p), caches[p], d, need_dx=need,
+                                           **hooks)
             grads.update({f"{p}/{k}": v for k, v in g.items()})
             return dx
 
