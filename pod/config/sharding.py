@@ -194,12 +194,13 @@ class MeshCollectiveCosts:
         """Every group of ``axis`` running ``op`` on ``nbytes`` per device at once.
 
         Args:
-            axis: data, fsdp or tensor (an absent axis or one of size 1 costs 0).
-            op: allreduce, reduce_scatter or all_gather.
+            axis: a mesh axis (an absent axis or one of size 1 costs 0).
+            op: allreduce, reduce_scatter, all_gather or all_to_all (direct,
+                ``interconnect.groups.group_all_to_all_cost``, whatever ``algorithm``).
             nbytes: bytes of each device's input buffer in the dtype that moves
                 (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
-                an all-gather's piece, a reduce-scatter's or allreduce's whole
-                buffer).
+                an all-gather's piece, a reduce-scatter's, allreduce's or
+                all-to-all's whole buffer).
 
         Returns:
             ``interconnect.group_collective_cost`` of the axis's groups.
