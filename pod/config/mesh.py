@@ -234,6 +234,12 @@ class Mesh:
         """Axis name -> size, in mesh order."""
         return dict(zip(self.axis_names, self.shape))
 
+    @property
+    def batch_shards(self) -> int:
+        """Devices that see different examples: data x fsdp x expert (MaxText's
+        ``activation_batch``); the tensor devices of a group share theirs."""
+        return self.axis_size("data") * self.axis_size("fsdp") * self.axis_size("expert")
+
     def axis_size(self, axis: str) -> int:
         """Devices along ``axis``; 1 for an axis the mesh does not have (data, fsdp, tensor)."""
         if axis not in AXIS_NAMES:
@@ -601,12 +607,12 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
     """
     params = int(model.num_params)
     layers = [count for _, count in model.gradient_buckets()]
-    batch_shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    batch_shards = mesh.batch_shards
     exact = None if shardable else (lambda f, t: params if f * t == 1 else None)
     if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
         def exact(fsdp: int, tensor: int) -> int | None:
             try:
-                return device_param_elements(model, fsdp, tensor)
+                return device_param_elements(model, fsdp, tensor, mesh.axis_size("expert"))
             except ValueError:  # tensor does not divide the heads / mlp_dim
                 return None
     try:

@@ -17,7 +17,8 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   engines and links of its block of the torus; the device drives several
   streams at once); a collective takes the first gap of its axis's stream at
   or after it is ready that fits it, in program order.
-- ``activation`` (tensor parallelism's collectives): the compute stream waits
+- ``activation`` (tensor parallelism's collectives, and a mixture of experts'
+  dispatch and combine all-to-alls over ``expert``): the compute stream waits
   for it. With collective matmul (XLA's windowed einsum) it is decomposed
   into the matmul that produces it (``overlap_before`` records: it may start
   when they start) or consumes it (``overlap_after`` records: they run while
@@ -268,6 +269,8 @@ class DeviceReport:
         hbm_used_bytes, hbm_peak_bytes, hbm_capacity_bytes: its HBM.
         trace: its op rows (name, unit, seconds, flops, hbm_bytes, bound); empty
             unless traced.
+        router_loads: its MoE layers' routing of its tokens
+            (``pod.workloads.moe.RouterLoad``, one per layer; empty dense).
     """
 
     device: int
@@ -281,6 +284,7 @@ class DeviceReport:
     hbm_peak_bytes: int = 0
     hbm_capacity_bytes: int = 0
     trace: tuple[tuple[Any, ...], ...] = ()
+    router_loads: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -363,7 +367,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     Returns:
         The ``pod.report.stats.StepStats``.
     """
-    from pod.report.stats import StepStats
+    from pod.report.stats import ExpertLoad, StepStats
 
     clocks = [device_clock(r, costs.seconds, overlap=context.overlap) for r in reports]
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
@@ -399,4 +403,5 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
         collective_spans=c.spans, compute_waits=c.waits,
         compute_bound_seconds=_bounds(r, 0, update_start),
-        update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)))
+        update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),
+        expert_load=ExpertLoad.total(x.router_loads for x in reports))

@@ -4,8 +4,9 @@ Names follow Prometheus conventions (``tpu_pod_`` prefix, base units,
 ``_total`` for counters); the clock is in the name: ``simulated`` figures come
 from the cost models, ``wall`` figures from this host. Labels are bounded:
 ``chip`` (a rank), ``core`` (the TensorCore of a device: 0 on chips of one
-device), ``link``, ``axis`` (a mesh axis) and the run-info labels, never a step
-number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
+device), ``link``, ``axis`` (a mesh axis), ``expert`` (an expert index, at most
+``MAX_EXPERT_LABELS`` of them, the rest as "other") and the run-info labels,
+never a step number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 ``chip`` means one thing everywhere.
 
 | metric | type | labels | meaning |
@@ -33,6 +34,9 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 | tpu_pod_collective_seconds_total | counter | axis | simulated seconds of the collectives over a mesh axis |
 | tpu_pod_collective_exposed_seconds_total | counter | axis | the part of them the compute waited for |
 | tpu_pod_collective_bytes_total | counter | axis | bytes a device passed to them |
+| tpu_pod_expert_routed_tokens | gauge | expert | last step: token choices routed to the expert, every MoE layer, every device (mixture of experts) |
+| tpu_pod_expert_load_max_over_mean_ratio | gauge | | last step: the busiest expert's choices over the mean, worst layer (1: balanced) |
+| tpu_pod_expert_dropped_ratio | gauge | | last step: the share of token choices over capacity |
 | tpu_pod_wall_step_seconds | histogram | | host wall time per step |
 | tpu_pod_emulation_slowdown_ratio | gauge | | wall seconds / simulated seconds, last step |
 | tpu_pod_emulation_rate_ratio | gauge | | simulated seconds per wall second, last step |
@@ -49,7 +53,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pod.errors import MetricsError
 from pod.report.stats import StepStats
 
-__all__ = ["PodMetrics", "METRIC_NAMES"]
+__all__ = ["PodMetrics", "METRIC_NAMES", "MAX_EXPERT_LABELS"]
+
+#: expert label values at most (the experts past them add up under "other"): the
+#: largest published routers have 256 experts (DeepSeek-V3)
+MAX_EXPERT_LABELS = 256
 
 # simulated seconds: a small model's allreduce on a few chips takes ~10 us, a big
 # model's step on a big pod seconds
@@ -69,6 +77,8 @@ METRIC_NAMES = (
     "tpu_pod_collective_overlap_ratio", "tpu_pod_simulated_tokens_per_second",
     "tpu_pod_simulated_chip_compute_seconds", "tpu_pod_collective_seconds_total",
     "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total",
+    "tpu_pod_expert_routed_tokens", "tpu_pod_expert_load_max_over_mean_ratio",
+    "tpu_pod_expert_dropped_ratio",
 )
 
 
@@ -159,6 +169,15 @@ class PodMetrics:
         self.collective_bytes = Counter(
             "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
             "axis (the slowest device's).", ["axis"], registry=r)
+        self.expert_tokens = Gauge(
+            "tpu_pod_expert_routed_tokens", "Token choices routed to the expert in the last "
+            "step, every MoE layer and device.", ["expert"], registry=r)
+        self.expert_imbalance = Gauge(
+            "tpu_pod_expert_load_max_over_mean_ratio", "The busiest expert's token choices over "
+            "the mean in the last step, worst MoE layer (1: balanced).", registry=r)
+        self.expert_dropped = Gauge(
+            "tpu_pod_expert_dropped_ratio", "Share of the last step's token choices over an "
+            "expert's capacity.", registry=r)
         self._links = tuple(links)
         for link in links:
             self.ici_bytes.labels(link)
@@ -221,12 +240,26 @@ class PodMetrics:
                 stats.axis_exposed_seconds.get(axis, 0.0))
             self.collective_bytes.labels(axis).inc(stats.axis_collective_bytes.get(axis, 0))
 
+    def observe_experts(self, stats: StepStats) -> None:
+        """Set the routers' load of a step (a mixture of experts; nothing otherwise)."""
+        load = stats.expert_load
+        if load is None:
+            return
+        tokens = load.tokens_per_expert
+        for e, n in enumerate(tokens[:MAX_EXPERT_LABELS]):
+            self.expert_tokens.labels(str(e)).set(n)
+        if len(tokens) > MAX_EXPERT_LABELS:
+            self.expert_tokens.labels("other").set(sum(tokens[MAX_EXPERT_LABELS:]))
+        self.expert_imbalance.set(load.max_over_mean)
+        self.expert_dropped.set(load.dropped_fraction)
+
     def observe(self, stats: StepStats) -> None:
         """Record one step."""
         self.steps.inc()
         self.examples.inc(stats.global_batch)
         self.step_seconds.observe(stats.step_seconds)
         self.observe_axes(stats)
+        self.observe_experts(stats)
         for part, value in (("infeed", stats.infeed_seconds), ("compute", stats.compute_seconds),
                             ("collective", stats.collective_seconds),
                             ("exposed_infeed", stats.exposed_infeed_seconds),

@@ -16,6 +16,7 @@ replicas agree bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -193,10 +194,11 @@ class PodBase:
 
     def replicas_identical(self) -> bool:
         """Whether the data replicas hold bit-identical state: every device's digests
-        equal those of the device at the same (fsdp, tensor) of data replica 0."""
+        equal those of the device at the same place (fsdp, expert, tensor, ...) of data
+        replica 0."""
         digests = self._digests()
-        first = {(c.fsdp, c.tensor): digests[d] for d, c in enumerate(self.coords) if c.data == 0}
-        return all(digests[d] == first[(c.fsdp, c.tensor)] for d, c in enumerate(self.coords))
+        first = {_place(c): digests[d] for d, c in enumerate(self.coords) if c.data == 0}
+        return all(digests[d] == first[_place(c)] for d, c in enumerate(self.coords))
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds of the devices: the whole model assembled from data
@@ -207,11 +209,11 @@ class PodBase:
                 would silently drop the others); names the first differing device.
         """
         snaps = self._snapshot([c.data == 0 for c in self.coords])
-        first = {(c.fsdp, c.tensor): s.digests for s, c in zip(snaps, self.coords) if c.data == 0}
+        first = {_place(c): s.digests for s, c in zip(snaps, self.coords) if c.data == 0}
         for s, c in zip(snaps, self.coords):
-            if s.digests != first[(c.fsdp, c.tensor)]:
+            if s.digests != first[_place(c)]:
                 raise CheckpointError(f"device {s.device} differs from its data replica 0 "
-                                      f"({s.digests[0][:12]} != {first[(c.fsdp, c.tensor)][0][:12]}); "
+                                      f"({s.digests[0][:12]} != {first[_place(c)][0][:12]}); "
                                       "replicas are not bit-identical, refusing to checkpoint "
                                       "one of them")
         shards = [s.shard for s in snaps if s.shard is not None]
@@ -243,6 +245,12 @@ class PodBase:
         if (state["digests"]["params"], state["digests"]["optimizer_state"]) != want:
             raise CheckpointError(f"restore: the devices do not hold the checkpoint's parameters "
                                   f"and optimizer state after loading step {checkpoint.step}")
+
+
+def _place(coords: Any) -> Any:
+    """A device's place within its data replica: its coordinates with data 0 (the
+    devices of one place hold the same state)."""
+    return dataclasses.replace(coords, data=0)
 
 
 def _device_model_states(checkpoint: Any, devices: int) -> list[dict | None]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import device_groups
-from pod.programs import ShapeCollectives
+from pod.programs import AXES, ShapeCollectives
 from pod.report.clock import combine_device_reports
 from pod.report.stats import StepStats
 from pod.runtime.base import plan_program, step_context
@@ -89,8 +89,8 @@ class TimingPod:
         """
         t0 = time.perf_counter()
         x, y = self._examples(step)
-        comm = ShapeCollectives({a: self.groups.axis_size(a) for a in ("data", "fsdp", "tensor")},
-                                {a: self.groups.ring_index(a) for a in ("data", "fsdp", "tensor")})
+        comm = ShapeCollectives({a: self.groups.axis_size(a) for a in AXES},
+                                {a: self.groups.ring_index(a) for a in AXES})
         report = self.device.step(comm, x, y, step, self.plan.scenario.training.seed)
         self.last_report = report
         per_chip = self.plan.mesh.devices_per_chip
