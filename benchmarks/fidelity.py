@@ -30,6 +30,7 @@ Usage::
     python benchmarks/fidelity.py --json       # machine-readable rows
     python benchmarks/fidelity.py --fit        # fit the ICI constants on the collective rows
     python benchmarks/fidelity.py --fastest    # collectives by the fastest algorithm, not XLA's
+    python benchmarks/fidelity.py --training   # only the whole training steps T1-T5, M1-M2
     python benchmarks/fidelity.py --baseline DIR   # collective rows with another interconnect/
                                                    # (e.g. an old commit's, exported to DIR), ideal link
 """
@@ -421,6 +422,112 @@ def print_table(results: list[Result], markdown: bool) -> None:
             print(f"  {r.id}: {r.note}")
 
 
+# ------------------------------------------------------------------------ training steps
+
+
+@dataclass(frozen=True)
+class TrainingRow:
+    """One published whole training step (../shared/reference/training-steps.md).
+
+    Attributes:
+        id: T1-T5 (one slice), M1-M2 (multislice).
+        source: the source key of training-steps.md.
+        scenario: the scenario file under scenarios/ that writes the row's
+            configuration (model, slice, mesh, batch, remat) out.
+        published_tflops: TFLOP/s per device as MaxText printed it.
+        formula: "2023" (attention not halved), "2023-halved" (halved, the v5p
+            table's), "2025" (``maxtext_utils``, T5's).
+    """
+
+    id: str
+    source: str
+    scenario: str
+    published_tflops: float
+    formula: str
+
+
+TRAINING_ROWS = (
+    TrainingRow("T1", "MT-v5p", "scenarios/maxtext-t1-32b-v5p-128.yaml", 328.0, "2023-halved"),
+    TrainingRow("T2", "MT-v5p", "scenarios/maxtext-t2-512b-v5p-1024.yaml", 294.0, "2023-halved"),
+    TrainingRow("T3", "MT-v5e", "scenarios/maxtext-t3-16b-v5e-256.yaml", 120.0, "2023"),
+    TrainingRow("T4", "MT-v5e", "scenarios/maxtext-t4-128b-v5e-256.yaml", 110.0, "2023"),
+    TrainingRow("T5", "TR-v6e", "scenarios/maxtext-t5-llama3.1-8b-v6e-256.yaml", 417.397, "2025"),
+    TrainingRow("M1", "MT-v5e", "scenarios/maxtext-m1-16b-2x-v5e-256.yaml", 117.0, "2023"),
+    TrainingRow("M2", "MT-v5p", "scenarios/maxtext-m2-32b-2x-v5p-128.yaml", 319.0, "2023-halved"),
+)
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """A training row beside its prediction (TFLOP/s per device by the row's formula)."""
+
+    id: str
+    source: str
+    scenario: str
+    published_tflops: float
+    predicted_tflops: float
+    error_pct: float
+    step_seconds: float
+    compute_seconds: float
+    exposed_seconds: dict
+    hbm_gib: float
+    bound: str
+
+
+def training_flops(plan, formula: str) -> float:
+    """FLOPs per device of one step by MaxText's formula ``formula``."""
+    from pod.workloads.transformer import maxtext_tflops_2023, maxtext_tflops_2025
+
+    cfg, batch = plan.model.config, plan.global_batch / plan.mesh.size
+    if formula == "2025":
+        return maxtext_tflops_2025(cfg, 1) * batch
+    return maxtext_tflops_2023(cfg, 1, causal_halving=formula == "2023-halved") * batch
+
+
+def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
+    """Each training row's step, costed timing-only (``pod.runtime.timing.TimingPod``)."""
+    from pod.config.plan import build_plan
+    from pod.config.scenario import load_scenario
+    from pod.report.bounds import step_bounds
+    from pod.runtime.timing import TimingPod
+
+    out = []
+    for row in rows:
+        plan = build_plan(load_scenario(os.path.join(ROOT, row.scenario)), timing_only=True)
+        stats = TimingPod(plan).step(1)
+        tflops = training_flops(plan, row.formula) / stats.step_seconds / 1e12
+        bounds = step_bounds(stats, plan.collective_costs_at(1), plan.pod.torus)
+        out.append(TrainingResult(
+            row.id, row.source, row.scenario, row.published_tflops, tflops,
+            (tflops - row.published_tflops) / row.published_tflops * 100, stats.step_seconds,
+            stats.compute_seconds, {a: round(s, 4) for a, s in stats.axis_exposed_seconds.items()},
+            plan.memory["total"] / 2**30, f"{bounds.label} {bounds.fraction:.0%}"))
+    return out
+
+
+def print_training(results: list[TrainingResult], markdown: bool) -> None:
+    header = ("id", "source", "scenario", "published TFLOP/s/device", "predicted", "error",
+              "step s", "compute s", "exposed s by axis", "HBM GiB / device", "bound")
+    lines = [(r.id, r.source, r.scenario, f"{r.published_tflops:.1f}", f"{r.predicted_tflops:.1f}",
+              f"{r.error_pct:+.1f}%", f"{r.step_seconds:.3f}", f"{r.compute_seconds:.3f}",
+              ", ".join(f"{a} {s:.3f}" for a, s in r.exposed_seconds.items()) or "-",
+              f"{r.hbm_gib:.1f}", r.bound) for r in results]
+    one = [r for r in results if r.id.startswith("T")]
+    mae = sum(abs(r.error_pct) for r in one) / max(1, len(one))
+    worst = max(results, key=lambda r: abs(r.error_pct))
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join("---" for _ in header) + "|")
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+        print()
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+        for line in [header, *lines]:
+            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    print(f"mean absolute error of T1-T5 {mae:.1f}%; worst row {worst.id} {worst.error_pct:+.1f}%")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -431,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
                              "not by XLA's (the torus algorithm)")
     parser.add_argument("--as-allreduce", action="store_true",
                         help="read C8 and C10 as allreduces of the gathered buffer (the fit's reading)")
+    parser.add_argument("--training", action="store_true",
+                        help="only the whole training steps T1-T5, M1-M2 (timing-only runs of "
+                             "their scenarios; a few seconds each)")
+    parser.add_argument("--single-op", action="store_true",
+                        help="only the single-op rows C1-C14, S1-S2")
     parser.add_argument("--baseline", metavar="DIR",
                         help="collective rows only, with the interconnect package found in DIR and the "
                              "ideal (uncalibrated) link")
@@ -445,14 +557,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         def link_for(generation: str):
             return ic.calibrated_link(generation, LINK_BYTES_PER_S[generation], HOP_LATENCY_S)
-    results = run(ic, link_for, collective_only=bool(args.baseline), as_allreduce=args.as_allreduce,
-                  fastest=args.fastest)
+    results = [] if args.training else run(ic, link_for, collective_only=bool(args.baseline),
+                                            as_allreduce=args.as_allreduce, fastest=args.fastest)
+    training = ([] if args.single_op or args.baseline else training_results())
     if args.json:
-        mae, worst = summary(results)
-        print(json.dumps({"rows": [asdict(r) for r in results], "mean_abs_error_pct": mae,
-                          "worst": {"id": worst.id, "error_pct": worst.error_pct}}, indent=2))
-    else:
+        out = {"training_rows": [asdict(r) for r in training]}
+        if results:
+            mae, worst = summary(results)
+            out.update(rows=[asdict(r) for r in results], mean_abs_error_pct=mae,
+                       worst={"id": worst.id, "error_pct": worst.error_pct})
+        print(json.dumps(out, indent=2))
+        return 0
+    if results:
         print_table(results, args.markdown)
+    if training:
+        print()
+        print_training(training, args.markdown)
     return 0
 
 

@@ -11,7 +11,7 @@ This package never imports ray, pod or interconnect.
 """
 
 from chip.chip import Chip
-from chip.core import PRECISIONS, OpRecord, TensorCore, check_precision
+from chip.core import FUSIONS, PRECISIONS, OpRecord, TensorCore, check_precision
 from chip.errors import ChipError, ChipSpecError, HBMOutOfMemoryError, PrecisionError
 from chip.hbm import HBM
 from chip.mxu import MXU_MODELS, check_mxu_model, conv2d_gemm_shape, mxu_folds, mxu_gemm_cycles
@@ -32,6 +32,7 @@ __all__ = [
     "HBMOutOfMemoryError",
     "PrecisionError",
     "PRECISIONS",
+    "FUSIONS",
     "check_precision",
     "HBM",
     "OpRecord",

@@ -53,6 +53,13 @@ class OpRecord:
         mxu_cycles: The op's MXU cycles (0 for VPU and scalar ops), the
             sustained efficiency included.
         issue_cycles: The scalar unit's cycles issuing the op.
+        fused_into: For VPU work fused into a matmul kernel (``fused`` in
+            `TensorCore.vector`), the name of that MXU record; "" for an op
+            of its own. A fused op moves no HBM bytes of its own and runs
+            beside the kernel's MXU work: its `seconds` are only the part of
+            its VPU time the kernel's own time does not cover (so a fused op
+            adds max(MXU, VPU, HBM) - max(MXU, HBM) to the step, the roofline
+            of the fused kernel); `compute_seconds` is its whole VPU time.
     """
 
     name: str
@@ -66,6 +73,13 @@ class OpRecord:
     bound: str
     mxu_cycles: int = 0
     issue_cycles: int = 0
+    fused_into: str = ""
+
+
+#: Where VPU work runs: None, an op of its own; "previous", fused into the last MXU op
+#: recorded (an epilogue: a bias add, an activation, a residual add after the product);
+#: "next", fused into the next MXU op recorded (a prologue: a norm before the product).
+FUSIONS = (None, "previous", "next")
 
 
 def _zeros_view(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -212,6 +226,11 @@ class TensorCore:
         # costs depend on shapes only: one OpRecord per distinct (op, figures), reused
         # every step (records are frozen); cleared when it holds _RECORD_CACHE_SIZE
         self._records_by_key: dict[tuple, OpRecord] = {}
+        # fusion: the last MXU record, the VPU seconds fused into it so far, and the
+        # prologue ops waiting for the next MXU record
+        self._host: OpRecord | None = None
+        self._host_vpu_seconds = 0.0
+        self._pending: list[tuple] = []
 
     @property
     def numerics(self) -> bool:
@@ -226,7 +245,53 @@ class TensorCore:
         """The record of an op already costed with these figures (appended), or None."""
         record = self._records_by_key.get(key)
         if record is not None:
-            self.records.append(record)
+            self._append(record)
+        return record
+
+    def _append(self, record: OpRecord) -> None:
+        """Appends a record; an MXU record becomes the kernel later fused ops join,
+        and takes the prologue ops waiting for it. Any other op first records the
+        waiting prologue ops as ops of their own (no matmul took them)."""
+        if self._pending and record.unit != "mxu":
+            self._flush_pending()
+        self.records.append(record)
+        if record.unit == "mxu":
+            self._host, self._host_vpu_seconds = record, 0.0
+            pending, self._pending = self._pending, []
+            for op in pending:
+                self._fused_record(*op)
+
+    def _flush_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for name, elements, hbm_bytes, ops, transcendental in pending:
+            self._vpu_record(name, elements, hbm_bytes, ops, transcendental)
+
+    def _vpu_record(self, name: str, elements: int, hbm_bytes: int, ops_per_element: float,
+                    transcendental: bool) -> OpRecord:
+        key = ("vpu", name, elements, hbm_bytes, ops_per_element, transcendental)
+        record = self._cached(key)
+        if record is None:
+            cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
+            record = self._keep(key, self._record(
+                name, "vpu", float(elements) * ops_per_element, hbm_bytes,
+                cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles))
+        return record
+
+    def _fused_record(self, name: str, elements: int, hbm_bytes: int, ops_per_element: float,
+                      transcendental: bool) -> OpRecord:
+        """VPU work fused into the last MXU record (``OpRecord.fused_into``); an op of
+        its own, with its HBM bytes, when no MXU op was recorded yet."""
+        host = self._host
+        if host is None:
+            return self._vpu_record(name, elements, hbm_bytes, ops_per_element, transcendental)
+        cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
+        compute = cycles / self.spec.clock_hz
+        before = self._host_vpu_seconds
+        exposed = max(0.0, before + compute - host.seconds) - max(0.0, before - host.seconds)
+        self._host_vpu_seconds = before + compute
+        record = OpRecord(name, "vpu", float(elements) * ops_per_element, 0, cycles, compute, 0.0,
+                          exposed, "compute", fused_into=host.name)
+        self.records.append(record)
         return record
 
     def _keep(self, key: tuple, record: OpRecord) -> OpRecord:
@@ -248,7 +313,7 @@ class TensorCore:
             name, unit, flops, hbm_bytes, cycles, compute_seconds, memory_seconds, seconds, bound,
             mxu_cycles, issue_cycles,
         )
-        self.records.append(record)
+        self._append(record)
         return record
 
     # -- MXU -------------------------------------------------------------------
@@ -633,13 +698,17 @@ class TensorCore:
         *arrays: Any,
         ops_per_element: float = 1.0,
         transcendental: bool = False,
+        fused: str | None = None,
     ) -> Any:
         """Computes fn(*arrays) on the VPU and records its cost.
 
         elements = the largest size among the inputs and the result;
         flops = elements * ops_per_element; hbm_bytes = inputs' nbytes + result's
         nbytes; cycles = `vpu_cycles` plus the scalar issue cost. A result that
-        is a tuple or list counts all its arrays.
+        is a tuple or list counts all its arrays. Fused work (``fused``, as XLA
+        fuses elementwise ops into the matmul that produces or consumes them)
+        moves no HBM bytes and has no issue cost of its own; it is recorded
+        right after its MXU op (``OpRecord.fused_into``).
 
         Args:
             name: Op name for the record, e.g. "relu/fwd" or "adam/update".
@@ -647,27 +716,41 @@ class TensorCore:
             *arrays: Its inputs (arrays or scalars).
             ops_per_element: Element-ops per element (>= 0).
             transcendental: True for exp / log / tanh / ... work.
+            fused: one of `FUSIONS`: None, an op of its own; "previous", fused
+                into the last MXU op recorded; "next", into the next one (the
+                record waits for it; if another op comes first, it is recorded
+                as an op of its own just before that op).
 
         Returns:
             Whatever fn returns.
 
         Raises:
-            ValueError: if ops_per_element is negative.
+            ValueError: if ops_per_element is negative or fused unknown.
         """
         result = fn(*arrays)
         outs = result if isinstance(result, (tuple, list)) else (result,)
         elements, hbm_bytes = _elements_and_bytes(arrays, outs)
-        key = ("vpu", name, elements, hbm_bytes, ops_per_element, transcendental)
-        if self._cached(key) is None:
-            cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
-            self._keep(key, self._record(
-                name, "vpu", float(elements) * ops_per_element, hbm_bytes,
-                cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles,
-            ))
+        self._vpu(name, elements, hbm_bytes, ops_per_element, transcendental, fused)
         return result
 
+    def _vpu(self, name: str, elements: int, hbm_bytes: int, ops_per_element: float,
+             transcendental: bool, fused: str | None) -> OpRecord | None:
+        if fused not in FUSIONS:
+            raise ValueError(f"fused must be one of {FUSIONS}, got {fused!r}")
+        op = (name, int(elements), int(hbm_bytes), ops_per_element, bool(transcendental))
+        if fused == "next":
+            vpu_cycles(op[1], ops_per_element, transcendental, self.spec)  # checks the figures
+            self._pending.append(op)
+            return None
+        if fused == "previous":
+            if self._pending:
+                self._flush_pending()
+            return self._fused_record(*op)
+        return self._vpu_record(*op)
+
     def account_vector(self, name: str, elements: int, hbm_bytes: int, *,
-                       ops_per_element: float = 1.0, transcendental: bool = False) -> OpRecord:
+                       ops_per_element: float = 1.0, transcendental: bool = False,
+                       fused: str | None = None) -> OpRecord | None:
         """Records the cost of VPU work without computing it (timing-only runs).
 
         Same cost as `vector` on arrays of that many elements and bytes.
@@ -675,21 +758,62 @@ class TensorCore:
         Args:
             name: Op name for the record.
             elements: Elements processed, int >= 0.
-            hbm_bytes: Bytes read and written, int >= 0.
+            hbm_bytes: Bytes read and written, int >= 0 (ignored when fused).
             ops_per_element: Element-ops per element (>= 0).
             transcendental: True for exp / log / tanh / ... work.
+            fused: as `vector`.
+
+        Returns:
+            The OpRecord appended to `records` (None while a "next" op waits).
+
+        Raises:
+            ValueError: on a negative or non-integer figure, or an unknown fused.
+        """
+        if isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, numbers.Integral) or hbm_bytes < 0:
+            raise ValueError(f"hbm_bytes must be an integer >= 0, got {hbm_bytes!r}")
+        return self._vpu(name, elements, hbm_bytes, ops_per_element, transcendental, fused)
+
+    @property
+    def operand_bytes(self) -> int:
+        """Bytes in HBM of one MXU input element in this precision (bf16 2, fp32 4, int8 1)."""
+        return _OPERAND_BYTES[self.precision]
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of one MXU output element written to HBM (bf16 2 [PALLAS], fp32 and int8 4)."""
+        return _OUTPUT_BYTES[self.precision]
+
+    def account_kernel(self, name: str, gemms, hbm_bytes: int) -> OpRecord:
+        """Records one kernel of several MXU products (a Pallas kernel such as flash
+        attention), from shapes alone: one MXU record (the kernel later fused VPU
+        work joins).
+
+        cycles = the sum of `mxu_cycles` of the products plus one scalar issue
+        cost; flops = 2 * batch * M * K * N summed; hbm_bytes as given: the
+        kernel's own traffic (its blocks move between HBM and VMEM once; what
+        it re-reads from VMEM is free).
+
+        Args:
+            name: Op name for the record.
+            gemms: (m, k, n, batch) per product, ints >= 0 (batch >= 1).
+            hbm_bytes: Bytes the kernel reads and writes, int >= 0.
 
         Returns:
             The OpRecord appended to `records`.
 
         Raises:
-            ValueError: on a negative or non-integer figure.
+            ValueError: on a bad dimension or byte count.
         """
-        if isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, numbers.Integral) or hbm_bytes < 0:
-            raise ValueError(f"hbm_bytes must be an integer >= 0, got {hbm_bytes!r}")
-        cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
-        return self._record(name, "vpu", float(elements) * ops_per_element, int(hbm_bytes),
-                            cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles)
+        gemms = tuple((int(m), int(k), int(n), int(b)) for m, k, n, b in gemms)
+        key = ("kernel", name, gemms, int(hbm_bytes))
+        record = self._cached(key)
+        if record is not None:
+            return record
+        if not hbm_bytes >= 0:
+            raise ValueError(f"hbm_bytes must be >= 0, got {hbm_bytes!r}")
+        cycles = sum(self.mxu_cycles(m, k, n, batch=b) for m, k, n, b in gemms)
+        flops = sum(2.0 * b * m * k * n for m, k, n, b in gemms)
+        return self._keep(key, self._mxu_record(name, flops, int(hbm_bytes), cycles))
 
     def account(self, name: str, unit: str, flops: float, hbm_bytes: int, cycles: int) -> OpRecord:
         """Records work done outside the other methods (e.g. data movement).
@@ -727,5 +851,8 @@ class TensorCore:
         Returns:
             list of OpRecord, in execution order.
         """
+        if self._pending:  # prologue ops no matmul took: ops of their own
+            self._flush_pending()
+        self._host, self._host_vpu_seconds = None, 0.0  # a step's kernels end with it
         records, self.records = self.records, []
         return records

@@ -233,6 +233,10 @@ class ChipSpec:
             so there is no separate core-to-core reduce of their results.
             The chip model only exposes the flag; callers that reduce over
             the cores of a chip should skip that step when it is True.
+        dcn_bytes_per_s: Data-centre network bandwidth across slices per chip,
+            one direction, bytes/s: the host's network interfaces shared by
+            its chips (multislice collectives).
+        dcn_latency_s: Latency of one message across the DCN, seconds.
 
     Raises:
         ChipSpecError: (a ValueError) quoting the first invalid field, or if the
@@ -254,6 +258,8 @@ class ChipSpec:
     published_peak_bf16_flops_per_s: float | None
     slice_counts_tensorcores: bool
     megacore: bool = False
+    dcn_bytes_per_s: float = 3.1e9
+    dcn_latency_s: float = 2e-5
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -293,6 +299,8 @@ class ChipSpec:
             )
         if not isinstance(self.megacore, bool):
             raise ChipSpecError(f"ChipSpec.megacore must be a bool, got {self.megacore!r}")
+        _check_positive("ChipSpec", "dcn_bytes_per_s", self.dcn_bytes_per_s)
+        _check_positive("ChipSpec", "dcn_latency_s", self.dcn_latency_s, allow_zero=True)
         if self.megacore and self.tensorcores < 2:
             raise ChipSpecError(
                 f"ChipSpec {self.name!r}: megacore needs at least 2 TensorCores, "
@@ -391,6 +399,11 @@ class ChipSpec:
         )
 
 
+#: One message across the data-centre network between slices, seconds: no published TPU
+#: figure; tens of microseconds is the order of a datacentre round trip. An assumption,
+#: stated in VALIDATION.md (multislice rows are bandwidth-bound: it hardly moves them).
+DCN_LATENCY_S = 2e-5
+
 _MXU_128 = MXUSpec(rows=128, cols=128)  # 128x128 bf16 MACs [SEED: 16K MACs per MXU][GC-v3][GC-v4]
 _MXU_256 = MXUSpec(rows=256, cols=256)  # 256x256 [GC-v6e]
 
@@ -415,6 +428,8 @@ V2 = ChipSpec.from_chip_figures(
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    dcn_bytes_per_s=3.1e9,  # unpublished for v2: v5e's per-chip figure [SB] assumed
+    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
 )
 
 V3 = ChipSpec.from_chip_figures(
@@ -438,6 +453,8 @@ V3 = ChipSpec.from_chip_figures(
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    dcn_bytes_per_s=3.1e9,  # unpublished for v3: v5e's per-chip figure [SB] assumed
+    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
 )
 
 V4 = ChipSpec.from_chip_figures(
@@ -462,6 +479,8 @@ V4 = ChipSpec.from_chip_figures(
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    dcn_bytes_per_s=6.25e9,  # unpublished for v4: v5p's per-chip figure [SB] assumed (4 chips per host, as v5p)
+    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
 )
 
 V5E = ChipSpec.from_chip_figures(
@@ -486,6 +505,8 @@ V5E = ChipSpec.from_chip_figures(
     megacore=False,  # one TensorCore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # fit on v5e rows C1, C2, C4
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    dcn_bytes_per_s=3.1e9,  # [SB]: about 3.1e9 B/s per chip across slices
+    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
 )
 
 V5P = ChipSpec.from_chip_figures(
@@ -510,6 +531,8 @@ V5P = ChipSpec.from_chip_figures(
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    dcn_bytes_per_s=6.25e9,  # [SB]: about 6.25e9 B/s per chip across slices
+    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
 )
 
 V6E = ChipSpec.from_chip_figures(
@@ -534,6 +557,8 @@ V6E = ChipSpec.from_chip_figures(
     megacore=False,  # one TensorCore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # fit on v6e row C5
+    dcn_bytes_per_s=3.1e9,  # unpublished for v6e: v5e's per-chip figure [SB] assumed (8 chips per host, as v5e)
+    dcn_latency_s=DCN_LATENCY_S,  # assumed (no published figure): see DCN_LATENCY_S
 )
 
 PRESETS: dict[str, ChipSpec] = {s.name: s for s in (V2, V3, V4, V5E, V5P, V6E)}

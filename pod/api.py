@@ -33,6 +33,7 @@ from pod.config.bench import BenchmarkPlan, check_benchmark
 from pod.config.plan import TrainingPlan, build_plan, is_timing_sweep
 from pod.config.overrides import (load_with_overrides, scenario_with_overrides,
                                   text_with_overrides)
+from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario, parse_scenario
 from pod.errors import ScenarioError
 from pod.report.model_summary import plan_model_tables
@@ -52,8 +53,9 @@ def load(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     """A ``Scenario`` from a path, a YAML string, a dict or a ``Scenario``.
 
     A string is a path when it names an existing file or ends in ``.yaml`` /
-    ``.yml``; otherwise it is YAML text (relative paths in it are relative to
-    the working directory).
+    ``.yml``; a model preset's name (``"llama3.1-8b"``: the preset on the smallest v5p
+    slice that holds it, as ``tpu-pod describe llama3.1-8b``); otherwise it is YAML text
+    (relative paths in it are relative to the working directory).
 
     Args:
         scenario: the scenario.
@@ -79,6 +81,10 @@ def load(scenario: str | Path | Mapping[str, Any] | Scenario, *,
         one_line = "\n" not in scenario.strip()
         if one_line and (scenario.strip().endswith((".yaml", ".yml")) or _is_file(scenario)):
             return load_with_overrides(scenario, overrides)
+        if one_line and is_preset_name(scenario):
+            from pod.commands.preset_scenario import preset_scenario
+
+            return preset_scenario(scenario.strip(), overrides)
         return text_with_overrides(scenario, overrides, source="<yaml>")
     raise ScenarioError(f"scenario: expected a path, YAML text, a dict or a Scenario, got "
                         f"{type(scenario).__name__}")

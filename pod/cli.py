@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from pod.config.sharding import device_chip_spec
 from pod.config.plan import build_plan, is_timing_sweep
 from pod.config.overrides import (Override, as_overrides, blame, load_with_overrides,
                                   looks_like_override)
+from pod.config.presets import is_preset_name
+from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
 from pod.report.model_summary import layer_costs, plan_model_tables
 
@@ -92,7 +95,7 @@ def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_di
         as_json: bool, report: bool, ray_dashboard: bool, in_process: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     items = as_overrides(overrides)
-    spec = load_with_overrides(scenario, items)
+    spec = _load(scenario, items)
     if trace_steps is not None and trace_path is None:
         raise click.BadParameter("needs --trace FILE to write the steps to",
                                  param_hint="--trace-steps")
@@ -125,6 +128,17 @@ def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_di
                                backend="local" if in_process else "ray")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
+
+
+def _load(target: str | Path, overrides: tuple[Override, ...] = ()) -> Scenario:
+    """A scenario file, or a preset's name (``llama3.1-8b``: ``describe_scenario``), with
+    the command line's overrides."""
+    text = str(target)
+    if not Path(text).exists() and not text.endswith((".yaml", ".yml")) and is_preset_name(text):
+        from pod.commands.preset_scenario import preset_scenario
+
+        return preset_scenario(text, overrides)
+    return load_with_overrides(target, overrides)
 
 
 def _checked(check, spec, path, overrides: tuple[Override, ...] = ()):
@@ -163,7 +177,7 @@ def _parse_steps(text: str, total: int) -> list[int]:
 
 def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
     """Check one scenario file; its JSON record (``ok``, and what was checked)."""
-    spec = load_with_overrides(path, overrides)
+    spec = _load(path, overrides)
     if spec.benchmark is not None:
         bplan = _checked(check_benchmark, spec, path, overrides)
         b = spec.benchmark
@@ -205,7 +219,7 @@ def validate(arguments: tuple[str, ...], as_json: bool) -> None:
     """Check SCENARIOS without running them: everything `run` would check (pod, batch
     split, HBM fit, links, faults). Every file is checked and reported; the exit
     status is 2 if any failed. KEY=VALUE arguments apply to every file."""
-    scenarios = [Path(a) for a in arguments if not looks_like_override(a)]
+    scenarios = [a for a in arguments if not looks_like_override(a)]
     items = as_overrides([a for a in arguments if looks_like_override(a)])
     if not scenarios:
         raise click.UsageError("give at least one scenario file", ctx=click.get_current_context())
@@ -238,20 +252,31 @@ def validate(arguments: tuple[str, ...], as_json: bool) -> None:
               help="Scenario: also a row per part of every layer (each conv, norm, add of a "
                    "ResNet or transformer block) with its MXU utilisation and bound.")
 def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool) -> None:
-    """Describe a chip (v4), a slice (v2-8) or a scenario file: its pod, the model
-    summary, the HBM plan per device and one timing-only step (what bounds it)."""
+    """Describe a chip (v4), a slice (v2-8), a scenario file or a model preset
+    (llama3.1-8b: on the smallest v5p slice and layout that holds it; KEY=VALUE to change
+    it): its pod, the model summary, the HBM plan per device and one timing-only step
+    (what bounds it)."""
     console = make_console()
     items = as_overrides(overrides)
-    if target.endswith((".yaml", ".yml")) or Path(target).is_file():
+    try:
+        is_file = Path(target).is_file()
+    except OSError:  # a name too long for a path is a chip or slice name that is unknown
+        is_file = False
+    if target.endswith((".yaml", ".yml")) or is_file or is_preset_name(target):
         _describe_scenario(console, target, as_json, detail, items)
         return
     if items:
-        raise click.UsageError(f"KEY=VALUE overrides belong to a scenario; {target!r} is a chip "
-                               f"or a slice", ctx=click.get_current_context())
+        raise click.UsageError(f"KEY=VALUE overrides belong to a scenario or a preset; {target!r} "
+                               f"is a chip or a slice", ctx=click.get_current_context())
     if target.lower() in PRESETS:
         pod = resolve_pod(chip=get_chip_spec(target).name, chips=1)
-    else:
+    elif re.match(r"^v\d", target.strip().lower()):
         pod = resolve_pod(slice_name=target)
+    else:
+        from pod.config.presets import preset_names
+
+        raise ScenarioError(f"{target}: not a chip ({', '.join(PRESETS)}), a slice (v5p-128), a "
+                            f"scenario file or a model preset ({', '.join(preset_names())})")
     if as_json:
         click.echo(json.dumps(_pod_json(pod), indent=2))
         return
@@ -260,7 +285,7 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
 
 def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False,
                        overrides: tuple[Override, ...] = ()) -> None:
-    spec = load_with_overrides(target, overrides)
+    spec = _load(target, overrides)
     if spec.benchmark is not None:
         bplan = _checked(check_benchmark, spec, target, overrides)
         if as_json:
@@ -600,7 +625,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
 
     from pod.commands.sweep import is_missing, json_row, run_sweep, sweep_kind, sweep_points
 
-    spec = load_with_overrides(scenario, overrides)
+    spec = _load(scenario, as_overrides(overrides))
     if spec.sweep is None:
         raise ScenarioError(f"{scenario}: sweep: no sweep: block in this scenario")
     out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
@@ -672,11 +697,16 @@ def _describe_pod(console: Console, pod) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``tpu-pod`` console script."""
+    nul = next((a for a in (sys.argv[1:] if argv is None else argv) if "\x00" in a), None)
+    if nul is not None:  # click's path checks would raise ValueError: embedded null byte
+        click.echo(f"error: the argument {nul[:60]!r} holds a NUL byte; no file name or value "
+                   "can (see 'tpu-pod --help')", err=True)
+        sys.exit(EXIT_USER_ERROR)
     try:
         code = cli.main(args=argv, prog_name="tpu-pod", standalone_mode=False)
     except click.UsageError as err:  # a bad option or argument: one line, like every user error
         where = err.ctx.command_path if err.ctx is not None else "tpu-pod"
-        message = " ".join(err.format_message().split())
+        message = one_line(err.format_message())  # a huge value quoted is cut to fit
         click.echo(f"error: {message} (see '{where} --help')", err=True)
         sys.exit(err.exit_code)
     except click.ClickException as err:

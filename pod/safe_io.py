@@ -186,6 +186,9 @@ def check_regular(path: Path | str, what: str = "files read here") -> os.stat_re
         info = Path(path).stat()
     except OSError as err:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    except ValueError:  # a NUL byte in the name
+        raise ValueError(f"{str(path)!r}: cannot read (a file name cannot hold a NUL "
+                         "byte)") from None
     if not stat.S_ISREG(info.st_mode):
         raise ValueError(f"{path}: is {_kind(info.st_mode)}; {what} must be regular files")
     return info

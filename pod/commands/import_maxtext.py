@@ -54,7 +54,7 @@ import yaml
 
 from pod.config.mesh import devices_per_chip
 from pod.config.overrides import parse_override
-from pod.config.presets import parameter_scale
+from pod.config.presets import get_preset, parameter_scale, synthetic_examples
 from pod.config.scenario import load_yaml
 from pod.config.slices import resolve_pod
 from pod.errors import ScenarioError
@@ -303,10 +303,7 @@ def _optimizer(config: MaxTextConfig) -> dict[str, Any]:
 def _num_examples(per_device_examples: int, tensorcores: int) -> int:
     """Random sequences enough for one chip's share of the batch (a timing-only plan
     reads one chip's) with a test split of 20%, as the shipped large scenarios."""
-    n = max(10, math.ceil(per_device_examples * tensorcores / 0.8) + 1)
-    while n - round(0.2 * n) < per_device_examples * tensorcores:
-        n += 1
-    return n
+    return max(10, synthetic_examples(per_device_examples * tensorcores))
 
 
 def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
@@ -316,6 +313,7 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
     Raises:
         ScenarioError: a key the scenario needs is missing or not modelled (one line).
     """
+    config = _with_model_name(config)
     target = _slice_name(config, slice_name)
     try:
         pod = resolve_pod(slice_name=target)
@@ -323,6 +321,7 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
         raise ScenarioError(str(err).replace("pod.slice:", "--slice:", 1)) from None
     devices = pod.chips * devices_per_chip(pod.chip)
     options, vocabulary = _model_options(config)
+    pending = _not_taken_yet(options)
     mesh = _mesh(config, devices)
     batch = _batch(config, devices)
     length = _int(config, "max_target_length")
@@ -344,7 +343,55 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
         "metrics": {"port": 0},
         "sweep": {"mode": "timing", "steps": 2},
     }
-    return ImportResult(scenario, tuple(_notes(config, target)))
+    return ImportResult(scenario, tuple(pending + _notes(config, target)))
+
+
+#: Options the transformer may not take yet (branch model): without them the scenario is
+#: still the model, costed as the transformer does today; carried once it takes them.
+LATER_OPTIONS = ("attention",)
+
+
+def _not_taken_yet(options: dict[str, Any]) -> list[Note]:
+    """Drop (in place) the ``LATER_OPTIONS`` the transformer does not take; a note each."""
+    from pod.workloads.transformer import TRANSFORMER_OPTIONS
+
+    notes = []
+    for key in LATER_OPTIONS:
+        if key in options and key not in TRANSFORMER_OPTIONS:
+            notes.append(Note(key, "warning", f"{key}: {options.pop(key)!r}: not carried, the "
+                                              f"transformer has no {key} option yet; costed as "
+                                              f"it computes today"))
+    return notes
+
+
+def _with_model_name(config: MaxTextConfig) -> MaxTextConfig:
+    """``model_name: llama3.1-8b`` without a model file: MaxText reads
+    ``configs/models/llama3.1-8b.yml``; here the preset of that name gives the same keys
+    (``pod.config.presets``), below the command line's."""
+    name = config.values.get("model_name")
+    files = {o for o in config.origin.values() if o != "command line"}
+    if name in (None, "", "default") or len(files) > 1:
+        return config
+    try:
+        preset = get_preset(name)
+    except ScenarioError:
+        raise ScenarioError(f"model_name: {name!r} is not a preset here; give its model file "
+                            f"(configs/models/{name}.yml) after the base") from None
+    keys = {"base_emb_dim": preset.embed_dim, "base_num_query_heads": preset.heads,
+            "base_num_kv_heads": preset.kv_heads, "head_dim": preset.head_dim,
+            "base_mlp_dim": preset.mlp_dim, "vocab_size": preset.vocabulary,
+            "base_num_decoder_layers": preset.layers,
+            "mlp_activations": {v: list(k) for k, v in ACTIVATIONS.items()}[preset.mlp_activation],
+            "logits_via_embedding": preset.tied_embeddings, "fused_qkv": preset.fused_qkv,
+            "decoder_block": "gpt3" if preset.use_bias else
+            "default" if preset.block == "parallel" else "llama2"}
+    values, origin = dict(config.values), dict(config.origin)
+    if preset.approximations:  # named as the step keys of a model file are
+        keys["sliding_window_size"] = 1 if "sliding" in preset.approximations else 0
+    for key, value in keys.items():
+        if origin.get(key) != "command line":
+            values[key], origin[key] = value, f"preset {preset.name}"
+    return MaxTextConfig(values, origin, config.base)
 
 
 def _precision(config: MaxTextConfig) -> str:

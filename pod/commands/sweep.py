@@ -67,7 +67,8 @@ COLUMNS = (
     "compute_seconds", "collective_seconds", "exposed_collective_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
-    "simulated_tflops", "mfu", "communication_fraction", "scaling_efficiency",
+    "simulated_tflops", "maxtext_tflops_per_device", "mfu", "communication_fraction",
+    "scaling_efficiency",
     "bound", "bound_fraction", "ici_axes",
     *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
     "wall_seconds", "wall_seconds_per_step",
@@ -274,6 +275,8 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         "update_seconds": mean(lambda s: s.update_seconds),
         "simulated_examples_per_second": plan.global_batch / step,
         "simulated_tflops": flops / step / 1e12,
+        "maxtext_tflops_per_device": (fmean(s.maxtext_flops_per_device for s in timed) / step / 1e12
+                                      or math.nan),
         "mfu": mfu(flops, step, plan.pod.peak_bf16_flops_per_s),
         "communication_fraction": exposed / step,
         "wall_seconds": wall,

@@ -207,8 +207,10 @@ class Run:
                 (the partial summary is written first).
             RunInterrupted: SIGINT / SIGTERM (after writing what the run has).
         """
-        self.start_metrics()
-        try:
+        try:  # the locks are let go whatever fails, from here on
+            if self.backend == "ray":  # a pod this machine cannot hold: one line, before any file
+                admit(self.plan)
+            self.start_metrics()
             self.pod = self._make_pod()
             with self.guard, self.rows:
                 try:
@@ -272,8 +274,6 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
-        if self.backend == "ray":
-            admit(plan)  # a pod this machine cannot hold is one line, before any actor
         self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         where = "chip actors" if self.backend == "ray" else "chips in this process"

@@ -54,6 +54,7 @@ Your Model", the sharding and training chapters (FSDP = ZeRO-3).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -183,6 +184,9 @@ class MeshAxis:
             devices of a group in ring order (0: all on one chip).
         ring: the indices along the axis in ring order (a permutation of
             ``range(size)``); :meth:`Mesh.groups` applies it.
+        dcn: the axis's factor across slices (multislice, ``pod.dcn_mesh``): the
+            outer ``dcn`` part of the axis spans slices over the data-centre
+            network, the inner ``size / dcn`` lies in each slice on ``blocks``.
     """
 
     name: str
@@ -191,6 +195,7 @@ class MeshAxis:
     closed: bool
     hops_per_step: int
     ring: tuple[int, ...] = field(repr=False, default=())  # indices along the axis, ring order
+    dcn: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,6 +210,12 @@ class Mesh:
         torus: the ICI torus of the chips.
         devices_per_chip: 2 on v2 / v3 (a device per TensorCore), else 1.
         axes: per axis its :class:`MeshAxis` (blocks, ring or line).
+        slices: slices joined by the data-centre network (multislice); device
+            ``d`` is on slice ``d // slice_devices``, chip ``d // devices_per_chip``
+            (chip ranks run on across slices), torus rank ``(d % slice_devices)
+            // devices_per_chip`` of its slice's ``torus``.
+        slice_mesh: the mesh of one slice (the axes' in-slice parts, laid on
+            ``torus``); the mesh itself when there is one slice.
     """
 
     axis_names: tuple[str, ...]
@@ -213,6 +224,8 @@ class Mesh:
     torus: Torus
     devices_per_chip: int
     axes: tuple[MeshAxis, ...]
+    slices: int = 1
+    slice_mesh: "Mesh | None" = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Mesh) and self._key() == other._key()
@@ -222,7 +235,27 @@ class Mesh:
         return hash(self._key())
 
     def _key(self) -> tuple:
-        return (self.axis_names, self.shape, self.torus, self.devices_per_chip)
+        return (self.axis_names, self.shape, self.torus, self.devices_per_chip, self.slices,
+                tuple(a.dcn for a in self.axes))
+
+    @property
+    def in_slice(self) -> "Mesh":
+        """The mesh of one slice (``slice_mesh``, or itself with one slice)."""
+        return self.slice_mesh if self.slice_mesh is not None else self
+
+    @property
+    def slice_devices(self) -> int:
+        """Devices in one slice."""
+        return self.size // self.slices
+
+    def dcn_size(self, axis: str) -> int:
+        """The factor of ``axis`` across slices (1 for an axis within slices or absent)."""
+        return self._axis(axis).dcn if axis in self.axis_names else 1
+
+    @property
+    def dcn_sizes(self) -> dict[str, int]:
+        """Axis -> its factor across slices, for the axes that cross slices."""
+        return {a.name: a.dcn for a in self.axes if a.dcn > 1}
 
     @property
     def size(self) -> int:
@@ -438,16 +471,22 @@ def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
     return ", ".join(format_axes(m) for m in near[:2])
 
 
-def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
-    """The mesh a scenario's ``pod.mesh`` asks for, on the scenario's pod.
+def build_mesh(axes: Mapping[str, int] | None, pod: PodShape,
+               dcn: Mapping[str, int] | None = None) -> Mesh:
+    """The mesh a scenario's ``pod.mesh`` (and ``pod.dcn_mesh``) asks for, on its pod.
 
     Args:
         axes: ``pod.mesh`` as :func:`parse_mesh_axes` returns it (one size may
-            be -1, "the rest"); None: ``{data: <every device>}``.
-        pod: the resolved pod.
+            be -1, "the rest"): the axes within one slice (MaxText's
+            ``ici_*_parallelism``); None: ``{data: <every device of a slice>}``.
+        pod: the resolved pod (``pod.slices`` slices of ``pod.torus``).
+        dcn: ``pod.dcn_mesh``: each axis's factor across slices (MaxText's
+            ``dcn_*_parallelism``; the sizes multiply to ``pod.slices``); None:
+            ``{data: pod.slices}``.
 
     Returns:
-        The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``.
+        The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``,
+        each axis ``ici x dcn`` long (the DCN part outer).
 
     Raises:
         ScenarioError: one line naming the sizes and valid choices, e.g.
@@ -455,7 +494,7 @@ def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
             16; sizes must multiply to 16 (e.g. {data: 4, tensor: 4}, ...)``.
     """
     per_chip = devices_per_chip(pod.chip)
-    count = pod.chips * per_chip
+    count = pod.torus.num_chips * per_chip                              # one slice's devices
     axes = parse_mesh_axes(axes) if axes is not None else {"data": count}
     where = (f"the {pod.slice_name} slice" if pod.slice_name else
              f"the {pod.chip.name} {pod.torus.name} pod")
@@ -474,7 +513,52 @@ def build_mesh(axes: Mapping[str, int] | None, pod: PodShape) -> Mesh:
                             f"{per_core}{tail}")
     if rest:
         axes = {**axes, rest[0]: count // given}
-    return layout_mesh(axes, pod.torus, per_chip)
+    one = layout_mesh(axes, pod.torus, per_chip)
+    slices = getattr(pod, "slices", 1)
+    if slices == 1 and not dcn:
+        return one
+    return multislice_mesh(one, dict(dcn) if dcn else {"data": slices}, slices)
+
+
+def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
+    """``slices`` copies of a one-slice mesh joined over the data-centre network, each
+    axis ``a`` ``dcn[a]`` times longer, its DCN part outermost (MaxText's
+    ``create_hybrid_device_mesh``: slice ``s`` holds the devices whose DCN indices
+    number ``s`` row-major).
+
+    Args:
+        one: the mesh of one slice.
+        dcn: axis -> factor across slices; the factors multiply to ``slices``.
+        slices: slices.
+
+    Raises:
+        ScenarioError: the factors do not multiply to the slices, or an unknown axis.
+    """
+    if math.prod(dcn.values()) != slices or any(a not in AXIS_NAMES for a in dcn):
+        raise ScenarioError(f"pod.dcn_mesh: {format_axes(dcn)} must name mesh axes "
+                            f"({', '.join(AXIS_NAMES)}) whose sizes multiply to pod.slices "
+                            f"{slices}, e.g. {{data: {slices}}}")
+    names = tuple(n for n in AXIS_NAMES if n in one.axis_names or n in dcn)
+    ici = [one.axis_size(n) if n in one.axis_names else 1 for n in names]
+    outer = [int(dcn.get(n, 1)) for n in names]
+    local = one.devices.reshape(ici)                                    # every axis, size 1 too
+    n_local = one.size
+    slice_of = np.arange(slices).reshape(outer)                         # row-major DCN indices
+    full = (slice_of.reshape(*outer, *([1] * len(names))) * n_local
+            + local.reshape(*([1] * len(names)), *ici))                 # (dcn..., ici...)
+    k = len(names)
+    order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]   # dcn_i outer of ici_i
+    shape = tuple(o * i for o, i in zip(outer, ici))
+    devices = full.transpose(order).reshape(shape)
+    devices.flags.writeable = False
+    axes = []
+    for n, o, i in zip(names, outer, ici):
+        base = one._axis(n) if n in one.axis_names else MeshAxis(n, 1, (), False, 0, (0,))
+        ring = tuple(d * i + r for d in range(o) for r in (base.ring or (0,)))
+        axes.append(dataclasses.replace(base, size=o * i, ring=ring, dcn=o,
+                                        closed=base.closed or o > 1))
+    return Mesh(names, shape, devices, one.torus, one.devices_per_chip, tuple(axes),
+                slices=slices, slice_mesh=one)
 
 
 # ------------------------------------------------------------------ memory

@@ -248,6 +248,12 @@ def _custom_model_for_data(model: Any, dataset: Dataset, mesh: Mesh) -> Model:
 
 
 def _built(name: str, dataset: Dataset, options: dict) -> Model:
+    """``build_model`` for the data; an option named like one of its own arguments is a
+    ValueError (``model.options: ...`` from the caller; it raised TypeError: 'got multiple
+    values for argument')."""
+    for key in sorted({"name", "input_shape", "num_classes"} & set(options)):
+        where = "model.name" if key == "name" else "the data"
+        raise ValueError(f"{key!r} is not an option of model {name!r}; it is set by {where}")
     return build_model(name, input_shape=tuple(dataset.x_train.shape[1:]),
                        num_classes=dataset.num_classes, **options)
 
@@ -370,9 +376,9 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                             "use pod.config.bench.check_benchmark")
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
-                      topology=cfg.topology, wraparound=cfg.wraparound)
+                      topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
     check_links(cfg.links, pod.torus)
-    mesh = build_mesh(cfg.mesh, pod)
+    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh)
     training = scenario.training
     try:
         check_precision(training.precision, pod.chip.core, pod.chip.name)
@@ -419,14 +425,16 @@ def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.l
         ScenarioError: a failed link on a mesh of a device per TensorCore (v2 / v3),
             whose rerouted collectives are not modelled; ``field`` names the entry.
     """
-    sharded = mesh.axis_size("data") != mesh.size
+    sharded = mesh.in_slice.axis_size("data") != mesh.in_slice.size
     if faults is not None and faults.failed and mesh.devices_per_chip > 1 and sharded:
         raise ScenarioError(f"{field}: a failed link on a sharded mesh of a device per "
                             f"TensorCore (pod.mesh {format_axes(mesh.sizes)}) is not modelled "
                             "(its rerouted collectives have chip ranks only); use slowdown, a "
                             "v4 / v5e / v5p / v6e pod, or {data: N}")
     return MeshCollectiveCosts(mesh, ici.link, on_chip_bandwidth(chip), faults,
-                               torus_algorithm=ici.algorithm if ici.costs else None)
+                               torus_algorithm=ici.algorithm if ici.costs else None,
+                               dcn_bytes_per_s=chip.dcn_bytes_per_s,
+                               dcn_latency_s=chip.dcn_latency_s)
 
 
 def _link_faults_by_step(faults: FaultPlan, torus) -> list[tuple[int, Any, str]]:
@@ -496,7 +504,8 @@ def plan_ici(pod: PodShape, mesh: Mesh, num_elements: int, algorithm: str,
     """
     link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
                            pod.chip.ici_latency_s)
-    if mesh.axis_size("data") != mesh.size or mesh.size == 1:
+    one = mesh.in_slice
+    if "data" not in one.axis_names or one.axis_size("data") != one.size or one.size == 1:
         return IciPlan(algorithm="ring" if algorithm == "auto" else algorithm,
                        num_elements=num_elements, link=link, costs=())
     chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,

@@ -114,6 +114,9 @@ PRECISIONS = CHIP_PRECISIONS  # bf16 | fp32 | int8 (chip.PRECISIONS; int8 not on
 # cost model or ask for absurd work; each is far above any real use.
 #: chips in a pod: the largest Google slice, v5p-17920, has 8,960 chips
 MAX_CHIPS = 16384
+#: multislice: slices joined by the DCN (the largest published job: 199 v5e-256 slices,
+#: 50,944 chips)
+MAX_SLICES = 256
 #: examples per global batch (2**24; the largest published TPU batches are ~65k)
 MAX_GLOBAL_BATCH = 1 << 24
 #: optimizer steps (or steps between checkpoints / evaluations) of one run
@@ -184,13 +187,25 @@ class PodConfig(_Frozen):
     # pipelined: weights double-buffered, one pipeline bubble per op (the hardware [SB]);
     # scalesim: SCALE-Sim's weight-stationary count, a weight load and fill/drain per fold
     mxu_model: str = "pipelined"
-    # pod.mesh: axis name -> size (pod/config/mesh.py); None: {data: every device}
+    # pod.mesh: axis name -> size within a slice (pod/config/mesh.py, MaxText's
+    # ici_*_parallelism); None: {data: every device of a slice}
     mesh: dict[str, int] | None = None
+    # multislice: identical slices joined by the data-centre network; pod.dcn_mesh: each
+    # axis's factor across them (MaxText's dcn_*_parallelism); None: {data: slices}
+    slices: int = Field(default=1, ge=1, le=MAX_SLICES, description="slices over the DCN")
+    dcn_mesh: dict[str, int] | None = None
 
     @field_validator("mesh", mode="before")
     @classmethod
     def _mesh_axes(cls, value: Any) -> Any:
         from pod.config.mesh import parse_mesh_axes  # ScenarioError is a ValueError: pydantic reports it
+
+        return None if value is None else parse_mesh_axes(value)
+
+    @field_validator("dcn_mesh", mode="before")
+    @classmethod
+    def _dcn_axes(cls, value: Any) -> Any:
+        from pod.config.mesh import parse_mesh_axes
 
         return None if value is None else parse_mesh_axes(value)
 
@@ -226,6 +241,16 @@ class PodConfig(_Frozen):
     def _one_way(self) -> "PodConfig":
         if not self.slice and not self.chip:
             raise ValueError("give either slice (e.g. v2-8) or chip (e.g. v2) with chips")
+        if self.dcn_mesh is not None:
+            sizes = dict(self.dcn_mesh)
+            rest = [a for a, n in sizes.items() if n == -1]
+            given = math.prod(n for n in sizes.values() if n != -1)
+            if (rest and self.slices % given) or (not rest and given != self.slices):
+                raise ValueError(f"dcn_mesh: {sizes} must multiply to pod.slices {self.slices} "
+                                 f"(one size may be -1: the rest), e.g. {{data: {self.slices}}}")
+            if rest:
+                sizes[rest[0]] = self.slices // given
+            object.__setattr__(self, "dcn_mesh", sizes)
         return self
 
 
@@ -236,10 +261,33 @@ def _one_of(value: str, allowed: tuple[str, ...]) -> str:
 
 
 class ModelConfig(_Frozen):
-    """The model to train, by name (``pod.workloads.MODEL_NAMES``), with its options."""
+    """The model to train, by name (``pod.workloads.MODEL_NAMES``), with its options; or a
+    published model by ``preset`` (``pod.config.presets``: the transformer with the preset's
+    options, then ``options`` over them)."""
 
     name: str
     options: dict[str, Any] = Field(default_factory=dict)
+    preset: str | None = Field(default=None, description="a published model, e.g. llama3.1-8b")
+    global_parameter_scale: int | None = Field(default=None, ge=1, le=1 << 20,
+                                               description="the maxtext-2023 preset's scale")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, value: Any) -> Any:
+        from pod.config.presets import expand_model  # ScenarioError is a ValueError
+
+        return expand_model(value)
+
+    @field_validator("options")
+    @classmethod
+    def _not_an_argument(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # build_model(name, input_shape, num_classes, **options): these are set elsewhere
+        # (a TypeError traceback before; `model.options.name=x` on the command line reaches it)
+        where = {"name": "model.name", "input_shape": "the data's example shape",
+                 "num_classes": "the data's classes (the vocabulary for token models)"}
+        for key in sorted(set(value) & set(where)):
+            raise ValueError(f"{key!r} is not a model option; it is set by {where[key]}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -596,6 +644,18 @@ class Scenario(_Frozen):
         if set(value) == {"."}:
             raise ValueError("must name a directory inside runs/, not '.' or '..' (it names the "
                              "output directory runs/<name>)")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_data(cls, value: Any) -> Any:
+        # a preset model brings its vocabulary and context (pod.config.presets.preset_data)
+        from pod.config.presets import preset_data
+
+        if isinstance(value, dict) and isinstance(value.get("model"), dict):
+            data = preset_data(value["model"], value.get("data"), value.get("training"))
+            if data is not None:
+                return {**value, "data": data}
         return value
 
     @model_validator(mode="after")

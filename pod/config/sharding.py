@@ -31,7 +31,7 @@ from typing import Any
 from chip import ChipSpec
 
 from interconnect import (GROUP_ALGORITHMS, GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost, Torus,
-                          group_collective_cost)
+                          dcn_collective_seconds, group_collective_cost)
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
 __all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
@@ -155,6 +155,9 @@ class MeshCollectiveCosts:
             moves parameters and activations in [SB] training.md). The cost
             depends on the bytes; the element size only sets how finely a
             buffer splits.
+        dcn_bytes_per_s, dcn_latency_s: the data-centre network between slices
+            (``chip.ChipSpec``'s, per chip): an axis with a factor across slices
+            (``Mesh.dcn_size``) is costed hierarchically (:meth:`cost`).
 
     Raises:
         ValueError: an unknown algorithm or an itemsize below 1.
@@ -167,6 +170,8 @@ class MeshCollectiveCosts:
     torus_algorithm: str | None = None
     algorithm: str = "xla"
     itemsize: int = 2
+    dcn_bytes_per_s: float = 3.1e9
+    dcn_latency_s: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -180,14 +185,15 @@ class MeshCollectiveCosts:
 
     @property
     def torus(self) -> Torus:
-        """The chips' torus."""
+        """The torus of one slice's chips."""
         return self.mesh.torus
 
     def group_torus(self, axis: str) -> Torus:
-        """The block of the torus each group of ``axis`` occupies, as a torus of its own:
-        one axis per ``AxisBlock`` (slowest first), its size, a ring where it wraps; the
-        groups of ``Mesh.groups(axis, "mesh")`` list their devices in its row-major order."""
-        blocks = self.mesh.torus_axes(axis)
+        """The block of the torus each group of ``axis`` occupies in a slice, as a torus of
+        its own: one axis per ``AxisBlock`` (slowest first), its size, a ring where it
+        wraps; the groups of ``Mesh.groups(axis, "mesh")`` list their devices in its
+        row-major order."""
+        blocks = self.mesh.in_slice.torus_axes(axis)
         return Torus(tuple(k.size for k in blocks), tuple(k.wraps for k in blocks))
 
     def cost(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
@@ -203,7 +209,14 @@ class MeshCollectiveCosts:
                 all-to-all's whole buffer).
 
         Returns:
-            ``interconnect.group_collective_cost`` of the axis's groups.
+            ``interconnect.group_collective_cost`` of the axis's groups (in one slice:
+            every slice does the same on its own torus). An axis that spans slices
+            (``Mesh.dcn_size`` K > 1) is hierarchical, as XLA keeps it: an allreduce
+            is a reduce-scatter in the slice, an allreduce of the shard across the
+            K slices over the DCN, an all-gather in the slice; a reduce-scatter the
+            slice's then the DCN's on the shard; an all-gather the DCN's then the
+            slice's (``interconnect.dcn_collective_seconds``). The DCN seconds are a
+            phase of the result; its link bytes are the ICI links'.
 
         Raises:
             ValueError: an unknown axis or op.
@@ -217,27 +230,57 @@ class MeshCollectiveCosts:
         if hit is not None:
             return hit
         if self.mesh.axis_size(axis) <= 1:
-            result = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
-        elif self._whole_torus(axis, op):
-            result = self._torus_allreduce(int(nbytes))
+            result = _FREE
+        elif self.mesh.dcn_size(axis) > 1:
+            result = self._hierarchical(axis, op, int(nbytes))
         else:
-            elements = int(nbytes) // self.itemsize
-            if op == "all_gather":  # the schedule's buffer is the gathered result
-                elements *= self.mesh.axis_size(axis)
-            xla = self.algorithm == "xla"
-            result = group_collective_cost(
-                op, self.torus, self.mesh.groups(axis, "mesh" if xla else "ring"), elements,
-                self.link, self.itemsize, self.faults, devices_per_chip=self.mesh.devices_per_chip,
-                on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=self.algorithm,
-                group_torus=self.group_torus(axis) if xla else None)
+            result = self._in_slice(axis, op, int(nbytes))
         with self._lock:
             self._cache[key] = result
         return result
 
+    def _in_slice(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
+        """``op`` over the groups of ``axis`` within one slice."""
+        one = self.mesh.in_slice
+        if axis not in one.axis_names or one.axis_size(axis) <= 1:
+            return _FREE
+        if self._whole_torus(axis, op):
+            return self._torus_allreduce(nbytes)
+        elements = nbytes // self.itemsize
+        if op == "all_gather":  # the schedule's buffer is the gathered result
+            elements *= one.axis_size(axis)
+        xla = self.algorithm == "xla"
+        return group_collective_cost(
+            op, self.torus, one.groups(axis, "mesh" if xla else "ring"), elements, self.link,
+            self.itemsize, self.faults, devices_per_chip=one.devices_per_chip,
+            on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=self.algorithm,
+            group_torus=self.group_torus(axis) if xla else None)
+
+    def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
+        """``op`` over an axis that spans K slices (:meth:`cost`)."""
+        one, k = self.mesh.in_slice, self.mesh.dcn_size(axis)
+        g = one.axis_size(axis) if axis in one.axis_names else 1
+
+        def dcn(dcn_op: str, buffer: float) -> float:
+            return dcn_collective_seconds(dcn_op, k, buffer, self.dcn_bytes_per_s,
+                                          self.dcn_latency_s,
+                                          senders_per_chip=one.devices_per_chip)
+
+        if op == "allreduce":
+            parts = [self._in_slice(axis, "reduce_scatter", nbytes), dcn("allreduce", nbytes / g),
+                     self._in_slice(axis, "all_gather", nbytes // g)]
+        elif op == "reduce_scatter":
+            parts = [self._in_slice(axis, "reduce_scatter", nbytes),
+                     dcn("reduce_scatter", nbytes / g)]
+        else:  # all_gather of a piece: across slices, then in the slice
+            parts = [dcn("all_gather", k * nbytes), self._in_slice(axis, "all_gather", k * nbytes)]
+        return _combined(parts)
+
     def _whole_torus(self, axis: str, op: str) -> bool:
-        """An allreduce over an axis whose one group is every device of the pod."""
+        """An allreduce over an axis whose one group is every device of a slice."""
+        one = self.mesh.in_slice
         return (op == "allreduce" and self.torus_algorithm is not None
-                and self.mesh.axis_size(axis) == self.mesh.size)
+                and one.axis_size(axis) == one.size)
 
     def _torus_allreduce(self, nbytes: int) -> ScheduleCost:
         """The whole pod's allreduce by ``torus_algorithm`` over the chips' torus; with
@@ -270,3 +313,25 @@ class MeshCollectiveCosts:
             for link, b in self.cost(axis, op, nbytes).link_bytes.items():
                 total[link] += count * int(b)
         return {f"{a}->{b}": int(v) for (a, b), v in sorted(total.items())}
+
+
+_FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+
+
+def _combined(parts: Iterable[ScheduleCost | float]) -> ScheduleCost:
+    """Costs run one after another: seconds added, ICI link bytes added; a float is a DCN
+    phase (no ICI link bytes)."""
+    seconds, phases, busiest, fixed = 0.0, [], 0.0, 0.0
+    link_bytes: Counter = Counter()
+    for part in parts:
+        if isinstance(part, ScheduleCost):
+            seconds += part.seconds
+            phases.extend(part.phase_seconds)
+            busiest += part.busiest_link_seconds
+            fixed += part.fixed_seconds
+            link_bytes.update(part.link_bytes)
+        elif part > 0:
+            seconds += float(part)
+            phases.append(float(part))
+    return ScheduleCost(seconds=seconds, phase_seconds=tuple(phases), link_bytes=dict(link_bytes),
+                        busiest_link_seconds=busiest, fixed_seconds=fixed)

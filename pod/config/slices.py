@@ -38,18 +38,26 @@ class PodShape:
 
     Attributes:
         chip: the chip preset every chip of the pod uses.
-        torus: the ICI topology; ``torus.num_chips`` chips.
+        torus: the ICI topology of one slice; ``torus.num_chips`` chips.
         slice_name: Google's name for the slice when it has one, else "".
+        slices: identical slices joined by the data-centre network (multislice,
+            ``pod.slices``); chip ranks run on from one slice to the next.
     """
 
     chip: ChipSpec
     torus: Torus
     slice_name: str = ""
+    slices: int = 1
+
+    @property
+    def slice_chips(self) -> int:
+        """Chips in one slice."""
+        return self.torus.num_chips
 
     @property
     def chips(self) -> int:
-        """Number of chips in the pod."""
-        return self.torus.num_chips
+        """Number of chips in the pod (every slice's)."""
+        return self.slices * self.torus.num_chips
 
     @property
     def tensorcores(self) -> int:
@@ -68,8 +76,10 @@ class PodShape:
 
     @property
     def name(self) -> str:
-        """The slice name, or ``<chip>x<chips>`` when there is none."""
-        return self.slice_name or f"{self.chip.name}:{self.torus.name}"
+        """The slice name, or ``<chip>:<torus>`` when there is none; ``<K> x <slice>``
+        for K slices."""
+        one = self.slice_name or f"{self.chip.name}:{self.torus.name}"
+        return one if self.slices == 1 else f"{self.slices} x {one}"
 
 
 #: Google Cloud's slice names -> torus shape (chips per axis). The number in the
@@ -206,11 +216,13 @@ def resolve_pod(
     chips: int | None = None,
     topology: str | None = None,
     wraparound: bool | None = None,
+    slices: int = 1,
 ) -> PodShape:
     """Resolve the pod a scenario asks for.
 
     Either ``slice_name`` or ``chip`` (with ``chips`` and/or ``topology``)
-    names the pod. The topology shape must hold exactly the pod's chips.
+    names one slice; ``slices`` of them make the pod (multislice). The
+    topology shape must hold exactly the slice's chips.
 
     Raises:
         ScenarioError: conflicting or incomplete fields, a topology whose
@@ -263,4 +275,7 @@ def resolve_pod(
             raise ScenarioError("pod: give chips or topology together with chip")
         shape = default_shape(count, spec.torus_dims)
     wrap = default_wraparound(spec, shape) if wraparound is None else wraparound
-    return PodShape(chip=spec, torus=Torus(shape, wrap), slice_name=name)
+    if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
+        raise ScenarioError(f"pod.slices: {slices!r} is not a number of slices; give a whole "
+                            "number >= 1")
+    return PodShape(chip=spec, torus=Torus(shape, wrap), slice_name=name, slices=slices)

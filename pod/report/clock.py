@@ -317,6 +317,11 @@ class StepContext:
             collectives); False: everything serial.
         ici_link_bandwidth_bytes_per_s: one ICI link's one-way bandwidth.
         tokens_per_example: tokens in one example (sequence models; 0 otherwise).
+        maxtext_flops_per_device: a step's training FLOPs per device as MaxText
+            counts them today (``maxtext_utils.calculate_tflops_training_per_device``,
+            training-steps.md's 2025 formula); 0 for a model MaxText has no formula for.
+        maxtext_2023_flops_per_device: the same by MaxText's 2023 formula with the
+            causal halving of the attention term (the v5p table's).
     """
 
     global_batch: int
@@ -329,6 +334,8 @@ class StepContext:
     overlap: bool = True
     ici_link_bandwidth_bytes_per_s: float = 0.0
     tokens_per_example: int = 0
+    maxtext_flops_per_device: float = 0.0
+    maxtext_2023_flops_per_device: float = 0.0
 
 
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
@@ -389,6 +396,8 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         hardware_flops=hardware,
         peak_flops_per_s=context.device_peak_flops_per_s * context.devices,
         wall_seconds=wall_seconds, tokens_per_example=context.tokens_per_example,
+        maxtext_flops_per_device=context.maxtext_flops_per_device,
+        maxtext_2023_flops_per_device=context.maxtext_2023_flops_per_device,
         exposed_collective_seconds=c.exposed_seconds, exposed_infeed_seconds=exposed_infeed,
         dispatch_seconds=context.dispatch_seconds,
         hbm_used_bytes={x.device: x.hbm_used_bytes for x in reports},

@@ -84,6 +84,10 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("throughput", f"{summary['simulated_examples_per_second']:,.0f} examples/s"
                        + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),
         ("model TFLOP/s", f"{summary['simulated_tflops']:.3f}", "simulated"),
+        *([("TFLOP/s per device (MaxText)",
+            f"{summary['maxtext_tflops_per_device']:.1f}; 2023 formula "
+            f"{summary['maxtext_2023_tflops_per_device']:.1f}", "simulated")]
+          if summary.get("maxtext_tflops_per_device") else []),
         ("MFU", f"{summary['mfu']:.2%}", "simulated"),
         ("HBM peak per device", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
                                 f"{summary['hbm_capacity_bytes'] / 2**30:.0f} GiB", ""),
@@ -108,7 +112,10 @@ def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
     each = " (a device per TensorCore)" if summary.get("devices_per_chip", 1) > 1 else ""
     algorithm = (f"; allreduce {summary['allreduce_algorithm']}"
                  if list(summary["mesh"]) == ["data"] else "")
-    return ("mesh", f"{{{axes}}}{each}{algorithm}", "")
+    dcn = summary.get("dcn_mesh") or {}
+    slices = (f"; {summary.get('slices', 1)} slices over the DCN ("
+              + ", ".join(f"{a} x{n}" for a, n in dcn.items()) + ")" if dcn else "")
+    return ("mesh", f"{{{axes}}}{each}{algorithm}{slices}", "")
 
 
 def _axis_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:

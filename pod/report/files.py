@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pod.errors import OutputError
-from pod.report.stats import StepStats, StepTotals, mfu
+from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu
 from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
@@ -114,6 +114,8 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "simulated_tokens_per_second": plan.global_batch * _tokens(plan) / step_seconds,
         "simulated_tflops": flops / step_seconds / 1e12,
         "mfu": mfu(flops, step_seconds, pod.peak_bf16_flops_per_s),
+        **{k.replace("_flops_", "_tflops_"): v / step_seconds / 1e12
+           for k, v in maxtext_flops(plan.model, plan.global_batch / plan.mesh.size).items()},
         "hfu": mfu(mean("hardware_flops"), step_seconds, pod.peak_bf16_flops_per_s),
         "infeed_seconds": mean("infeed_seconds"),
         "compute_seconds": mean("compute_seconds"),
@@ -192,6 +194,8 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "synthetic_data": bool(plan.dataset.synthetic),
         "precision": plan.scenario.training.precision,
         "mesh": dict(plan.mesh.sizes),
+        "slices": plan.mesh.slices,
+        "dcn_mesh": plan.mesh.dcn_sizes,
         "devices": plan.mesh.size,
         "devices_per_chip": plan.mesh.devices_per_chip,
         "allreduce_algorithm": plan.ici.algorithm,

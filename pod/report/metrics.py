@@ -21,6 +21,7 @@ never a step number. The chip generation is ``tpu_pod_info``'s ``generation`` la
 | tpu_pod_simulated_tokens_per_second | gauge | | last step's simulated tokens/s (sequence models) |
 | tpu_pod_simulated_flops_per_second | gauge | | last step's model FLOP/s (simulated) |
 | tpu_pod_mfu_ratio | gauge | | model FLOPs utilisation, 0..1 |
+| tpu_pod_simulated_tflops_per_device | gauge | | TFLOP/s per device as MaxText prints it (transformers) |
 | tpu_pod_loss | gauge | | last step's training loss |
 | tpu_pod_test_accuracy_ratio | gauge | | last evaluated test accuracy |
 | tpu_pod_mxu_utilization_ratio | gauge | chip, core | MXU FLOPs / (device peak x step time), last step |
@@ -77,6 +78,7 @@ METRIC_NAMES = (
     "tpu_pod_collective_overlap_ratio", "tpu_pod_simulated_tokens_per_second",
     "tpu_pod_simulated_chip_compute_seconds", "tpu_pod_collective_seconds_total",
     "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total",
+    "tpu_pod_simulated_tflops_per_device",
     "tpu_pod_expert_routed_tokens", "tpu_pod_expert_load_max_over_mean_ratio",
     "tpu_pod_expert_dropped_ratio",
 )
@@ -126,6 +128,9 @@ class PodMetrics:
                                       "Simulated model FLOP/s of the last step.", registry=r)
         self.mfu = Gauge("tpu_pod_mfu_ratio", "Model FLOPs utilisation of the last step (0..1).",
                          registry=r)
+        self.tflops_per_device = Gauge(
+            "tpu_pod_simulated_tflops_per_device", "TFLOP/s per device of the last step as "
+            "MaxText prints it (maxtext_utils.calculate_tflops_training_per_device).", registry=r)
         self.loss = Gauge("tpu_pod_loss", "Training loss of the last step.", registry=r)
         self.accuracy = Gauge("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).",
                               registry=r)
@@ -160,24 +165,8 @@ class PodMetrics:
                              "0..1.", registry=r)
         self.rate = Gauge("tpu_pod_emulation_rate_ratio",
                           "Simulated seconds per wall second, last step.", registry=r)
-        self.collective_seconds = Counter(
-            "tpu_pod_collective_seconds", "Simulated seconds of the collectives per mesh axis.",
-            ["axis"], registry=r)
-        self.collective_exposed_seconds = Counter(
-            "tpu_pod_collective_exposed_seconds", "Simulated seconds the compute stream waited "
-            "for the collectives, per mesh axis.", ["axis"], registry=r)
-        self.collective_bytes = Counter(
-            "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
-            "axis (the slowest device's).", ["axis"], registry=r)
-        self.expert_tokens = Gauge(
-            "tpu_pod_expert_routed_tokens", "Token choices routed to the expert in the last "
-            "step, every MoE layer and device.", ["expert"], registry=r)
-        self.expert_imbalance = Gauge(
-            "tpu_pod_expert_load_max_over_mean_ratio", "The busiest expert's token choices over "
-            "the mean in the last step, worst MoE layer (1: balanced).", registry=r)
-        self.expert_dropped = Gauge(
-            "tpu_pod_expert_dropped_ratio", "Share of the last step's token choices over an "
-            "expert's capacity.", registry=r)
+        self._axis_metrics(r)
+        self._expert_metrics(r)
         self._links = tuple(links)
         for link in links:
             self.ici_bytes.labels(link)
@@ -240,6 +229,30 @@ class PodMetrics:
                 stats.axis_exposed_seconds.get(axis, 0.0))
             self.collective_bytes.labels(axis).inc(stats.axis_collective_bytes.get(axis, 0))
 
+    def _axis_metrics(self, r: CollectorRegistry) -> None:
+        """The per-mesh-axis collective counters."""
+        self.collective_seconds = Counter(
+            "tpu_pod_collective_seconds", "Simulated seconds of the collectives per mesh axis.",
+            ["axis"], registry=r)
+        self.collective_exposed_seconds = Counter(
+            "tpu_pod_collective_exposed_seconds", "Simulated seconds the compute stream waited "
+            "for the collectives, per mesh axis.", ["axis"], registry=r)
+        self.collective_bytes = Counter(
+            "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
+            "axis (the slowest device's).", ["axis"], registry=r)
+
+    def _expert_metrics(self, r: CollectorRegistry) -> None:
+        """The routers' gauges (a mixture of experts; no series for a dense model)."""
+        self.expert_tokens = Gauge(
+            "tpu_pod_expert_routed_tokens", "Token choices routed to the expert in the last "
+            "step, every MoE layer and device.", ["expert"], registry=r)
+        self.expert_imbalance = Gauge(
+            "tpu_pod_expert_load_max_over_mean_ratio", "The busiest expert's token choices over "
+            "the mean in the last step, worst MoE layer (1: balanced).", registry=r)
+        self.expert_dropped = Gauge(
+            "tpu_pod_expert_dropped_ratio", "Share of the last step's token choices over an "
+            "expert's capacity.", registry=r)
+
     def observe_experts(self, stats: StepStats) -> None:
         """Set the routers' load of a step (a mixture of experts; nothing otherwise)."""
         load = stats.expert_load
@@ -272,6 +285,8 @@ class PodMetrics:
         self.tokens_per_second.set(stats.tokens_per_second)
         self.flops_per_second.set(stats.flops_per_second)
         self.mfu.set(stats.mfu)
+        if stats.maxtext_flops_per_device:
+            self.tflops_per_device.set(stats.maxtext_tflops_per_device)
         self.loss.set(stats.loss)
         for device, used in stats.hbm_used_bytes.items():
             self.hbm_used.labels(*self._labels(device)).set(used)

@@ -17,8 +17,9 @@ import numpy as np
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "ExpertLoad", "mfu", "overlapped_end",
-           "op_bound", "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER", "TOTAL_FIELDS"]
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "ExpertLoad", "mfu", "maxtext_flops",
+           "overlapped_end", "op_bound", "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER",
+           "TOTAL_FIELDS"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
 #: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
@@ -53,6 +54,31 @@ def overlapped_end(ready_seconds: Iterable[float], cost_seconds: Iterable[float]
     for ready, cost in zip(ready_seconds, cost_seconds):
         t = max(t, ready) + cost
     return t
+
+
+def maxtext_flops(model: Any, per_device_batch: float) -> dict[str, float]:
+    """A step's training FLOPs per device as MaxText counts them, for a transformer
+    (``pod.workloads.transformer.maxtext_tflops_2025`` / ``maxtext_tflops_2023`` with the
+    causal halving; training-steps.md, "The metric"); {} for another model.
+
+    Args:
+        model: the plan's model.
+        per_device_batch: MaxText's ``per_device_batch_size``: the global batch over
+            every device of the mesh (tensor devices count, unlike the plan's
+            per-device batch over data x fsdp).
+
+    Returns:
+        {"maxtext_flops_per_device": ..., "maxtext_2023_flops_per_device": ...}.
+    """
+    from pod.workloads.transformer import (TransformerModel, maxtext_tflops_2023,
+                                           maxtext_tflops_2025)
+
+    if not isinstance(model, TransformerModel):
+        return {}
+    cfg = model.config
+    return {"maxtext_flops_per_device": maxtext_tflops_2025(cfg, 1) * per_device_batch,
+            "maxtext_2023_flops_per_device":
+                maxtext_tflops_2023(cfg, 1, causal_halving=True) * per_device_batch}
 
 
 def mfu(model_flops: float, seconds: float, peak_flops_per_s: float) -> float:
@@ -176,6 +202,10 @@ class StepStats:
         hardware_flops: MXU FLOPs the pod executed, recomputation included
             (0: equal to ``model_flops``).
         tokens_per_example: tokens in one example (sequence models; 0 otherwise).
+        maxtext_flops_per_device, maxtext_2023_flops_per_device: a step's FLOPs per
+            device as MaxText counts them (today's formula; 2023's with the causal
+            halving: training-steps.md), for the TFLOP/s per device MaxText prints
+            (``maxtext_tflops_per_device``); 0 when MaxText has no formula.
         exposed_collective_seconds: the collectives the compute stream waited for,
             plus what ran past its end (None: all of them).
         exposed_infeed_seconds: the infeed not hidden behind the previous step
@@ -220,6 +250,8 @@ class StepStats:
     wall_seconds: float
     hardware_flops: int = 0
     tokens_per_example: int = 0
+    maxtext_flops_per_device: float = 0.0
+    maxtext_2023_flops_per_device: float = 0.0
     exposed_collective_seconds: float | None = None
     exposed_infeed_seconds: float | None = None
     dispatch_seconds: float = 0.0
@@ -290,6 +322,18 @@ class StepStats:
         """Model FLOPs utilisation = model FLOP/s / pod peak bf16 FLOP/s (0..1)."""
         return mfu(self.model_flops, self.step_seconds, self.peak_flops_per_s)
 
+    @property
+    def maxtext_tflops_per_device(self) -> float:
+        """TFLOP/s per device as MaxText prints it (today's formula; 0 without one)."""
+        s = self.step_seconds
+        return self.maxtext_flops_per_device / s / 1e12 if s > 0 else 0.0
+
+    @property
+    def maxtext_2023_tflops_per_device(self) -> float:
+        """TFLOP/s per device by MaxText's 2023 formula (attention halved)."""
+        s = self.step_seconds
+        return self.maxtext_2023_flops_per_device / s / 1e12 if s > 0 else 0.0
+
     def mxu_utilization(self) -> dict[int, float]:
         """Per device: MXU FLOPs / (device peak FLOP/s x simulated step seconds), 0..1."""
         denom = self.device_peak_flops_per_s * self.step_seconds
@@ -316,6 +360,8 @@ class StepStats:
             simulated_tokens_per_second=self.tokens_per_second,
             simulated_flops_per_second=self.flops_per_second,
             mfu=self.mfu,
+            maxtext_tflops_per_device=self.maxtext_tflops_per_device,
+            maxtext_2023_tflops_per_device=self.maxtext_2023_tflops_per_device,
         )
         for axis in AXIS_ORDER:
             data[f"{axis}_collective_seconds"] = self.axis_collective_seconds.get(axis, 0.0)

@@ -27,7 +27,7 @@ from pod.config.sharding import DeviceGroups, device_chip_spec, device_groups
 from pod.errors import CheckpointError
 from pod.programs import DeviceProgram, EvalSums, build_program
 from pod.report.clock import DeviceReport, StepContext, combine_device_reports
-from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats
+from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, maxtext_flops
 from pod.runtime.device import device_coords
 from pod.state.checkpoint import mean_replica_state, params_digest
 
@@ -74,7 +74,8 @@ def step_context(plan: TrainingPlan) -> StepContext:
         dispatch_seconds=HOST_DISPATCH_SECONDS if training.host_dispatch == "per_step" else 0.0,
         overlap=bool(training.overlap),
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
-        tokens_per_example=int(getattr(config, "sequence_length", 0) or 0))
+        tokens_per_example=int(getattr(config, "sequence_length", 0) or 0),
+        **maxtext_flops(plan.model, plan.global_batch / plan.mesh.size))
 
 
 def chip_devices(plan: TrainingPlan) -> list[list[tuple[int, DeviceGroups]]]:

@@ -1,4 +1,4 @@
-"""Causal multi-head self-attention with rotary position embeddings (RoPE).
+"""Causal self-attention (multi-head or grouped-query) with rotary position embeddings (RoPE).
 
 The layer follows the decoder attention of the open TPU stacks (MaxText's
 ``Attention`` with ``attention_type: global``): separate query, key and value
@@ -8,6 +8,12 @@ softmax(q k^T / sqrt(Dh)) v under a causal mask, and an output projection
 score and value products are batched over (batch x heads) with per-example
 operands (``core.batch_matmul``); RoPE and the softmax run on the VPU
 (``core.vector``, the softmax and the RoPE tables as transcendental work).
+
+Two kernels for the score, softmax and value products (``attention``):
+``dot_product`` (the T x T scores and probabilities as tensors of their own,
+the probabilities kept for backward; MaxText ``attention: dot_product``) and
+``flash`` (the blocked kernel of ``pod.workloads.flash``: no T x T tensor in
+HBM, causal blocks skipped, scores recomputed in backward).
 
 Sub-layers of a transformer block share one small protocol beyond ``Layer``:
 ``forward(..., saved=None, need_output=True)`` returns a cache dict;
@@ -26,7 +32,13 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.checks import check_int
+from pod.workloads.flash import (BACKWARD_PRODUCTS, FLASH_BLOCK_SIZE, FORWARD_PRODUCTS,
+                                 causal_blocks, flash_backward, flash_forward,
+                                 record_flash_backward, record_flash_forward)
+from pod.workloads.fusion import after, epilogue, prologue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
+
+ATTENTION_KERNELS = ("flash", "dot_product")
 
 ROPE_MAX_TIMESCALE = 10_000.0
 """RoPE wavelength base (Su et al. 2021, "RoFormer"; MaxText ``max_timescale``)."""
@@ -146,20 +158,29 @@ class CausalSelfAttention(Layer):
             elsewhere, e.g. learned position embeddings).
         use_bias: biases on the q, k, v projections.
         fused_qkv: one (C, (H+2K)*Dh) projection instead of three.
+        attention: the kernel, "flash" or "dot_product" (module docstring).
+        block_size: the flash kernel's block (``FLASH_BLOCK_SIZE``).
+        fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         name: layer name.
 
     Raises:
-        ValueError: non-positive sizes, K not dividing H, or an odd head_dim
-            with rotary.
+        ValueError: non-positive sizes, K not dividing H, an odd head_dim
+            with rotary, or an unknown kernel.
     """
 
     kind = "attention"
-    backward_keys = ("x", "qh", "kh", "vh", "probs", "o")
 
     def __init__(self, heads: int, head_dim: int, *, kv_heads: int | None = None,
                  rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
-                 name: str | None = None):
+                 attention: str = "dot_product", block_size: int = FLASH_BLOCK_SIZE,
+                 fusion: bool = False, name: str | None = None):
         super().__init__(name)
+        self.fusion = bool(fusion)
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                             f"got {attention!r}")
+        self.flash = attention == "flash"
+        self.block_size = check_int(block_size, "attention block_size")
         self.heads = check_int(heads, "attention heads")
         self.head_dim = check_int(head_dim, "attention head_dim")
         self.kv_heads = self.heads if kv_heads is None else check_int(kv_heads, "attention kv_heads")
@@ -178,8 +199,13 @@ class CausalSelfAttention(Layer):
         if self.use_bias:
             split.update({f"{k}_bias": 0 for k in self.projections})
         self.tensor_split = MappingProxyType({**split, "out": 0})
+        # the MXU outputs a "save the dots" policy can keep (the flash kernel's output
+        # comes with its row statistics); what backward reads
+        core = ("attn", "stats") if self.flash else ("scores", "attn")
         self.dot_keys = ("qkv" if self.fused_qkv else "q", *(() if self.fused_qkv else ("k", "v")),
-                         "scores", "attn", "out")
+                         *core, "out")
+        self.backward_keys = ("x", "qh", "kh", "vh", *(("attn", "stats") if self.flash
+                                                       else ("probs",)), "o")
 
     @property
     def inner_dim(self) -> int:
@@ -226,26 +252,67 @@ class CausalSelfAttention(Layer):
         return 2 * t * self.inner_dim * c
 
     def core_flops(self, input_shape) -> int:
-        """MXU FLOPs of q.k^T and p.v per example, 2 T T H Dh each (the full
-        T x T products are computed, then masked, as on the MXU)."""
+        """Model FLOPs of q.k^T and p.v per example, 2 T T H Dh each: the full T x
+        T products, as MaxText and PaLM count them (``core_mxu_flops``: what the
+        kernel runs)."""
         t, _ = self._check(input_shape)
         return 4 * t * t * self.inner_dim
 
+    def core_mxu_flops(self, input_shape, products: int) -> int:
+        """MXU FLOPs per example of ``products`` score-sized block products as the
+        kernel runs them: 2 T T Dh per head each for ``dot_product`` (every
+        block computed, then masked); for ``flash`` 2 Dh per score element of
+        the computed causal blocks (``flash.causal_blocks``)."""
+        t, _ = self._check(input_shape)
+        scores = causal_blocks(t, self.block_size).score_elements if self.flash else t * t
+        return products * 2 * self.head_dim * self.heads * scores
+
+    def core_products(self, phase: str) -> int:
+        """Score-sized block products of the kernel per pass: forward 2; backward
+        4 (dot_product: dP, dV, dQ, dK) or 7 (flash: both kernels recompute S
+        and dP)."""
+        if phase == "fwd":
+            return FORWARD_PRODUCTS
+        return BACKWARD_PRODUCTS if self.flash else 4
+
+    def hardware_flops(self, input_shape) -> int:
+        """MXU FLOPs per example of forward and backward (dX and dW of the
+        projections, the kernel's backward), without recomputation."""
+        weights = self.projection_flops(input_shape) + self.output_flops(input_shape)
+        return 3 * weights + sum(self.core_mxu_flops(input_shape, self.core_products(p))
+                                 for p in ("fwd", "bwd"))
+
+    def recompute_core_flops(self, input_shape, kept) -> int:
+        """MXU FLOPs per example of rerunning the kernel's forward when ``kept``
+        (cache keys) lacks its outputs: flash reruns the whole kernel unless
+        "attn" (with its statistics) is kept; dot_product reruns q.k^T unless
+        "scores" is kept and p.v unless "attn" is."""
+        if self.flash:
+            missing = 0 if "attn" in kept else FORWARD_PRODUCTS
+        else:
+            missing = ("scores" not in kept) + ("attn" not in kept)
+        return self.core_mxu_flops(input_shape, missing)
+
     def forward_flops(self, input_shape):
-        """Projections, output projection and the two attention products."""
+        """Projections, output projection and the two attention products
+        (``core_flops``: the model's count)."""
         return (self.projection_flops(input_shape) + self.output_flops(input_shape)
                 + self.core_flops(input_shape))
 
     def cache_elements(self, input_shape):
         """Per example, what backward reads: x, q after RoPE, k after RoPE, v,
-        the probabilities (H, T, T) and the merged heads (T, H Dh)."""
+        the merged heads (T, H Dh), and the probabilities (H, T, T) or, with
+        flash, the output in heads layout (T, H Dh) and its row statistics (H, T)."""
         t, c = self._check(input_shape)
-        return t * c + 2 * t * self.inner_dim + 2 * t * self.kv_dim + self.heads * t * t
+        core = t * self.inner_dim + self.heads * t if self.flash else self.heads * t * t
+        return t * c + 2 * t * self.inner_dim + 2 * t * self.kv_dim + core
 
     def dot_elements(self, input_shape) -> int:
-        """Per example, the MXU outputs ``dot_keys``: q, k, v, scores, p.v, out."""
+        """Per example, the MXU outputs ``dot_keys``: q, k, v, the scores (not with
+        flash), p.v (with flash its statistics), out."""
         t, c = self._check(input_shape)
-        return t * (self.inner_dim + 2 * self.kv_dim) + self.heads * t * t + t * self.inner_dim + t * c
+        core = self.heads * t if self.flash else self.heads * t * t
+        return t * (self.inner_dim + 2 * self.kv_dim) + core + t * self.inner_dim + t * c
 
     # ------------------------------------------------------------ layouts
 
@@ -296,65 +363,93 @@ class CausalSelfAttention(Layer):
         return np.concatenate([dq.reshape(n, kv, g, dh), dk.reshape(n, kv, 1, dh),
                                dv.reshape(n, kv, 1, dh)], axis=2).reshape(n, -1)
 
-    def _rope(self, core, name, z, t, *, inverse=False):
+    def _rope(self, core, name, z, t, *, inverse=False, fused=None):
         """RoPE on (N, R*T, Dh) heads (R = G for queries, 1 for keys)."""
         if not self.rotary:
             return z
         cos, sin = vector_op(core, f"{self.name}/rope_tables",
                              lambda: rope_tables(t, self.head_dim, z.dtype),
                              out=[((t, self.head_dim // 2), z.dtype)] * 2,
-                             transcendental=True)                         # (T, Dh/2) each
+                             transcendental=True, fused=fused)            # (T, Dh/2) each
 
         def rotate(v):
             return apply_rope(v.reshape(v.shape[0], -1, t, v.shape[-1]), cos, sin,
                               inverse=inverse).reshape(v.shape)
         return vector_op(core, f"{self.name}/{name}", rotate, z, out=(z.shape, z.dtype),
-                         ops_per_element=3.0)
+                         ops_per_element=3.0, fused=fused)
 
     # ------------------------------------------------------------ passes
 
-    def _add_bias(self, core, key, z, params):
+    def _product(self, core, params, xr, key):
+        """x W (+ bias, fused into the product) for projection ``key``."""
+        z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True, b_rounded=True)
         if not self.use_bias:
             return z
         return vector_op(core, f"{self.name}/{key}_bias", np.add, z, params[f"{key}_bias"],
-                         out=(z.shape, z.dtype))
+                         out=(z.shape, z.dtype), fused=epilogue(self.fusion))
 
-    def _project(self, core, params, xr, saved):
-        """q (B*T, H*Dh), k, v (B*T, K*Dh) and the cache entries of the products."""
-        def product(key):
-            z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True,
-                            b_rounded=True)
-            return self._add_bias(core, key, z, params)
+    def _heads_with_rope(self, core, params, xr, saved, b, t):
+        """The projections, each followed by its RoPE (fused into it when it ran):
+        qh (B*K, G*T, Dh), kh, vh (B*K, T, Dh) and the cache entries of the products."""
+        def project(key, cache_key):
+            ran = saved is None or cache_key not in saved
+            return (self._product(core, params, xr, key) if ran else saved[cache_key]), ran
+
+        def rope(name, z, ran):
+            # a RoPE whose projection did not run: its own op before the flash kernel,
+            # a prologue of the scores product
+            return self._rope(core, name, z, t, fused=after(self.fusion, ran,
+                                                            None if self.flash else "next"))
 
         if self.fused_qkv:
-            qkv = _dot(saved, "qkv", lambda: product("qkv"))             # (B*T, (H+2K)*Dh)
-            return (*self._split_qkv(core, qkv), {"qkv": qkv})
-        q = _dot(saved, "q", lambda: product("query"))
-        k = _dot(saved, "k", lambda: product("key"))
-        v = _dot(saved, "v", lambda: product("value"))
-        return q, k, v, {"q": q, "k": k, "v": v}
+            qkv, ran = project("qkv", "qkv")                              # (B*T, (H+2K)*Dh)
+            q, k, v = self._split_qkv(core, qkv)
+            qh = rope("rope_q", self._q_heads(core, q, b, t), ran)
+            kh = rope("rope_k", self._kv_heads(core, k, b, t), ran)
+            return qh, kh, self._kv_heads(core, v, b, t), {"qkv": qkv}
+        q, ran = project("query", "q")
+        qh = rope("rope_q", self._q_heads(core, q, b, t), ran)            # (B*K, G*T, Dh)
+        k, ran = project("key", "k")
+        kh = rope("rope_k", self._kv_heads(core, k, b, t), ran)           # (B*K, T, Dh)
+        v, _ = project("value", "v")
+        return qh, kh, self._kv_heads(core, v, b, t), {"q": q, "k": k, "v": v}
 
-    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
-        b, t, c = x.shape
-        xr = mxu_input(core, x).reshape(b * t, c)                         # (B*T, C)
-        q, k, v, dots = self._project(core, params, xr, saved)
-        qh = self._rope(core, "rope_q", self._q_heads(core, q, b, t), t)     # (B*K, G*T, Dh)
-        kh = self._rope(core, "rope_k", self._kv_heads(core, k, b, t), t)    # (B*K, T, Dh)
-        vh = self._kv_heads(core, v, b, t)
+    def _dot_product(self, core, qh, kh, vh, saved) -> dict:
+        """Scores, probabilities and context as tensors of their own."""
+        ran = saved is None or "scores" not in saved
         scores = _dot(saved, "scores", lambda: core.batch_matmul(
             qh, kh.transpose(0, 2, 1), name=f"{self.name}/scores"))        # (B*K, G*T, T)
         probs = vector_op(core, f"{self.name}/softmax", lambda s: causal_softmax(s, self.scale),
                           scores, out=(scores.shape, scores.dtype), ops_per_element=5.0,
-                          transcendental=True)
+                          transcendental=True, fused=after(self.fusion, ran))
         attn = _dot(saved, "attn", lambda: core.batch_matmul(
             probs, vh, name=f"{self.name}/context"))                      # (B*K, G*T, Dh)
-        o = mxu_input(core, self._merge(core, attn, b, t))                # (B*T, H*Dh)
+        return {"scores": scores, "probs": probs, "attn": attn}
+
+    def _flash(self, core, qh, kh, vh, saved, b, t) -> dict:
+        """The flash kernel's output and row statistics (reused when saved)."""
+        if saved is not None and "attn" in saved:
+            return {"attn": saved["attn"], "stats": saved["stats"]}
+        record_flash_forward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
+                             self.block_size)
+        if not core.execute:
+            return {"attn": timing_zeros(qh.shape, qh.dtype),
+                    "stats": timing_zeros(qh.shape[:2], qh.dtype)}
+        attn, stats = flash_forward(qh, kh, vh, self.scale, self.block_size, core.numerics)
+        return {"attn": attn, "stats": stats}                             # (B*K, G*T, Dh), (B*K, G*T)
+
+    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
+        b, t, c = x.shape
+        xr = mxu_input(core, x).reshape(b * t, c)                         # (B*T, C)
+        qh, kh, vh, dots = self._heads_with_rope(core, params, xr, saved, b, t)
+        kernel = (self._flash(core, qh, kh, vh, saved, b, t) if self.flash
+                  else self._dot_product(core, qh, kh, vh, saved))
+        o = mxu_input(core, self._merge(core, kernel["attn"], b, t))      # (B*T, H*Dh)
         out = None
         if need_output:
             out = _dot(saved, "out", lambda: core.matmul(o, params["out"], name=f"{self.name}/out",
                                                          a_rounded=True, b_rounded=True))
-        cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, "scores": scores, "probs": probs,
-                 "attn": attn, "o": o, "out": out}
+        cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, **kernel, "o": o, "out": out}
         y = None if out is None else out.reshape(b, t, c)                  # (B, T, C)
         return y, cache
 
@@ -366,7 +461,7 @@ class CausalSelfAttention(Layer):
             dzr = mxu_input(core, dz)
             grads[key] = core.matmul(xr.T, dzr, name=f"{self.name}/d_{key}",
                                      a_rounded=True, b_rounded=True)      # (C, width)
-            if self.use_bias:
+            if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{key}_bias"] = vector_op(core, f"{self.name}/d_{key}_bias",
                                                  lambda d: d.sum(axis=0), dz,
                                                  out=(dz.shape[1:], dz.dtype))
@@ -374,11 +469,37 @@ class CausalSelfAttention(Layer):
                 part = core.matmul(dzr, params[key].T, name=f"{self.name}/dx_{key}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)
                 dx = part if dx is None else vector_op(core, f"{self.name}/dx_sum", np.add, dx,
-                                                       part, out=(part.shape, part.dtype))
+                                                       part, out=(part.shape, part.dtype),
+                                                       fused=epilogue(self.fusion))
         return dx
 
+    def _dot_product_backward(self, core, cache, doh):
+        """dq (B*K, G*T, Dh), dk, dv (B*K, T, Dh) from the kept probabilities."""
+        qh, kh, vh, probs = cache["qh"], cache["kh"], cache["vh"], cache["probs"]
+        dprobs = core.batch_matmul(doh, vh.transpose(0, 2, 1), name=f"{self.name}/d_probs")
+        dvh = core.batch_matmul(probs.transpose(0, 2, 1), doh, name=f"{self.name}/d_value")
+        scale = np.asarray(self.scale, dprobs.dtype)
+        ds = vector_op(core, f"{self.name}/softmax_bwd",
+                       lambda dp, p: p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale,
+                       dprobs, probs, out=(dprobs.shape, dprobs.dtype),
+                       ops_per_element=4.0, fused=prologue(self.fusion))  # (B*K, G*T, T)
+        dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*K, G*T, Dh)
+        dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")  # (B*K, T, Dh)
+        return dqh, dkh, dvh
+
+    def _flash_backward(self, core, cache, doh, b, t):
+        """The flash kernels' dq, dk, dv (scores recomputed by blocks)."""
+        qh, kh, vh = cache["qh"], cache["kh"], cache["vh"]
+        record_flash_backward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
+                              self.block_size)
+        if not core.execute:
+            return (timing_zeros(qh.shape, qh.dtype), timing_zeros(kh.shape, kh.dtype),
+                    timing_zeros(vh.shape, vh.dtype))
+        return flash_backward(qh, kh, vh, cache["attn"], cache["stats"], doh, self.scale,
+                              self.block_size, core.numerics)
+
     def backward(self, core, params, cache, dy, *, need_dx=True):
-        xr, qh, kh, vh, probs, o = (cache[k] for k in self.backward_keys)
+        xr, o = cache["x"], cache["o"]
         b, t, c = dy.shape
         dyr = mxu_input(core, dy.reshape(b * t, c))                       # (B*T, C)
         grads = {"out": core.matmul(o.T, dyr, name=f"{self.name}/d_out",
@@ -386,17 +507,13 @@ class CausalSelfAttention(Layer):
         do = core.matmul(dyr, params["out"].T, name=f"{self.name}/d_context",
                          a_rounded=True, b_rounded=True)                  # (B*T, H*Dh)
         doh = self._q_heads(core, do, b, t)                               # (B*K, G*T, Dh)
-        dprobs = core.batch_matmul(doh, vh.transpose(0, 2, 1), name=f"{self.name}/d_probs")
-        dvh = core.batch_matmul(probs.transpose(0, 2, 1), doh, name=f"{self.name}/d_value")
-        scale = np.asarray(self.scale, dprobs.dtype)
-        ds = vector_op(core, f"{self.name}/softmax_bwd",
-                       lambda dp, p: p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale,
-                       dprobs, probs, out=(dprobs.shape, dprobs.dtype),
-                       ops_per_element=4.0)                               # (B*K, G*T, T)
-        dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*K, G*T, Dh)
-        dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")  # (B*K, T, Dh)
-        dq = self._merge(core, self._rope(core, "rope_q_bwd", dqh, t, inverse=True), b, t)
-        dk = self._kv_merge(core, self._rope(core, "rope_k_bwd", dkh, t, inverse=True), b, t)
+        dqh, dkh, dvh = (self._flash_backward(core, cache, doh, b, t) if self.flash
+                         else self._dot_product_backward(core, cache, doh))
+        fused = prologue(self.fusion)                                     # of the weight gradient
+        dq = self._merge(core, self._rope(core, "rope_q_bwd", dqh, t, inverse=True, fused=fused),
+                         b, t)
+        dk = self._kv_merge(core, self._rope(core, "rope_k_bwd", dkh, t, inverse=True, fused=fused),
+                            b, t)
         dv = self._kv_merge(core, dvh, b, t)
         dzs = ({"qkv": self._join_qkv(core, dq, dk, dv)} if self.fused_qkv
                else {"query": dq, "key": dk, "value": dv})

@@ -28,7 +28,8 @@ attention's (both outputs only feed the residual sum).
 
 - ``none``: everything backward reads is kept (JAX ``everything_saveable``).
 - ``minimal``: the block input and the MXU outputs (q, k, v, the scores
-  q.k^T, p.v, the attention output, the MLP input projections) are kept;
+  q.k^T and p.v, or the flash kernel's output with its row statistics, the
+  attention output, the MLP input projections) are kept;
   backward recomputes the cheap elementwise parts from them: the norms,
   RoPE, the softmax, the MLP activation and the residual add (JAX's
   ``checkpoint_dots`` policy).
@@ -42,6 +43,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.attention import CausalSelfAttention
+from pod.workloads.fusion import epilogue, prologue
 from pod.workloads.layers import Layer, vector_op
 from pod.workloads.mlp import MLP, add
 from pod.workloads.moe import MoE
@@ -54,7 +56,8 @@ REMAT_POLICIES = ("none", "minimal", "full")
 
 # the tensors ``minimal`` keeps besides the block input (attention cache keys, the
 # summed attention output, the MLP input products)
-_MINIMAL = frozenset({"q", "k", "v", "qkv", "scores", "attn", "out_proj", "u", "u0", "u1"})
+_MINIMAL = frozenset({"q", "k", "v", "qkv", "scores", "attn", "stats", "out_proj", "u", "u0",
+                      "u1"})
 
 
 def params_of(params: dict, prefix: str) -> dict:
@@ -97,7 +100,8 @@ _ONE_DEVICE = TensorHooks()
 
 
 def _bias_grad(core, name: str, d: np.ndarray) -> np.ndarray:
-    """sum of d (B, T, C) over batch and positions: (C,), a reduction on the VPU."""
+    """sum of d (B, T, C) over batch and positions: (C,), a reduction on the VPU
+    (across tokens: never fused)."""
     return vector_op(core, name, lambda z: z.sum(axis=(0, 1)), d, out=(d.shape[-1:], d.dtype))
 
 
@@ -119,8 +123,10 @@ class TransformerBlock(Layer):
         block: "sequential" or "parallel".
         use_bias: biases on every projection.
         fused_qkv: one q/k/v projection.
+        attention: the attention kernel, "flash" or "dot_product".
+        fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
-            keywords but ``mlp_dim`` and ``activation``: ``experts``,
+            keywords but ``mlp_dim``, ``activation`` and ``fusion``: ``experts``,
             ``experts_per_token``, ``capacity_factor``, ``aux_loss_weight``,
             ``expert_shards``): an MoE layer in place of the MLP, under the same
             name ("mlp"); its routing of a pass is the forward cache's "moe".
@@ -135,26 +141,32 @@ class TransformerBlock(Layer):
     def __init__(self, heads: int, head_dim: int, mlp_dim: int, *, kv_heads: int | None = None,
                  mlp_activation: str = "gated_silu", norm: str = "rmsnorm", rotary: bool = True,
                  remat: str = "none", block: str = "sequential", use_bias: bool = False,
-                 fused_qkv: bool = False, moe: dict | None = None, name: str | None = None):
+                 fused_qkv: bool = False, attention: str = "flash", fusion: bool = True,
+                 moe: dict | None = None, name: str | None = None):
         super().__init__(name)
         for what, value, allowed in (("remat", remat, REMAT_POLICIES), ("block", block, BLOCKS)):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
         norm_cls = norm_class(norm)
         self.remat, self.parallel, self.use_bias = remat, block == "parallel", bool(use_bias)
+        self.fusion = bool(fusion)
         self.attention = CausalSelfAttention(heads, head_dim, kv_heads=kv_heads, rotary=rotary,
                                              use_bias=use_bias, fused_qkv=fused_qkv,
+                                             attention=attention, fusion=fusion,
                                              name=f"{self.name}/attention")
-        self.mlp = (MoE(mlp_dim=mlp_dim, activation=mlp_activation, name=f"{self.name}/mlp",
-                        **moe) if moe else
-                    MLP(mlp_dim, mlp_activation, use_bias=use_bias, name=f"{self.name}/mlp"))
+        self.mlp = (MoE(mlp_dim=mlp_dim, activation=mlp_activation, fusion=fusion,
+                        name=f"{self.name}/mlp", **moe) if moe else
+                    MLP(mlp_dim, mlp_activation, use_bias=use_bias, fusion=fusion,
+                        name=f"{self.name}/mlp"))
         self.moe = isinstance(self.mlp, MoE)
         if self.parallel:
-            self.parts = {"norm": norm_cls(name=f"{self.name}/norm"), "attention": self.attention,
-                          "mlp": self.mlp}
+            self.parts = {"norm": norm_cls(name=f"{self.name}/norm", fusion=fusion),
+                          "attention": self.attention, "mlp": self.mlp}
         else:
-            self.parts = {"norm1": norm_cls(name=f"{self.name}/norm1"), "attention": self.attention,
-                          "norm2": norm_cls(name=f"{self.name}/norm2"), "mlp": self.mlp}
+            self.parts = {"norm1": norm_cls(name=f"{self.name}/norm1", fusion=fusion),
+                          "attention": self.attention,
+                          "norm2": norm_cls(name=f"{self.name}/norm2", fusion=fusion),
+                          "mlp": self.mlp}
         self.biases = ("attention/out_bias", "mlp/wo_bias") if self.use_bias else ()
         self.matmul_params = tuple(f"{p}/{k}" for p, layer in self.parts.items()
                                    for k in layer.matmul_params)
@@ -203,21 +215,31 @@ class TransformerBlock(Layer):
 
     def recompute_flops(self, input_shape) -> int:
         """MXU FLOPs the backward pass redoes per example under ``remat``: the
-        projections, attention products and MLP input products whose outputs
-        were not kept, and the sequential block's attention output projection
-        when the summed output was not kept (never the MLP output projection)."""
+        projections, attention kernel products and MLP input products whose
+        outputs were not kept, and the sequential block's attention output
+        projection when the summed output was not kept (never the MLP output
+        projection)."""
         shape = self._check(input_shape)
-        if self.remat == "none":
+        kept = self.kept()
+        if kept is None:
             return 0
         att, mlp = self.attention, self.mlp
-        qkv_kept = all(self._keeps(k) for k in att.dot_keys if k in ("q", "k", "v", "qkv"))
-        flops = 0 if qkv_kept else att.projection_flops(shape)
-        flops += sum(att.core_flops(shape) // 2 for k in ("scores", "attn") if not self._keeps(k))
-        if not self.parallel and not self._keeps("out_proj"):
+        qkv_kept = all(k in kept for k in att.dot_keys if k in ("q", "k", "v", "qkv"))
+        flops = (0 if qkv_kept else att.projection_flops(shape)) + att.recompute_core_flops(shape, kept)
+        if not self.parallel and "out_proj" not in kept:
             flops += att.output_flops(shape)
         extra = mlp.recompute_extra_flops(shape) if self.moe else 0      # router, wo
         return flops + extra + sum(mlp.input_flops(shape) for k in mlp.dot_keys
-                                   if not self._keeps(k))
+                                   if k not in kept)
+
+    def hardware_flops(self, input_shape) -> int:
+        """MXU FLOPs per example of forward and backward as run: the attention's
+        (``CausalSelfAttention.hardware_flops``), three times the MLP's forward
+        (an MoE's: its router and its k experts per token, without its capacity's
+        padding), and remat's recomputation."""
+        shape = self._check(input_shape)
+        return (self.attention.hardware_flops(shape) + 3 * self.mlp.forward_flops(shape)
+                + self.recompute_flops(shape))
 
     def cache_elements(self, input_shape):
         """Elements kept per example for backward, by ``remat`` (module docstring)."""
@@ -230,8 +252,8 @@ class TransformerBlock(Layer):
         u = self.mlp.dot_elements(shape) // len(self.mlp.dot_keys)      # one MLP input product
         sizes = {"q": t * att.inner_dim, "k": t * att.kv_dim, "v": t * att.kv_dim,
                  "qkv": t * (att.inner_dim + 2 * att.kv_dim), "scores": att.heads * t * t,
-                 "attn": t * att.inner_dim, "out_proj": 0 if self.parallel else t * c,
-                 "u": u, "u0": u, "u1": u}
+                 "attn": t * att.inner_dim, "stats": att.heads * t,
+                 "out_proj": 0 if self.parallel else t * c, "u": u, "u0": u, "u1": u}
         present = set(att.dot_keys) | set(self.mlp.dot_keys) | {"out_proj"}
         return t * c + sum(sizes[k] for k in kept & present)
 
@@ -268,10 +290,12 @@ class TransformerBlock(Layer):
     # ------------------------------------------------------------ passes
 
     def _bias(self, core, params, key, y):
-        """y + the block's bias ``key`` (none without ``use_bias``)."""
+        """y + the block's bias ``key`` (none without ``use_bias``), after the tensor
+        sum: fused into the next matmul."""
         if not self.use_bias:
             return y
-        return vector_op(core, f"{self.name}/{key}", np.add, y, params[key], out=(y.shape, y.dtype))
+        return vector_op(core, f"{self.name}/{key}", np.add, y, params[key], out=(y.shape, y.dtype),
+                         fused=prologue(self.fusion))
 
     def _mlp_hooks(self, experts) -> dict:
         """The MLP part's keywords: an MoE's expert hooks (None: one device)."""
@@ -288,7 +312,7 @@ class TransformerBlock(Layer):
                            tp.leave(f"{self.name}/attention/out", a))
         else:
             a = kept
-        h = add(core, f"{self.name}/residual1", x, a)
+        h = add(core, f"{self.name}/residual1", x, a, prologue(self.fusion))
         n2, c2 = self.parts["norm2"].forward(core, params_of(params, "norm2"), h)
         m, cm = self.mlp.forward(core, params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
                                  saved=saved.get("mlp"), need_output=need_output,
@@ -296,7 +320,7 @@ class TransformerBlock(Layer):
         y = None
         if need_output:
             m = self._bias(core, params, "mlp/wo_bias", tp.leave(f"{self.name}/mlp/wo", m))
-            y = add(core, f"{self.name}/residual2", h, m)
+            y = add(core, f"{self.name}/residual2", h, m, prologue(self.fusion))
         return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm, "out_proj": a}
 
     def _parallel(self, core, params, x, saved, need_output, tp, ex=None):
@@ -308,9 +332,10 @@ class TransformerBlock(Layer):
                                  need_output=need_output, **self._mlp_hooks(ex))
         y = None
         if need_output:
-            s = tp.leave(f"{self.name}/parallel/out", add(core, f"{self.name}/parallel_sum", a, m))
+            s = tp.leave(f"{self.name}/parallel/out",
+                         add(core, f"{self.name}/parallel_sum", a, m, epilogue(self.fusion)))
             s = self._bias(core, params, "mlp/wo_bias", self._bias(core, params, "attention/out_bias", s))
-            y = add(core, f"{self.name}/residual", x, s)
+            y = add(core, f"{self.name}/residual", x, s, prologue(self.fusion))
         return y, {"norm": cn, "attention": ca, "mlp": cm}
 
     def _run(self, core, params, x, saved, need_output, tensor=None, experts=None):
@@ -358,17 +383,20 @@ class TransformerBlock(Layer):
                 grads["attention/out_bias"] = _bias_grad(core, f"{self.name}/d_out_bias", dy)
                 grads["mlp/wo_bias"] = grads["attention/out_bias"].copy()
             ds = tp.leave_grad(f"{self.name}/parallel/dout", dy)
-            dn = add(core, f"{self.name}/parallel_dx_sum", part("mlp", ds), part("attention", ds))
+            dn = add(core, f"{self.name}/parallel_dx_sum", part("mlp", ds), part("attention", ds),
+                     epilogue(self.fusion))
             dxn = part("norm", tp.enter_grad(f"{self.name}/parallel/dx", dn), need_dx)
-            return (add(core, f"{self.name}/residual_bwd", dy, dxn) if need_dx else None), grads
+            return (add(core, f"{self.name}/residual_bwd", dy, dxn, prologue(self.fusion))
+                    if need_dx else None), grads
         if self.use_bias:
             grads["mlp/wo_bias"] = _bias_grad(core, f"{self.name}/d_wo_bias", dy)
         dm = tp.leave_grad(f"{self.name}/mlp/dout", dy)
         dn2 = tp.enter_grad(f"{self.name}/mlp/dx", part("mlp", dm))
-        dh = add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2))
+        dh = add(core, f"{self.name}/residual2_bwd", dy, part("norm2", dn2), prologue(self.fusion))
         if self.use_bias:
             grads["attention/out_bias"] = _bias_grad(core, f"{self.name}/d_out_bias", dh)
         da = tp.leave_grad(f"{self.name}/attention/dout", dh)
         dn1 = tp.enter_grad(f"{self.name}/attention/dx", part("attention", da))
         dxn = part("norm1", dn1, need_dx)                                 # scale grad always
-        return (add(core, f"{self.name}/residual1_bwd", dh, dxn) if need_dx else None), grads
+        return (add(core, f"{self.name}/residual1_bwd", dh, dxn, prologue(self.fusion))
+                if need_dx else None), grads

@@ -62,7 +62,7 @@ _ZERO: dict = {}  # dtype -> one zero element, the buffer of every timing_zeros 
 
 
 def vector_op(core, name: str, fn, *arrays, out, ops_per_element: float = 1.0,
-              transcendental: bool = False):
+              transcendental: bool = False, fused: str | None = None):
     """``core.vector(name, fn, *arrays, ...)``, but on a timing-only core
     (``core.execute`` False) ``fn`` is not run: the same record is made from
     the shapes (``core.account_vector`` with the elements and bytes
@@ -73,7 +73,9 @@ def vector_op(core, name: str, fn, *arrays, out, ops_per_element: float = 1.0,
 
     Args:
         core: the TensorCore.
-        name, fn, arrays, ops_per_element, transcendental: as ``core.vector``.
+        name, fn, arrays, ops_per_element, transcendental, fused: as ``core.vector``
+            (``fused``: the matmul this elementwise work is fused into, "previous"
+            or "next"; None: an op of its own).
         out: what ``fn`` returns: (shape, dtype), or a list of them for a
             tuple result. Must be exact (a test runs every layer both ways and
             compares the records).
@@ -83,14 +85,14 @@ def vector_op(core, name: str, fn, *arrays, out, ops_per_element: float = 1.0,
     """
     if core.execute:
         return core.vector(name, fn, *arrays, ops_per_element=ops_per_element,
-                           transcendental=transcendental)
+                           transcendental=transcendental, fused=fused)
     several = isinstance(out, list)
     specs = out if several else (out,)
     results = tuple(timing_zeros(shape, dtype) for shape, dtype in specs)
     sizes = [np.asarray(a).size for a in arrays] + [r.size for r in results]
     nbytes = sum(np.asarray(a).nbytes for a in arrays) + sum(r.nbytes for r in results)
     core.account_vector(name, max(sizes), nbytes, ops_per_element=ops_per_element,
-                        transcendental=transcendental)
+                        transcendental=transcendental, fused=fused)
     return results if several else results[0]
 
 

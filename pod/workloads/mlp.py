@@ -13,6 +13,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.checks import check_int
+from pod.workloads.fusion import after, epilogue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, sigmoid, vector_op
 
 __all__ = ["MLP", "MLP_ACTIVATIONS", "gelu", "gelu_grad", "relu", "add"]
@@ -22,10 +23,11 @@ __all__ = ["MLP", "MLP_ACTIVATIONS", "gelu", "gelu_grad", "relu", "add"]
 MLP_ACTIVATIONS = ("gated_silu", "gated_gelu", "gelu", "relu")
 
 
-def add(core, name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a + b on the VPU (``vector_op``: on a timing-only core only its cost)."""
+def add(core, name: str, a: np.ndarray, b: np.ndarray, fused: str | None = None) -> np.ndarray:
+    """a + b on the VPU (``vector_op``: on a timing-only core only its cost; ``fused``
+    as ``chip.TensorCore.vector``)."""
     return vector_op(core, name, np.add, a, b, out=(np.broadcast_shapes(a.shape, b.shape),
-                                                    np.result_type(a, b)))
+                                                    np.result_type(a, b)), fused=fused)
 
 
 def gelu(u: np.ndarray) -> np.ndarray:
@@ -89,14 +91,16 @@ class MLP(Layer):
         mlp_dim: F.
         activation: one of ``MLP_ACTIVATIONS``.
         use_bias: biases on the input projections.
+        fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         name: layer name.
     """
 
     kind = "mlp"
 
     def __init__(self, mlp_dim: int, activation: str = "gated_silu", *, use_bias: bool = False,
-                 name: str | None = None):
+                 fusion: bool = False, name: str | None = None):
         super().__init__(name)
+        self.fusion = bool(fusion)
         self.mlp_dim = check_int(mlp_dim, "MLP mlp_dim")
         if activation not in MLP_ACTIVATIONS:
             raise ValueError(f"MLP activation must be one of {', '.join(MLP_ACTIVATIONS)}, "
@@ -142,26 +146,28 @@ class MLP(Layer):
     def dot_elements(self, input_shape) -> int:
         return len(self.inputs) * math.prod(input_shape[:-1]) * self.mlp_dim
 
-    def _activate(self, core, u):
+    def _activate(self, core, u, ran):
+        """act(u); fused into the input projection when it ran, else into the next matmul."""
         fn, ops, transcendental, _ = _ACTIVATIONS[self.activation]
         return vector_op(core, f"{self.name}/{self.activation}", fn, *u,
                          out=(u[0].shape, u[0].dtype), ops_per_element=ops,
-                         transcendental=transcendental)
+                         transcendental=transcendental, fused=after(self.fusion, ran))
 
     def _product(self, core, params, xr, w):
         z = core.matmul(xr, params[w], name=f"{self.name}/{w}", a_rounded=True,
                         b_rounded=True)                                   # (B*T, F)
         if self.use_bias:
             z = vector_op(core, f"{self.name}/{w}_bias", np.add, z, params[f"{w}_bias"],
-                          out=(z.shape, z.dtype))
+                          out=(z.shape, z.dtype), fused=epilogue(self.fusion))
         return z
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         lead = x.shape[:-1]
         xr = mxu_input(core, x).reshape(-1, x.shape[-1])                  # (B*T, C)
-        u = [saved[key] if saved is not None and key in saved else self._product(core, params, xr, w)
-             for key, w in zip(self.dot_keys, self.inputs)]               # (B*T, F) each
-        g = mxu_input(core, self._activate(core, u))                      # (B*T, F)
+        kept = [saved is not None and key in saved for key in self.dot_keys]
+        u = [saved[key] if was_kept else self._product(core, params, xr, w)
+             for key, w, was_kept in zip(self.dot_keys, self.inputs, kept)]  # (B*T, F) each
+        g = mxu_input(core, self._activate(core, u, not kept[-1]))        # (B*T, F)
         cache = {"x": xr, **dict(zip(self.dot_keys, u)), "g": g}
         if not need_output:
             return None, cache
@@ -182,18 +188,19 @@ class MLP(Layer):
         du = vector_op(core, f"{self.name}/{self.activation}_bwd",
                        lambda d, *a: _activation_grads(self.activation, d, a), dg, *u,
                        out=out if self.gated else out[0], ops_per_element=ops,
-                       transcendental=self.activation != "relu")
+                       transcendental=self.activation != "relu", fused=epilogue(self.fusion))
         du = du if self.gated else (du,)
         dx = None
         for w, d in zip(self.inputs, du):
             dr = mxu_input(core, d)                                       # (B*T, F)
             grads[w] = core.matmul(xr.T, dr, name=f"{self.name}/d_{w}",
                                    a_rounded=True, b_rounded=True)        # (C, F)
-            if self.use_bias:
+            if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{w}_bias"] = vector_op(core, f"{self.name}/d_{w}_bias",
                                                lambda z: z.sum(axis=0), d, out=(d.shape[1:], d.dtype))
             if need_dx:
                 part = core.matmul(dr, params[w].T, name=f"{self.name}/dx_{w}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)
-                dx = part if dx is None else add(core, f"{self.name}/dx_sum", dx, part)
+                dx = part if dx is None else add(core, f"{self.name}/dx_sum", dx, part,
+                                                 epilogue(self.fusion))
         return (None if dx is None else dx.reshape(*lead, dx.shape[-1])), grads

@@ -146,7 +146,8 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
             4 * embed_dim, ``mlp_activation`` gated_silu | gated_gelu | gelu |
             relu, ``layers`` 2, ``norm`` rmsnorm | layernorm, ``positions``
             rotary | learned, ``tied_embeddings`` true, ``block`` sequential |
-            parallel, ``use_bias`` false, ``fused_qkv`` false, ``remat``; inputs
+            parallel, ``use_bias`` false, ``fused_qkv`` false, ``attention``
+            flash | dot_product, ``fusion`` true, ``remat``; inputs
             (T,) token ids, labels (T,), num_classes = the vocabulary; see
             ``pod.workloads.transformer``);
             "resnet" (options ``depth`` 50 (18, 34, 50, 101, 152), ``width`` 64,

@@ -47,7 +47,12 @@ identity; ``pod.programs.experts`` runs them as all-to-alls over the mesh's
 loss are each device's own, on its own sequences.
 
 Products on the MXU (the router, the grouped expert products), routing, dispatch,
-combine and the activation on the VPU. On a timing-only core (``core.execute``
+combine and the activation on the VPU. With ``fusion`` (``pod.workloads.fusion``)
+the elementwise work joins a matmul: the routing (a row's softmax and top-k over
+E) the router product's epilogue, the activation and its gradient the grouped
+products' as the dense MLP's, the sums of input-gradient parts and the routing's
+gradient their matmuls'; the dispatch and combine (gathers and scatters of rows)
+stay ops of their own with their HBM traffic. On a timing-only core (``core.execute``
 False) the same ops are recorded from shapes and nothing data-dependent runs (zero
 views, E / s equal groups). The layer's routing of a pass comes back as a
 :class:`RouterLoad` (the block puts it in its cache under "moe").
@@ -63,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from pod.workloads.checks import check_int
+from pod.workloads.fusion import after, epilogue, prologue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
 from pod.workloads.mlp import _ACTIVATIONS, MLP_ACTIVATIONS, _activation_grads, add
 
@@ -220,6 +226,7 @@ class MoE(Layer):
         aux_loss_weight: w >= 0, the load-balancing loss's weight.
         expert_shards: s, devices the experts are split over; this layer's params
             hold E / s experts (the router all E).
+        fusion: fuse the elementwise work into the matmuls (module docstring).
         name: layer name.
 
     Raises:
@@ -230,8 +237,10 @@ class MoE(Layer):
 
     def __init__(self, experts: int, experts_per_token: int, mlp_dim: int,
                  activation: str = "gated_silu", *, capacity_factor: float = 0.0,
-                 aux_loss_weight: float = 0.01, expert_shards: int = 1, name: str | None = None):
+                 aux_loss_weight: float = 0.01, expert_shards: int = 1, fusion: bool = False,
+                 name: str | None = None):
         super().__init__(name)
+        self.fusion = bool(fusion)
         self.experts = check_int(experts, "MoE experts")
         self.k = check_int(experts_per_token, "MoE experts_per_token")
         self.mlp_dim = check_int(mlp_dim, "MoE mlp_dim")
@@ -313,7 +322,7 @@ class MoE(Layer):
         outs = [((n, e), logits.dtype), ((n, k), logits.dtype), ((n, k), _I32), ((n, k), _I32)]
         probs, gates, choice, slot = vector_op(
             core, f"{self.name}/route", lambda z: route_tokens(z, b, k, cap), logits, out=outs,
-            ops_per_element=7.0 + 2.0 * k, transcendental=True)
+            ops_per_element=7.0 + 2.0 * k, transcendental=True, fused=epilogue(self.fusion))
         rows = b * self.slots(t)
         route = {"probs": probs, "gates": gates, "choice": choice, "slot": slot, "rows": rows,
                  "sequences": b}
@@ -334,11 +343,12 @@ class MoE(Layer):
                                      aux))
         return route
 
-    def _activate(self, core, u):
+    def _activate(self, core, u, ran: bool):
+        """act(u): the input products' epilogue when they ran, else the next matmul's."""
         fn, ops, transcendental, _ = _ACTIVATIONS[self.activation]
         return vector_op(core, f"{self.name}/{self.activation}", fn, *u,
                          out=(u[0].shape, u[0].dtype), ops_per_element=ops,
-                         transcendental=transcendental)
+                         transcendental=transcendental, fused=after(self.fusion, ran))
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True,
                 experts: ExpertHooks | None = None):
@@ -367,7 +377,8 @@ class MoE(Layer):
              core.grouped_matmul(xd, params[w], groups, name=f"{self.name}/{w}", a_rounded=True,
                                  b_rounded=True)
              for key, w in zip(self.dot_keys, self.inputs)]              # (E/s s R, F) each
-        g = mxu_input(core, self._activate(core, u))
+        ran = not (saved is not None and self.dot_keys[-1] in saved)
+        g = mxu_input(core, self._activate(core, u, ran))
         ye = core.grouped_matmul(g, params["wo"], groups, name=f"{self.name}/wo",
                                  a_rounded=True, b_rounded=True)         # (E/s s R, C)
         back = hooks.combine(f"{self.name}/combine", ye, self.experts)   # (E R, C)
@@ -407,13 +418,15 @@ class MoE(Layer):
                 part = core.grouped_matmul(dr, np.swapaxes(params[w], 1, 2), groups,
                                            name=f"{self.name}/dx_{w}", a_rounded=True,
                                            b_rounded=True)
-                dxd = part if dxd is None else add(core, f"{self.name}/dx_sum", dxd, part)
+                dxd = part if dxd is None else add(core, f"{self.name}/dx_sum", dxd, part,
+                                                   epilogue(self.fusion))
         dl = mxu_input(core, vector_op(
             core, f"{self.name}/route_bwd",
             lambda d, p, gt, ch: _router_grad(d, p, gt, ch, route["density"],
                                               self.aux_loss_weight),
             dgates, route["probs"], route["gates"], route["choice"],
-            out=(route["probs"].shape, route["probs"].dtype), ops_per_element=6.0))
+            out=(route["probs"].shape, route["probs"].dtype), ops_per_element=6.0,
+            fused=prologue(self.fusion)))
         grads["router"] = core.matmul(xr.T, dl, name=f"{self.name}/d_router", a_rounded=True,
                                       b_rounded=True)                    # (C, E)
         if not need_dx:
@@ -423,7 +436,7 @@ class MoE(Layer):
                        out=((dyr.shape[0], c), back.dtype), ops_per_element=float(self.k))
         dxr = core.matmul(dl, params["router"].T, name=f"{self.name}/dx_router", a_rounded=True,
                           b_rounded=True)                                # (N, C)
-        dx = add(core, f"{self.name}/dx_router_sum", dx, dxr)
+        dx = add(core, f"{self.name}/dx_router_sum", dx, dxr, epilogue(self.fusion))
         return dx.reshape(*lead, c), grads
 
     def _activation_grad(self, core, dg, u):
@@ -432,5 +445,5 @@ class MoE(Layer):
         du = vector_op(core, f"{self.name}/{self.activation}_bwd",
                        lambda d, *a: _activation_grads(self.activation, d, a), dg, *u,
                        out=out if self.gated else out[0], ops_per_element=ops,
-                       transcendental=self.activation != "relu")
+                       transcendental=self.activation != "relu", fused=epilogue(self.fusion))
         return du if self.gated else (du,)

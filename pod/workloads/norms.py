@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from pod.workloads.checks import check_number
+from pod.workloads.fusion import prologue
 from pod.workloads.layers import Layer, vector_op
 
 __all__ = ["NORMS", "RMSNorm", "LayerNorm", "norm_class"]
@@ -26,9 +27,12 @@ class _Norm(Layer):
     dot_keys: tuple[str, ...] = ()
     backward_keys = ("xhat", "inv")
 
-    def __init__(self, epsilon: float = 1e-6, name: str | None = None):
+    def __init__(self, epsilon: float = 1e-6, name: str | None = None, *, fusion: bool = False):
         super().__init__(name)
         self.epsilon = check_number(epsilon, f"{type(self).__name__} epsilon", low=0.0, low_open=True)
+        # fused into the matmul that consumes the output (pod.workloads.fusion); the
+        # scale (and bias) gradients, reductions across tokens, never are
+        self.fused = prologue(fusion)
 
     def cache_elements(self, input_shape):
         # x_hat like x, plus one 1/sigma per position
@@ -55,11 +59,12 @@ class RMSNorm(_Norm):
         stat = (x.shape[:-1] + (1,), x.dtype)
         inv = vector_op(core, f"{self.name}/rsqrt",
                         lambda v: 1.0 / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps), x,
-                        out=stat, ops_per_element=2.0, transcendental=True)  # (..., 1)
+                        out=stat, ops_per_element=2.0, transcendental=True,
+                        fused=self.fused)                                  # (..., 1)
         scale = params["scale"].astype(x.dtype, copy=False)
         xhat, y = vector_op(core, f"{self.name}/normalize",
                             lambda v, s: (v * s, v * s * scale), x, inv,
-                            out=[(x.shape, x.dtype)] * 2, ops_per_element=2.0)
+                            out=[(x.shape, x.dtype)] * 2, ops_per_element=2.0, fused=self.fused)
         return y, {"xhat": xhat, "inv": inv}
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -75,7 +80,7 @@ class RMSNorm(_Norm):
                 g = d * scale
                 return s * (g - xh * (g * xh).mean(axis=-1, keepdims=True))
             dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
-                           ops_per_element=6.0)
+                           ops_per_element=6.0, fused=self.fused)
         return dx, {"scale": dscale}
 
 
@@ -105,12 +110,13 @@ class LayerNorm(_Norm):
 
         mu, inv = vector_op(core, f"{self.name}/moments", stats, x,
                             out=[(x.shape[:-1] + (1,), x.dtype)] * 2, ops_per_element=4.0,
-                            transcendental=True)                           # (..., 1) each
+                            transcendental=True, fused=self.fused)         # (..., 1) each
         scale = params["scale"].astype(x.dtype, copy=False)
         bias = params["bias"].astype(x.dtype, copy=False)
         xhat, y = vector_op(core, f"{self.name}/normalize",
                             lambda v, m, s: ((v - m) * s, (v - m) * s * scale + bias),
-                            x, mu, inv, out=[(x.shape, x.dtype)] * 2, ops_per_element=4.0)
+                            x, mu, inv, out=[(x.shape, x.dtype)] * 2, ops_per_element=4.0,
+                            fused=self.fused)
         return y, {"xhat": xhat, "inv": inv}
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -129,7 +135,7 @@ class LayerNorm(_Norm):
                 return s * (g - g.mean(axis=-1, keepdims=True)
                             - xh * (g * xh).mean(axis=-1, keepdims=True))
             dx = vector_op(core, f"{self.name}/dx", back, dy, xhat, inv, out=(dy.shape, dy.dtype),
-                           ops_per_element=8.0)
+                           ops_per_element=8.0, fused=self.fused)
         return dx, {"scale": dscale, "bias": dbias}
 
 

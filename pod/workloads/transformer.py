@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from chip import to_bf16
+from pod.workloads.attention import ATTENTION_KERNELS
 from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
@@ -216,8 +217,8 @@ class Unembed(Layer):
 #: The ``model.options`` of the transformer (``build_transformer``).
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
-                       "fused_qkv", "remat", "experts", "experts_per_token", "capacity_factor",
-                       "moe_aux_loss_weight")
+                       "fused_qkv", "attention", "fusion", "remat", "experts",
+                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -255,6 +256,12 @@ class TransformerConfig:
         block: "sequential" or "parallel" (``pod.workloads.block``).
         use_bias: biases on every projection (GPT-3; MaxText's models have none).
         fused_qkv: one (C, (H+2K)*Dh) projection for q, k and v (``fused_qkv``).
+        attention: the attention kernel, "flash" (default; the blocked kernel
+            of ``pod.workloads.flash``, MaxText ``attention: flash``) or
+            "dot_product" (the T x T scores as tensors).
+        fusion: elementwise work fused into the matmuls as XLA does (default;
+            ``pod.workloads.fusion`` has the rule), or every elementwise op
+            costed with its own HBM round trip (false).
         remat: one of ``REMAT_POLICIES`` (``pod.workloads.block``).
         experts: E, experts of a mixture-of-experts MLP in every block
             (``pod.workloads.moe``; MaxText ``num_experts``); 0: the dense MLP.
@@ -287,6 +294,8 @@ class TransformerConfig:
     block: str = "sequential"
     use_bias: bool = False
     fused_qkv: bool = False
+    attention: str = "flash"
+    fusion: bool = True
     experts: int = 0
     experts_per_token: int = 1
     capacity_factor: float = 0.0
@@ -314,8 +323,9 @@ class TransformerConfig:
         _choice("norm", self.norm, NORMS)
         _choice("positions", self.positions, POSITIONS)
         _choice("block", self.block, BLOCKS)
+        _choice("attention", self.attention, ATTENTION_KERNELS)
         _choice("remat", self.remat, REMAT_POLICIES)
-        for field in ("tied_embeddings", "use_bias", "fused_qkv"):
+        for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
                                  f"got {getattr(self, field)!r}")
@@ -439,9 +449,10 @@ class TransformerModel(Model):
                                     mlp_activation=cfg.mlp_activation, norm=cfg.norm,
                                     rotary=cfg.positions == "rotary", remat=cfg.remat,
                                     block=cfg.block, use_bias=cfg.use_bias,
-                                    fused_qkv=cfg.fused_qkv, moe=moe, name=f"block{i}")
+                                    fused_qkv=cfg.fused_qkv, attention=cfg.attention,
+                                    fusion=cfg.fusion, moe=moe, name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
-        layers += [norm_class(cfg.norm)(name="final_norm"),
+        layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
         super().__init__("transformer", layers, (cfg.sequence_length,), cfg.vocabulary)
         if cfg.tied_embeddings:
@@ -524,14 +535,14 @@ class TransformerModel(Model):
         return 6 * cfg.matmul_param_count() * t + 12 * cfg.layers * t * t * cfg.inner_dim
 
     def hardware_flops_per_example(self) -> int:
-        """MXU FLOPs actually run per training example: the model FLOPs plus
-        the forward work ``remat`` redoes in backward (``full``: each block's
-        forward less its MLP output projection; none for ``none`` and
-        ``minimal``, whose recomputation is VPU work only). The numerator of
-        hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
-        return self.model_flops_per_example() + sum(
-            layer.recompute_flops(s) for layer, s in zip(self.layers, self._shapes)
-            if isinstance(layer, TransformerBlock))
+        """MXU FLOPs actually run per training example: forward and backward as
+        the kernels run them (flash attention computes only the causal blocks
+        and recomputes its scores in backward, ``TransformerBlock.hardware_flops``)
+        plus the forward work ``remat`` redoes in backward (``recompute_flops``);
+        the other layers three times their forward (dX and dW). The numerator
+        of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
+        return sum(layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
+                   else 3 * layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes))
 
     def next_token_logits(self, core, params, ids) -> np.ndarray:
         """Eval-mode logits of the token after the last of ``ids``.

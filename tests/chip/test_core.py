@@ -243,3 +243,58 @@ def test_cached_op_costs_equal_a_fresh_cores_and_still_check_their_input():
         warm.account_matmul(64.0, 32, 16, name="mm")
     with pytest.raises(ValueError, match="ops_per_element"):
         warm.vector("add", np.add, a, a, ops_per_element=-1.0)
+
+
+# --------------------------------------------------------------------------- fusion
+
+
+def test_fused_vpu_work_adds_only_what_the_matmul_does_not_cover():
+    """Epilogue ("previous") and prologue ("next") VPU work fused into a matmul: no
+    HBM bytes, recorded after the matmul with its name, and together they add
+    max(MXU, VPU, HBM) - max(MXU, HBM) to the step (the fused kernel's roofline)."""
+    spec = get_chip_spec("v5e").core
+    core = TensorCore(spec, numerics=False)
+    x = np.ones((256, 256), np.float32)
+    core.vector("norm", np.negative, x, ops_per_element=2.0, fused="next")  # waits for the matmul
+    assert core.records == []
+    mm = core.account_matmul(256, 256, 256, name="proj")
+    core.vector("bias", np.negative, x, fused="previous")
+    big = np.ones((4096, 4096), np.float32)                              # VPU-heavy epilogue
+    core.vector("act", np.exp, big, ops_per_element=4.0, transcendental=True, fused="previous")
+    records = core.take_records()
+    assert [r.name for r in records] == ["proj", "norm", "bias", "act"]
+    fused = records[1:]
+    assert all(r.fused_into == "proj" and r.hbm_bytes == 0 and r.unit == "vpu" for r in fused)
+    vpu = sum(r.compute_seconds for r in fused)
+    assert vpu == pytest.approx(sum(r.cycles for r in fused) / spec.clock_hz)
+    assert vpu > mm.seconds                                              # the VPU dominates here
+    assert sum(r.seconds for r in records) == pytest.approx(max(mm.seconds, vpu), rel=1e-12)
+    assert records[1].seconds == 0.0 and records[2].seconds == 0.0       # hidden under the MXU
+
+
+def test_a_prologue_without_a_matmul_runs_as_its_own_op():
+    core = TensorCore(V2.core, numerics=False)
+    x = np.ones((64, 64), np.float32)
+    core.vector("lonely", np.negative, x, fused="next")
+    core.vector("next_op", np.negative, x)                               # not a matmul
+    core.vector("tail", np.negative, x, fused="next")
+    core.vector("no_host_yet", np.negative, x, fused="previous")         # nothing to fuse into
+    records = core.take_records()                                        # flushes "tail" too
+    assert [r.name for r in records] == ["lonely", "next_op", "tail", "no_host_yet"]
+    assert all(r.fused_into == "" and r.hbm_bytes == 2 * x.nbytes for r in records)
+    core.account_matmul(8, 8, 8, name="mm")
+    core.take_records()                                                  # a step ends the kernel
+    assert core.account_vector("after", 10, 40, fused="previous").fused_into == ""
+    with pytest.raises(ValueError, match="fused must be one of"):
+        core.vector("bad", np.negative, x, fused="later")
+
+
+def test_a_kernel_record_sums_its_products():
+    core = TensorCore(get_chip_spec("v5p").core, numerics=False)
+    gemms = [(128, 64, 128, 6), (64, 128, 64, 6)]
+    rec = core.account_kernel("flash", gemms, 1000)
+    assert rec.unit == "mxu" and rec.hbm_bytes == 1000
+    assert rec.flops == 2 * 6 * 128 * 64 * 128 + 2 * 6 * 64 * 128 * 64
+    assert rec.mxu_cycles == sum(core.mxu_cycles(m, k, n, batch=b) for m, k, n, b in gemms)
+    assert rec.cycles == rec.mxu_cycles + rec.issue_cycles
+    assert core.account_kernel("flash", gemms, 1000) == rec and len(core.records) == 2  # cached

@@ -16,10 +16,26 @@ import pytest
 from matplotlib.figure import Figure
 
 from pod.commands.sweep import (COLUMNS, TEXT_COLUMNS, csv_row, is_missing, run_sweep, sweep_kind)
-from tests.pod.commands.test_sharded_sweep import sweep_scenario
+from pod.config.scenario import parse_scenario
 from tests.pod.commands.test_timing_and_sweep import scenario as mlp_scenario
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
+
+
+def sweep_scenario(**model):
+    """A small transformer's layout sweep on a v5p-16: 2 meshes x 2 remat x 2 per-device
+    batches (as tests/pod/commands/test_sharded_sweep.py's)."""
+    return parse_scenario({
+        "name": "layouts", "pod": {"slice": "v5p-16", "mesh": {"fsdp": 8}},
+        "model": {"name": "transformer", "options": {"embed_dim": 32, "heads": 4, "head_dim": 8,
+                                                     "mlp_dim": 64, "layers": 2, **model}},
+        "data": {"name": "synthetic_text",
+                 "options": {"vocabulary": 64, "sequence_length": 16, "num_examples": 64}},
+        "training": {"global_batch": 8, "steps": 2, "optimizer": {"name": "adamw"}},
+        "metrics": {"port": 0},
+        "sweep": {"mode": "timing", "mesh": [{"fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2}],
+                  "remat": ["none", "full"], "per_device_batch": [1, 2], "steps": 2},
+    })
 
 
 def _does_not_fit_sweep():
@@ -83,14 +99,17 @@ def test_sweep_json_prints_null_for_a_missing_number(tmp_path):
 
 
 def _saved_figures(monkeypatch) -> dict[str, Figure]:
+    """The figures the sweep saves, by file name (``sweep._save_png`` writes every PNG)."""
+    import pod.commands.sweep as sweep
+
     saved: dict[str, Figure] = {}
-    original = Figure.savefig
+    original = sweep._save_png
 
-    def savefig(self, path, *args, **kwargs):
-        saved[str(path).rsplit("/", 1)[-1]] = self
-        return original(self, path, *args, **kwargs)
+    def save_png(fig, path):
+        saved[path.name] = fig
+        return original(fig, path)
 
-    monkeypatch.setattr(Figure, "savefig", savefig)
+    monkeypatch.setattr(sweep, "_save_png", save_png)
     return saved
 
 

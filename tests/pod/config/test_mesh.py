@@ -319,7 +319,7 @@ def test_a_sharded_model_too_big_names_the_field_and_a_mesh_that_fits():
 def _transformer(layers=2):
     from pod.workloads import build_model
     return build_model("transformer", (64,), 256, embed_dim=64, heads=4, head_dim=16,
-                       mlp_dim=128, layers=layers)
+                       mlp_dim=128, layers=layers, attention="dot_product")
 
 
 @pytest.mark.parametrize("fsdp, tensor", [(1, 1), (2, 2), (4, 1), (1, 4), (3, 2)])

@@ -195,9 +195,10 @@ def test_validate_and_describe_take_overrides_on_the_command_line():
 def test_build_plan_errors_blame_the_override():
     code, _, err = _cli("validate", str(QUICKSTART), "training.global_batch=100")
     assert code == 2
-    assert err.strip() == (f"error: {QUICKSTART}: training.global_batch: global batch 100 is not "
-                           "divisible by 8 TensorCores; use a multiple of 8 such as 96 or 104 "
-                           "(override training.global_batch=100)")
+    line = err.strip()
+    assert line.startswith(f"error: {QUICKSTART}: training.global_batch: global batch 100 ")
+    assert "96 or 104" in line and line.endswith("(override training.global_batch=100)")
+    assert len(err.strip().splitlines()) == 1
 
 
 # -- hypothesis: any key, any value: a scenario or one line naming the override ---------------
@@ -243,7 +244,7 @@ def test_an_override_sets_its_leaf_and_nothing_else(data):
     before = copy.deepcopy(BASE)
     out = apply_overrides(BASE, {key: value})
     assert BASE == before
-    assert _at(out, path) == value
+    assert repr(_at(out, path)) == repr(value)  # repr: a NaN (nested too) equals itself
     dropped = set(REPLACES.get(key, ()))
     for other, old in leaves:
         if other != path and ".".join(map(str, other)) not in dropped:

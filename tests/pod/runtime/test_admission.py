@@ -73,9 +73,11 @@ def test_a_joined_cluster_is_not_checked_here(monkeypatch):
     admit(plan, available_bytes=0, cpus=2)
 
 
-def test_a_run_is_refused_before_any_actor_starts(tmp_path, monkeypatch):
+def test_a_run_is_refused_before_any_actor_starts_and_changes_no_earlier_result(tmp_path,
+                                                                                monkeypatch):
     from pod.commands.train import Run
     from pod.runtime.coordinator import Pod
+    from pod.safe_io import lock_directories
 
     def no_actor(*args, **kwargs):
         raise AssertionError("an actor was started")
@@ -83,5 +85,11 @@ def test_a_run_is_refused_before_any_actor_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(Pod, "start", no_actor)
     monkeypatch.setattr(module, "available_memory_bytes",
                         lambda: RAY_RESERVE_BYTES + 3 * (ACTOR_BASE_BYTES + (1 << 20)))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "steps.csv").write_text("an earlier run's rows\n")
     with pytest.raises(ScenarioError, match=r"^pod: 8 functional chips .* at most 3 chips fit"):
-        Run(_plan(8), output_dir=tmp_path / "out", log_every=0).run()
+        Run(_plan(8), output_dir=out, log_every=0).run()
+    assert (out / "steps.csv").read_text() == "an earlier run's rows\n"
+    assert not (out / "layers.csv").exists() and not (out / "summary.json").exists()
+    lock_directories(out).release()  # the refused run let go of its lock

@@ -65,8 +65,9 @@ def test_model_loss_with_the_balancing_loss_against_finite_differences(core64):
 
 def test_remat_variants_bit_identical_and_the_flops_of_active_parameters():
     """Dropless with T k a multiple of E: the grouped products run exactly the active
-    rows, so the recorded MXU FLOPs are the model's (4 sequences x fwd + bwd)."""
-    options = dict(MOE, embed_dim=16, mlp_dim=32, experts=8)
+    rows, so the recorded MXU FLOPs are the model's (4 sequences x fwd + bwd; dot-product
+    attention computes the whole T x T, as the model FLOPs count it)."""
+    options = dict(MOE, embed_dim=16, mlp_dim=32, experts=8, attention="dot_product")
     models = {r: build_model("transformer", (16,), 20, **options, remat=r)
               for r in ("none", "minimal", "full")}
     params = models["none"].init_params(3)

@@ -348,7 +348,7 @@ def _step(model, params, x, y):
 
 
 def test_remat_variants_bit_identical_with_ordered_costs_and_memory():
-    options = dict(TINY, embed_dim=16, mlp_dim=32)
+    options = dict(TINY, embed_dim=16, mlp_dim=32, attention="dot_product", fusion=False)
     models = {r: build_model("transformer", (16,), 20, **options, remat=r)
               for r in ("none", "minimal", "full")}
     params = models["none"].init_params(3)
@@ -479,10 +479,15 @@ def test_model_flops_formula():
     assert model.model_flops_per_example() == 6 * n * 64 + 12 * 2 * 64 * 64 * 32
     assert model.model_flops_per_example() == model.flops_per_example()    # layer by layer
     full = build_model("transformer", (64,), 50, embed_dim=32, heads=2, layers=2, mlp_dim=96,
-                       remat="full")
+                       remat="full", attention="dot_product")
     per_block_forward = 2 * 64 * (4 * 32 * 32 + 3 * 32 * 96) + 4 * 64 * 64 * 32
     assert full.hardware_flops_per_example() == (full.model_flops_per_example()
                                                  + 2 * (per_block_forward - 2 * 64 * 96 * 32))
+    # flash: T = 64 is one block, computed whole and masked: 2 products forward, 7 backward
+    # (the scores and dP recomputed by both kernels), against 2 and 4; no remat
+    attention_product = 2 * 64 * 64 * 32                                  # 2 T^2 H Dh
+    assert model.hardware_flops_per_example() == (model.model_flops_per_example()
+                                                  + 2 * 3 * attention_product)
 
 
 # --------------------------------------------------------------------------- options
