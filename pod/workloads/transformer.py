@@ -615,7 +615,8 @@ def maxtext_tflops_2023(config: TransformerConfig, batch: int, *,
 
     ``MaxText/train.py calculate_training_tflops`` (training-steps.md, "The
     metric"): 6 N T B + 12 H L Dh T^2 B, N the whole parameter count
-    (``config.param_count()``: embedding included, a tied output layer once,
+    (``config.param_count()``: embedding included, a tied output layer once; with
+    experts the active count, ``param_count(active=True)``,
     norms and biases too), H query heads, L layers, Dh the head dimension, T
     the sequence length, B the sequences per device; with ``causal_halving``
     the attention term is halved (MaxText from 64ee4e938, 2023-11-08: the v5p
@@ -633,7 +634,8 @@ def maxtext_tflops_2023(config: TransformerConfig, batch: int, *,
     """
     cfg, t, b = config, config.sequence_length, int(batch)
     attention = 12 * cfg.heads * cfg.layers * cfg.head_dim * t * t * b
-    return float(6 * cfg.param_count() * t * b + (attention / 2 if causal_halving else attention))
+    n = cfg.param_count(active=True)  # with experts the k a token uses (2023 had no MoE)
+    return float(6 * n * t * b + (attention / 2 if causal_halving else attention))
 
 
 def maxtext_tflops_2025(config: TransformerConfig, batch: int) -> float:
