@@ -543,7 +543,7 @@ class TensorCore:
                 raise ValueError(f"grouped matmul {name!r}: group sizes {sizes} must be counts "
                                  f">= 0 summing to the {rows} rows")
         ends = np.cumsum([0] + sizes)
-        return [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
+        return [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
 
     @staticmethod
     def _group_count(group_sizes: Any) -> int:

@@ -472,7 +472,7 @@ def group_all_to_all_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
     loads = (np.bincount(ids, minlength=nlinks) * piece).astype(np.int64)
     seconds = (_phase_seconds(topology, loads, slowed, int(hops.max()), link)
                if piece and ids.size else 0.0)
-    if piece and not ici.all():  # each device copies its on-chip pieces one after another
+    if piece and not ici.all() and on_chip_bytes_per_s:  # on-chip pieces, one after another
         copies = np.bincount(src[~ici]).max() * piece
         seconds = max(seconds, float(copies) / on_chip_bytes_per_s)
     return _cost_of(topology, [seconds], loads, factors, link)

@@ -28,6 +28,8 @@ MaxText ``moe.py`` (``expert`` mesh axis, ``activation_exp``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pod.programs.collectives import DeviceCollectives
@@ -55,8 +57,9 @@ class ExpertCollectives(ExpertHooks):
 
     def _all_to_all(self, tag: str, pieces: np.ndarray) -> np.ndarray | None:
         """One all-to-all of ``pieces`` (s, ...) over expert; None on a timing-only core."""
-        kw = {"tag": f"{tag} {self.phase}", "kind": "activation",
-              "after_record": len(self.core.records), "itemsize": wire_itemsize(self.core)}
+        kw: dict[str, Any] = {"tag": f"{tag} {self.phase}", "kind": "activation",
+                              "after_record": len(self.core.records),
+                              "itemsize": wire_itemsize(self.core)}
         if not self.core.execute:
             self.comm.all_to_all("expert", timing_zeros((pieces.size,), _F32), **kw)
             return None

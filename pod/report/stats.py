@@ -144,7 +144,7 @@ class ExpertLoad:
     kept: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def total(cls, per_device: Iterable[Sequence[Any]]) -> "ExpertLoad | None":
+    def total(cls, per_device: Iterable[Sequence[Any]]) -> ExpertLoad | None:
         """The sum of the devices' ``RouterLoad`` tuples (one per MoE layer each); None
         when no device routed anything (a dense model, or timing-only)."""
         devices = [loads for loads in per_device if loads and loads[0].routed]
@@ -459,8 +459,8 @@ class StepTotals:
                 self.expert_routed, self.expert_kept = [0] * len(kept), [0] * len(kept)
             self.expert_steps += 1
             self.expert_routed = [a + int(b) for a, b in zip(self.expert_routed,
-                                                             load.tokens_per_expert)]
-            self.expert_kept = [a + int(b) for a, b in zip(self.expert_kept, kept)]
+                                                             load.tokens_per_expert, strict=True)]
+            self.expert_kept = [a + int(b) for a, b in zip(self.expert_kept, kept, strict=True)]
             self.expert_max_over_mean_sum += load.max_over_mean
 
     def mean(self, name: str) -> float:

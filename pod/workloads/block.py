@@ -228,7 +228,7 @@ class TransformerBlock(Layer):
         flops = (0 if qkv_kept else att.projection_flops(shape)) + att.recompute_core_flops(shape, kept)
         if not self.parallel and "out_proj" not in kept:
             flops += att.output_flops(shape)
-        extra = mlp.recompute_extra_flops(shape) if self.moe else 0      # router, wo
+        extra = mlp.recompute_extra_flops(shape) if isinstance(mlp, MoE) else 0  # router, wo
         return flops + extra + sum(mlp.input_flops(shape) for k in mlp.dot_keys
                                    if k not in kept)
 

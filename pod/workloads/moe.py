@@ -69,7 +69,7 @@ import numpy as np
 
 from pod.workloads.checks import check_int
 from pod.workloads.fusion import after, epilogue, prologue
-from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
+from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import _ACTIVATIONS, MLP_ACTIVATIONS, _activation_grads, add
 
 __all__ = ["MoE", "ExpertHooks", "RouterLoad", "expert_capacity", "route_tokens"]
@@ -281,7 +281,7 @@ class MoE(Layer):
                 "wo": (e, f, c)}
 
     def init_params(self, rng, input_shape):
-        c, f = int(input_shape[-1]), self.mlp_dim
+        c = int(input_shape[-1])
         out = {"router": glorot_uniform(rng, (c, self.experts), c, self.experts)}
         for w, s in self.param_shapes(input_shape).items():
             if w != "router":
@@ -376,14 +376,14 @@ class MoE(Layer):
         u = [saved[key] if saved is not None and key in saved else
              core.grouped_matmul(xd, params[w], groups, name=f"{self.name}/{w}", a_rounded=True,
                                  b_rounded=True)
-             for key, w in zip(self.dot_keys, self.inputs)]              # (E/s s R, F) each
+             for key, w in zip(self.dot_keys, self.inputs, strict=True)]  # (E/s s R, F) each
         ran = not (saved is not None and self.dot_keys[-1] in saved)
         g = mxu_input(core, self._activate(core, u, ran))
         ye = core.grouped_matmul(g, params["wo"], groups, name=f"{self.name}/wo",
                                  a_rounded=True, b_rounded=True)         # (E/s s R, C)
         back = hooks.combine(f"{self.name}/combine", ye, self.experts)   # (E R, C)
-        cache = {"x": xr, "route": route, "xd": xd, **dict(zip(self.dot_keys, u)), "g": g,
-                 "rows": back}
+        cache = {"x": xr, "route": route, "xd": xd, **dict(zip(self.dot_keys, u, strict=True)),
+                 "g": g, "rows": back}
         if not need_output:
             return None, cache
         y = vector_op(core, f"{self.name}/combine", _combine, back, route["gates"],
@@ -410,7 +410,7 @@ class MoE(Layer):
                                  name=f"{self.name}/d_hidden", a_rounded=True, b_rounded=True)
         du = self._activation_grad(core, dg, [cache[k] for k in self.dot_keys])
         dxd = None
-        for w, d in zip(self.inputs, du):
+        for w, d in zip(self.inputs, du, strict=True):
             dr = mxu_input(core, d)
             grads[w] = core.grouped_transposed_matmul(xd, dr, groups, name=f"{self.name}/d_{w}",
                                                       a_rounded=True, b_rounded=True)
@@ -429,7 +429,7 @@ class MoE(Layer):
             fused=prologue(self.fusion)))
         grads["router"] = core.matmul(xr.T, dl, name=f"{self.name}/d_router", a_rounded=True,
                                       b_rounded=True)                    # (C, E)
-        if not need_dx:
+        if not need_dx or dxd is None:
             return None, grads
         back = hooks.combine(f"{self.name}/dispatch_bwd", dxd, self.experts)   # (E R, C)
         dx = vector_op(core, f"{self.name}/dispatch_bwd", _dispatch_grad, back, route["slot"],
