@@ -192,3 +192,19 @@ def test_dropless_without_an_expert_axis_shards_over_data_and_fsdp():
     program, devices = sharded((("data", 2), ("fsdp", 2)), option_items=items)
     assert max_diff(program.assemble(d[0] for d in devices), want) < FP32_ATOL
     assert dataclasses.is_dataclass(devices[0][1][0].router_loads[0])
+
+
+def test_load_local_is_the_inverse_of_assemble_with_experts():
+    """A checkpoint's whole model shards back onto every device bit for bit (resume)."""
+    program, devices = sharded((("fsdp", 2), ("expert", 2), ("data", 2)))
+    shards = [d[0] for d in devices]
+    params, state = program.assemble(shards), program.assemble(shards, opt_state=True)
+    assert params["block1/mlp/wo"].shape == (8, MOE["mlp_dim"], MOE["embed_dim"])
+    for shard in shards:
+        again = program.load_local(params, state, shard.coords)
+        for key, value in shard.params.items():
+            np.testing.assert_array_equal(again.params[key], value, err_msg=key)
+        for key, value in shard.opt_state.items():
+            np.testing.assert_array_equal(again.opt_state[key], value, err_msg=key)
+    with pytest.raises(ValueError, match=r"missing \(fsdp, tensor, expert\)"):
+        program.assemble(s for s in shards if s.coords.expert == 0)
