@@ -288,7 +288,8 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int]) -> Table:
     shape, the dimension split over ``tensor`` (Megatron: column-parallel splits
     the output dimension, row-parallel the input one), its shape on one tensor
     device, the chunk one device keeps after the ``fsdp`` split (ZeRO-3: flattened,
-    then split) and its float32 bytes. Identical consecutive layers are one group
+    then split) and its float32 bytes; an MoE's expert weights say their split over
+    ``expert`` (E / expert experts a device) in the split column. Identical consecutive layers are one group
     ("block1 .. block60 (x60)", bytes per layer).
 
     Args:
@@ -309,6 +310,8 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int]) -> Table:
         for i, p in enumerate(params):
             split = ("replicated" if p.tensor_dim is None else
                      f"dim {p.tensor_dim} ({'column' if p.tensor_dim == len(p.shape) - 1 else 'row'})")
+            if getattr(p, "expert_dim", None) is not None:  # an MoE's experts, over expert
+                split = f"experts: dim {p.expert_dim} over expert"
             chunk = f"{p.device_elements:,}" + (f" (1/{fsdp})" if fsdp > 1 else "")
             table.add_row(label if i == 0 else "", p.key[len(p.layer) + 1:], _shape(p.shape), split,
                           _shape(p.local_shape), chunk, f"{4 * p.device_elements:,}")

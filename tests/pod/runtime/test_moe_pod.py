@@ -147,3 +147,16 @@ def test_mixtral_8x7b_costs_a_step_on_a_v5p_128_from_its_active_parameters():
     assert stats.hardware_flops > stats.model_flops                     # remat, capacity padding
     assert 1.0 < stats.step_seconds < 30.0 and 0.1 < stats.mfu < 0.7
     assert stats.axis_collective_bytes["expert"] > 0 and plan.memory["total"] < 95e9
+
+
+def test_the_sharding_table_says_where_the_experts_live():
+    from rich.console import Console
+
+    from pod.report.model_summary import plan_sharding_table
+
+    console = Console(width=200, record=True)
+    console.print(plan_sharding_table(build_plan(scenario({"data": 2, "expert": 4}))))
+    rows = [line for line in console.export_text().splitlines() if "mlp/" in line]
+    assert len(rows) == 4 and "replicated" in rows[0]                  # the router
+    assert all("experts: dim 0 over expert" in r and "(8, 16, 16)" in r and "(2, 16, 16)" in r
+               for r in rows[1:])                                      # 8 experts, 2 a device
