@@ -66,7 +66,7 @@ from chip import ChipSpec
 from interconnect import Torus
 from pod.config.slices import PodShape
 from pod.errors import HBMPlanError, ScenarioError
-from pod.programs.transformer import device_param_elements
+from pod.programs.transformer import device_param_elements, param_layout
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
@@ -699,12 +699,32 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
                 return device_param_elements(model, fsdp, tensor, mesh.axis_size("expert"))
             except ValueError:  # tensor does not divide the heads / mlp_dim
                 return None
+    largest = max(layers, default=params)
+    if isinstance(model, TransformerModel) and model.config.experts and \
+            mesh.axis_size("expert") > 1:
+        try:
+            largest = _largest_expert_local_layer(model, mesh.axis_size("expert"))
+        except ValueError:  # experts the axis does not split: the plan refuses the mesh
+            pass
     try:
         return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1),
                                    int(model.activation_bytes(1)), global_batch // batch_shards,
-                                   mesh, capacity_bytes, precision, max(layers, default=params),
-                                   exact)
+                                   mesh, capacity_bytes, precision, largest, exact)
     except HBMPlanError as err:
         raise HBMPlanError(f"pod.mesh: {err}", tag=err.tag, requested_bytes=err.requested_bytes,
                            free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
                            memory_plan=err.memory_plan) from None
+
+
+def _largest_expert_local_layer(model: TransformerModel, expert: int) -> int:
+    """Parameters of the largest layer as an fsdp gather assembles it on a device of an
+    ``expert`` axis: each MoE block with its E / expert experts (``param_layout``); the
+    memory plan's workspace (a whole block's E experts would overstate it expert-fold).
+
+    Raises:
+        ValueError: the mesh cannot split the experts (``check_expert_split``).
+    """
+    per_layer: dict[str, int] = {}
+    for p in param_layout(model, {"expert": expert}):
+        per_layer[p.layer] = per_layer.get(p.layer, 0) + int(np.prod(p.local_shape))
+    return max(per_layer.values())

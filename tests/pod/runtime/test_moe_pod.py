@@ -147,6 +147,10 @@ def test_mixtral_8x7b_costs_a_step_on_a_v5p_128_from_its_active_parameters():
     assert stats.hardware_flops > stats.model_flops                     # remat, capacity padding
     assert 1.0 < stats.step_seconds < 30.0 and 0.1 < stats.mfu < 0.7
     assert stats.axis_collective_bytes["expert"] > 0 and plan.memory["total"] < 95e9
+    # FSDP's workspace: a block gathered with its one expert of 8 (float32 weights and
+    # gradient, the bf16 MXU copy), not the 8 experts
+    block = 4096 * 6144 + 4096 * 4096 + 2 * 4096 + 4096 * 8 + 3 * 4096 * 14336
+    assert plan.memory["workspace"] == block * (4 + 4 + 2)
 
 
 def test_the_sharding_table_says_where_the_experts_live():
