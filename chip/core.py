@@ -421,7 +421,7 @@ class TensorCore:
         Raises:
             ValueError: if a dimension is negative, batch < 1 or mxu_model unknown.
         """
-        key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model)
+        key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model, a_elements, out_elements)
         if type(m) is int and type(k) is int and type(n) is int and type(batch) is int:
             record = self._cached(key)
             if record is not None:
@@ -557,6 +557,108 @@ class TensorCore:
             self.account_matmul(m, k, n, name=name, batch=bsz, shared_weights=shared)
         else:
             self._mxu_record(name, 0.0, 0, 0)
+        return out
+
+    def _group_bounds(self, rows: int, group_sizes: Any, name: str) -> list[tuple[int, int]]:
+        """(start, stop) row ranges of ``group_sizes``: an int G (G equal groups) or G counts."""
+        if isinstance(group_sizes, numbers.Integral):
+            groups = int(group_sizes)
+            if groups < 1 or rows % groups:
+                raise ValueError(f"grouped matmul {name!r}: {rows} rows do not split into "
+                                 f"{groups} equal groups; give the group sizes")
+            sizes = [rows // groups] * groups
+        else:
+            sizes = [int(s) for s in np.asarray(group_sizes).reshape(-1)]
+            if not sizes or min(sizes) < 0 or sum(sizes) != rows:
+                raise ValueError(f"grouped matmul {name!r}: group sizes {sizes} must be counts "
+                                 f">= 0 summing to the {rows} rows")
+        ends = np.cumsum([0] + sizes)
+        return [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+
+    @staticmethod
+    def _group_count(group_sizes: Any) -> int:
+        if isinstance(group_sizes, numbers.Integral):
+            return int(group_sizes)
+        return int(np.asarray(group_sizes).size)
+
+    def grouped_matmul(self, a: np.ndarray, b: np.ndarray, group_sizes: Any, *,
+                       name: str = "grouped_matmul", a_rounded: bool = False,
+                       b_rounded: bool = False) -> np.ndarray:
+        """Rows of a (M, K), grouped, each group times its own weights of b (G, K, N).
+
+        A mixture-of-experts layer's expert products: the rows routed to expert g
+        (consecutive, ``group_sizes[g]`` of them) times expert g's weights; the
+        grouped matmul of megablox (``gmm``, MaxText's ``sparse_matmul``). The
+        cost depends on shapes only, as a plan of any size needs it: G GEMMs of
+        ceil(M / G) rows each with their own weights (``account_matmul`` with
+        ``batch=G``; a skewed split's tiles add up to about the same rows), the
+        M x K rows read and the M x N written once.
+
+        Args:
+            a: (M, K) rows, sorted by group.
+            b: (G, K, N) one weight matrix per group.
+            group_sizes: (G,) rows per group summing to M, or the int G for equal
+                groups (on a timing-only core only G matters).
+            name: Op name for the record.
+            a_rounded, b_rounded: as `matmul`.
+
+        Returns:
+            (M, N): float32 with numerics, else in the inputs' dtype.
+
+        Raises:
+            ValueError: on mismatched shapes or group sizes.
+        """
+        a, b = np.asarray(a), np.asarray(b)
+        g = self._group_count(group_sizes)
+        if a.ndim != 2 or b.ndim != 3 or a.shape[1] != b.shape[1] or b.shape[0] != g or g < 1:
+            raise ValueError(f"grouped matmul {name!r} needs a (M, K), b (G, K, N) and G group "
+                             f"sizes, got shapes {a.shape}, {b.shape} and {g} groups")
+        (m, k), n = a.shape, b.shape[2]
+        if not self.execute:
+            dtype = np.float32 if self.emulates_numerics else np.result_type(a, b)
+            out = _zeros_view((m, n), dtype)
+        else:
+            bounds = self._group_bounds(m, group_sizes, name)
+            out = np.concatenate([self._product(a[s:e], b[i], a_rounded, b_rounded)
+                                  for i, (s, e) in enumerate(bounds)])
+        self.account_matmul(-(-m // g), k, n, name=name, batch=g, a_elements=m * k,
+                            out_elements=m * n)
+        return out
+
+    def grouped_transposed_matmul(self, a: np.ndarray, b: np.ndarray, group_sizes: Any, *,
+                                  name: str = "grouped_transposed_matmul",
+                                  a_rounded: bool = False, b_rounded: bool = False) -> np.ndarray:
+        """Per group g, a[rows of g]^T times b[rows of g]: the weight gradients of
+        :meth:`grouped_matmul` (megablox's ``tgmm``). Costed from shapes only as G
+        GEMMs (K x ceil(M / G)) . (ceil(M / G) x N), writing the (G, K, N) result.
+
+        Args:
+            a: (M, K) rows, sorted by group.
+            b: (M, N) rows, in the same groups.
+            group_sizes: as :meth:`grouped_matmul`.
+            name, a_rounded, b_rounded: as :meth:`grouped_matmul`.
+
+        Returns:
+            (G, K, N).
+
+        Raises:
+            ValueError: on mismatched shapes or group sizes.
+        """
+        a, b = np.asarray(a), np.asarray(b)
+        g = self._group_count(group_sizes)
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0] or g < 1:
+            raise ValueError(f"grouped transposed matmul {name!r} needs a (M, K), b (M, N) and "
+                             f"G >= 1 group sizes, got shapes {a.shape}, {b.shape} and {g} groups")
+        (m, k), n = a.shape, b.shape[1]
+        if not self.execute:
+            dtype = np.float32 if self.emulates_numerics else np.result_type(a, b)
+            out = _zeros_view((g, k, n), dtype)
+        else:
+            bounds = self._group_bounds(m, group_sizes, name)
+            out = np.stack([self._product(a[s:e].T, b[s:e], a_rounded, b_rounded)
+                            for s, e in bounds])
+        self.account_matmul(k, -(-m // g), n, name=name, batch=g, a_elements=m * k,
+                            out_elements=g * k * n)
         return out
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, *, stride: int = 1, padding: str = "valid",

@@ -58,7 +58,7 @@ from functools import partial
 import numpy as np
 
 from interconnect.chains import axis_reduce_scatter_phases, build_axis_collective
-from interconnect.collectives import ring_all_gather, ring_allreduce, ring_reduce_scatter
+from interconnect.collectives import all_to_all, ring_all_gather, ring_allreduce, ring_reduce_scatter
 from interconnect.cost import (ScheduleCost, _cost_of, _link_ids, _link_of_id, _phase_seconds,
                                schedule_cost)
 from interconnect.errors import ScheduleError
@@ -69,17 +69,19 @@ from interconnect.topology import Torus
 
 __all__ = ["GROUP_OPS", "GROUP_ALGORITHMS", "group_ring_schedule", "group_torus_schedule",
            "concurrent_group_schedule", "group_collective_cost", "group_ring_cost",
-           "group_torus_cost", "group_ppermute_schedule", "group_ppermute_cost"]
+           "group_torus_cost", "group_ppermute_schedule", "group_ppermute_cost",
+           "group_all_to_all_cost"]
 
-#: The operations a group collective performs (the device program's three).
-GROUP_OPS = ("allreduce", "reduce_scatter", "all_gather")
+#: The operations a group collective performs (the device program's four; all_to_all is
+#: direct under either algorithm: every message on its own dimension-order route).
+GROUP_OPS = ("allreduce", "reduce_scatter", "all_gather", "all_to_all")
 
 #: How a group collective runs: "xla" (every torus axis of the group's block at once,
 #: both directions) or "ring" (one unidirectional ring per group); see the module docstring.
 GROUP_ALGORITHMS = ("xla", "ring")
 
 _BUILDERS = {"allreduce": ring_allreduce, "reduce_scatter": ring_reduce_scatter,
-             "all_gather": ring_all_gather}
+             "all_gather": ring_all_gather, "all_to_all": all_to_all}
 
 
 def group_ring_schedule(op: str, size: int, num_elements: int, itemsize: int = 4) -> Schedule:
@@ -219,7 +221,7 @@ def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_rank
     _check_algorithm(algorithm)
     groups = _checked_groups(groups, num_ranks)
     size = len(groups[0]) if groups else 1
-    if algorithm == "ring":
+    if algorithm == "ring" or op == "all_to_all":  # direct: the routes are the torus's
         local = group_ring_schedule(op, size, num_elements, itemsize)
     else:
         local = group_torus_schedule(op, _checked_group_torus(group_torus, size), num_elements,
@@ -291,6 +293,9 @@ def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
     _check_op(op)
     group_torus = (_checked_group_torus(group_torus, len(groups[0])) if algorithm == "xla"
                    else None)
+    if op == "all_to_all" and num_elements % len(groups[0]):
+        raise ScheduleError(f"all-to-all needs num_elements ({num_elements}) to be a multiple "
+                            f"of the group size {len(groups[0])}")
     if faults is None or not faults.failed:
         groups = _checked_groups(groups, topology.num_chips * devices_per_chip)
         if devices_per_chip > 1 and not (on_chip_bytes_per_s is not None
@@ -301,6 +306,8 @@ def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
                                 "two devices of one chip, a positive number of bytes/s")
         fast = group_ring_cost if algorithm == "ring" else partial(group_torus_cost,
                                                                    group_torus=group_torus)
+        if op == "all_to_all":
+            fast = group_all_to_all_cost
         return fast(op, topology, groups, num_elements, link, itemsize, faults,
                     devices_per_chip=devices_per_chip, on_chip_bytes_per_s=on_chip_bytes_per_s)
     if devices_per_chip > 1:
@@ -533,6 +540,54 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     if op in ("allreduce", "all_gather"):
         seconds += [phase(1 - s) for s in range(size - 1)]
     return _cost_of(topology, seconds, totals, factors, link)
+
+
+def group_all_to_all_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
+                          num_elements: int, link: LinkSpec, itemsize: int = 4,
+                          faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
+                          on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+    """The fast path of ``group_collective_cost("all_to_all", ...)``: the same seconds and
+    link bytes as ``schedule_cost(concurrent_group_schedule("all_to_all", ...))``.
+
+    Every group's direct all-to-all at once (as XLA issues it on a TPU slice: each
+    device DMAs piece j of its buffer to member j): one phase in which every
+    ordered pair of a group sends ``num_elements / g`` elements on its
+    dimension-order route. The phase takes its busiest link's bytes at the achieved
+    bandwidth of the chips' driven links plus latency times the longest route
+    (:func:`interconnect.cost.schedule_cost`'s phase), groups contending where their
+    routes share links. A piece between two devices of one chip (v2 / v3
+    TensorCores) is an on-chip copy, each device's one after another, beside the
+    ICI transfers (the phase takes the longer).
+
+    Args:
+        op: "all_to_all".
+        topology, groups, num_elements, link, itemsize, devices_per_chip,
+            on_chip_bytes_per_s: as :func:`group_collective_cost` (groups checked by
+            the caller; ``num_elements`` a multiple of the group size).
+        faults: slowed links only (failed links reroute: the schedule path).
+
+    Returns:
+        The :class:`ScheduleCost`.
+    """
+    size = len(groups[0])
+    members = np.asarray(groups, dtype=np.int64).reshape(len(groups), size)    # (R, g)
+    nlinks = topology.num_chips * 2 * topology.ndim
+    factors, slowed = _slowdowns(topology, faults)
+    piece = num_elements // size * itemsize                                  # bytes per message
+    src = np.repeat(members, size, axis=1).reshape(-1)                       # (R g g,)
+    dst = np.tile(members, (1, size)).reshape(-1)
+    sending = src != dst
+    src, dst = src[sending], dst[sending]
+    src_chip, dst_chip = src // devices_per_chip, dst // devices_per_chip
+    ici = src_chip != dst_chip
+    _, ids, hops = _routes(topology, src_chip[ici], dst_chip[ici])
+    loads = (np.bincount(ids, minlength=nlinks) * piece).astype(np.int64)
+    seconds = (_phase_seconds(topology, loads, slowed, int(hops.max()), link)
+               if piece and ids.size else 0.0)
+    if piece and not ici.all() and on_chip_bytes_per_s:  # on-chip pieces, one after another
+        copies = np.bincount(src[~ici]).max() * piece
+        seconds = max(seconds, float(copies) / on_chip_bytes_per_s)
+    return _cost_of(topology, [seconds], loads, factors, link)
 
 
 def _slowdowns(topology: Torus, faults: LinkFaults | None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -13,9 +13,13 @@ shipped large scenarios' form: random token ids that only set the shapes,
   ``decoder_block`` (block, norm, positions, biases), ``fused_qkv``,
   ``trainable_position_size``, ``attention`` and ``remat_policy`` (``custom``:
   the per-tensor keys ``decoder_layer_input``, ``query_proj``, ... as
-  ``remat_custom``);
-- mesh: ``ici_{data,fsdp,tensor}_parallelism`` (-1: the devices the other axes
-  leave, as MaxText fills it); ``dcn_*_parallelism`` must come to one slice;
+  ``remat_custom``); a mixture of experts (``decoder_block: mixtral``, or
+  ``num_experts`` > 1 on a dense decoder): ``num_experts``,
+  ``num_experts_per_tok``, ``capacity_factor`` (-1, dropless: 0) and
+  ``load_balance_loss_weight`` (DeepSeek's and Llama 4's MoE decoders, with
+  shared experts and dense layers, are refused);
+- mesh: ``ici_{data,fsdp,expert,tensor}_parallelism`` (-1: the devices the other
+  axes leave, as MaxText fills it); ``dcn_*_parallelism`` must come to one slice;
 - batch: ``per_device_batch_size`` x the slice's devices = the global batch;
   ``max_target_length`` = the sequence length; ``dtype`` = the precision
   (``int8_training`` / ``quantization: int8``: int8); ``opt_type``,
@@ -157,9 +161,11 @@ DECODER_BLOCKS = {
     "gemma2": ("sequential", "rmsnorm", "rotary", False),
     "gemma3": ("sequential", "rmsnorm", "rotary", False),
     "gpt3": ("sequential", "layernorm", "learned", True),
+    "mixtral": ("sequential", "rmsnorm", "rotary", False),
 }
-#: decoder blocks of mixture-of-experts models (issue 24)
-MOE_BLOCKS = ("mixtral", "deepseek", "llama4")
+#: decoder blocks of mixture-of-experts models the emulator does not model: shared
+#: experts, dense first layers, sigmoid routing (DeepSeek), interleaved MoE (Llama 4)
+MOE_BLOCKS = ("deepseek", "llama4")
 #: attention -> the transformer's attention kernel (TPU: "autoselected" picks flash for training)
 ATTENTIONS = {"flash": "flash", "autoselected": "flash", "dot_product": "dot_product",
               "mha": "dot_product"}
@@ -202,10 +208,10 @@ def _model_options(config: MaxTextConfig) -> tuple[dict[str, Any], int]:
     scale = parameter_scale(_int(config, "global_parameter_scale", 1))
     heads = "base_num_query_heads" if "base_num_query_heads" in v else "base_num_heads"
     kv = "base_num_kv_heads" if "base_num_kv_heads" in v else heads
-    if v.get("decoder_block") in MOE_BLOCKS or _int(config, "num_experts", 1) > 1:
-        raise ScenarioError(f"num_experts: {v.get('num_experts', 1)} experts (decoder_block "
-                            f"{v.get('decoder_block')!r}): mixture of experts is not modelled yet "
-                            f"(issue 24)")
+    if v.get("decoder_block") in MOE_BLOCKS:
+        raise ScenarioError(f"decoder_block: {v.get('decoder_block')!r} ({v.get('num_experts', 1)} "
+                            f"experts): its mixture of experts (shared experts, dense layers, "
+                            f"its routing) is not modelled; mixtral's is")
     block, norm, positions, bias = _choice(config, "decoder_block", DECODER_BLOCKS, "default")
     layers = _int(config, "base_num_decoder_layers") * scale.layers
     if v.get("decoder_block") == "gemma2":  # MaxText merges a local and a global layer into one
@@ -225,12 +231,25 @@ def _model_options(config: MaxTextConfig) -> tuple[dict[str, Any], int]:
     }
     if options["remat"] == "custom":
         options["remat_custom"] = {k: v[k] for k in REMAT_CUSTOM_KEYS if k in v}
-    return options, _int(config, "vocab_size")
+    return options | _moe_options(config), _int(config, "vocab_size")
+
+
+def _moe_options(config: MaxTextConfig) -> dict[str, Any]:
+    """The mixture-of-experts options (none for a dense model): MaxText's ``num_experts``,
+    ``num_experts_per_tok``, ``capacity_factor`` (-1: dropless, our 0) and
+    ``load_balance_loss_weight``."""
+    experts = _int(config, "num_experts", 1)
+    if experts <= 1:
+        return {}
+    factor = float(str(config.values.get("capacity_factor", -1.0)))
+    return {"experts": experts, "experts_per_token": _int(config, "num_experts_per_tok", 1),
+            "capacity_factor": max(0.0, factor),
+            "moe_aux_loss_weight": float(str(config.values.get("load_balance_loss_weight", 0.01)))}
 
 
 # --------------------------------------------------------------------------- pod and batch
 
-_MESH_AXES = ("data", "fsdp", "tensor")
+_MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 
 def _slice_name(config: MaxTextConfig, slice_name: str | None) -> str:
@@ -255,7 +274,7 @@ def _mesh(config: MaxTextConfig, devices: int) -> dict[str, int]:
     if rest:
         sizes[rest[0]] = devices // known
     if math.prod(sizes.values()) != devices:
-        raise ScenarioError(f"ici_*_parallelism: data x fsdp x tensor = "
+        raise ScenarioError(f"ici_*_parallelism: data x fsdp x expert x tensor = "
                             f"{math.prod(sizes.values())}, the slice has {devices} devices")
     return {a: s for a, s in sizes.items() if s != 1} or {"data": 1}
 
@@ -306,7 +325,7 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
     mesh = _mesh(config, devices)
     batch = _batch(config, devices)
     length = _int(config, "max_target_length")
-    shards = mesh.get("data", 1) * mesh.get("fsdp", 1)
+    shards = mesh.get("data", 1) * mesh.get("fsdp", 1) * mesh.get("expert", 1)
     precision = _precision(config)
     label = name or _default_name(config, target)
     scenario = {
@@ -403,19 +422,22 @@ MAPPED = frozenset({
     "fused_qkv", "per_device_batch_size", "max_target_length", "compile_topology", "opt_type",
     "learning_rate", "adam_b1", "adam_b2", "adam_eps", "adam_weight_decay", "int8_training",
     "quantization", "model_name", "ici_data_parallelism", "ici_fsdp_parallelism",
-    "ici_tensor_parallelism", *REMAT_CUSTOM_KEYS,
+    "ici_tensor_parallelism", "ici_expert_parallelism", "num_experts", "num_experts_per_tok",
+    "capacity_factor", "load_balance_loss_weight", *REMAT_CUSTOM_KEYS,
 })
 
 #: Keys that change the step unless at their neutral value: key -> (neutral values, level,
 #: why). "error": not modelled; "warning": approximated.
 STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
-    "num_experts": ((1,), "error", "mixture of experts is not modelled yet (issue 24)"),
     "num_slices": ((-1, 1), "error", "several slices over DCN are not modelled yet"),
     "compile_topology_num_slices": ((-1, 1), "error", "several slices over DCN are not modelled yet"),
     "gradient_accumulation_steps": ((1,), "error", "gradient accumulation is not modelled"),
     "attention_type": (("global", "local_sliding"), "error", "only global (and sliding-window) "
                        "attention are modelled"),
     "first_num_dense_layers": ((0,), "error", "mixed dense / MoE layers are not modelled"),
+    "shared_experts": ((1,), "warning", "shared experts are not modelled (DeepSeek's; MaxText "
+                       "adds them to its deepseek decoder only)"),
+    "use_random_routing": ((False,), "error", "random routing is not modelled"),
     "parameter_memory_host_offload": ((False,), "error", "parameter host offload is not modelled"),
     "optimizer_memory_host_offload": ((False,), "error", "optimizer host offload is not modelled"),
     "hardware": (("tpu",), "error", "the emulator is a TPU pod"),
@@ -437,9 +459,9 @@ STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
                                 "sequence length"),
 }
 for _axis in ("sequence", "context", "context_autoregressive", "tensor_transpose",
-              "tensor_sequence", "autoregressive", "pipeline", "expert", "fsdp_transpose"):
+              "tensor_sequence", "autoregressive", "pipeline", "fsdp_transpose"):
     STEP_KEYS[f"ici_{_axis}_parallelism"] = ((1,), "error", f"the mesh has no {_axis} axis "
-                                             "(data, fsdp and tensor only)")
+                                             "(data, fsdp, expert and tensor only)")
     STEP_KEYS[f"dcn_{_axis}_parallelism"] = ((1,), "error", "several slices over DCN are not "
                                              "modelled yet")
 for _axis in _MESH_AXES:

@@ -225,12 +225,11 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
 
 
 def _batch_shards(scenario: Scenario) -> int:
-    """The devices that split the batch: data x fsdp of the scenario's mesh on its pod."""
+    """The devices that split the batch: data x fsdp x expert of the scenario's mesh."""
     shape = scenario.pod
     pod = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
                       topology=shape.topology)
-    mesh = build_mesh(shape.mesh, pod)
-    return mesh.axis_size("data") * mesh.axis_size("fsdp")
+    return build_mesh(shape.mesh, pod).batch_shards
 
 
 def _generation(pod: dict[str, Any], scenario: Scenario) -> str:

@@ -66,7 +66,7 @@ from chip import ChipSpec
 from interconnect import Torus
 from pod.config.slices import PodShape
 from pod.errors import HBMPlanError, ScenarioError
-from pod.programs.transformer import device_param_elements
+from pod.programs.transformer import device_param_elements, param_layout
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
@@ -271,6 +271,12 @@ class Mesh:
     def sizes(self) -> dict[str, int]:
         """Axis name -> size, in mesh order."""
         return dict(zip(self.axis_names, self.shape))
+
+    @property
+    def batch_shards(self) -> int:
+        """Devices that see different examples: data x fsdp x expert (MaxText's
+        ``activation_batch``); the tensor devices of a group share theirs."""
+        return self.axis_size("data") * self.axis_size("fsdp") * self.axis_size("expert")
 
     def axis_size(self, axis: str) -> int:
         """Devices along ``axis``; 1 for an axis the mesh does not have (data, fsdp, tensor)."""
@@ -633,14 +639,18 @@ def _search(items_of: Callable[[int, int, int], dict | None], mesh: Mesh, per_de
     least sharded first (then the least tensor, then the smallest total), and its
     bytes; None when none fits), and whether any other layout could be considered
     (False for a model with no other layout: more sharding is then no advice)."""
-    fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
-    global_batch = per_device_batch * mesh.axis_size("data") * fsdp
+    fsdp, tensor, expert = (mesh.axis_size(a) for a in ("fsdp", "tensor", "expert"))
+    global_batch = per_device_batch * mesh.batch_shards
     found, considered = None, False
-    for axes in _all_meshes(mesh.size):
+    for axes in _all_meshes(mesh.size // expert):  # the expert axis kept as it is
         f, t = axes.get("fsdp", 1), axes.get("tensor", 1)
-        if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % (axes["data"] * f):
+        shards = axes["data"] * f * expert
+        if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % shards:
             continue
-        plan = items_of(f, t, global_batch // (axes["data"] * f))
+        if expert > 1:  # in mesh order
+            axes = {k: {**axes, "expert": expert}[k] for k in AXIS_NAMES
+                    if k in axes or k == "expert"}
+        plan = items_of(f, t, global_batch // shards)
         if plan is None:
             continue  # a layout the model cannot take is never suggested
         considered = True
@@ -745,25 +755,30 @@ def _refusal(mesh: Mesh, items: dict[str, int], capacity_bytes: int, hints: list
         capacity_bytes=capacity_bytes, memory_plan=items)
 
 
-def model_figures(model, precision: str = "bf16") -> FiguresFn:
+def model_figures(model, precision: str = "bf16", expert: int = 1) -> FiguresFn:
     """:data:`FiguresFn` of a ``pod.workloads.Model``: its parameters per device (the
-    transformer's program layout, ``device_param_elements``; else ceil(P / S)),
-    its largest layer (``largest_layer_params``) and its activations
+    transformer's program layout, ``device_param_elements``, E / ``expert`` of each
+    MoE block's experts; else ceil(P / S)), its largest layer (``largest_layer_params``;
+    an MoE block with its device's experts on an expert axis) and its activations
     (``activation_memory``: remat, offload, flash attention and the activation
     dtype of ``precision`` included)."""
+    moe = isinstance(model, TransformerModel) and bool(model.config.experts) and expert > 1
+
     def figures(fsdp: int, tensor: int, batch: int) -> DeviceFigures | None:
         memory = model.activation_memory(batch, precision=precision, tensor=tensor)
         if memory is None:
             return None
+        largest = model.largest_layer_params(tensor)
         if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
             try:
-                params = device_param_elements(model, fsdp, tensor)
-            except ValueError:  # tensor does not divide the heads / mlp_dim
+                params = device_param_elements(model, fsdp, tensor, expert)
+                if moe:
+                    largest = _largest_expert_local_layer(model, expert)
+            except ValueError:  # tensor does not divide the heads / mlp_dim, expert the experts
                 return None
         else:
             params = math.ceil(int(model.num_params) / (fsdp * tensor))
-        return DeviceFigures(params, model.largest_layer_params(tensor), memory.device_bytes,
-                             memory.transient_bytes)
+        return DeviceFigures(params, largest, memory.device_bytes, memory.transient_bytes)
     return figures
 
 
@@ -791,11 +806,13 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
             ``pod.mesh: ``.
     """
     params = int(model.num_params)
-    batch_shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    batch_shards = mesh.batch_shards
     variants = getattr(model, "remat_variants", dict)()
     ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
-    alternatives = tuple((f"remat {policy}", model_figures(m, precision)) for policy, m in ranked)
-    figures = model_figures(model, precision)
+    expert = mesh.axis_size("expert")
+    alternatives = tuple((f"remat {policy}", model_figures(m, precision, expert))
+                         for policy, m in ranked)
+    figures = model_figures(model, precision, expert)
     if not shardable:  # a replicated model: planned on its own mesh, no other mesh suggested
         own = (mesh.axis_size("fsdp"), mesh.axis_size("tensor"))
 
@@ -809,3 +826,17 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
         raise HBMPlanError(f"pod.mesh: {err}", tag=err.tag, requested_bytes=err.requested_bytes,
                            free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
                            memory_plan=err.memory_plan) from None
+
+
+def _largest_expert_local_layer(model: TransformerModel, expert: int) -> int:
+    """Parameters of the largest layer as an fsdp gather assembles it on a device of an
+    ``expert`` axis: each MoE block with its E / expert experts (``param_layout``); the
+    memory plan's workspace (a whole block's E experts would overstate it expert-fold).
+
+    Raises:
+        ValueError: the mesh cannot split the experts (``check_expert_split``).
+    """
+    per_layer: dict[str, int] = {}
+    for p in param_layout(model, {"expert": expert}):
+        per_layer[p.layer] = per_layer.get(p.layer, 0) + int(np.prod(p.local_shape))
+    return max(per_layer.values())

@@ -44,7 +44,7 @@ class TrainingPlan:
         dataset: the loaded dataset (train and test splits).
         model: the model (stateless; one object serves every device).
         per_device_batch: examples per device per step: the global batch over
-            data x fsdp (the devices along tensor share their examples).
+            data x fsdp x expert (the devices along tensor share their examples).
         steps: optimizer steps to run.
         steps_per_epoch: full global batches in one pass over the train split.
         memory: one device's HBM plan in bytes: params, grads, optimizer_state,
@@ -181,14 +181,14 @@ def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dat
         raise ScenarioError(f"{'data.path' if scenario.data.path else 'data'}: the test split of "
                             f"{dataset.name} is empty (0 examples); the test loss and accuracy "
                             "need at least one (give x_test and y_test examples)")
-    shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    shards = mesh.batch_shards
     if training.global_batch > n_train and not (timing_only and per_device * mesh.devices_per_chip
                                                    <= n_train):
         largest = n_train // shards * shards
         raise ScenarioError(
             f"training.global_batch: {training.global_batch} is larger than the "
             f"{n_train} training examples of {dataset.name}; use at most {largest} "
-            f"(a multiple of data x fsdp = {shards} devices), or more data"
+            f"(a multiple of {_batch_axes(mesh)} = {shards} devices), or more data"
         )
     return dataset
 
@@ -240,7 +240,7 @@ def _custom_model_for_data(model: Any, dataset: Dataset, mesh: Mesh) -> Model:
     if not isinstance(model, Model):
         raise ScenarioError(f"model: a custom model must be a pod.workloads.Model, got "
                             f"{type(model).__name__}")
-    if mesh.axis_size("fsdp") > 1 or mesh.axis_size("tensor") > 1:
+    if mesh.axis_size("data") != mesh.size:
         raise ScenarioError(f"pod.mesh: {format_axes(mesh.sizes)}: a custom model ({model.name}) "
                             f"trains data parallel only; use {{data: {mesh.size}}}")
     try:
@@ -281,17 +281,18 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
         ScenarioError: one line naming ``pod.mesh``.
     """
     axes = format_axes(mesh.sizes)
-    sharded = mesh.axis_size("fsdp") > 1 or mesh.axis_size("tensor") > 1
+    sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if mesh.axis_size(a) > 1]
     if sharded and scenario.model.name not in SHARDED_MODELS:
-        raise ScenarioError(f"pod.mesh: {axes} shards over fsdp / tensor, which only the "
+        raise ScenarioError(f"pod.mesh: {axes} shards over {' and '.join(sharded)}, which only the "
                             f"{', '.join(SHARDED_MODELS)} model does; {scenario.model.name} trains "
                             f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
     config = getattr(model, "config", None)
     if config is None or scenario.model.name not in SHARDED_MODELS:
         return
     try:
-        from pod.programs.transformer import check_tensor_split
+        from pod.programs.transformer import check_expert_split, check_tensor_split
         check_tensor_split(config, mesh.axis_size("tensor"))
+        check_expert_split(config, mesh.sizes)
     except ValueError as err:
         raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
 
@@ -321,22 +322,27 @@ def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> No
 
 
 def _per_device_batch(global_batch: int, mesh: Mesh) -> int:
-    """Examples per device: the batch splits over data x fsdp, the devices along
+    """Examples per device: the batch splits over data x fsdp x expert, the devices along
     tensor share their examples (on ``{data: N}``, the batch over every device).
 
     Raises:
         ShardingError: the batch does not split evenly, naming the mesh (as on a
             real pod: "batch_size must be divisible by the number of devices").
     """
-    shards = mesh.axis_size("data") * mesh.axis_size("fsdp")
+    shards = mesh.batch_shards
     if global_batch % shards:
         lower = global_batch // shards * shards
         nearby = f"{lower} or {lower + shards}" if lower else f"{shards}"
         raise ShardingError(f"training.global_batch: global batch {global_batch} does not split "
-                            f"over data x fsdp = {shards} devices of pod.mesh "
+                            f"over {_batch_axes(mesh)} = {shards} devices of pod.mesh "
                             f"{format_axes(mesh.sizes)}; use a multiple of {shards} such as "
                             f"{nearby}")
     return global_batch // shards
+
+
+def _batch_axes(mesh: Mesh) -> str:
+    """The axes that split the batch, as a product: "data x fsdp" (and "x expert")."""
+    return "data x fsdp" + (" x expert" if mesh.axis_size("expert") > 1 else "")
 
 
 def is_timing_sweep(scenario: Scenario) -> bool:

@@ -19,8 +19,9 @@ Cost-relevant specifics only. Not modelled, and said per preset in
 (costed as global attention, an overestimate of their attention work) and the
 norms after attention and the MLP (E parameters each per layer: 0.003% of
 Gemma 2 9B); Gemma's sqrt(E) embedding scale (no parameters); Gemma 3's
-query / key norms. Mixtral is a mixture of experts: issue 24 is not built,
-so ``mixtral-8x7b`` is refused with one line stating its dense dimensions.
+query / key norms. Mixtral is a mixture of experts (``pod.workloads.moe``): 8
+experts, 2 per token, dropless as released (``capacity_factor`` 0; give one, e.g.
+1.25, to split its experts over an ``expert`` mesh axis).
 
 Sources:
     [LLAMA2] Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat
@@ -116,7 +117,8 @@ class Preset:
         published_params: the published parameter count.
         published_tolerance: how far a count may be from it and still round to the
             published figure (half its last digit), parameters.
-        experts, experts_per_token: a mixture of experts (refused: issue 24).
+        experts, experts_per_token: a mixture of experts (1: a dense MLP); the
+            transformer's ``experts`` and ``experts_per_token``.
         approximations: what the emulator does not model of it ("" if nothing).
     """
 
@@ -151,16 +153,21 @@ class Preset:
 
     def options(self) -> dict[str, Any]:
         """The transformer's options, those it takes today (``attention`` once branch
-        model's flash attention is in; until then its attention is costed as it is)."""
+        model's flash attention is in; until then its attention is costed as it is);
+        a mixture of experts adds ``experts`` and ``experts_per_token``."""
         from pod.workloads.transformer import TRANSFORMER_OPTIONS
 
-        return {k: getattr(self, k) for k in self.OPTIONS if k in TRANSFORMER_OPTIONS}
+        moe = ({"experts": self.experts, "experts_per_token": self.experts_per_token}
+               if self.experts > 1 else {})
+        return {k: getattr(self, k) for k in self.OPTIONS if k in TRANSFORMER_OPTIONS} | moe
 
     def dimensions(self) -> str:
         """``E 4096, 32 heads (8 kv) x 128, F 14336 gated_silu, 32 layers, V 128256``."""
         kv = f" ({self.kv_heads} kv)" if self.kv_heads != self.heads else ""
+        experts = (f" x {self.experts} experts (top {self.experts_per_token})"
+                   if self.experts > 1 else "")
         return (f"E {self.embed_dim}, {self.heads} heads{kv} x {self.head_dim}, F {self.mlp_dim} "
-                f"{self.mlp_activation}, {self.layers} layers, V {self.vocabulary}")
+                f"{self.mlp_activation}{experts}, {self.layers} layers, V {self.vocabulary}")
 
 
 _LLAMA2 = ("[LLAMA2] Touvron et al. 2023, Table 1; meta-llama/Llama-2-{}-hf config.json; "
@@ -280,17 +287,12 @@ def expand_model(model: Any) -> Any:
     Anything else is returned as it is (the scenario's checks report it).
 
     Raises:
-        ScenarioError: ``preset: ...`` (unknown, or a mixture of experts), ``name: ...``
-            (a model other than the transformer), ``global_parameter_scale: ...``.
+        ScenarioError: ``preset: ...`` (unknown), ``name: ...`` (a model other than the
+            transformer), ``global_parameter_scale: ...``.
     """
     if not isinstance(model, dict) or model.get("preset") is None:
         return model
     preset = get_preset(model["preset"], model.get("global_parameter_scale"))
-    if preset.experts > 1:
-        raise ScenarioError(
-            f"preset: {preset.name} is a mixture of experts ({preset.experts} experts, "
-            f"{preset.experts_per_token} per token), which is not modelled until issue 24; its "
-            f"dense dimensions: {preset.dimensions()}")
     if model.get("name") not in (None, "transformer"):
         raise ScenarioError(f"name: a preset is a transformer (got {model['name']!r}); drop name")
     options = model.get("options") or {}
@@ -359,10 +361,9 @@ def describe_scenario(name: str, slice_name: str | None = None,
     one-point sweep; any of it can be overridden.
 
     Raises:
-        ScenarioError: an unknown preset or a mixture of experts (one line).
+        ScenarioError: an unknown preset (one line).
     """
     preset = get_preset(name)
-    expand_model({"preset": name})  # a mixture of experts is refused here
     slice_name = slice_name or candidate_slices(preset)[0]
     mesh = dict(mesh or DESCRIBE_LAYOUTS[0])
     chips = int(slice_name.split("-")[1]) // 2  # v5p slices count TensorCores, 2 per chip

@@ -202,14 +202,16 @@ class MeshCollectiveCosts:
 
         Args:
             axis: a mesh axis (an absent axis or one of size 1 costs 0).
-            op: allreduce, reduce_scatter, all_gather or ppermute (every
+            op: allreduce, reduce_scatter, all_gather, ppermute (every
                 device's buffer to the next position of its group in ring
                 order, cyclic: ``interconnect.group_ppermute_cost`` with shift 1;
-                a shift of -1, its mirror image, costs the same).
+                a shift of -1, its mirror image, costs the same) or all_to_all
+                (direct, ``interconnect.groups.group_all_to_all_cost``, whatever
+                ``algorithm``).
             nbytes: bytes of each device's input buffer in the dtype that moves
                 (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
-                an all-gather's piece, a reduce-scatter's, allreduce's or
-                ppermute's whole buffer).
+                an all-gather's piece, a reduce-scatter's, allreduce's,
+                ppermute's or all-to-all's whole buffer).
 
         Returns:
             ``interconnect.group_collective_cost`` of the axis's groups (in one slice:

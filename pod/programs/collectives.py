@@ -26,6 +26,11 @@ in that axis) through a :class:`DeviceCollectives`. The contract:
   where the device needs what it received (``CollectiveCall.wait_record``;
   :func:`defer_wait` moves it to where the data is used), so the clock
   (``pod.report.clock``) waits for the sender there and not before.
+- ``all_to_all(axis, x)``: x (size * n,) -> (size * n,): piece j of x goes to
+  position j, piece i of the result comes from position i (a mixture of
+  experts' dispatch and combine; its own inverse). ``nbytes`` is the whole
+  buffer, as a reduce-scatter's: what leaves the device is (size - 1) / size
+  of it.
 - An axis of size 1 (or absent) is free: the input comes back unchanged and
   nothing is recorded.
 - Every other call appends a :class:`CollectiveCall` to ``calls`` with the
@@ -69,7 +74,7 @@ COLLECTIVE_KINDS: tuple[str, ...] = ("param_gather", "grad_reduce", "activation"
 grad_reduce: gradients (they overlap the rest of the backward pass);
 activation: tensor-parallel activations (the next op waits for them)."""
 
-COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "allreduce", "ppermute")
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "allreduce", "ppermute", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -77,13 +82,13 @@ class CollectiveCall:
     """One collective a device program issued (for timing and observability).
 
     Attributes:
-        axis: the mesh axis, "data", "fsdp" or "tensor".
-        op: "all_gather", "reduce_scatter" or "allreduce".
+        axis: the mesh axis (``AXES``).
+        op: "all_gather", "reduce_scatter", "allreduce" or "all_to_all".
         nbytes: bytes of this device's input buffer in the dtype that moves
             (``itemsize`` bytes per element, e.g. 2 for bf16 parameters and
             activations as XLA moves them): n * itemsize for an all-gather of
             (n,) or an allreduce of (n,); size * n * itemsize for a
-            reduce-scatter of (size * n,). The buffers the emulation exchanges
+            reduce-scatter or an all-to-all of (size * n,). The buffers the emulation exchanges
             are float32 whatever the wire dtype (rounding to bf16 and back is
             elementwise, so a gather of rounded values is the rounding of a
             gather); the clock costs the wire bytes.
@@ -169,6 +174,10 @@ class DeviceCollectives(Protocol):
         devices that issued different numbers of collectives before (stages of a
         pipeline) agree on the next one's. Nothing in process."""
 
+    def all_to_all(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
+                   after_record: int) -> np.ndarray:
+        """x (size * n,) float32 -> (size * n,): piece j to position j, piece i from i."""
+
 
 def sum_in_order(parts: Sequence[np.ndarray]) -> np.ndarray:
     """(((p0 + p1) + p2) + ...) in float32, a new array (the reference reduction order)."""
@@ -234,8 +243,8 @@ class CollectivesBase:
         if x.ndim != 1 or x.dtype != np.float32:
             raise ValueError(f"{op} {tag!r} over {axis}: needs a 1-D float32 buffer, got "
                              f"{x.dtype} {x.shape}")
-        if op == "reduce_scatter" and x.size % size:
-            raise ValueError(f"reduce_scatter {tag!r} over {axis}: {x.size} elements do not "
+        if op in ("reduce_scatter", "all_to_all") and x.size % size:
+            raise ValueError(f"{op} {tag!r} over {axis}: {x.size} elements do not "
                              f"split into {size} equal chunks")
         if size == 1:
             return x
@@ -287,6 +296,12 @@ class CollectivesBase:
     def align(self, point: int) -> None:
         """A point every device reaches in the same order (``DeviceCollectives.align``);
         only a transport that numbers its runs needs it: nothing here."""
+
+    def all_to_all(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
+                   **wire: int) -> np.ndarray:
+        """x (size * n,) float32 -> (size * n,): piece j of x to position j, piece i of the
+        result from position i. ``wire`` as :meth:`all_gather`."""
+        return self._call("all_to_all", axis, x, tag, kind, after_record, **wire)
 
     def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -359,6 +374,8 @@ class LocalMeshCollectives(CollectivesBase):
             return sum_in_order(parts)
         n = x.size // len(parts)
         i = self.axis_index(axis)
+        if op == "all_to_all":
+            return np.concatenate([p[i * n:(i + 1) * n] for p in parts])
         return sum_in_order([p[i * n:(i + 1) * n] for p in parts])
 
     def _permute(self, axis: str, x: np.ndarray, shift: int) -> np.ndarray:

@@ -95,11 +95,15 @@ class StepResult:
         shard: the updated DeviceShard.
         update_start: index in the step's op records of the optimizer's first
             op: what comes from there on waits for every gradient collective.
+        router_loads: each MoE layer's routing of this device's tokens
+            (``pod.workloads.moe.RouterLoad``), in layer order; empty for a
+            dense model (and routed counts empty on a timing-only core).
     """
 
     loss: float
     shard: DeviceShard
     update_start: int
+    router_loads: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

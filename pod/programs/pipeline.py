@@ -183,12 +183,17 @@ class PipelinedTransformer(ShardedTransformer):
 
     Raises:
         ValueError: as ``ShardedTransformer``; a bad schedule
-            (``pipeline_schedule.check_pipeline``); layers not divisible by S R.
+            (``pipeline_schedule.check_pipeline``); layers not divisible by S R; a
+            mixture of experts (not modelled in a pipeline).
     """
 
     def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer,
                  *, microbatches: int, schedule: str = "gpipe", repeats: int = 1,
                  sequence_parallel: bool = False):
+        if model.config.experts:
+            raise ValueError("a pipeline (stage axis) of a mixture of experts is not modelled: "
+                             "its stages would carry the routers' balancing loss; use stage 1 "
+                             "or a dense model (experts 0)")
         inner = {a: int(v) for a, v in sizes.items() if a != "stage"}
         super().__init__(model, inner, optimizer, sequence_parallel=sequence_parallel)
         self.stages = int(sizes.get("stage", 1))

@@ -29,11 +29,28 @@ terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
   again before its backward, and reduce-scatters its gradients when its
   backward is done. The token embedding's backward does not read the table,
   so it is not gathered there.
+- **expert** ([GShard] Lepikhin et al. 2020; MaxText ``ici_expert_parallelism``;
+  ``pod.programs.experts``): each MoE block's E experts are split over the
+  ``expert`` devices, E / expert each, their weights chunked over fsdp like
+  every parameter (expert parallelism inside, FSDP storage around it; no
+  tensor split of an expert: a mesh with both experts and tensor > 1 is
+  refused, :func:`check_expert_split`). Everything else (attention, norms,
+  embeddings, routers) is replicated over ``expert``, as over ``data``, and
+  the batch is split over it too (MaxText's ``activation_batch`` over data,
+  fsdp and expert): each device routes its own tokens and an all-to-all over
+  ``expert`` takes them to their experts' devices and back (dispatch and
+  combine, twice more in backward). An expert's gradient sums its tokens
+  from every device of the group through the all-to-alls; it is then
+  reduce-scattered over fsdp and allreduced over data, the axes that
+  replicate it; the replicated parameters' gradients are allreduced over
+  ``expert`` as well. Dropless routing (capacity_factor 0) needs a ragged
+  all-to-all and is refused with an expert axis. A dense model on an expert
+  axis is data parallel over it.
 - **data**: after the reduce-scatter, each gradient shard is allreduced over
-  ``data``, then scaled by 1 / (data x fsdp) (times 1 / tensor with sequence
-  parallelism), the number of token shards.
-- **batch**: the global batch is split over data x fsdp (:meth:`batch_slice`);
-  the tensor devices of a group get the same examples.
+  ``data``, then scaled by 1 / (data x fsdp x expert) (times 1 / tensor with
+  sequence parallelism), the number of token shards.
+- **batch**: the global batch is split over data x fsdp x expert
+  (:meth:`batch_slice`); the tensor devices of a group get the same examples.
 
 On a ``{data: N}`` mesh this is data parallelism with one gradient allreduce
 per layer, issued as the backward pass finishes the layer.
@@ -74,6 +91,7 @@ import numpy as np
 from chip import to_bf16
 from pod.programs.collectives import AXES, DeviceCollectives
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
+from pod.programs.experts import ExpertCollectives
 from pod.programs.fsdp import chunk_elements, flat_chunk, pack_chunks, unpack_gathered
 from pod.programs.tensor import TensorCollectives, wire_itemsize
 from pod.workloads.layers import timing_zeros, vector_op
@@ -82,10 +100,12 @@ from pod.workloads.transformer import (
     TransformerBlock,
     TransformerConfig,
     TransformerModel,
+    moe_aux_loss,
+    router_loads,
 )
 
-__all__ = ["ParamLayout", "ShardedTransformer", "check_tensor_split", "device_param_elements",
-           "param_layout"]
+__all__ = ["ParamLayout", "ShardedTransformer", "check_tensor_split", "check_expert_split",
+           "device_param_elements", "param_layout"]
 
 _F32_BYTES = 4
 
@@ -101,10 +121,13 @@ class ParamLayout:
         tensor_dim: the dimension split over ``tensor`` (column-parallel: the
             output dimension; row-parallel: the input one), None if replicated
             over tensor.
-        local_shape: its shape on one tensor device.
+        local_shape: its shape on one device before the fsdp chunking (tensor
+            and expert splits applied).
         device_elements: the elements of its chunk on one device,
             ``ceil(prod(local_shape) / fsdp)`` (:func:`flat_chunk`: flattened, then
             split over ``fsdp``, the last chunk zero-padded).
+        expert_dim: the dimension split over ``expert`` (an MoE's expert weights:
+            0), None if replicated over expert.
     """
 
     layer: str
@@ -113,6 +136,7 @@ class ParamLayout:
     tensor_dim: int | None
     local_shape: tuple[int, ...]
     device_elements: int
+    expert_dim: int | None = None
 
 
 def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
@@ -134,6 +158,32 @@ def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
                      f"divide all three: {choices}")
 
 
+def check_expert_split(config: TransformerConfig, sizes: Mapping[str, int]) -> None:
+    """Checks that a mesh's ``expert`` axis can split the transformer's experts.
+
+    Raises:
+        ValueError: one line: the expert size does not divide ``experts``; experts
+            with tensor > 1 (an expert is not split over tensor); dropless routing
+            (capacity_factor 0) with expert > 1.
+    """
+    expert, tensor = int(sizes.get("expert", 1)), int(sizes.get("tensor", 1))
+    e = config.experts
+    if not e:
+        return
+    if e % expert:
+        choices = ", ".join(str(d) for d in range(1, e + 1) if e % d == 0)
+        raise ValueError(f"expert {expert} does not divide the transformer's {e} experts; "
+                         f"expert must divide them: {choices}")
+    if tensor > 1:
+        raise ValueError(f"tensor {tensor} with experts: the MoE program splits experts over "
+                         f"expert and chunks them over fsdp, not over tensor; use tensor 1 "
+                         f"(e.g. the expert or fsdp axis instead)")
+    if expert > 1 and not config.capacity_factor:
+        raise ValueError(f"expert {expert} with dropless routing (capacity_factor 0): the "
+                         f"all-to-all of a dropless MoE is ragged, which is not modelled; give "
+                         f"capacity_factor > 0 (e.g. 1.25) or expert 1")
+
+
 def param_layout(model: TransformerModel, sizes: Mapping[str, int]) -> list[ParamLayout]:
     """``ShardedTransformer.param_layout`` of ``model`` on a mesh of these axis sizes
     (the layout does not depend on the optimizer; SGD stands in).
@@ -147,17 +197,20 @@ def param_layout(model: TransformerModel, sizes: Mapping[str, int]) -> list[Para
     return ShardedTransformer(model, sizes, build_optimizer("sgd")).param_layout()
 
 
-def device_param_elements(model: TransformerModel, fsdp: int, tensor: int) -> int:
-    """The parameters one device keeps on a mesh with these fsdp and tensor sizes:
-    the tensor-split weights' share, the replicated ones (embeddings, norms) whole,
-    every array's fsdp chunk with its padding (:func:`param_layout`). The data size
-    does not matter.
+def device_param_elements(model: TransformerModel, fsdp: int, tensor: int,
+                          expert: int = 1) -> int:
+    """The parameters one device keeps on a mesh with these fsdp, tensor and expert
+    sizes: the tensor-split weights' share, E / expert of each MoE's experts, the
+    replicated ones (embeddings, norms, routers) whole, every array's fsdp chunk with
+    its padding (:func:`param_layout`). The data size does not matter.
 
     Raises:
         ValueError: tensor does not divide the heads and mlp_dim
-            (:func:`check_tensor_split`).
+            (:func:`check_tensor_split`), or expert the experts
+            (:func:`check_expert_split`).
     """
-    return sum(p.device_elements for p in param_layout(model, {"fsdp": fsdp, "tensor": tensor}))
+    sizes = {"fsdp": fsdp, "tensor": tensor, "expert": expert}
+    return sum(p.device_elements for p in param_layout(model, sizes))
 
 
 class ShardedTransformer:
@@ -190,21 +243,27 @@ class ShardedTransformer:
         self.model, self.optimizer = model, optimizer
         self.sizes = {a: int(sizes.get(a, 1)) for a in AXES}
         self.data, self.fsdp, self.tensor = (self.sizes[a] for a in ("data", "fsdp", "tensor"))
-        for axis in ("stage", "expert"):
-            if self.sizes[axis] > 1:
-                raise ValueError(f"mesh axis {axis} of size {self.sizes[axis]}: the transformer "
-                                 "program runs on data, fsdp and tensor axes")
+        self.expert = self.sizes["expert"]
+        if self.sizes["stage"] > 1:
+            raise ValueError(f"mesh axis stage of size {self.sizes['stage']}: the transformer "
+                             "program runs on data, fsdp, expert and tensor axes")
         cfg = model.config
         check_tensor_split(cfg, self.tensor)
+        check_expert_split(cfg, self.sizes)
         self.sequence_parallel = bool(sequence_parallel) and self.tensor > 1
         if self.sequence_parallel and cfg.sequence_length % self.tensor:
             raise ValueError(f"sequence parallelism: tensor {self.tensor} does not divide the "
                              f"sequence length {cfg.sequence_length}")
-        self.local_model = TransformerModel(cfg.tensor_local(self.tensor))
+        self.local_model = TransformerModel(cfg.tensor_local(self.tensor),
+                                            expert_shards=self.expert if cfg.experts else 1)
         self._keys = self.local_model.layer_param_keys()
         self._split = {key: layer.tensor_split.get(local)
                        for layer, keys in zip(self.local_model.layers, self._keys)
                        for key, local in keys}
+        # the experts' weights: split over expert on this dimension (None: replicated)
+        self._expert_split = {key: getattr(layer, "expert_split", {}).get(local)
+                              for layer, keys in zip(self.local_model.layers, self._keys)
+                              for key, local in keys}
         owner: dict[str, int] = {}
         for i, keys in enumerate(self._keys):
             for key, _ in keys:
@@ -216,8 +275,8 @@ class ShardedTransformer:
 
     @property
     def batch_shards(self) -> int:
-        """Devices that see different examples: data x fsdp."""
-        return self.data * self.fsdp
+        """Devices that see different examples: data x fsdp x expert."""
+        return self.data * self.fsdp * self.expert
 
     @property
     def token_shards(self) -> int:
@@ -243,16 +302,18 @@ class ShardedTransformer:
         return sum(values) / len(values)
 
     def batch_slice(self, global_batch: int, coords: DeviceCoords) -> slice:
-        """The examples of the global batch this device trains on.
+        """The examples of the global batch this device trains on (shard
+        ``(data x fsdp + fsdp) x expert + expert``, data outermost).
 
         Raises:
-            ValueError: the global batch does not split evenly over data x fsdp.
+            ValueError: the global batch does not split evenly over data x fsdp x expert.
         """
         if global_batch % self.batch_shards:
-            raise ValueError(f"global batch {global_batch} does not split over data x fsdp = "
+            axes = "data x fsdp" + (" x expert" if self.expert > 1 else "")
+            raise ValueError(f"global batch {global_batch} does not split over {axes} = "
                              f"{self.batch_shards} devices")
         per = global_batch // self.batch_shards
-        s = coords.data * self.fsdp + coords.fsdp
+        s = (coords.data * self.fsdp + coords.fsdp) * self.expert + coords.expert
         return slice(s * per, (s + 1) * per)
 
     def _param_of(self, name: str) -> str:
@@ -261,8 +322,8 @@ class ShardedTransformer:
 
     def shard_params(self, params: Mapping[str, np.ndarray], coords: DeviceCoords
                      ) -> dict[str, np.ndarray]:
-        """A device's chunks of whole-model arrays: the tensor slice, then fsdp chunk
-        ``coords.fsdp``, per key.
+        """A device's chunks of whole-model arrays: its experts' slice (expert weights),
+        the tensor slice, then fsdp chunk ``coords.fsdp``, per key.
 
         Args:
             params: the whole model's parameters (``model.init_params``, a
@@ -276,6 +337,9 @@ class ShardedTransformer:
         out = {}
         for key, value in params.items():
             a = np.asarray(value, np.float32)
+            experts = self._expert_split[self._param_of(key)]
+            if experts is not None:
+                a = np.split(a, self.expert, axis=experts)[coords.expert]
             axis = self._split[self._param_of(key)]
             if axis is not None:
                 a = np.split(a, self.tensor, axis=axis)[coords.tensor]
@@ -316,8 +380,9 @@ class ShardedTransformer:
         data replica; the inverse of :meth:`shard_params`.
 
         Args:
-            shards: DeviceShards covering every (fsdp, tensor) pair with
-                ``coords.data == 0`` (others are ignored), e.g. every device's.
+            shards: DeviceShards covering every (fsdp, tensor) pair (with every
+                expert position when experts are split) with ``coords.data == 0``
+                (others are ignored), e.g. every device's.
             opt_state: assemble ``DeviceShard.opt_state`` instead of ``params``.
 
         Returns:
@@ -325,24 +390,33 @@ class ShardedTransformer:
             parameter for an optimizer state key).
 
         Raises:
-            ValueError: a (fsdp, tensor) pair of data replica 0 is missing.
+            ValueError: a (fsdp, tensor) pair (or an expert position) of data
+                replica 0 is missing.
         """
-        have = {(s.coords.fsdp, s.coords.tensor): (s.opt_state if opt_state else s.params)
-                for s in shards if s.coords.data == 0}
-        missing = [(f, t) for f in range(self.fsdp) for t in range(self.tensor) if (f, t) not in have]
+        have = {(s.coords.fsdp, s.coords.tensor, s.coords.expert):
+                (s.opt_state if opt_state else s.params) for s in shards if s.coords.data == 0}
+        missing = [(f, t) if self.expert == 1 else (f, t, e) for f in range(self.fsdp)
+                   for t in range(self.tensor) for e in range(self.expert)
+                   if (f, t, e) not in have]
         if missing:
-            raise ValueError(f"assemble needs the shards of data replica 0, missing (fsdp, tensor) "
+            which = "(fsdp, tensor)" if self.expert == 1 else "(fsdp, tensor, expert)"
+            raise ValueError(f"assemble needs the shards of data replica 0, missing {which} "
                              f"{missing}")
-        out = {}
-        for key in have[(0, 0)]:
-            shape = self._shapes[self._param_of(key)]
-            axis = self._split[self._param_of(key)]
+        return {key: self._assemble_key(have, key) for key in have[(0, 0, 0)]}
+
+    def _assemble_key(self, have: Mapping[tuple[int, int, int], Mapping[str, np.ndarray]],
+                      key: str) -> np.ndarray:
+        """One whole array from every (fsdp, tensor, expert) chunk of it."""
+        param = self._param_of(key)
+        shape, axis, experts = self._shapes[param], self._split[param], self._expert_split[param]
+        blocks = []
+        for e in range(self.expert if experts is not None else 1):
             pieces = []
             for t in range(self.tensor if axis is not None else 1):
-                flat = np.concatenate([have[(f, t)][key] for f in range(self.fsdp)])
+                flat = np.concatenate([have[(f, t, e)][key] for f in range(self.fsdp)])
                 pieces.append(flat[:math.prod(shape)].reshape(shape))
-            out[key] = pieces[0] if axis is None else np.concatenate(pieces, axis=axis)
-        return out
+            blocks.append(pieces[0] if axis is None else np.concatenate(pieces, axis=axis))
+        return blocks[0] if experts is None else np.concatenate(blocks, axis=experts)
 
     # ------------------------------------------------------------ memory
 
@@ -356,7 +430,8 @@ class ShardedTransformer:
                 local = tuple(self._shapes[key])
                 out.append(ParamLayout(layer=layer.name, key=key, shape=tuple(whole[key]),
                                        tensor_dim=self._split[key], local_shape=local,
-                                       device_elements=-(-math.prod(local) // self.fsdp)))
+                                       device_elements=-(-math.prod(local) // self.fsdp),
+                                       expert_dim=self._expert_split[key]))
         return out
 
     def local_param_bytes(self) -> int:
@@ -396,8 +471,9 @@ class ShardedTransformer:
             rng: unused (the model has no dropout).
 
         Returns:
-            StepResult: this device's mean loss, its new shard, where the
-            optimizer's records start.
+            StepResult: this device's mean loss (with the MoE blocks'
+            load-balancing losses), its new shard, where the optimizer's records
+            start, the MoE blocks' routing of its tokens.
 
         Raises:
             ValueError: comm or shard do not belong to this mesh or device.
@@ -405,10 +481,12 @@ class ShardedTransformer:
         self._check(comm, shard)
         out, caches = self._forward(core, comm, shard, x, "fwd", training=True)
         loss, dy = self.local_model.output_loss(core, out, y[:, self.sequence_slice(shard.coords)])
+        loss = loss + moe_aux_loss(caches)
         grads = self._backward(core, comm, shard, caches, dy)
         update_start = len(core.records)
         params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
-        return StepResult(loss, DeviceShard(shard.coords, params, state), update_start)
+        return StepResult(loss, DeviceShard(shard.coords, params, state), update_start,
+                          router_loads=router_loads(caches))
 
     #: test examples an evaluation takes at most (cut to a multiple of data x fsdp): the
     #: sharded forward pass is costly to emulate and the loss settles on fewer
@@ -450,11 +528,13 @@ class ShardedTransformer:
             raise ValueError(f"shard of {shard.coords} given to the device at "
                              f"{DeviceCoords.of(comm)}")
 
-    def _hooks(self, core, comm: DeviceCollectives, phase: str) -> TensorCollectives | None:
-        """The blocks' tensor operators (None when tensor is 1: one device's code path)."""
-        if self.tensor == 1:
-            return None
-        return TensorCollectives(core, comm, phase, self.sequence_parallel)
+    def _hooks(self, core, comm: DeviceCollectives, phase: str) -> dict:
+        """The blocks' keywords: their tensor operators and their MoE's expert
+        collectives (each None on one device: one device's code path)."""
+        return {"tensor": (TensorCollectives(core, comm, phase, self.sequence_parallel)
+                           if self.tensor > 1 else None),
+                "experts": (ExpertCollectives(core, comm, phase)
+                            if self.expert > 1 and self.model.config.experts else None)}
 
     def _gather(self, core, comm: DeviceCollectives, shard: DeviceShard, i: int,
                 phase: str) -> dict[str, np.ndarray]:
@@ -494,7 +574,7 @@ class ShardedTransformer:
         (output, cache)."""
         layer = self.local_model.layers[i]
         p = self._gather(core, comm, shard, i, phase)
-        hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
+        hook = hooks if isinstance(layer, TransformerBlock) else {}
         x, cache = layer.forward(core, p, x, training=training, **hook)
         if i == 0 and self.sequence_parallel:
             x = x[:, self.sequence_slice(shard.coords)]                    # (B, T / tensor, C)
@@ -521,7 +601,7 @@ class ShardedTransformer:
         embedding)."""
         layer = self.local_model.layers[i]
         p = self._gather(core, comm, shard, i, "bwd") if layer.backward_reads_params else {}
-        hook = {"tensor": hooks} if isinstance(layer, TransformerBlock) else {}
+        hook = hooks if isinstance(layer, TransformerBlock) else {}
         if i == 0 and self.sequence_parallel:  # the embedding saw the whole sequence
             shape = (dy.shape[0], self.model.config.sequence_length, dy.shape[2])
             if core.execute:
@@ -545,7 +625,8 @@ class ShardedTransformer:
 
     def _reduce(self, core, comm, name: str, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A layer's gradients -> this device's chunks of the global-batch mean:
-        reduce-scatter over fsdp, allreduce over data, times 1 / (data x fsdp)."""
+        reduce-scatter over fsdp, allreduce over data (and over expert, but for the
+        experts' own weights), times 1 / (data x fsdp x expert)."""
         if not grads:
             return {}
         widths = [chunk_elements(g.size, self.fsdp) for g in grads.values()]
@@ -556,8 +637,12 @@ class ShardedTransformer:
             buf = timing_zeros((self.fsdp * sum(widths),), np.float32)
         part = comm.reduce_scatter("fsdp", buf, **kw, after_record=len(core.records))
         part = comm.allreduce("data", part, **kw, after_record=len(core.records))
+        if self.expert > 1:  # replicated over expert: each device saw its own tokens
+            part = self._allreduce_keys(core, comm, "expert", f"{name} grads", grads, widths,
+                                        part, lambda k: self._expert_split[k] is None)
         if self.sequence_parallel and self.tensor > 1:  # replicated params saw a chunk each
-            part = self._reduce_replicated(core, comm, name, grads, widths, part)
+            part = self._allreduce_keys(core, comm, "tensor", f"{name} replicated grads", grads,
+                                        widths, part, lambda k: self._split[k] is None)
         if self.gradient_divisor > 1:
             scale = np.float32(1.0 / self.gradient_divisor)
             part = vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
@@ -566,22 +651,26 @@ class ShardedTransformer:
             return {key: timing_zeros((n,), np.float32) for key, n in zip(grads, widths)}
         return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1])))
 
-    def _reduce_replicated(self, core, comm, name, grads, widths, part) -> np.ndarray:
-        """Sequence parallelism: the chunks of the parameters replicated over tensor
-        (norms, embeddings) saw a sequence chunk each; allreduce them over tensor."""
+    def _allreduce_keys(self, core, comm, axis: str, tag: str, grads, widths, part,
+                        replicated) -> np.ndarray:
+        """Allreduce over ``axis`` the chunks of the keys ``replicated(key)`` selects:
+        parameters replicated over an axis whose devices saw different tokens (with
+        sequence parallelism the norms and embeddings over tensor, which saw a
+        sequence chunk each; with experts everything but the experts over expert)."""
         ends = np.cumsum(widths)
-        mine = [np.arange(e - w, e) for k, w, e in zip(grads, widths, ends)
-                if self._split[k] is None]
+        mine = [np.arange(e - w, e) for k, w, e in zip(grads, widths, ends) if replicated(k)]
         if not mine:
             return part
-        kw = {"tag": f"{name} replicated grads", "kind": "grad_reduce",
-              "after_record": len(core.records)}
+        kw = {"tag": tag, "kind": "grad_reduce", "after_record": len(core.records)}
+        count = sum(m.size for m in mine)
         if not core.execute:
-            comm.allreduce("tensor", timing_zeros((sum(m.size for m in mine),), np.float32), **kw)
+            comm.allreduce(axis, timing_zeros((count,), np.float32), **kw)
             return part
+        if count == part.size:
+            return comm.allreduce(axis, part, **kw)
         index = np.concatenate(mine)
         part = np.array(part)                                             # may be read-only
-        part[index] = comm.allreduce("tensor", part[index], **kw)
+        part[index] = comm.allreduce(axis, part[index], **kw)
         return part
 
     def _chunk_count(self, keys: Iterable[str]) -> int:

@@ -17,7 +17,8 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   engines and links of its block of the torus; the device drives several
   streams at once); a collective takes the first gap of its axis's stream at
   or after it is ready that fits it, in program order.
-- ``activation`` (tensor parallelism's collectives): the compute stream waits
+- ``activation`` (tensor parallelism's collectives, and a mixture of experts'
+  dispatch and combine all-to-alls over ``expert``): the compute stream waits
   for it. With collective matmul (XLA's windowed einsum) it is decomposed
   into the matmul that produces it (``overlap_before`` records: it may start
   when they start) or consumes it (``overlap_after`` records: they run while
@@ -406,6 +407,8 @@ class DeviceReport:
         stage_group: the device ids of its pipeline stages (its group along
             ``stage``, ring order; empty without a stage axis): the devices
             :func:`device_clocks` clocks together.
+        router_loads: its MoE layers' routing of its tokens
+            (``pod.workloads.moe.RouterLoad``, one per layer; empty dense).
     """
 
     device: int
@@ -420,6 +423,7 @@ class DeviceReport:
     hbm_capacity_bytes: int = 0
     trace: tuple[tuple[Any, ...], ...] = ()
     stage_group: tuple[int, ...] = ()
+    router_loads: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -574,7 +578,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     Returns:
         The ``pod.report.stats.StepStats``.
     """
-    from pod.report.stats import StepStats
+    from pod.report.stats import ExpertLoad, StepStats
 
     clocks = device_clocks(reports, costs.seconds, overlap=context.overlap)
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
@@ -614,4 +618,5 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         collective_spans=c.spans, compute_waits=c.waits,
         pipeline_bubble_seconds=c.bubble_seconds,
         compute_bound_seconds=_bounds(r, 0, update_start),
-        update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)))
+        update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),
+        expert_load=ExpertLoad.total(x.router_loads for x in reports))

@@ -133,7 +133,28 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "hbm_peak_bytes": totals.hbm_peak_bytes,
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
-    }
+    } | _moe(plan, totals)
+
+
+def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
+    """summary.json's ``moe`` (a mixture-of-experts model; nothing for a dense one): the
+    routing options and the routers' load per expert, means per step over every step
+    with routing (summed over the MoE layers; none timing-only)."""
+    config = getattr(plan.model, "config", None)
+    if not getattr(config, "experts", 0):
+        return {}
+    n = totals.expert_steps
+    routed, kept = sum(totals.expert_routed), sum(totals.expert_kept)
+    return {"moe": {
+        "experts": config.experts, "experts_per_token": config.experts_per_token,
+        "capacity_factor": config.capacity_factor,
+        "aux_loss_weight": config.moe_aux_loss_weight,
+        "steps_routed": n,
+        "tokens_per_expert_per_step": [v / n for v in totals.expert_routed] if n else None,
+        "kept_per_expert_per_step": [v / n for v in totals.expert_kept] if n else None,
+        "load_max_over_mean": totals.expert_max_over_mean_sum / n if n else None,
+        "dropped_fraction": 1.0 - kept / routed if routed else None,
+    }}
 
 
 def _step_parts(mean: Any) -> dict[str, float]:

@@ -8,8 +8,9 @@ Names follow Prometheus conventions (``tpu_pod_`` prefix, base units,
 ``_total`` for counters); the clock is in the name: ``simulated`` figures come
 from the cost models, ``wall`` figures from this host. Labels are bounded:
 ``chip`` (a rank), ``core`` (the TensorCore of a device: 0 on chips of one
-device), ``link``, ``axis`` (a mesh axis) and the run-info labels, never a step
-number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
+device), ``link``, ``axis`` (a mesh axis), ``expert`` (an expert index, at most
+``MAX_EXPERT_LABELS`` of them, the rest as "other") and the run-info labels,
+never a step number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 ``chip`` means one thing everywhere.
 
 | metric | type | labels | meaning |
@@ -38,6 +39,9 @@ number. The chip generation is ``tpu_pod_info``'s ``generation`` label, so
 | tpu_pod_collective_seconds_total | counter | axis | simulated seconds of the collectives over a mesh axis |
 | tpu_pod_collective_exposed_seconds_total | counter | axis | the part of them the compute waited for |
 | tpu_pod_collective_bytes_total | counter | axis | bytes a device passed to them |
+| tpu_pod_expert_routed_tokens | gauge | expert | last step: token choices routed to the expert, every MoE layer, every device (mixture of experts) |
+| tpu_pod_expert_load_max_over_mean_ratio | gauge | | last step: the busiest expert's choices over the mean, worst layer (1: balanced) |
+| tpu_pod_expert_dropped_ratio | gauge | | last step: the share of token choices over capacity |
 | tpu_pod_wall_step_seconds | histogram | | host wall time per step |
 | tpu_pod_emulation_slowdown_ratio | gauge | | wall seconds / simulated seconds, last step |
 | tpu_pod_emulation_rate_ratio | gauge | | simulated seconds per wall second, last step |
@@ -56,7 +60,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pod.errors import MetricsError
 from pod.report.stats import StepStats
 
-__all__ = ["PodMetrics", "METRIC_NAMES"]
+__all__ = ["PodMetrics", "METRIC_NAMES", "MAX_EXPERT_LABELS"]
+
+#: expert label values at most (the experts past them add up under "other"): the
+#: largest published routers have 256 experts (DeepSeek-V3)
+MAX_EXPERT_LABELS = 256
 
 # simulated seconds: a small model's allreduce on a few chips takes ~10 us, a big
 # model's step on a big pod seconds
@@ -77,6 +85,8 @@ METRIC_NAMES = (
     "tpu_pod_simulated_chip_compute_seconds", "tpu_pod_collective_seconds_total",
     "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total",
     "tpu_pod_simulated_tflops_per_device",
+    "tpu_pod_expert_routed_tokens", "tpu_pod_expert_load_max_over_mean_ratio",
+    "tpu_pod_expert_dropped_ratio",
 )
 
 
@@ -159,15 +169,8 @@ class PodMetrics:
                              "collectives hidden behind the compute, 0..1.")
         self.rate = later("tpu_pod_emulation_rate_ratio",
                           "Simulated seconds per wall second, last step.")
-        self.collective_seconds = Counter(
-            "tpu_pod_collective_seconds", "Simulated seconds of the collectives per mesh axis.",
-            ["axis"], registry=r)
-        self.collective_exposed_seconds = Counter(
-            "tpu_pod_collective_exposed_seconds", "Simulated seconds the compute stream waited "
-            "for the collectives, per mesh axis.", ["axis"], registry=r)
-        self.collective_bytes = Counter(
-            "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
-            "axis (the slowest device's).", ["axis"], registry=r)
+        self._axis_metrics(r)
+        self._expert_metrics(r)
         self._links = tuple(links)
         for link in links:  # a counter at 0 is true before the first step: nothing sent yet
             self.ici_bytes.labels(link)
@@ -235,6 +238,46 @@ class PodMetrics:
                 self.registry.register(gauge)
                 self._registered.add(gauge)
 
+    def _axis_metrics(self, r: CollectorRegistry) -> None:
+        """The per-mesh-axis collective counters."""
+        self.collective_seconds = Counter(
+            "tpu_pod_collective_seconds", "Simulated seconds of the collectives per mesh axis.",
+            ["axis"], registry=r)
+        self.collective_exposed_seconds = Counter(
+            "tpu_pod_collective_exposed_seconds", "Simulated seconds the compute stream waited "
+            "for the collectives, per mesh axis.", ["axis"], registry=r)
+        self.collective_bytes = Counter(
+            "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
+            "axis (the slowest device's).", ["axis"], registry=r)
+
+    def _expert_metrics(self, r: CollectorRegistry) -> None:
+        """The routers' gauges (a mixture of experts; registered at its first routed step,
+        absent for a dense model or a timing-only run)."""
+        del r  # registered by observe_experts
+        self.expert_tokens = Gauge(
+            "tpu_pod_expert_routed_tokens", "Token choices routed to the expert in the last "
+            "step, every MoE layer and device.", ["expert"], registry=None)
+        self.expert_imbalance = Gauge(
+            "tpu_pod_expert_load_max_over_mean_ratio", "The busiest expert's token choices over "
+            "the mean in the last step, worst MoE layer (1: balanced).", registry=None)
+        self.expert_dropped = Gauge(
+            "tpu_pod_expert_dropped_ratio", "Share of the last step's token choices over an "
+            "expert's capacity.", registry=None)
+
+    def observe_experts(self, stats: StepStats) -> None:
+        """Set the routers' load of a step (a mixture of experts; nothing otherwise)."""
+        load = stats.expert_load
+        if load is None:
+            return
+        self._register(self.expert_tokens, self.expert_imbalance, self.expert_dropped)
+        tokens = load.tokens_per_expert
+        for e, n in enumerate(tokens[:MAX_EXPERT_LABELS]):
+            self.expert_tokens.labels(str(e)).set(n)
+        if len(tokens) > MAX_EXPERT_LABELS:
+            self.expert_tokens.labels("other").set(sum(tokens[MAX_EXPERT_LABELS:]))
+        self.expert_imbalance.set(load.max_over_mean)
+        self.expert_dropped.set(load.dropped_fraction)
+
     def observe(self, stats: StepStats) -> None:
         """Record one step (the first registers the gauges of the last step)."""
         self._register(*self._step_gauges)
@@ -244,6 +287,7 @@ class PodMetrics:
         self.examples.inc(stats.global_batch)
         self.step_seconds.observe(stats.step_seconds)
         self.observe_axes(stats)
+        self.observe_experts(stats)
         for part, value in (("infeed", stats.infeed_seconds), ("compute", stats.compute_seconds),
                             ("collective", stats.collective_seconds),
                             ("exposed_infeed", stats.exposed_infeed_seconds),

@@ -308,7 +308,8 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int], *,
     shape, the dimension split over ``tensor`` (Megatron: column-parallel splits
     the output dimension, row-parallel the input one), its shape on one tensor
     device, the chunk one device keeps after the ``fsdp`` split (ZeRO-3: flattened,
-    then split) and its float32 bytes. Identical consecutive layers are one group
+    then split) and its float32 bytes; an MoE's expert weights say their split over
+    ``expert`` (E / expert experts a device) in the split column. Identical consecutive layers are one group
     ("block1 .. block60 (x60)", bytes per layer).
 
     Args:
@@ -337,11 +338,15 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int], *,
         for i, p in enumerate(params):
             kind = "column" if p.tensor_dim == len(p.shape) - 1 else "row"
             name, nbytes = p.key[len(p.layer) + 1:], f"{4 * p.device_elements:,}"
+            expert_dim = getattr(p, "expert_dim", None)  # an MoE's experts, over expert
             if compact:
                 split = "-" if p.tensor_dim is None else f"{kind[:3]} {p.tensor_dim}"
+                split = split if expert_dim is None else f"exp {expert_dim}"
                 table.add_row(label if i == 0 else "", name, split, _shape(p.local_shape), nbytes)
             else:
                 split = "replicated" if p.tensor_dim is None else f"dim {p.tensor_dim} ({kind})"
+                if expert_dim is not None:
+                    split = f"experts: dim {expert_dim} over expert"
                 chunk = f"{p.device_elements:,}" + (f" (1/{fsdp})" if fsdp > 1 else "")
                 table.add_row(label if i == 0 else "", name, _shape(p.shape), split,
                               _shape(p.local_shape), chunk, nbytes)

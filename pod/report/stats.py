@@ -11,13 +11,15 @@ The one MFU formula (``mfu``) and the one sum of op records
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
-__all__ = ["StepStats", "StepTotals", "RecordTotals", "mfu", "maxtext_flops",
-           "pipeline_bubble_fraction", "op_bound",
-           "OP_BOUNDS", "HOST_DISPATCH_SECONDS", "AXIS_ORDER", "TOTAL_FIELDS"]
+__all__ = ["StepStats", "StepTotals", "RecordTotals", "ExpertLoad", "mfu", "maxtext_flops",
+           "pipeline_bubble_fraction", "op_bound", "OP_BOUNDS", "HOST_DISPATCH_SECONDS",
+           "AXIS_ORDER", "TOTAL_FIELDS"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
 #: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
@@ -117,6 +119,50 @@ class RecordTotals:
 
 
 @dataclass(frozen=True)
+class ExpertLoad:
+    """The routers' load over the whole pod in one step (a mixture of experts).
+
+    Attributes:
+        routed: per MoE layer, per expert: the token choices routed to it (top-k,
+            before capacity), summed over every device's tokens.
+        kept: per MoE layer, per expert: those within the expert's capacity.
+    """
+
+    routed: tuple[tuple[int, ...], ...]
+    kept: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def total(cls, per_device: Iterable[Sequence[Any]]) -> ExpertLoad | None:
+        """The sum of the devices' ``RouterLoad`` tuples (one per MoE layer each); None
+        when no device routed anything (a dense model, or timing-only)."""
+        devices = [loads for loads in per_device if loads and loads[0].routed]
+        if not devices:
+            return None
+        routed = tuple(tuple(int(v) for v in np.sum([d[i].routed for d in devices], axis=0))
+                       for i in range(len(devices[0])))
+        kept = tuple(tuple(int(v) for v in np.sum([d[i].kept for d in devices], axis=0))
+                     for i in range(len(devices[0])))
+        return cls(routed, kept)
+
+    @property
+    def tokens_per_expert(self) -> tuple[int, ...]:
+        """Per expert, the token choices routed to it, summed over the MoE layers."""
+        return tuple(int(v) for v in np.sum(self.routed, axis=0))
+
+    @property
+    def max_over_mean(self) -> float:
+        """The most loaded expert's choices over the mean, in the worst layer (1: balanced,
+        E / k: every token to the same k experts)."""
+        return max((max(r) / (sum(r) / len(r)) if sum(r) else 1.0) for r in self.routed)
+
+    @property
+    def dropped_fraction(self) -> float:
+        """The share of token choices over capacity, 0..1 (0 dropless)."""
+        routed = int(np.sum(self.routed))
+        return 1.0 - int(np.sum(self.kept)) / routed if routed else 0.0
+
+
+@dataclass(frozen=True)
 class StepStats:
     """One training step of the pod, on any mesh.
 
@@ -177,6 +223,8 @@ class StepStats:
         compute_bound_seconds: the slowest device's forward + backward seconds by
             what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
         update_bound_seconds: the same for its update.
+        expert_load: the routers' load (a mixture of experts; None for a dense model
+            or a timing-only step).
         test_loss, test_accuracy: the held-out evaluation after this step, where
             the run evaluated (``training.eval_every_steps`` and the last step);
             None elsewhere.
@@ -220,6 +268,7 @@ class StepStats:
     compute_waits: tuple[tuple[float, float, str], ...] = ()
     compute_bound_seconds: dict[str, float] = field(default_factory=dict)
     update_bound_seconds: dict[str, float] = field(default_factory=dict)
+    expert_load: ExpertLoad | None = None
     test_loss: float | None = None
     test_accuracy: float | None = None
     pipeline_bubble_seconds: float = 0.0
@@ -327,6 +376,10 @@ class StepStats:
         for axis in AXIS_ORDER:
             data[f"{axis}_collective_seconds"] = self.axis_collective_seconds.get(axis, 0.0)
             data[f"{axis}_exposed_seconds"] = self.axis_exposed_seconds.get(axis, 0.0)
+        data.pop("expert_load", None)
+        if self.expert_load is not None:
+            data["expert_load_max_over_mean"] = self.expert_load.max_over_mean
+            data["expert_dropped_fraction"] = self.expert_load.dropped_fraction
         return data
 
 
@@ -389,6 +442,10 @@ class StepTotals:
     epoch_steps: int = 0
     epoch_step_seconds: float = 0.0
     epoch_loss_sum: float = 0.0
+    expert_steps: int = 0
+    expert_routed: list[int] = field(default_factory=list)
+    expert_kept: list[int] = field(default_factory=list)
+    expert_max_over_mean_sum: float = 0.0
 
     def add(self, stats: StepStats) -> None:
         """Account one step."""
@@ -406,6 +463,16 @@ class StepTotals:
         self.epoch_steps += 1
         self.epoch_step_seconds += stats.step_seconds
         self.epoch_loss_sum += stats.loss
+        load = stats.expert_load
+        if load is not None:  # every step's: a router's load is no compilation artefact
+            kept = np.sum(load.kept, axis=0)
+            if not self.expert_routed:
+                self.expert_routed, self.expert_kept = [0] * len(kept), [0] * len(kept)
+            self.expert_steps += 1
+            self.expert_routed = [a + int(b) for a, b in zip(self.expert_routed,
+                                                             load.tokens_per_expert, strict=True)]
+            self.expert_kept = [a + int(b) for a, b in zip(self.expert_kept, kept, strict=True)]
+            self.expert_max_over_mean_sum += load.max_over_mean
 
     def mean(self, name: str) -> float:
         """Mean of a ``TOTAL_FIELDS`` figure over the steps after the first (or the first)."""

@@ -199,7 +199,7 @@ class PodBase:
 
     def replicas_identical(self) -> bool:
         """Whether the data replicas hold bit-identical state: every device's digests
-        equal those of the device at the same place (stage, fsdp, tensor, ...) of data
+        equal those of the device at the same place (stage, fsdp, expert, tensor, ...) of data
         replica 0."""
         digests = self._digests()
         first = {_place(c): digests[d] for d, c in enumerate(self.coords) if c.data == 0}

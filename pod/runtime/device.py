@@ -157,6 +157,7 @@ class Device:
             record_bounds=tuple(record_bound(r) for r in records),
             update_start=result.update_start, calls=tuple(comm.calls),
             mxu_flops=int(sum(r.flops for r in records if r.unit == "mxu")),
+            router_loads=tuple(getattr(result, "router_loads", ())),
             hbm_used_bytes=hbm.used_bytes, hbm_peak_bytes=hbm.peak_bytes,
             hbm_capacity_bytes=hbm.capacity_bytes,
             trace=trace_rows(records) if trace else (),

@@ -87,7 +87,7 @@ class GroupTransport:
         if size == 1:
             return flat
         plans, bounds, owned = _local_plans(op, size, flat.size)
-        if op != "allreduce":  # chunk owned by ring position q -> shard q (ring order)
+        if op in ("reduce_scatter", "all_gather"):  # chunk owned by position q -> shard q
             shard = flat.size // size
             mapped = list(bounds)
             for q in range(size):
@@ -167,6 +167,18 @@ class GroupTransport:
         index, shard = self.groups.ring_index(axis), flat.size // size
         return flat[index * shard:(index + 1) * shard].reshape((x.shape[0] // size,) + x.shape[1:])
 
+    def all_to_all(self, x: np.ndarray, axis: str) -> np.ndarray:
+        """Piece j (ring order) of ``x`` to the device at ring position j; piece i of the
+        result from position i (the direct schedule, ``interconnect.all_to_all``).
+
+        Args:
+            x: (g * n,) float32, g the group's size.
+
+        Returns:
+            (g * n,) float32.
+        """
+        return self._run("all_to_all", axis, np.array(x, np.float32, copy=True).reshape(-1))
+
     def all_gather(self, x: np.ndarray, axis: str) -> np.ndarray:
         """The group's shards concatenated on the leading axis, in ring order.
 
@@ -212,4 +224,6 @@ class RuntimeCollectives(CollectivesBase):
             return self.transport.all_gather(x, axis)
         if op == "reduce_scatter":
             return self.transport.reduce_scatter(x, axis)
+        if op == "all_to_all":
+            return self.transport.all_to_all(x, axis)
         return self.transport.allreduce(x, axis)

@@ -167,6 +167,8 @@ def _check_run_state(source: str, run_state: Any, step: int, num_faults: int) ->
                                                  for k, v in value.items())
         elif key in ("initial_loss", "final_loss"):
             ok = value is None or _is_number(value)
+        elif key in ("expert_routed", "expert_kept"):  # per expert, a mixture of experts
+            ok = isinstance(value, list) and all(_is_number(v) and v >= 0 for v in value)
         else:
             ok = _is_number(value) and value >= 0
         if not ok:

@@ -21,6 +21,7 @@ from pod.workloads.layers import (
 )
 from pod.workloads.losses import sigmoid_binary_cross_entropy, softmax_cross_entropy
 from pod.workloads.models import MODEL_NAMES, Model, build_model
+from pod.workloads.moe import ExpertHooks, MoE, RouterLoad
 from pod.workloads.normalization import BatchNormalization
 from pod.workloads.optimizers import (
                                   OPTIMIZER_NAMES,
@@ -77,6 +78,9 @@ __all__ = [
     "RMSNorm",
     "LayerNorm",
     "MLP",
+    "MoE",
+    "ExpertHooks",
+    "RouterLoad",
     "TransformerBlock",
     "TensorHooks",
     "TokenEmbedding",

@@ -44,6 +44,7 @@ from pod.workloads.fusion import epilogue, prologue
 from pod.workloads.layers import Layer, vector_op
 from pod.workloads.mlp import MLP, add
 from pod.workloads.model import activation_bytes_per_element
+from pod.workloads.moe import MoE
 from pod.workloads.norms import norm_class
 from pod.workloads.remat import REMAT_POLICIES, TENSOR_KEYS, remat_choices
 
@@ -121,6 +122,11 @@ class TransformerBlock(Layer):
         fused_qkv: one q/k/v projection.
         attention: the attention kernel, "flash" or "dot_product".
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
+        moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
+            keywords but ``mlp_dim``, ``activation`` and ``fusion``: ``experts``,
+            ``experts_per_token``, ``capacity_factor``, ``aux_loss_weight``,
+            ``expert_shards``): an MoE layer in place of the MLP, under the same
+            name ("mlp"); its routing of a pass is the forward cache's "moe".
         name: layer name; sub-layer ops are recorded as "<name>/attention/...".
 
     Raises:
@@ -133,7 +139,7 @@ class TransformerBlock(Layer):
                  mlp_activation: str = "gated_silu", norm: str = "rmsnorm", rotary: bool = True,
                  remat: str = "none", remat_custom=None, block: str = "sequential",
                  use_bias: bool = False, fused_qkv: bool = False, attention: str = "flash",
-                 fusion: bool = True, name: str | None = None):
+                 fusion: bool = True, moe: dict | None = None, name: str | None = None):
         super().__init__(name)
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {block!r}")
@@ -145,8 +151,11 @@ class TransformerBlock(Layer):
                                              use_bias=use_bias, fused_qkv=fused_qkv,
                                              attention=attention, fusion=fusion,
                                              name=f"{self.name}/attention")
-        self.mlp = MLP(mlp_dim, mlp_activation, use_bias=use_bias, fusion=fusion,
-                       name=f"{self.name}/mlp")
+        self.mlp = (MoE(mlp_dim=mlp_dim, activation=mlp_activation, fusion=fusion,
+                        name=f"{self.name}/mlp", **moe) if moe else
+                    MLP(mlp_dim, mlp_activation, use_bias=use_bias, fusion=fusion,
+                        name=f"{self.name}/mlp"))
+        self.moe = isinstance(self.mlp, MoE)
         if self.parallel:
             self.parts = {"norm": norm_cls(name=f"{self.name}/norm", fusion=fusion),
                           "attention": self.attention, "mlp": self.mlp}
@@ -160,6 +169,9 @@ class TransformerBlock(Layer):
                                    for k in layer.matmul_params)
         self.tensor_split = MappingProxyType({f"{p}/{k}": axis for p, layer in self.parts.items()
                                               for k, axis in layer.tensor_split.items()})
+        #: params split over the mesh's expert axis (an MoE's experts), and on which dimension
+        self.expert_split = MappingProxyType({f"mlp/{k}": axis for k, axis in
+                                              getattr(self.mlp, "expert_split", {}).items()})
 
     def _check(self, input_shape):
         if len(input_shape) != 2:
@@ -209,7 +221,8 @@ class TransformerBlock(Layer):
         block: cache key -> (elements, bytes per element (0: the activation
         dtype's), in the residual stream (outside the attention and MLP))."""
         t, c = shape
-        att, f = self.attention, self.mlp.mlp_dim
+        att = self.attention
+        f = self.mlp.dot_elements(shape) // len(self.mlp.dot_keys) // t  # per token (an MoE's slots)
         sizes = {"x": (t * c, 0, True), "q": (t * att.inner_dim, 0, False),
                  "k": (t * att.kv_dim, 0, False), "v": (t * att.kv_dim, 0, False),
                  "qkv": (t * (att.inner_dim + 2 * att.kv_dim), 0, False),
@@ -224,13 +237,13 @@ class TransformerBlock(Layer):
         tensor two parts read counts once): (elements, bytes per element, in the
         residual stream)."""
         t, c = shape
-        att, f = self.attention, self.mlp.mlp_dim
+        att = self.attention
         norms = [(t * c, 0, True), (t, STATS_BYTES, True)] * (1 if self.parallel else 2)  # x_hat, 1/sigma
         core = ([(t * att.inner_dim, 0, False), (att.heads * t, STATS_BYTES, False)] if att.flash
                 else [(att.heads * t * t, 0, False), (t * att.inner_dim, 0, False)])  # o / probs, o
         attention = [(t * c, 0, False), (t * att.inner_dim, 0, False), (t * att.kv_dim, 0, False),
                      (t * att.kv_dim, 0, False), *core]                   # normed x, qh, kh, vh
-        mlp = [(t * f, 0, False)] * (len(self.mlp.inputs) + 1)           # u's, g
+        mlp = [(self.mlp.cache_elements(shape) - t * c, 0, False)]        # u's, g (an MoE's routing)
         return norms + attention + mlp + ([] if self.parallel else [(t * c, 0, False)])  # MLP's x
 
     def activation_bytes(self, input_shape, bytes_per_element: int, residual_shards: int = 1
@@ -279,12 +292,15 @@ class TransformerBlock(Layer):
         flops += att.recompute_core_flops(shape, kept)
         if not self.parallel and "out_proj" not in kept:
             flops += att.output_flops(shape)
-        return flops + sum(mlp.input_flops(shape) for k in mlp.dot_keys if k not in kept)
+        extra = mlp.recompute_extra_flops(shape) if isinstance(mlp, MoE) else 0  # router, wo
+        return flops + extra + sum(mlp.input_flops(shape) for k in mlp.dot_keys
+                                   if k not in kept)
 
     def hardware_flops(self, input_shape) -> int:
         """MXU FLOPs per example of forward and backward as run: the attention's
-        (``CausalSelfAttention.hardware_flops``), three times the MLP's forward,
-        and remat's recomputation."""
+        (``CausalSelfAttention.hardware_flops``), three times the MLP's forward
+        (an MoE's: its router and its k experts per token, without its capacity's
+        padding), and remat's recomputation."""
         shape = self._check(input_shape)
         return (self.attention.hardware_flops(shape) + 3 * self.mlp.forward_flops(shape)
                 + self.recompute_flops(shape))
@@ -355,7 +371,11 @@ class TransformerBlock(Layer):
         return vector_op(core, f"{self.name}/{key}", np.add, y, params[key], out=(y.shape, y.dtype),
                          fused=prologue(self.fusion))
 
-    def _sequential(self, core, params, x, saved, need_output, tp):
+    def _mlp_hooks(self, experts) -> dict:
+        """The MLP part's keywords: an MoE's expert hooks (None: one device)."""
+        return {"experts": experts} if self.moe else {}
+
+    def _sequential(self, core, params, x, saved, need_output, tp, ex=None):
         n1, c1 = self.parts["norm1"].forward(core, params_of(params, "norm1"), x)
         kept = saved.get("out_proj")                                      # summed over tensor
         a, ca = self.attention.forward(core, params_of(params, "attention"),
@@ -369,20 +389,21 @@ class TransformerBlock(Layer):
         h = add(core, f"{self.name}/residual1", x, a, prologue(self.fusion))
         n2, c2 = self.parts["norm2"].forward(core, params_of(params, "norm2"), h)
         m, cm = self.mlp.forward(core, params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
-                                 saved=saved.get("mlp"), need_output=need_output)
+                                 saved=saved.get("mlp"), need_output=need_output,
+                                 **self._mlp_hooks(ex))
         y = None
         if need_output:
             m = self._bias(core, params, "mlp/wo_bias", tp.leave(f"{self.name}/mlp/wo", m))
             y = add(core, f"{self.name}/residual2", h, m, prologue(self.fusion))
         return y, {"norm1": c1, "attention": ca, "norm2": c2, "mlp": cm, "out_proj": a}
 
-    def _parallel(self, core, params, x, saved, need_output, tp):
+    def _parallel(self, core, params, x, saved, need_output, tp, ex=None):
         n, cn = self.parts["norm"].forward(core, params_of(params, "norm"), x)
         n_in = tp.enter(f"{self.name}/parallel/in", n)
         a, ca = self.attention.forward(core, params_of(params, "attention"), n_in,
                                        saved=saved.get("attention"), need_output=need_output)
         m, cm = self.mlp.forward(core, params_of(params, "mlp"), n_in, saved=saved.get("mlp"),
-                                 need_output=need_output)
+                                 need_output=need_output, **self._mlp_hooks(ex))
         y = None
         if need_output:
             s = tp.leave(f"{self.name}/parallel/out",
@@ -391,37 +412,46 @@ class TransformerBlock(Layer):
             y = add(core, f"{self.name}/residual", x, s, prologue(self.fusion))
         return y, {"norm": cn, "attention": ca, "mlp": cm}
 
-    def _run(self, core, params, x, saved, need_output, tensor=None):
+    def _run(self, core, params, x, saved, need_output, tensor=None, experts=None):
         """The block's forward; ``saved`` tensors are reused, not recomputed."""
         run = self._parallel if self.parallel else self._sequential
-        return run(core, params, x, saved or {}, need_output, tensor or _ONE_DEVICE)
+        return run(core, params, x, saved or {}, need_output, tensor or _ONE_DEVICE, experts)
 
-    def forward(self, core, params, x, *, training=False, rng=None, tensor=None):
+    def forward(self, core, params, x, *, training=False, rng=None, tensor=None, experts=None):
         """As ``Layer.forward``. ``tensor`` (None on one device): the
         :class:`TensorHooks` of a tensor-parallel device whose params are its
-        slice (``tensor_split``), put around the attention and the MLP."""
+        slice (``tensor_split``), put around the attention and the MLP.
+        ``experts`` (None on one device): an MoE's ``ExpertHooks``; the cache's
+        "moe" is then the MoE's ``RouterLoad`` (whatever ``remat`` keeps)."""
         self._check(x.shape[1:])
-        y, caches = self._run(core, params, x, None, True, tensor)
+        y, caches = self._run(core, params, x, None, True, tensor, experts)
         if self.kept() is None:
-            return y, {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
-                                 for p, layer in self.parts.items()}}
-        saved = self._saved(caches)
-        self._transfer(core, "offload", x, saved)
-        return y, {"x": x, "saved": saved}
+            out = {"parts": {p: {k: caches[p][k] for k in layer.backward_keys}
+                             for p, layer in self.parts.items()}}
+        else:
+            saved = self._saved(caches)
+            self._transfer(core, "offload", x, saved)
+            out = {"x": x, "saved": saved}
+        if self.moe:
+            out["moe"] = caches["mlp"]["route"]["load"]
+        return y, out
 
-    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None):
-        """As ``Layer.backward``; ``tensor`` as in ``forward`` (its ``*_grad``
-        operators here, and the forward ones when remat recomputes)."""
+    def backward(self, core, params, cache, dy, *, need_dx=True, tensor=None, experts=None):
+        """As ``Layer.backward``; ``tensor`` and ``experts`` as in ``forward`` (their
+        ``*_grad`` operators here, and the forward ones when remat recomputes)."""
         if "parts" in cache:
             caches = cache["parts"]
         else:  # remat: reload what was offloaded, recompute what was not kept
             self._transfer(core, "reload", cache["x"], cache["saved"])
-            _, caches = self._run(core, params, cache["x"], cache["saved"], False, tensor)
+            _, caches = self._run(core, params, cache["x"], cache["saved"], False, tensor,
+                                  experts)
         grads: dict[str, np.ndarray] = {}
         tp = tensor or _ONE_DEVICE
 
         def part(p, d, need=True):
-            dx, g = self.parts[p].backward(core, params_of(params, p), caches[p], d, need_dx=need)
+            hooks = self._mlp_hooks(experts) if p == "mlp" else {}
+            dx, g = self.parts[p].backward(core, params_of(params, p), caches[p], d, need_dx=need,
+                                           **hooks)
             grads.update({f"{p}/{k}": v for k, v in g.items()})
             return dx
 

@@ -5,7 +5,7 @@ Per token ids (B, T) -> logits (B, T, V):
     h = embed(ids) [+ learned positions]                       # (B, T, C)
     per block (pod.workloads.block), sequential:
                 h = h + attention(norm(h))                     # causal, RoPE or not
-                h = h + mlp(norm(h))                           # gated or not
+                h = h + mlp(norm(h))                           # gated or not; or an MoE
               or parallel:
                 h = h + attention(norm(h)) + mlp(norm(h))      # one norm
     logits = norm(h) @ E^T (tied) or @ W_out                   # (B, T, V)
@@ -61,6 +61,8 @@ __all__ = [
     "build_transformer",
     "maxtext_tflops_2023",
     "maxtext_tflops_2025",
+    "moe_aux_loss",
+    "router_loads",
 ]
 
 POSITIONS = ("rotary", "learned")
@@ -216,7 +218,8 @@ class Unembed(Layer):
 #: The ``model.options`` of the transformer (``build_transformer``).
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
-                       "fused_qkv", "attention", "fusion", "remat", "remat_custom")
+                       "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
+                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -265,6 +268,15 @@ class TransformerConfig:
             mapping of tensor name (``REMAT_TENSORS``: decoder_layer_input,
             query_proj, ...) to remat | device | offload; kept as sorted
             (name, choice) pairs.
+        experts: E, experts of a mixture-of-experts MLP in every block
+            (``pod.workloads.moe``; MaxText ``num_experts``); 0: the dense MLP.
+        experts_per_token: k, experts per token (``num_experts_per_tok``; MaxText's
+            default 1, Mixtral's 2).
+        capacity_factor: cf >= 0, token choices an expert takes per sequence as a
+            multiple of the even share (Switch; ``capacity_factor``); 0: dropless
+            (MaxText's -1).
+        moe_aux_loss_weight: w >= 0, the load-balancing loss's weight
+            (``load_balance_loss_weight``, 0.01).
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -290,6 +302,10 @@ class TransformerConfig:
     attention: str = "flash"
     fusion: bool = True
     remat_custom: tuple[tuple[str, str], ...] | None = None
+    experts: int = 0
+    experts_per_token: int = 1
+    capacity_factor: float = 0.0
+    moe_aux_loss_weight: float = 0.01
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -329,6 +345,33 @@ class TransformerConfig:
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"transformer: option head_dim must be even for rotary positions, "
                              f"got {self.head_dim}")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """The mixture-of-experts options (one line each, naming the option)."""
+        e, k, cf, w = (self.experts, self.experts_per_token, self.capacity_factor,
+                       self.moe_aux_loss_weight)
+        if isinstance(e, bool) or not isinstance(e, int) or e < 0 or e == 1:
+            raise ValueError(f"transformer: option experts must be 0 (a dense MLP) or an integer "
+                             f">= 2, got {e!r}")
+        check_int(k, "transformer: option experts_per_token")
+        for field, value in (("capacity_factor", cf), ("moe_aux_loss_weight", w)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"transformer: option {field} must be a number >= 0 (capacity "
+                                 f"0: dropless), got {value!r}")
+        if not e:
+            return
+        if k > e:
+            raise ValueError(f"transformer: option experts_per_token must be 1 .. experts {e}, "
+                             f"got {k}")
+        if self.use_bias:
+            raise ValueError("transformer: option use_bias must be false with experts (the "
+                             "experts have no biases)")
+        t = self.sequence_length
+        if cf and t * k * cf < e:
+            raise ValueError(f"transformer: option capacity_factor {cf} leaves an expert no "
+                             f"token of a sequence (floor(T k cf / E) = floor({t} x {k} x {cf} / "
+                             f"{e}) = 0); use at least {e / (t * k):.3g}, or 0 for dropless")
 
     @property
     def inner_dim(self) -> int:
@@ -352,23 +395,29 @@ class TransformerConfig:
         return dataclasses.replace(self, heads=self.heads // tensor,
                                    kv_heads=self.kv_heads // tensor, mlp_dim=self.mlp_dim // tensor)
 
-    def block_matmul_params(self) -> int:
+    def block_matmul_params(self, *, active: bool = False) -> int:
         """Weights of one block's projections: C (H + 2K) Dh for q, k, v,
-        H Dh C for the output, (1 + MLP inputs) C F for the MLP."""
+        H Dh C for the output, (1 + MLP inputs) C F for the MLP; with experts the
+        router C E and E such MLPs (``active``: the k experts a token uses)."""
         c, f = self.embed_dim, self.mlp_dim
-        return c * (self.inner_dim + 2 * self.kv_dim) + self.inner_dim * c + (self.mlp_inputs + 1) * c * f
+        mlp = (self.mlp_inputs + 1) * c * f
+        if self.experts:
+            mlp = c * self.experts + (self.experts_per_token if active else self.experts) * mlp
+        return c * (self.inner_dim + 2 * self.kv_dim) + self.inner_dim * c + mlp
 
-    def param_count(self) -> int:
+    def param_count(self, *, active: bool = False) -> int:
         """Parameters in closed form: per block the norms (C each, 2C for
         layernorm; two norms in a sequential block, one in a parallel one),
         the projections (``block_matmul_params``) and with ``use_bias`` their
         biases ((H + 2K) Dh + C + MLP inputs x F + C); the final norm; the
-        table V C; learned positions T C; an untied output kernel C V."""
+        table V C; learned positions T C; an untied output kernel C V. ``active``:
+        with experts, only the k experts a token uses (Mixtral 8x7B: 46.7B total,
+        12.9B active [Mixtral] Jiang et al. 2024, sec. 2)."""
         c, f, v = self.embed_dim, self.mlp_dim, self.vocabulary
         norm = c * (2 if self.norm == "layernorm" else 1)
         norms = (1 if self.block == "parallel" else 2) * norm
         bias = (self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias else 0
-        block = norms + self.block_matmul_params() + bias
+        block = norms + self.block_matmul_params(active=active) + bias
         return (self.layers * block + norm + v * c
                 + (self.sequence_length * c if self.positions == "learned" else 0)
                 + (0 if self.tied_embeddings else c * v))
@@ -378,8 +427,9 @@ class TransformerConfig:
         token (PaLM, Chowdhery et al. 2022, app. B; MaxText
         ``calculate_tflops_training_per_device``): the projections and the
         output layer (V C, tied or not); not the norms, not biases, not the
-        embedding lookup (a gather) and not learned positions."""
-        return self.layers * self.block_matmul_params() + self.embed_dim * self.vocabulary
+        embedding lookup (a gather) and not learned positions. With experts the
+        active weights: the router and k experts' MLPs per token."""
+        return self.layers * self.block_matmul_params(active=True) + self.embed_dim * self.vocabulary
 
 
 class TransformerModel(Model):
@@ -393,11 +443,18 @@ class TransformerModel(Model):
 
     Args:
         config: the TransformerConfig.
+        expert_shards: with experts, the devices they are split over: each block's
+            MoE holds E / expert_shards experts (a device program's local model;
+            ``pod.programs.transformer``).
     """
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, *, expert_shards: int = 1):
         self.config = config
         cfg = config
+        moe = None if not cfg.experts else {
+            "experts": cfg.experts, "experts_per_token": cfg.experts_per_token,
+            "capacity_factor": cfg.capacity_factor, "aux_loss_weight": cfg.moe_aux_loss_weight,
+            "expert_shards": int(expert_shards)}
         layers: list[Layer] = [TokenEmbedding(
             cfg.vocabulary, cfg.embed_dim,
             cfg.sequence_length if cfg.positions == "learned" else None, name="embed")]
@@ -407,7 +464,7 @@ class TransformerModel(Model):
                                     remat_custom=cfg.remat_custom,
                                     block=cfg.block, use_bias=cfg.use_bias,
                                     fused_qkv=cfg.fused_qkv, attention=cfg.attention,
-                                    fusion=cfg.fusion, name=f"block{i}")
+                                    fusion=cfg.fusion, moe=moe, name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
         layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
@@ -448,11 +505,14 @@ class TransformerModel(Model):
 
     def loss_grads_and_state(self, core, params, x, y, *, state=None, rng=None):
         """As ``Model.loss_grads_and_state`` (no model state, no dropout);
-        a parameter used by two layers gets the sum of their gradients."""
+        a parameter used by two layers gets the sum of their gradients. With
+        experts the loss includes every block's load-balancing loss
+        (``moe_aux_loss``; MaxText adds it to the training loss too)."""
         self._check_x(x)
         local = self.prepare_params(core, params)
         out, caches = self.forward(core, local, x, training=True, rng=rng)
         loss, dy = self._loss(core, out, y)
+        loss = loss + moe_aux_loss(caches)
         grads: dict[str, np.ndarray] = {}
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
@@ -641,13 +701,25 @@ class TransformerModel(Model):
         return ids[start:]
 
 
+def router_loads(caches) -> tuple:
+    """The ``RouterLoad`` of every MoE block among a forward pass's layer caches, in
+    layer order (empty for a dense model)."""
+    return tuple(c["moe"] for c in caches if isinstance(c, dict) and "moe" in c)
+
+
+def moe_aux_loss(caches) -> float:
+    """The sum of the MoE blocks' load-balancing losses of a forward pass (0.0 dense)."""
+    return float(sum(load.aux_loss for load in router_loads(caches)))
+
+
 def maxtext_tflops_2023(config: TransformerConfig, batch: int, *,
                         causal_halving: bool = False) -> float:
     """Training FLOPs of one step on one device as MaxText 2023 counts them.
 
     ``MaxText/train.py calculate_training_tflops`` (training-steps.md, "The
     metric"): 6 N T B + 12 H L Dh T^2 B, N the whole parameter count
-    (``config.param_count()``: embedding included, a tied output layer once,
+    (``config.param_count()``: embedding included, a tied output layer once; with
+    experts the active count, ``param_count(active=True)``,
     norms and biases too), H query heads, L layers, Dh the head dimension, T
     the sequence length, B the sequences per device; with ``causal_halving``
     the attention term is halved (MaxText from 64ee4e938, 2023-11-08: the v5p
@@ -665,7 +737,8 @@ def maxtext_tflops_2023(config: TransformerConfig, batch: int, *,
     """
     cfg, t, b = config, config.sequence_length, int(batch)
     attention = 12 * cfg.heads * cfg.layers * cfg.head_dim * t * t * b
-    return float(6 * cfg.param_count() * t * b + (attention / 2 if causal_halving else attention))
+    n = cfg.param_count(active=True)  # with experts the k a token uses (2023 had no MoE)
+    return float(6 * n * t * b + (attention / 2 if causal_halving else attention))
 
 
 def maxtext_tflops_2025(config: TransformerConfig, batch: int) -> float:
@@ -674,7 +747,9 @@ def maxtext_tflops_2025(config: TransformerConfig, batch: int) -> float:
     training-steps.md, "The metric"), the T5 row's figure.
 
     Per layer: ffn = 2 B T F E x (MLP input matrices: 2 gated, 1 not) + 2 B T
-    F E; qkv = 2 B T E (H + 2K) Dh; projection = 2 B T E H Dh; attention =
+    F E, with experts k times that plus the router's 2 B T E X (X experts; the
+    dropless count MaxText makes for every MoE decoder but DeepSeek's and
+    Llama 4's); qkv = 2 B T E (H + 2K) Dh; projection = 2 B T E H Dh; attention =
     4 B T^2 H Dh (not halved for causality); once: embedding = 2 B T E V.
     Total = 3 ((ffn + qkv + projection) L + embedding) + 3 attention L (3:
     forward and the two backward products). No recomputation, no optimizer.
@@ -689,6 +764,8 @@ def maxtext_tflops_2025(config: TransformerConfig, batch: int) -> float:
     cfg, t, b = config, config.sequence_length, int(batch)
     e, f, dh = cfg.embed_dim, cfg.mlp_dim, cfg.head_dim
     ffn = 2 * b * t * f * e * cfg.mlp_inputs + 2 * b * t * f * e
+    if cfg.experts:
+        ffn = 2 * b * t * e * cfg.experts + cfg.experts_per_token * ffn
     qkv = 2 * b * t * e * (cfg.heads + 2 * cfg.kv_heads) * dh
     projection = 2 * b * t * e * cfg.heads * dh
     attention = 4 * b * t * t * cfg.heads * dh

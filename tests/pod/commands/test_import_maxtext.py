@@ -176,8 +176,9 @@ def test_keys_that_change_the_step_and_are_not_modelled_are_errors(keys, needle)
     ([BASE_2023], ["ici_fdsp_parallelism=4"], "v5p-128",
      "ici_fdsp_parallelism: not a key of base-2023-12.yml (got ici_fdsp_parallelism=4); did you "
      "mean ici_fsdp_parallelism?"),
-    ([BASE_2025, MODELS / "mixtral-8x7b.yml"], [], "v5p-128",
-     "mixture of experts is not modelled yet (issue 24)"),
+    ([BASE_2025, MODELS / "deepseek3-671b.yml"], [], "v5p-128",
+     "decoder_block: 'deepseek' (256 experts): its mixture of experts (shared experts, dense "
+     "layers, its routing) is not modelled; mixtral's is"),
     ([BASE_2023], ["per_device_batch_size=0.3"], "v5p-128",
      "per_device_batch_size: 0.3 x 64 devices = 19.2 sequences, not a whole global batch"),
     ([BASE_2023], ["ici_fsdp_parallelism=3"], "v5p-128", "does not divide the slice's 64 devices"),
@@ -188,6 +189,38 @@ def test_mistakes_are_one_line(files, keys, slice_name, needle):
     with pytest.raises(ScenarioError) as err:
         import_maxtext(files, keys, slice_name=slice_name)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_mixtral_8x7b_imports_with_its_experts_and_published_parameter_counts():
+    """MaxText's mixtral-8x7b.yml on MaxText's 2025 base, an expert axis and a capacity
+    factor on the command line: 8 experts, 2 per token, 46.7B parameters, 12.9B active
+    ([Mixtral] Jiang et al. 2024); the scenario validates timing-only."""
+    from pod.config.plan import build_plan
+    from pod.config.scenario import parse_scenario
+    from pod.workloads import TransformerConfig
+
+    keys = ["ici_fsdp_parallelism=8", "ici_expert_parallelism=8", "capacity_factor=1.25",
+            "per_device_batch_size=4", "max_target_length=4096"]
+    result = import_maxtext([BASE_2025, MODELS / "mixtral-8x7b.yml"], keys, slice_name="v5p-128")
+    s = result.scenario
+    options = s["model"]["options"]
+    assert {k: options[k] for k in ("experts", "experts_per_token", "capacity_factor",
+                                    "moe_aux_loss_weight", "block", "mlp_dim")} == {
+        "experts": 8, "experts_per_token": 2, "capacity_factor": 1.25,
+        "moe_aux_loss_weight": 0.01, "block": "sequential", "mlp_dim": 14336}
+    assert s["pod"]["mesh"] == {"fsdp": 8, "expert": 8}
+    assert not result.of("error"), [n.text for n in result.of("error")]
+    known = {k: v for k, v in options.items() if _transformer_knows(k)}
+    cfg = TransformerConfig(vocabulary=s["data"]["options"]["vocabulary"],
+                            sequence_length=4096, **known)
+    assert cfg.param_count() == pytest.approx(46.7e9, abs=0.05e9)
+    assert cfg.param_count(active=True) == pytest.approx(12.9e9, abs=0.05e9)
+    model = dict(s["model"], options=known)
+    plan = build_plan(parse_scenario(dict(s, model=model)), timing_only=True)
+    assert plan.per_device_batch == 4 and plan.mesh.sizes == {"fsdp": 8, "expert": 8}
+    dropless = import_maxtext([BASE_2025, MODELS / "mixtral-8x7b.yml"], [],
+                              slice_name="v5p-128").scenario
+    assert dropless["model"]["options"]["capacity_factor"] == 0.0      # MaxText's -1
 
 
 def test_compile_topology_names_the_slice_and_v3_counts_tensorcores():

@@ -289,7 +289,7 @@ def test_a_replicated_model_on_a_sharded_mesh_is_refused_before_its_hbm_plan():
     HBM plan would overflow too (the mesh is the first thing to fix); describe
     (sharded_ok) plans it."""
     with pytest.raises(ScenarioError, match=r"^pod\.mesh: \{data: 2, fsdp: 2, tensor: 2\} shards "
-                                            r"over fsdp / tensor, .* use \{data: 8\}"):
+                                            r"over fsdp and tensor, .* use \{data: 8\}"):
         _plan({"data": 2, "fsdp": 2, "tensor": 2}, sharded_ok=False)
     big = {"name": "mlp", "options": {"hidden": [30000, 30000]}}
     with pytest.raises(ScenarioError, match=r"^pod\.mesh: \{data: 4, fsdp: 2\} shards"):

@@ -1,7 +1,7 @@
 """Model presets (``pod.config.presets``): each preset's parameter count, computed by the
 transformer's own ``TransformerConfig.param_count()``, equals its published figure (within the
 figure's rounding) and the released checkpoint's exact count where one is published; a
-preset expands in a scenario with any option overridden; a mixture of experts is refused."""
+preset expands in a scenario with any option overridden; Mixtral's experts included."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pod.config.presets import (MAXTEXT_2023, PRESETS, expand_model, get_preset,
 from pod.errors import ScenarioError
 from pod.workloads.transformer import TransformerConfig
 
-DENSE = [name for name, p in PRESETS.items() if p.experts == 1]
+DENSE = list(PRESETS)  # every preset, Mixtral's experts included
 
 
 def _count(preset) -> int:
@@ -79,18 +79,21 @@ def test_gemma3_27b_is_the_report_s_text_model():
     assert abs(_count(preset) / (25_600e6 + 1_416e6) - 1) < 0.005
 
 
-def test_mixtral_is_refused_and_its_published_counts_are_its_closed_form():
-    """[MIXTRAL]: 46.7B parameters, 12.9B active per token (2 of 8 experts). Issue 24 (MoE) is
-    not built, so the preset refuses to expand; its dimensions are still tested."""
+def test_mixtral_expands_with_its_experts_and_its_published_counts():
+    """[MIXTRAL]: 46.7B parameters, 12.9B active per token (2 of 8 experts): the closed form,
+    and the transformer's own counts of the expanded preset."""
     preset = PRESETS["mixtral-8x7b"]
     dims = dict(e=preset.embed_dim, h=preset.heads, k=preset.kv_heads, d=preset.head_dim,
                 f=preset.mlp_dim, layers=preset.layers, v=preset.vocabulary, experts=8)
     assert round(_closed_form(**dims) / 1e8) / 10 == 46.7
     assert round(_closed_form(**dims, active=2) / 1e8) / 10 == 12.9
-    with pytest.raises(ScenarioError, match=r"^preset: mixtral-8x7b is a mixture of experts \(8 "
-                                            r"experts, 2 per token\).*issue 24.*E 4096, 32 heads "
-                                            r"\(8 kv\) x 128, F 14336"):
-        expand_model({"preset": "mixtral-8x7b"})
+    model = expand_model({"preset": "mixtral-8x7b"})
+    assert model["options"]["experts"] == 8 and model["options"]["experts_per_token"] == 2
+    cfg = TransformerConfig(vocabulary=preset.vocabulary, sequence_length=4096,
+                            **model["options"])
+    assert cfg.param_count() == _closed_form(**dims)
+    assert cfg.param_count(active=True) == _closed_form(**dims, active=2)
+    assert "8 experts (top 2)" in preset.dimensions()
 
 
 def test_the_llama_closed_form_agrees_with_the_model():
@@ -147,7 +150,6 @@ def test_the_maxtext_scale_key_and_overrides_on_the_command_line():
 @pytest.mark.parametrize("model, needle", [
     ({"preset": "llama9"}, "model.preset: unknown preset 'llama9'; did you mean llama2-7b? presets:"),
     ({"preset": "llama2-7b", "name": "mlp"}, "model.name: a preset is a transformer (got 'mlp')"),
-    ({"preset": "mixtral-8x7b"}, "model.preset: mixtral-8x7b is a mixture of experts"),
     ({"preset": "maxtext-2023-s32", "global_parameter_scale": 32},
      "model.global_parameter_scale: maxtext-2023-s32 already says s = 32"),
     ({"preset": "maxtext-2023", "global_parameter_scale": 24},
@@ -182,8 +184,9 @@ def test_describe_a_preset_by_name():
     code, out, err = _cli("describe", "mistral-7b", "pod.slice=v5e-16", "--json")
     assert code == 0, err
     assert '"name": "v5e-16"' in out and '"global_batch": 16' in out
-    code, _, err = _cli("describe", "mixtral-8x7b")
-    assert code == 2 and err.count("\n") == 1 and "mixture of experts" in err
+    code, out, err = _cli("describe", "mixtral-8x7b")
+    assert code == 0, err
+    assert "1,451,270,144" in out  # a block: attention, 8 experts, router, norms
     code, _, err = _cli("describe", "lama3.1-8b")
     assert code == 2 and "not a chip" in err and "llama3.1-8b" in err
 

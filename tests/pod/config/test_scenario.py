@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import pytest
@@ -54,9 +56,9 @@ def test_every_shipped_scenario_validates():
         plan = build_plan(scenario, timing_only=timing_sweep, sharded_ok=timing_sweep)
         assert plan.steps > 0
         # a device per TensorCore on v2 / v3, per chip elsewhere; the batch splits over
-        # data x fsdp (on {data: N}, over every device)
+        # data x fsdp x expert (on {data: N}, over every device)
         assert plan.mesh.size == plan.pod.chips * plan.mesh.devices_per_chip, path.name
-        shards = plan.mesh.axis_size("data") * plan.mesh.axis_size("fsdp")
+        shards = math.prod(plan.mesh.axis_size(a) for a in ("data", "fsdp", "expert"))
         assert plan.per_device_batch * shards == plan.global_batch, path.name
         if plan.mesh.axis_names == ("data",):
             assert plan.per_device_batch * plan.mesh.size == plan.global_batch

@@ -58,11 +58,25 @@ def _samples(metrics: PodMetrics) -> dict[tuple[str, tuple], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def exported_samples() -> set[str]:
+def exported_samples(moe: bool = True) -> set[str]:
+    """The series a run exports after a step (of a mixture of experts, whose routers'
+    gauges a dense model leaves out) and an evaluation."""
+    from dataclasses import replace
+
+    from pod.report.stats import ExpertLoad
+
     metrics = _metrics()
-    metrics.observe(fake_stats())
+    stats = fake_stats()
+    if moe:  # 2 layers, 4 experts
+        stats = replace(stats, expert_load=ExpertLoad(((5, 3, 0, 8), (4, 4, 4, 4)),
+                                                      ((4, 3, 0, 4), (4, 4, 4, 4))))
+    metrics.observe(stats)
     metrics.set_accuracy(0.5)
     return {name for name, _ in _samples(metrics)}
+
+
+def test_a_dense_model_exports_no_router_series():
+    assert not {n for n in exported_samples(moe=False) if n.startswith("tpu_pod_expert_")}
 
 
 def test_metric_names_follow_prometheus_conventions():
