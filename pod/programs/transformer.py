@@ -49,6 +49,7 @@ costs wall time in the number of ops, not in their sizes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -141,6 +142,15 @@ def device_param_elements(model: TransformerModel, fsdp: int, tensor: int) -> in
         ValueError: tensor does not divide the heads and mlp_dim
             (:func:`check_tensor_split`).
     """
+    return _device_param_elements(model.config, int(fsdp), int(tensor))
+
+
+@functools.lru_cache(maxsize=4096)
+def _device_param_elements(config: TransformerConfig, fsdp: int, tensor: int) -> int:
+    """:func:`device_param_elements` of the model of ``config``, kept per (config, fsdp,
+    tensor): an HBM plan that does not fit asks it of every mesh of its devices, and a
+    layout search asks it again for every point (building the program is most of it)."""
+    model = TransformerModel(config)
     return sum(p.device_elements for p in param_layout(model, {"fsdp": fsdp, "tensor": tensor}))
 
 
@@ -529,17 +539,17 @@ class ShardedTransformer:
     def _reduce_replicated(self, core, comm, name, grads, widths, part) -> np.ndarray:
         """Sequence parallelism: the chunks of the parameters replicated over tensor
         (norms, embeddings) saw a sequence chunk each; allreduce them over tensor."""
-        ends = np.cumsum(widths)
-        mine = [np.arange(e - w, e) for k, w, e in zip(grads, widths, ends)
-                if self._split[k] is None]
-        if not mine:
+        replicated = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths))
+                      if self._split[k] is None]
+        if not replicated:
             return part
         kw = {"tag": f"{name} replicated grads", "kind": "grad_reduce",
               "after_record": len(core.records)}
-        if not core.execute:
-            comm.allreduce("tensor", timing_zeros((sum(m.size for m in mine),), np.float32), **kw)
+        if not core.execute:  # the sizes only: no index arrays (an embedding's are MBs)
+            comm.allreduce("tensor", timing_zeros((sum(w for w, _ in replicated),), np.float32),
+                           **kw)
             return part
-        index = np.concatenate(mine)
+        index = np.concatenate([np.arange(e - w, e) for w, e in replicated])
         part = np.array(part)                                             # may be read-only
         part[index] = comm.allreduce("tensor", part[index], **kw)
         return part
