@@ -9,6 +9,7 @@ imported only when a run starts.
 - ``validate(scenario) -> TrainingPlan``: everything ``run`` would check.
 - ``describe(scenario) -> Description``: the plan, the HBM plan, the model summary.
 - ``sweep(scenario, *, output_dir, mode) -> rows``: a scaling experiment.
+- ``plan(model, *, slices, tokens_per_step, ...) -> rows``: which layout is fastest.
 - ``load(scenario) -> Scenario``: a path, YAML text or a dict, checked.
 - ``build_plan``, ``TrainingPlan``, ``Scenario``, ``Run``, ``TimingPod``: the
   layers underneath (docs/ARCHITECTURE.md); ``workloads``: layers, models,
@@ -24,14 +25,14 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "run", "validate", "describe", "sweep", "load", "RunResult", "Description",
+    "run", "validate", "describe", "sweep", "plan", "load", "RunResult", "Description",
     "Scenario", "TrainingPlan", "build_plan", "Run", "TimingPod", "workloads",
     "EmulatorError", "ScenarioError", "USER_ERRORS",
 ]
 
 _WHERE = {
     "run": "pod.api", "validate": "pod.api", "describe": "pod.api", "sweep": "pod.api",
-    "load": "pod.api", "RunResult": "pod.api", "Description": "pod.api",
+    "plan": "pod.api", "load": "pod.api", "RunResult": "pod.api", "Description": "pod.api",
     "Scenario": "pod.config.scenario", "TrainingPlan": "pod.config.plan",
     "build_plan": "pod.config.plan", "Run": "pod.commands.train",
     "TimingPod": "pod.runtime.timing", "EmulatorError": "pod.errors",
