@@ -15,9 +15,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pod.commands.plan import PLAN_COLUMNS, PlanRequest, Planner, run_plan
-from pod.commands.plan_search import (SEARCH_AXES, factorisation_count, meshes,
-                                      ordered_factorisations, remat_policies, runtime_axes)
+from pod.commands.plan import PLAN_COLUMNS, Planner, PlanRequest, run_plan
+from pod.commands.plan_search import (
+    SEARCH_AXES,
+    factorisation_count,
+    meshes,
+    ordered_factorisations,
+    remat_policies,
+    runtime_axes,
+)
 from pod.commands.plan_source import model_source, parse_count
 from pod.config.mesh import AXIS_NAMES, build_mesh
 from pod.config.plan import build_plan
