@@ -726,8 +726,8 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
         console.print("Best of each mesh family:", highlight=False)
         for line in families:
             console.print(line, highlight=False, soft_wrap=True)
-    files = ", ".join(p.name for p in sorted(out_dir.glob("*")) if p.suffix in (".csv", ".png",
-                                                                                  ".yaml"))
+    files = ", ".join(n for n in ("results.csv", "layouts.png", "best.yaml")
+                      if (out_dir / n).exists())
     console.print(f"{result.summary()}. Wrote {out_dir}/: {files}", highlight=False,
                   soft_wrap=True)
     if not result.ranked:

@@ -476,7 +476,11 @@ def write_outputs(result: PlanResult, output_dir: Path) -> list[Path]:
             title = (f"{result.name}: the {len(best)} fastest of {len(result.rows)} layouts on "
                      f"{', '.join(result.slices)} (simulated)")
             written.append(plot_layouts(rows, output_dir, title))
-        if result.best_scenario is not None:
+        else:
+            (output_dir / "layouts.png").unlink(missing_ok=True)  # an earlier plan's
+        if result.best_scenario is None:
+            (output_dir / "best.yaml").unlink(missing_ok=True)
+        else:
             text = (f"# The best layout of `tpu-pod plan` for {result.name} (rank 1 of "
                     f"{result.count('ok')} costed); cost it again: tpu-pod sweep best.yaml\n"
                     + yaml.safe_dump(result.best_scenario, sort_keys=False))

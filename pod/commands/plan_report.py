@@ -12,7 +12,7 @@ from pod.commands.plan import PlanResult
 from pod.commands.sweep import is_missing, json_row
 from pod.report.console import titled_table
 
-__all__ = ["search_line", "plan_table", "family_lines", "plan_json", "family"]
+__all__ = ["search_line", "plan_table", "family_lines", "plan_json", "family", "tokens_text"]
 
 _GIB = 2**30
 
@@ -28,15 +28,27 @@ def search_line(result: PlanResult) -> str:
         batch = f"{', '.join(map(str, result.per_device_batches))} per device"
     what = f"{length:,}-token sequences, " if length else "examples, "
     remat = f"; remat {', '.join(result.remats)}" if any(result.remats) else ""
-    budget = (f"; ranked by the time to {result.token_budget:,} tokens" if result.token_budget
-              else "")
+    budget = (f"; ranked by the simulated time to {tokens_text(result.token_budget)} tokens"
+              if result.token_budget else "")
     return (f"{result.name} on {', '.join(result.slices)}: {what}{batch}; meshes over "
             f"{', '.join(result.axes)}{remat}{budget}")
 
 
+def tokens_text(count: int) -> str:
+    """A token count as people say it: ``2T``, ``1.5B``, ``4M``, ``4,096``."""
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if count >= size:
+            return f"{count / size:,.3g}{unit}"
+    return f"{count:,}"
+
+
 def _ms(seconds: float) -> str:
-    """Seconds as milliseconds, four significant digits (``5,353``, ``26.71``, ``0.0123``)."""
-    return "" if is_missing(seconds) else f"{seconds * 1e3:,.4g}"
+    """Seconds as milliseconds: ``5,353``, ``26.7``, ``0.012``, ``0``."""
+    if is_missing(seconds):
+        return ""
+    ms = seconds * 1e3
+    return ("0" if ms == 0 else f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1
+            else f"{ms:.3f}")
 
 
 def _duration(seconds: float) -> str:
@@ -61,7 +73,8 @@ def plan_table(result: PlanResult, top: int = 10) -> Table:
     head = ["#", *(["slice"] if many else []), "mesh", "remat", "batch", "step",
             "compute", *axes, "update", "HBM/dev", "MFU",
             "tokens/s" if tokens else "examples/s",
-            *(["to budget"] if result.token_budget else []), "bound"]
+            *([f"to {tokens_text(result.token_budget)}"] if result.token_budget else []),
+            "bound"]
     for name in head:
         left = name in ("slice", "mesh", "remat", "bound")
         table.add_column(name, justify="left" if left else "right", no_wrap=True)
