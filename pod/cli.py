@@ -720,7 +720,8 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
         click.echo(json.dumps(plan_json(result), indent=2))
         return
     console.print(search_line(result), highlight=False, soft_wrap=True)
-    console.print(plan_table(result, top))
+    if result.ranked:
+        console.print(plan_table(result, top))
     families = family_lines(result)
     if families:
         console.print("Best of each mesh family:", highlight=False)
@@ -731,7 +732,7 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
     console.print(f"{result.summary()}. Wrote {out_dir}/: {files}", highlight=False,
                   soft_wrap=True)
     if not result.ranked:
-        raise ScenarioError(f"plan: no layout of {result.name} fits; the first: "
+        raise ScenarioError(f"plan: no layout of {result.name} runs; the first point's reason: "
                             f"{result.rows[0]['reason']}")
 
 

@@ -329,3 +329,34 @@ def test_sequence_parallel_timing_steps_equal_functional_ones():
     assert timing.step_seconds == functional.step_seconds
     assert timing.axis_collective_seconds == functional.axis_collective_seconds
     assert timing.axis_collective_seconds["tensor"] > 0
+
+
+def test_a_chip_count_plans_every_generations_slice_of_that_many_chips():
+    from pod.commands.plan_source import plan_slices
+
+    names = [p.slice_name for p in plan_slices((), 64)]
+    assert names == ["v2-128", "v3-128", "v4-128", "v5p-128", "v5e-64", "v6e-64"]
+    assert [p.slice_name for p in plan_slices(("v5e",), 16)] == ["v5e-16"]
+    with pytest.raises(ScenarioError, match=r"^--slice: 'v5e-16' with --chips is a generation"):
+        plan_slices(("v5e-16",), 16)
+
+
+def test_an_earlier_plans_plot_and_best_go_when_nothing_fits(tiny, tmp_path):
+    out = tmp_path / "o"
+    run_plan(PlanRequest(model=tiny, slices=("v5e-8",), remat=("none",), per_device_batches=(1,),
+                         mesh_axes=("data",)), output_dir=out)
+    assert (out / "layouts.png").exists() and (out / "best.yaml").exists()
+    result = run_plan(PlanRequest(model=tiny, slices=("v5e-8",), remat=("none",),
+                                  per_device_batches=(1,), mesh_axes=("tensor",)), output_dir=out)
+    assert not result.ranked  # tensor 8 does not split 4 heads
+    assert not (out / "layouts.png").exists() and not (out / "best.yaml").exists()
+    assert (out / "results.csv").exists()
+
+
+def test_a_plan_where_nothing_runs_says_why_in_one_line(tiny, tmp_path):
+    code, out, err = _cli(tiny, "--slice", "v5e-8", "--mesh-axes", "tensor", "--output-dir",
+                          str(tmp_path / "o"))
+    assert code == 2 and "12 points: 0 costed, 12 dropped" in out
+    assert err == ("error: plan: no layout of tiny runs; the first point's reason: pod.mesh: "
+                   "{tensor: 8}: tensor 8 does not divide the transformer's heads 4, kv_heads 4 "
+                   "and mlp_dim 128; tensor must divide all three: 1, 2, 4\n")
