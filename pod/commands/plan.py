@@ -165,13 +165,17 @@ class Planner:
 
     def __init__(self, source: ModelSource) -> None:
         self.source = source
-        self.base: Scenario = parse_scenario(source.scenario, source=source.name)
-        self.dataset = _load(self.base)
+        base = parse_scenario(source.scenario, source=source.name)
+        if base.model is None or base.training is None:
+            raise ScenarioError(f"MODEL: {source.name} is a benchmark scenario; plan takes a "
+                                "model (a preset, a training scenario or MaxText configs)")
+        self.model_name: str = base.model.name
+        self.dataset = _load(base, base.training.seed)
         self._views: dict[int, Dataset] = {}
-        self.model = _model(self.base, self.dataset)
+        self.model = _model(base.model.name, dict(base.model.options), self.dataset)
         self.config = getattr(self.model, "config", None)
         self.sequence_length = (int(self.dataset.x_train[0].size)
-                                if self.base.model.name == "transformer" else 0)
+                                if self.model_name == "transformer" else 0)
         self._costs: dict[tuple, Any] = {}
 
     def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
@@ -278,29 +282,28 @@ class Planner:
         return self._views[n]
 
 
-def _load(scenario: Scenario) -> Dataset:
-    """The scenario's data, as ``build_plan`` loads it.
+def _load(scenario: Scenario, seed: int) -> Dataset:
+    """The scenario's data, as ``build_plan`` loads it (``seed``: its training seed).
 
     Raises:
         ScenarioError: the loader refuses its options (one line).
     """
     data = scenario.data
     try:
-        return load_dataset(data.name, test_fraction=data.test_fraction,
-                            seed=scenario.training.seed, path=data.path, **data.options)
+        return load_dataset(data.name, test_fraction=data.test_fraction, seed=seed,
+                            path=data.path, **data.options)
     except (TypeError, ValueError) as err:
         raise ScenarioError(f"data: {err}") from None
 
 
-def _model(scenario: Scenario, dataset: Dataset):
+def _model(name: str, options: dict[str, Any], dataset: Dataset):
     """The scenario's model (for its configuration: the axes it splits).
 
     Raises:
         ScenarioError: a bad model option (one line).
     """
-    options = dict(scenario.model.options)
     try:
-        return build_model(scenario.model.name, input_shape=tuple(dataset.x_train.shape[1:]),
+        return build_model(name, input_shape=tuple(dataset.x_train.shape[1:]),
                            num_classes=dataset.num_classes, **options)
     except (TypeError, ValueError) as err:
         raise ScenarioError(f"model.options: {err}") from None
@@ -315,7 +318,7 @@ def _remats(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
     """
     if planner.config is None:
         if asked:
-            raise ScenarioError(f"--remat: {planner.base.model.name} has no remat policies "
+            raise ScenarioError(f"--remat: {planner.model_name} has no remat policies "
                                 "(the transformer has them)")
         return ("",)
     known = remat_policies()
@@ -361,7 +364,7 @@ def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
     tokens = parse_count(request.tokens_per_step, "--tokens-per-step")
     length = planner.sequence_length
     if not length:
-        raise ScenarioError(f"--tokens-per-step: {planner.base.model.name} takes no token "
+        raise ScenarioError(f"--tokens-per-step: {planner.model_name} takes no token "
                             "sequences; give --global-batch")
     if tokens % length:
         low = tokens // length * length

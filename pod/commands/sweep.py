@@ -837,8 +837,9 @@ def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], ou
     ax.set_xlabel("simulated step time (s)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.45)
     where = rows[ok[0]] if ok else rows[0]
-    ax.set_title(title or f"{scenario.name}: layouts on {where['chips']} {where['generation']} "
-                 "chips (simulated)")
+    name = scenario.name if scenario is not None else ""
+    ax.set_title(title or f"{name}: layouts on {where['chips']} {where['generation']} chips "
+                 "(simulated)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     _save_png(fig, output_dir / "layouts.png")
