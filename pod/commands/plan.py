@@ -145,7 +145,7 @@ class PlanResult:
         """``540 points: 212 costed, 328 dropped (270 do not fit in HBM); 41.2 s wall``."""
         hbm = sum(r["fits"] is False for r in self.rows)
         dropped = self.count("dropped")
-        why = f" ({hbm} do not fit in HBM)" if hbm else ""
+        why = f" ({hbm} {'does' if hbm == 1 else 'do'} not fit in HBM)" if hbm else ""
         failed = f", {self.count('failed')} failed" if self.count("failed") else ""
         rate = len(self.rows) / max(self.wall_seconds, 1e-9)
         return (f"{len(self.rows)} points: {self.count('ok')} costed, {dropped} dropped{why}"

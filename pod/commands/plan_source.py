@@ -53,8 +53,9 @@ class ModelSource:
         name: the model's name (the preset's, the scenario's, MaxText's ``model_name``).
         scenario: the mapping (a timing-only scenario: ``sweep: {mode: timing}``); the
             search sets ``pod``, the remat policy and the global batch of each point.
-        preset: a preset (meshes with a tensor axis get sequence parallelism, as
-            ``describe`` plans them); else the source's own setting stands.
+        preset: a preset whose overrides leave ``training.sequence_parallel`` alone: its
+            meshes with a tensor axis get sequence parallelism, as ``describe`` plans
+            them; otherwise the source's own setting stands.
     """
 
     name: str
@@ -148,8 +149,10 @@ def model_source(model: str, files: Sequence[str] = (), overrides: Any = (), *,
             get_preset(model)  # the unknown-preset line, with the closest name
         if files:
             raise ScenarioError(f"MODEL: {model} is a preset; {files[0]} is not needed")
-        data = apply_overrides(describe_scenario(model), as_overrides(overrides))
-        return _finish(get_preset(model).name, data, True, seq_len)
+        items = as_overrides(overrides)
+        data = apply_overrides(describe_scenario(model), items)
+        own = any(o.key in ("training", "training.sequence_parallel") for o in items)
+        return _finish(get_preset(model).name, data, not own, seq_len)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

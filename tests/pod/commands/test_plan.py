@@ -360,3 +360,16 @@ def test_a_plan_where_nothing_runs_says_why_in_one_line(tiny, tmp_path):
     assert err == ("error: plan: no layout of tiny runs; the first point's reason: pod.mesh: "
                    "{tensor: 8}: tensor 8 does not divide the transformer's heads 4, kv_heads 4 "
                    "and mlp_dim 128; tensor must divide all three: 1, 2, 4\n")
+
+
+def test_a_preset_gets_sequence_parallelism_with_tensor_unless_told_otherwise():
+    from pod.commands.plan_search import Candidate
+
+    point = Candidate(1, "v5e-8", {"fsdp": 4, "tensor": 2}, "full", 8, 2)
+    default = Planner(model_source("llama2-7b", slice_name="v5e-8", seq_len=512,
+                                   overrides=["model.options.layers=2"]))
+    assert default.scenario_mapping(point)["training"]["sequence_parallel"] is True
+    told = Planner(model_source("llama2-7b", slice_name="v5e-8", seq_len=512,
+                                overrides=["model.options.layers=2",
+                                           "training.sequence_parallel=false"]))
+    assert told.scenario_mapping(point)["training"]["sequence_parallel"] is False
