@@ -373,3 +373,15 @@ def test_a_preset_gets_sequence_parallelism_with_tensor_unless_told_otherwise():
                                 overrides=["model.options.layers=2",
                                            "training.sequence_parallel=false"]))
     assert told.scenario_mapping(point)["training"]["sequence_parallel"] is False
+
+
+def test_a_plan_never_imports_ray(tiny):
+    """Every point is costed timing-only in this process (``TimingPod``)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, pod; pod.plan({tiny!r}, slices='v5e-8', remat='none', "
+            "per_device_batches=[1], mesh_axes=['data']); print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
