@@ -42,6 +42,9 @@ lock: setup
 	$(BIN)/python -m pip install --quiet pip-tools
 	$(BIN)/pip-compile --quiet --strip-extras --no-emit-index-url --no-emit-find-links \
 		--extra test --extra dev -o requirements-dev.lock pyproject.toml
+	# the package itself (a self-reference of its extras, at this checkout's path) is
+	# installed editable by setup, never from the lock
+	sed -i '/^tpu-pod-emulator @ file:/,+1d' requirements-dev.lock
 
 monitor: setup
 	$(BIN)/tpu-pod monitor

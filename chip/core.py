@@ -128,6 +128,15 @@ def _elements_and_bytes(arrays: tuple, outs: tuple | list) -> tuple[int, int]:
 #: distinct op costs one TensorCore keeps (a model has a few hundred; varying shapes
 #: such as a last partial batch add a few more)
 _RECORD_CACHE_SIZE = 4096
+#: distinct MXU and VPU cycle counts one TensorCore keeps (by shape, whatever the op's name)
+_CYCLE_CACHE_SIZE = 4096
+
+
+def _bounded_put(cache: dict, key: tuple, value: int) -> None:
+    """``cache[key] = value``, the cache cleared first when it holds ``_CYCLE_CACHE_SIZE``."""
+    if len(cache) >= _CYCLE_CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
 
 PRECISIONS = ("bf16", "fp32", "int8")
 """MXU precision modes: bf16 (one pass), fp32 (6 bf16 passes), int8 (quantised)."""
@@ -246,6 +255,10 @@ class TensorCore:
         # costs depend on shapes only: one OpRecord per distinct (op, figures), reused
         # every step (records are frozen); cleared when it holds _RECORD_CACHE_SIZE
         self._records_by_key: dict[tuple, OpRecord] = {}
+        # cycle counts by shape (pure functions of the figures; an op's record is kept
+        # by name, and every layer of a model names its ops anew): _CYCLE_CACHE_SIZE each
+        self._mxu_cycles_by_shape: dict[tuple, int] = {}
+        self._vpu_cycles_by_size: dict[tuple, int] = {}
         # fusion: the last MXU record, the VPU seconds fused into it so far, and the
         # prologue ops waiting for the next MXU record
         self._host: OpRecord | None = None
@@ -291,7 +304,7 @@ class TensorCore:
         key = ("vpu", name, elements, hbm_bytes, ops_per_element, transcendental)
         record = self._cached(key)
         if record is None:
-            cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
+            cycles = self._vpu_cycles(elements, ops_per_element, transcendental)
             record = self._keep(key, self._record(
                 name, "vpu", float(elements) * ops_per_element, hbm_bytes,
                 cycles + self._scalar_cycles, issue_cycles=self._scalar_cycles))
@@ -304,7 +317,7 @@ class TensorCore:
         host = self._host
         if host is None:
             return self._vpu_record(name, elements, hbm_bytes, ops_per_element, transcendental)
-        cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
+        cycles = self._vpu_cycles(elements, ops_per_element, transcendental)
         compute = cycles / self.spec.clock_hz
         before = self._host_vpu_seconds
         exposed = max(0.0, before + compute - host.seconds) - max(0.0, before - host.seconds)
@@ -313,6 +326,18 @@ class TensorCore:
                           exposed, "compute", fused_into=host.name)
         self.records.append(record)
         return record
+
+    def _vpu_cycles(self, elements: int, ops_per_element: float, transcendental: bool) -> int:
+        """``vpu_cycles`` on this core, kept per (elements, ops, transcendental) of exact
+        Python types (anything else is computed, and checked, every time)."""
+        key = (elements, ops_per_element, transcendental)
+        exact = type(elements) is int and type(ops_per_element) in (int, float)
+        cycles = self._vpu_cycles_by_size.get(key) if exact else None
+        if cycles is None:
+            cycles = vpu_cycles(elements, ops_per_element, transcendental, self.spec)
+            if exact:
+                _bounded_put(self._vpu_cycles_by_size, key, cycles)
+        return cycles
 
     def _keep(self, key: tuple, record: OpRecord) -> OpRecord:
         cache = self._records_by_key
@@ -364,6 +389,19 @@ class TensorCore:
             ValueError: if a dimension is negative or not an integer, or
                 mxu_model is unknown.
         """
+        key = (m, k, n, batch, mxu_model)
+        exact = type(m) is int and type(k) is int and type(n) is int and type(batch) is int
+        cycles = self._mxu_cycles_by_shape.get(key) if exact else None
+        if cycles is not None:
+            return cycles
+        cycles = self._count_mxu_cycles(m, k, n, batch, mxu_model)
+        if exact:
+            _bounded_put(self._mxu_cycles_by_shape, key, cycles)
+        return cycles
+
+    def _count_mxu_cycles(self, m: int, k: int, n: int, batch: int, mxu_model: str | None
+                          ) -> int:
+        """``mxu_cycles`` computed (and its arguments checked)."""
         model = self.mxu_model if mxu_model is None else check_mxu_model(mxu_model)
         for label, v in (("m", m), ("k", k), ("n", n)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
@@ -769,7 +807,7 @@ class TensorCore:
             raise ValueError(f"fused must be one of {FUSIONS}, got {fused!r}")
         op = (name, int(elements), int(hbm_bytes), ops_per_element, bool(transcendental))
         if fused == "next":
-            vpu_cycles(op[1], ops_per_element, transcendental, self.spec)  # checks the figures
+            self._vpu_cycles(op[1], ops_per_element, transcendental)  # checks the figures
             self._pending.append(op)
             return None
         if fused == "previous":

@@ -10,6 +10,7 @@ imported only when a run starts.
 - ``validate(scenario) -> TrainingPlan``: everything ``run`` would check.
 - ``describe(scenario) -> Description``: the plan, the HBM plan, the model summary.
 - ``sweep(scenario, *, output_dir, mode) -> rows``: a scaling experiment.
+- ``plan(model, *, slices, tokens_per_step, ...) -> rows``: which layout is fastest.
 - ``load(scenario) -> Scenario``: a path, YAML text or a dict, checked.
 - ``start_cluster() -> Cluster`` / ``stop_cluster()``: one Ray cluster kept warm for
   every run of the process (a notebook's), instead of one started per run.
@@ -27,7 +28,7 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "run", "validate", "describe", "sweep", "load", "RunResult", "Description",
+    "run", "validate", "describe", "sweep", "plan", "load", "RunResult", "Description",
     "start_cluster", "stop_cluster", "Cluster",
     "Scenario", "TrainingPlan", "build_plan", "Run", "TimingPod", "workloads",
     "EmulatorError", "ScenarioError", "USER_ERRORS",
@@ -35,7 +36,7 @@ __all__ = [
 
 _WHERE = {
     "run": "pod.api", "validate": "pod.api", "describe": "pod.api", "sweep": "pod.api",
-    "load": "pod.api", "RunResult": "pod.api", "Description": "pod.api",
+    "plan": "pod.api", "load": "pod.api", "RunResult": "pod.api", "Description": "pod.api",
     "start_cluster": "pod.api", "stop_cluster": "pod.api", "Cluster": "pod.api",
     "Scenario": "pod.config.scenario", "TrainingPlan": "pod.config.plan",
     "build_plan": "pod.config.plan", "Run": "pod.commands.train",

@@ -1,5 +1,5 @@
 """The Python API, for notebooks and scripts: ``pod.run``, ``pod.validate``,
-``pod.describe``, ``pod.sweep``.
+``pod.describe``, ``pod.sweep``, ``pod.plan``.
 
 A scenario is given as a path to a YAML file, a YAML string, a dict (the
 same keys as the file) or a ``Scenario``. Nothing is printed with
@@ -42,7 +42,7 @@ from pod.report.stats import StepStats
 from pod.workloads.model import Model
 
 __all__ = ["RunResult", "Description", "Cluster", "load", "run", "validate", "describe", "sweep",
-           "start_cluster", "stop_cluster"]
+           "plan", "start_cluster", "stop_cluster"]
 
 
 #: What ``overrides=`` takes: ``["training.steps=10", "pod.mesh.fsdp=8"]`` (values read as
@@ -382,3 +382,50 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
         raise ScenarioError("sweep: no sweep: block in this scenario")
     out = Path(output_dir) if output_dir is not None else Path("runs") / f"{spec.name}-sweep"
     return run_sweep(spec, out, mode=mode)
+
+
+def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | None = None,
+         tokens_per_step: int | str | None = None, global_batch: int | str | None = None,
+         per_device_batches: Sequence[int] = (), seq_len: int | None = None,
+         remat: Sequence[str] = (), mesh_axes: Sequence[str] = (),
+         token_budget: int | str | None = None, files: Sequence[str | Path] = (),
+         overrides: Overrides = None, output_dir: str | Path | None = None
+         ) -> list[dict[str, Any]]:
+    """Which layout trains ``model`` fastest (``tpu-pod plan``): every mesh, remat policy
+    and batch, planned, costed timing-only and ranked by simulated tokens/s.
+
+    Args:
+        model: a preset's name (``"llama2-7b"``), a scenario file, or MaxText's base.yml
+            (``files``: its model.yml).
+        slices: a slice (``"v5e-256"``) or several; with ``chips``, generations.
+        chips: every generation's slice of this many chips.
+        tokens_per_step, global_batch: the batch (``4194304``, ``"4Mi"``; sequences for
+            ``global_batch``); neither: ``per_device_batches`` (default 1, 2, 4, 8).
+        seq_len: tokens per sequence (default: the model's).
+        remat, mesh_axes: what to search (default: every policy, every axis the runtime
+            runs).
+        token_budget: rank by the simulated time to train on this many tokens.
+        overrides: keys of the model's scenario (MaxText keys for MaxText configs).
+        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
+
+    Returns:
+        One row per point (``pod.commands.plan.PLAN_COLUMNS``): the costed ones ranked
+        (``rank`` 1 is the best), then those dropped with their ``reason``; a missing
+        number is NaN, so ``pd.DataFrame(rows)`` works.
+
+    Raises:
+        ScenarioError and the other user errors: one line.
+    """
+    from pod.commands.plan import PlanRequest, run_plan
+
+    request = PlanRequest(model=str(model), files=tuple(str(f) for f in files),
+                          slices=(slices,) if isinstance(slices, str) else tuple(slices),
+                          chips=chips, tokens_per_step=tokens_per_step,
+                          global_batch=global_batch,
+                          per_device_batches=tuple(per_device_batches), seq_len=seq_len,
+                          remat=(remat,) if isinstance(remat, str) else tuple(remat),
+                          mesh_axes=(mesh_axes,) if isinstance(mesh_axes, str)
+                          else tuple(mesh_axes),
+                          token_budget=token_budget, overrides=overrides or ())
+    out = Path(output_dir) if output_dir is not None else None
+    return run_plan(request, output_dir=out).rows

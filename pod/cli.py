@@ -45,7 +45,7 @@ MAX_TRACED_STEPS = 1_000
 @click.version_option(package_name="tpu-pod-emulator")
 def cli() -> None:
     """Emulate a TPU pod: chips that really compute, a simulated ICI, and
-    training on a device mesh (data, fsdp, tensor) with Prometheus metrics.
+    training on a device mesh (data, stage, fsdp, expert, tensor) with Prometheus metrics.
 
     Figures are either SIMULATED (what the TPU pod would take, from the cost
     models) or WALL (what the emulation took on this machine).
@@ -675,6 +675,93 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
         click.echo(json.dumps([json_row(r) for r in rows], indent=2, default=str))
     if rows and failed == len(rows):
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
+
+
+@cli.command("plan", short_help="Which layout? Search meshes, remat and batches of a model.")
+@click.argument("arguments", nargs=-1, required=True,
+                metavar="MODEL [MODEL.yml] [KEY=VALUE]...")
+@click.option("--slice", "slices", multiple=True,
+              help="A slice to plan for (v5e-256); repeat it to compare slices. With --chips: a "
+                   "generation (v5e).")
+@click.option("--chips", type=click.IntRange(min=1),
+              help="Every generation's slice of this many chips (those of --slice GEN).")
+@click.option("--tokens-per-step", help="Tokens per step over the pod: 4194304, 4Mi, 4M.")
+@click.option("--global-batch", help="Sequences (examples) per step, instead of the tokens.")
+@click.option("--per-device-batch", help="Without either: per-device batches to try on every "
+                                         "mesh [default: 1,2,4,8].")
+@click.option("--seq-len", type=click.IntRange(min=1),
+              help="Tokens per sequence [default: the model's; a preset's context, at most 8192].")
+@click.option("--remat", help="Remat policies to try, e.g. full,minimal [default: all].")
+@click.option("--mesh-axes", help="Mesh axes to search, e.g. fsdp,tensor [default: every axis "
+                                  "the runtime runs].")
+@click.option("--token-budget", help="Rank by the simulated time to train on this many tokens "
+                                     "(1T, 2e12) instead of tokens/s.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Points in the table.")
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where results.csv, layouts.png and best.yaml go [default: runs/<model>-plan].")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the plan as one JSON document (every point) on stdout.")
+def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int | None,
+                 tokens_per_step: str | None, global_batch: str | None,
+                 per_device_batch: str | None, seq_len: int | None, remat: str | None,
+                 mesh_axes: str | None, token_budget: str | None, top: int,
+                 output_dir: Path | None, as_json: bool) -> None:
+    """Which layout trains MODEL fastest? MODEL is a preset (llama2-7b, maxtext-2023-s1, ...),
+    a scenario file, or MaxText's base.yml [model.yml]. Every mesh of each slice's devices,
+    remat policy and batch is planned; what does not fit is dropped with the reason; the rest
+    is costed by one timing-only step each (simulated) and ranked by tokens/s."""
+    from pod.commands.plan import PlanRequest
+    from pod.commands.plan_report import family_lines, plan_json, plan_table, search_line
+
+    models = [a for a in arguments if not looks_like_override(a)]
+    split = lambda text: tuple(p.strip() for p in text.split(",") if p.strip()) if text else ()  # noqa: E731
+    request = PlanRequest(model=models[0] if models else "", files=tuple(models[1:]),
+                          slices=slices, chips=chips, tokens_per_step=tokens_per_step,
+                          global_batch=global_batch, per_device_batches=split(per_device_batch),
+                          seq_len=seq_len, remat=split(remat), mesh_axes=split(mesh_axes),
+                          token_budget=token_budget,
+                          overrides=tuple(a for a in arguments if looks_like_override(a)))
+    if not models:
+        raise click.UsageError("give the MODEL: a preset, a scenario or MaxText's base.yml",
+                               ctx=click.get_current_context())
+    out_dir = output_dir or Path("runs") / f"{Path(models[0]).stem}-plan"
+    console = make_console(sys.stderr) if as_json else make_console()
+    result = _run_plan(console, request, out_dir)
+    if as_json:
+        click.echo(json.dumps(plan_json(result), indent=2))
+        return
+    console.print(search_line(result), highlight=False, soft_wrap=True)
+    if result.ranked:
+        console.print(plan_table(result, top))
+    families = family_lines(result)
+    if families:
+        console.print("Best of each mesh family:", highlight=False)
+        for line in families:
+            console.print(line, highlight=False, soft_wrap=True)
+    files = ", ".join(n for n in ("results.csv", "layouts.png", "best.yaml")
+                      if (out_dir / n).exists())
+    console.print(f"{result.summary()}. Wrote {out_dir}/: {files}", highlight=False,
+                  soft_wrap=True)
+    if not result.ranked:
+        raise ScenarioError(f"plan: no layout of {result.name} runs; the first point's reason: "
+                            f"{result.rows[0]['reason']}")
+
+
+def _run_plan(console: Console, request, out_dir: Path):
+    """``run_plan`` with a progress bar on a terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from pod.commands.plan import run_plan
+
+    with Progress("[bold]plan", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("plan", total=None)
+
+        def advance(row: dict, total: int) -> None:
+            progress.update(task, total=total, advance=1)
+
+        return run_plan(request, output_dir=out_dir, on_point=advance)
 
 
 def _describe_pod(console: Console, pod) -> None:

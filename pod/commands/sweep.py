@@ -58,7 +58,7 @@ from pod.config.scenario import Scenario
 from pod.config.slices import resolve_pod
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
-           "is_missing", "csv_row", "json_row", "sweep_kind"]
+           "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts"]
 
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
@@ -266,8 +266,12 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         admit(plan)  # before any actor: the point's row says how many chips fit
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
-    wall = time.perf_counter() - t0
-    timed = stats[1:] or stats
+    return step_row(plan, stats[1:] or stats, time.perf_counter() - t0, epoch_examples)
+
+
+def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) -> dict[str, Any]:
+    """A point's row from its plan and its timed steps (``StepStats``, averaged), ``wall``
+    seconds of emulation (``tpu-pod plan`` costs its points through it too)."""
     step = fmean(s.step_seconds for s in timed)
     mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
     flops = mean(lambda s: s.model_flops)
@@ -836,7 +840,15 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     return output_dir / "tokens.png"
 
 
-def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> Path:
+def plot_layouts(rows: list[dict[str, Any]], output_dir: Path, title: str) -> Path:
+    """layouts.png of ``rows`` (``_plot_layouts``) under ``title`` (``tpu-pod plan``'s)."""
+    from pod.report import figures as plt  # pyplot's subplots without pyplot's state
+
+    return _plot_layouts(plt, None, rows, output_dir, title=title)
+
+
+def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], output_dir: Path,
+                  title: str = "") -> Path:
     """One bar per layout: compute, update, the pipeline bubble and exposed collective
     seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with their need; the
     layout that fits with the most tokens (examples) per second marked with a star; MFU
@@ -872,7 +884,8 @@ def _plot_layouts(plt, scenario: Scenario, rows: list[dict[str, Any]], output_di
     ax.set_xlabel("simulated step time (s)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.45)
     where = rows[ok[0]] if ok else rows[0]
-    ax.set_title(f"{scenario.name}: layouts on {where['chips']} {where['generation']} chips "
+    name = scenario.name if scenario is not None else ""
+    ax.set_title(title or f"{name}: layouts on {where['chips']} {where['generation']} chips "
                  "(simulated)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

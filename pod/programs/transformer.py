@@ -82,6 +82,7 @@ costs wall time in the number of ops, not in their sizes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -209,8 +210,16 @@ def device_param_elements(model: TransformerModel, fsdp: int, tensor: int,
             (:func:`check_tensor_split`), or expert the experts
             (:func:`check_expert_split`).
     """
+    return _device_param_elements(model.config, int(fsdp), int(tensor), int(expert))
+
+
+@functools.lru_cache(maxsize=4096)
+def _device_param_elements(config: TransformerConfig, fsdp: int, tensor: int, expert: int) -> int:
+    """:func:`device_param_elements` of the model of ``config``, kept per (config, fsdp,
+    tensor, expert): an HBM plan that does not fit asks it of every mesh of its devices,
+    and a layout search asks it again for every point (building the program is most of it)."""
     sizes = {"fsdp": fsdp, "tensor": tensor, "expert": expert}
-    return sum(p.device_elements for p in param_layout(model, sizes))
+    return sum(p.device_elements for p in param_layout(TransformerModel(config), sizes))
 
 
 class ShardedTransformer:
@@ -657,18 +666,17 @@ class ShardedTransformer:
         parameters replicated over an axis whose devices saw different tokens (with
         sequence parallelism the norms and embeddings over tensor, which saw a
         sequence chunk each; with experts everything but the experts over expert)."""
-        ends = np.cumsum(widths)
-        mine = [np.arange(e - w, e) for k, w, e in zip(grads, widths, ends) if replicated(k)]
-        if not mine:
+        chosen = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths)) if replicated(k)]
+        if not chosen:
             return part
         kw = {"tag": tag, "kind": "grad_reduce", "after_record": len(core.records)}
-        count = sum(m.size for m in mine)
-        if not core.execute:
+        count = sum(w for w, _ in chosen)
+        if not core.execute:  # the sizes only: no index arrays (an embedding's are MBs)
             comm.allreduce(axis, timing_zeros((count,), np.float32), **kw)
             return part
         if count == part.size:
             return comm.allreduce(axis, part, **kw)
-        index = np.concatenate(mine)
+        index = np.concatenate([np.arange(e - w, e) for w, e in chosen])
         part = np.array(part)                                             # may be read-only
         part[index] = comm.allreduce(axis, part[index], **kw)
         return part

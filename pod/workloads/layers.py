@@ -48,17 +48,28 @@ def timing_zeros(shape, dtype) -> np.ndarray:
     """Zeros of ``shape`` as a read-only broadcast view of one zero: what a
     timing-only core returns for work it only costs (no memory, no page faults;
     ``size`` and ``nbytes`` are those of a real array)."""
-    dtype = np.dtype(dtype)
-    zero = _ZERO.get(dtype)
-    if zero is None:
-        zero = _ZERO[dtype] = np.zeros(1, dtype)
-    shape = tuple(int(n) for n in shape)
-    out = np.ndarray(shape, dtype, buffer=zero, strides=(0,) * len(shape))  # a 0-stride view
-    out.flags.writeable = False
+    key = (shape, dtype) if type(shape) is tuple else None
+    out = _VIEWS.get(key) if key is not None else None
+    if out is None:
+        dtype = np.dtype(dtype)
+        zero = _ZERO.get(dtype)
+        if zero is None:
+            zero = _ZERO[dtype] = np.zeros(1, dtype)
+        shape = tuple(int(n) for n in shape)
+        out = np.ndarray(shape, dtype, buffer=zero, strides=(0,) * len(shape))  # 0-stride view
+        out.flags.writeable = False
+        if key is not None:
+            if len(_VIEWS) >= _MAX_VIEWS:
+                _VIEWS.clear()
+            _VIEWS[key] = out
     return out
 
 
 _ZERO: dict = {}  # dtype -> one zero element, the buffer of every timing_zeros view
+#: (shape, dtype) -> its view, read-only, so one serves every caller: making a view is
+#: most of what a timing-only op costs beside its record
+_VIEWS: dict = {}
+_MAX_VIEWS = 4096
 
 
 def vector_op(core, name: str, fn, *arrays, out, ops_per_element: float = 1.0,

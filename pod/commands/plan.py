@@ -1,0 +1,491 @@
+"""``tpu-pod plan``: which layout trains a model fastest on a slice?
+
+Given a model (a preset, a scenario file or MaxText configs:
+``pod.commands.plan_source``), one or more slices (or a chip count) and the
+tokens per step (or a range of per-device batches), the plan searches every
+mesh of each slice's devices over the axes the runtime runs, every remat
+policy of the transformer and the batches (``pod.commands.plan_search``). Each
+point is planned (``pod.config.plan.build_plan``, the check ``tpu-pod
+validate`` runs) and, when it plans, costed by one timing-only step
+(``pod.runtime.timing.TimingPod``) in this process; a point that does not plan
+is dropped with its one-line reason (an ``HBMPlanError`` says what it needs
+per device). Points rank by simulated tokens/s, or by the simulated time to a
+token budget.
+
+One process costs every point, so start-up and imports are paid once; the
+data is loaded once (``build_plan(dataset=...)``); the points of one mesh
+share its collective costs (``MeshCollectiveCosts``, which depend on the mesh
+and the links only: the same object the first point's plan built).
+
+Outputs (with an output directory): ``results.csv`` (every point, ranked; the
+dropped ones with their reason), ``layouts.png`` (a bar per layout, the best
+ones: the sweep's layout plot) and ``best.yaml`` (the best point as a
+timing-only scenario: ``tpu-pod sweep best.yaml`` costs it again).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pod.commands.plan_search import Candidate, candidates, model_axes, remat_policies
+from pod.commands.plan_source import ModelSource, devices_of, model_source, parse_count, plan_slices
+from pod.commands.sweep import csv_row, is_missing, plot_layouts, step_row
+from pod.config.mesh import AXIS_NAMES, device_hbm_bytes, format_axes
+from pod.config.plan import TrainingPlan, build_plan
+from pod.config.presets import synthetic_examples
+from pod.config.scenario import Scenario, parse_scenario
+from pod.config.slices import resolve_pod
+from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
+from pod.workloads import Dataset, build_model, load_dataset
+
+__all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
+           "DEFAULT_PER_DEVICE_BATCHES", "write_outputs"]
+
+#: Per-device batches tried when neither the tokens per step nor the global batch is given.
+DEFAULT_PER_DEVICE_BATCHES = (1, 2, 4, 8)
+#: The fastest points drawn in layouts.png (a bar each).
+PLOTTED = 30
+
+PLAN_COLUMNS = (
+    "rank", "point", "status", "reason", "slice", "generation", "chips", "devices", "mesh",
+    *AXIS_NAMES, "remat", "per_device_batch", "global_batch", "sequence_length",
+    "tokens_per_step", "simulated_tokens_per_second", "simulated_examples_per_second",
+    "simulated_seconds_to_budget", "simulated_step_seconds", "compute_seconds",
+    "exposed_collective_seconds", *(f"exposed_{a}_seconds" for a in AXIS_NAMES),
+    "update_seconds", "collective_seconds", *(f"collective_{a}_seconds" for a in AXIS_NAMES),
+    "hbm_per_device_bytes", "hbm_capacity_bytes", "fits", "mfu", "hfu", "bound",
+    "bound_fraction", "wall_seconds",
+)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan (``tpu-pod plan``'s arguments).
+
+    Attributes:
+        model: a preset's name, a scenario file, or MaxText's base.yml.
+        files: MaxText's model.yml (after base.yml).
+        slices: slices (``v5e-256``), or generations with ``chips``.
+        chips: every generation's slice of this many chips (a chip budget).
+        tokens_per_step: tokens per step over the pod (a whole number of sequences).
+        global_batch: sequences (examples) per step (instead of the tokens).
+        per_device_batches: without either: the per-device batches tried on every mesh.
+        seq_len: tokens per sequence (default: the model's).
+        remat: remat policies searched (default: every one the transformer has).
+        mesh_axes: mesh axes searched (default: every one the runtime runs).
+        token_budget: rank by the simulated time to train on this many tokens.
+        overrides: ``KEY=VALUE`` strings (or a mapping of dotted keys) for the model's
+            scenario (MaxText's keys for MaxText configs).
+    """
+
+    model: str
+    files: tuple[str, ...] = ()
+    slices: tuple[str, ...] = ()
+    chips: int | None = None
+    tokens_per_step: int | str | None = None
+    global_batch: int | str | None = None
+    per_device_batches: tuple[int | str, ...] = ()
+    seq_len: int | None = None
+    remat: tuple[str, ...] = ()
+    mesh_axes: tuple[str, ...] = ()
+    token_budget: int | str | None = None
+    overrides: Any = ()
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A finished plan.
+
+    Attributes:
+        name: the model's name.
+        rows: one per point: the costed ones ranked (``rank`` 1 first), then the dropped
+            and failed ones in search order; keys ``PLAN_COLUMNS`` (NaN: no number).
+        slices: the slices searched.
+        axes: the mesh axes searched.
+        remats: the remat policies searched ("" for a model without them).
+        sequence_length: tokens per sequence (0: a model without tokens).
+        global_batch: the global batch asked for (None: ``per_device_batches``).
+        per_device_batches: the per-device batches tried without a global batch.
+        token_budget: the budget the points rank by (None: tokens/s).
+        wall_seconds: this process's time for the whole plan (wall clock).
+        best_scenario: the best point's scenario mapping (None if nothing fits).
+    """
+
+    name: str
+    rows: list[dict[str, Any]]
+    slices: tuple[str, ...]
+    axes: tuple[str, ...]
+    remats: tuple[str, ...]
+    sequence_length: int
+    global_batch: int | None
+    per_device_batches: tuple[int, ...]
+    token_budget: int | None
+    wall_seconds: float
+    best_scenario: dict[str, Any] | None
+
+    def count(self, status: str) -> int:
+        """Points of a status: "ok" (costed), "dropped", "failed"."""
+        return sum(r["status"] == status for r in self.rows)
+
+    @property
+    def ranked(self) -> list[dict[str, Any]]:
+        """The costed points, best first."""
+        return [r for r in self.rows if r["status"] == "ok"]
+
+    def summary(self) -> str:
+        """``540 points: 212 costed, 328 dropped (270 do not fit in HBM); 41.2 s wall``."""
+        hbm = sum(r["fits"] is False for r in self.rows)
+        dropped = self.count("dropped")
+        why = f" ({hbm} {'does' if hbm == 1 else 'do'} not fit in HBM)" if hbm else ""
+        failed = f", {self.count('failed')} failed" if self.count("failed") else ""
+        rate = len(self.rows) / max(self.wall_seconds, 1e-9)
+        return (f"{len(self.rows)} points: {self.count('ok')} costed, {dropped} dropped{why}"
+                f"{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
+
+
+class Planner:
+    """Plans and costs the points of one model: its data loaded once, the points of a
+    mesh sharing its collective costs.
+
+    Args:
+        source: the model's scenario mapping (``plan_source.model_source``).
+
+    Raises:
+        ScenarioError: the source's scenario, data or model options are wrong (one line).
+    """
+
+    def __init__(self, source: ModelSource) -> None:
+        self.source = source
+        base = parse_scenario(source.scenario, source=source.name)
+        if base.model is None or base.training is None:
+            raise ScenarioError(f"MODEL: {source.name} is a benchmark scenario; plan takes a "
+                                "model (a preset, a training scenario or MaxText configs)")
+        self.model_name: str = base.model.name
+        self.dataset = _load(base, base.training.seed)
+        self._views: dict[int, Dataset] = {}
+        self.model = _model(base.model.name, dict(base.model.options), self.dataset)
+        self.config = getattr(self.model, "config", None)
+        self.sequence_length = (int(self.dataset.x_train[0].size)
+                                if self.model_name == "transformer" else 0)
+        self._costs: dict[tuple, Any] = {}
+
+    def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
+        """The scenario of a point: the source's with its slice, mesh, remat and batch."""
+        data = dict(self.source.scenario)
+        pod = {k: v for k, v in dict(data.get("pod") or {}).items()
+               if k in ("allreduce", "mxu_model")}
+        data["pod"] = {**pod, "slice": c.slice_name, "mesh": dict(c.mesh)}
+        data.pop("faults", None)  # chip ranks of another pod
+        training = dict(data["training"]) | {"global_batch": c.global_batch}
+        if self.source.preset:  # as describe plans a preset: sequence parallel with tensor
+            tensor = c.mesh.get("tensor", 1)
+            training["sequence_parallel"] = tensor > 1 and self.sequence_length % tensor == 0
+        data["training"] = training
+        if c.remat:
+            model = dict(data["model"])
+            data["model"] = {**model, "options": {**dict(model.get("options") or {}),
+                                                  "remat": c.remat}}
+        block = dict(data.get("data") or {})
+        if block.get("name") == "synthetic_text":  # enough sequences for a device's share
+            options = dict(block.get("options") or {})
+            need = synthetic_examples(self._per_chip(c), float(block.get("test_fraction", 0.2)))
+            data["data"] = {**block, "options": {**options, "num_examples": max(
+                need, int(options.get("num_examples", 0)))}}
+        return data
+
+    def plan(self, c: Candidate) -> TrainingPlan:
+        """The point's checked plan (the data and its mesh's collective costs shared).
+
+        Raises:
+            HBMPlanError, ScenarioError, ShardingError: the point does not plan.
+        """
+        scenario = parse_scenario(self.scenario_mapping(c), source=c.label)
+        plan = build_plan(scenario, dataset=self._data(c), timing_only=True)
+        if len(plan.collective_costs_by_step) != 1:  # link faults: costs of their own
+            return plan
+        key = (c.slice_name, tuple(sorted(c.mesh.items())))
+        costs = self._costs.setdefault(key, plan.collective_costs)
+        return dataclasses.replace(plan, collective_costs=costs,
+                                   collective_costs_by_step=((0, costs),))
+
+    def cost(self, c: Candidate) -> dict[str, Any]:
+        """The point's row: costed by one timing-only step, or dropped with the reason."""
+        from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
+
+        row = self._labels(c)
+        t0 = time.perf_counter()
+        try:
+            plan = self.plan(c)
+            stats = TimingPod(plan).step(0)
+        except HBMPlanError as err:
+            need = (err.memory_plan or {}).get("total", math.nan)
+            row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)
+        except USER_ERRORS as err:
+            row.update(status="dropped", reason=str(err))
+        except ValueError as err:  # the runtime refused a point the plan accepted
+            row.update(status="failed", reason=f"{c.label}: {err}")
+        if row["status"]:
+            row["wall_seconds"] = time.perf_counter() - t0
+            return row
+        costed = step_row(plan, [stats], time.perf_counter() - t0)
+        row.update({k: v for k, v in costed.items() if k in row})
+        row.update(status="ok", reason="", point=c.index)
+        if self.sequence_length:
+            row["simulated_tokens_per_second"] = (plan.global_batch * self.sequence_length
+                                                  / row["simulated_step_seconds"])
+        return row
+
+    def _labels(self, c: Candidate) -> dict[str, Any]:
+        """A point's row before it is costed: what it is (NaN for the figures)."""
+        pod = resolve_pod(slice_name=c.slice_name)
+        row: dict[str, Any] = {k: math.nan for k in PLAN_COLUMNS}
+        row.update(point=c.index, status="", reason="", slice=c.slice_name,
+                   generation=pod.chip.name, chips=pod.chips, devices=devices_of(pod),
+                   mesh=format_axes(c.mesh), **{a: c.mesh.get(a, 1) for a in AXIS_NAMES},
+                   remat=c.remat, per_device_batch=(c.per_device_batch or math.nan),
+                   global_batch=c.global_batch, fits="", bound="",
+                   sequence_length=self.sequence_length or math.nan,
+                   tokens_per_step=(c.global_batch * self.sequence_length
+                                    if self.sequence_length else math.nan),
+                   hbm_capacity_bytes=device_hbm_bytes(pod.chip))
+        return row
+
+    @staticmethod
+    def _per_chip(c: Candidate) -> int:
+        """Examples one chip holds at the point (its devices' shares)."""
+        pod = resolve_pod(slice_name=c.slice_name)
+        return (c.per_device_batch or 1) * devices_of(pod) // pod.chips
+
+    def _data(self, c: Candidate) -> Dataset:
+        """The data, with enough training examples for the point's per-device share (a
+        timing-only plan reads one device's: shapes only). More than the loaded split
+        holds are its first example repeated (a read-only view: no memory)."""
+        need = self._per_chip(c)
+        have = int(self.dataset.x_train.shape[0])
+        if need <= have:
+            return self.dataset
+        n = 1 << (need - 1).bit_length()
+        if n not in self._views:
+            d = self.dataset
+            self._views[n] = dataclasses.replace(
+                d, x_train=np.broadcast_to(d.x_train[:1], (n, *d.x_train.shape[1:])),
+                y_train=np.broadcast_to(d.y_train[:1], (n, *d.y_train.shape[1:])))
+        return self._views[n]
+
+
+def _load(scenario: Scenario, seed: int) -> Dataset:
+    """The scenario's data, as ``build_plan`` loads it (``seed``: its training seed).
+
+    Raises:
+        ScenarioError: the loader refuses its options (one line).
+    """
+    data = scenario.data
+    try:
+        return load_dataset(data.name, test_fraction=data.test_fraction, seed=seed,
+                            path=data.path, **data.options)
+    except (TypeError, ValueError) as err:
+        raise ScenarioError(f"data: {err}") from None
+
+
+def _model(name: str, options: dict[str, Any], dataset: Dataset):
+    """The scenario's model (for its configuration: the axes it splits).
+
+    Raises:
+        ScenarioError: a bad model option (one line).
+    """
+    try:
+        return build_model(name, input_shape=tuple(dataset.x_train.shape[1:]),
+                           num_classes=dataset.num_classes, **options)
+    except (TypeError, ValueError) as err:
+        raise ScenarioError(f"model.options: {err}") from None
+
+
+def _remats(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
+    """The remat policies searched: those asked, or every one the transformer has.
+
+    Raises:
+        ScenarioError: a policy the transformer does not have, or remat for a model
+            without it.
+    """
+    if planner.config is None:
+        if asked:
+            raise ScenarioError(f"--remat: {planner.model_name} has no remat policies "
+                                "(the transformer has them)")
+        return ("",)
+    known = remat_policies()
+    for policy in asked:
+        if policy not in known:
+            raise ScenarioError(f"--remat: {policy!r} is not a remat policy; policies: "
+                                f"{', '.join(known)}")
+    return tuple(asked) or known
+
+
+def _axes(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
+    """The mesh axes searched: those asked, or every one the runtime runs on this model.
+
+    Raises:
+        ScenarioError: an axis that is not a mesh axis, or one this model cannot use.
+    """
+    available = model_axes(planner.config)
+    for axis in asked:
+        if axis not in AXIS_NAMES:
+            raise ScenarioError(f"--mesh-axes: {axis!r} is not a mesh axis; axes: "
+                                f"{', '.join(AXIS_NAMES)}")
+        if axis not in available:
+            raise ScenarioError(f"--mesh-axes: {axis} is not an axis the runtime runs "
+                                f"{planner.source.name} on; axes: {', '.join(available)}")
+    return tuple(a for a in AXIS_NAMES if a in asked) or available
+
+
+def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
+    """The global batch asked for (None: the per-device batches).
+
+    Raises:
+        ScenarioError: both options, or tokens that are not whole sequences (one line).
+    """
+    if request.tokens_per_step is not None and request.global_batch is not None:
+        raise ScenarioError("--tokens-per-step: give it or --global-batch, not both")
+    if request.per_device_batches and (request.tokens_per_step or request.global_batch):
+        raise ScenarioError("--per-device-batch: the tokens per step (or the global batch) set "
+                            "each mesh's per-device batch; give one or the other")
+    if request.global_batch is not None:
+        return parse_count(request.global_batch, "--global-batch")
+    if request.tokens_per_step is None:
+        return None
+    tokens = parse_count(request.tokens_per_step, "--tokens-per-step")
+    length = planner.sequence_length
+    if not length:
+        raise ScenarioError(f"--tokens-per-step: {planner.model_name} takes no token "
+                            "sequences; give --global-batch")
+    if tokens % length:
+        low = tokens // length * length
+        near = f"{low:,} or {low + length:,}" if low else f"{length:,}"
+        raise ScenarioError(f"--tokens-per-step: {tokens:,} is not a whole number of "
+                            f"{length:,}-token sequences; use a multiple of {length:,} such "
+                            f"as {near}")
+    return tokens // length
+
+
+def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
+    """The per-device batches tried (default ``DEFAULT_PER_DEVICE_BATCHES``).
+
+    Raises:
+        ScenarioError: one that is not a positive whole number.
+    """
+    return tuple(parse_count(b, "--per-device-batch") for b in batches) or \
+        DEFAULT_PER_DEVICE_BATCHES
+
+
+def _rank(rows: list[dict[str, Any]], budget: int | None) -> list[dict[str, Any]]:
+    """The costed rows best first (most tokens/s, or least time to the budget; examples/s
+    for a model without tokens), numbered; then the others in search order."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    for r in ok:
+        if budget:
+            steps = math.ceil(budget / (r["tokens_per_step"] if not is_missing(
+                r["tokens_per_step"]) else r["global_batch"]))
+            r["simulated_seconds_to_budget"] = steps * r["simulated_step_seconds"]
+    if budget:
+        ok.sort(key=lambda r: r["simulated_seconds_to_budget"])
+    else:
+        rate = ("simulated_tokens_per_second" if any(
+            not is_missing(r["simulated_tokens_per_second"]) for r in ok)
+            else "simulated_examples_per_second")
+        ok.sort(key=lambda r: -r[rate])
+    for i, r in enumerate(ok):
+        r["rank"] = i + 1
+    return ok + [r for r in rows if r["status"] != "ok"]
+
+
+def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
+             on_point: Callable[[dict[str, Any], int], None] | None = None) -> PlanResult:
+    """Search, cost and rank every point of ``request`` (module docstring).
+
+    Args:
+        request: what to plan.
+        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
+        on_point: called with each point's row and the number of points (progress).
+
+    Returns:
+        The ranked rows and what was searched.
+
+    Raises:
+        ScenarioError and the other user errors: a bad option, model or override (one
+            line, before any point is costed). OutputError, DirectoryInUseError: the
+            output directory cannot be written.
+    """
+    t0 = time.perf_counter()
+    pods = plan_slices(request.slices, request.chips)
+    source = model_source(request.model, request.files, request.overrides,
+                          slice_name=pods[0].slice_name, seq_len=request.seq_len)
+    planner = Planner(source)
+    budget = (parse_count(request.token_budget, "--token-budget")
+              if request.token_budget is not None else None)
+    batch = _global_batch(planner, request)
+    axes = _axes(planner, request.mesh_axes)
+    remats = _remats(planner, request.remat)
+    per_device = () if batch else _per_device(request.per_device_batches)
+    points = candidates([(p.slice_name, devices_of(p)) for p in pods], axes, remats,
+                        global_batch=batch, per_device_batches=per_device)
+    if output_dir is not None:
+        from pod.report.files import check_writable
+
+        check_writable(output_dir)  # before the first point, not after the last
+    rows = []
+    for point in points:
+        rows.append(planner.cost(point))
+        if on_point is not None:
+            on_point(rows[-1], len(points))
+    rows = _rank(rows, budget)
+    best = next((c for c in points if rows and rows[0]["status"] == "ok"
+                 and c.index == rows[0]["point"]), None)
+    result = PlanResult(source.name, rows, tuple(p.slice_name for p in pods), axes, remats,
+                        planner.sequence_length, batch, per_device, budget,
+                        time.perf_counter() - t0,
+                        planner.scenario_mapping(best) if best is not None else None)
+    if output_dir is not None:
+        write_outputs(result, output_dir)
+    return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
+
+
+def write_outputs(result: PlanResult, output_dir: Path) -> list[Path]:
+    """results.csv (every row, ranked), layouts.png (the ``PLOTTED`` best) and best.yaml
+    (the best point's scenario) in ``output_dir``, each whole or not at all."""
+    import yaml
+
+    from pod.safe_io import lock_directories, write_atomic
+
+    with lock_directories(output_dir):
+        def write_rows(f) -> None:
+            writer = csv.DictWriter(f, fieldnames=PLAN_COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(map(csv_row, result.rows))
+
+        written = [write_atomic(output_dir / "results.csv", write_rows, newline="")]
+        best = result.ranked[:PLOTTED]
+        if best:
+            many = len(set(result.slices)) > 1
+            rows = [{**r, "error": r["reason"],
+                     "mesh": f"{r['slice']} {r['mesh']}" if many else r["mesh"]} for r in best]
+            title = (f"{result.name}: the {len(best)} fastest of {len(result.rows)} layouts on "
+                     f"{', '.join(result.slices)} (simulated)")
+            written.append(plot_layouts(rows, output_dir, title))
+        else:
+            (output_dir / "layouts.png").unlink(missing_ok=True)  # an earlier plan's
+        if result.best_scenario is None:
+            (output_dir / "best.yaml").unlink(missing_ok=True)
+        else:
+            text = (f"# The best layout of `tpu-pod plan` for {result.name} (rank 1 of "
+                    f"{result.count('ok')} costed); cost it again: tpu-pod sweep best.yaml\n"
+                    + yaml.safe_dump(result.best_scenario, sort_keys=False))
+            written.append(write_atomic(output_dir / "best.yaml", lambda f: f.write(text)))
+    return written

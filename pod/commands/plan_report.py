@@ -1,0 +1,126 @@
+"""What ``tpu-pod plan`` prints: the search in one line, the best points as a table with
+their step breakdown (simulated), the best of each mesh family, the summary line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from pod.commands.plan import PlanResult
+from pod.commands.sweep import is_missing, json_row
+from pod.report.console import titled_table
+
+__all__ = ["search_line", "plan_table", "family_lines", "plan_json", "family", "tokens_text"]
+
+_GIB = 2**30
+
+
+def search_line(result: PlanResult) -> str:
+    """``llama2-7b on v5e-256: 4,096-token sequences, 1,024 per step (4,194,304 tokens);
+    meshes over data, fsdp, tensor; remat none, minimal, full``."""
+    length = result.sequence_length
+    if result.global_batch is not None:
+        tokens = f" ({result.global_batch * length:,} tokens)" if length else ""
+        batch = f"{result.global_batch:,} per step{tokens}"
+    else:
+        batch = f"{', '.join(map(str, result.per_device_batches))} per device"
+    what = f"{length:,}-token sequences, " if length else "examples, "
+    remat = f"; remat {', '.join(result.remats)}" if any(result.remats) else ""
+    budget = (f"; ranked by the simulated time to {tokens_text(result.token_budget)} tokens"
+              if result.token_budget else "")
+    return (f"{result.name} on {', '.join(result.slices)}: {what}{batch}; meshes over "
+            f"{', '.join(result.axes)}{remat}{budget}")
+
+
+def tokens_text(count: int) -> str:
+    """A token count as people say it: ``2T``, ``1.5B``, ``4M``, ``4,096``."""
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if count >= size:
+            return f"{count / size:,.3g}{unit}"
+    return f"{count:,}"
+
+
+def _ms(seconds: float) -> str:
+    """Seconds as milliseconds: ``5,353``, ``26.7``, ``0.012``, ``0``."""
+    if is_missing(seconds):
+        return ""
+    ms = seconds * 1e3
+    return ("0" if ms == 0 else f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1
+            else f"{ms:.3f}")
+
+
+def _duration(seconds: float) -> str:
+    """Simulated seconds as days / hours / minutes: ``3.2 d``, ``5.1 h``, ``42 min``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:,.1f} s"
+
+
+def plan_table(result: PlanResult, top: int = 10) -> Table:
+    """The ``top`` best points: layout, simulated step breakdown (compute, exposed
+    collectives per searched mesh axis, update), HBM per device, MFU, rate, bound."""
+    rows = result.ranked[:top]
+    tokens = result.sequence_length > 0
+    many = len(result.slices) > 1
+    axes = [a for a in result.axes if any(r[a] > 1 for r in rows)]
+    caption = (f"ms per step, simulated; {' / '.join(axes)}: the collectives of the mesh axis "
+               "that compute does not hide; batch: per device (global)" if axes else None)
+    table = titled_table(f"The {len(rows)} fastest of {result.count('ok'):,} costed layouts",
+                         caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
+    head = ["#", *(["slice"] if many else []), "mesh", "remat", "batch", "step",
+            "compute", *axes, "update", "HBM/dev", "MFU",
+            "tokens/s" if tokens else "examples/s",
+            *([f"to {tokens_text(result.token_budget)}"] if result.token_budget else []),
+            "bound"]
+    for name in head:
+        left = name in ("slice", "mesh", "remat", "bound")
+        table.add_column(name, justify="left" if left else "right", no_wrap=True)
+    for r in rows:
+        rate = r["simulated_tokens_per_second"] if tokens else r["simulated_examples_per_second"]
+        table.add_row(
+            str(r["rank"]), *([r["slice"]] if many else []), r["mesh"], r["remat"] or "-",
+            f"{r['per_device_batch']:,} ({r['global_batch']:,})", _ms(r["simulated_step_seconds"]),
+            _ms(r["compute_seconds"]), *(_ms(r[f"exposed_{a}_seconds"]) for a in axes),
+            _ms(r["update_seconds"]), f"{r['hbm_per_device_bytes'] / _GIB:.1f} GiB",
+            f"{r['mfu']:.1%}", f"{rate:,.0f}",
+            *([_duration(r["simulated_seconds_to_budget"])] if result.token_budget else []),
+            f"{r['bound']} {r['bound_fraction']:.0%}")
+    return table
+
+
+def family(row: dict[str, Any], axes: tuple[str, ...]) -> str:
+    """A mesh's family: the axes it splits over ("fsdp+tensor"; "one device")."""
+    split = [a for a in axes if row[a] > 1]
+    return "+".join(split) or "one device"
+
+
+def family_lines(result: PlanResult) -> list[str]:
+    """The best point of each mesh family (``fsdp``, ``fsdp+tensor``, ...), best first;
+    nothing when every costed point is of one family."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in result.ranked:
+        best.setdefault(family(r, result.axes), r)
+    if len(best) < 2:
+        return []
+    rate = "tokens/s" if result.sequence_length else "examples/s"
+    key = "simulated_tokens_per_second" if result.sequence_length else \
+        "simulated_examples_per_second"
+    return [f"  {name:<18} #{r['rank']:<4} MFU {r['mfu']:.1%}, {r[key]:,.0f} {rate}: "
+            f"{r['slice']} {r['mesh']} remat {r['remat'] or '-'}, {r['per_device_batch']:,} "
+            "per device" for name, r in best.items()]
+
+
+def plan_json(result: PlanResult) -> dict[str, Any]:
+    """The plan as one JSON document: what was searched, the counts, every row (ranked;
+    a missing number is null)."""
+    return {"model": result.name, "slices": list(result.slices), "axes": list(result.axes),
+            "remat": [r for r in result.remats if r], "sequence_length": result.sequence_length,
+            "global_batch": result.global_batch,
+            "per_device_batches": list(result.per_device_batches),
+            "token_budget": result.token_budget, "points": len(result.rows),
+            "costed": result.count("ok"), "dropped": result.count("dropped"),
+            "failed": result.count("failed"), "wall_seconds": result.wall_seconds,
+            "rows": [json_row(r) for r in result.rows]}

@@ -1,0 +1,212 @@
+"""The search space of ``tpu-pod plan``: every mesh, remat policy and batch of a model.
+
+A **mesh** of a slice's ``n`` devices over the searched axes ``a_1 .. a_k`` is
+an ordered factorisation ``n = s_1 x ... x s_k`` (sizes >= 1, the mesh axes in
+``pod.config.mesh.AXIS_NAMES`` order); every one is laid out on the torus by
+``pod.config.mesh.layout_mesh``, so the search never misses or repeats one.
+For ``n = p_1^e_1 ... p_r^e_r`` there are ``prod_i C(e_i + k - 1, k - 1)`` of
+them (stars and bars, prime by prime): 45 meshes of a v5e-256 over data, fsdp
+and tensor.
+
+Which axes are searched is one table, ``SEARCH_AXES``: an axis is searched
+when the runtime runs it (``runtime_axes``: a device program is built on a
+tiny transformer with the axis at 2, as a run builds it) and the model has
+something for it to split (a pipeline stage needs layers, an expert axis a
+mixture of experts). A new axis is one entry.
+
+The **remat policies** are the transformer's own (``pod.workloads.block.
+REMAT_POLICIES``); the **batch** is the global batch asked for (each mesh's
+per-device share follows, or the point is dropped when it does not split), or
+every per-device batch of a list.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pod.config.mesh import AXIS_NAMES, format_axes
+from pod.errors import ScenarioError
+
+__all__ = ["SearchAxis", "SEARCH_AXES", "runtime_axes", "model_axes", "ordered_factorisations",
+           "factorisation_count", "meshes", "remat_policies", "Candidate", "candidates"]
+
+
+@dataclass(frozen=True)
+class SearchAxis:
+    """A mesh axis ``tpu-pod plan`` may search.
+
+    Attributes:
+        name: the mesh axis (``pod.config.mesh.AXIS_NAMES``).
+        splits: (the transformer's config) -> whether the model has something for the
+            axis to split; None: always (data, fsdp, tensor).
+        probe: transformer options of the tiny model the runtime is asked to run with
+            the axis at 2 (``runtime_axes``).
+    """
+
+    name: str
+    splits: Callable[[Any], bool] | None = None
+    probe: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: The axes, outermost first. An axis joins the search when the runtime runs it.
+SEARCH_AXES: tuple[SearchAxis, ...] = (
+    SearchAxis("data"),
+    SearchAxis("stage", splits=lambda cfg: cfg.layers > 1, probe={"layers": 2}),
+    SearchAxis("fsdp"),
+    SearchAxis("expert", splits=lambda cfg: getattr(cfg, "experts", 1) > 1,
+               probe={"experts": 2}),
+    SearchAxis("tensor"),
+)
+
+
+@functools.cache
+def runtime_axes() -> tuple[str, ...]:
+    """The mesh axes the runtime runs a transformer on: for each axis, the device program
+    of a tiny transformer on ``{axis: 2}`` (``pod.programs.build_program``, what every
+    back-end runs) is built; an axis whose program refuses it is left out."""
+    from pod.programs import build_program
+    from pod.workloads import build_optimizer
+    from pod.workloads.transformer import TransformerConfig, TransformerModel
+
+    found = ["data"]
+    for axis in SEARCH_AXES[1:]:
+        try:
+            config = TransformerConfig(vocabulary=16, sequence_length=4, embed_dim=8, heads=2,
+                                       mlp_dim=8, **axis.probe)
+            build_program(TransformerModel(config), {axis.name: 2}, build_optimizer("sgd"))
+        except (TypeError, ValueError):  # an option or an axis the code does not have yet
+            continue
+        found.append(axis.name)
+    return tuple(found)
+
+
+def model_axes(config: Any | None) -> tuple[str, ...]:
+    """The axes searched for a model: the runtime's that split it. ``config`` is the
+    transformer's ``TransformerConfig``; None (another model, trained data parallel by
+    the replicated program): data only."""
+    if config is None:
+        return ("data",)
+    runs = runtime_axes()
+    return tuple(a.name for a in SEARCH_AXES
+                 if a.name in runs and (a.splits is None or a.splits(config)))
+
+
+def ordered_factorisations(n: int, k: int) -> list[tuple[int, ...]]:
+    """Every ``k``-tuple of whole numbers >= 1 whose product is ``n``, each once, in
+    lexicographic order.
+
+    Raises:
+        ValueError: n < 1 or k < 1.
+    """
+    if n < 1 or k < 1:
+        raise ValueError(f"ordered factorisations need n >= 1 and k >= 1, got n={n}, k={k}")
+    if k == 1:
+        return [(n,)]
+    return [(d, *rest) for d in range(1, n + 1) if n % d == 0
+            for rest in ordered_factorisations(n // d, k - 1)]
+
+
+def factorisation_count(n: int, k: int) -> int:
+    """How many ``ordered_factorisations(n, k)`` there are, in closed form: for
+    ``n = prod p^e``, ``prod C(e + k - 1, k - 1)``."""
+    count, rest, p = 1, n, 2
+    while p * p <= rest:
+        e = 0
+        while rest % p == 0:
+            rest, e = rest // p, e + 1
+        count *= math.comb(e + k - 1, k - 1)
+        p += 1
+    return count * (k if rest > 1 else 1)  # what is left is a prime, e = 1
+
+
+def meshes(devices: int, axes: Sequence[str]) -> list[dict[str, int]]:
+    """Every mesh of ``devices`` devices over ``axes`` (``pod.mesh`` values, size-1 axes
+    left out; the first axis kept when every size is 1), each once.
+
+    Raises:
+        ScenarioError: an axis that is not a mesh axis.
+    """
+    unknown = [a for a in axes if a not in AXIS_NAMES]
+    if unknown or not axes:
+        raise ScenarioError(f"--mesh-axes: {', '.join(unknown) or '(none)'} is not a mesh axis; "
+                            f"axes: {', '.join(AXIS_NAMES)}")
+    ordered = [a for a in AXIS_NAMES if a in axes]
+    out = []
+    for sizes in ordered_factorisations(devices, len(ordered)):
+        mesh = {a: s for a, s in zip(ordered, sizes, strict=True) if s > 1}
+        out.append(mesh or {ordered[0]: 1})
+    return out
+
+
+def remat_policies() -> tuple[str, ...]:
+    """The transformer's remat policies, read from the code (``REMAT_POLICIES``); a
+    policy that needs settings of its own (``custom``) is left out."""
+    from pod.workloads.block import REMAT_POLICIES
+
+    return tuple(p for p in REMAT_POLICIES if p != "custom")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search: a slice, a mesh, a remat policy and a batch.
+
+    Attributes:
+        index: 1-based, in search order.
+        slice_name: the slice (``v5e-256``).
+        mesh: ``pod.mesh`` (size-1 axes left out).
+        remat: the remat policy ("" for a model without one).
+        global_batch: sequences (examples) per step over the pod.
+        per_device_batch: what each device of data x fsdp gets; None when the global
+            batch does not split over the mesh (the plan says why).
+    """
+
+    index: int
+    slice_name: str
+    mesh: dict[str, int]
+    remat: str
+    global_batch: int
+    per_device_batch: int | None
+
+    @property
+    def label(self) -> str:
+        """``v5e-256 {fsdp: 64, tensor: 4} full b=2``."""
+        batch = f" b={self.per_device_batch}" if self.per_device_batch else ""
+        return f"{self.slice_name} {format_axes(self.mesh)} {self.remat or 'none'}{batch}"
+
+
+def _batch_shards(mesh: Mapping[str, int]) -> int:
+    """The devices among which the batch splits: data x fsdp (the devices along tensor
+    share their examples)."""
+    return mesh.get("data", 1) * mesh.get("fsdp", 1)
+
+
+def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: Sequence[str],
+               *, global_batch: int | None = None,
+               per_device_batches: Sequence[int] = ()) -> list[Candidate]:
+    """Every point: slices x meshes x remat policies x batches, in that order.
+
+    Args:
+        slices: (slice name, devices) per slice.
+        axes: the mesh axes searched.
+        remats: remat policies ("" for a model without remat).
+        global_batch: the batch asked for; each mesh's per-device batch follows.
+        per_device_batches: without ``global_batch``: the per-device batches tried on
+            every mesh (global batch = per-device batch x data x fsdp).
+    """
+    out: list[Candidate] = []
+    for name, devices in slices:
+        for mesh, remat in itertools.product(meshes(devices, axes), remats or ("",)):
+            shards = _batch_shards(mesh)
+            if global_batch is not None:
+                batches = [(global_batch, global_batch // shards if global_batch % shards == 0
+                            else None)]
+            else:
+                batches = [(b * shards, b) for b in per_device_batches]
+            for batch, per_device in batches:
+                out.append(Candidate(len(out) + 1, name, mesh, remat, batch, per_device))
+    return out

@@ -1,0 +1,228 @@
+"""What ``tpu-pod plan MODEL`` plans: a preset, a scenario file or MaxText configs, as the
+scenario mapping every point starts from; the slices; counts such as ``4Mi`` tokens.
+
+The mapping's ``pod``, ``model.options.remat`` and ``training.global_batch`` are
+the search's (``pod.commands.plan``): an override that sets them is refused with
+the option that does. Everything else (the model, its data, the optimizer,
+precision) is the source's, with the command line's ``KEY=VALUE`` overrides
+(scenario keys for a preset or a scenario; MaxText keys for MaxText configs).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pod.config.mesh import devices_per_chip
+from pod.config.overrides import apply_overrides, as_overrides
+from pod.config.presets import describe_scenario, get_preset, is_preset_name, preset_names
+from pod.config.scenario import load_yaml
+from pod.config.slices import SLICE_SHAPES, PodShape, resolve_pod
+from pod.errors import ScenarioError
+
+__all__ = ["ModelSource", "model_source", "parse_count", "plan_slices", "devices_of",
+           "MAXTEXT_KEYS"]
+
+#: Keys that make a YAML file a MaxText config rather than a scenario.
+MAXTEXT_KEYS = frozenset({"base_emb_dim", "base_num_decoder_layers", "global_parameter_scale",
+                          "model_name", "ici_fsdp_parallelism", "per_device_batch_size"})
+
+#: Overrides of what the search sets, and the option that sets it instead.
+_SEARCHED = (("pod", "--slice, --chips and --mesh-axes"),
+             ("model.options.remat", "--remat"),
+             ("training.global_batch", "--global-batch or --tokens-per-step"),
+             ("ici_", "--mesh-axes"), ("dcn_", "--slice"), ("remat_policy", "--remat"),
+             ("per_device_batch_size", "--global-batch or --per-device-batch"),
+             ("compile_topology", "--slice"))
+
+_COUNT_RE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmgtb]i?)?\s*$",
+                       re.IGNORECASE)
+_SCALE = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The scenario mapping every point of a plan starts from.
+
+    Attributes:
+        name: the model's name (the preset's, the scenario's, MaxText's ``model_name``).
+        scenario: the mapping (a timing-only scenario: ``sweep: {mode: timing}``); the
+            search sets ``pod``, the remat policy and the global batch of each point.
+        preset: a preset whose overrides leave ``training.sequence_parallel`` alone: its
+            meshes with a tensor axis get sequence parallelism, as ``describe`` plans
+            them; otherwise the source's own setting stands.
+    """
+
+    name: str
+    scenario: dict[str, Any]
+    preset: bool
+
+
+def parse_count(value: Any, option: str) -> int:
+    """A whole count written as people write it: ``4194304``, ``4,194,304``, ``4Mi``
+    (2^20), ``4M`` (10^6), ``1e12``, ``2T``.
+
+    Raises:
+        ScenarioError: not a positive whole number (one line naming ``option``).
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = _COUNT_RE.match(str(value))
+    number = None
+    if match:
+        number = float(match.group(1).replace(",", "").replace("_", ""))
+        number *= _SCALE[match.group(2).lower()] if match.group(2) else 1
+    if number is None or number < 1 or number != int(number):
+        raise ScenarioError(f"{option}: {value!r} is not a positive whole number; give e.g. "
+                            f"4194304, 4Mi (2^20 x 4) or 4M (4 x 10^6)")
+    return int(number)
+
+
+def plan_slices(slices: Sequence[str], chips: int | None) -> list[PodShape]:
+    """The slices a plan searches: each ``--slice`` (a slice, ``v5e-256``), or with
+    ``--chips N`` every generation's slice of N chips (the generations given as
+    ``--slice v5e``, or all).
+
+    Raises:
+        ScenarioError: an unknown slice or generation, no slice of N chips, neither
+            option (one line).
+    """
+    if chips is None:
+        if not slices:
+            raise ScenarioError("--slice: give the slice to plan for, e.g. --slice v5e-256 "
+                                "(repeat it to compare slices), or --chips N")
+        return [_slice(name) for name in slices]
+    generations = [s.strip().lower() for s in slices] or list(SLICE_SHAPES)
+    for gen in generations:
+        if gen not in SLICE_SHAPES:
+            raise ScenarioError(f"--slice: {gen!r} with --chips is a generation; give one of "
+                                f"{', '.join(SLICE_SHAPES)}")
+    out = []
+    for gen in generations:
+        for count, shape in SLICE_SHAPES[gen].items():
+            if math.prod(shape) == chips:
+                out.append(resolve_pod(slice_name=f"{gen}-{count}"))
+    if not out:
+        raise ScenarioError(f"--chips: no {' or '.join(generations)} slice has {chips} chips; "
+                            f"slices have a power of two, e.g. {chips_hint(chips)}")
+    return out
+
+
+def chips_hint(chips: int) -> str:
+    """The powers of two around ``chips``."""
+    low = 2 ** max(0, int(math.log2(max(chips, 1))))
+    return f"{low} or {low * 2}" if low != chips else str(low)
+
+
+def _slice(name: str) -> PodShape:
+    try:
+        return resolve_pod(slice_name=name)
+    except ScenarioError as err:
+        raise ScenarioError(f"--slice: {str(err).removeprefix('pod.slice: ')}") from None
+
+
+def model_source(model: str, files: Sequence[str] = (), overrides: Any = (), *,
+                 slice_name: str, seq_len: int | None = None) -> ModelSource:
+    """The mapping a plan of ``model`` starts from (see the module docstring).
+
+    Args:
+        model: a preset's name, a scenario file, or MaxText's base.yml.
+        files: MaxText's model.yml after base.yml.
+        overrides: ``KEY=VALUE`` (scenario keys; MaxText keys for MaxText configs).
+        slice_name: the first slice searched (MaxText's import needs one).
+        seq_len: tokens per sequence (default: the source's; a preset's training
+            context, at most ``DESCRIBE_MAX_SEQUENCE``).
+
+    Raises:
+        ScenarioError: an unknown preset, an unreadable file, an override of what the
+            search sets, a MaxText key that is not modelled (one line).
+    """
+    _check_searched(overrides)
+    path = Path(model)
+    if not path.exists() and not model.endswith((".yaml", ".yml")):
+        if not is_preset_name(model):
+            get_preset(model)  # the unknown-preset line, with the closest name
+        if files:
+            raise ScenarioError(f"MODEL: {model} is a preset; {files[0]} is not needed")
+        items = as_overrides(overrides)
+        data = apply_overrides(describe_scenario(model), items)
+        own = any(o.key in ("training", "training.sequence_parallel") for o in items)
+        return _finish(get_preset(model).name, data, not own, seq_len)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScenarioError(f"MODEL: {model} is not a preset ({', '.join(preset_names())}) nor "
+                            f"a readable file ({err.__class__.__name__})") from None
+    data = load_yaml(text, source=model)
+    if isinstance(data, dict) and MAXTEXT_KEYS & set(data) and "pod" not in data:
+        return _maxtext(model, files, overrides, slice_name, seq_len)
+    if files:
+        raise ScenarioError(f"MODEL: {model} is a scenario; {files[0]} is not needed (a second "
+                            "file goes with MaxText's base.yml)")
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{model}: a scenario is a mapping (got {type(data).__name__})")
+    data = apply_overrides(data, as_overrides(overrides))
+    return _finish(str(data.get("name") or path.stem), data, False, seq_len)
+
+
+def _check_searched(overrides: Any) -> None:
+    for item in as_overrides(overrides):
+        for key, option in _SEARCHED:
+            if item.key == key or item.key.startswith(key if key.endswith("_") else key + "."):
+                raise ScenarioError(f"{item.text}: the plan searches {item.key}; use {option}")
+
+
+def _maxtext(base: str, files: Sequence[str], overrides: Any, slice_name: str,
+             seq_len: int | None) -> ModelSource:
+    """MaxText configs through ``import-maxtext``'s mapping (its errors refused)."""
+    from pod.commands.import_maxtext import import_maxtext
+
+    keys = [o.text for o in as_overrides(overrides)]
+    result = import_maxtext([base, *files], keys, slice_name=slice_name)
+    errors = result.of("error")
+    if errors:
+        more = f" (and {len(errors) - 1} more: tpu-pod import-maxtext lists them)" if len(
+            errors) > 1 else ""
+        raise ScenarioError(f"{errors[0].text}{more}")
+    data = result.scenario
+    name = str(data["model"].get("preset") or data["name"]).rsplit("-v", 1)[0]
+    return _finish(name, data, False, seq_len)
+
+
+def _finish(name: str, data: dict[str, Any], preset: bool, seq_len: int | None) -> ModelSource:
+    """The mapping as every point starts from it: timing-only, two steps, no metrics port,
+    the sequence length set."""
+    data = dict(data)
+    data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{name}-plan")
+    data["training"] = {k: v for k, v in dict(data.get("training") or {}).items()
+                        if k != "epochs"} | {"steps": 2}
+    data["metrics"] = {**dict(data.get("metrics") or {}), "port": 0}
+    data["sweep"] = {"mode": "timing", "steps": 2}
+    if seq_len is not None:
+        _set_sequence_length(data, seq_len)
+    return ModelSource(name, data, preset)
+
+
+def _set_sequence_length(data: dict[str, Any], seq_len: int) -> None:
+    """Set ``data.options.sequence_length`` to ``seq_len``.
+
+    Raises:
+        ScenarioError: --seq-len for data whose examples have a fixed shape.
+    """
+    block = dict(data.get("data") or {})
+    if block.get("name") not in ("synthetic_text", "text"):
+        raise ScenarioError(f"--seq-len: the data {block.get('name')!r} has examples of a "
+                            "fixed shape; --seq-len sets synthetic_text or text data's "
+                            "sequence_length")
+    data["data"] = {**block, "options": {**dict(block.get("options") or {}),
+                                         "sequence_length": int(seq_len)}}
+
+
+def devices_of(pod: PodShape) -> int:
+    """The JAX devices of a slice (a chip, or a TensorCore on v2 / v3)."""
+    return pod.chips * devices_per_chip(pod.chip)
