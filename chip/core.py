@@ -459,13 +459,12 @@ class TensorCore:
         Raises:
             ValueError: if a dimension is negative, batch < 1 or mxu_model unknown.
         """
-        key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model, a_elements, out_elements)
+        key: tuple | None = None
         if type(m) is int and type(k) is int and type(n) is int and type(batch) is int:
+            key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model, a_elements, out_elements)
             record = self._cached(key)
             if record is not None:
                 return record
-        else:
-            key = None
         if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         op_bytes = _OPERAND_BYTES[self.precision]
