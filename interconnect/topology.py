@@ -36,6 +36,7 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -143,7 +144,17 @@ class Torus:
     """
 
     shape: tuple[int, ...]
-    wraparound: tuple[bool, ...] | bool = True
+    if TYPE_CHECKING:
+        # After __post_init__ the attribute is always one bool per axis; the
+        # constructor also takes one bool (and a shape string). The type checker
+        # sees this signature; at run time the dataclass's own __init__ is used.
+        wraparound: tuple[bool, ...]
+
+        def __init__(
+            self, shape: tuple[int, ...] | str, wraparound: tuple[bool, ...] | bool = True
+        ) -> None: ...
+    else:
+        wraparound: tuple[bool, ...] | bool = True
 
     def __post_init__(self) -> None:
         shape = _normalise_shape(self.shape)
@@ -396,7 +407,7 @@ def _snake(shape: Sequence[int]) -> list[tuple[int, ...]]:
     if not shape:
         return [()]
     inner = _snake(shape[1:])
-    out = []
+    out: list[tuple[int, ...]] = []
     for i in range(shape[0]):
         seq = inner if i % 2 == 0 else inner[::-1]
         out.extend((i,) + point for point in seq)
