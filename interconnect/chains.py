@@ -307,9 +307,8 @@ def build_axis_collective(op: str, topology: Torus, num_elements: int, itemsize:
         ag = [tuple(_make_transfer((t.dst, t.src, t.chunk, t.nbytes, False, t.chunk)) for t in phase)
               for phase in reversed(rs)]
     phases = {"allreduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
-    bounds = [None] * len(chunk_of)
-    for bound, index in chunk_of.items():
-        bounds[index] = bound
+    # chunk_of numbers its bounds 0, 1, ... in order of first use: this lists them by number
+    bounds = sorted(chunk_of, key=chunk_of.__getitem__)
     if not bounds:
         bounds = [(0, num_elements)]
     return _trusted_schedule(
@@ -370,8 +369,15 @@ def axis_reduce_scatter_phases(op: str, topology: Torus, num_elements: int, item
                 cols = phase == p
                 rs[offset + p].append(tuple(x[:, cols].reshape(-1) for x in (src, dst, nbytes, ids)))
             offset += count
-    return [tuple(np.concatenate(parts) for parts in zip(*phase)) if phase else (np.zeros(0, np.int64),) * 4
-            for phase in rs]
+    return [_joined(phase) for phase in rs]
+
+
+def _joined(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One phase's ``(src, dst, nbytes, link)`` parts, each column concatenated."""
+    if not parts:
+        return (np.zeros(0, np.int64),) * 4
+    src, dst, nbytes, link = (np.concatenate(column) for column in zip(*parts, strict=True))
+    return src, dst, nbytes, link
 
 
 def _group_elements(sizes: np.ndarray, levels: list[_Level], n: int) -> np.ndarray:

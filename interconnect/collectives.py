@@ -30,7 +30,7 @@ costs").
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 import functools
 from itertools import compress, repeat
 
@@ -82,7 +82,8 @@ def _ring_phases(
             cut = n - shift
             phase_chunks = chunks[cut:] + chunks[:cut]
             phase_nbytes = nbytes[cut:] + nbytes[:cut]
-            rows = zip(order, successors, phase_chunks, phase_nbytes, repeat(reduce), phase_chunks)
+            rows: Iterable[tuple[object, ...]] = zip(order, successors, phase_chunks, phase_nbytes,
+                                                      repeat(reduce), phase_chunks)
             if any_empty:
                 rows = compress(rows, phase_nbytes)
             phases.append(tuple(map(_make_transfer, rows)))
@@ -519,6 +520,7 @@ def broadcast(topology: Torus, num_elements: int, itemsize: int = 4, root: int =
     start = ring.index(root)
     order = ring[start:] + ring[:start]
     phases = []
+    bounds: tuple[tuple[int, int], ...]
     if algorithm == "tree":
         bounds = ((0, num_elements),)
         whole = num_elements * itemsize

@@ -180,8 +180,8 @@ class _PhasePlan:
         transfer_index: (E,) for each incidence, the transfer.
         simple: every transfer uses exactly one link and no link twice
             (then the loads are the transfers' bytes as they are).
-        factors: (L,) slowdown of each of ``links``, or None when all are 1.
         link_srcs: (L,) the chip driving each of ``links``.
+        factors: (L,) slowdown of each of ``links``, or None when all are 1.
     """
 
     links: tuple[tuple[int, int], ...]
@@ -189,8 +189,8 @@ class _PhasePlan:
     link_index: np.ndarray
     transfer_index: np.ndarray
     simple: bool
+    link_srcs: np.ndarray
     factors: np.ndarray | None = None
-    link_srcs: np.ndarray | None = None
 
     @classmethod
     def build(cls, topology: Torus, srcs: tuple[int, ...], dsts: tuple[int, ...],
@@ -359,8 +359,8 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
     rs_seconds: list[float] = []
     ag_levels: list[list[float]] = []
     route_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for rings in levels:
-        rings = np.asarray(rings, dtype=np.int64)  # (R, a)
+    for level in levels:
+        rings = np.asarray(level, dtype=np.int64)  # (R, a)
         num_rings, a = rings.shape
         sizes = owned_size[rings[:, 0]]
         k = np.arange(a)

@@ -20,6 +20,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from interconnect.errors import TopologyError
 from interconnect.topology import Torus
@@ -132,7 +133,8 @@ class LinkFaults:
             if entry.get("failed"):
                 failed.add(link)
             elif entry.get("slowdown") is not None:
-                slow[link] = entry["slowdown"]
+                # LinkFaults checks the factor (a finite number >= 1) and quotes a bad one
+                slow[link] = cast(float, entry["slowdown"])
         return cls(slowdowns=slow, failed=frozenset(failed))
 
 

@@ -116,18 +116,18 @@ def _checked_groups(groups: Sequence[Sequence[int]], num_ranks: int) -> list[tup
     Raises:
         ScheduleError: as :func:`concurrent_group_schedule`.
     """
-    groups = [tuple(int(r) for r in g) for g in groups]
-    sizes = {len(g) for g in groups}
+    checked = [tuple(int(r) for r in g) for g in groups]
+    sizes = {len(g) for g in checked}
     if len(sizes) > 1:
         raise ScheduleError(f"groups of sizes {sorted(sizes)}: every group of one axis must "
                             "have the same size")
-    flat = [r for g in groups for r in g]
+    flat = [r for g in checked for r in g]
     if len(set(flat)) != len(flat):
         raise ScheduleError("a rank appears twice in the groups: groups must be disjoint (as "
                             "chip ranks: a group's devices on different chips)")
     if any(not 0 <= r < num_ranks for r in flat):
         raise ScheduleError(f"a group names a rank outside 0..{num_ranks - 1}")
-    return groups
+    return checked
 
 
 def group_torus_schedule(op: str, group_torus: Torus, num_elements: int,
@@ -229,7 +229,7 @@ def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_rank
     phases = tuple(tuple(_make_transfer((g[t.src], g[t.dst], t.chunk, t.nbytes, t.reduce,
                                          t.dst_chunk)) for g in groups for t in phase)
                    for phase in local.phases)
-    owned = ()
+    owned: tuple[int, ...] = ()
     if local.owned_chunks:
         table = [0] * num_ranks
         for g in groups:
@@ -455,18 +455,18 @@ def _routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray
         steps.append(step)
         counts.append(count)
     hops = np.sum(counts, axis=0)                                            # (P,)
-    edge, ids = [], []
+    edge_parts, id_parts = [], []
     for axis, size in enumerate(topology.shape):
         for k in range(int(counts[axis].max(initial=0))):
             moving = np.flatnonzero(counts[axis] > k)
             c = coords[moving, axis]
             nc = (c + steps[axis][moving]) % size
             nxt = current[moving] + (nc - c) * strides[axis]
-            edge.append(moving)
-            ids.append(_link_ids(topology, current[moving], nxt))
+            edge_parts.append(moving)
+            id_parts.append(_link_ids(topology, current[moving], nxt))
             current[moving], coords[moving, axis] = nxt, nc
-    edge = np.concatenate(edge) if edge else np.zeros(0, np.int64)
-    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    edge = np.concatenate(edge_parts) if edge_parts else np.zeros(0, np.int64)
+    ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.int64)
     return edge, ids, hops[edge]
 
 
@@ -528,6 +528,7 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
             seconds = (_phase_seconds(topology, loads, slowed, int(hop[sent].max()), link)
                        if sent.any() else 0.0)
             if on_chip.size:
+                assert on_chip_bytes_per_s is not None  # checked by group_collective_cost
                 copied = int(parts[(on_chip + shift) % size].max())
                 seconds = max(seconds, copied / on_chip_bytes_per_s)
             memo["all"] = (loads, seconds)
@@ -656,6 +657,7 @@ def group_torus_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
             seconds = _phase_seconds(topology, loads, slowed, hops, link)
         copied = pair_bytes[pairs.on_chip_pair]                                # (O,)
         if copied.any():  # each device copies what it sends on-chip, one after another
+            assert on_chip_bytes_per_s is not None  # checked by group_collective_cost
             most = np.bincount(pairs.on_chip_device, weights=copied).max()
             seconds = max(seconds, float(most) / on_chip_bytes_per_s)
         return seconds

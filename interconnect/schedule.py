@@ -14,7 +14,7 @@ import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import NamedTuple, SupportsIndex
 
 
 from interconnect.errors import ScheduleError
@@ -72,7 +72,7 @@ class Transfer(_TransferFields):
 
 
 def _non_negative_int(what: str, value: object) -> int:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ScheduleError(f"{what} {value!r} is not valid: expected an int >= 0")
     try:
         result = operator.index(value)
