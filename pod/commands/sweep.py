@@ -288,7 +288,7 @@ def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) 
         "synthetic_data": bool(plan.dataset.synthetic),
         "generation": plan.pod.chip.name, "chips": plan.pod.chips,
         "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "allreduce_algorithm": plan.ici.algorithm,
-        "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
+        "precision": plan.training.precision, "global_batch": plan.global_batch,
         "simulated_step_seconds": step,
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
         "compute_seconds": mean(lambda s: s.compute_seconds),
@@ -318,7 +318,7 @@ def _pipeline_columns(plan, timed: list) -> dict[str, Any]:
     if plan.mesh.axis_size("stage") == 1:
         return {}
     bubble = fmean(s.pipeline_bubble_seconds for s in timed)
-    return {"microbatches": pipeline_microbatches(plan.scenario.training, plan.mesh),
+    return {"microbatches": pipeline_microbatches(plan.training, plan.mesh),
             "pipeline_bubble_seconds": bubble,
             "pipeline_bubble_fraction": pipeline_bubble_fraction(
                 bubble, fmean(s.compute_seconds for s in timed))}

@@ -374,7 +374,7 @@ class Run:
                 so the last checkpoint and steps.csv hold only finite steps.
         """
         if not math.isfinite(stats.loss) and \
-                not self.plan.scenario.training.continue_on_nonfinite_loss:
+                not self.plan.training.continue_on_nonfinite_loss:
             raise NonFiniteLossError(
                 f"training: the loss of step {stats.step + 1} is {stats.loss}; stopping (the "
                 f"checkpoints of the steps before are kept; lower training.optimizer."
@@ -403,7 +403,7 @@ class Run:
     def evaluate_if_due(self) -> Any:
         """Evaluate on the test split after every ``eval_every_steps``-th step and after
         the last; returns the evaluation (None when not due)."""
-        step, every = self.step_index, self.plan.scenario.training.eval_every_steps
+        step, every = self.step_index, self.plan.training.eval_every_steps
         if step != self.plan.steps and not (every and step % every == 0):
             return None
         self.evaluation = self.pod.evaluate()

@@ -207,15 +207,15 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "parameters": plan.num_params,
         "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
-        "precision": plan.scenario.training.precision,
+        "precision": plan.training.precision,
         "mesh": dict(plan.mesh.sizes),
         "slices": plan.mesh.slices,
         "dcn_mesh": plan.mesh.dcn_sizes,
         "devices": plan.mesh.size,
         "devices_per_chip": plan.mesh.devices_per_chip,
         "allreduce_algorithm": plan.ici.algorithm,
-        "overlap": bool(plan.scenario.training.overlap),
-        "host_dispatch": plan.scenario.training.host_dispatch,
+        "overlap": bool(plan.training.overlap),
+        "host_dispatch": plan.training.host_dispatch,
         "steps": steps,
         "global_batch": plan.global_batch,
         "per_device_batch": plan.per_device_batch,
@@ -231,7 +231,7 @@ def _pipeline(plan: Any) -> dict[str, Any]:
     stages = plan.mesh.axis_size("stage")
     if stages == 1:
         return {}
-    training = plan.scenario.training
+    training = plan.training
     return {"pipeline": {"stages": stages,
                          "microbatches": pipeline_microbatches(training, plan.mesh),
                          "schedule": training.pipeline_schedule,

@@ -54,7 +54,7 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
     transformer, or the replicated program with the plan's gradient buckets."""
     from pod.workloads import build_optimizer
 
-    training = plan.scenario.training
+    training = plan.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     return build_program(plan.model, plan.mesh.sizes, optimizer,
                          sequence_parallel=training.sequence_parallel,
@@ -66,7 +66,7 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
 
 def step_context(plan: TrainingPlan) -> StepContext:
     """The fixed figures that turn a plan's device reports into its steps' figures."""
-    training, chip = plan.scenario.training, plan.pod.chip
+    training, chip = plan.training, plan.pod.chip
     per_example = plan.model.model_flops_per_example()
     config = getattr(plan.model, "config", None)
     return StepContext(
@@ -140,7 +140,7 @@ class PodBase:
         """The global batch of zero-based ``step`` (``batch_indices``)."""
         data = self.plan.dataset
         idx = batch_indices(data.x_train.shape[0], self.plan.global_batch, step,
-                            self.plan.scenario.training.seed)
+                            self.plan.training.seed)
         return data.x_train[idx], data.y_train[idx]
 
     def split(self, x: np.ndarray, y: np.ndarray, *, evaluation: bool = False

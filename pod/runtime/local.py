@@ -56,7 +56,7 @@ class LocalPod(PodBase):
         self.shutdown()
 
     def _new_device(self, device: int, groups: Any) -> Device:
-        plan, training = self.plan, self.plan.scenario.training
+        plan, training = self.plan, self.plan.training
         return Device(plan.pod.chip, device, groups, self.program, training.seed,
                       devices_per_chip=plan.mesh.devices_per_chip, precision=training.precision,
                       mxu_model=plan.scenario.pod.mxu_model,
@@ -114,7 +114,7 @@ class LocalPod(PodBase):
 
     def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
                       trace: bool) -> list[DeviceReport]:
-        seed = self.plan.scenario.training.seed
+        seed = self.plan.training.seed
         return self._run(lambda dev, comm: dev.step(comm, xs[dev.device], ys[dev.device], step,
                                                     seed, trace))
 

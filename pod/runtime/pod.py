@@ -148,7 +148,7 @@ class Pod(PodBase):
         remote = ray.remote(ChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1,
                                                scheduling_strategy=strategy, name=name,
                                                namespace=self.namespace)
-        plan, training = self.plan, self.plan.scenario.training
+        plan, training = self.plan, self.plan.training
         return remote.remote(plan.pod.chip, rank, self._devices[rank], self.program,
                              training.seed, devices_per_chip=plan.mesh.devices_per_chip,
                              precision=training.precision, mxu_model=plan.scenario.pod.mxu_model,
@@ -181,7 +181,7 @@ class Pod(PodBase):
 
     def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
                       trace: bool) -> list[DeviceReport]:
-        base, seed = self._next_runs(), self.plan.scenario.training.seed
+        base, seed = self._next_runs(), self.plan.training.seed
         refs = [actor.step.remote(step, cx, cy, seed, base, trace)
                 for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys))]
         return [r for chip in self._get_all(refs) for r in chip]

@@ -64,7 +64,7 @@ def expected_optimizer_shapes(plan: Any) -> dict[str, tuple[int, ...]]:
     """
     from pod.workloads import build_optimizer
 
-    training = plan.scenario.training
+    training = plan.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     stand_in = np.zeros((), _DTYPE)
     shapes: dict[str, tuple[int, ...]] = {}

@@ -21,7 +21,7 @@ __all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_comp
 
 
 def _rng_and_position(plan, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    seed = plan.scenario.training.seed
+    seed = plan.training.seed
     n = int(plan.dataset.x_train.shape[0])
     per_epoch = n // plan.global_batch
     epoch, index = divmod(int(step), per_epoch)
@@ -49,7 +49,7 @@ def initial_checkpoint(plan) -> Checkpoint:
     """
     from pod.workloads import build_optimizer
 
-    training = plan.scenario.training
+    training = plan.training
     params = plan.model.init_params(training.seed)
     opt = build_optimizer(training.optimizer.name, **training.optimizer.options())
     opt_state = opt.init(params)
