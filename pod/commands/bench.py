@@ -151,7 +151,7 @@ def run_benchmark(scenario: Scenario, *, output_dir: Path | None = None,
         ClusterError: Ray could not start.
     """
     plan = check_benchmark(scenario)
-    b = scenario.benchmark
+    b = plan.benchmark
     functional = b.functional if functional is None else functional
     t0 = time.perf_counter()
     per_chip = run_benchmark_chips(plan, functional)

@@ -105,7 +105,7 @@ def run_benchmark_chips(plan: BenchmarkPlan, functional: bool) -> list[list[dict
 
     from pod.runtime.cluster import ensure_ray, shutdown_ray
 
-    b = plan.scenario.benchmark
+    b = plan.benchmark
     owns = ensure_ray(plan.scenario.ray.address)
     try:
         remote = ray.remote(BenchmarkChipActor).options(num_cpus=0)
