@@ -105,7 +105,7 @@ class ChipActor:
 
     def set_peers(self, addresses: dict[int, tuple[str, int]]) -> None:
         """The ``ici_addresses`` of every device of the pod (given once per start)."""
-        self.addresses = {int(d): tuple(a) for d, a in addresses.items()}
+        self.addresses = {int(d): (host, port) for d, (host, port) in addresses.items()}
 
     def set_compute_slowdown(self, factor: float) -> None:
         """A straggler: every device of the chip runs ``factor`` >= 1 times slower.

@@ -67,6 +67,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import ray
 
@@ -81,8 +82,17 @@ CONNECT_TIMEOUT_S = 10.0
 #: This process's token for the local clusters it starts (one per process: Ray's
 #: token loader keeps the first token it reads for the process's lifetime).
 _TOKEN: str | None = None
+class _Started(TypedDict, total=False):
+    """What this process changed to start its local cluster (each key once set)."""
+
+    reaper: subprocess.Popen[str]  # the reaper process (_start_reaper)
+    temp_dir: Path  # the cluster's session directory
+    env: dict[str, str | None]  # the environment variables replaced (_use_run_token)
+    loopback: tuple[str | None, bool | None]  # what _loopback_only replaced
+
+
 #: The local cluster this process started: its temp dir and the environment it changed.
-_STARTED: dict[str, object] = {}
+_STARTED: _Started = {}
 _AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
 _CLUSTER_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: Ray's settings for the emulator's own local cluster (a value the user set is kept).
@@ -151,7 +161,7 @@ def _use_run_token(directory: Path) -> dict[str, str | None]:
     os.environ.pop("RAY_AUTH_TOKEN", None)  # Ray prefers it to the path: ours must win
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # ray/_raylet.pyi omits it
 
     Config.initialize("")  # this process reads RAY_AUTH_MODE (and the settings) again
     return previous
@@ -193,12 +203,13 @@ class _DaemonsInTheirOwnGroups:
                     super().__init__(*args, **kwargs)
                     _tell_reaper(f"group {self.pid}")  # it leads its own group
 
-            services.ConsolePopen = OwnGroupPopen
+            # swapped for the time of ray.init (mypy refuses any assignment to a class name)
+            services.ConsolePopen = OwnGroupPopen  # type: ignore[misc]
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.original is not None:
-            self.services.ConsolePopen = self.original
+            self.services.ConsolePopen = self.original  # type: ignore[misc]  # put back
 
 
 def _start_reaper(temp_dir: Path) -> None:
@@ -227,6 +238,7 @@ def _stop_reaper() -> None:
     reaper = _STARTED.pop("reaper", None)
     if reaper is None:
         return
+    assert reaper.stdin is not None  # started with stdin=PIPE
     try:
         reaper.stdin.write("done\n")
         reaper.stdin.close()
@@ -410,7 +422,7 @@ def _start_local(num_cpus: int | None, dashboard: bool) -> None:
     _remove_stale_dirs()
     temp_dir = _private_dir(cluster_temp_dir())
     previous = _use_run_token(temp_dir)
-    _STARTED.update(temp_dir=temp_dir, env=previous)
+    _STARTED["temp_dir"], _STARTED["env"] = temp_dir, previous
     _start_reaper(temp_dir)
     with _DaemonsInTheirOwnGroups(), _KeepSigtermHandler():
         ray.init(
@@ -475,13 +487,13 @@ def _cleanup_started() -> None:
         return
     _stop_reaper()
     if "env" in _STARTED:
-        _restore_env(_STARTED.pop("env"))  # type: ignore[arg-type]
+        _restore_env(_STARTED.pop("env"))
         _forget_token()
     if "loopback" in _STARTED:
-        _restore_loopback(_STARTED.pop("loopback"))  # type: ignore[arg-type]
+        _restore_loopback(_STARTED.pop("loopback"))
     if "temp_dir" in _STARTED:
-        shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)  # type: ignore[arg-type]
-    _STARTED.clear()
+        shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)
+    # every key of _Started is popped above (the reaper by _stop_reaper): nothing is left
 
 
 def _forget_token() -> None:

@@ -298,7 +298,7 @@ class IciPort:
                 self._drain(conn, src, run_id, phase, nbytes)
                 continue
             data = self._buffer(nbytes // 4)
-            got = _recv_into(conn, memoryview(data).cast("B")) if nbytes else 0
+            got = _recv_into(conn, data.data.cast("B")) if nbytes else 0
             if got < nbytes:
                 self._release(data)
                 raise _Violation(run_id, phase, f"the link from chip {src} closed mid-chunk "
@@ -529,7 +529,7 @@ class IciPort:
 
     def _run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
              buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float) -> None:
-        raw = memoryview(buffer).cast("B")
+        raw = buffer.data.cast("B")
         for phase, sends, receives in plan:
             for dst, chunk, seq in sends:
                 start, stop = bounds[chunk]

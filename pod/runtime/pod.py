@@ -236,10 +236,10 @@ class Pod(PodBase):
         """
         refs = [a.node_id.remote() for a in self.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        ready = set(ready)
+        answered = set(ready)
         dead, hung = [], []
         for rank, ref in enumerate(refs):
-            if ref not in ready:
+            if ref not in answered:
                 hung.append(rank)
                 continue
             try:

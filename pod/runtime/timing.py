@@ -29,7 +29,7 @@ import numpy as np
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import device_groups
 from pod.programs import AXES, ShapeCollectives
-from pod.report.clock import combine_device_reports
+from pod.report.clock import DeviceReport, combine_device_reports
 from pod.report.stats import StepStats
 from pod.runtime.base import plan_program, step_context
 from pod.runtime.device import Device
@@ -68,8 +68,8 @@ class TimingPod:
                                execute=False)
                         for d in self.groups.ring["stage"]]
         self.device = self.devices[self.groups.ring["stage"].index(0)]
-        self.last_report = None
-        self.last_reports: list = []
+        self.last_report: DeviceReport | None = None
+        self.last_reports: list[DeviceReport] = []
 
     @property
     def algorithm(self) -> str:
