@@ -383,6 +383,7 @@ class Run:
             self.totals.start_epoch()  # by step number: a resumed run never merges two epochs
         self.simulated_clock += stats.step_seconds
         self.totals.add(stats)
+        assert self.metrics is not None  # run() starts the metrics before the first step
         self.metrics.observe(stats)
         self.step_index += 1
         evaluation = self.evaluate_if_due()
@@ -407,6 +408,7 @@ class Run:
         if step != self.plan.steps and not (every and step % every == 0):
             return None
         self.evaluation = self.pod.evaluate()
+        assert self.metrics is not None  # run() starts the metrics before the first step
         self.metrics.set_accuracy(self.evaluation.accuracy)
         self._evaluated_at = step
         return self.evaluation
@@ -493,6 +495,7 @@ class Run:
         a run resumed at its last step evaluates here)."""
         if self.evaluation is None or self._evaluated_at != self.step_index:
             self.evaluation = self.pod.evaluate()
+            assert self.metrics is not None  # run() starts the metrics before the pod
             self.metrics.set_accuracy(self.evaluation.accuracy)
         self.identical = self.pod.replicas_identical()
 
@@ -506,6 +509,7 @@ class Run:
         self.console.print(summary_table(summary))
         written = []
         if self.output_dir is not None:
+            assert isinstance(self.rows, StepsCsv)  # an output directory gets steps.csv
             write_json(self.output_dir / "summary.json", summary)
             written += [self.output_dir / "summary.json", self.rows.path,
                         self.output_dir / "layers.csv"]
@@ -523,6 +527,7 @@ class Run:
             written.append(self.trace_path)
         if written:
             self.console.print("Wrote " + ", ".join(str(p) for p in written))
+        assert self.metrics is not None  # run() starts the metrics before the pod
         if self.metrics.port and self.hold_seconds > 0:
             hold(self.console, self.metrics.port, self.hold_seconds)
         return summary

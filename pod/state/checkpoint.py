@@ -301,5 +301,6 @@ def mean_replica_state(replicas: list[list[dict[str, np.ndarray]]] | list[dict[s
         names: the state's names (``Model.state_shapes``).
     """
     flat = [s for group in replicas for s in (group if isinstance(group, list) else [group])]
-    return {k: np.mean([s[k] for s in flat], axis=0, dtype=np.float64).astype(np.float32)
+    # np.asarray: an array as annotated (np.mean's stub also allows a scalar)
+    return {k: np.asarray(np.mean([s[k] for s in flat], axis=0, dtype=np.float64).astype(np.float32))
             for k in names}

@@ -187,7 +187,8 @@ def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -
         skip = _RESUMABLE_CHANGES.get(section, ())
         if section == "pod":
             skip = _RESOLVED_POD_KEYS
-        got = theirs.get(section) if isinstance(theirs.get(section), dict) else {}
+        given = theirs.get(section)
+        got = given if isinstance(given, dict) else {}
         if section == "model" and _same_model(got, plan):
             continue
         a = {k: v for k, v in (mine.get(section) or {}).items() if k not in skip}
@@ -264,9 +265,12 @@ class RunCheckpoints:
             pruned in favour of, the new ones; nothing is overwritten silently).
     """
 
-    def __init__(self, plan, output_dir: Path, resume_dir: Path | None = None) -> None:
+    def __init__(self, plan, output_dir: Path | None, resume_dir: Path | None = None) -> None:
         config = plan.scenario.checkpoint
-        self.dir = checkpoint_dir(plan, output_dir)
+        directory = checkpoint_dir(plan, output_dir)
+        # a checkpoint block: its dir, or beside an output directory (Run refuses neither)
+        assert directory is not None
+        self.dir = directory
         self.every_steps, self.keep = config.every_steps, config.keep
         # the newest ``keep`` paths (the others are pruned): a long run keeps O(1) memory
         self.written: collections.deque[Path] = collections.deque(maxlen=self.keep)
