@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -287,15 +288,25 @@ class TransformerConfig:
     sequence_length: int
     embed_dim: int = 64
     heads: int = 4
-    head_dim: int | None = None
-    mlp_dim: int | None = None
+    # head_dim, mlp_dim and kv_heads: None derives them (__post_init__), so once built
+    # they are ints; the type checker sees them as ints and the constructor's
+    # signature below (at run time: the dataclass's own __init__, default None)
+    if TYPE_CHECKING:
+        head_dim: int = dataclasses.field(init=False)
+        mlp_dim: int = dataclasses.field(init=False)
+    else:
+        head_dim: int | None = None
+        mlp_dim: int | None = None
     mlp_activation: str = "gated_silu"
     layers: int = 2
     norm: str = "rmsnorm"
     positions: str = "rotary"
     tied_embeddings: bool = True
     remat: str = "none"
-    kv_heads: int | None = None
+    if TYPE_CHECKING:
+        kv_heads: int = dataclasses.field(init=False)
+    else:
+        kv_heads: int | None = None
     block: str = "sequential"
     use_bias: bool = False
     fused_qkv: bool = False
@@ -306,6 +317,17 @@ class TransformerConfig:
     experts_per_token: int = 1
     capacity_factor: float = 0.0
     moe_aux_loss_weight: float = 0.01
+
+    if TYPE_CHECKING:
+        def __init__(self, vocabulary: int, sequence_length: int, embed_dim: int = ...,
+                     heads: int = ..., head_dim: int | None = ..., mlp_dim: int | None = ...,
+                     mlp_activation: str = ..., layers: int = ..., norm: str = ...,
+                     positions: str = ..., tied_embeddings: bool = ..., remat: str = ...,
+                     kv_heads: int | None = ..., block: str = ..., use_bias: bool = ...,
+                     fused_qkv: bool = ..., attention: str = ..., fusion: bool = ...,
+                     remat_custom: tuple[tuple[str, str], ...] | None = ..., experts: int = ...,
+                     experts_per_token: int = ..., capacity_factor: float = ...,
+                     moe_aux_loss_weight: float = ...) -> None: ...
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -491,7 +513,7 @@ class TransformerModel(Model):
     def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
         """As ``Model.gradient_buckets``; the tied table counts once, in the
         embedding layer's bucket (its gradient is complete only there)."""
-        first_use = {}
+        first_use: dict[str, int] = {}
         for i, keys in enumerate(self._layer_keys):
             for key, _ in keys:
                 first_use.setdefault(key, i)
