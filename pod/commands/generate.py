@@ -55,14 +55,13 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
         return _sample_transformer(core, model, params, vocabulary, prompt=prompt, length=length,
                                    temperature=temperature, seed=seed)
     layers = model.layers
-    if not (len(layers) == 3 and isinstance(layers[0], Embedding) and isinstance(layers[1], LSTM)
-            and isinstance(layers[2], Dense)):
+    emb, lstm, dense = layers if len(layers) == 3 else (None, None, None)
+    if not (isinstance(emb, Embedding) and isinstance(lstm, LSTM) and isinstance(dense, Dense)):
         raise ValueError(f"generate needs a char_lstm model (Embedding, LSTM, Dense), got {model.name!r}")
     check_int(length, "length")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     index, start = _prompt(model, vocabulary, prompt)
-    emb, lstm, dense = layers
     local = model.prepare_params(core, params)
     rng = np.random.default_rng(seed)
     h = np.zeros((1, lstm.units), np.float32)

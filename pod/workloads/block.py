@@ -260,12 +260,13 @@ class TransformerBlock(Layer):
                 (``activation_embed`` -> tensor), 1 on one device.
         """
         shape = self._check(input_shape)
-        if self.kept() is None:
+        kept = self.kept()
+        if kept is None:
             return self.transient_bytes(shape, bytes_per_element, residual_shards), 0
         device = host = 0
         offloaded = self.offloaded()
         for key, (n, b, residual) in self._sizes(shape).items():
-            if key in self.kept():
+            if key in kept:
                 nbytes = -(-n * (b or bytes_per_element) // (residual_shards if residual else 1))
                 host, device = (host + nbytes, device) if key in offloaded else (host, device + nbytes)
         return device, host
@@ -317,7 +318,8 @@ class TransformerBlock(Layer):
     def _saved(self, caches) -> dict:
         """The kept tensors of a forward's caches, by part (``kept``)."""
         kept = self.kept()
-        saved = {p: {k: caches[p][k] for k in layer.dot_keys if k in kept}
+        assert kept is not None  # forward saves tensors only under a remat that keeps some
+        saved = {p: {k: caches[p][k] for k in getattr(layer, "dot_keys", ()) if k in kept}
                  for p, layer in self.parts.items() if getattr(layer, "dot_keys", ())}
         if "out_proj" in kept and not self.parallel:
             saved["out_proj"] = caches["out_proj"]

@@ -25,8 +25,9 @@ finite-difference tests).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -125,6 +126,12 @@ class Layer:
     # replicated. Read-only.
     tensor_split: Mapping[str, int] = MappingProxyType({})
     backward_reads_params = True  # False: FSDP need not gather the params before backward
+    # Every layer defines forward(core, params, x, *, training=False, rng=None, ...) ->
+    # (outputs, the cache backward reads) and backward(core, params, cache, dy, *,
+    # need_dx=True, ...) -> (dx or None, {local name: gradient}); "...": options of its
+    # own (a BatchNorm's state, a block's tensor hooks), so declared here, not defined
+    forward: Callable[..., tuple[Any, Any]]
+    backward: Callable[..., tuple[Any, Any]]
 
     def __init__(self, name: str | None = None):
         self.name = name or self.kind
