@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,7 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
             raise ValueError(f"synthetic: options {what} make {values:,} values, more than the "
                              f"{MAX_SYNTHETIC_VALUES:,} allowed")
     rng = np.random.default_rng(seed)
+    x: np.ndarray  # (N, *shape): int32 token ids or float32 features
     if vocabulary is not None:
         x = rng.integers(1, vocabulary, size=(num_examples, *shape)).astype(np.int32)  # (N, *shape)
         scores = rng.standard_normal((int(vocabulary), num_classes))                 # (V, K)
@@ -118,7 +120,8 @@ def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
                    int(vocabulary), synthetic=True, source="generated")
 
 
-_LOADERS = {
+# name -> (loader: (test_fraction, seed, **options) -> the Dataset, its options)
+_LOADERS: dict[str, tuple[Callable[..., Dataset], tuple[str, ...]]] = {
     "digits": (_digits, ()),
     "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary", "labels")),
     "mnist": (files.load_mnist, ()),

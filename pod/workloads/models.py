@@ -4,7 +4,8 @@ the decoder-only transformer. The ``Model`` class itself is ``pod.workloads.mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,9 @@ def _resnet(input_shape, num_classes, **options) -> Model:
     return build_resnet(input_shape, num_classes, **options)
 
 
-_BUILDERS = {
+# name -> (builder: (input_shape, num_classes, **options) -> its layers or a Model,
+# its options, its loss)
+_BUILDERS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "cnn": (_cnn, ("dropout",), "softmax_cross_entropy"),
     "mlp": (_mlp, ("hidden", "dropout", "batch_norm"), "softmax_cross_entropy"),
     "lstm_classifier": (_lstm_classifier, ("vocabulary", "embedding_dim", "units"),

@@ -12,6 +12,7 @@ core only its cost is recorded and the results are zeros.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class Optimizer:
     and ``_update_one``."""
 
     name = "optimizer"
-    slots = ()  # class attribute, not a field: state arrays per parameter
+    slots: ClassVar[tuple[str, ...]] = ()  # class attribute, not a field: state arrays per parameter
 
     def init(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """State: zeros like each parameter, one per slot, keyed "<param>/<slot>"."""
