@@ -88,7 +88,7 @@ def busiest_axes(link_bytes: dict[tuple[int, int], int], torus: Any, *,
     top = max(link_bytes.values(), default=0)
     if top <= 0:
         return ""
-    axes = set()
+    axes: set[int] = set()
     for (src, dst), nbytes in link_bytes.items():
         if nbytes >= top * (1.0 - tolerance):
             a, b = torus.coords(src), torus.coords(dst)

@@ -195,7 +195,8 @@ class _Stream:
         host = {HOST_OUT, HOST_IN}
         self.host = [i for i, k in enumerate(self.kinds) if k in host]
         self.host_stream = _Ici()
-        self.host_end, self.host_seconds, self.prev_reload = 0.0, 0.0, None
+        self.host_end, self.host_seconds = 0.0, 0.0
+        self.prev_reload: float | None = None
         hosts = set(self.host)
         self.seconds = [0.0 if i in hosts else float(s) for i, s in enumerate(seconds)]
         self.host_record_seconds = {i: float(seconds[i]) for i in self.host}

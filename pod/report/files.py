@@ -141,7 +141,7 @@ def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
     routing options and the routers' load per expert, means per step over every step
     with routing (summed over the MoE layers; none timing-only)."""
     config = getattr(plan.model, "config", None)
-    if not getattr(config, "experts", 0):
+    if config is None or not getattr(config, "experts", 0):
         return {}
     n = totals.expert_steps
     routed, kept = sum(totals.expert_routed), sum(totals.expert_kept)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 
@@ -128,6 +128,9 @@ def _bound(cost: dict[str, float]) -> str:
     return f"{best.upper()} {cost[f'{best}_bound_seconds'] / cost['seconds']:.0%}"
 
 
+#: A table's columns: (header, justify) pairs.
+_Columns = tuple[tuple[str, JustifyMethod], ...]
+
 #: layers.csv's columns (``layer_rows``).
 LAYER_COLUMNS = ("layer", "type", "input_shape", "output_shape", "parameters", "flops",
                  "mxu_flops", "hbm_bytes", "simulated_seconds", "simulated_mxu_seconds",
@@ -193,6 +196,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
             shape and no FLOPs, the time in microseconds without its unit.
     """
     costs = layer_costs(model, core_spec, batch, optimizer=optimizer, mxu_model=mxu_model)
+    columns: _Columns  # (header, justify) pairs
     columns = ((("layer", "left"), ("params", "right"), ("sim us / step", "right"),
                 ("share", "right"), ("MXU", "right"), ("bound", "left")) if compact else
                (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
@@ -224,7 +228,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
 
 def _cost_table(kind: str, model: Model, batch: int, chip_name: str,
                 costs: dict[str, dict[str, float]],
-                columns: tuple[tuple[str, str], ...],
+                columns: _Columns,
                 compact: bool = False) -> tuple[float, Table]:
     """The total simulated seconds of ``costs`` (1.0 when zero, a share's divisor) and an
     empty titled table with ``columns`` ((name, justify) pairs); ``compact``: a short
@@ -265,6 +269,7 @@ def layer_detail_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         compact: the form for 80 columns: no FLOPs, the time in microseconds.
     """
     costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model, detail=True)
+    columns: _Columns  # (header, justify) pairs
     columns = ((("part", "left"), ("sim us / step", "right"), ("share", "right"),
                 ("MXU", "right"), ("bound", "left")) if compact else
                (("part", "left"), ("FLOPs / step", "right"), ("sim time / step", "right"),
@@ -324,6 +329,7 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int], *,
                          f"state alike)" if compact else
                          f"Sharding on the mesh {{{mesh}}} (parameters; gradients and "
                          f"optimizer slots are split alike)")
+    columns: _Columns  # (header, justify) pairs
     columns = ((("layer", "left"), ("parameter", "left"), ("tensor", "left"),
                 ("tensor shard", "left"), ("bytes / device", "right")) if compact else
                (("layer", "left"), ("parameter", "left"), ("shape", "left"),

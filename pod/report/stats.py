@@ -11,7 +11,7 @@ The one MFU formula (``mfu``) and the one sum of op records
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -284,6 +284,8 @@ class StepStats:
     @property
     def step_seconds(self) -> float:
         """Simulated step time in seconds: the critical path."""
+        # __post_init__ fills the exposed figures given as None
+        assert self.exposed_infeed_seconds is not None and self.exposed_collective_seconds is not None
         return (self.dispatch_seconds + self.exposed_infeed_seconds + self.compute_seconds
                 + self.exposed_collective_seconds + self.exposed_host_offload_seconds
                 + self.pipeline_bubble_seconds
@@ -308,6 +310,7 @@ class StepStats:
     def overlap_fraction(self) -> float:
         """The share of the collectives hidden behind the compute, 0..1."""
         total = self.collective_seconds
+        assert self.exposed_collective_seconds is not None  # __post_init__ fills it
         return (min(1.0, max(0.0, 1.0 - self.exposed_collective_seconds / total))
                 if total > 0 else 0.0)
 
@@ -402,10 +405,11 @@ def _total_value(stats: StepStats, name: str) -> float:
     ("fsdp_exposed_seconds": ``axis_exposed_seconds["fsdp"]``)."""
     if name in AXIS_FIELDS:
         axis, what = name.split("_", 1)
-        source = {"collective_bytes": stats.axis_collective_bytes,
-                  "collective_seconds": stats.axis_collective_seconds,
-                  "exposed_seconds": stats.axis_exposed_seconds}[what]
-        return float(source.get(axis, 0.0))
+        figures: dict[str, Mapping[str, float]] = {
+            "collective_bytes": stats.axis_collective_bytes,
+            "collective_seconds": stats.axis_collective_seconds,
+            "exposed_seconds": stats.axis_exposed_seconds}
+        return float(figures[what].get(axis, 0.0))
     return float(getattr(stats, name))
 
 
