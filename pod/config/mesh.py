@@ -439,7 +439,8 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
     # every physical axis (split ones as their blocks), slowest first, as the ids lie
     physical = _slow_first([k for blocks in placed.values() for k in blocks], torus.ndim)
     ids = np.arange(count).reshape([k.size for k in physical])
-    order, mesh_axes = [], []
+    order: list[int] = []
+    mesh_axes: list[MeshAxis] = []
     for name, size in zip(names, shape):
         blocks = tuple(_slow_first(placed[name], torus.ndim))
         order.extend(physical.index(k) for k in blocks)
@@ -727,6 +728,7 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
     # timing-only sweeps plan any mesh): the closed form then
     items = (items_of(figures, fsdp, tensor, per_device_batch)
              or items_of(None, fsdp, tensor, per_device_batch))
+    assert items is not None  # the closed form plans the mesh's own (fsdp, tensor)
     if items["total"] <= capacity_bytes:
         return items
     hints = [f"{label} fits ({_gib(other['total'])} per device)" for label, other in
@@ -807,7 +809,8 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
     """
     params = int(model.num_params)
     batch_shards = mesh.batch_shards
-    variants = getattr(model, "remat_variants", dict)()
+    # the transformer's other remat policies (other models have none)
+    variants: dict[str, TransformerModel] = getattr(model, "remat_variants", dict)()
     ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
     expert = mesh.axis_size("expert")
     alternatives = tuple((f"remat {policy}", model_figures(m, precision, expert))

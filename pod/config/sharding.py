@@ -78,7 +78,8 @@ def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
     """
     if not 0 <= device < mesh.size:
         raise ValueError(f"device {device} is not in the mesh of {mesh.size} devices")
-    ring, order = {}, {}
+    ring: dict[str, tuple[int, ...]] = {}
+    order: dict[str, tuple[int, ...]] = {}
     for axis in AXIS_NAMES:
         if axis not in mesh.axis_names:
             ring[axis] = order[axis] = (device,)
@@ -291,6 +292,7 @@ class MeshCollectiveCosts:
                                           self.dcn_latency_s,
                                           senders_per_chip=one.devices_per_chip)
 
+        parts: list[ScheduleCost | float]
         if op == "allreduce":
             parts = [self._in_slice(axis, "reduce_scatter", nbytes), dcn("allreduce", nbytes / g),
                      self._in_slice(axis, "all_gather", nbytes // g)]
@@ -346,7 +348,8 @@ _FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
 def _combined(parts: Iterable[ScheduleCost | float]) -> ScheduleCost:
     """Costs run one after another: seconds added, ICI link bytes added; a float is a DCN
     phase (no ICI link bytes)."""
-    seconds, phases, busiest, fixed = 0.0, [], 0.0, 0.0
+    seconds, busiest, fixed = 0.0, 0.0, 0.0
+    phases: list[float] = []
     link_bytes: Counter = Counter()
     for part in parts:
         if isinstance(part, ScheduleCost):
