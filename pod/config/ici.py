@@ -47,7 +47,7 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
     Raises:
         ScheduleError: unknown algorithm; TopologyError: bad faults.
     """
-    if algorithm not in (None, "auto"):
+    if algorithm is not None and algorithm != "auto":
         return algorithm, collective_cost(op, topology, num_elements, link, algorithm=algorithm,
                                           itemsize=itemsize, faults=faults)
     names = list(candidates or ALGORITHMS.get(op, ALLREDUCE_ALGORITHMS))

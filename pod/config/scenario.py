@@ -81,6 +81,7 @@ from typing import Annotated, Any, Callable, Literal
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
+from pydantic_core import ErrorDetails
 
 from chip import MXU_MODELS
 from chip import PRECISIONS as CHIP_PRECISIONS
@@ -769,7 +770,7 @@ def _section_at(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-def _describe_error(error: dict[str, Any]) -> str:
+def _describe_error(error: ErrorDetails) -> str:
     """One pydantic error as ``<field.path>: <what is wrong> (got <value>); <allowed>``."""
     loc = tuple(error["loc"])
     kind = error["type"]

@@ -232,6 +232,7 @@ def resolve_pod(
     """
     name = ""
     named_shape = None
+    count: int | None
     if slice_name:
         try:
             spec, count, named_shape = _slice(slice_name)
