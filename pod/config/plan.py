@@ -31,7 +31,8 @@ from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dat
 from pod.workloads.checks import DataMismatchError, TokenIdError
 from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
 
-__all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep"]
+__all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep",
+           "training_sections"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class TrainingPlan:
     @property
     def training(self) -> TrainingConfig:
         """The scenario's training section (a plan's scenario always has one)."""
-        return _training_sections(self.scenario)[1]
+        return training_sections(self.scenario)[1]
 
     @property
     def global_batch(self) -> int:
@@ -104,7 +105,7 @@ class TrainingPlan:
         return int(self.model.num_params)
 
 
-def _training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
+def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
     """A training scenario's model and training sections (``Scenario`` holds both or
     neither).
 
@@ -151,7 +152,7 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
             mesh with more sharding would fit (the transformer), else the batch
             or the model.
     """
-    section, training = _training_sections(scenario)
+    section, training = training_sections(scenario)
     if mesh.axis_size("stage") > 1 and section.name in SHARDED_MODELS:
         return pipeline_memory_plan(model, optimizer, training, mesh, device_hbm_bytes(pod.chip),
                                     precision=training.precision)
@@ -180,7 +181,7 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
 def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dataset | None,
                    timing_only: bool) -> Dataset:
     """The scenario's dataset (loaded unless given), checked against the global batch."""
-    training = _training_sections(scenario)[1]
+    training = training_sections(scenario)[1]
     if dataset is None:
         # keys that are load_dataset's own arguments, set elsewhere in the scenario
         where = {"name": "data.name", "path": "data.path", "test_fraction": "data.test_fraction",
@@ -221,7 +222,7 @@ def _model_for_data(scenario: Scenario, dataset: Dataset) -> Model:
             ``model.name`` when the model cannot take this data (naming the
             models that can); ``model.options`` for a bad option.
     """
-    section = _training_sections(scenario)[0]
+    section = training_sections(scenario)[0]
     name, options = section.name, section.options
     try:
         model = _built(name, dataset, options)
@@ -301,7 +302,7 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
     """
     axes = format_axes(mesh.sizes)
     sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if mesh.axis_size(a) > 1]
-    name = _training_sections(scenario)[0].name
+    name = training_sections(scenario)[0].name
     if sharded and name not in SHARDED_MODELS:
         raise ScenarioError(f"pod.mesh: {axes} shards over {' and '.join(sharded)}, which only the "
                             f"{', '.join(SHARDED_MODELS)} model does; {name} trains "
@@ -324,7 +325,7 @@ def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> No
     Raises:
         ScenarioError: one line naming the field, the value and what is allowed.
     """
-    section, training = _training_sections(scenario)
+    section, training = training_sections(scenario)
     if not training.sequence_parallel:
         return
     tensor = mesh.axis_size("tensor")
@@ -397,7 +398,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         ScenarioError, ShardingError, HBMOutOfMemoryError, ChipSpecError,
         TopologyError: with one-line messages naming the field.
     """
-    training = _training_sections(scenario)[1]
+    training = training_sections(scenario)[1]
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
