@@ -49,12 +49,12 @@ from pod.commands.interrupt import RaiseOnSignals
 from pod.commands.sweep_journal import SweepJournal, point_key
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
-from pod.config.plan import build_plan
+from pod.config.plan import build_plan, training_sections
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
 from pod.report.stats import AXIS_ORDER, mfu, pipeline_bubble_fraction
 from pod.safe_io import lock_directories
-from pod.config.scenario import Scenario
+from pod.config.scenario import Scenario, SweepConfig
 from pod.config.slices import resolve_pod
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
@@ -131,8 +131,19 @@ class SweepPoint:
     series: tuple = field(default=())
 
 
+def _sweep_of(scenario: Scenario) -> SweepConfig:
+    """The scenario's ``sweep:`` block.
+
+    Raises:
+        ScenarioError: not a training scenario with a sweep block.
+    """
+    if scenario.sweep is None or scenario.training is None:
+        raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a sweep: block")
+    return scenario.sweep
+
+
 def _pods(scenario: Scenario) -> list[dict[str, Any]]:
-    sweep = scenario.sweep
+    sweep = _sweep_of(scenario)
     if sweep.slices:
         return [{"pod__slice": s, "pod__chip": None, "pod__chips": None, "pod__topology": None}
                 for s in sweep.slices]
@@ -163,24 +174,24 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     Raises:
         ScenarioError: the scenario has no sweep block or no training section.
     """
-    sweep = scenario.sweep
-    if sweep is None or scenario.training is None:
-        raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a sweep: block")
+    sweep = _sweep_of(scenario)
+    training = training_sections(scenario)[1]
     algorithms = sweep.allreduce or (scenario.pod.allreduce,)
-    if sweep.scaling == "weak":  # a batch value is examples per TensorCore
-        batches = sweep.per_core_batch
-    else:
-        batches = sweep.global_batch or (scenario.training.global_batch,)
-    precisions = sweep.precision or (scenario.training.precision,)
+    batches: tuple[int, ...]
     if sweep.per_device_batch:
         batches = sweep.per_device_batch
+    elif sweep.scaling == "weak":  # a batch value is examples per TensorCore
+        assert sweep.per_core_batch is not None  # SweepConfig: weak scaling needs one of the two
+        batches = sweep.per_core_batch
+    else:
+        batches = sweep.global_batch or (training.global_batch,)
+    precisions = sweep.precision or (training.precision,)
     meshes = sweep.mesh or (scenario.pod.mesh,)
     remats = sweep.remat or (None,)
     micros = sweep.microbatches or (None,)
-    points = []
+    points: list[SweepPoint] = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
     seen: set[str] = set()
-    training = scenario.training
     pipelined = bool(sweep.microbatches or training.microbatches
                      or training.pipeline_schedule != "gpipe" or training.pipeline_repeats != 1)
     for pod, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
@@ -218,7 +229,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         except USER_ERRORS as err:
             point, error = None, str(err)
         series = (_generation(pod, scenario), algorithm, precision, per_point,
-                  format_axes(mesh) if sweep.mesh else "", remat or "",
+                  format_axes(mesh) if sweep.mesh and mesh is not None else "", remat or "",
                   micro or "")  # _SERIES_BATCH: per_point
         points.append(SweepPoint(i, values, point, error, series))
     return points
@@ -253,12 +264,13 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     ``epoch_examples`` (default: the train split), as with drop_remainder.
     """
     t0 = time.perf_counter()
+    assert point.scenario is not None  # the caller runs the points that have one
     plan = build_plan(point.scenario, timing_only=(mode == "timing"))
     if mode == "timing":
         from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
 
-        pod = TimingPod(plan)
-        stats = [pod.step(s) for s in range(plan.steps)]
+        timing = TimingPod(plan)
+        stats = [timing.step(s) for s in range(plan.steps)]
     else:
         from pod.runtime.admission import admit
         from pod.runtime.pod import Pod
@@ -388,7 +400,7 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
         RunInterrupted: SIGINT / SIGTERM (after keeping the finished rows).
     """
     points = sweep_points(scenario)
-    mode = mode or scenario.sweep.mode
+    mode = mode or _sweep_of(scenario).mode
     with lock_directories(output_dir), RaiseOnSignals():
         check_writable(output_dir)  # before the first point, not after the last
         journal = SweepJournal(output_dir, scenario, mode, COLUMNS, fresh=fresh)
@@ -421,13 +433,14 @@ def _point_row(scenario: Scenario, point: SweepPoint, mode: str) -> dict[str, An
     """Run one point; its row (a failed point's row carries its error)."""
     row = empty_row()
     row.update(point=point.index + 1, **_labels(point))
-    if scenario.sweep.per_device_batch:
+    sweep = _sweep_of(scenario)
+    if sweep.per_device_batch:
         row["per_device_batch"] = point.series[_SERIES_BATCH]  # the point's, even if it fails
     if point.error:
         row.update(status="failed", error=point.error)
         return row
     try:
-        row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
+        row.update(_run_point(point, mode, sweep.epoch_examples))
     except HBMPlanError as err:  # the layout does not fit: say why and how much
         row.update(status="failed", error=str(err), fits=False,
                    hbm_per_device_bytes=(err.memory_plan or {}).get("total", math.nan))
@@ -500,7 +513,7 @@ def _distinct(values) -> int:
 def sweep_kind(scenario: Scenario) -> str:
     """What a sweep is, for titles: "strong scaling" / "weak scaling" when its pods differ;
     "one point"; else what it varies ("a sweep of mesh, remat and per-device batch")."""
-    sweep = scenario.sweep
+    sweep = _sweep_of(scenario)
     if len(_pods(scenario)) > 1:
         return f"{sweep.scaling} scaling"
     varied = [label for label, values in (
@@ -520,7 +533,8 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     data = f"data: {scenario.data.name}" + (" (SYNTHETIC: the data only set shapes)" if synthetic
                                            else "")
     head = (f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)\n\n"
-            f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
+            f"Simulated figures unless marked wall; model {training_sections(scenario)[0].name}, "
+            f"{data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
             "compute ms | collectives ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
             "efficiency | bound | wall s | status |\n"
@@ -554,8 +568,8 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
            f"MFU | bubble | exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
-        hbm = r.get("hbm_per_device_bytes")
-        hbm = "" if is_missing(hbm) else f"{hbm / 2**30:.1f}"
+        hbm_bytes: Any = r.get("hbm_per_device_bytes")  # a number unless missing
+        hbm = "" if is_missing(hbm_bytes) else f"{hbm_bytes / 2**30:.1f}"
         if r["status"] == "ok":
             exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
             out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
@@ -616,12 +630,13 @@ def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
     """What a sweep's points may vary, as (row key, axis label), in the order the plots
     prefer for their x axis. The batch is the one the sweep sets (examples per
     TensorCore in weak scaling, the global batch in strong); the other follows."""
-    batch = (("per_device_batch", "examples per device") if scenario.sweep.scaling == "weak"
+    sweep = _sweep_of(scenario)
+    batch = (("per_device_batch", "examples per device") if sweep.scaling == "weak"
              else ("global_batch", "global batch"))
     layout = [(key, label) for key, label, varied in (
-        ("mesh", "mesh", scenario.sweep.mesh), ("remat", "remat", scenario.sweep.remat),
-        ("per_device_batch", "per-device batch", scenario.sweep.per_device_batch),
-        ("microbatches", "microbatches", scenario.sweep.microbatches)) if varied]
+        ("mesh", "mesh", sweep.mesh), ("remat", "remat", sweep.remat),
+        ("per_device_batch", "per-device batch", sweep.per_device_batch),
+        ("microbatches", "microbatches", sweep.microbatches)) if varied]
     return [("chips", "chips"), batch, ("precision", "precision"),
             ("allreduce_algorithm", "allreduce"), ("generation", "chip"), *layout]
 
@@ -650,7 +665,7 @@ def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
 
 def _bubble(row: dict[str, Any]) -> float:
     """A row's pipeline bubble seconds (0 without a pipeline)."""
-    value = row.get("pipeline_bubble_seconds")
+    value: Any = row.get("pipeline_bubble_seconds")  # a number unless missing
     return 0.0 if is_missing(value) else float(value)
 
 
@@ -744,7 +759,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
 
 def _is_layout_sweep(scenario: Scenario) -> bool:
     """Whether the sweep varies sharded layouts (mesh, remat or the per-device batch)."""
-    sweep = scenario.sweep
+    sweep = _sweep_of(scenario)
     return bool(sweep.mesh or sweep.remat or sweep.per_device_batch or sweep.microbatches)
 
 
@@ -816,8 +831,9 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     """tokens/s and MFU against chips, a line per series (transformer sweeps)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     lines: dict[str, list[dict[str, Any]]] = {}  # the mesh's resolved sizes grow with the chips
+    weak = _sweep_of(scenario).scaling == "weak"
     for r in (r for rs in series.values() for r in rs):
-        batch = (f"{r['per_device_batch']} per device" if scenario.sweep.scaling == "weak"
+        batch = (f"{r['per_device_batch']} per device" if weak
                  else f"global batch {r['global_batch']}")
         lines.setdefault(f"remat {r['remat'] or 'none'}, {batch}", []).append(r)
     for label, rs in lines.items():
