@@ -297,7 +297,6 @@ class PodMetrics:
                             ("host_offload", stats.host_offload_seconds),
                             ("exposed_host_offload", stats.exposed_host_offload_seconds),
                             ("update", stats.update_seconds)):
-            assert value is not None  # StepStats.__post_init__ fills the exposed figures
             self.part_seconds.labels(part).set(value)
         self.overlap.set(stats.overlap_fraction)
         self.examples_per_second.set(stats.examples_per_second)

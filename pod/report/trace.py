@@ -106,8 +106,6 @@ def step_events(stats: StepStats, axes: Sequence[str], start_s: float,
             hbm_bytes, bound), if traced.
     """
     device = stats.traced_device
-    # StepStats.__post_init__ fills the exposed figures given as None
-    assert stats.exposed_infeed_seconds is not None and stats.exposed_collective_seconds is not None
     origin = start_s + stats.dispatch_seconds + stats.exposed_infeed_seconds
     events: list[dict[str, Any]] = [
         _event(f"step {stats.step + 1}", "step", _STEP_TID, start_s, stats.step_seconds,
