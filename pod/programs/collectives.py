@@ -56,7 +56,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -153,15 +153,15 @@ class DeviceCollectives(Protocol):
         """This device's position in its group along ``axis``, ring order, 0 .. size-1."""
 
     def all_gather(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                   after_record: int) -> np.ndarray:
+                   after_record: int, **wire: int) -> np.ndarray:
         """x (n,) float32 -> (size * n,): every member's x in group order."""
 
     def reduce_scatter(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                       after_record: int) -> np.ndarray:
+                       after_record: int, **wire: int) -> np.ndarray:
         """x (size * n,) float32 -> (n,): the group's sum of chunk ``axis_index``."""
 
     def allreduce(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                  after_record: int) -> np.ndarray:
+                  after_record: int, **wire: int) -> np.ndarray:
         """x (n,) float32 -> (n,): the group's sum."""
 
     def ppermute(self, axis: str, x: np.ndarray, shift: int, *, tag: str, kind: str,
@@ -175,7 +175,7 @@ class DeviceCollectives(Protocol):
         pipeline) agree on the next one's. Nothing in process."""
 
     def all_to_all(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                   after_record: int) -> np.ndarray:
+                   after_record: int, **wire: int) -> np.ndarray:
         """x (size * n,) float32 -> (size * n,): piece j to position j, piece i from i."""
 
 
@@ -354,7 +354,7 @@ class _Exchange:
         self.count[position] += 1
         slots[position] = x
         self.barrier.wait()              # everyone has posted
-        return list(slots)
+        return cast(list[np.ndarray], list(slots))  # no slot left None: everyone has posted
 
 
 class LocalMeshCollectives(CollectivesBase):

@@ -554,14 +554,15 @@ class ShardedTransformer:
         if not keys:
             return {}
         layer = self.local_model.layers[i]
-        kw = {"tag": f"{layer.name} {phase}", "kind": "param_gather",
-              "after_record": len(core.records), "itemsize": wire_itemsize(core)}
+        tag, after, itemsize = f"{layer.name} {phase}", len(core.records), wire_itemsize(core)
         if not core.execute:
             comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
-                                                 np.float32), **kw)
+                                                 np.float32),
+                            tag=tag, kind="param_gather", after_record=after, itemsize=itemsize)
             return {local: timing_zeros(self._shapes[key], np.float32) for key, local in keys}
         mine = np.concatenate([shard.params[k] for k, _ in keys])
-        full = comm.all_gather("fsdp", mine, **kw)
+        full = comm.all_gather("fsdp", mine, tag=tag, kind="param_gather", after_record=after,
+                               itemsize=itemsize)
         arrays = unpack_gathered(full, [self._shapes[k] for k, _ in keys], self.fsdp)
         return {local: (to_bf16(a) if core.numerics and local in layer.matmul_params else a)
                 for (_, local), a in zip(keys, arrays)}
