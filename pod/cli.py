@@ -180,7 +180,7 @@ def _parse_steps(text: str, total: int) -> list[int]:
     return [s - 1 for s in steps]
 
 
-def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
+def _validate_one(path: str | Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
     """Check one scenario file; its JSON record (``ok``, and what was checked)."""
     spec = _load(path, overrides)
     if spec.benchmark is not None:
@@ -545,7 +545,7 @@ def collective(slice_name: str | None, chip: str | None, topology: str | None, o
         console.print(f"Before the ICI each chip adds its {spec.tensorcores} TensorCores' buffers at HBM "
                       f"bandwidth: {rows[-1].local_reduce_seconds * 1e6:,.2f} us at the largest size "
                       f"(local_reduce_seconds in --json; not in the time column).")
-    for label, busbw in avg_bus_bandwidth(rows, by_algorithm=bool(given) and len(given) > 1).items():
+    for label, busbw in avg_bus_bandwidth(rows, by_algorithm=given is not None and len(given) > 1).items():
         click.echo(summary_line(busbw, label))
 
 

@@ -152,7 +152,7 @@ def remove_stale_temporaries(directory: Path | str, *, old_format: bool = False)
     Returns:
         The files removed.
     """
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(directory))
     except OSError:

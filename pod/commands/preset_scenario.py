@@ -51,6 +51,8 @@ def preset_scenario(name: str, overrides: Iterable[str | Override] | Mapping[str
             except USER_ERRORS:
                 return scenario  # not a question of size: planning it again says what
             return scenario
+    # the first candidate slice with the first layout (no tensor split) always set it
+    assert first is not None
     return first  # none fits: describe shows the smallest's plan and why
 
 
