@@ -15,8 +15,16 @@ from chip.core import FUSIONS, PRECISIONS, OpRecord, TensorCore, check_precision
 from chip.errors import ChipError, ChipSpecError, HBMOutOfMemoryError, PrecisionError
 from chip.hbm import HBM
 from chip.mxu import MXU_MODELS, check_mxu_model, conv2d_gemm_shape, mxu_folds, mxu_gemm_cycles
-from chip.numerics import (FP32_PASSES, dequantize_int8, mxu_matmul, mxu_matmul_fp32,
-                           mxu_matmul_int8, quantize_int8, split_bf16x3, to_bf16)
+from chip.numerics import (
+    FP32_PASSES,
+    dequantize_int8,
+    mxu_matmul,
+    mxu_matmul_fp32,
+    mxu_matmul_int8,
+    quantize_int8,
+    split_bf16x3,
+    to_bf16,
+)
 from chip.scalar import scalar_cycles
 from chip.spec import PRESETS, ChipSpec, MXUSpec, TensorCoreSpec, get_chip_spec
 from chip.vector import vpu_cycles

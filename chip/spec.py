@@ -404,7 +404,7 @@ class ChipSpec:
         hbm_bandwidth_bytes_per_s: float,
         vmem_bytes_per_core: int,
         **chip_fields,
-    ) -> "ChipSpec":
+    ) -> ChipSpec:
         """Builds a ChipSpec from per-chip HBM figures, splitting them over the cores.
 
         Args:
