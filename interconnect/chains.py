@@ -54,8 +54,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from interconnect.errors import ScheduleError
-from interconnect.schedule import (Schedule, Transfer, _check_counts, _gc_paused, _make_transfer,
-                                   _trusted_schedule, chunk_bounds)
+from interconnect.schedule import (
+    Schedule,
+    Transfer,
+    _check_counts,
+    _gc_paused,
+    _make_transfer,
+    _trusted_schedule,
+    chunk_bounds,
+)
 from interconnect.topology import Torus
 
 __all__ = ["Chain", "axis_chains", "build_axis_collective", "axis_reduce_scatter_phases", "ppermute"]

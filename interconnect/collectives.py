@@ -29,9 +29,9 @@ costs").
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterable, Sequence
-import functools
 from itertools import compress, repeat
 
 import numpy as np
@@ -60,9 +60,18 @@ __all__ = [
 ]
 
 
-from interconnect.schedule import (OPS, Schedule, Transfer, _check_counts, _gc_paused,  # noqa: E402,F401
-                                   _make_transfer, _non_negative_int, _trusted_schedule,
-                                   Phase, chunk_bounds)
+from interconnect.schedule import (  # noqa: E402,F401
+    OPS,
+    Phase,
+    Schedule,
+    Transfer,
+    _check_counts,
+    _gc_paused,
+    _make_transfer,
+    _non_negative_int,
+    _trusted_schedule,
+    chunk_bounds,
+)
 
 
 def _ring_phases(

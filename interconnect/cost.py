@@ -39,7 +39,7 @@ from interconnect.topology import Torus
 __all__ = ["ScheduleCost", "schedule_cost", "schedule_time"]
 
 
-def _checked_faults(faults: "LinkFaults | None", topology: Torus) -> LinkFaults:
+def _checked_faults(faults: LinkFaults | None, topology: Torus) -> LinkFaults:
     if faults is None:
         return LinkFaults()
     if not isinstance(faults, LinkFaults):
@@ -88,7 +88,7 @@ class ScheduleCost:
 
 
 def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
-                  faults: "LinkFaults | None" = None) -> ScheduleCost:
+                  faults: LinkFaults | None = None) -> ScheduleCost:
     """Times ``schedule`` on ``topology`` whose every directed link is ``link``.
 
     Per phase: ``max over links of bytes(link) x slowdown(link) /
@@ -194,7 +194,7 @@ class _PhasePlan:
 
     @classmethod
     def build(cls, topology: Torus, srcs: tuple[int, ...], dsts: tuple[int, ...],
-              faults: "LinkFaults | None" = None) -> "_PhasePlan":
+              faults: LinkFaults | None = None) -> _PhasePlan:
         index: dict[tuple[int, int], int] = {}
         routes: dict[tuple[int, int], list[tuple[int, int]]] = {}
         hops, link_index, transfer_index = [], [], []
@@ -230,7 +230,7 @@ class _PhasePlan:
 
 
 def schedule_time(schedule: Schedule, topology: Torus, link: LinkSpec,
-                  faults: "LinkFaults | None" = None) -> float:
+                  faults: LinkFaults | None = None) -> float:
     """Simulated seconds of ``schedule``: ``schedule_cost(...).seconds``.
 
     Args:
@@ -296,7 +296,12 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         ScheduleError: unknown op / algorithm or bad counts.
         TopologyError: a fault names a missing link, or failures cut a route.
     """
-    from interconnect.collectives import ALGORITHMS, _check_algorithm, _check_counts, build_collective
+    from interconnect.collectives import (
+        ALGORITHMS,
+        _check_algorithm,
+        _check_counts,
+        build_collective,
+    )
 
     algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
     _check_algorithm(op, algorithm)

@@ -125,7 +125,7 @@ class LinkFaults:
                 )
 
     @classmethod
-    def from_entries(cls, entries: Iterable[Mapping[str, object]]) -> "LinkFaults":
+    def from_entries(cls, entries: Iterable[Mapping[str, object]]) -> LinkFaults:
         """Builds faults from scenario entries ``{link: "0->1", slowdown: 2.0}`` / ``{link, failed: true}``."""
         slow, failed = {}, set()
         for entry in entries:

@@ -58,9 +58,20 @@ from functools import partial
 import numpy as np
 
 from interconnect.chains import axis_reduce_scatter_phases, build_axis_collective
-from interconnect.collectives import all_to_all, ring_all_gather, ring_allreduce, ring_reduce_scatter
-from interconnect.cost import (ScheduleCost, _cost_of, _link_ids, _link_of_id, _phase_seconds,
-                               schedule_cost)
+from interconnect.collectives import (
+    all_to_all,
+    ring_all_gather,
+    ring_allreduce,
+    ring_reduce_scatter,
+)
+from interconnect.cost import (
+    ScheduleCost,
+    _cost_of,
+    _link_ids,
+    _link_of_id,
+    _phase_seconds,
+    schedule_cost,
+)
 from interconnect.errors import ScheduleError
 from interconnect.faults import LinkFaults
 from interconnect.link import LinkSpec
@@ -702,7 +713,7 @@ class _PairRoutes:
 
     @classmethod
     def build(cls, topology: Torus, members: np.ndarray, group_torus: Torus, phases,
-              devices_per_chip: int) -> "_PairRoutes":
+              devices_per_chip: int) -> _PairRoutes:
         """Routes of the local links of ``phases`` ((ids, bytes) per phase) for ``members`` (R, n)."""
         index = np.full(group_torus.num_chips * 2 * group_torus.ndim, -1, dtype=np.int64)
         for ids, _ in phases:

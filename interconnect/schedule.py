@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple, SupportsIndex
 
-
 from interconnect.errors import ScheduleError
 
 __all__ = ["Transfer", "Schedule", "chunk_bounds", "OPS"]
@@ -57,7 +56,7 @@ class Transfer(_TransferFields):
     __slots__ = ()
 
     def __new__(cls, src: int, dst: int, chunk: int, nbytes: int, reduce: bool,
-                dst_chunk: int | None = None) -> "Transfer":
+                dst_chunk: int | None = None) -> Transfer:
         values = []
         if dst_chunk is None:
             dst_chunk = chunk
