@@ -8,11 +8,19 @@ costs anything itself.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from interconnect import (ALGORITHMS, ALLREDUCE_ALGORITHMS, FAST_PATHS, LinkFaults, LinkSpec,
-                          ScheduleCost, Torus, collective_cost)
+from interconnect import (
+    ALGORITHMS,
+    ALLREDUCE_ALGORITHMS,
+    FAST_PATHS,
+    LinkFaults,
+    LinkSpec,
+    ScheduleCost,
+    Torus,
+    collective_cost,
+)
 from pod.programs.replicated import combine_buckets
 
 __all__ = ["choose_algorithm", "combine_buckets", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]

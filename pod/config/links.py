@@ -9,7 +9,8 @@ slowdown) or ``failed: true`` (it carries nothing; routes go around it).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from interconnect import LinkFaults, TopologyError, Torus, parse_link, route
 

@@ -230,7 +230,7 @@ class Mesh:
     devices_per_chip: int
     axes: tuple[MeshAxis, ...]
     slices: int = 1
-    slice_mesh: "Mesh | None" = field(default=None, repr=False)
+    slice_mesh: Mesh | None = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Mesh) and self._key() == other._key()
@@ -244,7 +244,7 @@ class Mesh:
                 tuple(a.dcn for a in self.axes))
 
     @property
-    def in_slice(self) -> "Mesh":
+    def in_slice(self) -> Mesh:
         """The mesh of one slice (``slice_mesh``, or itself with one slice)."""
         return self.slice_mesh if self.slice_mesh is not None else self
 

@@ -23,11 +23,18 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
-from pod.config.scenario import Scenario, load_scenario, load_yaml, parse_scenario, scenario_from_text
+from pod.config.scenario import (
+    Scenario,
+    load_scenario,
+    load_yaml,
+    parse_scenario,
+    scenario_from_text,
+)
 from pod.errors import ScenarioError
 
 __all__ = ["Override", "parse_override", "as_overrides", "apply_overrides", "blame",

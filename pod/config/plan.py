@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from chip import HBM, HBMOutOfMemoryError, check_precision
+from chip import check_precision
 from interconnect import calibrated_link
 from pod.config.faults import FaultPlan
 from pod.config.ici import IciPlan, choose_algorithm

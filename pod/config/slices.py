@@ -21,9 +21,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from chip import ChipSpec, get_chip_spec, PRESETS
+from chip import PRESETS, ChipSpec, get_chip_spec
 from interconnect import Torus, parse_shape
-
 from pod.errors import ScenarioError
 
 __all__ = ["PodShape", "SLICE_SHAPES", "parse_slice", "slice_shape", "default_shape",
