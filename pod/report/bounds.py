@@ -25,7 +25,7 @@ names the torus axes of the busiest links ("ICI x", "ICI x+y").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["BOUND_CATEGORIES", "StepBounds", "step_bounds", "busiest_axes"]
 

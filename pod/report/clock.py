@@ -60,8 +60,9 @@ another) is reported beside it, an upper bound.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

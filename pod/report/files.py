@@ -15,12 +15,12 @@ import csv
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pod.errors import OutputError
-from pod.report.stats import (StepStats, StepTotals, maxtext_flops, mfu,
-                               pipeline_bubble_fraction)
+from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu, pipeline_bubble_fraction
 from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
@@ -268,7 +268,7 @@ class StepsCsv:
         self._file: Any = None
         self._writer: csv.DictWriter | None = None
 
-    def __enter__(self) -> "StepsCsv":
+    def __enter__(self) -> StepsCsv:
         with output_errors(self.path):
             if self._keep_below is None or not self.path.exists():
                 write_atomic(self.path, lambda f: None)  # a new, empty file

@@ -14,8 +14,9 @@ from __future__ import annotations
 import csv
 import html
 import io
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any
 
 from pod.report.console import summary_rows
 from pod.report.files import write_atomic

@@ -53,7 +53,8 @@ import errno
 import functools
 import math
 import socket
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 

@@ -12,21 +12,20 @@ blocks) into their convs, norms and adds.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 
+from chip import TensorCore, TensorCoreSpec
+from pod.programs.transformer import ParamLayout, param_layout
 from pod.report.console import titled_table
 from pod.report.stats import OP_BOUNDS, op_bound
-
-from chip import TensorCore, TensorCoreSpec
 from pod.workloads.layers import timing_zeros
 from pod.workloads.models import Model
 from pod.workloads.optimizers import OPTIMIZER_NAMES
-from pod.programs.transformer import ParamLayout, param_layout
 from pod.workloads.transformer import TransformerModel
 
 __all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",

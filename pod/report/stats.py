@@ -10,8 +10,9 @@ The one MFU formula (``mfu``) and the one sum of op records
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,8 +59,7 @@ def maxtext_flops(model: Any, per_device_batch: float) -> dict[str, float]:
     Returns:
         {"maxtext_flops_per_device": ..., "maxtext_2023_flops_per_device": ...}.
     """
-    from pod.workloads.transformer import (TransformerModel, maxtext_tflops_2023,
-                                           maxtext_tflops_2025)
+    from pod.workloads.transformer import TransformerModel, maxtext_tflops_2023, maxtext_tflops_2025
 
     if not isinstance(model, TransformerModel):
         return {}
@@ -101,7 +101,7 @@ class RecordTotals:
     bound_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, records: Iterable[Any]) -> "RecordTotals":
+    def of(cls, records: Iterable[Any]) -> RecordTotals:
         """Sum a sequence of op records."""
         seconds, flops, mxu_flops, hbm_bytes = 0.0, 0, 0, 0
         units: dict[str, float] = {}
@@ -507,7 +507,7 @@ class StepTotals:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "StepTotals":
+    def from_dict(cls, data: dict | None) -> StepTotals:
         """The inverse of ``to_dict``; None or {} gives empty totals. Figures that a
         checkpoint of an earlier version lacks start at 0."""
         if not data:
