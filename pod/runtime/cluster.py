@@ -188,7 +188,7 @@ class _DaemonsInTheirOwnGroups:
     version) nothing changes.
     """
 
-    def __enter__(self) -> "_DaemonsInTheirOwnGroups":
+    def __enter__(self) -> _DaemonsInTheirOwnGroups:
         from ray._private import services
 
         self.services = services
@@ -261,7 +261,7 @@ class _KeepSigtermHandler:
     as usual.
     """
 
-    def __enter__(self) -> "_KeepSigtermHandler":
+    def __enter__(self) -> _KeepSigtermHandler:
         from ray._private import utils
 
         self.utils, self.original = utils, utils.set_sigterm_handler
@@ -310,7 +310,7 @@ def _check_reachable(address: str, timeout_s: float) -> None:
             sock.settimeout(max(0.1, timeout_s - (time.monotonic() - t0)))
             sock.sendall(_H2_PREFACE)
             head = sock.recv(9)
-    except socket.timeout:
+    except TimeoutError:
         raise fail(f"the port accepts connections but nothing answered within {timeout_s:g} s"
                    ) from None
     except OSError as err:

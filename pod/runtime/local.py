@@ -14,7 +14,8 @@ the two agree to float32 rounding, bit for bit on groups of two.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class LocalPod(PodBase):
         self._dead: set[int] = set()
         self._blas_limit: Any = None
 
-    def __enter__(self) -> "LocalPod":
+    def __enter__(self) -> LocalPod:
         self.start()
         return self
 

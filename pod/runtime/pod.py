@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import ray
@@ -74,7 +75,7 @@ class Pod(PodBase):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def __enter__(self) -> "Pod":
+    def __enter__(self) -> Pod:
         self.start()
         return self
 
