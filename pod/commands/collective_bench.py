@@ -26,9 +26,9 @@ of every size it ran), in GB/s. Every figure is simulated time.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from statistics import fmean
-from typing import Sequence
 
 from chip import ChipSpec
 from interconnect import ALGORITHMS, LinkFaults, Torus, calibrated_link

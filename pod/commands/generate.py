@@ -11,8 +11,8 @@ import numpy as np
 from pod.workloads.checks import check_int
 from pod.workloads.layers import Dense
 from pod.workloads.models import Model
-from pod.workloads.transformer import TransformerModel
 from pod.workloads.recurrent import LSTM, Embedding
+from pod.workloads.transformer import TransformerModel
 
 __all__ = ["sample_text", "MAX_GENERATE_CHARS"]
 

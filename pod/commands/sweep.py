@@ -40,22 +40,23 @@ import csv
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
-from typing import Any, Callable
+from typing import Any
 
 from pod.commands.interrupt import RaiseOnSignals
 from pod.commands.sweep_journal import SweepJournal, point_key
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
 from pod.config.plan import build_plan, training_sections
+from pod.config.scenario import Scenario, SweepConfig
+from pod.config.slices import resolve_pod
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
 from pod.report.stats import AXIS_ORDER, mfu, pipeline_bubble_fraction
 from pod.safe_io import lock_directories
-from pod.config.scenario import Scenario, SweepConfig
-from pod.config.slices import resolve_pod
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
            "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts"]

@@ -13,31 +13,54 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
+from pod.config.mesh import format_axes
 from pod.config.plan import TrainingPlan
 from pod.config.scenario import is_loopback
-from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
-                        ScenarioError)
-from pod.report.console import (PROGRESS_MODES, StatusLine, epoch_line, evaluation_text, hold,
-                                make_console, progress_bar, progress_line, summary_table)
-from pod.config.mesh import format_axes
 from pod.config.sharding import device_chip_spec
-from pod.report.files import (StepsCsv, check_writable, evaluated_figure, reliability,
-                              summarize, write_csv, write_json)
+from pod.errors import (
+    ChipFailureError,
+    ClusterError,
+    IciError,
+    NonFiniteLossError,
+    RunInterrupted,
+    ScenarioError,
+)
+from pod.report.console import (
+    PROGRESS_MODES,
+    StatusLine,
+    epoch_line,
+    evaluation_text,
+    hold,
+    make_console,
+    progress_bar,
+    progress_line,
+    summary_table,
+)
+from pod.report.files import (
+    StepsCsv,
+    check_writable,
+    evaluated_figure,
+    reliability,
+    summarize,
+    write_csv,
+    write_json,
+)
 from pod.report.html import read_steps, write_report
 from pod.report.metrics import PodMetrics
 from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
 from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
 from pod.runtime.admission import admit
-from pod.state.checkpoint import Checkpoint
 from pod.safe_io import lock_directories
+from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
 __all__ = ["Run", "run_training", "RESULT_FILES"]
@@ -570,7 +593,7 @@ class _NoFiles:
 
     path = None
 
-    def __enter__(self) -> "_NoFiles":
+    def __enter__(self) -> _NoFiles:
         return self
 
     def __exit__(self, *exc: Any) -> None:
