@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pod.errors import CheckpointError
-from pod.state.checkpoint import (Checkpoint, checkpoint_path, list_checkpoints, load_checkpoint,
-                                  mean_replica_state, newest_valid_checkpoint, params_digest,
-                                  prune_checkpoints, save_checkpoint)
+from pod.state.checkpoint import (
+    Checkpoint,
+    checkpoint_path,
+    list_checkpoints,
+    load_checkpoint,
+    newest_valid_checkpoint,
+    params_digest,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from pod.state.checks import check_state
 
 __all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
