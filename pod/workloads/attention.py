@@ -32,9 +32,16 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.checks import check_int
-from pod.workloads.flash import (BACKWARD_PRODUCTS, FLASH_BLOCK_SIZE, FORWARD_PRODUCTS,
-                                 causal_blocks, flash_backward, flash_forward,
-                                 record_flash_backward, record_flash_forward)
+from pod.workloads.flash import (
+    BACKWARD_PRODUCTS,
+    FLASH_BLOCK_SIZE,
+    FORWARD_PRODUCTS,
+    causal_blocks,
+    flash_backward,
+    flash_forward,
+    record_flash_backward,
+    record_flash_forward,
+)
 from pod.workloads.fusion import after, epilogue, prologue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
 

@@ -39,7 +39,7 @@ from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, Transformer
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
-from pod.workloads.model import (ActivationMemory, Model, activation_bytes_per_element)
+from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
 from pod.workloads.remat import check_remat_custom
 
