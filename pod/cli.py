@@ -18,20 +18,24 @@ from typing import Any
 import click
 from rich.console import Console
 
-from pod.report.console import make_console, titled_table
-
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
 from pod.config.mesh import device_hbm_bytes, format_axes
-from pod.config.sharding import device_chip_spec
+from pod.config.overrides import (
+    Override,
+    as_overrides,
+    blame,
+    load_with_overrides,
+    looks_like_override,
+)
 from pod.config.plan import build_plan, is_timing_sweep
-from pod.config.overrides import (Override, as_overrides, blame, load_with_overrides,
-                                  looks_like_override)
 from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario
+from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
+from pod.report.console import make_console, titled_table
 from pod.report.model_summary import layer_costs, plan_model_tables
 
 __all__ = ["cli", "main"]
@@ -511,8 +515,13 @@ def collective(slice_name: str | None, chip: str | None, topology: str | None, o
                as_json: bool) -> None:
     """Simulated collective benchmark over the ICI, read like nccl-tests; ends with its
     '# Avg bus bandwidth' line."""
-    from pod.commands.collective_bench import (avg_bus_bandwidth, format_size, parse_sizes,
-                                               run_collective_bench, summary_line)
+    from pod.commands.collective_bench import (
+        avg_bus_bandwidth,
+        format_size,
+        parse_sizes,
+        run_collective_bench,
+        summary_line,
+    )
 
     given = [a.strip() for a in algorithm.split(",") if a.strip()] if algorithm else None
     spec, torus, rows = run_collective_bench(chip, topology, op, parse_sizes(sizes),
