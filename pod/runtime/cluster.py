@@ -54,6 +54,7 @@ it as given, instead of Ray's minutes of retries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -227,10 +228,8 @@ def _start_reaper(temp_dir: Path) -> None:
 def _tell_reaper(line: str) -> None:
     reaper = _STARTED.get("reaper")
     if reaper is not None and reaper.stdin is not None:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # it died: nothing to tell
             reaper.stdin.write(line + "\n")
-        except (OSError, ValueError):  # it died: nothing to tell
-            pass
 
 
 def _stop_reaper() -> None:
@@ -514,10 +513,8 @@ def _forget_token() -> None:
 def _stop_started() -> None:
     """A local start that failed half-way: stop what Ray had started, then forget it."""
     if _STARTED:
-        try:
+        with contextlib.suppress(Exception):  # best effort; the reaper is still there
             ray.shutdown()
-        except Exception:  # noqa: BLE001 - best effort; the reaper is still there
-            pass
     _cleanup_started()
 
 
@@ -539,7 +536,5 @@ def gcs_address() -> str:
 def kill_actors(actors) -> None:
     """Kill every actor handle given; one already gone is skipped (a pod's shutdown)."""
     for actor in actors:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             ray.kill(actor)
-        except Exception:  # noqa: BLE001 - already gone
-            pass

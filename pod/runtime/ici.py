@@ -78,6 +78,7 @@ plain run in between leaves sequenced mode.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import hmac
 import socket
@@ -159,10 +160,8 @@ def _node_address() -> str:
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
+        with contextlib.suppress(OSError):  # pragma: no cover - kernel limit
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
-        except OSError:  # pragma: no cover - kernel limit
-            pass
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> int:
@@ -555,16 +554,12 @@ class IciPort:
             self._closed = True
             conns = list(self._conns)
             self._cond.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread (Linux)
-        except OSError:
-            pass
         self._listener.close()
         for conn in conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         for sock in self._links.values():
             sock.close()
         self._links.clear()

@@ -15,6 +15,7 @@ the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -258,10 +259,8 @@ class Pod(PodBase):
         """
         t0 = time.perf_counter()
         for r in ranks:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(self.actors[r], no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
             self._restarts[r] = self._restarts.get(r, 0) + 1
             self.actors[r] = self._new_actor(r)
             self._slowdowns.pop(r, None)
