@@ -477,10 +477,7 @@ def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...], strides: t
         return [s * stride for s in steps]
     wrapping = [axis for axis in axes if wraparound[axis] and shape[axis] >= 3]
     num_chips = int(np.prod(shape))
-    if num_chips % 2 == 1 and wrapping:
-        a_axis = wrapping[0]
-    else:
-        a_axis = axes[0]
+    a_axis = wrapping[0] if num_chips % 2 == 1 and wrapping else axes[0]
     b_axes = [axis for axis in axes if axis != a_axis]
     b_ranks = [
         sum(c * strides[axis] for c, axis in zip(point, b_axes))
