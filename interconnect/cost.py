@@ -393,7 +393,7 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
             entries.append(tuple(np.concatenate(x) if x else np.zeros(0, np.int64)
                                  for x in (e_pos, e_ring, e_link, e_hops)))
 
-        def phase(labels_of) -> float:
+        def phase(labels_of, directions=directions, entries=entries) -> float:
             loads = np.zeros(nlinks, dtype=np.int64)
             max_hops = 0
             for (step, table), (pos, ring, ids, hops) in zip(directions, entries):
@@ -408,9 +408,10 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
             return _phase_seconds(topology, loads, factors if slowed else None, max_hops, link)
 
         if op in ("allreduce", "reduce_scatter"):
-            rs_seconds.extend(phase(lambda step, pos, s=s: (pos - s) % a) for s in range(a - 1))
+            rs_seconds.extend(phase(lambda step, pos, s=s, a=a: (pos - s) % a) for s in range(a - 1))
         if op in ("allreduce", "all_gather"):
-            ag_levels.append([phase(lambda step, pos, s=s: (pos + 1 - s) % a) for s in range(a - 1)])
+            ag_levels.append([phase(lambda step, pos, s=s, a=a: (pos + 1 - s) % a)
+                              for s in range(a - 1)])
         owned_size[rings.reshape(-1)] = np.roll(parts, -1, axis=1).reshape(-1)
     phase_seconds = rs_seconds + [p for level in reversed(ag_levels) for p in level]
     return _cost_of(topology, phase_seconds, totals, factors, link)
