@@ -139,9 +139,9 @@ def predict_copy_seconds(row: CopyRow, spec: ChipSpec | None = None) -> float:
 def _least_squares_reciprocal(ideal_s: list[float], fixed_s: list[float],
                               published_s: list[float]) -> float:
     # Minimise sum ((ideal * x + fixed) / published - 1)^2 over x (= 1 / efficiency).
-    a = [i / p for i, p in zip(ideal_s, published_s)]
-    b = [f / p for f, p in zip(fixed_s, published_s)]
-    x = sum(ai * (1.0 - bi) for ai, bi in zip(a, b)) / sum(ai * ai for ai in a)
+    a = [i / p for i, p in zip(ideal_s, published_s, strict=True)]
+    b = [f / p for f, p in zip(fixed_s, published_s, strict=True)]
+    x = sum(ai * (1.0 - bi) for ai, bi in zip(a, b, strict=True)) / sum(ai * ai for ai in a)
     return 1.0 / x
 
 
