@@ -236,7 +236,7 @@ def _merged(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
     starts, stops = starts[keep], stops[keep]
     order = np.argsort(starts, kind="stable")
     out: list[tuple[int, int]] = []
-    for a, b in zip(starts[order].tolist(), stops[order].tolist()):
+    for a, b in zip(starts[order].tolist(), stops[order].tolist(), strict=True):
         if out and out[-1][1] == a:
             out[-1] = (out[-1][0], b)
         else:
@@ -430,7 +430,7 @@ def ppermute(topology: Torus, num_elements: int, itemsize: int = 4, shift: int =
     sources = np.roll(ranks, int(shift), axis=axis).reshape(-1)  # position c holds the rank from c - shift
     whole = num_elements * itemsize
     phase = tuple(_make_transfer((int(src), int(dst), 0, whole, False, 0))
-                  for src, dst in zip(sources.tolist(), ranks.reshape(-1).tolist()) if src != dst) if whole else ()
+                  for src, dst in zip(sources.tolist(), ranks.reshape(-1).tolist(), strict=True) if src != dst) if whole else ()
     return _trusted_schedule(
         name="ppermute", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
         chunk_bounds=((0, num_elements),), phases=(phase,) if phase else (), op="ppermute",

@@ -149,7 +149,7 @@ def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
         phase_seconds.append(busiest / link.achieved_bandwidth_bytes_per_s(driven) + latency * max_hops)
     link_bytes: dict[tuple[int, int], int] = {}
     for key, plan in plans.items():
-        for hop, nbytes in zip(plan.links, totals[key].tolist()):
+        for hop, nbytes in zip(plan.links, totals[key].tolist(), strict=True):
             if nbytes:
                 link_bytes[hop] = link_bytes.get(hop, 0) + nbytes
     busiest_seconds = max((nbytes * faults.slowdown(hop) / bandwidth for hop, nbytes in link_bytes.items()),
@@ -198,7 +198,7 @@ class _PhasePlan:
         index: dict[tuple[int, int], int] = {}
         routes: dict[tuple[int, int], list[tuple[int, int]]] = {}
         hops, link_index, transfer_index = [], [], []
-        for position, pair in enumerate(zip(srcs, dsts)):
+        for position, pair in enumerate(zip(srcs, dsts, strict=True)):
             path = routes.get(pair)
             if path is None:
                 path = routes[pair] = route(topology, *pair, faults=faults)
@@ -396,7 +396,7 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
         def phase(labels_of, directions=directions, entries=entries) -> float:
             loads = np.zeros(nlinks, dtype=np.int64)
             max_hops = 0
-            for (step, table), (pos, ring, ids, hops) in zip(directions, entries):
+            for (step, table), (pos, ring, ids, hops) in zip(directions, entries, strict=True):
                 nbytes = table[ring, labels_of(step, pos)] * itemsize
                 loads += np.bincount(ids, weights=nbytes, minlength=nlinks).astype(np.int64)
                 sent = nbytes > 0
@@ -430,7 +430,7 @@ def _cost_of(topology: Torus, phase_seconds: list[float], totals: np.ndarray, fa
              link: LinkSpec) -> ScheduleCost:
     used = np.flatnonzero(totals)
     srcs, dsts = _link_of_id(topology, used)
-    link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist()), totals[used].tolist()))
+    link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist(), strict=True), totals[used].tolist(), strict=True))
     busiest_seconds = (float((totals * factors).max()) / link.achieved_bandwidth_bytes_per_s(1)
                        if used.size else 0.0)
     fixed = link.collective_fixed_s if topology.num_chips >= 2 else 0.0
@@ -496,7 +496,7 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
         near_ids = neighbour_id[srcs[near], match[near].argmax(axis=1)]
         loads = np.bincount(near_ids, weights=nbytes[near], minlength=nlinks).astype(np.int64)
         max_hops = 1 if near.any() else 0
-        for src, dst, size in zip(srcs[~near].tolist(), dsts[~near].tolist(), nbytes[~near].tolist()):
+        for src, dst, size in zip(srcs[~near].tolist(), dsts[~near].tolist(), nbytes[~near].tolist(), strict=True):
             far = route_ids.get((src, dst))
             if far is None:
                 path = np.asarray(topology.route(src, dst), dtype=np.int64)

@@ -66,7 +66,7 @@ def execute(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarra
         for t in phase:
             start, stop = bounds[t.chunk]
             incoming.append(flat[t.src][start:stop].copy())  # the value at phase start
-        for t, data in zip(phase, incoming):
+        for t, data in zip(phase, incoming, strict=True):
             start, stop = bounds[t.dst_chunk]
             target = flat[t.dst]
             if t.reduce:

@@ -365,7 +365,7 @@ def group_ppermute_schedule(groups: Sequence[Sequence[int]], num_ranks: int, num
     srcs, dsts = _ppermute_pairs(groups, shift)
     whole = int(num_elements) * int(itemsize)
     phase = tuple(_make_transfer((int(a), int(b), 0, whole, False, 0))
-                  for a, b in zip(srcs.tolist(), dsts.tolist())) if whole else ()
+                  for a, b in zip(srcs.tolist(), dsts.tolist(), strict=True)) if whole else ()
     return _trusted_schedule(name="group_ppermute", num_ranks=num_ranks,
                              num_elements=int(num_elements), itemsize=itemsize,
                              chunk_bounds=((0, int(num_elements)),),

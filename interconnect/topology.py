@@ -212,7 +212,7 @@ class Torus:
         """
         rank = self._check_rank(rank)
         out = []
-        for stride, size in zip(self._strides, self.shape):
+        for stride, size in zip(self._strides, self.shape, strict=True):
             out.append((rank // stride) % size)
         return tuple(out)
 
@@ -231,13 +231,13 @@ class Torus:
         coords = tuple(coords)
         if len(coords) != self.ndim or not all(
             isinstance(c, (int, np.integer)) and not isinstance(c, bool) and 0 <= c < size
-            for c, size in zip(coords, self.shape)
+            for c, size in zip(coords, self.shape, strict=True)
         ):
             raise TopologyError(
                 f"coordinates {coords!r} are not in torus {self.name}: expected "
                 f"{self.ndim} ints with 0 <= coords[axis] < {self.shape}"
             )
-        return int(sum(int(c) * s for c, s in zip(coords, self._strides)))
+        return int(sum(int(c) * s for c, s in zip(coords, self._strides, strict=True)))
 
     # ------------------------------------------------------ neighbours, links
 
@@ -263,7 +263,7 @@ class Torus:
         """
         rank = self._check_rank(rank)
         found = set()
-        for axis, (size, stride) in enumerate(zip(self.shape, self._strides)):
+        for axis, (size, stride) in enumerate(zip(self.shape, self._strides, strict=True)):
             c = (rank // stride) % size
             for step in (-1, 1):
                 nc = c + step
@@ -295,7 +295,7 @@ class Torus:
             TopologyError: a rank out of range.
         """
         cs, cd = self.coords(src), self.coords(dst)
-        diff = [(axis, abs(a - b)) for axis, (a, b) in enumerate(zip(cs, cd)) if a != b]
+        diff = [(axis, abs(a - b)) for axis, (a, b) in enumerate(zip(cs, cd, strict=True)) if a != b]
         if len(diff) != 1:
             return False
         axis, d = diff[0]
@@ -337,7 +337,7 @@ class Torus:
         cs, cd = self.coords(src), self.coords(dst)
         path: list[Link] = []
         current = self._check_rank(src)
-        for axis, (a, b) in enumerate(zip(cs, cd)):
+        for axis, (a, b) in enumerate(zip(cs, cd, strict=True)):
             if a == b:
                 continue
             size, stride = self.shape[axis], self._strides[axis]
@@ -360,7 +360,7 @@ class Torus:
             TopologyError: a rank out of range.
         """
         cs, cd = self.coords(src), self.coords(dst)
-        return sum(self._axis_steps(axis, a, b)[1] for axis, (a, b) in enumerate(zip(cs, cd)))
+        return sum(self._axis_steps(axis, a, b)[1] for axis, (a, b) in enumerate(zip(cs, cd, strict=True)))
 
     # ------------------------------------------------------------- ring order
 
@@ -480,7 +480,7 @@ def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...], strides: t
     a_axis = wrapping[0] if num_chips % 2 == 1 and wrapping else axes[0]
     b_axes = [axis for axis in axes if axis != a_axis]
     b_ranks = [
-        sum(c * strides[axis] for c, axis in zip(point, b_axes))
+        sum(c * strides[axis] for c, axis in zip(point, b_axes, strict=True))
         for point in _snake([shape[axis] for axis in b_axes])
     ]
     cells = _grid_ring(shape[a_axis], len(b_ranks), a_axis in wrapping)
