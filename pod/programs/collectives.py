@@ -437,7 +437,7 @@ class LocalMesh:
     def coords(self, device: int) -> dict[str, int]:
         """Mesh coordinates {axis: index} of a device number (row-major, tensor fastest)."""
         index = np.unravel_index(int(device), [self.sizes[a] for a in AXES])
-        return {a: int(i) for a, i in zip(AXES, index)}
+        return {a: int(i) for a, i in zip(AXES, index, strict=True)}
 
     def ring_position(self, axis: str, coordinate: int) -> int:
         """Position in ring order of mesh coordinate ``coordinate`` along ``axis``."""
@@ -490,7 +490,7 @@ class LocalMesh:
         others = [a for a in AXES if a != axis]
         out = []
         for rest in itertools.product(*(range(self.sizes[a]) for a in others)):
-            coords = dict(zip(others, rest))
+            coords = dict(zip(others, rest, strict=True))
             out.append(tuple(int(np.ravel_multi_index(
                 [coords.get(a, c) if a != axis else c for a in AXES],
                 [self.sizes[a] for a in AXES])) for c in self.rings[axis]))

@@ -267,11 +267,11 @@ class ShardedTransformer:
                                             expert_shards=self.expert if cfg.experts else 1)
         self._keys = self.local_model.layer_param_keys()
         self._split = {key: layer.tensor_split.get(local)
-                       for layer, keys in zip(self.local_model.layers, self._keys)
+                       for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
                        for key, local in keys}
         # the experts' weights: split over expert on this dimension (None: replicated)
         self._expert_split = {key: getattr(layer, "expert_split", {}).get(local)
-                              for layer, keys in zip(self.local_model.layers, self._keys)
+                              for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
                               for key, local in keys}
         owner: dict[str, int] = {}
         for i, keys in enumerate(self._keys):
@@ -434,7 +434,7 @@ class ShardedTransformer:
         of one device's chunk (the console's sharding table, ``describe``)."""
         whole = self.model.param_shapes
         out = []
-        for layer, keys in zip(self.local_model.layers, self._owned):
+        for layer, keys in zip(self.local_model.layers, self._owned, strict=True):
             for key in keys:
                 local = tuple(self._shapes[key])
                 out.append(ParamLayout(layer=layer.name, key=key, shape=tuple(whole[key]),
@@ -565,7 +565,7 @@ class ShardedTransformer:
                                itemsize=itemsize)
         arrays = unpack_gathered(full, [self._shapes[k] for k, _ in keys], self.fsdp)
         return {local: (to_bf16(a) if core.numerics and local in layer.matmul_params else a)
-                for (_, local), a in zip(keys, arrays)}
+                for (_, local), a in zip(keys, arrays, strict=True)}
 
     def _forward(self, core, comm, shard, x, phase, *, training):
         """Forward through the layers; with sequence parallelism the layers after
@@ -658,8 +658,8 @@ class ShardedTransformer:
             part = vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
                              out=(part.shape, np.float32))
         if not core.execute:
-            return {key: timing_zeros((n,), np.float32) for key, n in zip(grads, widths)}
-        return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1])))
+            return {key: timing_zeros((n,), np.float32) for key, n in zip(grads, widths, strict=True)}
+        return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1]), strict=True))
 
     def _allreduce_keys(self, core, comm, axis: str, tag: str, grads, widths, part,
                         replicated) -> np.ndarray:
@@ -667,7 +667,7 @@ class ShardedTransformer:
         parameters replicated over an axis whose devices saw different tokens (with
         sequence parallelism the norms and embeddings over tensor, which saw a
         sequence chunk each; with experts everything but the experts over expert)."""
-        chosen = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths)) if replicated(k)]
+        chosen = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths), strict=True) if replicated(k)]
         if not chosen:
             return part
         kw = {"tag": tag, "kind": "grad_reduce", "after_record": len(core.records)}
