@@ -470,7 +470,7 @@ def device_clocks(reports: Sequence[DeviceReport],
                              f"clocked together; the reports lack devices {missing}")
         members = [by_device[d] for d in r.stage_group]
         for index, clock in zip(members, _clock_stages([reports[j] for j in members],
-                                                       cost_seconds, overlap)):
+                                                       cost_seconds, overlap), strict=True):
             clocks[index] = clock
     return [c for c in clocks if c is not None]
 
@@ -546,7 +546,7 @@ class StepContext:
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
     """Seconds by what bounds each record, over records [start, stop)."""
     out: dict[str, float] = {}
-    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop]):
+    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop], strict=True):
         if b not in (HOST_OUT, HOST_IN):  # beside the compute (host_offload_seconds)
             out[b] = out.get(b, 0.0) + s
     return out
@@ -590,7 +590,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
     update_start = len(r.record_seconds) if r.update_start is None else r.update_start
     per_chip: dict[int, float] = {}
-    for x, clock in zip(reports, clocks):
+    for x, clock in zip(reports, clocks, strict=False):
         chip = x.device // context.devices_per_chip
         per_chip[chip] = max(per_chip.get(chip, 0.0), clock.compute_seconds)
     return StepStats(

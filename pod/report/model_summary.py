@@ -155,7 +155,7 @@ def layer_rows(model: Model, core_spec: TensorCoreSpec, batch: int, *,
     summary = model.summary_rows(batch)
     shape_in = (batch, *model.input_shape)
     rows = []
-    for layer, (name, out, nparams, _) in zip(model.layers, summary):
+    for layer, (name, out, nparams, _) in zip(model.layers, summary, strict=True):
         rows.append(_layer_row(name, layer.kind, _shape(shape_in), _shape(out), nparams,
                                costs[name]))
         shape_in = out
@@ -214,7 +214,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
             table.add_row(f"{label} ({kind})" if kind else label, shape, params,
                           f"{c['flops']:,.0f}", f"{time} us", *tail, style=style)
 
-    for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers):
+    for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers, strict=True):
         add(name, layer.kind, _shape(out), f"{nparams:,}", costs[name])
     for extra in ("loss", "optimizer"):
         if extra in costs:
