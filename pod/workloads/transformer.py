@@ -508,7 +508,7 @@ class TransformerModel(Model):
         return [{local: (to_bf16(params[key]) if rounding and local in layer.matmul_params
                          else params[key])
                  for key, local in keys}
-                for layer, keys in zip(self.layers, self._layer_keys)]
+                for layer, keys in zip(self.layers, self._layer_keys, strict=True)]
 
     def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
         """As ``Model.gradient_buckets``; the tied table counts once, in the
@@ -607,7 +607,7 @@ class TransformerModel(Model):
         t, c = cfg.sequence_length, cfg.embed_dim
         device = 4 * t + 2 * -(-t * c * bpe // shards) + -(-t * 4 // shards)
         host, transient = 0, -(-t * cfg.vocabulary // shards) * 2 * bpe      # logits, dlogits
-        for layer, shape in zip(local.layers, local._shapes):
+        for layer, shape in zip(local.layers, local._shapes, strict=False):
             if isinstance(layer, TransformerBlock):
                 d, h = layer.activation_bytes(shape, bpe, shards)
                 device, host = device + d, host + h
@@ -624,7 +624,7 @@ class TransformerModel(Model):
         local = self._local(int(tensor))
         if local is None:
             return super().largest_layer_params(tensor)
-        blocks = max(layer.param_count(shape) for layer, shape in zip(local.layers, local._shapes)
+        blocks = max(layer.param_count(shape) for layer, shape in zip(local.layers, local._shapes, strict=False)
                      if isinstance(layer, TransformerBlock))
         return max(blocks, -(-self.config.vocabulary * self.config.embed_dim // int(tensor)))
 
@@ -667,7 +667,7 @@ class TransformerModel(Model):
         the other layers three times their forward (dX and dW). The numerator
         of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
         return sum(layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
-                   else 3 * layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes))
+                   else 3 * layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes, strict=False))
 
     def next_token_logits(self, core, params, ids) -> np.ndarray:
         """Eval-mode logits of the token after the last of ``ids``.
@@ -683,7 +683,7 @@ class TransformerModel(Model):
         """
         ids = np.asarray(ids)[:, -self.config.sequence_length:]
         x = ids
-        for layer, p in zip(self.layers, self.prepare_params(core, params)):
+        for layer, p in zip(self.layers, self.prepare_params(core, params), strict=True):
             x, _ = layer.forward(core, p, x, training=False)
         return x[:, -1]
 
