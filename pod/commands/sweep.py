@@ -358,13 +358,13 @@ def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
 
 def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
     best: dict[tuple, dict[str, Any]] = {}
-    for row, point in zip(rows, points):
+    for row, point in zip(rows, points, strict=False):
         if row["status"] != "ok":
             continue
         ref = best.get(point.series)
         if ref is None or row["chips"] < ref["chips"]:
             best[point.series] = row
-    for row, point in zip(rows, points):
+    for row, point in zip(rows, points, strict=False):
         ref = best.get(point.series)
         if row["status"] == "ok" and ref is not None:
             row["scaling_efficiency"] = ((row["simulated_examples_per_second"] / row["chips"])
@@ -616,7 +616,7 @@ def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     for key, label, colour in parts:
         values = [r[key] * 1e3 for r in ok]
         ax.bar(range(len(ok)), values, bottom=bottom, label=label, color=colour)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_xticks(range(len(ok)), [labels_of(r) for r in ok], fontsize=6)
     ax.set_ylabel("simulated step time (ms)")
     ax.set_title(title, fontsize=10)
@@ -685,12 +685,12 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
                                       3 * len(series)))
-    for ax, (label, rs) in zip(axes[:, 0], series.items()):
+    for ax, (label, rs) in zip(axes[:, 0], series.items(), strict=True):
         bottom = [0.0] * len(rs)
         for part, value in parts:
             values = [value(r) * 1e3 for r in rs]
             ax.bar(range(len(rs)), values, bottom=bottom, label=part)
-            bottom = [b + v for b, v in zip(bottom, values)]
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs],
                       rotation=90 if x_key == "layout" else 0, fontsize=7 if x_key == "layout" else None)
         ax.set_xlabel(x_label)
@@ -888,7 +888,7 @@ def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], ou
     for k, part in enumerate(parts):
         widths = [st[k] for st in stacks]
         ax.barh(range(len(rows)), widths, left=left, label=part)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     for i, note in enumerate(notes):
         ax.text(left[i], i, "  " + note, va="center", fontsize=7)
     ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]
