@@ -61,13 +61,13 @@ def check_links(entries: Sequence[Any], torus: Torus, field: str = "pod.links") 
     rows = [link_entry(e) for e in entries]
     names = [e["field"] if isinstance(e, Mapping) and "field" in e else f"{field}.{i}"
              for i, e in enumerate(entries)]
-    for name, row in zip(names, rows):
+    for name, row in zip(names, rows, strict=True):
         try:
             LinkFaults.from_entries([row]).check(torus)
         except TopologyError as err:
             raise TopologyError(f"{name}.link: {err} (got {row['link']!r})") from None
     faults = LinkFaults.from_entries(rows)
-    for name, row in zip(names, rows):
+    for name, row in zip(names, rows, strict=True):
         if row.get("failed"):
             src, dst = parse_link(row["link"])
             try:

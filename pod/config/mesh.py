@@ -270,7 +270,7 @@ class Mesh:
     @property
     def sizes(self) -> dict[str, int]:
         """Axis name -> size, in mesh order."""
-        return dict(zip(self.axis_names, self.shape))
+        return dict(zip(self.axis_names, self.shape, strict=True))
 
     @property
     def batch_shards(self) -> int:
@@ -377,7 +377,7 @@ def _place(name: str, size: int, phys: list[_Physical]) -> list[AxisBlock]:
     if best is None:  # unreachable when the sizes multiply to the devices (see above)
         raise ValueError(f"mesh axis {name} of {size} devices does not divide what is left")
     out = []
-    for p, f in zip(phys, best[1]):
+    for p, f in zip(phys, best[1], strict=True):
         if f > 1:
             whole = f == p.left and p.stride * p.left == p.size
             out.append(AxisBlock(p.torus_axis, f, p.stride, p.wraps and whole))
@@ -408,7 +408,7 @@ def _ring(blocks: tuple[AxisBlock, ...]) -> tuple[tuple[int, ...], bool]:
     if len(sizes) <= 3:
         box = Torus(sizes, tuple(k.wraps for k in blocks))
         order = box.ring_order()
-        if all(box.has_link(a, b) for a, b in zip(order, order[1:] + order[:1])):
+        if all(box.has_link(a, b) for a, b in zip(order, order[1:] + order[:1], strict=True)):
             return tuple(order), True
     return tuple(_snake(sizes)), False
 
@@ -435,13 +435,13 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
     if math.prod(shape) != count:
         raise ValueError(f"mesh {format_axes(axes)} has {math.prod(shape)} devices, not {count}")
     phys = _physical_axes(torus, per_chip)
-    placed = {name: _place(name, size, phys) for name, size in reversed(list(zip(names, shape)))}
+    placed = {name: _place(name, size, phys) for name, size in reversed(list(zip(names, shape, strict=True)))}
     # every physical axis (split ones as their blocks), slowest first, as the ids lie
     physical = _slow_first([k for blocks in placed.values() for k in blocks], torus.ndim)
     ids = np.arange(count).reshape([k.size for k in physical])
     order: list[int] = []
     mesh_axes: list[MeshAxis] = []
-    for name, size in zip(names, shape):
+    for name, size in zip(names, shape, strict=True):
         blocks = tuple(_slow_first(placed[name], torus.ndim))
         order.extend(physical.index(k) for k in blocks)
         ring, closed = _ring(blocks)
@@ -553,12 +553,12 @@ def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
     full = (slice_of.reshape(*outer, *([1] * len(names))) * n_local
             + local.reshape(*([1] * len(names)), *ici))                 # (dcn..., ici...)
     k = len(names)
-    order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]   # dcn_i outer of ici_i
-    shape = tuple(o * i for o, i in zip(outer, ici))
+    order = [i for pair in zip(range(k), range(k, 2 * k), strict=True) for i in pair]   # dcn_i outer of ici_i
+    shape = tuple(o * i for o, i in zip(outer, ici, strict=True))
     devices = full.transpose(order).reshape(shape)
     devices.flags.writeable = False
     axes = []
-    for n, o, i in zip(names, outer, ici):
+    for n, o, i in zip(names, outer, ici, strict=True):
         base = one._axis(n) if n in one.axis_names else MeshAxis(n, 1, (), False, 0, (0,))
         ring = tuple(d * i + r for d in range(o) for r in (base.ring or (0,)))
         axes.append(dataclasses.replace(base, size=o * i, ring=ring, dcn=o,
