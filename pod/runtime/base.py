@@ -156,7 +156,7 @@ class PodBase:
         """Bytes of the busiest chip's share of the batch (its devices' examples)."""
         per_chip: dict[int, int] = {}
         n = self.plan.mesh.devices_per_chip
-        for d, (x, y) in enumerate(zip(xs, ys)):
+        for d, (x, y) in enumerate(zip(xs, ys, strict=False)):
             per_chip[d // n] = per_chip.get(d // n, 0) + int(x.nbytes + y.nbytes)
         return max(per_chip.values(), default=0)
 
@@ -180,7 +180,7 @@ class PodBase:
         data = self.plan.dataset
         xs, ys = self.split(data.x_test, data.y_test, evaluation=True)
         sums = self._evaluate_devices(xs, ys)
-        return Evaluation(EvalSums.total(s for s, c in zip(sums, self.coords)
+        return Evaluation(EvalSums.total(s for s, c in zip(sums, self.coords, strict=False)
                                          if self.program.counts_eval(c)))
 
     # -- faults --------------------------------------------------------------------------
@@ -215,8 +215,8 @@ class PodBase:
                 would silently drop the others); names the first differing device.
         """
         snaps = self._snapshot([c.data == 0 for c in self.coords])
-        first = {_place(c): s.digests for s, c in zip(snaps, self.coords) if c.data == 0}
-        for s, c in zip(snaps, self.coords):
+        first = {_place(c): s.digests for s, c in zip(snaps, self.coords, strict=False) if c.data == 0}
+        for s, c in zip(snaps, self.coords, strict=False):
             if s.digests != first[_place(c)]:
                 raise CheckpointError(f"device {s.device} differs from its data replica 0 "
                                       f"({s.digests[0][:12]} != {first[_place(c)][0][:12]}); "

@@ -128,11 +128,11 @@ class LocalPod(PodBase):
         return [DeviceSnapshot(d.device, d.digests(),
                                {k: np.array(v, copy=True) for k, v in d.state.model_state.items()},
                                d.state if want else None)
-                for d, want in zip(self.devices, full)]
+                for d, want in zip(self.devices, full, strict=False)]
 
     def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
               ) -> list[tuple[str, str]]:
-        return [d.load(params, opt_state, s) for d, s in zip(self.devices, model_states)]
+        return [d.load(params, opt_state, s) for d, s in zip(self.devices, model_states, strict=False)]
 
     def _digests(self) -> list[tuple[str, str]]:
         return [d.digests() for d in self.devices]

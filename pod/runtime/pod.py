@@ -108,8 +108,8 @@ class Pod(PodBase):
     def _connect(self) -> None:
         """Tell every chip every device's ICI address (once; again after replacements)."""
         lists = self._get([a.ici_addresses.remote(self.ici_key) for a in self.actors])
-        addresses = {d: tuple(addr) for devices, addrs in zip(self._devices, lists)
-                     for (d, _), addr in zip(devices, addrs)}
+        addresses = {d: tuple(addr) for devices, addrs in zip(self._devices, lists, strict=False)
+                     for (d, _), addr in zip(devices, addrs, strict=False)}
         self._get([a.set_peers.remote(addresses) for a in self.actors])
 
     def host_of(self, rank: int) -> int:
@@ -185,24 +185,24 @@ class Pod(PodBase):
                       trace: bool) -> list[DeviceReport]:
         base, seed = self._next_runs(), self.plan.training.seed
         refs = [actor.step.remote(step, cx, cy, seed, base, trace)
-                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys))]
+                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys), strict=False)]
         return [r for chip in self._get_all(refs) for r in chip]
 
     def _evaluate_devices(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[EvalSums]:
         base = self._next_runs()
         refs = [actor.evaluate.remote(cx, cy, base)
-                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys))]
+                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys), strict=False)]
         return [s for chip in self._get_all(refs) for s in chip]
 
     def _snapshot(self, full: Sequence[bool]) -> list[Any]:
-        refs = [a.snapshot.remote(f) for a, f in zip(self.actors, self._per_chip(full))]
+        refs = [a.snapshot.remote(f) for a, f in zip(self.actors, self._per_chip(full), strict=False)]
         return [s for chip in self._get_all(refs) for s in chip]
 
     def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
               ) -> list[tuple[str, str]]:
         refs = (ray.put(params), ray.put(opt_state))
         calls = [a.load.remote(*refs, states)
-                 for a, states in zip(self.actors, self._per_chip(model_states))]
+                 for a, states in zip(self.actors, self._per_chip(model_states), strict=False)]
         return [d for chip in self._get_all(calls) for d in chip]
 
     def _digests(self) -> list[tuple[str, str]]:
