@@ -4,8 +4,8 @@ A `Chip` holds `TensorCore`s; each runs matmuls (MXU, bf16 x bf16 -> fp32)
 and vector ops (VPU) with numpy, returns the real result, and records an
 `OpRecord` of the simulated time the real core would take (roofline of
 compute cycles vs HBM traffic). The MXU count is "pipelined" (the TPU's, one
-bubble per op) or "scalesim" (SCALE-Sim's, a bubble per fold); `MXU_MODELS`. Specs for TPU v2 to v6e are in `PRESETS`,
-every figure with its public source.
+bubble per op) or "scalesim" (SCALE-Sim's, a bubble per fold); `MXU_MODELS`.
+Specs for TPU v2 to v6e are in `PRESETS`, every figure with its public source.
 
 This package never imports ray, pod or interconnect.
 """

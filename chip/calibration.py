@@ -308,7 +308,8 @@ def report() -> str:
     count and the spec HBM bandwidth (the GEMM rows are compute-bound, so the
     output bytes do not change them). "after" is the presets as shipped.
     """
-    lines = [f"MXU efficiency fit on {', '.join(MXU_FIT_ROW_IDS)} (v5e): {fit_mxu_efficiency():.4f}",
+    lines = [f"MXU efficiency fit on {', '.join(MXU_FIT_ROW_IDS)} (v5e): "
+             f"{fit_mxu_efficiency():.4f}",
              f"HBM efficiency fit on {', '.join(r.row_id for r in COPY_ROWS)} (v6e): "
              f"{fit_hbm_efficiency():.4f}", "",
              "| id | chip | operation | timing | published | before: predicted | error "
@@ -328,7 +329,8 @@ def report() -> str:
     for copy_row in COPY_ROWS:
         before = predict_copy_seconds(copy_row, _uncalibrated(get_chip_spec(copy_row.chip)))
         after = predict_copy_seconds(copy_row)
-        lines.append(f"| {copy_row.row_id} | {copy_row.chip} | copy {copy_row.bytes_moved // 2 // 2**20} MiB | "
+        lines.append(f"| {copy_row.row_id} | {copy_row.chip} | "
+                     f"copy {copy_row.bytes_moved // 2 // 2**20} MiB | "
                      f"device | {fmt(copy_row.published_s)} | {fmt(before)} | "
                      f"{before / copy_row.published_s - 1:+.1%} | {fmt(after)} | "
                      f"{after / copy_row.published_s - 1:+.1%} | memory |")
