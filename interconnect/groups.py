@@ -714,7 +714,8 @@ class _PairRoutes:
     @classmethod
     def build(cls, topology: Torus, members: np.ndarray, group_torus: Torus, phases,
               devices_per_chip: int) -> _PairRoutes:
-        """Routes of the local links of ``phases`` ((ids, bytes) per phase) for ``members`` (R, n)."""
+        """Routes of the local links of ``phases`` ((ids, bytes) per phase) for ``members``
+        (R, n)."""
         index = np.full(group_torus.num_chips * 2 * group_torus.ndim, -1, dtype=np.int64)
         for ids, _ in phases:
             index[ids] = 0

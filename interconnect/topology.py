@@ -102,7 +102,8 @@ def _normalise_shape(shape: object) -> tuple[int, ...]:
     sizes = []
     for size in shape:
         if isinstance(size, bool):
-            raise TopologyError(f"shape {tuple(shape)!r} is not valid: axis sizes must be ints, got {size!r}")
+            raise TopologyError(f"shape {tuple(shape)!r} is not valid: axis sizes must be ints, "
+                                f"got {size!r}")
         try:
             sizes.append(operator.index(size))
         except TypeError:
@@ -295,7 +296,8 @@ class Torus:
             TopologyError: a rank out of range.
         """
         cs, cd = self.coords(src), self.coords(dst)
-        diff = [(axis, abs(a - b)) for axis, (a, b) in enumerate(zip(cs, cd, strict=True)) if a != b]
+        diff = [(axis, abs(a - b))
+                for axis, (a, b) in enumerate(zip(cs, cd, strict=True)) if a != b]
         if len(diff) != 1:
             return False
         axis, d = diff[0]
@@ -360,7 +362,8 @@ class Torus:
             TopologyError: a rank out of range.
         """
         cs, cd = self.coords(src), self.coords(dst)
-        return sum(self._axis_steps(axis, a, b)[1] for axis, (a, b) in enumerate(zip(cs, cd, strict=True)))
+        return sum(self._axis_steps(axis, a, b)[1]
+                   for axis, (a, b) in enumerate(zip(cs, cd, strict=True)))
 
     # ------------------------------------------------------------- ring order
 
@@ -436,7 +439,8 @@ def _grid_ring(a: int, b: int, a_wraps: bool) -> list[tuple[int, int]]:
     """
     if a % 2 == 0 and a_wraps:
         # Plain snake; closes (a-1, 0) -> (0, 0) over the wraparound link.
-        return [(i, j) for i in range(a) for j in (range(b) if i % 2 == 0 else range(b - 1, -1, -1))]
+        return [(i, j) for i in range(a)
+                for j in (range(b) if i % 2 == 0 else range(b - 1, -1, -1))]
     if a % 2 == 0:
         return _comb(a, b)
     if b % 2 == 0:
@@ -462,7 +466,8 @@ def _grid_ring(a: int, b: int, a_wraps: bool) -> list[tuple[int, int]]:
     return out
 
 
-def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...], strides: tuple[int, ...]) -> list[int]:
+def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...],
+                strides: tuple[int, ...]) -> list[int]:
     """Ring order of ranks; see Torus.ring_order."""
     axes = [axis for axis, size in enumerate(shape) if size >= 2]
     if not axes:
