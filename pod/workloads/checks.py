@@ -9,7 +9,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_int", "check_number", "check_token_ids", "short_repr", "DataMismatchError", "TokenIdError"]
+__all__ = ["check_int", "check_number", "check_token_ids", "short_repr", "DataMismatchError",
+           "TokenIdError"]
 
 
 class DataMismatchError(ValueError):
@@ -93,7 +94,8 @@ def check_number(value: object, what: str, *, low: float | None = None,
           and (high is None or (value < high if high_open else value <= high)))
     if not ok:
         if low is not None and high is not None:
-            need = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            need = (f"a number in {'(' if low_open else '['}{low:g}, "
+                    f"{high:g}{')' if high_open else ']'}")
         elif low is not None:
             need = f"a number {'>' if low_open else '>='} {low:g}"
         elif high is not None:

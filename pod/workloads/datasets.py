@@ -106,7 +106,8 @@ def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
     full-size models): x (N, T) int32 ids in [0, V), y (N, T) int64 the next token
     of the same stream (x shifted by one), V classes. Nothing to learn: the data
     only set the vocabulary and the sequence length."""
-    for field, value, low in (("vocabulary", vocabulary, 2), ("sequence_length", sequence_length, 1),
+    for field, value, low in (("vocabulary", vocabulary, 2),
+                              ("sequence_length", sequence_length, 1),
                               ("num_examples", num_examples, 2)):
         check_int(value, f"synthetic_text: option {field}", low)
     stream = np.random.default_rng(seed).integers(

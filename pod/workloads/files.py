@@ -55,7 +55,8 @@ from pod.workloads.dataset import Dataset, stratified_split
 
 FORMATS = {
     "mnist": "a directory with the MNIST IDX files train-images-idx3-ubyte, "
-             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (.gz allowed), "
+             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
+             "(.gz allowed), "
              "or Keras's mnist.npz (x_train, y_train, x_test, y_test)",
     "cifar10": "the cifar-10-batches-py directory (data_batch_1..5, test_batch)",
     "imdb": "a directory with pos/ and neg/ text files (or train/ and test/ holding them), "
@@ -192,8 +193,9 @@ def _require(path: Path, name: str, *, directory: bool | None = None) -> Path:
 
 # --------------------------------------------------------------------------- MNIST
 
-_IDX_TYPES: dict[int, DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-              0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_IDX_TYPES: dict[int, DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"),
+                                    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"),
+                                    0x0E: np.dtype(">f8")}
 
 
 def _idx_declared_bytes(read) -> tuple[int, str]:
@@ -261,7 +263,8 @@ def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
     splits = {}
     for split, (images, labels) in pairs.items():
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise ValueError(f"{path}: MNIST {split} images {images.shape} and labels {labels.shape} "
+            raise ValueError(f"{path}: MNIST {split} images {images.shape} and labels "
+                             f"{labels.shape} "
                              "do not match (expected (N, H, W) and (N,))")
         if images.dtype != np.uint8 or labels.dtype.kind not in "iu":
             raise ValueError(f"{path}: MNIST {split} images must be uint8 and labels integers, "
@@ -530,7 +533,8 @@ def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 1500
     if not path.is_dir():
         _regular(path)
         if path.suffix != ".npz":
-            raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
+            raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs "
+                             f"{FORMATS['imdb']}")
         return _imdb_npz(path, num_words, maxlen)
     if (path / "train").is_dir():
         train_texts, train_labels = _read_reviews(path / "train")

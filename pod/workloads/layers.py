@@ -317,7 +317,8 @@ class Conv2D(Layer):
     def _geometry(self, input_shape):
         """Returns (H, W, C, Ho, Wo, (top, bottom), (left, right))."""
         if len(input_shape) != 3:
-            raise ValueError(f"{self.name}: Conv2D expects (H, W, C) inputs, got {tuple(input_shape)}")
+            raise ValueError(f"{self.name}: Conv2D expects (H, W, C) inputs, "
+                             f"got {tuple(input_shape)}")
         h, w, c = (int(v) for v in input_shape)
         kh, kw = self.kernel_size
         s = self.stride
@@ -458,7 +459,8 @@ class ReLU(Layer):
         return math.prod(input_shape)
 
     def forward(self, core, params, x, *, training=False, rng=None):
-        y = vector_op(core, f"{self.name}/fwd", lambda v: np.maximum(v, 0), x, out=(x.shape, x.dtype))
+        y = vector_op(core, f"{self.name}/fwd", lambda v: np.maximum(v, 0), x,
+                      out=(x.shape, x.dtype))
         return y, y
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -490,7 +492,8 @@ class MaxPool2D(Layer):
 
     def output_shape(self, input_shape):
         if len(input_shape) != 3:
-            raise ValueError(f"{self.name}: MaxPool2D expects (H, W, C) inputs, got {tuple(input_shape)}")
+            raise ValueError(f"{self.name}: MaxPool2D expects (H, W, C) inputs, "
+                             f"got {tuple(input_shape)}")
         h, w, c = input_shape
         p = self.pool_size
         if h < p or w < p:
@@ -610,7 +613,8 @@ class AveragePooling2D(Layer):
         h, w, c = input_shape
         p = self.pool_size
         if h < p or w < p:
-            raise ValueError(f"{self.name}: input {tuple(input_shape)} is smaller than the pool {p}")
+            raise ValueError(f"{self.name}: input {tuple(input_shape)} is smaller than the "
+                             f"pool {p}")
         return (h // p, w // p, c)
 
     def _forward(self, x):

@@ -166,7 +166,8 @@ class MLP(Layer):
         xr = mxu_input(core, x).reshape(-1, x.shape[-1])                  # (B*T, C)
         kept = [saved is not None and key in saved for key in self.dot_keys]
         u = [saved[key] if was_kept else self._product(core, params, xr, w)
-             for key, w, was_kept in zip(self.dot_keys, self.inputs, kept, strict=True)]  # (B*T, F) each
+             for key, w, was_kept in zip(self.dot_keys, self.inputs, kept,
+                                         strict=True)]            # (B*T, F) each
         g = mxu_input(core, self._activate(core, u, not kept[-1]))        # (B*T, F)
         cache = {"x": xr, **dict(zip(self.dot_keys, u, strict=True)), "g": g}
         if not need_output:
@@ -197,7 +198,8 @@ class MLP(Layer):
                                    a_rounded=True, b_rounded=True)        # (C, F)
             if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{w}_bias"] = vector_op(core, f"{self.name}/d_{w}_bias",
-                                               lambda z: z.sum(axis=0), d, out=(d.shape[1:], d.dtype))
+                                               lambda z: z.sum(axis=0), d,
+                                               out=(d.shape[1:], d.dtype))
             if need_dx:
                 part = core.matmul(dr, params[w].T, name=f"{self.name}/dx_{w}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)

@@ -100,8 +100,10 @@ class Model:
         for layer in self.layers:
             self._shapes.append(tuple(layer.output_shape(self._shapes[-1])))
         out = self._shapes[-1]
-        if loss == "softmax_cross_entropy" and (len(out) not in (1, 2) or out[-1] != self.num_classes):
-            raise ValueError(f"{name}: the last layer outputs {out}, expected ({self.num_classes},) "
+        if loss == "softmax_cross_entropy" and (len(out) not in (1, 2)
+                                                or out[-1] != self.num_classes):
+            raise ValueError(f"{name}: the last layer outputs {out}, "
+                             f"expected ({self.num_classes},) "
                              f"or (steps, {self.num_classes})")
         if loss == "sigmoid_binary_cross_entropy" and (out != (1,) or self.num_classes != 2):
             raise ValueError(f"{name}: binary cross-entropy needs 2 classes and a last layer "
@@ -207,7 +209,8 @@ class Model:
 
     def _check_x(self, x) -> None:
         if tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{self.name}: inputs must be (B, {', '.join(map(str, self.input_shape))}), "
+            raise ValueError(f"{self.name}: inputs must be "
+                             f"(B, {', '.join(map(str, self.input_shape))}), "
                              f"got {x.shape}")
 
     def forward(self, core, local_params, x, *, training: bool, rng=None, local_state=None):
@@ -330,7 +333,8 @@ class Model:
         ``batch`` examples: layer inputs of conv / dense / pooling, ReLU outputs,
         dropout masks, LSTM gates, plus the outputs; ``bytes_per_element`` each
         (float32 by default)."""
-        per_example = sum(layer.cache_elements(s) for layer, s in zip(self.layers, self._shapes, strict=False))
+        per_example = sum(layer.cache_elements(s)
+                          for layer, s in zip(self.layers, self._shapes, strict=False))
         per_example += math.prod(self.output_shape)
         return int(batch) * per_example * int(bytes_per_element)
 
@@ -342,7 +346,8 @@ class Model:
         planner only suggests such meshes); nothing is offloaded, no transient
         is modelled. Models with a layout of their own (the transformer)
         override this; None: the model cannot be split over ``tensor``."""
-        nbytes = self.activation_bytes(batch, bytes_per_element=activation_bytes_per_element(precision))
+        nbytes = self.activation_bytes(
+            batch, bytes_per_element=activation_bytes_per_element(precision))
         return ActivationMemory(-(-nbytes // int(tensor)))
 
     def largest_layer_params(self, tensor: int = 1) -> int:
@@ -354,7 +359,8 @@ class Model:
 
     def forward_flops_per_example(self) -> int:
         """MXU FLOPs (2 per multiply-add) of one example's forward pass."""
-        return sum(layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes, strict=False))
+        return sum(layer.forward_flops(s)
+                   for layer, s in zip(self.layers, self._shapes, strict=False))
 
     def model_flops_per_example(self) -> int | None:
         """Model FLOPs per example of one training step as the published MFU tables

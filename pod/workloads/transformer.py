@@ -95,7 +95,8 @@ class TokenEmbedding(Layer):
         super().__init__(name)
         self.vocabulary = check_int(vocabulary, "TokenEmbedding vocabulary")
         self.embed_dim = check_int(embed_dim, "TokenEmbedding embed_dim")
-        self.max_steps = None if max_steps is None else check_int(max_steps, "TokenEmbedding max_steps")
+        self.max_steps = (None if max_steps is None
+                          else check_int(max_steps, "TokenEmbedding max_steps"))
 
     def param_shapes(self, input_shape):
         shapes = {"embedding": (self.vocabulary, self.embed_dim)}
@@ -172,7 +173,8 @@ class Unembed(Layer):
 
     def param_shapes(self, input_shape):
         c = int(input_shape[-1])
-        return {"embedding": (self.vocabulary, c)} if self.tied else {"kernel": (c, self.vocabulary)}
+        return ({"embedding": (self.vocabulary, c)} if self.tied
+                else {"kernel": (c, self.vocabulary)})
 
     def init_params(self, rng, input_shape):
         if self.tied:
@@ -438,7 +440,8 @@ class TransformerConfig:
         c, f, v = self.embed_dim, self.mlp_dim, self.vocabulary
         norm = c * (2 if self.norm == "layernorm" else 1)
         norms = (1 if self.block == "parallel" else 2) * norm
-        bias = (self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias else 0
+        bias = ((self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias
+                else 0)
         block = norms + self.block_matmul_params(active=active) + bias
         return (self.layers * block + norm + v * c
                 + (self.sequence_length * c if self.positions == "learned" else 0)
@@ -451,7 +454,8 @@ class TransformerConfig:
         output layer (V C, tied or not); not the norms, not biases, not the
         embedding lookup (a gather) and not learned positions. With experts the
         active weights: the router and k experts' MLPs per token."""
-        return self.layers * self.block_matmul_params(active=True) + self.embed_dim * self.vocabulary
+        return (self.layers * self.block_matmul_params(active=True)
+                + self.embed_dim * self.vocabulary)
 
 
 class TransformerModel(Model):
@@ -624,7 +628,8 @@ class TransformerModel(Model):
         local = self._local(int(tensor))
         if local is None:
             return super().largest_layer_params(tensor)
-        blocks = max(layer.param_count(shape) for layer, shape in zip(local.layers, local._shapes, strict=False)
+        blocks = max(layer.param_count(shape)
+                     for layer, shape in zip(local.layers, local._shapes, strict=False)
                      if isinstance(layer, TransformerBlock))
         return max(blocks, -(-self.config.vocabulary * self.config.embed_dim // int(tensor)))
 
@@ -667,7 +672,8 @@ class TransformerModel(Model):
         the other layers three times their forward (dX and dW). The numerator
         of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
         return sum(layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
-                   else 3 * layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes, strict=False))
+                   else 3 * layer.forward_flops(s)
+                   for layer, s in zip(self.layers, self._shapes, strict=False))
 
     def next_token_logits(self, core, params, ids) -> np.ndarray:
         """Eval-mode logits of the token after the last of ``ids``.
@@ -792,7 +798,8 @@ def maxtext_tflops_2025(config: TransformerConfig, batch: int) -> float:
     projection = 2 * b * t * e * cfg.heads * dh
     attention = 4 * b * t * t * cfg.heads * dh
     embedding = 2 * b * t * e * cfg.vocabulary
-    return float(3 * ((ffn + qkv + projection) * cfg.layers + embedding) + 3 * attention * cfg.layers)
+    return float(3 * ((ffn + qkv + projection) * cfg.layers + embedding)
+                 + 3 * attention * cfg.layers)
 
 
 def build_transformer(input_shape, num_classes: int, **options) -> TransformerModel:
