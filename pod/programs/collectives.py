@@ -258,20 +258,23 @@ class CollectivesBase:
 
     def all_gather(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
                    **wire: int) -> np.ndarray:
-        """x (n,) float32 -> (size * n,): every member's x, in group (ring) order. ``wire``: ``itemsize``,
-        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        """x (n,) float32 -> (size * n,): every member's x, in group (ring) order.
+        ``wire``: ``itemsize``, ``overlap_before``, ``overlap_after`` of the recorded call
+        (``CollectiveCall``)."""
         return self._call("all_gather", axis, x, tag, kind, after_record, **wire)
 
     def reduce_scatter(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
                        **wire: int) -> np.ndarray:
-        """x (size * n,) float32 -> (n,): the group's float32 sum of chunk ``axis_index``. ``wire``: ``itemsize``,
-        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        """x (size * n,) float32 -> (n,): the group's float32 sum of chunk ``axis_index``.
+        ``wire``: ``itemsize``, ``overlap_before``, ``overlap_after`` of the recorded call
+        (``CollectiveCall``)."""
         return self._call("reduce_scatter", axis, x, tag, kind, after_record, **wire)
 
     def allreduce(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
                   **wire: int) -> np.ndarray:
-        """x (n,) float32 -> (n,): the group's float32 sum, the same bits on every member. ``wire``: ``itemsize``,
-        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        """x (n,) float32 -> (n,): the group's float32 sum, the same bits on every member.
+        ``wire``: ``itemsize``, ``overlap_before``, ``overlap_after`` of the recorded call
+        (``CollectiveCall``)."""
         return self._call("allreduce", axis, x, tag, kind, after_record, **wire)
 
     def ppermute(self, axis: str, x: np.ndarray, shift: int, *, tag: str, kind: str,

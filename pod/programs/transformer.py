@@ -271,7 +271,8 @@ class ShardedTransformer:
                        for key, local in keys}
         # the experts' weights: split over expert on this dimension (None: replicated)
         self._expert_split = {key: getattr(layer, "expert_split", {}).get(local)
-                              for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
+                              for layer, keys in zip(self.local_model.layers, self._keys,
+                                                     strict=True)
                               for key, local in keys}
         owner: dict[str, int] = {}
         for i, keys in enumerate(self._keys):
@@ -658,7 +659,8 @@ class ShardedTransformer:
             part = vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
                              out=(part.shape, np.float32))
         if not core.execute:
-            return {key: timing_zeros((n,), np.float32) for key, n in zip(grads, widths, strict=True)}
+            return {key: timing_zeros((n,), np.float32)
+                    for key, n in zip(grads, widths, strict=True)}
         return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1]), strict=True))
 
     def _allreduce_keys(self, core, comm, axis: str, tag: str, grads, widths, part,
@@ -667,7 +669,8 @@ class ShardedTransformer:
         parameters replicated over an axis whose devices saw different tokens (with
         sequence parallelism the norms and embeddings over tensor, which saw a
         sequence chunk each; with experts everything but the experts over expert)."""
-        chosen = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths), strict=True) if replicated(k)]
+        chosen = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths), strict=True)
+                  if replicated(k)]
         if not chosen:
             return part
         kw = {"tag": tag, "kind": "grad_reduce", "after_record": len(core.records)}
