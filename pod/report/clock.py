@@ -546,7 +546,8 @@ class StepContext:
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
     """Seconds by what bounds each record, over records [start, stop)."""
     out: dict[str, float] = {}
-    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop], strict=True):
+    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop],
+                    strict=True):
         if b not in (HOST_OUT, HOST_IN):  # beside the compute (host_offload_seconds)
             out[b] = out.get(b, 0.0) + s
     return out
@@ -561,9 +562,9 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
 
     The step is the slowest device's clock (:func:`device_clocks`: its records
     and calls, the collectives costed by ``costs.seconds`` over every group of
-    their axis at once, a pipeline's stages clocked together), plus the exposed infeed (``infeed_bytes`` of the
-    busiest chip over the host link, hidden behind the step before with
-    overlap) and the host dispatch.
+    their axis at once, a pipeline's stages clocked together), plus the exposed
+    infeed (``infeed_bytes`` of the busiest chip over the host link, hidden behind
+    the step before with overlap) and the host dispatch.
 
     Args:
         step: zero-based step number.

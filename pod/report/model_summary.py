@@ -28,9 +28,9 @@ from pod.workloads.models import Model
 from pod.workloads.optimizers import OPTIMIZER_NAMES
 from pod.workloads.transformer import TransformerModel
 
-__all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
-           "layer_detail_table", "plan_model_tables", "plan_sharding_table", "sharding_groups",
-           "sharding_table", "FitWidth"]
+__all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table",
+           "op_bound", "layer_detail_table", "plan_model_tables", "plan_sharding_table",
+           "sharding_groups", "sharding_table", "FitWidth"]
 
 BOUNDS = OP_BOUNDS
 
@@ -313,8 +313,8 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int], *,
     the output dimension, row-parallel the input one), its shape on one tensor
     device, the chunk one device keeps after the ``fsdp`` split (ZeRO-3: flattened,
     then split) and its float32 bytes; an MoE's expert weights say their split over
-    ``expert`` (E / expert experts a device) in the split column. Identical consecutive layers are one group
-    ("block1 .. block60 (x60)", bytes per layer).
+    ``expert`` (E / expert experts a device) in the split column. Identical
+    consecutive layers are one group ("block1 .. block60 (x60)", bytes per layer).
 
     Args:
         layouts: ``ShardedTransformer.param_layout()``.

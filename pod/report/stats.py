@@ -359,7 +359,8 @@ class StepStats:
     def ici_link_utilization(self) -> dict[str, float]:
         """Per directed link: bytes / (one-way bandwidth x simulated step seconds), 0..1."""
         denom = self.ici_link_bandwidth_bytes_per_s * self.step_seconds
-        return {link: (nbytes / denom if denom else 0.0) for link, nbytes in self.ici_link_bytes.items()}
+        return {link: (nbytes / denom if denom else 0.0)
+                for link, nbytes in self.ici_link_bytes.items()}
 
     def row(self) -> dict[str, float]:
         """A flat record for steps.csv (scalars only); ``step`` counts from 1, as the
