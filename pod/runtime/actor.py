@@ -176,7 +176,8 @@ class ChipActor:
         Raises:
             KeyError, ValueError: the arrays do not fit the program's model.
         """
-        return [d.load(params, opt_state, state) for d, state in zip(self.devices, model_states, strict=False)]
+        return [d.load(params, opt_state, state)
+                for d, state in zip(self.devices, model_states, strict=False)]
 
     def digests(self) -> list[tuple[str, str]]:
         """Each device's (parameters, optimizer state) digests."""

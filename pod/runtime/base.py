@@ -47,7 +47,8 @@ class Evaluation:
         self.accuracy = sums.correct / n if n else float("nan")
 
     def __repr__(self) -> str:
-        return f"Evaluation(loss={self.loss!r}, accuracy={self.accuracy!r}, count={self.sums.count})"
+        return (f"Evaluation(loss={self.loss!r}, accuracy={self.accuracy!r}, "
+                f"count={self.sums.count})")
 
 
 def plan_program(plan: TrainingPlan) -> DeviceProgram:
@@ -215,7 +216,8 @@ class PodBase:
                 would silently drop the others); names the first differing device.
         """
         snaps = self._snapshot([c.data == 0 for c in self.coords])
-        first = {_place(c): s.digests for s, c in zip(snaps, self.coords, strict=False) if c.data == 0}
+        first = {_place(c): s.digests
+                 for s, c in zip(snaps, self.coords, strict=False) if c.data == 0}
         for s, c in zip(snaps, self.coords, strict=False):
             if s.digests != first[_place(c)]:
                 raise CheckpointError(f"device {s.device} differs from its data replica 0 "

@@ -217,8 +217,8 @@ class BufferActor:
         if self.buffer is None:
             raise RuntimeError(f"chip {self.rank}: run_collective without a buffer")
         try:
-            self.ici_port().run(run_id, list(plan), dict(zip(peers, addresses, strict=False)), self.buffer,
-                                self.chunk_bounds)
+            self.ici_port().run(run_id, list(plan), dict(zip(peers, addresses, strict=False)),
+                                self.buffer, self.chunk_bounds)
         except BaseException:
             self.buffer = None  # partly reduced: never read
             raise

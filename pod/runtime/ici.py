@@ -209,7 +209,8 @@ class IciPort:
         self._mailbox: dict[tuple[int, int, int], np.ndarray] = {}
         self._mailbox_bytes = 0  # admitted chunks' bytes (being read or waiting to apply)
         self._mailbox_chunks = 0
-        self._faults: collections.OrderedDict[int, tuple[int | None, str]] = collections.OrderedDict()
+        self._faults: collections.OrderedDict[int, tuple[int | None, str]] = (
+            collections.OrderedDict())
         self._dropped: collections.deque[str] = collections.deque(maxlen=_KEPT_REASONS)
         self._lost: set[int] = set()
         self._free: dict[int, list[np.ndarray]] = {}

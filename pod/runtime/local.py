@@ -132,7 +132,8 @@ class LocalPod(PodBase):
 
     def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
               ) -> list[tuple[str, str]]:
-        return [d.load(params, opt_state, s) for d, s in zip(self.devices, model_states, strict=False)]
+        return [d.load(params, opt_state, s)
+                for d, s in zip(self.devices, model_states, strict=False)]
 
     def _digests(self) -> list[tuple[str, str]]:
         return [d.digests() for d in self.devices]

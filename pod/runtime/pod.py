@@ -185,17 +185,20 @@ class Pod(PodBase):
                       trace: bool) -> list[DeviceReport]:
         base, seed = self._next_runs(), self.plan.training.seed
         refs = [actor.step.remote(step, cx, cy, seed, base, trace)
-                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys), strict=False)]
+                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys),
+                                         strict=False)]
         return [r for chip in self._get_all(refs) for r in chip]
 
     def _evaluate_devices(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[EvalSums]:
         base = self._next_runs()
         refs = [actor.evaluate.remote(cx, cy, base)
-                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys), strict=False)]
+                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys),
+                                         strict=False)]
         return [s for chip in self._get_all(refs) for s in chip]
 
     def _snapshot(self, full: Sequence[bool]) -> list[Any]:
-        refs = [a.snapshot.remote(f) for a, f in zip(self.actors, self._per_chip(full), strict=False)]
+        refs = [a.snapshot.remote(f)
+                for a, f in zip(self.actors, self._per_chip(full), strict=False)]
         return [s for chip in self._get_all(refs) for s in chip]
 
     def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
