@@ -133,7 +133,8 @@ def _unpack_array(source: str, name: str, d: Any) -> np.ndarray:
                               "numbers and booleans only")
     if len(data) != int(np.prod(shape)) * dtype.itemsize:
         raise CheckpointError(f"{source}: array {name!r} of shape {shape} and dtype {dtype} "
-                              f"needs {int(np.prod(shape)) * dtype.itemsize} bytes, has {len(data)}")
+                              f"needs {int(np.prod(shape)) * dtype.itemsize} bytes, "
+                              f"has {len(data)}")
     out = np.frombuffer(data, dtype).reshape(shape).astype(dtype.newbyteorder("="))
     out.flags.writeable = False
     return out
@@ -303,5 +304,6 @@ def mean_replica_state(replicas: list[list[dict[str, np.ndarray]]] | list[dict[s
     """
     flat = [s for group in replicas for s in (group if isinstance(group, list) else [group])]
     # np.asarray: an array as annotated (np.mean's stub also allows a scalar)
-    return {k: np.asarray(np.mean([s[k] for s in flat], axis=0, dtype=np.float64).astype(np.float32))
+    return {k: np.asarray(np.mean([s[k] for s in flat], axis=0,
+                                  dtype=np.float64).astype(np.float32))
             for k in names}

@@ -24,8 +24,8 @@ from pod.state.checkpoint import (
 )
 from pod.state.checks import check_state
 
-__all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
-           "resume_checkpoint", "RunCheckpoints"]
+__all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_compatible",
+           "check_state", "resume_checkpoint", "RunCheckpoints"]
 
 
 def _rng_and_position(plan, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -210,7 +210,8 @@ def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -
     n = int(plan.dataset.x_train.shape[0])
     if position and position.get("num_examples") != n:
         raise CheckpointError(f"{source}: the checkpoint's data order is over "
-                              f"{position.get('num_examples')} train examples, this data set has {n}")
+                              f"{position.get('num_examples')} train examples, "
+                              f"this data set has {n}")
 
 
 def resume_checkpoint(directory: str | Path, plan,
@@ -289,8 +290,9 @@ class RunCheckpoints:
         same = resume_dir is not None and Path(resume_dir).resolve() == self.dir.resolve()
         if existing and not same:
             raise CheckpointError(
-                f"checkpoint.dir: {self.dir} already holds {len(existing)} checkpoint(s) of an earlier "
-                f"run (newest: step {existing[0][0]}); continue it with --resume {self.dir}, or move "
+                f"checkpoint.dir: {self.dir} already holds {len(existing)} checkpoint(s) of an "
+                f"earlier run (newest: step {existing[0][0]}); continue it with --resume "
+                f"{self.dir}, or move "
                 "them away or choose another dir (they are never overwritten by a new run)")
 
     def due(self, steps_done: int, total_steps: int) -> bool:
