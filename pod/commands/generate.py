@@ -57,7 +57,8 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
     layers = model.layers
     emb, lstm, dense = layers if len(layers) == 3 else (None, None, None)
     if not (isinstance(emb, Embedding) and isinstance(lstm, LSTM) and isinstance(dense, Dense)):
-        raise ValueError(f"generate needs a char_lstm model (Embedding, LSTM, Dense), got {model.name!r}")
+        raise ValueError(f"generate needs a char_lstm model (Embedding, LSTM, Dense), "
+                         f"got {model.name!r}")
     check_int(length, "length")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
@@ -98,11 +99,13 @@ def _prompt(model: Model, vocabulary: str, prompt: str) -> tuple[dict[str, int],
             character outside it.
     """
     if len(vocabulary) != model.num_classes:
-        raise ValueError(f"the vocabulary has {len(vocabulary)} characters, the model {model.num_classes}")
+        raise ValueError(f"the vocabulary has {len(vocabulary)} characters, "
+                         f"the model {model.num_classes}")
     index = {c: i for i, c in enumerate(vocabulary)}
     unknown = sorted({c for c in prompt if c not in index})
     if unknown:
-        raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's vocabulary")
+        raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's "
+                         "vocabulary")
     return index, prompt or ("\n" if "\n" in index else vocabulary[0])
 
 

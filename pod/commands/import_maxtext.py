@@ -140,7 +140,8 @@ def read_maxtext(files: Sequence[str | Path], overrides: Sequence[str] = ()) -> 
         if item.key not in values:
             close = difflib.get_close_matches(item.key, list(values), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
-            raise ScenarioError(f"{item.key}: not a key of {' or '.join(Path(f).name for f in files)} "
+            raise ScenarioError(f"{item.key}: not a key of "
+                                f"{' or '.join(Path(f).name for f in files)} "
                                 f"(got {item.text}){hint}")
         values[item.key], origin[item.key] = item.value, "command line"
     return MaxTextConfig(values, origin, Path(files[0]).name)
@@ -431,7 +432,8 @@ MAPPED = frozenset({
 #: why). "error": not modelled; "warning": approximated.
 STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
     "num_slices": ((-1, 1), "error", "several slices over DCN are not modelled yet"),
-    "compile_topology_num_slices": ((-1, 1), "error", "several slices over DCN are not modelled yet"),
+    "compile_topology_num_slices": ((-1, 1), "error",
+                                    "several slices over DCN are not modelled yet"),
     "gradient_accumulation_steps": ((1,), "error", "gradient accumulation is not modelled"),
     "attention_type": (("global", "local_sliding"), "error", "only global (and sliding-window) "
                        "attention are modelled"),

@@ -139,7 +139,8 @@ def _sweep_of(scenario: Scenario) -> SweepConfig:
         ScenarioError: not a training scenario with a sweep block.
     """
     if scenario.sweep is None or scenario.training is None:
-        raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a sweep: block")
+        raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a "
+                            "sweep: block")
     return scenario.sweep
 
 
@@ -300,7 +301,8 @@ def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) 
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
         "generation": plan.pod.chip.name, "chips": plan.pod.chips,
-        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "allreduce_algorithm": plan.ici.algorithm,
+        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name,
+        "allreduce_algorithm": plan.ici.algorithm,
         "precision": plan.training.precision, "global_batch": plan.global_batch,
         "simulated_step_seconds": step,
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
@@ -481,7 +483,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
         layout["remat"] = v["model__options"].get("remat", "")
     if v.get("training__microbatches") is not None:
         layout["microbatches"] = v["training__microbatches"]
-    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
+    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""),
+            "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", math.nan),
             "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
             "generation": v.get("pod__slice") or v.get("pod__chip") or "",
@@ -521,7 +524,8 @@ def sweep_kind(scenario: Scenario) -> str:
         ("mesh", sweep.mesh), ("remat", sweep.remat), ("per-device batch", sweep.per_device_batch),
         ("microbatches", sweep.microbatches),
         ("global batch", sweep.global_batch), ("per-core batch", sweep.per_core_batch),
-        ("precision", sweep.precision), ("allreduce", sweep.allreduce)) if values and len(values) > 1]
+        ("precision", sweep.precision), ("allreduce", sweep.allreduce))
+        if values and len(values) > 1]
     if not varied:
         return "one point"
     return "a sweep of " + (", ".join(varied[:-1]) + " and " + varied[-1] if len(varied) > 1
@@ -544,16 +548,19 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     for r in rows:
         if r["status"] == "ok":
             lines.append(
-                f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | {r['topology']} | "
-                f"{r['allreduce_algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
+                f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | "
+                f"{r['topology']} | {r['allreduce_algorithm']} | {r['global_batch']} | "
+                f"{r['simulated_step_seconds'] * 1e3:.4f} | "
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['collective_seconds'] * 1e3:.4f} | "
-                f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
+                f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | "
+                f"{r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {_cell(r['scaling_efficiency'], '.2f')} | "
                 f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
-            lines.append(f"| {r['point']} | {r['generation']} | {_cell(r['chips'])} | | {r['topology']} | "
-                         f"{r['allreduce_algorithm']} | {_cell(r['global_batch'])} | | | | | | | | | | | | "
+            lines.append(f"| {r['point']} | {r['generation']} | {_cell(r['chips'])} | | "
+                         f"{r['topology']} | {r['allreduce_algorithm']} | "
+                         f"{_cell(r['global_batch'])} | | | | | | | | | | | | "
                          f"failed: {error} |")
     return head + "\n".join(lines) + "\n" + _layout_table(rows)
 
@@ -581,7 +588,8 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
                        f"{hbm} | ok |")
         else:
             why = str(r["error"]).replace("|", "/")
-            out.append(f"| {r['point']} | {_cell(r['chips'])} | {r['mesh']} | {r.get('remat', '')} | "
+            out.append(f"| {r['point']} | {_cell(r['chips'])} | {r['mesh']} | "
+                       f"{r.get('remat', '')} | "
                        f"{_cell(r['per_device_batch'])} | {_cell(r.get('microbatches'))} | | | | | "
                        f"| {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
                        f": {why} |")
@@ -692,7 +700,8 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
             ax.bar(range(len(rs)), values, bottom=bottom, label=part)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs],
-                      rotation=90 if x_key == "layout" else 0, fontsize=7 if x_key == "layout" else None)
+                      rotation=90 if x_key == "layout" else 0,
+                      fontsize=7 if x_key == "layout" else None)
         ax.set_xlabel(x_label)
         ax.set_ylabel("simulated ms per step")
         ax.set_title(label, fontsize=10)
@@ -867,9 +876,9 @@ def plot_layouts(rows: list[dict[str, Any]], output_dir: Path, title: str) -> Pa
 def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], output_dir: Path,
                   title: str = "") -> Path:
     """One bar per layout: compute, update, the pipeline bubble and exposed collective
-    seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with their need; the
-    layout that fits with the most tokens (examples) per second marked with a star; MFU
-    and HBM per device beside each bar."""
+    seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with
+    their need; the layout that fits with the most tokens (examples) per second marked
+    with a star; MFU and HBM per device beside each bar."""
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(_layout_label(r))

@@ -584,7 +584,8 @@ class Run:
         by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
         self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
                            f"steps{wrote}"
-                           + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints else ""),
+                           + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints
+                              else ""),
                            highlight=False)
 
 
