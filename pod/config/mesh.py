@@ -435,7 +435,8 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
     if math.prod(shape) != count:
         raise ValueError(f"mesh {format_axes(axes)} has {math.prod(shape)} devices, not {count}")
     phys = _physical_axes(torus, per_chip)
-    placed = {name: _place(name, size, phys) for name, size in reversed(list(zip(names, shape, strict=True)))}
+    placed = {name: _place(name, size, phys)
+              for name, size in reversed(list(zip(names, shape, strict=True)))}
     # every physical axis (split ones as their blocks), slowest first, as the ids lie
     physical = _slow_first([k for blocks in placed.values() for k in blocks], torus.ndim)
     ids = np.arange(count).reshape([k.size for k in physical])
@@ -553,7 +554,8 @@ def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
     full = (slice_of.reshape(*outer, *([1] * len(names))) * n_local
             + local.reshape(*([1] * len(names)), *ici))                 # (dcn..., ici...)
     k = len(names)
-    order = [i for pair in zip(range(k), range(k, 2 * k), strict=True) for i in pair]   # dcn_i outer of ici_i
+    # dcn_i outer of ici_i
+    order = [i for pair in zip(range(k), range(k, 2 * k), strict=True) for i in pair]
     shape = tuple(o * i for o, i in zip(outer, ici, strict=True))
     devices = full.transpose(order).reshape(shape)
     devices.flags.writeable = False
@@ -621,7 +623,8 @@ def _sharded_items(params: int, optimizer_bytes_per_param: float, fsdp: int, ten
                    activation_bytes_per_example: int = 0, per_device_batch: int = 0,
                    largest_layer: int = 0) -> dict[str, int]:
     if figures is None:  # closed forms: everything split evenly
-        figures = DeviceFigures(math.ceil(params / (fsdp * tensor)), math.ceil(largest_layer / tensor),
+        figures = DeviceFigures(math.ceil(params / (fsdp * tensor)),
+                                math.ceil(largest_layer / tensor),
                                 math.ceil(per_device_batch * activation_bytes_per_example / tensor))
     local = figures.params
     items = {

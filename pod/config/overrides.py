@@ -108,7 +108,8 @@ def parse_override(text: str) -> Override:
     return Override(key=key, value=value, text=text.strip())
 
 
-def as_overrides(items: Iterable[str | Override] | Mapping[str, Any] | None) -> tuple[Override, ...]:
+def as_overrides(items: Iterable[str | Override] | Mapping[str, Any] | None
+                 ) -> tuple[Override, ...]:
     """Overrides from ``["k=v", ...]`` (VALUE read as YAML) or ``{"k": value}`` (values as given).
 
     Raises:

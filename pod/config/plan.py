@@ -516,8 +516,9 @@ def plan_ici(pod: PodShape, mesh: Mesh, num_elements: int, algorithm: str,
     runs on a TPU slice, ``torus`` (every torus axis at once, both directions:
     ``interconnect.chains``; the calibration of VALIDATION.md reads the published
     collective rows with it, and the fastest of the textbook algorithms
-    underestimates small slices without wraparound by up to 68%: C8 / C10). Every step's collectives are then costed with it
-    (``MeshCollectiveCosts``, link faults in force). A mesh with fsdp or tensor
+    underestimates small slices without wraparound by up to 68%: C8 / C10). Every
+    step's collectives are then costed with it (``MeshCollectiveCosts``, link faults
+    in force). A mesh with fsdp or tensor
     axes has no such axis: its ``IciPlan`` holds the link only (the algorithm
     choice would take minutes at pod scale for nothing).
 

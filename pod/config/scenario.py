@@ -357,7 +357,8 @@ class OptimizerConfig(_Frozen):
                              f"{self.name} takes learning_rate, beta1, beta2 and eps"
                              + (" and weight_decay" if self.name == "adamw" else ""))
         if self.name == "adam" and self.weight_decay is not None:
-            raise ValueError(f"weight_decay: belongs to adamw, not adam (got {self.weight_decay!r}); "
+            raise ValueError(f"weight_decay: belongs to adamw, not adam "
+                             f"(got {self.weight_decay!r}); "
                              "use name: adamw for decoupled weight decay")
         return self
 
@@ -1053,7 +1054,8 @@ def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str |
         # paths in a scenario are relative to the scenario file, not to the working directory
         data["data"]["path"] = str(base.resolve() / Path(data_path).expanduser())
     checkpoint = data.get("checkpoint") if isinstance(data, dict) else None
-    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str) and checkpoint["dir"]:
+    if (isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str)
+            and checkpoint["dir"]):
         # like data.path: relative to the scenario file
         checkpoint["dir"] = str(base.resolve() / Path(checkpoint["dir"]).expanduser())
     if edit is not None and isinstance(data, dict):

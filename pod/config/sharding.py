@@ -188,7 +188,8 @@ class MeshCollectiveCosts:
         if self.algorithm not in GROUP_ALGORITHMS:
             raise ValueError(f"mesh collective algorithm {self.algorithm!r} is unknown; allowed: "
                              f"{', '.join(GROUP_ALGORITHMS)}")
-        if isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int) or self.itemsize < 1:
+        if (isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int)
+                or self.itemsize < 1):
             raise ValueError(f"itemsize {self.itemsize!r} is not valid: bytes per element, an "
                              "int >= 1 (2 for bf16)")
 

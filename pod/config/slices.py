@@ -142,7 +142,8 @@ def _slice(name: str) -> tuple[ChipSpec, int, tuple[int, ...]]:
     shapes = SLICE_SHAPES.get(chip.name, {})
     if count not in shapes:
         valid = ", ".join(f"{chip.name}-{c}" for c in shapes)
-        per_chip = f", a multiple of {chip.tensorcores} per chip" if chip.slice_counts_tensorcores else ""
+        per_chip = (f", a multiple of {chip.tensorcores} per chip"
+                    if chip.slice_counts_tensorcores else "")
         raise ScenarioError(
             f"slice {name!r} does not exist: the number counts {unit} for {chip.name}{per_chip}; "
             f"valid {chip.name} slices: {valid}"
