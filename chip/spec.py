@@ -482,8 +482,7 @@ V2 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v2-8" = 8 cores = 4 chips [SEED]
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v2: v5e's per-chip figure [SB] assumed
@@ -510,8 +509,7 @@ V3 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v3-8" = 4 chips [GC-v3]
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v3: v5e's per-chip figure [SB] assumed
@@ -539,12 +537,11 @@ V4 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v4-8" = 4 chips [GC-v4]
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
-    # unpublished for v4: v5p's per-chip figure [SB] assumed (4 chips per host, as v5p)
-    dcn_bytes_per_s=6.25e9,
+    # unpublished for v4 (4 chips per host, as v5p):
+    dcn_bytes_per_s=6.25e9,  # v5p's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
@@ -628,8 +625,8 @@ V6E = ChipSpec.from_chip_figures(
     mxu_sustained_efficiency=None,  # fit: T5 (v6e) agrees without a drop, none fitted
     mxu_burst_seconds=0.0,  # fit: no drop, no time constant
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # fit on v6e row C5
-    # unpublished for v6e: v5e's per-chip figure [SB] assumed (8 chips per host, as v5e)
-    dcn_bytes_per_s=3.1e9,
+    # unpublished for v6e (8 chips per host, as v5e):
+    dcn_bytes_per_s=3.1e9,  # v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
