@@ -703,12 +703,11 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         Bytes per item (params, grads, optimizer_state, activations, workspace), total.
 
     Raises:
-        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the
-            mesh, its need per device and what would fit: another version of
-            the model on this mesh, e.g. ``remat full fits (12.1 GiB per
-            device)``, and the mesh of the same devices with more fsdp / tensor
-            sharding that fits, e.g. ``{data: 16} needs 19.5 GiB per device and
-            does not fit 16 GiB; {data: 2, fsdp: 8} fits (9.1 GiB per device)``.
+        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the mesh, its
+            need per device and what would fit: another version of the model on this mesh,
+            e.g. ``remat full fits (12.1 GiB per device)``, and the mesh of the same devices
+            with more fsdp / tensor sharding that fits, e.g. ``{data: 16} needs 19.5 GiB per
+            device and does not fit 16 GiB; {data: 2, fsdp: 8} fits (9.1 GiB per device)``.
             It carries the plan as ``memory_plan``.
     """
     largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
