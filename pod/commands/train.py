@@ -293,7 +293,8 @@ class Run:
             self.pod.restore(self.resumed)
         if self.trace_path is not None:
             self.trace_events.extend(metadata_events(f"pod.mesh {format_axes(plan.mesh.sizes)}",
-                                                     list(plan.mesh.sizes)))
+                                                     list(plan.mesh.sizes),
+                                                     plan.mesh.axis_size("stage")))
 
     def train(self) -> None:
         """Step until the last step, recovering from chip failures."""

@@ -550,6 +550,17 @@ def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
     return out
 
 
+def _stage_timelines(reports: Sequence[DeviceReport], clocks: Sequence[StepClock],
+                     slowest: DeviceReport) -> tuple[tuple[int, float, tuple], ...]:
+    """The slowest device's stage group, stage by stage: (device, step seconds, waits)
+    of each member's clock (empty without a stage axis, or a member not reported)."""
+    index = {x.device: i for i, x in enumerate(reports)}
+    if len(slowest.stage_group) <= 1 or any(d not in index for d in slowest.stage_group):
+        return ()
+    return tuple((d, clocks[index[d]].step_seconds, clocks[index[d]].waits)
+                 for d in slowest.stage_group)
+
+
 def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: Any,
                            context: StepContext, *, infeed_bytes: int, wall_seconds: float,
                            loss: float | None = None, replicate: int = 1,
@@ -616,6 +627,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
         axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
         collective_spans=c.spans, compute_waits=c.waits,
+        stage_timelines=_stage_timelines(reports, clocks, r),
         pipeline_bubble_seconds=c.bubble_seconds,
         compute_bound_seconds=_bounds(r, 0, update_start),
         update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),

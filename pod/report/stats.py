@@ -220,6 +220,9 @@ class StepStats:
         traced_device, collective_spans, compute_waits: the slowest device, its
             collectives placed in time (``CollectiveSpan``) and its compute
             stream's waits (start, end, axis), for the trace.
+        stage_timelines: a pipeline's stages as the slowest device's stage group
+            ran them, in stage order: (device, its step seconds, its compute
+            stream's waits, as ``compute_waits``); empty without a stage axis.
         compute_bound_seconds: the slowest device's forward + backward seconds by
             what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
         update_bound_seconds: the same for its update.
@@ -266,6 +269,7 @@ class StepStats:
     traced_device: int = -1
     collective_spans: tuple[Any, ...] = ()
     compute_waits: tuple[tuple[float, float, str], ...] = ()
+    stage_timelines: tuple[tuple[int, float, tuple[tuple[float, float, str], ...]], ...] = ()
     compute_bound_seconds: dict[str, float] = field(default_factory=dict)
     update_bound_seconds: dict[str, float] = field(default_factory=dict)
     expert_load: ExpertLoad | None = None
