@@ -268,8 +268,6 @@ class Run:
             f"{plan.global_batch:,} = {split}")
         for table in plan_model_tables(plan):
             self.console.print(table)
-        if self.output_dir is not None:
-            write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
@@ -285,6 +283,8 @@ class Run:
         plan = self.plan
         self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
+        if self.output_dir is not None:  # once the pod is up: a failed start-up keeps the old one
+            write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
         where = "chip actors" if self.backend == "ray" else "chips in this process"
         devices = (f" ({plan.mesh.size} devices)" if plan.mesh.size != plan.pod.chips else "")
         self.console.print(f"{plan.pod.chips} {where}{devices} ready in "
@@ -552,7 +552,8 @@ class Run:
         wrote = ""
         if self.output_dir is not None:
             write_json(self.output_dir / "summary.json", partial)
-            wrote = f"; wrote {self.output_dir / 'summary.json'} (partial), {self.rows.path}"
+            wrote = f"; wrote {self.output_dir / 'summary.json'} (partial)" + (
+                f", {self.rows.path}" if self.rows.started else "")
         # an error is printed once, by whoever catches it (the CLI's one line): not here
         by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
         self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
@@ -565,6 +566,7 @@ class _NoFiles:
     """steps.csv's stand-in for a run that writes no files."""
 
     path = None
+    started = False
 
     def __enter__(self) -> "_NoFiles":
         return self

@@ -269,13 +269,18 @@ class StepsCsv:
         self._writer: csv.DictWriter | None = None
 
     def __enter__(self) -> "StepsCsv":
-        with output_errors(self.path):
-            if self._keep_below is None or not self.path.exists():
-                write_atomic(self.path, lambda f: None)  # a new, empty file
-            else:
+        # a new file is made at the first row: a run that fails before its first step
+        # leaves an earlier run's steps.csv as it was
+        if self._keep_below is not None and self.path.exists():
+            with output_errors(self.path):
                 self.truncate(self._keep_below, reopen=False)
-            self._file = _append(self.path)
+                self._file = _append(self.path)
         return self
+
+    @property
+    def started(self) -> bool:
+        """This run has written to the file (a first row, or the kept rows of a resume)."""
+        return self._file is not None
 
     def __exit__(self, *exc: Any) -> None:
         if self._file is not None:
@@ -290,6 +295,9 @@ class StepsCsv:
             OutputError: the file system refused; one line naming the path.
         """
         with output_errors(self.path):
+            if self._file is None:  # the first row of a new file
+                write_atomic(self.path, lambda f: None)
+                self._file = _append(self.path)
             if self._writer is None:
                 self._writer = csv.DictWriter(self._file, fieldnames=list(row))
                 if self._file.tell() == 0:
@@ -308,6 +316,8 @@ class StepsCsv:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            if not self.path.exists():  # no row written yet: nothing to keep
+                return
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 fields = reader.fieldnames
