@@ -27,7 +27,7 @@ from pod.errors import USER_ERRORS, ChipFailureError, ClusterError
 from pod.programs import EvalSums
 from pod.report.clock import DeviceReport
 from pod.runtime.actor import ChipActor
-from pod.runtime.admission import ACTOR_CPUS
+from pod.runtime.admission import ACTOR_CPUS, admit_joined
 from pod.runtime.base import PodBase, chip_devices
 from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
 
@@ -95,6 +95,9 @@ class Pod(PodBase):
         check = check or (lambda: None)
         self._owns_ray = ensure_ray(self.ray_address, dashboard=self.plan.scenario.ray.dashboard)
         check()
+        if not self._owns_ray:  # a joined cluster: does it hold the pod? (a local one: admit)
+            admit_joined(self.plan, str(self.ray_address or "RAY_ADDRESS"),
+                         ray.available_resources())
         t0 = time.perf_counter()
         self.placement = self._place_hosts()
         check()
