@@ -95,7 +95,7 @@ def test_the_mesh_is_maxtexts_hybrid_mesh(ici, dcn, slices):
 def test_the_device_count_and_the_dcn_mesh_are_checked():
     from pod.errors import ScenarioError
 
-    with pytest.raises(ScenarioError, match=r"dcn_mesh: \{'data': 3\} must multiply to "
+    with pytest.raises(ScenarioError, match=r"dcn_mesh: \{data: 3\} must multiply to "
                                             r"pod.slices 2"):
         scenario({"slice": "v5e-4", "slices": 2, "dcn_mesh": {"data": 3}})
     plan = build_plan(scenario({"slice": "v5e-4", "slices": 2, "dcn_mesh": {"data": -1}}),
