@@ -591,6 +591,10 @@ class SweepConfig(_Frozen):
         default=None, min_length=1)
     per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
+    # multislice: pod.slices per point (MaxText's num_slices), the DCN axis of
+    # pod.dcn_mesh ({data: K} by default) as long as the slices
+    num_slices: tuple[Annotated[int, Field(gt=0, le=MAX_SLICES)], ...] | None = Field(
+        default=None, min_length=1)
     # pipelines (a mesh with a stage axis): training.microbatches per point
     microbatches: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
@@ -633,6 +637,17 @@ class SweepConfig(_Frozen):
     @classmethod
     def _one_or_many_devices(cls, value: Any) -> Any:
         return [value] if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("slices", mode="before")
+    @classmethod
+    def _names_not_counts(cls, value: Any) -> Any:
+        numbers = [v for v in (value if isinstance(value, (list, tuple)) else ())
+                   if isinstance(v, int) and not isinstance(v, bool)]
+        if numbers:
+            raise ValueError(f"{numbers[0]} is a number; sweep.slices lists slice names "
+                             f"(e.g. [v5e-256, v5e-512]); to sweep the number of slices "
+                             f"(pod.slices) give sweep.num_slices: {list(numbers)}")
+        return value
 
     @field_validator("slices")
     @classmethod
