@@ -384,6 +384,10 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                       topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
     check_links(cfg.links, pod.torus)
     mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh)
+    if mesh.dcn_size("expert") > 1:
+        raise ScenarioError(f"pod.dcn_mesh: expert {mesh.dcn_size('expert')} puts a mixture of "
+                            "experts' all-to-alls across slices, which is not modelled; keep "
+                            "expert in pod.mesh (one slice) and data or fsdp over the DCN")
     training = scenario.training
     try:
         check_precision(training.precision, pod.chip.core, pod.chip.name)

@@ -284,6 +284,8 @@ class MeshCollectiveCosts:
     def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
         """``op`` over an axis that spans K slices (:meth:`cost`): the in-slice parts over
         the ICI and the DCN part (:meth:`dcn_seconds`), one after another."""
+        if op not in DCN_OPS:  # an all-to-all across slices (the plan refuses it first)
+            raise ValueError(f"{op} over {axis}, which spans slices, is not modelled")
         one = self.mesh.in_slice
         g = one.axis_size(axis) if axis in one.axis_names else 1
         k = self.mesh.dcn_size(axis)
