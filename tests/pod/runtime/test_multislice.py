@@ -339,3 +339,31 @@ def test_a_chip_actor_killed_in_the_second_slice_on_ray_is_recovered(ray_cluster
     (event,) = summary["faults"]
     assert event["dead_chips"] == [6] and event["recovered"] is True
     assert event["steps_recomputed"] == 1 and event["detection_wall_seconds"] > 0
+
+
+# ------------------------------------------------------------------ the shipped scenario
+
+SHIPPED = ROOT / "scenarios/multislice-transformer-2x-v5e-4.yaml"
+
+
+def test_the_shipped_multislice_scenario_trains_in_process(tmp_path):
+    """``tpu-pod run scenarios/multislice-transformer-2x-v5e-4.yaml --in-process``, 4 steps:
+    two slices, the data axis across them, the loss going down."""
+    sc = load_scenario(SHIPPED).with_overrides(training__steps=4)
+    summary, rows, text = run_files(tmp_path, sc)
+    assert summary["completed"] is True and summary["replicas_identical"] is True
+    assert (summary["slices"], summary["dcn_mesh"]) == (2, {"data": 2})
+    assert summary["final_loss"] < summary["initial_loss"]
+    assert summary["collectives_by_axis"]["data"]["dcn_simulated_seconds"] > 0
+    assert len(rows) == 4 and "2 x v5e-4" in text
+
+
+@pytest.mark.slow
+def test_the_shipped_multislice_scenario_on_ray_equals_in_process(ray_cluster):
+    """The same scenario on Ray chip actors (two slices of 4), 3 steps: groups of two on
+    every axis, so the bits of the in-process run."""
+    plan = build_plan(load_scenario(SHIPPED).with_overrides(training__steps=3))
+    ray_losses, ray_params, _ = train(plan, backend="ray")
+    losses, params, _ = train(plan)
+    assert ray_losses == losses
+    assert all(ray_params[k].tobytes() == params[k].tobytes() for k in params)
