@@ -180,7 +180,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     meshes = sweep.mesh or (scenario.pod.mesh,)
     remats = sweep.remat or (None,)
     micros = sweep.microbatches or (None,)
-    counts = sweep.num_slices or (None,)
+    counts: tuple[int | None, ...] = sweep.num_slices or (None,)
     points = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
     seen: set[str] = set()
@@ -618,7 +618,8 @@ def _slices_table(rows: list[dict[str, Any]]) -> str:
            "collectives s | status |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["status"] == "ok":
-            out.append(f"| {r['point']} | {r['slices']} | {r['chips']:,} | {r['dcn_mesh'] or '-'} | "
+            out.append(f"| {r['point']} | {r['slices']} | {r['chips']:,} | "
+                       f"{r['dcn_mesh'] or '-'} | "
                        f"{r['simulated_step_seconds']:.4f} | "
                        f"{_cell(r['simulated_tokens_per_second'], ',.0f')} | {r['mfu']:.2%} | "
                        f"{r['dcn_collective_seconds']:.4f} | "
@@ -878,8 +879,8 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
         batch = (f"{r['per_device_batch']} per device" if scenario.sweep.scaling == "weak"
                  else f"global batch {r['global_batch']}")
         lines.setdefault(f"remat {r['remat'] or 'none'}, {batch}", []).append(r)
-    x_key, x_label = (("slices", "slices (joined by the DCN)") if scenario.sweep.num_slices
-                      else ("chips", "chips"))
+    counts = scenario.sweep.num_slices if scenario.sweep is not None else None
+    x_key, x_label = ("slices", "slices (joined by the DCN)") if counts else ("chips", "chips")
     for label, rs in lines.items():
         rs = sorted(rs, key=lambda r: r[x_key])
         xs = [r[x_key] for r in rs]
@@ -893,10 +894,9 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     left.set_yscale("log")
     top = max((100 * r["mfu"] for rs in lines.values() for r in rs), default=1.0)
     right.set_ylim(0, 1.15 * top)   # a flat line at the top stays visible
-    if scenario.sweep.num_slices:   # the slice counts as ticks, not powers of two
+    if counts:   # the slice counts as ticks, not powers of two
         for ax in (left, right):
-            ax.set_xticks(list(scenario.sweep.num_slices),
-                          [str(k) for k in scenario.sweep.num_slices])
+            ax.set_xticks(list(counts), [str(k) for k in counts])
             ax.minorticks_off()
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario.name}: {sweep_kind(scenario)} (simulated)")

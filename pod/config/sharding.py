@@ -31,8 +31,8 @@ from typing import Any
 from chip import ChipSpec
 
 from interconnect import (DCN_OPS, GROUP_ALGORITHMS, GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost,
-                          Torus, dcn_collective_bytes, dcn_collective_seconds, group_collective_cost,
-                          group_ppermute_cost)
+                          Torus, dcn_collective_bytes, dcn_collective_seconds,
+                          group_collective_cost, group_ppermute_cost)
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
 __all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",

@@ -39,8 +39,8 @@ never a step number. The chip generation is ``tpu_pod_info``'s ``generation`` la
 | tpu_pod_collective_seconds_total | counter | axis | simulated seconds of the collectives over a mesh axis |
 | tpu_pod_collective_exposed_seconds_total | counter | axis | the part of them the compute waited for |
 | tpu_pod_collective_bytes_total | counter | axis | bytes a device passed to them |
-| tpu_pod_dcn_collective_seconds_total | counter | axis | the part of an axis's collective seconds across the data-centre network (multislice: an axis of ``pod.dcn_mesh``) |
-| tpu_pod_dcn_transferred_bytes_total | counter | axis | bytes a device sent across the DCN in the axis's collectives |
+| tpu_pod_dcn_collective_seconds_total | counter | axis | the axis's seconds across slices (DCN) |
+| tpu_pod_dcn_transferred_bytes_total | counter | axis | bytes a device sent across the DCN |
 | tpu_pod_expert_routed_tokens | gauge | expert | last step: token choices routed to the expert, every MoE layer, every device (mixture of experts) |
 | tpu_pod_expert_load_max_over_mean_ratio | gauge | | last step: the busiest expert's choices over the mean, worst layer (1: balanced) |
 | tpu_pod_expert_dropped_ratio | gauge | | last step: the share of token choices over capacity |
