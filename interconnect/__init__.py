@@ -56,7 +56,7 @@ from interconnect.collectives import (
 from interconnect.calibration import CALIBRATION, Calibration, calibrated_link
 from interconnect.chains import ppermute
 from interconnect.cost import FAST_PATHS, ScheduleCost, collective_cost, schedule_cost, schedule_time
-from interconnect.dcn import DCN_OPS, dcn_collective_seconds
+from interconnect.dcn import DCN_OPS, dcn_collective_bytes, dcn_collective_seconds
 from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError, TopologyError
 from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
 from interconnect.execute import execute
@@ -69,6 +69,7 @@ from interconnect.topology import Torus, parse_shape
 
 __all__ = [
     "DCN_OPS",
+    "dcn_collective_bytes",
     "dcn_collective_seconds",
     "InterconnectError",
     "TopologyError",

@@ -561,6 +561,23 @@ def _stage_timelines(reports: Sequence[DeviceReport], clocks: Sequence[StepClock
                  for d in slowest.stage_group)
 
 
+def _dcn_parts(calls: Sequence[Any], costs: Any) -> tuple[dict[str, float], dict[str, int]]:
+    """``StepStats``' ``axis_dcn_seconds`` and ``axis_dcn_bytes``: per mesh axis that spans
+    slices, the DCN part of a device's collectives (``costs.dcn_seconds`` and
+    ``costs.dcn_bytes``; nothing when ``costs`` has no DCN, or in one slice)."""
+    seconds: dict[str, float] = {}
+    sent: dict[str, int] = {}
+    if not hasattr(costs, "dcn_seconds"):
+        return seconds, sent
+    for call in calls:
+        s = costs.dcn_seconds(call.axis, call.op, int(call.nbytes))
+        if s > 0:
+            seconds[call.axis] = seconds.get(call.axis, 0.0) + s
+            sent[call.axis] = sent.get(call.axis, 0) + int(costs.dcn_bytes(call.axis, call.op,
+                                                                          int(call.nbytes)))
+    return seconds, sent
+
+
 def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: Any,
                            context: StepContext, *, infeed_bytes: int, wall_seconds: float,
                            loss: float | None = None, replicate: int = 1,
@@ -598,6 +615,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     infeed = infeed_bytes / context.host_to_chip_bytes_per_s
     exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
     update_start = len(r.record_seconds) if r.update_start is None else r.update_start
+    dcn_seconds, dcn_bytes = _dcn_parts(r.calls, costs)
     per_chip: dict[int, float] = {}
     for x, clock in zip(reports, clocks):
         chip = x.device // context.devices_per_chip
@@ -629,6 +647,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         collective_spans=c.spans, compute_waits=c.waits,
         stage_timelines=_stage_timelines(reports, clocks, r),
         pipeline_bubble_seconds=c.bubble_seconds,
+        axis_dcn_seconds=dcn_seconds, axis_dcn_bytes=dcn_bytes,
         compute_bound_seconds=_bounds(r, 0, update_start),
         update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),
         expert_load=ExpertLoad.total(x.router_loads for x in reports))

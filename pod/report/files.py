@@ -122,9 +122,11 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "collectives_by_axis": {
             axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
                    "simulated_seconds": mean(f"{axis}_collective_seconds"),
-                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds")}
+                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds"),
+                   **_dcn_split(plan, axis, mean)}
             for axis in plan.mesh.axis_names},
         "ici_bytes_per_step": totals.ici_bytes_per_step,
+        "dcn_bytes_per_step": sum(mean(f"{a}_dcn_bytes") for a in plan.mesh.dcn_sizes),
         "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s,
         "wall_seconds": wall_seconds,
         "wall_step_seconds": mean("wall_seconds"),
@@ -134,6 +136,17 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
     } | _moe(plan, totals)
+
+
+def _dcn_split(plan: Any, axis: str, mean: Any) -> dict[str, Any]:
+    """An axis's part across slices in ``collectives_by_axis`` (multislice: an axis with a
+    ``pod.dcn_mesh`` factor): the slices it spans, the DCN seconds within its
+    ``simulated_seconds`` and the bytes a device sends across the DCN per step."""
+    slices = plan.mesh.dcn_sizes.get(axis, 1)
+    if slices == 1:
+        return {}
+    return {"dcn_slices": slices, "dcn_simulated_seconds": mean(f"{axis}_dcn_seconds"),
+            "dcn_bytes_per_step": mean(f"{axis}_dcn_bytes")}
 
 
 def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:

@@ -234,6 +234,11 @@ class StepStats:
         pipeline_bubble_seconds: what the slowest device's compute stream waited
             for other pipeline stages (``pod.report.clock``; 0 without a stage
             axis).
+        axis_dcn_seconds: per mesh axis that spans slices (multislice), the part of
+            its ``axis_collective_seconds`` spent across the data-centre network
+            (``MeshCollectiveCosts.dcn_seconds``); empty in one slice.
+        axis_dcn_bytes: per such axis, the bytes the slowest device sent across the
+            DCN (``MeshCollectiveCosts.dcn_bytes``).
     """
 
     step: int
@@ -276,6 +281,8 @@ class StepStats:
     test_loss: float | None = None
     test_accuracy: float | None = None
     pipeline_bubble_seconds: float = 0.0
+    axis_dcn_seconds: dict[str, float] = field(default_factory=dict)
+    axis_dcn_bytes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:
@@ -380,6 +387,8 @@ class StepStats:
         for axis in AXIS_ORDER:
             data[f"{axis}_collective_seconds"] = self.axis_collective_seconds.get(axis, 0.0)
             data[f"{axis}_exposed_seconds"] = self.axis_exposed_seconds.get(axis, 0.0)
+        data["dcn_collective_seconds"] = sum(self.axis_dcn_seconds.values())
+        data["dcn_bytes"] = int(sum(self.axis_dcn_bytes.values()))
         data.pop("expert_load", None)
         if self.expert_load is not None:
             data["expert_load_max_over_mean"] = self.expert_load.max_over_mean
@@ -393,7 +402,8 @@ AXIS_ORDER = ("data", "stage", "fsdp", "expert", "tensor")
 
 #: the StepStats figures a run's summary averages (``StepTotals``).
 AXIS_FIELDS = tuple(f"{axis}_{what}" for axis in AXIS_ORDER
-                    for what in ("collective_bytes", "collective_seconds", "exposed_seconds"))
+                    for what in ("collective_bytes", "collective_seconds", "exposed_seconds",
+                                 "dcn_seconds", "dcn_bytes"))
 TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
                 "collective_seconds", "update_seconds", "wall_seconds",
                 "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
@@ -408,7 +418,9 @@ def _total_value(stats: StepStats, name: str) -> float:
         axis, what = name.split("_", 1)
         source = {"collective_bytes": stats.axis_collective_bytes,
                   "collective_seconds": stats.axis_collective_seconds,
-                  "exposed_seconds": stats.axis_exposed_seconds}[what]
+                  "exposed_seconds": stats.axis_exposed_seconds,
+                  "dcn_seconds": stats.axis_dcn_seconds,
+                  "dcn_bytes": stats.axis_dcn_bytes}[what]
         return float(source.get(axis, 0.0))
     return float(getattr(stats, name))
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import ray
 
+from pod.config.faults import host_of
 from pod.config.plan import TrainingPlan
 from pod.errors import USER_ERRORS, ChipFailureError, ClusterError
 from pod.programs import EvalSums
@@ -114,8 +115,10 @@ class Pod(PodBase):
         self._get([a.set_peers.remote(addresses) for a in self.actors])
 
     def host_of(self, rank: int) -> int:
-        """The TPU host a chip belongs to: ranks in blocks of the chip's chips_per_host."""
-        return rank // self.plan.pod.chip.chips_per_host
+        """The TPU host a chip belongs to (``pod.config.faults.host_of``: blocks of the
+        chip's chips_per_host, never across two slices)."""
+        pod = self.plan.pod
+        return host_of(rank, pod.chip.chips_per_host, pod.torus.num_chips)
 
     def _place_hosts(self) -> Any:
         """One placement-group bundle per TPU host, spread over the Ray nodes.
