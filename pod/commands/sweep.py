@@ -724,9 +724,11 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
                                                             - r["exposed_collective_seconds"]
                                                             - _bubble(r)
                                                             - r["update_seconds"])))
+    # a layout's tick label stands on end (up to ~40 characters): room below each panel
+    panel_inches = 5.0 if x_key == "layout" else 3.0
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
-                                      3 * len(series)))
+                                      panel_inches * len(series)))
     for ax, (label, rs) in zip(axes[:, 0], series.items()):
         bottom = [0.0] * len(rs)
         for part, value in parts:
