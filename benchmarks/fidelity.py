@@ -569,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-mxu", action="store_true",
                         help="fit the MXU's efficiencies (fresh e0, time constant, sustained e1 "
                              "per generation) on the GEMM rows and the training steps together")
+    parser.add_argument("--held-out", action="store_true",
+                        help="with --fit-mxu: each training row's error under a fit on every "
+                             "other row")
     parser.add_argument("--training", action="store_true",
                         help="only the whole training steps T1-T5, M1-M2 (timing-only runs of "
                              "their scenarios; a few seconds each)")
@@ -584,7 +587,15 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = step_rows()
         result = fit_mxu_sustained(rows)
-        print(json.dumps({"fit": asdict(result), "rows": [asdict(r) for r in rows]}, indent=2))
+        out: dict = {"fit": asdict(result), "rows": [asdict(r) for r in rows]}
+        if args.held_out:  # each row predicted by a fit on every other row
+            out["held_out"] = {}
+            for row in rows:
+                other = fit_mxu_sustained(tuple(r for r in rows if r is not row))
+                predicted = row.predicted(other.sustained[row.chip])
+                out["held_out"][row.row_id] = {  # the error of TFLOP/s, as the table's
+                    "fit": asdict(other), "error_pct": (row.published_s / predicted - 1) * 100}
+        print(json.dumps(out, indent=2))
         return 0
     if args.fit:
         print(json.dumps(fit(ic, args.fastest), indent=2))

@@ -308,8 +308,13 @@ def report() -> str:
     count and the spec HBM bandwidth (the GEMM rows are compute-bound, so the
     output bytes do not change them). "after" is the presets as shipped.
     """
-    lines = [f"MXU efficiency fit on {', '.join(MXU_FIT_ROW_IDS)} (v5e): "
-             f"{fit_mxu_efficiency():.4f}",
+    v5e = get_chip_spec("v5e").core
+    lines = [f"MXU efficiency as shipped (v5e): a fresh op e0 {v5e.mxu_efficiency:.3f}, falling "
+             f"with time constant {v5e.mxu_burst_seconds:.3g} s to the sustained "
+             f"{v5e.sustained_mxu_efficiency:.3f}; fitted on {', '.join(MXU_FIT_ROW_IDS)} with the "
+             "training steps (benchmarks/fidelity.py --fit-mxu)",
+             f"(one constant fitted on {', '.join(MXU_FIT_ROW_IDS)} alone, the model before: "
+             f"{fit_mxu_efficiency():.4f})",
              f"HBM efficiency fit on {', '.join(r.row_id for r in COPY_ROWS)} (v6e): "
              f"{fit_hbm_efficiency():.4f}", "",
              "| id | chip | operation | timing | published | before: predicted | error "

@@ -62,7 +62,7 @@ from interconnect.cost import (
     schedule_cost,
     schedule_time,
 )
-from interconnect.dcn import DCN_OPS, dcn_collective_seconds
+from interconnect.dcn import DCN_OPS, dcn_collective_bytes, dcn_collective_seconds
 from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError, TopologyError
 from interconnect.execute import execute
 from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
@@ -81,6 +81,7 @@ from interconnect.topology import Torus, parse_shape
 
 __all__ = [
     "DCN_OPS",
+    "dcn_collective_bytes",
     "dcn_collective_seconds",
     "InterconnectError",
     "TopologyError",

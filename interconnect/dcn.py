@@ -21,10 +21,39 @@ from __future__ import annotations
 
 from interconnect.errors import ScheduleError
 
-__all__ = ["DCN_OPS", "dcn_collective_seconds"]
+__all__ = ["DCN_OPS", "dcn_collective_bytes", "dcn_collective_seconds"]
 
 #: Operations a DCN collective can be (as ``interconnect.GROUP_OPS``).
 DCN_OPS = ("allreduce", "reduce_scatter", "all_gather")
+
+
+def _check_op(op: str) -> None:
+    if op not in DCN_OPS:
+        raise ScheduleError(f"DCN collective {op!r} is unknown; allowed: {', '.join(DCN_OPS)}")
+
+
+def dcn_collective_bytes(op: str, slices: int, nbytes: float) -> float:
+    """Bytes one device sends across the DCN in a ring collective over ``slices`` slices.
+
+    Args:
+        op: allreduce, reduce_scatter or all_gather.
+        slices: K, the slices the group spans (one device in each).
+        nbytes: the device's whole buffer, bytes (an all-gather's gathered result).
+
+    Returns:
+        ``2 (K-1)/K x nbytes`` for an allreduce (a reduce-scatter then an
+        all-gather round the ring), ``(K-1)/K x nbytes`` for a reduce-scatter or
+        an all-gather (the ring textbook forms, tpu-specs.md); 0 for one slice.
+
+    Raises:
+        ScheduleError: an unknown op.
+    """
+    _check_op(op)
+    k = int(slices)
+    if k <= 1 or nbytes <= 0:
+        return 0.0
+    rounds = 2 if op == "allreduce" else 1
+    return rounds * (k - 1) / k * float(nbytes)
 
 
 def dcn_collective_seconds(op: str, slices: int, nbytes: float, bytes_per_s: float,
@@ -49,13 +78,12 @@ def dcn_collective_seconds(op: str, slices: int, nbytes: float, bytes_per_s: flo
     Raises:
         ScheduleError: an unknown op, or a bandwidth that is not positive.
     """
-    if op not in DCN_OPS:
-        raise ScheduleError(f"DCN collective {op!r} is unknown; allowed: {', '.join(DCN_OPS)}")
+    _check_op(op)
     if not bytes_per_s > 0:
         raise ScheduleError(f"DCN bandwidth {bytes_per_s!r} is not a positive number of bytes/s")
     k = int(slices)
     if k <= 1 or nbytes <= 0:
         return 0.0
     rounds = 2 if op == "allreduce" else 1
-    volume = rounds * (k - 1) / k * float(nbytes)
+    volume = dcn_collective_bytes(op, k, nbytes)
     return senders_per_chip * volume / bytes_per_s + rounds * (k - 1) * latency_s

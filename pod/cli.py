@@ -360,6 +360,8 @@ def _estimate_step(plan) -> dict[str, Any] | None:
     return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
             "exposed_collective_seconds": stats.exposed_collective_seconds,
             "exposed_by_axis": dict(stats.axis_exposed_seconds),
+            "collective_by_axis": dict(stats.axis_collective_seconds),
+            "dcn_by_axis": dict(stats.axis_dcn_seconds),
             "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
             "update_seconds": stats.update_seconds, "mfu": stats.mfu,
             "simulated_examples_per_second": stats.examples_per_second,
@@ -374,12 +376,15 @@ def _step_line(step: dict[str, Any]) -> str:
     rate = (f"{step['simulated_tokens_per_second']:,.0f} tokens/s"
             if step["simulated_tokens_per_second"] else
             f"{step['simulated_examples_per_second']:,.0f} examples/s")
+    dcn = "".join(f"; DCN: {s * 1e3:.3f} ms of the {a} axis's "
+                  f"{step['collective_by_axis'].get(a, 0.0) * 1e3:.3f} ms of collectives"
+                  for a, s in step.get("dcn_by_axis", {}).items())
     return (f"step (simulated, timing-only): {step['simulated_step_seconds'] * 1e3:.3f} ms = "
             f"compute {step['compute_seconds'] * 1e3:.3f} + exposed collectives "
             f"{step['exposed_collective_seconds'] * 1e3:.3f}{f' ({axes})' if axes else ''} + "
             f"{bubble}update {step['update_seconds'] * 1e3:.3f}; {rate}, "
             f"MFU {step['mfu']:.1%}; bound "
-            f"{step['bound']} {step['bound_fraction']:.0%}")
+            f"{step['bound']} {step['bound_fraction']:.0%}{dcn}")
 
 
 def _pod_json(pod) -> dict[str, Any]:
@@ -390,7 +395,8 @@ def _pod_json(pod) -> dict[str, Any]:
             "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s, "hbm_bytes": pod.hbm_bytes,
             "hbm_bandwidth_bytes_per_s_per_chip": chip.hbm_bandwidth_bytes_per_s,
             "ici_links_per_chip": chip.ici_links,
-            "ici_link_bandwidth_bytes_per_s": chip.ici_link_bandwidth_bytes_per_s}
+            "ici_link_bandwidth_bytes_per_s": chip.ici_link_bandwidth_bytes_per_s,
+            "slices": pod.slices, "dcn_bytes_per_s_per_chip": chip.dcn_bytes_per_s}
 
 
 @cli.command(short_help="Sample text from a char_lstm or transformer checkpoint.")
@@ -811,6 +817,11 @@ def _describe_pod(console: Console, pod) -> None:
                          f"{chip.ici_link_bandwidth_bytes_per_s / 1e9:,.0f} GB/s one way",
                          f"{pod.torus.name} (wraparound "
                          f"{'/'.join('y' if w else 'n' for w in pod.torus.wraparound)})")
+    if pod.slices > 1:  # multislice: the data-centre network between the slices
+        table.add_row("DCN", f"{chip.dcn_bytes_per_s / 1e9:,.2f} GB/s one way (a host's "
+                             f"{chip.chips_per_host} chips share "
+                             f"{chip.chips_per_host * chip.dcn_bytes_per_s / 1e9:,.1f})",
+                      f"{pod.slices} slices of {pod.torus.num_chips:,} chips")
     console.print(table)
 
 

@@ -20,7 +20,7 @@ Usage::
     python tools/readme_figures.py --check    # exit 1 if a region is stale
     python tools/readme_figures.py --only collective-v4-128
 
-``tests/tools/test_readme_figures.py`` runs ``--check``'s comparison.
+``tests/test_readme_figures.py`` runs ``--check``'s comparison.
 """
 
 from __future__ import annotations
@@ -44,12 +44,16 @@ REGION = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n?)(?P<body>.*?)(<!
 WALL_NOTE = "(wall figures: this machine, a 2-core host shared with other work)"
 
 
-def _pod(*args: str) -> str:
+def _pod(*args: str, cwd: Path = ROOT) -> str:
     """What ``tpu-pod ARGS`` prints (stdout and stderr, as a terminal shows them), run
-    from the checkout as a user runs it; raises if it fails."""
-    env = {**os.environ, "COLUMNS": "160", "NO_COLOR": "1", "TERM": "dumb"}
+    from the checkout as a user runs it (``cwd``: another directory, for a command that
+    writes files where it runs; this checkout's ``pod`` is imported all the same);
+    raises if it fails."""
+    path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "COLUMNS": "160", "NO_COLOR": "1", "TERM": "dumb",
+           "PYTHONPATH": os.pathsep.join(path)}
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, "-m", "pod", *args], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "pod", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=1800)
     if done.returncode not in (0, 2):
         raise RuntimeError(f"tpu-pod {' '.join(args)} failed ({done.returncode}):\n"
@@ -137,6 +141,192 @@ def sweep_v4_weak() -> str:
             "TensorCore):\n\n" + head + body)
 
 
+@functools.lru_cache(maxsize=None)
+def _sweep(scenario: str) -> tuple[dict, ...]:
+    """The rows of ``tpu-pod sweep scenarios/SCENARIO`` (timing-only, in this process;
+    the files it writes go to a temporary directory)."""
+    sys.path.insert(0, str(ROOT))
+    import pod
+
+    with tempfile.TemporaryDirectory() as out:
+        return tuple(pod.sweep(ROOT / "scenarios" / scenario, output_dir=out))
+
+
+def _table(head: tuple[str, ...], align: str, rows: list[tuple]) -> str:
+    """A Markdown table; ``align``: one letter a column, r (right) or l (left)."""
+    rule = "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"
+    return "\n".join(["| " + " | ".join(head) + " |", rule,
+                      *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]) + "\n"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f}" if seconds >= 0.01 else f"{seconds * 1e3:.1f}"
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f}"
+
+
+def _not_fit(r: dict) -> str:
+    return f"does not fit ({_gib(r['hbm_per_device_bytes'])} GiB)"
+
+
+def sweep_layouts_llama_33b() -> str:
+    """The 33B layout sweep on v5p-128, one row per mesh: its fastest point that fits."""
+    rows = _sweep("layouts-llama-33b-v5p-128.yaml")
+    out = []
+    for mesh in dict.fromkeys(r["mesh"] for r in rows):
+        points = [r for r in rows if r["mesh"] == mesh]
+        ok = [r for r in points if r["status"] == "ok"]
+        if not ok:
+            least = min(points, key=lambda r: r["hbm_per_device_bytes"])
+            out.append((mesh, f"0 of {len(points)}", "-", "-", "-", "-", "-",
+                        f"needs {_gib(least['hbm_per_device_bytes'])} at least", "-", "-"))
+            continue
+        b = max(ok, key=lambda r: r["simulated_tokens_per_second"])
+        out.append((mesh, f"{len(ok)} of {len(points)}", f"{b['remat']}, {b['per_device_batch']}",
+                    f"{b['simulated_step_seconds']:.3f}", _ms(b["exposed_data_seconds"]),
+                    _ms(b["exposed_fsdp_seconds"]), _ms(b["exposed_tensor_seconds"]),
+                    _gib(b["hbm_per_device_bytes"]), f"{b['mfu']:.1%}",
+                    f"{b['simulated_tokens_per_second']:,.0f}"))
+    return ("`tpu-pod sweep scenarios/layouts-llama-33b-v5p-128.yaml` (simulated), the fastest "
+            "point of each mesh that fits:\n\n" + _table(
+                ("mesh", "fit", "remat, sequences / device", "step s", "exposed data ms",
+                 "exposed fsdp ms", "exposed tensor ms", "HBM GiB / device", "MFU", "tokens/s"),
+                "llllrrrrrr", out))
+
+
+def _scaling_table(scenario: str, title: str) -> str:
+    rows = [r for r in _sweep(scenario) if r["status"] == "ok"]
+    out = [(f"{r['chips']:,}", r["mesh"], r["per_device_batch"],
+            f"{r['simulated_step_seconds']:.3f}", f"{r['compute_seconds']:.3f}",
+            _ms(r["exposed_data_seconds"]), _ms(r["exposed_fsdp_seconds"]),
+            _ms(r["exposed_tensor_seconds"]), f"{r['mfu']:.1%}",
+            f"{r['simulated_tokens_per_second']:,.0f}", f"{r['scaling_efficiency']:.2f}",
+            f"{r['bound']} {r['bound_fraction']:.0%}") for r in rows]
+    return f"`tpu-pod sweep scenarios/{scenario}` (simulated; {title}):\n\n" + _table(
+        ("chips", "mesh", "sequences / device", "step s", "compute s", "exposed data ms",
+         "exposed fsdp ms", "exposed tensor ms", "MFU", "tokens/s", "efficiency", "bound"),
+        "rlrrrrrrrrrl", out)
+
+
+def sweep_llama2_7b_weak() -> str:
+    """LLaMA-2 7B weak scaling on v5p, every point."""
+    return _scaling_table("scaling-llama2-7b-v5p-weak.yaml",
+                          "2 sequences of 4,096 tokens per device")
+
+
+def sweep_llama2_7b_strong() -> str:
+    """LLaMA-2 7B strong scaling on v5p, every point."""
+    return _scaling_table("scaling-llama2-7b-v5p-strong.yaml",
+                          "global batch 256 sequences of 4,096 tokens")
+
+
+def sweep_pipeline_gpt3() -> str:
+    """The pipeline bubble against the microbatches, GPT-3 175B on v5p-1024."""
+    rows = _sweep("pipeline-gpt3-175b-v5p-1024.yaml")
+    out = []
+    for r in rows:
+        stages, m = r["stage"], r["microbatches"]
+        out.append((m, f"{r['simulated_step_seconds']:.2f}",
+                    f"{r['pipeline_bubble_seconds']:.2f}", f"{r['pipeline_bubble_fraction']:.0%}",
+                    f"{(stages - 1) / (m + stages - 1):.0%}", _ms(r["exposed_fsdp_seconds"]),
+                    f"{r['mfu']:.1%}", _gib(r["hbm_per_device_bytes"]),
+                    f"{r['bound']} {r['bound_fraction']:.0%}"))
+    head = ("microbatches", "step s", "bubble s", "bubble / (fwd + bwd)",
+            "closed form (S - 1) / (M + S - 1)", "exposed fsdp ms", "MFU", "HBM GiB / device",
+            "bound")
+    return (f"`tpu-pod sweep scenarios/pipeline-gpt3-175b-v5p-1024.yaml`: `{rows[0]['mesh']}`, "
+            f"{rows[0]['global_batch']:,} sequences of 2,048 tokens per step, remat "
+            f"{rows[0]['remat']}:\n\n" + _table(head, "rrrrrrrrl", out))
+
+
+def sweep_layouts_mixtral() -> str:
+    """Mixtral 8x7B's layouts on v5p-128: the expert axis at 1 to 8, remat."""
+    out = []
+    for r in _sweep("layouts-mixtral-8x7b-v5p-128.yaml"):
+        if r["status"] != "ok":
+            out.append((r["mesh"], r["remat"], _not_fit(r), "", "", "", "", "", ""))
+            continue
+        out.append((r["mesh"], r["remat"], f"{r['simulated_step_seconds']:.3f}",
+                    f"{r['compute_seconds']:.3f}", _ms(r["exposed_expert_seconds"]),
+                    _ms(r["exposed_fsdp_seconds"]), _gib(r["hbm_per_device_bytes"]),
+                    f"{r['mfu']:.1%}", f"{r['simulated_tokens_per_second']:,.0f}"))
+    return ("`tpu-pod sweep scenarios/layouts-mixtral-8x7b-v5p-128.yaml` (simulated; 4 sequences "
+            "of 4,096 tokens per device, 1,048,576 tokens a step on every layout):\n\n" + _table(
+                ("mesh", "remat", "step s", "compute s", "exposed expert ms", "exposed fsdp ms",
+                 "HBM GiB / device", "MFU", "tokens/s"), "llrrrrrrr", out))
+
+
+def _plan(*args: str) -> str:
+    """``tpu-pod plan ARGS`` as a user runs it (in a fresh directory, so the files it names
+    are ``runs/<model>-plan/``), its lines with the table's padding cut."""
+    with tempfile.TemporaryDirectory() as cwd:
+        text = _pod("plan", *args, cwd=Path(cwd))
+    lines = [line.rstrip() for line in text.splitlines()]
+    return _fence(f"$ tpu-pod plan {' '.join(args)}\n" + "\n".join(lines), WALL_NOTE)
+
+
+def plan_llama2_7b() -> str:
+    """Question (a): Llama-2-7B on v5e-256 at its published 4M tokens a step, for 2T tokens."""
+    return _plan("llama2-7b", "--slice", "v5e-256", "--seq-len", "4096", "--tokens-per-step",
+                 "4Mi", "--token-budget", "2T")
+
+
+def plan_maxtext_s1() -> str:
+    """Question (b): the MaxText 2023 1B model on v5p-64, FSDP against FSDP + tensor."""
+    return _plan("maxtext-2023-s1", "--slice", "v5p-64", "--mesh-axes", "fsdp,tensor")
+
+
+def _training_setup(scenario: str) -> str:
+    """A training row's configuration, read from its scenario as the clock reads it:
+    slice, parameters, mesh, sequences per device x tokens, remat."""
+    sys.path.insert(0, str(ROOT))
+    import pod
+
+    plan = pod.validate(ROOT / scenario)
+    cfg = plan.model.config
+    mesh = ", ".join(f"{axis}: {size}" for axis, size in plan.mesh.sizes.items())
+    return (f"{plan.pod.name}, {cfg.param_count() / 1e9:.1f}B, {{{mesh}}}, "
+            f"{plan.global_batch // plan.mesh.size} x {cfg.sequence_length}, remat {cfg.remat}")
+
+
+def fidelity() -> str:
+    """What the clock is checked against: every single-op and training row of
+    ``benchmarks/fidelity.py`` (published, predicted, error), one table."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800, check=True)
+    doc = json.loads(done.stdout)
+
+    def seconds(s: float) -> str:
+        return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
+
+    out = []
+    for r in doc["rows"]:
+        if r["timing"] == "spec":
+            pub, pred = f"{r['published_s'] / 1e12:.1f} TB/s", f"{r['predicted_s'] / 1e12:.1f} TB/s"
+        else:
+            pub, pred = seconds(r["published_s"]), seconds(r["predicted_s"])
+        err = f"{r['error_pct']:+.1f}%" + ("" if r["in_stats"] else " (spec)")
+        out.append((r["id"], r["source"], r["setup"], r["timing"], pub, pred, err))
+    for r in doc["training_rows"]:
+        out.append((r["id"], r["source"], _training_setup(r["scenario"]),
+                    "TFLOP/s per device", f"{r['published_tflops']:.1f}",
+                    f"{r['predicted_tflops']:.1f}",
+                    f"{r['error_pct']:+.1f}%"))
+    ops = [r for r in doc["rows"] if r["in_stats"]]
+    steps = doc["training_rows"]
+    one = [r for r in steps if r["id"].startswith("T")]
+    mae = lambda rows: sum(abs(r["error_pct"]) for r in rows) / len(rows)  # noqa: E731
+    worst = max(steps, key=lambda r: abs(r["error_pct"]))
+    return (_table(("id", "source", "setup", "timing", "published", "predicted", "error"),
+                   "llllrrr", out)
+            + f"\nMean absolute error {mae(ops):.1f}% over the {len(ops)} measured single-op rows "
+              f"(S1-S2 are specifications); {mae(one):.1f}% over T1-T{len(one)} and "
+              f"{mae(steps):.1f}% over all {len(steps)} training steps, the worst "
+              f"{worst['id']} {worst['error_pct']:+.1f}%.\n")
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "quickstart-run": quickstart_run,
     "progress-line": progress_line,
@@ -144,11 +334,20 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "collective-v4-128": collective_v4_128,
     "override-error": override_error,
     "sweep-v4-weak": sweep_v4_weak,
+    "sweep-layouts-llama-33b": sweep_layouts_llama_33b,
+    "sweep-llama2-7b-weak": sweep_llama2_7b_weak,
+    "sweep-llama2-7b-strong": sweep_llama2_7b_strong,
+    "sweep-pipeline-gpt3": sweep_pipeline_gpt3,
+    "sweep-layouts-mixtral": sweep_layouts_mixtral,
+    "plan-llama2-7b": plan_llama2_7b,
+    "plan-maxtext-s1": plan_maxtext_s1,
+    "fidelity": fidelity,
 }
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 _WALL = (re.compile(r"(wall )[\d,.]+( ms/step)"), re.compile(r"()[\d,.]+( s \(wall\))"),
-         re.compile(r"(ready in )[\d,.]+( s \(wall\))"))
+         re.compile(r"(ready in )[\d,.]+( s \(wall\))"),
+         re.compile(r"(; )[\d,.]+ s wall \([\d,.]+( points/s\))"))  # tpu-pod plan's summary
 
 
 def regions(text: str) -> dict[str, str]:

@@ -18,17 +18,27 @@ shipped large scenarios' form: random token ids that only set the shapes,
   ``num_experts_per_tok``, ``capacity_factor`` (-1, dropless: 0) and
   ``load_balance_loss_weight`` (DeepSeek's and Llama 4's MoE decoders, with
   shared experts and dense layers, are refused);
-- mesh: ``ici_{data,fsdp,expert,tensor}_parallelism`` (-1: the devices the other
-  axes leave, as MaxText fills it); ``dcn_*_parallelism`` must come to one slice;
-- batch: ``per_device_batch_size`` x the slice's devices = the global batch;
+- mesh: ``ici_{data,pipeline,fsdp,expert,tensor}_parallelism`` (-1: the devices the
+  other axes leave, as MaxText fills it; MaxText's pipeline axis is ``stage``);
+- slices: ``num_slices`` or ``compile_topology_num_slices`` (else the product of the
+  DCN axes) as ``pod.slices``, ``dcn_{data,fsdp,tensor}_parallelism`` as
+  ``pod.dcn_mesh`` (-1: the slices the other DCN axes leave; the base's
+  ``dcn_data_parallelism: -1`` takes every slice); an expert or pipeline axis across
+  slices is refused (not modelled);
+- pipeline (``ici_pipeline_parallelism`` > 1): ``num_pipeline_microbatches`` as
+  ``training.microbatches`` (-1: the stages, MaxText's default and ours),
+  ``num_pipeline_repeats`` (-1: layers / (stages x ``num_layers_per_pipeline_stage``),
+  as MaxText sets it) as ``training.pipeline_repeats``, the schedule MaxText runs:
+  ``circular`` with repeats, else ``gpipe``;
+- batch: ``per_device_batch_size`` x every slice's devices = the global batch;
   ``max_target_length`` = the sequence length; ``dtype`` = the precision
   (``int8_training`` / ``quantization: int8``: int8); ``opt_type``,
   ``learning_rate``, ``adam_*`` = the optimizer;
 - the slice: ``--slice`` or ``compile_topology`` (``v5p-128``).
 
 Every other key is named, one line each (``Note``): an **error** when it
-changes the step and the emulator cannot model it (mixture of experts, a
-sequence or pipeline axis, several slices, gradient accumulation, ...); a
+changes the step and the emulator cannot model it (a sequence or context axis,
+experts or stages across slices, gradient accumulation, ...); a
 **warning** when the step is approximated (soft caps, sliding windows, extra
 norms) or when the model file or the command line sets a key the scenario
 does not carry; otherwise it does not change the simulated step (logging,
@@ -251,7 +261,11 @@ def _moe_options(config: MaxTextConfig) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- pod and batch
 
-_MESH_AXES = ("data", "fsdp", "expert", "tensor")
+#: MaxText's mesh axes the emulator has -> its name for them (MaxText's order)
+_MESH_AXES = {"data": "data", "pipeline": "stage", "fsdp": "fsdp", "expert": "expert",
+              "tensor": "tensor"}
+#: MaxText's DCN axes the emulator runs across slices (an axis of ``pod.dcn_mesh``)
+_DCN_AXES = ("data", "fsdp", "tensor")
 
 
 def _slice_name(config: MaxTextConfig, slice_name: str | None) -> str:
@@ -263,7 +277,8 @@ def _slice_name(config: MaxTextConfig, slice_name: str | None) -> str:
 
 
 def _mesh(config: MaxTextConfig, devices: int) -> dict[str, int]:
-    """``ici_*_parallelism`` as the scenario's mesh, -1 filled as MaxText fills it."""
+    """``ici_*_parallelism`` as the scenario's mesh (MaxText's pipeline axis as ``stage``),
+    -1 filled as MaxText fills it."""
     sizes = {axis: _int(config, f"ici_{axis}_parallelism", 1) for axis in _MESH_AXES}
     rest = [a for a, s in sizes.items() if s == -1]
     if len(rest) > 1:
@@ -276,9 +291,80 @@ def _mesh(config: MaxTextConfig, devices: int) -> dict[str, int]:
     if rest:
         sizes[rest[0]] = devices // known
     if math.prod(sizes.values()) != devices:
-        raise ScenarioError(f"ici_*_parallelism: data x fsdp x expert x tensor = "
+        raise ScenarioError(f"ici_*_parallelism: data x pipeline x fsdp x expert x tensor = "
                             f"{math.prod(sizes.values())}, the slice has {devices} devices")
-    return {a: s for a, s in sizes.items() if s != 1} or {"data": 1}
+    return {_MESH_AXES[a]: s for a, s in sizes.items() if s != 1} or {"data": 1}
+
+
+def _dcn_mesh(config: MaxTextConfig) -> tuple[int, dict[str, int]]:
+    """(the slices, ``pod.dcn_mesh``): ``num_slices`` or ``compile_topology_num_slices``
+    when set (> 0), else the product of the DCN axes; ``dcn_{data,fsdp,tensor}_parallelism``
+    with one -1 filled by the slices the others leave, as MaxText fills it.
+
+    Raises:
+        ScenarioError: two -1 axes, sizes that do not divide or multiply to the slices,
+            a slice count that is not a whole number >= 1 (one line).
+    """
+    counts = [(k, _int(config, k, -1)) for k in ("num_slices", "compile_topology_num_slices")]
+    given = [(k, n) for k, n in counts if n != -1]
+    for key, n in given:
+        if n < 1:
+            raise ScenarioError(f"{key}: {n} is not a number of slices; a whole number >= 1, "
+                                "or -1 (MaxText's: from the DCN axes)")
+    if len({n for _, n in given}) > 1:
+        raise ScenarioError(f"num_slices: {given[0][1]} and compile_topology_num_slices: "
+                            f"{given[1][1]} disagree; give one")
+    every = {m.group(1): _int(config, key) for key in config.values
+             if (m := re.fullmatch(r"dcn_(\w+)_parallelism", key))}
+    # every DCN axis counts in the slices (MaxText's); axes other than _DCN_AXES are
+    # refused by their notes (STEP_KEYS) when > 1
+    sizes = {a: every.get(a, 1) for a in _DCN_AXES} | every
+    rest = [a for a, n in sizes.items() if n == -1]
+    if len(rest) > 1:
+        raise ScenarioError(f"dcn_{rest[1]}_parallelism: -1 for both {rest[0]} and {rest[1]}; "
+                            "MaxText fills at most one DCN axis")
+    known = math.prod(n for n in sizes.values() if n != -1)
+    if any(n == 0 or n < -1 for n in sizes.values()):
+        raise ScenarioError(f"dcn_*_parallelism: {sizes}: sizes are whole numbers >= 1, or -1")
+    slices = given[0][1] if given else known
+    if slices % known or (not rest and known != slices):
+        shown = " x ".join(f"{a} {n}" for a, n in sizes.items() if n != 1)
+        raise ScenarioError(f"dcn_*_parallelism: {shown or 'every axis 1'} across slices does "
+                            f"not make the {slices} slices of {given[0][0]} = {slices}")
+    if rest:
+        sizes[rest[0]] = slices // known
+    return slices, {a: n for a, n in sizes.items() if n > 1 and a in _DCN_AXES}
+
+
+def _pipeline(config: MaxTextConfig, stages: int, layers: int) -> dict[str, Any]:
+    """``training``'s pipeline fields for ``stages`` pipeline stages (none for one):
+    ``num_pipeline_microbatches`` (-1: the stages, our default too),
+    ``num_pipeline_repeats`` (-1: layers / (stages x ``num_layers_per_pipeline_stage``)),
+    the circular schedule with repeats (MaxText's pipeline), else GPipe.
+
+    Raises:
+        ScenarioError: repeats that do not cut the layers into stages x repeats chunks of
+            ``num_layers_per_pipeline_stage`` layers (one line).
+    """
+    if stages == 1:
+        return {}
+    per_stage = _int(config, "num_layers_per_pipeline_stage", 1)
+    repeats = _int(config, "num_pipeline_repeats", -1)
+    if repeats == -1:
+        if per_stage < 1 or layers % (stages * per_stage):
+            raise ScenarioError(f"num_layers_per_pipeline_stage: {per_stage} x "
+                                f"ici_pipeline_parallelism {stages} does not divide the "
+                                f"{layers} decoder layers")
+        repeats = layers // (stages * per_stage)
+    elif repeats < 1 or repeats * stages * per_stage != layers:
+        raise ScenarioError(f"num_pipeline_repeats: {repeats} x ici_pipeline_parallelism "
+                            f"{stages} x num_layers_per_pipeline_stage {per_stage} is not the "
+                            f"{layers} decoder layers")
+    micro = _int(config, "num_pipeline_microbatches", -1)
+    out: dict[str, Any] = {"microbatches": micro} if micro > 0 else {}
+    if repeats > 1:
+        out |= {"pipeline_schedule": "circular", "pipeline_repeats": repeats}
+    return out
 
 
 def _batch(config: MaxTextConfig, devices: int) -> int:
@@ -321,26 +407,30 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
         pod = resolve_pod(slice_name=target)
     except ScenarioError as err:
         raise ScenarioError(str(err).replace("pod.slice:", "--slice:", 1)) from None
-    devices = pod.chips * devices_per_chip(pod.chip)
+    devices = pod.chips * devices_per_chip(pod.chip)                   # one slice's
     options, vocabulary = _model_options(config)
     pending = _not_taken_yet(options)
     mesh = _mesh(config, devices)
-    batch = _batch(config, devices)
+    slices, dcn = _dcn_mesh(config)
+    batch = _batch(config, devices * slices)
     length = _int(config, "max_target_length")
-    shards = mesh.get("data", 1) * mesh.get("fsdp", 1) * mesh.get("expert", 1)
+    shards = math.prod(mesh.get(a, 1) * dcn.get(a, 1) for a in ("data", "fsdp", "expert"))
     precision = _precision(config)
-    label = name or _default_name(config, target)
+    where = f"{slices} x {target}" if slices > 1 else target
+    label = name or _default_name(config, target if slices == 1 else f"{slices}x-{target}")
+    multislice = {"slices": slices, "dcn_mesh": dcn} if slices > 1 else {}
     scenario = {
         "name": label,
         "description": f"Imported from MaxText ({', '.join(dict.fromkeys(config.origin.values()))})"
-                       f" for {target}; timing-only.",
-        "pod": {"slice": target, "mesh": mesh},
+                       f" for {where}; timing-only.",
+        "pod": {"slice": target, **multislice, "mesh": mesh},
         "model": {"name": "transformer", "options": options},
         "data": {"name": "synthetic_text", "test_fraction": 0.2,
                  "options": {"vocabulary": vocabulary, "sequence_length": length,
                              "num_examples": _num_examples(-(-batch // shards),
                                                            pod.chip.tensorcores)}},
         "training": {"global_batch": batch, "steps": 2, "precision": precision,
+                     **_pipeline(config, mesh.get("stage", 1), options["layers"]),
                      "optimizer": _optimizer(config), "seed": 0},
         "metrics": {"port": 0},
         "sweep": {"mode": "timing", "steps": 2},
@@ -424,16 +514,26 @@ MAPPED = frozenset({
     "fused_qkv", "per_device_batch_size", "max_target_length", "compile_topology", "opt_type",
     "learning_rate", "adam_b1", "adam_b2", "adam_eps", "adam_weight_decay", "int8_training",
     "quantization", "model_name", "ici_data_parallelism", "ici_fsdp_parallelism",
-    "ici_tensor_parallelism", "ici_expert_parallelism", "num_experts", "num_experts_per_tok",
+    "ici_tensor_parallelism", "ici_expert_parallelism", "ici_pipeline_parallelism",
+    "num_pipeline_microbatches", "num_pipeline_repeats", "num_layers_per_pipeline_stage",
+    "num_slices", "compile_topology_num_slices", "dcn_data_parallelism",
+    "dcn_fsdp_parallelism", "dcn_tensor_parallelism", "num_experts", "num_experts_per_tok",
     "capacity_factor", "load_balance_loss_weight", *REMAT_CUSTOM_KEYS,
 })
 
 #: Keys that change the step unless at their neutral value: key -> (neutral values, level,
 #: why). "error": not modelled; "warning": approximated.
 STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
-    "num_slices": ((-1, 1), "error", "several slices over DCN are not modelled yet"),
-    "compile_topology_num_slices": ((-1, 1), "error",
-                                    "several slices over DCN are not modelled yet"),
+    "dcn_expert_parallelism": ((1,), "error", "an expert axis across slices (its all-to-alls "
+                               "over the DCN) is not modelled; keep expert in the slice"),
+    "dcn_pipeline_parallelism": ((1,), "error", "pipeline stages in different slices are not "
+                                 "modelled; keep the pipeline in the slice"),
+    "pipeline_parallel_layers": ((-1,), "error", "a pipeline of some layers only (the others "
+                                 "data parallel over stage) is not modelled"),
+    "pipeline_delay_activation_forwarding": ((False,), "error", "delayed activation forwarding "
+                                             "(twice the bubble) is not modelled"),
+    "pipeline_fsdp_ag_once": ((False,), "warning", "the weights are gathered over fsdp per "
+                              "microbatch (MaxText's default), not once per step"),
     "gradient_accumulation_steps": ((1,), "error", "gradient accumulation is not modelled"),
     "attention_type": (("global", "local_sliding"), "error", "only global (and sliding-window) "
                        "attention are modelled"),
@@ -462,14 +562,11 @@ STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
                                 "sequence length"),
 }
 for _axis in ("sequence", "context", "context_autoregressive", "tensor_transpose",
-              "tensor_sequence", "autoregressive", "pipeline", "fsdp_transpose"):
+              "tensor_sequence", "autoregressive", "fsdp_transpose"):
     STEP_KEYS[f"ici_{_axis}_parallelism"] = ((1,), "error", f"the mesh has no {_axis} axis "
-                                             "(data, fsdp, expert and tensor only)")
-    STEP_KEYS[f"dcn_{_axis}_parallelism"] = ((1,), "error", "several slices over DCN are not "
-                                             "modelled yet")
-for _axis in _MESH_AXES:
-    STEP_KEYS[f"dcn_{_axis}_parallelism"] = ((1, -1), "error", "several slices over DCN are not "
-                                             "modelled yet (-1 is one slice)")
+                                             "(data, pipeline, fsdp, expert and tensor only)")
+    STEP_KEYS[f"dcn_{_axis}_parallelism"] = ((1,), "error", f"the mesh has no {_axis} axis "
+                                             "(across slices: data, fsdp and tensor only)")
 
 #: What a key that does not change the simulated step is about, by name.
 NO_STEP_EFFECT = (

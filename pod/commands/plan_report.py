@@ -108,7 +108,8 @@ def family_lines(result: PlanResult) -> list[str]:
     rate = "tokens/s" if result.sequence_length else "examples/s"
     key = "simulated_tokens_per_second" if result.sequence_length else \
         "simulated_examples_per_second"
-    return [f"  {name:<18} #{r['rank']:<4} MFU {r['mfu']:.1%}, {r[key]:,.0f} {rate}: "
+    width = max(18, *(len(name) for name in best))  # stage families are longer than 18
+    return [f"  {name:<{width}} #{r['rank']:<4} MFU {r['mfu']:.1%}, {r[key]:,.0f} {rate}: "
             f"{r['slice']} {r['mesh']} remat {r['remat'] or '-'}, {r['per_device_batch']:,} "
             "per device" for name, r in best.items()]
 

@@ -83,6 +83,9 @@ COLUMNS = (
     "microbatches", "pipeline_bubble_seconds", "pipeline_bubble_fraction",
     *(f"exposed_{a}_seconds" for a in AXIS_ORDER),
     *(f"collective_{a}_seconds" for a in AXIS_ORDER),
+    # multislice (pod.slices; sweep.num_slices): the slices, the axes across them, and
+    # the DCN part of the collective seconds (every axis's, summed)
+    "slices", "dcn_mesh", "dcn_collective_seconds",
 )
 
 #: The mesh axes of the per-axis columns.
@@ -93,7 +96,7 @@ _AXES = AXIS_ORDER
 #: works on any sweep. results.csv writes a missing value as an empty field.
 TEXT_COLUMNS = frozenset({"status", "error", "model", "dataset", "synthetic_data", "generation",
                           "slice", "topology", "allreduce_algorithm", "precision", "bound",
-                          "ici_axes", "mesh", "remat", "fits"})
+                          "ici_axes", "mesh", "remat", "fits", "dcn_mesh"})
 
 
 def empty_row() -> dict[str, Any]:
@@ -191,21 +194,24 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     meshes = sweep.mesh or (scenario.pod.mesh,)
     remats = sweep.remat or (None,)
     micros = sweep.microbatches or (None,)
+    counts: tuple[int | None, ...] = sweep.num_slices or (None,)
     points: list[SweepPoint] = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
     seen: set[str] = set()
     pipelined = bool(sweep.microbatches or training.microbatches
                      or training.pipeline_schedule != "gpipe" or training.pipeline_repeats != 1)
-    for pod, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
-            _pods(scenario), meshes, remats, algorithms, batches, precisions, micros):
+    for pod, count, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
+            _pods(scenario), counts, meshes, remats, algorithms, batches, precisions, micros):
         if sweep.microbatches and (mesh or {}).get("stage", 1) == 1:
-            key = repr((pod, mesh, remat, algorithm, per_point, precision))
+            key = repr((pod, count, mesh, remat, algorithm, per_point, precision))
             if key in seen:  # a mesh without stages runs once, whatever the microbatches
                 continue
             seen.add(key)
         i = len(points)
         batch = per_point
         values = {**pod, "pod__allreduce": algorithm, "training__precision": precision}
+        if count is not None:
+            values.update(pod__slices=count, pod__dcn_mesh=_dcn_mesh(scenario, count))
         if sweep.mesh:
             values["pod__mesh"] = mesh
         if sweep.mesh and (mesh or {}).get("stage", 1) == 1:  # no stages: no pipeline
@@ -221,9 +227,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
             if sweep.per_device_batch:  # x data x fsdp of the point's mesh
                 batch = per_point * _batch_shards(scenario.with_overrides(**base, **values))
             elif sweep.scaling == "weak":
-                shape = scenario.with_overrides(**base, **values).pod
-                cores = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
-                                    topology=shape.topology).tensorcores
+                cores = _resolve(scenario.with_overrides(**base, **values).pod).tensorcores
                 batch = batch * cores  # per_core_batch x TensorCores
             values["training__global_batch"] = batch
             point = scenario.with_overrides(**base, **values)
@@ -238,11 +242,35 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
 
 
 def _batch_shards(scenario: Scenario) -> int:
-    """The devices that split the batch: data x fsdp x expert of the scenario's mesh."""
+    """The devices that split the batch: data x fsdp x expert of the scenario's mesh
+    (every slice's)."""
     shape = scenario.pod
-    pod = resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
-                      topology=shape.topology)
-    return build_mesh(shape.mesh, pod).batch_shards
+    return build_mesh(shape.mesh, _resolve(shape), shape.dcn_mesh).batch_shards
+
+
+def _resolve(shape: Any) -> Any:
+    """The ``PodShape`` of a scenario's ``pod`` block, its slices included."""
+    return resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
+                       topology=shape.topology, slices=shape.slices)
+
+
+def _dcn_mesh(scenario: Scenario, slices: int) -> dict[str, int] | None:
+    """``pod.dcn_mesh`` of a ``sweep.num_slices`` point of ``slices`` slices: the
+    scenario's one axis across slices (``data`` without ``pod.dcn_mesh``) that long;
+    None for one slice.
+
+    Raises:
+        ScenarioError: the scenario's ``pod.dcn_mesh`` splits the slices over several
+            axes (which of them would grow is not said).
+    """
+    given = {a: n for a, n in (scenario.pod.dcn_mesh or {}).items() if n > 1}
+    if len(given) > 1:
+        raise ScenarioError(f"sweep.num_slices: pod.dcn_mesh {format_axes(given)} splits the "
+                            "slices over several axes; give pod.dcn_mesh one axis (e.g. "
+                            "{data: 2}) to sweep the number of slices")
+    if slices == 1:
+        return None
+    return {next(iter(given), "data"): slices}
 
 
 def _generation(pod: dict[str, Any], scenario: Scenario) -> str:
@@ -323,6 +351,9 @@ def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) 
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
         **_layout_columns(plan, timed, step),
         **_pipeline_columns(plan, timed),
+        "slices": plan.mesh.slices,
+        "dcn_mesh": format_axes(plan.mesh.dcn_sizes) if plan.mesh.slices > 1 else "",
+        "dcn_collective_seconds": mean(lambda s: sum(s.axis_dcn_seconds.values())),
     }
 
 
@@ -483,6 +514,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
         layout["remat"] = v["model__options"].get("remat", "")
     if v.get("training__microbatches") is not None:
         layout["microbatches"] = v["training__microbatches"]
+    if v.get("pod__slices") is not None:
+        layout["slices"] = v["pod__slices"]
     return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""),
             "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", math.nan),
@@ -497,8 +530,7 @@ def _chips(point: SweepPoint) -> float | int:
     name = point.values.get("pod__slice") or (source.slice if source else None)
     try:
         if source is not None:
-            return resolve_pod(slice_name=source.slice, chip=source.chip, chips=source.chips,
-                               topology=source.topology).chips
+            return _resolve(source).chips
         return resolve_pod(slice_name=name).chips if name else math.nan
     except USER_ERRORS:
         return math.nan
@@ -520,6 +552,8 @@ def sweep_kind(scenario: Scenario) -> str:
     sweep = _sweep_of(scenario)
     if len(_pods(scenario)) > 1:
         return f"{sweep.scaling} scaling"
+    if sweep.num_slices and len(sweep.num_slices) > 1:
+        return f"{sweep.scaling} scaling over slices"
     varied = [label for label, values in (
         ("mesh", sweep.mesh), ("remat", sweep.remat), ("per-device batch", sweep.per_device_batch),
         ("microbatches", sweep.microbatches),
@@ -562,7 +596,7 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
                          f"{r['topology']} | {r['allreduce_algorithm']} | "
                          f"{_cell(r['global_batch'])} | | | | | | | | | | | | "
                          f"failed: {error} |")
-    return head + "\n".join(lines) + "\n" + _layout_table(rows)
+    return head + "\n".join(lines) + "\n" + _layout_table(rows) + _slices_table(rows)
 
 
 def _layout_table(rows: list[dict[str, Any]]) -> str:
@@ -593,6 +627,30 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
                        f"{_cell(r['per_device_batch'])} | {_cell(r.get('microbatches'))} | | | | | "
                        f"| {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
                        f": {why} |")
+    return "\n".join(out) + "\n"
+
+
+def _slices_table(rows: list[dict[str, Any]]) -> str:
+    """The slices, the axes across them and the DCN seconds as a third table (a sweep
+    with a point of several slices only)."""
+    if not any(not is_missing(r.get("slices")) and r.get("slices", 1) > 1 for r in rows):
+        return ""
+    out = ["", "Slices joined by the data-centre network (simulated; the DCN seconds are part "
+           "of the collectives, hidden or not):", "",
+           "| # | slices | chips | DCN mesh | step s | tokens/s | MFU | DCN s | exposed "
+           "collectives s | status |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if r["status"] == "ok":
+            out.append(f"| {r['point']} | {r['slices']} | {r['chips']:,} | "
+                       f"{r['dcn_mesh'] or '-'} | "
+                       f"{r['simulated_step_seconds']:.4f} | "
+                       f"{_cell(r['simulated_tokens_per_second'], ',.0f')} | {r['mfu']:.2%} | "
+                       f"{r['dcn_collective_seconds']:.4f} | "
+                       f"{r['exposed_collective_seconds']:.4f} | ok |")
+        else:
+            why = str(r["error"]).replace("|", "/")
+            out.append(f"| {r['point']} | {_cell(r.get('slices'))} | {_cell(r['chips'])} | | | | "
+                       f"| | | failed: {why} |")
     return "\n".join(out) + "\n"
 
 
@@ -690,9 +748,11 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
                                                             - r["exposed_collective_seconds"]
                                                             - _bubble(r)
                                                             - r["update_seconds"])))
+    # a layout's tick label stands on end (up to ~40 characters): room below each panel
+    panel_inches = 5.0 if x_key == "layout" else 3.0
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
-                                      3 * len(series)))
+                                      panel_inches * len(series)))
     for ax, (label, rs) in zip(axes[:, 0], series.items(), strict=True):
         bottom = [0.0] * len(rs)
         for part, value in parts:
@@ -838,7 +898,8 @@ def _plot_layout_throughput(plt, title: str, rows: list[dict[str, Any]], output_
 
 
 def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Path:
-    """tokens/s and MFU against chips, a line per series (transformer sweeps)."""
+    """tokens/s and MFU against chips (against slices in a ``sweep.num_slices`` sweep), a
+    line per series (transformer sweeps)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     lines: dict[str, list[dict[str, Any]]] = {}  # the mesh's resolved sizes grow with the chips
     weak = _sweep_of(scenario).scaling == "weak"
@@ -846,18 +907,25 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
         batch = (f"{r['per_device_batch']} per device" if weak
                  else f"global batch {r['global_batch']}")
         lines.setdefault(f"remat {r['remat'] or 'none'}, {batch}", []).append(r)
+    counts = scenario.sweep.num_slices if scenario.sweep is not None else None
+    x_key, x_label = ("slices", "slices (joined by the DCN)") if counts else ("chips", "chips")
     for label, rs in lines.items():
-        rs = sorted(rs, key=lambda r: r["chips"])
-        chips = [r["chips"] for r in rs]
-        left.plot(chips, [r["simulated_tokens_per_second"] for r in rs], marker="o", label=label)
-        right.plot(chips, [100 * r["mfu"] for r in rs], marker="o", label=label)
+        rs = sorted(rs, key=lambda r: r[x_key])
+        xs = [r[x_key] for r in rs]
+        left.plot(xs, [r["simulated_tokens_per_second"] for r in rs], marker="o", label=label)
+        right.plot(xs, [100 * r["mfu"] for r in rs], marker="o", label=label)
     for ax, ylabel in ((left, "tokens/s (simulated)"), (right, "MFU % (simulated)")):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("chips")
+        ax.set_xlabel(x_label)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
     left.set_yscale("log")
-    right.set_ylim(bottom=0)
+    top = max((100 * r["mfu"] for rs in lines.values() for r in rs), default=1.0)
+    right.set_ylim(0, 1.15 * top)   # a flat line at the top stays visible
+    if counts:   # the slice counts as ticks, not powers of two
+        for ax in (left, right):
+            ax.set_xticks(list(counts), [str(k) for k in counts])
+            ax.minorticks_off()
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario.name}: {sweep_kind(scenario)} (simulated)")
     fig.tight_layout()

@@ -291,8 +291,6 @@ class Run:
             f"{plan.global_batch:,} = {split}")
         for table in plan_model_tables(plan):
             self.console.print(table)
-        if self.output_dir is not None:
-            write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
@@ -308,6 +306,8 @@ class Run:
         plan = self.plan
         self.startup_wall_seconds = self.pod.start(check=self.guard.check)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
+        if self.output_dir is not None:  # once the pod is up: a failed start-up keeps the old one
+            write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
         where = "chip actors" if self.backend == "ray" else "chips in this process"
         devices = (f" ({plan.mesh.size} devices)" if plan.mesh.size != plan.pod.chips else "")
         self.console.print(f"{plan.pod.chips} {where}{devices} ready in "
@@ -316,7 +316,8 @@ class Run:
             self.pod.restore(self.resumed)
         if self.trace_path is not None:
             self.trace_events.extend(metadata_events(f"pod.mesh {format_axes(plan.mesh.sizes)}",
-                                                     list(plan.mesh.sizes)))
+                                                     list(plan.mesh.sizes),
+                                                     plan.mesh.axis_size("stage")))
 
     def train(self) -> None:
         """Step until the last step, recovering from chip failures."""
@@ -579,7 +580,8 @@ class Run:
         wrote = ""
         if self.output_dir is not None:
             write_json(self.output_dir / "summary.json", partial)
-            wrote = f"; wrote {self.output_dir / 'summary.json'} (partial), {self.rows.path}"
+            wrote = f"; wrote {self.output_dir / 'summary.json'} (partial)" + (
+                f", {self.rows.path}" if self.rows.started else "")
         # an error is printed once, by whoever catches it (the CLI's one line): not here
         by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
         self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
@@ -593,6 +595,7 @@ class _NoFiles:
     """steps.csv's stand-in for a run that writes no files."""
 
     path = None
+    started = False
 
     def __enter__(self) -> _NoFiles:
         return self

@@ -404,6 +404,10 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                       topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
     check_links(cfg.links, pod.torus)
     mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh)
+    if mesh.dcn_size("expert") > 1:
+        raise ScenarioError(f"pod.dcn_mesh: expert {mesh.dcn_size('expert')} puts a mixture of "
+                            "experts' all-to-alls across slices, which is not modelled; keep "
+                            "expert in pod.mesh (one slice) and data or fsdp over the DCN")
     try:
         check_precision(training.precision, pod.chip.core, pod.chip.name)
     except ValueError as err:
@@ -432,9 +436,11 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         _check_runnable_mesh(scenario, mesh, model)
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device)
     _check_sequence_parallel(scenario, mesh, model)
-    faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links)
+    faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links,
+                       slices=pod.slices)
     ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce, faults)
-    by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field))
+    by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field,
+                                       faults.dcn_slowdown(step)))
                     for step, in_force, field in _link_faults_by_step(faults, pod.torus))
     return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
                         per_device_batch=per_device, steps=int(steps),
@@ -444,11 +450,12 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                                          else None))
 
 
-def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links"
-                ) -> MeshCollectiveCosts:
+def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links",
+                dcn_slowdown: float = 1.0) -> MeshCollectiveCosts:
     """The mesh's collective costs on the plan's link with the link ``faults`` in force,
     on-chip steps at ``on_chip_bandwidth``, an axis over the whole pod allreduced by
-    the plan's algorithm.
+    the plan's algorithm, the DCN at the chip's bandwidth / ``dcn_slowdown`` (a
+    slow_dcn fault).
 
     Raises:
         ScenarioError: a failed link on a mesh of a device per TensorCore (v2 / v3),
@@ -462,7 +469,7 @@ def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.l
                             "v4 / v5e / v5p / v6e pod, or {data: N}")
     return MeshCollectiveCosts(mesh, ici.link, on_chip_bandwidth(chip), faults,
                                torus_algorithm=ici.algorithm if ici.costs else None,
-                               dcn_bytes_per_s=chip.dcn_bytes_per_s,
+                               dcn_bytes_per_s=chip.dcn_bytes_per_s / dcn_slowdown,
                                dcn_latency_s=chip.dcn_latency_s)
 
 

@@ -263,8 +263,11 @@ class PodConfig(_Frozen):
             rest = [a for a, n in sizes.items() if n == -1]
             given = math.prod(n for n in sizes.values() if n != -1)
             if (rest and self.slices % given) or (not rest and given != self.slices):
-                raise ValueError(f"dcn_mesh: {sizes} must multiply to pod.slices {self.slices} "
-                                 f"(one size may be -1: the rest), e.g. {{data: {self.slices}}}")
+                from pod.config.mesh import format_axes
+
+                raise ValueError(f"dcn_mesh: {format_axes(sizes)} must multiply to pod.slices "
+                                 f"{self.slices} (one size may be -1: the rest), e.g. "
+                                 f"{{data: {self.slices}}}")
             if rest:
                 sizes[rest[0]] = self.slices // given
             object.__setattr__(self, "dcn_mesh", sizes)
@@ -485,8 +488,9 @@ class CheckpointConfig(_Frozen):
 
 #: ``faults[].kind`` values and the fields each one needs.
 FAULT_KINDS = {"kill_chip": ("chip",), "kill_host": ("host",), "slow_chip": ("chip", "factor"),
-               "slow_link": ("link", "slowdown"), "fail_link": ("link",)}
-_FAULT_FIELDS = ("chip", "host", "factor", "link", "slowdown")
+               "slow_link": ("link", "slowdown"), "fail_link": ("link",),
+               "slow_dcn": ("slice", "slowdown")}
+_FAULT_FIELDS = ("chip", "host", "factor", "link", "slowdown", "slice")
 
 
 class FaultConfig(_Frozen):
@@ -497,7 +501,9 @@ class FaultConfig(_Frozen):
     every chip actor of that TPU host; slow_chip {chip, factor}: the chip's simulated
     compute seconds x factor (a straggler); slow_link {link, slowdown}: the directed
     ICI link runs at bandwidth / slowdown; fail_link {link}: it carries nothing, the
-    allreduce is routed around it.
+    allreduce is routed around it; slow_dcn {slice, slowdown}: the slice's data-centre
+    network interfaces run at bandwidth / slowdown (multislice), so every collective
+    across slices does (a ring runs at its slowest member's pace).
     """
 
     kind: str
@@ -511,6 +517,8 @@ class FaultConfig(_Frozen):
                              description="src->dst chip ranks")
     slowdown: float | None = Field(default=None, ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False,
                                    description="link bandwidth divisor")
+    slice: int | None = Field(default=None, ge=0, lt=MAX_SLICES,
+                              description="slice index (multislice: 0 .. pod.slices - 1)")
 
     @field_validator("kind")
     @classmethod
@@ -594,6 +602,10 @@ class SweepConfig(_Frozen):
         default=None, min_length=1)
     per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
+    # multislice: pod.slices per point (MaxText's num_slices), the DCN axis of
+    # pod.dcn_mesh ({data: K} by default) as long as the slices
+    num_slices: tuple[Annotated[int, Field(gt=0, le=MAX_SLICES)], ...] | None = Field(
+        default=None, min_length=1)
     # pipelines (a mesh with a stage axis): training.microbatches per point
     microbatches: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)
@@ -637,6 +649,17 @@ class SweepConfig(_Frozen):
     @classmethod
     def _one_or_many_devices(cls, value: Any) -> Any:
         return [value] if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("slices", mode="before")
+    @classmethod
+    def _names_not_counts(cls, value: Any) -> Any:
+        numbers = [v for v in (value if isinstance(value, (list, tuple)) else ())
+                   if isinstance(v, int) and not isinstance(v, bool)]
+        if numbers:
+            raise ValueError(f"{numbers[0]} is a number; sweep.slices lists slice names "
+                             f"(e.g. [v5e-256, v5e-512]); to sweep the number of slices "
+                             f"(pod.slices) give sweep.num_slices: {list(numbers)}")
+        return value
 
     @field_validator("slices")
     @classmethod

@@ -30,12 +30,14 @@ from typing import Any
 
 from chip import ChipSpec
 from interconnect import (
+    DCN_OPS,
     GROUP_ALGORITHMS,
     GROUP_OPS,
     LinkFaults,
     LinkSpec,
     ScheduleCost,
     Torus,
+    dcn_collective_bytes,
     dcn_collective_seconds,
     group_collective_cost,
     group_ppermute_cost,
@@ -291,25 +293,53 @@ class MeshCollectiveCosts:
             group_torus=self.group_torus(axis) if xla else None)
 
     def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
-        """``op`` over an axis that spans K slices (:meth:`cost`)."""
-        one, k = self.mesh.in_slice, self.mesh.dcn_size(axis)
+        """``op`` over an axis that spans K slices (:meth:`cost`): the in-slice parts over
+        the ICI and the DCN part (:meth:`dcn_seconds`), one after another."""
+        if op not in DCN_OPS:  # an all-to-all across slices (the plan refuses it first)
+            raise ValueError(f"{op} over {axis}, which spans slices, is not modelled")
+        one = self.mesh.in_slice
         g = one.axis_size(axis) if axis in one.axis_names else 1
-
-        def dcn(dcn_op: str, buffer: float) -> float:
-            return dcn_collective_seconds(dcn_op, k, buffer, self.dcn_bytes_per_s,
-                                          self.dcn_latency_s,
-                                          senders_per_chip=one.devices_per_chip)
-
+        k = self.mesh.dcn_size(axis)
+        dcn = self.dcn_seconds(axis, op, nbytes)
         parts: list[ScheduleCost | float]
         if op == "allreduce":
-            parts = [self._in_slice(axis, "reduce_scatter", nbytes), dcn("allreduce", nbytes / g),
+            parts = [self._in_slice(axis, "reduce_scatter", nbytes), dcn,
                      self._in_slice(axis, "all_gather", nbytes // g)]
         elif op == "reduce_scatter":
-            parts = [self._in_slice(axis, "reduce_scatter", nbytes),
-                     dcn("reduce_scatter", nbytes / g)]
+            parts = [self._in_slice(axis, "reduce_scatter", nbytes), dcn]
         else:  # all_gather of a piece: across slices, then in the slice
-            parts = [dcn("all_gather", k * nbytes), self._in_slice(axis, "all_gather", k * nbytes)]
+            parts = [dcn, self._in_slice(axis, "all_gather", k * nbytes)]
         return _combined(parts)
+
+    def _dcn_part(self, axis: str, op: str, nbytes: int) -> tuple[str, float]:
+        """(the DCN collective, each device's buffer in bytes) of ``op`` over an axis that
+        spans slices: an allreduce or a reduce-scatter reduces the in-slice shard
+        (``nbytes / g``, g the axis's devices in a slice) across slices; an
+        all-gather gathers the pieces of the K slices (``K x nbytes``)."""
+        one = self.mesh.in_slice
+        g = one.axis_size(axis) if axis in one.axis_names else 1
+        if op == "all_gather":
+            return op, float(self.mesh.dcn_size(axis) * nbytes)
+        return op, nbytes / g
+
+    def dcn_seconds(self, axis: str, op: str, nbytes: int) -> float:
+        """The DCN part of :meth:`cost`'s seconds: 0 for an axis within a slice, for a
+        ppermute or an all-to-all (``interconnect.dcn_collective_seconds`` at
+        ``dcn_bytes_per_s`` per chip, its devices sharing it)."""
+        if self.mesh.dcn_size(axis) <= 1 or op not in DCN_OPS:
+            return 0.0
+        dcn_op, buffer = self._dcn_part(axis, op, nbytes)
+        return dcn_collective_seconds(dcn_op, self.mesh.dcn_size(axis), buffer,
+                                      self.dcn_bytes_per_s, self.dcn_latency_s,
+                                      senders_per_chip=self.mesh.devices_per_chip)
+
+    def dcn_bytes(self, axis: str, op: str, nbytes: int) -> float:
+        """Bytes one device sends across the DCN in :meth:`cost` (0 within a slice;
+        ``interconnect.dcn_collective_bytes`` of :meth:`_dcn_part`)."""
+        if self.mesh.dcn_size(axis) <= 1 or op not in DCN_OPS:
+            return 0.0
+        dcn_op, buffer = self._dcn_part(axis, op, nbytes)
+        return dcn_collective_bytes(dcn_op, self.mesh.dcn_size(axis), buffer)
 
     def _whole_torus(self, axis: str, op: str) -> bool:
         """An allreduce over an axis whose one group is every device of a slice."""

@@ -553,6 +553,34 @@ def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
     return out
 
 
+def _stage_timelines(reports: Sequence[DeviceReport], clocks: Sequence[StepClock],
+                     slowest: DeviceReport) -> tuple[tuple[int, float, tuple], ...]:
+    """The slowest device's stage group, stage by stage: (device, step seconds, waits)
+    of each member's clock (empty without a stage axis, or a member not reported)."""
+    index = {x.device: i for i, x in enumerate(reports)}
+    if len(slowest.stage_group) <= 1 or any(d not in index for d in slowest.stage_group):
+        return ()
+    return tuple((d, clocks[index[d]].step_seconds, clocks[index[d]].waits)
+                 for d in slowest.stage_group)
+
+
+def _dcn_parts(calls: Sequence[Any], costs: Any) -> tuple[dict[str, float], dict[str, int]]:
+    """``StepStats``' ``axis_dcn_seconds`` and ``axis_dcn_bytes``: per mesh axis that spans
+    slices, the DCN part of a device's collectives (``costs.dcn_seconds`` and
+    ``costs.dcn_bytes``; nothing when ``costs`` has no DCN, or in one slice)."""
+    seconds: dict[str, float] = {}
+    sent: dict[str, int] = {}
+    if not hasattr(costs, "dcn_seconds"):
+        return seconds, sent
+    for call in calls:
+        s = costs.dcn_seconds(call.axis, call.op, int(call.nbytes))
+        if s > 0:
+            seconds[call.axis] = seconds.get(call.axis, 0.0) + s
+            sent[call.axis] = sent.get(call.axis, 0) + int(costs.dcn_bytes(call.axis, call.op,
+                                                                          int(call.nbytes)))
+    return seconds, sent
+
+
 def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: Any,
                            context: StepContext, *, infeed_bytes: int, wall_seconds: float,
                            loss: float | None = None, replicate: int = 1,
@@ -590,6 +618,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     infeed = infeed_bytes / context.host_to_chip_bytes_per_s
     exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
     update_start = len(r.record_seconds) if r.update_start is None else r.update_start
+    dcn_seconds, dcn_bytes = _dcn_parts(r.calls, costs)
     per_chip: dict[int, float] = {}
     for x, clock in zip(reports, clocks, strict=False):
         chip = x.device // context.devices_per_chip
@@ -619,7 +648,9 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
         axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
         collective_spans=c.spans, compute_waits=c.waits,
+        stage_timelines=_stage_timelines(reports, clocks, r),
         pipeline_bubble_seconds=c.bubble_seconds,
+        axis_dcn_seconds=dcn_seconds, axis_dcn_bytes=dcn_bytes,
         compute_bound_seconds=_bounds(r, 0, update_start),
         update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),
         expert_load=ExpertLoad.total(x.router_loads for x in reports))

@@ -58,7 +58,10 @@ def progress_line(stats: StepStats, total: int) -> str:
 
 def summary_table(summary: dict[str, Any]) -> Table:
     """The end-of-run table of ``summary_rows``."""
-    table = titled_table(f"{summary['scenario']}: {summary['slice'] or summary['generation']} "
+    slices = summary.get("slices", 1)
+    where = summary['slice'] or summary['generation']
+    where = f"{slices} x {where}" if slices > 1 else where
+    table = titled_table(f"{summary['scenario']}: {where} "
                          f"({summary['chips']:,} chips, {summary['cores']:,} TensorCores, "
                          f"{summary['topology']})", show_header=True)
     table.add_column("figure")
@@ -107,6 +110,8 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("HBM peak per device", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
                                 f"{summary['hbm_capacity_bytes'] / 2**30:.0f} GiB", ""),
         ("ICI bytes per step", f"{summary['ici_bytes_per_step']:,}", ""),
+        *([("DCN bytes per step per device", f"{int(summary['dcn_bytes_per_step']):,}", "")]
+          if summary.get("dcn_bytes_per_step") else []),
         ("step time", f"{summary['wall_step_seconds'] * 1e3:.1f} ms", "wall"),
         ("emulation slowdown", f"{summary['emulation_slowdown']:,.0f}x", "wall/simulated"),
         ("replicas bit-identical", "yes" if summary["replicas_identical"] else "NO", ""),
@@ -151,8 +156,16 @@ def _axis_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     device passed to them (summary.json's ``collectives_by_axis``)."""
     return [(f"    {axis}", f"{t['exposed_simulated_seconds'] * 1e3:.4f} ms of "
                          f"{t['simulated_seconds'] * 1e3:.4f}, "
-                         f"{int(t['bytes_per_step']):,} B", "simulated")
+                         f"{int(t['bytes_per_step']):,} B" + _dcn_text(t), "simulated")
             for axis, t in summary.get("collectives_by_axis", {}).items()]
+
+
+def _dcn_text(figures: dict[str, Any]) -> str:
+    """An axis's part across slices (multislice), e.g. ``; DCN 0.0480 ms, 12,448 B sent``."""
+    if "dcn_simulated_seconds" not in figures:
+        return ""
+    return (f"; DCN ({figures['dcn_slices']} slices) {figures['dcn_simulated_seconds'] * 1e3:.4f}"
+            f" ms, {int(figures['dcn_bytes_per_step']):,} B sent")
 
 
 def accuracy_text(accuracy: float) -> str:

@@ -122,9 +122,11 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "collectives_by_axis": {
             axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
                    "simulated_seconds": mean(f"{axis}_collective_seconds"),
-                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds")}
+                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds"),
+                   **_dcn_split(plan, axis, mean)}
             for axis in plan.mesh.axis_names},
         "ici_bytes_per_step": totals.ici_bytes_per_step,
+        "dcn_bytes_per_step": sum(mean(f"{a}_dcn_bytes") for a in plan.mesh.dcn_sizes),
         "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s,
         "wall_seconds": wall_seconds,
         "wall_step_seconds": mean("wall_seconds"),
@@ -134,6 +136,17 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
     } | _moe(plan, totals)
+
+
+def _dcn_split(plan: Any, axis: str, mean: Any) -> dict[str, Any]:
+    """An axis's part across slices in ``collectives_by_axis`` (multislice: an axis with a
+    ``pod.dcn_mesh`` factor): the slices it spans, the DCN seconds within its
+    ``simulated_seconds`` and the bytes a device sends across the DCN per step."""
+    slices = plan.mesh.dcn_sizes.get(axis, 1)
+    if slices == 1:
+        return {}
+    return {"dcn_slices": slices, "dcn_simulated_seconds": mean(f"{axis}_dcn_seconds"),
+            "dcn_bytes_per_step": mean(f"{axis}_dcn_bytes")}
 
 
 def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
@@ -269,13 +282,18 @@ class StepsCsv:
         self._writer: csv.DictWriter | None = None
 
     def __enter__(self) -> StepsCsv:
-        with output_errors(self.path):
-            if self._keep_below is None or not self.path.exists():
-                write_atomic(self.path, lambda f: None)  # a new, empty file
-            else:
+        # a new file is made at the first row: a run that fails before its first step
+        # leaves an earlier run's steps.csv as it was
+        if self._keep_below is not None and self.path.exists():
+            with output_errors(self.path):
                 self.truncate(self._keep_below, reopen=False)
-            self._file = _append(self.path)
+                self._file = _append(self.path)
         return self
+
+    @property
+    def started(self) -> bool:
+        """This run has written to the file (a first row, or the kept rows of a resume)."""
+        return self._file is not None
 
     def __exit__(self, *exc: Any) -> None:
         if self._file is not None:
@@ -290,6 +308,9 @@ class StepsCsv:
             OutputError: the file system refused; one line naming the path.
         """
         with output_errors(self.path):
+            if self._file is None:  # the first row of a new file
+                write_atomic(self.path, lambda f: None)
+                self._file = _append(self.path)
             if self._writer is None:
                 self._writer = csv.DictWriter(self._file, fieldnames=list(row))
                 if self._file.tell() == 0:
@@ -308,6 +329,8 @@ class StepsCsv:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            if not self.path.exists():  # no row written yet: nothing to keep
+                return
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 fields = reader.fieldnames

@@ -39,6 +39,8 @@ never a step number. The chip generation is ``tpu_pod_info``'s ``generation`` la
 | tpu_pod_collective_seconds_total | counter | axis | simulated seconds of the collectives over a mesh axis |
 | tpu_pod_collective_exposed_seconds_total | counter | axis | the part of them the compute waited for |
 | tpu_pod_collective_bytes_total | counter | axis | bytes a device passed to them |
+| tpu_pod_dcn_collective_seconds_total | counter | axis | the axis's seconds across slices (DCN) |
+| tpu_pod_dcn_transferred_bytes_total | counter | axis | bytes a device sent across the DCN |
 | tpu_pod_expert_routed_tokens | gauge | expert | last step: token choices routed to the expert, every MoE layer, every device (mixture of experts) |
 | tpu_pod_expert_load_max_over_mean_ratio | gauge | | last step: the busiest expert's choices over the mean, worst layer (1: balanced) |
 | tpu_pod_expert_dropped_ratio | gauge | | last step: the share of token choices over capacity |
@@ -88,7 +90,8 @@ METRIC_NAMES = (
     "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total",
     "tpu_pod_simulated_tflops_per_device",
     "tpu_pod_expert_routed_tokens", "tpu_pod_expert_load_max_over_mean_ratio",
-    "tpu_pod_expert_dropped_ratio",
+    "tpu_pod_expert_dropped_ratio", "tpu_pod_dcn_collective_seconds_total",
+    "tpu_pod_dcn_transferred_bytes_total",
 )
 
 
@@ -235,6 +238,9 @@ class PodMetrics:
             self.collective_exposed_seconds.labels(axis).inc(
                 stats.axis_exposed_seconds.get(axis, 0.0))
             self.collective_bytes.labels(axis).inc(stats.axis_collective_bytes.get(axis, 0))
+        for axis, seconds in stats.axis_dcn_seconds.items():  # axes across slices only
+            self.dcn_seconds.labels(axis).inc(seconds)
+            self.dcn_bytes.labels(axis).inc(stats.axis_dcn_bytes.get(axis, 0))
 
     def _register(self, *gauges: Any) -> None:
         """Register gauges made with no registry (exported from now on), once each."""
@@ -254,6 +260,13 @@ class PodMetrics:
         self.collective_bytes = Counter(
             "tpu_pod_collective_bytes", "Bytes a device passed to the collectives per mesh "
             "axis (the slowest device's).", ["axis"], registry=r)
+        self.dcn_seconds = Counter(
+            "tpu_pod_dcn_collective_seconds", "Simulated seconds of a mesh axis's collectives "
+            "spent across the data-centre network between slices (multislice).", ["axis"],
+            registry=r)
+        self.dcn_bytes = Counter(
+            "tpu_pod_dcn_transferred_bytes", "Bytes a device sent across the data-centre "
+            "network in a mesh axis's collectives (the slowest device's).", ["axis"], registry=r)
 
     def _expert_metrics(self, r: CollectorRegistry) -> None:
         """The routers' gauges (a mixture of experts; registered at its first routed step,

@@ -220,6 +220,9 @@ class StepStats:
         traced_device, collective_spans, compute_waits: the slowest device, its
             collectives placed in time (``CollectiveSpan``) and its compute
             stream's waits (start, end, axis), for the trace.
+        stage_timelines: a pipeline's stages as the slowest device's stage group
+            ran them, in stage order: (device, its step seconds, its compute
+            stream's waits, as ``compute_waits``); empty without a stage axis.
         compute_bound_seconds: the slowest device's forward + backward seconds by
             what bounds each op (``op_bound``: "mxu", "vpu", "scalar", "hbm").
         update_bound_seconds: the same for its update.
@@ -231,6 +234,11 @@ class StepStats:
         pipeline_bubble_seconds: what the slowest device's compute stream waited
             for other pipeline stages (``pod.report.clock``; 0 without a stage
             axis).
+        axis_dcn_seconds: per mesh axis that spans slices (multislice), the part of
+            its ``axis_collective_seconds`` spent across the data-centre network
+            (``MeshCollectiveCosts.dcn_seconds``); empty in one slice.
+        axis_dcn_bytes: per such axis, the bytes the slowest device sent across the
+            DCN (``MeshCollectiveCosts.dcn_bytes``).
     """
 
     step: int
@@ -273,12 +281,15 @@ class StepStats:
     traced_device: int = -1
     collective_spans: tuple[Any, ...] = ()
     compute_waits: tuple[tuple[float, float, str], ...] = ()
+    stage_timelines: tuple[tuple[int, float, tuple[tuple[float, float, str], ...]], ...] = ()
     compute_bound_seconds: dict[str, float] = field(default_factory=dict)
     update_bound_seconds: dict[str, float] = field(default_factory=dict)
     expert_load: ExpertLoad | None = None
     test_loss: float | None = None
     test_accuracy: float | None = None
     pipeline_bubble_seconds: float = 0.0
+    axis_dcn_seconds: dict[str, float] = field(default_factory=dict)
+    axis_dcn_bytes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.hardware_flops:
@@ -384,6 +395,8 @@ class StepStats:
         for axis in AXIS_ORDER:
             data[f"{axis}_collective_seconds"] = self.axis_collective_seconds.get(axis, 0.0)
             data[f"{axis}_exposed_seconds"] = self.axis_exposed_seconds.get(axis, 0.0)
+        data["dcn_collective_seconds"] = sum(self.axis_dcn_seconds.values())
+        data["dcn_bytes"] = int(sum(self.axis_dcn_bytes.values()))
         data.pop("expert_load", None)
         if self.expert_load is not None:
             data["expert_load_max_over_mean"] = self.expert_load.max_over_mean
@@ -397,7 +410,8 @@ AXIS_ORDER = ("data", "stage", "fsdp", "expert", "tensor")
 
 #: the StepStats figures a run's summary averages (``StepTotals``).
 AXIS_FIELDS = tuple(f"{axis}_{what}" for axis in AXIS_ORDER
-                    for what in ("collective_bytes", "collective_seconds", "exposed_seconds"))
+                    for what in ("collective_bytes", "collective_seconds", "exposed_seconds",
+                                 "dcn_seconds", "dcn_bytes"))
 TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_seconds",
                 "collective_seconds", "update_seconds", "wall_seconds",
                 "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
@@ -413,7 +427,9 @@ def _total_value(stats: StepStats, name: str) -> float:
         figures: dict[str, Mapping[str, float]] = {
             "collective_bytes": stats.axis_collective_bytes,
             "collective_seconds": stats.axis_collective_seconds,
-            "exposed_seconds": stats.axis_exposed_seconds}
+            "exposed_seconds": stats.axis_exposed_seconds,
+            "dcn_seconds": stats.axis_dcn_seconds,
+            "dcn_bytes": stats.axis_dcn_bytes}
         return float(figures[what].get(axis, 0.0))
     return float(getattr(stats, name))
 

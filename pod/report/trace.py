@@ -12,7 +12,11 @@ One process for the pod's mesh with lanes:
 - one lane per TensorCore unit of that device ("MXU", "vector unit", "scalar
   unit") with every op record of the step where the clock placed it;
 - one lane per mesh axis ("ICI data", "ICI fsdp", ...) with that device's
-  collectives where the clock placed them (``pod.report.clock``).
+  collectives where the clock placed them (``pod.report.clock``);
+- with a stage axis, one lane per pipeline stage ("stage 0", "stage 1", ...):
+  the stages of the slowest device's stage group, each its compute between its
+  waits, the bubble named "pipeline bubble" (where it waited for another stage
+  to reach its send).
 
 Times are SIMULATED microseconds (``ts``, ``dur``), never wall time; the last
 event of a step ends at its start plus ``StepStats.step_seconds``. A path
@@ -52,17 +56,24 @@ def _axis_tid(axes: Sequence[str], axis: str) -> int:
     return 10 + list(axes).index(axis)
 
 
-def metadata_events(mesh_name: str, axes: Sequence[str]) -> list[dict[str, Any]]:
+def _stage_tid(stage: int) -> int:
+    return 20 + stage
+
+
+def metadata_events(mesh_name: str, axes: Sequence[str], stages: int = 1
+                    ) -> list[dict[str, Any]]:
     """The lanes of a run's trace (module docstring).
 
     Args:
         mesh_name: shown as the process name, e.g. "pod.mesh {data: 2, fsdp: 2}".
         axes: the mesh's axis names, in lane order.
+        stages: the mesh's stage size (a lane per stage when above 1).
     """
     names = [(_STEP_TID, "steps"), (_INFEED_TID, "infeed"),
              (_COMPUTE_TID, "compute (slowest device)"),
              *((_unit_tid(u), _UNIT_LABEL[u]) for u in UNITS),
-             *((_axis_tid(axes, a), f"ICI {a}") for a in axes)]
+             *((_axis_tid(axes, a), f"ICI {a}") for a in axes),
+             *((_stage_tid(i), f"stage {i}") for i in range(stages if stages > 1 else 0))]
     events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": _MESH_PID,
                                      "tid": 0, "args": {"name": mesh_name}}]
     for tid, name in names:
@@ -94,6 +105,24 @@ def _op_events(rows: Sequence[Sequence[Any]], waits: Sequence[tuple[float, float
     return out
 
 
+def _stream_events(tid: int, origin: float, end: float,
+                   waits: Sequence[tuple[float, float, str]], device: int) -> list[dict[str, Any]]:
+    """A compute stream on lane ``tid``: compute between its waits, each wait named
+    after the axis it waited for (or the pipeline bubble), until ``end`` (seconds from
+    ``origin``)."""
+    events, t = [], 0.0
+    for a, b, axis in sorted(waits):  # the stream is sequential: no overlaps
+        if a > t:
+            events.append(_event("compute", "compute", tid, origin + t, a - t, {"device": device}))
+        name = axis if axis == BUBBLE else f"wait for {axis}"
+        events.append(_event(name, "wait", tid, origin + a, b - a,
+                             {"axis": axis, "device": device}))
+        t = max(t, b)
+    if end > t:
+        events.append(_event("compute", "compute", tid, origin + t, end - t, {"device": device}))
+    return events
+
+
 def step_events(stats: StepStats, axes: Sequence[str], start_s: float,
                 rows: Sequence[Sequence[Any]] = ()) -> list[dict[str, Any]]:
     """One step on the lanes of :func:`metadata_events` (module docstring).
@@ -117,20 +146,11 @@ def step_events(stats: StepStats, axes: Sequence[str], start_s: float,
         events.append(_event("infeed", "infeed", _INFEED_TID, begin, origin - begin,
                              {"infeed_seconds": stats.infeed_seconds,
                               "exposed_seconds": stats.exposed_infeed_seconds}))
-    t = 0.0
     end = (stats.compute_seconds + stats.exposed_collective_seconds
            + stats.pipeline_bubble_seconds + stats.update_seconds)
-    for a, b, axis in sorted(stats.compute_waits):  # the stream is sequential: no overlaps
-        if a > t:
-            events.append(_event("compute", "compute", _COMPUTE_TID, origin + t, a - t,
-                                 {"device": device}))
-        name = axis if axis == BUBBLE else f"wait for {axis}"
-        events.append(_event(name, "wait", _COMPUTE_TID, origin + a, b - a,
-                             {"axis": axis, "device": device}))
-        t = max(t, b)
-    if end > t:
-        events.append(_event("compute", "compute", _COMPUTE_TID, origin + t, end - t,
-                             {"device": device}))
+    events += _stream_events(_COMPUTE_TID, origin, end, stats.compute_waits, device)
+    for stage, (member, member_end, waits) in enumerate(stats.stage_timelines):
+        events += _stream_events(_stage_tid(stage), origin, member_end, waits, member)
     events += _op_events(rows, stats.compute_waits, origin, device)
     for span in stats.collective_spans:
         events.append(_event(f"{span.op} {span.tag}", "ici", _axis_tid(axes, span.axis),

@@ -10,8 +10,11 @@ chips: the OOM killer); ``admit`` refuses it first, with one line saying how
 many chips fit and that timing-only mode (``sweep.mode: timing``) costs any
 pod size without actors.
 
-Only a local cluster is checked (this machine's memory and CPUs); a run that
-joins a cluster (``ray.address``, ``RAY_ADDRESS``) is placed by Ray.
+A local cluster is checked against this machine's memory and CPUs before Ray
+starts (``admit``); a run that joins a cluster (``ray.address``,
+``RAY_ADDRESS``) is checked once joined, before any actor starts, against what
+Ray says the cluster has free (``admit_joined``: its "memory" and "CPU"
+resources over every node).
 
 This module does not import ray.
 """
@@ -23,12 +26,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pod.errors import ScenarioError
 
 __all__ = ["ACTOR_BASE_BYTES", "RAY_RESERVE_BYTES", "ACTOR_CPUS",
-           "Admission", "admission", "admit", "available_memory_bytes"]
+           "Admission", "admission", "admit", "admit_joined", "available_memory_bytes"]
 
 #: Memory one chip actor process costs beyond its model (bytes): its unique set
 #: (USS: private pages; Python, numpy, Ray's core worker) measured on 32 v4 chip
@@ -110,13 +113,16 @@ def _actors(plan: Any) -> tuple[int, int, float]:
 
 
 def admission(plan: Any, *, available_bytes: int | None = None,
-              cpus: int | None = None) -> Admission | None:
+              cpus: float | None = None, reserve_bytes: int = RAY_RESERVE_BYTES
+              ) -> Admission | None:
     """What a functional run of ``plan`` needs here and what this machine has.
 
     Args:
         plan: a checked ``TrainingPlan``.
         available_bytes: memory available (default: ``available_memory_bytes``).
         cpus: CPUs (default: ``os.cpu_count``).
+        reserve_bytes: memory kept for Ray's daemons and the driver (0 for a
+            joined cluster, whose daemons run already).
 
     Returns:
         The figures, or None where the machine's memory cannot be read.
@@ -127,10 +133,10 @@ def admission(plan: Any, *, available_bytes: int | None = None,
     cpus = cpus or os.cpu_count() or 1
     actors, model_bytes, share = _actors(plan)
     actor_bytes = ACTOR_BASE_BYTES + model_bytes
-    by_memory = max(0, (available - RAY_RESERVE_BYTES) // actor_bytes)
+    by_memory = max(0, (available - reserve_bytes) // actor_bytes)
     by_cpus = int(math.floor(cpus / share + 1e-9))
     return Admission(actors=actors, actor_bytes=actor_bytes,
-                     needed_bytes=actors * actor_bytes + RAY_RESERVE_BYTES,
+                     needed_bytes=actors * actor_bytes + reserve_bytes,
                      available_bytes=available, cpus_needed=actors * share, cpus=cpus,
                      actors_that_fit=int(min(by_memory, by_cpus)))
 
@@ -152,17 +158,40 @@ def admit(plan: Any, *, address: str | None = None, available_bytes: int | None 
     if address or plan.scenario.ray.address or os.environ.get("RAY_ADDRESS"):
         return
     found = admission(plan, available_bytes=available_bytes, cpus=cpus)
-    if found is None or found.fits:
+    if found is not None and not found.fits:
+        raise ScenarioError(_refusal(plan, found, "pod:", "this machine has", "here"))
+
+
+def admit_joined(plan: Any, address: str, available_resources: Mapping[str, float]) -> None:
+    """Refuse a functional pod a joined cluster cannot hold, before any actor starts:
+    ``admit``'s check against what the cluster has free (Ray's
+    ``ray.available_resources()``: "memory" in bytes and "CPU", summed over its nodes).
+
+    Raises:
+        ClusterError: one line naming ``ray.address``, with how many chips would fit.
+    """
+    memory, cpus = available_resources.get("memory"), available_resources.get("CPU")
+    if memory is None or cpus is None:
         return
+    found = admission(plan, available_bytes=int(memory), cpus=float(cpus), reserve_bytes=0)
+    if found is not None and not found.fits:
+        from pod.errors import ClusterError
+
+        raise ClusterError(_refusal(plan, found, f"ray.address: the cluster at {address!r}:",
+                                    "the cluster has free", "there"))
+
+
+def _refusal(plan: Any, found: Admission, field: str, has: str, where: str) -> str:
+    """The one line of a pod that does not fit (``admit``, ``admit_joined``)."""
     per_chip = found.actors // plan.pod.chips if found.actors >= plan.pod.chips else 1
     chips = found.actors_that_fit // max(1, per_chip)
     gib = 2 ** 30
+    reserve = found.needed_bytes - found.actors * found.actor_bytes
+    ray = f" + {reserve / gib:.0f} GiB for Ray" if reserve else ""
     why = (f"{found.needed_bytes / gib:,.1f} GiB of memory ({found.actor_bytes / 2**20:,.0f} MiB "
-           f"per actor process, measured, + {RAY_RESERVE_BYTES / gib:.0f} GiB for Ray) but "
-           f"{found.available_bytes / gib:,.1f} GiB is available"
-           if found.needed_bytes > found.available_bytes else
-           f"{found.cpus_needed:g} CPUs of Ray's but this machine has {found.cpus}")
-    raise ScenarioError(
-        f"pod: {plan.pod.chips:,} functional chips ({found.actors:,} actor processes) need {why}; "
-        f"at most {chips:,} chips fit here. Timing-only mode (sweep.mode: timing, `tpu-pod "
-        f"sweep`) costs any pod size without actors")
+           f"per actor process, measured{ray}) but {found.available_bytes / gib:,.1f} GiB is "
+           "available" if found.needed_bytes > found.available_bytes else
+           f"{found.cpus_needed:g} CPUs of Ray's but {has} {found.cpus:g}")
+    return (f"{field} {plan.pod.chips:,} functional chips ({found.actors:,} actor processes) need "
+            f"{why}; at most {chips:,} chips fit {where}. Timing-only mode (sweep.mode: timing, "
+            "`tpu-pod sweep`) costs any pod size without actors")

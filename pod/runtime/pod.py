@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 import ray
 
+from pod.config.faults import host_of
 from pod.config.plan import TrainingPlan
 from pod.errors import USER_ERRORS, ChipFailureError, ClusterError
 from pod.programs import EvalSums
 from pod.report.clock import DeviceReport
 from pod.runtime.actor import ChipActor
-from pod.runtime.admission import ACTOR_CPUS
+from pod.runtime.admission import ACTOR_CPUS, admit_joined
 from pod.runtime.base import PodBase, chip_devices
 from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
 
@@ -97,6 +98,9 @@ class Pod(PodBase):
         check = check or (lambda: None)
         self._owns_ray = ensure_ray(self.ray_address, dashboard=self.plan.scenario.ray.dashboard)
         check()
+        if not self._owns_ray:  # a joined cluster: does it hold the pod? (a local one: admit)
+            admit_joined(self.plan, str(self.ray_address or "RAY_ADDRESS"),
+                         ray.available_resources())
         t0 = time.perf_counter()
         self.placement = self._place_hosts()
         check()
@@ -113,8 +117,10 @@ class Pod(PodBase):
         self._get([a.set_peers.remote(addresses) for a in self.actors])
 
     def host_of(self, rank: int) -> int:
-        """The TPU host a chip belongs to: ranks in blocks of the chip's chips_per_host."""
-        return rank // self.plan.pod.chip.chips_per_host
+        """The TPU host a chip belongs to (``pod.config.faults.host_of``: blocks of the
+        chip's chips_per_host, never across two slices)."""
+        pod = self.plan.pod
+        return host_of(rank, pod.chip.chips_per_host, pod.torus.num_chips)
 
     def _place_hosts(self) -> Any:
         """One placement-group bundle per TPU host, spread over the Ray nodes.

@@ -162,8 +162,10 @@ def test_every_key_not_mapped_is_named_once_with_its_level():
 @pytest.mark.parametrize("keys, needle", [
     (["ici_sequence_parallelism=2", "ici_fsdp_parallelism=32"],
      "ici_sequence_parallelism: 2 (command line): the mesh has no sequence axis"),
-    (["num_slices=2"], "num_slices: 2 (command line): several slices over DCN"),
-    (["dcn_data_parallelism=2"], "dcn_data_parallelism: 2 (command line): several slices"),
+    (["num_slices=2", "dcn_expert_parallelism=2", "dcn_data_parallelism=1"],
+     "dcn_expert_parallelism: 2 (command line): an expert axis across slices"),
+    (["dcn_context_parallelism=2"], "dcn_context_parallelism: 2 (command line): the mesh has no "
+                                    "context axis"),
     (["gradient_accumulation_steps=4"], "gradient accumulation is not modelled"),
 ])
 def test_keys_that_change_the_step_and_are_not_modelled_are_errors(keys, needle):
@@ -275,12 +277,12 @@ def test_the_cli_plans_what_it_writes(tmp_path):
 
 def test_the_cli_stops_on_keys_it_cannot_model_one_line_each(tmp_path):
     out = tmp_path / "x.yaml"
-    code, _, err = _cli("import-maxtext", str(BASE_2025), "num_slices=2", "dcn_data_parallelism=2",
-                        "--slice", "v5p-128", "-o", str(out))
+    code, _, err = _cli("import-maxtext", str(BASE_2025), "gradient_accumulation_steps=4",
+                        "ici_sequence_parallelism=2", "--slice", "v5p-128", "-o", str(out))
     lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
     assert code == 2 and not out.exists()
     assert sorted(line.split(" (")[0] for line in lines[:2]) == [
-        "error: dcn_data_parallelism: 2", "error: num_slices: 2"]  # in the base file's order
+        "error: gradient_accumulation_steps: 4", "error: ici_sequence_parallelism: 2"]
     assert lines[-1] == ("error: 2 MaxText keys above change the step and are not modelled; no "
                          "scenario written")
     code, _, err = _cli("import-maxtext", str(BASE_2023))

@@ -391,3 +391,24 @@ def test_a_plan_never_imports_ray(tiny):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_best_of_each_family_lines_up_when_a_family_name_is_long():
+    """A family of four axes ("data+stage+fsdp+tensor", 22 characters) used to push its
+    rank and figures out of the column the others share."""
+    from pod.commands.plan import PlanResult
+    from pod.commands.plan_report import family_lines
+
+    def row(rank, **sizes):
+        mesh = {a: sizes.get(a, 1) for a in ("data", "stage", "fsdp", "tensor")}
+        return {"rank": rank, "status": "ok", "mfu": 0.5, "simulated_tokens_per_second": 1e5,
+                "slice": "v5e-256", "mesh": str({a: s for a, s in mesh.items() if s > 1}),
+                "remat": "full", "per_device_batch": 4, **mesh}
+
+    rows = [row(1, fsdp=256), row(2, data=2, stage=2, fsdp=16, tensor=4)]
+    result = PlanResult("m", rows, ("v5e-256",), ("data", "stage", "fsdp", "tensor"),
+                        ("full",), 4096, 1024, (), None, 1.0, None)
+    lines = family_lines(result)
+    assert [line.split()[0] for line in lines] == ["fsdp", "data+stage+fsdp+tensor"]
+    assert len({line.index("#") for line in lines}) == 1
+    assert len({line.index("MFU") for line in lines}) == 1

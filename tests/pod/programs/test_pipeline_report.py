@@ -1,5 +1,5 @@
 """The pipeline bubble where a user reads it: summary.json, steps.csv, the console table,
-the trace (named on the compute lane), the bound column, and a sweep over the
+the trace (named on the compute lane, and a lane per stage), the bound column, and a sweep over the
 microbatches. In process, no Ray."""
 
 from __future__ import annotations
@@ -67,8 +67,26 @@ def test_a_pipelined_run_reports_its_bubble_everywhere(tmp_path):
     row = [r for r in summary_rows(summary) if r[0].strip() == "pipeline bubble"]
     assert row and "gpipe, 2 stages x 2 microbatches" in row[0][1]
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
-    waits = [e for e in events if e.get("cat") == "wait" and e["name"] == BUBBLE]
+    lanes = {e["args"]["name"]: e["tid"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    waits = [e for e in events if e.get("cat") == "wait" and e["name"] == BUBBLE
+             and e["tid"] == lanes["compute (slowest device)"]]
     assert sum(e["dur"] for e in waits) == pytest.approx(last.pipeline_bubble_seconds * 1e6)
+    # a lane per stage: each stage's compute and waits tile its own step, one after another,
+    # and the slowest device's stage lane is the compute lane
+    assert {"stage 0", "stage 1"} <= set(lanes) and "stage 2" not in lanes
+    assert [d for d, _, _ in last.stage_timelines] != [] and len(last.stage_timelines) == 2
+    step_span = [e for e in events if e.get("cat") == "step"][-1]
+    for stage, (device, member_seconds, _) in enumerate(last.stage_timelines):
+        lane = sorted((e for e in events if e["ph"] == "X" and e["tid"] == lanes[f"stage {stage}"]
+                       and step_span["ts"] <= e["ts"] <= step_span["ts"] + step_span["dur"]),
+                      key=lambda e: e["ts"])
+        assert lane and all(e["args"]["device"] == device for e in lane)
+        for a, b in zip(lane, lane[1:]):
+            assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=1e-6)
+        assert sum(e["dur"] for e in lane) == pytest.approx(member_seconds * 1e6, rel=1e-9)
+    slowest = [i for i, (d, _, _) in enumerate(last.stage_timelines) if d == last.traced_device]
+    assert len(slowest) == 1
     assert any(e.get("name", "").startswith("ppermute pipeline") for e in events)
     bounds = step_bounds(last, plan.collective_costs, plan.pod.torus)
     assert bounds.seconds["bubble"] == pytest.approx(last.pipeline_bubble_seconds)

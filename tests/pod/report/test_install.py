@@ -59,7 +59,9 @@ def test_pip_install_then_init_and_run_outside_the_checkout(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, env=env, check=True)
     module, has_matplotlib = site.stdout.split()
     assert "site-packages" in module and not module.startswith(str(ROOT))
-    assert has_matplotlib == "False"  # a plain install stays light: plots are the [plots] extra
+    # the main job plots (a sweep's and plan's PNGs, report.html): matplotlib is a main
+    # dependency since issue 25, not the [plots] extra
+    assert has_matplotlib == "True"
     data = Path(module).parent / "data"
     assert not (data / "monitoring" / "grafana" / "make_dashboard.py").exists()
 

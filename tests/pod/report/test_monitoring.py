@@ -58,9 +58,10 @@ def _samples(metrics: PodMetrics) -> dict[tuple[str, tuple], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def exported_samples(moe: bool = True) -> set[str]:
+def exported_samples(moe: bool = True, multislice: bool = True) -> set[str]:
     """The series a run exports after a step (of a mixture of experts, whose routers'
-    gauges a dense model leaves out) and an evaluation."""
+    gauges a dense model leaves out; on two slices, whose DCN counters one slice
+    leaves out) and an evaluation."""
     from dataclasses import replace
 
     from pod.report.stats import ExpertLoad
@@ -70,6 +71,8 @@ def exported_samples(moe: bool = True) -> set[str]:
     if moe:  # 2 layers, 4 experts
         stats = replace(stats, expert_load=ExpertLoad(((5, 3, 0, 8), (4, 4, 4, 4)),
                                                       ((4, 3, 0, 4), (4, 4, 4, 4))))
+    if multislice:  # the data axis across 2 slices: 6 of its 10 us on the DCN
+        stats = replace(stats, axis_dcn_seconds={"data": 6e-6}, axis_dcn_bytes={"data": 2000})
     metrics.observe(stats)
     metrics.set_accuracy(0.5)
     return {name for name, _ in _samples(metrics)}
@@ -77,6 +80,12 @@ def exported_samples(moe: bool = True) -> set[str]:
 
 def test_a_dense_model_exports_no_router_series():
     assert not {n for n in exported_samples(moe=False) if n.startswith("tpu_pod_expert_")}
+
+
+def test_one_slice_exports_no_dcn_series():
+    assert not {n for n in exported_samples(multislice=False) if n.startswith("tpu_pod_dcn_")}
+    assert {"tpu_pod_dcn_collective_seconds_total",
+            "tpu_pod_dcn_transferred_bytes_total"} <= exported_samples()
 
 
 def test_metric_names_follow_prometheus_conventions():
@@ -90,7 +99,10 @@ def test_metric_names_follow_prometheus_conventions():
                 "tpu_pod_collective_exposed_seconds_total", "tpu_pod_collective_bytes_total"}
     assert counters <= samples
     # every documented name is exported and every exported family is documented
-    assert families - {c.removesuffix("_total") for c in counters} <= set(METRIC_NAMES) | counters
+    # (a counter's _created sample names its family without _total)
+    documented = set(METRIC_NAMES) | counters
+    created = {c.removesuffix("_total") for c in documented if c.endswith("_total")}
+    assert families - created <= documented
     readme = (ROOT / "README.md").read_text()
     for name in METRIC_NAMES:
         assert f"`{name}`" in readme, f"{name} missing from the README's metric table"

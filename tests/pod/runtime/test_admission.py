@@ -73,6 +73,27 @@ def test_a_joined_cluster_is_not_checked_here(monkeypatch):
     admit(plan, available_bytes=0, cpus=2)
 
 
+def test_a_joined_cluster_is_checked_once_joined_against_what_ray_says_is_free():
+    """``admit_joined`` (``Pod.start`` calls it after joining, before any actor): the
+    cluster's free "memory" and "CPU" resources, no reserve for Ray's daemons (they run)."""
+    from pod.errors import ClusterError
+    from pod.runtime.admission import admit_joined
+
+    plan = _plan(64)
+    found = admission(plan, available_bytes=1 << 50, cpus=2)
+    admit_joined(plan, "10.0.0.1:6379", {"memory": 64 * found.actor_bytes, "CPU": 2.0})
+    admit_joined(plan, "10.0.0.1:6379", {"CPU": 2.0})  # no memory figure: nothing to check
+    with pytest.raises(ClusterError) as err:
+        admit_joined(plan, "10.0.0.1:6379", {"memory": 40 * found.actor_bytes + 1, "CPU": 2.0})
+    line = str(err.value)
+    assert line.startswith("ray.address: the cluster at '10.0.0.1:6379': 64 functional chips "
+                           "(64 actor processes) need ") and "\n" not in line
+    assert "at most 40 chips fit there" in line and "Timing-only mode" in line
+    with pytest.raises(ClusterError, match=r"0.064 CPUs of Ray's but the cluster has free 0.05; "
+                                           r"at most 50 chips fit there"):
+        admit_joined(plan, "10.0.0.1:6379", {"memory": 1 << 50, "CPU": 0.05})
+
+
 def test_a_run_is_refused_before_any_actor_starts_and_changes_no_earlier_result(tmp_path,
                                                                                 monkeypatch):
     from pod.commands.train import Run
