@@ -4,8 +4,8 @@ A `Chip` holds `TensorCore`s; each runs matmuls (MXU, bf16 x bf16 -> fp32)
 and vector ops (VPU) with numpy, returns the real result, and records an
 `OpRecord` of the simulated time the real core would take (roofline of
 compute cycles vs HBM traffic). The MXU count is "pipelined" (the TPU's, one
-bubble per op) or "scalesim" (SCALE-Sim's, a bubble per fold); `MXU_MODELS`. Specs for TPU v2 to v6e are in `PRESETS`,
-every figure with its public source.
+bubble per op) or "scalesim" (SCALE-Sim's, a bubble per fold); `MXU_MODELS`.
+Specs for TPU v2 to v6e are in `PRESETS`, every figure with its public source.
 
 This package never imports ray, pod or interconnect.
 """
@@ -15,8 +15,16 @@ from chip.core import FUSIONS, PRECISIONS, OpRecord, TensorCore, check_precision
 from chip.errors import ChipError, ChipSpecError, HBMOutOfMemoryError, PrecisionError
 from chip.hbm import HBM
 from chip.mxu import MXU_MODELS, check_mxu_model, conv2d_gemm_shape, mxu_folds, mxu_gemm_cycles
-from chip.numerics import (FP32_PASSES, dequantize_int8, mxu_matmul, mxu_matmul_fp32,
-                           mxu_matmul_int8, quantize_int8, split_bf16x3, to_bf16)
+from chip.numerics import (
+    FP32_PASSES,
+    dequantize_int8,
+    mxu_matmul,
+    mxu_matmul_fp32,
+    mxu_matmul_int8,
+    quantize_int8,
+    split_bf16x3,
+    to_bf16,
+)
 from chip.scalar import scalar_cycles
 from chip.spec import PRESETS, ChipSpec, MXUSpec, TensorCoreSpec, get_chip_spec
 from chip.vector import vpu_cycles

@@ -131,15 +131,17 @@ def predict_copy_seconds(row: CopyRow, spec: ChipSpec | None = None) -> float:
     """Predicted device time of a copy row: a memory-bound VPU op of float32 elements."""
     spec = spec or get_chip_spec(row.chip)
     core = TensorCore(spec.core, execute=False)
-    return core.account_vector("copy", row.bytes_moved // 2 // 4, row.bytes_moved).seconds
+    record = core.account_vector("copy", row.bytes_moved // 2 // 4, row.bytes_moved)
+    assert record is not None  # not fused: account_vector returns the copy's record
+    return record.seconds
 
 
 def _least_squares_reciprocal(ideal_s: list[float], fixed_s: list[float],
                               published_s: list[float]) -> float:
     # Minimise sum ((ideal * x + fixed) / published - 1)^2 over x (= 1 / efficiency).
-    a = [i / p for i, p in zip(ideal_s, published_s)]
-    b = [f / p for f, p in zip(fixed_s, published_s)]
-    x = sum(ai * (1.0 - bi) for ai, bi in zip(a, b)) / sum(ai * ai for ai in a)
+    a = [i / p for i, p in zip(ideal_s, published_s, strict=True)]
+    b = [f / p for f, p in zip(fixed_s, published_s, strict=True)]
+    x = sum(ai * (1.0 - bi) for ai, bi in zip(a, b, strict=True)) / sum(ai * ai for ai in a)
     return 1.0 / x
 
 
@@ -260,10 +262,10 @@ def fit_mxu_sustained(steps: tuple[StepRow, ...], row_ids: tuple[str, ...] = MXU
     e1s = np.arange(0.500, 1.0005, 0.001)
 
     def step_sq(rows: list[StepRow], e1: np.ndarray) -> np.ndarray:
-        return sum(((r.step_seconds - r.mxu_seconds + r.mxu_seconds * r.e_ref / e1)
-                    / r.published_s - 1.0) ** 2 for r in rows)
+        return sum((((r.step_seconds - r.mxu_seconds + r.mxu_seconds * r.e_ref / e1)
+                     / r.published_s - 1.0) ** 2 for r in rows), np.zeros_like(e1))
 
-    best = None
+    best: tuple[float, float, float, float] | None = None
     for tau in np.geomspace(1e-3, 10.0, 121):
         for e0 in np.arange(0.850, 1.0005, 0.001):
             e1 = e1s[e1s <= e0 + 1e-12]
@@ -276,6 +278,7 @@ def fit_mxu_sustained(steps: tuple[StepRow, ...], row_ids: tuple[str, ...] = MXU
             k = int(np.argmin(sq))
             if best is None or sq[k] < best[0]:
                 best = (float(sq[k]), float(e0), float(tau), float(e1[k]))
+    assert best is not None  # the first (tau, e0) sets it
     total, e0, tau, e1_gemm = best
     sustained = {gemm_chip: round(e1_gemm, 3)}
     for chip, rows in by_chip.items():
@@ -328,13 +331,14 @@ def report() -> str:
                      f"{row.timing} | {fmt(row.published_s)} | {fmt(before)} | "
                      f"{before / row.published_s - 1:+.1%} | {fmt(after)} | "
                      f"{after / row.published_s - 1:+.1%} | {bound} |")
-    for row in COPY_ROWS:
-        before = predict_copy_seconds(row, _uncalibrated(get_chip_spec(row.chip)))
-        after = predict_copy_seconds(row)
-        lines.append(f"| {row.row_id} | {row.chip} | copy {row.bytes_moved // 2 // 2**20} MiB | "
-                     f"device | {fmt(row.published_s)} | {fmt(before)} | "
-                     f"{before / row.published_s - 1:+.1%} | {fmt(after)} | "
-                     f"{after / row.published_s - 1:+.1%} | memory |")
+    for copy_row in COPY_ROWS:
+        before = predict_copy_seconds(copy_row, _uncalibrated(get_chip_spec(copy_row.chip)))
+        after = predict_copy_seconds(copy_row)
+        lines.append(f"| {copy_row.row_id} | {copy_row.chip} | "
+                     f"copy {copy_row.bytes_moved // 2 // 2**20} MiB | "
+                     f"device | {fmt(copy_row.published_s)} | {fmt(before)} | "
+                     f"{before / copy_row.published_s - 1:+.1%} | {fmt(after)} | "
+                     f"{after / copy_row.published_s - 1:+.1%} | memory |")
     lines.append(f"\nhost rows: predicted = device + {HOST_DISPATCH_SECONDS * 1e6:.0f} us dispatch")
     return "\n".join(lines)
 

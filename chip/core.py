@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -459,13 +460,12 @@ class TensorCore:
         Raises:
             ValueError: if a dimension is negative, batch < 1 or mxu_model unknown.
         """
-        key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model, a_elements, out_elements)
+        key: tuple | None = None
         if type(m) is int and type(k) is int and type(n) is int and type(batch) is int:
+            key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model, a_elements, out_elements)
             record = self._cached(key)
             if record is not None:
                 return record
-        else:
-            key = None
         if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         op_bytes = _OPERAND_BYTES[self.precision]
@@ -493,7 +493,8 @@ class TensorCore:
         """
         return to_bf16(x) if self.numerics else np.asarray(x)
 
-    def _product(self, a: np.ndarray, b: np.ndarray, a_rounded: bool, b_rounded: bool) -> np.ndarray:
+    def _product(self, a: np.ndarray, b: np.ndarray, a_rounded: bool,
+                 b_rounded: bool) -> np.ndarray:
         if not self.execute:  # timing-only: the cost is recorded by the caller
             dtype = np.float32 if self.emulates_numerics else np.result_type(a, b)
             return _zeros_view((a.shape[0], b.shape[1]), dtype)
@@ -553,7 +554,8 @@ class TensorCore:
         self.account_matmul(m, k, n, name=name, a_elements=a_elements, out_elements=out_elements)
         return out
 
-    def batch_matmul(self, a: np.ndarray, b: np.ndarray, *, name: str = "batch_matmul") -> np.ndarray:
+    def batch_matmul(self, a: np.ndarray, b: np.ndarray, *,
+                     name: str = "batch_matmul") -> np.ndarray:
         """Batched matmul: a (B, M, K) by b (B, K, N), or by shared weights b (K, N).
 
         Shared weights stay in the arrays: costed as one GEMM of B*M rows.
@@ -744,7 +746,8 @@ class TensorCore:
             x = np.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
         hp, wp = x.shape[1], x.shape[2]
         if hp < kh or wp < kw:
-            raise ValueError(f"conv2d {name!r}: kernel {kh}x{kw} larger than padded input {hp}x{wp}")
+            raise ValueError(f"conv2d {name!r}: kernel {kh}x{kw} larger than padded input "
+                             f"{hp}x{wp}")
         ho, wo = (hp - kh) // stride + 1, (wp - kw) // stride + 1
         patches = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))
         patches = patches[:, ::stride, ::stride]                     # (B, Ho, Wo, C, KH, KW)
@@ -837,7 +840,8 @@ class TensorCore:
         Raises:
             ValueError: on a negative or non-integer figure, or an unknown fused.
         """
-        if isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, numbers.Integral) or hbm_bytes < 0:
+        if (isinstance(hbm_bytes, bool) or not isinstance(hbm_bytes, numbers.Integral)
+                or hbm_bytes < 0):
             raise ValueError(f"hbm_bytes must be an integer >= 0, got {hbm_bytes!r}")
         return self._vpu(name, elements, hbm_bytes, ops_per_element, transcendental, fused)
 

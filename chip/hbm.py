@@ -7,8 +7,8 @@ clear error when something does not fit. It holds no data, only sizes.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 from chip.errors import HBMOutOfMemoryError
 

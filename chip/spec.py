@@ -181,7 +181,8 @@ class TensorCoreSpec:
         _check_int("TensorCoreSpec", "mxus_per_core", self.mxus_per_core, 1)
         _check_positive("TensorCoreSpec", "clock_hz", self.clock_hz)
         _check_int("TensorCoreSpec", "hbm_bytes", self.hbm_bytes, 1)
-        _check_positive("TensorCoreSpec", "hbm_bandwidth_bytes_per_s", self.hbm_bandwidth_bytes_per_s)
+        _check_positive("TensorCoreSpec", "hbm_bandwidth_bytes_per_s",
+                        self.hbm_bandwidth_bytes_per_s)
         _check_int("TensorCoreSpec", "vmem_bytes", self.vmem_bytes, 0)
         _check_int("TensorCoreSpec", "vpu_lanes", self.vpu_lanes, 1)
         _check_int("TensorCoreSpec", "vpu_sublanes", self.vpu_sublanes, 1)
@@ -321,14 +322,16 @@ class ChipSpec:
         _check_int("ChipSpec", "hbm_bytes", self.hbm_bytes, 1)
         _check_positive("ChipSpec", "hbm_bandwidth_bytes_per_s", self.hbm_bandwidth_bytes_per_s)
         _check_int("ChipSpec", "ici_links", self.ici_links, 0)
-        _check_positive("ChipSpec", "ici_link_bandwidth_bytes_per_s", self.ici_link_bandwidth_bytes_per_s)
+        _check_positive("ChipSpec", "ici_link_bandwidth_bytes_per_s",
+                        self.ici_link_bandwidth_bytes_per_s)
         _check_positive("ChipSpec", "ici_latency_s", self.ici_latency_s, allow_zero=True)
         _check_int("ChipSpec", "torus_dims", self.torus_dims, 1)
         try:
             shape = tuple(self.max_pod_shape)
         except TypeError:
             raise ChipSpecError(
-                f"ChipSpec.max_pod_shape must be a tuple of positive integers, got {self.max_pod_shape!r}"
+                "ChipSpec.max_pod_shape must be a tuple of positive integers, "
+                f"got {self.max_pod_shape!r}"
             ) from None
         if len(shape) != self.torus_dims or any(
             isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1 for d in shape
@@ -346,7 +349,8 @@ class ChipSpec:
             )
         if not isinstance(self.slice_counts_tensorcores, bool):
             raise ChipSpecError(
-                f"ChipSpec.slice_counts_tensorcores must be a bool, got {self.slice_counts_tensorcores!r}"
+                "ChipSpec.slice_counts_tensorcores must be a bool, "
+                f"got {self.slice_counts_tensorcores!r}"
             )
         if not isinstance(self.megacore, bool):
             raise ChipSpecError(f"ChipSpec.megacore must be a bool, got {self.megacore!r}")
@@ -404,7 +408,7 @@ class ChipSpec:
         hbm_bandwidth_bytes_per_s: float,
         vmem_bytes_per_core: int,
         **chip_fields,
-    ) -> "ChipSpec":
+    ) -> ChipSpec:
         """Builds a ChipSpec from per-chip HBM figures, splitting them over the cores.
 
         Args:
@@ -478,7 +482,7 @@ V2 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v2-8" = 8 cores = 4 chips [SEED]
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v2: v5e's per-chip figure [SB] assumed
@@ -505,7 +509,7 @@ V3 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v3-8" = 4 chips [GC-v3]
     megacore=False,  # two separate cores, not megacore (compute table)
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
     dcn_bytes_per_s=3.1e9,  # unpublished for v3: v5e's per-chip figure [SB] assumed
@@ -533,10 +537,11 @@ V4 = ChipSpec.from_chip_figures(
     slice_counts_tensorcores=True,  # "v4-8" = 4 chips [GC-v4]
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
     mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows for this chip)
+    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
     mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
-    dcn_bytes_per_s=6.25e9,  # unpublished for v4: v5p's per-chip figure [SB] assumed (4 chips per host, as v5p)
+    # unpublished for v4 (4 chips per host, as v5p):
+    dcn_bytes_per_s=6.25e9,  # v5p's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 
@@ -620,7 +625,8 @@ V6E = ChipSpec.from_chip_figures(
     mxu_sustained_efficiency=None,  # fit: T5 (v6e) agrees without a drop, none fitted
     mxu_burst_seconds=0.0,  # fit: no drop, no time constant
     hbm_efficiency=_HBM_EFFICIENCY_V6E,  # fit on v6e row C5
-    dcn_bytes_per_s=3.1e9,  # unpublished for v6e: v5e's per-chip figure [SB] assumed (8 chips per host, as v5e)
+    # unpublished for v6e (8 chips per host, as v5e):
+    dcn_bytes_per_s=3.1e9,  # v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
 

@@ -39,7 +39,8 @@ def vpu_cycles(
     """
     if isinstance(elements, bool) or not isinstance(elements, numbers.Integral) or elements < 0:
         raise ValueError(f"elements must be an integer >= 0, got {elements!r}")
-    if not isinstance(ops_per_element, numbers.Real) or not ops_per_element >= 0 or not math.isfinite(ops_per_element):
+    if (not isinstance(ops_per_element, numbers.Real) or not ops_per_element >= 0
+            or not math.isfinite(ops_per_element)):
         raise ValueError(f"ops_per_element must be a finite number >= 0, got {ops_per_element!r}")
     cycles = math.ceil(int(elements) * ops_per_element / spec.vpu_elements_per_cycle)
     if transcendental:

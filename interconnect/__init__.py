@@ -34,6 +34,8 @@ Example::
     >>> seconds = schedule_time(schedule, torus, LinkSpec(1e11, latency_s=1e-6))
 """
 
+from interconnect.calibration import CALIBRATION, Calibration, calibrated_link
+from interconnect.chains import ppermute
 from interconnect.collectives import (
     ALGORITHMS,
     ALLREDUCE_ALGORITHMS,
@@ -53,17 +55,27 @@ from interconnect.collectives import (
     ring_reduce_scatter,
     tree_allreduce,
 )
-from interconnect.calibration import CALIBRATION, Calibration, calibrated_link
-from interconnect.chains import ppermute
-from interconnect.cost import FAST_PATHS, ScheduleCost, collective_cost, schedule_cost, schedule_time
+from interconnect.cost import (
+    FAST_PATHS,
+    ScheduleCost,
+    collective_cost,
+    schedule_cost,
+    schedule_time,
+)
 from interconnect.dcn import DCN_OPS, dcn_collective_bytes, dcn_collective_seconds
 from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError, TopologyError
-from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
 from interconnect.execute import execute
-from interconnect.groups import (GROUP_ALGORITHMS, GROUP_OPS, concurrent_group_schedule,
-                                 group_collective_cost, group_ppermute_cost,
-                                 group_ppermute_schedule, group_ring_schedule,
-                                 group_torus_schedule)
+from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
+from interconnect.groups import (
+    GROUP_ALGORITHMS,
+    GROUP_OPS,
+    concurrent_group_schedule,
+    group_collective_cost,
+    group_ppermute_cost,
+    group_ppermute_schedule,
+    group_ring_schedule,
+    group_torus_schedule,
+)
 from interconnect.link import LinkSpec
 from interconnect.topology import Torus, parse_shape
 

@@ -1,4 +1,5 @@
-"""Calibrated ICI constants: achieved link efficiency, DMA streams and the fixed cost of a collective.
+"""Calibrated ICI constants: achieved link efficiency, DMA streams and the fixed cost of a
+collective.
 
 The textbook link of :class:`~interconnect.link.LinkSpec` (nominal bandwidth,
 1 us per hop, nothing else) misses two things the published measurements
@@ -123,7 +124,8 @@ def calibrated_link(generation: str, bandwidth_bytes_per_s: float, latency_s: fl
         LinkSpecError: a bad bandwidth or latency, or a generation that is not a string.
     """
     if not isinstance(generation, str):
-        raise LinkSpecError(f"generation {generation!r} is not valid: expected a name such as 'v5e'")
+        raise LinkSpecError(f"generation {generation!r} is not valid: expected a name such as "
+                            "'v5e'")
     return LinkSpec(bandwidth_bytes_per_s, latency_s, efficiency=calibration.efficiency,
                     multi_link_exponent=calibration.multi_link_exponent,
                     collective_fixed_s=calibration.fixed_s(generation),

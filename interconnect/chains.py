@@ -54,11 +54,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from interconnect.errors import ScheduleError
-from interconnect.schedule import (Schedule, Transfer, _check_counts, _gc_paused, _make_transfer,
-                                   _trusted_schedule, chunk_bounds)
+from interconnect.schedule import (
+    Schedule,
+    Transfer,
+    _check_counts,
+    _gc_paused,
+    _make_transfer,
+    _trusted_schedule,
+    chunk_bounds,
+)
 from interconnect.topology import Torus
 
-__all__ = ["Chain", "axis_chains", "build_axis_collective", "axis_reduce_scatter_phases", "ppermute"]
+__all__ = ["Chain", "axis_chains", "build_axis_collective", "axis_reduce_scatter_phases",
+           "ppermute"]
 
 WHOLE, FIRST_HALF, SECOND_HALF = 0, 1, 2
 
@@ -174,7 +182,8 @@ def _part_orders(levels: list[_Level]) -> list[list[_Level]]:
 
 
 def _split(start: np.ndarray, stop: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each range cut into ``parts`` as :func:`chunk_bounds` cuts: (starts, stops), shape (..., parts)."""
+    """Each range cut into ``parts`` as :func:`chunk_bounds` cuts: (starts, stops), shape
+    (..., parts)."""
     length = (stop - start)[..., None]
     index = np.arange(parts)
     sizes = length // parts + (index < length % parts)
@@ -182,7 +191,8 @@ def _split(start: np.ndarray, stop: np.ndarray, parts: int) -> tuple[np.ndarray,
     return stops - sizes, stops
 
 
-def _atom_sizes(n: int, num_elements: int, orders: list[list[_Level]], owner_major: bool) -> np.ndarray:
+def _atom_sizes(n: int, num_elements: int, orders: list[list[_Level]],
+                owner_major: bool) -> np.ndarray:
     """(m, n, 2) element range (start, stop) of the atom of (part j, owner rank)."""
     m = max(len(orders), 1)
     atoms = np.zeros((m, n, 2), dtype=np.int64)
@@ -197,7 +207,8 @@ def _atom_sizes(n: int, num_elements: int, orders: list[list[_Level]], owner_maj
     for j in range(m):
         levels = orders[j] if orders else []
         # owners sorted by their positions on the part's levels, the first level most significant
-        sequence = np.lexsort([level.position for level in reversed(levels)]) if levels else np.arange(n)
+        sequence = (np.lexsort([level.position for level in reversed(levels)]) if levels
+                    else np.arange(n))
         atoms[j, sequence, 0], atoms[j, sequence, 1] = starts[j], stops[j]
     return atoms
 
@@ -217,7 +228,8 @@ def _halve(ranges: list[tuple[int, int]], half: int) -> list[tuple[int, int]]:
     cut = (total + 1) // 2
     out, seen = [], 0
     for a, b in ranges:
-        lo, hi = (a, min(b, a + max(cut - seen, 0))) if half == FIRST_HALF else (max(a, a + cut - seen), b)
+        lo, hi = ((a, min(b, a + max(cut - seen, 0))) if half == FIRST_HALF
+                  else (max(a, a + cut - seen), b))
         if hi > lo:
             out.append((lo, hi))
         seen += b - a
@@ -229,7 +241,7 @@ def _merged(starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
     starts, stops = starts[keep], stops[keep]
     order = np.argsort(starts, kind="stable")
     out: list[tuple[int, int]] = []
-    for a, b in zip(starts[order].tolist(), stops[order].tolist()):
+    for a, b in zip(starts[order].tolist(), stops[order].tolist(), strict=True):
         if out and out[-1][1] == a:
             out[-1] = (out[-1][0], b)
         else:
@@ -259,7 +271,8 @@ def _reduce_scatter_phases(orders, atoms, itemsize: int,
                     groups.append(_merged(atoms[j, owners, 0], atoms[j, owners, 1]))
                 for chain in chains:
                     for t in range(len(chain.path) - 1):
-                        ranges = _halve(groups[chain.group], chain.half) if t == 0 else groups[chain.group]
+                        ranges = (_halve(groups[chain.group], chain.half) if t == 0
+                                  else groups[chain.group])
                         src, dst = int(ring[chain.path[t]]), int(ring[chain.path[t + 1]])
                         phase = phases[offset + chain.start + t]
                         for a, b in ranges:
@@ -272,7 +285,8 @@ def _reduce_scatter_phases(orders, atoms, itemsize: int,
 
 def build_axis_collective(op: str, topology: Torus, num_elements: int, itemsize: int = 4,
                           algorithm: str = "torus") -> Schedule:
-    """Reduce-scatter, all-gather or allreduce over every torus axis at once (or one bidirectional ring).
+    """Reduce-scatter, all-gather or allreduce over every torus axis at once (or one
+    bidirectional ring).
 
     Args:
         op: ``"allreduce"``, ``"reduce_scatter"`` or ``"all_gather"``.
@@ -292,24 +306,27 @@ def build_axis_collective(op: str, topology: Torus, num_elements: int, itemsize:
         ScheduleError: a bad count, topology, op or algorithm.
     """
     if op not in ("allreduce", "reduce_scatter", "all_gather"):
-        raise ScheduleError(f"operation {op!r} is not valid here: expected allreduce, reduce_scatter or all_gather")
+        raise ScheduleError(f"operation {op!r} is not valid here: expected allreduce, "
+                            "reduce_scatter or all_gather")
     if algorithm not in ("torus", "bidirectional_ring"):
-        raise ScheduleError(f"algorithm {algorithm!r} is not valid here: expected torus or bidirectional_ring")
+        raise ScheduleError(f"algorithm {algorithm!r} is not valid here: expected torus or "
+                            "bidirectional_ring")
     n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
     owner_major = op != "allreduce"
     orders, atoms = _plan(topology, num_elements, algorithm, owner_major)
     chunk_of: dict[tuple[int, int], int] = {}
     owned: tuple[int, ...] = ()
     if owner_major:
-        owned = tuple(chunk_of.setdefault(bound, len(chunk_of)) for bound in chunk_bounds(num_elements, n))
+        owned = tuple(chunk_of.setdefault(bound, len(chunk_of))
+                      for bound in chunk_bounds(num_elements, n))
     with _gc_paused():
         rs = [tuple(phase) for phase in _reduce_scatter_phases(orders, atoms, itemsize, chunk_of)]
-        ag = [tuple(_make_transfer((t.dst, t.src, t.chunk, t.nbytes, False, t.chunk)) for t in phase)
+        ag = [tuple(_make_transfer((t.dst, t.src, t.chunk, t.nbytes, False, t.chunk))
+                    for t in phase)
               for phase in reversed(rs)]
     phases = {"allreduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
-    bounds = [None] * len(chunk_of)
-    for bound, index in chunk_of.items():
-        bounds[index] = bound
+    # chunk_of numbers its bounds 0, 1, ... in order of first use: this lists them by number
+    bounds = sorted(chunk_of, key=chunk_of.__getitem__)
     if not bounds:
         bounds = [(0, num_elements)]
     return _trusted_schedule(
@@ -318,8 +335,9 @@ def build_axis_collective(op: str, topology: Torus, num_elements: int, itemsize:
     )
 
 
-def axis_reduce_scatter_phases(op: str, topology: Torus, num_elements: int, itemsize: int,
-                               algorithm: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+def axis_reduce_scatter_phases(
+        op: str, topology: Torus, num_elements: int, itemsize: int, algorithm: str,
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """The reduce-scatter phases of :func:`build_axis_collective` as numpy arrays.
 
     Same transfers' ranks and bytes per phase (zero-byte sends included:
@@ -353,9 +371,10 @@ def axis_reduce_scatter_phases(op: str, topology: Torus, num_elements: int, item
             while len(rs) < offset + count:
                 rs.append([])
             # one row per chain step: (from position, to position, group, half, phase)
-            steps = np.array([(chain.path[t], chain.path[t + 1], chain.group, chain.half if t == 0 else WHOLE,
-                               chain.start + t)
-                              for chain in chains for t in range(len(chain.path) - 1)], dtype=np.int64)
+            steps = np.array([(chain.path[t], chain.path[t + 1], chain.group,
+                               chain.half if t == 0 else WHOLE, chain.start + t)
+                              for chain in chains for t in range(len(chain.path) - 1)],
+                             dtype=np.int64)
             frm, to, group, half, phase = steps.T
             rings = level.rings  # (R, a)
             total = _group_elements(sizes[j], levels[:k + 1], n)[rings[:, group]]  # (R, S)
@@ -368,14 +387,24 @@ def axis_reduce_scatter_phases(op: str, topology: Torus, num_elements: int, item
                 ids = src * two_ndim + 2 * level.axis + ((to - frm) % a == 1)
             for p in range(count):
                 cols = phase == p
-                rs[offset + p].append(tuple(x[:, cols].reshape(-1) for x in (src, dst, nbytes, ids)))
+                rs[offset + p].append(tuple(x[:, cols].reshape(-1)
+                                            for x in (src, dst, nbytes, ids)))
             offset += count
-    return [tuple(np.concatenate(parts) for parts in zip(*phase)) if phase else (np.zeros(0, np.int64),) * 4
-            for phase in rs]
+    return [_joined(phase) for phase in rs]
+
+
+def _joined(parts: list[tuple[np.ndarray, ...]]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One phase's ``(src, dst, nbytes, link)`` parts, each column concatenated."""
+    if not parts:
+        return (np.zeros(0, np.int64),) * 4
+    src, dst, nbytes, link = (np.concatenate(column) for column in zip(*parts, strict=True))
+    return src, dst, nbytes, link
 
 
 def _group_elements(sizes: np.ndarray, levels: list[_Level], n: int) -> np.ndarray:
-    """(n,) elements of the group each rank ends owning after ``levels``: owners that match it on every one."""
+    """(n,) elements of the group each rank ends owning after ``levels``: owners that
+    match it on every one."""
     key = np.zeros(n, dtype=np.int64)
     for level in levels:
         key = key * (int(level.position.max()) + 1) + level.position
@@ -383,7 +412,8 @@ def _group_elements(sizes: np.ndarray, levels: list[_Level], n: int) -> np.ndarr
     return np.rint(totals[key]).astype(np.int64)
 
 
-def ppermute(topology: Torus, num_elements: int, itemsize: int = 4, shift: int = 1, axis: int = 0) -> Schedule:
+def ppermute(topology: Torus, num_elements: int, itemsize: int = 4, shift: int = 1,
+             axis: int = 0) -> Schedule:
     """Collective permute: every rank sends its whole buffer ``shift`` places along ``axis``.
 
     Rank at coordinate ``c`` on ``axis`` sends to coordinate
@@ -409,15 +439,18 @@ def ppermute(topology: Torus, num_elements: int, itemsize: int = 4, shift: int =
         ScheduleError: a bad count, shift or axis.
     """
     n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < topology.ndim:
+    if (isinstance(axis, bool) or not isinstance(axis, (int, np.integer))
+            or not 0 <= axis < topology.ndim):
         raise ScheduleError(f"ppermute axis {axis!r} is not valid: expected 0..{topology.ndim - 1}")
     if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
         raise ScheduleError(f"ppermute shift {shift!r} is not valid: expected an int")
     ranks = np.arange(n).reshape(topology.shape)
-    sources = np.roll(ranks, int(shift), axis=axis).reshape(-1)  # position c holds the rank from c - shift
+    # position c holds the rank from c - shift
+    sources = np.roll(ranks, int(shift), axis=axis).reshape(-1)
     whole = num_elements * itemsize
     phase = tuple(_make_transfer((int(src), int(dst), 0, whole, False, 0))
-                  for src, dst in zip(sources.tolist(), ranks.reshape(-1).tolist()) if src != dst) if whole else ()
+                  for src, dst in zip(sources.tolist(), ranks.reshape(-1).tolist(), strict=True)
+                  if src != dst) if whole else ()
     return _trusted_schedule(
         name="ppermute", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
         chunk_bounds=((0, num_elements),), phases=(phase,) if phase else (), op="ppermute",

@@ -29,9 +29,9 @@ costs").
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Sequence
 import functools
+import operator
+from collections.abc import Iterable, Sequence
 from itertools import compress, repeat
 
 import numpy as np
@@ -60,9 +60,18 @@ __all__ = [
 ]
 
 
-from interconnect.schedule import (OPS, Schedule, Transfer, _check_counts, _gc_paused,  # noqa: E402,F401
-                                   _make_transfer, _non_negative_int, _trusted_schedule,
-                                   Phase, chunk_bounds)
+from interconnect.schedule import (  # noqa: E402,F401
+    OPS,
+    Phase,
+    Schedule,
+    Transfer,
+    _check_counts,
+    _gc_paused,
+    _make_transfer,
+    _non_negative_int,
+    _trusted_schedule,
+    chunk_bounds,
+)
 
 
 def _ring_phases(
@@ -82,7 +91,8 @@ def _ring_phases(
             cut = n - shift
             phase_chunks = chunks[cut:] + chunks[:cut]
             phase_nbytes = nbytes[cut:] + nbytes[:cut]
-            rows = zip(order, successors, phase_chunks, phase_nbytes, repeat(reduce), phase_chunks)
+            rows: Iterable[tuple[object, ...]] = zip(order, successors, phase_chunks, phase_nbytes,
+                                                      repeat(reduce), phase_chunks)
             if any_empty:
                 rows = compress(rows, phase_nbytes)
             phases.append(tuple(map(_make_transfer, rows)))
@@ -100,7 +110,8 @@ def _ring_setup(topology: object, num_elements: int, itemsize: int):
     num_elements = _non_negative_int("num_elements", num_elements)
     itemsize = _non_negative_int("itemsize", itemsize)
     if itemsize < 1:
-        raise ScheduleError(f"itemsize {itemsize!r} is not valid: expected an int >= 1 (bytes per element)")
+        raise ScheduleError(f"itemsize {itemsize!r} is not valid: expected an int >= 1 "
+                            "(bytes per element)")
     bounds = chunk_bounds(num_elements, num_ranks)
     chunk_nbytes = [(stop - start) * itemsize for start, stop in bounds]
     return order, num_ranks, num_elements, itemsize, bounds, chunk_nbytes
@@ -127,7 +138,8 @@ def ring_reduce_scatter(topology: object, num_elements: int, itemsize: int = 4) 
     Raises:
         ScheduleError: a bad count or a topology without ``ring_order``.
     """
-    order, n, num_elements, itemsize, bounds, chunk_nbytes = _ring_setup(topology, num_elements, itemsize)
+    order, n, num_elements, itemsize, bounds, chunk_nbytes = _ring_setup(topology, num_elements,
+                                                                        itemsize)
     return _trusted_schedule(
         name="ring_reduce_scatter", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
         chunk_bounds=bounds, phases=_ring_phases(order, chunk_nbytes, reduce=True, chunk_offset=0),
@@ -154,7 +166,8 @@ def ring_all_gather(topology: object, num_elements: int, itemsize: int = 4) -> S
     Raises:
         ScheduleError: a bad count or a topology without ``ring_order``.
     """
-    order, n, num_elements, itemsize, bounds, chunk_nbytes = _ring_setup(topology, num_elements, itemsize)
+    order, n, num_elements, itemsize, bounds, chunk_nbytes = _ring_setup(topology, num_elements,
+                                                                        itemsize)
     return _trusted_schedule(
         name="ring_all_gather", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
         chunk_bounds=bounds, phases=_ring_phases(order, chunk_nbytes, reduce=False, chunk_offset=1),
@@ -201,7 +214,8 @@ def chain_schedules(name: str, *schedules: Schedule, op: str = "allreduce") -> S
     if not isinstance(name, str) or not name:
         raise ScheduleError(f"Schedule name {name!r} is not valid: expected a non-empty string")
     return _trusted_schedule(
-        name=name, num_ranks=first.num_ranks, num_elements=first.num_elements, itemsize=first.itemsize,
+        name=name, num_ranks=first.num_ranks, num_elements=first.num_elements,
+        itemsize=first.itemsize,
         chunk_bounds=first.chunk_bounds, phases=tuple(p for s in schedules for p in s.phases),
         op=op, owned_chunks=(), root=0,
     )
@@ -233,7 +247,8 @@ def ring_allreduce(topology: object, num_elements: int, itemsize: int = 4) -> Sc
     """
     _ring_setup(topology, num_elements, itemsize)  # validates before the cache sees the arguments
     if isinstance(topology, Torus):
-        return _cached_ring_allreduce(topology, operator.index(num_elements), operator.index(itemsize))
+        return _cached_ring_allreduce(topology, operator.index(num_elements),
+                                      operator.index(itemsize))
     return _ring_allreduce(topology, num_elements, itemsize)
 
 
@@ -324,10 +339,12 @@ def axis_rings(topology: Torus) -> list[list[list[int]]]:
 
 def _check_algorithm(op: str, algorithm: str) -> None:
     if op not in ALGORITHMS:
-        raise ScheduleError(f"operation {op!r} is not valid: expected one of {', '.join(ALGORITHMS)}")
+        raise ScheduleError(f"operation {op!r} is not valid: expected one of "
+                            f"{', '.join(ALGORITHMS)}")
     if algorithm not in ALGORITHMS[op]:
         raise ScheduleError(
-            f"algorithm {algorithm!r} is not available for {op}: expected one of {', '.join(ALGORITHMS[op])}"
+            f"algorithm {algorithm!r} is not available for {op}: expected one of "
+            f"{', '.join(ALGORITHMS[op])}"
         )
 
 
@@ -372,8 +389,10 @@ def halving_doubling_allreduce(topology: Torus, num_elements: int, itemsize: int
     virtual = [order[2 * j] for j in range(extra)] + order[2 * extra:]
     pre, post = [], []
     if whole and extra:
-        pre = [_make_transfer((order[2 * j + 1], order[2 * j], 0, whole, True, 0)) for j in range(extra)]
-        post = [_make_transfer((order[2 * j], order[2 * j + 1], 0, whole, False, 0)) for j in range(extra)]
+        pre = [_make_transfer((order[2 * j + 1], order[2 * j], 0, whole, True, 0))
+               for j in range(extra)]
+        post = [_make_transfer((order[2 * j], order[2 * j + 1], 0, whole, False, 0))
+                for j in range(extra)]
     node = [0] * p2
     history: list[list[int]] = []
     rs_phases, ag_phases = [], []
@@ -388,7 +407,8 @@ def halving_doubling_allreduce(topology: Torus, num_elements: int, itemsize: int
             give = children[1 - keep]
             nbytes = tree.nbytes(give, itemsize)
             if nbytes:
-                phase.append(_make_transfer((virtual[v], virtual[v ^ (1 << d)], give, nbytes, True, give)))
+                phase.append(_make_transfer((virtual[v], virtual[v ^ (1 << d)], give, nbytes,
+                                             True, give)))
         node = new
         rs_phases.append(tuple(phase))
     for d in range(k - 1, -1, -1):
@@ -396,13 +416,15 @@ def halving_doubling_allreduce(topology: Torus, num_elements: int, itemsize: int
         for v in range(p2):
             nbytes = tree.nbytes(node[v], itemsize)
             if nbytes:
-                phase.append(_make_transfer((virtual[v], virtual[v ^ (1 << d)], node[v], nbytes, False, node[v])))
+                phase.append(_make_transfer((virtual[v], virtual[v ^ (1 << d)], node[v], nbytes,
+                                             False, node[v])))
         node = history[d]
         ag_phases.append(tuple(phase))
     phases = ([tuple(pre)] if pre else []) + rs_phases + ag_phases + ([tuple(post)] if post else [])
     return _trusted_schedule(
-        name="halving_doubling_allreduce", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
-        chunk_bounds=tuple(tree.bounds), phases=tuple(phases), op="allreduce", owned_chunks=(), root=0,
+        name="halving_doubling_allreduce", num_ranks=n, num_elements=num_elements,
+        itemsize=itemsize, chunk_bounds=tuple(tree.bounds), phases=tuple(phases), op="allreduce",
+        owned_chunks=(), root=0,
     )
 
 
@@ -447,7 +469,8 @@ def tree_allreduce(topology: Torus, num_elements: int, itemsize: int = 4) -> Sch
                           for p in range(0, n - m, 2 * m)))
     return _trusted_schedule(
         name="tree_allreduce", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
-        chunk_bounds=((0, num_elements),), phases=tuple(up + down), op="allreduce", owned_chunks=(), root=0,
+        chunk_bounds=((0, num_elements),), phases=tuple(up + down), op="allreduce",
+        owned_chunks=(), root=0,
     )
 
 
@@ -484,7 +507,8 @@ def all_to_all(topology: Torus, num_elements: int, itemsize: int = 4) -> Schedul
                   if j != r) if nbytes else ()
     return _trusted_schedule(
         name="direct_all_to_all", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
-        chunk_bounds=bounds, phases=(phase,) if phase else (), op="all_to_all", owned_chunks=(), root=0,
+        chunk_bounds=bounds, phases=(phase,) if phase else (), op="all_to_all",
+        owned_chunks=(), root=0,
     )
 
 
@@ -519,6 +543,7 @@ def broadcast(topology: Torus, num_elements: int, itemsize: int = 4, root: int =
     start = ring.index(root)
     order = ring[start:] + ring[:start]
     phases = []
+    bounds: tuple[tuple[int, int], ...]
     if algorithm == "tree":
         bounds = ((0, num_elements),)
         whole = num_elements * itemsize
@@ -529,7 +554,8 @@ def broadcast(topology: Torus, num_elements: int, itemsize: int = 4, root: int =
         bounds = chunk_bounds(num_elements, n)
         sizes = [(b - a) * itemsize for a, b in bounds]
         for s in range(2 * (n - 1)):
-            phase = tuple(_make_transfer((order[i], order[i + 1], s - i, sizes[s - i], False, s - i))
+            phase = tuple(_make_transfer((order[i], order[i + 1], s - i, sizes[s - i], False,
+                                          s - i))
                           for i in range(n - 1) if 0 <= s - i < n and sizes[s - i])
             phases.append(phase)
     return _trusted_schedule(
@@ -585,7 +611,8 @@ def build_collective(op: str, topology: Torus, num_elements: int, itemsize: int 
     return build_axis_collective(op, topology, num_elements, itemsize, algorithm)
 
 
-def allreduce(topology: Torus, num_elements: int, itemsize: int = 4, algorithm: str = "torus") -> Schedule:
+def allreduce(topology: Torus, num_elements: int, itemsize: int = 4,
+              algorithm: str = "torus") -> Schedule:
     """Allreduce by any algorithm of :data:`ALLREDUCE_ALGORITHMS` (see :func:`build_collective`).
 
     ``"bidirectional_ring"``: every chunk reaches its owner from both sides

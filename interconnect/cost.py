@@ -39,7 +39,7 @@ from interconnect.topology import Torus
 __all__ = ["ScheduleCost", "schedule_cost", "schedule_time"]
 
 
-def _checked_faults(faults: "LinkFaults | None", topology: Torus) -> LinkFaults:
+def _checked_faults(faults: LinkFaults | None, topology: Torus) -> LinkFaults:
     if faults is None:
         return LinkFaults()
     if not isinstance(faults, LinkFaults):
@@ -88,7 +88,7 @@ class ScheduleCost:
 
 
 def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
-                  faults: "LinkFaults | None" = None) -> ScheduleCost:
+                  faults: LinkFaults | None = None) -> ScheduleCost:
     """Times ``schedule`` on ``topology`` whose every directed link is ``link``.
 
     Per phase: ``max over links of bytes(link) x slowdown(link) /
@@ -146,18 +146,20 @@ def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
         max_hops = int(plan.hops[sent].max())
         busiest = int(loads.max()) if plan.factors is None else float((loads * plan.factors).max())
         driven = int(np.bincount(plan.link_srcs[loads > 0]).max())
-        phase_seconds.append(busiest / link.achieved_bandwidth_bytes_per_s(driven) + latency * max_hops)
+        phase_seconds.append(busiest / link.achieved_bandwidth_bytes_per_s(driven)
+                             + latency * max_hops)
     link_bytes: dict[tuple[int, int], int] = {}
     for key, plan in plans.items():
-        for hop, nbytes in zip(plan.links, totals[key].tolist()):
+        for hop, nbytes in zip(plan.links, totals[key].tolist(), strict=True):
             if nbytes:
                 link_bytes[hop] = link_bytes.get(hop, 0) + nbytes
-    busiest_seconds = max((nbytes * faults.slowdown(hop) / bandwidth for hop, nbytes in link_bytes.items()),
+    busiest_seconds = max((nbytes * faults.slowdown(hop) / bandwidth
+                           for hop, nbytes in link_bytes.items()),
                           default=0.0)
     fixed = link.collective_fixed_s if schedule.num_ranks >= 2 else 0.0
     return ScheduleCost(
-        seconds=fixed + float(sum(phase_seconds)), phase_seconds=tuple(phase_seconds), link_bytes=link_bytes,
-        busiest_link_seconds=float(busiest_seconds), fixed_seconds=fixed,
+        seconds=fixed + float(sum(phase_seconds)), phase_seconds=tuple(phase_seconds),
+        link_bytes=link_bytes, busiest_link_seconds=float(busiest_seconds), fixed_seconds=fixed,
     )
 
 
@@ -180,8 +182,8 @@ class _PhasePlan:
         transfer_index: (E,) for each incidence, the transfer.
         simple: every transfer uses exactly one link and no link twice
             (then the loads are the transfers' bytes as they are).
-        factors: (L,) slowdown of each of ``links``, or None when all are 1.
         link_srcs: (L,) the chip driving each of ``links``.
+        factors: (L,) slowdown of each of ``links``, or None when all are 1.
     """
 
     links: tuple[tuple[int, int], ...]
@@ -189,16 +191,16 @@ class _PhasePlan:
     link_index: np.ndarray
     transfer_index: np.ndarray
     simple: bool
+    link_srcs: np.ndarray
     factors: np.ndarray | None = None
-    link_srcs: np.ndarray | None = None
 
     @classmethod
     def build(cls, topology: Torus, srcs: tuple[int, ...], dsts: tuple[int, ...],
-              faults: "LinkFaults | None" = None) -> "_PhasePlan":
+              faults: LinkFaults | None = None) -> _PhasePlan:
         index: dict[tuple[int, int], int] = {}
         routes: dict[tuple[int, int], list[tuple[int, int]]] = {}
         hops, link_index, transfer_index = [], [], []
-        for position, pair in enumerate(zip(srcs, dsts)):
+        for position, pair in enumerate(zip(srcs, dsts, strict=True)):
             path = routes.get(pair)
             if path is None:
                 path = routes[pair] = route(topology, *pair, faults=faults)
@@ -230,7 +232,7 @@ class _PhasePlan:
 
 
 def schedule_time(schedule: Schedule, topology: Torus, link: LinkSpec,
-                  faults: "LinkFaults | None" = None) -> float:
+                  faults: LinkFaults | None = None) -> float:
     """Simulated seconds of ``schedule``: ``schedule_cost(...).seconds``.
 
     Args:
@@ -296,7 +298,12 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         ScheduleError: unknown op / algorithm or bad counts.
         TopologyError: a fault names a missing link, or failures cut a route.
     """
-    from interconnect.collectives import ALGORITHMS, _check_algorithm, _check_counts, build_collective
+    from interconnect.collectives import (
+        ALGORITHMS,
+        _check_algorithm,
+        _check_counts,
+        build_collective,
+    )
 
     algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
     _check_algorithm(op, algorithm)
@@ -306,7 +313,8 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         if algorithm == "ring":
             return _ring_family_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
         return _axis_collective_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
-    schedule = build_collective(op, topology, num_elements, itemsize, algorithm, shift=shift, axis=axis)
+    schedule = build_collective(op, topology, num_elements, itemsize, algorithm, shift=shift,
+                                axis=axis)
     return schedule_cost(schedule, topology, link, checked)
 
 
@@ -359,8 +367,8 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
     rs_seconds: list[float] = []
     ag_levels: list[list[float]] = []
     route_cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for rings in levels:
-        rings = np.asarray(rings, dtype=np.int64)  # (R, a)
+    for level in levels:
+        rings = np.asarray(level, dtype=np.int64)  # (R, a)
         num_rings, a = rings.shape
         sizes = owned_size[rings[:, 0]]
         k = np.arange(a)
@@ -388,10 +396,10 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
             entries.append(tuple(np.concatenate(x) if x else np.zeros(0, np.int64)
                                  for x in (e_pos, e_ring, e_link, e_hops)))
 
-        def phase(labels_of) -> float:
+        def phase(labels_of, directions=directions, entries=entries) -> float:
             loads = np.zeros(nlinks, dtype=np.int64)
             max_hops = 0
-            for (step, table), (pos, ring, ids, hops) in zip(directions, entries):
+            for (step, table), (pos, ring, ids, hops) in zip(directions, entries, strict=True):
                 nbytes = table[ring, labels_of(step, pos)] * itemsize
                 loads += np.bincount(ids, weights=nbytes, minlength=nlinks).astype(np.int64)
                 sent = nbytes > 0
@@ -403,9 +411,11 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
             return _phase_seconds(topology, loads, factors if slowed else None, max_hops, link)
 
         if op in ("allreduce", "reduce_scatter"):
-            rs_seconds.extend(phase(lambda step, pos, s=s: (pos - s) % a) for s in range(a - 1))
+            rs_seconds.extend(phase(lambda step, pos, s=s, a=a: (pos - s) % a)
+                              for s in range(a - 1))
         if op in ("allreduce", "all_gather"):
-            ag_levels.append([phase(lambda step, pos, s=s: (pos + 1 - s) % a) for s in range(a - 1)])
+            ag_levels.append([phase(lambda step, pos, s=s, a=a: (pos + 1 - s) % a)
+                              for s in range(a - 1)])
         owned_size[rings.reshape(-1)] = np.roll(parts, -1, axis=1).reshape(-1)
     phase_seconds = rs_seconds + [p for level in reversed(ag_levels) for p in level]
     return _cost_of(topology, phase_seconds, totals, factors, link)
@@ -413,7 +423,8 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
 
 def _phase_seconds(topology: Torus, loads: np.ndarray, factors: np.ndarray | None, max_hops: int,
                    link: LinkSpec) -> float:
-    """One phase from its (nlinks,) loads by link id: busiest link at the achieved bandwidth, plus latency."""
+    """One phase from its (nlinks,) loads by link id: busiest link at the achieved
+    bandwidth, plus latency."""
     busiest = float((loads * factors).max()) if factors is not None else int(loads.max())
     used = np.flatnonzero(loads)
     driven = int(np.bincount(used // (2 * topology.ndim)).max())
@@ -424,12 +435,14 @@ def _cost_of(topology: Torus, phase_seconds: list[float], totals: np.ndarray, fa
              link: LinkSpec) -> ScheduleCost:
     used = np.flatnonzero(totals)
     srcs, dsts = _link_of_id(topology, used)
-    link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist()), totals[used].tolist()))
+    link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist(), strict=True), totals[used].tolist(),
+                          strict=True))
     busiest_seconds = (float((totals * factors).max()) / link.achieved_bandwidth_bytes_per_s(1)
                        if used.size else 0.0)
     fixed = link.collective_fixed_s if topology.num_chips >= 2 else 0.0
-    return ScheduleCost(seconds=fixed + float(sum(phase_seconds)), phase_seconds=tuple(phase_seconds),
-                        link_bytes=link_bytes, busiest_link_seconds=busiest_seconds, fixed_seconds=fixed)
+    return ScheduleCost(seconds=fixed + float(sum(phase_seconds)),
+                        phase_seconds=tuple(phase_seconds), link_bytes=link_bytes,
+                        busiest_link_seconds=busiest_seconds, fixed_seconds=fixed)
 
 
 def _neighbour_tables(topology: Torus) -> tuple[np.ndarray, np.ndarray]:
@@ -443,7 +456,8 @@ def _neighbour_tables(topology: Torus) -> tuple[np.ndarray, np.ndarray]:
         c = (ranks // strides[axis]) % size
         for slot, step in ((2 * axis, -1), (2 * axis + 1, 1)):
             nc = c + step
-            ok = (nc >= 0) & (nc < size) if not topology.wraparound[axis] else np.ones(n, dtype=bool)
+            ok = ((nc >= 0) & (nc < size) if not topology.wraparound[axis]
+                  else np.ones(n, dtype=bool))
             nc %= size
             ok &= nc != c
             dst[ok, slot] = ranks[ok] + (nc[ok] - c[ok]) * strides[axis]
@@ -451,8 +465,8 @@ def _neighbour_tables(topology: Torus) -> tuple[np.ndarray, np.ndarray]:
     return dst, ids
 
 
-def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements: int, itemsize: int,
-                          link: LinkSpec, faults: LinkFaults) -> ScheduleCost:
+def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements: int,
+                          itemsize: int, link: LinkSpec, faults: LinkFaults) -> ScheduleCost:
     """Exact cost of the ``"torus"`` and ``"bidirectional_ring"`` collectives (interconnect.chains).
 
     Takes the reduce-scatter phases as (src, dst, bytes, link) arrays from
@@ -490,7 +504,8 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
         near_ids = neighbour_id[srcs[near], match[near].argmax(axis=1)]
         loads = np.bincount(near_ids, weights=nbytes[near], minlength=nlinks).astype(np.int64)
         max_hops = 1 if near.any() else 0
-        for src, dst, size in zip(srcs[~near].tolist(), dsts[~near].tolist(), nbytes[~near].tolist()):
+        for src, dst, size in zip(srcs[~near].tolist(), dsts[~near].tolist(),
+                                  nbytes[~near].tolist(), strict=True):
             far = route_ids.get((src, dst))
             if far is None:
                 path = np.asarray(topology.route(src, dst), dtype=np.int64)
@@ -501,7 +516,8 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
 
     rs_seconds: list[float] = []
     ag_seconds: list[float] = []
-    for srcs, dsts, nbytes, ids in axis_reduce_scatter_phases(op, topology, num_elements, itemsize, algorithm):
+    for srcs, dsts, nbytes, ids in axis_reduce_scatter_phases(op, topology, num_elements,
+                                                              itemsize, algorithm):
         sent = nbytes > 0
         if not sent.any():
             rs_seconds.append(0.0)

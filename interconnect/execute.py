@@ -25,7 +25,8 @@ def execute(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarra
     ``dst[d] = dst[d] + incoming``, or copies, ``dst[d] = incoming``, where
     ``d`` is the transfer's ``dst_chunk`` (its ``chunk`` except in an
     all-to-all). Chunk ``c`` is the element range
-    ``schedule.chunk_bounds[c]`` of the flattened buffer. Arithmetic stays in the buffers' dtype (float32 stays float32).
+    ``schedule.chunk_bounds[c]`` of the flattened buffer. Arithmetic stays in the
+    buffers' dtype (float32 stays float32).
 
     Args:
         schedule: the collective to run.
@@ -66,7 +67,7 @@ def execute(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarra
         for t in phase:
             start, stop = bounds[t.chunk]
             incoming.append(flat[t.src][start:stop].copy())  # the value at phase start
-        for t, data in zip(phase, incoming):
+        for t, data in zip(phase, incoming, strict=True):
             start, stop = bounds[t.dst_chunk]
             target = flat[t.dst]
             if t.reduce:

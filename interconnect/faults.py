@@ -20,6 +20,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from interconnect.errors import TopologyError
 from interconnect.topology import Torus
@@ -47,12 +48,13 @@ def parse_link(text: object) -> Link:
     Raises:
         TopologyError: not of that form; the message quotes the value.
     """
-    if isinstance(text, tuple) and len(text) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
-                                                        for v in text):
+    if isinstance(text, tuple) and len(text) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in text):
         return (int(text[0]), int(text[1]))
     match = _LINK_RE.match(text) if isinstance(text, str) else None
     if not match:
-        raise TopologyError(f"link {text!r} is not valid: write it as 'src->dst' with chip ranks, e.g. '0->1'")
+        raise TopologyError(f"link {text!r} is not valid: write it as 'src->dst' with chip "
+                            "ranks, e.g. '0->1'")
     return (int(match.group(1)), int(match.group(2)))
 
 
@@ -79,17 +81,18 @@ class LinkFaults:
         slow: dict[Link, float] = {}
         for key, factor in items:
             link = parse_link(key)
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
-                    or factor < 1:
+            if (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                    or not math.isfinite(factor) or factor < 1):
                 raise TopologyError(
-                    f"slowdown {factor!r} of link {link[0]}->{link[1]} is not valid: expected a finite "
-                    f"number >= 1 (the link runs at bandwidth / slowdown)"
+                    f"slowdown {factor!r} of link {link[0]}->{link[1]} is not valid: expected a "
+                    f"finite number >= 1 (the link runs at bandwidth / slowdown)"
                 )
             slow[link] = float(factor)
         failed = frozenset(parse_link(item) for item in self.failed)
         both = sorted(set(slow) & failed)
         if both:
-            raise TopologyError(f"link {both[0][0]}->{both[0][1]} is both slowed and failed: give one")
+            raise TopologyError(f"link {both[0][0]}->{both[0][1]} is both slowed and failed: "
+                                "give one")
         object.__setattr__(self, "slowdowns", dict(sorted(slow.items())))
         object.__setattr__(self, "failed", failed)
 
@@ -120,19 +123,22 @@ class LinkFaults:
                         src, ", ".join(f"{src}->{d}" for d in topology.neighbors(src)) or "none")
                 raise TopologyError(
                     f"link {src}->{dst} is not a link of torus {topology.name} "
-                    f"(wraparound {'/'.join('y' if w else 'n' for w in topology.wraparound)}){choices}"
+                    f"(wraparound {'/'.join('y' if w else 'n' for w in topology.wraparound)})"
+                    f"{choices}"
                 )
 
     @classmethod
-    def from_entries(cls, entries: Iterable[Mapping[str, object]]) -> "LinkFaults":
-        """Builds faults from scenario entries ``{link: "0->1", slowdown: 2.0}`` / ``{link, failed: true}``."""
+    def from_entries(cls, entries: Iterable[Mapping[str, object]]) -> LinkFaults:
+        """Builds faults from scenario entries ``{link: "0->1", slowdown: 2.0}`` /
+        ``{link, failed: true}``."""
         slow, failed = {}, set()
         for entry in entries:
             link = parse_link(entry.get("link"))
             if entry.get("failed"):
                 failed.add(link)
             elif entry.get("slowdown") is not None:
-                slow[link] = entry["slowdown"]
+                # LinkFaults checks the factor (a finite number >= 1) and quotes a bad one
+                slow[link] = cast(float, entry["slowdown"])
         return cls(slowdowns=slow, failed=frozenset(failed))
 
 

@@ -58,9 +58,20 @@ from functools import partial
 import numpy as np
 
 from interconnect.chains import axis_reduce_scatter_phases, build_axis_collective
-from interconnect.collectives import all_to_all, ring_all_gather, ring_allreduce, ring_reduce_scatter
-from interconnect.cost import (ScheduleCost, _cost_of, _link_ids, _link_of_id, _phase_seconds,
-                               schedule_cost)
+from interconnect.collectives import (
+    all_to_all,
+    ring_all_gather,
+    ring_allreduce,
+    ring_reduce_scatter,
+)
+from interconnect.cost import (
+    ScheduleCost,
+    _cost_of,
+    _link_ids,
+    _link_of_id,
+    _phase_seconds,
+    schedule_cost,
+)
 from interconnect.errors import ScheduleError
 from interconnect.faults import LinkFaults
 from interconnect.link import LinkSpec
@@ -116,18 +127,18 @@ def _checked_groups(groups: Sequence[Sequence[int]], num_ranks: int) -> list[tup
     Raises:
         ScheduleError: as :func:`concurrent_group_schedule`.
     """
-    groups = [tuple(int(r) for r in g) for g in groups]
-    sizes = {len(g) for g in groups}
+    checked = [tuple(int(r) for r in g) for g in groups]
+    sizes = {len(g) for g in checked}
     if len(sizes) > 1:
         raise ScheduleError(f"groups of sizes {sorted(sizes)}: every group of one axis must "
                             "have the same size")
-    flat = [r for g in groups for r in g]
+    flat = [r for g in checked for r in g]
     if len(set(flat)) != len(flat):
         raise ScheduleError("a rank appears twice in the groups: groups must be disjoint (as "
                             "chip ranks: a group's devices on different chips)")
     if any(not 0 <= r < num_ranks for r in flat):
         raise ScheduleError(f"a group names a rank outside 0..{num_ranks - 1}")
-    return groups
+    return checked
 
 
 def group_torus_schedule(op: str, group_torus: Torus, num_elements: int,
@@ -229,7 +240,7 @@ def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_rank
     phases = tuple(tuple(_make_transfer((g[t.src], g[t.dst], t.chunk, t.nbytes, t.reduce,
                                          t.dst_chunk)) for g in groups for t in phase)
                    for phase in local.phases)
-    owned = ()
+    owned: tuple[int, ...] = ()
     if local.owned_chunks:
         table = [0] * num_ranks
         for g in groups:
@@ -354,7 +365,7 @@ def group_ppermute_schedule(groups: Sequence[Sequence[int]], num_ranks: int, num
     srcs, dsts = _ppermute_pairs(groups, shift)
     whole = int(num_elements) * int(itemsize)
     phase = tuple(_make_transfer((int(a), int(b), 0, whole, False, 0))
-                  for a, b in zip(srcs.tolist(), dsts.tolist())) if whole else ()
+                  for a, b in zip(srcs.tolist(), dsts.tolist(), strict=True)) if whole else ()
     return _trusted_schedule(name="group_ppermute", num_ranks=num_ranks,
                              num_elements=int(num_elements), itemsize=itemsize,
                              chunk_bounds=((0, int(num_elements)),),
@@ -455,18 +466,18 @@ def _routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray
         steps.append(step)
         counts.append(count)
     hops = np.sum(counts, axis=0)                                            # (P,)
-    edge, ids = [], []
+    edge_parts, id_parts = [], []
     for axis, size in enumerate(topology.shape):
         for k in range(int(counts[axis].max(initial=0))):
             moving = np.flatnonzero(counts[axis] > k)
             c = coords[moving, axis]
             nc = (c + steps[axis][moving]) % size
             nxt = current[moving] + (nc - c) * strides[axis]
-            edge.append(moving)
-            ids.append(_link_ids(topology, current[moving], nxt))
+            edge_parts.append(moving)
+            id_parts.append(_link_ids(topology, current[moving], nxt))
             current[moving], coords[moving, axis] = nxt, nc
-    edge = np.concatenate(edge) if edge else np.zeros(0, np.int64)
-    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    edge = np.concatenate(edge_parts) if edge_parts else np.zeros(0, np.int64)
+    ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.int64)
     return edge, ids, hops[edge]
 
 
@@ -528,6 +539,7 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
             seconds = (_phase_seconds(topology, loads, slowed, int(hop[sent].max()), link)
                        if sent.any() else 0.0)
             if on_chip.size:
+                assert on_chip_bytes_per_s is not None  # checked by group_collective_cost
                 copied = int(parts[(on_chip + shift) % size].max())
                 seconds = max(seconds, copied / on_chip_bytes_per_s)
             memo["all"] = (loads, seconds)
@@ -656,6 +668,7 @@ def group_torus_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
             seconds = _phase_seconds(topology, loads, slowed, hops, link)
         copied = pair_bytes[pairs.on_chip_pair]                                # (O,)
         if copied.any():  # each device copies what it sends on-chip, one after another
+            assert on_chip_bytes_per_s is not None  # checked by group_collective_cost
             most = np.bincount(pairs.on_chip_device, weights=copied).max()
             seconds = max(seconds, float(most) / on_chip_bytes_per_s)
         return seconds
@@ -700,8 +713,9 @@ class _PairRoutes:
 
     @classmethod
     def build(cls, topology: Torus, members: np.ndarray, group_torus: Torus, phases,
-              devices_per_chip: int) -> "_PairRoutes":
-        """Routes of the local links of ``phases`` ((ids, bytes) per phase) for ``members`` (R, n)."""
+              devices_per_chip: int) -> _PairRoutes:
+        """Routes of the local links of ``phases`` ((ids, bytes) per phase) for ``members``
+        (R, n)."""
         index = np.full(group_torus.num_chips * 2 * group_torus.ndim, -1, dtype=np.int64)
         for ids, _ in phases:
             index[ids] = 0

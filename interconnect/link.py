@@ -75,15 +75,18 @@ class LinkSpec:
             raise LinkSpecError(f"dma_streams {streams!r} is not valid: must be a number > 0 "
                                 "(links a chip drives at once)")
         if not bandwidth > 0:
-            raise LinkSpecError(f"bandwidth_bytes_per_s {self.bandwidth_bytes_per_s!r} is not valid: must be > 0")
+            raise LinkSpecError(f"bandwidth_bytes_per_s {self.bandwidth_bytes_per_s!r} is not "
+                                "valid: must be > 0")
         if not latency >= 0:
             raise LinkSpecError(f"latency_s {self.latency_s!r} is not valid: must be >= 0")
         if not 0 < efficiency <= 1:
             raise LinkSpecError(f"efficiency {self.efficiency!r} is not valid: must be in (0, 1]")
         if not exponent >= 0:
-            raise LinkSpecError(f"multi_link_exponent {self.multi_link_exponent!r} is not valid: must be >= 0")
+            raise LinkSpecError(f"multi_link_exponent {self.multi_link_exponent!r} is not valid: "
+                                "must be >= 0")
         if not fixed >= 0:
-            raise LinkSpecError(f"collective_fixed_s {self.collective_fixed_s!r} is not valid: must be >= 0")
+            raise LinkSpecError(f"collective_fixed_s {self.collective_fixed_s!r} is not valid: "
+                                "must be >= 0")
         object.__setattr__(self, "bandwidth_bytes_per_s", bandwidth)
         object.__setattr__(self, "latency_s", latency)
         object.__setattr__(self, "efficiency", efficiency)

@@ -14,8 +14,7 @@ import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
-
+from typing import NamedTuple, SupportsIndex
 
 from interconnect.errors import ScheduleError
 
@@ -57,7 +56,7 @@ class Transfer(_TransferFields):
     __slots__ = ()
 
     def __new__(cls, src: int, dst: int, chunk: int, nbytes: int, reduce: bool,
-                dst_chunk: int | None = None) -> "Transfer":
+                dst_chunk: int | None = None) -> Transfer:
         values = []
         if dst_chunk is None:
             dst_chunk = chunk
@@ -65,14 +64,15 @@ class Transfer(_TransferFields):
                              ("dst_chunk", dst_chunk)):
             values.append(_non_negative_int(f"Transfer {field}", value))
         if values[0] == values[1]:
-            raise ScheduleError(f"Transfer src {src!r} equals dst {dst!r}: a transfer must go to another rank")
+            raise ScheduleError(f"Transfer src {src!r} equals dst {dst!r}: a transfer must go to "
+                                "another rank")
         if not isinstance(reduce, bool):
             raise ScheduleError(f"Transfer reduce {reduce!r} is not valid: expected True or False")
         return tuple.__new__(cls, (*values[:4], reduce, values[4]))
 
 
 def _non_negative_int(what: str, value: object) -> int:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ScheduleError(f"{what} {value!r} is not valid: expected an int >= 0")
     try:
         result = operator.index(value)
@@ -135,23 +135,28 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ScheduleError(f"Schedule name {self.name!r} is not valid: expected a non-empty string")
+            raise ScheduleError(f"Schedule name {self.name!r} is not valid: expected a non-empty "
+                                "string")
         num_ranks = _non_negative_int("Schedule num_ranks", self.num_ranks)
         if num_ranks < 1:
-            raise ScheduleError(f"Schedule num_ranks {self.num_ranks!r} is not valid: expected an int >= 1")
+            raise ScheduleError(f"Schedule num_ranks {self.num_ranks!r} is not valid: expected an "
+                                "int >= 1")
         num_elements = _non_negative_int("Schedule num_elements", self.num_elements)
         itemsize = _non_negative_int("Schedule itemsize", self.itemsize)
         if itemsize < 1:
-            raise ScheduleError(f"Schedule itemsize {self.itemsize!r} is not valid: expected an int >= 1")
+            raise ScheduleError(f"Schedule itemsize {self.itemsize!r} is not valid: expected an "
+                                "int >= 1")
         bounds = []
         for pair in self.chunk_bounds:
             try:
                 start, stop = (operator.index(v) for v in pair)
             except (TypeError, ValueError):
-                raise ScheduleError(f"chunk bound {pair!r} is not valid: expected (start, stop) ints") from None
+                raise ScheduleError(f"chunk bound {pair!r} is not valid: expected (start, stop) "
+                                    "ints") from None
             if not 0 <= start <= stop <= num_elements:
                 raise ScheduleError(
-                    f"chunk bound {pair!r} is not valid: need 0 <= start <= stop <= num_elements ({num_elements})"
+                    f"chunk bound {pair!r} is not valid: need 0 <= start <= stop <= num_elements "
+                    f"({num_elements})"
                 )
             bounds.append((start, stop))
         phases = tuple(tuple(phase) for phase in self.phases)
@@ -161,7 +166,8 @@ class Schedule:
                     raise ScheduleError(f"phase {index} holds {t!r}: expected Transfer objects")
                 if t.src >= num_ranks or t.dst >= num_ranks:
                     raise ScheduleError(
-                        f"phase {index}: {t!r} names a rank outside 0..{num_ranks - 1} (num_ranks={num_ranks})"
+                        f"phase {index}: {t!r} names a rank outside 0..{num_ranks - 1} "
+                        f"(num_ranks={num_ranks})"
                     )
                 if t.chunk >= len(bounds):
                     raise ScheduleError(
@@ -181,14 +187,16 @@ class Schedule:
                         f"or differs in size from chunk {t.chunk}"
                     )
         if self.op not in OPS:
-            raise ScheduleError(f"Schedule op {self.op!r} is not valid: expected one of {', '.join(OPS)}")
+            raise ScheduleError(f"Schedule op {self.op!r} is not valid: expected one of "
+                                f"{', '.join(OPS)}")
         owned = tuple(self.owned_chunks)
         if owned and (len(owned) != num_ranks or any(not 0 <= c < len(bounds) for c in owned)):
             raise ScheduleError(
                 f"Schedule owned_chunks {owned!r} is not valid: expected one chunk index per rank"
             )
         if not 0 <= self.root < num_ranks:
-            raise ScheduleError(f"Schedule root {self.root!r} is not valid: expected 0..{num_ranks - 1}")
+            raise ScheduleError(f"Schedule root {self.root!r} is not valid: expected "
+                                f"0..{num_ranks - 1}")
         object.__setattr__(self, "num_ranks", num_ranks)
         object.__setattr__(self, "num_elements", num_elements)
         object.__setattr__(self, "itemsize", itemsize)
@@ -279,9 +287,11 @@ def _check_counts(topology: object, num_elements: int, itemsize: int) -> tuple[i
         num_ranks = topology.num_chips  # type: ignore[attr-defined]
         topology.ring_order  # type: ignore[attr-defined]  # noqa: B018
     except AttributeError:
-        raise ScheduleError(f"topology {topology!r} is not valid: expected an interconnect.Torus") from None
+        raise ScheduleError(f"topology {topology!r} is not valid: expected an "
+                            "interconnect.Torus") from None
     num_elements = _non_negative_int("num_elements", num_elements)
     itemsize = _non_negative_int("itemsize", itemsize)
     if itemsize < 1:
-        raise ScheduleError(f"itemsize {itemsize!r} is not valid: expected an int >= 1 (bytes per element)")
+        raise ScheduleError(f"itemsize {itemsize!r} is not valid: expected an int >= 1 "
+                            "(bytes per element)")
     return num_ranks, num_elements, itemsize

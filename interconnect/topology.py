@@ -36,6 +36,7 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -101,7 +102,8 @@ def _normalise_shape(shape: object) -> tuple[int, ...]:
     sizes = []
     for size in shape:
         if isinstance(size, bool):
-            raise TopologyError(f"shape {tuple(shape)!r} is not valid: axis sizes must be ints, got {size!r}")
+            raise TopologyError(f"shape {tuple(shape)!r} is not valid: axis sizes must be ints, "
+                                f"got {size!r}")
         try:
             sizes.append(operator.index(size))
         except TypeError:
@@ -143,7 +145,17 @@ class Torus:
     """
 
     shape: tuple[int, ...]
-    wraparound: tuple[bool, ...] | bool = True
+    if TYPE_CHECKING:
+        # After __post_init__ the attribute is always one bool per axis; the
+        # constructor also takes one bool (and a shape string). The type checker
+        # sees this signature; at run time the dataclass's own __init__ is used.
+        wraparound: tuple[bool, ...]
+
+        def __init__(
+            self, shape: tuple[int, ...] | str, wraparound: tuple[bool, ...] | bool = True
+        ) -> None: ...
+    else:
+        wraparound: tuple[bool, ...] | bool = True
 
     def __post_init__(self) -> None:
         shape = _normalise_shape(self.shape)
@@ -201,7 +213,7 @@ class Torus:
         """
         rank = self._check_rank(rank)
         out = []
-        for stride, size in zip(self._strides, self.shape):
+        for stride, size in zip(self._strides, self.shape, strict=True):
             out.append((rank // stride) % size)
         return tuple(out)
 
@@ -220,13 +232,13 @@ class Torus:
         coords = tuple(coords)
         if len(coords) != self.ndim or not all(
             isinstance(c, (int, np.integer)) and not isinstance(c, bool) and 0 <= c < size
-            for c, size in zip(coords, self.shape)
+            for c, size in zip(coords, self.shape, strict=True)
         ):
             raise TopologyError(
                 f"coordinates {coords!r} are not in torus {self.name}: expected "
                 f"{self.ndim} ints with 0 <= coords[axis] < {self.shape}"
             )
-        return int(sum(int(c) * s for c, s in zip(coords, self._strides)))
+        return int(sum(int(c) * s for c, s in zip(coords, self._strides, strict=True)))
 
     # ------------------------------------------------------ neighbours, links
 
@@ -252,7 +264,7 @@ class Torus:
         """
         rank = self._check_rank(rank)
         found = set()
-        for axis, (size, stride) in enumerate(zip(self.shape, self._strides)):
+        for axis, (size, stride) in enumerate(zip(self.shape, self._strides, strict=True)):
             c = (rank // stride) % size
             for step in (-1, 1):
                 nc = c + step
@@ -284,7 +296,8 @@ class Torus:
             TopologyError: a rank out of range.
         """
         cs, cd = self.coords(src), self.coords(dst)
-        diff = [(axis, abs(a - b)) for axis, (a, b) in enumerate(zip(cs, cd)) if a != b]
+        diff = [(axis, abs(a - b))
+                for axis, (a, b) in enumerate(zip(cs, cd, strict=True)) if a != b]
         if len(diff) != 1:
             return False
         axis, d = diff[0]
@@ -326,7 +339,7 @@ class Torus:
         cs, cd = self.coords(src), self.coords(dst)
         path: list[Link] = []
         current = self._check_rank(src)
-        for axis, (a, b) in enumerate(zip(cs, cd)):
+        for axis, (a, b) in enumerate(zip(cs, cd, strict=True)):
             if a == b:
                 continue
             size, stride = self.shape[axis], self._strides[axis]
@@ -349,7 +362,8 @@ class Torus:
             TopologyError: a rank out of range.
         """
         cs, cd = self.coords(src), self.coords(dst)
-        return sum(self._axis_steps(axis, a, b)[1] for axis, (a, b) in enumerate(zip(cs, cd)))
+        return sum(self._axis_steps(axis, a, b)[1]
+                   for axis, (a, b) in enumerate(zip(cs, cd, strict=True)))
 
     # ------------------------------------------------------------- ring order
 
@@ -396,7 +410,7 @@ def _snake(shape: Sequence[int]) -> list[tuple[int, ...]]:
     if not shape:
         return [()]
     inner = _snake(shape[1:])
-    out = []
+    out: list[tuple[int, ...]] = []
     for i in range(shape[0]):
         seq = inner if i % 2 == 0 else inner[::-1]
         out.extend((i,) + point for point in seq)
@@ -425,7 +439,8 @@ def _grid_ring(a: int, b: int, a_wraps: bool) -> list[tuple[int, int]]:
     """
     if a % 2 == 0 and a_wraps:
         # Plain snake; closes (a-1, 0) -> (0, 0) over the wraparound link.
-        return [(i, j) for i in range(a) for j in (range(b) if i % 2 == 0 else range(b - 1, -1, -1))]
+        return [(i, j) for i in range(a)
+                for j in (range(b) if i % 2 == 0 else range(b - 1, -1, -1))]
     if a % 2 == 0:
         return _comb(a, b)
     if b % 2 == 0:
@@ -451,7 +466,8 @@ def _grid_ring(a: int, b: int, a_wraps: bool) -> list[tuple[int, int]]:
     return out
 
 
-def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...], strides: tuple[int, ...]) -> list[int]:
+def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...],
+                strides: tuple[int, ...]) -> list[int]:
     """Ring order of ranks; see Torus.ring_order."""
     axes = [axis for axis, size in enumerate(shape) if size >= 2]
     if not axes:
@@ -466,13 +482,10 @@ def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...], strides: t
         return [s * stride for s in steps]
     wrapping = [axis for axis in axes if wraparound[axis] and shape[axis] >= 3]
     num_chips = int(np.prod(shape))
-    if num_chips % 2 == 1 and wrapping:
-        a_axis = wrapping[0]
-    else:
-        a_axis = axes[0]
+    a_axis = wrapping[0] if num_chips % 2 == 1 and wrapping else axes[0]
     b_axes = [axis for axis in axes if axis != a_axis]
     b_ranks = [
-        sum(c * strides[axis] for c, axis in zip(point, b_axes))
+        sum(c * strides[axis] for c, axis in zip(point, b_axes, strict=True))
         for point in _snake([shape[axis] for axis in b_axes])
     ]
     cells = _grid_ring(shape[a_axis], len(b_ranks), a_axis in wrapping)

@@ -23,16 +23,16 @@ scenario's named one::
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from rich.console import Console
 
 from pod.config.bench import BenchmarkPlan, check_benchmark
+from pod.config.overrides import load_with_overrides, scenario_with_overrides, text_with_overrides
 from pod.config.plan import TrainingPlan, build_plan, is_timing_sweep
-from pod.config.overrides import (load_with_overrides, scenario_with_overrides,
-                                  text_with_overrides)
 from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario, parse_scenario
 from pod.errors import ScenarioError

@@ -18,20 +18,24 @@ from typing import Any
 import click
 from rich.console import Console
 
-from pod.report.console import make_console, titled_table
-
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod.commands.bench import matmul_report
 from pod.config.bench import check_benchmark
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
 from pod.config.mesh import device_hbm_bytes, format_axes
-from pod.config.sharding import device_chip_spec
+from pod.config.overrides import (
+    Override,
+    as_overrides,
+    blame,
+    load_with_overrides,
+    looks_like_override,
+)
 from pod.config.plan import build_plan, is_timing_sweep
-from pod.config.overrides import (Override, as_overrides, blame, load_with_overrides,
-                                  looks_like_override)
 from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario
+from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
+from pod.report.console import make_console, titled_table
 from pod.report.model_summary import layer_costs, plan_model_tables
 
 __all__ = ["cli", "main"]
@@ -74,7 +78,8 @@ OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys befo
 @click.option("--trace-steps", default=None,
               help="Steps to trace, 1-based: e.g. 2 or 1,5,10 or last (at most 1,000) "
                    "[default: last].")
-@click.option("--hold", is_flag=True, help="Keep the metrics endpoint up after the run, until Ctrl-C.")
+@click.option("--hold", is_flag=True,
+              help="Keep the metrics endpoint up after the run, until Ctrl-C.")
 @click.option("--hold-seconds", type=click.FloatRange(min=0), default=0.0,
               help="Keep the metrics endpoint up this many seconds after the run.")
 @click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -180,7 +185,7 @@ def _parse_steps(text: str, total: int) -> list[int]:
     return [s - 1 for s in steps]
 
 
-def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
+def _validate_one(path: str | Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
     """Check one scenario file; its JSON record (``ok``, and what was checked)."""
     spec = _load(path, overrides)
     if spec.benchmark is not None:
@@ -191,7 +196,8 @@ def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str,
                 "cores": bplan.pod.tensorcores, "n": b.n, "iterations": b.iterations,
                 "precision": b.precision}
     timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
-    plan = _checked(functools.partial(build_plan, timing_only=timing_sweep, sharded_ok=timing_sweep),
+    plan = _checked(functools.partial(build_plan, timing_only=timing_sweep,
+                                      sharded_ok=timing_sweep),
                     spec, path, overrides)
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
             "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
@@ -204,13 +210,15 @@ def _validate_one(path: Path, overrides: tuple[Override, ...] = ()) -> dict[str,
 
 def _ok_line(row: dict[str, Any]) -> str:
     if row["kind"] == "benchmark":
-        return (f"{row['path']}: ok (benchmark {row['benchmark']}, {row['slice']}, {row['chips']:,} "
-                f"chips, {row['cores']:,} TensorCores, N={row['n']:,}, {row['iterations']:,} iterations, "
+        return (f"{row['path']}: ok (benchmark {row['benchmark']}, {row['slice']}, "
+                f"{row['chips']:,} chips, {row['cores']:,} TensorCores, N={row['n']:,}, "
+                f"{row['iterations']:,} iterations, "
                 f"{row['precision']})")
     mesh = "{" + ", ".join(f"{a}: {n}" for a, n in row["mesh"].items()) + "}"
     allreduce = (f", allreduce {row['allreduce_algorithm']}" if row["allreduce_algorithm"]
                  else "")
-    return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, {row['cores']:,} TensorCores, "
+    return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, "
+            f"{row['cores']:,} TensorCores, "
             f"{row['model']} on {row['dataset']}, mesh {mesh} ({row['devices']:,} devices), "
             f"global batch {row['global_batch']:,} = {row['per_device_batch']:,} per device, "
             f"{row['steps']:,} steps{allreduce})")
@@ -298,7 +306,8 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
             return
         _describe_pod(console, bplan.pod)
         _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
-                               f"N={spec.benchmark.n})", bplan.memory, bplan.pod.chip.core.hbm_bytes)
+                               f"N={spec.benchmark.n})", bplan.memory,
+                      bplan.pod.chip.core.hbm_bytes)
         return
     try:
         plan = build_plan(spec, sharded_ok=True, timing_only=is_timing_sweep(spec))
@@ -373,7 +382,8 @@ def _step_line(step: dict[str, Any]) -> str:
     return (f"step (simulated, timing-only): {step['simulated_step_seconds'] * 1e3:.3f} ms = "
             f"compute {step['compute_seconds'] * 1e3:.3f} + exposed collectives "
             f"{step['exposed_collective_seconds'] * 1e3:.3f}{f' ({axes})' if axes else ''} + "
-            f"{bubble}update {step['update_seconds'] * 1e3:.3f}; {rate}, MFU {step['mfu']:.1%}; bound "
+            f"{bubble}update {step['update_seconds'] * 1e3:.3f}; {rate}, "
+            f"MFU {step['mfu']:.1%}; bound "
             f"{step['bound']} {step['bound_fraction']:.0%}{dcn}")
 
 
@@ -408,7 +418,8 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
     ckpt = read_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
     extra = ckpt.extra
     if extra.get("model") not in ("char_lstm", "transformer") or not extra.get("vocabulary"):
-        raise click.UsageError(f"{checkpoint}: generate needs a char_lstm or transformer checkpoint "
+        raise click.UsageError(f"{checkpoint}: generate needs a char_lstm or transformer "
+                               f"checkpoint "
                                f"of a text run, this one holds {extra.get('model')!r}")
     options = ckpt.scenario.get("model", {}).get("options", {})
     model = build_model(extra["model"], tuple(extra["input_shape"]), int(extra["num_classes"]),
@@ -469,7 +480,8 @@ def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int
               help="MXU precision: " + " | ".join(PRECISIONS) + ".")
 @click.option("--mxu-model", type=click.Choice(list(MXU_MODELS)), default=MXU_MODELS[0],
               show_default=True, help="pipelined: weights double-buffered, one pipeline bubble "
-                                      "per op (the hardware); scalesim: SCALE-Sim's per-fold count.")
+                                      "per op (the hardware); scalesim: SCALE-Sim's per-fold "
+                                      "count.")
 @click.option("--double-buffered", is_flag=True,
               help="Double-buffered MXU weights in --mxu-model scalesim.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -482,7 +494,8 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: st
         click.echo(json.dumps(report))
         return
     click.echo(f"{report['chip']} TensorCore, ({m:,} x {k:,}) . ({k:,} x {n:,}), {precision}, "
-               f"{mxu_model} MXU{', double-buffered weights' if double_buffered else ''} (simulated)")
+               f"{mxu_model} MXU{', double-buffered weights' if double_buffered else ''} "
+               f"(simulated)")
     click.echo(f"cycles             {report['cycles']:,}  (MXU {report['mxu_cycles']:,} + "
                f"scalar issue {report['issue_cycles']:,})")
     click.echo(f"simulated seconds  {report['simulated_seconds']:.6e}  ({report['bound']}-bound)")
@@ -500,8 +513,8 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: st
 @click.option("--chip", help="Chip preset (with --topology): v2 v3 v4 v5e v5p v6e.")
 @click.option("--topology", help="Torus shape (with --chip): 8, 4x4 or 4x4x4.")
 @click.option("--op", default="allreduce", show_default=True,
-              type=click.Choice(["allreduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast",
-                                 "ppermute"]))
+              type=click.Choice(["allreduce", "reduce-scatter", "all-gather", "all-to-all",
+                                 "broadcast", "ppermute"]))
 @click.option("--algorithm", default=None,
               help="Algorithm, or several comma-separated (a row each per size; e.g. ring,torus) "
                    "[default: the fastest at each size].")
@@ -517,8 +530,13 @@ def collective(slice_name: str | None, chip: str | None, topology: str | None, o
                as_json: bool) -> None:
     """Simulated collective benchmark over the ICI, read like nccl-tests; ends with its
     '# Avg bus bandwidth' line."""
-    from pod.commands.collective_bench import (avg_bus_bandwidth, format_size, parse_sizes,
-                                               run_collective_bench, summary_line)
+    from pod.commands.collective_bench import (
+        avg_bus_bandwidth,
+        format_size,
+        parse_sizes,
+        run_collective_bench,
+        summary_line,
+    )
 
     given = [a.strip() for a in algorithm.split(",") if a.strip()] if algorithm else None
     spec, torus, rows = run_collective_bench(chip, topology, op, parse_sizes(sizes),
@@ -548,10 +566,12 @@ def collective(slice_name: str | None, chip: str | None, topology: str | None, o
         console.print(f"* {format_size(row.requested_bytes)}: {row.cut}", highlight=False,
                       soft_wrap=True)
     if rows and rows[-1].local_reduce_seconds:
-        console.print(f"Before the ICI each chip adds its {spec.tensorcores} TensorCores' buffers at HBM "
-                      f"bandwidth: {rows[-1].local_reduce_seconds * 1e6:,.2f} us at the largest size "
+        console.print(f"Before the ICI each chip adds its {spec.tensorcores} TensorCores' buffers "
+                      f"at HBM bandwidth: {rows[-1].local_reduce_seconds * 1e6:,.2f} us at the "
+                      f"largest size "
                       f"(local_reduce_seconds in --json; not in the time column).")
-    for label, busbw in avg_bus_bandwidth(rows, by_algorithm=bool(given) and len(given) > 1).items():
+    for label, busbw in avg_bus_bandwidth(
+            rows, by_algorithm=given is not None and len(given) > 1).items():
         click.echo(summary_line(busbw, label))
 
 
@@ -655,9 +675,11 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
             progress.advance(task)
             if row["status"] == "ok":
                 line = (f"point {row['point']}/{total}: {row['generation']} {row['chips']:,} chips "
-                        f"{row['topology']} {row['allreduce_algorithm']} batch {row['global_batch']:,}: "
+                        f"{row['topology']} {row['allreduce_algorithm']} "
+                        f"batch {row['global_batch']:,}: "
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
-                        f"{row['simulated_examples_per_second']:,.0f} examples/s, MFU {row['mfu']:.2%} "
+                        f"{row['simulated_examples_per_second']:,.0f} examples/s, "
+                        f"MFU {row['mfu']:.2%} "
                         f"(wall {row['wall_seconds']:.2f} s)")
                 if not is_missing(row.get("per_device_batch")):  # a sharded layout
                     line += (f" {row['mesh']} remat {row['remat']} "
@@ -675,7 +697,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                          on_resume=resumed)
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
-    console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. Wrote {out_dir}/results.csv, "
+    console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. "
+                  f"Wrote {out_dir}/results.csv, "
                   f"results.md{', ' + plots if plots else ''}", soft_wrap=True)
     if as_json:
         click.echo(json.dumps([json_row(r) for r in rows], indent=2, default=str))
@@ -790,9 +813,10 @@ def _describe_pod(console: Console, pod) -> None:
                   f"{pod.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s")
     table.add_row("HBM", f"{chip.hbm_bytes / 2**30:,.1f} GiB", f"{pod.hbm_bytes / 2**30:,.1f} GiB")
     table.add_row("HBM bandwidth", f"{chip.hbm_bandwidth_bytes_per_s / 1e9:,.0f} GB/s", "")
-    table.add_row("ICI", f"{chip.ici_links} links x {chip.ici_link_bandwidth_bytes_per_s / 1e9:,.0f}"
-                         f" GB/s one way", f"{pod.torus.name} "
-                         f"(wraparound {'/'.join('y' if w else 'n' for w in pod.torus.wraparound)})")
+    table.add_row("ICI", f"{chip.ici_links} links x "
+                         f"{chip.ici_link_bandwidth_bytes_per_s / 1e9:,.0f} GB/s one way",
+                         f"{pod.torus.name} (wraparound "
+                         f"{'/'.join('y' if w else 'n' for w in pod.torus.wraparound)})")
     if pod.slices > 1:  # multislice: the data-centre network between the slices
         table.add_row("DCN", f"{chip.dcn_bytes_per_s / 1e9:,.2f} GB/s one way (a host's "
                              f"{chip.chips_per_host} chips share "
@@ -835,7 +859,8 @@ def main(argv: list[str] | None = None) -> None:
 
 @cli.command("init", short_help="Copy the shipped scenarios and monitoring files into a folder.")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--force", is_flag=True, help="Replace files there that differ from the shipped ones.")
+@click.option("--force", is_flag=True,
+              help="Replace files there that differ from the shipped ones.")
 def init_command(directory: Path, force: bool) -> None:
     """Copy the shipped scenarios and monitoring files into DIRECTORY."""
     from pod.commands.init import init_directory, next_steps
@@ -853,7 +878,8 @@ def init_command(directory: Path, force: bool) -> None:
 
 
 @cli.command("monitor", short_help="Run a local Prometheus scraping a run, until Ctrl-C.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--config", "config_path",
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Prometheus configuration [default: the shipped monitoring/prometheus.yml].")
 @click.option("--port", type=click.IntRange(1, 65535), default=9090, show_default=True,
               help="Prometheus web port on 127.0.0.1.")

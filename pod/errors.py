@@ -28,7 +28,6 @@ writing what it had.
 from __future__ import annotations
 
 import signal
-
 from typing import Any
 
 from chip import ChipError, HBMOutOfMemoryError

@@ -35,8 +35,9 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from pod.errors import DirectoryInUseError, OutputError
 
@@ -152,7 +153,7 @@ def remove_stale_temporaries(directory: Path | str, *, old_format: bool = False)
     Returns:
         The files removed.
     """
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -241,7 +242,7 @@ class DirectoryLock:
         self.command = command
         self._fd: int | None = None
 
-    def acquire(self) -> "DirectoryLock":
+    def acquire(self) -> DirectoryLock:
         """Take the lock.
 
         Raises:
@@ -282,7 +283,7 @@ class DirectoryLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def __enter__(self) -> "DirectoryLock":
+    def __enter__(self) -> DirectoryLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
@@ -313,7 +314,7 @@ class DirectoryLocks:
         for lock in reversed(self.locks):
             lock.release()
 
-    def __enter__(self) -> "DirectoryLocks":
+    def __enter__(self) -> DirectoryLocks:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -55,6 +55,7 @@ def _panel(panels: list[dict[str, Any]], title: str, kind: str, exprs: list[str]
            legend: list[str] | None = None, extra: dict[str, Any] | None = None) -> None:
     targets = [{"refId": chr(65 + i), "expr": e, "legendFormat": (legend[i] if legend else ""),
                 "datasource": DS} for i, e in enumerate(exprs)]
+    p: dict[str, Any]  # a Grafana panel (JSON)
     p = {"id": len(panels) + 1, "title": title, "type": kind, "datasource": DS,
          "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
          "fieldConfig": {"defaults": {}, "overrides": []}, "options": {}}

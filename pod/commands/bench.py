@@ -38,9 +38,9 @@ import numpy as np
 
 from chip import TensorCore, check_precision, get_chip_spec
 from pod.config.bench import check_benchmark
+from pod.config.scenario import Scenario
 from pod.errors import ScenarioError
 from pod.report.files import check_writable, write_json
-from pod.config.scenario import Scenario
 from pod.runtime.bench import benchmark_inputs, run_benchmark_chips
 
 __all__ = ["matmul_report", "cpu_flops_per_s", "run_benchmark", "format_report"]
@@ -151,7 +151,7 @@ def run_benchmark(scenario: Scenario, *, output_dir: Path | None = None,
         ClusterError: Ray could not start.
     """
     plan = check_benchmark(scenario)
-    b = scenario.benchmark
+    b = plan.benchmark
     functional = b.functional if functional is None else functional
     t0 = time.perf_counter()
     per_chip = run_benchmark_chips(plan, functional)

@@ -26,9 +26,9 @@ of every size it ran), in GB/s. Every figure is simulated time.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from statistics import fmean
-from typing import Sequence
 
 from chip import ChipSpec
 from interconnect import ALGORITHMS, LinkFaults, Torus, calibrated_link
@@ -66,8 +66,9 @@ def parse_size(text: str) -> int:
     match = _SIZE_RE.match(str(text))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
-        raise BenchError(f"size {text!r} is not valid: write a whole number of bytes with an optional "
-                         f"unit B, K/KiB, M/MiB, G/GiB (powers of 1024) or KB, MB, GB (powers of 1000), "
+        raise BenchError(f"size {text!r} is not valid: write a whole number of bytes with an "
+                         f"optional unit B, K/KiB, M/MiB, G/GiB (powers of 1024) or KB, MB, GB "
+                         f"(powers of 1000), "
                          f"e.g. 1KiB or 64M")
     value = int(match.group(1)) * _UNITS[unit]
     if value < 1:
@@ -85,10 +86,12 @@ def parse_sizes(text: str) -> list[int]:
     if len(parts) == 1:
         return [parse_size(parts[0])]
     if len(parts) != 2:
-        raise BenchError(f"sizes {text!r} is not valid: give one size or a range MIN:MAX, e.g. 1KiB:1GiB")
+        raise BenchError(f"sizes {text!r} is not valid: give one size or a range MIN:MAX, "
+                         "e.g. 1KiB:1GiB")
     low, high = parse_size(parts[0]), parse_size(parts[1])
     if low > high:
-        raise BenchError(f"sizes {text!r} is not valid: MIN ({low} bytes) is larger than MAX ({high} bytes)")
+        raise BenchError(f"sizes {text!r} is not valid: MIN ({low} bytes) is larger than MAX "
+                         f"({high} bytes)")
     sizes = []
     while low <= high:
         sizes.append(low)
@@ -159,7 +162,8 @@ def bench_torus(*, slice_name: str | None = None, chip: str | None = None,
         pod = resolve_pod(slice_name=slice_name, chip=chip, topology=topology,
                           wraparound=wraparound)
     except (ScenarioError, ValueError) as err:
-        raise BenchError(re.sub(r"\bpod\.(slice|chips|chip|topology)\b", r"--\1", str(err))) from None
+        raise BenchError(re.sub(r"\bpod\.(slice|chips|chip|topology)\b", r"--\1",
+                                str(err))) from None
     return pod.chip, pod.torus
 
 

@@ -11,8 +11,8 @@ import numpy as np
 from pod.workloads.checks import check_int
 from pod.workloads.layers import Dense
 from pod.workloads.models import Model
-from pod.workloads.transformer import TransformerModel
 from pod.workloads.recurrent import LSTM, Embedding
+from pod.workloads.transformer import TransformerModel
 
 __all__ = ["sample_text", "MAX_GENERATE_CHARS"]
 
@@ -55,14 +55,14 @@ def sample_text(core, model: Model, params: dict[str, np.ndarray], vocabulary: s
         return _sample_transformer(core, model, params, vocabulary, prompt=prompt, length=length,
                                    temperature=temperature, seed=seed)
     layers = model.layers
-    if not (len(layers) == 3 and isinstance(layers[0], Embedding) and isinstance(layers[1], LSTM)
-            and isinstance(layers[2], Dense)):
-        raise ValueError(f"generate needs a char_lstm model (Embedding, LSTM, Dense), got {model.name!r}")
+    emb, lstm, dense = layers if len(layers) == 3 else (None, None, None)
+    if not (isinstance(emb, Embedding) and isinstance(lstm, LSTM) and isinstance(dense, Dense)):
+        raise ValueError(f"generate needs a char_lstm model (Embedding, LSTM, Dense), "
+                         f"got {model.name!r}")
     check_int(length, "length")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     index, start = _prompt(model, vocabulary, prompt)
-    emb, lstm, dense = layers
     local = model.prepare_params(core, params)
     rng = np.random.default_rng(seed)
     h = np.zeros((1, lstm.units), np.float32)
@@ -99,11 +99,13 @@ def _prompt(model: Model, vocabulary: str, prompt: str) -> tuple[dict[str, int],
             character outside it.
     """
     if len(vocabulary) != model.num_classes:
-        raise ValueError(f"the vocabulary has {len(vocabulary)} characters, the model {model.num_classes}")
+        raise ValueError(f"the vocabulary has {len(vocabulary)} characters, "
+                         f"the model {model.num_classes}")
     index = {c: i for i, c in enumerate(vocabulary)}
     unknown = sorted({c for c in prompt if c not in index})
     if unknown:
-        raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's vocabulary")
+        raise ValueError(f"prompt characters {''.join(unknown)!r} are not in the model's "
+                         "vocabulary")
     return index, prompt or ("\n" if "\n" in index else vocabulary[0])
 
 

@@ -56,9 +56,10 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -149,7 +150,8 @@ def read_maxtext(files: Sequence[str | Path], overrides: Sequence[str] = ()) -> 
         if item.key not in values:
             close = difflib.get_close_matches(item.key, list(values), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
-            raise ScenarioError(f"{item.key}: not a key of {' or '.join(Path(f).name for f in files)} "
+            raise ScenarioError(f"{item.key}: not a key of "
+                                f"{' or '.join(Path(f).name for f in files)} "
                                 f"(got {item.text}){hint}")
         values[item.key], origin[item.key] = item.value, "command line"
     return MaxTextConfig(values, origin, Path(files[0]).name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pod.data import shipped_files
 from pod.safe_io import write_atomic
@@ -71,7 +72,11 @@ def init_directory(directory: Path, *, overwrite: bool = False) -> InitResult:
     for dest, data in plan:
         if dest in unchanged:
             continue
-        write_atomic(dest, lambda f, data=data: f.write(data), binary=True, make_parents=True)
+
+        def write(f: Any, data: bytes = data) -> None:
+            f.write(data)
+
+        write_atomic(dest, write, binary=True, make_parents=True)
         written.append(dest)
     return InitResult(directory, tuple(written), tuple(unchanged))
 

@@ -31,7 +31,7 @@ class InterruptGuard:
             raise RunInterrupted(signum, f"interrupted twice by {signal.Signals(signum).name}")
         self.signum = signum
 
-    def __enter__(self) -> "InterruptGuard":
+    def __enter__(self) -> InterruptGuard:
         self.arm()
         return self
 
@@ -68,7 +68,7 @@ class RaiseOnSignals:
     def _raise(signum: int, frame: Any) -> None:  # noqa: ARG004 - signal API
         raise RunInterrupted(signum)
 
-    def __enter__(self) -> "RaiseOnSignals":
+    def __enter__(self) -> RaiseOnSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._raise)

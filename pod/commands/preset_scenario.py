@@ -6,13 +6,14 @@ the smallest v5p slice and layout whose HBM plan holds it (each candidate planne
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+from pod.commands.sweep import _batch_shards  # the batch axes' devices, as sweeps count them
 from pod.config.overrides import Override, as_overrides, scenario_with_overrides
 from pod.config.plan import build_plan
 from pod.config.presets import DESCRIBE_LAYOUTS, candidate_slices, describe_scenario, get_preset
 from pod.config.scenario import Scenario
-from pod.commands.sweep import _batch_shards  # the batch axes' devices, as sweeps count them
 from pod.errors import USER_ERRORS, HBMPlanError
 
 __all__ = ["preset_scenario"]
@@ -51,6 +52,8 @@ def preset_scenario(name: str, overrides: Iterable[str | Override] | Mapping[str
             except USER_ERRORS:
                 return scenario  # not a question of size: planning it again says what
             return scenario
+    # the first candidate slice with the first layout (no tensor split) always set it
+    assert first is not None
     return first  # none fits: describe shows the smallest's plan and why
 
 

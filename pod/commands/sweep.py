@@ -40,22 +40,23 @@ import csv
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
-from typing import Any, Callable
+from typing import Any
 
 from pod.commands.interrupt import RaiseOnSignals
 from pod.commands.sweep_journal import SweepJournal, point_key
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.config.mesh import build_mesh, format_axes
-from pod.config.plan import build_plan
+from pod.config.plan import build_plan, training_sections
+from pod.config.scenario import Scenario, SweepConfig
+from pod.config.slices import resolve_pod
+from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
 from pod.report.stats import AXIS_ORDER, mfu, pipeline_bubble_fraction
 from pod.safe_io import lock_directories
-from pod.config.scenario import Scenario
-from pod.config.slices import resolve_pod
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
            "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts"]
@@ -134,8 +135,20 @@ class SweepPoint:
     series: tuple = field(default=())
 
 
+def _sweep_of(scenario: Scenario) -> SweepConfig:
+    """The scenario's ``sweep:`` block.
+
+    Raises:
+        ScenarioError: not a training scenario with a sweep block.
+    """
+    if scenario.sweep is None or scenario.training is None:
+        raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a "
+                            "sweep: block")
+    return scenario.sweep
+
+
 def _pods(scenario: Scenario) -> list[dict[str, Any]]:
-    sweep = scenario.sweep
+    sweep = _sweep_of(scenario)
     if sweep.slices:
         return [{"pod__slice": s, "pod__chip": None, "pod__chips": None, "pod__topology": None}
                 for s in sweep.slices]
@@ -166,25 +179,25 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     Raises:
         ScenarioError: the scenario has no sweep block or no training section.
     """
-    sweep = scenario.sweep
-    if sweep is None or scenario.training is None:
-        raise ScenarioError(f"{scenario.name}: a sweep needs a training scenario with a sweep: block")
+    sweep = _sweep_of(scenario)
+    training = training_sections(scenario)[1]
     algorithms = sweep.allreduce or (scenario.pod.allreduce,)
-    if sweep.scaling == "weak":  # a batch value is examples per TensorCore
-        batches = sweep.per_core_batch
-    else:
-        batches = sweep.global_batch or (scenario.training.global_batch,)
-    precisions = sweep.precision or (scenario.training.precision,)
+    batches: tuple[int, ...]
     if sweep.per_device_batch:
         batches = sweep.per_device_batch
+    elif sweep.scaling == "weak":  # a batch value is examples per TensorCore
+        assert sweep.per_core_batch is not None  # SweepConfig: weak scaling needs one of the two
+        batches = sweep.per_core_batch
+    else:
+        batches = sweep.global_batch or (training.global_batch,)
+    precisions = sweep.precision or (training.precision,)
     meshes = sweep.mesh or (scenario.pod.mesh,)
     remats = sweep.remat or (None,)
     micros = sweep.microbatches or (None,)
     counts: tuple[int | None, ...] = sweep.num_slices or (None,)
-    points = []
+    points: list[SweepPoint] = []
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
     seen: set[str] = set()
-    training = scenario.training
     pipelined = bool(sweep.microbatches or training.microbatches
                      or training.pipeline_schedule != "gpipe" or training.pipeline_repeats != 1)
     for pod, count, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
@@ -222,7 +235,7 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         except USER_ERRORS as err:
             point, error = None, str(err)
         series = (_generation(pod, scenario), algorithm, precision, per_point,
-                  format_axes(mesh) if sweep.mesh else "", remat or "",
+                  format_axes(mesh) if sweep.mesh and mesh is not None else "", remat or "",
                   micro or "")  # _SERIES_BATCH: per_point
         points.append(SweepPoint(i, values, point, error, series))
     return points
@@ -281,12 +294,13 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
     ``epoch_examples`` (default: the train split), as with drop_remainder.
     """
     t0 = time.perf_counter()
+    assert point.scenario is not None  # the caller runs the points that have one
     plan = build_plan(point.scenario, timing_only=(mode == "timing"))
     if mode == "timing":
         from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
 
-        pod = TimingPod(plan)
-        stats = [pod.step(s) for s in range(plan.steps)]
+        timing = TimingPod(plan)
+        stats = [timing.step(s) for s in range(plan.steps)]
     else:
         from pod.runtime.admission import admit
         from pod.runtime.pod import Pod
@@ -315,8 +329,9 @@ def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) 
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
         "generation": plan.pod.chip.name, "chips": plan.pod.chips,
-        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name, "allreduce_algorithm": plan.ici.algorithm,
-        "precision": plan.scenario.training.precision, "global_batch": plan.global_batch,
+        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name,
+        "allreduce_algorithm": plan.ici.algorithm,
+        "precision": plan.training.precision, "global_batch": plan.global_batch,
         "simulated_step_seconds": step,
         "infeed_seconds": mean(lambda s: s.infeed_seconds),
         "compute_seconds": mean(lambda s: s.compute_seconds),
@@ -349,7 +364,7 @@ def _pipeline_columns(plan, timed: list) -> dict[str, Any]:
     if plan.mesh.axis_size("stage") == 1:
         return {}
     bubble = fmean(s.pipeline_bubble_seconds for s in timed)
-    return {"microbatches": pipeline_microbatches(plan.scenario.training, plan.mesh),
+    return {"microbatches": pipeline_microbatches(plan.training, plan.mesh),
             "pipeline_bubble_seconds": bubble,
             "pipeline_bubble_fraction": pipeline_bubble_fraction(
                 bubble, fmean(s.compute_seconds for s in timed))}
@@ -376,13 +391,13 @@ def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
 
 def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
     best: dict[tuple, dict[str, Any]] = {}
-    for row, point in zip(rows, points):
+    for row, point in zip(rows, points, strict=False):
         if row["status"] != "ok":
             continue
         ref = best.get(point.series)
         if ref is None or row["chips"] < ref["chips"]:
             best[point.series] = row
-    for row, point in zip(rows, points):
+    for row, point in zip(rows, points, strict=False):
         ref = best.get(point.series)
         if row["status"] == "ok" and ref is not None:
             row["scaling_efficiency"] = ((row["simulated_examples_per_second"] / row["chips"])
@@ -419,7 +434,7 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
         RunInterrupted: SIGINT / SIGTERM (after keeping the finished rows).
     """
     points = sweep_points(scenario)
-    mode = mode or scenario.sweep.mode
+    mode = mode or _sweep_of(scenario).mode
     with lock_directories(output_dir), RaiseOnSignals():
         check_writable(output_dir)  # before the first point, not after the last
         journal = SweepJournal(output_dir, scenario, mode, COLUMNS, fresh=fresh)
@@ -452,13 +467,14 @@ def _point_row(scenario: Scenario, point: SweepPoint, mode: str) -> dict[str, An
     """Run one point; its row (a failed point's row carries its error)."""
     row = empty_row()
     row.update(point=point.index + 1, **_labels(point))
-    if scenario.sweep.per_device_batch:
+    sweep = _sweep_of(scenario)
+    if sweep.per_device_batch:
         row["per_device_batch"] = point.series[_SERIES_BATCH]  # the point's, even if it fails
     if point.error:
         row.update(status="failed", error=point.error)
         return row
     try:
-        row.update(_run_point(point, mode, scenario.sweep.epoch_examples))
+        row.update(_run_point(point, mode, sweep.epoch_examples))
     except HBMPlanError as err:  # the layout does not fit: say why and how much
         row.update(status="failed", error=str(err), fits=False,
                    hbm_per_device_bytes=(err.memory_plan or {}).get("total", math.nan))
@@ -500,7 +516,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
         layout["microbatches"] = v["training__microbatches"]
     if v.get("pod__slices") is not None:
         layout["slices"] = v["pod__slices"]
-    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""), "precision": v.get("training__precision", ""),
+    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""),
+            "precision": v.get("training__precision", ""),
             "global_batch": v.get("training__global_batch", math.nan),
             "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
             "generation": v.get("pod__slice") or v.get("pod__chip") or "",
@@ -532,7 +549,7 @@ def _distinct(values) -> int:
 def sweep_kind(scenario: Scenario) -> str:
     """What a sweep is, for titles: "strong scaling" / "weak scaling" when its pods differ;
     "one point"; else what it varies ("a sweep of mesh, remat and per-device batch")."""
-    sweep = scenario.sweep
+    sweep = _sweep_of(scenario)
     if len(_pods(scenario)) > 1:
         return f"{sweep.scaling} scaling"
     if sweep.num_slices and len(sweep.num_slices) > 1:
@@ -541,7 +558,8 @@ def sweep_kind(scenario: Scenario) -> str:
         ("mesh", sweep.mesh), ("remat", sweep.remat), ("per-device batch", sweep.per_device_batch),
         ("microbatches", sweep.microbatches),
         ("global batch", sweep.global_batch), ("per-core batch", sweep.per_core_batch),
-        ("precision", sweep.precision), ("allreduce", sweep.allreduce)) if values and len(values) > 1]
+        ("precision", sweep.precision), ("allreduce", sweep.allreduce))
+        if values and len(values) > 1]
     if not varied:
         return "one point"
     return "a sweep of " + (", ".join(varied[:-1]) + " and " + varied[-1] if len(varied) > 1
@@ -554,7 +572,8 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     data = f"data: {scenario.data.name}" + (" (SYNTHETIC: the data only set shapes)" if synthetic
                                            else "")
     head = (f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)\n\n"
-            f"Simulated figures unless marked wall; model {scenario.model.name}, {data}.\n\n"
+            f"Simulated figures unless marked wall; model {training_sections(scenario)[0].name}, "
+            f"{data}.\n\n"
             "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
             "compute ms | collectives ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
             "efficiency | bound | wall s | status |\n"
@@ -563,16 +582,19 @@ def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) ->
     for r in rows:
         if r["status"] == "ok":
             lines.append(
-                f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | {r['topology']} | "
-                f"{r['allreduce_algorithm']} | {r['global_batch']} | {r['simulated_step_seconds'] * 1e3:.4f} | "
+                f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | "
+                f"{r['topology']} | {r['allreduce_algorithm']} | {r['global_batch']} | "
+                f"{r['simulated_step_seconds'] * 1e3:.4f} | "
                 f"{r['compute_seconds'] * 1e3:.4f} | {r['collective_seconds'] * 1e3:.4f} | "
-                f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | {r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
+                f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | "
+                f"{r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
                 f"{r['communication_fraction']:.1%} | {_cell(r['scaling_efficiency'], '.2f')} | "
                 f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
         else:
             error = str(r["error"]).replace("|", "/")
-            lines.append(f"| {r['point']} | {r['generation']} | {_cell(r['chips'])} | | {r['topology']} | "
-                         f"{r['allreduce_algorithm']} | {_cell(r['global_batch'])} | | | | | | | | | | | | "
+            lines.append(f"| {r['point']} | {r['generation']} | {_cell(r['chips'])} | | "
+                         f"{r['topology']} | {r['allreduce_algorithm']} | "
+                         f"{_cell(r['global_batch'])} | | | | | | | | | | | | "
                          f"failed: {error} |")
     return head + "\n".join(lines) + "\n" + _layout_table(rows) + _slices_table(rows)
 
@@ -588,8 +610,8 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
            f"MFU | bubble | exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
-        hbm = r.get("hbm_per_device_bytes")
-        hbm = "" if is_missing(hbm) else f"{hbm / 2**30:.1f}"
+        hbm_bytes: Any = r.get("hbm_per_device_bytes")  # a number unless missing
+        hbm = "" if is_missing(hbm_bytes) else f"{hbm_bytes / 2**30:.1f}"
         if r["status"] == "ok":
             exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
             out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
@@ -600,7 +622,8 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
                        f"{hbm} | ok |")
         else:
             why = str(r["error"]).replace("|", "/")
-            out.append(f"| {r['point']} | {_cell(r['chips'])} | {r['mesh']} | {r.get('remat', '')} | "
+            out.append(f"| {r['point']} | {_cell(r['chips'])} | {r['mesh']} | "
+                       f"{r.get('remat', '')} | "
                        f"{_cell(r['per_device_batch'])} | {_cell(r.get('microbatches'))} | | | | | "
                        f"| {hbm} | {'does not fit' if r.get('fits') is False else 'failed'}"
                        f": {why} |")
@@ -659,7 +682,7 @@ def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     for key, label, colour in parts:
         values = [r[key] * 1e3 for r in ok]
         ax.bar(range(len(ok)), values, bottom=bottom, label=label, color=colour)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_xticks(range(len(ok)), [labels_of(r) for r in ok], fontsize=6)
     ax.set_ylabel("simulated step time (ms)")
     ax.set_title(title, fontsize=10)
@@ -674,12 +697,13 @@ def _dimensions(scenario: Scenario) -> list[tuple[str, str]]:
     """What a sweep's points may vary, as (row key, axis label), in the order the plots
     prefer for their x axis. The batch is the one the sweep sets (examples per
     TensorCore in weak scaling, the global batch in strong); the other follows."""
-    batch = (("per_device_batch", "examples per device") if scenario.sweep.scaling == "weak"
+    sweep = _sweep_of(scenario)
+    batch = (("per_device_batch", "examples per device") if sweep.scaling == "weak"
              else ("global_batch", "global batch"))
     layout = [(key, label) for key, label, varied in (
-        ("mesh", "mesh", scenario.sweep.mesh), ("remat", "remat", scenario.sweep.remat),
-        ("per_device_batch", "per-device batch", scenario.sweep.per_device_batch),
-        ("microbatches", "microbatches", scenario.sweep.microbatches)) if varied]
+        ("mesh", "mesh", sweep.mesh), ("remat", "remat", sweep.remat),
+        ("per_device_batch", "per-device batch", sweep.per_device_batch),
+        ("microbatches", "microbatches", sweep.microbatches)) if varied]
     return [("chips", "chips"), batch, ("precision", "precision"),
             ("allreduce_algorithm", "allreduce"), ("generation", "chip"), *layout]
 
@@ -708,7 +732,7 @@ def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
 
 def _bubble(row: dict[str, Any]) -> float:
     """A row's pipeline bubble seconds (0 without a pipeline)."""
-    value = row.get("pipeline_bubble_seconds")
+    value: Any = row.get("pipeline_bubble_seconds")  # a number unless missing
     return 0.0 if is_missing(value) else float(value)
 
 
@@ -729,14 +753,15 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
     fig, axes = plt.subplots(len(series), 1, squeeze=False,
                              figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
                                       panel_inches * len(series)))
-    for ax, (label, rs) in zip(axes[:, 0], series.items()):
+    for ax, (label, rs) in zip(axes[:, 0], series.items(), strict=True):
         bottom = [0.0] * len(rs)
         for part, value in parts:
             values = [value(r) * 1e3 for r in rs]
             ax.bar(range(len(rs)), values, bottom=bottom, label=part)
-            bottom = [b + v for b, v in zip(bottom, values)]
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs],
-                      rotation=90 if x_key == "layout" else 0, fontsize=7 if x_key == "layout" else None)
+                      rotation=90 if x_key == "layout" else 0,
+                      fontsize=7 if x_key == "layout" else None)
         ax.set_xlabel(x_label)
         ax.set_ylabel("simulated ms per step")
         ax.set_title(label, fontsize=10)
@@ -804,7 +829,7 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
 
 def _is_layout_sweep(scenario: Scenario) -> bool:
     """Whether the sweep varies sharded layouts (mesh, remat or the per-device batch)."""
-    sweep = scenario.sweep
+    sweep = _sweep_of(scenario)
     return bool(sweep.mesh or sweep.remat or sweep.per_device_batch or sweep.microbatches)
 
 
@@ -877,8 +902,9 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     line per series (transformer sweeps)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     lines: dict[str, list[dict[str, Any]]] = {}  # the mesh's resolved sizes grow with the chips
+    weak = _sweep_of(scenario).scaling == "weak"
     for r in (r for rs in series.values() for r in rs):
-        batch = (f"{r['per_device_batch']} per device" if scenario.sweep.scaling == "weak"
+        batch = (f"{r['per_device_batch']} per device" if weak
                  else f"global batch {r['global_batch']}")
         lines.setdefault(f"remat {r['remat'] or 'none'}, {batch}", []).append(r)
     counts = scenario.sweep.num_slices if scenario.sweep is not None else None
@@ -918,9 +944,9 @@ def plot_layouts(rows: list[dict[str, Any]], output_dir: Path, title: str) -> Pa
 def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], output_dir: Path,
                   title: str = "") -> Path:
     """One bar per layout: compute, update, the pipeline bubble and exposed collective
-    seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with their need; the
-    layout that fits with the most tokens (examples) per second marked with a star; MFU
-    and HBM per device beside each bar."""
+    seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with
+    their need; the layout that fits with the most tokens (examples) per second marked
+    with a star; MFU and HBM per device beside each bar."""
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(_layout_label(r))
@@ -939,7 +965,7 @@ def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], ou
     for k, part in enumerate(parts):
         widths = [st[k] for st in stacks]
         ax.barh(range(len(rows)), widths, left=left, label=part)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     for i, note in enumerate(notes):
         ax.text(left[i], i, "  " + note, va="center", fontsize=7)
     ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]

@@ -13,31 +13,54 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rich.console import Console
 
 from pod.commands.interrupt import InterruptGuard
+from pod.config.mesh import format_axes
 from pod.config.plan import TrainingPlan
 from pod.config.scenario import is_loopback
-from pod.errors import (ChipFailureError, ClusterError, IciError, NonFiniteLossError, RunInterrupted,
-                        ScenarioError)
-from pod.report.console import (PROGRESS_MODES, StatusLine, epoch_line, evaluation_text, hold,
-                                make_console, progress_bar, progress_line, summary_table)
-from pod.config.mesh import format_axes
 from pod.config.sharding import device_chip_spec
-from pod.report.files import (StepsCsv, check_writable, evaluated_figure, reliability,
-                              summarize, write_csv, write_json)
+from pod.errors import (
+    ChipFailureError,
+    ClusterError,
+    IciError,
+    NonFiniteLossError,
+    RunInterrupted,
+    ScenarioError,
+)
+from pod.report.console import (
+    PROGRESS_MODES,
+    StatusLine,
+    epoch_line,
+    evaluation_text,
+    hold,
+    make_console,
+    progress_bar,
+    progress_line,
+    summary_table,
+)
+from pod.report.files import (
+    StepsCsv,
+    check_writable,
+    evaluated_figure,
+    reliability,
+    summarize,
+    write_csv,
+    write_json,
+)
 from pod.report.html import read_steps, write_report
 from pod.report.metrics import PodMetrics
 from pod.report.model_summary import LAYER_COLUMNS, layer_rows, plan_model_tables
 from pod.report.stats import StepStats, StepTotals
 from pod.report.trace import metadata_events, step_events, write_trace
 from pod.runtime.admission import admit
-from pod.state.checkpoint import Checkpoint
 from pod.safe_io import lock_directories
+from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
 __all__ = ["Run", "run_training", "RESULT_FILES"]
@@ -375,7 +398,7 @@ class Run:
                 so the last checkpoint and steps.csv hold only finite steps.
         """
         if not math.isfinite(stats.loss) and \
-                not self.plan.scenario.training.continue_on_nonfinite_loss:
+                not self.plan.training.continue_on_nonfinite_loss:
             raise NonFiniteLossError(
                 f"training: the loss of step {stats.step + 1} is {stats.loss}; stopping (the "
                 f"checkpoints of the steps before are kept; lower training.optimizer."
@@ -384,6 +407,7 @@ class Run:
             self.totals.start_epoch()  # by step number: a resumed run never merges two epochs
         self.simulated_clock += stats.step_seconds
         self.totals.add(stats)
+        assert self.metrics is not None  # run() starts the metrics before the first step
         self.metrics.observe(stats)
         self.step_index += 1
         evaluation = self.evaluate_if_due()
@@ -404,10 +428,11 @@ class Run:
     def evaluate_if_due(self) -> Any:
         """Evaluate on the test split after every ``eval_every_steps``-th step and after
         the last; returns the evaluation (None when not due)."""
-        step, every = self.step_index, self.plan.scenario.training.eval_every_steps
+        step, every = self.step_index, self.plan.training.eval_every_steps
         if step != self.plan.steps and not (every and step % every == 0):
             return None
         self.evaluation = self.pod.evaluate()
+        assert self.metrics is not None  # run() starts the metrics before the first step
         self.metrics.set_accuracy(self.evaluation.accuracy)
         self._evaluated_at = step
         return self.evaluation
@@ -494,6 +519,7 @@ class Run:
         a run resumed at its last step evaluates here)."""
         if self.evaluation is None or self._evaluated_at != self.step_index:
             self.evaluation = self.pod.evaluate()
+            assert self.metrics is not None  # run() starts the metrics before the pod
             self.metrics.set_accuracy(self.evaluation.accuracy)
         self.identical = self.pod.replicas_identical()
 
@@ -507,6 +533,7 @@ class Run:
         self.console.print(summary_table(summary))
         written = []
         if self.output_dir is not None:
+            assert isinstance(self.rows, StepsCsv)  # an output directory gets steps.csv
             write_json(self.output_dir / "summary.json", summary)
             written += [self.output_dir / "summary.json", self.rows.path,
                         self.output_dir / "layers.csv"]
@@ -524,6 +551,7 @@ class Run:
             written.append(self.trace_path)
         if written:
             self.console.print("Wrote " + ", ".join(str(p) for p in written))
+        assert self.metrics is not None  # run() starts the metrics before the pod
         if self.metrics.port and self.hold_seconds > 0:
             hold(self.console, self.metrics.port, self.hold_seconds)
         return summary
@@ -558,7 +586,8 @@ class Run:
         by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
         self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
                            f"steps{wrote}"
-                           + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints else ""),
+                           + (f", checkpoints in {self.checkpoints.dir}" if self.checkpoints
+                              else ""),
                            highlight=False)
 
 
@@ -568,7 +597,7 @@ class _NoFiles:
     path = None
     started = False
 
-    def __enter__(self) -> "_NoFiles":
+    def __enter__(self) -> _NoFiles:
         return self
 
     def __exit__(self, *exc: Any) -> None:

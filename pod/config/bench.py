@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chip import HBM, check_precision
-from pod.config.scenario import Scenario
+from pod.config.scenario import BenchmarkConfig, Scenario
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import ScenarioError
 
@@ -28,11 +28,27 @@ class BenchmarkPlan:
     memory: dict[str, int]
 
     @property
+    def benchmark(self) -> BenchmarkConfig:
+        """The scenario's benchmark section (a benchmark plan's scenario always has one)."""
+        return _benchmark_section(self.scenario)
+
+    @property
     def flops(self) -> float:
         """FLOPs of the whole run over the pod (useful FLOPs)."""
-        b = self.scenario.benchmark
+        b = self.benchmark
         per = 2.0 * b.n**3 if b.kind == "matmul" else float(b.n) ** 2
         return self.pod.tensorcores * b.iterations * per
+
+
+def _benchmark_section(scenario: Scenario) -> BenchmarkConfig:
+    """The scenario's benchmark section.
+
+    Raises:
+        ScenarioError: a training scenario (it has none).
+    """
+    if scenario.benchmark is None:
+        raise ScenarioError(f"{scenario.name}: not a benchmark scenario (no benchmark section)")
+    return scenario.benchmark
 
 
 def check_benchmark(scenario: Scenario) -> BenchmarkPlan:
@@ -42,9 +58,7 @@ def check_benchmark(scenario: Scenario) -> BenchmarkPlan:
         ScenarioError: not a benchmark scenario. PrecisionError: int8 on v2 / v3.
         HBMOutOfMemoryError: the arrays do not fit one TensorCore's HBM.
     """
-    b = scenario.benchmark
-    if b is None:
-        raise ScenarioError(f"{scenario.name}: not a benchmark scenario (no benchmark section)")
+    b = _benchmark_section(scenario)
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound)

@@ -188,10 +188,12 @@ class FaultPlan:
                    for i, e in enumerate(self.base_links)}
         for f in sorted((f for f in self.faults if f.link and f.step <= step),
                         key=lambda f: (f.step, f.index)):
-            text = f"{f.link[0]}->{f.link[1]}"
-            entries[f.link] = ({"link": text, "failed": True} if f.kind == "fail_link"
-                               else {"link": text, "slowdown": f.slowdown})
-            entries[f.link]["field"] = f"faults.{f.index}"
+            link = f.link
+            assert link is not None  # the filter above keeps the link faults
+            text = f"{link[0]}->{link[1]}"
+            entries[link] = ({"link": text, "failed": True} if f.kind == "fail_link"
+                             else {"link": text, "slowdown": f.slowdown})
+            entries[link]["field"] = f"faults.{f.index}"
         return [entries[k] for k in sorted(entries)]
 
     def dcn_slowdown(self, step: int) -> float:

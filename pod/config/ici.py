@@ -8,11 +8,19 @@ costs anything itself.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from interconnect import (ALGORITHMS, ALLREDUCE_ALGORITHMS, FAST_PATHS, LinkFaults, LinkSpec,
-                          ScheduleCost, Torus, collective_cost)
+from interconnect import (
+    ALGORITHMS,
+    ALLREDUCE_ALGORITHMS,
+    FAST_PATHS,
+    LinkFaults,
+    LinkSpec,
+    ScheduleCost,
+    Torus,
+    collective_cost,
+)
 from pod.programs.replicated import combine_buckets
 
 __all__ = ["choose_algorithm", "combine_buckets", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
@@ -47,7 +55,7 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
     Raises:
         ScheduleError: unknown algorithm; TopologyError: bad faults.
     """
-    if algorithm not in (None, "auto"):
+    if algorithm is not None and algorithm != "auto":
         return algorithm, collective_cost(op, topology, num_elements, link, algorithm=algorithm,
                                           itemsize=itemsize, faults=faults)
     names = list(candidates or ALGORITHMS.get(op, ALLREDUCE_ALGORITHMS))

@@ -9,7 +9,8 @@ slowdown) or ``failed: true`` (it carries nothing; routes go around it).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from interconnect import LinkFaults, TopologyError, Torus, parse_link, route
 
@@ -60,13 +61,13 @@ def check_links(entries: Sequence[Any], torus: Torus, field: str = "pod.links") 
     rows = [link_entry(e) for e in entries]
     names = [e["field"] if isinstance(e, Mapping) and "field" in e else f"{field}.{i}"
              for i, e in enumerate(entries)]
-    for name, row in zip(names, rows):
+    for name, row in zip(names, rows, strict=True):
         try:
             LinkFaults.from_entries([row]).check(torus)
         except TopologyError as err:
             raise TopologyError(f"{name}.link: {err} (got {row['link']!r})") from None
     faults = LinkFaults.from_entries(rows)
-    for name, row in zip(names, rows):
+    for name, row in zip(names, rows, strict=True):
         if row.get("failed"):
             src, dst = parse_link(row["link"])
             try:

@@ -230,7 +230,7 @@ class Mesh:
     devices_per_chip: int
     axes: tuple[MeshAxis, ...]
     slices: int = 1
-    slice_mesh: "Mesh | None" = field(default=None, repr=False)
+    slice_mesh: Mesh | None = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Mesh) and self._key() == other._key()
@@ -244,7 +244,7 @@ class Mesh:
                 tuple(a.dcn for a in self.axes))
 
     @property
-    def in_slice(self) -> "Mesh":
+    def in_slice(self) -> Mesh:
         """The mesh of one slice (``slice_mesh``, or itself with one slice)."""
         return self.slice_mesh if self.slice_mesh is not None else self
 
@@ -270,7 +270,7 @@ class Mesh:
     @property
     def sizes(self) -> dict[str, int]:
         """Axis name -> size, in mesh order."""
-        return dict(zip(self.axis_names, self.shape))
+        return dict(zip(self.axis_names, self.shape, strict=True))
 
     @property
     def batch_shards(self) -> int:
@@ -377,7 +377,7 @@ def _place(name: str, size: int, phys: list[_Physical]) -> list[AxisBlock]:
     if best is None:  # unreachable when the sizes multiply to the devices (see above)
         raise ValueError(f"mesh axis {name} of {size} devices does not divide what is left")
     out = []
-    for p, f in zip(phys, best[1]):
+    for p, f in zip(phys, best[1], strict=True):
         if f > 1:
             whole = f == p.left and p.stride * p.left == p.size
             out.append(AxisBlock(p.torus_axis, f, p.stride, p.wraps and whole))
@@ -408,7 +408,7 @@ def _ring(blocks: tuple[AxisBlock, ...]) -> tuple[tuple[int, ...], bool]:
     if len(sizes) <= 3:
         box = Torus(sizes, tuple(k.wraps for k in blocks))
         order = box.ring_order()
-        if all(box.has_link(a, b) for a, b in zip(order, order[1:] + order[:1])):
+        if all(box.has_link(a, b) for a, b in zip(order, order[1:] + order[:1], strict=True)):
             return tuple(order), True
     return tuple(_snake(sizes)), False
 
@@ -435,12 +435,14 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
     if math.prod(shape) != count:
         raise ValueError(f"mesh {format_axes(axes)} has {math.prod(shape)} devices, not {count}")
     phys = _physical_axes(torus, per_chip)
-    placed = {name: _place(name, size, phys) for name, size in reversed(list(zip(names, shape)))}
+    placed = {name: _place(name, size, phys)
+              for name, size in reversed(list(zip(names, shape, strict=True)))}
     # every physical axis (split ones as their blocks), slowest first, as the ids lie
     physical = _slow_first([k for blocks in placed.values() for k in blocks], torus.ndim)
     ids = np.arange(count).reshape([k.size for k in physical])
-    order, mesh_axes = [], []
-    for name, size in zip(names, shape):
+    order: list[int] = []
+    mesh_axes: list[MeshAxis] = []
+    for name, size in zip(names, shape, strict=True):
         blocks = tuple(_slow_first(placed[name], torus.ndim))
         order.extend(physical.index(k) for k in blocks)
         ring, closed = _ring(blocks)
@@ -552,12 +554,13 @@ def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
     full = (slice_of.reshape(*outer, *([1] * len(names))) * n_local
             + local.reshape(*([1] * len(names)), *ici))                 # (dcn..., ici...)
     k = len(names)
-    order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]   # dcn_i outer of ici_i
-    shape = tuple(o * i for o, i in zip(outer, ici))
+    # dcn_i outer of ici_i
+    order = [i for pair in zip(range(k), range(k, 2 * k), strict=True) for i in pair]
+    shape = tuple(o * i for o, i in zip(outer, ici, strict=True))
     devices = full.transpose(order).reshape(shape)
     devices.flags.writeable = False
     axes = []
-    for n, o, i in zip(names, outer, ici):
+    for n, o, i in zip(names, outer, ici, strict=True):
         base = one._axis(n) if n in one.axis_names else MeshAxis(n, 1, (), False, 0, (0,))
         ring = tuple(d * i + r for d in range(o) for r in (base.ring or (0,)))
         axes.append(dataclasses.replace(base, size=o * i, ring=ring, dcn=o,
@@ -620,7 +623,8 @@ def _sharded_items(params: int, optimizer_bytes_per_param: float, fsdp: int, ten
                    activation_bytes_per_example: int = 0, per_device_batch: int = 0,
                    largest_layer: int = 0) -> dict[str, int]:
     if figures is None:  # closed forms: everything split evenly
-        figures = DeviceFigures(math.ceil(params / (fsdp * tensor)), math.ceil(largest_layer / tensor),
+        figures = DeviceFigures(math.ceil(params / (fsdp * tensor)),
+                                math.ceil(largest_layer / tensor),
                                 math.ceil(per_device_batch * activation_bytes_per_example / tensor))
     local = figures.params
     items = {
@@ -699,12 +703,11 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
         Bytes per item (params, grads, optimizer_state, activations, workspace), total.
 
     Raises:
-        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the
-            mesh, its need per device and what would fit: another version of
-            the model on this mesh, e.g. ``remat full fits (12.1 GiB per
-            device)``, and the mesh of the same devices with more fsdp / tensor
-            sharding that fits, e.g. ``{data: 16} needs 19.5 GiB per device and
-            does not fit 16 GiB; {data: 2, fsdp: 8} fits (9.1 GiB per device)``.
+        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the mesh, its
+            need per device and what would fit: another version of the model on this mesh,
+            e.g. ``remat full fits (12.1 GiB per device)``, and the mesh of the same devices
+            with more fsdp / tensor sharding that fits, e.g. ``{data: 16} needs 19.5 GiB per
+            device and does not fit 16 GiB; {data: 2, fsdp: 8} fits (9.1 GiB per device)``.
             It carries the plan as ``memory_plan``.
     """
     largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
@@ -727,6 +730,7 @@ def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param:
     # timing-only sweeps plan any mesh): the closed form then
     items = (items_of(figures, fsdp, tensor, per_device_batch)
              or items_of(None, fsdp, tensor, per_device_batch))
+    assert items is not None  # the closed form plans the mesh's own (fsdp, tensor)
     if items["total"] <= capacity_bytes:
         return items
     hints = [f"{label} fits ({_gib(other['total'])} per device)" for label, other in
@@ -807,7 +811,8 @@ def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh:
     """
     params = int(model.num_params)
     batch_shards = mesh.batch_shards
-    variants = getattr(model, "remat_variants", dict)()
+    # the transformer's other remat policies (other models have none)
+    variants: dict[str, TransformerModel] = getattr(model, "remat_variants", dict)()
     ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
     expert = mesh.axis_size("expert")
     alternatives = tuple((f"remat {policy}", model_figures(m, precision, expert))

@@ -23,11 +23,18 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
-from pod.config.scenario import Scenario, load_scenario, load_yaml, parse_scenario, scenario_from_text
+from pod.config.scenario import (
+    Scenario,
+    load_scenario,
+    load_yaml,
+    parse_scenario,
+    scenario_from_text,
+)
 from pod.errors import ScenarioError
 
 __all__ = ["Override", "parse_override", "as_overrides", "apply_overrides", "blame",
@@ -101,7 +108,8 @@ def parse_override(text: str) -> Override:
     return Override(key=key, value=value, text=text.strip())
 
 
-def as_overrides(items: Iterable[str | Override] | Mapping[str, Any] | None) -> tuple[Override, ...]:
+def as_overrides(items: Iterable[str | Override] | Mapping[str, Any] | None
+                 ) -> tuple[Override, ...]:
     """Overrides from ``["k=v", ...]`` (VALUE read as YAML) or ``{"k": value}`` (values as given).
 
     Raises:

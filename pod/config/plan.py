@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from chip import HBM, HBMOutOfMemoryError, check_precision
+from chip import check_precision
 from interconnect import calibrated_link
 from pod.config.faults import FaultPlan
 from pod.config.ici import IciPlan, choose_algorithm
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.pipeline import check_pipeline_plan, pipeline_memory_plan
-from pod.config.scenario import Scenario
+from pod.config.scenario import ModelConfig, Scenario, TrainingConfig
 from pod.config.sharding import SHARDED_MODELS, MeshCollectiveCosts, on_chip_bandwidth
 from pod.config.slices import PodShape, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
@@ -31,7 +31,8 @@ from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dat
 from pod.workloads.checks import DataMismatchError, TokenIdError
 from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
 
-__all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep"]
+__all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep",
+           "training_sections"]
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,32 @@ class TrainingPlan:
         return later[-1] if later else self.collective_costs
 
     @property
+    def training(self) -> TrainingConfig:
+        """The scenario's training section (a plan's scenario always has one)."""
+        return training_sections(self.scenario)[1]
+
+    @property
     def global_batch(self) -> int:
         """Examples per step over the whole pod."""
-        return self.scenario.training.global_batch
+        return self.training.global_batch
 
     @property
     def num_params(self) -> int:
         """Number of trainable parameters of the model."""
         return int(self.model.num_params)
+
+
+def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
+    """A training scenario's model and training sections (``Scenario`` holds both or
+    neither).
+
+    Raises:
+        ScenarioError: a benchmark scenario (it has neither).
+    """
+    if scenario.model is None or scenario.training is None:
+        raise ScenarioError(f"{scenario.name}: a benchmark scenario has no training plan; "
+                            "use pod.config.bench.check_benchmark")
+    return scenario.model, scenario.training
 
 
 def _shape_only(model: Model) -> dict[str, np.ndarray]:
@@ -133,23 +152,23 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
             mesh with more sharding would fit (the transformer), else the batch
             or the model.
     """
-    training = scenario.training
-    if mesh.axis_size("stage") > 1 and scenario.model.name in SHARDED_MODELS:
+    section, training = training_sections(scenario)
+    if mesh.axis_size("stage") > 1 and section.name in SHARDED_MODELS:
         return pipeline_memory_plan(model, optimizer, training, mesh, device_hbm_bytes(pod.chip),
                                     precision=training.precision)
     try:
         return mesh_memory_plan(model, optimizer.state_bytes(_shape_only(model)),
                                 training.global_batch, mesh, device_hbm_bytes(pod.chip),
                                 precision=training.precision,
-                                shardable=scenario.model.name in SHARDED_MODELS)
+                                shardable=section.name in SHARDED_MODELS)
     except HBMPlanError as err:
-        if scenario.model.name in SHARDED_MODELS:
+        if section.name in SHARDED_MODELS:
             raise  # its one line names pod.mesh and a mesh that fits
         activations = err.memory_plan.get("activations", 0) if err.memory_plan else 0
         batch = activations * 2 > err.requested_bytes
         field = "training.global_batch" if batch else "model.options"
         what = (f"{training.global_batch} ({per_device} examples per device)" if batch else
-                f"{scenario.model.name} with {int(model.num_params):,} parameters")
+                f"{section.name} with {int(model.num_params):,} parameters")
         # "<field>: <what> on {data: 8} needs 141 GiB per device (...) and does not fit 8 GiB"
         raise HBMPlanError(
             f"{field}: {what} on {str(err).removeprefix('pod.mesh: ')}; use a smaller "
@@ -162,7 +181,7 @@ def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, op
 def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dataset | None,
                    timing_only: bool) -> Dataset:
     """The scenario's dataset (loaded unless given), checked against the global batch."""
-    training = scenario.training
+    training = training_sections(scenario)[1]
     if dataset is None:
         # keys that are load_dataset's own arguments, set elsewhere in the scenario
         where = {"name": "data.name", "path": "data.path", "test_fraction": "data.test_fraction",
@@ -203,7 +222,8 @@ def _model_for_data(scenario: Scenario, dataset: Dataset) -> Model:
             ``model.name`` when the model cannot take this data (naming the
             models that can); ``model.options`` for a bad option.
     """
-    name, options = scenario.model.name, scenario.model.options
+    section = training_sections(scenario)[0]
+    name, options = section.name, section.options
     try:
         model = _built(name, dataset, options)
         for x, y in ((dataset.x_train, dataset.y_train), (dataset.x_test, dataset.y_test)):
@@ -282,12 +302,13 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
     """
     axes = format_axes(mesh.sizes)
     sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if mesh.axis_size(a) > 1]
-    if sharded and scenario.model.name not in SHARDED_MODELS:
+    name = training_sections(scenario)[0].name
+    if sharded and name not in SHARDED_MODELS:
         raise ScenarioError(f"pod.mesh: {axes} shards over {' and '.join(sharded)}, which only the "
-                            f"{', '.join(SHARDED_MODELS)} model does; {scenario.model.name} trains "
+                            f"{', '.join(SHARDED_MODELS)} model does; {name} trains "
                             f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
     config = getattr(model, "config", None)
-    if config is None or scenario.model.name not in SHARDED_MODELS:
+    if config is None or name not in SHARDED_MODELS:
         return
     try:
         from pod.programs.transformer import check_expert_split, check_tensor_split
@@ -304,13 +325,14 @@ def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> No
     Raises:
         ScenarioError: one line naming the field, the value and what is allowed.
     """
-    if not scenario.training.sequence_parallel:
+    section, training = training_sections(scenario)
+    if not training.sequence_parallel:
         return
     tensor = mesh.axis_size("tensor")
     config = getattr(model, "config", None)
-    if scenario.model.name not in SHARDED_MODELS or config is None:
+    if section.name not in SHARDED_MODELS or config is None:
         raise ScenarioError(f"training.sequence_parallel: true needs the transformer model on a "
-                            f"mesh with a tensor axis; {scenario.model.name} has no sequence to "
+                            f"mesh with a tensor axis; {section.name} has no sequence to "
                             "split: remove it")
     if tensor > 1 and config.sequence_length % tensor:
         common = math.gcd(config.heads, config.kv_heads, config.mlp_dim, config.sequence_length)
@@ -376,9 +398,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         ScenarioError, ShardingError, HBMOutOfMemoryError, ChipSpecError,
         TopologyError: with one-line messages naming the field.
     """
-    if scenario.training is None:
-        raise ScenarioError(f"{scenario.name}: a benchmark scenario has no training plan; "
-                            "use pod.config.bench.check_benchmark")
+    training = training_sections(scenario)[1]
     cfg = scenario.pod
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
@@ -388,7 +408,6 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         raise ScenarioError(f"pod.dcn_mesh: expert {mesh.dcn_size('expert')} puts a mixture of "
                             "experts' all-to-alls across slices, which is not modelled; keep "
                             "expert in pod.mesh (one slice) and data or fsdp over the DCN")
-    training = scenario.training
     try:
         check_precision(training.precision, pod.chip.core, pod.chip.name)
     except ValueError as err:
@@ -404,7 +423,11 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         raise ScenarioError(f"training.optimizer: {err}") from None
     check_pipeline_plan(scenario, mesh, model)
     steps_per_epoch = max(1, n_train // training.global_batch)
-    steps = training.steps if training.steps is not None else training.epochs * steps_per_epoch
+    if training.steps is not None:
+        steps = training.steps
+    else:
+        assert training.epochs is not None  # TrainingConfig holds steps or epochs
+        steps = training.epochs * steps_per_epoch
     for index, fault in enumerate(scenario.faults):
         if fault.step > steps:
             raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
@@ -500,8 +523,9 @@ def plan_ici(pod: PodShape, mesh: Mesh, num_elements: int, algorithm: str,
     runs on a TPU slice, ``torus`` (every torus axis at once, both directions:
     ``interconnect.chains``; the calibration of VALIDATION.md reads the published
     collective rows with it, and the fastest of the textbook algorithms
-    underestimates small slices without wraparound by up to 68%: C8 / C10). Every step's collectives are then costed with it
-    (``MeshCollectiveCosts``, link faults in force). A mesh with fsdp or tensor
+    underestimates small slices without wraparound by up to 68%: C8 / C10). Every
+    step's collectives are then costed with it (``MeshCollectiveCosts``, link faults
+    in force). A mesh with fsdp or tensor
     axes has no such axis: its ``IciPlan`` holds the link only (the algorithm
     choice would take minutes at pod scale for nothing).
 

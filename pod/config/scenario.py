@@ -75,12 +75,21 @@ import math
 import re
 import reprlib
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
 from chip import MXU_MODELS
 from chip import PRECISIONS as CHIP_PRECISIONS
@@ -174,7 +183,7 @@ class LinkConfig(_Frozen):
     failed: bool = False
 
     @model_validator(mode="after")
-    def _slow_or_failed(self) -> "LinkConfig":
+    def _slow_or_failed(self) -> LinkConfig:
         if (self.slowdown is not None) == self.failed:
             raise ValueError("give either slowdown: <factor >= 1> or failed: true")
         return self
@@ -205,7 +214,8 @@ class PodConfig(_Frozen):
     @field_validator("mesh", mode="before")
     @classmethod
     def _mesh_axes(cls, value: Any) -> Any:
-        from pod.config.mesh import parse_mesh_axes  # ScenarioError is a ValueError: pydantic reports it
+        # ScenarioError is a ValueError: pydantic reports it
+        from pod.config.mesh import parse_mesh_axes
 
         return None if value is None else parse_mesh_axes(value)
 
@@ -245,7 +255,7 @@ class PodConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _one_way(self) -> "PodConfig":
+    def _one_way(self) -> PodConfig:
         if not self.slice and not self.chip:
             raise ValueError("give either slice (e.g. v2-8) or chip (e.g. v2) with chips")
         if self.dcn_mesh is not None:
@@ -339,7 +349,7 @@ class OptimizerConfig(_Frozen):
         return _one_of(value, OPTIMIZER_NAMES)
 
     @model_validator(mode="after")
-    def _options_fit(self) -> "OptimizerConfig":
+    def _options_fit(self) -> OptimizerConfig:
         # "<key>: ..." names the sub-field in the one-line message (see _describe_error)
         for key in ("beta1", "beta2", "eps", "weight_decay"):
             if self.name == "sgd" and getattr(self, key) is not None:
@@ -350,7 +360,8 @@ class OptimizerConfig(_Frozen):
                              f"{self.name} takes learning_rate, beta1, beta2 and eps"
                              + (" and weight_decay" if self.name == "adamw" else ""))
         if self.name == "adam" and self.weight_decay is not None:
-            raise ValueError(f"weight_decay: belongs to adamw, not adam (got {self.weight_decay!r}); "
+            raise ValueError(f"weight_decay: belongs to adamw, not adam "
+                             f"(got {self.weight_decay!r}); "
                              "use name: adamw for decoupled weight decay")
         return self
 
@@ -414,7 +425,7 @@ class TrainingConfig(_Frozen):
         return _one_of(value, SCHEDULES)
 
     @model_validator(mode="after")
-    def _steps_or_epochs(self) -> "TrainingConfig":
+    def _steps_or_epochs(self) -> TrainingConfig:
         if self.steps is not None and self.epochs is not None:
             raise ValueError(f"give steps or epochs, not both (got steps {self.steps} and "
                              f"epochs {self.epochs})")
@@ -449,7 +460,7 @@ class MetricsConfig(_Frozen):
                                                     "a network address): a deliberate choice")
 
     @model_validator(mode="after")
-    def _exposure_is_a_choice(self) -> "MetricsConfig":
+    def _exposure_is_a_choice(self) -> MetricsConfig:
         if not is_loopback(self.host) and not self.expose:
             raise ValueError(f"host: {self.host!r} is beyond loopback: anyone who reaches this "
                              "machine could read the metrics; set metrics.expose: true to serve "
@@ -515,7 +526,7 @@ class FaultConfig(_Frozen):
         return _one_of(value, tuple(FAULT_KINDS))
 
     @model_validator(mode="after")
-    def _fields_of_kind(self) -> "FaultConfig":
+    def _fields_of_kind(self) -> FaultConfig:
         needed = FAULT_KINDS[self.kind]
         missing = [f for f in needed if getattr(self, f) is None]
         if missing:
@@ -605,7 +616,7 @@ class SweepConfig(_Frozen):
                                                    "column (default: the train split)")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SweepConfig":
+    def _consistent(self) -> SweepConfig:
         given = [k for k in ("slices", "chips", "topologies") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give one of slices, chips or topologies, not {' and '.join(given)}")
@@ -629,7 +640,8 @@ class SweepConfig(_Frozen):
     @field_validator("mesh", mode="before")
     @classmethod
     def _meshes(cls, value: Any) -> Any:
-        from pod.config.mesh import parse_mesh_axes  # ScenarioError is a ValueError: pydantic reports it
+        # ScenarioError is a ValueError: pydantic reports it
+        from pod.config.mesh import parse_mesh_axes
 
         return value if value is None else [parse_mesh_axes(m) for m in value]
 
@@ -652,7 +664,8 @@ class SweepConfig(_Frozen):
     @field_validator("slices")
     @classmethod
     def _known_slices(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        from pod.config.slices import parse_slice  # ScenarioError is a ValueError: pydantic reports it
+        # ScenarioError is a ValueError: pydantic reports it
+        from pod.config.slices import parse_slice
 
         for name in value or ():
             parse_slice(name)
@@ -707,7 +720,7 @@ class Scenario(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Scenario":
+    def _one_kind(self) -> Scenario:
         if self.benchmark is not None:
             if self.model is not None or self.training is not None:
                 given = " and ".join(k for k in ("model", "training") if getattr(self, k))
@@ -724,7 +737,7 @@ class Scenario(_Frozen):
         """"training" (model + training) or "benchmark"."""
         return "benchmark" if self.benchmark is not None else "training"
 
-    def with_overrides(self, **changes: Any) -> "Scenario":
+    def with_overrides(self, **changes: Any) -> Scenario:
         """A copy with dotted-path overrides, validated again.
 
         Args:
@@ -792,7 +805,7 @@ def _section_at(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-def _describe_error(error: dict[str, Any]) -> str:
+def _describe_error(error: ErrorDetails) -> str:
     """One pydantic error as ``<field.path>: <what is wrong> (got <value>); <allowed>``."""
     loc = tuple(error["loc"])
     kind = error["type"]
@@ -1064,7 +1077,8 @@ def scenario_from_text(text: str, *, source: str = "<scenario>", base_dir: str |
         # paths in a scenario are relative to the scenario file, not to the working directory
         data["data"]["path"] = str(base.resolve() / Path(data_path).expanduser())
     checkpoint = data.get("checkpoint") if isinstance(data, dict) else None
-    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str) and checkpoint["dir"]:
+    if (isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str)
+            and checkpoint["dir"]):
         # like data.path: relative to the scenario file
         checkpoint["dir"] = str(base.resolve() / Path(checkpoint["dir"]).expanduser())
     if edit is not None and isinstance(data, dict):

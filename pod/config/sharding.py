@@ -29,10 +29,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chip import ChipSpec
-
-from interconnect import (DCN_OPS, GROUP_ALGORITHMS, GROUP_OPS, LinkFaults, LinkSpec, ScheduleCost,
-                          Torus, dcn_collective_bytes, dcn_collective_seconds,
-                          group_collective_cost, group_ppermute_cost)
+from interconnect import (
+    DCN_OPS,
+    GROUP_ALGORITHMS,
+    GROUP_OPS,
+    LinkFaults,
+    LinkSpec,
+    ScheduleCost,
+    Torus,
+    dcn_collective_bytes,
+    dcn_collective_seconds,
+    group_collective_cost,
+    group_ppermute_cost,
+)
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
 __all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
@@ -78,7 +87,8 @@ def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
     """
     if not 0 <= device < mesh.size:
         raise ValueError(f"device {device} is not in the mesh of {mesh.size} devices")
-    ring, order = {}, {}
+    ring: dict[str, tuple[int, ...]] = {}
+    order: dict[str, tuple[int, ...]] = {}
     for axis in AXIS_NAMES:
         if axis not in mesh.axis_names:
             ring[axis] = order[axis] = (device,)
@@ -180,7 +190,8 @@ class MeshCollectiveCosts:
         if self.algorithm not in GROUP_ALGORITHMS:
             raise ValueError(f"mesh collective algorithm {self.algorithm!r} is unknown; allowed: "
                              f"{', '.join(GROUP_ALGORITHMS)}")
-        if isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int) or self.itemsize < 1:
+        if (isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int)
+                or self.itemsize < 1):
             raise ValueError(f"itemsize {self.itemsize!r} is not valid: bytes per element, an "
                              "int >= 1 (2 for bf16)")
 
@@ -290,6 +301,7 @@ class MeshCollectiveCosts:
         g = one.axis_size(axis) if axis in one.axis_names else 1
         k = self.mesh.dcn_size(axis)
         dcn = self.dcn_seconds(axis, op, nbytes)
+        parts: list[ScheduleCost | float]
         if op == "allreduce":
             parts = [self._in_slice(axis, "reduce_scatter", nbytes), dcn,
                      self._in_slice(axis, "all_gather", nbytes // g)]
@@ -374,7 +386,8 @@ _FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
 def _combined(parts: Iterable[ScheduleCost | float]) -> ScheduleCost:
     """Costs run one after another: seconds added, ICI link bytes added; a float is a DCN
     phase (no ICI link bytes)."""
-    seconds, phases, busiest, fixed = 0.0, [], 0.0, 0.0
+    seconds, busiest, fixed = 0.0, 0.0, 0.0
+    phases: list[float] = []
     link_bytes: Counter = Counter()
     for part in parts:
         if isinstance(part, ScheduleCost):

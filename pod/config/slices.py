@@ -21,9 +21,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from chip import ChipSpec, get_chip_spec, PRESETS
+from chip import PRESETS, ChipSpec, get_chip_spec
 from interconnect import Torus, parse_shape
-
 from pod.errors import ScenarioError
 
 __all__ = ["PodShape", "SLICE_SHAPES", "parse_slice", "slice_shape", "default_shape",
@@ -143,7 +142,8 @@ def _slice(name: str) -> tuple[ChipSpec, int, tuple[int, ...]]:
     shapes = SLICE_SHAPES.get(chip.name, {})
     if count not in shapes:
         valid = ", ".join(f"{chip.name}-{c}" for c in shapes)
-        per_chip = f", a multiple of {chip.tensorcores} per chip" if chip.slice_counts_tensorcores else ""
+        per_chip = (f", a multiple of {chip.tensorcores} per chip"
+                    if chip.slice_counts_tensorcores else "")
         raise ScenarioError(
             f"slice {name!r} does not exist: the number counts {unit} for {chip.name}{per_chip}; "
             f"valid {chip.name} slices: {valid}"
@@ -232,6 +232,7 @@ def resolve_pod(
     """
     name = ""
     named_shape = None
+    count: int | None
     if slice_name:
         try:
             spec, count, named_shape = _slice(slice_name)

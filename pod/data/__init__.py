@@ -10,9 +10,9 @@ pyproject.toml), so an installed ``tpu-pod`` finds them with no checkout.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib.resources import files
 from importlib.resources.abc import Traversable
-from typing import Iterator
 
 __all__ = ["SHIPPED_SUFFIXES", "data_root", "shipped_files"]
 

@@ -21,16 +21,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pod.programs.collectives import (AXES, CollectiveCall, CollectivesBase, DeviceCollectives,
-                                      LocalMesh, ShapeCollectives)
+from pod.programs.collectives import (
+    AXES,
+    CollectiveCall,
+    CollectivesBase,
+    DeviceCollectives,
+    LocalMesh,
+    ShapeCollectives,
+)
 from pod.programs.contract import DeviceCoords, DeviceProgram, DeviceShard, EvalSums, StepResult
 from pod.programs.fsdp import flat_chunk, pack_chunks, unpack_gathered
 from pod.programs.pipeline import PipelinedTransformer, run_ticks, stage_layers
-from pod.programs.pipeline_schedule import (SCHEDULES, PipelineSchedule, PipeOp, bubble_fraction,
-                                            build_schedule, check_pipeline)
+from pod.programs.pipeline_schedule import (
+    SCHEDULES,
+    PipelineSchedule,
+    PipeOp,
+    bubble_fraction,
+    build_schedule,
+    check_pipeline,
+)
 from pod.programs.replicated import ReplicatedProgram, combine_buckets
-from pod.programs.transformer import (ParamLayout, ShardedTransformer, check_tensor_split,
-                                      device_param_elements, param_layout)
+from pod.programs.transformer import (
+    ParamLayout,
+    ShardedTransformer,
+    check_tensor_split,
+    device_param_elements,
+    param_layout,
+)
 
 __all__ = ["AXES", "CollectiveCall", "CollectivesBase", "DeviceCollectives", "LocalMesh",
            "ShapeCollectives", "DeviceCoords", "DeviceProgram", "DeviceShard", "EvalSums",

@@ -56,7 +56,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -153,15 +153,15 @@ class DeviceCollectives(Protocol):
         """This device's position in its group along ``axis``, ring order, 0 .. size-1."""
 
     def all_gather(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                   after_record: int) -> np.ndarray:
+                   after_record: int, **wire: int) -> np.ndarray:
         """x (n,) float32 -> (size * n,): every member's x in group order."""
 
     def reduce_scatter(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                       after_record: int) -> np.ndarray:
+                       after_record: int, **wire: int) -> np.ndarray:
         """x (size * n,) float32 -> (n,): the group's sum of chunk ``axis_index``."""
 
     def allreduce(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                  after_record: int) -> np.ndarray:
+                  after_record: int, **wire: int) -> np.ndarray:
         """x (n,) float32 -> (n,): the group's sum."""
 
     def ppermute(self, axis: str, x: np.ndarray, shift: int, *, tag: str, kind: str,
@@ -175,7 +175,7 @@ class DeviceCollectives(Protocol):
         pipeline) agree on the next one's. Nothing in process."""
 
     def all_to_all(self, axis: str, x: np.ndarray, *, tag: str, kind: str,
-                   after_record: int) -> np.ndarray:
+                   after_record: int, **wire: int) -> np.ndarray:
         """x (size * n,) float32 -> (size * n,): piece j to position j, piece i from i."""
 
 
@@ -258,20 +258,23 @@ class CollectivesBase:
 
     def all_gather(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
                    **wire: int) -> np.ndarray:
-        """x (n,) float32 -> (size * n,): every member's x, in group (ring) order. ``wire``: ``itemsize``,
-        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        """x (n,) float32 -> (size * n,): every member's x, in group (ring) order.
+        ``wire``: ``itemsize``, ``overlap_before``, ``overlap_after`` of the recorded call
+        (``CollectiveCall``)."""
         return self._call("all_gather", axis, x, tag, kind, after_record, **wire)
 
     def reduce_scatter(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
                        **wire: int) -> np.ndarray:
-        """x (size * n,) float32 -> (n,): the group's float32 sum of chunk ``axis_index``. ``wire``: ``itemsize``,
-        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        """x (size * n,) float32 -> (n,): the group's float32 sum of chunk ``axis_index``.
+        ``wire``: ``itemsize``, ``overlap_before``, ``overlap_after`` of the recorded call
+        (``CollectiveCall``)."""
         return self._call("reduce_scatter", axis, x, tag, kind, after_record, **wire)
 
     def allreduce(self, axis: str, x: np.ndarray, *, tag: str, kind: str, after_record: int,
                   **wire: int) -> np.ndarray:
-        """x (n,) float32 -> (n,): the group's float32 sum, the same bits on every member. ``wire``: ``itemsize``,
-        ``overlap_before``, ``overlap_after`` of the recorded call (``CollectiveCall``)."""
+        """x (n,) float32 -> (n,): the group's float32 sum, the same bits on every member.
+        ``wire``: ``itemsize``, ``overlap_before``, ``overlap_after`` of the recorded call
+        (``CollectiveCall``)."""
         return self._call("allreduce", axis, x, tag, kind, after_record, **wire)
 
     def ppermute(self, axis: str, x: np.ndarray, shift: int, *, tag: str, kind: str,
@@ -354,7 +357,7 @@ class _Exchange:
         self.count[position] += 1
         slots[position] = x
         self.barrier.wait()              # everyone has posted
-        return list(slots)
+        return cast(list[np.ndarray], list(slots))  # no slot left None: everyone has posted
 
 
 class LocalMeshCollectives(CollectivesBase):
@@ -437,7 +440,7 @@ class LocalMesh:
     def coords(self, device: int) -> dict[str, int]:
         """Mesh coordinates {axis: index} of a device number (row-major, tensor fastest)."""
         index = np.unravel_index(int(device), [self.sizes[a] for a in AXES])
-        return {a: int(i) for a, i in zip(AXES, index)}
+        return {a: int(i) for a, i in zip(AXES, index, strict=True)}
 
     def ring_position(self, axis: str, coordinate: int) -> int:
         """Position in ring order of mesh coordinate ``coordinate`` along ``axis``."""
@@ -490,7 +493,7 @@ class LocalMesh:
         others = [a for a in AXES if a != axis]
         out = []
         for rest in itertools.product(*(range(self.sizes[a]) for a in others)):
-            coords = dict(zip(others, rest))
+            coords = dict(zip(others, rest, strict=True))
             out.append(tuple(int(np.ravel_multi_index(
                 [coords.get(a, c) if a != axis else c for a in AXES],
                 [self.sizes[a] for a in AXES])) for c in self.rings[axis]))

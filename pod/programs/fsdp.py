@@ -67,7 +67,7 @@ def unpack_gathered(buffer: np.ndarray, shapes: Sequence[tuple[int, ...]],
     widths = [-(-n // parts) for n in sizes]
     rows = buffer.reshape(parts, sum(widths))                            # (parts, sum c)
     out, start = [], 0
-    for shape, n, c in zip(shapes, sizes, widths):
+    for shape, n, c in zip(shapes, sizes, widths, strict=True):
         out.append(rows[:, start:start + c].reshape(-1)[:n].reshape(shape))
         start += c
     return out

@@ -111,7 +111,7 @@ class ReplicatedProgram:
                              f"{self.sizes} must have every axis but data 1")
         self.model, self.optimizer = model, optimizer
         keys = {layer.name: [k for k, _ in layer_keys]
-                for layer, layer_keys in zip(model.layers, model.layer_param_keys())}
+                for layer, layer_keys in zip(model.layers, model.layer_param_keys(), strict=True)}
         if buckets is None:
             buckets = ((tuple(name for name, _ in model.gradient_buckets()), model.num_params),)
         self.buckets = tuple((tuple(layers), [k for layer in layers for k in keys[layer]])

@@ -267,11 +267,12 @@ class ShardedTransformer:
                                             expert_shards=self.expert if cfg.experts else 1)
         self._keys = self.local_model.layer_param_keys()
         self._split = {key: layer.tensor_split.get(local)
-                       for layer, keys in zip(self.local_model.layers, self._keys)
+                       for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
                        for key, local in keys}
         # the experts' weights: split over expert on this dimension (None: replicated)
         self._expert_split = {key: getattr(layer, "expert_split", {}).get(local)
-                              for layer, keys in zip(self.local_model.layers, self._keys)
+                              for layer, keys in zip(self.local_model.layers, self._keys,
+                                                     strict=True)
                               for key, local in keys}
         owner: dict[str, int] = {}
         for i, keys in enumerate(self._keys):
@@ -434,7 +435,7 @@ class ShardedTransformer:
         of one device's chunk (the console's sharding table, ``describe``)."""
         whole = self.model.param_shapes
         out = []
-        for layer, keys in zip(self.local_model.layers, self._owned):
+        for layer, keys in zip(self.local_model.layers, self._owned, strict=True):
             for key in keys:
                 local = tuple(self._shapes[key])
                 out.append(ParamLayout(layer=layer.name, key=key, shape=tuple(whole[key]),
@@ -554,17 +555,18 @@ class ShardedTransformer:
         if not keys:
             return {}
         layer = self.local_model.layers[i]
-        kw = {"tag": f"{layer.name} {phase}", "kind": "param_gather",
-              "after_record": len(core.records), "itemsize": wire_itemsize(core)}
+        tag, after, itemsize = f"{layer.name} {phase}", len(core.records), wire_itemsize(core)
         if not core.execute:
             comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
-                                                 np.float32), **kw)
+                                                 np.float32),
+                            tag=tag, kind="param_gather", after_record=after, itemsize=itemsize)
             return {local: timing_zeros(self._shapes[key], np.float32) for key, local in keys}
         mine = np.concatenate([shard.params[k] for k, _ in keys])
-        full = comm.all_gather("fsdp", mine, **kw)
+        full = comm.all_gather("fsdp", mine, tag=tag, kind="param_gather", after_record=after,
+                               itemsize=itemsize)
         arrays = unpack_gathered(full, [self._shapes[k] for k, _ in keys], self.fsdp)
         return {local: (to_bf16(a) if core.numerics and local in layer.matmul_params else a)
-                for (_, local), a in zip(keys, arrays)}
+                for (_, local), a in zip(keys, arrays, strict=True)}
 
     def _forward(self, core, comm, shard, x, phase, *, training):
         """Forward through the layers; with sequence parallelism the layers after
@@ -657,8 +659,9 @@ class ShardedTransformer:
             part = vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
                              out=(part.shape, np.float32))
         if not core.execute:
-            return {key: timing_zeros((n,), np.float32) for key, n in zip(grads, widths)}
-        return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1])))
+            return {key: timing_zeros((n,), np.float32)
+                    for key, n in zip(grads, widths, strict=True)}
+        return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1]), strict=True))
 
     def _allreduce_keys(self, core, comm, axis: str, tag: str, grads, widths, part,
                         replicated) -> np.ndarray:
@@ -666,7 +669,8 @@ class ShardedTransformer:
         parameters replicated over an axis whose devices saw different tokens (with
         sequence parallelism the norms and embeddings over tensor, which saw a
         sequence chunk each; with experts everything but the experts over expert)."""
-        chosen = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths)) if replicated(k)]
+        chosen = [(w, e) for k, w, e in zip(grads, widths, np.cumsum(widths), strict=True)
+                  if replicated(k)]
         if not chosen:
             return part
         kw = {"tag": tag, "kind": "grad_reduce", "after_record": len(core.records)}

@@ -25,7 +25,7 @@ names the torus axes of the busiest links ("ICI x", "ICI x+y").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["BOUND_CATEGORIES", "StepBounds", "step_bounds", "busiest_axes"]
 
@@ -88,7 +88,7 @@ def busiest_axes(link_bytes: dict[tuple[int, int], int], torus: Any, *,
     top = max(link_bytes.values(), default=0)
     if top <= 0:
         return ""
-    axes = set()
+    axes: set[int] = set()
     for (src, dst), nbytes in link_bytes.items():
         if nbytes >= top * (1.0 - tolerance):
             a, b = torus.coords(src), torus.coords(dst)

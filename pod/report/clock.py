@@ -60,8 +60,9 @@ another) is reported beside it, an upper bound.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -195,7 +196,8 @@ class _Stream:
         host = {HOST_OUT, HOST_IN}
         self.host = [i for i, k in enumerate(self.kinds) if k in host]
         self.host_stream = _Ici()
-        self.host_end, self.host_seconds, self.prev_reload = 0.0, 0.0, None
+        self.host_end, self.host_seconds = 0.0, 0.0
+        self.prev_reload: float | None = None
         hosts = set(self.host)
         self.seconds = [0.0 if i in hosts else float(s) for i, s in enumerate(seconds)]
         self.host_record_seconds = {i: float(seconds[i]) for i in self.host}
@@ -468,7 +470,7 @@ def device_clocks(reports: Sequence[DeviceReport],
                              f"clocked together; the reports lack devices {missing}")
         members = [by_device[d] for d in r.stage_group]
         for index, clock in zip(members, _clock_stages([reports[j] for j in members],
-                                                       cost_seconds, overlap)):
+                                                       cost_seconds, overlap), strict=True):
             clocks[index] = clock
     return [c for c in clocks if c is not None]
 
@@ -544,7 +546,8 @@ class StepContext:
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
     """Seconds by what bounds each record, over records [start, stop)."""
     out: dict[str, float] = {}
-    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop]):
+    for s, b in zip(report.record_seconds[start:stop], report.record_bounds[start:stop],
+                    strict=True):
         if b not in (HOST_OUT, HOST_IN):  # beside the compute (host_offload_seconds)
             out[b] = out.get(b, 0.0) + s
     return out
@@ -587,9 +590,9 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
 
     The step is the slowest device's clock (:func:`device_clocks`: its records
     and calls, the collectives costed by ``costs.seconds`` over every group of
-    their axis at once, a pipeline's stages clocked together), plus the exposed infeed (``infeed_bytes`` of the
-    busiest chip over the host link, hidden behind the step before with
-    overlap) and the host dispatch.
+    their axis at once, a pipeline's stages clocked together), plus the exposed
+    infeed (``infeed_bytes`` of the busiest chip over the host link, hidden behind
+    the step before with overlap) and the host dispatch.
 
     Args:
         step: zero-based step number.
@@ -617,7 +620,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     update_start = len(r.record_seconds) if r.update_start is None else r.update_start
     dcn_seconds, dcn_bytes = _dcn_parts(r.calls, costs)
     per_chip: dict[int, float] = {}
-    for x, clock in zip(reports, clocks):
+    for x, clock in zip(reports, clocks, strict=False):
         chip = x.device // context.devices_per_chip
         per_chip[chip] = max(per_chip.get(chip, 0.0), clock.compute_seconds)
     return StepStats(

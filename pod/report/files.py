@@ -15,12 +15,12 @@ import csv
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pod.errors import OutputError
-from pod.report.stats import (StepStats, StepTotals, maxtext_flops, mfu,
-                               pipeline_bubble_fraction)
+from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu, pipeline_bubble_fraction
 from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
@@ -154,7 +154,7 @@ def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
     routing options and the routers' load per expert, means per step over every step
     with routing (summed over the MoE layers; none timing-only)."""
     config = getattr(plan.model, "config", None)
-    if not getattr(config, "experts", 0):
+    if config is None or not getattr(config, "experts", 0):
         return {}
     n = totals.expert_steps
     routed, kept = sum(totals.expert_routed), sum(totals.expert_kept)
@@ -220,15 +220,15 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "parameters": plan.num_params,
         "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
-        "precision": plan.scenario.training.precision,
+        "precision": plan.training.precision,
         "mesh": dict(plan.mesh.sizes),
         "slices": plan.mesh.slices,
         "dcn_mesh": plan.mesh.dcn_sizes,
         "devices": plan.mesh.size,
         "devices_per_chip": plan.mesh.devices_per_chip,
         "allreduce_algorithm": plan.ici.algorithm,
-        "overlap": bool(plan.scenario.training.overlap),
-        "host_dispatch": plan.scenario.training.host_dispatch,
+        "overlap": bool(plan.training.overlap),
+        "host_dispatch": plan.training.host_dispatch,
         "steps": steps,
         "global_batch": plan.global_batch,
         "per_device_batch": plan.per_device_batch,
@@ -244,7 +244,7 @@ def _pipeline(plan: Any) -> dict[str, Any]:
     stages = plan.mesh.axis_size("stage")
     if stages == 1:
         return {}
-    training = plan.scenario.training
+    training = plan.training
     return {"pipeline": {"stages": stages,
                          "microbatches": pipeline_microbatches(training, plan.mesh),
                          "schedule": training.pipeline_schedule,
@@ -281,7 +281,7 @@ class StepsCsv:
         self._file: Any = None
         self._writer: csv.DictWriter | None = None
 
-    def __enter__(self) -> "StepsCsv":
+    def __enter__(self) -> StepsCsv:
         # a new file is made at the first row: a run that fails before its first step
         # leaves an earlier run's steps.csv as it was
         if self._keep_below is not None and self.path.exists():

@@ -14,8 +14,9 @@ from __future__ import annotations
 import csv
 import html
 import io
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any
 
 from pod.report.console import summary_rows
 from pod.report.files import write_atomic
@@ -136,7 +137,8 @@ def render_report(summary: Mapping[str, Any], steps: Sequence[Mapping[str, float
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(summary['model'])} ({summary.get('parameters', 0):,} parameters) on
 {html.escape(data)}; global batch {summary['global_batch']:,} = {summary["per_device_batch"]:,}
-per {html.escape(split)}; {summary['steps']:,} steps. Figures are <b>simulated</b> (what the TPU pod would
+per {html.escape(split)}; {summary['steps']:,} steps. Figures are <b>simulated</b> \
+(what the TPU pod would
 take) or <b>wall</b> (what the emulation took here), as marked.</p>
 <h2>Summary</h2>
 {figures}

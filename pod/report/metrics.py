@@ -47,7 +47,7 @@ never a step number. The chip generation is ``tpu_pod_info``'s ``generation`` la
 | tpu_pod_wall_step_seconds | histogram | | host wall time per step |
 | tpu_pod_emulation_slowdown_ratio | gauge | | wall seconds / simulated seconds, last step |
 | tpu_pod_emulation_rate_ratio | gauge | | simulated seconds per wall second, last step |
-"""
+"""  # noqa: E501 - the table's rows cannot wrap
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ import errno
 import functools
 import math
 import socket
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -79,7 +80,8 @@ METRIC_NAMES = (
     "tpu_pod_simulated_step_seconds", "tpu_pod_simulated_step_part_seconds",
     "tpu_pod_simulated_examples_per_second", "tpu_pod_simulated_flops_per_second",
     "tpu_pod_mfu_ratio", "tpu_pod_loss", "tpu_pod_test_accuracy_ratio",
-    "tpu_pod_mxu_utilization_ratio", "tpu_pod_hbm_used_bytes", "tpu_pod_hbm_peak_bytes", "tpu_pod_hbm_capacity_bytes",
+    "tpu_pod_mxu_utilization_ratio", "tpu_pod_hbm_used_bytes", "tpu_pod_hbm_peak_bytes",
+    "tpu_pod_hbm_capacity_bytes",
     "tpu_pod_ici_transferred_bytes_total", "tpu_pod_ici_link_utilization_ratio",
     "tpu_pod_simulated_collective_seconds", "tpu_pod_wall_step_seconds",
     "tpu_pod_emulation_slowdown_ratio", "tpu_pod_emulation_rate_ratio",
@@ -143,7 +145,8 @@ class PodMetrics:
         self.loss = later("tpu_pod_loss", "Training loss of the last step.")
         self.accuracy = later("tpu_pod_test_accuracy_ratio", "Last test accuracy (0..1).")
         self.mxu_utilization = Gauge("tpu_pod_mxu_utilization_ratio",
-                                     "MXU FLOPs / (device peak FLOP/s x simulated step time), 0..1.",
+                                     "MXU FLOPs / (device peak FLOP/s x simulated step time), "
+                                     "0..1.",
                                      ["chip", "core"], registry=r)
         self.chip_compute_seconds = Gauge(
             "tpu_pod_simulated_chip_compute_seconds",
@@ -207,9 +210,11 @@ class PodMetrics:
                     f"metrics.port: port {port} on {host} is already in use; choose a free port "
                     f"with --metrics-port, or 0 to disable the endpoint") from None
             if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
-                raise MetricsError(f"metrics.host: cannot serve on {host!r} ({err.strerror or err}); "
+                raise MetricsError(f"metrics.host: cannot serve on {host!r} "
+                                   f"({err.strerror or err}); "
                                    "use 127.0.0.1, or an address of this machine") from None
-            raise MetricsError(f"metrics.port: cannot serve on {host}:{port}: {err.strerror}") from None
+            raise MetricsError(f"metrics.port: cannot serve on {host}:{port}: "
+                               f"{err.strerror}") from None
         self._server = server
         self.port = port
         return port

@@ -12,26 +12,25 @@ blocks) into their convs, norms and adds.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 
+from chip import TensorCore, TensorCoreSpec
+from pod.programs.transformer import ParamLayout, param_layout
 from pod.report.console import titled_table
 from pod.report.stats import OP_BOUNDS, op_bound
-
-from chip import TensorCore, TensorCoreSpec
 from pod.workloads.layers import timing_zeros
 from pod.workloads.models import Model
 from pod.workloads.optimizers import OPTIMIZER_NAMES
-from pod.programs.transformer import ParamLayout, param_layout
 from pod.workloads.transformer import TransformerModel
 
-__all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table", "op_bound",
-           "layer_detail_table", "plan_model_tables", "plan_sharding_table", "sharding_groups",
-           "sharding_table", "FitWidth"]
+__all__ = ["BOUNDS", "LAYER_COLUMNS", "layer_costs", "layer_rows", "model_summary_table",
+           "op_bound", "layer_detail_table", "plan_model_tables", "plan_sharding_table",
+           "sharding_groups", "sharding_table", "FitWidth"]
 
 BOUNDS = OP_BOUNDS
 
@@ -128,6 +127,9 @@ def _bound(cost: dict[str, float]) -> str:
     return f"{best.upper()} {cost[f'{best}_bound_seconds'] / cost['seconds']:.0%}"
 
 
+#: A table's columns: (header, justify) pairs.
+_Columns = tuple[tuple[str, JustifyMethod], ...]
+
 #: layers.csv's columns (``layer_rows``).
 LAYER_COLUMNS = ("layer", "type", "input_shape", "output_shape", "parameters", "flops",
                  "mxu_flops", "hbm_bytes", "simulated_seconds", "simulated_mxu_seconds",
@@ -153,7 +155,7 @@ def layer_rows(model: Model, core_spec: TensorCoreSpec, batch: int, *,
     summary = model.summary_rows(batch)
     shape_in = (batch, *model.input_shape)
     rows = []
-    for layer, (name, out, nparams, _) in zip(model.layers, summary):
+    for layer, (name, out, nparams, _) in zip(model.layers, summary, strict=True):
         rows.append(_layer_row(name, layer.kind, _shape(shape_in), _shape(out), nparams,
                                costs[name]))
         shape_in = out
@@ -193,6 +195,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
             shape and no FLOPs, the time in microseconds without its unit.
     """
     costs = layer_costs(model, core_spec, batch, optimizer=optimizer, mxu_model=mxu_model)
+    columns: _Columns  # (header, justify) pairs
     columns = ((("layer", "left"), ("params", "right"), ("sim us / step", "right"),
                 ("share", "right"), ("MXU", "right"), ("bound", "left")) if compact else
                (("layer (type)", "left"), ("output shape", "left"), ("params", "right"),
@@ -211,7 +214,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
             table.add_row(f"{label} ({kind})" if kind else label, shape, params,
                           f"{c['flops']:,.0f}", f"{time} us", *tail, style=style)
 
-    for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers):
+    for (name, out, nparams, _), layer in zip(model.summary_rows(batch), model.layers, strict=True):
         add(name, layer.kind, _shape(out), f"{nparams:,}", costs[name])
     for extra in ("loss", "optimizer"):
         if extra in costs:
@@ -224,7 +227,7 @@ def model_summary_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
 
 def _cost_table(kind: str, model: Model, batch: int, chip_name: str,
                 costs: dict[str, dict[str, float]],
-                columns: tuple[tuple[str, str], ...],
+                columns: _Columns,
                 compact: bool = False) -> tuple[float, Table]:
     """The total simulated seconds of ``costs`` (1.0 when zero, a share's divisor) and an
     empty titled table with ``columns`` ((name, justify) pairs); ``compact``: a short
@@ -265,6 +268,7 @@ def layer_detail_table(model: Model, core_spec: TensorCoreSpec, batch: int, *,
         compact: the form for 80 columns: no FLOPs, the time in microseconds.
     """
     costs = layer_costs(model, core_spec, batch, mxu_model=mxu_model, detail=True)
+    columns: _Columns  # (header, justify) pairs
     columns = ((("part", "left"), ("sim us / step", "right"), ("share", "right"),
                 ("MXU", "right"), ("bound", "left")) if compact else
                (("part", "left"), ("FLOPs / step", "right"), ("sim time / step", "right"),
@@ -309,8 +313,8 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int], *,
     the output dimension, row-parallel the input one), its shape on one tensor
     device, the chunk one device keeps after the ``fsdp`` split (ZeRO-3: flattened,
     then split) and its float32 bytes; an MoE's expert weights say their split over
-    ``expert`` (E / expert experts a device) in the split column. Identical consecutive layers are one group
-    ("block1 .. block60 (x60)", bytes per layer).
+    ``expert`` (E / expert experts a device) in the split column. Identical
+    consecutive layers are one group ("block1 .. block60 (x60)", bytes per layer).
 
     Args:
         layouts: ``ShardedTransformer.param_layout()``.
@@ -324,6 +328,7 @@ def sharding_table(layouts: list[ParamLayout], sizes: dict[str, int], *,
                          f"state alike)" if compact else
                          f"Sharding on the mesh {{{mesh}}} (parameters; gradients and "
                          f"optimizer slots are split alike)")
+    columns: _Columns  # (header, justify) pairs
     columns = ((("layer", "left"), ("parameter", "left"), ("tensor", "left"),
                 ("tensor shard", "left"), ("bytes / device", "right")) if compact else
                (("layer", "left"), ("parameter", "left"), ("shape", "left"),

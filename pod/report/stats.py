@@ -10,8 +10,9 @@ The one MFU formula (``mfu``) and the one sum of op records
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,8 +59,7 @@ def maxtext_flops(model: Any, per_device_batch: float) -> dict[str, float]:
     Returns:
         {"maxtext_flops_per_device": ..., "maxtext_2023_flops_per_device": ...}.
     """
-    from pod.workloads.transformer import (TransformerModel, maxtext_tflops_2023,
-                                           maxtext_tflops_2025)
+    from pod.workloads.transformer import TransformerModel, maxtext_tflops_2023, maxtext_tflops_2025
 
     if not isinstance(model, TransformerModel):
         return {}
@@ -101,7 +101,7 @@ class RecordTotals:
     bound_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, records: Iterable[Any]) -> "RecordTotals":
+    def of(cls, records: Iterable[Any]) -> RecordTotals:
         """Sum a sequence of op records."""
         seconds, flops, mxu_flops, hbm_bytes = 0.0, 0, 0, 0
         units: dict[str, float] = {}
@@ -255,8 +255,15 @@ class StepStats:
     tokens_per_example: int = 0
     maxtext_flops_per_device: float = 0.0
     maxtext_2023_flops_per_device: float = 0.0
-    exposed_collective_seconds: float | None = None
-    exposed_infeed_seconds: float | None = None
+    # None (the default, at run time) is all of it, resolved by __post_init__: a built
+    # StepStats holds floats, which is what the type checker is shown (its 0.0 defaults
+    # are its own; the constructor's default stays None)
+    if TYPE_CHECKING:
+        exposed_collective_seconds: float = 0.0
+        exposed_infeed_seconds: float = 0.0
+    else:
+        exposed_collective_seconds: float | None = None
+        exposed_infeed_seconds: float | None = None
     dispatch_seconds: float = 0.0
     host_offload_seconds: float = 0.0
     exposed_host_offload_seconds: float = 0.0
@@ -363,7 +370,8 @@ class StepStats:
     def ici_link_utilization(self) -> dict[str, float]:
         """Per directed link: bytes / (one-way bandwidth x simulated step seconds), 0..1."""
         denom = self.ici_link_bandwidth_bytes_per_s * self.step_seconds
-        return {link: (nbytes / denom if denom else 0.0) for link, nbytes in self.ici_link_bytes.items()}
+        return {link: (nbytes / denom if denom else 0.0)
+                for link, nbytes in self.ici_link_bytes.items()}
 
     def row(self) -> dict[str, float]:
         """A flat record for steps.csv (scalars only); ``step`` counts from 1, as the
@@ -416,12 +424,13 @@ def _total_value(stats: StepStats, name: str) -> float:
     ("fsdp_exposed_seconds": ``axis_exposed_seconds["fsdp"]``)."""
     if name in AXIS_FIELDS:
         axis, what = name.split("_", 1)
-        source = {"collective_bytes": stats.axis_collective_bytes,
-                  "collective_seconds": stats.axis_collective_seconds,
-                  "exposed_seconds": stats.axis_exposed_seconds,
-                  "dcn_seconds": stats.axis_dcn_seconds,
-                  "dcn_bytes": stats.axis_dcn_bytes}[what]
-        return float(source.get(axis, 0.0))
+        figures: dict[str, Mapping[str, float]] = {
+            "collective_bytes": stats.axis_collective_bytes,
+            "collective_seconds": stats.axis_collective_seconds,
+            "exposed_seconds": stats.axis_exposed_seconds,
+            "dcn_seconds": stats.axis_dcn_seconds,
+            "dcn_bytes": stats.axis_dcn_bytes}
+        return float(figures[what].get(axis, 0.0))
     return float(getattr(stats, name))
 
 
@@ -515,7 +524,7 @@ class StepTotals:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "StepTotals":
+    def from_dict(cls, data: dict | None) -> StepTotals:
         """The inverse of ``to_dict``; None or {} gives empty totals. Figures that a
         checkpoint of an earlier version lacks start at 0."""
         if not data:

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pod.report.clock import BUBBLE
 from pod.report.files import output_errors, write_atomic

@@ -18,9 +18,10 @@ back by key.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class ChipActor:
 
     def set_peers(self, addresses: dict[int, tuple[str, int]]) -> None:
         """The ``ici_addresses`` of every device of the pod (given once per start)."""
-        self.addresses = {int(d): tuple(a) for d, a in addresses.items()}
+        self.addresses = {int(d): (host, port) for d, (host, port) in addresses.items()}
 
     def set_compute_slowdown(self, factor: float) -> None:
         """A straggler: every device of the chip runs ``factor`` >= 1 times slower.
@@ -147,7 +148,7 @@ class ChipActor:
             IciError: a collective failed (a peer died, a link closed, a chunk did
                 not come); recovery restores a checkpoint.
         """
-        inputs = {d.device: (x, y) for d, x, y in zip(self.devices, xs, ys)}
+        inputs = {d.device: (x, y) for d, x, y in zip(self.devices, xs, ys, strict=False)}
         return self._each(lambda d: d.step(self._comm(d, run_base), *inputs[d.device], step,
                                            seed, trace))
 
@@ -155,7 +156,7 @@ class ChipActor:
                  run_base: int) -> list[EvalSums]:
         """Every device's eval-mode sums over its examples (its collectives run like a
         step's, from ``run_base``)."""
-        inputs = {d.device: (x, y) for d, x, y in zip(self.devices, xs, ys)}
+        inputs = {d.device: (x, y) for d, x, y in zip(self.devices, xs, ys, strict=False)}
         return self._each(lambda d: d.evaluate(self._comm(d, run_base), *inputs[d.device]))
 
     # -- state -----------------------------------------------------------------------
@@ -165,7 +166,7 @@ class ChipActor:
         return [DeviceSnapshot(d.device, d.digests(),
                                {k: np.array(v, copy=True) for k, v in d.state.model_state.items()},
                                d.state if want else None)
-                for d, want in zip(self.devices, full)]
+                for d, want in zip(self.devices, full, strict=False)]
 
     def load(self, params: dict[str, np.ndarray], opt_state: dict[str, np.ndarray],
              model_states: Sequence[dict[str, np.ndarray] | None]) -> list[tuple[str, str]]:
@@ -175,7 +176,8 @@ class ChipActor:
         Raises:
             KeyError, ValueError: the arrays do not fit the program's model.
         """
-        return [d.load(params, opt_state, state) for d, state in zip(self.devices, model_states)]
+        return [d.load(params, opt_state, state)
+                for d, state in zip(self.devices, model_states, strict=False)]
 
     def digests(self) -> list[tuple[str, str]]:
         """Each device's (parameters, optimizer state) digests."""

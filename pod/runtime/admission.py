@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pod.errors import ScenarioError
 
@@ -68,7 +69,7 @@ class Admission:
     needed_bytes: int
     available_bytes: int
     cpus_needed: float
-    cpus: int
+    cpus: float
     actors_that_fit: int
 
     @property

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,8 @@ class Evaluation:
         self.accuracy = sums.correct / n if n else float("nan")
 
     def __repr__(self) -> str:
-        return f"Evaluation(loss={self.loss!r}, accuracy={self.accuracy!r}, count={self.sums.count})"
+        return (f"Evaluation(loss={self.loss!r}, accuracy={self.accuracy!r}, "
+                f"count={self.sums.count})")
 
 
 def plan_program(plan: TrainingPlan) -> DeviceProgram:
@@ -54,7 +56,7 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
     transformer, or the replicated program with the plan's gradient buckets."""
     from pod.workloads import build_optimizer
 
-    training = plan.scenario.training
+    training = plan.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     return build_program(plan.model, plan.mesh.sizes, optimizer,
                          sequence_parallel=training.sequence_parallel,
@@ -66,7 +68,7 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
 
 def step_context(plan: TrainingPlan) -> StepContext:
     """The fixed figures that turn a plan's device reports into its steps' figures."""
-    training, chip = plan.scenario.training, plan.pod.chip
+    training, chip = plan.training, plan.pod.chip
     per_example = plan.model.model_flops_per_example()
     config = getattr(plan.model, "config", None)
     return StepContext(
@@ -140,7 +142,7 @@ class PodBase:
         """The global batch of zero-based ``step`` (``batch_indices``)."""
         data = self.plan.dataset
         idx = batch_indices(data.x_train.shape[0], self.plan.global_batch, step,
-                            self.plan.scenario.training.seed)
+                            self.plan.training.seed)
         return data.x_train[idx], data.y_train[idx]
 
     def split(self, x: np.ndarray, y: np.ndarray, *, evaluation: bool = False
@@ -155,7 +157,7 @@ class PodBase:
         """Bytes of the busiest chip's share of the batch (its devices' examples)."""
         per_chip: dict[int, int] = {}
         n = self.plan.mesh.devices_per_chip
-        for d, (x, y) in enumerate(zip(xs, ys)):
+        for d, (x, y) in enumerate(zip(xs, ys, strict=False)):
             per_chip[d // n] = per_chip.get(d // n, 0) + int(x.nbytes + y.nbytes)
         return max(per_chip.values(), default=0)
 
@@ -179,7 +181,7 @@ class PodBase:
         data = self.plan.dataset
         xs, ys = self.split(data.x_test, data.y_test, evaluation=True)
         sums = self._evaluate_devices(xs, ys)
-        return Evaluation(EvalSums.total(s for s, c in zip(sums, self.coords)
+        return Evaluation(EvalSums.total(s for s, c in zip(sums, self.coords, strict=False)
                                          if self.program.counts_eval(c)))
 
     # -- faults --------------------------------------------------------------------------
@@ -214,8 +216,9 @@ class PodBase:
                 would silently drop the others); names the first differing device.
         """
         snaps = self._snapshot([c.data == 0 for c in self.coords])
-        first = {_place(c): s.digests for s, c in zip(snaps, self.coords) if c.data == 0}
-        for s, c in zip(snaps, self.coords):
+        first = {_place(c): s.digests
+                 for s, c in zip(snaps, self.coords, strict=False) if c.data == 0}
+        for s, c in zip(snaps, self.coords, strict=False):
             if s.digests != first[_place(c)]:
                 raise CheckpointError(f"device {s.device} differs from its data replica 0 "
                                       f"({s.digests[0][:12]} != {first[_place(c)][0][:12]}); "

@@ -105,11 +105,14 @@ def run_benchmark_chips(plan: BenchmarkPlan, functional: bool) -> list[list[dict
 
     from pod.runtime.cluster import ensure_ray, shutdown_ray
 
-    b = plan.scenario.benchmark
+    b = plan.benchmark
     owns = ensure_ray(plan.scenario.ray.address)
     try:
         remote = ray.remote(BenchmarkChipActor).options(num_cpus=0)
-        actors = [remote.remote(plan.pod.chip.name, r, b.precision) for r in range(plan.pod.chips)]
+        # handles typed Any, as Pod.actors: Ray's stubs type an actor's methods as the plain
+        # methods (no .remote)
+        actors: list[Any] = [remote.remote(plan.pod.chip.name, r, b.precision)
+                             for r in range(plan.pod.chips)]
         try:
             return ray.get([a.run.remote(b.kind, b.n, b.iterations, functional, b.seed)
                             for a in actors])

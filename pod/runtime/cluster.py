@@ -54,6 +54,7 @@ it as given, instead of Ray's minutes of retries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -67,6 +68,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import ray
 
@@ -81,8 +83,17 @@ CONNECT_TIMEOUT_S = 10.0
 #: This process's token for the local clusters it starts (one per process: Ray's
 #: token loader keeps the first token it reads for the process's lifetime).
 _TOKEN: str | None = None
+class _Started(TypedDict, total=False):
+    """What this process changed to start its local cluster (each key once set)."""
+
+    reaper: subprocess.Popen[str]  # the reaper process (_start_reaper)
+    temp_dir: Path  # the cluster's session directory
+    env: dict[str, str | None]  # the environment variables replaced (_use_run_token)
+    loopback: tuple[str | None, bool | None]  # what _loopback_only replaced
+
+
 #: The local cluster this process started: its temp dir and the environment it changed.
-_STARTED: dict[str, object] = {}
+_STARTED: _Started = {}
 _AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
 _CLUSTER_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: Ray's settings for the emulator's own local cluster (a value the user set is kept).
@@ -151,7 +162,7 @@ def _use_run_token(directory: Path) -> dict[str, str | None]:
     os.environ.pop("RAY_AUTH_TOKEN", None)  # Ray prefers it to the path: ours must win
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # ray/_raylet.pyi omits it
 
     Config.initialize("")  # this process reads RAY_AUTH_MODE (and the settings) again
     return previous
@@ -178,7 +189,7 @@ class _DaemonsInTheirOwnGroups:
     version) nothing changes.
     """
 
-    def __enter__(self) -> "_DaemonsInTheirOwnGroups":
+    def __enter__(self) -> _DaemonsInTheirOwnGroups:
         from ray._private import services
 
         self.services = services
@@ -193,12 +204,13 @@ class _DaemonsInTheirOwnGroups:
                     super().__init__(*args, **kwargs)
                     _tell_reaper(f"group {self.pid}")  # it leads its own group
 
-            services.ConsolePopen = OwnGroupPopen
+            # swapped for the time of ray.init (mypy refuses any assignment to a class name)
+            services.ConsolePopen = OwnGroupPopen  # type: ignore[misc]
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.original is not None:
-            self.services.ConsolePopen = self.original
+            self.services.ConsolePopen = self.original  # type: ignore[misc]  # put back
 
 
 def _start_reaper(temp_dir: Path) -> None:
@@ -216,10 +228,8 @@ def _start_reaper(temp_dir: Path) -> None:
 def _tell_reaper(line: str) -> None:
     reaper = _STARTED.get("reaper")
     if reaper is not None and reaper.stdin is not None:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # it died: nothing to tell
             reaper.stdin.write(line + "\n")
-        except (OSError, ValueError):  # it died: nothing to tell
-            pass
 
 
 def _stop_reaper() -> None:
@@ -227,6 +237,7 @@ def _stop_reaper() -> None:
     reaper = _STARTED.pop("reaper", None)
     if reaper is None:
         return
+    assert reaper.stdin is not None  # started with stdin=PIPE
     try:
         reaper.stdin.write("done\n")
         reaper.stdin.close()
@@ -249,7 +260,7 @@ class _KeepSigtermHandler:
     as usual.
     """
 
-    def __enter__(self) -> "_KeepSigtermHandler":
+    def __enter__(self) -> _KeepSigtermHandler:
         from ray._private import utils
 
         self.utils, self.original = utils, utils.set_sigterm_handler
@@ -298,7 +309,7 @@ def _check_reachable(address: str, timeout_s: float) -> None:
             sock.settimeout(max(0.1, timeout_s - (time.monotonic() - t0)))
             sock.sendall(_H2_PREFACE)
             head = sock.recv(9)
-    except socket.timeout:
+    except TimeoutError:
         raise fail(f"the port accepts connections but nothing answered within {timeout_s:g} s"
                    ) from None
     except OSError as err:
@@ -410,7 +421,7 @@ def _start_local(num_cpus: int | None, dashboard: bool) -> None:
     _remove_stale_dirs()
     temp_dir = _private_dir(cluster_temp_dir())
     previous = _use_run_token(temp_dir)
-    _STARTED.update(temp_dir=temp_dir, env=previous)
+    _STARTED["temp_dir"], _STARTED["env"] = temp_dir, previous
     _start_reaper(temp_dir)
     with _DaemonsInTheirOwnGroups(), _KeepSigtermHandler():
         ray.init(
@@ -475,13 +486,13 @@ def _cleanup_started() -> None:
         return
     _stop_reaper()
     if "env" in _STARTED:
-        _restore_env(_STARTED.pop("env"))  # type: ignore[arg-type]
+        _restore_env(_STARTED.pop("env"))
         _forget_token()
     if "loopback" in _STARTED:
-        _restore_loopback(_STARTED.pop("loopback"))  # type: ignore[arg-type]
+        _restore_loopback(_STARTED.pop("loopback"))
     if "temp_dir" in _STARTED:
-        shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)  # type: ignore[arg-type]
-    _STARTED.clear()
+        shutil.rmtree(_STARTED.pop("temp_dir"), ignore_errors=True)
+    # every key of _Started is popped above (the reaper by _stop_reaper): nothing is left
 
 
 def _forget_token() -> None:
@@ -502,10 +513,8 @@ def _forget_token() -> None:
 def _stop_started() -> None:
     """A local start that failed half-way: stop what Ray had started, then forget it."""
     if _STARTED:
-        try:
+        with contextlib.suppress(Exception):  # best effort; the reaper is still there
             ray.shutdown()
-        except Exception:  # noqa: BLE001 - best effort; the reaper is still there
-            pass
     _cleanup_started()
 
 
@@ -527,7 +536,5 @@ def gcs_address() -> str:
 def kill_actors(actors) -> None:
     """Kill every actor handle given; one already gone is skipped (a pod's shutdown)."""
     for actor in actors:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             ray.kill(actor)
-        except Exception:  # noqa: BLE001 - already gone
-            pass

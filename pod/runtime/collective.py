@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,7 @@ def split_chunks(schedule: Schedule, max_chunk_bytes: int = PIPELINE_CHUNK_BYTES
     size = schedule.itemsize
     phases = tuple(
         tuple(Transfer(t.src, t.dst, c, (bounds[c][1] - bounds[c][0]) * size, t.reduce, d)
-              for t in phase for c, d in zip(pieces[t.chunk], pieces[t.dst_chunk]))
+              for t in phase for c, d in zip(pieces[t.chunk], pieces[t.dst_chunk], strict=False))
         for phase in schedule.phases)
     return dataclasses.replace(schedule, chunk_bounds=tuple(bounds), phases=phases)
 
@@ -216,8 +217,8 @@ class BufferActor:
         if self.buffer is None:
             raise RuntimeError(f"chip {self.rank}: run_collective without a buffer")
         try:
-            self.ici_port().run(run_id, list(plan), dict(zip(peers, addresses)), self.buffer,
-                                self.chunk_bounds)
+            self.ici_port().run(run_id, list(plan), dict(zip(peers, addresses, strict=False)),
+                                self.buffer, self.chunk_bounds)
         except BaseException:
             self.buffer = None  # partly reduced: never read
             raise

@@ -78,14 +78,15 @@ plain run in between leaves sequenced mode.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import hmac
 import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -159,10 +160,8 @@ def _node_address() -> str:
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
+        with contextlib.suppress(OSError):  # pragma: no cover - kernel limit
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
-        except OSError:  # pragma: no cover - kernel limit
-            pass
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> int:
@@ -210,7 +209,8 @@ class IciPort:
         self._mailbox: dict[tuple[int, int, int], np.ndarray] = {}
         self._mailbox_bytes = 0  # admitted chunks' bytes (being read or waiting to apply)
         self._mailbox_chunks = 0
-        self._faults: collections.OrderedDict[int, tuple[int | None, str]] = collections.OrderedDict()
+        self._faults: collections.OrderedDict[int, tuple[int | None, str]] = (
+            collections.OrderedDict())
         self._dropped: collections.deque[str] = collections.deque(maxlen=_KEPT_REASONS)
         self._lost: set[int] = set()
         self._free: dict[int, list[np.ndarray]] = {}
@@ -298,7 +298,7 @@ class IciPort:
                 self._drain(conn, src, run_id, phase, nbytes)
                 continue
             data = self._buffer(nbytes // 4)
-            got = _recv_into(conn, memoryview(data).cast("B")) if nbytes else 0
+            got = _recv_into(conn, data.data.cast("B")) if nbytes else 0
             if got < nbytes:
                 self._release(data)
                 raise _Violation(run_id, phase, f"the link from chip {src} closed mid-chunk "
@@ -529,7 +529,7 @@ class IciPort:
 
     def _run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
              buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float) -> None:
-        raw = memoryview(buffer).cast("B")
+        raw = buffer.data.cast("B")
         for phase, sends, receives in plan:
             for dst, chunk, seq in sends:
                 start, stop = bounds[chunk]
@@ -555,16 +555,12 @@ class IciPort:
             self._closed = True
             conns = list(self._conns)
             self._cond.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread (Linux)
-        except OSError:
-            pass
         self._listener.close()
         for conn in conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         for sock in self._links.values():
             sock.close()
         self._links.clear()

@@ -14,7 +14,8 @@ the two agree to float32 rounding, bit for bit on groups of two.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class LocalPod(PodBase):
         self._dead: set[int] = set()
         self._blas_limit: Any = None
 
-    def __enter__(self) -> "LocalPod":
+    def __enter__(self) -> LocalPod:
         self.start()
         return self
 
@@ -56,7 +57,7 @@ class LocalPod(PodBase):
         self.shutdown()
 
     def _new_device(self, device: int, groups: Any) -> Device:
-        plan, training = self.plan, self.plan.scenario.training
+        plan, training = self.plan, self.plan.training
         return Device(plan.pod.chip, device, groups, self.program, training.seed,
                       devices_per_chip=plan.mesh.devices_per_chip, precision=training.precision,
                       mxu_model=plan.scenario.pod.mxu_model,
@@ -114,7 +115,7 @@ class LocalPod(PodBase):
 
     def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
                       trace: bool) -> list[DeviceReport]:
-        seed = self.plan.scenario.training.seed
+        seed = self.plan.training.seed
         return self._run(lambda dev, comm: dev.step(comm, xs[dev.device], ys[dev.device], step,
                                                     seed, trace))
 
@@ -127,11 +128,12 @@ class LocalPod(PodBase):
         return [DeviceSnapshot(d.device, d.digests(),
                                {k: np.array(v, copy=True) for k, v in d.state.model_state.items()},
                                d.state if want else None)
-                for d, want in zip(self.devices, full)]
+                for d, want in zip(self.devices, full, strict=False)]
 
     def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
               ) -> list[tuple[str, str]]:
-        return [d.load(params, opt_state, s) for d, s in zip(self.devices, model_states)]
+        return [d.load(params, opt_state, s)
+                for d, s in zip(self.devices, model_states, strict=False)]
 
     def _digests(self) -> list[tuple[str, str]]:
         return [d.digests() for d in self.devices]

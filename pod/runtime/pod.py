@@ -15,9 +15,11 @@ the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import ray
@@ -75,7 +77,7 @@ class Pod(PodBase):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def __enter__(self) -> "Pod":
+    def __enter__(self) -> Pod:
         self.start()
         return self
 
@@ -110,8 +112,8 @@ class Pod(PodBase):
     def _connect(self) -> None:
         """Tell every chip every device's ICI address (once; again after replacements)."""
         lists = self._get([a.ici_addresses.remote(self.ici_key) for a in self.actors])
-        addresses = {d: tuple(addr) for devices, addrs in zip(self._devices, lists)
-                     for (d, _), addr in zip(devices, addrs)}
+        addresses = {d: tuple(addr) for devices, addrs in zip(self._devices, lists, strict=False)
+                     for (d, _), addr in zip(devices, addrs, strict=False)}
         self._get([a.set_peers.remote(addresses) for a in self.actors])
 
     def host_of(self, rank: int) -> int:
@@ -154,7 +156,7 @@ class Pod(PodBase):
         remote = ray.remote(ChipActor).options(num_cpus=_ACTOR_CPUS, max_concurrency=1,
                                                scheduling_strategy=strategy, name=name,
                                                namespace=self.namespace)
-        plan, training = self.plan, self.plan.scenario.training
+        plan, training = self.plan, self.plan.training
         return remote.remote(plan.pod.chip, rank, self._devices[rank], self.program,
                              training.seed, devices_per_chip=plan.mesh.devices_per_chip,
                              precision=training.precision, mxu_model=plan.scenario.pod.mxu_model,
@@ -187,26 +189,29 @@ class Pod(PodBase):
 
     def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
                       trace: bool) -> list[DeviceReport]:
-        base, seed = self._next_runs(), self.plan.scenario.training.seed
+        base, seed = self._next_runs(), self.plan.training.seed
         refs = [actor.step.remote(step, cx, cy, seed, base, trace)
-                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys))]
+                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys),
+                                         strict=False)]
         return [r for chip in self._get_all(refs) for r in chip]
 
     def _evaluate_devices(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[EvalSums]:
         base = self._next_runs()
         refs = [actor.evaluate.remote(cx, cy, base)
-                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys))]
+                for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys),
+                                         strict=False)]
         return [s for chip in self._get_all(refs) for s in chip]
 
     def _snapshot(self, full: Sequence[bool]) -> list[Any]:
-        refs = [a.snapshot.remote(f) for a, f in zip(self.actors, self._per_chip(full))]
+        refs = [a.snapshot.remote(f)
+                for a, f in zip(self.actors, self._per_chip(full), strict=False)]
         return [s for chip in self._get_all(refs) for s in chip]
 
     def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
               ) -> list[tuple[str, str]]:
         refs = (ray.put(params), ray.put(opt_state))
         calls = [a.load.remote(*refs, states)
-                 for a, states in zip(self.actors, self._per_chip(model_states))]
+                 for a, states in zip(self.actors, self._per_chip(model_states), strict=False)]
         return [d for chip in self._get_all(calls) for d in chip]
 
     def _digests(self) -> list[tuple[str, str]]:
@@ -242,10 +247,10 @@ class Pod(PodBase):
         """
         refs = [a.node_id.remote() for a in self.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        ready = set(ready)
+        answered = set(ready)
         dead, hung = [], []
         for rank, ref in enumerate(refs):
-            if ref not in ready:
+            if ref not in answered:
                 hung.append(rank)
                 continue
             try:
@@ -263,10 +268,8 @@ class Pod(PodBase):
         """
         t0 = time.perf_counter()
         for r in ranks:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(self.actors[r], no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
             self._restarts[r] = self._restarts.get(r, 0) + 1
             self.actors[r] = self._new_actor(r)
             self._slowdowns.pop(r, None)

@@ -26,6 +26,7 @@ whose environment carries the cluster's own token path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -62,10 +63,8 @@ def _members(groups: list[int], marker: bytes | None) -> list[int]:
 
 def _kill(pids: list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def reap(lines) -> bool:

@@ -29,7 +29,7 @@ import numpy as np
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import device_groups
 from pod.programs import AXES, ShapeCollectives
-from pod.report.clock import combine_device_reports
+from pod.report.clock import DeviceReport, combine_device_reports
 from pod.report.stats import StepStats
 from pod.runtime.base import plan_program, step_context
 from pod.runtime.device import Device
@@ -58,7 +58,7 @@ class TimingPod:
         self.plan = plan
         self.program = plan_program(plan)
         self.context = step_context(plan)
-        training = plan.scenario.training
+        training = plan.training
         self.groups = device_groups(plan.mesh, 0)
         self.devices = [Device(plan.pod.chip, d, device_groups(plan.mesh, d), self.program,
                                training.seed, devices_per_chip=plan.mesh.devices_per_chip,
@@ -68,8 +68,8 @@ class TimingPod:
                                execute=False)
                         for d in self.groups.ring["stage"]]
         self.device = self.devices[self.groups.ring["stage"].index(0)]
-        self.last_report = None
-        self.last_reports: list = []
+        self.last_report: DeviceReport | None = None
+        self.last_reports: list[DeviceReport] = []
 
     @property
     def algorithm(self) -> str:
@@ -81,7 +81,7 @@ class TimingPod:
         plan, data = self.plan, self.plan.dataset
         b, n = plan.per_device_batch, int(data.x_train.shape[0])
         if plan.global_batch <= n:
-            idx = batch_indices(n, plan.global_batch, step, plan.scenario.training.seed)[:b]
+            idx = batch_indices(n, plan.global_batch, step, plan.training.seed)[:b]
         else:  # a batch bigger than the data set: costs depend on shapes only
             idx = np.arange(b) % n
         return data.x_train[idx], data.y_train[idx]
@@ -98,7 +98,7 @@ class TimingPod:
         """
         t0 = time.perf_counter()
         x, y = self._examples(step)
-        seed = self.plan.scenario.training.seed
+        seed = self.plan.training.seed
         reports = []
         for device in self.devices:
             groups = device.groups

@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -132,7 +133,8 @@ def _unpack_array(source: str, name: str, d: Any) -> np.ndarray:
                               "numbers and booleans only")
     if len(data) != int(np.prod(shape)) * dtype.itemsize:
         raise CheckpointError(f"{source}: array {name!r} of shape {shape} and dtype {dtype} "
-                              f"needs {int(np.prod(shape)) * dtype.itemsize} bytes, has {len(data)}")
+                              f"needs {int(np.prod(shape)) * dtype.itemsize} bytes, "
+                              f"has {len(data)}")
     out = np.frombuffer(data, dtype).reshape(shape).astype(dtype.newbyteorder("="))
     out.flags.writeable = False
     return out
@@ -301,5 +303,7 @@ def mean_replica_state(replicas: list[list[dict[str, np.ndarray]]] | list[dict[s
         names: the state's names (``Model.state_shapes``).
     """
     flat = [s for group in replicas for s in (group if isinstance(group, list) else [group])]
-    return {k: np.mean([s[k] for s in flat], axis=0, dtype=np.float64).astype(np.float32)
+    # np.asarray: an array as annotated (np.mean's stub also allows a scalar)
+    return {k: np.asarray(np.mean([s[k] for s in flat], axis=0,
+                                  dtype=np.float64).astype(np.float32))
             for k in names}

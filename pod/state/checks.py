@@ -64,7 +64,7 @@ def expected_optimizer_shapes(plan: Any) -> dict[str, tuple[int, ...]]:
     """
     from pod.workloads import build_optimizer
 
-    training = plan.scenario.training
+    training = plan.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
     stand_in = np.zeros((), _DTYPE)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -158,7 +158,8 @@ def _check_run_state(source: str, run_state: Any, step: int, num_faults: int) ->
         return
     fields = {f.name: f for f in dataclasses.fields(StepTotals)}
     if not isinstance(totals, dict) or set(totals) - set(fields):
-        keys = _names(set(totals) - set(fields)) if isinstance(totals, dict) else type(totals).__name__
+        keys = (_names(set(totals) - set(fields)) if isinstance(totals, dict)
+                else type(totals).__name__)
         raise CheckpointError(f"{source}: run_state['totals'] has {keys}, expected the keys "
                               f"{', '.join(fields)}")
     for key, value in totals.items():
@@ -182,7 +183,8 @@ def _check_run_state(source: str, run_state: Any, step: int, num_faults: int) ->
 def _check_digests(source: str, checkpoint: Checkpoint) -> None:
     digests = checkpoint.digests
     if not isinstance(digests, dict):
-        raise CheckpointError(f"{source}: digests is a {type(digests).__name__}, expected a mapping")
+        raise CheckpointError(f"{source}: digests is a {type(digests).__name__}, "
+                              "expected a mapping")
     for kind, arrays in (("params", checkpoint.params),
                          ("optimizer_state", checkpoint.optimizer_state)):
         stored = digests.get(kind)

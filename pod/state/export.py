@@ -12,8 +12,8 @@ scenario name, the model and the step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

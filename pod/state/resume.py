@@ -7,21 +7,29 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pod.errors import CheckpointError
-from pod.state.checkpoint import (Checkpoint, checkpoint_path, list_checkpoints, load_checkpoint,
-                                  mean_replica_state, newest_valid_checkpoint, params_digest,
-                                  prune_checkpoints, save_checkpoint)
+from pod.state.checkpoint import (
+    Checkpoint,
+    checkpoint_path,
+    list_checkpoints,
+    load_checkpoint,
+    newest_valid_checkpoint,
+    params_digest,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from pod.state.checks import check_state
 
-__all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_compatible", "check_state",
-           "resume_checkpoint", "RunCheckpoints"]
+__all__ = ["checkpoint_dir", "initial_checkpoint", "pod_checkpoint", "check_compatible",
+           "check_state", "resume_checkpoint", "RunCheckpoints"]
 
 
 def _rng_and_position(plan, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    seed = plan.scenario.training.seed
+    seed = plan.training.seed
     n = int(plan.dataset.x_train.shape[0])
     per_epoch = n // plan.global_batch
     epoch, index = divmod(int(step), per_epoch)
@@ -49,7 +57,7 @@ def initial_checkpoint(plan) -> Checkpoint:
     """
     from pod.workloads import build_optimizer
 
-    training = plan.scenario.training
+    training = plan.training
     params = plan.model.init_params(training.seed)
     opt = build_optimizer(training.optimizer.name, **training.optimizer.options())
     opt_state = opt.init(params)
@@ -187,7 +195,8 @@ def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -
         skip = _RESUMABLE_CHANGES.get(section, ())
         if section == "pod":
             skip = _RESOLVED_POD_KEYS
-        got = theirs.get(section) if isinstance(theirs.get(section), dict) else {}
+        given = theirs.get(section)
+        got = given if isinstance(given, dict) else {}
         if section == "model" and _same_model(got, plan):
             continue
         a = {k: v for k, v in (mine.get(section) or {}).items() if k not in skip}
@@ -201,7 +210,8 @@ def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -
     n = int(plan.dataset.x_train.shape[0])
     if position and position.get("num_examples") != n:
         raise CheckpointError(f"{source}: the checkpoint's data order is over "
-                              f"{position.get('num_examples')} train examples, this data set has {n}")
+                              f"{position.get('num_examples')} train examples, "
+                              f"this data set has {n}")
 
 
 def resume_checkpoint(directory: str | Path, plan,
@@ -264,9 +274,12 @@ class RunCheckpoints:
             pruned in favour of, the new ones; nothing is overwritten silently).
     """
 
-    def __init__(self, plan, output_dir: Path, resume_dir: Path | None = None) -> None:
+    def __init__(self, plan, output_dir: Path | None, resume_dir: Path | None = None) -> None:
         config = plan.scenario.checkpoint
-        self.dir = checkpoint_dir(plan, output_dir)
+        directory = checkpoint_dir(plan, output_dir)
+        # a checkpoint block: its dir, or beside an output directory (Run refuses neither)
+        assert directory is not None
+        self.dir = directory
         self.every_steps, self.keep = config.every_steps, config.keep
         # the newest ``keep`` paths (the others are pruned): a long run keeps O(1) memory
         self.written: collections.deque[Path] = collections.deque(maxlen=self.keep)
@@ -277,8 +290,9 @@ class RunCheckpoints:
         same = resume_dir is not None and Path(resume_dir).resolve() == self.dir.resolve()
         if existing and not same:
             raise CheckpointError(
-                f"checkpoint.dir: {self.dir} already holds {len(existing)} checkpoint(s) of an earlier "
-                f"run (newest: step {existing[0][0]}); continue it with --resume {self.dir}, or move "
+                f"checkpoint.dir: {self.dir} already holds {len(existing)} checkpoint(s) of an "
+                f"earlier run (newest: step {existing[0][0]}); continue it with --resume "
+                f"{self.dir}, or move "
                 "them away or choose another dir (they are never overwritten by a new run)")
 
     def due(self, steps_done: int, total_steps: int) -> bool:

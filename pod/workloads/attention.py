@@ -32,9 +32,16 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.checks import check_int
-from pod.workloads.flash import (BACKWARD_PRODUCTS, FLASH_BLOCK_SIZE, FORWARD_PRODUCTS,
-                                 causal_blocks, flash_backward, flash_forward,
-                                 record_flash_backward, record_flash_forward)
+from pod.workloads.flash import (
+    BACKWARD_PRODUCTS,
+    FLASH_BLOCK_SIZE,
+    FORWARD_PRODUCTS,
+    causal_blocks,
+    flash_backward,
+    flash_forward,
+    record_flash_backward,
+    record_flash_forward,
+)
 from pod.workloads.fusion import after, epilogue, prologue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
 
@@ -62,7 +69,8 @@ def rope_tables(steps: int, head_dim: int, dtype=np.float64) -> tuple[np.ndarray
     return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *,
+               inverse: bool = False) -> np.ndarray:
     """Rotates pairs (x[..., i], x[..., i + Dh/2]) by the angle of their position.
 
     The half-split layout of GPT-NeoX and MaxText (not interleaved pairs):
@@ -183,13 +191,15 @@ class CausalSelfAttention(Layer):
         self.block_size = check_int(block_size, "attention block_size")
         self.heads = check_int(heads, "attention heads")
         self.head_dim = check_int(head_dim, "attention head_dim")
-        self.kv_heads = self.heads if kv_heads is None else check_int(kv_heads, "attention kv_heads")
+        self.kv_heads = (self.heads if kv_heads is None
+                         else check_int(kv_heads, "attention kv_heads"))
         if self.heads % self.kv_heads:
             raise ValueError(f"attention kv_heads {kv_heads!r} must divide heads {heads!r}")
         if rotary and self.head_dim % 2:
-            raise ValueError(f"attention head_dim must be even for rotary positions, got {head_dim!r}")
+            raise ValueError(f"attention head_dim must be even for rotary positions, "
+                             f"got {head_dim!r}")
         self.rotary, self.use_bias, self.fused_qkv = bool(rotary), bool(use_bias), bool(fused_qkv)
-        self.group = self.heads // self.kv_heads                          # G query heads per kv head
+        self.group = self.heads // self.kv_heads  # G query heads per kv head
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.projections = ("qkv",) if self.fused_qkv else ("query", "key", "value")
         self.matmul_params = (*self.projections, "out")
@@ -440,7 +450,7 @@ class CausalSelfAttention(Layer):
             return {"attn": timing_zeros(qh.shape, qh.dtype),
                     "stats": timing_zeros(qh.shape[:2], qh.dtype)}
         attn, stats = flash_forward(qh, kh, vh, self.scale, self.block_size, core.numerics)
-        return {"attn": attn, "stats": stats}                             # (B*K, G*T, Dh), (B*K, G*T)
+        return {"attn": attn, "stats": stats}  # (B*K, G*T, Dh), (B*K, G*T)
 
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         b, t, c = x.shape
@@ -488,7 +498,8 @@ class CausalSelfAttention(Layer):
                        dprobs, probs, out=(dprobs.shape, dprobs.dtype),
                        ops_per_element=4.0, fused=prologue(self.fusion))  # (B*K, G*T, T)
         dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*K, G*T, Dh)
-        dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh, name=f"{self.name}/d_key")  # (B*K, T, Dh)
+        dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh,
+                                name=f"{self.name}/d_key")                # (B*K, T, Dh)
         return dqh, dkh, dvh
 
     def _flash_backward(self, core, cache, doh, b, t):

@@ -144,7 +144,8 @@ class TransformerBlock(Layer):
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {block!r}")
         norm_cls = norm_class(norm)
-        self.choices = remat_choices(remat, remat_custom)  # MaxText name -> remat | device | offload
+        # MaxText name -> remat | device | offload
+        self.choices = remat_choices(remat, remat_custom)
         self.remat, self.parallel, self.use_bias = remat, block == "parallel", bool(use_bias)
         self.fusion = bool(fusion)
         self.attention = CausalSelfAttention(heads, head_dim, kv_heads=kv_heads, rotary=rotary,
@@ -222,14 +223,17 @@ class TransformerBlock(Layer):
         dtype's), in the residual stream (outside the attention and MLP))."""
         t, c = shape
         att = self.attention
-        f = self.mlp.dot_elements(shape) // len(self.mlp.dot_keys) // t  # per token (an MoE's slots)
+        # per token (an MoE's slots)
+        f = self.mlp.dot_elements(shape) // len(self.mlp.dot_keys) // t
         sizes = {"x": (t * c, 0, True), "q": (t * att.inner_dim, 0, False),
                  "k": (t * att.kv_dim, 0, False), "v": (t * att.kv_dim, 0, False),
                  "qkv": (t * (att.inner_dim + 2 * att.kv_dim), 0, False),
-                 "attn": (t * att.inner_dim, 0, False), "stats": (att.heads * t, STATS_BYTES, False),
+                 "attn": (t * att.inner_dim, 0, False),
+                 "stats": (att.heads * t, STATS_BYTES, False),
                  "out_proj": (t * c, 0, True), "u": (t * f, 0, False), "u0": (t * f, 0, False),
                  "u1": (t * f, 0, False)}
-        present = {"x", *att.dot_keys, *self.mlp.dot_keys, *(() if self.parallel else ("out_proj",))}
+        present = {"x", *att.dot_keys, *self.mlp.dot_keys,
+                   *(() if self.parallel else ("out_proj",))}
         return {k: v for k, v in sizes.items() if k in present}
 
     def _everything(self, shape) -> list[tuple[int, int, bool]]:
@@ -238,12 +242,13 @@ class TransformerBlock(Layer):
         residual stream)."""
         t, c = shape
         att = self.attention
-        norms = [(t * c, 0, True), (t, STATS_BYTES, True)] * (1 if self.parallel else 2)  # x_hat, 1/sigma
+        # x_hat, 1/sigma
+        norms = [(t * c, 0, True), (t, STATS_BYTES, True)] * (1 if self.parallel else 2)
         core = ([(t * att.inner_dim, 0, False), (att.heads * t, STATS_BYTES, False)] if att.flash
                 else [(att.heads * t * t, 0, False), (t * att.inner_dim, 0, False)])  # o / probs, o
         attention = [(t * c, 0, False), (t * att.inner_dim, 0, False), (t * att.kv_dim, 0, False),
                      (t * att.kv_dim, 0, False), *core]                   # normed x, qh, kh, vh
-        mlp = [(self.mlp.cache_elements(shape) - t * c, 0, False)]        # u's, g (an MoE's routing)
+        mlp = [(self.mlp.cache_elements(shape) - t * c, 0, False)]  # u's, g (an MoE's routing)
         return norms + attention + mlp + ([] if self.parallel else [(t * c, 0, False)])  # MLP's x
 
     def activation_bytes(self, input_shape, bytes_per_element: int, residual_shards: int = 1
@@ -260,14 +265,16 @@ class TransformerBlock(Layer):
                 (``activation_embed`` -> tensor), 1 on one device.
         """
         shape = self._check(input_shape)
-        if self.kept() is None:
+        kept = self.kept()
+        if kept is None:
             return self.transient_bytes(shape, bytes_per_element, residual_shards), 0
         device = host = 0
         offloaded = self.offloaded()
         for key, (n, b, residual) in self._sizes(shape).items():
-            if key in self.kept():
+            if key in kept:
                 nbytes = -(-n * (b or bytes_per_element) // (residual_shards if residual else 1))
-                host, device = (host + nbytes, device) if key in offloaded else (host, device + nbytes)
+                host, device = ((host + nbytes, device) if key in offloaded
+                                else (host, device + nbytes))
         return device, host
 
     def transient_bytes(self, input_shape, bytes_per_element: int, residual_shards: int = 1) -> int:
@@ -317,7 +324,8 @@ class TransformerBlock(Layer):
     def _saved(self, caches) -> dict:
         """The kept tensors of a forward's caches, by part (``kept``)."""
         kept = self.kept()
-        saved = {p: {k: caches[p][k] for k in layer.dot_keys if k in kept}
+        assert kept is not None  # forward saves tensors only under a remat that keeps some
+        saved = {p: {k: caches[p][k] for k in getattr(layer, "dot_keys", ()) if k in kept}
                  for p, layer in self.parts.items() if getattr(layer, "dot_keys", ())}
         if "out_proj" in kept and not self.parallel:
             saved["out_proj"] = caches["out_proj"]
@@ -336,7 +344,8 @@ class TransformerBlock(Layer):
         for key, a in arrays.items():
             if key in offloaded and a is not None:
                 name = _NAME_OF[key]
-                nbytes[name] = nbytes.get(name, 0) + a.size * (STATS_BYTES if key == "stats" else bpe)
+                nbytes[name] = (nbytes.get(name, 0)
+                                + a.size * (STATS_BYTES if key == "stats" else bpe))
         for name, n in nbytes.items():
             core.account_host_transfer(f"{self.name}/{direction}/{name}", n)
 
@@ -388,7 +397,8 @@ class TransformerBlock(Layer):
             a = kept
         h = add(core, f"{self.name}/residual1", x, a, prologue(self.fusion))
         n2, c2 = self.parts["norm2"].forward(core, params_of(params, "norm2"), h)
-        m, cm = self.mlp.forward(core, params_of(params, "mlp"), tp.enter(f"{self.name}/mlp/in", n2),
+        m, cm = self.mlp.forward(core, params_of(params, "mlp"),
+                                 tp.enter(f"{self.name}/mlp/in", n2),
                                  saved=saved.get("mlp"), need_output=need_output,
                                  **self._mlp_hooks(ex))
         y = None
@@ -408,7 +418,8 @@ class TransformerBlock(Layer):
         if need_output:
             s = tp.leave(f"{self.name}/parallel/out",
                          add(core, f"{self.name}/parallel_sum", a, m, epilogue(self.fusion)))
-            s = self._bias(core, params, "mlp/wo_bias", self._bias(core, params, "attention/out_bias", s))
+            s = self._bias(core, params, "mlp/wo_bias",
+                           self._bias(core, params, "attention/out_bias", s))
             y = add(core, f"{self.name}/residual", x, s, prologue(self.fusion))
         return y, {"norm": cn, "attention": ca, "mlp": cm}
 

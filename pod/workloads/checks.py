@@ -9,7 +9,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_int", "check_number", "check_token_ids", "short_repr", "DataMismatchError", "TokenIdError"]
+__all__ = ["check_int", "check_number", "check_token_ids", "short_repr", "DataMismatchError",
+           "TokenIdError"]
 
 
 class DataMismatchError(ValueError):
@@ -85,13 +86,16 @@ def check_number(value: object, what: str, *, low: float | None = None,
         ValueError: "<what> must be a number in [low, high), got <value>" (the
             range as given).
     """
+    # numbers.Real defines < and <= only: "value > low" is written "not value <= low"
+    # (the same for a finite value)
     ok = (not isinstance(value, bool) and isinstance(value, numbers.Real)
           and math.isfinite(float(value))
-          and (low is None or (value > low if low_open else value >= low))
+          and (low is None or (not value <= low if low_open else not value < low))
           and (high is None or (value < high if high_open else value <= high)))
     if not ok:
         if low is not None and high is not None:
-            need = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            need = (f"a number in {'(' if low_open else '['}{low:g}, "
+                    f"{high:g}{')' if high_open else ']'}")
         elif low is not None:
             need = f"a number {'>' if low_open else '>='} {low:g}"
         elif high is not None:
@@ -99,4 +103,5 @@ def check_number(value: object, what: str, *, low: float | None = None,
         else:
             need = "a finite number"
         raise ValueError(f"{what} must be {need}, got {short_repr(value)}")
+    assert isinstance(value, numbers.Real)  # ok says so
     return float(value)

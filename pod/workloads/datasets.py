@@ -6,6 +6,7 @@ import functools
 import gzip
 import importlib.util
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,7 @@ def _synthetic(test_fraction: float, seed: int, shape=(8, 8, 1), num_classes: in
             raise ValueError(f"synthetic: options {what} make {values:,} values, more than the "
                              f"{MAX_SYNTHETIC_VALUES:,} allowed")
     rng = np.random.default_rng(seed)
+    x: np.ndarray  # (N, *shape): int32 token ids or float32 features
     if vocabulary is not None:
         x = rng.integers(1, vocabulary, size=(num_examples, *shape)).astype(np.int32)  # (N, *shape)
         scores = rng.standard_normal((int(vocabulary), num_classes))                 # (V, K)
@@ -127,7 +129,8 @@ def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
     full-size models): x (N, T) int32 ids in [0, V), y (N, T) int64 the next token
     of the same stream (x shifted by one), V classes. Nothing to learn: the data
     only set the vocabulary and the sequence length."""
-    for field, value, low in (("vocabulary", vocabulary, 2), ("sequence_length", sequence_length, 1),
+    for field, value, low in (("vocabulary", vocabulary, 2),
+                              ("sequence_length", sequence_length, 1),
                               ("num_examples", num_examples, 2)):
         check_int(value, f"synthetic_text: option {field}", low)
     stream = np.random.default_rng(seed).integers(
@@ -141,7 +144,8 @@ def _synthetic_text(test_fraction: float, seed: int, vocabulary: int = 32000,
                    int(vocabulary), synthetic=True, source="generated")
 
 
-_LOADERS = {
+# name -> (loader: (test_fraction, seed, **options) -> the Dataset, its options)
+_LOADERS: dict[str, tuple[Callable[..., Dataset], tuple[str, ...]]] = {
     "digits": (_digits, ()),
     "synthetic": (_synthetic, ("shape", "num_classes", "num_examples", "vocabulary", "labels")),
     "mnist": (files.load_mnist, ()),

@@ -48,13 +48,15 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from pod.workloads.checks import check_int
 from pod.workloads.dataset import Dataset, stratified_split
 
 FORMATS = {
     "mnist": "a directory with the MNIST IDX files train-images-idx3-ubyte, "
-             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (.gz allowed), "
+             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
+             "(.gz allowed), "
              "or Keras's mnist.npz (x_train, y_train, x_test, y_test)",
     "cifar10": "the cifar-10-batches-py directory (data_batch_1..5, test_batch)",
     "imdb": "a directory with pos/ and neg/ text files (or train/ and test/ holding them), "
@@ -191,8 +193,9 @@ def _require(path: Path, name: str, *, directory: bool | None = None) -> Path:
 
 # --------------------------------------------------------------------------- MNIST
 
-_IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-              0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_IDX_TYPES: dict[int, DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"),
+                                    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"),
+                                    0x0E: np.dtype(">f8")}
 
 
 def _idx_declared_bytes(read) -> tuple[int, str]:
@@ -245,6 +248,7 @@ def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
     Keras's ``mnist.npz`` (the file, or a directory holding it; arrays ``x_train``
     (N, 28, 28) uint8, ``y_train`` (N,), ``x_test``, ``y_test``, read without pickle)."""
     _require(path, "mnist")
+    pairs: dict[str, tuple[np.ndarray, ...]]  # split -> (images, labels)
     if not path.is_dir() or (not _has_idx(path) and (path / "mnist.npz").exists()):
         npz = path if not path.is_dir() else path / "mnist.npz"
         arrays = _read_npz(npz, "mnist", ("x_train", "y_train", "x_test", "y_test"))
@@ -256,10 +260,11 @@ def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
             pairs[split] = tuple(read_idx(_find(path, (f"{prefix}-{kind}-idx{n}-ubyte",
                                                        f"{prefix}-{kind}.idx{n}-ubyte"), "mnist"))
                                  for kind, n in (("images", 3), ("labels", 1)))
-    arrays = {}
+    splits = {}
     for split, (images, labels) in pairs.items():
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise ValueError(f"{path}: MNIST {split} images {images.shape} and labels {labels.shape} "
+            raise ValueError(f"{path}: MNIST {split} images {images.shape} and labels "
+                             f"{labels.shape} "
                              "do not match (expected (N, H, W) and (N,))")
         if images.dtype != np.uint8 or labels.dtype.kind not in "iu":
             raise ValueError(f"{path}: MNIST {split} images must be uint8 and labels integers, "
@@ -268,8 +273,8 @@ def load_mnist(test_fraction: float, seed: int, path: Path) -> Dataset:
             raise ValueError(f"{path}: MNIST {split} labels must be 0..9, found "
                              f"{labels.min()}..{labels.max()}")
         _check_values(path, f"MNIST {split} images", images.size)
-        arrays[split] = ((images.astype(np.float32) / 255.0)[..., None], labels.astype(np.int64))
-    (xtr, ytr), (xte, yte) = arrays["train"], arrays["test"]
+        splits[split] = ((images.astype(np.float32) / 255.0)[..., None], labels.astype(np.int64))
+    (xtr, ytr), (xte, yte) = splits["train"], splits["test"]
     return Dataset("mnist", xtr, ytr, xte, yte, 10, synthetic=False, source=str(path))
 
 
@@ -528,7 +533,8 @@ def load_imdb(test_fraction: float, seed: int, path: Path, num_words: int = 1500
     if not path.is_dir():
         _regular(path)
         if path.suffix != ".npz":
-            raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs {FORMATS['imdb']}")
+            raise ValueError(f"path {str(path)!r} is a file but not .npz; imdb needs "
+                             f"{FORMATS['imdb']}")
         return _imdb_npz(path, num_words, maxlen)
     if (path / "train").is_dir():
         train_texts, train_labels = _read_reviews(path / "train")

@@ -160,7 +160,7 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, blo
         qi = qr[:, :, i0:i0 + block]                                      # (N, G, rows, Dh)
         rows = qi.shape[2]
         m = np.full((n, g, rows), -np.inf, q.dtype)
-        l = np.zeros((n, g, rows), q.dtype)
+        row_sum = np.zeros((n, g, rows), q.dtype)  # the softmax denominators (the paper's l)
         acc = np.zeros((n, g, rows, dh), q.dtype)
         for j0 in range(0, i0 + rows, block):
             kj, vj = kr[:, :, j0:j0 + block], vr[:, :, j0:j0 + block]     # (N, 1, cols, Dh)
@@ -170,11 +170,11 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, blo
             m_new = np.maximum(m, s.max(axis=-1))
             p = np.exp(s - m_new[..., None])                              # (N, G, rows, cols)
             correction = np.exp(m - m_new)
-            l = l * correction + p.sum(axis=-1)
+            row_sum = row_sum * correction + p.sum(axis=-1)
             acc = acc * correction[..., None] + np.matmul(r(p), vj)
             m = m_new
-        o[:, :, i0:i0 + rows] = acc / l[..., None]
-        lse[:, :, i0:i0 + rows] = m + np.log(l)
+        o[:, :, i0:i0 + rows] = acc / row_sum[..., None]
+        lse[:, :, i0:i0 + rows] = m + np.log(row_sum)
     return o.reshape(n, gt, dh), lse.reshape(n, gt)
 
 

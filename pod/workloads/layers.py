@@ -25,8 +25,9 @@ finite-difference tests).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -125,6 +126,12 @@ class Layer:
     # replicated. Read-only.
     tensor_split: Mapping[str, int] = MappingProxyType({})
     backward_reads_params = True  # False: FSDP need not gather the params before backward
+    # Every layer defines forward(core, params, x, *, training=False, rng=None, ...) ->
+    # (outputs, the cache backward reads) and backward(core, params, cache, dy, *,
+    # need_dx=True, ...) -> (dx or None, {local name: gradient}); "...": options of its
+    # own (a BatchNorm's state, a block's tensor hooks), so declared here, not defined
+    forward: Callable[..., tuple[Any, Any]]
+    backward: Callable[..., tuple[Any, Any]]
 
     def __init__(self, name: str | None = None):
         self.name = name or self.kind
@@ -310,7 +317,8 @@ class Conv2D(Layer):
     def _geometry(self, input_shape):
         """Returns (H, W, C, Ho, Wo, (top, bottom), (left, right))."""
         if len(input_shape) != 3:
-            raise ValueError(f"{self.name}: Conv2D expects (H, W, C) inputs, got {tuple(input_shape)}")
+            raise ValueError(f"{self.name}: Conv2D expects (H, W, C) inputs, "
+                             f"got {tuple(input_shape)}")
         h, w, c = (int(v) for v in input_shape)
         kh, kw = self.kernel_size
         s = self.stride
@@ -451,7 +459,8 @@ class ReLU(Layer):
         return math.prod(input_shape)
 
     def forward(self, core, params, x, *, training=False, rng=None):
-        y = vector_op(core, f"{self.name}/fwd", lambda v: np.maximum(v, 0), x, out=(x.shape, x.dtype))
+        y = vector_op(core, f"{self.name}/fwd", lambda v: np.maximum(v, 0), x,
+                      out=(x.shape, x.dtype))
         return y, y
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -483,7 +492,8 @@ class MaxPool2D(Layer):
 
     def output_shape(self, input_shape):
         if len(input_shape) != 3:
-            raise ValueError(f"{self.name}: MaxPool2D expects (H, W, C) inputs, got {tuple(input_shape)}")
+            raise ValueError(f"{self.name}: MaxPool2D expects (H, W, C) inputs, "
+                             f"got {tuple(input_shape)}")
         h, w, c = input_shape
         p = self.pool_size
         if h < p or w < p:
@@ -603,7 +613,8 @@ class AveragePooling2D(Layer):
         h, w, c = input_shape
         p = self.pool_size
         if h < p or w < p:
-            raise ValueError(f"{self.name}: input {tuple(input_shape)} is smaller than the pool {p}")
+            raise ValueError(f"{self.name}: input {tuple(input_shape)} is smaller than the "
+                             f"pool {p}")
         return (h // p, w // p, c)
 
     def _forward(self, x):

@@ -166,9 +166,10 @@ class MLP(Layer):
         xr = mxu_input(core, x).reshape(-1, x.shape[-1])                  # (B*T, C)
         kept = [saved is not None and key in saved for key in self.dot_keys]
         u = [saved[key] if was_kept else self._product(core, params, xr, w)
-             for key, w, was_kept in zip(self.dot_keys, self.inputs, kept)]  # (B*T, F) each
+             for key, w, was_kept in zip(self.dot_keys, self.inputs, kept,
+                                         strict=True)]            # (B*T, F) each
         g = mxu_input(core, self._activate(core, u, not kept[-1]))        # (B*T, F)
-        cache = {"x": xr, **dict(zip(self.dot_keys, u)), "g": g}
+        cache = {"x": xr, **dict(zip(self.dot_keys, u, strict=True)), "g": g}
         if not need_output:
             return None, cache
         y = core.matmul(g, params["wo"], name=f"{self.name}/wo", a_rounded=True, b_rounded=True)
@@ -191,13 +192,14 @@ class MLP(Layer):
                        transcendental=self.activation != "relu", fused=epilogue(self.fusion))
         du = du if self.gated else (du,)
         dx = None
-        for w, d in zip(self.inputs, du):
+        for w, d in zip(self.inputs, du, strict=True):
             dr = mxu_input(core, d)                                       # (B*T, F)
             grads[w] = core.matmul(xr.T, dr, name=f"{self.name}/d_{w}",
                                    a_rounded=True, b_rounded=True)        # (C, F)
             if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{w}_bias"] = vector_op(core, f"{self.name}/d_{w}_bias",
-                                               lambda z: z.sum(axis=0), d, out=(d.shape[1:], d.dtype))
+                                               lambda z: z.sum(axis=0), d,
+                                               out=(d.shape[1:], d.dtype))
             if need_dx:
                 part = core.matmul(dr, params[w].T, name=f"{self.name}/dx_{w}",
                                    a_rounded=True, b_rounded=True)        # (B*T, C)

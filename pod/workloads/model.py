@@ -93,28 +93,32 @@ class Model:
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             raise ValueError(f"layer names must be unique, got {names}")
-        # per layer input shapes (without batch), and the final output shape
+        # per layer input shapes (without batch), and the final output shape: one more
+        # than the layers, so zip(self.layers, self._shapes, strict=False) pairs each layer
+        # with its input
         self._shapes = [self.input_shape]
         for layer in self.layers:
             self._shapes.append(tuple(layer.output_shape(self._shapes[-1])))
         out = self._shapes[-1]
-        if loss == "softmax_cross_entropy" and (len(out) not in (1, 2) or out[-1] != self.num_classes):
-            raise ValueError(f"{name}: the last layer outputs {out}, expected ({self.num_classes},) "
+        if loss == "softmax_cross_entropy" and (len(out) not in (1, 2)
+                                                or out[-1] != self.num_classes):
+            raise ValueError(f"{name}: the last layer outputs {out}, "
+                             f"expected ({self.num_classes},) "
                              f"or (steps, {self.num_classes})")
         if loss == "sigmoid_binary_cross_entropy" and (out != (1,) or self.num_classes != 2):
             raise ValueError(f"{name}: binary cross-entropy needs 2 classes and a last layer "
                              f"output of (1,), got {self.num_classes} classes and {out}")
         self.output_shape = out
         self.param_shapes = {f"{layer.name}/{k}": shape
-                             for layer, in_shape in zip(self.layers, self._shapes)
+                             for layer, in_shape in zip(self.layers, self._shapes, strict=False)
                              for k, shape in layer.param_shapes(in_shape).items()}
         self.state_shapes = {f"{layer.name}/{k}": shape
-                             for layer, in_shape in zip(self.layers, self._shapes)
+                             for layer, in_shape in zip(self.layers, self._shapes, strict=False)
                              for k, shape in layer.state_shapes(in_shape).items()}
         self._layer_keys = [[(f"{layer.name}/{k}", k) for k in layer.param_shapes(in_shape)]
-                            for layer, in_shape in zip(self.layers, self._shapes)]
+                            for layer, in_shape in zip(self.layers, self._shapes, strict=False)]
         self._state_keys = [[(f"{layer.name}/{k}", k) for k in layer.state_shapes(in_shape)]
-                            for layer, in_shape in zip(self.layers, self._shapes)]
+                            for layer, in_shape in zip(self.layers, self._shapes, strict=False)]
         self._matmul_keys = frozenset(f"{layer.name}/{k}" for layer in self.layers
                                       for k in layer.matmul_params)
 
@@ -131,7 +135,7 @@ class Model:
         the order in which the backward pass finishes each layer's gradients (each
         layer's gradients are one bucket of the overlapped allreduce)."""
         out = []
-        for layer, keys in zip(reversed(self.layers), reversed(self._layer_keys)):
+        for layer, keys in zip(reversed(self.layers), reversed(self._layer_keys), strict=True):
             if keys:
                 out.append((layer.name, sum(math.prod(self.param_shapes[k]) for k, _ in keys)))
         return tuple(out)
@@ -140,7 +144,7 @@ class Model:
         """Glorot-uniform kernels, zero biases, float32, from default_rng(seed)."""
         rng = np.random.default_rng(seed)
         params = {}
-        for layer, in_shape in zip(self.layers, self._shapes):
+        for layer, in_shape in zip(self.layers, self._shapes, strict=False):
             for k, v in layer.init_params(rng, in_shape).items():
                 params[f"{layer.name}/{k}"] = v
         return params
@@ -148,7 +152,7 @@ class Model:
     def init_state(self) -> dict[str, np.ndarray]:
         """Non-trainable state (BatchNorm running averages), float32; {} if none."""
         state = {}
-        for layer, in_shape in zip(self.layers, self._shapes):
+        for layer, in_shape in zip(self.layers, self._shapes, strict=False):
             for k, v in layer.init_state(in_shape).items():
                 state[f"{layer.name}/{k}"] = v
         return state
@@ -205,7 +209,8 @@ class Model:
 
     def _check_x(self, x) -> None:
         if tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{self.name}: inputs must be (B, {', '.join(map(str, self.input_shape))}), "
+            raise ValueError(f"{self.name}: inputs must be "
+                             f"(B, {', '.join(map(str, self.input_shape))}), "
                              f"got {x.shape}")
 
     def forward(self, core, local_params, x, *, training: bool, rng=None, local_state=None):
@@ -215,7 +220,7 @@ class Model:
         evaluation mode; in training mode they use batch statistics.
         """
         caches = []
-        for i, (layer, p) in enumerate(zip(self.layers, local_params)):
+        for i, (layer, p) in enumerate(zip(self.layers, local_params, strict=False)):
             if layer.stateful:
                 x, cache = layer.forward(core, p, x, training=training, rng=rng,
                                          state=None if local_state is None else local_state[i])
@@ -328,7 +333,8 @@ class Model:
         ``batch`` examples: layer inputs of conv / dense / pooling, ReLU outputs,
         dropout masks, LSTM gates, plus the outputs; ``bytes_per_element`` each
         (float32 by default)."""
-        per_example = sum(layer.cache_elements(s) for layer, s in zip(self.layers, self._shapes))
+        per_example = sum(layer.cache_elements(s)
+                          for layer, s in zip(self.layers, self._shapes, strict=False))
         per_example += math.prod(self.output_shape)
         return int(batch) * per_example * int(bytes_per_element)
 
@@ -340,7 +346,8 @@ class Model:
         planner only suggests such meshes); nothing is offloaded, no transient
         is modelled. Models with a layout of their own (the transformer)
         override this; None: the model cannot be split over ``tensor``."""
-        nbytes = self.activation_bytes(batch, bytes_per_element=activation_bytes_per_element(precision))
+        nbytes = self.activation_bytes(
+            batch, bytes_per_element=activation_bytes_per_element(precision))
         return ActivationMemory(-(-nbytes // int(tensor)))
 
     def largest_layer_params(self, tensor: int = 1) -> int:
@@ -352,7 +359,8 @@ class Model:
 
     def forward_flops_per_example(self) -> int:
         """MXU FLOPs (2 per multiply-add) of one example's forward pass."""
-        return sum(layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes))
+        return sum(layer.forward_flops(s)
+                   for layer, s in zip(self.layers, self._shapes, strict=False))
 
     def model_flops_per_example(self) -> int | None:
         """Model FLOPs per example of one training step as the published MFU tables
@@ -369,4 +377,4 @@ class Model:
         """Keras-like summary: (layer name, output shape with batch first,
         parameter count, forward MXU FLOPs per example) per layer."""
         return [(layer.name, (batch, *out), layer.param_count(s), layer.forward_flops(s))
-                for layer, s, out in zip(self.layers, self._shapes, self._shapes[1:])]
+                for layer, s, out in zip(self.layers, self._shapes, self._shapes[1:], strict=False)]

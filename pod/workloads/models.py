@@ -4,7 +4,8 @@ the decoder-only transformer. The ``Model`` class itself is ``pod.workloads.mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,8 @@ def _dropout_rates(value, default: float, model: str) -> float:
         return default if value else 0.0
     if isinstance(value, (int, float)) and 0.0 <= float(value) < 1.0:
         return float(value)
-    raise ValueError(f"{model}: option dropout must be true, false or a rate in [0, 1), got {value!r}")
+    raise ValueError(f"{model}: option dropout must be true, false or a rate in [0, 1), "
+                     f"got {value!r}")
 
 
 def _cnn(input_shape, num_classes, dropout=True) -> list[Layer]:
@@ -43,7 +45,8 @@ def _cnn(input_shape, num_classes, dropout=True) -> list[Layer]:
     return [layer for layer in layers if not (isinstance(layer, Dropout) and layer.rate == 0.0)]
 
 
-def _mlp(input_shape, num_classes, hidden=(128, 64), dropout=False, batch_norm=False) -> list[Layer]:
+def _mlp(input_shape, num_classes, hidden=(128, 64), dropout=False,
+         batch_norm=False) -> list[Layer]:
     """Flatten, then per hidden width Dense (+ BatchNorm) + ReLU (+ Dropout), then Dense.
 
     The seed's CIFAR-10 MLP is hidden [2048, 1024, 512, 256, 128, 64, 32, 16],
@@ -80,7 +83,8 @@ def _lstm_classifier(input_shape, num_classes, vocabulary=15000, embedding_dim=3
         raise DataMismatchError(f"lstm_classifier: input_shape must be (steps,) token ids, "
                          f"got {tuple(input_shape)}")
     if num_classes != 2:
-        raise DataMismatchError(f"lstm_classifier: classifies into 2 classes (binary), got {num_classes}")
+        raise DataMismatchError(f"lstm_classifier: classifies into 2 classes (binary), "
+                                f"got {num_classes}")
     return [Embedding(_positive_int("lstm_classifier", "vocabulary", vocabulary),
                       _positive_int("lstm_classifier", "embedding_dim", embedding_dim),
                       name="embedding"),
@@ -112,7 +116,9 @@ def _resnet(input_shape, num_classes, **options) -> Model:
     return build_resnet(input_shape, num_classes, **options)
 
 
-_BUILDERS = {
+# name -> (builder: (input_shape, num_classes, **options) -> its layers or a Model,
+# its options, its loss)
+_BUILDERS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "cnn": (_cnn, ("dropout",), "softmax_cross_entropy"),
     "mlp": (_mlp, ("hidden", "dropout", "batch_norm"), "softmax_cross_entropy"),
     "lstm_classifier": (_lstm_classifier, ("vocabulary", "embedding_dim", "units"),

@@ -125,7 +125,8 @@ class BatchNormalization(Layer):
                 # dx = inv / n * (n * dxh - sum(dxh) - x_hat * sum(dxh * x_hat)), dxh = dy * gamma
                 dx = vector_op(
                     core, f"{self.name}/dx",
-                    lambda d, xh: (inv / n) * (n * gamma * d - gamma * dbeta - xh * (gamma * dgamma)),
+                    lambda d, xh: (inv / n) * (n * gamma * d - gamma * dbeta
+                                               - xh * (gamma * dgamma)),
                     dy, x_hat, out=(dy.shape, dy.dtype), ops_per_element=6.0)
             else:
                 dx = vector_op(core, f"{self.name}/dx", lambda d: d * (gamma * inv), dy,

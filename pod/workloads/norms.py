@@ -29,7 +29,8 @@ class _Norm(Layer):
 
     def __init__(self, epsilon: float = 1e-6, name: str | None = None, *, fusion: bool = False):
         super().__init__(name)
-        self.epsilon = check_number(epsilon, f"{type(self).__name__} epsilon", low=0.0, low_open=True)
+        self.epsilon = check_number(epsilon, f"{type(self).__name__} epsilon", low=0.0,
+                                    low_open=True)
         # fused into the matmul that consumes the output (pod.workloads.fusion); the
         # scale (and bias) gradients, reductions across tokens, never are
         self.fused = prologue(fusion)

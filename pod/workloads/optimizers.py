@@ -12,6 +12,7 @@ core only its cost is recorded and the results are zeros.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,7 +30,8 @@ class Optimizer:
     and ``_update_one``."""
 
     name = "optimizer"
-    slots = ()  # class attribute, not a field: state arrays per parameter
+    # class attribute, not a field: state arrays per parameter
+    slots: ClassVar[tuple[str, ...]] = ()
 
     def init(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """State: zeros like each parameter, one per slot, keyed "<param>/<slot>"."""
@@ -58,7 +60,8 @@ class Optimizer:
         """
         check_int(step, "step (counting from 1)")
         if grads.keys() != params.keys():
-            raise ValueError(f"grads and params have different keys: {sorted(grads)} vs {sorted(params)}")
+            raise ValueError(f"grads and params have different keys: {sorted(grads)} "
+                             f"vs {sorted(params)}")
         new_params, new_state = {}, {}
         for key, p in params.items():
             slots = {slot: state[f"{key}/{slot}"] for slot in self.slots}

@@ -202,10 +202,8 @@ class LSTM(Layer):
         dc_next = np.zeros((b, hh), dt)
         one = np.asarray(1.0, dt)
         for s in range(t - 1, -1, -1):
-            if self.return_sequences:
-                dh_out = dy[:, s]
-            else:
-                dh_out = dy if s == t - 1 else None
+            # a sequence's gradient at every step, else the last output's at the last step
+            dh_out = dy[:, s] if self.return_sequences else (dy if s == t - 1 else None)
 
             def cell_back(dh_n, dc_n, i, f, g, o, tc, cp, dh_o=dh_out):
                 dh = dh_n if dh_o is None else dh_n + dh_o

@@ -81,7 +81,8 @@ def check_remat_custom(value: object, what: str = "transformer: option remat_cus
                          f"{' | '.join(REMAT_CHOICES)}, got {value!r:.60}")
     for name, choice in value.items():
         if name not in REMAT_TENSORS:
-            raise ValueError(f"{what}: unknown tensor {name!r}; tensors: {', '.join(REMAT_TENSORS)}")
+            raise ValueError(f"{what}: unknown tensor {name!r}; tensors: "
+                             f"{', '.join(REMAT_TENSORS)}")
         if choice not in REMAT_CHOICES:
             raise ValueError(f"{what}.{name} must be one of {', '.join(REMAT_CHOICES)}, "
                              f"got {choice!r}")

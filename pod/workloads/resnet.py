@@ -206,10 +206,12 @@ class ResidualBlock(Layer):
 
         if bottleneck:
             main = [conv("conv1", filters, 1), bn("bn1"), ("relu1", ReLU(f"{n}/relu1")),
-                    conv("conv2", filters, 3, self.stride), bn("bn2"), ("relu2", ReLU(f"{n}/relu2")),
+                    conv("conv2", filters, 3, self.stride), bn("bn2"),
+                    ("relu2", ReLU(f"{n}/relu2")),
                     conv("conv3", self.out_channels, 1), bn("bn3")]
         else:
-            main = [conv("conv1", filters, 3, self.stride), bn("bn1"), ("relu1", ReLU(f"{n}/relu1")),
+            main = [conv("conv1", filters, 3, self.stride), bn("bn1"),
+                    ("relu1", ReLU(f"{n}/relu1")),
                     conv("conv2", filters, 3), bn("bn2")]
         self.main = tuple(main)
         self.shortcut = ((conv("shortcut_conv", self.out_channels, 1, self.stride),
@@ -278,8 +280,9 @@ class ResidualBlock(Layer):
         for key, layer in parts:
             p = _params_of(params, key)
             if layer.stateful:
-                x, caches[key] = layer.forward(core, p, x, training=training,
-                                               state=None if state is None else _params_of(state, key))
+                x, caches[key] = layer.forward(
+                    core, p, x, training=training,
+                    state=None if state is None else _params_of(state, key))
             else:
                 x, caches[key] = layer.forward(core, p, x, training=training)
         return x, caches
@@ -325,7 +328,8 @@ class ResidualBlock(Layer):
 def _positive_ints(field: str, value) -> tuple[int, ...]:
     if isinstance(value, (int, str)) or not value or not all(
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        raise ValueError(f"resnet: option {field} must be a list of positive integers, got {value!r}")
+        raise ValueError(f"resnet: option {field} must be a list of positive integers, "
+                         f"got {value!r}")
     return tuple(value)
 
 
@@ -333,7 +337,8 @@ def _stem(stem: str, width: int) -> list[Layer]:
     bn = BatchNormalization(BN_MOMENTUM, BN_EPSILON, name="stem_bn")
     if stem == "imagenet":
         return [Conv2D(width, 7, stride=2, padding="same", use_bias=False, im2col_in_hbm=False,
-                       name="stem_conv"), bn, ReLU("stem_relu"), MaxPool2DSame(3, 2, name="stem_pool")]
+                       name="stem_conv"), bn, ReLU("stem_relu"),
+                MaxPool2DSame(3, 2, name="stem_pool")]
     return [Conv2D(width, 3, padding="same", use_bias=False, im2col_in_hbm=False, name="stem_conv"),
             bn, ReLU("stem_relu")]
 
@@ -363,7 +368,8 @@ def build_resnet(input_shape, num_classes: int, depth: int = 50, width: int = 64
     if len(input_shape) != 3:
         raise ValueError(f"resnet: input_shape must be (H, W, C) images, got {tuple(input_shape)}")
     if depth not in RESNET_DEPTHS:
-        raise ValueError(f"resnet: option depth must be one of {', '.join(map(str, RESNET_DEPTHS))}, "
+        raise ValueError(f"resnet: option depth must be one of "
+                         f"{', '.join(map(str, RESNET_DEPTHS))}, "
                          f"got {depth!r}")
     width = check_int(width, "resnet: option width")
     default_bottleneck, default_blocks = RESNET_DEPTHS[depth]
@@ -387,4 +393,5 @@ def build_resnet(input_shape, num_classes: int, depth: int = 50, width: int = 64
             channels = out
     layers += [GlobalAveragePooling2D("avg_pool"), Dense(num_classes, "fc")]
     standard = blocks is None and block is None and width == 64
-    return Model(f"resnet{depth}" if standard else "resnet", layers, tuple(input_shape), num_classes)
+    return Model(f"resnet{depth}" if standard else "resnet", layers, tuple(input_shape),
+                 num_classes)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, Transformer
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
-from pod.workloads.model import (ActivationMemory, Model, activation_bytes_per_element)
+from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
 from pod.workloads.remat import check_remat_custom
 
@@ -94,7 +95,8 @@ class TokenEmbedding(Layer):
         super().__init__(name)
         self.vocabulary = check_int(vocabulary, "TokenEmbedding vocabulary")
         self.embed_dim = check_int(embed_dim, "TokenEmbedding embed_dim")
-        self.max_steps = None if max_steps is None else check_int(max_steps, "TokenEmbedding max_steps")
+        self.max_steps = (None if max_steps is None
+                          else check_int(max_steps, "TokenEmbedding max_steps"))
 
     def param_shapes(self, input_shape):
         shapes = {"embedding": (self.vocabulary, self.embed_dim)}
@@ -171,7 +173,8 @@ class Unembed(Layer):
 
     def param_shapes(self, input_shape):
         c = int(input_shape[-1])
-        return {"embedding": (self.vocabulary, c)} if self.tied else {"kernel": (c, self.vocabulary)}
+        return ({"embedding": (self.vocabulary, c)} if self.tied
+                else {"kernel": (c, self.vocabulary)})
 
     def init_params(self, rng, input_shape):
         if self.tied:
@@ -287,15 +290,25 @@ class TransformerConfig:
     sequence_length: int
     embed_dim: int = 64
     heads: int = 4
-    head_dim: int | None = None
-    mlp_dim: int | None = None
+    # head_dim, mlp_dim and kv_heads: None derives them (__post_init__), so once built
+    # they are ints; the type checker sees them as ints and the constructor's
+    # signature below (at run time: the dataclass's own __init__, default None)
+    if TYPE_CHECKING:
+        head_dim: int = dataclasses.field(init=False)
+        mlp_dim: int = dataclasses.field(init=False)
+    else:
+        head_dim: int | None = None
+        mlp_dim: int | None = None
     mlp_activation: str = "gated_silu"
     layers: int = 2
     norm: str = "rmsnorm"
     positions: str = "rotary"
     tied_embeddings: bool = True
     remat: str = "none"
-    kv_heads: int | None = None
+    if TYPE_CHECKING:
+        kv_heads: int = dataclasses.field(init=False)
+    else:
+        kv_heads: int | None = None
     block: str = "sequential"
     use_bias: bool = False
     fused_qkv: bool = False
@@ -306,6 +319,17 @@ class TransformerConfig:
     experts_per_token: int = 1
     capacity_factor: float = 0.0
     moe_aux_loss_weight: float = 0.01
+
+    if TYPE_CHECKING:
+        def __init__(self, vocabulary: int, sequence_length: int, embed_dim: int = ...,
+                     heads: int = ..., head_dim: int | None = ..., mlp_dim: int | None = ...,
+                     mlp_activation: str = ..., layers: int = ..., norm: str = ...,
+                     positions: str = ..., tied_embeddings: bool = ..., remat: str = ...,
+                     kv_heads: int | None = ..., block: str = ..., use_bias: bool = ...,
+                     fused_qkv: bool = ..., attention: str = ..., fusion: bool = ...,
+                     remat_custom: tuple[tuple[str, str], ...] | None = ..., experts: int = ...,
+                     experts_per_token: int = ..., capacity_factor: float = ...,
+                     moe_aux_loss_weight: float = ...) -> None: ...
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -416,7 +440,8 @@ class TransformerConfig:
         c, f, v = self.embed_dim, self.mlp_dim, self.vocabulary
         norm = c * (2 if self.norm == "layernorm" else 1)
         norms = (1 if self.block == "parallel" else 2) * norm
-        bias = (self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias else 0
+        bias = ((self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias
+                else 0)
         block = norms + self.block_matmul_params(active=active) + bias
         return (self.layers * block + norm + v * c
                 + (self.sequence_length * c if self.positions == "learned" else 0)
@@ -429,7 +454,8 @@ class TransformerConfig:
         output layer (V C, tied or not); not the norms, not biases, not the
         embedding lookup (a gather) and not learned positions. With experts the
         active weights: the router and k experts' MLPs per token."""
-        return self.layers * self.block_matmul_params(active=True) + self.embed_dim * self.vocabulary
+        return (self.layers * self.block_matmul_params(active=True)
+                + self.embed_dim * self.vocabulary)
 
 
 class TransformerModel(Model):
@@ -486,12 +512,12 @@ class TransformerModel(Model):
         return [{local: (to_bf16(params[key]) if rounding and local in layer.matmul_params
                          else params[key])
                  for key, local in keys}
-                for layer, keys in zip(self.layers, self._layer_keys)]
+                for layer, keys in zip(self.layers, self._layer_keys, strict=True)]
 
     def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
         """As ``Model.gradient_buckets``; the tied table counts once, in the
         embedding layer's bucket (its gradient is complete only there)."""
-        first_use = {}
+        first_use: dict[str, int] = {}
         for i, keys in enumerate(self._layer_keys):
             for key, _ in keys:
                 first_use.setdefault(key, i)
@@ -585,7 +611,7 @@ class TransformerModel(Model):
         t, c = cfg.sequence_length, cfg.embed_dim
         device = 4 * t + 2 * -(-t * c * bpe // shards) + -(-t * 4 // shards)
         host, transient = 0, -(-t * cfg.vocabulary // shards) * 2 * bpe      # logits, dlogits
-        for layer, shape in zip(local.layers, local._shapes):
+        for layer, shape in zip(local.layers, local._shapes, strict=False):
             if isinstance(layer, TransformerBlock):
                 d, h = layer.activation_bytes(shape, bpe, shards)
                 device, host = device + d, host + h
@@ -602,7 +628,8 @@ class TransformerModel(Model):
         local = self._local(int(tensor))
         if local is None:
             return super().largest_layer_params(tensor)
-        blocks = max(layer.param_count(shape) for layer, shape in zip(local.layers, local._shapes)
+        blocks = max(layer.param_count(shape)
+                     for layer, shape in zip(local.layers, local._shapes, strict=False)
                      if isinstance(layer, TransformerBlock))
         return max(blocks, -(-self.config.vocabulary * self.config.embed_dim // int(tensor)))
 
@@ -645,7 +672,8 @@ class TransformerModel(Model):
         the other layers three times their forward (dX and dW). The numerator
         of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
         return sum(layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
-                   else 3 * layer.forward_flops(s) for layer, s in zip(self.layers, self._shapes))
+                   else 3 * layer.forward_flops(s)
+                   for layer, s in zip(self.layers, self._shapes, strict=False))
 
     def next_token_logits(self, core, params, ids) -> np.ndarray:
         """Eval-mode logits of the token after the last of ``ids``.
@@ -661,7 +689,7 @@ class TransformerModel(Model):
         """
         ids = np.asarray(ids)[:, -self.config.sequence_length:]
         x = ids
-        for layer, p in zip(self.layers, self.prepare_params(core, params)):
+        for layer, p in zip(self.layers, self.prepare_params(core, params), strict=True):
             x, _ = layer.forward(core, p, x, training=False)
         return x[:, -1]
 
@@ -770,7 +798,8 @@ def maxtext_tflops_2025(config: TransformerConfig, batch: int) -> float:
     projection = 2 * b * t * e * cfg.heads * dh
     attention = 4 * b * t * t * cfg.heads * dh
     embedding = 2 * b * t * e * cfg.vocabulary
-    return float(3 * ((ffn + qkv + projection) * cfg.layers + embedding) + 3 * attention * cfg.layers)
+    return float(3 * ((ffn + qkv + projection) * cfg.layers + embedding)
+                 + 3 * attention * cfg.layers)
 
 
 def build_transformer(input_shape, num_classes: int, **options) -> TransformerModel:
