@@ -496,7 +496,7 @@ def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
         plan = build_plan(load_scenario(os.path.join(ROOT, row.scenario)), timing_only=True)
         stats = TimingPod(plan).step(1)
         tflops = training_flops(plan, row.formula) / stats.step_seconds / 1e12
-        bounds = step_bounds(stats, plan.collective_costs_at(1), plan.pod.torus)
+        bounds = step_bounds(stats, plan.collective_costs_at(1), plan.topology.torus)
         out.append(TrainingResult(
             row.id, row.source, row.scenario, row.published_tflops, tflops,
             (tflops - row.published_tflops) / row.published_tflops * 100, stats.step_seconds,
@@ -521,14 +521,14 @@ def step_rows() -> tuple:
     out = []
     for row in TRAINING_ROWS:
         plan = build_plan(load_scenario(os.path.join(ROOT, row.scenario)), timing_only=True)
-        if plan.pod.chip.name not in FIT_MXU_GENERATIONS:
+        if plan.topology.chip.name not in FIT_MXU_GENERATIONS:
             continue
         pod = TimingPod(plan)
         stats = pod.step(1)
         report = pod.last_report
         mxu = sum(s for s, b in zip(report.record_seconds, report.record_bounds) if b == "mxu")
         published = training_flops(plan, row.formula) / (row.published_tflops * 1e12)
-        out.append(StepRow(row.id, plan.pod.chip.name, stats.step_seconds, mxu,
+        out.append(StepRow(row.id, plan.topology.chip.name, stats.step_seconds, mxu,
                            pod.device.core.spec.sustained_mxu_efficiency, published))
     return tuple(out)
 

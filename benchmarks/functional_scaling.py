@@ -117,7 +117,7 @@ def main() -> None:
         def med(key: str) -> float:
             return statistics.median(m[key] for m in memory)
 
-        print(f"| {chips} | {plan.pod.tensorcores} | {startup:.1f} | "
+        print(f"| {chips} | {plan.topology.tensorcores} | {startup:.1f} | "
               f"{statistics.median(walls[1:] or walls):.3f} | {statistics.median(sims) * 1e3:.4f} | "
               f"{med('rss'):.0f} | {med('pss'):.0f} | {med('uss'):.0f} | "
               f"{sum(m['pss'] for m in memory) / 1024:.1f} | {'yes' if identical else 'NO'} |",

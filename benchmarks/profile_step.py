@@ -70,7 +70,7 @@ def _split(stats: pstats.Stats, total: float) -> dict[str, float]:
 def profile_chip(plan, steps: int) -> None:
     training = plan.scenario.training
     groups = device_groups(plan.mesh, 0)
-    device = Device(plan.pod.chip, 0, groups, plan_program(plan), training.seed,
+    device = Device(plan.topology.chip, 0, groups, plan_program(plan), training.seed,
                     devices_per_chip=plan.mesh.devices_per_chip, precision=training.precision,
                     mxu_model=plan.scenario.pod.mxu_model,
                     activation_bytes=int(plan.memory.get("activations", 0)))

@@ -67,7 +67,7 @@ def run_point(name: str, steps: int) -> dict:
         walls.append(time.perf_counter() - t)
         cpus.append(time.process_time() - c)
     tokens = plan.global_batch * plan.model.config.sequence_length
-    return {"point": name, "chips": plan.pod.chips, "slice": plan.pod.slice_name,
+    return {"point": name, "chips": plan.topology.chips, "slice": plan.topology.slice_name,
             "mesh": plan.mesh.sizes, "params_billion": plan.num_params / 1e9,
             "plan_wall_s": plan_wall, "first_step_wall_s": walls[0],
             "step_wall_s": statistics.median(walls[1:] or walls),

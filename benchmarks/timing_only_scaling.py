@@ -57,7 +57,7 @@ def main() -> None:
             builds.append(t1 - t0)
             steps.append(t2 - t1)
         build, step = statistics.median(builds), statistics.median(steps)
-        chips = plan.pod.chips
+        chips = plan.topology.chips
         print(f"| {chips:,} | {shape} | {build:.3f} | {step:.3f} | {build + step:.3f} | "
               f"{(build + step) / chips * 1e6:,.1f} | {stats.step_seconds * 1e3:.4f} |", flush=True)
 

@@ -128,7 +128,7 @@ class Description:
     """What ``describe`` returns.
 
     Attributes:
-        plan: the checked plan (``plan.pod``: chip, torus, peak FLOP/s, HBM).
+        plan: the checked plan (``plan.topology``: chip, torus, peak FLOP/s, HBM).
         memory: the HBM plan per device, bytes per item and total.
         model_summary: the Keras-style per-layer table as text (empty for a
             benchmark).

@@ -192,15 +192,16 @@ def _validate_one(path: str | Path, overrides: tuple[Override, ...] = ()) -> dic
         bplan = _checked(check_benchmark, spec, path, overrides)
         b = spec.benchmark
         return {"path": str(path), "ok": True, "kind": "benchmark", "benchmark": b.kind,
-                "slice": bplan.pod.name, "chips": bplan.pod.chips,
-                "cores": bplan.pod.tensorcores, "n": b.n, "iterations": b.iterations,
+                "slice": bplan.topology.name, "chips": bplan.topology.chips,
+                "cores": bplan.topology.tensorcores, "n": b.n, "iterations": b.iterations,
                 "precision": b.precision}
     timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
     plan = _checked(functools.partial(build_plan, timing_only=timing_sweep,
                                       sharded_ok=timing_sweep),
                     spec, path, overrides)
     return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
-            "slice": plan.pod.name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
+            "slice": plan.topology.name, "chips": plan.topology.chips,
+            "cores": plan.topology.tensorcores,
             "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
             "global_batch": plan.global_batch, "per_device_batch": plan.per_device_batch,
             "mesh": dict(plan.mesh.sizes), "devices": plan.mesh.size, "steps": plan.steps,
@@ -302,12 +303,13 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     if spec.benchmark is not None:
         bplan = _checked(check_benchmark, spec, target, overrides)
         if as_json:
-            click.echo(json.dumps({"pod": _pod_json(bplan.pod), "memory": bplan.memory}, indent=2))
+            click.echo(json.dumps({"pod": _pod_json(bplan.topology), "memory": bplan.memory},
+                                  indent=2))
             return
-        _describe_pod(console, bplan.pod)
+        _describe_pod(console, bplan.topology)
         _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
                                f"N={spec.benchmark.n})", bplan.memory,
-                      bplan.pod.chip.core.hbm_bytes)
+                      bplan.topology.chip.core.hbm_bytes)
         return
     try:
         plan = build_plan(spec, sharded_ok=True, timing_only=is_timing_sweep(spec))
@@ -320,12 +322,12 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
         raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
     except USER_ERRORS as err:
         raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
-    core = device_chip_spec(plan.pod.chip).core
+    core = device_chip_spec(plan.topology.chip).core
     step = _estimate_step(plan)
     if as_json:
         layers = layer_costs(plan.model, core, plan.per_device_batch,
                              mxu_model=plan.scenario.pod.mxu_model, detail=detail)
-        click.echo(json.dumps({"pod": _pod_json(plan.pod), "model": plan.model.name,
+        click.echo(json.dumps({"pod": _pod_json(plan.topology), "model": plan.model.name,
                                "parameters": plan.num_params, "mesh": dict(plan.mesh.sizes),
                                "global_batch": plan.global_batch,
                                "per_device_batch": plan.per_device_batch,
@@ -333,13 +335,13 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
                                                        else None),
                                "memory": plan.memory, "step": step, "layers": layers}, indent=2))
         return
-    _describe_pod(console, plan.pod)
+    _describe_pod(console, plan.topology)
     for table in plan_model_tables(plan, detail=detail):
         console.print(table)
     axes = format_axes(plan.mesh.sizes)
     _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
                            f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                  plan.memory, device_hbm_bytes(plan.pod.chip))
+                  plan.memory, device_hbm_bytes(plan.topology.chip))
     if step is not None:
         console.print(_step_line(step), highlight=False)
 
@@ -356,7 +358,7 @@ def _estimate_step(plan) -> dict[str, Any] | None:
     except ScenarioError:
         return None
     stats = TimingPod(plan).step(0)
-    bounds = step_bounds(stats, plan.collective_costs, plan.pod.torus)
+    bounds = step_bounds(stats, plan.collective_costs, plan.topology.torus)
     return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
             "exposed_collective_seconds": stats.exposed_collective_seconds,
             "exposed_by_axis": dict(stats.axis_exposed_seconds),
@@ -628,7 +630,8 @@ def _check_imported(text: str, output: Path | None) -> None:
     spec = scenario_from_text(text, source=where)
     plan = _checked(functools.partial(build_plan, timing_only=True, sharded_ok=True), spec, where)
     if output is not None:
-        click.echo(f"Wrote {output}: ok ({plan.pod.name}, mesh {format_axes(plan.mesh.sizes)}, "
+        click.echo(f"Wrote {output}: ok ({plan.topology.name}, "
+                   f"mesh {format_axes(plan.mesh.sizes)}, "
                    f"{plan.num_params:,} parameters, global batch {plan.global_batch:,}); cost "
                    f"a step with: tpu-pod sweep {output}", err=True)
 

@@ -287,7 +287,7 @@ def _training_setup(scenario: str) -> str:
     plan = pod.validate(ROOT / scenario)
     cfg = plan.model.config
     mesh = ", ".join(f"{axis}: {size}" for axis, size in plan.mesh.sizes.items())
-    return (f"{plan.pod.name}, {cfg.param_count() / 1e9:.1f}B, {{{mesh}}}, "
+    return (f"{plan.topology.name}, {cfg.param_count() / 1e9:.1f}B, {{{mesh}}}, "
             f"{plan.global_batch // plan.mesh.size} x {cfg.sequence_length}, remat {cfg.remat}")
 
 

@@ -162,13 +162,14 @@ def run_benchmark(scenario: Scenario, *, output_dir: Path | None = None,
     cpu_flops, cpu_wall = cpu_flops_per_s(b.kind, b.cpu_n, b.cpu_iterations, b.seed)
     tflops = flops / sim_seconds / 1e12
     summary = {
-        "scenario": scenario.name, "kind": b.kind, "chip": plan.pod.chip.name,
-        "slice": plan.pod.slice_name, "chips": plan.pod.chips, "cores": plan.pod.tensorcores,
+        "scenario": scenario.name, "kind": b.kind, "chip": plan.topology.chip.name,
+        "slice": plan.topology.slice_name, "chips": plan.topology.chips,
+        "cores": plan.topology.tensorcores,
         "n": b.n, "iterations": b.iterations, "precision": b.precision,
         "functional": bool(functional), "flops": flops,
         "simulated_seconds": sim_seconds, "simulated_tflops": tflops,
         "bound": cores[0]["bound"],
-        "peak_tflops": plan.pod.peak_bf16_flops_per_s / 1e12,
+        "peak_tflops": plan.topology.peak_bf16_flops_per_s / 1e12,
         "cpu_n": b.cpu_n, "cpu_iterations": b.cpu_iterations,
         "cpu_tflops": cpu_flops / 1e12, "cpu_wall_seconds": cpu_wall,
         "speedup": tflops * 1e12 / cpu_flops,

@@ -21,7 +21,7 @@ from pod.config.mesh import devices_per_chip
 from pod.config.overrides import apply_overrides, as_overrides
 from pod.config.presets import describe_scenario, get_preset, is_preset_name, preset_names
 from pod.config.scenario import load_yaml
-from pod.config.slices import SLICE_SHAPES, PodShape, resolve_pod
+from pod.config.slices import SLICE_SHAPES, Topology, resolve_pod
 from pod.errors import ScenarioError
 
 __all__ = ["ModelSource", "model_source", "parse_count", "plan_slices", "devices_of",
@@ -83,7 +83,7 @@ def parse_count(value: Any, option: str) -> int:
     return int(number)
 
 
-def plan_slices(slices: Sequence[str], chips: int | None) -> list[PodShape]:
+def plan_slices(slices: Sequence[str], chips: int | None) -> list[Topology]:
     """The slices a plan searches: each ``--slice`` (a slice, ``v5e-256``), or with
     ``--chips N`` every generation's slice of N chips (the generations given as
     ``--slice v5e``, or all).
@@ -119,7 +119,7 @@ def chips_hint(chips: int) -> str:
     return f"{low} or {low * 2}" if low != chips else str(low)
 
 
-def _slice(name: str) -> PodShape:
+def _slice(name: str) -> Topology:
     try:
         return resolve_pod(slice_name=name)
     except ScenarioError as err:
@@ -223,6 +223,6 @@ def _set_sequence_length(data: dict[str, Any], seq_len: int) -> None:
                                          "sequence_length": int(seq_len)}}
 
 
-def devices_of(pod: PodShape) -> int:
+def devices_of(pod: Topology) -> int:
     """The JAX devices of a slice (a chip, or a TensorCore on v2 / v3)."""
     return pod.chips * devices_per_chip(pod.chip)

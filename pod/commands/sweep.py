@@ -249,7 +249,7 @@ def _batch_shards(scenario: Scenario) -> int:
 
 
 def _resolve(shape: Any) -> Any:
-    """The ``PodShape`` of a scenario's ``pod`` block, its slices included."""
+    """The ``Topology`` of a scenario's ``pod`` block, its slices included."""
     return resolve_pod(slice_name=shape.slice, chip=shape.chip, chips=shape.chips,
                        topology=shape.topology, slices=shape.slices)
 
@@ -282,7 +282,7 @@ def _generation(pod: dict[str, Any], scenario: Scenario) -> str:
 
 def _mean_bounds(plan, stats) -> StepBounds:
     """The steps' bounds, seconds averaged (``pod.report.bounds``)."""
-    each = [step_bounds(s, plan.collective_costs_at(s.step), plan.pod.torus) for s in stats]
+    each = [step_bounds(s, plan.collective_costs_at(s.step), plan.topology.torus) for s in stats]
     seconds = {c: fmean(b.seconds[c] for b in each) for c in BOUND_CATEGORIES}
     return StepBounds(seconds, each[-1].ici_axes)
 
@@ -328,8 +328,8 @@ def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) 
         "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
-        "generation": plan.pod.chip.name, "chips": plan.pod.chips,
-        "cores": plan.pod.tensorcores, "topology": plan.pod.torus.name,
+        "generation": plan.topology.chip.name, "chips": plan.topology.chips,
+        "cores": plan.topology.tensorcores, "topology": plan.topology.torus.name,
         "allreduce_algorithm": plan.ici.algorithm,
         "precision": plan.training.precision, "global_batch": plan.global_batch,
         "simulated_step_seconds": step,
@@ -345,7 +345,7 @@ def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) 
         "simulated_tflops": flops / step / 1e12,
         "maxtext_tflops_per_device": (fmean(s.maxtext_flops_per_device for s in timed) / step / 1e12
                                       or math.nan),
-        "mfu": mfu(flops, step, plan.pod.peak_bf16_flops_per_s),
+        "mfu": mfu(flops, step, plan.topology.peak_bf16_flops_per_s),
         "communication_fraction": exposed / step,
         "wall_seconds": wall,
         "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
@@ -379,7 +379,7 @@ def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
     row = {"mesh": format_axes(mesh.sizes), "remat": options.get("remat", ""),
            "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
            "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else math.nan,
-           "hfu": mfu(hardware, step, plan.pod.peak_bf16_flops_per_s),
+           "hfu": mfu(hardware, step, plan.topology.peak_bf16_flops_per_s),
            "per_device_batch": plan.per_device_batch}
     for axis in _AXES:
         row[axis] = mesh.axis_size(axis)

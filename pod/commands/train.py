@@ -217,8 +217,8 @@ class Run:
     def layer_rows(self) -> list[dict[str, Any]]:
         """layers.csv's rows: per layer, shapes, FLOPs, HBM bytes, simulated seconds."""
         plan = self.plan
-        return layer_rows(plan.model, device_chip_spec(plan.pod.chip).core, plan.per_device_batch,
-                          mxu_model=plan.scenario.pod.mxu_model)
+        return layer_rows(plan.model, device_chip_spec(plan.topology.chip).core,
+                          plan.per_device_batch, mxu_model=plan.scenario.pod.mxu_model)
 
     @property
     def epochs(self) -> int:
@@ -273,9 +273,10 @@ class Run:
         """Serve Prometheus and print the run's header and model summary."""
         plan, scenario = self.plan, self.plan.scenario
         self.metrics = PodMetrics(
-            scenario=scenario.name, generation=plan.pod.chip.name, slice_name=plan.pod.name,
-            topology=plan.pod.torus.name, links=[f"{a}->{b}" for a, b in plan.pod.torus.links()],
-            chips=plan.pod.chips, devices_per_chip=plan.mesh.devices_per_chip,
+            scenario=scenario.name, generation=plan.topology.chip.name,
+            slice_name=plan.topology.name, topology=plan.topology.torus.name,
+            links=[f"{a}->{b}" for a, b in plan.topology.torus.links()],
+            chips=plan.topology.chips, devices_per_chip=plan.mesh.devices_per_chip,
             dataset=plan.dataset.name,
             synthetic=plan.dataset.synthetic)
         self.metrics.serve(self.metrics_port, scenario.metrics.host)
@@ -285,8 +286,8 @@ class Run:
                  f"{format_axes(mesh.sizes)} ({mesh.size} devices)"
                  + (f", allreduce {plan.ici.algorithm}" if plan.ici.costs else ""))
         self.console.print(
-            f"[bold]{scenario.name}[/]: {plan.pod.name}, {plan.pod.chips} chips x "
-            f"{plan.pod.chip.tensorcores} TensorCores on a {plan.pod.torus.name} torus; "
+            f"[bold]{scenario.name}[/]: {plan.topology.name}, {plan.topology.chips} chips x "
+            f"{plan.topology.chip.tensorcores} TensorCores on a {plan.topology.torus.name} torus; "
             f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
             f"{plan.global_batch:,} = {split}")
         for table in plan_model_tables(plan):
@@ -309,8 +310,8 @@ class Run:
         if self.output_dir is not None:  # once the pod is up: a failed start-up keeps the old one
             write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
         where = "chip actors" if self.backend == "ray" else "chips in this process"
-        devices = (f" ({plan.mesh.size} devices)" if plan.mesh.size != plan.pod.chips else "")
-        self.console.print(f"{plan.pod.chips} {where}{devices} ready in "
+        devices = (f" ({plan.mesh.size} devices)" if plan.mesh.size != plan.topology.chips else "")
+        self.console.print(f"{plan.topology.chips} {where}{devices} ready in "
                            f"{self.startup_wall_seconds:.1f} s (wall)")
         if self.resumed is not None:
             self.pod.restore(self.resumed)
@@ -480,7 +481,7 @@ class Run:
         # every chip gets a new actor: survivors hold ICI links to the dead chips
         # (pod/runtime/ici.py) and may be stuck in the failed collective; a real slice
         # restarts as a unit from its checkpoint too
-        replacing = list(range(plan.pod.chips))
+        replacing = list(range(plan.topology.chips))
         replaced = self.pod.replace_chips(replacing)
         self.pod.restore(point)
         self._load_run_state(point)
@@ -540,7 +541,7 @@ class Run:
             if self.report:
                 written.append(write_report(
                     self.output_dir / "report.html", summary, read_steps(self.rows.path),
-                    self.layer_rows(), plan.memory, plan.pod.chip.core.hbm_bytes))
+                    self.layer_rows(), plan.memory, plan.topology.chip.core.hbm_bytes))
         if self.checkpoints is not None:
             written.append(self.checkpoints.dir)
         if self.trace_path is not None:

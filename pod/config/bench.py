@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from chip import HBM, check_precision
 from pod.config.scenario import BenchmarkConfig, Scenario
-from pod.config.slices import PodShape, resolve_pod
+from pod.config.slices import Topology, resolve_pod
 from pod.errors import ScenarioError
 
 __all__ = ["BenchmarkPlan", "check_benchmark"]
@@ -19,12 +19,12 @@ class BenchmarkPlan:
 
     Attributes:
         scenario: The scenario (its ``benchmark`` section is set).
-        pod: Chip preset and topology.
+        topology: the chip preset and the slice's ICI torus (``Topology``).
         memory: Per TensorCore HBM plan, bytes: the benchmark's arrays and total.
     """
 
     scenario: Scenario
-    pod: PodShape
+    topology: Topology
     memory: dict[str, int]
 
     @property
@@ -37,7 +37,7 @@ class BenchmarkPlan:
         """FLOPs of the whole run over the pod (useful FLOPs)."""
         b = self.benchmark
         per = 2.0 * b.n**3 if b.kind == "matmul" else float(b.n) ** 2
-        return self.pod.tensorcores * b.iterations * per
+        return self.topology.tensorcores * b.iterations * per
 
 
 def _benchmark_section(scenario: Scenario) -> BenchmarkConfig:
@@ -77,4 +77,4 @@ def check_benchmark(scenario: Scenario) -> BenchmarkPlan:
     hbm = HBM(pod.chip.core.hbm_bytes, name=f"{pod.chip.name} TensorCore")
     for tag, nbytes in items.items():
         hbm.allocate(tag, nbytes)
-    return BenchmarkPlan(scenario=scenario, pod=pod, memory={**items, "total": hbm.used_bytes})
+    return BenchmarkPlan(scenario=scenario, topology=pod, memory={**items, "total": hbm.used_bytes})

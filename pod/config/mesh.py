@@ -64,7 +64,7 @@ import numpy as np
 
 from chip import ChipSpec
 from interconnect import Torus
-from pod.config.slices import PodShape
+from pod.config.slices import Topology
 from pod.errors import HBMPlanError, ScenarioError
 from pod.programs.transformer import device_param_elements, param_layout
 from pod.workloads.transformer import TransformerModel
@@ -478,7 +478,7 @@ def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
     return ", ".join(format_axes(m) for m in near[:2])
 
 
-def build_mesh(axes: Mapping[str, int] | None, pod: PodShape,
+def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
                dcn: Mapping[str, int] | None = None) -> Mesh:
     """The mesh a scenario's ``pod.mesh`` (and ``pod.dcn_mesh``) asks for, on its pod.
 

@@ -25,7 +25,7 @@ from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mes
 from pod.config.pipeline import check_pipeline_plan, pipeline_memory_plan
 from pod.config.scenario import ModelConfig, Scenario, TrainingConfig
 from pod.config.sharding import SHARDED_MODELS, MeshCollectiveCosts, on_chip_bandwidth
-from pod.config.slices import PodShape, resolve_pod
+from pod.config.slices import Topology, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
 from pod.workloads.checks import DataMismatchError, TokenIdError
@@ -41,7 +41,8 @@ class TrainingPlan:
 
     Attributes:
         scenario: the scenario it came from.
-        pod: the slice: chip preset and ICI torus.
+        topology: the hardware the scenario's ``pod`` section resolves to: chip preset,
+            the ICI torus of one slice and the number of slices (``Topology``).
         dataset: the loaded dataset (train and test splits).
         model: the model (stateless; one object serves every device).
         per_device_batch: examples per device per step: the global batch over
@@ -69,7 +70,7 @@ class TrainingPlan:
     """
 
     scenario: Scenario
-    pod: PodShape
+    topology: Topology
     dataset: Dataset
     model: Model
     per_device_batch: int
@@ -142,7 +143,7 @@ def _data_field(message: str, path: str | None) -> str:
     return "data"
 
 
-def _memory_plan(scenario: Scenario, pod: PodShape, mesh: Mesh, model: Model, optimizer,
+def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, optimizer,
                  per_device: int) -> dict[str, int]:
     """The HBM check of ``build_plan``: one device's plan on its mesh
     (``pod.config.mesh.mesh_memory_plan``), the same for every mesh.
@@ -442,7 +443,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field,
                                        faults.dcn_slowdown(step)))
                     for step, in_force, field in _link_faults_by_step(faults, pod.torus))
-    return TrainingPlan(scenario=scenario, pod=pod, dataset=dataset, model=model,
+    return TrainingPlan(scenario=scenario, topology=pod, dataset=dataset, model=model,
                         per_device_batch=per_device, steps=int(steps),
                         steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
                         mesh=mesh, collective_costs=by_step[0][1], collective_costs_by_step=by_step,
@@ -515,7 +516,7 @@ def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) ->
     return order[index * global_batch:(index + 1) * global_batch]
 
 
-def plan_ici(pod: PodShape, mesh: Mesh, num_elements: int, algorithm: str,
+def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str,
              faults: FaultPlan) -> IciPlan:
     """Decide the allreduce of a data axis that spans the whole pod.
 

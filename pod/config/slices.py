@@ -25,15 +25,17 @@ from chip import PRESETS, ChipSpec, get_chip_spec
 from interconnect import Torus, parse_shape
 from pod.errors import ScenarioError
 
-__all__ = ["PodShape", "SLICE_SHAPES", "parse_slice", "slice_shape", "default_shape",
+__all__ = ["Topology", "SLICE_SHAPES", "parse_slice", "slice_shape", "default_shape",
            "default_wraparound", "resolve_pod"]
 
 _SLICE_RE = re.compile(r"^(v[0-9a-z]+)-([0-9]+)$")
 
 
 @dataclass(frozen=True)
-class PodShape:
-    """A resolved pod: which chip, how many, and how they are wired.
+class Topology:
+    """The hardware a scenario's ``pod`` section resolves to (``TrainingPlan.topology``):
+    which chip, how many, and how they are wired. MaxText and JAX call this the
+    topology (``compile_topology: v5e-256``, ``num_slices``).
 
     Attributes:
         chip: the chip preset every chip of the pod uses.
@@ -217,7 +219,7 @@ def resolve_pod(
     topology: str | None = None,
     wraparound: bool | None = None,
     slices: int = 1,
-) -> PodShape:
+) -> Topology:
     """Resolve the pod a scenario asks for.
 
     Either ``slice_name`` or ``chip`` (with ``chips`` and/or ``topology``)
@@ -279,4 +281,4 @@ def resolve_pod(
     if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
         raise ScenarioError(f"pod.slices: {slices!r} is not a number of slices; give a whole "
                             "number >= 1")
-    return PodShape(chip=spec, torus=Torus(shape, wrap), slice_name=name, slices=slices)
+    return Topology(chip=spec, torus=Torus(shape, wrap), slice_name=name, slices=slices)

@@ -98,7 +98,7 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
             totals.add(s)
         steps = totals
     totals = steps
-    pod = plan.pod
+    pod = plan.topology
     if totals.steps == 0:
         return _identity(plan, 0) | {"wall_seconds": wall_seconds,
                                       "startup_wall_seconds": startup_wall_seconds}
@@ -207,7 +207,7 @@ def _tokens(plan: Any) -> int:
 
 def _identity(plan: Any, steps: int) -> dict[str, Any]:
     """The summary's first keys: what ran."""
-    pod = plan.pod
+    pod = plan.topology
     return {
         "scenario": plan.scenario.name,
         "generation": pod.chip.name,

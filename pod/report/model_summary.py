@@ -393,7 +393,7 @@ def plan_model_tables(plan, *, detail: bool = False) -> list[FitWidth]:
     """
     from pod.config.sharding import device_chip_spec
 
-    core, chip = device_chip_spec(plan.pod.chip).core, plan.pod.chip.name
+    core, chip = device_chip_spec(plan.topology.chip).core, plan.topology.chip.name
     options = {"chip_name": chip, "mxu_model": plan.scenario.pod.mxu_model}
     makers: list[Callable[..., Table]] = [model_summary_table]
     if detail:

@@ -110,7 +110,7 @@ def available_memory_bytes() -> int | None:
 def _actors(plan: Any) -> tuple[int, int, float]:
     """(actor processes, model bytes per actor, CPU share per actor) of a plan."""
     per_device = int(plan.memory.get("total", 0))
-    return plan.pod.chips, per_device * plan.mesh.devices_per_chip, ACTOR_CPUS
+    return plan.topology.chips, per_device * plan.mesh.devices_per_chip, ACTOR_CPUS
 
 
 def admission(plan: Any, *, available_bytes: int | None = None,
@@ -184,7 +184,7 @@ def admit_joined(plan: Any, address: str, available_resources: Mapping[str, floa
 
 def _refusal(plan: Any, found: Admission, field: str, has: str, where: str) -> str:
     """The one line of a pod that does not fit (``admit``, ``admit_joined``)."""
-    per_chip = found.actors // plan.pod.chips if found.actors >= plan.pod.chips else 1
+    per_chip = found.actors // plan.topology.chips if found.actors >= plan.topology.chips else 1
     chips = found.actors_that_fit // max(1, per_chip)
     gib = 2 ** 30
     reserve = found.needed_bytes - found.actors * found.actor_bytes
@@ -193,6 +193,7 @@ def _refusal(plan: Any, found: Admission, field: str, has: str, where: str) -> s
            f"per actor process, measured{ray}) but {found.available_bytes / gib:,.1f} GiB is "
            "available" if found.needed_bytes > found.available_bytes else
            f"{found.cpus_needed:g} CPUs of Ray's but {has} {found.cpus:g}")
-    return (f"{field} {plan.pod.chips:,} functional chips ({found.actors:,} actor processes) need "
+    return (f"{field} {plan.topology.chips:,} functional chips "
+            f"({found.actors:,} actor processes) need "
             f"{why}; at most {chips:,} chips fit {where}. Timing-only mode (sweep.mode: timing, "
             "`tpu-pod sweep`) costs any pod size without actors")

@@ -68,7 +68,7 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
 
 def step_context(plan: TrainingPlan) -> StepContext:
     """The fixed figures that turn a plan's device reports into its steps' figures."""
-    training, chip = plan.training, plan.pod.chip
+    training, chip = plan.training, plan.topology.chip
     per_example = plan.model.model_flops_per_example()
     config = getattr(plan.model, "config", None)
     return StepContext(
@@ -89,7 +89,7 @@ def chip_devices(plan: TrainingPlan) -> list[list[tuple[int, DeviceGroups]]]:
     n the devices per chip)."""
     per_chip = plan.mesh.devices_per_chip
     return [[(d, device_groups(plan.mesh, d)) for d in range(r * per_chip, (r + 1) * per_chip)]
-            for r in range(plan.pod.chips)]
+            for r in range(plan.topology.chips)]
 
 
 class PodBase:

@@ -111,8 +111,8 @@ def run_benchmark_chips(plan: BenchmarkPlan, functional: bool) -> list[list[dict
         remote = ray.remote(BenchmarkChipActor).options(num_cpus=0)
         # handles typed Any, as Pod.actors: Ray's stubs type an actor's methods as the plain
         # methods (no .remote)
-        actors: list[Any] = [remote.remote(plan.pod.chip.name, r, b.precision)
-                             for r in range(plan.pod.chips)]
+        actors: list[Any] = [remote.remote(plan.topology.chip.name, r, b.precision)
+                             for r in range(plan.topology.chips)]
         try:
             return ray.get([a.run.remote(b.kind, b.n, b.iterations, functional, b.seed)
                             for a in actors])

@@ -58,7 +58,7 @@ class LocalPod(PodBase):
 
     def _new_device(self, device: int, groups: Any) -> Device:
         plan, training = self.plan, self.plan.training
-        return Device(plan.pod.chip, device, groups, self.program, training.seed,
+        return Device(plan.topology.chip, device, groups, self.program, training.seed,
                       devices_per_chip=plan.mesh.devices_per_chip, precision=training.precision,
                       mxu_model=plan.scenario.pod.mxu_model,
                       activation_bytes=int(plan.memory.get("activations", 0)))

@@ -104,7 +104,7 @@ class Pod(PodBase):
         t0 = time.perf_counter()
         self.placement = self._place_hosts()
         check()
-        self.actors = [self._new_actor(rank) for rank in range(self.plan.pod.chips)]
+        self.actors = [self._new_actor(rank) for rank in range(self.plan.topology.chips)]
         self._connect()
         self._slowdowns = {}
         return time.perf_counter() - t0
@@ -119,7 +119,7 @@ class Pod(PodBase):
     def host_of(self, rank: int) -> int:
         """The TPU host a chip belongs to (``pod.config.faults.host_of``: blocks of the
         chip's chips_per_host, never across two slices)."""
-        pod = self.plan.pod
+        pod = self.plan.topology
         return host_of(rank, pod.chip.chips_per_host, pod.torus.num_chips)
 
     def _place_hosts(self) -> Any:
@@ -131,15 +131,16 @@ class Pod(PodBase):
         """
         from ray.util.placement_group import placement_group
 
-        hosts = self.host_of(self.plan.pod.chips - 1) + 1
-        per_host = [sum(1 for r in range(self.plan.pod.chips) if self.host_of(r) == h)
+        hosts = self.host_of(self.plan.topology.chips - 1) + 1
+        per_host = [sum(1 for r in range(self.plan.topology.chips) if self.host_of(r) == h)
                     for h in range(hosts)]
         group = placement_group([{"CPU": _ACTOR_CPUS * n} for n in per_host], strategy="SPREAD")
         try:
             ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise ClusterError(
-                f"ray: could not place {hosts} TPU hosts of {self.plan.pod.chip.chips_per_host} "
+                f"ray: could not place {hosts} TPU hosts of "
+                f"{self.plan.topology.chip.chips_per_host} "
                 f"chips within {_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has "
                 f"{ray.cluster_resources().get('CPU', 0):g} CPUs") from None
         return group
@@ -157,7 +158,7 @@ class Pod(PodBase):
                                                scheduling_strategy=strategy, name=name,
                                                namespace=self.namespace)
         plan, training = self.plan, self.plan.training
-        return remote.remote(plan.pod.chip, rank, self._devices[rank], self.program,
+        return remote.remote(plan.topology.chip, rank, self._devices[rank], self.program,
                              training.seed, devices_per_chip=plan.mesh.devices_per_chip,
                              precision=training.precision, mxu_model=plan.scenario.pod.mxu_model,
                              activation_bytes=int(plan.memory.get("activations", 0)))

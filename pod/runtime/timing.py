@@ -60,7 +60,7 @@ class TimingPod:
         self.context = step_context(plan)
         training = plan.training
         self.groups = device_groups(plan.mesh, 0)
-        self.devices = [Device(plan.pod.chip, d, device_groups(plan.mesh, d), self.program,
+        self.devices = [Device(plan.topology.chip, d, device_groups(plan.mesh, d), self.program,
                                training.seed, devices_per_chip=plan.mesh.devices_per_chip,
                                precision=training.precision,
                                mxu_model=plan.scenario.pod.mxu_model,

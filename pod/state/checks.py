@@ -222,7 +222,7 @@ def check_state(checkpoint: Checkpoint, plan: Any, source: str = "checkpoint") -
     _check_tree(source, "model_state", checkpoint.model_state, state_shapes)
     replicas = checkpoint.replica_model_state
     if replicas:
-        chips, cores = plan.pod.chips, plan.mesh.devices_per_chip
+        chips, cores = plan.topology.chips, plan.mesh.devices_per_chip
         if not isinstance(replicas, list) or len(replicas) != chips or any(
                 not isinstance(c, list) or len(c) != cores for c in replicas):
             layout = ([len(c) if isinstance(c, list) else "?" for c in replicas]

@@ -62,7 +62,7 @@ def initial_checkpoint(plan) -> Checkpoint:
     opt = build_optimizer(training.optimizer.name, **training.optimizer.options())
     opt_state = opt.init(params)
     replicas = [[plan.model.init_state() for _ in range(plan.mesh.devices_per_chip)]
-                for _ in range(plan.pod.chips)]
+                for _ in range(plan.topology.chips)]
     rng, position = _rng_and_position(plan, 0)
     return Checkpoint(step=0, scenario=plan.scenario.model_dump(mode="json"), params=params,
                       model_state=plan.model.init_state(), optimizer_state=opt_state,
@@ -187,7 +187,7 @@ def check_compatible(checkpoint: Checkpoint, plan, source: str = "checkpoint") -
                                "in the scenario; a checkpoint continues only the run it came from")
 
     their_pod = theirs.get("pod") if isinstance(theirs.get("pod"), dict) else {}
-    a, b = _resolved_pod(plan.pod), _their_pod(their_pod, source)
+    a, b = _resolved_pod(plan.topology), _their_pod(their_pod, source)
     for key in _RESOLVED_POD_KEYS:
         if a[key] != b[key]:
             raise differ(f"pod.{key}", a[key], b[key])

@@ -77,7 +77,7 @@ def test_yaml_text_longer_than_a_file_name_is_text():
 def test_describe_returns_values_and_errors_are_one_line():
     d = pod.describe(SMALL)
     assert d.memory["total"] == sum(v for k, v in d.memory.items() if k != "total")
-    assert "dense1 (dense)" in d.model_summary and d.plan.pod.chips == 4
+    assert "dense1 (dense)" in d.model_summary and d.plan.topology.chips == 4
     with pytest.raises(ShardingError, match=r"training\.global_batch: global batch 65 does not "
                                             r"split over data x fsdp = 8 devices"):
         pod.validate({**SMALL, "training": {"global_batch": 65, "steps": 1}})

@@ -113,7 +113,7 @@ def test_timing_only_costs_what_functional_costs():
 
 def test_full_size_seed_scenarios_plan():
     mm = check_benchmark(load_scenario(ROOT / "scenarios/seed-matmul-v2-8.yaml"))
-    assert (mm.pod.chips, mm.pod.tensorcores) == (4, 8)
+    assert (mm.topology.chips, mm.topology.tensorcores) == (4, 8)
     assert mm.flops == 8 * 100 * 2 * 4096**3  # the FLOP count
     add = check_benchmark(load_scenario(ROOT / "scenarios/seed-matrix-add.yaml"))
     assert add.flops == 8 * 100 * 4096**2

@@ -88,7 +88,7 @@ def test_fsdp_across_slices_and_the_rest_filled_by_data():
     assert (s["pod"]["slices"], s["pod"]["dcn_mesh"]) == (8, {"data": 4, "fsdp": 2})
     assert s["training"]["global_batch"] == 2 * 32 * 8
     plan = build_plan(parse_scenario(s), timing_only=True)
-    assert plan.pod.chips == 256 and plan.mesh.sizes == {"data": 4, "fsdp": 64}
+    assert plan.topology.chips == 256 and plan.mesh.sizes == {"data": 4, "fsdp": 64}
     assert plan.mesh.dcn_sizes == {"data": 4, "fsdp": 2}
 
 

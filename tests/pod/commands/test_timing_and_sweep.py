@@ -49,7 +49,7 @@ def test_timing_only_reaches_pods_no_host_could_emulate():
                                training={"global_batch": 32768, "steps": 1}),
                       timing_only=True)
     stats = TimingPod(plan).step(0)
-    assert plan.pod.chips == 512 and plan.per_device_batch == 64  # a megacore device per chip
+    assert plan.topology.chips == 512 and plan.per_device_batch == 64  # a megacore device per chip
     # weak scaling at a fixed per-device batch: per-chip compute is the same as on 4 chips
     small = TimingPod(build_plan(scenario(training={"global_batch": 256, "steps": 1}))).step(0)
     assert stats.compute_seconds == small.compute_seconds

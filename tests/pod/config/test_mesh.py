@@ -309,7 +309,7 @@ def test_todays_scenarios_keep_their_data_parallel_plan():
 def test_a_sharded_mesh_checks_one_devices_sharded_plan():
     plan = _plan({"data": 2, "fsdp": 2, "tensor": 2})
     expected = mesh_memory_plan(plan.model, 8 * plan.num_params, 64, plan.mesh,  # adam: 2 slots
-                                device_hbm_bytes(plan.pod.chip), "bf16", shardable=False)
+                                device_hbm_bytes(plan.topology.chip), "bf16", shardable=False)
     assert plan.memory == expected
     assert plan.memory["params"] == 4 * math.ceil(plan.num_params / 4)
     # 16 examples per device, bf16 activations (2 of float32's 4 bytes), split over tensor 2

@@ -72,7 +72,7 @@ def test_the_mesh_is_maxtexts_hybrid_mesh(ici, dcn, slices):
     plan = build_plan(scenario({"slice": "v5e-4", "slices": slices, "dcn_mesh": dcn,
                                 "mesh": ici}, batch=48), timing_only=True)
     mesh, one = plan.mesh, plan.mesh.in_slice
-    assert mesh.slices == slices and mesh.size == slices * one.size == plan.pod.chips
+    assert mesh.slices == slices and mesh.size == slices * one.size == plan.topology.chips
     assert mesh.dcn_sizes == {a: n for a, n in dcn.items() if n > 1}
     outer = [dcn.get(a, 1) for a in mesh.axis_names]
     inner = [one.axis_size(a) for a in mesh.axis_names]
@@ -164,7 +164,7 @@ def test_on_v3_both_tensorcores_of_a_chip_share_its_dcn_bandwidth():
     nbytes = 8 * 2**20
     want = dcn_ring_seconds("allreduce", 2, nbytes / 8, V5E_DCN_BYTES_PER_S, senders=2)
     assert costs.dcn_seconds("data", "allreduce", nbytes) == pytest.approx(want, rel=1e-12)
-    assert plan.pod.chip.dcn_bytes_per_s == V5E_DCN_BYTES_PER_S  # v3: v5e's figure assumed
+    assert plan.topology.chip.dcn_bytes_per_s == V5E_DCN_BYTES_PER_S  # v3: v5e's figure assumed
 
 
 # ------------------------------------------------------------------ overlap on the clock

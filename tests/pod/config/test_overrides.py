@@ -152,7 +152,7 @@ def test_looks_like_override_tells_files_from_overrides(tmp_path):
 
 def test_the_python_api_takes_overrides():
     plan = pod.validate(str(QUICKSTART), overrides=["training.global_batch=128", "pod.slice=v3-8"])
-    assert plan.global_batch == 128 and plan.pod.name == "v3-8"
+    assert plan.global_batch == 128 and plan.topology.name == "v3-8"
     spec = pod.load(BASE, overrides={"training.steps": 9})
     assert spec.training.steps == 9
     again = pod.load(spec, overrides=["pod.mesh={data: 4}", "pod.slice=v4-8"])

@@ -50,14 +50,14 @@ def test_every_shipped_scenario_validates():
         kinds.add(scenario.kind)
         if scenario.kind == "benchmark":
             bplan = check_benchmark(scenario)
-            assert bplan.flops > 0 and bplan.memory["total"] <= bplan.pod.chip.core.hbm_bytes
+            assert bplan.flops > 0 and bplan.memory["total"] <= bplan.topology.chip.core.hbm_bytes
             continue
         timing_sweep = is_timing_sweep(scenario)  # as validate does
         plan = build_plan(scenario, timing_only=timing_sweep, sharded_ok=timing_sweep)
         assert plan.steps > 0
         # a device per TensorCore on v2 / v3, per chip elsewhere; the batch splits over
         # data x fsdp x expert (on {data: N}, over every device)
-        assert plan.mesh.size == plan.pod.chips * plan.mesh.devices_per_chip, path.name
+        assert plan.mesh.size == plan.topology.chips * plan.mesh.devices_per_chip, path.name
         shards = math.prod(plan.mesh.axis_size(a) for a in ("data", "fsdp", "expert"))
         assert plan.per_device_batch * shards == plan.global_batch, path.name
         if plan.mesh.axis_names == ("data",):
@@ -103,8 +103,8 @@ def test_training_precision_reaches_the_plan_and_int8_needs_int8_hardware():
 
 def test_quickstart_is_a_v2_8_on_a_2x2_torus():
     plan = build_plan(load_scenario(Path(__file__).resolve().parents[3] / "scenarios/quickstart.yaml"))
-    assert (plan.pod.chip.name, plan.pod.chips, plan.pod.tensorcores) == ("v2", 4, 8)
-    assert plan.pod.torus.shape == (2, 2)
+    assert (plan.topology.chip.name, plan.topology.chips, plan.topology.tensorcores) == ("v2", 4, 8)
+    assert plan.topology.torus.shape == (2, 2)
     assert plan.model.name == "cnn" and plan.dataset.name == "digits"
     assert not plan.dataset.synthetic
 
@@ -220,7 +220,7 @@ def test_the_readme_scenario_example_validates():
     section = readme.split("## Scenario format", 1)[1]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     plan = build_plan(parse_scenario(yaml.safe_load(block), source="README.md"))
-    assert plan.pod.chips == 4 and plan.model.name == "cnn"
+    assert plan.topology.chips == 4 and plan.model.name == "cnn"
 
 
 TOKENS = {"name": "synthetic", "options": {"shape": [20], "vocabulary": 500, "num_classes": 2,

@@ -88,7 +88,7 @@ def test_a_pipelined_run_reports_its_bubble_everywhere(tmp_path):
     slowest = [i for i, (d, _, _) in enumerate(last.stage_timelines) if d == last.traced_device]
     assert len(slowest) == 1
     assert any(e.get("name", "").startswith("ppermute pipeline") for e in events)
-    bounds = step_bounds(last, plan.collective_costs, plan.pod.torus)
+    bounds = step_bounds(last, plan.collective_costs, plan.topology.torus)
     assert bounds.seconds["bubble"] == pytest.approx(last.pipeline_bubble_seconds)
     assert sum(bounds.seconds.values()) == pytest.approx(last.step_seconds)
 

@@ -109,7 +109,7 @@ def test_a_sharded_timing_step_is_mxu_bound_where_describe_says_so():
 
     plan = build_plan(load_scenario(ROOT / "scenarios" / "llama-33b-v5p-128.yaml"),
                       timing_only=True)
-    layers = layer_costs(plan.model, device_chip_spec(plan.pod.chip).core, plan.per_device_batch)
+    layers = layer_costs(plan.model, device_chip_spec(plan.topology.chip).core, plan.per_device_batch)
     blocks = {name: c for name, c in layers.items() if name.startswith("block")}
     assert len(blocks) == 60
     for name, c in blocks.items():  # describe: each block's largest bound is the MXU
@@ -117,7 +117,7 @@ def test_a_sharded_timing_step_is_mxu_bound_where_describe_says_so():
                    key=lambda b: c[f"{b}_bound_seconds"]) == "mxu", name
     stats = TimingPod(plan).step(0)
     assert stats.compute_bound_seconds["mxu"] > stats.compute_bound_seconds["hbm"] > 0
-    bounds = step_bounds(stats, plan.collective_costs_at(0), plan.pod.torus)
+    bounds = step_bounds(stats, plan.collective_costs_at(0), plan.topology.torus)
     assert bounds.label == "MXU"
     assert bounds.seconds["mxu"] == pytest.approx(stats.compute_bound_seconds["mxu"]
                                                   + stats.update_bound_seconds.get("mxu", 0.0))

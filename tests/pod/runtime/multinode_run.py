@@ -36,7 +36,7 @@ def train() -> dict:
     }))
     with Pod(plan) as pod:
         stats = [pod.step(s) for s in range(STEPS)]
-        return {"nodes": pod.node_ids(), "hosts": [pod.host_of(r) for r in range(plan.pod.chips)],
+        return {"nodes": pod.node_ids(), "hosts": [pod.host_of(r) for r in range(plan.topology.chips)],
                 "digests": [params_digest(dict(s.params)) for s in pod.shards()],
                 "step_seconds": [s.step_seconds for s in stats],
                 "losses": [s.loss for s in stats]}

@@ -57,7 +57,7 @@ def test_cpus_bound_the_chip_actors():
     from types import SimpleNamespace
 
     plan = SimpleNamespace(mesh=SimpleNamespace(devices_per_chip=1, size=2048),
-                           memory={"total": 1 << 20}, pod=SimpleNamespace(chips=2048),
+                           memory={"total": 1 << 20}, topology=SimpleNamespace(chips=2048),
                            scenario=SimpleNamespace(ray=SimpleNamespace(address=None)))
     found = admission(plan, available_bytes=1 << 50, cpus=2)
     assert found.actors == 2048 and found.actors_that_fit == 2000 and not found.fits

@@ -305,7 +305,7 @@ def test_scenario_chooses_the_algorithm_and_slows_or_fails_links():
     # two, write one, at one TensorCore's HBM bandwidth); the mesh costs the bytes in
     # bf16-sized elements, so its chunks round differently (1e-5 here)
     nbytes = 4 * auto.num_params
-    on_chip = 3 * nbytes / auto.pod.chip.core.hbm_bandwidth_bytes_per_s
+    on_chip = 3 * nbytes / auto.topology.chip.core.hbm_bandwidth_bytes_per_s
     assert auto.collective_costs.seconds("data", "allreduce", nbytes) == pytest.approx(
         auto.ici.cost.seconds + on_chip, rel=1e-4)
     slowed = build_plan(_scenario(allreduce="ring", links=[{"link": "0->1", "slowdown": 4.0}]))

@@ -262,13 +262,13 @@ def test_link_faults_change_the_allreduce_cost_from_their_step_not_the_result(tm
               {"kind": "fail_link", "link": "1->3", "step": 3}]
     run(tmp_path, scenario(steps=3, faults=faults), on_step=seen.append)
     plan = build_plan(scenario(steps=3))
-    spec = plan.pod.chip
+    spec = plan.topology.chip
     link = plan.ici.link  # the calibrated link the plan costs with
     assert link == calibrated_link(spec.name, spec.ici_link_bandwidth_bytes_per_s,
                                    spec.ici_latency_s)
     on_chip = 3 * 4 * plan.num_params / spec.core.hbm_bandwidth_bytes_per_s
     algorithm = plan.ici.algorithm
-    expected = [collective_cost("allreduce", plan.pod.torus, plan.num_params, link,
+    expected = [collective_cost("allreduce", plan.topology.torus, plan.num_params, link,
                                 algorithm=algorithm, faults=f).seconds + on_chip
                 for f in (LinkFaults(), LinkFaults({(0, 1): 4.0}),
                           LinkFaults({(0, 1): 4.0}, frozenset({(1, 3)})))]

@@ -94,8 +94,8 @@ def max_diff(a: dict, b: dict) -> float:
 def test_two_slices_end_with_one_slices_and_one_devices_parameters(case):
     model, multi, single = CASES[case]
     plan = build_plan(scenario(model, multi))
-    assert plan.mesh.slices == 2 and plan.pod.chips == build_plan(scenario(model, single)).pod.chips
-    one_device = build_plan(scenario(model, {"chip": plan.pod.chip.name, "chips": 1}))
+    assert plan.mesh.slices == 2 and plan.topology.chips == build_plan(scenario(model, single)).topology.chips
+    one_device = build_plan(scenario(model, {"chip": plan.topology.chip.name, "chips": 1}))
     with LocalPod(plan) as a, LocalPod(one_device) as b:  # the same global batches
         for step in range(plan.steps):
             xa, ya = a.batch(step)
@@ -160,7 +160,7 @@ def test_the_largest_published_job_costs_a_step_in_seconds_without_model_sized_a
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert plan.pod.chips == 50_944 and plan.mesh.sizes == {"data": 199, "fsdp": 256}
+    assert plan.topology.chips == 50_944 and plan.mesh.sizes == {"data": 199, "fsdp": 256}
     assert wall < 60.0, wall                      # seconds; a loose bound for a loaded host
     assert peak < 200 * 2**20, peak
     assert stats.axis_dcn_seconds["data"] > 0

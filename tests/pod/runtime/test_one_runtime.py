@@ -118,7 +118,7 @@ def in_process_chips(plan, steps: int):
     training = plan.scenario.training
     program = plan_program(plan)
     layout = chip_devices(plan)
-    chips = [ChipActor(plan.pod.chip, rank, devices, program, training.seed,
+    chips = [ChipActor(plan.topology.chip, rank, devices, program, training.seed,
                        devices_per_chip=plan.mesh.devices_per_chip,
                        precision=training.precision,
                        activation_bytes=int(plan.memory.get("activations", 0)),
@@ -215,7 +215,7 @@ def test_mfu_is_the_global_batchs_model_flops_over_the_device_peak_times_devices
     chip = get_chip_spec(slice_name.split("-")[0])
     assert plan.mesh.devices_per_chip == devices_per_chip
     assert plan.per_device_batch < plan.global_batch
-    pod_peak = plan.pod.chips * chip.peak_bf16_flops_per_s
+    pod_peak = plan.topology.chips * chip.peak_bf16_flops_per_s
     assert pod_peak == pytest.approx(plan.mesh.size * chip.peak_bf16_flops_per_s
                                      / devices_per_chip)
     model_flops = plan.model.model_flops_per_example() * plan.global_batch

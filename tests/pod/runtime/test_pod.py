@@ -125,7 +125,7 @@ def test_step_time_is_the_sum_of_its_simulated_parts(trained):
 
 def test_ici_bytes_match_the_ring_formula(trained):
     _, stats, plan = trained
-    n = plan.pod.chips
+    n = plan.topology.chips
     payload = plan.num_params * 4
     # the chip's two TensorCores add on chip; a ring allreduce over the chips sends
     # 2 (n-1)/n of the buffer out of every chip
@@ -203,7 +203,7 @@ def test_chip_actors_train_as_the_local_pod_does(ray_cluster, trained):
         stats = [pod.step(s) for s in range(plan.steps)]
         shards = pod.shards()
         assert pod.replicas_identical()
-        assert len(pod.actors) == plan.pod.chips == 4
+        assert len(pod.actors) == plan.topology.chips == 4
     for got, want in zip(stats, local_stats):
         assert got.step_seconds == want.step_seconds
         assert got.axis_collective_bytes == want.axis_collective_bytes

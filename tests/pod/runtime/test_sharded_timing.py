@@ -54,7 +54,7 @@ def functional_reports(plan, steps=2, sequence_parallel=False):
     data = plan.dataset
 
     def device(comm):
-        core = Chip(device_chip_spec(plan.pod.chip), 0, numerics=True,
+        core = Chip(device_chip_spec(plan.topology.chip), 0, numerics=True,
                     precision=training.precision, sustained=True).cores[0]  # as Device
         coords = DeviceCoords.of(comm)
         shard = program.init_local(training.seed, coords)
@@ -136,7 +136,7 @@ def test_model_flops_and_hardware_flops_count_the_whole_pod():
     assert stats.model_flops == plan.model.model_flops_per_example() * plan.global_batch
     assert stats.hardware_flops > stats.model_flops
     assert stats.mfu == pytest.approx(
-        stats.model_flops / stats.step_seconds / (plan.pod.chips * plan.pod.chip.peak_bf16_flops_per_s))
+        stats.model_flops / stats.step_seconds / (plan.topology.chips * plan.topology.chip.peak_bf16_flops_per_s))
 
 
 def test_a_175b_class_step_holds_no_model_sized_array():
@@ -197,7 +197,7 @@ def test_pod_links_slow_and_reroute_a_sharded_mesh():
     base = build_plan(scenario(mesh), timing_only=True, sharded_ok=True)
     a, b = base.mesh.groups("tensor")[0][:2]
     link = f"{a}->{b}"
-    assert base.pod.torus.route(a, b) == [(a, b)]  # neighbours
+    assert base.topology.torus.route(a, b) == [(a, b)]  # neighbours
     plain = TimingPod(base).step(0).axis_collective_seconds
     for entry in ({"link": link, "slowdown": 4.0}, {"link": link, "failed": True}):
         plan = build_plan(scenario(mesh, links=[entry]), timing_only=True, sharded_ok=True)

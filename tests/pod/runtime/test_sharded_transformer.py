@@ -51,7 +51,7 @@ SLICES = {"v5e": "v5e-8", "v3": "v3-8"}
 def _single(plan, batches):
     model = plan.model
     opt = build_optimizer("adamw", learning_rate=1e-2)
-    core = TensorCore(device_chip_spec(plan.pod.chip).core, precision="fp32")
+    core = TensorCore(device_chip_spec(plan.topology.chip).core, precision="fp32")
     params = model.init_params(SEED)
     state, losses = opt.init(params), []
     for step, (x, y) in enumerate(batches, 1):
@@ -66,7 +66,7 @@ def _local_mesh(plan, batches):
     program = plan_program(plan)
 
     def device(comm):
-        core = TensorCore(device_chip_spec(plan.pod.chip).core, precision="fp32")
+        core = TensorCore(device_chip_spec(plan.topology.chip).core, precision="fp32")
         shard = program.init_local(SEED, DeviceCoords.of(comm))
         part = program.batch_slice(BATCH, shard.coords)
         for step, (x, y) in enumerate(batches, 1):
@@ -122,7 +122,7 @@ def test_on_ray_chip_actors_the_sharded_transformer_trains_to_the_in_process_bit
 
     name, plan, stats, want, _ = local_run
     with Pod(plan) as pod:
-        assert len(pod.actors) == plan.pod.chips == (4 if name == "v3" else 8)
+        assert len(pod.actors) == plan.topology.chips == (4 if name == "v3" else 8)
         got_stats, got = _train(pod, plan)
     assert [s.loss for s in got_stats] == [s.loss for s in stats]
     assert [s.step_seconds for s in got_stats] == [s.step_seconds for s in stats]
