@@ -298,7 +298,16 @@ def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer
                 break
         else:
             pytest.fail(f"the run ended without holding: {run.stderr.read()[-2000:]}")
-        time.sleep(3)  # two more scrapes of the final values at 1 s
+        # scrapes of the final values at 1 s: wait (bounded, within the 30 s hold) until
+        # Prometheus holds three samples of the run, so that every [1m] window of the
+        # dashboard has two to rate even on a loaded host, where scrapes arrive late
+        deadline = time.monotonic() + 20
+        while True:
+            samples = _query(server, "count_over_time(tpu_pod_steps_total[1m])")
+            if samples and float(samples[0]["value"][1]) >= 3:
+                break
+            assert time.monotonic() < deadline, f"fewer than 3 scrapes in 20 s: {samples}"
+            time.sleep(0.5)
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
 
         eps = _query(server, "tpu_pod_simulated_examples_per_second")
