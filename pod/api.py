@@ -389,8 +389,8 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
          per_device_batches: Sequence[int] = (), seq_len: int | None = None,
          remat: Sequence[str] = (), mesh_axes: Sequence[str] = (),
          token_budget: int | str | None = None, files: Sequence[str | Path] = (),
-         overrides: Overrides = None, output_dir: str | Path | None = None
-         ) -> list[dict[str, Any]]:
+         overrides: Overrides = None, output_dir: str | Path | None = None,
+         num_slices: int | Sequence[int] = ()) -> list[dict[str, Any]]:
     """Which layout trains ``model`` fastest (``tpu-pod plan``): every mesh, remat policy
     and batch, planned, costed timing-only and ranked by simulated tokens/s.
 
@@ -405,6 +405,9 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
         remat, mesh_axes: what to search (default: every policy, every axis the runtime
             runs).
         token_budget: rank by the simulated time to train on this many tokens.
+        num_slices: numbers of identical slices joined by the DCN (``2`` or ``(1, 2, 4)``),
+            data parallel across them (``pod.slices``, ``pod.dcn_mesh: {data: K}``);
+            default 1.
         overrides: keys of the model's scenario (MaxText keys for MaxText configs).
         output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
 
@@ -426,6 +429,8 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
                           remat=(remat,) if isinstance(remat, str) else tuple(remat),
                           mesh_axes=(mesh_axes,) if isinstance(mesh_axes, str)
                           else tuple(mesh_axes),
-                          token_budget=token_budget, overrides=overrides or ())
+                          token_budget=token_budget, overrides=overrides or (),
+                          num_slices=(num_slices,) if isinstance(num_slices, int | str)
+                          else tuple(num_slices))
     out = Path(output_dir) if output_dir is not None else None
     return run_plan(request, output_dir=out).rows

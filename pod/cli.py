@@ -723,6 +723,9 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                                          "mesh [default: 1,2,4,8].")
 @click.option("--seq-len", type=click.IntRange(min=1),
               help="Tokens per sequence [default: the model's; a preset's context, at most 8192].")
+@click.option("--num-slices", "num_slices", multiple=True,
+              help="Numbers of identical slices joined by the DCN to try, data parallel across "
+                   "them, e.g. 1,2,4 [default: 1].")
 @click.option("--remat", help="Remat policies to try, e.g. full,minimal [default: all].")
 @click.option("--mesh-axes", help="Mesh axes to search, e.g. fsdp,tensor [default: every axis "
                                   "the runtime runs].")
@@ -736,7 +739,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
               help="Print the plan as one JSON document (every point) on stdout.")
 def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int | None,
                  tokens_per_step: str | None, global_batch: str | None,
-                 per_device_batch: str | None, seq_len: int | None, remat: str | None,
+                 per_device_batch: str | None, seq_len: int | None,
+                 num_slices: tuple[str, ...], remat: str | None,
                  mesh_axes: str | None, token_budget: str | None, top: int,
                  output_dir: Path | None, as_json: bool) -> None:
     """Which layout trains MODEL fastest? MODEL is a preset (llama2-7b, maxtext-2023-s1, ...),
@@ -753,7 +757,8 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
                           global_batch=global_batch, per_device_batches=split(per_device_batch),
                           seq_len=seq_len, remat=split(remat), mesh_axes=split(mesh_axes),
                           token_budget=token_budget,
-                          overrides=tuple(a for a in arguments if looks_like_override(a)))
+                          overrides=tuple(a for a in arguments if looks_like_override(a)),
+                          num_slices=tuple(n for text in num_slices for n in text.split(",")))
     if not models:
         raise click.UsageError("give the MODEL: a preset, a scenario or MaxText's base.yml",
                                ctx=click.get_current_context())

@@ -9,8 +9,10 @@ point is planned (``pod.config.plan.build_plan``, the check ``tpu-pod
 validate`` runs) and, when it plans, costed by one timing-only step
 (``pod.runtime.timing.TimingPod``) in this process; a point that does not plan
 is dropped with its one-line reason (an ``HBMPlanError`` says what it needs
-per device). Points rank by simulated tokens/s, or by the simulated time to a
-token budget.
+per device). With ``--num-slices``, a point may also span K identical slices
+joined by the data-centre network, data parallel across them (``pod.slices: K``,
+``pod.dcn_mesh: {data: K}``, MaxText's multislice default). Points rank by
+simulated tokens/s, or by the simulated time to a token budget.
 
 One process costs every point, so start-up and imports are paid once; the
 data is loaded once (``build_plan(dataset=...)``); the points of one mesh
@@ -48,7 +50,7 @@ from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.workloads import Dataset, build_model, load_dataset
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
-           "DEFAULT_PER_DEVICE_BATCHES", "write_outputs"]
+           "DEFAULT_PER_DEVICE_BATCHES", "write_outputs", "layout_label", "slices_text"]
 
 #: Per-device batches tried when neither the tokens per step nor the global batch is given.
 DEFAULT_PER_DEVICE_BATCHES = (1, 2, 4, 8)
@@ -63,7 +65,7 @@ PLAN_COLUMNS = (
     "exposed_collective_seconds", *(f"exposed_{a}_seconds" for a in AXIS_NAMES),
     "update_seconds", "collective_seconds", *(f"collective_{a}_seconds" for a in AXIS_NAMES),
     "hbm_per_device_bytes", "hbm_capacity_bytes", "fits", "mfu", "hfu", "bound",
-    "bound_fraction", "wall_seconds",
+    "bound_fraction", "wall_seconds", "slices", "dcn_mesh", "dcn_collective_seconds",
 )
 
 
@@ -83,6 +85,8 @@ class PlanRequest:
         remat: remat policies searched (default: every one the transformer has).
         mesh_axes: mesh axes searched (default: every one the runtime runs).
         token_budget: rank by the simulated time to train on this many tokens.
+        num_slices: the numbers of identical slices searched, joined by the DCN and data
+            parallel across them (default: 1).
         overrides: ``KEY=VALUE`` strings (or a mapping of dotted keys) for the model's
             scenario (MaxText's keys for MaxText configs).
     """
@@ -99,6 +103,7 @@ class PlanRequest:
     mesh_axes: tuple[str, ...] = ()
     token_budget: int | str | None = None
     overrides: Any = ()
+    num_slices: tuple[int | str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,7 @@ class PlanResult:
         token_budget: the budget the points rank by (None: tokens/s).
         wall_seconds: this process's time for the whole plan (wall clock).
         best_scenario: the best point's scenario mapping (None if nothing fits).
+        num_slices: the numbers of slices searched ((1,): one slice).
     """
 
     name: str
@@ -131,6 +137,12 @@ class PlanResult:
     token_budget: int | None
     wall_seconds: float
     best_scenario: dict[str, Any] | None
+    num_slices: tuple[int, ...] = (1,)
+
+    @property
+    def multislice(self) -> bool:
+        """Whether some point spans several slices."""
+        return any(k > 1 for k in self.num_slices)
 
     def count(self, status: str) -> int:
         """Points of a status: "ok" (costed), "dropped", "failed"."""
@@ -184,6 +196,8 @@ class Planner:
         pod = {k: v for k, v in dict(data.get("pod") or {}).items()
                if k in ("allreduce", "mxu_model")}
         data["pod"] = {**pod, "slice": c.slice_name, "mesh": dict(c.mesh)}
+        if c.dcn_mesh is not None:  # data parallel across the slices, over the DCN
+            data["pod"] |= {"slices": c.slices, "dcn_mesh": c.dcn_mesh}
         data.pop("faults", None)  # chip ranks of another pod
         training = dict(data["training"]) | {"global_batch": c.global_batch}
         if self.source.preset:  # as describe plans a preset: sequence parallel with tensor
@@ -212,7 +226,7 @@ class Planner:
         plan = build_plan(scenario, dataset=self._data(c), timing_only=True)
         if len(plan.collective_costs_by_step) != 1:  # link faults: costs of their own
             return plan
-        key = (c.slice_name, tuple(sorted(c.mesh.items())))
+        key = (c.slice_name, c.slices, tuple(sorted(c.mesh.items())))
         costs = self._costs.setdefault(key, plan.collective_costs)
         return dataclasses.replace(plan, collective_costs=costs,
                                    collective_costs_by_step=((0, costs),))
@@ -239,18 +253,25 @@ class Planner:
         costed = step_row(plan, [stats], time.perf_counter() - t0)
         row.update({k: v for k, v in costed.items() if k in row})
         row.update(status="ok", reason="", point=c.index)
+        if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
+            row["mesh"] = format_axes(c.mesh)
         if self.sequence_length:
             row["simulated_tokens_per_second"] = (plan.global_batch * self.sequence_length
                                                   / row["simulated_step_seconds"])
         return row
 
     def _labels(self, c: Candidate) -> dict[str, Any]:
-        """A point's row before it is costed: what it is (NaN for the figures)."""
-        pod = resolve_pod(slice_name=c.slice_name)
+        """A point's row before it is costed: what it is (NaN for the figures). ``mesh``
+        is the mesh within a slice, ``dcn_mesh`` the one across slices, the axis columns
+        each axis's whole length (as the sweep's); chips and devices count every slice's."""
+        pod = resolve_pod(slice_name=c.slice_name, slices=c.slices)
+        dcn = c.dcn_mesh or {}
         row: dict[str, Any] = {k: math.nan for k in PLAN_COLUMNS}
         row.update(point=c.index, status="", reason="", slice=c.slice_name,
                    generation=pod.chip.name, chips=pod.chips, devices=devices_of(pod),
-                   mesh=format_axes(c.mesh), **{a: c.mesh.get(a, 1) for a in AXIS_NAMES},
+                   mesh=format_axes(c.mesh), slices=c.slices,
+                   dcn_mesh=format_axes(dcn) if dcn else "",
+                   **{a: c.mesh.get(a, 1) * dcn.get(a, 1) for a in AXIS_NAMES},
                    remat=c.remat, per_device_batch=(c.per_device_batch or math.nan),
                    global_batch=c.global_batch, fits="", bound="",
                    sequence_length=self.sequence_length or math.nan,
@@ -385,6 +406,23 @@ def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
         DEFAULT_PER_DEVICE_BATCHES
 
 
+def _num_slices(counts: Sequence[Any]) -> tuple[int, ...]:
+    """The numbers of slices searched (default 1), each once, in the order given.
+
+    Raises:
+        ScenarioError: one that is not a positive whole number (one line).
+    """
+    out: list[int] = []
+    for value in counts:
+        text = str(value).strip()
+        if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+            raise ScenarioError(f"--num-slices: {value!r} is not a positive whole number of "
+                                "slices; give e.g. 1,2,4")
+        if int(text) not in out:
+            out.append(int(text))
+    return tuple(out) or (1,)
+
+
 def _rank(rows: list[dict[str, Any]], budget: int | None) -> list[dict[str, Any]]:
     """The costed rows best first (most tokens/s, or least time to the budget; examples/s
     for a model without tokens), numbered; then the others in search order."""
@@ -434,8 +472,9 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
     axes = _axes(planner, request.mesh_axes)
     remats = _remats(planner, request.remat)
     per_device = () if batch else _per_device(request.per_device_batches)
+    counts = _num_slices(request.num_slices)
     points = candidates([(p.slice_name, devices_of(p)) for p in pods], axes, remats,
-                        global_batch=batch, per_device_batches=per_device)
+                        global_batch=batch, per_device_batches=per_device, num_slices=counts)
     if output_dir is not None:
         from pod.report.files import check_writable
 
@@ -451,10 +490,25 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
     result = PlanResult(source.name, rows, tuple(p.slice_name for p in pods), axes, remats,
                         planner.sequence_length, batch, per_device, budget,
                         time.perf_counter() - t0,
-                        planner.scenario_mapping(best) if best is not None else None)
+                        planner.scenario_mapping(best) if best is not None else None, counts)
     if output_dir is not None:
         write_outputs(result, output_dir)
     return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
+
+
+def layout_label(row: dict[str, Any], with_slice: bool) -> str:
+    """A point's mesh as the plot and the table name it: ``{fsdp: 8}``, ``{data: 2} x
+    {fsdp: 8}`` across 2 slices (the DCN mesh, then one slice's), the slice first when
+    ``with_slice``."""
+    mesh = f"{row['dcn_mesh']} x {row['mesh']}" if row.get("slices", 1) > 1 else row["mesh"]
+    return f"{row['slice']} {mesh}" if with_slice else mesh
+
+
+def slices_text(result: PlanResult) -> str:
+    """`` x 1, 2 slices`` when the plan searched several slices; "" otherwise."""
+    if not result.multislice:
+        return ""
+    return f" x {', '.join(map(str, result.num_slices))} slices"
 
 
 def write_outputs(result: PlanResult, output_dir: Path) -> list[Path]:
@@ -474,10 +528,9 @@ def write_outputs(result: PlanResult, output_dir: Path) -> list[Path]:
         best = result.ranked[:PLOTTED]
         if best:
             many = len(set(result.slices)) > 1
-            rows = [{**r, "error": r["reason"],
-                     "mesh": f"{r['slice']} {r['mesh']}" if many else r["mesh"]} for r in best]
+            rows = [{**r, "error": r["reason"], "mesh": layout_label(r, many)} for r in best]
             title = (f"{result.name}: the {len(best)} fastest of {len(result.rows)} layouts on "
-                     f"{', '.join(result.slices)} (simulated)")
+                     f"{', '.join(result.slices)}{slices_text(result)} (simulated)")
             written.append(plot_layouts(rows, output_dir, title))
         else:
             (output_dir / "layouts.png").unlink(missing_ok=True)  # an earlier plan's

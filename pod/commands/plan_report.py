@@ -8,8 +8,9 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from pod.commands.plan import PlanResult
+from pod.commands.plan import PlanResult, layout_label
 from pod.commands.sweep import is_missing, json_row
+from pod.config.mesh import AXIS_NAMES
 from pod.report.console import titled_table
 
 __all__ = ["search_line", "plan_table", "family_lines", "plan_json", "family", "tokens_text"]
@@ -30,7 +31,9 @@ def search_line(result: PlanResult) -> str:
     remat = f"; remat {', '.join(result.remats)}" if any(result.remats) else ""
     budget = (f"; ranked by the simulated time to {tokens_text(result.token_budget)} tokens"
               if result.token_budget else "")
-    return (f"{result.name} on {', '.join(result.slices)}: {what}{batch}; meshes over "
+    slices = (f" x {', '.join(map(str, result.num_slices))} slices (data parallel across them, "
+              "over the DCN)" if result.multislice else "")
+    return (f"{result.name} on {', '.join(result.slices)}{slices}: {what}{batch}; meshes over "
             f"{', '.join(result.axes)}{remat}{budget}")
 
 
@@ -61,17 +64,25 @@ def _duration(seconds: float) -> str:
 
 def plan_table(result: PlanResult, top: int = 10) -> Table:
     """The ``top`` best points: layout, simulated step breakdown (compute, exposed
-    collectives per searched mesh axis, update), HBM per device, MFU, rate, bound."""
+    collectives per searched mesh axis, update), HBM per device, MFU, rate, bound. A plan
+    over several slices adds their number, the mesh across them (``{data: 2} x {fsdp:
+    8}``: across slices x within one) and the DCN's share of the collectives."""
     rows = result.ranked[:top]
     tokens = result.sequence_length > 0
     many = len(result.slices) > 1
-    axes = [a for a in result.axes if any(r[a] > 1 for r in rows)]
+    multi = result.multislice
+    searched = (*result.axes, "data") if multi else result.axes  # data: across the slices
+    axes = [a for a in AXIS_NAMES if a in searched and any(r[a] > 1 for r in rows)]
     caption = (f"ms per step, simulated; {' / '.join(axes)}: the collectives of the mesh axis "
                "that compute does not hide; batch: per device (global)" if axes else None)
+    if multi and caption:
+        caption += ("; mesh: across slices (DCN) x within a slice (ICI); dcn: the collectives' "
+                    "time on the DCN (part of data's, hidden or not)")
     table = titled_table(f"The {len(rows)} fastest of {result.count('ok'):,} costed layouts",
                          caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
-    head = ["#", *(["slice"] if many else []), "mesh", "remat", "batch", "step",
-            "compute", *axes, "update", "HBM/dev", "MFU",
+    head = ["#", *(["slice"] if many else []), *(["slices"] if multi else []), "mesh", "remat",
+            "batch", "step", "compute", *axes, *(["dcn"] if multi else []), "update", "HBM/dev",
+            "MFU",
             "tokens/s" if tokens else "examples/s",
             *([f"to {tokens_text(result.token_budget)}"] if result.token_budget else []),
             "bound"]
@@ -81,10 +92,12 @@ def plan_table(result: PlanResult, top: int = 10) -> Table:
     for r in rows:
         rate = r["simulated_tokens_per_second"] if tokens else r["simulated_examples_per_second"]
         table.add_row(
-            str(r["rank"]), *([r["slice"]] if many else []), r["mesh"], r["remat"] or "-",
+            str(r["rank"]), *([r["slice"]] if many else []), *([str(r["slices"])] if multi else []),
+            layout_label(r, False), r["remat"] or "-",
             f"{r['per_device_batch']:,} ({r['global_batch']:,})", _ms(r["simulated_step_seconds"]),
             _ms(r["compute_seconds"]), *(_ms(r[f"exposed_{a}_seconds"]) for a in axes),
-            _ms(r["update_seconds"]), f"{r['hbm_per_device_bytes'] / _GIB:.1f} GiB",
+            *([_ms(r["dcn_collective_seconds"])] if multi else []), _ms(r["update_seconds"]),
+            f"{r['hbm_per_device_bytes'] / _GIB:.1f} GiB",
             f"{r['mfu']:.1%}", f"{rate:,.0f}",
             *([_duration(r["simulated_seconds_to_budget"])] if result.token_budget else []),
             f"{r['bound']} {r['bound_fraction']:.0%}")
@@ -92,9 +105,12 @@ def plan_table(result: PlanResult, top: int = 10) -> Table:
 
 
 def family(row: dict[str, Any], axes: tuple[str, ...]) -> str:
-    """A mesh's family: the axes it splits over ("fsdp+tensor"; "one device")."""
-    split = [a for a in axes if row[a] > 1]
-    return "+".join(split) or "one device"
+    """A mesh's family: the axes it splits over within a slice ("fsdp+tensor"; "one
+    device"), and across how many slices ("fsdp x 2 slices")."""
+    slices = row.get("slices", 1)
+    split = [a for a in axes if row[a] // (slices if a == "data" else 1) > 1]
+    name = "+".join(split) or "one device"
+    return f"{name} x {slices} slices" if slices > 1 else name
 
 
 def family_lines(result: PlanResult) -> list[str]:
@@ -110,14 +126,22 @@ def family_lines(result: PlanResult) -> list[str]:
         "simulated_examples_per_second"
     width = max(18, *(len(name) for name in best))  # stage families are longer than 18
     return [f"  {name:<{width}} #{r['rank']:<4} MFU {r['mfu']:.1%}, {r[key]:,.0f} {rate}: "
-            f"{r['slice']} {r['mesh']} remat {r['remat'] or '-'}, {r['per_device_batch']:,} "
+            f"{_where(r)} remat {r['remat'] or '-'}, {r['per_device_batch']:,} "
             "per device" for name, r in best.items()]
+
+
+def _where(row: dict[str, Any]) -> str:
+    """``v5e-256 {fsdp: 256}``; ``2 x v5e-256 {fsdp: 256}`` over 2 slices (data across)."""
+    slices = row.get("slices", 1)
+    return f"{slices} x {row['slice']} {row['mesh']}" if slices > 1 else \
+        f"{row['slice']} {row['mesh']}"
 
 
 def plan_json(result: PlanResult) -> dict[str, Any]:
     """The plan as one JSON document: what was searched, the counts, every row (ranked;
     a missing number is null)."""
-    return {"model": result.name, "slices": list(result.slices), "axes": list(result.axes),
+    return {"model": result.name, "slices": list(result.slices),
+            "num_slices": list(result.num_slices), "axes": list(result.axes),
             "remat": [r for r in result.remats if r], "sequence_length": result.sequence_length,
             "global_batch": result.global_batch,
             "per_device_batches": list(result.per_device_batches),

@@ -17,7 +17,10 @@ mixture of experts). A new axis is one entry.
 The **remat policies** are the transformer's own (``pod.workloads.block.
 REMAT_POLICIES``); the **batch** is the global batch asked for (each mesh's
 per-device share follows, or the point is dropped when it does not split), or
-every per-device batch of a list.
+every per-device batch of a list. Each point may span several identical **slices**
+joined by the data-centre network (``--num-slices``), data parallel across them
+(MaxText's ``num_slices`` with ``dcn_data_parallelism``): its mesh is searched within
+one slice, and its batch splits over every slice's devices.
 """
 
 from __future__ import annotations
@@ -161,8 +164,10 @@ class Candidate:
         mesh: ``pod.mesh`` (size-1 axes left out).
         remat: the remat policy ("" for a model without one).
         global_batch: sequences (examples) per step over the pod.
-        per_device_batch: what each device of data x fsdp gets; None when the global
-            batch does not split over the mesh (the plan says why).
+        per_device_batch: what each device of data x fsdp gets (every slice's); None
+            when the global batch does not split over the mesh (the plan says why).
+        slices: identical slices joined by the DCN (``pod.slices``), the data axis
+            across them (``pod.dcn_mesh: {data: slices}``); 1: one slice.
     """
 
     index: int
@@ -171,12 +176,20 @@ class Candidate:
     remat: str
     global_batch: int
     per_device_batch: int | None
+    slices: int = 1
+
+    @property
+    def dcn_mesh(self) -> dict[str, int] | None:
+        """``pod.dcn_mesh``: ``{data: slices}`` (MaxText's dcn_data_parallelism); None in
+        one slice."""
+        return {"data": self.slices} if self.slices > 1 else None
 
     @property
     def label(self) -> str:
-        """``v5e-256 {fsdp: 64, tensor: 4} full b=2``."""
+        """``v5e-256 {fsdp: 64, tensor: 4} full b=2``; ``2 x v5e-256 ...`` for 2 slices."""
         batch = f" b={self.per_device_batch}" if self.per_device_batch else ""
-        return f"{self.slice_name} {format_axes(self.mesh)} {self.remat or 'none'}{batch}"
+        where = f"{self.slices} x {self.slice_name}" if self.slices > 1 else self.slice_name
+        return f"{where} {format_axes(self.mesh)} {self.remat or 'none'}{batch}"
 
 
 def _batch_shards(mesh: Mapping[str, int]) -> int:
@@ -187,26 +200,31 @@ def _batch_shards(mesh: Mapping[str, int]) -> int:
 
 def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: Sequence[str],
                *, global_batch: int | None = None,
-               per_device_batches: Sequence[int] = ()) -> list[Candidate]:
-    """Every point: slices x meshes x remat policies x batches, in that order.
+               per_device_batches: Sequence[int] = (),
+               num_slices: Sequence[int] = (1,)) -> list[Candidate]:
+    """Every point: slices x numbers of slices x meshes x remat policies x batches, in
+    that order.
 
     Args:
-        slices: (slice name, devices) per slice.
+        slices: (slice name, devices of one slice) per slice.
         axes: the mesh axes searched.
         remats: remat policies ("" for a model without remat).
         global_batch: the batch asked for; each mesh's per-device batch follows.
         per_device_batches: without ``global_batch``: the per-device batches tried on
-            every mesh (global batch = per-device batch x data x fsdp).
+            every mesh (global batch = per-device batch x data x fsdp x slices).
+        num_slices: the numbers of identical slices joined by the DCN, data parallel
+            across them (``Candidate.slices``).
     """
     out: list[Candidate] = []
-    for name, devices in slices:
+    for (name, devices), count in itertools.product(slices, num_slices or (1,)):
         for mesh, remat in itertools.product(meshes(devices, axes), remats or ("",)):
-            shards = _batch_shards(mesh)
+            shards = _batch_shards(mesh) * count
             if global_batch is not None:
                 batches = [(global_batch, global_batch // shards if global_batch % shards == 0
                             else None)]
             else:
                 batches = [(b * shards, b) for b in per_device_batches]
             for batch, per_device in batches:
-                out.append(Candidate(len(out) + 1, name, mesh, remat, batch, per_device))
+                out.append(Candidate(len(out) + 1, name, mesh, remat, batch, per_device,
+                                     count))
     return out

@@ -32,10 +32,11 @@ MAXTEXT_KEYS = frozenset({"base_emb_dim", "base_num_decoder_layers", "global_par
                           "model_name", "ici_fsdp_parallelism", "per_device_batch_size"})
 
 #: Overrides of what the search sets, and the option that sets it instead.
-_SEARCHED = (("pod", "--slice, --chips and --mesh-axes"),
+_SEARCHED = (("pod", "--slice, --chips, --num-slices and --mesh-axes"),
              ("model.options.remat", "--remat"),
              ("training.global_batch", "--global-batch or --tokens-per-step"),
-             ("ici_", "--mesh-axes"), ("dcn_", "--slice"), ("remat_policy", "--remat"),
+             ("ici_", "--mesh-axes"), ("dcn_", "--num-slices"), ("num_slices", "--num-slices"),
+             ("remat_policy", "--remat"),
              ("per_device_batch_size", "--global-batch or --per-device-batch"),
              ("compile_topology", "--slice"))
 

@@ -242,8 +242,8 @@ def _cli(*args: str) -> tuple[int, str, str]:
     (["llama2-7b", "--slice", "v5e-256", "--mesh-axes", "fsdp,pipe"],
      "error: --mesh-axes: 'pipe' is not a mesh axis; axes: data, stage, fsdp, expert, tensor"),
     (["llama2-7b", "--slice", "v5e-256", "pod.mesh.fsdp=8"],
-     "error: pod.mesh.fsdp=8: the plan searches pod.mesh.fsdp; use --slice, --chips and "
-     "--mesh-axes"),
+     "error: pod.mesh.fsdp=8: the plan searches pod.mesh.fsdp; use --slice, --chips, --num-slices "
+     "and --mesh-axes"),
     (["llama2-7b", "--chips", "100"], "error: --chips: no "),
 ])
 def test_user_errors_are_one_line_exit_2(args, line):
