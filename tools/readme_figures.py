@@ -278,6 +278,12 @@ def plan_maxtext_s1() -> str:
     return _plan("maxtext-2023-s1", "--slice", "v5p-64", "--mesh-axes", "fsdp,tensor")
 
 
+def plan_num_slices() -> str:
+    """The 1B MaxText model on one to four v5e-64 slices at a fixed 512Ki tokens a step."""
+    return _plan("maxtext-2023-s1", "--slice", "v5e-64", "--num-slices", "1,2,4",
+                 "--mesh-axes", "fsdp", "--remat", "full", "--tokens-per-step", "512Ki")
+
+
 def _training_setup(scenario: str) -> str:
     """A training row's configuration, read from its scenario as the clock reads it:
     slice, parameters, mesh, sequences per device x tokens, remat."""
@@ -341,6 +347,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "sweep-layouts-mixtral": sweep_layouts_mixtral,
     "plan-llama2-7b": plan_llama2_7b,
     "plan-maxtext-s1": plan_maxtext_s1,
+    "plan-num-slices": plan_num_slices,
     "fidelity": fidelity,
 }
 
