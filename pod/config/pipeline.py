@@ -140,6 +140,9 @@ def ag_once_buffer_bytes(stage_params: int, largest_layer: int, fsdp: int,
 
 
 def _stage_buffer_bytes(program: Any, stage: int, fsdp: int, precision: str) -> int:
+    """The FSDP buffers of one device of ``stage``: two layers' (``fsdp_buffer_bytes``),
+    or with ``pipeline_fsdp_ag_once`` the stage's gathered weights, held for the step
+    (:func:`ag_once_buffer_bytes`)."""
     largest = program.largest_stage_layer(stage)
     if not program.fsdp_ag_once:
         return fsdp_buffer_bytes(largest, fsdp, precision)
@@ -170,10 +173,7 @@ def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
       (``pod.config.mesh.fsdp_buffer_bytes``), one layer's backward working set
       for a microbatch (``b`` x the chunk's transient), and the two permute
       buffers (a microbatch's activations forward and their gradient back, in
-      the activation dtype). With ``training.pipeline_fsdp_ag_once`` and fsdp > 1
-      the stage's gathered weights are held for the step: the weight half of the
-      FSDP buffers (two layers) becomes the stage's tensor-local parameters,
-      whole over fsdp, in the gather dtype (:func:`ag_once_buffer_bytes`).
+      the activation dtype); with ``pipeline_fsdp_ag_once``, :func:`ag_once_buffer_bytes`.
 
     Args:
         model: the TransformerModel.
