@@ -29,7 +29,8 @@ shipped large scenarios' form: random token ids that only set the shapes,
   ``training.microbatches`` (-1: the stages, MaxText's default and ours),
   ``num_pipeline_repeats`` (-1: layers / (stages x ``num_layers_per_pipeline_stage``),
   as MaxText sets it) as ``training.pipeline_repeats``, the schedule MaxText runs:
-  ``circular`` with repeats, else ``gpipe``;
+  ``circular`` with repeats, else ``gpipe``; ``pipeline_fsdp_ag_once`` as
+  ``training.pipeline_fsdp_ag_once`` (written when true);
 - batch: ``per_device_batch_size`` x every slice's devices = the global batch;
   ``max_target_length`` = the sequence length; ``dtype`` = the precision
   (``int8_training`` / ``quantization: int8``: int8); ``opt_type``,
@@ -340,7 +341,9 @@ def _pipeline(config: MaxTextConfig, stages: int, layers: int) -> dict[str, Any]
     """``training``'s pipeline fields for ``stages`` pipeline stages (none for one):
     ``num_pipeline_microbatches`` (-1: the stages, our default too),
     ``num_pipeline_repeats`` (-1: layers / (stages x ``num_layers_per_pipeline_stage``)),
-    the circular schedule with repeats (MaxText's pipeline), else GPipe.
+    the circular schedule with repeats (MaxText's pipeline), else GPipe;
+    ``pipeline_fsdp_ag_once: true`` as ``pipeline_fsdp_ag_once`` (without stages
+    MaxText has no pipeline to apply it to: nothing is written).
 
     Raises:
         ScenarioError: repeats that do not cut the layers into stages x repeats chunks of
@@ -364,6 +367,9 @@ def _pipeline(config: MaxTextConfig, stages: int, layers: int) -> dict[str, Any]
     out: dict[str, Any] = {"microbatches": micro} if micro > 0 else {}
     if repeats > 1:
         out |= {"pipeline_schedule": "circular", "pipeline_repeats": repeats}
+    ag_once = config.values.get("pipeline_fsdp_ag_once", False)
+    if ag_once is True or str(ag_once).lower() == "true":
+        out["pipeline_fsdp_ag_once"] = True
     return out
 
 
@@ -516,6 +522,7 @@ MAPPED = frozenset({
     "quantization", "model_name", "ici_data_parallelism", "ici_fsdp_parallelism",
     "ici_tensor_parallelism", "ici_expert_parallelism", "ici_pipeline_parallelism",
     "num_pipeline_microbatches", "num_pipeline_repeats", "num_layers_per_pipeline_stage",
+    "pipeline_fsdp_ag_once",
     "num_slices", "compile_topology_num_slices", "dcn_data_parallelism",
     "dcn_fsdp_parallelism", "dcn_tensor_parallelism", "num_experts", "num_experts_per_tok",
     "capacity_factor", "load_balance_loss_weight", *REMAT_CUSTOM_KEYS,
@@ -532,8 +539,6 @@ STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
                                  "data parallel over stage) is not modelled"),
     "pipeline_delay_activation_forwarding": ((False,), "error", "delayed activation forwarding "
                                              "(twice the bubble) is not modelled"),
-    "pipeline_fsdp_ag_once": ((False,), "warning", "the weights are gathered over fsdp per "
-                              "microbatch (MaxText's default), not once per step"),
     "gradient_accumulation_steps": ((1,), "error", "gradient accumulation is not modelled"),
     "attention_type": (("global", "local_sliding"), "error", "only global (and sliding-window) "
                        "attention are modelled"),

@@ -199,7 +199,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
     base = {"training__steps": sweep.steps, "metrics__port": 0, "sweep": None}
     seen: set[str] = set()
     pipelined = bool(sweep.microbatches or training.microbatches
-                     or training.pipeline_schedule != "gpipe" or training.pipeline_repeats != 1)
+                     or training.pipeline_schedule != "gpipe" or training.pipeline_repeats != 1
+                     or training.pipeline_fsdp_ag_once)
     for pod, count, mesh, remat, algorithm, per_point, precision, micro in itertools.product(
             _pods(scenario), counts, meshes, remats, algorithms, batches, precisions, micros):
         if sweep.microbatches and (mesh or {}).get("stage", 1) == 1:
@@ -217,7 +218,8 @@ def sweep_points(scenario: Scenario) -> list[SweepPoint]:
         if sweep.mesh and (mesh or {}).get("stage", 1) == 1:  # no stages: no pipeline
             if pipelined:
                 values.update(training__microbatches=None, training__pipeline_schedule="gpipe",
-                              training__pipeline_repeats=1)
+                              training__pipeline_repeats=1,
+                              training__pipeline_fsdp_ag_once=False)
         elif micro is not None:
             values["training__microbatches"] = micro
         if remat is not None:

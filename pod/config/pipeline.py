@@ -3,22 +3,35 @@ the model, and one device's HBM with its stage's layers and microbatches in flig
 
 A mesh with a ``stage`` axis pipelines the transformer
 (``pod.programs.pipeline``): ``training.microbatches`` (default: the stages,
-MaxText's ``num_pipeline_microbatches: -1``), ``training.pipeline_schedule``
-and ``training.pipeline_repeats``. Every mistake is one line naming the field,
-the value and what is allowed (``build_plan`` raises them, so ``validate``
-does).
+MaxText's ``num_pipeline_microbatches: -1``), ``training.pipeline_schedule``,
+``training.pipeline_repeats`` and ``training.pipeline_fsdp_ag_once``. Every
+mistake is one line naming the field, the value and what is allowed
+(``build_plan`` raises them, so ``validate`` does).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pod.config.mesh import Mesh, _gib, format_axes, fsdp_buffer_bytes
+from pod.config.mesh import (
+    _FLOAT32_BYTES,
+    _GATHER_BYTES,
+    Mesh,
+    _gib,
+    format_axes,
+    fsdp_buffer_bytes,
+)
 from pod.errors import HBMPlanError, ScenarioError
 
-__all__ = ["pipeline_microbatches", "check_pipeline_plan", "pipeline_memory_plan"]
+__all__ = ["pipeline_microbatches", "check_pipeline_plan", "pipeline_memory_plan",
+           "ag_once_buffer_bytes"]
 
 _F32 = 4
+
+
+def _show(value: Any) -> str:
+    """A field's value as the YAML says it (true / false for a bool)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def pipeline_microbatches(training: Any, mesh: Mesh) -> int:
@@ -43,8 +56,9 @@ def check_pipeline_plan(scenario: Any, mesh: Mesh, model: Any) -> None:
     training, stages = scenario.training, mesh.axis_size("stage")
     axes = format_axes(mesh.sizes)
     if stages == 1:
-        given = [f"{f} {getattr(training, f)}" for f, default in
-                 (("microbatches", None), ("pipeline_schedule", "gpipe"), ("pipeline_repeats", 1))
+        given = [f"{f} {_show(getattr(training, f))}" for f, default in
+                 (("microbatches", None), ("pipeline_schedule", "gpipe"), ("pipeline_repeats", 1),
+                  ("pipeline_fsdp_ag_once", False))
                  if getattr(training, f) != default]
         if given:
             field = given[0].split()[0]
@@ -112,6 +126,30 @@ def _chunk_activation_bytes(model: Any, chunk: list[int], precision: str, tensor
     return kept, transient
 
 
+def ag_once_buffer_bytes(stage_params: int, largest_layer: int, fsdp: int,
+                         precision: str) -> int:
+    """The FSDP buffers of a stage that gathers its weights once per step
+    (``pipeline_fsdp_ag_once``): all its ``stage_params`` (tensor-local, whole over
+    fsdp) in the gather dtype, held for the step, and two layers' whole float32
+    gradients being reduce-scattered (as ``fsdp_buffer_bytes``). Without fsdp there
+    is nothing to gather: ``fsdp_buffer_bytes``."""
+    if fsdp == 1:
+        return fsdp_buffer_bytes(largest_layer, fsdp, precision)
+    return (stage_params * _GATHER_BYTES.get(precision, 2)
+            + 2 * largest_layer * _FLOAT32_BYTES)
+
+
+def _stage_buffer_bytes(program: Any, stage: int, fsdp: int, precision: str) -> int:
+    """The FSDP buffers of one device of ``stage``: two layers' (``fsdp_buffer_bytes``),
+    or with ``pipeline_fsdp_ag_once`` the stage's gathered weights, held for the step
+    (:func:`ag_once_buffer_bytes`)."""
+    largest = program.largest_stage_layer(stage)
+    if not program.fsdp_ag_once:
+        return fsdp_buffer_bytes(largest, fsdp, precision)
+    return ag_once_buffer_bytes(program.stage_gradient_bytes(stage) // _F32, largest, fsdp,
+                                precision)
+
+
 def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
                          capacity_bytes: int, precision: str = "bf16") -> dict[str, int]:
     """One device's HBM on a pipelined mesh: the largest of the stages' plans.
@@ -135,7 +173,7 @@ def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
       (``pod.config.mesh.fsdp_buffer_bytes``), one layer's backward working set
       for a microbatch (``b`` x the chunk's transient), and the two permute
       buffers (a microbatch's activations forward and their gradient back, in
-      the activation dtype).
+      the activation dtype); with ``pipeline_fsdp_ag_once``, :func:`ag_once_buffer_bytes`.
 
     Args:
         model: the TransformerModel.
@@ -160,7 +198,8 @@ def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
     program = PipelinedTransformer(model, mesh.sizes, optimizer, microbatches=micro,
                                    schedule=training.pipeline_schedule,
                                    repeats=training.pipeline_repeats,
-                                   sequence_parallel=training.sequence_parallel)
+                                   sequence_parallel=training.sequence_parallel,
+                                   fsdp_ag_once=training.pipeline_fsdp_ag_once)
     fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
     b = training.global_batch // (mesh.axis_size("data") * fsdp) // micro
     cfg = model.config
@@ -173,7 +212,7 @@ def pipeline_memory_plan(model: Any, optimizer: Any, training: Any, mesh: Mesh,
         items = {"params": _F32 * local, "grads": program.stage_gradient_bytes(s),
                  "optimizer_state": _F32 * len(optimizer.slots) * local,
                  "activations": program.schedule.in_flight(s) * b * max(k for k, _ in chunks),
-                 "workspace": (fsdp_buffer_bytes(program.largest_stage_layer(s), fsdp, precision)
+                 "workspace": (_stage_buffer_bytes(program, s, fsdp, precision)
                                + b * max(t for _, t in chunks) + buffers)}
         items["total"] = sum(items.values())
         if best is None or items["total"] > best["total"]:

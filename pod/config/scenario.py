@@ -48,6 +48,7 @@ default)::
                                      # (default: the stages)
       pipeline_schedule: gpipe       # gpipe | 1f1b | circular
       pipeline_repeats: 1            # circular: chunks of layers per stage
+      pipeline_fsdp_ag_once: false   # gather a stage's fsdp shards once per step
     metrics:
       port: 9188                     # 0 disables the Prometheus endpoint
       host: 127.0.0.1
@@ -406,6 +407,9 @@ class TrainingConfig(_Frozen):
     microbatches: int | None = Field(default=None, gt=0, le=MAX_GLOBAL_BATCH)
     pipeline_schedule: str = "gpipe"
     pipeline_repeats: int = Field(default=1, gt=0, le=MAX_PIPELINE_REPEATS)
+    # MaxText pipeline_fsdp_ag_once: a stage all-gathers its layers' fsdp shards once
+    # per step (per repeat), not once per microbatch, and holds them for the step
+    pipeline_fsdp_ag_once: bool = False
 
     @field_validator("precision")
     @classmethod

@@ -60,7 +60,8 @@ __all__ = ["AXES", "CollectiveCall", "CollectivesBase", "DeviceCollectives", "Lo
 
 def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parallel: bool = False,
                   bucket_elements: int | None = None, microbatches: int | None = None,
-                  pipeline_schedule: str = "gpipe", pipeline_repeats: int = 1) -> DeviceProgram:
+                  pipeline_schedule: str = "gpipe", pipeline_repeats: int = 1,
+                  pipeline_fsdp_ag_once: bool = False) -> DeviceProgram:
     """The device program of ``model`` on a mesh of these axis sizes.
 
     The transformer runs the sharded program on any mesh (on ``{data: N}`` it is
@@ -77,7 +78,8 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
             this many elements (``combine_buckets``; XLA's combiner threshold);
             None: one bucket after the backward pass (no overlap).
         microbatches: the pipeline's microbatches (None: the stages, MaxText's
-            default); pipeline_schedule, pipeline_repeats: its schedule and repeats.
+            default); pipeline_schedule, pipeline_repeats: its schedule and repeats;
+            pipeline_fsdp_ag_once: its stages gather their fsdp shards once per step.
 
     Raises:
         ValueError: a mesh the model's program cannot run (one line).
@@ -90,7 +92,8 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
             return PipelinedTransformer(model, sizes, optimizer,
                                         microbatches=microbatches or stages,
                                         schedule=pipeline_schedule, repeats=pipeline_repeats,
-                                        sequence_parallel=sequence_parallel)
+                                        sequence_parallel=sequence_parallel,
+                                        fsdp_ag_once=pipeline_fsdp_ag_once)
         return ShardedTransformer(model, sizes, optimizer, sequence_parallel=sequence_parallel)
     buckets = (None if bucket_elements is None
                else combine_buckets(model.gradient_buckets(), bucket_elements))

@@ -14,7 +14,12 @@ Layout ([MaxText] ``layers/pipeline.py``, ``ici_pipeline_parallelism``,
   parameters only (and their optimizer state), sharded inside the stage over
   fsdp and tensor as :class:`pod.programs.transformer.ShardedTransformer`
   shards the whole model; its fsdp gathers, tensor collectives and data
-  gradient reduction run unchanged inside the stage.
+  gradient reduction run unchanged inside the stage. Its fsdp all-gathers run
+  once per layer, microbatch and phase (forward, and backward where the
+  layer reads its weights); with ``fsdp_ag_once`` (MaxText's
+  ``pipeline_fsdp_ag_once``) once per layer per step (per repeat with R > 1:
+  each chunk's layers at its first microbatch), the gathered weights kept
+  until the layer's last backward.
 - **microbatches**: a device's examples (the global batch over data x fsdp)
   are cut into M microbatches; the schedule (``gpipe``, ``1f1b``,
   ``circular``: :mod:`pod.programs.pipeline_schedule`) says which stage runs
@@ -175,9 +180,14 @@ class PipelinedTransformer(ShardedTransformer):
         schedule: gpipe, 1f1b or circular.
         repeats: R, chunks per stage (circular).
         sequence_parallel: Megatron sequence parallelism inside each stage.
+        fsdp_ag_once: MaxText's ``pipeline_fsdp_ag_once``: a stage all-gathers each
+            of its layers over fsdp once per step (at its first microbatch's
+            forward) and keeps the gathered weights until its last microbatch's
+            backward of that layer, instead of once per microbatch and phase.
 
     Attributes:
         stages, microbatches, repeats: S, M, R.
+        fsdp_ag_once: as the argument.
         schedule, eval_schedule: the step's ticks and the evaluation's (forwards).
         chunks: per virtual stage, its layer indices (:func:`stage_layers`).
 
@@ -189,7 +199,7 @@ class PipelinedTransformer(ShardedTransformer):
 
     def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer,
                  *, microbatches: int, schedule: str = "gpipe", repeats: int = 1,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, fsdp_ag_once: bool = False):
         if model.config.experts:
             raise ValueError("a pipeline (stage axis) of a mixture of experts is not modelled: "
                              "its stages would carry the routers' balancing loss; use stage 1 "
@@ -199,6 +209,7 @@ class PipelinedTransformer(ShardedTransformer):
         self.stages = int(sizes.get("stage", 1))
         self.sizes = {a: (self.stages if a == "stage" else self.sizes[a]) for a in AXES}
         self.microbatches, self.repeats = int(microbatches), int(repeats)
+        self.fsdp_ag_once = bool(fsdp_ag_once)
         self.schedule = build_schedule(schedule, self.stages, self.microbatches, self.repeats)
         self.eval_schedule = build_schedule(schedule, self.stages, self.microbatches,
                                             self.repeats, forward_only=True)
@@ -391,6 +402,8 @@ class _TransformerStage:
         self.grads: dict[str, np.ndarray] = {}
         self.chunks: dict[str, np.ndarray] = {}
         self.done = [0] * p.repeats                                      # backwards per chunk
+        #: with ``fsdp_ag_once``: layer -> its gathered params, kept for the step
+        self.gathered: dict[int, dict[str, np.ndarray]] | None = {} if p.fsdp_ag_once else None
         self.eval_sums = EvalSums(0.0, 0, 0)
 
     def buffer_elements(self, phase: str) -> int:
@@ -410,6 +423,15 @@ class _TransformerStage:
             return timing_zeros(self.act_shape, _F32)
         return np.asarray(buf[:n], dtype=_F32).reshape(self.act_shape)
 
+    def _params(self, i: int, phase: str) -> dict[str, np.ndarray] | None:
+        """Layer i's gathered params with ``fsdp_ag_once`` (gathered at their first use
+        in the step, then kept); None without it (the layer gathers them itself)."""
+        if self.gathered is None:
+            return None
+        if i not in self.gathered:
+            self.gathered[i] = self.p._gather(self.core, self.comm, self.shard, i, phase)
+        return self.gathered[i]
+
     def _microbatch(self, m: int) -> slice:
         return slice(m * self.b, (m + 1) * self.b)
 
@@ -425,7 +447,8 @@ class _TransformerStage:
         caches = []
         for i in p.chunks[v]:
             h, cache = p._layer_forward(self.core, self.comm, self.shard, i, h, phase,
-                                        self.hooks[phase], training=self.training)
+                                        self.hooks[phase], training=self.training,
+                                        params=self._params(i, phase))
             caches.append(cache)
         if v < len(p.chunks) - 1:
             if self.training:
@@ -455,8 +478,10 @@ class _TransformerStage:
         last = self.done[op.repeat] == p.microbatches
         for i, cache in zip(reversed(p.chunks[v]), reversed(caches), strict=True):
             g = p._layer_backward(core, self.comm, self.shard, i, cache, g, self.hooks["bwd"],
-                                  self.grads, "accumulate")
+                                  self.grads, "accumulate", params=self._params(i, "bwd"))
             if last:
+                if self.gathered is not None:  # its last use in the step
+                    self.gathered.pop(i)
                 keys = p._reduce_at[self.stage][i]
                 self.chunks.update(p._reduce(core, self.comm, p.local_model.layers[i].name,
                                              {k: self.grads.pop(k) for k in keys}))

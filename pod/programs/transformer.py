@@ -579,12 +579,12 @@ class ShardedTransformer:
             caches.append(cache)
         return x, caches
 
-    def _layer_forward(self, core, comm, shard, i, x, phase, hooks, *, training):
-        """Layer i's forward: its parameters gathered, its tensor operators; after the
-        embedding, with sequence parallelism, this device's sequence chunk. Returns
-        (output, cache)."""
+    def _layer_forward(self, core, comm, shard, i, x, phase, hooks, *, training, params=None):
+        """Layer i's forward: its parameters gathered (or ``params``, gathered before),
+        its tensor operators; after the embedding, with sequence parallelism, this
+        device's sequence chunk. Returns (output, cache)."""
         layer = self.local_model.layers[i]
-        p = self._gather(core, comm, shard, i, phase)
+        p = self._gather(core, comm, shard, i, phase) if params is None else params
         hook = hooks if isinstance(layer, TransformerBlock) else {}
         x, cache = layer.forward(core, p, x, training=training, **hook)
         if i == 0 and self.sequence_parallel:
@@ -604,14 +604,18 @@ class ShardedTransformer:
                                        {k: grads.pop(k) for k in self._owned[i]}))
         return chunks
 
-    def _layer_backward(self, core, comm, shard, i, cache, dy, hooks, grads, sum_name):
-        """Layer i's backward: its parameters gathered if it reads them, its tensor
-        operators; its gradients added into ``grads`` (by model key; a key already
-        there is summed by a VPU op "<layer>/<sum_name>_grad_sum": a tied parameter,
-        or the microbatches of a pipeline). Returns the input gradient (None for the
-        embedding)."""
+    def _layer_backward(self, core, comm, shard, i, cache, dy, hooks, grads, sum_name,
+                        params=None):
+        """Layer i's backward: its parameters gathered if it reads them (or ``params``,
+        gathered before), its tensor operators; its gradients added into ``grads`` (by
+        model key; a key already there is summed by a VPU op
+        "<layer>/<sum_name>_grad_sum": a tied parameter, or the microbatches of a
+        pipeline). Returns the input gradient (None for the embedding)."""
         layer = self.local_model.layers[i]
-        p = self._gather(core, comm, shard, i, "bwd") if layer.backward_reads_params else {}
+        if not layer.backward_reads_params:
+            p = {}
+        else:
+            p = self._gather(core, comm, shard, i, "bwd") if params is None else params
         hook = hooks if isinstance(layer, TransformerBlock) else {}
         if i == 0 and self.sequence_parallel:  # the embedding saw the whole sequence
             shape = (dy.shape[0], self.model.config.sequence_length, dy.shape[2])

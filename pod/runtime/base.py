@@ -63,7 +63,8 @@ def plan_program(plan: TrainingPlan) -> DeviceProgram:
                          bucket_elements=plan.bucket_elements,
                          microbatches=pipeline_microbatches(training, plan.mesh),
                          pipeline_schedule=training.pipeline_schedule,
-                         pipeline_repeats=training.pipeline_repeats)
+                         pipeline_repeats=training.pipeline_repeats,
+                         pipeline_fsdp_ag_once=training.pipeline_fsdp_ag_once)
 
 
 def step_context(plan: TrainingPlan) -> StepContext:

@@ -143,10 +143,16 @@ def test_the_pipeline_keys_map_to_the_stage_axis_and_maxtexts_schedule():
                            slice_name="v5p-64").scenario
     assert "microbatches" not in gpipe["training"]
     assert "pipeline_schedule" not in gpipe["training"]     # gpipe, the default
-    for s in (circular, gpipe):
+    assert "pipeline_fsdp_ag_once" not in gpipe["training"]   # false, the default
+    once = import_maxtext(base, [*common, "num_layers_per_pipeline_stage=8",
+                                 "pipeline_fsdp_ag_once=true"], slice_name="v5p-64")
+    assert once.scenario["training"]["pipeline_fsdp_ag_once"] is True
+    assert not [n.text for n in once.notes if "pipeline_fsdp_ag_once" in n.text]
+    for s in (circular, gpipe, once.scenario):
         plan = build_plan(parse_scenario(s), timing_only=True)
         assert plan.mesh.sizes == {"stage": 4, "fsdp": 8}
         assert plan.global_batch == 64  # 2 per device x 32 devices; 8 per microbatch
+    assert plan.training.pipeline_fsdp_ag_once
 
 
 def _cli(*args: str) -> tuple[int, str, str]:
