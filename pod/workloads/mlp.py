@@ -76,6 +76,20 @@ def _activation_grads(activation: str, d, u):
     return d * (u[0] > 0)
 
 
+def activation_backward(core, name: str, activation: str, gated: bool, fusion: bool,
+                        dg: np.ndarray, u: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The MLP activation's backward on the VPU, fused per ``fusion`` as the forward:
+    ``dg`` (..., F) the gradient of the activation's output, ``u`` its inputs (one, or
+    gate and up when ``gated``); returns one gradient per input. Shared by
+    :class:`MLP` and the MoE's experts."""
+    out = [(dg.shape, dg.dtype)] * len(u)
+    du = vector_op(core, f"{name}/{activation}_bwd",
+                   lambda d, *a: _activation_grads(activation, d, a), dg, *u,
+                   out=out if gated else out[0], ops_per_element=_ACTIVATIONS[activation][3],
+                   transcendental=activation != "relu", fused=epilogue(fusion))
+    return du if gated else (du,)
+
+
 class MLP(Layer):
     """The block's feed-forward part over (B, T, C).
 
@@ -184,13 +198,8 @@ class MLP(Layer):
                                    a_rounded=True, b_rounded=True)}       # (F, C)
         dg = core.matmul(dyr, params["wo"].T, name=f"{self.name}/d_hidden",
                          a_rounded=True, b_rounded=True)                  # (B*T, F)
-        ops = _ACTIVATIONS[self.activation][3]
-        out = [(dg.shape, dg.dtype)] * len(u)
-        du = vector_op(core, f"{self.name}/{self.activation}_bwd",
-                       lambda d, *a: _activation_grads(self.activation, d, a), dg, *u,
-                       out=out if self.gated else out[0], ops_per_element=ops,
-                       transcendental=self.activation != "relu", fused=epilogue(self.fusion))
-        du = du if self.gated else (du,)
+        du = activation_backward(core, self.name, self.activation, self.gated, self.fusion,
+                                 dg, u)
         dx = None
         for w, d in zip(self.inputs, du, strict=True):
             dr = mxu_input(core, d)                                       # (B*T, F)

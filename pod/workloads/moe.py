@@ -70,7 +70,7 @@ import numpy as np
 from pod.workloads.checks import check_int
 from pod.workloads.fusion import after, epilogue, prologue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
-from pod.workloads.mlp import _ACTIVATIONS, MLP_ACTIVATIONS, _activation_grads, add
+from pod.workloads.mlp import _ACTIVATIONS, MLP_ACTIVATIONS, activation_backward, add
 
 __all__ = ["MoE", "ExpertHooks", "RouterLoad", "expert_capacity", "route_tokens"]
 
@@ -440,10 +440,5 @@ class MoE(Layer):
         return dx.reshape(*lead, c), grads
 
     def _activation_grad(self, core, dg, u):
-        ops = _ACTIVATIONS[self.activation][3]
-        out = [(dg.shape, dg.dtype)] * len(u)
-        du = vector_op(core, f"{self.name}/{self.activation}_bwd",
-                       lambda d, *a: _activation_grads(self.activation, d, a), dg, *u,
-                       out=out if self.gated else out[0], ops_per_element=ops,
-                       transcendental=self.activation != "relu", fused=epilogue(self.fusion))
-        return du if self.gated else (du,)
+        return activation_backward(core, self.name, self.activation, self.gated, self.fusion,
+                                   dg, u)
