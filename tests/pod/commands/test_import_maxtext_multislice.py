@@ -26,14 +26,10 @@ from pod.config.plan import build_plan
 from pod.config.scenario import load_scenario, parse_scenario
 from pod.errors import ScenarioError
 
+from tests.pod.commands.test_import_maxtext import BASE_2023, BASE_2025, MODELS, T1
+
 ROOT = Path(__file__).resolve().parents[3]
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "maxtext"
-BASE_2023 = REFERENCE / "base-2023-12.yml"
-BASE_2025 = REFERENCE / "base-tpu-recipes-v0.1.4.yml"
-MODELS = REFERENCE / "models"
-#: training-steps.md T1 / T3's overrides of MaxText's 2023 base
-T1 = ["global_parameter_scale=32", "ici_fsdp_parallelism=16", "ici_tensor_parallelism=4",
-      "per_device_batch_size=8", "max_target_length=2048", "remat_policy=minimal"]
+#: training-steps.md T3's overrides of MaxText's 2023 base (T1's: test_import_maxtext)
 T3 = ["global_parameter_scale=16", "ici_fsdp_parallelism=256", "per_device_batch_size=6",
       "max_target_length=2048", "remat_policy=full"]
 
