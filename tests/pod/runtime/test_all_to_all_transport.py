@@ -3,7 +3,6 @@ transport, in-process threads), against the in-process LocalMesh and numpy."""
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
@@ -13,6 +12,7 @@ from pod.config.sharding import device_groups
 from pod.programs.collectives import LocalMesh
 from pod.runtime.ici import IciPort
 from pod.runtime.mesh_collectives import GroupTransport, RuntimeCollectives
+from tests.pod.runtime.test_mesh_collectives import run_on_threads
 
 AXES = {"data": 2, "expert": 4}
 
@@ -42,15 +42,7 @@ def test_all_to_all_over_the_transport_equals_the_local_mesh_and_numpy():
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append(err)
 
-    threads = [threading.Thread(target=run, args=(d,)) for d in range(n)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        for p in ports:
-            p.close()
+    run_on_threads(run, n, ports)
     assert not errors, errors
     local = LocalMesh.for_mesh(mesh)
     by_local = local.run(lambda comm: comm.all_to_all(

@@ -19,6 +19,20 @@ from pod.runtime.mesh_collectives import GroupTransport
 AXES = {"data": 2, "fsdp": 2, "tensor": 2}
 
 
+
+def run_on_threads(run, n: int, ports) -> None:
+    """``run(device)`` for devices 0..n-1, each on its own thread (60 s each at most),
+    then every port closed."""
+    threads = [threading.Thread(target=run, args=(d,)) for d in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for p in ports:
+            p.close()
+
 def _program(comm: GroupTransport, x: np.ndarray, jitter: random.Random) -> list[np.ndarray]:
     """A toy SPMD program: collectives over every axis, in an order all devices share;
     random sleeps let some devices run several collectives ahead of others."""
@@ -70,15 +84,7 @@ def test_a_toy_spmd_program_over_three_axes_matches_numpy(shape):
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append(err)
 
-    threads = [threading.Thread(target=run, args=(d,)) for d in range(n)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        for p in ports:
-            p.close()
+    run_on_threads(run, n, ports)
     assert not errors, errors
     for base in (1000, 2000):
         for d in range(n):
