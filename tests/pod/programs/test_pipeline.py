@@ -26,25 +26,21 @@ from pod.errors import ScenarioError
 from pod.programs import DeviceCoords, LocalMesh, PipelinedTransformer, build_program, stage_layers
 from pod.runtime.local import LocalPod
 from pod.runtime.timing import TimingPod
-from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
+from pod.workloads import TransformerConfig, TransformerModel
+from tests.pod.programs.test_transformer import batches as transformer_batches
+from tests.pod.programs.test_transformer import optimizer  # adamw, learning rate 1e-2
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 SPEC = get_chip_spec("v4").core
 TINY = {"vocabulary": 32, "sequence_length": 8, "embed_dim": 16, "heads": 4, "head_dim": 4,
         "mlp_dim": 32, "layers": 4}
-BATCH, STEPS, LR, FP32_ATOL = 8, 3, 1e-2, 5e-5
+BATCH, STEPS, FP32_ATOL = 8, 3, 5e-5  # the learning rate: test_transformer's optimizer()
 
 
 def batches(steps=STEPS):
-    rng = np.random.default_rng(1)
-    shape = (BATCH, TINY["sequence_length"])
-    return [(rng.integers(0, TINY["vocabulary"], shape), rng.integers(0, TINY["vocabulary"], shape))
-            for _ in range(steps)]
-
-
-def optimizer():
-    return build_optimizer("adamw", learning_rate=LR)
+    """test_transformer's token batches at this file's batch and model."""
+    return transformer_batches(steps, BATCH, TINY)
 
 
 @functools.cache
