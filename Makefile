@@ -9,7 +9,8 @@
 #   make oracle  - XLA's memory verdict for tools/xla_oracle/configs.yaml: compiles each
 #                  config not yet in tools/xla_oracle/results/ for its TPU slice, no TPU needed
 #                  (.venv-oracle with the 'tpu-compile' extra: jax[tpu], i.e. Google's libtpu);
-#                  ONLY=<id>[,<id>] for some, FORCE=1 to compile again (docs/xla-oracle.md)
+#                  ONLY=<id>[,<id>] for some, FORCE=1 to compile again, JOBS=2 for two
+#                  compiles at once (docs/xla-oracle.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -65,7 +66,7 @@ $(ORACLE_VENV)/.installed: pyproject.toml requirements-dev.lock
 	touch $@
 
 oracle: $(ORACLE_VENV)/.installed
-	$(ORACLE_VENV)/bin/python -m tools.xla_oracle $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force)
+	$(ORACLE_VENV)/bin/python -m tools.xla_oracle $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS))
 
 clean:
 	rm -rf $(VENV) $(ORACLE_VENV) runs build dist *.egg-info

@@ -3,6 +3,7 @@
     python -m tools.xla_oracle                 # every config whose result is missing or stale
     python -m tools.xla_oracle --only T1,T3    # just these
     python -m tools.xla_oracle --force --only T1
+    python -m tools.xla_oracle --jobs 2        # two compiles at once
     python -m tools.xla_oracle --list          # the configs, resolved, and their cache state
     python -m tools.xla_oracle --table         # rewrite the table in docs/xla-oracle.md
     python -m tools.xla_oracle --refresh-inventory  # parse the committed HLO files again
@@ -22,7 +23,9 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -132,7 +135,7 @@ def _summary(result: dict[str, Any]) -> str:
     return f"no verdict: {str(result['compile']['error'])[:200]}"
 
 
-def run(only: list[str] | None, force: bool, timeout_s: float) -> int:
+def run(only: list[str] | None, force: bool, timeout_s: float, jobs: int = 1) -> int:
     configs = load_configs()
     ids = list(configs)
     if only:
@@ -161,14 +164,20 @@ def run(only: list[str] | None, force: bool, timeout_s: float) -> int:
         if not force and _cached(spec, key):
             continue
         todo.append((spec, key))
-    print(f"xla_oracle: {len(ids) - len(todo)} cached, {len(todo)} to compile", flush=True)
+    print(f"xla_oracle: {len(ids) - len(todo)} cached, {len(todo)} to compile"
+          f"{f', {jobs} at a time' if jobs > 1 else ''}", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for n, (spec, key) in enumerate(todo, start=1):
+    lock = threading.Lock()
+
+    def one(n: int, spec: dict[str, Any], key: str) -> None:
+        if not force and _cached(spec, key):  # another run finished it meanwhile
+            return
         slices = f" x {spec['slices']}" if spec["slices"] > 1 else ""
-        print(f"[{n}/{len(todo)}] {spec['id']}: {spec['slice']}{slices}"
-              f" {{{_axes(spec['mesh'])}}}, {spec['per_device_batch']:g} x "
-              f"{spec['sequence_length']}, remat {spec['model']['remat']} "
-              f"(started {time.strftime('%H:%M:%S')})", flush=True)
+        with lock:
+            print(f"[{n}/{len(todo)}] {spec['id']}: {spec['slice']}{slices}"
+                  f" {{{_axes(spec['mesh'])}}}, {spec['per_device_batch']:g} x "
+                  f"{spec['sequence_length']}, remat {spec['model']['remat']} "
+                  f"(started {time.strftime('%H:%M:%S')})", flush=True)
         outcome, hlo = _compile(spec, timeout_s)
         inventory = op_inventory(hlo) if hlo else None
         hlo_file = None
@@ -180,7 +189,13 @@ def run(only: list[str] | None, force: bool, timeout_s: float) -> int:
             hlo_file = str(path.relative_to(ROOT))
         result = build_result(spec, outcome, inventory, key, hlo_file)
         (RESULTS / f"{spec['id']}.json").write_text(json.dumps(result, indent=1) + "\n")
-        print(f"    {_summary(result)}", flush=True)
+        with lock:
+            print(f"    {spec['id']}: {_summary(result)}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for future in [pool.submit(one, n, spec, key)
+                       for n, (spec, key) in enumerate(todo, start=1)]:
+            future.result()
     return 0
 
 
@@ -259,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", action="store_true", help="rewrite the docs table")
     parser.add_argument("--refresh-inventory", action="store_true",
                         help="parse the committed HLO files again (no compile)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="compiles at once (each its own process; default 1)")
     parser.add_argument("--timeout", type=float, default=7200.0,
                         help="seconds one compile may take (default 7200)")
     args = parser.parse_args(argv)
@@ -269,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.refresh_inventory:
         return refresh_inventories()
     only = [i.strip() for i in args.only.split(",") if i.strip()] or None
-    return run(only, args.force, args.timeout)
+    return run(only, args.force, args.timeout, args.jobs)
 
 
 if __name__ == "__main__":
