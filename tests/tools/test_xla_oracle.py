@@ -68,6 +68,32 @@ def test_mesh_form_groups_and_the_entry_permute(inventory):
     assert totals["all-gather"]["result_bytes"] == 3 * 1 * 2048 * 1024 * BF16
 
 
+def test_an_all_reduce_whose_users_keep_a_shard_is_marked_scattered():
+    # the scanned gradients: an all-reduce over 4 devices whose one user (a fusion holding
+    # the dynamic-slice and a convert) keeps a quarter of it
+    text = """HloModule m
+
+%fused.1 (p.1: bf16[64,32]) -> f32[16,32] {
+  %p.1 = bf16[64,32]{1,0} parameter(0)
+  %c.1 = s32[] constant(0)
+  %ds.1 = bf16[16,32]{1,0} dynamic-slice(%p.1, %c.1, %c.1), dynamic_slice_sizes={16,32}
+  ROOT %cv.1 = f32[16,32]{1,0} convert(%ds.1)
+}
+
+ENTRY %main (a.1: bf16[64,32], b.1: bf16[64,32]) -> (f32[16,32], bf16[64,32]) {
+  %a.1 = bf16[64,32]{1,0} parameter(0)
+  %b.1 = bf16[64,32]{1,0} parameter(1)
+  %all-reduce.1 = bf16[64,32]{1,0} all-reduce(%a.1), channel_id=1, replica_groups=[1,4]<=[4]
+  %f.1 = f32[16,32]{1,0} fusion(%all-reduce.1), kind=kLoop, calls=%fused.1
+  %all-reduce.2 = bf16[64,32]{1,0} all-reduce(%b.1), channel_id=2, replica_groups=[1,4]<=[4]
+  ROOT %t.1 = (f32[16,32]{1,0}, bf16[64,32]{1,0}) tuple(%f.1, %all-reduce.2)
+}
+"""
+    rows = {r["example"]: r for r in op_inventory(text)["collectives"]}
+    assert rows["all-reduce.1"]["op"] == "all-reduce" and rows["all-reduce.1"]["scattered"]
+    assert not rows["all-reduce.2"]["scattered"]
+
+
 def test_fusions_and_custom_calls_counted_per_step(inventory):
     # in the loop body (3 trips): 4 kCustom fusions and 1 kLoop; in the entry: 1 kLoop;
     # the start fusion's root and the done fusion's root are custom calls, per trip

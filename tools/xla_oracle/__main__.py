@@ -33,6 +33,7 @@ from typing import Any
 from tools.xla_oracle.inventory import op_inventory
 from tools.xla_oracle.record import GIB, build_result
 from tools.xla_oracle.spec import (
+    HLO_CACHE,
     HLO_DIR,
     RESULTS,
     ROOT,
@@ -181,12 +182,16 @@ def run(only: list[str] | None, force: bool, timeout_s: float, jobs: int = 1) ->
         outcome, hlo = _compile(spec, timeout_s)
         inventory = op_inventory(hlo) if hlo else None
         hlo_file = None
-        if hlo and configs[spec["id"]].get("hlo"):
-            HLO_DIR.mkdir(parents=True, exist_ok=True)
-            path = HLO_DIR / f"{spec['id']}.hlo.txt.gz"
+        if hlo:
+            # committed for the configs marked hlo (the calibration rows); the others kept
+            # in a local, ignored cache so that --refresh-inventory can parse them again
+            keep = bool(configs[spec["id"]].get("hlo"))
+            folder = HLO_DIR if keep else HLO_CACHE
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{spec['id']}.hlo.txt.gz"
             with gzip.open(path, "wt", compresslevel=9) as fh:
                 fh.write(hlo)
-            hlo_file = str(path.relative_to(ROOT))
+            hlo_file = str(path.relative_to(ROOT)) if keep else None
         result = build_result(spec, outcome, inventory, key, hlo_file)
         (RESULTS / f"{spec['id']}.json").write_text(json.dumps(result, indent=1) + "\n")
         with lock:
@@ -256,12 +261,15 @@ def refresh_inventories() -> int:
     inventory parser; no compile)."""
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
-        if not result.get("hlo_file"):
+        source = (ROOT / result["hlo_file"] if result.get("hlo_file")
+                  else HLO_CACHE / f"{result['id']}.hlo.txt.gz")
+        if not source.exists():
             continue
-        with gzip.open(ROOT / result["hlo_file"], "rt") as fh:
+        with gzip.open(source, "rt") as fh:
             result["inventory"] = op_inventory(fh.read())
         path.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"xla_oracle: {result['id']}: inventory parsed again from {result['hlo_file']}")
+        print(f"xla_oracle: {result['id']}: inventory parsed again from "
+              f"{source.relative_to(ROOT)}")
     return 0
 
 

@@ -14,7 +14,10 @@ counts, per step:
   fusion it overlaps with, in the done fusion), all with its ``channel_id``: it is counted
   once per channel. XLA TPU writes a reduce-scatter as an ``all-reduce`` whose result a
   ``dynamic-slice`` takes (a ``kCustom`` fusion named ``all-reduce-scatter...``): it is
-  counted as a ``reduce-scatter`` (operand: the all-reduce's input; result: the slice).
+  counted as a ``reduce-scatter`` (operand: the all-reduce's input; result: the slice). An
+  ``all-reduce`` elsewhere whose every user keeps only 1 / group size of its result (a
+  dynamic-slice fused with a convert, as the scanned gradients are written) stays an
+  all-reduce, marked ``scattered``.
 - fusions by kind (``kLoop``, ``kInput``, ``kOutput``, ``kCustom``), custom calls by target.
 
 Counts are per step: an op in a ``while`` body counts its loop's trip count (read from
@@ -292,6 +295,24 @@ def _trip_count(ins: Instruction, caller: Computation,
     return max(n, 0), how
 
 
+def _elements(shape: str) -> int:
+    return sum(math.prod(int(d) for d in dims.split(",") if d) if dims else 1
+               for dtype, dims in _ARRAY.findall(shape) if dtype in DTYPE_BYTES)
+
+
+def _only_shards_used(comp: Computation, ins: Instruction, group_size: int) -> bool:
+    """True when every user of all-reduce ``ins`` in its computation produces 1 /
+    ``group_size`` of its elements: a reduce-scatter written as an all-reduce whose result
+    each device slices (a ``dynamic-slice``, or a fusion holding one)."""
+    if ins.shape.startswith("(") or group_size <= 1:
+        return False
+    users = [i for i in comp.instructions if ins.name in i.operands]
+    whole = _elements(ins.shape)
+    return bool(users) and all(
+        u.opcode in ("dynamic-slice", "fusion") and _elements(u.shape) * group_size == whole
+        for u in users)
+
+
 def _called(ins: Instruction) -> list[tuple[str, str]]:
     """(role, computation name) pairs this instruction calls."""
     out = []
@@ -389,21 +410,27 @@ def op_inventory(text: str) -> dict[str, Any]:
             result_shape = parts[1] if len(parts) > 1 else ins.shape
         result_bytes = shape_bytes(result_shape)
         op = base
+        groups = replica_groups(ins.attrs)
+        scattered = False
         if base == "all-reduce":
-            # XLA TPU's reduce-scatter: an all-reduce whose result a dynamic-slice takes
+            # XLA TPU's reduce-scatter fusion: an all-reduce whose result a dynamic-slice
+            # takes, in a kCustom fusion named all-reduce-scatter
             scatter = next((i for i in comp.instructions if i.opcode == "dynamic-slice"
                             and i.operands and i.operands[0] == ins.name), None)
-            if scatter is not None:
+            if scatter is not None and comp.name.startswith("all-reduce-scatter"):
                 op, result_bytes = "reduce-scatter", shape_bytes(scatter.shape)
-        groups = replica_groups(ins.attrs)
+            elif groups and groups["group_size"]:
+                scattered = _only_shards_used(comp, ins, groups["group_size"])
+
         dtypes = _dtypes(result_shape) or _dtypes(ins.shape)
         op_name = re.search(r'op_name="([^"]*)"', ins.attrs)
         key = (op, tuple(dtypes[:1]), result_bytes, operand_bytes,
-               groups["text"] if groups else None, found["async"])
+               groups["text"] if groups else None, found["async"], scattered)
         row = collectives.setdefault(key, {
             "op": op, "dtype": dtypes[0] if dtypes else None,
             "result_bytes": result_bytes, "operand_bytes": operand_bytes,
-            "replica_groups": groups, "async": found["async"], "count": 0,
+            "replica_groups": groups, "async": found["async"], "scattered": scattered,
+            "count": 0,
             "instructions": 0, "example": ins.name,
             "op_name": op_name.group(1)[:160] if op_name else None})
         row["count"] += mult

@@ -142,6 +142,7 @@ _COLLECTIVE = {
                            "properties": {"form": {"enum": ["explicit", "iota", "mesh",
                                                             "pairs"]}}},
         "async": {"type": "boolean"},
+        "scattered": {"type": "boolean"},
         "count": {"type": "integer", "minimum": 1},
     },
 }

@@ -29,7 +29,8 @@ from pod.config.slices import resolve_pod
 from pod.errors import ScenarioError
 from pod.workloads.transformer import TransformerConfig
 
-__all__ = ["ROOT", "CONFIGS", "RESULTS", "HLO_DIR", "MODEL_VERSION", "OracleConfigError",
+__all__ = ["ROOT", "CONFIGS", "RESULTS", "HLO_DIR", "HLO_CACHE", "MODEL_VERSION",
+           "OracleConfigError",
            "load_configs", "resolve", "cache_key"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "configs.yaml"
 RESULTS = HERE / "results"
 HLO_DIR = HERE / "hlo"
+HLO_CACHE = HERE / ".hlo-cache"   # the other configs' HLO, local and ignored by git
 
 #: Bumped whenever the reference model or the step changes what XLA compiles; part of
 #: every cache key, so results of an older reference are compiled again.
