@@ -227,12 +227,19 @@ def test_cache_key_follows_the_compiled_program_not_the_note(configs):
     assert cache_key(spec, {**versions, "libtpu": "0.0.43"}) != key
 
 
-def test_parse_oom():
+def test_parse_oom_reads_both_forms_of_xla_s_message():
+    # the form libtpu 0.0.42 prints (T1 without remat on v5p-128)
+    msg = ("JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+           "required for HLO temporaries (166.00G) exceeds available HBM (95.74G).")
+    assert parse_oom(msg) == {"required_bytes": int(166.0 * 2 ** 30),
+                              "available_bytes": int(95.74 * 2 ** 30),
+                              "required_of": "HLO temporaries"}
     msg = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
            "space hbm. Used 20.50G of 15.75G hbm. Exceeded hbm capacity by 4.75G.")
-    oom = parse_oom(msg)
-    assert oom == {"used_bytes": int(20.5 * 2 ** 30), "capacity_bytes": int(15.75 * 2 ** 30),
-                   "exceeded_bytes": int(4.75 * 2 ** 30)}
+    assert parse_oom(msg) == {"required_bytes": int(20.5 * 2 ** 30),
+                              "available_bytes": int(15.75 * 2 ** 30), "required_of": "total",
+                              "exceeded_bytes": int(4.75 * 2 ** 30)}
+    assert parse_oom("RESOURCE_EXHAUSTED: something else") is None
 
 
 def test_build_result_fits_against_the_preset_hbm(configs, inventory):
@@ -248,7 +255,7 @@ def test_build_result_fits_against_the_preset_hbm(configs, inventory):
     refused = build_result(spec, {"ok": False, "stage": "compile",
                                   "error": "XlaRuntimeError: RESOURCE_EXHAUSTED: Used 20G of "
                                            "15.75G hbm."}, None, "0" * 16, None)
-    assert refused["fits"] is False and refused["compile"]["oom"]["used_bytes"] == 20 * 2 ** 30
+    assert refused["fits"] is False and refused["compile"]["oom"]["required_bytes"] == 20 * 2 ** 30
     crashed = build_result(spec, {"ok": False, "stage": "lower", "error": "TypeError"}, None,
                            "0" * 16, None)
     assert crashed["fits"] is None

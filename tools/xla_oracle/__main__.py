@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.xla_oracle.inventory import op_inventory
-from tools.xla_oracle.record import GIB, build_result
+from tools.xla_oracle.record import GIB, build_result, parse_oom
 from tools.xla_oracle.spec import (
     HLO_CACHE,
     HLO_DIR,
@@ -128,11 +128,12 @@ def _summary(result: dict[str, Any]) -> str:
     if peak is not None:
         verdict = "fits" if result["fits"] else "does NOT fit"
         return f"{verdict}: {peak / GIB:.2f} GiB of {hbm:.2f} GiB{took}"
-    if result["compile"]["oom"]:
-        oom = result["compile"]["oom"]
-        used = oom.get("used_bytes")
-        return (f"does NOT fit (XLA RESOURCE_EXHAUSTED"
-                f"{f', used {used / GIB:.2f} GiB' if used else ''}){took}")
+    if result["fits"] is False:
+        oom = result["compile"]["oom"] or {}
+        need = oom.get("required_bytes")
+        shown = (f", {oom.get('required_of')} need {need / GIB:.2f} GiB of "
+                 f"{oom['available_bytes'] / GIB:.2f}" if need else "")
+        return f"does NOT fit (XLA: RESOURCE_EXHAUSTED{shown}){took}"
     return f"no verdict: {str(result['compile']['error'])[:200]}"
 
 
@@ -220,6 +221,12 @@ def list_configs() -> int:
     return 0
 
 
+def _note(result: dict[str, Any]) -> str:
+    if result.get("calibration"):
+        return f"calibration row {result['calibration']}, as published"
+    return str(result.get("note") or "")
+
+
 def table_rows() -> list[str]:
     """The docs table: one row per result in configs.yaml order."""
     rows = ["| id | slice | mesh | B x T | remat | XLA peak GiB | HBM GiB | fits | note |",
@@ -231,16 +238,18 @@ def table_rows() -> list[str]:
             continue
         r = json.loads(path.read_text())
         peak = r["peak_bytes_per_device"]
-        if peak is None and r["compile"].get("oom"):
-            used = r["compile"]["oom"].get("used_bytes")
-            shown = f"> HBM (XLA: {used / GIB:.1f})" if used else "> HBM"
+        if peak is None and r["fits"] is False:
+            oom = r["compile"].get("oom") or {}
+            need = oom.get("required_bytes")
+            shown = (f"> HBM ({oom.get('required_of')}: {need / GIB:.1f})" if need
+                     else "> HBM")
         else:
             shown = f"{peak / GIB:.2f}" if peak is not None else "-"
         fits = {True: "yes", False: "**no**", None: "?"}[r["fits"]]
         sl = r["slice"] + (f" x {r['slices']}" if r["slices"] > 1 else "")
         rows.append(f"| {cid} | {sl} | {_axes(r['mesh'])} | {r['per_device_batch']:g} x "
                     f"{r['sequence_length']} | {r['remat']} | {shown} | "
-                    f"{r['hbm_bytes_per_device'] / GIB:.1f} | {fits} | {r.get('note') or ''} |")
+                    f"{r['hbm_bytes_per_device'] / GIB:.1f} | {fits} | {_note(r)} |")
     return rows
 
 
@@ -263,6 +272,9 @@ def refresh_inventories() -> int:
         result = json.loads(path.read_text())
         source = (ROOT / result["hlo_file"] if result.get("hlo_file")
                   else HLO_CACHE / f"{result['id']}.hlo.txt.gz")
+        if result["compile"].get("error") and "RESOURCE_EXHAUSTED" in result["compile"]["error"]:
+            result["compile"]["oom"] = parse_oom(result["compile"]["error"])
+            path.write_text(json.dumps(result, indent=1) + "\n")
         if not source.exists():
             continue
         with gzip.open(source, "rt") as fh:
@@ -281,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the configs and exit")
     parser.add_argument("--table", action="store_true", help="rewrite the docs table")
     parser.add_argument("--refresh-inventory", action="store_true",
-                        help="parse the committed HLO files again (no compile)")
+                        help="parse the HLO files and XLA's messages again (no compile)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="compiles at once (each its own process; default 1)")
     parser.add_argument("--timeout", type=float, default=7200.0,

@@ -39,16 +39,27 @@ def _bytes(number: str, unit: str) -> int:
     return int(float(number) * _UNITS[unit.upper().rstrip("IB")[:1] if unit else ""])
 
 
-def parse_oom(message: str) -> dict[str, int] | None:
-    """The bytes an XLA RESOURCE_EXHAUSTED message states: ``Used 20.5G of 15.75G hbm``
-    -> {"used_bytes": ..., "capacity_bytes": ...} (also "Exceeded hbm capacity by 4.75G"
-    -> "exceeded_bytes"); None if it names none."""
-    out: dict[str, int] = {}
+def parse_oom(message: str) -> dict[str, Any] | None:
+    """The bytes an XLA RESOURCE_EXHAUSTED message states, in either of its forms:
+
+    - "the total memory required for HLO temporaries (164.66G) exceeds available HBM
+      (95.74G)" -> {"required_bytes", "available_bytes", "required_of": "HLO temporaries"}
+    - "Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G" -> {"required_bytes",
+      "available_bytes", "required_of": "total", "exceeded_bytes"}
+
+    G is read as GiB (XLA prints binary units). None if the message names no bytes.
+    """
+    out: dict[str, Any] = {}
+    m = re.search(r"memory required for ([\w ]+?) \(([\d.]+)\s*([KMGT]?i?B?)\) exceeds "
+                  r"available HBM \(([\d.]+)\s*([KMGT]?i?B?)\)", message)
+    if m:
+        out.update(required_bytes=_bytes(m.group(2), m.group(3)),
+                   available_bytes=_bytes(m.group(4), m.group(5)), required_of=m.group(1))
     m = re.search(r"Used\s+([\d.]+)\s*([KMGT]?i?B?)\s+of\s+([\d.]+)\s*([KMGT]?i?B?)\s+hbm",
                   message)
     if m:
-        out["used_bytes"] = _bytes(m.group(1), m.group(2))
-        out["capacity_bytes"] = _bytes(m.group(3), m.group(4))
+        out.update(required_bytes=_bytes(m.group(1), m.group(2)),
+                   available_bytes=_bytes(m.group(3), m.group(4)), required_of="total")
     m = re.search(r"Exceeded hbm capacity by\s+([\d.]+)\s*([KMGT]?i?B?)", message)
     if m:
         out["exceeded_bytes"] = _bytes(m.group(1), m.group(2))
