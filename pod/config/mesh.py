@@ -589,12 +589,16 @@ class DeviceFigures:
             fsdp all-gather (still split by tensor).
         activations: bytes kept in HBM from forward for backward.
         transient: bytes of the largest working set of one layer in backward.
+        weight_bytes: bytes of one stored parameter, of its gradient and of its
+            optimizer state per slot: 4 (float32 masters), 2 under the transformer's
+            ``weight_dtype: bfloat16`` (``pod.workloads.weights``).
     """
 
     params: int
     largest_layer: int
     activations: int
     transient: int = 0
+    weight_bytes: int = _FLOAT32_BYTES
 
 
 #: (fsdp, tensor, per-device batch) -> the device's figures, None for a layout the
@@ -602,19 +606,26 @@ class DeviceFigures:
 FiguresFn = Callable[[int, int, int], "DeviceFigures | None"]
 
 
-def fsdp_buffer_bytes(layer_params: int, fsdp: int, precision: str) -> int:
+def fsdp_buffer_bytes(layer_params: int, fsdp: int, precision: str,
+                      weight_bytes: int = _FLOAT32_BYTES) -> int:
     """The FSDP buffers of one device, bytes: two layers' weights as the MXU reads
     them (the one computing and the next, prefetched: XLA's async all-gathers
-    run a layer ahead), and with fsdp > 1 two layers' whole float32 gradients
-    (one being reduce-scattered while the next is computed). ``layer_params``:
-    the largest layer's parameters on the device (a bound for both layers).
+    run a layer ahead), and with fsdp > 1 two layers' whole gradients in the
+    parameters' dtype (``weight_bytes``: float32, or bf16 under ``weight_dtype:
+    bfloat16``; one being reduce-scattered while the next is computed).
+    ``layer_params``: the largest layer's parameters on the device (a bound for
+    both layers).
 
-    Weights: gathered in bf16 (2 bytes; XLA converts before the all-gather, [SB])
-    or float32 for fp32 training; without fsdp, the MXU's copy of the local
-    weights (bf16 2, int8 1, none for fp32, which reads the float32 master).
+    Weights: gathered in bf16 (2 bytes; XLA converts before the all-gather, [SB];
+    a bf16-stored parameter is bf16 already) or float32 for fp32 training of float32
+    masters; without fsdp, the MXU's copy of the local weights (bf16 2, int8 1, none
+    for fp32, which reads the float32 master; none for bf16 weights in bf16).
     """
     if fsdp > 1:
-        return 2 * layer_params * (_GATHER_BYTES.get(precision, 2) + _FLOAT32_BYTES)
+        gathered = min(_GATHER_BYTES.get(precision, 2), weight_bytes)
+        return 2 * layer_params * (gathered + weight_bytes)
+    if weight_bytes <= _MXU_COPY_BYTES.get(precision, 0):
+        return 0  # the MXU reads the stored bf16 weights themselves
     return 2 * layer_params * _MXU_COPY_BYTES.get(precision, 0)
 
 
@@ -626,13 +637,14 @@ def _sharded_items(params: int, optimizer_bytes_per_param: float, fsdp: int, ten
         figures = DeviceFigures(math.ceil(params / (fsdp * tensor)),
                                 math.ceil(largest_layer / tensor),
                                 math.ceil(per_device_batch * activation_bytes_per_example / tensor))
-    local = figures.params
+    local, weight = figures.params, figures.weight_bytes
     items = {
-        "params": _FLOAT32_BYTES * local,
-        "grads": _FLOAT32_BYTES * local,
+        "params": weight * local,
+        "grads": weight * local,
         "optimizer_state": math.ceil(optimizer_bytes_per_param * local),
         "activations": figures.activations,
-        "workspace": fsdp_buffer_bytes(figures.largest_layer, fsdp, precision) + figures.transient,
+        "workspace": (fsdp_buffer_bytes(figures.largest_layer, fsdp, precision, weight)
+                      + figures.transient),
     }
     return {**items, "total": sum(items.values())}
 
@@ -782,7 +794,8 @@ def model_figures(model, precision: str = "bf16", expert: int = 1) -> FiguresFn:
                 return None
         else:
             params = math.ceil(int(model.num_params) / (fsdp * tensor))
-        return DeviceFigures(params, largest, memory.device_bytes, memory.transient_bytes)
+        return DeviceFigures(params, largest, memory.device_bytes, memory.transient_bytes,
+                             model.storage_dtype.itemsize)
     return figures
 
 

@@ -120,8 +120,9 @@ def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
 
 
 def _shape_only(model: Model) -> dict[str, np.ndarray]:
-    """Zero-copy stand-ins with the parameters' shapes (no memory for big models)."""
-    zero = np.zeros((), dtype=np.float32)
+    """Zero-copy stand-ins with the parameters' shapes and storage dtype (no memory for
+    big models)."""
+    zero = np.zeros((), dtype=model.storage_dtype)
     out = {}
     for key, shape in model.param_shapes.items():
         try:

@@ -42,6 +42,7 @@ from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
 from pod.workloads.remat import check_remat_custom
+from pod.workloads.weights import WEIGHT_DTYPES, computed, weight_dtype
 
 __all__ = [
     "BLOCKS",
@@ -49,6 +50,7 @@ __all__ = [
     "MLP_ACTIVATIONS",
     "NORMS",
     "POSITIONS",
+    "QUANTIZATIONS",
     "REMAT_POLICIES",
     "TRANSFORMER_OPTIONS",
     "LayerNorm",
@@ -222,7 +224,12 @@ class Unembed(Layer):
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
                        "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
-                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight")
+                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight",
+                       "sparse_matmul", "weight_dtype", "quantization", "use_qk_norm")
+
+#: ``quantization`` values (MaxText's): "" bf16 matmuls; "int8" AQT int8 training
+#: (``pod.workloads.quantization``)
+QUANTIZATIONS = ("", "int8")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -280,6 +287,17 @@ class TransformerConfig:
             (MaxText's -1).
         moe_aux_loss_weight: w >= 0, the load-balancing loss's weight
             (``load_balance_loss_weight``, 0.01).
+        sparse_matmul: with experts, MaxText's ``sparse_matmul``: true (default) the
+            tokens sorted by expert and the experts run as a grouped matmul
+            (megablox); false the dense einsum dispatch of ``pod.workloads.moe``:
+            (tokens, experts, capacity) one-hot masks multiplied on the MXU.
+        weight_dtype: "float32" (master weights, MaxText's default) or "bfloat16":
+            the dtype parameters, their gradients and the optimizer state are
+            stored in (``pod.workloads.weights``).
+        quantization: "" or "int8": MaxText's ``quantization``, AQT int8 training of
+            the projections (``pod.workloads.quantization``).
+        use_qk_norm: an RMSNorm over each head's query and key before their product
+            (MaxText ``use_qk_norm``; every layer of MaxText 2023's decoder).
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -319,6 +337,10 @@ class TransformerConfig:
     experts_per_token: int = 1
     capacity_factor: float = 0.0
     moe_aux_loss_weight: float = 0.01
+    sparse_matmul: bool = True
+    weight_dtype: str = "float32"
+    quantization: str = ""
+    use_qk_norm: bool = False
 
     if TYPE_CHECKING:
         def __init__(self, vocabulary: int, sequence_length: int, embed_dim: int = ...,
@@ -329,7 +351,9 @@ class TransformerConfig:
                      fused_qkv: bool = ..., attention: str = ..., fusion: bool = ...,
                      remat_custom: tuple[tuple[str, str], ...] | None = ..., experts: int = ...,
                      experts_per_token: int = ..., capacity_factor: float = ...,
-                     moe_aux_loss_weight: float = ...) -> None: ...
+                     moe_aux_loss_weight: float = ..., sparse_matmul: bool = ...,
+                     weight_dtype: str = ..., quantization: str = ...,
+                     use_qk_norm: bool = ...) -> None: ...
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -355,6 +379,12 @@ class TransformerConfig:
         _choice("block", self.block, BLOCKS)
         _choice("attention", self.attention, ATTENTION_KERNELS)
         _choice("remat", self.remat, REMAT_POLICIES)
+        _choice("weight_dtype", self.weight_dtype, tuple(WEIGHT_DTYPES))
+        if self.quantization is None:  # YAML's empty value: MaxText's default ""
+            object.__setattr__(self, "quantization", "")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"transformer: option quantization must be \"\" (bf16 matmuls) or "
+                             f"int8 (AQT), got {self.quantization!r}")
         if self.remat_custom is not None:
             given = self.remat_custom
             custom = check_remat_custom(dict(given) if isinstance(given, tuple) else given)
@@ -362,7 +392,8 @@ class TransformerConfig:
                 raise ValueError(f"transformer: option remat_custom needs remat: custom, got "
                                  f"remat: {self.remat}")
             object.__setattr__(self, "remat_custom", custom)
-        for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion"):
+        for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion", "sparse_matmul",
+                      "use_qk_norm"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
                                  f"got {getattr(self, field)!r}")
@@ -406,6 +437,12 @@ class TransformerConfig:
     def kv_dim(self) -> int:
         """K * Dh, the width of the keys and of the values."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one stored parameter, of its gradient and of one optimizer slot
+        element: 4 (float32 masters) or 2 (``weight_dtype: bfloat16``)."""
+        return weight_dtype(self.weight_dtype).itemsize
 
     @property
     def mlp_inputs(self) -> int:
@@ -506,13 +543,28 @@ class TransformerModel(Model):
         """Per layer local param dicts; the weights a layer feeds to the MXU
         rounded to bf16 once when ``core.numerics`` (the tied table is
         rounded for the logits, not for the lookup), except on a timing-only core
-        (``core.execute`` False), which computes no product (as ``Model.prepare_params``)."""
+        (``core.execute`` False), which computes no product (as ``Model.prepare_params``);
+        bf16-stored parameters (``weight_dtype``) widened to float32 (exact)."""
         self._check_params(params)
         rounding = core.numerics and core.execute
         return [{local: (to_bf16(params[key]) if rounding and local in layer.matmul_params
-                         else params[key])
+                         else _widened(core, params[key]))
                  for key, local in keys}
                 for layer, keys in zip(self.layers, self._layer_keys, strict=True)]
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """float32, or bf16 under ``weight_dtype: bfloat16`` (``pod.workloads.weights``)."""
+        return weight_dtype(self.config.weight_dtype)
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        """As ``Model.init_params``, stored in ``config.weight_dtype`` (bf16: rounded
+        to nearest even, ``ml_dtypes.bfloat16`` arrays; ``pod.workloads.weights``)."""
+        params = super().init_params(seed)
+        dtype = self.storage_dtype
+        if dtype == np.float32:
+            return params
+        return {k: v.astype(dtype) for k, v in params.items()}
 
     def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
         """As ``Model.gradient_buckets``; the tied table counts once, in the
@@ -727,6 +779,12 @@ class TransformerModel(Model):
             p = np.exp(z - z.max())
             ids.append(int(rng.choice(p.size, p=p / p.sum())))
         return ids[start:]
+
+
+def _widened(core, a: np.ndarray) -> np.ndarray:
+    """A bf16-stored parameter as the float32 the layers compute with (exact);
+    anything else as it is."""
+    return computed(core, a) if a.dtype == WEIGHT_DTYPES["bfloat16"] else a
 
 
 def router_loads(caches) -> tuple:
