@@ -14,8 +14,10 @@ terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
   sum of each block output, allreduced over ``tensor`` (Megatron's f / g
   operators). Everything else is replicated over ``tensor``: the norms, the
   token embedding and the unembedding, the loss. Their gradients come out
-  identical on every tensor device, so no gradient crosses the tensor axis.
-  Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
+  identical on every tensor device, so no gradient crosses the tensor axis,
+  but for a scale the heads share (a qk norm's: a layer's ``tensor_partial``),
+  whose gradient on a device covers its heads only: it is allreduced over
+  ``tensor``. Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
   (:func:`check_tensor_split`).
 - **sequence parallelism** (``sequence_parallel=True``; [SP] Korthikanti et
   al. 2022): outside the attention and MLP products a tensor device keeps
@@ -268,6 +270,10 @@ class ShardedTransformer:
         self._split = {key: layer.tensor_split.get(local)
                        for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
                        for key, local in keys}
+        # replicated over tensor, but each tensor device's gradient covers its heads only
+        self._partial = {key for layer, keys in zip(self.local_model.layers, self._keys,
+                                                    strict=True)
+                         for key, local in keys if local in layer.tensor_partial}
         # the experts' weights: split over expert on this dimension (None: replicated)
         self._expert_split = {key: getattr(layer, "expert_split", {}).get(local)
                               for layer, keys in zip(self.local_model.layers, self._keys,
@@ -677,6 +683,9 @@ class ShardedTransformer:
         if self.sequence_parallel and self.tensor > 1:  # replicated params saw a chunk each
             part = self._allreduce_keys(core, comm, "tensor", f"{name} replicated grads", grads,
                                         widths, part, lambda k: self._split[k] is None, wire)
+        elif self.tensor > 1:  # a scale shared by the heads: each device saw its own heads
+            part = self._allreduce_keys(core, comm, "tensor", f"{name} head-shared grads",
+                                        grads, widths, part, self._partial.__contains__, wire)
         part = stored(core, part, self.storage)
         if self.gradient_divisor > 1:
             scale = np.float32(1.0 / self.gradient_divisor)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chip import to_bf16
-from pod.workloads.attention import ATTENTION_KERNELS
+from pod.workloads.attention import ATTENTION_KERNELS, RELPOS_BUCKETS
 from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
@@ -68,7 +68,9 @@ __all__ = [
     "router_loads",
 ]
 
-POSITIONS = ("rotary", "learned")
+#: positions: RoPE in the attention, learned vectors added to the token embeddings, or
+#: the T5 relative position bias in every layer's attention (MaxText's April 2023 decoder)
+POSITIONS = ("rotary", "learned", "relative")
 
 EMBEDDING_INIT_STDDEV = 0.02  # GPT-2 / nanoGPT embedding init (normal, std 0.02)
 
@@ -260,8 +262,11 @@ class TransformerConfig:
             "gated_gelu", "gelu", "relu").
         layers: L, transformer blocks (``num_decoder_layers``).
         norm: "rmsnorm" or "layernorm" (pre-norm in every block, and final).
-        positions: "rotary" (RoPE in attention) or "learned" (added to the
-            token embeddings).
+        positions: "rotary" (RoPE in attention), "learned" (added to the
+            token embeddings) or "relative" (the T5 relative position bias, a
+            (H, 32) table per layer added to the attention scores; MaxText's
+            decoder of April 2023, training-steps.md T9; needs ``attention:
+            dot_product``).
         tied_embeddings: logits through the token embedding table
             (``logits_via_embedding``) instead of a separate (C, V) kernel.
         block: "sequential" or "parallel" (``pod.workloads.block``).
@@ -397,6 +402,10 @@ class TransformerConfig:
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
                                  f"got {getattr(self, field)!r}")
+        if self.positions == "relative" and self.attention != "dot_product":
+            raise ValueError(f"transformer: option positions relative needs attention: "
+                             f"dot_product (the flash kernel takes no bias here), got "
+                             f"attention: {self.attention}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"transformer: option head_dim must be even for rotary positions, "
                              f"got {self.head_dim}")
@@ -468,15 +477,18 @@ class TransformerConfig:
 
     def param_count(self, *, active: bool = False) -> int:
         """Parameters in closed form: per block the norms (C each, 2C for
-        layernorm; two norms in a sequential block, one in a parallel one),
-        the projections (``block_matmul_params``) and with ``use_bias`` their
+        layernorm; two norms in a sequential block, one in a parallel one; with
+        ``use_qk_norm`` two Dh scales; with relative positions the (H, 32) bias
+        table), the projections (``block_matmul_params``) and with ``use_bias`` their
         biases ((H + 2K) Dh + C + MLP inputs x F + C); the final norm; the
         table V C; learned positions T C; an untied output kernel C V. ``active``:
         with experts, only the k experts a token uses (Mixtral 8x7B: 46.7B total,
         12.9B active [Mixtral] Jiang et al. 2024, sec. 2)."""
         c, f, v = self.embed_dim, self.mlp_dim, self.vocabulary
         norm = c * (2 if self.norm == "layernorm" else 1)
-        norms = (1 if self.block == "parallel" else 2) * norm
+        norms = ((1 if self.block == "parallel" else 2) * norm
+                 + (2 * self.head_dim if self.use_qk_norm else 0)          # qk norms (Dh,) each
+                 + (self.heads * RELPOS_BUCKETS if self.positions == "relative" else 0))
         bias = ((self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias
                 else 0)
         block = norms + self.block_matmul_params(active=active) + bias
@@ -527,7 +539,9 @@ class TransformerModel(Model):
                                     remat_custom=cfg.remat_custom,
                                     block=cfg.block, use_bias=cfg.use_bias,
                                     fused_qkv=cfg.fused_qkv, attention=cfg.attention,
-                                    fusion=cfg.fusion, moe=moe, name=f"block{i}")
+                                    fusion=cfg.fusion, moe=moe, qk_norm=cfg.use_qk_norm,
+                                    relative_bias=cfg.positions == "relative",
+                                    name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
         layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
