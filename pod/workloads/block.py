@@ -127,7 +127,7 @@ class TransformerBlock(Layer):
         moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
             keywords but ``mlp_dim``, ``activation`` and ``fusion``: ``experts``,
             ``experts_per_token``, ``capacity_factor``, ``aux_loss_weight``,
-            ``expert_shards``): an MoE layer in place of the MLP, under the same
+            ``expert_shards``, ``sparse_matmul``): an MoE layer in place of the MLP, under the same
             name ("mlp"); its routing of a pass is the forward cache's "moe".
         name: layer name; sub-layer ops are recorded as "<name>/attention/...".
 
@@ -316,10 +316,12 @@ class TransformerBlock(Layer):
         """MXU FLOPs per example of forward and backward as run: the attention's
         (``CausalSelfAttention.hardware_flops``), three times the MLP's forward
         (an MoE's: its router and its k experts per token, without its capacity's
-        padding), and remat's recomputation."""
+        padding, and its dense dispatch's products, ``MoE.dispatch_flops``), and
+        remat's recomputation."""
         shape = self._check(input_shape)
+        dispatch = self.mlp.dispatch_flops(shape) if self.moe else 0
         return (self.attention.hardware_flops(shape) + 3 * self.mlp.forward_flops(shape)
-                + self.recompute_flops(shape))
+                + dispatch + self.recompute_flops(shape))
 
     def cache_elements(self, input_shape):
         """Elements of the arrays kept per example for backward, by ``remat`` (on the

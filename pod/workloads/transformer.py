@@ -431,6 +431,10 @@ class TransformerConfig:
         if self.use_bias:
             raise ValueError("transformer: option use_bias must be false with experts (the "
                              "experts have no biases)")
+        if not self.sparse_matmul and not cf:
+            raise ValueError("transformer: option sparse_matmul false (the dense einsum "
+                             "dispatch) needs capacity_factor > 0 (e.g. 1.25); dense dropless "
+                             "routing is not modelled")
         t = self.sequence_length
         if cf and t * k * cf < e:
             raise ValueError(f"transformer: option capacity_factor {cf} leaves an expert no "
@@ -529,7 +533,7 @@ class TransformerModel(Model):
         moe = None if not cfg.experts else {
             "experts": cfg.experts, "experts_per_token": cfg.experts_per_token,
             "capacity_factor": cfg.capacity_factor, "aux_loss_weight": cfg.moe_aux_loss_weight,
-            "expert_shards": int(expert_shards)}
+            "expert_shards": int(expert_shards), "sparse_matmul": cfg.sparse_matmul}
         layers: list[Layer] = [TokenEmbedding(
             cfg.vocabulary, cfg.embed_dim,
             cfg.sequence_length if cfg.positions == "learned" else None, name="embed")]
