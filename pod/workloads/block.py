@@ -319,7 +319,7 @@ class TransformerBlock(Layer):
         padding, and its dense dispatch's products, ``MoE.dispatch_flops``), and
         remat's recomputation."""
         shape = self._check(input_shape)
-        dispatch = self.mlp.dispatch_flops(shape) if self.moe else 0
+        dispatch = self.mlp.dispatch_flops(shape) if isinstance(self.mlp, MoE) else 0
         return (self.attention.hardware_flops(shape) + 3 * self.mlp.forward_flops(shape)
                 + dispatch + self.recompute_flops(shape))
 
