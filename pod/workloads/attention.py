@@ -219,6 +219,9 @@ class CausalSelfAttention(Layer):
             elsewhere, e.g. learned position embeddings).
         qk_norm: RMS-normalise each head's queries and keys.
         relative_bias: the T5 relative position bias (``dot_product`` only).
+        quantized: AQT int8 products for the q, k, v and output projections, forward
+            and backward (``pod.workloads.quantization``); the attention kernel's
+            score and value products stay bf16.
         use_bias: biases on the q, k, v projections.
         fused_qkv: one (C, (H+2K)*Dh) projection instead of three.
         attention: the kernel, "flash" or "dot_product" (module docstring).
@@ -237,9 +240,12 @@ class CausalSelfAttention(Layer):
                  rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
                  attention: str = "dot_product", block_size: int = FLASH_BLOCK_SIZE,
                  fusion: bool = False, qk_norm: bool = False, relative_bias: bool = False,
-                 name: str | None = None):
+                 quantized: bool = False, name: str | None = None):
         super().__init__(name)
         self.fusion = bool(fusion)
+        # AQT int8 (pod.workloads.quantization): the projections' products, forward and
+        # backward; the attention kernel's stay bf16
+        self.q8 = {"quantized": True} if quantized else {}
         if attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
                              f"got {attention!r}")
@@ -481,7 +487,8 @@ class CausalSelfAttention(Layer):
 
     def _product(self, core, params, xr, key):
         """x W (+ bias, fused into the product) for projection ``key``."""
-        z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True, b_rounded=True)
+        z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True, b_rounded=True,
+                        **self.q8)
         if not self.use_bias:
             return z
         return vector_op(core, f"{self.name}/{key}_bias", np.add, z, params[f"{key}_bias"],
@@ -586,7 +593,7 @@ class CausalSelfAttention(Layer):
         out = None
         if need_output:
             out = _dot(saved, "out", lambda: core.matmul(o, params["out"], name=f"{self.name}/out",
-                                                         a_rounded=True, b_rounded=True))
+                                                         a_rounded=True, b_rounded=True, **self.q8))
         cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, **kernel, "o": o, "out": out,
                  **({"norms": norms} if self.qk_norm else {})}
         y = None if out is None else out.reshape(b, t, c)                  # (B, T, C)
@@ -599,14 +606,14 @@ class CausalSelfAttention(Layer):
         for key, dz in dzs.items():
             dzr = mxu_input(core, dz)
             grads[key] = core.matmul(xr.T, dzr, name=f"{self.name}/d_{key}",
-                                     a_rounded=True, b_rounded=True)      # (C, width)
+                                     a_rounded=True, b_rounded=True, **self.q8)      # (C, width)
             if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{key}_bias"] = vector_op(core, f"{self.name}/d_{key}_bias",
                                                  lambda d: d.sum(axis=0), dz,
                                                  out=(dz.shape[1:], dz.dtype))
             if need_dx:
                 part = core.matmul(dzr, params[key].T, name=f"{self.name}/dx_{key}",
-                                   a_rounded=True, b_rounded=True)        # (B*T, C)
+                                   a_rounded=True, b_rounded=True, **self.q8)        # (B*T, C)
                 dx = part if dx is None else vector_op(core, f"{self.name}/dx_sum", np.add, dx,
                                                        part, out=(part.shape, part.dtype),
                                                        fused=epilogue(self.fusion))
@@ -658,9 +665,9 @@ class CausalSelfAttention(Layer):
         b, t, c = dy.shape
         dyr = mxu_input(core, dy.reshape(b * t, c))                       # (B*T, C)
         grads = {"out": core.matmul(o.T, dyr, name=f"{self.name}/d_out",
-                                    a_rounded=True, b_rounded=True)}      # (H*Dh, C)
+                                    a_rounded=True, b_rounded=True, **self.q8)}      # (H*Dh, C)
         do = core.matmul(dyr, params["out"].T, name=f"{self.name}/d_context",
-                         a_rounded=True, b_rounded=True)                  # (B*T, H*Dh)
+                         a_rounded=True, b_rounded=True, **self.q8)                  # (B*T, H*Dh)
         doh = self._q_heads(core, do, b, t)                               # (B*K, G*T, Dh)
         dqh, dkh, dvh = (self._flash_backward(core, cache, doh, b, t) if self.flash
                          else self._dot_product_backward(core, cache, doh, grads, t))

@@ -123,6 +123,8 @@ class TransformerBlock(Layer):
         attention: the attention kernel, "flash" or "dot_product".
         qk_norm: RMS-normalise each head's queries and keys (``CausalSelfAttention``).
         relative_bias: the T5 relative position bias in the attention (per layer).
+        quantized: AQT int8 training of the projections (attention q / k / v / out, the
+            MLP or the MoE's experts; ``pod.workloads.quantization``).
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
             keywords but ``mlp_dim``, ``activation`` and ``fusion``: ``experts``,
@@ -142,7 +144,7 @@ class TransformerBlock(Layer):
                  remat: str = "none", remat_custom=None, block: str = "sequential",
                  use_bias: bool = False, fused_qkv: bool = False, attention: str = "flash",
                  fusion: bool = True, moe: dict | None = None, qk_norm: bool = False,
-                 relative_bias: bool = False, name: str | None = None):
+                 relative_bias: bool = False, quantized: bool = False, name: str | None = None):
         super().__init__(name)
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {block!r}")
@@ -155,11 +157,11 @@ class TransformerBlock(Layer):
                                              use_bias=use_bias, fused_qkv=fused_qkv,
                                              attention=attention, fusion=fusion,
                                              qk_norm=qk_norm, relative_bias=relative_bias,
-                                             name=f"{self.name}/attention")
+                                             quantized=quantized, name=f"{self.name}/attention")
         self.mlp = (MoE(mlp_dim=mlp_dim, activation=mlp_activation, fusion=fusion,
-                        name=f"{self.name}/mlp", **moe) if moe else
+                        quantized=quantized, name=f"{self.name}/mlp", **moe) if moe else
                     MLP(mlp_dim, mlp_activation, use_bias=use_bias, fusion=fusion,
-                        name=f"{self.name}/mlp"))
+                        quantized=quantized, name=f"{self.name}/mlp"))
         self.moe = isinstance(self.mlp, MoE)
         if self.parallel:
             self.parts = {"norm": norm_cls(name=f"{self.name}/norm", fusion=fusion),

@@ -247,6 +247,7 @@ class MoE(Layer):
             hold E / s experts (the router all E).
         sparse_matmul: True: the gather / scatter dispatch and grouped matmuls;
             False: the dense einsum dispatch (module docstring; needs cf > 0).
+        quantized: AQT int8 products for the experts (``pod.workloads.quantization``).
         fusion: fuse the elementwise work into the matmuls (module docstring).
         name: layer name.
 
@@ -259,9 +260,11 @@ class MoE(Layer):
     def __init__(self, experts: int, experts_per_token: int, mlp_dim: int,
                  activation: str = "gated_silu", *, capacity_factor: float = 0.0,
                  aux_loss_weight: float = 0.01, expert_shards: int = 1, fusion: bool = False,
-                 sparse_matmul: bool = True, name: str | None = None):
+                 sparse_matmul: bool = True, quantized: bool = False, name: str | None = None):
         super().__init__(name)
         self.fusion = bool(fusion)
+        # AQT int8: the experts' products; the router and the dense dispatch stay bf16
+        self.q8 = {"quantized": True} if quantized else {}
         self.experts = check_int(experts, "MoE experts")
         self.k = check_int(experts_per_token, "MoE experts_per_token")
         self.mlp_dim = check_int(mlp_dim, "MoE mlp_dim")
@@ -422,12 +425,12 @@ class MoE(Layer):
         groups = route["groups"]
         u = [saved[key] if saved is not None and key in saved else
              core.grouped_matmul(xd, params[w], groups, name=f"{self.name}/{w}", a_rounded=True,
-                                 b_rounded=True)
+                                 b_rounded=True, **self.q8)
              for key, w in zip(self.dot_keys, self.inputs, strict=True)]  # (E/s s R, F) each
         ran = not (saved is not None and self.dot_keys[-1] in saved)
         g = mxu_input(core, self._activate(core, u, ran))
         ye = core.grouped_matmul(g, params["wo"], groups, name=f"{self.name}/wo",
-                                 a_rounded=True, b_rounded=True)         # (E/s s R, C)
+                                 a_rounded=True, b_rounded=True, **self.q8)         # (E/s s R, C)
         back = hooks.combine(f"{self.name}/combine", ye, self.experts)   # (E R, C)
         cache = {"x": xr, "route": route, "xd": xd, **dict(zip(self.dot_keys, u, strict=True)),
                  "g": g, "rows": back}
@@ -459,19 +462,20 @@ class MoE(Layer):
                 ops_per_element=2.0 * self.k)
         dye = mxu_input(core, hooks.dispatch(f"{self.name}/combine_bwd", drows, self.experts))
         grads = {"wo": core.grouped_transposed_matmul(g, dye, groups, name=f"{self.name}/d_wo",
-                                                      a_rounded=True, b_rounded=True)}
+                                                      a_rounded=True, b_rounded=True, **self.q8)}
         dg = core.grouped_matmul(dye, np.swapaxes(params["wo"], 1, 2), groups,
-                                 name=f"{self.name}/d_hidden", a_rounded=True, b_rounded=True)
+                                 name=f"{self.name}/d_hidden", a_rounded=True, b_rounded=True,
+                                 **self.q8)
         du = self._activation_grad(core, dg, [cache[k] for k in self.dot_keys])
         dxd = None
         for w, d in zip(self.inputs, du, strict=True):
             dr = mxu_input(core, d)
             grads[w] = core.grouped_transposed_matmul(xd, dr, groups, name=f"{self.name}/d_{w}",
-                                                      a_rounded=True, b_rounded=True)
+                                                      a_rounded=True, b_rounded=True, **self.q8)
             if need_dx:
                 part = core.grouped_matmul(dr, np.swapaxes(params[w], 1, 2), groups,
                                            name=f"{self.name}/dx_{w}", a_rounded=True,
-                                           b_rounded=True)
+                                           b_rounded=True, **self.q8)
                 dxd = part if dxd is None else add(core, f"{self.name}/dx_sum", dxd, part,
                                                    epilogue(self.fusion))
         dl = mxu_input(core, vector_op(

@@ -41,6 +41,7 @@ from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
+from pod.workloads.quantization import QUANTIZATIONS
 from pod.workloads.remat import check_remat_custom
 from pod.workloads.weights import WEIGHT_DTYPES, computed, weight_dtype
 
@@ -228,10 +229,6 @@ TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", 
                        "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
                        "experts_per_token", "capacity_factor", "moe_aux_loss_weight",
                        "sparse_matmul", "weight_dtype", "quantization", "use_qk_norm")
-
-#: ``quantization`` values (MaxText's): "" bf16 matmuls; "int8" AQT int8 training
-#: (``pod.workloads.quantization``)
-QUANTIZATIONS = ("", "int8")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -545,7 +542,7 @@ class TransformerModel(Model):
                                     fused_qkv=cfg.fused_qkv, attention=cfg.attention,
                                     fusion=cfg.fusion, moe=moe, qk_norm=cfg.use_qk_norm,
                                     relative_bias=cfg.positions == "relative",
-                                    name=f"block{i}")
+                                    quantized=cfg.quantization == "int8", name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
         layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
