@@ -225,7 +225,9 @@ class CausalSelfAttention(Layer):
         use_bias: biases on the q, k, v projections.
         fused_qkv: one (C, (H+2K)*Dh) projection instead of three.
         attention: the kernel, "flash" or "dot_product" (module docstring).
-        block_size: the flash kernel's block (``FLASH_BLOCK_SIZE``).
+        block_size: the flash kernel's query block (``FLASH_BLOCK_SIZE``; MaxText
+            ``sa_block_q``).
+        block_kv: its key / value block (``sa_block_kv``); None: ``block_size``.
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         name: layer name.
 
@@ -239,6 +241,7 @@ class CausalSelfAttention(Layer):
     def __init__(self, heads: int, head_dim: int, *, kv_heads: int | None = None,
                  rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
                  attention: str = "dot_product", block_size: int = FLASH_BLOCK_SIZE,
+                 block_kv: int | None = None,
                  fusion: bool = False, qk_norm: bool = False, relative_bias: bool = False,
                  quantized: bool = False, name: str | None = None):
         super().__init__(name)
@@ -258,6 +261,8 @@ class CausalSelfAttention(Layer):
                        "key": RMSNorm(name=f"{self.name}/key_norm", fusion=fusion)}
                       if self.qk_norm else {})
         self.block_size = check_int(block_size, "attention block_size")
+        self.block_kv = check_int(self.block_size if block_kv is None else block_kv,
+                                  "attention block_kv")
         self.heads = check_int(heads, "attention heads")
         self.head_dim = check_int(head_dim, "attention head_dim")
         self.kv_heads = (self.heads if kv_heads is None
@@ -361,7 +366,8 @@ class CausalSelfAttention(Layer):
         block computed, then masked); for ``flash`` 2 Dh per score element of
         the computed causal blocks (``flash.causal_blocks``)."""
         t, _ = self._check(input_shape)
-        scores = causal_blocks(t, self.block_size).score_elements if self.flash else t * t
+        scores = (causal_blocks(t, self.block_size, self.block_kv).score_elements if self.flash
+                  else t * t)
         return products * 2 * self.head_dim * self.heads * scores
 
     def core_products(self, phase: str) -> int:
@@ -576,7 +582,7 @@ class CausalSelfAttention(Layer):
         if saved is not None and "attn" in saved:
             return {"attn": saved["attn"], "stats": saved["stats"]}
         record_flash_forward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
-                             self.block_size)
+                             self.block_size, self.block_kv)
         if not core.execute:
             return {"attn": timing_zeros(qh.shape, qh.dtype),
                     "stats": timing_zeros(qh.shape[:2], qh.dtype)}
@@ -641,7 +647,7 @@ class CausalSelfAttention(Layer):
         """The flash kernels' dq, dk, dv (scores recomputed by blocks)."""
         qh, kh, vh = cache["qh"], cache["kh"], cache["vh"]
         record_flash_backward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
-                              self.block_size)
+                              self.block_size, self.block_kv)
         if not core.execute:
             return (timing_zeros(qh.shape, qh.dtype), timing_zeros(kh.shape, kh.dtype),
                     timing_zeros(vh.shape, vh.dtype))

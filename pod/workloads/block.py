@@ -125,6 +125,7 @@ class TransformerBlock(Layer):
         relative_bias: the T5 relative position bias in the attention (per layer).
         quantized: AQT int8 training of the projections (attention q / k / v / out, the
             MLP or the MoE's experts; ``pod.workloads.quantization``).
+        flash_blocks: the flash kernel's (query, key / value) blocks; None: its default.
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
             keywords but ``mlp_dim``, ``activation`` and ``fusion``: ``experts``,
@@ -144,7 +145,8 @@ class TransformerBlock(Layer):
                  remat: str = "none", remat_custom=None, block: str = "sequential",
                  use_bias: bool = False, fused_qkv: bool = False, attention: str = "flash",
                  fusion: bool = True, moe: dict | None = None, qk_norm: bool = False,
-                 relative_bias: bool = False, quantized: bool = False, name: str | None = None):
+                 relative_bias: bool = False, quantized: bool = False,
+                 flash_blocks: tuple[int, int] | None = None, name: str | None = None):
         super().__init__(name)
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {block!r}")
@@ -157,7 +159,11 @@ class TransformerBlock(Layer):
                                              use_bias=use_bias, fused_qkv=fused_qkv,
                                              attention=attention, fusion=fusion,
                                              qk_norm=qk_norm, relative_bias=relative_bias,
-                                             quantized=quantized, name=f"{self.name}/attention")
+                                             quantized=quantized,
+                                             **({} if flash_blocks is None else
+                                                {"block_size": flash_blocks[0],
+                                                 "block_kv": flash_blocks[1]}),
+                                             name=f"{self.name}/attention")
         self.mlp = (MoE(mlp_dim=mlp_dim, activation=mlp_activation, fusion=fusion,
                         quantized=quantized, name=f"{self.name}/mlp", **moe) if moe else
                     MLP(mlp_dim, mlp_activation, use_bias=use_bias, fusion=fusion,

@@ -37,6 +37,7 @@ from chip import to_bf16
 from pod.workloads.attention import ATTENTION_KERNELS, RELPOS_BUCKETS
 from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
+from pod.workloads.flash import FLASH_BLOCK_SIZE
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
@@ -228,7 +229,8 @@ TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", 
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
                        "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
                        "experts_per_token", "capacity_factor", "moe_aux_loss_weight",
-                       "sparse_matmul", "weight_dtype", "quantization", "use_qk_norm")
+                       "sparse_matmul", "weight_dtype", "quantization", "use_qk_norm",
+                       "sa_block_q", "sa_block_kv")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -300,6 +302,10 @@ class TransformerConfig:
             the projections (``pod.workloads.quantization``).
         use_qk_norm: an RMSNorm over each head's query and key before their product
             (MaxText ``use_qk_norm``; every layer of MaxText 2023's decoder).
+        sa_block_q, sa_block_kv: the flash kernel's query and key / value blocks
+            (MaxText's splash attention ``sa_block_q``, ``sa_block_kv``; 512 each,
+            ``pod.workloads.flash.FLASH_BLOCK_SIZE``): larger blocks skip less of
+            the causal triangle.
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -343,6 +349,8 @@ class TransformerConfig:
     weight_dtype: str = "float32"
     quantization: str = ""
     use_qk_norm: bool = False
+    sa_block_q: int = FLASH_BLOCK_SIZE
+    sa_block_kv: int = FLASH_BLOCK_SIZE
 
     if TYPE_CHECKING:
         def __init__(self, vocabulary: int, sequence_length: int, embed_dim: int = ...,
@@ -355,10 +363,12 @@ class TransformerConfig:
                      experts_per_token: int = ..., capacity_factor: float = ...,
                      moe_aux_loss_weight: float = ..., sparse_matmul: bool = ...,
                      weight_dtype: str = ..., quantization: str = ...,
-                     use_qk_norm: bool = ...) -> None: ...
+                     use_qk_norm: bool = ..., sa_block_q: int = ...,
+                     sa_block_kv: int = ...) -> None: ...
 
     def __post_init__(self):
-        for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
+        for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers",
+                      "sa_block_q", "sa_block_kv"):
             check_int(getattr(self, field), f"transformer: option {field}")
         if self.head_dim is None:
             if self.embed_dim % self.heads:
@@ -542,7 +552,9 @@ class TransformerModel(Model):
                                     fused_qkv=cfg.fused_qkv, attention=cfg.attention,
                                     fusion=cfg.fusion, moe=moe, qk_norm=cfg.use_qk_norm,
                                     relative_bias=cfg.positions == "relative",
-                                    quantized=cfg.quantization == "int8", name=f"block{i}")
+                                    quantized=cfg.quantization == "int8",
+                                    flash_blocks=(cfg.sa_block_q, cfg.sa_block_kv),
+                                    name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
         layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]

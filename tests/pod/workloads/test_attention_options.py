@@ -177,3 +177,24 @@ def test_relative_positions_need_the_dot_product_kernel():
     with pytest.raises(ValueError, match=r"^transformer: option positions relative needs "
                                          r"attention: dot_product .*got attention: flash$"):
         TransformerConfig(vocabulary=8, sequence_length=4, positions="relative")
+
+
+def test_splash_blocks_set_how_much_of_the_causal_triangle_is_computed():
+    """MaxText's sa_block_q / sa_block_kv: at T 8192, 2048-blocks compute 10 of 16 blocks
+    (62.5% of the square) against 136 of 256 (53.1%) at 512; query blocks of 2048 with key
+    blocks of 512 compute 40 blocks of 2048 x 512, the same 62.5%."""
+    from pod.workloads.flash import causal_blocks
+
+    square = causal_blocks(8192, 2048, 2048)
+    assert square.score_elements == 10 * 2048 ** 2 and square.masked_elements == 4 * 2048 ** 2
+    split = causal_blocks(8192, 2048, 512)
+    assert dict(split.shapes) == {(2048, 512, False): 24, (2048, 512, True): 16}
+    assert split.score_elements == square.score_elements
+    base = {"embed_dim": 64, "heads": 2, "layers": 1}
+    small, big = (build_model("transformer", (8192,), 32, **{**base, "sa_block_q": q,
+                                                              "sa_block_kv": q})
+                  for q in (512, 2048))
+    assert big.config.sa_block_q == 2048
+    ratio = (big.hardware_flops_per_example() - small.hardware_flops_per_example()) / (
+        9 * 2 * 32 * 2 * (10 * 2048 ** 2 - 136 * 512 ** 2))               # 2+7 products, 2 heads
+    assert ratio == pytest.approx(1.0)
