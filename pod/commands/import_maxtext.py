@@ -673,8 +673,9 @@ NO_STEP_EFFECT = (
     ("inference and decoding", r"prompt|decode|sampling|predict|inference|prefill|generate_slice|"
      r"paged|kv_quant|kvcache|ragged|_axis_order$|reshape_q|multi_sampling|log_prob|"
      r"llm_inference|prefix_caching|padding_causal_mask|model_warmup|autoregressive_decode"),
-    ("the splash attention kernel's backward blocks and layouts (its forward blocks "
-     "sa_block_q, sa_block_kv are mapped and serve its backward kernels too)", r"^sa_"),
+    ("the splash attention kernel's other settings: its backward blocks, layouts and fused "
+     "backward kernel (its forward blocks sa_block_q, sa_block_kv are mapped and serve its "
+     "backward kernels too)", r"^sa_"),
     ("the optimizer's schedule and seeds", r"learning_rate|warmup|cosine|clipping|eps_root|seed|"
      r"^steps$|target_eval_loss|mu_dtype"),
     ("numerics with no cost in the model", r"epsilon|^rope_|rope_|timescale|position_embeddings|"
