@@ -256,6 +256,11 @@ def test_build_result_fits_against_the_preset_hbm(configs, inventory):
                                   "error": "XlaRuntimeError: RESOURCE_EXHAUSTED: Used 20G of "
                                            "15.75G hbm."}, None, "0" * 16, None)
     assert refused["fits"] is False and refused["compile"]["oom"]["required_bytes"] == 20 * 2 ** 30
+    vmem = build_result(spec, {"ok": False, "stage": "compile", "error": (
+        "JaxRuntimeError: RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Ran out of "
+        "memory in memory space vmem while allocating on stack for %splash_mha_dkv")},
+        None, "0" * 16, None)
+    assert vmem["fits"] is None and "VMEM" in vmem["fits_reason"]
     crashed = build_result(spec, {"ok": False, "stage": "lower", "error": "TypeError"}, None,
                            "0" * 16, None)
     assert crashed["fits"] is None
@@ -311,8 +316,11 @@ def test_deviceless_compile_holds_the_sharded_train_state():
     state = 3 * 4 * ((params - norms) / 4 + norms)
     scalars = 4 * 2 + 4                  # step, AdamW count, and the schedule's count
     batch = 6 * 4 * B * T / 4
+    # within 0.1 %: the device layouts of the small arrays (norm scales, scalars) differ
+    # from their logical bytes by a few hundred bytes (measured: 524 of 22 MB); a state not
+    # sharded over fsdp would be 4 times as large
     assert math.isclose(out["memory"]["argument_bytes"], state + batch + scalars,
-                        rel_tol=0, abs_tol=64)
+                        rel_tol=1e-3)
     inv = op_inventory(out["hlo_text"])
     trips = sorted(loop["trip_count"] for loop in inv["while_loops"])
     assert trips and all(t in (L - 1, L) for t in trips)

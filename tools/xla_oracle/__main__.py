@@ -222,9 +222,22 @@ def list_configs() -> int:
 
 
 def _note(result: dict[str, Any]) -> str:
-    if result.get("calibration"):
-        return f"calibration row {result['calibration']}, as published"
-    return str(result.get("note") or "")
+    note = (f"calibration row {result['calibration']}, as published"
+            if result.get("calibration") else str(result.get("note") or ""))
+    if result["fits"] is None:
+        note += f"; {result.get('fits_reason')}"
+    if result.get("cache_key") and not _current(result):
+        note += "; stale: its configuration changed, `make oracle` compiles it again"
+    return note
+
+
+def _current(result: dict[str, Any]) -> bool:
+    """Whether a result's cache key is still its configuration's."""
+    try:
+        spec = resolve(result["id"], load_configs()[result["id"]])
+    except (KeyError, OracleConfigError):
+        return False
+    return cache_key(spec, result.get("versions") or {}) == result["cache_key"]
 
 
 def table_rows() -> list[str]:
@@ -272,8 +285,15 @@ def refresh_inventories() -> int:
         result = json.loads(path.read_text())
         source = (ROOT / result["hlo_file"] if result.get("hlo_file")
                   else HLO_CACHE / f"{result['id']}.hlo.txt.gz")
-        if result["compile"].get("error") and "RESOURCE_EXHAUSTED" in result["compile"]["error"]:
-            result["compile"]["oom"] = parse_oom(result["compile"]["error"])
+        error = result["compile"].get("error")
+        if error and "RESOURCE_EXHAUSTED" in error:
+            vmem = "in memory space vmem" in error
+            result["compile"]["oom"] = None if vmem else parse_oom(error)
+            if vmem:
+                result["fits"] = None
+                result["fits_reason"] = ("not decided: a Pallas kernel's scratch ran out of "
+                                         "VMEM (the reference's flash block sizes), before any "
+                                         "HBM verdict")
             path.write_text(json.dumps(result, indent=1) + "\n")
         if not source.exists():
             continue

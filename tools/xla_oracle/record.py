@@ -15,7 +15,8 @@ from XLA's buffer assignment, ``compiled.memory_analysis()``, per device:
 
 ``fits`` is XLA's verdict as the project reads it: the compile succeeded and the peak is at
 most the device's HBM in the project's chip preset (``hbm_bytes_per_device``). A compile
-XLA refuses with RESOURCE_EXHAUSTED is ``fits: false`` with its message and, parsed from it,
+XLA refuses with RESOURCE_EXHAUSTED on HBM is ``fits: false`` with its message and, parsed
+from it,
 the bytes XLA said it needed and had (``compile.oom``). ``compile.ok`` alone is XLA's own
 verdict against its own HBM size for the chip, which can be larger than the preset's
 (v5e, v6e: the presets hold 16 and 32 decimal GB).
@@ -79,13 +80,17 @@ def build_result(spec: Mapping[str, Any], outcome: Mapping[str, Any],
                  + memory["temp_bytes"])
         peak = memory.get("peak_memory_bytes")
     error: str | None = outcome.get("error")
-    oom = error is not None and "RESOURCE_EXHAUSTED" in error
+    vmem = error is not None and "in memory space vmem" in error
+    oom = error is not None and "RESOURCE_EXHAUSTED" in error and not vmem
     if ok:
         fits = peak is not None and peak <= hbm
         why = ("compiled; peak within the device's HBM" if fits else
                "compiled, but the peak exceeds the device's HBM in the chip preset")
     elif oom:
         fits, why = False, "XLA refused the program: RESOURCE_EXHAUSTED"
+    elif vmem:
+        fits, why = None, ("not decided: a Pallas kernel's scratch ran out of VMEM (the "
+                           "reference's flash block sizes), before any HBM verdict")
     else:
         fits, why = None, f"not decided: the {outcome.get('stage', 'compile')} step failed"
     model = dict(spec["model"])
