@@ -11,9 +11,11 @@ named ``.<target>.tmp-<pid>-<random>``: readers ignore it by name (a leading
 dot), and the next run that locks the directory removes it
 (``remove_stale_temporaries``, only when its pid no longer runs).
 
-Reading (``read_regular``): only regular files, opened without blocking
-(a FIFO or ``/dev/zero`` named as a scenario, a checkpoint or a data file is
-one line, not a hang), at most a given number of bytes.
+Reading (``read_regular``, ``read_text``, ``open_regular``; CSV files the tool wrote:
+``pod.report.csv_read``): only regular files, opened without blocking (a FIFO or
+``/dev/zero`` named as a scenario, a checkpoint, a MaxText config or a data file
+is one line, not a hang), their size checked against a cap before any byte is
+read, and memory bounded by what the file holds, never by the cap.
 
 Directories (``lock_directories``): a run or a sweep holds an exclusive
 ``fcntl.flock`` on ``.tpu-pod.lock`` in its output (and checkpoint) directory;
@@ -41,7 +43,8 @@ from typing import Any
 
 from pod.errors import DirectoryInUseError, OutputError
 
-__all__ = ["write_atomic", "output_errors", "read_regular", "check_regular",
+__all__ = ["write_atomic", "output_errors", "read_regular", "read_text", "open_regular",
+           "check_regular", "too_large", "check_replaceable",
            "remove_stale_temporaries", "lock_directories", "DirectoryLock", "LOCK_NAME"]
 
 #: The lock file a run or sweep holds in each directory it writes.
@@ -87,6 +90,47 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+#: Where a link may not lead for ``write_atomic`` to replace it: pseudo file systems
+#: (``/proc/self/fd/1`` is the writer's own output, ``/dev/null`` a device).
+_PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def _pseudo(target: str) -> bool:
+    return any(target == root or target.startswith(root + "/") for root in _PSEUDO_ROOTS)
+
+
+def check_replaceable(path: Path | str) -> None:
+    """Refuse to replace what is not a regular file with one: a device node, a FIFO, a
+    socket, a directory, or a link to one of them or into ``/proc``, ``/sys`` or
+    ``/dev`` (``--output /dev/null`` run as root would replace ``/dev/null``). A
+    missing path, a regular file, a link to a regular file and a dangling link are
+    fine (the link itself is replaced, never what it points to).
+
+    Raises:
+        OutputError: ``<path>: cannot write (it is a device; only a regular file is
+            replaced)``.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name
+        raise OutputError(path, getattr(err, "strerror", None) or str(err)) from None
+    what = ""
+    if stat.S_ISLNK(info.st_mode):
+        first, final = os.readlink(path), os.path.realpath(path)
+        if _pseudo(os.path.join(os.path.dirname(os.path.abspath(path)), first)) or _pseudo(final):
+            raise OutputError(path, f"it is a link to {first}; only a regular file is replaced")
+        try:
+            info = os.stat(path)
+        except OSError:  # dangling: the link is replaced
+            return
+        what = " (a link to one)"
+    if not stat.S_ISREG(info.st_mode):
+        raise OutputError(path, f"it is {_kind(info.st_mode)}{what}; only a regular file is "
+                                "replaced")
+
+
 def write_atomic(path: Path | str, write: Callable[[Any], None], *, newline: str | None = None,
                  binary: bool = False, make_parents: bool = False) -> Path:
     """Write a file whole or not at all.
@@ -107,10 +151,13 @@ def write_atomic(path: Path | str, write: Callable[[Any], None], *, newline: str
 
     Raises:
         OutputError: the file system refused (no space, read-only, no
-            permission); one line naming the path. The temporary file is gone
-            and ``path`` holds what it held before.
+            permission), or ``path`` is not a file to replace
+            (``check_replaceable``: a device, a FIFO, a link into ``/proc``);
+            one line naming the path. The temporary file is gone and ``path``
+            holds what it held before.
     """
     path = Path(path)
+    check_replaceable(path)
     with output_errors(path):
         if make_parents:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,15 +242,28 @@ def check_regular(path: Path | str, what: str = "files read here") -> os.stat_re
     return info
 
 
-def read_regular(path: Path | str, limit_bytes: int, what: str = "files read here") -> bytes:
-    """A regular file's bytes, at most ``limit_bytes``.
+#: Bytes asked of the kernel per read once a file's own size is read (a file that grew
+#: since, or one that reports no size): memory follows what a file holds, never the limit.
+_CHUNK_BYTES = 1 << 20
 
-    The file is opened without blocking (a FIFO swapped in after the check
-    cannot hang the open) and checked again once open.
+
+@contextlib.contextmanager
+def open_regular(path: Path | str, limit_bytes: int,
+                 what: str = "files read here") -> Iterator[tuple[Any, int]]:
+    """A regular file opened for reading bytes, and its size, refused before any byte is
+    read when it is not a regular file or larger than ``limit_bytes``.
+
+    The file is checked by name (a FIFO is never opened: an open of one blocks),
+    opened without blocking (a FIFO swapped in after the check cannot hang the
+    open) and checked again once open. The caller still stops reading at
+    ``limit_bytes`` (a file may grow while it is read; ``/proc`` files report size 0).
+
+    Yields:
+        (the open binary file, its size in bytes when opened).
 
     Raises:
-        ValueError: not a regular file, larger than ``limit_bytes``, or
-            unreadable; one line naming the path.
+        ValueError: not a regular file, larger than ``limit_bytes``, or unreadable;
+            one line naming the path.
     """
     check_regular(path, what)
     try:
@@ -211,16 +271,62 @@ def read_regular(path: Path | str, limit_bytes: int, what: str = "files read her
     except OSError as err:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from None
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"{path}: is {_kind(mode)}; {what} must be regular files")
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: is {_kind(info.st_mode)}; {what} must be regular files")
+        if info.st_size > limit_bytes:
+            raise ValueError(too_large(path, info.st_size, limit_bytes, what))
+        yield f, info.st_size
+
+
+def too_large(path: Path | str, size_bytes: int | None, limit_bytes: int,
+              what: str = "files read here") -> str:
+    """``<path>: 3,221,225,472 bytes is larger than the 1,048,576 bytes allowed for
+    scenarios`` (without the size when it is not known)."""
+    size = f"{size_bytes:,} bytes is " if size_bytes is not None else ""
+    return f"{path}: {size}larger than the {limit_bytes:,} bytes allowed for {what}"
+
+
+def read_regular(path: Path | str, limit_bytes: int, what: str = "files read here") -> bytes:
+    """A regular file's bytes, at most ``limit_bytes`` (``open_regular``).
+
+    Memory is what the file holds: its size is checked against the limit before
+    any byte is read, and the read asks for that size, never for the limit.
+
+    Raises:
+        ValueError: not a regular file, larger than ``limit_bytes``, or
+            unreadable; one line naming the path.
+    """
+    with open_regular(path, limit_bytes, what) as (f, size):
         try:
-            raw = f.read(limit_bytes + 1)
+            parts = [f.read(size + 1)] if size else []
+            total = sum(map(len, parts))
+            while total <= limit_bytes:  # it grew since, or reports no size
+                chunk = f.read(min(_CHUNK_BYTES, limit_bytes + 1 - total))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                total += len(chunk)
         except OSError as err:
             raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if len(raw) > limit_bytes:
-        raise ValueError(f"{path}: larger than the {limit_bytes:,} bytes allowed here")
-    return raw
+    if total > limit_bytes:
+        raise ValueError(too_large(path, None, limit_bytes, what))
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_text(path: Path | str, limit_bytes: int, what: str = "files read here") -> str:
+    """A regular file's UTF-8 text, at most ``limit_bytes`` (``read_regular``).
+
+    Raises:
+        ValueError: as ``read_regular``; or not UTF-8 (``<path>: not UTF-8 text
+            (invalid start byte at byte 12)``).
+    """
+    raw = read_regular(path, limit_bytes, what)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start:,}); "
+                         f"{what} are UTF-8 text") from None
 
 
 class DirectoryLock:

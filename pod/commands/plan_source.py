@@ -19,10 +19,11 @@ from typing import Any
 
 from pod.config.mesh import devices_per_chip
 from pod.config.overrides import apply_overrides, as_overrides
-from pod.config.presets import describe_scenario, get_preset, is_preset_name, preset_names
-from pod.config.scenario import load_yaml
+from pod.config.presets import describe_scenario, get_preset, is_preset_name
+from pod.config.scenario import MAX_SCENARIO_BYTES, load_yaml
 from pod.config.slices import SLICE_SHAPES, Topology, resolve_pod
 from pod.errors import ScenarioError
+from pod.safe_io import read_text
 
 __all__ = ["ModelSource", "model_source", "parse_count", "plan_slices", "devices_of",
            "MAXTEXT_KEYS"]
@@ -154,11 +155,10 @@ def model_source(model: str, files: Sequence[str] = (), overrides: Any = (), *,
         data = apply_overrides(describe_scenario(model), items)
         own = any(o.key in ("training", "training.sequence_parallel") for o in items)
         return _finish(get_preset(model).name, data, not own, seq_len)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ScenarioError(f"MODEL: {model} is not a preset ({', '.join(preset_names())}) nor "
-                            f"a readable file ({err.__class__.__name__})") from None
+    try:  # a regular file of at most MAX_SCENARIO_BYTES: a FIFO or /dev/zero is one line
+        text = read_text(path, MAX_SCENARIO_BYTES, "scenarios and MaxText configs")
+    except ValueError as err:
+        raise ScenarioError(f"MODEL: {err}") from None
     data = load_yaml(text, source=model)
     if isinstance(data, dict) and MAXTEXT_KEYS & set(data) and "pod" not in data:
         return _maxtext(model, files, overrides, slice_name, seq_len)
