@@ -27,8 +27,10 @@ so a stale lock file (``kill -9``, a reboot) is simply taken over.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import fcntl
+import io
 import json
 import os
 import re
@@ -44,7 +46,8 @@ from typing import Any
 from pod.errors import DirectoryInUseError, OutputError
 
 __all__ = ["write_atomic", "output_errors", "read_regular", "read_text", "open_regular",
-           "check_regular", "too_large", "check_replaceable",
+           "check_regular", "too_large", "check_replaceable", "read_csv_rows",
+           "MAX_CSV_LINE_CHARS",
            "remove_stale_temporaries", "lock_directories", "DirectoryLock", "LOCK_NAME"]
 
 #: The lock file a run or sweep holds in each directory it writes.
@@ -327,6 +330,127 @@ def read_text(path: Path | str, limit_bytes: int, what: str = "files read here")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start:,}); "
                          f"{what} are UTF-8 text") from None
+
+
+#: Longest line of a CSV file the tool reads back (a steps.csv row is about 1 KB): a
+#: line past it is damage, and memory stays bounded by it, not by the file.
+MAX_CSV_LINE_CHARS = 1 << 16
+
+
+def read_csv_rows(path: Path | str, limit_bytes: int, what: str, *,
+                  required: tuple[str, ...] = (),
+                  check_row: Callable[[dict[str, str]], None] | None = None,
+                  on_damage: Callable[[str], None] | None = None
+                  ) -> Iterator[tuple[int, dict[str, str]]]:
+    """The rows of a CSV file the tool wrote (steps.csv), read back defensively, one at
+    a time (memory is one line, at most ``MAX_CSV_LINE_CHARS``).
+
+    The file is opened as ``open_regular`` opens it (a regular file of at most
+    ``limit_bytes``). Reading stops at the first damaged line, as a crash or a full
+    disk leaves a file: a header without names, with one twice or without one of
+    ``required``, a line that is not
+    UTF-8, holds NUL bytes, is longer than ``MAX_CSV_LINE_CHARS`` or has another
+    number of fields than the header, or a row ``check_row`` refuses (it raises
+    ``ValueError`` with the reason). That line is named once, through
+    ``on_damage``: ``steps.csv line 14: has 3 fields, the header 50``.
+
+    Yields:
+        (line number, counting the header as line 1; the row as header -> text).
+
+    Raises:
+        ValueError: not a regular file, larger than ``limit_bytes``, unreadable (one
+            line naming the path), when iteration starts.
+    """
+    name = Path(path).name
+    with open_regular(path, limit_bytes, what) as (f, _):
+        text = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape", newline="")
+        lines = _bounded_lines(text, limit_bytes)
+        reader = csv.reader(lines, strict=True)
+        header: list[str] | None = None
+
+        def damaged(line: int, problem: object) -> None:
+            if on_damage is not None:
+                on_damage(f"{name} line {line:,}: {problem}")
+
+        try:
+            for record in reader:
+                line = reader.line_num
+                problem = lines.problem or _field_problem(record)
+                if header is None and problem is None:
+                    header, problem = record, _header_problem(record, required)
+                    if problem is None:
+                        continue
+                elif problem is None and len(record) != len(header or ()):
+                    problem = (f"has {len(record)} field{'s' if len(record) != 1 else ''}, "
+                               f"the header {len(header or ())}")
+                if problem is None:
+                    row = dict(zip(header or (), record, strict=True))
+                    try:
+                        if check_row is not None:
+                            check_row(row)
+                    except ValueError as err:
+                        problem = str(err)
+                if problem is not None:
+                    damaged(line, problem)
+                    return
+                yield line, row
+            if lines.problem:  # the line past a bound, or a last one cut short
+                damaged(reader.line_num + 1, lines.problem)
+        except csv.Error as err:
+            damaged(reader.line_num, lines.problem or err)
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+
+
+class _bounded_lines:  # noqa: N801 - an iterator used like a function
+    """The lines of a text file, each at most ``MAX_CSV_LINE_CHARS``, at most
+    ``limit_bytes`` in all (a file growing while read); the first line past either,
+    or a last line without its newline (the tool ends every row with one: a row
+    cut short), ends the iteration with ``problem`` set."""
+
+    def __init__(self, text: io.TextIOBase, limit_bytes: int) -> None:
+        self.text, self.limit, self.read = text, limit_bytes, 0
+        self.problem: str | None = None
+
+    def __iter__(self) -> _bounded_lines:
+        return self
+
+    def __next__(self) -> str:
+        line = self.text.readline(MAX_CSV_LINE_CHARS + 1)
+        self.read += len(line)
+        if len(line) > MAX_CSV_LINE_CHARS:
+            self.problem = f"longer than {MAX_CSV_LINE_CHARS:,} characters"
+        elif self.read > self.limit:
+            self.problem = f"past the {self.limit:,} bytes allowed"
+        elif line and not line.endswith("\n"):
+            self.problem = "cut short: no newline at its end (a crash or a full disk)"
+        if not line or self.problem:
+            raise StopIteration
+        return line
+
+
+def _field_problem(record: list[str]) -> str | None:
+    """Why a line's fields are damage (NUL bytes, bytes that are not UTF-8), or None."""
+    joined = "".join(record)
+    if "\x00" in joined:
+        return "holds NUL bytes (a crash or a full disk leaves them)"
+    if any("\udc80" <= c <= "\udcff" for c in joined):
+        return "is not UTF-8 text"
+    return None
+
+
+def _header_problem(header: list[str], required: tuple[str, ...]) -> str | None:
+    """Why a header line is no header (no names, an empty, a repeated or a missing
+    one), or None."""
+    if not header or any(not name.strip() for name in header):
+        return "the header has an empty column name"
+    missing = [name for name in required if name not in header]
+    if missing:
+        return f"the header has no {missing[0]!r} column"
+    if len(set(header)) != len(header):
+        twice = sorted({n for n in header if header.count(n) > 1})
+        return f"the header names {', '.join(map(repr, twice[:3]))} twice"
+    return None
 
 
 class DirectoryLock:
