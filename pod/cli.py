@@ -697,7 +697,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                                    "again", highlight=False, soft_wrap=True)
 
         rows = run_sweep(spec, out_dir, mode=mode, on_point=report, fresh=fresh,
-                         on_resume=resumed)
+                         on_resume=resumed, warn=lambda line: progress.console.print(
+                             line, style="yellow", highlight=False, soft_wrap=True))
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. "
