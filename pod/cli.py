@@ -615,25 +615,27 @@ def import_maxtext_command(arguments: tuple[str, ...], slice_name: str | None,
     command = shlex.join(["tpu-pod", "import-maxtext", *arguments,
                           *(["--slice", slice_name] if slice_name else [])])
     text = scenario_yaml(result, command)
+    plan = _check_imported(text, output)  # before a byte is written: a refusal writes nothing
     if output is None:
         click.echo(text, nl=False)
-    else:
-        output.write_text(text, encoding="utf-8")
-    _check_imported(text, output)
+        return
+    from pod.safe_io import write_atomic
+
+    write_atomic(output, lambda f: f.write(text))
+    click.echo(f"Wrote {output}: ok ({plan.topology.name}, "
+               f"mesh {format_axes(plan.mesh.sizes)}, "
+               f"{plan.num_params:,} parameters, global batch {plan.global_batch:,}); cost "
+               f"a step with: tpu-pod sweep {output}", err=True)
 
 
-def _check_imported(text: str, output: Path | None) -> None:
-    """Plan the written scenario as ``validate`` does: one line if it does not plan."""
+def _check_imported(text: str, output: Path | None) -> Any:
+    """Plan the scenario to write as ``validate`` does: one line if it does not plan;
+    the plan."""
     from pod.config.scenario import scenario_from_text
 
     where = str(output) if output is not None else "<stdout>"
     spec = scenario_from_text(text, source=where)
-    plan = _checked(functools.partial(build_plan, timing_only=True, sharded_ok=True), spec, where)
-    if output is not None:
-        click.echo(f"Wrote {output}: ok ({plan.topology.name}, "
-                   f"mesh {format_axes(plan.mesh.sizes)}, "
-                   f"{plan.num_params:,} parameters, global batch {plan.global_batch:,}); cost "
-                   f"a step with: tpu-pod sweep {output}", err=True)
+    return _checked(functools.partial(build_plan, timing_only=True, sharded_ok=True), spec, where)
 
 
 @cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).",
