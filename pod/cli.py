@@ -37,6 +37,7 @@ from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
 from pod.report.console import make_console, titled_table
 from pod.report.model_summary import layer_costs, plan_model_tables
+from pod.workloads.transformer import MAX_TRANSFORMER_OPTION
 
 __all__ = ["cli", "main"]
 
@@ -724,7 +725,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
 @click.option("--global-batch", help="Sequences (examples) per step, instead of the tokens.")
 @click.option("--per-device-batch", help="Without either: per-device batches to try on every "
                                          "mesh [default: 1,2,4,8].")
-@click.option("--seq-len", type=click.IntRange(min=1),
+@click.option("--seq-len",
+              type=click.IntRange(min=1, max=MAX_TRANSFORMER_OPTION["sequence_length"]),
               help="Tokens per sequence [default: the model's; a preset's context, at most 8192].")
 @click.option("--num-slices", "num_slices", multiple=True,
               help="Numbers of identical slices joined by the DCN to try, data parallel across "
@@ -781,8 +783,8 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
             console.print(line, highlight=False, soft_wrap=True)
     files = ", ".join(n for n in ("results.csv", "layouts.png", "best.yaml")
                       if (out_dir / n).exists())
-    console.print(f"{result.summary()}. Wrote {out_dir}/: {files}", highlight=False,
-                  soft_wrap=True)
+    wrote = f" Wrote {out_dir}/: {files}" if result.ranked else ""
+    console.print(f"{result.summary()}.{wrote}", highlight=False, soft_wrap=True)
     if not result.ranked:
         raise ScenarioError(f"plan: no layout of {result.name} runs; the first point's reason: "
                             f"{result.rows[0]['reason']}")

@@ -79,9 +79,9 @@ def parse_count(value: Any, option: str) -> int:
     if match:
         number = float(match.group(1).replace(",", "").replace("_", ""))
         number *= _SCALE[match.group(2).lower()] if match.group(2) else 1
-    if number is None or number < 1 or number != int(number):
-        raise ScenarioError(f"{option}: {value!r} is not a positive whole number; give e.g. "
-                            f"4194304, 4Mi (2^20 x 4) or 4M (4 x 10^6)")
+    if number is None or not 1 <= number < 2**63 or number != int(number):
+        raise ScenarioError(f"{option}: {str(value)[:40]!r} is not a positive whole number "
+                            "(below 2^63); give e.g. 4194304, 4Mi (2^20 x 4) or 4M (4 x 10^6)")
     return int(number)
 
 
@@ -110,15 +110,19 @@ def plan_slices(slices: Sequence[str], chips: int | None) -> list[Topology]:
             if math.prod(shape) == chips:
                 out.append(resolve_pod(slice_name=f"{gen}-{count}"))
     if not out:
-        raise ScenarioError(f"--chips: no {' or '.join(generations)} slice has {chips} chips; "
-                            f"slices have a power of two, e.g. {chips_hint(chips)}")
+        raise ScenarioError(f"--chips: no {' or '.join(generations)} slice has {chips:,} chips; "
+                            f"{chips_hint(generations)}")
     return out
 
 
-def chips_hint(chips: int) -> str:
-    """The powers of two around ``chips``."""
-    low = 2 ** max(0, int(math.log2(max(chips, 1))))
-    return f"{low} or {low * 2}" if low != chips else str(low)
+def chips_hint(generations: Sequence[str]) -> str:
+    """The chip counts of the generations' slices: ``v5e slices have 1, 4, 8, ... or
+    256 chips``."""
+    def counts(gen: str) -> str:
+        sizes = sorted({math.prod(shape) for shape in SLICE_SHAPES[gen].values()})
+        return f"{', '.join(f'{n:,}' for n in sizes[:-1])} or {sizes[-1]:,}" if len(sizes) > 1 \
+            else f"{sizes[0]:,}"
+    return "; ".join(f"{gen} slices have {counts(gen)} chips" for gen in generations)
 
 
 def _slice(name: str) -> Topology:

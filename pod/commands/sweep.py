@@ -443,8 +443,9 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
         check_writable(output_dir)  # before the first point, not after the last
         journal = SweepJournal(output_dir, scenario, mode, COLUMNS, fresh=fresh,
                                text_columns=TEXT_COLUMNS)
-        for line in journal.damage if warn is not None else ():
-            warn(f"warning: {line}")
+        for line in journal.damage:
+            if warn is not None:
+                warn(f"warning: {line}")
         if journal.rows and on_resume is not None:
             on_resume(sum(point_key(p.values) in journal.rows for p in points), journal.path)
         rows: list[dict[str, Any]] = []

@@ -70,7 +70,7 @@ def check_int(value: object, what: str, minimum: int = 1, maximum: int | None = 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{what} must be {need}, got {short_repr(value)}")
-    if maximum is not None and value > maximum:
+    if maximum is not None and int(value) > maximum:
         raise ValueError(f"{what} must be at most {maximum:,}, got {int(value):,}")
     return int(value)
 
