@@ -36,7 +36,8 @@ from interconnect.faults import LinkFaults, route
 from interconnect.link import LinkSpec
 from interconnect.topology import Torus
 
-__all__ = ["ScheduleCost", "schedule_cost", "schedule_time"]
+__all__ = ["ScheduleCost", "schedule_cost", "schedule_time", "cost_work", "check_cost_work",
+           "MAX_COST_WORK"]
 
 
 def _checked_faults(faults: LinkFaults | None, topology: Torus) -> LinkFaults:
@@ -257,10 +258,81 @@ def schedule_time(schedule: Schedule, topology: Torus, link: LinkSpec,
 
 #: (op, algorithm) pairs :func:`collective_cost` can time without building the schedule.
 FAST_PATHS = frozenset(
-    (op, algorithm)
-    for op in ("allreduce", "reduce_scatter", "all_gather")
-    for algorithm in ("ring", "bidirectional_ring", "torus")
+    [(op, algorithm)
+     for op in ("allreduce", "reduce_scatter", "all_gather")
+     for algorithm in ("ring", "bidirectional_ring", "torus")] + [("all_to_all", "direct")]
 )
+
+
+#: Most work one collective's cost may take, in ``cost_work`` units (about 10 ns of CPU
+#: each here: 2^28 is about 3 s), checked before anything is built per chip or pair.
+MAX_COST_WORK = 1 << 28
+#: A Transfer object built, routed and costed, in ``cost_work`` units (about 10 us), and
+#: each hop of its route (about 1 us).
+_TRANSFER_WORK, _HOP_WORK = 1000, 100
+
+
+def cost_work(op: str, topology: Torus, algorithm: str | None = None,
+              faults: LinkFaults | None = None) -> int:
+    """About how much work costing ``op`` by ``algorithm`` on ``topology`` takes, in
+    closed form, in units of one link's bytes updated in one phase (about 10 ns of CPU
+    here), fitted on this code's paths (``benchmarks``-style CPU times, 2 cores):
+
+    - all-to-all (closed form, ``interconnect.all_to_all``): ``L`` (the links, n x 2 ndim);
+    - ``ring`` (vectorised, :func:`_ring_family_cost`): ``2 (n - 1) L`` (a bincount over
+      the links per phase; 1-D 4,096 chips: 1.4 s);
+    - ``torus`` (per axis): ``sum_d (a_d L + n a_d^2)`` (the chains of each axis; 1-D
+      512: 1.3 s, 16x32x32: 0.7 s); ``bidirectional_ring``: the same over one ring of
+      ``n`` (8x8x8: 1.5 s);
+    - schedules built Transfer by Transfer (other algorithms, or failed links): the
+      transfers x (``_TRANSFER_WORK`` + ``_HOP_WORK`` x their hops; half the diameter
+      when they are not ring neighbours): halving-doubling ``2 n log2 n`` transfers
+      (16x16x16: 1.9 s), tree ``2 n`` (16x32x32: 0.9 s), pipelined-ring broadcast
+      ``2 n^2`` of one hop, ppermute ``n``, all-to-all with failed links ``n^2``.
+
+    Returns:
+        The estimate (an int; compare with ``MAX_COST_WORK``).
+    """
+    algorithm = algorithm or {"all_to_all": "direct", "broadcast": "pipelined_ring",
+                              "ppermute": "direct"}.get(op, "torus")
+    n, links = topology.num_chips, topology.num_chips * 2 * topology.ndim
+    failed = bool(faults is not None and faults.failed)
+    axes = [a for a in topology.shape if a > 1]
+    if (op, algorithm) in FAST_PATHS and not failed:
+        if op == "all_to_all":
+            return links
+        if algorithm == "ring":
+            return 2 * max(n - 1, 0) * links
+        rings = axes if algorithm == "torus" else [n]
+        return sum(a * links + n * a * a for a in rings)
+    half_diameter = max(1, sum(a // 2 if topology.axis_wraps(d) else a - 1
+                               for d, a in enumerate(topology.shape)) // 2)
+    log_n = max(1, (n - 1).bit_length())
+    transfers, hops = {
+        "ring": (2 * n * n, 1), "pipelined_ring": (2 * n * n, 1),
+        "halving_doubling": (2 * n * log_n, half_diameter), "tree": (2 * n, half_diameter),
+        "direct": (n * n if op == "all_to_all" else n, half_diameter),
+    }.get(algorithm, (sum(a * n for a in (axes if algorithm == "torus" else [n])), 1))
+    return transfers * (_TRANSFER_WORK + _HOP_WORK * hops)
+
+
+def check_cost_work(op: str, topology: Torus, algorithm: str | None = None,
+                    faults: LinkFaults | None = None, *, calls: int = 1,
+                    limit: int = MAX_COST_WORK) -> int:
+    """``cost_work`` of ``calls`` costs (one per message size), refused past ``limit``.
+
+    Raises:
+        ScheduleError: one line naming the op, the algorithm, the torus and the limit.
+    """
+    work = cost_work(op, topology, algorithm, faults) * calls
+    if work > limit:
+        sizes = f"{calls} sizes of " if calls > 1 else ""
+        raise ScheduleError(
+            f"costing {sizes}{op} by {algorithm} on a {topology.name} torus "
+            f"({topology.num_chips:,} chips) is about {work:.2g} units of work, more than the "
+            f"{limit:.2g} allowed (seconds of CPU); choose another algorithm, fewer sizes or "
+            "a smaller torus")
+    return work
 
 
 def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec, *,
@@ -295,21 +367,31 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         The :class:`ScheduleCost`.
 
     Raises:
-        ScheduleError: unknown op / algorithm or bad counts.
+        ScheduleError: unknown op / algorithm or bad counts; a cost past
+            ``MAX_COST_WORK`` (``check_cost_work``), refused before it starts.
         TopologyError: a fault names a missing link, or failures cut a route.
     """
     from interconnect.collectives import (
         ALGORITHMS,
         _check_algorithm,
         _check_counts,
+        all_to_all,
         build_collective,
     )
 
     algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
     _check_algorithm(op, algorithm)
     checked = _checked_faults(faults, topology)
+    check_cost_work(op, topology, algorithm, checked)
     if fast and (op, algorithm) in FAST_PATHS and not checked.failed:
-        _, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+        n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+        if op == "all_to_all":  # in closed form (interconnect.all_to_all), no pair built
+            from interconnect.groups import group_all_to_all_cost
+
+            if num_elements % n:
+                all_to_all(topology, num_elements, itemsize)  # its one-line refusal
+            return group_all_to_all_cost(op, topology, [range(n)], num_elements, link, itemsize,
+                                         checked, closed_form=True)
         if algorithm == "ring":
             return _ring_family_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
         return _axis_collective_cost(op, algorithm, topology, num_elements, itemsize, link, checked)

@@ -57,6 +57,7 @@ from functools import partial
 
 import numpy as np
 
+from interconnect.all_to_all import block_link_counts, torus_link_counts
 from interconnect.chains import axis_reduce_scatter_phases, build_axis_collective
 from interconnect.collectives import (
     all_to_all,
@@ -554,10 +555,18 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     return _cost_of(topology, seconds, totals, factors, link)
 
 
+#: Above this many messages (groups x size^2) a group all-to-all on blocks of the torus
+#: is costed in closed form (``interconnect.all_to_all``): bit-identical, O(chips).
+CLOSED_FORM_PAIRS = 1 << 16
+#: Most messages routed one by one (groups that are not blocks: about 100 bytes each).
+MAX_ROUTED_PAIRS = 1 << 24
+
+
 def group_all_to_all_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
                           num_elements: int, link: LinkSpec, itemsize: int = 4,
                           faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
-                          on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+                          on_chip_bytes_per_s: float | None = None,
+                          closed_form: bool = False) -> ScheduleCost:
     """The fast path of ``group_collective_cost("all_to_all", ...)``: the same seconds and
     link bytes as ``schedule_cost(concurrent_group_schedule("all_to_all", ...))``.
 
@@ -571,21 +580,49 @@ def group_all_to_all_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
     TensorCores) is an on-chip copy, each device's one after another, beside the
     ICI transfers (the phase takes the longer).
 
+    Groups that are blocks of the torus (a whole torus, a mesh axis's devices) with
+    one device per chip are costed in closed form above ``CLOSED_FORM_PAIRS``
+    messages (``interconnect.all_to_all.block_link_counts``: the same integer loads
+    per link, so the same seconds to the bit; a 16,384-chip all-to-all in well under
+    a second and a few MB); other groups route every message, at most
+    ``MAX_ROUTED_PAIRS``.
+
     Args:
         op: "all_to_all".
         topology, groups, num_elements, link, itemsize, devices_per_chip,
             on_chip_bytes_per_s: as :func:`group_collective_cost` (groups checked by
             the caller; ``num_elements`` a multiple of the group size).
         faults: slowed links only (failed links reroute: the schedule path).
+        closed_form: use the closed form whenever the groups are blocks (tests).
 
     Returns:
         The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: groups that are not blocks with more than ``MAX_ROUTED_PAIRS``
+            messages.
     """
     size = len(groups[0])
-    members = np.asarray(groups, dtype=np.int64).reshape(len(groups), size)    # (R, g)
-    nlinks = topology.num_chips * 2 * topology.ndim
     factors, slowed = _slowdowns(topology, faults)
     piece = num_elements // size * itemsize                                  # bytes per message
+    pairs = len(groups) * size * size
+    if devices_per_chip == 1 and (closed_form or pairs > CLOSED_FORM_PAIRS):
+        whole = len(groups) == 1 and size == topology.num_chips and \
+            list(groups[0]) == list(range(size))
+        found = (torus_link_counts(topology) if whole else        # O(chips), no pair routed
+                 block_link_counts(topology, groups))
+        if found is not None:
+            counts, max_hops = found
+            loads = counts * piece
+            seconds = (_phase_seconds(topology, loads, slowed, max_hops, link)
+                       if piece and counts.any() else 0.0)
+            return _cost_of(topology, [seconds], loads, factors, link)
+    if pairs > MAX_ROUTED_PAIRS:
+        raise ScheduleError(f"all-to-all over {len(groups):,} groups of {size:,} devices that "
+                            f"are not blocks of the torus: {pairs:,} messages to route, more than "
+                            f"the {MAX_ROUTED_PAIRS:,} allowed")
+    members = np.asarray(groups, dtype=np.int64).reshape(len(groups), size)    # (R, g)
+    nlinks = topology.num_chips * 2 * topology.ndim
     src = np.repeat(members, size, axis=1).reshape(-1)                       # (R g g,)
     dst = np.tile(members, (1, size)).reshape(-1)
     sending = src != dst
