@@ -414,23 +414,14 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
     """Sample text from a char_lstm or transformer CHECKPOINT: a checkpoint file, or a checkpoint
     directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
     from chip import TensorCore
-    from pod.commands.generate import sample_text
+    from pod.commands.generate import checkpoint_model, sample_text
     from pod.state.export import read_checkpoint
-    from pod.workloads import build_model
 
     ckpt = read_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
-    extra = ckpt.extra
-    if extra.get("model") not in ("char_lstm", "transformer") or not extra.get("vocabulary"):
-        raise click.UsageError(f"{checkpoint}: generate needs a char_lstm or transformer "
-                               f"checkpoint "
-                               f"of a text run, this one holds {extra.get('model')!r}")
-    options = ckpt.scenario.get("model", {}).get("options", {})
-    model = build_model(extra["model"], tuple(extra["input_shape"]), int(extra["num_classes"]),
-                        **options)
-    chip = ckpt.scenario.get("pod", {}).get("chip") or "v2"
+    model, vocabulary, chip = checkpoint_model(ckpt, str(checkpoint))
     core = TensorCore(get_chip_spec(chip).core, numerics=True)
     try:
-        text = sample_text(core, model, dict(ckpt.params), extra["vocabulary"], prompt=prompt,
+        text = sample_text(core, model, dict(ckpt.params), vocabulary, prompt=prompt,
                            length=length, temperature=temperature, seed=seed)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
