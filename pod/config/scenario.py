@@ -152,6 +152,9 @@ MAX_BENCH_N = 1 << 17
 MAX_BENCH_ITERATIONS = 1_000_000
 #: matrix size and iterations of the host numpy measurement
 MAX_CPU_N, MAX_CPU_ITERATIONS = 8192, 10_000
+#: floating-point operations of the host numpy measurement, all iterations: 2^38 is
+#: seconds of numpy (this 2-core host: 30-60 GFLOP/s; the default 1,024 x 10 is 2^34)
+MAX_CPU_FLOPS = 1 << 38
 #: characters of a scenario's name and description
 MAX_NAME_CHARS, MAX_DESCRIPTION_CHARS = 128, 10_000
 #: chunks of layers per pipeline stage (the circular schedule's repeats)
@@ -567,6 +570,17 @@ class BenchmarkConfig(_Frozen):
     @classmethod
     def _known_kind(cls, value: str) -> str:
         return _one_of(value, BENCHMARK_KINDS)
+
+    @model_validator(mode="after")
+    def _host_work(self) -> BenchmarkConfig:
+        per = 2 * self.cpu_n ** 3 if self.kind == "matmul" else self.cpu_n ** 2
+        if per * self.cpu_iterations > MAX_CPU_FLOPS:
+            raise ValueError(f"cpu_n {self.cpu_n:,} x cpu_iterations {self.cpu_iterations:,} is "
+                             f"{per * self.cpu_iterations:.3g} FLOPs of host numpy, more than "
+                             f"the {MAX_CPU_FLOPS:.3g} allowed (minutes to hours); the host "
+                             "measurement is scaled down to take seconds: lower cpu_n or "
+                             "cpu_iterations")
+        return self
 
     @field_validator("precision")
     @classmethod
