@@ -582,7 +582,7 @@ def lock_directories(*directories: Path | str | None, command: str | None = None
         for directory in directories:
             if directory is None:
                 continue
-            key = os.path.abspath(directory)
+            key = os.path.realpath(directory)  # a link to a directory already locked is it
             if key in seen:
                 continue
             seen.add(key)
