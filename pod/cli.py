@@ -7,6 +7,7 @@ field, the value and what is allowed, and exit status 2; never a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
@@ -34,7 +35,14 @@ from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario
 from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
+from pod.errors import (
+    USER_ERRORS,
+    HBMPlanError,
+    OutputError,
+    RunInterrupted,
+    ScenarioError,
+    one_line,
+)
 from pod.report.console import make_console, titled_table
 from pod.report.model_summary import layer_costs, plan_model_tables
 from pod.workloads.transformer import MAX_TRANSFORMER_OPTION
@@ -42,6 +50,10 @@ from pod.workloads.transformer import MAX_TRANSFORMER_OPTION
 __all__ = ["cli", "main"]
 
 EXIT_USER_ERROR = 2
+#: What a file system refuses a write with: no space (ENOSPC, EDQUOT), a file past a
+#: limit (EFBIG), read-only (EROFS), no permission (EACCES, EPERM).
+_FILE_SYSTEM_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
+                                   errno.EACCES, errno.EPERM})
 #: Most steps one --trace holds (each keeps its events in memory until the trace is written).
 MAX_TRACED_STEPS = 1_000
 
@@ -851,6 +863,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except USER_ERRORS as err:
         click.echo(f"error: {one_line(err)}", err=True)
+        sys.exit(EXIT_USER_ERROR)
+    except OSError as err:
+        if err.errno not in _FILE_SYSTEM_REFUSALS:
+            raise
+        # a write no command turned into its one line yet: still one line, never a traceback
+        where = err.filename if err.filename else "a file"
+        click.echo(f"error: {one_line(OutputError(where, err.strerror or str(err)))}", err=True)
         sys.exit(EXIT_USER_ERROR)
     except RunInterrupted as err:  # the run wrote its checkpoint and partial summary first
         click.echo(str(err), err=True)

@@ -30,6 +30,7 @@ from pod.errors import (
     ClusterError,
     IciError,
     NonFiniteLossError,
+    OutputError,
     RunInterrupted,
     ScenarioError,
 )
@@ -585,9 +586,12 @@ class Run:
         self.partial_summary = partial
         wrote = ""
         if self.output_dir is not None:
-            write_json(self.output_dir / "summary.json", partial)
-            wrote = f"; wrote {self.output_dir / 'summary.json'} (partial)" + (
-                f", {self.rows.path}" if self.rows.started else "")
+            try:
+                write_json(self.output_dir / "summary.json", partial)
+                wrote = f"; wrote {self.output_dir / 'summary.json'} (partial)"
+            except OutputError:  # a full disk: the error that stopped the run is the one line
+                wrote = "; summary.json could not be written"
+            wrote += f", {self.rows.path}" if self.rows.started else ""
         # an error is printed once, by whoever catches it (the CLI's one line): not here
         by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
         self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "
