@@ -304,7 +304,8 @@ def read_regular(path: Path | str, limit_bytes: int, what: str = "files read her
         try:
             parts = [f.read(size + 1)] if size else []
             total = sum(map(len, parts))
-            while total <= limit_bytes:  # it grew since, or reports no size
+            while total <= limit_bytes and total > size - (not size):  # it grew since, or
+                # reports no size (/proc): a short first read is the end of the file
                 chunk = f.read(min(_CHUNK_BYTES, limit_bytes + 1 - total))
                 if not chunk:
                     break
