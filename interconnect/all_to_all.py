@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from interconnect.topology import Torus
+from interconnect.topology import Torus, link_ids
 
 __all__ = ["axis_route_counts", "block_sets", "block_link_counts", "torus_link_counts"]
 
@@ -145,11 +145,9 @@ def block_link_counts(topology: Torus, groups: Sequence[Sequence[int]]
 
     Returns:
         (counts, max_hops): (n x 2 ndim,) int64 messages on each link id
-        (``interconnect.cost._link_ids``), and the longest route of a message;
+        (``interconnect.topology.link_ids``), and the longest route of a message;
         None when a group is not a block (the caller routes its pairs).
     """
-    from interconnect.cost import _link_ids
-
     nlinks = topology.num_chips * 2 * topology.ndim
     counts = np.zeros(nlinks, dtype=np.int64)
     strides = topology._strides  # noqa: SLF001 - same package
@@ -176,7 +174,7 @@ def block_link_counts(topology: Torus, groups: Sequence[Sequence[int]]
                 used = pairs > 0
                 nc = (c[used] + step) % a
                 dst = rank[used] + (nc - c[used]) * strides[d]
-                np.add.at(counts, _link_ids(topology, rank[used], dst), pairs[used])
+                np.add.at(counts, link_ids(topology, rank[used], dst), pairs[used])
     return counts, max_hops
 
 

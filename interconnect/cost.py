@@ -30,11 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from interconnect.all_to_all import torus_link_counts
 from interconnect.collectives import Schedule
 from interconnect.errors import ScheduleError, TopologyError
 from interconnect.faults import LinkFaults, route
 from interconnect.link import LinkSpec
-from interconnect.topology import Torus
+from interconnect.topology import Torus, link_ids, link_of_id
 
 __all__ = ["ScheduleCost", "schedule_cost", "schedule_time", "cost_work", "check_cost_work",
            "MAX_COST_WORK"]
@@ -386,42 +387,17 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
     if fast and (op, algorithm) in FAST_PATHS and not checked.failed:
         n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
         if op == "all_to_all":  # in closed form (interconnect.all_to_all), no pair built
-            from interconnect.groups import group_all_to_all_cost
-
             if num_elements % n:
                 all_to_all(topology, num_elements, itemsize)  # its one-line refusal
-            return group_all_to_all_cost(op, topology, [range(n)], num_elements, link, itemsize,
-                                         checked, closed_form=True)
+            counts, max_hops = torus_link_counts(topology)
+            return _all_to_all_cost(topology, counts, max_hops, num_elements // n * itemsize,
+                                    link, checked)
         if algorithm == "ring":
             return _ring_family_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
         return _axis_collective_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
     schedule = build_collective(op, topology, num_elements, itemsize, algorithm, shift=shift,
                                 axis=axis)
     return schedule_cost(schedule, topology, link, checked)
-
-
-def _link_ids(topology: Torus, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray:
-    """Integer id of directed links: src x 2 ndim + axis x 2 + (1 if dst is src's +1 neighbour)."""
-    shape = np.asarray(topology.shape)
-    strides = np.asarray(topology._strides)  # noqa: SLF001 - same package
-    cs = (srcs[..., None] // strides) % shape
-    cd = (dsts[..., None] // strides) % shape
-    axis = np.argmax(cs != cd, axis=-1)
-    a = np.take_along_axis(cs, axis[..., None], -1)[..., 0]
-    b = np.take_along_axis(cd, axis[..., None], -1)[..., 0]
-    plus = (b == (a + 1) % shape[axis]).astype(np.int64)
-    return srcs * (2 * topology.ndim) + axis * 2 + plus
-
-
-def _link_of_id(topology: Torus, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    shape = np.asarray(topology.shape)
-    strides = np.asarray(topology._strides)  # noqa: SLF001
-    src = ids // (2 * topology.ndim)
-    axis = (ids % (2 * topology.ndim)) // 2
-    step = np.where(ids % 2 == 1, 1, -1)
-    c = (src // strides[axis]) % shape[axis]
-    dst = src + (((c + step) % shape[axis]) - c) * strides[axis]
-    return src, dst
 
 
 def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: int, itemsize: int,
@@ -440,7 +416,7 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
     nlinks = n * 2 * topology.ndim
     factors = np.ones(nlinks)
     for (src, dst), factor in faults.slowdowns.items():
-        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+        factors[link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
     slowed = bool(faults.slowdowns)
     order = topology.ring_order()
     levels = [[order]] if n >= 2 else []
@@ -470,7 +446,7 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
                     path = route_cache[(src0, dst0)] = route(topology, src0, dst0)
                 offsets = rings[:, i] - src0
                 for hop_src, hop_dst in path:
-                    ids = _link_ids(topology, hop_src + offsets, hop_dst + offsets)
+                    ids = link_ids(topology, hop_src + offsets, hop_dst + offsets)
                     e_pos.append(np.full(num_rings, i))
                     e_ring.append(np.arange(num_rings))
                     e_link.append(ids)
@@ -516,7 +492,7 @@ def _phase_seconds(topology: Torus, loads: np.ndarray, factors: np.ndarray | Non
 def _cost_of(topology: Torus, phase_seconds: list[float], totals: np.ndarray, factors: np.ndarray,
              link: LinkSpec) -> ScheduleCost:
     used = np.flatnonzero(totals)
-    srcs, dsts = _link_of_id(topology, used)
+    srcs, dsts = link_of_id(topology, used)
     link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist(), strict=True), totals[used].tolist(),
                           strict=True))
     busiest_seconds = (float((totals * factors).max()) / link.achieved_bandwidth_bytes_per_s(1)
@@ -543,7 +519,7 @@ def _neighbour_tables(topology: Torus) -> tuple[np.ndarray, np.ndarray]:
             nc %= size
             ok &= nc != c
             dst[ok, slot] = ranks[ok] + (nc[ok] - c[ok]) * strides[axis]
-            ids[ok, slot] = _link_ids(topology, ranks[ok], dst[ok, slot])
+            ids[ok, slot] = link_ids(topology, ranks[ok], dst[ok, slot])
     return dst, ids
 
 
@@ -567,12 +543,12 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
     nlinks = n * 2 * topology.ndim
     factors = np.ones(nlinks)
     for (src, dst), factor in faults.slowdowns.items():
-        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+        factors[link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
     slowed = factors if faults.slowdowns else None
     neighbour_dst, neighbour_id = _neighbour_tables(topology)
     reverse = np.zeros(nlinks, dtype=np.int64)
     has = neighbour_dst >= 0
-    reverse[neighbour_id[has]] = _link_ids(topology, neighbour_dst[has], np.nonzero(has)[0])
+    reverse[neighbour_id[has]] = link_ids(topology, neighbour_dst[has], np.nonzero(has)[0])
     totals = np.zeros(nlinks, dtype=np.int64)
     route_ids: dict[tuple[int, int], np.ndarray] = {}
 
@@ -591,7 +567,7 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
             far = route_ids.get((src, dst))
             if far is None:
                 path = np.asarray(topology.route(src, dst), dtype=np.int64)
-                far = route_ids[(src, dst)] = _link_ids(topology, path[:, 0], path[:, 1])
+                far = route_ids[(src, dst)] = link_ids(topology, path[:, 0], path[:, 1])
             np.add.at(loads, far, size)
             max_hops = max(max_hops, len(far))
         return loads, max_hops
@@ -623,3 +599,24 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
     phase_seconds = {"allreduce": rs_seconds + ag_seconds[::-1], "reduce_scatter": rs_seconds,
                      "all_gather": ag_seconds[::-1]}[op]
     return _cost_of(topology, phase_seconds, totals, factors, link)
+
+
+def _slowdowns(topology: Torus, faults: LinkFaults | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(nlinks,) slowdown factor by link id, and the same or None when no link is slowed."""
+    factors = np.ones(topology.num_chips * 2 * topology.ndim)
+    for (src, dst), factor in (faults.slowdowns.items() if faults is not None else ()):
+        factors[link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+    return factors, (factors if faults is not None and faults.slowdowns else None)
+
+
+def _all_to_all_cost(topology: Torus, counts: np.ndarray, max_hops: int, piece_bytes: int,
+                     link: LinkSpec, faults: LinkFaults | None) -> ScheduleCost:
+    """A direct all-to-all's cost from its messages per link (``counts``: (n x 2 ndim,)
+    int64 by link id, ``interconnect.all_to_all.block_link_counts``) and its longest
+    route: one phase, its busiest link at the achieved bandwidth of the chips' driven
+    links plus latency times the longest route, as :func:`schedule_cost` costs it."""
+    factors, slowed = _slowdowns(topology, faults)
+    loads = counts * piece_bytes
+    seconds = (_phase_seconds(topology, loads, slowed, max_hops, link)
+               if piece_bytes and counts.any() else 0.0)
+    return _cost_of(topology, [seconds], loads, factors, link)
