@@ -84,7 +84,7 @@ def corpus(tmp_path_factory) -> Path:
                           allreduce=["ring", "torus", "bidirectional_ring", "halving_doubling"])
     _write_yaml(tmp / "bigsweep.yaml", sweep)
     small = copy.deepcopy(sweep)
-    small["sweep"].update(chips=[1, 4, 16], global_batch=None, precision=None,
+    small["sweep"].update(chips=[1, 4, 16], global_batch=[256], precision=None,
                           allreduce=["ring"])
     _write_yaml(tmp / "sweep.yaml", small)
     ck = tmp / "ck"

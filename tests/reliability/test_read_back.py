@@ -30,10 +30,19 @@ def _written(path, n: int) -> None:
             steps.write(row)
 
 
+def _line(index: int, edit):
+    """An edit of one line of steps.csv (0: the header)."""
+    def apply(text: str) -> str:
+        lines = text.split("\r\n")
+        lines[index] = edit(lines[index])
+        return "\r\n".join(lines)
+    return apply
+
+
 DAMAGE = {  # how a steps.csv is damaged -> (the edit, the line named, the steps kept)
-    "header": (lambda text: text.replace("step,", "stp,", 1), 1, 0),
-    "short row": (lambda text: text.replace("3,0.333", "3", 1), 4, 2),
-    "binary": (lambda text: text.replace("4,0.25", "\udcff\udcfe4,0.25", 1), 5, 3),
+    "header": (_line(0, lambda line: line.replace("step,", "stp,", 1)), 1, 0),
+    "short row": (_line(3, lambda line: line.split(",")[0]), 4, 2),
+    "binary": (_line(4, lambda line: "\udcff\udcfe" + line), 5, 3),
     "NUL tail": (lambda text: text + "\x00" * 300, 8, 6),
     "half a row": (lambda text: text + "7,0.14", 8, 6),
 }
@@ -46,7 +55,7 @@ def test_a_damaged_steps_csv_is_named_in_one_line_and_its_tail_dropped(tmp_path,
     path = tmp_path / "steps.csv"
     _written(path, 6)
     edit, line, kept = DAMAGE[kind]
-    path.write_bytes(edit(path.read_text()).encode("utf-8", errors="surrogateescape"))
+    path.write_bytes(edit(path.read_bytes().decode()).encode("utf-8", errors="surrogateescape"))
     warnings: list[str] = []
     with StepsCsv(path, keep_below=6, warn=warnings.append) as steps:
         steps.write({"step": kept + 1, "loss": 0.5, "synthetic_data": False})
@@ -142,7 +151,7 @@ def test_resume_over_a_damaged_steps_csv_names_it_and_rewrites_the_tail(corpus, 
     out = _copy(finished_run, tmp_path)
     edit, _, _ = DAMAGE[kind]
     steps = out / "steps.csv"
-    steps.write_bytes(edit(steps.read_text()).encode("utf-8", errors="surrogateescape"))
+    steps.write_bytes(edit(steps.read_bytes().decode()).encode("utf-8", errors="surrogateescape"))
     result = _resume(corpus, out, "--steps", "6")
     succeeded(result)
     assert "warning: steps.csv line " in result.out
