@@ -867,9 +867,12 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as err:
         if err.errno not in _FILE_SYSTEM_REFUSALS:
             raise
-        # a write no command turned into its one line yet: still one line, never a traceback
+        # a refusal no command turned into its one line yet: still one line, never a traceback
         where = err.filename if err.filename else "a file"
-        click.echo(f"error: {one_line(OutputError(where, err.strerror or str(err)))}", err=True)
+        reason = err.strerror or str(err)
+        text = (OutputError(where, reason) if err.errno not in (errno.EACCES, errno.EPERM)
+                else f"{where}: {reason}")  # a permission: reading or writing
+        click.echo(f"error: {one_line(text)}", err=True)
         sys.exit(EXIT_USER_ERROR)
     except RunInterrupted as err:  # the run wrote its checkpoint and partial summary first
         click.echo(str(err), err=True)

@@ -129,3 +129,21 @@ def test_a_recovery_that_succeeds_prints_no_stack_dumps(tmp_path):
         proc.stderr[-3000:]
     assert "restored step 2" in proc.stdout
     assert snapshot(path) == before
+
+
+@pytest.mark.parametrize("code, shown", [(28, "cannot write (No space left on device)"),
+                                         (13, ": Permission denied")])
+def test_a_refusal_no_command_caught_is_still_one_line(tmp_path, monkeypatch, code, shown):
+    """The CLI's last line of defence: an OSError of the file system (ENOSPC, EACCES, ...)
+    that a command did not turn into its own line is one line, exit 2, not a traceback."""
+    import errno as errnos
+
+    from pod.commands import init
+
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code), str(tmp_path / "x" / "f.yaml"))
+
+    monkeypatch.setattr(init, "init_directory", refuse)
+    result = cli(["init", str(tmp_path / "x")], tmp_path)
+    one_line_error(result, str(tmp_path / "x" / "f.yaml"), shown)
+    assert code in (errnos.ENOSPC, errnos.EACCES)
