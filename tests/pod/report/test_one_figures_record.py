@@ -1,0 +1,174 @@
+"""One figures record (issue 31 item 1): every output formats the MFU, HFU, tokens/s and
+overlap fraction of one ``StepStats`` (or of its mean over a run's steps); none computes
+them again. For each chip generation, each output's figures equal the step's, to the
+digits the output prints.
+
+The step is a timing-only step of a small transformer (remat full, so HFU > MFU) on a
+``{data: 2, fsdp: N}`` mesh of an 8-core slice of each generation (v2 / v3 have a device
+per TensorCore: the MFU denominator of these is where wrong pod peaks hid)."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from pod.commands.plan_search import Candidate
+from pod.commands.plan_source import model_source
+from pod.commands.plan import Planner
+from pod.commands.sweep import step_row
+from pod.config.plan import build_plan
+from pod.config.scenario import parse_scenario
+from pod.config.slices import resolve_pod
+from pod.report.console import progress_line, summary_table
+from pod.report.files import summarize
+from pod.report.html import render_report
+from pod.report.metrics import PodMetrics
+from pod.runtime.timing import TimingPod
+
+GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e")
+FIGURES = ("mfu", "hfu", "tokens_per_second", "overlap_fraction")
+
+
+def scenario_data(generation: str) -> dict:
+    """A transformer on ``<generation>-8`` over {data: 2, fsdp: devices / 2}."""
+    pod = resolve_pod(slice_name=f"{generation}-8")
+    devices = pod.tensorcores if pod.chip.tensorcores > 1 and generation in ("v2", "v3") \
+        else pod.chips
+    return {
+        "name": f"figures-{generation}",
+        "pod": {"slice": f"{generation}-8", "mesh": {"data": 2, "fsdp": devices // 2}},
+        "model": {"name": "transformer",
+                  "options": {"embed_dim": 512, "heads": 8, "head_dim": 64, "mlp_dim": 2048,
+                              "layers": 2, "remat": "full"}},
+        "data": {"name": "synthetic_text",
+                 "options": {"vocabulary": 64, "sequence_length": 256, "num_examples": 128}},
+        "training": {"global_batch": 8 * devices, "steps": 3, "optimizer": {"name": "adamw"}},
+        "metrics": {"port": 0}}
+
+
+class Figures:
+    """The reference: StepStats' own properties of one timing-only step."""
+
+    def __init__(self, generation: str) -> None:
+        self.data = scenario_data(generation)
+        self.plan = build_plan(parse_scenario(self.data, source="<test>"), timing_only=True)
+        pod = TimingPod(self.plan)
+        self.steps = [pod.step(s) for s in range(self.plan.steps)]
+        last = self.steps[-1]
+        self.stats = last
+        self.want = {"mfu": last.mfu, "hfu": last.row()["hfu"],
+                     "tokens_per_second": last.tokens_per_second,
+                     "overlap_fraction": last.overlap_fraction}
+
+
+@pytest.fixture(scope="module", params=GENERATIONS)
+def figures(request) -> Figures:
+    f = Figures(request.param)
+    assert 0.05 < f.want["mfu"] < f.want["hfu"] < 1, "remat full: HFU above MFU"
+    assert 0.1 < f.want["overlap_fraction"] < 0.9 and f.want["overlap_fraction"] != 0.5
+    assert f.want["tokens_per_second"] > 0
+    return f
+
+
+def _close(got: dict[str, float], want: dict[str, float], rel: float = 1e-9) -> None:
+    for name, value in got.items():
+        assert value == pytest.approx(want[name], rel=rel), name
+
+
+def _text(renderable) -> str:
+    buffer = io.StringIO()
+    Console(file=buffer, width=200).print(renderable)
+    return buffer.getvalue()
+
+
+def _percent(text: str, pattern: str) -> float:
+    match = re.search(pattern, text)
+    assert match, pattern
+    return float(match.group(1)) / 100
+
+
+def _count(text: str, pattern: str) -> float:
+    match = re.search(pattern, text)
+    assert match, pattern
+    return float(match.group(1).replace(",", ""))
+
+
+def test_summary_json(figures):
+    summary = summarize(figures.plan, figures.steps, None, None, 1.0, 0.0)
+    _close({"mfu": summary["mfu"], "hfu": summary["hfu"],
+            "tokens_per_second": summary["simulated_tokens_per_second"],
+            "overlap_fraction": summary["overlap_fraction"]}, figures.want)
+
+
+def test_console_summary_and_progress_line(figures):
+    summary = summarize(figures.plan, figures.steps, None, None, 1.0, 0.0)
+    text = _text(summary_table(summary))
+    want = figures.want
+    assert _percent(text, r"MFU[\s│]+([\d.]+)%") == pytest.approx(want["mfu"], abs=5e-5)
+    assert _count(text, r"([\d,]+) tokens/s") == pytest.approx(want["tokens_per_second"], abs=0.5)
+    assert _percent(text, r"\((\d+)% hidden\)") == pytest.approx(want["overlap_fraction"],
+                                                                  abs=5e-3)
+    line = progress_line(figures.stats, figures.plan.steps)
+    assert _count(line, r"sim ([\d,]+) tokens/s") == pytest.approx(want["tokens_per_second"],
+                                                                   abs=0.5)
+
+
+def test_steps_csv_row(figures):
+    row = figures.stats.row()
+    _close({"mfu": row["mfu"], "hfu": row["hfu"],
+            "tokens_per_second": row["simulated_tokens_per_second"],
+            "overlap_fraction": row["overlap_fraction"]}, figures.want)
+
+
+def test_sweep_row(figures):
+    row = step_row(figures.plan, figures.steps[1:], 1.0)
+    _close({"mfu": row["mfu"], "hfu": row["hfu"],
+            "tokens_per_second": row["simulated_tokens_per_second"],
+            "overlap_fraction": row["overlap_fraction"]}, figures.want)
+
+
+def test_plan_row(figures, tmp_path):
+    path = tmp_path / "model.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(figures.data))
+    plan = figures.plan
+    planner = Planner(model_source(str(path), slice_name=plan.topology.name))
+    row = planner.cost(Candidate(1, plan.topology.name, dict(plan.mesh.sizes), "full",
+                                 plan.global_batch, plan.per_device_batch))
+    assert row["status"] == "ok", row["reason"]
+    _close({"mfu": row["mfu"], "hfu": row["hfu"],
+            "tokens_per_second": row["simulated_tokens_per_second"]}, figures.want)
+
+
+def test_prometheus(figures):
+    plan = figures.plan
+    metrics = PodMetrics(scenario="s", generation=plan.topology.chip.name, slice_name="s",
+                         topology="t", devices_per_chip=plan.mesh.devices_per_chip)
+    metrics.observe(figures.stats)
+    value = metrics.registry.get_sample_value
+    _close({"mfu": value("tpu_pod_mfu_ratio"),
+            "tokens_per_second": value("tpu_pod_simulated_tokens_per_second"),
+            "overlap_fraction": value("tpu_pod_collective_overlap_ratio")}, figures.want)
+
+
+def test_report_html(figures):
+    summary = summarize(figures.plan, figures.steps, None, None, 1.0, 0.0)
+    page = render_report(summary, [s.row() for s in figures.steps], [], {}, 1)
+    want = figures.want
+    assert _percent(page, r"MFU</td><td[^>]*>([\d.]+)%") == pytest.approx(want["mfu"], abs=5e-5)
+    assert _count(page, r"([\d,]+) tokens/s") == pytest.approx(want["tokens_per_second"],
+                                                               abs=0.5)
+    assert _percent(page, r"\((\d+)% hidden\)") == pytest.approx(want["overlap_fraction"],
+                                                                  abs=5e-3)
+
+
+def test_describe(figures):
+    from pod.cli import _estimate_step
+
+    step = _estimate_step(figures.plan)
+    _close({"mfu": step["mfu"], "tokens_per_second": step["simulated_tokens_per_second"]},
+           figures.want)
