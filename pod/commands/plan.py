@@ -255,9 +255,6 @@ class Planner:
         row.update(status="ok", reason="", point=c.index)
         if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
             row["mesh"] = format_axes(c.mesh)
-        if self.sequence_length:
-            row["simulated_tokens_per_second"] = (plan.global_batch * self.sequence_length
-                                                  / row["simulated_step_seconds"])
         return row
 
     def _labels(self, c: Candidate) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.files import check_writable, write_atomic
-from pod.report.stats import AXIS_ORDER, mfu, pipeline_bubble_fraction
+from pod.report.stats import AXIS_ORDER, StepStats, mean_step
 from pod.safe_io import lock_directories
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
@@ -310,84 +310,75 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         admit(plan)  # before any actor: the point's row says how many chips fit
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
-    return step_row(plan, stats[1:] or stats, time.perf_counter() - t0, epoch_examples)
+    return step_row(plan, stats, time.perf_counter() - t0, epoch_examples)
 
 
-def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) -> dict[str, Any]:
-    """A point's row from its plan and its timed steps (``StepStats``, averaged), ``wall``
-    seconds of emulation (``tpu-pod plan`` costs its points through it too)."""
-    step = fmean(s.step_seconds for s in timed)
-    mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
-    flops = mean(lambda s: s.model_flops)
-    collective = mean(lambda s: s.collective_seconds)
-    exposed = mean(lambda s: s.exposed_collective_seconds)
+def step_row(plan, steps: list, wall: float, epoch_examples: int | None = None) -> dict[str, Any]:
+    """A point's row from its plan and its steps (``StepStats``; their mean step,
+    ``mean_step``: the steps after the first), ``wall`` seconds of emulation (``tpu-pod
+    plan`` costs its points through it too). Every figure is the mean step's property."""
+    mean = mean_step(steps)
+    timed = steps[1:] or steps
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
     bounds = _mean_bounds(plan, timed)
     return {
         "model": plan.model.name, "bound": bounds.label, "bound_fraction": bounds.fraction,
         "ici_axes": bounds.ici_axes,
         **{f"{c}_bound_seconds": bounds.seconds[c] for c in BOUND_CATEGORIES},
-        "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
+        "simulated_epoch_seconds": mean.step_seconds * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
         "generation": plan.topology.chip.name, "chips": plan.topology.chips,
         "cores": plan.topology.tensorcores, "topology": plan.topology.torus.name,
+        "slice": plan.topology.slice_name or plan.topology.name,
         "allreduce_algorithm": plan.ici.algorithm,
         "precision": plan.training.precision, "global_batch": plan.global_batch,
-        "simulated_step_seconds": step,
-        "infeed_seconds": mean(lambda s: s.infeed_seconds),
-        "compute_seconds": mean(lambda s: s.compute_seconds),
-        "collective_seconds": collective,
-        "exposed_collective_seconds": exposed,
-        "serial_step_seconds": mean(lambda s: s.serial_step_seconds),
-        "overlap_fraction": (min(1.0, max(0.0, 1.0 - exposed / collective)) if collective > 0
-                             else 0.0),
-        "update_seconds": mean(lambda s: s.update_seconds),
-        "simulated_examples_per_second": plan.global_batch / step,
-        "simulated_tflops": flops / step / 1e12,
-        "maxtext_tflops_per_device": (fmean(s.maxtext_flops_per_device for s in timed) / step / 1e12
-                                      or math.nan),
-        "mfu": mfu(flops, step, plan.topology.peak_bf16_flops_per_s),
-        "communication_fraction": exposed / step,
+        "simulated_step_seconds": mean.step_seconds,
+        "infeed_seconds": mean.infeed_seconds,
+        "compute_seconds": mean.compute_seconds,
+        "collective_seconds": mean.collective_seconds,
+        "exposed_collective_seconds": mean.exposed_collective_seconds,
+        "serial_step_seconds": mean.serial_step_seconds,
+        "overlap_fraction": mean.overlap_fraction,
+        "update_seconds": mean.update_seconds,
+        "simulated_examples_per_second": mean.examples_per_second,
+        "simulated_tflops": mean.tflops,
+        "maxtext_tflops_per_device": mean.maxtext_tflops_per_device or math.nan,
+        "mfu": mean.mfu,
+        "communication_fraction": mean.communication_fraction,
         "wall_seconds": wall,
-        "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
-        **_layout_columns(plan, timed, step),
-        **_pipeline_columns(plan, timed),
+        "wall_seconds_per_step": mean.wall_seconds,
+        **_layout_columns(plan, mean),
+        **_pipeline_columns(plan, mean),
         "slices": plan.mesh.slices,
         "dcn_mesh": format_axes(plan.mesh.dcn_sizes) if plan.mesh.slices > 1 else "",
-        "dcn_collective_seconds": mean(lambda s: sum(s.axis_dcn_seconds.values())),
+        "dcn_collective_seconds": sum(mean.axis_dcn_seconds.values()),
     }
 
 
-def _pipeline_columns(plan, timed: list) -> dict[str, Any]:
+def _pipeline_columns(plan, mean: StepStats) -> dict[str, Any]:
     """A pipeline's microbatches and bubble (NaN without a stage axis)."""
     from pod.config.pipeline import pipeline_microbatches
 
     if plan.mesh.axis_size("stage") == 1:
         return {}
-    bubble = fmean(s.pipeline_bubble_seconds for s in timed)
     return {"microbatches": pipeline_microbatches(plan.training, plan.mesh),
-            "pipeline_bubble_seconds": bubble,
-            "pipeline_bubble_fraction": pipeline_bubble_fraction(
-                bubble, fmean(s.compute_seconds for s in timed))}
+            "pipeline_bubble_seconds": mean.pipeline_bubble_seconds,
+            "pipeline_bubble_fraction": mean.pipeline_bubble_fraction}
 
 
-def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
+def _layout_columns(plan, mean: StepStats) -> dict[str, Any]:
     """The mesh, remat, per-device batch, HBM, tokens/s and per-axis columns of a point."""
     mesh = plan.mesh
     options = plan.scenario.model.options if plan.scenario.model else {}
-    tokens = int(plan.dataset.x_train[0].size) if plan.scenario.model.name == "transformer" else 0
-    hardware = fmean(s.hardware_flops or s.model_flops for s in timed)
     row = {"mesh": format_axes(mesh.sizes), "remat": options.get("remat", ""),
            "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
-           "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else math.nan,
-           "hfu": mfu(hardware, step, plan.topology.peak_bf16_flops_per_s),
-           "per_device_batch": plan.per_device_batch}
+           "simulated_tokens_per_second": mean.tokens_per_second or math.nan,
+           "hfu": mean.hfu, "per_device_batch": plan.per_device_batch}
     for axis in _AXES:
         row[axis] = mesh.axis_size(axis)
-        row[f"exposed_{axis}_seconds"] = fmean(s.axis_exposed_seconds.get(axis, 0.0) for s in timed)
-        row[f"collective_{axis}_seconds"] = fmean(s.axis_collective_seconds.get(axis, 0.0)
-                                                  for s in timed)
+        row[f"exposed_{axis}_seconds"] = mean.axis_exposed_seconds.get(axis, 0.0)
+        row[f"collective_{axis}_seconds"] = mean.axis_collective_seconds.get(axis, 0.0)
     return row
 
 
@@ -523,7 +514,8 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
             "global_batch": v.get("training__global_batch", math.nan),
             "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
             "generation": v.get("pod__slice") or v.get("pod__chip") or "",
-            "slice": v.get("pod__slice") or ""}
+            "slice": v.get("pod__slice") or (point.scenario.pod.slice if point.scenario
+                                             else None) or ""}
 
 
 def _chips(point: SweepPoint) -> float | int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pod.errors import OutputError
-from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu, pipeline_bubble_fraction
+from pod.report.stats import StepStats, StepTotals
 from pod.safe_io import output_errors, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
@@ -92,61 +92,54 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         A JSON-serialisable dict. Without a single step done, the simulated
         figures are None.
     """
-    if not isinstance(steps, StepTotals):
-        totals = StepTotals()
-        for s in steps:
-            totals.add(s)
-        steps = totals
-    totals = steps
-    pod = plan.topology
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps)
     if totals.steps == 0:
         return _identity(plan, 0) | {"wall_seconds": wall_seconds,
                                       "startup_wall_seconds": startup_wall_seconds}
-    mean = totals.mean
-    step_seconds = mean("step_seconds")
-    flops = mean("model_flops")
+    stats = totals.mean_stats()
     return _identity(plan, totals.steps) | {
         "initial_loss": totals.initial_loss,
         "final_loss": totals.final_loss,
         "test_loss": evaluated_figure(evaluation, "loss"),
         "test_accuracy": evaluated_figure(evaluation, "accuracy"),
-        "simulated_step_seconds": step_seconds,
-        "simulated_examples_per_second": plan.global_batch / step_seconds,
-        "simulated_tokens_per_second": plan.global_batch * _tokens(plan) / step_seconds,
-        "simulated_tflops": flops / step_seconds / 1e12,
-        "mfu": mfu(flops, step_seconds, pod.peak_bf16_flops_per_s),
-        **{k.replace("_flops_", "_tflops_"): v / step_seconds / 1e12
-           for k, v in maxtext_flops(plan.model, plan.global_batch / plan.mesh.size).items()},
-        "hfu": mfu(mean("hardware_flops"), step_seconds, pod.peak_bf16_flops_per_s),
-        **_step_parts(mean),
+        "simulated_step_seconds": stats.step_seconds,
+        "simulated_examples_per_second": stats.examples_per_second,
+        "simulated_tokens_per_second": stats.tokens_per_second,
+        "simulated_tflops": stats.tflops,
+        "mfu": stats.mfu,
+        **({"maxtext_tflops_per_device": stats.maxtext_tflops_per_device,
+            "maxtext_2023_tflops_per_device": stats.maxtext_2023_tflops_per_device}
+           if stats.maxtext_flops_per_device else {}),
+        "hfu": stats.hfu,
+        **_step_parts(stats),
         "collectives_by_axis": {
-            axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
-                   "simulated_seconds": mean(f"{axis}_collective_seconds"),
-                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds"),
-                   **_dcn_split(plan, axis, mean)}
+            axis: {"bytes_per_step": stats.axis_collective_bytes.get(axis, 0),
+                   "simulated_seconds": stats.axis_collective_seconds.get(axis, 0.0),
+                   "exposed_simulated_seconds": stats.axis_exposed_seconds.get(axis, 0.0),
+                   **_dcn_split(plan, axis, stats)}
             for axis in plan.mesh.axis_names},
         "ici_bytes_per_step": totals.ici_bytes_per_step,
-        "dcn_bytes_per_step": sum(mean(f"{a}_dcn_bytes") for a in plan.mesh.dcn_sizes),
-        "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s,
+        "dcn_bytes_per_step": sum(stats.axis_dcn_bytes.values()),
+        "peak_bf16_flops_per_s": stats.peak_flops_per_s,
         "wall_seconds": wall_seconds,
-        "wall_step_seconds": mean("wall_seconds"),
+        "wall_step_seconds": stats.wall_seconds,
         "startup_wall_seconds": startup_wall_seconds,
-        "emulation_slowdown": mean("wall_seconds") / step_seconds,
+        "emulation_slowdown": stats.emulation_slowdown,
         "hbm_peak_bytes": totals.hbm_peak_bytes,
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
     } | _moe(plan, totals)
 
 
-def _dcn_split(plan: Any, axis: str, mean: Any) -> dict[str, Any]:
+def _dcn_split(plan: Any, axis: str, stats: StepStats) -> dict[str, Any]:
     """An axis's part across slices in ``collectives_by_axis`` (multislice: an axis with a
     ``pod.dcn_mesh`` factor): the slices it spans, the DCN seconds within its
     ``simulated_seconds`` and the bytes a device sends across the DCN per step."""
     slices = plan.mesh.dcn_sizes.get(axis, 1)
     if slices == 1:
         return {}
-    return {"dcn_slices": slices, "dcn_simulated_seconds": mean(f"{axis}_dcn_seconds"),
-            "dcn_bytes_per_step": mean(f"{axis}_dcn_bytes")}
+    return {"dcn_slices": slices, "dcn_simulated_seconds": stats.axis_dcn_seconds.get(axis, 0.0),
+            "dcn_bytes_per_step": stats.axis_dcn_bytes.get(axis, 0)}
 
 
 def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
@@ -170,26 +163,23 @@ def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
     }}
 
 
-def _step_parts(mean: Any) -> dict[str, float]:
-    """The summary's parts of a step (means over the steps, seconds) and the shares
-    derived from them (overlap, pipeline bubble)."""
+def _step_parts(stats: StepStats) -> dict[str, float]:
+    """The summary's parts of a step (the mean step's, seconds) and the shares derived
+    from them (overlap, pipeline bubble)."""
     return {
-        "infeed_seconds": mean("infeed_seconds"),
-        "compute_seconds": mean("compute_seconds"),
-        "collective_seconds": mean("collective_seconds"),
-        "exposed_collective_seconds": mean("exposed_collective_seconds"),
-        "exposed_infeed_seconds": mean("exposed_infeed_seconds"),
-        "dispatch_seconds": mean("dispatch_seconds"),
-        "serial_step_seconds": mean("serial_step_seconds"),
-        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_collective_seconds")
-                                              / mean("collective_seconds")))
-                             if mean("collective_seconds") > 0 else 0.0),
-        "update_seconds": mean("update_seconds"),
-        "host_offload_seconds": mean("host_offload_seconds"),
-        "exposed_host_offload_seconds": mean("exposed_host_offload_seconds"),
-        "pipeline_bubble_seconds": mean("pipeline_bubble_seconds"),
-        "pipeline_bubble_fraction": pipeline_bubble_fraction(mean("pipeline_bubble_seconds"),
-                                                             mean("compute_seconds")),
+        "infeed_seconds": stats.infeed_seconds,
+        "compute_seconds": stats.compute_seconds,
+        "collective_seconds": stats.collective_seconds,
+        "exposed_collective_seconds": stats.exposed_collective_seconds,
+        "exposed_infeed_seconds": stats.exposed_infeed_seconds,
+        "dispatch_seconds": stats.dispatch_seconds,
+        "serial_step_seconds": stats.serial_step_seconds,
+        "overlap_fraction": stats.overlap_fraction,
+        "update_seconds": stats.update_seconds,
+        "host_offload_seconds": stats.host_offload_seconds,
+        "exposed_host_offload_seconds": stats.exposed_host_offload_seconds,
+        "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
+        "pipeline_bubble_fraction": stats.pipeline_bubble_fraction,
     }
 
 
@@ -198,11 +188,6 @@ def evaluated_figure(evaluation: Any | None, name: str) -> float | None:
     was (NaN): summary.json's null, steps.csv's empty cell, an absent metric."""
     value = getattr(evaluation, name, None) if evaluation is not None else None
     return None if value is None or value != value else float(value)
-
-
-def _tokens(plan: Any) -> int:
-    """Tokens per example of a sequence model (the transformer's sequence length), else 0."""
-    return int(getattr(getattr(plan.model, "config", None), "sequence_length", 0) or 0)
 
 
 def _identity(plan: Any, steps: int) -> dict[str, Any]:

@@ -344,7 +344,7 @@ class PodMetrics:
         self.collective_step_seconds.observe(stats.collective_seconds)
         self.wall_seconds.observe(stats.wall_seconds)
         if stats.step_seconds > 0:
-            self.slowdown.set(stats.wall_seconds / stats.step_seconds)
+            self.slowdown.set(stats.emulation_slowdown)
         if stats.wall_seconds > 0:
             self.rate.set(stats.step_seconds / stats.wall_seconds)
 

@@ -20,7 +20,7 @@ from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
 __all__ = ["StepStats", "StepTotals", "RecordTotals", "ExpertLoad", "mfu", "maxtext_flops",
            "pipeline_bubble_fraction", "op_bound", "OP_BOUNDS", "HOST_DISPATCH_SECONDS",
-           "AXIS_ORDER", "TOTAL_FIELDS"]
+           "AXIS_ORDER", "TOTAL_FIELDS", "RUN_FIELDS", "mean_step"]
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
 #: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
@@ -330,6 +330,12 @@ class StepStats:
                 if total > 0 else 0.0)
 
     @property
+    def communication_fraction(self) -> float:
+        """The share of the simulated step the compute waited for collectives, 0..1."""
+        s = self.step_seconds
+        return self.exposed_collective_seconds / s if s > 0 else 0.0
+
+    @property
     def examples_per_second(self) -> float:
         """Simulated throughput: global batch / simulated step seconds."""
         return self.global_batch / self.step_seconds if self.step_seconds > 0 else 0.0
@@ -345,9 +351,26 @@ class StepStats:
         return self.model_flops / self.step_seconds if self.step_seconds > 0 else 0.0
 
     @property
+    def tflops(self) -> float:
+        """Simulated model TFLOP/s of the pod (``flops_per_second`` / 1e12)."""
+        return self.flops_per_second / 1e12
+
+    @property
     def mfu(self) -> float:
         """Model FLOPs utilisation = model FLOP/s / pod peak bf16 FLOP/s (0..1)."""
         return mfu(self.model_flops, self.step_seconds, self.peak_flops_per_s)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: the MXU FLOPs executed (recomputation included) /
+        (simulated seconds x pod peak bf16 FLOP/s), 0..1; MFU without remat."""
+        return mfu(self.hardware_flops, self.step_seconds, self.peak_flops_per_s)
+
+    @property
+    def emulation_slowdown(self) -> float:
+        """Wall seconds per simulated second (0 for a step of no simulated time)."""
+        s = self.step_seconds
+        return self.wall_seconds / s if s > 0 else 0.0
 
     @property
     def maxtext_tflops_per_device(self) -> float:
@@ -383,7 +406,7 @@ class StepStats:
             simulated_step_seconds=self.step_seconds,
             serial_step_seconds=self.serial_step_seconds,
             overlap_fraction=self.overlap_fraction,
-            hfu=mfu(self.hardware_flops, self.step_seconds, self.peak_flops_per_s),
+            hfu=self.hfu,
             simulated_examples_per_second=self.examples_per_second,
             simulated_tokens_per_second=self.tokens_per_second,
             simulated_flops_per_second=self.flops_per_second,
@@ -417,6 +440,25 @@ TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_second
                 "serial_step_seconds", "exposed_collective_seconds", "exposed_infeed_seconds",
                 "dispatch_seconds", "hardware_flops", "host_offload_seconds",
                 "exposed_host_offload_seconds", "pipeline_bubble_seconds", *AXIS_FIELDS)
+
+
+#: The figures of a step that are its run's (the same at every step: the batch, the pod's
+#: peak, ...); ``StepTotals`` keeps the last step's for its mean step.
+RUN_FIELDS = ("global_batch", "peak_flops_per_s", "tokens_per_example",
+              "maxtext_flops_per_device", "maxtext_2023_flops_per_device",
+              "hbm_capacity_bytes", "ici_link_bandwidth_bytes_per_s", "device_peak_flops_per_s")
+
+#: The ``TOTAL_FIELDS`` that are ``StepStats`` fields (the rest are its properties or
+#: per-axis figures), and the per-axis dicts the ``AXIS_FIELDS`` fill.
+_STEP_FIELDS = ("model_flops", "infeed_seconds", "compute_seconds", "collective_seconds",
+                "update_seconds", "wall_seconds", "exposed_collective_seconds",
+                "exposed_infeed_seconds", "dispatch_seconds", "hardware_flops",
+                "host_offload_seconds", "exposed_host_offload_seconds",
+                "pipeline_bubble_seconds")
+_AXIS_DICTS = {"collective_bytes": "axis_collective_bytes",
+               "collective_seconds": "axis_collective_seconds",
+               "exposed_seconds": "axis_exposed_seconds", "dcn_seconds": "axis_dcn_seconds",
+               "dcn_bytes": "axis_dcn_bytes"}
 
 
 def _total_value(stats: StepStats, name: str) -> float:
@@ -471,9 +513,19 @@ class StepTotals:
     expert_routed: list[int] = field(default_factory=list)
     expert_kept: list[int] = field(default_factory=list)
     expert_max_over_mean_sum: float = 0.0
+    run: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, steps: Iterable[StepStats]) -> StepTotals:
+        """The totals of these steps, in order."""
+        totals = cls()
+        for stats in steps:
+            totals.add(stats)
+        return totals
 
     def add(self, stats: StepStats) -> None:
         """Account one step."""
+        self.run = {k: float(getattr(stats, k)) for k in RUN_FIELDS}
         values = {k: _total_value(stats, k) for k in TOTAL_FIELDS}
         if self.steps == 0:
             self.first, self.initial_loss = values, stats.loss
@@ -505,6 +557,34 @@ class StepTotals:
             raise ValueError("no steps yet")
         return self.sums[name] / (self.steps - 1) if self.steps > 1 else self.first[name]
 
+    def mean_stats(self) -> StepStats:
+        """The mean step: a ``StepStats`` whose parts are the means of ``mean`` (the steps
+        after the first) and whose run figures (batch, peak, ...) are the last step's, so
+        every derived figure of a run (MFU, HFU, tokens/s, overlap, ...) is its
+        properties', as a step's are. ``step`` is the last step's, ``loss`` the final
+        loss; the per-step detail (devices, links, spans) is left empty.
+
+        Raises:
+            ValueError: no step yet.
+        """
+        mean = self.mean
+        axes: dict[str, dict[str, float]] = {name: {} for name in _AXIS_DICTS.values()}
+        for axis in AXIS_ORDER:
+            values = {what: mean(f"{axis}_{what}") for what in _AXIS_DICTS}
+            if any(values.values()):
+                for what, value in values.items():
+                    axes[_AXIS_DICTS[what]][axis] = value
+        parts: dict[str, Any] = {k: mean(k) for k in _STEP_FIELDS}
+        for k in ("model_flops", "hardware_flops"):
+            parts[k] = int(round(parts[k]))
+        for k in ("axis_collective_bytes", "axis_dcn_bytes"):
+            axes[k] = {a: int(round(v)) for a, v in axes[k].items()}
+        run = {k: self.run.get(k, 0.0) for k in RUN_FIELDS}
+        for k in ("global_batch", "tokens_per_example", "hbm_capacity_bytes"):
+            run[k] = int(run[k])
+        return StepStats(step=self.steps - 1, loss=float(self.final_loss or 0.0), **run, **parts,
+                         **axes)
+
     def start_epoch(self) -> None:
         """Start a new epoch's sums (called before an epoch's first step)."""
         self.epoch_steps, self.epoch_step_seconds, self.epoch_loss_sum = 0, 0.0, 0.0
@@ -534,3 +614,13 @@ class StepTotals:
             if isinstance(data.get(key), dict):
                 data[key] = {k: float(data[key].get(k, 0.0)) for k in TOTAL_FIELDS}
         return cls(**data)
+
+
+def mean_step(steps: Sequence[StepStats]) -> StepStats:
+    """The mean of a run's steps (``StepTotals.mean_stats``: over the steps after the
+    first, the first alone when it is the only one), as one ``StepStats``.
+
+    Raises:
+        ValueError: no step.
+    """
+    return StepTotals.of(steps).mean_stats()
