@@ -448,19 +448,6 @@ RUN_FIELDS = ("global_batch", "peak_flops_per_s", "tokens_per_example",
               "maxtext_flops_per_device", "maxtext_2023_flops_per_device",
               "hbm_capacity_bytes", "ici_link_bandwidth_bytes_per_s", "device_peak_flops_per_s")
 
-#: The ``TOTAL_FIELDS`` that are ``StepStats`` fields (the rest are its properties or
-#: per-axis figures), and the per-axis dicts the ``AXIS_FIELDS`` fill.
-_STEP_FIELDS = ("model_flops", "infeed_seconds", "compute_seconds", "collective_seconds",
-                "update_seconds", "wall_seconds", "exposed_collective_seconds",
-                "exposed_infeed_seconds", "dispatch_seconds", "hardware_flops",
-                "host_offload_seconds", "exposed_host_offload_seconds",
-                "pipeline_bubble_seconds")
-_AXIS_DICTS = {"collective_bytes": "axis_collective_bytes",
-               "collective_seconds": "axis_collective_seconds",
-               "exposed_seconds": "axis_exposed_seconds", "dcn_seconds": "axis_dcn_seconds",
-               "dcn_bytes": "axis_dcn_bytes"}
-
-
 def _total_value(stats: StepStats, name: str) -> float:
     """A ``TOTAL_FIELDS`` figure of a step: an attribute, or a mesh axis's entry
     ("fsdp_exposed_seconds": ``axis_exposed_seconds["fsdp"]``)."""
@@ -568,22 +555,41 @@ class StepTotals:
             ValueError: no step yet.
         """
         mean = self.mean
-        axes: dict[str, dict[str, float]] = {name: {} for name in _AXIS_DICTS.values()}
-        for axis in AXIS_ORDER:
-            values = {what: mean(f"{axis}_{what}") for what in _AXIS_DICTS}
-            if any(values.values()):
-                for what, value in values.items():
-                    axes[_AXIS_DICTS[what]][axis] = value
-        parts: dict[str, Any] = {k: mean(k) for k in _STEP_FIELDS}
-        for k in ("model_flops", "hardware_flops"):
-            parts[k] = int(round(parts[k]))
-        for k in ("axis_collective_bytes", "axis_dcn_bytes"):
-            axes[k] = {a: int(round(v)) for a, v in axes[k].items()}
-        run = {k: self.run.get(k, 0.0) for k in RUN_FIELDS}
-        for k in ("global_batch", "tokens_per_example", "hbm_capacity_bytes"):
-            run[k] = int(run[k])
-        return StepStats(step=self.steps - 1, loss=float(self.final_loss or 0.0), **run, **parts,
-                         **axes)
+        axes = [a for a in AXIS_ORDER
+                if any(mean(f"{a}_{what}") for what in ("collective_bytes", "collective_seconds",
+                                                        "exposed_seconds", "dcn_seconds"))]
+
+        def per_axis(what: str) -> dict[str, float]:
+            return {a: mean(f"{a}_{what}") for a in axes}
+
+        run = self.run
+        return StepStats(
+            step=self.steps - 1, loss=float(self.final_loss or 0.0),
+            global_batch=int(run.get("global_batch", 0)),
+            infeed_seconds=mean("infeed_seconds"), compute_seconds=mean("compute_seconds"),
+            collective_seconds=mean("collective_seconds"), update_seconds=mean("update_seconds"),
+            model_flops=int(round(mean("model_flops"))),
+            hardware_flops=int(round(mean("hardware_flops"))),
+            peak_flops_per_s=run.get("peak_flops_per_s", 0.0),
+            wall_seconds=mean("wall_seconds"),
+            tokens_per_example=int(run.get("tokens_per_example", 0)),
+            maxtext_flops_per_device=run.get("maxtext_flops_per_device", 0.0),
+            maxtext_2023_flops_per_device=run.get("maxtext_2023_flops_per_device", 0.0),
+            exposed_collective_seconds=mean("exposed_collective_seconds"),
+            exposed_infeed_seconds=mean("exposed_infeed_seconds"),
+            dispatch_seconds=mean("dispatch_seconds"),
+            host_offload_seconds=mean("host_offload_seconds"),
+            exposed_host_offload_seconds=mean("exposed_host_offload_seconds"),
+            pipeline_bubble_seconds=mean("pipeline_bubble_seconds"),
+            hbm_capacity_bytes=int(run.get("hbm_capacity_bytes", 0)),
+            ici_link_bandwidth_bytes_per_s=run.get("ici_link_bandwidth_bytes_per_s", 0.0),
+            device_peak_flops_per_s=run.get("device_peak_flops_per_s", 0.0),
+            axis_collective_bytes={a: int(round(v)) for a, v in
+                                   per_axis("collective_bytes").items()},
+            axis_collective_seconds=per_axis("collective_seconds"),
+            axis_exposed_seconds=per_axis("exposed_seconds"),
+            axis_dcn_seconds={a: v for a, v in per_axis("dcn_seconds").items() if v},
+            axis_dcn_bytes={a: int(round(v)) for a, v in per_axis("dcn_bytes").items() if v})
 
     def start_epoch(self) -> None:
         """Start a new epoch's sums (called before an epoch's first step)."""
