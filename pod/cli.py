@@ -35,7 +35,7 @@ from pod.config.scenario import Scenario
 from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
-from pod.report.console import make_console, titled_table
+from pod.report.console import algorithms_text, make_console, titled_table
 from pod.report.model_summary import layer_costs, plan_model_tables
 
 __all__ = ["cli", "main"]
@@ -205,7 +205,7 @@ def _validate_one(path: str | Path, overrides: tuple[Override, ...] = ()) -> dic
             "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
             "global_batch": plan.global_batch, "per_device_batch": plan.per_device_batch,
             "mesh": dict(plan.mesh.sizes), "devices": plan.mesh.size, "steps": plan.steps,
-            "allreduce_algorithm": plan.ici.algorithm if plan.ici.costs else None,
+            "collective_algorithms": plan.collective_costs.algorithms(),
             "hbm_bytes_per_device": plan.memory["total"]}
 
 
@@ -216,8 +216,8 @@ def _ok_line(row: dict[str, Any]) -> str:
                 f"{row['iterations']:,} iterations, "
                 f"{row['precision']})")
     mesh = "{" + ", ".join(f"{a}: {n}" for a, n in row["mesh"].items()) + "}"
-    allreduce = (f", allreduce {row['allreduce_algorithm']}" if row["allreduce_algorithm"]
-                 else "")
+    named = algorithms_text(row["collective_algorithms"])
+    allreduce = f", {named}" if named else ""
     return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, "
             f"{row['cores']:,} TensorCores, "
             f"{row['model']} on {row['dataset']}, mesh {mesh} ({row['devices']:,} devices), "
@@ -331,8 +331,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
                                "parameters": plan.num_params, "mesh": dict(plan.mesh.sizes),
                                "global_batch": plan.global_batch,
                                "per_device_batch": plan.per_device_batch,
-                               "allreduce_algorithm": (plan.ici.algorithm if plan.ici.costs
-                                                       else None),
+                               "collective_algorithms": plan.collective_costs.algorithms(),
                                "memory": plan.memory, "step": step, "layers": layers}, indent=2))
         return
     _describe_pod(console, plan.topology)
@@ -678,7 +677,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
             progress.advance(task)
             if row["status"] == "ok":
                 line = (f"point {row['point']}/{total}: {row['generation']} {row['chips']:,} chips "
-                        f"{row['topology']} {row['allreduce_algorithm']} "
+                        f"{row['topology']} {row['collective_algorithms'] or '-'} "
                         f"batch {row['global_batch']:,}: "
                         f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
                         f"{row['simulated_examples_per_second']:,.0f} examples/s, "

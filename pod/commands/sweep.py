@@ -54,6 +54,7 @@ from pod.config.scenario import Scenario, SweepConfig
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
+from pod.report.console import algorithms_text
 from pod.report.files import check_writable, write_atomic
 from pod.report.stats import AXIS_ORDER, StepStats, mean_step
 from pod.safe_io import lock_directories
@@ -63,7 +64,7 @@ __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS",
 
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
-    "chips", "cores", "topology", "allreduce_algorithm", "precision",
+    "chips", "cores", "topology", "allreduce_algorithm", "collective_algorithms", "precision",
     "global_batch", "per_device_batch", "simulated_step_seconds", "infeed_seconds",
     "compute_seconds", "collective_seconds", "exposed_collective_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
@@ -95,7 +96,8 @@ _AXES = AXIS_ORDER
 #: none (a failed point, a column of another kind of sweep): ``pd.DataFrame(rows)["mfu"].max()``
 #: works on any sweep. results.csv writes a missing value as an empty field.
 TEXT_COLUMNS = frozenset({"status", "error", "model", "dataset", "synthetic_data", "generation",
-                          "slice", "topology", "allreduce_algorithm", "precision", "bound",
+                          "slice", "topology", "allreduce_algorithm", "collective_algorithms",
+                          "precision", "bound",
                           "ici_axes", "mesh", "remat", "fits", "dcn_mesh"})
 
 
@@ -331,7 +333,8 @@ def step_row(plan, steps: list, wall: float, epoch_examples: int | None = None) 
         "generation": plan.topology.chip.name, "chips": plan.topology.chips,
         "cores": plan.topology.tensorcores, "topology": plan.topology.torus.name,
         "slice": plan.topology.slice_name or plan.topology.name,
-        "allreduce_algorithm": plan.ici.algorithm,
+        "allreduce_algorithm": plan.collective_costs.algorithms().get("data", ""),
+        "collective_algorithms": algorithms_text(plan.collective_costs.algorithms()),
         "precision": plan.training.precision, "global_batch": plan.global_batch,
         "simulated_step_seconds": mean.step_seconds,
         "infeed_seconds": mean.infeed_seconds,
@@ -663,7 +666,8 @@ def _series(scenario: Scenario, ok: list[dict[str, Any]],
     for r in ok:
         parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
                  for k, label in varying]
-        series.setdefault(", ".join(parts) or str(r["allreduce_algorithm"]), []).append(r)
+        series.setdefault(", ".join(parts) or str(r["collective_algorithms"] or "every point"),
+                          []).append(r)
     for rs in series.values():
         rs.sort(key=lambda r: (r[x_key] if isinstance(r[x_key], (int, float)) else 0))
     return series

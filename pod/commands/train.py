@@ -36,6 +36,7 @@ from pod.errors import (
 from pod.report.console import (
     PROGRESS_MODES,
     StatusLine,
+    algorithms_text,
     epoch_line,
     evaluation_text,
     hold,
@@ -284,7 +285,8 @@ class Run:
         mesh = plan.mesh
         split = (f"{plan.per_device_batch:,} per device; {plan.steps:,} steps; mesh "
                  f"{format_axes(mesh.sizes)} ({mesh.size} devices)"
-                 + (f", allreduce {plan.ici.algorithm}" if plan.ici.costs else ""))
+                 + (f"; {named}" if (named := algorithms_text(
+                     plan.collective_costs.algorithms())) else ""))
         self.console.print(
             f"[bold]{scenario.name}[/]: {plan.topology.name}, {plan.topology.chips} chips x "
             f"{plan.topology.chip.tensorcores} TensorCores on a {plan.topology.torus.name} torus; "

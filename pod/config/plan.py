@@ -19,7 +19,7 @@ import numpy as np
 from chip import check_precision
 from interconnect import calibrated_link
 from pod.config.faults import FaultPlan
-from pod.config.ici import IciPlan, choose_algorithm
+from pod.config.ici import IciPlan
 from pod.config.links import check_links, link_faults
 from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
 from pod.config.pipeline import check_pipeline_plan, pipeline_memory_plan
@@ -439,7 +439,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     _check_sequence_parallel(scenario, mesh, model)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links,
                        slices=pod.slices)
-    ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce, faults)
+    ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce)
     by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field,
                                        faults.dcn_slowdown(step)))
                     for step, in_force, field in _link_faults_by_step(faults, pod.torus))
@@ -469,7 +469,7 @@ def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.l
                             "(its rerouted collectives have chip ranks only); use slowdown, a "
                             "v4 / v5e / v5p / v6e pod, or {data: N}")
     return MeshCollectiveCosts(mesh, ici.link, on_chip_bandwidth(chip), faults,
-                               torus_algorithm=ici.algorithm if ici.costs else None,
+                               torus_algorithm=ici.algorithm if ici.whole_pod else None,
                                dcn_bytes_per_s=chip.dcn_bytes_per_s / dcn_slowdown,
                                dcn_latency_s=chip.dcn_latency_s)
 
@@ -516,8 +516,7 @@ def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) ->
     return order[index * global_batch:(index + 1) * global_batch]
 
 
-def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str,
-             faults: FaultPlan) -> IciPlan:
+def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str) -> IciPlan:
     """Decide the allreduce of a data axis that spans the whole pod.
 
     The algorithm is decided once: the given one, or with ``auto`` the one XLA
@@ -525,28 +524,18 @@ def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str,
     ``interconnect.chains``; the calibration of VALIDATION.md reads the published
     collective rows with it, and the fastest of the textbook algorithms
     underestimates small slices without wraparound by up to 68%: C8 / C10). Every
-    step's collectives are then costed with it (``MeshCollectiveCosts``, link faults
-    in force). A mesh with fsdp or tensor
-    axes has no such axis: its ``IciPlan`` holds the link only (the algorithm
-    choice would take minutes at pod scale for nothing).
+    step's collectives are then costed with it where a data axis spans the slice
+    (``MeshCollectiveCosts``, link faults in force); nothing is costed here.
 
     Args:
         pod: chip preset and torus.
         mesh: the device mesh.
         num_elements: float32 elements of the gradient buffer (parameters).
         algorithm: ``pod.allreduce`` (a name or "auto").
-        faults: the checked fault plan.
-
-    Raises:
-        TopologyError: a failed link that nothing can route around.
     """
     link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
                            pod.chip.ici_latency_s)
     one = mesh.in_slice
-    if "data" not in one.axis_names or one.axis_size("data") != one.size or one.size == 1:
-        return IciPlan(algorithm="ring" if algorithm == "auto" else algorithm,
-                       num_elements=num_elements, link=link, costs=())
-    chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
-                                     algorithm="torus" if algorithm == "auto" else algorithm,
-                                     faults=link_faults(faults.base_links))
-    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=((0, first),))
+    whole = "data" in one.axis_names and one.axis_size("data") == one.size and one.size > 1
+    return IciPlan(algorithm="torus" if algorithm == "auto" else algorithm,
+                   num_elements=num_elements, link=link, whole_pod=whole)

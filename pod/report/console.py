@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
 from rich.console import Console
@@ -22,6 +23,7 @@ from rich.table import Table
 from pod.report.stats import StepStats, StepTotals
 
 __all__ = ["make_console", "PIPE_WIDTH", "titled_table", "progress_line", "epoch_line",
+           "algorithms_text",
            "accuracy_text", "evaluation_text",
            "progress_bar", "summary_table", "hold", "StatusLine", "PROGRESS_MODES"]
 
@@ -45,6 +47,15 @@ def make_console(file: IO[str] | None = None) -> Console:
 def titled_table(title: str, **options: Any) -> Table:
     """A rich Table at least as wide as its title, so the title never wraps mid-phrase."""
     return Table(title=title, min_width=len(title), **options)
+
+
+def algorithms_text(algorithms: Mapping[str, str]) -> str:
+    """The collective algorithm of each mesh axis as a line says it
+    (``MeshCollectiveCosts.algorithms``): ``allreduce torus`` on a mesh of a data axis
+    only, else ``fsdp torus, data torus``; "" on a mesh with no collective."""
+    if list(algorithms) == ["data"]:
+        return f"allreduce {algorithms['data']}"
+    return ", ".join(f"{axis} {name}" for axis, name in algorithms.items())
 
 
 def progress_line(stats: StepStats, total: int) -> str:
@@ -130,8 +141,8 @@ def _test_row(summary: dict[str, Any]) -> tuple[str, str, str]:
 def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
     axes = ", ".join(f"{a}: {n}" for a, n in summary["mesh"].items())
     each = " (a device per TensorCore)" if summary.get("devices_per_chip", 1) > 1 else ""
-    algorithm = (f"; allreduce {summary['allreduce_algorithm']}"
-                 if list(summary["mesh"]) == ["data"] else "")
+    named = algorithms_text(summary.get("collective_algorithms") or {})
+    algorithm = f"; {named}" if named else ""
     dcn = summary.get("dcn_mesh") or {}
     slices = (f"; {summary.get('slices', 1)} slices over the DCN ("
               + ", ".join(f"{a} x{n}" for a, n in dcn.items()) + ")" if dcn else "")

@@ -211,7 +211,7 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "dcn_mesh": plan.mesh.dcn_sizes,
         "devices": plan.mesh.size,
         "devices_per_chip": plan.mesh.devices_per_chip,
-        "allreduce_algorithm": plan.ici.algorithm,
+        **_algorithms(plan),
         "overlap": bool(plan.training.overlap),
         "host_dispatch": plan.training.host_dispatch,
         "steps": steps,
@@ -219,6 +219,14 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "per_device_batch": plan.per_device_batch,
         **_pipeline(plan),
     }
+
+
+def _algorithms(plan: Any) -> dict[str, Any]:
+    """The collective algorithm of each mesh axis, from the plan's cost table
+    (``MeshCollectiveCosts.algorithms``), and the data axis's allreduce's on its own
+    (``allreduce_algorithm``; None without a data axis)."""
+    algorithms = plan.collective_costs.algorithms()
+    return {"allreduce_algorithm": algorithms.get("data"), "collective_algorithms": algorithms}
 
 
 def _pipeline(plan: Any) -> dict[str, Any]:

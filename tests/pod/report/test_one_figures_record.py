@@ -172,3 +172,28 @@ def test_describe(figures):
     step = _estimate_step(figures.plan)
     _close({"mfu": step["mfu"], "tokens_per_second": step["simulated_tokens_per_second"]},
            figures.want)
+
+
+@pytest.mark.parametrize("mesh, allreduce, want", [
+    ({"fsdp": 8}, "auto", {"fsdp": "torus"}),           # was a placeholder "ring"
+    ({"data": 8}, "ring", {"data": "ring"}),             # the pod's own algorithm
+    ({"data": 8}, "auto", {"data": "torus"}),
+    ({"data": 2, "fsdp": 4}, "ring", {"data": "torus", "fsdp": "torus"}),  # group collectives
+])
+def test_the_algorithm_of_each_axis_is_the_cost_tables(mesh, allreduce, want):
+    """summary.json, the sweep's row and the run's header name the algorithm each mesh axis
+    runs (``MeshCollectiveCosts.algorithm_of``), not the pod's whole-slice choice."""
+    data = scenario_data("v5e")
+    data["pod"] = {**data["pod"], "mesh": mesh, "allreduce": allreduce}
+    data["training"]["global_batch"] = 64
+    plan = build_plan(parse_scenario(data, source="<test>"), timing_only=True)
+    assert plan.collective_costs.algorithms() == want
+    steps = [TimingPod(plan).step(0)]
+    summary = summarize(plan, steps, None, None, 1.0, 0.0)
+    assert summary["collective_algorithms"] == want
+    assert summary["allreduce_algorithm"] == want.get("data")
+    row = step_row(plan, steps, 1.0)
+    assert row["allreduce_algorithm"] == want.get("data", "")
+    assert row["collective_algorithms"] == (f"allreduce {want['data']}" if list(want) == ["data"]
+                                            else ", ".join(f"{a} {n}" for a, n in want.items()))
+    assert "ring" not in _text(summary_table(summary)) or "ring" in want.values()
