@@ -64,10 +64,28 @@ from pod.safe_io import lock_directories
 from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
-__all__ = ["Run", "run_training", "RESULT_FILES"]
+__all__ = ["Run", "run_training", "RESULT_FILES", "BACKENDS"]
 
 #: What a run writes in its output directory (a rerun that replaces them says so).
 RESULT_FILES = ("summary.json", "steps.csv", "layers.csv", "report.html")
+
+#: The pods a ``Run`` drives (``Run``'s ``backend``).
+BACKENDS = ("ray", "local", "timing")
+
+
+def _check_timing_only(plan: TrainingPlan) -> None:
+    """A timing-only run has no values: no checkpoint to write, no chip to kill.
+
+    Raises:
+        ScenarioError: the scenario asks for either (one line naming the field).
+    """
+    if plan.scenario.checkpoint is not None:
+        raise ScenarioError("checkpoint: a timing-only run holds no parameters to "
+                            "checkpoint; remove the checkpoint block or run functionally")
+    kills = [f for f in plan.faults.faults if f.kind.startswith("kill_")]
+    if kills:
+        raise ScenarioError(f"faults: {kills[0].describe()}: a timing-only run has no chip "
+                            "actor to kill; run functionally (without --timing-only)")
 
 
 class Run:
@@ -102,9 +120,11 @@ class Run:
             Python API; a CLI run keeps only running sums).
         report: also write ``report.html`` in ``output_dir`` at the end
             (``pod.report.html``).
-        backend: "ray" (chip actors, the ICI transport: ``pod.runtime.pod.Pod``)
-            or "local" (every device in this process: ``pod.runtime.local.LocalPod``;
-            the same program and clock, no Ray).
+        backend: "ray" (chip actors, the ICI transport: ``pod.runtime.pod.Pod``),
+            "local" (every device in this process: ``pod.runtime.local.LocalPod``;
+            the same program and clock, no Ray) or "timing" (one representative device
+            per pipeline stage, shapes only: ``pod.runtime.timing.TimingPod``; the same
+            simulated clock for a pod of any size, no loss, no test figures).
         progress: "steps" (a progress line every ``log_every`` steps, the Keras-style
             epoch lines) or "line" (one line that each step replaces:
             ``pod.report.console.StatusLine``; a notebook's default in ``pod.run``).
@@ -114,7 +134,8 @@ class Run:
         DirectoryInUseError: another live run or sweep holds the output or the
             checkpoint directory (``pod.safe_io.lock_directories``; held from
             here to the end of ``run``).
-        ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``.
+        ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``; a
+            timing-only run with checkpoints or chip kills (nothing to save or kill).
     """
 
     def __init__(self, plan: TrainingPlan, *, output_dir: Path, metrics_port: int | None = None,
@@ -124,8 +145,10 @@ class Run:
                  hold_seconds: float = 0.0, resume_dir: Path | None = None,
                  keep_history: bool = False, report: bool = False, backend: str = "ray",
                  progress: str = "steps") -> None:
-        if backend not in ("ray", "local"):
-            raise ValueError(f"backend {backend!r} is unknown; allowed: ray, local")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
+        if backend == "timing":
+            _check_timing_only(plan)
         if progress not in PROGRESS_MODES:
             raise ValueError(f"progress {progress!r} is unknown; allowed: "
                              f"{', '.join(PROGRESS_MODES)}")
@@ -262,11 +285,15 @@ class Run:
             self.locks.release()
 
     def _make_pod(self) -> Any:
-        """The pod this run trains on: chip actors on Ray, or every device in this
-        process (``backend``); the same program and clock either way."""
+        """The pod this run trains on (``backend``): chip actors on Ray, every device in
+        this process, or one representative per stage timing only; the same program and
+        clock each way."""
         if self.backend == "local":
             from pod.runtime.local import LocalPod
             return LocalPod(self.plan)
+        if self.backend == "timing":
+            from pod.runtime.timing import TimingPod
+            return TimingPod(self.plan)
         from pod.runtime.pod import Pod
         return Pod(self.plan)
 
@@ -400,7 +427,7 @@ class Run:
                 ``training.continue_on_nonfinite_loss``); the step is not recorded,
                 so the last checkpoint and steps.csv hold only finite steps.
         """
-        if not math.isfinite(stats.loss) and \
+        if not math.isfinite(stats.loss) and self.pod.computes and \
                 not self.plan.training.continue_on_nonfinite_loss:
             raise NonFiniteLossError(
                 f"training: the loss of step {stats.step + 1} is {stats.loss}; stopping (the "

@@ -62,7 +62,8 @@ def progress_line(stats: StepStats, total: int) -> str:
     width = len(f"{total:,}")
     rate = (f"sim {stats.tokens_per_second:,.0f} tokens/s" if stats.tokens_per_example else
             f"sim {stats.examples_per_second:,.0f} examples/s")
-    return (f"step {stats.step + 1:>{width},}/{total:,}  loss {stats.loss:.4f}  "
+    loss = f"loss {stats.loss:.4f}  " if math.isfinite(stats.loss) else ""  # NaN: timing-only
+    return (f"step {stats.step + 1:>{width},}/{total:,}  {loss}"
             f"sim {stats.step_seconds * 1e3:.4f} ms/step  {rate}  "
             f"wall {stats.wall_seconds * 1e3:.1f} ms/step")
 
@@ -90,7 +91,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     tokens = summary.get("simulated_tokens_per_second") or 0.0
     rows = [
         ("steps x global batch", f"{summary['steps']:,} x {summary['global_batch']:,}", ""),
-        ("loss first -> last", f"{summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}", ""),
+        _loss_row(summary),
         _mesh_row(summary),
         _test_row(summary),
         ("step time (critical path)", f"{summary['simulated_step_seconds'] * 1e3:.4f} ms",
@@ -125,9 +126,17 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
           if summary.get("dcn_bytes_per_step") else []),
         ("step time", f"{summary['wall_step_seconds'] * 1e3:.1f} ms", "wall"),
         ("emulation slowdown", f"{summary['emulation_slowdown']:,.0f}x", "wall/simulated"),
-        ("replicas bit-identical", "yes" if summary["replicas_identical"] else "NO", ""),
+        ("replicas bit-identical", {True: "yes", False: "NO"}.get(
+            summary["replicas_identical"], "not checked (timing-only)"), ""),
     ]
     return rows
+
+
+def _loss_row(summary: dict[str, Any]) -> tuple[str, str, str]:
+    first, last = summary.get("initial_loss"), summary.get("final_loss")
+    if first is None or last is None:
+        return ("loss first -> last", "none (timing-only: shapes, no values)", "")
+    return ("loss first -> last", f"{first:.4f} -> {last:.4f}", "")
 
 
 def _test_row(summary: dict[str, Any]) -> tuple[str, str, str]:
@@ -199,8 +208,8 @@ def epoch_line(totals: StepTotals, evaluation: Any | None, epoch: int, epochs: i
     accuracy when the run evaluated after this step (``eval_every_steps``, the last
     step), the epoch's mean simulated ms/step and its wall seconds."""
     test = f"{evaluation_text(evaluation)} - " if evaluation is not None else ""
-    return (f"Epoch {epoch:,}/{epochs:,} - {totals.epoch_steps:,} steps - "
-            f"loss: {totals.epoch_loss:.4f} - {test}"
+    loss = f"loss: {totals.epoch_loss:.4f} - " if math.isfinite(totals.epoch_loss) else ""
+    return (f"Epoch {epoch:,}/{epochs:,} - {totals.epoch_steps:,} steps - {loss}{test}"
             f"{totals.epoch_step_seconds_mean * 1e3:.4f} ms/step (simulated) - "
             f"{wall_seconds:.1f} s (wall)")
 

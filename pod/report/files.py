@@ -98,8 +98,8 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
                                       "startup_wall_seconds": startup_wall_seconds}
     stats = totals.mean_stats()
     return _identity(plan, totals.steps) | {
-        "initial_loss": totals.initial_loss,
-        "final_loss": totals.final_loss,
+        "initial_loss": _finite(totals.initial_loss),  # None: not computed (timing-only)
+        "final_loss": _finite(totals.final_loss),
         "test_loss": evaluated_figure(evaluation, "loss"),
         "test_accuracy": evaluated_figure(evaluation, "accuracy"),
         "simulated_step_seconds": stats.step_seconds,
@@ -183,11 +183,15 @@ def _step_parts(stats: StepStats) -> dict[str, float]:
     }
 
 
+def _finite(value: float | None) -> float | None:
+    """A figure for summary.json: None where there is none (NaN: JSON has no NaN)."""
+    return None if value is None or value != value else float(value)
+
+
 def evaluated_figure(evaluation: Any | None, name: str) -> float | None:
     """A test figure ("loss", "accuracy"), None when not evaluated or when no example
     was (NaN): summary.json's null, steps.csv's empty cell, an absent metric."""
-    value = getattr(evaluation, name, None) if evaluation is not None else None
-    return None if value is None or value != value else float(value)
+    return _finite(getattr(evaluation, name, None) if evaluation is not None else None)
 
 
 def _identity(plan: Any, steps: int) -> dict[str, Any]:

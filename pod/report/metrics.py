@@ -181,7 +181,7 @@ class PodMetrics:
         for link in links:  # a counter at 0 is true before the first step: nothing sent yet
             self.ici_bytes.labels(link)
         self._step_gauges = (self.examples_per_second, self.flops_per_second, self.mfu,
-                             self.loss, self.slowdown, self.overlap, self.rate)
+                             self.slowdown, self.overlap, self.rate)
         self._registered: set[Any] = set()
         self._server: Any = None
         self.port = 0
@@ -324,7 +324,9 @@ class PodMetrics:
         if stats.maxtext_flops_per_device:
             self._register(self.tflops_per_device)
             self.tflops_per_device.set(stats.maxtext_tflops_per_device)
-        self.loss.set(stats.loss)
+        if math.isfinite(stats.loss) or self.loss in self._registered:
+            self._register(self.loss)  # absent until a finite loss (timing-only: never)
+            self.loss.set(stats.loss)
         for device, used in stats.hbm_used_bytes.items():
             self.hbm_used.labels(*self._labels(device)).set(used)
             self.hbm_capacity.labels(*self._labels(device)).set(stats.hbm_capacity_bytes)

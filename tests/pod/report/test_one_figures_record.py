@@ -9,23 +9,26 @@ per TensorCore: the MFU denominator of these is where wrong pod peaks hid)."""
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 import re
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from pod.commands.plan import Planner
 from pod.commands.plan_search import Candidate
 from pod.commands.plan_source import model_source
-from pod.commands.plan import Planner
 from pod.commands.sweep import step_row
+from pod.commands.train import Run
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.config.slices import resolve_pod
-from pod.report.console import progress_line, summary_table
+from pod.report.console import summary_table
 from pod.report.files import summarize
-from pod.report.html import render_report
-from pod.report.metrics import PodMetrics
+from pod.report.stats import mean_step
 from pod.runtime.timing import TimingPod
 
 GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e")
@@ -50,23 +53,30 @@ def scenario_data(generation: str) -> dict:
 
 
 class Figures:
-    """The reference: StepStats' own properties of one timing-only step."""
+    """The reference, StepStats' own properties of the timing-only steps, and the outputs of
+    a ``Run`` of those steps (timing-only, report.html on): summary.json, steps.csv,
+    report.html, its console and its Prometheus registry."""
 
-    def __init__(self, generation: str) -> None:
+    def __init__(self, generation: str, out: Path) -> None:
         self.data = scenario_data(generation)
         self.plan = build_plan(parse_scenario(self.data, source="<test>"), timing_only=True)
         pod = TimingPod(self.plan)
         self.steps = [pod.step(s) for s in range(self.plan.steps)]
-        last = self.steps[-1]
-        self.stats = last
-        self.want = {"mfu": last.mfu, "hfu": last.row()["hfu"],
-                     "tokens_per_second": last.tokens_per_second,
-                     "overlap_fraction": last.overlap_fraction}
+        self.stats = mean_step(self.steps)
+        self.want = {"mfu": self.stats.mfu, "hfu": self.stats.hfu,
+                     "tokens_per_second": self.stats.tokens_per_second,
+                     "overlap_fraction": self.stats.overlap_fraction}
+        self.out = out
+        buffer = io.StringIO()
+        self.run = Run(self.plan, output_dir=out, backend="timing", report=True,
+                       metrics_port=0, console=Console(file=buffer, width=200))
+        self.summary = self.run.run()
+        self.console = buffer.getvalue()
 
 
 @pytest.fixture(scope="module", params=GENERATIONS)
-def figures(request) -> Figures:
-    f = Figures(request.param)
+def figures(request, tmp_path_factory) -> Figures:
+    f = Figures(request.param, tmp_path_factory.mktemp(request.param))
     assert 0.05 < f.want["mfu"] < f.want["hfu"] < 1, "remat full: HFU above MFU"
     assert 0.1 < f.want["overlap_fraction"] < 0.9 and f.want["overlap_fraction"] != 0.5
     assert f.want["tokens_per_second"] > 0
@@ -97,30 +107,37 @@ def _count(text: str, pattern: str) -> float:
 
 
 def test_summary_json(figures):
-    summary = summarize(figures.plan, figures.steps, None, None, 1.0, 0.0)
+    summary = json.loads((figures.out / "summary.json").read_text())
+    assert summary == json.loads(json.dumps(figures.summary))
     _close({"mfu": summary["mfu"], "hfu": summary["hfu"],
             "tokens_per_second": summary["simulated_tokens_per_second"],
             "overlap_fraction": summary["overlap_fraction"]}, figures.want)
 
 
-def test_console_summary_and_progress_line(figures):
-    summary = summarize(figures.plan, figures.steps, None, None, 1.0, 0.0)
-    text = _text(summary_table(summary))
-    want = figures.want
+def test_console_summary_and_progress_lines(figures):
+    text, want = figures.console, figures.want
     assert _percent(text, r"MFU[\s│]+([\d.]+)%") == pytest.approx(want["mfu"], abs=5e-5)
-    assert _count(text, r"([\d,]+) tokens/s") == pytest.approx(want["tokens_per_second"], abs=0.5)
+    assert _count(text, r"([\d,]+) tokens/s\s*│") == pytest.approx(want["tokens_per_second"],
+                                                                  abs=0.5)
     assert _percent(text, r"\((\d+)% hidden\)") == pytest.approx(want["overlap_fraction"],
                                                                   abs=5e-3)
-    line = progress_line(figures.stats, figures.plan.steps)
-    assert _count(line, r"sim ([\d,]+) tokens/s") == pytest.approx(want["tokens_per_second"],
-                                                                   abs=0.5)
+    lines = [line for line in text.splitlines() if line.startswith("step ")]
+    assert len(lines) == figures.plan.steps
+    assert _count(lines[-1], r"sim ([\d,]+) tokens/s") == pytest.approx(
+        figures.steps[-1].tokens_per_second, abs=0.5)
 
 
-def test_steps_csv_row(figures):
-    row = figures.stats.row()
-    _close({"mfu": row["mfu"], "hfu": row["hfu"],
-            "tokens_per_second": row["simulated_tokens_per_second"],
-            "overlap_fraction": row["overlap_fraction"]}, figures.want)
+def test_steps_csv(figures):
+    with (figures.out / "steps.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(figures.steps)
+    for row, stats in zip(rows, figures.steps, strict=True):
+        _close({"mfu": float(row["mfu"]), "hfu": float(row["hfu"]),
+                "tokens_per_second": float(row["simulated_tokens_per_second"]),
+                "overlap_fraction": float(row["overlap_fraction"])},
+               {"mfu": stats.mfu, "hfu": stats.hfu,
+                "tokens_per_second": stats.tokens_per_second,
+                "overlap_fraction": stats.overlap_fraction})
 
 
 def test_sweep_row(figures):
@@ -145,19 +162,18 @@ def test_plan_row(figures, tmp_path):
 
 
 def test_prometheus(figures):
-    plan = figures.plan
-    metrics = PodMetrics(scenario="s", generation=plan.topology.chip.name, slice_name="s",
-                         topology="t", devices_per_chip=plan.mesh.devices_per_chip)
-    metrics.observe(figures.stats)
-    value = metrics.registry.get_sample_value
+    value = figures.run.metrics.registry.get_sample_value
+    last = figures.steps[-1]  # the gauges of the last step
     _close({"mfu": value("tpu_pod_mfu_ratio"),
             "tokens_per_second": value("tpu_pod_simulated_tokens_per_second"),
-            "overlap_fraction": value("tpu_pod_collective_overlap_ratio")}, figures.want)
+            "overlap_fraction": value("tpu_pod_collective_overlap_ratio")},
+           {"mfu": last.mfu, "tokens_per_second": last.tokens_per_second,
+            "overlap_fraction": last.overlap_fraction})
+    assert value("tpu_pod_loss") is None  # timing-only: no loss, not a made-up 0
 
 
 def test_report_html(figures):
-    summary = summarize(figures.plan, figures.steps, None, None, 1.0, 0.0)
-    page = render_report(summary, [s.row() for s in figures.steps], [], {}, 1)
+    page = (figures.out / "report.html").read_text()
     want = figures.want
     assert _percent(page, r"MFU</td><td[^>]*>([\d.]+)%") == pytest.approx(want["mfu"], abs=5e-5)
     assert _count(page, r"([\d,]+) tokens/s") == pytest.approx(want["tokens_per_second"],
