@@ -19,8 +19,8 @@ import click
 from rich.console import Console
 
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
+from pod import api
 from pod.commands.bench import matmul_report
-from pod.config.bench import check_benchmark
 from pod.config.mesh import device_hbm_bytes, format_axes
 from pod.config.overrides import (
     Override,
@@ -29,7 +29,7 @@ from pod.config.overrides import (
     load_with_overrides,
     looks_like_override,
 )
-from pod.config.plan import build_plan, is_timing_sweep
+from pod.config.plan import TrainingPlan, build_plan
 from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario
 from pod.config.sharding import device_chip_spec
@@ -98,11 +98,14 @@ OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys befo
 @click.option("--in-process", is_flag=True,
               help="Run every device in this process (threads) instead of Ray chip actors: the "
                    "same program and simulated clock, no ICI transport, no Ray start-up.")
+@click.option("--timing-only", is_flag=True,
+              help="Only account time: one device per pipeline stage, shapes only, in this "
+                   "process; the same simulated figures for a pod of any size, no loss.")
 def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_dir: Path | None,
         metrics_port: int | None, log_every: int, trace_path: Path | None,
         trace_steps: str | None, hold: bool, hold_seconds: float, resume_dir: Path | None,
         as_json: bool, report: bool, ray_dashboard: bool, progress: str,
-        in_process: bool) -> None:
+        in_process: bool, timing_only: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     items = as_overrides(overrides)
     spec = _load(scenario, items)
@@ -122,20 +125,23 @@ def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_di
         echo = (lambda line: click.echo(line, err=True)) if as_json else click.echo
         summary = run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=echo)
     else:
-        from pod.commands.runs import run_training  # Ray is imported only when a run starts
+        from pod.commands.train import Run  # Ray is imported only when a run starts
 
         if steps is not None:
             spec = spec.with_overrides(training__steps=steps)
         if ray_dashboard:
             spec = spec.with_overrides(ray__dashboard=True)
-        plan = _checked(build_plan, spec, scenario, items)
-        summary = run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
-                               metrics_port=metrics_port, log_every=log_every,
-                               trace_path=trace_path,
-                               trace_steps=_parse_steps(trace_steps or "last", plan.steps),
-                               hold_seconds=math.inf if hold else hold_seconds,
-                               resume_dir=resume_dir, console=console, report=report,
-                               backend="local" if in_process else "ray", progress=progress)
+        if in_process and timing_only:
+            raise click.UsageError("--in-process and --timing-only: a timing-only run is in "
+                                   "this process already; give one")
+        plan = _checked(functools.partial(build_plan, timing_only=timing_only), spec, scenario,
+                        items)
+        summary = Run(plan, output_dir=output_dir or Path("runs") / spec.name,
+                      metrics_port=metrics_port, log_every=log_every, trace_path=trace_path,
+                      trace_steps=_parse_steps(trace_steps or "last", plan.steps),
+                      hold_seconds=math.inf if hold else hold_seconds, resume_dir=resume_dir,
+                      console=console, report=report,
+                      backend=api.backend_of(in_process, timing_only), progress=progress).run()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
 
@@ -186,27 +192,10 @@ def _parse_steps(text: str, total: int) -> list[int]:
 
 
 def _validate_one(path: str | Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
-    """Check one scenario file; its JSON record (``ok``, and what was checked)."""
-    spec = _load(path, overrides)
-    if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, path, overrides)
-        b = spec.benchmark
-        return {"path": str(path), "ok": True, "kind": "benchmark", "benchmark": b.kind,
-                "slice": bplan.topology.name, "chips": bplan.topology.chips,
-                "cores": bplan.topology.tensorcores, "n": b.n, "iterations": b.iterations,
-                "precision": b.precision}
-    timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
-    plan = _checked(functools.partial(build_plan, timing_only=timing_sweep,
-                                      sharded_ok=timing_sweep),
-                    spec, path, overrides)
-    return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
-            "slice": plan.topology.name, "chips": plan.topology.chips,
-            "cores": plan.topology.tensorcores,
-            "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
-            "global_batch": plan.global_batch, "per_device_batch": plan.per_device_batch,
-            "mesh": dict(plan.mesh.sizes), "devices": plan.mesh.size, "steps": plan.steps,
-            "collective_algorithms": plan.collective_costs.algorithms(),
-            "hbm_bytes_per_device": plan.memory["total"]}
+    """Check one scenario file (``pod.validate``); its JSON record (``ok``, and what was
+    checked: ``pod.api.plan_facts``)."""
+    plan = _checked(api.validate, _load(path, overrides), path, overrides)
+    return {"path": str(path), "ok": True, **api.plan_facts(plan)}
 
 
 def _ok_line(row: dict[str, Any]) -> str:
@@ -300,39 +289,34 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
 def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False,
                        overrides: tuple[Override, ...] = ()) -> None:
     spec = _load(target, overrides)
-    if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, target, overrides)
+    try:
+        desc = _checked(functools.partial(api.describe, detail=detail), spec, target, overrides)
+    except USER_ERRORS as err:
+        hbm = err if isinstance(err, HBMPlanError) else err.__cause__
+        if isinstance(hbm, HBMPlanError) and not as_json:  # the plan that does not fit first
+            _memory_table(console, f"HBM plan per device: DOES NOT FIT "
+                                   f"({hbm.capacity_bytes / 2**30:.2f} GiB per device)",
+                          hbm.memory_plan, hbm.capacity_bytes)
+        raise
+    plan = desc.plan
+    if not isinstance(plan, TrainingPlan):  # a benchmark: its pod and arrays
         if as_json:
-            click.echo(json.dumps({"pod": _pod_json(bplan.topology), "memory": bplan.memory},
+            click.echo(json.dumps({"pod": _pod_json(plan.topology), "memory": desc.memory},
                                   indent=2))
             return
-        _describe_pod(console, bplan.topology)
-        _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
-                               f"N={spec.benchmark.n})", bplan.memory,
-                      bplan.topology.chip.core.hbm_bytes)
+        _describe_pod(console, plan.topology)
+        _memory_table(console, f"HBM plan per TensorCore (benchmark {plan.benchmark.kind}, "
+                               f"N={plan.benchmark.n})", desc.memory,
+                      plan.topology.chip.core.hbm_bytes)
         return
-    try:
-        plan = build_plan(spec, sharded_ok=True, timing_only=is_timing_sweep(spec))
-    except HBMPlanError as err:
-        # show the plan that does not fit, then the one-line error (exit 2)
-        if not as_json:
-            _memory_table(console, f"HBM plan per device: DOES NOT FIT "
-                                   f"({err.capacity_bytes / 2**30:.2f} GiB per device)",
-                          err.memory_plan, err.capacity_bytes)
-        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
-    except USER_ERRORS as err:
-        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
-    core = device_chip_spec(plan.topology.chip).core
-    step = _estimate_step(plan)
+    step = _step_record(desc)
     if as_json:
+        core = device_chip_spec(plan.topology.chip).core
         layers = layer_costs(plan.model, core, plan.per_device_batch,
                              mxu_model=plan.scenario.pod.mxu_model, detail=detail)
-        click.echo(json.dumps({"pod": _pod_json(plan.topology), "model": plan.model.name,
-                               "parameters": plan.num_params, "mesh": dict(plan.mesh.sizes),
-                               "global_batch": plan.global_batch,
-                               "per_device_batch": plan.per_device_batch,
-                               "collective_algorithms": plan.collective_costs.algorithms(),
-                               "memory": plan.memory, "step": step, "layers": layers}, indent=2))
+        click.echo(json.dumps({"pod": _pod_json(plan.topology), **api.plan_facts(plan),
+                               "memory": desc.memory, "step": step, "layers": layers},
+                              indent=2))
         return
     _describe_pod(console, plan.topology)
     for table in plan_model_tables(plan, detail=detail):
@@ -340,31 +324,24 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     axes = format_axes(plan.mesh.sizes)
     _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
                            f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                  plan.memory, device_hbm_bytes(plan.topology.chip))
+                  desc.memory, device_hbm_bytes(plan.topology.chip))
     if step is not None:
         console.print(_step_line(step), highlight=False)
 
 
-def _estimate_step(plan) -> dict[str, Any] | None:
-    """One timing-only step of the plan (``pod.runtime.timing``): its simulated figures,
-    or None when the model's program cannot run on the mesh."""
-    from pod.config.plan import _check_runnable_mesh
-    from pod.report.bounds import step_bounds
-    from pod.runtime.timing import TimingPod
-
-    try:
-        _check_runnable_mesh(plan.scenario, plan.mesh, plan.model)
-    except ScenarioError:
+def _step_record(desc: api.Description) -> dict[str, Any] | None:
+    """``describe --json``'s ``step``: the timing-only step's simulated figures (its
+    ``StepStats`` properties) and what bounds it; None when none ran."""
+    stats, bounds = desc.step, desc.bounds
+    if stats is None or bounds is None:
         return None
-    stats = TimingPod(plan).step(0)
-    bounds = step_bounds(stats, plan.collective_costs, plan.topology.torus)
     return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
             "exposed_collective_seconds": stats.exposed_collective_seconds,
             "exposed_by_axis": dict(stats.axis_exposed_seconds),
             "collective_by_axis": dict(stats.axis_collective_seconds),
             "dcn_by_axis": dict(stats.axis_dcn_seconds),
             "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
-            "update_seconds": stats.update_seconds, "mfu": stats.mfu,
+            "update_seconds": stats.update_seconds, "mfu": stats.mfu, "hfu": stats.hfu,
             "simulated_examples_per_second": stats.examples_per_second,
             "simulated_tokens_per_second": stats.tokens_per_second,
             "bound": bounds.label, "bound_fraction": bounds.fraction}
@@ -659,7 +636,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from pod.commands.sweep import is_missing, json_row, run_sweep, sweep_kind, sweep_points
+    from pod.commands.sweep import is_missing, json_row, sweep_kind, sweep_points
 
     spec = _load(scenario, as_overrides(overrides))
     if spec.sweep is None:
@@ -695,8 +672,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                                    f"({journal}, same scenario and mode); --fresh runs them "
                                    "again", highlight=False, soft_wrap=True)
 
-        rows = run_sweep(spec, out_dir, mode=mode, on_point=report, fresh=fresh,
-                         on_resume=resumed)
+        rows = api.sweep(spec, output_dir=out_dir, mode=mode, on_point=report, fresh=fresh,
+                         on_resume=resumed, quiet=True)
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. "

@@ -138,7 +138,8 @@ class Run:
             timing-only run with checkpoints or chip kills (nothing to save or kill).
     """
 
-    def __init__(self, plan: TrainingPlan, *, output_dir: Path, metrics_port: int | None = None,
+    def __init__(self, plan: TrainingPlan, *, output_dir: Path | None,
+                 metrics_port: int | None = None,
                  console: Console | None = None, log_every: int = 1,
                  on_step: Callable[[StepStats], None] | None = None,
                  trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,

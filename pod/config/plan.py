@@ -53,9 +53,9 @@ class TrainingPlan:
             activations, workspace, and their total
             (``pod.config.mesh.mesh_memory_plan``).
         ici: the allreduce algorithm of a data axis that spans the whole pod
-            (``pod.allreduce``, or the fastest when ``auto``) and the cost of the
-            whole model's allreduce with it (empty ``costs`` when no axis spans
-            the pod).
+            (``pod.allreduce``, or ``torus`` when ``auto``) and whether one does
+            (``IciPlan.whole_pod``); what each mesh axis runs is
+            ``collective_costs.algorithms()``.
         faults: the scenario's faults checked against the pod.
         mesh: the device mesh (``pod.mesh``; default ``{data: every device}``).
         collective_costs: the cost of a collective over every group of a mesh
@@ -104,6 +104,26 @@ class TrainingPlan:
     def num_params(self) -> int:
         """Number of trainable parameters of the model."""
         return int(self.model.num_params)
+
+    def check_runnable(self) -> None:
+        """Check that the model's device program runs on the plan's mesh (a plan built
+        with ``sharded_ok`` is not checked: ``describe`` plans any model on any mesh).
+
+        Raises:
+            ScenarioError: one line naming ``pod.mesh``.
+        """
+        _check_runnable_mesh(self.scenario, self.mesh, self.model)
+
+    def __repr__(self) -> str:
+        """One line (a notebook cell's value): what runs where, the batch and HBM."""
+        hbm = self.memory.get("total", 0)
+        memory = f"{hbm / 2**30:.2f} GiB" if hbm >= 2**30 else f"{hbm / 2**20:.2f} MiB"
+        return (f"<TrainingPlan {self.scenario.name}: {self.topology.name} "
+                f"({self.topology.chips:,} chips), {self.model.name} "
+                f"({self.num_params:,} parameters) on {self.dataset.name}, mesh "
+                f"{format_axes(self.mesh.sizes)}, global batch {self.global_batch:,} = "
+                f"{self.per_device_batch:,} per device, {self.steps:,} steps, HBM {memory} "
+                "per device>")
 
 
 def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:

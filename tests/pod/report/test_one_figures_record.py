@@ -16,8 +16,12 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
+from click.testing import CliRunner
 from rich.console import Console
 
+from pod import api
+from pod.cli import cli
 from pod.commands.plan import Planner
 from pod.commands.plan_search import Candidate
 from pod.commands.plan_source import model_source
@@ -149,8 +153,6 @@ def test_sweep_row(figures):
 
 def test_plan_row(figures, tmp_path):
     path = tmp_path / "model.yaml"
-    import yaml
-
     path.write_text(yaml.safe_dump(figures.data))
     plan = figures.plan
     planner = Planner(model_source(str(path), slice_name=plan.topology.name))
@@ -182,12 +184,24 @@ def test_report_html(figures):
                                                                   abs=5e-3)
 
 
-def test_describe(figures):
-    from pod.cli import _estimate_step
-
-    step = _estimate_step(figures.plan)
-    _close({"mfu": step["mfu"], "tokens_per_second": step["simulated_tokens_per_second"]},
-           figures.want)
+def test_describe_and_run_json(figures, tmp_path):
+    """``tpu-pod describe --json``'s step (one timing-only step) and ``run --timing-only
+    --json``'s summary (the mean of the steps after the first)."""
+    path = tmp_path / "figures.yaml"
+    path.write_text(yaml.safe_dump(figures.data))
+    out = CliRunner().invoke(cli, ["describe", str(path), "--json"])
+    assert out.exit_code == 0, out.output[-2000:]
+    step = json.loads(out.output)["step"]
+    _close({"mfu": step["mfu"], "hfu": step["hfu"],
+            "tokens_per_second": step["simulated_tokens_per_second"]}, figures.want)
+    assert api.describe(path).step.mfu == pytest.approx(figures.want["mfu"], rel=1e-9)
+    out = CliRunner().invoke(
+        cli, ["run", str(path), "--timing-only", "--json", "--output-dir", str(tmp_path / "run")])
+    assert out.exit_code == 0, out.output[-2000:]
+    summary = json.loads(out.stdout)
+    _close({"mfu": summary["mfu"], "hfu": summary["hfu"],
+            "tokens_per_second": summary["simulated_tokens_per_second"],
+            "overlap_fraction": summary["overlap_fraction"]}, figures.want)
 
 
 @pytest.mark.parametrize("mesh, allreduce, want", [
