@@ -1,0 +1,42 @@
+"""Outputs that say right things (issue 33 items 9, 11, 12): describe of an offloading
+remat policy, the columns of results.csv and results.md for the kind of sweep, tokens/s
+for language models, the MaxText TFLOP/s formula named beside its figure, best.yaml's
+slice, the names of precision options, generate's --seed help."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from pod.cli import cli
+from pod.config.scenario import parse_scenario
+
+
+def _offload_scenario() -> dict:
+    return {"name": "offload", "pod": {"slice": "v5e-8", "mesh": {"fsdp": 8}},
+            "model": {"name": "transformer",
+                      "options": {"embed_dim": 64, "heads": 4, "head_dim": 16, "mlp_dim": 128,
+                                  "layers": 2, "remat": "custom",
+                                  "remat_custom": {"decoder_layer_input": "offload",
+                                                   "query_proj": "offload"}}},
+            "data": {"name": "synthetic_text",
+                     "options": {"vocabulary": 64, "sequence_length": 32, "num_examples": 64}},
+            "training": {"global_batch": 16, "steps": 2}, "metrics": {"port": 0}}
+
+
+def test_describe_a_remat_policy_that_offloads(tmp_path):
+    """``describe`` crashed (KeyError 'host_seconds') on any offloading remat policy, the
+    shipped maxtext-t5 scenarios included: the host link's seconds are a row figure."""
+    import yaml
+
+    path = tmp_path / "offload.yaml"
+    path.write_text(yaml.safe_dump(_offload_scenario()))
+    parse_scenario(_offload_scenario())  # a valid scenario
+    out = CliRunner().invoke(cli, ["describe", str(path)])
+    assert out.exit_code == 0, out.output[-3000:]
+    assert "step (simulated, timing-only)" in out.output
+    out = CliRunner().invoke(cli, ["describe", str(path), "--detail", "--json"])
+    assert out.exit_code == 0, out.output[-3000:]
+    layers = json.loads(out.stdout)["layers"]
+    assert sum(row.get("host_seconds", 0.0) for row in layers.values()) > 0
