@@ -341,6 +341,9 @@ def _step_record(desc: api.Description) -> dict[str, Any] | None:
             "collective_by_axis": dict(stats.axis_collective_seconds),
             "dcn_by_axis": dict(stats.axis_dcn_seconds),
             "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
+            "exposed_host_offload_seconds": stats.exposed_host_offload_seconds,
+            "exposed_infeed_seconds": stats.exposed_infeed_seconds,
+            "dispatch_seconds": stats.dispatch_seconds,
             "update_seconds": stats.update_seconds, "mfu": stats.mfu, "hfu": stats.hfu,
             "simulated_examples_per_second": stats.examples_per_second,
             "simulated_tokens_per_second": stats.tokens_per_second,
@@ -348,9 +351,17 @@ def _step_record(desc: api.Description) -> dict[str, Any] | None:
 
 
 def _step_line(step: dict[str, Any]) -> str:
+    """The timing-only step as a sum of its critical path's parts (every nonzero one)."""
     axes = ", ".join(f"{a} {s * 1e3:.3f} ms" for a, s in step["exposed_by_axis"].items() if s)
-    bubble = (f"pipeline bubble {step['pipeline_bubble_seconds'] * 1e3:.3f} + "
-              if step.get("pipeline_bubble_seconds") else "")
+    parts = [("compute", step["compute_seconds"], ""),
+             ("exposed collectives", step["exposed_collective_seconds"],
+              f" ({axes})" if axes else ""),
+             ("exposed host offload", step["exposed_host_offload_seconds"], ""),
+             ("pipeline bubble", step["pipeline_bubble_seconds"], ""),
+             ("exposed infeed", step["exposed_infeed_seconds"], ""),
+             ("dispatch", step["dispatch_seconds"], ""), ("update", step["update_seconds"], "")]
+    total = " + ".join(f"{name} {s * 1e3:.3f}{note}" for name, s, note in parts
+                       if s or name in ("compute", "exposed collectives", "update"))
     rate = (f"{step['simulated_tokens_per_second']:,.0f} tokens/s"
             if step["simulated_tokens_per_second"] else
             f"{step['simulated_examples_per_second']:,.0f} examples/s")
@@ -358,10 +369,7 @@ def _step_line(step: dict[str, Any]) -> str:
                   f"{step['collective_by_axis'].get(a, 0.0) * 1e3:.3f} ms of collectives"
                   for a, s in step.get("dcn_by_axis", {}).items())
     return (f"step (simulated, timing-only): {step['simulated_step_seconds'] * 1e3:.3f} ms = "
-            f"compute {step['compute_seconds'] * 1e3:.3f} + exposed collectives "
-            f"{step['exposed_collective_seconds'] * 1e3:.3f}{f' ({axes})' if axes else ''} + "
-            f"{bubble}update {step['update_seconds'] * 1e3:.3f}; {rate}, "
-            f"MFU {step['mfu']:.1%}; bound "
+            f"{total}; {rate}, MFU {step['mfu']:.1%}; bound "
             f"{step['bound']} {step['bound_fraction']:.0%}{dcn}")
 
 

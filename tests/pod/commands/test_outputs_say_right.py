@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from pod.cli import cli
@@ -35,7 +36,14 @@ def test_describe_a_remat_policy_that_offloads(tmp_path):
     parse_scenario(_offload_scenario())  # a valid scenario
     out = CliRunner().invoke(cli, ["describe", str(path)])
     assert out.exit_code == 0, out.output[-3000:]
-    assert "step (simulated, timing-only)" in out.output
+    line = out.output[out.output.index("step (simulated, timing-only)"):].replace("\n", " ")
+    # every part of the critical path named: they add up to the step
+    total, parts = line.split(" ms = ")[0].split()[-1], line.split(" ms = ")[1].split(";")[0]
+    assert "exposed host offload" in parts
+    named = [float(word) for word in parts.split() if word.replace(".", "").isdigit()]
+    assert sum(named) - sum(float(w) for w in parts.split("(")[1].split(")")[0].split()
+                            if w.replace(".", "").isdigit()) == pytest.approx(float(total),
+                                                                             abs=0.004)
     out = CliRunner().invoke(cli, ["describe", str(path), "--detail", "--json"])
     assert out.exit_code == 0, out.output[-3000:]
     layers = json.loads(out.stdout)["layers"]
