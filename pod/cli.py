@@ -392,7 +392,9 @@ def _pod_json(pod) -> dict[str, Any]:
 @click.option("--prompt", default="", help="Text to start from (characters the model knows).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8,
               show_default=True, help="Sampling temperature (lower: more conservative).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the sampling's random draws: the same seed, checkpoint, prompt and "
+                   "temperature give the same text.")
 def generate(checkpoint: Path, length: int, prompt: str, temperature: float, seed: int) -> None:
     """Sample text from a char_lstm or transformer CHECKPOINT: a checkpoint file, or a checkpoint
     directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
@@ -442,6 +444,21 @@ def export_command(checkpoint: Path, fmt: str, output: Path | None, optimizer_st
     click.echo(f"Wrote {output}: {len(shapes):,} tensors, {count:,} values (step {ckpt.step:,})")
 
 
+def _element_type(value: str, allowed: tuple[str, ...]) -> str:
+    """A precision / element type by the project's name (``fp32``), or by another usual one
+    (``f32``, ``float32``, ``bfloat16``).
+
+    Raises:
+        click.BadParameter: none of them (one line with the allowed names).
+    """
+    from pod.commands.collective_bench import DTYPE_ALIASES
+
+    name = DTYPE_ALIASES.get(value.strip().lower(), value.strip().lower())
+    if name not in allowed:
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(allowed)}")
+    return name
+
+
 def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int) -> None:
     table = titled_table(title)
     table.add_column("item")
@@ -462,8 +479,9 @@ def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int
               help="Columns of A = rows of B (K).")
 @click.option("--n", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Columns of B (N).")
-@click.option("--precision", default="bf16", show_default=True,
-              help="MXU precision: " + " | ".join(PRECISIONS) + ".")
+@click.option("--precision", "--dtype", default="bf16", show_default=True,
+              callback=lambda ctx, param, value: _element_type(value, PRECISIONS),
+              help="MXU precision: " + " | ".join(PRECISIONS) + " (f32: fp32).")
 @click.option("--mxu-model", type=click.Choice(list(MXU_MODELS)), default=MXU_MODELS[0],
               show_default=True, help="pipelined: weights double-buffered, one pipeline bubble "
                                       "per op (the hardware); scalesim: SCALE-Sim's per-fold "
@@ -504,8 +522,10 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: st
 @click.option("--algorithm", default=None,
               help="Algorithm, or several comma-separated (a row each per size; e.g. ring,torus) "
                    "[default: the fastest at each size].")
-@click.option("--dtype", type=click.Choice(["bf16", "f32", "int8"]), default="f32",
-              show_default=True, help="Element type (sets the element count of each size).")
+@click.option("--dtype", "--precision", default="fp32", show_default=True,
+              callback=lambda ctx, param, value: _element_type(value, ("bf16", "fp32", "int8")),
+              help="Element type: bf16 | fp32 | int8, as training.precision names them (f32: "
+                   "fp32); it sets the element count of each size.")
 @click.option("--sizes", default="1KiB:1GiB", show_default=True,
               help="Whole-buffer bytes: one size or MIN:MAX doubling (e.g. 1KiB:1GiB).")
 @click.option("--wraparound/--no-wraparound", default=None,

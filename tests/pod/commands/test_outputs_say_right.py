@@ -48,3 +48,27 @@ def test_describe_a_remat_policy_that_offloads(tmp_path):
     assert out.exit_code == 0, out.output[-3000:]
     layers = json.loads(out.stdout)["layers"]
     assert sum(row.get("host_seconds", 0.0) for row in layers.values()) > 0
+
+
+def test_precision_names_are_one_scheme_with_aliases():
+    """``collective --dtype f32`` but ``matmul --precision fp32``: both commands take both
+    option names and the project's precision names (fp32), the old f32 still accepted."""
+    runner = CliRunner()
+    for args in (["collective", "--slice", "v4-8", "--sizes", "1MiB", "--dtype", "fp32"],
+                 ["collective", "--slice", "v4-8", "--sizes", "1MiB", "--precision", "f32"]):
+        out = runner.invoke(cli, [*args, "--json"])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)[0]["dtype"] == "fp32"
+    for args in (["matmul", "--precision", "fp32"], ["matmul", "--dtype", "f32"]):
+        out = runner.invoke(cli, [*args, "--m", "256", "--k", "256", "--n", "256", "--json"])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["precision"] == "fp32"
+    out = runner.invoke(cli, ["collective", "--slice", "v4-8", "--dtype", "fp8"])
+    assert out.exit_code == 2 and "'fp8' is not one of bf16, fp32, int8" in out.output
+
+
+def test_generate_seed_has_help():
+    out = CliRunner().invoke(cli, ["generate", "--help"])
+    assert out.exit_code == 0
+    seed = out.output[out.output.index("--seed"):]
+    assert "Seed of the sampling" in " ".join(seed.split()[:12])
