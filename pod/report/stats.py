@@ -38,6 +38,10 @@ def op_bound(record: Any) -> str:
 HOST_DISPATCH_SECONDS = _HOST_DISPATCH_SECONDS
 
 
+#: Relative float rounding below which a difference of two sums of seconds is none.
+_ROUNDING = 1e-9
+
+
 def pipeline_bubble_fraction(bubble_seconds: float, compute_seconds: float) -> float:
     """The pipeline bubble's share of the forward and backward passes: bubble /
     (compute + bubble), 0 when both are 0 (the one formula: a step's and a summary's)."""
@@ -324,10 +328,14 @@ class StepStats:
 
     @property
     def overlap_fraction(self) -> float:
-        """The share of the collectives hidden behind the compute, 0..1."""
+        """The share of the collectives hidden behind the compute, 0..1: 0 when the hidden
+        part is within float rounding of none (the exposed seconds are a sum of the same
+        parts in another order: 6e-15 is not a share)."""
         total = self.collective_seconds
-        return (min(1.0, max(0.0, 1.0 - self.exposed_collective_seconds / total))
-                if total > 0 else 0.0)
+        hidden = total - self.exposed_collective_seconds
+        if total <= 0 or hidden <= _ROUNDING * total:
+            return 0.0
+        return min(1.0, hidden / total)
 
     @property
     def communication_fraction(self) -> float:
