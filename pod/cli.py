@@ -276,10 +276,13 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
     elif re.match(r"^v\d", target.strip().lower()):
         pod = resolve_pod(slice_name=target)
     else:
-        from pod.config.presets import preset_names
+        from pod.config.presets import closest_preset, preset_names
 
-        raise ScenarioError(f"{target}: not a chip ({', '.join(PRESETS)}), a slice (v5p-128), a "
-                            f"scenario file or a model preset ({', '.join(preset_names())})")
+        close = closest_preset(target)
+        hint = f"did you mean {close}? " if close else ""
+        raise ScenarioError(f"{target}: not a chip, a slice, a scenario file or a model "
+                            f"preset; {hint}chips: {', '.join(PRESETS)}; slices: e.g. v5p-128; "
+                            f"presets: {', '.join(preset_names())}")
     if as_json:
         click.echo(json.dumps(_pod_json(pod), indent=2))
         return

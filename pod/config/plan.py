@@ -11,6 +11,7 @@ HBM, and what every collective of a mesh axis costs at every step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,13 @@ from interconnect import calibrated_link
 from pod.config.faults import FaultPlan
 from pod.config.ici import IciPlan
 from pod.config.links import check_links, link_faults
-from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
+from pod.config.mesh import (
+    Mesh,
+    build_mesh,
+    device_hbm_bytes,
+    format_axes,
+    mesh_memory_plan,
+)
 from pod.config.pipeline import check_pipeline_plan, pipeline_memory_plan
 from pod.config.scenario import ModelConfig, Scenario, TrainingConfig
 from pod.config.sharding import SHARDED_MODELS, MeshCollectiveCosts, on_chip_bandwidth
@@ -321,22 +328,48 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
     Raises:
         ScenarioError: one line naming ``pod.mesh``.
     """
-    axes = format_axes(mesh.sizes)
-    sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if mesh.axis_size(a) > 1]
+    _check_runnable_sizes(scenario, mesh.sizes, model)
+
+
+def _check_runnable_sizes(scenario: Scenario, sizes: dict[str, int], model: Model | None
+                          ) -> None:
+    """``_check_runnable_mesh`` of a mesh of these sizes (its axes' lengths)."""
+    axes = format_axes(sizes)
+    sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if sizes.get(a, 1) > 1]
     name = training_sections(scenario)[0].name
     if sharded and name not in SHARDED_MODELS:
         raise ScenarioError(f"pod.mesh: {axes} shards over {' and '.join(sharded)}, which only the "
                             f"{', '.join(SHARDED_MODELS)} model does; {name} trains "
-                            f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
+                            f"data-parallel: use {{data: {math.prod(sizes.values())}}} or leave "
+                            "pod.mesh out")
     config = getattr(model, "config", None)
     if config is None or name not in SHARDED_MODELS:
         return
     try:
         from pod.programs.transformer import check_expert_split, check_tensor_split
-        check_tensor_split(config, mesh.axis_size("tensor"))
-        check_expert_split(config, mesh.sizes)
+        check_tensor_split(config, sizes.get("tensor", 1))
+        check_expert_split(config, sizes)
     except ValueError as err:
         raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
+
+
+def _mesh_accepts(scenario: Scenario) -> Callable[[dict[str, int]], bool]:
+    """Whether the scenario's model runs on a mesh of these sizes, as far as its options
+    say (``_check_runnable_sizes``; the meshes a mesh error suggests are such)."""
+    section = training_sections(scenario)[0]
+    try:  # the options' shapes on a stand-in sequence (only heads, MLP, experts matter)
+        model = build_model(section.name, (8,), 16, **section.options)
+    except (TypeError, ValueError):
+        model = None  # bad options: their own error comes later
+
+    def accepts(sizes: dict[str, int]) -> bool:
+        try:
+            _check_runnable_sizes(scenario, sizes, model)
+        except ScenarioError:
+            return False
+        return True
+
+    return accepts
 
 
 def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> None:
@@ -424,7 +457,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
     check_links(cfg.links, pod.torus)
-    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh)
+    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh,
+                      accepts=None if sharded_ok else _mesh_accepts(scenario))
     if mesh.dcn_size("expert") > 1:
         raise ScenarioError(f"pod.dcn_mesh: expert {mesh.dcn_size('expert')} puts a mixture of "
                             "experts' all-to-alls across slices, which is not modelled; keep "
