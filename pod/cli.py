@@ -667,7 +667,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from pod.commands.sweep import is_missing, json_row, sweep_kind, sweep_points
+    from pod.commands.sweep import json_row, sweep_kind, sweep_points
 
     spec = _load(scenario, as_overrides(overrides))
     if spec.sweep is None:
@@ -683,20 +683,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
 
         def report(row: dict) -> None:
             progress.advance(task)
-            if row["status"] == "ok":
-                line = (f"point {row['point']}/{total}: {row['generation']} {row['chips']:,} chips "
-                        f"{row['topology']} {row['collective_algorithms'] or '-'} "
-                        f"batch {row['global_batch']:,}: "
-                        f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
-                        f"{row['simulated_examples_per_second']:,.0f} examples/s, "
-                        f"MFU {row['mfu']:.2%} "
-                        f"(wall {row['wall_seconds']:.2f} s)")
-                if not is_missing(row.get("per_device_batch")):  # a sharded layout
-                    line += (f" {row['mesh']} remat {row['remat']} "
-                             f"{row['per_device_batch']}/device")
-            else:
-                line = f"point {row['point']}/{total}: failed: {row['error']}"
-            progress.console.print(line, highlight=False, soft_wrap=True)
+            progress.console.print(_point_line(row, total), highlight=False, soft_wrap=True)
 
         def resumed(done: int, journal: Path) -> None:
             progress.console.print(f"Resuming: {done} of {total} points already done "
@@ -714,6 +701,30 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
         click.echo(json.dumps([json_row(r) for r in rows], indent=2, default=str))
     if rows and failed == len(rows):
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
+
+
+def _point_line(row: dict[str, Any], total: int) -> str:
+    """A sweep point's line: where it ran, its collectives' algorithms, its simulated step,
+    rate (tokens/s for a language model), MFU, MaxText's TFLOP/s per device (its formula
+    said) and, for a sharded layout, the layout and its HBM per device."""
+    from pod.commands.sweep import is_missing, ms_text
+
+    if row["status"] != "ok":
+        return f"point {row['point']}/{total}: failed: {row['error']}"
+    tokens = not is_missing(row.get("simulated_tokens_per_second"))
+    rate = (f"{row['simulated_tokens_per_second']:,.0f} tokens/s" if tokens else
+            f"{row['simulated_examples_per_second']:,.0f} examples/s")
+    tflops = ("" if is_missing(row.get("maxtext_tflops_per_device")) else
+              f", {row['maxtext_tflops_per_device']:,.1f} TFLOP/s/device (MaxText, attention "
+              "not halved)")
+    line = (f"point {row['point']}/{total}: {row['slice'] or row['generation']} "
+            f"{row['chips']:,} chips {row['topology']} {row['collective_algorithms'] or '-'} "
+            f"batch {row['global_batch']:,}: sim {ms_text(row['simulated_step_seconds'])} "
+            f"ms/step, {rate}, MFU {row['mfu']:.2%}{tflops}")
+    if not is_missing(row.get("per_device_batch")):  # a sharded layout
+        line += (f"; {row['mesh']} remat {row['remat'] or 'none'} {row['per_device_batch']}/device"
+                 f", HBM {row['hbm_per_device_bytes'] / 2**30:,.2f} GiB/device")
+    return f"{line} (wall {row['wall_seconds']:.2f} s)"
 
 
 @cli.command("plan", short_help="Which layout? Search meshes, remat and batches of a model.")

@@ -56,11 +56,11 @@ from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
 from pod.report.console import algorithms_text
 from pod.report.files import check_writable, write_atomic
-from pod.report.stats import AXIS_ORDER, StepStats, mean_step
+from pod.report.stats import AXIS_ORDER, MAXTEXT_FORMULAS, StepStats, mean_step
 from pod.safe_io import lock_directories
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
-           "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts"]
+           "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts", "ms_text"]
 
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
@@ -69,7 +69,8 @@ COLUMNS = (
     "compute_seconds", "collective_seconds", "exposed_collective_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
-    "simulated_tflops", "maxtext_tflops_per_device", "mfu", "communication_fraction",
+    "simulated_tflops", "maxtext_tflops_per_device", "maxtext_tflops_formula",
+    "maxtext_2023_tflops_per_device", "mfu", "communication_fraction",
     "scaling_efficiency",
     "bound", "bound_fraction", "ici_axes",
     *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
@@ -97,7 +98,7 @@ _AXES = AXIS_ORDER
 #: works on any sweep. results.csv writes a missing value as an empty field.
 TEXT_COLUMNS = frozenset({"status", "error", "model", "dataset", "synthetic_data", "generation",
                           "slice", "topology", "allreduce_algorithm", "collective_algorithms",
-                          "precision", "bound",
+                          "maxtext_tflops_formula", "precision", "bound",
                           "ici_axes", "mesh", "remat", "fits", "dcn_mesh"})
 
 
@@ -347,6 +348,9 @@ def step_row(plan, steps: list, wall: float, epoch_examples: int | None = None) 
         "simulated_examples_per_second": mean.examples_per_second,
         "simulated_tflops": mean.tflops,
         "maxtext_tflops_per_device": mean.maxtext_tflops_per_device or math.nan,
+        "maxtext_2023_tflops_per_device": mean.maxtext_2023_tflops_per_device or math.nan,
+        "maxtext_tflops_formula": (MAXTEXT_FORMULAS["maxtext_tflops_per_device"]
+                                   if mean.maxtext_flops_per_device else ""),
         "mfu": mean.mfu,
         "communication_fraction": mean.communication_fraction,
         "wall_seconds": wall,
@@ -501,8 +505,8 @@ def _save_png(fig: Any, path: Path) -> None:
 
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
-    """A point's own values (mesh, remat, algorithm, precision, batch, pod), known before it
-    runs, so that a failed point's row says what it was."""
+    """A point's own values (mesh, remat, precision, batch, pod), known before it runs, so
+    that a failed point's row says what it was."""
     v = point.values
     mesh = v.get("pod__mesh")
     layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
@@ -512,25 +516,23 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
         layout["microbatches"] = v["training__microbatches"]
     if v.get("pod__slices") is not None:
         layout["slices"] = v["pod__slices"]
-    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""),
-            "precision": v.get("training__precision", ""),
-            "global_batch": v.get("training__global_batch", math.nan),
-            "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
-            "generation": v.get("pod__slice") or v.get("pod__chip") or "",
-            "slice": v.get("pod__slice") or (point.scenario.pod.slice if point.scenario
-                                             else None) or ""}
+    return {**layout, "precision": v.get("training__precision", ""),
+            "global_batch": v.get("training__global_batch", math.nan), **_pod_labels(point)}
 
 
-def _chips(point: SweepPoint) -> float | int:
-    """The chips of a point's pod (NaN if its pod does not resolve)."""
+def _pod_labels(point: SweepPoint) -> dict[str, Any]:
+    """The chips, cores, torus, generation and slice of a point's pod (its values as far
+    as they go when the pod does not resolve)."""
+    v = point.values
     source = point.scenario.pod if point.scenario is not None else None
-    name = point.values.get("pod__slice") or (source.slice if source else None)
+    name = v.get("pod__slice") or (source.slice if source else None)
     try:
-        if source is not None:
-            return _resolve(source).chips
-        return resolve_pod(slice_name=name).chips if name else math.nan
+        pod = _resolve(source) if source is not None else resolve_pod(slice_name=name)
     except USER_ERRORS:
-        return math.nan
+        return {"chips": v.get("pod__chips") or math.nan, "topology": v.get("pod__topology") or "",
+                "generation": point.series[0] if point.series else "", "slice": name or ""}
+    return {"chips": pod.chips, "cores": pod.tensorcores, "topology": pod.torus.name,
+            "generation": pod.chip.name, "slice": pod.slice_name or pod.name}
 
 
 def _cell(value: Any, spec: str = "") -> str:
@@ -563,37 +565,77 @@ def sweep_kind(scenario: Scenario) -> str:
                             else varied[0])
 
 
+def ms_text(seconds: Any) -> str:
+    """Simulated seconds as milliseconds with four significant digits or so: ``5,897``,
+    ``26.70``, ``0.0720``; "" when missing."""
+    if is_missing(seconds):
+        return ""
+    ms = float(seconds) * 1e3
+    return (f"{ms:,.0f}" if ms >= 1000 else f"{ms:.1f}" if ms >= 100 else f"{ms:.2f}"
+            if ms >= 1 else f"{ms:.4f}")
+
+
+def _rate_column(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """(row key, header) of a sweep's throughput: tokens/s for language models."""
+    tokens = any(not is_missing(r.get("simulated_tokens_per_second")) for r in rows
+                 if r["status"] == "ok")
+    return (("simulated_tokens_per_second", "tokens/s") if tokens
+            else ("simulated_examples_per_second", "examples/s"))
+
+
+def _main_columns(rows: list[dict[str, Any]]
+                  ) -> list[tuple[str, str, Callable[[dict[str, Any]], str]]]:
+    """results.md's first table for this kind of sweep: (header, alignment, cell of an ok
+    row). The epoch only with real data (a synthetic epoch is the data's size, not a
+    user's), scaling efficiency only when the chips vary (it is 1 by definition
+    otherwise), the rate in tokens/s for a language model."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    rate_key, rate = _rate_column(rows)
+    synthetic = any(r.get("synthetic_data") is True for r in ok)
+    chips_vary = _distinct(r["chips"] for r in ok) > 1
+    columns: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
+        ("step ms", "---:", lambda r: ms_text(r["simulated_step_seconds"])),
+        ("compute ms", "---:", lambda r: ms_text(r["compute_seconds"])),
+        ("collectives ms", "---:", lambda r: ms_text(r["collective_seconds"])),
+        *([("epoch s", "---:", lambda r: f"{r['simulated_epoch_seconds']:,.2f}")]
+          if not synthetic else []),
+        (rate, "---:", lambda r: f"{r[rate_key]:,.0f}"),
+        ("TFLOP/s", "---:", lambda r: f"{r['simulated_tflops']:,.2f}"),
+        ("MFU", "---:", lambda r: f"{r['mfu']:.1%}"),
+        ("comm %", "---:", lambda r: f"{r['communication_fraction']:.1%}"),
+        *([("efficiency", "---:", lambda r: _cell(r["scaling_efficiency"], ".2f"))]
+          if chips_vary else []),
+        ("bound", "---", lambda r: f"{r['bound']} {r['bound_fraction']:.0%}"),
+        ("wall s", "---:", lambda r: f"{r['wall_seconds']:.2f}")]
+    return columns
+
+
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
-    """The results as a Markdown table (simulated figures; wall seconds last)."""
+    """The results as a Markdown table (simulated figures; wall seconds last), with the
+    columns that mean something for this kind of sweep (``_main_columns``)."""
     synthetic = any(r.get("synthetic_data") is True for r in rows)
     data = f"data: {scenario.data.name}" + (" (SYNTHETIC: the data only set shapes)" if synthetic
                                            else "")
-    head = (f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)\n\n"
-            f"Simulated figures unless marked wall; model {training_sections(scenario)[0].name}, "
-            f"{data}.\n\n"
-            "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
-            "compute ms | collectives ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
-            "efficiency | bound | wall s | status |\n"
-            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
-    lines = []
+    columns = _main_columns(rows)
+    head = ["#", "chip", "chips", "cores", "topology", "collectives", "global batch",
+            *(c[0] for c in columns), "status"]
+    align = ["---", "---", "---:", "---:", "---", "---", "---:", *(c[1] for c in columns), "---"]
+    lines = [f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)", "",
+             f"Simulated figures unless marked wall; model "
+             f"{training_sections(scenario)[0].name}, {data}.", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for r in rows:
+        where = [str(r["point"]), str(r["generation"]), _cell(r["chips"]), _cell(r.get("cores")),
+                 str(r["topology"]), str(r.get("collective_algorithms") or
+                                         r.get("allreduce_algorithm") or ""),
+                 _cell(r["global_batch"])]
         if r["status"] == "ok":
-            lines.append(
-                f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | "
-                f"{r['topology']} | {r['allreduce_algorithm']} | {r['global_batch']} | "
-                f"{r['simulated_step_seconds'] * 1e3:.4f} | "
-                f"{r['compute_seconds'] * 1e3:.4f} | {r['collective_seconds'] * 1e3:.4f} | "
-                f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | "
-                f"{r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
-                f"{r['communication_fraction']:.1%} | {_cell(r['scaling_efficiency'], '.2f')} | "
-                f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
+            cells = [cell(r) for _, _, cell in columns] + ["ok"]
         else:
             error = str(r["error"]).replace("|", "/")
-            lines.append(f"| {r['point']} | {r['generation']} | {_cell(r['chips'])} | | "
-                         f"{r['topology']} | {r['allreduce_algorithm']} | "
-                         f"{_cell(r['global_batch'])} | | | | | | | | | | | | "
-                         f"failed: {error} |")
-    return head + "\n".join(lines) + "\n" + _layout_table(rows) + _slices_table(rows)
+            cells = [""] * len(columns) + [f"failed: {error}"]
+        lines.append("| " + " | ".join(where + cells) + " |")
+    return "\n".join(lines) + "\n" + _layout_table(rows) + _slices_table(rows)
 
 
 def _layout_table(rows: list[dict[str, Any]]) -> str:
@@ -603,7 +645,7 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
-           "", "| # | chips | mesh | remat | batch / device | microbatches | step s | tokens/s | "
+           "", "| # | chips | mesh | remat | batch / device | microbatches | step ms | tokens/s | "
            f"MFU | bubble | exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
@@ -613,8 +655,8 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
             exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
             out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
                        f"{r['per_device_batch']} | {_cell(r.get('microbatches'))} | "
-                       f"{r['simulated_step_seconds']:.3f} | "
-                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | "
+                       f"{ms_text(r['simulated_step_seconds'])} | "
+                       f"{_cell(r['simulated_tokens_per_second'], ',.0f')} | {r['mfu']:.1%} | "
                        f"{_cell(r.get('pipeline_bubble_fraction'), '.0%')} | {exposed} | "
                        f"{hbm} | ok |")
         else:

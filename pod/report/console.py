@@ -115,8 +115,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
                        + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),
         ("model TFLOP/s", f"{summary['simulated_tflops']:.3f}", "simulated"),
         *([("TFLOP/s per device (MaxText)",
-            f"{summary['maxtext_tflops_per_device']:.1f}; 2023 formula "
-            f"{summary['maxtext_2023_tflops_per_device']:.1f}", "simulated")]
+            f"{summary['maxtext_tflops_per_device']:.1f} (attention not halved); "
+            f"{summary['maxtext_2023_tflops_per_device']:.1f} (2023: causal attention halved)",
+            "simulated")]
           if summary.get("maxtext_tflops_per_device") else []),
         ("MFU", f"{summary['mfu']:.2%}", "simulated"),
         ("HBM peak per device", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "

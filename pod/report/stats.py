@@ -20,7 +20,14 @@ from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
 __all__ = ["StepStats", "StepTotals", "RecordTotals", "ExpertLoad", "mfu", "maxtext_flops",
            "pipeline_bubble_fraction", "op_bound", "OP_BOUNDS", "HOST_DISPATCH_SECONDS",
-           "AXIS_ORDER", "TOTAL_FIELDS", "RUN_FIELDS", "mean_step"]
+           "AXIS_ORDER", "TOTAL_FIELDS", "RUN_FIELDS", "mean_step", "MAXTEXT_FORMULAS"]
+
+#: Which MaxText formula each TFLOP/s-per-device figure uses, said beside the figure
+#: (training-steps.md, "The metric"): MaxText's today halves no attention, the 2023
+#: one (from 64ee4e938, the v5p table's) halves the causal attention term.
+MAXTEXT_FORMULAS = {
+    "maxtext_tflops_per_device": "MaxText tpu-recipes-v0.1.4: causal attention not halved",
+    "maxtext_2023_tflops_per_device": "MaxText 2023: causal attention halved"}
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
 #: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
