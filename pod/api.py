@@ -277,24 +277,41 @@ class RunResult:
         from pod.report import figures
 
         figures.show_in_notebook()
+        from matplotlib.ticker import MaxNLocator
+
         steps = [s.step + 1 for s in self.history]
         fig, (left, right) = figures.subplots(1, 2, figsize=(11, 4))
-        left.plot(steps, [s.loss for s in self.history])
+        losses = [s.loss for s in self.history]
+        if any(loss == loss for loss in losses):  # NaN: a timing-only run computes none
+            left.plot(steps, losses)
+        else:
+            left.text(0.5, 0.5, "no loss: a timing-only run\ncomputes shapes, not values",
+                      ha="center", va="center", transform=left.transAxes)
+            left.set_xlim(min(steps, default=1), max(steps, default=1) + 1e-9)
         left.set(xlabel="step", ylabel="training loss", title="loss")
-        parts = {"infeed": [s.infeed_seconds for s in self.history],
-                 "compute": [s.compute_seconds for s in self.history],
-                 "collectives, exposed": [s.exposed_collective_seconds for s in self.history],
-                 "update": [s.update_seconds for s in self.history]}
+        # the critical path's parts, which add up to the step: what overlaps is not stacked
+        h = self.history
+        parts = {"infeed, exposed": [s.exposed_infeed_seconds for s in h],
+                 "dispatch": [s.dispatch_seconds for s in h],
+                 "compute": [s.compute_seconds for s in h],
+                 "collectives, exposed": [s.exposed_collective_seconds for s in h],
+                 "host offload, exposed": [s.exposed_host_offload_seconds for s in h],
+                 "pipeline bubble": [s.pipeline_bubble_seconds for s in h],
+                 "update": [s.update_seconds for s in h]}
+        parts = {name: values for name, values in parts.items() if any(values)}
         right.stackplot(steps, *[[v * 1e3 for v in vals] for vals in parts.values()],
                         labels=list(parts))
         right.set(xlabel="step", ylabel="simulated ms", title="step time (simulated)")
-        right.legend(loc="upper right")
+        right.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        for ax in (left, right):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         fig.tight_layout()
         if path is not None:  # whole or not at all, like every file the tool writes
             from pod.safe_io import write_atomic
 
             fmt = Path(path).suffix.lstrip(".").lower() or "png"
-            write_atomic(Path(path), lambda f: fig.savefig(f, format=fmt), binary=True)
+            write_atomic(Path(path), lambda f: fig.savefig(f, format=fmt, bbox_inches="tight"),
+                         binary=True)
         return fig
 
 

@@ -501,7 +501,8 @@ def _write_results_csv(output_dir: Path, rows: list[dict[str, Any]],
 def _save_png(fig: Any, path: Path) -> None:
     """Write a figure as PNG whole or not at all (``pod.safe_io.write_atomic``): a full
     disk is one ``OutputError`` line, never a truncated PNG."""
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"),
+                 binary=True)
 
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
@@ -715,18 +716,63 @@ def _series(scenario: Scenario, ok: list[dict[str, Any]],
     return series
 
 
+def _horizontal(labels: list[str]) -> bool:
+    """Whether bars with these labels lie (labels on the y axis, read across): a label
+    longer than a number or a short name, or more bars than fit side by side."""
+    return len(labels) > 12 or max((len(label) for label in labels), default=0) > 9
+
+
+def _bar_figure(plt: Any, labels: list[str], panels: int = 1) -> tuple[Any, Any]:
+    """A figure for ``panels`` panels of a stacked bar per label, sized so that every label
+    reads at its default size: a row of 0.3 inch per bar when they lie, 0.6 inch of width
+    per bar when they stand."""
+    if _horizontal(labels):
+        return plt.subplots(panels, 1, squeeze=False,
+                            figsize=(9, panels * (0.3 * len(labels) + 1.4) + 0.6))
+    # a label of n characters is about 0.09 n inch wide at the default 10 points
+    per_bar = max(0.6, 0.1 * max((len(label) for label in labels), default=1) + 0.15)
+    return plt.subplots(panels, 1, squeeze=False,
+                        figsize=(max(7.0, per_bar * len(labels) + 1.5), 3.2 * panels + 0.6))
+
+
+def _stacked_bars(ax: Any, labels: list[str],
+                  parts: list[tuple[str, list[float], str | None]]) -> list[float]:
+    """A stacked bar per label, in order (top to bottom when they lie: ``_horizontal``);
+    ``parts`` is [(legend label, a value per bar, colour or None)], a part of no value
+    anywhere left out of the legend. Returns the bars' ends."""
+    ends = [0.0] * len(labels)
+    lie = _horizontal(labels)
+    for label, values, colour in parts:
+        shown = label if any(values) else None
+        if lie:
+            ax.barh(range(len(labels)), values, left=ends, label=shown, color=colour)
+        else:
+            ax.bar(range(len(labels)), values, bottom=ends, label=shown, color=colour)
+        ends = [e + v for e, v in zip(ends, values, strict=True)]
+    if lie:
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylim(len(labels) - 0.5, -0.5)  # the first on top, no empty rows
+    else:
+        ax.set_xticks(range(len(labels)), labels)
+    return ends
+
+
+def _legend_beside(ax: Any) -> None:
+    """The legend right of the axes, where it hides no bar and no label."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     """A stacked bar per point: ``parts`` is [(row key, legend label, colour)]."""
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
-    bottom = [0.0] * len(ok)
-    for key, label, colour in parts:
-        values = [r[key] * 1e3 for r in ok]
-        ax.bar(range(len(ok)), values, bottom=bottom, label=label, color=colour)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_xticks(range(len(ok)), [labels_of(r) for r in ok], fontsize=6)
-    ax.set_ylabel("simulated step time (ms)")
+    labels = [labels_of(r) for r in ok]
+    fig, axes = _bar_figure(plt, labels)
+    ax = axes[0, 0]
+    _stacked_bars(ax, labels, [(label, [r[key] * 1e3 for r in ok], colour)
+                               for key, label, colour in parts])
+    unit = "simulated step time (ms)"
+    (ax.set_xlabel if _horizontal(labels) else ax.set_ylabel)(unit)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    _legend_beside(ax)
     fig.tight_layout()
     _save_png(fig, output_dir / name)
     plt.close(fig)
@@ -778,7 +824,8 @@ def _bubble(row: dict[str, Any]) -> float:
 
 def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
                x_key: str, x_label: str, output_dir: Path) -> Path:
-    """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
+    """breakdown.png: per series a panel of stacked bars, the critical path's parts (bars
+    that lie, labels across, where the labels are layouts)."""
     parts = (("compute", lambda r: r["compute_seconds"]),
              ("collectives, exposed", lambda r: r["exposed_collective_seconds"]),
              ("pipeline bubble", _bubble),
@@ -788,24 +835,17 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
                                                             - r["exposed_collective_seconds"]
                                                             - _bubble(r)
                                                             - r["update_seconds"])))
-    # a layout's tick label stands on end (up to ~40 characters): room below each panel
-    panel_inches = 5.0 if x_key == "layout" else 3.0
-    fig, axes = plt.subplots(len(series), 1, squeeze=False,
-                             figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
-                                      panel_inches * len(series)))
+    longest = max(series.values(), key=len)
+    fig, axes = _bar_figure(plt, [_tick_label(r[x_key]) for r in longest], len(series))
     for ax, (label, rs) in zip(axes[:, 0], series.items(), strict=True):
-        bottom = [0.0] * len(rs)
-        for part, value in parts:
-            values = [value(r) * 1e3 for r in rs]
-            ax.bar(range(len(rs)), values, bottom=bottom, label=part)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs],
-                      rotation=90 if x_key == "layout" else 0,
-                      fontsize=7 if x_key == "layout" else None)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("simulated ms per step")
+        labels = [_tick_label(r[x_key]) for r in rs]
+        _stacked_bars(ax, labels, [(part, [value(r) * 1e3 for r in rs], None)
+                                   for part, value in parts])
+        lie = _horizontal(labels)
+        (ax.set_ylabel if lie else ax.set_xlabel)(x_label)
+        (ax.set_xlabel if lie else ax.set_ylabel)("simulated ms per step")
         ax.set_title(label, fontsize=10)
-    axes[0, 0].legend(fontsize=8)
+    _legend_beside(axes[0, 0])
     fig.suptitle(f"{scenario.name}: simulated step time, critical path")
     fig.tight_layout()
     _save_png(fig, output_dir / "breakdown.png")
@@ -855,10 +895,16 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     else:
         (output_dir / "efficiency.png").unlink(missing_ok=True)  # an earlier sweep's
     written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
+    # a bar per point, in series order; named by its series too when there are several
+    ordered = [(name, r) for name, rs in series.items() for r in rs]
+    points = [r for _, r in ordered]
+    names = [_tick_label(r[x_key]) + (f" ({name})" if len(series) > 1 else "")
+             for name, r in ordered]
     written.append(_stacked(
-        plt, ok, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
-        lambda r: _tick_label(r[x_key]), f"{scenario.name}: the critical path by what bounds "
-        "it (simulated)", output_dir, "bounds.png"))
+        plt, points, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
+        lambda r: names[next(i for i, p in enumerate(points) if p is r)],
+        f"{scenario.name}: the critical path by what bounds it (simulated)", output_dir,
+        "bounds.png"))
     if any(not is_missing(r["simulated_tokens_per_second"]) for r in ok):
         if chips_vary:
             written.append(_plot_tokens(plt, scenario, series, output_dir))
@@ -917,7 +963,7 @@ def _plot_layout_throughput(plt, title: str, rows: list[dict[str, Any]], output_
                  if r["status"] == "ok")
     key = "simulated_tokens_per_second" if tokens else "simulated_examples_per_second"
     values = [r[key] if r["status"] == "ok" else 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1.4))
     ax.barh(range(len(rows)), values, color="tab:blue")
     best = max(range(len(rows)), key=lambda i: values[i])
     ax.barh([best], [values[best]], color="tab:green", label="most " + key.split("_")[1] + "/s")
@@ -925,12 +971,12 @@ def _plot_layout_throughput(plt, title: str, rows: list[dict[str, Any]], output_
         note = (f"  {values[i]:,.0f}" if r["status"] == "ok" else
                 "  does not fit" if r.get("fits") is False else "  failed")
         ax.text(values[i], i, note, va="center", fontsize=7)
-    ax.set_yticks(range(len(rows)), [_layout_label(r) for r in rows], fontsize=7)
-    ax.invert_yaxis()
+    ax.set_yticks(range(len(rows)), [_layout_label(r) for r in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the first layout on top, no empty rows
     ax.set_xlim(0, max(values) * 1.25 or 1.0)
     ax.set_xlabel(("tokens" if tokens else "examples") + "/s (simulated)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    _legend_beside(ax)
     fig.tight_layout()
     _save_png(fig, output_dir / "throughput.png")
     plt.close(fig)
@@ -987,6 +1033,8 @@ def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], ou
     seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with
     their need; the layout that fits with the most tokens (examples) per second marked
     with a star; MFU and HBM per device beside each bar."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(_layout_label(r))
@@ -999,29 +1047,36 @@ def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], ou
             need = r.get("hbm_per_device_bytes")
             notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
                          else "failed: " + str(r["error"])[:40])
-    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
+    fig, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1.4))
     left = [0.0] * len(rows)
     parts = ("compute", "update", "pipeline bubble", *(f"exposed {a}" for a in _AXES))
     for k, part in enumerate(parts):
         widths = [st[k] for st in stacks]
-        ax.barh(range(len(rows)), widths, left=left, label=part)
+        ax.barh(range(len(rows)), widths, left=left, label=part if any(widths) else None)
         left = [a + b for a, b in zip(left, widths, strict=True)]
-    for i, note in enumerate(notes):
-        ax.text(left[i], i, "  " + note, va="center", fontsize=7)
     ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]
-    if ok:  # the most tokens (examples) per second: layouts differ in their global batch
-        best = max(ok, key=lambda i: rows[i]["simulated_examples_per_second"])
+    # the most tokens (examples) per second: layouts differ in their global batch
+    best = max(ok, key=lambda i: rows[i]["simulated_examples_per_second"]) if ok else -1
+    for i, note in enumerate(notes):  # beside the bar's end, past the star on the best
+        ax.annotate(note, (left[i], i), xytext=(10 if i == best else 4, 0),
+                    textcoords="offset points", va="center", fontsize=7)
+    if ok:
         ax.plot([left[best]], [best], marker="*", markersize=14, color="gold",
                 markeredgecolor="black", label="most tokens/s that fits")
-    ax.set_yticks(range(len(rows)), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("simulated step time (s)")
-    ax.set_xlim(0, max(left + [1e-9]) * 1.45)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the first layout on top, no empty rows
+    longest = max(left + [1e-9])
+    unit, scale = (("s", 1.0) if longest >= 1 else ("ms", 1e3) if longest >= 1e-3
+                   else ("us", 1e6))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x * scale:g}"))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+    ax.set_xlabel(f"simulated step time ({unit})")
+    ax.set_xlim(0, longest * 1.45)
     where = rows[ok[0]] if ok else rows[0]
     name = scenario.name if scenario is not None else ""
     ax.set_title(title or f"{name}: layouts on {where['chips']} {where['generation']} chips "
-                 "(simulated)")
-    ax.legend(fontsize=7, loc="lower right")
+                 "(simulated)", fontsize=10)
+    _legend_beside(ax)
     fig.tight_layout()
     _save_png(fig, output_dir / "layouts.png")
     plt.close(fig)
