@@ -1041,7 +1041,9 @@ def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], ou
         if r["status"] == "ok":
             stacks.append([r["compute_seconds"], r["update_seconds"], _bubble(r),
                            *(r[f"exposed_{a}_seconds"] for a in _AXES)])
-            notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
+            hbm, mfu = r["hbm_per_device_bytes"], r["mfu"]
+            memory = f"{hbm / 2**30:.0f} GiB" if hbm >= 2**30 else f"{hbm / 2**20:.1f} MiB"
+            notes.append(f"MFU {mfu:.0%}, {memory}" if mfu >= 0.1 else f"MFU {mfu:.1%}, {memory}")
         else:
             stacks.append([0.0] * (3 + len(_AXES)))
             need = r.get("hbm_per_device_bytes")
