@@ -1008,10 +1008,11 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     left.set_yscale("log")
     top = max((100 * r["mfu"] for rs in lines.values() for r in rs), default=1.0)
     right.set_ylim(0, 1.15 * top)   # a flat line at the top stays visible
-    if counts:   # the slice counts as ticks, not powers of two
-        for ax in (left, right):
-            ax.set_xticks(list(counts), [str(k) for k in counts])
-            ax.minorticks_off()
+    # the chip (slice) counts as ticks, as numbers, not powers of two
+    ticks = sorted(counts) if counts else sorted({r[x_key] for rs in lines.values() for r in rs})
+    for ax in (left, right):
+        ax.set_xticks(ticks, [_tick_label(k) for k in ticks])
+        ax.minorticks_off()
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario.name}: {sweep_kind(scenario)} (simulated)")
     fig.tight_layout()
