@@ -35,7 +35,7 @@ from pod.config.scenario import Scenario
 from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
-from pod.report.console import algorithms_text, make_console, titled_table
+from pod.report.console import algorithms_text, make_console, print_table, titled_table
 from pod.report.model_summary import layer_costs, plan_model_tables
 
 __all__ = ["cli", "main"]
@@ -60,6 +60,13 @@ def cli() -> None:
 OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys before it is checked "
                   "(dotted keys, YAML values): training.steps=10 pod.mesh.fsdp=8 "
                   "'pod.mesh={data: 2, fsdp: 4}'.")
+
+
+#: ``--wide``: every table whole, every column, wider than the terminal if need be (piped
+#: output always is); without it a table too wide for the terminal leaves columns out.
+WIDE = click.option("--wide", is_flag=True,
+                    help="Print every table whole, every column (wider than the terminal if "
+                         "need be; piped output always is).")
 
 
 @cli.command(short_help="Train a scenario on an emulated pod (or run its benchmark).",
@@ -101,11 +108,12 @@ OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys befo
 @click.option("--timing-only", is_flag=True,
               help="Only account time: one device per pipeline stage, shapes only, in this "
                    "process; the same simulated figures for a pod of any size, no loss.")
+@WIDE
 def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_dir: Path | None,
         metrics_port: int | None, log_every: int, trace_path: Path | None,
         trace_steps: str | None, hold: bool, hold_seconds: float, resume_dir: Path | None,
         as_json: bool, report: bool, ray_dashboard: bool, progress: str,
-        in_process: bool, timing_only: bool) -> None:
+        in_process: bool, timing_only: bool, wide: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     items = as_overrides(overrides)
     spec = _load(scenario, items)
@@ -140,7 +148,7 @@ def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_di
                       metrics_port=metrics_port, log_every=log_every, trace_path=trace_path,
                       trace_steps=_parse_steps(trace_steps or "last", plan.steps),
                       hold_seconds=math.inf if hold else hold_seconds, resume_dir=resume_dir,
-                      console=console, report=report,
+                      console=console, report=report, wide=wide,
                       backend=api.backend_of(in_process, timing_only), progress=progress).run()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -254,7 +262,9 @@ def validate(arguments: tuple[str, ...], as_json: bool) -> None:
 @click.option("--detail", is_flag=True,
               help="Scenario: also a row per part of every layer (each conv, norm, add of a "
                    "ResNet or transformer block) with its MXU utilisation and bound.")
-def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool) -> None:
+@WIDE
+def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool,
+             wide: bool) -> None:
     """Describe a chip (v4), a slice (v2-8), a scenario file or a model preset
     (llama3.1-8b: on the smallest v5p slice and layout that holds it; KEY=VALUE to change
     it): its pod, the model summary, the HBM plan per device and one timing-only step
@@ -266,7 +276,7 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
     except OSError:  # a name too long for a path is a chip or slice name that is unknown
         is_file = False
     if target.endswith((".yaml", ".yml")) or is_file or is_preset_name(target):
-        _describe_scenario(console, target, as_json, detail, items)
+        _describe_scenario(console, target, as_json, detail, items, wide)
         return
     if items:
         raise click.UsageError(f"KEY=VALUE overrides belong to a scenario or a preset; {target!r} "
@@ -286,20 +296,21 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
     if as_json:
         click.echo(json.dumps(_pod_json(pod), indent=2))
         return
-    _describe_pod(console, pod)
+    print_table(console, _pod_table(pod), wide=wide)
 
 
 def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False,
-                       overrides: tuple[Override, ...] = ()) -> None:
+                       overrides: tuple[Override, ...] = (), wide: bool = False) -> None:
+    show = functools.partial(print_table, console, wide=wide)
     spec = _load(target, overrides)
     try:
         desc = _checked(functools.partial(api.describe, detail=detail), spec, target, overrides)
     except USER_ERRORS as err:
         hbm = err if isinstance(err, HBMPlanError) else err.__cause__
         if isinstance(hbm, HBMPlanError) and not as_json:  # the plan that does not fit first
-            _memory_table(console, f"HBM plan per device: DOES NOT FIT "
-                                   f"({hbm.capacity_bytes / 2**30:.2f} GiB per device)",
-                          hbm.memory_plan, hbm.capacity_bytes)
+            show(_memory_table(f"HBM plan per device: DOES NOT FIT "
+                               f"({hbm.capacity_bytes / 2**30:.2f} GiB per device)",
+                               hbm.memory_plan, hbm.capacity_bytes))
         raise
     plan = desc.plan
     if not isinstance(plan, TrainingPlan):  # a benchmark: its pod and arrays
@@ -307,10 +318,10 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
             click.echo(json.dumps({"pod": _pod_json(plan.topology), "memory": desc.memory},
                                   indent=2))
             return
-        _describe_pod(console, plan.topology)
-        _memory_table(console, f"HBM plan per TensorCore (benchmark {plan.benchmark.kind}, "
-                               f"N={plan.benchmark.n})", desc.memory,
-                      plan.topology.chip.core.hbm_bytes)
+        show(_pod_table(plan.topology))
+        show(_memory_table(f"HBM plan per TensorCore (benchmark {plan.benchmark.kind}, "
+                           f"N={plan.benchmark.n})", desc.memory,
+                           plan.topology.chip.core.hbm_bytes))
         return
     step = _step_record(desc)
     if as_json:
@@ -321,13 +332,13 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
                                "memory": desc.memory, "step": step, "layers": layers},
                               indent=2))
         return
-    _describe_pod(console, plan.topology)
+    show(_pod_table(plan.topology))
     for table in plan_model_tables(plan, detail=detail):
-        console.print(table)
+        show(table)
     axes = format_axes(plan.mesh.sizes)
-    _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
-                           f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                  desc.memory, device_hbm_bytes(plan.topology.chip))
+    show(_memory_table(f"HBM plan per device (pod.mesh {axes}; global batch "
+                       f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
+                       desc.memory, device_hbm_bytes(plan.topology.chip)))
     if step is not None:
         console.print(_step_line(step), highlight=False)
 
@@ -462,7 +473,8 @@ def _element_type(value: str, allowed: tuple[str, ...]) -> str:
     return name
 
 
-def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int) -> None:
+def _memory_table(title: str, memory: dict[str, int], cap: int) -> Any:
+    """The HBM plan of one device as a table."""
     table = titled_table(title)
     table.add_column("item")
     table.add_column("bytes", justify="right")
@@ -470,7 +482,7 @@ def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int
     for item, nbytes in memory.items():
         table.add_row(item, f"{nbytes:,}", f"{nbytes / 2**20:.3f}")
     table.add_row("capacity", f"{cap:,}", f"{cap / 2**20:.0f}")
-    console.print(table)
+    return table
 
 
 @cli.command(short_help="Cost of one GEMM on one TensorCore: cycles, time, TFLOP/s, MXU use.")
@@ -534,9 +546,10 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: st
 @click.option("--wraparound/--no-wraparound", default=None,
               help="Wraparound links on every axis [default: the chip generation's rules].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows.")
+@WIDE
 def collective(slice_name: str | None, chip: str | None, topology: str | None, op: str,
                algorithm: str | None, dtype: str, sizes: str, wraparound: bool | None,
-               as_json: bool) -> None:
+               as_json: bool, wide: bool) -> None:
     """Simulated collective benchmark over the ICI, read like nccl-tests; ends with its
     '# Avg bus bandwidth' line."""
     from pod.commands.collective_bench import (
@@ -570,7 +583,7 @@ def collective(slice_name: str | None, chip: str | None, topology: str | None, o
                       f"{row.count:,}", row.algorithm,
                       f"{row.simulated_seconds * 1e6:,.2f}", f"{row.algbw_bytes_per_s / 1e9:,.2f}",
                       f"{row.busbw_bytes_per_s / 1e9:,.2f}", f"{row.busiest_link_utilization:.0%}")
-    console.print(table)
+    print_table(console, table, drop=("busiest link", "count", "algbw (GB/s)"), wide=wide)
     for row in dict((r.requested_bytes, r) for r in rows if r.cut).values():
         console.print(f"* {format_size(row.requested_bytes)}: {row.cut}", highlight=False,
                       soft_wrap=True)
@@ -755,12 +768,13 @@ def _point_line(row: dict[str, Any], total: int) -> str:
               help="Where results.csv, layouts.png and best.yaml go [default: runs/<model>-plan].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan as one JSON document (every point) on stdout.")
+@WIDE
 def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int | None,
                  tokens_per_step: str | None, global_batch: str | None,
                  per_device_batch: str | None, seq_len: int | None,
                  num_slices: tuple[str, ...], remat: str | None,
                  mesh_axes: str | None, token_budget: str | None, top: int,
-                 output_dir: Path | None, as_json: bool) -> None:
+                 output_dir: Path | None, as_json: bool, wide: bool) -> None:
     """Which layout trains MODEL fastest? MODEL is a preset (llama2-7b, maxtext-2023-s1, ...),
     a scenario file, or MaxText's base.yml [model.yml]. Every mesh of each slice's devices,
     remat policy and batch is planned; what does not fit is dropped with the reason; the rest
@@ -788,7 +802,8 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
         return
     console.print(search_line(result), highlight=False, soft_wrap=True)
     if result.ranked:
-        console.print(plan_table(result, top))
+        print_table(console, plan_table(result, top), drop=PLAN_DROP, wrap=("mesh", "bound"),
+                    wide=wide)
     families = family_lines(result)
     if families:
         console.print("Best of each mesh family:", highlight=False)
@@ -801,6 +816,12 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
     if not result.ranked:
         raise ScenarioError(f"plan: no layout of {result.name} runs; the first point's reason: "
                             f"{result.rows[0]['reason']}")
+
+
+#: The plan table's columns a narrow terminal leaves out, the first first: the rank, the
+#: layout, the step, MFU and the rate (or the time to the budget) stay.
+PLAN_DROP = ("compute", "update", "bound", "dcn", "stage", "expert", "tensor", "fsdp", "data",
+             "HBM/dev", "slices", "batch", "slice")
 
 
 def _run_plan(console: Console, request, out_dir: Path):
@@ -819,7 +840,8 @@ def _run_plan(console: Console, request, out_dir: Path):
         return run_plan(request, output_dir=out_dir, on_point=advance)
 
 
-def _describe_pod(console: Console, pod) -> None:
+def _pod_table(pod) -> Any:
+    """A pod's figures per chip and for the pod, as a table."""
     chip = pod.chip
     core = chip.core
     published = ""
@@ -848,7 +870,7 @@ def _describe_pod(console: Console, pod) -> None:
                              f"{chip.chips_per_host} chips share "
                              f"{chip.chips_per_host * chip.dcn_bytes_per_s / 1e9:,.1f})",
                       f"{pod.slices} slices of {pod.torus.num_chips:,} chips")
-    console.print(table)
+    return table
 
 
 def main(argv: list[str] | None = None) -> None:

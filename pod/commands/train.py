@@ -41,6 +41,7 @@ from pod.report.console import (
     evaluation_text,
     hold,
     make_console,
+    print_table,
     progress_bar,
     progress_line,
     summary_table,
@@ -128,6 +129,7 @@ class Run:
         progress: "steps" (a progress line every ``log_every`` steps, the Keras-style
             epoch lines) or "line" (one line that each step replaces:
             ``pod.report.console.StatusLine``; a notebook's default in ``pod.run``).
+        wide: print every table whole, wider than the console if need be (``--wide``).
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
@@ -145,7 +147,7 @@ class Run:
                  trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
                  hold_seconds: float = 0.0, resume_dir: Path | None = None,
                  keep_history: bool = False, report: bool = False, backend: str = "ray",
-                 progress: str = "steps") -> None:
+                 progress: str = "steps", wide: bool = False) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
         if backend == "timing":
@@ -154,6 +156,7 @@ class Run:
             raise ValueError(f"progress {progress!r} is unknown; allowed: "
                              f"{', '.join(PROGRESS_MODES)}")
         self.progress = progress
+        self.wide = wide
         self.status: StatusLine | None = None
         self.plan = plan
         self.backend = backend
@@ -321,7 +324,7 @@ class Run:
             f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
             f"{plan.global_batch:,} = {split}")
         for table in plan_model_tables(plan):
-            self.console.print(table)
+            print_table(self.console, table, wide=self.wide)
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
@@ -561,7 +564,7 @@ class Run:
         metrics endpoint if asked."""
         plan = self.plan
         summary = self.summary(self.wall_seconds, completed=True)
-        self.console.print(summary_table(summary))
+        print_table(self.console, summary_table(summary), wide=self.wide)
         written = []
         if self.output_dir is not None:
             assert isinstance(self.rows, StepsCsv)  # an output directory gets steps.csv

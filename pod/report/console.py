@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,7 +24,7 @@ from rich.table import Table
 from pod.report.stats import StepStats, StepTotals
 
 __all__ = ["make_console", "PIPE_WIDTH", "titled_table", "progress_line", "epoch_line",
-           "algorithms_text",
+           "algorithms_text", "print_table", "natural_width",
            "accuracy_text", "evaluation_text",
            "progress_bar", "summary_table", "hold", "StatusLine", "PROGRESS_MODES"]
 
@@ -42,6 +43,62 @@ def make_console(file: IO[str] | None = None) -> Console:
     if not console.is_terminal:
         console = Console(file=file, width=PIPE_WIDTH)
     return console
+
+
+def natural_width(console: Console, renderable: Any) -> int:
+    """Columns a table (any renderable) takes with no cell wrapped or cut."""
+    return Measurement.get(console, console.options.update(width=10**6), renderable).maximum
+
+
+def print_table(console: Console, table: Any, *, drop: Sequence[str] = (),
+                wrap: Sequence[str] = (), wide: bool = False) -> list[str]:
+    """Print a table so that every cell reads whole.
+
+    Piped output (not a terminal) and ``wide`` (``--wide``) print every column at its
+    natural width, wider than the console if need be. On a terminal too narrow for
+    it, the columns named in ``drop`` (by header) go, in that order, until the rest
+    fits; the columns named in ``wrap`` may then wrap their words (a mesh over
+    lines) rather than be cut; a dim line says what was left out and that ``--wide``
+    shows it. A table of two forms (``model_summary.FitWidth``) picks its own.
+
+    Args:
+        console: where it goes.
+        table: a rich ``Table`` (its columns are removed in place) or a renderable.
+        drop: headers of the columns that may go, the first first.
+        wrap: headers of the columns whose words may wrap.
+        wide: print it whole whatever the width.
+
+    Returns:
+        The headers of the columns left out.
+    """
+    natural = natural_width(console, table)
+    if wide or not console.is_terminal:
+        width = console.width  # rich renders no wider than the console: widen it for this
+        console.width = max(width, natural)
+        try:
+            console.print(table, crop=False)
+        finally:
+            console.width = width
+        return []
+    left_out: list[str] = []
+    columns = getattr(table, "columns", [])
+    for header in drop:
+        if natural <= console.width:
+            break
+        index = next((i for i, c in enumerate(columns) if str(c.header) == header), None)
+        if index is not None:
+            del columns[index]
+            left_out.append(header)
+            natural = natural_width(console, table)
+    for column in columns:
+        if str(column.header) in wrap:
+            column.no_wrap = False
+            column.overflow = "fold"
+    console.print(table)
+    if left_out:
+        console.print(f"({', '.join(left_out)} left out to fit {console.width} columns; "
+                      "--wide shows every column)", style="dim", highlight=False)
+    return left_out
 
 
 def titled_table(title: str, **options: Any) -> Table:
