@@ -541,8 +541,8 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
         overrides: dotted keys set before the scenario is checked, as ``load``.
         fresh: run every point again, ignoring the points an earlier, stopped run of the
             same sweep finished in ``output_dir``.
-        quiet: no progress line (by default one line, replaced as each point finishes:
-            in place in a notebook, ``pod.report.console.StatusLine``).
+        quiet: no progress line (by default, on a terminal or in a notebook, one line
+            replaced as each point finishes: ``pod.report.console.StatusLine``).
         on_point: called with each finished row (reused ones included).
         on_resume: called with the number of rows reused from an earlier run and its
             journal.
@@ -562,7 +562,10 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     out = Path(output_dir) if output_dir is not None else Path("runs") / f"{spec.name}-sweep"
     total = len(sweep_points(spec))
     done = {"ok": 0, "failed": 0}
-    status = StatusLine(Console(quiet=True) if quiet else make_console())
+    console = make_console()
+    # a line replaced in place on a terminal or in a notebook; nothing in a log or a pipe
+    shown = not quiet and (console.is_terminal or console.is_jupyter)
+    status = StatusLine(console if shown else Console(quiet=True))
 
     def point(row: dict[str, Any]) -> None:
         done["ok" if row["status"] == "ok" else "failed"] += 1

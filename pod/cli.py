@@ -36,6 +36,7 @@ from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
 from pod.report.console import algorithms_text, make_console, print_table, titled_table
+from pod.report.describe import memory_table, pod_json, pod_table, step_line, step_record
 from pod.report.model_summary import layer_costs, plan_model_tables
 
 __all__ = ["cli", "main"]
@@ -294,9 +295,9 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
                             f"preset; {hint}chips: {', '.join(PRESETS)}; slices: e.g. v5p-128; "
                             f"presets: {', '.join(preset_names())}")
     if as_json:
-        click.echo(json.dumps(_pod_json(pod), indent=2))
+        click.echo(json.dumps(pod_json(pod), indent=2))
         return
-    print_table(console, _pod_table(pod), wide=wide)
+    print_table(console, pod_table(pod), wide=wide)
 
 
 def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False,
@@ -308,95 +309,39 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     except USER_ERRORS as err:
         hbm = err if isinstance(err, HBMPlanError) else err.__cause__
         if isinstance(hbm, HBMPlanError) and not as_json:  # the plan that does not fit first
-            show(_memory_table(f"HBM plan per device: DOES NOT FIT "
+            show(memory_table(f"HBM plan per device: DOES NOT FIT "
                                f"({hbm.capacity_bytes / 2**30:.2f} GiB per device)",
                                hbm.memory_plan, hbm.capacity_bytes))
         raise
     plan = desc.plan
     if not isinstance(plan, TrainingPlan):  # a benchmark: its pod and arrays
         if as_json:
-            click.echo(json.dumps({"pod": _pod_json(plan.topology), "memory": desc.memory},
+            click.echo(json.dumps({"pod": pod_json(plan.topology), "memory": desc.memory},
                                   indent=2))
             return
-        show(_pod_table(plan.topology))
-        show(_memory_table(f"HBM plan per TensorCore (benchmark {plan.benchmark.kind}, "
+        show(pod_table(plan.topology))
+        show(memory_table(f"HBM plan per TensorCore (benchmark {plan.benchmark.kind}, "
                            f"N={plan.benchmark.n})", desc.memory,
                            plan.topology.chip.core.hbm_bytes))
         return
-    step = _step_record(desc)
+    step = step_record(desc.step, desc.bounds)
     if as_json:
         core = device_chip_spec(plan.topology.chip).core
         layers = layer_costs(plan.model, core, plan.per_device_batch,
                              mxu_model=plan.scenario.pod.mxu_model, detail=detail)
-        click.echo(json.dumps({"pod": _pod_json(plan.topology), **api.plan_facts(plan),
+        click.echo(json.dumps({"pod": pod_json(plan.topology), **api.plan_facts(plan),
                                "memory": desc.memory, "step": step, "layers": layers},
                               indent=2))
         return
-    show(_pod_table(plan.topology))
+    show(pod_table(plan.topology))
     for table in plan_model_tables(plan, detail=detail):
         show(table)
     axes = format_axes(plan.mesh.sizes)
-    show(_memory_table(f"HBM plan per device (pod.mesh {axes}; global batch "
+    show(memory_table(f"HBM plan per device (pod.mesh {axes}; global batch "
                        f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
                        desc.memory, device_hbm_bytes(plan.topology.chip)))
     if step is not None:
-        console.print(_step_line(step), highlight=False)
-
-
-def _step_record(desc: api.Description) -> dict[str, Any] | None:
-    """``describe --json``'s ``step``: the timing-only step's simulated figures (its
-    ``StepStats`` properties) and what bounds it; None when none ran."""
-    stats, bounds = desc.step, desc.bounds
-    if stats is None or bounds is None:
-        return None
-    return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
-            "exposed_collective_seconds": stats.exposed_collective_seconds,
-            "exposed_by_axis": dict(stats.axis_exposed_seconds),
-            "collective_by_axis": dict(stats.axis_collective_seconds),
-            "dcn_by_axis": dict(stats.axis_dcn_seconds),
-            "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
-            "exposed_host_offload_seconds": stats.exposed_host_offload_seconds,
-            "exposed_infeed_seconds": stats.exposed_infeed_seconds,
-            "dispatch_seconds": stats.dispatch_seconds,
-            "update_seconds": stats.update_seconds, "mfu": stats.mfu, "hfu": stats.hfu,
-            "simulated_examples_per_second": stats.examples_per_second,
-            "simulated_tokens_per_second": stats.tokens_per_second,
-            "bound": bounds.label, "bound_fraction": bounds.fraction}
-
-
-def _step_line(step: dict[str, Any]) -> str:
-    """The timing-only step as a sum of its critical path's parts (every nonzero one)."""
-    axes = ", ".join(f"{a} {s * 1e3:.3f} ms" for a, s in step["exposed_by_axis"].items() if s)
-    parts = [("compute", step["compute_seconds"], ""),
-             ("exposed collectives", step["exposed_collective_seconds"],
-              f" ({axes})" if axes else ""),
-             ("exposed host offload", step["exposed_host_offload_seconds"], ""),
-             ("pipeline bubble", step["pipeline_bubble_seconds"], ""),
-             ("exposed infeed", step["exposed_infeed_seconds"], ""),
-             ("dispatch", step["dispatch_seconds"], ""), ("update", step["update_seconds"], "")]
-    total = " + ".join(f"{name} {s * 1e3:.3f}{note}" for name, s, note in parts
-                       if s or name in ("compute", "exposed collectives", "update"))
-    rate = (f"{step['simulated_tokens_per_second']:,.0f} tokens/s"
-            if step["simulated_tokens_per_second"] else
-            f"{step['simulated_examples_per_second']:,.0f} examples/s")
-    dcn = "".join(f"; DCN: {s * 1e3:.3f} ms of the {a} axis's "
-                  f"{step['collective_by_axis'].get(a, 0.0) * 1e3:.3f} ms of collectives"
-                  for a, s in step.get("dcn_by_axis", {}).items())
-    return (f"step (simulated, timing-only): {step['simulated_step_seconds'] * 1e3:.3f} ms = "
-            f"{total}; {rate}, MFU {step['mfu']:.1%}; bound "
-            f"{step['bound']} {step['bound_fraction']:.0%}{dcn}")
-
-
-def _pod_json(pod) -> dict[str, Any]:
-    chip = pod.chip
-    return {"name": pod.name, "generation": chip.name, "chips": pod.chips,
-            "tensorcores": pod.tensorcores, "topology": pod.torus.name,
-            "wraparound": list(pod.torus.wraparound),
-            "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s, "hbm_bytes": pod.hbm_bytes,
-            "hbm_bandwidth_bytes_per_s_per_chip": chip.hbm_bandwidth_bytes_per_s,
-            "ici_links_per_chip": chip.ici_links,
-            "ici_link_bandwidth_bytes_per_s": chip.ici_link_bandwidth_bytes_per_s,
-            "slices": pod.slices, "dcn_bytes_per_s_per_chip": chip.dcn_bytes_per_s}
+        console.print(step_line(step), highlight=False)
 
 
 @cli.command(short_help="Sample text from a char_lstm or transformer checkpoint.")
@@ -471,18 +416,6 @@ def _element_type(value: str, allowed: tuple[str, ...]) -> str:
     if name not in allowed:
         raise click.BadParameter(f"{value!r} is not one of {', '.join(allowed)}")
     return name
-
-
-def _memory_table(title: str, memory: dict[str, int], cap: int) -> Any:
-    """The HBM plan of one device as a table."""
-    table = titled_table(title)
-    table.add_column("item")
-    table.add_column("bytes", justify="right")
-    table.add_column("MiB", justify="right")
-    for item, nbytes in memory.items():
-        table.add_row(item, f"{nbytes:,}", f"{nbytes / 2**20:.3f}")
-    table.add_row("capacity", f"{cap:,}", f"{cap / 2**20:.0f}")
-    return table
 
 
 @cli.command(short_help="Cost of one GEMM on one TensorCore: cycles, time, TFLOP/s, MXU use.")
@@ -680,7 +613,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from pod.commands.sweep import json_row, sweep_kind, sweep_points
+    from pod.commands.sweep import json_row, point_line, sweep_kind, sweep_points
 
     spec = _load(scenario, as_overrides(overrides))
     if spec.sweep is None:
@@ -696,7 +629,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
 
         def report(row: dict) -> None:
             progress.advance(task)
-            progress.console.print(_point_line(row, total), highlight=False, soft_wrap=True)
+            progress.console.print(point_line(row, total), highlight=False, soft_wrap=True)
 
         def resumed(done: int, journal: Path) -> None:
             progress.console.print(f"Resuming: {done} of {total} points already done "
@@ -714,30 +647,6 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
         click.echo(json.dumps([json_row(r) for r in rows], indent=2, default=str))
     if rows and failed == len(rows):
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
-
-
-def _point_line(row: dict[str, Any], total: int) -> str:
-    """A sweep point's line: where it ran, its collectives' algorithms, its simulated step,
-    rate (tokens/s for a language model), MFU, MaxText's TFLOP/s per device (its formula
-    said) and, for a sharded layout, the layout and its HBM per device."""
-    from pod.commands.sweep import is_missing, ms_text
-
-    if row["status"] != "ok":
-        return f"point {row['point']}/{total}: failed: {row['error']}"
-    tokens = not is_missing(row.get("simulated_tokens_per_second"))
-    rate = (f"{row['simulated_tokens_per_second']:,.0f} tokens/s" if tokens else
-            f"{row['simulated_examples_per_second']:,.0f} examples/s")
-    tflops = ("" if is_missing(row.get("maxtext_tflops_per_device")) else
-              f", {row['maxtext_tflops_per_device']:,.1f} TFLOP/s/device (MaxText, attention "
-              "not halved)")
-    line = (f"point {row['point']}/{total}: {row['slice'] or row['generation']} "
-            f"{row['chips']:,} chips {row['topology']} {row['collective_algorithms'] or '-'} "
-            f"batch {row['global_batch']:,}: sim {ms_text(row['simulated_step_seconds'])} "
-            f"ms/step, {rate}, MFU {row['mfu']:.2%}{tflops}")
-    if not is_missing(row.get("per_device_batch")):  # a sharded layout
-        line += (f"; {row['mesh']} remat {row['remat'] or 'none'} {row['per_device_batch']}/device"
-                 f", HBM {row['hbm_per_device_bytes'] / 2**30:,.2f} GiB/device")
-    return f"{line} (wall {row['wall_seconds']:.2f} s)"
 
 
 @cli.command("plan", short_help="Which layout? Search meshes, remat and batches of a model.")
@@ -838,39 +747,6 @@ def _run_plan(console: Console, request, out_dir: Path):
             progress.update(task, total=total, advance=1)
 
         return run_plan(request, output_dir=out_dir, on_point=advance)
-
-
-def _pod_table(pod) -> Any:
-    """A pod's figures per chip and for the pod, as a table."""
-    chip = pod.chip
-    core = chip.core
-    published = ""
-    if chip.published_peak_bf16_flops_per_s:
-        published = (f" (Google: {pod.chips * chip.published_peak_bf16_flops_per_s / 1e12:,.0f}"
-                     f" TFLOP/s)")
-    table = titled_table(f"{pod.name}: {pod.chips:,} chips, {pod.tensorcores} TensorCores, "
-                        f"{pod.peak_bf16_flops_per_s / 1e12:,.0f} TFLOP/s bf16{published}, "
-                        f"{pod.hbm_bytes / 2**30:,.0f} GiB HBM")
-    table.add_column("figure")
-    table.add_column("per chip", justify="right")
-    table.add_column("pod", justify="right")
-    table.add_row("TensorCores", f"{chip.tensorcores}", f"{pod.tensorcores}")
-    table.add_row("MXUs per core", f"{core.mxus_per_core} x {core.mxu.rows}x{core.mxu.cols}", "")
-    table.add_row("clock", f"{core.clock_hz / 1e6:,.0f} MHz", "")
-    table.add_row("peak bf16", f"{chip.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s",
-                  f"{pod.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s")
-    table.add_row("HBM", f"{chip.hbm_bytes / 2**30:,.1f} GiB", f"{pod.hbm_bytes / 2**30:,.1f} GiB")
-    table.add_row("HBM bandwidth", f"{chip.hbm_bandwidth_bytes_per_s / 1e9:,.0f} GB/s", "")
-    table.add_row("ICI", f"{chip.ici_links} links x "
-                         f"{chip.ici_link_bandwidth_bytes_per_s / 1e9:,.0f} GB/s one way",
-                         f"{pod.torus.name} (wraparound "
-                         f"{'/'.join('y' if w else 'n' for w in pod.torus.wraparound)})")
-    if pod.slices > 1:  # multislice: the data-centre network between the slices
-        table.add_row("DCN", f"{chip.dcn_bytes_per_s / 1e9:,.2f} GB/s one way (a host's "
-                             f"{chip.chips_per_host} chips share "
-                             f"{chip.chips_per_host * chip.dcn_bytes_per_s / 1e9:,.1f})",
-                      f"{pod.slices} slices of {pod.torus.num_chips:,} chips")
-    return table
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,7 +60,8 @@ from pod.report.stats import AXIS_ORDER, MAXTEXT_FORMULAS, StepStats, mean_step
 from pod.safe_io import lock_directories
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
-           "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts", "ms_text"]
+           "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts", "ms_text",
+           "point_line"]
 
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
@@ -574,6 +575,29 @@ def ms_text(seconds: Any) -> str:
     ms = float(seconds) * 1e3
     return (f"{ms:,.0f}" if ms >= 1000 else f"{ms:.1f}" if ms >= 100 else f"{ms:.2f}"
             if ms >= 1 else f"{ms:.4f}")
+
+
+def point_line(row: dict[str, Any], total: int) -> str:
+    """A sweep point's progress line (``tpu-pod sweep``): where it ran, its collectives'
+    algorithms, its simulated step, rate (tokens/s for a language model), MFU, MaxText's
+    TFLOP/s per device (its formula said) and, for a sharded layout, the layout and its
+    HBM per device."""
+    if row["status"] != "ok":
+        return f"point {row['point']}/{total}: failed: {row['error']}"
+    tokens = not is_missing(row.get("simulated_tokens_per_second"))
+    rate = (f"{row['simulated_tokens_per_second']:,.0f} tokens/s" if tokens else
+            f"{row['simulated_examples_per_second']:,.0f} examples/s")
+    tflops = ("" if is_missing(row.get("maxtext_tflops_per_device")) else
+              f", {row['maxtext_tflops_per_device']:,.1f} TFLOP/s/device (MaxText, attention "
+              "not halved)")
+    line = (f"point {row['point']}/{total}: {row['slice'] or row['generation']} "
+            f"{row['chips']:,} chips {row['topology']} {row['collective_algorithms'] or '-'} "
+            f"batch {row['global_batch']:,}: sim {ms_text(row['simulated_step_seconds'])} "
+            f"ms/step, {rate}, MFU {row['mfu']:.2%}{tflops}")
+    if not is_missing(row.get("per_device_batch")):  # a sharded layout
+        line += (f"; {row['mesh']} remat {row['remat'] or 'none'} {row['per_device_batch']}/device"
+                 f", HBM {row['hbm_per_device_bytes'] / 2**30:,.2f} GiB/device")
+    return f"{line} (wall {row['wall_seconds']:.2f} s)"
 
 
 def _rate_column(rows: list[dict[str, Any]]) -> tuple[str, str]:

@@ -6,6 +6,7 @@ command's option names (``slice=``, ``per_device_batch=``), the earlier ones war
 from __future__ import annotations
 
 import io
+import sys
 import warnings
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from rich.console import Console
 
 import pod
+import pod.api
 from pod.api import Rows
 from pod.commands.train import Run
 from pod.config.plan import TrainingPlan
@@ -57,6 +59,8 @@ def test_sweep_rows_are_one_line_and_a_table_and_show_progress(tmp_path, capsys,
     from tests.pod.commands.test_sweep_rows import sweep_scenario
 
     monkeypatch.setattr(pod.commands.sweep, "plot", lambda *a: [])  # rows, not plots, here
+    monkeypatch.setattr(pod.api, "make_console",  # a terminal (a pipe shows no progress)
+                        lambda: Console(file=sys.stdout, force_terminal=True, width=100))
 
     scenario = sweep_scenario().with_overrides(sweep__remat=["none"], sweep__per_device_batch=[1])
     rows = pod.sweep(scenario, output_dir=tmp_path)

@@ -126,10 +126,10 @@ def test_a_language_models_layout_sweep_says_tokens_and_its_columns_mean_somethi
 
 
 def test_a_sweep_points_line_says_tokens_and_which_tflops(tmp_path, monkeypatch):
-    from pod.cli import _point_line
+    from pod.commands.sweep import point_line
 
     rows = _layout_sweep(tmp_path, monkeypatch)
-    line = _point_line(rows[0], 2)
+    line = point_line(rows[0], 2)
     assert f"{rows[0]['simulated_tokens_per_second']:,.0f} tokens/s" in line
     assert "examples/s" not in line and "TFLOP/s/device (MaxText, attention not halved)" in line
     assert line.startswith("point 1/2: v5p-16 8 chips") and "HBM" in line
