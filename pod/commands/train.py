@@ -431,7 +431,7 @@ class Run:
                 ``training.continue_on_nonfinite_loss``); the step is not recorded,
                 so the last checkpoint and steps.csv hold only finite steps.
         """
-        if not math.isfinite(stats.loss) and self.pod.computes and \
+        if not math.isfinite(stats.loss) and getattr(self.pod, "computes", True) and \
                 not self.plan.training.continue_on_nonfinite_loss:
             raise NonFiniteLossError(
                 f"training: the loss of step {stats.step + 1} is {stats.loss}; stopping (the "
