@@ -336,8 +336,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     show(pod_table(plan.topology))
     for table in plan_model_tables(plan, detail=detail):
         show(table)
-    axes = format_axes(plan.mesh.sizes)
-    show(memory_table(f"HBM plan per device (pod.mesh {axes}; global batch "
+    show(memory_table(f"HBM plan per device (pod.mesh {plan.mesh.label}; global batch "
                        f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
                        desc.memory, device_hbm_bytes(plan.topology.chip)))
     if step is not None:

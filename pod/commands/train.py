@@ -315,7 +315,7 @@ class Run:
         data_label = f"{plan.dataset.name}{' (synthetic)' if plan.dataset.synthetic else ''}"
         mesh = plan.mesh
         split = (f"{plan.per_device_batch:,} per device; {plan.steps:,} steps; mesh "
-                 f"{format_axes(mesh.sizes)} ({mesh.size} devices)"
+                 f"{mesh.label} ({mesh.size} devices)"
                  + (f"; {named}" if (named := algorithms_text(
                      plan.collective_costs.algorithms())) else ""))
         self.console.print(
