@@ -529,7 +529,8 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
           output_dir: str | Path | None = None, mode: str | None = None,
           overrides: Overrides = None, fresh: bool = False, quiet: bool = False,
           on_point: Callable[[dict[str, Any]], None] | None = None,
-          on_resume: Callable[[int, Path], None] | None = None) -> Rows:
+          on_resume: Callable[[int, Path], None] | None = None,
+          warn: Callable[[str], None] | None = None) -> Rows:
     """Run a sweep scenario (``sweep:`` block) and return its rows (results.csv's rows), as
     ``tpu-pod sweep`` does.
 
@@ -546,6 +547,8 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
         on_point: called with each finished row (reused ones included).
         on_resume: called with the number of rows reused from an earlier run and its
             journal.
+        warn: called with one line per damaged row of an earlier run's journal (that
+            point runs again).
 
     Returns:
         The rows (``Rows``: a list of dicts, keys ``pod.commands.sweep.COLUMNS``).
@@ -575,7 +578,8 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
             on_point(row)
 
     with status:
-        rows = run_sweep(spec, out, mode=mode, on_point=point, fresh=fresh, on_resume=on_resume)
+        rows = run_sweep(spec, out, mode=mode, on_point=point, fresh=fresh, on_resume=on_resume,
+                         warn=warn)
     return Rows(rows, f"sweep {spec.name}", SWEEP_COLUMNS)
 
 
