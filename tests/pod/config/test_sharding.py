@@ -397,8 +397,11 @@ def test_a_plan_allreduces_a_data_axis_over_the_pod_with_its_chosen_algorithm():
 
     ring = plan(allreduce="ring")
     assert ring.ici.algorithm == ring.collective_costs.torus_algorithm == "ring"
-    assert ring.ici.cost is not None
+    assert ring.collective_costs.algorithms() == {"data": "ring"}
     auto = plan()
     assert auto.collective_costs.torus_algorithm == auto.ici.algorithm
     sharded = plan({"data": 2, "fsdp": 2, "tensor": 2})
-    assert sharded.collective_costs.torus_algorithm is None and sharded.ici.costs == ()
+    assert sharded.collective_costs.torus_algorithm is None and not sharded.ici.whole_pod
+    # the group collectives as XLA runs them: over every torus axis of the group's block
+    assert sharded.collective_costs.algorithms() == {"data": "torus", "fsdp": "torus",
+                                                     "tensor": "torus"}
