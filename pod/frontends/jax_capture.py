@@ -159,6 +159,26 @@ def _check_mesh(mesh_axes: Mapping[str, int], devices: int, slice_label: str) ->
                            f"give axis sizes whose product is {devices}")
 
 
+def _topology_options(topo: str, slices: int) -> dict[str, Any]:
+    """libtpu's options for a topology: the slices; a host's chips clipped to a slice
+    smaller than one host (``v5e:1x1``); v4 as megacore devices (one per chip, as
+    MaxText compiles it: ``chip_config_name="megacore"``)."""
+    from pod.hlo.groups import HOST_BOUNDS
+
+    chip, _, shape_text = topo.partition(":")
+    shape = tuple(int(s) for s in shape_text.split("x"))
+    options: dict[str, Any] = {}
+    if slices > 1:
+        options["num_slices"] = slices
+    padded = shape + (1,) * (3 - len(shape))
+    if any(s % b for s, b in zip(padded, HOST_BOUNDS, strict=True)):
+        options["chips_per_host_bounds"] = tuple(min(s, b) for s, b in
+                                                 zip(padded, HOST_BOUNDS, strict=True))
+    if chip == "v4":
+        options["chip_config_name"] = "megacore"
+    return options
+
+
 def _devices(jax: Any, path: str, topo: str, slices: int, devices: int) -> tuple[list, str]:
     """The devices to compile for, and what libtpu printed getting them."""
     if path == "cpu":
@@ -173,8 +193,8 @@ def _devices(jax: Any, path: str, topo: str, slices: int, devices: int) -> tuple
 
     with _quiet_stderr() as printed:
         try:
-            kwargs = {"num_slices": slices} if slices > 1 else {}
-            desc = topologies.get_topology_desc(topology_name=topo, platform="tpu", **kwargs)
+            desc = topologies.get_topology_desc(topology_name=topo, platform="tpu",
+                                                **_topology_options(topo, slices))
         except Exception as err:  # libtpu's errors are RuntimeErrors of many kinds
             raise CaptureError(f"libtpu could not describe topology {topo!r}: "
                                f"{str(err).splitlines()[0][:200]}") from None

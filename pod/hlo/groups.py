@@ -58,6 +58,10 @@ __all__ = ["Groups", "parse_replica_groups", "parse_pairs", "Placement", "Collec
 
 Groups = tuple[tuple[int, ...], ...]
 
+#: Chips of one TPU host along the torus axes (libtpu's default ``chips_per_host_bounds``
+#: "2x2x1" for v4, v5e, v5p, v6e), clipped to a smaller slice.
+HOST_BOUNDS = (2, 2, 1)
+
 _IOTA = re.compile(r"^\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?$")
 _MESH = re.compile(r"^mesh\[(.*)\]\s*(\{.*\})?$")
 
@@ -187,14 +191,22 @@ class Placement:
 
     def tpu_order(self, device: int) -> int:
         """The physical device of the ``device``-th TPU device in the order libtpu lists a
-        slice's devices (``jax.devices()``, a compile topology's ``devices``): slice
-        after slice, the first torus coordinate (x) fastest, the TensorCores of a chip
-        together. A mesh reshaped from that order (``Mesh(np.array(devices).reshape(
-        ...))``) puts every mesh axis on a block of the torus."""
+        slice's devices (``jax.devices()``, a compile topology's ``devices``): slice after
+        slice, host after host (a host holds a block of :data:`HOST_BOUNDS` chips; hosts
+        in order of their position, x fastest), within a host x fastest, the TensorCores
+        of a chip together. A mesh reshaped from that order (``Mesh(np.array(devices)
+        .reshape(...))``) puts every mesh axis on a block of the torus."""
         slice_index, local = divmod(device, self.slice_devices)
         chip, core = divmod(local, self.devices_per_chip)
-        coords = np.unravel_index(chip, self.torus.shape[::-1])[::-1]
-        rank = int(np.ravel_multi_index(tuple(int(c) for c in coords), self.torus.shape))
+        shape = self.torus.shape
+        bounds = tuple(min(b, s) for b, s in zip(HOST_BOUNDS, shape, strict=False))
+        bounds += (1,) * (len(shape) - len(bounds))
+        hosts = tuple(s // b for s, b in zip(shape, bounds, strict=True))
+        host, within = divmod(chip, math.prod(bounds))
+        at = np.unravel_index(host, hosts[::-1])[::-1]
+        offset = np.unravel_index(within, bounds[::-1])[::-1]
+        coords = tuple(int(a) * b + int(o) for a, b, o in zip(at, bounds, offset, strict=True))
+        rank = int(np.ravel_multi_index(coords, shape))
         return slice_index * self.slice_devices + rank * self.devices_per_chip + core
 
 

@@ -25,9 +25,10 @@ __all__ = ["peak_bytes"]
 
 #: Ops whose result is (part of) an operand's buffer, not a new one.
 _ALIASES = frozenset({"bitcast", "get-tuple-element", "tuple", "while", "copy-done",
-                      "slice-done", "async-done", "async-update", "all-gather-done",
-                      "all-reduce-done", "collective-permute-done", "opt-barrier",
-                      "add-dependency", "reshape", "dynamic-update-slice"})
+                      "slice-done", "dynamic-slice-done", "dynamic-update-slice-done",
+                      "async-done", "async-update", "all-gather-done", "all-reduce-done",
+                      "collective-permute-done", "opt-barrier", "add-dependency", "reshape",
+                      "dynamic-update-slice"})
 
 
 def _defined_bytes(instr: HloInstruction) -> int:

@@ -14,8 +14,8 @@ order the TPU runs them. :func:`flatten` walks it and turns it into events:
   collective's continuation and are costed for their compute only) is its own
   window; a synchronous collective starts and is done at once; the asynchronous
   copies of a TPU (``copy-start`` / ``copy-done``, ``slice-start`` /
-  ``slice-done``: DMAs between HBM, VMEM and host memory) are windows too, on a
-  DMA lane, except a cross-program prefetch (``cross_program_prefetch_index``:
+  ``slice-done``, ``dynamic-slice-start`` / ``-done``: DMAs between HBM, VMEM and
+  host memory) are windows too, on a DMA lane, except a cross-program prefetch (``cross_program_prefetch_index``:
   XLA copies it while the step before runs), which costs nothing.
 
 ``while`` loops are unrolled: the body's events repeated by the trip count
@@ -115,6 +115,10 @@ class Program:
     events: list[OpEvent | StartEvent | DoneEvent] = field(default_factory=list)
     trip_counts: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+#: The TPU's asynchronous copies: DMAs between HBM, VMEM and host memory.
+_DMA_STARTS = ("copy-start", "slice-start", "dynamic-slice-start", "dynamic-update-slice-start")
 
 
 def _const(comp: HloComputation, name: str) -> int | None:
@@ -401,7 +405,7 @@ class _Walker:
         op = instr.opcode
         if op in FREE or self._control(comp, instr):
             return
-        if op in ("copy-start", "slice-start"):
+        if op in _DMA_STARTS:
             if "cross_program_prefetch_index" in instr.attrs:
                 open_by_name[instr.name] = -1  # prefetched during the step before: free
                 return
@@ -511,8 +515,8 @@ def _dma(comp: HloComputation, instr: HloInstruction) -> CollectiveInfo:
     leaves = instr.shape.leaves
     if instr.opcode == "copy-start" and len(leaves) >= 2:
         dest, src = leaves[0], leaves[1]
-    elif len(leaves) >= 2:
-        src, dest = leaves[0], leaves[1]
+    elif len(leaves) > len(instr.operands):  # ((operands...), destination, context)
+        src, dest = leaves[0], leaves[len(instr.operands)]
     else:
         source = comp.by_name.get(instr.operands[0]) if instr.operands else None
         src = source.shape.array if source is not None else instr.shape.array

@@ -88,11 +88,16 @@ def test_blocks_of_the_torus():
     assert group_block(cube, list(range(64)))[0] == cube
 
 
-def test_tpu_device_order_is_x_fastest():
+def test_tpu_device_order_is_libtpus():
     """libtpu lists a v5e 2x4's devices (x, y) = (0,0), (1,0), (0,1), ...: device i is at
     x = i % 2, y = i // 2, torus rank x * 4 + y."""
     place = Placement(Torus((2, 4), (False, False)))
     assert [place.physical(i) for i in range(8)] == [(i % 2) * 4 + i // 2 for i in range(8)]
+    # a bigger slice host by host (2 x 2 chips each, hosts x fastest), as libtpu lists it
+    big = Placement(Torus((16, 16), (True, True)))
+    coords = [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (3, 0), (2, 1), (3, 1)]
+    assert [big.physical(i) for i in range(8)] == [x * 16 + y for x, y in coords]
+    assert big.physical(4 * 8) == 0 * 16 + 2                 # the 9th host starts at (0, 2)
     two = Placement(Torus((2, 2), (False, False)), slices=2)
     assert [two.physical(i) for i in range(8)] == [0, 2, 1, 3, 4, 6, 5, 7]
     with pytest.raises(HloError, match="not among the 8 devices"):
