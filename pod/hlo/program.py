@@ -15,8 +15,9 @@ order the TPU runs them. :func:`flatten` walks it and turns it into events:
   window; a synchronous collective starts and is done at once; the asynchronous
   copies of a TPU (``copy-start`` / ``copy-done``, ``slice-start`` /
   ``slice-done``, ``dynamic-slice-start`` / ``-done``: DMAs between HBM, VMEM and
-  host memory) are windows too, on a DMA lane, except a cross-program prefetch (``cross_program_prefetch_index``:
-  XLA copies it while the step before runs), which costs nothing.
+  host memory) are windows too, on a DMA lane, except a cross-program prefetch
+  (``cross_program_prefetch_index``: XLA copies it while the step before runs),
+  which costs nothing.
 
 ``while`` loops are unrolled: the body's events repeated by the trip count
 (XLA's ``known_trip_count``, else read off a counted loop: an induction
