@@ -241,6 +241,194 @@ def print_single_op(results: list[OpResult], markdown: bool) -> None:
     print(f"\nlargest difference {worst.id} {worst.diff_pct:+.2f}% over {len(results)} rows")
 
 
+# ------------------------------------------------------------------------- (b) training
+
+
+#: Op categories of the per-op diff: (name, HLO op_name / source pattern, built-in record
+#: name pattern); the first that matches takes an op.
+CATEGORIES = (
+    ("flash attention kernels", r"flash|splash", r"attention/flash"),
+    ("MLP matmuls", r"bte,ef->btf|btf,fe->bte|btf,ef->bte", r"^mlp/"),
+    ("attention projections", r"bte,e[nk]d->bt[nk]d|bt[nk]d,[nk]de->bte",
+     r"attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
+     r"|d_value|dx_value|qkv)"),
+    ("logits, embedding, loss", r"btv|,ve->|ve,|logits|embed|xent|cross_entropy",
+     r"unembed|embed/|xent"),
+    ("optimizer", r"scale_by_adam|clip_by_global|tree_|schedule|safe_increment|apply_updates"
+     r"|optax|^ ", r"adamw|grad_mean"),
+    ("other (norms, rotary, element-wise, copies)", r".", r"."),
+)
+
+
+def _category(text: str, which: int) -> str:
+    import re
+
+    for row in CATEGORIES:
+        if re.search(row[which], text):
+            return row[0]
+    return CATEGORIES[-1][0]
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """A training row on both paths (simulated seconds per step)."""
+
+    id: str
+    published_s: float
+    builtin_s: float
+    hlo_s: float
+    hlo_compute_s: float
+    hlo_exposed: dict
+    builtin_compute_s: float
+    builtin_exposed: dict
+    categories: dict
+    hlo_memory_gib: float
+    xla_memory_gib: float | None
+    builtin_memory_gib: float
+
+
+def _builtin(scenario: str) -> tuple[Any, Any, dict[str, float]]:
+    """The built-in path's plan, step and seconds per op category (timing-only)."""
+    from collections import defaultdict
+
+    from pod.config.plan import build_plan
+    from pod.config.scenario import load_scenario
+    from pod.programs import AXES
+    from pod.programs.collectives import ShapeCollectives
+    from pod.runtime.timing import TimingPod
+
+    plan = build_plan(load_scenario(os.path.join(ROOT, scenario)), timing_only=True)
+    pod = TimingPod(plan)
+    stats = pod.step(1)
+    device, groups = pod.device, pod.device.groups
+    x, y = pod._examples(1)
+    comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
+                            {a: groups.ring_index(a) for a in AXES})
+    report = device.step(comm, x, y, 1, plan.training.seed, trace=True)
+    cats: dict[str, float] = defaultdict(float)
+    for name, _unit, seconds, *_ in report.trace:
+        cats[_category("/".join(p for p in name.split("/") if not p.startswith("block")), 2)] \
+            += seconds
+    return plan, stats, dict(cats)
+
+
+def _oracle_devices(result: dict) -> tuple[int, ...]:
+    """The physical device of each of the oracle module's device ids: its mesh laid out by
+    ``mesh_utils.create_device_mesh`` on the compile topology (tools/xla_oracle/step.py),
+    read off the devices' coordinates; () without libtpu (the TPU's device order)."""
+    from pod.frontends import tpu_compile_available
+
+    if not tpu_compile_available() or result["slices"] != 1:
+        return ()
+    from pod.frontends.jax_capture import _jax, _quiet_stderr, _topology_options
+
+    jax = _jax("tpu", result["devices"])
+    import numpy as np
+    from jax.experimental import mesh_utils, topologies
+
+    topo = result["topology"]["name"]
+    shape = tuple(result["topology"]["shape"])
+    with _quiet_stderr():
+        devices = topologies.get_topology_desc(topology_name=topo, platform="tpu",
+                                               **_topology_options(topo, 1)).devices
+    axes = _oracle_axes(result)
+    try:
+        grid = mesh_utils.create_device_mesh(tuple(axes.values()), devices)
+    except (NotImplementedError, ValueError):
+        grid = mesh_utils.create_device_mesh(tuple(axes.values()), devices,
+                                             allow_split_physical_axes=True)
+    del jax
+    return tuple(int(np.ravel_multi_index(tuple(d.coords)[:len(shape)], shape))
+                 for d in grid.flat)
+
+
+def _oracle_axes(result: dict) -> dict[str, int]:
+    """The oracle's mesh axes in MaxText's order for its era, sizes from the row's mesh."""
+    order = {"2023": ("data", "fsdp", "sequence", "tensor"),
+             "2025": ("data", "stage", "fsdp", "fsdp_transpose", "sequence", "context",
+                      "context_autoregressive", "tensor", "tensor_transpose", "tensor_sequence",
+                      "expert", "autoregressive")}[result["model"].get("era", "2025")]
+    ici = result["mesh"]["ici"]
+    return {axis: int(ici.get(axis, 1)) for axis in order}
+
+
+def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
+    import fidelity
+
+    import pod.jax
+
+    out = []
+    for rid in ids:
+        meta_path = os.path.join(hlo_dir, "..", "results", f"{rid}.json")
+        hlo_path = os.path.join(hlo_dir, f"{rid}.hlo.txt.gz")
+        if not os.path.exists(hlo_path):
+            print(f"{rid}: no HLO at {hlo_path}; skipped", file=sys.stderr)
+            continue
+        with open(meta_path) as f:
+            result = json.load(f)
+        row = next(r for r in fidelity.TRAINING_ROWS if r.id == rid)
+        plan, stats, builtin_cats = _builtin(row.scenario)
+        published = fidelity.training_flops(plan, row.formula) / (row.published_tflops * 1e12)
+        est = pod.jax.cost_hlo(hlo_path, slice=result["slice"], num_slices=result["slices"],
+                               mesh=_oracle_axes(result), devices=_oracle_devices(result))
+        step = est.step
+        from collections import defaultdict
+
+        cats: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for name, seconds in builtin_cats.items():
+            cats[name][0] += seconds
+        for op in step.ops:
+            cats[_category(f"{op.op_name} {op.source} {op.name}", 1)][1] += op.seconds
+        lanes = step.stats.axis_exposed_seconds
+        cats["exposed collectives"] = [stats.exposed_collective_seconds,
+                                       step.stats.exposed_collective_seconds]
+        peak = result.get("peak_bytes_per_device")
+        out.append(TrainingResult(
+            rid, published, stats.step_seconds, step.step_seconds, step.stats.compute_seconds,
+            {k: round(v, 4) for k, v in lanes.items() if v > 1e-4}, stats.compute_seconds,
+            {k: round(v, 4) for k, v in stats.axis_exposed_seconds.items() if v > 1e-4},
+            {k: tuple(v) for k, v in cats.items()}, step.memory.estimate_bytes / 2**30,
+            peak / 2**30 if peak else None, plan.memory["total"] / 2**30))
+        r = out[-1]
+        print(f"{rid}: published {published:.3f} s, built-in {r.builtin_s:.3f} s, HLO path "
+              f"{r.hlo_s:.3f} s", file=sys.stderr)
+    return out
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{(a / b - 1) * 100:+.1f}%"
+
+
+def print_training(results: list[TrainingResult]) -> None:
+    print("| row | published | built-in path | HLO path | HLO vs published | HLO vs built-in "
+          "| HLO compute | HLO exposed collectives (lane: s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        exposed = ", ".join(f"{k} {v:.3f}" for k, v in r.hlo_exposed.items()) or "-"
+        print(f"| {r.id} | {r.published_s:.3f} s | {r.builtin_s:.3f} s "
+              f"({_pct(r.builtin_s, r.published_s)}) | {r.hlo_s:.3f} s | "
+              f"{_pct(r.hlo_s, r.published_s)} | {_pct(r.hlo_s, r.builtin_s)} | "
+              f"{r.hlo_compute_s:.3f} s | {exposed} |")
+    for r in results:
+        print(f"\n{r.id}, per op category (simulated seconds per step):\n")
+        print("| category | built-in path | HLO path | difference |")
+        print("|---|---|---|---|")
+        for name, (b, h) in sorted(r.categories.items(), key=lambda kv: -max(kv[1])):
+            diff = f"{h - b:+.3f} s" + (f" ({_pct(h, b)})" if b > 0 else "")
+            print(f"| {name} | {b:.3f} | {h:.3f} | {diff} |")
+
+
+def print_memory(results: list[TrainingResult]) -> None:
+    print("| row | XLA's buffer assignment (TPU compile) | HLO path's estimate from the "
+          "schedule | difference | built-in HBM plan | difference |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        xla = r.xla_memory_gib
+        print(f"| {r.id} | {xla:.2f} GiB | {r.hlo_memory_gib:.2f} GiB | "
+              f"{_pct(r.hlo_memory_gib, xla) if xla else '-'} | {r.builtin_memory_gib:.2f} GiB | "
+              f"{_pct(r.builtin_memory_gib, xla) if xla else '-'} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--single-op", action="store_true", help="(a) the rows C1-C14")
@@ -250,7 +438,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="compile for the TPU (libtpu) or fake CPU devices")
     parser.add_argument("--markdown", action="store_true", help="tables for VALIDATION.md")
     parser.add_argument("--json", action="store_true", help="rows as JSON")
+    parser.add_argument("--rows", default="T1,T3,T5", help="training rows (comma-separated)")
+    parser.add_argument("--hlo-dir", default=os.path.join(ROOT, "tools", "xla_oracle", "hlo"),
+                        help="where the oracle's <row>.hlo.txt.gz are (results/ beside it)")
     args = parser.parse_args(argv)
+    if args.training or args.memory:
+        results = run_training(args.rows.split(","), args.hlo_dir)
+        if args.json:
+            print(json.dumps([asdict(r) for r in results], indent=2))
+        elif args.training:
+            print_training(results)
+        if args.memory and not args.json:
+            print_memory(results)
     if args.single_op:
         results = run_single_op(args.path)
         if args.json:

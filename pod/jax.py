@@ -21,7 +21,7 @@ fake CPU devices and the answer is labelled "approximate (CPU-compiled HLO)".
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,7 +174,7 @@ def read_hlo(source: str | Path) -> str:
 
 def cost_hlo(source: str | Path, *, slice: str, num_slices: int = 1,
              mesh: Mapping[str, int] | None = None, compiled_for: str = "auto",
-             sustained: bool = True) -> Estimate:
+             sustained: bool = True, devices: Sequence[int] = ()) -> Estimate:
     """Cost an HLO module (a file or its text) on the slice.
 
     Args:
@@ -185,10 +185,13 @@ def cost_hlo(source: str | Path, *, slice: str, num_slices: int = 1,
         compiled_for: "tpu" (costed as XLA scheduled it), "cpu" (approximate), or
             "auto" (TPU when its layouts or cost estimates say so).
         sustained: as :func:`estimate`.
+        devices: the module's device id -> physical device (slice x chips per slice +
+            row-major torus rank; ``pod.hlo.groups.Placement``), when known (a mesh laid
+            out by ``mesh_utils.create_device_mesh``); empty: the TPU's own device order,
+            as ``jax.devices()`` lists them.
 
     Returns:
-        The :class:`Estimate`. The module's device ids are taken in row-major torus
-        order (a dump does not say where its devices sit).
+        The :class:`Estimate`.
 
     Raises:
         HloParseError: text that does not parse (with the line number).
@@ -204,8 +207,9 @@ def cost_hlo(source: str | Path, *, slice: str, num_slices: int = 1,
     module = parse_hlo(text)
     approximate = (not is_tpu_compiled(module)) if compiled_for == "auto" \
         else compiled_for == "cpu"
-    return _cost(text, topology, module=module, mesh_axes=mesh, approximate=approximate,
-                 sustained=sustained, extra={"mesh": dict(mesh) if mesh else None})
+    return _cost(text, topology, module=module, devices=tuple(devices), mesh_axes=mesh,
+                 approximate=approximate, sustained=sustained,
+                 extra={"mesh": dict(mesh) if mesh else None})
 
 
 def _cost(text: str, topology: Topology, *, module: Any = None, devices: Any = (),

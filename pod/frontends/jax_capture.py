@@ -377,7 +377,8 @@ def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, i
     stats = compiled.memory_analysis()
     memory = {k: int(getattr(stats, k)) for k in (
         "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-        "temp_size_in_bytes", "generated_code_size_in_bytes")} if stats is not None else {}
+        "temp_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes")
+        if hasattr(stats, k)} if stats is not None else {}
     result = Capture(hlo_text=compiled.as_text(), platform=path, topology=topo, slices=slices,
                      devices=_physical(mesh, torus_shape, path), mesh_axes=dict(mesh_axes),
                      memory=memory, compile_seconds=time.perf_counter() - start, cached=False,

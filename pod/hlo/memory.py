@@ -31,13 +31,31 @@ _ALIASES = frozenset({"bitcast", "get-tuple-element", "tuple", "while", "copy-do
                       "dynamic-update-slice"})
 
 
-def _defined_bytes(instr: HloInstruction) -> int:
+def _in_place(module: HloModule, instr: HloInstruction) -> list[bool]:
+    """Per leaf of a fusion's result: an update in place of an operand (the fused root's
+    element is a ``dynamic-update-slice``: XLA writes it into the operand's buffer)."""
+    comp = module.computations[instr.called[0]]
+    root = comp.root
+    parts = [comp.by_name.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
+    out = []
+    for part in parts:
+        while part is not None and part.opcode in ("bitcast", "reshape") and part.operands:
+            part = comp.by_name.get(part.operands[0])
+        out.append(part is not None and part.opcode == "dynamic-update-slice")
+    return out
+
+
+def _defined_bytes(module: HloModule, instr: HloInstruction) -> int:
     """HBM bytes of the new buffers ``instr`` defines (0 for an alias)."""
     if instr.opcode in _ALIASES or instr.opcode in ("parameter", "constant"):
         return 0
     if instr.opcode == "fusion" and "output_to_operand_aliasing" in instr.attrs:
         return 0
     leaves = instr.shape.leaves
+    if instr.opcode == "fusion" and instr.called:
+        in_place = _in_place(module, instr)
+        if len(in_place) == len(leaves):
+            leaves = tuple(a for a, done in zip(leaves, in_place, strict=True) if not done)
     if instr.opcode == "copy-start":
         leaves = leaves[:1]  # (destination, source, context)
     elif instr.opcode.endswith("-start"):
@@ -54,8 +72,9 @@ def _computation_peak(module: HloModule, comp: HloComputation, memo: dict[str, i
     index = {i.name: n for n, i in enumerate(instrs)}
     owners: dict[str, set[str]] = {}
     for instr in instrs:
-        if instr.opcode in _ALIASES or (instr.opcode == "fusion"
-                                        and "output_to_operand_aliasing" in instr.attrs):
+        if instr.opcode in _ALIASES or (instr.opcode == "fusion" and (
+                "output_to_operand_aliasing" in instr.attrs or (
+                    instr.called and any(_in_place(module, instr))))):
             owners[instr.name] = set().union(*(owners.get(o, set()) for o in instr.operands))
         else:
             owners[instr.name] = {instr.name}
@@ -68,7 +87,7 @@ def _computation_peak(module: HloModule, comp: HloComputation, memo: dict[str, i
         last[owner] = len(instrs)
     delta = [0] * (len(instrs) + 2)
     for instr in instrs:
-        size = _defined_bytes(instr)
+        size = _defined_bytes(module, instr)
         if size:
             delta[index[instr.name]] += size
             delta[last[instr.name] + 1] -= size

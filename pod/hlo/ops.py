@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -88,7 +89,7 @@ COLLECTIVE_OPCODES = frozenset({
 FREE_CUSTOM_CALLS = frozenset({
     "AllocateBuffer", "ConcatBitcast", "AsyncCollectiveStart", "AsyncCollectiveDone",
     "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
-    "annotate_device_placement", "LayoutConstraint", "X64Combine", "X64SplitLow",
+    "annotate_device_placement", "LayoutConstraint", "AssumeGatherIndicesInBound", "X64Combine", "X64SplitLow",
     "X64SplitHigh", "PadToStatic", "SliceToDynamic",
 })
 
@@ -466,24 +467,38 @@ class OpCoster:
 
     def _flash(self, comp: HloComputation, where: HloInstruction,
                instr: HloInstruction) -> OpCost | None:
-        """A Pallas flash-attention forward kernel (q, k, v of (B, H, T, Dh), as
-        ``jax.experimental.pallas.ops.tpu.flash_attention`` takes them) costed by
-        ``pod.workloads.flash.record_flash_forward``; None for any other kernel."""
-        text = (instr.attrs.get("backend_config", "") + instr.op_name).lower()
-        if "flash" not in text or "bwd" in text or "backward" in text:
+        """A Pallas flash-attention kernel (the forward, or the backward's ``dkv`` / ``dq``
+        kernels, or both fused), q and k of (B, H, T, Dh) and (B, K, T, Dh) as
+        ``jax.experimental.pallas.ops.tpu.flash_attention`` and splash take them, costed
+        by ``pod.workloads.flash`` (causal; blocks from the kernel's name, else 512);
+        None for any other kernel."""
+        from pod.workloads import flash
+
+        text = f"{instr.name} {where.name} {where.op_name}".lower()
+        if "flash" not in text and "splash" not in text:
             return None
         shapes = self.shapes(comp)
-        arrays = [shapes[o].array for o in where.operands if o in shapes]
-        four = [a for a in arrays if len(a.dims) == 4]
-        if len(four) < 3:
+        four = [shapes[o].array for o in where.operands
+                if o in shapes and len(shapes[o].array.dims) == 4]
+        if len(four) < 2:
             return None
-        q, k = four[0], four[1]
-        from pod.workloads.flash import record_flash_forward
+        (b, h, t, dh), kv_heads = four[0].dims, four[1].dims[1]
+        found = re.search(r"block_q(?:_major)?_(\d+)", text)
+        block = int(found.group(1)) if found else flash.FLASH_BLOCK_SIZE
+        name = short_name(where)
+        kernels = [k for k in flash.BACKWARD_KERNELS if f"_{k}" in text]
+        if not kernels and "bwd" in text:
+            kernels = list(flash.BACKWARD_KERNELS)  # a fused backward kernel: both
 
-        b, h, t, dh = q.dims
-        records = self._records("bf16", lambda core: record_flash_forward(
-            core, short_name(where), b, h, k.dims[1], t, dh))
-        return OpCost(records, "flash kernel model", self._xla_seconds(where))
+        def calls(core: TensorCore) -> None:
+            if not kernels:
+                flash.record_flash_forward(core, name, b, h, kv_heads, t, dh, block)
+            for kernel in kernels:
+                flash.record_flash_backward_kernel(core, f"{name}/{kernel}", kernel, b, h,
+                                                   kv_heads, t, dh, block)
+
+        return OpCost(self._records("bf16", calls), "flash kernel model",
+                      self._xla_seconds(where))
 
     # -- bytes ---------------------------------------------------------------------
 

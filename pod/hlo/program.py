@@ -66,7 +66,11 @@ class CollectiveInfo:
         itemsize: bytes per element of what moves.
         form: "async", "sync", "async collective fusion", "window (approximate)", "dma".
         memory_spaces: a DMA's (source, destination) memory spaces.
-        source: the defining collective's computation and instruction.
+        source: the defining collective's instruction.
+        role: in a CPU-compiled module, "param_gather" (an all-gather of weights: sliced
+            from the step's parameters), "grad_reduce" (a reduction no matmul of the step
+            reads: gradients) or "" (activations), for the project's overlap rules
+            (``pod.report.clock``).
     """
 
     instr: HloInstruction
@@ -77,6 +81,7 @@ class CollectiveInfo:
     form: str
     memory_spaces: tuple[int, int] = (0, 0)
     source: HloInstruction | None = None
+    role: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,9 +252,63 @@ def collective_info(module: HloModule, comp: HloComputation, instr: HloInstructi
         op = "reduce_scatter"
     first = (ins[0].array if ins else coll.shape.array)
     itemsize = max(1, int(round(first.itemsize)))
-    if form == "window (approximate)" and first.dtype == "f32" and _from_bf16(module, where, coll):
-        nbytes, itemsize = nbytes // 2, 2  # the CPU promoted bf16 data to float32 to move it
-    return CollectiveInfo(instr, op, groups, int(nbytes), itemsize, form, source=coll)
+    role = ""
+    if form == "window (approximate)":
+        if first.dtype == "f32" and _from_bf16(module, where, coll):
+            nbytes, itemsize = nbytes // 2, 2  # the CPU promoted bf16 data to float32
+        if op == "all_gather" and all(_from_parameters(module, comp, o) for o in instr.operands):
+            role = "param_gather"
+        elif op in ("reduce_scatter", "allreduce") and not _feeds_mxu(module, comp, instr.name):
+            role = "grad_reduce"
+    return CollectiveInfo(instr, op, groups, int(nbytes), itemsize, form, source=coll,
+                          role=role)
+
+
+_MOVES = frozenset({"bitcast", "reshape", "copy", "convert", "dynamic-slice", "slice",
+                    "transpose", "get-tuple-element", "broadcast"})
+
+
+def _moves_only(module: HloModule, instr: HloInstruction) -> bool:
+    """A fusion of data movement alone (slices, converts, layout changes)."""
+    return instr.opcode == "fusion" and all(
+        i.opcode in FREE | _MOVES for c in instr.called for i in module.computations[c].instructions)
+
+
+def _from_parameters(module: HloModule, comp: HloComputation, name: str) -> bool:
+    """``name`` is a computation parameter moved about (sliced, converted, relaid): the
+    step's weights, not an activation it computed."""
+    seen: set[str] = set()
+    frontier = [name]
+    while frontier:
+        instr = comp.by_name.get(frontier.pop())
+        if instr is None or instr.name in seen:
+            continue
+        seen.add(instr.name)
+        if instr.opcode == "parameter":
+            continue
+        if instr.opcode not in _MOVES and not _moves_only(module, instr) \
+                and instr.opcode != "constant":
+            return False
+        frontier.extend(o for o in instr.operands)
+    return True
+
+
+def _feeds_mxu(module: HloModule, comp: HloComputation, name: str) -> bool:
+    """Some matmul of ``comp`` reads ``name`` (through data movement)."""
+    users = comp.users()
+    frontier, seen = [name], set()
+    while frontier:
+        for user in users.get(frontier.pop(), []):
+            if user.name in seen:
+                continue
+            seen.add(user.name)
+            if user.opcode in ("dot", "convolution") or (user.opcode == "fusion" and any(
+                    i.opcode in ("dot", "convolution") for c in user.called
+                    for i in module.computations[c].instructions)):
+                return True
+            if user.opcode in _MOVES or _moves_only(module, user):
+                frontier.append(user.name)
+    return False
 
 
 def _from_bf16(module: HloModule, comp: HloComputation, coll: HloInstruction) -> bool:

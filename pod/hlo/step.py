@@ -13,7 +13,11 @@ at its done (``wait_record``). The clock's ICI streams are per *lane*: one per
 set of device groups (a mesh axis, or a combination of axes), named by the
 mesh's axes where the capture knows the mesh; collectives on one lane queue,
 lanes run at once. The TPU's async copies (HBM, VMEM, host memory) are calls
-on a DMA lane of their own.
+on a DMA lane of their own. A CPU-compiled module (approximate) takes the
+project's own overlap rules instead: a weights' all-gather is a ``param_gather``
+(prefetched one gather ahead), a reduction no matmul reads is a ``grad_reduce``
+(only the end of the step waits for it), the rest as their windows
+(``pod.hlo.program``).
 
 Where the clock does not fit the HLO: there is no optimizer boundary in a
 module (its update is part of the compute stream: ``update_seconds`` is 0), no
@@ -125,8 +129,8 @@ class HloMemory:
     Attributes:
         capacity_bytes: one device's HBM.
         xla: XLA's ``memory_analysis()`` figures (argument, output, alias, temp,
-            generated code bytes; ``peak_bytes`` = argument + output - alias + temp),
-            or None.
+            generated code, peak bytes; ``peak_bytes``: its peak, else argument + output
+            - alias + temp), or None.
         xla_platform: "tpu" or "cpu" (whose buffer assignment ``xla`` is).
         estimate_bytes: the peak of the live buffers over the schedule
             (``pod.hlo.memory.peak_bytes``).
@@ -229,17 +233,25 @@ def lane_name(groups: Groups, mesh_axes: Mapping[str, int] | None, op: str = "")
         base = f"{len(groups)} groups of {len(groups[0]) if groups else 0}"
     if not mesh_axes or not flat or max(flat) >= math.prod(mesh_axes.values()):
         return base
-    names = list(mesh_axes)
-    coords = np.array(np.unravel_index(np.asarray(flat), tuple(mesh_axes.values()))).T
-    members = [np.asarray(p) for p in groups]
+    names, sizes = list(mesh_axes), tuple(mesh_axes.values())
+    coords = np.array(np.unravel_index(np.asarray(flat), sizes)).T
     varying: set[str] = set()
     start = 0
-    for member in members:
+    for member in groups:
         block = coords[start:start + len(member)]
         start += len(member)
         varying |= {names[a] for a in range(len(names)) if len(set(block[:, a])) > 1}
     axes = "+".join(n for n in names if n in varying) or "none"
-    return f"permute {axes}" if op == "ppermute" else axes
+    if op != "ppermute":
+        return axes
+    shifts = {int((b - a) % sizes[names.index(axes)]) for a, b in
+              zip(coords[0::2, names.index(axes)], coords[1::2, names.index(axes)], strict=True)
+              } if axes in names else set()
+    if len(shifts) == 1:  # a shift along one axis: its direction names it
+        shift = shifts.pop()
+        n = sizes[names.index(axes)]
+        return f"permute {axes} {'+' if shift <= n // 2 else '-'}{min(shift, n - shift)}"
+    return f"permute {axes}"
 
 
 def _describe(groups: Groups, op: str) -> str:
@@ -300,6 +312,8 @@ class _Builder:
 
     def start(self, event: StartEvent) -> None:
         info = event.info
+        if info.op != "dma" and (all(len(set(g)) <= 1 for g in info.groups) or not info.groups):
+            return  # every device alone (or sending to itself): nothing moves
         lane = self.lane(info)
         if lane not in self.lanes:
             self.lanes.append(lane)
@@ -313,8 +327,8 @@ class _Builder:
         self.link_bytes.update(cost.link_bytes)
         self.costs.setdefault((lane, info.op, info.nbytes), cost.seconds)
         self.open[event.key] = len(self.calls)
-        self.calls.append(CollectiveCall(lane, info.op, info.nbytes, _tag(info), "activation",
-                                         len(self.records)))
+        self.calls.append(CollectiveCall(lane, info.op, info.nbytes, _tag(info),
+                                         info.role or "activation", len(self.records)))
 
     def done(self, event: DoneEvent) -> None:
         index = self.open.pop(event.key, None)
@@ -322,6 +336,8 @@ class _Builder:
             return
         call = self.calls[index]
         waited = len(self.records) - call.after_record
+        if call.kind == "grad_reduce":
+            return  # only the step's end waits for a gradient reduction
         if call.op == "ppermute":
             self.calls[index] = _replace(call, wait_record=len(self.records))
         else:
@@ -404,9 +420,12 @@ def cost_module(module: HloModule, topology: Topology, *, devices: Sequence[int]
 
 
 def _xla_figures(raw: Mapping[str, int]) -> dict[str, int]:
+    """XLA's figures with ``peak_bytes``: its ``peak_memory_in_bytes`` where it gives one,
+    else argument + output - alias + temp."""
     out = {k: int(v) for k, v in raw.items()}
-    out["peak_bytes"] = (out.get("argument_size_in_bytes", 0) + out.get("output_size_in_bytes", 0)
-                         - out.get("alias_size_in_bytes", 0) + out.get("temp_size_in_bytes", 0))
+    out["peak_bytes"] = out.get("peak_memory_in_bytes") or (
+        out.get("argument_size_in_bytes", 0) + out.get("output_size_in_bytes", 0)
+        - out.get("alias_size_in_bytes", 0) + out.get("temp_size_in_bytes", 0))
     return out
 
 

@@ -165,3 +165,28 @@ ENTRY %main (a: f32[1024,2048], w: f32[2048,512]) -> f32[1024,512] {
     assert step.step_seconds == pytest.approx(want.seconds + fused.seconds, rel=1e-12)
     assert [r.how for r in step.ops] == ["mxu"]
     assert math.isclose(step.flops_per_device, want.flops)
+
+
+def test_flash_kernels_take_the_projects_kernel_model():
+    """A Pallas flash-attention custom call: forward, and the backward's dkv kernel named as
+    jax names them, costed by pod.workloads.flash on q (B, H, T, Dh) and k (B, K, T, Dh)."""
+    from pod.workloads.flash import record_flash_backward_kernel, record_flash_forward
+
+    def kernel(name: str) -> str:
+        return f"""HloModule f, is_scheduled=true
+ENTRY %main (q: bf16[2,4,1024,128], k: bf16[2,4,1024,128]) -> bf16[2,4,1024,128] {{
+  %q = bf16[2,4,1024,128]{{3,2,1,0}} parameter(0)
+  %k = bf16[2,4,1024,128]{{3,2,1,0}} parameter(1)
+  ROOT %{name} = bf16[2,4,1024,128]{{3,2,1,0}} custom-call(%q, %k, %k), custom_call_target="tpu_custom_call"
+}}
+"""
+    for name, record in (
+            ("flash_attention.3", lambda c: record_flash_forward(c, "f", 2, 4, 4, 1024, 128)),
+            ("flash_mha_bwd_dkv_block_q_major_256_block_k_major_512", lambda c:
+             record_flash_backward_kernel(c, "f", "dkv", 2, 4, 4, 1024, 128, 256))):
+        tc = core(True)
+        record(tc)
+        want = sum(r.seconds for r in tc.take_records())
+        step = cost(kernel(name), sustained=True)
+        assert step.step_seconds == pytest.approx(want, rel=1e-12)
+        assert step.ops[0].how == "flash kernel model"

@@ -124,3 +124,50 @@ def test_results_files(modules, tmp_path):
     assert sum(r["simulated_seconds"] for r in rows) == pytest.approx(
         sum(r.seconds for r in step.ops))
     assert any("block" in r["source"] for r in rows)
+
+
+def test_permute_lanes_say_their_direction():
+    from pod.hlo.step import lane_name
+
+    mesh = {"fsdp": 2, "tensor": 4}
+    forward = tuple((f * 4 + t, f * 4 + (t + 1) % 4) for f in range(2) for t in range(4))
+    backward = tuple((b, a) for a, b in forward)
+    assert lane_name(forward, mesh, "ppermute") == "permute tensor +1"
+    assert lane_name(backward, mesh, "ppermute") == "permute tensor -1"
+    assert lane_name(((0, 1, 2, 3), (4, 5, 6, 7)), mesh) == "tensor"
+    assert lane_name(((0, 4),), mesh) == "fsdp"
+
+
+def test_cpu_modules_take_the_projects_overlap_rules(modules):
+    """Approximate: the FSDP gathers of weights are param_gathers (prefetched), the
+    gradient reduce-scatters grad_reduces (behind the backward pass)."""
+    from pod.hlo.program import StartEvent, flatten
+
+    program = flatten(modules[("fsdp_block", "cpu")], approximate=True)
+    roles = {(e.info.op, e.info.role) for e in program.events if isinstance(e, StartEvent)}
+    assert ("all_gather", "param_gather") in roles
+    assert ("reduce_scatter", "grad_reduce") in roles
+
+
+def test_memory_estimate_counts_an_in_place_update_once():
+    """A fusion updating a buffer in place (a dynamic-update-slice root) defines no new
+    buffer: the peak is the parameters plus the one new update."""
+    from pod.hlo.memory import peak_bytes
+
+    text = """HloModule m, is_scheduled=true
+%upd (big: f32[1024,1024], u: f32[1,1024], i: s32[]) -> f32[1024,1024] {
+  %big = f32[1024,1024]{1,0} parameter(0)
+  %u = f32[1,1024]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %d = f32[1024,1024]{1,0} dynamic-update-slice(%big, %u, %i, %z)
+}
+ENTRY %main (big: f32[1024,1024], x: f32[1,1024]) -> f32[1024,1024] {
+  %big = f32[1024,1024]{1,0} parameter(0)
+  %x = f32[1,1024]{1,0} parameter(1)
+  %n = f32[1,1024]{1,0} negate(%x)
+  %i = s32[] constant(3)
+  ROOT %f = f32[1024,1024]{1,0} fusion(%big, %n, %i), kind=kLoop, calls=%upd
+}
+"""
+    assert peak_bytes(parse_hlo(text)) == 4 * (1024 * 1024 + 1024) + 4 * 1024
