@@ -89,7 +89,8 @@ COLLECTIVE_OPCODES = frozenset({
 FREE_CUSTOM_CALLS = frozenset({
     "AllocateBuffer", "ConcatBitcast", "AsyncCollectiveStart", "AsyncCollectiveDone",
     "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
-    "annotate_device_placement", "LayoutConstraint", "AssumeGatherIndicesInBound", "X64Combine", "X64SplitLow",
+    "annotate_device_placement", "LayoutConstraint", "AssumeGatherIndicesInBound",
+    "X64Combine", "X64SplitLow",
     "X64SplitHigh", "PadToStatic", "SliceToDynamic",
 })
 

@@ -271,7 +271,8 @@ _MOVES = frozenset({"bitcast", "reshape", "copy", "convert", "dynamic-slice", "s
 def _moves_only(module: HloModule, instr: HloInstruction) -> bool:
     """A fusion of data movement alone (slices, converts, layout changes)."""
     return instr.opcode == "fusion" and all(
-        i.opcode in FREE | _MOVES for c in instr.called for i in module.computations[c].instructions)
+        i.opcode in FREE | _MOVES for c in instr.called
+        for i in module.computations[c].instructions)
 
 
 def _from_parameters(module: HloModule, comp: HloComputation, name: str) -> bool:
