@@ -255,7 +255,7 @@ CATEGORIES = (
     ("logits, embedding, loss", r"btv|,ve->|ve,|logits|embed|xent|cross_entropy",
      r"unembed|embed/|xent"),
     ("optimizer", r"scale_by_adam|clip_by_global|tree_|schedule|safe_increment|apply_updates"
-     r"|optax|^ ", r"adamw|grad_mean"),
+     r"|optax", r"adamw|grad_mean"),
     ("other (norms, rotary, element-wise, copies)", r".", r"."),
 )
 

@@ -43,7 +43,7 @@ from pod.config.sharding import device_chip_spec
 from pod.config.slices import Topology
 from pod.errors import HloError
 from pod.hlo.groups import CollectiveCost, CollectiveModel, Groups
-from pod.hlo.module import HloModule
+from pod.hlo.module import HloInstruction, HloModule
 from pod.hlo.ops import OpCost, OpCoster
 from pod.hlo.program import CollectiveInfo, DoneEvent, OpEvent, StartEvent, flatten
 from pod.programs.collectives import CollectiveCall
@@ -455,6 +455,19 @@ def _stats(clock: StepClock, records: Sequence[Any], flops: float, devices: int,
         compute_bound_seconds=dict(bounds))
 
 
+def _named(module: HloModule, instr: HloInstruction) -> HloInstruction:
+    """``instr``, or for a fusion XLA left without an op name the instruction inside it
+    that has one (its root first): what layers.csv names it by."""
+    if instr.op_name or not instr.called:
+        return instr
+    comp = module.computations[instr.called[0]]
+    for inner in (comp.root, *reversed(comp.instructions)):
+        found = _named(module, inner)
+        if found.op_name:
+            return found
+    return instr
+
+
 def _op_rows(builder: _Builder) -> tuple[OpRow, ...]:
     rows = []
     for key, (comp, instr, cost) in builder.op_cost.items():
@@ -462,8 +475,9 @@ def _op_rows(builder: _Builder) -> tuple[OpRow, ...]:
         if not cost.records:
             continue
         main = cost.records[0]
+        named = _named(builder.module, instr)
         rows.append(OpRow(
-            name=instr.name, op_name=instr.op_name, source=builder.module.source_of(instr),
+            name=instr.name, op_name=named.op_name, source=builder.module.source_of(named),
             opcode=instr.opcode, how=cost.how, count=n, seconds=n * cost.seconds,
             flops=n * cost.flops, hbm_bytes=n * sum(r.hbm_bytes for r in cost.records),
             bound=op_bound(main),
