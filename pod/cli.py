@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -924,9 +925,13 @@ def _show_estimate(estimate, output_dir: Path, as_json: bool) -> None:
                    "libtpu is installed.")
 @click.option("--no-cache", is_flag=True,
               help="Compile again even if ~/.cache/tpu-pod/hlo holds this step.")
+@click.option("--libtpu-args", default="", metavar="FLAGS",
+              help="XLA's TPU flags for the compile, as LIBTPU_INIT_ARGS on a TPU VM (e.g. "
+                   "MaxText's --xla_tpu_enable_async_collective_fusion=true ...); the tpu path "
+                   "only [default: $LIBTPU_INIT_ARGS].")
 def run_jax_command(target: str, slice_name: str, num_slices: int, output_dir: Path | None,
                     idle_start: bool, as_json: bool, mesh_text: str | None,
-                    args_name: str | None, path: str, no_cache: bool) -> None:
+                    args_name: str | None, path: str, no_cache: bool, libtpu_args: str) -> None:
     """Compile FUNCTION of FILE.py for the slice and cost its HLO on the emulated pod:
     every op on the chip model, every collective on its device groups over the ICI,
     async collectives overlapped as XLA scheduled them. Figures are SIMULATED."""
@@ -941,7 +946,9 @@ def run_jax_command(target: str, slice_name: str, num_slices: int, output_dir: P
     with console.status(f"{name}: starting", spinner="dots") as status:
         estimate = pod.jax.estimate(step, factory, mesh=mesh, slice=slice_name,
                                     num_slices=num_slices, path=path, sustained=not idle_start,
-                                    cache=not no_cache,
+                                    cache=not no_cache, libtpu_args=libtpu_args or (
+                                        os.environ.get("LIBTPU_INIT_ARGS", "")
+                                        if path != "cpu" else ""),
                                     progress=lambda text: status.update(f"{name}: {text}"))
     _show_estimate(estimate, output_dir or default_output_dir(name, topology.name.replace(
         " ", "")), as_json)

@@ -103,7 +103,7 @@ def topology_of(slice_name: str, num_slices: int = 1) -> Topology:
 def estimate(step_fn: Callable, *args: Any, mesh: Mapping[str, int], slice: str = "v5p-8",
              num_slices: int = 1, in_specs: Any = None, path: str = "auto",
              sustained: bool = True, cache: bool = True,
-             progress: Callable[[str], None] | None = None) -> Estimate:
+             progress: Callable[[str], None] | None = None, libtpu_args: str = "") -> Estimate:
     """Compile ``step_fn(*args)`` for the slice and cost its HLO on the emulated pod.
 
     Args:
@@ -122,6 +122,9 @@ def estimate(step_fn: Callable, *args: Any, mesh: Mapping[str, int], slice: str 
             an idle start (a benchmarked single op).
         cache: read and write the capture cache (``~/.cache/tpu-pod/hlo``).
         progress: called with a line of text at each stage of the capture.
+        libtpu_args: XLA's TPU flags for the compile (``LIBTPU_INIT_ARGS``, as set on a
+            TPU VM: async collective fusion and the like change XLA's schedule); the
+            TPU path only.
 
     Returns:
         The :class:`Estimate`.
@@ -140,11 +143,12 @@ def estimate(step_fn: Callable, *args: Any, mesh: Mapping[str, int], slice: str 
     found = capture(step_fn, made, mesh_axes=dict(mesh), chip_name=topology.chip.name,
                     torus_shape=topology.torus.shape, slice_label=topology.name,
                     slices=num_slices, in_specs=in_specs, path=path, use_cache=cache,
-                    progress=progress)
+                    progress=progress, libtpu_args=libtpu_args)
     from pod.frontends.jax_capture import cache_dir
 
     extra = {"mesh": dict(mesh), "capture": {
         "platform": found.platform, "topology": found.topology, "cached": found.cached,
+        "libtpu_args": libtpu_args,
         "cache": str(cache_dir() / f"{found.key}.hlo.txt.gz")},
         "compile_wall_seconds": found.compile_seconds, "cached": found.cached}
     return _cost(found.hlo_text, topology, devices=found.devices, mesh_axes=found.mesh_axes,

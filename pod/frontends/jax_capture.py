@@ -125,11 +125,36 @@ def _quiet_stderr() -> Iterator[list[str]]:
             out.append(sink.read().decode(errors="replace"))
 
 
-def _jax(path: str, devices: int) -> Any:
+def _libtpu_started() -> bool:
+    """libtpu was loaded and started in this process already (its flags are fixed)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src.lib import xla_client
+
+    return bool(xla_client.pjrt_plugin_loaded("tpu") and xla_client.pjrt_plugin_initialized("tpu"))
+
+
+def _set_libtpu_args(libtpu_args: str) -> None:
+    """LIBTPU_INIT_ARGS for the compile: XLA's TPU flags, read once when libtpu starts.
+
+    Raises:
+        CaptureError: libtpu already started in this process with other flags.
+    """
+    current = os.environ.get("LIBTPU_INIT_ARGS", "")
+    if current.split() == libtpu_args.split():
+        return
+    if _libtpu_started():
+        raise CaptureError(f"libtpu already started in this process with LIBTPU_INIT_ARGS="
+                           f"{current!r}; compile with other flags in a fresh process")
+    os.environ["LIBTPU_INIT_ARGS"] = libtpu_args
+
+
+def _jax(path: str, devices: int, libtpu_args: str = "") -> Any:
     """jax, set up for ``path`` (environment before the first import; CPU devices)."""
     if path == "tpu":
         for key, value in _TPU_ENV.items():
             os.environ.setdefault(key, value)
+        _set_libtpu_args(libtpu_args)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     first = "jax" not in sys.modules
     if first and path == "cpu":
@@ -297,7 +322,7 @@ def _write_cache(found: Capture) -> None:
 def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, int],
             chip_name: str, torus_shape: Sequence[int], slice_label: str, slices: int = 1,
             in_specs: Any = None, path: str = "auto", use_cache: bool = True,
-            progress: Callable[[str], None] | None = None) -> Capture:
+            progress: Callable[[str], None] | None = None, libtpu_args: str = "") -> Capture:
     """Lower and compile ``step_fn(*args)`` for the slice (module docstring).
 
     Args:
@@ -316,6 +341,9 @@ def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, i
         path: one of :data:`PATHS`.
         use_cache: read and write the cache (:func:`cache_dir`).
         progress: called with a line of text at each stage.
+        libtpu_args: XLA's TPU flags for the compile, as ``LIBTPU_INIT_ARGS`` holds them
+            on a TPU VM (e.g. MaxText's ``--xla_tpu_enable_async_collective_fusion=true
+            ...``); the TPU path only, read when libtpu starts (once per process).
 
     Returns:
         The :class:`Capture`.
@@ -328,13 +356,16 @@ def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, i
         raise CaptureError(f"path {path!r} is not a capture path; choose one of {', '.join(PATHS)}")
     if path == "auto":
         path = "tpu" if tpu_compile_available() else "cpu"
+        libtpu_args = libtpu_args if path == "tpu" else ""  # TPU flags: nothing on a CPU
     if path == "tpu" and not tpu_compile_available():
         raise CaptureError("the TPU path needs libtpu: pip install 'tpu-pod-emulator[tpu-compile]' "
                            "(or use the CPU path: --path cpu)")
     say = progress or (lambda _: None)
     devices = math.prod(torus_shape) * slices
     _check_mesh(mesh_axes, devices, slice_label)
-    jax = _jax(path, devices)
+    if libtpu_args and path != "tpu":
+        raise CaptureError("libtpu_args are XLA's TPU flags: they apply to the TPU path only")
+    jax = _jax(path, devices, libtpu_args)
     topo = topology_name(chip_name, torus_shape)
     say(f"getting {devices} {'TPU ' + topo if path == 'tpu' else 'CPU'} devices")
     found, printed = _devices(jax, path, topo, slices, devices)
@@ -353,7 +384,8 @@ def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, i
         raise CaptureError(f"{name} does not trace with these arguments: "
                            f"{type(err).__name__}: {first}") from None
     key = hashlib.sha256("\n".join((lowered.as_text(), slice_label, str(slices), path,
-                                    json.dumps(dict(mesh_axes)), _versions(path))).encode()
+                                    json.dumps(dict(mesh_axes)), _versions(path),
+                                    " ".join(libtpu_args.split()))).encode()
                          ).hexdigest()[:32]
     if use_cache:
         hit = _read_cache(key)
