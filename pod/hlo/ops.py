@@ -24,8 +24,10 @@ package, as the built-in programs' ops do:
 
 HBM bytes of a kernel: its operands and outputs, except buffers in a TPU's
 VMEM (layout ``S(1)``: XLA's memory-space assignment put them there), a
-parameter the kernel only slices (it reads the slice) and an output updated in
-place (``dynamic-update-slice``: it writes the update).
+parameter the kernel only slices (it reads the slice), an output updated in
+place (``dynamic-update-slice``: it writes the update), and the buffers an async
+collective fusion carries through a compute kernel (its DMA moves them, not
+the kernel).
 
 With ``approximate`` (an HLO module compiled for CPU devices, which XLA does not
 fuse as it does for a TPU and computes in float32) the project's own fusion
@@ -90,6 +92,7 @@ FREE_CUSTOM_CALLS = frozenset({
     "AllocateBuffer", "ConcatBitcast", "AsyncCollectiveStart", "AsyncCollectiveDone",
     "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
     "annotate_device_placement", "LayoutConstraint", "AssumeGatherIndicesInBound",
+    "GatherScatterIndicesBitpacked",
     "X64Combine", "X64SplitLow",
     "X64SplitHigh", "PadToStatic", "SliceToDynamic",
 })
@@ -535,8 +538,8 @@ class OpCoster:
         if param is None:
             return full
         users = _users_through_bitcasts(called, param.name)
-        if not users:
-            return 0
+        if not users or all(_carried(called, u) for u in users):
+            return 0  # unused, or a buffer an async collective carries through the kernel
         read = 0
         for user in users:
             if user.opcode in ("dynamic-slice", "slice", "gather"):
@@ -558,8 +561,9 @@ class OpCoster:
             return full
         total = 0
         for leaf, root in zip(instr.shape.leaves, roots, strict=True):
-            if leaf.memory_space == 1:
-                continue
+            if leaf.memory_space == 1 or root is None or root.opcode == "parameter" \
+                    or root.opcode in COLLECTIVE_OPCODES:
+                continue  # VMEM, or a collective's buffer passed through: the DMA's, not ours
             if root is not None and root.opcode == "dynamic-update-slice":
                 update = called.by_name.get(root.operands[1])
                 if update is not None:
@@ -629,6 +633,15 @@ def _users_through_bitcasts(comp: HloComputation, name: str) -> list[HloInstruct
     users = comp.users()
     names = _aliases(comp, name)
     return [u for n in names for u in users.get(n, []) if u.name not in names]
+
+
+def _carried(comp: HloComputation, user: HloInstruction) -> bool:
+    """``user`` only carries a buffer for an async collective through a fused kernel: the
+    root tuple passing it on, the collective itself, or XLA's start / done markers."""
+    if user.opcode in COLLECTIVE_OPCODES or (user.is_root and user.opcode == "tuple"):
+        return True
+    return user.opcode == "custom-call" and user.attrs.get(
+        "custom_call_target", "").strip('"') in ("AsyncCollectiveStart", "AsyncCollectiveDone")
 
 
 def _root_leaves(comp: HloComputation) -> list[HloInstruction | None]:

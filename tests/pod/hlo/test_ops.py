@@ -190,3 +190,24 @@ ENTRY %main (q: bf16[2,4,1024,128], k: bf16[2,4,1024,128]) -> bf16[2,4,1024,128]
         step = cost(kernel(name), sustained=True)
         assert step.step_seconds == pytest.approx(want, rel=1e-12)
         assert step.ops[0].how == "flash kernel model"
+
+
+def test_buffers_an_async_collective_carries_through_a_kernel_are_not_its_traffic(modules):
+    """XLA TPU's async collective fusions pass the all-gather's buffers through the compute
+    kernels between start and done; the kernels' HBM bytes are their own operands only."""
+    module = modules[("fsdp_block", "tpu")]
+    coster = OpCoster(module, V5E)
+    carried = 0
+    for comp, instr in module.instructions():
+        if instr.opcode != "fusion" or not instr.attrs.get("calls", "").startswith(
+                "%async_collective_fusion"):
+            continue
+        called = module.computations[instr.called[0]]
+        gathered = {p.name for p in called.instructions if p.opcode == "all-gather"}
+        assert gathered
+        total = coster._hbm_bytes(comp, instr, mxu=True)
+        whole = sum(comp.by_name[o].shape.hbm_bytes() for o in instr.operands) \
+            + instr.shape.hbm_bytes()
+        assert total < whole
+        carried += 1
+    assert carried
