@@ -16,8 +16,9 @@ Every time is SIMULATED, except the compile times (wall).
 Usage::
 
     python benchmarks/hlo_fidelity.py --single-op [--markdown] [--path tpu|cpu]
-    python benchmarks/hlo_fidelity.py --training [--markdown] [--hlo-dir DIR]
-    python benchmarks/hlo_fidelity.py --memory [--markdown]
+    python benchmarks/hlo_fidelity.py --training [--memory] [--rows T1,T3] [--hlo-dir DIR]
+    python benchmarks/hlo_fidelity.py --rows T1,T3 --compile-maxtext-flags DIR  # then
+    python benchmarks/hlo_fidelity.py --training --memory --rows T1,T3 --hlo-dir DIR/hlo
 """
 
 from __future__ import annotations
@@ -243,6 +244,54 @@ def print_single_op(results: list[OpResult], markdown: bool) -> None:
 
 # ------------------------------------------------------------------------- (b) training
 
+#: XLA's TPU flags MaxText's 2023 runs set (LIBTPU_INIT_ARGS; the [MT-v5p] and [MT-v5e]
+#: rows, training-steps.md "XLA flags set by these runs"): async collective fusion (also of
+#: all-gathers, over several steps), compute / collective overlap on the TensorCore, async
+#: all-gathers, the data-parallel all-reduce optimisation.
+MAXTEXT_2023_LIBTPU_ARGS = (
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true "
+    "--xla_tpu_enable_async_collective_fusion=true "
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+    "--xla_tpu_overlap_compute_collective_tc=true "
+    "--xla_enable_async_all_gather=true")
+
+
+def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
+    """Compile the oracle's row ``rid`` (tools/xla_oracle, its own process) with XLA's TPU
+    flags ``libtpu_args``; writes ``out_dir/hlo/<rid>.hlo.txt.gz`` and
+    ``out_dir/results/<rid>.json`` (the oracle's result with this compile's memory)."""
+    import gzip
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    sys.path.insert(0, ROOT)
+    from tools.xla_oracle.spec import resolve
+
+    with open(os.path.join(ROOT, "tools", "xla_oracle", "configs.yaml")) as f:
+        spec = resolve(rid, yaml.safe_load(f)[rid])
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "tools.xla_oracle.compile_one", tmp], cwd=ROOT,
+                       input=json.dumps(spec), text=True, check=True,
+                       env={**os.environ, "LIBTPU_INIT_ARGS": libtpu_args})
+        with open(os.path.join(tmp, "outcome.json")) as f:
+            outcome = json.load(f)
+        with open(os.path.join(tmp, "module.hlo.txt"), "rb") as f:
+            text = f.read()
+    os.makedirs(os.path.join(out_dir, "hlo"), exist_ok=True)
+    os.makedirs(os.path.join(out_dir, "results"), exist_ok=True)
+    with open(os.path.join(out_dir, "hlo", f"{rid}.hlo.txt.gz"), "wb") as f:
+        f.write(gzip.compress(text, mtime=0))
+    with open(os.path.join(ROOT, "tools", "xla_oracle", "results", f"{rid}.json")) as f:
+        result = json.load(f)
+    result.update(peak_bytes_per_device=outcome["memory"]["peak_memory_bytes"],
+                  libtpu_args=libtpu_args, compile=outcome.get("compile_seconds"))
+    with open(os.path.join(out_dir, "results", f"{rid}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
 
 #: Op categories of the per-op diff: (name, HLO op_name / source pattern, built-in record
 #: name pattern); the first that matches takes an op.
@@ -439,9 +488,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="tables for VALIDATION.md")
     parser.add_argument("--json", action="store_true", help="rows as JSON")
     parser.add_argument("--rows", default="T1,T3,T5", help="training rows (comma-separated)")
+    parser.add_argument("--compile-maxtext-flags", metavar="DIR",
+                        help="compile --rows with the oracle and MaxText's 2023 XLA flags "
+                             "(MAXTEXT_2023_LIBTPU_ARGS) into DIR/hlo and DIR/results (minutes "
+                             "each; needs libtpu and tools/xla_oracle)")
     parser.add_argument("--hlo-dir", default=os.path.join(ROOT, "tools", "xla_oracle", "hlo"),
                         help="where the oracle's <row>.hlo.txt.gz are (results/ beside it)")
     args = parser.parse_args(argv)
+    if args.compile_maxtext_flags:
+        for rid in args.rows.split(","):
+            compile_oracle(rid, args.compile_maxtext_flags, MAXTEXT_2023_LIBTPU_ARGS)
     if args.training or args.memory:
         results = run_training(args.rows.split(","), args.hlo_dir)
         if args.json:

@@ -16,6 +16,7 @@ def rms(x):
 
 
 def layer(x, w):
+    x = jax.lax.with_sharding_constraint(x, P("fsdp"))               # FSDP: batch stays split
     h = jnp.pad(rms(x), ((0, 0), (WIDTH - 1, 0), (0, 0)))             # causal: pad the past
     x = x + sum(h[:, i:i + x.shape[1]] * w["conv"][i] for i in range(WIDTH))
     h = rms(x)

@@ -285,7 +285,8 @@ class _Builder:
     def lane(self, info: CollectiveInfo) -> str:
         if info.op == "dma":
             return DMA_HOST if _HOST_SPACE in info.memory_spaces else DMA_HBM
-        key = (info.op == "ppermute", info.groups)
+        key = (info.op == "ppermute", frozenset(frozenset(g) for g in info.groups)
+               if info.op != "ppermute" else info.groups)  # one lane per set of groups
         hit = self.lane_of.get(key)
         if hit is None:
             name = lane_name(info.groups, self.mesh_axes, info.op)

@@ -116,3 +116,16 @@ def test_tpu_capture(tmp_path):
     assert data["costed_from"] == "TPU-compiled HLO" and data["capture"]["platform"] == "tpu"
     assert data["memory"]["xla_platform"] == "tpu" and data["memory"]["xla"]["peak_bytes"] > 0
     assert data["mxu_flops_per_device"] == 2 * (2 * 128 * 512 * 256)
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_in_one_command(tmp_path):
+    """docs/jax.md's model of the reader's own, the README's one command (CPU path)."""
+    example = Path(__file__).resolve().parents[3] / "docs" / "examples" / "my_model.py"
+    done = _cli("run-jax", f"{example}:train_step", "--slice", "v5e-8", "--path", "cpu",
+                "--output-dir", str(tmp_path / "out"), "--json",
+                env={"TPU_POD_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["simulated_step_seconds"] > 0 and data["memory"]["fits"]
+    assert set(data["collectives_by_lane"]) & {"fsdp", "tensor"}
