@@ -135,32 +135,23 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     Returns:
         The stripped parts (empty ones dropped).
     """
-    parts, depth, quote, start, i = [], 0, "", 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([{":
+    parts, depth, start = [], 0, 0
+    for i, ch in _unquoted(text):
+        if ch in "([{":
             depth += 1
         elif ch in ")]}":
             depth -= 1
         elif ch == sep and depth == 0:
             parts.append(text[start:i].strip())
             start = i + 1
-        i += 1
     parts.append(text[start:].strip())
     return [p for p in parts if p]
 
 
-def _closing(text: str, start: int) -> int:
-    """The index just past the bracket closing the one at ``text[start]``; -1 if none."""
-    pairs = {"(": ")", "[": "]", "{": "}"}
-    stack, quote, i = [], "", start
+def _unquoted(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, character) of ``text`` from ``start``, skipping quoted strings (their
+    escapes included) and the quotes."""
+    quote, i = "", start
     while i < len(text):
         ch = text[i]
         if quote:
@@ -170,13 +161,22 @@ def _closing(text: str, start: int) -> int:
                 quote = ""
         elif ch in "\"'":
             quote = ch
-        elif ch in pairs:
+        else:
+            yield i, ch
+        i += 1
+
+
+def _closing(text: str, start: int) -> int:
+    """The index just past the bracket closing the one at ``text[start]``; -1 if none."""
+    pairs = {"(": ")", "[": "]", "{": "}"}
+    stack: list[str] = []
+    for i, ch in _unquoted(text, start):
+        if ch in pairs:
             stack.append(pairs[ch])
         elif stack and ch == stack[-1]:
             stack.pop()
             if not stack:
                 return i + 1
-        i += 1
     return -1
 
 

@@ -243,7 +243,9 @@ def lane_name(groups: Groups, mesh_axes: Mapping[str, int] | None, op: str = "")
         varying |= {names[a] for a in range(len(names)) if len(set(block[:, a])) > 1}
     axes = "+".join(n for n in names if n in varying) or "none"
     if op != "ppermute":
-        return axes
+        whole = math.prod(sizes[names.index(n)] for n in varying)
+        size = len(groups[0]) if groups else 0
+        return axes if size in (whole, 0) else f"{axes} ({size} of {whole})"
     shifts = {int((b - a) % sizes[names.index(axes)]) for a, b in
               zip(coords[0::2, names.index(axes)], coords[1::2, names.index(axes)], strict=True)
               } if axes in names else set()
