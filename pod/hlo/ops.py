@@ -474,7 +474,8 @@ class OpCoster:
         """A Pallas flash-attention kernel (the forward, or the backward's ``dkv`` / ``dq``
         kernels, or both fused), q and k of (B, H, T, Dh) and (B, K, T, Dh) as
         ``jax.experimental.pallas.ops.tpu.flash_attention`` and splash take them, costed
-        by ``pod.workloads.flash`` (causal; blocks from the kernel's name, else 512);
+        by ``pod.workloads.flash`` (causal; the query and key blocks from the kernel's name,
+        else 512);
         None for any other kernel."""
         from pod.workloads import flash
 
@@ -487,8 +488,10 @@ class OpCoster:
         if len(four) < 2:
             return None
         (b, h, t, dh), kv_heads = four[0].dims, four[1].dims[1]
-        found = re.search(r"block_q(?:_major)?_(\d+)", text)
+        found = re.search(r"block_q(?:_major)?[_=](\d+)", text)
         block = int(found.group(1)) if found else flash.FLASH_BLOCK_SIZE
+        found = re.search(r"block_k(?:v)?(?:_major)?[_=](\d+)", text)
+        block_kv = int(found.group(1)) if found else None
         name = short_name(where)
         kernels = [k for k in flash.BACKWARD_KERNELS if f"_{k}" in text]
         if not kernels and "bwd" in text:
@@ -496,10 +499,10 @@ class OpCoster:
 
         def calls(core: TensorCore) -> None:
             if not kernels:
-                flash.record_flash_forward(core, name, b, h, kv_heads, t, dh, block)
+                flash.record_flash_forward(core, name, b, h, kv_heads, t, dh, block, block_kv)
             for kernel in kernels:
                 flash.record_flash_backward_kernel(core, f"{name}/{kernel}", kernel, b, h,
-                                                   kv_heads, t, dh, block)
+                                                   kv_heads, t, dh, block, block_kv)
 
         return OpCost(self._records("bf16", calls), "flash kernel model",
                       self._xla_seconds(where))
