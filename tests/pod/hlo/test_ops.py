@@ -183,7 +183,7 @@ ENTRY %main (q: bf16[2,4,1024,128], k: bf16[2,4,1024,128]) -> bf16[2,4,1024,128]
     for name, record in (
             ("flash_attention.3", lambda c: record_flash_forward(c, "f", 2, 4, 4, 1024, 128)),
             ("flash_mha_bwd_dkv_block_q_major_256_block_k_major_512", lambda c:
-             record_flash_backward_kernel(c, "f", "dkv", 2, 4, 4, 1024, 128, 256))):
+             record_flash_backward_kernel(c, "f", "dkv", 2, 4, 4, 1024, 128, 256, 512))):
         tc = core(True)
         record(tc)
         want = sum(r.seconds for r in tc.take_records())
