@@ -319,6 +319,52 @@ def _write_cache(found: Capture) -> None:
         (directory / f"{found.key}.json").write_text(json.dumps(data, indent=1))
 
 
+def _lower(jax: Any, step_fn: Callable, mesh: Any, shardings: Any, structs: list,
+           name: str) -> Any:
+    """``step_fn`` lowered over ``mesh`` (jitted with ``shardings`` unless it is already).
+
+    Raises:
+        CaptureError: it does not trace (one line: the error's first line).
+    """
+    jitted = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn, in_shardings=shardings)
+    try:
+        with (jax.set_mesh(mesh) if hasattr(jax, "set_mesh") else mesh):
+            return jitted.lower(*structs)
+    except Exception as err:  # the user's code: anything it raises while tracing
+        first = (str(err).strip().splitlines() or [""])[0][:240]
+        raise CaptureError(f"{name} does not trace with these arguments: "
+                           f"{type(err).__name__}: {first}") from None
+
+
+def _compile(lowered: Any, what: str) -> Any:
+    """``lowered.compile()``, libtpu's chatter swallowed.
+
+    Raises:
+        CaptureError: XLA refused (one line: its error's first line).
+    """
+    error: Exception | None = None
+    with _quiet_stderr():
+        try:
+            compiled = lowered.compile()
+        except Exception as err:  # XLA's errors are of many kinds
+            error = err
+    if error is not None:
+        first = (str(error).strip().splitlines() or [""])[0][:240]
+        raise CaptureError(f"XLA could not compile {what}: {first}") from None
+    return compiled
+
+
+def _memory(compiled: Any) -> dict[str, int]:
+    """XLA's ``memory_analysis()`` figures, bytes per device ({} when it has none)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    return {k: int(getattr(stats, k)) for k in (
+        "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+        "temp_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes")
+        if hasattr(stats, k)}
+
+
 def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, int],
             chip_name: str, torus_shape: Sequence[int], slice_label: str, slices: int = 1,
             in_specs: Any = None, path: str = "auto", use_cache: bool = True,
@@ -368,21 +414,14 @@ def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, i
     jax = _jax(path, devices, libtpu_args)
     topo = topology_name(chip_name, torus_shape)
     say(f"getting {devices} {'TPU ' + topo if path == 'tpu' else 'CPU'} devices")
-    found, printed = _devices(jax, path, topo, slices, devices)
+    found, _ = _devices(jax, path, topo, slices, devices)
     mesh = make_mesh(jax, found, mesh_axes)
     if callable(args) and not isinstance(args, (tuple, list)):
         args = tuple(args(mesh))
     shardings, structs = _shardings(jax, mesh, list(args), in_specs)
     name = getattr(step_fn, "__name__", "the step")
-    jitted = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn, in_shardings=shardings)
     say(f"tracing {name}")
-    try:
-        with (jax.set_mesh(mesh) if hasattr(jax, "set_mesh") else mesh):
-            lowered = jitted.lower(*structs)
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [""])[0][:240]
-        raise CaptureError(f"{name} does not trace with these arguments: "
-                           f"{type(err).__name__}: {first}") from None
+    lowered = _lower(jax, step_fn, mesh, shardings, structs, name)
     key = hashlib.sha256("\n".join((lowered.as_text(), slice_label, str(slices), path,
                                     json.dumps(dict(mesh_axes)), _versions(path),
                                     " ".join(libtpu_args.split()))).encode()
@@ -395,22 +434,8 @@ def capture(step_fn: Callable, args: Sequence[Any], *, mesh_axes: Mapping[str, i
     say(f"compiling {name} for {topo if path == 'tpu' else f'{devices} CPU devices'}"
         f"{' x ' + str(slices) + ' slices' if slices > 1 else ''} (this can take minutes)")
     start = time.perf_counter()
-    error: Exception | None = None
-    with _quiet_stderr() as printed_compile:
-        try:
-            compiled = lowered.compile()
-        except Exception as err:  # XLA's errors are of many kinds
-            error = err
-    if error is not None:
-        first = (str(error).strip().splitlines() or [""])[0][:240]
-        raise CaptureError(f"XLA could not compile {name} for {slice_label} ({path} path): "
-                           f"{first}") from None
-    del printed, printed_compile
-    stats = compiled.memory_analysis()
-    memory = {k: int(getattr(stats, k)) for k in (
-        "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-        "temp_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes")
-        if hasattr(stats, k)} if stats is not None else {}
+    compiled = _compile(lowered, f"{name} for {slice_label} ({path} path)")
+    memory = _memory(compiled)
     result = Capture(hlo_text=compiled.as_text(), platform=path, topology=topo, slices=slices,
                      devices=_physical(mesh, torus_shape, path), mesh_axes=dict(mesh_axes),
                      memory=memory, compile_seconds=time.perf_counter() - start, cached=False,

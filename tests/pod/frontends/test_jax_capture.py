@@ -1,6 +1,7 @@
 """Capturing a user's JAX step (``pod.frontends``, ``pod.jax``, ``tpu-pod run-jax``): the CPU
-path end to end in this process, one line for a step that does not trace or a mesh that does
-not divide the slice; the TPU path (libtpu) and the command line in the slow tier."""
+path end to end in a process of its own (about 4 s; jax's threads stay out of this process,
+which forks others), one line for a step that does not trace or a mesh that does not divide
+the slice; the TPU path (libtpu) and the command line in the slow tier."""
 
 from __future__ import annotations
 
@@ -13,76 +14,76 @@ from pathlib import Path
 
 import pytest
 
-from pod.errors import CaptureError
-
-pytest.importorskip("jax", reason="the jax extra is not installed (pip install -e '.[jax]')")
+if importlib.util.find_spec("jax") is None:
+    pytest.skip("the jax extra is not installed (pip install -e '.[jax]')",
+                allow_module_level=True)
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "jax"
 STEP = DATA / "tiny_step.py"
 TPU = importlib.util.find_spec("libtpu") is not None
 
-
-def _user_module():
-    spec = importlib.util.spec_from_file_location("tiny_step", STEP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+#: Runs in a process of its own: jax starts threads, and the test process forks others.
+CAPTURE = """
+import importlib.util, json, sys
+import pod.jax
+from pod.errors import CaptureError
+spec = importlib.util.spec_from_file_location("tiny_step", sys.argv[1])
+user = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(user)
+est = pod.jax.estimate(user.step, user.step_args, mesh=user.MESH, slice="v5e-8", path="cpu")
+paths = est.write(sys.argv[2])
+again = pod.jax.estimate(user.step, user.step_args, mesh=user.MESH, slice="v5e-8", path="cpu")
+errors = []
+for fn, args, mesh in ((user.broken, user.broken_args, user.MESH),
+                       (user.step, user.step_args, {"data": 2, "model": 2})):
+    try:
+        pod.jax.estimate(fn, args, mesh=mesh, slice="v5e-8", path="cpu")
+    except CaptureError as err:
+        errors.append(str(err))
+print(json.dumps({"summary": est.summary, "lanes": list(est.step.lanes),
+                  "flops": est.step.flops_per_device, "fits": est.memory.fits,
+                  "approximate": est.approximate, "layers": paths[1].read_text(),
+                  "again_cached": again.summary["cached"],
+                  "again_seconds": again.step_seconds, "errors": errors}))
+"""
 
 
 @pytest.fixture(scope="module")
-def cpu_estimate(tmp_path_factory):
-    """The tiny step captured over 8 fake CPU devices and costed (once)."""
-    import pod.jax
+def captured(tmp_path_factory):
+    """The tiny step captured over 8 fake CPU devices and costed, in a fresh process: its
+    estimate, the same again (from the cache), and two mistakes."""
+    tmp = tmp_path_factory.mktemp("capture")
+    done = subprocess.run([sys.executable, "-c", CAPTURE, str(STEP), str(tmp / "out")],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TPU_POD_CACHE": str(tmp / "cache")})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TPU_POD_CACHE", str(tmp_path_factory.mktemp("cache")))
-        user = _user_module()
-        yield pod.jax.estimate(user.step, user.step_args, mesh=user.MESH, slice="v5e-8",
-                               path="cpu"), user
 
-
-def test_cpu_capture_end_to_end(cpu_estimate, tmp_path):
-    estimate, _ = cpu_estimate
-    assert estimate.approximate and estimate.summary["costed_from"] == (
+def test_cpu_capture_end_to_end(captured):
+    assert captured["approximate"] and captured["summary"]["costed_from"] == (
         "approximate (CPU-compiled HLO)")
     # the MXU work by hand, per device: forward x @ w of (128 x 512) . (512 x 256), backward
     # the weight gradient (512 x 128) . (128 x 256)
-    assert estimate.step.flops_per_device == 2 * (2 * 128 * 512 * 256)
-    assert estimate.step_seconds > 0 and estimate.memory.fits
-    assert set(estimate.step.lanes) <= {"data", "model", "data+model"}
-    paths = estimate.write(tmp_path)
-    layers = paths[1].read_text()
-    assert "tiny_step.py:" in layers and "dot_general" in layers
+    assert captured["flops"] == 2 * (2 * 128 * 512 * 256)
+    assert captured["summary"]["simulated_step_seconds"] > 0 and captured["fits"]
+    assert set(captured["lanes"]) <= {"data", "model", "data+model"}
+    assert "tiny_step.py:" in captured["layers"] and "dot_general" in captured["layers"]
 
 
-def test_the_capture_is_cached(cpu_estimate):
-    import pod.jax
-
-    _, user = cpu_estimate
-    again = pod.jax.estimate(user.step, user.step_args, mesh=user.MESH, slice="v5e-8",
-                             path="cpu")
-    assert again.summary["cached"] and again.step_seconds == cpu_estimate[0].step_seconds
+def test_the_capture_is_cached(captured):
+    assert captured["again_cached"]
+    assert captured["again_seconds"] == captured["summary"]["simulated_step_seconds"]
 
 
-def test_a_step_that_does_not_trace_is_one_line(cpu_estimate):
-    import pod.jax
-
-    _, user = cpu_estimate
-    with pytest.raises(CaptureError, match=r"^broken does not trace with these arguments: "
-                                           r"TypeError: .*") as err:
-        pod.jax.estimate(user.broken, user.broken_args, mesh=user.MESH, slice="v5e-8",
-                         path="cpu")
-    assert "\n" not in str(err.value)
+def test_a_step_that_does_not_trace_is_one_line(captured):
+    error = captured["errors"][0]
+    assert error.startswith("broken does not trace with these arguments: TypeError: ")
+    assert "\n" not in error
 
 
-def test_a_mesh_that_does_not_divide_the_slice_is_one_line(cpu_estimate):
-    import pod.jax
-
-    _, user = cpu_estimate
-    with pytest.raises(CaptureError, match=r"mesh \{data: 2, model: 2\} has 4 devices but "
-                                           r"v5e-8 has 8"):
-        pod.jax.estimate(user.step, user.step_args, mesh={"data": 2, "model": 2},
-                         slice="v5e-8", path="cpu")
+def test_a_mesh_that_does_not_divide_the_slice_is_one_line(captured):
+    assert "mesh {data: 2, model: 2} has 4 devices but v5e-8 has 8" in captured["errors"][1]
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
