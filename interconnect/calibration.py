@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from interconnect.errors import LinkSpecError
 from interconnect.link import LinkSpec
 
-__all__ = ["Calibration", "CALIBRATION", "calibrated_link"]
+__all__ = ["Calibration", "CALIBRATION", "calibrated_link", "SLICE_STEP_JITTER"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +130,11 @@ def calibrated_link(generation: str, bandwidth_bytes_per_s: float, latency_s: fl
                     multi_link_exponent=calibration.multi_link_exponent,
                     collective_fixed_s=calibration.fixed_s(generation),
                     multi_link_cap=calibration.multi_link_cap, dma_streams=calibration.dma_streams)
+
+
+#: The spread of one slice's step (standard deviation as a fraction of the step) that
+#: makes a multislice job wait for its slowest slice (``interconnect.dcn.slice_wait_seconds``).
+#: Rows: M1 (2 x v5e-256 against T3), M2 (2 x v5p-128 against T1), M3 (8 x v4-128 against
+#: T9) [MT-v5e][MT-v5p][MT-v4], fitted with the step clock's MXU constants on every
+#: training row at once: ``python benchmarks/fidelity.py --fit-mxu`` (its "slice_jitter").
+SLICE_STEP_JITTER = 0.0466

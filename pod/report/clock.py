@@ -51,6 +51,13 @@ With ``overlap=False`` (``training.overlap: false``: for teaching, and for
 what XLA fails to overlap) every collective blocks where it is issued: the
 step is the serial sum of its records and collectives.
 
+The chip's sustained MXU budget (:func:`sustained_clocks`): the records run their
+matmuls at a fresh op's rate, and a step whose MXU work would average above
+the chip's sustained rate over the step is held to it (a power- or
+clock-limited chip; ``chip.calibration``). A job of several slices waits each
+step for its slowest slice (``interconnect.dcn.slice_wait_seconds``), charged
+to the mesh axis across slices (``StepContext.slice_axis``).
+
 The step ends when every stream has. What the compute stream waits is the
 *exposed* collective time, each wait charged to the axis of the collective it
 waited for (the pipeline bubble apart). The serial sum (every record and every collective one after
@@ -60,6 +67,7 @@ another) is reported beside it, an upper bound.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +76,8 @@ import numpy as np
 
 from pod.programs.collectives import COLLECTIVE_KINDS
 
-__all__ = ["CollectiveSpan", "StepClock", "step_clock", "COLLECTIVE_KINDS", "DeviceReport",
+__all__ = ["CollectiveSpan", "StepClock", "step_clock", "sustained_clocks", "COLLECTIVE_KINDS",
+           "DeviceReport",
            "StepContext", "device_clock", "device_clocks", "combine_device_reports", "BUBBLE",
            "PIPELINE_AXIS"]
 
@@ -123,6 +132,8 @@ class StepClock:
             start (for the trace).
         bubble_seconds: what the compute stream waited for other pipeline stages
             to reach their sends (the pipeline bubble; not in ``exposed_seconds``).
+        throttle_seconds: what the chip's sustained MXU budget added to the
+            compute (:func:`sustained_clocks`; in ``compute_seconds``).
     """
 
     step_seconds: float
@@ -139,6 +150,82 @@ class StepClock:
     host_seconds: float = 0.0
     exposed_host_seconds: float = 0.0
     bubble_seconds: float = 0.0
+    throttle_seconds: float = 0.0
+
+
+#: Relative tolerance of :func:`sustained_clocks`: a step within it of its MXU work at
+#: the sustained rate is taken as on the budget (the rest added in closed form).
+SUSTAINED_TOLERANCE = 1e-3
+#: Clock passes :func:`sustained_clocks` spends at most on stretching the matmuls.
+SUSTAINED_PASSES = 3
+
+
+def _mxu_seconds(report: DeviceReport) -> float:
+    return sum(s for s, b in zip(report.record_seconds, report.record_bounds, strict=True)
+               if b == "mxu")
+
+
+def _stretched(report: DeviceReport, k: float) -> DeviceReport:
+    """``report`` with its MXU-bound records ``k`` times longer."""
+    seconds = tuple(s * k if b == "mxu" else s
+                    for s, b in zip(report.record_seconds, report.record_bounds, strict=True))
+    return dataclasses.replace(report, record_seconds=seconds)
+
+
+def sustained_clocks(reports: Sequence[DeviceReport],
+                     cost_seconds: Callable[[str, str, int], float], fraction: float, *,
+                     overlap: bool = True) -> tuple[list[StepClock], list[DeviceReport]]:
+    """Every device's clock (:func:`device_clocks`) held to the chip's sustained MXU budget.
+
+    The records run their matmuls at a fresh op's efficiency e0
+    (``TensorCore(sustained=True)``); the chip sustains only e1 of the ideal rate
+    averaged over time (``TensorCoreSpec.sustained_mxu_efficiency``: a power- or
+    clock-limited chip; ``chip.calibration``). So a step takes at least its MXU
+    work at e1, ``mxu / fraction`` (``fraction = e1 / e0``, ``mxu`` its MXU-bound
+    records' seconds): a step with enough other work between its matmuls (vector
+    and HBM-bound ops, host transfers, exposed collectives) keeps under the budget
+    and is not slowed; one that is all matmuls runs at e1. When the budget binds,
+    the step is its MXU work at e1 exactly (the step grows continuously with the
+    matmuls' stretch k, so some k brings it there); what changes with k is how
+    much of the collectives the slower matmuls hide. So the MXU-bound records are
+    stretched and the step clocked again: ``k += (mxu / fraction - step) / mxu``,
+    from below (the step grows at most as fast as its matmuls), at most
+    :data:`SUSTAINED_PASSES` passes, none when nothing is exposed (then nothing
+    more can hide); what remains is added to the compute in closed form. One k
+    for every device (that of the device furthest over its budget).
+
+    Args:
+        reports, cost_seconds, overlap: as :func:`device_clocks`.
+        fraction: e1 / e0, in (0, 1]; 1: no budget.
+
+    Returns:
+        (clocks, reports): the clocks, ``throttle_seconds`` set to what the budget
+        added, and the reports they were clocked from (the MXU-bound records
+        stretched), in the order of ``reports``.
+    """
+    clocks = device_clocks(reports, cost_seconds, overlap=overlap)
+    if fraction >= 1.0:
+        return clocks, list(reports)
+    mxu = [_mxu_seconds(r) for r in reports]
+    j = max(range(len(reports)), key=lambda i: mxu[i] / fraction - clocks[i].step_seconds)
+    target = mxu[j] / fraction
+    step = clocks[j].step_seconds
+    if step >= target or mxu[j] <= 0:
+        return clocks, list(reports)
+    out, k = list(reports), 1.0
+    exposed = step - clocks[j].compute_seconds - clocks[j].update_seconds
+    for _ in range(SUSTAINED_PASSES if exposed > SUSTAINED_TOLERANCE * target else 0):
+        k += (target - step) / mxu[j]         # the step grows at most as fast as its matmuls
+        out = [_stretched(r, k) for r in reports]
+        clocks = device_clocks(out, cost_seconds, overlap=overlap)
+        step = clocks[j].step_seconds
+        if step >= target * (1.0 - SUSTAINED_TOLERANCE):
+            break
+    rest = max(0.0, target - step)            # the closed form for what remains
+    return [dataclasses.replace(c, step_seconds=c.step_seconds + rest,
+                                compute_seconds=c.compute_seconds + rest,
+                                throttle_seconds=(k - 1.0) * m + rest)
+            for c, m in zip(clocks, mxu, strict=True)], out
 
 
 class _Ici:
@@ -527,6 +614,13 @@ class StepContext:
             training-steps.md's 2025 formula); 0 for a model MaxText has no formula for.
         maxtext_2023_flops_per_device: the same by MaxText's 2023 formula with the
             causal halving of the attention term (the v5p table's).
+        sustained_mxu_fraction: e1 / e0 of the device's chip, the sustained MXU
+            budget against a fresh op's rate (:func:`sustained_clocks`); 1: none.
+        slice_wait_fraction: what a multislice job waits a step for its slowest
+            slice, as a fraction of one slice's step
+            (``interconnect.dcn.slice_wait_seconds``); 0 with one slice.
+        slice_axis: the mesh axis across slices the wait is charged to (its
+            exposed collective time: the slices meet at its reduction).
     """
 
     global_batch: int
@@ -541,6 +635,9 @@ class StepContext:
     tokens_per_example: int = 0
     maxtext_flops_per_device: float = 0.0
     maxtext_2023_flops_per_device: float = 0.0
+    sustained_mxu_fraction: float = 1.0
+    slice_wait_fraction: float = 0.0
+    slice_axis: str = ""
 
 
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
@@ -551,6 +648,14 @@ def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
         if b not in (HOST_OUT, HOST_IN):  # beside the compute (host_offload_seconds)
             out[b] = out.get(b, 0.0) + s
     return out
+
+
+def _with_throttle(bounds: dict[str, float], throttle_seconds: float) -> dict[str, float]:
+    """``bounds`` with what the sustained budget added in closed form (beyond the
+    stretched records: ``sustained_clocks``) in the MXU-bound seconds."""
+    if throttle_seconds > 0:
+        bounds["mxu"] = bounds.get("mxu", 0.0) + throttle_seconds
+    return bounds
 
 
 def _stage_timelines(reports: Sequence[DeviceReport], clocks: Sequence[StepClock],
@@ -611,9 +716,14 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     """
     from pod.report.stats import ExpertLoad, StepStats
 
-    clocks = device_clocks(reports, costs.seconds, overlap=context.overlap)
+    clocks, reports = sustained_clocks(reports, costs.seconds, context.sustained_mxu_fraction,
+                                       overlap=context.overlap)
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
     c, r = clocks[slow], reports[slow]
+    slice_wait = context.slice_wait_fraction * c.step_seconds  # the slowest slice's, a step
+    axis_exposed = dict(c.axis_exposed_seconds)
+    if slice_wait > 0:
+        axis_exposed[context.slice_axis] = axis_exposed.get(context.slice_axis, 0.0) + slice_wait
     hardware = replicate * int(sum(x.mxu_flops for x in reports))
     infeed = infeed_bytes / context.host_to_chip_bytes_per_s
     exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
@@ -634,7 +744,8 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         wall_seconds=wall_seconds, tokens_per_example=context.tokens_per_example,
         maxtext_flops_per_device=context.maxtext_flops_per_device,
         maxtext_2023_flops_per_device=context.maxtext_2023_flops_per_device,
-        exposed_collective_seconds=c.exposed_seconds, exposed_infeed_seconds=exposed_infeed,
+        exposed_collective_seconds=c.exposed_seconds + slice_wait,
+        exposed_infeed_seconds=exposed_infeed,
         host_offload_seconds=c.host_seconds, exposed_host_offload_seconds=c.exposed_host_seconds,
         dispatch_seconds=context.dispatch_seconds,
         hbm_used_bytes={x.device: x.hbm_used_bytes for x in reports},
@@ -646,11 +757,12 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         device_peak_flops_per_s=context.device_peak_flops_per_s,
         chip_compute_seconds=per_chip,
         axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
-        axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
+        axis_exposed_seconds=axis_exposed, traced_device=r.device,
         collective_spans=c.spans, compute_waits=c.waits,
         stage_timelines=_stage_timelines(reports, clocks, r),
         pipeline_bubble_seconds=c.bubble_seconds,
         axis_dcn_seconds=dcn_seconds, axis_dcn_bytes=dcn_bytes,
-        compute_bound_seconds=_bounds(r, 0, update_start),
+        compute_bound_seconds=_with_throttle(
+            _bounds(r, 0, update_start), c.compute_seconds - sum(r.record_seconds[:update_start])),
         update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),
         expert_load=ExpertLoad.total(x.router_loads for x in reports))

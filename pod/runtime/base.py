@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from interconnect.calibration import SLICE_STEP_JITTER
+from interconnect.dcn import slice_wait_seconds
 from pod.config.pipeline import pipeline_microbatches
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import DeviceGroups, device_chip_spec, device_groups
@@ -82,7 +84,17 @@ def step_context(plan: TrainingPlan) -> StepContext:
         overlap=bool(training.overlap),
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
         tokens_per_example=int(getattr(config, "sequence_length", 0) or 0),
+        sustained_mxu_fraction=_sustained_fraction(chip),
+        slice_wait_fraction=slice_wait_seconds(1.0, plan.topology.slices, SLICE_STEP_JITTER),
+        slice_axis=next(iter(plan.mesh.dcn_sizes), ""),
         **maxtext_flops(plan.model, plan.global_batch / plan.mesh.size))
+
+
+def _sustained_fraction(chip) -> float:
+    """e1 / e0 of ``chip``: its sustained MXU budget against a fresh op's rate
+    (``pod.report.clock.sustained_clock``)."""
+    core = chip.core
+    return core.sustained_mxu_efficiency / core.mxu_efficiency
 
 
 def chip_devices(plan: TrainingPlan) -> list[list[tuple[int, DeviceGroups]]]:
