@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -144,12 +145,13 @@ def rows() -> list[Row]:
                         Collective("v2", (2,), False, "reduce_scatter", 8 * 1024 * 8192 * 2)),
         _collective_row("C7", "[SB-shard]", "v5e axis of 4 (no wrap), all-gather 128 KiB", 8e-6, "device",
                         Collective("v5e", (4,), False, "all_gather", 128 * KIB)),
-        _collective_row("C8", "[JS168]", "v5e 2x4, all_gather bf16 2 GiB gathered", 68.3381e-3, "host",
-                        Collective("v5e", (2, 4), False, "all_gather", 2 * GIB)),
+        _collective_row("C8", "[JS168]", "v5e 2x4, all_gather bf16 2 GiB gathered (torch_xla: allreduce)",
+                        68.3381e-3, "host", Collective("v5e", (2, 4), False, "allreduce", 2 * GIB)),
         _collective_row("C9", "[JS168]", "v5e 2x4, int8 psum 128 MiB per chip", 4.34715e-3, "host",
                         Collective("v5e", (2, 4), False, "allreduce", 128 * MIB, itemsize=1)),
-        _collective_row("C10", "[JS168]", "v5e 2x4, int8 all_gather 1 GiB gathered", 34.4571e-3, "host",
-                        Collective("v5e", (2, 4), False, "all_gather", GIB, itemsize=1)),
+        _collective_row("C10", "[JS168]", "v5e 2x4, int8 all_gather 1 GiB gathered (torch_xla: allreduce)",
+                        34.4571e-3, "host",
+                        Collective("v5e", (2, 4), False, "allreduce", GIB, itemsize=1)),
         _collective_row("C11", "[MARIN]", "v5p-8 (2x2x1), ppermute one hop, 64 MiB", 781.98e-6, "device",
                         Collective("v5p", (2, 2, 1), False, "ppermute", 64 * MIB)),
         _collective_row("C12", "[MARIN]", "v5p-8 (2x2x1), ppermute one hop, 1 MiB", 16.94e-6, "device",
@@ -257,29 +259,32 @@ def predict(row: Row, ic, link_for: Callable[[str], object], fastest: bool = Fal
 
 
 NOTES = {
-    "C4": "fitted with the training steps: the MXU's rate falls under sustained load (e0 0.952 -> e1 0.733 on v5e, time constant 0.158 s): 81.7% of peak over 438 ms",
+    "C4": "fitted with the training steps: a GEMM's MXU rate falls from e0 towards the sustained e1 "
+          "with time constant tau (chip.calibration): 81.7% of peak over 438 ms",
     "C5": "fitted on this row (the only HBM measurement): hbm_efficiency 0.83, not a check",
-    "C8": "hypothesis: XLA runs this all_gather as an allreduce of the zero-padded gathered buffer; "
-          "C10 / C9 = 7.9, the ratio of allreduce volumes (1 GiB / 128 MiB = 8), where all-gathers would "
-          "give 4; read so (--as-allreduce) it is within 1%",
+    "C8": "jetstream-pytorch runs on torch_xla, whose xla_model.all_gather (pin_layout=True, no "
+          "output) is _all_gather_using_all_reduce: the buffer padded with zeros to the gathered size "
+          "and all-reduced (torch_xla 2.9.0); costed so. C10 / C9 = 7.9, the ratio of those allreduces "
+          "(8), where all-gathers would give 4. As the native all-gather (--as-all-gather): -50%",
     "C10": "as C8",
     "S1": "a specification: matches 256 chips x 4 links x 50 GB/s; [SB] gives 45 GB/s per link",
     "S2": "a specification: matches 256 chips x 4 links x 100 GB/s; [SB] gives 90 GB/s per link",
 }
 
 
-def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = False,
+def run(ic, link_for, *, collective_only: bool = False, as_all_gather: bool = False,
         fastest: bool = False) -> list[Result]:
     out = []
     for row in rows():
         if collective_only and row.kind != "collective":
             continue
-        if as_allreduce and row.id in ("C8", "C10"):
+        if as_all_gather and row.id in ("C8", "C10"):
             c = row.collective
-            row = Row(row.id, row.source, row.setup + " [read as allreduce]",
-                      row.command.replace("--op all-gather", "--op allreduce"), row.published_s, row.timing,
-                      row.kind, Collective(c.generation, c.shape, c.wraparound, "allreduce", c.size_bytes,
-                                           c.itemsize), row.note)
+            row = Row(row.id, row.source, row.setup + " [read as the native all-gather]",
+                      row.command.replace("--op allreduce", "--op all-gather"), row.published_s,
+                      row.timing, row.kind, Collective(c.generation, c.shape, c.wraparound,
+                                                       "all_gather", c.size_bytes, c.itemsize),
+                      row.note)
         if fastest and row.kind == "collective":
             row = Row(row.id, row.source, row.setup, row.command.replace(f" --algorithm {XLA_ALGORITHM}", ""),
                       row.published_s, row.timing, row.kind, row.collective, row.note)
@@ -294,7 +299,7 @@ def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = Fal
 
 
 def fit(ic, fastest: bool = False) -> dict:
-    """Least squares of the relative error over the collective rows (C8, C10 read as allreduces).
+    """Least squares of the relative error over the collective rows (C8, C10 the allreduces they ran as).
 
     Per row the cost splits into parts measured with three ideal-link runs:
     latency ``L`` (hops x 1 us), and per phase the bandwidth seconds ``b_p`` at
@@ -348,8 +353,6 @@ def _fit_parts(ic, fastest: bool) -> list[tuple]:
         if row.kind != "collective":
             continue
         c = row.collective
-        if row.id in ("C8", "C10"):
-            c = Collective(c.generation, c.shape, c.wraparound, "allreduce", c.size_bytes, c.itemsize)
         w = LINK_BYTES_PER_S[c.generation]
         algorithm_cost = {}
         for name, link in (("bw", ic.LinkSpec(w, 0.0)), ("k", ic.LinkSpec(w, 0.0, multi_link_exponent=1.0)),
@@ -375,6 +378,62 @@ def _phase_seconds(ic, c: Collective, link, fastest: bool = False) -> list[float
                                    itemsize=c.itemsize).phase_seconds)
 
 
+# --------------------------------------------------------------- the two readings (issue 29)
+
+#: 2-D tori the readings part on most: a full v5e / v6e pod (wraparound, 4 links a chip) and a
+#: v6e-16 (4x4, no wraparound). No published measurement of them is in the calibration set.
+READING_EXAMPLES = (("v5e", (16, 16), True), ("v6e", (16, 16), True), ("v6e", (4, 4), False))
+
+
+def reading_links(ic) -> dict:
+    """The two readings' calibrated links, each fitted on the collective rows (:func:`fit`):
+    "A" XLA's algorithm (every torus axis at once, both directions; the committed
+    ``interconnect.calibration``), "B" the fastest algorithm with the multi-link loss it
+    needs (``fit(fastest=True)``), and "A, streams unlimited" (issue 23's constants: the
+    same fit with the DMA streams never binding)."""
+    b = fit(ic, fastest=True)
+    cal_b = ic.calibration.Calibration(
+        efficiency=b["efficiency"], multi_link_exponent=b["multi_link_exponent"],
+        multi_link_cap=float(b["multi_link_cap"]), fixed_s_by_generation=b["fixed_s_by_generation"],
+        default_fixed_s=b["default_fixed_s"], dma_streams=math.inf)
+    cal_a = ic.calibration.CALIBRATION
+    unlimited = dataclasses.replace(cal_a, dma_streams=math.inf)
+
+    def link(cal):
+        return lambda g: ic.calibrated_link(g, LINK_BYTES_PER_S[g], HOP_LATENCY_S, calibration=cal)
+
+    return {"A": (link(cal_a), False), "B": (link(cal_b), True),
+            "A, streams unlimited": (link(unlimited), False)}
+
+
+def print_readings(ic, markdown: bool) -> None:
+    """Every collective row under both readings, and the 2-D tori where they part."""
+    links = reading_links(ic)
+    header = ("id", "setup", "published", *(f"{name}: predicted, error" for name in links))
+    lines = []
+    for row in rows():
+        if row.kind != "collective":
+            continue
+        cells = []
+        for link_for, fastest in links.values():
+            seconds, algorithm = collective_seconds(ic, row.collective,
+                                                    link_for(row.collective.generation), fastest)
+            seconds += HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0
+            cells.append(f"{_one_seconds(seconds)} {algorithm}, "
+                         f"{(seconds / row.published_s - 1) * 100:+.1f}%")
+        lines.append((row.id, row.setup, _one_seconds(row.published_s), *cells))
+    for generation, shape, wraps in READING_EXAMPLES:
+        c = Collective(generation, shape, wraps, "allreduce", 256 * MIB)
+        cells = []
+        for link_for, fastest in links.values():
+            seconds, algorithm = collective_seconds(ic, c, link_for(generation), fastest)
+            cells.append(f"{_one_seconds(seconds)} {algorithm}")
+        wrap = "wraparound" if wraps else "no wraparound"
+        lines.append(("-", f"{generation} {'x'.join(map(str, shape))} ({wrap}), allreduce 256 MiB bf16",
+                      "(none)", *cells))
+    _print_rows(header, lines, markdown)
+
+
 # ----------------------------------------------------------------------------------- output
 
 
@@ -389,10 +448,11 @@ def _fmt_seconds(row: Result) -> tuple[str, str]:
     if row.timing == "spec":
         return f"{row.published_s / 1e12:.1f} TB/s", f"{row.predicted_s / 1e12:.1f} TB/s"
 
-    def one(s: float) -> str:
-        return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
+    return _one_seconds(row.published_s), _one_seconds(row.predicted_s)
 
-    return one(row.published_s), one(row.predicted_s)
+
+def _one_seconds(s: float) -> str:
+    return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
 
 
 def print_table(results: list[Result], markdown: bool) -> None:
@@ -666,11 +726,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--fit", action="store_true", help="fit efficiency, exponent and fixed costs")
+    parser.add_argument("--readings", action="store_true",
+                        help="every collective row under both readings (XLA's algorithm with its "
+                             "DMA streams; the fastest algorithm with a multi-link loss)")
     parser.add_argument("--fastest", action="store_true",
                         help="cost collectives by the fastest algorithm (as the CLI without --algorithm), "
                              "not by XLA's (the torus algorithm)")
-    parser.add_argument("--as-allreduce", action="store_true",
-                        help="read C8 and C10 as allreduces of the gathered buffer (the fit's reading)")
+    parser.add_argument("--as-all-gather", action="store_true",
+                        help="cost C8 and C10 as the native all-gather their command names, not as "
+                             "the allreduce of the zero-padded buffer torch_xla runs")
     parser.add_argument("--fit-mxu", action="store_true",
                         help="fit the MXU's efficiencies (fresh e0, time constant, sustained e1 "
                              "per generation) on the GEMM rows and the training steps together")
@@ -697,6 +761,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         print(json.dumps(fit(ic, args.fastest), indent=2))
         return 0
+    if args.readings:
+        print_readings(ic, args.markdown)
+        return 0
     if args.baseline:
         def link_for(generation: str):
             return ic.LinkSpec(LINK_BYTES_PER_S[generation], HOP_LATENCY_S)
@@ -704,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         def link_for(generation: str):
             return ic.calibrated_link(generation, LINK_BYTES_PER_S[generation], HOP_LATENCY_S)
     results = [] if args.training else run(ic, link_for, collective_only=bool(args.baseline),
-                                            as_allreduce=args.as_allreduce, fastest=args.fastest)
+                                            as_all_gather=args.as_all_gather, fastest=args.fastest)
     training = ([] if args.single_op or args.baseline else training_results())
     if args.json:
         out = {"training_rows": [asdict(r) for r in training]}
