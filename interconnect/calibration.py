@@ -94,7 +94,8 @@ CALIBRATION = Calibration(
     # joint fit (rows C6-C14, benchmarks/fidelity.py --fit): 0, no loss when a chip drives several
     # links ([JS168] C8-C10: up to 3 links per chip on the 2x4 v5e slice's lines, [SB-shard] C7: 2
     # on a line of 4). Fitted at 0.655 before issue 23, when the rows were read with the
-    # bidirectional ring over a Hamiltonian cycle of the 2x4 slice (2 links), which XLA does not run.
+    # bidirectional ring over a Hamiltonian cycle of the 2x4 slice (2 links), which XLA does not
+    # run.
     multi_link_exponent=0.0,
     # the most links any fitted row drives per chip (C8-C10); with no loss it only documents them
     multi_link_cap=3.0,

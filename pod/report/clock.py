@@ -22,7 +22,9 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   for it. With collective matmul (XLA's windowed einsum) it is decomposed
   into the matmul that produces it (``overlap_before`` records: it may start
   when they start) or consumes it (``overlap_after`` records: they run while
-  it completes), so only what the matmuls cannot hide shows.
+  it completes), so only what the matmuls cannot hide shows; it then runs as
+  collective-permute steps, each paying the fixed cost of a collective
+  (``MeshCollectiveCosts.windowed_steps``).
 - ``param_gather`` (FSDP's all-gathers): prefetched one layer ahead. Ready
   when the compute stream reaches the *previous* param_gather (the first one
   at the step's start); the compute stream waits at its own point for its end.
@@ -80,6 +82,10 @@ __all__ = ["CollectiveSpan", "StepClock", "step_clock", "sustained_clocks", "COL
            "DeviceReport",
            "StepContext", "device_clock", "device_clocks", "combine_device_reports", "BUBBLE",
            "PIPELINE_AXIS"]
+
+#: A collective's simulated seconds: ``(axis, op, nbytes)``, and ``windowed=True`` for one
+#: run as a collective matmul (``pod.config.sharding.MeshCollectiveCosts.seconds``).
+CostSeconds = Callable[..., float]
 
 #: What the compute stream's waits for another pipeline stage are charged to (the
 #: ``waits`` of a :class:`StepClock`, the trace's compute lane).
@@ -173,7 +179,7 @@ def _stretched(report: DeviceReport, k: float) -> DeviceReport:
 
 
 def sustained_clocks(reports: Sequence[DeviceReport],
-                     cost_seconds: Callable[[str, str, int], float], fraction: float, *,
+                     cost_seconds: CostSeconds, fraction: float, *,
                      overlap: bool = True) -> tuple[list[StepClock], list[DeviceReport]]:
     """Every device's clock (:func:`device_clocks`) held to the chip's sustained MXU budget.
 
@@ -246,6 +252,15 @@ class _Ici:
             self.starts.insert(j, t)
             self.ends.insert(j, t + seconds)
         return t, t + seconds
+
+
+def _windowed(call: Any) -> bool:
+    """A collective XLA runs as a collective matmul (windowed einsum): an activation
+    all-gather, reduce-scatter or allreduce decomposed into the matmul beside it
+    (``overlap_before`` / ``overlap_after``), costed with its collective-permute steps
+    (``MeshCollectiveCosts.seconds(windowed=True)``)."""
+    return (call.kind == "activation" and call.op in ("all_gather", "reduce_scatter", "allreduce")
+            and bool(getattr(call, "overlap_before", 0) or getattr(call, "overlap_after", 0)))
 
 
 def _check_call(call: Any, last_after: int, n: int) -> None:
@@ -349,7 +364,7 @@ class _Reach:
 
 
 def step_clock(records: Sequence[Any], calls: Sequence[Any],
-               cost_seconds: Callable[[str, str, int], float],
+               cost_seconds: CostSeconds,
                update_start: int | None = None, *, overlap: bool = True,
                kinds: Sequence[str] | None = None) -> StepClock:
     """Place a device's op records and collective calls in time (module docstring).
@@ -389,7 +404,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
 
 
 def _timeline(records: Sequence[Any], calls: Sequence[Any],
-              cost_seconds: Callable[[str, str, int], float], update_start: int | None,
+              cost_seconds: CostSeconds, update_start: int | None,
               overlap: bool, sync: bool, kinds: Sequence[str] | None = None):
     """:func:`step_clock` as a generator: with ``sync`` it yields a :class:`_Reach` at
     every call over :data:`PIPELINE_AXIS` and takes back (ready, end): the source's
@@ -409,7 +424,9 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
         _check_call(call, last_after, n)
         last_after = call.after_record
         stream.run_until(call.after_record)
-        cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
+        cost = float(cost_seconds(call.axis, call.op, int(call.nbytes), windowed=True)
+                     if overlap and _windowed(call) else
+                     cost_seconds(call.axis, call.op, int(call.nbytes)))
         synced = sync and call.axis == PIPELINE_AXIS
         axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
         axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
@@ -520,7 +537,7 @@ class _Seconds:
     seconds: float
 
 
-def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], float], *,
+def device_clock(report: DeviceReport, cost_seconds: CostSeconds, *,
                  overlap: bool = True) -> StepClock:
     """One device's :class:`StepClock` from its report and the plan's collective costs
     (``MeshCollectiveCosts.seconds``)."""
@@ -529,7 +546,7 @@ def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], f
 
 
 def device_clocks(reports: Sequence[DeviceReport],
-                  cost_seconds: Callable[[str, str, int], float], *,
+                  cost_seconds: CostSeconds, *,
                   overlap: bool = True) -> list[StepClock]:
     """Every device's :class:`StepClock`, the stages of a pipeline clocked together: the
     devices of one ``stage_group`` run their timelines side by side, meeting at each
@@ -562,7 +579,7 @@ def device_clocks(reports: Sequence[DeviceReport],
     return [c for c in clocks if c is not None]
 
 
-def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: Callable[[str, str, int], float],
+def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: CostSeconds,
                   overlap: bool) -> list[StepClock]:
     """The timelines of one stage group (``reports`` in ring order) side by side: at
     the k-th stage-axis collective each device learns its source's send (a
