@@ -153,4 +153,4 @@ def calibrated_link(generation: str, bandwidth_bytes_per_s: float, latency_s: fl
 #: Rows: M1 (2 x v5e-256 against T3), M2 (2 x v5p-128 against T1), M3 (8 x v4-128 against
 #: T9) [MT-v5e][MT-v5p][MT-v4], fitted with the step clock's MXU constants on every
 #: training row at once: ``python benchmarks/fidelity.py --fit-mxu`` (its "slice_jitter").
-SLICE_STEP_JITTER = 0.0466
+SLICE_STEP_JITTER = 0.0465
