@@ -19,9 +19,18 @@ signed error, then the mean absolute error and the worst row.
 - Rows timed from the host ("host") include Python dispatch: the prediction
   adds :data:`HOST_DISPATCH_SECONDS` once per call (C3: 119.4 us measured for about
   15 us of device work).
+- C8 and C10 are costed as the allreduces torch_xla runs for the benchmark's
+  ``all_gather`` (``xla_model._all_gather_using_all_reduce``); ``--as-all-gather``
+  costs the native all-gather instead.
 - S1-S2 are specifications ("All-reduce bandwidth per Pod"), not
   measurements: shown against the emulator's total one-way link bandwidth,
   kept out of the error statistics.
+- Training rows T1-T9, M1-M3 (training-steps.md) are costed timing-only from
+  their scenarios at their published batch and remat; a row the HBM plan
+  refuses is costed with the check lifted (:func:`hbm_check_lifted`, said in
+  the output). ``--fit-mxu`` fits the step clock's constants on the GEMM rows
+  and every training row at once (``chip.fitting.fit_step_clock``), and
+  with ``--held-out`` predicts each row by a fit without it.
 
 Usage::
 
@@ -29,8 +38,11 @@ Usage::
     python benchmarks/fidelity.py --markdown   # the table for VALIDATION.md
     python benchmarks/fidelity.py --json       # machine-readable rows
     python benchmarks/fidelity.py --fit        # fit the ICI constants on the collective rows
+    python benchmarks/fidelity.py --readings   # the collective rows under both readings
     python benchmarks/fidelity.py --fastest    # collectives by the fastest algorithm, not XLA's
-    python benchmarks/fidelity.py --training   # only the whole training steps T1-T5, M1-M2
+    python benchmarks/fidelity.py --training   # only the whole training steps T1-T9, M1-M3
+    python benchmarks/fidelity.py --fit-mxu --held-out   # the step clock's fit, each row held
+                                                         # out (--json: the held_out map)
     python benchmarks/fidelity.py --baseline DIR   # collective rows with another interconnect/
                                                    # (e.g. an old commit's, exported to DIR), ideal link
 """
@@ -545,6 +557,7 @@ class TrainingResult:
     hbm_gib: float
     bound: str
     hbm_refused: str = ""
+    setup: str = ""
 
 
 def training_flops(plan, formula: str) -> float:
@@ -615,8 +628,18 @@ def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
             row.id, row.source, row.scenario, row.published_tflops, tflops,
             (tflops - row.published_tflops) / row.published_tflops * 100, stats.step_seconds,
             stats.compute_seconds, {a: round(s, 4) for a, s in stats.axis_exposed_seconds.items()},
-            plan.memory["total"] / 2**30, f"{bounds.label} {bounds.fraction:.0%}", refused))
+            plan.memory["total"] / 2**30, f"{bounds.label} {bounds.fraction:.0%}", refused,
+            _setup(plan)))
     return out
+
+
+def _setup(plan) -> str:
+    """A training row's configuration as the clock reads it: slice, parameters, mesh,
+    sequences per device x tokens, remat."""
+    cfg = plan.model.config
+    mesh = ", ".join(f"{axis}: {size}" for axis, size in plan.mesh.sizes.items())
+    return (f"{plan.topology.name}, {cfg.param_count() / 1e9:.1f}B, {{{mesh}}}, "
+            f"{plan.global_batch // plan.mesh.size} x {cfg.sequence_length}, remat {cfg.remat}")
 
 
 def step_rows(rows=TRAINING_ROWS) -> tuple:
@@ -647,10 +670,10 @@ def step_rows(rows=TRAINING_ROWS) -> tuple:
 
 
 def fit_training(held_out: bool = False) -> dict:
-    """The step clock's fit (``chip.calibration.fit_step_clock``) on the GEMM rows and every
+    """The step clock's fit (``chip.fitting.fit_step_clock``) on the GEMM rows and every
     training row, each row's error at the fit, and with ``held_out`` each row's error under a
     fit on every other row (leave-one-out). Errors are of TFLOP/s, as the table's."""
-    from chip.calibration import fit_step_clock
+    from chip.fitting import fit_step_clock
 
     rows = step_rows()
     result = fit_step_clock(rows)
@@ -674,7 +697,7 @@ def print_fit(out: dict, markdown: bool = False) -> None:
     fit = out["fit"]
     print(f"e0 {fit['efficiency']}, tau {fit['burst_seconds']} s, e1 "
           + ", ".join(f"{c} {v}" for c, v in sorted(fit["sustained"].items()))
-          + f", slice jitter {fit['slice_jitter']}; RMS {fit['rms_error'] * 100:.2f}%")
+          + f", slice jitter {fit['slice_jitter']}; RMS {fit['rms_error'] * 100:.2f}%\n")
     held = out.get("held_out", {})
     header = ("id", "chip", "published step s", "error", "held out")
     lines = [(r["row_id"], r["chip"], f"{r['published_s']:.3f}",
@@ -736,13 +759,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="cost C8 and C10 as the native all-gather their command names, not as "
                              "the allreduce of the zero-padded buffer torch_xla runs")
     parser.add_argument("--fit-mxu", action="store_true",
-                        help="fit the MXU's efficiencies (fresh e0, time constant, sustained e1 "
-                             "per generation) on the GEMM rows and the training steps together")
+                        help="fit the step clock's constants (fresh e0, time constant, sustained "
+                             "e1 per generation, slice jitter) on the GEMM rows and the training "
+                             "steps together")
     parser.add_argument("--held-out", action="store_true",
                         help="with --fit-mxu: each training row's error under a fit on every "
                              "other row")
     parser.add_argument("--training", action="store_true",
-                        help="only the whole training steps T1-T5, M1-M2 (timing-only runs of "
+                        help="only the whole training steps T1-T9, M1-M3 (timing-only runs of "
                              "their scenarios; a few seconds each)")
     parser.add_argument("--single-op", action="store_true",
                         help="only the single-op rows C1-C14, S1-S2")

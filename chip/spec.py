@@ -15,7 +15,7 @@ number gives its source key:
 - der.: derived here from the other numbers.
 - assumption: not published; chosen by us and documented as such.
 - fit: fitted to published measurements by `chip.calibration` (rows C1-C5,
-  cited by id); `python -m chip.calibration` re-runs the fit and prints it,
+  cited by id); `python -m chip.fitting` re-runs the fit and prints it,
   and tests/chip/test_calibration.py fails if a constant here drifts from it.
 
 Derived figures (peak FLOP/s, ...) are properties, never stored. The one stored
@@ -30,6 +30,14 @@ import math
 import numbers
 from dataclasses import dataclass
 
+# The calibrated (fitted) constants: chip.calibration holds them with the rows that set
+# each (benchmarks/fidelity.py --fit-mxu and python -m chip.fitting fit them again).
+from chip.calibration import (
+    HBM_EFFICIENCY,
+    MXU_BURST_SECONDS,
+    MXU_FRESH_EFFICIENCY,
+    MXU_SUSTAINED_EFFICIENCY,
+)
 from chip.errors import ChipSpecError
 
 _GIB = 2**30
@@ -428,16 +436,6 @@ class ChipSpec:
             **chip_fields,
         )
 
-
-# The calibrated (fitted) constants: chip.calibration holds them with the rows that set
-# each and the fit (benchmarks/fidelity.py --fit-mxu; python -m chip.calibration). Imported
-# here, after the classes, because chip.calibration's functions use them.
-from chip.calibration import (  # noqa: E402
-    HBM_EFFICIENCY,
-    MXU_BURST_SECONDS,
-    MXU_FRESH_EFFICIENCY,
-    MXU_SUSTAINED_EFFICIENCY,
-)
 
 #: One message across the data-centre network between slices, seconds: no published TPU
 #: figure; tens of microseconds is the order of a datacentre round trip. An assumption,

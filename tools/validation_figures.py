@@ -9,7 +9,7 @@ Each table sits in VALIDATION.md between two markers, as the README's do
 
 and ``GENERATORS[NAME]`` prints it again from the code: ``benchmarks/fidelity.py`` (the
 single-op rows, the training rows, the fits and the held-out errors) and
-``chip.calibration.report`` (the single-chip rows). Every figure is simulated or
+``chip.fitting.report`` (the single-chip rows). Every figure is simulated or
 computed, so a region must match to the last digit.
 
 Usage::
@@ -65,9 +65,9 @@ def _command(text: str, *argv: str) -> str:
 
 def _chip_report() -> str:
     sys.path.insert(0, str(ROOT))
-    from chip.calibration import report
+    from chip.fitting import report
 
-    return ("`python -c 'from chip.calibration import report; print(report())'`:\n\n"
+    return ("`python -m chip.fitting`:\n\n"
             + report().rstrip() + "\n")
 
 

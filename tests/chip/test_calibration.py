@@ -14,8 +14,9 @@ import pytest
 from chip import get_chip_spec
 from chip.calibration import (COPY_ROWS, GEMM_ROWS, HBM_EFFICIENCY, HOST_DISPATCH_SECONDS,
                               MXU_BURST_SECONDS, MXU_FRESH_EFFICIENCY, MXU_SUSTAINED_EFFICIENCY,
-                              StepRow, fit_hbm_efficiency, fit_step_clock, predict_copy_seconds,
-                              predict_gemm_seconds)
+                              StepRow)
+from chip.fitting import (fit_hbm_efficiency, fit_step_clock, predict_copy_seconds,
+                          predict_gemm_seconds)
 
 # id: (chip, N of an N^3 GEMM or copied MiB, published seconds) as quoted.
 PUBLISHED = {

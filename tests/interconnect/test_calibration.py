@@ -87,3 +87,29 @@ def test_c9_is_the_multi_axis_allreduce_at_the_single_link_rate():
                            itemsize=1)
     assert xla.seconds + 100e-6 == pytest.approx(4.347e-3, rel=0.01)
     assert (ring.seconds + 100e-6) / 4.347e-3 < 0.7
+
+
+@pytest.mark.slow
+def test_committed_constants_are_the_fit_of_the_collective_rows():
+    """``benchmarks/fidelity.py --fit`` on C6-C14 (C8, C10 as torch_xla's allreduces): a
+    constant tuned by hand, or a fit that changed, fails here (a few seconds)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import interconnect
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity.py"
+    spec = importlib.util.spec_from_file_location("fidelity_for_ici_tests", path)
+    fidelity = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = fidelity  # its dataclasses look themselves up there
+    spec.loader.exec_module(fidelity)
+    fit = fidelity.fit(interconnect)
+    assert CALIBRATION.efficiency == pytest.approx(fit["efficiency"], abs=1e-9)
+    assert CALIBRATION.multi_link_exponent == pytest.approx(fit["multi_link_exponent"], abs=1e-9)
+    assert CALIBRATION.dma_streams == fit["dma_streams"] == 3
+    assert CALIBRATION.multi_link_cap == fit["multi_link_cap"]
+    for generation, fixed in fit["fixed_s_by_generation"].items():
+        assert CALIBRATION.fixed_s(generation) == pytest.approx(fixed, rel=1e-9), generation
+    assert CALIBRATION.default_fixed_s == pytest.approx(fit["default_fixed_s"], rel=1e-9)
+    assert max(abs(e) for e in fit["rows"].values()) < 1.0  # every row within 1%
