@@ -339,9 +339,14 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     for table in plan_model_tables(plan, detail=detail):
         console.print(table)
     axes = format_axes(plan.mesh.sizes)
+    memory = plan.device_memory
     _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
-                           f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                  plan.memory, device_hbm_bytes(plan.topology.chip))
+                           f"{plan.global_batch:,} = {plan.per_device_batch} per device"
+                           + (f"; at its {memory.peak}" if memory and memory.peak else "")
+                           + (f"; FSDP prefetch {memory.prefetch_layers} layer(s)"
+                              if memory and memory.prefetch_layer_bytes else "") + ")",
+                  dict(memory.rows()) if memory else plan.memory,
+                  device_hbm_bytes(plan.topology.chip))
     if step is not None:
         console.print(_step_line(step), highlight=False)
 
@@ -349,15 +354,14 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
 def _estimate_step(plan) -> dict[str, Any] | None:
     """One timing-only step of the plan (``pod.runtime.timing``): its simulated figures,
     or None when the model's program cannot run on the mesh."""
-    from pod.config.plan import _check_runnable_mesh
     from pod.report.bounds import step_bounds
     from pod.runtime.timing import TimingPod
 
     try:
-        _check_runnable_mesh(plan.scenario, plan.mesh, plan.model)
-    except ScenarioError:
+        pod = TimingPod(plan)
+    except ValueError:  # the model's program cannot run on the mesh (describe plans any)
         return None
-    stats = TimingPod(plan).step(0)
+    stats = pod.step(0)
     bounds = step_bounds(stats, plan.collective_costs, plan.topology.torus)
     return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
             "exposed_collective_seconds": stats.exposed_collective_seconds,

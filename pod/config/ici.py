@@ -21,9 +21,8 @@ from interconnect import (
     Torus,
     collective_cost,
 )
-from pod.programs.replicated import combine_buckets
 
-__all__ = ["choose_algorithm", "combine_buckets", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
+__all__ = ["choose_algorithm", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
 
 #: ``auto`` only considers algorithms without a fast cost path up to this many chips
 #: (their schedules are built Transfer by Transfer).

@@ -90,10 +90,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip import to_bf16
+from pod.memory import DeviceMemory
 from pod.programs.collectives import AXES, DeviceCollectives
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
 from pod.programs.experts import ExpertCollectives
 from pod.programs.fsdp import chunk_elements, flat_chunk, pack_chunks, unpack_gathered
+from pod.programs.memory import (
+    PREFETCH_LAYERS,
+    Phase,
+    compute_bytes,
+    gather_bytes,
+    peak_memory,
+    weight_bytes,
+)
 from pod.programs.tensor import TensorCollectives, wire_itemsize
 from pod.workloads.layers import timing_zeros, vector_op
 from pod.workloads.optimizers import Optimizer
@@ -461,6 +470,111 @@ class ShardedTransformer:
     def _chunk_bytes(self, keys: Iterable[str]) -> int:
         """float32 bytes of this device's chunks of ``keys``."""
         return _F32_BYTES * sum(-(-math.prod(self._shapes[k]) // self.fsdp) for k in keys)
+
+    def memory(self, per_device_batch: int, precision: str = "bf16", *,
+               prefetch_layers: int = PREFETCH_LAYERS) -> DeviceMemory:
+        """One device's HBM in a training step at its peak (``pod.programs.memory``: the
+        largest of the forward, loss and backward phases), as XLA holds MaxText's step.
+
+        With ``p`` the parameter elements the device keeps (its chunks, padding
+        included; the vocabulary tables split over tensor as on the TPU), ``w`` the
+        bytes of a stored weight (``weight_dtype``), ``a`` those of an activation
+        (``precision``), ``b`` the per-device batch, T, C, V the sequence,
+        width and vocabulary, and the block figures per example of
+        ``TransformerBlock`` (``activation_bytes``, ``transient_bytes``: the residual
+        stream split over tensor, MaxText's ``activation_embed`` rule):
+
+        - parameters ``w p``; optimizer state ``slots w p``; gradients ``w p`` in
+          backward only (the accumulator of the sharded gradients);
+        - activations: ``b`` x the blocks' kept bytes (host offload apart) and the
+          output layer's inputs (the final norm's input, x_hat's 1 / sigma, its output);
+        - workspace: the sharded weights' copy in the compute dtype (``a p``, when the
+          weights are stored wider); with fsdp, the gathered block in flight and the
+          ``prefetch_layers`` gathered ahead, ``gather_bytes`` x the largest block's
+          tensor-local elements each; a block's working set (``b`` x its remat-none
+          bytes); at the loss the logits ``b T V / tensor`` in the compute dtype (/
+          ``num_vocab_tiling``) and, with fsdp, the output layer's weights gathered
+          (C V / tensor); in backward, the logits' gradient until the output kernel's
+          gradient is formed (untied), or the tied table's gradient, V C whole; with an
+          expert axis the all-to-all buffers (``pod.programs.experts``).
+
+        Args:
+            per_device_batch: examples per device (global batch / (data x fsdp x expert)).
+            precision: bf16 | fp32 | int8.
+            prefetch_layers: blocks gathered ahead of the one computing (fsdp > 1).
+
+        Raises:
+            ValueError: an unknown precision or weight_dtype, a negative batch.
+        """
+        if int(per_device_batch) < 0 or int(prefetch_layers) < 0:
+            raise ValueError(f"per_device_batch {per_device_batch} and prefetch_layers "
+                             f"{prefetch_layers} must be >= 0")
+        cfg, b = self.model.config, int(per_device_batch)
+        act, w = compute_bytes(precision), weight_bytes(cfg)
+        blocks = [i for i, layer in enumerate(self.local_model.layers)
+                  if isinstance(layer, TransformerBlock)]
+        block = self.local_model.layers[blocks[0]]
+        assert isinstance(block, TransformerBlock)
+        params = self._hardware_elements()
+        acts = self.model.activation_memory(b, precision=precision, tensor=self.tensor)
+        assert acts is not None  # the program's tensor size splits the heads and MLP
+        kept = acts.device_bytes
+        k = int(prefetch_layers) if self.fsdp > 1 else 0
+        layer = (gather_bytes(precision) * self.fsdp
+                 * max(self._chunk_count(key for key, _ in self._keys[i]) for i in blocks)
+                 if self.fsdp > 1 else 0)
+        common = (("weights in compute dtype", act * params if w > act else 0),
+                  ("gathered layers", (1 + k) * layer),
+                  ("layer working set", acts.transient_bytes),
+                  ("all-to-all buffers", self._all_to_all_bytes(block, b, act)))
+        logits, table = self._logits_bytes(b, act), self._output_table_bytes()
+        loss = (common[0], ("gathered layers", k * layer), ("logits", logits),
+                ("output layer gathered", gather_bytes(precision) * table if self.fsdp > 1 else 0))
+        late = (("logits gradient", logits) if not cfg.tied_embeddings else
+                ("embedding gradient", act * cfg.vocabulary * cfg.embed_dim))
+        phases = [Phase("forward", 0, kept, common), Phase("loss", 0, kept, loss),
+                  Phase("backward", w * params, kept, (*common, late))]
+        return peak_memory(w * params, len(self.optimizer.slots) * w * params, phases,
+                           host_activations_bytes=acts.host_bytes, prefetch_layers=k,
+                           prefetch_layer_bytes=layer)
+
+    #: the vocabulary tables: replicated over tensor in this program, split over tensor on
+    #: the vocabulary by XLA under MaxText's rules (``vocab`` -> tensor)
+    _TABLES = ("embed/embedding", "unembed/kernel")
+
+    def _hardware_elements(self) -> int:
+        """The parameter elements one device keeps on the hardware: its chunks (padding
+        included), the vocabulary tables split over tensor too, as MaxText shards them
+        (this program keeps them whole on every tensor device; the plan is the TPU's)."""
+        tables = [k for k in self._TABLES if k in self._shapes]
+        rest = self._chunk_count(k for k in self._shapes if k not in tables)
+        return rest + sum(-(-math.prod(self._shapes[k]) // (self.fsdp * self.tensor))
+                          for k in tables)
+
+    def _logits_bytes(self, b: int, act: int) -> int:
+        """The logits of ``b`` examples over the device's vocabulary (V / tensor,
+        MaxText's ``activation_vocab``) in the compute dtype, one chunk of the tokens
+        at a time with ``num_vocab_tiling``: XLA fuses the float32 cast, the
+        log-softmax and the loss's gradient into the reductions and the one fusion
+        that writes the gradient in place of the logits."""
+        cfg = self.model.config
+        tiles = int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+        return -(-b * cfg.sequence_length * -(-cfg.vocabulary // self.tensor) * act // tiles)
+
+    def _output_table_bytes(self) -> int:
+        """Elements of the output layer's weights on one device, whole over fsdp: C x V
+        / tensor (what its all-gather brings for the logits)."""
+        cfg = self.model.config
+        return cfg.embed_dim * -(-cfg.vocabulary // self.tensor)
+
+    def _all_to_all_bytes(self, block: TransformerBlock, b: int, act: int) -> int:
+        """An MoE block's dispatch buffers on an expert axis: the tokens sent and those
+        received, ``b`` x its dispatch slots x C each (``ExpertCollectives``); 0 without."""
+        if self.expert == 1 or not block.moe:
+            return 0
+        cfg = self.model.config
+        return 2 * b * ExpertCollectives.buffer_elements(block.mlp, cfg.sequence_length,
+                                                         cfg.embed_dim) * act
 
     # ------------------------------------------------------------ the step
 

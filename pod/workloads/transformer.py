@@ -35,7 +35,7 @@ import numpy as np
 
 from chip import to_bf16
 from pod.workloads.attention import ATTENTION_KERNELS
-from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
+from pod.workloads.block import BLOCKS, REMAT_POLICIES, STATS_BYTES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
@@ -222,7 +222,8 @@ class Unembed(Layer):
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
                        "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
-                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight")
+                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight",
+                       "num_vocab_tiling")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -280,6 +281,9 @@ class TransformerConfig:
             (MaxText's -1).
         moe_aux_loss_weight: w >= 0, the load-balancing loss's weight
             (``load_balance_loss_weight``, 0.01).
+        num_vocab_tiling: the loss is computed over this many chunks of the tokens,
+            each chunk's logits made and dropped in turn (MaxText's
+            ``num_vocab_tiling``); 1: all the logits at once.
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -319,6 +323,7 @@ class TransformerConfig:
     experts_per_token: int = 1
     capacity_factor: float = 0.0
     moe_aux_loss_weight: float = 0.01
+    num_vocab_tiling: int = 1
 
     if TYPE_CHECKING:
         def __init__(self, vocabulary: int, sequence_length: int, embed_dim: int = ...,
@@ -329,7 +334,8 @@ class TransformerConfig:
                      fused_qkv: bool = ..., attention: str = ..., fusion: bool = ...,
                      remat_custom: tuple[tuple[str, str], ...] | None = ..., experts: int = ...,
                      experts_per_token: int = ..., capacity_factor: float = ...,
-                     moe_aux_loss_weight: float = ...) -> None: ...
+                     moe_aux_loss_weight: float = ...,
+                     num_vocab_tiling: int = ...) -> None: ...
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
@@ -362,6 +368,7 @@ class TransformerConfig:
                 raise ValueError(f"transformer: option remat_custom needs remat: custom, got "
                                  f"remat: {self.remat}")
             object.__setattr__(self, "remat_custom", custom)
+        check_int(self.num_vocab_tiling, "transformer: option num_vocab_tiling")
         for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
@@ -574,25 +581,22 @@ class TransformerModel(Model):
                           ) -> ActivationMemory | None:
         """One device's activations for ``batch`` examples on a mesh with this tensor
         size, as XLA lays them out for MaxText (training-steps.md; the logical
-        axis rules of MaxText's base.yml: ``activation_embed``,
-        ``activation_vocab`` -> tensor).
+        axis rules of MaxText's base.yml: ``activation_embed`` -> tensor).
 
         Kept (HBM or host, by ``remat``): per block what its policy keeps
         (``TransformerBlock.activation_bytes``): the attention and MLP tensors
         with the device's heads and MLP units, the residual stream's split over
-        tensor; the token ids (int32), the final norm's x_hat and 1/sigma and
-        the output layer's input (split over tensor). In the activation dtype
-        of ``precision`` (bf16: 2 bytes), statistics float32. No T x T tensor
-        with flash attention. (The emulator's device program keeps the
-        residual stream whole on every tensor device, or with sequence
-        parallelism a sequence chunk each, which is the same bytes; the plan
-        is the hardware's.)
+        tensor; the token ids (int32) and the output layer's inputs
+        (:meth:`output_kept_bytes`). In the activation dtype of ``precision``
+        (bf16: 2 bytes), statistics float32. No T x T tensor with flash
+        attention. (The emulator's device program keeps the residual stream
+        whole on every tensor device, or with sequence parallelism a sequence
+        chunk each, which is the same bytes; the plan is the hardware's.)
 
-        Transient: the larger of one block's whole backward working set (its
-        remat ``none`` set, recomputed: ``TransformerBlock.transient_bytes``)
-        and the logits with their gradient, (T, V / tensor) each in the
-        activation dtype (XLA fuses the loss's float32 log-softmax into its
-        reductions, so no float32 (T, V) tensor is written).
+        Transient: one block's whole backward working set (its remat ``none``
+        set, recomputed: ``TransformerBlock.transient_bytes``). The logits are the
+        device program's to count (``pod.programs``: their vocabulary's split and
+        when they live depend on the program).
 
         Returns:
             The bytes, or None when ``tensor`` does not split the heads, kv heads
@@ -605,12 +609,17 @@ class TransformerModel(Model):
             local, int(batch), activation_bytes_per_element(precision), int(tensor))
         return ActivationMemory(device, host, transient)
 
+    def output_kept_bytes(self, bytes_per_element: int, tensor: int = 1) -> int:
+        """Bytes per example the output layer keeps for backward: the final norm's input
+        and its 1 / sigma, the output layer's input, split over tensor as the residual
+        stream."""
+        t, c = self.config.sequence_length, self.config.embed_dim
+        return 2 * -(-t * c * bytes_per_element // tensor) + -(-t * STATS_BYTES // tensor)
+
     def _activation_bytes(self, local: TransformerModel, batch: int, bpe: int,
                           shards: int) -> tuple[int, int, int]:
-        cfg = self.config
-        t, c = cfg.sequence_length, cfg.embed_dim
-        device = 4 * t + 2 * -(-t * c * bpe // shards) + -(-t * 4 // shards)
-        host, transient = 0, -(-t * cfg.vocabulary // shards) * 2 * bpe      # logits, dlogits
+        device = 4 * self.config.sequence_length + self.output_kept_bytes(bpe, shards)
+        host, transient = 0, 0
         for layer, shape in zip(local.layers, local._shapes, strict=False):
             if isinstance(layer, TransformerBlock):
                 d, h = layer.activation_bytes(shape, bpe, shards)

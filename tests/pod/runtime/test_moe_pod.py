@@ -148,11 +148,13 @@ def test_mixtral_8x7b_costs_a_step_on_a_v5p_128_from_its_active_parameters():
     assert 1.0 < stats.step_seconds < 30.0 and 0.1 < stats.mfu < 0.7
     assert stats.axis_collective_bytes["expert"] > 0 and plan.memory["total"] < 95e9
     # FSDP's workspace: two blocks gathered with their one expert of 8 each (bf16 weights,
-    # the one computing and the next) and two float32 gradient blocks being
-    # reduce-scattered, not the 8 experts; plus the largest backward working set
+    # the one computing and the one prefetched), not the 8 experts; the dispatch and
+    # combine buffers of the expert axis; the largest backward working set
     block = 4096 * 6144 + 4096 * 4096 + 2 * 4096 + 4096 * 8 + 3 * 4096 * 14336
+    workspace = dict(plan.device_memory.workspace)
+    assert workspace["gathered layers"] == 2 * block * 2
     transient = plan.model.activation_memory(plan.per_device_batch, precision="bf16").transient_bytes
-    assert plan.memory["workspace"] == 2 * block * (2 + 4) + transient
+    assert workspace["layer working set"] == transient and workspace["all-to-all buffers"] > 0
 
 
 def test_the_sharding_table_says_where_the_experts_live():

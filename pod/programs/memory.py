@@ -1,0 +1,131 @@
+"""What a device program holds in HBM during a training step, as XLA's buffer assignment
+keeps it: the pieces every program's ``memory`` (``pod.programs.contract``) is made of.
+
+A jitted train step (MaxText's, [MT] ``train.py``; the XLA oracle's, tools/xla_oracle)
+takes the parameters and the optimizer state as donated arguments (aliased to its
+outputs: counted once) and allocates everything else as temporaries. What the
+temporaries hold changes through the step, so the step's need is the largest of its
+**phases**, each the persistent arguments plus what is live in it:
+
+- **forward**: the activations the remat policy keeps, a copy of the sharded weights
+  in the compute dtype (XLA converts the float32 masters of the scanned layers to
+  bf16 once and reuses them in backward), the gathered layers in flight (the one
+  computing and those prefetched), one layer's forward working set;
+- **loss**: the kept activations and the weight copy, the output layer's gathered
+  weights, the logits with their float32 copy and their gradient (chunked over the
+  tokens by ``num_vocab_tiling``), the layer prefetched for backward;
+- **backward**: the sharded gradients (the scan's accumulator, in the parameters'
+  dtype), the kept activations, the weight copy, the gathered layers in flight, one
+  layer's backward working set (its recomputed activations and their gradients).
+
+The optimizer update runs in place on the donated buffers, reading the gradients:
+it needs no more than backward. (Measured with deviceless TPU compiles of a scanned
+MaxText-style decoder: a layer's float32 gradient never exists whole; the
+reduce-scatter runs in bf16 on what the matmul produced and the sharded result is
+accumulated, VALIDATION.md "Memory against XLA".)
+
+Sources: [XLA] ``compiled.memory_analysis()`` (argument, output, alias and temp bytes
+per device); [MT] AI-Hypercomputer/maxtext ``train.py``, ``layers/decoders.py``
+(scanned layers, remat policies), ``configs/base.yml`` (``weight_dtype``,
+``cast_logits_to_fp32``, ``num_vocab_tiling``); [SB] "How to Scale Your Model",
+training chapter (FSDP gathers bf16 weights a layer ahead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pod.memory import DeviceMemory
+
+__all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "weight_bytes",
+           "PREFETCH_LAYERS"]
+
+#: Layers whose FSDP all-gather XLA's latency-hiding scheduler runs ahead of the layer
+#: computing, when HBM allows (its async all-gather is issued one layer early; [SB]).
+PREFETCH_LAYERS = 1
+
+#: Bytes of a compute-dtype element per training precision: bf16 training computes in
+#: bf16 (MaxText ``dtype: bfloat16``), int8 training too outside the MXU's inputs; fp32
+#: training in float32.
+_COMPUTE_BYTES = {"bf16": 2, "int8": 2, "fp32": 4}
+
+_WEIGHT_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def compute_bytes(precision: str) -> int:
+    """Bytes of an activation (and of a weight as the MXU reads it) under ``precision``.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    try:
+        return _COMPUTE_BYTES[precision]
+    except KeyError:
+        raise ValueError(f"precision must be one of {', '.join(_COMPUTE_BYTES)}, "
+                         f"got {precision!r}") from None
+
+
+def gather_bytes(precision: str) -> int:
+    """Bytes per weight an FSDP all-gather moves and the gathered layer holds: the
+    compute dtype (XLA converts a float32 master before gathering it [SB]; int8 training
+    gathers bf16 and quantises on the chip)."""
+    return compute_bytes(precision)
+
+
+def weight_bytes(config: object) -> int:
+    """Bytes of a stored parameter (and of its gradient and of an AdamW moment): MaxText's
+    ``weight_dtype`` of the model's config, float32 (4) when it has none.
+
+    Raises:
+        ValueError: a ``weight_dtype`` other than float32 or bfloat16.
+    """
+    name = getattr(config, "weight_dtype", "float32")
+    try:
+        return _WEIGHT_BYTES[name]
+    except KeyError:
+        raise ValueError(f"weight_dtype must be one of {', '.join(_WEIGHT_BYTES)}, "
+                         f"got {name!r}") from None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What is live, beside the parameters and optimizer state, in one phase of a step.
+
+    Attributes:
+        name: forward, loss, backward (or a pipeline's stage).
+        gradients_bytes: gradient shards live (the accumulator, once allocated).
+        activations_bytes: kept activations live in HBM.
+        workspace: (item, bytes) of the rest live at once.
+    """
+
+    name: str
+    gradients_bytes: int
+    activations_bytes: int
+    workspace: tuple[tuple[str, int], ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything live in the phase but the persistent arguments."""
+        return self.gradients_bytes + self.activations_bytes + sum(n for _, n in self.workspace)
+
+
+def peak_memory(parameters_bytes: int, optimizer_state_bytes: int, phases: Iterable[Phase], *,
+                host_activations_bytes: int = 0, prefetch_layers: int = 0,
+                prefetch_layer_bytes: int = 0) -> DeviceMemory:
+    """The device's memory at the step's peak: the persistent arguments and the phase
+    with the most live (the first of equals), its items as the ``DeviceMemory``'s.
+
+    Raises:
+        ValueError: no phase.
+    """
+    phases = list(phases)
+    if not phases:
+        raise ValueError("peak_memory needs at least one phase")
+    peak = max(phases, key=lambda p: p.total_bytes)
+    return DeviceMemory(parameters_bytes=parameters_bytes, gradients_bytes=peak.gradients_bytes,
+                        optimizer_state_bytes=optimizer_state_bytes,
+                        activations_bytes=peak.activations_bytes,
+                        host_activations_bytes=host_activations_bytes,
+                        workspace=peak.workspace, prefetch_layers=prefetch_layers,
+                        prefetch_layer_bytes=prefetch_layer_bytes, peak=peak.name)
