@@ -23,9 +23,12 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   into the matmul that produces it (``overlap_before`` records: it may start
   when they start) or consumes it (``overlap_after`` records: they run while
   it completes), so only what the matmuls cannot hide shows.
-- ``param_gather`` (FSDP's all-gathers): prefetched one layer ahead. Ready
-  when the compute stream reaches the *previous* param_gather (the first one
-  at the step's start); the compute stream waits at its own point for its end.
+- ``param_gather`` (FSDP's all-gathers): prefetched ``prefetch_layers`` layers
+  ahead, as far as HBM lets (the plan's ``DeviceMemory.prefetch_layers``: one
+  layer, fewer down to none when the plan is tight, ``pod.config.fit``). Ready
+  when the compute stream reaches the param_gather that many before it (the
+  first ones at the step's start; with 0, its own point); the compute stream
+  waits at its own point for its end.
 - ``grad_reduce`` (gradient reduce-scatters and allreduces): behind the
   backward pass. Ready when the compute stream reaches it; nothing waits
   for it but the optimizer: the records from ``update_start`` on (the
@@ -264,7 +267,7 @@ class _Reach:
 def step_clock(records: Sequence[Any], calls: Sequence[Any],
                cost_seconds: Callable[[str, str, int], float],
                update_start: int | None = None, *, overlap: bool = True,
-               kinds: Sequence[str] | None = None) -> StepClock:
+               kinds: Sequence[str] | None = None, prefetch_layers: int = 1) -> StepClock:
     """Place a device's op records and collective calls in time (module docstring).
 
     Alone, a device stands for all of its pipeline stages: what it receives by a
@@ -284,6 +287,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
         kinds: per record what bounds it (``DeviceReport.record_bounds``): host-link
             transfers (:data:`HOST_OUT`, :data:`HOST_IN`) run beside the compute
             (with ``overlap``; else in line, as compute).
+        prefetch_layers: FSDP gathers run this many layers ahead (module docstring).
 
     Returns:
         The :class:`StepClock`.
@@ -293,7 +297,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
             ``0..len(records)`` or decreasing.
     """
     timeline = _timeline(records, calls, cost_seconds, update_start, overlap, sync=False,
-                         kinds=kinds)
+                         kinds=kinds, prefetch_layers=prefetch_layers)
     try:
         next(timeline)
     except StopIteration as done:
@@ -303,7 +307,8 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
 
 def _timeline(records: Sequence[Any], calls: Sequence[Any],
               cost_seconds: Callable[[str, str, int], float], update_start: int | None,
-              overlap: bool, sync: bool, kinds: Sequence[str] | None = None):
+              overlap: bool, sync: bool, kinds: Sequence[str] | None = None,
+              prefetch_layers: int = 1):
     """:func:`step_clock` as a generator: with ``sync`` it yields a :class:`_Reach` at
     every call over :data:`PIPELINE_AXIS` and takes back (ready, end): the source's
     ready time and the end of its send (a ppermute), or the stages' latest ready
@@ -317,7 +322,8 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
     axis_bytes: dict[str, int] = {}
     axis_seconds: dict[str, float] = {}
     spans: list[CollectiveSpan] = []
-    last_after, prev_gather = 0, 0.0
+    last_after = 0
+    reached: list[float] = []  # the compute stream's time at each param_gather so far
     for call in calls:
         _check_call(call, last_after, n)
         last_after = call.after_record
@@ -342,14 +348,14 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
         before = int(getattr(call, "overlap_before", 0)) if overlap else 0
         after = int(getattr(call, "overlap_after", 0)) if overlap else 0
         if call.kind == "param_gather" and overlap:
-            ready = prev_gather
+            ready = _prefetched(reached, prefetch_layers, stream.t)
         else:
             ready = stream.start_of(call.after_record - before) if before else stream.t
         start, end = ici.setdefault(call.axis, _Ici()).place(max(ready, group_ready), cost)
         spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
                                     int(call.nbytes), start, end))
         if call.kind == "param_gather":
-            prev_gather = stream.t
+            reached.append(stream.t)
         if call.kind == "grad_reduce" and overlap:
             if end >= stream.grad_end:
                 stream.grad_end, stream.grad_axis, stream.grad_bubble = end, call.axis, group_ready
@@ -359,6 +365,15 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
         else:
             stream.wait(end, call.axis, group_ready)
     return _finish(stream, spans, axis_bytes, axis_seconds)
+
+
+def _prefetched(reached: Sequence[float], prefetch_layers: int, now: float) -> float:
+    """When a param_gather may start: as the compute stream reached the gather
+    ``prefetch_layers`` before it (``reached``: its times at the gathers so far; the
+    step's start for the first ones), or ``now`` (its own point) with none."""
+    if prefetch_layers <= 0:
+        return now
+    return reached[-prefetch_layers] if len(reached) >= prefetch_layers else 0.0
 
 
 def _finish(stream: _Stream, spans: list[CollectiveSpan], axis_bytes: dict[str, int],
@@ -434,16 +449,17 @@ class _Seconds:
 
 
 def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], float], *,
-                 overlap: bool = True) -> StepClock:
+                 overlap: bool = True, prefetch_layers: int = 1) -> StepClock:
     """One device's :class:`StepClock` from its report and the plan's collective costs
-    (``MeshCollectiveCosts.seconds``)."""
+    (``MeshCollectiveCosts.seconds``); FSDP gathers ``prefetch_layers`` ahead."""
     return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
-                      report.update_start, overlap=overlap, kinds=report.record_bounds)
+                      report.update_start, overlap=overlap, kinds=report.record_bounds,
+                      prefetch_layers=prefetch_layers)
 
 
 def device_clocks(reports: Sequence[DeviceReport],
                   cost_seconds: Callable[[str, str, int], float], *,
-                  overlap: bool = True) -> list[StepClock]:
+                  overlap: bool = True, prefetch_layers: int = 1) -> list[StepClock]:
     """Every device's :class:`StepClock`, the stages of a pipeline clocked together: the
     devices of one ``stage_group`` run their timelines side by side, meeting at each
     collective over the stage axis (module docstring); a device without a stage
@@ -462,7 +478,8 @@ def device_clocks(reports: Sequence[DeviceReport],
         if clocks[i] is not None:
             continue
         if len(r.stage_group) <= 1:
-            clocks[i] = device_clock(r, cost_seconds, overlap=overlap)
+            clocks[i] = device_clock(r, cost_seconds, overlap=overlap,
+                                     prefetch_layers=prefetch_layers)
             continue
         missing = [d for d in r.stage_group if d not in by_device]
         if missing:
@@ -470,18 +487,20 @@ def device_clocks(reports: Sequence[DeviceReport],
                              f"clocked together; the reports lack devices {missing}")
         members = [by_device[d] for d in r.stage_group]
         for index, clock in zip(members, _clock_stages([reports[j] for j in members],
-                                                       cost_seconds, overlap), strict=True):
+                                                       cost_seconds, overlap, prefetch_layers),
+                                strict=True):
             clocks[index] = clock
     return [c for c in clocks if c is not None]
 
 
 def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: Callable[[str, str, int], float],
-                  overlap: bool) -> list[StepClock]:
+                  overlap: bool, prefetch_layers: int = 1) -> list[StepClock]:
     """The timelines of one stage group (``reports`` in ring order) side by side: at
     the k-th stage-axis collective each device learns its source's send (a
     ppermute: the member ``shift`` positions before) or the latest arrival."""
     timelines = [_timeline([_Seconds(x) for x in r.record_seconds], r.calls, cost_seconds,
-                           r.update_start, overlap, sync=True, kinds=r.record_bounds)
+                           r.update_start, overlap, sync=True, kinds=r.record_bounds,
+                           prefetch_layers=prefetch_layers)
                  for r in reports]
     out: list[Any] = [None] * len(reports)
     replies: list[Any] = [None] * len(reports)
@@ -527,6 +546,8 @@ class StepContext:
             training-steps.md's 2025 formula); 0 for a model MaxText has no formula for.
         maxtext_2023_flops_per_device: the same by MaxText's 2023 formula with the
             causal halving of the attention term (the v5p table's).
+        prefetch_layers: layers an FSDP all-gather runs ahead, as far as the plan's
+            HBM lets it (``DeviceMemory.prefetch_layers``).
     """
 
     global_batch: int
@@ -541,6 +562,7 @@ class StepContext:
     tokens_per_example: int = 0
     maxtext_flops_per_device: float = 0.0
     maxtext_2023_flops_per_device: float = 0.0
+    prefetch_layers: int = 1
 
 
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
@@ -611,7 +633,8 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     """
     from pod.report.stats import ExpertLoad, StepStats
 
-    clocks = device_clocks(reports, costs.seconds, overlap=context.overlap)
+    clocks = device_clocks(reports, costs.seconds, overlap=context.overlap,
+                           prefetch_layers=context.prefetch_layers)
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
     c, r = clocks[slow], reports[slow]
     hardware = replicate * int(sum(x.mxu_flops for x in reports))
