@@ -67,13 +67,40 @@ from interconnect import Torus
 from pod.config.slices import Topology
 from pod.errors import ScenarioError
 
-__all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
+__all__ = ["AXIS_NAMES", "FOLDED_AXES", "SCENARIO_AXES", "fold_axes", "CORES_ARE_DEVICES",
+           "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
            "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
            "all_meshes"]
 
 #: Mesh axis names, outermost first (MaxText's ici_*_parallelism order: data, stage
 #: (pipeline), fsdp, expert, tensor).
 AXIS_NAMES = ("data", "stage", "fsdp", "expert", "tensor")
+
+#: MaxText mesh axes a scenario may name that run as part of one of the axes above:
+#: name -> that axis. ``fsdp_transpose`` (MaxText ``ici_fsdp_transpose_parallelism``,
+#: ``dcn_fsdp_transpose_parallelism``; training-steps.md T7 runs ``-1`` on a v6e-256)
+#: is FSDP with the MLP weights split on their other dimension: MaxText's logical axis
+#: rules (base.yml at tpu-recipes-v0.1.4, ``logical_axis_rules``) put ``mlp`` on
+#: [fsdp_transpose, tensor, ...] and ``embed`` on [fsdp, fsdp_transpose, ...] (on fsdp
+#: alone where fsdp_transpose already holds the other dimension), and the batch
+#: (``activation_batch``) on [data, fsdp, fsdp_transpose, expert]. So with fsdp a and
+#: fsdp_transpose b every weight is split over all a b devices of the fsdp x
+#: fsdp_transpose block (the MLP's E x F on both of its dimensions, the attention's and
+#: the embedding's E over both axes), every activation keeps its a b batch shards,
+#: and XLA all-gathers each weight over the whole block before its matmul (the
+#: activations are batch-sharded on the same devices: an all-gather over both axes at
+#: once, replica groups spanning the block) and reduce-scatters its gradient over it.
+#: That is this emulator's FSDP over one axis of a b devices, laid where MaxText's two
+#: adjacent axes lie (fsdp_transpose inner, next to fsdp): the same bytes per device
+#: (each weight's 1 / (a b) kept, its whole tensor-local array gathered in bf16),
+#: the same collectives on the same devices and links, the same compute (FSDP here
+#: cuts each parameter flat, so which dimension MaxText splits changes no size). So
+#: ``{fsdp: a, fsdp_transpose: b}`` builds the mesh ``{fsdp: a b}`` and keeps the
+#: MaxText split in ``Mesh.folded`` for the reports (``Mesh.label``).
+FOLDED_AXES = {"fsdp_transpose": "fsdp"}
+
+#: The axes ``pod.mesh`` and ``pod.dcn_mesh`` take, outermost first (MaxText's order).
+SCENARIO_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "expert", "tensor")
 
 #: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
 #: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).
@@ -95,12 +122,13 @@ def parse_mesh_axes(value: object) -> dict[str, int]:
         value: the YAML value, a mapping of axis name to size.
 
     Returns:
-        The axes in mesh order (data, fsdp, tensor), e.g. ``{"data": 2, "tensor": -1}``.
+        The axes in mesh order (``SCENARIO_AXES``: data, ..., fsdp, fsdp_transpose, ...,
+        tensor), e.g. ``{"data": 2, "tensor": -1}``.
 
     Raises:
         ScenarioError: one line quoting the mesh and the allowed names or sizes.
     """
-    allowed = ", ".join(AXIS_NAMES)
+    allowed = ", ".join(SCENARIO_AXES)
     if not isinstance(value, Mapping):
         raise ScenarioError(f"must be a mapping of axis name to size such as "
                             f"{{data: 2, tensor: 4}}; axes: {allowed}")
@@ -109,7 +137,7 @@ def parse_mesh_axes(value: object) -> dict[str, int]:
         raise ScenarioError(f"{shown}: give at least one axis such as {{data: 2, tensor: 4}}; "
                             f"axes: {allowed}")
     for name, size in value.items():
-        if name not in AXIS_NAMES:
+        if name not in SCENARIO_AXES:
             raise ScenarioError(f"{shown}: unknown axis {name!r}; allowed: {allowed}")
         if not isinstance(size, int) or isinstance(size, bool):
             raise ScenarioError(f"{shown}: {name}: {size!r} is not a whole number; give a size "
@@ -121,7 +149,21 @@ def parse_mesh_axes(value: object) -> dict[str, int]:
     if len(rest) > 1:
         raise ScenarioError(f"{shown}: {' and '.join(rest)} are both -1; at most one axis takes "
                             f"the rest of the devices")
-    return {name: value[name] for name in AXIS_NAMES if name in value}
+    return {name: value[name] for name in SCENARIO_AXES if name in value}
+
+
+def fold_axes(axes: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """``FOLDED_AXES`` multiplied into the axes they run as (sizes resolved, no -1).
+
+    Returns:
+        (the axes in ``AXIS_NAMES`` order, the folded ones as given: ``{}`` when none),
+        e.g. ``{fsdp: 2, fsdp_transpose: 4}`` -> ``({fsdp: 8}, {fsdp_transpose: 4})``.
+    """
+    out = {k: int(v) for k, v in axes.items() if k not in FOLDED_AXES}
+    folded = {k: int(v) for k, v in axes.items() if k in FOLDED_AXES}
+    for name, size in folded.items():
+        out[FOLDED_AXES[name]] = out.get(FOLDED_AXES[name], 1) * size
+    return {k: out[k] for k in AXIS_NAMES if k in out}, folded
 
 
 def devices_per_chip(chip: ChipSpec) -> int:
@@ -209,6 +251,10 @@ class Mesh:
             // devices_per_chip`` of its slice's ``torus``.
         slice_mesh: the mesh of one slice (the axes' in-slice parts, laid on
             ``torus``); the mesh itself when there is one slice.
+        folded: the MaxText axes the scenario named that run as part of one of these
+            (``FOLDED_AXES``), with their sizes (ICI x DCN), e.g.
+            ``(("fsdp_transpose", 256),)``; the layout and every cost are those of
+            the axis they joined.
     """
 
     axis_names: tuple[str, ...]
@@ -219,6 +265,14 @@ class Mesh:
     axes: tuple[MeshAxis, ...]
     slices: int = 1
     slice_mesh: Mesh | None = field(default=None, repr=False)
+    folded: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The mesh as YAML flow text, with the MaxText axes folded into it:
+        ``{fsdp: 256} (fsdp_transpose 256 as fsdp)``."""
+        return format_axes(self.sizes) + "".join(
+            f" ({name} {size} as {FOLDED_AXES[name]})" for name, size in self.folded)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Mesh) and self._key() == other._key()
@@ -508,11 +562,15 @@ def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
                             f"{per_core}{tail}")
     if rest:
         axes = {**axes, rest[0]: count // given}
+    axes, folded = fold_axes(axes)
+    across, folded_dcn = fold_axes(dcn) if dcn else ({}, {})
     one = layout_mesh(axes, pod.torus, per_chip)
     slices = getattr(pod, "slices", 1)
-    if slices == 1 and not dcn:
-        return one
-    return multislice_mesh(one, dict(dcn) if dcn else {"data": slices}, slices)
+    if slices > 1 or across:
+        one = multislice_mesh(one, across or {"data": slices}, slices)
+    both = {k: folded.get(k, 1) * folded_dcn.get(k, 1) for k in FOLDED_AXES
+            if k in folded or k in folded_dcn}
+    return dataclasses.replace(one, folded=tuple(both.items())) if both else one
 
 
 def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:

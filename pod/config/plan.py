@@ -33,6 +33,7 @@ from pod.program_factory import ProgramFactory, training_program
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
 from pod.workloads.checks import DataMismatchError, TokenIdError
 from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
+from pod.workloads.quantization import check_quantization
 
 __all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep",
            "training_sections"]
@@ -127,12 +128,13 @@ def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
 
 
 def _check_param_shapes(model: Model) -> None:
-    """Every parameter's shape is one numpy can index (a zero-copy stand-in of it).
+    """Every parameter's shape is one numpy can index (a zero-copy stand-in of it, in the
+    model's storage dtype).
 
     Raises:
         ScenarioError: a dimension past what numpy can index (no HBM holds it either).
     """
-    zero = np.zeros((), dtype=np.float32)
+    zero = np.zeros((), dtype=model.storage_dtype)
     for key, shape in model.param_shapes.items():
         try:
             np.broadcast_to(zero, shape)
@@ -329,6 +331,29 @@ def _fits(name: str, dataset: Dataset) -> bool:
     return True
 
 
+def _check_quantization(scenario: Scenario, pod: Topology) -> None:
+    """The transformer's int8: AQT's (``model.options.quantization: int8``,
+    ``pod.workloads.quantization``), on a chip whose MXU runs int8; not every matmul in
+    int8 (``training.precision: int8``, the chip's mode for single ops).
+
+    Raises:
+        ScenarioError: one line naming the field.
+    """
+    section, training = training_sections(scenario)
+    if section.name != "transformer":
+        return
+    if training.precision == "int8":
+        raise ScenarioError("training.precision: 'int8' would run every matmul of the "
+                            "transformer in int8 (attention and logits too), which no MaxText "
+                            "run does; AQT int8 training as MaxText runs it is "
+                            "model.options.quantization: int8 with precision bf16")
+    try:
+        check_quantization(section.options.get("quantization") or "", pod.chip.core,
+                           pod.chip.name)
+    except ValueError as err:
+        raise ScenarioError(f"model.options.{err}") from None
+
+
 def _plan_program(scenario: Scenario, mesh: Mesh, model: Model, optimizer: Any,
                   programs: ProgramFactory, sharded_ok: bool) -> Any:
     """The model's device program on the mesh (``programs``: ``pod.program_factory``'s
@@ -456,6 +481,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         check_precision(training.precision, pod.chip.core, pod.chip.name)
     except ValueError as err:
         raise ScenarioError(f"training.precision: {err}") from None
+    _check_quantization(scenario, pod)
     per_device = _per_device_batch(training.global_batch, mesh)
     dataset = _training_data(scenario, mesh, per_device, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])

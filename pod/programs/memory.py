@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from pod.memory import DeviceMemory
 
-__all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "weight_bytes",
+__all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes",
            "PREFETCH_LAYERS"]
 
 #: Layers whose FSDP all-gather XLA's latency-hiding scheduler runs ahead of the layer
@@ -49,9 +49,6 @@ PREFETCH_LAYERS = 1
 #: bf16 (MaxText ``dtype: bfloat16``), int8 training too outside the MXU's inputs; fp32
 #: training in float32.
 _COMPUTE_BYTES = {"bf16": 2, "int8": 2, "fp32": 4}
-
-_WEIGHT_BYTES = {"float32": 4, "bfloat16": 2}
-
 
 def compute_bytes(precision: str) -> int:
     """Bytes of an activation (and of a weight as the MXU reads it) under ``precision``.
@@ -71,21 +68,6 @@ def gather_bytes(precision: str) -> int:
     compute dtype (XLA converts a float32 master before gathering it [SB]; int8 training
     gathers bf16 and quantises on the chip)."""
     return compute_bytes(precision)
-
-
-def weight_bytes(config: object) -> int:
-    """Bytes of a stored parameter (and of its gradient and of an AdamW moment): MaxText's
-    ``weight_dtype`` of the model's config, float32 (4) when it has none.
-
-    Raises:
-        ValueError: a ``weight_dtype`` other than float32 or bfloat16.
-    """
-    name = getattr(config, "weight_dtype", "float32")
-    try:
-        return _WEIGHT_BYTES[name]
-    except KeyError:
-        raise ValueError(f"weight_dtype must be one of {', '.join(_WEIGHT_BYTES)}, "
-                         f"got {name!r}") from None
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ import numpy as np
 from pod.memory import DeviceMemory
 from pod.programs.collectives import AXES, DeviceCollectives, defer_wait
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
-from pod.programs.memory import PREFETCH_LAYERS, compute_bytes, gather_bytes, weight_bytes
+from pod.programs.memory import PREFETCH_LAYERS, compute_bytes, gather_bytes
 from pod.programs.pipeline_schedule import PipelineSchedule, PipeOp, build_schedule
 from pod.programs.tensor import wire_itemsize
 from pod.programs.transformer import ShardedTransformer
@@ -262,7 +262,7 @@ class PipelinedTransformer(ShardedTransformer):
     def shape_shard(self, coords: DeviceCoords = _ORIGIN) -> DeviceShard:
         """A timing-only device's chunks of its stage's parameters (zero views)."""
         keep = set(self._stage_keys[coords.stage])
-        params = {k: timing_zeros((self._chunk_count([k]),), np.float32)
+        params = {k: timing_zeros((self._chunk_count([k]),), self.storage)
                   for k in self._shapes if k in keep}                     # the model's order
         slots: tuple[str, ...] = tuple(self.optimizer.slots)
         state = {f"{k}/{slot}": v for k, v in params.items() for slot in slots}
@@ -292,8 +292,8 @@ class PipelinedTransformer(ShardedTransformer):
         return self._chunk_count(self._stage_keys[stage])
 
     def local_param_bytes(self) -> int:
-        """float32 bytes of the parameter chunks of a device of the largest stage."""
-        return 4 * max(self.stage_param_elements(s) for s in range(self.stages))
+        """Bytes of the parameter chunks of a device of the largest stage (as stored)."""
+        return self.storage.itemsize * max(self.stage_param_elements(s) for s in range(self.stages))
 
     def largest_stage_layer(self, stage: int) -> int:
         """Parameters of ``stage``'s largest layer on one tensor device, whole over fsdp
@@ -342,7 +342,7 @@ class PipelinedTransformer(ShardedTransformer):
     def _stage_memory(self, stage: int, b: int, precision: str, prefetch: int) -> DeviceMemory:
         """One device of ``stage``: ``memory``'s items."""
         cfg = self.model.config
-        act, w = compute_bytes(precision), weight_bytes(cfg)
+        act, w = compute_bytes(precision), self.model.storage_dtype.itemsize
         shape = (cfg.sequence_length, cfg.embed_dim)
         layers = self.local_model.layers
         blocks = [i for i in self._layers[stage] if isinstance(layers[i], TransformerBlock)]
@@ -427,13 +427,13 @@ class PipelinedTransformer(ShardedTransformer):
             comm.allreduce("stage", timing_zeros((sum(widths),), _F32), tag="shared grads",
                            kind="grad_reduce", after_record=after)
             return chunks
-        buf = np.concatenate([chunks[k] if k in chunks else np.zeros(w, _F32)
+        buf = np.concatenate([np.asarray(chunks[k], _F32) if k in chunks else np.zeros(w, _F32)
                               for k, w in zip(self.shared_keys, widths, strict=True)])
         total = comm.allreduce("stage", buf, tag="shared grads", kind="grad_reduce",
                                after_record=after)
         parts = np.split(total, np.cumsum(widths)[:-1])
-        return {**chunks, **{k: p for k, p in zip(self.shared_keys, parts, strict=True)
-                             if k in chunks}}
+        return {**chunks, **{k: p.astype(self.storage, copy=False)
+                             for k, p in zip(self.shared_keys, parts, strict=True) if k in chunks}}
 
     def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
                  y: np.ndarray) -> EvalSums:

@@ -29,7 +29,7 @@ import numpy as np
 from pod.memory import DeviceMemory
 from pod.programs.collectives import AXES, DeviceCollectives
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
-from pod.programs.memory import Phase, compute_bytes, peak_memory, weight_bytes
+from pod.programs.memory import Phase, compute_bytes, peak_memory
 from pod.workloads.layers import timing_zeros, vector_op
 from pod.workloads.model import Model
 from pod.workloads.optimizers import Optimizer
@@ -197,7 +197,7 @@ class ReplicatedProgram:
         if int(per_device_batch) < 0:
             raise ValueError(f"per_device_batch {per_device_batch} must be >= 0")
         compute_bytes(precision)                                          # checks it
-        w = weight_bytes(getattr(self.model, "config", None))
+        w = self.model.storage_dtype.itemsize
         params = int(self.model.num_params)
         acts = self.model.activation_memory(int(per_device_batch), precision=precision)
         assert acts is not None  # one device: no tensor split to refuse
