@@ -137,6 +137,9 @@ def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
             does not plan for a reason other than its HBM.
     """
     overrides, left = oracle_overrides(result)
+    # enough examples for one device's share (a timing-only plan reads shapes only)
+    share = result["per_device_batch"] * max(result["mesh"]["ici"].values(), default=1)
+    overrides.append(f"data.options.num_examples={int(share * 2) + 16}")
     scenario = load_with_overrides(root / result["scenario"], overrides)
     try:
         plan = build_plan(scenario, timing_only=True)
@@ -165,9 +168,10 @@ def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
 
 def load_results(results: Path = RESULTS, only: Iterable[str] | None = None
                  ) -> list[dict[str, Any]]:
-    """The committed oracle results with a verdict (compiled: XLA's peak; refused for
-    its memory: RESOURCE_EXHAUSTED), by id; a compile that failed for another reason
-    has neither and is left out."""
+    """The committed oracle results with a verdict on HBM (compiled: XLA's peak; refused
+    for its HBM: RESOURCE_EXHAUSTED naming HBM), by id; a compile that failed for another
+    reason (a kernel's scoped VMEM, a lowering error) says nothing of HBM and is left
+    out."""
     wanted = set(only or ())
     out = []
     for path in sorted(results.glob("*.json")):
@@ -177,8 +181,9 @@ def load_results(results: Path = RESULTS, only: Iterable[str] | None = None
         if data.get("fits") is None or (data.get("peak_bytes_per_device") is None
                                         and data["fits"]):
             continue
-        if not data["fits"] and "RESOURCE_EXHAUSTED" not in str(data.get("fits_reason", "")):
-            continue
+        error = str((data.get("compile") or {}).get("error") or "")
+        if not data["fits"] and not ("RESOURCE_EXHAUSTED" in error and "HBM" in error):
+            continue  # refused for another memory (a kernel's scoped VMEM), or not compiled
         out.append(data)
     return out
 

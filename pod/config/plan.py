@@ -11,6 +11,8 @@ HBM, and what every collective of a mesh axis costs at every step.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,14 +175,10 @@ def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, op
     def memory_of(version: Model) -> MemoryOf:
         def of(sizes, batch, prefetch):
             if version is model and dict(sizes) == mesh.sizes and program is not None:
-                built = program
-            else:
-                try:
-                    built = programs(version, sizes, optimizer, training)
-                except ValueError:  # a layout this version's program cannot run
-                    return None
-            kw = {} if prefetch is None else {"prefetch_layers": prefetch}
-            return built.memory(batch, training.precision, **kw)
+                kw = {} if prefetch is None else {"prefetch_layers": prefetch}
+                return program.memory(batch, training.precision, **kw)
+            return _program_memory(programs, version, sizes, optimizer, training, batch,
+                                   prefetch)
         return of
 
     if program is None:  # the closed form of a mesh the program cannot run
@@ -215,6 +213,40 @@ def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, op
             tag=err.tag, requested_bytes=err.requested_bytes,
             free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
             memory_plan=err.memory_plan) from None
+
+
+#: (factory, model config, mesh, training and optimizer options, batch, prefetch) -> the
+#: program's memory: a refusal asks it of every mesh of its devices and every remat
+#: policy, and a plan search (``tpu-pod plan``) asks again for every point
+_MEMORY: OrderedDict[tuple, DeviceMemory | None] = OrderedDict()
+_MEMORY_ENTRIES = 4096
+
+
+def _program_memory(programs: ProgramFactory, model: Model, sizes: Mapping[str, int],
+                    optimizer: Any, training: TrainingConfig, batch: int,
+                    prefetch: int | None) -> DeviceMemory | None:
+    """``programs(model, sizes, ...).memory(batch, ...)``, or None for a layout the
+    model's program cannot run; kept per key for a model whose config is a value (the
+    transformer's: programs of equal configs hold the same bytes)."""
+    config = getattr(model, "config", None)
+    key = None
+    if config is not None:
+        key = (programs, config, tuple(sorted(sizes.items())), training.model_dump_json(),
+               batch, prefetch)
+        if key in _MEMORY:
+            _MEMORY.move_to_end(key)
+            return _MEMORY[key]
+    try:
+        built = programs(model, sizes, optimizer, training)
+        kw = {} if prefetch is None else {"prefetch_layers": prefetch}
+        memory: DeviceMemory | None = built.memory(batch, training.precision, **kw)
+    except ValueError:  # a layout this version's program cannot run
+        memory = None
+    if key is not None:
+        _MEMORY[key] = memory
+        if len(_MEMORY) > _MEMORY_ENTRIES:
+            _MEMORY.popitem(last=False)
+    return memory
 
 
 def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dataset | None,
