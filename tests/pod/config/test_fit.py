@@ -231,3 +231,35 @@ def test_activations_that_overflow_name_the_global_batch():
                             "more HBM per device")
     plan = err.value.memory_plan
     assert plan["activations"] * 2 > plan["total"] > 8 * GIB
+
+
+def test_a_tight_plan_drops_its_prefetch_and_the_step_exposes_the_gathers():
+    """Issue 29 item 3 end to end: a 3-block 16B-wide transformer at 16 x 1024 per v5e
+    device on {fsdp: 8} needs 17.3 GB with a block prefetched and 15.6 GB without, of 16
+    GB: the plan keeps no prefetch, and its timing-only step exposes more fsdp time than
+    the same plan with room to prefetch, by as much as its step grows (the closed form of
+    that growth is test_clock's test_prefetch_depth_exposes_the_gathers_it_no_longer_hides)."""
+    import dataclasses
+
+    from pod.runtime.timing import TimingPod
+
+    scenario = parse_scenario({
+        "name": "tight", "pod": {"slice": "v5e-8", "mesh": {"fsdp": 8}},
+        "model": {"name": "transformer", "options": {
+            "embed_dim": 8192, "heads": 64, "kv_heads": 8, "head_dim": 128, "mlp_dim": 28672,
+            "layers": 3, "remat": "full", "tied_embeddings": False}},
+        "data": {"name": "synthetic_text", "options": {"vocabulary": 32000,
+                                                        "sequence_length": 1024,
+                                                        "num_examples": 40}},
+        "training": {"global_batch": 128, "steps": 1}, "sweep": {"mode": "timing"}})
+    plan = build_plan(scenario, timing_only=True)
+    memory = plan.device_memory
+    assert memory.prefetch_layers == 0 and memory.prefetch_layer_bytes > 0
+    assert memory.total_bytes <= 16e9 < memory.total_bytes + memory.prefetch_layer_bytes
+    roomy = dataclasses.replace(plan, device_memory=dataclasses.replace(memory,
+                                                                        prefetch_layers=1))
+    tight, ample = TimingPod(plan).step(0), TimingPod(roomy).step(0)
+    grown = tight.axis_exposed_seconds["fsdp"] - ample.axis_exposed_seconds["fsdp"]
+    assert grown > 0
+    assert tight.step_seconds - ample.step_seconds == pytest.approx(grown, rel=1e-9)
+    assert tight.compute_seconds == ample.compute_seconds
