@@ -35,11 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pod.memory import DeviceMemory
 
-__all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes",
-           "PREFETCH_LAYERS"]
+__all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "backward_working_bytes",
+           "PREFETCH_LAYERS", "WINDOWED_TENSOR"]
 
 #: Layers whose FSDP all-gather XLA's latency-hiding scheduler runs ahead of the layer
 #: computing, when HBM allows (its async all-gather is issued one layer early; [SB]).
@@ -68,6 +69,39 @@ def gather_bytes(precision: str) -> int:
     compute dtype (XLA converts a float32 master before gathering it [SB]; int8 training
     gathers bf16 and quantises on the chip)."""
     return compute_bytes(precision)
+
+
+#: From this tensor size on, XLA decomposes the reduce-scatters of the input projections'
+#: gradients over tensor into their matmuls (windowed einsum, collective matmul): no
+#: whole partial sum is held. Below it each is a full-width (T, C) array until reduced.
+#: Read from the oracle's T1 (tensor 4: four such arrays live at the peak of a reduced
+#: compile) and T4 (tensor 16: none fit the peak XLA reports).
+WINDOWED_TENSOR = 16
+
+
+def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor: int) -> int:
+    """Bytes per example of one block's backward working set at the step's peak, as XLA
+    schedules it (deviceless compiles of the oracle's reference, VALIDATION.md "Memory
+    against XLA"): the MLP's input products and the gradient of its activation (m + 1
+    arrays of one product's width: T F / tensor, or an MoE's dispatch slots x F), the
+    residual stream's gradient and the block input's (two (T, C) arrays, whole over
+    tensor), and with 1 < tensor < ``WINDOWED_TENSOR`` the partial sums over tensor of
+    every input projection's input gradient (q, k, v or the fused qkv, the MLP inputs:
+    one (T, C) array each). The attention's and the MLP's other tensors are smaller
+    than these and live at other times.
+
+    Args:
+        block: the tensor-local ``TransformerBlock``.
+        shape: (T, C) of its input (C whole).
+        act: bytes of an activation.
+        tensor: the tensor size.
+    """
+    steps, width = shape
+    m = len(block.mlp.dot_keys)
+    product = block.mlp.dot_elements(shape) // m                 # one input product
+    projections = 1 if block.attention.fused_qkv else 3              # q, k, v or qkv
+    partials = projections + m if 1 < tensor < WINDOWED_TENSOR else 0
+    return act * ((m + 1) * product + (2 + partials) * steps * width)
 
 
 @dataclass(frozen=True)

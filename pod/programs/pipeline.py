@@ -63,7 +63,12 @@ import numpy as np
 from pod.memory import DeviceMemory
 from pod.programs.collectives import AXES, DeviceCollectives, defer_wait
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
-from pod.programs.memory import PREFETCH_LAYERS, compute_bytes, gather_bytes
+from pod.programs.memory import (
+    PREFETCH_LAYERS,
+    backward_working_bytes,
+    compute_bytes,
+    gather_bytes,
+)
 from pod.programs.pipeline_schedule import PipelineSchedule, PipeOp, build_schedule
 from pod.programs.tensor import wire_itemsize
 from pod.programs.transformer import ShardedTransformer
@@ -360,7 +365,7 @@ class PipelinedTransformer(ShardedTransformer):
         layer = gather_bytes(precision) * self.largest_stage_layer(stage) if self.fsdp > 1 else 0
         gathered = (gather_bytes(precision) * whole if self.fsdp_ag_once and self.fsdp > 1
                     else (1 + k) * layer)
-        working = b * block.transient_bytes(shape, act, self.tensor)
+        working = b * backward_working_bytes(block, shape, act, self.tensor)
         loss = (self._logits_bytes(b, act) + (gather_bytes(precision) * self._output_table_bytes()
                                               if self.fsdp > 1 else 0)) if last else 0
         workspace = (("weights in compute dtype", act * params if w > act else 0),

@@ -100,6 +100,7 @@ from pod.programs.fsdp import chunk_elements, flat_chunk, pack_chunks, unpack_ga
 from pod.programs.memory import (
     PREFETCH_LAYERS,
     Phase,
+    backward_working_bytes,
     compute_bytes,
     gather_bytes,
     peak_memory,
@@ -535,7 +536,8 @@ class ShardedTransformer:
                  if self.fsdp > 1 else 0)
         common = (("weights in compute dtype", act * params if w > act else 0),
                   ("gathered layers", (1 + k) * layer),
-                  ("layer working set", acts.transient_bytes),
+                  ("layer working set", b * backward_working_bytes(
+                      block, (cfg.sequence_length, cfg.embed_dim), act, self.tensor)),
                   ("all-to-all buffers", self._all_to_all_bytes(block, b, act)))
         logits, table = self._logits_bytes(b, act), self._output_table_bytes()
         loss = (common[0], ("gathered layers", k * layer), ("logits", logits),

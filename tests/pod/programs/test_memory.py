@@ -12,6 +12,7 @@ import pytest
 
 from pod.memory import DeviceMemory
 from pod.programs import PipelinedTransformer, ReplicatedProgram, ShardedTransformer
+from pod.programs.memory import backward_working_bytes
 from pod.workloads import build_model, build_optimizer
 
 T, C, H, KV, DH, F, V = 16, 16, 4, 2, 4, 32, 40
@@ -86,6 +87,23 @@ def test_fsdp_gathers_a_block_and_prefetches_the_next_in_bf16():
     alone = sharded(model).memory(2)
     assert alone.prefetch_layers == alone.prefetch_layer_bytes == 0
     assert "gathered layers" not in dict(alone.workspace)
+
+
+@pytest.mark.parametrize("tensor, fused, partials", [(1, False, 0), (2, False, 3 + 2),
+                                                      (2, True, 1 + 2), (16, False, 0)])
+def test_the_backward_working_set_in_closed_form(tensor, fused, partials):
+    """Per example (bf16): the gated MLP's two input products and its activation's
+    gradient (3 T F / tensor), the residual's and the block input's gradients (2 T C), and
+    below 16 tensor devices the input projections' partial sums over tensor (q, k, v or
+    the fused qkv, and the two MLP inputs: a T C each)."""
+    heads, kv, f = 16, 16, 64
+    model = build_model("transformer", (T,), V, embed_dim=C, heads=heads, kv_heads=kv,
+                        head_dim=DH, mlp_dim=f, layers=2, fused_qkv=fused)
+    program = sharded(model, tensor=tensor)
+    block = program.local_model.layers[1]
+    expected = 2 * (3 * T * f // tensor + (2 + partials) * T * C)
+    assert backward_working_bytes(block, (T, C), 2, tensor) == expected
+    assert dict(program.memory(3).workspace)["layer working set"] == 3 * expected
 
 
 def test_the_copy_of_the_weights_follows_the_precision():
