@@ -15,15 +15,14 @@ train step, whose sum is what must fit):
   dtype (MaxText ``weight_dtype``: float32 master weights by default);
 - ``optimizer_state_bytes``: the optimizer's state of those shards;
 - ``gradients_bytes``: the sharded gradients the update reads (one per
-  parameter shard, in the parameters' dtype: the reduce-scatter runs in the
-  compute dtype and the cast to float32 is the last op before the buffer);
+  parameter shard, in the parameters' dtype), live from backward on;
 - ``activations_bytes``: what forward keeps in HBM for backward under the remat
   policy; ``host_activations_bytes`` what it keeps in host memory (remat
   offload), which is not in the HBM total;
-- ``workspace``: the live working set at the step's peak, by item (the FSDP
-  gathers in flight, the prefetched layers among them; a layer's gradient
-  before its reduce-scatter; one layer's recomputed activations and their
-  gradients; the logits and their gradient; a pipeline's stage buffers).
+- ``workspace``: the live working set at the step's peak, by item (the copy of
+  the weights in the compute dtype; the FSDP gathers in flight, the prefetched
+  ones among them; one block's backward working set; the logits or their
+  gradient; an expert axis's all-to-all buffers; a pipeline's stage buffers).
 
 Parameters, optimizer state and the gradients' update are the arguments and
 the donated outputs of the step (aliased: counted once); the rest is XLA's
@@ -66,9 +65,9 @@ class DeviceMemory:
         prefetch_layers: layers whose FSDP all-gather runs ahead of the layer
             computing (0: each gather waits for its own layer; the clock reads
             it, ``pod.report.clock``).
-        prefetch_layer_bytes: bytes one more prefetched layer would hold (its
-            gathered weights): what a plan that is tight saves per layer it does
-            not prefetch; 0 without FSDP.
+        prefetch_layer_bytes: bytes one more gather ahead holds (a gathered weight
+            array): what a plan that is tight saves per prefetch it drops; 0
+            without FSDP.
         peak: the phase of the step the figures are taken at (forward, loss,
             backward, or a pipeline stage); empty when not said.
 

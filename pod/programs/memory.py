@@ -7,28 +7,35 @@ outputs: counted once) and allocates everything else as temporaries. What the
 temporaries hold changes through the step, so the step's need is the largest of its
 **phases**, each the persistent arguments plus what is live in it:
 
-- **forward**: the activations the remat policy keeps, a copy of the sharded weights
-  in the compute dtype (XLA converts the float32 masters of the scanned layers to
-  bf16 once and reuses them in backward), the gathered layers in flight (the one
-  computing and those prefetched), one layer's forward working set;
-- **loss**: the kept activations and the weight copy, the output layer's gathered
-  weights, the logits with their float32 copy and their gradient (chunked over the
-  tokens by ``num_vocab_tiling``), the layer prefetched for backward;
+- **forward**: the activations the remat policy keeps (the scan's stacked residuals),
+  a copy of the device's weights in the compute dtype (XLA converts the float32
+  masters of the scanned layers to bf16 once and reuses them in backward), the weight
+  array gathered for the matmul running and those gathered ahead (``prefetch_layers``;
+  XLA all-gathers each weight array just before its matmul, the next one while it
+  runs), a block's working set;
+- **loss**: the kept activations and the weight copy, the output layer's weights
+  gathered, the logits in the compute dtype (chunked over the tokens by
+  ``num_vocab_tiling``; XLA fuses the float32 cast, the log-softmax and the gradient
+  into the reductions and one fusion that writes the gradient in place of the logits);
 - **backward**: the sharded gradients (the scan's accumulator, in the parameters'
-  dtype), the kept activations, the weight copy, the gathered layers in flight, one
-  layer's backward working set (its recomputed activations and their gradients).
+  dtype: no layer's float32 gradient exists whole, the reduce-scatter runs on what the
+  matmul wrote), the kept activations, the weight copy, the gathered weight arrays, the
+  logits' gradient until the output kernel's gradient is formed (the tied table's
+  gradient, V x C whole, with tied embeddings), one block's backward working set
+  (:func:`backward_working_bytes`).
 
-The optimizer update runs in place on the donated buffers, reading the gradients:
-it needs no more than backward. (Measured with deviceless TPU compiles of a scanned
-MaxText-style decoder: a layer's float32 gradient never exists whole; the
-reduce-scatter runs in bf16 on what the matmul produced and the sharded result is
-accumulated, VALIDATION.md "Memory against XLA".)
+The optimizer update runs in place on the donated buffers, reading the gradients: it
+needs no more than backward. Each rule was read from deviceless TPU compiles of the
+oracle's reference with XLA's buffer assignment dumped (the values live at the peak,
+by the jax op that made them; VALIDATION.md "Memory against XLA"); the plan is checked
+against the oracle's peaks by ``benchmarks/memory_oracle.py``.
 
-Sources: [XLA] ``compiled.memory_analysis()`` (argument, output, alias and temp bytes
-per device); [MT] AI-Hypercomputer/maxtext ``train.py``, ``layers/decoders.py``
-(scanned layers, remat policies), ``configs/base.yml`` (``weight_dtype``,
-``cast_logits_to_fp32``, ``num_vocab_tiling``); [SB] "How to Scale Your Model",
-training chapter (FSDP gathers bf16 weights a layer ahead).
+Sources: [XLA] ``compiled.memory_analysis()`` (argument, output, alias, temp and peak
+bytes per device), ``--xla_dump_to`` (buffer assignment, live ranges); [MT]
+AI-Hypercomputer/maxtext ``train.py``, ``layers/decoders.py`` (scanned layers, remat
+policies), ``configs/base.yml`` (``weight_dtype``, ``cast_logits_to_fp32``,
+``num_vocab_tiling``); [SB] "How to Scale Your Model", training chapter (FSDP gathers
+bf16 weights ahead of their use).
 """
 
 from __future__ import annotations

@@ -327,8 +327,8 @@ class PipelinedTransformer(ShardedTransformer):
           [1F1B] x ``b`` x a chunk's kept bytes per example (its blocks', and the output
           layer's inputs on the last stage);
         - workspace: the sharded weights' copy in the compute dtype (weights stored
-          wider); with fsdp the gathered layer and ``prefetch_layers`` ahead
-          (``gather_bytes`` x the stage's largest layer each), or with
+          wider); with fsdp the gathered weight array in use and ``prefetch_layers``
+          ahead (``gather_bytes`` x the stage's largest block array each), or with
           ``fsdp_ag_once`` the stage's whole weights gathered for the step; one layer's
           working set for a microbatch or, on the last stage, the loss's (the larger);
           the two permute buffers (a microbatch's activations forward and their
@@ -362,14 +362,14 @@ class PipelinedTransformer(ShardedTransformer):
         params = self.stage_param_elements(stage)
         whole = self.stage_gradient_bytes(stage) // 4                    # tensor-local elements
         k = prefetch if self.fsdp > 1 else 0
-        layer = gather_bytes(precision) * self.largest_stage_layer(stage) if self.fsdp > 1 else 0
+        layer = gather_bytes(precision) * self.largest_gathered(blocks) if self.fsdp > 1 else 0
         gathered = (gather_bytes(precision) * whole if self.fsdp_ag_once and self.fsdp > 1
                     else (1 + k) * layer)
         working = b * backward_working_bytes(block, shape, act, self.tensor)
         loss = (self._logits_bytes(b, act) + (gather_bytes(precision) * self._output_table_bytes()
                                               if self.fsdp > 1 else 0)) if last else 0
         workspace = (("weights in compute dtype", act * params if w > act else 0),
-                     ("gathered layers", gathered),
+                     ("gathered weights", gathered),
                      ("layer working set" if working >= loss else "loss working set",
                       max(working, loss)),
                      ("permute buffers", 2 * b * cfg.sequence_length * cfg.embed_dim * act))

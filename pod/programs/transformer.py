@@ -500,10 +500,10 @@ class ShardedTransformer:
         - activations: ``b`` x the blocks' kept bytes (host offload apart) and the
           output layer's inputs (the final norm's input, x_hat's 1 / sigma, its output);
         - workspace: the sharded weights' copy in the compute dtype (``a p``, when the
-          weights are stored wider); with fsdp, the gathered block in flight and the
-          ``prefetch_layers`` gathered ahead, ``gather_bytes`` x the largest block's
-          tensor-local elements each; a block's working set (``b`` x its remat-none
-          bytes); at the loss the logits ``b T V / tensor`` in the compute dtype (/
+          weights are stored wider); with fsdp, the gathered weight array in use and the
+          ``prefetch_layers`` gathered ahead, ``gather_bytes`` x the largest block
+          array's tensor-local elements each (:meth:`largest_gathered`); a block's
+          backward working set (``b`` x ``pod.programs.memory.backward_working_bytes``); at the loss the logits ``b T V / tensor`` in the compute dtype (/
           ``num_vocab_tiling``) and, with fsdp, the output layer's weights gathered
           (C V / tensor); in backward, the logits' gradient until the output kernel's
           gradient is formed (untied), or the tied table's gradient, V C whole; with an
@@ -531,16 +531,14 @@ class ShardedTransformer:
         assert acts is not None  # the program's tensor size splits the heads and MLP
         kept = acts.device_bytes
         k = int(prefetch_layers) if self.fsdp > 1 else 0
-        layer = (gather_bytes(precision) * self.fsdp
-                 * max(self._chunk_count(key for key, _ in self._keys[i]) for i in blocks)
-                 if self.fsdp > 1 else 0)
+        layer = gather_bytes(precision) * self.largest_gathered(blocks) if self.fsdp > 1 else 0
         common = (("weights in compute dtype", act * params if w > act else 0),
-                  ("gathered layers", (1 + k) * layer),
+                  ("gathered weights", (1 + k) * layer),
                   ("layer working set", b * backward_working_bytes(
                       block, (cfg.sequence_length, cfg.embed_dim), act, self.tensor)),
                   ("all-to-all buffers", self._all_to_all_bytes(block, b, act)))
         logits, table = self._logits_bytes(b, act), self._output_table_bytes()
-        loss = (common[0], ("gathered layers", k * layer), ("logits", logits),
+        loss = (common[0], ("gathered weights", k * layer), ("logits", logits),
                 ("output layer gathered", gather_bytes(precision) * table if self.fsdp > 1 else 0))
         late = (("logits gradient", logits) if not cfg.tied_embeddings else
                 ("embedding gradient", act * cfg.vocabulary * cfg.embed_dim))
@@ -549,6 +547,14 @@ class ShardedTransformer:
         return peak_memory(w * params, len(self.optimizer.slots) * w * params, phases,
                            host_activations_bytes=acts.host_bytes, prefetch_layers=k,
                            prefetch_layer_bytes=layer)
+
+    def largest_gathered(self, layers: Iterable[int]) -> int:
+        """Elements of the largest weight array of ``layers`` (indices into the local
+        model's layers) as its fsdp all-gather assembles it: tensor-local (an MoE's
+        experts of the device), whole over fsdp, padding included. XLA gathers each
+        weight array just before its matmul and the next one while it runs."""
+        return max(self.fsdp * self._chunk_count([key]) for i in layers
+                   for key, _ in self._keys[i])
 
     #: the vocabulary tables: replicated over tensor in this program, split over tensor on
     #: the vocabulary by XLA under MaxText's rules (``vocab`` -> tensor)

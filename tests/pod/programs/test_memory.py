@@ -1,6 +1,6 @@
 """What a device program reports it holds in HBM (``DeviceProgram.memory``), item by item
 against hand counts: the sharded transformer's parameters, gradients, optimizer state and
-kept activations, its workspace by phase (the gathered layers and the prefetched ones,
+kept activations, its workspace by phase (the gathered weights and the prefetched ones,
 the logits, the copy of the weights in the compute dtype), the replicated program's, and
 the pipeline's stages."""
 
@@ -71,22 +71,23 @@ def test_kept_activations_by_remat_in_closed_form():
     assert custom.total_bytes < minimal.total_bytes
 
 
-def test_fsdp_gathers_a_block_and_prefetches_the_next_in_bf16():
-    """With fsdp a block's weights are gathered whole (over fsdp, its tensor slice) in
-    bf16: the one computing and ``prefetch_layers`` more; without fsdp nothing is
-    gathered and nothing prefetched."""
+def test_fsdp_gathers_a_weight_array_and_prefetches_the_next_in_bf16():
+    """With fsdp each weight array is gathered whole (over fsdp, its tensor slice) in
+    bf16 just before its matmul, the next while it runs: the largest array of a block
+    (the gated MLP's C x F / tensor, four chunks with padding) in use and
+    ``prefetch_layers`` more; without fsdp nothing is gathered and nothing prefetched."""
     model = tiny()
     program = sharded(model, fsdp=4, tensor=2)
-    layer = 2 * 4 * math.ceil(block_params(2) / 4)        # bf16, four chunks with padding
+    array = 2 * 4 * math.ceil(C * F // 2 / 4)
     ahead, none = program.memory(2), program.memory(2, prefetch_layers=0)
     assert ahead.prefetch_layers == 1 and none.prefetch_layers == 0
-    assert ahead.prefetch_layer_bytes == none.prefetch_layer_bytes == layer
-    assert dict(ahead.workspace)["gathered layers"] == 2 * layer
-    assert dict(none.workspace)["gathered layers"] == layer
-    assert ahead.total_bytes - none.total_bytes == layer
+    assert ahead.prefetch_layer_bytes == none.prefetch_layer_bytes == array
+    assert dict(ahead.workspace)["gathered weights"] == 2 * array
+    assert dict(none.workspace)["gathered weights"] == array
+    assert ahead.total_bytes - none.total_bytes == array
     alone = sharded(model).memory(2)
     assert alone.prefetch_layers == alone.prefetch_layer_bytes == 0
-    assert "gathered layers" not in dict(alone.workspace)
+    assert "gathered weights" not in dict(alone.workspace)
 
 
 @pytest.mark.parametrize("tensor, fused, partials", [(1, False, 0), (2, False, 3 + 2),
@@ -152,7 +153,7 @@ def test_a_pipeline_stage_holds_its_layers_and_the_microbatches_in_flight():
     """Two stages of four blocks, four microbatches of one example: a stage's chunk keeps
     its blocks' bytes per microbatch in flight, GPipe all four, 1F1B min(S - s, M); the
     stage's parameters are half the blocks'; with pipeline_fsdp_ag_once the stage's four
-    blocks are gathered whole for the step instead of two."""
+    blocks are gathered whole for the step instead of two weight arrays at a time."""
     model = tiny(layers=8, remat="full")
     opt = build_optimizer("adamw")
     sizes = {"stage": 2, "fsdp": 2}
@@ -166,5 +167,5 @@ def test_a_pipeline_stage_holds_its_layers_and_the_microbatches_in_flight():
     assert b.activations_bytes == max(2 * kept_chunk, 1 * last)
     flat = sharded(model, fsdp=2).memory(4)
     assert a.parameters_bytes < flat.parameters_bytes
-    assert dict(c.workspace)["gathered layers"] > dict(a.workspace)["gathered layers"]
+    assert dict(c.workspace)["gathered weights"] > dict(a.workspace)["gathered weights"]
     assert isinstance(a, DeviceMemory) and a.peak.startswith("stage ")

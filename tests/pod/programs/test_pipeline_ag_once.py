@@ -130,8 +130,8 @@ def test_ag_once_timing_only_equals_functional_and_gathers_1_over_m_forward_byte
 
 def test_the_memory_plan_holds_the_stage_weights_instead_of_two_layers():
     """With pipeline_fsdp_ag_once a stage's gathered weights (its tensor-local arrays,
-    whole over fsdp, bf16) stay for the step in place of the layer computing and the one
-    prefetched; the other items are the same."""
+    whole over fsdp, bf16) stay for the step in place of the weight array in use and the
+    one prefetched; the other items are the same."""
     mesh = {"stage": 2, "fsdp": 4}
     without = build_plan(scenario(mesh, microbatches=4))
     with_ = build_plan(scenario(mesh, microbatches=4, pipeline_fsdp_ag_once=True))
@@ -141,8 +141,10 @@ def test_the_memory_plan_holds_the_stage_weights_instead_of_two_layers():
     program = PipelinedTransformer(with_.model, with_.mesh.sizes, optimizer(), microbatches=4)
     stage = int(with_.device_memory.peak.split()[-1])
     held = program.stage_gradient_bytes(stage) // 4                  # tensor-local, whole
-    largest = program.largest_stage_layer(stage)
-    assert dict(with_.device_memory.workspace)["gathered layers"] == 2 * held
-    assert dict(without.device_memory.workspace)["gathered layers"] == 2 * 2 * largest
+    blocks = [i for i in range(len(program.local_model.layers)) if i in program.chunks[stage]
+              and program.local_model.layers[i].kind == "transformer_block"]
+    largest = program.largest_gathered(blocks)
+    assert dict(with_.device_memory.workspace)["gathered weights"] == 2 * held
+    assert dict(without.device_memory.workspace)["gathered weights"] == 2 * 2 * largest
     assert b["workspace"] - a["workspace"] == 2 * held - 2 * 2 * largest
     assert b["total"] == sum(v for k, v in b.items() if k != "total")

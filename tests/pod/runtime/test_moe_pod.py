@@ -147,12 +147,11 @@ def test_mixtral_8x7b_costs_a_step_on_a_v5p_128_from_its_active_parameters():
     assert stats.hardware_flops > stats.model_flops                     # remat, capacity padding
     assert 1.0 < stats.step_seconds < 30.0 and 0.1 < stats.mfu < 0.7
     assert stats.axis_collective_bytes["expert"] > 0 and plan.memory["total"] < 95e9
-    # FSDP's workspace: two blocks gathered with their one expert of 8 each (bf16 weights,
-    # the one computing and the one prefetched), not the 8 experts; the dispatch and
-    # combine buffers of the expert axis; the largest backward working set
-    block = 4096 * 6144 + 4096 * 4096 + 2 * 4096 + 4096 * 8 + 3 * 4096 * 14336
+    # FSDP's workspace: two weight arrays gathered, the largest a block's one expert of 8
+    # (bf16, 4096 x 14336: the one in use and the one prefetched), not the 8 experts; the
+    # dispatch and combine buffers of the expert axis; the backward working set
     workspace = dict(plan.device_memory.workspace)
-    assert workspace["gathered layers"] == 2 * block * 2
+    assert workspace["gathered weights"] == 2 * 4096 * 14336 * 2
     assert workspace["all-to-all buffers"] > 0 and workspace["layer working set"] > 0
 
 
