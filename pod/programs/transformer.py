@@ -490,32 +490,31 @@ class ShardedTransformer:
         With ``p`` the parameter elements the device keeps (its chunks, padding
         included; the vocabulary tables split over tensor as on the TPU), ``w`` the
         bytes of a stored weight (``weight_dtype``), ``a`` those of an activation
-        (``precision``), ``b`` the per-device batch, T, C, V the sequence,
-        width and vocabulary, and the block figures per example of
-        ``TransformerBlock`` (``activation_bytes``, ``transient_bytes``: the residual
-        stream split over tensor, MaxText's ``activation_embed`` rule):
+        (``precision``), ``b`` the per-device batch and T, C, V the sequence, width and
+        vocabulary:
 
-        - parameters ``w p``; optimizer state ``slots w p``; gradients ``w p`` in
-          backward only (the accumulator of the sharded gradients);
-        - activations: ``b`` x the blocks' kept bytes (host offload apart) and the
-          output layer's inputs (the final norm's input, x_hat's 1 / sigma, its output);
-        - workspace: the sharded weights' copy in the compute dtype (``a p``, when the
-          weights are stored wider); with fsdp, the gathered weight array in use and the
-          ``prefetch_layers`` gathered ahead, ``gather_bytes`` x the largest block
-          array's tensor-local elements each (:meth:`largest_gathered`); a block's
-          backward working set (``b`` x ``pod.programs.memory.backward_working_bytes``); at the loss the logits ``b T V / tensor`` in the compute dtype (/
-          ``num_vocab_tiling``) and, with fsdp, the output layer's weights gathered
-          (C V / tensor); in backward, the logits' gradient until the output kernel's
-          gradient is formed (untied), or the tied table's gradient, V C whole; with an
-          expert axis the all-to-all buffers (``pod.programs.experts``).
+        - parameters ``w p``; optimizer state ``slots w p``; gradients ``w p`` from
+          backward on (the accumulator of the sharded gradients);
+        - activations: what the remat policy keeps (``TransformerModel.
+          activation_memory``: the residual stream split over tensor, MaxText's
+          ``activation_embed`` rule; offloaded tensors on the host);
+        - workspace: the weights' copy in the compute dtype (``a p``, weights stored
+          wider); with fsdp, the weight array gathered for the matmul running and the
+          ``prefetch_layers`` gathered ahead (``gather_bytes`` x :meth:`largest_gathered`
+          each); a block's backward working set (``b`` x
+          ``pod.programs.memory.backward_working_bytes``); at the loss the logits, ``b T
+          V / tensor`` in the compute dtype (/ ``num_vocab_tiling``), and with fsdp the
+          output layer's weights gathered (C V / tensor); in backward the logits'
+          gradient (untied) or the tied table's gradient (V C, whole); with an expert
+          axis the all-to-all buffers (``ExpertCollectives.buffer_elements``).
 
         Args:
             per_device_batch: examples per device (global batch / (data x fsdp x expert)).
             precision: bf16 | fp32 | int8.
-            prefetch_layers: blocks gathered ahead of the one computing (fsdp > 1).
+            prefetch_layers: weight arrays gathered ahead of the one in use (fsdp > 1).
 
         Raises:
-            ValueError: an unknown precision or weight_dtype, a negative batch.
+            ValueError: an unknown precision, a negative batch or prefetch.
         """
         if int(per_device_batch) < 0 or int(prefetch_layers) < 0:
             raise ValueError(f"per_device_batch {per_device_batch} and prefetch_layers "
