@@ -137,8 +137,9 @@ def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
             does not plan for a reason other than its HBM.
     """
     overrides, left = oracle_overrides(result)
-    # enough examples for one device's share (a timing-only plan reads shapes only)
-    share = result["per_device_batch"] * max(result["mesh"]["ici"].values(), default=1)
+    # enough examples for one device's share (a tensor group's sequences; a timing-only
+    # plan reads shapes only)
+    share = result["per_device_batch"] * result["mesh"]["ici"].get("tensor", 1)
     overrides.append(f"data.options.num_examples={int(share * 2) + 16}")
     scenario = load_with_overrides(root / result["scenario"], overrides)
     try:
