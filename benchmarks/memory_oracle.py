@@ -26,6 +26,7 @@ Usage::
     python benchmarks/memory_oracle.py --markdown   # VALIDATION.md's "Memory against XLA"
     python benchmarks/memory_oracle.py --json       # rows
     python benchmarks/memory_oracle.py --only T1,T5
+    python benchmarks/memory_oracle.py --write      # the table into VALIDATION.md
 
 The fast test ``tests/pod/config/test_memory_oracle.py`` checks every committed result:
 the verdicts agree and the totals are within ``TOLERANCE``.
@@ -51,6 +52,9 @@ from pod.errors import HBMPlanError  # noqa: E402
 from pod.workloads.remat import REMAT_POLICIES, REMAT_TENSORS  # noqa: E402
 
 RESULTS = ROOT / "tools" / "xla_oracle" / "results"
+VALIDATION = ROOT / "VALIDATION.md"
+TABLE_BEGIN = "<!-- memory-oracle:begin (python benchmarks/memory_oracle.py --write) -->"
+TABLE_END = "<!-- memory-oracle:end -->"
 GIB = 2**30
 #: The plan's total against XLA's peak, relative: issue 29's bar.
 TOLERANCE = 0.10
@@ -203,11 +207,28 @@ def _table(rows: list[Row], markdown: bool) -> str:
         cells = (r.id, r.chip, r.mesh.replace('"', ""), f"{r.per_device_batch:g}", r.remat,
                  xla, f"{r.plan_bytes / GIB:.2f}",
                  "-" if r.error is None else f"{r.error:+.1%}", "fits" if r.xla_fits else "OOM",
-                 "fits" if r.plan_fits else "refuses", f"{r.xla_argument_bytes / GIB:.2f}",
+                 "fits" if r.plan_fits else "refuses",
+                 f"{r.xla_argument_bytes / GIB:.2f}" if r.xla_peak_bytes is not None else "-",
                  f"{r.plan_state_bytes / GIB:.2f}")
         lines.append(("| " + " | ".join(cells) + " |") if markdown
                      else "  ".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)
+
+
+def write_validation(rows: list[Row], path: Path = VALIDATION) -> None:
+    """Replace the table between ``TABLE_BEGIN`` and ``TABLE_END`` of VALIDATION.md with
+    the rows' (markdown) and their summary line.
+
+    Raises:
+        ValueError: the markers are not in the file.
+    """
+    text = path.read_text()
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise ValueError(f"{path.name}: no {TABLE_BEGIN!r} ... {TABLE_END!r} markers")
+    head, rest = text.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    table = _table(rows, markdown=True) + "\n\n" + summary(rows) + "."
+    path.write_text(f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}")
 
 
 def summary(rows: list[Row]) -> str:
@@ -232,9 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated ids")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the results folder (default: the committed ones)")
+    parser.add_argument("--write", action="store_true",
+                        help="write the table between VALIDATION.md's markers")
     args = parser.parse_args(argv)
     results = load_results(args.results, only=[s for s in args.only.split(",") if s])
     rows = [plan_row(r) for r in results]
+    if args.write:
+        write_validation(rows)
+        return 0
     if args.json:
         print(json.dumps([asdict(r) | {"error": r.error} for r in rows], indent=1))
         return 0
