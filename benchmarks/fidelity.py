@@ -26,9 +26,8 @@ signed error, then the mean absolute error and the worst row.
   measurements: shown against the emulator's total one-way link bandwidth,
   kept out of the error statistics.
 - Training rows T1-T9, M1-M3 (training-steps.md) are costed timing-only from
-  their scenarios at their published batch and remat; a row the HBM plan
-  refuses is costed with the check lifted (:func:`hbm_check_lifted`, said in
-  the output). ``--fit-mxu`` fits the step clock's constants on the GEMM rows
+  their scenarios at their published batch and remat (the HBM plan admits every
+  one). ``--fit-mxu`` fits the step clock's constants on the GEMM rows
   and every training row at once (``chip.fitting.fit_step_clock``), and
   with ``--held-out`` predicts each row by a fit without it.
 
@@ -50,7 +49,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -539,11 +537,7 @@ TRAINING_ROWS = (
 
 @dataclass(frozen=True)
 class TrainingResult:
-    """A training row beside its prediction (TFLOP/s per device by the row's formula).
-
-    ``hbm_refused``: the HBM plan's refusal when the row was costed with the check
-    lifted (:func:`hbm_check_lifted`), else empty.
-    """
+    """A training row beside its prediction (TFLOP/s per device by the row's formula)."""
 
     id: str
     source: str
@@ -556,7 +550,6 @@ class TrainingResult:
     exposed_seconds: dict
     hbm_gib: float
     bound: str
-    hbm_refused: str = ""
     setup: str = ""
 
 
@@ -572,45 +565,12 @@ def training_flops(plan, formula: str) -> float:
     return maxtext_tflops_2023(cfg, 1, causal_halving=formula == "2023-halved") * batch
 
 
-@contextlib.contextmanager
-def hbm_check_lifted():
-    """Plan scenarios with the HBM check lifted, for the calibration rows only.
-
-    TEMPORARY (issue 29): the HBM plan refuses some published rows that ran on the
-    hardware (T6, T8 today), which the "memory" stream's plan is to admit. Until it
-    does, a refused row is costed with its plan as refused (``HBMPlanError.memory_plan``)
-    so the step clock can be fitted and checked on every row; the output names each
-    lifted row and its refusal. Yields a dict: scenario path -> the refusal message.
-    """
-    import pod.config.plan as plan_module
-    from pod.errors import HBMPlanError
-
-    refused: dict[str, str] = {}
-    original = plan_module._memory_plan
-
-    def lifted(scenario, *args, **kwargs):
-        try:
-            return original(scenario, *args, **kwargs)
-        except HBMPlanError as err:
-            refused[scenario.name] = str(err)
-            return err.memory_plan
-
-    plan_module._memory_plan = lifted
-    try:
-        yield refused
-    finally:
-        plan_module._memory_plan = original
-
-
 def _row_plan(row: TrainingRow):
-    """(plan, refusal) of a training row: the refusal of its HBM plan, or "" (it fits)."""
+    """A training row's plan, timing-only, from its scenario."""
     from pod.config.plan import build_plan
     from pod.config.scenario import load_scenario
 
-    with hbm_check_lifted() as refused:
-        scenario = load_scenario(os.path.join(ROOT, row.scenario))
-        plan = build_plan(scenario, timing_only=True)
-    return plan, refused.get(scenario.name, "")
+    return build_plan(load_scenario(os.path.join(ROOT, row.scenario)), timing_only=True)
 
 
 def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
@@ -620,7 +580,7 @@ def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
 
     out = []
     for row in rows:
-        plan, refused = _row_plan(row)
+        plan = _row_plan(row)
         stats = TimingPod(plan).step(1)
         tflops = training_flops(plan, row.formula) / stats.step_seconds / 1e12
         bounds = step_bounds(stats, plan.collective_costs_at(1), plan.topology.torus)
@@ -628,7 +588,7 @@ def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
             row.id, row.source, row.scenario, row.published_tflops, tflops,
             (tflops - row.published_tflops) / row.published_tflops * 100, stats.step_seconds,
             stats.compute_seconds, {a: round(s, 4) for a, s in stats.axis_exposed_seconds.items()},
-            plan.memory["total"] / 2**30, f"{bounds.label} {bounds.fraction:.0%}", refused,
+            plan.memory["total"] / 2**30, f"{bounds.label} {bounds.fraction:.0%}",
             _setup(plan)))
     return out
 
@@ -653,7 +613,7 @@ def step_rows(rows=TRAINING_ROWS) -> tuple:
 
     out = []
     for row in rows:
-        plan, _ = _row_plan(row)
+        plan = _row_plan(row)
         pod = TimingPod(plan)
         pod.step(1)
         clocks = device_clocks(pod.last_reports, plan.collective_costs_at(1).seconds,
@@ -729,7 +689,7 @@ def print_training(results: list[TrainingResult], markdown: bool) -> None:
     lines = [(r.id, r.source, r.scenario, f"{r.published_tflops:.1f}", f"{r.predicted_tflops:.1f}",
               f"{r.error_pct:+.1f}%", f"{r.step_seconds:.3f}", f"{r.compute_seconds:.3f}",
               ", ".join(f"{a} {s:.3f}" for a, s in r.exposed_seconds.items()) or "-",
-              f"{r.hbm_gib:.1f}" + (" (refused)" if r.hbm_refused else ""), r.bound)
+              f"{r.hbm_gib:.1f}", r.bound)
              for r in results]
     _print_rows(header, lines, markdown)
     if markdown:
@@ -738,10 +698,6 @@ def print_training(results: list[TrainingResult], markdown: bool) -> None:
     worst = max(results, key=lambda r: abs(r.error_pct))
     print(f"mean absolute error {mae:.1f}% over {len(results)} rows; worst row {worst.id} "
           f"{worst.error_pct:+.1f}%")
-    for r in results:
-        if r.hbm_refused:
-            print(f"  {r.id}: costed with the HBM check lifted (temporary, for the fit only): "
-                  f"{r.hbm_refused}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,8 +57,11 @@ from interconnect.collectives import (
 )
 from interconnect.cost import (
     FAST_PATHS,
+    MAX_COST_WORK,
     ScheduleCost,
+    check_cost_work,
     collective_cost,
+    cost_work,
     schedule_cost,
     schedule_time,
 )
@@ -124,6 +127,9 @@ __all__ = [
     "schedule_cost",
     "schedule_time",
     "collective_cost",
+    "cost_work",
+    "check_cost_work",
+    "MAX_COST_WORK",
     "FAST_PATHS",
     "LinkFailureError",
     "LinkFaults",

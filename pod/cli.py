@@ -7,6 +7,7 @@ field, the value and what is allowed, and exit status 2; never a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
@@ -34,13 +35,25 @@ from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario
 from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
-from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError, one_line
+from pod.errors import (
+    USER_ERRORS,
+    HBMPlanError,
+    OutputError,
+    RunInterrupted,
+    ScenarioError,
+    one_line,
+)
 from pod.report.console import make_console, titled_table
 from pod.report.model_summary import layer_costs, plan_model_tables
+from pod.workloads.transformer import MAX_TRANSFORMER_OPTION
 
 __all__ = ["cli", "main"]
 
 EXIT_USER_ERROR = 2
+#: What a file system refuses a write with: no space (ENOSPC, EDQUOT), a file past a
+#: limit (EFBIG), read-only (EROFS), no permission (EACCES, EPERM).
+_FILE_SYSTEM_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
+                                   errno.EACCES, errno.EPERM})
 #: Most steps one --trace holds (each keeps its events in memory until the trace is written).
 MAX_TRACED_STEPS = 1_000
 
@@ -339,9 +352,14 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     for table in plan_model_tables(plan, detail=detail):
         console.print(table)
     axes = plan.mesh.label
+    memory = plan.device_memory
     _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
-                           f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                  plan.memory, device_hbm_bytes(plan.topology.chip))
+                           f"{plan.global_batch:,} = {plan.per_device_batch} per device"
+                           + (f"; at its {memory.peak}" if memory and memory.peak else "")
+                           + (f"; FSDP prefetch {memory.prefetch_layers} layer(s)"
+                              if memory and memory.prefetch_layer_bytes else "") + ")",
+                  dict(memory.rows()) if memory else plan.memory,
+                  device_hbm_bytes(plan.topology.chip))
     if step is not None:
         console.print(_step_line(step), highlight=False)
 
@@ -349,15 +367,14 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
 def _estimate_step(plan) -> dict[str, Any] | None:
     """One timing-only step of the plan (``pod.runtime.timing``): its simulated figures,
     or None when the model's program cannot run on the mesh."""
-    from pod.config.plan import _check_runnable_mesh
     from pod.report.bounds import step_bounds
     from pod.runtime.timing import TimingPod
 
     try:
-        _check_runnable_mesh(plan.scenario, plan.mesh, plan.model)
-    except ScenarioError:
+        pod = TimingPod(plan)
+    except ValueError:  # the model's program cannot run on the mesh (describe plans any)
         return None
-    stats = TimingPod(plan).step(0)
+    stats = pod.step(0)
     bounds = step_bounds(stats, plan.collective_costs, plan.topology.torus)
     return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
             "exposed_collective_seconds": stats.exposed_collective_seconds,
@@ -413,23 +430,14 @@ def generate(checkpoint: Path, length: int, prompt: str, temperature: float, see
     """Sample text from a char_lstm or transformer CHECKPOINT: a checkpoint file, or a checkpoint
     directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
     from chip import TensorCore
-    from pod.commands.generate import sample_text
+    from pod.commands.generate import checkpoint_model, sample_text
     from pod.state.export import read_checkpoint
-    from pod.workloads import build_model
 
     ckpt = read_checkpoint(checkpoint, warn=lambda text: click.echo(text, err=True))
-    extra = ckpt.extra
-    if extra.get("model") not in ("char_lstm", "transformer") or not extra.get("vocabulary"):
-        raise click.UsageError(f"{checkpoint}: generate needs a char_lstm or transformer "
-                               f"checkpoint "
-                               f"of a text run, this one holds {extra.get('model')!r}")
-    options = ckpt.scenario.get("model", {}).get("options", {})
-    model = build_model(extra["model"], tuple(extra["input_shape"]), int(extra["num_classes"]),
-                        **options)
-    chip = ckpt.scenario.get("pod", {}).get("chip") or "v2"
+    model, vocabulary, chip = checkpoint_model(ckpt, str(checkpoint))
     core = TensorCore(get_chip_spec(chip).core, numerics=True)
     try:
-        text = sample_text(core, model, dict(ckpt.params), extra["vocabulary"], prompt=prompt,
+        text = sample_text(core, model, dict(ckpt.params), vocabulary, prompt=prompt,
                            length=length, temperature=temperature, seed=seed)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
@@ -615,25 +623,27 @@ def import_maxtext_command(arguments: tuple[str, ...], slice_name: str | None,
     command = shlex.join(["tpu-pod", "import-maxtext", *arguments,
                           *(["--slice", slice_name] if slice_name else [])])
     text = scenario_yaml(result, command)
+    plan = _check_imported(text, output)  # before a byte is written: a refusal writes nothing
     if output is None:
         click.echo(text, nl=False)
-    else:
-        output.write_text(text, encoding="utf-8")
-    _check_imported(text, output)
+        return
+    from pod.safe_io import write_atomic
+
+    write_atomic(output, lambda f: f.write(text))
+    click.echo(f"Wrote {output}: ok ({plan.topology.name}, "
+               f"mesh {format_axes(plan.mesh.sizes)}, "
+               f"{plan.num_params:,} parameters, global batch {plan.global_batch:,}); cost "
+               f"a step with: tpu-pod sweep {output}", err=True)
 
 
-def _check_imported(text: str, output: Path | None) -> None:
-    """Plan the written scenario as ``validate`` does: one line if it does not plan."""
+def _check_imported(text: str, output: Path | None) -> Any:
+    """Plan the scenario to write as ``validate`` does: one line if it does not plan;
+    the plan."""
     from pod.config.scenario import scenario_from_text
 
     where = str(output) if output is not None else "<stdout>"
     spec = scenario_from_text(text, source=where)
-    plan = _checked(functools.partial(build_plan, timing_only=True, sharded_ok=True), spec, where)
-    if output is not None:
-        click.echo(f"Wrote {output}: ok ({plan.topology.name}, "
-                   f"mesh {format_axes(plan.mesh.sizes)}, "
-                   f"{plan.num_params:,} parameters, global batch {plan.global_batch:,}); cost "
-                   f"a step with: tpu-pod sweep {output}", err=True)
+    return _checked(functools.partial(build_plan, timing_only=True, sharded_ok=True), spec, where)
 
 
 @cli.command(short_help="Run a scaling experiment (a scenario's sweep: block).",
@@ -697,7 +707,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                                    "again", highlight=False, soft_wrap=True)
 
         rows = run_sweep(spec, out_dir, mode=mode, on_point=report, fresh=fresh,
-                         on_resume=resumed)
+                         on_resume=resumed, warn=lambda line: progress.console.print(
+                             line, style="yellow", highlight=False, soft_wrap=True))
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
     console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. "
@@ -721,7 +732,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
 @click.option("--global-batch", help="Sequences (examples) per step, instead of the tokens.")
 @click.option("--per-device-batch", help="Without either: per-device batches to try on every "
                                          "mesh [default: 1,2,4,8].")
-@click.option("--seq-len", type=click.IntRange(min=1),
+@click.option("--seq-len",
+              type=click.IntRange(min=1, max=MAX_TRANSFORMER_OPTION["sequence_length"]),
               help="Tokens per sequence [default: the model's; a preset's context, at most 8192].")
 @click.option("--num-slices", "num_slices", multiple=True,
               help="Numbers of identical slices joined by the DCN to try, data parallel across "
@@ -778,8 +790,8 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
             console.print(line, highlight=False, soft_wrap=True)
     files = ", ".join(n for n in ("results.csv", "layouts.png", "best.yaml")
                       if (out_dir / n).exists())
-    console.print(f"{result.summary()}. Wrote {out_dir}/: {files}", highlight=False,
-                  soft_wrap=True)
+    wrote = f" Wrote {out_dir}/: {files}" if result.ranked else ""
+    console.print(f"{result.summary()}.{wrote}", highlight=False, soft_wrap=True)
     if not result.ranked:
         raise ScenarioError(f"plan: no layout of {result.name} runs; the first point's reason: "
                             f"{result.rows[0]['reason']}")
@@ -855,6 +867,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except USER_ERRORS as err:
         click.echo(f"error: {one_line(err)}", err=True)
+        sys.exit(EXIT_USER_ERROR)
+    except OSError as err:
+        if err.errno not in _FILE_SYSTEM_REFUSALS:
+            raise
+        # a refusal no command turned into its one line yet: still one line, never a traceback
+        where = err.filename if err.filename else "a file"
+        reason = err.strerror or str(err)
+        text = (OutputError(where, reason) if err.errno not in (errno.EACCES, errno.EPERM)
+                else f"{where}: {reason}")  # a permission: reading or writing
+        click.echo(f"error: {one_line(text)}", err=True)
         sys.exit(EXIT_USER_ERROR)
     except RunInterrupted as err:  # the run wrote its checkpoint and partial summary first
         click.echo(str(err), err=True)

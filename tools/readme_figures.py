@@ -315,7 +315,7 @@ def fidelity() -> str:
         err = f"{r['error_pct']:+.1f}%" + ("" if r["in_stats"] else " (spec)")
         out.append((r["id"], r["source"], r["setup"], r["timing"], pub, pred, err))
     for r in doc["training_rows"]:
-        out.append((r["id"], r["source"], r["setup"] + (" (HBM check lifted)" if r["hbm_refused"] else ""),
+        out.append((r["id"], r["source"], r["setup"],
                     "TFLOP/s per device", f"{r['published_tflops']:.1f}",
                     f"{r['predicted_tflops']:.1f}",
                     f"{r['error_pct']:+.1f}%"))

@@ -31,7 +31,15 @@ from dataclasses import asdict, dataclass
 from statistics import fmean
 
 from chip import ChipSpec
-from interconnect import ALGORITHMS, LinkFaults, Torus, calibrated_link
+from interconnect import (
+    ALGORITHMS,
+    MAX_COST_WORK,
+    LinkFaults,
+    Torus,
+    calibrated_link,
+    check_cost_work,
+    cost_work,
+)
 from pod.config.ici import choose_algorithm
 from pod.config.slices import resolve_pod
 from pod.errors import BenchError, ScenarioError
@@ -234,14 +242,39 @@ def run_collective_bench(chip: str | None, topology: str | None, op: str, sizes:
     spec, torus = bench_torus(slice_name=slice_name, chip=chip, topology=topology,
                               wraparound=wraparound)
     link = calibrated_link(spec.name, spec.ici_link_bandwidth_bytes_per_s, spec.ici_latency_s)
+    candidates = _affordable(name, torus, algorithms, len(sizes), faults)
     rows = []
     for size in sizes:
         count, cut = cut_count(size, DTYPES[dtype], name, torus.num_chips, dtype)
         for given in algorithms:
             chosen, cost = choose_algorithm(name, torus, count, link, algorithm=given,
-                                            itemsize=DTYPES[dtype], faults=faults)
+                                            itemsize=DTYPES[dtype], faults=faults,
+                                            candidates=candidates)
             rows.append(_row(spec, name, torus.num_chips, size, count, dtype, cut, chosen, cost))
     return spec, torus, rows
+
+
+#: The work one ``tpu-pod collective`` may take over all its sizes
+#: (``interconnect.cost_work`` units: about 10 ns of CPU each, so about 5 s).
+MAX_BENCH_WORK = 2 * MAX_COST_WORK
+
+
+def _affordable(op: str, torus: Torus, algorithms: Sequence[str | None], sizes: int,
+                faults: LinkFaults | None) -> list[str] | None:
+    """The algorithms ``auto`` compares: those whose cost at every size fits
+    ``MAX_BENCH_WORK`` (None when every one does). A given algorithm is checked too.
+
+    Raises:
+        ScheduleError: a given algorithm, or every one, past the limit (one line).
+    """
+    for given in algorithms:
+        if given is not None:
+            check_cost_work(op, torus, given, faults, calls=sizes, limit=MAX_BENCH_WORK)
+    names = ALGORITHMS[op]
+    fits = [a for a in names if cost_work(op, torus, a, faults) * sizes <= MAX_BENCH_WORK]
+    if not fits:
+        check_cost_work(op, torus, names[0], faults, calls=sizes, limit=MAX_BENCH_WORK)
+    return None if len(fits) == len(names) else fits
 
 
 def _row(spec: ChipSpec, op: str, n: int, size: int, count: int, dtype: str, cut: str,

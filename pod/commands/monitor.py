@@ -28,7 +28,7 @@ import yaml
 
 from pod.data import data_root
 from pod.errors import MetricsError
-from pod.safe_io import read_regular
+from pod.safe_io import output_errors, read_regular, write_atomic
 
 __all__ = ["MonitorOptions", "default_config", "find_prometheus", "monitor", "render_config",
            "targets_of"]
@@ -198,11 +198,14 @@ def monitor(options: MonitorOptions, echo: Callable[[str], None]) -> None:
     binary = find_prometheus()
     _check_port_free(options.port)
     config = render_config(options)
-    with tempfile.TemporaryDirectory(prefix="tpu-pod-monitor-") as tmp, _sigterm_as_interrupt():
+    with output_errors(tempfile.gettempdir()):  # a full or read-only /tmp: one line
+        scratch = tempfile.TemporaryDirectory(prefix="tpu-pod-monitor-")
+    with scratch as tmp, _sigterm_as_interrupt():
         work = Path(tmp)
         config_path, log_path = work / "prometheus.yml", work / "prometheus.log"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        with open(log_path, "wb") as log:
+        text = yaml.safe_dump(config, sort_keys=False)
+        write_atomic(config_path, lambda f: f.write(text))
+        with output_errors(log_path), open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [binary, f"--config.file={config_path}", f"--storage.tsdb.path={work / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{options.port}"],

@@ -408,7 +408,8 @@ def _efficiency(rows: list[dict[str, Any]], points: list[SweepPoint]) -> None:
 
 def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
               on_point: Callable[[dict[str, Any]], None] | None = None, fresh: bool = False,
-              on_resume: Callable[[int, Path], None] | None = None) -> list[dict[str, Any]]:
+              on_resume: Callable[[int, Path], None] | None = None,
+              warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run every point of a sweep and write results.csv, results.md and the plots.
 
     The output directory is locked for the sweep (``pod.safe_io.lock_directories``).
@@ -426,6 +427,7 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
         on_point: called with each finished row (progress), reused ones included.
         fresh: run every point again, ignoring the rows of an earlier run.
         on_resume: called with the number of reused rows and the journal, if any.
+        warn: called with one line per damaged row of the journal (that point runs again).
 
     Returns:
         The rows, one per point, with the keys of ``COLUMNS``.
@@ -439,7 +441,11 @@ def run_sweep(scenario: Scenario, output_dir: Path, *, mode: str | None = None,
     mode = mode or _sweep_of(scenario).mode
     with lock_directories(output_dir), RaiseOnSignals():
         check_writable(output_dir)  # before the first point, not after the last
-        journal = SweepJournal(output_dir, scenario, mode, COLUMNS, fresh=fresh)
+        journal = SweepJournal(output_dir, scenario, mode, COLUMNS, fresh=fresh,
+                               text_columns=TEXT_COLUMNS)
+        for line in journal.damage:
+            if warn is not None:
+                warn(f"warning: {line}")
         if journal.rows and on_resume is not None:
             on_resume(sum(point_key(p.values) in journal.rows for p in points), journal.path)
         rows: list[dict[str, Any]] = []

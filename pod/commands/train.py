@@ -30,6 +30,7 @@ from pod.errors import (
     ClusterError,
     IciError,
     NonFiniteLossError,
+    OutputError,
     RunInterrupted,
     ScenarioError,
 )
@@ -173,7 +174,8 @@ class Run:
             self._load_run_state(self.resumed, faults_done=True)
         self.rows: StepsCsv | _NoFiles = (
             StepsCsv(self.output_dir / "steps.csv",
-                     keep_below=self.step_index if self.resumed is not None else None)
+                     keep_below=self.step_index if self.resumed is not None else None,
+                     warn=self.warn)
             if self.output_dir is not None else _NoFiles())
         self.guard = InterruptGuard()
         self.startup_wall_seconds = 0.0
@@ -574,15 +576,22 @@ class Run:
             stopped = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         if not (self.totals.steps or self.fault_events or isinstance(err, RunInterrupted)):
             return
+        resumed_at = self.resumed.step if self.resumed is not None else 0
+        if (self.step_index == resumed_at and not self.fault_events and self.output_dir
+                is not None and (self.output_dir / "summary.json").exists()):
+            return  # a resume that failed before its first step: the earlier summary stands
         partial = self.summary(self.wall_seconds or time.perf_counter() - self._t0,
                                completed=False)
         partial["stopped_by"] = stopped
         self.partial_summary = partial
         wrote = ""
         if self.output_dir is not None:
-            write_json(self.output_dir / "summary.json", partial)
-            wrote = f"; wrote {self.output_dir / 'summary.json'} (partial)" + (
-                f", {self.rows.path}" if self.rows.started else "")
+            try:
+                write_json(self.output_dir / "summary.json", partial)
+                wrote = f"; wrote {self.output_dir / 'summary.json'} (partial)"
+            except OutputError:  # a full disk: the error that stopped the run is the one line
+                wrote = "; summary.json could not be written"
+            wrote += f", {self.rows.path}" if self.rows.started else ""
         # an error is printed once, by whoever catches it (the CLI's one line): not here
         by = f" by {stopped}" if isinstance(err, RunInterrupted) else ""
         self.console.print(f"Stopped{by} after {self.totals.steps} of {self.plan.steps} "

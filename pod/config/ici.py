@@ -15,15 +15,17 @@ from interconnect import (
     ALGORITHMS,
     ALLREDUCE_ALGORITHMS,
     FAST_PATHS,
+    MAX_COST_WORK,
     LinkFaults,
     LinkSpec,
     ScheduleCost,
     Torus,
+    check_cost_work,
     collective_cost,
+    cost_work,
 )
-from pod.programs.replicated import combine_buckets
 
-__all__ = ["choose_algorithm", "combine_buckets", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
+__all__ = ["choose_algorithm", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
 
 #: ``auto`` only considers algorithms without a fast cost path up to this many chips
 #: (their schedules are built Transfer by Transfer).
@@ -44,7 +46,8 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
         algorithm: an algorithm name, or "auto"/None for the fastest of
             ``candidates`` (default: every algorithm of ``op``; on pods above
             ``AUTO_MATERIALISE_MAX_CHIPS`` chips only those with a fast cost path,
-            and on a multi-axis torus of that size only "torus").
+            and on a multi-axis torus of that size only "torus"; never one whose
+            ``interconnect.cost_work`` is past ``MAX_COST_WORK``).
         itemsize: bytes per element.
         faults: slowed / failed links.
         candidates: algorithms ``auto`` compares.
@@ -65,8 +68,11 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
             # whole-pod rings cost O(chips^2) to evaluate (2(n-1) phases of n transfers)
             # and lose to per-axis rings on a multi-axis torus at this size: compare none
             names = ["torus"]
+    affordable = [a for a in names if cost_work(op, topology, a, faults) <= MAX_COST_WORK]
+    if not affordable:  # none can be costed in seconds: the first's one-line refusal
+        check_cost_work(op, topology, names[0], faults)
     best: tuple[str, ScheduleCost] | None = None
-    for name in names:
+    for name in affordable:
         cost = collective_cost(op, topology, num_elements, link, algorithm=name, itemsize=itemsize,
                                faults=faults)
         if best is None or cost.seconds < best[1].seconds:

@@ -25,9 +25,12 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   it completes), so only what the matmuls cannot hide shows; it then runs as
   collective-permute steps, each paying the fixed cost of a collective
   (``MeshCollectiveCosts.windowed_steps``).
-- ``param_gather`` (FSDP's all-gathers): prefetched one layer ahead. Ready
-  when the compute stream reaches the *previous* param_gather (the first one
-  at the step's start); the compute stream waits at its own point for its end.
+- ``param_gather`` (FSDP's all-gathers): prefetched ``prefetch_layers`` layers
+  ahead, as far as HBM lets (the plan's ``DeviceMemory.prefetch_layers``: one
+  layer, fewer down to none when the plan is tight, ``pod.config.fit``). Ready
+  when the compute stream reaches the param_gather that many before it (the
+  first ones at the step's start; with 0, its own point); the compute stream
+  waits at its own point for its end.
 - ``grad_reduce`` (gradient reduce-scatters and allreduces): behind the
   backward pass. Ready when the compute stream reaches it; nothing waits
   for it but the optimizer: the records from ``update_start`` on (the
@@ -179,8 +182,8 @@ def _stretched(report: DeviceReport, k: float) -> DeviceReport:
 
 
 def sustained_clocks(reports: Sequence[DeviceReport],
-                     cost_seconds: CostSeconds, fraction: float, *,
-                     overlap: bool = True) -> tuple[list[StepClock], list[DeviceReport]]:
+                     cost_seconds: CostSeconds, fraction: float, *, overlap: bool = True,
+                     prefetch_layers: int = 1) -> tuple[list[StepClock], list[DeviceReport]]:
     """Every device's clock (:func:`device_clocks`) held to the chip's sustained MXU budget.
 
     The records run their matmuls at a fresh op's efficiency e0
@@ -201,7 +204,7 @@ def sustained_clocks(reports: Sequence[DeviceReport],
     for every device (that of the device furthest over its budget).
 
     Args:
-        reports, cost_seconds, overlap: as :func:`device_clocks`.
+        reports, cost_seconds, overlap, prefetch_layers: as :func:`device_clocks`.
         fraction: e1 / e0, in (0, 1]; 1: no budget.
 
     Returns:
@@ -209,7 +212,8 @@ def sustained_clocks(reports: Sequence[DeviceReport],
         added, and the reports they were clocked from (the MXU-bound records
         stretched), in the order of ``reports``.
     """
-    clocks = device_clocks(reports, cost_seconds, overlap=overlap)
+    clocks = device_clocks(reports, cost_seconds, overlap=overlap,
+                           prefetch_layers=prefetch_layers)
     if fraction >= 1.0:
         return clocks, list(reports)
     mxu = [_mxu_seconds(r) for r in reports]
@@ -223,7 +227,8 @@ def sustained_clocks(reports: Sequence[DeviceReport],
     for _ in range(SUSTAINED_PASSES if exposed > SUSTAINED_TOLERANCE * target else 0):
         k += (target - step) / mxu[j]         # the step grows at most as fast as its matmuls
         out = [_stretched(r, k) for r in reports]
-        clocks = device_clocks(out, cost_seconds, overlap=overlap)
+        clocks = device_clocks(out, cost_seconds, overlap=overlap,
+                               prefetch_layers=prefetch_layers)
         step = clocks[j].step_seconds
         if step >= target * (1.0 - SUSTAINED_TOLERANCE):
             break
@@ -366,7 +371,7 @@ class _Reach:
 def step_clock(records: Sequence[Any], calls: Sequence[Any],
                cost_seconds: CostSeconds,
                update_start: int | None = None, *, overlap: bool = True,
-               kinds: Sequence[str] | None = None) -> StepClock:
+               kinds: Sequence[str] | None = None, prefetch_layers: int = 1) -> StepClock:
     """Place a device's op records and collective calls in time (module docstring).
 
     Alone, a device stands for all of its pipeline stages: what it receives by a
@@ -386,6 +391,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
         kinds: per record what bounds it (``DeviceReport.record_bounds``): host-link
             transfers (:data:`HOST_OUT`, :data:`HOST_IN`) run beside the compute
             (with ``overlap``; else in line, as compute).
+        prefetch_layers: FSDP gathers run this many layers ahead (module docstring).
 
     Returns:
         The :class:`StepClock`.
@@ -395,7 +401,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
             ``0..len(records)`` or decreasing.
     """
     timeline = _timeline(records, calls, cost_seconds, update_start, overlap, sync=False,
-                         kinds=kinds)
+                         kinds=kinds, prefetch_layers=prefetch_layers)
     try:
         next(timeline)
     except StopIteration as done:
@@ -405,7 +411,8 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
 
 def _timeline(records: Sequence[Any], calls: Sequence[Any],
               cost_seconds: CostSeconds, update_start: int | None,
-              overlap: bool, sync: bool, kinds: Sequence[str] | None = None):
+              overlap: bool, sync: bool, kinds: Sequence[str] | None = None,
+              prefetch_layers: int = 1):
     """:func:`step_clock` as a generator: with ``sync`` it yields a :class:`_Reach` at
     every call over :data:`PIPELINE_AXIS` and takes back (ready, end): the source's
     ready time and the end of its send (a ppermute), or the stages' latest ready
@@ -419,7 +426,8 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
     axis_bytes: dict[str, int] = {}
     axis_seconds: dict[str, float] = {}
     spans: list[CollectiveSpan] = []
-    last_after, prev_gather = 0, 0.0
+    last_after = 0
+    reached: list[float] = []  # the compute stream's time at each param_gather so far
     for call in calls:
         _check_call(call, last_after, n)
         last_after = call.after_record
@@ -446,14 +454,14 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
         before = int(getattr(call, "overlap_before", 0)) if overlap else 0
         after = int(getattr(call, "overlap_after", 0)) if overlap else 0
         if call.kind == "param_gather" and overlap:
-            ready = prev_gather
+            ready = _prefetched(reached, prefetch_layers, stream.t)
         else:
             ready = stream.start_of(call.after_record - before) if before else stream.t
         start, end = ici.setdefault(call.axis, _Ici()).place(max(ready, group_ready), cost)
         spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
                                     int(call.nbytes), start, end))
         if call.kind == "param_gather":
-            prev_gather = stream.t
+            reached.append(stream.t)
         if call.kind == "grad_reduce" and overlap:
             if end >= stream.grad_end:
                 stream.grad_end, stream.grad_axis, stream.grad_bubble = end, call.axis, group_ready
@@ -463,6 +471,15 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
         else:
             stream.wait(end, call.axis, group_ready)
     return _finish(stream, spans, axis_bytes, axis_seconds)
+
+
+def _prefetched(reached: Sequence[float], prefetch_layers: int, now: float) -> float:
+    """When a param_gather may start: as the compute stream reached the gather
+    ``prefetch_layers`` before it (``reached``: its times at the gathers so far; the
+    step's start for the first ones), or ``now`` (its own point) with none."""
+    if prefetch_layers <= 0:
+        return now
+    return reached[-prefetch_layers] if len(reached) >= prefetch_layers else 0.0
 
 
 def _finish(stream: _Stream, spans: list[CollectiveSpan], axis_bytes: dict[str, int],
@@ -538,16 +555,17 @@ class _Seconds:
 
 
 def device_clock(report: DeviceReport, cost_seconds: CostSeconds, *,
-                 overlap: bool = True) -> StepClock:
+                 overlap: bool = True, prefetch_layers: int = 1) -> StepClock:
     """One device's :class:`StepClock` from its report and the plan's collective costs
-    (``MeshCollectiveCosts.seconds``)."""
+    (``MeshCollectiveCosts.seconds``); FSDP gathers ``prefetch_layers`` ahead."""
     return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
-                      report.update_start, overlap=overlap, kinds=report.record_bounds)
+                      report.update_start, overlap=overlap, kinds=report.record_bounds,
+                      prefetch_layers=prefetch_layers)
 
 
 def device_clocks(reports: Sequence[DeviceReport],
                   cost_seconds: CostSeconds, *,
-                  overlap: bool = True) -> list[StepClock]:
+                  overlap: bool = True, prefetch_layers: int = 1) -> list[StepClock]:
     """Every device's :class:`StepClock`, the stages of a pipeline clocked together: the
     devices of one ``stage_group`` run their timelines side by side, meeting at each
     collective over the stage axis (module docstring); a device without a stage
@@ -566,7 +584,8 @@ def device_clocks(reports: Sequence[DeviceReport],
         if clocks[i] is not None:
             continue
         if len(r.stage_group) <= 1:
-            clocks[i] = device_clock(r, cost_seconds, overlap=overlap)
+            clocks[i] = device_clock(r, cost_seconds, overlap=overlap,
+                                     prefetch_layers=prefetch_layers)
             continue
         missing = [d for d in r.stage_group if d not in by_device]
         if missing:
@@ -574,18 +593,20 @@ def device_clocks(reports: Sequence[DeviceReport],
                              f"clocked together; the reports lack devices {missing}")
         members = [by_device[d] for d in r.stage_group]
         for index, clock in zip(members, _clock_stages([reports[j] for j in members],
-                                                       cost_seconds, overlap), strict=True):
+                                                       cost_seconds, overlap, prefetch_layers),
+                                strict=True):
             clocks[index] = clock
     return [c for c in clocks if c is not None]
 
 
 def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: CostSeconds,
-                  overlap: bool) -> list[StepClock]:
+                  overlap: bool, prefetch_layers: int = 1) -> list[StepClock]:
     """The timelines of one stage group (``reports`` in ring order) side by side: at
     the k-th stage-axis collective each device learns its source's send (a
     ppermute: the member ``shift`` positions before) or the latest arrival."""
     timelines = [_timeline([_Seconds(x) for x in r.record_seconds], r.calls, cost_seconds,
-                           r.update_start, overlap, sync=True, kinds=r.record_bounds)
+                           r.update_start, overlap, sync=True, kinds=r.record_bounds,
+                           prefetch_layers=prefetch_layers)
                  for r in reports]
     out: list[Any] = [None] * len(reports)
     replies: list[Any] = [None] * len(reports)
@@ -638,6 +659,8 @@ class StepContext:
             (``interconnect.dcn.slice_wait_seconds``); 0 with one slice.
         slice_axis: the mesh axis across slices the wait is charged to (its
             exposed collective time: the slices meet at its reduction).
+        prefetch_layers: layers an FSDP all-gather runs ahead, as far as the plan's
+            HBM lets it (``DeviceMemory.prefetch_layers``).
     """
 
     global_batch: int
@@ -655,6 +678,7 @@ class StepContext:
     sustained_mxu_fraction: float = 1.0
     slice_wait_fraction: float = 0.0
     slice_axis: str = ""
+    prefetch_layers: int = 1
 
 
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
@@ -734,7 +758,8 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     from pod.report.stats import ExpertLoad, StepStats
 
     clocks, reports = sustained_clocks(reports, costs.seconds, context.sustained_mxu_fraction,
-                                       overlap=context.overlap)
+                                       overlap=context.overlap,
+                                       prefetch_layers=context.prefetch_layers)
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
     c, r = clocks[slow], reports[slow]
     slice_wait = context.slice_wait_fraction * c.step_seconds  # the slowest slice's, a step

@@ -11,19 +11,22 @@ before the first step.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from pod.errors import OutputError
 from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu, pipeline_bubble_fraction
-from pod.safe_io import output_errors, write_atomic
+from pod.safe_io import output_errors, read_csv_rows, write_atomic
 
-__all__ = ["summarize", "reliability", "StepsCsv", "write_json", "write_atomic", "write_csv",
+__all__ = ["summarize", "reliability", "StepsCsv", "steps_rows", "MAX_STEPS_CSV_BYTES",
+           "write_json", "write_atomic", "write_csv",
            "check_writable", "output_errors", "evaluated_figure"]
 
 
@@ -265,6 +268,42 @@ def reliability(events: list[dict[str, Any]], checkpoints: Any | None, resumed: 
     }
 
 
+#: Largest steps.csv read back (a row is about 1 KB: 64 GiB is 64 million steps); reading
+#: stops at the first damaged line, so a file of NUL bytes is refused at its first line.
+MAX_STEPS_CSV_BYTES = 1 << 36
+
+
+def _check_step_row(previous: list[int]) -> Callable[[dict[str, str]], None]:
+    """The check of a steps.csv row: ``step`` the whole number after the row before's
+    (1 first), every other field a number, ``True`` / ``False`` or empty."""
+    def check(row: dict[str, str]) -> None:
+        step = row["step"].strip()
+        if not step.isdigit() or int(step) != previous[0] + 1:
+            raise ValueError(f"step is {row['step'][:20]!r}, expected {previous[0] + 1} (the "
+                             "row before's step + 1)")
+        for key, value in row.items():
+            if value not in ("", "True", "False"):
+                try:
+                    float(value)
+                except ValueError:
+                    raise ValueError(f"{key} is {value[:20]!r}, not a number") from None
+        previous[0] += 1
+    return check
+
+
+def steps_rows(path: Path, on_damage: Callable[[str], None] | None = None
+               ) -> Iterator[tuple[int, dict[str, str]]]:
+    """The rows of a steps.csv, read back defensively (``pod.safe_io.read_csv_rows``):
+    (line, row) of every row before the first damaged line, which is named once
+    through ``on_damage`` (``steps.csv line 14: has 3 fields, the header 50``).
+
+    Raises:
+        ValueError: not a regular file or past ``MAX_STEPS_CSV_BYTES`` (one line).
+    """
+    return read_csv_rows(path, MAX_STEPS_CSV_BYTES, "steps files", required=("step",),
+                         check_row=_check_step_row([0]), on_damage=on_damage)
+
+
 class StepsCsv:
     """steps.csv, one row per step done, written as the run goes; ``step`` counts
     from 1, and ``test_loss`` / ``test_accuracy`` are filled where the run evaluated.
@@ -273,21 +312,19 @@ class StepsCsv:
         path: the file.
         keep_below: resuming: keep the existing rows of the first ``keep_below``
             steps (steps done at the checkpoint) and append; None: start a new file.
+        warn: called with one line per damaged steps.csv found when rows are kept.
     """
 
-    def __init__(self, path: Path, keep_below: int | None = None) -> None:
+    def __init__(self, path: Path, keep_below: int | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.path = path
         self._keep_below = keep_below
+        self._warn = warn
         self._file: Any = None
-        self._writer: csv.DictWriter | None = None
 
     def __enter__(self) -> StepsCsv:
-        # a new file is made at the first row: a run that fails before its first step
-        # leaves an earlier run's steps.csv as it was
-        if self._keep_below is not None and self.path.exists():
-            with output_errors(self.path):
-                self.truncate(self._keep_below, reopen=False)
-                self._file = _append(self.path)
+        # the file is made (or, resuming, cut back to the checkpoint) at the first row: a
+        # run that fails before its first step leaves an earlier run's steps.csv as it was
         return self
 
     @property
@@ -302,25 +339,30 @@ class StepsCsv:
             self._file = None
 
     def write(self, row: dict[str, Any]) -> None:
-        """Append one step's row (the header first, in a new file).
+        """Append one step's row (the header first, in a new file). The row goes to the
+        file in one ``write`` call, so a full disk leaves whole rows or none of this one
+        (the bytes that did go are cut back).
 
         Raises:
             OutputError: the file system refused; one line naming the path.
         """
         with output_errors(self.path):
+            if self._file is None and self._keep_below is not None and self.path.exists():
+                self.truncate(self._keep_below)  # resuming: the rows before the checkpoint
             if self._file is None:  # the first row of a new file
                 write_atomic(self.path, lambda f: None)
                 self._file = _append(self.path)
-            if self._writer is None:
-                self._writer = csv.DictWriter(self._file, fieldnames=list(row))
-                if self._file.tell() == 0:
-                    self._writer.writeheader()
-            self._writer.writerow(row)
-            self._file.flush()
+            text = io.StringIO()
+            writer = csv.DictWriter(text, fieldnames=list(row))
+            if os.fstat(self._file.fileno()).st_size == 0:
+                writer.writeheader()
+            writer.writerow(row)
+            _append_whole(self._file, text.getvalue())
 
     def truncate(self, below: int, reopen: bool = True) -> None:
         """Keep the rows of the first ``below`` steps (steps numbered from 1), drop the
-        rest: they will be recomputed.
+        rest: they will be recomputed. A damaged row (a crash's or a full disk's tail,
+        or worse) is named in one warning line and dropped with every row after it.
 
         The file is rewritten atomically (``write_atomic``): a crash leaves the
         old rows or the new ones, never a half-written file.
@@ -331,21 +373,53 @@ class StepsCsv:
                 self._file = None
             if not self.path.exists():  # no row written yet: nothing to keep
                 return
-            with self.path.open(newline="") as f:
-                reader = csv.DictReader(f)
-                fields = reader.fieldnames
-                kept = [r for r in reader if int(r["step"]) <= below]
+            damage: list[str] = []
+            kept = [0]
 
             def rewrite(f: Any) -> None:
-                if fields:
-                    writer = csv.DictWriter(f, fieldnames=fields)
-                    writer.writeheader()
-                    writer.writerows(kept)
+                writer = csv.writer(f)
+                for _, row in steps_rows(self.path, damage.append):
+                    if not kept[0]:
+                        writer.writerow(list(row))  # the header
+                    if int(row["step"]) > below:
+                        break
+                    writer.writerow(row.values())
+                    kept[0] = int(row["step"])
 
-            write_atomic(self.path, rewrite, newline="")
-            self._writer = None
+            try:
+                write_atomic(self.path, rewrite, newline="")
+            except ValueError as err:  # not a regular file, or past its cap: begun anew
+                damage.append(str(err))
+                write_atomic(self.path, lambda f: None)
+            for line in damage:
+                lost = (f"; steps {kept[0] + 1}-{below} before the checkpoint are not in it"
+                        if kept[0] < below else "")
+                self._say(f"warning: {line}: dropped it and the rows after it (steps.csv now "
+                          f"keeps steps 1-{kept[0]}{lost})" if kept[0] else
+                          f"warning: {line}: steps.csv begun anew{lost}")
             if reopen:
                 self._file = _append(self.path)
+
+    def _say(self, text: str) -> None:
+        if self._warn is not None:
+            self._warn(text)
+
+
+def _append_whole(f: Any, text: str) -> None:
+    """Append ``text`` to a file opened by ``_append`` in one write: if the file system
+    refuses part of it (no space), the part that went is cut off again, so the file
+    ends in a whole row."""
+    f.flush()
+    start = os.lseek(f.fileno(), 0, os.SEEK_END)
+    data = text.encode("utf-8")
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(f.fileno(), data[done:])
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(f.fileno(), start)
+        raise
 
 
 def _append(path: Path) -> Any:
