@@ -691,6 +691,17 @@ def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
     return out
 
 
+def _slice_wait(clock: StepClock, context: StepContext) -> tuple[float, dict[str, float]]:
+    """What a multislice job waits a step for its slowest slice (a share of one slice's
+    step, ``StepContext.slice_wait_fraction``), and the clock's exposed seconds by axis
+    with it charged to ``context.slice_axis``."""
+    wait = context.slice_wait_fraction * clock.step_seconds
+    exposed = dict(clock.axis_exposed_seconds)
+    if wait > 0:
+        exposed[context.slice_axis] = exposed.get(context.slice_axis, 0.0) + wait
+    return wait, exposed
+
+
 def _with_throttle(bounds: dict[str, float], throttle_seconds: float) -> dict[str, float]:
     """``bounds`` with what the sustained budget added in closed form (beyond the
     stretched records: ``sustained_clocks``) in the MXU-bound seconds."""
@@ -762,10 +773,7 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
                                        prefetch_layers=context.prefetch_layers)
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
     c, r = clocks[slow], reports[slow]
-    slice_wait = context.slice_wait_fraction * c.step_seconds  # the slowest slice's, a step
-    axis_exposed = dict(c.axis_exposed_seconds)
-    if slice_wait > 0:
-        axis_exposed[context.slice_axis] = axis_exposed.get(context.slice_axis, 0.0) + slice_wait
+    slice_wait, axis_exposed = _slice_wait(c, context)
     hardware = replicate * int(sum(x.mxu_flops for x in reports))
     infeed = infeed_bytes / context.host_to_chip_bytes_per_s
     exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
