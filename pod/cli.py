@@ -350,9 +350,14 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     show(pod_table(plan.topology))
     for table in plan_model_tables(plan, detail=detail):
         show(table)
+    memory = plan.device_memory
     show(memory_table(f"HBM plan per device (pod.mesh {plan.mesh.label}; global batch "
-                       f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                       desc.memory, device_hbm_bytes(plan.topology.chip)))
+                       f"{plan.global_batch:,} = {plan.per_device_batch} per device"
+                       + (f"; at its {memory.peak}" if memory and memory.peak else "")
+                       + (f"; FSDP prefetch {memory.prefetch_layers} layer(s)"
+                          if memory and memory.prefetch_layer_bytes else "") + ")",
+                       dict(memory.rows()) if memory else desc.memory,
+                       device_hbm_bytes(plan.topology.chip)))
     if step is not None:
         console.print(step_line(step), highlight=False)
 
