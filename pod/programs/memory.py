@@ -47,7 +47,7 @@ from typing import Any
 from pod.memory import DeviceMemory
 
 __all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "backward_working_bytes",
-           "PREFETCH_LAYERS", "WINDOWED_TENSOR"]
+           "PREFETCH_LAYERS", "WINDOWED_TENSOR", "DOT_PRODUCT_LIVE_SCORES"]
 
 #: Layers whose FSDP all-gather XLA's latency-hiding scheduler runs ahead of the layer
 #: computing, when HBM allows (its async all-gather is issued one layer early; [SB]).
@@ -86,6 +86,16 @@ def gather_bytes(precision: str) -> int:
 WINDOWED_TENSOR = 16
 
 
+#: T x T arrays per (tensor-local) head live at once in the backward of ``dot_product``
+#: attention: the probabilities, the recomputed scores, their gradient and the scores'
+#: gradient, each in the compute dtype. Read from the oracle's scheduled HLO of T9 (a
+#: 22B with dot-product attention on v4-128, ``tools/xla_oracle/hlo/T9.hlo.txt.gz``:
+#: four ``bf16[16,24,1024,1024]`` live at the backward body's ``fusion.420``), the one
+#: model of the oracle with this kernel (M3 is the same model): a count read from one
+#: compile, not a fit, and checked on no other row yet.
+DOT_PRODUCT_LIVE_SCORES = 4
+
+
 def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor: int) -> int:
     """Bytes per example of one block's backward working set at the step's peak, as XLA
     schedules it (deviceless compiles of the oracle's reference, VALIDATION.md "Memory
@@ -94,8 +104,10 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     residual stream's gradient and the block input's (two (T, C) arrays, whole over
     tensor), and with 1 < tensor < ``WINDOWED_TENSOR`` the partial sums over tensor of
     every input projection's input gradient (q, k, v or the fused qkv, the MLP inputs:
-    one (T, C) array each). The attention's and the MLP's other tensors are smaller
-    than these and live at other times.
+    one (T, C) array each). With ``dot_product`` attention the T x T arrays of its
+    backward (``DOT_PRODUCT_LIVE_SCORES`` per head) take the MLP's place when larger:
+    the two live at different times. The flash kernels' and the MLP's other tensors
+    are smaller and live at other times.
 
     Args:
         block: the tensor-local ``TransformerBlock``.
@@ -108,7 +120,10 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     product = block.mlp.dot_elements(shape) // m                 # one input product
     projections = 1 if block.attention.fused_qkv else 3              # q, k, v or qkv
     partials = projections + m if 1 < tensor < WINDOWED_TENSOR else 0
-    return act * ((m + 1) * product + (2 + partials) * steps * width)
+    mlp = (m + 1) * product
+    scores = 0 if block.attention.flash else (
+        DOT_PRODUCT_LIVE_SCORES * block.attention.heads * steps * steps)
+    return act * (max(mlp, scores) + (2 + partials) * steps * width)
 
 
 @dataclass(frozen=True)

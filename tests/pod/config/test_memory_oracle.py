@@ -53,3 +53,28 @@ def test_the_plan_agrees_with_xla(result):
         assert abs(row.error) <= bench.TOLERANCE, (
             f"{row.id}: plan {row.plan_bytes / 2**30:.2f} GiB, XLA {row.xla_peak_bytes / 2**30:.2f}"
             f" GiB ({row.error:+.1%})")
+
+
+def test_a_peak_of_arguments_and_host_memory_is_no_hbm_peak():
+    # T6's record: jaxlib's peak is its arguments plus the offloaded activations, which
+    # live in host memory; a peak above them is the device's
+    bench = _benchmark()
+    gib = 2**30
+    memory = {"argument_bytes": 12 * gib, "host_temp_bytes": 45 * gib, "temp_bytes": 21 * gib}
+    host_peak = {"peak_bytes_per_device": 57 * gib + 36_544, "memory": memory,
+                 "compile": {"ok": True}}
+    device_peak = {**host_peak, "peak_bytes_per_device": 30 * gib}
+    no_host = {**device_peak, "memory": {**memory, "host_temp_bytes": 0}}
+    assert bench.device_peak_bytes(host_peak) is None
+    assert bench.device_peak_bytes(device_peak) == 30 * gib
+    assert bench.device_peak_bytes(no_host) == 30 * gib
+
+
+def test_t6_is_checked_on_xla_compiling_it():
+    # XLA compiled T6 (it refuses programs its HBM cannot hold); the record's "fits: false"
+    # compares the host-memory peak with HBM, so the loader keeps T6 as compiled
+    t6 = [r for r in RESULTS if r["id"] == "T6"]
+    assert t6, "T6's result is missing from tools/xla_oracle/results"
+    row = _benchmark().plan_row(t6[0], ROOT)
+    assert row.xla_fits and row.xla_peak_bytes is None
+    assert row.xla_device_bound_bytes == t6[0]["sum_bytes_per_device"]

@@ -12,7 +12,7 @@ import pytest
 
 from pod.memory import DeviceMemory
 from pod.programs import PipelinedTransformer, ReplicatedProgram, ShardedTransformer
-from pod.programs.memory import backward_working_bytes
+from pod.programs.memory import DOT_PRODUCT_LIVE_SCORES, backward_working_bytes
 from pod.workloads import build_model, build_optimizer
 
 T, C, H, KV, DH, F, V = 16, 16, 4, 2, 4, 32, 40
@@ -105,6 +105,25 @@ def test_the_backward_working_set_in_closed_form(tensor, fused, partials):
     expected = 2 * (3 * T * f // tensor + (2 + partials) * T * C)
     assert backward_working_bytes(block, (T, C), 2, tensor) == expected
     assert dict(program.memory(3).workspace)["layer working set"] == 3 * expected
+
+
+@pytest.mark.parametrize("attention, tensor", [("dot_product", 1), ("dot_product", 4),
+                                               ("flash", 1)])
+def test_dot_product_scores_take_the_mlps_place_in_the_working_set(attention, tensor):
+    """dot_product attention's backward holds T x T arrays per local head (the
+    probabilities, the scores, their gradients: DOT_PRODUCT_LIVE_SCORES, read from the
+    oracle's T9 HLO); they replace the MLP's products when larger (other times of the
+    backward); the flash kernels hold no T x T array."""
+    heads, f = 16, 32
+    model = build_model("transformer", (T,), V, embed_dim=C, heads=heads, kv_heads=heads,
+                        head_dim=DH, mlp_dim=f, layers=2, attention=attention)
+    block = sharded(model, tensor=tensor).local_model.layers[1]
+    partials = 3 + 2 if 1 < tensor < 16 else 0
+    mlp = 3 * T * f // tensor
+    scores = DOT_PRODUCT_LIVE_SCORES * (heads // tensor) * T * T
+    assert scores > mlp  # the case the rule is about
+    expected = 2 * ((scores if attention == "dot_product" else mlp) + (2 + partials) * T * C)
+    assert backward_working_bytes(block, (T, C), 2, tensor) == expected
 
 
 def test_the_copy_of_the_weights_follows_the_precision():
