@@ -53,8 +53,9 @@ from pod.workloads.remat import REMAT_POLICIES, REMAT_TENSORS  # noqa: E402
 
 RESULTS = ROOT / "tools" / "xla_oracle" / "results"
 VALIDATION = ROOT / "VALIDATION.md"
-TABLE_BEGIN = "<!-- memory-oracle:begin (python benchmarks/memory_oracle.py --write) -->"
-TABLE_END = "<!-- memory-oracle:end -->"
+#: VALIDATION.md's region (``tools/validation_figures.py`` checks and rewrites it too)
+TABLE_BEGIN = "<!-- generated: memory-oracle -->"
+TABLE_END = "<!-- /generated -->"
 GIB = 2**30
 #: The plan's total against XLA's peak, relative: issue 29's bar.
 TOLERANCE = 0.10
@@ -276,8 +277,13 @@ def write_validation(rows: list[Row], path: Path = VALIDATION) -> None:
         raise ValueError(f"{path.name}: no {TABLE_BEGIN!r} ... {TABLE_END!r} markers")
     head, rest = text.split(TABLE_BEGIN, 1)
     _, tail = rest.split(TABLE_END, 1)
-    table = _table(rows, markdown=True) + "\n\n" + summary(rows) + "."
-    path.write_text(f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}")
+    path.write_text(f"{head}{TABLE_BEGIN}\n{validation_body(rows)}{TABLE_END}{tail}")
+
+
+def validation_body(rows: list[Row]) -> str:
+    """VALIDATION.md's region: the command, the Markdown table and its summary line."""
+    return ("`python benchmarks/memory_oracle.py --markdown`:\n\n" + _table(rows, markdown=True)
+            + "\n\n" + summary(rows) + ".\n")
 
 
 def summary(rows: list[Row]) -> str:

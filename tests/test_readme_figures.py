@@ -16,7 +16,7 @@ import readme_figures as figures  # noqa: E402
 README = (ROOT / "README.md").read_text()
 #: regions whose generator runs for more than a few seconds (a 12-step training run
 #: in-process, a sweep, a plan of up to 990 points)
-SLOW = {"quickstart-run", "progress-line", "quickstart-epochs", "sweep-v4-weak",
+SLOW = {"accuracy", "quickstart-run", "progress-line", "quickstart-epochs", "sweep-v4-weak",
         "sweep-layouts-llama-33b", "sweep-llama2-7b-weak", "sweep-llama2-7b-strong",
         "sweep-pipeline-gpt3", "sweep-layouts-mixtral", "plan-llama2-7b", "plan-maxtext-s1"}
 

@@ -333,7 +333,16 @@ def fidelity() -> str:
               f"--fit-mxu --held-out` holds each out).\n")
 
 
+def accuracy() -> str:
+    """Issue 29's bar, criterion by criterion (``benchmarks/accuracy.py --markdown``)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"),
+                           "--markdown"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1800, check=True)
+    return done.stdout
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "accuracy": accuracy,
     "quickstart-run": quickstart_run,
     "progress-line": progress_line,
     "quickstart-epochs": quickstart_epochs,

@@ -9,8 +9,10 @@ Each table sits in VALIDATION.md between two markers, as the README's do
 
 and ``GENERATORS[NAME]`` prints it again from the code: ``benchmarks/fidelity.py`` (the
 single-op rows, the training rows, the fits and the held-out errors) and
-``chip.fitting.report`` (the single-chip rows). Every figure is simulated or
-computed, so a region must match to the last digit.
+``chip.fitting.report`` (the single-chip rows), ``benchmarks/memory_oracle.py`` (the HBM
+plan beside XLA's) and ``benchmarks/accuracy.py`` (issue 29's bar, criterion by
+criterion). Every figure is simulated or computed, so a region must match to the last
+digit.
 
 Usage::
 
@@ -71,7 +73,32 @@ def _chip_report() -> str:
             + report().rstrip() + "\n")
 
 
+def _benchmark(name: str):
+    """``benchmarks/NAME.py`` as a module (imported once)."""
+    key = f"{name}_for_validation"
+    if key not in sys.modules:
+        sys.path.insert(0, str(ROOT))
+        spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+def _memory_oracle() -> str:
+    bench = _benchmark("memory_oracle")
+    return bench.validation_body([bench.plan_row(r) for r in bench.load_results()])
+
+
+def _accuracy() -> str:
+    bench = _benchmark("accuracy")
+    return ("`python benchmarks/accuracy.py --markdown`:\n\n"
+            + bench.render(bench.criteria(bench.measure())))
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "accuracy": _accuracy,
+    "memory-oracle": _memory_oracle,
     "single-op": lambda: _command(_printed("--single-op", "--markdown"),
                                   "--single-op", "--markdown"),
     "training": lambda: _command(_printed("--training", "--markdown"), "--training", "--markdown"),
