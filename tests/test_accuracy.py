@@ -82,3 +82,13 @@ def test_a_constant_whose_comment_names_no_row_is_found(tmp_path):
 
 def test_every_fitted_constant_of_the_repository_names_its_rows():
     assert _accuracy().constants_without_rows() == ()
+
+
+def test_the_headline_names_the_held_out_worst_and_the_criteria_not_met():
+    acc = _accuracy()
+    measured = _measured(held_out_pct={"T1": 0.0, "T2": 0.0, "T3": 0.0, "T4": -13.0})
+    line = acc.headline(measured, acc.criteria(measured))
+    assert "mean 3.2%, worst T4 -13.0%" in line
+    assert "9 of 10 criteria met (not: training rows held out: every row)." in line
+    good = _measured()
+    assert acc.headline(good, acc.criteria(good)).endswith("10 of 10 criteria met.\n")
