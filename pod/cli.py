@@ -356,7 +356,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
                            f"{plan.global_batch:,} = {plan.per_device_batch} per device"
                            + (f"; at its {memory.peak}" if memory and memory.peak else "")
-                           + (f"; FSDP prefetch {memory.prefetch_layers} layer(s)"
+                           + (f"; FSDP prefetch {memory.prefetch_layers}"
                               if memory and memory.prefetch_layer_bytes else "") + ")",
                   dict(memory.rows()) if memory else plan.memory,
                   device_hbm_bytes(plan.topology.chip))
