@@ -524,16 +524,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     except ValueError as err:
         raise ScenarioError(f"training.optimizer: {err}") from None
     check_pipeline_plan(scenario, mesh, model)
-    steps_per_epoch = max(1, n_train // training.global_batch)
-    if training.steps is not None:
-        steps = training.steps
-    else:
-        assert training.epochs is not None  # TrainingConfig holds steps or epochs
-        steps = training.epochs * steps_per_epoch
-    for index, fault in enumerate(scenario.faults):
-        if fault.step > steps:
-            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
-                                f"({steps}); the fault would never happen")
+    steps, steps_per_epoch = _steps(scenario, n_train)
     _check_param_shapes(model)
     _check_sequence_parallel(scenario, mesh, model)
     # before the HBM plan: a mesh the model cannot run is the first fix
@@ -553,6 +544,27 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                         collective_costs_by_step=by_step,
                         bucket_elements=(training.overlap_bucket_bytes // 4 if training.overlap
                                          else None), device_memory=memory)
+
+
+def _steps(scenario: Scenario, n_train: int) -> tuple[int, int]:
+    """(optimizer steps to run, full global batches in one pass over ``n_train``
+    examples): ``training.steps``, or ``training.epochs`` passes.
+
+    Raises:
+        ScenarioError: a fault after the last step (it would never happen).
+    """
+    training = training_sections(scenario)[1]
+    steps_per_epoch = max(1, n_train // training.global_batch)
+    if training.steps is not None:
+        steps = training.steps
+    else:
+        assert training.epochs is not None  # TrainingConfig holds steps or epochs
+        steps = training.epochs * steps_per_epoch
+    for index, fault in enumerate(scenario.faults):
+        if fault.step > steps:
+            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
+                                f"({steps}); the fault would never happen")
+    return int(steps), steps_per_epoch
 
 
 def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links",
