@@ -90,24 +90,25 @@ WINDOWED_TENSOR = 16
 #: attention: the probabilities, the recomputed scores, their gradient and the scores'
 #: gradient, each in the compute dtype. Read from the oracle's scheduled HLO of T9 (a
 #: 22B with dot-product attention on v4-128, ``tools/xla_oracle/hlo/T9.hlo.txt.gz``:
-#: four ``bf16[16,24,1024,1024]`` live at the backward body's ``fusion.420``), the one
-#: model of the oracle with this kernel (M3 is the same model): a count read from one
-#: compile, not a fit, and checked on no other row yet.
+#: four ``bf16[16,24,1024,1024]`` live at the backward body's ``fusion.420``; the peak
+#: of a reduced compile of it, fewer layers, held three), the one model of the oracle
+#: with this kernel (M3, T9-b32 are the same model): a count read from one compile, not
+#: a fit. With 4, T9 and M3 plan 8% below XLA's peak; with 3, 12%.
 DOT_PRODUCT_LIVE_SCORES = 4
 
 
 def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor: int) -> int:
     """Bytes per example of one block's backward working set at the step's peak, as XLA
     schedules it (deviceless compiles of the oracle's reference, VALIDATION.md "Memory
-    against XLA"): the MLP's input products and the gradient of its activation (m + 1
-    arrays of one product's width: T F / tensor, or an MoE's dispatch slots x F), the
-    residual stream's gradient and the block input's (two (T, C) arrays, whole over
-    tensor), and with 1 < tensor < ``WINDOWED_TENSOR`` the partial sums over tensor of
-    every input projection's input gradient (q, k, v or the fused qkv, the MLP inputs:
-    one (T, C) array each). With ``dot_product`` attention the T x T arrays of its
-    backward (``DOT_PRODUCT_LIVE_SCORES`` per head) take the MLP's place when larger:
-    the two live at different times. The flash kernels' and the MLP's other tensors
-    are smaller and live at other times.
+    against XLA"): the larger of the MLP's part (its input products and the gradient of
+    its activation: m + 1 arrays of one product's width, T F / tensor or an MoE's
+    dispatch slots x F) and, with dot-product attention, the attention's
+    (``DOT_PRODUCT_LIVE_SCORES`` arrays of H T T / tensor: the scores, their softmax and
+    the gradients; flash attention keeps no T x T array); plus the residual stream's
+    gradient and the block input's (two (T, C) arrays, whole over tensor) and, with
+    1 < tensor < ``WINDOWED_TENSOR``, the partial sums over tensor of every input
+    projection's input gradient (q, k, v or the fused qkv, the MLP inputs: one (T, C)
+    array each).
 
     Args:
         block: the tensor-local ``TransformerBlock``.
@@ -118,12 +119,11 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     steps, width = shape
     m = len(block.mlp.dot_keys)
     product = block.mlp.dot_elements(shape) // m                 # one input product
-    projections = 1 if block.attention.fused_qkv else 3              # q, k, v or qkv
+    attention = block.attention
+    scores = 0 if attention.flash else DOT_PRODUCT_LIVE_SCORES * attention.heads * steps * steps
+    projections = 1 if attention.fused_qkv else 3                   # q, k, v or qkv
     partials = projections + m if 1 < tensor < WINDOWED_TENSOR else 0
-    mlp = (m + 1) * product
-    scores = 0 if block.attention.flash else (
-        DOT_PRODUCT_LIVE_SCORES * block.attention.heads * steps * steps)
-    return act * (max(mlp, scores) + (2 + partials) * steps * width)
+    return act * (max((m + 1) * product, scores) + (2 + partials) * steps * width)
 
 
 @dataclass(frozen=True)
