@@ -47,6 +47,7 @@ from pod.config.presets import synthetic_examples
 from pod.config.scenario import Scenario, parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
+from pod.programs.replay import LayerTape
 from pod.workloads import Dataset, build_model, load_dataset
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
@@ -189,6 +190,7 @@ class Planner:
         self.sequence_length = (int(self.dataset.x_train[0].size)
                                 if self.model_name == "transformer" else 0)
         self._costs: dict[tuple, Any] = {}
+        self.tape = LayerTape()
 
     def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
         """The scenario of a point: the source's with its slice, mesh, remat and batch."""
@@ -216,15 +218,16 @@ class Planner:
                 need, int(options.get("num_examples", 0)))}}
         return data
 
-    def plan(self, c: Candidate) -> TrainingPlan:
-        """The point's checked plan (the data and its mesh's collective costs shared).
+    def plan(self, c: Candidate, *, shared: bool = True) -> TrainingPlan:
+        """The point's checked plan (the data and, with ``shared``, its mesh's collective
+        costs shared with the other points of the mesh).
 
         Raises:
             HBMPlanError, ScenarioError, ShardingError: the point does not plan.
         """
         scenario = parse_scenario(self.scenario_mapping(c), source=c.label)
         plan = build_plan(scenario, dataset=self._data(c), timing_only=True)
-        if len(plan.collective_costs_by_step) != 1:  # link faults: costs of their own
+        if not shared or len(plan.collective_costs_by_step) != 1:  # link faults: their own
             return plan
         key = (c.slice_name, c.slices, tuple(sorted(c.mesh.items())))
         costs = self._costs.setdefault(key, plan.collective_costs)
@@ -232,14 +235,24 @@ class Planner:
                                    collective_costs_by_step=((0, costs),))
 
     def cost(self, c: Candidate) -> dict[str, Any]:
-        """The point's row: costed by one timing-only step, or dropped with the reason."""
+        """The point's row: costed by one timing-only step, or dropped with the reason. The
+        points share their mesh's collective costs and the layers' passes
+        (``LayerTape``): the same figures as :meth:`cost_alone`, bit for bit."""
+        return self._cost(c, fast=True)
+
+    def cost_alone(self, c: Candidate) -> dict[str, Any]:
+        """The point's row as a plan of it alone costs it: its own plan and collective
+        costs, every op of its step run (the reference :meth:`cost` is checked against)."""
+        return self._cost(c, fast=False)
+
+    def _cost(self, c: Candidate, *, fast: bool) -> dict[str, Any]:
         from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
 
         row = self._labels(c)
         t0 = time.perf_counter()
         try:
-            plan = self.plan(c)
-            stats = TimingPod(plan).step(0)
+            plan = self.plan(c, shared=fast)
+            stats = TimingPod(plan, tape=self.tape if fast else None).step(0)
         except HBMPlanError as err:
             need = (err.memory_plan or {}).get("total", math.nan)
             row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)

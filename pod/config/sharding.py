@@ -286,11 +286,24 @@ class MeshCollectiveCosts:
         if op == "all_gather":  # the schedule's buffer is the gathered result
             elements *= one.axis_size(axis)
         xla = self.algorithm == "xla"
-        return group_collective_cost(
-            op, self.torus, one.groups(axis, "mesh" if xla else "ring"), elements, self.link,
-            self.itemsize, self.faults, devices_per_chip=one.devices_per_chip,
-            on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=self.algorithm,
-            group_torus=self.group_torus(axis) if xla else None)
+        groups = tuple(one.groups(axis, "mesh" if xla else "ring"))
+        group_torus = self.group_torus(axis) if xla else None
+        key = (op, self.torus, groups, elements, self.link, self.itemsize, self.faults,
+               one.devices_per_chip, self.on_chip_bytes_per_s, self.algorithm, group_torus)
+        with _GROUP_COSTS_LOCK:
+            hit = _GROUP_COSTS.get(key) if self.faults is None else None
+        if hit is not None:
+            return hit
+        cost = group_collective_cost(
+            op, self.torus, groups, elements, self.link, self.itemsize, self.faults,
+            devices_per_chip=one.devices_per_chip, on_chip_bytes_per_s=self.on_chip_bytes_per_s,
+            algorithm=self.algorithm, group_torus=group_torus)
+        if self.faults is None:
+            with _GROUP_COSTS_LOCK:
+                if len(_GROUP_COSTS) >= _GROUP_COSTS_SIZE:
+                    _GROUP_COSTS.clear()
+                _GROUP_COSTS[key] = cost
+        return cost
 
     def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
         """``op`` over an axis that spans K slices (:meth:`cost`): the in-slice parts over
@@ -381,6 +394,15 @@ class MeshCollectiveCosts:
 
 
 _FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+
+#: In-slice group collective costs shared by every ``MeshCollectiveCosts`` of this process,
+#: keyed by everything ``group_collective_cost`` reads (the groups as device ids, the torus,
+#: the calibrated link, ...): meshes whose axis lays out on the same groups (a layout
+#: search's {fsdp: 64, tensor: 4} and {data: 2, fsdp: 32, tensor: 4} along tensor) cost
+#: them once. Without link faults only; cleared when it holds _GROUP_COSTS_SIZE.
+_GROUP_COSTS: dict[tuple, ScheduleCost] = {}
+_GROUP_COSTS_SIZE = 20_000
+_GROUP_COSTS_LOCK = threading.Lock()
 
 
 def _combined(parts: Iterable[ScheduleCost | float]) -> ScheduleCost:

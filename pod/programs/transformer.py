@@ -103,6 +103,7 @@ from pod.workloads.transformer import (
     TransformerModel,
     moe_aux_loss,
     router_loads,
+    shared_transformer,
 )
 
 __all__ = ["ParamLayout", "ShardedTransformer", "check_tensor_split", "check_expert_split",
@@ -219,7 +220,7 @@ def _device_param_elements(config: TransformerConfig, fsdp: int, tensor: int, ex
     tensor, expert): an HBM plan that does not fit asks it of every mesh of its devices,
     and a layout search asks it again for every point (building the program is most of it)."""
     sizes = {"fsdp": fsdp, "tensor": tensor, "expert": expert}
-    return sum(p.device_elements for p in param_layout(TransformerModel(config), sizes))
+    return sum(p.device_elements for p in param_layout(shared_transformer(config), sizes))
 
 
 class ShardedTransformer:
@@ -263,8 +264,8 @@ class ShardedTransformer:
         if self.sequence_parallel and cfg.sequence_length % self.tensor:
             raise ValueError(f"sequence parallelism: tensor {self.tensor} does not divide the "
                              f"sequence length {cfg.sequence_length}")
-        self.local_model = TransformerModel(cfg.tensor_local(self.tensor),
-                                            expert_shards=self.expert if cfg.experts else 1)
+        self.local_model = shared_transformer(cfg.tensor_local(self.tensor),
+                                              self.expert if cfg.experts else 1)
         self._keys = self.local_model.layer_param_keys()
         self._split = {key: layer.tensor_split.get(local)
                        for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
@@ -280,6 +281,9 @@ class ShardedTransformer:
                 owner.setdefault(key, i)
         self._owned = [[k for k, _ in keys if owner[k] == i] for i, keys in enumerate(self._keys)]
         self._shapes = self.local_model.param_shapes
+        self._layer_names = tuple(layer.name for layer in self.local_model.layers)
+        self._key_layer = {k: i for i in reversed(range(len(self._keys)))  # its first layer
+                           for k, _ in self._keys[i]}
 
     # ------------------------------------------------------------ layout
 
@@ -494,9 +498,24 @@ class ShardedTransformer:
         loss = loss + moe_aux_loss(caches)
         grads = self._backward(core, comm, shard, caches, dy)
         update_start = len(core.records)
-        params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
+        params, state = self._update(core, comm, grads, shard, step)
         return StepResult(loss, DeviceShard(shard.coords, params, state), update_start,
                           router_loads=router_loads(caches))
+
+    def _update(self, core, comm, grads, shard: DeviceShard, step: int):
+        """The optimizer's update of this device's chunks; on a timing-only core with a
+        ``LayerTape``, each parameter's update replayed from the tape when the same one
+        ran before (the blocks' parameters are alike; ``pod.programs.replay``)."""
+        tape = getattr(comm, "tape", None)
+        if tape is None or core.execute:
+            return self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
+
+        def each(key: str, args: tuple, run):  # its records are named after the key
+            return tape.run(core, comm, self._layer_names, self._key_layer[key],
+                            self.optimizer, "update", (key, *args), run)
+
+        return self.optimizer.update(core, grads, shard.opt_state, shard.params, step,
+                                     each=each)
 
     #: test examples an evaluation takes at most (cut to a multiple of data x fsdp): the
     #: sharded forward pass is costly to emulate and the loss settles on fewer
@@ -586,7 +605,8 @@ class ShardedTransformer:
         layer = self.local_model.layers[i]
         p = self._gather(core, comm, shard, i, phase) if params is None else params
         hook = hooks if isinstance(layer, TransformerBlock) else {}
-        x, cache = layer.forward(core, p, x, training=training, **hook)
+        x, cache = self._pass(core, comm, i, "forward", (p, x, training, hook),
+                              lambda: layer.forward(core, p, x, training=training, **hook))
         if i == 0 and self.sequence_parallel:
             x = x[:, self.sequence_slice(shard.coords)]                    # (B, T / tensor, C)
         return x, cache
@@ -625,12 +645,23 @@ class ShardedTransformer:
                 dy = full
             else:
                 dy = timing_zeros(shape, dy.dtype)
-        dy, g = layer.backward(core, p, cache, dy, need_dx=i > 0, **hook)
+        dy, g = self._pass(core, comm, i, "backward", (p, cache, dy, i > 0, hook),
+                           lambda: layer.backward(core, p, cache, dy, need_dx=i > 0, **hook))
         for key, local in self._keys[i]:
             grads[key] = g[local] if key not in grads else vector_op(
                 core, f"{layer.name}/{sum_name}_grad_sum", np.add, grads[key], g[local],
                 out=(g[local].shape, np.float32))
         return dy
+
+    def _pass(self, core, comm, i: int, method: str, args: tuple, run):
+        """``run()``, layer i's ``method`` pass on ``args``; on a timing-only core whose
+        collectives carry a ``LayerTape`` (``ShapeCollectives(tape=...)``), replayed from
+        the tape when the same pass ran before (``pod.programs.replay``)."""
+        tape = getattr(comm, "tape", None)
+        if tape is None or core.execute:
+            return run()
+        return tape.run(core, comm, self._layer_names, i, self.local_model.layers[i], method,
+                        args, run)
 
     @property
     def gradient_divisor(self) -> int:

@@ -23,6 +23,7 @@ bit-identity checks, or test accuracy.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,9 @@ class TimingPod:
 
     Args:
         plan: the checked training plan.
+        tape: a ``pod.programs.replay.LayerTape``: the layers' passes are replayed from it
+            when the same pass ran before (in this step, an earlier one, or another
+            plan's), which gives the same records and calls; None: every op is run.
 
     Attributes:
         device: the representative device (device 0).
@@ -54,8 +58,9 @@ class TimingPod:
         HBMOutOfMemoryError: the device's state does not fit (as in a functional run).
     """
 
-    def __init__(self, plan: TrainingPlan) -> None:
+    def __init__(self, plan: TrainingPlan, *, tape: Any = None) -> None:
         self.plan = plan
+        self.tape = tape
         self.program = plan_program(plan)
         self.context = step_context(plan)
         training = plan.training
@@ -86,11 +91,12 @@ class TimingPod:
             idx = np.arange(b) % n
         return data.x_train[idx], data.y_train[idx]
 
-    def step(self, step: int = 0) -> StepStats:
+    def step(self, step: int = 0, *, trace: bool = False) -> StepStats:
         """Account one training step of the whole pod.
 
         Args:
             step: zero-based step number (selects the link faults in force).
+            trace: keep the representative devices' op rows (``last_reports``' ``trace``).
 
         Returns:
             Its statistics: simulated figures of the pod (every device's clock is
@@ -103,8 +109,8 @@ class TimingPod:
         for device in self.devices:
             groups = device.groups
             comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
-                                    {a: groups.ring_index(a) for a in AXES})
-            reports.append(device.step(comm, x, y, step, seed))
+                                    {a: groups.ring_index(a) for a in AXES}, tape=self.tape)
+            reports.append(device.step(comm, x, y, step, seed, trace=trace))
         self.last_reports = reports
         self.last_report = reports[self.devices.index(self.device)]
         per_chip = self.plan.mesh.devices_per_chip

@@ -12,6 +12,7 @@ core only its cost is recorded and the results are zeros.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -42,7 +43,7 @@ class Optimizer:
         """Bytes of the optimizer state for ``params`` (float32)."""
         return len(self.slots) * sum(int(np.size(v)) * 4 for v in params.values())
 
-    def update(self, core, grads, state, params, step: int):
+    def update(self, core, grads, state, params, step: int, *, each=None):
         """One update.
 
         Args:
@@ -51,6 +52,10 @@ class Optimizer:
             state: from ``init`` or the previous ``update``.
             params: current parameters (float32).
             step: 1 for the first update, then 2, 3, ...
+            each: None, or ``each(key, args, run)`` called for every parameter instead of
+                ``run()``, its update (``args``: what it reads: the gradient, the state
+                slots, the parameter, the step), returning what ``run()`` returns: a
+                timing-only program replays it (``pod.programs.replay``).
 
         Returns:
             (new_params, new_state), fresh dicts of fresh float32 arrays.
@@ -65,12 +70,18 @@ class Optimizer:
         new_params, new_state = {}, {}
         for key, p in params.items():
             slots = {slot: state[f"{key}/{slot}"] for slot in self.slots}
-            p_new, slots_new = self._update_one(core, key, np.asarray(grads[key], _F32),
-                                                slots, np.asarray(p, _F32), int(step))
+            run = functools.partial(self._update_key, core, key, grads[key], slots, p, step)
+            p_new, slots_new = run() if each is None else each(key, (grads[key], slots, p,
+                                                                       int(step)), run)
             new_params[key] = p_new
             for slot, v in slots_new.items():
                 new_state[f"{key}/{slot}"] = v
         return new_params, new_state
+
+    def _update_key(self, core, key, g, slots, p, step):
+        """One parameter's update: (new parameter, new state slots)."""
+        return self._update_one(core, key, np.asarray(g, _F32), slots, np.asarray(p, _F32),
+                                int(step))
 
     def _update_one(self, core, key, g, slots, p, step):
         raise NotImplementedError

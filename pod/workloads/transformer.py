@@ -28,6 +28,7 @@ The TFLOP/s per device MaxText prints (``maxtext_tflops_2023``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerConfig",
     "TransformerModel",
+    "shared_transformer",
     "Unembed",
     "build_transformer",
     "maxtext_tflops_2023",
@@ -561,7 +563,7 @@ class TransformerModel(Model):
             return self
         cache = self.__dict__.setdefault("_local_models", {})
         if tensor not in cache:
-            cache[tensor] = TransformerModel(cfg.tensor_local(tensor))
+            cache[tensor] = shared_transformer(cfg.tensor_local(tensor))
         return cache[tensor]
 
     def activation_bytes(self, batch: int, *, bytes_per_element: int = 4) -> int:
@@ -636,7 +638,7 @@ class TransformerModel(Model):
     def remat_variants(self) -> dict[str, TransformerModel]:
         """The same model under each other named remat policy (``custom`` aside), for
         an HBM plan that looks for one that fits."""
-        return {p: TransformerModel(dataclasses.replace(self.config, remat=p, remat_custom=None))
+        return {p: shared_transformer(dataclasses.replace(self.config, remat=p, remat_custom=None))
                 for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
 
     def summary_rows(self, batch: int | None = None):
@@ -816,5 +818,15 @@ def build_transformer(input_shape, num_classes: int, **options) -> TransformerMo
     if len(input_shape) != 1:
         raise DataMismatchError(f"transformer: input_shape must be (steps,) token ids, "
                          f"got {tuple(input_shape)}")
-    return TransformerModel(TransformerConfig(vocabulary=num_classes,
-                                              sequence_length=int(input_shape[0]), **options))
+    return shared_transformer(TransformerConfig(vocabulary=num_classes,
+                                                sequence_length=int(input_shape[0]), **options))
+
+
+@functools.lru_cache(maxsize=64)
+def shared_transformer(config: TransformerConfig, expert_shards: int = 1) -> TransformerModel:
+    """The ``TransformerModel`` of ``config`` (and ``expert_shards``), built once per process
+    and shared: a model is stateless (one object serves every device), and building one
+    is a few milliseconds per block, which a layout search (``tpu-pod plan``) and an HBM
+    plan that tries every remat policy and tensor split would pay again for every point.
+    At most 64 are kept (least recently used go)."""
+    return TransformerModel(config, expert_shards=int(expert_shards))
