@@ -390,7 +390,9 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
          remat: Sequence[str] = (), mesh_axes: Sequence[str] = (),
          token_budget: int | str | None = None, files: Sequence[str | Path] = (),
          overrides: Overrides = None, output_dir: str | Path | None = None,
-         num_slices: int | Sequence[int] = ()) -> list[dict[str, Any]]:
+         num_slices: int | Sequence[int] = (), capacity_factors: float | Sequence[float] = (),
+         exhaustive: bool = False, jobs: int | None = None,
+         progress: bool = True) -> list[dict[str, Any]]:
     """Which layout trains ``model`` fastest (``tpu-pod plan``): every mesh, remat policy
     and batch, planned, costed timing-only and ranked by simulated tokens/s.
 
@@ -408,8 +410,15 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
         num_slices: numbers of identical slices joined by the DCN (``2`` or ``(1, 2, 4)``),
             data parallel across them (``pod.slices``, ``pod.dcn_mesh: {data: K}``);
             default 1.
-        overrides: keys of the model's scenario (MaxText keys for MaxText configs).
+        overrides: keys of the model's scenario (MaxText keys for MaxText configs; MaxText's
+            layout keys, ``ici_fsdp_parallelism``, ``per_device_batch_size``, ..., with any
+            model: ``tpu-pod plan --help``).
         output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
+        capacity_factors: a mixture of experts' capacity factors to try (0: dropless).
+        exhaustive: cost every point that plans (else the points whose compute alone is
+            slower than the 30 best are not costed: their ``status`` is "pruned").
+        jobs: processes that cost points (None: one per core).
+        progress: a progress bar on a terminal, or in a notebook (with ipywidgets).
 
     Returns:
         One row per point (``pod.commands.plan.PLAN_COLUMNS``): the costed ones ranked
@@ -420,6 +429,7 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
         ScenarioError and the other user errors: one line.
     """
     from pod.commands.plan import PlanRequest, run_plan
+    from pod.commands.plan_report import plan_progress
 
     request = PlanRequest(model=str(model), files=tuple(str(f) for f in files),
                           slices=(slices,) if isinstance(slices, str) else tuple(slices),
@@ -431,6 +441,13 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
                           else tuple(mesh_axes),
                           token_budget=token_budget, overrides=overrides or (),
                           num_slices=(num_slices,) if isinstance(num_slices, int | str)
-                          else tuple(num_slices))
+                          else tuple(num_slices),
+                          capacity_factors=(capacity_factors,)
+                          if isinstance(capacity_factors, int | float | str)
+                          else tuple(capacity_factors),
+                          exhaustive=exhaustive, workers=jobs)
     out = Path(output_dir) if output_dir is not None else None
-    return run_plan(request, output_dir=out).rows
+    if not progress:
+        return run_plan(request, output_dir=out).rows
+    with plan_progress() as on_point:
+        return run_plan(request, output_dir=out, on_point=on_point).rows

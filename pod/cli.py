@@ -709,7 +709,18 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
 
 
-@cli.command("plan", short_help="Which layout? Search meshes, remat and batches of a model.")
+PLAN_OVERRIDES_HELP = (
+    "KEY=VALUE arguments after MODEL override the model's keys (dotted keys, YAML values): "
+    "scenario keys for a preset or a scenario file (model.options.layers=16 "
+    "training.precision=fp32), MaxText's keys for MaxText configs (base_emb_dim=1024 "
+    "vocab_size=32000). MaxText's layout keys work with any MODEL: ici_fsdp_parallelism=64 "
+    "fixes that mesh axis (-1: searched), per_device_batch_size=2, remat_policy=full, "
+    "num_slices=2 (or dcn_data_parallelism=2), compile_topology=v5e-256; and with a preset "
+    "or a scenario capacity_factor=1.25 and max_target_length=4096.")
+
+
+@cli.command("plan", short_help="Which layout? Search meshes, remat and batches of a model.",
+             epilog=PLAN_OVERRIDES_HELP)
 @click.argument("arguments", nargs=-1, required=True,
                 metavar="MODEL [MODEL.yml] [KEY=VALUE]...")
 @click.option("--slice", "slices", multiple=True,
@@ -731,24 +742,41 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                                   "the runtime runs].")
 @click.option("--token-budget", help="Rank by the simulated time to train on this many tokens "
                                      "(1T, 2e12) instead of tokens/s.")
+@click.option("--capacity-factor", "capacity_factor",
+              help="A mixture of experts' capacity factors to try (MaxText's capacity_factor; "
+                   "0: dropless), e.g. 0,1.25 [default: the model's, and 1.25 too for a "
+                   "dropless one, which an expert axis needs].")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Points in the table.")
+@click.option("--exhaustive", is_flag=True,
+              help="Cost every point that plans (else a point whose compute alone is slower "
+                   "than the 30 best, or the table's, is not costed: results.csv says so).")
+@click.option("--jobs", type=click.IntRange(min=1),
+              help="Processes that cost points [default: one per core].")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where results.csv, layouts.png and best.yaml go [default: runs/<model>-plan].")
+              help="Where results.csv, layouts.png and best.yaml go "
+                   "[default: runs/plan-<model>-<slice>].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan as one JSON document (every point) on stdout.")
 def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int | None,
                  tokens_per_step: str | None, global_batch: str | None,
                  per_device_batch: str | None, seq_len: int | None,
                  num_slices: tuple[str, ...], remat: str | None,
-                 mesh_axes: str | None, token_budget: str | None, top: int,
-                 output_dir: Path | None, as_json: bool) -> None:
+                 mesh_axes: str | None, token_budget: str | None, capacity_factor: str | None,
+                 top: int, exhaustive: bool, jobs: int | None, output_dir: Path | None,
+                 as_json: bool) -> None:
     """Which layout trains MODEL fastest? MODEL is a preset (llama2-7b, maxtext-2023-s1, ...),
     a scenario file, or MaxText's base.yml [model.yml]. Every mesh of each slice's devices,
     remat policy and batch is planned; what does not fit is dropped with the reason; the rest
     is costed by one timing-only step each (simulated) and ranked by tokens/s."""
     from pod.commands.plan import PlanRequest
-    from pod.commands.plan_report import family_lines, plan_json, plan_table, search_line
+    from pod.commands.plan_report import (
+        family_lines,
+        family_title,
+        plan_json,
+        plan_table,
+        search_line,
+    )
 
     models = [a for a in arguments if not looks_like_override(a)]
     split = lambda text: tuple(p.strip() for p in text.split(",") if p.strip()) if text else ()  # noqa: E731
@@ -758,13 +786,15 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
                           seq_len=seq_len, remat=split(remat), mesh_axes=split(mesh_axes),
                           token_budget=token_budget,
                           overrides=tuple(a for a in arguments if looks_like_override(a)),
-                          num_slices=tuple(n for text in num_slices for n in text.split(",")))
+                          num_slices=tuple(n for text in num_slices for n in text.split(",")),
+                          top=top, exhaustive=exhaustive, workers=jobs,
+                          capacity_factors=split(capacity_factor))
     if not models:
         raise click.UsageError("give the MODEL: a preset, a scenario or MaxText's base.yml",
                                ctx=click.get_current_context())
-    out_dir = output_dir or Path("runs") / f"{Path(models[0]).stem}-plan"
     console = make_console(sys.stderr) if as_json else make_console()
-    result = _run_plan(console, request, out_dir)
+    result = _run_plan(console, request, output_dir)
+    out_dir = result.output_dir
     if as_json:
         click.echo(json.dumps(plan_json(result), indent=2))
         return
@@ -773,7 +803,7 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
         console.print(plan_table(result, top))
     families = family_lines(result)
     if families:
-        console.print("Best of each mesh family:", highlight=False)
+        console.print(family_title(result), highlight=False)
         for line in families:
             console.print(line, highlight=False, soft_wrap=True)
     files = ", ".join(n for n in ("results.csv", "layouts.png", "best.yaml")
@@ -785,20 +815,14 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
                             f"{result.rows[0]['reason']}")
 
 
-def _run_plan(console: Console, request, out_dir: Path):
-    """``run_plan`` with a progress bar on a terminal."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
+def _run_plan(console: Console, request, out_dir: Path | None):
+    """``run_plan`` with a progress bar on a terminal; its files in ``out_dir``, or in
+    ``runs/plan-<model>-<slice>``."""
     from pod.commands.plan import run_plan
+    from pod.commands.plan_report import plan_progress
 
-    with Progress("[bold]plan", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("plan", total=None)
-
-        def advance(row: dict, total: int) -> None:
-            progress.update(task, total=total, advance=1)
-
-        return run_plan(request, output_dir=out_dir, on_point=advance)
+    with plan_progress(console) as on_point:
+        return run_plan(request, output_dir=out_dir, on_point=on_point, default_output=True)
 
 
 def _describe_pod(console: Console, pod) -> None:

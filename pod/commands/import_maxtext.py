@@ -72,7 +72,7 @@ from pod.config.slices import resolve_pod
 from pod.errors import ScenarioError
 
 __all__ = ["MaxTextConfig", "Note", "ImportResult", "read_maxtext", "to_scenario",
-           "import_maxtext", "scenario_yaml"]
+           "import_maxtext", "scenario_yaml", "MESH_AXES", "maxtext_int", "dcn_mesh"]
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,11 @@ OPTIMIZERS = {"adamw": "adamw", "adam_pax": "adamw", "sgd": "sgd"}
 
 
 def _int(config: MaxTextConfig, key: str, default: Any = None) -> int:
+    """A whole-number key of ``config`` (``default`` when it is not set).
+
+    Raises:
+        ScenarioError: not a whole number (one line naming the key and where it came from).
+    """
     value = config.values.get(key, default)
     if isinstance(value, str):
         value = value.replace("_", "")
@@ -265,6 +270,8 @@ def _moe_options(config: MaxTextConfig) -> dict[str, Any]:
 #: MaxText's mesh axes the emulator has -> its name for them (MaxText's order)
 _MESH_AXES = {"data": "data", "pipeline": "stage", "fsdp": "fsdp", "expert": "expert",
               "tensor": "tensor"}
+#: MaxText's ICI axis (``ici_<axis>_parallelism``) -> the mesh axis (``tpu-pod plan`` too)
+MESH_AXES = _MESH_AXES
 #: MaxText's DCN axes the emulator runs across slices (an axis of ``pod.dcn_mesh``)
 _DCN_AXES = ("data", "fsdp", "tensor")
 
@@ -297,7 +304,7 @@ def _mesh(config: MaxTextConfig, devices: int) -> dict[str, int]:
     return {_MESH_AXES[a]: s for a, s in sizes.items() if s != 1} or {"data": 1}
 
 
-def _dcn_mesh(config: MaxTextConfig) -> tuple[int, dict[str, int]]:
+def dcn_mesh(config: MaxTextConfig) -> tuple[int, dict[str, int]]:
     """(the slices, ``pod.dcn_mesh``): ``num_slices`` or ``compile_topology_num_slices``
     when set (> 0), else the product of the DCN axes; ``dcn_{data,fsdp,tensor}_parallelism``
     with one -1 filled by the slices the others leave, as MaxText fills it.
@@ -373,6 +380,9 @@ def _pipeline(config: MaxTextConfig, stages: int, layers: int) -> dict[str, Any]
     return out
 
 
+maxtext_int = _int
+
+
 def _batch(config: MaxTextConfig, devices: int) -> int:
     per_device = float(config.values.get("per_device_batch_size", 1))
     batch = per_device * devices
@@ -417,7 +427,7 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
     options, vocabulary = _model_options(config)
     pending = _not_taken_yet(options)
     mesh = _mesh(config, devices)
-    slices, dcn = _dcn_mesh(config)
+    slices, dcn = dcn_mesh(config)
     batch = _batch(config, devices * slices)
     length = _int(config, "max_target_length")
     shards = math.prod(mesh.get(a, 1) * dcn.get(a, 1) for a in ("data", "fsdp", "expert"))

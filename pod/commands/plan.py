@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,8 +39,23 @@ from typing import Any
 
 import numpy as np
 
-from pod.commands.plan_search import Candidate, candidates, model_axes, remat_policies
-from pod.commands.plan_source import ModelSource, devices_of, model_source, parse_count, plan_slices
+from pod.commands.plan_cost import Scoring, cost_points, default_workers
+from pod.commands.plan_search import (
+    Candidate,
+    candidates,
+    capacity_factors,
+    model_axes,
+    remat_policies,
+)
+from pod.commands.plan_source import (
+    ModelSource,
+    SearchKeys,
+    devices_of,
+    model_source,
+    parse_count,
+    plan_slices,
+    search_keys,
+)
 from pod.commands.sweep import csv_row, is_missing, plot_layouts, step_row
 from pod.config.mesh import AXIS_NAMES, device_hbm_bytes, format_axes
 from pod.config.plan import TrainingPlan, build_plan
@@ -67,6 +83,7 @@ PLAN_COLUMNS = (
     "update_seconds", "collective_seconds", *(f"collective_{a}_seconds" for a in AXIS_NAMES),
     "hbm_per_device_bytes", "hbm_capacity_bytes", "fits", "mfu", "hfu", "bound",
     "bound_fraction", "wall_seconds", "slices", "dcn_mesh", "dcn_collective_seconds",
+    "pipeline_bubble_seconds", "microbatches", "capacity_factor",
 )
 
 
@@ -90,6 +107,14 @@ class PlanRequest:
             parallel across them (default: 1).
         overrides: ``KEY=VALUE`` strings (or a mapping of dotted keys) for the model's
             scenario (MaxText's keys for MaxText configs).
+        top: the points the table shows: the plan costs at least the ``max(top,
+            PLOTTED)`` best (``plan_cost``).
+        exhaustive: cost every point that plans (else those a bound of their step puts
+            below what the outputs show are pruned: ``plan_cost``).
+        workers: processes that cost points (None: one per core).
+        capacity_factors: a mixture of experts' capacity factors searched (MaxText's
+            ``capacity_factor``, 0: dropless; default: the model's own, and 1.25 too
+            for a dropless one searched over expert: ``plan_search.capacity_factors``).
     """
 
     model: str
@@ -105,6 +130,10 @@ class PlanRequest:
     token_budget: int | str | None = None
     overrides: Any = ()
     num_slices: tuple[int | str, ...] = ()
+    top: int = 10
+    exhaustive: bool = False
+    workers: int | None = None
+    capacity_factors: tuple[float | str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +154,11 @@ class PlanResult:
         wall_seconds: this process's time for the whole plan (wall clock).
         best_scenario: the best point's scenario mapping (None if nothing fits).
         num_slices: the numbers of slices searched ((1,): one slice).
+        kept: the best points costed whatever their bound (the rest may be pruned).
+        capacities: a mixture of experts' capacity factors searched (0: dropless);
+            ``(None,)``: a dense model.
+        fixed: mesh axis -> the size MaxText's ``ici_<axis>_parallelism`` fixed it at.
+        output_dir: where the files went (None: nowhere).
     """
 
     name: str
@@ -139,6 +173,10 @@ class PlanResult:
     wall_seconds: float
     best_scenario: dict[str, Any] | None
     num_slices: tuple[int, ...] = (1,)
+    kept: int = PLOTTED
+    capacities: tuple[float | None, ...] = (None,)
+    fixed: dict[str, int] = dataclasses.field(default_factory=dict)
+    output_dir: Path | None = None
 
     @property
     def multislice(self) -> bool:
@@ -146,7 +184,8 @@ class PlanResult:
         return any(k > 1 for k in self.num_slices)
 
     def count(self, status: str) -> int:
-        """Points of a status: "ok" (costed), "dropped", "failed"."""
+        """Points of a status: "ok" (costed), "pruned" (planned, a bound of their step
+        below what the outputs show: ``plan_cost``), "dropped", "failed"."""
         return sum(r["status"] == status for r in self.rows)
 
     @property
@@ -155,14 +194,17 @@ class PlanResult:
         return [r for r in self.rows if r["status"] == "ok"]
 
     def summary(self) -> str:
-        """``540 points: 212 costed, 328 dropped (270 do not fit in HBM); 41.2 s wall``."""
+        """``540 points: 212 costed, 40 pruned (slower than the 30 best by their compute
+        alone), 288 dropped (270 do not fit in HBM); 41.2 s wall (13.1 points/s)``."""
         hbm = sum(r["fits"] is False for r in self.rows)
         dropped = self.count("dropped")
         why = f" ({hbm} {'does' if hbm == 1 else 'do'} not fit in HBM)" if hbm else ""
+        pruned = (f", {self.count('pruned')} pruned (slower than the {self.kept} best by "
+                  "their compute alone)" if self.count("pruned") else "")
         failed = f", {self.count('failed')} failed" if self.count("failed") else ""
         rate = len(self.rows) / max(self.wall_seconds, 1e-9)
-        return (f"{len(self.rows)} points: {self.count('ok')} costed, {dropped} dropped{why}"
-                f"{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
+        return (f"{len(self.rows)} points: {self.count('ok')} costed{pruned}, {dropped} "
+                f"dropped{why}{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
 
 
 class Planner:
@@ -206,10 +248,13 @@ class Planner:
             tensor = c.mesh.get("tensor", 1)
             training["sequence_parallel"] = tensor > 1 and self.sequence_length % tensor == 0
         data["training"] = training
-        if c.remat:
+        settings = {**({"remat": c.remat} if c.remat else {}),
+                    **({"capacity_factor": c.capacity_factor}
+                       if c.capacity_factor is not None else {})}
+        if settings:
             model = dict(data["model"])
             data["model"] = {**model, "options": {**dict(model.get("options") or {}),
-                                                  "remat": c.remat}}
+                                                  **settings}}
         block = dict(data.get("data") or {})
         if block.get("name") == "synthetic_text":  # enough sequences for a device's share
             options = dict(block.get("options") or {})
@@ -238,21 +283,45 @@ class Planner:
         """The point's row: costed by one timing-only step, or dropped with the reason. The
         points share their mesh's collective costs and the layers' passes
         (``LayerTape``): the same figures as :meth:`cost_alone`, bit for bit."""
-        return self._cost(c, fast=True)
+        return self.point(c)[0]
 
     def cost_alone(self, c: Candidate) -> dict[str, Any]:
         """The point's row as a plan of it alone costs it: its own plan and collective
         costs, every op of its step run (the reference :meth:`cost` is checked against)."""
-        return self._cost(c, fast=False)
+        return self._point(c, fast=False, mode="cost")[0]
 
-    def _cost(self, c: Candidate, *, fast: bool) -> dict[str, Any]:
+    def point(self, c: Candidate, *, mode: str = "cost") -> tuple[dict[str, Any], float | None]:
+        """The point's row and the simulated seconds of its forward and backward passes
+        (the most of any of its representative devices: a lower bound of its step; None
+        when its step did not run).
+
+        Args:
+            c: the point.
+            mode: "cost": costed by one timing-only step; "plan": planned only; "bound":
+                planned and its devices' step run, not clocked (its passes' seconds).
+                Without "cost" the row says whether it is dropped, or ``pruned`` (it
+                plans; ``plan_cost`` gives the reason).
+        """
+        return self._point(c, fast=True, mode=mode)
+
+    def _point(self, c: Candidate, *, fast: bool, mode: str
+               ) -> tuple[dict[str, Any], float | None]:
         from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
 
         row = self._labels(c)
         t0 = time.perf_counter()
+        passes = None
         try:
             plan = self.plan(c, shared=fast)
-            stats = TimingPod(plan, tape=self.tape if fast else None).step(0)
+            if mode != "cost":
+                row.update(status="pruned", fits=True,
+                           hbm_per_device_bytes=int(plan.memory["total"]))
+            if mode != "plan":
+                pod = TimingPod(plan, tape=self.tape if fast else None)
+                self.tape.pass_seconds.clear()
+                stats = pod.step(0) if mode == "cost" else pod.device_reports(0)
+                passes = self._passes_seconds() if fast else None
+                self.tape.pass_seconds.clear()
         except HBMPlanError as err:
             need = (err.memory_plan or {}).get("total", math.nan)
             row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)
@@ -262,16 +331,27 @@ class Planner:
             row.update(status="failed", reason=f"{c.label}: {err}")
         if row["status"]:
             row["wall_seconds"] = time.perf_counter() - t0
-            return row
+            return row, (passes if row["status"] == "pruned" else None)
         costed = step_row(plan, [stats], time.perf_counter() - t0)
         row.update({k: v for k, v in costed.items() if k in row})
         row.update(status="ok", reason="", point=c.index)
+        if c.mesh.get("stage", 1) == 1:  # no pipeline, no bubble
+            row["pipeline_bubble_seconds"] = 0.0
         if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
             row["mesh"] = format_axes(c.mesh)
         if self.sequence_length:
             row["simulated_tokens_per_second"] = (plan.global_batch * self.sequence_length
                                                   / row["simulated_step_seconds"])
-        return row
+        return row, passes
+
+    def _passes_seconds(self) -> float:
+        """The forward and backward passes' seconds of the busiest device of the last step
+        (``LayerTape.pass_seconds``, per device's collectives)."""
+        per_device: dict[Any, float] = {}
+        for (device, method), seconds in self.tape.pass_seconds.items():
+            if method in ("forward", "backward"):
+                per_device[device] = per_device.get(device, 0.0) + seconds
+        return max(per_device.values(), default=0.0)
 
     def _labels(self, c: Candidate) -> dict[str, Any]:
         """A point's row before it is costed: what it is (NaN for the figures). ``mesh``
@@ -286,6 +366,8 @@ class Planner:
                    dcn_mesh=format_axes(dcn) if dcn else "",
                    **{a: c.mesh.get(a, 1) * dcn.get(a, 1) for a in AXIS_NAMES},
                    remat=c.remat, per_device_batch=(c.per_device_batch or math.nan),
+                   capacity_factor=(math.nan if c.capacity_factor is None
+                                    else c.capacity_factor),
                    global_batch=c.global_batch, fits="", bound="",
                    sequence_length=self.sequence_length or math.nan,
                    tokens_per_step=(c.global_batch * self.sequence_length
@@ -363,8 +445,9 @@ def _remats(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
     return tuple(asked) or known
 
 
-def _axes(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
-    """The mesh axes searched: those asked, or every one the runtime runs on this model.
+def _axes(planner: Planner, asked: Sequence[str], keys: SearchKeys) -> tuple[str, ...]:
+    """The mesh axes searched: those asked, or every one the runtime runs on this model;
+    with an axis MaxText's ``ici_<axis>_parallelism`` fixes above 1.
 
     Raises:
         ScenarioError: an axis that is not a mesh axis, or one this model cannot use.
@@ -377,7 +460,45 @@ def _axes(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
         if axis not in available:
             raise ScenarioError(f"--mesh-axes: {axis} is not an axis the runtime runs "
                                 f"{planner.source.name} on; axes: {', '.join(available)}")
-    return tuple(a for a in AXIS_NAMES if a in asked) or available
+    fixed = [a for a, size in keys.mesh.items() if size > 1]
+    for axis in fixed:
+        if axis not in available:
+            key = f"ici_{'pipeline' if axis == 'stage' else axis}_parallelism"
+            raise ScenarioError(f"{keys.given[key]}: {axis} is not an axis the runtime runs "
+                                f"{planner.source.name} on; axes: {', '.join(available)}")
+    chosen = set(asked or available) | set(fixed)
+    return tuple(a for a in AXIS_NAMES if a in chosen)
+
+
+def _with_search_keys(request: PlanRequest, keys: SearchKeys) -> PlanRequest:
+    """The request with what MaxText's keys set (``plan_source.search_keys``).
+
+    Raises:
+        ScenarioError: a key and the option that sets the same thing, both given (one line).
+    """
+    changes: dict[str, Any] = {}
+
+    def take(key: str, value: Any, field: str, option: str, given: bool) -> None:
+        if value is None:
+            return
+        if given:
+            raise ScenarioError(f"{keys.given[key]} and {option} set the same; give one")
+        changes[field] = value
+
+    take("compile_topology", keys.slice_name and (keys.slice_name,), "slices", "--slice",
+         bool(request.slices or request.chips))
+    count_key = next((k for k in keys.given if k not in ("compile_topology",)
+                      and (k.startswith("dcn_") or k.endswith("num_slices"))), "num_slices")
+    take(count_key, keys.num_slices and (keys.num_slices,), "num_slices", "--num-slices",
+         bool(request.num_slices))
+    take("per_device_batch_size", keys.per_device_batch and (keys.per_device_batch,),
+         "per_device_batches", "--per-device-batch (or --global-batch, --tokens-per-step)",
+         bool(request.per_device_batches or request.global_batch or request.tokens_per_step))
+    take("remat_policy", keys.remat and (keys.remat,), "remat", "--remat", bool(request.remat))
+    take("capacity_factor", None if keys.capacity_factor is None else (keys.capacity_factor,),
+         "capacity_factors", "--capacity-factor", bool(request.capacity_factors))
+    take("max_target_length", keys.seq_len, "seq_len", "--seq-len", request.seq_len is not None)
+    return dataclasses.replace(request, **changes)
 
 
 def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
@@ -419,6 +540,22 @@ def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
         DEFAULT_PER_DEVICE_BATCHES
 
 
+def _capacities(values: Sequence[Any]) -> tuple[float, ...]:
+    """The capacity factors asked for, as numbers.
+
+    Raises:
+        ScenarioError: one that is not a number (one line).
+    """
+    out = []
+    for value in values:
+        try:
+            out.append(float(str(value).strip()))
+        except ValueError:
+            raise ScenarioError(f"--capacity-factor: {value!r} is not a number; give e.g. "
+                                "0 (dropless) or 1.25, or both: 0,1.25") from None
+    return tuple(out)
+
+
 def _num_slices(counts: Sequence[Any]) -> tuple[int, ...]:
     """The numbers of slices searched (default 1), each once, in the order given.
 
@@ -458,12 +595,14 @@ def _rank(rows: list[dict[str, Any]], budget: int | None) -> list[dict[str, Any]
 
 
 def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
-             on_point: Callable[[dict[str, Any], int], None] | None = None) -> PlanResult:
+             on_point: Callable[[dict[str, Any], int], None] | None = None,
+             default_output: bool = False) -> PlanResult:
     """Search, cost and rank every point of ``request`` (module docstring).
 
     Args:
         request: what to plan.
-        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
+        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing,
+            or with ``default_output`` :func:`default_output_dir`).
         on_point: called with each point's row and the number of points (progress).
 
     Returns:
@@ -475,38 +614,55 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
             output directory cannot be written.
     """
     t0 = time.perf_counter()
+    keys, overrides = search_keys(request.model, request.files, request.overrides)
+    request = _with_search_keys(request, keys)
     pods = plan_slices(request.slices, request.chips)
-    source = model_source(request.model, request.files, request.overrides,
+    source = model_source(request.model, request.files, overrides,
                           slice_name=pods[0].slice_name, seq_len=request.seq_len)
     planner = Planner(source)
     budget = (parse_count(request.token_budget, "--token-budget")
               if request.token_budget is not None else None)
     batch = _global_batch(planner, request)
-    axes = _axes(planner, request.mesh_axes)
+    axes = _axes(planner, request.mesh_axes, keys)
     remats = _remats(planner, request.remat)
     per_device = () if batch else _per_device(request.per_device_batches)
     counts = _num_slices(request.num_slices)
+    capacities = capacity_factors(planner.config, axes,
+                                  _capacities(request.capacity_factors))
     points = candidates([(p.slice_name, devices_of(p)) for p in pods], axes, remats,
-                        global_batch=batch, per_device_batches=per_device, num_slices=counts)
+                        global_batch=batch, per_device_batches=per_device, num_slices=counts,
+                        capacities=capacities, fixed=keys.mesh)
+    if output_dir is None and default_output:
+        output_dir = default_output_dir(source.name, [p.slice_name for p in pods])
     if output_dir is not None:
         from pod.report.files import check_writable
 
         check_writable(output_dir)  # before the first point, not after the last
-    rows = []
-    for point in points:
-        rows.append(planner.cost(point))
-        if on_point is not None:
-            on_point(rows[-1], len(points))
+    from pod.commands.plan_report import family
+
+    rows = cost_points(planner, points, scoring=Scoring(planner.sequence_length, budget),
+                       keep=max(PLOTTED, request.top), exhaustive=request.exhaustive,
+                       family_of=lambda r: family(r, axes),
+                       workers=request.workers or (default_workers() if len(points) >= 64
+                                                   else 1),  # a pool is not worth it
+                       on_point=on_point)
     rows = _rank(rows, budget)
     best = next((c for c in points if rows and rows[0]["status"] == "ok"
                  and c.index == rows[0]["point"]), None)
     result = PlanResult(source.name, rows, tuple(p.slice_name for p in pods), axes, remats,
                         planner.sequence_length, batch, per_device, budget,
                         time.perf_counter() - t0,
-                        planner.scenario_mapping(best) if best is not None else None, counts)
+                        planner.scenario_mapping(best) if best is not None else None, counts,
+                        max(PLOTTED, request.top), capacities, dict(keys.mesh), output_dir)
     if output_dir is not None:
         write_outputs(result, output_dir)
     return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
+
+
+def default_output_dir(name: str, slices: Sequence[str]) -> Path:
+    """``runs/plan-<model>-<slice>[-<slice>...]``: where ``tpu-pod plan`` writes by
+    default, named after what was planned."""
+    return Path("runs") / re.sub(r"[^A-Za-z0-9_.-]+", "-", f"plan-{name}-{'-'.join(slices)}")
 
 
 def layout_label(row: dict[str, Any], with_slice: bool) -> str:

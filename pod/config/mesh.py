@@ -55,6 +55,7 @@ Your Model", the sharding and training chapters (FSDP = ZeRO-3).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -414,7 +415,9 @@ def _ring(blocks: tuple[AxisBlock, ...]) -> tuple[tuple[int, ...], bool]:
 
 
 def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mesh:
-    """Lay mesh axes of known sizes on a torus (the module docstring says how).
+    """Lay mesh axes of known sizes on a torus (the module docstring says how); each
+    layout is made once per process (a mesh is a value: a layout search plans every mesh
+    of a slice for every remat policy and batch).
 
     Args:
         axes: axis name -> size >= 1, names from :data:`AXIS_NAMES`; the product
@@ -434,6 +437,13 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
     count = torus.num_chips * per_chip
     if math.prod(shape) != count:
         raise ValueError(f"mesh {format_axes(axes)} has {math.prod(shape)} devices, not {count}")
+    return _layout(names, shape, torus, int(per_chip))
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(names: tuple[str, ...], shape: tuple[int, ...], torus: Torus, per_chip: int) -> Mesh:
+    """:func:`layout_mesh` of checked sizes."""
+    count = torus.num_chips * per_chip
     phys = _physical_axes(torus, per_chip)
     placed = {name: _place(name, size, phys)
               for name, size in reversed(list(zip(names, shape, strict=True)))}

@@ -10,6 +10,7 @@ HBM, and what every collective of a mesh axis costs at every step.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -119,8 +120,10 @@ def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
     return scenario.model, scenario.training
 
 
+@functools.lru_cache(maxsize=64)
 def _shape_only(model: Model) -> dict[str, np.ndarray]:
-    """Zero-copy stand-ins with the parameters' shapes (no memory for big models)."""
+    """Zero-copy stand-ins with the parameters' shapes (no memory for big models); kept
+    per model (a model is shared: ``pod.workloads.transformer.shared_transformer``)."""
     zero = np.zeros((), dtype=np.float32)
     out = {}
     for key, shape in model.param_shapes.items():

@@ -291,18 +291,17 @@ class MeshCollectiveCosts:
         key = (op, self.torus, groups, elements, self.link, self.itemsize, self.faults,
                one.devices_per_chip, self.on_chip_bytes_per_s, self.algorithm, group_torus)
         with _GROUP_COSTS_LOCK:
-            hit = _GROUP_COSTS.get(key) if self.faults is None else None
+            hit = _GROUP_COSTS.get(key)
         if hit is not None:
             return hit
         cost = group_collective_cost(
             op, self.torus, groups, elements, self.link, self.itemsize, self.faults,
             devices_per_chip=one.devices_per_chip, on_chip_bytes_per_s=self.on_chip_bytes_per_s,
             algorithm=self.algorithm, group_torus=group_torus)
-        if self.faults is None:
-            with _GROUP_COSTS_LOCK:
-                if len(_GROUP_COSTS) >= _GROUP_COSTS_SIZE:
-                    _GROUP_COSTS.clear()
-                _GROUP_COSTS[key] = cost
+        with _GROUP_COSTS_LOCK:
+            if len(_GROUP_COSTS) >= _GROUP_COSTS_SIZE:
+                _GROUP_COSTS.clear()
+            _GROUP_COSTS[key] = cost
         return cost
 
     def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
@@ -399,7 +398,8 @@ _FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
 #: keyed by everything ``group_collective_cost`` reads (the groups as device ids, the torus,
 #: the calibrated link, ...): meshes whose axis lays out on the same groups (a layout
 #: search's {fsdp: 64, tensor: 4} and {data: 2, fsdp: 32, tensor: 4} along tensor) cost
-#: them once. Without link faults only; cleared when it holds _GROUP_COSTS_SIZE.
+#: them once (the link faults in force are part of the key). Cleared when it holds
+#: _GROUP_COSTS_SIZE.
 _GROUP_COSTS: dict[tuple, ScheduleCost] = {}
 _GROUP_COSTS_SIZE = 20_000
 _GROUP_COSTS_LOCK = threading.Lock()

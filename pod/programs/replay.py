@@ -30,6 +30,7 @@ this module does not know) simply runs, every time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import re
@@ -67,25 +68,44 @@ class _Unsignable(Exception):
     """An object :func:`signature` cannot describe (the pass is then not replayed)."""
 
 
-def signature(value: Any) -> Any:
+class _NotAllArrays(Exception):
+    """A mapping with a value that is not an array (:func:`signature`'s slow path)."""
+
+
+def _no() -> bool:
+    raise _NotAllArrays
+
+
+def signature(value: Any, known: dict[int, tuple[Any, Any]] | None = None) -> Any:
     """A hashable description of what ``value`` contributes to a timing-only pass: arrays
     by shape and dtype (their values are zeros there), mappings and sequences item by
     item, objects by type and attributes (not their ``name``, ``core`` or ``comm``),
-    functions by their qualified name.
+    functions by their qualified name. ``known``: id -> (object, its signature) of
+    objects described before (a replayed pass's outputs, which nothing changes).
 
     Raises:
         _Unsignable: a value of a kind it does not know.
     """
+    if type(value) is np.ndarray:
+        return ("array", value.shape, value.dtype.str)
+    if known is not None:
+        hit = known.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
+    if isinstance(value, (dict, types.MappingProxyType)):
+        try:  # most often every value an array: shapes and dtypes without a call each
+            return ("map", tuple((k, ("array", v.shape, v.dtype.str))
+                                 for k, v in value.items() if type(v) is np.ndarray or _no()))
+        except _NotAllArrays:
+            return ("map", tuple((k, signature(v, known)) for k, v in value.items()))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(signature(v, known) for v in value))
     if isinstance(value, np.ndarray):
         return ("array", value.shape, value.dtype.str)
     if isinstance(value, (np.generic, np.dtype)):
         return ("np", repr(value))
-    if isinstance(value, (tuple, list)):
-        return (type(value).__name__, tuple(signature(v) for v in value))
-    if isinstance(value, (dict, types.MappingProxyType)):
-        return ("map", tuple((k, signature(v)) for k, v in value.items()))
     if isinstance(value, (set, frozenset)):
         return ("set", tuple(sorted(repr(v) for v in value)))
     if isinstance(value, enum.Enum):
@@ -94,13 +114,14 @@ def signature(value: Any) -> Any:
         return ("fn", getattr(value, "__module__", ""), getattr(value, "__qualname__",
                                                                  getattr(value, "__name__", "")))
     if dataclasses.is_dataclass(value):
-        fields = tuple((f.name, signature(getattr(value, f.name)))
+        fields = tuple((f.name, signature(getattr(value, f.name), known))
                        for f in dataclasses.fields(value) if f.name not in _UNKEYED)
         return (type(value).__module__, type(value).__qualname__, fields)
     attrs = getattr(value, "__dict__", None)
     if attrs is not None and type(value).__module__.startswith(("pod.", "chip.")):
         return (type(value).__module__, type(value).__qualname__,
-                tuple((k, signature(v)) for k, v in sorted(attrs.items()) if k not in _UNKEYED))
+                tuple((k, signature(v, known)) for k, v in sorted(attrs.items())
+                      if k not in _UNKEYED))
     raise _Unsignable(type(value).__qualname__)
 
 
@@ -111,6 +132,7 @@ class _Segment:
     fusion state it left (the host as an index into its records, or the entry's), and
     its outputs."""
 
+    seconds: float  # its records' on the compute stream (host transfers aside)
     records: tuple[tuple[Any, ...], ...]  # (field values, relative name, relative fused_into)
     calls: tuple[tuple[Any, ...], ...]  # (field values, relative tag, after, wait)
     host: int | None
@@ -129,18 +151,37 @@ class _Names:
     def __init__(self, layer_names: Sequence[str]) -> None:
         self.names = tuple(layer_names)
         self.index = {n: i for i, n in enumerate(self.names)}
+        self._relative: dict[tuple[str, int], str | tuple[int | str, ...]] = {}
 
     def relative(self, name: str, layer: int) -> str | tuple[int | str, ...]:
+        kept = self._relative.get((name, layer))
+        if kept is None:
+            if len(self._relative) > 100_000:
+                self._relative.clear()
+            kept = self._relative[(name, layer)] = self._relative_name(name, layer)
+        return kept
+
+    def _relative_name(self, name: str, layer: int) -> str | tuple[int | str, ...]:
         parts = _PARTS.split(name)
         if not any(p in self.index for p in parts):
             return name
-        return tuple(self.index[p] - layer if p in self.index else p for p in parts)
+        out: list[int | str] = []
+        for p in parts:  # offsets, and the text between them in one piece
+            at = self.index.get(p)
+            last = out[-1] if out else None
+            if at is not None:
+                out.append(at - layer)
+            elif isinstance(last, str):
+                out[-1] = last + p
+            else:
+                out.append(p)
+        return tuple(out)
 
     def absolute(self, rel: str | tuple[int | str, ...], layer: int) -> str:
-        if isinstance(rel, str):
+        if type(rel) is str:
             return rel
         names, n = self.names, len(self.names)
-        out = []
+        out: list[str] = []
         for p in rel:
             if isinstance(p, int):
                 if not 0 <= layer + p < n:
@@ -156,19 +197,32 @@ class LayerTape:
 
     Args:
         max_segments: segments kept at most (the oldest go first).
+        max_records: records kept named for the layers they were replayed at, at most
+            (then they are named again as needed): a few hundred bytes each.
 
     Attributes:
         hits, misses: passes replayed, passes run (and kept when their signature could
             be taken).
+        pass_seconds: (a device's collectives, method) -> simulated seconds of the
+            compute-stream records (host transfers aside) of the passes run or replayed
+            with them since it was last cleared: a device's forward and backward passes
+            are part of its compute, a lower bound of its step (``tpu-pod plan`` prunes
+            with it).
     """
 
-    def __init__(self, max_segments: int = 4096) -> None:
-        self.max_segments = int(max_segments)
+    def __init__(self, max_segments: int = 4096, max_records: int = 200_000) -> None:
+        self.max_segments, self.max_records = int(max_segments), int(max_records)
+        # (segment, names, layer) -> the segment's records named for that layer, ...
+        self._placed: dict[tuple[int, int, int], tuple[Any, ...]] = {}
+        self._placed_records = 0
         # key -> its segment, or (a pass that fuses into the MXU record before it) a dict of
         # them by that record's seconds and name and the VPU seconds already fused into it
         self._segments: dict[Any, _Segment | dict[Any, _Segment]] = {}
         self._layer_keys: dict[int, tuple[Any, Any]] = {}  # id(layer) -> (layer, signature)
         self._names: dict[tuple[str, ...], _Names] = {}
+        self._known: dict[int, tuple[Any, Any]] = {}  # id -> (a pass's output, signature)
+        self._recent: list[tuple[Any, Any]] = []  # (argument, signature), the latest first
+        self.pass_seconds: dict[tuple[Any, str], float] = {}
         self.hits = self.misses = 0
 
     def run(self, core: Any, comm: Any, layer_names: Sequence[str], index: int, layer: Any,
@@ -187,12 +241,16 @@ class LayerTape:
         host, vpu_seconds, pending = core.fusion_state()
         try:
             key = (self._layer_key(layer), method,
-                   signature(tuple(names.relative(a, index) if isinstance(a, str) else a
-                                   for a in args)), _core_key(core), host is None,
+                   tuple(names.relative(a, index) if isinstance(a, str) else self._sign(a)
+                         for a in args),
+                   _core_key(core), host is None,
                    tuple((names.relative(p[0], index), *p[1:]) for p in pending))
         except _Unsignable:
             self.misses += 1
-            return run()
+            start = len(core.records)
+            result = run()
+            self._count(comm, method, _compute_seconds(core.records[start:]))
+            return result
         # a pass whose VPU work joins the MXU record before it also depends on that record
         host_key = None if host is None else (host.seconds, names.relative(host.name, index),
                                               vpu_seconds)
@@ -205,11 +263,14 @@ class LayerTape:
                 pass
             else:
                 self.hits += 1
+                self._count(comm, method, segment.seconds)
                 return segment.result
         self.misses += 1
         start_record, start_call = len(core.records), len(comm.calls)
         result = run()
         segment = _record(core, comm, names, index, start_record, start_call, result)
+        self._count(comm, method, segment.seconds)
+        self._know(result)
         if _joins_entry_host(core.records[start_record:]):
             found = found if isinstance(found, dict) else {}
             found[host_key] = segment
@@ -217,6 +278,33 @@ class LayerTape:
         else:
             self._keep(key, segment)
         return result
+
+    def _count(self, comm: Any, method: str, seconds: float) -> None:
+        key = (comm, method)  # the object, not its id: kept alive, its id is not reused
+        self.pass_seconds[key] = self.pass_seconds.get(key, 0.0) + seconds
+
+    def _sign(self, value: Any) -> Any:
+        """:func:`signature` of a pass's argument; the last few containers given are
+        remembered by identity (a step's hooks serve every layer of a pass, unchanged)."""
+        if type(value) is np.ndarray or value is None or isinstance(value, (bool, int, float)):
+            return signature(value)
+        for kept, sig in self._recent:
+            if kept is value:
+                return sig
+        sig = signature(value, self._known)
+        self._recent = [(value, sig), *self._recent[:7]]
+        return sig
+
+    def _know(self, result: Any) -> None:
+        """Keep the signatures of a pass's outputs (and of each, for a tuple): what the
+        next pass is given (a forward's cache, its backward's input) is often one."""
+        if len(self._known) > 4 * self.max_segments:
+            self._known.clear()
+        parts = result if isinstance(result, tuple) else ()
+        for value in (result, *parts):
+            if not isinstance(value, (np.ndarray, str, int, float, type(None))):
+                with contextlib.suppress(_Unsignable):
+                    self._known[id(value)] = (value, signature(value, self._known))
 
     def _layer_key(self, layer: Any) -> Any:
         kept = self._layer_keys.get(id(layer))
@@ -229,32 +317,51 @@ class LayerTape:
             del self._segments[next(iter(self._segments))]
         self._segments[key] = segment
 
-    @staticmethod
-    def _replay(core: Any, comm: Any, names: _Names, index: int, segment: _Segment,
+    def _replay(self, core: Any, comm: Any, names: _Names, index: int, segment: _Segment,
                 entry_host: OpRecord | None) -> None:
         """Append the segment's records and calls as layer ``index``'s (module docstring).
 
         Raises:
             IndexError: a name moves past the program's layers (nothing appended).
         """
+        records, calls, pending = self._placed_at(names, index, segment)
+        base = len(core.records)
+        placed = []
+        for row, after, wait in calls:
+            values = list(row)
+            values[_AFTER_AT] = base + after
+            values[_WAIT_AT] = None if wait is None else base + wait
+            placed.append(CollectiveCall(*values))
+        host = entry_host if segment.host is None else records[segment.host]
+        core.append_records(records, (host, segment.host_vpu_seconds, pending))
+        comm.calls.extend(placed)
+
+    def _placed_at(self, names: _Names, index: int, segment: _Segment) -> tuple[Any, ...]:
+        """The segment's records named for layer ``index`` (records are frozen: the same
+        objects serve every replay there), its calls' fields with their tags, its pending
+        prologue ops; kept until ``max_records`` records are."""
+        key = (id(segment), id(names), index)
+        kept = self._placed.get(key)
+        if kept is not None and kept[0] is segment:
+            return kept[1:]
         records = []
         for values, name, fused in segment.records:
             row = list(values)
             row[_NAME_AT] = names.absolute(name, index)
             row[_FUSED_AT] = names.absolute(fused, index) if fused else ""
             records.append(OpRecord(*row))
-        base = len(core.records)
         calls = []
         for values, tag, after, wait in segment.calls:
             row = list(values)
             row[_TAG_AT] = names.absolute(tag, index)
-            row[_AFTER_AT] = base + after
-            row[_WAIT_AT] = None if wait is None else base + wait
-            calls.append(CollectiveCall(*row))
+            calls.append((row, after, wait))
         pending = tuple((names.absolute(p[0], index), *p[1:]) for p in segment.pending)
-        host = entry_host if segment.host is None else records[segment.host]
-        core.append_records(records, (host, segment.host_vpu_seconds, pending))
-        comm.calls.extend(calls)
+        self._placed_records += len(records)
+        if self._placed_records > self.max_records:
+            self._placed.clear()
+            self._placed_records = len(records)
+        self._placed[key] = (segment, records, calls, pending)
+        return records, calls, pending
 
 
 def _joins_entry_host(records: Sequence[OpRecord]) -> bool:
@@ -266,6 +373,12 @@ def _joins_entry_host(records: Sequence[OpRecord]) -> bool:
         if r.fused_into:
             return True
     return False
+
+
+def _compute_seconds(records: Sequence[OpRecord]) -> float:
+    """Seconds the records take on the compute stream: host transfers run beside it
+    (``pod.report.clock``)."""
+    return sum(float(r.seconds) for r in records if r.unit != "host")
 
 
 def _core_key(core: Any) -> tuple[Any, ...]:
@@ -287,5 +400,5 @@ def _record(core: Any, comm: Any, names: _Names, index: int, start_record: int,
                   for c in comm.calls[start_call:])
     host, vpu_seconds, pending = core.fusion_state()
     at = next((k for k in range(len(records) - 1, -1, -1) if records[k] is host), None)
-    return _Segment(rel, calls, at, vpu_seconds,
+    return _Segment(_compute_seconds(records), rel, calls, at, vpu_seconds,
                     tuple((names.relative(p[0], index), *p[1:]) for p in pending), result)

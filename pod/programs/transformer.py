@@ -504,8 +504,8 @@ class ShardedTransformer:
 
     def _update(self, core, comm, grads, shard: DeviceShard, step: int):
         """The optimizer's update of this device's chunks; on a timing-only core with a
-        ``LayerTape``, each parameter's update replayed from the tape when the same one
-        ran before (the blocks' parameters are alike; ``pod.programs.replay``)."""
+        ``LayerTape`` (``pod.programs.replay``), each parameter's update replayed when the
+        same one ran before (the blocks' parameters are alike)."""
         tape = getattr(comm, "tape", None)
         if tape is None or core.execute:
             return self.optimizer.update(core, grads, shard.opt_state, shard.params, step)

@@ -104,6 +104,23 @@ class TimingPod:
         """
         t0 = time.perf_counter()
         x, y = self._examples(step)
+        reports = self.device_reports(step, trace=trace)
+        per_chip = self.plan.mesh.devices_per_chip
+        return combine_device_reports(
+            step, reports, self.plan.collective_costs_at(step), self.context,
+            infeed_bytes=per_chip * int(x.nbytes + y.nbytes),
+            wall_seconds=time.perf_counter() - t0,
+            replicate=self.plan.mesh.size // len(reports))
+
+    def device_reports(self, step: int = 0, *, trace: bool = False) -> list[DeviceReport]:
+        """The representative devices' reports of one step (:meth:`step` without the
+        clock: their op records and collective calls, not yet placed in time).
+
+        Args:
+            step: zero-based step number.
+            trace: keep the op rows (``DeviceReport.trace``).
+        """
+        x, y = self._examples(step)
         seed = self.plan.training.seed
         reports = []
         for device in self.devices:
@@ -113,9 +130,4 @@ class TimingPod:
             reports.append(device.step(comm, x, y, step, seed, trace=trace))
         self.last_reports = reports
         self.last_report = reports[self.devices.index(self.device)]
-        per_chip = self.plan.mesh.devices_per_chip
-        return combine_device_reports(
-            step, reports, self.plan.collective_costs_at(step), self.context,
-            infeed_bytes=per_chip * int(x.nbytes + y.nbytes),
-            wall_seconds=time.perf_counter() - t0,
-            replicate=self.plan.mesh.size // len(reports))
+        return reports

@@ -600,12 +600,13 @@ class TransformerModel(Model):
             The bytes, or None when ``tensor`` does not split the heads, kv heads
             and MLP units.
         """
-        local = self._local(int(tensor))
-        if local is None:
-            return None
-        device, host, transient = self._activation_bytes(
-            local, int(batch), activation_bytes_per_element(precision), int(tensor))
-        return ActivationMemory(device, host, transient)
+        key = ("activation_memory", int(batch), precision, int(tensor))
+        memo = self.__dict__.setdefault("_memo", {})  # a shared model asks it of every point
+        if key not in memo:
+            local = self._local(int(tensor))
+            memo[key] = None if local is None else ActivationMemory(*self._activation_bytes(
+                local, int(batch), activation_bytes_per_element(precision), int(tensor)))
+        return memo[key]
 
     def _activation_bytes(self, local: TransformerModel, batch: int, bpe: int,
                           shards: int) -> tuple[int, int, int]:
@@ -627,13 +628,19 @@ class TransformerModel(Model):
         the device's heads and MLP units, the token table's (or the output
         kernel's) V C / tensor. (The emulator's program keeps the tables whole
         on every tensor device; the plan is the hardware's.)"""
-        local = self._local(int(tensor))
-        if local is None:
-            return super().largest_layer_params(tensor)
-        blocks = max(layer.param_count(shape)
-                     for layer, shape in zip(local.layers, local._shapes, strict=False)
-                     if isinstance(layer, TransformerBlock))
-        return max(blocks, -(-self.config.vocabulary * self.config.embed_dim // int(tensor)))
+        key = ("largest_layer_params", int(tensor))
+        memo = self.__dict__.setdefault("_memo", {})
+        if key not in memo:
+            local = self._local(int(tensor))
+            if local is None:
+                memo[key] = super().largest_layer_params(tensor)
+            else:
+                blocks = max(layer.param_count(shape)
+                             for layer, shape in zip(local.layers, local._shapes, strict=False)
+                             if isinstance(layer, TransformerBlock))
+                memo[key] = max(blocks, -(-self.config.vocabulary * self.config.embed_dim
+                                          // int(tensor)))
+        return memo[key]
 
     def remat_variants(self) -> dict[str, TransformerModel]:
         """The same model under each other named remat policy (``custom`` aside), for
@@ -672,10 +679,15 @@ class TransformerModel(Model):
         and recomputes its scores in backward, ``TransformerBlock.hardware_flops``)
         plus the forward work ``remat`` redoes in backward (``recompute_flops``);
         the other layers three times their forward (dX and dW). The numerator
-        of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
-        return sum(layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
-                   else 3 * layer.forward_flops(s)
-                   for layer, s in zip(self.layers, self._shapes, strict=False))
+        of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022). Counted once per
+        model (an HBM plan asks it of every remat variant of every point it plans)."""
+        kept = self.__dict__.get("_hardware_flops")
+        if kept is None:
+            kept = self.__dict__["_hardware_flops"] = sum(
+                layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
+                else 3 * layer.forward_flops(s)
+                for layer, s in zip(self.layers, self._shapes, strict=False))
+        return kept
 
     def next_token_logits(self, core, params, ids) -> np.ndarray:
         """Eval-mode logits of the token after the last of ``ids``.

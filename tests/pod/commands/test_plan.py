@@ -404,7 +404,8 @@ def test_the_best_of_each_family_lines_up_when_a_family_name_is_long():
         mesh = {a: sizes.get(a, 1) for a in ("data", "stage", "fsdp", "tensor")}
         return {"rank": rank, "status": "ok", "mfu": 0.5, "simulated_tokens_per_second": 1e5,
                 "slice": "v5e-256", "mesh": str({a: s for a, s in mesh.items() if s > 1}),
-                "remat": "full", "per_device_batch": 4, **mesh}
+                "remat": "full", "per_device_batch": 4, "global_batch": 1024,
+                "capacity_factor": math.nan, **mesh}
 
     rows = [row(1, fsdp=256), row(2, data=2, stage=2, fsdp=16, tensor=4)]
     result = PlanResult("m", rows, ("v5e-256",), ("data", "stage", "fsdp", "tensor"),

@@ -156,9 +156,15 @@ def test_the_python_api_takes_the_number_of_slices(tiny):
         pod.plan(tiny, slices="v5e-8", num_slices=0)
 
 
-def test_maxtext_slice_keys_are_the_searchs(tmp_path):
-    from pod.commands.plan_source import model_source
-
-    with pytest.raises(ScenarioError, match="^num_slices=2: the plan searches num_slices; "
-                                            "use --num-slices$"):
-        model_source("maxtext-2023-s1", overrides=("num_slices=2",), slice_name="v5e-8")
+def test_maxtext_slice_keys_set_the_slices_searched(tiny):
+    """MaxText's num_slices (or dcn_data_parallelism) is taken as --num-slices is (issue 33,
+    item 5: it was refused, one round trip at a time)."""
+    for key in ("num_slices=2", "dcn_data_parallelism=2"):
+        result = run_plan(PlanRequest(model=tiny, slices=("v5e-8",), remat=("none",),
+                                      per_device_batches=(1,), mesh_axes=("fsdp",),
+                                      overrides=(key,)))
+        assert result.num_slices == (2,) and {r["slices"] for r in result.rows} == {2}
+    with pytest.raises(ScenarioError, match=r"^num_slices=2 and --num-slices set the same; "
+                                            r"give one$"):
+        run_plan(PlanRequest(model=tiny, slices=("v5e-8",), num_slices=(1,),
+                             overrides=("num_slices=2",)))
