@@ -169,9 +169,9 @@ class Torus:
         """Number of axes (1 for a ring)."""
         return len(self.shape)
 
-    @property
+    @functools.cached_property
     def num_chips(self) -> int:
-        """Number of chips, the product of the shape."""
+        """Number of chips, the product of the shape (counted once: every rank check asks)."""
         return int(np.prod(self.shape))
 
     @property
