@@ -29,10 +29,10 @@ run: setup
 	$(BIN)/tpu-pod run scenarios/quickstart.yaml --output-dir runs/quickstart
 
 test: setup
-	$(BIN)/python -m pytest -q -m "$(FAST)"
+	$(BIN)/python -m pytest -q --durations=15 -m "$(FAST)"
 
 test-slow: setup
-	$(BIN)/python -m pytest -q -m "not ($(FAST))"
+	$(BIN)/python -m pytest -q --durations=15 -m "not ($(FAST))"
 
 check: setup
 	$(BIN)/python -m mypy

@@ -28,7 +28,14 @@ import numpy as np
 from chip.errors import PrecisionError
 from chip.hbm import HBM
 from chip.mxu import MXU_MODELS, check_mxu_model, mxu_gemm_cycles
-from chip.numerics import FP32_PASSES, mxu_matmul, mxu_matmul_fp32, mxu_matmul_int8, to_bf16
+from chip.numerics import (
+    FP32_PASSES,
+    mxu_matmul,
+    mxu_matmul_aqt_int8,
+    mxu_matmul_fp32,
+    mxu_matmul_int8,
+    to_bf16,
+)
 from chip.scalar import scalar_cycles
 from chip.spec import TensorCoreSpec
 from chip.vector import vpu_cycles
@@ -148,6 +155,15 @@ _OPERAND_BYTES = {"bf16": 2, "fp32": 4, "int8": 1}  # bytes per MXU input elemen
 # int8 its int32 accumulators. (The emulator still returns float32 arrays:
 # only the cost follows the hardware.)
 _OUTPUT_BYTES = {"bf16": 2, "fp32": 4, "int8": 4}
+
+#: VPU element-ops per operand element of an AQT int8 product (``quantized``): |x|, the
+#: running maximum over the contraction axis, the multiply by 1 / scale, the rounding,
+#: the clip and convert to int8 (fused into the product that reads the operand, as a
+#: norm's statistic over K is: ``pod.workloads.fusion``).
+QUANTIZE_OPS_PER_ELEMENT = 5.0
+#: VPU element-ops per output element dequantising an AQT product: times the row scale
+#: and the column scale (the product's epilogue).
+DEQUANTIZE_OPS_PER_ELEMENT = 2.0
 
 
 def check_precision(precision: str, spec: TensorCoreSpec, chip_name: str | None = None) -> str:
@@ -365,7 +381,7 @@ class TensorCore:
     # -- MXU -------------------------------------------------------------------
 
     def mxu_cycles(self, m: int, k: int, n: int, *, batch: int = 1,
-                   mxu_model: str | None = None) -> int:
+                   mxu_model: str | None = None, precision: str | None = None) -> int:
         """MXU cycles of `batch` GEMMs (M x K) . (K x N) in this core's precision.
 
         bf16: `mxu_gemm_cycles` over the core's MXUs; fp32: six passes, i.e. six
@@ -382,6 +398,8 @@ class TensorCore:
             batch: Independent GEMMs with their own weights, int >= 1.
             mxu_model: "pipelined" or "scalesim" for this call; None uses the
                 core's `mxu_model`.
+            precision: the precision of this product (an AQT int8 product on a
+                bf16 core: "int8"); None uses the core's.
 
         Returns:
             Cycles, int.
@@ -390,30 +408,33 @@ class TensorCore:
             ValueError: if a dimension is negative or not an integer, or
                 mxu_model is unknown.
         """
-        key = (m, k, n, batch, mxu_model)
+        precision = self.precision if precision is None else precision
+        key = (m, k, n, batch, mxu_model, precision)
         exact = type(m) is int and type(k) is int and type(n) is int and type(batch) is int
         cycles = self._mxu_cycles_by_shape.get(key) if exact else None
         if cycles is not None:
             return cycles
-        cycles = self._count_mxu_cycles(m, k, n, batch, mxu_model)
+        cycles = self._count_mxu_cycles(m, k, n, batch, mxu_model, precision)
         if exact:
             _bounded_put(self._mxu_cycles_by_shape, key, cycles)
         return cycles
 
-    def _count_mxu_cycles(self, m: int, k: int, n: int, batch: int, mxu_model: str | None
-                          ) -> int:
-        """``mxu_cycles`` computed (and its arguments checked)."""
+    def _count_mxu_cycles(self, m: int, k: int, n: int, batch: int, mxu_model: str | None,
+                          precision: str | None = None) -> int:
+        """``mxu_cycles`` computed (and its arguments checked); ``precision`` None: the
+        core's."""
+        precision = self.precision if precision is None else precision
         model = self.mxu_model if mxu_model is None else check_mxu_model(mxu_model)
         for label, v in (("m", m), ("k", k), ("n", n)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
                 raise ValueError(f"{label} must be an integer >= 0, got {v!r}")
         if not (m and k and n):
             return 0
-        passes = FP32_PASSES if self.precision == "fp32" else 1
+        passes = FP32_PASSES if precision == "fp32" else 1
         cycles = mxu_gemm_cycles(int(m), int(k), int(n), self.spec.mxu, self.spec.mxus_per_core,
                                  batch=batch * passes, double_buffered=self.double_buffered,
                                  mxu_model=model)
-        if self.precision == "int8":
+        if precision == "int8":
             cycles = math.ceil(cycles / self.spec.int8_macs_per_bf16_mac)
         if model == "pipelined":
             cycles = math.ceil(cycles / self._mxu_efficiency(cycles))
@@ -429,7 +450,8 @@ class TensorCore:
 
     def account_matmul(self, m: int, k: int, n: int, *, name: str = "matmul", batch: int = 1,
                        shared_weights: bool = False, mxu_model: str | None = None,
-                       a_elements: int | None = None, out_elements: int | None = None) -> OpRecord:
+                       a_elements: int | None = None, out_elements: int | None = None,
+                       quantized: bool = False) -> OpRecord:
         """Records the cost of a matmul without computing it (timing-only runs).
 
         Same cost as `matmul` / `batch_matmul` on inputs of these shapes:
@@ -453,16 +475,40 @@ class TensorCore:
             out_elements: elements written to HBM when not batch*M*N (a
                 transposed convolution sums its patches on chip into its
                 output's elements; None: batch*M*N).
+            quantized: an AQT int8 product on this core (MaxText ``quantization:
+                int8``): both operands quantised per channel on the VPU (a
+                "<name>/quantize" record fused into the product, ``QUANTIZE_OPS_PER_
+                ELEMENT`` per operand element: the operands are read from HBM as
+                stored, in the core's precision), the product at the int8 rate
+                (cycles / spec.int8_macs_per_bf16_mac), the output dequantised in its
+                epilogue ("<name>/dequantize") and written in the core's precision.
 
         Returns:
-            The OpRecord appended to `records`.
+            The OpRecord appended to `records` (the MXU one).
 
         Raises:
             ValueError: if a dimension is negative, batch < 1 or mxu_model unknown.
+            PrecisionError: ``quantized`` on an MXU without int8 throughput (v2, v3).
         """
+        if quantized:
+            check_precision("int8", self.spec)
+            a_q = batch * m * k if a_elements is None else a_elements
+            self._vpu(f"{name}/quantize", a_q + (k * n if shared_weights else batch * k * n), 0,
+                      QUANTIZE_OPS_PER_ELEMENT, False, "next")
+        record = self._account_mxu(m, k, n, name, batch, shared_weights, mxu_model, a_elements,
+                                   out_elements, quantized)
+        if quantized:
+            self._vpu(f"{name}/dequantize", batch * m * n if out_elements is None
+                      else out_elements, 0, DEQUANTIZE_OPS_PER_ELEMENT, False, "previous")
+        return record
+
+    def _account_mxu(self, m, k, n, name, batch, shared_weights, mxu_model, a_elements,
+                     out_elements, quantized) -> OpRecord:
+        """``account_matmul``'s MXU record (kept per figures)."""
         key: tuple | None = None
         if type(m) is int and type(k) is int and type(n) is int and type(batch) is int:
-            key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model, a_elements, out_elements)
+            key = ("mxu", name, m, k, n, batch, shared_weights, mxu_model, a_elements, out_elements,
+                   quantized)
             record = self._cached(key)
             if record is not None:
                 return record
@@ -473,10 +519,12 @@ class TensorCore:
         a_in = batch * m * k if a_elements is None else a_elements
         out = batch * m * n if out_elements is None else out_elements
         hbm_bytes = op_bytes * (a_in + weights) + _OUTPUT_BYTES[self.precision] * out
+        precision = "int8" if quantized else None
         if shared_weights:
-            cycles = self.mxu_cycles(batch * m, k, n, mxu_model=mxu_model)
+            cycles = self.mxu_cycles(batch * m, k, n, mxu_model=mxu_model, precision=precision)
         else:
-            cycles = self.mxu_cycles(m, k, n, batch=batch, mxu_model=mxu_model)
+            cycles = self.mxu_cycles(m, k, n, batch=batch, mxu_model=mxu_model,
+                                     precision=precision)
         record = self._mxu_record(name, 2.0 * batch * m * k * n, int(hbm_bytes), cycles)
         return record if key is None else self._keep(key, record)
 
@@ -494,12 +542,14 @@ class TensorCore:
         return to_bf16(x) if self.numerics else np.asarray(x)
 
     def _product(self, a: np.ndarray, b: np.ndarray, a_rounded: bool,
-                 b_rounded: bool) -> np.ndarray:
+                 b_rounded: bool, quantized: bool = False) -> np.ndarray:
         if not self.execute:  # timing-only: the cost is recorded by the caller
             dtype = np.float32 if self.emulates_numerics else np.result_type(a, b)
             return _zeros_view((a.shape[0], b.shape[1]), dtype)
         if not self.emulates_numerics:
             return a @ b
+        if quantized:
+            return mxu_matmul_aqt_int8(a, b)
         if self.precision == "bf16":
             return mxu_matmul(a, b, a_rounded, b_rounded)
         if self.precision == "fp32":
@@ -516,6 +566,7 @@ class TensorCore:
         b_rounded: bool = False,
         a_elements: int | None = None,
         out_elements: int | None = None,
+        quantized: bool = False,
     ) -> np.ndarray:
         """Multiplies a (M, K) by b (K, N) on the MXUs.
 
@@ -535,6 +586,8 @@ class TensorCore:
             b_rounded: b already holds bf16 values in float32 (likewise).
             a_elements, out_elements: HBM elements read for a and written, when
                 not M*K and M*N (see `account_matmul`; costs only).
+            quantized: an AQT int8 product (`account_matmul`); with numerics
+                `numerics.mxu_matmul_aqt_int8` (per-channel int8, int32 sums).
 
         Returns:
             (M, N) product: float32 with numerics, else `a @ b` in the inputs' dtype.
@@ -550,8 +603,9 @@ class TensorCore:
             )
         m, k = a.shape
         n = b.shape[1]
-        out = self._product(a, b, a_rounded, b_rounded)
-        self.account_matmul(m, k, n, name=name, a_elements=a_elements, out_elements=out_elements)
+        out = self._product(a, b, a_rounded, b_rounded, quantized)
+        self.account_matmul(m, k, n, name=name, a_elements=a_elements, out_elements=out_elements,
+                            quantized=quantized)
         return out
 
     def batch_matmul(self, a: np.ndarray, b: np.ndarray, *,
@@ -623,7 +677,7 @@ class TensorCore:
 
     def grouped_matmul(self, a: np.ndarray, b: np.ndarray, group_sizes: Any, *,
                        name: str = "grouped_matmul", a_rounded: bool = False,
-                       b_rounded: bool = False) -> np.ndarray:
+                       b_rounded: bool = False, quantized: bool = False) -> np.ndarray:
         """Rows of a (M, K), grouped, each group times its own weights of b (G, K, N).
 
         A mixture-of-experts layer's expert products: the rows routed to expert g
@@ -640,7 +694,7 @@ class TensorCore:
             group_sizes: (G,) rows per group summing to M, or the int G for equal
                 groups (on a timing-only core only G matters).
             name: Op name for the record.
-            a_rounded, b_rounded: as `matmul`.
+            a_rounded, b_rounded, quantized: as `matmul` (an AQT int8 product per group).
 
         Returns:
             (M, N): float32 with numerics, else in the inputs' dtype.
@@ -659,15 +713,16 @@ class TensorCore:
             out = _zeros_view((m, n), dtype)
         else:
             bounds = self._group_bounds(m, group_sizes, name)
-            out = np.concatenate([self._product(a[s:e], b[i], a_rounded, b_rounded)
+            out = np.concatenate([self._product(a[s:e], b[i], a_rounded, b_rounded, quantized)
                                   for i, (s, e) in enumerate(bounds)])
         self.account_matmul(-(-m // g), k, n, name=name, batch=g, a_elements=m * k,
-                            out_elements=m * n)
+                            out_elements=m * n, quantized=quantized)
         return out
 
     def grouped_transposed_matmul(self, a: np.ndarray, b: np.ndarray, group_sizes: Any, *,
                                   name: str = "grouped_transposed_matmul",
-                                  a_rounded: bool = False, b_rounded: bool = False) -> np.ndarray:
+                                  a_rounded: bool = False, b_rounded: bool = False,
+                                  quantized: bool = False) -> np.ndarray:
         """Per group g, a[rows of g]^T times b[rows of g]: the weight gradients of
         :meth:`grouped_matmul` (megablox's ``tgmm``). Costed from shapes only as G
         GEMMs (K x ceil(M / G)) . (ceil(M / G) x N), writing the (G, K, N) result.
@@ -676,7 +731,7 @@ class TensorCore:
             a: (M, K) rows, sorted by group.
             b: (M, N) rows, in the same groups.
             group_sizes: as :meth:`grouped_matmul`.
-            name, a_rounded, b_rounded: as :meth:`grouped_matmul`.
+            name, a_rounded, b_rounded, quantized: as :meth:`grouped_matmul`.
 
         Returns:
             (G, K, N).
@@ -695,10 +750,10 @@ class TensorCore:
             out = _zeros_view((g, k, n), dtype)
         else:
             bounds = self._group_bounds(m, group_sizes, name)
-            out = np.stack([self._product(a[s:e].T, b[s:e], a_rounded, b_rounded)
+            out = np.stack([self._product(a[s:e].T, b[s:e], a_rounded, b_rounded, quantized)
                             for s, e in bounds])
         self.account_matmul(k, -(-m // g), n, name=name, batch=g, a_elements=m * k,
-                            out_elements=g * k * n)
+                            out_elements=g * k * n, quantized=quantized)
         return out
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, *, stride: int = 1, padding: str = "valid",

@@ -338,7 +338,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     _describe_pod(console, plan.topology)
     for table in plan_model_tables(plan, detail=detail):
         console.print(table)
-    axes = format_axes(plan.mesh.sizes)
+    axes = plan.mesh.label
     _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
                            f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
                   plan.memory, device_hbm_bytes(plan.topology.chip))

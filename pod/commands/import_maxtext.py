@@ -11,17 +11,25 @@ shipped large scenarios' form: random token ids that only set the shapes,
   ``global_parameter_scale`` (``pod.config.presets.parameter_scale``),
   ``head_dim``, ``mlp_activations``, ``logits_via_embedding``, ``vocab_size``,
   ``decoder_block`` (block, norm, positions, biases), ``fused_qkv``,
-  ``trainable_position_size``, ``attention`` and ``remat_policy`` (``custom``:
-  the per-tensor keys ``decoder_layer_input``, ``query_proj``, ... as
-  ``remat_custom``); a mixture of experts (``decoder_block: mixtral``, or
+  ``trainable_position_size``, ``attention`` (April 2023: ``enable_flash_attention``,
+  whose presence also marks that MaxText's decoder: the T5 relative position bias and
+  the QK norm in every layer, ``positions: relative``, ``use_qk_norm``), ``use_qk_norm``,
+  ``sa_block_q`` / ``sa_block_kv`` (the splash kernel's blocks), ``weight_dtype``,
+  ``quantization`` (``int8``, or 2023's ``int8_training``: AQT int8) and
+  ``remat_policy`` (``custom``: the per-tensor keys ``decoder_layer_input``,
+  ``query_proj``, ... as ``remat_custom``; ``qkv_proj_offloaded``: q, k and v
+  offloaded, as custom); a mixture of experts (``decoder_block: mixtral``, or
   ``num_experts`` > 1 on a dense decoder): ``num_experts``,
-  ``num_experts_per_tok``, ``capacity_factor`` (-1, dropless: 0) and
-  ``load_balance_loss_weight`` (DeepSeek's and Llama 4's MoE decoders, with
+  ``num_experts_per_tok``, ``capacity_factor`` (-1, dropless: 0),
+  ``load_balance_loss_weight`` and ``sparse_matmul`` (false, or ``megablox: false``
+  where the config has no ``sparse_matmul``, as MaxText before it had the key: the
+  dense einsum dispatch) (DeepSeek's and Llama 4's MoE decoders, with
   shared experts and dense layers, are refused);
-- mesh: ``ici_{data,pipeline,fsdp,expert,tensor}_parallelism`` (-1: the devices the
-  other axes leave, as MaxText fills it; MaxText's pipeline axis is ``stage``);
+- mesh: ``ici_{data,pipeline,fsdp,fsdp_transpose,expert,tensor}_parallelism`` (-1: the
+  devices the other axes leave, as MaxText fills it; MaxText's pipeline axis is
+  ``stage``; ``fsdp_transpose`` runs as part of fsdp, ``pod.config.mesh.FOLDED_AXES``);
 - slices: ``num_slices`` or ``compile_topology_num_slices`` (else the product of the
-  DCN axes) as ``pod.slices``, ``dcn_{data,fsdp,tensor}_parallelism`` as
+  DCN axes) as ``pod.slices``, ``dcn_{data,fsdp,fsdp_transpose,tensor}_parallelism`` as
   ``pod.dcn_mesh`` (-1: the slices the other DCN axes leave; the base's
   ``dcn_data_parallelism: -1`` takes every slice); an expert or pipeline axis across
   slices is refused (not modelled);
@@ -32,8 +40,7 @@ shipped large scenarios' form: random token ids that only set the shapes,
   ``circular`` with repeats, else ``gpipe``; ``pipeline_fsdp_ag_once`` as
   ``training.pipeline_fsdp_ag_once`` (written when true);
 - batch: ``per_device_batch_size`` x every slice's devices = the global batch;
-  ``max_target_length`` = the sequence length; ``dtype`` = the precision
-  (``int8_training`` / ``quantization: int8``: int8); ``opt_type``,
+  ``max_target_length`` = the sequence length; ``dtype`` = the precision; ``opt_type``,
   ``learning_rate``, ``adam_*`` = the optimizer;
 - the slice: ``--slice`` or ``compile_topology`` (``v5p-128``).
 
@@ -151,6 +158,8 @@ def read_maxtext(files: Sequence[str | Path], overrides: Sequence[str] = ()) -> 
         if item.key not in values:
             close = difflib.get_close_matches(item.key, list(values), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
+            if item.key in OTHER_VERSIONS:  # a key of another MaxText: this base's name for it
+                hint = f"; {OTHER_VERSIONS[item.key]}"
             raise ScenarioError(f"{item.key}: not a key of "
                                 f"{' or '.join(Path(f).name for f in files)} "
                                 f"(got {item.text}){hint}")
@@ -182,6 +191,18 @@ MOE_BLOCKS = ("deepseek", "llama4")
 #: attention -> the transformer's attention kernel (TPU: "autoselected" picks flash for training)
 ATTENTIONS = {"flash": "flash", "autoselected": "flash", "dot_product": "dot_product",
               "mha": "dot_product"}
+#: weight_dtype -> the transformer's weight_dtype
+WEIGHT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+#: remat policies MaxText names that are a choice per tensor here (remat_custom)
+REMAT_AS_CUSTOM = {"qkv_proj_offloaded": {"query_proj": "offload", "key_proj": "offload",
+                                          "value_proj": "offload"}}
+#: keys of other MaxText versions than the base given: key -> what this base calls it
+OTHER_VERSIONS = {
+    "enable_flash_attention": "the attention kernel is the key attention (flash, mha, "
+                              "dot_product, autoselected) from late 2023 on: e.g. attention=mha",
+    "int8_training": "AQT int8 training is quantization=int8 from 2024 on",
+    "quantization": "AQT int8 training is int8_training=true in 2023's MaxText",
+}
 #: remat_policy "custom": the tensors it names, each "device", "remat" or "offload" [MT-2025]
 REMAT_CUSTOM_KEYS = ("decoder_layer_input", "context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo",
                      "query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj")
@@ -243,13 +264,54 @@ def _model_options(config: MaxTextConfig) -> tuple[dict[str, Any], int]:
         "mlp_activation": _choice(config, "mlp_activations", ACTIVATIONS, ["silu", "linear"]),
         "layers": layers, "norm": norm, "positions": positions,
         "tied_embeddings": bool(v.get("logits_via_embedding", False)),
-        "block": block, "attention": _choice(config, "attention", ATTENTIONS, "flash"),
+        "block": block, "attention": _attention(config),
         "use_bias": bias, "fused_qkv": bool(v.get("fused_qkv", False)),
         "remat": str(v.get("remat_policy", "full")),
     }
     if options["remat"] == "custom":
         options["remat_custom"] = {k: v[k] for k in REMAT_CUSTOM_KEYS if k in v}
-    return options | _moe_options(config), _int(config, "vocab_size")
+    elif options["remat"] in REMAT_AS_CUSTOM:
+        options["remat_custom"] = dict(REMAT_AS_CUSTOM[options["remat"]])
+        options["remat"] = "custom"
+    if "enable_flash_attention" in v:  # MaxText's April 2023 decoder (281e04bf3)
+        options |= {"positions": "relative", "use_qk_norm": True}
+    return options | _other_options(config) | _moe_options(config), _int(config, "vocab_size")
+
+
+def _attention(config: MaxTextConfig) -> str:
+    """``attention``; in the April 2023 base ``enable_flash_attention`` (false: dot product)."""
+    v = config.values
+    if "attention" not in v and "enable_flash_attention" in v:
+        return "flash" if _true(v["enable_flash_attention"]) else "dot_product"
+    return _choice(config, "attention", ATTENTIONS, "flash")
+
+
+def _true(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def _other_options(config: MaxTextConfig) -> dict[str, Any]:
+    """The options written only away from their defaults (so an import of a config that
+    does not use them is what it was): ``weight_dtype`` bfloat16, ``quantization`` int8
+    (``int8_training`` in 2023), ``use_qk_norm``, the splash blocks."""
+    from pod.workloads.flash import FLASH_BLOCK_SIZE
+
+    v = config.values
+    out: dict[str, Any] = {}
+    if _choice(config, "weight_dtype", WEIGHT_DTYPES, "float32") == "bfloat16":
+        out["weight_dtype"] = "bfloat16"
+    quantization = str(v.get("quantization") or "")
+    if quantization not in ("", "int8"):
+        raise ScenarioError(f"quantization: {quantization!r} is not modelled; the emulator maps "
+                            f"\"\" (bf16) and int8 (AQT) (from {config.origin['quantization']})")
+    if quantization == "int8" or _true(v.get("int8_training", False)):
+        out["quantization"] = "int8"
+    if _true(v.get("use_qk_norm", False)):
+        out["use_qk_norm"] = True
+    for key in ("sa_block_q", "sa_block_kv"):
+        if key in v and _int(config, key) != FLASH_BLOCK_SIZE:
+            out[key] = _int(config, key)
+    return out
 
 
 def _moe_options(config: MaxTextConfig) -> dict[str, Any]:
@@ -259,21 +321,25 @@ def _moe_options(config: MaxTextConfig) -> dict[str, Any]:
     experts = _int(config, "num_experts", 1)
     if experts <= 1:
         return {}
-    factor = float(str(config.values.get("capacity_factor", -1.0)))
+    v = config.values
+    factor = float(str(v.get("capacity_factor", -1.0)))
+    dense = (not _true(v["sparse_matmul"]) if "sparse_matmul" in v
+             else "megablox" in v and not _true(v["megablox"]))
     return {"experts": experts, "experts_per_token": _int(config, "num_experts_per_tok", 1),
             "capacity_factor": max(0.0, factor),
-            "moe_aux_loss_weight": float(str(config.values.get("load_balance_loss_weight", 0.01)))}
+            "moe_aux_loss_weight": float(str(v.get("load_balance_loss_weight", 0.01))),
+            **({"sparse_matmul": False} if dense else {})}
 
 
 # --------------------------------------------------------------------------- pod and batch
 
 #: MaxText's mesh axes the emulator has -> its name for them (MaxText's order)
-_MESH_AXES = {"data": "data", "pipeline": "stage", "fsdp": "fsdp", "expert": "expert",
-              "tensor": "tensor"}
+_MESH_AXES = {"data": "data", "pipeline": "stage", "fsdp": "fsdp",
+              "fsdp_transpose": "fsdp_transpose", "expert": "expert", "tensor": "tensor"}
 #: MaxText's ICI axis (``ici_<axis>_parallelism``) -> the mesh axis (``tpu-pod plan`` too)
 MESH_AXES = _MESH_AXES
 #: MaxText's DCN axes the emulator runs across slices (an axis of ``pod.dcn_mesh``)
-_DCN_AXES = ("data", "fsdp", "tensor")
+_DCN_AXES = ("data", "fsdp", "fsdp_transpose", "tensor")
 
 
 def _slice_name(config: MaxTextConfig, slice_name: str | None) -> str:
@@ -299,7 +365,8 @@ def _mesh(config: MaxTextConfig, devices: int) -> dict[str, int]:
     if rest:
         sizes[rest[0]] = devices // known
     if math.prod(sizes.values()) != devices:
-        raise ScenarioError(f"ici_*_parallelism: data x pipeline x fsdp x expert x tensor = "
+        raise ScenarioError(f"ici_*_parallelism: data x pipeline x fsdp x fsdp_transpose x expert "
+                            f"x tensor = "
                             f"{math.prod(sizes.values())}, the slice has {devices} devices")
     return {_MESH_AXES[a]: s for a, s in sizes.items() if s != 1} or {"data": 1}
 
@@ -425,12 +492,13 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
         raise ScenarioError(str(err).replace("pod.slice:", "--slice:", 1)) from None
     devices = pod.chips * devices_per_chip(pod.chip)                   # one slice's
     options, vocabulary = _model_options(config)
-    pending = _not_taken_yet(options)
+    pending = _not_taken_yet(options) + _inferred(config, options)
     mesh = _mesh(config, devices)
     slices, dcn = dcn_mesh(config)
     batch = _batch(config, devices * slices)
     length = _int(config, "max_target_length")
-    shards = math.prod(mesh.get(a, 1) * dcn.get(a, 1) for a in ("data", "fsdp", "expert"))
+    shards = math.prod(mesh.get(a, 1) * dcn.get(a, 1)
+                       for a in ("data", "fsdp", "fsdp_transpose", "expert"))
     precision = _precision(config)
     where = f"{slices} x {target}" if slices > 1 else target
     label = name or _default_name(config, target if slices == 1 else f"{slices}x-{target}")
@@ -472,6 +540,25 @@ def _not_taken_yet(options: dict[str, Any]) -> list[Note]:
     return notes
 
 
+def _inferred(config: MaxTextConfig, options: dict[str, Any]) -> list[Note]:
+    """Notes of options read from what a key implies rather than from a key of their own."""
+    notes = []
+    if "enable_flash_attention" in config.values:
+        notes.append(Note("enable_flash_attention", "warning", (
+            f"enable_flash_attention: {_shown(config.values['enable_flash_attention'])} "
+            f"({config.origin['enable_flash_attention']}): MaxText's April 2023 base "
+            f"(281e04bf3), whose decoder has a T5 relative position bias and a QK norm in "
+            f"every layer and no key for them: imported as positions: relative, use_qk_norm: "
+            f"true, attention: {options['attention']}")))
+    v = config.values
+    if options.get("experts") and "sparse_matmul" in v and _true(v["sparse_matmul"]) \
+            and "megablox" in v and not _true(v["megablox"]):
+        notes.append(Note("megablox", "warning", (
+            "megablox: False with sparse_matmul: True: MaxText's jax ragged_dot path, costed "
+            "as the grouped matmul (megablox) is")))
+    return notes
+
+
 def _with_model_name(config: MaxTextConfig) -> MaxTextConfig:
     """``model_name: llama3.1-8b`` without a model file: MaxText reads
     ``configs/models/llama3.1-8b.yml``; here the preset of that name gives the same keys
@@ -503,9 +590,7 @@ def _with_model_name(config: MaxTextConfig) -> MaxTextConfig:
 
 
 def _precision(config: MaxTextConfig) -> str:
-    v = config.values
-    if v.get("int8_training") is True or str(v.get("quantization") or "") == "int8":
-        return "int8"
+    """``dtype``; AQT int8 is the model's ``quantization`` (``_other_options``)."""
     return _choice(config, "dtype", DTYPES, "bfloat16")
 
 
@@ -536,6 +621,9 @@ MAPPED = frozenset({
     "num_slices", "compile_topology_num_slices", "dcn_data_parallelism",
     "dcn_fsdp_parallelism", "dcn_tensor_parallelism", "num_experts", "num_experts_per_tok",
     "capacity_factor", "load_balance_loss_weight", *REMAT_CUSTOM_KEYS,
+    "weight_dtype", "use_qk_norm", "enable_flash_attention", "sparse_matmul", "megablox",
+    "sa_block_q", "sa_block_kv", "ici_fsdp_transpose_parallelism",
+    "dcn_fsdp_transpose_parallelism",
 })
 
 #: Keys that change the step unless at their neutral value: key -> (neutral values, level,
@@ -569,19 +657,19 @@ STEP_KEYS: dict[str, tuple[tuple, str, str]] = {
                            "parameters and a VPU pass per layer)"),
     "use_post_ffw_norm": ((False,), "warning", "the norm after the MLP is not modelled (E "
                           "parameters and a VPU pass per layer)"),
-    "use_qk_norm": ((False,), "warning", "the query / key norms are not modelled"),
     "dropout_rate": ((0, 0.0), "warning", "dropout is not costed (a VPU mask per activation)"),
-    "weight_dtype": (("float32",), "warning", "parameters are costed as float32 masters"),
     "activations_in_float32": ((False,), "warning", "activations are costed in bf16"),
     "trainable_position_size": ((-1, None), "warning", "learned positions are sized by the "
                                 "sequence length"),
 }
 for _axis in ("sequence", "context", "context_autoregressive", "tensor_transpose",
-              "tensor_sequence", "autoregressive", "fsdp_transpose"):
+              "tensor_sequence", "autoregressive"):
     STEP_KEYS[f"ici_{_axis}_parallelism"] = ((1,), "error", f"the mesh has no {_axis} axis "
-                                             "(data, pipeline, fsdp, expert and tensor only)")
+                                             "(data, pipeline, fsdp, fsdp_transpose, expert "
+                                             "and tensor only)")
     STEP_KEYS[f"dcn_{_axis}_parallelism"] = ((1,), "error", f"the mesh has no {_axis} axis "
-                                             "(across slices: data, fsdp and tensor only)")
+                                             "(across slices: data, fsdp, fsdp_transpose and "
+                                             "tensor only)")
 
 #: What a key that does not change the simulated step is about, by name.
 NO_STEP_EFFECT = (
@@ -594,7 +682,10 @@ NO_STEP_EFFECT = (
     ("profiling and compilation", r"profil|dump_|compiled_trainstep_file"),
     ("inference and decoding", r"prompt|decode|sampling|predict|inference|prefill|generate_slice|"
      r"paged|kv_quant|kvcache|ragged|_axis_order$|reshape_q|multi_sampling|log_prob|"
-     r"llm_inference|prefix_caching|padding_causal_mask|model_warmup|^sa_|autoregressive_decode"),
+     r"llm_inference|prefix_caching|padding_causal_mask|model_warmup|autoregressive_decode"),
+    ("the splash attention kernel's other settings: its backward blocks, layouts and fused "
+     "backward kernel (its forward blocks sa_block_q, sa_block_kv are mapped and serve its "
+     "backward kernels too)", r"^sa_"),
     ("the optimizer's schedule and seeds", r"learning_rate|warmup|cosine|clipping|eps_root|seed|"
      r"^steps$|target_eval_loss|mu_dtype"),
     ("numerics with no cost in the model", r"epsilon|^rope_|rope_|timescale|position_embeddings|"

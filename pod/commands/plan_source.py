@@ -258,13 +258,17 @@ def _read_search_keys(config: Any, given: dict[str, str]) -> SearchKeys:
             continue
         axis = MESH_AXES.get(match.group(1))
         size = maxtext_int(config, key)
+        if axis == "fsdp_transpose" and size not in (1, -1):
+            raise ScenarioError(f"{given[key]}: the plan searches fsdp (fsdp_transpose runs as "
+                                "FSDP over fsdp x fsdp_transpose: give ici_fsdp_parallelism "
+                                "their product)")
         if axis is None:
             raise ScenarioError(f"{given[key]}: the mesh has no {match.group(1)} axis; MaxText's "
                                 f"axes the emulator runs: {', '.join(MESH_AXES)}")
         if size == 0 or size < -1:
             raise ScenarioError(f"{given[key]}: a mesh axis has a whole number of devices >= 1, "
                                 "or -1 (the plan searches it)")
-        if size != -1:
+        if size != -1 and axis != "fsdp_transpose":
             mesh[axis] = size
     slices = None
     if any(_DCN_RE.fullmatch(k) or k in ("num_slices", "compile_topology_num_slices")

@@ -283,7 +283,7 @@ class Run:
         data_label = f"{plan.dataset.name}{' (synthetic)' if plan.dataset.synthetic else ''}"
         mesh = plan.mesh
         split = (f"{plan.per_device_batch:,} per device; {plan.steps:,} steps; mesh "
-                 f"{format_axes(mesh.sizes)} ({mesh.size} devices)"
+                 f"{mesh.label} ({mesh.size} devices)"
                  + (f", allreduce {plan.ici.algorithm}" if plan.ici.costs else ""))
         self.console.print(
             f"[bold]{scenario.name}[/]: {plan.topology.name}, {plan.topology.chips} chips x "

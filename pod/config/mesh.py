@@ -70,7 +70,8 @@ from pod.errors import HBMPlanError, ScenarioError
 from pod.programs.transformer import device_param_elements, param_layout
 from pod.workloads.transformer import TransformerModel
 
-__all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
+__all__ = ["AXIS_NAMES", "FOLDED_AXES", "SCENARIO_AXES", "fold_axes", "CORES_ARE_DEVICES",
+           "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
            "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
            "sharded_memory_plan", "mesh_memory_plan", "model_figures", "DeviceFigures",
            "fsdp_buffer_bytes"]
@@ -78,6 +79,32 @@ __all__ = ["AXIS_NAMES", "CORES_ARE_DEVICES", "AxisBlock", "MeshAxis", "Mesh", "
 #: Mesh axis names, outermost first (MaxText's ici_*_parallelism order: data, stage
 #: (pipeline), fsdp, expert, tensor).
 AXIS_NAMES = ("data", "stage", "fsdp", "expert", "tensor")
+
+#: MaxText mesh axes a scenario may name that run as part of one of the axes above:
+#: name -> that axis. ``fsdp_transpose`` (MaxText ``ici_fsdp_transpose_parallelism``,
+#: ``dcn_fsdp_transpose_parallelism``; training-steps.md T7 runs ``-1`` on a v6e-256)
+#: is FSDP with the MLP weights split on their other dimension: MaxText's logical axis
+#: rules (base.yml at tpu-recipes-v0.1.4, ``logical_axis_rules``) put ``mlp`` on
+#: [fsdp_transpose, tensor, ...] and ``embed`` on [fsdp, fsdp_transpose, ...] (on fsdp
+#: alone where fsdp_transpose already holds the other dimension), and the batch
+#: (``activation_batch``) on [data, fsdp, fsdp_transpose, expert]. So with fsdp a and
+#: fsdp_transpose b every weight is split over all a b devices of the fsdp x
+#: fsdp_transpose block (the MLP's E x F on both of its dimensions, the attention's and
+#: the embedding's E over both axes), every activation keeps its a b batch shards,
+#: and XLA all-gathers each weight over the whole block before its matmul (the
+#: activations are batch-sharded on the same devices: an all-gather over both axes at
+#: once, replica groups spanning the block) and reduce-scatters its gradient over it.
+#: That is this emulator's FSDP over one axis of a b devices, laid where MaxText's two
+#: adjacent axes lie (fsdp_transpose inner, next to fsdp): the same bytes per device
+#: (each weight's 1 / (a b) kept, its whole tensor-local array gathered in bf16),
+#: the same collectives on the same devices and links, the same compute (FSDP here
+#: cuts each parameter flat, so which dimension MaxText splits changes no size). So
+#: ``{fsdp: a, fsdp_transpose: b}`` builds the mesh ``{fsdp: a b}`` and keeps the
+#: MaxText split in ``Mesh.folded`` for the reports (``Mesh.label``).
+FOLDED_AXES = {"fsdp_transpose": "fsdp"}
+
+#: The axes ``pod.mesh`` and ``pod.dcn_mesh`` take, outermost first (MaxText's order).
+SCENARIO_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "expert", "tensor")
 
 #: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
 #: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).
@@ -108,12 +135,13 @@ def parse_mesh_axes(value: object) -> dict[str, int]:
         value: the YAML value, a mapping of axis name to size.
 
     Returns:
-        The axes in mesh order (data, fsdp, tensor), e.g. ``{"data": 2, "tensor": -1}``.
+        The axes in mesh order (``SCENARIO_AXES``: data, ..., fsdp, fsdp_transpose, ...,
+        tensor), e.g. ``{"data": 2, "tensor": -1}``.
 
     Raises:
         ScenarioError: one line quoting the mesh and the allowed names or sizes.
     """
-    allowed = ", ".join(AXIS_NAMES)
+    allowed = ", ".join(SCENARIO_AXES)
     if not isinstance(value, Mapping):
         raise ScenarioError(f"must be a mapping of axis name to size such as "
                             f"{{data: 2, tensor: 4}}; axes: {allowed}")
@@ -122,7 +150,7 @@ def parse_mesh_axes(value: object) -> dict[str, int]:
         raise ScenarioError(f"{shown}: give at least one axis such as {{data: 2, tensor: 4}}; "
                             f"axes: {allowed}")
     for name, size in value.items():
-        if name not in AXIS_NAMES:
+        if name not in SCENARIO_AXES:
             raise ScenarioError(f"{shown}: unknown axis {name!r}; allowed: {allowed}")
         if not isinstance(size, int) or isinstance(size, bool):
             raise ScenarioError(f"{shown}: {name}: {size!r} is not a whole number; give a size "
@@ -134,7 +162,21 @@ def parse_mesh_axes(value: object) -> dict[str, int]:
     if len(rest) > 1:
         raise ScenarioError(f"{shown}: {' and '.join(rest)} are both -1; at most one axis takes "
                             f"the rest of the devices")
-    return {name: value[name] for name in AXIS_NAMES if name in value}
+    return {name: value[name] for name in SCENARIO_AXES if name in value}
+
+
+def fold_axes(axes: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """``FOLDED_AXES`` multiplied into the axes they run as (sizes resolved, no -1).
+
+    Returns:
+        (the axes in ``AXIS_NAMES`` order, the folded ones as given: ``{}`` when none),
+        e.g. ``{fsdp: 2, fsdp_transpose: 4}`` -> ``({fsdp: 8}, {fsdp_transpose: 4})``.
+    """
+    out = {k: int(v) for k, v in axes.items() if k not in FOLDED_AXES}
+    folded = {k: int(v) for k, v in axes.items() if k in FOLDED_AXES}
+    for name, size in folded.items():
+        out[FOLDED_AXES[name]] = out.get(FOLDED_AXES[name], 1) * size
+    return {k: out[k] for k in AXIS_NAMES if k in out}, folded
 
 
 def devices_per_chip(chip: ChipSpec) -> int:
@@ -222,6 +264,10 @@ class Mesh:
             // devices_per_chip`` of its slice's ``torus``.
         slice_mesh: the mesh of one slice (the axes' in-slice parts, laid on
             ``torus``); the mesh itself when there is one slice.
+        folded: the MaxText axes the scenario named that run as part of one of these
+            (``FOLDED_AXES``), with their sizes (ICI x DCN), e.g.
+            ``(("fsdp_transpose", 256),)``; the layout and every cost are those of
+            the axis they joined.
     """
 
     axis_names: tuple[str, ...]
@@ -232,6 +278,14 @@ class Mesh:
     axes: tuple[MeshAxis, ...]
     slices: int = 1
     slice_mesh: Mesh | None = field(default=None, repr=False)
+    folded: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The mesh as YAML flow text, with the MaxText axes folded into it:
+        ``{fsdp: 256} (fsdp_transpose 256 as fsdp)``."""
+        return format_axes(self.sizes) + "".join(
+            f" ({name} {size} as {FOLDED_AXES[name]})" for name, size in self.folded)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Mesh) and self._key() == other._key()
@@ -530,11 +584,15 @@ def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
                             f"{per_core}{tail}")
     if rest:
         axes = {**axes, rest[0]: count // given}
+    axes, folded = fold_axes(axes)
+    across, folded_dcn = fold_axes(dcn) if dcn else ({}, {})
     one = layout_mesh(axes, pod.torus, per_chip)
     slices = getattr(pod, "slices", 1)
-    if slices == 1 and not dcn:
-        return one
-    return multislice_mesh(one, dict(dcn) if dcn else {"data": slices}, slices)
+    if slices > 1 or across:
+        one = multislice_mesh(one, across or {"data": slices}, slices)
+    both = {k: folded.get(k, 1) * folded_dcn.get(k, 1) for k in FOLDED_AXES
+            if k in folded or k in folded_dcn}
+    return dataclasses.replace(one, folded=tuple(both.items())) if both else one
 
 
 def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
@@ -599,12 +657,16 @@ class DeviceFigures:
             fsdp all-gather (still split by tensor).
         activations: bytes kept in HBM from forward for backward.
         transient: bytes of the largest working set of one layer in backward.
+        weight_bytes: bytes of one stored parameter, of its gradient and of its
+            optimizer state per slot: 4 (float32 masters), 2 under the transformer's
+            ``weight_dtype: bfloat16`` (``pod.workloads.weights``).
     """
 
     params: int
     largest_layer: int
     activations: int
     transient: int = 0
+    weight_bytes: int = _FLOAT32_BYTES
 
 
 #: (fsdp, tensor, per-device batch) -> the device's figures, None for a layout the
@@ -612,19 +674,26 @@ class DeviceFigures:
 FiguresFn = Callable[[int, int, int], "DeviceFigures | None"]
 
 
-def fsdp_buffer_bytes(layer_params: int, fsdp: int, precision: str) -> int:
+def fsdp_buffer_bytes(layer_params: int, fsdp: int, precision: str,
+                      weight_bytes: int = _FLOAT32_BYTES) -> int:
     """The FSDP buffers of one device, bytes: two layers' weights as the MXU reads
     them (the one computing and the next, prefetched: XLA's async all-gathers
-    run a layer ahead), and with fsdp > 1 two layers' whole float32 gradients
-    (one being reduce-scattered while the next is computed). ``layer_params``:
-    the largest layer's parameters on the device (a bound for both layers).
+    run a layer ahead), and with fsdp > 1 two layers' whole gradients in the
+    parameters' dtype (``weight_bytes``: float32, or bf16 under ``weight_dtype:
+    bfloat16``; one being reduce-scattered while the next is computed).
+    ``layer_params``: the largest layer's parameters on the device (a bound for
+    both layers).
 
-    Weights: gathered in bf16 (2 bytes; XLA converts before the all-gather, [SB])
-    or float32 for fp32 training; without fsdp, the MXU's copy of the local
-    weights (bf16 2, int8 1, none for fp32, which reads the float32 master).
+    Weights: gathered in bf16 (2 bytes; XLA converts before the all-gather, [SB];
+    a bf16-stored parameter is bf16 already) or float32 for fp32 training of float32
+    masters; without fsdp, the MXU's copy of the local weights (bf16 2, int8 1, none
+    for fp32, which reads the float32 master; none for bf16 weights in bf16).
     """
     if fsdp > 1:
-        return 2 * layer_params * (_GATHER_BYTES.get(precision, 2) + _FLOAT32_BYTES)
+        gathered = min(_GATHER_BYTES.get(precision, 2), weight_bytes)
+        return 2 * layer_params * (gathered + weight_bytes)
+    if weight_bytes <= _MXU_COPY_BYTES.get(precision, 0):
+        return 0  # the MXU reads the stored bf16 weights themselves
     return 2 * layer_params * _MXU_COPY_BYTES.get(precision, 0)
 
 
@@ -636,13 +705,14 @@ def _sharded_items(params: int, optimizer_bytes_per_param: float, fsdp: int, ten
         figures = DeviceFigures(math.ceil(params / (fsdp * tensor)),
                                 math.ceil(largest_layer / tensor),
                                 math.ceil(per_device_batch * activation_bytes_per_example / tensor))
-    local = figures.params
+    local, weight = figures.params, figures.weight_bytes
     items = {
-        "params": _FLOAT32_BYTES * local,
-        "grads": _FLOAT32_BYTES * local,
+        "params": weight * local,
+        "grads": weight * local,
         "optimizer_state": math.ceil(optimizer_bytes_per_param * local),
         "activations": figures.activations,
-        "workspace": fsdp_buffer_bytes(figures.largest_layer, fsdp, precision) + figures.transient,
+        "workspace": (fsdp_buffer_bytes(figures.largest_layer, fsdp, precision, weight)
+                      + figures.transient),
     }
     return {**items, "total": sum(items.values())}
 
@@ -792,7 +862,8 @@ def model_figures(model, precision: str = "bf16", expert: int = 1) -> FiguresFn:
                 return None
         else:
             params = math.ceil(int(model.num_params) / (fsdp * tensor))
-        return DeviceFigures(params, largest, memory.device_bytes, memory.transient_bytes)
+        return DeviceFigures(params, largest, memory.device_bytes, memory.transient_bytes,
+                             model.storage_dtype.itemsize)
     return figures
 
 

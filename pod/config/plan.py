@@ -31,6 +31,7 @@ from pod.errors import HBMPlanError, ScenarioError, ShardingError
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
 from pod.workloads.checks import DataMismatchError, TokenIdError
 from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
+from pod.workloads.quantization import check_quantization
 
 __all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep",
            "training_sections"]
@@ -122,9 +123,10 @@ def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
 
 @functools.lru_cache(maxsize=64)
 def _shape_only(model: Model) -> dict[str, np.ndarray]:
-    """Zero-copy stand-ins with the parameters' shapes (no memory for big models); kept
-    per model (a model is shared: ``pod.workloads.transformer.shared_transformer``)."""
-    zero = np.zeros((), dtype=np.float32)
+    """Zero-copy stand-ins with the parameters' shapes and storage dtype (no memory for
+    big models); kept per model (a model is shared:
+    ``pod.workloads.transformer.shared_transformer``)."""
+    zero = np.zeros((), dtype=model.storage_dtype)
     out = {}
     for key, shape in model.param_shapes.items():
         try:
@@ -296,6 +298,29 @@ def _fits(name: str, dataset: Dataset) -> bool:
     return True
 
 
+def _check_quantization(scenario: Scenario, pod: Topology) -> None:
+    """The transformer's int8: AQT's (``model.options.quantization: int8``,
+    ``pod.workloads.quantization``), on a chip whose MXU runs int8; not every matmul in
+    int8 (``training.precision: int8``, the chip's mode for single ops).
+
+    Raises:
+        ScenarioError: one line naming the field.
+    """
+    section, training = training_sections(scenario)
+    if section.name != "transformer":
+        return
+    if training.precision == "int8":
+        raise ScenarioError("training.precision: 'int8' would run every matmul of the "
+                            "transformer in int8 (attention and logits too), which no MaxText "
+                            "run does; AQT int8 training as MaxText runs it is "
+                            "model.options.quantization: int8 with precision bf16")
+    try:
+        check_quantization(section.options.get("quantization") or "", pod.chip.core,
+                           pod.chip.name)
+    except ValueError as err:
+        raise ScenarioError(f"model.options.{err}") from None
+
+
 def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
     """The model's device program can run on the mesh (``pod.programs.build_program``):
     a model other than the transformer is replicated (``{data: N}`` only), and a
@@ -416,6 +441,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         check_precision(training.precision, pod.chip.core, pod.chip.name)
     except ValueError as err:
         raise ScenarioError(f"training.precision: {err}") from None
+    _check_quantization(scenario, pod)
     per_device = _per_device_batch(training.global_batch, mesh)
     dataset = _training_data(scenario, mesh, per_device, dataset, timing_only)
     n_train = int(dataset.x_train.shape[0])

@@ -72,8 +72,8 @@ class DeviceShard:
     Attributes:
         coords: the device's coordinates.
         params: parameter name -> this device's part (the whole array for a
-            replicated program; a 1-D float32 fsdp chunk of the tensor-local
-            array for the sharded transformer).
+            replicated program; a 1-D fsdp chunk of the tensor-local array for the
+            sharded transformer, float32, or bf16 under ``weight_dtype: bfloat16``).
         opt_state: the optimizer's state of those parts, keyed as
             ``Optimizer.init`` keys it ("<key>/<slot>").
         model_state: non-trainable state (BatchNorm running averages, per

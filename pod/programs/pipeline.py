@@ -259,7 +259,7 @@ class PipelinedTransformer(ShardedTransformer):
     def shape_shard(self, coords: DeviceCoords = _ORIGIN) -> DeviceShard:
         """A timing-only device's chunks of its stage's parameters (zero views)."""
         keep = set(self._stage_keys[coords.stage])
-        params = {k: timing_zeros((self._chunk_count([k]),), np.float32)
+        params = {k: timing_zeros((self._chunk_count([k]),), self.storage)
                   for k in self._shapes if k in keep}                     # the model's order
         slots: tuple[str, ...] = tuple(self.optimizer.slots)
         state = {f"{k}/{slot}": v for k, v in params.items() for slot in slots}
@@ -289,8 +289,8 @@ class PipelinedTransformer(ShardedTransformer):
         return self._chunk_count(self._stage_keys[stage])
 
     def local_param_bytes(self) -> int:
-        """float32 bytes of the parameter chunks of a device of the largest stage."""
-        return 4 * max(self.stage_param_elements(s) for s in range(self.stages))
+        """Bytes of the parameter chunks of a device of the largest stage (as stored)."""
+        return self.storage.itemsize * max(self.stage_param_elements(s) for s in range(self.stages))
 
     def largest_stage_layer(self, stage: int) -> int:
         """Parameters of ``stage``'s largest layer on one tensor device, whole over fsdp
@@ -356,13 +356,13 @@ class PipelinedTransformer(ShardedTransformer):
             comm.allreduce("stage", timing_zeros((sum(widths),), _F32), tag="shared grads",
                            kind="grad_reduce", after_record=after)
             return chunks
-        buf = np.concatenate([chunks[k] if k in chunks else np.zeros(w, _F32)
+        buf = np.concatenate([np.asarray(chunks[k], _F32) if k in chunks else np.zeros(w, _F32)
                               for k, w in zip(self.shared_keys, widths, strict=True)])
         total = comm.allreduce("stage", buf, tag="shared grads", kind="grad_reduce",
                                after_record=after)
         parts = np.split(total, np.cumsum(widths)[:-1])
-        return {**chunks, **{k: p for k, p in zip(self.shared_keys, parts, strict=True)
-                             if k in chunks}}
+        return {**chunks, **{k: p.astype(self.storage, copy=False)
+                             for k, p in zip(self.shared_keys, parts, strict=True) if k in chunks}}
 
     def evaluate(self, core, comm: DeviceCollectives, shard: DeviceShard, x: np.ndarray,
                  y: np.ndarray) -> EvalSums:

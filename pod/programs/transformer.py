@@ -14,8 +14,10 @@ terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
   sum of each block output, allreduced over ``tensor`` (Megatron's f / g
   operators). Everything else is replicated over ``tensor``: the norms, the
   token embedding and the unembedding, the loss. Their gradients come out
-  identical on every tensor device, so no gradient crosses the tensor axis.
-  Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
+  identical on every tensor device, so no gradient crosses the tensor axis,
+  but for a scale the heads share (a qk norm's: a layer's ``tensor_partial``),
+  whose gradient on a device covers its heads only: it is allreduced over
+  ``tensor``. Needs ``heads`` and ``mlp_dim`` divisible by the tensor size
   (:func:`check_tensor_split`).
 - **sequence parallelism** (``sequence_parallel=True``; [SP] Korthikanti et
   al. 2022): outside the attention and MLP products a tensor device keeps
@@ -105,11 +107,10 @@ from pod.workloads.transformer import (
     router_loads,
     shared_transformer,
 )
+from pod.workloads.weights import stored, weight_dtype
 
 __all__ = ["ParamLayout", "ShardedTransformer", "check_tensor_split", "check_expert_split",
            "device_param_elements", "param_layout"]
-
-_F32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,10 @@ class ShardedTransformer:
         self._split = {key: layer.tensor_split.get(local)
                        for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
                        for key, local in keys}
+        # replicated over tensor, but each tensor device's gradient covers its heads only
+        self._partial = {key for layer, keys in zip(self.local_model.layers, self._keys,
+                                                    strict=True)
+                         for key, local in keys if local in layer.tensor_partial}
         # the experts' weights: split over expert on this dimension (None: replicated)
         self._expert_split = {key: getattr(layer, "expert_split", {}).get(local)
                               for layer, keys in zip(self.local_model.layers, self._keys,
@@ -284,6 +289,9 @@ class ShardedTransformer:
         self._layer_names = tuple(layer.name for layer in self.local_model.layers)
         self._key_layer = {k: i for i in reversed(range(len(self._keys)))  # its first layer
                            for k, _ in self._keys[i]}
+        #: the dtype the chunks, their gradients and the optimizer state are stored in
+        #: (``weight_dtype``: float32, or bf16)
+        self.storage = weight_dtype(cfg.weight_dtype)
 
     # ------------------------------------------------------------ layout
 
@@ -346,7 +354,8 @@ class ShardedTransformer:
             coords: the device's coordinates.
 
         Returns:
-            The same keys -> 1-D float32 chunks.
+            The same keys -> 1-D chunks in the storage dtype (float32, or bf16 under
+            ``weight_dtype: bfloat16``, rounded to nearest even).
         """
         out = {}
         for key, value in params.items():
@@ -357,7 +366,7 @@ class ShardedTransformer:
             axis = self._split[self._param_of(key)]
             if axis is not None:
                 a = np.split(a, self.tensor, axis=axis)[coords.tensor]
-            out[key] = flat_chunk(a, self.fsdp, coords.fsdp)
+            out[key] = flat_chunk(a, self.fsdp, coords.fsdp).astype(self.storage, copy=False)
         return out
 
     def init_local(self, seed: int, coords: DeviceCoords) -> DeviceShard:
@@ -369,7 +378,7 @@ class ShardedTransformer:
     def shape_shard(self, coords: DeviceCoords = DeviceCoords()) -> DeviceShard:
         """A timing-only device's parameter and optimizer-state chunks: read-only zero
         views of the sizes :meth:`init_local` gives (no memory)."""
-        params = {k: timing_zeros((self._chunk_count([k]),), np.float32) for k in self._shapes}
+        params = {k: timing_zeros((self._chunk_count([k]),), self.storage) for k in self._shapes}
         state = {f"{k}/{slot}": v for k, v in params.items() for slot in self.optimizer.slots}
         return DeviceShard(coords, params, state)
 
@@ -416,7 +425,8 @@ class ShardedTransformer:
             which = "(fsdp, tensor)" if self.expert == 1 else "(fsdp, tensor, expert)"
             raise ValueError(f"assemble needs the shards of data replica 0, missing {which} "
                              f"{missing}")
-        return {key: self._assemble_key(have, key) for key in have[(0, 0, 0)]}
+        return {key: self._assemble_key(have, key).astype(np.float32, copy=False)
+                for key in have[(0, 0, 0)]}
 
     def _assemble_key(self, have: Mapping[tuple[int, int, int], Mapping[str, np.ndarray]],
                       key: str) -> np.ndarray:
@@ -449,22 +459,23 @@ class ShardedTransformer:
         return out
 
     def local_param_bytes(self) -> int:
-        """float32 bytes of one device's parameter chunks (the gradient chunks after
-        the reduce-scatter are as large)."""
+        """Bytes of one device's parameter chunks in their storage dtype (float32, or
+        bf16; the gradient chunks after the reduce-scatter are as large)."""
         return self._chunk_bytes(self._shapes)
 
     def optimizer_state_bytes(self) -> int:
-        """float32 bytes of one device's optimizer state (slots x its chunks)."""
+        """Bytes of one device's optimizer state (slots x its chunks, stored as they are)."""
         return len(self.optimizer.slots) * self.local_param_bytes()
 
     def gathered_layer_bytes(self) -> int:
-        """float32 bytes of the largest layer after its fsdp all-gather (tensor-local,
-        padding included): the workspace FSDP adds."""
+        """Bytes of the largest layer after its fsdp all-gather in the storage dtype
+        (tensor-local, padding included): the workspace FSDP adds."""
         return max(self.fsdp * self._chunk_bytes(k for k, _ in keys) for keys in self._keys)
 
     def _chunk_bytes(self, keys: Iterable[str]) -> int:
-        """float32 bytes of this device's chunks of ``keys``."""
-        return _F32_BYTES * sum(-(-math.prod(self._shapes[k]) // self.fsdp) for k in keys)
+        """Bytes of this device's chunks of ``keys`` in the storage dtype."""
+        return self.storage.itemsize * sum(-(-math.prod(self._shapes[k]) // self.fsdp)
+                                           for k in keys)
 
     # ------------------------------------------------------------ the step
 
@@ -574,13 +585,14 @@ class ShardedTransformer:
         if not keys:
             return {}
         layer = self.local_model.layers[i]
-        tag, after, itemsize = f"{layer.name} {phase}", len(core.records), wire_itemsize(core)
+        tag, after = f"{layer.name} {phase}", len(core.records)
+        itemsize = self._gather_itemsize(core)
         if not core.execute:
             comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
                                                  np.float32),
                             tag=tag, kind="param_gather", after_record=after, itemsize=itemsize)
             return {local: timing_zeros(self._shapes[key], np.float32) for key, local in keys}
-        mine = np.concatenate([shard.params[k] for k, _ in keys])
+        mine = np.concatenate([shard.params[k] for k, _ in keys]).astype(np.float32, copy=False)
         full = comm.all_gather("fsdp", mine, tag=tag, kind="param_gather", after_record=after,
                                itemsize=itemsize)
         arrays = unpack_gathered(full, [self._shapes[k] for k, _ in keys], self.fsdp)
@@ -669,37 +681,55 @@ class ShardedTransformer:
         (:attr:`token_shards`; a pipeline multiplies it by its microbatches)."""
         return self.token_shards
 
+    def _gather_itemsize(self, core) -> int:
+        """Bytes per weight an fsdp all-gather moves: the MXU's operand dtype
+        (``wire_itemsize``: bf16 under bf16 precision), at most the stored one (a
+        bf16-stored parameter gathers in bf16 whatever the precision)."""
+        return min(wire_itemsize(core), self.storage.itemsize)
+
     def _reduce(self, core, comm, name: str, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A layer's gradients -> this device's chunks of the global-batch mean:
         reduce-scatter over fsdp, allreduce over data (and over expert, but for the
-        experts' own weights), times 1 / (data x fsdp x expert)."""
+        experts' own weights), times 1 / (data x fsdp x expert). Under ``weight_dtype:
+        bfloat16`` the gradients are bf16 (the dtype of the parameters): each device's
+        rounded to bf16, moved as bf16 on the wire and stored as bf16 (the sums run
+        in float32 here, rounded once at the end)."""
         if not grads:
             return {}
         widths = [chunk_elements(g.size, self.fsdp) for g in grads.values()]
-        kw = {"tag": f"{name} grads", "kind": "grad_reduce"}
+        bf16 = self.storage != np.float32
+        wire = {"itemsize": self.storage.itemsize} if bf16 else {}
+        kw = {"tag": f"{name} grads", "kind": "grad_reduce", **wire}
         if core.execute:
             buf = pack_chunks(list(grads.values()), self.fsdp)
+            if bf16:
+                buf = to_bf16(buf)
         else:  # timing-only: a buffer of the size pack_chunks would build, no copy
             buf = timing_zeros((self.fsdp * sum(widths),), np.float32)
         part = comm.reduce_scatter("fsdp", buf, **kw, after_record=len(core.records))
         part = comm.allreduce("data", part, **kw, after_record=len(core.records))
         if self.expert > 1:  # replicated over expert: each device saw its own tokens
             part = self._allreduce_keys(core, comm, "expert", f"{name} grads", grads, widths,
-                                        part, lambda k: self._expert_split[k] is None)
+                                        part, lambda k: self._expert_split[k] is None, wire)
         if self.sequence_parallel and self.tensor > 1:  # replicated params saw a chunk each
             part = self._allreduce_keys(core, comm, "tensor", f"{name} replicated grads", grads,
-                                        widths, part, lambda k: self._split[k] is None)
+                                        widths, part, lambda k: self._split[k] is None, wire)
+        elif self.tensor > 1:  # a scale shared by the heads: each device saw its own heads
+            part = self._allreduce_keys(core, comm, "tensor", f"{name} head-shared grads",
+                                        grads, widths, part, self._partial.__contains__, wire)
+        part = stored(core, part, self.storage)
         if self.gradient_divisor > 1:
             scale = np.float32(1.0 / self.gradient_divisor)
-            part = vector_op(core, f"{name}/grad_mean", np.multiply, part, scale,
-                             out=(part.shape, np.float32))
+            part = vector_op(core, f"{name}/grad_mean",
+                             lambda g, sc: (np.asarray(g, np.float32) * sc).astype(self.storage),
+                             part, scale, out=(part.shape, self.storage))
         if not core.execute:
-            return {key: timing_zeros((n,), np.float32)
+            return {key: timing_zeros((n,), self.storage)
                     for key, n in zip(grads, widths, strict=True)}
         return dict(zip(grads, np.split(part, np.cumsum(widths)[:-1]), strict=True))
 
     def _allreduce_keys(self, core, comm, axis: str, tag: str, grads, widths, part,
-                        replicated) -> np.ndarray:
+                        replicated, wire=None) -> np.ndarray:
         """Allreduce over ``axis`` the chunks of the keys ``replicated(key)`` selects:
         parameters replicated over an axis whose devices saw different tokens (with
         sequence parallelism the norms and embeddings over tensor, which saw a
@@ -708,7 +738,7 @@ class ShardedTransformer:
                   if replicated(k)]
         if not chosen:
             return part
-        kw = {"tag": tag, "kind": "grad_reduce", "after_record": len(core.records)}
+        kw = {"tag": tag, "kind": "grad_reduce", "after_record": len(core.records), **(wire or {})}
         count = sum(w for w, _ in chosen)
         if not core.execute:  # the sizes only: no index arrays (an embedding's are MBs)
             comm.allreduce(axis, timing_zeros((count,), np.float32), **kw)

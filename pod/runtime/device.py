@@ -43,16 +43,17 @@ def device_coords(groups: DeviceGroups) -> DeviceCoords:
 
 def allocate_shard_hbm(core: Any, shard: Any) -> None:
     """Allocate on ``core``'s HBM what a device keeps between steps: its parameters,
-    as many bytes of gradients, and its optimizer state (float32 arrays).
+    as many bytes of gradients, and its optimizer state (as stored: float32, or bf16
+    under ``weight_dtype: bfloat16``).
 
     Raises:
         HBMOutOfMemoryError: they do not fit (the plan refuses such a mesh first).
     """
-    params = int(sum(np.asarray(v).size * 4 for v in shard.params.values()))
+    params = int(sum(np.asarray(v).nbytes for v in shard.params.values()))
     core.hbm.allocate("params", params)
     core.hbm.allocate("grads", params)
     core.hbm.allocate("optimizer_state",
-                      int(sum(np.asarray(v).size * 4 for v in shard.opt_state.values())))
+                      int(sum(np.asarray(v).nbytes for v in shard.opt_state.values())))
 
 
 def trace_rows(records: Any) -> tuple[tuple[Any, ...], ...]:

@@ -26,6 +26,7 @@ work is redone (and costed).
 
 from __future__ import annotations
 
+import functools
 import math
 from types import MappingProxyType
 
@@ -44,8 +45,16 @@ from pod.workloads.flash import (
 )
 from pod.workloads.fusion import after, epilogue, prologue
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
+from pod.workloads.norms import RMSNorm
 
 ATTENTION_KERNELS = ("flash", "dot_product")
+
+RELPOS_BUCKETS = 32
+"""Buckets of the T5 relative position bias (Raffel et al. 2020, sec. 2.1; t5x
+``RelativePositionBiases(num_buckets=32, max_distance=128)``, the values MaxText's
+decoder of April 2023 built its per-layer bias with)."""
+RELPOS_MAX_DISTANCE = 128
+"""Distance from which every key falls into the last bucket (t5x's default, as above)."""
 
 ROPE_MAX_TIMESCALE = 10_000.0
 """RoPE wavelength base (Su et al. 2021, "RoFormer"; MaxText ``max_timescale``)."""
@@ -110,19 +119,49 @@ def causal_mask(rows: int, steps: int) -> np.ndarray:
     return np.arange(steps)[None, :] > position[:, None]
 
 
-def causal_softmax(scores: np.ndarray, scale: float) -> np.ndarray:
-    """softmax over the last axis of scale * scores, future keys masked.
+def relative_position_buckets(steps: int, buckets: int = RELPOS_BUCKETS,
+                              max_distance: int = RELPOS_MAX_DISTANCE) -> np.ndarray:
+    """The T5 relative position bucket of every (query, key) pair of a decoder:
+    causal (unidirectional: t5x's ``bidirectional=False``, the decoder's), so only
+    keys at or before the query are told apart. With n = query - key clipped at 0:
+    n itself below ``buckets // 2``, then logarithmic up to ``max_distance``, the
+    last bucket beyond (t5x ``RelativePositionBiases._relative_position_bucket``).
+
+    Args:
+        steps: T.
+        buckets, max_distance: as above.
+
+    Returns:
+        (T, T) int32, query on axis 0, key on axis 1, values 0 .. buckets - 1.
+    """
+    position = np.arange(steps)
+    n = np.maximum(position[:, None] - position[None, :], 0)            # (T, T)
+    exact = buckets // 2
+    with np.errstate(divide="ignore"):
+        large = exact + (np.log(n.astype(np.float32) / exact + np.finfo(np.float32).eps)
+                         / np.log(max_distance / exact) * (buckets - exact)).astype(np.int32)
+    return np.where(n < exact, n, np.minimum(large, buckets - 1)).astype(np.int32)
+
+
+def causal_softmax(scores: np.ndarray, scale: float, bias: np.ndarray | None = None
+                   ) -> np.ndarray:
+    """softmax over the last axis of scale * scores (+ bias), future keys masked.
 
     Args:
         scores: (N, G*T, T) raw q.k products, query row r (position r % T) on
             axis 1, key j on axis 2 (G = 1: plain multi-head attention).
         scale: 1 / sqrt(Dh).
+        bias: None, or (K, G*T, T) added to the scaled scores of every example
+            (N = B K: row n takes bias n % K; a relative position bias).
 
     Returns:
         (N, G*T, T) probabilities; zero for keys after the row's position.
     """
     future = causal_mask(scores.shape[-2], scores.shape[-1])             # (G*T, T)
-    z = np.where(future, -np.inf, scores * np.asarray(scale, scores.dtype))
+    z = scores * np.asarray(scale, scores.dtype)
+    if bias is not None:
+        z = (z.reshape(-1, *bias.shape) + bias.astype(z.dtype)).reshape(scores.shape)
+    z = np.where(future, -np.inf, z)
     e = np.exp(z - z.max(axis=-1, keepdims=True))                          # key 0 is finite
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -158,16 +197,37 @@ class CausalSelfAttention(Layer):
     (B*K, T, Dh); the score and value products are then one batched matmul per
     kv head (no copy of a key per query head), as XLA's grouped einsum.
 
+    With ``qk_norm`` (MaxText ``use_qk_norm``; every layer of MaxText's April 2023
+    decoder, "query_layer_norm" / "key_layer_norm"): each head's query and key are
+    RMS-normalised over Dh after their projection, before RoPE, with params
+    ``query_norm`` and ``key_norm`` (Dh,) (one scale shared by the heads). With
+    ``relative_bias`` (the T5 relative position bias of that decoder): a learned
+    ``relpos_bias`` (H, 32) per layer, looked up by each (query, key) pair's bucket
+    (:func:`relative_position_buckets`) and added to the scaled scores before the
+    softmax, as t5x computes it: the (H, 32) table times a (32, T, T) one-hot of the
+    buckets on the MXU (one product per layer and step, shared by the examples);
+    in backward the bias gradient is the sum over the examples of the scores'
+    gradient (a VPU reduction) and the table's is that times the one-hot again.
+    Only the ``dot_product`` kernel takes the bias (a flash kernel reading an
+    (B, H, T, T) bias from HBM is not modelled).
+
     Args:
         heads: H.
         head_dim: Dh (even when ``rotary``).
         kv_heads: K, dividing H; None: H.
         rotary: apply RoPE to queries and keys (else positions must come from
             elsewhere, e.g. learned position embeddings).
+        qk_norm: RMS-normalise each head's queries and keys.
+        relative_bias: the T5 relative position bias (``dot_product`` only).
+        quantized: AQT int8 products for the q, k, v and output projections, forward
+            and backward (``pod.workloads.quantization``); the attention kernel's
+            score and value products stay bf16.
         use_bias: biases on the q, k, v projections.
         fused_qkv: one (C, (H+2K)*Dh) projection instead of three.
         attention: the kernel, "flash" or "dot_product" (module docstring).
-        block_size: the flash kernel's block (``FLASH_BLOCK_SIZE``).
+        block_size: the flash kernel's query block (``FLASH_BLOCK_SIZE``; MaxText
+            ``sa_block_q``).
+        block_kv: its key / value block (``sa_block_kv``); None: ``block_size``.
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         name: layer name.
 
@@ -181,14 +241,28 @@ class CausalSelfAttention(Layer):
     def __init__(self, heads: int, head_dim: int, *, kv_heads: int | None = None,
                  rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
                  attention: str = "dot_product", block_size: int = FLASH_BLOCK_SIZE,
-                 fusion: bool = False, name: str | None = None):
+                 block_kv: int | None = None,
+                 fusion: bool = False, qk_norm: bool = False, relative_bias: bool = False,
+                 quantized: bool = False, name: str | None = None):
         super().__init__(name)
         self.fusion = bool(fusion)
+        # AQT int8 (pod.workloads.quantization): the projections' products, forward and
+        # backward; the attention kernel's stay bf16
+        self.q8 = {"quantized": True} if quantized else {}
         if attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
                              f"got {attention!r}")
         self.flash = attention == "flash"
+        if relative_bias and self.flash:
+            raise ValueError("attention: a relative position bias needs the dot_product kernel "
+                             "(the flash kernel takes no bias here)")
+        self.qk_norm, self.relative_bias = bool(qk_norm), bool(relative_bias)
+        self.norms = ({"query": RMSNorm(name=f"{self.name}/query_norm", fusion=fusion),
+                       "key": RMSNorm(name=f"{self.name}/key_norm", fusion=fusion)}
+                      if self.qk_norm else {})
         self.block_size = check_int(block_size, "attention block_size")
+        self.block_kv = check_int(self.block_size if block_kv is None else block_kv,
+                                  "attention block_kv")
         self.heads = check_int(heads, "attention heads")
         self.head_dim = check_int(head_dim, "attention head_dim")
         self.kv_heads = (self.heads if kv_heads is None
@@ -202,20 +276,26 @@ class CausalSelfAttention(Layer):
         self.group = self.heads // self.kv_heads  # G query heads per kv head
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.projections = ("qkv",) if self.fused_qkv else ("query", "key", "value")
-        self.matmul_params = (*self.projections, "out")
+        self.matmul_params = (*self.projections, "out",
+                              *(("relpos_bias",) if self.relative_bias else ()))
         # Megatron: heads split over the tensor devices (q, k, v columns and their
-        # biases; out rows)
+        # biases; out rows; a relative bias table's heads); the qk norms' scales
+        # (over Dh) are replicated
         split = {k: 1 for k in self.projections}
         if self.use_bias:
             split.update({f"{k}_bias": 0 for k in self.projections})
+        if self.relative_bias:
+            split["relpos_bias"] = 0
         self.tensor_split = MappingProxyType({**split, "out": 0})
+        self.tensor_partial = ("query_norm", "key_norm") if self.qk_norm else ()
         # the MXU outputs a "save the dots" policy can keep (the flash kernel's output
         # comes with its row statistics); what backward reads
         core = ("attn", "stats") if self.flash else ("scores", "attn")
         self.dot_keys = ("qkv" if self.fused_qkv else "q", *(() if self.fused_qkv else ("k", "v")),
                          *core, "out")
         self.backward_keys = ("x", "qh", "kh", "vh", *(("attn", "stats") if self.flash
-                                                       else ("probs",)), "o")
+                                                       else ("probs",)), "o",
+                              *(("norms",) if self.qk_norm else ()))
 
     @property
     def inner_dim(self) -> int:
@@ -245,10 +325,18 @@ class CausalSelfAttention(Layer):
         shapes["out"] = (self.inner_dim, c)
         if self.use_bias:
             shapes.update({f"{k}_bias": (n,) for k, n in self._widths().items()})
+        if self.qk_norm:
+            shapes.update({"query_norm": (self.head_dim,), "key_norm": (self.head_dim,)})
+        if self.relative_bias:
+            shapes["relpos_bias"] = (self.heads, RELPOS_BUCKETS)
         return shapes
 
     def init_params(self, rng, input_shape):
-        return {k: (glorot_uniform(rng, s, s[0], s[1]) if len(s) == 2 else np.zeros(s, np.float32))
+        """Glorot-uniform kernels (the bias table too: t5x's variance scaling, fan_avg,
+        uniform), zero biases, unit norm scales."""
+        return {k: (glorot_uniform(rng, s, s[0], s[1]) if len(s) == 2
+                    else np.ones(s, np.float32) if k.endswith("_norm")
+                    else np.zeros(s, np.float32))
                 for k, s in self.param_shapes(input_shape).items()}
 
     def projection_flops(self, input_shape, key: str | None = None) -> int:
@@ -278,7 +366,8 @@ class CausalSelfAttention(Layer):
         block computed, then masked); for ``flash`` 2 Dh per score element of
         the computed causal blocks (``flash.causal_blocks``)."""
         t, _ = self._check(input_shape)
-        scores = causal_blocks(t, self.block_size).score_elements if self.flash else t * t
+        scores = (causal_blocks(t, self.block_size, self.block_kv).score_elements if self.flash
+                  else t * t)
         return products * 2 * self.head_dim * self.heads * scores
 
     def core_products(self, phase: str) -> int:
@@ -319,7 +408,15 @@ class CausalSelfAttention(Layer):
         flash, the output in heads layout (T, H Dh) and its row statistics (H, T)."""
         t, c = self._check(input_shape)
         core = t * self.inner_dim + self.heads * t if self.flash else self.heads * t * t
-        return t * c + 2 * t * self.inner_dim + 2 * t * self.kv_dim + core
+        return t * c + 2 * t * self.inner_dim + 2 * t * self.kv_dim + core + self.norm_elements(t)
+
+    def norm_elements(self, steps: int) -> int:
+        """Per example, what the qk norms keep for backward: the normalised queries
+        and keys (T H Dh + T K Dh) and one 1 / sigma per head and position (T (H +
+        K)); 0 without ``qk_norm``."""
+        if not self.qk_norm:
+            return 0
+        return steps * (self.inner_dim + self.kv_dim) + steps * (self.heads + self.kv_heads)
 
     def dot_elements(self, input_shape) -> int:
         """Per example, the MXU outputs ``dot_keys``: q, k, v, the scores (not with
@@ -396,45 +493,85 @@ class CausalSelfAttention(Layer):
 
     def _product(self, core, params, xr, key):
         """x W (+ bias, fused into the product) for projection ``key``."""
-        z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True, b_rounded=True)
+        z = core.matmul(xr, params[key], name=f"{self.name}/{key}", a_rounded=True, b_rounded=True,
+                        **self.q8)
         if not self.use_bias:
             return z
         return vector_op(core, f"{self.name}/{key}_bias", np.add, z, params[f"{key}_bias"],
                          out=(z.shape, z.dtype), fused=epilogue(self.fusion))
 
     def _heads_with_rope(self, core, params, xr, saved, b, t):
-        """The projections, each followed by its RoPE (fused into it when it ran):
-        qh (B*K, G*T, Dh), kh, vh (B*K, T, Dh) and the cache entries of the products."""
+        """The projections, each followed by its qk norm and RoPE (fused into it when
+        it ran): qh (B*K, G*T, Dh), kh, vh (B*K, T, Dh), the cache entries of the
+        products and the qk norms' caches ({} without ``qk_norm``)."""
+        norms: dict = {}
+
         def project(key, cache_key):
             ran = saved is None or cache_key not in saved
             return (self._product(core, params, xr, key) if ran else saved[cache_key]), ran
 
-        def rope(name, z, ran):
-            # a RoPE whose projection did not run: its own op before the flash kernel,
+        def position(which, z, ran):
+            # after a projection that did not run: its own op before the flash kernel,
             # a prologue of the scores product
-            return self._rope(core, name, z, t, fused=after(self.fusion, ran,
-                                                            None if self.flash else "next"))
+            fused = after(self.fusion, ran, None if self.flash else "next")
+            if self.qk_norm:
+                z, norms[which] = self.norms[which].forward(
+                    core, {"scale": params[f"{which}_norm"]}, z, fused=fused)
+            return self._rope(core, f"rope_{which[0]}", z, t, fused=fused)
 
         if self.fused_qkv:
             qkv, ran = project("qkv", "qkv")                              # (B*T, (H+2K)*Dh)
             q, k, v = self._split_qkv(core, qkv)
-            qh = rope("rope_q", self._q_heads(core, q, b, t), ran)
-            kh = rope("rope_k", self._kv_heads(core, k, b, t), ran)
-            return qh, kh, self._kv_heads(core, v, b, t), {"qkv": qkv}
+            qh = position("query", self._q_heads(core, q, b, t), ran)
+            kh = position("key", self._kv_heads(core, k, b, t), ran)
+            return qh, kh, self._kv_heads(core, v, b, t), {"qkv": qkv}, norms
         q, ran = project("query", "q")
-        qh = rope("rope_q", self._q_heads(core, q, b, t), ran)            # (B*K, G*T, Dh)
+        qh = position("query", self._q_heads(core, q, b, t), ran)         # (B*K, G*T, Dh)
         k, ran = project("key", "k")
-        kh = rope("rope_k", self._kv_heads(core, k, b, t), ran)           # (B*K, T, Dh)
+        kh = position("key", self._kv_heads(core, k, b, t), ran)          # (B*K, T, Dh)
         v, _ = project("value", "v")
-        return qh, kh, self._kv_heads(core, v, b, t), {"q": q, "k": k, "v": v}
+        return qh, kh, self._kv_heads(core, v, b, t), {"q": q, "k": k, "v": v}, norms
 
-    def _dot_product(self, core, qh, kh, vh, saved) -> dict:
-        """Scores, probabilities and context as tensors of their own."""
+    def _relpos_bias(self, core, params, t: int) -> np.ndarray:
+        """The relative position bias of every head, (K, G*T, T) (head k G + g's rows
+        at [k, g T:(g + 1) T]): the (H, 32) table times the buckets' one-hot on the
+        MXU, once per layer and step (a gather of the table here)."""
+        h, g = self.heads, self.group
+        core.account_matmul(h, RELPOS_BUCKETS, t * t, name=f"{self.name}/relpos_bias")
+        if not core.execute:
+            return timing_zeros((self.kv_heads, g * t, t), np.float32)
+        table = params["relpos_bias"]                                     # (H, 32)
+        return table[:, _buckets(t)].reshape(self.kv_heads, g * t, t)     # (H, T, T) -> (K, G T, T)
+
+    def _relpos_bias_grad(self, core, ds, t: int) -> np.ndarray:
+        """The table's gradient (H, 32) from the scores' gradient ds (B*K, G*T, T) (of
+        the scaled scores times the scale): the bias's gradient is ds / scale summed
+        over the examples (a VPU reduction), the table's that times the one-hot
+        (an MXU product, a scatter-add over the buckets here)."""
+        k, g = self.kv_heads, self.group
+        scale = np.asarray(self.scale, ds.dtype)
+        dbias = vector_op(core, f"{self.name}/relpos_bias_bwd/sum",
+                          lambda d: (d / scale).reshape(-1, k, g * t, t).sum(axis=0), ds,
+                          out=((k, g * t, t), ds.dtype), ops_per_element=2.0)  # (K, G T, T)
+        core.account_matmul(self.heads, t * t, RELPOS_BUCKETS,
+                            name=f"{self.name}/relpos_bias_bwd/d_table")
+        if not core.execute:
+            return timing_zeros((self.heads, RELPOS_BUCKETS), ds.dtype)
+        buckets = _buckets(t).reshape(-1)
+        flat = dbias.reshape(self.heads, t * t)
+        return np.stack([np.bincount(buckets, weights=row, minlength=RELPOS_BUCKETS)
+                         for row in flat]).astype(ds.dtype)
+
+    def _dot_product(self, core, params, qh, kh, vh, saved, t) -> dict:
+        """Scores, probabilities and context as tensors of their own (the relative
+        position bias added to the scaled scores in the softmax)."""
         ran = saved is None or "scores" not in saved
         scores = _dot(saved, "scores", lambda: core.batch_matmul(
             qh, kh.transpose(0, 2, 1), name=f"{self.name}/scores"))        # (B*K, G*T, T)
-        probs = vector_op(core, f"{self.name}/softmax", lambda s: causal_softmax(s, self.scale),
-                          scores, out=(scores.shape, scores.dtype), ops_per_element=5.0,
+        bias = (self._relpos_bias(core, params, t),) if self.relative_bias else ()
+        probs = vector_op(core, f"{self.name}/softmax",
+                          lambda s, *b: causal_softmax(s, self.scale, *b), scores, *bias,
+                          out=(scores.shape, scores.dtype), ops_per_element=5.0 + len(bias),
                           transcendental=True, fused=after(self.fusion, ran))
         attn = _dot(saved, "attn", lambda: core.batch_matmul(
             probs, vh, name=f"{self.name}/context"))                      # (B*K, G*T, Dh)
@@ -445,7 +582,7 @@ class CausalSelfAttention(Layer):
         if saved is not None and "attn" in saved:
             return {"attn": saved["attn"], "stats": saved["stats"]}
         record_flash_forward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
-                             self.block_size)
+                             self.block_size, self.block_kv)
         if not core.execute:
             return {"attn": timing_zeros(qh.shape, qh.dtype),
                     "stats": timing_zeros(qh.shape[:2], qh.dtype)}
@@ -455,15 +592,16 @@ class CausalSelfAttention(Layer):
     def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
         b, t, c = x.shape
         xr = mxu_input(core, x).reshape(b * t, c)                         # (B*T, C)
-        qh, kh, vh, dots = self._heads_with_rope(core, params, xr, saved, b, t)
+        qh, kh, vh, dots, norms = self._heads_with_rope(core, params, xr, saved, b, t)
         kernel = (self._flash(core, qh, kh, vh, saved, b, t) if self.flash
-                  else self._dot_product(core, qh, kh, vh, saved))
+                  else self._dot_product(core, params, qh, kh, vh, saved, t))
         o = mxu_input(core, self._merge(core, kernel["attn"], b, t))      # (B*T, H*Dh)
         out = None
         if need_output:
             out = _dot(saved, "out", lambda: core.matmul(o, params["out"], name=f"{self.name}/out",
-                                                         a_rounded=True, b_rounded=True))
-        cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, **kernel, "o": o, "out": out}
+                                                         a_rounded=True, b_rounded=True, **self.q8))
+        cache = {"x": xr, **dots, "qh": qh, "kh": kh, "vh": vh, **kernel, "o": o, "out": out,
+                 **({"norms": norms} if self.qk_norm else {})}
         y = None if out is None else out.reshape(b, t, c)                  # (B, T, C)
         return y, cache
 
@@ -474,21 +612,22 @@ class CausalSelfAttention(Layer):
         for key, dz in dzs.items():
             dzr = mxu_input(core, dz)
             grads[key] = core.matmul(xr.T, dzr, name=f"{self.name}/d_{key}",
-                                     a_rounded=True, b_rounded=True)      # (C, width)
+                                     a_rounded=True, b_rounded=True, **self.q8)      # (C, width)
             if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{key}_bias"] = vector_op(core, f"{self.name}/d_{key}_bias",
                                                  lambda d: d.sum(axis=0), dz,
                                                  out=(dz.shape[1:], dz.dtype))
             if need_dx:
                 part = core.matmul(dzr, params[key].T, name=f"{self.name}/dx_{key}",
-                                   a_rounded=True, b_rounded=True)        # (B*T, C)
+                                   a_rounded=True, b_rounded=True, **self.q8)        # (B*T, C)
                 dx = part if dx is None else vector_op(core, f"{self.name}/dx_sum", np.add, dx,
                                                        part, out=(part.shape, part.dtype),
                                                        fused=epilogue(self.fusion))
         return dx
 
-    def _dot_product_backward(self, core, cache, doh):
-        """dq (B*K, G*T, Dh), dk, dv (B*K, T, Dh) from the kept probabilities."""
+    def _dot_product_backward(self, core, cache, doh, grads, t):
+        """dq (B*K, G*T, Dh), dk, dv (B*K, T, Dh) from the kept probabilities (and the
+        relative position bias table's gradient into ``grads``)."""
         qh, kh, vh, probs = cache["qh"], cache["kh"], cache["vh"], cache["probs"]
         dprobs = core.batch_matmul(doh, vh.transpose(0, 2, 1), name=f"{self.name}/d_probs")
         dvh = core.batch_matmul(probs.transpose(0, 2, 1), doh, name=f"{self.name}/d_value")
@@ -497,6 +636,8 @@ class CausalSelfAttention(Layer):
                        lambda dp, p: p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * scale,
                        dprobs, probs, out=(dprobs.shape, dprobs.dtype),
                        ops_per_element=4.0, fused=prologue(self.fusion))  # (B*K, G*T, T)
+        if self.relative_bias:
+            grads["relpos_bias"] = self._relpos_bias_grad(core, ds, t)
         dqh = core.batch_matmul(ds, kh, name=f"{self.name}/d_query")      # (B*K, G*T, Dh)
         dkh = core.batch_matmul(ds.transpose(0, 2, 1), qh,
                                 name=f"{self.name}/d_key")                # (B*K, T, Dh)
@@ -506,31 +647,50 @@ class CausalSelfAttention(Layer):
         """The flash kernels' dq, dk, dv (scores recomputed by blocks)."""
         qh, kh, vh = cache["qh"], cache["kh"], cache["vh"]
         record_flash_backward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
-                              self.block_size)
+                              self.block_size, self.block_kv)
         if not core.execute:
             return (timing_zeros(qh.shape, qh.dtype), timing_zeros(kh.shape, kh.dtype),
                     timing_zeros(vh.shape, vh.dtype))
         return flash_backward(qh, kh, vh, cache["attn"], cache["stats"], doh, self.scale,
                               self.block_size, core.numerics)
 
+    def _position_grad(self, core, params, cache, grads, which: str, dz, t: int):
+        """The gradient through ``which``'s RoPE and qk norm (the scale's gradient into
+        ``grads``), fused into the weight-gradient product."""
+        dz = self._rope(core, f"rope_{which[0]}_bwd", dz, t, inverse=True,
+                        fused=prologue(self.fusion))
+        if not self.qk_norm:
+            return dz
+        dz, g = self.norms[which].backward(core, {"scale": params[f"{which}_norm"]},
+                                           cache["norms"][which], dz)
+        grads[f"{which}_norm"] = g["scale"]
+        return dz
+
     def backward(self, core, params, cache, dy, *, need_dx=True):
         xr, o = cache["x"], cache["o"]
         b, t, c = dy.shape
         dyr = mxu_input(core, dy.reshape(b * t, c))                       # (B*T, C)
         grads = {"out": core.matmul(o.T, dyr, name=f"{self.name}/d_out",
-                                    a_rounded=True, b_rounded=True)}      # (H*Dh, C)
+                                    a_rounded=True, b_rounded=True, **self.q8)}      # (H*Dh, C)
         do = core.matmul(dyr, params["out"].T, name=f"{self.name}/d_context",
-                         a_rounded=True, b_rounded=True)                  # (B*T, H*Dh)
+                         a_rounded=True, b_rounded=True, **self.q8)                  # (B*T, H*Dh)
         doh = self._q_heads(core, do, b, t)                               # (B*K, G*T, Dh)
         dqh, dkh, dvh = (self._flash_backward(core, cache, doh, b, t) if self.flash
-                         else self._dot_product_backward(core, cache, doh))
-        fused = prologue(self.fusion)                                     # of the weight gradient
-        dq = self._merge(core, self._rope(core, "rope_q_bwd", dqh, t, inverse=True, fused=fused),
+                         else self._dot_product_backward(core, cache, doh, grads, t))
+        dq = self._merge(core, self._position_grad(core, params, cache, grads, "query", dqh, t),
                          b, t)
-        dk = self._kv_merge(core, self._rope(core, "rope_k_bwd", dkh, t, inverse=True, fused=fused),
+        dk = self._kv_merge(core, self._position_grad(core, params, cache, grads, "key", dkh, t),
                             b, t)
         dv = self._kv_merge(core, dvh, b, t)
         dzs = ({"qkv": self._join_qkv(core, dq, dk, dv)} if self.fused_qkv
                else {"query": dq, "key": dk, "value": dv})
         dx = self._input_grads(core, params, xr, dzs, grads, need_dx)
         return (None if dx is None else dx.reshape(b, t, c)), grads
+
+
+@functools.lru_cache(maxsize=16)
+def _buckets(steps: int) -> np.ndarray:
+    """:func:`relative_position_buckets` of ``steps`` positions, kept (read-only)."""
+    out = relative_position_buckets(steps)
+    out.flags.writeable = False
+    return out

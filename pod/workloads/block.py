@@ -121,11 +121,16 @@ class TransformerBlock(Layer):
         use_bias: biases on every projection.
         fused_qkv: one q/k/v projection.
         attention: the attention kernel, "flash" or "dot_product".
+        qk_norm: RMS-normalise each head's queries and keys (``CausalSelfAttention``).
+        relative_bias: the T5 relative position bias in the attention (per layer).
+        quantized: AQT int8 training of the projections (attention q / k / v / out, the
+            MLP or the MoE's experts; ``pod.workloads.quantization``).
+        flash_blocks: the flash kernel's (query, key / value) blocks; None: its default.
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
             keywords but ``mlp_dim``, ``activation`` and ``fusion``: ``experts``,
             ``experts_per_token``, ``capacity_factor``, ``aux_loss_weight``,
-            ``expert_shards``): an MoE layer in place of the MLP, under the same
+            ``expert_shards``, ``sparse_matmul``): an MoE layer in place of the MLP, under the same
             name ("mlp"); its routing of a pass is the forward cache's "moe".
         name: layer name; sub-layer ops are recorded as "<name>/attention/...".
 
@@ -139,7 +144,9 @@ class TransformerBlock(Layer):
                  mlp_activation: str = "gated_silu", norm: str = "rmsnorm", rotary: bool = True,
                  remat: str = "none", remat_custom=None, block: str = "sequential",
                  use_bias: bool = False, fused_qkv: bool = False, attention: str = "flash",
-                 fusion: bool = True, moe: dict | None = None, name: str | None = None):
+                 fusion: bool = True, moe: dict | None = None, qk_norm: bool = False,
+                 relative_bias: bool = False, quantized: bool = False,
+                 flash_blocks: tuple[int, int] | None = None, name: str | None = None):
         super().__init__(name)
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {block!r}")
@@ -151,11 +158,16 @@ class TransformerBlock(Layer):
         self.attention = CausalSelfAttention(heads, head_dim, kv_heads=kv_heads, rotary=rotary,
                                              use_bias=use_bias, fused_qkv=fused_qkv,
                                              attention=attention, fusion=fusion,
+                                             qk_norm=qk_norm, relative_bias=relative_bias,
+                                             quantized=quantized,
+                                             **({} if flash_blocks is None else
+                                                {"block_size": flash_blocks[0],
+                                                 "block_kv": flash_blocks[1]}),
                                              name=f"{self.name}/attention")
         self.mlp = (MoE(mlp_dim=mlp_dim, activation=mlp_activation, fusion=fusion,
-                        name=f"{self.name}/mlp", **moe) if moe else
+                        quantized=quantized, name=f"{self.name}/mlp", **moe) if moe else
                     MLP(mlp_dim, mlp_activation, use_bias=use_bias, fusion=fusion,
-                        name=f"{self.name}/mlp"))
+                        quantized=quantized, name=f"{self.name}/mlp"))
         self.moe = isinstance(self.mlp, MoE)
         if self.parallel:
             self.parts = {"norm": norm_cls(name=f"{self.name}/norm", fusion=fusion),
@@ -170,6 +182,8 @@ class TransformerBlock(Layer):
                                    for k in layer.matmul_params)
         self.tensor_split = MappingProxyType({f"{p}/{k}": axis for p, layer in self.parts.items()
                                               for k, axis in layer.tensor_split.items()})
+        self.tensor_partial = tuple(f"{p}/{k}" for p, layer in self.parts.items()
+                                    for k in layer.tensor_partial)
         #: params split over the mesh's expert axis (an MoE's experts), and on which dimension
         self.expert_split = MappingProxyType({f"mlp/{k}": axis for k, axis in
                                               getattr(self.mlp, "expert_split", {}).items()})
@@ -248,6 +262,9 @@ class TransformerBlock(Layer):
                 else [(att.heads * t * t, 0, False), (t * att.inner_dim, 0, False)])  # o / probs, o
         attention = [(t * c, 0, False), (t * att.inner_dim, 0, False), (t * att.kv_dim, 0, False),
                      (t * att.kv_dim, 0, False), *core]                   # normed x, qh, kh, vh
+        if att.qk_norm:  # the qk norms' x_hat and 1 / sigma per head and position
+            attention += [(t * (att.inner_dim + att.kv_dim), 0, False),
+                          (t * (att.heads + att.kv_heads), STATS_BYTES, False)]
         mlp = [(self.mlp.cache_elements(shape) - t * c, 0, False)]  # u's, g (an MoE's routing)
         return norms + attention + mlp + ([] if self.parallel else [(t * c, 0, False)])  # MLP's x
 
@@ -307,10 +324,12 @@ class TransformerBlock(Layer):
         """MXU FLOPs per example of forward and backward as run: the attention's
         (``CausalSelfAttention.hardware_flops``), three times the MLP's forward
         (an MoE's: its router and its k experts per token, without its capacity's
-        padding), and remat's recomputation."""
+        padding, and its dense dispatch's products, ``MoE.dispatch_flops``), and
+        remat's recomputation."""
         shape = self._check(input_shape)
+        dispatch = self.mlp.dispatch_flops(shape) if isinstance(self.mlp, MoE) else 0
         return (self.attention.hardware_flops(shape) + 3 * self.mlp.forward_flops(shape)
-                + self.recompute_flops(shape))
+                + dispatch + self.recompute_flops(shape))
 
     def cache_elements(self, input_shape):
         """Elements of the arrays kept per example for backward, by ``remat`` (on the

@@ -77,14 +77,16 @@ class CausalBlocks:
 
     Attributes:
         steps: T.
-        block: the block size used, min(requested, T).
+        block: the query block used (rows), min(requested, T).
         shapes: ((rows, cols, masked), count) of the computed blocks, sorted
             (a T that is not a multiple of the block has smaller edge blocks).
+        block_kv: the key / value block used (columns), min(requested, T).
     """
 
     steps: int
     block: int
     shapes: tuple[tuple[tuple[int, int, bool], int], ...]
+    block_kv: int = 0
 
     @property
     def score_elements(self) -> int:
@@ -102,27 +104,31 @@ class CausalBlocks:
         return sum(r * n for (r, _, _), n in self.shapes)
 
 
-def causal_blocks(steps: int, block: int = FLASH_BLOCK_SIZE) -> CausalBlocks:
+def causal_blocks(steps: int, block: int = FLASH_BLOCK_SIZE,
+                  block_kv: int | None = None) -> CausalBlocks:
     """The computed blocks of causal attention over ``steps`` positions.
 
-    Query block i holds positions [i b, i b + rows), key block j [j b, j b +
-    cols); it is computed when its first key is at or before the query block's
-    last position, masked when its last key is after the block's first
-    position.
+    Query block i holds positions [i b, i b + rows), key block j [j c, j c +
+    cols) (c = ``block_kv``, b by default: MaxText's ``sa_block_q`` and
+    ``sa_block_kv``); it is computed when its first key is at or before the
+    query block's last position, masked when its last key is after the block's
+    first position.
 
     Raises:
-        ValueError: steps or block below 1.
+        ValueError: steps or a block below 1.
     """
-    if steps < 1 or block < 1:
-        raise ValueError(f"causal blocks need steps and block >= 1, got {steps} and {block}")
-    b = min(block, steps)
+    block_kv = block if block_kv is None else block_kv
+    if steps < 1 or block < 1 or block_kv < 1:
+        raise ValueError(f"causal blocks need steps and block >= 1, got {steps}, {block} and "
+                         f"{block_kv}")
+    b, c = min(block, steps), min(block_kv, steps)
     counts: Counter = Counter()
     for i0 in range(0, steps, b):
         rows = min(b, steps - i0)
-        for j0 in range(0, i0 + rows, b):
-            cols = min(b, steps - j0)
+        for j0 in range(0, i0 + rows, c):
+            cols = min(c, steps - j0)
             counts[(rows, cols, j0 + cols - 1 > i0)] += 1
-    return CausalBlocks(steps, b, tuple(sorted(counts.items())))
+    return CausalBlocks(steps, b, tuple(sorted(counts.items())), c)
 
 
 def _rounder(rounding: bool):
@@ -245,7 +251,8 @@ def _softmax_ops(core, name: str, blocks: CausalBlocks, heads: int, per_score: f
 
 
 def record_flash_forward(core, name: str, batch: int, heads: int, kv_heads: int, steps: int,
-                         head_dim: int, block: int = FLASH_BLOCK_SIZE) -> None:
+                         head_dim: int, block: int = FLASH_BLOCK_SIZE,
+                         block_kv: int | None = None) -> None:
     """Records the forward kernel's cost (module docstring) on ``core``.
 
     Args:
@@ -253,9 +260,9 @@ def record_flash_forward(core, name: str, batch: int, heads: int, kv_heads: int,
         name: the layer's name; records "<name>/flash_fwd" and its fused
             "<name>/flash_fwd/softmax", ".../exp".
         batch, heads, kv_heads, steps, head_dim: B, H, K, T, Dh.
-        block: the block size.
+        block, block_kv: the query and key / value blocks (``causal_blocks``).
     """
-    blocks = causal_blocks(steps, block)
+    blocks = causal_blocks(steps, block, block_kv)
     bh, ob, out = batch * heads, core.operand_bytes, core.output_bytes
     q_elements, kv_elements = batch * steps * heads * head_dim, batch * steps * kv_heads * head_dim
     hbm = (q_elements + 2 * kv_elements) * ob + q_elements * out + bh * steps * STATS_BYTES_PER_ROW
@@ -267,16 +274,18 @@ def record_flash_forward(core, name: str, batch: int, heads: int, kv_heads: int,
 
 
 def record_flash_backward(core, name: str, batch: int, heads: int, kv_heads: int, steps: int,
-                          head_dim: int, block: int = FLASH_BLOCK_SIZE) -> None:
+                          head_dim: int, block: int = FLASH_BLOCK_SIZE,
+                          block_kv: int | None = None) -> None:
     """Records the backward's cost: di, then the ``dkv`` and ``dq`` kernels with
     their fused softmax-gradient work (module docstring).
 
     Args:
         as ``record_flash_forward``; records "<name>/flash_bwd/di",
         "<name>/flash_bwd_dkv" and "<name>/flash_bwd_dq" (each with fused
-        ".../softmax", ".../exp").
+        ".../softmax", ".../exp"). Both kernels use the forward's blocks (MaxText's
+        ``sa_block_q_dkv``, ``sa_block_kv_dq``, ... are not told apart).
     """
-    blocks = causal_blocks(steps, block)
+    blocks = causal_blocks(steps, block, block_kv)
     bh, ob, out = batch * heads, core.operand_bytes, core.output_bytes
     q_elements, kv_elements = batch * steps * heads * head_dim, batch * steps * kv_heads * head_dim
     stats = bh * steps * (STATS_BYTES_PER_ROW + 4)                         # m, l and di, float32

@@ -125,6 +125,10 @@ class Layer:
     # over the mesh's tensor devices (1: columns, 0: rows); params not named are
     # replicated. Read-only.
     tensor_split: Mapping[str, int] = MappingProxyType({})
+    # local param names replicated over tensor whose gradient on one tensor device covers
+    # only its slice of the heads (a qk norm's scale, shared by the heads): the program
+    # sums it over tensor
+    tensor_partial: tuple[str, ...] = ()
     backward_reads_params = True  # False: FSDP need not gather the params before backward
     # Every layer defines forward(core, params, x, *, training=False, rng=None, ...) ->
     # (outputs, the cache backward reads) and backward(core, params, cache, dy, *,

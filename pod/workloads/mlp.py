@@ -106,15 +106,17 @@ class MLP(Layer):
         activation: one of ``MLP_ACTIVATIONS``.
         use_bias: biases on the input projections.
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
+        quantized: AQT int8 products, forward and backward (``pod.workloads.quantization``).
         name: layer name.
     """
 
     kind = "mlp"
 
     def __init__(self, mlp_dim: int, activation: str = "gated_silu", *, use_bias: bool = False,
-                 fusion: bool = False, name: str | None = None):
+                 fusion: bool = False, quantized: bool = False, name: str | None = None):
         super().__init__(name)
         self.fusion = bool(fusion)
+        self.q8 = {"quantized": True} if quantized else {}  # AQT int8 products
         self.mlp_dim = check_int(mlp_dim, "MLP mlp_dim")
         if activation not in MLP_ACTIVATIONS:
             raise ValueError(f"MLP activation must be one of {', '.join(MLP_ACTIVATIONS)}, "
@@ -169,7 +171,7 @@ class MLP(Layer):
 
     def _product(self, core, params, xr, w):
         z = core.matmul(xr, params[w], name=f"{self.name}/{w}", a_rounded=True,
-                        b_rounded=True)                                   # (B*T, F)
+                        b_rounded=True, **self.q8)                                   # (B*T, F)
         if self.use_bias:
             z = vector_op(core, f"{self.name}/{w}_bias", np.add, z, params[f"{w}_bias"],
                           out=(z.shape, z.dtype), fused=epilogue(self.fusion))
@@ -186,7 +188,8 @@ class MLP(Layer):
         cache = {"x": xr, **dict(zip(self.dot_keys, u, strict=True)), "g": g}
         if not need_output:
             return None, cache
-        y = core.matmul(g, params["wo"], name=f"{self.name}/wo", a_rounded=True, b_rounded=True)
+        y = core.matmul(g, params["wo"], name=f"{self.name}/wo", a_rounded=True, b_rounded=True,
+                        **self.q8)
         return y.reshape(*lead, y.shape[-1]), cache
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -195,23 +198,23 @@ class MLP(Layer):
         lead = dy.shape[:-1]
         dyr = mxu_input(core, dy.reshape(-1, dy.shape[-1]))               # (B*T, C)
         grads = {"wo": core.matmul(g.T, dyr, name=f"{self.name}/d_wo",
-                                   a_rounded=True, b_rounded=True)}       # (F, C)
+                                   a_rounded=True, b_rounded=True, **self.q8)}       # (F, C)
         dg = core.matmul(dyr, params["wo"].T, name=f"{self.name}/d_hidden",
-                         a_rounded=True, b_rounded=True)                  # (B*T, F)
+                         a_rounded=True, b_rounded=True, **self.q8)                  # (B*T, F)
         du = activation_backward(core, self.name, self.activation, self.gated, self.fusion,
                                  dg, u)
         dx = None
         for w, d in zip(self.inputs, du, strict=True):
             dr = mxu_input(core, d)                                       # (B*T, F)
             grads[w] = core.matmul(xr.T, dr, name=f"{self.name}/d_{w}",
-                                   a_rounded=True, b_rounded=True)        # (C, F)
+                                   a_rounded=True, b_rounded=True, **self.q8)        # (C, F)
             if self.use_bias:  # a reduction across tokens: never fused
                 grads[f"{w}_bias"] = vector_op(core, f"{self.name}/d_{w}_bias",
                                                lambda z: z.sum(axis=0), d,
                                                out=(d.shape[1:], d.dtype))
             if need_dx:
                 part = core.matmul(dr, params[w].T, name=f"{self.name}/dx_{w}",
-                                   a_rounded=True, b_rounded=True)        # (B*T, C)
+                                   a_rounded=True, b_rounded=True, **self.q8)        # (B*T, C)
                 dx = part if dx is None else add(core, f"{self.name}/dx_sum", dx, part,
                                                  epilogue(self.fusion))
         return (None if dx is None else dx.reshape(*lead, dx.shape[-1])), grads

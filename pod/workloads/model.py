@@ -130,6 +130,12 @@ class Model:
     def num_params(self) -> int:
         return sum(math.prod(s) for s in self.param_shapes.values())
 
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """The dtype ``init_params`` stores parameters in: float32 (the transformer's
+        ``weight_dtype`` may make it bf16)."""
+        return np.dtype(np.float32)
+
     def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
         """The layers with parameters in backward order, with their parameter counts:
         the order in which the backward pass finishes each layer's gradients (each

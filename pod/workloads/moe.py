@@ -29,6 +29,24 @@ XLA's dropping implementation. With cf = 0 (dropless, MaxText's ``capacity_facto
 experts run as one grouped matmul over the T k rows
 (``chip.TensorCore.grouped_matmul``), costed as E equal groups.
 
+**Dense einsum dispatch** (``sparse_matmul`` False; MaxText ``moe.py``
+``dense_matmul`` with ``capacity_factor`` > 0, the path of ``megablox: false`` at
+2e1ebad7, training-steps.md T8): the routing as two (tokens, experts, capacity)
+masks per sequence, built by ``generate_masks`` (the same capacity rule): a 0/1
+dispatch mask and a combine mask holding each kept choice's gate, both in the
+activation dtype. The tokens reach the expert buffer by an MXU product,
+``einsum("BSM,BSEC->EBCM")`` ((E cap, T) x (T, C) per sequence), and come back by
+another, ``einsum("EBCM,BSEC->BSM")`` ((T, E cap) x (E cap, C)); in backward the
+combine's two operand gradients (the expert outputs', and the combine mask's, from
+which the gates' gradients are read) and the dispatch's input gradient are three
+more such products. Each costs 2 T E cap C FLOPs per sequence: hardware work that
+MaxText's model FLOPs do not count (about 2.5 T C per token and product at E cap =
+1.25 k T for Mixtral's k 2), beside the masks' HBM traffic (2 bytes per element, T
+E cap each). The values are those of the gather and scatter above (a one-hot
+product selects rows exactly); the combine mask's gates are rounded to bf16 as the
+MXU reads them. Dropless dense routing (every expert on every token) is not
+modelled.
+
 **Load balancing** ([Switch] eq. 4, [GShard] sec. 2.2; MaxText
 ``load_balance_loss``): per sequence, f_e is the share of the T k choices routed to
 expert e (before capacity) and P_e the mean of p_te over its tokens;
@@ -67,9 +85,10 @@ from typing import Any
 
 import numpy as np
 
+from chip import to_bf16
 from pod.workloads.checks import check_int
 from pod.workloads.fusion import after, epilogue, prologue
-from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
+from pod.workloads.layers import Layer, glorot_uniform, mxu_input, timing_zeros, vector_op
 from pod.workloads.mlp import _ACTIVATIONS, MLP_ACTIVATIONS, activation_backward, add
 
 __all__ = ["MoE", "ExpertHooks", "RouterLoad", "expert_capacity", "route_tokens"]
@@ -226,6 +245,9 @@ class MoE(Layer):
         aux_loss_weight: w >= 0, the load-balancing loss's weight.
         expert_shards: s, devices the experts are split over; this layer's params
             hold E / s experts (the router all E).
+        sparse_matmul: True: the gather / scatter dispatch and grouped matmuls;
+            False: the dense einsum dispatch (module docstring; needs cf > 0).
+        quantized: AQT int8 products for the experts (``pod.workloads.quantization``).
         fusion: fuse the elementwise work into the matmuls (module docstring).
         name: layer name.
 
@@ -238,9 +260,11 @@ class MoE(Layer):
     def __init__(self, experts: int, experts_per_token: int, mlp_dim: int,
                  activation: str = "gated_silu", *, capacity_factor: float = 0.0,
                  aux_loss_weight: float = 0.01, expert_shards: int = 1, fusion: bool = False,
-                 name: str | None = None):
+                 sparse_matmul: bool = True, quantized: bool = False, name: str | None = None):
         super().__init__(name)
         self.fusion = bool(fusion)
+        # AQT int8: the experts' products; the router and the dense dispatch stay bf16
+        self.q8 = {"quantized": True} if quantized else {}
         self.experts = check_int(experts, "MoE experts")
         self.k = check_int(experts_per_token, "MoE experts_per_token")
         self.mlp_dim = check_int(mlp_dim, "MoE mlp_dim")
@@ -256,6 +280,10 @@ class MoE(Layer):
                              f"{aux_loss_weight!r} must be numbers >= 0")
         self.activation, self.gated = activation, activation.startswith("gated_")
         self.capacity_factor, self.aux_loss_weight = float(capacity_factor), float(aux_loss_weight)
+        self.dense = not sparse_matmul
+        if self.dense and self.capacity_factor <= 0:
+            raise ValueError("MoE: the dense einsum dispatch (sparse_matmul false) needs a "
+                             "capacity_factor > 0 (dense dropless routing is not modelled)")
         self.local_experts = self.experts // self.shards
         self.inputs = ("wi_0", "wi_1") if self.gated else ("wi",)
         self.matmul_params = ("router", *self.inputs, "wo")
@@ -299,19 +327,38 @@ class MoE(Layer):
 
     def recompute_extra_flops(self, input_shape) -> int:
         """MXU FLOPs a remat pass redoes besides the input projections: the router and the
-        output projection (backward needs every expert's output for the gates)."""
+        output projection (backward needs every expert's output for the gates), and the
+        dense dispatch's product (not the combine's: its output is not needed)."""
         t, c = int(input_shape[0]), int(input_shape[-1])
-        return 2 * t * c * self.experts + self.input_flops(input_shape)
+        return (2 * t * c * self.experts + self.input_flops(input_shape)
+                + self.dispatch_flops(input_shape) // 5)
 
     def dot_elements(self, input_shape) -> int:
         """Elements of the expert input products per example."""
         return len(self.inputs) * self.slots(int(input_shape[0])) * self.mlp_dim
 
     def cache_elements(self, input_shape):
+        """Per example what backward reads: x, the router's probabilities, the gates,
+        choices and slots, the dispatched and combined rows, the expert products;
+        with the dense dispatch its two (T, E, cap) masks too."""
         t, c = int(input_shape[0]), int(input_shape[-1])
         s = self.slots(t)
         return (t * c + t * self.experts + 3 * t * self.k + 2 * s * c
-                + (len(self.inputs) + 1) * s * self.mlp_dim)
+                + (len(self.inputs) + 1) * s * self.mlp_dim + self.mask_elements(t))
+
+    def mask_elements(self, tokens: int) -> int:
+        """Elements of the dense dispatch's two masks per sequence, 2 T E cap (0 with
+        the sparse dispatch)."""
+        return 2 * tokens * self.slots(tokens) if self.dense else 0
+
+    def dispatch_flops(self, input_shape) -> int:
+        """MXU FLOPs per example of the dense dispatch's products in one training step
+        without recomputation: 2 forward (dispatch, combine) and 3 backward, each 2 T
+        (E cap) C; 0 with the sparse dispatch (its gathers run on the VPU)."""
+        if not self.dense:
+            return 0
+        t, c = int(input_shape[0]), int(input_shape[-1])
+        return 5 * 2 * t * self.slots(t) * c
 
     # ------------------------------------------------------------ passes
 
@@ -369,25 +416,32 @@ class MoE(Layer):
                              b_rounded=True)                             # (N, E)
         route = self._route(core, logits, b, t)
         n_rows = route["rows"]
-        rows = vector_op(core, f"{self.name}/dispatch", lambda z, s: _dispatch(z, s, n_rows), xr,
-                         route["slot"], out=((n_rows, c), xr.dtype))     # (E R, C)
+        if self.dense:
+            rows = self._dense_dispatch(core, xr, route, b, t)
+        else:
+            rows = vector_op(core, f"{self.name}/dispatch", lambda z, s: _dispatch(z, s, n_rows),
+                             xr, route["slot"], out=((n_rows, c), xr.dtype))  # (E R, C)
         xd = hooks.dispatch(f"{self.name}/dispatch", rows, self.experts)     # (E/s s R, C)
         groups = route["groups"]
         u = [saved[key] if saved is not None and key in saved else
              core.grouped_matmul(xd, params[w], groups, name=f"{self.name}/{w}", a_rounded=True,
-                                 b_rounded=True)
+                                 b_rounded=True, **self.q8)
              for key, w in zip(self.dot_keys, self.inputs, strict=True)]  # (E/s s R, F) each
         ran = not (saved is not None and self.dot_keys[-1] in saved)
         g = mxu_input(core, self._activate(core, u, ran))
         ye = core.grouped_matmul(g, params["wo"], groups, name=f"{self.name}/wo",
-                                 a_rounded=True, b_rounded=True)         # (E/s s R, C)
+                                 a_rounded=True, b_rounded=True, **self.q8)         # (E/s s R, C)
         back = hooks.combine(f"{self.name}/combine", ye, self.experts)   # (E R, C)
         cache = {"x": xr, "route": route, "xd": xd, **dict(zip(self.dot_keys, u, strict=True)),
                  "g": g, "rows": back}
         if not need_output:
             return None, cache
-        y = vector_op(core, f"{self.name}/combine", _combine, back, route["gates"],
-                      route["slot"], out=((b * t, c), back.dtype), ops_per_element=2.0 * self.k)
+        if self.dense:
+            y = self._dense_combine(core, back, route, b, t)
+        else:
+            y = vector_op(core, f"{self.name}/combine", _combine, back, route["gates"],
+                          route["slot"], out=((b * t, c), back.dtype),
+                          ops_per_element=2.0 * self.k)
         return y.reshape(b, t, c), cache
 
     def backward(self, core, params, cache, dy, *, need_dx=True,
@@ -398,26 +452,30 @@ class MoE(Layer):
         lead, c = dy.shape[:-1], dy.shape[-1]
         dyr = dy.reshape(-1, c)                                          # (N, C)
         rows, groups = cache["rows"], route["groups"]
-        drows, dgates = vector_op(
-            core, f"{self.name}/combine_bwd", _combine_grad, dyr, rows, route["gates"],
-            route["slot"], out=[(rows.shape, dyr.dtype), (route["gates"].shape,
-                                                          route["gates"].dtype)],
-            ops_per_element=2.0 * self.k)
+        if self.dense:
+            drows, dgates = self._dense_combine_grad(core, dyr, rows, route)
+        else:
+            drows, dgates = vector_op(
+                core, f"{self.name}/combine_bwd", _combine_grad, dyr, rows, route["gates"],
+                route["slot"], out=[(rows.shape, dyr.dtype), (route["gates"].shape,
+                                                              route["gates"].dtype)],
+                ops_per_element=2.0 * self.k)
         dye = mxu_input(core, hooks.dispatch(f"{self.name}/combine_bwd", drows, self.experts))
         grads = {"wo": core.grouped_transposed_matmul(g, dye, groups, name=f"{self.name}/d_wo",
-                                                      a_rounded=True, b_rounded=True)}
+                                                      a_rounded=True, b_rounded=True, **self.q8)}
         dg = core.grouped_matmul(dye, np.swapaxes(params["wo"], 1, 2), groups,
-                                 name=f"{self.name}/d_hidden", a_rounded=True, b_rounded=True)
+                                 name=f"{self.name}/d_hidden", a_rounded=True, b_rounded=True,
+                                 **self.q8)
         du = self._activation_grad(core, dg, [cache[k] for k in self.dot_keys])
         dxd = None
         for w, d in zip(self.inputs, du, strict=True):
             dr = mxu_input(core, d)
             grads[w] = core.grouped_transposed_matmul(xd, dr, groups, name=f"{self.name}/d_{w}",
-                                                      a_rounded=True, b_rounded=True)
+                                                      a_rounded=True, b_rounded=True, **self.q8)
             if need_dx:
                 part = core.grouped_matmul(dr, np.swapaxes(params[w], 1, 2), groups,
                                            name=f"{self.name}/dx_{w}", a_rounded=True,
-                                           b_rounded=True)
+                                           b_rounded=True, **self.q8)
                 dxd = part if dxd is None else add(core, f"{self.name}/dx_sum", dxd, part,
                                                    epilogue(self.fusion))
         dl = mxu_input(core, vector_op(
@@ -432,12 +490,75 @@ class MoE(Layer):
         if not need_dx or dxd is None:
             return None, grads
         back = hooks.combine(f"{self.name}/dispatch_bwd", dxd, self.experts)   # (E R, C)
-        dx = vector_op(core, f"{self.name}/dispatch_bwd", _dispatch_grad, back, route["slot"],
-                       out=((dyr.shape[0], c), back.dtype), ops_per_element=float(self.k))
+        if self.dense:
+            dx = self._dense_dispatch_grad(core, back, route, dyr.shape[0])
+        else:
+            dx = vector_op(core, f"{self.name}/dispatch_bwd", _dispatch_grad, back,
+                           route["slot"], out=((dyr.shape[0], c), back.dtype),
+                           ops_per_element=float(self.k))
         dxr = core.matmul(dl, params["router"].T, name=f"{self.name}/dx_router", a_rounded=True,
                           b_rounded=True)                                # (N, C)
         dx = add(core, f"{self.name}/dx_router_sum", dx, dxr, epilogue(self.fusion))
         return dx.reshape(*lead, c), grads
+
+    # ------------------------------------------------------------ the dense dispatch
+
+    def _mask_shape(self, route, t: int) -> tuple[int, int, int]:
+        """(sequences b, T, E cap): the masks are (b, T, E cap)."""
+        return route["sequences"], t, self.slots(t)
+
+    def _dense_dispatch(self, core, xr, route, b: int, t: int):
+        """The masks (a VPU op writing both, bf16) and einsum("BSM,BSEC->EBCM"): per
+        sequence (E cap, T) x (T, C) on the MXU. Returns the (E R, C) rows."""
+        _, _, slots = self._mask_shape(route, t)
+        c = xr.shape[1]
+        elements = b * t * slots
+        core.account_vector(f"{self.name}/masks", elements, 2 * 2 * elements,
+                            ops_per_element=2.0 * self.k)
+        core.account_matmul(slots, t, c, batch=b, name=f"{self.name}/dispatch")
+        if not core.execute:
+            return timing_zeros((route["rows"], c), xr.dtype)
+        return _dispatch(xr, route["slot"], route["rows"])               # the one-hot product
+
+    def _combine_gates(self, core, route):
+        """The gates as the combine mask holds them: bf16 under bf16 numerics."""
+        return to_bf16(route["gates"]) if core.numerics else route["gates"]
+
+    def _dense_combine(self, core, back, route, b: int, t: int):
+        """einsum("EBCM,BSEC->BSM"): per sequence (T, E cap) x (E cap, C) on the MXU."""
+        c = back.shape[1]
+        core.account_matmul(t, self.slots(t), c, batch=b, name=f"{self.name}/combine")
+        if not core.execute:
+            return timing_zeros((b * t, c), back.dtype)
+        return _combine(mxu_input(core, back), self._combine_gates(core, route), route["slot"])
+
+    def _dense_combine_grad(self, core, dyr, rows, route):
+        """The combine's operand gradients, two MXU products per sequence: the expert
+        outputs' (E cap, T) x (T, C) and the combine mask's (T, C) x (C, E cap); then
+        the gates' gradients read from the mask's (a VPU pass over it and the dispatch
+        mask). Returns (d rows (E R, C), d gates (N, k))."""
+        b, t, slots = self._mask_shape(route, dyr.shape[0] // route["sequences"])
+        c = dyr.shape[1]
+        core.account_matmul(slots, t, c, batch=b, name=f"{self.name}/combine_bwd")
+        core.account_matmul(t, c, slots, batch=b, name=f"{self.name}/combine_bwd/d_mask")
+        core.account_vector(f"{self.name}/combine_bwd/d_gates", b * t * slots,
+                            2 * 2 * b * t * slots, ops_per_element=2.0)
+        if not core.execute:
+            return (timing_zeros(rows.shape, dyr.dtype),
+                    timing_zeros(route["gates"].shape, route["gates"].dtype))
+        dy = mxu_input(core, dyr)
+        drows, dgates = _combine_grad(dy, mxu_input(core, rows), self._combine_gates(core, route),
+                                      route["slot"])
+        return drows, dgates.astype(route["gates"].dtype, copy=False)
+
+    def _dense_dispatch_grad(self, core, back, route, n: int):
+        """The dispatch's input gradient: per sequence (T, E cap) x (E cap, C)."""
+        b, t, slots = self._mask_shape(route, n // route["sequences"])
+        c = back.shape[1]
+        core.account_matmul(t, slots, c, batch=b, name=f"{self.name}/dispatch_bwd")
+        if not core.execute:
+            return timing_zeros((n, c), back.dtype)
+        return _dispatch_grad(mxu_input(core, back), route["slot"])
 
     def _activation_grad(self, core, dg, u):
         return activation_backward(core, self.name, self.activation, self.gated, self.fusion,

@@ -19,6 +19,7 @@ from pod.workloads.layers import Layer, vector_op
 __all__ = ["NORMS", "RMSNorm", "LayerNorm", "norm_class"]
 
 NORMS = ("rmsnorm", "layernorm")
+_OWN = "own"  # forward / backward keyword default: the norm's own fusion (its constructor's)
 
 
 class _Norm(Layer):
@@ -55,17 +56,21 @@ class RMSNorm(_Norm):
     def init_params(self, rng, input_shape):
         return {"scale": np.ones(int(input_shape[-1]), np.float32)}
 
-    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True):
+    def forward(self, core, params, x, *, training=False, rng=None, saved=None, need_output=True,
+                fused: str | None = _OWN):
+        """As ``Layer.forward``; ``fused`` overrides where the VPU work is fused
+        (``chip.FUSIONS``; default: the constructor's ``fusion``, a prologue)."""
+        fused = self.fused if fused == _OWN else fused
         eps = np.asarray(self.epsilon, x.dtype)
         stat = (x.shape[:-1] + (1,), x.dtype)
         inv = vector_op(core, f"{self.name}/rsqrt",
                         lambda v: 1.0 / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps), x,
                         out=stat, ops_per_element=2.0, transcendental=True,
-                        fused=self.fused)                                  # (..., 1)
+                        fused=fused)                                       # (..., 1)
         scale = params["scale"].astype(x.dtype, copy=False)
         xhat, y = vector_op(core, f"{self.name}/normalize",
                             lambda v, s: (v * s, v * s * scale), x, inv,
-                            out=[(x.shape, x.dtype)] * 2, ops_per_element=2.0, fused=self.fused)
+                            out=[(x.shape, x.dtype)] * 2, ops_per_element=2.0, fused=fused)
         return y, {"xhat": xhat, "inv": inv}
 
     def backward(self, core, params, cache, dy, *, need_dx=True):

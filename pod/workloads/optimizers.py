@@ -19,6 +19,7 @@ import numpy as np
 
 from pod.workloads.checks import check_int, check_number
 from pod.workloads.layers import vector_op
+from pod.workloads.weights import BFLOAT16, stored
 
 OPTIMIZER_NAMES = ("sgd", "adam", "adamw")
 
@@ -35,13 +36,17 @@ class Optimizer:
     slots: ClassVar[tuple[str, ...]] = ()
 
     def init(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """State: zeros like each parameter, one per slot, keyed "<param>/<slot>"."""
-        return {f"{key}/{slot}": np.zeros_like(v, dtype=_F32)
+        """State: zeros like each parameter, one per slot, keyed "<param>/<slot>";
+        float32, or bf16 for a bf16-stored parameter (optax keeps AdamW's moments in
+        the parameters' dtype: ``pod.workloads.weights``)."""
+        return {f"{key}/{slot}": np.zeros_like(v, dtype=_storage(v))
                 for key, v in params.items() for slot in self.slots}
 
     def state_bytes(self, params: dict[str, np.ndarray]) -> int:
-        """Bytes of the optimizer state for ``params`` (float32)."""
-        return len(self.slots) * sum(int(np.size(v)) * 4 for v in params.values())
+        """Bytes of the optimizer state for ``params``: per slot 4 per element, 2 for a
+        bf16-stored parameter."""
+        return len(self.slots) * sum(int(np.size(v)) * _storage(v).itemsize
+                                     for v in params.values())
 
     def update(self, core, grads, state, params, step: int, *, each=None):
         """One update.
@@ -50,7 +55,10 @@ class Optimizer:
             core: ``chip.TensorCore`` that runs and costs the elementwise work.
             grads: gradients, same keys and shapes as ``params``.
             state: from ``init`` or the previous ``update``.
-            params: current parameters (float32).
+            params: current parameters: float32, or ``ml_dtypes.bfloat16`` arrays
+                (``weight_dtype: bfloat16``: the update is computed in float32 from
+                the stored values and rounded back to bf16, gradients and state
+                stored in bf16 too; its VPU records count 2 bytes per element).
             step: 1 for the first update, then 2, 3, ...
             each: None, or ``each(key, args, run)`` called for every parameter instead of
                 ``run()``, its update (``args``: what it reads: the gradient, the state
@@ -58,7 +66,8 @@ class Optimizer:
                 timing-only program replays it (``pod.programs.replay``).
 
         Returns:
-            (new_params, new_state), fresh dicts of fresh float32 arrays.
+            (new_params, new_state), fresh dicts of fresh arrays in the parameters'
+            storage dtype (float32, or bf16).
 
         Raises:
             ValueError: step < 1 or keys that do not match.
@@ -79,12 +88,33 @@ class Optimizer:
         return new_params, new_state
 
     def _update_key(self, core, key, g, slots, p, step):
-        """One parameter's update: (new parameter, new state slots)."""
-        return self._update_one(core, key, np.asarray(g, _F32), slots, np.asarray(p, _F32),
+        """One parameter's update, in its storage dtype: (new parameter, new state slots)."""
+        dtype = _storage(p)
+        slots = {slot: stored(core, v, dtype) for slot, v in slots.items()}
+        return self._update_one(core, key, stored(core, g, dtype), slots, stored(core, p, dtype),
                                 int(step))
 
     def _update_one(self, core, key, g, slots, p, step):
         raise NotImplementedError
+
+
+def _storage(a) -> np.dtype:
+    """The dtype the optimizer keeps a parameter's arrays in: bf16 for a bf16 array,
+    else float32."""
+    return BFLOAT16 if np.asarray(a).dtype == BFLOAT16 else np.dtype(_F32)
+
+
+def _vector(core, name: str, fn, *arrays, out, **kw):
+    """``vector_op``, computing in float32: with a bf16 ``out`` dtype the stored
+    inputs are widened to float32, ``fn`` runs in float32 and its result is rounded
+    to bf16 (round to nearest even)."""
+    dtype = np.dtype(out[1])
+    if dtype != _F32:
+        inner = fn
+
+        def fn(*a):
+            return inner(*(np.asarray(x, _F32) for x in a)).astype(dtype)
+    return vector_op(core, name, fn, *arrays, out=out, **kw)
 
 
 def _check_positive(opt: str, field: str, value) -> float:
@@ -115,11 +145,11 @@ class SGD(Optimizer):
     def _update_one(self, core, key, g, slots, p, step):
         lr, mu = _F32(self.learning_rate), _F32(self.momentum)
         if not self.momentum:
-            return vector_op(core, f"sgd/{key}", lambda p_, g_: p_ - lr * g_, p, g,
+            return _vector(core, f"sgd/{key}", lambda p_, g_: p_ - lr * g_, p, g,
                              out=(p.shape, p.dtype), ops_per_element=2.0), {}
-        v = vector_op(core, f"sgd/{key}/momentum", lambda v_, g_: mu * v_ + g_,
+        v = _vector(core, f"sgd/{key}/momentum", lambda v_, g_: mu * v_ + g_,
                       slots["momentum"], g, out=(p.shape, p.dtype), ops_per_element=2.0)
-        p_new = vector_op(core, f"sgd/{key}", lambda p_, v_: p_ - lr * v_, p, v,
+        p_new = _vector(core, f"sgd/{key}", lambda p_, v_: p_ - lr * v_, p, v,
                           out=(p.shape, p.dtype), ops_per_element=2.0)
         return p_new, {"momentum": v}
 
@@ -132,9 +162,9 @@ def _adam_moments(core, name: str, beta1: float, beta2: float, key: str, g, slot
     c1, c2 = _F32(1.0 - beta1), _F32(1.0 - beta2)
     inv_bc1 = _F32(1.0 / (1.0 - beta1 ** step))
     inv_bc2 = _F32(1.0 / (1.0 - beta2 ** step))
-    m = vector_op(core, f"{name}/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
+    m = _vector(core, f"{name}/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
                   slots["m"], g, out=(p.shape, p.dtype), ops_per_element=3.0)
-    v = vector_op(core, f"{name}/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
+    v = _vector(core, f"{name}/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
                   slots["v"], g, out=(p.shape, p.dtype), ops_per_element=4.0)
     return m, v, inv_bc1, inv_bc2
 
@@ -162,7 +192,7 @@ class Adam(Optimizer):
         m, v, inv_bc1, inv_bc2 = _adam_moments(core, "adam", self.beta1, self.beta2, key, g,
                                                slots, p, step)
         lr, eps = _F32(self.learning_rate), _F32(self.eps)
-        p_new = vector_op(
+        p_new = _vector(
             core, f"adam/{key}",
             lambda p_, m_, v_: p_ - lr * (m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps),
             p, m, v, out=(p.shape, p.dtype), ops_per_element=6.0, transcendental=True)
@@ -199,7 +229,7 @@ class AdamW(Optimizer):
         m, v, inv_bc1, inv_bc2 = _adam_moments(core, "adamw", self.beta1, self.beta2, key, g,
                                                slots, p, step)
         lr, eps, wd = _F32(self.learning_rate), _F32(self.eps), _F32(self.weight_decay)
-        p_new = vector_op(
+        p_new = _vector(
             core, f"adamw/{key}",
             lambda p_, m_, v_: p_ - lr * ((m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps) + wd * p_),
             p, m, v, out=(p.shape, p.dtype), ops_per_element=8.0, transcendental=True)

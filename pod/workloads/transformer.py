@@ -35,14 +35,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from chip import to_bf16
-from pod.workloads.attention import ATTENTION_KERNELS
+from pod.workloads.attention import ATTENTION_KERNELS, RELPOS_BUCKETS
 from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
+from pod.workloads.flash import FLASH_BLOCK_SIZE
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
+from pod.workloads.quantization import QUANTIZATIONS
 from pod.workloads.remat import check_remat_custom
+from pod.workloads.weights import WEIGHT_DTYPES, computed, weight_dtype
 
 __all__ = [
     "BLOCKS",
@@ -50,6 +53,7 @@ __all__ = [
     "MLP_ACTIVATIONS",
     "NORMS",
     "POSITIONS",
+    "QUANTIZATIONS",
     "REMAT_POLICIES",
     "TRANSFORMER_OPTIONS",
     "LayerNorm",
@@ -68,7 +72,9 @@ __all__ = [
     "router_loads",
 ]
 
-POSITIONS = ("rotary", "learned")
+#: positions: RoPE in the attention, learned vectors added to the token embeddings, or
+#: the T5 relative position bias in every layer's attention (MaxText's April 2023 decoder)
+POSITIONS = ("rotary", "learned", "relative")
 
 EMBEDDING_INIT_STDDEV = 0.02  # GPT-2 / nanoGPT embedding init (normal, std 0.02)
 
@@ -224,7 +230,9 @@ class Unembed(Layer):
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
                        "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
-                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight")
+                       "experts_per_token", "capacity_factor", "moe_aux_loss_weight",
+                       "sparse_matmul", "weight_dtype", "quantization", "use_qk_norm",
+                       "sa_block_q", "sa_block_kv")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -255,8 +263,11 @@ class TransformerConfig:
             "gated_gelu", "gelu", "relu").
         layers: L, transformer blocks (``num_decoder_layers``).
         norm: "rmsnorm" or "layernorm" (pre-norm in every block, and final).
-        positions: "rotary" (RoPE in attention) or "learned" (added to the
-            token embeddings).
+        positions: "rotary" (RoPE in attention), "learned" (added to the
+            token embeddings) or "relative" (the T5 relative position bias, a
+            (H, 32) table per layer added to the attention scores; MaxText's
+            decoder of April 2023, training-steps.md T9; needs ``attention:
+            dot_product``).
         tied_embeddings: logits through the token embedding table
             (``logits_via_embedding``) instead of a separate (C, V) kernel.
         block: "sequential" or "parallel" (``pod.workloads.block``).
@@ -282,6 +293,21 @@ class TransformerConfig:
             (MaxText's -1).
         moe_aux_loss_weight: w >= 0, the load-balancing loss's weight
             (``load_balance_loss_weight``, 0.01).
+        sparse_matmul: with experts, MaxText's ``sparse_matmul``: true (default) the
+            tokens sorted by expert and the experts run as a grouped matmul
+            (megablox); false the dense einsum dispatch of ``pod.workloads.moe``:
+            (tokens, experts, capacity) one-hot masks multiplied on the MXU.
+        weight_dtype: "float32" (master weights, MaxText's default) or "bfloat16":
+            the dtype parameters, their gradients and the optimizer state are
+            stored in (``pod.workloads.weights``).
+        quantization: "" or "int8": MaxText's ``quantization``, AQT int8 training of
+            the projections (``pod.workloads.quantization``).
+        use_qk_norm: an RMSNorm over each head's query and key before their product
+            (MaxText ``use_qk_norm``; every layer of MaxText 2023's decoder).
+        sa_block_q, sa_block_kv: the flash kernel's query and key / value blocks
+            (MaxText's splash attention ``sa_block_q``, ``sa_block_kv``; 512 each,
+            ``pod.workloads.flash.FLASH_BLOCK_SIZE``): larger blocks skip less of
+            the causal triangle.
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -321,6 +347,12 @@ class TransformerConfig:
     experts_per_token: int = 1
     capacity_factor: float = 0.0
     moe_aux_loss_weight: float = 0.01
+    sparse_matmul: bool = True
+    weight_dtype: str = "float32"
+    quantization: str = ""
+    use_qk_norm: bool = False
+    sa_block_q: int = FLASH_BLOCK_SIZE
+    sa_block_kv: int = FLASH_BLOCK_SIZE
 
     if TYPE_CHECKING:
         def __init__(self, vocabulary: int, sequence_length: int, embed_dim: int = ...,
@@ -331,10 +363,14 @@ class TransformerConfig:
                      fused_qkv: bool = ..., attention: str = ..., fusion: bool = ...,
                      remat_custom: tuple[tuple[str, str], ...] | None = ..., experts: int = ...,
                      experts_per_token: int = ..., capacity_factor: float = ...,
-                     moe_aux_loss_weight: float = ...) -> None: ...
+                     moe_aux_loss_weight: float = ..., sparse_matmul: bool = ...,
+                     weight_dtype: str = ..., quantization: str = ...,
+                     use_qk_norm: bool = ..., sa_block_q: int = ...,
+                     sa_block_kv: int = ...) -> None: ...
 
     def __post_init__(self):
-        for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers"):
+        for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers",
+                      "sa_block_q", "sa_block_kv"):
             check_int(getattr(self, field), f"transformer: option {field}")
         if self.head_dim is None:
             if self.embed_dim % self.heads:
@@ -357,6 +393,12 @@ class TransformerConfig:
         _choice("block", self.block, BLOCKS)
         _choice("attention", self.attention, ATTENTION_KERNELS)
         _choice("remat", self.remat, REMAT_POLICIES)
+        _choice("weight_dtype", self.weight_dtype, tuple(WEIGHT_DTYPES))
+        if self.quantization is None:  # YAML's empty value: MaxText's default ""
+            object.__setattr__(self, "quantization", "")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"transformer: option quantization must be \"\" (bf16 matmuls) or "
+                             f"int8 (AQT), got {self.quantization!r}")
         if self.remat_custom is not None:
             given = self.remat_custom
             custom = check_remat_custom(dict(given) if isinstance(given, tuple) else given)
@@ -364,10 +406,15 @@ class TransformerConfig:
                 raise ValueError(f"transformer: option remat_custom needs remat: custom, got "
                                  f"remat: {self.remat}")
             object.__setattr__(self, "remat_custom", custom)
-        for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion"):
+        for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion", "sparse_matmul",
+                      "use_qk_norm"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
                                  f"got {getattr(self, field)!r}")
+        if self.positions == "relative" and self.attention != "dot_product":
+            raise ValueError(f"transformer: option positions relative needs attention: "
+                             f"dot_product (the flash kernel takes no bias here), got "
+                             f"attention: {self.attention}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ValueError(f"transformer: option head_dim must be even for rotary positions, "
                              f"got {self.head_dim}")
@@ -393,6 +440,10 @@ class TransformerConfig:
         if self.use_bias:
             raise ValueError("transformer: option use_bias must be false with experts (the "
                              "experts have no biases)")
+        if not self.sparse_matmul and not cf:
+            raise ValueError("transformer: option sparse_matmul false (the dense einsum "
+                             "dispatch) needs capacity_factor > 0 (e.g. 1.25); dense dropless "
+                             "routing is not modelled")
         t = self.sequence_length
         if cf and t * k * cf < e:
             raise ValueError(f"transformer: option capacity_factor {cf} leaves an expert no "
@@ -408,6 +459,12 @@ class TransformerConfig:
     def kv_dim(self) -> int:
         """K * Dh, the width of the keys and of the values."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one stored parameter, of its gradient and of one optimizer slot
+        element: 4 (float32 masters) or 2 (``weight_dtype: bfloat16``)."""
+        return weight_dtype(self.weight_dtype).itemsize
 
     @property
     def mlp_inputs(self) -> int:
@@ -433,15 +490,18 @@ class TransformerConfig:
 
     def param_count(self, *, active: bool = False) -> int:
         """Parameters in closed form: per block the norms (C each, 2C for
-        layernorm; two norms in a sequential block, one in a parallel one),
-        the projections (``block_matmul_params``) and with ``use_bias`` their
+        layernorm; two norms in a sequential block, one in a parallel one; with
+        ``use_qk_norm`` two Dh scales; with relative positions the (H, 32) bias
+        table), the projections (``block_matmul_params``) and with ``use_bias`` their
         biases ((H + 2K) Dh + C + MLP inputs x F + C); the final norm; the
         table V C; learned positions T C; an untied output kernel C V. ``active``:
         with experts, only the k experts a token uses (Mixtral 8x7B: 46.7B total,
         12.9B active [Mixtral] Jiang et al. 2024, sec. 2)."""
         c, f, v = self.embed_dim, self.mlp_dim, self.vocabulary
         norm = c * (2 if self.norm == "layernorm" else 1)
-        norms = (1 if self.block == "parallel" else 2) * norm
+        norms = ((1 if self.block == "parallel" else 2) * norm
+                 + (2 * self.head_dim if self.use_qk_norm else 0)          # qk norms (Dh,) each
+                 + (self.heads * RELPOS_BUCKETS if self.positions == "relative" else 0))
         bias = ((self.inner_dim + 2 * self.kv_dim + c + self.mlp_inputs * f + c) if self.use_bias
                 else 0)
         block = norms + self.block_matmul_params(active=active) + bias
@@ -482,7 +542,7 @@ class TransformerModel(Model):
         moe = None if not cfg.experts else {
             "experts": cfg.experts, "experts_per_token": cfg.experts_per_token,
             "capacity_factor": cfg.capacity_factor, "aux_loss_weight": cfg.moe_aux_loss_weight,
-            "expert_shards": int(expert_shards)}
+            "expert_shards": int(expert_shards), "sparse_matmul": cfg.sparse_matmul}
         layers: list[Layer] = [TokenEmbedding(
             cfg.vocabulary, cfg.embed_dim,
             cfg.sequence_length if cfg.positions == "learned" else None, name="embed")]
@@ -492,7 +552,11 @@ class TransformerModel(Model):
                                     remat_custom=cfg.remat_custom,
                                     block=cfg.block, use_bias=cfg.use_bias,
                                     fused_qkv=cfg.fused_qkv, attention=cfg.attention,
-                                    fusion=cfg.fusion, moe=moe, name=f"block{i}")
+                                    fusion=cfg.fusion, moe=moe, qk_norm=cfg.use_qk_norm,
+                                    relative_bias=cfg.positions == "relative",
+                                    quantized=cfg.quantization == "int8",
+                                    flash_blocks=(cfg.sa_block_q, cfg.sa_block_kv),
+                                    name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
         layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),
                    Unembed(cfg.vocabulary, tied=cfg.tied_embeddings, name="unembed")]
@@ -508,13 +572,28 @@ class TransformerModel(Model):
         """Per layer local param dicts; the weights a layer feeds to the MXU
         rounded to bf16 once when ``core.numerics`` (the tied table is
         rounded for the logits, not for the lookup), except on a timing-only core
-        (``core.execute`` False), which computes no product (as ``Model.prepare_params``)."""
+        (``core.execute`` False), which computes no product (as ``Model.prepare_params``);
+        bf16-stored parameters (``weight_dtype``) widened to float32 (exact)."""
         self._check_params(params)
         rounding = core.numerics and core.execute
         return [{local: (to_bf16(params[key]) if rounding and local in layer.matmul_params
-                         else params[key])
+                         else _widened(core, params[key]))
                  for key, local in keys}
                 for layer, keys in zip(self.layers, self._layer_keys, strict=True)]
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """float32, or bf16 under ``weight_dtype: bfloat16`` (``pod.workloads.weights``)."""
+        return weight_dtype(self.config.weight_dtype)
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        """As ``Model.init_params``, stored in ``config.weight_dtype`` (bf16: rounded
+        to nearest even, ``ml_dtypes.bfloat16`` arrays; ``pod.workloads.weights``)."""
+        params = super().init_params(seed)
+        dtype = self.storage_dtype
+        if dtype == np.float32:
+            return params
+        return {k: v.astype(dtype) for k, v in params.items()}
 
     def gradient_buckets(self) -> tuple[tuple[str, int], ...]:
         """As ``Model.gradient_buckets``; the tied table counts once, in the
@@ -741,6 +820,12 @@ class TransformerModel(Model):
             p = np.exp(z - z.max())
             ids.append(int(rng.choice(p.size, p=p / p.sum())))
         return ids[start:]
+
+
+def _widened(core, a: np.ndarray) -> np.ndarray:
+    """A bf16-stored parameter as the float32 the layers compute with (exact);
+    anything else as it is."""
+    return computed(core, a) if a.dtype == WEIGHT_DTYPES["bfloat16"] else a
 
 
 def router_loads(caches) -> tuple:

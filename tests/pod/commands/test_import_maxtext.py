@@ -1,5 +1,5 @@
-"""``tpu-pod import-maxtext``: MaxText's own configs (../shared/reference/maxtext) as scenarios,
-checked against the published runs of ../shared/reference/training-steps.md."""
+"""``tpu-pod import-maxtext``: MaxText's own configs (tests/data/maxtext, copied from MaxText) as
+scenarios, checked against the published runs of ../shared/reference/training-steps.md."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pod.commands.import_maxtext import import_maxtext, read_maxtext
 from pod.config.presets import parameter_scale
 from pod.errors import ScenarioError
 
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "maxtext"
+REFERENCE = Path(__file__).resolve().parents[2] / "data" / "maxtext"
 BASE_2023 = REFERENCE / "base-2023-12.yml"
 BASE_2025 = REFERENCE / "base-tpu-recipes-v0.1.4.yml"
 MODELS = REFERENCE / "models"
@@ -23,7 +23,6 @@ MODELS = REFERENCE / "models"
 T1 = ["global_parameter_scale=32", "ici_fsdp_parallelism=16", "ici_tensor_parallelism=4",
       "per_device_batch_size=8", "max_target_length=2048", "remat_policy=minimal"]
 
-pytestmark = pytest.mark.skipif(not BASE_2023.is_file(), reason="../shared/reference is not here")
 
 
 def _transformer_knows(*options: str) -> bool:

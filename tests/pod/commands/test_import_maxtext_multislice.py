@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[3]
 T3 = ["global_parameter_scale=16", "ici_fsdp_parallelism=256", "per_device_batch_size=6",
       "max_target_length=2048", "remat_policy=full"]
 
-pytestmark = pytest.mark.skipif(not BASE_2023.is_file(), reason="../shared/reference is not here")
 
 
 def same_in_what_matters(imported: dict, shipped_path: Path) -> None:

@@ -9,7 +9,6 @@ import io
 import itertools
 import json
 import math
-from pathlib import Path
 
 import pytest
 import yaml
@@ -28,6 +27,7 @@ from pod.commands.plan_search import (
 from pod.commands.plan_source import model_source, parse_count
 from pod.config.mesh import AXIS_NAMES, build_mesh
 from pod.config.plan import build_plan
+from tests.pod.commands.test_import_maxtext import BASE_2023
 from pod.config.scenario import load_scenario, parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import HBMPlanError, ScenarioError
@@ -302,11 +302,7 @@ def test_the_python_api_returns_the_rows_with_nan(tiny):
 def test_maxtext_configs_plan_with_their_keys_overridden(tmp_path):
     """MaxText's base.yml with MaxText key=value overrides (a small model) plans; an
     override of what the search sets names the option that does."""
-    # beside the checkout, as tests/pod/commands/test_import_maxtext.py reads it
-    base = str(Path(__file__).resolve().parents[3].parent / "shared" / "reference" / "maxtext"
-               / "base-2023-12.yml")
-    if not Path(base).is_file():
-        pytest.skip("../shared/reference is not here")
+    base = str(BASE_2023)
     small = ("base_emb_dim=256", "base_num_heads=4", "base_mlp_dim=512",
              "base_num_decoder_layers=2", "max_target_length=128", "vocab_size=512")
     rows = run_plan(PlanRequest(model=base, slices=("v5p-8",), remat=("full",),

@@ -209,7 +209,7 @@ def _scenario_error(mesh) -> str:
 
 @pytest.mark.parametrize("mesh, message", [
     ({"data": 2, "model": 8}, "{data: 2, model: 8}: unknown axis 'model'; allowed: data, stage, "
-     "fsdp, expert, tensor"),
+     "fsdp, fsdp_transpose, expert, tensor"),
     ({"data": -1, "tensor": -1}, "{data: -1, tensor: -1}: data and tensor are both -1; at most "
      "one axis takes the rest of the devices"),
     ({"data": 0}, "{data: 0}: data: 0 is not a size; give a size >= 1, or -1 for the rest of the "
@@ -220,10 +220,10 @@ def _scenario_error(mesh) -> str:
      "for the rest of the devices"),
     ({"tensor": True}, "{tensor: True}: tensor: True is not a whole number; give a size >= 1, or "
      "-1 for the rest of the devices"),
-    ({}, "{}: give at least one axis such as {data: 2, tensor: 4}; axes: data, stage, fsdp, expert, "
-     "tensor"),
+    ({}, "{}: give at least one axis such as {data: 2, tensor: 4}; axes: data, stage, fsdp, "
+     "fsdp_transpose, expert, tensor"),
     (16, "must be a mapping of axis name to size such as {data: 2, tensor: 4}; axes: data, stage, fsdp, "
-     "expert, tensor (got 16)"),
+     "fsdp_transpose, expert, tensor (got 16)"),
 ])
 def test_a_malformed_mesh_is_one_line_naming_the_field(mesh, message):
     assert _scenario_error(mesh) == f"<scenario>: pod.mesh: {message}"

@@ -40,14 +40,27 @@ def with_(path: str, value):
     return data
 
 
+#: Published runs (training-steps.md) written exactly as they ran, which the HBM plan
+#: refuses today although the hardware ran them (issue 29 item 2: the plan is being fixed).
+#: Each must still be refused by the HBM plan and nothing else; when the plan admits one,
+#: this test fails and the name leaves the set.
+REFUSED_BY_THE_HBM_PLAN = {"maxtext-t6-llama3.1-70b-v6e-64.yaml",
+                           "maxtext-t8-mixtral-8x7b-v6e-256.yaml"}
+
+
 def test_every_shipped_scenario_validates():
     from pod.config.bench import check_benchmark
+    from pod.errors import HBMPlanError
 
     assert SCENARIOS, "scenarios/ holds no YAML file"
     kinds = set()
     for path in SCENARIOS:
         scenario = load_scenario(path)
         kinds.add(scenario.kind)
+        if path.name in REFUSED_BY_THE_HBM_PLAN:
+            with pytest.raises(HBMPlanError, match=r"^pod\.mesh: .* does not fit"):
+                build_plan(scenario, timing_only=True, sharded_ok=True)
+            continue
         if scenario.kind == "benchmark":
             bplan = check_benchmark(scenario)
             assert bplan.flops > 0 and bplan.memory["total"] <= bplan.topology.chip.core.hbm_bytes
