@@ -706,8 +706,11 @@ def write_outputs(result: PlanResult, output_dir: Path) -> list[Path]:
         if result.best_scenario is None:
             (output_dir / "best.yaml").unlink(missing_ok=True)
         else:
-            text = (f"# The best layout of `tpu-pod plan` for {result.name} (rank 1 of "
-                    f"{result.count('ok')} costed); cost it again: tpu-pod sweep best.yaml\n"
+            pruned = result.count("pruned")
+            of = (f"{result.count('ok') + pruned} that plan, {result.count('ok')} costed"
+                  if pruned else f"{result.count('ok')} costed")
+            text = (f"# The best layout of `tpu-pod plan` for {result.name} (rank 1 of {of}); "
+                    "cost it again: tpu-pod sweep best.yaml\n"
                     + yaml.safe_dump(result.best_scenario, sort_keys=False))
             written.append(write_atomic(output_dir / "best.yaml", lambda f: f.write(text)))
     return written

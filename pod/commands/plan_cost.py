@@ -45,6 +45,9 @@ __all__ = ["class_key", "cost_points", "default_workers", "Scoring"]
 
 #: points a worker takes at once (a class's points together: they share a tape's passes)
 _CHUNK = 8
+#: points costed between two updates of the threshold: whatever the workers, so that the
+#: same points are pruned with any number of them
+_ROUND = 32
 
 _PLANNER: Any = None  # a worker's planner (inherited through fork, or built by _start)
 
@@ -95,8 +98,8 @@ class Scoring:
 def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, keep: int,
                 family_of: Callable[[dict[str, Any]], str], exhaustive: bool = False,
                 workers: int = 1,
-                on_point: Callable[[dict[str, Any], int], None] | None = None
-                ) -> list[dict[str, Any]]:
+                on_point: Callable[[dict[str, Any], int], None] | None = None,
+                round_points: int = _ROUND) -> list[dict[str, Any]]:
     """Every point's row, in search order (module docstring).
 
     Args:
@@ -108,23 +111,25 @@ def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, 
         exhaustive: cost every point that plans (no pruning).
         workers: processes (1: this one).
         on_point: called with each row as it is made, and the number of points.
+        round_points: points costed between two updates of the pruning threshold.
     """
     with _Runner(planner, workers, on_point, len(points)) as runner:
         if exhaustive:
             return runner.run([(c, "cost") for c in points])
-        return _Pruner(runner, points, scoring, keep, family_of).run()
+        return _Pruner(runner, points, scoring, keep, family_of, round_points).run()
 
 
 class _Pruner:
     """The rounds of :func:`cost_points` without ``exhaustive``."""
 
     def __init__(self, runner: _Runner, points: Sequence[Candidate], scoring: Scoring,
-                 keep: int, family_of: Callable[[dict[str, Any]], str]) -> None:
+                 keep: int, family_of: Callable[[dict[str, Any]], str],
+                 round_points: int) -> None:
         self.runner, self.points, self.scoring = runner, list(points), scoring
         self.keep, self.family_of = max(1, int(keep)), family_of
         self.rows: dict[int, dict[str, Any]] = {}
         self.passes: dict[Any, float | None] = {}  # class -> its passes' seconds (None: unsure)
-        self.round = 16 * runner.workers
+        self.round = max(1, int(round_points))
 
     def run(self) -> list[dict[str, Any]]:
         self._bounds()

@@ -217,8 +217,7 @@ def model_source(model: str, files: Sequence[str] = (), overrides: Any = (), *,
 def search_keys(model: str, files: Sequence[str] = (), overrides: Any = ()
                 ) -> tuple[SearchKeys, tuple[Any, ...]]:
     """MaxText's keys for what the plan searches (the module docstring), and the overrides
-    left for the model's scenario (MaxText configs take them all: ``import-maxtext``
-    reads them too).
+    left for the model's scenario.
 
     Raises:
         ScenarioError: a key's value is not what MaxText allows, an axis the mesh does not
@@ -233,7 +232,8 @@ def search_keys(model: str, files: Sequence[str] = (), overrides: Any = ()
                   if merged.origin.get(k) != merged.base and _is_search_key(k, model=False)}
         given = {k: f"{k}={v}" if merged.origin[k] == "command line"
                  else f"{k}: {v} ({merged.origin[k]})" for k, v in chosen.items()}
-        rest = items
+        # the search sets them per point: the import reads the model's keys only
+        rest = tuple(o for o in items if not _is_search_key(o.key, model=False))
     else:
         chosen = {o.key: o.value for o in items if _is_search_key(o.key, model=True)}
         given = {o.key: o.text for o in items if o.key in chosen}
