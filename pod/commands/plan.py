@@ -44,6 +44,8 @@ from pod.commands.plan_search import (
     Candidate,
     candidates,
     capacity_factors,
+    compared_batch,
+    family,
     model_axes,
     remat_policies,
 )
@@ -632,17 +634,23 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
     points = candidates([(p.slice_name, devices_of(p)) for p in pods], axes, remats,
                         global_batch=batch, per_device_batches=per_device, num_slices=counts,
                         capacities=capacities, fixed=keys.mesh)
+    if not points and keys.mesh:
+        axis, size = next(iter(keys.mesh.items()))
+        key = f"ici_{'pipeline' if axis == 'stage' else axis}_parallelism"
+        raise ScenarioError(f"{keys.given[key]}: no mesh of {', '.join(p.slice_name for p in pods)}"
+                            f" over {', '.join(axes)} has " + ", ".join(
+                                f"{a} {n}" for a, n in keys.mesh.items())
+                            + f" ({devices_of(pods[0]):,} devices: sizes that divide it)")
     if output_dir is None and default_output:
         output_dir = default_output_dir(source.name, [p.slice_name for p in pods])
     if output_dir is not None:
         from pod.report.files import check_writable
 
         check_writable(output_dir)  # before the first point, not after the last
-    from pod.commands.plan_report import family
-
     rows = cost_points(planner, points, scoring=Scoring(planner.sequence_length, budget),
                        keep=max(PLOTTED, request.top), exhaustive=request.exhaustive,
                        family_of=lambda r: family(r, axes),
+                       compared_batch=lambda rows: compared_batch(rows, axes),
                        workers=request.workers or (default_workers() if len(points) >= 64
                                                    else 1),  # a pool is not worth it
                        on_point=on_point)

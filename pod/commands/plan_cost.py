@@ -15,7 +15,8 @@ out of what the outputs show, then it is **pruned**:
   to give the same, else the class is not pruned at all.
 - What the outputs show: the ``keep`` best points (the table's and layouts.png's)
   and the best point of each mesh family at the global batch of the best point
-  (the family lines). A point is pruned when its bound ranks it below the
+  (the family lines: ``plan_search.compared_batch``). A point is pruned when its bound
+  ranks it below the
   ``keep``-th best costed so far; the points are costed best bound first, so that
   threshold is met early. Then, for each family, the pruned points at the best's
   global batch that could still beat the family's best are costed.
@@ -96,7 +97,9 @@ class Scoring:
 
 
 def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, keep: int,
-                family_of: Callable[[dict[str, Any]], str], exhaustive: bool = False,
+                family_of: Callable[[dict[str, Any]], str],
+                compared_batch: Callable[[list[dict[str, Any]]], int | None],
+                exhaustive: bool = False,
                 workers: int = 1,
                 on_point: Callable[[dict[str, Any], int], None] | None = None,
                 round_points: int = _ROUND) -> list[dict[str, Any]]:
@@ -107,7 +110,9 @@ def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, 
         points: the search's points.
         scoring: how they rank.
         keep: the best points the outputs show (never pruned).
-        family_of: a row's mesh family (``plan_report.family``).
+        family_of: a row's mesh family (``plan_search.family``).
+        compared_batch: the global batch the families are compared at, of rows
+            (``plan_search.compared_batch``).
         exhaustive: cost every point that plans (no pruning).
         workers: processes (1: this one).
         on_point: called with each row as it is made, and the number of points.
@@ -116,7 +121,8 @@ def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, 
     with _Runner(planner, workers, on_point, len(points)) as runner:
         if exhaustive:
             return runner.run([(c, "cost") for c in points])
-        return _Pruner(runner, points, scoring, keep, family_of, round_points).run()
+        return _Pruner(runner, points, scoring, keep, family_of, compared_batch,
+                       round_points).run()
 
 
 class _Pruner:
@@ -124,9 +130,11 @@ class _Pruner:
 
     def __init__(self, runner: _Runner, points: Sequence[Candidate], scoring: Scoring,
                  keep: int, family_of: Callable[[dict[str, Any]], str],
+                 compared_batch: Callable[[list[dict[str, Any]]], int | None],
                  round_points: int) -> None:
         self.runner, self.points, self.scoring = runner, list(points), scoring
         self.keep, self.family_of = max(1, int(keep)), family_of
+        self.compared_batch = compared_batch
         self.rows: dict[int, dict[str, Any]] = {}
         self.passes: dict[Any, float | None] = {}  # class -> its passes' seconds (None: unsure)
         self.round = max(1, int(round_points))
@@ -188,13 +196,13 @@ class _Pruner:
         return [c for c in self.points if self.rows[c.index]["status"] == "pruned"]
 
     def _families(self) -> None:
-        """Cost the pruned points of each family at the best point's global batch that
-        could beat the family's best costed there."""
+        """Cost the pruned points of each family at the batch families are compared at
+        that could beat the family's best costed there."""
+        batch = self.compared_batch(list(self.rows.values()))
         while True:
             ok = [r for r in self.rows.values() if r["status"] == "ok"]
-            if not ok:
+            if not ok or batch is None:
                 return
-            batch = min(ok, key=self.scoring.row_score)["global_batch"]
             best: dict[str, float] = {}
             for r in ok:
                 if r["global_batch"] == batch:

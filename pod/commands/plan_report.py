@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pod.commands.plan import PlanResult, layout_label
-from pod.commands.plan_search import capacity_text
+from pod.commands.plan_search import capacity_text, compared_batch, family
 from pod.commands.sweep import is_missing, json_row
 from pod.config.mesh import AXIS_NAMES
 from pod.report.console import titled_table
@@ -172,25 +172,16 @@ def plan_table(result: PlanResult, top: int = 10) -> Table:
     return table
 
 
-def family(row: dict[str, Any], axes: tuple[str, ...]) -> str:
-    """A mesh's family: the axes it splits over within a slice ("fsdp+tensor"; "one
-    device"), and across how many slices ("fsdp x 2 slices")."""
-    slices = row.get("slices", 1)
-    split = [a for a in axes if row[a] // (slices if a == "data" else 1) > 1]
-    name = "+".join(split) or "one device"
-    return f"{name} x {slices} slices" if slices > 1 else name
-
-
 def family_batch(result: PlanResult) -> int | None:
-    """The global batch the mesh families are compared at: the best point's (None when
-    nothing was costed)."""
-    return result.ranked[0]["global_batch"] if result.ranked else None
+    """The global batch the mesh families are compared at (``plan_search.compared_batch``
+    of the points that run), None when none runs."""
+    return compared_batch(result.rows, result.axes)
 
 
 def family_lines(result: PlanResult) -> list[str]:
-    """The best point of each mesh family (``fsdp``, ``fsdp+tensor``, ...) at the global
-    batch of the best point (``family_batch``: families compared on the same work per
-    step), best first; nothing when every costed point there is of one family."""
+    """The best point of each mesh family (``fsdp``, ``fsdp+tensor``, ...) at one global
+    batch (``family_batch``: families compared on the same work per step), best first;
+    nothing when every costed point there is of one family."""
     batch = family_batch(result)
     best: dict[str, dict[str, Any]] = {}
     for r in result.ranked:
@@ -208,10 +199,13 @@ def family_lines(result: PlanResult) -> list[str]:
 
 
 def family_title(result: PlanResult) -> str:
-    """``Best of each mesh family at the best's global batch (1,024 sequences):``."""
-    batch = family_batch(result)
+    """``Best of each mesh family at 1,024 sequences per step (the most families run
+    it):``."""
+    batch = family_batch(result) or 0
     what = "sequences" if result.sequence_length else "examples"
-    return f"Best of each mesh family at the best's global batch ({batch:,} {what}):"
+    how = ("the global batch asked" if result.global_batch is not None
+           else "the largest batch the most families run")
+    return f"Best of each mesh family at {batch:,} {what} per step ({how}):"
 
 
 def _capacity(row: dict[str, Any]) -> str:

@@ -46,7 +46,8 @@ from pod.errors import ScenarioError
 
 __all__ = ["SearchAxis", "SEARCH_AXES", "runtime_axes", "model_axes", "ordered_factorisations",
            "factorisation_count", "meshes", "remat_policies", "Candidate", "candidates",
-           "DEFAULT_CAPACITY_FACTOR", "capacity_factors", "capacity_text"]
+           "DEFAULT_CAPACITY_FACTOR", "capacity_factors", "capacity_text", "family",
+           "compared_batch"]
 
 #: The capacity factor a dropless mixture of experts is also searched at: Switch
 #: Transformer's (Fedus et al. 2022, section 2.2 and Table 1: 1.0 and 1.25 trained as
@@ -300,3 +301,28 @@ def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: S
                 out.append(Candidate(len(out) + 1, name, mesh, remat, batch, per_device,
                                      count, capacity))
     return out
+
+
+def family(row: Mapping[str, Any], axes: Sequence[str]) -> str:
+    """A point's mesh family: the axes it splits over within a slice ("fsdp+tensor"; "one
+    device"), and across how many slices ("fsdp x 2 slices"). ``row``: a plan row (its
+    axis columns, ``slices``)."""
+    slices = row.get("slices", 1)
+    split = [a for a in axes if row[a] // (slices if a == "data" else 1) > 1]
+    name = "+".join(split) or "one device"
+    return f"{name} x {slices} slices" if slices > 1 else name
+
+
+def compared_batch(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> int | None:
+    """The global batch mesh families are compared at: of the points that run (costed or
+    pruned), the one the most families run, the largest of those (the work per step
+    must be the same for a comparison: with per-device batches searched, a mesh's global
+    batch is its per-device batch x data x fsdp, and {fsdp: 256} at 1 per device runs 256
+    sequences where {fsdp: 128, tensor: 2} runs 128). None when no point runs."""
+    families: dict[int, set[str]] = {}
+    for r in rows:
+        if r["status"] in ("ok", "pruned"):
+            families.setdefault(int(r["global_batch"]), set()).add(family(r, axes))
+    if not families:
+        return None
+    return max(families, key=lambda b: (len(families[b]), b))

@@ -13,8 +13,8 @@ import yaml
 
 from pod.commands.plan import PLOTTED, Planner, PlanRequest, run_plan
 from pod.commands.plan_cost import Scoring, class_key, cost_points
-from pod.commands.plan_report import family, family_lines
-from pod.commands.plan_search import candidates, remat_policies
+from pod.commands.plan_report import family_lines
+from pod.commands.plan_search import candidates, compared_batch, family, remat_policies
 from pod.commands.plan_source import model_source
 
 #: Four alike blocks (three replayed from the first), a vocabulary and sequence big enough
@@ -81,8 +81,9 @@ def _scored(tiny, keep, exhaustive, workers=1, devices=4):
     points = candidates([(f"v5e-{devices}", devices)], AXES, ("none", "full"),
                         per_device_batches=(1, 2))
     rows = cost_points(planner, points, scoring=Scoring(planner.sequence_length, None),
-                       keep=keep, family_of=lambda r: family(r, AXES), exhaustive=exhaustive,
-                       workers=workers, round_points=4)
+                       keep=keep, family_of=lambda r: family(r, AXES),
+                       compared_batch=lambda rows: compared_batch(rows, AXES),
+                       exhaustive=exhaustive, workers=workers, round_points=4)
     return points, rows
 
 
@@ -108,7 +109,8 @@ def test_pruning_keeps_what_the_outputs_show(tiny, devices):
             assert mine["fits"] is True and mine["reason"].startswith("not costed: its forward")
         else:
             assert _same(mine, full)
-    batch = ok[0]["global_batch"]
+    batch = compared_batch(every, AXES)
+    assert batch == compared_batch(pruned, AXES)
     for name in {family(r, AXES) for r in ok if r["global_batch"] == batch}:
         best = [max((r for r in rows if r["status"] == "ok" and r["global_batch"] == batch
                      and family(r, AXES) == name), key=_rate) for rows in (pruned, every)]
