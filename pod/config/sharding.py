@@ -22,6 +22,7 @@ assumption, see VALIDATION.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -80,13 +81,21 @@ class DeviceGroups:
 
 
 def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
-    """The groups ``device`` belongs to, per axis of ``mesh`` (absent axes: itself alone).
+    """The groups ``device`` belongs to, per axis of ``mesh`` (absent axes: itself alone);
+    kept per (mesh, device) (a mesh is a value, and a layout search asks again for every
+    point of a mesh).
 
     Raises:
         ValueError: a device id not in the mesh.
     """
     if not 0 <= device < mesh.size:
         raise ValueError(f"device {device} is not in the mesh of {mesh.size} devices")
+    return _device_groups(mesh, int(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _device_groups(mesh: Mesh, device: int) -> DeviceGroups:
+    """:func:`device_groups` of a device of the mesh (a ``Mesh`` hashes as itself)."""
     ring: dict[str, tuple[int, ...]] = {}
     order: dict[str, tuple[int, ...]] = {}
     for axis in AXIS_NAMES:
