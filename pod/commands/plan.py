@@ -75,6 +75,8 @@ __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
 DEFAULT_PER_DEVICE_BATCHES = (1, 2, 4, 8)
 #: The fastest points drawn in layouts.png (a bar each).
 PLOTTED = 30
+#: Bound runs a planner keeps for costing their points later (a few hundred kB each).
+_BOUNDED = 512
 
 PLAN_COLUMNS = (
     "rank", "point", "status", "reason", "slice", "generation", "chips", "devices", "mesh",
@@ -235,6 +237,7 @@ class Planner:
                                 if self.model_name == "transformer" else 0)
         self._costs: dict[tuple, Any] = {}
         self.tape = LayerTape()
+        self._bounded: dict[int, tuple[Any, ...]] = {}  # point -> its bound's run
 
     def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
         """The scenario of a point: the source's with its slice, mesh, remat and batch."""
@@ -293,14 +296,14 @@ class Planner:
         return self._point(c, fast=False, mode="cost")[0]
 
     def point(self, c: Candidate, *, mode: str = "cost") -> tuple[dict[str, Any], float | None]:
-        """The point's row and the simulated seconds of its forward and backward passes
-        (the most of any of its representative devices: a lower bound of its step; None
-        when its step did not run).
+        """The point's row and the simulated seconds of the forward and backward passes of
+        its representative device with the most parameters (``_heaviest``: a lower bound
+        of its step; None when its step did not run).
 
         Args:
             c: the point.
             mode: "cost": costed by one timing-only step; "plan": planned only; "bound":
-                planned and its devices' step run, not clocked (its passes' seconds).
+                planned and that device's step run, not clocked (its passes' seconds).
                 Without "cost" the row says whether it is dropped, or ``pruned`` (it
                 plans; ``plan_cost`` gives the reason).
         """
@@ -314,16 +317,27 @@ class Planner:
         t0 = time.perf_counter()
         passes = None
         try:
-            plan = self.plan(c, shared=fast)
+            bounded = self._bounded.pop(c.index, None) if fast and mode == "cost" else None
+            plan = bounded[0].plan if bounded else self.plan(c, shared=fast)
             if mode != "cost":
                 row.update(status="pruned", fits=True,
                            hbm_per_device_bytes=int(plan.memory["total"]))
-            if mode != "plan":
+            if mode == "cost" and bounded:  # its bound's run: the plan, a device's report
+                pod, heaviest, report, passes = bounded
+                stats = pod.step(0, known={heaviest: report})
+            elif mode != "plan":
                 pod = TimingPod(plan, tape=self.tape if fast else None)
                 self.tape.pass_seconds.clear()
-                stats = pod.step(0) if mode == "cost" else pod.device_reports(0)
-                passes = self._passes_seconds() if fast else None
+                heaviest = _heaviest(pod)
+                if mode == "cost":
+                    stats = pod.step(0)
+                else:  # one device's passes bound the step: a pipeline's other stages aside
+                    (report,) = pod.device_reports(0, only=heaviest)
+                comm = pod.last_comms[heaviest if mode == "cost" else 0]
+                passes = self._passes_seconds(comm) if fast else None
                 self.tape.pass_seconds.clear()
+                if mode == "bound":  # kept for costing it later: the same plan and report
+                    self._keep_bounded(c.index, (pod, heaviest, report, passes))
         except HBMPlanError as err:
             need = (err.memory_plan or {}).get("total", math.nan)
             row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)
@@ -346,14 +360,19 @@ class Planner:
                                                   / row["simulated_step_seconds"])
         return row, passes
 
-    def _passes_seconds(self) -> float:
-        """The forward and backward passes' seconds of the busiest device of the last step
-        (``LayerTape.pass_seconds``, per device's collectives)."""
-        per_device: dict[Any, float] = {}
-        for (device, method), seconds in self.tape.pass_seconds.items():
-            if method in ("forward", "backward"):
-                per_device[device] = per_device.get(device, 0.0) + seconds
-        return max(per_device.values(), default=0.0)
+    def _keep_bounded(self, index: int, run: tuple[Any, ...]) -> None:
+        """Keep a bound's run (its pod, device, report and passes' seconds) for costing
+        the point later (at most ``_BOUNDED`` are kept, the oldest go first)."""
+        if len(self._bounded) >= _BOUNDED:
+            del self._bounded[next(iter(self._bounded))]
+        self._bounded[index] = run
+
+    def _passes_seconds(self, comm: Any) -> float:
+        """The forward and backward passes' seconds of the device of collectives ``comm``
+        in the last step (``LayerTape.pass_seconds``): part of its compute, so a lower
+        bound of the step (whose slowest device's clock is at least any device's)."""
+        return sum(seconds for (device, method), seconds in self.tape.pass_seconds.items()
+                   if device is comm and method in ("forward", "backward"))
 
     def _labels(self, c: Candidate) -> dict[str, Any]:
         """A point's row before it is costed: what it is (NaN for the figures). ``mesh``
@@ -398,6 +417,14 @@ class Planner:
                 d, x_train=np.broadcast_to(d.x_train[:1], (n, *d.x_train.shape[1:])),
                 y_train=np.broadcast_to(d.y_train[:1], (n, *d.y_train.shape[1:])))
         return self._views[n]
+
+
+def _heaviest(pod: Any) -> int:
+    """The representative device (of a ``TimingPod``) with the most parameters: the
+    pipeline stage with the most work (the last, with the output layer), the one device
+    without a pipeline; the first of equals."""
+    sizes = [sum(int(np.size(v)) for v in d.state.params.values()) for d in pod.devices]
+    return sizes.index(max(sizes))
 
 
 def _load(scenario: Scenario, seed: int) -> Dataset:

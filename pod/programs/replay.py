@@ -87,7 +87,7 @@ def signature(value: Any, known: dict[int, tuple[Any, Any]] | None = None) -> An
         _Unsignable: a value of a kind it does not know.
     """
     if type(value) is np.ndarray:
-        return ("array", value.shape, value.dtype.str)
+        return ("array", value.shape, value.dtype)
     if known is not None:
         hit = known.get(id(value))
         if hit is not None and hit[0] is value:
@@ -96,14 +96,14 @@ def signature(value: Any, known: dict[int, tuple[Any, Any]] | None = None) -> An
         return value
     if isinstance(value, (dict, types.MappingProxyType)):
         try:  # most often every value an array: shapes and dtypes without a call each
-            return ("map", tuple((k, ("array", v.shape, v.dtype.str))
+            return ("map", tuple((k, ("array", v.shape, v.dtype))
                                  for k, v in value.items() if type(v) is np.ndarray or _no()))
         except _NotAllArrays:
             return ("map", tuple((k, signature(v, known)) for k, v in value.items()))
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, tuple(signature(v, known) for v in value))
     if isinstance(value, np.ndarray):
-        return ("array", value.shape, value.dtype.str)
+        return ("array", value.shape, value.dtype)
     if isinstance(value, (np.generic, np.dtype)):
         return ("np", repr(value))
     if isinstance(value, (set, frozenset)):
@@ -221,7 +221,7 @@ class LayerTape:
         self._layer_keys: dict[int, tuple[Any, Any]] = {}  # id(layer) -> (layer, signature)
         self._names: dict[tuple[str, ...], _Names] = {}
         self._known: dict[int, tuple[Any, Any]] = {}  # id -> (a pass's output, signature)
-        self._recent: list[tuple[Any, Any]] = []  # (argument, signature), the latest first
+        self._signed: dict[int, tuple[Any, Any]] = {}  # id -> (an argument, its signature)
         self.pass_seconds: dict[tuple[Any, str], float] = {}
         self.hits = self.misses = 0
 
@@ -284,15 +284,19 @@ class LayerTape:
         self.pass_seconds[key] = self.pass_seconds.get(key, 0.0) + seconds
 
     def _sign(self, value: Any) -> Any:
-        """:func:`signature` of a pass's argument; the last few containers given are
-        remembered by identity (a step's hooks serve every layer of a pass, unchanged)."""
+        """:func:`signature` of a pass's argument; containers are remembered by identity
+        (kept alive while remembered, so an id is not reused): a pass reads its
+        arguments and nothing changes them between passes (a step's hooks serve every
+        layer, a program's zero parameters every step)."""
         if type(value) is np.ndarray or value is None or isinstance(value, (bool, int, float)):
             return signature(value)
-        for kept, sig in self._recent:
-            if kept is value:
-                return sig
+        kept = self._signed.get(id(value))
+        if kept is not None and kept[0] is value:
+            return kept[1]
         sig = signature(value, self._known)
-        self._recent = [(value, sig), *self._recent[:7]]
+        if len(self._signed) >= 4 * self.max_segments:
+            self._signed.clear()
+        self._signed[id(value)] = (value, sig)
         return sig
 
     def _know(self, result: Any) -> None:

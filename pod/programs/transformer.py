@@ -287,6 +287,7 @@ class ShardedTransformer:
         self._owned = [[k for k, _ in keys if owner[k] == i] for i, keys in enumerate(self._keys)]
         self._shapes = self.local_model.param_shapes
         self._layer_names = tuple(layer.name for layer in self.local_model.layers)
+        self._zero_params: dict[int, dict[str, np.ndarray]] = {}  # timing-only gathers
         self._key_layer = {k: i for i in reversed(range(len(self._keys)))  # its first layer
                            for k, _ in self._keys[i]}
         #: the dtype the chunks, their gradients and the optimizer state are stored in
@@ -515,8 +516,9 @@ class ShardedTransformer:
 
     def _update(self, core, comm, grads, shard: DeviceShard, step: int):
         """The optimizer's update of this device's chunks; on a timing-only core with a
-        ``LayerTape`` (``pod.programs.replay``), each parameter's update replayed when the
-        same one ran before (the blocks' parameters are alike)."""
+        ``LayerTape`` (``pod.programs.replay``), the whole update replayed when the same
+        ran before (another point of a layout search with these chunks), else each
+        parameter's when the same one did (the blocks' parameters are alike)."""
         tape = getattr(comm, "tape", None)
         if tape is None or core.execute:
             return self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
@@ -525,8 +527,10 @@ class ShardedTransformer:
             return tape.run(core, comm, self._layer_names, self._key_layer[key],
                             self.optimizer, "update", (key, *args), run)
 
-        return self.optimizer.update(core, grads, shard.opt_state, shard.params, step,
-                                     each=each)
+        return tape.run(core, comm, self._layer_names, 0, self.optimizer, "update all",
+                        (grads, shard.opt_state, shard.params, step),
+                        lambda: self.optimizer.update(core, grads, shard.opt_state,
+                                                      shard.params, step, each=each))
 
     #: test examples an evaluation takes at most (cut to a multiple of data x fsdp): the
     #: sharded forward pass is costly to emulate and the loss settles on fewer
@@ -591,7 +595,11 @@ class ShardedTransformer:
             comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
                                                  np.float32),
                             tag=tag, kind="param_gather", after_record=after, itemsize=itemsize)
-            return {local: timing_zeros(self._shapes[key], np.float32) for key, local in keys}
+            zeros = self._zero_params.get(i)  # one read-only dict of zero views per layer
+            if zeros is None:
+                zeros = self._zero_params[i] = {local: timing_zeros(self._shapes[key], np.float32)
+                                                for key, local in keys}
+            return zeros
         mine = np.concatenate([shard.params[k] for k, _ in keys]).astype(np.float32, copy=False)
         full = comm.all_gather("fsdp", mine, tag=tag, kind="param_gather", after_record=after,
                                itemsize=itemsize)

@@ -75,6 +75,7 @@ class TimingPod:
         self.device = self.devices[self.groups.ring["stage"].index(0)]
         self.last_report: DeviceReport | None = None
         self.last_reports: list[DeviceReport] = []
+        self.last_comms: list[ShapeCollectives | None] = []
 
     @property
     def algorithm(self) -> str:
@@ -91,12 +92,15 @@ class TimingPod:
             idx = np.arange(b) % n
         return data.x_train[idx], data.y_train[idx]
 
-    def step(self, step: int = 0, *, trace: bool = False) -> StepStats:
+    def step(self, step: int = 0, *, trace: bool = False,
+             known: dict[int, DeviceReport] | None = None) -> StepStats:
         """Account one training step of the whole pod.
 
         Args:
             step: zero-based step number (selects the link faults in force).
             trace: keep the representative devices' op rows (``last_reports``' ``trace``).
+            known: reports of this step already made (``device_reports(only=...)``), by
+                index in ``devices``: not made again.
 
         Returns:
             Its statistics: simulated figures of the pod (every device's clock is
@@ -104,7 +108,7 @@ class TimingPod:
         """
         t0 = time.perf_counter()
         x, y = self._examples(step)
-        reports = self.device_reports(step, trace=trace)
+        reports = self.device_reports(step, trace=trace, known=known)
         per_chip = self.plan.mesh.devices_per_chip
         return combine_device_reports(
             step, reports, self.plan.collective_costs_at(step), self.context,
@@ -112,22 +116,40 @@ class TimingPod:
             wall_seconds=time.perf_counter() - t0,
             replicate=self.plan.mesh.size // len(reports))
 
-    def device_reports(self, step: int = 0, *, trace: bool = False) -> list[DeviceReport]:
+    def device_reports(self, step: int = 0, *, trace: bool = False,
+                       only: int | None = None,
+                       known: dict[int, DeviceReport] | None = None) -> list[DeviceReport]:
         """The representative devices' reports of one step (:meth:`step` without the
         clock: their op records and collective calls, not yet placed in time).
 
         Args:
             step: zero-based step number.
             trace: keep the op rows (``DeviceReport.trace``).
+            only: the step of ``devices[only]`` alone (one stage of a pipeline).
+            known: reports already made, by index in ``devices`` (taken as they are: the
+                devices' steps do not depend on each other).
+
+        Attributes set:
+            last_comms: each reported device's collectives of the step, in order (None
+                for a known report).
         """
         x, y = self._examples(step)
         seed = self.plan.training.seed
-        reports = []
-        for device in self.devices:
+        reports: list[DeviceReport] = []
+        comms: list[ShapeCollectives | None] = []
+        for i in range(len(self.devices)) if only is None else [only]:
+            if known and i in known:
+                reports.append(known[i])
+                comms.append(None)
+                continue
+            device = self.devices[i]
             groups = device.groups
             comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
                                     {a: groups.ring_index(a) for a in AXES}, tape=self.tape)
             reports.append(device.step(comm, x, y, step, seed, trace=trace))
-        self.last_reports = reports
-        self.last_report = reports[self.devices.index(self.device)]
+            comms.append(comm)
+        self.last_comms = comms
+        if only is None:
+            self.last_reports = reports
+            self.last_report = reports[self.devices.index(self.device)]
         return reports
