@@ -255,7 +255,8 @@ class _Runner:
                 self.pool = multiprocessing.get_context("fork").Pool(self.workers)
             else:
                 self.pool = multiprocessing.get_context("spawn").Pool(
-                    self.workers, initializer=_start, initargs=(self.planner.source,))
+                    self.workers, initializer=_start,
+                    initargs=(type(self.planner), self.planner.source))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -301,12 +302,10 @@ def _chunks(tasks: list[tuple[int, tuple[Candidate, str]]]
     return out
 
 
-def _start(source: Any) -> None:
-    """A spawned worker's planner."""
+def _start(planner_class: Any, source: Any) -> None:
+    """A spawned worker's planner (``plan.Planner`` of the model's source)."""
     global _PLANNER
-    from pod.commands.plan import Planner
-
-    _PLANNER = Planner(source)
+    _PLANNER = planner_class(source)
 
 
 def _work(chunk: Iterable[tuple[int, tuple[Candidate, str]]]
