@@ -57,8 +57,11 @@ from interconnect.collectives import (
 )
 from interconnect.cost import (
     FAST_PATHS,
+    MAX_COST_WORK,
     ScheduleCost,
+    check_cost_work,
     collective_cost,
+    cost_work,
     schedule_cost,
     schedule_time,
 )
@@ -75,6 +78,7 @@ from interconnect.groups import (
     group_ppermute_schedule,
     group_ring_schedule,
     group_torus_schedule,
+    pair_permute_cost,
 )
 from interconnect.link import LinkSpec
 from interconnect.topology import Torus, parse_shape
@@ -120,10 +124,14 @@ __all__ = [
     "group_collective_cost",
     "group_ppermute_schedule",
     "group_ppermute_cost",
+    "pair_permute_cost",
     "ScheduleCost",
     "schedule_cost",
     "schedule_time",
     "collective_cost",
+    "cost_work",
+    "check_cost_work",
+    "MAX_COST_WORK",
     "FAST_PATHS",
     "LinkFailureError",
     "LinkFaults",

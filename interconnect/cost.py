@@ -30,13 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from interconnect.all_to_all import torus_link_counts
 from interconnect.collectives import Schedule
 from interconnect.errors import ScheduleError, TopologyError
 from interconnect.faults import LinkFaults, route
 from interconnect.link import LinkSpec
-from interconnect.topology import Torus
+from interconnect.topology import Torus, link_ids, link_of_id
 
-__all__ = ["ScheduleCost", "schedule_cost", "schedule_time"]
+__all__ = ["ScheduleCost", "schedule_cost", "schedule_time", "cost_work", "check_cost_work",
+           "MAX_COST_WORK"]
 
 
 def _checked_faults(faults: LinkFaults | None, topology: Torus) -> LinkFaults:
@@ -257,10 +259,81 @@ def schedule_time(schedule: Schedule, topology: Torus, link: LinkSpec,
 
 #: (op, algorithm) pairs :func:`collective_cost` can time without building the schedule.
 FAST_PATHS = frozenset(
-    (op, algorithm)
-    for op in ("allreduce", "reduce_scatter", "all_gather")
-    for algorithm in ("ring", "bidirectional_ring", "torus")
+    [(op, algorithm)
+     for op in ("allreduce", "reduce_scatter", "all_gather")
+     for algorithm in ("ring", "bidirectional_ring", "torus")] + [("all_to_all", "direct")]
 )
+
+
+#: Most work one collective's cost may take, in ``cost_work`` units (about 10 ns of CPU
+#: each here: 2^28 is about 3 s), checked before anything is built per chip or pair.
+MAX_COST_WORK = 1 << 28
+#: A Transfer object built, routed and costed, in ``cost_work`` units (about 10 us), and
+#: each hop of its route (about 1 us).
+_TRANSFER_WORK, _HOP_WORK = 1000, 100
+
+
+def cost_work(op: str, topology: Torus, algorithm: str | None = None,
+              faults: LinkFaults | None = None) -> int:
+    """About how much work costing ``op`` by ``algorithm`` on ``topology`` takes, in
+    closed form, in units of one link's bytes updated in one phase (about 10 ns of CPU
+    here), fitted on this code's paths (``benchmarks``-style CPU times, 2 cores):
+
+    - all-to-all (closed form, ``interconnect.all_to_all``): ``L`` (the links, n x 2 ndim);
+    - ``ring`` (vectorised, :func:`_ring_family_cost`): ``2 (n - 1) L`` (a bincount over
+      the links per phase; 1-D 4,096 chips: 1.4 s);
+    - ``torus`` (per axis): ``sum_d (a_d L + n a_d^2)`` (the chains of each axis; 1-D
+      512: 1.3 s, 16x32x32: 0.7 s); ``bidirectional_ring``: the same over one ring of
+      ``n`` (8x8x8: 1.5 s);
+    - schedules built Transfer by Transfer (other algorithms, or failed links): the
+      transfers x (``_TRANSFER_WORK`` + ``_HOP_WORK`` x their hops; half the diameter
+      when they are not ring neighbours): halving-doubling ``2 n log2 n`` transfers
+      (16x16x16: 1.9 s), tree ``2 n`` (16x32x32: 0.9 s), pipelined-ring broadcast
+      ``2 n^2`` of one hop, ppermute ``n``, all-to-all with failed links ``n^2``.
+
+    Returns:
+        The estimate (an int; compare with ``MAX_COST_WORK``).
+    """
+    algorithm = algorithm or {"all_to_all": "direct", "broadcast": "pipelined_ring",
+                              "ppermute": "direct"}.get(op, "torus")
+    n, links = topology.num_chips, topology.num_chips * 2 * topology.ndim
+    failed = bool(faults is not None and faults.failed)
+    axes = [a for a in topology.shape if a > 1]
+    if (op, algorithm) in FAST_PATHS and not failed:
+        if op == "all_to_all":
+            return links
+        if algorithm == "ring":
+            return 2 * max(n - 1, 0) * links
+        rings = axes if algorithm == "torus" else [n]
+        return sum(a * links + n * a * a for a in rings)
+    half_diameter = max(1, sum(a // 2 if topology.axis_wraps(d) else a - 1
+                               for d, a in enumerate(topology.shape)) // 2)
+    log_n = max(1, (n - 1).bit_length())
+    transfers, hops = {
+        "ring": (2 * n * n, 1), "pipelined_ring": (2 * n * n, 1),
+        "halving_doubling": (2 * n * log_n, half_diameter), "tree": (2 * n, half_diameter),
+        "direct": (n * n if op == "all_to_all" else n, half_diameter),
+    }.get(algorithm, (sum(a * n for a in (axes if algorithm == "torus" else [n])), 1))
+    return transfers * (_TRANSFER_WORK + _HOP_WORK * hops)
+
+
+def check_cost_work(op: str, topology: Torus, algorithm: str | None = None,
+                    faults: LinkFaults | None = None, *, calls: int = 1,
+                    limit: int = MAX_COST_WORK) -> int:
+    """``cost_work`` of ``calls`` costs (one per message size), refused past ``limit``.
+
+    Raises:
+        ScheduleError: one line naming the op, the algorithm, the torus and the limit.
+    """
+    work = cost_work(op, topology, algorithm, faults) * calls
+    if work > limit:
+        sizes = f"{calls} sizes of " if calls > 1 else ""
+        raise ScheduleError(
+            f"costing {sizes}{op} by {algorithm} on a {topology.name} torus "
+            f"({topology.num_chips:,} chips) is about {work:.2g} units of work, more than the "
+            f"{limit:.2g} allowed (seconds of CPU); choose another algorithm, fewer sizes or "
+            "a smaller torus")
+    return work
 
 
 def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec, *,
@@ -295,51 +368,36 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         The :class:`ScheduleCost`.
 
     Raises:
-        ScheduleError: unknown op / algorithm or bad counts.
+        ScheduleError: unknown op / algorithm or bad counts; a cost past
+            ``MAX_COST_WORK`` (``check_cost_work``), refused before it starts.
         TopologyError: a fault names a missing link, or failures cut a route.
     """
     from interconnect.collectives import (
         ALGORITHMS,
         _check_algorithm,
         _check_counts,
+        all_to_all,
         build_collective,
     )
 
     algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
     _check_algorithm(op, algorithm)
     checked = _checked_faults(faults, topology)
+    check_cost_work(op, topology, algorithm, checked)
     if fast and (op, algorithm) in FAST_PATHS and not checked.failed:
-        _, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+        n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+        if op == "all_to_all":  # in closed form (interconnect.all_to_all), no pair built
+            if num_elements % n:
+                all_to_all(topology, num_elements, itemsize)  # its one-line refusal
+            counts, max_hops = torus_link_counts(topology)
+            return _all_to_all_cost(topology, counts, max_hops, num_elements // n * itemsize,
+                                    link, checked)
         if algorithm == "ring":
             return _ring_family_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
         return _axis_collective_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
     schedule = build_collective(op, topology, num_elements, itemsize, algorithm, shift=shift,
                                 axis=axis)
     return schedule_cost(schedule, topology, link, checked)
-
-
-def _link_ids(topology: Torus, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray:
-    """Integer id of directed links: src x 2 ndim + axis x 2 + (1 if dst is src's +1 neighbour)."""
-    shape = np.asarray(topology.shape)
-    strides = np.asarray(topology._strides)  # noqa: SLF001 - same package
-    cs = (srcs[..., None] // strides) % shape
-    cd = (dsts[..., None] // strides) % shape
-    axis = np.argmax(cs != cd, axis=-1)
-    a = np.take_along_axis(cs, axis[..., None], -1)[..., 0]
-    b = np.take_along_axis(cd, axis[..., None], -1)[..., 0]
-    plus = (b == (a + 1) % shape[axis]).astype(np.int64)
-    return srcs * (2 * topology.ndim) + axis * 2 + plus
-
-
-def _link_of_id(topology: Torus, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    shape = np.asarray(topology.shape)
-    strides = np.asarray(topology._strides)  # noqa: SLF001
-    src = ids // (2 * topology.ndim)
-    axis = (ids % (2 * topology.ndim)) // 2
-    step = np.where(ids % 2 == 1, 1, -1)
-    c = (src // strides[axis]) % shape[axis]
-    dst = src + (((c + step) % shape[axis]) - c) * strides[axis]
-    return src, dst
 
 
 def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: int, itemsize: int,
@@ -358,7 +416,7 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
     nlinks = n * 2 * topology.ndim
     factors = np.ones(nlinks)
     for (src, dst), factor in faults.slowdowns.items():
-        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+        factors[link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
     slowed = bool(faults.slowdowns)
     order = topology.ring_order()
     levels = [[order]] if n >= 2 else []
@@ -388,7 +446,7 @@ def _ring_family_cost(op: str, algorithm: str, topology: Torus, num_elements: in
                     path = route_cache[(src0, dst0)] = route(topology, src0, dst0)
                 offsets = rings[:, i] - src0
                 for hop_src, hop_dst in path:
-                    ids = _link_ids(topology, hop_src + offsets, hop_dst + offsets)
+                    ids = link_ids(topology, hop_src + offsets, hop_dst + offsets)
                     e_pos.append(np.full(num_rings, i))
                     e_ring.append(np.arange(num_rings))
                     e_link.append(ids)
@@ -434,7 +492,7 @@ def _phase_seconds(topology: Torus, loads: np.ndarray, factors: np.ndarray | Non
 def _cost_of(topology: Torus, phase_seconds: list[float], totals: np.ndarray, factors: np.ndarray,
              link: LinkSpec) -> ScheduleCost:
     used = np.flatnonzero(totals)
-    srcs, dsts = _link_of_id(topology, used)
+    srcs, dsts = link_of_id(topology, used)
     link_bytes = dict(zip(zip(srcs.tolist(), dsts.tolist(), strict=True), totals[used].tolist(),
                           strict=True))
     busiest_seconds = (float((totals * factors).max()) / link.achieved_bandwidth_bytes_per_s(1)
@@ -461,7 +519,7 @@ def _neighbour_tables(topology: Torus) -> tuple[np.ndarray, np.ndarray]:
             nc %= size
             ok &= nc != c
             dst[ok, slot] = ranks[ok] + (nc[ok] - c[ok]) * strides[axis]
-            ids[ok, slot] = _link_ids(topology, ranks[ok], dst[ok, slot])
+            ids[ok, slot] = link_ids(topology, ranks[ok], dst[ok, slot])
     return dst, ids
 
 
@@ -485,12 +543,12 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
     nlinks = n * 2 * topology.ndim
     factors = np.ones(nlinks)
     for (src, dst), factor in faults.slowdowns.items():
-        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+        factors[link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
     slowed = factors if faults.slowdowns else None
     neighbour_dst, neighbour_id = _neighbour_tables(topology)
     reverse = np.zeros(nlinks, dtype=np.int64)
     has = neighbour_dst >= 0
-    reverse[neighbour_id[has]] = _link_ids(topology, neighbour_dst[has], np.nonzero(has)[0])
+    reverse[neighbour_id[has]] = link_ids(topology, neighbour_dst[has], np.nonzero(has)[0])
     totals = np.zeros(nlinks, dtype=np.int64)
     route_ids: dict[tuple[int, int], np.ndarray] = {}
 
@@ -509,7 +567,7 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
             far = route_ids.get((src, dst))
             if far is None:
                 path = np.asarray(topology.route(src, dst), dtype=np.int64)
-                far = route_ids[(src, dst)] = _link_ids(topology, path[:, 0], path[:, 1])
+                far = route_ids[(src, dst)] = link_ids(topology, path[:, 0], path[:, 1])
             np.add.at(loads, far, size)
             max_hops = max(max_hops, len(far))
         return loads, max_hops
@@ -541,3 +599,24 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
     phase_seconds = {"allreduce": rs_seconds + ag_seconds[::-1], "reduce_scatter": rs_seconds,
                      "all_gather": ag_seconds[::-1]}[op]
     return _cost_of(topology, phase_seconds, totals, factors, link)
+
+
+def _slowdowns(topology: Torus, faults: LinkFaults | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(nlinks,) slowdown factor by link id, and the same or None when no link is slowed."""
+    factors = np.ones(topology.num_chips * 2 * topology.ndim)
+    for (src, dst), factor in (faults.slowdowns.items() if faults is not None else ()):
+        factors[link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+    return factors, (factors if faults is not None and faults.slowdowns else None)
+
+
+def _all_to_all_cost(topology: Torus, counts: np.ndarray, max_hops: int, piece_bytes: int,
+                     link: LinkSpec, faults: LinkFaults | None) -> ScheduleCost:
+    """A direct all-to-all's cost from its messages per link (``counts``: (n x 2 ndim,)
+    int64 by link id, ``interconnect.all_to_all.block_link_counts``) and its longest
+    route: one phase, its busiest link at the achieved bandwidth of the chips' driven
+    links plus latency times the longest route, as :func:`schedule_cost` costs it."""
+    factors, slowed = _slowdowns(topology, faults)
+    loads = counts * piece_bytes
+    seconds = (_phase_seconds(topology, loads, slowed, max_hops, link)
+               if piece_bytes and counts.any() else 0.0)
+    return _cost_of(topology, [seconds], loads, factors, link)

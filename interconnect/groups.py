@@ -57,6 +57,7 @@ from functools import partial
 
 import numpy as np
 
+from interconnect.all_to_all import block_link_counts, torus_link_counts
 from interconnect.chains import axis_reduce_scatter_phases, build_axis_collective
 from interconnect.collectives import (
     all_to_all,
@@ -66,22 +67,22 @@ from interconnect.collectives import (
 )
 from interconnect.cost import (
     ScheduleCost,
+    _all_to_all_cost,
     _cost_of,
-    _link_ids,
-    _link_of_id,
     _phase_seconds,
+    _slowdowns,
     schedule_cost,
 )
 from interconnect.errors import ScheduleError
 from interconnect.faults import LinkFaults
 from interconnect.link import LinkSpec
 from interconnect.schedule import Schedule, _make_transfer, _trusted_schedule
-from interconnect.topology import Torus
+from interconnect.topology import Torus, link_ids, link_of_id
 
 __all__ = ["GROUP_OPS", "GROUP_ALGORITHMS", "group_ring_schedule", "group_torus_schedule",
            "concurrent_group_schedule", "group_collective_cost", "group_ring_cost",
            "group_torus_cost", "group_ppermute_schedule", "group_ppermute_cost",
-           "group_all_to_all_cost"]
+           "group_all_to_all_cost", "pair_permute_cost"]
 
 #: The operations a group collective performs (the device program's four; all_to_all is
 #: direct under either algorithm: every message on its own dimension-order route).
@@ -413,6 +414,64 @@ def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_el
     """
     groups = _checked_groups(groups, topology.num_chips * devices_per_chip)
     srcs, dsts = _ppermute_pairs(groups, shift)
+    if faults is not None and faults.failed and srcs.size and num_elements:
+        if devices_per_chip > 1:
+            raise ScheduleError("failed links with several devices per chip (v2 / v3 "
+                                "TensorCores) are not modelled: the rerouted schedule has chip "
+                                "ranks only")
+        return schedule_cost(group_ppermute_schedule(groups, topology.num_chips, num_elements,
+                                                     itemsize, shift), topology, link, faults)
+    return pair_permute_cost(topology, srcs, dsts, num_elements, link, itemsize, faults,
+                             devices_per_chip=devices_per_chip,
+                             on_chip_bytes_per_s=on_chip_bytes_per_s)
+
+
+def pair_permute_cost(topology: Torus, sources: Sequence[int] | np.ndarray,
+                      targets: Sequence[int] | np.ndarray, num_elements: int, link: LinkSpec,
+                      itemsize: int = 4, faults: LinkFaults | None = None, *,
+                      devices_per_chip: int = 1,
+                      on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+    """Simulated cost of a collective permute given as (source, target) device pairs,
+    all sending at once (one phase): XLA's ``collective-permute`` with its
+    ``source_target_pairs``, which need not be a shift of equal groups (a pipeline
+    without wraparound sends 0 -> 1 -> 2 and nothing back).
+
+    Each source sends its whole buffer on the dimension-order route to its target;
+    the phase takes the busiest link's bytes at the achieved bandwidth of the links
+    a chip drives, plus latency times the longest route, plus the collective's
+    fixed cost (:func:`interconnect.cost.schedule_cost`'s phase; the same figures
+    as :func:`group_ppermute_cost` for the pairs of a shift). A pair on one chip
+    (v2 / v3 TensorCores) is an on-chip copy at ``on_chip_bytes_per_s`` beside the
+    phase (the phase takes the longer); a pair sending to itself moves nothing.
+
+    Args:
+        topology: the chips' torus.
+        sources, targets: (P,) device ids (device ``d`` on rank ``d // devices_per_chip``).
+        num_elements: elements of each source's buffer.
+        link: the (calibrated) link.
+        itemsize: bytes per element.
+        faults: slowed links (failed links: route around them with the schedule of
+            :func:`group_ppermute_schedule`, which takes groups).
+        devices_per_chip, on_chip_bytes_per_s: as :func:`group_ppermute_cost`.
+
+    Returns:
+        The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: pairs of different lengths or ranks outside the torus, a
+            pair on one chip without ``on_chip_bytes_per_s``, or failed links.
+    """
+    srcs = np.asarray(sources, dtype=np.int64).reshape(-1)
+    dsts = np.asarray(targets, dtype=np.int64).reshape(-1)
+    devices = topology.num_chips * devices_per_chip
+    if srcs.shape != dsts.shape or (srcs.size and (min(srcs.min(), dsts.min()) < 0
+                                                   or max(srcs.max(), dsts.max()) >= devices)):
+        raise ScheduleError(f"permute pairs must be equal lists of device ids in 0..{devices - 1}")
+    if faults is not None and faults.failed:
+        raise ScheduleError("a permute of pairs over failed links is not modelled; give groups "
+                            "and a shift (group_ppermute_cost routes around them)")
+    keep = srcs != dsts
+    srcs, dsts = srcs[keep], dsts[keep]
     whole = int(num_elements) * int(itemsize)
     if srcs.size == 0 or whole == 0:
         return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
@@ -425,13 +484,6 @@ def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_el
                                 "permute between two devices of one chip needs a positive "
                                 "bandwidth in bytes/s")
         local = whole / on_chip_bytes_per_s
-    if faults is not None and faults.failed:
-        if devices_per_chip > 1:
-            raise ScheduleError("failed links with several devices per chip (v2 / v3 "
-                                "TensorCores) are not modelled: the rerouted schedule has chip "
-                                "ranks only")
-        return schedule_cost(group_ppermute_schedule(groups, topology.num_chips, num_elements,
-                                                     itemsize, shift), topology, link, faults)
     nlinks = topology.num_chips * 2 * topology.ndim
     factors, slowed = _slowdowns(topology, faults)
     edge, ids, hops = _routes(topology, a[~on_chip], b[~on_chip])
@@ -446,7 +498,7 @@ def _routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray
 
     Returns:
         (edge, link id, hops), one entry per hop of every route: the index of
-        the pair, the link's id (``interconnect.cost._link_ids``) and the
+        the pair, the link's id (``interconnect.topology.link_ids``) and the
         length of the pair's route.
     """
     shape, strides = np.asarray(topology.shape), np.asarray(topology._strides)  # noqa: SLF001
@@ -474,7 +526,7 @@ def _routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray
             nc = (c + steps[axis][moving]) % size
             nxt = current[moving] + (nc - c) * strides[axis]
             edge_parts.append(moving)
-            id_parts.append(_link_ids(topology, current[moving], nxt))
+            id_parts.append(link_ids(topology, current[moving], nxt))
             current[moving], coords[moving, axis] = nxt, nc
     edge = np.concatenate(edge_parts) if edge_parts else np.zeros(0, np.int64)
     ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.int64)
@@ -554,10 +606,18 @@ def group_ring_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     return _cost_of(topology, seconds, totals, factors, link)
 
 
+#: Above this many messages (groups x size^2) a group all-to-all on blocks of the torus
+#: is costed in closed form (``interconnect.all_to_all``): bit-identical, O(chips).
+CLOSED_FORM_PAIRS = 1 << 16
+#: Most messages routed one by one (groups that are not blocks: about 100 bytes each).
+MAX_ROUTED_PAIRS = 1 << 24
+
+
 def group_all_to_all_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
                           num_elements: int, link: LinkSpec, itemsize: int = 4,
                           faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
-                          on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+                          on_chip_bytes_per_s: float | None = None,
+                          closed_form: bool = False) -> ScheduleCost:
     """The fast path of ``group_collective_cost("all_to_all", ...)``: the same seconds and
     link bytes as ``schedule_cost(concurrent_group_schedule("all_to_all", ...))``.
 
@@ -571,21 +631,45 @@ def group_all_to_all_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
     TensorCores) is an on-chip copy, each device's one after another, beside the
     ICI transfers (the phase takes the longer).
 
+    Groups that are blocks of the torus (a whole torus, a mesh axis's devices) with
+    one device per chip are costed in closed form above ``CLOSED_FORM_PAIRS``
+    messages (``interconnect.all_to_all.block_link_counts``: the same integer loads
+    per link, so the same seconds to the bit; a 16,384-chip all-to-all in well under
+    a second and a few MB); other groups route every message, at most
+    ``MAX_ROUTED_PAIRS``.
+
     Args:
         op: "all_to_all".
         topology, groups, num_elements, link, itemsize, devices_per_chip,
             on_chip_bytes_per_s: as :func:`group_collective_cost` (groups checked by
             the caller; ``num_elements`` a multiple of the group size).
         faults: slowed links only (failed links reroute: the schedule path).
+        closed_form: use the closed form whenever the groups are blocks (tests).
 
     Returns:
         The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: groups that are not blocks with more than ``MAX_ROUTED_PAIRS``
+            messages.
     """
     size = len(groups[0])
-    members = np.asarray(groups, dtype=np.int64).reshape(len(groups), size)    # (R, g)
-    nlinks = topology.num_chips * 2 * topology.ndim
     factors, slowed = _slowdowns(topology, faults)
     piece = num_elements // size * itemsize                                  # bytes per message
+    pairs = len(groups) * size * size
+    if devices_per_chip == 1 and (closed_form or pairs > CLOSED_FORM_PAIRS):
+        whole = len(groups) == 1 and size == topology.num_chips and \
+            list(groups[0]) == list(range(size))
+        found = (torus_link_counts(topology) if whole else        # O(chips), no pair routed
+                 block_link_counts(topology, groups))
+        if found is not None:
+            return _all_to_all_cost(topology, *found, piece, link, faults)
+    if pairs > MAX_ROUTED_PAIRS:
+        raise ScheduleError(f"all-to-all over {len(groups):,} groups of {size:,} devices that "
+                            f"are not blocks of the torus: {pairs:,} messages to route, more than "
+                            f"the {MAX_ROUTED_PAIRS:,} allowed")
+    members = np.asarray(groups, dtype=np.int64).reshape(len(groups), size)    # (R, g)
+    nlinks = topology.num_chips * 2 * topology.ndim
     src = np.repeat(members, size, axis=1).reshape(-1)                       # (R g g,)
     dst = np.tile(members, (1, size)).reshape(-1)
     sending = src != dst
@@ -600,14 +684,6 @@ def group_all_to_all_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
         copies = np.bincount(src[~ici]).max() * piece
         seconds = max(seconds, float(copies) / on_chip_bytes_per_s)
     return _cost_of(topology, [seconds], loads, factors, link)
-
-
-def _slowdowns(topology: Torus, faults: LinkFaults | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(nlinks,) slowdown factor by link id, and the same or None when no link is slowed."""
-    factors = np.ones(topology.num_chips * 2 * topology.ndim)
-    for (src, dst), factor in (faults.slowdowns.items() if faults is not None else ()):
-        factors[_link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
-    return factors, (factors if faults is not None and faults.slowdowns else None)
 
 
 def group_torus_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
@@ -651,7 +727,7 @@ def group_torus_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     # (local link id, bytes) per phase; the all-gather turns every transfer round
     rs = [(ids, nbytes) for _, _, nbytes, ids in
           axis_reduce_scatter_phases(op, group_torus, num_elements, itemsize, "torus")]
-    turned = [(_reverse_link_ids(group_torus, ids), nbytes) for ids, nbytes in reversed(rs)]
+    turned = [(_reverselink_ids(group_torus, ids), nbytes) for ids, nbytes in reversed(rs)]
     phases = {"allreduce": rs + turned, "reduce_scatter": rs, "all_gather": turned}[op]
     pairs = _PairRoutes.build(topology, members, group_torus, phases, devices_per_chip)
 
@@ -677,10 +753,10 @@ def group_torus_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
     return _cost_of(topology, seconds, totals, factors, link)
 
 
-def _reverse_link_ids(topology: Torus, ids: np.ndarray) -> np.ndarray:
+def _reverselink_ids(topology: Torus, ids: np.ndarray) -> np.ndarray:
     """Id of the link ``dst -> src`` for each directed link id ``src -> dst``."""
-    src, dst = _link_of_id(topology, ids)
-    return _link_ids(topology, dst, src)
+    src, dst = link_of_id(topology, ids)
+    return link_ids(topology, dst, src)
 
 
 @dataclass(frozen=True)
@@ -697,7 +773,7 @@ class _PairRoutes:
         index: (n x 2 ndim,) position of each local link id among the used ones (-1: unused).
         count: P, the local links used.
         entry_pair: (E,) the local link (position) of each (group, link, hop) route entry.
-        entry_link: (E,) its directed ICI link id (``interconnect.cost._link_ids``).
+        entry_link: (E,) its directed ICI link id (``interconnect.topology.link_ids``).
         entry_hops: (E,) the length of its route.
         on_chip_pair: (O,) the local link of each (group, link) between two devices of one chip.
         on_chip_device: (O,) its sending device.
@@ -721,7 +797,7 @@ class _PairRoutes:
             index[ids] = 0
         keys = np.flatnonzero(index == 0)
         index[keys] = np.arange(len(keys))
-        local_src, local_dst = _link_of_id(group_torus, keys)
+        local_src, local_dst = link_of_id(group_torus, keys)
         src, dst = members[:, local_src].reshape(-1), members[:, local_dst].reshape(-1)  # (R x P,)
         src_chip, dst_chip = src // devices_per_chip, dst // devices_per_chip
         pair = np.tile(np.arange(len(keys)), len(members))

@@ -62,7 +62,7 @@ from pod.commands.sweep import csv_row, is_missing, plot_layouts, step_row
 from pod.config.mesh import AXIS_NAMES, device_hbm_bytes, format_axes
 from pod.config.plan import TrainingPlan, build_plan
 from pod.config.presets import synthetic_examples
-from pod.config.scenario import Scenario, parse_scenario
+from pod.config.scenario import MAX_GLOBAL_BATCH, MAX_SLICES, Scenario, parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.programs.replay import LayerTape
@@ -248,6 +248,11 @@ class Planner:
         if c.dcn_mesh is not None:  # data parallel across the slices, over the DCN
             data["pod"] |= {"slices": c.slices, "dcn_mesh": c.dcn_mesh}
         data.pop("faults", None)  # chip ranks of another pod
+        # the source's description names the slice it was written for (a preset's: v5p-8)
+        across = f" x {c.slices} slices" if c.slices > 1 else ""
+        data["description"] = (f"{self.source.name} on {c.slice_name}{across}: mesh "
+                               f"{format_axes(c.mesh)}, remat {c.remat or 'none'}, global batch "
+                               f"{c.global_batch:,} (a layout of tpu-pod plan)")
         training = dict(data["training"]) | {"global_batch": c.global_batch}
         if self.source.preset:  # as describe plans a preset: sequence parallel with tensor
             tensor = c.mesh.get("tensor", 1)
@@ -355,9 +360,6 @@ class Planner:
             row["pipeline_bubble_seconds"] = 0.0
         if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
             row["mesh"] = format_axes(c.mesh)
-        if self.sequence_length:
-            row["simulated_tokens_per_second"] = (plan.global_batch * self.sequence_length
-                                                  / row["simulated_step_seconds"])
         return row, passes
 
     def _keep_bounded(self, index: int, run: tuple[Any, ...]) -> None:
@@ -542,7 +544,7 @@ def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
         raise ScenarioError("--per-device-batch: the tokens per step (or the global batch) set "
                             "each mesh's per-device batch; give one or the other")
     if request.global_batch is not None:
-        return parse_count(request.global_batch, "--global-batch")
+        return _at_most(parse_count(request.global_batch, "--global-batch"), "--global-batch")
     if request.tokens_per_step is None:
         return None
     tokens = parse_count(request.tokens_per_step, "--tokens-per-step")
@@ -556,7 +558,19 @@ def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
         raise ScenarioError(f"--tokens-per-step: {tokens:,} is not a whole number of "
                             f"{length:,}-token sequences; use a multiple of {length:,} such "
                             f"as {near}")
-    return tokens // length
+    return _at_most(tokens // length, "--tokens-per-step", f" ({tokens:,} tokens)")
+
+
+def _at_most(batch: int, option: str, what: str = "") -> int:
+    """A global batch (or per-device batch) of at most ``MAX_GLOBAL_BATCH`` sequences.
+
+    Raises:
+        ScenarioError: a larger one (one line).
+    """
+    if batch > MAX_GLOBAL_BATCH:
+        raise ScenarioError(f"{option}: {batch:,} sequences{what}, more than the "
+                            f"{MAX_GLOBAL_BATCH:,} a batch may have")
+    return batch
 
 
 def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
@@ -565,8 +579,8 @@ def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
     Raises:
         ScenarioError: one that is not a positive whole number.
     """
-    return tuple(parse_count(b, "--per-device-batch") for b in batches) or \
-        DEFAULT_PER_DEVICE_BATCHES
+    return tuple(_at_most(parse_count(b, "--per-device-batch"), "--per-device-batch")
+                 for b in batches) or DEFAULT_PER_DEVICE_BATCHES
 
 
 def _capacities(values: Sequence[Any]) -> tuple[float, ...]:
@@ -594,9 +608,9 @@ def _num_slices(counts: Sequence[Any]) -> tuple[int, ...]:
     out: list[int] = []
     for value in counts:
         text = str(value).strip()
-        if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
-            raise ScenarioError(f"--num-slices: {value!r} is not a positive whole number of "
-                                "slices; give e.g. 1,2,4")
+        if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_SLICES:
+            raise ScenarioError(f"--num-slices: {value!r} is not a whole number of slices "
+                                f"from 1 to {MAX_SLICES}; give e.g. 1,2,4")
         if int(text) not in out:
             out.append(int(text))
     return tuple(out) or (1,)
@@ -631,7 +645,9 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
     Args:
         request: what to plan.
         output_dir: write results.csv, layouts.png and best.yaml there (None: nothing,
-            or with ``default_output`` :func:`default_output_dir`).
+            or with ``default_output`` :func:`default_output_dir`; nothing either when no
+            point is costed: the CLI then ends in an error, and an earlier plan's files
+            there are left as they were).
         on_point: called with each point's row and the number of points (progress).
 
     Returns:
@@ -688,8 +704,9 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
                         planner.sequence_length, batch, per_device, budget,
                         time.perf_counter() - t0,
                         planner.scenario_mapping(best) if best is not None else None, counts,
-                        max(PLOTTED, request.top), capacities, dict(keys.mesh), output_dir)
-    if output_dir is not None:
+                        max(PLOTTED, request.top), capacities, dict(keys.mesh),
+                        output_dir if rows and rows[0]["status"] == "ok" else None)
+    if result.output_dir is not None:  # a plan that costs nothing writes nothing
         write_outputs(result, output_dir)
     return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
 

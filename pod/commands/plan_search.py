@@ -47,7 +47,7 @@ from pod.errors import ScenarioError
 __all__ = ["SearchAxis", "SEARCH_AXES", "runtime_axes", "model_axes", "ordered_factorisations",
            "factorisation_count", "meshes", "remat_policies", "Candidate", "candidates",
            "DEFAULT_CAPACITY_FACTOR", "capacity_factors", "capacity_text", "family",
-           "compared_batch"]
+           "compared_batch", "check_search_size", "MAX_PLAN_POINTS"]
 
 #: The capacity factor a dropless mixture of experts is also searched at: Switch
 #: Transformer's (Fedus et al. 2022, section 2.2 and Table 1: 1.0 and 1.25 trained as
@@ -253,6 +253,38 @@ class Candidate:
         return f"{where} {format_axes(self.mesh)} {self.remat or 'none'}{batch}{capacity}"
 
 
+#: Most points one plan searches (about 6 KB of row each: 300 MB at the cap), counted
+#: before any is built; the default search of a v5p-1024 (5 axes, 6 remat policies, 4
+#: batches) is 17,160.
+MAX_PLAN_POINTS = 50_000
+
+
+def check_search_size(slices: Sequence[tuple[str, int]], axes: Sequence[str],
+                      remats: Sequence[str], global_batch: int | None,
+                      per_device_batches: Sequence[int], num_slices: Sequence[int],
+                      capacities: Sequence[float | None] = (None,)) -> int:
+    """The number of points ``candidates`` would build at most (in closed form:
+    ``factorisation_count`` meshes per slice; each capacity factor of a mixture of experts,
+    ``capacities``, counted on every mesh), refused past ``MAX_PLAN_POINTS``.
+
+    Raises:
+        ScenarioError: too many points; one line saying what multiplies to them.
+    """
+    meshes_of = {devices: factorisation_count(devices, len(axes)) for _, devices in slices}
+    batches = 1 if global_batch is not None else len(per_device_batches)
+    total = (sum(meshes_of[d] for _, d in slices) * max(len(num_slices), 1)
+             * max(len(remats), 1) * batches * max(len(capacities), 1))
+    if total > MAX_PLAN_POINTS:
+        terms = [f"{sum(meshes_of[d] for _, d in slices):,} meshes",
+                 f"{len(remats)} remat policies", f"{batches:,} per-device batches",
+                 f"{len(num_slices)} numbers of slices",
+                 *([f"{len(capacities)} capacity factors"] if len(capacities) > 1 else [])]
+        raise ScenarioError(f"plan: the search has {total:,} points ({' x '.join(terms)}), more "
+                            f"than the {MAX_PLAN_POINTS:,} allowed; search fewer (--remat, "
+                            "--mesh-axes, --per-device-batch, --num-slices)")
+    return total
+
+
 def _batch_shards(mesh: Mapping[str, int]) -> int:
     """The devices among which the batch splits: data x fsdp x expert (the devices along
     tensor share their examples; ``pod.config.mesh.Mesh.batch_shards``)."""
@@ -283,6 +315,8 @@ def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: S
         fixed: mesh axis -> the size every mesh has (MaxText's ``ici_<axis>_parallelism``);
             the other axes are searched.
     """
+    check_search_size(slices, axes, remats, global_batch, per_device_batches, num_slices,
+                      capacities or (None,))
     out: list[Candidate] = []
     for (name, devices), count in itertools.product(slices, num_slices or (1,)):
         layouts = [m for m in meshes(devices, axes)

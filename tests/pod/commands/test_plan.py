@@ -34,6 +34,9 @@ from pod.errors import HBMPlanError, ScenarioError
 from pod.runtime.timing import TimingPod
 from pod.workloads.block import REMAT_POLICIES
 
+# the API's current names only (slice=, per_device_batch=: no DeprecationWarning)
+pytestmark = pytest.mark.filterwarnings("error:.*= is deprecated; use .*=:DeprecationWarning")
+
 #: A two-layer transformer on random tokens: a point costs a few milliseconds.
 TINY = {
     "name": "tiny",
@@ -291,7 +294,7 @@ def test_json_has_every_point_with_null_for_a_missing_number(tiny, tmp_path):
 def test_the_python_api_returns_the_rows_with_nan(tiny):
     import pod
 
-    rows = pod.plan(tiny, slices="v5e-8", remat="none", per_device_batches=(1,),
+    rows = pod.plan(tiny, slice="v5e-8", remat="none", per_device_batch=1,
                     mesh_axes=("data", "tensor"))
     assert len(rows) == 4 and rows[0]["rank"] == 1
     dropped = [r for r in rows if r["status"] == "dropped"]
@@ -346,16 +349,18 @@ def test_a_chip_count_plans_every_generations_slice_of_that_many_chips():
         plan_slices(("v5e-16",), 16)
 
 
-def test_an_earlier_plans_plot_and_best_go_when_nothing_fits(tiny, tmp_path):
+def test_a_plan_where_nothing_fits_leaves_an_earlier_plans_files_as_they_were(tiny, tmp_path):
+    """Issue 34: a plan that failed (exit 2) into an earlier plan's directory deleted its
+    best.yaml and layouts.png and replaced results.csv with one dropped row."""
     out = tmp_path / "o"
     run_plan(PlanRequest(model=tiny, slices=("v5e-8",), remat=("none",), per_device_batches=(1,),
                          mesh_axes=("data",)), output_dir=out)
-    assert (out / "layouts.png").exists() and (out / "best.yaml").exists()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"layouts.png", "best.yaml", "results.csv"} <= set(before)
     result = run_plan(PlanRequest(model=tiny, slices=("v5e-8",), remat=("none",),
                                   per_device_batches=(1,), mesh_axes=("tensor",)), output_dir=out)
     assert not result.ranked  # tensor 8 does not split 4 heads
-    assert not (out / "layouts.png").exists() and not (out / "best.yaml").exists()
-    assert (out / "results.csv").exists()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_a_plan_where_nothing_runs_says_why_in_one_line(tiny, tmp_path):
@@ -387,8 +392,8 @@ def test_a_plan_never_imports_ray(tiny):
     import subprocess
     import sys
 
-    code = (f"import sys, pod; pod.plan({tiny!r}, slices='v5e-8', remat='none', "
-            "per_device_batches=[1], mesh_axes=['data']); print('ray' in sys.modules)")
+    code = (f"import sys, pod; pod.plan({tiny!r}, slice='v5e-8', remat='none', "
+            "per_device_batch=1, mesh_axes='data'); print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"

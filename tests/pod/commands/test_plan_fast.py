@@ -17,6 +17,9 @@ from pod.commands.plan_report import family_lines
 from pod.commands.plan_search import candidates, compared_batch, family, remat_policies
 from pod.commands.plan_source import model_source
 
+# the API's current names only (slice=, per_device_batch=: no DeprecationWarning)
+pytestmark = pytest.mark.filterwarnings("error:.*= is deprecated; use .*=:DeprecationWarning")
+
 #: Four alike blocks (three replayed from the first), a vocabulary and sequence big enough
 #: that the layouts differ.
 TINY = {

@@ -20,6 +20,9 @@ from pod.commands.plan_search import DEFAULT_CAPACITY_FACTOR, family, model_axes
 from pod.config.mesh import AXIS_NAMES
 from pod.errors import ScenarioError
 
+# the API's current names only (slice=, per_device_batch=: no DeprecationWarning)
+pytestmark = pytest.mark.filterwarnings("error:.*= is deprecated; use .*=:DeprecationWarning")
+
 BLOCK = {"embed_dim": 64, "heads": 4, "head_dim": 16, "mlp_dim": 128, "layers": 4,
          "remat": "none"}
 
