@@ -565,7 +565,7 @@ def import_maxtext_command(arguments: tuple[str, ...], slice_name: str | None,
     ignored = len(result.of("ignored"))
     if ignored and not all_warnings:
         click.echo(f"note: {ignored} keys of {files[0]} do not change the simulated step and are "
-                   f"not mapped; the scenario's header names each (--all-warnings prints them)",
+                   f"not mapped; the scenario's last lines name each (--all-warnings prints them)",
                    err=True)
     command = shlex.join(["tpu-pod", "import-maxtext", *arguments,
                           *(["--slice", slice_name] if slice_name else [])])

@@ -737,18 +737,26 @@ def import_maxtext(files: Sequence[str | Path], overrides: Sequence[str] = (), *
 
 
 def scenario_yaml(result: ImportResult, command: str) -> str:
-    """The scenario as YAML, headed by the command and every note (one line each)."""
+    """The scenario as YAML, headed by the command and the notes that matter (what is not
+    modelled, approximated or not carried: one line each); the keys that do not change the
+    simulated step (most of a MaxText base.yml: a few hundred) are listed after the
+    scenario, so that the file opens with what it says."""
     head = [f"# Written by: {command}",
             "# Timing-only: random token ids set the shapes; cost a step with `tpu-pod sweep "
             "<this file>`."]
-    for title, level in (("Not modelled", "error"), ("Approximated or not carried", "warning"),
-                         ("Not mapped, no effect on the simulated step", "ignored")):
+    for title, level in (("Not modelled", "error"), ("Approximated or not carried", "warning")):
         lines = [n.text for n in result.of(level)]
         if lines:
             head += [f"# {title}:"] + [f"#   {line}" for line in lines]
+    ignored = [n.text for n in result.of("ignored")]
+    if ignored:
+        head.append(f"# {len(ignored):,} keys not mapped, with no effect on the simulated step: "
+                    "listed at the end.")
     body = yaml.dump(_flowed(result.scenario), Dumper=_Dumper, sort_keys=False,
                      default_flow_style=False, width=100)
-    return "\n".join(head) + "\n" + body
+    tail = (["", "# Not mapped, no effect on the simulated step:"]
+            + [f"#   {line}" for line in ignored]) if ignored else []
+    return "\n".join(head) + "\n" + body + "".join(f"{line}\n" for line in tail)
 
 
 class _Flow(dict):
