@@ -302,6 +302,36 @@ def test_the_python_api_returns_the_rows_with_nan(tiny):
     assert set(rows[0]) == set(PLAN_COLUMNS)
 
 
+def test_the_command_is_the_python_api_printed(tiny, tmp_path, monkeypatch):
+    """tpu-pod plan asks pod.plan (the options by the API's names) and prints its result:
+    the JSON's rows are the API's rows, each figure the same."""
+    from pod import api
+
+    calls = []
+    real = api.plan
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "plan", spy)
+    code, out, _ = _cli(tiny, "--slice", "v5e-8", "--remat", "none,full", "--per-device-batch",
+                        "1", "--mesh-axes", "data", "--jobs", "1", "--json",
+                        "--output-dir", str(tmp_path / "o"))
+    assert code in (0, None) and len(calls) == 1
+    asked = calls[0]
+    assert (asked["slice"], asked["remat"], asked["per_device_batch"], asked["mesh_axes"],
+            asked["jobs"]) == (("v5e-8",), ("none", "full"), ("1",), ("data",), 1)
+    rows = real(tiny, slice="v5e-8", remat=("none", "full"), per_device_batch=1,
+                mesh_axes="data", jobs=1, progress=False)
+    assert len(rows) == 2
+    printed = json.loads(out)["rows"]
+    assert [(r["mesh"], r["remat"], r["per_device_batch"], r["status"]) for r in printed] == [
+        (r["mesh"], r["remat"], r["per_device_batch"], r["status"]) for r in rows]
+    assert [r["simulated_step_seconds"] for r in printed if r["status"] == "ok"] == [
+        r["simulated_step_seconds"] for r in rows if r["status"] == "ok"]
+
+
 def test_maxtext_configs_plan_with_their_keys_overridden(tmp_path):
     """MaxText's base.yml with MaxText key=value overrides (a small model) plans; MaxText's
     own layout keys set the search, as import-maxtext reads them (issue 33 item 5: they
