@@ -707,7 +707,7 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
                         max(PLOTTED, request.top), capacities, dict(keys.mesh),
                         output_dir if rows and rows[0]["status"] == "ok" else None)
     if result.output_dir is not None:  # a plan that costs nothing writes nothing
-        write_outputs(result, output_dir)
+        write_outputs(result, result.output_dir)
     return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
 
 
