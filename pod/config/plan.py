@@ -10,7 +10,6 @@ HBM, and what every collective of a mesh axis costs at every step.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -151,11 +150,9 @@ def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
     return scenario.model, scenario.training
 
 
-@functools.lru_cache(maxsize=64)
 def _check_param_shapes(model: Model) -> None:
     """Every parameter's shape is one numpy can index (a zero-copy stand-in of it, in the
-    model's storage dtype); checked once per model (a model is shared:
-    ``pod.workloads.transformer.shared_transformer``).
+    model's storage dtype).
 
     Raises:
         ScenarioError: a dimension past what numpy can index (no HBM holds it either).
@@ -427,7 +424,7 @@ def _plan_program(scenario: Scenario, mesh: Mesh, model: Model, optimizer: Any,
     try:
         _check_runnable_sizes(scenario, mesh.sizes, model)
         return programs(model, mesh.sizes, optimizer, training_sections(scenario)[1])
-    except ScenarioError:  # a ValueError too, already naming pod.mesh
+    except ScenarioError:
         if sharded_ok:
             return None
         raise
@@ -544,26 +541,6 @@ def is_timing_sweep(scenario: Scenario) -> bool:
     return scenario.sweep is not None and scenario.sweep.mode == "timing"
 
 
-def _planned_steps(scenario: Scenario, steps_per_epoch: int) -> int:
-    """The run's steps (``training.steps``, or its epochs times ``steps_per_epoch``),
-    every fault within them.
-
-    Raises:
-        ScenarioError: a fault after the last step, naming it.
-    """
-    training = training_sections(scenario)[1]
-    if training.steps is not None:
-        steps = training.steps
-    else:
-        assert training.epochs is not None  # TrainingConfig holds steps or epochs
-        steps = training.epochs * steps_per_epoch
-    for index, fault in enumerate(scenario.faults):
-        if fault.step > steps:
-            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
-                                f"({steps}); the fault would never happen")
-    return int(steps)
-
-
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False, sharded_ok: bool = False,
                model: Model | None = None,
@@ -618,8 +595,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     except ValueError as err:
         raise ScenarioError(f"training.optimizer: {err}") from None
     check_pipeline_plan(scenario, mesh, model)
-    steps_per_epoch = max(1, n_train // training.global_batch)
-    steps = _planned_steps(scenario, steps_per_epoch)
+    steps, steps_per_epoch = _steps(scenario, n_train)
     _check_param_shapes(model)
     _check_sequence_parallel(scenario, mesh, model)
     # before the HBM plan: a mesh the model cannot run is the first fix
@@ -639,6 +615,27 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                         collective_costs_by_step=by_step,
                         bucket_elements=(training.overlap_bucket_bytes // 4 if training.overlap
                                          else None), device_memory=memory)
+
+
+def _steps(scenario: Scenario, n_train: int) -> tuple[int, int]:
+    """(optimizer steps to run, full global batches in one pass over ``n_train``
+    examples): ``training.steps``, or ``training.epochs`` passes.
+
+    Raises:
+        ScenarioError: a fault after the last step (it would never happen).
+    """
+    training = training_sections(scenario)[1]
+    steps_per_epoch = max(1, n_train // training.global_batch)
+    if training.steps is not None:
+        steps = training.steps
+    else:
+        assert training.epochs is not None  # TrainingConfig holds steps or epochs
+        steps = training.epochs * steps_per_epoch
+    for index, fault in enumerate(scenario.faults):
+        if fault.step > steps:
+            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
+                                f"({steps}); the fault would never happen")
+    return int(steps), steps_per_epoch
 
 
 def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links",
