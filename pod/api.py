@@ -22,6 +22,7 @@ scenario's named one::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -644,8 +645,7 @@ def plan(model: str | Path, *, slice: str | Sequence[str] = (),  # noqa: A002 - 
     Raises:
         ScenarioError and the other user errors: one line.
     """
-    from pod.commands.plan import PlanRequest, run_plan
-    from pod.commands.plan_report import plan_progress
+    from pod.commands.plan import PlanRequest
 
     slice = _renamed("slices", slices, "slice", slice)
     per_device_batch = _renamed("per_device_batches", per_device_batches, "per_device_batch",
@@ -659,20 +659,26 @@ def plan(model: str | Path, *, slice: str | Sequence[str] = (),  # noqa: A002 - 
                           num_slices=_several(num_slices),
                           capacity_factors=_several(capacity_factor), top=top,
                           exhaustive=exhaustive, workers=jobs)
-    out = Path(output_dir) if output_dir is not None else None
-    if not progress:
-        result = run_plan(request, output_dir=out, on_point=on_point,
-                          default_output=default_output)
-    else:
-        with plan_progress() as shown:
-            def both(row: dict[str, Any], total: int) -> None:
-                shown(row, total)
-                if on_point is not None:
-                    on_point(row, total)
+    return PlanRows(_run_plan(request, Path(output_dir) if output_dir is not None else None,
+                              default_output, progress, on_point))
 
-            result = run_plan(request, output_dir=out, on_point=both,
-                              default_output=default_output)
-    return PlanRows(result)
+
+def _run_plan(request: Any, output_dir: Path | None, default_output: bool, progress: bool,
+              on_point: Callable[[dict[str, Any], int], None] | None) -> Any:
+    """``run_plan`` with a progress bar (``progress``: ``plan_progress``) and the caller's
+    ``on_point``; the ``PlanResult``."""
+    from pod.commands.plan import run_plan
+    from pod.commands.plan_report import plan_progress
+
+    with plan_progress() if progress else contextlib.nullcontext(None) as shown:
+        def both(row: dict[str, Any], total: int) -> None:
+            if shown is not None:
+                shown(row, total)
+            if on_point is not None:
+                on_point(row, total)
+
+        return run_plan(request, output_dir=output_dir, on_point=both,
+                        default_output=default_output)
 
 
 def _several(value: Any) -> tuple[Any, ...]:
