@@ -34,7 +34,8 @@ from interconnect.collectives import Schedule
 from interconnect.errors import ScheduleError, TopologyError
 from interconnect.faults import LinkFaults, route
 from interconnect.link import LinkSpec
-from interconnect.topology import Torus
+from interconnect.phases import PairPhases, schedule_phases
+from interconnect.topology import Torus, link_ids
 
 __all__ = ["ScheduleCost", "schedule_cost", "schedule_time"]
 
@@ -87,8 +88,8 @@ class ScheduleCost:
         return max(self.link_bytes.values(), default=0)
 
 
-def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
-                  faults: LinkFaults | None = None) -> ScheduleCost:
+def _old_schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
+                       faults: LinkFaults | None = None) -> ScheduleCost:
     """Times ``schedule`` on ``topology`` whose every directed link is ``link``.
 
     Per phase: ``max over links of bytes(link) x slowdown(link) /
@@ -256,14 +257,14 @@ def schedule_time(schedule: Schedule, topology: Torus, link: LinkSpec,
 # ------------------------------------------------------------------------------
 
 #: (op, algorithm) pairs :func:`collective_cost` can time without building the schedule.
-FAST_PATHS = frozenset(
+_OLD_FAST_PATHS = frozenset(
     (op, algorithm)
     for op in ("allreduce", "reduce_scatter", "all_gather")
     for algorithm in ("ring", "bidirectional_ring", "torus")
 )
 
 
-def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec, *,
+def _old_collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec, *,
                     algorithm: str | None = None, itemsize: int = 4,
                     faults: LinkFaults | None = None, fast: bool = True, shift: int = 1,
                     axis: int = 0) -> ScheduleCost:
@@ -298,24 +299,21 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         ScheduleError: unknown op / algorithm or bad counts.
         TopologyError: a fault names a missing link, or failures cut a route.
     """
-    from interconnect.collectives import (
-        ALGORITHMS,
-        _check_algorithm,
-        _check_counts,
-        build_collective,
-    )
+    from interconnect.collectives import _check_counts
+    from interconnect.registry import ALGORITHMS, build_collective
+    from interconnect.registry import check_algorithm as _check_algorithm
 
     algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
     _check_algorithm(op, algorithm)
     checked = _checked_faults(faults, topology)
-    if fast and (op, algorithm) in FAST_PATHS and not checked.failed:
+    if fast and (op, algorithm) in _OLD_FAST_PATHS and not checked.failed:
         _, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
         if algorithm == "ring":
             return _ring_family_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
         return _axis_collective_cost(op, algorithm, topology, num_elements, itemsize, link, checked)
     schedule = build_collective(op, topology, num_elements, itemsize, algorithm, shift=shift,
                                 axis=axis)
-    return schedule_cost(schedule, topology, link, checked)
+    return _old_schedule_cost(schedule, topology, link, checked)
 
 
 def _link_ids(topology: Torus, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray:
@@ -541,3 +539,294 @@ def _axis_collective_cost(op: str, algorithm: str, topology: Torus, num_elements
     phase_seconds = {"allreduce": rs_seconds + ag_seconds[::-1], "reduce_scatter": rs_seconds,
                      "all_gather": ag_seconds[::-1]}[op]
     return _cost_of(topology, phase_seconds, totals, factors, link)
+
+
+# ------------------------------------------------------------------------------
+# The engine: any collective as PairPhases, priced by one function.
+# ------------------------------------------------------------------------------
+
+
+def price(phases: PairPhases, topology: Torus, link: LinkSpec, faults: LinkFaults | None = None,
+          *, members: np.ndarray | None = None, devices_per_chip: int = 1,
+          on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+    """Simulated cost of a collective given as :class:`~interconnect.phases.PairPhases`,
+    run by every group of ``members`` at once: the one place a collective becomes time.
+
+    Local rank ``r`` of group ``i`` is device ``members[i, r]``, on chip ``device //
+    devices_per_chip``. Every pair of every group is routed once (dimension order,
+    vectorised; around failed links where it must, :func:`route`). Per phase: the
+    bytes of each pair load every link of its route in every group; the phase takes
+    ``max over links of bytes x slowdown / link.achieved_bandwidth_bytes_per_s(k) +
+    link.latency_s x the longest route of a sending pair`` (``k`` the most links one
+    chip drives in the phase), and a pair whose two devices share a chip (v2 / v3
+    TensorCores) loads no link: each device copies what it sends that way at
+    ``on_chip_bytes_per_s``, one copy after another, beside the ICI transfers (the
+    phase takes the longer). The collective adds ``link.collective_fixed_s`` once on a
+    torus of 2 or more chips (module docstring). Phases with the same bytes per pair
+    cost the same and are costed once.
+
+    Args:
+        phases: the collective on local ranks ``0..g-1``.
+        topology: the chips' torus.
+        link: a healthy directed link (calibrated or not).
+        faults: slowed and failed links (None: all healthy).
+        members: (R, g) device ids of every group; None: one group, local rank = chip.
+        devices_per_chip: devices per chip (2 for the TensorCores of v2 / v3).
+        on_chip_bytes_per_s: bandwidth of a copy between two devices of one chip
+            (needed when a pair shares a chip).
+
+    Returns:
+        The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: members of another width than the phases' ranks, or a pair on one
+            chip without a positive finite ``on_chip_bytes_per_s``.
+        TopologyError: a fault names a link the torus lacks, or failed links cut a pair off.
+    """
+    faults = _checked_faults(faults, topology)
+    if members is None:
+        members = np.arange(phases.num_ranks, dtype=np.int64)[None, :]
+    members = np.asarray(members, dtype=np.int64)
+    if members.ndim != 2 or members.shape[1] != phases.num_ranks:
+        raise ScheduleError(f"members of shape {members.shape} do not fit phases over "
+                            f"{phases.num_ranks} ranks: expected (groups, {phases.num_ranks})")
+    routes = _PairRoutes.build(topology, members, phases, devices_per_chip, faults)
+    if routes.on_chip_pair.size and not (on_chip_bytes_per_s is not None
+                                         and np.isfinite(on_chip_bytes_per_s)
+                                         and on_chip_bytes_per_s > 0):
+        raise ScheduleError(f"on_chip_bytes_per_s {on_chip_bytes_per_s!r} is not valid: a step "
+                            "between two devices of one chip needs a positive bandwidth in bytes/s")
+    nlinks = topology.num_chips * 2 * topology.ndim
+    factors, slowed = _slowdowns(topology, faults)
+    totals = np.zeros(nlinks, dtype=np.int64)
+    memo: dict[bytes, tuple[np.ndarray | None, float]] = {}
+    seconds = []
+    for nbytes in phases.phase_bytes:
+        key = nbytes.tobytes()
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = routes.phase(nbytes, topology, link, slowed, nlinks,
+                                           on_chip_bytes_per_s)
+        loads, phase_seconds = hit
+        if loads is not None:
+            totals += loads
+        seconds.append(phase_seconds)
+    return _cost_of(topology, seconds, totals, factors, link)
+
+
+def _slowdowns(topology: Torus, faults: LinkFaults | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(nlinks,) slowdown factor by link id, and the same or None when no link is slowed."""
+    factors = np.ones(topology.num_chips * 2 * topology.ndim)
+    for (src, dst), factor in (faults.slowdowns.items() if faults is not None else ()):
+        factors[link_ids(topology, np.array([src]), np.array([dst]))[0]] = factor
+    return factors, (factors if faults is not None and faults.slowdowns else None)
+
+
+@dataclass(frozen=True)
+class _PairRoutes:
+    """The routes of every pair of a collective in every group, found once.
+
+    A pair sends the same bytes in every group, so a phase's link loads are one
+    bincount of its pairs' bytes over the route entries.
+
+    Attributes:
+        entry_pair: (E,) the pair (index into the phases' pairs) of each (group, pair,
+            hop) route entry.
+        entry_link: (E,) its directed ICI link id (``interconnect.topology.link_ids``).
+        pair_hops: (P,) the longest route of the pair over the groups (0: on one chip
+            in every group).
+        on_chip_pair: (O,) the pair of each (group, pair) whose devices share a chip.
+        on_chip_device: (O,) its sending device.
+    """
+
+    entry_pair: np.ndarray
+    entry_link: np.ndarray
+    pair_hops: np.ndarray
+    on_chip_pair: np.ndarray
+    on_chip_device: np.ndarray
+
+    @classmethod
+    def build(cls, topology: Torus, members: np.ndarray, phases: PairPhases,
+              devices_per_chip: int, faults: LinkFaults) -> _PairRoutes:
+        """Routes of ``phases``' pairs for the groups ``members`` (R, g)."""
+        count = phases.num_pairs
+        src = members[:, phases.src].reshape(-1)                            # (R x P,)
+        dst = members[:, phases.dst].reshape(-1)
+        src_chip, dst_chip = src // devices_per_chip, dst // devices_per_chip
+        pair = np.tile(np.arange(count, dtype=np.int64), len(members))
+        crossing = src_chip != dst_chip
+        if faults.failed:  # route around failures only the pairs that send (one may be cut off)
+            sends = np.zeros(count, dtype=bool)
+            for nbytes in phases.phase_bytes:
+                sends |= nbytes > 0
+            crossing &= sends[pair]
+        ici = np.flatnonzero(crossing)
+        edge, ids, hops = _routes(topology, src_chip[ici], dst_chip[ici], faults)
+        on_chip = np.flatnonzero(src_chip == dst_chip)
+        entry_pair = pair[ici][edge]
+        pair_hops = np.zeros(count, dtype=np.int64)
+        np.maximum.at(pair_hops, entry_pair, hops)
+        return cls(entry_pair, ids, pair_hops, pair[on_chip], src[on_chip])
+
+    def phase(self, nbytes: np.ndarray, topology: Torus, link: LinkSpec,
+              slowed: np.ndarray | None, nlinks: int, on_chip_bytes_per_s: float | None
+              ) -> tuple[np.ndarray | None, float]:
+        """(link loads (nlinks,) or None when no byte crosses a link, seconds) of a phase
+        whose pairs send ``nbytes`` (P,)."""
+        entry_bytes = nbytes[self.entry_pair]
+        loads, seconds = None, 0.0
+        if entry_bytes.any():
+            loads = np.bincount(self.entry_link, weights=entry_bytes,
+                                minlength=nlinks).astype(np.int64)
+            seconds = _phase_seconds(topology, loads, slowed,
+                                     int(self.pair_hops[nbytes > 0].max()), link)
+        copied = nbytes[self.on_chip_pair]
+        if copied.any():  # each device copies what it sends on-chip, one copy after another
+            assert on_chip_bytes_per_s is not None  # checked by price
+            most = np.bincount(self.on_chip_device, weights=copied).max()
+            seconds = max(seconds, float(most) / on_chip_bytes_per_s)
+        return loads, seconds
+
+
+def _routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray,
+            faults: LinkFaults | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (src, dst) chip pair's route, vectorised: dimension order
+    (``Torus.route``), or around failed links where that one crosses one (:func:`route`).
+
+    Returns:
+        (pair, link id, hops): one entry per hop of every route: the index of the pair,
+        the link's id (``interconnect.topology.link_ids``) and the length of the pair's
+        route.
+    """
+    edge, ids, hops = _dimension_order_routes(topology, srcs, dsts)
+    if faults is None or not faults.failed or not edge.size:
+        return edge, ids, hops
+    failed = np.asarray(sorted(faults.failed), dtype=np.int64).reshape(-1, 2)
+    failed_ids = link_ids(topology, failed[:, 0], failed[:, 1])
+    broken = np.unique(edge[np.isin(ids, failed_ids)])
+    if not broken.size:
+        return edge, ids, hops
+    keep = ~np.isin(edge, broken)
+    edge_parts, id_parts, hop_parts = [edge[keep]], [ids[keep]], [hops[keep]]
+    for index in broken.tolist():
+        path = np.asarray(route(topology, int(srcs[index]), int(dsts[index]), faults=faults),
+                          dtype=np.int64).reshape(-1, 2)
+        edge_parts.append(np.full(len(path), index, dtype=np.int64))
+        id_parts.append(link_ids(topology, path[:, 0], path[:, 1]))
+        hop_parts.append(np.full(len(path), len(path), dtype=np.int64))
+    return tuple(np.concatenate(parts) for parts in (edge_parts, id_parts, hop_parts))
+
+
+def _dimension_order_routes(topology: Torus, srcs: np.ndarray, dsts: np.ndarray
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (src, dst) pair's dimension-order route (``Torus.route``), vectorised; as
+    :func:`_routes`."""
+    shape, strides = np.asarray(topology.shape), np.asarray(topology._strides)  # noqa: SLF001
+    current = srcs.copy()
+    coords = (srcs[:, None] // strides) % shape                             # (P, ndim)
+    target = (dsts[:, None] // strides) % shape
+    steps, counts = [], []
+    for axis, size in enumerate(topology.shape):
+        a, b = coords[:, axis], target[:, axis]
+        if topology.wraparound[axis]:  # the shorter way; a tie: + from an even coordinate
+            forward, backward = (b - a) % size, (a - b) % size
+            tie = forward == backward
+            step = np.where(tie, np.where(a % 2 == 0, 1, -1), np.where(forward < backward, 1, -1))
+            count = np.minimum(forward, backward)
+        else:
+            step, count = np.where(b >= a, 1, -1), np.abs(b - a)
+        steps.append(step)
+        counts.append(count)
+    hops = np.sum(counts, axis=0)                                            # (P,)
+    edge_parts, id_parts = [], []
+    for axis, size in enumerate(topology.shape):
+        for k in range(int(counts[axis].max(initial=0))):
+            moving = np.flatnonzero(counts[axis] > k)
+            c = coords[moving, axis]
+            nc = (c + steps[axis][moving]) % size
+            nxt = current[moving] + (nc - c) * strides[axis]
+            edge_parts.append(moving)
+            id_parts.append(link_ids(topology, current[moving], nxt))
+            current[moving], coords[moving, axis] = nxt, nc
+    edge = np.concatenate(edge_parts) if edge_parts else np.zeros(0, np.int64)
+    ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.int64)
+    return edge, ids, hops[edge]
+
+
+def schedule_cost(schedule: Schedule, topology: Torus, link: LinkSpec,
+                  faults: LinkFaults | None = None) -> ScheduleCost:
+    """Times ``schedule`` on ``topology`` whose every directed link is ``link``.
+
+    Its transfers, grouped by pair in each phase
+    (:func:`~interconnect.phases.schedule_phases`), priced by :func:`price`: per phase
+    ``max over links of bytes(link) x slowdown(link) /
+    link.achieved_bandwidth_bytes_per_s(k) + link.latency_s x max over
+    transfers of hops``, ``k`` the most links one chip drives in the phase;
+    plus ``link.collective_fixed_s`` once when the schedule spans 2 or more
+    ranks (see the module docstring). Zero-byte transfers are not sent and
+    cost nothing. With failed links, a transfer whose dimension-order route
+    crosses one takes the shortest route around them (:func:`route`).
+
+    Args:
+        schedule: the collective; ``schedule.num_ranks`` must equal
+            ``topology.num_chips``.
+        topology: the torus the ranks live on (rank r is chip r).
+        link: bandwidth and latency of one directed link.
+        faults: slowed and failed links (None: every link healthy).
+
+    Returns:
+        A :class:`ScheduleCost` (simulated seconds, per-phase seconds,
+        bytes per directed link).
+
+    Raises:
+        ScheduleError: the schedule's ``num_ranks`` differs from the
+            topology's ``num_chips``.
+        TopologyError: a fault names a link the topology lacks, or failed
+            links cut a transfer's source off from its destination.
+    """
+    faults = _checked_faults(faults, topology)
+    if schedule.num_ranks != topology.num_chips:
+        raise ScheduleError(
+            f"schedule {schedule.name!r} has num_ranks={schedule.num_ranks} but topology "
+            f"{topology.name} has {topology.num_chips} chips: they must be equal"
+        )
+    return price(schedule_phases(schedule), topology, link, faults)
+
+
+def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec, *,
+                    algorithm: str | None = None, itemsize: int = 4,
+                    faults: LinkFaults | None = None, fast: bool = True, shift: int = 1,
+                    axis: int = 0) -> ScheduleCost:
+    """Simulated cost of a collective over the whole torus, by any algorithm of the
+    registry (:mod:`interconnect.registry`).
+
+    The registry's phases (built as arrays where it has an array builder:
+    ``interconnect.registry.FAST_PATHS``) priced by :func:`price`: a v5p
+    16x20x28 torus allreduce takes well under a second.
+
+    Args:
+        op: the operation (``interconnect.OPS``).
+        topology: the torus.
+        num_elements: elements per rank's buffer.
+        link: bandwidth and latency of a healthy directed link.
+        algorithm: one of ``ALGORITHMS[op]`` (None: the op's default).
+        itemsize: bytes per element.
+        faults: slowed / failed links.
+        fast: False reads the phases off the Transfer schedule even where an
+            array builder exists (the reference the tests compare with).
+        shift: ppermute only: places each buffer moves.
+        axis: ppermute only: the torus axis it moves along.
+
+    Returns:
+        The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: unknown op / algorithm or bad counts.
+        TopologyError: a fault names a missing link, or failures cut a route.
+    """
+    from interconnect.registry import collective_phases
+
+    checked = _checked_faults(faults, topology)
+    phases = collective_phases(op, topology, num_elements, itemsize, algorithm, shift=shift,
+                               axis=axis, arrays=fast)
+    return price(phases, topology, link, checked)

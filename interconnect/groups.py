@@ -253,7 +253,7 @@ def concurrent_group_schedule(op: str, groups: Sequence[Sequence[int]], num_rank
                              owned_chunks=owned, root=0)
 
 
-def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
+def _old_group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
                           num_elements: int, link: LinkSpec, itemsize: int = 4,
                           faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
                           on_chip_bytes_per_s: float | None = None, algorithm: str = "ring",
@@ -295,7 +295,8 @@ def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
             an unknown algorithm; several devices per chip without
             ``on_chip_bytes_per_s`` or with failed links.
     """
-    _check_algorithm(algorithm)
+    if algorithm not in GROUP_ALGORITHMS:
+        raise ScheduleError(f"bad {algorithm}")
     if all(len(g) <= 1 for g in groups):
         return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
     if not isinstance(devices_per_chip, int) or devices_per_chip < 1:
@@ -373,7 +374,7 @@ def group_ppermute_schedule(groups: Sequence[Sequence[int]], num_ranks: int, num
                              root=0)
 
 
-def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_elements: int,
+def _old_group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_elements: int,
                         link: LinkSpec, itemsize: int = 4, faults: LinkFaults | None = None, *,
                         shift: int = 1, devices_per_chip: int = 1,
                         on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
@@ -729,3 +730,159 @@ class _PairRoutes:
         edge, ids, hops = _routes(topology, src_chip[ici], dst_chip[ici])
         on_chip = np.flatnonzero(src_chip == dst_chip)
         return cls(index, len(keys), pair[ici][edge], ids, hops, pair[on_chip], src[on_chip])
+
+
+def _old_fast_path(name: str, args: tuple, kwargs: dict) -> ScheduleCost:
+    """The fast paths the engine replaces, for benchmarks/collective_engine.py (this commit
+    only)."""
+    from interconnect.cost import _old_collective_cost
+
+    function = {"group_collective_cost": _old_group_collective_cost,
+                "group_ppermute_cost": _old_group_ppermute_cost,
+                "collective_cost": _old_collective_cost}[name]
+    return function(*args, **kwargs)
+
+
+def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[int]],
+                          num_elements: int, link: LinkSpec, itemsize: int = 4,
+                          faults: LinkFaults | None = None, *, devices_per_chip: int = 1,
+                          on_chip_bytes_per_s: float | None = None, algorithm: str = "ring",
+                          group_torus: Torus | None = None) -> ScheduleCost:
+    """Simulated cost of every group's collective running at once.
+
+    The registry's phases of ``(op, algorithm)`` (:mod:`interconnect.registry`) on
+    the group's local torus, priced over every group at once by
+    :func:`interconnect.cost.price`: per phase the busiest link, contention between
+    groups included, plus per-hop latency, and the collective's fixed cost once; a
+    step between two devices of one chip is an on-chip copy beside the phase. The
+    local torus is ``group_torus`` for ``"torus"`` (the block each group occupies,
+    its devices in row-major order of it) and the 1-D ring of the group in the order
+    given for the ring-based algorithms. An all-to-all is direct whatever
+    ``algorithm``. Groups of one device cost nothing (no transfer, no fixed cost).
+
+    Args:
+        op: allreduce, reduce_scatter, all_gather or all_to_all.
+        topology: the chips' torus.
+        groups: the groups as device ids (device ``d`` on torus rank
+            ``d // devices_per_chip``): in ring order for the ring-based
+            algorithms, in row-major order of ``group_torus`` for ``"torus"``.
+        num_elements: elements of each device's buffer (the full buffer: for
+            an all-gather, the gathered result).
+        link: the (calibrated) link.
+        itemsize: bytes per element of what moves (2 for bf16).
+        faults: slowed and failed links.
+        devices_per_chip: devices per chip (2 for the TensorCores of v2 / v3).
+        on_chip_bytes_per_s: bandwidth of a step between two devices of one
+            chip, bytes/s (required when ``devices_per_chip > 1``).
+        algorithm: one of ``interconnect.ALGORITHMS[op]``: ``"ring"`` (default: one
+            unidirectional ring per group), ``"torus"`` (XLA's: every axis of the
+            group's block at once, both directions), ``"bidirectional_ring"``, ...
+        group_torus: ``"torus"`` only: the block of the torus each group
+            occupies, one axis per block (``pod.config.mesh.AxisBlock``: its
+            size, and ``wraps``); None: one closed ring in the order given.
+
+    Returns:
+        The :class:`ScheduleCost` (simulated seconds, bytes per directed link).
+
+    Raises:
+        ScheduleError, TopologyError: as the builders and :func:`interconnect.cost.price`;
+            an unknown algorithm; several devices per chip without
+            ``on_chip_bytes_per_s`` or with failed links.
+    """
+    from interconnect.cost import price
+    from interconnect.registry import check_algorithm
+
+    algorithm = {"xla": "torus"}.get(algorithm, algorithm)
+    entry = check_algorithm(op, "direct" if op == "all_to_all" else algorithm)
+    if all(len(g) <= 1 for g in groups):
+        return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+    groups = _checked_groups(groups, topology.num_chips * _checked_devices(devices_per_chip,
+                                                                           on_chip_bytes_per_s,
+                                                                           faults))
+    size = len(groups[0])
+    local = (_checked_group_torus(group_torus, size) if algorithm == "torus"
+             else Torus((size,), wraparound=(True,)))
+    return price(entry.build_phases(local, num_elements, itemsize), topology, link, faults,
+                 members=np.asarray(groups, dtype=np.int64), devices_per_chip=devices_per_chip,
+                 on_chip_bytes_per_s=on_chip_bytes_per_s)
+
+
+def _checked_devices(devices_per_chip: int, on_chip_bytes_per_s: float | None,
+                     faults: LinkFaults | None) -> int:
+    """``devices_per_chip``, checked with what several devices per chip need.
+
+    Raises:
+        ScheduleError: not an int >= 1; several without a positive finite
+            ``on_chip_bytes_per_s``, or with failed links.
+    """
+    if (isinstance(devices_per_chip, bool) or not isinstance(devices_per_chip, int)
+            or devices_per_chip < 1):
+        raise ScheduleError(f"devices_per_chip {devices_per_chip!r} is not valid: expected an "
+                            "int >= 1")
+    if devices_per_chip > 1 and faults is not None and faults.failed:
+        raise ScheduleError("failed links with several devices per chip (v2 / v3 TensorCores) "
+                            "are not modelled: the rerouted schedule has chip ranks only")
+    if devices_per_chip > 1 and not (on_chip_bytes_per_s is not None
+                                     and np.isfinite(on_chip_bytes_per_s)
+                                     and on_chip_bytes_per_s > 0):
+        raise ScheduleError(f"on_chip_bytes_per_s {on_chip_bytes_per_s!r} is not valid: "
+                            "several devices per chip need the bandwidth of a copy between "
+                            "two devices of one chip, a positive number of bytes/s")
+    return devices_per_chip
+
+
+def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_elements: int,
+                        link: LinkSpec, itemsize: int = 4, faults: LinkFaults | None = None, *,
+                        shift: int = 1, devices_per_chip: int = 1,
+                        on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+    """Simulated cost of every group's collective permute at once (one phase).
+
+    Position ``i`` of every group (in the order given: ring order for the
+    pipeline's stages) sends its whole buffer to position ``(i + shift) mod g``
+    (``interconnect.phases.ppermute_phases`` on the group's 1-D ring), priced by
+    :func:`interconnect.cost.price`: the busiest link's bytes at the achieved
+    bandwidth of the links a chip drives, plus latency times the longest route,
+    plus the collective's fixed cost; the groups contend where their routes
+    share links. On a ring of neighbours with ``shift`` 1 every device sends
+    ``V`` bytes over one link: ``V / W(1) + latency + fixed`` ([MARIN] measures
+    ``V / W`` plus a hop on v5p and v6e). A transfer between two devices of one
+    chip (v2 / v3) loads no link: an on-chip copy at ``on_chip_bytes_per_s``
+    beside the phase (the phase takes the longer). Nothing to send (an empty
+    buffer, or a shift that keeps every buffer in place) costs nothing, not even
+    the fixed cost.
+
+    Args:
+        topology: the chips' torus.
+        groups: the groups as device ids (device ``d`` on rank ``d //
+            devices_per_chip``), each in the order positions count (ring order).
+        num_elements: elements of each device's buffer.
+        link: the (calibrated) link.
+        itemsize: bytes per element (2 for bf16).
+        faults: slowed and failed links.
+        shift: positions each buffer moves.
+        devices_per_chip: devices per chip (2 for the TensorCores of v2 / v3).
+        on_chip_bytes_per_s: bandwidth of a copy between two devices of one chip
+            (needed when some pair shares a chip).
+
+    Returns:
+        The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: bad groups; a pair on one chip without ``on_chip_bytes_per_s``;
+            failed links with several devices per chip.
+        TopologyError: failed links that cut a pair off.
+    """
+    from interconnect.cost import price
+    from interconnect.phases import ppermute_phases
+
+    groups = _checked_groups(groups, topology.num_chips * devices_per_chip)
+    phases = ppermute_phases(Torus((len(groups[0]),), wraparound=(True,)), num_elements,
+                             itemsize, shift=shift)
+    if not phases.num_phases:
+        return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+    if devices_per_chip > 1 and faults is not None and faults.failed:
+        raise ScheduleError("failed links with several devices per chip (v2 / v3 "
+                            "TensorCores) are not modelled: the rerouted schedule has chip "
+                            "ranks only")
+    return price(phases, topology, link, faults, members=np.asarray(groups, dtype=np.int64),
+                 devices_per_chip=devices_per_chip, on_chip_bytes_per_s=on_chip_bytes_per_s)

@@ -32,6 +32,7 @@ Conventions and invariants (the tests check each of them):
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import re
 from collections.abc import Sequence
@@ -42,7 +43,7 @@ import numpy as np
 
 from interconnect.errors import TopologyError
 
-__all__ = ["MAX_AXES", "parse_shape", "Torus"]
+__all__ = ["link_ids", "link_of_id", "MAX_AXES", "parse_shape", "Torus"]
 
 #: Largest number of torus axes (the largest TPU pods are 3-D tori).
 MAX_AXES = 3
@@ -172,7 +173,7 @@ class Torus:
     @property
     def num_chips(self) -> int:
         """Number of chips, the product of the shape."""
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def name(self) -> str:
@@ -491,3 +492,30 @@ def _ring_order(shape: tuple[int, ...], wraparound: tuple[bool, ...],
     cells = _grid_ring(shape[a_axis], len(b_ranks), a_axis in wrapping)
     a_stride = strides[a_axis]
     return [i * a_stride + b_ranks[j] for i, j in cells]
+
+
+# ------------------------------------------------------------------ link ids
+
+
+def link_ids(topology: Torus, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray:
+    """Integer id of directed links: src x 2 ndim + axis x 2 + (1 if dst is src's +1 neighbour)."""
+    shape = np.asarray(topology.shape)
+    strides = np.asarray(topology._strides)  # noqa: SLF001 - same module - same module
+    cs = (srcs[..., None] // strides) % shape
+    cd = (dsts[..., None] // strides) % shape
+    axis = np.argmax(cs != cd, axis=-1)
+    a = np.take_along_axis(cs, axis[..., None], -1)[..., 0]
+    b = np.take_along_axis(cd, axis[..., None], -1)[..., 0]
+    plus = (b == (a + 1) % shape[axis]).astype(np.int64)
+    return srcs * (2 * topology.ndim) + axis * 2 + plus
+
+
+def link_of_id(topology: Torus, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    shape = np.asarray(topology.shape)
+    strides = np.asarray(topology._strides)  # noqa: SLF001 - same module
+    src = ids // (2 * topology.ndim)
+    axis = (ids % (2 * topology.ndim)) // 2
+    step = np.where(ids % 2 == 1, 1, -1)
+    c = (src // strides[axis]) % shape[axis]
+    dst = src + (((c + step) % shape[axis]) - c) * strides[axis]
+    return src, dst

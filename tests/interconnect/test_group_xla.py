@@ -349,8 +349,8 @@ def test_bad_group_tori_and_algorithms_are_refused():
     with pytest.raises(ScheduleError, match="group_torus 2x2 has 4 ranks but the groups have 2"):
         group_collective_cost("allreduce", torus, [(0, 1), (2, 3)], 8, LinkSpec(1e9),
                               algorithm="xla", group_torus=Torus((2, 2)))
-    with pytest.raises(ScheduleError, match="expected one of xla, ring"):
+    with pytest.raises(ScheduleError, match="expected one of torus, bidirectional_ring, ring"):
         group_collective_cost("allreduce", torus, [(0, 1), (2, 3)], 8, LinkSpec(1e9),
-                              algorithm="tree")
+                              algorithm="spanning_tree")
     with pytest.raises(ScheduleError, match="expected an interconnect.Torus"):
         concurrent_group_schedule("allreduce", [(0, 1)], 4, 8, algorithm="xla", group_torus=(2,))
