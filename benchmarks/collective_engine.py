@@ -11,9 +11,11 @@ alternating the two paths, median of the repeats:
 - **engine**: the registry's phases priced by ``interconnect.cost.price``;
 - **fast path**: the old per-algorithm functions (``interconnect.groups.group_ring_cost``,
   ``group_torus_cost``, ``group_all_to_all_cost``, ``group_ppermute_cost``'s vectorised
-  body, ``interconnect.cost._ring_family_cost`` / ``_axis_collective_cost``), run only
-  when this checkout still has them (they were removed after this measurement:
-  BENCHMARKS.md names the commit that printed both).
+  body, ``interconnect.cost._ring_family_cost`` / ``_axis_collective_cost``). They were
+  removed after this measurement (none was 3x faster): only commit fa9ad92 has them
+  (``git archive fa9ad92 | tar -x -C DIR`` and run this file there); elsewhere the
+  column is NaN and the engine's figures stand alone, a check that plans cost no slower
+  than BENCHMARKS.md says.
 
 Every pair of results is checked equal before it is timed.
 

@@ -68,7 +68,6 @@ from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError,
 from interconnect.execute import execute
 from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
 from interconnect.groups import (
-    GROUP_ALGORITHMS,
     GROUP_OPS,
     concurrent_group_schedule,
     group_collective_cost,
@@ -128,7 +127,6 @@ __all__ = [
     "build_collective",
     "execute",
     "GROUP_OPS",
-    "GROUP_ALGORITHMS",
     "group_ring_schedule",
     "group_torus_schedule",
     "concurrent_group_schedule",

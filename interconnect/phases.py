@@ -100,7 +100,8 @@ def _keyed(num_ranks: int, phases: Sequence[tuple[np.ndarray, np.ndarray, np.nda
         index[used] = np.arange(used.size)
         inverse = index[every]
     else:
-        used, inverse = np.unique(every, return_inverse=True)
+        unique = np.unique(every, return_inverse=True)
+        used, inverse = unique[0], unique[1]
     count = used.size
     src = np.empty(count, _I64)
     dst = np.empty(count, _I64)

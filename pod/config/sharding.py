@@ -24,15 +24,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from chip import ChipSpec
 from interconnect import (
     DCN_OPS,
-    GROUP_ALGORITHMS,
     GROUP_OPS,
+    MESH_ALGORITHMS,
     LinkFaults,
     LinkSpec,
     ScheduleCost,
@@ -156,12 +156,15 @@ class MeshCollectiveCosts:
             ``pod.config.ici.choose_algorithm``), so that data parallelism over
             the whole slice costs what the data-parallel figures of VALIDATION.md
             were checked with; None: the group ring.
-        algorithm: how a mesh axis's collective runs
-            (``interconnect.GROUP_ALGORITHMS``): ``"xla"`` (default), as XLA
-            runs it on a TPU slice, over every torus axis of the block the
-            mesh axis occupies (``Mesh.torus_axes``) at once, both directions
-            ([SB] sharding.md); ``"ring"``, one unidirectional ring per group
-            in ring order (what the functional transport runs; for teaching).
+        axis_algorithms: mesh axis -> how its collectives run
+            (``pod.collective_algorithms``; ``interconnect.MESH_ALGORITHMS``, the
+            registry's names); an axis not named runs ``"torus"``, as XLA runs it
+            on a TPU slice: over every torus axis of the block the mesh axis
+            occupies (``Mesh.torus_axes``) at once, both directions ([SB]
+            sharding.md). ``"ring"``: one unidirectional ring per group in ring
+            order (what the functional transport runs); ``"bidirectional_ring"``:
+            both directions of that ring. An axis's all-to-all and ppermute are
+            direct whatever its algorithm.
         itemsize: bytes per element of what moves (2: bf16, the dtype XLA
             moves parameters and activations in [SB] training.md). The cost
             depends on the bytes; the element size only sets how finely a
@@ -171,7 +174,7 @@ class MeshCollectiveCosts:
             (``Mesh.dcn_size``) is costed hierarchically (:meth:`cost`).
 
     Raises:
-        ValueError: an unknown algorithm or an itemsize below 1.
+        ValueError: an unknown axis or algorithm, or an itemsize below 1.
     """
 
     mesh: Mesh
@@ -179,7 +182,7 @@ class MeshCollectiveCosts:
     on_chip_bytes_per_s: float | None = None
     faults: LinkFaults | None = None
     torus_algorithm: str | None = None
-    algorithm: str = "xla"
+    axis_algorithms: Mapping[str, str] = field(default_factory=dict)
     itemsize: int = 2
     dcn_bytes_per_s: float = 3.1e9
     dcn_latency_s: float = 0.0
@@ -187,9 +190,11 @@ class MeshCollectiveCosts:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        if self.algorithm not in GROUP_ALGORITHMS:
-            raise ValueError(f"mesh collective algorithm {self.algorithm!r} is unknown; allowed: "
-                             f"{', '.join(GROUP_ALGORITHMS)}")
+        for axis, algorithm in self.axis_algorithms.items():
+            if axis not in AXIS_NAMES or algorithm not in MESH_ALGORITHMS:
+                raise ValueError(f"mesh collective algorithm {axis}: {algorithm!r} is unknown; "
+                                 f"axes {', '.join(AXIS_NAMES)}, algorithms "
+                                 f"{', '.join(MESH_ALGORITHMS)}")
         if (isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int)
                 or self.itemsize < 1):
             raise ValueError(f"itemsize {self.itemsize!r} is not valid: bytes per element, an "
@@ -199,6 +204,11 @@ class MeshCollectiveCosts:
     def torus(self) -> Torus:
         """The torus of one slice's chips."""
         return self.mesh.torus
+
+    def axis_algorithm(self, axis: str) -> str:
+        """The registry's algorithm ``axis``'s reductions run by (``axis_algorithms``, else
+        ``"torus"``: XLA's)."""
+        return self.axis_algorithms.get(axis, "torus")
 
     def group_torus(self, axis: str) -> Torus:
         """The block of the torus each group of ``axis`` occupies in a slice, as a torus of
@@ -285,12 +295,13 @@ class MeshCollectiveCosts:
         elements = nbytes // self.itemsize
         if op == "all_gather":  # the schedule's buffer is the gathered result
             elements *= one.axis_size(axis)
-        xla = self.algorithm == "xla"
+        algorithm = self.axis_algorithm(axis)
+        block = algorithm == "torus"
         return group_collective_cost(
-            op, self.torus, one.groups(axis, "mesh" if xla else "ring"), elements, self.link,
+            op, self.torus, one.groups(axis, "mesh" if block else "ring"), elements, self.link,
             self.itemsize, self.faults, devices_per_chip=one.devices_per_chip,
-            on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=self.algorithm,
-            group_torus=self.group_torus(axis) if xla else None)
+            on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=algorithm,
+            group_torus=self.group_torus(axis) if block else None)
 
     def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
         """``op`` over an axis that spans K slices (:meth:`cost`): the in-slice parts over
