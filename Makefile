@@ -6,13 +6,18 @@
 #   make lock   - refresh requirements-dev.lock from pyproject.toml's ranges
 #   make monitor - Prometheus on http://127.0.0.1:9090 scraping a run (needs the
 #                  'prometheus' binary: sudo apt-get install prometheus); Ctrl-C stops it
+#   make oracle  - XLA's memory verdict for tools/xla_oracle/configs.yaml: compiles each
+#                  config not yet in tools/xla_oracle/results/ for its TPU slice, no TPU needed
+#                  (.venv-oracle with the 'tpu-compile' extra: jax[tpu], i.e. Google's libtpu);
+#                  ONLY=<id>[,<id>] for some, FORCE=1 to compile again, JOBS=2 for two
+#                  compiles at once (docs/xla-oracle.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # the fast tier: everything but the tests marked slow (see pyproject.toml's markers)
 FAST   := not slow and not chaos and not load and not install
 
-.PHONY: run test test-slow check lock monitor setup clean
+.PHONY: run test test-slow check lock monitor setup clean oracle
 
 setup: $(VENV)/.installed
 
@@ -49,5 +54,19 @@ lock: setup
 monitor: setup
 	$(BIN)/tpu-pod monitor
 
+# The oracle's own environment: the package (the lock's versions) and the tpu-compile extra.
+ORACLE_VENV := .venv-oracle
+$(ORACLE_VENV)/.installed: pyproject.toml requirements-dev.lock
+	$(PYTHON) -m venv $(ORACLE_VENV)
+	$(ORACLE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	@$(ORACLE_VENV)/bin/python -m pip install --quiet -c requirements-dev.lock -e ".[tpu-compile]" \
+		|| { echo "make oracle: could not install the 'tpu-compile' extra (jax[tpu] with Google's libtpu,"; \
+		     echo "  Linux x86-64 / aarch64 wheels from the package index); the oracle needs libtpu to compile"; \
+		     echo "  for TPUs and cannot run without it"; exit 1; }
+	touch $@
+
+oracle: $(ORACLE_VENV)/.installed
+	$(ORACLE_VENV)/bin/python -m tools.xla_oracle $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS))
+
 clean:
-	rm -rf $(VENV) runs build dist *.egg-info
+	rm -rf $(VENV) $(ORACLE_VENV) runs build dist *.egg-info

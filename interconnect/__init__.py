@@ -57,8 +57,11 @@ from interconnect.collectives import (
     tree_allreduce,
 )
 from interconnect.cost import (
+    MAX_COST_WORK,
     ScheduleCost,
+    check_cost_work,
     collective_cost,
+    cost_work,
     price,
     schedule_cost,
     schedule_time,
@@ -145,6 +148,9 @@ __all__ = [
     "schedule_cost",
     "schedule_time",
     "collective_cost",
+    "cost_work",
+    "check_cost_work",
+    "MAX_COST_WORK",
     "FAST_PATHS",
     "LinkFailureError",
     "LinkFaults",

@@ -383,7 +383,7 @@ def axis_reduce_scatter_phases(
             src, dst = rings[:, frm], rings[:, to]
             if level.axis is None:
                 ids = np.full(src.shape, -1, dtype=np.int64)
-            else:  # as interconnect.cost._link_ids: the +1 neighbour when to = from + 1 (mod a)
+            else:  # as interconnect.topology.link_ids: the +1 neighbour when to = from + 1 (mod a)
                 ids = src * two_ndim + 2 * level.axis + ((to - frm) % a == 1)
             for p in range(count):
                 cols = phase == p

@@ -60,6 +60,7 @@ from interconnect.schedule import (  # noqa: E402,F401
     Phase,
     Schedule,
     Transfer,
+    _check_bytes,
     _check_counts,
     _gc_paused,
     _make_transfer,
@@ -107,6 +108,7 @@ def _ring_setup(topology: object, num_elements: int, itemsize: int):
     if itemsize < 1:
         raise ScheduleError(f"itemsize {itemsize!r} is not valid: expected an int >= 1 "
                             "(bytes per element)")
+    _check_bytes(num_elements, itemsize)
     bounds = chunk_bounds(num_elements, num_ranks)
     chunk_nbytes = [(stop - start) * itemsize for start, stop in bounds]
     return order, num_ranks, num_elements, itemsize, bounds, chunk_nbytes

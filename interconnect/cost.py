@@ -31,10 +31,13 @@ An empty phase (or one with only zero-byte transfers, which are not sent)
 takes 0 s. Two transfers sharing a link in one phase take twice the
 bandwidth time of one: that is the contention.
 
-There is no second path: the six hand-vectorised costs that re-derived the phase
-formula per algorithm were removed (issue 31) after ``benchmarks/collective_engine.py``
-showed none more than 3x faster than this engine on what plans and sweeps cost
-(BENCHMARKS.md, "One collective-cost engine").
+One fast path stays: a direct all-to-all whose groups are blocks of the torus has its
+messages per link in closed form (:mod:`interconnect.all_to_all`; ``g^2`` pairs are
+not routed one by one: 16,384 chips in well under a second), priced by the same
+phase formula (:func:`_closed_form_cost`). The six hand-vectorised costs that
+re-derived the formula per algorithm were removed (issue 31) after
+``benchmarks/collective_engine.py`` showed none more than 3x faster than this engine
+on what plans and sweeps cost (BENCHMARKS.md, "One collective-cost engine").
 """
 
 from __future__ import annotations
@@ -43,14 +46,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from interconnect.all_to_all import torus_link_counts
 from interconnect.errors import ScheduleError, TopologyError
 from interconnect.faults import LinkFaults, route
 from interconnect.link import LinkSpec
 from interconnect.phases import PairPhases, schedule_phases
-from interconnect.schedule import Schedule
+from interconnect.schedule import Schedule, _check_counts
 from interconnect.topology import Torus, link_ids, link_of_id
 
-__all__ = ["ScheduleCost", "price", "schedule_cost", "schedule_time", "collective_cost"]
+__all__ = ["ScheduleCost", "price", "schedule_cost", "schedule_time", "collective_cost",
+           "cost_work", "check_cost_work", "MAX_COST_WORK"]
 
 
 def _checked_faults(faults: LinkFaults | None, topology: Torus) -> LinkFaults:
@@ -150,7 +155,9 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
 
     The registry's phases (built as arrays where it has an array builder:
     ``interconnect.registry.FAST_PATHS``) priced by :func:`price`: a v5p
-    16x20x28 torus allreduce takes well under a second.
+    16x20x28 torus allreduce takes well under a second. A direct all-to-all
+    without failed links takes its link loads in closed form
+    (:mod:`interconnect.all_to_all`: the same integers as routing every pair).
 
     Args:
         op: the operation (``interconnect.OPS``).
@@ -169,14 +176,25 @@ def collective_cost(op: str, topology: Torus, num_elements: int, link: LinkSpec,
         The :class:`ScheduleCost`.
 
     Raises:
-        ScheduleError: unknown op / algorithm or bad counts.
+        ScheduleError: unknown op / algorithm or bad counts; a cost past
+            ``MAX_COST_WORK`` (``check_cost_work``), refused before it starts.
         TopologyError: a fault names a missing link, or failures cut a route.
     """
-    from interconnect.registry import collective_phases
+    from interconnect.registry import ALGORITHMS, check_algorithm
 
+    algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
+    entry = check_algorithm(op, algorithm)
     checked = _checked_faults(faults, topology)
-    phases = collective_phases(op, topology, num_elements, itemsize, algorithm, shift=shift,
-                               axis=axis, arrays=fast)
+    check_cost_work(op, topology, algorithm, checked)
+    if fast and op == "all_to_all" and not checked.failed:  # closed form: no pair routed
+        n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
+        if num_elements % n:
+            entry.build_phases(topology, num_elements, itemsize)  # its one-line refusal
+        counts, max_hops = torus_link_counts(topology)
+        return _closed_form_cost(topology, counts, max_hops, num_elements // n * itemsize,
+                                 link, checked)
+    phases = entry.build_phases(topology, num_elements, itemsize, arrays=fast, shift=shift,
+                                axis=axis)
     return price(phases, topology, link, checked)
 
 
@@ -433,3 +451,95 @@ def _cost_of(topology: Torus, phase_seconds: list[float], totals: np.ndarray, fa
     return ScheduleCost(seconds=fixed + float(sum(phase_seconds)),
                         phase_seconds=tuple(phase_seconds), link_bytes=link_bytes,
                         busiest_link_seconds=busiest_seconds, fixed_seconds=fixed)
+
+
+def _closed_form_cost(topology: Torus, counts: np.ndarray, max_hops: int, piece_bytes: int,
+                      link: LinkSpec, faults: LinkFaults | None) -> ScheduleCost:
+    """A direct all-to-all's cost from its messages per link (``counts``: (n x 2 ndim,)
+    int64 by link id, ``interconnect.all_to_all.block_link_counts``) and its longest
+    route: one phase priced as :func:`price` prices one (the same link loads, so the same
+    figures to the bit; tests/interconnect/test_all_to_all_closed_form.py)."""
+    factors, slowed = _slowdowns(topology, faults)
+    loads = counts * piece_bytes
+    seconds = (_phase_seconds(topology, loads, slowed, max_hops, link)
+               if piece_bytes and counts.any() else 0.0)
+    return _cost_of(topology, [seconds] if piece_bytes and counts.any() else [], loads,
+                    factors, link)
+
+
+# ------------------------------------------------------------------------------
+# How much work a cost takes, in closed form: refused before it starts
+# ------------------------------------------------------------------------------
+
+#: Most work one collective's cost may take, in ``cost_work`` units (about 10 ns of CPU
+#: each here: 2^28 is about 3 s), checked before anything is built per chip or pair.
+MAX_COST_WORK = 1 << 28
+#: A Transfer object built, routed and costed, in ``cost_work`` units (about 10 us), and
+#: each hop of its route (about 1 us).
+_TRANSFER_WORK, _HOP_WORK = 1000, 100
+
+
+def cost_work(op: str, topology: Torus, algorithm: str | None = None,
+              faults: LinkFaults | None = None) -> int:
+    """About how much work costing ``op`` by ``algorithm`` on ``topology`` takes, in
+    closed form, in units of one link's bytes updated in one phase (about 10 ns of CPU
+    here), fitted on this code's paths (``benchmarks``-style CPU times, 2 cores):
+
+    - all-to-all (closed form, ``interconnect.all_to_all``) and ppermute (one phase of
+      arrays): ``L`` (the links, n x 2 ndim);
+    - ``ring`` (arrays, :func:`price`): ``2 (n - 1) L`` (a bincount over the links per
+      phase; 1-D 4,096 chips: 1.4 s);
+    - ``torus`` (per axis): ``sum_d (a_d L + n a_d^2)`` (the chains of each axis; 1-D
+      512: 1.3 s, 16x32x32: 0.7 s); ``bidirectional_ring``: the same over one ring of
+      ``n`` (8x8x8: 1.5 s);
+    - schedules built Transfer by Transfer (other algorithms, or failed links): the
+      transfers x (``_TRANSFER_WORK`` + ``_HOP_WORK`` x their hops; half the diameter
+      when they are not ring neighbours): halving-doubling ``2 n log2 n`` transfers
+      (16x16x16: 1.9 s), tree ``2 n`` (16x32x32: 0.9 s), pipelined-ring broadcast
+      ``2 n^2`` of one hop, ppermute ``n``, all-to-all with failed links ``n^2``.
+
+    Returns:
+        The estimate (an int; compare with ``MAX_COST_WORK``).
+    """
+    from interconnect.registry import FAST_PATHS
+
+    algorithm = algorithm or {"all_to_all": "direct", "broadcast": "pipelined_ring",
+                              "ppermute": "direct"}.get(op, "torus")
+    n, links = topology.num_chips, topology.num_chips * 2 * topology.ndim
+    failed = bool(faults is not None and faults.failed)
+    axes = [a for a in topology.shape if a > 1]
+    if (op, algorithm) in FAST_PATHS and not failed:
+        if op in ("all_to_all", "ppermute"):
+            return links
+        if algorithm == "ring":
+            return 2 * max(n - 1, 0) * links
+        rings = axes if algorithm == "torus" else [n]
+        return sum(a * links + n * a * a for a in rings)
+    half_diameter = max(1, sum(a // 2 if topology.axis_wraps(d) else a - 1
+                               for d, a in enumerate(topology.shape)) // 2)
+    log_n = max(1, (n - 1).bit_length())
+    transfers, hops = {
+        "ring": (2 * n * n, 1), "pipelined_ring": (2 * n * n, 1),
+        "halving_doubling": (2 * n * log_n, half_diameter), "tree": (2 * n, half_diameter),
+        "direct": (n * n if op == "all_to_all" else n, half_diameter),
+    }.get(algorithm, (sum(a * n for a in (axes if algorithm == "torus" else [n])), 1))
+    return transfers * (_TRANSFER_WORK + _HOP_WORK * hops)
+
+
+def check_cost_work(op: str, topology: Torus, algorithm: str | None = None,
+                    faults: LinkFaults | None = None, *, calls: int = 1,
+                    limit: int = MAX_COST_WORK) -> int:
+    """``cost_work`` of ``calls`` costs (one per message size), refused past ``limit``.
+
+    Raises:
+        ScheduleError: one line naming the op, the algorithm, the torus and the limit.
+    """
+    work = cost_work(op, topology, algorithm, faults) * calls
+    if work > limit:
+        sizes = f"{calls} sizes of " if calls > 1 else ""
+        raise ScheduleError(
+            f"costing {sizes}{op} by {algorithm} on a {topology.name} torus "
+            f"({topology.num_chips:,} chips) is about {work:.2g} units of work, more than the "
+            f"{limit:.2g} allowed (seconds of CPU); choose another algorithm, fewer sizes or "
+            "a smaller torus")
+    return work

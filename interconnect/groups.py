@@ -56,7 +56,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from interconnect.cost import ScheduleCost, price
+from interconnect.all_to_all import block_link_counts, torus_link_counts
+from interconnect.cost import ScheduleCost, _closed_form_cost, price
 from interconnect.errors import ScheduleError
 from interconnect.faults import LinkFaults
 from interconnect.link import LinkSpec
@@ -65,13 +66,19 @@ from interconnect.registry import Algorithm, check_algorithm
 from interconnect.schedule import Schedule, _make_transfer, _trusted_schedule
 from interconnect.topology import Torus
 
-__all__ = ["GROUP_OPS", "group_ring_schedule", "group_torus_schedule",
-           "concurrent_group_schedule", "group_collective_cost", "group_ppermute_schedule",
-           "group_ppermute_cost"]
+__all__ = ["GROUP_OPS", "CLOSED_FORM_PAIRS", "MAX_ROUTED_PAIRS", "group_ring_schedule",
+           "group_torus_schedule", "concurrent_group_schedule", "group_collective_cost",
+           "group_ppermute_schedule", "group_ppermute_cost"]
 
 #: The operations a group collective performs (the device program's four; all_to_all is
 #: direct under any algorithm: every message on its own dimension-order route).
 GROUP_OPS = ("allreduce", "reduce_scatter", "all_gather", "all_to_all")
+
+#: Above this many messages (groups x size^2) a group all-to-all on blocks of the torus
+#: is costed in closed form (``interconnect.all_to_all``): bit-identical, O(chips).
+CLOSED_FORM_PAIRS = 1 << 16
+#: Most messages routed one by one (groups that are not blocks: about 100 bytes each).
+MAX_ROUTED_PAIRS = 1 << 24
 
 
 def group_ring_schedule(op: str, size: int, num_elements: int, itemsize: int = 4) -> Schedule:
@@ -290,10 +297,48 @@ def group_collective_cost(op: str, topology: Torus, groups: Sequence[Sequence[in
     groups = _checked_groups(groups, topology.num_chips * _checked_devices(devices_per_chip,
                                                                            on_chip_bytes_per_s,
                                                                            faults))
+    if op == "all_to_all":
+        closed = _all_to_all_in_closed_form(topology, groups, num_elements, itemsize, link,
+                                            faults, devices_per_chip)
+        if closed is not None:
+            return closed
     local = _local_torus(algorithm, group_torus, len(groups[0]))
     return price(entry.build_phases(local, num_elements, itemsize), topology, link, faults,
                  members=np.asarray(groups, dtype=np.int64), devices_per_chip=devices_per_chip,
                  on_chip_bytes_per_s=on_chip_bytes_per_s)
+
+
+def _all_to_all_in_closed_form(topology: Torus, groups: list[tuple[int, ...]], num_elements: int,
+                               itemsize: int, link: LinkSpec, faults: LinkFaults | None,
+                               devices_per_chip: int) -> ScheduleCost | None:
+    """The groups' direct all-to-all from its messages per link in closed form, when the
+    groups are blocks of the torus (a whole torus, a mesh axis's devices) of one device
+    per chip without failed links and send more than ``CLOSED_FORM_PAIRS`` messages
+    (``interconnect.all_to_all.block_link_counts``: the same integer loads as routing
+    every pair, so the same figures to the bit; a 16,384-chip all-to-all in well under a
+    second and a few MB); None: route every pair (:func:`interconnect.cost.price`).
+
+    Raises:
+        ScheduleError: ``num_elements`` not a multiple of the group size; groups that are
+            not blocks with more than ``MAX_ROUTED_PAIRS`` messages.
+    """
+    size = len(groups[0])
+    if num_elements % size:
+        raise ScheduleError(f"all-to-all needs num_elements ({num_elements}) to be a multiple "
+                            f"of the group size {size}")
+    pairs = len(groups) * size * size
+    if (devices_per_chip == 1 and not (faults is not None and faults.failed)
+            and pairs > CLOSED_FORM_PAIRS):
+        whole = len(groups) == 1 and list(groups[0]) == list(range(topology.num_chips))
+        found = torus_link_counts(topology) if whole else block_link_counts(topology, groups)
+        if found is not None:
+            return _closed_form_cost(topology, *found, num_elements // size * itemsize, link,
+                                     faults)
+    if pairs > MAX_ROUTED_PAIRS:
+        raise ScheduleError(f"all-to-all over {len(groups):,} groups of {size:,} devices that "
+                            f"are not blocks of the torus: {pairs:,} messages to route, more than "
+                            f"the {MAX_ROUTED_PAIRS:,} allowed")
+    return None
 
 
 def _checked_devices(devices_per_chip: int, on_chip_bytes_per_s: float | None,

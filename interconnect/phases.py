@@ -182,12 +182,14 @@ def all_to_all_phases(local: Torus, num_elements: int, itemsize: int = 4) -> Pai
     if num_elements % n:
         raise ScheduleError(f"all-to-all needs num_elements ({num_elements}) to be a multiple of "
                             f"the {n} ranks (every rank sends an equal chunk to every other)")
+    piece = num_elements // n * itemsize
+    if not piece or n < 2:
+        return PairPhases(n, np.zeros(0, _I64), np.zeros(0, _I64), ())
     src = np.repeat(np.arange(n, dtype=_I64), n)
     dst = np.tile(np.arange(n, dtype=_I64), n)
     keep = src != dst
     src, dst = src[keep], dst[keep]
-    piece = num_elements // n * itemsize
-    return PairPhases(n, src, dst, (np.full(src.size, piece, _I64),) if piece and src.size else ())
+    return PairPhases(n, src, dst, (np.full(src.size, piece, _I64),))
 
 
 def ppermute_phases(local: Torus, num_elements: int, itemsize: int = 4, shift: int = 1,

@@ -282,6 +282,11 @@ def _gc_paused() -> Iterator[None]:
 _make_transfer = partial(tuple.__new__, Transfer)  # trusted fast path: no checks
 
 
+#: Largest buffer a collective moves, in bytes (64 TiB: far above any chip's HBM, and
+#: times any pod's chips and hops still inside int64, where link loads are summed).
+MAX_BUFFER_BYTES = 1 << 46
+
+
 def _check_counts(topology: object, num_elements: int, itemsize: int) -> tuple[int, int, int]:
     try:
         num_ranks = topology.num_chips  # type: ignore[attr-defined]
@@ -294,4 +299,17 @@ def _check_counts(topology: object, num_elements: int, itemsize: int) -> tuple[i
     if itemsize < 1:
         raise ScheduleError(f"itemsize {itemsize!r} is not valid: expected an int >= 1 "
                             "(bytes per element)")
+    _check_bytes(num_elements, itemsize)
     return num_ranks, num_elements, itemsize
+
+
+def _check_bytes(num_elements: int, itemsize: int) -> None:
+    """Refuse a buffer past ``MAX_BUFFER_BYTES`` (a size that would overflow int64 sums).
+
+    Raises:
+        ScheduleError: one line with the size and the limit.
+    """
+    if num_elements * itemsize > MAX_BUFFER_BYTES:
+        raise ScheduleError(f"a buffer of {num_elements:,} elements of {itemsize} bytes is "
+                            f"{num_elements * itemsize:,} bytes, more than the "
+                            f"{MAX_BUFFER_BYTES:,} (64 TiB) a collective may move")

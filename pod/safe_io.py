@@ -11,9 +11,11 @@ named ``.<target>.tmp-<pid>-<random>``: readers ignore it by name (a leading
 dot), and the next run that locks the directory removes it
 (``remove_stale_temporaries``, only when its pid no longer runs).
 
-Reading (``read_regular``): only regular files, opened without blocking
-(a FIFO or ``/dev/zero`` named as a scenario, a checkpoint or a data file is
-one line, not a hang), at most a given number of bytes.
+Reading (``read_regular``, ``read_text``, ``open_regular``; CSV files the tool wrote:
+``pod.report.csv_read``): only regular files, opened without blocking (a FIFO or
+``/dev/zero`` named as a scenario, a checkpoint, a MaxText config or a data file
+is one line, not a hang), their size checked against a cap before any byte is
+read, and memory bounded by what the file holds, never by the cap.
 
 Directories (``lock_directories``): a run or a sweep holds an exclusive
 ``fcntl.flock`` on ``.tpu-pod.lock`` in its output (and checkpoint) directory;
@@ -25,8 +27,10 @@ so a stale lock file (``kill -9``, a reboot) is simply taken over.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import fcntl
+import io
 import json
 import os
 import re
@@ -41,7 +45,9 @@ from typing import Any
 
 from pod.errors import DirectoryInUseError, OutputError
 
-__all__ = ["write_atomic", "output_errors", "read_regular", "check_regular",
+__all__ = ["write_atomic", "output_errors", "read_regular", "read_text", "open_regular",
+           "check_regular", "too_large", "check_replaceable", "read_csv_rows",
+           "MAX_CSV_LINE_CHARS",
            "remove_stale_temporaries", "lock_directories", "DirectoryLock", "LOCK_NAME"]
 
 #: The lock file a run or sweep holds in each directory it writes.
@@ -87,6 +93,47 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+#: Where a link may not lead for ``write_atomic`` to replace it: pseudo file systems
+#: (``/proc/self/fd/1`` is the writer's own output, ``/dev/null`` a device).
+_PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def _pseudo(target: str) -> bool:
+    return any(target == root or target.startswith(root + "/") for root in _PSEUDO_ROOTS)
+
+
+def check_replaceable(path: Path | str) -> None:
+    """Refuse to replace what is not a regular file with one: a device node, a FIFO, a
+    socket, a directory, or a link to one of them or into ``/proc``, ``/sys`` or
+    ``/dev`` (``--output /dev/null`` run as root would replace ``/dev/null``). A
+    missing path, a regular file, a link to a regular file and a dangling link are
+    fine (the link itself is replaced, never what it points to).
+
+    Raises:
+        OutputError: ``<path>: cannot write (it is a device; only a regular file is
+            replaced)``.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name
+        raise OutputError(path, getattr(err, "strerror", None) or str(err)) from None
+    what = ""
+    if stat.S_ISLNK(info.st_mode):
+        first, final = os.readlink(path), os.path.realpath(path)
+        if _pseudo(os.path.join(os.path.dirname(os.path.abspath(path)), first)) or _pseudo(final):
+            raise OutputError(path, f"it is a link to {first}; only a regular file is replaced")
+        try:
+            info = os.stat(path)
+        except OSError:  # dangling: the link is replaced
+            return
+        what = " (a link to one)"
+    if not stat.S_ISREG(info.st_mode):
+        raise OutputError(path, f"it is {_kind(info.st_mode)}{what}; only a regular file is "
+                                "replaced")
+
+
 def write_atomic(path: Path | str, write: Callable[[Any], None], *, newline: str | None = None,
                  binary: bool = False, make_parents: bool = False) -> Path:
     """Write a file whole or not at all.
@@ -107,10 +154,13 @@ def write_atomic(path: Path | str, write: Callable[[Any], None], *, newline: str
 
     Raises:
         OutputError: the file system refused (no space, read-only, no
-            permission); one line naming the path. The temporary file is gone
-            and ``path`` holds what it held before.
+            permission), or ``path`` is not a file to replace
+            (``check_replaceable``: a device, a FIFO, a link into ``/proc``);
+            one line naming the path. The temporary file is gone and ``path``
+            holds what it held before.
     """
     path = Path(path)
+    check_replaceable(path)
     with output_errors(path):
         if make_parents:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,15 +245,28 @@ def check_regular(path: Path | str, what: str = "files read here") -> os.stat_re
     return info
 
 
-def read_regular(path: Path | str, limit_bytes: int, what: str = "files read here") -> bytes:
-    """A regular file's bytes, at most ``limit_bytes``.
+#: Bytes asked of the kernel per read once a file's own size is read (a file that grew
+#: since, or one that reports no size): memory follows what a file holds, never the limit.
+_CHUNK_BYTES = 1 << 20
 
-    The file is opened without blocking (a FIFO swapped in after the check
-    cannot hang the open) and checked again once open.
+
+@contextlib.contextmanager
+def open_regular(path: Path | str, limit_bytes: int,
+                 what: str = "files read here") -> Iterator[tuple[Any, int]]:
+    """A regular file opened for reading bytes, and its size, refused before any byte is
+    read when it is not a regular file or larger than ``limit_bytes``.
+
+    The file is checked by name (a FIFO is never opened: an open of one blocks),
+    opened without blocking (a FIFO swapped in after the check cannot hang the
+    open) and checked again once open. The caller still stops reading at
+    ``limit_bytes`` (a file may grow while it is read; ``/proc`` files report size 0).
+
+    Yields:
+        (the open binary file, its size in bytes when opened).
 
     Raises:
-        ValueError: not a regular file, larger than ``limit_bytes``, or
-            unreadable; one line naming the path.
+        ValueError: not a regular file, larger than ``limit_bytes``, or unreadable;
+            one line naming the path.
     """
     check_regular(path, what)
     try:
@@ -211,16 +274,184 @@ def read_regular(path: Path | str, limit_bytes: int, what: str = "files read her
     except OSError as err:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from None
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"{path}: is {_kind(mode)}; {what} must be regular files")
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: is {_kind(info.st_mode)}; {what} must be regular files")
+        if info.st_size > limit_bytes:
+            raise ValueError(too_large(path, info.st_size, limit_bytes, what))
+        yield f, info.st_size
+
+
+def too_large(path: Path | str, size_bytes: int | None, limit_bytes: int,
+              what: str = "files read here") -> str:
+    """``<path>: 3,221,225,472 bytes is larger than the 1,048,576 bytes allowed for
+    scenarios`` (without the size when it is not known)."""
+    size = f"{size_bytes:,} bytes is " if size_bytes is not None else ""
+    return f"{path}: {size}larger than the {limit_bytes:,} bytes allowed for {what}"
+
+
+def read_regular(path: Path | str, limit_bytes: int, what: str = "files read here") -> bytes:
+    """A regular file's bytes, at most ``limit_bytes`` (``open_regular``).
+
+    Memory is what the file holds: its size is checked against the limit before
+    any byte is read, and the read asks for that size, never for the limit.
+
+    Raises:
+        ValueError: not a regular file, larger than ``limit_bytes``, or
+            unreadable; one line naming the path.
+    """
+    with open_regular(path, limit_bytes, what) as (f, size):
         try:
-            raw = f.read(limit_bytes + 1)
+            parts = [f.read(size + 1)] if size else []
+            total = sum(map(len, parts))
+            while total <= limit_bytes and total > size - (not size):  # it grew since, or
+                # reports no size (/proc): a short first read is the end of the file
+                chunk = f.read(min(_CHUNK_BYTES, limit_bytes + 1 - total))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                total += len(chunk)
         except OSError as err:
             raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if len(raw) > limit_bytes:
-        raise ValueError(f"{path}: larger than the {limit_bytes:,} bytes allowed here")
-    return raw
+    if total > limit_bytes:
+        raise ValueError(too_large(path, None, limit_bytes, what))
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_text(path: Path | str, limit_bytes: int, what: str = "files read here") -> str:
+    """A regular file's UTF-8 text, at most ``limit_bytes`` (``read_regular``).
+
+    Raises:
+        ValueError: as ``read_regular``; or not UTF-8 (``<path>: not UTF-8 text
+            (invalid start byte at byte 12)``).
+    """
+    raw = read_regular(path, limit_bytes, what)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start:,}); "
+                         f"{what} are UTF-8 text") from None
+
+
+#: Longest line of a CSV file the tool reads back (a steps.csv row is about 1 KB): a
+#: line past it is damage, and memory stays bounded by it, not by the file.
+MAX_CSV_LINE_CHARS = 1 << 16
+
+
+def read_csv_rows(path: Path | str, limit_bytes: int, what: str, *,
+                  required: tuple[str, ...] = (),
+                  check_row: Callable[[dict[str, str]], None] | None = None,
+                  on_damage: Callable[[str], None] | None = None
+                  ) -> Iterator[tuple[int, dict[str, str]]]:
+    """The rows of a CSV file the tool wrote (steps.csv), read back defensively, one at
+    a time (memory is one line, at most ``MAX_CSV_LINE_CHARS``).
+
+    The file is opened as ``open_regular`` opens it (a regular file of at most
+    ``limit_bytes``). Reading stops at the first damaged line, as a crash or a full
+    disk leaves a file: a header without names, with one twice or without one of
+    ``required``, a line that is not
+    UTF-8, holds NUL bytes, is longer than ``MAX_CSV_LINE_CHARS`` or has another
+    number of fields than the header, or a row ``check_row`` refuses (it raises
+    ``ValueError`` with the reason). That line is named once, through
+    ``on_damage``: ``steps.csv line 14: has 3 fields, the header 50``.
+
+    Yields:
+        (line number, counting the header as line 1; the row as header -> text).
+
+    Raises:
+        ValueError: not a regular file, larger than ``limit_bytes``, unreadable (one
+            line naming the path), when iteration starts.
+    """
+    name = Path(path).name
+    with open_regular(path, limit_bytes, what) as (f, _):
+        text = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape", newline="")
+        lines = _bounded_lines(text, limit_bytes)
+        reader = csv.reader(lines, strict=True)
+        header: list[str] | None = None
+
+        def damaged(line: int, problem: object) -> None:
+            if on_damage is not None:
+                on_damage(f"{name} line {line:,}: {problem}")
+
+        try:
+            for record in reader:
+                line = reader.line_num
+                problem = lines.problem or _field_problem(record)
+                if header is None and problem is None:
+                    header, problem = record, _header_problem(record, required)
+                    if problem is None:
+                        continue
+                elif problem is None and len(record) != len(header or ()):
+                    problem = (f"has {len(record)} field{'s' if len(record) != 1 else ''}, "
+                               f"the header {len(header or ())}")
+                if problem is None:
+                    row = dict(zip(header or (), record, strict=True))
+                    try:
+                        if check_row is not None:
+                            check_row(row)
+                    except ValueError as err:
+                        problem = str(err)
+                if problem is not None:
+                    damaged(line, problem)
+                    return
+                yield line, row
+            if lines.problem:  # the line past a bound, or a last one cut short
+                damaged(reader.line_num + 1, lines.problem)
+        except csv.Error as err:
+            damaged(reader.line_num, lines.problem or err)
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+
+
+class _bounded_lines:  # noqa: N801 - an iterator used like a function
+    """The lines of a text file, each at most ``MAX_CSV_LINE_CHARS``, at most
+    ``limit_bytes`` in all (a file growing while read); the first line past either,
+    or a last line without its newline (the tool ends every row with one: a row
+    cut short), ends the iteration with ``problem`` set."""
+
+    def __init__(self, text: io.TextIOBase, limit_bytes: int) -> None:
+        self.text, self.limit, self.read = text, limit_bytes, 0
+        self.problem: str | None = None
+
+    def __iter__(self) -> _bounded_lines:
+        return self
+
+    def __next__(self) -> str:
+        line = self.text.readline(MAX_CSV_LINE_CHARS + 1)
+        self.read += len(line)
+        if len(line) > MAX_CSV_LINE_CHARS:
+            self.problem = f"longer than {MAX_CSV_LINE_CHARS:,} characters"
+        elif self.read > self.limit:
+            self.problem = f"past the {self.limit:,} bytes allowed"
+        elif line and not line.endswith("\n"):
+            self.problem = "cut short: no newline at its end (a crash or a full disk)"
+        if not line or self.problem:
+            raise StopIteration
+        return line
+
+
+def _field_problem(record: list[str]) -> str | None:
+    """Why a line's fields are damage (NUL bytes, bytes that are not UTF-8), or None."""
+    joined = "".join(record)
+    if "\x00" in joined:
+        return "holds NUL bytes (a crash or a full disk leaves them)"
+    if any("\udc80" <= c <= "\udcff" for c in joined):
+        return "is not UTF-8 text"
+    return None
+
+
+def _header_problem(header: list[str], required: tuple[str, ...]) -> str | None:
+    """Why a header line is no header (no names, an empty, a repeated or a missing
+    one), or None."""
+    if not header or any(not name.strip() for name in header):
+        return "the header has an empty column name"
+    missing = [name for name in required if name not in header]
+    if missing:
+        return f"the header has no {missing[0]!r} column"
+    if len(set(header)) != len(header):
+        twice = sorted({n for n in header if header.count(n) > 1})
+        return f"the header names {', '.join(map(repr, twice[:3]))} twice"
+    return None
 
 
 class DirectoryLock:
@@ -352,7 +583,7 @@ def lock_directories(*directories: Path | str | None, command: str | None = None
         for directory in directories:
             if directory is None:
                 continue
-            key = os.path.abspath(directory)
+            key = os.path.realpath(directory)  # a link to a directory already locked is it
             if key in seen:
                 continue
             seen.add(key)

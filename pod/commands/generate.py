@@ -6,6 +6,8 @@ generating N characters costs N steps, not N windows.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pod.workloads.checks import check_int
@@ -14,7 +16,7 @@ from pod.workloads.models import Model
 from pod.workloads.recurrent import LSTM, Embedding
 from pod.workloads.transformer import TransformerModel
 
-__all__ = ["sample_text", "MAX_GENERATE_CHARS"]
+__all__ = ["sample_text", "MAX_GENERATE_CHARS", "checkpoint_model"]
 
 #: Most characters one ``tpu-pod generate`` samples (each is a step of the model on one
 #: TensorCore, about a millisecond: 100,000 take minutes; memory stays small).
@@ -117,3 +119,45 @@ def _sample_transformer(core, model: TransformerModel, params: dict[str, np.ndar
     ids = model.sample(core, params, [index[c] for c in start], length=length,
                        temperature=temperature, seed=seed)
     return "".join(vocabulary[i] for i in ids)
+
+
+def checkpoint_model(ckpt, source: str) -> tuple[Model, str, str]:
+    """The text model a checkpoint holds, checked before a character is sampled: the
+    model its scenario and extra data declare (built: its options within the model's
+    bounds), and parameters that are that model's (names, shapes, float32, finite),
+    so nothing is sized by a declaration alone.
+
+    Returns:
+        (the model, its vocabulary, the chip preset the run used).
+
+    Raises:
+        CheckpointError: not a char_lstm or transformer checkpoint of a text run, a
+            model that does not build, or parameters of another model (one line).
+    """
+    from pod.errors import CheckpointError
+    from pod.state.checks import check_params
+    from pod.workloads import build_model
+
+    def mapping(value: Any) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
+
+    extra, scenario = mapping(ckpt.extra), mapping(ckpt.scenario)
+    options = mapping(scenario.get("model")).get("options") or {}
+    shape, classes, vocabulary = (extra.get("input_shape"), extra.get("num_classes"),
+                                  extra.get("vocabulary"))
+    if extra.get("model") not in ("char_lstm", "transformer") or not isinstance(vocabulary, str) \
+            or not vocabulary:
+        raise CheckpointError(f"{source}: generate needs a char_lstm or transformer checkpoint "
+                              f"of a text run, this one holds {str(extra.get('model'))[:40]!r}")
+    try:
+        if not isinstance(options, dict) or not isinstance(shape, list) or \
+                not isinstance(classes, int):
+            raise TypeError("its model options, input shape or classes are not a mapping, a "
+                            "list and a number")
+        model = build_model(extra["model"], tuple(shape), classes, **options)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{source}: the checkpoint's model does not build "
+                              f"({str(err)[:200]})") from None
+    check_params(ckpt, model, source)
+    chip = mapping(scenario.get("pod")).get("chip")
+    return model, vocabulary, chip if isinstance(chip, str) else "v2"

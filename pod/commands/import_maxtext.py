@@ -74,9 +74,10 @@ import yaml
 from pod.config.mesh import devices_per_chip
 from pod.config.overrides import parse_override
 from pod.config.presets import get_preset, parameter_scale, synthetic_examples
-from pod.config.scenario import load_yaml
+from pod.config.scenario import MAX_SCENARIO_BYTES, load_yaml
 from pod.config.slices import resolve_pod
 from pod.errors import ScenarioError
+from pod.safe_io import read_text
 
 __all__ = ["MaxTextConfig", "Note", "ImportResult", "read_maxtext", "to_scenario",
            "import_maxtext", "scenario_yaml"]
@@ -127,10 +128,10 @@ class ImportResult:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ScenarioError(f"{path}: cannot read the MaxText config ({err})") from None
+    try:  # a regular file of at most MAX_SCENARIO_BYTES: a FIFO or /dev/zero is one line
+        text = read_text(path, MAX_SCENARIO_BYTES, "MaxText configs")
+    except ValueError as err:
+        raise ScenarioError(str(err)) from None
     data = load_yaml(text, source=str(path))
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a MaxText config is a mapping of keys (got "

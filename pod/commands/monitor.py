@@ -11,6 +11,7 @@ this process only, which then stops Prometheus and waits for it.
 from __future__ import annotations
 
 import errno
+import shlex
 import shutil
 import signal
 import socket
@@ -28,10 +29,10 @@ import yaml
 
 from pod.data import data_root
 from pod.errors import MetricsError
-from pod.safe_io import read_regular
+from pod.safe_io import output_errors, read_regular, write_atomic
 
 __all__ = ["MonitorOptions", "default_config", "find_prometheus", "monitor", "render_config",
-           "targets_of"]
+           "targets_of", "demo_command"]
 
 INSTALL_HINT = ("install it with 'sudo apt-get install prometheus' (Debian, Ubuntu) or from "
                 "https://prometheus.io/download/")
@@ -198,11 +199,14 @@ def monitor(options: MonitorOptions, echo: Callable[[str], None]) -> None:
     binary = find_prometheus()
     _check_port_free(options.port)
     config = render_config(options)
-    with tempfile.TemporaryDirectory(prefix="tpu-pod-monitor-") as tmp, _sigterm_as_interrupt():
+    with output_errors(tempfile.gettempdir()):  # a full or read-only /tmp: one line
+        scratch = tempfile.TemporaryDirectory(prefix="tpu-pod-monitor-")
+    with scratch as tmp, _sigterm_as_interrupt():
         work = Path(tmp)
         config_path, log_path = work / "prometheus.yml", work / "prometheus.log"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        with open(log_path, "wb") as log:
+        text = yaml.safe_dump(config, sort_keys=False)
+        write_atomic(config_path, lambda f: f.write(text))
+        with output_errors(log_path), open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [binary, f"--config.file={config_path}", f"--storage.tsdb.path={work / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{options.port}"],
@@ -216,7 +220,7 @@ def monitor(options: MonitorOptions, echo: Callable[[str], None]) -> None:
             echo(f"Prometheus on http://127.0.0.1:{options.port} scraping {', '.join(targets)} "
                  f"every {interval} (pid {proc.pid})")
             echo(f"Configuration from {options.config}; data and log in {work} (removed on exit)")
-            echo("Start a run in another terminal, e.g. tpu-pod run quickstart.yaml --hold; "
+            echo(f"Start a run in another terminal, e.g. {demo_command()}; "
                  "Ctrl-C stops Prometheus")
             code = proc.wait()
             raise MetricsError(f"monitor: prometheus exited with status {code}: "
@@ -226,6 +230,21 @@ def monitor(options: MonitorOptions, echo: Callable[[str], None]) -> None:
             echo(f"Prometheus stopped (exit status {code}); removed {work}")
         finally:
             _stop(proc)
+
+
+def demo_command(cwd: Path | None = None) -> str:
+    """A run to scrape, as it runs from ``cwd`` (default: here): the quick start, by its
+    path there in a checkout or a folder of ``tpu-pod init``, else by the shipped file's
+    path; ``--hold`` keeps its final values up for the scrapes after the last step."""
+    here = Path.cwd() if cwd is None else cwd
+    local = Path("scenarios") / "quickstart.yaml"
+    if (here / local).is_file():
+        path = str(local)
+    elif (here / "quickstart.yaml").is_file():
+        path = "quickstart.yaml"
+    else:
+        path = str(data_root() / "scenarios" / "quickstart.yaml")
+    return f"tpu-pod run {shlex.quote(path)} --hold"
 
 
 def targets_of(values: Sequence[str]) -> tuple[str, ...]:

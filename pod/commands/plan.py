@@ -44,7 +44,7 @@ from pod.commands.sweep import csv_row, is_missing, plot_layouts, step_row
 from pod.config.mesh import AXIS_NAMES, device_hbm_bytes, format_axes
 from pod.config.plan import TrainingPlan, build_plan
 from pod.config.presets import synthetic_examples
-from pod.config.scenario import Scenario, parse_scenario
+from pod.config.scenario import MAX_GLOBAL_BATCH, MAX_SLICES, Scenario, parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.workloads import Dataset, build_model, load_dataset
@@ -199,6 +199,11 @@ class Planner:
         if c.dcn_mesh is not None:  # data parallel across the slices, over the DCN
             data["pod"] |= {"slices": c.slices, "dcn_mesh": c.dcn_mesh}
         data.pop("faults", None)  # chip ranks of another pod
+        # the source's description names the slice it was written for (a preset's: v5p-8)
+        across = f" x {c.slices} slices" if c.slices > 1 else ""
+        data["description"] = (f"{self.source.name} on {c.slice_name}{across}: mesh "
+                               f"{format_axes(c.mesh)}, remat {c.remat or 'none'}, global batch "
+                               f"{c.global_batch:,} (a layout of tpu-pod plan)")
         training = dict(data["training"]) | {"global_batch": c.global_batch}
         if self.source.preset:  # as describe plans a preset: sequence parallel with tensor
             tensor = c.mesh.get("tensor", 1)
@@ -255,9 +260,6 @@ class Planner:
         row.update(status="ok", reason="", point=c.index)
         if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
             row["mesh"] = format_axes(c.mesh)
-        if self.sequence_length:
-            row["simulated_tokens_per_second"] = (plan.global_batch * self.sequence_length
-                                                  / row["simulated_step_seconds"])
         return row
 
     def _labels(self, c: Candidate) -> dict[str, Any]:
@@ -379,7 +381,7 @@ def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
         raise ScenarioError("--per-device-batch: the tokens per step (or the global batch) set "
                             "each mesh's per-device batch; give one or the other")
     if request.global_batch is not None:
-        return parse_count(request.global_batch, "--global-batch")
+        return _at_most(parse_count(request.global_batch, "--global-batch"), "--global-batch")
     if request.tokens_per_step is None:
         return None
     tokens = parse_count(request.tokens_per_step, "--tokens-per-step")
@@ -393,7 +395,19 @@ def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
         raise ScenarioError(f"--tokens-per-step: {tokens:,} is not a whole number of "
                             f"{length:,}-token sequences; use a multiple of {length:,} such "
                             f"as {near}")
-    return tokens // length
+    return _at_most(tokens // length, "--tokens-per-step", f" ({tokens:,} tokens)")
+
+
+def _at_most(batch: int, option: str, what: str = "") -> int:
+    """A global batch (or per-device batch) of at most ``MAX_GLOBAL_BATCH`` sequences.
+
+    Raises:
+        ScenarioError: a larger one (one line).
+    """
+    if batch > MAX_GLOBAL_BATCH:
+        raise ScenarioError(f"{option}: {batch:,} sequences{what}, more than the "
+                            f"{MAX_GLOBAL_BATCH:,} a batch may have")
+    return batch
 
 
 def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
@@ -402,8 +416,8 @@ def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
     Raises:
         ScenarioError: one that is not a positive whole number.
     """
-    return tuple(parse_count(b, "--per-device-batch") for b in batches) or \
-        DEFAULT_PER_DEVICE_BATCHES
+    return tuple(_at_most(parse_count(b, "--per-device-batch"), "--per-device-batch")
+                 for b in batches) or DEFAULT_PER_DEVICE_BATCHES
 
 
 def _num_slices(counts: Sequence[Any]) -> tuple[int, ...]:
@@ -415,9 +429,9 @@ def _num_slices(counts: Sequence[Any]) -> tuple[int, ...]:
     out: list[int] = []
     for value in counts:
         text = str(value).strip()
-        if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
-            raise ScenarioError(f"--num-slices: {value!r} is not a positive whole number of "
-                                "slices; give e.g. 1,2,4")
+        if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_SLICES:
+            raise ScenarioError(f"--num-slices: {value!r} is not a whole number of slices "
+                                f"from 1 to {MAX_SLICES}; give e.g. 1,2,4")
         if int(text) not in out:
             out.append(int(text))
     return tuple(out) or (1,)
@@ -450,7 +464,9 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
 
     Args:
         request: what to plan.
-        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
+        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing;
+            nothing either when no point is costed: the CLI then ends in an error, and an
+            earlier plan's files there are left as they were).
         on_point: called with each point's row and the number of points (progress).
 
     Returns:
@@ -491,7 +507,7 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
                         planner.sequence_length, batch, per_device, budget,
                         time.perf_counter() - t0,
                         planner.scenario_mapping(best) if best is not None else None, counts)
-    if output_dir is not None:
+    if output_dir is not None and result.ranked:  # a plan that costs nothing writes nothing
         write_outputs(result, output_dir)
     return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
 

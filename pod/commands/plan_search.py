@@ -36,7 +36,8 @@ from pod.config.mesh import AXIS_NAMES, format_axes
 from pod.errors import ScenarioError
 
 __all__ = ["SearchAxis", "SEARCH_AXES", "runtime_axes", "model_axes", "ordered_factorisations",
-           "factorisation_count", "meshes", "remat_policies", "Candidate", "candidates"]
+           "factorisation_count", "meshes", "remat_policies", "Candidate", "candidates",
+           "check_search_size", "MAX_PLAN_POINTS"]
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,35 @@ class Candidate:
         return f"{where} {format_axes(self.mesh)} {self.remat or 'none'}{batch}"
 
 
+#: Most points one plan searches (about 6 KB of row each: 300 MB at the cap), counted
+#: before any is built; the default search of a v5p-1024 (5 axes, 6 remat policies, 4
+#: batches) is 17,160.
+MAX_PLAN_POINTS = 50_000
+
+
+def check_search_size(slices: Sequence[tuple[str, int]], axes: Sequence[str],
+                      remats: Sequence[str], global_batch: int | None,
+                      per_device_batches: Sequence[int], num_slices: Sequence[int]) -> int:
+    """The number of points ``candidates`` would build (in closed form:
+    ``factorisation_count`` meshes per slice), refused past ``MAX_PLAN_POINTS``.
+
+    Raises:
+        ScenarioError: too many points; one line saying what multiplies to them.
+    """
+    meshes_of = {devices: factorisation_count(devices, len(axes)) for _, devices in slices}
+    batches = 1 if global_batch is not None else len(per_device_batches)
+    total = (sum(meshes_of[d] for _, d in slices) * max(len(num_slices), 1)
+             * max(len(remats), 1) * batches)
+    if total > MAX_PLAN_POINTS:
+        terms = [f"{sum(meshes_of[d] for _, d in slices):,} meshes",
+                 f"{len(remats)} remat policies", f"{batches:,} per-device batches",
+                 f"{len(num_slices)} numbers of slices"]
+        raise ScenarioError(f"plan: the search has {total:,} points ({' x '.join(terms)}), more "
+                            f"than the {MAX_PLAN_POINTS:,} allowed; search fewer (--remat, "
+                            "--mesh-axes, --per-device-batch, --num-slices)")
+    return total
+
+
 def _batch_shards(mesh: Mapping[str, int]) -> int:
     """The devices among which the batch splits: data x fsdp (the devices along tensor
     share their examples)."""
@@ -215,6 +245,7 @@ def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: S
         num_slices: the numbers of identical slices joined by the DCN, data parallel
             across them (``Candidate.slices``).
     """
+    check_search_size(slices, axes, remats, global_batch, per_device_batches, num_slices)
     out: list[Candidate] = []
     for (name, devices), count in itertools.product(slices, num_slices or (1,)):
         for mesh, remat in itertools.product(meshes(devices, axes), remats or ("",)):

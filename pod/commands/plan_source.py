@@ -19,10 +19,11 @@ from typing import Any
 
 from pod.config.mesh import devices_per_chip
 from pod.config.overrides import apply_overrides, as_overrides
-from pod.config.presets import describe_scenario, get_preset, is_preset_name, preset_names
-from pod.config.scenario import load_yaml
+from pod.config.presets import describe_scenario, get_preset, is_preset_name
+from pod.config.scenario import MAX_SCENARIO_BYTES, load_yaml
 from pod.config.slices import SLICE_SHAPES, Topology, resolve_pod
 from pod.errors import ScenarioError
+from pod.safe_io import read_text
 
 __all__ = ["ModelSource", "model_source", "parse_count", "plan_slices", "devices_of",
            "MAXTEXT_KEYS"]
@@ -78,9 +79,9 @@ def parse_count(value: Any, option: str) -> int:
     if match:
         number = float(match.group(1).replace(",", "").replace("_", ""))
         number *= _SCALE[match.group(2).lower()] if match.group(2) else 1
-    if number is None or number < 1 or number != int(number):
-        raise ScenarioError(f"{option}: {value!r} is not a positive whole number; give e.g. "
-                            f"4194304, 4Mi (2^20 x 4) or 4M (4 x 10^6)")
+    if number is None or not 1 <= number < 2**63 or number != int(number):
+        raise ScenarioError(f"{option}: {str(value)[:40]!r} is not a positive whole number "
+                            "(below 2^63); give e.g. 4194304, 4Mi (2^20 x 4) or 4M (4 x 10^6)")
     return int(number)
 
 
@@ -109,15 +110,19 @@ def plan_slices(slices: Sequence[str], chips: int | None) -> list[Topology]:
             if math.prod(shape) == chips:
                 out.append(resolve_pod(slice_name=f"{gen}-{count}"))
     if not out:
-        raise ScenarioError(f"--chips: no {' or '.join(generations)} slice has {chips} chips; "
-                            f"slices have a power of two, e.g. {chips_hint(chips)}")
+        raise ScenarioError(f"--chips: no {' or '.join(generations)} slice has {chips:,} chips; "
+                            f"{chips_hint(generations)}")
     return out
 
 
-def chips_hint(chips: int) -> str:
-    """The powers of two around ``chips``."""
-    low = 2 ** max(0, int(math.log2(max(chips, 1))))
-    return f"{low} or {low * 2}" if low != chips else str(low)
+def chips_hint(generations: Sequence[str]) -> str:
+    """The chip counts of the generations' slices: ``v5e slices have 1, 4, 8, ... or
+    256 chips``."""
+    def counts(gen: str) -> str:
+        sizes = sorted({math.prod(shape) for shape in SLICE_SHAPES[gen].values()})
+        return f"{', '.join(f'{n:,}' for n in sizes[:-1])} or {sizes[-1]:,}" if len(sizes) > 1 \
+            else f"{sizes[0]:,}"
+    return "; ".join(f"{gen} slices have {counts(gen)} chips" for gen in generations)
 
 
 def _slice(name: str) -> Topology:
@@ -154,11 +159,10 @@ def model_source(model: str, files: Sequence[str] = (), overrides: Any = (), *,
         data = apply_overrides(describe_scenario(model), items)
         own = any(o.key in ("training", "training.sequence_parallel") for o in items)
         return _finish(get_preset(model).name, data, not own, seq_len)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ScenarioError(f"MODEL: {model} is not a preset ({', '.join(preset_names())}) nor "
-                            f"a readable file ({err.__class__.__name__})") from None
+    try:  # a regular file of at most MAX_SCENARIO_BYTES: a FIFO or /dev/zero is one line
+        text = read_text(path, MAX_SCENARIO_BYTES, "scenarios and MaxText configs")
+    except ValueError as err:
+        raise ScenarioError(f"MODEL: {err}") from None
     data = load_yaml(text, source=model)
     if isinstance(data, dict) and MAXTEXT_KEYS & set(data) and "pod" not in data:
         return _maxtext(model, files, overrides, slice_name, seq_len)

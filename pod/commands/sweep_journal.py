@@ -25,8 +25,9 @@ from pod.safe_io import output_errors, read_regular, write_atomic
 __all__ = ["SweepJournal", "JOURNAL_NAME", "MAX_JOURNAL_BYTES"]
 
 JOURNAL_NAME = "sweep-journal.jsonl"
-#: Largest journal read back (a row is about 2 KB; a sweep of 10,000 points is 20 MB).
-MAX_JOURNAL_BYTES = 256 << 20
+#: Largest journal read back (a row is about 2 KB; a sweep of 10,000 points, the most
+#: ``pod.config.scenario.MAX_SWEEP_POINTS`` allows, is 20 MB).
+MAX_JOURNAL_BYTES = 64 << 20
 _FORMAT = "tpu-pod-sweep-journal/1"
 
 
@@ -49,11 +50,19 @@ class SweepJournal:
         mode: "timing" or "functional".
         columns: the rows' columns (a journal with other columns is not reused).
         fresh: ignore (and replace) a journal found there.
+        text_columns: the columns that hold text (or true / false); every other one
+            holds a number. A row read back otherwise is damage.
+
+    Attributes:
+        damage: one line per damaged row read back (``sweep-journal.jsonl line 5:
+            the row has no 'status'; that point runs again``).
     """
 
     def __init__(self, output_dir: Path, scenario: Any, mode: str, columns: Sequence[str], *,
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, text_columns: frozenset[str] = frozenset()) -> None:
         self.path = Path(output_dir) / JOURNAL_NAME
+        self.columns, self.text_columns = tuple(columns), text_columns
+        self.damage: list[str] = []
         self.header = {"format": _FORMAT, "mode": mode, "columns": _digest(list(columns)),
                        "scenario": _digest(scenario.model_dump(mode="json"))}
         self.rows: dict[str, dict[str, Any]] = {} if fresh else self._read()
@@ -76,13 +85,43 @@ class SweepJournal:
         except ValueError:
             return {}
         rows = {}
-        for line in lines[1:]:
+        for number, line in enumerate(lines[1:], start=2):
             try:
-                entry = json.loads(line)
-                rows[str(entry["key"])] = dict(entry["row"])
-            except (ValueError, KeyError, TypeError):
-                continue  # cut short by a crash: that point runs again
+                key, row = self._entry(line)
+            except ValueError as err:  # cut short by a crash, or worse: that point runs again
+                self.damage.append(f"{JOURNAL_NAME} line {number:,}: {err}; that point runs "
+                                   "again")
+                continue
+            rows[key] = row
         return rows
+
+    def _entry(self, line: bytes) -> tuple[str, dict[str, Any]]:
+        """A journal line's (key, row), checked: the row has every column, a status of
+        ok or failed, text in the text columns and numbers in the others.
+
+        Raises:
+            ValueError: why the line is damage (one line).
+        """
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            raise ValueError("not a whole JSON line (cut short by a crash?)") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("key"), str) \
+                or not isinstance(entry.get("row"), dict):
+            raise ValueError("not a {key, row} record")
+        row = entry["row"]
+        missing = [c for c in self.columns if c not in row]
+        if missing:
+            raise ValueError(f"the row has no {missing[0]!r}")
+        if row["status"] not in ("ok", "failed"):
+            raise ValueError(f"status is {str(row['status'])[:20]!r}, not ok or failed")
+        for column in self.columns:
+            value, text = row[column], column in self.text_columns
+            if (not isinstance(value, (str, bool)) if text else
+                    isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{column} is {str(value)[:20]!r}, not "
+                                 f"{'text' if text else 'a number'}")
+        return entry["key"], {c: row[c] for c in self.columns}
 
     def done(self, values: dict[str, Any]) -> dict[str, Any] | None:
         """The row of the point setting ``values`` if an earlier run finished it."""

@@ -1,9 +1,9 @@
 """The ICI decisions of a plan: which collective algorithm a pod runs, and what
 it costs at every step once the scenario's link faults are in force.
 
-``choose_algorithm`` picks the fastest algorithm (or checks a given one);
-``IciPlan`` holds the choice and its per-step costs, so the runtime never
-costs anything itself.
+``choose_algorithm`` picks the fastest algorithm (or costs a given one: ``tpu-pod
+collective``); ``IciPlan`` holds a plan's choice for a data axis over the whole
+pod (the cost table, ``MeshCollectiveCosts``, costs it at every step).
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from interconnect import (
     ALGORITHMS,
     ALLREDUCE_ALGORITHMS,
     FAST_PATHS,
+    MAX_COST_WORK,
     LinkFaults,
     LinkSpec,
     ScheduleCost,
     Torus,
+    check_cost_work,
     collective_cost,
+    cost_work,
 )
 from pod.programs.replicated import combine_buckets
 
@@ -44,7 +47,8 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
         algorithm: an algorithm name, or "auto"/None for the fastest of
             ``candidates`` (default: every algorithm of ``op``; on pods above
             ``AUTO_MATERIALISE_MAX_CHIPS`` chips only those with a fast cost path,
-            and on a multi-axis torus of that size only "torus").
+            and on a multi-axis torus of that size only "torus"; never one whose
+            ``interconnect.cost_work`` is past ``MAX_COST_WORK``).
         itemsize: bytes per element.
         faults: slowed / failed links.
         candidates: algorithms ``auto`` compares.
@@ -65,8 +69,11 @@ def choose_algorithm(op: str, topology: Torus, num_elements: int, link: LinkSpec
             # whole-pod rings cost O(chips^2) to evaluate (2(n-1) phases of n transfers)
             # and lose to per-axis rings on a multi-axis torus at this size: compare none
             names = ["torus"]
+    affordable = [a for a in names if cost_work(op, topology, a, faults) <= MAX_COST_WORK]
+    if not affordable:  # none can be costed in seconds: the first's one-line refusal
+        check_cost_work(op, topology, names[0], faults)
     best: tuple[str, ScheduleCost] | None = None
-    for name in names:
+    for name in affordable:
         cost = collective_cost(op, topology, num_elements, link, algorithm=name, itemsize=itemsize,
                                faults=faults)
         if best is None or cost.seconds < best[1].seconds:
@@ -80,23 +87,18 @@ class IciPlan:
     """The allreduce of a data axis that spans the whole pod, decided once.
 
     Attributes:
-        algorithm: the allreduce algorithm the pod runs (``pod.allreduce``,
-            or the fastest for this pod when ``auto``); kept for the whole
-            run, as a real pod does not recompile mid-run.
+        algorithm: the allreduce algorithm of such an axis (``pod.allreduce``, or
+            ``torus`` when ``auto``: what XLA runs); kept for the whole run, as a real
+            pod does not recompile mid-run. What each mesh axis runs is the cost
+            table's (``MeshCollectiveCosts.algorithm``).
         num_elements: float32 elements of the model's gradient buffer.
         link: a healthy directed link (bandwidth, latency).
-        costs: ((0, cost),): the whole model's allreduce with the links of step 0
-            (what ``describe`` and ``validate`` show); empty when no mesh axis
-            spans the pod (the mesh's collectives are costed per axis:
-            ``TrainingPlan.collective_costs``).
+        whole_pod: a data axis spans every device of a slice, so its allreduce runs
+            ``algorithm`` over the torus (False: the mesh's collectives run on their
+            groups).
     """
 
     algorithm: str
     num_elements: int
     link: LinkSpec
-    costs: tuple[tuple[int, ScheduleCost], ...] = ()
-
-    @property
-    def cost(self) -> ScheduleCost | None:
-        """The whole model's allreduce at step 0 (None when not costed)."""
-        return self.costs[0][1] if self.costs else None
+    whole_pod: bool = False

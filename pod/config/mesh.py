@@ -518,9 +518,11 @@ def _all_meshes(count: int) -> list[dict[str, int]]:
     return out
 
 
-def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
-    """Two valid meshes nearest the one given: fewest sizes changed, then the smallest
-    sum of log-ratios of the sizes (an axis given as -1 may take any size)."""
+def _examples(given: Mapping[str, int], torus: Torus, per_chip: int,
+              accepts: Callable[[dict[str, int]], bool] | None = None) -> str:
+    """Two valid meshes nearest the one given that the model runs on (``accepts``): fewest
+    sizes changed, then the smallest sum of log-ratios of the sizes (an axis given as -1
+    may take any size)."""
     count = torus.num_chips * per_chip
     want = {name: given.get(name, 1) for name in AXIS_NAMES if given.get(name) != -1}
 
@@ -528,12 +530,14 @@ def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
         changed = sum(axes.get(n, 1) != size for n, size in want.items())
         return changed, sum(abs(math.log(axes.get(n, 1) / size)) for n, size in want.items())
 
-    near = sorted(_all_meshes(count), key=distance)  # every one of them can be laid out
+    meshes = [m for m in _all_meshes(count) if accepts is None or accepts(m)]
+    near = sorted(meshes, key=distance)  # every one of them can be laid out
     return ", ".join(format_axes(m) for m in near[:2])
 
 
 def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
-               dcn: Mapping[str, int] | None = None) -> Mesh:
+               dcn: Mapping[str, int] | None = None, *,
+               accepts: Callable[[dict[str, int]], bool] | None = None) -> Mesh:
     """The mesh a scenario's ``pod.mesh`` (and ``pod.dcn_mesh``) asks for, on its pod.
 
     Args:
@@ -544,6 +548,9 @@ def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
         dcn: ``pod.dcn_mesh``: each axis's factor across slices (MaxText's
             ``dcn_*_parallelism``; the sizes multiply to ``pod.slices``); None:
             ``{data: pod.slices}``.
+        accepts: whether the model's program runs on a mesh of these sizes: the meshes
+            the error suggests are such (never ``{data: 1, fsdp: 8}`` for a CNN, or
+            ``{tensor: 8}`` for 4 heads, which the plan would refuse next); None: any.
 
     Returns:
         The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``,
@@ -565,7 +572,7 @@ def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
     if (rest and count % given) or (not rest and given != count):
         what = (f"the other axes take {given} devices, which does not divide the {count}"
                 if rest else f"has {given} devices but")
-        examples = _examples(axes, pod.torus, per_chip)
+        examples = _examples(axes, pod.torus, per_chip, accepts)
         tail = f"; sizes must multiply to {count} (e.g. {examples})"
         if rest:
             raise ScenarioError(f"pod.mesh: {format_axes(axes)}: {what} devices of {where}"

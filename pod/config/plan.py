@@ -11,6 +11,7 @@ HBM, and what every collective of a mesh axis costs at every step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,15 @@ import numpy as np
 from chip import check_precision
 from interconnect import calibrated_link
 from pod.config.faults import FaultPlan
-from pod.config.ici import IciPlan, choose_algorithm
+from pod.config.ici import IciPlan
 from pod.config.links import check_links, link_faults
-from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
+from pod.config.mesh import (
+    Mesh,
+    build_mesh,
+    device_hbm_bytes,
+    format_axes,
+    mesh_memory_plan,
+)
 from pod.config.pipeline import check_pipeline_plan, pipeline_memory_plan
 from pod.config.scenario import ModelConfig, Scenario, TrainingConfig
 from pod.config.sharding import SHARDED_MODELS, MeshCollectiveCosts, on_chip_bandwidth
@@ -54,9 +61,9 @@ class TrainingPlan:
             activations, workspace, and their total
             (``pod.config.mesh.mesh_memory_plan``).
         ici: the allreduce algorithm of a data axis that spans the whole pod
-            (``pod.allreduce``, or the fastest when ``auto``) and the cost of the
-            whole model's allreduce with it (empty ``costs`` when no axis spans
-            the pod).
+            (``pod.allreduce``, or ``torus`` when ``auto``) and whether one does
+            (``IciPlan.whole_pod``); what each mesh axis runs is
+            ``collective_costs.algorithms()``.
         faults: the scenario's faults checked against the pod.
         mesh: the device mesh (``pod.mesh``; default ``{data: every device}``).
         collective_costs: the cost of a collective over every group of a mesh
@@ -105,6 +112,26 @@ class TrainingPlan:
     def num_params(self) -> int:
         """Number of trainable parameters of the model."""
         return int(self.model.num_params)
+
+    def check_runnable(self) -> None:
+        """Check that the model's device program runs on the plan's mesh (a plan built
+        with ``sharded_ok`` is not checked: ``describe`` plans any model on any mesh).
+
+        Raises:
+            ScenarioError: one line naming ``pod.mesh``.
+        """
+        _check_runnable_mesh(self.scenario, self.mesh, self.model)
+
+    def __repr__(self) -> str:
+        """One line (a notebook cell's value): what runs where, the batch and HBM."""
+        hbm = self.memory.get("total", 0)
+        memory = f"{hbm / 2**30:.2f} GiB" if hbm >= 2**30 else f"{hbm / 2**20:.2f} MiB"
+        return (f"<TrainingPlan {self.scenario.name}: {self.topology.name} "
+                f"({self.topology.chips:,} chips), {self.model.name} "
+                f"({self.num_params:,} parameters) on {self.dataset.name}, mesh "
+                f"{format_axes(self.mesh.sizes)}, global batch {self.global_batch:,} = "
+                f"{self.per_device_batch:,} per device, {self.steps:,} steps, HBM {memory} "
+                "per device>")
 
 
 def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
@@ -326,22 +353,48 @@ def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
     Raises:
         ScenarioError: one line naming ``pod.mesh``.
     """
-    axes = format_axes(mesh.sizes)
-    sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if mesh.axis_size(a) > 1]
+    _check_runnable_sizes(scenario, mesh.sizes, model)
+
+
+def _check_runnable_sizes(scenario: Scenario, sizes: dict[str, int], model: Model | None
+                          ) -> None:
+    """``_check_runnable_mesh`` of a mesh of these sizes (its axes' lengths)."""
+    axes = format_axes(sizes)
+    sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if sizes.get(a, 1) > 1]
     name = training_sections(scenario)[0].name
     if sharded and name not in SHARDED_MODELS:
         raise ScenarioError(f"pod.mesh: {axes} shards over {' and '.join(sharded)}, which only the "
                             f"{', '.join(SHARDED_MODELS)} model does; {name} trains "
-                            f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
+                            f"data-parallel: use {{data: {math.prod(sizes.values())}}} or leave "
+                            "pod.mesh out")
     config = getattr(model, "config", None)
     if config is None or name not in SHARDED_MODELS:
         return
     try:
         from pod.programs.transformer import check_expert_split, check_tensor_split
-        check_tensor_split(config, mesh.axis_size("tensor"))
-        check_expert_split(config, mesh.sizes)
+        check_tensor_split(config, sizes.get("tensor", 1))
+        check_expert_split(config, sizes)
     except ValueError as err:
         raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
+
+
+def _mesh_accepts(scenario: Scenario) -> Callable[[dict[str, int]], bool]:
+    """Whether the scenario's model runs on a mesh of these sizes, as far as its options
+    say (``_check_runnable_sizes``; the meshes a mesh error suggests are such)."""
+    section = training_sections(scenario)[0]
+    try:  # the options' shapes on a stand-in sequence (only heads, MLP, experts matter)
+        model = build_model(section.name, (8,), 16, **section.options)
+    except (TypeError, ValueError):
+        model = None  # bad options: their own error comes later
+
+    def accepts(sizes: dict[str, int]) -> bool:
+        try:
+            _check_runnable_sizes(scenario, sizes, model)
+        except ScenarioError:
+            return False
+        return True
+
+    return accepts
 
 
 def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> None:
@@ -429,7 +482,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
     check_links(cfg.links, pod.torus)
-    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh)
+    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh,
+                      accepts=None if sharded_ok else _mesh_accepts(scenario))
     if mesh.dcn_size("expert") > 1:
         raise ScenarioError(f"pod.dcn_mesh: expert {mesh.dcn_size('expert')} puts a mixture of "
                             "experts' all-to-alls across slices, which is not modelled; keep "
@@ -465,7 +519,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     _check_sequence_parallel(scenario, mesh, model)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links,
                        slices=pod.slices)
-    ici = plan_ici(pod, mesh, int(model.num_params), cfg.data_allreduce, faults)
+    ici = plan_ici(pod, mesh, int(model.num_params), cfg.data_allreduce)
     by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field,
                                        faults.dcn_slowdown(step), cfg.collective_algorithms))
                     for step, in_force, field in _link_faults_by_step(faults, pod.torus))
@@ -497,7 +551,7 @@ def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.l
                             "(its rerouted collectives have chip ranks only); use slowdown, a "
                             "v4 / v5e / v5p / v6e pod, or {data: N}")
     return MeshCollectiveCosts(mesh, ici.link, on_chip_bandwidth(chip), faults,
-                               torus_algorithm=ici.algorithm if ici.costs else None,
+                               torus_algorithm=ici.algorithm if ici.whole_pod else None,
                                axis_algorithms=dict(algorithms or {}),
                                dcn_bytes_per_s=chip.dcn_bytes_per_s / dcn_slowdown,
                                dcn_latency_s=chip.dcn_latency_s)
@@ -545,8 +599,7 @@ def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) ->
     return order[index * global_batch:(index + 1) * global_batch]
 
 
-def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str,
-             faults: FaultPlan) -> IciPlan:
+def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str) -> IciPlan:
     """Decide the allreduce of a data axis that spans the whole pod.
 
     The algorithm is decided once: the given one, or with ``auto`` the one XLA
@@ -554,28 +607,18 @@ def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str,
     ``interconnect.chains``; the calibration of VALIDATION.md reads the published
     collective rows with it, and the fastest of the textbook algorithms
     underestimates small slices without wraparound by up to 68%: C8 / C10). Every
-    step's collectives are then costed with it (``MeshCollectiveCosts``, link faults
-    in force). A mesh with fsdp or tensor
-    axes has no such axis: its ``IciPlan`` holds the link only (the algorithm
-    choice would take minutes at pod scale for nothing).
+    step's collectives are then costed with it where a data axis spans the slice
+    (``MeshCollectiveCosts``, link faults in force); nothing is costed here.
 
     Args:
         pod: chip preset and torus.
         mesh: the device mesh.
         num_elements: float32 elements of the gradient buffer (parameters).
         algorithm: ``pod.allreduce`` (a name or "auto").
-        faults: the checked fault plan.
-
-    Raises:
-        TopologyError: a failed link that nothing can route around.
     """
     link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
                            pod.chip.ici_latency_s)
     one = mesh.in_slice
-    if "data" not in one.axis_names or one.axis_size("data") != one.size or one.size == 1:
-        return IciPlan(algorithm="ring" if algorithm == "auto" else algorithm,
-                       num_elements=num_elements, link=link, costs=())
-    chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
-                                     algorithm="torus" if algorithm == "auto" else algorithm,
-                                     faults=link_faults(faults.base_links))
-    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=((0, first),))
+    whole = "data" in one.axis_names and one.axis_size("data") == one.size and one.size > 1
+    return IciPlan(algorithm="torus" if algorithm == "auto" else algorithm,
+                   num_elements=num_elements, link=link, whole_pod=whole)

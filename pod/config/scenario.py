@@ -155,10 +155,16 @@ MAX_BENCH_N = 1 << 17
 MAX_BENCH_ITERATIONS = 1_000_000
 #: matrix size and iterations of the host numpy measurement
 MAX_CPU_N, MAX_CPU_ITERATIONS = 8192, 10_000
+#: floating-point operations of the host numpy measurement, all iterations: 2^38 is
+#: seconds of numpy (this 2-core host: 30-60 GFLOP/s; the default 1,024 x 10 is 2^34)
+MAX_CPU_FLOPS = 1 << 38
 #: characters of a scenario's name and description
 MAX_NAME_CHARS, MAX_DESCRIPTION_CHARS = 128, 10_000
 #: chunks of layers per pipeline stage (the circular schedule's repeats)
 MAX_PIPELINE_REPEATS = 1024
+#: points of one sweep (the product of its lists), counted before any is built: a point
+#: takes 0.1-1 s timing-only, its row about 2 KB in the journal
+MAX_SWEEP_POINTS = 10_000
 BENCHMARK_KINDS = ("matmul", "matrix_add")
 HOST_DISPATCH = ("device_loop", "per_step")
 
@@ -599,6 +605,17 @@ class BenchmarkConfig(_Frozen):
     def _known_kind(cls, value: str) -> str:
         return _one_of(value, BENCHMARK_KINDS)
 
+    @model_validator(mode="after")
+    def _host_work(self) -> BenchmarkConfig:
+        per = 2 * self.cpu_n ** 3 if self.kind == "matmul" else self.cpu_n ** 2
+        if per * self.cpu_iterations > MAX_CPU_FLOPS:
+            raise ValueError(f"cpu_n {self.cpu_n:,} x cpu_iterations {self.cpu_iterations:,} is "
+                             f"{per * self.cpu_iterations:.3g} FLOPs of host numpy, more than "
+                             f"the {MAX_CPU_FLOPS:.3g} allowed (minutes to hours); the host "
+                             "measurement is scaled down to take seconds: lower cpu_n or "
+                             "cpu_iterations")
+        return self
+
     @field_validator("precision")
     @classmethod
     def _known_precision(cls, value: str) -> str:
@@ -673,6 +690,14 @@ class SweepConfig(_Frozen):
             if algorithm not in ALLREDUCE_CHOICES:
                 raise ValueError(f"allreduce: {algorithm!r} is not an algorithm; must be one of "
                                  f"{', '.join(ALLREDUCE_CHOICES)}")
+        lists = {k: len(v) for k in ("slices", "chips", "topologies", "num_slices", "mesh",
+                                     "remat", "allreduce", "per_device_batch", "per_core_batch",
+                                     "global_batch", "precision", "microbatches")
+                 if (v := getattr(self, k)) is not None and len(v) > 1}
+        if math.prod(lists.values()) > MAX_SWEEP_POINTS:
+            terms = " x ".join(f"{n:,} {k}" for k, n in lists.items())
+            raise ValueError(f"the sweep has {math.prod(lists.values()):,} points ({terms}), more "
+                             f"than the {MAX_SWEEP_POINTS:,} allowed; sweep fewer values")
         return self
 
     @field_validator("mesh", mode="before")
@@ -904,7 +929,9 @@ def parse_scenario(data: Any, *, source: str = "<scenario>") -> Scenario:
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
-        errors = err.errors()
+        # a missing key last: a typo (global_bach) leaves its key missing too, and the
+        # unknown key's line names both (as an override's does)
+        errors = sorted(err.errors(), key=lambda e: e["type"] == "missing")
         extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ScenarioError(f"{source}: {_describe_error(errors[0])}{extra}") from None
     _check_numbers(scenario, source)

@@ -44,7 +44,7 @@ from interconnect import (
 )
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
-__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
+__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts", "AXIS_OPS",
            "SHARDED_MODELS", "on_chip_bandwidth"]
 
 #: Models the sharded device program runs (``pod.programs.transformer``).
@@ -132,6 +132,13 @@ def on_chip_bandwidth(spec: ChipSpec) -> float | None:
     core's HBM and writes the other's, each at its share; no published core-to-core
     figure, an assumption stated in VALIDATION.md); None with one device per chip."""
     return spec.core.hbm_bandwidth_bytes_per_s if devices_per_chip(spec) > 1 else None
+
+
+#: The collective a device program runs most over each mesh axis (the one whose algorithm
+#: ``MeshCollectiveCosts.algorithms`` reports): data and tensor allreduce, fsdp all-gather
+#: (and reduce-scatter, the same algorithm), expert all-to-all, stage ppermute.
+AXIS_OPS = {"data": "allreduce", "stage": "ppermute", "fsdp": "all_gather",
+            "expert": "all_to_all", "tensor": "allreduce"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,7 +234,7 @@ class MeshCollectiveCosts:
                 device's buffer to the next position of its group in ring
                 order, cyclic: ``interconnect.group_ppermute_cost`` with shift 1;
                 a shift of -1, its mirror image, costs the same) or all_to_all
-                (direct, ``interconnect.groups.group_all_to_all_cost``, whatever
+                (direct, ``interconnect.group_collective_cost``, whatever
                 ``algorithm``).
             nbytes: bytes of each device's input buffer in the dtype that moves
                 (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
@@ -351,6 +358,40 @@ class MeshCollectiveCosts:
             return 0.0
         dcn_op, buffer = self._dcn_part(axis, op, nbytes)
         return dcn_collective_bytes(dcn_op, self.mesh.dcn_size(axis), buffer)
+
+    def algorithm_of(self, axis: str, op: str = "allreduce") -> str:
+        """The algorithm :meth:`cost` runs ``op`` over ``axis`` with, by the name ``tpu-pod
+        collective`` gives it: the plan's ``torus_algorithm`` for an allreduce whose one
+        group is the whole slice; else the axis's (:meth:`axis_algorithm`: ``torus`` for
+        XLA's group collective, every torus axis of the group's block, both directions,
+        unless ``pod.collective_algorithms`` names another); ``direct`` for an
+        all-to-all, ``ppermute`` for a ppermute; with ``+dcn`` where the axis
+        spans slices (``dcn`` alone when none of it is within a slice); "" for an axis
+        of size 1."""
+        if self.mesh.axis_size(axis) <= 1:
+            return ""
+        one = self.mesh.in_slice
+        inside = axis in one.axis_names and one.axis_size(axis) > 1
+        if not inside:
+            name = ""
+        elif op == "all_to_all":
+            name = "direct"
+        elif op == "ppermute":
+            name = "ppermute"
+        elif self._whole_torus(axis, op):
+            name = str(self.torus_algorithm)
+        else:
+            name = self.axis_algorithm(axis)
+        if self.mesh.dcn_size(axis) > 1:
+            return f"{name}+dcn" if name else "dcn"
+        return name
+
+    def algorithms(self) -> dict[str, str]:
+        """Per mesh axis of size > 1 (in mesh order), :meth:`algorithm_of` the collective
+        the programs run most over it (``AXIS_OPS``: data and tensor allreduce, fsdp
+        all-gather and reduce-scatter, expert all-to-all, stage ppermute)."""
+        return {a: self.algorithm_of(a, AXIS_OPS[a]) for a in self.mesh.axis_names
+                if self.mesh.axis_size(a) > 1}
 
     def _whole_torus(self, axis: str, op: str) -> bool:
         """An allreduce over an axis whose one group is every device of a slice."""

@@ -11,7 +11,6 @@ loaded from the network: the file opens offline and can be mailed.
 
 from __future__ import annotations
 
-import csv
 import html
 import io
 from collections.abc import Collection, Mapping, Sequence
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pod.report.console import summary_rows
-from pod.report.files import write_atomic
+from pod.report.files import steps_rows, write_atomic
 
 __all__ = ["render_report", "write_report", "read_steps"]
 
@@ -58,10 +57,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[i
 
 
 def read_steps(path: Path) -> list[dict[str, float]]:
-    """steps.csv's rows with numbers as floats (empty cells dropped)."""
-    with Path(path).open(newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None, "True", "False")}
-                for row in csv.DictReader(f)]
+    """steps.csv's rows with numbers as floats (empty cells dropped), up to its first
+    damaged line (``pod.report.files.steps_rows``)."""
+    return [{k: float(v) for k, v in row.items() if v not in ("", "True", "False")}
+            for _, row in steps_rows(Path(path))]
 
 
 def _plots_svg(steps: Sequence[Mapping[str, float]]) -> str:

@@ -107,8 +107,25 @@ def available_memory_bytes() -> int | None:
     return min(known) if known else None
 
 
+#: A functional benchmark core's peak working set, in n x n float32 arrays, by kind and
+#: MXU precision: the two inputs, the rounded weights, x and the MXU's temporaries
+#: (``BenchmarkChipActor.run``; tracemalloc peaks at n = 1,024 on v5p: matmul bf16 6.1,
+#: int8 9.6, fp32 13.0 (three bf16 passes); matrix_add 4.0). The cores of an actor run
+#: one after another: an actor holds one core's arrays at a time.
+BENCH_WORKING_ARRAYS = {("matmul", "fp32"): 13, ("matmul", "int8"): 10, ("matmul", "bf16"): 7,
+                        ("matrix_add", "bf16"): 4}
+
+
 def _actors(plan: Any) -> tuple[int, int, float]:
-    """(actor processes, model bytes per actor, CPU share per actor) of a plan."""
+    """(actor processes, model bytes per actor, CPU share per actor) of a plan: a
+    ``TrainingPlan`` (its HBM plan per device, every device of a chip), or a
+    ``BenchmarkPlan`` of a functional benchmark (``BENCH_WORKING_ARRAYS`` n x n
+    float32 arrays)."""
+    benchmark = getattr(getattr(plan, "scenario", None), "benchmark", None)
+    if benchmark is not None:
+        arrays = BENCH_WORKING_ARRAYS.get((benchmark.kind, benchmark.precision),
+                                          BENCH_WORKING_ARRAYS[(benchmark.kind, "bf16")])
+        return plan.topology.chips, arrays * 4 * benchmark.n ** 2, ACTOR_CPUS
     per_device = int(plan.memory.get("total", 0))
     return plan.topology.chips, per_device * plan.mesh.devices_per_chip, ACTOR_CPUS
 
@@ -147,7 +164,8 @@ def admit(plan: Any, *, address: str | None = None, available_bytes: int | None 
     """Refuse a functional pod this machine cannot hold, before any actor starts.
 
     Args:
-        plan: a checked ``TrainingPlan``.
+        plan: a checked ``TrainingPlan``, or the ``BenchmarkPlan`` of a functional
+            benchmark.
         address: the cluster the run joins (default: the scenario's
             ``ray.address``, else ``RAY_ADDRESS``): a joined cluster is not checked.
         available_bytes, cpus: the machine's figures (default: measured here).
@@ -193,7 +211,10 @@ def _refusal(plan: Any, found: Admission, field: str, has: str, where: str) -> s
            f"per actor process, measured{ray}) but {found.available_bytes / gib:,.1f} GiB is "
            "available" if found.needed_bytes > found.available_bytes else
            f"{found.cpus_needed:g} CPUs of Ray's but {has} {found.cpus:g}")
+    benchmark = getattr(plan.scenario, "benchmark", None) is not None
+    instead = ("benchmark.functional: false costs the benchmark at any size without "
+               "computing it" if benchmark else "Timing-only mode (sweep.mode: timing, "
+               "`tpu-pod sweep`) costs any pod size without actors")
     return (f"{field} {plan.topology.chips:,} functional chips "
             f"({found.actors:,} actor processes) need "
-            f"{why}; at most {chips:,} chips fit {where}. Timing-only mode (sweep.mode: timing, "
-            "`tpu-pod sweep`) costs any pod size without actors")
+            f"{why}; at most {chips:,} chips fit {where}. {instead}")

@@ -74,6 +74,9 @@ class Pod(PodBase):
         # chip-<rank>-restart-<n> (the dead one's name may not be released yet)
         self.namespace = f"tpu-pod-{plan.scenario.name}-{secrets.token_hex(4)}"
         self._restarts: dict[int, int] = {}
+        # calls of a failed step still running on stuck chips: read once their actors are
+        # replaced, so Ray never prints them as "Unhandled error" stack dumps
+        self._unsettled: list[Any] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -167,6 +170,7 @@ class Pod(PodBase):
         """Stop the actors, and the local Ray cluster if this pod started it."""
         kill_actors(self.actors)
         self.actors = []
+        self._settle()
         if self.placement is not None:
             try:
                 from ray.util.placement_group import remove_placement_group
@@ -274,6 +278,7 @@ class Pod(PodBase):
             self._restarts[r] = self._restarts.get(r, 0) + 1
             self.actors[r] = self._new_actor(r)
             self._slowdowns.pop(r, None)
+        self._settle()  # the failed step's calls on the actors just killed
         self._connect()  # the new chips' addresses, to every chip
         return time.perf_counter() - t0
 
@@ -297,16 +302,26 @@ class Pod(PodBase):
         except ray.exceptions.RayError as err:
             first = err
         dead = None
-        for ref in refs:  # settle the rest (a chip waiting on a dead peer ends with its IciError)
-            try:
+        for i, ref in enumerate(refs):  # settle the rest (a chip waiting on a dead peer ends
+            try:                        # with its IciError)
                 ray.get(ref, timeout=_SETTLE_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
-                break  # stuck: recovery replaces every actor
+                self._unsettled.extend(refs[i:])  # stuck: read once recovery kills them
+                break
             except ray.exceptions.RayActorError as err:
                 dead = dead or err
             except ray.exceptions.RayError:
                 pass  # read, so Ray does not report it as unhandled
         raise _chip_error(dead or first) from None
+
+    def _settle(self) -> None:
+        """Read the calls a failed step left running, once their actors are killed (they
+        end at once with the actor's error): an error never read is printed by Ray, when
+        its reference goes, as an "Unhandled error" stack dump."""
+        for ref in self._unsettled:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(ref, timeout=_SETTLE_TIMEOUT_S)
+        self._unsettled = []
 
 
 def _chip_error(err: Exception) -> Exception:

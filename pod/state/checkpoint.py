@@ -45,6 +45,7 @@ a checkpoint. Reading verifies the checksum first.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,10 +132,12 @@ def _unpack_array(source: str, name: str, d: Any) -> np.ndarray:
     if dtype.kind not in _KINDS or not isinstance(data, bytes):
         raise CheckpointError(f"{source}: array {name!r} has dtype {d['dtype']!r}; "
                               "numbers and booleans only")
-    if len(data) != int(np.prod(shape)) * dtype.itemsize:
+    # math.prod of Python ints: a declared shape whose product overflows int64 (np.prod
+    # wraps it to 0) cannot pass for an empty array
+    need = math.prod(shape) * dtype.itemsize if all(v >= 0 for v in shape) else -1
+    if len(data) != need:
         raise CheckpointError(f"{source}: array {name!r} of shape {shape} and dtype {dtype} "
-                              f"needs {int(np.prod(shape)) * dtype.itemsize} bytes, "
-                              f"has {len(data)}")
+                              f"needs {need:,} bytes, has {len(data):,}")
     out = np.frombuffer(data, dtype).reshape(shape).astype(dtype.newbyteorder("="))
     out.flags.writeable = False
     return out

@@ -35,7 +35,7 @@ import numpy as np
 from pod.errors import CheckpointError
 from pod.state.checkpoint import Checkpoint, params_digest
 
-__all__ = ["check_state", "expected_optimizer_shapes"]
+__all__ = ["check_state", "check_params", "expected_optimizer_shapes"]
 
 #: Every array of the training state is float32 (``Model.init_params``,
 #: ``Optimizer.init``, ``Model.init_state``).
@@ -163,7 +163,7 @@ def _check_run_state(source: str, run_state: Any, step: int, num_faults: int) ->
         raise CheckpointError(f"{source}: run_state['totals'] has {keys}, expected the keys "
                               f"{', '.join(fields)}")
     for key, value in totals.items():
-        if key in ("first", "sums"):
+        if key in ("first", "sums", "run"):  # run: the run's figures (StepTotals.run)
             ok = isinstance(value, dict) and all(isinstance(k, str) and _is_number(v)
                                                  for k, v in value.items())
         elif key in ("initial_loss", "final_loss"):
@@ -195,6 +195,17 @@ def _check_digests(source: str, checkpoint: Checkpoint) -> None:
             raise CheckpointError(f"{source}: {kind} has SHA-256 {actual[:12]}..., the "
                                   f"checkpoint's digest says {str(stored)[:12]}...; the arrays "
                                   "are not the ones that were saved")
+
+
+def check_params(checkpoint: Checkpoint, model: Any, source: str = "checkpoint") -> None:
+    """Refuse a checkpoint whose parameters are not ``model``'s (names, shapes, float32,
+    finite): what ``tpu-pod generate`` runs them through.
+
+    Raises:
+        CheckpointError: one line naming the first array that does not fit.
+    """
+    _check_tree(source, "params", checkpoint.params,
+                {k: tuple(v) for k, v in model.param_shapes.items()})
 
 
 def check_state(checkpoint: Checkpoint, plan: Any, source: str = "checkpoint") -> None:

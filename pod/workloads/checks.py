@@ -58,16 +58,20 @@ def short_repr(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def check_int(value: object, what: str, minimum: int = 1) -> int:
-    """``value`` as an int, if it is an integer (not a bool) >= ``minimum``.
+def check_int(value: object, what: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an int, if it is an integer (not a bool) >= ``minimum`` (and
+    <= ``maximum`` when given).
 
     Raises:
         ValueError: "<what> must be a positive integer, got <value>" (minimum 1)
-            or "<what> must be an integer >= <minimum>, got <value>".
+            or "<what> must be an integer >= <minimum>, got <value>"; "<what> must
+            be at most <maximum>, got <value>".
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{what} must be {need}, got {short_repr(value)}")
+    if maximum is not None and int(value) > maximum:
+        raise ValueError(f"{what} must be at most {maximum:,}, got {int(value):,}")
     return int(value)
 
 

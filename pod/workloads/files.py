@@ -43,13 +43,13 @@ import math
 import os
 import pickle
 import re
-import stat
 import zipfile
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import DTypeLike
 
+from pod.safe_io import check_regular, read_regular, too_large
 from pod.workloads.checks import check_int
 from pod.workloads.dataset import Dataset, stratified_split
 
@@ -94,56 +94,28 @@ def _check_values(path: Path, what: str, count: int) -> None:
 
 
 def _regular(path: Path) -> os.stat_result:
-    """``path``'s stat, refusing anything but a regular file (following symlinks).
-
-    A FIFO named like a data file would block the read forever; a device
-    (``/dev/zero``) never ends.
+    """``path``'s stat, refusing anything but a regular file (following symlinks;
+    ``pod.safe_io.check_regular``): a FIFO named like a data file would block the read
+    forever, a device (``/dev/zero``) never end.
 
     Raises:
         ValueError: missing, not a regular file, or larger than ``MAX_DATA_FILE_BYTES``.
     """
-    try:
-        info = path.stat()
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device" if
-                stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else
-                "a directory" if stat.S_ISDIR(info.st_mode) else "a socket" if
-                stat.S_ISSOCK(info.st_mode) else "not a regular file")
-        raise ValueError(f"{path}: is {kind}; data files must be regular files")
+    info = check_regular(path, "data files")
     if info.st_size > MAX_DATA_FILE_BYTES:
-        raise ValueError(f"{path}: {info.st_size:,} bytes is larger than the "
-                         f"{MAX_DATA_FILE_BYTES:,} bytes a data file may have")
+        raise ValueError(too_large(path, info.st_size, MAX_DATA_FILE_BYTES, "data files"))
     return info
 
 
 def read_data_file(path: Path) -> bytes:
-    """A regular file's bytes, at most ``MAX_DATA_FILE_BYTES``.
-
-    The file is opened without blocking (a FIFO swapped in after the check
-    cannot hang the open) and checked again once open.
+    """A regular file's bytes, at most ``MAX_DATA_FILE_BYTES`` (``pod.safe_io.read_regular``:
+    the size checked before any byte is read, a FIFO never opened).
 
     Raises:
         ValueError: not a regular file, too large, or unreadable; one line
             naming the path.
     """
-    _regular(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError(f"{path}: is not a regular file; data files must be regular files")
-        try:
-            raw = f.read(MAX_DATA_FILE_BYTES + 1)
-        except OSError as err:
-            raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if len(raw) > MAX_DATA_FILE_BYTES:
-        raise ValueError(f"{path}: larger than the {MAX_DATA_FILE_BYTES:,} bytes a data file "
-                         "may have")
-    return raw
+    return read_regular(path, MAX_DATA_FILE_BYTES, "data files")
 
 
 def gunzip_bounded(raw: bytes, path: Path, limit_of=None) -> bytes:

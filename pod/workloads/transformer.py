@@ -244,6 +244,16 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+#: Upper bounds of the transformer's sizes, checked before anything is built per layer,
+#: head or expert (a ``layers: 1000000000`` scenario built a block per layer for minutes
+#: before any size check); each is far above any published model (MaxText's largest
+#: configs: 126 layers, 256 experts, 256k vocabularies, 128k-token contexts).
+MAX_TRANSFORMER_OPTION = {"vocabulary": 1 << 24, "sequence_length": 1 << 20,
+                          "embed_dim": 1 << 20, "heads": 1 << 14, "head_dim": 1 << 14,
+                          "kv_heads": 1 << 14, "mlp_dim": 1 << 22, "layers": 1 << 12,
+                          "experts": 1 << 14}
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """The shape of a decoder-only transformer; validated on construction.
@@ -369,22 +379,26 @@ class TransformerConfig:
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers",
                       "sa_block_q", "sa_block_kv"):
-            check_int(getattr(self, field), f"transformer: option {field}")
+            check_int(getattr(self, field), f"transformer: option {field}",
+                      maximum=MAX_TRANSFORMER_OPTION.get(field))
         if self.head_dim is None:
             if self.embed_dim % self.heads:
                 raise ValueError(f"transformer: option head_dim is needed: embed_dim "
                                  f"{self.embed_dim} is not a multiple of heads {self.heads}")
             object.__setattr__(self, "head_dim", self.embed_dim // self.heads)
-        check_int(self.head_dim, "transformer: option head_dim")
+        check_int(self.head_dim, "transformer: option head_dim",
+                  maximum=MAX_TRANSFORMER_OPTION["head_dim"])
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
-        check_int(self.kv_heads, "transformer: option kv_heads")
+        check_int(self.kv_heads, "transformer: option kv_heads",
+                  maximum=MAX_TRANSFORMER_OPTION["kv_heads"])
         if self.heads % self.kv_heads:
             raise ValueError(f"transformer: option kv_heads must divide heads {self.heads} "
                              f"({_divisors(self.heads)}), got {self.kv_heads}")
         if self.mlp_dim is None:
             object.__setattr__(self, "mlp_dim", 4 * self.embed_dim)
-        check_int(self.mlp_dim, "transformer: option mlp_dim")
+        check_int(self.mlp_dim, "transformer: option mlp_dim",
+                  maximum=MAX_TRANSFORMER_OPTION["mlp_dim"])
         _choice("mlp_activation", self.mlp_activation, MLP_ACTIVATIONS)
         _choice("norm", self.norm, NORMS)
         _choice("positions", self.positions, POSITIONS)
@@ -425,6 +439,7 @@ class TransformerConfig:
         if isinstance(e, bool) or not isinstance(e, int) or e < 0 or e == 1:
             raise ValueError(f"transformer: option experts must be 0 (a dense MLP) or an integer "
                              f">= 2, got {e!r}")
+        check_int(e, "transformer: option experts", 0, MAX_TRANSFORMER_OPTION["experts"])
         check_int(k, "transformer: option experts_per_token")
         for field, value in (("capacity_factor", cf), ("moe_aux_loss_weight", w)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:

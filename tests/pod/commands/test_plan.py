@@ -342,16 +342,18 @@ def test_a_chip_count_plans_every_generations_slice_of_that_many_chips():
         plan_slices(("v5e-16",), 16)
 
 
-def test_an_earlier_plans_plot_and_best_go_when_nothing_fits(tiny, tmp_path):
+def test_a_plan_where_nothing_fits_leaves_an_earlier_plans_files_as_they_were(tiny, tmp_path):
+    """Issue 34: a plan that failed (exit 2) into an earlier plan's directory deleted its
+    best.yaml and layouts.png and replaced results.csv with one dropped row."""
     out = tmp_path / "o"
     run_plan(PlanRequest(model=tiny, slices=("v5e-8",), remat=("none",), per_device_batches=(1,),
                          mesh_axes=("data",)), output_dir=out)
-    assert (out / "layouts.png").exists() and (out / "best.yaml").exists()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"layouts.png", "best.yaml", "results.csv"} <= set(before)
     result = run_plan(PlanRequest(model=tiny, slices=("v5e-8",), remat=("none",),
                                   per_device_batches=(1,), mesh_axes=("tensor",)), output_dir=out)
     assert not result.ranked  # tensor 8 does not split 4 heads
-    assert not (out / "layouts.png").exists() and not (out / "best.yaml").exists()
-    assert (out / "results.csv").exists()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_a_plan_where_nothing_runs_says_why_in_one_line(tiny, tmp_path):

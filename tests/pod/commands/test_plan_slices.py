@@ -136,12 +136,12 @@ def test_the_table_and_results_csv_show_the_slices(tiny, tmp_path):
     assert dcn["1"] == 0 < dcn["2"] < dcn["4"]
 
 
-@pytest.mark.parametrize("value", ["0", "x", "1,0", "-2", "1.5"])
+@pytest.mark.parametrize("value", ["0", "x", "1,0", "-2", "1.5", "257"])
 def test_a_bad_number_of_slices_is_one_line_exit_2(tiny, value):
     code, out, err = _cli(tiny, "--slice", "v5e-8", "--num-slices", value)
     assert code == 2, err
-    assert err.startswith("error: --num-slices: ") and "is not a positive whole number of " \
-        "slices; give e.g. 1,2,4" in err, err
+    assert err.startswith("error: --num-slices: ") and "is not a whole number of slices from " \
+        "1 to 256; give e.g. 1,2,4" in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
@@ -152,7 +152,7 @@ def test_the_python_api_takes_the_number_of_slices(tiny):
                     mesh_axes="fsdp", num_slices=2)
     assert [(r["slices"], r["dcn_mesh"], r["global_batch"]) for r in rows] == [
         (2, "{data: 2}", 16)]
-    with pytest.raises(ScenarioError, match="^--num-slices: 0 is not"):
+    with pytest.raises(ScenarioError, match="^--num-slices: 0 is not a whole number of slices from 1"):
         pod.plan(tiny, slices="v5e-8", num_slices=0)
 
 

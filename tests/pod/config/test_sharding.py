@@ -405,11 +405,14 @@ def test_a_plan_allreduces_a_data_axis_over_the_pod_with_its_chosen_algorithm():
 
     ring = plan(allreduce="ring")
     assert ring.ici.algorithm == ring.collective_costs.torus_algorithm == "ring"
-    assert ring.ici.cost is not None
+    assert ring.collective_costs.algorithms() == {"data": "ring"}
     auto = plan()
     assert auto.collective_costs.torus_algorithm == auto.ici.algorithm
     sharded = plan({"data": 2, "fsdp": 2, "tensor": 2})
-    assert sharded.collective_costs.torus_algorithm is None and sharded.ici.costs == ()
+    assert sharded.collective_costs.torus_algorithm is None and not sharded.ici.whole_pod
+    # the group collectives as XLA runs them: over every torus axis of the group's block
+    assert sharded.collective_costs.algorithms() == {"data": "torus", "fsdp": "torus",
+                                                     "tensor": "torus"}
 
 
 def _plan_with(pod_fields: dict):
@@ -441,5 +444,6 @@ def test_a_scenario_chooses_each_mesh_axis_algorithm_from_the_registry():
     assert plain.cost("tensor", "allreduce", 4096).seconds < ring.seconds  # both directions
     for op in ("all_gather", "reduce_scatter"):
         assert costs.cost("fsdp", op, 4096) == plain.cost("fsdp", op, 4096)
+    assert costs.algorithms() == {"fsdp": "torus", "tensor": "ring"}
     data = _plan_with({"collective_algorithms": {"data": "ring"}})
     assert data.ici.algorithm == data.collective_costs.torus_algorithm == "ring"

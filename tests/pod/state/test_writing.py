@@ -35,7 +35,8 @@ def test_truncating_steps_csv_is_atomic_and_leaves_no_temporary_file(tmp_path, m
     before = path.read_text()
     monkeypatch.setattr(files.os, "fsync", refuse(errno.ENOSPC))
     with pytest.raises(OutputError, match=r"steps\.csv: cannot write \(No space left on device\)"):
-        StepsCsv(path, keep_below=3).__enter__()
+        with StepsCsv(path, keep_below=3) as resumed:  # cut back at its first row
+            resumed.write({"step": 4, "loss": 0.5})
     assert path.read_text() == before                       # the old rows, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv"]
     monkeypatch.undo()
