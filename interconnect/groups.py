@@ -61,14 +61,14 @@ from interconnect.cost import ScheduleCost, _closed_form_cost, price
 from interconnect.errors import ScheduleError
 from interconnect.faults import LinkFaults
 from interconnect.link import LinkSpec
-from interconnect.phases import ppermute_phases
+from interconnect.phases import PairPhases, ppermute_phases
 from interconnect.registry import Algorithm, check_algorithm
 from interconnect.schedule import Schedule, _make_transfer, _trusted_schedule
 from interconnect.topology import Torus
 
 __all__ = ["GROUP_OPS", "CLOSED_FORM_PAIRS", "MAX_ROUTED_PAIRS", "group_ring_schedule",
            "group_torus_schedule", "concurrent_group_schedule", "group_collective_cost",
-           "group_ppermute_schedule", "group_ppermute_cost"]
+           "group_ppermute_schedule", "group_ppermute_cost", "pair_permute_cost"]
 
 #: The operations a group collective performs (the device program's four; all_to_all is
 #: direct under any algorithm: every message on its own dimension-order route).
@@ -460,3 +460,58 @@ def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_el
                             "ranks only")
     return price(phases, topology, link, faults, members=np.asarray(groups, dtype=np.int64),
                  devices_per_chip=devices_per_chip, on_chip_bytes_per_s=on_chip_bytes_per_s)
+
+
+def pair_permute_cost(topology: Torus, sources: Sequence[int] | np.ndarray,
+                      targets: Sequence[int] | np.ndarray, num_elements: int, link: LinkSpec,
+                      itemsize: int = 4, faults: LinkFaults | None = None, *,
+                      devices_per_chip: int = 1,
+                      on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+    """Simulated cost of a collective permute given as (source, target) device pairs,
+    all sending at once (one phase): XLA's ``collective-permute`` with its
+    ``source_target_pairs``, which need not be a shift of equal groups (a pipeline
+    without wraparound sends 0 -> 1 -> 2 and nothing back).
+
+    Each source sends its whole buffer on the dimension-order route to its target,
+    priced by :func:`interconnect.cost.price` (one phase of those pairs on the
+    devices' ranks): the busiest link's bytes at the achieved bandwidth of the links
+    a chip drives, plus latency times the longest route, plus the collective's fixed
+    cost; the same figures as :func:`group_ppermute_cost` for the pairs of a shift. A
+    pair on one chip (v2 / v3 TensorCores) is an on-chip copy at
+    ``on_chip_bytes_per_s`` beside the phase (the phase takes the longer); a pair
+    sending to itself moves nothing, and nothing to send costs nothing.
+
+    Args:
+        topology: the chips' torus.
+        sources, targets: (P,) device ids (device ``d`` on rank ``d // devices_per_chip``).
+        num_elements: elements of each source's buffer.
+        link: the (calibrated) link.
+        itemsize: bytes per element.
+        faults: slowed links (failed links: route around them with
+            :func:`group_ppermute_cost`, which takes groups).
+        devices_per_chip, on_chip_bytes_per_s: as :func:`group_ppermute_cost`.
+
+    Returns:
+        The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: pairs of different lengths or ranks outside the torus, a
+            pair on one chip without ``on_chip_bytes_per_s``, or failed links.
+    """
+    srcs = np.asarray(sources, dtype=np.int64).reshape(-1)
+    dsts = np.asarray(targets, dtype=np.int64).reshape(-1)
+    devices = topology.num_chips * devices_per_chip
+    if srcs.shape != dsts.shape or (srcs.size and (min(srcs.min(), dsts.min()) < 0
+                                                   or max(srcs.max(), dsts.max()) >= devices)):
+        raise ScheduleError(f"permute pairs must be equal lists of device ids in 0..{devices - 1}")
+    if faults is not None and faults.failed:
+        raise ScheduleError("a permute of pairs over failed links is not modelled; give groups "
+                            "and a shift (group_ppermute_cost routes around them)")
+    keep = srcs != dsts
+    whole = int(num_elements) * int(itemsize)
+    if not keep.any() or whole == 0:
+        return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+    phases = PairPhases(devices, srcs[keep], dsts[keep],
+                        (np.full(int(keep.sum()), whole, dtype=np.int64),))
+    return price(phases, topology, link, faults, devices_per_chip=devices_per_chip,
+                 on_chip_bytes_per_s=on_chip_bytes_per_s)

@@ -11,6 +11,7 @@ import errno
 import functools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.console import Console
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod import api
 from pod.commands.bench import matmul_report
-from pod.config.mesh import device_hbm_bytes, format_axes
+from pod.config.mesh import device_hbm_bytes, devices_per_chip, format_axes
 from pod.config.overrides import (
     Override,
     as_overrides,
@@ -349,9 +350,14 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     show(pod_table(plan.topology))
     for table in plan_model_tables(plan, detail=detail):
         show(table)
+    memory = plan.device_memory
     show(memory_table(f"HBM plan per device (pod.mesh {plan.mesh.label}; global batch "
-                       f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                       desc.memory, device_hbm_bytes(plan.topology.chip)))
+                       f"{plan.global_batch:,} = {plan.per_device_batch} per device"
+                       + (f"; at its {memory.peak}" if memory and memory.peak else "")
+                       + (f"; FSDP prefetch {memory.prefetch_layers} layer(s)"
+                          if memory and memory.prefetch_layer_bytes else "") + ")",
+                       dict(memory.rows()) if memory else desc.memory,
+                       device_hbm_bytes(plan.topology.chip)))
     if step is not None:
         console.print(step_line(step), highlight=False)
 
@@ -789,6 +795,123 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("interrupted", err=True)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_HLO_COMMON = [
+    click.option("--slice", "slice_name", required=True,
+                 help="The slice, e.g. v5p-128, v5e-256 (Google's names; tpu-pod describe "
+                      "lists them)."),
+    click.option("--num-slices", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Identical slices joined by the data-centre network (multislice)."),
+    click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+                 help="Where summary.json, layers.csv, collectives.csv and trace.json.gz go "
+                      "[default: runs/<name>-<slice>]."),
+    click.option("--idle-start", is_flag=True,
+                 help="Cost each MXU op from an idle start, as a benchmarked single op (the "
+                      "calibration rows C1-C4), not a training step's steady state."),
+    click.option("--json", "as_json", is_flag=True,
+                 help="Print summary.json on stdout (the tables go to stderr)."),
+]
+
+
+def _hlo_options(function):
+    for option in reversed(_HLO_COMMON):
+        function = option(function)
+    return function
+
+
+def _show_estimate(estimate, output_dir: Path, as_json: bool) -> None:
+    """Print an HLO step's tables (stderr with --json) and write its files."""
+    from pod.hlo.report import ops_table
+
+    console = make_console(sys.stderr) if as_json else make_console()
+    console.print(estimate.table())
+    console.print(ops_table(estimate.step))
+    for note in estimate.step.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if not estimate.memory.fits:
+        console.print(f"[bold red]{estimate.memory.verdict()}[/]", highlight=False)
+    paths = estimate.write(output_dir)
+    console.print(f"Wrote {', '.join(str(p) for p in paths)} (open the trace in "
+                  "https://ui.perfetto.dev)", highlight=False, soft_wrap=True)
+    if as_json:
+        click.echo(json.dumps(estimate.summary, indent=2))
+
+
+@cli.command("run-jax", short_help="Cost your own JAX step on a slice: the HLO XLA compiles "
+                                   "for it, op by op.")
+@click.argument("target", metavar="FILE.py:FUNCTION")
+@_hlo_options
+@click.option("--mesh", "mesh_text", metavar="AXIS=SIZE,...",
+              help="The device mesh, e.g. fsdp=16,tensor=4 [default: the file's MESH dict, "
+                   "else data=<devices>].")
+@click.option("--args", "args_name", metavar="NAME",
+              help="The args factory in FILE: NAME(mesh) returns the step's arguments "
+                   "(jax.ShapeDtypeStructs or arrays, sharded over the mesh) "
+                   "[default: FUNCTION_args].")
+@click.option("--path", type=click.Choice(["auto", "tpu", "cpu"]), default="auto",
+              show_default=True,
+              help="tpu: compile for the slice with libtpu (no TPU needed; the faithful "
+                   "answer); cpu: compile over fake CPU devices (approximate); auto: tpu when "
+                   "libtpu is installed.")
+@click.option("--no-cache", is_flag=True,
+              help="Compile again even if ~/.cache/tpu-pod/hlo holds this step.")
+@click.option("--libtpu-args", default="", metavar="FLAGS",
+              help="XLA's TPU flags for the compile, as LIBTPU_INIT_ARGS on a TPU VM (e.g. "
+                   "MaxText's --xla_tpu_enable_async_collective_fusion=true ...); the tpu path "
+                   "only [default: $LIBTPU_INIT_ARGS].")
+def run_jax_command(target: str, slice_name: str, num_slices: int, output_dir: Path | None,
+                    idle_start: bool, as_json: bool, mesh_text: str | None,
+                    args_name: str | None, path: str, no_cache: bool, libtpu_args: str) -> None:
+    """Compile FUNCTION of FILE.py for the slice and cost its HLO on the emulated pod:
+    every op on the chip model, every collective on its device groups over the ICI,
+    async collectives overlapped as XLA scheduled them. Figures are SIMULATED."""
+    import pod.jax
+    from pod.commands.hlo import default_output_dir, load_step, parse_mesh
+
+    topology = pod.jax.topology_of(slice_name, num_slices)
+    step, factory, file_mesh, name = load_step(target, args_name)
+    devices = topology.chips * devices_per_chip(topology.chip)
+    mesh = parse_mesh(mesh_text) if mesh_text else (file_mesh or {"data": devices})
+    console = make_console(sys.stderr)
+    with console.status(f"{name}: starting", spinner="dots") as status:
+        estimate = pod.jax.estimate(step, factory, mesh=mesh, slice=slice_name,
+                                    num_slices=num_slices, path=path, sustained=not idle_start,
+                                    cache=not no_cache, libtpu_args=libtpu_args or (
+                                        os.environ.get("LIBTPU_INIT_ARGS", "")
+                                        if path != "cpu" else ""),
+                                    progress=lambda text: status.update(f"{name}: {text}"))
+    _show_estimate(estimate, output_dir or default_output_dir(name, topology.name.replace(
+        " ", "")), as_json)
+
+
+@cli.command("cost-hlo", short_help="Cost an XLA HLO module (a dump) on a slice, op by op.")
+@click.argument("module", metavar="MODULE.txt", type=click.Path(dir_okay=False, exists=True,
+                                                                 path_type=Path))
+@_hlo_options
+@click.option("--mesh", "mesh_text", metavar="AXIS=SIZE,...",
+              help="The mesh the module was sharded over, to name the collectives' lanes "
+                   "(optional).")
+@click.option("--compiled-for", type=click.Choice(["auto", "tpu", "cpu"]), default="auto",
+              show_default=True,
+              help="tpu: cost the schedule as XLA made it; cpu: approximate (the project's "
+                   "fusion and overlap rules); auto: tpu when the module carries TPU layouts "
+                   "or cost estimates.")
+def cost_hlo_command(module: Path, slice_name: str, num_slices: int, output_dir: Path | None,
+                     idle_start: bool, as_json: bool, mesh_text: str | None,
+                     compiled_for: str) -> None:
+    """Cost MODULE.txt (an --xla_dump_to file, MaxText's dump_hlo, a PyTorch/XLA dump, or
+    compiled.as_text(); .gz too) on the slice. Its device ids are taken in the TPU's
+    device order. Figures are SIMULATED."""
+    import pod.jax
+    from pod.commands.hlo import default_output_dir, parse_mesh
+
+    estimate = pod.jax.cost_hlo(module, slice=slice_name, num_slices=num_slices,
+                                mesh=parse_mesh(mesh_text) if mesh_text else None,
+                                compiled_for=compiled_for, sustained=not idle_start)
+    stem = module.name.removesuffix(".gz").removesuffix(".txt")
+    _show_estimate(estimate, output_dir or default_output_dir(
+        stem, pod.jax.topology_of(slice_name, num_slices).name.replace(" ", "")), as_json)
 
 
 @cli.command("init", short_help="Copy the shipped scenarios and monitoring files into a folder.")

@@ -24,9 +24,8 @@ from interconnect import (
     collective_cost,
     cost_work,
 )
-from pod.programs.replicated import combine_buckets
 
-__all__ = ["choose_algorithm", "combine_buckets", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
+__all__ = ["choose_algorithm", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
 
 #: ``auto`` only considers algorithms without a fast cost path up to this many chips
 #: (their schedules are built Transfer by Transfer).

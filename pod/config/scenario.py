@@ -464,9 +464,9 @@ class TrainingConfig(_Frozen):
     @field_validator("pipeline_schedule")
     @classmethod
     def _known_schedule(cls, value: str) -> str:
-        from pod.programs.pipeline_schedule import SCHEDULES
+        from pod.program_factory import PIPELINE_SCHEDULES
 
-        return _one_of(value, SCHEDULES)
+        return _one_of(value, PIPELINE_SCHEDULES)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:

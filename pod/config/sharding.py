@@ -416,9 +416,29 @@ class MeshCollectiveCosts:
                                        phase_seconds=(local, *cost.phase_seconds))
         return cost
 
-    def seconds(self, axis: str, op: str, nbytes: int) -> float:
-        """Simulated seconds of :meth:`cost`."""
-        return self.cost(axis, op, nbytes).seconds
+    def seconds(self, axis: str, op: str, nbytes: int, *, windowed: bool = False) -> float:
+        """Simulated seconds of :meth:`cost`; with ``windowed``, of the collective run as
+        XLA's collective matmul runs it (:meth:`windowed_steps`): its bytes as
+        :meth:`cost`'s, plus the fixed cost of every collective-permute step beyond
+        the one the collective pays (``link.collective_fixed_s``)."""
+        seconds = self.cost(axis, op, nbytes).seconds
+        if windowed:
+            steps = self.windowed_steps(axis, op)
+            seconds += max(0, steps - 1) * self.link.collective_fixed_s
+        return seconds
+
+    def windowed_steps(self, axis: str, op: str) -> int:
+        """Collective-permute steps of ``op`` over ``axis`` decomposed into a collective
+        matmul (XLA's windowed einsum, the bidirectional form): the N - 1 chunks of an
+        all-gather or reduce-scatter over N devices go round the group's ring both ways
+        at once, ``ceil((N - 1) / 2)`` steps, each with its matmul chunk; an allreduce
+        is a reduce-scatter (with the matmul that produces it) then an all-gather (with
+        the one that consumes it), twice that. Each step is a collective of its own on
+        the hardware and pays the fixed cost of one ([MARIN] C11-C14); 0 for an axis of
+        one device or another op."""
+        n = self.mesh.axis_size(axis) if axis in self.mesh.axis_names else 1
+        half = -(-(n - 1) // 2)
+        return {"all_gather": half, "reduce_scatter": half, "allreduce": 2 * half}.get(op, 0)
 
     def link_bytes(self, calls: Iterable[Any]) -> dict[str, int]:
         """Bytes per directed ICI link ("src->dst", chip ranks) when every device issues

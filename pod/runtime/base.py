@@ -27,11 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from pod.config.pipeline import pipeline_microbatches
+from interconnect.calibration import SLICE_STEP_JITTER
+from interconnect.dcn import slice_wait_seconds
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import DeviceGroups, device_chip_spec, device_groups
 from pod.errors import CheckpointError
-from pod.programs import DeviceProgram, EvalSums, build_program
+from pod.program_factory import training_program
+from pod.programs import DeviceProgram, EvalSums
 from pod.report.clock import DeviceReport, StepContext, combine_device_reports
 from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, maxtext_flops
 from pod.runtime.device import device_coords
@@ -56,19 +58,14 @@ class Evaluation:
 
 
 def plan_program(plan: TrainingPlan) -> DeviceProgram:
-    """The plan's device program (``pod.programs.build_program``): the sharded
-    transformer, or the replicated program with the plan's gradient buckets."""
+    """The plan's device program (``pod.program_factory.training_program``, the one the
+    plan's memory came from): the sharded transformer, or the replicated program with
+    the plan's gradient buckets."""
     from pod.workloads import build_optimizer
 
     training = plan.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
-    return build_program(plan.model, plan.mesh.sizes, optimizer,
-                         sequence_parallel=training.sequence_parallel,
-                         bucket_elements=plan.bucket_elements,
-                         microbatches=pipeline_microbatches(training, plan.mesh),
-                         pipeline_schedule=training.pipeline_schedule,
-                         pipeline_repeats=training.pipeline_repeats,
-                         pipeline_fsdp_ag_once=training.pipeline_fsdp_ag_once)
+    return training_program(plan.model, plan.mesh.sizes, optimizer, training)
 
 
 def step_context(plan: TrainingPlan) -> StepContext:
@@ -86,7 +83,19 @@ def step_context(plan: TrainingPlan) -> StepContext:
         overlap=bool(training.overlap),
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
         tokens_per_example=int(getattr(config, "sequence_length", 0) or 0),
+        sustained_mxu_fraction=_sustained_fraction(chip),
+        slice_wait_fraction=slice_wait_seconds(1.0, plan.topology.slices, SLICE_STEP_JITTER),
+        slice_axis=next(iter(plan.mesh.dcn_sizes), ""),
+        prefetch_layers=(1 if plan.device_memory is None
+                         else plan.device_memory.prefetch_layers),
         **maxtext_flops(plan.model, plan.global_batch / plan.mesh.size))
+
+
+def _sustained_fraction(chip) -> float:
+    """e1 / e0 of ``chip``: its sustained MXU budget against a fresh op's rate
+    (``pod.report.clock.sustained_clock``)."""
+    core = chip.core
+    return core.sustained_mxu_efficiency / core.mxu_efficiency
 
 
 def chip_devices(plan: TrainingPlan) -> list[list[tuple[int, DeviceGroups]]]:

@@ -447,3 +447,22 @@ def test_a_scenario_chooses_each_mesh_axis_algorithm_from_the_registry():
     assert costs.algorithms() == {"fsdp": "torus", "tensor": "ring"}
     data = _plan_with({"collective_algorithms": {"data": "ring"}})
     assert data.ici.algorithm == data.collective_costs.torus_algorithm == "ring"
+
+
+def test_a_collective_matmul_pays_a_fixed_cost_per_collective_permute_step():
+    """XLA's windowed einsum (issue 29): an all-gather over a tensor axis of 16 runs as
+    ceil(15 / 2) = 8 bidirectional collective-permute steps, an allreduce (its
+    reduce-scatter and its all-gather) as 16; each pays a collective's fixed cost, of
+    which the monolithic collective paid one."""
+    mesh = layout_mesh({"data": 2, "tensor": 16}, Torus((2, 16)))
+    link = LinkSpec(1e11, latency_s=1e-6, collective_fixed_s=4e-6)
+    costs = MeshCollectiveCosts(mesh, link)
+    assert costs.windowed_steps("tensor", "all_gather") == 8
+    assert costs.windowed_steps("tensor", "reduce_scatter") == 8
+    assert costs.windowed_steps("tensor", "allreduce") == 16
+    assert costs.windowed_steps("data", "allreduce") == 2       # an axis of 2: one step each way
+    assert costs.windowed_steps("fsdp", "allreduce") == 0       # absent: no collective at all
+    assert costs.windowed_steps("tensor", "all_to_all") == 0
+    plain = costs.seconds("tensor", "allreduce", 1 << 20)
+    assert costs.seconds("tensor", "allreduce", 1 << 20, windowed=True) == pytest.approx(
+        plain + 15 * 4e-6, rel=1e-12)
