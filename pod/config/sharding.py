@@ -106,13 +106,15 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
     bandwidth (the compiler splits every op over the two; the chip's peak
     FLOP/s is unchanged). On v2 / v3 each TensorCore is a device [JAX]: one
     core with its share of the chip's HBM and HBM bandwidth (half the chip's
-    peak FLOP/s). Chips of one TensorCore (v5e, v6e) are themselves.
+    peak FLOP/s). Chips of one TensorCore (v5e, v6e) are themselves. A device is
+    no slice: the specs of several cores keep no ``slice_shapes`` (their names count
+    the chip's TensorCores).
     """
     if devices_per_chip(spec) > 1:
         n = spec.tensorcores
         published = spec.published_peak_bf16_flops_per_s
         return dataclasses.replace(
-            spec, tensorcores=1, hbm_bytes=spec.core.hbm_bytes,
+            spec, tensorcores=1, hbm_bytes=spec.core.hbm_bytes, slice_shapes=(),
             hbm_bandwidth_bytes_per_s=spec.core.hbm_bandwidth_bytes_per_s,
             published_peak_bf16_flops_per_s=None if published is None else published / n)
     if not spec.megacore:
@@ -123,7 +125,7 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
                                  hbm_bandwidth_bytes_per_s=core.hbm_bandwidth_bytes_per_s * n,
                                  vmem_bytes=core.vmem_bytes * n,
                                  vpu_sublanes=core.vpu_sublanes * n)
-    return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged)
+    return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged, slice_shapes=())
 
 
 def on_chip_bandwidth(spec: ChipSpec) -> float | None:
