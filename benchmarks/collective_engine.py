@@ -44,17 +44,17 @@ _SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 #: ``pod.sweep``, keyword arguments)
 WORKLOADS = {
     "plan maxtext-2023-s1 v5p-64 fsdp,tensor": ("plan", dict(
-        model="maxtext-2023-s1", slices="v5p-64", mesh_axes=("fsdp", "tensor"))),
+        model="maxtext-2023-s1", slice="v5p-64", mesh_axes=("fsdp", "tensor"))),
     "plan gpt3-175b v5p-2048 fsdp,tensor": ("plan", dict(
-        model="gpt3-175b", slices="v5p-2048", mesh_axes=("fsdp", "tensor"), remat=("full",),
-        per_device_batches=(1,))),
+        model="gpt3-175b", slice="v5p-2048", mesh_axes=("fsdp", "tensor"), remat=("full",),
+        per_device_batch=(1,))),
     "plan llama2-7b v5e-256 b1": ("plan", dict(
-        model="llama2-7b", slices="v5e-256", per_device_batches=(1,), remat=("full",))),
+        model="llama2-7b", slice="v5e-256", per_device_batch=(1,), remat=("full",))),
     "plan maxtext-2023-s1 v3-32 b1": ("plan", dict(
-        model="maxtext-2023-s1", slices="v3-32", per_device_batches=(1,), remat=("full",))),
+        model="maxtext-2023-s1", slice="v3-32", per_device_batch=(1,), remat=("full",))),
     "plan pipeline-transformer v5e-16": ("plan", dict(
-        model=str(_SCENARIOS / "pipeline-transformer-v5e-8.yaml"), slices="v5e-16",
-        mesh_axes=("data", "stage"), per_device_batches=(4,), remat=("full",))),
+        model=str(_SCENARIOS / "pipeline-transformer-v5e-8.yaml"), slice="v5e-16",
+        mesh_axes=("data", "stage"), per_device_batch=(4,), remat=("full",))),
     "sweep layouts-mixtral-8x7b-v5p-128": ("sweep", dict(
         scenario=str(_SCENARIOS / "layouts-mixtral-8x7b-v5p-128.yaml"))),
     "sweep scaling-v5e-strong": ("sweep", dict(
