@@ -54,15 +54,18 @@ terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
 - **batch**: the global batch is split over data x fsdp x expert
   (:meth:`batch_slice`); the tensor devices of a group get the same examples.
 
-On a ``{data: N}`` mesh this is data parallelism with one gradient allreduce
-per layer, issued as the backward pass finishes the layer.
+On a ``{data: N}`` mesh this is data parallelism. The gradients leave in the
+buckets every data-parallel program uses (``buckets``: consecutive layers up to
+``training.overlap_bucket_bytes``, ``pod.programs.combine_buckets``), each
+issued as the backward pass finishes its last layer.
 
 Per training step a layer with parameters issues (closed forms the tests
-check, ``L`` blocks): fsdp all-gathers: every layer with parameters in
-forward (embed, L blocks, final_norm, unembed), and in backward all of them
-but the embedding (``2 L + 5``); fsdp reduce-scatters and data allreduces:
-one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
-layer); tensor activation allreduces of ``B T C`` in the wire dtype each (B the
+check, ``L`` blocks, with buckets of one layer each, the default): fsdp
+all-gathers: every layer with parameters in forward (embed, L blocks,
+final_norm, unembed), and in backward all of them but the embedding
+(``2 L + 5``); fsdp reduce-scatters and data allreduces: one per layer owning
+parameters (``L + 2``, ``L + 3`` with an untied output layer; one per bucket
+with larger buckets); tensor activation allreduces of ``B T C`` in the wire dtype each (B the
 per-device batch): 2 per block in forward, 2 in backward, plus 1 when remat
 does not keep the summed attention output (``full``: backward recomputes
 it); a parallel block 1 each way (``TransformerBlock.tensor_hook_calls``
