@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pod.programs import DeviceShard, EvalSums, StepResult
+from pod.programs import DeviceMemory, DeviceShard, EvalSums, StepResult
 
 D, K, LR = 8, 4, 0.5
 SEED, STEPS, BATCH = 3, 4, 16
@@ -78,6 +78,12 @@ class ToyProgram:
 
     def counts_eval(self, coords):
         return coords.tensor == 0
+
+    def memory(self, per_device_batch, precision="bf16", *, prefetch_layers=1):
+        """Its float32 block of W (D / fsdp, K / tensor) and that block's gradient, SGD's
+        empty state, and the (B, K / tensor) output of ``per_device_batch`` examples."""
+        w = 4 * (D // self.sizes["fsdp"]) * (K // self.sizes["tensor"])
+        return DeviceMemory(w, w, 0, 4 * int(per_device_batch) * K // self.sizes["tensor"])
 
     def _forward(self, core, comm, w, x):
         def at():
