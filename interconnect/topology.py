@@ -32,6 +32,7 @@ Conventions and invariants (the tests check each of them):
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import re
 from collections.abc import Sequence
@@ -172,7 +173,7 @@ class Torus:
     @functools.cached_property
     def num_chips(self) -> int:
         """Number of chips, the product of the shape (counted once: every rank check asks)."""
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def name(self) -> str:

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from chip import ChipSpec
+from chip import PRESETS, ChipSpec
 from interconnect import Torus
 from pod.config.slices import Topology
 from pod.errors import ScenarioError
@@ -103,9 +103,11 @@ FOLDED_AXES = {"fsdp_transpose": "fsdp"}
 #: The axes ``pod.mesh`` and ``pod.dcn_mesh`` take, outermost first (MaxText's order).
 SCENARIO_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "expert", "tensor")
 
-#: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
-#: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).
-CORES_ARE_DEVICES = ("v2", "v3")
+#: Generations whose TensorCores are separate JAX devices [JAX] (v2, v3): several cores
+#: that are not one megacore (``devices_per_chip``); the others are one device per chip
+#: (v4, v5p: megacore; v5e, v6e: one TensorCore).
+CORES_ARE_DEVICES = tuple(name for name, spec in PRESETS.items()
+                          if spec.tensorcores > 1 and not spec.megacore)
 
 
 # ------------------------------------------------------------------ the scenario
@@ -168,8 +170,9 @@ def fold_axes(axes: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def devices_per_chip(chip: ChipSpec) -> int:
-    """JAX devices per chip: its TensorCores on v2 / v3, else 1 (megacore or one core) [JAX]."""
-    return chip.tensorcores if chip.name in CORES_ARE_DEVICES else 1
+    """JAX devices per chip: its TensorCores unless they act as one megacore (v2 / v3: 2),
+    else 1 (megacore or one core) [JAX]; read off the chip preset, not its name."""
+    return 1 if chip.megacore else chip.tensorcores
 
 
 def device_hbm_bytes(chip: ChipSpec) -> int:

@@ -54,15 +54,18 @@ terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
 - **batch**: the global batch is split over data x fsdp x expert
   (:meth:`batch_slice`); the tensor devices of a group get the same examples.
 
-On a ``{data: N}`` mesh this is data parallelism with one gradient allreduce
-per layer, issued as the backward pass finishes the layer.
+On a ``{data: N}`` mesh this is data parallelism. The gradients leave in the
+buckets every data-parallel program uses (``buckets``: consecutive layers up to
+``training.overlap_bucket_bytes``, ``pod.programs.combine_buckets``), each
+issued as the backward pass finishes its last layer.
 
 Per training step a layer with parameters issues (closed forms the tests
-check, ``L`` blocks): fsdp all-gathers: every layer with parameters in
-forward (embed, L blocks, final_norm, unembed), and in backward all of them
-but the embedding (``2 L + 5``); fsdp reduce-scatters and data allreduces:
-one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
-layer); tensor activation allreduces of ``B T C`` in the wire dtype each (B the
+check, ``L`` blocks, with buckets of one layer each, the default): fsdp
+all-gathers: every layer with parameters in forward (embed, L blocks,
+final_norm, unembed), and in backward all of them but the embedding
+(``2 L + 5``); fsdp reduce-scatters and data allreduces: one per layer owning
+parameters (``L + 2``, ``L + 3`` with an untied output layer; one per bucket
+with larger buckets); tensor activation allreduces of ``B T C`` in the wire dtype each (B the
 per-device batch): 2 per block in forward, 2 in backward, plus 1 when remat
 does not keep the summed attention output (``full``: backward recomputes
 it); a parallel block 1 each way (``TransformerBlock.tensor_hook_calls``
@@ -86,7 +89,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,6 +202,14 @@ class ShardedTransformer:
         optimizer: the optimizer (``pod.workloads.optimizers``); it updates the
             local chunks only (its arithmetic is elementwise, so a chunk's update
             is the whole model's restricted to the chunk).
+        sequence_parallel: Megatron sequence parallelism over tensor.
+        buckets: the gradient buckets, ((layer names), elements) in the order the
+            backward pass finishes them (``pod.programs.combine_buckets`` of
+            ``model.gradient_buckets()``, as the replicated program takes them:
+            ``training.overlap_bucket_bytes`` means the same for every model): a
+            bucket's gradients are reduced (reduce-scatter over fsdp, allreduce over
+            data, ...) as one buffer when the backward pass finishes its last layer.
+            None: each layer with parameters its own bucket.
 
     Attributes:
         model, optimizer: as given.
@@ -208,11 +219,13 @@ class ShardedTransformer:
 
     Raises:
         ValueError: an unknown axis or a size < 1; tensor not dividing heads
-            and mlp_dim (:func:`check_tensor_split`).
+            and mlp_dim (:func:`check_tensor_split`); buckets that do not hold every
+            layer with parameters exactly once.
     """
 
     def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer,
-                 *, sequence_parallel: bool = False):
+                 *, sequence_parallel: bool = False,
+                 buckets: Sequence[tuple[Sequence[str], int]] | None = None):
         for name, size in sizes.items():
             if name not in AXES or int(size) < 1:
                 raise ValueError(f"mesh axis {name!r} of size {size!r}: axes are "
@@ -251,6 +264,8 @@ class ShardedTransformer:
             for key, _ in keys:
                 owner.setdefault(key, i)
         self._owned = [[k for k, _ in keys if owner[k] == i] for i, keys in enumerate(self._keys)]
+        self.buckets = self._check_buckets(buckets)
+        self._bucket_ends = {layers[-1]: layers[0] for layers, _ in self.buckets}
         self._shapes = self.local_model.param_shapes
         self._layer_names = tuple(layer.name for layer in self.local_model.layers)
         self._zero_params: dict[int, dict[str, np.ndarray]] = {}  # timing-only gathers
@@ -708,17 +723,37 @@ class ShardedTransformer:
             x = x[:, self.sequence_slice(shard.coords)]                    # (B, T / tensor, C)
         return x, cache
 
+    def _check_buckets(self, buckets: Sequence[tuple[Sequence[str], int]] | None
+                       ) -> tuple[tuple[tuple[str, ...], list[str]], ...]:
+        """((layer names), [the parameter keys they own]) per bucket, in backward order
+        (as ``ReplicatedProgram.buckets``); every layer owning parameters in exactly one
+        (None: each its own bucket)."""
+        keys = {layer.name: owned for layer, owned in zip(self.local_model.layers, self._owned,
+                                                          strict=True) if owned}
+        owning = list(keys)[::-1]                                       # backward order
+        names = ([(name,) for name in owning] if buckets is None
+                 else [tuple(layers) for layers, _ in buckets if layers])
+        if sorted(n for layers in names for n in layers) != sorted(owning):
+            raise ValueError(f"gradient buckets hold the layers {[n for b in names for n in b]}; "
+                             f"every layer with parameters exactly once: {owning}")
+        return tuple((layers, [k for n in layers for k in keys[n]]) for layers in names)
+
     def _backward(self, core, comm, shard, caches, dy) -> dict[str, np.ndarray]:
-        """Backward through the layers, last first; a layer's gradients leave as
-        chunks (:meth:`_reduce`) as soon as its backward is done."""
+        """Backward through the layers, last first; a bucket's gradients (the layers'
+        own, ``buckets``) leave as chunks (:meth:`_reduce`) as soon as the backward
+        of its last layer is done."""
         layers = self.local_model.layers
         hooks = self._hooks(core, comm, "bwd")
         grads: dict[str, np.ndarray] = {}
         chunks: dict[str, np.ndarray] = {}
+        bucket: dict[str, np.ndarray] = {}
         for i in range(len(layers) - 1, -1, -1):
             dy = self._layer_backward(core, comm, shard, i, caches[i], dy, hooks, grads, "tied")
-            chunks.update(self._reduce(core, comm, layers[i].name,
-                                       {k: grads.pop(k) for k in self._owned[i]}))
+            bucket.update({k: grads.pop(k) for k in self._owned[i]})
+            first = self._bucket_ends.get(layers[i].name)
+            if first is not None:
+                chunks.update(self._reduce(core, comm, first, bucket))
+                bucket = {}
         return chunks
 
     def _layer_backward(self, core, comm, shard, i, cache, dy, hooks, grads, sum_name,

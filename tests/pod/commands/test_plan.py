@@ -373,7 +373,7 @@ def test_a_chip_count_plans_every_generations_slice_of_that_many_chips():
     from pod.commands.plan_source import plan_slices
 
     names = [p.slice_name for p in plan_slices((), 64)]
-    assert names == ["v2-128", "v3-128", "v4-128", "v5p-128", "v5e-64", "v6e-64"]
+    assert names == ["v2-128", "v3-128", "v4-128", "v5e-64", "v5p-128", "v6e-64"]  # PRESETS order
     assert [p.slice_name for p in plan_slices(("v5e",), 16)] == ["v5e-16"]
     with pytest.raises(ScenarioError, match=r"^--slice: 'v5e-16' with --chips is a generation"):
         plan_slices(("v5e-16",), 16)
