@@ -26,6 +26,12 @@ Wire format (little-endian, ``struct`` notation):
   a trusted network).
 * then per chunk a header ``<QIIIQ`` (run id, phase, sender rank, sequence,
   payload bytes) and the payload: the chunk's float32 values, raw.
+* a heartbeat link (the driver's: ``pod.runtime.heartbeat``) says ``PING_RANK`` in
+  its hello, with the same key; then each byte it sends is echoed by the
+  port's reader thread. A reader thread runs while the actor's own thread is
+  busy (a step, a collective waiting for a peer), so only a process that no
+  longer runs at all (stopped, a frozen host, a paused VM) leaves a ping
+  unanswered.
 
 What a receiver checks, and what it does when a check fails:
 
@@ -92,9 +98,11 @@ import numpy as np
 
 from pod.errors import IciError
 
-__all__ = ["IciPort", "IciError", "IciLimits", "RankPlan"]
+__all__ = ["IciPort", "IciError", "IciLimits", "RankPlan", "PING_RANK", "hello"]
 
 _HELLO = struct.Struct("<I16s")
+#: The sender rank of a heartbeat link's hello (no chip has it: ranks are below 2**32 - 1)
+PING_RANK = 0xFFFFFFFF
 _HEADER = struct.Struct("<QIIIQ")
 _SOCKET_BUFFER = 4 << 20
 _DRAIN_BYTES = 1 << 20  # scratch buffer for discarding a stale chunk's payload
@@ -147,6 +155,17 @@ class _Violation(Exception):
         self.run_id, self.phase, self.reason = run_id, phase, reason
 
 
+def link_key(key: bytes) -> bytes:
+    """The 16 bytes a hello presents for the pod's link secret ``key``."""
+    return hashlib.sha256(b"tpu-pod-ici:" + bytes(key)).digest()[:16]
+
+
+def hello(rank: int, key: bytes) -> bytes:
+    """A link's first message: the sender's ``rank`` (``PING_RANK`` for a heartbeat
+    link) and the pod's link secret ``key``."""
+    return _HELLO.pack(rank, link_key(key))
+
+
 def _node_address() -> str:
     try:
         import ray
@@ -188,7 +207,7 @@ class IciPort:
     def __init__(self, rank: int, key: bytes = b"", limits: IciLimits = IciLimits()) -> None:
         self.rank = rank
         self.limits = limits
-        self._key = hashlib.sha256(b"tpu-pod-ici:" + bytes(key)).digest()[:16]
+        self._key = link_key(key)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         host = _node_address()
@@ -246,7 +265,10 @@ class IciPort:
         src = None
         try:
             src = self._handshake(conn)
-            if src is not None:
+            if src == PING_RANK:
+                src = None  # not a chip: nothing is lost when it closes
+                self._answer_pings(conn)
+            elif src is not None:
                 self._read_chunks(conn, src)
         except _Violation as violation:
             self._fault(violation)
@@ -282,6 +304,15 @@ class IciPort:
         with self._cond:
             self._lost.discard(src)
         return src
+
+    @staticmethod
+    def _answer_pings(conn: socket.socket) -> None:
+        """A heartbeat link: echo every byte until the driver closes it."""
+        while True:
+            data = conn.recv(64)
+            if not data:
+                return
+            conn.sendall(data)
 
     def _read_chunks(self, conn: socket.socket, src: int) -> None:
         header = bytearray(_HEADER.size)
