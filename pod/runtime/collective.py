@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from interconnect import Schedule, Transfer, chunk_bounds
+from pod.runtime.blas import one_blas_thread
 
 __all__ = ["BufferActor", "run_schedule", "rank_plans", "split_chunks", "PIPELINE_CHUNK_BYTES"]
 
@@ -153,8 +154,7 @@ class BufferActor:
 
     def __init__(self, rank: int, *, limit_threads: bool = True) -> None:
         if limit_threads:
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(1)
+            one_blas_thread()  # pod.runtime.blas: the same BLAS threading as every back-end
         self.rank = int(rank)
         self.buffer: np.ndarray | None = None
         self.chunk_bounds: tuple[tuple[int, int], ...] = ()
