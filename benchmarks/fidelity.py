@@ -19,9 +19,17 @@ signed error, then the mean absolute error and the worst row.
 - Rows timed from the host ("host") include Python dispatch: the prediction
   adds :data:`HOST_DISPATCH_SECONDS` once per call (C3: 119.4 us measured for about
   15 us of device work).
+- C8 and C10 are costed as the allreduces torch_xla runs for the benchmark's
+  ``all_gather`` (``xla_model._all_gather_using_all_reduce``); ``--as-all-gather``
+  costs the native all-gather instead.
 - S1-S2 are specifications ("All-reduce bandwidth per Pod"), not
   measurements: shown against the emulator's total one-way link bandwidth,
   kept out of the error statistics.
+- Training rows T1-T9, M1-M3 (training-steps.md) are costed timing-only from
+  their scenarios at their published batch and remat (the HBM plan admits every
+  one). ``--fit-mxu`` fits the step clock's constants on the GEMM rows
+  and every training row at once (``chip.fitting.fit_step_clock``), and
+  with ``--held-out`` predicts each row by a fit without it.
 
 Usage::
 
@@ -29,8 +37,11 @@ Usage::
     python benchmarks/fidelity.py --markdown   # the table for VALIDATION.md
     python benchmarks/fidelity.py --json       # machine-readable rows
     python benchmarks/fidelity.py --fit        # fit the ICI constants on the collective rows
+    python benchmarks/fidelity.py --readings   # the collective rows under both readings
     python benchmarks/fidelity.py --fastest    # collectives by the fastest algorithm, not XLA's
-    python benchmarks/fidelity.py --training   # only the whole training steps T1-T5, M1-M2
+    python benchmarks/fidelity.py --training   # only the whole training steps T1-T9, M1-M3
+    python benchmarks/fidelity.py --fit-mxu --held-out   # the step clock's fit, each row held
+                                                         # out (--json: the held_out map)
     python benchmarks/fidelity.py --baseline DIR   # collective rows with another interconnect/
                                                    # (e.g. an old commit's, exported to DIR), ideal link
 """
@@ -38,6 +49,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -143,12 +155,13 @@ def rows() -> list[Row]:
                         Collective("v2", (2,), False, "reduce_scatter", 8 * 1024 * 8192 * 2)),
         _collective_row("C7", "[SB-shard]", "v5e axis of 4 (no wrap), all-gather 128 KiB", 8e-6, "device",
                         Collective("v5e", (4,), False, "all_gather", 128 * KIB)),
-        _collective_row("C8", "[JS168]", "v5e 2x4, all_gather bf16 2 GiB gathered", 68.3381e-3, "host",
-                        Collective("v5e", (2, 4), False, "all_gather", 2 * GIB)),
+        _collective_row("C8", "[JS168]", "v5e 2x4, all_gather bf16 2 GiB gathered (torch_xla: allreduce)",
+                        68.3381e-3, "host", Collective("v5e", (2, 4), False, "allreduce", 2 * GIB)),
         _collective_row("C9", "[JS168]", "v5e 2x4, int8 psum 128 MiB per chip", 4.34715e-3, "host",
                         Collective("v5e", (2, 4), False, "allreduce", 128 * MIB, itemsize=1)),
-        _collective_row("C10", "[JS168]", "v5e 2x4, int8 all_gather 1 GiB gathered", 34.4571e-3, "host",
-                        Collective("v5e", (2, 4), False, "all_gather", GIB, itemsize=1)),
+        _collective_row("C10", "[JS168]", "v5e 2x4, int8 all_gather 1 GiB gathered (torch_xla: allreduce)",
+                        34.4571e-3, "host",
+                        Collective("v5e", (2, 4), False, "allreduce", GIB, itemsize=1)),
         _collective_row("C11", "[MARIN]", "v5p-8 (2x2x1), ppermute one hop, 64 MiB", 781.98e-6, "device",
                         Collective("v5p", (2, 2, 1), False, "ppermute", 64 * MIB)),
         _collective_row("C12", "[MARIN]", "v5p-8 (2x2x1), ppermute one hop, 1 MiB", 16.94e-6, "device",
@@ -256,29 +269,32 @@ def predict(row: Row, ic, link_for: Callable[[str], object], fastest: bool = Fal
 
 
 NOTES = {
-    "C4": "fitted with the training steps: the MXU's rate falls under sustained load (e0 0.952 -> e1 0.733 on v5e, time constant 0.158 s): 81.7% of peak over 438 ms",
+    "C4": "fitted with the training steps: a GEMM's MXU rate falls from e0 towards the sustained e1 "
+          "with time constant tau (chip.calibration): 81.7% of peak over 438 ms",
     "C5": "fitted on this row (the only HBM measurement): hbm_efficiency 0.83, not a check",
-    "C8": "hypothesis: XLA runs this all_gather as an allreduce of the zero-padded gathered buffer; "
-          "C10 / C9 = 7.9, the ratio of allreduce volumes (1 GiB / 128 MiB = 8), where all-gathers would "
-          "give 4; read so (--as-allreduce) it is within 1%",
+    "C8": "jetstream-pytorch runs on torch_xla, whose xla_model.all_gather (pin_layout=True, no "
+          "output) is _all_gather_using_all_reduce: the buffer padded with zeros to the gathered size "
+          "and all-reduced (torch_xla 2.9.0); costed so. C10 / C9 = 7.9, the ratio of those allreduces "
+          "(8), where all-gathers would give 4. As the native all-gather (--as-all-gather): -50%",
     "C10": "as C8",
     "S1": "a specification: matches 256 chips x 4 links x 50 GB/s; [SB] gives 45 GB/s per link",
     "S2": "a specification: matches 256 chips x 4 links x 100 GB/s; [SB] gives 90 GB/s per link",
 }
 
 
-def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = False,
+def run(ic, link_for, *, collective_only: bool = False, as_all_gather: bool = False,
         fastest: bool = False) -> list[Result]:
     out = []
     for row in rows():
         if collective_only and row.kind != "collective":
             continue
-        if as_allreduce and row.id in ("C8", "C10"):
+        if as_all_gather and row.id in ("C8", "C10"):
             c = row.collective
-            row = Row(row.id, row.source, row.setup + " [read as allreduce]",
-                      row.command.replace("--op all-gather", "--op allreduce"), row.published_s, row.timing,
-                      row.kind, Collective(c.generation, c.shape, c.wraparound, "allreduce", c.size_bytes,
-                                           c.itemsize), row.note)
+            row = Row(row.id, row.source, row.setup + " [read as the native all-gather]",
+                      row.command.replace("--op allreduce", "--op all-gather"), row.published_s,
+                      row.timing, row.kind, Collective(c.generation, c.shape, c.wraparound,
+                                                       "all_gather", c.size_bytes, c.itemsize),
+                      row.note)
         if fastest and row.kind == "collective":
             row = Row(row.id, row.source, row.setup, row.command.replace(f" --algorithm {XLA_ALGORITHM}", ""),
                       row.published_s, row.timing, row.kind, row.collective, row.note)
@@ -293,7 +309,7 @@ def run(ic, link_for, *, collective_only: bool = False, as_allreduce: bool = Fal
 
 
 def fit(ic, fastest: bool = False) -> dict:
-    """Least squares of the relative error over the collective rows (C8, C10 read as allreduces).
+    """Least squares of the relative error over the collective rows (C8, C10 the allreduces they ran as).
 
     Per row the cost splits into parts measured with three ideal-link runs:
     latency ``L`` (hops x 1 us), and per phase the bandwidth seconds ``b_p`` at
@@ -347,8 +363,6 @@ def _fit_parts(ic, fastest: bool) -> list[tuple]:
         if row.kind != "collective":
             continue
         c = row.collective
-        if row.id in ("C8", "C10"):
-            c = Collective(c.generation, c.shape, c.wraparound, "allreduce", c.size_bytes, c.itemsize)
         w = LINK_BYTES_PER_S[c.generation]
         algorithm_cost = {}
         for name, link in (("bw", ic.LinkSpec(w, 0.0)), ("k", ic.LinkSpec(w, 0.0, multi_link_exponent=1.0)),
@@ -374,6 +388,62 @@ def _phase_seconds(ic, c: Collective, link, fastest: bool = False) -> list[float
                                    itemsize=c.itemsize).phase_seconds)
 
 
+# --------------------------------------------------------------- the two readings (issue 29)
+
+#: 2-D tori the readings part on most: a full v5e / v6e pod (wraparound, 4 links a chip) and a
+#: v6e-16 (4x4, no wraparound). No published measurement of them is in the calibration set.
+READING_EXAMPLES = (("v5e", (16, 16), True), ("v6e", (16, 16), True), ("v6e", (4, 4), False))
+
+
+def reading_links(ic) -> dict:
+    """The two readings' calibrated links, each fitted on the collective rows (:func:`fit`):
+    "A" XLA's algorithm (every torus axis at once, both directions; the committed
+    ``interconnect.calibration``), "B" the fastest algorithm with the multi-link loss it
+    needs (``fit(fastest=True)``), and "A, streams unlimited" (issue 23's constants: the
+    same fit with the DMA streams never binding)."""
+    b = fit(ic, fastest=True)
+    cal_b = ic.calibration.Calibration(
+        efficiency=b["efficiency"], multi_link_exponent=b["multi_link_exponent"],
+        multi_link_cap=float(b["multi_link_cap"]), fixed_s_by_generation=b["fixed_s_by_generation"],
+        default_fixed_s=b["default_fixed_s"], dma_streams=math.inf)
+    cal_a = ic.calibration.CALIBRATION
+    unlimited = dataclasses.replace(cal_a, dma_streams=math.inf)
+
+    def link(cal):
+        return lambda g: ic.calibrated_link(g, LINK_BYTES_PER_S[g], HOP_LATENCY_S, calibration=cal)
+
+    return {"A": (link(cal_a), False), "B": (link(cal_b), True),
+            "A, streams unlimited": (link(unlimited), False)}
+
+
+def print_readings(ic, markdown: bool) -> None:
+    """Every collective row under both readings, and the 2-D tori where they part."""
+    links = reading_links(ic)
+    header = ("id", "setup", "published", *(f"{name}: predicted, error" for name in links))
+    lines = []
+    for row in rows():
+        if row.kind != "collective":
+            continue
+        cells = []
+        for link_for, fastest in links.values():
+            seconds, algorithm = collective_seconds(ic, row.collective,
+                                                    link_for(row.collective.generation), fastest)
+            seconds += HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0
+            cells.append(f"{_one_seconds(seconds)} {algorithm}, "
+                         f"{(seconds / row.published_s - 1) * 100:+.1f}%")
+        lines.append((row.id, row.setup, _one_seconds(row.published_s), *cells))
+    for generation, shape, wraps in READING_EXAMPLES:
+        c = Collective(generation, shape, wraps, "allreduce", 256 * MIB)
+        cells = []
+        for link_for, fastest in links.values():
+            seconds, algorithm = collective_seconds(ic, c, link_for(generation), fastest)
+            cells.append(f"{_one_seconds(seconds)} {algorithm}")
+        wrap = "wraparound" if wraps else "no wraparound"
+        lines.append(("-", f"{generation} {'x'.join(map(str, shape))} ({wrap}), allreduce 256 MiB bf16",
+                      "(none)", *cells))
+    _print_rows(header, lines, markdown)
+
+
 # ----------------------------------------------------------------------------------- output
 
 
@@ -388,10 +458,11 @@ def _fmt_seconds(row: Result) -> tuple[str, str]:
     if row.timing == "spec":
         return f"{row.published_s / 1e12:.1f} TB/s", f"{row.predicted_s / 1e12:.1f} TB/s"
 
-    def one(s: float) -> str:
-        return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
+    return _one_seconds(row.published_s), _one_seconds(row.predicted_s)
 
-    return one(row.published_s), one(row.predicted_s)
+
+def _one_seconds(s: float) -> str:
+    return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
 
 
 def print_table(results: list[Result], markdown: bool) -> None:
@@ -430,13 +501,15 @@ class TrainingRow:
     """One published whole training step (../shared/reference/training-steps.md).
 
     Attributes:
-        id: T1-T5 (one slice), M1-M2 (multislice).
+        id: T1-T9 (one slice), M1-M3 (multislice).
         source: the source key of training-steps.md.
         scenario: the scenario file under scenarios/ that writes the row's
             configuration (model, slice, mesh, batch, remat) out.
         published_tflops: TFLOP/s per device as MaxText printed it.
-        formula: "2023" (attention not halved), "2023-halved" (halved, the v5p
-            table's), "2025" (``maxtext_utils``, T5's).
+        formula: MaxText's formula of the row's source (:func:`training_flops`):
+            "2023" (attention not halved, the v5e table's), "2023-halved" (halved,
+            the v5p table's), "2025" (``maxtext_utils``, dense and MoE: T5-T8),
+            "2023-04" (April 2023's 6 N T B, no attention term: T9, M3).
     """
 
     id: str
@@ -452,8 +525,13 @@ TRAINING_ROWS = (
     TrainingRow("T3", "MT-v5e", "scenarios/maxtext-t3-16b-v5e-256.yaml", 120.0, "2023"),
     TrainingRow("T4", "MT-v5e", "scenarios/maxtext-t4-128b-v5e-256.yaml", 110.0, "2023"),
     TrainingRow("T5", "TR-v6e", "scenarios/maxtext-t5-llama3.1-8b-v6e-256.yaml", 417.397, "2025"),
+    TrainingRow("T6", "TR4", "scenarios/maxtext-t6-llama3.1-70b-v6e-64.yaml", 422.091, "2025"),
+    TrainingRow("T7", "TR2", "scenarios/maxtext-t7-llama2-70b-v6e-256.yaml", 402.274, "2025"),
+    TrainingRow("T8", "TR24", "scenarios/maxtext-t8-mixtral-8x7b-v6e-256.yaml", 323.173, "2025"),
+    TrainingRow("T9", "MT-v4", "scenarios/maxtext-t9-22b-v4-128.yaml", 156.0, "2023-04"),
     TrainingRow("M1", "MT-v5e", "scenarios/maxtext-m1-16b-2x-v5e-256.yaml", 117.0, "2023"),
     TrainingRow("M2", "MT-v5p", "scenarios/maxtext-m2-32b-2x-v5p-128.yaml", 319.0, "2023-halved"),
+    TrainingRow("M3", "MT-v4", "scenarios/maxtext-m3-22b-8x-v4-128.yaml", 146.0, "2023-04"),
 )
 
 
@@ -472,28 +550,37 @@ class TrainingResult:
     exposed_seconds: dict
     hbm_gib: float
     bound: str
+    setup: str = ""
 
 
 def training_flops(plan, formula: str) -> float:
-    """FLOPs per device of one step by MaxText's formula ``formula``."""
+    """FLOPs per device of one step by MaxText's formula ``formula`` (``TrainingRow``)."""
     from pod.workloads.transformer import maxtext_tflops_2023, maxtext_tflops_2025
 
     cfg, batch = plan.model.config, plan.global_batch / plan.mesh.size
     if formula == "2025":
         return maxtext_tflops_2025(cfg, 1) * batch
+    if formula == "2023-04":  # train.py at 281e04bf3: 6 N T B, N the parameter pytree
+        return 6.0 * cfg.param_count() * cfg.sequence_length * batch
     return maxtext_tflops_2023(cfg, 1, causal_halving=formula == "2023-halved") * batch
+
+
+def _row_plan(row: TrainingRow):
+    """A training row's plan, timing-only, from its scenario."""
+    from pod.config.plan import build_plan
+    from pod.config.scenario import load_scenario
+
+    return build_plan(load_scenario(os.path.join(ROOT, row.scenario)), timing_only=True)
 
 
 def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
     """Each training row's step, costed timing-only (``pod.runtime.timing.TimingPod``)."""
-    from pod.config.plan import build_plan
-    from pod.config.scenario import load_scenario
     from pod.report.bounds import step_bounds
     from pod.runtime.timing import TimingPod
 
     out = []
     for row in rows:
-        plan = build_plan(load_scenario(os.path.join(ROOT, row.scenario)), timing_only=True)
+        plan = _row_plan(row)
         stats = TimingPod(plan).step(1)
         tflops = training_flops(plan, row.formula) / stats.step_seconds / 1e12
         bounds = step_bounds(stats, plan.collective_costs_at(1), plan.topology.torus)
@@ -501,36 +588,99 @@ def training_results(rows=TRAINING_ROWS) -> list[TrainingResult]:
             row.id, row.source, row.scenario, row.published_tflops, tflops,
             (tflops - row.published_tflops) / row.published_tflops * 100, stats.step_seconds,
             stats.compute_seconds, {a: round(s, 4) for a, s in stats.axis_exposed_seconds.items()},
-            plan.memory["total"] / 2**30, f"{bounds.label} {bounds.fraction:.0%}"))
+            plan.memory["total"] / 2**30, f"{bounds.label} {bounds.fraction:.0%}",
+            _setup(plan)))
     return out
 
 
-#: Generations whose sustained MXU efficiency the training rows fit (v6e: its one row,
-#: T5, agrees without a drop; it is a check, not a fit).
-FIT_MXU_GENERATIONS = ("v5e", "v5p")
+def _setup(plan) -> str:
+    """A training row's configuration as the clock reads it: slice, parameters, mesh,
+    sequences per device x tokens, remat."""
+    cfg = plan.model.config
+    mesh = ", ".join(f"{axis}: {size}" for axis, size in plan.mesh.sizes.items())
+    return (f"{plan.topology.name}, {cfg.param_count() / 1e9:.1f}B, {{{mesh}}}, "
+            f"{plan.global_batch // plan.mesh.size} x {cfg.sequence_length}, remat {cfg.remat}")
 
 
-def step_rows() -> tuple:
-    """The training rows of ``FIT_MXU_GENERATIONS`` as ``chip.calibration.StepRow``: each
-    step and its MXU-bound seconds at the presets' sustained efficiency (timing-only)."""
+def step_rows(rows=TRAINING_ROWS) -> tuple:
+    """The training rows as ``chip.calibration.StepRow`` (timing-only): each one slice's
+    step before the sustained MXU budget and the wait for other slices, at the presets'
+    fresh-op efficiency, its MXU-bound seconds and its slices' expected maximum."""
     from chip.calibration import StepRow
-    from pod.config.plan import build_plan
-    from pod.config.scenario import load_scenario
+    from interconnect.dcn import expected_max_standard_normal
+    from pod.report.clock import device_clocks
     from pod.runtime.timing import TimingPod
 
     out = []
-    for row in TRAINING_ROWS:
-        plan = build_plan(load_scenario(os.path.join(ROOT, row.scenario)), timing_only=True)
-        if plan.topology.chip.name not in FIT_MXU_GENERATIONS:
-            continue
+    for row in rows:
+        plan = _row_plan(row)
         pod = TimingPod(plan)
-        stats = pod.step(1)
-        report = pod.last_report
-        mxu = sum(s for s, b in zip(report.record_seconds, report.record_bounds) if b == "mxu")
+        pod.step(1)
+        clocks = device_clocks(pod.last_reports, plan.collective_costs_at(1).seconds,
+                               overlap=pod.context.overlap)
+        i = max(range(len(clocks)), key=lambda k: clocks[k].step_seconds)
+        report = pod.last_reports[i]
+        mxu = sum(s for s, b in zip(report.record_seconds, report.record_bounds, strict=True)
+                  if b == "mxu")
         published = training_flops(plan, row.formula) / (row.published_tflops * 1e12)
-        out.append(StepRow(row.id, plan.topology.chip.name, stats.step_seconds, mxu,
-                           pod.device.core.spec.sustained_mxu_efficiency, published))
+        out.append(StepRow(row.id, plan.topology.chip.name, clocks[i].step_seconds, mxu,
+                           pod.device.core.spec.mxu_efficiency, published,
+                           expected_max_standard_normal(plan.topology.slices)))
     return tuple(out)
+
+
+def fit_training(held_out: bool = False) -> dict:
+    """The step clock's fit (``chip.fitting.fit_step_clock``) on the GEMM rows and every
+    training row, each row's error at the fit, and with ``held_out`` each row's error under a
+    fit on every other row (leave-one-out). Errors are of TFLOP/s, as the table's."""
+    from chip.fitting import fit_step_clock
+
+    rows = step_rows()
+    result = fit_step_clock(rows)
+
+    def error(row, fit) -> float:
+        predicted = row.predicted(fit.efficiency, fit.sustained[row.chip], fit.slice_jitter)
+        return (row.published_s / predicted - 1) * 100
+
+    out: dict = {"fit": asdict(result), "rows": [asdict(r) for r in rows],
+                 "error_pct": {r.row_id: error(r, result) for r in rows}}
+    if held_out:
+        out["held_out"] = {}
+        for row in rows:
+            other = fit_step_clock(tuple(r for r in rows if r is not row))
+            out["held_out"][row.row_id] = {"fit": asdict(other), "error_pct": error(row, other)}
+    return out
+
+
+def print_fit(out: dict, markdown: bool = False) -> None:
+    """The fit's constants and each row's error (and held-out error), as a table."""
+    fit = out["fit"]
+    print(f"e0 {fit['efficiency']}, tau {fit['burst_seconds']} s, e1 "
+          + ", ".join(f"{c} {v}" for c, v in sorted(fit["sustained"].items()))
+          + f", slice jitter {fit['slice_jitter']}; RMS {fit['rms_error'] * 100:.2f}%\n")
+    held = out.get("held_out", {})
+    header = ("id", "chip", "published step s", "error", "held out")
+    lines = [(r["row_id"], r["chip"], f"{r['published_s']:.3f}",
+              f"{out['error_pct'][r['row_id']]:+.1f}%",
+              f"{held[r['row_id']]['error_pct']:+.1f}%" if held else "-") for r in out["rows"]]
+    _print_rows(header, lines, markdown)
+    errors = [abs(e) for e in out["error_pct"].values()]
+    print(f"\nmean absolute error {sum(errors) / len(errors):.1f}%, worst {max(errors):.1f}%")
+    if held:
+        loo = [abs(h["error_pct"]) for h in held.values()]
+        print(f"held out one at a time: mean {sum(loo) / len(loo):.1f}%, worst {max(loo):.1f}%")
+
+
+def _print_rows(header, lines, markdown: bool) -> None:
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join("---" for _ in header) + "|")
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+        return
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    for line in [header, *lines]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
 
 
 def print_training(results: list[TrainingResult], markdown: bool) -> None:
@@ -539,21 +689,15 @@ def print_training(results: list[TrainingResult], markdown: bool) -> None:
     lines = [(r.id, r.source, r.scenario, f"{r.published_tflops:.1f}", f"{r.predicted_tflops:.1f}",
               f"{r.error_pct:+.1f}%", f"{r.step_seconds:.3f}", f"{r.compute_seconds:.3f}",
               ", ".join(f"{a} {s:.3f}" for a, s in r.exposed_seconds.items()) or "-",
-              f"{r.hbm_gib:.1f}", r.bound) for r in results]
-    one = [r for r in results if r.id.startswith("T")]
-    mae = sum(abs(r.error_pct) for r in one) / max(1, len(one))
-    worst = max(results, key=lambda r: abs(r.error_pct))
+              f"{r.hbm_gib:.1f}", r.bound)
+             for r in results]
+    _print_rows(header, lines, markdown)
     if markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join("---" for _ in header) + "|")
-        for line in lines:
-            print("| " + " | ".join(line) + " |")
         print()
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-        for line in [header, *lines]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
-    print(f"mean absolute error of T1-T5 {mae:.1f}%; worst row {worst.id} {worst.error_pct:+.1f}%")
+    mae = sum(abs(r.error_pct) for r in results) / max(1, len(results))
+    worst = max(results, key=lambda r: abs(r.error_pct))
+    print(f"mean absolute error {mae:.1f}% over {len(results)} rows; worst row {worst.id} "
+          f"{worst.error_pct:+.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -561,19 +705,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--fit", action="store_true", help="fit efficiency, exponent and fixed costs")
+    parser.add_argument("--readings", action="store_true",
+                        help="every collective row under both readings (XLA's algorithm with its "
+                             "DMA streams; the fastest algorithm with a multi-link loss)")
     parser.add_argument("--fastest", action="store_true",
                         help="cost collectives by the fastest algorithm (as the CLI without --algorithm), "
                              "not by XLA's (the torus algorithm)")
-    parser.add_argument("--as-allreduce", action="store_true",
-                        help="read C8 and C10 as allreduces of the gathered buffer (the fit's reading)")
+    parser.add_argument("--as-all-gather", action="store_true",
+                        help="cost C8 and C10 as the native all-gather their command names, not as "
+                             "the allreduce of the zero-padded buffer torch_xla runs")
     parser.add_argument("--fit-mxu", action="store_true",
-                        help="fit the MXU's efficiencies (fresh e0, time constant, sustained e1 "
-                             "per generation) on the GEMM rows and the training steps together")
+                        help="fit the step clock's constants (fresh e0, time constant, sustained "
+                             "e1 per generation, slice jitter) on the GEMM rows and the training "
+                             "steps together")
     parser.add_argument("--held-out", action="store_true",
                         help="with --fit-mxu: each training row's error under a fit on every "
                              "other row")
     parser.add_argument("--training", action="store_true",
-                        help="only the whole training steps T1-T5, M1-M2 (timing-only runs of "
+                        help="only the whole training steps T1-T9, M1-M3 (timing-only runs of "
                              "their scenarios; a few seconds each)")
     parser.add_argument("--single-op", action="store_true",
                         help="only the single-op rows C1-C14, S1-S2")
@@ -583,22 +732,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ic = _import_interconnect(args.baseline)
     if args.fit_mxu:
-        from chip.calibration import fit_mxu_sustained
-
-        rows = step_rows()
-        result = fit_mxu_sustained(rows)
-        out: dict = {"fit": asdict(result), "rows": [asdict(r) for r in rows]}
-        if args.held_out:  # each row predicted by a fit on every other row
-            out["held_out"] = {}
-            for row in rows:
-                other = fit_mxu_sustained(tuple(r for r in rows if r is not row))
-                predicted = row.predicted(other.sustained[row.chip])
-                out["held_out"][row.row_id] = {  # the error of TFLOP/s, as the table's
-                    "fit": asdict(other), "error_pct": (row.published_s / predicted - 1) * 100}
-        print(json.dumps(out, indent=2))
+        out = fit_training(held_out=args.held_out)
+        if args.json:
+            print(json.dumps(out, indent=2))
+        else:
+            print_fit(out, args.markdown)
         return 0
     if args.fit:
         print(json.dumps(fit(ic, args.fastest), indent=2))
+        return 0
+    if args.readings:
+        print_readings(ic, args.markdown)
         return 0
     if args.baseline:
         def link_for(generation: str):
@@ -607,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         def link_for(generation: str):
             return ic.calibrated_link(generation, LINK_BYTES_PER_S[generation], HOP_LATENCY_S)
     results = [] if args.training else run(ic, link_for, collective_only=bool(args.baseline),
-                                            as_allreduce=args.as_allreduce, fastest=args.fastest)
+                                            as_all_gather=args.as_all_gather, fastest=args.fastest)
     training = ([] if args.single_op or args.baseline else training_results())
     if args.json:
         out = {"training_rows": [asdict(r) for r in training]}

@@ -1,4 +1,5 @@
-"""Published single-chip measurements and the fit of the chip's calibrated constants.
+"""Published single-chip measurements, the fit of the chip's calibrated constants, and
+the constants themselves.
 
 The rows are measured timings (not models) from public sources, each with
 its id (C1-C5), as published:
@@ -15,33 +16,77 @@ its id (C1-C5), as published:
 is not a chip cost: the chip model leaves it out and the pod side models it;
 here it is added to the predicted device time to compare with a host row.
 
-Two constants of `chip.spec` are fitted on these rows (one per effect, each
-on the generation that has rows, carried over to the others):
+The MXU's rate (issue 29). A fresh op runs at e0 (``MXU_FRESH_EFFICIENCY``) of
+the pipelined count's ideal rate. Under sustained load the chip cannot keep
+that up: its MXU work averaged over a time constant tau (``MXU_BURST_SECONDS``)
+is held to the sustained rate e1 of its generation
+(``MXU_SUSTAINED_EFFICIENCY``), as a power- or clock-limited chip is held to
+its budget. A lone GEMM of duration d from an idle start so runs at the mean
+``e1 + (e0 - e1)(tau / d)(1 - exp(-d / tau))`` (C1-C4); a training step,
+seconds of work repeated step after step, runs every MXU-bound op at e0 and is
+held to ``MXU work / e1`` on average (``pod.report.clock``): a step with
+enough other work (vector ops, HBM-bound ops, host transfers, exposed
+collectives) between its matmuls stays below the budget and is not slowed, a
+step that is nothing but matmuls runs at e1. The fall is so a property of the
+work (how MXU-bound the step is), with one figure per generation, not a rate
+every op of a generation runs at: issue 29's v6e rows told the two apart (T5,
+67% MXU-bound at e0, is held 3% beyond its step at e0; T6-T8, 84-94%, 24-41%):
+one rate for every op held them out to 20%, the budget to 13%.
 
-- `TensorCoreSpec.mxu_efficiency`: least squares in relative error of
-  (predicted device time + dispatch) against the host-timed v5e GEMMs C1,
-  C2, C4. The model is t = t_ideal / e + dispatch, with t_ideal the
-  "pipelined" MXU time at efficiency 1, so x = 1 / e solves a one-variable
-  linear least-squares problem in closed form. C3 is left out: its device
-  time is small beside dispatch, so it says little about e.
-- `TensorCoreSpec.hbm_efficiency`: the same fit of t = bytes / (bandwidth *
-  e) on the v6e copy C5; with one row it is bytes / (bandwidth * t).
+Fit (``python benchmarks/fidelity.py --fit-mxu``; ``chip.fitting.fit_step_clock``):
+least squares in relative error over the GEMM rows C1, C2, C4 and the
+published training steps T1-T9, M1-M3 (training-steps.md) at once; e0 and tau
+shared by every generation (only v5e has GEMM rows), e1 per generation with
+training rows, and the multislice jitter
+(``interconnect.calibration.SLICE_STEP_JITTER``) on M1-M3 with them. The HBM
+efficiency is fitted on the copy row C5.
 
-Run `python -m chip.calibration` to print the fits and the published vs
-predicted table (before: SCALE-Sim's count, spec bandwidth; after: the
-presets as shipped); VALIDATION.md holds its output.
+``chip.fitting`` fits them again (``python -m chip.fitting`` prints the fits and the
+published vs predicted table: before, SCALE-Sim's count and the spec bandwidth;
+after, the presets as shipped; VALIDATION.md holds its output). This module holds
+the rows and the constants only: ``chip.spec`` imports it, so it imports nothing of
+the chip's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from chip.core import TensorCore
-from chip.spec import ChipSpec, get_chip_spec
+__all__ = ["HOST_DISPATCH_SECONDS", "MXU_FRESH_EFFICIENCY", "MXU_BURST_SECONDS",
+           "MXU_SUSTAINED_EFFICIENCY", "HBM_EFFICIENCY", "GemmRow", "CopyRow", "GEMM_ROWS",
+           "COPY_ROWS", "MXU_FIT_ROW_IDS", "StepRow", "StepClockFit"]
 
 HOST_DISPATCH_SECONDS = 100e-6
 """Host dispatch per jitted call, seconds (C3 [PALLAS]); added to "host" rows only."""
+
+# ------------------------------------------------------------------ the fitted constants
+# Each is fitted, never set by hand: the comment names its rows (ids of measurements.md
+# and training-steps.md) and `python benchmarks/fidelity.py --fit-mxu` prints the fit;
+# tests/chip/test_calibration.py refits them and fails when one drifts. chip.spec's
+# presets read them.
+
+#: e0, a fresh op's MXU efficiency, every generation. Rows: C1, C2, C4 [PALLAS][JS168],
+#: fitted with every training row T1-T9, M1-M3 (a step below its budget would run at e0;
+#: today every row is held by its budget, T5 only just); only v5e has GEMM rows, the
+#: other generations share it. Fit: benchmarks/fidelity.py --fit-mxu.
+MXU_FRESH_EFFICIENCY = 0.952
+
+#: tau, the time constant of the fall from e0 to e1, seconds, every generation.
+#: Rows: C1, C2, C4 (how far C4, 438 ms, has fallen and C1, 6 ms, has not).
+#: Fit: benchmarks/fidelity.py --fit-mxu.
+MXU_BURST_SECONDS = 0.188
+
+#: e1, the MXU's sustained rate (fraction of the ideal pipelined rate) per generation.
+#: Fit: benchmarks/fidelity.py --fit-mxu, each from its generation's rows:
+#: v4: T9, M3 [MT-v4]; v5e: C1, C2, C4 with T3, T4, M1 [MT-v5e]; v5p: T1, T2, M2 [MT-v5p];
+#: v6e: T5, T6, T7, T8 [TR-v6e][TR4][TR2][TR24]. v2 and v3 have no rows: they carry
+#: v4's over (the oldest generation with rows), stated in chip.spec.
+MXU_SUSTAINED_EFFICIENCY = {"v4": 0.6765, "v5e": 0.714, "v5p": 0.762, "v6e": 0.614}
+
+#: Achieved HBM fraction of the spec bandwidth, every generation. Row: C5 [RECIPES]
+#: (a.copy() of 32 MiB on v6e, 1359.6 GB/s of 1638e9): the only HBM measurement, so
+#: C5 matches by construction and is no check. Fit: chip.fitting.fit_hbm_efficiency.
+HBM_EFFICIENCY = 0.8300
 
 
 @dataclass(frozen=True)
@@ -100,97 +145,35 @@ MXU_FIT_ROW_IDS = ("C1", "C2", "C4")
 """GEMM rows the MXU efficiency is fitted on (C3 is dispatch-dominated)."""
 
 
-def _uncalibrated(spec: ChipSpec) -> ChipSpec:
-    """The chip at its ideal rates: MXU and HBM efficiency 1, no sustained drop."""
-    core = dataclasses.replace(spec.core, mxu_efficiency=1.0, hbm_efficiency=1.0,
-                               mxu_sustained_efficiency=None, mxu_burst_seconds=0.0)
-    return dataclasses.replace(spec, core=core)
-
-
-def predict_gemm_seconds(row: GemmRow, spec: ChipSpec | None = None,
-                         mxu_model: str = "pipelined") -> tuple[float, str]:
-    """Predicted time of a GEMM row as published (device, plus dispatch if host-timed).
-
-    Args:
-        row: The row.
-        spec: Chip to cost it on; None uses the row's preset.
-        mxu_model: "pipelined" or "scalesim".
-
-    Returns:
-        (seconds, bound): the prediction comparable with row.published_s and
-        whether the device part is compute- or memory-bound.
-    """
-    spec = spec or get_chip_spec(row.chip)
-    record = TensorCore(spec.core, execute=False, mxu_model=mxu_model).account_matmul(
-        row.m, row.k, row.n)
-    dispatch = HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0
-    return record.seconds + dispatch, record.bound
-
-
-def predict_copy_seconds(row: CopyRow, spec: ChipSpec | None = None) -> float:
-    """Predicted device time of a copy row: a memory-bound VPU op of float32 elements."""
-    spec = spec or get_chip_spec(row.chip)
-    core = TensorCore(spec.core, execute=False)
-    record = core.account_vector("copy", row.bytes_moved // 2 // 4, row.bytes_moved)
-    assert record is not None  # not fused: account_vector returns the copy's record
-    return record.seconds
-
-
-def _least_squares_reciprocal(ideal_s: list[float], fixed_s: list[float],
-                              published_s: list[float]) -> float:
-    # Minimise sum ((ideal * x + fixed) / published - 1)^2 over x (= 1 / efficiency).
-    a = [i / p for i, p in zip(ideal_s, published_s, strict=True)]
-    b = [f / p for f, p in zip(fixed_s, published_s, strict=True)]
-    x = sum(ai * (1.0 - bi) for ai, bi in zip(a, b, strict=True)) / sum(ai * ai for ai in a)
-    return 1.0 / x
-
-
-def fit_mxu_efficiency(row_ids: tuple[str, ...] = MXU_FIT_ROW_IDS) -> float:
-    """Fits the sustained MXU efficiency on GEMM rows (see the module docstring).
-
-    Args:
-        row_ids: Ids of the GEMM rows to fit on; all must be compute-bound.
-
-    Returns:
-        The efficiency, a fraction.
-
-    Raises:
-        ValueError: if a row is unknown or memory-bound (its time says nothing
-            about the MXU).
-    """
-    by_id = {r.row_id: r for r in GEMM_ROWS}
-    ideal, fixed, published = [], [], []
-    for rid in row_ids:
-        if rid not in by_id:
-            raise ValueError(f"unknown GEMM row {rid!r}; choose from {', '.join(by_id)}")
-        row = by_id[rid]
-        spec = _uncalibrated(get_chip_spec(row.chip))
-        record = TensorCore(spec.core, execute=False).account_matmul(row.m, row.k, row.n)
-        if record.bound != "compute":
-            raise ValueError(f"row {rid} is memory-bound in the model; it cannot fit the MXU")
-        ideal.append(record.compute_seconds)
-        fixed.append(HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0)
-        published.append(row.published_s)
-    return _least_squares_reciprocal(ideal, fixed, published)
-
-
 @dataclass(frozen=True)
 class StepRow:
-    """A published training step, reduced to what the MXU fit needs.
+    """A published training step, reduced to what the step clock's fit needs.
 
-    A step costed at a reference sustained efficiency ``e_ref`` takes
-    ``step_seconds``, of which ``mxu_seconds`` are MXU-bound records; at another
-    sustained efficiency e it takes ``step_seconds + mxu_seconds (e_ref / e - 1)``
-    (the rest of the step does not move: its collectives are hidden behind the
-    compute). ``benchmarks/fidelity.py --fit-mxu`` measures these with the
-    timing-only pod.
+    Costed once by the timing-only pod at a fresh-op efficiency ``e_ref``, one
+    slice's step before the sustained budget and the slices' wait takes
+    ``step_seconds``, of which ``mxu_seconds`` are MXU-bound op records. At
+    other constants (e0, e1, jitter) the step is (:meth:`predicted`)::
+
+        max(step - mxu + W / e0,  W / e1) x (1 + jitter x slice_factor)
+
+    with ``W = mxu x e_ref`` the MXU work in ideal seconds: the step runs its
+    matmuls at e0 unless that puts the MXU's average over the step above its
+    sustained rate e1 (then the step is the MXU work at e1, what
+    ``pod.report.clock`` does), and a job of several slices waits for the slowest
+    (``interconnect.dcn.slice_wait_seconds``). The rest of the step (its other
+    records, exposed collectives and host transfers) does not move with e0.
+    ``benchmarks/fidelity.py --fit-mxu`` measures the rows.
 
     Attributes:
-        row_id: T1-T5, M1-M2 (training-steps.md).
+        row_id: T1-T9, M1-M3 (training-steps.md).
         chip: chip generation.
-        step_seconds, mxu_seconds: the step and its MXU-bound part at ``e_ref``.
-        e_ref: the sustained efficiency they were costed at.
+        step_seconds, mxu_seconds: the step and its MXU-bound part at ``e_ref``
+            (one slice, no budget, no wait for other slices).
+        e_ref: the fresh-op efficiency they were costed at.
         published_s: the published step (the row's MaxText FLOPs / its TFLOP/s).
+        slice_factor: the expected maximum of as many standard normals as the
+            job has slices (``interconnect.dcn.expected_max_standard_normal``; 0 for
+            one slice).
     """
 
     row_id: str
@@ -199,149 +182,33 @@ class StepRow:
     mxu_seconds: float
     e_ref: float
     published_s: float
+    slice_factor: float = 0.0
 
-    def predicted(self, e: float) -> float:
-        """The step at sustained efficiency ``e``, seconds."""
-        return self.step_seconds + self.mxu_seconds * (self.e_ref / e - 1.0)
+    def predicted(self, e0: float, e1: float, jitter: float = 0.0) -> float:
+        """The step at fresh-op efficiency ``e0``, sustained rate ``e1`` and slice
+        jitter ``jitter`` (a fraction of the step), seconds."""
+        work = self.mxu_seconds * self.e_ref
+        free = self.step_seconds - self.mxu_seconds + work / e0
+        return max(free, work / e1) * (1.0 + jitter * self.slice_factor)
 
 
 @dataclass(frozen=True)
-class MxuFit:
-    """The MXU's efficiencies fitted on GEMM rows and training steps together.
+class StepClockFit:
+    """The step clock's constants fitted on GEMM rows and training steps together.
 
     Attributes:
-        efficiency: e0, a fresh op's (``TensorCoreSpec.mxu_efficiency``, v5e).
-        burst_seconds: tau, the time constant of the fall (``mxu_burst_seconds``).
-        sustained: generation -> e1, its sustained efficiency
-            (``mxu_sustained_efficiency``) for the generations with training rows.
+        efficiency: e0, a fresh op's MXU efficiency (``MXU_FRESH_EFFICIENCY``).
+        burst_seconds: tau, the time constant of the fall (``MXU_BURST_SECONDS``).
+        sustained: generation -> e1 (``MXU_SUSTAINED_EFFICIENCY``), for every
+            generation with training rows.
+        slice_jitter: the spread of one slice's step, a fraction of it
+            (``interconnect.calibration.SLICE_STEP_JITTER``); 0 without
+            multislice rows.
         rms_error: root-mean-square relative error over every row fitted.
     """
 
     efficiency: float
     burst_seconds: float
     sustained: dict[str, float]
+    slice_jitter: float
     rms_error: float
-
-
-def _gemm_fit_parts(row_ids: tuple[str, ...]) -> list[tuple[float, float, float]]:
-    """(ideal MXU seconds at efficiency 1, fixed seconds, published) of GEMM rows."""
-    by_id = {r.row_id: r for r in GEMM_ROWS}
-    out = []
-    for rid in row_ids:
-        row = by_id[rid]
-        spec = _uncalibrated(get_chip_spec(row.chip))
-        record = TensorCore(spec.core, execute=False).account_matmul(row.m, row.k, row.n)
-        out.append((record.compute_seconds, HOST_DISPATCH_SECONDS if row.timing == "host" else 0.0,
-                    row.published_s))
-    return out
-
-
-def fit_mxu_sustained(steps: tuple[StepRow, ...], row_ids: tuple[str, ...] = MXU_FIT_ROW_IDS,
-                      gemm_chip: str = "v5e") -> MxuFit:
-    """Fit e0, tau and each generation's e1 on the GEMM rows and the training steps at once.
-
-    A GEMM of ideal time t (efficiency 1) takes t / e(d) + dispatch with e(d)
-    the mean efficiency over its duration d = t / e0 from an idle start
-    (``TensorCoreSpec.mxu_efficiency_over``); a training step takes
-    ``StepRow.predicted(e1)`` of its generation. Least squares in relative error
-    over every row, by grid search (e0 and e1 to 0.001, tau on a log grid);
-    ``gemm_chip``'s e1 is shared by its GEMM and step rows, every other
-    generation's e1 is fitted on its steps alone (they have no GEMM rows).
-
-    Raises:
-        ValueError: no training step of ``gemm_chip``.
-    """
-    import numpy as np
-
-    gemms = _gemm_fit_parts(row_ids)
-    by_chip: dict[str, list[StepRow]] = {}
-    for row in steps:
-        by_chip.setdefault(row.chip, []).append(row)
-    if gemm_chip not in by_chip:
-        raise ValueError(f"no training step of {gemm_chip} to fit its sustained efficiency")
-    e1s = np.arange(0.500, 1.0005, 0.001)
-
-    def step_sq(rows: list[StepRow], e1: np.ndarray) -> np.ndarray:
-        return sum((((r.step_seconds - r.mxu_seconds + r.mxu_seconds * r.e_ref / e1)
-                     / r.published_s - 1.0) ** 2 for r in rows), np.zeros_like(e1))
-
-    best: tuple[float, float, float, float] | None = None
-    for tau in np.geomspace(1e-3, 10.0, 121):
-        for e0 in np.arange(0.850, 1.0005, 0.001):
-            e1 = e1s[e1s <= e0 + 1e-12]
-            sq = step_sq(by_chip[gemm_chip], e1)
-            for ideal, fixed, published in gemms:
-                d = ideal / e0
-                x = d / tau
-                mean = e1 + (e0 - e1) * (-np.expm1(-x)) / x
-                sq = sq + ((ideal / mean + fixed) / published - 1.0) ** 2
-            k = int(np.argmin(sq))
-            if best is None or sq[k] < best[0]:
-                best = (float(sq[k]), float(e0), float(tau), float(e1[k]))
-    assert best is not None  # the first (tau, e0) sets it
-    total, e0, tau, e1_gemm = best
-    sustained = {gemm_chip: round(e1_gemm, 3)}
-    for chip, rows in by_chip.items():
-        if chip != gemm_chip:
-            e1 = e1s[e1s <= e0 + 1e-12]
-            sq = step_sq(rows, e1)
-            k = int(np.argmin(sq))
-            sustained[chip], total = round(float(e1[k]), 3), total + float(sq[k])
-    n = len(gemms) + len(steps)
-    return MxuFit(round(e0, 3), float(f"{tau:.3g}"), sustained, (total / n) ** 0.5)
-
-
-def fit_hbm_efficiency(rows: tuple[CopyRow, ...] = COPY_ROWS) -> float:
-    """Fits the achieved HBM fraction on copy rows (least squares in relative error).
-
-    Returns:
-        The efficiency, a fraction.
-    """
-    ideal = [r.bytes_moved / get_chip_spec(r.chip).core.hbm_bandwidth_bytes_per_s for r in rows]
-    return _least_squares_reciprocal(ideal, [0.0] * len(rows), [r.published_s for r in rows])
-
-
-def report() -> str:
-    """The fits and a Markdown table of published vs predicted rows, before and after.
-
-    "before" is the model without this calibration: SCALE-Sim's per-fold MXU
-    count and the spec HBM bandwidth (the GEMM rows are compute-bound, so the
-    output bytes do not change them). "after" is the presets as shipped.
-    """
-    v5e = get_chip_spec("v5e").core
-    lines = [f"MXU efficiency as shipped (v5e): a fresh op e0 {v5e.mxu_efficiency:.3f}, falling "
-             f"with time constant {v5e.mxu_burst_seconds:.3g} s to the sustained "
-             f"{v5e.sustained_mxu_efficiency:.3f}; fitted on {', '.join(MXU_FIT_ROW_IDS)} with the "
-             "training steps (benchmarks/fidelity.py --fit-mxu)",
-             f"(one constant fitted on {', '.join(MXU_FIT_ROW_IDS)} alone, the model before: "
-             f"{fit_mxu_efficiency():.4f})",
-             f"HBM efficiency fit on {', '.join(r.row_id for r in COPY_ROWS)} (v6e): "
-             f"{fit_hbm_efficiency():.4f}", "",
-             "| id | chip | operation | timing | published | before: predicted | error "
-             "| after: predicted | error | after: bound |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
-
-    def fmt(seconds: float) -> str:
-        return f"{seconds * 1e3:.4g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.4g} us"
-
-    for row in GEMM_ROWS:
-        before, _ = predict_gemm_seconds(row, _uncalibrated(get_chip_spec(row.chip)), "scalesim")
-        after, bound = predict_gemm_seconds(row)
-        lines.append(f"| {row.row_id} | {row.chip} | bf16 GEMM {row.m}x{row.k}x{row.n} | "
-                     f"{row.timing} | {fmt(row.published_s)} | {fmt(before)} | "
-                     f"{before / row.published_s - 1:+.1%} | {fmt(after)} | "
-                     f"{after / row.published_s - 1:+.1%} | {bound} |")
-    for copy_row in COPY_ROWS:
-        before = predict_copy_seconds(copy_row, _uncalibrated(get_chip_spec(copy_row.chip)))
-        after = predict_copy_seconds(copy_row)
-        lines.append(f"| {copy_row.row_id} | {copy_row.chip} | "
-                     f"copy {copy_row.bytes_moved // 2 // 2**20} MiB | "
-                     f"device | {fmt(copy_row.published_s)} | {fmt(before)} | "
-                     f"{before / copy_row.published_s - 1:+.1%} | {fmt(after)} | "
-                     f"{after / copy_row.published_s - 1:+.1%} | memory |")
-    lines.append(f"\nhost rows: predicted = device + {HOST_DISPATCH_SECONDS * 1e6:.0f} us dispatch")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(report())

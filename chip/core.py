@@ -222,10 +222,14 @@ class TensorCore:
         host_bytes_per_s: This core's share of the chip's host link (PCIe),
             bytes/s, for host transfers; None: `DEFAULT_HOST_BYTES_PER_S`
             (`Chip` passes spec.host_to_chip_bytes_per_s / tensorcores).
-        sustained: the core runs in steady state under sustained load (a
-            training step: seconds of back-to-back MXU work): MXU cycles at
-            `spec.sustained_mxu_efficiency`; False (one benchmarked op from an
-            idle start): at `spec.mxu_efficiency_over` the op's duration.
+        sustained: the core runs ops back to back in steady state (a training
+            step): every MXU op at a fresh op's `spec.mxu_efficiency` (e0), with
+            no fall per op; the chip's sustained budget
+            (`spec.sustained_mxu_efficiency`, e1) holds the step's MXU work on
+            average and is applied to the whole step by its clock
+            (`pod.report.clock`: a step with enough other work between its
+            matmuls is not slowed). False (one benchmarked op from an idle
+            start): at `spec.mxu_efficiency_over` the op's duration.
 
     Attributes:
         spec: The TensorCoreSpec.
@@ -441,10 +445,11 @@ class TensorCore:
         return cycles
 
     def _mxu_efficiency(self, ideal_cycles: int) -> float:
-        """The MXU efficiency of an op of ``ideal_cycles``: the sustained one on a
-        sustained core, else the mean over the op's duration from an idle start."""
+        """The MXU efficiency of an op of ``ideal_cycles``: a fresh op's on a sustained
+        core (the step's clock holds the step to the sustained budget), else the mean
+        over the op's duration from an idle start."""
         if self.sustained:
-            return self.spec.sustained_mxu_efficiency
+            return self.spec.mxu_efficiency
         seconds = ideal_cycles / self.spec.clock_hz / self.spec.mxu_efficiency
         return self.spec.mxu_efficiency_over(seconds)
 

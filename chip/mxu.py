@@ -145,8 +145,8 @@ def mxu_gemm_cycles(
 
     Returns:
         Total cycles, int. These are ideal pipeline cycles: the calibrated
-        sustained efficiency (`TensorCoreSpec.mxu_efficiency`) is applied by
-        `TensorCore`, not here.
+        efficiencies (`TensorCoreSpec.mxu_efficiency` and the sustained budget) are
+        applied by `TensorCore` and the step's clock, not here.
 
     Raises:
         ValueError: if m, k, n, mxus or batch is not a positive integer, or

@@ -15,7 +15,7 @@ number gives its source key:
 - der.: derived here from the other numbers.
 - assumption: not published; chosen by us and documented as such.
 - fit: fitted to published measurements by `chip.calibration` (rows C1-C5,
-  cited by id); `python -m chip.calibration` re-runs the fit and prints it,
+  cited by id); `python -m chip.fitting` re-runs the fit and prints it,
   and tests/chip/test_calibration.py fails if a constant here drifts from it.
 
 Derived figures (peak FLOP/s, ...) are properties, never stored. The one stored
@@ -30,6 +30,14 @@ import math
 import numbers
 from dataclasses import dataclass
 
+# The calibrated (fitted) constants: chip.calibration holds them with the rows that set
+# each (benchmarks/fidelity.py --fit-mxu and python -m chip.fitting fit them again).
+from chip.calibration import (
+    HBM_EFFICIENCY,
+    MXU_BURST_SECONDS,
+    MXU_FRESH_EFFICIENCY,
+    MXU_SUSTAINED_EFFICIENCY,
+)
 from chip.errors import ChipSpecError
 
 _GIB = 2**30
@@ -50,33 +58,6 @@ _SCALAR_ISSUE_CYCLES = 8
 #   a v5p chip does 2 cores x 2048 x 1.75e9 = 7.2e12 FLOP/s, "roughly 7e12
 #   FLOPs / second" [SB-roof].
 _VPU_ALUS_PER_LANE = 2
-# Calibrated (fit) constants; `chip.calibration` holds the rows and the fit.
-# - Sustained MXU efficiency: the fraction of the ideal pipelined MXU rate a
-#   long GEMM achieves. Fit: least squares in relative error of
-#   (predicted device time + 100 us host dispatch) against the host-timed
-#   v5e rows C1 (8192^3, 6.047 ms [PALLAS]), C2 (4096^3, 0.827 ms [PALLAS])
-#   and C4 (32768^3, 438.17 ms [JS168]); C3 (1024^3) is dispatch-dominated
-#   and left out. Measured utilisation falls with size (about 96%, 94%, 82%
-#   on C2, C1, C4 once dispatch is removed; cause unpublished), which one
-#   constant cannot follow. So the rate falls with sustained load, towards a
-#   sustained efficiency, with a time constant (`mxu_efficiency_over`; a power- or
-#   clock-limited chip; the cause is unpublished): a fresh op starts at e0, a
-#   training step (seconds of back-to-back MXU work, steady state) runs at e1.
-#   Fit (benchmarks/fidelity.py --fit-mxu; chip.calibration.fit_mxu_sustained):
-#   least squares in relative error over the GEMM rows C1, C2, C4 and the
-#   published training steps T1-T4, M1, M2 (training-steps.md) together; e0 and
-#   tau shared, e1 per generation (v5e: C1, C2, C4, T3, T4, M1; v5p: T1, T2, M2).
-#   v6e's one step (T5, 2025's stack) agrees without a drop: no e1 fitted there,
-#   T5 is a check. Generations without rows carry v5e's figures over.
-_MXU_EFFICIENCY_V5E = 0.952  # e0, fit [PALLAS][JS168] C1, C2, C4 with T1-T4, M1, M2
-_MXU_BURST_SECONDS = 0.158  # tau, the same fit
-_MXU_SUSTAINED_V5E = 0.733  # e1 of v5e, the same fit (C1, C2, C4, T3, T4, M1)
-_MXU_SUSTAINED_V5P = 0.803  # e1 of v5p, the same fit (T1, T2, M2)
-# - Achieved HBM bandwidth: fraction of the spec bandwidth a streaming copy
-#   reaches. Fit: the one row C5, `a.copy()` of 32 MiB on v6e in 49.36 us
-#   device time (64 MiB moved: 1359.6 GB/s of 1638 spec) [RECIPES]; with one
-#   row the fit is that ratio. Carried over to every other generation.
-_HBM_EFFICIENCY_V6E = 0.8300  # fit [RECIPES], row C5
 
 
 def _check_int(owner: str, field: str, value, minimum: int) -> None:
@@ -138,20 +119,22 @@ class TensorCoreSpec:
         int8_macs_per_bf16_mac: int8 MXU throughput relative to bf16 (der.:
             published int8 peak / bf16 peak); 0.0 for an MXU without int8
             (TPU v2, v3).
-        mxu_efficiency: Sustained fraction of the ideal pipelined MXU rate,
-            0 < x <= 1 (fit, see `chip.calibration`); MXU cycles of the
+        mxu_efficiency: A fresh op's fraction of the ideal pipelined MXU rate
+            (e0), 0 < x <= 1 (fit, see `chip.calibration`); MXU cycles of the
             "pipelined" model are divided by it. 1.0 = the ideal pipeline.
         hbm_efficiency: Achieved fraction of `hbm_bandwidth_bytes_per_s`,
             0 < x <= 1 (fit, see `chip.calibration`); HBM time is
             bytes / (hbm_bandwidth_bytes_per_s * hbm_efficiency).
-        mxu_sustained_efficiency: The MXU's fraction of the ideal rate under
-            sustained load, 0 < x <= mxu_efficiency, or None (= mxu_efficiency:
-            no drop). A benchmarked GEMM runs at ``mxu_efficiency`` at first and
-            its rate falls towards this with time constant ``mxu_burst_seconds``
-            (`mxu_efficiency_over`); a training step, seconds of back-to-back MXU
-            work in steady state, runs at this rate (`TensorCore(sustained=True)`).
-            Fit on the GEMM rows and the published training steps together
-            (benchmarks/fidelity.py --fit-mxu; VALIDATION.md).
+        mxu_sustained_efficiency: The MXU's sustained budget: its work averaged
+            over time, as a fraction of the ideal rate, cannot exceed this
+            (a power- or clock-limited chip), 0 < x <= mxu_efficiency, or None
+            (= mxu_efficiency: no budget). A benchmarked GEMM runs at
+            ``mxu_efficiency`` at first and its rate falls towards this with time
+            constant ``mxu_burst_seconds`` (`mxu_efficiency_over`); a training
+            step runs its matmuls at ``mxu_efficiency`` and is held to its MXU work
+            at this rate when that is longer (`pod.report.clock`). Fit on the GEMM
+            rows and the published training steps together
+            (`chip.calibration`; benchmarks/fidelity.py --fit-mxu; VALIDATION.md).
         mxu_burst_seconds: Time constant of that fall, seconds (0: no fall).
 
     Raises:
@@ -481,10 +464,11 @@ V2 = ChipSpec.from_chip_figures(
     published_peak_bf16_flops_per_s=45e12,  # [SEED: 180e12 per 4-chip board]
     slice_counts_tensorcores=True,  # "v2-8" = 8 cores = 4 chips [SEED]
     megacore=False,  # two separate cores, not megacore (compute table)
-    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
-    mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
-    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    mxu_efficiency=MXU_FRESH_EFFICIENCY,  # fit: C1, C2, C4 (v5e) with T1-T9, M1-M3, shared
+    # no rows: v4's fit carried over (the oldest generation with rows)
+    mxu_sustained_efficiency=MXU_SUSTAINED_EFFICIENCY["v4"],  # fit: v4's (T9, M3)
+    mxu_burst_seconds=MXU_BURST_SECONDS,  # fit: C1, C2, C4 (v5e), shared
+    hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=3.1e9,  # unpublished for v2: v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
@@ -508,10 +492,11 @@ V3 = ChipSpec.from_chip_figures(
     published_peak_bf16_flops_per_s=123e12,  # [GC-v3]
     slice_counts_tensorcores=True,  # "v3-8" = 4 chips [GC-v3]
     megacore=False,  # two separate cores, not megacore (compute table)
-    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
-    mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
-    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    mxu_efficiency=MXU_FRESH_EFFICIENCY,  # fit: C1, C2, C4 (v5e) with T1-T9, M1-M3, shared
+    # no rows: v4's fit carried over (the oldest generation with rows)
+    mxu_sustained_efficiency=MXU_SUSTAINED_EFFICIENCY["v4"],  # fit: v4's (T9, M3)
+    mxu_burst_seconds=MXU_BURST_SECONDS,  # fit: C1, C2, C4 (v5e), shared
+    hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=3.1e9,  # unpublished for v3: v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
@@ -536,10 +521,10 @@ V4 = ChipSpec.from_chip_figures(
     published_peak_bf16_flops_per_s=275e12,  # [GC-v4]
     slice_counts_tensorcores=True,  # "v4-8" = 4 chips [GC-v4]
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
-    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # carried over from the v5e fit (no rows here)
-    mxu_burst_seconds=_MXU_BURST_SECONDS,  # carried over from the v5e fit
-    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    mxu_efficiency=MXU_FRESH_EFFICIENCY,  # fit: C1, C2, C4 (v5e) with T1-T9, M1-M3, shared
+    mxu_sustained_efficiency=MXU_SUSTAINED_EFFICIENCY["v4"],  # fit: T9, M3
+    mxu_burst_seconds=MXU_BURST_SECONDS,  # fit: C1, C2, C4 (v5e), shared
+    hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     # unpublished for v4 (4 chips per host, as v5p):
     dcn_bytes_per_s=6.25e9,  # v5p's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
@@ -565,10 +550,10 @@ V5E = ChipSpec.from_chip_figures(
     published_peak_bf16_flops_per_s=197e12,  # [GC-v5e]
     slice_counts_tensorcores=False,  # "v5e-8" = 8 chips [GC-v5e]
     megacore=False,  # one TensorCore (compute table)
-    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # fit on v5e rows C1, C2, C4
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5E,  # fit: GEMM rows and T3, T4, M1
-    mxu_burst_seconds=_MXU_BURST_SECONDS,  # fit
-    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    mxu_efficiency=MXU_FRESH_EFFICIENCY,  # fit: C1, C2, C4 (v5e) with T1-T9, M1-M3, shared
+    mxu_sustained_efficiency=MXU_SUSTAINED_EFFICIENCY["v5e"],  # fit: C1, C2, C4, T3, T4, M1
+    mxu_burst_seconds=MXU_BURST_SECONDS,  # fit: C1, C2, C4 (v5e), shared
+    hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=3.1e9,  # [SB]: about 3.1e9 B/s per chip across slices
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
@@ -593,10 +578,10 @@ V5P = ChipSpec.from_chip_figures(
     published_peak_bf16_flops_per_s=459e12,  # [GC-v5p]
     slice_counts_tensorcores=True,  # "v5p-8" = 4 chips [GC-v5p]
     megacore=True,  # the two TensorCores act as one [GC-v4][SB]
-    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=_MXU_SUSTAINED_V5P,  # fit: T1, T2, M2 (with v5e's e0 and tau)
-    mxu_burst_seconds=_MXU_BURST_SECONDS,  # fit (shared)
-    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # carried over from the v6e fit (no rows for this chip)
+    mxu_efficiency=MXU_FRESH_EFFICIENCY,  # fit: C1, C2, C4 (v5e) with T1-T9, M1-M3, shared
+    mxu_sustained_efficiency=MXU_SUSTAINED_EFFICIENCY["v5p"],  # fit: T1, T2, M2
+    mxu_burst_seconds=MXU_BURST_SECONDS,  # fit: C1, C2, C4 (v5e), shared
+    hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=6.25e9,  # [SB]: about 6.25e9 B/s per chip across slices
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
 )
@@ -621,10 +606,10 @@ V6E = ChipSpec.from_chip_figures(
     published_peak_bf16_flops_per_s=918e12,  # [GC-v6e]
     slice_counts_tensorcores=False,  # "v6e-8" = 8 chips [GC-v6e]
     megacore=False,  # one TensorCore (compute table)
-    mxu_efficiency=_MXU_EFFICIENCY_V5E,  # carried over from the v5e fit (no rows for this chip)
-    mxu_sustained_efficiency=None,  # fit: T5 (v6e) agrees without a drop, none fitted
-    mxu_burst_seconds=0.0,  # fit: no drop, no time constant
-    hbm_efficiency=_HBM_EFFICIENCY_V6E,  # fit on v6e row C5
+    mxu_efficiency=MXU_FRESH_EFFICIENCY,  # fit: C1, C2, C4 (v5e) with T1-T9, M1-M3, shared
+    mxu_sustained_efficiency=MXU_SUSTAINED_EFFICIENCY["v6e"],  # fit: T5, T6, T7, T8
+    mxu_burst_seconds=MXU_BURST_SECONDS,  # fit: C1, C2, C4 (v5e), shared
+    hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     # unpublished for v6e (8 chips per host, as v5e):
     dcn_bytes_per_s=3.1e9,  # v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S

@@ -78,6 +78,7 @@ from interconnect.groups import (
     group_ppermute_schedule,
     group_ring_schedule,
     group_torus_schedule,
+    pair_permute_cost,
 )
 from interconnect.link import LinkSpec
 from interconnect.topology import Torus, parse_shape
@@ -123,6 +124,7 @@ __all__ = [
     "group_collective_cost",
     "group_ppermute_schedule",
     "group_ppermute_cost",
+    "pair_permute_cost",
     "ScheduleCost",
     "schedule_cost",
     "schedule_time",

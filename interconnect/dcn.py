@@ -15,13 +15,34 @@ through its share of the host's interfaces, so a chip whose devices all take
 part (the two TensorCores of v2 / v3) sends for each of them. Per message one
 DCN latency; no contention model beyond the per-chip share (the DCN is a
 switched network, not a torus).
+
+The per-step cost of going multislice (issue 29): the slices meet once per
+step, at the cross-slice reduction of the gradients, and each slice's step
+varies a little from step to step (its hosts' input pipelines, the chips'
+power management, the runtime); a job of K slices runs every step at its
+slowest slice's pace. With each slice's step spread as a normal variable of
+standard deviation ``jitter x step`` (independent across slices), the job waits
+``jitter x step x E[max of K standard normals]`` a step on average beyond one
+slice's mean step (:func:`slice_wait_seconds`): 0.564 of a standard deviation
+for 2 slices, 1.424 for 8. The published multislice runs show it: 2.6% (M1,
+2 x v5e-256) and 2.8% (M2, 2 x v5p-128) per-device drops, 6.8% at 8 slices
+(M3, 8 x v4-128), a ratio of 2.5 where E[max] gives 2.52, while their DCN
+bandwidth terms differ by 4x and are hidden behind the backward pass. The
+jitter is fitted on M1-M3 with the step clock
+(``interconnect.calibration.SLICE_STEP_JITTER``).
 """
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
+import numpy as np
+
 from interconnect.errors import ScheduleError
 
-__all__ = ["DCN_OPS", "dcn_collective_bytes", "dcn_collective_seconds"]
+__all__ = ["DCN_OPS", "dcn_collective_bytes", "dcn_collective_seconds",
+           "expected_max_standard_normal", "slice_wait_seconds"]
 
 #: Operations a DCN collective can be (as ``interconnect.GROUP_OPS``).
 DCN_OPS = ("allreduce", "reduce_scatter", "all_gather")
@@ -87,3 +108,48 @@ def dcn_collective_seconds(op: str, slices: int, nbytes: float, bytes_per_s: flo
     rounds = 2 if op == "allreduce" else 1
     volume = dcn_collective_bytes(op, k, nbytes)
     return senders_per_chip * volume / bytes_per_s + rounds * (k - 1) * latency_s
+
+
+@lru_cache(maxsize=64)
+def expected_max_standard_normal(n: int) -> float:
+    """E[max of ``n`` independent standard normal variables], by quadrature.
+
+    ``integral of x n phi(x) Phi(x)^(n-1) dx`` on a grid of 0.001 over [-12, 12]
+    (phi, Phi: the standard normal density and distribution, Phi by the
+    error function): 0 for n = 1, 1/sqrt(pi) = 0.5642 for 2, 1.4236 for 8 (the
+    textbook order statistics), to 1e-6.
+
+    Raises:
+        ScheduleError: ``n`` is not an integer >= 1.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ScheduleError(f"slices {n!r} is not valid: expected an integer >= 1")
+    if n == 1:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 24001)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in x]))
+    integrand = x * n * pdf * cdf ** (n - 1)
+    return float(np.sum((integrand[1:] + integrand[:-1]) * np.diff(x)) / 2.0)
+
+
+def slice_wait_seconds(step_seconds: float, slices: int, jitter: float) -> float:
+    """What a job of ``slices`` slices waits a step for its slowest slice, seconds.
+
+    ``jitter x step_seconds x expected_max_standard_normal(slices)`` (the module
+    docstring): each slice's step varies with standard deviation ``jitter x
+    step_seconds``, independently, and the slices meet once a step.
+
+    Args:
+        step_seconds: one slice's step, seconds (>= 0).
+        slices: slices of the job (1: no wait).
+        jitter: the spread of one slice's step as a fraction of it (>= 0;
+            ``interconnect.calibration.SLICE_STEP_JITTER``).
+
+    Raises:
+        ScheduleError: a bad slice count, or a negative step or jitter.
+    """
+    if not step_seconds >= 0 or not jitter >= 0:
+        raise ScheduleError(f"slice wait of a step of {step_seconds!r} s at jitter {jitter!r}: "
+                            "both must be numbers >= 0")
+    return float(jitter) * float(step_seconds) * expected_max_standard_normal(slices)

@@ -82,7 +82,7 @@ from interconnect.topology import Torus, link_ids, link_of_id
 __all__ = ["GROUP_OPS", "GROUP_ALGORITHMS", "group_ring_schedule", "group_torus_schedule",
            "concurrent_group_schedule", "group_collective_cost", "group_ring_cost",
            "group_torus_cost", "group_ppermute_schedule", "group_ppermute_cost",
-           "group_all_to_all_cost"]
+           "group_all_to_all_cost", "pair_permute_cost"]
 
 #: The operations a group collective performs (the device program's four; all_to_all is
 #: direct under either algorithm: every message on its own dimension-order route).
@@ -414,6 +414,64 @@ def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_el
     """
     groups = _checked_groups(groups, topology.num_chips * devices_per_chip)
     srcs, dsts = _ppermute_pairs(groups, shift)
+    if faults is not None and faults.failed and srcs.size and num_elements:
+        if devices_per_chip > 1:
+            raise ScheduleError("failed links with several devices per chip (v2 / v3 "
+                                "TensorCores) are not modelled: the rerouted schedule has chip "
+                                "ranks only")
+        return schedule_cost(group_ppermute_schedule(groups, topology.num_chips, num_elements,
+                                                     itemsize, shift), topology, link, faults)
+    return pair_permute_cost(topology, srcs, dsts, num_elements, link, itemsize, faults,
+                             devices_per_chip=devices_per_chip,
+                             on_chip_bytes_per_s=on_chip_bytes_per_s)
+
+
+def pair_permute_cost(topology: Torus, sources: Sequence[int] | np.ndarray,
+                      targets: Sequence[int] | np.ndarray, num_elements: int, link: LinkSpec,
+                      itemsize: int = 4, faults: LinkFaults | None = None, *,
+                      devices_per_chip: int = 1,
+                      on_chip_bytes_per_s: float | None = None) -> ScheduleCost:
+    """Simulated cost of a collective permute given as (source, target) device pairs,
+    all sending at once (one phase): XLA's ``collective-permute`` with its
+    ``source_target_pairs``, which need not be a shift of equal groups (a pipeline
+    without wraparound sends 0 -> 1 -> 2 and nothing back).
+
+    Each source sends its whole buffer on the dimension-order route to its target;
+    the phase takes the busiest link's bytes at the achieved bandwidth of the links
+    a chip drives, plus latency times the longest route, plus the collective's
+    fixed cost (:func:`interconnect.cost.schedule_cost`'s phase; the same figures
+    as :func:`group_ppermute_cost` for the pairs of a shift). A pair on one chip
+    (v2 / v3 TensorCores) is an on-chip copy at ``on_chip_bytes_per_s`` beside the
+    phase (the phase takes the longer); a pair sending to itself moves nothing.
+
+    Args:
+        topology: the chips' torus.
+        sources, targets: (P,) device ids (device ``d`` on rank ``d // devices_per_chip``).
+        num_elements: elements of each source's buffer.
+        link: the (calibrated) link.
+        itemsize: bytes per element.
+        faults: slowed links (failed links: route around them with the schedule of
+            :func:`group_ppermute_schedule`, which takes groups).
+        devices_per_chip, on_chip_bytes_per_s: as :func:`group_ppermute_cost`.
+
+    Returns:
+        The :class:`ScheduleCost`.
+
+    Raises:
+        ScheduleError: pairs of different lengths or ranks outside the torus, a
+            pair on one chip without ``on_chip_bytes_per_s``, or failed links.
+    """
+    srcs = np.asarray(sources, dtype=np.int64).reshape(-1)
+    dsts = np.asarray(targets, dtype=np.int64).reshape(-1)
+    devices = topology.num_chips * devices_per_chip
+    if srcs.shape != dsts.shape or (srcs.size and (min(srcs.min(), dsts.min()) < 0
+                                                   or max(srcs.max(), dsts.max()) >= devices)):
+        raise ScheduleError(f"permute pairs must be equal lists of device ids in 0..{devices - 1}")
+    if faults is not None and faults.failed:
+        raise ScheduleError("a permute of pairs over failed links is not modelled; give groups "
+                            "and a shift (group_ppermute_cost routes around them)")
+    keep = srcs != dsts
+    srcs, dsts = srcs[keep], dsts[keep]
     whole = int(num_elements) * int(itemsize)
     if srcs.size == 0 or whole == 0:
         return ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
@@ -426,13 +484,6 @@ def group_ppermute_cost(topology: Torus, groups: Sequence[Sequence[int]], num_el
                                 "permute between two devices of one chip needs a positive "
                                 "bandwidth in bytes/s")
         local = whole / on_chip_bytes_per_s
-    if faults is not None and faults.failed:
-        if devices_per_chip > 1:
-            raise ScheduleError("failed links with several devices per chip (v2 / v3 "
-                                "TensorCores) are not modelled: the rerouted schedule has chip "
-                                "ranks only")
-        return schedule_cost(group_ppermute_schedule(groups, topology.num_chips, num_elements,
-                                                     itemsize, shift), topology, link, faults)
     nlinks = topology.num_chips * 2 * topology.ndim
     factors, slowed = _slowdowns(topology, faults)
     edge, ids, hops = _routes(topology, a[~on_chip], b[~on_chip])

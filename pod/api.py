@@ -23,7 +23,8 @@ scenario's named one::
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +37,14 @@ from pod.config.plan import TrainingPlan, build_plan, is_timing_sweep
 from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario, parse_scenario
 from pod.errors import ScenarioError
-from pod.report.console import PROGRESS_MODES, make_console
+from pod.report.bounds import StepBounds
+from pod.report.console import PROGRESS_MODES, StatusLine, make_console
 from pod.report.model_summary import plan_model_tables
 from pod.report.stats import StepStats
 from pod.workloads.model import Model
 
-__all__ = ["RunResult", "Description", "Cluster", "load", "run", "validate", "describe", "sweep",
-           "plan", "start_cluster", "stop_cluster"]
+__all__ = ["RunResult", "Description", "Cluster", "Rows", "load", "run", "validate",
+           "describe", "sweep", "plan", "plan_facts", "start_cluster", "stop_cluster"]
 
 
 #: What ``overrides=`` takes: ``["training.steps=10", "pod.mesh.fsdp=8"]`` (values read as
@@ -123,6 +125,25 @@ def validate(scenario: str | Path | Mapping[str, Any] | Scenario, *,
     return build_plan(spec, sharded_ok=sharded_ok or timing_sweep, timing_only=timing_sweep)
 
 
+def plan_facts(plan: TrainingPlan | BenchmarkPlan) -> dict[str, Any]:
+    """What a checked plan decided, as plain data (``tpu-pod validate --json``'s record):
+    the pod, the model and data, the mesh and batch split, the collective algorithm of
+    each mesh axis, one device's HBM; a benchmark's kind, size and precision."""
+    pod = plan.topology
+    where = {"slice": pod.name, "chips": pod.chips, "cores": pod.tensorcores}
+    if isinstance(plan, BenchmarkPlan):
+        b = plan.benchmark
+        return {"kind": "benchmark", "benchmark": b.kind, **where, "n": b.n,
+                "iterations": b.iterations, "precision": b.precision}
+    return {"kind": "sweep" if plan.scenario.sweep else "training", **where,
+            "model": plan.model.name, "parameters": plan.num_params,
+            "dataset": plan.dataset.name, "global_batch": plan.global_batch,
+            "per_device_batch": plan.per_device_batch, "mesh": dict(plan.mesh.sizes),
+            "devices": plan.mesh.size, "steps": plan.steps,
+            "collective_algorithms": plan.collective_costs.algorithms(),
+            "hbm_bytes_per_device": plan.memory["total"]}
+
+
 @dataclass(frozen=True)
 class Description:
     """What ``describe`` returns.
@@ -130,31 +151,71 @@ class Description:
     Attributes:
         plan: the checked plan (``plan.topology``: chip, torus, peak FLOP/s, HBM).
         memory: the HBM plan per device, bytes per item and total.
-        model_summary: the Keras-style per-layer table as text (empty for a
-            benchmark).
+        step: one timing-only step of the plan (``TimingPod``; simulated figures:
+            ``step.step_seconds``, ``step.mfu``, ...); None for a benchmark, or a
+            model whose program does not run on the mesh (a plan ``describe`` makes
+            anyway).
+        bounds: what bounds that step (``pod.report.bounds.step_bounds``), or None.
+        detail: ``model_summary`` holds the per-part table too.
     """
 
     plan: TrainingPlan | BenchmarkPlan
     memory: dict[str, int]
-    model_summary: str
+    step: StepStats | None = None
+    bounds: StepBounds | None = None
+    detail: bool = False
 
-
-def describe(scenario: str | Path | Mapping[str, Any] | Scenario, *,
-             detail: bool = False, overrides: Overrides = None) -> Description:
-    """The pod, the HBM plan and the model summary of a scenario, as values;
-    ``detail`` adds the per-part table (``layer_detail_table``) to the summary text;
-    ``overrides`` as ``load``."""
-    plan = validate(scenario, sharded_ok=True, overrides=overrides)
-    text = ""
-    if isinstance(plan, TrainingPlan):
+    @property
+    def model_summary(self) -> str:
+        """The Keras-style per-layer table as text (empty for a benchmark; with
+        ``detail``, the per-part table too: ``layer_detail_table``)."""
+        if not isinstance(self.plan, TrainingPlan):
+            return ""
         buffer = io.StringIO()
         # a plain file console: in Jupyter rich would draw into the cell and leave the
         # buffer empty
         console = Console(file=buffer, width=160, force_jupyter=False, force_terminal=False)
-        for table in plan_model_tables(plan, detail=detail):
+        for table in plan_model_tables(self.plan, detail=self.detail):
             console.print(table)
-        text = buffer.getvalue()
-    return Description(plan=plan, memory=dict(plan.memory), model_summary=text)
+        return buffer.getvalue()
+
+    def __repr__(self) -> str:
+        """One line (a notebook cell's value): the plan and the step's figures."""
+        step = ("" if self.step is None else
+                f"; one step {self.step.step_seconds * 1e3:,.3f} ms (simulated), MFU "
+                f"{self.step.mfu:.1%}")
+        return f"<Description of {self.plan!r}{step}>"
+
+
+def describe(scenario: str | Path | Mapping[str, Any] | Scenario, *,
+             detail: bool = False, overrides: Overrides = None) -> Description:
+    """The pod, the HBM plan, the model summary and one timing-only step of a scenario, as
+    values (``tpu-pod describe``); ``detail`` adds the per-part table
+    (``layer_detail_table``) to the summary text; ``overrides`` as ``load``.
+
+    Raises:
+        ScenarioError and the other user errors, as ``validate`` (any mesh is planned).
+    """
+    plan = validate(scenario, sharded_ok=True, overrides=overrides)
+    if not isinstance(plan, TrainingPlan):
+        return Description(plan=plan, memory=dict(plan.memory), detail=detail)
+    step, bounds = _timing_step(plan)
+    return Description(plan=plan, memory=dict(plan.memory), step=step, bounds=bounds,
+                       detail=detail)
+
+
+def _timing_step(plan: TrainingPlan) -> tuple[StepStats | None, StepBounds | None]:
+    """One timing-only step of the plan and its bounds; (None, None) when the model's
+    program does not run on the plan's mesh."""
+    from pod.report.bounds import step_bounds
+    from pod.runtime.timing import TimingPod
+
+    try:
+        plan.check_runnable()
+    except ScenarioError:
+        return None, None
+    stats = TimingPod(plan).step(0)
+    return stats, step_bounds(stats, plan.collective_costs, plan.topology.torus)
 
 
 @dataclass(frozen=True)
@@ -171,6 +232,23 @@ class RunResult:
     summary: dict[str, Any]
     history: tuple[StepStats, ...]
     output_dir: Path | None = None
+
+    def __repr__(self) -> str:
+        """One line (a notebook cell's value): what ran and its headline figures."""
+        s = self.summary
+        if not s.get("steps"):
+            return f"<RunResult {s.get('scenario')}: no step done>"
+        rate = (f"{s['simulated_tokens_per_second']:,.0f} tokens/s"
+                if s.get("simulated_tokens_per_second") else
+                f"{s['simulated_examples_per_second']:,.0f} examples/s")
+        loss = (f", loss {s['initial_loss']:.4f} -> {s['final_loss']:.4f}"
+                if s.get("final_loss") is not None else "")
+        accuracy = (f", test accuracy {s['test_accuracy']:.4f}"
+                    if s.get("test_accuracy") is not None else "")
+        where = f", files in {self.output_dir}" if self.output_dir is not None else ""
+        return (f"<RunResult {s['scenario']}: {s['steps']:,} steps on {s['slice']}{loss}"
+                f"{accuracy}; {s['simulated_step_seconds'] * 1e3:,.4f} ms/step, {rate}, MFU "
+                f"{s['mfu']:.2%} (simulated){where}; .summary, .history, .to_pandas()>")
 
     def to_pandas(self) -> Any:
         """The history as a pandas DataFrame, one row per step (pandas required).
@@ -199,24 +277,41 @@ class RunResult:
         from pod.report import figures
 
         figures.show_in_notebook()
+        from matplotlib.ticker import MaxNLocator
+
         steps = [s.step + 1 for s in self.history]
         fig, (left, right) = figures.subplots(1, 2, figsize=(11, 4))
-        left.plot(steps, [s.loss for s in self.history])
+        losses = [s.loss for s in self.history]
+        if any(loss == loss for loss in losses):  # NaN: a timing-only run computes none
+            left.plot(steps, losses)
+        else:
+            left.text(0.5, 0.5, "no loss: a timing-only run\ncomputes shapes, not values",
+                      ha="center", va="center", transform=left.transAxes)
+            left.set_xlim(min(steps, default=1), max(steps, default=1) + 1e-9)
         left.set(xlabel="step", ylabel="training loss", title="loss")
-        parts = {"infeed": [s.infeed_seconds for s in self.history],
-                 "compute": [s.compute_seconds for s in self.history],
-                 "collectives, exposed": [s.exposed_collective_seconds for s in self.history],
-                 "update": [s.update_seconds for s in self.history]}
+        # the critical path's parts, which add up to the step: what overlaps is not stacked
+        h = self.history
+        parts = {"infeed, exposed": [s.exposed_infeed_seconds for s in h],
+                 "dispatch": [s.dispatch_seconds for s in h],
+                 "compute": [s.compute_seconds for s in h],
+                 "collectives, exposed": [s.exposed_collective_seconds for s in h],
+                 "host offload, exposed": [s.exposed_host_offload_seconds for s in h],
+                 "pipeline bubble": [s.pipeline_bubble_seconds for s in h],
+                 "update": [s.update_seconds for s in h]}
+        parts = {name: values for name, values in parts.items() if any(values)}
         right.stackplot(steps, *[[v * 1e3 for v in vals] for vals in parts.values()],
                         labels=list(parts))
         right.set(xlabel="step", ylabel="simulated ms", title="step time (simulated)")
-        right.legend(loc="upper right")
+        right.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        for ax in (left, right):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         fig.tight_layout()
         if path is not None:  # whole or not at all, like every file the tool writes
             from pod.safe_io import write_atomic
 
             fmt = Path(path).suffix.lstrip(".").lower() or "png"
-            write_atomic(Path(path), lambda f: fig.savefig(f, format=fmt), binary=True)
+            write_atomic(Path(path), lambda f: fig.savefig(f, format=fmt, bbox_inches="tight"),
+                         binary=True)
         return fig
 
 
@@ -224,9 +319,11 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         output_dir: str | Path | None = None, quiet: bool = False,
         metrics_port: int | None = None, report: bool = False,
         model: Model | None = None, overrides: Overrides = None,
-        in_process: bool = False, progress: str | None = None) -> RunResult:
-    """Train a scenario on an emulated pod (unless ``in_process``, on Ray: the cluster of
-    ``start_cluster`` if one is up, else a local one started and stopped for this run).
+        in_process: bool = False, timing_only: bool = False,
+        progress: str | None = None) -> RunResult:
+    """Train a scenario on an emulated pod (unless ``in_process`` or ``timing_only``, on
+    Ray: the cluster of ``start_cluster`` if one is up, else a local one started and
+    stopped for this run).
 
     Args:
         scenario: a path, YAML text, a dict or a ``Scenario``.
@@ -249,6 +346,10 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         in_process: run every device in this process (threads, ``LocalPod``) instead
             of Ray chip actors: the same program and simulated clock, no ICI transport
             and no Ray start-up (seconds instead of tens of seconds).
+        timing_only: only account time (``TimingPod``: one representative device per
+            pipeline stage, shapes only, in this process): the same simulated figures
+            for a pod of any size in seconds, but no loss, no test figures and no
+            checkpoints (``tpu-pod run --timing-only``).
         progress: "line" (one progress line that each step replaces: the default in a
             notebook) or "steps" (a line per step and per epoch: the default elsewhere).
 
@@ -260,7 +361,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
         starts. ClusterError: Ray could not start, or a chip failed for good.
         RunInterrupted: Ctrl-C (after writing what the run had).
     """
-    from pod.commands.runs import make_run  # Ray is imported only when a run starts
+    from pod.commands.train import Run  # Ray is imported only when a run starts
 
     spec = load(scenario, overrides=overrides)
     if spec.benchmark is not None:
@@ -273,15 +374,23 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, *, steps: int | Non
     if progress not in (None, *PROGRESS_MODES):
         raise ScenarioError(f"progress: {progress!r} is not a progress mode; allowed: "
                             f"{', '.join(PROGRESS_MODES)}")
-    plan = build_plan(spec, model=model)
+    if in_process and timing_only:
+        raise ScenarioError("timing_only: a timing-only run is in this process already; give "
+                            "in_process or timing_only, not both")
+    plan = build_plan(spec, model=model, timing_only=timing_only)
     console = Console(quiet=True) if quiet else make_console()
-    the_run = make_run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
-                       metrics_port=metrics_port or 0, console=console, keep_history=True,
-                       report=report, backend="local" if in_process else "ray",
-                       progress=progress or ("line" if console.is_jupyter else "steps"))
+    the_run = Run(plan, output_dir=Path(output_dir) if output_dir is not None else None,
+                  metrics_port=metrics_port or 0, console=console, keep_history=True,
+                  report=report, backend=backend_of(in_process, timing_only),
+                  progress=progress or ("line" if console.is_jupyter else "steps"))
     summary = the_run.run()
     return RunResult(summary=summary, history=tuple(the_run.history or ()),
                      output_dir=the_run.output_dir)
+
+
+def backend_of(in_process: bool, timing_only: bool) -> str:
+    """``Run``'s back-end for the options of ``run`` (and ``tpu-pod run``'s flags)."""
+    return "timing" if timing_only else "local" if in_process else "ray"
 
 
 class Cluster:
@@ -363,10 +472,67 @@ def stop_cluster() -> None:
         _CLUSTER.stop()
 
 
+class Rows(list):
+    """Rows of results, one dict per point (``sweep``'s, ``plan``'s): a list, so
+    ``pd.DataFrame(rows)`` works, that a notebook shows in one line (``repr``) or as a
+    short table (``_repr_html_``: the first ``HTML_ROWS`` rows' key columns).
+
+    Args:
+        rows: the rows.
+        title: what they are ("sweep quickstart", "plan llama2-7b").
+        columns: the key columns the table shows (those the rows have).
+    """
+
+    HTML_ROWS = 20
+
+    def __init__(self, rows: Sequence[dict[str, Any]], title: str,
+                 columns: Sequence[str] = ()) -> None:
+        super().__init__(rows)
+        self.title = title
+        self.columns = tuple(columns)
+
+    def __repr__(self) -> str:
+        ok = sum(r.get("status") == "ok" for r in self)
+        return (f"<{self.title}: {len(self)} rows, {ok} ok, {len(self) - ok} not; a list of "
+                "dicts: pd.DataFrame(rows), rows[0]>")
+
+    def _repr_html_(self) -> str:
+        import html
+
+        columns = [c for c in self.columns if any(c in r for r in self)]
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell_text(r.get(c)))}</td>"
+                                        for c in columns) + "</tr>"
+                       for r in self[:self.HTML_ROWS])
+        more = (f"<p>... {len(self) - self.HTML_ROWS} more rows</p>"
+                if len(self) > self.HTML_ROWS else "")
+        return (f"<p>{html.escape(repr(self))}</p><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>{more}")
+
+
+def _cell_text(value: Any) -> str:
+    """A row value in a notebook table: numbers to 4 significant digits, missing empty."""
+    if value is None or value == "" or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+#: the columns a notebook shows of a sweep's rows (``Rows``)
+SWEEP_COLUMNS = ("point", "status", "slice", "chips", "mesh", "remat", "global_batch",
+                 "simulated_step_seconds", "simulated_tokens_per_second",
+                 "simulated_examples_per_second", "mfu", "bound", "error")
+
+
 def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
           output_dir: str | Path | None = None, mode: str | None = None,
-          overrides: Overrides = None) -> list[dict[str, Any]]:
-    """Run a sweep scenario (``sweep:`` block) and return its rows (results.csv's rows).
+          overrides: Overrides = None, fresh: bool = False, quiet: bool = False,
+          on_point: Callable[[dict[str, Any]], None] | None = None,
+          on_resume: Callable[[int, Path], None] | None = None,
+          warn: Callable[[str], None] | None = None) -> Rows:
+    """Run a sweep scenario (``sweep:`` block) and return its rows (results.csv's rows), as
+    ``tpu-pod sweep`` does.
 
     Args:
         scenario: a sweep scenario.
@@ -374,33 +540,71 @@ def sweep(scenario: str | Path | Mapping[str, Any] | Scenario, *,
             runs/<name>-sweep, as the CLI).
         mode: "timing" or "functional" (default: the scenario's).
         overrides: dotted keys set before the scenario is checked, as ``load``.
+        fresh: run every point again, ignoring the points an earlier, stopped run of the
+            same sweep finished in ``output_dir``.
+        quiet: no progress line (by default, on a terminal or in a notebook, one line
+            replaced as each point finishes: ``pod.report.console.StatusLine``).
+        on_point: called with each finished row (reused ones included).
+        on_resume: called with the number of rows reused from an earlier run and its
+            journal.
+        warn: called with one line per damaged row of an earlier run's journal (that
+            point runs again).
+
+    Returns:
+        The rows (``Rows``: a list of dicts, keys ``pod.commands.sweep.COLUMNS``).
+
+    Raises:
+        ScenarioError and the other user errors: one line. RunInterrupted: Ctrl-C or
+        SIGTERM (the finished rows kept on disk).
     """
-    from pod.commands.sweep import run_sweep
+    from pod.commands.sweep import run_sweep, sweep_points
 
     spec = load(scenario, overrides=overrides)
     if spec.sweep is None:
         raise ScenarioError("sweep: no sweep: block in this scenario")
     out = Path(output_dir) if output_dir is not None else Path("runs") / f"{spec.name}-sweep"
-    return run_sweep(spec, out, mode=mode)
+    total = len(sweep_points(spec))
+    done = {"ok": 0, "failed": 0}
+    console = make_console()
+    # a line replaced in place on a terminal or in a notebook; nothing in a log or a pipe
+    shown = not quiet and (console.is_terminal or console.is_jupyter)
+    status = StatusLine(console if shown else Console(quiet=True))
+
+    def point(row: dict[str, Any]) -> None:
+        done["ok" if row["status"] == "ok" else "failed"] += 1
+        status.update(f"sweep {spec.name}: {done['ok'] + done['failed']}/{total} points "
+                      f"({done['failed']} failed)")
+        if on_point is not None:
+            on_point(row)
+
+    with status:
+        rows = run_sweep(spec, out, mode=mode, on_point=point, fresh=fresh, on_resume=on_resume,
+                         warn=warn)
+    return Rows(rows, f"sweep {spec.name}", SWEEP_COLUMNS)
 
 
-def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | None = None,
+def plan(model: str | Path, *, slice: str | Sequence[str] = (),  # noqa: A002 - --slice
+         chips: int | None = None,
          tokens_per_step: int | str | None = None, global_batch: int | str | None = None,
-         per_device_batches: Sequence[int] = (), seq_len: int | None = None,
+         per_device_batch: int | Sequence[int] = (), seq_len: int | None = None,
          remat: Sequence[str] = (), mesh_axes: Sequence[str] = (),
          token_budget: int | str | None = None, files: Sequence[str | Path] = (),
          overrides: Overrides = None, output_dir: str | Path | None = None,
-         num_slices: int | Sequence[int] = ()) -> list[dict[str, Any]]:
+         num_slices: int | Sequence[int] = (), slices: str | Sequence[str] | None = None,
+         per_device_batches: Sequence[int] | None = None) -> Rows:
     """Which layout trains ``model`` fastest (``tpu-pod plan``): every mesh, remat policy
-    and batch, planned, costed timing-only and ranked by simulated tokens/s.
+    and batch, planned, costed timing-only and ranked by simulated tokens/s. The keywords
+    are the command's options (``slice=`` is ``--slice``, ``per_device_batch=`` is
+    ``--per-device-batch``).
 
     Args:
         model: a preset's name (``"llama2-7b"``), a scenario file, or MaxText's base.yml
             (``files``: its model.yml).
-        slices: a slice (``"v5e-256"``) or several; with ``chips``, generations.
+        slice: a slice (``"v5e-256"``) or several; with ``chips``, generations.
         chips: every generation's slice of this many chips.
         tokens_per_step, global_batch: the batch (``4194304``, ``"4Mi"``; sequences for
-            ``global_batch``); neither: ``per_device_batches`` (default 1, 2, 4, 8).
+            ``global_batch``); neither: ``per_device_batch``, one or several tried on
+            every mesh (default 1, 2, 4, 8).
         seq_len: tokens per sequence (default: the model's).
         remat, mesh_axes: what to search (default: every policy, every axis the runtime
             runs).
@@ -410,6 +614,8 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
             default 1.
         overrides: keys of the model's scenario (MaxText keys for MaxText configs).
         output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
+        slices, per_device_batches: the earlier names of ``slice`` and
+            ``per_device_batch`` (deprecated: a ``DeprecationWarning``).
 
     Returns:
         One row per point (``pod.commands.plan.PLAN_COLUMNS``): the costed ones ranked
@@ -421,11 +627,16 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
     """
     from pod.commands.plan import PlanRequest, run_plan
 
+    slice = _renamed("slices", slices, "slice", slice)
+    per_device_batch = _renamed("per_device_batches", per_device_batches, "per_device_batch",
+                                per_device_batch)
     request = PlanRequest(model=str(model), files=tuple(str(f) for f in files),
-                          slices=(slices,) if isinstance(slices, str) else tuple(slices),
+                          slices=(slice,) if isinstance(slice, str) else tuple(slice),
                           chips=chips, tokens_per_step=tokens_per_step,
                           global_batch=global_batch,
-                          per_device_batches=tuple(per_device_batches), seq_len=seq_len,
+                          per_device_batches=(per_device_batch,) if isinstance(
+                              per_device_batch, int | str) else tuple(per_device_batch),
+                          seq_len=seq_len,
                           remat=(remat,) if isinstance(remat, str) else tuple(remat),
                           mesh_axes=(mesh_axes,) if isinstance(mesh_axes, str)
                           else tuple(mesh_axes),
@@ -433,4 +644,26 @@ def plan(model: str | Path, *, slices: str | Sequence[str] = (), chips: int | No
                           num_slices=(num_slices,) if isinstance(num_slices, int | str)
                           else tuple(num_slices))
     out = Path(output_dir) if output_dir is not None else None
-    return run_plan(request, output_dir=out).rows
+    return Rows(run_plan(request, output_dir=out).rows, f"plan {model}", PLAN_ROW_COLUMNS)
+
+
+#: the columns a notebook shows of a plan's rows (``Rows``)
+PLAN_ROW_COLUMNS = ("rank", "status", "slice", "mesh", "remat", "per_device_batch",
+                    "global_batch", "simulated_step_seconds", "simulated_tokens_per_second",
+                    "simulated_examples_per_second", "mfu", "hbm_per_device_bytes", "bound",
+                    "reason")
+
+
+def _renamed(old: str, old_value: Any, new: str, new_value: Any) -> Any:
+    """A keyword's value given by its earlier name (a ``DeprecationWarning``), or its own.
+
+    Raises:
+        ScenarioError: both names given.
+    """
+    if old_value is None:
+        return new_value
+    if new_value not in ((), None):
+        raise ScenarioError(f"{old}: give {new}= (its new name) or {old}=, not both")
+    warnings.warn(f"{old}= is deprecated; use {new}= (the name of the command's option)",
+                  DeprecationWarning, stacklevel=3)
+    return old_value

@@ -11,6 +11,7 @@ import errno
 import functools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -20,9 +21,9 @@ import click
 from rich.console import Console
 
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
+from pod import api
 from pod.commands.bench import matmul_report
-from pod.config.bench import check_benchmark
-from pod.config.mesh import device_hbm_bytes, format_axes
+from pod.config.mesh import device_hbm_bytes, devices_per_chip, format_axes
 from pod.config.overrides import (
     Override,
     as_overrides,
@@ -30,7 +31,7 @@ from pod.config.overrides import (
     load_with_overrides,
     looks_like_override,
 )
-from pod.config.plan import build_plan, is_timing_sweep
+from pod.config.plan import TrainingPlan, build_plan
 from pod.config.presets import is_preset_name
 from pod.config.scenario import Scenario
 from pod.config.sharding import device_chip_spec
@@ -43,7 +44,8 @@ from pod.errors import (
     ScenarioError,
     one_line,
 )
-from pod.report.console import make_console, titled_table
+from pod.report.console import algorithms_text, make_console, print_table, titled_table
+from pod.report.describe import memory_table, pod_json, pod_table, step_line, step_record
 from pod.report.model_summary import layer_costs, plan_model_tables
 from pod.workloads.transformer import MAX_TRANSFORMER_OPTION
 
@@ -73,6 +75,13 @@ def cli() -> None:
 OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys before it is checked "
                   "(dotted keys, YAML values): training.steps=10 pod.mesh.fsdp=8 "
                   "'pod.mesh={data: 2, fsdp: 4}'.")
+
+
+#: ``--wide``: every table whole, every column, wider than the terminal if need be (piped
+#: output always is); without it a table too wide for the terminal leaves columns out.
+WIDE = click.option("--wide", is_flag=True,
+                    help="Print every table whole, every column (wider than the terminal if "
+                         "need be; piped output always is).")
 
 
 @cli.command(short_help="Train a scenario on an emulated pod (or run its benchmark).",
@@ -111,11 +120,15 @@ OVERRIDES_HELP = ("KEY=VALUE arguments after the scenario override its keys befo
 @click.option("--in-process", is_flag=True,
               help="Run every device in this process (threads) instead of Ray chip actors: the "
                    "same program and simulated clock, no ICI transport, no Ray start-up.")
+@click.option("--timing-only", is_flag=True,
+              help="Only account time: one device per pipeline stage, shapes only, in this "
+                   "process; the same simulated figures for a pod of any size, no loss.")
+@WIDE
 def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_dir: Path | None,
         metrics_port: int | None, log_every: int, trace_path: Path | None,
         trace_steps: str | None, hold: bool, hold_seconds: float, resume_dir: Path | None,
         as_json: bool, report: bool, ray_dashboard: bool, progress: str,
-        in_process: bool) -> None:
+        in_process: bool, timing_only: bool, wide: bool) -> None:
     """Train SCENARIO (a YAML file) on an emulated pod, or run its benchmark."""
     items = as_overrides(overrides)
     spec = _load(scenario, items)
@@ -135,20 +148,23 @@ def run(scenario: Path, overrides: tuple[str, ...], steps: int | None, output_di
         echo = (lambda line: click.echo(line, err=True)) if as_json else click.echo
         summary = run_benchmark(spec, output_dir=output_dir or Path("runs") / spec.name, echo=echo)
     else:
-        from pod.commands.runs import run_training  # Ray is imported only when a run starts
+        from pod.commands.train import Run  # Ray is imported only when a run starts
 
         if steps is not None:
             spec = spec.with_overrides(training__steps=steps)
         if ray_dashboard:
             spec = spec.with_overrides(ray__dashboard=True)
-        plan = _checked(build_plan, spec, scenario, items)
-        summary = run_training(plan, output_dir=output_dir or Path("runs") / spec.name,
-                               metrics_port=metrics_port, log_every=log_every,
-                               trace_path=trace_path,
-                               trace_steps=_parse_steps(trace_steps or "last", plan.steps),
-                               hold_seconds=math.inf if hold else hold_seconds,
-                               resume_dir=resume_dir, console=console, report=report,
-                               backend="local" if in_process else "ray", progress=progress)
+        if in_process and timing_only:
+            raise click.UsageError("--in-process and --timing-only: a timing-only run is in "
+                                   "this process already; give one")
+        plan = _checked(functools.partial(build_plan, timing_only=timing_only), spec, scenario,
+                        items)
+        summary = Run(plan, output_dir=output_dir or Path("runs") / spec.name,
+                      metrics_port=metrics_port, log_every=log_every, trace_path=trace_path,
+                      trace_steps=_parse_steps(trace_steps or "last", plan.steps),
+                      hold_seconds=math.inf if hold else hold_seconds, resume_dir=resume_dir,
+                      console=console, report=report, wide=wide,
+                      backend=api.backend_of(in_process, timing_only), progress=progress).run()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
 
@@ -199,27 +215,10 @@ def _parse_steps(text: str, total: int) -> list[int]:
 
 
 def _validate_one(path: str | Path, overrides: tuple[Override, ...] = ()) -> dict[str, Any]:
-    """Check one scenario file; its JSON record (``ok``, and what was checked)."""
-    spec = _load(path, overrides)
-    if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, path, overrides)
-        b = spec.benchmark
-        return {"path": str(path), "ok": True, "kind": "benchmark", "benchmark": b.kind,
-                "slice": bplan.topology.name, "chips": bplan.topology.chips,
-                "cores": bplan.topology.tensorcores, "n": b.n, "iterations": b.iterations,
-                "precision": b.precision}
-    timing_sweep = is_timing_sweep(spec)  # as `sweep` plans it
-    plan = _checked(functools.partial(build_plan, timing_only=timing_sweep,
-                                      sharded_ok=timing_sweep),
-                    spec, path, overrides)
-    return {"path": str(path), "ok": True, "kind": "sweep" if spec.sweep else "training",
-            "slice": plan.topology.name, "chips": plan.topology.chips,
-            "cores": plan.topology.tensorcores,
-            "model": plan.model.name, "parameters": plan.num_params, "dataset": plan.dataset.name,
-            "global_batch": plan.global_batch, "per_device_batch": plan.per_device_batch,
-            "mesh": dict(plan.mesh.sizes), "devices": plan.mesh.size, "steps": plan.steps,
-            "allreduce_algorithm": plan.ici.algorithm if plan.ici.costs else None,
-            "hbm_bytes_per_device": plan.memory["total"]}
+    """Check one scenario file (``pod.validate``); its JSON record (``ok``, and what was
+    checked: ``pod.api.plan_facts``)."""
+    plan = _checked(api.validate, _load(path, overrides), path, overrides)
+    return {"path": str(path), "ok": True, **api.plan_facts(plan)}
 
 
 def _ok_line(row: dict[str, Any]) -> str:
@@ -229,8 +228,8 @@ def _ok_line(row: dict[str, Any]) -> str:
                 f"{row['iterations']:,} iterations, "
                 f"{row['precision']})")
     mesh = "{" + ", ".join(f"{a}: {n}" for a, n in row["mesh"].items()) + "}"
-    allreduce = (f", allreduce {row['allreduce_algorithm']}" if row["allreduce_algorithm"]
-                 else "")
+    named = algorithms_text(row["collective_algorithms"])
+    allreduce = f", {named}" if named else ""
     return (f"{row['path']}: ok ({row['slice']}, {row['chips']:,} chips, "
             f"{row['cores']:,} TensorCores, "
             f"{row['model']} on {row['dataset']}, mesh {mesh} ({row['devices']:,} devices), "
@@ -278,7 +277,9 @@ def validate(arguments: tuple[str, ...], as_json: bool) -> None:
 @click.option("--detail", is_flag=True,
               help="Scenario: also a row per part of every layer (each conv, norm, add of a "
                    "ResNet or transformer block) with its MXU utilisation and bound.")
-def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool) -> None:
+@WIDE
+def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: bool,
+             wide: bool) -> None:
     """Describe a chip (v4), a slice (v2-8), a scenario file or a model preset
     (llama3.1-8b: on the smallest v5p slice and layout that holds it; KEY=VALUE to change
     it): its pod, the model summary, the HBM plan per device and one timing-only step
@@ -290,7 +291,7 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
     except OSError:  # a name too long for a path is a chip or slice name that is unknown
         is_file = False
     if target.endswith((".yaml", ".yml")) or is_file or is_preset_name(target):
-        _describe_scenario(console, target, as_json, detail, items)
+        _describe_scenario(console, target, as_json, detail, items, wide)
         return
     if items:
         raise click.UsageError(f"KEY=VALUE overrides belong to a scenario or a preset; {target!r} "
@@ -300,118 +301,65 @@ def describe(target: str, overrides: tuple[str, ...], as_json: bool, detail: boo
     elif re.match(r"^v\d", target.strip().lower()):
         pod = resolve_pod(slice_name=target)
     else:
-        from pod.config.presets import preset_names
+        from pod.config.presets import closest_preset, preset_names
 
-        raise ScenarioError(f"{target}: not a chip ({', '.join(PRESETS)}), a slice (v5p-128), a "
-                            f"scenario file or a model preset ({', '.join(preset_names())})")
+        close = closest_preset(target)
+        hint = f"did you mean {close}? " if close else ""
+        raise ScenarioError(f"{target}: not a chip, a slice, a scenario file or a model "
+                            f"preset; {hint}chips: {', '.join(PRESETS)}; slices: e.g. v5p-128; "
+                            f"presets: {', '.join(preset_names())}")
     if as_json:
-        click.echo(json.dumps(_pod_json(pod), indent=2))
+        click.echo(json.dumps(pod_json(pod), indent=2))
         return
-    _describe_pod(console, pod)
+    print_table(console, pod_table(pod), wide=wide)
 
 
 def _describe_scenario(console: Console, target: str, as_json: bool, detail: bool = False,
-                       overrides: tuple[Override, ...] = ()) -> None:
+                       overrides: tuple[Override, ...] = (), wide: bool = False) -> None:
+    show = functools.partial(print_table, console, wide=wide)
     spec = _load(target, overrides)
-    if spec.benchmark is not None:
-        bplan = _checked(check_benchmark, spec, target, overrides)
+    try:
+        desc = _checked(functools.partial(api.describe, detail=detail), spec, target, overrides)
+    except USER_ERRORS as err:
+        hbm = err if isinstance(err, HBMPlanError) else err.__cause__
+        if isinstance(hbm, HBMPlanError) and not as_json:  # the plan that does not fit first
+            show(memory_table(f"HBM plan per device: DOES NOT FIT "
+                               f"({hbm.capacity_bytes / 2**30:.2f} GiB per device)",
+                               hbm.memory_plan, hbm.capacity_bytes))
+        raise
+    plan = desc.plan
+    if not isinstance(plan, TrainingPlan):  # a benchmark: its pod and arrays
         if as_json:
-            click.echo(json.dumps({"pod": _pod_json(bplan.topology), "memory": bplan.memory},
+            click.echo(json.dumps({"pod": pod_json(plan.topology), "memory": desc.memory},
                                   indent=2))
             return
-        _describe_pod(console, bplan.topology)
-        _memory_table(console, f"HBM plan per TensorCore (benchmark {spec.benchmark.kind}, "
-                               f"N={spec.benchmark.n})", bplan.memory,
-                      bplan.topology.chip.core.hbm_bytes)
+        show(pod_table(plan.topology))
+        show(memory_table(f"HBM plan per TensorCore (benchmark {plan.benchmark.kind}, "
+                           f"N={plan.benchmark.n})", desc.memory,
+                           plan.topology.chip.core.hbm_bytes))
         return
-    try:
-        plan = build_plan(spec, sharded_ok=True, timing_only=is_timing_sweep(spec))
-    except HBMPlanError as err:
-        # show the plan that does not fit, then the one-line error (exit 2)
-        if not as_json:
-            _memory_table(console, f"HBM plan per device: DOES NOT FIT "
-                                   f"({err.capacity_bytes / 2**30:.2f} GiB per device)",
-                          err.memory_plan, err.capacity_bytes)
-        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
-    except USER_ERRORS as err:
-        raise ScenarioError(blame(f"{target}: {err}", overrides)) from err
-    core = device_chip_spec(plan.topology.chip).core
-    step = _estimate_step(plan)
+    step = step_record(desc.step, desc.bounds)
     if as_json:
+        core = device_chip_spec(plan.topology.chip).core
         layers = layer_costs(plan.model, core, plan.per_device_batch,
                              mxu_model=plan.scenario.pod.mxu_model, detail=detail)
-        click.echo(json.dumps({"pod": _pod_json(plan.topology), "model": plan.model.name,
-                               "parameters": plan.num_params, "mesh": dict(plan.mesh.sizes),
-                               "global_batch": plan.global_batch,
-                               "per_device_batch": plan.per_device_batch,
-                               "allreduce_algorithm": (plan.ici.algorithm if plan.ici.costs
-                                                       else None),
-                               "memory": plan.memory, "step": step, "layers": layers}, indent=2))
+        click.echo(json.dumps({"pod": pod_json(plan.topology), **api.plan_facts(plan),
+                               "memory": desc.memory, "step": step, "layers": layers},
+                              indent=2))
         return
-    _describe_pod(console, plan.topology)
+    show(pod_table(plan.topology))
     for table in plan_model_tables(plan, detail=detail):
-        console.print(table)
-    axes = plan.mesh.label
-    _memory_table(console, f"HBM plan per device (pod.mesh {axes}; global batch "
-                           f"{plan.global_batch:,} = {plan.per_device_batch} per device)",
-                  plan.memory, device_hbm_bytes(plan.topology.chip))
+        show(table)
+    memory = plan.device_memory
+    show(memory_table(f"HBM plan per device (pod.mesh {plan.mesh.label}; global batch "
+                       f"{plan.global_batch:,} = {plan.per_device_batch} per device"
+                       + (f"; at its {memory.peak}" if memory and memory.peak else "")
+                       + (f"; FSDP prefetch {memory.prefetch_layers} layer(s)"
+                          if memory and memory.prefetch_layer_bytes else "") + ")",
+                       dict(memory.rows()) if memory else desc.memory,
+                       device_hbm_bytes(plan.topology.chip)))
     if step is not None:
-        console.print(_step_line(step), highlight=False)
-
-
-def _estimate_step(plan) -> dict[str, Any] | None:
-    """One timing-only step of the plan (``pod.runtime.timing``): its simulated figures,
-    or None when the model's program cannot run on the mesh."""
-    from pod.config.plan import _check_runnable_mesh
-    from pod.report.bounds import step_bounds
-    from pod.runtime.timing import TimingPod
-
-    try:
-        _check_runnable_mesh(plan.scenario, plan.mesh, plan.model)
-    except ScenarioError:
-        return None
-    stats = TimingPod(plan).step(0)
-    bounds = step_bounds(stats, plan.collective_costs, plan.topology.torus)
-    return {"simulated_step_seconds": stats.step_seconds, "compute_seconds": stats.compute_seconds,
-            "exposed_collective_seconds": stats.exposed_collective_seconds,
-            "exposed_by_axis": dict(stats.axis_exposed_seconds),
-            "collective_by_axis": dict(stats.axis_collective_seconds),
-            "dcn_by_axis": dict(stats.axis_dcn_seconds),
-            "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
-            "update_seconds": stats.update_seconds, "mfu": stats.mfu,
-            "simulated_examples_per_second": stats.examples_per_second,
-            "simulated_tokens_per_second": stats.tokens_per_second,
-            "bound": bounds.label, "bound_fraction": bounds.fraction}
-
-
-def _step_line(step: dict[str, Any]) -> str:
-    axes = ", ".join(f"{a} {s * 1e3:.3f} ms" for a, s in step["exposed_by_axis"].items() if s)
-    bubble = (f"pipeline bubble {step['pipeline_bubble_seconds'] * 1e3:.3f} + "
-              if step.get("pipeline_bubble_seconds") else "")
-    rate = (f"{step['simulated_tokens_per_second']:,.0f} tokens/s"
-            if step["simulated_tokens_per_second"] else
-            f"{step['simulated_examples_per_second']:,.0f} examples/s")
-    dcn = "".join(f"; DCN: {s * 1e3:.3f} ms of the {a} axis's "
-                  f"{step['collective_by_axis'].get(a, 0.0) * 1e3:.3f} ms of collectives"
-                  for a, s in step.get("dcn_by_axis", {}).items())
-    return (f"step (simulated, timing-only): {step['simulated_step_seconds'] * 1e3:.3f} ms = "
-            f"compute {step['compute_seconds'] * 1e3:.3f} + exposed collectives "
-            f"{step['exposed_collective_seconds'] * 1e3:.3f}{f' ({axes})' if axes else ''} + "
-            f"{bubble}update {step['update_seconds'] * 1e3:.3f}; {rate}, "
-            f"MFU {step['mfu']:.1%}; bound "
-            f"{step['bound']} {step['bound_fraction']:.0%}{dcn}")
-
-
-def _pod_json(pod) -> dict[str, Any]:
-    chip = pod.chip
-    return {"name": pod.name, "generation": chip.name, "chips": pod.chips,
-            "tensorcores": pod.tensorcores, "topology": pod.torus.name,
-            "wraparound": list(pod.torus.wraparound),
-            "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s, "hbm_bytes": pod.hbm_bytes,
-            "hbm_bandwidth_bytes_per_s_per_chip": chip.hbm_bandwidth_bytes_per_s,
-            "ici_links_per_chip": chip.ici_links,
-            "ici_link_bandwidth_bytes_per_s": chip.ici_link_bandwidth_bytes_per_s,
-            "slices": pod.slices, "dcn_bytes_per_s_per_chip": chip.dcn_bytes_per_s}
+        console.print(step_line(step), highlight=False)
 
 
 @cli.command(short_help="Sample text from a char_lstm or transformer checkpoint.")
@@ -421,7 +369,9 @@ def _pod_json(pod) -> dict[str, Any]:
 @click.option("--prompt", default="", help="Text to start from (characters the model knows).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8,
               show_default=True, help="Sampling temperature (lower: more conservative).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the sampling's random draws: the same seed, checkpoint, prompt and "
+                   "temperature give the same text.")
 def generate(checkpoint: Path, length: int, prompt: str, temperature: float, seed: int) -> None:
     """Sample text from a char_lstm or transformer CHECKPOINT: a checkpoint file, or a checkpoint
     directory (runs/<name>/checkpoints: its newest valid checkpoint)."""
@@ -462,15 +412,12 @@ def export_command(checkpoint: Path, fmt: str, output: Path | None, optimizer_st
     click.echo(f"Wrote {output}: {len(shapes):,} tensors, {count:,} values (step {ckpt.step:,})")
 
 
-def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int) -> None:
-    table = titled_table(title)
-    table.add_column("item")
-    table.add_column("bytes", justify="right")
-    table.add_column("MiB", justify="right")
-    for item, nbytes in memory.items():
-        table.add_row(item, f"{nbytes:,}", f"{nbytes / 2**20:.3f}")
-    table.add_row("capacity", f"{cap:,}", f"{cap / 2**20:.0f}")
-    console.print(table)
+def _element_type(value: str) -> str:
+    """A precision / element type by the project's name (``fp32``): another usual name
+    (``f32``, ``float32``, ``bfloat16``) becomes it; the command checks the name."""
+    from pod.commands.collective_bench import DTYPE_ALIASES
+
+    return DTYPE_ALIASES.get(value.strip().lower(), value.strip())
 
 
 @cli.command(short_help="Cost of one GEMM on one TensorCore: cycles, time, TFLOP/s, MXU use.")
@@ -482,8 +429,9 @@ def _memory_table(console: Console, title: str, memory: dict[str, int], cap: int
               help="Columns of A = rows of B (K).")
 @click.option("--n", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Columns of B (N).")
-@click.option("--precision", default="bf16", show_default=True,
-              help="MXU precision: " + " | ".join(PRECISIONS) + ".")
+@click.option("--precision", "--dtype", default="bf16", show_default=True,
+              callback=lambda ctx, param, value: _element_type(value),
+              help="MXU precision: " + " | ".join(PRECISIONS) + " (f32: fp32).")
 @click.option("--mxu-model", type=click.Choice(list(MXU_MODELS)), default=MXU_MODELS[0],
               show_default=True, help="pipelined: weights double-buffered, one pipeline bubble "
                                       "per op (the hardware); scalesim: SCALE-Sim's per-fold "
@@ -524,16 +472,19 @@ def matmul(chip_name: str, m: int, k: int, n: int, precision: str, mxu_model: st
 @click.option("--algorithm", default=None,
               help="Algorithm, or several comma-separated (a row each per size; e.g. ring,torus) "
                    "[default: the fastest at each size].")
-@click.option("--dtype", type=click.Choice(["bf16", "f32", "int8"]), default="f32",
-              show_default=True, help="Element type (sets the element count of each size).")
+@click.option("--dtype", "--precision", default="fp32", show_default=True,
+              callback=lambda ctx, param, value: _element_type(value),
+              help="Element type: bf16 | fp32 | int8, as training.precision names them (f32: "
+                   "fp32); it sets the element count of each size.")
 @click.option("--sizes", default="1KiB:1GiB", show_default=True,
               help="Whole-buffer bytes: one size or MIN:MAX doubling (e.g. 1KiB:1GiB).")
 @click.option("--wraparound/--no-wraparound", default=None,
               help="Wraparound links on every axis [default: the chip generation's rules].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows.")
+@WIDE
 def collective(slice_name: str | None, chip: str | None, topology: str | None, op: str,
                algorithm: str | None, dtype: str, sizes: str, wraparound: bool | None,
-               as_json: bool) -> None:
+               as_json: bool, wide: bool) -> None:
     """Simulated collective benchmark over the ICI, read like nccl-tests; ends with its
     '# Avg bus bandwidth' line."""
     from pod.commands.collective_bench import (
@@ -567,7 +518,7 @@ def collective(slice_name: str | None, chip: str | None, topology: str | None, o
                       f"{row.count:,}", row.algorithm,
                       f"{row.simulated_seconds * 1e6:,.2f}", f"{row.algbw_bytes_per_s / 1e9:,.2f}",
                       f"{row.busbw_bytes_per_s / 1e9:,.2f}", f"{row.busiest_link_utilization:.0%}")
-    console.print(table)
+    print_table(console, table, drop=("busiest link", "count", "algbw (GB/s)"), wide=wide)
     for row in dict((r.requested_bytes, r) for r in rows if r.cut).values():
         console.print(f"* {format_size(row.requested_bytes)}: {row.cut}", highlight=False,
                       soft_wrap=True)
@@ -666,7 +617,7 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     only the points it had not finished (--fresh runs them all)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from pod.commands.sweep import is_missing, json_row, run_sweep, sweep_kind, sweep_points
+    from pod.commands.sweep import json_row, point_line, sweep_kind, sweep_points
 
     spec = _load(scenario, as_overrides(overrides))
     if spec.sweep is None:
@@ -682,28 +633,15 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
 
         def report(row: dict) -> None:
             progress.advance(task)
-            if row["status"] == "ok":
-                line = (f"point {row['point']}/{total}: {row['generation']} {row['chips']:,} chips "
-                        f"{row['topology']} {row['allreduce_algorithm']} "
-                        f"batch {row['global_batch']:,}: "
-                        f"sim {row['simulated_step_seconds'] * 1e3:.4f} ms/step, "
-                        f"{row['simulated_examples_per_second']:,.0f} examples/s, "
-                        f"MFU {row['mfu']:.2%} "
-                        f"(wall {row['wall_seconds']:.2f} s)")
-                if not is_missing(row.get("per_device_batch")):  # a sharded layout
-                    line += (f" {row['mesh']} remat {row['remat']} "
-                             f"{row['per_device_batch']}/device")
-            else:
-                line = f"point {row['point']}/{total}: failed: {row['error']}"
-            progress.console.print(line, highlight=False, soft_wrap=True)
+            progress.console.print(point_line(row, total), highlight=False, soft_wrap=True)
 
         def resumed(done: int, journal: Path) -> None:
             progress.console.print(f"Resuming: {done} of {total} points already done "
                                    f"({journal}, same scenario and mode); --fresh runs them "
                                    "again", highlight=False, soft_wrap=True)
 
-        rows = run_sweep(spec, out_dir, mode=mode, on_point=report, fresh=fresh,
-                         on_resume=resumed, warn=lambda line: progress.console.print(
+        rows = api.sweep(spec, output_dir=out_dir, mode=mode, on_point=report, fresh=fresh,
+                         on_resume=resumed, quiet=True, warn=lambda line: progress.console.print(
                              line, style="yellow", highlight=False, soft_wrap=True))
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
@@ -745,12 +683,13 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
               help="Where results.csv, layouts.png and best.yaml go [default: runs/<model>-plan].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan as one JSON document (every point) on stdout.")
+@WIDE
 def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int | None,
                  tokens_per_step: str | None, global_batch: str | None,
                  per_device_batch: str | None, seq_len: int | None,
                  num_slices: tuple[str, ...], remat: str | None,
                  mesh_axes: str | None, token_budget: str | None, top: int,
-                 output_dir: Path | None, as_json: bool) -> None:
+                 output_dir: Path | None, as_json: bool, wide: bool) -> None:
     """Which layout trains MODEL fastest? MODEL is a preset (llama2-7b, maxtext-2023-s1, ...),
     a scenario file, or MaxText's base.yml [model.yml]. Every mesh of each slice's devices,
     remat policy and batch is planned; what does not fit is dropped with the reason; the rest
@@ -778,7 +717,8 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
         return
     console.print(search_line(result), highlight=False, soft_wrap=True)
     if result.ranked:
-        console.print(plan_table(result, top))
+        print_table(console, plan_table(result, top), drop=PLAN_DROP, wrap=("mesh", "bound"),
+                    wide=wide)
     families = family_lines(result)
     if families:
         console.print("Best of each mesh family:", highlight=False)
@@ -791,6 +731,12 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
     if not result.ranked:
         raise ScenarioError(f"plan: no layout of {result.name} runs; the first point's reason: "
                             f"{result.rows[0]['reason']}")
+
+
+#: The plan table's columns a narrow terminal leaves out, the first first: the rank, the
+#: layout, the step, MFU and the rate (or the time to the budget) stay.
+PLAN_DROP = ("compute", "update", "bound", "dcn", "stage", "expert", "tensor", "fsdp", "data",
+             "HBM/dev", "slices", "batch", "slice")
 
 
 def _run_plan(console: Console, request, out_dir: Path):
@@ -807,38 +753,6 @@ def _run_plan(console: Console, request, out_dir: Path):
             progress.update(task, total=total, advance=1)
 
         return run_plan(request, output_dir=out_dir, on_point=advance)
-
-
-def _describe_pod(console: Console, pod) -> None:
-    chip = pod.chip
-    core = chip.core
-    published = ""
-    if chip.published_peak_bf16_flops_per_s:
-        published = (f" (Google: {pod.chips * chip.published_peak_bf16_flops_per_s / 1e12:,.0f}"
-                     f" TFLOP/s)")
-    table = titled_table(f"{pod.name}: {pod.chips:,} chips, {pod.tensorcores} TensorCores, "
-                        f"{pod.peak_bf16_flops_per_s / 1e12:,.0f} TFLOP/s bf16{published}, "
-                        f"{pod.hbm_bytes / 2**30:,.0f} GiB HBM")
-    table.add_column("figure")
-    table.add_column("per chip", justify="right")
-    table.add_column("pod", justify="right")
-    table.add_row("TensorCores", f"{chip.tensorcores}", f"{pod.tensorcores}")
-    table.add_row("MXUs per core", f"{core.mxus_per_core} x {core.mxu.rows}x{core.mxu.cols}", "")
-    table.add_row("clock", f"{core.clock_hz / 1e6:,.0f} MHz", "")
-    table.add_row("peak bf16", f"{chip.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s",
-                  f"{pod.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s")
-    table.add_row("HBM", f"{chip.hbm_bytes / 2**30:,.1f} GiB", f"{pod.hbm_bytes / 2**30:,.1f} GiB")
-    table.add_row("HBM bandwidth", f"{chip.hbm_bandwidth_bytes_per_s / 1e9:,.0f} GB/s", "")
-    table.add_row("ICI", f"{chip.ici_links} links x "
-                         f"{chip.ici_link_bandwidth_bytes_per_s / 1e9:,.0f} GB/s one way",
-                         f"{pod.torus.name} (wraparound "
-                         f"{'/'.join('y' if w else 'n' for w in pod.torus.wraparound)})")
-    if pod.slices > 1:  # multislice: the data-centre network between the slices
-        table.add_row("DCN", f"{chip.dcn_bytes_per_s / 1e9:,.2f} GB/s one way (a host's "
-                             f"{chip.chips_per_host} chips share "
-                             f"{chip.chips_per_host * chip.dcn_bytes_per_s / 1e9:,.1f})",
-                      f"{pod.slices} slices of {pod.torus.num_chips:,} chips")
-    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -881,6 +795,123 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("interrupted", err=True)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_HLO_COMMON = [
+    click.option("--slice", "slice_name", required=True,
+                 help="The slice, e.g. v5p-128, v5e-256 (Google's names; tpu-pod describe "
+                      "lists them)."),
+    click.option("--num-slices", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Identical slices joined by the data-centre network (multislice)."),
+    click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+                 help="Where summary.json, layers.csv, collectives.csv and trace.json.gz go "
+                      "[default: runs/<name>-<slice>]."),
+    click.option("--idle-start", is_flag=True,
+                 help="Cost each MXU op from an idle start, as a benchmarked single op (the "
+                      "calibration rows C1-C4), not a training step's steady state."),
+    click.option("--json", "as_json", is_flag=True,
+                 help="Print summary.json on stdout (the tables go to stderr)."),
+]
+
+
+def _hlo_options(function):
+    for option in reversed(_HLO_COMMON):
+        function = option(function)
+    return function
+
+
+def _show_estimate(estimate, output_dir: Path, as_json: bool) -> None:
+    """Print an HLO step's tables (stderr with --json) and write its files."""
+    from pod.hlo.report import ops_table
+
+    console = make_console(sys.stderr) if as_json else make_console()
+    console.print(estimate.table())
+    console.print(ops_table(estimate.step))
+    for note in estimate.step.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if not estimate.memory.fits:
+        console.print(f"[bold red]{estimate.memory.verdict()}[/]", highlight=False)
+    paths = estimate.write(output_dir)
+    console.print(f"Wrote {', '.join(str(p) for p in paths)} (open the trace in "
+                  "https://ui.perfetto.dev)", highlight=False, soft_wrap=True)
+    if as_json:
+        click.echo(json.dumps(estimate.summary, indent=2))
+
+
+@cli.command("run-jax", short_help="Cost your own JAX step on a slice: the HLO XLA compiles "
+                                   "for it, op by op.")
+@click.argument("target", metavar="FILE.py:FUNCTION")
+@_hlo_options
+@click.option("--mesh", "mesh_text", metavar="AXIS=SIZE,...",
+              help="The device mesh, e.g. fsdp=16,tensor=4 [default: the file's MESH dict, "
+                   "else data=<devices>].")
+@click.option("--args", "args_name", metavar="NAME",
+              help="The args factory in FILE: NAME(mesh) returns the step's arguments "
+                   "(jax.ShapeDtypeStructs or arrays, sharded over the mesh) "
+                   "[default: FUNCTION_args].")
+@click.option("--path", type=click.Choice(["auto", "tpu", "cpu"]), default="auto",
+              show_default=True,
+              help="tpu: compile for the slice with libtpu (no TPU needed; the faithful "
+                   "answer); cpu: compile over fake CPU devices (approximate); auto: tpu when "
+                   "libtpu is installed.")
+@click.option("--no-cache", is_flag=True,
+              help="Compile again even if ~/.cache/tpu-pod/hlo holds this step.")
+@click.option("--libtpu-args", default="", metavar="FLAGS",
+              help="XLA's TPU flags for the compile, as LIBTPU_INIT_ARGS on a TPU VM (e.g. "
+                   "MaxText's --xla_tpu_enable_async_collective_fusion=true ...); the tpu path "
+                   "only [default: $LIBTPU_INIT_ARGS].")
+def run_jax_command(target: str, slice_name: str, num_slices: int, output_dir: Path | None,
+                    idle_start: bool, as_json: bool, mesh_text: str | None,
+                    args_name: str | None, path: str, no_cache: bool, libtpu_args: str) -> None:
+    """Compile FUNCTION of FILE.py for the slice and cost its HLO on the emulated pod:
+    every op on the chip model, every collective on its device groups over the ICI,
+    async collectives overlapped as XLA scheduled them. Figures are SIMULATED."""
+    import pod.jax
+    from pod.commands.hlo import default_output_dir, load_step, parse_mesh
+
+    topology = pod.jax.topology_of(slice_name, num_slices)
+    step, factory, file_mesh, name = load_step(target, args_name)
+    devices = topology.chips * devices_per_chip(topology.chip)
+    mesh = parse_mesh(mesh_text) if mesh_text else (file_mesh or {"data": devices})
+    console = make_console(sys.stderr)
+    with console.status(f"{name}: starting", spinner="dots") as status:
+        estimate = pod.jax.estimate(step, factory, mesh=mesh, slice=slice_name,
+                                    num_slices=num_slices, path=path, sustained=not idle_start,
+                                    cache=not no_cache, libtpu_args=libtpu_args or (
+                                        os.environ.get("LIBTPU_INIT_ARGS", "")
+                                        if path != "cpu" else ""),
+                                    progress=lambda text: status.update(f"{name}: {text}"))
+    _show_estimate(estimate, output_dir or default_output_dir(name, topology.name.replace(
+        " ", "")), as_json)
+
+
+@cli.command("cost-hlo", short_help="Cost an XLA HLO module (a dump) on a slice, op by op.")
+@click.argument("module", metavar="MODULE.txt", type=click.Path(dir_okay=False, exists=True,
+                                                                 path_type=Path))
+@_hlo_options
+@click.option("--mesh", "mesh_text", metavar="AXIS=SIZE,...",
+              help="The mesh the module was sharded over, to name the collectives' lanes "
+                   "(optional).")
+@click.option("--compiled-for", type=click.Choice(["auto", "tpu", "cpu"]), default="auto",
+              show_default=True,
+              help="tpu: cost the schedule as XLA made it; cpu: approximate (the project's "
+                   "fusion and overlap rules); auto: tpu when the module carries TPU layouts "
+                   "or cost estimates.")
+def cost_hlo_command(module: Path, slice_name: str, num_slices: int, output_dir: Path | None,
+                     idle_start: bool, as_json: bool, mesh_text: str | None,
+                     compiled_for: str) -> None:
+    """Cost MODULE.txt (an --xla_dump_to file, MaxText's dump_hlo, a PyTorch/XLA dump, or
+    compiled.as_text(); .gz too) on the slice. Its device ids are taken in the TPU's
+    device order. Figures are SIMULATED."""
+    import pod.jax
+    from pod.commands.hlo import default_output_dir, parse_mesh
+
+    estimate = pod.jax.cost_hlo(module, slice=slice_name, num_slices=num_slices,
+                                mesh=parse_mesh(mesh_text) if mesh_text else None,
+                                compiled_for=compiled_for, sustained=not idle_start)
+    stem = module.name.removesuffix(".gz").removesuffix(".txt")
+    _show_estimate(estimate, output_dir or default_output_dir(
+        stem, pod.jax.topology_of(slice_name, num_slices).name.replace(" ", "")), as_json)
 
 
 @cli.command("init", short_help="Copy the shipped scenarios and monitoring files into a folder.")

@@ -20,6 +20,10 @@ The tree::
     +-- MetricsError (RuntimeError)       the Prometheus exporter could not start
     +-- NonFiniteLossError                a step's loss is NaN or infinite
     +-- OutputError                       a result or checkpoint cannot be written
+    +-- HloError (ValueError)             an XLA HLO module the emulator cannot cost
+    |   +-- HloParseError                 the text does not parse (names the line)
+    |   +-- HloOpError                    an op with no cost model and no XLA estimate
+    +-- CaptureError (ValueError)         a JAX step that does not trace or compile
 
 ``RunInterrupted`` is not an error: a run stopped by SIGINT / SIGTERM after
 writing what it had.
@@ -48,6 +52,10 @@ __all__ = [
     "MetricsError",
     "NonFiniteLossError",
     "OutputError",
+    "HloError",
+    "HloParseError",
+    "HloOpError",
+    "CaptureError",
     "RunInterrupted",
     "USER_ERRORS",
     "MAX_ERROR_CHARS",
@@ -196,6 +204,34 @@ class DirectoryInUseError(EmulatorError):
                if holder else "its holder has not written its note yet")
         super().__init__(f"{self.path}: in use by another tpu-pod command ({who}); wait for it "
                          "to end, or write to another directory (--output-dir, checkpoint.dir)")
+
+
+class HloError(EmulatorError, ValueError):
+    """An XLA HLO module the emulator cannot cost (``pod.hlo``): the message names the
+    instruction (and its line in the text where there is one)."""
+
+
+class HloParseError(HloError):
+    """HLO text that does not parse: ``line N: what is wrong: the line's start``.
+
+    Attributes:
+        line: the 1-based line number in the text (0: the text as a whole).
+    """
+
+    def __init__(self, line: int, message: str) -> None:
+        self.line = int(line)
+        super().__init__(f"line {self.line}: {message}" if self.line else message)
+
+
+class HloOpError(HloError):
+    """An HLO op the cost model does not know and for which XLA gave no estimate
+    (``estimated_cycles``): refused, never costed as zero."""
+
+
+class CaptureError(EmulatorError, ValueError):
+    """A JAX step that cannot be captured (``pod.frontends``): it does not trace, its
+    mesh does not divide the slice, or XLA refused to compile it; the message says
+    which, in one line."""
 
 
 class RunInterrupted(Exception):

@@ -5,7 +5,11 @@ Run it from anywhere: ``.venv/bin/python monitoring/grafana/make_dashboard.py``.
 Every query is narrowed to the runs chosen in the ``scenario`` and ``instance``
 variables: a metric is kept only where ``tpu_pod_info`` of the same target
 (``instance``, ``job``) names a chosen scenario, so two runs, or two scenarios,
-can be told apart. The data source is the ``datasource`` variable, whose default
+can be told apart. A run's values are read with ``last_over_time`` over ``KEEP``, so
+a short run (the quick start ends within one 5 s scrape interval) and a run that has
+ended read their last scraped values instead of nothing; per-step figures divide two
+counters (seconds so far / steps so far) and quantiles read the run's histogram so far,
+never a ``rate`` that a run shorter than two scrapes leaves empty or wrong. The data source is the ``datasource`` variable, whose default
 is the data source of ``provisioning/datasources/prometheus.yaml`` (uid
 ``tpu-pod-prometheus``): a Grafana provisioned from this folder shows the
 dashboard with no clicks; one where the dashboard is imported by hand picks its
@@ -24,30 +28,41 @@ DATASOURCE_UID = "tpu-pod-prometheus"  # the uid in provisioning/datasources/pro
 DS = {"type": "prometheus", "uid": "${datasource}"}
 OUTPUT = Path(__file__).with_name("tpu-pod-dashboard.json")
 
-# the chosen runs: tpu_pod_info of a chosen scenario on a chosen instance
-_RUNS = 'tpu_pod_info{scenario=~"$scenario", instance=~"$instance"}'
+#: how long after its last scrape a run's values stay on the panels
+KEEP = "10m"
+# the chosen runs: tpu_pod_info of a chosen scenario on a chosen instance, kept KEEP
+_INFO = 'tpu_pod_info{scenario=~"$scenario", instance=~"$instance"}'
+_RUNS = f"last_over_time({_INFO}[{KEEP}])"
 
 
 def run(metric: str, window: str | None = None) -> str:
-    """A metric of the chosen runs only.
+    """A metric of the chosen runs only: its last value within ``KEEP``.
 
     Args:
         metric: a metric name, e.g. ``tpu_pod_mfu_ratio``.
-        window: a range such as ``1m``: the per-second ``rate`` over it (counters and
-            histogram buckets) instead of the value.
+        window: a range such as ``1m``: the per-second ``rate`` over it instead of the
+            value (for figures per WALL second only: a run's simulated figures never
+            need one).
 
     Returns:
         A PromQL expression keeping the metric's own labels (``instance`` among them).
     """
     series = f'{metric}{{instance=~"$instance"}}'
-    if window:
-        series = f"rate({series}[{window}])"
+    series = f"rate({series}[{window}])" if window else f"last_over_time({series}[{KEEP}])"
     return f"({series} and on (instance, job) {_RUNS})"
 
 
 def quantile(q: float, histogram: str) -> str:
-    """The q-quantile of a histogram over the last minute, per run."""
-    return f"histogram_quantile({q}, sum by (instance, le) {run(histogram + '_bucket', '1m')})"
+    """The q-quantile of a histogram over the run so far, per run."""
+    return f"histogram_quantile({q}, sum by (instance, le) {run(histogram + '_bucket')})"
+
+
+def per_step(counter: str, by: str = "") -> str:
+    """A counter's mean per training step over the run so far (the counter over
+    ``tpu_pod_steps_total``), per run (and per ``by`` label)."""
+    labels = f"instance, {by}" if by else "instance"
+    return (f"sum by ({labels}) {run(counter)} / on (instance) group_left "
+            f"sum by (instance) {run('tpu_pod_steps_total')}")
 
 
 def _panel(panels: list[dict[str, Any]], title: str, kind: str, exprs: list[str], x: int, y: int,
@@ -82,7 +97,7 @@ def _panels() -> list[dict[str, Any]]:
     _panel(panels, "Step time breakdown (simulated)", "timeseries",
            [run("tpu_pod_simulated_step_part_seconds")], 0, 8, unit="s", stack=True,
            legend=["{{instance}} {{part}}"])
-    _panel(panels, "Step time quantiles (simulated)", "timeseries",
+    _panel(panels, "Step time quantiles over the run (simulated)", "timeseries",
            [quantile(0.5, "tpu_pod_simulated_step_seconds"),
             quantile(0.99, "tpu_pod_simulated_step_seconds"),
             quantile(0.5, "tpu_pod_simulated_collective_seconds")],
@@ -113,12 +128,10 @@ def _panels() -> list[dict[str, Any]]:
     _panel(panels, "Emulation: wall time per step and slowdown", "timeseries",
            [quantile(0.5, "tpu_pod_wall_step_seconds"), run("tpu_pod_emulation_slowdown_ratio")],
            0, 42, legend=["{{instance}} wall step p50 (s)", "{{instance}} wall / simulated"])
-    per_step = f"on (instance) group_left sum by (instance) {run('tpu_pod_steps_total', '1m')}"
-    _panel(panels, "Collectives per mesh axis: simulated seconds per step", "timeseries",
-           [f"sum by (instance, axis) {run('tpu_pod_collective_seconds_total', '1m')} / "
-            f"{per_step}",
-            f"sum by (instance, axis) {run('tpu_pod_collective_exposed_seconds_total', '1m')} / "
-            f"{per_step}"],
+    _panel(panels, "Collectives per mesh axis: simulated seconds per step (run mean)",
+           "timeseries",
+           [per_step("tpu_pod_collective_seconds_total", "axis"),
+            per_step("tpu_pod_collective_exposed_seconds_total", "axis")],
            0, 50, unit="s", legend=["{{instance}} {{axis}}", "{{instance}} {{axis}} exposed"])
     _panel(panels, "Collectives hidden behind compute (simulated)", "timeseries",
            [run("tpu_pod_collective_overlap_ratio")], 12, 50, unit="percentunit",

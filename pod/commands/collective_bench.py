@@ -6,7 +6,7 @@ bytes over its bandwidth plus per-hop latency) and reports, as the GPU
 collective benchmarks do:
 
 - ``size``: the whole buffer in bytes as given (for all-gather, the gathered
-  output). Elements are of ``dtype`` (bf16 2 bytes, f32 4, int8 1); a size that
+  output). Elements are of ``dtype`` (bf16 2 bytes, fp32 4, int8 1); a size that
   is not a whole number of elements, or (reduce-scatter, all-gather,
   all-to-all) of elements per chip, is cut down to one, as nccl-tests cuts its
   counts, and the row says how (``cut``): nothing is rounded silently;
@@ -48,8 +48,11 @@ __all__ = ["CollectiveRow", "DTYPES", "OPS_BY_NAME", "avg_bus_bandwidth", "bus_f
            "bench_torus", "cut_count", "format_size", "parse_size", "parse_sizes",
            "run_collective_bench", "summary_line"]
 
-#: ``--dtype`` names -> bytes per element (nccl-tests' ``-d``: bfloat16, float, int8).
-DTYPES = {"bf16": 2, "f32": 4, "int8": 1}
+#: ``--dtype`` names -> bytes per element (nccl-tests' ``-d``: bfloat16, float, int8); the
+#: names of the precisions elsewhere (``chip.PRECISIONS``, ``matmul --precision``).
+DTYPES = {"bf16": 2, "fp32": 4, "int8": 1}
+#: other names of those element types, accepted as they are (``f32`` was ``--dtype``'s name)
+DTYPE_ALIASES = {"f32": "fp32", "float32": "fp32", "float": "fp32", "bfloat16": "bf16"}
 
 #: CLI names of the operations -> interconnect op names.
 OPS_BY_NAME = {"allreduce": "allreduce", "reduce-scatter": "reduce_scatter",
@@ -124,7 +127,7 @@ class CollectiveRow:
         size_bytes: the bytes the collective moves: ``count`` whole elements
             (``requested_bytes`` unless cut, see ``cut``).
         count: elements of ``dtype``.
-        dtype: bf16, f32 or int8.
+        dtype: bf16, fp32 or int8.
         cut: how ``requested_bytes`` was cut to ``size_bytes`` ("" if it was not).
         algorithm: the algorithm run (chosen when not given).
         simulated_seconds: the collective over the ICI.
@@ -176,7 +179,7 @@ def bench_torus(*, slice_name: str | None = None, chip: str | None = None,
 
 
 def cut_count(size_bytes: int, itemsize: int, op: str, chips: int,
-              dtype: str = "f32") -> tuple[int, str]:
+              dtype: str = "fp32") -> tuple[int, str]:
     """Whole elements of a ``size_bytes`` buffer for ``op`` on ``chips``, and how it was cut.
 
     Returns:
@@ -207,7 +210,7 @@ def cut_count(size_bytes: int, itemsize: int, op: str, chips: int,
 def run_collective_bench(chip: str | None, topology: str | None, op: str, sizes: list[int], *,
                          algorithm: str | Sequence[str] | None = None,
                          wraparound: bool | None = None, faults: LinkFaults | None = None,
-                         dtype: str = "f32", slice_name: str | None = None
+                         dtype: str = "fp32", slice_name: str | None = None
                          ) -> tuple[ChipSpec, Torus, list[CollectiveRow]]:
     """Costs the collective at every size (and every algorithm given).
 
@@ -220,7 +223,7 @@ def run_collective_bench(chip: str | None, topology: str | None, op: str, sizes:
             the fastest at each size.
         wraparound: None: the chip generation's rules.
         faults: slowed / failed links.
-        dtype: a key of :data:`DTYPES`.
+        dtype: a key of :data:`DTYPES` (or of :data:`DTYPE_ALIASES`).
         slice_name: a Google slice name (``v4-128``) instead of chip and topology.
 
     Returns:
@@ -231,6 +234,7 @@ def run_collective_bench(chip: str | None, topology: str | None, op: str, sizes:
     """
     if op not in OPS_BY_NAME:
         raise BenchError(f"op {op!r} is not valid: expected one of {', '.join(OPS_BY_NAME)}")
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise BenchError(f"dtype {dtype!r} is not valid: expected one of {', '.join(DTYPES)}")
     name = OPS_BY_NAME[op]

@@ -11,6 +11,7 @@ this process only, which then stops Prometheus and waits for it.
 from __future__ import annotations
 
 import errno
+import shlex
 import shutil
 import signal
 import socket
@@ -31,7 +32,7 @@ from pod.errors import MetricsError
 from pod.safe_io import output_errors, read_regular, write_atomic
 
 __all__ = ["MonitorOptions", "default_config", "find_prometheus", "monitor", "render_config",
-           "targets_of"]
+           "targets_of", "demo_command"]
 
 INSTALL_HINT = ("install it with 'sudo apt-get install prometheus' (Debian, Ubuntu) or from "
                 "https://prometheus.io/download/")
@@ -219,7 +220,7 @@ def monitor(options: MonitorOptions, echo: Callable[[str], None]) -> None:
             echo(f"Prometheus on http://127.0.0.1:{options.port} scraping {', '.join(targets)} "
                  f"every {interval} (pid {proc.pid})")
             echo(f"Configuration from {options.config}; data and log in {work} (removed on exit)")
-            echo("Start a run in another terminal, e.g. tpu-pod run quickstart.yaml --hold; "
+            echo(f"Start a run in another terminal, e.g. {demo_command()}; "
                  "Ctrl-C stops Prometheus")
             code = proc.wait()
             raise MetricsError(f"monitor: prometheus exited with status {code}: "
@@ -229,6 +230,21 @@ def monitor(options: MonitorOptions, echo: Callable[[str], None]) -> None:
             echo(f"Prometheus stopped (exit status {code}); removed {work}")
         finally:
             _stop(proc)
+
+
+def demo_command(cwd: Path | None = None) -> str:
+    """A run to scrape, as it runs from ``cwd`` (default: here): the quick start, by its
+    path there in a checkout or a folder of ``tpu-pod init``, else by the shipped file's
+    path; ``--hold`` keeps its final values up for the scrapes after the last step."""
+    here = Path.cwd() if cwd is None else cwd
+    local = Path("scenarios") / "quickstart.yaml"
+    if (here / local).is_file():
+        path = str(local)
+    elif (here / "quickstart.yaml").is_file():
+        path = "quickstart.yaml"
+    else:
+        path = str(data_root() / "scenarios" / "quickstart.yaml")
+    return f"tpu-pod run {shlex.quote(path)} --hold"
 
 
 def targets_of(values: Sequence[str]) -> tuple[str, ...]:

@@ -199,6 +199,11 @@ class Planner:
         if c.dcn_mesh is not None:  # data parallel across the slices, over the DCN
             data["pod"] |= {"slices": c.slices, "dcn_mesh": c.dcn_mesh}
         data.pop("faults", None)  # chip ranks of another pod
+        # the source's description names the slice it was written for (a preset's: v5p-8)
+        across = f" x {c.slices} slices" if c.slices > 1 else ""
+        data["description"] = (f"{self.source.name} on {c.slice_name}{across}: mesh "
+                               f"{format_axes(c.mesh)}, remat {c.remat or 'none'}, global batch "
+                               f"{c.global_batch:,} (a layout of tpu-pod plan)")
         training = dict(data["training"]) | {"global_batch": c.global_batch}
         if self.source.preset:  # as describe plans a preset: sequence parallel with tensor
             tensor = c.mesh.get("tensor", 1)
@@ -255,9 +260,6 @@ class Planner:
         row.update(status="ok", reason="", point=c.index)
         if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
             row["mesh"] = format_axes(c.mesh)
-        if self.sequence_length:
-            row["simulated_tokens_per_second"] = (plan.global_batch * self.sequence_length
-                                                  / row["simulated_step_seconds"])
         return row
 
     def _labels(self, c: Candidate) -> dict[str, Any]:

@@ -54,21 +54,24 @@ from pod.config.scenario import Scenario, SweepConfig
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, RunInterrupted, ScenarioError
 from pod.report.bounds import BOUND_CATEGORIES, StepBounds, step_bounds
+from pod.report.console import algorithms_text
 from pod.report.files import check_writable, write_atomic
-from pod.report.stats import AXIS_ORDER, mfu, pipeline_bubble_fraction
+from pod.report.stats import AXIS_ORDER, MAXTEXT_FORMULAS, StepStats, mean_step
 from pod.safe_io import lock_directories
 
 __all__ = ["SweepPoint", "sweep_points", "run_sweep", "COLUMNS", "TEXT_COLUMNS", "empty_row",
-           "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts"]
+           "is_missing", "csv_row", "json_row", "sweep_kind", "step_row", "plot_layouts", "ms_text",
+           "point_line"]
 
 COLUMNS = (
     "point", "status", "error", "model", "dataset", "synthetic_data", "generation", "slice",
-    "chips", "cores", "topology", "allreduce_algorithm", "precision",
+    "chips", "cores", "topology", "allreduce_algorithm", "collective_algorithms", "precision",
     "global_batch", "per_device_batch", "simulated_step_seconds", "infeed_seconds",
     "compute_seconds", "collective_seconds", "exposed_collective_seconds", "update_seconds",
     "serial_step_seconds", "overlap_fraction", "simulated_epoch_seconds",
     "simulated_examples_per_second",
-    "simulated_tflops", "maxtext_tflops_per_device", "mfu", "communication_fraction",
+    "simulated_tflops", "maxtext_tflops_per_device", "maxtext_tflops_formula",
+    "maxtext_2023_tflops_per_device", "mfu", "communication_fraction",
     "scaling_efficiency",
     "bound", "bound_fraction", "ici_axes",
     *(f"{c}_bound_seconds" for c in BOUND_CATEGORIES),
@@ -95,7 +98,8 @@ _AXES = AXIS_ORDER
 #: none (a failed point, a column of another kind of sweep): ``pd.DataFrame(rows)["mfu"].max()``
 #: works on any sweep. results.csv writes a missing value as an empty field.
 TEXT_COLUMNS = frozenset({"status", "error", "model", "dataset", "synthetic_data", "generation",
-                          "slice", "topology", "allreduce_algorithm", "precision", "bound",
+                          "slice", "topology", "allreduce_algorithm", "collective_algorithms",
+                          "maxtext_tflops_formula", "precision", "bound",
                           "ici_axes", "mesh", "remat", "fits", "dcn_mesh"})
 
 
@@ -310,84 +314,79 @@ def _run_point(point: SweepPoint, mode: str, epoch_examples: int | None) -> dict
         admit(plan)  # before any actor: the point's row says how many chips fit
         with Pod(plan) as pod:
             stats = [pod.step(s) for s in range(plan.steps)]
-    return step_row(plan, stats[1:] or stats, time.perf_counter() - t0, epoch_examples)
+    return step_row(plan, stats, time.perf_counter() - t0, epoch_examples)
 
 
-def step_row(plan, timed: list, wall: float, epoch_examples: int | None = None) -> dict[str, Any]:
-    """A point's row from its plan and its timed steps (``StepStats``, averaged), ``wall``
-    seconds of emulation (``tpu-pod plan`` costs its points through it too)."""
-    step = fmean(s.step_seconds for s in timed)
-    mean = lambda f: fmean(f(s) for s in timed)  # noqa: E731 - short local helper
-    flops = mean(lambda s: s.model_flops)
-    collective = mean(lambda s: s.collective_seconds)
-    exposed = mean(lambda s: s.exposed_collective_seconds)
+def step_row(plan, steps: list, wall: float, epoch_examples: int | None = None) -> dict[str, Any]:
+    """A point's row from its plan and its steps (``StepStats``; their mean step,
+    ``mean_step``: the steps after the first), ``wall`` seconds of emulation (``tpu-pod
+    plan`` costs its points through it too). Every figure is the mean step's property."""
+    mean = mean_step(steps)
+    timed = steps[1:] or steps
     epoch = epoch_examples or plan.dataset.x_train.shape[0]
     bounds = _mean_bounds(plan, timed)
     return {
         "model": plan.model.name, "bound": bounds.label, "bound_fraction": bounds.fraction,
         "ici_axes": bounds.ici_axes,
         **{f"{c}_bound_seconds": bounds.seconds[c] for c in BOUND_CATEGORIES},
-        "simulated_epoch_seconds": step * max(1, epoch // plan.global_batch),
+        "simulated_epoch_seconds": mean.step_seconds * max(1, epoch // plan.global_batch),
         "status": "ok", "error": "", "dataset": plan.dataset.name,
         "synthetic_data": bool(plan.dataset.synthetic),
         "generation": plan.topology.chip.name, "chips": plan.topology.chips,
         "cores": plan.topology.tensorcores, "topology": plan.topology.torus.name,
-        "allreduce_algorithm": plan.ici.algorithm,
+        "slice": plan.topology.slice_name or plan.topology.name,
+        "allreduce_algorithm": plan.collective_costs.algorithms().get("data", ""),
+        "collective_algorithms": algorithms_text(plan.collective_costs.algorithms()),
         "precision": plan.training.precision, "global_batch": plan.global_batch,
-        "simulated_step_seconds": step,
-        "infeed_seconds": mean(lambda s: s.infeed_seconds),
-        "compute_seconds": mean(lambda s: s.compute_seconds),
-        "collective_seconds": collective,
-        "exposed_collective_seconds": exposed,
-        "serial_step_seconds": mean(lambda s: s.serial_step_seconds),
-        "overlap_fraction": (min(1.0, max(0.0, 1.0 - exposed / collective)) if collective > 0
-                             else 0.0),
-        "update_seconds": mean(lambda s: s.update_seconds),
-        "simulated_examples_per_second": plan.global_batch / step,
-        "simulated_tflops": flops / step / 1e12,
-        "maxtext_tflops_per_device": (fmean(s.maxtext_flops_per_device for s in timed) / step / 1e12
-                                      or math.nan),
-        "mfu": mfu(flops, step, plan.topology.peak_bf16_flops_per_s),
-        "communication_fraction": exposed / step,
+        "simulated_step_seconds": mean.step_seconds,
+        "infeed_seconds": mean.infeed_seconds,
+        "compute_seconds": mean.compute_seconds,
+        "collective_seconds": mean.collective_seconds,
+        "exposed_collective_seconds": mean.exposed_collective_seconds,
+        "serial_step_seconds": mean.serial_step_seconds,
+        "overlap_fraction": mean.overlap_fraction,
+        "update_seconds": mean.update_seconds,
+        "simulated_examples_per_second": mean.examples_per_second,
+        "simulated_tflops": mean.tflops,
+        "maxtext_tflops_per_device": mean.maxtext_tflops_per_device or math.nan,
+        "maxtext_2023_tflops_per_device": mean.maxtext_2023_tflops_per_device or math.nan,
+        "maxtext_tflops_formula": (MAXTEXT_FORMULAS["maxtext_tflops_per_device"]
+                                   if mean.maxtext_flops_per_device else ""),
+        "mfu": mean.mfu,
+        "communication_fraction": mean.communication_fraction,
         "wall_seconds": wall,
-        "wall_seconds_per_step": mean(lambda s: s.wall_seconds),
-        **_layout_columns(plan, timed, step),
-        **_pipeline_columns(plan, timed),
+        "wall_seconds_per_step": mean.wall_seconds,
+        **_layout_columns(plan, mean),
+        **_pipeline_columns(plan, mean),
         "slices": plan.mesh.slices,
         "dcn_mesh": format_axes(plan.mesh.dcn_sizes) if plan.mesh.slices > 1 else "",
-        "dcn_collective_seconds": mean(lambda s: sum(s.axis_dcn_seconds.values())),
+        "dcn_collective_seconds": sum(mean.axis_dcn_seconds.values()),
     }
 
 
-def _pipeline_columns(plan, timed: list) -> dict[str, Any]:
+def _pipeline_columns(plan, mean: StepStats) -> dict[str, Any]:
     """A pipeline's microbatches and bubble (NaN without a stage axis)."""
     from pod.config.pipeline import pipeline_microbatches
 
     if plan.mesh.axis_size("stage") == 1:
         return {}
-    bubble = fmean(s.pipeline_bubble_seconds for s in timed)
     return {"microbatches": pipeline_microbatches(plan.training, plan.mesh),
-            "pipeline_bubble_seconds": bubble,
-            "pipeline_bubble_fraction": pipeline_bubble_fraction(
-                bubble, fmean(s.compute_seconds for s in timed))}
+            "pipeline_bubble_seconds": mean.pipeline_bubble_seconds,
+            "pipeline_bubble_fraction": mean.pipeline_bubble_fraction}
 
 
-def _layout_columns(plan, timed: list, step: float) -> dict[str, Any]:
+def _layout_columns(plan, mean: StepStats) -> dict[str, Any]:
     """The mesh, remat, per-device batch, HBM, tokens/s and per-axis columns of a point."""
     mesh = plan.mesh
     options = plan.scenario.model.options if plan.scenario.model else {}
-    tokens = int(plan.dataset.x_train[0].size) if plan.scenario.model.name == "transformer" else 0
-    hardware = fmean(s.hardware_flops or s.model_flops for s in timed)
     row = {"mesh": format_axes(mesh.sizes), "remat": options.get("remat", ""),
            "fits": True, "hbm_per_device_bytes": int(plan.memory["total"]),
-           "simulated_tokens_per_second": plan.global_batch * tokens / step if tokens else math.nan,
-           "hfu": mfu(hardware, step, plan.topology.peak_bf16_flops_per_s),
-           "per_device_batch": plan.per_device_batch}
+           "simulated_tokens_per_second": mean.tokens_per_second or math.nan,
+           "hfu": mean.hfu, "per_device_batch": plan.per_device_batch}
     for axis in _AXES:
         row[axis] = mesh.axis_size(axis)
-        row[f"exposed_{axis}_seconds"] = fmean(s.axis_exposed_seconds.get(axis, 0.0) for s in timed)
-        row[f"collective_{axis}_seconds"] = fmean(s.axis_collective_seconds.get(axis, 0.0)
-                                                  for s in timed)
+        row[f"exposed_{axis}_seconds"] = mean.axis_exposed_seconds.get(axis, 0.0)
+        row[f"collective_{axis}_seconds"] = mean.axis_collective_seconds.get(axis, 0.0)
     return row
 
 
@@ -509,12 +508,13 @@ def _write_results_csv(output_dir: Path, rows: list[dict[str, Any]],
 def _save_png(fig: Any, path: Path) -> None:
     """Write a figure as PNG whole or not at all (``pod.safe_io.write_atomic``): a full
     disk is one ``OutputError`` line, never a truncated PNG."""
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"),
+                 binary=True)
 
 
 def _labels(point: SweepPoint) -> dict[str, Any]:
-    """A point's own values (mesh, remat, algorithm, precision, batch, pod), known before it
-    runs, so that a failed point's row says what it was."""
+    """A point's own values (mesh, remat, precision, batch, pod), known before it runs, so
+    that a failed point's row says what it was."""
     v = point.values
     mesh = v.get("pod__mesh")
     layout = {"mesh": format_axes(mesh), **{a: mesh.get(a, 1) for a in _AXES}} if mesh else {}
@@ -524,24 +524,23 @@ def _labels(point: SweepPoint) -> dict[str, Any]:
         layout["microbatches"] = v["training__microbatches"]
     if v.get("pod__slices") is not None:
         layout["slices"] = v["pod__slices"]
-    return {**layout, "allreduce_algorithm": v.get("pod__allreduce", ""),
-            "precision": v.get("training__precision", ""),
-            "global_batch": v.get("training__global_batch", math.nan),
-            "chips": v.get("pod__chips") or _chips(point), "topology": v.get("pod__topology") or "",
-            "generation": v.get("pod__slice") or v.get("pod__chip") or "",
-            "slice": v.get("pod__slice") or ""}
+    return {**layout, "precision": v.get("training__precision", ""),
+            "global_batch": v.get("training__global_batch", math.nan), **_pod_labels(point)}
 
 
-def _chips(point: SweepPoint) -> float | int:
-    """The chips of a point's pod (NaN if its pod does not resolve)."""
+def _pod_labels(point: SweepPoint) -> dict[str, Any]:
+    """The chips, cores, torus, generation and slice of a point's pod (its values as far
+    as they go when the pod does not resolve)."""
+    v = point.values
     source = point.scenario.pod if point.scenario is not None else None
-    name = point.values.get("pod__slice") or (source.slice if source else None)
+    name = v.get("pod__slice") or (source.slice if source else None)
     try:
-        if source is not None:
-            return _resolve(source).chips
-        return resolve_pod(slice_name=name).chips if name else math.nan
+        pod = _resolve(source) if source is not None else resolve_pod(slice_name=name)
     except USER_ERRORS:
-        return math.nan
+        return {"chips": v.get("pod__chips") or math.nan, "topology": v.get("pod__topology") or "",
+                "generation": point.series[0] if point.series else "", "slice": name or ""}
+    return {"chips": pod.chips, "cores": pod.tensorcores, "topology": pod.torus.name,
+            "generation": pod.chip.name, "slice": pod.slice_name or pod.name}
 
 
 def _cell(value: Any, spec: str = "") -> str:
@@ -574,37 +573,100 @@ def sweep_kind(scenario: Scenario) -> str:
                             else varied[0])
 
 
+def ms_text(seconds: Any) -> str:
+    """Simulated seconds as milliseconds with four significant digits or so: ``5,897``,
+    ``26.70``, ``0.0720``; "" when missing."""
+    if is_missing(seconds):
+        return ""
+    ms = float(seconds) * 1e3
+    return (f"{ms:,.0f}" if ms >= 1000 else f"{ms:.1f}" if ms >= 100 else f"{ms:.2f}"
+            if ms >= 1 else f"{ms:.4f}")
+
+
+def point_line(row: dict[str, Any], total: int) -> str:
+    """A sweep point's progress line (``tpu-pod sweep``): where it ran, its collectives'
+    algorithms, its simulated step, rate (tokens/s for a language model), MFU, MaxText's
+    TFLOP/s per device (its formula said) and, for a sharded layout, the layout and its
+    HBM per device."""
+    if row["status"] != "ok":
+        return f"point {row['point']}/{total}: failed: {row['error']}"
+    tokens = not is_missing(row.get("simulated_tokens_per_second"))
+    rate = (f"{row['simulated_tokens_per_second']:,.0f} tokens/s" if tokens else
+            f"{row['simulated_examples_per_second']:,.0f} examples/s")
+    tflops = ("" if is_missing(row.get("maxtext_tflops_per_device")) else
+              f", {row['maxtext_tflops_per_device']:,.1f} TFLOP/s/device (MaxText, attention "
+              "not halved)")
+    line = (f"point {row['point']}/{total}: {row['slice'] or row['generation']} "
+            f"{row['chips']:,} chips {row['topology']} {row['collective_algorithms'] or '-'} "
+            f"batch {row['global_batch']:,}: sim {ms_text(row['simulated_step_seconds'])} "
+            f"ms/step, {rate}, MFU {row['mfu']:.2%}{tflops}")
+    if not is_missing(row.get("per_device_batch")):  # a sharded layout
+        line += (f"; {row['mesh']} remat {row['remat'] or 'none'} {row['per_device_batch']}/device"
+                 f", HBM {row['hbm_per_device_bytes'] / 2**30:,.2f} GiB/device")
+    return f"{line} (wall {row['wall_seconds']:.2f} s)"
+
+
+def _rate_column(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """(row key, header) of a sweep's throughput: tokens/s for language models."""
+    tokens = any(not is_missing(r.get("simulated_tokens_per_second")) for r in rows
+                 if r["status"] == "ok")
+    return (("simulated_tokens_per_second", "tokens/s") if tokens
+            else ("simulated_examples_per_second", "examples/s"))
+
+
+def _main_columns(rows: list[dict[str, Any]]
+                  ) -> list[tuple[str, str, Callable[[dict[str, Any]], str]]]:
+    """results.md's first table for this kind of sweep: (header, alignment, cell of an ok
+    row). The epoch only with real data (a synthetic epoch is the data's size, not a
+    user's), scaling efficiency only when the chips vary (it is 1 by definition
+    otherwise), the rate in tokens/s for a language model."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    rate_key, rate = _rate_column(rows)
+    synthetic = any(r.get("synthetic_data") is True for r in ok)
+    chips_vary = _distinct(r["chips"] for r in ok) > 1
+    columns: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
+        ("step ms", "---:", lambda r: ms_text(r["simulated_step_seconds"])),
+        ("compute ms", "---:", lambda r: ms_text(r["compute_seconds"])),
+        ("collectives ms", "---:", lambda r: ms_text(r["collective_seconds"])),
+        *([("epoch s", "---:", lambda r: f"{r['simulated_epoch_seconds']:,.2f}")]
+          if not synthetic else []),
+        (rate, "---:", lambda r: f"{r[rate_key]:,.0f}"),
+        ("TFLOP/s", "---:", lambda r: f"{r['simulated_tflops']:,.2f}"),
+        ("MFU", "---:", lambda r: f"{r['mfu']:.1%}"),
+        ("comm %", "---:", lambda r: f"{r['communication_fraction']:.1%}"),
+        *([("efficiency", "---:", lambda r: _cell(r["scaling_efficiency"], ".2f"))]
+          if chips_vary else []),
+        ("bound", "---", lambda r: f"{r['bound']} {r['bound_fraction']:.0%}"),
+        ("wall s", "---:", lambda r: f"{r['wall_seconds']:.2f}")]
+    return columns
+
+
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:
-    """The results as a Markdown table (simulated figures; wall seconds last)."""
+    """The results as a Markdown table (simulated figures; wall seconds last), with the
+    columns that mean something for this kind of sweep (``_main_columns``)."""
     synthetic = any(r.get("synthetic_data") is True for r in rows)
     data = f"data: {scenario.data.name}" + (" (SYNTHETIC: the data only set shapes)" if synthetic
                                            else "")
-    head = (f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)\n\n"
-            f"Simulated figures unless marked wall; model {training_sections(scenario)[0].name}, "
-            f"{data}.\n\n"
-            "| # | chip | chips | cores | topology | allreduce | global batch | step ms | "
-            "compute ms | collectives ms | epoch s | examples/s | TFLOP/s | MFU | comm % | "
-            "efficiency | bound | wall s | status |\n"
-            "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n")
-    lines = []
+    columns = _main_columns(rows)
+    head = ["#", "chip", "chips", "cores", "topology", "collectives", "global batch",
+            *(c[0] for c in columns), "status"]
+    align = ["---", "---", "---:", "---:", "---", "---", "---:", *(c[1] for c in columns), "---"]
+    lines = [f"# Sweep: {scenario.name} ({sweep_kind(scenario)}, {mode} mode)", "",
+             f"Simulated figures unless marked wall; model "
+             f"{training_sections(scenario)[0].name}, {data}.", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for r in rows:
+        where = [str(r["point"]), str(r["generation"]), _cell(r["chips"]), _cell(r.get("cores")),
+                 str(r["topology"]), str(r.get("collective_algorithms") or
+                                         r.get("allreduce_algorithm") or ""),
+                 _cell(r["global_batch"])]
         if r["status"] == "ok":
-            lines.append(
-                f"| {r['point']} | {r['generation']} | {r['chips']} | {r['cores']} | "
-                f"{r['topology']} | {r['allreduce_algorithm']} | {r['global_batch']} | "
-                f"{r['simulated_step_seconds'] * 1e3:.4f} | "
-                f"{r['compute_seconds'] * 1e3:.4f} | {r['collective_seconds'] * 1e3:.4f} | "
-                f"{r['simulated_epoch_seconds']:.4f} | {r['simulated_examples_per_second']:,.0f} | "
-                f"{r['simulated_tflops']:.2f} | {r['mfu']:.1%} | "
-                f"{r['communication_fraction']:.1%} | {_cell(r['scaling_efficiency'], '.2f')} | "
-                f"{r['bound']} {r['bound_fraction']:.0%} | {r['wall_seconds']:.2f} | ok |")
+            cells = [cell(r) for _, _, cell in columns] + ["ok"]
         else:
             error = str(r["error"]).replace("|", "/")
-            lines.append(f"| {r['point']} | {r['generation']} | {_cell(r['chips'])} | | "
-                         f"{r['topology']} | {r['allreduce_algorithm']} | "
-                         f"{_cell(r['global_batch'])} | | | | | | | | | | | | "
-                         f"failed: {error} |")
-    return head + "\n".join(lines) + "\n" + _layout_table(rows) + _slices_table(rows)
+            cells = [""] * len(columns) + [f"failed: {error}"]
+        lines.append("| " + " | ".join(where + cells) + " |")
+    return "\n".join(lines) + "\n" + _layout_table(rows) + _slices_table(rows)
 
 
 def _layout_table(rows: list[dict[str, Any]]) -> str:
@@ -614,7 +676,7 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     out = ["", "Sharded layouts (simulated; exposed = collective time the compute waited for):",
-           "", "| # | chips | mesh | remat | batch / device | microbatches | step s | tokens/s | "
+           "", "| # | chips | mesh | remat | batch / device | microbatches | step ms | tokens/s | "
            f"MFU | bubble | exposed {' / '.join(_AXES)} ms | HBM GiB / device | status |",
            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
@@ -624,8 +686,8 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
             exposed = " / ".join(f"{1e3 * r[f'exposed_{a}_seconds']:.1f}" for a in _AXES)
             out.append(f"| {r['point']} | {r['chips']} | {r['mesh']} | {r['remat']} | "
                        f"{r['per_device_batch']} | {_cell(r.get('microbatches'))} | "
-                       f"{r['simulated_step_seconds']:.3f} | "
-                       f"{r['simulated_tokens_per_second']:,.0f} | {r['mfu']:.1%} | "
+                       f"{ms_text(r['simulated_step_seconds'])} | "
+                       f"{_cell(r['simulated_tokens_per_second'], ',.0f')} | {r['mfu']:.1%} | "
                        f"{_cell(r.get('pipeline_bubble_fraction'), '.0%')} | {exposed} | "
                        f"{hbm} | ok |")
         else:
@@ -677,24 +739,70 @@ def _series(scenario: Scenario, ok: list[dict[str, Any]],
     for r in ok:
         parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
                  for k, label in varying]
-        series.setdefault(", ".join(parts) or str(r["allreduce_algorithm"]), []).append(r)
+        series.setdefault(", ".join(parts) or str(r["collective_algorithms"] or "every point"),
+                          []).append(r)
     for rs in series.values():
         rs.sort(key=lambda r: (r[x_key] if isinstance(r[x_key], (int, float)) else 0))
     return series
 
 
+def _horizontal(labels: list[str]) -> bool:
+    """Whether bars with these labels lie (labels on the y axis, read across): a label
+    longer than a number or a short name, or more bars than fit side by side."""
+    return len(labels) > 12 or max((len(label) for label in labels), default=0) > 9
+
+
+def _bar_figure(plt: Any, labels: list[str], panels: int = 1) -> tuple[Any, Any]:
+    """A figure for ``panels`` panels of a stacked bar per label, sized so that every label
+    reads at its default size: a row of 0.3 inch per bar when they lie, 0.6 inch of width
+    per bar when they stand."""
+    if _horizontal(labels):
+        return plt.subplots(panels, 1, squeeze=False,
+                            figsize=(9, panels * (0.3 * len(labels) + 1.4) + 0.6))
+    # a label of n characters is about 0.09 n inch wide at the default 10 points
+    per_bar = max(0.6, 0.1 * max((len(label) for label in labels), default=1) + 0.15)
+    return plt.subplots(panels, 1, squeeze=False,
+                        figsize=(max(7.0, per_bar * len(labels) + 1.5), 3.2 * panels + 0.6))
+
+
+def _stacked_bars(ax: Any, labels: list[str],
+                  parts: list[tuple[str, list[float], str | None]]) -> list[float]:
+    """A stacked bar per label, in order (top to bottom when they lie: ``_horizontal``);
+    ``parts`` is [(legend label, a value per bar, colour or None)], a part of no value
+    anywhere left out of the legend. Returns the bars' ends."""
+    ends = [0.0] * len(labels)
+    lie = _horizontal(labels)
+    for label, values, colour in parts:
+        shown = label if any(values) else None
+        if lie:
+            ax.barh(range(len(labels)), values, left=ends, label=shown, color=colour)
+        else:
+            ax.bar(range(len(labels)), values, bottom=ends, label=shown, color=colour)
+        ends = [e + v for e, v in zip(ends, values, strict=True)]
+    if lie:
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylim(len(labels) - 0.5, -0.5)  # the first on top, no empty rows
+    else:
+        ax.set_xticks(range(len(labels)), labels)
+    return ends
+
+
+def _legend_beside(ax: Any) -> None:
+    """The legend right of the axes, where it hides no bar and no label."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def _stacked(plt, ok, parts, labels_of, title, output_dir, name) -> Path:
     """A stacked bar per point: ``parts`` is [(row key, legend label, colour)]."""
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(ok)), 4.5))
-    bottom = [0.0] * len(ok)
-    for key, label, colour in parts:
-        values = [r[key] * 1e3 for r in ok]
-        ax.bar(range(len(ok)), values, bottom=bottom, label=label, color=colour)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_xticks(range(len(ok)), [labels_of(r) for r in ok], fontsize=6)
-    ax.set_ylabel("simulated step time (ms)")
+    labels = [labels_of(r) for r in ok]
+    fig, axes = _bar_figure(plt, labels)
+    ax = axes[0, 0]
+    _stacked_bars(ax, labels, [(label, [r[key] * 1e3 for r in ok], colour)
+                               for key, label, colour in parts])
+    unit = "simulated step time (ms)"
+    (ax.set_xlabel if _horizontal(labels) else ax.set_ylabel)(unit)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    _legend_beside(ax)
     fig.tight_layout()
     _save_png(fig, output_dir / name)
     plt.close(fig)
@@ -746,7 +854,8 @@ def _bubble(row: dict[str, Any]) -> float:
 
 def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, Any]]],
                x_key: str, x_label: str, output_dir: Path) -> Path:
-    """breakdown.png: per series a panel of stacked bars, the critical path's parts."""
+    """breakdown.png: per series a panel of stacked bars, the critical path's parts (bars
+    that lie, labels across, where the labels are layouts)."""
     parts = (("compute", lambda r: r["compute_seconds"]),
              ("collectives, exposed", lambda r: r["exposed_collective_seconds"]),
              ("pipeline bubble", _bubble),
@@ -756,24 +865,17 @@ def _breakdown(plt: Any, scenario: Scenario, series: dict[str, list[dict[str, An
                                                             - r["exposed_collective_seconds"]
                                                             - _bubble(r)
                                                             - r["update_seconds"])))
-    # a layout's tick label stands on end (up to ~40 characters): room below each panel
-    panel_inches = 5.0 if x_key == "layout" else 3.0
-    fig, axes = plt.subplots(len(series), 1, squeeze=False,
-                             figsize=(max(7, 0.6 * max(len(rs) for rs in series.values())),
-                                      panel_inches * len(series)))
+    longest = max(series.values(), key=len)
+    fig, axes = _bar_figure(plt, [_tick_label(r[x_key]) for r in longest], len(series))
     for ax, (label, rs) in zip(axes[:, 0], series.items(), strict=True):
-        bottom = [0.0] * len(rs)
-        for part, value in parts:
-            values = [value(r) * 1e3 for r in rs]
-            ax.bar(range(len(rs)), values, bottom=bottom, label=part)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set_xticks(range(len(rs)), [_tick_label(r[x_key]) for r in rs],
-                      rotation=90 if x_key == "layout" else 0,
-                      fontsize=7 if x_key == "layout" else None)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("simulated ms per step")
+        labels = [_tick_label(r[x_key]) for r in rs]
+        _stacked_bars(ax, labels, [(part, [value(r) * 1e3 for r in rs], None)
+                                   for part, value in parts])
+        lie = _horizontal(labels)
+        (ax.set_ylabel if lie else ax.set_xlabel)(x_label)
+        (ax.set_xlabel if lie else ax.set_ylabel)("simulated ms per step")
         ax.set_title(label, fontsize=10)
-    axes[0, 0].legend(fontsize=8)
+    _legend_beside(axes[0, 0])
     fig.suptitle(f"{scenario.name}: simulated step time, critical path")
     fig.tight_layout()
     _save_png(fig, output_dir / "breakdown.png")
@@ -823,10 +925,16 @@ def plot(scenario: Scenario, rows: list[dict[str, Any]], output_dir: Path) -> li
     else:
         (output_dir / "efficiency.png").unlink(missing_ok=True)  # an earlier sweep's
     written.append(_breakdown(plt, scenario, series, x_key, x_label, output_dir))
+    # a bar per point, in series order; named by its series too when there are several
+    ordered = [(name, r) for name, rs in series.items() for r in rs]
+    points = [r for _, r in ordered]
+    names = [_tick_label(r[x_key]) + (f" ({name})" if len(series) > 1 else "")
+             for name, r in ordered]
     written.append(_stacked(
-        plt, ok, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
-        lambda r: _tick_label(r[x_key]), f"{scenario.name}: the critical path by what bounds "
-        "it (simulated)", output_dir, "bounds.png"))
+        plt, points, [(f"{c}_bound_seconds", c, BOUND_COLOURS[c]) for c in BOUND_CATEGORIES],
+        lambda r: names[next(i for i, p in enumerate(points) if p is r)],
+        f"{scenario.name}: the critical path by what bounds it (simulated)", output_dir,
+        "bounds.png"))
     if any(not is_missing(r["simulated_tokens_per_second"]) for r in ok):
         if chips_vary:
             written.append(_plot_tokens(plt, scenario, series, output_dir))
@@ -885,7 +993,7 @@ def _plot_layout_throughput(plt, title: str, rows: list[dict[str, Any]], output_
                  if r["status"] == "ok")
     key = "simulated_tokens_per_second" if tokens else "simulated_examples_per_second"
     values = [r[key] if r["status"] == "ok" else 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1.4))
     ax.barh(range(len(rows)), values, color="tab:blue")
     best = max(range(len(rows)), key=lambda i: values[i])
     ax.barh([best], [values[best]], color="tab:green", label="most " + key.split("_")[1] + "/s")
@@ -893,12 +1001,12 @@ def _plot_layout_throughput(plt, title: str, rows: list[dict[str, Any]], output_
         note = (f"  {values[i]:,.0f}" if r["status"] == "ok" else
                 "  does not fit" if r.get("fits") is False else "  failed")
         ax.text(values[i], i, note, va="center", fontsize=7)
-    ax.set_yticks(range(len(rows)), [_layout_label(r) for r in rows], fontsize=7)
-    ax.invert_yaxis()
+    ax.set_yticks(range(len(rows)), [_layout_label(r) for r in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the first layout on top, no empty rows
     ax.set_xlim(0, max(values) * 1.25 or 1.0)
     ax.set_xlabel(("tokens" if tokens else "examples") + "/s (simulated)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    _legend_beside(ax)
     fig.tight_layout()
     _save_png(fig, output_dir / "throughput.png")
     plt.close(fig)
@@ -930,10 +1038,11 @@ def _plot_tokens(plt, scenario: Scenario, series: dict, output_dir: Path) -> Pat
     left.set_yscale("log")
     top = max((100 * r["mfu"] for rs in lines.values() for r in rs), default=1.0)
     right.set_ylim(0, 1.15 * top)   # a flat line at the top stays visible
-    if counts:   # the slice counts as ticks, not powers of two
-        for ax in (left, right):
-            ax.set_xticks(list(counts), [str(k) for k in counts])
-            ax.minorticks_off()
+    # the chip (slice) counts as ticks, as numbers, not powers of two
+    ticks = sorted(counts) if counts else sorted({r[x_key] for rs in lines.values() for r in rs})
+    for ax in (left, right):
+        ax.set_xticks(ticks, [_tick_label(k) for k in ticks])
+        ax.minorticks_off()
     right.legend(fontsize=7)
     fig.suptitle(f"{scenario.name}: {sweep_kind(scenario)} (simulated)")
     fig.tight_layout()
@@ -955,41 +1064,52 @@ def _plot_layouts(plt, scenario: Scenario | None, rows: list[dict[str, Any]], ou
     seconds per mesh axis (simulated), layouts that do not fit in HBM shown empty with
     their need; the layout that fits with the most tokens (examples) per second marked
     with a star; MFU and HBM per device beside each bar."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     labels, stacks, notes = [], [], []
     for r in rows:
         labels.append(_layout_label(r))
         if r["status"] == "ok":
             stacks.append([r["compute_seconds"], r["update_seconds"], _bubble(r),
                            *(r[f"exposed_{a}_seconds"] for a in _AXES)])
-            notes.append(f"MFU {r['mfu']:.0%}, {r['hbm_per_device_bytes'] / 2**30:.0f} GiB")
+            hbm, mfu = r["hbm_per_device_bytes"], r["mfu"]
+            memory = f"{hbm / 2**30:.0f} GiB" if hbm >= 2**30 else f"{hbm / 2**20:.1f} MiB"
+            notes.append(f"MFU {mfu:.0%}, {memory}" if mfu >= 0.1 else f"MFU {mfu:.1%}, {memory}")
         else:
             stacks.append([0.0] * (3 + len(_AXES)))
             need = r.get("hbm_per_device_bytes")
             notes.append(f"does not fit ({need / 2**30:.0f} GiB)" if r.get("fits") is False and need
                          else "failed: " + str(r["error"])[:40])
-    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
+    fig, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1.4))
     left = [0.0] * len(rows)
     parts = ("compute", "update", "pipeline bubble", *(f"exposed {a}" for a in _AXES))
     for k, part in enumerate(parts):
         widths = [st[k] for st in stacks]
-        ax.barh(range(len(rows)), widths, left=left, label=part)
+        ax.barh(range(len(rows)), widths, left=left, label=part if any(widths) else None)
         left = [a + b for a, b in zip(left, widths, strict=True)]
-    for i, note in enumerate(notes):
-        ax.text(left[i], i, "  " + note, va="center", fontsize=7)
     ok = [i for i, r in enumerate(rows) if r["status"] == "ok"]
-    if ok:  # the most tokens (examples) per second: layouts differ in their global batch
-        best = max(ok, key=lambda i: rows[i]["simulated_examples_per_second"])
+    # the most tokens (examples) per second: layouts differ in their global batch
+    best = max(ok, key=lambda i: rows[i]["simulated_examples_per_second"]) if ok else -1
+    for i, note in enumerate(notes):  # beside the bar's end, past the star on the best
+        ax.annotate(note, (left[i], i), xytext=(10 if i == best else 4, 0),
+                    textcoords="offset points", va="center", fontsize=7)
+    if ok:
         ax.plot([left[best]], [best], marker="*", markersize=14, color="gold",
                 markeredgecolor="black", label="most tokens/s that fits")
-    ax.set_yticks(range(len(rows)), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("simulated step time (s)")
-    ax.set_xlim(0, max(left + [1e-9]) * 1.45)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # the first layout on top, no empty rows
+    longest = max(left + [1e-9])
+    unit, scale = (("s", 1.0) if longest >= 1 else ("ms", 1e3) if longest >= 1e-3
+                   else ("us", 1e6))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x * scale:g}"))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+    ax.set_xlabel(f"simulated step time ({unit})")
+    ax.set_xlim(0, longest * 1.45)
     where = rows[ok[0]] if ok else rows[0]
     name = scenario.name if scenario is not None else ""
     ax.set_title(title or f"{name}: layouts on {where['chips']} {where['generation']} chips "
-                 "(simulated)")
-    ax.legend(fontsize=7, loc="lower right")
+                 "(simulated)", fontsize=10)
+    _legend_beside(ax)
     fig.tight_layout()
     _save_png(fig, output_dir / "layouts.png")
     plt.close(fig)

@@ -38,10 +38,12 @@ from pod.errors import (
 from pod.report.console import (
     PROGRESS_MODES,
     StatusLine,
+    algorithms_text,
     epoch_line,
     evaluation_text,
     hold,
     make_console,
+    print_table,
     progress_bar,
     progress_line,
     summary_table,
@@ -65,7 +67,7 @@ from pod.safe_io import lock_directories
 from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
-__all__ = ["Run", "run_training", "RESULT_FILES"]
+__all__ = ["Run", "run_training", "RESULT_FILES", "BACKENDS"]
 
 #: Wall seconds the final checkpoint after a SIGINT / SIGTERM may take (taken at a step
 #: boundary, from chips that just ended a step; a frozen chip still fails it within its
@@ -74,6 +76,24 @@ FINAL_CHECKPOINT_GRACE_S = 10.0
 
 #: What a run writes in its output directory (a rerun that replaces them says so).
 RESULT_FILES = ("summary.json", "steps.csv", "layers.csv", "report.html")
+
+#: The pods a ``Run`` drives (``Run``'s ``backend``).
+BACKENDS = ("ray", "local", "timing")
+
+
+def _check_timing_only(plan: TrainingPlan) -> None:
+    """A timing-only run has no values: no checkpoint to write, no chip to kill.
+
+    Raises:
+        ScenarioError: the scenario asks for either (one line naming the field).
+    """
+    if plan.scenario.checkpoint is not None:
+        raise ScenarioError("checkpoint: a timing-only run holds no parameters to "
+                            "checkpoint; remove the checkpoint block or run functionally")
+    kills = [f for f in plan.faults.faults if f.kind.startswith("kill_")]
+    if kills:
+        raise ScenarioError(f"faults: {kills[0].describe()}: a timing-only run has no chip "
+                            "actor to kill; run functionally (without --timing-only)")
 
 
 class Run:
@@ -108,34 +128,42 @@ class Run:
             Python API; a CLI run keeps only running sums).
         report: also write ``report.html`` in ``output_dir`` at the end
             (``pod.report.html``).
-        backend: "ray" (chip actors, the ICI transport: ``pod.runtime.pod.Pod``)
-            or "local" (every device in this process: ``pod.runtime.local.LocalPod``;
-            the same program and clock, no Ray).
+        backend: "ray" (chip actors, the ICI transport: ``pod.runtime.pod.Pod``),
+            "local" (every device in this process: ``pod.runtime.local.LocalPod``;
+            the same program and clock, no Ray) or "timing" (one representative device
+            per pipeline stage, shapes only: ``pod.runtime.timing.TimingPod``; the same
+            simulated clock for a pod of any size, no loss, no test figures).
         progress: "steps" (a progress line every ``log_every`` steps, the Keras-style
             epoch lines) or "line" (one line that each step replaces:
             ``pod.report.console.StatusLine``; a notebook's default in ``pod.run``).
+        wide: print every table whole, wider than the console if need be (``--wide``).
 
     Raises:
         CheckpointError: no valid checkpoint to resume, or one of another run.
         DirectoryInUseError: another live run or sweep holds the output or the
             checkpoint directory (``pod.safe_io.lock_directories``; held from
             here to the end of ``run``).
-        ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``.
+        ScenarioError: ``output_dir`` is None and the checkpoints have no ``dir``; a
+            timing-only run with checkpoints or chip kills (nothing to save or kill).
     """
 
-    def __init__(self, plan: TrainingPlan, *, output_dir: Path, metrics_port: int | None = None,
+    def __init__(self, plan: TrainingPlan, *, output_dir: Path | None,
+                 metrics_port: int | None = None,
                  console: Console | None = None, log_every: int = 1,
                  on_step: Callable[[StepStats], None] | None = None,
                  trace_path: Path | None = None, trace_steps: Sequence[int] | None = None,
                  hold_seconds: float = 0.0, resume_dir: Path | None = None,
                  keep_history: bool = False, report: bool = False, backend: str = "ray",
-                 progress: str = "steps") -> None:
-        if backend not in ("ray", "local"):
-            raise ValueError(f"backend {backend!r} is unknown; allowed: ray, local")
+                 progress: str = "steps", wide: bool = False) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
+        if backend == "timing":
+            _check_timing_only(plan)
         if progress not in PROGRESS_MODES:
             raise ValueError(f"progress {progress!r} is unknown; allowed: "
                              f"{', '.join(PROGRESS_MODES)}")
         self.progress = progress
+        self.wide = wide
         self.status: StatusLine | None = None
         self.plan = plan
         self.backend = backend
@@ -274,11 +302,15 @@ class Run:
             self.locks.release()
 
     def _make_pod(self) -> Any:
-        """The pod this run trains on: chip actors on Ray, or every device in this
-        process (``backend``); the same program and clock either way."""
+        """The pod this run trains on (``backend``): chip actors on Ray, every device in
+        this process, or one representative per stage timing only; the same program and
+        clock each way."""
         if self.backend == "local":
             from pod.runtime.local import LocalPod
             return LocalPod(self.plan)
+        if self.backend == "timing":
+            from pod.runtime.timing import TimingPod
+            return TimingPod(self.plan)
         from pod.runtime.pod import Pod
         return Pod(self.plan)
 
@@ -297,14 +329,15 @@ class Run:
         mesh = plan.mesh
         split = (f"{plan.per_device_batch:,} per device; {plan.steps:,} steps; mesh "
                  f"{mesh.label} ({mesh.size} devices)"
-                 + (f", allreduce {plan.ici.algorithm}" if plan.ici.costs else ""))
+                 + (f"; {named}" if (named := algorithms_text(
+                     plan.collective_costs.algorithms())) else ""))
         self.console.print(
             f"[bold]{scenario.name}[/]: {plan.topology.name}, {plan.topology.chips} chips x "
             f"{plan.topology.chip.tensorcores} TensorCores on a {plan.topology.torus.name} torus; "
             f"{plan.model.name} ({plan.num_params:,} parameters) on {data_label}; global batch "
             f"{plan.global_batch:,} = {split}")
         for table in plan_model_tables(plan):
-            self.console.print(table)
+            print_table(self.console, table, wide=self.wide)
         if self.metrics.port:
             self.console.print(f"Prometheus metrics: http://{scenario.metrics.host}:"
                                f"{self.metrics.port}/metrics")
@@ -413,7 +446,7 @@ class Run:
                 ``training.continue_on_nonfinite_loss``); the step is not recorded,
                 so the last checkpoint and steps.csv hold only finite steps.
         """
-        if not math.isfinite(stats.loss) and \
+        if not math.isfinite(stats.loss) and getattr(self.pod, "computes", True) and \
                 not self.plan.training.continue_on_nonfinite_loss:
             raise NonFiniteLossError(
                 f"training: the loss of step {stats.step + 1} is {stats.loss}; stopping (the "
@@ -556,7 +589,7 @@ class Run:
         metrics endpoint if asked."""
         plan = self.plan
         summary = self.summary(self.wall_seconds, completed=True)
-        self.console.print(summary_table(summary))
+        print_table(self.console, summary_table(summary), wide=self.wide)
         written = []
         if self.output_dir is not None:
             assert isinstance(self.rows, StepsCsv)  # an output directory gets steps.csv

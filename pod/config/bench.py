@@ -32,6 +32,12 @@ class BenchmarkPlan:
         """The scenario's benchmark section (a benchmark plan's scenario always has one)."""
         return _benchmark_section(self.scenario)
 
+    def __repr__(self) -> str:
+        """One line (a notebook cell's value)."""
+        b = self.benchmark
+        return (f"<BenchmarkPlan {self.scenario.name}: {b.kind} N={b.n:,} x {b.iterations:,} "
+                f"on {self.topology.name} ({self.topology.chips:,} chips), {b.precision}>")
+
     @property
     def flops(self) -> float:
         """FLOPs of the whole run over the pod (useful FLOPs)."""

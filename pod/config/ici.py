@@ -1,9 +1,9 @@
 """The ICI decisions of a plan: which collective algorithm a pod runs, and what
 it costs at every step once the scenario's link faults are in force.
 
-``choose_algorithm`` picks the fastest algorithm (or checks a given one);
-``IciPlan`` holds the choice and its per-step costs, so the runtime never
-costs anything itself.
+``choose_algorithm`` picks the fastest algorithm (or costs a given one: ``tpu-pod
+collective``); ``IciPlan`` holds a plan's choice for a data axis over the whole
+pod (the cost table, ``MeshCollectiveCosts``, costs it at every step).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from interconnect import (
     collective_cost,
     cost_work,
 )
-from pod.programs.replicated import combine_buckets
 
-__all__ = ["choose_algorithm", "combine_buckets", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
+__all__ = ["choose_algorithm", "IciPlan", "AUTO_MATERIALISE_MAX_CHIPS"]
 
 #: ``auto`` only considers algorithms without a fast cost path up to this many chips
 #: (their schedules are built Transfer by Transfer).
@@ -87,23 +86,18 @@ class IciPlan:
     """The allreduce of a data axis that spans the whole pod, decided once.
 
     Attributes:
-        algorithm: the allreduce algorithm the pod runs (``pod.allreduce``,
-            or the fastest for this pod when ``auto``); kept for the whole
-            run, as a real pod does not recompile mid-run.
+        algorithm: the allreduce algorithm of such an axis (``pod.allreduce``, or
+            ``torus`` when ``auto``: what XLA runs); kept for the whole run, as a real
+            pod does not recompile mid-run. What each mesh axis runs is the cost
+            table's (``MeshCollectiveCosts.algorithm``).
         num_elements: float32 elements of the model's gradient buffer.
         link: a healthy directed link (bandwidth, latency).
-        costs: ((0, cost),): the whole model's allreduce with the links of step 0
-            (what ``describe`` and ``validate`` show); empty when no mesh axis
-            spans the pod (the mesh's collectives are costed per axis:
-            ``TrainingPlan.collective_costs``).
+        whole_pod: a data axis spans every device of a slice, so its allreduce runs
+            ``algorithm`` over the torus (False: the mesh's collectives run on their
+            groups).
     """
 
     algorithm: str
     num_elements: int
     link: LinkSpec
-    costs: tuple[tuple[int, ScheduleCost], ...] = ()
-
-    @property
-    def cost(self) -> ScheduleCost | None:
-        """The whole model's allreduce at step 0 (None when not costed)."""
-        return self.costs[0][1] if self.costs else None
+    whole_pod: bool = False

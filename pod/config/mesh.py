@@ -1,4 +1,4 @@
-"""A device mesh laid on the ICI torus, JAX style, and the HBM it leaves per device.
+"""A device mesh laid on the ICI torus, JAX style.
 
 A :class:`Mesh` is an immutable value, as ``jax.sharding.Mesh``: an n-d array
 of device ids plus axis names. The axes are ``data``, ``fsdp`` and ``tensor``,
@@ -65,15 +65,12 @@ import numpy as np
 from chip import ChipSpec
 from interconnect import Torus
 from pod.config.slices import Topology
-from pod.errors import HBMPlanError, ScenarioError
-from pod.programs.transformer import device_param_elements, param_layout
-from pod.workloads.transformer import TransformerModel
+from pod.errors import ScenarioError
 
 __all__ = ["AXIS_NAMES", "FOLDED_AXES", "SCENARIO_AXES", "fold_axes", "CORES_ARE_DEVICES",
            "AxisBlock", "MeshAxis", "Mesh", "parse_mesh_axes",
            "format_axes", "devices_per_chip", "device_hbm_bytes", "build_mesh", "layout_mesh",
-           "sharded_memory_plan", "mesh_memory_plan", "model_figures", "DeviceFigures",
-           "fsdp_buffer_bytes"]
+           "all_meshes"]
 
 #: Mesh axis names, outermost first (MaxText's ici_*_parallelism order: data, stage
 #: (pipeline), fsdp, expert, tensor).
@@ -108,15 +105,6 @@ SCENARIO_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "expert", "tensor")
 #: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
 #: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).
 CORES_ARE_DEVICES = ("v2", "v3")
-
-_GIB = 2**30
-#: Bytes of the MXU's copy of a weight per precision (fp32 runs on the float32 weights).
-_MXU_COPY_BYTES = {"bf16": 2, "int8": 1, "fp32": 0}
-#: Bytes per weight an FSDP all-gather moves and the gathered layer holds: bf16 (XLA
-#: converts the float32 master before gathering [SB]; int8 training gathers bf16 and
-#: quantises on chip), float32 in fp32 training.
-_GATHER_BYTES = {"bf16": 2, "int8": 2, "fp32": 4}
-_FLOAT32_BYTES = 4
 
 
 # ------------------------------------------------------------------ the scenario
@@ -507,7 +495,7 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
     return Mesh(names, shape, devices, torus, per_chip, tuple(mesh_axes))
 
 
-def _all_meshes(count: int) -> list[dict[str, int]]:
+def all_meshes(count: int) -> list[dict[str, int]]:
     """Every {data, fsdp, tensor} split of ``count`` devices (size-1 axes dropped, but data)."""
     out = []
     for tensor in range(1, count + 1):
@@ -518,9 +506,11 @@ def _all_meshes(count: int) -> list[dict[str, int]]:
     return out
 
 
-def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
-    """Two valid meshes nearest the one given: fewest sizes changed, then the smallest
-    sum of log-ratios of the sizes (an axis given as -1 may take any size)."""
+def _examples(given: Mapping[str, int], torus: Torus, per_chip: int,
+              accepts: Callable[[dict[str, int]], bool] | None = None) -> str:
+    """Two valid meshes nearest the one given that the model runs on (``accepts``): fewest
+    sizes changed, then the smallest sum of log-ratios of the sizes (an axis given as -1
+    may take any size)."""
     count = torus.num_chips * per_chip
     want = {name: given.get(name, 1) for name in AXIS_NAMES if given.get(name) != -1}
 
@@ -528,12 +518,14 @@ def _examples(given: Mapping[str, int], torus: Torus, per_chip: int) -> str:
         changed = sum(axes.get(n, 1) != size for n, size in want.items())
         return changed, sum(abs(math.log(axes.get(n, 1) / size)) for n, size in want.items())
 
-    near = sorted(_all_meshes(count), key=distance)  # every one of them can be laid out
+    meshes = [m for m in all_meshes(count) if accepts is None or accepts(m)]
+    near = sorted(meshes, key=distance)  # every one of them can be laid out
     return ", ".join(format_axes(m) for m in near[:2])
 
 
 def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
-               dcn: Mapping[str, int] | None = None) -> Mesh:
+               dcn: Mapping[str, int] | None = None, *,
+               accepts: Callable[[dict[str, int]], bool] | None = None) -> Mesh:
     """The mesh a scenario's ``pod.mesh`` (and ``pod.dcn_mesh``) asks for, on its pod.
 
     Args:
@@ -544,6 +536,9 @@ def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
         dcn: ``pod.dcn_mesh``: each axis's factor across slices (MaxText's
             ``dcn_*_parallelism``; the sizes multiply to ``pod.slices``); None:
             ``{data: pod.slices}``.
+        accepts: whether the model's program runs on a mesh of these sizes: the meshes
+            the error suggests are such (never ``{data: 1, fsdp: 8}`` for a CNN, or
+            ``{tensor: 8}`` for 4 heads, which the plan would refuse next); None: any.
 
     Returns:
         The mesh; its device count is ``pod.chips * devices_per_chip(pod.chip)``,
@@ -565,7 +560,7 @@ def build_mesh(axes: Mapping[str, int] | None, pod: Topology,
     if (rest and count % given) or (not rest and given != count):
         what = (f"the other axes take {given} devices, which does not divide the {count}"
                 if rest else f"has {given} devices but")
-        examples = _examples(axes, pod.torus, per_chip)
+        examples = _examples(axes, pod.torus, per_chip, accepts)
         tail = f"; sizes must multiply to {count} (e.g. {examples})"
         if rest:
             raise ScenarioError(f"pod.mesh: {format_axes(axes)}: {what} devices of {where}"
@@ -625,294 +620,3 @@ def multislice_mesh(one: Mesh, dcn: Mapping[str, int], slices: int) -> Mesh:
                                         closed=base.closed or o > 1))
     return Mesh(names, shape, devices, one.torus, one.devices_per_chip, tuple(axes),
                 slices=slices, slice_mesh=one)
-
-
-# ------------------------------------------------------------------ memory
-
-
-def _gib(nbytes: float) -> str:
-    """Bytes as "9.1 GiB" (one decimal, ".0" dropped), or "30.5 MiB" below 1 GiB."""
-    value, unit = (nbytes / _GIB, "GiB") if nbytes >= _GIB else (nbytes / 2**20, "MiB")
-    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
-
-
-@dataclass(frozen=True)
-class DeviceFigures:
-    """What one device of a mesh holds for a model, from the model's own layout.
-
-    Attributes:
-        params: parameters the device keeps (its fsdp chunks of its tensor
-            slices, replicated arrays whole, padding included).
-        largest_layer: parameters of the largest layer on the device after its
-            fsdp all-gather (still split by tensor).
-        activations: bytes kept in HBM from forward for backward.
-        transient: bytes of the largest working set of one layer in backward.
-        weight_bytes: bytes of one stored parameter, of its gradient and of its
-            optimizer state per slot: 4 (float32 masters), 2 under the transformer's
-            ``weight_dtype: bfloat16`` (``pod.workloads.weights``).
-    """
-
-    params: int
-    largest_layer: int
-    activations: int
-    transient: int = 0
-    weight_bytes: int = _FLOAT32_BYTES
-
-
-#: (fsdp, tensor, per-device batch) -> the device's figures, None for a layout the
-#: model cannot take
-FiguresFn = Callable[[int, int, int], "DeviceFigures | None"]
-
-
-def fsdp_buffer_bytes(layer_params: int, fsdp: int, precision: str,
-                      weight_bytes: int = _FLOAT32_BYTES) -> int:
-    """The FSDP buffers of one device, bytes: two layers' weights as the MXU reads
-    them (the one computing and the next, prefetched: XLA's async all-gathers
-    run a layer ahead), and with fsdp > 1 two layers' whole gradients in the
-    parameters' dtype (``weight_bytes``: float32, or bf16 under ``weight_dtype:
-    bfloat16``; one being reduce-scattered while the next is computed).
-    ``layer_params``: the largest layer's parameters on the device (a bound for
-    both layers).
-
-    Weights: gathered in bf16 (2 bytes; XLA converts before the all-gather, [SB];
-    a bf16-stored parameter is bf16 already) or float32 for fp32 training of float32
-    masters; without fsdp, the MXU's copy of the local weights (bf16 2, int8 1, none
-    for fp32, which reads the float32 master; none for bf16 weights in bf16).
-    """
-    if fsdp > 1:
-        gathered = min(_GATHER_BYTES.get(precision, 2), weight_bytes)
-        return 2 * layer_params * (gathered + weight_bytes)
-    if weight_bytes <= _MXU_COPY_BYTES.get(precision, 0):
-        return 0  # the MXU reads the stored bf16 weights themselves
-    return 2 * layer_params * _MXU_COPY_BYTES.get(precision, 0)
-
-
-def _sharded_items(params: int, optimizer_bytes_per_param: float, fsdp: int, tensor: int,
-                   precision: str, figures: DeviceFigures | None,
-                   activation_bytes_per_example: int = 0, per_device_batch: int = 0,
-                   largest_layer: int = 0) -> dict[str, int]:
-    if figures is None:  # closed forms: everything split evenly
-        figures = DeviceFigures(math.ceil(params / (fsdp * tensor)),
-                                math.ceil(largest_layer / tensor),
-                                math.ceil(per_device_batch * activation_bytes_per_example / tensor))
-    local, weight = figures.params, figures.weight_bytes
-    items = {
-        "params": weight * local,
-        "grads": weight * local,
-        "optimizer_state": math.ceil(optimizer_bytes_per_param * local),
-        "activations": figures.activations,
-        "workspace": (fsdp_buffer_bytes(figures.largest_layer, fsdp, precision, weight)
-                      + figures.transient),
-    }
-    return {**items, "total": sum(items.values())}
-
-
-def _search(items_of: Callable[[int, int, int], dict | None], mesh: Mesh, per_device_batch: int,
-            capacity_bytes: int) -> tuple[tuple[dict[str, int], int] | None, bool]:
-    """(the mesh of the same devices with more fsdp / tensor sharding that fits, the
-    least sharded first (then the least tensor, then the smallest total), and its
-    bytes; None when none fits), and whether any other layout could be considered
-    (False for a model with no other layout: more sharding is then no advice)."""
-    fsdp, tensor, expert = (mesh.axis_size(a) for a in ("fsdp", "tensor", "expert"))
-    global_batch = per_device_batch * mesh.batch_shards
-    found, considered = None, False
-    for axes in _all_meshes(mesh.size // expert):  # the expert axis kept as it is
-        f, t = axes.get("fsdp", 1), axes.get("tensor", 1)
-        shards = axes["data"] * f * expert
-        if f < fsdp or t < tensor or f * t == fsdp * tensor or global_batch % shards:
-            continue
-        if expert > 1:  # in mesh order
-            axes = {k: {**axes, "expert": expert}[k] for k in AXIS_NAMES
-                    if k in axes or k == "expert"}
-        plan = items_of(f, t, global_batch // shards)
-        if plan is None:
-            continue  # a layout the model cannot take is never suggested
-        considered = True
-        key = (f * t, t, plan["total"])
-        if plan["total"] <= capacity_bytes and (found is None or key < found[0]):
-            found = (key, axes, plan["total"])
-    return (None if found is None else (found[1], found[2])), considered
-
-
-def sharded_memory_plan(model_param_count: int, optimizer_state_bytes_per_param: float,
-                        activation_bytes_per_example: int, per_device_batch: int, mesh: Mesh,
-                        capacity_bytes: int, precision: str = "bf16",
-                        largest_layer_param_count: int | None = None,
-                        device_param_count: Callable[[int, int], int | None] | None = None, *,
-                        figures: FiguresFn | None = None,
-                        alternatives: tuple[tuple[str, FiguresFn], ...] = ()) -> dict[str, int]:
-    """One device's HBM under a data / fsdp / tensor mesh (ZeRO-3 plus tensor sharding) [SB].
-
-    With ``p`` the parameters the device keeps (``figures``' exact count; else
-    ``device_param_count(fsdp, tensor)``; else ``ceil(P / (fsdp tensor))``):
-    params, grads ``4 p`` bytes each (float32 master weights and gradient
-    shards); optimizer_state ``ceil(optimizer_state_bytes_per_param * p)``;
-    activations, what forward keeps in HBM for backward (``figures``: the
-    model's count, remat and offload included; else ``ceil(per_device_batch *
-    activation_bytes_per_example / tensor)``); workspace, the FSDP buffers
-    (``fsdp_buffer_bytes``) plus the largest working set of one layer in
-    backward (``figures``' transient: a block's recomputed activations, or
-    the logits and their gradient).
-
-    Args:
-        model_param_count: P, trainable parameters.
-        optimizer_state_bytes_per_param: e.g. 8.0 for Adam (two float32 slots).
-        activation_bytes_per_example: bytes kept per example (closed form only).
-        per_device_batch: examples per device per step (global batch / (data x fsdp)).
-        mesh, capacity_bytes: the mesh; HBM of one device (:func:`device_hbm_bytes`).
-        precision: MXU precision, bf16 | fp32 | int8.
-        largest_layer_param_count: L for the closed form (split by tensor); None: P.
-        device_param_count: (fsdp, tensor) -> the parameters one device keeps, or
-            None for a layout the model cannot take (closed form only).
-        figures: (fsdp, tensor, per-device batch) -> :class:`DeviceFigures` from
-            the model's own layout (``mesh_memory_plan``), or None for a layout
-            it cannot take; replaces the closed forms.
-        alternatives: (label, figures) of other versions of the model to name in
-            a refusal when one fits this mesh (``"remat full"``).
-    Returns:
-        Bytes per item (params, grads, optimizer_state, activations, workspace), total.
-
-    Raises:
-        HBMPlanError: the total exceeds ``capacity_bytes``; one line naming the mesh, its
-            need per device and what would fit: another version of the model on this mesh,
-            e.g. ``remat full fits (12.1 GiB per device)``, and the mesh of the same devices
-            with more fsdp / tensor sharding that fits, e.g. ``{data: 16} needs 19.5 GiB per
-            device and does not fit 16 GiB; {data: 2, fsdp: 8} fits (9.1 GiB per device)``.
-            It carries the plan as ``memory_plan``.
-    """
-    largest = model_param_count if largest_layer_param_count is None else largest_layer_param_count
-    args = (model_param_count, optimizer_state_bytes_per_param)
-    fsdp, tensor = mesh.axis_size("fsdp"), mesh.axis_size("tensor")
-
-    def items_of(fn: FiguresFn | None, f: int, t: int, batch: int) -> dict[str, int] | None:
-        if fn is not None:
-            got = fn(f, t, batch)
-            return None if got is None else _sharded_items(*args, f, t, precision, got)
-        exact = device_param_count(f, t) if device_param_count is not None else None
-        if exact is None and device_param_count is not None and (f, t) != (fsdp, tensor):
-            return None
-        closed = None if exact is None else DeviceFigures(
-            exact, math.ceil(largest / t), math.ceil(batch * activation_bytes_per_example / t))
-        return _sharded_items(*args, f, t, precision, closed, activation_bytes_per_example, batch,
-                              largest)
-
-    # the mesh asked for is planned even where the model cannot split (describe and
-    # timing-only sweeps plan any mesh): the closed form then
-    items = (items_of(figures, fsdp, tensor, per_device_batch)
-             or items_of(None, fsdp, tensor, per_device_batch))
-    assert items is not None  # the closed form plans the mesh's own (fsdp, tensor)
-    if items["total"] <= capacity_bytes:
-        return items
-    hints = [f"{label} fits ({_gib(other['total'])} per device)" for label, other in
-             ((label, items_of(fn, fsdp, tensor, per_device_batch)) for label, fn in alternatives)
-             if other is not None and other["total"] <= capacity_bytes][:1]
-    found, considered = _search(lambda f, t, b: items_of(figures, f, t, b), mesh,
-                                per_device_batch, capacity_bytes)
-    if found:
-        hints.append(f"{format_axes(found[0])} fits ({_gib(found[1])} per device)")
-    elif considered and not hints:
-        hints.append(f"no mesh of {mesh.size} devices fits; use a smaller model or batch, or "
-                     "more devices")
-    raise _refusal(mesh, items, capacity_bytes, hints)
-
-
-def _refusal(mesh: Mesh, items: dict[str, int], capacity_bytes: int, hints: list[str]
-             ) -> HBMPlanError:
-    """The one-line error of a plan that does not fit, with what would (``hints``)."""
-    return HBMPlanError(
-        f"{format_axes(mesh.sizes)} needs {_gib(items['total'])} per device (params "
-        f"{_gib(items['params'])}, grads {_gib(items['grads'])}, optimizer state "
-        f"{_gib(items['optimizer_state'])}, activations {_gib(items['activations'])}, workspace "
-        f"{_gib(items['workspace'])}) and does not fit {_gib(capacity_bytes)}"
-        + "".join(f"; {h}" for h in hints),
-        tag="total", requested_bytes=items["total"], free_bytes=capacity_bytes,
-        capacity_bytes=capacity_bytes, memory_plan=items)
-
-
-def model_figures(model, precision: str = "bf16", expert: int = 1) -> FiguresFn:
-    """:data:`FiguresFn` of a ``pod.workloads.Model``: its parameters per device (the
-    transformer's program layout, ``device_param_elements``, E / ``expert`` of each
-    MoE block's experts; else ceil(P / S)), its largest layer (``largest_layer_params``;
-    an MoE block with its device's experts on an expert axis) and its activations
-    (``activation_memory``: remat, offload, flash attention and the activation
-    dtype of ``precision`` included)."""
-    moe = isinstance(model, TransformerModel) and bool(model.config.experts) and expert > 1
-
-    def figures(fsdp: int, tensor: int, batch: int) -> DeviceFigures | None:
-        memory = model.activation_memory(batch, precision=precision, tensor=tensor)
-        if memory is None:
-            return None
-        largest = model.largest_layer_params(tensor)
-        if isinstance(model, TransformerModel):  # the program's own layout, not ceil(P / S)
-            try:
-                params = device_param_elements(model, fsdp, tensor, expert)
-                if moe:
-                    largest = _largest_expert_local_layer(model, expert)
-            except ValueError:  # tensor does not divide the heads / mlp_dim, expert the experts
-                return None
-        else:
-            params = math.ceil(int(model.num_params) / (fsdp * tensor))
-        return DeviceFigures(params, largest, memory.device_bytes, memory.transient_bytes,
-                             model.storage_dtype.itemsize)
-    return figures
-
-
-def mesh_memory_plan(model, optimizer_state_bytes: int, global_batch: int, mesh: Mesh,
-                     capacity_bytes: int, precision: str = "bf16", *,
-                     shardable: bool = True) -> dict[str, int]:
-    """:func:`sharded_memory_plan` for any model of ``pod.workloads`` on any mesh
-    (``build_plan`` uses it), from the model's own figures (:func:`model_figures`);
-    a refusal names a remat policy that fits this mesh (the transformer's
-    ``remat_variants``, least recomputation first) and a mesh that fits.
-
-    Args:
-        model: a ``pod.workloads.Model``.
-        optimizer_state_bytes: the optimizer's state for the whole model, bytes.
-        global_batch: examples per step over the pod (split over data x fsdp).
-        mesh: the mesh.
-        capacity_bytes: HBM of one device.
-        precision: the training precision (MXU and activation dtype).
-        shardable: the model's program can shard it over fsdp / tensor (the
-            transformer); False: a replicated model, for which no other mesh is
-            suggested.
-
-    Raises:
-        HBMPlanError: as :func:`sharded_memory_plan`, the message starting
-            ``pod.mesh: ``.
-    """
-    params = int(model.num_params)
-    batch_shards = mesh.batch_shards
-    # the transformer's other remat policies (other models have none)
-    variants: dict[str, TransformerModel] = getattr(model, "remat_variants", dict)()
-    ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
-    expert = mesh.axis_size("expert")
-    alternatives = tuple((f"remat {policy}", model_figures(m, precision, expert))
-                         for policy, m in ranked)
-    figures = model_figures(model, precision, expert)
-    if not shardable:  # a replicated model: planned on its own mesh, no other mesh suggested
-        own = (mesh.axis_size("fsdp"), mesh.axis_size("tensor"))
-
-        def figures(fsdp: int, tensor: int, batch: int, _all=figures) -> DeviceFigures | None:
-            return _all(fsdp, tensor, batch) if (fsdp, tensor) == own else None
-    try:
-        return sharded_memory_plan(params, optimizer_state_bytes / max(params, 1), 0,
-                                   global_batch // batch_shards, mesh, capacity_bytes, precision,
-                                   figures=figures, alternatives=alternatives)
-    except HBMPlanError as err:
-        raise HBMPlanError(f"pod.mesh: {err}", tag=err.tag, requested_bytes=err.requested_bytes,
-                           free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
-                           memory_plan=err.memory_plan) from None
-
-
-def _largest_expert_local_layer(model: TransformerModel, expert: int) -> int:
-    """Parameters of the largest layer as an fsdp gather assembles it on a device of an
-    ``expert`` axis: each MoE block with its E / expert experts (``param_layout``); the
-    memory plan's workspace (a whole block's E experts would overstate it expert-fold).
-
-    Raises:
-        ValueError: the mesh cannot split the experts (``check_expert_split``).
-    """
-    per_layer: dict[str, int] = {}
-    for p in param_layout(model, {"expert": expert}):
-        per_layer[p.layer] = per_layer.get(p.layer, 0) + int(np.prod(p.local_shape))
-    return max(per_layer.values())

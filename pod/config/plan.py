@@ -11,6 +11,8 @@ HBM, and what every collective of a mesh axis costs at every step.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,18 +21,22 @@ import numpy as np
 from chip import check_precision
 from interconnect import calibrated_link
 from pod.config.faults import FaultPlan
-from pod.config.ici import IciPlan, choose_algorithm
+from pod.config.fit import MemoryOf, fit_memory, split_evenly
+from pod.config.ici import IciPlan
 from pod.config.links import check_links, link_faults
-from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes, mesh_memory_plan
-from pod.config.pipeline import check_pipeline_plan, pipeline_memory_plan
+from pod.config.mesh import Mesh, build_mesh, device_hbm_bytes, format_axes
+from pod.config.pipeline import check_pipeline_plan, pipeline_microbatches
 from pod.config.scenario import ModelConfig, Scenario, TrainingConfig
 from pod.config.sharding import SHARDED_MODELS, MeshCollectiveCosts, on_chip_bandwidth
 from pod.config.slices import Topology, resolve_pod
 from pod.errors import HBMPlanError, ScenarioError, ShardingError
+from pod.memory import DeviceMemory
+from pod.program_factory import ProgramFactory, training_program
 from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dataset
 from pod.workloads.checks import DataMismatchError, TokenIdError
 from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
 from pod.workloads.quantization import check_quantization
+from pod.workloads.transformer import check_expert_split, check_tensor_split
 
 __all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep",
            "training_sections"]
@@ -51,12 +57,11 @@ class TrainingPlan:
         steps: optimizer steps to run.
         steps_per_epoch: full global batches in one pass over the train split.
         memory: one device's HBM plan in bytes: params, grads, optimizer_state,
-            activations, workspace, and their total
-            (``pod.config.mesh.mesh_memory_plan``).
+            activations, workspace, and their total (``device_memory.items()``).
         ici: the allreduce algorithm of a data axis that spans the whole pod
-            (``pod.allreduce``, or the fastest when ``auto``) and the cost of the
-            whole model's allreduce with it (empty ``costs`` when no axis spans
-            the pod).
+            (``pod.allreduce``, or ``torus`` when ``auto``) and whether one does
+            (``IciPlan.whole_pod``); what each mesh axis runs is
+            ``collective_costs.algorithms()``.
         faults: the scenario's faults checked against the pod.
         mesh: the device mesh (``pod.mesh``; default ``{data: every device}``).
         collective_costs: the cost of a collective over every group of a mesh
@@ -68,6 +73,10 @@ class TrainingPlan:
         bucket_elements: the replicated program's gradient buckets hold at most
             this many elements (``training.overlap_bucket_bytes`` / 4); None
             without overlap (one allreduce after the backward pass).
+        device_memory: one device's memory as the plan's program reports it
+            (``DeviceProgram.memory``, fitted by ``pod.config.fit``): the items with
+            the workspace's parts, the host's offloaded activations and the FSDP
+            prefetch depth that fits (``prefetch_layers``, read by the clock).
     """
 
     scenario: Scenario
@@ -84,6 +93,7 @@ class TrainingPlan:
     collective_costs: MeshCollectiveCosts
     collective_costs_by_step: tuple[tuple[int, MeshCollectiveCosts], ...] = ()
     bucket_elements: int | None = None
+    device_memory: DeviceMemory | None = None
 
     def collective_costs_at(self, step: int) -> MeshCollectiveCosts:
         """The mesh's collective costs with the link faults in force at zero-based
@@ -106,6 +116,26 @@ class TrainingPlan:
         """Number of trainable parameters of the model."""
         return int(self.model.num_params)
 
+    def check_runnable(self) -> None:
+        """Check that the model's device program runs on the plan's mesh (a plan built
+        with ``sharded_ok`` is not checked: ``describe`` plans any model on any mesh).
+
+        Raises:
+            ScenarioError: one line naming ``pod.mesh``.
+        """
+        _check_runnable_mesh(self.scenario, self.mesh, self.model)
+
+    def __repr__(self) -> str:
+        """One line (a notebook cell's value): what runs where, the batch and HBM."""
+        hbm = self.memory.get("total", 0)
+        memory = f"{hbm / 2**30:.2f} GiB" if hbm >= 2**30 else f"{hbm / 2**20:.2f} MiB"
+        return (f"<TrainingPlan {self.scenario.name}: {self.topology.name} "
+                f"({self.topology.chips:,} chips), {self.model.name} "
+                f"({self.num_params:,} parameters) on {self.dataset.name}, mesh "
+                f"{format_axes(self.mesh.sizes)}, global batch {self.global_batch:,} = "
+                f"{self.per_device_batch:,} per device, {self.steps:,} steps, HBM {memory} "
+                "per device>")
+
 
 def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
     """A training scenario's model and training sections (``Scenario`` holds both or
@@ -120,18 +150,20 @@ def training_sections(scenario: Scenario) -> tuple[ModelConfig, TrainingConfig]:
     return scenario.model, scenario.training
 
 
-def _shape_only(model: Model) -> dict[str, np.ndarray]:
-    """Zero-copy stand-ins with the parameters' shapes and storage dtype (no memory for
-    big models)."""
+def _check_param_shapes(model: Model) -> None:
+    """Every parameter's shape is one numpy can index (a zero-copy stand-in of it, in the
+    model's storage dtype).
+
+    Raises:
+        ScenarioError: a dimension past what numpy can index (no HBM holds it either).
+    """
     zero = np.zeros((), dtype=model.storage_dtype)
-    out = {}
     for key, shape in model.param_shapes.items():
         try:
-            out[key] = np.broadcast_to(zero, shape)
-        except ValueError:  # a dimension past what numpy can index: no HBM holds it either
+            np.broadcast_to(zero, shape)
+        except ValueError:
             raise ScenarioError(f"model.options: parameter {key} of shape {tuple(shape)!r:.80} is "
                                 "too large for any chip's HBM; use smaller sizes") from None
-    return out
 
 
 def _data_field(message: str, path: str | None) -> str:
@@ -145,10 +177,13 @@ def _data_field(message: str, path: str | None) -> str:
     return "data"
 
 
-def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, optimizer,
-                 per_device: int) -> dict[str, int]:
-    """The HBM check of ``build_plan``: one device's plan on its mesh
-    (``pod.config.mesh.mesh_memory_plan``), the same for every mesh.
+def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, optimizer: Any,
+                 per_device: int, program: Any, programs: ProgramFactory) -> DeviceMemory:
+    """The HBM check of ``build_plan``: one device's memory as the model's program reports
+    it (``DeviceProgram.memory``), fitted to the device's HBM by ``pod.config.fit`` (the
+    deepest FSDP prefetch that fits; else a refusal naming a remat policy and a mesh that
+    fit). ``program`` is the plan's program, or None where it cannot run on ``mesh``
+    (``describe`` plans any mesh): the program on ``{data: N}`` split evenly then.
 
     Raises:
         HBMPlanError: one line naming the field to change: ``pod.mesh`` where a
@@ -156,16 +191,36 @@ def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, op
             or the model.
     """
     section, training = training_sections(scenario)
-    if mesh.axis_size("stage") > 1 and section.name in SHARDED_MODELS:
-        return pipeline_memory_plan(model, optimizer, training, mesh, device_hbm_bytes(pod.chip),
-                                    precision=training.precision)
+    capacity = device_hbm_bytes(pod.chip)
+
+    def memory_of(version: Model) -> MemoryOf:
+        def of(sizes, batch, prefetch):
+            if version is model and dict(sizes) == mesh.sizes and program is not None:
+                kw = {} if prefetch is None else {"prefetch_layers": prefetch}
+                return program.memory(batch, training.precision, **kw)
+            return _program_memory(programs, version, sizes, optimizer, training, batch,
+                                   prefetch)
+        return of
+
+    if program is None:  # the closed form of a mesh the program cannot run
+        whole = programs(model, {"data": mesh.size}, optimizer, training)
+        return split_evenly(whole.memory(per_device, training.precision),
+                            mesh.axis_size("fsdp"), mesh.axis_size("tensor"))
+    sharded = section.name in SHARDED_MODELS
+    if mesh.axis_size("stage") > 1:
+        micro = pipeline_microbatches(training, mesh)
+        return fit_memory(memory_of(model), mesh, per_device, capacity, search=False,
+                          subject=f"{format_axes(mesh.sizes)} with {micro} microbatches "
+                                  f"({training.pipeline_schedule})",
+                          advice="use more stages, fsdp or tensor, 1f1b with more "
+                                 "microbatches, or remat")
+    variants: dict[str, Any] = getattr(model, "remat_variants", dict)()  # the transformer's
+    ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
     try:
-        return mesh_memory_plan(model, optimizer.state_bytes(_shape_only(model)),
-                                training.global_batch, mesh, device_hbm_bytes(pod.chip),
-                                precision=training.precision,
-                                shardable=section.name in SHARDED_MODELS)
+        return fit_memory(memory_of(model), mesh, per_device, capacity, search=sharded,
+                          alternatives=[(f"remat {p}", memory_of(m)) for p, m in ranked])
     except HBMPlanError as err:
-        if section.name in SHARDED_MODELS:
+        if sharded:
             raise  # its one line names pod.mesh and a mesh that fits
         activations = err.memory_plan.get("activations", 0) if err.memory_plan else 0
         batch = activations * 2 > err.requested_bytes
@@ -179,6 +234,40 @@ def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, op
             tag=err.tag, requested_bytes=err.requested_bytes,
             free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
             memory_plan=err.memory_plan) from None
+
+
+#: (factory, model config, mesh, training and optimizer options, batch, prefetch) -> the
+#: program's memory: a refusal asks it of every mesh of its devices and every remat
+#: policy, and a plan search (``tpu-pod plan``) asks again for every point
+_MEMORY: OrderedDict[tuple, DeviceMemory | None] = OrderedDict()
+_MEMORY_ENTRIES = 4096
+
+
+def _program_memory(programs: ProgramFactory, model: Model, sizes: Mapping[str, int],
+                    optimizer: Any, training: TrainingConfig, batch: int,
+                    prefetch: int | None) -> DeviceMemory | None:
+    """``programs(model, sizes, ...).memory(batch, ...)``, or None for a layout the
+    model's program cannot run; kept per key for a model whose config is a value (the
+    transformer's: programs of equal configs hold the same bytes)."""
+    config = getattr(model, "config", None)
+    key = None
+    if config is not None:
+        key = (programs, config, tuple(sorted(sizes.items())), training.model_dump_json(),
+               batch, prefetch)
+        if key in _MEMORY:
+            _MEMORY.move_to_end(key)
+            return _MEMORY[key]
+    try:
+        built = programs(model, sizes, optimizer, training)
+        kw = {} if prefetch is None else {"prefetch_layers": prefetch}
+        memory: DeviceMemory | None = built.memory(batch, training.precision, **kw)
+    except ValueError:  # a layout this version's program cannot run
+        memory = None
+    if key is not None:
+        _MEMORY[key] = memory
+        if len(_MEMORY) > _MEMORY_ENTRIES:
+            _MEMORY.popitem(last=False)
+    return memory
 
 
 def _training_data(scenario: Scenario, mesh: Mesh, per_device: int, dataset: Dataset | None,
@@ -318,30 +407,82 @@ def _check_quantization(scenario: Scenario, pod: Topology) -> None:
         raise ScenarioError(f"model.options.{err}") from None
 
 
-def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
-    """The model's device program can run on the mesh (``pod.programs.build_program``):
-    a model other than the transformer is replicated (``{data: N}`` only), and a
-    tensor size must split the transformer's heads and MLP.
+def _plan_program(scenario: Scenario, mesh: Mesh, model: Model, optimizer: Any,
+                  programs: ProgramFactory, sharded_ok: bool) -> Any:
+    """The model's device program on the mesh (``programs``: ``pod.program_factory``'s
+    unless ``build_plan`` was given another): a model other than the transformer is
+    replicated (``{data: N}`` only), and the transformer's program refuses a tensor size
+    that does not split its heads and MLP, or experts the expert axis cannot split.
+
+    Returns:
+        The program, or None where it cannot run on the mesh and ``sharded_ok``
+        (``describe`` plans any model on any mesh).
 
     Raises:
         ScenarioError: one line naming ``pod.mesh``.
     """
-    axes = format_axes(mesh.sizes)
-    sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if mesh.axis_size(a) > 1]
+    try:
+        _check_runnable_sizes(scenario, mesh.sizes, model)
+        return programs(model, mesh.sizes, optimizer, training_sections(scenario)[1])
+    except ValueError as err:
+        if sharded_ok:
+            return None
+        raise ScenarioError(f"pod.mesh: {format_axes(mesh.sizes)}: {err}") from None
+    except ScenarioError:
+        if sharded_ok:
+            return None
+        raise
+
+
+def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:
+    """The model's device program can run on the mesh: a model other than the
+    transformer is replicated (``{data: N}`` only), and a tensor size must split the
+    transformer's heads and MLP, an expert size its experts.
+
+    Raises:
+        ScenarioError: one line naming ``pod.mesh``.
+    """
+    _check_runnable_sizes(scenario, mesh.sizes, model)
+
+
+def _check_runnable_sizes(scenario: Scenario, sizes: dict[str, int], model: Model | None
+                          ) -> None:
+    """``_check_runnable_mesh`` of a mesh of these sizes (its axes' lengths)."""
+    axes = format_axes(sizes)
+    sharded = [a for a in ("stage", "fsdp", "expert", "tensor") if sizes.get(a, 1) > 1]
     name = training_sections(scenario)[0].name
     if sharded and name not in SHARDED_MODELS:
         raise ScenarioError(f"pod.mesh: {axes} shards over {' and '.join(sharded)}, which only the "
                             f"{', '.join(SHARDED_MODELS)} model does; {name} trains "
-                            f"data-parallel: use {{data: {mesh.size}}} or leave pod.mesh out")
+                            f"data-parallel: use {{data: {math.prod(sizes.values())}}} or leave "
+                            "pod.mesh out")
     config = getattr(model, "config", None)
     if config is None or name not in SHARDED_MODELS:
         return
     try:
-        from pod.programs.transformer import check_expert_split, check_tensor_split
-        check_tensor_split(config, mesh.axis_size("tensor"))
-        check_expert_split(config, mesh.sizes)
+        check_tensor_split(config, sizes.get("tensor", 1))
+        check_expert_split(config, sizes)
     except ValueError as err:
         raise ScenarioError(f"pod.mesh: {axes}: {err}") from None
+
+
+def _mesh_accepts(scenario: Scenario) -> Callable[[dict[str, int]], bool]:
+    """Whether the scenario's model runs on a mesh of these sizes, as far as its options
+    say (``_check_runnable_sizes``; the meshes a mesh error suggests are such)."""
+    section = training_sections(scenario)[0]
+    try:  # the options' shapes on a stand-in sequence (only heads, MLP, experts matter)
+        model = build_model(section.name, (8,), 16, **section.options)
+    except (TypeError, ValueError):
+        model = None  # bad options: their own error comes later
+
+    def accepts(sizes: dict[str, int]) -> bool:
+        try:
+            _check_runnable_sizes(scenario, sizes, model)
+        except ScenarioError:
+            return False
+        return True
+
+    return accepts
 
 
 def _check_sequence_parallel(scenario: Scenario, mesh: Mesh, model: Model) -> None:
@@ -400,9 +541,30 @@ def is_timing_sweep(scenario: Scenario) -> bool:
     return scenario.sweep is not None and scenario.sweep.mode == "timing"
 
 
+def _planned_steps(scenario: Scenario, steps_per_epoch: int) -> int:
+    """The run's steps (``training.steps``, or its epochs times ``steps_per_epoch``),
+    every fault within them.
+
+    Raises:
+        ScenarioError: a fault after the last step, naming it.
+    """
+    training = training_sections(scenario)[1]
+    if training.steps is not None:
+        steps = training.steps
+    else:
+        assert training.epochs is not None  # TrainingConfig holds steps or epochs
+        steps = training.epochs * steps_per_epoch
+    for index, fault in enumerate(scenario.faults):
+        if fault.step > steps:
+            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
+                                f"({steps}); the fault would never happen")
+    return int(steps)
+
+
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False, sharded_ok: bool = False,
-               model: Model | None = None) -> TrainingPlan:
+               model: Model | None = None,
+               programs: ProgramFactory | None = None) -> TrainingPlan:
     """Resolve and check a scenario.
 
     Args:
@@ -416,6 +578,9 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
             stands for the whole batch.
         sharded_ok: plan a ``pod.mesh`` without checking that the model's program
             runs on it (``describe`` plans any model on any mesh).
+        programs: builds the model's device program, whose memory the plan fits
+            (``pod.program_factory.training_program`` unless given; config never
+            imports a program).
 
     Returns:
         The plan.
@@ -429,7 +594,8 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     pod = resolve_pod(slice_name=cfg.slice, chip=cfg.chip, chips=cfg.chips,
                       topology=cfg.topology, wraparound=cfg.wraparound, slices=cfg.slices)
     check_links(cfg.links, pod.torus)
-    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh)
+    mesh = build_mesh(cfg.mesh, pod, cfg.dcn_mesh,
+                      accepts=None if sharded_ok else _mesh_accepts(scenario))
     if mesh.dcn_size("expert") > 1:
         raise ScenarioError(f"pod.dcn_mesh: expert {mesh.dcn_size('expert')} puts a mixture of "
                             "experts' all-to-alls across slices, which is not modelled; keep "
@@ -450,31 +616,26 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
         raise ScenarioError(f"training.optimizer: {err}") from None
     check_pipeline_plan(scenario, mesh, model)
     steps_per_epoch = max(1, n_train // training.global_batch)
-    if training.steps is not None:
-        steps = training.steps
-    else:
-        assert training.epochs is not None  # TrainingConfig holds steps or epochs
-        steps = training.epochs * steps_per_epoch
-    for index, fault in enumerate(scenario.faults):
-        if fault.step > steps:
-            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
-                                f"({steps}); the fault would never happen")
-    if not sharded_ok:  # before the HBM plan: a mesh the model cannot run is the first fix
-        _check_runnable_mesh(scenario, mesh, model)
-    memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device)
+    steps = _planned_steps(scenario, steps_per_epoch)
+    _check_param_shapes(model)
     _check_sequence_parallel(scenario, mesh, model)
+    # before the HBM plan: a mesh the model cannot run is the first fix
+    programs = training_program if programs is None else programs
+    program = _plan_program(scenario, mesh, model, optimizer, programs, sharded_ok)
+    memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device, program, programs)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links,
                        slices=pod.slices)
-    ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce, faults)
+    ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce)
     by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field,
                                        faults.dcn_slowdown(step)))
                     for step, in_force, field in _link_faults_by_step(faults, pod.torus))
     return TrainingPlan(scenario=scenario, topology=pod, dataset=dataset, model=model,
                         per_device_batch=per_device, steps=int(steps),
-                        steps_per_epoch=steps_per_epoch, memory=memory, ici=ici, faults=faults,
-                        mesh=mesh, collective_costs=by_step[0][1], collective_costs_by_step=by_step,
+                        steps_per_epoch=steps_per_epoch, memory=memory.items(), ici=ici,
+                        faults=faults, mesh=mesh, collective_costs=by_step[0][1],
+                        collective_costs_by_step=by_step,
                         bucket_elements=(training.overlap_bucket_bytes // 4 if training.overlap
-                                         else None))
+                                         else None), device_memory=memory)
 
 
 def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links",
@@ -495,7 +656,7 @@ def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.l
                             "(its rerouted collectives have chip ranks only); use slowdown, a "
                             "v4 / v5e / v5p / v6e pod, or {data: N}")
     return MeshCollectiveCosts(mesh, ici.link, on_chip_bandwidth(chip), faults,
-                               torus_algorithm=ici.algorithm if ici.costs else None,
+                               torus_algorithm=ici.algorithm if ici.whole_pod else None,
                                dcn_bytes_per_s=chip.dcn_bytes_per_s / dcn_slowdown,
                                dcn_latency_s=chip.dcn_latency_s)
 
@@ -542,8 +703,7 @@ def batch_indices(num_examples: int, global_batch: int, step: int, seed: int) ->
     return order[index * global_batch:(index + 1) * global_batch]
 
 
-def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str,
-             faults: FaultPlan) -> IciPlan:
+def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str) -> IciPlan:
     """Decide the allreduce of a data axis that spans the whole pod.
 
     The algorithm is decided once: the given one, or with ``auto`` the one XLA
@@ -551,28 +711,18 @@ def plan_ici(pod: Topology, mesh: Mesh, num_elements: int, algorithm: str,
     ``interconnect.chains``; the calibration of VALIDATION.md reads the published
     collective rows with it, and the fastest of the textbook algorithms
     underestimates small slices without wraparound by up to 68%: C8 / C10). Every
-    step's collectives are then costed with it (``MeshCollectiveCosts``, link faults
-    in force). A mesh with fsdp or tensor
-    axes has no such axis: its ``IciPlan`` holds the link only (the algorithm
-    choice would take minutes at pod scale for nothing).
+    step's collectives are then costed with it where a data axis spans the slice
+    (``MeshCollectiveCosts``, link faults in force); nothing is costed here.
 
     Args:
         pod: chip preset and torus.
         mesh: the device mesh.
         num_elements: float32 elements of the gradient buffer (parameters).
         algorithm: ``pod.allreduce`` (a name or "auto").
-        faults: the checked fault plan.
-
-    Raises:
-        TopologyError: a failed link that nothing can route around.
     """
     link = calibrated_link(pod.chip.name, pod.chip.ici_link_bandwidth_bytes_per_s,
                            pod.chip.ici_latency_s)
     one = mesh.in_slice
-    if "data" not in one.axis_names or one.axis_size("data") != one.size or one.size == 1:
-        return IciPlan(algorithm="ring" if algorithm == "auto" else algorithm,
-                       num_elements=num_elements, link=link, costs=())
-    chosen, first = choose_algorithm("allreduce", pod.torus, num_elements, link,
-                                     algorithm="torus" if algorithm == "auto" else algorithm,
-                                     faults=link_faults(faults.base_links))
-    return IciPlan(algorithm=chosen, num_elements=num_elements, link=link, costs=((0, first),))
+    whole = "data" in one.axis_names and one.axis_size("data") == one.size and one.size > 1
+    return IciPlan(algorithm="torus" if algorithm == "auto" else algorithm,
+                   num_elements=num_elements, link=link, whole_pod=whole)

@@ -58,6 +58,7 @@ from typing import Any
 from pod.errors import ScenarioError
 
 __all__ = ["ParameterScale", "parameter_scale", "Preset", "PRESETS", "MAXTEXT_2023", "maxtext_2023",
+           "closest_preset",
            "preset_names", "get_preset", "is_preset_name", "expand_model", "preset_data",
            "candidate_slices", "describe_scenario", "synthetic_examples", "DESCRIBE_MAX_SEQUENCE",
            "DESCRIBE_LAYOUTS"]
@@ -264,10 +265,8 @@ def get_preset(name: Any, global_parameter_scale: Any = None) -> Preset:
         raise ScenarioError(f"global_parameter_scale: belongs to the maxtext-2023 preset, not "
                             f"{name!r}")
     if text not in PRESETS:
-        import difflib
-
-        close = difflib.get_close_matches(text, list(PRESETS), n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
+        close = closest_preset(text)
+        hint = f"did you mean {close}? " if close else ""
         raise ScenarioError(f"preset: unknown preset {name!r}; {hint}presets: "
                             f"{', '.join(preset_names())}")
     return PRESETS[text]
@@ -379,6 +378,15 @@ def describe_scenario(name: str, slice_name: str | None = None,
                          "optimizer": {"name": "adamw"},
                          "sequence_parallel": mesh.get("tensor", 1) > 1},
             "metrics": {"port": 0}, "sweep": {"mode": "timing", "steps": 2}}
+
+
+def closest_preset(text: str) -> str | None:
+    """The preset whose name is nearest ``text`` (``llama2_7b``: ``llama2-7b``), or None
+    when none is near (``difflib``'s 0.6 similarity)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(text).strip().lower(), list(PRESETS), n=1)
+    return close[0] if close else None
 
 
 def is_preset_name(text: str) -> bool:

@@ -430,9 +430,9 @@ class TrainingConfig(_Frozen):
     @field_validator("pipeline_schedule")
     @classmethod
     def _known_schedule(cls, value: str) -> str:
-        from pod.programs.pipeline_schedule import SCHEDULES
+        from pod.program_factory import PIPELINE_SCHEDULES
 
-        return _one_of(value, SCHEDULES)
+        return _one_of(value, PIPELINE_SCHEDULES)
 
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:
@@ -895,7 +895,9 @@ def parse_scenario(data: Any, *, source: str = "<scenario>") -> Scenario:
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
-        errors = err.errors()
+        # a missing key last: a typo (global_bach) leaves its key missing too, and the
+        # unknown key's line names both (as an override's does)
+        errors = sorted(err.errors(), key=lambda e: e["type"] == "missing")
         extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ScenarioError(f"{source}: {_describe_error(errors[0])}{extra}") from None
     _check_numbers(scenario, source)

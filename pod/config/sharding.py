@@ -44,7 +44,7 @@ from interconnect import (
 )
 from pod.config.mesh import AXIS_NAMES, Mesh, devices_per_chip
 
-__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts",
+__all__ = ["DeviceGroups", "device_groups", "device_chip_spec", "MeshCollectiveCosts", "AXIS_OPS",
            "SHARDED_MODELS", "on_chip_bandwidth"]
 
 #: Models the sharded device program runs (``pod.programs.transformer``).
@@ -132,6 +132,13 @@ def on_chip_bandwidth(spec: ChipSpec) -> float | None:
     core's HBM and writes the other's, each at its share; no published core-to-core
     figure, an assumption stated in VALIDATION.md); None with one device per chip."""
     return spec.core.hbm_bandwidth_bytes_per_s if devices_per_chip(spec) > 1 else None
+
+
+#: The collective a device program runs most over each mesh axis (the one whose algorithm
+#: ``MeshCollectiveCosts.algorithms`` reports): data and tensor allreduce, fsdp all-gather
+#: (and reduce-scatter, the same algorithm), expert all-to-all, stage ppermute.
+AXIS_OPS = {"data": "allreduce", "stage": "ppermute", "fsdp": "all_gather",
+            "expert": "all_to_all", "tensor": "allreduce"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -341,6 +348,39 @@ class MeshCollectiveCosts:
         dcn_op, buffer = self._dcn_part(axis, op, nbytes)
         return dcn_collective_bytes(dcn_op, self.mesh.dcn_size(axis), buffer)
 
+    def algorithm_of(self, axis: str, op: str = "allreduce") -> str:
+        """The algorithm :meth:`cost` runs ``op`` over ``axis`` with, by the name ``tpu-pod
+        collective`` gives it: the plan's ``torus_algorithm`` for an allreduce whose one
+        group is the whole slice; ``torus`` for XLA's group collective (every torus axis
+        of the group's block, both directions), ``ring`` for the ring one; ``direct``
+        for an all-to-all, ``ppermute`` for a ppermute; with ``+dcn`` where the axis
+        spans slices (``dcn`` alone when none of it is within a slice); "" for an axis
+        of size 1."""
+        if self.mesh.axis_size(axis) <= 1:
+            return ""
+        one = self.mesh.in_slice
+        inside = axis in one.axis_names and one.axis_size(axis) > 1
+        if not inside:
+            name = ""
+        elif op == "all_to_all":
+            name = "direct"
+        elif op == "ppermute":
+            name = "ppermute"
+        elif self._whole_torus(axis, op):
+            name = str(self.torus_algorithm)
+        else:
+            name = "torus" if self.algorithm == "xla" else "ring"
+        if self.mesh.dcn_size(axis) > 1:
+            return f"{name}+dcn" if name else "dcn"
+        return name
+
+    def algorithms(self) -> dict[str, str]:
+        """Per mesh axis of size > 1 (in mesh order), :meth:`algorithm_of` the collective
+        the programs run most over it (``AXIS_OPS``: data and tensor allreduce, fsdp
+        all-gather and reduce-scatter, expert all-to-all, stage ppermute)."""
+        return {a: self.algorithm_of(a, AXIS_OPS[a]) for a in self.mesh.axis_names
+                if self.mesh.axis_size(a) > 1}
+
     def _whole_torus(self, axis: str, op: str) -> bool:
         """An allreduce over an axis whose one group is every device of a slice."""
         one = self.mesh.in_slice
@@ -364,9 +404,29 @@ class MeshCollectiveCosts:
                                        phase_seconds=(local, *cost.phase_seconds))
         return cost
 
-    def seconds(self, axis: str, op: str, nbytes: int) -> float:
-        """Simulated seconds of :meth:`cost`."""
-        return self.cost(axis, op, nbytes).seconds
+    def seconds(self, axis: str, op: str, nbytes: int, *, windowed: bool = False) -> float:
+        """Simulated seconds of :meth:`cost`; with ``windowed``, of the collective run as
+        XLA's collective matmul runs it (:meth:`windowed_steps`): its bytes as
+        :meth:`cost`'s, plus the fixed cost of every collective-permute step beyond
+        the one the collective pays (``link.collective_fixed_s``)."""
+        seconds = self.cost(axis, op, nbytes).seconds
+        if windowed:
+            steps = self.windowed_steps(axis, op)
+            seconds += max(0, steps - 1) * self.link.collective_fixed_s
+        return seconds
+
+    def windowed_steps(self, axis: str, op: str) -> int:
+        """Collective-permute steps of ``op`` over ``axis`` decomposed into a collective
+        matmul (XLA's windowed einsum, the bidirectional form): the N - 1 chunks of an
+        all-gather or reduce-scatter over N devices go round the group's ring both ways
+        at once, ``ceil((N - 1) / 2)`` steps, each with its matmul chunk; an allreduce
+        is a reduce-scatter (with the matmul that produces it) then an all-gather (with
+        the one that consumes it), twice that. Each step is a collective of its own on
+        the hardware and pays the fixed cost of one ([MARIN] C11-C14); 0 for an axis of
+        one device or another op."""
+        n = self.mesh.axis_size(axis) if axis in self.mesh.axis_names else 1
+        half = -(-(n - 1) // 2)
+        return {"all_gather": half, "reduce_scatter": half, "allreduce": 2 * half}.get(op, 0)
 
     def link_bytes(self, calls: Iterable[Any]) -> dict[str, int]:
         """Bytes per directed ICI link ("src->dst", chip ranks) when every device issues

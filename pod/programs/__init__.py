@@ -1,7 +1,8 @@
 """Device programs: what every device of a mesh runs, one SPMD program per model.
 
 - ``contract``: the ``DeviceProgram`` protocol and the values it passes
-  (``DeviceCoords``, ``DeviceShard``, ``StepResult``, ``EvalSums``);
+  (``DeviceCoords``, ``DeviceShard``, ``StepResult``, ``EvalSums``,
+  ``DeviceMemory``); ``memory``: what a program holds in HBM, by phase;
 - ``collectives``: collectives over one mesh axis (``DeviceCollectives``), the
   in-process ``LocalMesh`` and the timing-only ``ShapeCollectives``;
 - ``replicated``: data parallelism for any ``Model`` (gradient buckets
@@ -29,7 +30,14 @@ from pod.programs.collectives import (
     LocalMesh,
     ShapeCollectives,
 )
-from pod.programs.contract import DeviceCoords, DeviceProgram, DeviceShard, EvalSums, StepResult
+from pod.programs.contract import (
+    DeviceCoords,
+    DeviceMemory,
+    DeviceProgram,
+    DeviceShard,
+    EvalSums,
+    StepResult,
+)
 from pod.programs.fsdp import flat_chunk, pack_chunks, unpack_gathered
 from pod.programs.pipeline import PipelinedTransformer, run_ticks, stage_layers
 from pod.programs.pipeline_schedule import (
@@ -51,7 +59,7 @@ from pod.programs.transformer import (
 
 __all__ = ["AXES", "CollectiveCall", "CollectivesBase", "DeviceCollectives", "LocalMesh",
            "ShapeCollectives", "DeviceCoords", "DeviceProgram", "DeviceShard", "EvalSums",
-           "StepResult", "ReplicatedProgram", "ShardedTransformer", "build_program",
+           "StepResult", "DeviceMemory", "ReplicatedProgram", "ShardedTransformer", "build_program",
            "check_tensor_split", "combine_buckets", "flat_chunk", "pack_chunks",
            "unpack_gathered", "ParamLayout", "device_param_elements", "param_layout",
            "PipelinedTransformer", "run_ticks", "stage_layers", "SCHEDULES", "PipelineSchedule",

@@ -30,7 +30,11 @@ Conventions every program keeps:
   clock starts the update once every gradient collective has ended;
 - on a timing-only core (``core.execute`` False) the program moves no data
   that costs nothing on the chip (zero views), and records the same ops and
-  calls as a functional step (tests compare them record for record).
+  calls as a functional step (tests compare them record for record);
+- a program reports what one device holds in HBM for a step
+  (``memory(per_device_batch, precision) -> DeviceMemory``, ``pod.memory``;
+  built from ``pod.programs.memory``): the plan (``pod.config``) asks it
+  there and never reads a program's layout itself.
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pod.memory import DeviceMemory
 from pod.programs.collectives import DeviceCollectives
 
-__all__ = ["DeviceCoords", "DeviceShard", "StepResult", "EvalSums", "DeviceProgram"]
+__all__ = ["DeviceCoords", "DeviceShard", "StepResult", "EvalSums", "DeviceProgram",
+           "DeviceMemory"]
 
 
 @dataclass(frozen=True, order=True)
@@ -182,3 +188,9 @@ class DeviceProgram(Protocol):
     def evaluate(self, core: Any, comm: DeviceCollectives, shard: DeviceShard,
                  x: np.ndarray, y: np.ndarray) -> EvalSums:
         """Eval-mode sums over this device's examples."""
+
+    def memory(self, per_device_batch: int, precision: str = "bf16", *,
+               prefetch_layers: int = 1) -> DeviceMemory:
+        """One device's HBM in a training step of ``per_device_batch`` examples under
+        ``precision``, at the step's peak; ``prefetch_layers``: the layers an FSDP
+        gather runs ahead (programs without FSDP ignore it)."""

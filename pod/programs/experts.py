@@ -65,6 +65,13 @@ class ExpertCollectives(ExpertHooks):
             return None
         return self.comm.all_to_all("expert", np.ascontiguousarray(pieces, _F32).reshape(-1), **kw)
 
+    @staticmethod
+    def buffer_elements(moe: Any, tokens: int, width: int) -> int:
+        """Elements of one dispatch (or combine) buffer per sequence of ``tokens``: the
+        MoE's dispatch rows (``MoE.slots``: E x capacity, or T k dropless) of ``width``
+        each; the all-to-all's input and output are each this large."""
+        return int(moe.slots(int(tokens))) * int(width)
+
     def dispatch(self, tag: str, rows: np.ndarray, experts: int) -> np.ndarray:
         """(E R, C) token-side rows, expert-major -> (E/s s R, C) rows of this device's
         experts, each expert's rows from every position in turn."""

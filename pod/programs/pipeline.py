@@ -60,11 +60,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pod.memory import DeviceMemory
 from pod.programs.collectives import AXES, DeviceCollectives, defer_wait
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
+from pod.programs.memory import (
+    PREFETCH_LAYERS,
+    backward_working_bytes,
+    compute_bytes,
+    gather_bytes,
+)
 from pod.programs.pipeline_schedule import PipelineSchedule, PipeOp, build_schedule
 from pod.programs.tensor import wire_itemsize
 from pod.programs.transformer import ShardedTransformer
+from pod.workloads.block import TransformerBlock
 from pod.workloads.layers import timing_zeros
 from pod.workloads.optimizers import Optimizer
 from pod.workloads.transformer import TransformerModel
@@ -302,6 +310,74 @@ class PipelinedTransformer(ShardedTransformer):
         """float32 bytes of ``stage``'s gradient accumulator: its tensor-local arrays,
         whole over fsdp (reduce-scattered once per step)."""
         return 4 * sum(math.prod(self._shapes[k]) for k in self._stage_keys[stage])
+
+    def memory(self, per_device_batch: int, precision: str = "bf16", *,
+               prefetch_layers: int = PREFETCH_LAYERS) -> DeviceMemory:
+        """One device's HBM in a training step: the largest of the stages'. A stage runs
+        forwards and backwards of different microbatches interleaved, so what it holds
+        is summed over the step, as ``ShardedTransformer.memory`` counts each item, with
+        ``b`` the examples of a microbatch (``per_device_batch`` / M):
+
+        - parameters and optimizer state of its stage's chunks (split over fsdp and
+          tensor inside the stage; a tied table on the first and the last stage);
+        - gradients: its accumulator, the stage's tensor-local arrays whole over fsdp in
+          the weights' dtype (summed over the microbatches, reduced once per step);
+        - activations: the (microbatch, chunk) forwards in flight on the stage
+          (``PipelineSchedule.in_flight``: GPipe M R, 1F1B ``min(S - s, M)``) [GPipe]
+          [1F1B] x ``b`` x a chunk's kept bytes per example (its blocks', and the output
+          layer's inputs on the last stage);
+        - workspace: the sharded weights' copy in the compute dtype (weights stored
+          wider); with fsdp the gathered weight array in use and ``prefetch_layers``
+          ahead (``gather_bytes`` x the stage's largest block array each), or with
+          ``fsdp_ag_once`` the stage's whole weights gathered for the step; one layer's
+          working set for a microbatch or, on the last stage, the loss's (the larger);
+          the two permute buffers (a microbatch's activations forward and their
+          gradient back).
+
+        Raises:
+            ValueError: an unknown precision or weight_dtype, a negative batch.
+        """
+        if int(per_device_batch) < 0 or int(prefetch_layers) < 0:
+            raise ValueError(f"per_device_batch {per_device_batch} and prefetch_layers "
+                             f"{prefetch_layers} must be >= 0")
+        stages = [self._stage_memory(s, int(per_device_batch) // self.microbatches, precision,
+                                     int(prefetch_layers)) for s in range(self.stages)]
+        return max(stages, key=lambda m: m.total_bytes)
+
+    def _stage_memory(self, stage: int, b: int, precision: str, prefetch: int) -> DeviceMemory:
+        """One device of ``stage``: ``memory``'s items."""
+        cfg = self.model.config
+        act, w = compute_bytes(precision), self.model.storage_dtype.itemsize
+        shape = (cfg.sequence_length, cfg.embed_dim)
+        layers = self.local_model.layers
+        blocks = [i for i in self._layers[stage] if isinstance(layers[i], TransformerBlock)]
+        block = layers[blocks[0]]
+        assert isinstance(block, TransformerBlock)
+        last = stage == self.stages - 1
+        per_chunk = len(blocks) // self.repeats
+        kept_block, host_block = block.activation_bytes(shape, act, self.tensor)
+        kept = per_chunk * kept_block + (self.model.output_kept_bytes(act, self.tensor)
+                                         if last else 0)
+        in_flight = self.schedule.in_flight(stage) * b
+        params = self.stage_param_elements(stage)
+        whole = self.stage_gradient_bytes(stage) // 4                    # tensor-local elements
+        k = prefetch if self.fsdp > 1 else 0
+        layer = gather_bytes(precision) * self.largest_gathered(blocks) if self.fsdp > 1 else 0
+        gathered = (gather_bytes(precision) * whole if self.fsdp_ag_once and self.fsdp > 1
+                    else (1 + k) * layer)
+        working = b * backward_working_bytes(block, shape, act, self.tensor)
+        loss = (self._logits_bytes(b, act) + (gather_bytes(precision) * self._output_table_bytes()
+                                              if self.fsdp > 1 else 0)) if last else 0
+        workspace = (("weights in compute dtype", act * params if w > act else 0),
+                     ("gathered weights", gathered),
+                     ("layer working set" if working >= loss else "loss working set",
+                      max(working, loss)),
+                     ("permute buffers", 2 * b * cfg.sequence_length * cfg.embed_dim * act))
+        return DeviceMemory(w * params, w * whole, len(self.optimizer.slots) * w * params,
+                            in_flight * kept, in_flight * per_chunk * host_block, workspace,
+                            prefetch_layers=0 if self.fsdp_ag_once else k,
+                            prefetch_layer_bytes=0 if self.fsdp_ag_once else layer,
+                            peak=f"stage {stage}")
 
     def counts_eval(self, coords: DeviceCoords) -> bool:
         """Only the last stage predicts (and, without sequence parallelism, only its

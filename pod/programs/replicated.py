@@ -5,7 +5,7 @@ state such as BatchNorm's running averages) and trains on its slice of the
 global batch. The gradients are allreduced over ``data`` in buckets, as XLA's
 all-reduce combiner merges small all-reduces and issues each as soon as the
 backward pass has produced it ([SB] "How to Scale Your Model", training
-chapter; ``pod.config.ici.combine_buckets``): bucket ``k`` holds the gradients
+chapter; :func:`combine_buckets`): bucket ``k`` holds the gradients
 of consecutive layers in backward order, and its call's ``after_record`` is
 the end of the last record of its layers, so the clock (``pod.report.clock``)
 lays it behind the rest of the backward pass. Then every device scales the sum
@@ -26,8 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from pod.memory import DeviceMemory
 from pod.programs.collectives import AXES, DeviceCollectives
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
+from pod.programs.memory import Phase, compute_bytes, peak_memory
 from pod.workloads.layers import timing_zeros, vector_op
 from pod.workloads.model import Model
 from pod.workloads.optimizers import Optimizer
@@ -35,6 +37,9 @@ from pod.workloads.optimizers import Optimizer
 __all__ = ["ReplicatedProgram", "layer_ends", "combine_buckets"]
 
 _F32 = np.float32
+#: Bytes of the MXU's copy of a weight per precision: bf16 and int8 matmuls read a copy of
+#: the float32 weights in their dtype; fp32 reads the float32 master itself.
+_MXU_COPY_BYTES = {"bf16": 2, "int8": 1, "fp32": 0}
 #: examples a device evaluates per forward pass (bounds the activations' memory)
 EVAL_BATCH = 512
 
@@ -173,6 +178,33 @@ class ReplicatedProgram:
             if shard.coords.data == 0:
                 return dict(shard.opt_state if opt_state else shard.params)
         raise ValueError("assemble needs the shard of data replica 0")
+
+    # ------------------------------------------------------------ memory
+
+    def memory(self, per_device_batch: int, precision: str = "bf16", *,
+               prefetch_layers: int = 0) -> DeviceMemory:
+        """One replica's HBM in a training step: the whole model's parameters (float32,
+        or the model's ``weight_dtype``), its gradients and its optimizer state; the
+        activations ``per_device_batch`` examples keep for backward in the precision's
+        dtype (``Model.activation_memory``); as workspace, the MXU's copy of the weights
+        of two layers (the one computing and the next: ``Model.largest_layer_params``
+        each, 2 bytes under bf16, 1 under int8, none under fp32). Nothing is gathered:
+        ``prefetch_layers`` is ignored.
+
+        Raises:
+            ValueError: an unknown precision, a negative batch.
+        """
+        if int(per_device_batch) < 0:
+            raise ValueError(f"per_device_batch {per_device_batch} must be >= 0")
+        compute_bytes(precision)                                          # checks it
+        w = self.model.storage_dtype.itemsize
+        params = int(self.model.num_params)
+        acts = self.model.activation_memory(int(per_device_batch), precision=precision)
+        assert acts is not None  # one device: no tensor split to refuse
+        copy = 2 * self.model.largest_layer_params() * _MXU_COPY_BYTES[precision]
+        step = Phase("step", w * params, acts.device_bytes, (("MXU weight copies", copy),))
+        return peak_memory(w * params, len(self.optimizer.slots) * w * params, [step],
+                           host_activations_bytes=acts.host_bytes)
 
     # ------------------------------------------------------------ batches
 

@@ -92,10 +92,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from chip import to_bf16
+from pod.memory import DeviceMemory
 from pod.programs.collectives import AXES, DeviceCollectives
 from pod.programs.contract import DeviceCoords, DeviceShard, EvalSums, StepResult
 from pod.programs.experts import ExpertCollectives
 from pod.programs.fsdp import chunk_elements, flat_chunk, pack_chunks, unpack_gathered
+from pod.programs.memory import (
+    PREFETCH_LAYERS,
+    Phase,
+    backward_working_bytes,
+    compute_bytes,
+    gather_bytes,
+    peak_memory,
+)
 from pod.programs.tensor import TensorCollectives, wire_itemsize
 from pod.workloads.layers import timing_zeros, vector_op
 from pod.workloads.optimizers import Optimizer
@@ -103,6 +112,8 @@ from pod.workloads.transformer import (
     TransformerBlock,
     TransformerConfig,
     TransformerModel,
+    check_expert_split,
+    check_tensor_split,
     moe_aux_loss,
     router_loads,
 )
@@ -139,51 +150,6 @@ class ParamLayout:
     local_shape: tuple[int, ...]
     device_elements: int
     expert_dim: int | None = None
-
-
-def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
-    """Checks that ``tensor`` devices can split the query heads, the key / value
-    heads and the MLP hidden units.
-
-    Raises:
-        ValueError: one line, e.g. ``tensor 3 does not divide the transformer's
-            heads 4, kv_heads 4 and mlp_dim 32; tensor must divide all three: 1,
-            2, 4``.
-    """
-    sizes = (config.heads, config.kv_heads, config.mlp_dim)
-    if all(n % tensor == 0 for n in sizes):
-        return
-    common = math.gcd(*sizes)
-    choices = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
-    raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads}, "
-                     f"kv_heads {config.kv_heads} and mlp_dim {config.mlp_dim}; tensor must "
-                     f"divide all three: {choices}")
-
-
-def check_expert_split(config: TransformerConfig, sizes: Mapping[str, int]) -> None:
-    """Checks that a mesh's ``expert`` axis can split the transformer's experts.
-
-    Raises:
-        ValueError: one line: the expert size does not divide ``experts``; experts
-            with tensor > 1 (an expert is not split over tensor); dropless routing
-            (capacity_factor 0) with expert > 1.
-    """
-    expert, tensor = int(sizes.get("expert", 1)), int(sizes.get("tensor", 1))
-    e = config.experts
-    if not e:
-        return
-    if e % expert:
-        choices = ", ".join(str(d) for d in range(1, e + 1) if e % d == 0)
-        raise ValueError(f"expert {expert} does not divide the transformer's {e} experts; "
-                         f"expert must divide them: {choices}")
-    if tensor > 1:
-        raise ValueError(f"tensor {tensor} with experts: the MoE program splits experts over "
-                         f"expert and chunks them over fsdp, not over tensor; use tensor 1 "
-                         f"(e.g. the expert or fsdp axis instead)")
-    if expert > 1 and not config.capacity_factor:
-        raise ValueError(f"expert {expert} with dropless routing (capacity_factor 0): the "
-                         f"all-to-all of a dropless MoE is ragged, which is not modelled; give "
-                         f"capacity_factor > 0 (e.g. 1.25) or expert 1")
 
 
 def param_layout(model: TransformerModel, sizes: Mapping[str, int]) -> list[ParamLayout]:
@@ -472,6 +438,117 @@ class ShardedTransformer:
         """Bytes of this device's chunks of ``keys`` in the storage dtype."""
         return self.storage.itemsize * sum(-(-math.prod(self._shapes[k]) // self.fsdp)
                                            for k in keys)
+
+    def memory(self, per_device_batch: int, precision: str = "bf16", *,
+               prefetch_layers: int = PREFETCH_LAYERS) -> DeviceMemory:
+        """One device's HBM in a training step at its peak (``pod.programs.memory``: the
+        largest of the forward, loss and backward phases), as XLA holds MaxText's step.
+
+        With ``p`` the parameter elements the device keeps (its chunks, padding
+        included; the vocabulary tables split over tensor as on the TPU), ``w`` the
+        bytes of a stored weight (``weight_dtype``), ``a`` those of an activation
+        (``precision``), ``b`` the per-device batch and T, C, V the sequence, width and
+        vocabulary:
+
+        - parameters ``w p``; optimizer state ``slots w p``; gradients ``w p`` from
+          backward on (the accumulator of the sharded gradients);
+        - activations: what the remat policy keeps (``TransformerModel.
+          activation_memory``: the residual stream split over tensor, MaxText's
+          ``activation_embed`` rule; offloaded tensors on the host);
+        - workspace: the weights' copy in the compute dtype (``a p``, weights stored
+          wider); with fsdp, the weight array gathered for the matmul running and the
+          ``prefetch_layers`` gathered ahead (``gather_bytes`` x :meth:`largest_gathered`
+          each); a block's backward working set (``b`` x
+          ``pod.programs.memory.backward_working_bytes``); at the loss the logits, ``b T
+          V / tensor`` in the compute dtype (/ ``num_vocab_tiling``), and with fsdp the
+          output layer's weights gathered (C V / tensor); in backward the logits'
+          gradient (untied) or the tied table's gradient (V C, whole); with an expert
+          axis the all-to-all buffers (``ExpertCollectives.buffer_elements``).
+
+        Args:
+            per_device_batch: examples per device (global batch / (data x fsdp x expert)).
+            precision: bf16 | fp32 | int8.
+            prefetch_layers: weight arrays gathered ahead of the one in use (fsdp > 1).
+
+        Raises:
+            ValueError: an unknown precision, a negative batch or prefetch.
+        """
+        if int(per_device_batch) < 0 or int(prefetch_layers) < 0:
+            raise ValueError(f"per_device_batch {per_device_batch} and prefetch_layers "
+                             f"{prefetch_layers} must be >= 0")
+        cfg, b = self.model.config, int(per_device_batch)
+        act, w = compute_bytes(precision), self.model.storage_dtype.itemsize
+        blocks = [i for i, layer in enumerate(self.local_model.layers)
+                  if isinstance(layer, TransformerBlock)]
+        block = self.local_model.layers[blocks[0]]
+        assert isinstance(block, TransformerBlock)
+        params = self._hardware_elements()
+        acts = self.model.activation_memory(b, precision=precision, tensor=self.tensor)
+        assert acts is not None  # the program's tensor size splits the heads and MLP
+        kept = acts.device_bytes
+        k = int(prefetch_layers) if self.fsdp > 1 else 0
+        layer = gather_bytes(precision) * self.largest_gathered(blocks) if self.fsdp > 1 else 0
+        common = (("weights in compute dtype", act * params if w > act else 0),
+                  ("gathered weights", (1 + k) * layer),
+                  ("layer working set", b * backward_working_bytes(
+                      block, (cfg.sequence_length, cfg.embed_dim), act, self.tensor)),
+                  ("all-to-all buffers", self._all_to_all_bytes(block, b, act)))
+        logits, table = self._logits_bytes(b, act), self._output_table_bytes()
+        loss = (common[0], ("gathered weights", k * layer), ("logits", logits),
+                ("output layer gathered", gather_bytes(precision) * table if self.fsdp > 1 else 0))
+        late = (("logits gradient", logits) if not cfg.tied_embeddings else
+                ("embedding gradient", act * cfg.vocabulary * cfg.embed_dim))
+        phases = [Phase("forward", 0, kept, common), Phase("loss", 0, kept, loss),
+                  Phase("backward", w * params, kept, (*common, late))]
+        return peak_memory(w * params, len(self.optimizer.slots) * w * params, phases,
+                           host_activations_bytes=acts.host_bytes, prefetch_layers=k,
+                           prefetch_layer_bytes=layer)
+
+    def largest_gathered(self, layers: Iterable[int]) -> int:
+        """Elements of the largest weight array of ``layers`` (indices into the local
+        model's layers) as its fsdp all-gather assembles it: tensor-local (an MoE's
+        experts of the device), whole over fsdp, padding included. XLA gathers each
+        weight array just before its matmul and the next one while it runs."""
+        return max(self.fsdp * self._chunk_count([key]) for i in layers
+                   for key, _ in self._keys[i])
+
+    #: the vocabulary tables: replicated over tensor in this program, split over tensor on
+    #: the vocabulary by XLA under MaxText's rules (``vocab`` -> tensor)
+    _TABLES = ("embed/embedding", "unembed/kernel")
+
+    def _hardware_elements(self) -> int:
+        """The parameter elements one device keeps on the hardware: its chunks (padding
+        included), the vocabulary tables split over tensor too, as MaxText shards them
+        (this program keeps them whole on every tensor device; the plan is the TPU's)."""
+        tables = [k for k in self._TABLES if k in self._shapes]
+        rest = self._chunk_count(k for k in self._shapes if k not in tables)
+        return rest + sum(-(-math.prod(self._shapes[k]) // (self.fsdp * self.tensor))
+                          for k in tables)
+
+    def _logits_bytes(self, b: int, act: int) -> int:
+        """The logits of ``b`` examples over the device's vocabulary (V / tensor,
+        MaxText's ``activation_vocab``) in the compute dtype, one chunk of the tokens
+        at a time with ``num_vocab_tiling``: XLA fuses the float32 cast, the
+        log-softmax and the loss's gradient into the reductions and the one fusion
+        that writes the gradient in place of the logits."""
+        cfg = self.model.config
+        tiles = int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+        return -(-b * cfg.sequence_length * -(-cfg.vocabulary // self.tensor) * act // tiles)
+
+    def _output_table_bytes(self) -> int:
+        """Elements of the output layer's weights on one device, whole over fsdp: C x V
+        / tensor (what its all-gather brings for the logits)."""
+        cfg = self.model.config
+        return cfg.embed_dim * -(-cfg.vocabulary // self.tensor)
+
+    def _all_to_all_bytes(self, block: TransformerBlock, b: int, act: int) -> int:
+        """An MoE block's dispatch buffers on an expert axis: the tokens sent and those
+        received, ``b`` x its dispatch slots x C each (``ExpertCollectives``); 0 without."""
+        if self.expert == 1 or not block.moe:
+            return 0
+        cfg = self.model.config
+        return 2 * b * ExpertCollectives.buffer_elements(block.mlp, cfg.sequence_length,
+                                                         cfg.embed_dim) * act
 
     # ------------------------------------------------------------ the step
 

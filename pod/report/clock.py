@@ -22,10 +22,15 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   for it. With collective matmul (XLA's windowed einsum) it is decomposed
   into the matmul that produces it (``overlap_before`` records: it may start
   when they start) or consumes it (``overlap_after`` records: they run while
-  it completes), so only what the matmuls cannot hide shows.
-- ``param_gather`` (FSDP's all-gathers): prefetched one layer ahead. Ready
-  when the compute stream reaches the *previous* param_gather (the first one
-  at the step's start); the compute stream waits at its own point for its end.
+  it completes), so only what the matmuls cannot hide shows; it then runs as
+  collective-permute steps, each paying the fixed cost of a collective
+  (``MeshCollectiveCosts.windowed_steps``).
+- ``param_gather`` (FSDP's all-gathers): prefetched ``prefetch_layers`` layers
+  ahead, as far as HBM lets (the plan's ``DeviceMemory.prefetch_layers``: one
+  layer, fewer down to none when the plan is tight, ``pod.config.fit``). Ready
+  when the compute stream reaches the param_gather that many before it (the
+  first ones at the step's start; with 0, its own point); the compute stream
+  waits at its own point for its end.
 - ``grad_reduce`` (gradient reduce-scatters and allreduces): behind the
   backward pass. Ready when the compute stream reaches it; nothing waits
   for it but the optimizer: the records from ``update_start`` on (the
@@ -51,6 +56,13 @@ With ``overlap=False`` (``training.overlap: false``: for teaching, and for
 what XLA fails to overlap) every collective blocks where it is issued: the
 step is the serial sum of its records and collectives.
 
+The chip's sustained MXU budget (:func:`sustained_clocks`): the records run their
+matmuls at a fresh op's rate, and a step whose MXU work would average above
+the chip's sustained rate over the step is held to it (a power- or
+clock-limited chip; ``chip.calibration``). A job of several slices waits each
+step for its slowest slice (``interconnect.dcn.slice_wait_seconds``), charged
+to the mesh axis across slices (``StepContext.slice_axis``).
+
 The step ends when every stream has. What the compute stream waits is the
 *exposed* collective time, each wait charged to the axis of the collective it
 waited for (the pipeline bubble apart). The serial sum (every record and every collective one after
@@ -60,6 +72,7 @@ another) is reported beside it, an upper bound.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,9 +81,14 @@ import numpy as np
 
 from pod.programs.collectives import COLLECTIVE_KINDS
 
-__all__ = ["CollectiveSpan", "StepClock", "step_clock", "COLLECTIVE_KINDS", "DeviceReport",
+__all__ = ["CollectiveSpan", "StepClock", "step_clock", "sustained_clocks", "COLLECTIVE_KINDS",
+           "DeviceReport",
            "StepContext", "device_clock", "device_clocks", "combine_device_reports", "BUBBLE",
            "PIPELINE_AXIS"]
+
+#: A collective's simulated seconds: ``(axis, op, nbytes)``, and ``windowed=True`` for one
+#: run as a collective matmul (``pod.config.sharding.MeshCollectiveCosts.seconds``).
+CostSeconds = Callable[..., float]
 
 #: What the compute stream's waits for another pipeline stage are charged to (the
 #: ``waits`` of a :class:`StepClock`, the trace's compute lane).
@@ -123,6 +141,8 @@ class StepClock:
             start (for the trace).
         bubble_seconds: what the compute stream waited for other pipeline stages
             to reach their sends (the pipeline bubble; not in ``exposed_seconds``).
+        throttle_seconds: what the chip's sustained MXU budget added to the
+            compute (:func:`sustained_clocks`; in ``compute_seconds``).
     """
 
     step_seconds: float
@@ -139,6 +159,84 @@ class StepClock:
     host_seconds: float = 0.0
     exposed_host_seconds: float = 0.0
     bubble_seconds: float = 0.0
+    throttle_seconds: float = 0.0
+
+
+#: Relative tolerance of :func:`sustained_clocks`: a step within it of its MXU work at
+#: the sustained rate is taken as on the budget (the rest added in closed form).
+SUSTAINED_TOLERANCE = 1e-3
+#: Clock passes :func:`sustained_clocks` spends at most on stretching the matmuls.
+SUSTAINED_PASSES = 3
+
+
+def _mxu_seconds(report: DeviceReport) -> float:
+    return sum(s for s, b in zip(report.record_seconds, report.record_bounds, strict=True)
+               if b == "mxu")
+
+
+def _stretched(report: DeviceReport, k: float) -> DeviceReport:
+    """``report`` with its MXU-bound records ``k`` times longer."""
+    seconds = tuple(s * k if b == "mxu" else s
+                    for s, b in zip(report.record_seconds, report.record_bounds, strict=True))
+    return dataclasses.replace(report, record_seconds=seconds)
+
+
+def sustained_clocks(reports: Sequence[DeviceReport],
+                     cost_seconds: CostSeconds, fraction: float, *, overlap: bool = True,
+                     prefetch_layers: int = 1) -> tuple[list[StepClock], list[DeviceReport]]:
+    """Every device's clock (:func:`device_clocks`) held to the chip's sustained MXU budget.
+
+    The records run their matmuls at a fresh op's efficiency e0
+    (``TensorCore(sustained=True)``); the chip sustains only e1 of the ideal rate
+    averaged over time (``TensorCoreSpec.sustained_mxu_efficiency``: a power- or
+    clock-limited chip; ``chip.calibration``). So a step takes at least its MXU
+    work at e1, ``mxu / fraction`` (``fraction = e1 / e0``, ``mxu`` its MXU-bound
+    records' seconds): a step with enough other work between its matmuls (vector
+    and HBM-bound ops, host transfers, exposed collectives) keeps under the budget
+    and is not slowed; one that is all matmuls runs at e1. When the budget binds,
+    the step is its MXU work at e1 exactly (the step grows continuously with the
+    matmuls' stretch k, so some k brings it there); what changes with k is how
+    much of the collectives the slower matmuls hide. So the MXU-bound records are
+    stretched and the step clocked again: ``k += (mxu / fraction - step) / mxu``,
+    from below (the step grows at most as fast as its matmuls), at most
+    :data:`SUSTAINED_PASSES` passes, none when nothing is exposed (then nothing
+    more can hide); what remains is added to the compute in closed form. One k
+    for every device (that of the device furthest over its budget).
+
+    Args:
+        reports, cost_seconds, overlap, prefetch_layers: as :func:`device_clocks`.
+        fraction: e1 / e0, in (0, 1]; 1: no budget.
+
+    Returns:
+        (clocks, reports): the clocks, ``throttle_seconds`` set to what the budget
+        added, and the reports they were clocked from (the MXU-bound records
+        stretched), in the order of ``reports``.
+    """
+    clocks = device_clocks(reports, cost_seconds, overlap=overlap,
+                           prefetch_layers=prefetch_layers)
+    if fraction >= 1.0:
+        return clocks, list(reports)
+    mxu = [_mxu_seconds(r) for r in reports]
+    j = max(range(len(reports)), key=lambda i: mxu[i] / fraction - clocks[i].step_seconds)
+    target = mxu[j] / fraction
+    step = clocks[j].step_seconds
+    if step >= target or mxu[j] <= 0:
+        return clocks, list(reports)
+    out, k = list(reports), 1.0
+    exposed = step - clocks[j].compute_seconds - clocks[j].update_seconds
+    for _ in range(SUSTAINED_PASSES if exposed > SUSTAINED_TOLERANCE * target else 0):
+        k += (target - step) / mxu[j]         # the step grows at most as fast as its matmuls
+        out = [_stretched(r, k) for r in reports]
+        clocks = device_clocks(out, cost_seconds, overlap=overlap,
+                               prefetch_layers=prefetch_layers)
+        step = clocks[j].step_seconds
+        if step >= target * (1.0 - SUSTAINED_TOLERANCE):
+            break
+    rest = max(0.0, target - step)            # the closed form for what remains
+    return [dataclasses.replace(c, step_seconds=c.step_seconds + rest,
+                                compute_seconds=c.compute_seconds + rest,
+                                throttle_seconds=(k - 1.0) * m + rest)
+            for c, m in zip(clocks, mxu, strict=True)], out
 
 
 class _Ici:
@@ -159,6 +257,15 @@ class _Ici:
             self.starts.insert(j, t)
             self.ends.insert(j, t + seconds)
         return t, t + seconds
+
+
+def _windowed(call: Any) -> bool:
+    """A collective XLA runs as a collective matmul (windowed einsum): an activation
+    all-gather, reduce-scatter or allreduce decomposed into the matmul beside it
+    (``overlap_before`` / ``overlap_after``), costed with its collective-permute steps
+    (``MeshCollectiveCosts.seconds(windowed=True)``)."""
+    return (call.kind == "activation" and call.op in ("all_gather", "reduce_scatter", "allreduce")
+            and bool(getattr(call, "overlap_before", 0) or getattr(call, "overlap_after", 0)))
 
 
 def _check_call(call: Any, last_after: int, n: int) -> None:
@@ -262,9 +369,9 @@ class _Reach:
 
 
 def step_clock(records: Sequence[Any], calls: Sequence[Any],
-               cost_seconds: Callable[[str, str, int], float],
+               cost_seconds: CostSeconds,
                update_start: int | None = None, *, overlap: bool = True,
-               kinds: Sequence[str] | None = None) -> StepClock:
+               kinds: Sequence[str] | None = None, prefetch_layers: int = 1) -> StepClock:
     """Place a device's op records and collective calls in time (module docstring).
 
     Alone, a device stands for all of its pipeline stages: what it receives by a
@@ -284,6 +391,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
         kinds: per record what bounds it (``DeviceReport.record_bounds``): host-link
             transfers (:data:`HOST_OUT`, :data:`HOST_IN`) run beside the compute
             (with ``overlap``; else in line, as compute).
+        prefetch_layers: FSDP gathers run this many layers ahead (module docstring).
 
     Returns:
         The :class:`StepClock`.
@@ -293,7 +401,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
             ``0..len(records)`` or decreasing.
     """
     timeline = _timeline(records, calls, cost_seconds, update_start, overlap, sync=False,
-                         kinds=kinds)
+                         kinds=kinds, prefetch_layers=prefetch_layers)
     try:
         next(timeline)
     except StopIteration as done:
@@ -302,8 +410,9 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
 
 
 def _timeline(records: Sequence[Any], calls: Sequence[Any],
-              cost_seconds: Callable[[str, str, int], float], update_start: int | None,
-              overlap: bool, sync: bool, kinds: Sequence[str] | None = None):
+              cost_seconds: CostSeconds, update_start: int | None,
+              overlap: bool, sync: bool, kinds: Sequence[str] | None = None,
+              prefetch_layers: int = 1):
     """:func:`step_clock` as a generator: with ``sync`` it yields a :class:`_Reach` at
     every call over :data:`PIPELINE_AXIS` and takes back (ready, end): the source's
     ready time and the end of its send (a ppermute), or the stages' latest ready
@@ -317,12 +426,15 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
     axis_bytes: dict[str, int] = {}
     axis_seconds: dict[str, float] = {}
     spans: list[CollectiveSpan] = []
-    last_after, prev_gather = 0, 0.0
+    last_after = 0
+    reached: list[float] = []  # the compute stream's time at each param_gather so far
     for call in calls:
         _check_call(call, last_after, n)
         last_after = call.after_record
         stream.run_until(call.after_record)
-        cost = float(cost_seconds(call.axis, call.op, int(call.nbytes)))
+        cost = float(cost_seconds(call.axis, call.op, int(call.nbytes), windowed=True)
+                     if overlap and _windowed(call) else
+                     cost_seconds(call.axis, call.op, int(call.nbytes)))
         synced = sync and call.axis == PIPELINE_AXIS
         axis_bytes[call.axis] = axis_bytes.get(call.axis, 0) + int(call.nbytes)
         axis_seconds[call.axis] = axis_seconds.get(call.axis, 0.0) + cost
@@ -342,14 +454,14 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
         before = int(getattr(call, "overlap_before", 0)) if overlap else 0
         after = int(getattr(call, "overlap_after", 0)) if overlap else 0
         if call.kind == "param_gather" and overlap:
-            ready = prev_gather
+            ready = _prefetched(reached, prefetch_layers, stream.t)
         else:
             ready = stream.start_of(call.after_record - before) if before else stream.t
         start, end = ici.setdefault(call.axis, _Ici()).place(max(ready, group_ready), cost)
         spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
                                     int(call.nbytes), start, end))
         if call.kind == "param_gather":
-            prev_gather = stream.t
+            reached.append(stream.t)
         if call.kind == "grad_reduce" and overlap:
             if end >= stream.grad_end:
                 stream.grad_end, stream.grad_axis, stream.grad_bubble = end, call.axis, group_ready
@@ -359,6 +471,15 @@ def _timeline(records: Sequence[Any], calls: Sequence[Any],
         else:
             stream.wait(end, call.axis, group_ready)
     return _finish(stream, spans, axis_bytes, axis_seconds)
+
+
+def _prefetched(reached: Sequence[float], prefetch_layers: int, now: float) -> float:
+    """When a param_gather may start: as the compute stream reached the gather
+    ``prefetch_layers`` before it (``reached``: its times at the gathers so far; the
+    step's start for the first ones), or ``now`` (its own point) with none."""
+    if prefetch_layers <= 0:
+        return now
+    return reached[-prefetch_layers] if len(reached) >= prefetch_layers else 0.0
 
 
 def _finish(stream: _Stream, spans: list[CollectiveSpan], axis_bytes: dict[str, int],
@@ -433,17 +554,18 @@ class _Seconds:
     seconds: float
 
 
-def device_clock(report: DeviceReport, cost_seconds: Callable[[str, str, int], float], *,
-                 overlap: bool = True) -> StepClock:
+def device_clock(report: DeviceReport, cost_seconds: CostSeconds, *,
+                 overlap: bool = True, prefetch_layers: int = 1) -> StepClock:
     """One device's :class:`StepClock` from its report and the plan's collective costs
-    (``MeshCollectiveCosts.seconds``)."""
+    (``MeshCollectiveCosts.seconds``); FSDP gathers ``prefetch_layers`` ahead."""
     return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
-                      report.update_start, overlap=overlap, kinds=report.record_bounds)
+                      report.update_start, overlap=overlap, kinds=report.record_bounds,
+                      prefetch_layers=prefetch_layers)
 
 
 def device_clocks(reports: Sequence[DeviceReport],
-                  cost_seconds: Callable[[str, str, int], float], *,
-                  overlap: bool = True) -> list[StepClock]:
+                  cost_seconds: CostSeconds, *,
+                  overlap: bool = True, prefetch_layers: int = 1) -> list[StepClock]:
     """Every device's :class:`StepClock`, the stages of a pipeline clocked together: the
     devices of one ``stage_group`` run their timelines side by side, meeting at each
     collective over the stage axis (module docstring); a device without a stage
@@ -462,7 +584,8 @@ def device_clocks(reports: Sequence[DeviceReport],
         if clocks[i] is not None:
             continue
         if len(r.stage_group) <= 1:
-            clocks[i] = device_clock(r, cost_seconds, overlap=overlap)
+            clocks[i] = device_clock(r, cost_seconds, overlap=overlap,
+                                     prefetch_layers=prefetch_layers)
             continue
         missing = [d for d in r.stage_group if d not in by_device]
         if missing:
@@ -470,18 +593,20 @@ def device_clocks(reports: Sequence[DeviceReport],
                              f"clocked together; the reports lack devices {missing}")
         members = [by_device[d] for d in r.stage_group]
         for index, clock in zip(members, _clock_stages([reports[j] for j in members],
-                                                       cost_seconds, overlap), strict=True):
+                                                       cost_seconds, overlap, prefetch_layers),
+                                strict=True):
             clocks[index] = clock
     return [c for c in clocks if c is not None]
 
 
-def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: Callable[[str, str, int], float],
-                  overlap: bool) -> list[StepClock]:
+def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: CostSeconds,
+                  overlap: bool, prefetch_layers: int = 1) -> list[StepClock]:
     """The timelines of one stage group (``reports`` in ring order) side by side: at
     the k-th stage-axis collective each device learns its source's send (a
     ppermute: the member ``shift`` positions before) or the latest arrival."""
     timelines = [_timeline([_Seconds(x) for x in r.record_seconds], r.calls, cost_seconds,
-                           r.update_start, overlap, sync=True, kinds=r.record_bounds)
+                           r.update_start, overlap, sync=True, kinds=r.record_bounds,
+                           prefetch_layers=prefetch_layers)
                  for r in reports]
     out: list[Any] = [None] * len(reports)
     replies: list[Any] = [None] * len(reports)
@@ -527,6 +652,15 @@ class StepContext:
             training-steps.md's 2025 formula); 0 for a model MaxText has no formula for.
         maxtext_2023_flops_per_device: the same by MaxText's 2023 formula with the
             causal halving of the attention term (the v5p table's).
+        sustained_mxu_fraction: e1 / e0 of the device's chip, the sustained MXU
+            budget against a fresh op's rate (:func:`sustained_clocks`); 1: none.
+        slice_wait_fraction: what a multislice job waits a step for its slowest
+            slice, as a fraction of one slice's step
+            (``interconnect.dcn.slice_wait_seconds``); 0 with one slice.
+        slice_axis: the mesh axis across slices the wait is charged to (its
+            exposed collective time: the slices meet at its reduction).
+        prefetch_layers: layers an FSDP all-gather runs ahead, as far as the plan's
+            HBM lets it (``DeviceMemory.prefetch_layers``).
     """
 
     global_batch: int
@@ -541,6 +675,10 @@ class StepContext:
     tokens_per_example: int = 0
     maxtext_flops_per_device: float = 0.0
     maxtext_2023_flops_per_device: float = 0.0
+    sustained_mxu_fraction: float = 1.0
+    slice_wait_fraction: float = 0.0
+    slice_axis: str = ""
+    prefetch_layers: int = 1
 
 
 def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
@@ -551,6 +689,25 @@ def _bounds(report: DeviceReport, start: int, stop: int) -> dict[str, float]:
         if b not in (HOST_OUT, HOST_IN):  # beside the compute (host_offload_seconds)
             out[b] = out.get(b, 0.0) + s
     return out
+
+
+def _slice_wait(clock: StepClock, context: StepContext) -> tuple[float, dict[str, float]]:
+    """What a multislice job waits a step for its slowest slice (a share of one slice's
+    step, ``StepContext.slice_wait_fraction``), and the clock's exposed seconds by axis
+    with it charged to ``context.slice_axis``."""
+    wait = context.slice_wait_fraction * clock.step_seconds
+    exposed = dict(clock.axis_exposed_seconds)
+    if wait > 0:
+        exposed[context.slice_axis] = exposed.get(context.slice_axis, 0.0) + wait
+    return wait, exposed
+
+
+def _with_throttle(bounds: dict[str, float], throttle_seconds: float) -> dict[str, float]:
+    """``bounds`` with what the sustained budget added in closed form (beyond the
+    stretched records: ``sustained_clocks``) in the MXU-bound seconds."""
+    if throttle_seconds > 0:
+        bounds["mxu"] = bounds.get("mxu", 0.0) + throttle_seconds
+    return bounds
 
 
 def _stage_timelines(reports: Sequence[DeviceReport], clocks: Sequence[StepClock],
@@ -611,9 +768,12 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
     """
     from pod.report.stats import ExpertLoad, StepStats
 
-    clocks = device_clocks(reports, costs.seconds, overlap=context.overlap)
+    clocks, reports = sustained_clocks(reports, costs.seconds, context.sustained_mxu_fraction,
+                                       overlap=context.overlap,
+                                       prefetch_layers=context.prefetch_layers)
     slow = max(range(len(clocks)), key=lambda i: clocks[i].step_seconds)
     c, r = clocks[slow], reports[slow]
+    slice_wait, axis_exposed = _slice_wait(c, context)
     hardware = replicate * int(sum(x.mxu_flops for x in reports))
     infeed = infeed_bytes / context.host_to_chip_bytes_per_s
     exposed_infeed = max(0.0, infeed - c.step_seconds) if context.overlap else infeed
@@ -634,7 +794,8 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         wall_seconds=wall_seconds, tokens_per_example=context.tokens_per_example,
         maxtext_flops_per_device=context.maxtext_flops_per_device,
         maxtext_2023_flops_per_device=context.maxtext_2023_flops_per_device,
-        exposed_collective_seconds=c.exposed_seconds, exposed_infeed_seconds=exposed_infeed,
+        exposed_collective_seconds=c.exposed_seconds + slice_wait,
+        exposed_infeed_seconds=exposed_infeed,
         host_offload_seconds=c.host_seconds, exposed_host_offload_seconds=c.exposed_host_seconds,
         dispatch_seconds=context.dispatch_seconds,
         hbm_used_bytes={x.device: x.hbm_used_bytes for x in reports},
@@ -646,11 +807,12 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         device_peak_flops_per_s=context.device_peak_flops_per_s,
         chip_compute_seconds=per_chip,
         axis_collective_bytes=dict(c.axis_bytes), axis_collective_seconds=dict(c.axis_seconds),
-        axis_exposed_seconds=dict(c.axis_exposed_seconds), traced_device=r.device,
+        axis_exposed_seconds=axis_exposed, traced_device=r.device,
         collective_spans=c.spans, compute_waits=c.waits,
         stage_timelines=_stage_timelines(reports, clocks, r),
         pipeline_bubble_seconds=c.bubble_seconds,
         axis_dcn_seconds=dcn_seconds, axis_dcn_bytes=dcn_bytes,
-        compute_bound_seconds=_bounds(r, 0, update_start),
+        compute_bound_seconds=_with_throttle(
+            _bounds(r, 0, update_start), c.compute_seconds - sum(r.record_seconds[:update_start])),
         update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),
         expert_load=ExpertLoad.total(x.router_loads for x in reports))

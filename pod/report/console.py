@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,6 +24,7 @@ from rich.table import Table
 from pod.report.stats import StepStats, StepTotals
 
 __all__ = ["make_console", "PIPE_WIDTH", "titled_table", "progress_line", "epoch_line",
+           "algorithms_text", "print_table", "natural_width",
            "accuracy_text", "evaluation_text",
            "progress_bar", "summary_table", "hold", "StatusLine", "PROGRESS_MODES"]
 
@@ -42,16 +45,82 @@ def make_console(file: IO[str] | None = None) -> Console:
     return console
 
 
+def natural_width(console: Console, renderable: Any) -> int:
+    """Columns a table (any renderable) takes with no cell wrapped or cut."""
+    return Measurement.get(console, console.options.update(width=10**6), renderable).maximum
+
+
+def print_table(console: Console, table: Any, *, drop: Sequence[str] = (),
+                wrap: Sequence[str] = (), wide: bool = False) -> list[str]:
+    """Print a table so that every cell reads whole.
+
+    Piped output (not a terminal) and ``wide`` (``--wide``) print every column at its
+    natural width, wider than the console if need be. On a terminal too narrow for
+    it, the columns named in ``drop`` (by header) go, in that order, until the rest
+    fits; the columns named in ``wrap`` may then wrap their words (a mesh over
+    lines) rather than be cut; a dim line says what was left out and that ``--wide``
+    shows it. A table of two forms (``model_summary.FitWidth``) picks its own.
+
+    Args:
+        console: where it goes.
+        table: a rich ``Table`` (its columns are removed in place) or a renderable.
+        drop: headers of the columns that may go, the first first.
+        wrap: headers of the columns whose words may wrap.
+        wide: print it whole whatever the width.
+
+    Returns:
+        The headers of the columns left out.
+    """
+    natural = natural_width(console, table)
+    if wide or not console.is_terminal:
+        width = console.width  # rich renders no wider than the console: widen it for this
+        console.width = max(width, natural)
+        try:
+            console.print(table, crop=False)
+        finally:
+            console.width = width
+        return []
+    left_out: list[str] = []
+    columns = getattr(table, "columns", [])
+    for header in drop:
+        if natural <= console.width:
+            break
+        index = next((i for i, c in enumerate(columns) if str(c.header) == header), None)
+        if index is not None:
+            del columns[index]
+            left_out.append(header)
+            natural = natural_width(console, table)
+    for column in columns:
+        if str(column.header) in wrap:
+            column.no_wrap = False
+            column.overflow = "fold"
+    console.print(table)
+    if left_out:
+        console.print(f"({', '.join(left_out)} left out to fit {console.width} columns; "
+                      "--wide shows every column)", style="dim", highlight=False)
+    return left_out
+
+
 def titled_table(title: str, **options: Any) -> Table:
     """A rich Table at least as wide as its title, so the title never wraps mid-phrase."""
     return Table(title=title, min_width=len(title), **options)
+
+
+def algorithms_text(algorithms: Mapping[str, str]) -> str:
+    """The collective algorithm of each mesh axis as a line says it
+    (``MeshCollectiveCosts.algorithms``): ``allreduce torus`` on a mesh of a data axis
+    only, else ``fsdp torus, data torus``; "" on a mesh with no collective."""
+    if list(algorithms) == ["data"]:
+        return f"allreduce {algorithms['data']}"
+    return ", ".join(f"{axis} {name}" for axis, name in algorithms.items())
 
 
 def progress_line(stats: StepStats, total: int) -> str:
     width = len(f"{total:,}")
     rate = (f"sim {stats.tokens_per_second:,.0f} tokens/s" if stats.tokens_per_example else
             f"sim {stats.examples_per_second:,.0f} examples/s")
-    return (f"step {stats.step + 1:>{width},}/{total:,}  loss {stats.loss:.4f}  "
+    loss = f"loss {stats.loss:.4f}  " if math.isfinite(stats.loss) else ""  # NaN: timing-only
+    return (f"step {stats.step + 1:>{width},}/{total:,}  {loss}"
             f"sim {stats.step_seconds * 1e3:.4f} ms/step  {rate}  "
             f"wall {stats.wall_seconds * 1e3:.1f} ms/step")
 
@@ -79,7 +148,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     tokens = summary.get("simulated_tokens_per_second") or 0.0
     rows = [
         ("steps x global batch", f"{summary['steps']:,} x {summary['global_batch']:,}", ""),
-        ("loss first -> last", f"{summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}", ""),
+        _loss_row(summary),
         _mesh_row(summary),
         _test_row(summary),
         ("step time (critical path)", f"{summary['simulated_step_seconds'] * 1e3:.4f} ms",
@@ -103,8 +172,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
                        + (f", {tokens:,.0f} tokens/s" if tokens else ""), "simulated"),
         ("model TFLOP/s", f"{summary['simulated_tflops']:.3f}", "simulated"),
         *([("TFLOP/s per device (MaxText)",
-            f"{summary['maxtext_tflops_per_device']:.1f}; 2023 formula "
-            f"{summary['maxtext_2023_tflops_per_device']:.1f}", "simulated")]
+            f"{summary['maxtext_tflops_per_device']:.1f} (attention not halved); "
+            f"{summary['maxtext_2023_tflops_per_device']:.1f} (2023: causal attention halved)",
+            "simulated")]
           if summary.get("maxtext_tflops_per_device") else []),
         ("MFU", f"{summary['mfu']:.2%}", "simulated"),
         ("HBM peak per device", f"{summary['hbm_peak_bytes'] / 2**20:.2f} MiB of "
@@ -114,9 +184,17 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
           if summary.get("dcn_bytes_per_step") else []),
         ("step time", f"{summary['wall_step_seconds'] * 1e3:.1f} ms", "wall"),
         ("emulation slowdown", f"{summary['emulation_slowdown']:,.0f}x", "wall/simulated"),
-        ("replicas bit-identical", "yes" if summary["replicas_identical"] else "NO", ""),
+        ("replicas bit-identical", {True: "yes", False: "NO"}.get(
+            summary["replicas_identical"], "not checked (timing-only)"), ""),
     ]
     return rows
+
+
+def _loss_row(summary: dict[str, Any]) -> tuple[str, str, str]:
+    first, last = summary.get("initial_loss"), summary.get("final_loss")
+    if first is None or last is None:
+        return ("loss first -> last", "none (timing-only: shapes, no values)", "")
+    return ("loss first -> last", f"{first:.4f} -> {last:.4f}", "")
 
 
 def _test_row(summary: dict[str, Any]) -> tuple[str, str, str]:
@@ -130,8 +208,8 @@ def _test_row(summary: dict[str, Any]) -> tuple[str, str, str]:
 def _mesh_row(summary: dict[str, Any]) -> tuple[str, str, str]:
     axes = ", ".join(f"{a}: {n}" for a, n in summary["mesh"].items())
     each = " (a device per TensorCore)" if summary.get("devices_per_chip", 1) > 1 else ""
-    algorithm = (f"; allreduce {summary['allreduce_algorithm']}"
-                 if list(summary["mesh"]) == ["data"] else "")
+    named = algorithms_text(summary.get("collective_algorithms") or {})
+    algorithm = f"; {named}" if named else ""
     dcn = summary.get("dcn_mesh") or {}
     slices = (f"; {summary.get('slices', 1)} slices over the DCN ("
               + ", ".join(f"{a} x{n}" for a, n in dcn.items()) + ")" if dcn else "")
@@ -188,8 +266,8 @@ def epoch_line(totals: StepTotals, evaluation: Any | None, epoch: int, epochs: i
     accuracy when the run evaluated after this step (``eval_every_steps``, the last
     step), the epoch's mean simulated ms/step and its wall seconds."""
     test = f"{evaluation_text(evaluation)} - " if evaluation is not None else ""
-    return (f"Epoch {epoch:,}/{epochs:,} - {totals.epoch_steps:,} steps - "
-            f"loss: {totals.epoch_loss:.4f} - {test}"
+    loss = f"loss: {totals.epoch_loss:.4f} - " if math.isfinite(totals.epoch_loss) else ""
+    return (f"Epoch {epoch:,}/{epochs:,} - {totals.epoch_steps:,} steps - {loss}{test}"
             f"{totals.epoch_step_seconds_mean * 1e3:.4f} ms/step (simulated) - "
             f"{wall_seconds:.1f} s (wall)")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pod.errors import OutputError
-from pod.report.stats import StepStats, StepTotals, maxtext_flops, mfu, pipeline_bubble_fraction
+from pod.report.stats import StepStats, StepTotals
 from pod.safe_io import output_errors, read_csv_rows, write_atomic
 
 __all__ = ["summarize", "reliability", "StepsCsv", "steps_rows", "MAX_STEPS_CSV_BYTES",
@@ -95,61 +95,54 @@ def summarize(plan: Any, steps: StepTotals | Sequence[StepStats],
         A JSON-serialisable dict. Without a single step done, the simulated
         figures are None.
     """
-    if not isinstance(steps, StepTotals):
-        totals = StepTotals()
-        for s in steps:
-            totals.add(s)
-        steps = totals
-    totals = steps
-    pod = plan.topology
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps)
     if totals.steps == 0:
         return _identity(plan, 0) | {"wall_seconds": wall_seconds,
                                       "startup_wall_seconds": startup_wall_seconds}
-    mean = totals.mean
-    step_seconds = mean("step_seconds")
-    flops = mean("model_flops")
+    stats = totals.mean_stats()
     return _identity(plan, totals.steps) | {
-        "initial_loss": totals.initial_loss,
-        "final_loss": totals.final_loss,
+        "initial_loss": _finite(totals.initial_loss),  # None: not computed (timing-only)
+        "final_loss": _finite(totals.final_loss),
         "test_loss": evaluated_figure(evaluation, "loss"),
         "test_accuracy": evaluated_figure(evaluation, "accuracy"),
-        "simulated_step_seconds": step_seconds,
-        "simulated_examples_per_second": plan.global_batch / step_seconds,
-        "simulated_tokens_per_second": plan.global_batch * _tokens(plan) / step_seconds,
-        "simulated_tflops": flops / step_seconds / 1e12,
-        "mfu": mfu(flops, step_seconds, pod.peak_bf16_flops_per_s),
-        **{k.replace("_flops_", "_tflops_"): v / step_seconds / 1e12
-           for k, v in maxtext_flops(plan.model, plan.global_batch / plan.mesh.size).items()},
-        "hfu": mfu(mean("hardware_flops"), step_seconds, pod.peak_bf16_flops_per_s),
-        **_step_parts(mean),
+        "simulated_step_seconds": stats.step_seconds,
+        "simulated_examples_per_second": stats.examples_per_second,
+        "simulated_tokens_per_second": stats.tokens_per_second,
+        "simulated_tflops": stats.tflops,
+        "mfu": stats.mfu,
+        **({"maxtext_tflops_per_device": stats.maxtext_tflops_per_device,
+            "maxtext_2023_tflops_per_device": stats.maxtext_2023_tflops_per_device}
+           if stats.maxtext_flops_per_device else {}),
+        "hfu": stats.hfu,
+        **_step_parts(stats),
         "collectives_by_axis": {
-            axis: {"bytes_per_step": mean(f"{axis}_collective_bytes"),
-                   "simulated_seconds": mean(f"{axis}_collective_seconds"),
-                   "exposed_simulated_seconds": mean(f"{axis}_exposed_seconds"),
-                   **_dcn_split(plan, axis, mean)}
+            axis: {"bytes_per_step": stats.axis_collective_bytes.get(axis, 0),
+                   "simulated_seconds": stats.axis_collective_seconds.get(axis, 0.0),
+                   "exposed_simulated_seconds": stats.axis_exposed_seconds.get(axis, 0.0),
+                   **_dcn_split(plan, axis, stats)}
             for axis in plan.mesh.axis_names},
         "ici_bytes_per_step": totals.ici_bytes_per_step,
-        "dcn_bytes_per_step": sum(mean(f"{a}_dcn_bytes") for a in plan.mesh.dcn_sizes),
-        "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s,
+        "dcn_bytes_per_step": sum(stats.axis_dcn_bytes.values()),
+        "peak_bf16_flops_per_s": stats.peak_flops_per_s,
         "wall_seconds": wall_seconds,
-        "wall_step_seconds": mean("wall_seconds"),
+        "wall_step_seconds": stats.wall_seconds,
         "startup_wall_seconds": startup_wall_seconds,
-        "emulation_slowdown": mean("wall_seconds") / step_seconds,
+        "emulation_slowdown": stats.emulation_slowdown,
         "hbm_peak_bytes": totals.hbm_peak_bytes,
         "hbm_capacity_bytes": totals.hbm_capacity_bytes,
         "replicas_identical": None if replicas_identical is None else bool(replicas_identical),
     } | _moe(plan, totals)
 
 
-def _dcn_split(plan: Any, axis: str, mean: Any) -> dict[str, Any]:
+def _dcn_split(plan: Any, axis: str, stats: StepStats) -> dict[str, Any]:
     """An axis's part across slices in ``collectives_by_axis`` (multislice: an axis with a
     ``pod.dcn_mesh`` factor): the slices it spans, the DCN seconds within its
     ``simulated_seconds`` and the bytes a device sends across the DCN per step."""
     slices = plan.mesh.dcn_sizes.get(axis, 1)
     if slices == 1:
         return {}
-    return {"dcn_slices": slices, "dcn_simulated_seconds": mean(f"{axis}_dcn_seconds"),
-            "dcn_bytes_per_step": mean(f"{axis}_dcn_bytes")}
+    return {"dcn_slices": slices, "dcn_simulated_seconds": stats.axis_dcn_seconds.get(axis, 0.0),
+            "dcn_bytes_per_step": stats.axis_dcn_bytes.get(axis, 0)}
 
 
 def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
@@ -173,39 +166,35 @@ def _moe(plan: Any, totals: StepTotals) -> dict[str, Any]:
     }}
 
 
-def _step_parts(mean: Any) -> dict[str, float]:
-    """The summary's parts of a step (means over the steps, seconds) and the shares
-    derived from them (overlap, pipeline bubble)."""
+def _step_parts(stats: StepStats) -> dict[str, float]:
+    """The summary's parts of a step (the mean step's, seconds) and the shares derived
+    from them (overlap, pipeline bubble)."""
     return {
-        "infeed_seconds": mean("infeed_seconds"),
-        "compute_seconds": mean("compute_seconds"),
-        "collective_seconds": mean("collective_seconds"),
-        "exposed_collective_seconds": mean("exposed_collective_seconds"),
-        "exposed_infeed_seconds": mean("exposed_infeed_seconds"),
-        "dispatch_seconds": mean("dispatch_seconds"),
-        "serial_step_seconds": mean("serial_step_seconds"),
-        "overlap_fraction": (min(1.0, max(0.0, 1.0 - mean("exposed_collective_seconds")
-                                              / mean("collective_seconds")))
-                             if mean("collective_seconds") > 0 else 0.0),
-        "update_seconds": mean("update_seconds"),
-        "host_offload_seconds": mean("host_offload_seconds"),
-        "exposed_host_offload_seconds": mean("exposed_host_offload_seconds"),
-        "pipeline_bubble_seconds": mean("pipeline_bubble_seconds"),
-        "pipeline_bubble_fraction": pipeline_bubble_fraction(mean("pipeline_bubble_seconds"),
-                                                             mean("compute_seconds")),
+        "infeed_seconds": stats.infeed_seconds,
+        "compute_seconds": stats.compute_seconds,
+        "collective_seconds": stats.collective_seconds,
+        "exposed_collective_seconds": stats.exposed_collective_seconds,
+        "exposed_infeed_seconds": stats.exposed_infeed_seconds,
+        "dispatch_seconds": stats.dispatch_seconds,
+        "serial_step_seconds": stats.serial_step_seconds,
+        "overlap_fraction": stats.overlap_fraction,
+        "update_seconds": stats.update_seconds,
+        "host_offload_seconds": stats.host_offload_seconds,
+        "exposed_host_offload_seconds": stats.exposed_host_offload_seconds,
+        "pipeline_bubble_seconds": stats.pipeline_bubble_seconds,
+        "pipeline_bubble_fraction": stats.pipeline_bubble_fraction,
     }
+
+
+def _finite(value: float | None) -> float | None:
+    """A figure for summary.json: None where there is none (NaN: JSON has no NaN)."""
+    return None if value is None or value != value else float(value)
 
 
 def evaluated_figure(evaluation: Any | None, name: str) -> float | None:
     """A test figure ("loss", "accuracy"), None when not evaluated or when no example
     was (NaN): summary.json's null, steps.csv's empty cell, an absent metric."""
-    value = getattr(evaluation, name, None) if evaluation is not None else None
-    return None if value is None or value != value else float(value)
-
-
-def _tokens(plan: Any) -> int:
-    """Tokens per example of a sequence model (the transformer's sequence length), else 0."""
-    return int(getattr(getattr(plan.model, "config", None), "sequence_length", 0) or 0)
+    return _finite(getattr(evaluation, name, None) if evaluation is not None else None)
 
 
 def _identity(plan: Any, steps: int) -> dict[str, Any]:
@@ -229,7 +218,7 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "dcn_mesh": plan.mesh.dcn_sizes,
         "devices": plan.mesh.size,
         "devices_per_chip": plan.mesh.devices_per_chip,
-        "allreduce_algorithm": plan.ici.algorithm,
+        **_algorithms(plan),
         "overlap": bool(plan.training.overlap),
         "host_dispatch": plan.training.host_dispatch,
         "steps": steps,
@@ -237,6 +226,14 @@ def _identity(plan: Any, steps: int) -> dict[str, Any]:
         "per_device_batch": plan.per_device_batch,
         **_pipeline(plan),
     }
+
+
+def _algorithms(plan: Any) -> dict[str, Any]:
+    """The collective algorithm of each mesh axis, from the plan's cost table
+    (``MeshCollectiveCosts.algorithms``), and the data axis's allreduce's on its own
+    (``allreduce_algorithm``; None without a data axis)."""
+    algorithms = plan.collective_costs.algorithms()
+    return {"allreduce_algorithm": algorithms.get("data"), "collective_algorithms": algorithms}
 
 
 def _pipeline(plan: Any) -> dict[str, Any]:

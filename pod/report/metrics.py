@@ -18,7 +18,7 @@ never a step number. The chip generation is ``tpu_pod_info``'s ``generation`` la
 | tpu_pod_info | gauge (1) | scenario, generation, slice, topology, dataset, synthetic | what is running |
 | tpu_pod_steps_total | counter | | training steps done |
 | tpu_pod_examples_total | counter | | training examples processed |
-| tpu_pod_simulated_step_seconds | histogram | | simulated step time |
+| tpu_pod_simulated_step_seconds | histogram | | simulated step time (buckets 2.2% apart around the first step: ``simulated_buckets``) |
 | tpu_pod_simulated_step_part_seconds | gauge | part | last step: infeed, compute, collective, update, and exposed_infeed, exposed_collective, dispatch (the critical path's parts) |
 | tpu_pod_collective_overlap_ratio | gauge | | share of the collectives hidden behind the compute, last step |
 | tpu_pod_simulated_examples_per_second | gauge | | last step's simulated throughput |
@@ -63,7 +63,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pod.errors import MetricsError
 from pod.report.stats import StepStats
 
-__all__ = ["PodMetrics", "METRIC_NAMES", "MAX_EXPERT_LABELS"]
+__all__ = ["PodMetrics", "METRIC_NAMES", "MAX_EXPERT_LABELS", "simulated_buckets"]
 
 #: expert label values at most (the experts past them add up under "other"): the
 #: largest published routers have 256 experts (DeepSeek-V3)
@@ -73,6 +73,25 @@ MAX_EXPERT_LABELS = 256
 # model's step on a big pod seconds
 _SIM_BUCKETS = (1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
                 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: fine buckets per factor of 2 around a run's first simulated time (2.2% each), and how
+#: many factors of 2 they span either side
+_FINE_PER_OCTAVE, _FINE_OCTAVES = 32, 1
+
+
+def simulated_buckets(first_seconds: float) -> tuple[float, ...]:
+    """Histogram bucket edges for a run's simulated times, from its first one: 2.2% apart
+    from half to twice it (a run's steps stay near their first: a straggler or a slow
+    link moves them by tens of percent), an edge just below it (a run of equal steps reads
+    its step time at every quantile, not the middle of a decade's bucket: 0.075 and
+    0.0995 ms for a constant 0.0720 ms step), and the 1-2.5-5 decades from 100 ns to 10 s
+    beyond (``_SIM_BUCKETS``). ``_SIM_BUCKETS`` alone for a first time of 0."""
+    if not first_seconds > 0:
+        return _SIM_BUCKETS
+    n = _FINE_PER_OCTAVE * _FINE_OCTAVES
+    fine = [first_seconds * 2.0 ** (k / _FINE_PER_OCTAVE) for k in range(-n, n + 1)]
+    fine.append(first_seconds * (1.0 - 1e-6))
+    low, high = fine[0], fine[-2]
+    return tuple(sorted({*fine, *(b for b in _SIM_BUCKETS if not low <= b <= high)}))
 _WALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 METRIC_NAMES = (
@@ -126,8 +145,7 @@ class PodMetrics:
                          "true" if synthetic else "false").set(1)
         self.steps = Counter("tpu_pod_steps", "Training steps done.", registry=r)
         self.examples = Counter("tpu_pod_examples", "Training examples processed.", registry=r)
-        self.step_seconds = Histogram("tpu_pod_simulated_step_seconds",
-                                      "Simulated TPU step time.", buckets=_SIM_BUCKETS, registry=r)
+        self.step_seconds: Histogram | None = None  # at the first step, its buckets around it
         self.part_seconds = Gauge("tpu_pod_simulated_step_part_seconds",
                                   "Simulated time of the parts of the last step.", ["part"],
                                   registry=r)
@@ -163,10 +181,7 @@ class PodMetrics:
         self.ici_utilization = Gauge("tpu_pod_ici_link_utilization_ratio",
                                      "Directed ICI link bytes / (bandwidth x simulated step time).",
                                      ["link"], registry=r)
-        self.collective_step_seconds = Histogram(
-            "tpu_pod_simulated_collective_seconds",
-            "Simulated collective time of a step, every mesh axis.", buckets=_SIM_BUCKETS,
-            registry=r)
+        self.collective_step_seconds: Histogram | None = None  # the same
         self.wall_seconds = Histogram("tpu_pod_wall_step_seconds", "Host wall time per step.",
                                       buckets=_WALL_BUCKETS, registry=r)
         self.slowdown = later("tpu_pod_emulation_slowdown_ratio",
@@ -181,7 +196,7 @@ class PodMetrics:
         for link in links:  # a counter at 0 is true before the first step: nothing sent yet
             self.ici_bytes.labels(link)
         self._step_gauges = (self.examples_per_second, self.flops_per_second, self.mfu,
-                             self.loss, self.slowdown, self.overlap, self.rate)
+                             self.slowdown, self.overlap, self.rate)
         self._registered: set[Any] = set()
         self._server: Any = None
         self.port = 0
@@ -303,6 +318,14 @@ class PodMetrics:
             self._register(self.tokens_per_second)
         self.steps.inc()
         self.examples.inc(stats.global_batch)
+        if self.step_seconds is None:
+            self.step_seconds = Histogram(
+                "tpu_pod_simulated_step_seconds", "Simulated TPU step time.",
+                buckets=simulated_buckets(stats.step_seconds), registry=self.registry)
+            self.collective_step_seconds = Histogram(
+                "tpu_pod_simulated_collective_seconds",
+                "Simulated collective time of a step, every mesh axis.",
+                buckets=simulated_buckets(stats.collective_seconds), registry=self.registry)
         self.step_seconds.observe(stats.step_seconds)
         self.observe_axes(stats)
         self.observe_experts(stats)
@@ -324,7 +347,9 @@ class PodMetrics:
         if stats.maxtext_flops_per_device:
             self._register(self.tflops_per_device)
             self.tflops_per_device.set(stats.maxtext_tflops_per_device)
-        self.loss.set(stats.loss)
+        if math.isfinite(stats.loss) or self.loss in self._registered:
+            self._register(self.loss)  # absent until a finite loss (timing-only: never)
+            self.loss.set(stats.loss)
         for device, used in stats.hbm_used_bytes.items():
             self.hbm_used.labels(*self._labels(device)).set(used)
             self.hbm_capacity.labels(*self._labels(device)).set(stats.hbm_capacity_bytes)
@@ -341,10 +366,11 @@ class PodMetrics:
             self.mxu_utilization.labels(*self._labels(device)).set(ratio)
         for chip, seconds in stats.chip_compute_seconds.items():
             self.chip_compute_seconds.labels(str(chip)).set(seconds)
+        assert self.collective_step_seconds is not None  # made with step_seconds, above
         self.collective_step_seconds.observe(stats.collective_seconds)
         self.wall_seconds.observe(stats.wall_seconds)
         if stats.step_seconds > 0:
-            self.slowdown.set(stats.wall_seconds / stats.step_seconds)
+            self.slowdown.set(stats.emulation_slowdown)
         if stats.wall_seconds > 0:
             self.rate.set(stats.step_seconds / stats.wall_seconds)
 

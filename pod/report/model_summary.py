@@ -244,10 +244,12 @@ def _cost_table(kind: str, model: Model, batch: int, chip_name: str,
 
 
 def _sum(costs: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The rows' figures added up (a figure only some rows have, such as the host link's
+    ``host_seconds`` of offloaded tensors, counts from 0)."""
     total = _empty()
     for c in costs.values():
         for k, v in c.items():
-            total[k] += v
+            total[k] = total.get(k, 0.0) + v
     return total
 
 

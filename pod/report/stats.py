@@ -20,7 +20,14 @@ from chip.calibration import HOST_DISPATCH_SECONDS as _HOST_DISPATCH_SECONDS
 
 __all__ = ["StepStats", "StepTotals", "RecordTotals", "ExpertLoad", "mfu", "maxtext_flops",
            "pipeline_bubble_fraction", "op_bound", "OP_BOUNDS", "HOST_DISPATCH_SECONDS",
-           "AXIS_ORDER", "TOTAL_FIELDS"]
+           "AXIS_ORDER", "TOTAL_FIELDS", "RUN_FIELDS", "mean_step", "MAXTEXT_FORMULAS"]
+
+#: Which MaxText formula each TFLOP/s-per-device figure uses, said beside the figure
+#: (training-steps.md, "The metric"): MaxText's today halves no attention, the 2023
+#: one (from 64ee4e938, the v5p table's) halves the causal attention term.
+MAXTEXT_FORMULAS = {
+    "maxtext_tflops_per_device": "MaxText tpu-recipes-v0.1.4: causal attention not halved",
+    "maxtext_2023_tflops_per_device": "MaxText 2023: causal attention halved"}
 
 #: What can bound an op's simulated time: its MXU cycles, its VPU cycles, the
 #: scalar unit's issue cycles, or its HBM traffic (the roofline's memory side).
@@ -36,6 +43,10 @@ def op_bound(record: Any) -> str:
 #: One host call into the TPU, seconds (``chip.calibration``: [PALLAS] C3). Charged per
 #: step only with ``training.host_dispatch: per_step``; training loops run on the device.
 HOST_DISPATCH_SECONDS = _HOST_DISPATCH_SECONDS
+
+
+#: Relative float rounding below which a difference of two sums of seconds is none.
+_ROUNDING = 1e-9
 
 
 def pipeline_bubble_fraction(bubble_seconds: float, compute_seconds: float) -> float:
@@ -324,10 +335,20 @@ class StepStats:
 
     @property
     def overlap_fraction(self) -> float:
-        """The share of the collectives hidden behind the compute, 0..1."""
+        """The share of the collectives hidden behind the compute, 0..1: 0 when the hidden
+        part is within float rounding of none (the exposed seconds are a sum of the same
+        parts in another order: 6e-15 is not a share)."""
         total = self.collective_seconds
-        return (min(1.0, max(0.0, 1.0 - self.exposed_collective_seconds / total))
-                if total > 0 else 0.0)
+        hidden = total - self.exposed_collective_seconds
+        if total <= 0 or hidden <= _ROUNDING * total:
+            return 0.0
+        return min(1.0, hidden / total)
+
+    @property
+    def communication_fraction(self) -> float:
+        """The share of the simulated step the compute waited for collectives, 0..1."""
+        s = self.step_seconds
+        return self.exposed_collective_seconds / s if s > 0 else 0.0
 
     @property
     def examples_per_second(self) -> float:
@@ -345,9 +366,26 @@ class StepStats:
         return self.model_flops / self.step_seconds if self.step_seconds > 0 else 0.0
 
     @property
+    def tflops(self) -> float:
+        """Simulated model TFLOP/s of the pod (``flops_per_second`` / 1e12)."""
+        return self.flops_per_second / 1e12
+
+    @property
     def mfu(self) -> float:
         """Model FLOPs utilisation = model FLOP/s / pod peak bf16 FLOP/s (0..1)."""
         return mfu(self.model_flops, self.step_seconds, self.peak_flops_per_s)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: the MXU FLOPs executed (recomputation included) /
+        (simulated seconds x pod peak bf16 FLOP/s), 0..1; MFU without remat."""
+        return mfu(self.hardware_flops, self.step_seconds, self.peak_flops_per_s)
+
+    @property
+    def emulation_slowdown(self) -> float:
+        """Wall seconds per simulated second (0 for a step of no simulated time)."""
+        s = self.step_seconds
+        return self.wall_seconds / s if s > 0 else 0.0
 
     @property
     def maxtext_tflops_per_device(self) -> float:
@@ -383,7 +421,7 @@ class StepStats:
             simulated_step_seconds=self.step_seconds,
             serial_step_seconds=self.serial_step_seconds,
             overlap_fraction=self.overlap_fraction,
-            hfu=mfu(self.hardware_flops, self.step_seconds, self.peak_flops_per_s),
+            hfu=self.hfu,
             simulated_examples_per_second=self.examples_per_second,
             simulated_tokens_per_second=self.tokens_per_second,
             simulated_flops_per_second=self.flops_per_second,
@@ -418,6 +456,12 @@ TOTAL_FIELDS = ("step_seconds", "model_flops", "infeed_seconds", "compute_second
                 "dispatch_seconds", "hardware_flops", "host_offload_seconds",
                 "exposed_host_offload_seconds", "pipeline_bubble_seconds", *AXIS_FIELDS)
 
+
+#: The figures of a step that are its run's (the same at every step: the batch, the pod's
+#: peak, ...); ``StepTotals`` keeps the last step's for its mean step.
+RUN_FIELDS = ("global_batch", "peak_flops_per_s", "tokens_per_example",
+              "maxtext_flops_per_device", "maxtext_2023_flops_per_device",
+              "hbm_capacity_bytes", "ici_link_bandwidth_bytes_per_s", "device_peak_flops_per_s")
 
 def _total_value(stats: StepStats, name: str) -> float:
     """A ``TOTAL_FIELDS`` figure of a step: an attribute, or a mesh axis's entry
@@ -471,9 +515,19 @@ class StepTotals:
     expert_routed: list[int] = field(default_factory=list)
     expert_kept: list[int] = field(default_factory=list)
     expert_max_over_mean_sum: float = 0.0
+    run: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, steps: Iterable[StepStats]) -> StepTotals:
+        """The totals of these steps, in order."""
+        totals = cls()
+        for stats in steps:
+            totals.add(stats)
+        return totals
 
     def add(self, stats: StepStats) -> None:
         """Account one step."""
+        self.run = {k: float(getattr(stats, k)) for k in RUN_FIELDS}
         values = {k: _total_value(stats, k) for k in TOTAL_FIELDS}
         if self.steps == 0:
             self.first, self.initial_loss = values, stats.loss
@@ -505,6 +559,53 @@ class StepTotals:
             raise ValueError("no steps yet")
         return self.sums[name] / (self.steps - 1) if self.steps > 1 else self.first[name]
 
+    def mean_stats(self) -> StepStats:
+        """The mean step: a ``StepStats`` whose parts are the means of ``mean`` (the steps
+        after the first) and whose run figures (batch, peak, ...) are the last step's, so
+        every derived figure of a run (MFU, HFU, tokens/s, overlap, ...) is its
+        properties', as a step's are. ``step`` is the last step's, ``loss`` the final
+        loss; the per-step detail (devices, links, spans) is left empty.
+
+        Raises:
+            ValueError: no step yet.
+        """
+        mean = self.mean
+        axes = [a for a in AXIS_ORDER
+                if any(mean(f"{a}_{what}") for what in ("collective_bytes", "collective_seconds",
+                                                        "exposed_seconds", "dcn_seconds"))]
+
+        def per_axis(what: str) -> dict[str, float]:
+            return {a: mean(f"{a}_{what}") for a in axes}
+
+        run = self.run
+        return StepStats(
+            step=self.steps - 1, loss=float(self.final_loss or 0.0),
+            global_batch=int(run.get("global_batch", 0)),
+            infeed_seconds=mean("infeed_seconds"), compute_seconds=mean("compute_seconds"),
+            collective_seconds=mean("collective_seconds"), update_seconds=mean("update_seconds"),
+            model_flops=int(round(mean("model_flops"))),
+            hardware_flops=int(round(mean("hardware_flops"))),
+            peak_flops_per_s=run.get("peak_flops_per_s", 0.0),
+            wall_seconds=mean("wall_seconds"),
+            tokens_per_example=int(run.get("tokens_per_example", 0)),
+            maxtext_flops_per_device=run.get("maxtext_flops_per_device", 0.0),
+            maxtext_2023_flops_per_device=run.get("maxtext_2023_flops_per_device", 0.0),
+            exposed_collective_seconds=mean("exposed_collective_seconds"),
+            exposed_infeed_seconds=mean("exposed_infeed_seconds"),
+            dispatch_seconds=mean("dispatch_seconds"),
+            host_offload_seconds=mean("host_offload_seconds"),
+            exposed_host_offload_seconds=mean("exposed_host_offload_seconds"),
+            pipeline_bubble_seconds=mean("pipeline_bubble_seconds"),
+            hbm_capacity_bytes=int(run.get("hbm_capacity_bytes", 0)),
+            ici_link_bandwidth_bytes_per_s=run.get("ici_link_bandwidth_bytes_per_s", 0.0),
+            device_peak_flops_per_s=run.get("device_peak_flops_per_s", 0.0),
+            axis_collective_bytes={a: int(round(v)) for a, v in
+                                   per_axis("collective_bytes").items()},
+            axis_collective_seconds=per_axis("collective_seconds"),
+            axis_exposed_seconds=per_axis("exposed_seconds"),
+            axis_dcn_seconds={a: v for a, v in per_axis("dcn_seconds").items() if v},
+            axis_dcn_bytes={a: int(round(v)) for a, v in per_axis("dcn_bytes").items() if v})
+
     def start_epoch(self) -> None:
         """Start a new epoch's sums (called before an epoch's first step)."""
         self.epoch_steps, self.epoch_step_seconds, self.epoch_loss_sum = 0, 0.0, 0.0
@@ -534,3 +635,13 @@ class StepTotals:
             if isinstance(data.get(key), dict):
                 data[key] = {k: float(data[key].get(k, 0.0)) for k in TOTAL_FIELDS}
         return cls(**data)
+
+
+def mean_step(steps: Sequence[StepStats]) -> StepStats:
+    """The mean of a run's steps (``StepTotals.mean_stats``: over the steps after the
+    first, the first alone when it is the only one), as one ``StepStats``.
+
+    Raises:
+        ValueError: no step.
+    """
+    return StepTotals.of(steps).mean_stats()

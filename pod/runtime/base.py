@@ -2,32 +2,38 @@
 figures, evaluation, checkpoints and the replica check. No Ray here.
 
 A pod runs one training plan's device program (``pod.programs``) on every
-device of its mesh. Three back-ends implement the few methods that move work
-to devices (``_step_devices``, ``_evaluate_devices``, ``_snapshot``, ``_load``,
-``_digests``, ``_set_slowdowns``): the Ray pod (``pod.runtime.pod.Pod``: an
-actor per chip, the ICI transport), the in-process pod
-(``pod.runtime.local.LocalPod``: threads and ``LocalMesh``) and, for steps only,
-the timing-only pod (``pod.runtime.timing.TimingPod``). Everything else is
-here, written once: which examples each device gets, how a step's reports
-become its ``StepStats`` (``pod.report.clock``), what the test figures are, how
-a checkpoint is taken from the devices and put back, and whether the data
-replicas agree bit for bit.
+device of its mesh. Three back-ends implement the few abstract methods that
+move work to devices (``_step_devices``, ``_evaluate_devices``, ``_snapshot``,
+``_load``, ``_digests``, ``_set_slowdowns``) and the chips' life (``start``,
+``shutdown``, ``kill_chips``, ``failed_chips``, ``replace_chips``): the Ray pod
+(``pod.runtime.pod.Pod``: an actor per chip, the ICI transport), the in-process
+pod (``pod.runtime.local.LocalPod``: threads and ``LocalMesh``) and the
+timing-only pod (``pod.runtime.timing.TimingPod``: one representative device per
+pipeline stage, shapes only), so one ``Run`` (``pod.commands.train``) drives
+each. Everything else is here, written once: which examples each device gets,
+how a step's reports become its ``StepStats`` (``pod.report.clock``), what the
+test figures are, how a checkpoint is taken from the devices and put back, and
+whether the data replicas agree bit for bit.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from pod.config.pipeline import pipeline_microbatches
+from interconnect.calibration import SLICE_STEP_JITTER
+from interconnect.dcn import slice_wait_seconds
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import DeviceGroups, device_chip_spec, device_groups
 from pod.errors import CheckpointError
-from pod.programs import DeviceProgram, EvalSums, build_program
+from pod.program_factory import training_program
+from pod.programs import DeviceProgram, EvalSums
 from pod.report.clock import DeviceReport, StepContext, combine_device_reports
 from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, maxtext_flops
 from pod.runtime.device import device_coords
@@ -52,19 +58,14 @@ class Evaluation:
 
 
 def plan_program(plan: TrainingPlan) -> DeviceProgram:
-    """The plan's device program (``pod.programs.build_program``): the sharded
-    transformer, or the replicated program with the plan's gradient buckets."""
+    """The plan's device program (``pod.program_factory.training_program``, the one the
+    plan's memory came from): the sharded transformer, or the replicated program with
+    the plan's gradient buckets."""
     from pod.workloads import build_optimizer
 
     training = plan.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
-    return build_program(plan.model, plan.mesh.sizes, optimizer,
-                         sequence_parallel=training.sequence_parallel,
-                         bucket_elements=plan.bucket_elements,
-                         microbatches=pipeline_microbatches(training, plan.mesh),
-                         pipeline_schedule=training.pipeline_schedule,
-                         pipeline_repeats=training.pipeline_repeats,
-                         pipeline_fsdp_ag_once=training.pipeline_fsdp_ag_once)
+    return training_program(plan.model, plan.mesh.sizes, optimizer, training)
 
 
 def step_context(plan: TrainingPlan) -> StepContext:
@@ -82,7 +83,19 @@ def step_context(plan: TrainingPlan) -> StepContext:
         overlap=bool(training.overlap),
         ici_link_bandwidth_bytes_per_s=plan.ici.link.bandwidth_bytes_per_s,
         tokens_per_example=int(getattr(config, "sequence_length", 0) or 0),
+        sustained_mxu_fraction=_sustained_fraction(chip),
+        slice_wait_fraction=slice_wait_seconds(1.0, plan.topology.slices, SLICE_STEP_JITTER),
+        slice_axis=next(iter(plan.mesh.dcn_sizes), ""),
+        prefetch_layers=(1 if plan.device_memory is None
+                         else plan.device_memory.prefetch_layers),
         **maxtext_flops(plan.model, plan.global_batch / plan.mesh.size))
+
+
+def _sustained_fraction(chip) -> float:
+    """e1 / e0 of ``chip``: its sustained MXU budget against a fresh op's rate
+    (``pod.report.clock.sustained_clock``)."""
+    core = chip.core
+    return core.sustained_mxu_efficiency / core.mxu_efficiency
 
 
 def chip_devices(plan: TrainingPlan) -> list[list[tuple[int, DeviceGroups]]]:
@@ -93,8 +106,9 @@ def chip_devices(plan: TrainingPlan) -> list[list[tuple[int, DeviceGroups]]]:
             for r in range(plan.topology.chips)]
 
 
-class PodBase:
-    """The back-end-independent part of a pod (module docstring).
+class PodBase(abc.ABC):
+    """The back-end-independent part of a pod (module docstring); a pod is also a context
+    manager (``start`` on entry, ``shutdown`` on exit).
 
     Args:
         plan: the checked plan.
@@ -102,40 +116,86 @@ class PodBase:
     Attributes:
         plan, program, context: the plan, its program, its ``StepContext``.
         costs: the collective costs in force (``apply_faults`` changes them).
-        coords: each device's ``DeviceCoords``, by device id.
+        coords: each device's ``DeviceCoords``, by device id (made at first use).
         last_reports: the last step's device reports (tests, the trace).
+        computes: whether the devices compute values (a loss, test figures, state to
+            checkpoint); False for the timing-only pod.
+        replicate: how many devices each device report stands for (1: every device
+            reports; the timing-only pod's representatives stand for the rest).
     """
+
+    computes = True
+    replicate = 1
 
     def __init__(self, plan: TrainingPlan) -> None:
         self.plan = plan
         self.program = plan_program(plan)
         self.context = step_context(plan)
         self.costs = plan.collective_costs
-        self.coords = [device_coords(device_groups(plan.mesh, d)) for d in range(plan.mesh.size)]
         self.last_reports: list[DeviceReport] = []
         self._slowdowns: dict[int, float] = {}
 
+    @functools.cached_property
+    def coords(self) -> list[Any]:
+        """Each device's ``DeviceCoords``, by device id."""
+        plan = self.plan
+        return [device_coords(device_groups(plan.mesh, d)) for d in range(plan.mesh.size)]
+
+    def __enter__(self) -> PodBase:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
     # -- what a back-end provides ------------------------------------------------------
 
+    @abc.abstractmethod
+    def start(self, check: Callable[[], None] | None = None) -> float:
+        """Bring the devices up (initial state); wall seconds it took. ``check`` is called
+        between the stages of a long start (a run's interrupt check)."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Let the devices go (and what ``start`` started)."""
+
+    @abc.abstractmethod
     def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
                       trace: bool) -> list[DeviceReport]:
-        raise NotImplementedError
+        """One training step of every device (of ``_inputs``' devices) on its examples."""
 
+    @abc.abstractmethod
     def _evaluate_devices(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[EvalSums]:
-        raise NotImplementedError
+        """Every device's evaluation sums over its test examples, by device id."""
 
+    @abc.abstractmethod
     def _snapshot(self, full: Sequence[bool]) -> list[Any]:
-        raise NotImplementedError
+        """Every device's ``DeviceSnapshot`` (its whole state where ``full``)."""
 
+    @abc.abstractmethod
     def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
               ) -> list[tuple[str, str]]:
-        raise NotImplementedError
+        """Load the whole model onto every device (each its shard); their digests."""
 
+    @abc.abstractmethod
     def _digests(self) -> list[tuple[str, str]]:
-        raise NotImplementedError
+        """Every device's (parameters, optimizer state) digests, by device id."""
 
+    @abc.abstractmethod
     def _set_slowdowns(self, factors: dict[int, float]) -> None:
-        raise NotImplementedError
+        """Slow these chips' compute by these factors (1: back to normal)."""
+
+    @abc.abstractmethod
+    def kill_chips(self, ranks: Any) -> None:
+        """An injected fault: these chips fail (the next step raises ``ClusterError``)."""
+
+    @abc.abstractmethod
+    def failed_chips(self, timeout_s: float = 10.0) -> tuple[list[int], list[int]]:
+        """(dead, hung) chip ranks."""
+
+    @abc.abstractmethod
+    def replace_chips(self, ranks: Any) -> float:
+        """New devices (initial state) for these chips; wall seconds."""
 
     # -- a step ------------------------------------------------------------------------
 
@@ -154,6 +214,11 @@ class PodBase:
         parts = [cut(n, c) for c in self.coords]
         return [x[p] for p in parts], [y[p] for p in parts]
 
+    def _inputs(self, step: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The examples of ``step`` for the devices ``_step_devices`` runs: every device's
+        share of the global batch, by device id."""
+        return self.split(*self.batch(step))
+
     def infeed_bytes(self, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> int:
         """Bytes of the busiest chip's share of the batch (its devices' examples)."""
         per_chip: dict[int, int] = {}
@@ -163,18 +228,21 @@ class PodBase:
         return max(per_chip.values(), default=0)
 
     def step(self, step: int, trace: bool = False) -> StepStats:
-        """One training step of the whole pod on the plan's batch of ``step``.
+        """One training step of the whole pod on the plan's batch of ``step``, with the
+        plan's faults of that step in force (``apply_faults``).
 
         Raises:
             ClusterError: a device failed (its first error).
         """
         t0 = time.perf_counter()
-        xs, ys = self.split(*self.batch(step))
+        self.apply_faults(step)
+        xs, ys = self._inputs(step)
         reports = self._step_devices(step, xs, ys, trace)
         self.last_reports = reports
         return combine_device_reports(step, reports, self.costs, self.context,
                                       infeed_bytes=self.infeed_bytes(xs, ys),
-                                      wall_seconds=time.perf_counter() - t0)
+                                      wall_seconds=time.perf_counter() - t0,
+                                      replicate=self.replicate)
 
     def evaluate(self) -> Evaluation:
         """Test loss and accuracy over the test split (each device its part:
@@ -200,10 +268,10 @@ class PodBase:
 
     # -- checkpoints and replicas ---------------------------------------------------------
 
-    def replicas_identical(self) -> bool:
+    def replicas_identical(self) -> bool | None:
         """Whether the data replicas hold bit-identical state: every device's digests
         equal those of the device at the same place (stage, fsdp, expert, tensor, ...) of data
-        replica 0."""
+        replica 0 (None: not checked, a pod that does not compute)."""
         digests = self._digests()
         first = {_place(c): digests[d] for d, c in enumerate(self.coords) if c.data == 0}
         return all(digests[d] == first[_place(c)] for d, c in enumerate(self.coords))

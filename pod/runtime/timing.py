@@ -22,23 +22,32 @@ bit-identity checks, or test accuracy.
 
 from __future__ import annotations
 
-import time
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from pod.config.plan import TrainingPlan, batch_indices
 from pod.config.sharding import device_groups
-from pod.programs import AXES, ShapeCollectives
-from pod.report.clock import DeviceReport, combine_device_reports
+from pod.errors import CheckpointError, ScenarioError
+from pod.programs import AXES, EvalSums, ShapeCollectives
+from pod.report.clock import DeviceReport
 from pod.report.stats import StepStats
-from pod.runtime.base import plan_program, step_context
+from pod.runtime.base import Evaluation, PodBase
 from pod.runtime.device import Device
 
 __all__ = ["TimingPod"]
 
 
-class TimingPod:
-    """A pod that only accounts time: one in-process device stands for all.
+class TimingPod(PodBase):
+    """A pod that only accounts time: one in-process device per pipeline stage stands for
+    all (module docstring). A ``PodBase`` back-end, so a ``Run`` drives it as it drives
+    the Ray and the in-process pods; what it does not compute it says: a step's loss is
+    NaN, an evaluation counts no example, ``replicas_identical`` is None, and there is no
+    state to checkpoint or chip to kill. A slow chip (``faults: slow_chip``) slows the
+    representatives by the largest factor in force: a step waits for its slowest chip.
 
     Args:
         plan: the checked training plan.
@@ -54,10 +63,10 @@ class TimingPod:
         HBMOutOfMemoryError: the device's state does not fit (as in a functional run).
     """
 
+    computes = False
+
     def __init__(self, plan: TrainingPlan) -> None:
-        self.plan = plan
-        self.program = plan_program(plan)
-        self.context = step_context(plan)
+        super().__init__(plan)
         training = plan.training
         self.groups = device_groups(plan.mesh, 0)
         self.devices = [Device(plan.topology.chip, d, device_groups(plan.mesh, d), self.program,
@@ -68,48 +77,99 @@ class TimingPod:
                                execute=False)
                         for d in self.groups.ring["stage"]]
         self.device = self.devices[self.groups.ring["stage"].index(0)]
+        self.replicate = plan.mesh.size // len(self.devices)
         self.last_report: DeviceReport | None = None
-        self.last_reports: list[DeviceReport] = []
+        self._factors: dict[int, float] = {}
 
     @property
     def algorithm(self) -> str:
         """The allreduce algorithm of a data axis over the whole pod."""
         return self.plan.ici.algorithm
 
-    def _examples(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """The representative device's examples (their values do not matter, only shapes)."""
+    # -- the back-end of PodBase ----------------------------------------------------------
+
+    def start(self, check: Callable[[], None] | None = None) -> float:
+        """Nothing to start: the representatives exist from the constructor (0 s)."""
+        if check is not None:
+            check()
+        return 0.0
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""
+
+    def _inputs(self, step: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The representatives' examples (their values do not matter, only shapes): one
+        device's share of the batch of ``step``, each."""
         plan, data = self.plan, self.plan.dataset
         b, n = plan.per_device_batch, int(data.x_train.shape[0])
         if plan.global_batch <= n:
             idx = batch_indices(n, plan.global_batch, step, plan.training.seed)[:b]
         else:  # a batch bigger than the data set: costs depend on shapes only
             idx = np.arange(b) % n
-        return data.x_train[idx], data.y_train[idx]
+        x, y = data.x_train[idx], data.y_train[idx]
+        return [x] * len(self.devices), [y] * len(self.devices)
 
-    def step(self, step: int = 0) -> StepStats:
-        """Account one training step of the whole pod.
+    def infeed_bytes(self, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> int:
+        """A chip's share of the batch: its devices' examples (every chip's is the same)."""
+        return self.plan.mesh.devices_per_chip * int(xs[0].nbytes + ys[0].nbytes)
 
-        Args:
-            step: zero-based step number (selects the link faults in force).
-
-        Returns:
-            Its statistics: simulated figures of the pod (every device's clock is
-            the representative's), wall seconds of this host's accounting.
-        """
-        t0 = time.perf_counter()
-        x, y = self._examples(step)
+    def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
+                      trace: bool) -> list[DeviceReport]:
         seed = self.plan.training.seed
         reports = []
-        for device in self.devices:
+        for device, x, y in zip(self.devices, xs, ys, strict=True):
             groups = device.groups
             comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
                                     {a: groups.ring_index(a) for a in AXES})
-            reports.append(device.step(comm, x, y, step, seed))
-        self.last_reports = reports
+            reports.append(device.step(comm, x, y, step, seed, trace))
         self.last_report = reports[self.devices.index(self.device)]
-        per_chip = self.plan.mesh.devices_per_chip
-        return combine_device_reports(
-            step, reports, self.plan.collective_costs_at(step), self.context,
-            infeed_bytes=per_chip * int(x.nbytes + y.nbytes),
-            wall_seconds=time.perf_counter() - t0,
-            replicate=self.plan.mesh.size // len(reports))
+        return reports
+
+    def step(self, step: int = 0, trace: bool = False) -> StepStats:
+        """Account one training step of the whole pod (``PodBase.step``): its simulated
+        figures (every device's clock is a representative's), the wall seconds of this
+        host's accounting, and a NaN loss (nothing is computed).
+
+        Args:
+            step: zero-based step number (selects the faults in force).
+            trace: keep the representatives' op records for a trace.
+        """
+        stats = super().step(step, trace)
+        return dataclasses.replace(stats, loss=math.nan)
+
+    def evaluate(self) -> Evaluation:
+        """No example is evaluated (nothing is computed): NaN test figures."""
+        return Evaluation(EvalSums(0.0, 0, 0))
+
+    def replicas_identical(self) -> None:
+        """Not checked: no device holds values."""
+        return None
+
+    def _evaluate_devices(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[EvalSums]:
+        return [EvalSums(0.0, 0, 0) for _ in xs]
+
+    def _snapshot(self, full: Sequence[bool]) -> list[Any]:
+        raise CheckpointError("a timing-only pod holds no parameters to checkpoint")
+
+    def _load(self, params: dict, opt_state: dict, model_states: Sequence[dict | None]
+              ) -> list[tuple[str, str]]:
+        raise CheckpointError("a timing-only pod holds no parameters to restore")
+
+    def _digests(self) -> list[tuple[str, str]]:
+        return []
+
+    def _set_slowdowns(self, factors: dict[int, float]) -> None:
+        self._factors.update(factors)
+        slowest = max(self._factors.values(), default=1.0)
+        for device in self.devices:
+            device.set_compute_slowdown(slowest)
+
+    def kill_chips(self, ranks: Any) -> None:
+        raise ScenarioError("faults: a timing-only run has no chip to kill (kill_chip and "
+                            "kill_host need a functional run)")
+
+    def failed_chips(self, timeout_s: float = 10.0) -> tuple[list[int], list[int]]:
+        return [], []
+
+    def replace_chips(self, ranks: Any) -> float:
+        return 0.0

@@ -163,7 +163,7 @@ def _check_run_state(source: str, run_state: Any, step: int, num_faults: int) ->
         raise CheckpointError(f"{source}: run_state['totals'] has {keys}, expected the keys "
                               f"{', '.join(fields)}")
     for key, value in totals.items():
-        if key in ("first", "sums"):
+        if key in ("first", "sums", "run"):  # run: the run's figures (StepTotals.run)
             ok = isinstance(value, dict) and all(isinstance(k, str) and _is_number(v)
                                                  for k, v in value.items())
         elif key in ("initial_loss", "final_loss"):

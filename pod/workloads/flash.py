@@ -53,7 +53,8 @@ from chip import to_bf16
 
 __all__ = ["FLASH_BLOCK_SIZE", "STATS_BYTES_PER_ROW", "CausalBlocks", "causal_blocks",
            "flash_forward", "flash_backward", "record_flash_forward", "record_flash_backward",
-           "FORWARD_PRODUCTS", "BACKWARD_PRODUCTS"]
+           "record_flash_backward_kernel", "BACKWARD_KERNELS", "FORWARD_PRODUCTS",
+           "BACKWARD_PRODUCTS"]
 
 FLASH_BLOCK_SIZE = 512
 """Query and key block of the flash kernel, rows and columns: MaxText's splash
@@ -285,18 +286,48 @@ def record_flash_backward(core, name: str, batch: int, heads: int, kv_heads: int
         ".../softmax", ".../exp"). Both kernels use the forward's blocks (MaxText's
         ``sa_block_q_dkv``, ``sa_block_kv_dq``, ... are not told apart).
     """
+    bh, out = batch * heads, core.output_bytes
+    q_elements = batch * steps * heads * head_dim
+    core.account_vector(f"{name}/flash_bwd/di", q_elements, 2 * q_elements * out + 4 * bh * steps,
+                        ops_per_element=2.0)
+    for kernel in BACKWARD_KERNELS:
+        record_flash_backward_kernel(core, f"{name}/flash_bwd_{kernel}", kernel, batch, heads,
+                                     kv_heads, steps, head_dim, block, block_kv)
+
+
+#: The backward's two Pallas kernels ([PALLAS-FA] ``_flash_attention_bwd_dkv``, ``_dq``).
+BACKWARD_KERNELS = ("dkv", "dq")
+
+
+def record_flash_backward_kernel(core, name: str, kernel: str, batch: int, heads: int,
+                                 kv_heads: int, steps: int, head_dim: int,
+                                 block: int = FLASH_BLOCK_SIZE,
+                                 block_kv: int | None = None) -> None:
+    """Records one backward kernel, ``dkv`` (dV += P^T dO, dK += dS^T Q) or ``dq`` (dQ +=
+    dS K), with its fused softmax-gradient work (module docstring): what an HLO module
+    holds as one custom call each (``pod.hlo``).
+
+    Args:
+        core: the TensorCore.
+        name: the kernel's record name (its fused ".../softmax", ".../exp" follow).
+        kernel: one of :data:`BACKWARD_KERNELS`.
+        batch, heads, kv_heads, steps, head_dim, block, block_kv: as
+            ``record_flash_forward``.
+
+    Raises:
+        ValueError: an unknown kernel.
+    """
+    if kernel not in BACKWARD_KERNELS:
+        raise ValueError(f"flash backward kernel {kernel!r}: one of {BACKWARD_KERNELS}")
     blocks = causal_blocks(steps, block, block_kv)
     bh, ob, out = batch * heads, core.operand_bytes, core.output_bytes
     q_elements, kv_elements = batch * steps * heads * head_dim, batch * steps * kv_heads * head_dim
     stats = bh * steps * (STATS_BYTES_PER_ROW + 4)                         # m, l and di, float32
-    core.account_vector(f"{name}/flash_bwd/di", q_elements, 2 * q_elements * out + 4 * bh * steps,
-                        ops_per_element=2.0)
     reads = (2 * q_elements + 2 * kv_elements) * ob + stats               # q, dO, k, v, m, l, di
-    core.account_kernel(f"{name}/flash_bwd_dkv",
-                        _block_products(blocks, head_dim, bh, ("qk", "qk", "t", "t")),
-                        reads + 2 * kv_elements * out)
-    _softmax_ops(core, f"{name}/flash_bwd_dkv", blocks, bh, 5.0)
-    core.account_kernel(f"{name}/flash_bwd_dq",
-                        _block_products(blocks, head_dim, bh, ("qk", "qk", "pv")),
-                        reads + q_elements * out)
-    _softmax_ops(core, f"{name}/flash_bwd_dq", blocks, bh, 5.0)
+    if kernel == "dkv":
+        core.account_kernel(name, _block_products(blocks, head_dim, bh, ("qk", "qk", "t", "t")),
+                            reads + 2 * kv_elements * out)
+    else:
+        core.account_kernel(name, _block_products(blocks, head_dim, bh, ("qk", "qk", "pv")),
+                            reads + q_elements * out)
+    _softmax_ops(core, name, blocks, bh, 5.0)

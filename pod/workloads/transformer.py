@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from chip import to_bf16
 from pod.workloads.attention import ATTENTION_KERNELS, RELPOS_BUCKETS
-from pod.workloads.block import BLOCKS, REMAT_POLICIES, TensorHooks, TransformerBlock
+from pod.workloads.block import BLOCKS, REMAT_POLICIES, STATS_BYTES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
 from pod.workloads.flash import FLASH_BLOCK_SIZE
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
@@ -47,6 +48,8 @@ from pod.workloads.remat import check_remat_custom
 from pod.workloads.weights import WEIGHT_DTYPES, computed, weight_dtype
 
 __all__ = [
+    "check_expert_split",
+    "check_tensor_split",
     "BLOCKS",
     "MLP",
     "MLP_ACTIVATIONS",
@@ -230,7 +233,7 @@ TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", 
                        "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
                        "experts_per_token", "capacity_factor", "moe_aux_loss_weight",
                        "sparse_matmul", "weight_dtype", "quantization", "use_qk_norm",
-                       "sa_block_q", "sa_block_kv")
+                       "sa_block_q", "sa_block_kv", "num_vocab_tiling")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -316,6 +319,9 @@ class TransformerConfig:
             (MaxText's splash attention ``sa_block_q``, ``sa_block_kv``; 512 each,
             ``pod.workloads.flash.FLASH_BLOCK_SIZE``): larger blocks skip less of
             the causal triangle.
+        num_vocab_tiling: the loss is computed over this many chunks of the tokens,
+            each chunk's logits made and dropped in turn (MaxText's
+            ``num_vocab_tiling``); 1: all the logits at once.
 
     Raises:
         ValueError: one line naming the option: "transformer: option heads
@@ -361,6 +367,7 @@ class TransformerConfig:
     use_qk_norm: bool = False
     sa_block_q: int = FLASH_BLOCK_SIZE
     sa_block_kv: int = FLASH_BLOCK_SIZE
+    num_vocab_tiling: int = 1
 
     if TYPE_CHECKING:
         def __init__(self, vocabulary: int, sequence_length: int, embed_dim: int = ...,
@@ -374,7 +381,7 @@ class TransformerConfig:
                      moe_aux_loss_weight: float = ..., sparse_matmul: bool = ...,
                      weight_dtype: str = ..., quantization: str = ...,
                      use_qk_norm: bool = ..., sa_block_q: int = ...,
-                     sa_block_kv: int = ...) -> None: ...
+                     sa_block_kv: int = ..., num_vocab_tiling: int = ...) -> None: ...
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers",
@@ -418,6 +425,7 @@ class TransformerConfig:
                 raise ValueError(f"transformer: option remat_custom needs remat: custom, got "
                                  f"remat: {self.remat}")
             object.__setattr__(self, "remat_custom", custom)
+        check_int(self.num_vocab_tiling, "transformer: option num_vocab_tiling")
         for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion", "sparse_matmul",
                       "use_qk_norm"):
             if not isinstance(getattr(self, field), bool):
@@ -668,25 +676,22 @@ class TransformerModel(Model):
                           ) -> ActivationMemory | None:
         """One device's activations for ``batch`` examples on a mesh with this tensor
         size, as XLA lays them out for MaxText (training-steps.md; the logical
-        axis rules of MaxText's base.yml: ``activation_embed``,
-        ``activation_vocab`` -> tensor).
+        axis rules of MaxText's base.yml: ``activation_embed`` -> tensor).
 
         Kept (HBM or host, by ``remat``): per block what its policy keeps
         (``TransformerBlock.activation_bytes``): the attention and MLP tensors
         with the device's heads and MLP units, the residual stream's split over
-        tensor; the token ids (int32), the final norm's x_hat and 1/sigma and
-        the output layer's input (split over tensor). In the activation dtype
-        of ``precision`` (bf16: 2 bytes), statistics float32. No T x T tensor
-        with flash attention. (The emulator's device program keeps the
-        residual stream whole on every tensor device, or with sequence
-        parallelism a sequence chunk each, which is the same bytes; the plan
-        is the hardware's.)
+        tensor; the token ids (int32) and the output layer's inputs
+        (:meth:`output_kept_bytes`). In the activation dtype of ``precision``
+        (bf16: 2 bytes), statistics float32. No T x T tensor with flash
+        attention. (The emulator's device program keeps the residual stream
+        whole on every tensor device, or with sequence parallelism a sequence
+        chunk each, which is the same bytes; the plan is the hardware's.)
 
-        Transient: the larger of one block's whole backward working set (its
-        remat ``none`` set, recomputed: ``TransformerBlock.transient_bytes``)
-        and the logits with their gradient, (T, V / tensor) each in the
-        activation dtype (XLA fuses the loss's float32 log-softmax into its
-        reductions, so no float32 (T, V) tensor is written).
+        Transient: one block's whole backward working set (its remat ``none``
+        set, recomputed: ``TransformerBlock.transient_bytes``). The logits are the
+        device program's to count (``pod.programs``: their vocabulary's split and
+        when they live depend on the program).
 
         Returns:
             The bytes, or None when ``tensor`` does not split the heads, kv heads
@@ -699,12 +704,17 @@ class TransformerModel(Model):
             local, int(batch), activation_bytes_per_element(precision), int(tensor))
         return ActivationMemory(device, host, transient)
 
+    def output_kept_bytes(self, bytes_per_element: int, tensor: int = 1) -> int:
+        """Bytes per example the output layer keeps for backward: the final norm's input
+        and its 1 / sigma, the output layer's input, split over tensor as the residual
+        stream."""
+        t, c = self.config.sequence_length, self.config.embed_dim
+        return 2 * -(-t * c * bytes_per_element // tensor) + -(-t * STATS_BYTES // tensor)
+
     def _activation_bytes(self, local: TransformerModel, batch: int, bpe: int,
                           shards: int) -> tuple[int, int, int]:
-        cfg = self.config
-        t, c = cfg.sequence_length, cfg.embed_dim
-        device = 4 * t + 2 * -(-t * c * bpe // shards) + -(-t * 4 // shards)
-        host, transient = 0, -(-t * cfg.vocabulary // shards) * 2 * bpe      # logits, dlogits
+        device = 4 * self.config.sequence_length + self.output_kept_bytes(bpe, shards)
+        host, transient = 0, 0
         for layer, shape in zip(local.layers, local._shapes, strict=False):
             if isinstance(layer, TransformerBlock):
                 d, h = layer.activation_bytes(shape, bpe, shards)
@@ -918,3 +928,48 @@ def build_transformer(input_shape, num_classes: int, **options) -> TransformerMo
                          f"got {tuple(input_shape)}")
     return TransformerModel(TransformerConfig(vocabulary=num_classes,
                                               sequence_length=int(input_shape[0]), **options))
+
+
+def check_tensor_split(config: TransformerConfig, tensor: int) -> None:
+    """Checks that ``tensor`` devices can split the query heads, the key / value
+    heads and the MLP hidden units.
+
+    Raises:
+        ValueError: one line, e.g. ``tensor 3 does not divide the transformer's
+            heads 4, kv_heads 4 and mlp_dim 32; tensor must divide all three: 1,
+            2, 4``.
+    """
+    sizes = (config.heads, config.kv_heads, config.mlp_dim)
+    if all(n % tensor == 0 for n in sizes):
+        return
+    common = math.gcd(*sizes)
+    choices = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+    raise ValueError(f"tensor {tensor} does not divide the transformer's heads {config.heads}, "
+                     f"kv_heads {config.kv_heads} and mlp_dim {config.mlp_dim}; tensor must "
+                     f"divide all three: {choices}")
+
+
+def check_expert_split(config: TransformerConfig, sizes: Mapping[str, int]) -> None:
+    """Checks that a mesh's ``expert`` axis can split the transformer's experts.
+
+    Raises:
+        ValueError: one line: the expert size does not divide ``experts``; experts
+            with tensor > 1 (an expert is not split over tensor); dropless routing
+            (capacity_factor 0) with expert > 1.
+    """
+    expert, tensor = int(sizes.get("expert", 1)), int(sizes.get("tensor", 1))
+    e = config.experts
+    if not e:
+        return
+    if e % expert:
+        choices = ", ".join(str(d) for d in range(1, e + 1) if e % d == 0)
+        raise ValueError(f"expert {expert} does not divide the transformer's {e} experts; "
+                         f"expert must divide them: {choices}")
+    if tensor > 1:
+        raise ValueError(f"tensor {tensor} with experts: the MoE program splits experts over "
+                         f"expert and chunks them over fsdp, not over tensor; use tensor 1 "
+                         f"(e.g. the expert or fsdp axis instead)")
+    if expert > 1 and not config.capacity_factor:
+        raise ValueError(f"expert {expert} with dropless routing (capacity_factor 0): the "
+                         f"all-to-all of a dropless MoE is ragged, which is not modelled; give "
+                         f"capacity_factor > 0 (e.g. 1.25) or expert 1")

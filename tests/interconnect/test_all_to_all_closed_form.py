@@ -53,8 +53,10 @@ def _pairwise(torus: Torus, elements: int, itemsize: int = 2):
 
 
 def _shapes(ndim: int, most: int) -> list[tuple[int, ...]]:
-    sizes = range(2, most + 1)
-    return [s for s in itertools.product(sizes, repeat=ndim) if np.prod(s) <= most]
+    """Every shape of ``ndim`` axes of at least 2 chips each, at most ``most`` chips."""
+    if ndim == 0:
+        return [()]
+    return [(a, *rest) for a in range(2, most + 1) for rest in _shapes(ndim - 1, most // a)]
 
 
 @pytest.mark.parametrize("shape", _shapes(1, 12) + _shapes(2, 24) + _shapes(3, 16))

@@ -160,7 +160,8 @@ def test_validate_checks_every_file_and_reports_each(tmp_path):
     rows = json.loads(out.stdout)
     assert out.returncode == 2 and [r["ok"] for r in rows] == [False, True]
     assert rows[0]["error"].startswith(f"{bad}: training.global_batch")
-    assert rows[1]["allreduce_algorithm"] and rows[1]["per_device_batch"] == 32
+    assert rows[1]["collective_algorithms"] == {"data": "torus"}
+    assert rows[1]["per_device_batch"] == 32
     assert (rows[1]["mesh"], rows[1]["devices"]) == ({"data": 8}, 8)
 
 

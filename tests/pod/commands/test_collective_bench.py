@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from chip import get_chip_spec
 from interconnect.calibration import CALIBRATION as C
 from pod.cli import cli, main
-from pod.commands.collective_bench import (DTYPES, avg_bus_bandwidth, cut_count,
+from pod.commands.collective_bench import (DTYPE_ALIASES, DTYPES, avg_bus_bandwidth, cut_count,
                                            run_collective_bench, summary_line)
 from pod.errors import BenchError
 
@@ -33,7 +33,7 @@ def test_question_c_a_1gib_allreduce_on_v4_128_ring_against_torus_is_one_command
     and the fixed cost (interconnect/calibration.py), the torus faster."""
     out = _invoke("--slice", "v4-128", "--op", "allreduce", "--sizes", "1GiB",
                   "--algorithm", "ring,torus")
-    assert "allreduce on v4-128 = v4 4x4x4 (64 chips, wraparound y/y/y), f32" in out
+    assert "allreduce on v4-128 = v4 4x4x4 (64 chips, wraparound y/y/y), fp32" in out
     averages = {m.group(2): float(m.group(1)) for m in map(AVG.match, out.splitlines()) if m}
     assert set(averages) == {"ring", "torus"}
     rows = json.loads(_invoke("--slice", "v4-128", "--sizes", "1GiB", "--algorithm", "ring,torus",
@@ -70,14 +70,15 @@ def test_the_summary_line_is_the_mean_busbw_over_the_sizes():
     assert summary_line(12.5e9) == "# Avg bus bandwidth    : 12.5000 GB/s"
 
 
-@pytest.mark.parametrize("dtype, count", [("bf16", GIB // 2), ("f32", GIB // 4), ("int8", GIB)])
+@pytest.mark.parametrize("dtype, count", [("bf16", GIB // 2), ("fp32", GIB // 4), ("int8", GIB),
+                                          ("f32", GIB // 4)])  # f32: fp32's other name
 def test_the_dtype_sets_the_count_not_the_bytes(dtype, count):
     _, _, (row,) = run_collective_bench(None, None, "allreduce", [GIB], slice_name="v4-128",
                                         algorithm="torus", dtype=dtype)
     _, _, (f32,) = run_collective_bench(None, None, "allreduce", [GIB], slice_name="v4-128",
                                         algorithm="torus")
     assert (row.count, row.size_bytes, row.requested_bytes, row.cut) == (count, GIB, GIB, "")
-    assert row.dtype == dtype and DTYPES[dtype] * count == GIB
+    assert row.dtype == DTYPE_ALIASES.get(dtype, dtype) and DTYPES[row.dtype] * count == GIB
     assert row.simulated_seconds == pytest.approx(f32.simulated_seconds, rel=1e-6)
 
 
@@ -115,9 +116,9 @@ def test_averages_per_algorithm_only_when_several_are_given():
     (["--chip", "v5e"], "give --slice (e.g. v4-128) or --chip with --topology"),
     (["--slice", "v4-100"], "--slice: slice 'v4-100' does not exist"),
     (["--slice", "v4-128", "--chip", "v5e"], "--chip: 'v5e' contradicts --slice 'v4-128'"),
-    (["--slice", "v4-128", "--sizes", "3"], "size 3 B is too small for allreduce of f32 on 64 chips"),
+    (["--slice", "v4-128", "--sizes", "3"], "size 3 B is too small for allreduce of fp32 on 64 chips"),
     (["--slice", "v4-128", "--algorithm", "ring,butterfly"], "'butterfly' is not available"),
-    (["--slice", "v4-128", "--dtype", "fp8"], "'fp8' is not one of 'bf16', 'f32', 'int8'"),
+    (["--slice", "v4-128", "--dtype", "fp8"], "dtype 'fp8' is not valid: expected one of bf16, fp32"),
 ])
 def test_mistakes_are_one_line(capsys, args, needle):
     with pytest.raises(SystemExit) as info:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from pod.commands.runs import make_run
+from pod.commands.train import Run
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.errors import ClusterError
@@ -21,7 +21,7 @@ SCENARIO = {"name": "failed-start", "pod": {"slice": "v2-8"},
 
 def _run(out):
     plan = build_plan(parse_scenario(yaml.safe_load(yaml.safe_dump(SCENARIO))))
-    return make_run(plan, output_dir=out, console=Console(quiet=True), backend="local").run()
+    return Run(plan, output_dir=out, console=Console(quiet=True), backend="local").run()
 
 
 @pytest.mark.usefixtures("one_blas_thread")

@@ -15,8 +15,8 @@ def test_a_batch_study_is_plotted_against_the_batch(tmp_path):
     rows = run_sweep(s, tmp_path)
     assert _x_axis(s, rows) == ("global_batch", "global batch")
     series = _series(s, rows, "global_batch")
-    assert list(series) == ["torus"]        # nothing else varies: one series, named in full
-    assert [r["global_batch"] for r in series["torus"]] == [64, 128, 256]
+    assert list(series) == ["allreduce torus"]   # nothing else varies: one series, named in full
+    assert [r["global_batch"] for r in series["allreduce torus"]] == [64, 128, 256]
     assert not (tmp_path / "efficiency.png").exists()
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert (tmp_path / "breakdown.png").stat().st_size > 0

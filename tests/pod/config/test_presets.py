@@ -180,7 +180,7 @@ def test_describe_a_preset_by_name():
     assert code == 0, err
     text = " ".join(out.split())
     assert "v5p-8: 4 chips" in text and "8,030,261,248" in text
-    assert "HBM plan per device (pod.mesh {fsdp: 4}; global batch 4 = 1 per device)" in text
+    assert "HBM plan per device (pod.mesh {fsdp: 4}; global batch 4 = 1 per device; at its " in text
     code, out, err = _cli("describe", "mistral-7b", "pod.slice=v5e-16", "--json")
     assert code == 0, err
     assert '"name": "v5e-16"' in out and '"global_batch": 16' in out

@@ -41,11 +41,10 @@ def with_(path: str, value):
 
 
 #: Published runs (training-steps.md) written exactly as they ran, which the HBM plan
-#: refuses today although the hardware ran them (issue 29 item 2: the plan is being fixed).
-#: Each must still be refused by the HBM plan and nothing else; when the plan admits one,
-#: this test fails and the name leaves the set.
-REFUSED_BY_THE_HBM_PLAN = {"maxtext-t6-llama3.1-70b-v6e-64.yaml",
-                           "maxtext-t8-mixtral-8x7b-v6e-256.yaml"}
+#: refuses although the hardware ran them: none since the plan is the program's (issue 29
+#: item 2; T6 and T8 were refused before). A name here must be refused by the HBM plan
+#: and nothing else; when the plan admits one, the test fails and the name leaves the set.
+REFUSED_BY_THE_HBM_PLAN: set[str] = set()
 
 
 def test_every_shipped_scenario_validates():

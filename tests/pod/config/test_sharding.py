@@ -397,8 +397,30 @@ def test_a_plan_allreduces_a_data_axis_over_the_pod_with_its_chosen_algorithm():
 
     ring = plan(allreduce="ring")
     assert ring.ici.algorithm == ring.collective_costs.torus_algorithm == "ring"
-    assert ring.ici.cost is not None
+    assert ring.collective_costs.algorithms() == {"data": "ring"}
     auto = plan()
     assert auto.collective_costs.torus_algorithm == auto.ici.algorithm
     sharded = plan({"data": 2, "fsdp": 2, "tensor": 2})
-    assert sharded.collective_costs.torus_algorithm is None and sharded.ici.costs == ()
+    assert sharded.collective_costs.torus_algorithm is None and not sharded.ici.whole_pod
+    # the group collectives as XLA runs them: over every torus axis of the group's block
+    assert sharded.collective_costs.algorithms() == {"data": "torus", "fsdp": "torus",
+                                                     "tensor": "torus"}
+
+
+def test_a_collective_matmul_pays_a_fixed_cost_per_collective_permute_step():
+    """XLA's windowed einsum (issue 29): an all-gather over a tensor axis of 16 runs as
+    ceil(15 / 2) = 8 bidirectional collective-permute steps, an allreduce (its
+    reduce-scatter and its all-gather) as 16; each pays a collective's fixed cost, of
+    which the monolithic collective paid one."""
+    mesh = layout_mesh({"data": 2, "tensor": 16}, Torus((2, 16)))
+    link = LinkSpec(1e11, latency_s=1e-6, collective_fixed_s=4e-6)
+    costs = MeshCollectiveCosts(mesh, link)
+    assert costs.windowed_steps("tensor", "all_gather") == 8
+    assert costs.windowed_steps("tensor", "reduce_scatter") == 8
+    assert costs.windowed_steps("tensor", "allreduce") == 16
+    assert costs.windowed_steps("data", "allreduce") == 2       # an axis of 2: one step each way
+    assert costs.windowed_steps("fsdp", "allreduce") == 0       # absent: no collective at all
+    assert costs.windowed_steps("tensor", "all_to_all") == 0
+    plain = costs.seconds("tensor", "allreduce", 1 << 20)
+    assert costs.seconds("tensor", "allreduce", 1 << 20, windowed=True) == pytest.approx(
+        plain + 15 * 4e-6, rel=1e-12)

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from chip import TensorCore, get_chip_spec
-from pod.config.pipeline import _chunk_activation_bytes
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.errors import ScenarioError
@@ -233,19 +232,19 @@ def test_a_pipelined_checkpoint_assembles_the_whole_model_and_restores():
 # --------------------------------------------------------------------------- the plan
 
 def test_the_memory_plan_counts_the_stage_and_the_microbatches_in_flight():
+    """The plan is the pipelined program's memory (``PipelinedTransformer.memory``, its
+    largest stage): a stage holds half the blocks of the flat mesh's device, and 1F1B
+    keeps fewer microbatches in flight than GPipe (tests/pod/programs/test_memory.py
+    counts them)."""
     base = {"stage": 2, "fsdp": 4}
-    gpipe = build_plan(scenario(base, microbatches=4)).memory
+    gpipe = build_plan(scenario(base, microbatches=4))
     one_f = build_plan(scenario(base, microbatches=4, pipeline_schedule="1f1b")).memory
     flat = build_plan(scenario({"data": 2, "fsdp": 4})).memory
-    assert gpipe["params"] < 0.75 * flat["params"]          # half the blocks per device
-    # per microbatch of 16 / 4 / 4 = 1 example: a chunk's bytes x the chunks in flight, the
-    # largest stage's (the last, with the logits); 1F1B keeps min(S - s, M) of M = 4
-    plan = build_plan(scenario(base, microbatches=4))
-    chunk = [_chunk_activation_bytes(plan.model, layers, "bf16", 1)[0]
-             for layers in stage_layers(4, 2, 1)]
-    assert gpipe["activations"] == 4 * chunk[1]
-    assert one_f["activations"] == max(2 * chunk[0], 1 * chunk[1]) < gpipe["activations"]
-    assert gpipe["total"] == sum(v for k, v in gpipe.items() if k != "total")
+    assert gpipe.memory["params"] < 0.75 * flat["params"]          # half the blocks per device
+    program = PipelinedTransformer(gpipe.model, gpipe.mesh.sizes, optimizer(), microbatches=4)
+    assert gpipe.device_memory == program.memory(gpipe.per_device_batch)
+    assert one_f["activations"] < gpipe.memory["activations"]
+    assert gpipe.memory["total"] == sum(v for k, v in gpipe.memory.items() if k != "total")
 
 
 @pytest.mark.parametrize("mesh, training, match", [
@@ -266,14 +265,3 @@ def test_bad_pipelines_are_one_line_errors(mesh, training, match):
         assert match in str(err.value)
 
 
-@pytest.mark.parametrize("remat, tensor", [("none", 1), ("full", 2), ("minimal", 4)])
-def test_the_chunks_activations_add_up_to_the_models(remat, tensor):
-    """The stages' chunks keep what the whole model's plan keeps (``activation_memory``,
-    the hardware's plan of pod.config.mesh), split by layer."""
-    model = TransformerModel(TransformerConfig(**{**TINY, "remat": remat}))
-    chunks = stage_layers(4, 2, 2)
-    kept = sum(_chunk_activation_bytes(model, c, "bf16", tensor)[0] for c in chunks)
-    whole = model.activation_memory(1, precision="bf16", tensor=tensor)
-    assert kept == whole.device_bytes
-    assert max(_chunk_activation_bytes(model, c, "bf16", tensor)[1] for c in chunks) \
-        == whole.transient_bytes

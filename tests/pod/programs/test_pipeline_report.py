@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pod.commands.runs import make_run
+from pod.commands.train import Run
 from pod.commands.sweep import sweep_kind, sweep_points
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
@@ -41,8 +41,8 @@ def test_a_pipelined_run_reports_its_bubble_everywhere(tmp_path):
     from rich.console import Console
 
     plan = build_plan(scenario())
-    run = make_run(plan, output_dir=tmp_path, console=Console(quiet=True), keep_history=True,
-                   backend="local", trace_path=tmp_path / "trace.json")
+    run = Run(plan, output_dir=tmp_path, console=Console(quiet=True), keep_history=True,
+              backend="local", trace_path=tmp_path / "trace.json")
     summary = run.run()
     history = run.history
     assert summary["pipeline"] == {"stages": 2, "microbatches": 2, "schedule": "gpipe",

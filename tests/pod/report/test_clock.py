@@ -57,6 +57,27 @@ def test_a_slow_prefetch_is_partly_exposed():
     assert clock.exposed_seconds == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("layers, compute, gather", [(6, 1.0, 0.5), (5, 1.0, 1.5), (4, 0.3, 0.2)])
+def test_prefetch_depth_exposes_the_gathers_it_no_longer_hides(layers, compute, gather):
+    """L layers of c seconds, each after its gather of g seconds (issue 29 item 3). One
+    layer ahead, the first gather is exposed whole and each later one by max(0, g - c)
+    (its gather runs behind the layer before); with none ahead (a plan too tight to
+    prefetch, ``DeviceMemory.prefetch_layers`` 0) every gather is exposed whole: the
+    exposed fsdp time grows by (L - 1) min(g, c)."""
+    calls = [Call("fsdp", "all_gather", 8, f"l{i}", "param_gather", i) for i in range(layers)]
+    records, cost = [Rec(compute)] * layers, cost_of({("fsdp", "all_gather"): gather})
+    ahead = step_clock(records, calls, cost)                                 # the default: 1
+    none = step_clock(records, calls, cost, prefetch_layers=0)
+    two = step_clock(records, calls, cost, prefetch_layers=2)
+    assert ahead.axis_exposed_seconds["fsdp"] == pytest.approx(
+        gather + (layers - 1) * max(0.0, gather - compute))
+    assert none.axis_exposed_seconds["fsdp"] == pytest.approx(layers * gather)
+    assert (none.axis_exposed_seconds["fsdp"] - ahead.axis_exposed_seconds["fsdp"]
+            == pytest.approx((layers - 1) * min(gather, compute)))
+    assert none.step_seconds == pytest.approx(layers * (compute + gather))
+    assert two.exposed_seconds <= ahead.exposed_seconds + 1e-12   # deeper never exposes more
+
+
 def test_grad_reduces_hide_behind_the_backward_pass_and_the_optimizer_waits():
     calls = [Call("fsdp", "reduce_scatter", 8, "g2", "grad_reduce", 2),
              Call("data", "allreduce", 4, "g3", "grad_reduce", 3)]

@@ -98,5 +98,5 @@ def test_info_metric_names_the_generation_and_chip_is_always_a_rank():
 def test_dashboard_shows_the_renamed_info_label():
     dash = json.loads(DASHBOARD.read_text())
     legends = [t["legendFormat"] for p in dash["panels"] for t in p["targets"]
-               if t["expr"].startswith("tpu_pod_info")]
+               if t["expr"].startswith("last_over_time(tpu_pod_info{")]
     assert legends and all("{{generation}}" in text for text in legends)

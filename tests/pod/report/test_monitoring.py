@@ -309,6 +309,11 @@ def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer
             assert time.monotonic() < deadline, f"fewer than 3 scrapes in 20 s: {samples}"
             time.sleep(0.5)
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        # a loaded host scrapes late: the samples above may all be from during training;
+        # wait (bounded, within the hold) for one of the final values
+        while float(_query(server, "tpu_pod_steps_total")[0]["value"][1]) < summary["steps"]:
+            assert time.monotonic() < deadline + 10, "no scrape of the final values"
+            time.sleep(0.5)
 
         eps = _query(server, "tpu_pod_simulated_examples_per_second")
         assert len(eps) == 1

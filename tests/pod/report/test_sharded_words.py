@@ -141,7 +141,8 @@ def test_describe_json_of_a_mesh_has_its_axes_not_an_allreduce():
     assert out.exit_code == 0, out.output[-2000:]
     data = json.loads(out.output)
     assert data["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
-    assert data["allreduce_algorithm"] is None and "per_device_batch" in data
+    assert data["collective_algorithms"] == {"data": "torus", "fsdp": "torus", "tensor": "torus"}
+    assert "per_device_batch" in data
     step = data["step"]
     assert set(step["exposed_by_axis"]) == {"data", "fsdp", "tensor"}
     assert step["exposed_collective_seconds"] > 0 and step["simulated_tokens_per_second"] > 0

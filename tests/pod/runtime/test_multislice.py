@@ -164,7 +164,9 @@ def test_the_largest_published_job_costs_a_step_in_seconds_without_model_sized_a
     assert wall < 60.0, wall                      # seconds; a loose bound for a loaded host
     assert peak < 200 * 2**20, peak
     assert stats.axis_dcn_seconds["data"] > 0
-    assert 0.55 < stats.mfu < 0.65                # T3's 61% less the DCN's unhidden tail
+    # T3's ~60% over 1 + jitter x E[max of 199 standard normals] (2.75): each step waits
+    # for the slowest of 199 slices (interconnect.dcn.slice_wait_seconds), about 13%
+    assert 0.50 < stats.mfu < 0.57
 
 
 # ------------------------------------------------------------------ what the files say

@@ -306,13 +306,17 @@ def test_a_sharded_run_writes_its_axes_to_the_summary_and_the_trace(tmp_path):
     assert end == pytest.approx((steps[0]["ts"] + steps[0]["dur"]), rel=1e-9)
     # the summary's step time is the mean of the steps after the first: step 2's
     assert steps[0]["dur"] == pytest.approx(summary["simulated_step_seconds"] * 1e6, rel=1e-9)
-    # HBM per device: its parameter, gradient and AdamW chunks and the plan's activations
+    # HBM per device: its parameter, gradient and AdamW chunks (float32, as the program
+    # keeps them) and the plan's activations
     from pod.config.plan import build_plan
     from pod.config.scenario import load_scenario
+    from pod.runtime.base import plan_program
 
-    memory = build_plan(load_scenario(_scenario(tmp_path))).memory
-    assert summary["hbm_peak_bytes"] == sum(memory[k] for k in ("params", "grads",
-                                                                 "optimizer_state", "activations"))
+    plan = build_plan(load_scenario(_scenario(tmp_path)))
+    program = plan_program(plan)
+    assert summary["hbm_peak_bytes"] == (2 * program.local_param_bytes()
+                                         + program.optimizer_state_bytes()
+                                         + plan.memory["activations"])
     assert summary["ici_bytes_per_step"] > 0
     # the console's table: the mesh, and per axis a step's bytes as summary.json's
     assert "{data: 2, fsdp: 2, tensor: 2}" in output and "collectives, exposed" in output

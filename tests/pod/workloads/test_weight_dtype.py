@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from chip import TensorCore, get_chip_spec
-from pod.config.mesh import build_mesh, mesh_memory_plan
 from pod.config.slices import resolve_pod
 from pod.programs import DeviceCoords, LocalMesh, ShapeCollectives, ShardedTransformer
 from pod.workloads import TransformerConfig, TransformerModel, build_optimizer
@@ -164,22 +163,20 @@ def test_assembled_bf16_shards_are_the_whole_model_as_float32_values():
 
 def test_the_memory_plan_counts_two_bytes_per_parameter_gradient_and_slot():
     """On {fsdp: 8}: params, grads and AdamW's two slots at 2 bytes each (half the
-    float32 masters' figures); the gathered weights stay 2 bytes, the two layers of
-    gradients in flight halve."""
+    float32 masters' figures); the gathered weights stay bf16; the bf16 copy XLA keeps
+    of float32 masters is not needed by bf16 weights."""
     options = {**TINY, "vocabulary": 256, "sequence_length": 64}
-    plans = {}
+    memory = {}
     for wd in ("float32", "bfloat16"):
         model = TransformerModel(TransformerConfig(**options, weight_dtype=wd))
-        opt_bytes = _adamw().state_bytes({k: np.zeros(s, model.storage_dtype)
-                                          for k, s in model.param_shapes.items()})
-        plans[wd] = mesh_memory_plan(model, opt_bytes, 8, build_mesh(
-            {"fsdp": 8}, resolve_pod(chip="v5e", chips=8)), 16 * 2**30)
-    f32, bf = plans["float32"], plans["bfloat16"]
-    for item in ("params", "grads", "optimizer_state"):
-        assert 2 * bf[item] == f32[item] > 0, item
-    model = TransformerModel(TransformerConfig(**options))
-    layer = model.largest_layer_params(1)
-    assert f32["workspace"] - bf["workspace"] == 2 * layer * (4 - 2)
+        memory[wd] = ShardedTransformer(model, {"fsdp": 8}, _adamw()).memory(1)
+    f32, bf = memory["float32"], memory["bfloat16"]
+    for item in ("parameters_bytes", "optimizer_state_bytes"):
+        assert 2 * getattr(bf, item) == getattr(f32, item) > 0, item
+    assert f32.gradients_bytes in (0, f32.parameters_bytes)           # 0 at the loss
+    assert dict(f32.workspace)["gathered weights"] == dict(bf.workspace)["gathered weights"]
+    assert dict(f32.workspace)["weights in compute dtype"] == f32.parameters_bytes // 2
+    assert "weights in compute dtype" not in dict(bf.workspace)
 
 
 def test_weight_dtype_is_checked_in_one_line():

@@ -1,0 +1,549 @@
+"""An XLA HLO module as data: the text XLA prints (``compiled.as_text()``,
+``--xla_dump_to`` files, MaxText's ``dump_hlo``, PyTorch/XLA's dumps) parsed into
+computations of instructions, each with its shape, operands and attributes.
+
+The grammar followed is XLA's HLO text format (``xla/hlo/parser/hlo_parser.cc``;
+the printer ``HloInstruction::ToString``)::
+
+    HloModule name, is_scheduled=true, num_partitions=8, ...
+    %computation (p: bf16[8,128]) -> bf16[8,128] {
+      %p = bf16[8,128]{1,0:T(8,128)(2,1)} parameter(0)
+      ROOT %neg = bf16[8,128]{1,0} negate(%p), metadata={op_name="jit(f)/neg"}
+    }
+    ENTRY %main (...) -> ... { ... }
+
+A shape is an array ``dtype[d0,d1]{layout}`` (the layout's minor-to-major order,
+tiles ``T(8,128)`` and memory space ``S(n)``: on a TPU ``S(1)`` is the
+TensorCore's VMEM, the alternate memory XLA's memory-space assignment places
+small buffers in) or a tuple of shapes. ``%`` before names is optional (some
+printers omit it); ``/*index=5*/`` comments are ignored. The module's
+``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
+(newer XLA) map an instruction's ``stack_frame_id`` to the user's source line.
+
+Nothing here knows what an op costs (``pod.hlo.ops``) or how a program runs
+(``pod.hlo.program``). Pure Python: no jax, no ray.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from pod.errors import HloParseError
+
+__all__ = ["DTYPE_BYTES", "ArrayShape", "Shape", "HloInstruction", "HloComputation",
+           "HloModule", "parse_hlo", "parse_shape", "split_top", "VMEM_SPACE"]
+
+#: Bytes per element of each HLO primitive type (``xla/xla_data.proto``); sub-byte types
+#: (s4, u4, f4e2m1fn) count half a byte, as XLA packs them.
+DTYPE_BYTES: dict[str, float] = {
+    "pred": 1, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2,
+    "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4,
+    "f64": 8, "c64": 8, "c128": 16, "f8e5m2": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1,
+    "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "f8e4m3": 1, "f8e3m4": 1, "f8e8m0fnu": 1,
+    "f4e2m1fn": 0.5, "token": 0, "opaque": 0,
+}
+
+#: The memory space of a TPU's VMEM in a layout (``S(1)``): XLA's alternate memory.
+VMEM_SPACE = 1
+
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*(?:\([^()]*\)[^{}]*)*\})?")
+_SPACE = re.compile(r"S\((\d+)\)")
+_COMMENT = re.compile(r"/\*.*?\*/")
+_NAME = r"%?([A-Za-z_][\w.\-]*)"
+_HEADER = re.compile(r"^(ENTRY\s+)?" + _NAME + r"\s*(.*)\{\s*$")
+_INSTRUCTION = re.compile(r"^(ROOT\s+)?" + _NAME + r"\s*=\s*(.*)$")
+_OPCODE = re.compile(r"\s*([a-z][a-z0-9\-]*)\(")
+
+
+@dataclass(frozen=True)
+class ArrayShape:
+    """One array: element type, dimensions, memory space.
+
+    Attributes:
+        dtype: XLA's primitive type name, e.g. "bf16", "f32", "s32", "pred".
+        dims: the dimensions (``()`` for a scalar).
+        memory_space: the layout's ``S(n)``, 0 (HBM) when absent; 1 is a TPU's VMEM.
+    """
+
+    dtype: str
+    dims: tuple[int, ...]
+    memory_space: int = 0
+
+    @property
+    def elements(self) -> int:
+        """Number of elements (1 for a scalar)."""
+        return math.prod(self.dims)
+
+    @property
+    def itemsize(self) -> float:
+        """Bytes per element (:data:`DTYPE_BYTES`)."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the array, rounded up."""
+        return math.ceil(self.elements * self.itemsize)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An instruction's shape: one array, or a tuple (its leaves, nested tuples flattened).
+
+    Attributes:
+        leaves: the arrays, in order.
+        is_tuple: a tuple shape (possibly of one element, or empty).
+    """
+
+    leaves: tuple[ArrayShape, ...]
+    is_tuple: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every leaf."""
+        return sum(a.nbytes for a in self.leaves)
+
+    def hbm_bytes(self) -> int:
+        """Bytes of the leaves outside VMEM (memory space 1): what moves through HBM."""
+        return sum(a.nbytes for a in self.leaves if a.memory_space != VMEM_SPACE)
+
+    @property
+    def array(self) -> ArrayShape:
+        """The single array of a non-tuple shape (the first leaf of a tuple)."""
+        if not self.leaves:
+            return ArrayShape("token", ())
+        return self.leaves[0]
+
+    @property
+    def elements(self) -> int:
+        """Elements of the largest leaf."""
+        return max((a.elements for a in self.leaves), default=0)
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """``text`` split at ``sep`` outside brackets, braces, parentheses and strings.
+
+    Args:
+        text: e.g. ``a={1,2}, b="x,y", c=f(1,2)``.
+        sep: one character.
+
+    Returns:
+        The stripped parts (empty ones dropped).
+    """
+    parts, depth, start = [], 0, 0
+    for i, ch in _unquoted(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def _unquoted(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, character) of ``text`` from ``start``, skipping quoted strings (their
+    escapes included) and the quotes."""
+    quote, i = "", start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        else:
+            yield i, ch
+        i += 1
+
+
+def _closing(text: str, start: int) -> int:
+    """The index just past the bracket closing the one at ``text[start]``; -1 if none."""
+    pairs = {"(": ")", "[": "]", "{": "}"}
+    stack: list[str] = []
+    for i, ch in _unquoted(text, start):
+        if ch in pairs:
+            stack.append(pairs[ch])
+        elif stack and ch == stack[-1]:
+            stack.pop()
+            if not stack:
+                return i + 1
+    return -1
+
+
+def parse_shape(text: str) -> Shape:
+    """Parse an HLO shape: ``bf16[8,128]{1,0:T(8,128)S(1)}``, ``f32[]``, ``(s32[], bf16[4])``.
+
+    Args:
+        text: the shape's text alone.
+
+    Returns:
+        The :class:`Shape`.
+
+    Raises:
+        ValueError: text that is not a shape (the caller names the line).
+    """
+    text = text.strip()
+    if text.startswith("("):
+        if not text.endswith(")"):
+            raise ValueError(f"unbalanced tuple shape {text[:60]!r}")
+        leaves: list[ArrayShape] = []
+        for part in split_top(text[1:-1]):
+            leaves.extend(parse_shape(part).leaves)
+        return Shape(tuple(leaves), is_tuple=True)
+    match = _ARRAY.fullmatch(text)
+    if not match or match.group(1) not in DTYPE_BYTES:
+        raise ValueError(f"not a shape: {text[:60]!r}")
+    dims = tuple(int(d.lstrip("<=")) for d in match.group(2).split(",") if d.strip())
+    space = _SPACE.search(match.group(3) or "")
+    return Shape((ArrayShape(match.group(1), dims, int(space.group(1)) if space else 0),))
+
+
+def _read_shape(text: str) -> tuple[str, str]:
+    """(the shape at the start of ``text``, the rest)."""
+    text = text.lstrip()
+    if text.startswith("("):
+        end = _closing(text, 0)
+        if end < 0:
+            raise ValueError("unbalanced parentheses in the shape")
+        return text[:end], text[end:]
+    match = _ARRAY.match(text)
+    if not match:
+        raise ValueError(f"no shape at {text[:40]!r}")
+    return match.group(0), text[match.end():]
+
+
+@dataclass(frozen=True, eq=False)
+class HloInstruction:
+    """One HLO instruction.
+
+    Attributes:
+        name: its name without ``%``, e.g. "fusion.12".
+        opcode: e.g. "fusion", "all-gather-start", "while".
+        shape: its result shape.
+        operands: the names of its operands, in order.
+        attrs: its attributes as written (``calls`` -> "%fused_computation.3", ...).
+        line: its 1-based line in the text.
+        is_root: the computation's ROOT.
+        literal: a constant's literal text ("" for other ops).
+    """
+
+    name: str
+    opcode: str
+    shape: Shape
+    operands: tuple[str, ...]
+    attrs: dict[str, str]
+    line: int
+    is_root: bool = False
+    literal: str = ""
+
+    def attr_names(self, key: str) -> tuple[str, ...]:
+        """Computation names an attribute refers to (``calls=%c``, ``to_apply=%c``,
+        ``branch_computations={%a, %b}``, ``calls={%a, %b}``)."""
+        raw = self.attrs.get(key, "")
+        return tuple(n.strip().lstrip("%") for n in raw.strip("{}").split(",") if n.strip())
+
+    @property
+    def called(self) -> tuple[str, ...]:
+        """Every computation this instruction calls (fusion, while, call, reduce's
+        ``to_apply``, conditional branches, async wrapped computations)."""
+        out: list[str] = []
+        for key in ("calls", "to_apply", "condition", "body", "branch_computations",
+                    "true_computation", "false_computation"):
+            out.extend(self.attr_names(key))
+        return tuple(out)
+
+    @cached_property
+    def metadata(self) -> dict[str, str]:
+        """The ``metadata={op_name="..." source_file=... stack_frame_id=5}`` fields."""
+        raw = self.attrs.get("metadata", "").strip("{}")
+        return {k: v.strip('"') for k, v in
+                re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', raw)}
+
+    @property
+    def op_name(self) -> str:
+        """The JAX op name XLA kept (``metadata.op_name``), "" when absent."""
+        return self.metadata.get("op_name", "")
+
+    @cached_property
+    def backend_config(self) -> dict[str, Any]:
+        """The ``backend_config`` JSON as a dict ({} when absent or not JSON)."""
+        raw = self.attrs.get("backend_config", "")
+        if not raw.startswith("{"):
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def estimated_cycles(self) -> int | None:
+        """XLA's own estimate of the op's TensorCore cycles (TPU backend_config
+        ``window_config.estimated_cycles`` or ``estimated_cycles``), None when absent."""
+        config = self.backend_config
+        for where in (config.get("window_config", {}), config):
+            value = where.get("estimated_cycles") if isinstance(where, dict) else None
+            if value is not None:
+                try:
+                    return int(value)
+                except (TypeError, ValueError):
+                    return None
+        return None
+
+    @property
+    def known_trip_count(self) -> int | None:
+        """A while loop's trip count as XLA recorded it (``backend_config
+        known_trip_count.n``), None when absent."""
+        value = self.backend_config.get("known_trip_count", {})
+        n = value.get("n") if isinstance(value, dict) else None
+        try:
+            return int(n) if n is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    def int_list(self, key: str) -> tuple[int, ...]:
+        """An attribute of integers such as ``dimensions={1}`` or ``index=0``."""
+        return tuple(int(v) for v in re.findall(r"-?\d+", self.attrs.get(key, "")))
+
+
+@dataclass(frozen=True, eq=False)
+class HloComputation:
+    """One computation: its instructions in the order printed (the schedule, in a
+    scheduled module).
+
+    Attributes:
+        name: its name without ``%``.
+        instructions: in order.
+        is_entry: the module's ENTRY computation.
+        line: the 1-based line of its header.
+    """
+
+    name: str
+    instructions: tuple[HloInstruction, ...]
+    is_entry: bool = False
+    line: int = 0
+    by_name: dict[str, HloInstruction] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_name.update({i.name: i for i in self.instructions})
+
+    @property
+    def root(self) -> HloInstruction:
+        """The ROOT instruction (the last one when none is marked)."""
+        return next((i for i in self.instructions if i.is_root), self.instructions[-1])
+
+    def parameter(self, index: int) -> HloInstruction | None:
+        """Its ``parameter(index)`` instruction."""
+        return next((i for i in self.instructions
+                     if i.opcode == "parameter" and i.literal.strip() == str(index)), None)
+
+    def users(self) -> dict[str, list[HloInstruction]]:
+        """Operand name -> the instructions that read it."""
+        out: dict[str, list[HloInstruction]] = {}
+        for instr in self.instructions:
+            for op in instr.operands:
+                out.setdefault(op, []).append(instr)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class HloModule:
+    """A parsed HLO module.
+
+    Attributes:
+        name: the module's name (``HloModule name``).
+        computations: name -> computation.
+        entry: the ENTRY computation's name.
+        attrs: the header's attributes (``num_partitions``, ``is_scheduled``, ...).
+        sources: stack frame id -> "file:line (function)" of the user's code.
+    """
+
+    name: str
+    computations: dict[str, HloComputation]
+    entry: str
+    attrs: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def entry_computation(self) -> HloComputation:
+        """The ENTRY computation."""
+        return self.computations[self.entry]
+
+    @property
+    def num_partitions(self) -> int:
+        """SPMD partitions (devices) the module was compiled for (1 when not said)."""
+        return int(self.attrs.get("num_partitions", "1") or 1)
+
+    @property
+    def replica_count(self) -> int:
+        """Replicas the module was compiled for (1 when not said)."""
+        return int(self.attrs.get("replica_count", "1") or 1)
+
+    @property
+    def devices(self) -> int:
+        """Devices the module runs on: replicas x partitions."""
+        return self.num_partitions * self.replica_count
+
+    @property
+    def is_scheduled(self) -> bool:
+        """XLA scheduled it (``is_scheduled=true``): the printed order is the order run."""
+        return self.attrs.get("is_scheduled", "") == "true"
+
+    def source_of(self, instr: HloInstruction) -> str:
+        """Where the user wrote ``instr``: "file:line (function)" from its stack frame or
+        ``source_file`` / ``source_line`` metadata; "" when unknown."""
+        meta = instr.metadata
+        frame = meta.get("stack_frame_id")
+        if frame and frame in self.sources:
+            return self.sources[frame]
+        if meta.get("source_file"):
+            return f"{meta['source_file'].rsplit('/', 1)[-1]}:{meta.get('source_line', '?')}"
+        return ""
+
+    def instructions(self) -> Iterator[tuple[HloComputation, HloInstruction]]:
+        """Every (computation, instruction) of the module."""
+        for comp in self.computations.values():
+            for instr in comp.instructions:
+                yield comp, instr
+
+
+def _parse_instruction(text: str, number: int) -> HloInstruction:
+    match = _INSTRUCTION.match(text)
+    if not match:
+        raise HloParseError(number, f"not an instruction: {text[:80]!r}")
+    root, name, rest = bool(match.group(1)), match.group(2), match.group(3)
+    try:
+        shape_text, rest = _read_shape(rest)
+        shape = parse_shape(shape_text)
+    except ValueError as err:
+        raise HloParseError(number, f"{name}: {err}") from None
+    op = _OPCODE.match(rest)
+    if not op:
+        raise HloParseError(number, f"{name}: no opcode after the shape: {rest[:60]!r}")
+    opcode = op.group(1)
+    start = op.end() - 1
+    end = _closing(rest, start)
+    if end < 0:
+        raise HloParseError(number, f"{name}: unbalanced parentheses after {opcode}")
+    inside, tail = rest[start + 1:end - 1], rest[end:]
+    literal, operands = "", []
+    if opcode in ("constant", "parameter", "iota", "partition-id", "replica-id", "after-all"):
+        literal = inside
+    else:
+        for part in split_top(inside):
+            token = part.split()[-1]
+            if not token.startswith("%") and not re.fullmatch(r"[A-Za-z_][\w.\-]*", token):
+                raise HloParseError(number, f"{name}: operand {part[:40]!r} is not a name")
+            operands.append(token.lstrip("%"))
+    attrs: dict[str, str] = {}
+    for part in split_top(tail.lstrip(", ")):
+        key, sep, value = part.partition("=")
+        if sep:
+            attrs[key.strip()] = value.strip()
+    return HloInstruction(name, opcode, shape, tuple(operands), attrs, number, root, literal)
+
+
+def _source_tables(lines: list[tuple[int, str]]) -> dict[str, str]:
+    """Stack frame id -> "file:line (function)" from the module's source tables."""
+    files: dict[str, str] = {}
+    functions: dict[str, str] = {}
+    locations: dict[str, tuple[str, str, str]] = {}
+    frames: dict[str, str] = {}
+    table = ""
+    for _, text in lines:
+        if text in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            table = text
+            continue
+        match = re.match(r"^(\d+)\s+(.*)$", text)
+        if not match:
+            continue
+        key, value = match.groups()
+        fields = dict(re.findall(r"(\w+)=(\d+)", value))
+        if table == "FileNames":
+            files[key] = value.strip('"').rsplit("/", 1)[-1]
+        elif table == "FunctionNames":
+            functions[key] = value.strip('"')
+        elif table == "FileLocations":
+            locations[key] = (fields.get("file_name_id", ""), fields.get("function_name_id", ""),
+                              fields.get("line", "?"))
+        elif table == "StackFrames" and fields.get("file_location_id") in locations:
+            f, fn, line = locations[fields["file_location_id"]]
+            frames[key] = f"{files.get(f, '?')}:{line} ({functions.get(fn, '?')})"
+    return frames
+
+
+def parse_hlo(text: str) -> HloModule:
+    """Parse the text of an HLO module.
+
+    Args:
+        text: one module as XLA prints it.
+
+    Returns:
+        The :class:`HloModule`.
+
+    Raises:
+        HloParseError: a line that is neither a header, an instruction, a closing
+            brace nor a source table; an instruction whose shape or operands do not
+            parse; a computation called but not defined; no ENTRY computation. The
+            message starts with the line number.
+    """
+    name, header_attrs = "", {}
+    computations: dict[str, HloComputation] = {}
+    entry = ""
+    current: tuple[str, bool, int] | None = None
+    body: list[HloInstruction] = []
+    tables: list[tuple[int, str]] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = _COMMENT.sub("", raw).strip()
+        if not line or line.startswith("//") or line.startswith("#"):
+            continue
+        if current is None and line.startswith("HloModule"):
+            head, _, rest = line.partition(",")
+            name = head.split(None, 1)[1].strip() if len(head.split()) > 1 else ""
+            for part in split_top(rest):
+                key, _, value = part.partition("=")
+                header_attrs[key.strip()] = value.strip()
+            continue
+        if current is None:
+            match = _HEADER.match(line)
+            if match and ("->" in match.group(3) or not match.group(3)
+                          or match.group(3).startswith("(")):
+                current = (match.group(2), bool(match.group(1)), number)
+                body = []
+                continue
+            tables.append((number, line))
+            if re.match(r"^(\d+\s|FileNames|FunctionNames|FileLocations|StackFrames)", line):
+                continue
+            raise HloParseError(number, f"expected a computation header, got {line[:80]!r}")
+        if line == "}":
+            comp_name, is_entry, start = current
+            if not body:
+                raise HloParseError(start, f"computation {comp_name} has no instructions")
+            computations[comp_name] = HloComputation(comp_name, tuple(body), is_entry, start)
+            entry = comp_name if is_entry else entry
+            current = None
+            continue
+        body.append(_parse_instruction(line, number))
+    if current is not None:
+        raise HloParseError(current[2], f"computation {current[0]} is not closed by '}}'")
+    if not computations:
+        raise HloParseError(0, "no HLO computation in the text (is it an HLO module?)")
+    if not entry:
+        raise HloParseError(0, "no ENTRY computation in the module")
+    for comp in computations.values():
+        for instr in comp.instructions:
+            missing = [c for c in instr.called if c not in computations]
+            if missing:
+                raise HloParseError(instr.line, f"{instr.name} calls {missing[0]}, which the "
+                                                "module does not define")
+    return HloModule(name, computations, entry, header_attrs, _source_tables(tables))

@@ -1,0 +1,193 @@
+"""An HLO step's results, written and shown with the project's report writers.
+
+The files of any run (``pod.report``): ``summary.json`` (``write_json``),
+``layers.csv`` (``write_csv``; here one row per JAX op name, so the user sees
+the names of their own functions, with the source line XLA kept), a
+``collectives.csv`` beside it, and the Perfetto trace (``pod.report.trace``:
+the compute stream with its waits, a lane per unit, a lane per set of device
+groups with each collective where the clock placed it). The terminal table is
+``pod.report.console.titled_table``.
+
+Every figure is SIMULATED unless it says wall. A step costed from a
+CPU-compiled module says "approximate (CPU-compiled HLO)" in the summary, the
+table's title, the CSV files' first column header note and the trace's name.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from pod.hlo.step import HloStep
+from pod.report.console import titled_table
+from pod.report.files import check_writable, write_csv, write_json
+from pod.report.stats import mfu
+from pod.report.trace import metadata_events, step_events, write_trace
+
+__all__ = ["APPROXIMATE", "FAITHFUL", "LAYER_COLUMNS", "COLLECTIVE_COLUMNS", "label",
+           "summary", "layer_rows", "collective_rows", "summary_table", "ops_table",
+           "write_results"]
+
+#: How a step costed from each kind of module is labelled everywhere it is shown.
+APPROXIMATE = "approximate (CPU-compiled HLO)"
+FAITHFUL = "TPU-compiled HLO"
+
+LAYER_COLUMNS = ("op_name", "source", "instructions", "runs", "simulated_seconds", "share",
+                 "mxu_flops", "hbm_bytes", "bound", "costed_as", "xla_estimated_seconds")
+COLLECTIVE_COLUMNS = ("instruction", "op_name", "op", "lane", "form", "algorithm", "groups",
+                      "bytes", "runs", "simulated_seconds", "dcn_simulated_seconds")
+
+
+def label(step: HloStep) -> str:
+    """"TPU-compiled HLO" or "approximate (CPU-compiled HLO)"."""
+    return APPROXIMATE if step.approximate else FAITHFUL
+
+
+def summary(step: HloStep, **extra: Any) -> dict[str, Any]:
+    """summary.json's content for an HLO step (simulated seconds unless named wall).
+
+    Args:
+        step: the costed step.
+        extra: more top-level fields (the capture's: platform, cache, wall seconds).
+    """
+    stats, top = step.stats, step.topology
+    peak = top.peak_bf16_flops_per_s
+    seconds = stats.step_seconds
+    lanes = {lane: {"bytes_per_step": int(stats.axis_collective_bytes.get(lane, 0)),
+                    "simulated_seconds": stats.axis_collective_seconds.get(lane, 0.0),
+                    "exposed_simulated_seconds": stats.axis_exposed_seconds.get(lane, 0.0)}
+             for lane in step.lanes}
+    xla = [r.xla_seconds for r in step.ops]
+    return {
+        "costed_from": label(step),
+        "module": step.module_name,
+        "slice": top.slice_name, "generation": top.chip.name, "chips": top.chips,
+        "slices": top.slices, "topology": top.torus.name, "devices": step.devices,
+        "simulated_step_seconds": seconds,
+        "serial_step_seconds": stats.serial_step_seconds,
+        "compute_seconds": stats.compute_seconds,
+        "collective_seconds": stats.collective_seconds,
+        "exposed_collective_seconds": stats.exposed_collective_seconds,
+        "overlap_fraction": stats.overlap_fraction,
+        "collectives_by_lane": lanes,
+        "mxu_flops_per_device": step.flops_per_device,
+        "simulated_tflops_per_device": step.flops_per_device / seconds / 1e12 if seconds else 0.0,
+        "mfu": mfu(step.flops_per_device * step.devices, seconds, peak),
+        "mfu_flops": "the HLO's own MXU FLOPs (recomputation included)",
+        "peak_bf16_flops_per_s": peak,
+        "compute_bound_seconds": dict(stats.compute_bound_seconds),
+        "xla_estimated_compute_seconds": (sum(x for x in xla if x is not None)
+                                          if xla and all(x is not None for x in xla) else None),
+        "memory": {"peak_bytes": step.memory.peak_bytes,
+                   "capacity_bytes": step.memory.capacity_bytes, "fits": step.memory.fits,
+                   "verdict": step.memory.verdict(), "xla": step.memory.xla,
+                   "xla_platform": step.memory.xla_platform or None,
+                   "estimate_bytes": step.memory.estimate_bytes},
+        "ici_bytes_per_step": int(sum(stats.ici_link_bytes.values())),
+        "trip_counts": step.trip_counts,
+        "notes": list(step.notes),
+    } | extra
+
+
+def layer_rows(step: HloStep) -> list[dict[str, Any]]:
+    """layers.csv: one row per JAX op name (the instructions XLA kept it on), most
+    simulated seconds first."""
+    groups: dict[str, list] = defaultdict(list)
+    for row in step.ops:
+        groups[row.op_name or f"({row.opcode} {row.name})"].append(row)
+    total = sum(r.seconds for r in step.ops) or 1.0
+    out = []
+    for name, rows in groups.items():
+        seconds = sum(r.seconds for r in rows)
+        main = max(rows, key=lambda r: r.seconds)
+        xla = [r.xla_seconds for r in rows]
+        out.append({
+            "op_name": name, "source": next((r.source for r in rows if r.source), ""),
+            "instructions": len(rows), "runs": sum(r.count for r in rows),
+            "simulated_seconds": seconds, "share": seconds / total,
+            "mxu_flops": sum(r.flops for r in rows), "hbm_bytes": sum(r.hbm_bytes for r in rows),
+            "bound": main.bound, "costed_as": main.how,
+            "xla_estimated_seconds": (sum(x for x in xla if x is not None)
+                                      if all(x is not None for x in xla) else None)})
+    return sorted(out, key=lambda r: -r["simulated_seconds"])
+
+
+def collective_rows(step: HloStep) -> list[dict[str, Any]]:
+    """collectives.csv: one row per collective (or async copy) instruction."""
+    return [{"instruction": r.name, "op_name": r.op_name, "op": r.op, "lane": r.lane,
+             "form": r.form, "algorithm": r.algorithm, "groups": r.groups, "bytes": r.nbytes,
+             "runs": r.count, "simulated_seconds": r.seconds,
+             "dcn_simulated_seconds": r.dcn_seconds} for r in step.collectives]
+
+
+def summary_table(data: dict[str, Any]) -> Table:
+    """The terminal table of a summary (:func:`summary`)."""
+    where = data["slice"] or f"{data['generation']} {data['topology']}"
+    where = f"{data['slices']} x {where}" if data["slices"] > 1 else where
+    table = titled_table(f"{data['module']}: {where} ({data['chips']:,} chips, "
+                         f"{data['topology']}) from {data['costed_from']}", show_header=True)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("clock")
+    ms = 1e3
+    rows = [
+        ("step time (critical path)", f"{data['simulated_step_seconds'] * ms:.4f} ms", "simulated"),
+        ("  without overlap (sum)", f"{data['serial_step_seconds'] * ms:.4f} ms", "simulated"),
+        ("  compute", f"{data['compute_seconds'] * ms:.4f} ms", "simulated"),
+        ("  collectives, exposed", f"{data['exposed_collective_seconds'] * ms:.4f} ms of "
+                                   f"{data['collective_seconds'] * ms:.4f} "
+                                   f"({data['overlap_fraction']:.0%} hidden)", "simulated"),
+        *((f"    {lane}", f"{f['exposed_simulated_seconds'] * ms:.4f} ms of "
+                          f"{f['simulated_seconds'] * ms:.4f}, {f['bytes_per_step']:,} B",
+           "simulated") for lane, f in data["collectives_by_lane"].items()),
+        ("MXU TFLOP/s per device", f"{data['simulated_tflops_per_device']:.1f}", "simulated"),
+        ("MFU (the HLO's FLOPs)", f"{data['mfu']:.2%}", "simulated"),
+        ("HBM per device", data["memory"]["verdict"], ""),
+        ("ICI bytes per step", f"{data['ici_bytes_per_step']:,}", ""),
+    ]
+    if data.get("compile_wall_seconds") is not None:
+        rows.append(("compile", "from the cache" if data.get("cached") else
+                     f"{data['compile_wall_seconds']:.1f} s", "wall"))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def ops_table(step: HloStep, limit: int = 10) -> Table:
+    """The ops that take the most simulated time (layers.csv's first rows)."""
+    table = titled_table(f"top {limit} ops by simulated time ({label(step)})", show_header=True)
+    for column in ("op_name", "source", "runs", "ms", "share", "bound", "costed as"):
+        table.add_column(column, justify="left" if column in ("op_name", "source") else "right")
+    for row in layer_rows(step)[:limit]:
+        name = "/".join(row["op_name"].split("/")[-3:])
+        table.add_row(name, row["source"],
+                      f"{row['runs']:,}", f"{row['simulated_seconds'] * 1e3:.4f}",
+                      f"{row['share']:.1%}", row["bound"], row["costed_as"])
+    return table
+
+
+def write_results(step: HloStep, output_dir: Path, data: dict[str, Any]) -> list[Path]:
+    """Write summary.json, layers.csv, collectives.csv and trace.json.gz into ``output_dir``.
+
+    Returns:
+        The paths written.
+
+    Raises:
+        OutputError: the file system refused (one line naming the path).
+    """
+    output_dir = Path(output_dir)
+    check_writable(output_dir)
+    paths = [output_dir / n for n in ("summary.json", "layers.csv", "collectives.csv",
+                                      "trace.json.gz")]
+    write_json(paths[0], data)
+    write_csv(paths[1], layer_rows(step), LAYER_COLUMNS)
+    write_csv(paths[2], collective_rows(step), COLLECTIVE_COLUMNS)
+    lanes = list(step.lanes)
+    events = metadata_events(f"{data['module']} on {step.topology.name} ({label(step)})", lanes)
+    events += step_events(step.stats, lanes, 0.0, step.trace_rows)
+    write_trace(paths[3], events, {"costed_from": label(step), "simulated": True,
+                                   "module": data["module"]})
+    return paths

@@ -1,0 +1,154 @@
+"""What a device program holds in HBM during a training step, as XLA's buffer assignment
+keeps it: the pieces every program's ``memory`` (``pod.programs.contract``) is made of.
+
+A jitted train step (MaxText's, [MT] ``train.py``; the XLA oracle's, tools/xla_oracle)
+takes the parameters and the optimizer state as donated arguments (aliased to its
+outputs: counted once) and allocates everything else as temporaries. What the
+temporaries hold changes through the step, so the step's need is the largest of its
+**phases**, each the persistent arguments plus what is live in it:
+
+- **forward**: the activations the remat policy keeps (the scan's stacked residuals),
+  a copy of the device's weights in the compute dtype (XLA converts the float32
+  masters of the scanned layers to bf16 once and reuses them in backward), the weight
+  array gathered for the matmul running and those gathered ahead (``prefetch_layers``;
+  XLA all-gathers each weight array just before its matmul, the next one while it
+  runs), a block's working set;
+- **loss**: the kept activations and the weight copy, the output layer's weights
+  gathered, the logits in the compute dtype (chunked over the tokens by
+  ``num_vocab_tiling``; XLA fuses the float32 cast, the log-softmax and the gradient
+  into the reductions and one fusion that writes the gradient in place of the logits);
+- **backward**: the sharded gradients (the scan's accumulator, in the parameters'
+  dtype: no layer's float32 gradient exists whole, the reduce-scatter runs on what the
+  matmul wrote), the kept activations, the weight copy, the gathered weight arrays, the
+  logits' gradient until the output kernel's gradient is formed (the tied table's
+  gradient, V x C whole, with tied embeddings), one block's backward working set
+  (:func:`backward_working_bytes`).
+
+The optimizer update runs in place on the donated buffers, reading the gradients: it
+needs no more than backward. Each rule was read from deviceless TPU compiles of the
+oracle's reference with XLA's buffer assignment dumped (the values live at the peak,
+by the jax op that made them; VALIDATION.md "Memory against XLA"); the plan is checked
+against the oracle's peaks by ``benchmarks/memory_oracle.py``.
+
+Sources: [XLA] ``compiled.memory_analysis()`` (argument, output, alias, temp and peak
+bytes per device), ``--xla_dump_to`` (buffer assignment, live ranges); [MT]
+AI-Hypercomputer/maxtext ``train.py``, ``layers/decoders.py`` (scanned layers, remat
+policies), ``configs/base.yml`` (``weight_dtype``, ``cast_logits_to_fp32``,
+``num_vocab_tiling``); [SB] "How to Scale Your Model", training chapter (FSDP gathers
+bf16 weights ahead of their use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pod.memory import DeviceMemory
+
+__all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "backward_working_bytes",
+           "PREFETCH_LAYERS", "WINDOWED_TENSOR"]
+
+#: Layers whose FSDP all-gather XLA's latency-hiding scheduler runs ahead of the layer
+#: computing, when HBM allows (its async all-gather is issued one layer early; [SB]).
+PREFETCH_LAYERS = 1
+
+#: Bytes of a compute-dtype element per training precision: bf16 training computes in
+#: bf16 (MaxText ``dtype: bfloat16``), int8 training too outside the MXU's inputs; fp32
+#: training in float32.
+_COMPUTE_BYTES = {"bf16": 2, "int8": 2, "fp32": 4}
+
+def compute_bytes(precision: str) -> int:
+    """Bytes of an activation (and of a weight as the MXU reads it) under ``precision``.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    try:
+        return _COMPUTE_BYTES[precision]
+    except KeyError:
+        raise ValueError(f"precision must be one of {', '.join(_COMPUTE_BYTES)}, "
+                         f"got {precision!r}") from None
+
+
+def gather_bytes(precision: str) -> int:
+    """Bytes per weight an FSDP all-gather moves and the gathered layer holds: the
+    compute dtype (XLA converts a float32 master before gathering it [SB]; int8 training
+    gathers bf16 and quantises on the chip)."""
+    return compute_bytes(precision)
+
+
+#: From this tensor size on, XLA decomposes the reduce-scatters of the input projections'
+#: gradients over tensor into their matmuls (windowed einsum, collective matmul): no
+#: whole partial sum is held. Below it each is a full-width (T, C) array until reduced.
+#: Read from the oracle's T1 (tensor 4: four such arrays live at the peak of a reduced
+#: compile) and T4 (tensor 16: none fit the peak XLA reports).
+WINDOWED_TENSOR = 16
+
+
+def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor: int) -> int:
+    """Bytes per example of one block's backward working set at the step's peak, as XLA
+    schedules it (deviceless compiles of the oracle's reference, VALIDATION.md "Memory
+    against XLA"): the MLP's input products and the gradient of its activation (m + 1
+    arrays of one product's width: T F / tensor, or an MoE's dispatch slots x F), the
+    residual stream's gradient and the block input's (two (T, C) arrays, whole over
+    tensor), and with 1 < tensor < ``WINDOWED_TENSOR`` the partial sums over tensor of
+    every input projection's input gradient (q, k, v or the fused qkv, the MLP inputs:
+    one (T, C) array each). The attention's and the MLP's other tensors are smaller
+    than these and live at other times.
+
+    Args:
+        block: the tensor-local ``TransformerBlock``.
+        shape: (T, C) of its input (C whole).
+        act: bytes of an activation.
+        tensor: the tensor size.
+    """
+    steps, width = shape
+    m = len(block.mlp.dot_keys)
+    product = block.mlp.dot_elements(shape) // m                 # one input product
+    projections = 1 if block.attention.fused_qkv else 3              # q, k, v or qkv
+    partials = projections + m if 1 < tensor < WINDOWED_TENSOR else 0
+    return act * ((m + 1) * product + (2 + partials) * steps * width)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What is live, beside the parameters and optimizer state, in one phase of a step.
+
+    Attributes:
+        name: forward, loss, backward (or a pipeline's stage).
+        gradients_bytes: gradient shards live (the accumulator, once allocated).
+        activations_bytes: kept activations live in HBM.
+        workspace: (item, bytes) of the rest live at once.
+    """
+
+    name: str
+    gradients_bytes: int
+    activations_bytes: int
+    workspace: tuple[tuple[str, int], ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything live in the phase but the persistent arguments."""
+        return self.gradients_bytes + self.activations_bytes + sum(n for _, n in self.workspace)
+
+
+def peak_memory(parameters_bytes: int, optimizer_state_bytes: int, phases: Iterable[Phase], *,
+                host_activations_bytes: int = 0, prefetch_layers: int = 0,
+                prefetch_layer_bytes: int = 0) -> DeviceMemory:
+    """The device's memory at the step's peak: the persistent arguments and the phase
+    with the most live (the first of equals), its items as the ``DeviceMemory``'s.
+
+    Raises:
+        ValueError: no phase.
+    """
+    phases = list(phases)
+    if not phases:
+        raise ValueError("peak_memory needs at least one phase")
+    peak = max(phases, key=lambda p: p.total_bytes)
+    return DeviceMemory(parameters_bytes=parameters_bytes, gradients_bytes=peak.gradients_bytes,
+                        optimizer_state_bytes=optimizer_state_bytes,
+                        activations_bytes=peak.activations_bytes,
+                        host_activations_bytes=host_activations_bytes,
+                        workspace=peak.workspace, prefetch_layers=prefetch_layers,
+                        prefetch_layer_bytes=prefetch_layer_bytes, peak=peak.name)

@@ -1,0 +1,50 @@
+"""``tpu-pod cost-hlo``: any HLO dump costed on a slice; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pod.cli import main
+from tests.pod.hlo.conftest import DATA
+
+
+def test_cost_a_committed_tpu_module(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["cost-hlo", str(DATA / "fsdp_block.tpu.hlo.txt.gz"), "--slice", "v5e-8",
+              "--mesh", "fsdp=4,tensor=2", "--output-dir", str(tmp_path), "--json"])
+    out = capsys.readouterr()
+    assert done.value.code == 0, out.err
+    data = json.loads(out.out)
+    assert data["costed_from"] == "TPU-compiled HLO" and data["simulated_step_seconds"] > 0
+    assert set(data["collectives_by_lane"]) >= {"fsdp", "tensor"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "collectives.csv", "layers.csv", "summary.json", "trace.json.gz"]
+
+
+def test_a_cpu_module_is_labelled_approximate(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["cost-hlo", str(DATA / "mlp_scan.cpu.hlo.txt.gz"), "--slice", "v5e-8",
+              "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "approximate (CPU-compiled HLO)" in out
+
+
+@pytest.mark.parametrize("text, args, needle", [
+    ("HloModule m\nENTRY %e {\n  %x = f32[2 parameter(0)\n}\n", [], "line 3: x:"),
+    ("not hlo at all\n", [], "line 1: expected a computation header"),
+    (None, ["--slice", "v5e-7"], "slice: slice 'v5e-7' does not exist"),
+    (None, ["--slice", "v5p-128"], "the module runs on 8 devices but v5p-128 has 64"),
+    (None, ["--slice", "v5e-8", "--mesh", "fsdp"], "--mesh 'fsdp' is not a mesh"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, text, args, needle):
+    path = DATA / "mlp_scan.tpu.hlo.txt.gz"
+    if text is not None:
+        path = tmp_path / "bad.txt"
+        path.write_text(text)
+    with pytest.raises(SystemExit) as done:
+        main(["cost-hlo", str(path), *(args or ["--slice", "v5e-8"]), "--output-dir",
+              str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and needle in err, err
