@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pod.memory import DeviceMemory
 from pod.programs import DeviceShard, EvalSums, StepResult
 
 D, K, LR = 8, 4, 0.5
@@ -78,6 +79,13 @@ class ToyProgram:
 
     def counts_eval(self, coords):
         return coords.tensor == 0
+
+    def memory(self, per_device_batch, precision="bf16", *, prefetch_layers=1):
+        """float32 throughout: the shard of W, its gradient (SGD keeps no state) and the
+        forward's (B, K) output kept for backward."""
+        shard_bytes = 4 * D * K // (self.sizes["fsdp"] * self.sizes["tensor"])
+        return DeviceMemory(parameters_bytes=shard_bytes, gradients_bytes=shard_bytes,
+                            optimizer_state_bytes=0, activations_bytes=4 * per_device_batch * K)
 
     def _forward(self, core, comm, w, x):
         def at():
