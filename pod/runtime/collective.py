@@ -175,6 +175,11 @@ class BufferActor:
             self._port = IciPort(self.rank, key)
         return self._port
 
+    def set_shared_memory(self, enabled: bool) -> None:
+        """Send chunks to chips of this host through shared memory (the default) or
+        every payload over TCP (``IciPort.shared_memory``; benchmarks compare them)."""
+        self.ici_port().shared_memory = bool(enabled)
+
     def ici_address(self, key: bytes = b"") -> tuple[str, int]:
         """(host, port) where this chip receives chunks from its peers."""
         return self.ici_port(key).address
