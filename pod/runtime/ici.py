@@ -246,6 +246,7 @@ class IciPort:
         self._free: dict[int, list[np.ndarray]] = {}
         self._links: dict[tuple[str, int], socket.socket] = {}
         self._shm_out: dict[tuple[str, int], ShmSender | None] = {}  # None: TCP only
+        self._largest: dict[tuple[str, int], int] = {}  # the run's largest chunk per link
         self._shm_views: dict[int, tuple[ShmReceiver, int]] = {}  # id(view) -> (segment, end)
         threading.Thread(target=self._accept, name="ici-accept", daemon=True).start()
 
@@ -547,8 +548,8 @@ class IciPort:
         if not self.shared_memory or nbytes < MIN_SHM_BYTES or address[0] != self.address[0]:
             return None
         if address not in self._shm_out:
-            try:
-                self._shm_out[address] = ShmSender(nbytes)
+            try:  # a ring sized for the run's largest chunk on this link
+                self._shm_out[address] = ShmSender(max(nbytes, self._largest.get(address, 0)))
             except OSError:  # no /dev/shm, a full tmpfs: this link stays on TCP
                 self._shm_out[address] = None
         return self._shm_out[address]
@@ -653,6 +654,11 @@ class IciPort:
     def _run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
              buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float) -> None:
         raw = buffer.data.cast("B")
+        self._largest = {}
+        for _, sends, _ in plan:
+            for dst, chunk, _ in sends:
+                nbytes = (bounds[chunk][1] - bounds[chunk][0]) * 4
+                self._largest[addresses[dst]] = max(self._largest.get(addresses[dst], 0), nbytes)
         for phase, sends, receives in plan:
             for dst, chunk, seq in sends:
                 start, stop = bounds[chunk]

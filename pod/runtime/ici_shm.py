@@ -60,12 +60,13 @@ _MAX_CAPACITY = 64 << 20  # the largest ring a sender makes
 _MAX_SEGMENT = 1 << 31  # the largest segment a receiver maps
 
 
-def _ring_bytes(first_payload: int) -> int:
-    """A ring for a link whose first shared chunk is ``first_payload`` bytes: room for
-    four such chunks (a chip of a ring allreduce sends a phase's chunk only after it
-    took the previous phase's), at least 1 MiB, at most 64 MiB. Its pages are
-    reserved (RAM in tmpfs) for the link's life."""
-    want = max(1 << 20, 4 * first_payload)
+def _ring_bytes(largest_payload: int) -> int:
+    """A ring for a link whose largest chunk (in the run that opens the segment) is
+    ``largest_payload`` bytes: room for four such chunks (a chip of a ring allreduce
+    sends a phase's chunk only after it took the previous phase's), at least 1 MiB,
+    at most 64 MiB. Its pages are reserved (RAM in tmpfs) for the link's life; a
+    later run's larger chunks go inline."""
+    want = max(1 << 20, 4 * largest_payload)
     return min(_MAX_CAPACITY, -(-want // _PAGE) * _PAGE)
 
 
@@ -81,8 +82,8 @@ class ShmSender:
         OSError: the segment could not be made (no ``/dev/shm``, a full tmpfs).
     """
 
-    def __init__(self, first_payload: int) -> None:
-        self.capacity = _ring_bytes(first_payload)
+    def __init__(self, largest_payload: int) -> None:
+        self.capacity = _ring_bytes(largest_payload)
         self.name = SEGMENT_PREFIX + secrets.token_hex(16)
         path = os.path.join(SEGMENT_DIR, self.name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
