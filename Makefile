@@ -3,6 +3,7 @@
 #   make test   - set up .venv and run the fast test tier (in-process; under 5 minutes)
 #   make test-slow - the slow tier: Ray transport and faults, chaos, load, install, multi-node
 #   make check  - types (mypy) and lint (ruff)
+#   make docs   - the documentation site (MkDocs, Material theme) into site/; warnings fail
 #   make lock   - refresh requirements-dev.lock from pyproject.toml's ranges
 #   make monitor - Prometheus on http://127.0.0.1:9090 scraping a run (needs the
 #                  'prometheus' binary: sudo apt-get install prometheus); Ctrl-C stops it
@@ -17,7 +18,7 @@ BIN    := $(VENV)/bin
 # the fast tier: everything but the tests marked slow (see pyproject.toml's markers)
 FAST   := not slow and not chaos and not load and not install
 
-.PHONY: run test test-slow check lock monitor setup clean oracle
+.PHONY: run test test-slow check docs lock monitor setup clean oracle
 
 setup: $(VENV)/.installed
 
@@ -43,10 +44,14 @@ check: setup
 	$(BIN)/python -m mypy
 	$(BIN)/python -m ruff check pod chip interconnect
 
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+	@echo "the site is in site/ (open site/index.html)"
+
 lock: setup
 	$(BIN)/python -m pip install --quiet pip-tools
 	$(BIN)/pip-compile --quiet --strip-extras --no-emit-index-url --no-emit-find-links \
-		--extra test --extra dev -o requirements-dev.lock pyproject.toml
+		--extra test --extra dev --extra docs -o requirements-dev.lock pyproject.toml
 	# the package itself (a self-reference of its extras, at this checkout's path) is
 	# installed editable by setup, never from the lock
 	sed -i '/^tpu-pod-emulator @ file:/,+1d' requirements-dev.lock
@@ -69,4 +74,4 @@ oracle: $(ORACLE_VENV)/.installed
 	$(ORACLE_VENV)/bin/python -m tools.xla_oracle $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS))
 
 clean:
-	rm -rf $(VENV) $(ORACLE_VENV) runs build dist *.egg-info
+	rm -rf $(VENV) $(ORACLE_VENV) runs build dist site *.egg-info

@@ -1,4 +1,5 @@
-"""The README's quoted outputs equal what the code prints now (issue 25, item 10):
+"""The quoted outputs of the README and the docs pages equal what the code prints now
+(issue 25, item 10):
 every ``<!-- generated: NAME -->`` region against ``tools/readme_figures.py``'s
 generator, wall-clock figures left out, every other figure to its last printed digit."""
 
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import readme_figures as figures  # noqa: E402
 
-README = (ROOT / "README.md").read_text()
+REGIONS = figures.page_regions()
 #: regions whose generator runs for more than a few seconds (a 12-step training run
 #: in-process, a sweep, a plan of up to 990 points)
 SLOW = {"quickstart-run", "progress-line", "quickstart-epochs", "sweep-v4-weak",
@@ -22,7 +23,7 @@ SLOW = {"quickstart-run", "progress-line", "quickstart-epochs", "sweep-v4-weak",
 
 
 def test_every_region_has_a_generator_and_every_generator_a_region():
-    assert set(figures.regions(README)) == set(figures.GENERATORS)
+    assert set(REGIONS) == set(figures.GENERATORS)
 
 
 def test_wall_figures_are_left_out_and_simulated_ones_are_not():
@@ -44,6 +45,15 @@ def test_wall_figures_are_left_out_and_simulated_ones_are_not():
     assert figures.stale(quoted, quoted.replace("examples/s", "tokens/s"))
 
 
+def test_a_region_in_two_pages_is_refused(tmp_path):
+    one, two = tmp_path / "a.md", tmp_path / "b.md"
+    one.write_text("<!-- generated: x -->\n1\n<!-- /generated -->\n")
+    two.write_text("<!-- generated: y -->2<!-- /generated --> <!-- generated: x -->3<!-- /generated -->")
+    with pytest.raises(ValueError, match="'x' is also in a.md"):
+        figures.page_regions([one, two])
+    assert figures.page_regions([two]) == {"y": (two, "2"), "x": (two, "3")}
+
+
 def test_rewriting_replaces_only_the_bodies():
     text = "a\n<!-- generated: x -->\nold\n<!-- /generated -->\nb <!-- generated: y -->1<!-- /generated -->"
     out = figures.rewrite(text, {"x": "new\n", "y": "2"})
@@ -52,9 +62,9 @@ def test_rewriting_replaces_only_the_bodies():
 
 
 def _check(name: str) -> None:
-    quoted = figures.regions(README)[name]
+    page, quoted = REGIONS[name]
     why = figures.stale(quoted, figures.GENERATORS[name]())
-    assert why is None, f"README region {name} is stale (python tools/readme_figures.py " \
+    assert why is None, f"{page.name} region {name} is stale (python tools/readme_figures.py " \
                         f"rewrites it): {why}"
 
 

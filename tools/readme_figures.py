@@ -1,6 +1,8 @@
-"""Regenerate the outputs the README quotes, so that they cannot go stale.
+"""Regenerate the outputs the README and the documentation pages quote, so that they
+cannot go stale.
 
-Each quoted output sits in README.md between two markers::
+Each quoted output sits in README.md or a page of docs/ (``PAGES``) between two
+markers::
 
     <!-- generated: NAME -->
     ...what the command printed...
@@ -20,7 +22,7 @@ match, to the last printed digit (one unit of it either way).
 
 Usage::
 
-    python tools/readme_figures.py            # rewrite the regions of README.md
+    python tools/readme_figures.py            # rewrite the regions of README.md and docs/*.md
     python tools/readme_figures.py --check    # exit 1 if a region is stale
     python tools/readme_figures.py --only collective-v4-128
 
@@ -42,6 +44,28 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+
+
+def pages() -> list[Path]:
+    """The files whose regions this tool writes: README.md and every page of docs/
+    (not docs/scaling/*, a sweep's own output)."""
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def page_regions(paths: list[Path] | None = None) -> dict[str, tuple[Path, str]]:
+    """Every generated region of every page: name -> (its page, its body).
+
+    Raises:
+        ValueError: a name given twice, in one page or in two.
+    """
+    found: dict[str, tuple[Path, str]] = {}
+    for path in pages() if paths is None else paths:
+        for name, body in regions(path.read_text()).items():
+            if name in found:
+                raise ValueError(f"{path.name}: region {name!r} is also in "
+                                 f"{found[name][0].name}")
+            found[name] = (path, body)
+    return found
 REGION = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n?)(?P<body>.*?)(<!-- /generated -->)",
                     re.S)
 #: the note under every block that holds wall figures
@@ -296,12 +320,40 @@ def plan_num_slices() -> str:
                  "--mesh-axes", "fsdp", "--remat", "full", "--tokens-per-step", "512Ki")
 
 
+@functools.cache
+def _fidelity_doc() -> dict:
+    """``benchmarks/fidelity.py --json``'s document (one run for both regions)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800, check=True)
+    return json.loads(done.stdout)
+
+
+def _mean_error_line(doc: dict) -> str:
+    """One sentence: the mean absolute errors of the single ops and the training steps."""
+    ops = [r for r in doc["rows"] if r["in_stats"]]
+    steps = doc["training_rows"]
+    one = [r for r in steps if r["id"].startswith("T")]
+    mae = lambda rows: sum(abs(r["error_pct"]) for r in rows) / len(rows)  # noqa: E731
+    worst = max(steps, key=lambda r: abs(r["error_pct"]))
+    return (f"Mean absolute error {mae(ops):.1f}% over the {len(ops)} measured single-op rows "
+            f"(S1-S2 are specifications); {mae(one):.1f}% over T1-T{len(one)} and "
+            f"{mae(steps):.1f}% over all {len(steps)} training steps, the worst "
+            f"{worst['id']} {worst['error_pct']:+.1f}% (in sample: `benchmarks/fidelity.py "
+            f"--fit-mxu --held-out` holds each out).\n")
+
+
+def accuracy_headline() -> str:
+    """The README's accuracy headline: each training row's error in one line, then the
+    mean errors (``fidelity``'s last line)."""
+    doc = _fidelity_doc()
+    rows = ", ".join(f"{r['id']} {r['error_pct']:+.1f}%" for r in doc["training_rows"])
+    return f"Training steps, predicted against published: {rows}.\n\n" + _mean_error_line(doc)
+
+
 def fidelity() -> str:
     """What the clock is checked against: every single-op and training row of
     ``benchmarks/fidelity.py`` (published, predicted, error), one table."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800, check=True)
-    doc = json.loads(done.stdout)
+    doc = _fidelity_doc()
 
     def seconds(s: float) -> str:
         return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
@@ -319,18 +371,9 @@ def fidelity() -> str:
                     "TFLOP/s per device", f"{r['published_tflops']:.1f}",
                     f"{r['predicted_tflops']:.1f}",
                     f"{r['error_pct']:+.1f}%"))
-    ops = [r for r in doc["rows"] if r["in_stats"]]
-    steps = doc["training_rows"]
-    one = [r for r in steps if r["id"].startswith("T")]
-    mae = lambda rows: sum(abs(r["error_pct"]) for r in rows) / len(rows)  # noqa: E731
-    worst = max(steps, key=lambda r: abs(r["error_pct"]))
     return (_table(("id", "source", "setup", "timing", "published", "predicted", "error"),
                    "llllrrr", out)
-            + f"\nMean absolute error {mae(ops):.1f}% over the {len(ops)} measured single-op rows "
-              f"(S1-S2 are specifications); {mae(one):.1f}% over T1-T{len(one)} and "
-              f"{mae(steps):.1f}% over all {len(steps)} training steps, the worst "
-              f"{worst['id']} {worst['error_pct']:+.1f}% (in sample: `benchmarks/fidelity.py "
-              f"--fit-mxu --held-out` holds each out).\n")
+            + "\n" + _mean_error_line(doc))
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
@@ -349,6 +392,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "plan-maxtext-s1": plan_maxtext_s1,
     "plan-num-slices": plan_num_slices,
     "fidelity": fidelity,
+    "accuracy-headline": accuracy_headline,
 }
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
@@ -434,24 +478,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="compare, do not write; exit 1 if a region is stale")
     parser.add_argument("--only", nargs="*", choices=sorted(GENERATORS), default=None)
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--page", type=Path, action="append", default=None,
+                        help="only this page's regions (default: README.md and docs/*.md)")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    present = regions(text)
+    present = page_regions(args.page)
     unknown = sorted(set(present) - set(GENERATORS))
     if unknown:
-        print(f"error: README regions with no generator: {', '.join(unknown)}", file=sys.stderr)
+        print(f"error: regions with no generator: {', '.join(unknown)}", file=sys.stderr)
         return 2
     names = [n for n in (args.only or GENERATORS) if n in present]
     fresh = {name: GENERATORS[name]() for name in names}
     if args.check:
-        problems = {n: why for n in names if (why := stale(present[n], fresh[n]))}
+        problems = {n: why for n in names if (why := stale(present[n][1], fresh[n]))}
         for name, why in problems.items():
-            print(f"{name}: stale: {why}", file=sys.stderr)
+            print(f"{name} ({present[name][0].name}): stale: {why}", file=sys.stderr)
         print(json.dumps({"checked": names, "stale": sorted(problems)}))
         return 1 if problems else 0
-    args.readme.write_text(rewrite(text, fresh))
-    print(f"rewrote {', '.join(names)} in {args.readme}")
+    for path in sorted({present[n][0] for n in names}):
+        mine = {n: fresh[n] for n in names if present[n][0] == path}
+        path.write_text(rewrite(path.read_text(), mine))
+        print(f"rewrote {', '.join(mine)} in {path.relative_to(ROOT)}")
     return 0
 
 

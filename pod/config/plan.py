@@ -424,14 +424,14 @@ def _plan_program(scenario: Scenario, mesh: Mesh, model: Model, optimizer: Any,
     try:
         _check_runnable_sizes(scenario, mesh.sizes, model)
         return programs(model, mesh.sizes, optimizer, training_sections(scenario)[1])
-    except ValueError as err:
-        if sharded_ok:
-            return None
-        raise ScenarioError(f"pod.mesh: {format_axes(mesh.sizes)}: {err}") from None
     except ScenarioError:
         if sharded_ok:
             return None
         raise
+    except ValueError as err:
+        if sharded_ok:
+            return None
+        raise ScenarioError(f"pod.mesh: {format_axes(mesh.sizes)}: {err}") from None
 
 
 def _check_runnable_mesh(scenario: Scenario, mesh: Mesh, model: Model) -> None:

@@ -24,21 +24,23 @@ default)::
       wraparound: true               # default: the generation's rules
       allreduce: auto                # auto | torus | bidirectional_ring | ring |
                                      # halving_doubling | tree (auto: torus, what XLA runs)
-      mesh: {data: 2, tensor: 2}     # device mesh, axes data | stage | fsdp | tensor, -1:
+      mesh: {data: 2, tensor: 2}     # device mesh, axes data | stage | fsdp | expert | tensor, -1:
                                      # the rest (pod/config/mesh.py; default {data: every
                                      # device}); stage: pipeline stages (the transformer)
       links:                         # slowed or failed directed ICI links
         - {link: "0->1", slowdown: 2.0}
         - {link: "1->2", failed: true}
     model:
-      name: cnn                      # cnn | mlp
+      name: cnn                      # cnn | mlp | lstm_classifier | char_lstm | transformer
+                                     # | resnet (pod.workloads.models.MODEL_NAMES)
       options: {dropout: true}       # model-specific options
     data:
-      name: digits                   # digits | synthetic
+      name: digits                   # digits | synthetic | mnist | cifar10 | imdb | text
+                                     # | synthetic_text (pod.workloads datasets)
       test_fraction: 0.2
       options: {}
     training:
-      global_batch: 256              # split over every TensorCore
+      global_batch: 256              # split over the mesh's data and fsdp axes
       steps: 200                     # or epochs: N (exactly one of them)
       optimizer: {name: adam, learning_rate: 0.002}
       precision: bf16
@@ -55,7 +57,7 @@ default)::
     ray:
       address: null                  # join this cluster; else RAY_ADDRESS; else local
       dashboard: false               # a local cluster keeps Ray's dashboard (127.0.0.1:8265)
-    checkpoint:                      # optional: periodic checkpoints (pod/checkpoint.py)
+    checkpoint:                      # optional: periodic checkpoints (pod/state/)
       every_steps: 50                # a checkpoint after every 50th step, and at the end
       dir: checkpoints               # relative to the scenario file; default <output>/checkpoints
       keep: 3                        # the newest 3 are kept

@@ -133,10 +133,10 @@ def test_bench_errors_are_user_errors():
 
 
 def test_the_readme_shows_question_c_s_real_output():
-    """The README's answer to issue 25 (c) is this command's output, byte for byte."""
+    """docs/commands.md's answer to issue 25 (c) is this command's output, byte for byte."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "commands.md").read_text()
     command = "tpu-pod collective --slice v4-128 --sizes 1GiB --algorithm ring,torus"
     block = readme.split(f"$ {command}\n", 1)[1].split("```", 1)[0]
     assert block == _invoke(*command.split()[2:])

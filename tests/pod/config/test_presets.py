@@ -197,11 +197,11 @@ def test_preset_names_list_every_preset():
 
 
 def test_the_readme_table_shows_the_code_s_counts():
-    """README "Model presets": each row's parameter count is the transformer's own."""
+    """docs/scenarios.md "Model presets": each row's parameter count is the transformer's own."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "scenarios.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z0-9.-]+)` \|.*\| ([\d,]+) \(", readme, re.M))
     assert set(rows) >= set(DENSE) - {"maxtext-2023-s<N>"}
     for name in DENSE:

@@ -227,11 +227,11 @@ def test_batches_are_deterministic_permutations():
 
 
 def test_the_readme_scenario_example_validates():
-    """The YAML block under "## Scenario format" in the README is a valid scenario."""
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    """The YAML block under "## Scenario format" in docs/scenarios.md is a valid scenario."""
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "scenarios.md").read_text()
     section = readme.split("## Scenario format", 1)[1]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
-    plan = build_plan(parse_scenario(yaml.safe_load(block), source="README.md"))
+    plan = build_plan(parse_scenario(yaml.safe_load(block), source="docs/scenarios.md"))
     assert plan.topology.chips == 4 and plan.model.name == "cnn"
 
 

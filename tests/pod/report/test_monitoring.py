@@ -103,9 +103,9 @@ def test_metric_names_follow_prometheus_conventions():
     documented = set(METRIC_NAMES) | counters
     created = {c.removesuffix("_total") for c in documented if c.endswith("_total")}
     assert families - created <= documented
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "monitoring.md").read_text()
     for name in METRIC_NAMES:
-        assert f"`{name}`" in readme, f"{name} missing from the README's metric table"
+        assert f"`{name}`" in readme, f"{name} missing from docs/monitoring.md's metric table"
 
 
 def test_utilisation_metrics_follow_their_formulas():
