@@ -102,7 +102,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from pod.errors import IciError
-from pod.runtime.ici_shm import MIN_SHM_BYTES, SHM_FLAG, SHM_REF, ShmReceiver, ShmSender
+from pod.runtime.ici_shm import (
+    MIN_SHM_BYTES,
+    PORT_BUDGET_BYTES,
+    SHM_FLAG,
+    SHM_REF,
+    ShmReceiver,
+    ShmSender,
+    ring_bytes,
+)
 
 __all__ = ["IciPort", "IciError", "IciLimits", "RankPlan", "PING_RANK", "hello"]
 
@@ -548,9 +556,13 @@ class IciPort:
         if not self.shared_memory or nbytes < MIN_SHM_BYTES or address[0] != self.address[0]:
             return None
         if address not in self._shm_out:
-            try:  # a ring sized for the run's largest chunk on this link
-                self._shm_out[address] = ShmSender(max(nbytes, self._largest.get(address, 0)))
-            except OSError:  # no /dev/shm, a full tmpfs: this link stays on TCP
+            largest = max(nbytes, self._largest.get(address, 0))  # the run's, on this link
+            held = sum(s.capacity for s in self._shm_out.values() if s is not None)
+            try:
+                if held + ring_bytes(largest) > PORT_BUDGET_BYTES:
+                    raise OSError("the port's rings are at their budget")
+                self._shm_out[address] = ShmSender(largest)
+            except OSError:  # the budget, no /dev/shm, a full tmpfs: the link stays on TCP
                 self._shm_out[address] = None
         return self._shm_out[address]
 

@@ -12,7 +12,9 @@ additions are unchanged: only where the payload's bytes are read from changes,
 and so every result is bit-identical.
 
 One segment per (sender, receiver) link, made by the sender in ``/dev/shm``
-(``SEGMENT_PREFIX`` + 32 random hex digits, mode 0600, 1-64 MiB: ``_ring_bytes``,
+(``SEGMENT_PREFIX`` + 32 random hex digits, mode 0600, 1-64 MiB: ``ring_bytes``;
+at most ``PORT_BUDGET_BYTES`` for one port's links, and only while the tmpfs keeps
+four times the ring free: past either, links stay on TCP;
 its pages reserved with
 ``posix_fallocate`` so that a full tmpfs is an ``OSError`` here and never a SIGBUS
 later) and unlinked by the receiver as soon as it has mapped it (so nothing
@@ -43,7 +45,7 @@ import threading
 import numpy as np
 
 __all__ = ["ShmSender", "ShmReceiver", "SHM_REF", "MIN_SHM_BYTES", "SEGMENT_PREFIX",
-           "SHM_FLAG"]
+           "SHM_FLAG", "PORT_BUDGET_BYTES", "ring_bytes"]
 
 SEGMENT_DIR = "/dev/shm"
 SEGMENT_PREFIX = "tpu-pod-ici-"
@@ -57,10 +59,14 @@ SHM_REF = struct.Struct("<Q44s")
 MIN_SHM_BYTES = 32 << 10
 _PAGE = 4096
 _MAX_CAPACITY = 64 << 20  # the largest ring a sender makes
+#: The rings one port's links may hold at once (RAM in tmpfs); links past it stay on TCP
+PORT_BUDGET_BYTES = 128 << 20
+#: A ring is made only if the tmpfs keeps this many times its size free afterwards
+_FREE_FACTOR = 4
 _MAX_SEGMENT = 1 << 31  # the largest segment a receiver maps
 
 
-def _ring_bytes(largest_payload: int) -> int:
+def ring_bytes(largest_payload: int) -> int:
     """A ring for a link whose largest chunk (in the run that opens the segment) is
     ``largest_payload`` bytes: room for four such chunks (a chip of a ring allreduce
     sends a phase's chunk only after it took the previous phase's), at least 1 MiB,
@@ -83,7 +89,10 @@ class ShmSender:
     """
 
     def __init__(self, largest_payload: int) -> None:
-        self.capacity = _ring_bytes(largest_payload)
+        self.capacity = ring_bytes(largest_payload)
+        free = os.statvfs(SEGMENT_DIR)
+        if free.f_bavail * free.f_frsize < (_FREE_FACTOR + 1) * (_PAGE + self.capacity):
+            raise OSError(f"{SEGMENT_DIR} has too little room for a {self.capacity:,}-byte ring")
         self.name = SEGMENT_PREFIX + secrets.token_hex(16)
         path = os.path.join(SEGMENT_DIR, self.name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

@@ -136,3 +136,26 @@ def test_a_bad_segment_reference_fails_the_run_naming_the_sender(name, match):
     finally:
         receiver.close()
         sender.close()
+
+
+def test_links_past_a_ports_budget_stay_on_tcp_with_the_same_bits(monkeypatch):
+    """Each port's rings are bounded (``PORT_BUDGET_BYTES``): with room for one 1 MiB ring,
+    a bidirectional ring's second link per port goes over TCP, and the result is still
+    ``execute``'s."""
+    import pod.runtime.ici as ici
+
+    monkeypatch.setattr(ici, "PORT_BUDGET_BYTES", 1 << 20)
+    count = 4 * (MIN_SHM_BYTES // 4) * 2
+    schedule = build_collective("allreduce", Torus((4,), True), count, 4, "bidirectional_ring")
+    rng = np.random.default_rng(4)
+    buffers = [rng.standard_normal(count).astype(np.float32) for _ in range(4)]
+    ports = [IciPort(r, b"k") for r in range(4)]
+    try:
+        got = run_all(ports, schedule, buffers, run_ids=[1])
+        links = [sorted(s is not None for s in p._shm_out.values()) for p in ports]
+    finally:
+        for p in ports:
+            p.close()
+    assert links == [[False, True]] * 4
+    for g, ref in zip(got, execute(schedule, buffers), strict=True):
+        assert g.tobytes() == ref.tobytes()
