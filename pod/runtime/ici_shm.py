@@ -13,8 +13,9 @@ and so every result is bit-identical.
 
 One segment per (sender, receiver) link, made by the sender in ``/dev/shm``
 (``SEGMENT_PREFIX`` + 32 random hex digits, mode 0600, 1-64 MiB: ``ring_bytes``;
-at most ``PORT_BUDGET_BYTES`` for one port's links, and only while the tmpfs keeps
-four times the ring free: past either, links stay on TCP;
+at most ``PORT_BUDGET_BYTES`` for one port's links, and only while the tmpfs and
+the machine's available memory keep four times the ring and 1 GiB more free:
+past either, links stay on TCP;
 its pages reserved with
 ``posix_fallocate`` so that a full tmpfs is an ``OSError`` here and never a SIGBUS
 later) and unlinked by the receiver as soon as it has mapped it (so nothing
@@ -61,8 +62,10 @@ _PAGE = 4096
 _MAX_CAPACITY = 64 << 20  # the largest ring a sender makes
 #: The rings one port's links may hold at once (RAM in tmpfs); links past it stay on TCP
 PORT_BUDGET_BYTES = 128 << 20
-#: A ring is made only if the tmpfs keeps this many times its size free afterwards
+#: A ring is made only if the tmpfs and the machine's available memory keep this many
+#: times its size, and _FREE_RESERVE_BYTES more, free afterwards
 _FREE_FACTOR = 4
+_FREE_RESERVE_BYTES = 1 << 30
 _MAX_SEGMENT = 1 << 31  # the largest segment a receiver maps
 
 
@@ -74,6 +77,19 @@ def ring_bytes(largest_payload: int) -> int:
     later run's larger chunks go inline."""
     want = max(1 << 20, 4 * largest_payload)
     return min(_MAX_CAPACITY, -(-want // _PAGE) * _PAGE)
+
+
+def _free_bytes() -> int:
+    """The smaller of the tmpfs's free bytes and the machine's MemAvailable (tmpfs pages
+    are RAM)."""
+    fs = os.statvfs(SEGMENT_DIR)
+    free = fs.f_bavail * fs.f_frsize
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                free = min(free, int(line.split()[1]) * 1024)
+                break
+    return free
 
 
 def _unmap(segment: mmap.mmap) -> None:
@@ -90,9 +106,8 @@ class ShmSender:
 
     def __init__(self, largest_payload: int) -> None:
         self.capacity = ring_bytes(largest_payload)
-        free = os.statvfs(SEGMENT_DIR)
-        if free.f_bavail * free.f_frsize < (_FREE_FACTOR + 1) * (_PAGE + self.capacity):
-            raise OSError(f"{SEGMENT_DIR} has too little room for a {self.capacity:,}-byte ring")
+        if _free_bytes() < (_FREE_FACTOR + 1) * (_PAGE + self.capacity) + _FREE_RESERVE_BYTES:
+            raise OSError(f"too little free memory for a {self.capacity:,}-byte ring")
         self.name = SEGMENT_PREFIX + secrets.token_hex(16)
         path = os.path.join(SEGMENT_DIR, self.name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
