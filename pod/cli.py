@@ -354,7 +354,7 @@ def _describe_scenario(console: Console, target: str, as_json: bool, detail: boo
     show(memory_table(f"HBM plan per device (pod.mesh {plan.mesh.label}; global batch "
                        f"{plan.global_batch:,} = {plan.per_device_batch} per device"
                        + (f"; at its {memory.peak}" if memory and memory.peak else "")
-                       + (f"; FSDP prefetch {memory.prefetch_layers} layer(s)"
+                       + (f"; FSDP prefetch {memory.prefetch_layers}"
                           if memory and memory.prefetch_layer_bytes else "") + ")",
                        dict(memory.rows()) if memory else desc.memory,
                        device_hbm_bytes(plan.topology.chip)))

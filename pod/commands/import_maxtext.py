@@ -289,7 +289,8 @@ def _true(value: Any) -> bool:
 def _other_options(config: MaxTextConfig) -> dict[str, Any]:
     """The options written only away from their defaults (so an import of a config that
     does not use them is what it was): ``weight_dtype`` bfloat16, ``quantization`` int8
-    (``int8_training`` in 2023), ``use_qk_norm``, the splash blocks."""
+    (``int8_training`` in 2023), ``use_qk_norm``, the splash blocks, ``num_vocab_tiling``
+    (the loss over chunks of the tokens: the logits' memory)."""
     from pod.workloads.flash import FLASH_BLOCK_SIZE
 
     v = config.values
@@ -307,6 +308,8 @@ def _other_options(config: MaxTextConfig) -> dict[str, Any]:
     for key in ("sa_block_q", "sa_block_kv"):
         if key in v and _int(config, key) != FLASH_BLOCK_SIZE:
             out[key] = _int(config, key)
+    if _int(config, "num_vocab_tiling", 1) != 1:
+        out["num_vocab_tiling"] = _int(config, "num_vocab_tiling")
     return out
 
 
@@ -614,7 +617,7 @@ MAPPED = frozenset({
     "capacity_factor", "load_balance_loss_weight", *REMAT_CUSTOM_KEYS,
     "weight_dtype", "use_qk_norm", "enable_flash_attention", "sparse_matmul", "megablox",
     "sa_block_q", "sa_block_kv", "ici_fsdp_transpose_parallelism",
-    "dcn_fsdp_transpose_parallelism",
+    "dcn_fsdp_transpose_parallelism", "num_vocab_tiling",
 })
 
 #: Keys that change the step unless at their neutral value: key -> (neutral values, level,

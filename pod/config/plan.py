@@ -541,26 +541,6 @@ def is_timing_sweep(scenario: Scenario) -> bool:
     return scenario.sweep is not None and scenario.sweep.mode == "timing"
 
 
-def _planned_steps(scenario: Scenario, steps_per_epoch: int) -> int:
-    """The run's steps (``training.steps``, or its epochs times ``steps_per_epoch``),
-    every fault within them.
-
-    Raises:
-        ScenarioError: a fault after the last step, naming it.
-    """
-    training = training_sections(scenario)[1]
-    if training.steps is not None:
-        steps = training.steps
-    else:
-        assert training.epochs is not None  # TrainingConfig holds steps or epochs
-        steps = training.epochs * steps_per_epoch
-    for index, fault in enumerate(scenario.faults):
-        if fault.step > steps:
-            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
-                                f"({steps}); the fault would never happen")
-    return int(steps)
-
-
 def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                timing_only: bool = False, sharded_ok: bool = False,
                model: Model | None = None,
@@ -615,8 +595,7 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     except ValueError as err:
         raise ScenarioError(f"training.optimizer: {err}") from None
     check_pipeline_plan(scenario, mesh, model)
-    steps_per_epoch = max(1, n_train // training.global_batch)
-    steps = _planned_steps(scenario, steps_per_epoch)
+    steps, steps_per_epoch = _steps(scenario, n_train)
     _check_param_shapes(model)
     _check_sequence_parallel(scenario, mesh, model)
     # before the HBM plan: a mesh the model cannot run is the first fix
@@ -636,6 +615,27 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
                         collective_costs_by_step=by_step,
                         bucket_elements=(training.overlap_bucket_bytes // 4 if training.overlap
                                          else None), device_memory=memory)
+
+
+def _steps(scenario: Scenario, n_train: int) -> tuple[int, int]:
+    """(optimizer steps to run, full global batches in one pass over ``n_train``
+    examples): ``training.steps``, or ``training.epochs`` passes.
+
+    Raises:
+        ScenarioError: a fault after the last step (it would never happen).
+    """
+    training = training_sections(scenario)[1]
+    steps_per_epoch = max(1, n_train // training.global_batch)
+    if training.steps is not None:
+        steps = training.steps
+    else:
+        assert training.epochs is not None  # TrainingConfig holds steps or epochs
+        steps = training.epochs * steps_per_epoch
+    for index, fault in enumerate(scenario.faults):
+        if fault.step > steps:
+            raise ScenarioError(f"faults.{index}.step: {fault.step} is after the last step "
+                                f"({steps}); the fault would never happen")
+    return int(steps), steps_per_epoch
 
 
 def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links",

@@ -405,7 +405,10 @@ def cost_module(module: HloModule, topology: Topology, *, devices: Sequence[int]
         else:
             builder.done(event)
     records, calls = builder.records, builder.calls
-    clock = step_clock(records, calls, lambda a, o, n: builder.costs[(a, o, n)])
+    # windowed: the built-in path's collective matmul; in XLA's HLO a windowed einsum is
+    # already its collective-permutes, each costed as written
+    clock = step_clock(records, calls,
+                       lambda a, o, n, windowed=False: builder.costs[(a, o, n)])
     flops = float(sum(r.flops for r in records if r.unit == "mxu"))
     memory = HloMemory(int(chip.core.hbm_bytes),
                        None if xla_memory is None else _xla_figures(xla_memory), xla_platform,

@@ -89,13 +89,14 @@ WINDOWED_TENSOR = 16
 def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor: int) -> int:
     """Bytes per example of one block's backward working set at the step's peak, as XLA
     schedules it (deviceless compiles of the oracle's reference, VALIDATION.md "Memory
-    against XLA"): the MLP's input products and the gradient of its activation (m + 1
-    arrays of one product's width: T F / tensor, or an MoE's dispatch slots x F), the
-    residual stream's gradient and the block input's (two (T, C) arrays, whole over
-    tensor), and with 1 < tensor < ``WINDOWED_TENSOR`` the partial sums over tensor of
-    every input projection's input gradient (q, k, v or the fused qkv, the MLP inputs:
-    one (T, C) array each). The attention's and the MLP's other tensors are smaller
-    than these and live at other times.
+    against XLA"): the larger of the MLP's part (its input products and the gradient of
+    its activation: m + 1 arrays of one product's width, T F / tensor or an MoE's
+    dispatch slots x F) and, with dot-product attention, the attention's (the scores,
+    their softmax and its gradient: 3 H T T / tensor; flash attention keeps no T x T
+    array); plus the residual stream's gradient and the block input's (two (T, C)
+    arrays, whole over tensor) and, with 1 < tensor < ``WINDOWED_TENSOR``, the partial
+    sums over tensor of every input projection's input gradient (q, k, v or the fused
+    qkv, the MLP inputs: one (T, C) array each).
 
     Args:
         block: the tensor-local ``TransformerBlock``.
@@ -106,9 +107,11 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     steps, width = shape
     m = len(block.mlp.dot_keys)
     product = block.mlp.dot_elements(shape) // m                 # one input product
-    projections = 1 if block.attention.fused_qkv else 3              # q, k, v or qkv
+    attention = block.attention
+    scores = 0 if attention.flash else 3 * attention.heads * steps * steps
+    projections = 1 if attention.fused_qkv else 3                   # q, k, v or qkv
     partials = projections + m if 1 < tensor < WINDOWED_TENSOR else 0
-    return act * ((m + 1) * product + (2 + partials) * steps * width)
+    return act * (max((m + 1) * product, scores) + (2 + partials) * steps * width)
 
 
 @dataclass(frozen=True)

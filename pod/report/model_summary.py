@@ -249,7 +249,7 @@ def _sum(costs: dict[str, dict[str, float]]) -> dict[str, float]:
     total = _empty()
     for c in costs.values():
         for k, v in c.items():
-            total[k] = total.get(k, 0.0) + v
+            total[k] = total.get(k, 0.0) + v  # "host_seconds" of offloading layers too
     return total
 
 

@@ -191,3 +191,19 @@ def test_use_qk_norm_is_carried(tmp_path):
                             slice_name="v5e-16")
     assert result.scenario["model"]["options"]["use_qk_norm"] is True
     assert "use_qk_norm" not in {n.key for n in result.notes}
+
+
+def test_num_vocab_tiling_is_a_model_option_that_chunks_the_logits(tmp_path):
+    """MaxText's num_vocab_tiling (the loss over chunks of the tokens) is the transformer's
+    option of that name, written only away from 1 (a MaxText later than
+    tpu-recipes-v0.1.4 has the key, default 1); the plan holds less at its peak."""
+    base = _file(tmp_path, BASE_2025 + "num_vocab_tiling: 1\n")
+    plain = import_maxtext([base], [], slice_name="v5e-16").scenario
+    assert "num_vocab_tiling" not in plain["model"]["options"]
+    result = import_maxtext([base], ["num_vocab_tiling=4"], slice_name="v5e-16")
+    assert result.scenario["model"]["options"]["num_vocab_tiling"] == 4
+    assert "num_vocab_tiling" not in {n.key for n in result.notes}
+    tiled = build_plan(parse_scenario(result.scenario), timing_only=True)
+    whole = build_plan(parse_scenario(plain), timing_only=True)
+    assert tiled.model.config.num_vocab_tiling == 4
+    assert tiled.memory["total"] < whole.memory["total"]

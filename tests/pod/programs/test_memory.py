@@ -90,21 +90,26 @@ def test_fsdp_gathers_a_weight_array_and_prefetches_the_next_in_bf16():
     assert "gathered weights" not in dict(alone.workspace)
 
 
-@pytest.mark.parametrize("tensor, fused, partials", [(1, False, 0), (2, False, 3 + 2),
-                                                      (2, True, 1 + 2), (16, False, 0)])
-def test_the_backward_working_set_in_closed_form(tensor, fused, partials):
-    """Per example (bf16): the gated MLP's two input products and its activation's
-    gradient (3 T F / tensor), the residual's and the block input's gradients (2 T C), and
-    below 16 tensor devices the input projections' partial sums over tensor (q, k, v or
-    the fused qkv, and the two MLP inputs: a T C each)."""
+@pytest.mark.parametrize("tensor, fused, partials, attention", [
+    (1, False, 0, "flash"), (2, False, 3 + 2, "flash"), (2, True, 1 + 2, "flash"),
+    (16, False, 0, "flash"), (2, False, 3 + 2, "dot_product")])
+def test_the_backward_working_set_in_closed_form(tensor, fused, partials, attention):
+    """Per example (bf16): the larger of the gated MLP's two input products with its
+    activation's gradient (3 T F / tensor) and, with dot-product attention, the scores,
+    their softmax and its gradient (3 H T T / tensor); the residual's and the block
+    input's gradients (2 T C); below 16 tensor devices the input projections' partial
+    sums over tensor (q, k, v or the fused qkv, and the two MLP inputs: a T C each)."""
     heads, kv, f = 16, 16, 64
     model = build_model("transformer", (T,), V, embed_dim=C, heads=heads, kv_heads=kv,
-                        head_dim=DH, mlp_dim=f, layers=2, fused_qkv=fused)
+                        head_dim=DH, mlp_dim=f, layers=2, fused_qkv=fused, attention=attention)
     program = sharded(model, tensor=tensor)
     block = program.local_model.layers[1]
-    expected = 2 * (3 * T * f // tensor + (2 + partials) * T * C)
+    scores = 3 * heads // tensor * T * T if attention == "dot_product" else 0
+    expected = 2 * (max(3 * T * f // tensor, scores) + (2 + partials) * T * C)
     assert backward_working_bytes(block, (T, C), 2, tensor) == expected
     assert dict(program.memory(3).workspace)["layer working set"] == 3 * expected
+    if attention == "dot_product":
+        assert scores > 3 * T * f // tensor                            # T x T dominates here
 
 
 def test_the_copy_of_the_weights_follows_the_precision():

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pod.memory import DeviceMemory
-from pod.programs import DeviceShard, EvalSums, StepResult
+from pod.programs import DeviceMemory, DeviceShard, EvalSums, StepResult
 
 D, K, LR = 8, 4, 0.5
 SEED, STEPS, BATCH = 3, 4, 16
@@ -81,11 +80,10 @@ class ToyProgram:
         return coords.tensor == 0
 
     def memory(self, per_device_batch, precision="bf16", *, prefetch_layers=1):
-        """float32 throughout: the shard of W, its gradient (SGD keeps no state) and the
-        forward's (B, K) output kept for backward."""
-        shard_bytes = 4 * D * K // (self.sizes["fsdp"] * self.sizes["tensor"])
-        return DeviceMemory(parameters_bytes=shard_bytes, gradients_bytes=shard_bytes,
-                            optimizer_state_bytes=0, activations_bytes=4 * per_device_batch * K)
+        """Its float32 block of W (D / fsdp, K / tensor) and that block's gradient, SGD's
+        empty state, and the (B, K / tensor) output of ``per_device_batch`` examples."""
+        w = 4 * (D // self.sizes["fsdp"]) * (K // self.sizes["tensor"])
+        return DeviceMemory(w, w, 0, 4 * int(per_device_batch) * K // self.sizes["tensor"])
 
     def _forward(self, core, comm, w, x):
         def at():
