@@ -2,9 +2,9 @@
 
 ``pod.config.sharding.MeshCollectiveCosts.cost`` for each axis of a mesh and
 each op, as the sharded clock asks for it once per distinct (axis, op,
-bytes) and caches it: the "xla" model (every torus axis of the axis's block
-at once, both directions; ``interconnect.groups.group_torus_cost``) beside
-the "ring" model (one ring per group; ``group_ring_cost``). Wall seconds,
+bytes) and caches it: the "torus" algorithm, XLA's (every torus axis of the
+axis's block at once, both directions) beside the "ring" one (one ring per
+group), both priced by ``interconnect.cost.price``. Wall seconds,
 a fresh (uncached) cost each repeat, median of the repeats; the simulated
 seconds of each cost are printed beside them.
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"{'point':<34} {'axis':<7} {'size':>5} {'block':<10} {'op':<15} "
-          f"{'xla wall s':>10} {'ring wall s':>11} {'xla sim ms':>10} {'ring sim ms':>11}")
+          f"{'torus wall s':>10} {'ring wall s':>11} {'torus sim ms':>10} {'ring sim ms':>11}")
     for name, (chip, shape, axes) in POINTS.items():
         spec = get_chip_spec(chip)
         mesh = layout_mesh(axes, Torus(shape, True))
@@ -50,18 +50,19 @@ def main() -> None:
         for axis in mesh.axis_names:
             for op in ("all_gather", "reduce_scatter", "allreduce"):
                 row = {}
-                for algorithm in ("xla", "ring"):
+                for algorithm in ("torus", "ring"):
                     walls = []
                     for _ in range(args.repeats):
-                        costs = MeshCollectiveCosts(mesh, link, algorithm=algorithm)
+                        costs = MeshCollectiveCosts(mesh, link,
+                                                    axis_algorithms={axis: algorithm})
                         t = time.perf_counter()
                         seconds = costs.seconds(axis, op, NBYTES)
                         walls.append(time.perf_counter() - t)
                     row[algorithm] = (statistics.median(walls), seconds)
                 block = MeshCollectiveCosts(mesh, link).group_torus(axis).name
                 print(f"{name:<34} {axis:<7} {mesh.axis_size(axis):>5} {block:<10} {op:<15} "
-                      f"{row['xla'][0]:>10.3f} {row['ring'][0]:>11.3f} "
-                      f"{row['xla'][1] * 1e3:>10.3f} {row['ring'][1] * 1e3:>11.3f}", flush=True)
+                      f"{row['torus'][0]:>10.3f} {row['ring'][0]:>11.3f} "
+                      f"{row['torus'][1] * 1e3:>10.3f} {row['ring'][1] * 1e3:>11.3f}", flush=True)
 
 
 if __name__ == "__main__":

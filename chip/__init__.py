@@ -28,13 +28,21 @@ from chip.numerics import (
     to_bf16,
 )
 from chip.scalar import scalar_cycles
-from chip.spec import PRESETS, ChipSpec, MXUSpec, TensorCoreSpec, get_chip_spec
+from chip.spec import (
+    PRESETS,
+    WRAPAROUND_RULES,
+    ChipSpec,
+    MXUSpec,
+    TensorCoreSpec,
+    get_chip_spec,
+)
 from chip.vector import vpu_cycles
 
 __all__ = [
     "MXUSpec",
     "TensorCoreSpec",
     "ChipSpec",
+    "WRAPAROUND_RULES",
     "PRESETS",
     "get_chip_spec",
     "ChipError",

@@ -1017,3 +1017,18 @@ class TensorCore:
         self._host, self._host_vpu_seconds = None, 0.0  # a step's kernels end with it
         records, self.records = self.records, []
         return records
+
+    def fusion_state(self) -> tuple[OpRecord | None, float, tuple[tuple, ...]]:
+        """What the next op's record depends on besides its own figures: (the MXU record
+        later fused VPU work joins, or None; the VPU seconds fused into it so far; the
+        prologue ops waiting for the next MXU record, as (name, elements, hbm_bytes,
+        ops_per_element, transcendental))."""
+        return self._host, self._host_vpu_seconds, tuple(self._pending)
+
+    def append_records(self, records: list[OpRecord],
+                       fusion_state: tuple[OpRecord | None, float, tuple[tuple, ...]]) -> None:
+        """Append records made before (a replayed pass: ``pod.programs.replay``) and set the
+        fusion state they leave (:meth:`fusion_state`), as if their ops had run here."""
+        self.records.extend(records)
+        host, vpu_seconds, pending = fusion_state
+        self._host, self._host_vpu_seconds, self._pending = host, float(vpu_seconds), list(pending)

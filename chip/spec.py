@@ -59,6 +59,16 @@ _SCALAR_ISSUE_CYCLES = 8
 #   FLOPs / second" [SB-roof].
 _VPU_ALUS_PER_LANE = 2
 
+#: How a generation wires the ends of a slice's torus axes (``ChipSpec.wraparound_rule``;
+#: [SB], "How to Think About TPUs"): ``every_axis``, an axis of 2 or more chips wraps
+#: (v2, v3: every slice a 2-D torus); ``full_side``, an axis wraps only when it is as long
+#: as a side of the largest pod (``max_pod_shape``: v5e / v6e wrap an axis of 16);
+#: ``whole_cubes``, every axis wraps when the slice is made of whole 4x4x4 cubes (v4,
+#: v5p: the optical switches close the rings of complete cubes only).
+WRAPAROUND_RULES = ("every_axis", "full_side", "whole_cubes")
+#: The side of the cubes ``whole_cubes`` slices are made of (chips).
+_CUBE_SIDE = 4
+
 
 def _check_int(owner: str, field: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
@@ -272,10 +282,18 @@ class ChipSpec:
             one direction, bytes/s: the host's network interfaces shared by
             its chips (multislice collectives).
         dcn_latency_s: Latency of one message across the DCN, seconds.
+        slice_shapes: Google Cloud's slices of the generation, ``(count in the name,
+            torus shape)`` pairs in order: ``(32, (2, 2, 4))`` is v4-32. The count is
+            TensorCores when ``slice_counts_tensorcores`` (each shape holds count /
+            tensorcores chips), else chips. Empty: no named slices (a custom chip is
+            given by chips and topology).
+        wraparound_rule: which axes of a slice's torus wrap, one of
+            ``WRAPAROUND_RULES`` (:meth:`default_wraparound`).
 
     Raises:
         ChipSpecError: (a ValueError) quoting the first invalid field, or if the
-            core's HBM share does not match the chip's figures.
+            core's HBM share does not match the chip's figures, or a slice shape
+            does not hold its name's count.
     """
 
     name: str
@@ -295,6 +313,8 @@ class ChipSpec:
     megacore: bool = False
     dcn_bytes_per_s: float = 3.1e9
     dcn_latency_s: float = 2e-5
+    slice_shapes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    wraparound_rule: str = "every_axis"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -339,6 +359,7 @@ class ChipSpec:
             raise ChipSpecError(f"ChipSpec.megacore must be a bool, got {self.megacore!r}")
         _check_positive("ChipSpec", "dcn_bytes_per_s", self.dcn_bytes_per_s)
         _check_positive("ChipSpec", "dcn_latency_s", self.dcn_latency_s, allow_zero=True)
+        self._check_slices()
         if self.megacore and self.tensorcores < 2:
             raise ChipSpecError(
                 f"ChipSpec {self.name!r}: megacore needs at least 2 TensorCores, "
@@ -357,6 +378,56 @@ class ChipSpec:
                 f"{self.core.hbm_bandwidth_bytes_per_s!r} must be "
                 f"hbm_bandwidth_bytes_per_s / tensorcores = {share!r}"
             )
+
+    def _check_slices(self) -> None:
+        """``slice_shapes`` as tuples of ints, each shape of ``torus_dims`` axes holding its
+        name's count; ``wraparound_rule`` one of ``WRAPAROUND_RULES``."""
+        if self.wraparound_rule not in WRAPAROUND_RULES:
+            raise ChipSpecError(f"ChipSpec.wraparound_rule must be one of "
+                                f"{', '.join(WRAPAROUND_RULES)}, got {self.wraparound_rule!r}")
+        per_chip = self.tensorcores if self.slice_counts_tensorcores else 1
+        slices = []
+        try:
+            for count, shape in self.slice_shapes:
+                slices.append((count, tuple(shape)))
+        except (TypeError, ValueError):
+            raise ChipSpecError("ChipSpec.slice_shapes must be (count, shape) pairs, got "
+                                f"{self.slice_shapes!r}") from None
+        for count, shape in slices:
+            _check_int("ChipSpec", "slice_shapes count", count, 1)
+            if len(shape) != self.torus_dims or any(
+                isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1
+                for d in shape
+            ) or math.prod(shape) * per_chip != count:
+                unit = "TensorCores" if self.slice_counts_tensorcores else "chips"
+                raise ChipSpecError(
+                    f"ChipSpec {self.name!r}: slice {self.name}-{count} has shape {shape!r}: "
+                    f"expected {self.torus_dims} positive axes holding {count} {unit} "
+                    f"({per_chip} per chip)")
+        if len({count for count, _ in slices}) != len(slices):
+            raise ChipSpecError(f"ChipSpec {self.name!r}: slice_shapes names a count twice")
+        object.__setattr__(self, "slice_shapes",
+                           tuple((int(c), tuple(int(d) for d in shape)) for c, shape in slices))
+
+    def slice_shape(self, count: int) -> tuple[int, ...] | None:
+        """The torus shape of the slice ``<name>-<count>`` (``slice_shapes``), None when
+        Google has no such slice."""
+        return dict(self.slice_shapes).get(count)
+
+    def default_wraparound(self, shape: tuple[int, ...]) -> tuple[bool, ...]:
+        """Which axes of a slice of ``shape`` (chips per axis) have wraparound links, by
+        ``wraparound_rule`` (``WRAPAROUND_RULES``): one bool per axis.
+
+        ``every_axis``: an axis of 2+ chips; ``full_side``: an axis as long as a side of
+        ``max_pod_shape`` (v5e / v6e: 16); ``whole_cubes``: every axis of a 3-D shape made
+        of whole 4x4x4 cubes (v4 / v5p), else none.
+        """
+        if self.wraparound_rule == "full_side":
+            return tuple(axis in self.max_pod_shape for axis in shape)
+        if self.wraparound_rule == "whole_cubes":
+            cubes = len(shape) == 3 and all(axis % _CUBE_SIDE == 0 for axis in shape)
+            return tuple(cubes for _ in shape)
+        return tuple(axis > 1 for axis in shape)
 
     @property
     def peak_bf16_flops_per_s(self) -> float:
@@ -471,6 +542,9 @@ V2 = ChipSpec.from_chip_figures(
     hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=3.1e9,  # unpublished for v2: v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
+    slice_shapes=(  # Google Cloud's v2 slice names, TensorCores -> chips per axis (ICI table)
+        (8, (2, 2)), (32, (4, 4)), (128, (8, 8)), (256, (8, 16)), (512, (16, 16))),
+    wraparound_rule="every_axis",  # every slice a 2-D torus [SB]
 )
 
 V3 = ChipSpec.from_chip_figures(
@@ -499,6 +573,10 @@ V3 = ChipSpec.from_chip_figures(
     hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=3.1e9,  # unpublished for v3: v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
+    slice_shapes=(  # slice names, TensorCores -> chips per axis [GC-v3]
+        (8, (2, 2)), (32, (4, 4)), (64, (4, 8)), (128, (8, 8)), (256, (8, 16)), (512, (16, 16)),
+        (1024, (16, 32)), (2048, (32, 32))),
+    wraparound_rule="every_axis",  # every slice a 2-D torus [SB]
 )
 
 V4 = ChipSpec.from_chip_figures(
@@ -528,6 +606,12 @@ V4 = ChipSpec.from_chip_figures(
     # unpublished for v4 (4 chips per host, as v5p):
     dcn_bytes_per_s=6.25e9,  # v5p's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
+    # custom shapes of 4x4x4 cubes are given by pod.topology
+    slice_shapes=(  # slice names, TensorCores -> chips per axis [GC-v4]
+        (8, (2, 2, 1)), (16, (2, 2, 2)), (32, (2, 2, 4)), (64, (2, 4, 4)), (128, (4, 4, 4)),
+        (256, (4, 4, 8)), (512, (4, 8, 8)), (1024, (8, 8, 8)), (2048, (8, 8, 16)),
+        (4096, (8, 16, 16)), (8192, (16, 16, 16))),
+    wraparound_rule="whole_cubes",  # [SB]: wraparound on complete 4x4x4 cubes only
 )
 
 V5E = ChipSpec.from_chip_figures(
@@ -556,6 +640,10 @@ V5E = ChipSpec.from_chip_figures(
     hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=3.1e9,  # [SB]: about 3.1e9 B/s per chip across slices
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
+    slice_shapes=(  # slice names, chips -> chips per axis [GC-v5e]
+        (1, (1, 1)), (4, (2, 2)), (8, (2, 4)), (16, (4, 4)), (32, (4, 8)), (64, (8, 8)),
+        (128, (8, 16)), (256, (16, 16))),
+    wraparound_rule="full_side",  # [SB]: an axis wraps only at its full 16
 )
 
 V5P = ChipSpec.from_chip_figures(
@@ -584,6 +672,12 @@ V5P = ChipSpec.from_chip_figures(
     hbm_efficiency=HBM_EFFICIENCY,  # fit: C5 (v6e), shared
     dcn_bytes_per_s=6.25e9,  # [SB]: about 6.25e9 B/s per chip across slices
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
+    # the standard shapes and the largest pod; other shapes of 4x4x4 cubes by pod.topology
+    slice_shapes=(  # slice names, TensorCores -> chips per axis [GC-v5p]
+        (8, (2, 2, 1)), (16, (2, 2, 2)), (32, (2, 2, 4)), (64, (2, 4, 4)), (128, (4, 4, 4)),
+        (256, (4, 4, 8)), (512, (4, 8, 8)), (1024, (8, 8, 8)), (2048, (8, 8, 16)),
+        (4096, (8, 16, 16)), (8192, (16, 16, 16)), (17920, (16, 20, 28))),
+    wraparound_rule="whole_cubes",  # [SB]: wraparound on complete 4x4x4 cubes only
 )
 
 V6E = ChipSpec.from_chip_figures(
@@ -613,6 +707,10 @@ V6E = ChipSpec.from_chip_figures(
     # unpublished for v6e (8 chips per host, as v5e):
     dcn_bytes_per_s=3.1e9,  # v5e's per-chip figure [SB] assumed
     dcn_latency_s=DCN_LATENCY_S,  # an assumption (no published figure): see DCN_LATENCY_S
+    slice_shapes=(  # slice names, chips -> chips per axis [GC-v6e]
+        (1, (1, 1)), (4, (2, 2)), (8, (2, 4)), (16, (4, 4)), (32, (4, 8)), (64, (8, 8)),
+        (128, (8, 16)), (256, (16, 16))),
+    wraparound_rule="full_side",  # [SB]: an axis wraps only at its full 16
 )
 
 PRESETS: dict[str, ChipSpec] = {s.name: s for s in (V2, V3, V4, V5E, V5P, V6E)}

@@ -20,9 +20,15 @@ Pure Python + numpy; never imports Ray, ``pod`` or ``chip``. One room at a time:
 - :mod:`~interconnect.groups`: collectives of every group of a mesh axis at
   once, re-labelled onto torus ranks, and their cost: as XLA runs them
   (every torus axis of the group's block, both directions) or one ring each.
-- :mod:`~interconnect.cost`: :func:`schedule_cost` / :func:`schedule_time`,
-  simulated seconds with per-link contention; :func:`collective_cost`, a fast
-  path for the regular ring / torus schedules that agrees with it.
+- :mod:`~interconnect.phases`: a collective as the cost engine reads it
+  (:class:`PairPhases`: the pairs that send, their bytes per phase), built as
+  arrays for the regular algorithms or read off any Schedule.
+- :mod:`~interconnect.registry`: the one registry of algorithms, keyed by
+  (op, algorithm): each builds its Schedule and its PairPhases.
+- :mod:`~interconnect.cost`: the engine, :func:`price` (any PairPhases, every
+  group of a mesh axis at once, with per-link contention), and on it
+  :func:`schedule_cost` / :func:`schedule_time` (a Schedule) and
+  :func:`collective_cost` (any registered algorithm over the whole torus).
 - :mod:`~interconnect.faults`: :class:`LinkFaults` (slowed and failed links)
   and :func:`route` around failed links.
 
@@ -37,16 +43,11 @@ Example::
 from interconnect.calibration import CALIBRATION, Calibration, calibrated_link
 from interconnect.chains import ppermute
 from interconnect.collectives import (
-    ALGORITHMS,
-    ALLREDUCE_ALGORITHMS,
-    OPS,
     Schedule,
     Transfer,
     all_to_all,
-    allreduce,
     axis_rings,
     broadcast,
-    build_collective,
     chain_schedules,
     chunk_bounds,
     halving_doubling_allreduce,
@@ -56,12 +57,12 @@ from interconnect.collectives import (
     tree_allreduce,
 )
 from interconnect.cost import (
-    FAST_PATHS,
     MAX_COST_WORK,
     ScheduleCost,
     check_cost_work,
     collective_cost,
     cost_work,
+    price,
     schedule_cost,
     schedule_time,
 )
@@ -70,7 +71,6 @@ from interconnect.errors import InterconnectError, LinkSpecError, ScheduleError,
 from interconnect.execute import execute
 from interconnect.faults import LinkFailureError, LinkFaults, parse_link, route
 from interconnect.groups import (
-    GROUP_ALGORITHMS,
     GROUP_OPS,
     concurrent_group_schedule,
     group_collective_cost,
@@ -81,6 +81,20 @@ from interconnect.groups import (
     pair_permute_cost,
 )
 from interconnect.link import LinkSpec
+from interconnect.phases import PairPhases, schedule_phases
+from interconnect.registry import (
+    ALGORITHMS,
+    ALLREDUCE_ALGORITHMS,
+    FAST_PATHS,
+    MESH_ALGORITHMS,
+    REGISTRY,
+    Algorithm,
+    allreduce,
+    build_collective,
+    check_algorithm,
+    collective_phases,
+)
+from interconnect.schedule import OPS
 from interconnect.topology import Torus, parse_shape
 
 __all__ = [
@@ -117,7 +131,6 @@ __all__ = [
     "build_collective",
     "execute",
     "GROUP_OPS",
-    "GROUP_ALGORITHMS",
     "group_ring_schedule",
     "group_torus_schedule",
     "concurrent_group_schedule",
@@ -126,6 +139,14 @@ __all__ = [
     "group_ppermute_cost",
     "pair_permute_cost",
     "ScheduleCost",
+    "PairPhases",
+    "schedule_phases",
+    "collective_phases",
+    "REGISTRY",
+    "Algorithm",
+    "MESH_ALGORITHMS",
+    "check_algorithm",
+    "price",
     "schedule_cost",
     "schedule_time",
     "collective_cost",

@@ -47,16 +47,11 @@ __all__ = [
     "ring_all_gather",
     "ring_allreduce",
     "chain_schedules",
-    "OPS",
-    "ALGORITHMS",
-    "ALLREDUCE_ALGORITHMS",
     "axis_rings",
-    "allreduce",
     "halving_doubling_allreduce",
     "tree_allreduce",
     "all_to_all",
     "broadcast",
-    "build_collective",
 ]
 
 
@@ -268,24 +263,10 @@ _cached_ring_allreduce = functools.lru_cache(maxsize=8)(_ring_allreduce)
 
 
 # ------------------------------------------------------------------------------
-# Every algorithm: the unidirectional ring (above), the bidirectional ring and the
-# multi-axis torus (interconnect.chains), recursive halving-doubling, binomial tree,
-# all-to-all, broadcast, ppermute (interconnect.chains).
+# The other algorithms: recursive halving-doubling, binomial tree, all-to-all,
+# broadcast (the bidirectional ring, the multi-axis torus and ppermute are in
+# interconnect.chains; interconnect.registry names them all).
 # ------------------------------------------------------------------------------
-
-#: Algorithms per operation; the first one of each is its default.
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("torus", "bidirectional_ring", "ring", "halving_doubling", "tree"),
-    "reduce_scatter": ("torus", "bidirectional_ring", "ring"),
-    "all_gather": ("torus", "bidirectional_ring", "ring"),
-    "all_to_all": ("direct",),
-    "broadcast": ("pipelined_ring", "tree"),
-    "ppermute": ("direct",),
-}
-
-#: The allreduce algorithms, as scenarios name them.
-ALLREDUCE_ALGORITHMS = ALGORITHMS["allreduce"]
-
 
 class _ChunkTree:
     """Chunk bounds built on demand: a chunk is cut into parts as np.array_split cuts.
@@ -337,17 +318,6 @@ def axis_rings(topology: Torus) -> list[list[list[int]]]:
         lines = np.moveaxis(ranks, axis, -1).reshape(-1, size)[:, order]
         out.append(lines.tolist())
     return out
-
-
-def _check_algorithm(op: str, algorithm: str) -> None:
-    if op not in ALGORITHMS:
-        raise ScheduleError(f"operation {op!r} is not valid: expected one of "
-                            f"{', '.join(ALGORITHMS)}")
-    if algorithm not in ALGORITHMS[op]:
-        raise ScheduleError(
-            f"algorithm {algorithm!r} is not available for {op}: expected one of "
-            f"{', '.join(ALGORITHMS[op])}"
-        )
 
 
 def halving_doubling_allreduce(topology: Torus, num_elements: int, itemsize: int = 4) -> Schedule:
@@ -537,7 +507,9 @@ def broadcast(topology: Torus, num_elements: int, itemsize: int = 4, root: int =
     Raises:
         ScheduleError: a bad count, root or algorithm.
     """
-    _check_algorithm("broadcast", algorithm)
+    if algorithm not in ("pipelined_ring", "tree"):
+        raise ScheduleError(f"algorithm {algorithm!r} is not available for broadcast: expected "
+                            "one of pipelined_ring, tree")
     n, num_elements, itemsize = _check_counts(topology, num_elements, itemsize)
     if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
         raise ScheduleError(f"broadcast root {root!r} is not valid: expected a rank 0..{n - 1}")
@@ -564,65 +536,3 @@ def broadcast(topology: Torus, num_elements: int, itemsize: int = 4, root: int =
         name=f"{algorithm}_broadcast", num_ranks=n, num_elements=num_elements, itemsize=itemsize,
         chunk_bounds=bounds, phases=tuple(phases), op="broadcast", owned_chunks=(), root=root,
     )
-
-
-def build_collective(op: str, topology: Torus, num_elements: int, itemsize: int = 4,
-                     algorithm: str | None = None, root: int = 0, *, shift: int = 1,
-                     axis: int = 0) -> Schedule:
-    """The schedule of any operation and algorithm (see :data:`ALGORITHMS`).
-
-    Args:
-        op: ``"allreduce"``, ``"reduce_scatter"``, ``"all_gather"``,
-            ``"all_to_all"``, ``"broadcast"`` or ``"ppermute"``.
-        topology: the torus.
-        num_elements: elements per rank's buffer (for all-gather: the
-            gathered output), >= 0.
-        itemsize: bytes per element, >= 1.
-        algorithm: one of ``ALGORITHMS[op]``; None takes the first.
-        root: broadcast root rank.
-        shift: ppermute: places each buffer moves along ``axis``.
-        axis: ppermute: the torus axis.
-
-    Returns:
-        The Schedule.
-
-    Raises:
-        ScheduleError: unknown op or algorithm (the message lists the
-            choices), or bad counts.
-    """
-    algorithm = algorithm or ALGORITHMS.get(op, ("",))[0]
-    _check_algorithm(op, algorithm)
-    if op == "all_to_all":
-        return all_to_all(topology, num_elements, itemsize)
-    if op == "broadcast":
-        return broadcast(topology, num_elements, itemsize, root=root, algorithm=algorithm)
-    if op == "ppermute":
-        from interconnect.chains import ppermute
-        return ppermute(topology, num_elements, itemsize, shift=shift, axis=axis)
-    if algorithm == "halving_doubling":
-        return halving_doubling_allreduce(topology, num_elements, itemsize)
-    if algorithm == "tree":
-        return tree_allreduce(topology, num_elements, itemsize)
-    if op == "allreduce" and algorithm == "ring":
-        return ring_allreduce(topology, num_elements, itemsize)
-    if op == "reduce_scatter" and algorithm == "ring":
-        return ring_reduce_scatter(topology, num_elements, itemsize)
-    if op == "all_gather" and algorithm == "ring":
-        return ring_all_gather(topology, num_elements, itemsize)
-    from interconnect.chains import build_axis_collective
-    return build_axis_collective(op, topology, num_elements, itemsize, algorithm)
-
-
-def allreduce(topology: Torus, num_elements: int, itemsize: int = 4,
-              algorithm: str = "torus") -> Schedule:
-    """Allreduce by any algorithm of :data:`ALLREDUCE_ALGORITHMS` (see :func:`build_collective`).
-
-    ``"bidirectional_ring"``: every chunk reaches its owner from both sides
-    of ``ring_order()`` at once; ``(n-1)/n x V / W`` on a full ring (half the
-    unidirectional ring's) in ``2 floor(n/2)`` phases.
-    ``"torus"``: every axis at once, the buffer cut into one part per axis,
-    each part reducing over the axes in a rotated order
-    (:mod:`interconnect.chains`); bandwidth term ``V / (W_bidi x axes)``
-    [SB]. On a 1-D ring it is the bidirectional ring.
-    """
-    return build_collective("allreduce", topology, num_elements, itemsize, algorithm)

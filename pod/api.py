@@ -22,6 +22,7 @@ scenario's named one::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +44,7 @@ from pod.report.model_summary import plan_model_tables
 from pod.report.stats import StepStats
 from pod.workloads.model import Model
 
-__all__ = ["RunResult", "Description", "Cluster", "Rows", "load", "run", "validate",
+__all__ = ["RunResult", "Description", "Cluster", "Rows", "PlanRows", "load", "run", "validate",
            "describe", "sweep", "plan", "plan_facts", "start_cluster", "stop_cluster"]
 
 
@@ -587,15 +588,21 @@ def plan(model: str | Path, *, slice: str | Sequence[str] = (),  # noqa: A002 - 
          chips: int | None = None,
          tokens_per_step: int | str | None = None, global_batch: int | str | None = None,
          per_device_batch: int | Sequence[int] = (), seq_len: int | None = None,
-         remat: Sequence[str] = (), mesh_axes: Sequence[str] = (),
+         remat: str | Sequence[str] = (), mesh_axes: str | Sequence[str] = (),
          token_budget: int | str | None = None, files: Sequence[str | Path] = (),
          overrides: Overrides = None, output_dir: str | Path | None = None,
-         num_slices: int | Sequence[int] = (), slices: str | Sequence[str] | None = None,
-         per_device_batches: Sequence[int] | None = None) -> Rows:
+         num_slices: int | Sequence[int] = (), capacity_factor: float | Sequence[float] = (),
+         top: int = 10, exhaustive: bool = False, jobs: int | None = None,
+         progress: bool = True, default_output: bool = False,
+         on_point: Callable[[dict[str, Any], int], None] | None = None,
+         slices: str | Sequence[str] | None = None,
+         per_device_batches: Sequence[int] | None = None) -> PlanRows:
     """Which layout trains ``model`` fastest (``tpu-pod plan``): every mesh, remat policy
     and batch, planned, costed timing-only and ranked by simulated tokens/s. The keywords
     are the command's options (``slice=`` is ``--slice``, ``per_device_batch=`` is
-    ``--per-device-batch``).
+    ``--per-device-batch``, ``capacity_factor=`` is ``--capacity-factor``); a value of an
+    option that takes several is one or a sequence (``remat="full"`` or ``("full",
+    "minimal")``).
 
     Args:
         model: a preset's name (``"llama2-7b"``), a scenario file, or MaxText's base.yml
@@ -612,39 +619,73 @@ def plan(model: str | Path, *, slice: str | Sequence[str] = (),  # noqa: A002 - 
         num_slices: numbers of identical slices joined by the DCN (``2`` or ``(1, 2, 4)``),
             data parallel across them (``pod.slices``, ``pod.dcn_mesh: {data: K}``);
             default 1.
-        overrides: keys of the model's scenario (MaxText keys for MaxText configs).
-        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing).
+        overrides: keys of the model's scenario (MaxText keys for MaxText configs; MaxText's
+            layout keys, ``ici_fsdp_parallelism``, ``per_device_batch_size``, ..., with any
+            model: ``tpu-pod plan --help``).
+        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing, or
+            with ``default_output`` in ``runs/plan-<model>-<slice>``, as the command).
+        capacity_factor: a mixture of experts' capacity factors to try (0: dropless;
+            default: the model's, and 1.25 too for a dropless one).
+        top: the best points costed whatever their bound (at least 30; the table's).
+        exhaustive: cost every point that plans (else the points whose compute alone is
+            slower than the 30 best are not costed: their ``status`` is "pruned").
+        jobs: processes that cost points (None: one per core).
+        progress: a progress bar on a terminal, or in a notebook (with ipywidgets).
+        on_point: called with each point's row and the number of points (the command's
+            own progress; ``progress=False`` then).
         slices, per_device_batches: the earlier names of ``slice`` and
             ``per_device_batch`` (deprecated: a ``DeprecationWarning``).
 
     Returns:
         One row per point (``pod.commands.plan.PLAN_COLUMNS``): the costed ones ranked
-        (``rank`` 1 is the best), then those dropped with their ``reason``; a missing
-        number is NaN, so ``pd.DataFrame(rows)`` works.
+        (``rank`` 1 is the best), then the pruned, dropped and failed ones with their
+        ``reason``; a missing number is NaN, so ``pd.DataFrame(rows)`` works. Its
+        ``result`` is the whole ``PlanResult`` (what was searched, the files written).
 
     Raises:
         ScenarioError and the other user errors: one line.
     """
-    from pod.commands.plan import PlanRequest, run_plan
+    from pod.commands.plan import PlanRequest
 
     slice = _renamed("slices", slices, "slice", slice)
     per_device_batch = _renamed("per_device_batches", per_device_batches, "per_device_batch",
                                 per_device_batch)
     request = PlanRequest(model=str(model), files=tuple(str(f) for f in files),
-                          slices=(slice,) if isinstance(slice, str) else tuple(slice),
-                          chips=chips, tokens_per_step=tokens_per_step,
+                          slices=_several(slice), chips=chips, tokens_per_step=tokens_per_step,
                           global_batch=global_batch,
-                          per_device_batches=(per_device_batch,) if isinstance(
-                              per_device_batch, int | str) else tuple(per_device_batch),
-                          seq_len=seq_len,
-                          remat=(remat,) if isinstance(remat, str) else tuple(remat),
-                          mesh_axes=(mesh_axes,) if isinstance(mesh_axes, str)
-                          else tuple(mesh_axes),
+                          per_device_batches=_several(per_device_batch), seq_len=seq_len,
+                          remat=_several(remat), mesh_axes=_several(mesh_axes),
                           token_budget=token_budget, overrides=overrides or (),
-                          num_slices=(num_slices,) if isinstance(num_slices, int | str)
-                          else tuple(num_slices))
-    out = Path(output_dir) if output_dir is not None else None
-    return Rows(run_plan(request, output_dir=out).rows, f"plan {model}", PLAN_ROW_COLUMNS)
+                          num_slices=_several(num_slices),
+                          capacity_factors=_several(capacity_factor), top=top,
+                          exhaustive=exhaustive, workers=jobs)
+    return PlanRows(_run_plan(request, Path(output_dir) if output_dir is not None else None,
+                              default_output, progress, on_point))
+
+
+def _run_plan(request: Any, output_dir: Path | None, default_output: bool, progress: bool,
+              on_point: Callable[[dict[str, Any], int], None] | None) -> Any:
+    """``run_plan`` with a progress bar (``progress``: ``plan_progress``) and the caller's
+    ``on_point``; the ``PlanResult``."""
+    from pod.commands.plan import run_plan
+    from pod.commands.plan_report import plan_progress
+
+    with plan_progress() if progress else contextlib.nullcontext(None) as shown:
+        def both(row: dict[str, Any], total: int) -> None:
+            if shown is not None:
+                shown(row, total)
+            if on_point is not None:
+                on_point(row, total)
+
+        return run_plan(request, output_dir=output_dir, on_point=both,
+                        default_output=default_output)
+
+
+def _several(value: Any) -> tuple[Any, ...]:
+    """An option that takes several values given one (``"full"``, ``2``) or several."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str | int | float) else tuple(value)
 
 
 #: the columns a notebook shows of a plan's rows (``Rows``)
@@ -652,6 +693,22 @@ PLAN_ROW_COLUMNS = ("rank", "status", "slice", "mesh", "remat", "per_device_batc
                     "global_batch", "simulated_step_seconds", "simulated_tokens_per_second",
                     "simulated_examples_per_second", "mfu", "hbm_per_device_bytes", "bound",
                     "reason")
+
+
+class PlanRows(Rows):
+    """A plan's rows (``plan``): ``Rows`` with the ``PlanResult`` they come from.
+
+    Args:
+        result: the finished plan (``pod.commands.plan.PlanResult``).
+
+    Attributes:
+        result: the plan: what was searched, ``output_dir`` (where its files went, None:
+            nowhere), ``summary()``; the command's table and lines are made from it.
+    """
+
+    def __init__(self, result: Any) -> None:
+        super().__init__(result.rows, f"plan {result.name}", PLAN_ROW_COLUMNS)
+        self.result = result
 
 
 def _renamed(old: str, old_value: Any, new: str, new_value: Any) -> Any:

@@ -565,7 +565,7 @@ def import_maxtext_command(arguments: tuple[str, ...], slice_name: str | None,
     ignored = len(result.of("ignored"))
     if ignored and not all_warnings:
         click.echo(f"note: {ignored} keys of {files[0]} do not change the simulated step and are "
-                   f"not mapped; the scenario's header names each (--all-warnings prints them)",
+                   f"not mapped; the scenario's last lines name each (--all-warnings prints them)",
                    err=True)
     command = shlex.join(["tpu-pod", "import-maxtext", *arguments,
                           *(["--slice", slice_name] if slice_name else [])])
@@ -654,7 +654,18 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
         raise ScenarioError(f"{scenario}: sweep: every point failed; the first: {rows[0]['error']}")
 
 
-@cli.command("plan", short_help="Which layout? Search meshes, remat and batches of a model.")
+PLAN_OVERRIDES_HELP = (
+    "KEY=VALUE arguments after MODEL override the model's keys (dotted keys, YAML values): "
+    "scenario keys for a preset or a scenario file (model.options.layers=16 "
+    "training.precision=fp32), MaxText's keys for MaxText configs (base_emb_dim=1024 "
+    "vocab_size=32000). MaxText's layout keys work with any MODEL: ici_fsdp_parallelism=64 "
+    "fixes that mesh axis (-1: searched), per_device_batch_size=2, remat_policy=full, "
+    "num_slices=2 (or dcn_data_parallelism=2), compile_topology=v5e-256; and with a preset "
+    "or a scenario capacity_factor=1.25 and max_target_length=4096.")
+
+
+@cli.command("plan", short_help="Which layout? Search meshes, remat and batches of a model.",
+             epilog=PLAN_OVERRIDES_HELP)
 @click.argument("arguments", nargs=-1, required=True,
                 metavar="MODEL [MODEL.yml] [KEY=VALUE]...")
 @click.option("--slice", "slices", multiple=True,
@@ -677,10 +688,20 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                                   "the runtime runs].")
 @click.option("--token-budget", help="Rank by the simulated time to train on this many tokens "
                                      "(1T, 2e12) instead of tokens/s.")
+@click.option("--capacity-factor", "capacity_factor",
+              help="A mixture of experts' capacity factors to try (MaxText's capacity_factor; "
+                   "0: dropless), e.g. 0,1.25 [default: the model's, and 1.25 too for a "
+                   "dropless one, which an expert axis needs].")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Points in the table.")
+@click.option("--exhaustive", is_flag=True,
+              help="Cost every point that plans (else a point whose compute alone is slower "
+                   "than the 30 best, or the table's, is not costed: results.csv says so).")
+@click.option("--jobs", type=click.IntRange(min=1),
+              help="Processes that cost points [default: one per core].")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where results.csv, layouts.png and best.yaml go [default: runs/<model>-plan].")
+              help="Where results.csv, layouts.png and best.yaml go "
+                   "[default: runs/plan-<model>-<slice>].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan as one JSON document (every point) on stdout.")
 @WIDE
@@ -688,30 +709,39 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
                  tokens_per_step: str | None, global_batch: str | None,
                  per_device_batch: str | None, seq_len: int | None,
                  num_slices: tuple[str, ...], remat: str | None,
-                 mesh_axes: str | None, token_budget: str | None, top: int,
-                 output_dir: Path | None, as_json: bool, wide: bool) -> None:
+                 mesh_axes: str | None, token_budget: str | None, capacity_factor: str | None,
+                 top: int, exhaustive: bool, jobs: int | None, output_dir: Path | None,
+                 as_json: bool, wide: bool) -> None:
     """Which layout trains MODEL fastest? MODEL is a preset (llama2-7b, maxtext-2023-s1, ...),
     a scenario file, or MaxText's base.yml [model.yml]. Every mesh of each slice's devices,
     remat policy and batch is planned; what does not fit is dropped with the reason; the rest
     is costed by one timing-only step each (simulated) and ranked by tokens/s."""
-    from pod.commands.plan import PlanRequest
-    from pod.commands.plan_report import family_lines, plan_json, plan_table, search_line
+    from pod.commands.plan_report import (
+        family_lines,
+        family_title,
+        plan_json,
+        plan_progress,
+        plan_table,
+        search_line,
+    )
 
     models = [a for a in arguments if not looks_like_override(a)]
-    split = lambda text: tuple(p.strip() for p in text.split(",") if p.strip()) if text else ()  # noqa: E731
-    request = PlanRequest(model=models[0] if models else "", files=tuple(models[1:]),
-                          slices=slices, chips=chips, tokens_per_step=tokens_per_step,
-                          global_batch=global_batch, per_device_batches=split(per_device_batch),
-                          seq_len=seq_len, remat=split(remat), mesh_axes=split(mesh_axes),
-                          token_budget=token_budget,
-                          overrides=tuple(a for a in arguments if looks_like_override(a)),
-                          num_slices=tuple(n for text in num_slices for n in text.split(",")))
     if not models:
         raise click.UsageError("give the MODEL: a preset, a scenario or MaxText's base.yml",
                                ctx=click.get_current_context())
-    out_dir = output_dir or Path("runs") / f"{Path(models[0]).stem}-plan"
+    split = lambda text: tuple(p.strip() for p in text.split(",") if p.strip()) if text else ()  # noqa: E731
     console = make_console(sys.stderr) if as_json else make_console()
-    result = _run_plan(console, request, out_dir)
+    with plan_progress(console) as on_point:
+        result = api.plan(models[0], files=models[1:], slice=slices, chips=chips,
+                          tokens_per_step=tokens_per_step, global_batch=global_batch,
+                          per_device_batch=split(per_device_batch), seq_len=seq_len,
+                          remat=split(remat), mesh_axes=split(mesh_axes),
+                          token_budget=token_budget,
+                          overrides=[a for a in arguments if looks_like_override(a)],
+                          num_slices=[n for text in num_slices for n in split(text)],
+                          capacity_factor=split(capacity_factor), top=top,
+                          exhaustive=exhaustive, jobs=jobs, output_dir=output_dir,
+                          default_output=True, progress=False, on_point=on_point).result
     if as_json:
         click.echo(json.dumps(plan_json(result), indent=2))
         return
@@ -721,12 +751,13 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
                     wide=wide)
     families = family_lines(result)
     if families:
-        console.print("Best of each mesh family:", highlight=False)
+        console.print(family_title(result), highlight=False)
         for line in families:
             console.print(line, highlight=False, soft_wrap=True)
+    out_dir = result.output_dir
     files = ", ".join(n for n in ("results.csv", "layouts.png", "best.yaml")
-                      if (out_dir / n).exists())
-    wrote = f" Wrote {out_dir}/: {files}" if result.ranked else ""
+                      if out_dir is not None and (out_dir / n).exists())
+    wrote = f" Wrote {out_dir}/: {files}" if files else ""
     console.print(f"{result.summary()}.{wrote}", highlight=False, soft_wrap=True)
     if not result.ranked:
         raise ScenarioError(f"plan: no layout of {result.name} runs; the first point's reason: "
@@ -736,23 +767,7 @@ def plan_command(arguments: tuple[str, ...], slices: tuple[str, ...], chips: int
 #: The plan table's columns a narrow terminal leaves out, the first first: the rank, the
 #: layout, the step, MFU and the rate (or the time to the budget) stay.
 PLAN_DROP = ("compute", "update", "bound", "dcn", "stage", "expert", "tensor", "fsdp", "data",
-             "HBM/dev", "slices", "batch", "slice")
-
-
-def _run_plan(console: Console, request, out_dir: Path):
-    """``run_plan`` with a progress bar on a terminal."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from pod.commands.plan import run_plan
-
-    with Progress("[bold]plan", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("plan", total=None)
-
-        def advance(row: dict, total: int) -> None:
-            progress.update(task, total=total, advance=1)
-
-        return run_plan(request, output_dir=out_dir, on_point=advance)
+             "bubble", "experts", "HBM/dev", "slices", "batch", "slice")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -296,7 +296,7 @@ def sweep_layouts_mixtral() -> str:
 
 def _plan(*args: str) -> str:
     """``tpu-pod plan ARGS`` as a user runs it (in a fresh directory, so the files it names
-    are ``runs/<model>-plan/``), its lines with the table's padding cut."""
+    are ``runs/plan-<model>-<slice>/``), its lines with the table's padding cut."""
     with tempfile.TemporaryDirectory() as cwd:
         text = _pod("plan", *args, cwd=Path(cwd))
     lines = [line.rstrip() for line in text.splitlines()]

@@ -80,7 +80,7 @@ from pod.errors import ScenarioError
 from pod.safe_io import read_text
 
 __all__ = ["MaxTextConfig", "Note", "ImportResult", "read_maxtext", "to_scenario",
-           "import_maxtext", "scenario_yaml"]
+           "import_maxtext", "scenario_yaml", "MESH_AXES", "maxtext_int", "dcn_mesh"]
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,11 @@ OPTIMIZERS = {"adamw": "adamw", "adam_pax": "adamw", "sgd": "sgd"}
 
 
 def _int(config: MaxTextConfig, key: str, default: Any = None) -> int:
+    """A whole-number key of ``config`` (``default`` when it is not set).
+
+    Raises:
+        ScenarioError: not a whole number (one line naming the key and where it came from).
+    """
     value = config.values.get(key, default)
     if isinstance(value, str):
         value = value.replace("_", "")
@@ -335,6 +340,8 @@ def _moe_options(config: MaxTextConfig) -> dict[str, Any]:
 #: MaxText's mesh axes the emulator has -> its name for them (MaxText's order)
 _MESH_AXES = {"data": "data", "pipeline": "stage", "fsdp": "fsdp",
               "fsdp_transpose": "fsdp_transpose", "expert": "expert", "tensor": "tensor"}
+#: MaxText's ICI axis (``ici_<axis>_parallelism``) -> the mesh axis (``tpu-pod plan`` too)
+MESH_AXES = _MESH_AXES
 #: MaxText's DCN axes the emulator runs across slices (an axis of ``pod.dcn_mesh``)
 _DCN_AXES = ("data", "fsdp", "fsdp_transpose", "tensor")
 
@@ -368,7 +375,7 @@ def _mesh(config: MaxTextConfig, devices: int) -> dict[str, int]:
     return {_MESH_AXES[a]: s for a, s in sizes.items() if s != 1} or {"data": 1}
 
 
-def _dcn_mesh(config: MaxTextConfig) -> tuple[int, dict[str, int]]:
+def dcn_mesh(config: MaxTextConfig) -> tuple[int, dict[str, int]]:
     """(the slices, ``pod.dcn_mesh``): ``num_slices`` or ``compile_topology_num_slices``
     when set (> 0), else the product of the DCN axes; ``dcn_{data,fsdp,tensor}_parallelism``
     with one -1 filled by the slices the others leave, as MaxText fills it.
@@ -444,6 +451,9 @@ def _pipeline(config: MaxTextConfig, stages: int, layers: int) -> dict[str, Any]
     return out
 
 
+maxtext_int = _int
+
+
 def _batch(config: MaxTextConfig, devices: int) -> int:
     per_device = float(config.values.get("per_device_batch_size", 1))
     batch = per_device * devices
@@ -488,7 +498,7 @@ def to_scenario(config: MaxTextConfig, *, slice_name: str | None = None,
     options, vocabulary = _model_options(config)
     pending = _not_taken_yet(options) + _inferred(config, options)
     mesh = _mesh(config, devices)
-    slices, dcn = _dcn_mesh(config)
+    slices, dcn = dcn_mesh(config)
     batch = _batch(config, devices * slices)
     length = _int(config, "max_target_length")
     shards = math.prod(mesh.get(a, 1) * dcn.get(a, 1)
@@ -730,18 +740,26 @@ def import_maxtext(files: Sequence[str | Path], overrides: Sequence[str] = (), *
 
 
 def scenario_yaml(result: ImportResult, command: str) -> str:
-    """The scenario as YAML, headed by the command and every note (one line each)."""
+    """The scenario as YAML, headed by the command and the notes that matter (what is not
+    modelled, approximated or not carried: one line each); the keys that do not change the
+    simulated step (most of a MaxText base.yml: a few hundred) are listed after the
+    scenario, so that the file opens with what it says."""
     head = [f"# Written by: {command}",
             "# Timing-only: random token ids set the shapes; cost a step with `tpu-pod sweep "
             "<this file>`."]
-    for title, level in (("Not modelled", "error"), ("Approximated or not carried", "warning"),
-                         ("Not mapped, no effect on the simulated step", "ignored")):
+    for title, level in (("Not modelled", "error"), ("Approximated or not carried", "warning")):
         lines = [n.text for n in result.of(level)]
         if lines:
             head += [f"# {title}:"] + [f"#   {line}" for line in lines]
+    ignored = [n.text for n in result.of("ignored")]
+    if ignored:
+        head.append(f"# {len(ignored):,} keys not mapped, with no effect on the simulated step: "
+                    "listed at the end.")
     body = yaml.dump(_flowed(result.scenario), Dumper=_Dumper, sort_keys=False,
                      default_flow_style=False, width=100)
-    return "\n".join(head) + "\n" + body
+    tail = (["", "# Not mapped, no effect on the simulated step:"]
+            + [f"#   {line}" for line in ignored]) if ignored else []
+    return "\n".join(head) + "\n" + body + "".join(f"{line}\n" for line in tail)
 
 
 class _Flow(dict):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,8 +39,25 @@ from typing import Any
 
 import numpy as np
 
-from pod.commands.plan_search import Candidate, candidates, model_axes, remat_policies
-from pod.commands.plan_source import ModelSource, devices_of, model_source, parse_count, plan_slices
+from pod.commands.plan_cost import Scoring, cost_points, default_workers
+from pod.commands.plan_search import (
+    Candidate,
+    candidates,
+    capacity_factors,
+    compared_batch,
+    family,
+    model_axes,
+    remat_policies,
+)
+from pod.commands.plan_source import (
+    ModelSource,
+    SearchKeys,
+    devices_of,
+    model_source,
+    parse_count,
+    plan_slices,
+    search_keys,
+)
 from pod.commands.sweep import csv_row, is_missing, plot_layouts, step_row
 from pod.config.mesh import AXIS_NAMES, device_hbm_bytes, format_axes
 from pod.config.plan import TrainingPlan, build_plan
@@ -47,6 +65,7 @@ from pod.config.presets import synthetic_examples
 from pod.config.scenario import MAX_GLOBAL_BATCH, MAX_SLICES, Scenario, parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
+from pod.programs.replay import LayerTape
 from pod.workloads import Dataset, build_model, load_dataset
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
@@ -56,6 +75,8 @@ __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
 DEFAULT_PER_DEVICE_BATCHES = (1, 2, 4, 8)
 #: The fastest points drawn in layouts.png (a bar each).
 PLOTTED = 30
+#: Bound runs a planner keeps for costing their points later (a few hundred kB each).
+_BOUNDED = 512
 
 PLAN_COLUMNS = (
     "rank", "point", "status", "reason", "slice", "generation", "chips", "devices", "mesh",
@@ -66,6 +87,7 @@ PLAN_COLUMNS = (
     "update_seconds", "collective_seconds", *(f"collective_{a}_seconds" for a in AXIS_NAMES),
     "hbm_per_device_bytes", "hbm_capacity_bytes", "fits", "mfu", "hfu", "bound",
     "bound_fraction", "wall_seconds", "slices", "dcn_mesh", "dcn_collective_seconds",
+    "pipeline_bubble_seconds", "microbatches", "capacity_factor",
 )
 
 
@@ -89,6 +111,14 @@ class PlanRequest:
             parallel across them (default: 1).
         overrides: ``KEY=VALUE`` strings (or a mapping of dotted keys) for the model's
             scenario (MaxText's keys for MaxText configs).
+        top: the points the table shows: the plan costs at least the ``max(top,
+            PLOTTED)`` best (``plan_cost``).
+        exhaustive: cost every point that plans (else those a bound of their step puts
+            below what the outputs show are pruned: ``plan_cost``).
+        workers: processes that cost points (None: one per core).
+        capacity_factors: a mixture of experts' capacity factors searched (MaxText's
+            ``capacity_factor``, 0: dropless; default: the model's own, and 1.25 too
+            for a dropless one searched over expert: ``plan_search.capacity_factors``).
     """
 
     model: str
@@ -104,6 +134,10 @@ class PlanRequest:
     token_budget: int | str | None = None
     overrides: Any = ()
     num_slices: tuple[int | str, ...] = ()
+    top: int = 10
+    exhaustive: bool = False
+    workers: int | None = None
+    capacity_factors: tuple[float | str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +158,11 @@ class PlanResult:
         wall_seconds: this process's time for the whole plan (wall clock).
         best_scenario: the best point's scenario mapping (None if nothing fits).
         num_slices: the numbers of slices searched ((1,): one slice).
+        kept: the best points costed whatever their bound (the rest may be pruned).
+        capacities: a mixture of experts' capacity factors searched (0: dropless);
+            ``(None,)``: a dense model.
+        fixed: mesh axis -> the size MaxText's ``ici_<axis>_parallelism`` fixed it at.
+        output_dir: where the files went (None: nowhere).
     """
 
     name: str
@@ -138,6 +177,10 @@ class PlanResult:
     wall_seconds: float
     best_scenario: dict[str, Any] | None
     num_slices: tuple[int, ...] = (1,)
+    kept: int = PLOTTED
+    capacities: tuple[float | None, ...] = (None,)
+    fixed: dict[str, int] = dataclasses.field(default_factory=dict)
+    output_dir: Path | None = None
 
     @property
     def multislice(self) -> bool:
@@ -145,7 +188,8 @@ class PlanResult:
         return any(k > 1 for k in self.num_slices)
 
     def count(self, status: str) -> int:
-        """Points of a status: "ok" (costed), "dropped", "failed"."""
+        """Points of a status: "ok" (costed), "pruned" (planned, a bound of their step
+        below what the outputs show: ``plan_cost``), "dropped", "failed"."""
         return sum(r["status"] == status for r in self.rows)
 
     @property
@@ -154,14 +198,17 @@ class PlanResult:
         return [r for r in self.rows if r["status"] == "ok"]
 
     def summary(self) -> str:
-        """``540 points: 212 costed, 328 dropped (270 do not fit in HBM); 41.2 s wall``."""
+        """``540 points: 212 costed, 40 pruned (slower than the 30 best by their compute
+        alone), 288 dropped (270 do not fit in HBM); 41.2 s wall (13.1 points/s)``."""
         hbm = sum(r["fits"] is False for r in self.rows)
         dropped = self.count("dropped")
         why = f" ({hbm} {'does' if hbm == 1 else 'do'} not fit in HBM)" if hbm else ""
+        pruned = (f", {self.count('pruned')} pruned (slower than the {self.kept} best by "
+                  "their compute alone)" if self.count("pruned") else "")
         failed = f", {self.count('failed')} failed" if self.count("failed") else ""
         rate = len(self.rows) / max(self.wall_seconds, 1e-9)
-        return (f"{len(self.rows)} points: {self.count('ok')} costed, {dropped} dropped{why}"
-                f"{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
+        return (f"{len(self.rows)} points: {self.count('ok')} costed{pruned}, {dropped} "
+                f"dropped{why}{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
 
 
 class Planner:
@@ -189,6 +236,8 @@ class Planner:
         self.sequence_length = (int(self.dataset.x_train[0].size)
                                 if self.model_name == "transformer" else 0)
         self._costs: dict[tuple, Any] = {}
+        self.tape = LayerTape()
+        self._bounded: dict[int, tuple[Any, ...]] = {}  # point -> its bound's run
 
     def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
         """The scenario of a point: the source's with its slice, mesh, remat and batch."""
@@ -209,10 +258,13 @@ class Planner:
             tensor = c.mesh.get("tensor", 1)
             training["sequence_parallel"] = tensor > 1 and self.sequence_length % tensor == 0
         data["training"] = training
-        if c.remat:
+        settings = {**({"remat": c.remat} if c.remat else {}),
+                    **({"capacity_factor": c.capacity_factor}
+                       if c.capacity_factor is not None else {})}
+        if settings:
             model = dict(data["model"])
             data["model"] = {**model, "options": {**dict(model.get("options") or {}),
-                                                  "remat": c.remat}}
+                                                  **settings}}
         block = dict(data.get("data") or {})
         if block.get("name") == "synthetic_text":  # enough sequences for a device's share
             options = dict(block.get("options") or {})
@@ -221,15 +273,16 @@ class Planner:
                 need, int(options.get("num_examples", 0)))}}
         return data
 
-    def plan(self, c: Candidate) -> TrainingPlan:
-        """The point's checked plan (the data and its mesh's collective costs shared).
+    def plan(self, c: Candidate, *, shared: bool = True) -> TrainingPlan:
+        """The point's checked plan (the data and, with ``shared``, its mesh's collective
+        costs shared with the other points of the mesh).
 
         Raises:
             HBMPlanError, ScenarioError, ShardingError: the point does not plan.
         """
         scenario = parse_scenario(self.scenario_mapping(c), source=c.label)
         plan = build_plan(scenario, dataset=self._data(c), timing_only=True)
-        if len(plan.collective_costs_by_step) != 1:  # link faults: costs of their own
+        if not shared or len(plan.collective_costs_by_step) != 1:  # link faults: their own
             return plan
         key = (c.slice_name, c.slices, tuple(sorted(c.mesh.items())))
         costs = self._costs.setdefault(key, plan.collective_costs)
@@ -237,14 +290,59 @@ class Planner:
                                    collective_costs_by_step=((0, costs),))
 
     def cost(self, c: Candidate) -> dict[str, Any]:
-        """The point's row: costed by one timing-only step, or dropped with the reason."""
+        """The point's row: costed by one timing-only step, or dropped with the reason. The
+        points share their mesh's collective costs and the layers' passes
+        (``LayerTape``): the same figures as :meth:`cost_alone`, bit for bit."""
+        return self.point(c)[0]
+
+    def cost_alone(self, c: Candidate) -> dict[str, Any]:
+        """The point's row as a plan of it alone costs it: its own plan and collective
+        costs, every op of its step run (the reference :meth:`cost` is checked against)."""
+        return self._point(c, fast=False, mode="cost")[0]
+
+    def point(self, c: Candidate, *, mode: str = "cost") -> tuple[dict[str, Any], float | None]:
+        """The point's row and the simulated seconds of the forward and backward passes of
+        its representative device with the most parameters (``_heaviest``: a lower bound
+        of its step; None when its step did not run).
+
+        Args:
+            c: the point.
+            mode: "cost": costed by one timing-only step; "plan": planned only; "bound":
+                planned and that device's step run, not clocked (its passes' seconds).
+                Without "cost" the row says whether it is dropped, or ``pruned`` (it
+                plans; ``plan_cost`` gives the reason).
+        """
+        return self._point(c, fast=True, mode=mode)
+
+    def _point(self, c: Candidate, *, fast: bool, mode: str
+               ) -> tuple[dict[str, Any], float | None]:
         from pod.runtime.timing import TimingPod  # no Ray in timing-only mode
 
         row = self._labels(c)
         t0 = time.perf_counter()
+        passes = None
         try:
-            plan = self.plan(c)
-            stats = TimingPod(plan).step(0)
+            bounded = self._bounded.pop(c.index, None) if fast and mode == "cost" else None
+            plan = bounded[0].plan if bounded else self.plan(c, shared=fast)
+            if mode != "cost":
+                row.update(status="pruned", fits=True,
+                           hbm_per_device_bytes=int(plan.memory["total"]))
+            if mode == "cost" and bounded:  # its bound's run: the plan, a device's report
+                pod, heaviest, report, passes = bounded
+                stats = pod.step(0, known={heaviest: report})
+            elif mode != "plan":
+                pod = TimingPod(plan, tape=self.tape if fast else None)
+                self.tape.pass_seconds.clear()
+                heaviest = _heaviest(pod)
+                if mode == "cost":
+                    stats = pod.step(0)
+                else:  # one device's passes bound the step: a pipeline's other stages aside
+                    (report,) = pod.device_reports(0, only=heaviest)
+                comm = pod.last_comms[heaviest if mode == "cost" else 0]
+                passes = self._passes_seconds(comm) if fast else None
+                self.tape.pass_seconds.clear()
+                if mode == "bound":  # kept for costing it later: the same plan and report
+                    self._keep_bounded(c.index, (pod, heaviest, report, passes))
         except HBMPlanError as err:
             need = (err.memory_plan or {}).get("total", math.nan)
             row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)
@@ -254,13 +352,29 @@ class Planner:
             row.update(status="failed", reason=f"{c.label}: {err}")
         if row["status"]:
             row["wall_seconds"] = time.perf_counter() - t0
-            return row
+            return row, (passes if row["status"] == "pruned" else None)
         costed = step_row(plan, [stats], time.perf_counter() - t0)
         row.update({k: v for k, v in costed.items() if k in row})
         row.update(status="ok", reason="", point=c.index)
+        if c.mesh.get("stage", 1) == 1:  # no pipeline, no bubble
+            row["pipeline_bubble_seconds"] = 0.0
         if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
             row["mesh"] = format_axes(c.mesh)
-        return row
+        return row, passes
+
+    def _keep_bounded(self, index: int, run: tuple[Any, ...]) -> None:
+        """Keep a bound's run (its pod, device, report and passes' seconds) for costing
+        the point later (at most ``_BOUNDED`` are kept, the oldest go first)."""
+        if len(self._bounded) >= _BOUNDED:
+            del self._bounded[next(iter(self._bounded))]
+        self._bounded[index] = run
+
+    def _passes_seconds(self, comm: Any) -> float:
+        """The forward and backward passes' seconds of the device of collectives ``comm``
+        in the last step (``LayerTape.pass_seconds``): part of its compute, so a lower
+        bound of the step (whose slowest device's clock is at least any device's)."""
+        return sum(seconds for (device, method), seconds in self.tape.pass_seconds.items()
+                   if device is comm and method in ("forward", "backward"))
 
     def _labels(self, c: Candidate) -> dict[str, Any]:
         """A point's row before it is costed: what it is (NaN for the figures). ``mesh``
@@ -275,6 +389,8 @@ class Planner:
                    dcn_mesh=format_axes(dcn) if dcn else "",
                    **{a: c.mesh.get(a, 1) * dcn.get(a, 1) for a in AXIS_NAMES},
                    remat=c.remat, per_device_batch=(c.per_device_batch or math.nan),
+                   capacity_factor=(math.nan if c.capacity_factor is None
+                                    else c.capacity_factor),
                    global_batch=c.global_batch, fits="", bound="",
                    sequence_length=self.sequence_length or math.nan,
                    tokens_per_step=(c.global_batch * self.sequence_length
@@ -303,6 +419,14 @@ class Planner:
                 d, x_train=np.broadcast_to(d.x_train[:1], (n, *d.x_train.shape[1:])),
                 y_train=np.broadcast_to(d.y_train[:1], (n, *d.y_train.shape[1:])))
         return self._views[n]
+
+
+def _heaviest(pod: Any) -> int:
+    """The representative device (of a ``TimingPod``) with the most parameters: the
+    pipeline stage with the most work (the last, with the output layer), the one device
+    without a pipeline; the first of equals."""
+    sizes = [sum(int(np.size(v)) for v in d.state.params.values()) for d in pod.devices]
+    return sizes.index(max(sizes))
 
 
 def _load(scenario: Scenario, seed: int) -> Dataset:
@@ -352,8 +476,9 @@ def _remats(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
     return tuple(asked) or known
 
 
-def _axes(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
-    """The mesh axes searched: those asked, or every one the runtime runs on this model.
+def _axes(planner: Planner, asked: Sequence[str], keys: SearchKeys) -> tuple[str, ...]:
+    """The mesh axes searched: those asked, or every one the runtime runs on this model;
+    with an axis MaxText's ``ici_<axis>_parallelism`` fixes above 1.
 
     Raises:
         ScenarioError: an axis that is not a mesh axis, or one this model cannot use.
@@ -366,7 +491,45 @@ def _axes(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
         if axis not in available:
             raise ScenarioError(f"--mesh-axes: {axis} is not an axis the runtime runs "
                                 f"{planner.source.name} on; axes: {', '.join(available)}")
-    return tuple(a for a in AXIS_NAMES if a in asked) or available
+    fixed = [a for a, size in keys.mesh.items() if size > 1]
+    for axis in fixed:
+        if axis not in available:
+            key = f"ici_{'pipeline' if axis == 'stage' else axis}_parallelism"
+            raise ScenarioError(f"{keys.given[key]}: {axis} is not an axis the runtime runs "
+                                f"{planner.source.name} on; axes: {', '.join(available)}")
+    chosen = set(asked or available) | set(fixed)
+    return tuple(a for a in AXIS_NAMES if a in chosen)
+
+
+def _with_search_keys(request: PlanRequest, keys: SearchKeys) -> PlanRequest:
+    """The request with what MaxText's keys set (``plan_source.search_keys``).
+
+    Raises:
+        ScenarioError: a key and the option that sets the same thing, both given (one line).
+    """
+    changes: dict[str, Any] = {}
+
+    def take(key: str, value: Any, field: str, option: str, given: bool) -> None:
+        if value is None:
+            return
+        if given:
+            raise ScenarioError(f"{keys.given[key]} and {option} set the same; give one")
+        changes[field] = value
+
+    take("compile_topology", keys.slice_name and (keys.slice_name,), "slices", "--slice",
+         bool(request.slices or request.chips))
+    count_key = next((k for k in keys.given if k not in ("compile_topology",)
+                      and (k.startswith("dcn_") or k.endswith("num_slices"))), "num_slices")
+    take(count_key, keys.num_slices and (keys.num_slices,), "num_slices", "--num-slices",
+         bool(request.num_slices))
+    take("per_device_batch_size", keys.per_device_batch and (keys.per_device_batch,),
+         "per_device_batches", "--per-device-batch (or --global-batch, --tokens-per-step)",
+         bool(request.per_device_batches or request.global_batch or request.tokens_per_step))
+    take("remat_policy", keys.remat and (keys.remat,), "remat", "--remat", bool(request.remat))
+    take("capacity_factor", None if keys.capacity_factor is None else (keys.capacity_factor,),
+         "capacity_factors", "--capacity-factor", bool(request.capacity_factors))
+    take("max_target_length", keys.seq_len, "seq_len", "--seq-len", request.seq_len is not None)
+    return dataclasses.replace(request, **changes)
 
 
 def _global_batch(planner: Planner, request: PlanRequest) -> int | None:
@@ -420,6 +583,22 @@ def _per_device(batches: Sequence[Any]) -> tuple[int, ...]:
                  for b in batches) or DEFAULT_PER_DEVICE_BATCHES
 
 
+def _capacities(values: Sequence[Any]) -> tuple[float, ...]:
+    """The capacity factors asked for, as numbers.
+
+    Raises:
+        ScenarioError: one that is not a number (one line).
+    """
+    out = []
+    for value in values:
+        try:
+            out.append(float(str(value).strip()))
+        except ValueError:
+            raise ScenarioError(f"--capacity-factor: {value!r} is not a number; give e.g. "
+                                "0 (dropless) or 1.25, or both: 0,1.25") from None
+    return tuple(out)
+
+
 def _num_slices(counts: Sequence[Any]) -> tuple[int, ...]:
     """The numbers of slices searched (default 1), each once, in the order given.
 
@@ -459,14 +638,16 @@ def _rank(rows: list[dict[str, Any]], budget: int | None) -> list[dict[str, Any]
 
 
 def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
-             on_point: Callable[[dict[str, Any], int], None] | None = None) -> PlanResult:
+             on_point: Callable[[dict[str, Any], int], None] | None = None,
+             default_output: bool = False) -> PlanResult:
     """Search, cost and rank every point of ``request`` (module docstring).
 
     Args:
         request: what to plan.
-        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing;
-            nothing either when no point is costed: the CLI then ends in an error, and an
-            earlier plan's files there are left as they were).
+        output_dir: write results.csv, layouts.png and best.yaml there (None: nothing,
+            or with ``default_output`` :func:`default_output_dir`; nothing either when no
+            point is costed: the CLI then ends in an error, and an earlier plan's files
+            there are left as they were).
         on_point: called with each point's row and the number of points (progress).
 
     Returns:
@@ -478,38 +659,62 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
             output directory cannot be written.
     """
     t0 = time.perf_counter()
+    keys, overrides = search_keys(request.model, request.files, request.overrides)
+    request = _with_search_keys(request, keys)
     pods = plan_slices(request.slices, request.chips)
-    source = model_source(request.model, request.files, request.overrides,
+    source = model_source(request.model, request.files, overrides,
                           slice_name=pods[0].slice_name, seq_len=request.seq_len)
     planner = Planner(source)
     budget = (parse_count(request.token_budget, "--token-budget")
               if request.token_budget is not None else None)
     batch = _global_batch(planner, request)
-    axes = _axes(planner, request.mesh_axes)
+    axes = _axes(planner, request.mesh_axes, keys)
     remats = _remats(planner, request.remat)
     per_device = () if batch else _per_device(request.per_device_batches)
     counts = _num_slices(request.num_slices)
+    capacities = capacity_factors(planner.config, axes,
+                                  _capacities(request.capacity_factors))
     points = candidates([(p.slice_name, devices_of(p)) for p in pods], axes, remats,
-                        global_batch=batch, per_device_batches=per_device, num_slices=counts)
+                        global_batch=batch, per_device_batches=per_device, num_slices=counts,
+                        capacities=capacities, fixed=keys.mesh)
+    if not points and keys.mesh:
+        axis, size = next(iter(keys.mesh.items()))
+        key = f"ici_{'pipeline' if axis == 'stage' else axis}_parallelism"
+        raise ScenarioError(f"{keys.given[key]}: no mesh of {', '.join(p.slice_name for p in pods)}"
+                            f" over {', '.join(axes)} has " + ", ".join(
+                                f"{a} {n}" for a, n in keys.mesh.items())
+                            + f" ({devices_of(pods[0]):,} devices: sizes that divide it)")
+    if output_dir is None and default_output:
+        output_dir = default_output_dir(source.name, [p.slice_name for p in pods])
     if output_dir is not None:
         from pod.report.files import check_writable
 
         check_writable(output_dir)  # before the first point, not after the last
-    rows = []
-    for point in points:
-        rows.append(planner.cost(point))
-        if on_point is not None:
-            on_point(rows[-1], len(points))
+    rows = cost_points(planner, points, scoring=Scoring(planner.sequence_length, budget),
+                       keep=max(PLOTTED, request.top), exhaustive=request.exhaustive,
+                       family_of=lambda r: family(r, axes),
+                       compared_batch=lambda rows: compared_batch(rows, axes),
+                       workers=request.workers or (default_workers() if len(points) >= 64
+                                                   else 1),  # a pool is not worth it
+                       on_point=on_point)
     rows = _rank(rows, budget)
     best = next((c for c in points if rows and rows[0]["status"] == "ok"
                  and c.index == rows[0]["point"]), None)
     result = PlanResult(source.name, rows, tuple(p.slice_name for p in pods), axes, remats,
                         planner.sequence_length, batch, per_device, budget,
                         time.perf_counter() - t0,
-                        planner.scenario_mapping(best) if best is not None else None, counts)
-    if output_dir is not None and result.ranked:  # a plan that costs nothing writes nothing
-        write_outputs(result, output_dir)
+                        planner.scenario_mapping(best) if best is not None else None, counts,
+                        max(PLOTTED, request.top), capacities, dict(keys.mesh),
+                        output_dir if rows and rows[0]["status"] == "ok" else None)
+    if result.output_dir is not None:  # a plan that costs nothing writes nothing
+        write_outputs(result, result.output_dir)
     return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
+
+
+def default_output_dir(name: str, slices: Sequence[str]) -> Path:
+    """``runs/plan-<model>-<slice>[-<slice>...]``: where ``tpu-pod plan`` writes by
+    default, named after what was planned."""
+    return Path("runs") / re.sub(r"[^A-Za-z0-9_.-]+", "-", f"plan-{name}-{'-'.join(slices)}")
 
 
 def layout_label(row: dict[str, Any], with_slice: bool) -> str:
@@ -553,8 +758,11 @@ def write_outputs(result: PlanResult, output_dir: Path) -> list[Path]:
         if result.best_scenario is None:
             (output_dir / "best.yaml").unlink(missing_ok=True)
         else:
-            text = (f"# The best layout of `tpu-pod plan` for {result.name} (rank 1 of "
-                    f"{result.count('ok')} costed); cost it again: tpu-pod sweep best.yaml\n"
+            pruned = result.count("pruned")
+            of = (f"{result.count('ok') + pruned} that plan, {result.count('ok')} costed"
+                  if pruned else f"{result.count('ok')} costed")
+            text = (f"# The best layout of `tpu-pod plan` for {result.name} (rank 1 of {of}); "
+                    "cost it again: tpu-pod sweep best.yaml\n"
                     + yaml.safe_dump(result.best_scenario, sort_keys=False))
             written.append(write_atomic(output_dir / "best.yaml", lambda f: f.write(text)))
     return written

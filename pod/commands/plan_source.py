@@ -2,18 +2,29 @@
 scenario mapping every point starts from; the slices; counts such as ``4Mi`` tokens.
 
 The mapping's ``pod``, ``model.options.remat`` and ``training.global_batch`` are
-the search's (``pod.commands.plan``): an override that sets them is refused with
-the option that does. Everything else (the model, its data, the optimizer,
-precision) is the source's, with the command line's ``KEY=VALUE`` overrides
-(scenario keys for a preset or a scenario; MaxText keys for MaxText configs).
+the search's (``pod.commands.plan``): an override of them in the scenario's keys is
+refused with the option that sets them. Everything else (the model, its data, the
+optimizer, precision) is the source's, with the command line's ``KEY=VALUE``
+overrides (scenario keys for a preset or a scenario; MaxText keys for MaxText
+configs).
+
+MaxText's own keys for what the plan searches are taken with any model
+(``search_keys``), read as ``import-maxtext`` reads them: ``ici_<axis>_parallelism``
+fixes that mesh axis (``pipeline``: stage; -1 or absent: searched),
+``dcn_data_parallelism`` / ``num_slices`` the slices, ``per_device_batch_size`` the
+batch, ``remat_policy`` the remat policy, ``compile_topology`` the slice, and for a
+preset or a scenario ``capacity_factor`` and ``max_target_length``. With MaxText
+configs, the keys the model file or the command line sets count (the base file's are
+MaxText's defaults, not a choice).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +37,52 @@ from pod.errors import ScenarioError
 from pod.safe_io import read_text
 
 __all__ = ["ModelSource", "model_source", "parse_count", "plan_slices", "devices_of",
-           "MAXTEXT_KEYS"]
+           "MAXTEXT_KEYS", "SearchKeys", "search_keys"]
 
 #: Keys that make a YAML file a MaxText config rather than a scenario.
 MAXTEXT_KEYS = frozenset({"base_emb_dim", "base_num_decoder_layers", "global_parameter_scale",
                           "model_name", "ici_fsdp_parallelism", "per_device_batch_size"})
 
 #: Overrides of what the search sets, and the option that sets it instead.
-_SEARCHED = (("pod", "--slice, --chips, --num-slices and --mesh-axes"),
-             ("model.options.remat", "--remat"),
-             ("training.global_batch", "--global-batch or --tokens-per-step"),
-             ("ici_", "--mesh-axes"), ("dcn_", "--num-slices"), ("num_slices", "--num-slices"),
-             ("remat_policy", "--remat"),
-             ("per_device_batch_size", "--global-batch or --per-device-batch"),
-             ("compile_topology", "--slice"))
+_SEARCHED = (("pod", "--slice, --chips, --num-slices and --mesh-axes (or MaxText's "
+                     "ici_<axis>_parallelism)"),
+             ("model.options.remat", "--remat (or MaxText's remat_policy)"),
+             ("training.global_batch", "--global-batch or --tokens-per-step (or MaxText's "
+                                       "per_device_batch_size)"))
+
+#: MaxText's keys that set what the plan searches, with any model (``search_keys``)
+_ICI_RE = re.compile(r"ici_(\w+)_parallelism")
+_DCN_RE = re.compile(r"dcn_(\w+)_parallelism")
+_LAYOUT_KEYS = ("num_slices", "compile_topology_num_slices", "per_device_batch_size",
+                "remat_policy", "compile_topology")
+#: ... and those a preset or a scenario takes too (MaxText configs map them to the model)
+_MODEL_KEYS = ("capacity_factor", "max_target_length")
+
+
+@dataclass(frozen=True)
+class SearchKeys:
+    """What MaxText's keys set of the search (``search_keys``); None: not set.
+
+    Attributes:
+        mesh: mesh axis -> its fixed size (``ici_<axis>_parallelism``; {}: every axis
+            searched).
+        num_slices: slices (``num_slices`` or the DCN axes' product; data across them).
+        per_device_batch: sequences per device (``per_device_batch_size``).
+        remat: the remat policy (``remat_policy``).
+        slice_name: the slice (``compile_topology``).
+        capacity_factor: a mixture of experts' capacity (``capacity_factor``; -1: 0).
+        seq_len: tokens per sequence (``max_target_length``).
+        given: the ``KEY=VALUE`` texts (or ``key: value`` of a file) that set them.
+    """
+
+    mesh: dict[str, int] = field(default_factory=dict)
+    num_slices: int | None = None
+    per_device_batch: int | None = None
+    remat: str | None = None
+    slice_name: str | None = None
+    capacity_factor: float | None = None
+    seq_len: int | None = None
+    given: dict[str, str] = field(default_factory=dict)
 
 _COUNT_RE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmgtb]i?)?\s*$",
                        re.IGNORECASE)
@@ -173,6 +216,105 @@ def model_source(model: str, files: Sequence[str] = (), overrides: Any = (), *,
         raise ScenarioError(f"{model}: a scenario is a mapping (got {type(data).__name__})")
     data = apply_overrides(data, as_overrides(overrides))
     return _finish(str(data.get("name") or path.stem), data, False, seq_len)
+
+
+def search_keys(model: str, files: Sequence[str] = (), overrides: Any = ()
+                ) -> tuple[SearchKeys, tuple[Any, ...]]:
+    """MaxText's keys for what the plan searches (the module docstring), and the overrides
+    left for the model's scenario.
+
+    Raises:
+        ScenarioError: a key's value is not what MaxText allows, an axis the mesh does not
+            have, an axis across slices other than data (one line).
+    """
+    from pod.commands.import_maxtext import MaxTextConfig, read_maxtext
+
+    items = as_overrides(overrides)
+    if _is_maxtext(model):
+        merged = read_maxtext([model, *files], [o.text for o in items])
+        chosen = {k: v for k, v in merged.values.items()
+                  if merged.origin.get(k) != merged.base and _is_search_key(k, model=False)}
+        given = {k: f"{k}={v}" if merged.origin[k] == "command line"
+                 else f"{k}: {v} ({merged.origin[k]})" for k, v in chosen.items()}
+        # the search sets them per point: the import reads the model's keys only
+        rest = tuple(o for o in items if not _is_search_key(o.key, model=False))
+    else:
+        chosen = {o.key: o.value for o in items if _is_search_key(o.key, model=True)}
+        given = {o.key: o.text for o in items if o.key in chosen}
+        rest = tuple(o for o in items if o.key not in chosen)
+    config = MaxTextConfig(chosen, {k: "the command line" for k in chosen}, "")
+    return _read_search_keys(config, given), rest
+
+
+def _is_search_key(key: str, *, model: bool) -> bool:
+    return bool(_ICI_RE.fullmatch(key) or _DCN_RE.fullmatch(key) or key in _LAYOUT_KEYS
+                or (model and key in _MODEL_KEYS))
+
+
+def _read_search_keys(config: Any, given: dict[str, str]) -> SearchKeys:
+    """``SearchKeys`` from the chosen keys, by ``import-maxtext``'s reading of them."""
+    from pod.commands.import_maxtext import MESH_AXES, dcn_mesh, maxtext_int
+
+    values, mesh = config.values, {}
+    for key in values:
+        match = _ICI_RE.fullmatch(key)
+        if match is None:
+            continue
+        axis = MESH_AXES.get(match.group(1))
+        size = maxtext_int(config, key)
+        if axis == "fsdp_transpose" and size not in (1, -1):
+            raise ScenarioError(f"{given[key]}: the plan searches fsdp (fsdp_transpose runs as "
+                                "FSDP over fsdp x fsdp_transpose: give ici_fsdp_parallelism "
+                                "their product)")
+        if axis is None:
+            raise ScenarioError(f"{given[key]}: the mesh has no {match.group(1)} axis; MaxText's "
+                                f"axes the emulator runs: {', '.join(MESH_AXES)}")
+        if size == 0 or size < -1:
+            raise ScenarioError(f"{given[key]}: a mesh axis has a whole number of devices >= 1, "
+                                "or -1 (the plan searches it)")
+        if size != -1 and axis != "fsdp_transpose":
+            mesh[axis] = size
+    slices = None
+    if any(_DCN_RE.fullmatch(k) or k in ("num_slices", "compile_topology_num_slices")
+           for k in values):
+        # MaxText's base: dcn_data_parallelism -1, data takes the slices the others leave
+        slices, dcn = dcn_mesh(dataclasses.replace(
+            config, values={"dcn_data_parallelism": -1, **values}))
+        across = [a for a in dcn if a != "data"]
+        if across:
+            raise ScenarioError(f"dcn_{across[0]}_parallelism: the plan puts the data axis "
+                                "across slices (MaxText's default, --num-slices); "
+                                f"{across[0]} across slices: tpu-pod import-maxtext and sweep")
+    batch = None
+    if "per_device_batch_size" in values:
+        number = float(values["per_device_batch_size"])
+        if number < 1 or number != int(number):
+            raise ScenarioError(f"{given['per_device_batch_size']}: the plan tries whole "
+                                "sequences per device; give 1 or more (or --global-batch)")
+        batch = int(number)
+    capacity = None
+    if "capacity_factor" in values:
+        capacity = max(0.0, float(values["capacity_factor"]))  # MaxText's -1: dropless
+    return SearchKeys(
+        mesh=mesh, num_slices=slices, per_device_batch=batch,
+        remat=str(values["remat_policy"]) if "remat_policy" in values else None,
+        slice_name=str(values["compile_topology"]) if values.get("compile_topology") else None,
+        capacity_factor=capacity,
+        seq_len=(maxtext_int(config, "max_target_length") if "max_target_length" in values
+                 else None),
+        given=given)
+
+
+def _is_maxtext(model: str) -> bool:
+    """Whether MODEL is a MaxText config file (its keys are MaxText's, not a scenario's)."""
+    path = Path(model)
+    if not path.is_file():
+        return False
+    try:
+        data = load_yaml(path.read_text(encoding="utf-8"), source=model)
+    except (OSError, UnicodeDecodeError, ScenarioError):
+        return False
+    return isinstance(data, dict) and bool(MAXTEXT_KEYS & set(data)) and "pod" not in data
 
 
 def _check_searched(overrides: Any) -> None:

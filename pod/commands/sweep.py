@@ -631,7 +631,7 @@ def _main_columns(rows: list[dict[str, Any]]
         *([("epoch s", "---:", lambda r: f"{r['simulated_epoch_seconds']:,.2f}")]
           if not synthetic else []),
         (rate, "---:", lambda r: f"{r[rate_key]:,.0f}"),
-        ("TFLOP/s", "---:", lambda r: f"{r['simulated_tflops']:,.2f}"),
+        _tflops_column(ok),
         ("MFU", "---:", lambda r: f"{r['mfu']:.1%}"),
         ("comm %", "---:", lambda r: f"{r['communication_fraction']:.1%}"),
         *([("efficiency", "---:", lambda r: _cell(r["scaling_efficiency"], ".2f"))]
@@ -639,6 +639,17 @@ def _main_columns(rows: list[dict[str, Any]]
         ("bound", "---", lambda r: f"{r['bound']} {r['bound_fraction']:.0%}"),
         ("wall s", "---:", lambda r: f"{r['wall_seconds']:.2f}")]
     return columns
+
+
+def _tflops_column(ok: list[dict[str, Any]]
+                   ) -> tuple[str, str, Callable[[dict[str, Any]], str]]:
+    """results.md's TFLOP/s: per device as MaxText prints it where the model has MaxText's
+    formula (a transformer: the figure a MaxText user compares, not the pod's 159,211),
+    else the pod's simulated model TFLOP/s, said so."""
+    if ok and all(not is_missing(r.get("maxtext_tflops_per_device")) for r in ok):
+        return ("TFLOP/s / device (MaxText)", "---:",
+                lambda r: f"{r['maxtext_tflops_per_device']:,.1f}")
+    return ("TFLOP/s (pod)", "---:", lambda r: f"{r['simulated_tflops']:,.2f}")
 
 
 def markdown_table(scenario: Scenario, rows: list[dict[str, Any]], mode: str) -> str:

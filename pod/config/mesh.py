@@ -55,6 +55,7 @@ Your Model", the sharding and training chapters (FSDP = ZeRO-3).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from chip import ChipSpec
+from chip import PRESETS, ChipSpec
 from interconnect import Torus
 from pod.config.slices import Topology
 from pod.errors import ScenarioError
@@ -102,9 +103,11 @@ FOLDED_AXES = {"fsdp_transpose": "fsdp"}
 #: The axes ``pod.mesh`` and ``pod.dcn_mesh`` take, outermost first (MaxText's order).
 SCENARIO_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "expert", "tensor")
 
-#: Generations whose TensorCores are separate JAX devices [JAX]; the others are one
-#: device per chip (v4, v5p: megacore; v5e, v6e: one TensorCore).
-CORES_ARE_DEVICES = ("v2", "v3")
+#: Generations whose TensorCores are separate JAX devices [JAX] (v2, v3): several cores
+#: that are not one megacore (``devices_per_chip``); the others are one device per chip
+#: (v4, v5p: megacore; v5e, v6e: one TensorCore).
+CORES_ARE_DEVICES = tuple(name for name, spec in PRESETS.items()
+                          if spec.tensorcores > 1 and not spec.megacore)
 
 
 # ------------------------------------------------------------------ the scenario
@@ -167,8 +170,9 @@ def fold_axes(axes: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def devices_per_chip(chip: ChipSpec) -> int:
-    """JAX devices per chip: its TensorCores on v2 / v3, else 1 (megacore or one core) [JAX]."""
-    return chip.tensorcores if chip.name in CORES_ARE_DEVICES else 1
+    """JAX devices per chip: its TensorCores unless they act as one megacore (v2 / v3: 2),
+    else 1 (megacore or one core) [JAX]; read off the chip preset, not its name."""
+    return 1 if chip.megacore else chip.tensorcores
 
 
 def device_hbm_bytes(chip: ChipSpec) -> int:
@@ -456,7 +460,9 @@ def _ring(blocks: tuple[AxisBlock, ...]) -> tuple[tuple[int, ...], bool]:
 
 
 def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mesh:
-    """Lay mesh axes of known sizes on a torus (the module docstring says how).
+    """Lay mesh axes of known sizes on a torus (the module docstring says how); each
+    layout is made once per process (a mesh is a value: a layout search plans every mesh
+    of a slice for every remat policy and batch).
 
     Args:
         axes: axis name -> size >= 1, names from :data:`AXIS_NAMES`; the product
@@ -476,6 +482,13 @@ def layout_mesh(axes: Mapping[str, int], torus: Torus, per_chip: int = 1) -> Mes
     count = torus.num_chips * per_chip
     if math.prod(shape) != count:
         raise ValueError(f"mesh {format_axes(axes)} has {math.prod(shape)} devices, not {count}")
+    return _layout(names, shape, torus, int(per_chip))
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(names: tuple[str, ...], shape: tuple[int, ...], torus: Torus, per_chip: int) -> Mesh:
+    """:func:`layout_mesh` of checked sizes."""
+    count = torus.num_chips * per_chip
     phys = _physical_axes(torus, per_chip)
     placed = {name: _place(name, size, phys)
               for name, size in reversed(list(zip(names, shape, strict=True)))}

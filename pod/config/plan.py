@@ -604,9 +604,9 @@ def build_plan(scenario: Scenario, *, dataset: Dataset | None = None,
     memory = _memory_plan(scenario, pod, mesh, model, optimizer, per_device, program, programs)
     faults = FaultPlan(scenario.faults, pod.chips, pod.chip.chips_per_host, cfg.links,
                        slices=pod.slices)
-    ici = plan_ici(pod, mesh, int(model.num_params), cfg.allreduce)
+    ici = plan_ici(pod, mesh, int(model.num_params), cfg.data_allreduce)
     by_step = tuple((step, _mesh_costs(mesh, ici, pod.chip, in_force, field,
-                                       faults.dcn_slowdown(step)))
+                                       faults.dcn_slowdown(step), cfg.collective_algorithms))
                     for step, in_force, field in _link_faults_by_step(faults, pod.torus))
     return TrainingPlan(scenario=scenario, topology=pod, dataset=dataset, model=model,
                         per_device_batch=per_device, steps=int(steps),
@@ -639,10 +639,12 @@ def _steps(scenario: Scenario, n_train: int) -> tuple[int, int]:
 
 
 def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.links",
-                dcn_slowdown: float = 1.0) -> MeshCollectiveCosts:
+                dcn_slowdown: float = 1.0, algorithms: dict[str, str] | None = None
+                ) -> MeshCollectiveCosts:
     """The mesh's collective costs on the plan's link with the link ``faults`` in force,
     on-chip steps at ``on_chip_bandwidth``, an axis over the whole pod allreduced by
-    the plan's algorithm, the DCN at the chip's bandwidth / ``dcn_slowdown`` (a
+    the plan's algorithm, every other axis by ``algorithms`` (``pod.collective_algorithms``;
+    torus where not named), the DCN at the chip's bandwidth / ``dcn_slowdown`` (a
     slow_dcn fault).
 
     Raises:
@@ -657,6 +659,7 @@ def _mesh_costs(mesh: Mesh, ici: IciPlan, chip, faults=None, field: str = "pod.l
                             "v4 / v5e / v5p / v6e pod, or {data: N}")
     return MeshCollectiveCosts(mesh, ici.link, on_chip_bandwidth(chip), faults,
                                torus_algorithm=ici.algorithm if ici.whole_pod else None,
+                               axis_algorithms=dict(algorithms or {}),
                                dcn_bytes_per_s=chip.dcn_bytes_per_s / dcn_slowdown,
                                dcn_latency_s=chip.dcn_latency_s)
 

@@ -27,6 +27,9 @@ default)::
       mesh: {data: 2, tensor: 2}     # device mesh, axes data | stage | fsdp | expert | tensor, -1:
                                      # the rest (pod/config/mesh.py; default {data: every
                                      # device}); stage: pipeline stages (the transformer)
+      collective_algorithms: {tensor: ring}  # per mesh axis: torus (default, what XLA
+                                     # runs) | bidirectional_ring | ring (interconnect/
+                                     # registry.py); data's is also allreduce's
       links:                         # slowed or failed directed ICI links
         - {link: "0->1", slowdown: 2.0}
         - {link: "1->2", failed: true}
@@ -96,7 +99,7 @@ from pydantic_core import ErrorDetails
 
 from chip import MXU_MODELS
 from chip import PRECISIONS as CHIP_PRECISIONS
-from interconnect import ALLREDUCE_ALGORITHMS
+from interconnect import ALLREDUCE_ALGORITHMS, MESH_ALGORITHMS
 from pod.errors import ScenarioError
 from pod.safe_io import read_regular
 from pod.workloads import DATASET_NAMES, MODEL_NAMES, OPTIMIZER_NAMES
@@ -219,6 +222,11 @@ class PodConfig(_Frozen):
     # axis's factor across them (MaxText's dcn_*_parallelism); None: {data: slices}
     slices: int = Field(default=1, ge=1, le=MAX_SLICES, description="slices over the DCN")
     dcn_mesh: dict[str, int] | None = None
+    # pod.collective_algorithms: mesh axis -> the algorithm of its allreduces, reduce-
+    # scatters and all-gathers, by the registry's names (interconnect.MESH_ALGORITHMS);
+    # an axis not named runs torus, as XLA does (every torus axis of its block at once,
+    # both directions). data's also sets pod.allreduce's (a data axis over the slice).
+    collective_algorithms: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("mesh", mode="before")
     @classmethod
@@ -239,6 +247,22 @@ class PodConfig(_Frozen):
     @classmethod
     def _known_allreduce(cls, value: str) -> str:
         return _one_of(value, ALLREDUCE_CHOICES)
+
+    @field_validator("collective_algorithms", mode="before")
+    @classmethod
+    def _known_collective_algorithms(cls, value: Any) -> Any:
+        from pod.config.mesh import AXIS_NAMES
+
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a mapping of mesh axis to algorithm such as "
+                             f"{{fsdp: torus, data: ring}}; axes: {', '.join(AXIS_NAMES)}")
+        for axis, algorithm in value.items():
+            if axis not in AXIS_NAMES:
+                raise ValueError(f"unknown mesh axis {axis!r}; allowed: {', '.join(AXIS_NAMES)}")
+            if algorithm not in MESH_ALGORITHMS:
+                raise ValueError(f"{axis}: {algorithm!r} is not an algorithm of a mesh axis; "
+                                 f"allowed: {', '.join(MESH_ALGORITHMS)}")
+        return value
 
     @field_validator("mxu_model")
     @classmethod
@@ -280,7 +304,17 @@ class PodConfig(_Frozen):
             if rest:
                 sizes[rest[0]] = self.slices // given
             object.__setattr__(self, "dcn_mesh", sizes)
+        data = self.collective_algorithms.get("data")
+        if data is not None and self.allreduce not in ("auto", data):
+            raise ValueError(f"collective_algorithms: data: {data} contradicts allreduce: "
+                             f"{self.allreduce} (the data axis's allreduce); give one of them")
         return self
+
+    @property
+    def data_allreduce(self) -> str:
+        """The allreduce of a data axis over a whole slice: ``collective_algorithms``'
+        data, else ``allreduce`` (``auto``: torus, what XLA runs)."""
+        return self.collective_algorithms.get("data", self.allreduce)
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:

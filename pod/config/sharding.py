@@ -22,17 +22,18 @@ assumption, see VALIDATION.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from chip import ChipSpec
 from interconnect import (
     DCN_OPS,
-    GROUP_ALGORITHMS,
     GROUP_OPS,
+    MESH_ALGORITHMS,
     LinkFaults,
     LinkSpec,
     ScheduleCost,
@@ -80,13 +81,21 @@ class DeviceGroups:
 
 
 def device_groups(mesh: Mesh, device: int) -> DeviceGroups:
-    """The groups ``device`` belongs to, per axis of ``mesh`` (absent axes: itself alone).
+    """The groups ``device`` belongs to, per axis of ``mesh`` (absent axes: itself alone);
+    kept per (mesh, device) (a mesh is a value, and a layout search asks again for every
+    point of a mesh).
 
     Raises:
         ValueError: a device id not in the mesh.
     """
     if not 0 <= device < mesh.size:
         raise ValueError(f"device {device} is not in the mesh of {mesh.size} devices")
+    return _device_groups(mesh, int(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _device_groups(mesh: Mesh, device: int) -> DeviceGroups:
+    """:func:`device_groups` of a device of the mesh (a ``Mesh`` hashes as itself)."""
     ring: dict[str, tuple[int, ...]] = {}
     order: dict[str, tuple[int, ...]] = {}
     for axis in AXIS_NAMES:
@@ -106,13 +115,15 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
     bandwidth (the compiler splits every op over the two; the chip's peak
     FLOP/s is unchanged). On v2 / v3 each TensorCore is a device [JAX]: one
     core with its share of the chip's HBM and HBM bandwidth (half the chip's
-    peak FLOP/s). Chips of one TensorCore (v5e, v6e) are themselves.
+    peak FLOP/s). Chips of one TensorCore (v5e, v6e) are themselves. A device is
+    no slice: the specs of several cores keep no ``slice_shapes`` (their names count
+    the chip's TensorCores).
     """
     if devices_per_chip(spec) > 1:
         n = spec.tensorcores
         published = spec.published_peak_bf16_flops_per_s
         return dataclasses.replace(
-            spec, tensorcores=1, hbm_bytes=spec.core.hbm_bytes,
+            spec, tensorcores=1, hbm_bytes=spec.core.hbm_bytes, slice_shapes=(),
             hbm_bandwidth_bytes_per_s=spec.core.hbm_bandwidth_bytes_per_s,
             published_peak_bf16_flops_per_s=None if published is None else published / n)
     if not spec.megacore:
@@ -123,7 +134,7 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
                                  hbm_bandwidth_bytes_per_s=core.hbm_bandwidth_bytes_per_s * n,
                                  vmem_bytes=core.vmem_bytes * n,
                                  vpu_sublanes=core.vpu_sublanes * n)
-    return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged)
+    return dataclasses.replace(spec, tensorcores=1, megacore=False, core=merged, slice_shapes=())
 
 
 def on_chip_bandwidth(spec: ChipSpec) -> float | None:
@@ -163,12 +174,15 @@ class MeshCollectiveCosts:
             ``pod.config.ici.choose_algorithm``), so that data parallelism over
             the whole slice costs what the data-parallel figures of VALIDATION.md
             were checked with; None: the group ring.
-        algorithm: how a mesh axis's collective runs
-            (``interconnect.GROUP_ALGORITHMS``): ``"xla"`` (default), as XLA
-            runs it on a TPU slice, over every torus axis of the block the
-            mesh axis occupies (``Mesh.torus_axes``) at once, both directions
-            ([SB] sharding.md); ``"ring"``, one unidirectional ring per group
-            in ring order (what the functional transport runs; for teaching).
+        axis_algorithms: mesh axis -> how its collectives run
+            (``pod.collective_algorithms``; ``interconnect.MESH_ALGORITHMS``, the
+            registry's names); an axis not named runs ``"torus"``, as XLA runs it
+            on a TPU slice: over every torus axis of the block the mesh axis
+            occupies (``Mesh.torus_axes``) at once, both directions ([SB]
+            sharding.md). ``"ring"``: one unidirectional ring per group in ring
+            order (what the functional transport runs); ``"bidirectional_ring"``:
+            both directions of that ring. An axis's all-to-all and ppermute are
+            direct whatever its algorithm.
         itemsize: bytes per element of what moves (2: bf16, the dtype XLA
             moves parameters and activations in [SB] training.md). The cost
             depends on the bytes; the element size only sets how finely a
@@ -178,7 +192,7 @@ class MeshCollectiveCosts:
             (``Mesh.dcn_size``) is costed hierarchically (:meth:`cost`).
 
     Raises:
-        ValueError: an unknown algorithm or an itemsize below 1.
+        ValueError: an unknown axis or algorithm, or an itemsize below 1.
     """
 
     mesh: Mesh
@@ -186,7 +200,7 @@ class MeshCollectiveCosts:
     on_chip_bytes_per_s: float | None = None
     faults: LinkFaults | None = None
     torus_algorithm: str | None = None
-    algorithm: str = "xla"
+    axis_algorithms: Mapping[str, str] = field(default_factory=dict)
     itemsize: int = 2
     dcn_bytes_per_s: float = 3.1e9
     dcn_latency_s: float = 0.0
@@ -194,9 +208,11 @@ class MeshCollectiveCosts:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        if self.algorithm not in GROUP_ALGORITHMS:
-            raise ValueError(f"mesh collective algorithm {self.algorithm!r} is unknown; allowed: "
-                             f"{', '.join(GROUP_ALGORITHMS)}")
+        for axis, algorithm in self.axis_algorithms.items():
+            if axis not in AXIS_NAMES or algorithm not in MESH_ALGORITHMS:
+                raise ValueError(f"mesh collective algorithm {axis}: {algorithm!r} is unknown; "
+                                 f"axes {', '.join(AXIS_NAMES)}, algorithms "
+                                 f"{', '.join(MESH_ALGORITHMS)}")
         if (isinstance(self.itemsize, bool) or not isinstance(self.itemsize, int)
                 or self.itemsize < 1):
             raise ValueError(f"itemsize {self.itemsize!r} is not valid: bytes per element, an "
@@ -206,6 +222,11 @@ class MeshCollectiveCosts:
     def torus(self) -> Torus:
         """The torus of one slice's chips."""
         return self.mesh.torus
+
+    def axis_algorithm(self, axis: str) -> str:
+        """The registry's algorithm ``axis``'s reductions run by (``axis_algorithms``, else
+        ``"torus"``: XLA's)."""
+        return self.axis_algorithms.get(axis, "torus")
 
     def group_torus(self, axis: str) -> Torus:
         """The block of the torus each group of ``axis`` occupies in a slice, as a torus of
@@ -224,7 +245,7 @@ class MeshCollectiveCosts:
                 device's buffer to the next position of its group in ring
                 order, cyclic: ``interconnect.group_ppermute_cost`` with shift 1;
                 a shift of -1, its mirror image, costs the same) or all_to_all
-                (direct, ``interconnect.groups.group_all_to_all_cost``, whatever
+                (direct, ``interconnect.group_collective_cost``, whatever
                 ``algorithm``).
             nbytes: bytes of each device's input buffer in the dtype that moves
                 (the ``CollectiveCall.nbytes`` of ``pod.programs.collectives``:
@@ -292,12 +313,25 @@ class MeshCollectiveCosts:
         elements = nbytes // self.itemsize
         if op == "all_gather":  # the schedule's buffer is the gathered result
             elements *= one.axis_size(axis)
-        xla = self.algorithm == "xla"
-        return group_collective_cost(
-            op, self.torus, one.groups(axis, "mesh" if xla else "ring"), elements, self.link,
-            self.itemsize, self.faults, devices_per_chip=one.devices_per_chip,
-            on_chip_bytes_per_s=self.on_chip_bytes_per_s, algorithm=self.algorithm,
-            group_torus=self.group_torus(axis) if xla else None)
+        algorithm = self.axis_algorithm(axis)
+        block = algorithm == "torus"
+        groups = tuple(one.groups(axis, "mesh" if block else "ring"))
+        group_torus = self.group_torus(axis) if block else None
+        key = (op, self.torus, groups, elements, self.link, self.itemsize, self.faults,
+               one.devices_per_chip, self.on_chip_bytes_per_s, algorithm, group_torus)
+        with _GROUP_COSTS_LOCK:
+            hit = _GROUP_COSTS.get(key)
+        if hit is not None:
+            return hit
+        cost = group_collective_cost(
+            op, self.torus, groups, elements, self.link, self.itemsize, self.faults,
+            devices_per_chip=one.devices_per_chip, on_chip_bytes_per_s=self.on_chip_bytes_per_s,
+            algorithm=algorithm, group_torus=group_torus)
+        with _GROUP_COSTS_LOCK:
+            if len(_GROUP_COSTS) >= _GROUP_COSTS_SIZE:
+                _GROUP_COSTS.clear()
+            _GROUP_COSTS[key] = cost
+        return cost
 
     def _hierarchical(self, axis: str, op: str, nbytes: int) -> ScheduleCost:
         """``op`` over an axis that spans K slices (:meth:`cost`): the in-slice parts over
@@ -351,9 +385,10 @@ class MeshCollectiveCosts:
     def algorithm_of(self, axis: str, op: str = "allreduce") -> str:
         """The algorithm :meth:`cost` runs ``op`` over ``axis`` with, by the name ``tpu-pod
         collective`` gives it: the plan's ``torus_algorithm`` for an allreduce whose one
-        group is the whole slice; ``torus`` for XLA's group collective (every torus axis
-        of the group's block, both directions), ``ring`` for the ring one; ``direct``
-        for an all-to-all, ``ppermute`` for a ppermute; with ``+dcn`` where the axis
+        group is the whole slice; else the axis's (:meth:`axis_algorithm`: ``torus`` for
+        XLA's group collective, every torus axis of the group's block, both directions,
+        unless ``pod.collective_algorithms`` names another); ``direct`` for an
+        all-to-all, ``ppermute`` for a ppermute; with ``+dcn`` where the axis
         spans slices (``dcn`` alone when none of it is within a slice); "" for an axis
         of size 1."""
         if self.mesh.axis_size(axis) <= 1:
@@ -369,7 +404,7 @@ class MeshCollectiveCosts:
         elif self._whole_torus(axis, op):
             name = str(self.torus_algorithm)
         else:
-            name = "torus" if self.algorithm == "xla" else "ring"
+            name = self.axis_algorithm(axis)
         if self.mesh.dcn_size(axis) > 1:
             return f"{name}+dcn" if name else "dcn"
         return name
@@ -441,6 +476,16 @@ class MeshCollectiveCosts:
 
 
 _FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+
+#: In-slice group collective costs shared by every ``MeshCollectiveCosts`` of this process,
+#: keyed by everything ``group_collective_cost`` reads (the groups as device ids, the torus,
+#: the calibrated link, ...): meshes whose axis lays out on the same groups (a layout
+#: search's {fsdp: 64, tensor: 4} and {data: 2, fsdp: 32, tensor: 4} along tensor) cost
+#: them once (the link faults in force are part of the key). Cleared when it holds
+#: _GROUP_COSTS_SIZE.
+_GROUP_COSTS: dict[tuple, ScheduleCost] = {}
+_GROUP_COSTS_SIZE = 20_000
+_GROUP_COSTS_LOCK = threading.Lock()
 
 
 def _combined(parts: Iterable[ScheduleCost | float]) -> ScheduleCost:

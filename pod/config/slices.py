@@ -6,13 +6,15 @@ TensorCores (``v2-8`` = 4 chips of 2 cores); for v5e and v6e it counts chips
 ``slice_counts_tensorcores`` says which.
 
 Shapes: a slice is laid out on the generation's torus (2-D for v2, v3, v5e,
-v6e; 3-D for v4, v5p); a named slice takes its shape from :data:`SLICE_SHAPES`
-(Google's tables: v4-32 = 2x2x4, v5e-8 = 2x4). A chip preset with a count and
+v6e; 3-D for v4, v5p); a named slice takes its shape from its chip preset's
+``slice_shapes`` (Google's tables: v4-32 = 2x2x4, v5e-8 = 2x4; :data:`SLICE_SHAPES`
+gathers them). A chip preset with a count and
 no shape gets the most nearly square (cubic) power-of-two factorisation.
 
-Wraparound follows the generation's rules [SB]: v5e / v6e wrap an axis only
-at its full size 16; v4 / v5p have wraparound only on complete 4x4x4 cubes
-and their multiples; v2 / v3 slices are 2-D tori.
+Wraparound follows the generation's rules [SB], its chip preset's
+``wraparound_rule``: v5e / v6e wrap an axis only at its full size 16; v4 / v5p
+have wraparound only on complete 4x4x4 cubes and their multiples; v2 / v3
+slices are 2-D tori.
 """
 
 from __future__ import annotations
@@ -83,26 +85,14 @@ class Topology:
         return one if self.slices == 1 else f"{self.slices} x {one}"
 
 
-#: Google Cloud's slice names -> torus shape (chips per axis). The number in the
-#: name counts TensorCores for v2, v3, v4, v5p and chips for v5e, v6e
-#: [GC-v3], [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e]. v4 and v5p also accept
-#: custom shapes made of 4x4x4 cubes (give ``pod.topology`` with ``chip``);
-#: the table holds the standard ones and the largest pod.
+#: Google Cloud's slice names -> torus shape (chips per axis), by generation: each chip
+#: preset's ``slice_shapes`` (``chip.spec``: a new generation is its preset and its
+#: calibration rows). The number in the name counts TensorCores for v2, v3, v4, v5p and
+#: chips for v5e, v6e [GC-v3], [GC-v4], [GC-v5e], [GC-v5p], [GC-v6e]. v4 and v5p also
+#: accept custom shapes made of 4x4x4 cubes (give ``pod.topology`` with ``chip``); the
+#: table holds the standard ones and the largest pod.
 SLICE_SHAPES: dict[str, dict[int, tuple[int, ...]]] = {
-    "v2": {8: (2, 2), 32: (4, 4), 128: (8, 8), 256: (8, 16), 512: (16, 16)},
-    "v3": {8: (2, 2), 32: (4, 4), 64: (4, 8), 128: (8, 8), 256: (8, 16), 512: (16, 16),
-           1024: (16, 32), 2048: (32, 32)},
-    "v4": {8: (2, 2, 1), 16: (2, 2, 2), 32: (2, 2, 4), 64: (2, 4, 4), 128: (4, 4, 4),
-           256: (4, 4, 8), 512: (4, 8, 8), 1024: (8, 8, 8), 2048: (8, 8, 16), 4096: (8, 16, 16),
-           8192: (16, 16, 16)},
-    "v5p": {8: (2, 2, 1), 16: (2, 2, 2), 32: (2, 2, 4), 64: (2, 4, 4), 128: (4, 4, 4),
-            256: (4, 4, 8), 512: (4, 8, 8), 1024: (8, 8, 8), 2048: (8, 8, 16), 4096: (8, 16, 16),
-            8192: (16, 16, 16), 17920: (16, 20, 28)},
-    "v5e": {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
-            256: (16, 16)},
-    "v6e": {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
-            256: (16, 16)},
-}
+    name: dict(spec.slice_shapes) for name, spec in PRESETS.items() if spec.slice_shapes}
 
 
 def parse_slice(name: str) -> tuple[ChipSpec, int]:
@@ -141,7 +131,7 @@ def _slice(name: str) -> tuple[ChipSpec, int, tuple[int, ...]]:
     chip = get_chip_spec(match.group(1))
     count = int(match.group(2))
     unit = "TensorCores" if chip.slice_counts_tensorcores else "chips"
-    shapes = SLICE_SHAPES.get(chip.name, {})
+    shapes = dict(chip.slice_shapes)
     if count not in shapes:
         valid = ", ".join(f"{chip.name}-{c}" for c in shapes)
         per_chip = (f", a multiple of {chip.tensorcores} per chip"
@@ -186,7 +176,8 @@ def default_shape(chips: int, dims: int) -> tuple[int, ...]:
 
 
 def default_wraparound(chip: ChipSpec, shape: tuple[int, ...]) -> tuple[bool, ...]:
-    """Which axes have wraparound links, by the generation's rules [SB].
+    """Which axes have wraparound links, by the generation's rules [SB]: the chip
+    preset's ``wraparound_rule`` (``ChipSpec.default_wraparound``).
 
     Args:
         chip: the chip preset.
@@ -195,12 +186,7 @@ def default_wraparound(chip: ChipSpec, shape: tuple[int, ...]) -> tuple[bool, ..
     Returns:
         One bool per axis.
     """
-    if chip.name in ("v5e", "v6e"):
-        return tuple(axis == 16 for axis in shape)
-    if chip.name in ("v4", "v5p"):
-        full_cubes = len(shape) == 3 and all(axis % 4 == 0 for axis in shape)
-        return tuple(full_cubes for _ in shape)
-    return tuple(axis > 1 for axis in shape)
+    return chip.default_wraparound(shape)
 
 
 def _chip(name: str) -> ChipSpec:

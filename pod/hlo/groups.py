@@ -22,11 +22,11 @@ A collective is costed as the rest of the emulator costs a mesh axis's
 calibrated link, contention where their routes meet. A group that is a block
 of the torus (a product of evenly spaced coordinates per torus axis, as a mesh
 axis is) runs as XLA runs it, over every axis of its block in both directions
-(``interconnect.group_collective_cost(..., algorithm="xla")`` with the block as
-its group torus); any other group runs as one ring in the order given (named
-so in the cost). A group that spans slices is hierarchical, as XLA keeps a
-collective over a multislice axis: the in-slice part over the ICI, the shard
-across slices over the DCN (``interconnect.dcn_collective_seconds``).
+(``interconnect.group_collective_cost(..., algorithm="torus")``, the registry's name
+for XLA's, with the block as its group torus); any other group runs as one ring in
+the order given (named so in the cost). A group that spans slices is hierarchical,
+as XLA keeps a collective over a multislice axis: the in-slice part over the ICI, the
+shard across slices over the DCN (``interconnect.dcn_collective_seconds``).
 """
 
 from __future__ import annotations
@@ -367,7 +367,7 @@ class CollectiveModel:
         if block and all(b is not None and b[0] == block[0] for b in blocks):
             ordered = [b[1] for b in blocks if b is not None]
             cost = group_collective_cost(op, place.torus, ordered, elements, self.link, itemsize,
-                                         devices_per_chip=dpc, algorithm="xla",
+                                         devices_per_chip=dpc, algorithm="torus",
                                          group_torus=block[0])
             how = f"xla {block[0].name} block"
         else:

@@ -73,18 +73,20 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
     """The device program of ``model`` on a mesh of these axis sizes.
 
     The transformer runs the sharded program on any mesh (on ``{data: N}`` it is
-    data parallelism with a gradient allreduce per layer), the pipelined one on a
-    mesh with a ``stage`` axis; any other model runs the replicated program
-    (``{data: N}`` only).
+    data parallelism), the pipelined one on a mesh with a ``stage`` axis; any other
+    model runs the replicated program (``{data: N}`` only). The sharded and the
+    replicated program reduce their gradients in the same buckets
+    (:func:`combine_buckets` of ``model.gradient_buckets()``): one gradient reducer.
 
     Args:
         model: a ``pod.workloads.Model``.
         sizes: mesh axis -> size.
         optimizer: the optimizer.
         sequence_parallel: Megatron sequence parallelism (the transformer).
-        bucket_elements: the replicated program's gradient buckets hold at most
-            this many elements (``combine_buckets``; XLA's combiner threshold);
-            None: one bucket after the backward pass (no overlap).
+        bucket_elements: the gradient buckets hold at most this many elements
+            (``combine_buckets``; XLA's combiner threshold; a larger layer is a
+            bucket of its own); None: one bucket after the backward pass (no
+            overlap). The pipeline reduces each layer's gradients on their own.
         microbatches: the pipeline's microbatches (None: the stages, MaxText's
             default); pipeline_schedule, pipeline_repeats: its schedule and repeats;
             pipeline_fsdp_ag_once: its stages gather their fsdp shards once per step.
@@ -102,7 +104,14 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
                                         schedule=pipeline_schedule, repeats=pipeline_repeats,
                                         sequence_parallel=sequence_parallel,
                                         fsdp_ag_once=pipeline_fsdp_ag_once)
-        return ShardedTransformer(model, sizes, optimizer, sequence_parallel=sequence_parallel)
-    buckets = (None if bucket_elements is None
-               else combine_buckets(model.gradient_buckets(), bucket_elements))
-    return ReplicatedProgram(model, sizes, optimizer, buckets=buckets)
+        return ShardedTransformer(model, sizes, optimizer, sequence_parallel=sequence_parallel,
+                                  buckets=_buckets(model, bucket_elements))
+    return ReplicatedProgram(model, sizes, optimizer, buckets=_buckets(model, bucket_elements))
+
+
+def _buckets(model, bucket_elements: int | None) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """The model's gradient buckets of at most ``bucket_elements`` elements (None: one
+    bucket of every layer)."""
+    layers = model.gradient_buckets()
+    cap = sum(n for _, n in layers) if bucket_elements is None else bucket_elements
+    return combine_buckets(layers, cap)

@@ -56,7 +56,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -324,7 +324,14 @@ class ShapeCollectives(CollectivesBase):
     Args:
         sizes: axis name -> size; index: axis name -> this device's position
             (as :class:`CollectivesBase`).
+        tape: a ``pod.programs.replay.LayerTape`` the program replays its layers' passes
+            from (None: every pass runs op by op).
     """
+
+    def __init__(self, sizes: Mapping[str, int], index: Mapping[str, int], *,
+                 tape: Any = None) -> None:
+        super().__init__(sizes, index)
+        self.tape = tape
 
     def _exchange(self, axis: str, op: str, x: np.ndarray) -> np.ndarray:
         from pod.workloads.layers import timing_zeros

@@ -417,7 +417,7 @@ class PipelinedTransformer(ShardedTransformer):
         comm.align(point)
         grads = self._share(core, comm, shard.coords.stage, work.chunks)
         update_start = len(core.records)
-        params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
+        params, state = self._update(core, comm, grads, shard, step)
         return StepResult(work.loss(), DeviceShard(shard.coords, params, state), update_start)
 
     def _share(self, core, comm: DeviceCollectives, stage: int,

@@ -54,15 +54,18 @@ terms; [MEG] Shoeybi et al. 2019, "Megatron-LM"; [ZeRO] Rajbhandari et al.
 - **batch**: the global batch is split over data x fsdp x expert
   (:meth:`batch_slice`); the tensor devices of a group get the same examples.
 
-On a ``{data: N}`` mesh this is data parallelism with one gradient allreduce
-per layer, issued as the backward pass finishes the layer.
+On a ``{data: N}`` mesh this is data parallelism. The gradients leave in the
+buckets every data-parallel program uses (``buckets``: consecutive layers up to
+``training.overlap_bucket_bytes``, ``pod.programs.combine_buckets``), each
+issued as the backward pass finishes its last layer.
 
 Per training step a layer with parameters issues (closed forms the tests
-check, ``L`` blocks): fsdp all-gathers: every layer with parameters in
-forward (embed, L blocks, final_norm, unembed), and in backward all of them
-but the embedding (``2 L + 5``); fsdp reduce-scatters and data allreduces:
-one per layer owning parameters (``L + 2``, ``L + 3`` with an untied output
-layer); tensor activation allreduces of ``B T C`` in the wire dtype each (B the
+check, ``L`` blocks, with buckets of one layer each, the default): fsdp
+all-gathers: every layer with parameters in forward (embed, L blocks,
+final_norm, unembed), and in backward all of them but the embedding
+(``2 L + 5``); fsdp reduce-scatters and data allreduces: one per layer owning
+parameters (``L + 2``, ``L + 3`` with an untied output layer; one per bucket
+with larger buckets); tensor activation allreduces of ``B T C`` in the wire dtype each (B the
 per-device batch): 2 per block in forward, 2 in backward, plus 1 when remat
 does not keep the summed attention output (``full``: backward recomputes
 it); a parallel block 1 each way (``TransformerBlock.tensor_hook_calls``
@@ -86,7 +89,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +119,7 @@ from pod.workloads.transformer import (
     check_tensor_split,
     moe_aux_loss,
     router_loads,
+    shared_transformer,
 )
 from pod.workloads.weights import stored, weight_dtype
 
@@ -186,7 +190,7 @@ def _device_param_elements(config: TransformerConfig, fsdp: int, tensor: int, ex
     tensor, expert): an HBM plan that does not fit asks it of every mesh of its devices,
     and a layout search asks it again for every point (building the program is most of it)."""
     sizes = {"fsdp": fsdp, "tensor": tensor, "expert": expert}
-    return sum(p.device_elements for p in param_layout(TransformerModel(config), sizes))
+    return sum(p.device_elements for p in param_layout(shared_transformer(config), sizes))
 
 
 class ShardedTransformer:
@@ -198,6 +202,14 @@ class ShardedTransformer:
         optimizer: the optimizer (``pod.workloads.optimizers``); it updates the
             local chunks only (its arithmetic is elementwise, so a chunk's update
             is the whole model's restricted to the chunk).
+        sequence_parallel: Megatron sequence parallelism over tensor.
+        buckets: the gradient buckets, ((layer names), elements) in the order the
+            backward pass finishes them (``pod.programs.combine_buckets`` of
+            ``model.gradient_buckets()``, as the replicated program takes them:
+            ``training.overlap_bucket_bytes`` means the same for every model): a
+            bucket's gradients are reduced (reduce-scatter over fsdp, allreduce over
+            data, ...) as one buffer when the backward pass finishes its last layer.
+            None: each layer with parameters its own bucket.
 
     Attributes:
         model, optimizer: as given.
@@ -207,11 +219,13 @@ class ShardedTransformer:
 
     Raises:
         ValueError: an unknown axis or a size < 1; tensor not dividing heads
-            and mlp_dim (:func:`check_tensor_split`).
+            and mlp_dim (:func:`check_tensor_split`); buckets that do not hold every
+            layer with parameters exactly once.
     """
 
     def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer,
-                 *, sequence_parallel: bool = False):
+                 *, sequence_parallel: bool = False,
+                 buckets: Sequence[tuple[Sequence[str], int]] | None = None):
         for name, size in sizes.items():
             if name not in AXES or int(size) < 1:
                 raise ValueError(f"mesh axis {name!r} of size {size!r}: axes are "
@@ -230,8 +244,8 @@ class ShardedTransformer:
         if self.sequence_parallel and cfg.sequence_length % self.tensor:
             raise ValueError(f"sequence parallelism: tensor {self.tensor} does not divide the "
                              f"sequence length {cfg.sequence_length}")
-        self.local_model = TransformerModel(cfg.tensor_local(self.tensor),
-                                            expert_shards=self.expert if cfg.experts else 1)
+        self.local_model = shared_transformer(cfg.tensor_local(self.tensor),
+                                              self.expert if cfg.experts else 1)
         self._keys = self.local_model.layer_param_keys()
         self._split = {key: layer.tensor_split.get(local)
                        for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
@@ -250,7 +264,13 @@ class ShardedTransformer:
             for key, _ in keys:
                 owner.setdefault(key, i)
         self._owned = [[k for k, _ in keys if owner[k] == i] for i, keys in enumerate(self._keys)]
+        self.buckets = self._check_buckets(buckets)
+        self._bucket_ends = {layers[-1]: layers[0] for layers, _ in self.buckets}
         self._shapes = self.local_model.param_shapes
+        self._layer_names = tuple(layer.name for layer in self.local_model.layers)
+        self._zero_params: dict[int, dict[str, np.ndarray]] = {}  # timing-only gathers
+        self._key_layer = {k: i for i in reversed(range(len(self._keys)))  # its first layer
+                           for k, _ in self._keys[i]}
         #: the dtype the chunks, their gradients and the optimizer state are stored in
         #: (``weight_dtype``: float32, or bf16)
         self.storage = weight_dtype(cfg.weight_dtype)
@@ -582,9 +602,27 @@ class ShardedTransformer:
         loss = loss + moe_aux_loss(caches)
         grads = self._backward(core, comm, shard, caches, dy)
         update_start = len(core.records)
-        params, state = self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
+        params, state = self._update(core, comm, grads, shard, step)
         return StepResult(loss, DeviceShard(shard.coords, params, state), update_start,
                           router_loads=router_loads(caches))
+
+    def _update(self, core, comm, grads, shard: DeviceShard, step: int):
+        """The optimizer's update of this device's chunks; on a timing-only core with a
+        ``LayerTape`` (``pod.programs.replay``), the whole update replayed when the same
+        ran before (another point of a layout search with these chunks), else each
+        parameter's when the same one did (the blocks' parameters are alike)."""
+        tape = getattr(comm, "tape", None)
+        if tape is None or core.execute:
+            return self.optimizer.update(core, grads, shard.opt_state, shard.params, step)
+
+        def each(key: str, args: tuple, run):  # its records are named after the key
+            return tape.run(core, comm, self._layer_names, self._key_layer[key],
+                            self.optimizer, "update", (key, *args), run)
+
+        return tape.run(core, comm, self._layer_names, 0, self.optimizer, "update all",
+                        (grads, shard.opt_state, shard.params, step),
+                        lambda: self.optimizer.update(core, grads, shard.opt_state,
+                                                      shard.params, step, each=each))
 
     #: test examples an evaluation takes at most (cut to a multiple of data x fsdp): the
     #: sharded forward pass is costly to emulate and the loss settles on fewer
@@ -649,7 +687,11 @@ class ShardedTransformer:
             comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
                                                  np.float32),
                             tag=tag, kind="param_gather", after_record=after, itemsize=itemsize)
-            return {local: timing_zeros(self._shapes[key], np.float32) for key, local in keys}
+            zeros = self._zero_params.get(i)  # one read-only dict of zero views per layer
+            if zeros is None:
+                zeros = self._zero_params[i] = {local: timing_zeros(self._shapes[key], np.float32)
+                                                for key, local in keys}
+            return zeros
         mine = np.concatenate([shard.params[k] for k, _ in keys]).astype(np.float32, copy=False)
         full = comm.all_gather("fsdp", mine, tag=tag, kind="param_gather", after_record=after,
                                itemsize=itemsize)
@@ -675,22 +717,43 @@ class ShardedTransformer:
         layer = self.local_model.layers[i]
         p = self._gather(core, comm, shard, i, phase) if params is None else params
         hook = hooks if isinstance(layer, TransformerBlock) else {}
-        x, cache = layer.forward(core, p, x, training=training, **hook)
+        x, cache = self._pass(core, comm, i, "forward", (p, x, training, hook),
+                              lambda: layer.forward(core, p, x, training=training, **hook))
         if i == 0 and self.sequence_parallel:
             x = x[:, self.sequence_slice(shard.coords)]                    # (B, T / tensor, C)
         return x, cache
 
+    def _check_buckets(self, buckets: Sequence[tuple[Sequence[str], int]] | None
+                       ) -> tuple[tuple[tuple[str, ...], list[str]], ...]:
+        """((layer names), [the parameter keys they own]) per bucket, in backward order
+        (as ``ReplicatedProgram.buckets``); every layer owning parameters in exactly one
+        (None: each its own bucket)."""
+        keys = {layer.name: owned for layer, owned in zip(self.local_model.layers, self._owned,
+                                                          strict=True) if owned}
+        owning = list(keys)[::-1]                                       # backward order
+        names = ([(name,) for name in owning] if buckets is None
+                 else [tuple(layers) for layers, _ in buckets if layers])
+        if sorted(n for layers in names for n in layers) != sorted(owning):
+            raise ValueError(f"gradient buckets hold the layers {[n for b in names for n in b]}; "
+                             f"every layer with parameters exactly once: {owning}")
+        return tuple((layers, [k for n in layers for k in keys[n]]) for layers in names)
+
     def _backward(self, core, comm, shard, caches, dy) -> dict[str, np.ndarray]:
-        """Backward through the layers, last first; a layer's gradients leave as
-        chunks (:meth:`_reduce`) as soon as its backward is done."""
+        """Backward through the layers, last first; a bucket's gradients (the layers'
+        own, ``buckets``) leave as chunks (:meth:`_reduce`) as soon as the backward
+        of its last layer is done."""
         layers = self.local_model.layers
         hooks = self._hooks(core, comm, "bwd")
         grads: dict[str, np.ndarray] = {}
         chunks: dict[str, np.ndarray] = {}
+        bucket: dict[str, np.ndarray] = {}
         for i in range(len(layers) - 1, -1, -1):
             dy = self._layer_backward(core, comm, shard, i, caches[i], dy, hooks, grads, "tied")
-            chunks.update(self._reduce(core, comm, layers[i].name,
-                                       {k: grads.pop(k) for k in self._owned[i]}))
+            bucket.update({k: grads.pop(k) for k in self._owned[i]})
+            first = self._bucket_ends.get(layers[i].name)
+            if first is not None:
+                chunks.update(self._reduce(core, comm, first, bucket))
+                bucket = {}
         return chunks
 
     def _layer_backward(self, core, comm, shard, i, cache, dy, hooks, grads, sum_name,
@@ -714,12 +777,23 @@ class ShardedTransformer:
                 dy = full
             else:
                 dy = timing_zeros(shape, dy.dtype)
-        dy, g = layer.backward(core, p, cache, dy, need_dx=i > 0, **hook)
+        dy, g = self._pass(core, comm, i, "backward", (p, cache, dy, i > 0, hook),
+                           lambda: layer.backward(core, p, cache, dy, need_dx=i > 0, **hook))
         for key, local in self._keys[i]:
             grads[key] = g[local] if key not in grads else vector_op(
                 core, f"{layer.name}/{sum_name}_grad_sum", np.add, grads[key], g[local],
                 out=(g[local].shape, np.float32))
         return dy
+
+    def _pass(self, core, comm, i: int, method: str, args: tuple, run):
+        """``run()``, layer i's ``method`` pass on ``args``; on a timing-only core whose
+        collectives carry a ``LayerTape`` (``ShapeCollectives(tape=...)``), replayed from
+        the tape when the same pass ran before (``pod.programs.replay``)."""
+        tape = getattr(comm, "tape", None)
+        if tape is None or core.execute:
+            return run()
+        return tape.run(core, comm, self._layer_names, i, self.local_model.layers[i], method,
+                        args, run)
 
     @property
     def gradient_divisor(self) -> int:

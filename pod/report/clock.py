@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -327,18 +328,42 @@ class _Stream:
 
     def run_until(self, index: int) -> None:
         while True:
-            for due in [w for w in self.pending if w[0] <= self.done]:
-                self.pending.remove(due)
-                self.wait(due[1], due[2], due[3])
+            if self.pending:
+                for due in [w for w in self.pending if w[0] <= self.done]:
+                    self.pending.remove(due)
+                    self.wait(due[1], due[2], due[3])
             if self.done >= index:
                 return
             if self.done == self.update_start:  # the optimizer waits for the gradients
                 self.wait(self.grad_end, self.grad_axis, self.grad_bubble)
-            self.starts.append(self.t)
             if self.done in self.host_record_seconds:
+                self.starts.append(self.t)
                 self._host(self.done)
-            self.t += self.seconds[self.done]
-            self.done += 1
+                self.t += self.seconds[self.done]
+                self.done += 1
+                continue
+            self._run_records(self._next_event(index))
+
+    def _next_event(self, index: int) -> int:
+        """The first record at or after the next one (up to ``index``) before which
+        something happens: a wait falls due, the optimizer starts, a host transfer."""
+        stop = index
+        if self.pending:
+            stop = min(stop, min(w[0] for w in self.pending))
+        if self.update_start > self.done:
+            stop = min(stop, self.update_start)
+        at = bisect.bisect_right(self.host, self.done)
+        if at < len(self.host):
+            stop = min(stop, self.host[at])
+        return max(stop, self.done + 1)
+
+    def _run_records(self, stop: int) -> None:
+        """Records ``done`` .. ``stop`` - 1 back to back (the same additions, in the same
+        order, as one at a time)."""
+        times = list(itertools.accumulate(self.seconds[self.done:stop], initial=self.t))
+        self.starts.extend(times[:-1])
+        self.t = times[-1]
+        self.done = stop
 
     def _host(self, index: int) -> None:
         """Place host transfer ``index`` on the host DMA stream (class docstring)."""
@@ -400,8 +425,9 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
         ValueError: a call of an unknown kind, or an ``after_record`` outside
             ``0..len(records)`` or decreasing.
     """
-    timeline = _timeline(records, calls, cost_seconds, update_start, overlap, sync=False,
-                         kinds=kinds, prefetch_layers=prefetch_layers)
+    timeline = _timeline([float(r.seconds) for r in records], calls, cost_seconds,
+                         update_start, overlap, sync=False, kinds=kinds,
+                         prefetch_layers=prefetch_layers)
     try:
         next(timeline)
     except StopIteration as done:
@@ -409,19 +435,18 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
     raise AssertionError("a timeline without sync never yields")  # pragma: no cover
 
 
-def _timeline(records: Sequence[Any], calls: Sequence[Any],
+def _timeline(seconds: Sequence[float], calls: Sequence[Any],
               cost_seconds: CostSeconds, update_start: int | None,
               overlap: bool, sync: bool, kinds: Sequence[str] | None = None,
               prefetch_layers: int = 1):
-    """:func:`step_clock` as a generator: with ``sync`` it yields a :class:`_Reach` at
-    every call over :data:`PIPELINE_AXIS` and takes back (ready, end): the source's
-    ready time and the end of its send (a ppermute), or the stages' latest ready
-    time (any other collective). Returns the :class:`StepClock`."""
-    n = len(records)
+    """:func:`step_clock` of the records' ``seconds`` as a generator: with ``sync`` it
+    yields a :class:`_Reach` at every call over :data:`PIPELINE_AXIS` and takes back
+    (ready, end): the source's ready time and the end of its send (a ppermute), or the
+    stages' latest ready time (any other collective). Returns the :class:`StepClock`."""
+    n = len(seconds)
     if update_start is None:
         update_start = max((c.after_record for c in calls if c.kind == "grad_reduce"), default=n)
-    stream = _Stream([float(r.seconds) for r in records], update_start,
-                     kinds if overlap else None)
+    stream = _Stream(seconds, update_start, kinds if overlap else None)
     ici: dict[str, _Ici] = {}
     axis_bytes: dict[str, int] = {}
     axis_seconds: dict[str, float] = {}
@@ -549,18 +574,18 @@ class DeviceReport:
     router_loads: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True)
-class _Seconds:
-    seconds: float
-
-
 def device_clock(report: DeviceReport, cost_seconds: CostSeconds, *,
                  overlap: bool = True, prefetch_layers: int = 1) -> StepClock:
     """One device's :class:`StepClock` from its report and the plan's collective costs
     (``MeshCollectiveCosts.seconds``); FSDP gathers ``prefetch_layers`` ahead."""
-    return step_clock([_Seconds(s) for s in report.record_seconds], report.calls, cost_seconds,
-                      report.update_start, overlap=overlap, kinds=report.record_bounds,
-                      prefetch_layers=prefetch_layers)
+    timeline = _timeline(report.record_seconds, report.calls, cost_seconds,
+                         report.update_start, overlap, sync=False, kinds=report.record_bounds,
+                         prefetch_layers=prefetch_layers)
+    try:
+        next(timeline)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a timeline without sync never yields")  # pragma: no cover
 
 
 def device_clocks(reports: Sequence[DeviceReport],
@@ -604,7 +629,7 @@ def _clock_stages(reports: Sequence[DeviceReport], cost_seconds: CostSeconds,
     """The timelines of one stage group (``reports`` in ring order) side by side: at
     the k-th stage-axis collective each device learns its source's send (a
     ppermute: the member ``shift`` positions before) or the latest arrival."""
-    timelines = [_timeline([_Seconds(x) for x in r.record_seconds], r.calls, cost_seconds,
+    timelines = [_timeline(r.record_seconds, r.calls, cost_seconds,
                            r.update_start, overlap, sync=True, kinds=r.record_bounds,
                            prefetch_layers=prefetch_layers)
                  for r in reports]

@@ -59,8 +59,8 @@ class Evaluation:
 
 def plan_program(plan: TrainingPlan) -> DeviceProgram:
     """The plan's device program (``pod.program_factory.training_program``, the one the
-    plan's memory came from): the sharded transformer, or the replicated program with
-    the plan's gradient buckets."""
+    plan's memory came from): the sharded transformer or the replicated program, either
+    with the plan's gradient buckets."""
     from pod.workloads import build_optimizer
 
     training = plan.training

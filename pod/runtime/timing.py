@@ -51,6 +51,9 @@ class TimingPod(PodBase):
 
     Args:
         plan: the checked training plan.
+        tape: a ``pod.programs.replay.LayerTape``: the layers' passes are replayed from it
+            when the same pass ran before (in this step, an earlier one, or another
+            plan's), which gives the same records and calls; None: every op is run.
 
     Attributes:
         device: the representative device (device 0).
@@ -65,8 +68,9 @@ class TimingPod(PodBase):
 
     computes = False
 
-    def __init__(self, plan: TrainingPlan) -> None:
+    def __init__(self, plan: TrainingPlan, *, tape: Any = None) -> None:
         super().__init__(plan)
+        self.tape = tape
         training = plan.training
         self.groups = device_groups(plan.mesh, 0)
         self.devices = [Device(plan.topology.chip, d, device_groups(plan.mesh, d), self.program,
@@ -79,7 +83,9 @@ class TimingPod(PodBase):
         self.device = self.devices[self.groups.ring["stage"].index(0)]
         self.replicate = plan.mesh.size // len(self.devices)
         self.last_report: DeviceReport | None = None
+        self.last_comms: list[ShapeCollectives | None] = []
         self._factors: dict[int, float] = {}
+        self._known: dict[int, DeviceReport] | None = None
 
     @property
     def algorithm(self) -> str:
@@ -115,17 +121,10 @@ class TimingPod(PodBase):
 
     def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
                       trace: bool) -> list[DeviceReport]:
-        seed = self.plan.training.seed
-        reports = []
-        for device, x, y in zip(self.devices, xs, ys, strict=True):
-            groups = device.groups
-            comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
-                                    {a: groups.ring_index(a) for a in AXES})
-            reports.append(device.step(comm, x, y, step, seed, trace))
-        self.last_report = reports[self.devices.index(self.device)]
-        return reports
+        return self._reports(step, xs, ys, trace, None, self._known)
 
-    def step(self, step: int = 0, trace: bool = False) -> StepStats:
+    def step(self, step: int = 0, trace: bool = False, *,
+             known: dict[int, DeviceReport] | None = None) -> StepStats:
         """Account one training step of the whole pod (``PodBase.step``): its simulated
         figures (every device's clock is a representative's), the wall seconds of this
         host's accounting, and a NaN loss (nothing is computed).
@@ -133,9 +132,59 @@ class TimingPod(PodBase):
         Args:
             step: zero-based step number (selects the faults in force).
             trace: keep the representatives' op records for a trace.
+            known: reports of this step already made (``device_reports(only=...)``), by
+                index in ``devices``: not made again.
         """
-        stats = super().step(step, trace)
+        self._known = known
+        try:
+            stats = super().step(step, trace)
+        finally:
+            self._known = None
         return dataclasses.replace(stats, loss=math.nan)
+
+    def device_reports(self, step: int = 0, *, trace: bool = False,
+                       only: int | None = None,
+                       known: dict[int, DeviceReport] | None = None) -> list[DeviceReport]:
+        """The representative devices' reports of one step (:meth:`step` without the
+        clock: their op records and collective calls, not yet placed in time).
+
+        Args:
+            step: zero-based step number.
+            trace: keep the op rows (``DeviceReport.trace``).
+            only: the step of ``devices[only]`` alone (one stage of a pipeline).
+            known: reports already made, by index in ``devices`` (taken as they are: the
+                devices' steps do not depend on each other).
+
+        Attributes set:
+            last_comms: each reported device's collectives of the step, in order (None
+                for a known report).
+        """
+        xs, ys = self._inputs(step)
+        return self._reports(step, xs, ys, trace, only, known)
+
+    def _reports(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray], trace: bool,
+                 only: int | None, known: dict[int, DeviceReport] | None
+                 ) -> list[DeviceReport]:
+        """``device_reports`` on the examples ``xs``, ``ys`` (by index in ``devices``)."""
+        seed = self.plan.training.seed
+        reports: list[DeviceReport] = []
+        comms: list[ShapeCollectives | None] = []
+        for i in range(len(self.devices)) if only is None else [only]:
+            if known and i in known:
+                reports.append(known[i])
+                comms.append(None)
+                continue
+            device = self.devices[i]
+            groups = device.groups
+            comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
+                                    {a: groups.ring_index(a) for a in AXES}, tape=self.tape)
+            reports.append(device.step(comm, xs[i], ys[i], step, seed, trace))
+            comms.append(comm)
+        self.last_comms = comms
+        if only is None:
+            self.last_reports = reports
+            self.last_report = reports[self.devices.index(self.device)]
+        return reports
 
     def evaluate(self) -> Evaluation:
         """No example is evaluated (nothing is computed): NaN test figures."""

@@ -12,6 +12,7 @@ core only its cost is recorded and the results are zeros.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -47,7 +48,7 @@ class Optimizer:
         return len(self.slots) * sum(int(np.size(v)) * _storage(v).itemsize
                                      for v in params.values())
 
-    def update(self, core, grads, state, params, step: int):
+    def update(self, core, grads, state, params, step: int, *, each=None):
         """One update.
 
         Args:
@@ -59,6 +60,10 @@ class Optimizer:
                 the stored values and rounded back to bf16, gradients and state
                 stored in bf16 too; its VPU records count 2 bytes per element).
             step: 1 for the first update, then 2, 3, ...
+            each: None, or ``each(key, args, run)`` called for every parameter instead of
+                ``run()``, its update (``args``: what it reads: the gradient, the state
+                slots, the parameter, the step), returning what ``run()`` returns: a
+                timing-only program replays it (``pod.programs.replay``).
 
         Returns:
             (new_params, new_state), fresh dicts of fresh arrays in the parameters'
@@ -73,14 +78,21 @@ class Optimizer:
                              f"vs {sorted(params)}")
         new_params, new_state = {}, {}
         for key, p in params.items():
-            dtype = _storage(p)
-            slots = {slot: stored(core, state[f"{key}/{slot}"], dtype) for slot in self.slots}
-            p_new, slots_new = self._update_one(core, key, stored(core, grads[key], dtype),
-                                                slots, stored(core, p, dtype), int(step))
+            slots = {slot: state[f"{key}/{slot}"] for slot in self.slots}
+            run = functools.partial(self._update_key, core, key, grads[key], slots, p, step)
+            p_new, slots_new = run() if each is None else each(key, (grads[key], slots, p,
+                                                                       int(step)), run)
             new_params[key] = p_new
             for slot, v in slots_new.items():
                 new_state[f"{key}/{slot}"] = v
         return new_params, new_state
+
+    def _update_key(self, core, key, g, slots, p, step):
+        """One parameter's update, in its storage dtype: (new parameter, new state slots)."""
+        dtype = _storage(p)
+        slots = {slot: stored(core, v, dtype) for slot, v in slots.items()}
+        return self._update_one(core, key, stored(core, g, dtype), slots, stored(core, p, dtype),
+                                int(step))
 
     def _update_one(self, core, key, g, slots, p, step):
         raise NotImplementedError

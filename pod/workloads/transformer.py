@@ -28,6 +28,7 @@ The TFLOP/s per device MaxText prints (``maxtext_tflops_2023``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -65,6 +66,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerConfig",
     "TransformerModel",
+    "shared_transformer",
     "Unembed",
     "build_transformer",
     "maxtext_tflops_2023",
@@ -663,7 +665,7 @@ class TransformerModel(Model):
             return self
         cache = self.__dict__.setdefault("_local_models", {})
         if tensor not in cache:
-            cache[tensor] = TransformerModel(cfg.tensor_local(tensor))
+            cache[tensor] = shared_transformer(cfg.tensor_local(tensor))
         return cache[tensor]
 
     def activation_bytes(self, batch: int, *, bytes_per_element: int = 4) -> int:
@@ -697,12 +699,13 @@ class TransformerModel(Model):
             The bytes, or None when ``tensor`` does not split the heads, kv heads
             and MLP units.
         """
-        local = self._local(int(tensor))
-        if local is None:
-            return None
-        device, host, transient = self._activation_bytes(
-            local, int(batch), activation_bytes_per_element(precision), int(tensor))
-        return ActivationMemory(device, host, transient)
+        key = ("activation_memory", int(batch), precision, int(tensor))
+        memo = self.__dict__.setdefault("_memo", {})  # a shared model asks it of every point
+        if key not in memo:
+            local = self._local(int(tensor))
+            memo[key] = None if local is None else ActivationMemory(*self._activation_bytes(
+                local, int(batch), activation_bytes_per_element(precision), int(tensor)))
+        return memo[key]
 
     def output_kept_bytes(self, bytes_per_element: int, tensor: int = 1) -> int:
         """Bytes per example the output layer keeps for backward: the final norm's input
@@ -729,18 +732,24 @@ class TransformerModel(Model):
         the device's heads and MLP units, the token table's (or the output
         kernel's) V C / tensor. (The emulator's program keeps the tables whole
         on every tensor device; the plan is the hardware's.)"""
-        local = self._local(int(tensor))
-        if local is None:
-            return super().largest_layer_params(tensor)
-        blocks = max(layer.param_count(shape)
-                     for layer, shape in zip(local.layers, local._shapes, strict=False)
-                     if isinstance(layer, TransformerBlock))
-        return max(blocks, -(-self.config.vocabulary * self.config.embed_dim // int(tensor)))
+        key = ("largest_layer_params", int(tensor))
+        memo = self.__dict__.setdefault("_memo", {})
+        if key not in memo:
+            local = self._local(int(tensor))
+            if local is None:
+                memo[key] = super().largest_layer_params(tensor)
+            else:
+                blocks = max(layer.param_count(shape)
+                             for layer, shape in zip(local.layers, local._shapes, strict=False)
+                             if isinstance(layer, TransformerBlock))
+                memo[key] = max(blocks, -(-self.config.vocabulary * self.config.embed_dim
+                                          // int(tensor)))
+        return memo[key]
 
     def remat_variants(self) -> dict[str, TransformerModel]:
         """The same model under each other named remat policy (``custom`` aside), for
         an HBM plan that looks for one that fits."""
-        return {p: TransformerModel(dataclasses.replace(self.config, remat=p, remat_custom=None))
+        return {p: shared_transformer(dataclasses.replace(self.config, remat=p, remat_custom=None))
                 for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
 
     def summary_rows(self, batch: int | None = None):
@@ -774,10 +783,15 @@ class TransformerModel(Model):
         and recomputes its scores in backward, ``TransformerBlock.hardware_flops``)
         plus the forward work ``remat`` redoes in backward (``recompute_flops``);
         the other layers three times their forward (dX and dW). The numerator
-        of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022)."""
-        return sum(layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
-                   else 3 * layer.forward_flops(s)
-                   for layer, s in zip(self.layers, self._shapes, strict=False))
+        of hardware FLOPs utilisation (HFU, Korthikanti et al. 2022). Counted once per
+        model (an HBM plan asks it of every remat variant of every point it plans)."""
+        kept = self.__dict__.get("_hardware_flops")
+        if kept is None:
+            kept = self.__dict__["_hardware_flops"] = sum(
+                layer.hardware_flops(s) if isinstance(layer, TransformerBlock)
+                else 3 * layer.forward_flops(s)
+                for layer, s in zip(self.layers, self._shapes, strict=False))
+        return kept
 
     def next_token_logits(self, core, params, ids) -> np.ndarray:
         """Eval-mode logits of the token after the last of ``ids``.
@@ -926,8 +940,18 @@ def build_transformer(input_shape, num_classes: int, **options) -> TransformerMo
     if len(input_shape) != 1:
         raise DataMismatchError(f"transformer: input_shape must be (steps,) token ids, "
                          f"got {tuple(input_shape)}")
-    return TransformerModel(TransformerConfig(vocabulary=num_classes,
-                                              sequence_length=int(input_shape[0]), **options))
+    return shared_transformer(TransformerConfig(vocabulary=num_classes,
+                                                sequence_length=int(input_shape[0]), **options))
+
+
+@functools.lru_cache(maxsize=64)
+def shared_transformer(config: TransformerConfig, expert_shards: int = 1) -> TransformerModel:
+    """The ``TransformerModel`` of ``config`` (and ``expert_shards``), built once per process
+    and shared: a model is stateless (one object serves every device), and building one
+    is a few milliseconds per block, which a layout search (``tpu-pod plan``) and an HBM
+    plan that tries every remat policy and tensor split would pay again for every point.
+    At most 64 are kept (least recently used go)."""
+    return TransformerModel(config, expert_shards=int(expert_shards))
 
 
 def check_tensor_split(config: TransformerConfig, tensor: int) -> None:

@@ -215,3 +215,50 @@ def test_achieved_hbm_bandwidth_is_spec_times_efficiency():
         assert 0 < core.hbm_efficiency <= 1 and 0 < core.mxu_efficiency <= 1
         assert core.achieved_hbm_bandwidth_bytes_per_s == pytest.approx(
             core.hbm_bandwidth_bytes_per_s * core.hbm_efficiency)
+
+
+# Google Cloud's slice tables, copied from the system architecture pages (not from
+# spec.py): name -> chips per axis [GC-v4], [GC-v5e], [GC-v5p].
+PUBLISHED_SLICES = {"v4-32": (2, 2, 4), "v4-4096": (8, 16, 16), "v5e-8": (2, 4),
+                    "v5e-256": (16, 16), "v5p-128": (4, 4, 4), "v6e-64": (8, 8)}
+
+
+def test_every_preset_slice_holds_its_names_count():
+    """A slice's shape holds count / tensorcores chips where the name counts TensorCores
+    (v2, v3, v4, v5p) and count chips otherwise; its axes are the generation's torus's."""
+    for name, spec in PRESETS.items():
+        assert spec.slice_shapes, name
+        per_chip = spec.tensorcores if name in {"v2", "v3", "v4", "v5p"} else 1
+        for count, shape in spec.slice_shapes:
+            assert len(shape) == spec.torus_dims, (name, count)
+            assert math.prod(shape) * per_chip == count, (name, count)
+            assert all(a <= b for a, b in zip(sorted(shape), sorted(spec.max_pod_shape)))
+    for slice_name, shape in PUBLISHED_SLICES.items():
+        generation, count = slice_name.split("-")
+        assert get_chip_spec(generation).slice_shape(int(count)) == shape, slice_name
+    assert get_chip_spec("v5e").slice_shape(12) is None
+
+
+@pytest.mark.parametrize("field, bad, match", [
+    ("slice_shapes", ((8, (2, 2)),), "v4-8 has shape"),                 # 2-D on a 3-D torus
+    ("slice_shapes", ((16, (2, 2, 2)), (8, (2, 2, 2))), "v4-8 has shape"),  # 8 chips, not 4
+    ("slice_shapes", ((8, (2, 2, 1)), (8, (2, 2, 1))), "names a count twice"),
+    ("slice_shapes", (8,), "must be \\(count, shape\\) pairs"),
+    ("wraparound_rule", "sometimes", "wraparound_rule must be one of"),
+])
+def test_a_preset_with_a_slice_that_does_not_hold_its_count_is_refused(field, bad, match):
+    with pytest.raises(ChipSpecError, match=match):
+        dataclasses.replace(get_chip_spec("v4"), **{field: bad})
+
+
+@pytest.mark.parametrize("name, shape, wraps", [
+    ("v2", (4, 4), (True, True)), ("v3", (1, 4), (False, True)),
+    ("v5e", (16, 16), (True, True)), ("v5e", (16, 8), (True, False)),
+    ("v6e", (8, 8), (False, False)),
+    ("v4", (4, 4, 8), (True, True, True)), ("v4", (2, 2, 4), (False, False, False)),
+    ("v5p", (16, 20, 28), (True, True, True)), ("v5p", (4, 4, 6), (False, False, False)),
+])
+def test_wraparound_follows_the_generations_rule(name, shape, wraps):
+    """[SB]: v2 / v3 slices are tori; v5e / v6e wrap an axis only at its full 16; v4 /
+    v5p wrap every axis of a slice of whole 4x4x4 cubes and none otherwise."""
+    assert get_chip_spec(name).default_wraparound(shape) == wraps

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from interconnect import LinkSpec, Schedule, ScheduleError, TopologyError, Torus, execute
-from interconnect.collectives import ALGORITHMS, build_collective
+from interconnect.registry import ALGORITHMS, build_collective
 from interconnect.cost import collective_cost, schedule_cost
 from interconnect.faults import LinkFailureError, LinkFaults, route
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import tracemalloc
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -13,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from interconnect import (LinkFaults, LinkSpec, Torus, build_collective, collective_cost,
-                          schedule_cost)
+                          group_collective_cost, schedule_cost)
+from interconnect import cost as cost_module
 from interconnect import groups as groups_module
 from interconnect.all_to_all import axis_route_counts, block_sets
-from interconnect.groups import group_all_to_all_cost
 from tests.interconnect.test_groups import tori_and_groups
 
 LINK = LinkSpec(4.5e10, latency_s=1e-6, collective_fixed_s=2e-6)
@@ -45,6 +46,14 @@ def test_one_axis_counts_equal_routing_every_pair(a, wraps):
         want = _routed_counts(members, wraps)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+def group_all_to_all_cost(op, torus, groups, elements, link, itemsize, faults=None, *,
+                          closed_form=False):
+    """group_collective_cost's all-to-all; ``closed_form`` True: in closed form whenever the
+    groups are blocks (``CLOSED_FORM_PAIRS`` 0), False: every pair routed (the engine)."""
+    with mock.patch.object(groups_module, "CLOSED_FORM_PAIRS", 0 if closed_form else 1 << 62):
+        return group_collective_cost(op, torus, groups, elements, link, itemsize, faults)
 
 
 def _pairwise(torus: Torus, elements: int, itemsize: int = 2):
@@ -129,7 +138,7 @@ def test_16384_chips_route_no_pair_and_match_the_textbook_ring_load(shape, monke
     def no_pairs(*args, **kwargs):
         raise AssertionError("a pair was routed")
 
-    monkeypatch.setattr(groups_module, "_routes", no_pairs)
+    monkeypatch.setattr(cost_module, "_routes", no_pairs)
     torus = Torus(shape, True)
     n, piece = torus.num_chips, 6
     tracemalloc.start()

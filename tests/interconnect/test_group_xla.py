@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from interconnect import (LinkFaults, LinkSpec, ScheduleError, Torus, calibrated_link,
                           concurrent_group_schedule, execute, group_collective_cost,
                           group_torus_schedule, schedule_cost)
-from interconnect.groups import group_torus_cost
 
 OPS = ["allreduce", "reduce_scatter", "all_gather"]
 PASSES = {"allreduce": 2, "reduce_scatter": 1, "all_gather": 1}
@@ -89,7 +88,7 @@ def test_every_group_ends_with_its_own_result_over_real_links(p, op, per_rank, s
     size = len(groups[0])
     elements = size * per_rank + per_rank % 3  # uneven splits too
     schedule = concurrent_group_schedule(op, groups, torus.num_chips, elements,
-                                         algorithm="xla", group_torus=group_torus)
+                                         algorithm="torus", group_torus=group_torus)
     rng = np.random.default_rng(seed)
     buffers = [rng.integers(-50, 50, size=elements).astype(np.float32)
                for _ in range(torus.num_chips)]
@@ -141,7 +140,8 @@ def test_the_local_schedule_passes_the_schedule_checks():
 @given(p=placements(), op=st.sampled_from(OPS), elements=st.integers(0, 60), slow=st.booleans(),
        streams=st.sampled_from([math.inf, 1.0, 2.5]))
 def test_fast_path_equals_the_schedule_path(p, op, elements, slow, streams):
-    """group_torus_cost (arrays per phase) = schedule_cost of the concurrent schedule:
+    """group_collective_cost (the phases built as arrays) = schedule_cost of the
+    concurrent schedule (its Transfers):
     seconds, phases, bytes per link, with a slowed link, uneven parts, fewer DMA
     streams than links driven."""
     torus, groups, group_torus = p
@@ -153,10 +153,10 @@ def test_fast_path_equals_the_schedule_path(p, op, elements, slow, streams):
     if slow and torus.num_chips > 1:
         faults = LinkFaults(slowdowns={(0, torus.neighbors(0)[0]): 3.0})
     schedule = concurrent_group_schedule(op, groups, torus.num_chips, elements, BF16,
-                                         algorithm="xla", group_torus=group_torus)
+                                         algorithm="torus", group_torus=group_torus)
     reference = schedule_cost(schedule, torus, link, faults)
-    fast = group_torus_cost(op, torus, groups, elements, link, BF16, faults,
-                            group_torus=group_torus)
+    fast = group_collective_cost(op, torus, groups, elements, link, BF16, faults,
+                                 algorithm="torus", group_torus=group_torus)
     assert fast.seconds == pytest.approx(reference.seconds, rel=1e-12, abs=1e-18)
     assert fast.phase_seconds == pytest.approx(reference.phase_seconds, rel=1e-12, abs=1e-18)
     assert fast.link_bytes == reference.link_bytes
@@ -167,9 +167,9 @@ def test_failed_links_take_the_schedule_path_around_them():
     torus = Torus((4,), wraparound=(True,))
     link = LinkSpec(1e9, latency_s=0.0)
     healthy = group_collective_cost("all_gather", torus, [(0, 1, 2, 3)], 4000, link, BF16,
-                                    algorithm="xla", group_torus=torus)
+                                    algorithm="torus", group_torus=torus)
     cut = group_collective_cost("all_gather", torus, [(0, 1, 2, 3)], 4000, link, BF16,
-                                LinkFaults(failed={(0, 1), (1, 0)}), algorithm="xla",
+                                LinkFaults(failed={(0, 1), (1, 0)}), algorithm="torus",
                                 group_torus=torus)
     assert (0, 1) not in cut.link_bytes and cut.seconds > healthy.seconds
 
@@ -180,7 +180,7 @@ def test_failed_links_take_the_schedule_path_around_them():
 def _one_group(shape, wrap, op, elements, link):
     torus = Torus(shape, wrap)
     return group_collective_cost(op, torus, [tuple(range(torus.num_chips))], elements, link,
-                                 BF16, algorithm="xla", group_torus=torus)
+                                 BF16, algorithm="torus", group_torus=torus)
 
 
 @pytest.mark.parametrize("shape", [(3,), (4,), (5,), (8,), (4, 4), (3, 3), (5, 5), (4, 4, 4),
@@ -232,12 +232,12 @@ def test_interleaved_strided_groups_share_their_links():
     w, latency = 1e9, 1e-6
     elements = 4 * 1000
     cost = group_collective_cost("reduce_scatter", torus, groups, elements,
-                                 LinkSpec(w, latency), BF16, algorithm="xla",
+                                 LinkSpec(w, latency), BF16, algorithm="torus",
                                  group_torus=group_torus)
     v = elements * BF16
     assert cost.seconds == pytest.approx(2 * 3 / 4 * v / (2 * w) + 2 * 2 * latency, rel=1e-12)
     alone = group_collective_cost("reduce_scatter", torus, groups[:1], elements,
-                                  LinkSpec(w, latency), BF16, algorithm="xla",
+                                  LinkSpec(w, latency), BF16, algorithm="torus",
                                   group_torus=group_torus)
     assert set(cost.link_bytes.values()) == {2 * b for b in set(alone.link_bytes.values())}
 
@@ -266,7 +266,7 @@ def test_the_ring_model_is_kept_beside_it():
     link = LinkSpec(1e9, latency_s=0.0)
     ring = group_collective_cost("all_gather", torus, [tuple(range(8))], 8000, link, BF16)
     xla = group_collective_cost("all_gather", torus, [tuple(range(8))], 8000, link, BF16,
-                                algorithm="xla", group_torus=torus)
+                                algorithm="torus", group_torus=torus)
     assert ring.seconds == pytest.approx(7 / 8 * 16000 / 1e9)
     assert xla.seconds == pytest.approx(ring.seconds / 2)
 
@@ -291,7 +291,7 @@ def test_one_stream_makes_the_bidirectional_ring_cost_the_unidirectional_one():
     """Both directions of a ring on one DMA stream: no faster than one ring."""
     torus = Torus((8,), wraparound=(True,))
     one = group_collective_cost("reduce_scatter", torus, [tuple(range(8))], 8 * 8 * 100,
-                                LinkSpec(1e9, 0.0, dma_streams=1), BF16, algorithm="xla",
+                                LinkSpec(1e9, 0.0, dma_streams=1), BF16, algorithm="torus",
                                 group_torus=torus)
     ring = group_collective_cost("reduce_scatter", torus, [tuple(range(8))], 8 * 8 * 100,
                                  LinkSpec(1e9, 0.0), BF16)
@@ -306,7 +306,7 @@ def test_the_two_tensorcores_of_a_chip_copy_at_the_on_chip_bandwidth(op):
     groups = [(2 * c, 2 * c + 1) for c in range(4)]
     cost = group_collective_cost(op, torus, groups, 1000, LinkSpec(1e9, 1e-6, collective_fixed_s=3e-6),
                                  BF16, devices_per_chip=2, on_chip_bytes_per_s=4e11,
-                                 algorithm="xla", group_torus=Torus((2,), (False,)))
+                                 algorithm="torus", group_torus=Torus((2,), (False,)))
     assert not cost.link_bytes
     assert cost.seconds == pytest.approx(3e-6 + PASSES[op] * 500 * BF16 / 4e11, rel=1e-12)
 
@@ -319,9 +319,9 @@ def test_the_groups_of_both_cores_share_their_chips_links(op):
     gt = Torus((2, 2), False)
     both = group_collective_cost(op, torus, [(0, 2, 4, 6), (1, 3, 5, 7)], 4 * 600, LinkSpec(1e9),
                                  BF16, devices_per_chip=2, on_chip_bytes_per_s=1e12,
-                                 algorithm="xla", group_torus=gt)
+                                 algorithm="torus", group_torus=gt)
     chips = group_collective_cost(op, torus, [(0, 1, 2, 3)], 8 * 600, LinkSpec(1e9), BF16,
-                                  algorithm="xla", group_torus=gt)
+                                  algorithm="torus", group_torus=gt)
     assert both.seconds == pytest.approx(chips.seconds, rel=1e-12)
     assert both.link_bytes == chips.link_bytes
 
@@ -334,10 +334,10 @@ def test_a_block_over_cores_and_chips_takes_the_slower_of_each_phase():
     link = LinkSpec(1e9, latency_s=1e-6)
     slow_chip = group_collective_cost("reduce_scatter", torus, [(0, 1, 2, 3)], 4000, link, BF16,
                                       devices_per_chip=2, on_chip_bytes_per_s=1e6,
-                                      algorithm="xla", group_torus=gt)
+                                      algorithm="torus", group_torus=gt)
     fast_chip = group_collective_cost("reduce_scatter", torus, [(0, 1, 2, 3)], 4000, link, BF16,
                                       devices_per_chip=2, on_chip_bytes_per_s=1e15,
-                                      algorithm="xla", group_torus=gt)
+                                      algorithm="torus", group_torus=gt)
     # two parts, each owner's 1000 elements cut in two: phase 0 sends 1000 elements of one
     # part between the chips and 1000 of the other between the cores; phase 1, 500 each
     assert slow_chip.seconds == pytest.approx((1000 + 500) * BF16 / 1e6, rel=1e-9)
@@ -348,9 +348,9 @@ def test_bad_group_tori_and_algorithms_are_refused():
     torus = Torus((2, 2))
     with pytest.raises(ScheduleError, match="group_torus 2x2 has 4 ranks but the groups have 2"):
         group_collective_cost("allreduce", torus, [(0, 1), (2, 3)], 8, LinkSpec(1e9),
-                              algorithm="xla", group_torus=Torus((2, 2)))
-    with pytest.raises(ScheduleError, match="expected one of xla, ring"):
+                              algorithm="torus", group_torus=Torus((2, 2)))
+    with pytest.raises(ScheduleError, match="expected one of torus, bidirectional_ring, ring"):
         group_collective_cost("allreduce", torus, [(0, 1), (2, 3)], 8, LinkSpec(1e9),
-                              algorithm="tree")
+                              algorithm="spanning_tree")
     with pytest.raises(ScheduleError, match="expected an interconnect.Torus"):
-        concurrent_group_schedule("allreduce", [(0, 1)], 4, 8, algorithm="xla", group_torus=(2,))
+        concurrent_group_schedule("allreduce", [(0, 1)], 4, 8, algorithm="torus", group_torus=(2,))

@@ -126,11 +126,11 @@ def test_unknown_op_is_refused():
 @given(tg=tori_and_groups(), op=st.sampled_from(["allreduce", "reduce_scatter", "all_gather"]),
        elements=st.integers(0, 40), slow=st.booleans())
 def test_fast_group_cost_equals_the_schedule_path(tg, op, elements, slow):
-    """group_ring_cost (one bincount per phase) = schedule_cost of the concurrent schedule,
-    seconds, phases and bytes per link, for any groups (random orders: routes of any
-    length), even and uneven parts, with a slowed link."""
+    """group_collective_cost (the ring's phases built as arrays) = schedule_cost of the
+    concurrent schedule (its Transfers), seconds, phases and bytes per link, for any
+    groups (random orders: routes of any length), even and uneven parts, with a slowed
+    link."""
     from interconnect import LinkFaults, schedule_cost
-    from interconnect.groups import group_ring_cost
 
     torus, groups = tg
     link = LinkSpec(bandwidth_bytes_per_s=1e9, latency_s=1e-6, collective_fixed_s=2e-6,
@@ -144,7 +144,7 @@ def test_fast_group_cost_equals_the_schedule_path(tg, op, elements, slow):
                               torus, link, faults)
     if all(len(g) <= 1 for g in groups):
         return
-    fast = group_ring_cost(op, torus, groups, elements, link, faults=faults)
+    fast = group_collective_cost(op, torus, groups, elements, link, faults=faults)
     assert fast.seconds == pytest.approx(reference.seconds, rel=1e-12, abs=1e-18)
     assert fast.phase_seconds == pytest.approx(reference.phase_seconds, rel=1e-12, abs=1e-18)
     assert fast.link_bytes == reference.link_bytes

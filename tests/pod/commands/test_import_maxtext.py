@@ -241,16 +241,26 @@ def _cli(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_the_cli_writes_the_scenario_with_every_key_in_its_header(tmp_path):
+def test_the_cli_writes_the_scenario_first_and_names_every_key(tmp_path):
+    """Issue 33 item 5: the file opens with the scenario (after the warnings), not with
+    the base file's keys that change nothing (listed at its end)."""
     out = tmp_path / "t1.yaml"
     code, _, err = _cli("import-maxtext", str(BASE_2023), *T1, "--slice", "v5p-128", "-o", str(out))
     text = out.read_text()
     scenario = yaml.safe_load(text)
     assert scenario == import_maxtext([BASE_2023], T1, slice_name="v5p-128").scenario
-    header = [line for line in text.splitlines() if line.startswith("#   ")]
+    named = [line for line in text.splitlines() if line.startswith("#   ")]
     result = import_maxtext([BASE_2023], T1, slice_name="v5p-128")
-    ignored = result.of("ignored")
-    assert header == [f"#   {n.text}" for n in result.of("warning") + ignored]
+    ignored, warnings = result.of("ignored"), result.of("warning")
+    assert named == [f"#   {n.text}" for n in warnings + ignored]
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    # the command, timing-only, the warnings under their title, the count of the rest
+    assert first == 2 + (1 + len(warnings) if warnings else 0) + 1 and len(ignored) > 40
+    assert lines[first].startswith("name: ")
+    assert lines[first - 1] == (f"# {len(ignored):,} keys not mapped, with no effect on the "
+                                "simulated step: listed at the end.")
+    assert lines[-len(ignored):] == [f"#   {n.text}" for n in ignored]
     assert "#   log_period: 100 (base-2023-12.yml): not mapped, the run's logging" in text
     assert f"note: {len(ignored)} keys of {BASE_2023} do not change the simulated step" in err
     # the written file is planned as validate plans it; today's plan refuses T1's 32

@@ -123,6 +123,10 @@ def test_a_language_models_layout_sweep_says_tokens_and_its_columns_mean_somethi
     body = next(line for line in table if line.startswith("| 1 |"))
     step = body.split(" | ")[7]
     assert step == ms_text(rows[0]["simulated_step_seconds"]) and len(step.split(".")[-1]) <= 4
+    # TFLOP/s per device as MaxText prints it, not the pod's (issue 33 item 5)
+    column = head.split(" | ").index("TFLOP/s / device (MaxText)")
+    assert body.split(" | ")[column] == f"{rows[0]['maxtext_tflops_per_device']:,.1f}"
+    assert rows[0]["simulated_tflops"] > 4 * rows[0]["maxtext_tflops_per_device"]  # 8 chips
 
 
 def test_a_sweep_points_line_says_tokens_and_which_tflops(tmp_path, monkeypatch):

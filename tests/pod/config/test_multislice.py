@@ -187,8 +187,8 @@ def test_the_cross_slice_gradient_reduction_runs_behind_the_backward_pass():
     (the same slice's step) to within the DCN's last message, plus the wait for the
     slower of the two slices (``interconnect.dcn.slice_wait_seconds``: jitter x step x
     0.564, charged to the data axis, where the slices meet), while the serial sum grows
-    by the whole DCN time. Without overlap (``training.overlap: false``) the DCN time
-    is exposed whole."""
+    by the whole DCN time. Without overlap (``training.overlap: false``: one bucket after
+    the backward pass) the DCN time is exposed whole."""
     plan = m1()
     stats = TimingPod(plan).step(0)
     t3 = TimingPod(build_plan(load_scenario(ROOT / "scenarios/maxtext-t3-16b-v5e-256.yaml"),
@@ -212,8 +212,18 @@ def test_the_cross_slice_gradient_reduction_runs_behind_the_backward_pass():
                                                abs=2 * DCN_LATENCY_S + 1e-6)
     assert stats.serial_step_seconds == pytest.approx(t3.serial_step_seconds + dcn, rel=1e-9)
     serial = TimingPod(m1(overlap=False)).step(0)
+    # without overlap the gradients are one bucket after the backward pass (as any
+    # model's: training.overlap_bucket_bytes has no say), so one DCN allreduce of the
+    # whole shard: one latency term where the layers' buckets had one each
+    (whole,) = [s for s in serial.collective_spans if s.axis == "data"]
+    assert whole.nbytes == sum(s.nbytes for s in data)
+    serial_dcn = serial.axis_dcn_seconds["data"]
+    assert serial_dcn == pytest.approx(
+        dcn_ring_seconds("allreduce", 2, whole.nbytes, V5E_DCN_BYTES_PER_S), rel=1e-12)
+    # the same bytes: what differs is the latency of the other buckets' two messages each
+    assert dcn - serial_dcn == pytest.approx((len(data) - 1) * 2 * DCN_LATENCY_S, rel=1e-6)
     # one slice's serial step is the sum of its parts, the DCN whole among them; the job's
     # adds the wait for the slower slice on top (a share of the one slice's step)
     one_slice = serial.step_seconds / (1 + SLICE_STEP_JITTER / math.sqrt(math.pi))
     assert serial.axis_exposed_seconds["data"] == pytest.approx(
-        dcn + serial.step_seconds - one_slice, rel=1e-6)
+        serial_dcn + serial.step_seconds - one_slice, rel=1e-6)

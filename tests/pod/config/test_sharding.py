@@ -19,10 +19,13 @@ from hypothesis import strategies as st
 from chip.spec import V2, V3, V4, V5E, V5P
 from interconnect import (LinkSpec, Torus, calibrated_link, concurrent_group_schedule, execute,
                           group_collective_cost, schedule_cost)
-from pod.config.mesh import layout_mesh
+from pod.config.mesh import AXIS_NAMES, layout_mesh
 from pod.config.sharding import (MeshCollectiveCosts, device_chip_spec,
                                  device_groups, on_chip_bandwidth)
 from pod.errors import ScenarioError
+
+#: every mesh axis's reductions as one unidirectional ring per group
+RING = dict.fromkeys(AXIS_NAMES, "ring")
 
 
 def test_device_groups_partition_each_axis():
@@ -42,16 +45,16 @@ def test_the_plans_cost_is_the_xla_group_cost_and_cached():
     mesh = layout_mesh({"data": 2, "tensor": 4}, Torus((2, 4)))
     link = LinkSpec(1e11, latency_s=1e-6)
     costs = MeshCollectiveCosts(mesh, link)
-    assert costs.algorithm == "xla" and costs.itemsize == 2
+    assert costs.axis_algorithm("tensor") == "torus" and costs.itemsize == 2
     block = costs.group_torus("tensor")
     assert block == Torus((4,), (True,))
     want = group_collective_cost("allreduce", mesh.torus, mesh.groups("tensor", "mesh"), 2048,
-                                 link, 2, algorithm="xla", group_torus=block)
+                                 link, 2, algorithm="torus", group_torus=block)
     assert costs.cost("tensor", "allreduce", 4096) == want
     assert costs.cost("tensor", "allreduce", 4096) is costs.cost("tensor", "allreduce", 4096)
     assert costs.seconds("fsdp", "allreduce", 4096) == 0.0  # an absent axis
     gathered = group_collective_cost("all_gather", mesh.torus, mesh.groups("tensor", "mesh"), 2048,
-                                     link, 2, algorithm="xla", group_torus=block)
+                                     link, 2, algorithm="torus", group_torus=block)
     assert costs.cost("tensor", "all_gather", 1024) == gathered  # a piece of 512 bf16
     with pytest.raises(ValueError, match="ops"):
         costs.cost("tensor", "broadcast", 4)
@@ -60,7 +63,7 @@ def test_the_plans_cost_is_the_xla_group_cost_and_cached():
 def test_the_ring_model_is_kept_as_a_choice():
     mesh = layout_mesh({"data": 2, "tensor": 4}, Torus((2, 4)))
     link = LinkSpec(1e11, latency_s=1e-6)
-    costs = MeshCollectiveCosts(mesh, link, algorithm="ring", itemsize=4)
+    costs = MeshCollectiveCosts(mesh, link, axis_algorithms=RING, itemsize=4)
     want = group_collective_cost("allreduce", mesh.torus, mesh.groups("tensor"), 1024, link)
     assert costs.cost("tensor", "allreduce", 4096) == want
     xla = MeshCollectiveCosts(mesh, link).cost("tensor", "allreduce", 4096)
@@ -76,7 +79,10 @@ def test_the_cost_depends_on_bytes_not_on_the_element_size():
         assert bf16.cost("fsdp", op, 8 * 4096) == f32.cost("fsdp", op, 8 * 4096)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [({"algorithm": "tree"}, "allowed: xla, ring"),
+@pytest.mark.parametrize("kwargs, fragment", [({"axis_algorithms": {"tensor": "tree"}},
+                                               "algorithms torus, bidirectional_ring, ring"),
+                                              ({"axis_algorithms": {"model": "ring"}},
+                                               "axes data, stage"),
                                               ({"itemsize": 0}, "itemsize 0"),
                                               ({"itemsize": 2.0}, "itemsize 2.0")])
 def test_bad_choices_are_refused(kwargs, fragment):
@@ -153,7 +159,8 @@ def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links():
     mesh = layout_mesh({"fsdp": 4, "tensor": 2}, Torus((2, 2)), per_chip=2)
     assert all(d // 2 == e // 2 for d, e in mesh.groups("tensor"))
     link = LinkSpec(1e11, latency_s=1e-6)
-    costs = MeshCollectiveCosts(mesh, link, on_chip_bandwidth(V3), algorithm="ring", itemsize=4)
+    costs = MeshCollectiveCosts(mesh, link, on_chip_bandwidth(V3), axis_algorithms=RING,
+                                itemsize=4)
     tensor = costs.cost("tensor", "allreduce", 4096)
     assert not tensor.link_bytes
     assert tensor.seconds == pytest.approx(2 * 2048 / on_chip_bandwidth(V3), rel=1e-12)
@@ -165,7 +172,7 @@ def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links():
     assert fsdp.link_bytes == one_ring.link_bytes
 
 
-@pytest.mark.parametrize("algorithm", ["xla", "ring"])
+@pytest.mark.parametrize("algorithm", ["torus", "ring"])
 def test_link_bytes_of_a_steps_calls_are_the_ring_closed_form(algorithm):
     """{tensor: 4} on a 4-chip ring: an allreduce of N bytes sends 2 (g - 1) / g N from
     each of the g devices over one hop, 2 (g - 1) N on the links in all (one ring, or the
@@ -174,14 +181,15 @@ def test_link_bytes_of_a_steps_calls_are_the_ring_closed_form(algorithm):
     from pod.programs.collectives import CollectiveCall
 
     mesh = layout_mesh({"tensor": 4}, Torus((4,), wraparound=(True,)))
-    costs = MeshCollectiveCosts(mesh, LinkSpec(1e11), algorithm=algorithm)
+    costs = MeshCollectiveCosts(mesh, LinkSpec(1e11), axis_algorithms={"tensor": algorithm})
     n = 4096
     calls = [CollectiveCall("tensor", "allreduce", n, "t", "activations", 0)] * 3
     links = costs.link_bytes(calls)
     assert sum(links.values()) == 3 * 2 * 3 * n
     assert all("->" in k for k in links)
     v3 = layout_mesh({"fsdp": 4, "tensor": 2}, Torus((2, 2)), per_chip=2)
-    on_chip = MeshCollectiveCosts(v3, LinkSpec(1e11), on_chip_bandwidth(V3), algorithm=algorithm)
+    on_chip = MeshCollectiveCosts(v3, LinkSpec(1e11), on_chip_bandwidth(V3),
+                                  axis_algorithms={"tensor": algorithm})
     assert on_chip.link_bytes(calls[:1]) == {}
 
 
@@ -199,7 +207,7 @@ def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links_as_xla_runs_it()
     assert chips[0] == chips[1]
     block = costs.group_torus("fsdp")
     one = group_collective_cost("reduce_scatter", mesh.torus, chips[:1], 2 * 2048, link, 2,
-                                algorithm="xla", group_torus=block)
+                                algorithm="torus", group_torus=block)
     fsdp = costs.cost("fsdp", "reduce_scatter", 4096)
     assert fsdp.seconds == pytest.approx(one.seconds, rel=1e-12)
     assert fsdp.link_bytes == one.link_bytes
@@ -223,7 +231,7 @@ def test_the_t1_tensor_allreduce_is_the_bidirectional_ring_closed_form():
     v = T1_ACTIVATION_BYTES
     want = 2 * (3 / 4 * v / (2 * w) + 2e-6) + 4e-6
     assert costs.seconds("tensor", "allreduce", v) == pytest.approx(want, rel=1e-9)
-    ring = MeshCollectiveCosts(mesh, link, algorithm="ring").seconds("tensor", "allreduce", v)
+    ring = MeshCollectiveCosts(mesh, link, axis_algorithms=RING).seconds("tensor", "allreduce", v)
     assert ring == pytest.approx(2 * (3 / 4 * v / w + 3e-6) + 4e-6, rel=1e-9)
 
 
@@ -294,7 +302,7 @@ def test_every_layout_costs_as_its_schedule_and_every_device_ends_right(layout, 
     elements = nbytes // 2 * (size if op == "all_gather" else 1)
     groups = mesh.groups(axis, "mesh")
     schedule = concurrent_group_schedule(op, groups, mesh.torus.num_chips, elements, 2,
-                                         algorithm="xla", group_torus=costs.group_torus(axis))
+                                         algorithm="torus", group_torus=costs.group_torus(axis))
     reference = schedule_cost(schedule, mesh.torus, link)
     fast = costs.cost(axis, op, nbytes)
     assert fast.seconds == pytest.approx(reference.seconds, rel=1e-12)
@@ -319,7 +327,7 @@ def test_the_t1_tensor_allreduce_on_the_calibrated_link():
     t1 = layout_mesh({"fsdp": 16, "tensor": 4}, Torus((4, 4, 4)))
     link = calibrated_link("v5p", V5P.ici_link_bandwidth_bytes_per_s)
     xla = MeshCollectiveCosts(t1, link).seconds("tensor", "allreduce", T1_ACTIVATION_BYTES)
-    ring = MeshCollectiveCosts(t1, link, algorithm="ring").seconds("tensor", "allreduce",
+    ring = MeshCollectiveCosts(t1, link, axis_algorithms=RING).seconds("tensor", "allreduce",
                                                                     2 * T1_ACTIVATION_BYTES)
     loss = link.achieved_bandwidth_bytes_per_s(2) / link.achieved_bandwidth_bytes_per_s(1)
     assert ring / xla == pytest.approx(4 * loss, rel=0.01)
@@ -405,6 +413,40 @@ def test_a_plan_allreduces_a_data_axis_over_the_pod_with_its_chosen_algorithm():
     # the group collectives as XLA runs them: over every torus axis of the group's block
     assert sharded.collective_costs.algorithms() == {"data": "torus", "fsdp": "torus",
                                                      "tensor": "torus"}
+
+
+def _plan_with(pod_fields: dict):
+    from pod.config.plan import build_plan
+    from pod.config.scenario import parse_scenario
+
+    return build_plan(parse_scenario({
+        "name": "a", "pod": {"slice": "v5e-8", **pod_fields},
+        "model": {"name": "transformer", "options": {
+            "embed_dim": 16, "heads": 4, "head_dim": 4, "mlp_dim": 32, "layers": 1}},
+        "data": {"name": "text", "options": {"sequence_length": 16}},
+        "training": {"global_batch": 16, "steps": 1}}))
+
+
+def test_a_scenario_chooses_each_mesh_axis_algorithm_from_the_registry():
+    """pod.collective_algorithms: {tensor: ring} costs tensor's collectives as one ring per
+    group in ring order (the registry's ring), while fsdp, not named, runs torus (XLA's,
+    the default) exactly as without the field; {data: ring} is also the algorithm of a
+    data axis over the whole slice (pod.allreduce's)."""
+    mesh = {"fsdp": 2, "tensor": 4}
+    chosen = _plan_with({"mesh": mesh, "collective_algorithms": {"tensor": "ring"}})
+    default = _plan_with({"mesh": mesh})
+    costs, plain = chosen.collective_costs, default.collective_costs
+    assert (costs.axis_algorithm("tensor"), costs.axis_algorithm("fsdp")) == ("ring", "torus")
+    one = chosen.mesh.in_slice
+    ring = group_collective_cost("allreduce", one.torus, one.groups("tensor", "ring"), 2048,
+                                 costs.link, 2, algorithm="ring")
+    assert costs.cost("tensor", "allreduce", 4096) == ring
+    assert plain.cost("tensor", "allreduce", 4096).seconds < ring.seconds  # both directions
+    for op in ("all_gather", "reduce_scatter"):
+        assert costs.cost("fsdp", op, 4096) == plain.cost("fsdp", op, 4096)
+    assert costs.algorithms() == {"fsdp": "torus", "tensor": "ring"}
+    data = _plan_with({"collective_algorithms": {"data": "ring"}})
+    assert data.ici.algorithm == data.collective_costs.torus_algorithm == "ring"
 
 
 def test_a_collective_matmul_pays_a_fixed_cost_per_collective_permute_step():

@@ -112,7 +112,7 @@ def test_collective_on_a_block_is_group_collective_cost_on_it():
     groups = tuple(tuple(range(s, 64, 4)) for s in range(4))                  # 4x4 (y, z) blocks
     got = model.cost("all_gather", groups, 1 << 24, 2)
     want = group_collective_cost("all_gather", torus, groups, (1 << 24) // 2, link, 2,
-                                 algorithm="xla", group_torus=Torus((4, 4), (True, True)))
+                                 algorithm="torus", group_torus=Torus((4, 4), (True, True)))
     assert got.seconds == pytest.approx(want.seconds, rel=1e-12)
     assert "xla 4x4 block" in got.algorithm
     ring = model.cost("allreduce", ((0, 1, 2, 5),), 1 << 20, 2)               # not a block
@@ -142,9 +142,9 @@ def test_an_allreduce_across_slices_is_hierarchical():
     got = model.cost("allreduce", (tuple(range(8)),), nbytes, 2)
     inner = Torus((2, 2), (False, False))
     rs = group_collective_cost("reduce_scatter", torus, [(0, 1, 2, 3)], nbytes // 2, link, 2,
-                               algorithm="xla", group_torus=inner).seconds
+                               algorithm="torus", group_torus=inner).seconds
     ag = group_collective_cost("all_gather", torus, [(0, 1, 2, 3)], nbytes // 2, link, 2,
-                               algorithm="xla", group_torus=inner).seconds
+                               algorithm="torus", group_torus=inner).seconds
     dcn = dcn_collective_seconds("allreduce", 2, nbytes // 4, chip.dcn_bytes_per_s,
                                  chip.dcn_latency_s)
     assert got.seconds == pytest.approx(rs + dcn + ag, rel=1e-12)

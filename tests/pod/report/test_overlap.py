@@ -102,3 +102,40 @@ def test_host_dispatch_per_step_adds_the_measured_call():
     device = TimingPod(_plan(False)).step(1)
     host = TimingPod(_plan(False, dispatch="per_step")).step(1)
     assert host.step_seconds - device.step_seconds == pytest.approx(HOST_DISPATCH_SECONDS)
+
+
+def _lm_plan(bucket_bytes: int, overlap: bool = True):
+    return build_plan(parse_scenario({
+        "name": "lm-buckets", "pod": {"slice": "v5e-8"},
+        "model": {"name": "transformer", "options": {
+            "embed_dim": 64, "heads": 4, "head_dim": 16, "mlp_dim": 256, "layers": 3}},
+        "data": {"name": "text", "options": {"sequence_length": 32}},
+        "training": {"global_batch": 64, "steps": 1, "overlap": overlap,
+                     "overlap_bucket_bytes": bucket_bytes}}), timing_only=True)
+
+
+@pytest.mark.parametrize("plan_of", [_lm_plan, lambda b: _plan(True, bucket_bytes=b)],
+                         ids=["transformer", "mlp"])
+def test_the_bucket_size_changes_every_models_data_parallel_step(plan_of):
+    """Issue 31 item 2: training.overlap_bucket_bytes means the same for the transformer
+    (the sharded program) as for any other model (the replicated one): 1 KiB buckets
+    reduce each layer's gradients as the backward pass finishes it, one bucket of
+    64 MiB all of them after the backward pass ends; the step differs."""
+    small, large = plan_of(1 << 10), plan_of(64 << 20)
+    order = [name for name, _ in small.model.gradient_buckets()]
+    assert len(order) >= 3
+    assert [b for b, _ in plan_program(small).buckets] == [(name,) for name in order]
+    assert [b for b, _ in plan_program(large).buckets] == [tuple(order)]
+    layered, one = TimingPod(small).step(1), TimingPod(large).step(1)
+    grads = [s for s in layered.collective_spans if s.kind == "grad_reduce"]
+    assert [s.tag for s in grads] == [f"{name} grads" for name in order]
+    assert {(s.axis, s.op) for s in grads} == {("data", "allreduce")}
+    (whole,) = [s for s in one.collective_spans if s.kind == "grad_reduce"]
+    assert whole.tag == f"{order[0]} grads" and whole.nbytes == 4 * large.num_params
+    assert sum(s.nbytes for s in grads) == whole.nbytes
+    # the one bucket waits for the whole backward pass; the first of the layered ones
+    # runs behind the rest of it
+    assert grads[0].start < whole.start and grads[0].start < layered.compute_seconds
+    # each collective pays its fixed cost and latency: more buckets, more time on the wire
+    assert layered.collective_seconds > one.collective_seconds
+    assert layered.step_seconds != one.step_seconds

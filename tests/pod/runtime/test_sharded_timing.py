@@ -19,6 +19,7 @@ from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
 from pod.config.sharding import device_chip_spec
 from pod.report.clock import step_clock as sharded_step_clock
+from pod.runtime.base import plan_program
 from pod.runtime.device import record_bound
 from pod.runtime.timing import TimingPod
 from pod.workloads import build_optimizer
@@ -31,7 +32,9 @@ TINY = {"embed_dim": 32, "heads": 4, "head_dim": 8, "mlp_dim": 64, "layers": 2}
 
 
 def scenario(mesh, slice_name="v5p-16", batch=8, sequence_parallel=False, links=(),
-             **options):
+             bucket_bytes=1024, **options):
+    """The tiny transformer on ``mesh``; gradient buckets of ``bucket_bytes`` (1 KiB: one
+    per layer, many calls to compare)."""
     return parse_scenario({
         "name": "sharded-timing-test",
         "pod": {"slice": slice_name, "mesh": mesh, "links": list(links)},
@@ -39,6 +42,7 @@ def scenario(mesh, slice_name="v5p-16", batch=8, sequence_parallel=False, links=
         "data": {"name": "synthetic_text",
                  "options": {"vocabulary": 64, "sequence_length": 16, "num_examples": 64}},
         "training": {"global_batch": batch, "steps": 2, "sequence_parallel": sequence_parallel,
+                     "overlap_bucket_bytes": bucket_bytes,
                      "optimizer": {"name": "adamw", "learning_rate": 0.01}},
         "metrics": {"port": 0},
     })
@@ -49,8 +53,9 @@ def functional_reports(plan, steps=2, sequence_parallel=False):
     functional steps (LocalMesh, numerics on), by device."""
     training = plan.scenario.training
     optimizer = build_optimizer(training.optimizer.name, **training.optimizer.options())
-    program = ShardedTransformer(plan.model, plan.mesh.sizes, optimizer,
-                                 sequence_parallel=sequence_parallel)
+    program = plan_program(plan)  # the plan's gradient buckets, as TimingPod's
+    assert isinstance(program, ShardedTransformer)
+    assert program.sequence_parallel == (sequence_parallel and plan.mesh.sizes.get("tensor", 1) > 1)
     data = plan.dataset
 
     def device(comm):
@@ -80,6 +85,7 @@ LAYOUTS = [
     ({"data": 2, "tensor": 4}, {"remat": "minimal", "tied_embeddings": False}),
     ({"fsdp": 2, "tensor": 4}, {"norm": "layernorm", "mlp_activation": "gelu",
                                 "positions": "learned"}),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, {"bucket_bytes": 32 << 20}),  # one gradient bucket
     ({"data": 2, "fsdp": 2, "tensor": 2}, {"slice_name": "v3-8"}),  # a device per TensorCore
     ({"fsdp": 4, "tensor": 2}, {"slice_name": "v3-8", "sequence_parallel": True}),
     ({"fsdp": 2, "tensor": 4}, {"block": "parallel", "mlp_activation": "relu", "remat": "full"}),

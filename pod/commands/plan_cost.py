@@ -1,0 +1,313 @@
+"""Costing the points of ``tpu-pod plan``: only those the outputs can show, on every core.
+
+Every point is planned (``Planner.point``: the HBM check, the splits; a point that
+does not plan is dropped with its reason, as before). A point that plans is
+**costed** (one timing-only step) unless a lower bound of its step already puts it
+out of what the outputs show, then it is **pruned**:
+
+- The bound is its forward and backward passes' compute: every point of a **class**
+  (the same slice, remat policy, per-device batch and mesh but for its data and fsdp
+  sizes) runs the same layers on the same per-device shapes, so their passes' records
+  are the same (``pod.programs.replay``: the tape replays them from one point to the
+  next); the step is at least their compute (``pod.report.clock``: the compute stream
+  runs every record). The first point of a class that plans is costed and gives the
+  bound of the others (``LayerTape.pass_seconds``); each later costed one is checked
+  to give the same, else the class is not pruned at all.
+- What the outputs show: the ``keep`` best points (the table's and layouts.png's)
+  and the best point of each mesh family at the global batch of the best point
+  (the family lines: ``plan_search.compared_batch``). A point is pruned when its bound
+  ranks it below the
+  ``keep``-th best costed so far; the points are costed best bound first, so that
+  threshold is met early. Then, for each family, the pruned points at the best's
+  global batch that could still beat the family's best are costed.
+
+So the table, layouts.png, best.yaml and the family lines are those of costing every
+point (tested against ``Planner.cost_alone``); results.csv lists the pruned points
+with their bound (``exhaustive`` costs every point).
+
+With ``workers`` > 1 the points are costed by a process pool (``fork``: the workers
+start with the planner and its data; a point's row does not depend on which worker
+or tape costed it), in rounds whose composition depends only on the results before
+them: the same points are pruned every time.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pod.commands.plan_search import Candidate
+
+__all__ = ["class_key", "cost_points", "default_workers", "Scoring"]
+
+#: points a worker takes at once (a class's points together: they share a tape's passes)
+_CHUNK = 8
+#: points costed between two updates of the threshold: whatever the workers, so that the
+#: same points are pruned with any number of them
+_ROUND = 32
+
+_PLANNER: Any = None  # a worker's planner (inherited through fork, or built by _start)
+
+
+def default_workers() -> int:
+    """Processes that cost points: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def class_key(c: Candidate) -> tuple[Any, ...]:
+    """The points whose forward and backward passes are the same: everything of a point
+    but its data and fsdp sizes (module docstring)."""
+    rest = tuple(sorted((a, s) for a, s in c.mesh.items() if a not in ("data", "fsdp")))
+    return (c.slice_name, c.slices, rest, c.remat, c.capacity_factor, c.per_device_batch)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How points rank (lower is better): minus tokens/s (examples/s without tokens), or
+    the simulated seconds to a token budget (``plan._rank``).
+
+    Attributes:
+        sequence_length: tokens per example (0: a model without tokens).
+        budget: the token budget, or None.
+    """
+
+    sequence_length: int
+    budget: int | None
+
+    def per_step(self, global_batch: int) -> int:
+        """Tokens (examples without tokens) per step."""
+        return global_batch * self.sequence_length if self.sequence_length else global_batch
+
+    def score(self, global_batch: int, step_seconds: float) -> float:
+        """A point's score from its step."""
+        units = self.per_step(global_batch)
+        if self.budget:
+            return math.ceil(self.budget / units) * step_seconds
+        return -units / step_seconds
+
+    def row_score(self, row: dict[str, Any]) -> float:
+        return self.score(int(row["global_batch"]), float(row["simulated_step_seconds"]))
+
+
+def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, keep: int,
+                family_of: Callable[[dict[str, Any]], str],
+                compared_batch: Callable[[list[dict[str, Any]]], int | None],
+                exhaustive: bool = False,
+                workers: int = 1,
+                on_point: Callable[[dict[str, Any], int], None] | None = None,
+                round_points: int = _ROUND) -> list[dict[str, Any]]:
+    """Every point's row, in search order (module docstring).
+
+    Args:
+        planner: the ``plan.Planner`` of the points' model.
+        points: the search's points.
+        scoring: how they rank.
+        keep: the best points the outputs show (never pruned).
+        family_of: a row's mesh family (``plan_search.family``).
+        compared_batch: the global batch the families are compared at, of rows
+            (``plan_search.compared_batch``).
+        exhaustive: cost every point that plans (no pruning).
+        workers: processes (1: this one).
+        on_point: called with each row as it is made, and the number of points.
+        round_points: points costed between two updates of the pruning threshold.
+    """
+    with _Runner(planner, workers, on_point, len(points)) as runner:
+        if exhaustive:
+            return runner.run([(c, "cost") for c in points])
+        return _Pruner(runner, points, scoring, keep, family_of, compared_batch,
+                       round_points).run()
+
+
+class _Pruner:
+    """The rounds of :func:`cost_points` without ``exhaustive``."""
+
+    def __init__(self, runner: _Runner, points: Sequence[Candidate], scoring: Scoring,
+                 keep: int, family_of: Callable[[dict[str, Any]], str],
+                 compared_batch: Callable[[list[dict[str, Any]]], int | None],
+                 round_points: int) -> None:
+        self.runner, self.points, self.scoring = runner, list(points), scoring
+        self.keep, self.family_of = max(1, int(keep)), family_of
+        self.compared_batch = compared_batch
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.passes: dict[Any, float | None] = {}  # class -> its passes' seconds (None: unsure)
+        self.round = max(1, int(round_points))
+
+    def run(self) -> list[dict[str, Any]]:
+        self._bounds()
+        rest = sorted((c for c in self.points if self.passes.get(class_key(c))
+                       and self.rows.get(c.index, {}).get("status", "pruned") == "pruned"),
+                      key=self._bound)
+        while rest and self._bound(rest[0]) <= self._threshold():
+            threshold = self._threshold()
+            cut = next((i for i, c in enumerate(rest) if self._bound(c) > threshold), len(rest))
+            self._run([(c, "cost") for c in rest[:min(cut, self.round)]])
+            rest = rest[min(cut, self.round):]
+        self._run([(c, "plan") for c in rest if c.index not in self.rows])
+        self._families()
+        self._unsure()
+        self._reasons()
+        return [self.rows[c.index] for c in self.points]
+
+    def _bounds(self) -> None:
+        """Each class's passes' seconds: its first point that plans, run but not clocked
+        (rounds, one point per class; a class whose points all drop has none)."""
+        while True:
+            first: dict[Any, Candidate] = {}
+            for c in self.points:
+                key = class_key(c)
+                if key not in self.passes and c.index not in self.rows:
+                    first.setdefault(key, c)
+            if not first:
+                return
+            self._run([(c, "bound") for c in first.values()])
+
+    def _run(self, tasks: list[tuple[Candidate, str]]) -> None:
+        for (c, _), (row, seconds) in zip(tasks, self.runner.run_bounded(tasks), strict=True):
+            self.rows[c.index] = row
+            if seconds is None:
+                continue
+            key = class_key(c)
+            if key not in self.passes:
+                self.passes[key] = seconds
+            elif self.passes[key] != seconds:  # not one class after all: prune none of it
+                self.passes[key] = None
+
+    def _bound(self, c: Candidate) -> float:
+        """The best score a point of a class with known passes can have (-inf: unknown)."""
+        seconds = self.passes.get(class_key(c))
+        if not seconds:
+            return -math.inf
+        return self.scoring.score(c.global_batch, seconds)
+
+    def _threshold(self) -> float:
+        """The ``keep``-th best score costed so far (inf while fewer are)."""
+        scores = sorted(self.scoring.row_score(r) for r in self.rows.values()
+                        if r["status"] == "ok")
+        return scores[self.keep - 1] if len(scores) >= self.keep else math.inf
+
+    def _pruned(self) -> list[Candidate]:
+        return [c for c in self.points if self.rows[c.index]["status"] == "pruned"]
+
+    def _families(self) -> None:
+        """Cost the pruned points of each family at the batch families are compared at
+        that could beat the family's best costed there."""
+        batch = self.compared_batch(list(self.rows.values()))
+        while True:
+            ok = [r for r in self.rows.values() if r["status"] == "ok"]
+            if not ok or batch is None:
+                return
+            best: dict[str, float] = {}
+            for r in ok:
+                if r["global_batch"] == batch:
+                    f = self.family_of(r)
+                    best[f] = min(best.get(f, math.inf), self.scoring.row_score(r))
+            tasks = sorted((c for c in self._pruned() if c.global_batch == batch
+                            and self._bound(c) < best.get(self.family_of(self.rows[c.index]),
+                                                          math.inf)), key=self._bound)
+            if not tasks:
+                return
+            self._run([(c, "cost") for c in tasks[:self.round]])
+
+    def _unsure(self) -> None:
+        """Cost the pruned points of a class found not to be one (its bound unsure)."""
+        tasks = [(c, "cost") for c in self._pruned() if self.passes.get(class_key(c)) is None]
+        if tasks:
+            self._run(tasks)
+
+    def _reasons(self) -> None:
+        """Each pruned point's reason: its bound against the ``keep``-th best."""
+        threshold = self._threshold()
+        for c in self._pruned():
+            bound, seconds = self._bound(c), self.passes[class_key(c)] or 0.0
+            if self.scoring.budget:
+                what = (f"at least {bound:,.0f} s to the budget, more than the "
+                        f"{self.keep}th fastest's {threshold:,.0f} s")
+            else:
+                unit = "tokens/s" if self.scoring.sequence_length else "examples/s"
+                what = (f"at most {-bound:,.0f} {unit}, below the {self.keep}th fastest's "
+                        f"{-threshold:,.0f}")
+            self.rows[c.index]["reason"] = (
+                f"not costed: its forward and backward passes alone take "
+                f"{seconds * 1e3:,.1f} ms a step ({what}); --exhaustive costs it")
+
+
+class _Runner:
+    """Runs points in this process or a pool; rows come back in the order given."""
+
+    def __init__(self, planner: Any, workers: int, on_point, total: int) -> None:
+        self.planner, self.on_point, self.total = planner, on_point, total
+        self.workers = max(1, int(workers))
+        self.pool: Any = None
+
+    def __enter__(self) -> _Runner:
+        if self.workers > 1:
+            global _PLANNER
+            methods = multiprocessing.get_all_start_methods()
+            if "fork" in methods:  # the workers start with the planner, its data and model
+                _PLANNER = self.planner
+                self.pool = multiprocessing.get_context("fork").Pool(self.workers)
+            else:
+                self.pool = multiprocessing.get_context("spawn").Pool(
+                    self.workers, initializer=_start,
+                    initargs=(type(self.planner), self.planner.source))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pool is not None:
+            self.pool.terminate() if exc[0] is not None else self.pool.close()
+            self.pool.join()
+
+    def run(self, tasks: list[tuple[Candidate, str]]) -> list[dict[str, Any]]:
+        return [row for row, _ in self.run_bounded(tasks)]
+
+    def run_bounded(self, tasks: list[tuple[Candidate, str]]
+                    ) -> list[tuple[dict[str, Any], float | None]]:
+        """Each task's (row, passes' seconds), in the order given (a task: a point and
+        ``Planner.point``'s mode)."""
+        if self.pool is None:
+            out = []
+            for c, mode in tasks:
+                out.append(self.planner.point(c, mode=mode))
+                self._report(out[-1][0])
+            return out
+        chunks = _chunks(list(enumerate(tasks)))
+        done: dict[int, tuple[dict[str, Any], float | None]] = {}
+        for results in self.pool.imap_unordered(_work, chunks):
+            for i, result in results:
+                done[i] = result
+                self._report(result[0])
+        return [done[i] for i in range(len(tasks))]
+
+    def _report(self, row: dict[str, Any]) -> None:
+        if self.on_point is not None:
+            self.on_point(row, self.total)
+
+
+def _chunks(tasks: list[tuple[int, tuple[Candidate, str]]]
+            ) -> list[list[tuple[int, tuple[Candidate, str]]]]:
+    """Tasks in chunks of at most ``_CHUNK``, a class's together."""
+    by_class: dict[Any, list[tuple[int, tuple[Candidate, str]]]] = {}
+    for item in tasks:
+        by_class.setdefault(class_key(item[1][0]), []).append(item)
+    out: list[list[tuple[int, tuple[Candidate, str]]]] = []
+    for items in by_class.values():
+        out.extend(items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK))
+    return out
+
+
+def _start(planner_class: Any, source: Any) -> None:
+    """A spawned worker's planner (``plan.Planner`` of the model's source)."""
+    global _PLANNER
+    _PLANNER = planner_class(source)
+
+
+def _work(chunk: Iterable[tuple[int, tuple[Candidate, str]]]
+          ) -> list[tuple[int, tuple[dict[str, Any], float | None]]]:
+    return [(i, _PLANNER.point(c, mode=mode)) for i, (c, mode) in chunk]
