@@ -13,7 +13,8 @@ Two views, wall clock and CPU time (never simulated time):
 2. **One device in this process** (the very ``Device`` a chip actor holds,
    device 0, its collectives skipped: ``ShapeCollectives`` gives zeros of the
    right shape), cProfile over its ``step`` with a CPU-time clock (less
-   sensitive to other jobs on the machine); time per category: MXU products
+   sensitive to other jobs on the machine), BLAS on one thread as in a chip actor
+   (``pod.runtime.blas``); time per category: MXU products
    (BLAS), bf16 rounding, op records (the cost model's bookkeeping: records,
    cycles, totals), and the rest of the layers' and the optimizer's numpy and
    Python. cProfile slows Python-heavy code more than BLAS, so the split is a
@@ -37,6 +38,7 @@ from pod.config.scenario import load_scenario
 from pod.config.sharding import device_groups
 from pod.programs import ShapeCollectives
 from pod.runtime.base import plan_program
+from pod.runtime.blas import one_blas_thread
 from pod.runtime.cluster import ensure_ray, shutdown_ray
 from pod.runtime.device import Device
 from pod.runtime.pod import Pod
@@ -175,7 +177,8 @@ def main() -> None:
         if started:
             shutdown_ray()
     np.seterr(all="ignore")
-    profile_chip(plan, args.steps)
+    with one_blas_thread():  # as in a chip actor: BLAS's own threads would be profiled too
+        profile_chip(plan, args.steps)
     print(f"load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 

@@ -32,6 +32,7 @@ writing what it had.
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from typing import Any
 
 from chip import ChipError, HBMOutOfMemoryError
@@ -46,6 +47,7 @@ __all__ = [
     "CheckpointError",
     "ClusterError",
     "ChipFailureError",
+    "ChipUnresponsiveError",
     "IciError",
     "MetricsError",
     "NonFiniteLossError",
@@ -135,6 +137,23 @@ class ClusterError(EmulatorError, RuntimeError):
 
 class ChipFailureError(ClusterError):
     """Chip actors died and the run cannot recover (no checkpoint configured)."""
+
+
+class ChipUnresponsiveError(ChipFailureError):
+    """Chip actors stopped answering: their process answered no heartbeat for its
+    timeout (frozen: stopped, a frozen host, a paused VM), or a step ran past its
+    deadline. The run recovers from them as from dead chips.
+
+    Attributes:
+        ranks: the chips declared failed, ascending.
+    """
+
+    def __init__(self, message: str, ranks: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = sorted(int(r) for r in ranks)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.ranks))
 
 
 class IciError(ClusterError):

@@ -27,6 +27,7 @@ from pod.config.scenario import is_loopback
 from pod.config.sharding import device_chip_spec
 from pod.errors import (
     ChipFailureError,
+    ChipUnresponsiveError,
     ClusterError,
     IciError,
     NonFiniteLossError,
@@ -67,6 +68,11 @@ from pod.state.checkpoint import Checkpoint
 from pod.state.resume import RunCheckpoints, checkpoint_dir, resume_checkpoint
 
 __all__ = ["Run", "run_training", "RESULT_FILES", "BACKENDS"]
+
+#: Wall seconds the final checkpoint after a SIGINT / SIGTERM may take (taken at a step
+#: boundary, from chips that just ended a step; a frozen chip still fails it within its
+#: heartbeat's timeout): past it the run stops with the checkpoint before.
+FINAL_CHECKPOINT_GRACE_S = 10.0
 
 #: What a run writes in its output directory (a rerun that replaces them says so).
 RESULT_FILES = ("summary.json", "steps.csv", "layers.csv", "report.html")
@@ -212,6 +218,7 @@ class Run:
         self._evaluated_at: int | None = None  # the step of the last evaluation
         self.identical: bool | None = None
         self.partial_summary: dict[str, Any] | None = None
+        self._stopped = False  # ``stop`` ran
         self._t0 = time.perf_counter()
         self._epoch_wall = time.perf_counter()
 
@@ -279,11 +286,15 @@ class Run:
                     self.start_pod()
                     self.train()
                     self.final_evaluation()
+                except BaseException as err:
+                    self.stop(err)  # the summary first: stopping the pod may take seconds
+                    raise
                 finally:
                     self.pod.shutdown()
             return self.finish()
         except BaseException as err:
-            self.stop(err)
+            if not self._stopped:
+                self.stop(err)
             raise
         finally:
             if self.metrics is not None:
@@ -340,7 +351,8 @@ class Run:
     def start_pod(self) -> None:
         """Start the chip actors (and restore a resumed checkpoint)."""
         plan = self.plan
-        self.startup_wall_seconds = self.pod.start(check=self.guard.check)
+        # the pod's waits look at the guard: a signal stops the run within STOP_GRACE_S
+        self.startup_wall_seconds = self.pod.start(check=self.guard.overdue)
         self.guard.arm()  # after ray.init, which installs a SIGTERM handler of its own
         if self.output_dir is not None:  # once the pod is up: a failed start-up keeps the old one
             write_csv(self.output_dir / "layers.csv", self.layer_rows(), LAYER_COLUMNS)
@@ -382,6 +394,7 @@ class Run:
             return
         cp, step = self.checkpoints, self.step_index
         if cp is not None and cp.last_step != step and step:
+            self.guard.renew(FINAL_CHECKPOINT_GRACE_S)  # the chips just answered a step
             path = cp.save(self.pod, self.plan, step, self.run_state())
             out.print(f"Interrupted: wrote {path}", highlight=False)
         self.guard.check()
@@ -487,15 +500,23 @@ class Run:
             IciError: a link failed and the scenario has no checkpoint block.
         """
         plan, step = self.plan, self.step_index
-        dead, hung = self.pod.failed_chips()
+        if isinstance(err, ChipUnresponsiveError):  # known already: asking them would hang
+            frozen, (dead, hung) = err.ranks, ([], [])
+        else:
+            frozen, (dead, hung) = [], self.pod.failed_chips()
         link_failure = isinstance(err, IciError)
-        if not dead and not link_failure:
+        if not dead and not frozen and not link_failure:
             raise err
-        what = (f"chip actor(s) {dead} died" if dead else "an ICI link failed mid-collective")
+        what = (f"chip actor(s) {dead} died" if dead else str(err) if frozen else
+                "an ICI link failed mid-collective")
         event = {"fault": "; ".join(f.describe() for f in kills)
-                 or ("a chip actor died (not injected)" if dead else f"ICI link failure: {err}"),
+                 or ("a chip actor died (not injected)" if dead else
+                     "a chip actor stopped answering (not injected)" if frozen else
+                     f"ICI link failure: {err}"),
                  "step": step + 1, "dead_chips": dead, "hung_chips": hung, "error": str(err),
                  "detection_wall_seconds": detected}
+        if frozen:
+            event["unresponsive_chips"] = frozen
         self.fault_events.append(event)
         if self.status is not None:
             self.status.close()  # the fault's lines below the progress line, not in it
@@ -506,8 +527,10 @@ class Run:
             event["recovered"] = False
             if link_failure and not dead:
                 raise err
+            failed = (f"chip actor(s) {', '.join(map(str, dead))} died" if dead else
+                      f"chip actor(s) {', '.join(map(str, frozen))} stopped answering")
             raise ChipFailureError(
-                f"chip actor(s) {', '.join(map(str, dead))} died at step {step + 1} "
+                f"{failed} at step {step + 1} "
                 f"({event['fault']}) and the scenario has no checkpoint: block to restore from "
                 f"(add checkpoint: {{every_steps: N}} to survive it); the partial results are "
                 f"in {self.output_dir}") from None
@@ -601,6 +624,7 @@ class Run:
 
     def stop(self, err: BaseException) -> None:
         """Never lose what was done: write the partial summary (steps.csv is on disk)."""
+        self._stopped = True
         if isinstance(err, RunInterrupted):
             import signal
 

@@ -29,6 +29,7 @@ from chip import ChipSpec
 from pod.config.sharding import DeviceGroups
 from pod.programs import DeviceProgram, DeviceShard, EvalSums
 from pod.report.clock import DeviceReport
+from pod.runtime.blas import one_blas_thread
 from pod.runtime.device import Device
 
 __all__ = ["ChipActor", "DeviceSnapshot"]
@@ -62,7 +63,10 @@ class ChipActor:
         seed: the scenario seed.
         devices_per_chip: devices per chip of the mesh (2 on v2 / v3).
         numerics, precision, mxu_model, activation_bytes: as ``Device``.
-        limit_threads: pin BLAS to one thread (several actors share few cores).
+        limit_threads: pin BLAS to one thread for the process's life
+            (``pod.runtime.blas.one_blas_thread``: the bits of every back-end, and
+            several actors share few cores); False only where the caller pins it
+            (chips run in threads of one process, under ``one_blas_thread()``).
     """
 
     def __init__(self, spec: ChipSpec, rank: int, devices: Sequence[tuple[int, DeviceGroups]],
@@ -70,8 +74,7 @@ class ChipActor:
                  numerics: bool = True, precision: str = "bf16", mxu_model: str = "pipelined",
                  activation_bytes: int = 0, limit_threads: bool = True) -> None:
         if limit_threads:
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(1)
+            one_blas_thread()  # pod.runtime.blas: the bits and the speed of every back-end
         self.rank = rank
         self.devices = [Device(spec, d, groups, program, seed, devices_per_chip=devices_per_chip,
                                numerics=numerics, precision=precision, mxu_model=mxu_model,

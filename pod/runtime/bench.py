@@ -10,6 +10,7 @@ import numpy as np
 
 from chip import Chip, get_chip_spec
 from pod.config.bench import BenchmarkPlan
+from pod.runtime.blas import one_blas_thread
 
 __all__ = ["BenchmarkChipActor", "benchmark_inputs", "run_benchmark_chips"]
 
@@ -42,8 +43,7 @@ class BenchmarkChipActor:
     def __init__(self, chip: str, chip_id: int, precision: str = "bf16",
                  limit_threads: bool = True) -> None:
         if limit_threads:
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(1)
+            one_blas_thread()
         self.chip = Chip(get_chip_spec(chip), chip_id, precision=precision)
         self.chip_id = chip_id
 

@@ -45,11 +45,16 @@ Joining a cluster you started yourself (``ray.address: host:port``, or
     ray start --address HEAD:6379           # on the other machines, same token
 
 and run ``tpu-pod`` where the same token is available (``~/.ray/auth_token``,
-or ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``). The address is tried first
-with a TCP connection and an HTTP/2 greeting (the GCS is a gRPC server), both
-bounded by ``CONNECT_TIMEOUT_S``: an address where no cluster answers, or a
-port that accepts and never answers, fails within seconds with one line naming
-it as given, instead of Ray's minutes of retries.
+or ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``). "auto" is looked up as Ray
+looks it up (what ``ray start`` recorded, else a GCS process on this machine).
+The address is then tried, all within ``CONNECT_TIMEOUT_S``: a TCP connection,
+an HTTP/2 greeting (the GCS is a gRPC server), and a request to the GCS by
+Ray's own client with this process's token. An address where no cluster
+answers, a port that accepts and never answers, an HTTP/2 or gRPC server that
+is not a Ray GCS, a cluster that refuses the token, and "auto" with no cluster
+fail within seconds with one line naming the address as given, instead of
+Ray's minutes of retries; Ray's C++ messages while it connects go to a file
+(``join_log_path``), not to the terminal.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypedDict
 
@@ -143,6 +149,10 @@ def _remove_stale_dirs() -> None:
     for entry in root.iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid() and not _alive(int(entry.name)):
             shutil.rmtree(entry, ignore_errors=True)
+        joined = re.fullmatch(r"join-(\d+)\.log", entry.name)  # a failed join's messages
+        if joined and int(joined.group(1)) != os.getpid() and not _alive(int(joined.group(1))):
+            with contextlib.suppress(OSError):
+                entry.unlink()
 
 
 def _use_run_token(directory: Path) -> dict[str, str | None]:
@@ -275,47 +285,73 @@ class _KeepSigtermHandler:
             signal.signal(signal.SIGTERM, self.kept)
 
 
-#: HTTP/2's client connection preface and an empty SETTINGS frame: a Ray GCS (a gRPC
-#: server) answers with a SETTINGS frame of its own at once.
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-
-
-def _check_reachable(address: str, timeout_s: float) -> None:
+def _check_reachable(address: str, timeout_s: float, *, as_given: str | None = None,
+                     field: str = "ray.address") -> None:
     """A Ray cluster answers at ``address`` ("host:port", "ray://host:port") within
-    ``timeout_s``: a TCP connection, then an HTTP/2 (gRPC) answer to the connection
-    preface, so that a port that accepts and never answers fails within the bound
-    rather than leaving ``ray.init`` waiting for minutes. Other forms ("auto",
-    "local") are left to Ray; with ``RAY_USE_TLS`` only the connection is checked.
+    ``timeout_s``: one gRPC request to its GCS over one connection, with this
+    process's token (``pod.runtime.gcs_probe``), so that a port that accepts and never
+    answers, an HTTP/2 or gRPC server that is not a Ray GCS and a cluster that
+    refuses the token fail within the bound, rather than leaving ``ray.init``
+    waiting for minutes. A Ray Client address ("ray://") needs only an HTTP/2
+    answer; other forms ("local") are left to Ray; with ``RAY_USE_TLS`` only the
+    connection is checked.
+
+    Args:
+        address: where to connect.
+        timeout_s: the bound, wall seconds.
+        as_given: the address as the user gave it, for the message ("auto").
+        field: what the user set it in (``ray.address`` or ``RAY_ADDRESS``).
 
     Raises:
-        ClusterError: nothing answers there, or not as a Ray cluster; one line
-            naming the address as given.
+        ClusterError: nothing answers there, or not as a Ray cluster, or the
+            cluster refused the token; one line naming the address as given.
     """
-    match = re.fullmatch(r"(?:ray://)?\[?([^\]\s]+?)\]?:(\d+)", address.strip())
+    from pod.runtime.gcs_probe import ask_gcs
+
+    match = re.fullmatch(r"(ray://)?\[?([^\]\s]+?)\]?:(\d+)", address.strip())
     if not match:
         return
-    host, port = match.group(1), int(match.group(2))
+    client, host, port = match.group(1), match.group(2), int(match.group(3))
     t0 = time.monotonic()
+    named = repr(as_given or address) + (f" (found {address})" if as_given not in (None, address)
+                                         else "")
 
     def fail(reason: str) -> ClusterError:
-        return ClusterError(f"ray.address: no Ray cluster answers at {address!r} ({reason}, after "
+        return ClusterError(f"{field}: no Ray cluster answers at {named} ({reason}, after "
                             f"{time.monotonic() - t0:.1f} s); start one there, or remove "
                             "ray.address and RAY_ADDRESS to run on a local cluster")
 
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-                return
-            sock.settimeout(max(0.1, timeout_s - (time.monotonic() - t0)))
-            sock.sendall(_H2_PREFACE)
-            head = sock.recv(9)
-    except TimeoutError:
-        raise fail(f"the port accepts connections but nothing answered within {timeout_s:g} s"
-                   ) from None
-    except OSError as err:
-        raise fail(err.strerror or str(err)) from None
-    if len(head) < 4 or head[3] != 4:  # not an HTTP/2 SETTINGS frame
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError as err:
+            raise fail(err.strerror or str(err)) from None
+        return
+    token = _token_headers()
+    answer = ask_gcs(host, port, timeout_s, token)
+    if answer.kind == "gcs" or (client and answer.kind == "refused"):
+        return
+    if answer.kind == "refused":
+        raise ClusterError(
+            f"{field}: the server at {named} refused a Ray GCS request ({answer.detail}): "
+            + ("it refuses this process's Ray token, or it is not a Ray cluster"
+               if token else "this process has no Ray token (~/.ray/auth_token, RAY_AUTH_TOKEN "
+               "or RAY_AUTH_TOKEN_PATH with RAY_AUTH_MODE=token), or it is not a Ray cluster"))
+    if answer.kind == "not_http2":
         raise fail("something answers there, but not a Ray cluster (no gRPC answer)")
+    raise fail(answer.detail)
+
+
+def _token_headers() -> dict[str, str]:
+    """The ``authorization`` header Ray's own clients would send from this process
+    (its token, when Ray's token authentication is on for it); {} if none."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+
+        loader = AuthenticationTokenLoader.instance()
+        return dict(loader.get_token_for_http_header()) if loader.has_token() else {}
+    except Exception:  # noqa: BLE001 - a Ray without token authentication
+        return {}
 
 
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None,
@@ -391,26 +427,95 @@ def _not_started(err: BaseException, seconds: float) -> str:
 
 def _join(address: str, connect_timeout_s: float, field: str = "ray.address") -> None:
     """Join the cluster at ``address`` (the scenario's ``ray.address`` or ``RAY_ADDRESS``,
-    which ``field`` names).
+    which ``field`` names): "auto" is looked up first as Ray looks it up (the
+    cluster ``ray start`` recorded, else a GCS process of this machine), and the
+    address is checked within ``connect_timeout_s`` (``_check_reachable``) before
+    ``ray.init``. Ray's C++ messages while it connects (they repeat for minutes
+    when nothing answers) go to a file (``join_log_path``), never to the
+    terminal; the file is removed after a join that worked, and named in the
+    error of one that did not.
 
     Raises:
-        ClusterError: nothing answers there within the bound, it is a dashboard's
-            HTTP address, or Ray refused; one line naming the address as given.
+        ClusterError: nothing answers there within the bound, "auto" finds no
+            cluster, it is a dashboard's HTTP address, or Ray refused; one line
+            naming the address as given.
     """
     if re.match(r"https?://", address.strip()):
         raise ClusterError(
             f"{field}: {address!r} is the address of Ray's dashboard (what `ray job submit` "
             "takes); tpu-pod joins the cluster itself at HEAD:6379 (unset RAY_ADDRESS inside "
             "a Ray job, where Ray sets it)")
+    log = join_log_path()
     try:
-        _check_reachable(address, connect_timeout_s)
-        with _KeepSigtermHandler():
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
-    except ClusterError:
-        raise
+        with _stderr_to(log):
+            target = _resolve(address, field)
+            _check_reachable(target, connect_timeout_s, as_given=address, field=field)
+            with _KeepSigtermHandler():
+                ray.init(address=target, logging_level=logging.ERROR, log_to_driver=True)
+    except ClusterError as err:
+        raise ClusterError(_with_log(str(err), log)) from None
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; one clear line
-        raise ClusterError(f"ray.address: could not join the Ray cluster at {address!r}: "
-                           f"{_first_line(err)}") from None
+        raise ClusterError(_with_log(f"{field}: could not join the Ray cluster at {address!r}: "
+                                     f"{_first_line(err)}", log)) from None
+    with contextlib.suppress(OSError):
+        log.unlink()
+
+
+def _resolve(address: str, field: str) -> str:
+    """``address`` as host:port: "auto" as Ray resolves it (``ray start``'s record, else a
+    GCS process found on this machine); any other form unchanged.
+
+    Raises:
+        ClusterError: "auto" finds no cluster, or several.
+    """
+    if address.strip() != "auto":
+        return address
+    from ray._private import services
+
+    try:
+        found = services.canonicalize_bootstrap_address(address)
+    except Exception as err:  # noqa: BLE001 - ConnectionError, or another kind in another Ray
+        raise ClusterError(f"{field}: 'auto' finds no Ray cluster to join on this machine "
+                           f"({_first_line(err).split('. ')[0]}); start one (`ray start "
+                           "--head`), or remove ray.address and RAY_ADDRESS to run on a "
+                           "local cluster") from None
+    return found or address
+
+
+def join_log_path(pid: int | None = None) -> Path:
+    """Where Ray's messages go while process ``pid`` (default: this one) joins a cluster."""
+    return _private_dir(_temp_root()) / f"join-{os.getpid() if pid is None else pid}.log"
+
+
+def _with_log(message: str, log: Path) -> str:
+    """The error line, naming Ray's messages' file if Ray wrote any."""
+    try:
+        written = log.stat().st_size > 0
+    except OSError:
+        written = False
+    if not written:
+        with contextlib.suppress(OSError):
+            log.unlink()
+        return message
+    return f"{message} (Ray's messages: {log})"
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 (where Ray's C++ code logs) appended to ``path`` inside."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    try:
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _start_local(num_cpus: int | None, dashboard: bool) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from interconnect import Schedule, Transfer, chunk_bounds
+from pod.runtime.blas import one_blas_thread
 
 __all__ = ["BufferActor", "run_schedule", "rank_plans", "split_chunks", "PIPELINE_CHUNK_BYTES"]
 
@@ -153,8 +154,7 @@ class BufferActor:
 
     def __init__(self, rank: int, *, limit_threads: bool = True) -> None:
         if limit_threads:
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(1)
+            one_blas_thread()  # pod.runtime.blas: the same BLAS threading as every back-end
         self.rank = int(rank)
         self.buffer: np.ndarray | None = None
         self.chunk_bounds: tuple[tuple[int, int], ...] = ()
@@ -174,6 +174,11 @@ class BufferActor:
             from pod.runtime.ici import IciPort
             self._port = IciPort(self.rank, key)
         return self._port
+
+    def set_shared_memory(self, enabled: bool) -> None:
+        """Send chunks to chips of this host through shared memory (the default) or
+        every payload over TCP (``IciPort.shared_memory``; benchmarks compare them)."""
+        self.ici_port().shared_memory = bool(enabled)
 
     def ici_address(self, key: bytes = b"") -> tuple[str, int]:
         """(host, port) where this chip receives chunks from its peers."""

@@ -25,7 +25,18 @@ Wire format (little-endian, ``struct`` notation):
   chips of the same pod can write into a buffer; it is not encryption (run on
   a trusted network).
 * then per chunk a header ``<QIIIQ`` (run id, phase, sender rank, sequence,
-  payload bytes) and the payload: the chunk's float32 values, raw.
+  payload bytes) and the payload: the chunk's float32 values, raw. Between ports
+  of one machine a chunk of at least ``ici_shm.MIN_SHM_BYTES`` travels through
+  shared memory instead (``pod.runtime.ici_shm``): the payload length has bit 63
+  set (``SHM_FLAG``) and the header is followed by ``ici_shm.SHM_REF`` (the
+  chunk's position in the link's segment, the segment's name) instead of the
+  payload; the receiver adds it to its buffer straight from the segment.
+* a heartbeat link (the driver's: ``pod.runtime.heartbeat``) says ``PING_RANK`` in
+  its hello, with the same key; then each byte it sends is echoed by the
+  port's reader thread. A reader thread runs while the actor's own thread is
+  busy (a step, a collective waiting for a peer), so only a process that no
+  longer runs at all (stopped, a frozen host, a paused VM) leaves a ping
+  unanswered.
 
 What a receiver checks, and what it does when a check fails:
 
@@ -91,10 +102,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from pod.errors import IciError
+from pod.runtime.ici_shm import (
+    MIN_SHM_BYTES,
+    PORT_BUDGET_BYTES,
+    SHM_FLAG,
+    SHM_REF,
+    ShmReceiver,
+    ShmSender,
+    ring_bytes,
+)
 
-__all__ = ["IciPort", "IciError", "IciLimits", "RankPlan"]
+__all__ = ["IciPort", "IciError", "IciLimits", "RankPlan", "PING_RANK", "hello"]
 
 _HELLO = struct.Struct("<I16s")
+#: The sender rank of a heartbeat link's hello (no chip has it: ranks are below 2**32 - 1)
+PING_RANK = 0xFFFFFFFF
 _HEADER = struct.Struct("<QIIIQ")
 _SOCKET_BUFFER = 4 << 20
 _DRAIN_BYTES = 1 << 20  # scratch buffer for discarding a stale chunk's payload
@@ -147,6 +169,17 @@ class _Violation(Exception):
         self.run_id, self.phase, self.reason = run_id, phase, reason
 
 
+def link_key(key: bytes) -> bytes:
+    """The 16 bytes a hello presents for the pod's link secret ``key``."""
+    return hashlib.sha256(b"tpu-pod-ici:" + bytes(key)).digest()[:16]
+
+
+def hello(rank: int, key: bytes) -> bytes:
+    """A link's first message: the sender's ``rank`` (``PING_RANK`` for a heartbeat
+    link) and the pod's link secret ``key``."""
+    return _HELLO.pack(rank, link_key(key))
+
+
 def _node_address() -> str:
     try:
         import ray
@@ -183,12 +216,17 @@ class IciPort:
         rank: this chip's rank (sent to peers when connecting).
         key: the pod's link secret (any bytes; the same on every chip of a pod).
         limits: what the port accepts from the network (``IciLimits``).
+        shared_memory: send chunks to ports of the same host through shared memory
+            (``pod.runtime.ici_shm``; the same bits, fewer copies); False: every
+            payload over TCP. An attribute: it may be changed between runs.
     """
 
-    def __init__(self, rank: int, key: bytes = b"", limits: IciLimits = IciLimits()) -> None:
+    def __init__(self, rank: int, key: bytes = b"", limits: IciLimits = IciLimits(),
+                 shared_memory: bool = True) -> None:
         self.rank = rank
         self.limits = limits
-        self._key = hashlib.sha256(b"tpu-pod-ici:" + bytes(key)).digest()[:16]
+        self.shared_memory = shared_memory
+        self._key = link_key(key)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         host = _node_address()
@@ -215,6 +253,9 @@ class IciPort:
         self._lost: set[int] = set()
         self._free: dict[int, list[np.ndarray]] = {}
         self._links: dict[tuple[str, int], socket.socket] = {}
+        self._shm_out: dict[tuple[str, int], ShmSender | None] = {}  # None: TCP only
+        self._largest: dict[tuple[str, int], int] = {}  # the run's largest chunk per link
+        self._shm_views: dict[int, tuple[ShmReceiver, int]] = {}  # id(view) -> (segment, end)
         threading.Thread(target=self._accept, name="ici-accept", daemon=True).start()
 
     @property
@@ -246,7 +287,10 @@ class IciPort:
         src = None
         try:
             src = self._handshake(conn)
-            if src is not None:
+            if src == PING_RANK:
+                src = None  # not a chip: nothing is lost when it closes
+                self._answer_pings(conn)
+            elif src is not None:
                 self._read_chunks(conn, src)
         except _Violation as violation:
             self._fault(violation)
@@ -283,32 +327,88 @@ class IciPort:
             self._lost.discard(src)
         return src
 
+    @staticmethod
+    def _answer_pings(conn: socket.socket) -> None:
+        """A heartbeat link: echo every byte until the driver closes it."""
+        while True:
+            data = conn.recv(64)
+            if not data:
+                return
+            conn.sendall(data)
+
     def _read_chunks(self, conn: socket.socket, src: int) -> None:
         header = bytearray(_HEADER.size)
-        while True:
-            got = _recv_into(conn, memoryview(header))
-            if got == 0:
-                return  # closed between chunks: ``_take`` names it if a chunk is missing
-            if got < _HEADER.size:
-                raise _Violation(None, None, f"the link from chip {src} closed mid-header "
-                                             f"(got {got} of {_HEADER.size} bytes)")
-            run_id, phase, sender, seq, nbytes = _HEADER.unpack(header)
-            self._check_header(src, run_id, phase, sender, nbytes)
-            if not self._admit(src, run_id, phase, seq, nbytes):
-                self._drain(conn, src, run_id, phase, nbytes)
-                continue
-            data = self._buffer(nbytes // 4)
-            got = _recv_into(conn, data.data.cast("B")) if nbytes else 0
-            if got < nbytes:
-                self._release(data)
-                raise _Violation(run_id, phase, f"the link from chip {src} closed mid-chunk "
-                                                f"(got {got:,} of {nbytes:,} bytes)")
-            with self._cond:
-                if self._run_id == run_id:
-                    self._mailbox[(phase, src, seq)] = data
-                    self._cond.notify_all()
-                    continue
-            self._release(data)  # the run ended (failed) while the payload came in
+        segments: dict[bytes, ShmReceiver] = {}  # this link's shared-memory segments
+        try:
+            while self._read_chunk(conn, src, header, segments):
+                pass
+        finally:
+            for segment in segments.values():
+                segment.close()
+
+    def _read_chunk(self, conn: socket.socket, src: int, header: bytearray,
+                    segments: dict[bytes, ShmReceiver]) -> bool:
+        """Read one chunk into the mailbox (or discard it); False when the link closed
+        between chunks (``_take`` names it if a chunk is missing)."""
+        got = _recv_into(conn, memoryview(header))
+        if got == 0:
+            return False
+        if got < _HEADER.size:
+            raise _Violation(None, None, f"the link from chip {src} closed mid-header "
+                                         f"(got {got} of {_HEADER.size} bytes)")
+        run_id, phase, sender, seq, nbytes = _HEADER.unpack(header)
+        shared = bool(nbytes & SHM_FLAG)
+        nbytes &= ~SHM_FLAG
+        self._check_header(src, run_id, phase, sender, nbytes)
+        if shared:
+            return self._read_shared(conn, src, (run_id, phase, seq), nbytes, segments)
+        if not self._admit(src, run_id, phase, seq, nbytes):
+            self._drain(conn, src, run_id, phase, nbytes)
+            return True
+        data = self._buffer(nbytes // 4)
+        got = _recv_into(conn, data.data.cast("B")) if nbytes else 0
+        if got < nbytes:
+            self._release(data)
+            raise _Violation(run_id, phase, f"the link from chip {src} closed mid-chunk "
+                                            f"(got {got:,} of {nbytes:,} bytes)")
+        self._file(src, run_id, phase, seq, data)
+        return True
+
+    def _read_shared(self, conn: socket.socket, src: int, chunk: tuple[int, int, int],
+                     nbytes: int, segments: dict[bytes, ShmReceiver]) -> bool:
+        """A chunk whose payload is in the link's shared-memory segment: its reference
+        after the header, then a read-only view of it into the mailbox."""
+        run_id, phase, seq = chunk
+        ref = bytearray(SHM_REF.size)
+        if _recv_into(conn, memoryview(ref)) < SHM_REF.size:
+            raise _Violation(run_id, phase, f"the link from chip {src} closed mid-header")
+        pos, name = SHM_REF.unpack(ref)
+        try:
+            segment = segments.get(name)
+            if segment is None:
+                segment = segments[name] = ShmReceiver(name.decode("ascii", "replace"))
+            data = segment.view(pos, nbytes)
+        except (OSError, ValueError) as err:
+            raise _Violation(run_id, phase, f"the shared-memory chunk from chip {src}: "
+                                            f"{err}") from None
+        with self._cond:
+            self._shm_views[id(data)] = (segment, pos + nbytes)
+        if not self._admit(src, run_id, phase, seq, nbytes):
+            self._note(f"discarded a chunk of phase {phase} from chip {src} of run {run_id}, "
+                       "which is over")
+            self._release(data)
+            return True
+        self._file(src, run_id, phase, seq, data)
+        return True
+
+    def _file(self, src: int, run_id: int, phase: int, seq: int, data: np.ndarray) -> None:
+        """Put a received chunk into the mailbox, unless its run ended meanwhile."""
+        with self._cond:
+            if self._run_id == run_id:
+                self._mailbox[(phase, src, seq)] = data
+                self._cond.notify_all()
+                return
+        self._release(data)  # the run ended (failed) while the payload came in
 
     def _check_header(self, src: int, run_id: int, phase: int, sender: int, nbytes: int) -> None:
         """The checks that need no plan: sender, whole float32, the per-chunk cap."""
@@ -407,6 +507,11 @@ class IciPort:
 
     def _release(self, data: np.ndarray) -> None:
         with self._cond:
+            shared = self._shm_views.pop(id(data), None)
+            if shared is not None:  # a view into a link's segment: free its room
+                segment, end = shared
+                segment.release(end)
+                return
             free = self._free.setdefault(data.size, [])
             if len(free) < 4:
                 free.append(data)
@@ -445,20 +550,51 @@ class IciPort:
             self._links[address] = sock
         return sock
 
-    def _send(self, address: tuple[str, int], header: bytes, payload: memoryview) -> None:
+    def _segment(self, address: tuple[str, int], nbytes: int) -> ShmSender | None:
+        """The shared-memory segment of the link to ``address``, or None: another host,
+        shared memory off, a small chunk, or no segment could be made."""
+        if not self.shared_memory or nbytes < MIN_SHM_BYTES or address[0] != self.address[0]:
+            return None
+        if address not in self._shm_out:
+            largest = max(nbytes, self._largest.get(address, 0))  # the run's, on this link
+            held = sum(s.capacity for s in self._shm_out.values() if s is not None)
+            try:
+                if held + ring_bytes(largest) > PORT_BUDGET_BYTES:
+                    raise OSError("the port's rings are at their budget")
+                self._shm_out[address] = ShmSender(largest)
+            except OSError:  # the budget, no /dev/shm, a full tmpfs: the link stays on TCP
+                self._shm_out[address] = None
+        return self._shm_out[address]
+
+    def _send(self, address: tuple[str, int], chunk: tuple[int, int, int],
+              payload: memoryview) -> None:
+        run_id, phase, seq = chunk
         for attempt in (0, 1):
             sock = self._link(address)
+            segment = self._segment(address, len(payload))
+            ref = segment.place(payload) if segment is not None else None
             try:
-                sock.sendall(header)
+                if ref is not None:
+                    sock.sendall(_HEADER.pack(run_id, phase, self.rank, seq,
+                                              len(payload) | SHM_FLAG) + ref)
+                    return
+                sock.sendall(_HEADER.pack(run_id, phase, self.rank, seq, len(payload)))
                 if len(payload):
                     sock.sendall(payload)
                 return
             except OSError:
                 # a stale link to a peer that restarted on this address: reconnect once
+                # (with a new segment: the peer's new reader has not mapped the old one)
                 self._links.pop(address, None)
                 sock.close()
+                self._drop_segment(address)
                 if attempt:
                     raise
+
+    def _drop_segment(self, address: tuple[str, int]) -> None:
+        segment = self._shm_out.pop(address, None)
+        if segment is not None:
+            segment.close()
 
     # -- one rank's collective ---------------------------------------------------
 
@@ -530,12 +666,16 @@ class IciPort:
     def _run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
              buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float) -> None:
         raw = buffer.data.cast("B")
+        self._largest = {}
+        for _, sends, _ in plan:
+            for dst, chunk, _ in sends:
+                nbytes = (bounds[chunk][1] - bounds[chunk][0]) * 4
+                self._largest[addresses[dst]] = max(self._largest.get(addresses[dst], 0), nbytes)
         for phase, sends, receives in plan:
             for dst, chunk, seq in sends:
                 start, stop = bounds[chunk]
-                header = _HEADER.pack(run_id, phase, self.rank, seq, (stop - start) * 4)
                 try:
-                    self._send(addresses[dst], header, raw[start * 4:stop * 4])
+                    self._send(addresses[dst], (run_id, phase, seq), raw[start * 4:stop * 4])
                 except OSError as err:  # ConnectionError, BrokenPipeError, a timeout ...
                     raise IciError(f"chip {self.rank}: phase {phase}: the link to chip {dst} "
                                    f"failed while sending ({type(err).__name__}: {err})") from None
@@ -564,3 +704,5 @@ class IciPort:
         for sock in self._links.values():
             sock.close()
         self._links.clear()
+        for address in list(self._shm_out):
+            self._drop_segment(address)

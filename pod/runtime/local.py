@@ -24,6 +24,7 @@ from pod.errors import ChipFailureError
 from pod.programs import EvalSums, LocalMesh
 from pod.report.clock import DeviceReport
 from pod.runtime.base import PodBase, chip_devices
+from pod.runtime.blas import one_blas_thread
 from pod.runtime.device import Device
 
 __all__ = ["LocalPod"]
@@ -66,16 +67,15 @@ class LocalPod(PodBase):
     def start(self, check: Callable[[], None] | None = None) -> float:
         """Create every device (its initial state); wall seconds it took.
 
-        BLAS runs one thread until ``shutdown``, as in a chip actor: the devices'
-        threads are the parallelism, and BLAS threads on top of them oversubscribe
-        the cores (a sharded step on 2 cores: 4.6 s with OpenBLAS's two threads,
-        0.2 s with one; pitfalls.md). Set once, not per step: raising the limit
+        BLAS runs one thread until ``shutdown``, as in a chip actor
+        (``pod.runtime.blas.one_blas_thread``): the same bits as the chip actors,
+        and the devices' threads are the parallelism (BLAS threads on top of them
+        oversubscribe the cores). Set once, not per step: raising the limit
         again wakes OpenBLAS's pool, whose threads then spin between steps.
         """
         t0 = time.perf_counter()
         if self._blas_limit is None:
-            from threadpoolctl import threadpool_limits
-            self._blas_limit = threadpool_limits(limits=1, user_api="blas")
+            self._blas_limit = one_blas_thread()
         self.devices = [self._new_device(d, groups)
                         for chip in chip_devices(self.plan) for d, groups in chip]
         self._dead = set()

@@ -9,6 +9,15 @@ driver never holds a parameter or gradient byte. It waits for every chip (a
 dead chip's error is the cause if one died) and combines the reports with
 the one clock (``pod.runtime.base.PodBase.step``).
 
+The driver never blocks in one long Ray call: every wait is a loop of short
+ones (``_POLL_S``), and between two it runs the run's interrupt check (a
+SIGINT / SIGTERM is answered within a second whatever the chips do), polls
+the chips' heartbeats (``pod.runtime.heartbeat``: a chip whose process stopped
+running is declared failed after ``heartbeat_timeout_s``) and, for a step, its
+deadline (``STEP_DEADLINE_FACTOR`` times the longest step so far, at least
+``STEP_DEADLINE_FLOOR_S``: a chip that runs but never ends its step). Both
+raise ``ChipUnresponsiveError``, which the run recovers from like a dead chip.
+
 The pod decides nothing: the program, the collective costs at every step and
 the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
 """
@@ -26,15 +35,16 @@ import ray
 
 from pod.config.faults import host_of
 from pod.config.plan import TrainingPlan
-from pod.errors import USER_ERRORS, ChipFailureError, ClusterError
+from pod.errors import USER_ERRORS, ChipFailureError, ChipUnresponsiveError, ClusterError
 from pod.programs import EvalSums
 from pod.report.clock import DeviceReport
 from pod.runtime.actor import ChipActor
 from pod.runtime.admission import ACTOR_CPUS, admit_joined
 from pod.runtime.base import PodBase, chip_devices
 from pod.runtime.cluster import ensure_ray, kill_actors, shutdown_ray
+from pod.runtime.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat
 
-__all__ = ["Pod", "RUNS_PER_STEP"]
+__all__ = ["Pod", "RUNS_PER_STEP", "STEP_DEADLINE_FACTOR", "STEP_DEADLINE_FLOOR_S"]
 
 _ACTOR_CPUS = ACTOR_CPUS  # a token CPU share per chip actor; admission checks it
 _PLACEMENT_TIMEOUT_S = 60.0
@@ -43,6 +53,17 @@ RUNS_PER_STEP = 1 << 20
 #: how long a failed step waits for the other chips' calls to end (they hold the error
 #: of a peer that died: the ICI link closes at once, so this is rarely reached)
 _SETTLE_TIMEOUT_S = 5.0
+#: wall seconds of one wait inside the driver's loops (signals, heartbeats, deadlines
+#: are looked at between two): a fifth of the second a signal may take to be answered
+_POLL_S = 0.2
+#: a step may take this many times the longest step of the run so far (times the
+#: straggler factor in force) before the chips that have not ended it are declared
+#: failed: a chip that runs (it answers its heartbeat) but never ends its step, which
+#: its peers would otherwise wait for until the collective's own timeout (600 s)
+STEP_DEADLINE_FACTOR = 20.0
+#: ... and never less than this many wall seconds (a step of milliseconds on a busy
+#: machine can take seconds: load average 15-50 on 2 cores here)
+STEP_DEADLINE_FLOOR_S = 60.0
 
 
 class Pod(PodBase):
@@ -54,12 +75,16 @@ class Pod(PodBase):
         plan: the checked training plan (``pod.config.plan.build_plan``).
         ray_address: a cluster to join; defaults to the scenario's
             ``ray.address``, then ``RAY_ADDRESS``, then a local cluster.
+        heartbeat_timeout_s: wall seconds a chip's process may leave a heartbeat
+            unanswered before it is declared frozen (``pod.runtime.heartbeat``).
 
     Raises:
-        ClusterError: Ray could not start, or a chip actor died.
+        ClusterError: Ray could not start, or a chip actor died
+            (``ChipFailureError``) or stopped answering (``ChipUnresponsiveError``).
     """
 
-    def __init__(self, plan: TrainingPlan, *, ray_address: str | None = None) -> None:
+    def __init__(self, plan: TrainingPlan, *, ray_address: str | None = None,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
         super().__init__(plan)
         self.ray_address = ray_address or plan.scenario.ray.address
         self.actors: list[Any] = []
@@ -77,6 +102,10 @@ class Pod(PodBase):
         # calls of a failed step still running on stuck chips: read once their actors are
         # replaced, so Ray never prints them as "Unhandled error" stack dumps
         self._unsettled: list[Any] = []
+        self.heartbeat_timeout_s = float(heartbeat_timeout_s)
+        self._heartbeat: Heartbeat | None = None
+        self._check: Callable[[], None] = lambda: None  # the run's interrupt check
+        self._longest_step_s = 0.0  # wall seconds of the longest step so far
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -91,14 +120,15 @@ class Pod(PodBase):
         """Start (or join) Ray and create one actor per chip.
 
         Args:
-            check: called once Ray is up and once the hosts are placed: a run's
-                interrupt check, so a SIGTERM during start-up stops it there
-                rather than after every actor is up.
+            check: the run's interrupt check (it raises to stop the run), called
+                once Ray is up, once the hosts are placed, and between the short
+                waits of every later wait for the chips (``_wait_ready``), so a
+                SIGTERM during start-up or a step stops the run there.
 
         Returns:
             Wall seconds the actors took to come up.
         """
-        check = check or (lambda: None)
+        check = self._check = check or (lambda: None)
         self._owns_ray = ensure_ray(self.ray_address, dashboard=self.plan.scenario.ray.dashboard)
         check()
         if not self._owns_ray:  # a joined cluster: does it hold the pod? (a local one: admit)
@@ -113,11 +143,20 @@ class Pod(PodBase):
         return time.perf_counter() - t0
 
     def _connect(self) -> None:
-        """Tell every chip every device's ICI address (once; again after replacements)."""
+        """Tell every chip every device's ICI address (once; again after replacements),
+        and start the chips' heartbeat (on each chip's first port)."""
         lists = self._get([a.ici_addresses.remote(self.ici_key) for a in self.actors])
         addresses = {d: tuple(addr) for devices, addrs in zip(self._devices, lists, strict=False)
                      for (d, _), addr in zip(devices, addrs, strict=False)}
         self._get([a.set_peers.remote(addresses) for a in self.actors])
+        self._stop_heartbeat()
+        self._heartbeat = Heartbeat({rank: tuple(addrs[0]) for rank, addrs in enumerate(lists)},
+                                    self.ici_key, timeout_s=self.heartbeat_timeout_s)
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
+            self._heartbeat = None
 
     def host_of(self, rank: int) -> int:
         """The TPU host a chip belongs to (``pod.config.faults.host_of``: blocks of the
@@ -138,14 +177,12 @@ class Pod(PodBase):
         per_host = [sum(1 for r in range(self.plan.topology.chips) if self.host_of(r) == h)
                     for h in range(hosts)]
         group = placement_group([{"CPU": _ACTOR_CPUS * n} for n in per_host], strategy="SPREAD")
-        try:
-            ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
+        if self._wait_ready([group.ready()], _PLACEMENT_TIMEOUT_S, watch=False):
             raise ClusterError(
                 f"ray: could not place {hosts} TPU hosts of "
                 f"{self.plan.topology.chip.chips_per_host} "
                 f"chips within {_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has "
-                f"{ray.cluster_resources().get('CPU', 0):g} CPUs") from None
+                f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
         return group
 
     def _new_actor(self, rank: int) -> Any:
@@ -168,6 +205,7 @@ class Pod(PodBase):
 
     def shutdown(self) -> None:
         """Stop the actors, and the local Ray cluster if this pod started it."""
+        self._stop_heartbeat()
         kill_actors(self.actors)
         self.actors = []
         self._settle()
@@ -198,7 +236,22 @@ class Pod(PodBase):
         refs = [actor.step.remote(step, cx, cy, seed, base, trace)
                 for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys),
                                          strict=False)]
-        return [r for chip in self._get_all(refs) for r in chip]
+        t0 = time.monotonic()
+        reports = self._get_all(refs, deadline_s=self.step_deadline_s())
+        self._longest_step_s = max(self._longest_step_s, time.monotonic() - t0)
+        return [r for chip in reports for r in chip]
+
+    def step_deadline_s(self) -> float | None:
+        """Wall seconds the next step may take before the chips that have not ended it
+        are declared failed: ``STEP_DEADLINE_FACTOR`` times the longest step so far
+        times the largest straggler factor in force, at least ``STEP_DEADLINE_FLOOR_S``;
+        None before the first step ends (its length is unknown: the heartbeat and the
+        collectives' own timeout bound it)."""
+        if not self._longest_step_s:
+            return None
+        slowest = max(self._slowdowns.values(), default=1.0)
+        return max(STEP_DEADLINE_FLOOR_S,
+                   STEP_DEADLINE_FACTOR * self._longest_step_s * max(1.0, slowest))
 
     def _evaluate_devices(self, xs: list[np.ndarray], ys: list[np.ndarray]) -> list[EvalSums]:
         base = self._next_runs()
@@ -224,7 +277,8 @@ class Pod(PodBase):
                 for d in chip]
 
     def _set_slowdowns(self, factors: dict[int, float]) -> None:
-        self._get_all([self.actors[r].set_compute_slowdown.remote(f) for r, f in factors.items()])
+        self._get_all([self.actors[r].set_compute_slowdown.remote(f) for r, f in factors.items()],
+                      ranks=list(factors))
 
     def shards(self) -> list[Any]:
         """Every device's state (the program's ``DeviceShard``), by device id."""
@@ -251,17 +305,17 @@ class Pod(PodBase):
             actor.
         """
         refs = [a.node_id.remote() for a in self.actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        answered = set(ready)
+        pending = set(self._wait_ready(refs, timeout_s, watch=False, fail_fast=False))
         dead, hung = [], []
         for rank, ref in enumerate(refs):
-            if ref not in answered:
+            if ref in pending:
                 hung.append(rank)
                 continue
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
                 dead.append(rank)
+        self._unsettled.extend(pending)  # read once recovery kills their actors
         return dead, hung
 
     def replace_chips(self, ranks: Any) -> float:
@@ -272,6 +326,7 @@ class Pod(PodBase):
             Wall seconds until the new actors answered.
         """
         t0 = time.perf_counter()
+        self._stop_heartbeat()  # a new one with the new chips' ports (``_connect``)
         for r in ranks:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(self.actors[r], no_restart=True)
@@ -284,30 +339,117 @@ class Pod(PodBase):
 
     # -- helpers -------------------------------------------------------------------------
 
-    @staticmethod
-    def _get(refs: Any) -> Any:
-        """``ray.get`` with a chip's failure turned into one clear error."""
+    def _wait_ready(self, refs: Sequence[Any], timeout_s: float | None = None, *,
+                    watch: bool = True, fail_fast: bool = True) -> list[Any]:
+        """Wait for ``refs`` in short waits (``_POLL_S``) until every one is ready, or
+        (``fail_fast``) one that is ready failed, or ``timeout_s`` passed; between two
+        waits, the run's interrupt check and (``watch``) the chips' heartbeat.
+
+        Returns:
+            The refs not ready, in their order.
+
+        Raises:
+            ChipUnresponsiveError: (``watch``) a chip answered no heartbeat for
+                ``heartbeat_timeout_s``.
+            RunInterrupted: the run's check (a signal whose grace is over).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            wait_s = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if wait_s <= 0:
+                break
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
+            if fail_fast and ready and pending:
+                try:
+                    ray.get(ready)  # small results, already here
+                except ray.exceptions.RayError:
+                    break  # a chip failed: its peers may wait for it; the caller reads why
+            if pending:
+                self._check()
+                if watch:
+                    self._listen()
+        return pending
+
+    def _listen(self) -> None:
+        """Poll the chips' heartbeat.
+
+        Raises:
+            ChipUnresponsiveError: chips whose process answered no ping for
+                ``heartbeat_timeout_s``.
+        """
+        silent = self._heartbeat.poll() if self._heartbeat is not None else []
+        if silent:
+            raise ChipUnresponsiveError(
+                f"chip actor(s) {', '.join(map(str, silent))} answered no heartbeat for "
+                f"{self.heartbeat_timeout_s:g} s (the process does not run: stopped, a frozen "
+                f"host or a paused VM?)", silent)
+
+    def _wait(self, refs: Sequence[Any], ranks: Sequence[int] | None = None,
+              deadline_s: float | None = None) -> list[Any]:
+        """``ray.get(refs)`` that never blocks the driver for long (``_wait_ready``).
+
+        Args:
+            refs: one call per chip.
+            ranks: the chip of each ref (default: ref i is chip i).
+            deadline_s: wall seconds the calls may take.
+
+        Raises:
+            ray.exceptions.RayError: a call failed (the first in ``refs``' order).
+            ChipUnresponsiveError: a chip's heartbeat went silent, or calls were
+                still running at the deadline (their chips).
+            RunInterrupted: the run's check.
+        """
+        if not refs:
+            return []
+        pending = self._wait_ready(refs, deadline_s)
+        left = set(pending)
+        done = ray.get([r for r in refs if r not in left])  # raises a failed call's error
+        if not pending:
+            return done
+        ranks = list(range(len(refs))) if ranks is None else list(ranks)
+        stuck = [rank for rank, ref in zip(ranks, refs, strict=False) if ref in left]
+        raise ChipUnresponsiveError(
+            f"chip actor(s) {', '.join(map(str, stuck))} did not end the step within "
+            f"{deadline_s:.0f} s ({STEP_DEADLINE_FACTOR:g} times the longest step so far, at "
+            f"least {STEP_DEADLINE_FLOOR_S:g} s); they still answer their heartbeat: stuck", stuck)
+
+    def _get(self, refs: Any) -> Any:
+        """``_wait`` with a chip's failure turned into one clear error."""
         try:
-            return ray.get(refs)
+            return self._wait(refs)
         except ray.exceptions.RayError as err:
             raise _chip_error(err) from None
 
-    def _get_all(self, refs: list[Any]) -> list[Any]:
-        """Wait for every ref; on a failure, raise once every ref has settled or
-        its chip is gone, so no error is left unread and no chip is still
+    def _get_all(self, refs: list[Any], ranks: Sequence[int] | None = None,
+                 deadline_s: float | None = None) -> list[Any]:
+        """Wait for every ref (``_wait``); on a failure, raise once every ref has settled
+        or its chip is gone, so no error is left unread and no chip is still
         mid-step: the first dead chip's error if a chip died (its peers' link
-        errors follow from it), else the first error in the refs' order."""
+        errors follow from it), else the first error in the refs' order. Calls
+        left running (a chip declared unresponsive, an interrupted wait, a chip
+        stuck past the settling time) are read once recovery or shutdown kills
+        their actors (``_settle``)."""
         try:
-            return ray.get(refs)
+            return self._wait(refs, ranks, deadline_s)
         except ray.exceptions.RayError as err:
             first = err
+        except BaseException:
+            self._unsettled.extend(refs)
+            raise
+        try:  # settle the rest (a chip waiting on a dead peer ends with its IciError)
+            pending = set(self._wait_ready(refs, _SETTLE_TIMEOUT_S, watch=False,
+                                           fail_fast=False))
+        except BaseException:
+            self._unsettled.extend(refs)
+            raise
+        self._unsettled.extend(r for r in refs if r in pending)  # stuck: read once killed
         dead = None
-        for i, ref in enumerate(refs):  # settle the rest (a chip waiting on a dead peer ends
-            try:                        # with its IciError)
-                ray.get(ref, timeout=_SETTLE_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                self._unsettled.extend(refs[i:])  # stuck: read once recovery kills them
-                break
+        for ref in refs:
+            if ref in pending:
+                continue
+            try:
+                ray.get(ref)
             except ray.exceptions.RayActorError as err:
                 dead = dead or err
             except ray.exceptions.RayError:
@@ -317,11 +459,15 @@ class Pod(PodBase):
     def _settle(self) -> None:
         """Read the calls a failed step left running, once their actors are killed (they
         end at once with the actor's error): an error never read is printed by Ray, when
-        its reference goes, as an "Unhandled error" stack dump."""
-        for ref in self._unsettled:
+        its reference goes, as an "Unhandled error" stack dump. Bounded in all by
+        ``_SETTLE_TIMEOUT_S``."""
+        refs, self._unsettled = list(dict.fromkeys(self._unsettled)), []
+        if not refs:
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_SETTLE_TIMEOUT_S)
+        for ref in ready:
             with contextlib.suppress(ray.exceptions.RayError):
-                ray.get(ref, timeout=_SETTLE_TIMEOUT_S)
-        self._unsettled = []
+                ray.get(ref)
 
 
 def _chip_error(err: Exception) -> Exception:

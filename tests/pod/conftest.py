@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from threadpoolctl import threadpool_limits
-
 from chip import TensorCore, get_chip_spec
+from pod.runtime.blas import one_blas_thread as _one_blas_thread
 
 
 @pytest.fixture(scope="module")
 def one_blas_thread():
-    """One BLAS thread, as in a chip actor: these matrices are small, and two
-    OpenBLAS threads on a busy 2-core machine run ~10x slower (pitfalls.md)."""
-    with threadpool_limits(limits=1, user_api="blas"):
+    """One BLAS thread, as in a chip actor (``pod.runtime.blas``): the chip actors' bits,
+    and two OpenBLAS threads on a busy 2-core machine run ~10x slower (pitfalls.md)."""
+    with _one_blas_thread():
         yield
 
 

@@ -1,7 +1,11 @@
 """Run a short 8-chip v4 training on a multi-node Ray cluster on this machine,
-then on a single-node cluster, and print both results as JSON (used by
-tests/pod/runtime/test_multinode.py in a subprocess: a process can only join one
-Ray cluster).
+then on a single-node cluster, and write both results as JSON to the file named by
+the first argument (used by tests/pod/runtime/test_multinode.py in a subprocess: a
+process can only join one Ray cluster).
+
+The result goes to a file, not stdout: Ray forwards its workers' log lines (glog
+headers such as "(pid=...) Log file created at: ...") to the driver's stdout, before
+and between anything this script prints.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback multi-node (pitfalls.md)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -42,7 +47,7 @@ def train() -> dict:
                 "losses": [s.loss for s in stats]}
 
 
-def main() -> None:
+def main(result_path: Path) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     for _ in range(2):
         cluster.add_node(num_cpus=1)
@@ -55,8 +60,10 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False)
     single = train()
     ray.shutdown()
-    json.dump({"multi": multi, "single": single}, sys.stdout)
+    partial = result_path.with_name(result_path.name + ".partial")
+    partial.write_text(json.dumps({"multi": multi, "single": single}))
+    partial.replace(result_path)  # the file exists only once complete
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]))

@@ -110,15 +110,18 @@ def test_a_link_cut_mid_collective_fails_the_receiving_chip_and_drops_its_buffer
     def die_mid_second_chunk(chip):
         """Test-only, run inside chip 0's actor: its first chunk goes out whole; the
         second stops half-way and the link closes, as when the chip dies mid-send."""
+        import struct
+
         port, sent = chip.ici_port(), []
         send = port._send
 
-        def cut(address, header, payload):
+        def cut(address, chunk, payload):
             if not sent:
                 sent.append(address)
-                return send(address, header, payload)
+                return send(address, chunk, payload)
             sock = port._links.pop(address, None) or port._link(address)
-            sock.sendall(header)
+            run_id, phase, seq = chunk  # the wire header <QIIIQ (pod.runtime.ici), inline
+            sock.sendall(struct.pack("<QIIIQ", run_id, phase, port.rank, seq, len(payload)))
             sock.sendall(payload[:len(payload) // 2])
             sock.close()
             raise ConnectionError("chip 0 dies mid-chunk (test)")
@@ -167,7 +170,6 @@ def test_rank_plans_carry_no_gradient_bytes_and_cover_every_transfer():
 
 
 def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer():
-    import struct
     import threading
 
     from pod.runtime.collective import rank_plans
@@ -203,15 +205,15 @@ def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer(
     # only chips that present the pod's link key can deliver chunks
     owner, stranger, peer = IciPort(0, b"pod key"), IciPort(1, b"another key"), IciPort(1, b"pod key")
     plan = [(0, [], [(1, 0, 0, True)])]
-    header = struct.pack("<QIIIQ", 3, 0, 1, 0, 16)
+    chunk = (3, 0, 0)  # run, phase, sequence
     payload = memoryview(np.ones(4, np.float32)).cast("B")
     try:
-        stranger._send(owner.address, header, payload)
+        stranger._send(owner.address, chunk, payload)
     except OSError:  # the owner may drop the stranger's connection before it finishes sending
         pass
     with pytest.raises(IciError):
         owner.run(3, plan, {}, np.zeros(4, np.float32), ((0, 4),), timeout=1.5)
-    peer._send(owner.address, header, payload)
+    peer._send(owner.address, chunk, payload)
     got = np.zeros(4, np.float32)
     owner.run(3, plan, {}, got, ((0, 4),), timeout=30)
     np.testing.assert_array_equal(got, np.ones(4, np.float32))

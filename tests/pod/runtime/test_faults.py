@@ -116,16 +116,19 @@ def _cut_the_next_collective(chip) -> None:
     """Runs inside chip 0's actor (``__ray_call__``): in its device 0's next collective,
     the second chunk it sends stops half-way and the link closes, as when a link fails
     mid-send."""
+    import struct
+
     port, sent = chip._port(chip.devices[0].device), []
     send = port._send
 
-    def cut(address, header, payload):
+    def cut(address, chunk, payload):
         if not sent:
             sent.append(address)
-            return send(address, header, payload)
+            return send(address, chunk, payload)
         port._send = send  # once
         sock = port._links.pop(address, None) or port._link(address)
-        sock.sendall(header)
+        run_id, phase, seq = chunk  # the wire header <QIIIQ (pod.runtime.ici), inline
+        sock.sendall(struct.pack("<QIIIQ", run_id, phase, port.rank, seq, len(payload)))
         sock.sendall(payload[:len(payload) // 2])
         sock.close()
         raise ConnectionError("the link fails mid-chunk (test)")

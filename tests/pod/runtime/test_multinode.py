@@ -14,17 +14,24 @@ import pytest
 
 
 @pytest.mark.slow
-def test_hosts_land_on_one_node_each_and_results_match_a_single_node_run():
+def test_hosts_land_on_one_node_each_and_results_match_a_single_node_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # Cluster(temp_dir=...) crashes (pitfalls.md); RAY_TMPDIR must stay short (AF_UNIX
     # socket paths are limited to 107 bytes)
     tmp = tempfile.mkdtemp(prefix="tpu-mn-", dir="/tmp")
     env["RAY_TMPDIR"] = tmp
-    out = subprocess.run([sys.executable, str(Path(__file__).with_name("multinode_run.py"))],
-                         capture_output=True, text=True, timeout=600, env=env)
-    shutil.rmtree(tmp, ignore_errors=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout)
+    # the result comes back in a file: the subprocess's stdout carries the Ray workers'
+    # forwarded log lines (glog headers) as well as anything the script prints
+    result_path = tmp_path / "result.json"
+    try:
+        out = subprocess.run([sys.executable, str(Path(__file__).with_name("multinode_run.py")),
+                              str(result_path)],
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert result_path.is_file(), (out.stdout[-2000:], out.stderr[-2000:])
+        result = json.loads(result_path.read_text())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     multi, single = result["multi"], result["single"]
     assert multi["cluster_nodes"] == 3
     by_host: dict[int, set[str]] = {}

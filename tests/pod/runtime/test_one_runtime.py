@@ -114,6 +114,7 @@ def in_process_chips(plan, steps: int):
     """
     from pod.runtime.actor import ChipActor
     from pod.runtime.base import chip_devices, plan_program
+    from pod.runtime.blas import one_blas_thread
 
     training = plan.scenario.training
     program = plan_program(plan)
@@ -132,7 +133,8 @@ def in_process_chips(plan, steps: int):
     batches = LocalPod(plan)  # for its batch and its split only
     out = []
     try:
-        with ThreadPoolExecutor(len(chips)) as pool:
+        # BLAS on one thread as in every chip actor (pod.runtime.blas): the same bits
+        with one_blas_thread(), ThreadPoolExecutor(len(chips)) as pool:
             for step in range(steps):
                 xs, ys = batches.split(*batches.batch(step))
                 futures = [pool.submit(chip.step, step, [xs[d] for d, _ in devices],
