@@ -744,14 +744,25 @@ def _series(scenario: Scenario, ok: list[dict[str, Any]],
             x_key: str) -> dict[str, list[dict[str, Any]]]:
     """Rows grouped by what else the sweep varies, each sorted along the x axis; a
     label names each such quantity in full (the algorithm alone when nothing else)."""
+    # a point without the quantity (no data axis: no allreduce algorithm) is no other series
     varying = [(k, label) for k, label in _dimensions(scenario)
-               if k != x_key and _distinct(r[k] for r in ok) > 1]
+               if k != x_key and _distinct(r[k] for r in ok if r[k] not in ("", None)) > 1]
     series: dict[str, list[dict[str, Any]]] = {}
+    # nothing else varies: one series, named by its algorithms if every point has the same
+    # (a point without a data axis names fewer axes; it is not another series)
+    algorithms = {str(r["collective_algorithms"] or "") for r in ok}
+    algorithms.discard("")
+    alone = algorithms.pop() if len(algorithms) == 1 else "every point"
+    shared = []  # points without a varying quantity (1 chip: no allreduce): in every series
     for r in ok:
+        if any(r[k] in ("", None) for k, _ in varying):
+            shared.append(r)
+            continue
         parts = [f"{label} {r[k]:,}" if isinstance(r[k], int) else str(r[k])
                  for k, label in varying]
-        series.setdefault(", ".join(parts) or str(r["collective_algorithms"] or "every point"),
-                          []).append(r)
+        series.setdefault(", ".join(parts) or alone, []).append(r)
+    for rs in series.values() if series else [series.setdefault(alone, [])]:
+        rs.extend(shared)
     for rs in series.values():
         rs.sort(key=lambda r: (r[x_key] if isinstance(r[x_key], (int, float)) else 0))
     return series
@@ -854,6 +865,9 @@ def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [_tick_label(v) for v in xs])
         ax.minorticks_off()
+        # two values closer than a factor 2 (50,944 beside 32,768): their labels would touch
+        if any(b < 2 * a for a, b in zip(xs, xs[1:], strict=False)):
+            ax.tick_params(axis="x", labelrotation=30)
     ax.set_xlabel(label)
 
 
@@ -980,7 +994,8 @@ def _line_plot(plt, ok: list[dict[str, Any]], series: dict[str, list[dict[str, A
         ax.plot([position(r[x_key]) for r in rs], [r[key] for r in rs], marker="o", label=label)
     if key == "scaling_efficiency":
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_ylim(bottom=0)
+        top = max(1.0, max(r[key] for r in ok))
+        ax.set_ylim(0, 1.1 * top)  # points at 1.0 (perfect scaling) stay whole
     elif max(r[key] for r in ok) > 10 * min(r[key] for r in ok):
         ax.set_yscale("log")  # more than a decade: log; within one, log shows no ticks
     _along_x(ax, xs, numeric, x_label)

@@ -32,3 +32,16 @@ def test_a_chips_sweep_is_plotted_against_chips_one_series_per_algorithm(tmp_pat
     assert all([r["chips"] for r in rs] == [4, 8, 16] for rs in series.values())
     assert (tmp_path / "efficiency.png").stat().st_size > 0
     assert [_tick_label(v) for v in (4, 4096, "bf16")] == ["4", "4,096", "bf16"]
+
+
+def test_series_share_the_points_that_lack_the_varying_quantity():
+    s = scenario(sweep={"scaling": "strong", "chips": [1, 2, 4],
+                        "allreduce": ["ring", "bidirectional_ring"], "steps": 2})
+    row = {"chips": 1, "allreduce_algorithm": "", "collective_algorithms": "", "precision": "bf16",
+           "generation": "v4", "global_batch": 64, "per_device_batch": 64}
+    rows = [row] + [{**row, "chips": c, "allreduce_algorithm": a,
+                     "collective_algorithms": f"data {a}"}
+                    for c in (2, 4) for a in ("ring", "bidirectional_ring")]
+    series = _series(s, rows, "chips")
+    assert sorted(series) == ["bidirectional_ring", "ring"]
+    assert all([r["chips"] for r in rs] == [1, 2, 4] for rs in series.values())
