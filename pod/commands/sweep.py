@@ -867,7 +867,7 @@ def _along_x(ax: Any, xs: list[Any], numeric: bool, label: str) -> None:
         ax.minorticks_off()
         # two values closer than a factor 2 (50,944 beside 32,768): their labels would touch
         if any(b < 2 * a for a, b in zip(xs, xs[1:], strict=False)):
-            ax.tick_params(axis="x", labelrotation=30)
+            ax.tick_params(axis="x", labelrotation=90)
     ax.set_xlabel(label)
 
 
@@ -1004,7 +1004,8 @@ def _line_plot(plt, ok: list[dict[str, Any]], series: dict[str, list[dict[str, A
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    # efficiency starts at 1 and falls to the right: the lower left is where no line runs
+    ax.legend(fontsize=8, loc="lower left" if key == "scaling_efficiency" else "best")
     fig.tight_layout()
     _save_png(fig, output_dir / name)
     plt.close(fig)

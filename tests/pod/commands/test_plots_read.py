@@ -112,3 +112,17 @@ def test_result_plot_has_whole_steps_and_stacks_the_critical_path(tmp_path):
     stacked = max(p.vertices[:, 1].max() for c in right.collections for p in c.get_paths())
     step_ms = max(s.step_seconds for s in result.history) * 1e3
     assert stacked == pytest.approx(step_ms, rel=1e-6)  # the parts add up to the step
+
+
+def test_chip_counts_closer_than_a_factor_two_do_not_touch():
+    """The multislice sweep's last two points, 32,768 and 50,944 chips: upright, their
+    labels overprinted (docs/scaling/multislice-16b-v5e)."""
+    from pod.commands.sweep import _along_x
+    from pod.report import figures as plt
+
+    xs = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 50944]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [1.0] * len(xs), marker="o")
+    _along_x(ax, xs, True, "chips")
+    fig.tight_layout()
+    assert_readable(fig, "efficiency.png")
