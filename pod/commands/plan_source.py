@@ -310,9 +310,9 @@ def _is_maxtext(model: str) -> bool:
     path = Path(model)
     if not path.is_file():
         return False
-    try:
-        data = load_yaml(path.read_text(encoding="utf-8"), source=model)
-    except (OSError, UnicodeDecodeError, ScenarioError):
+    try:  # bounded: a file past a scenario's size is refused by the scenario's own reader
+        data = load_yaml(read_text(path, MAX_SCENARIO_BYTES, "scenario files"), source=model)
+    except (OSError, ValueError):  # ScenarioError is a ValueError
         return False
     return isinstance(data, dict) and bool(MAXTEXT_KEYS & set(data)) and "pod" not in data
 
