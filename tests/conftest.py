@@ -1,4 +1,6 @@
-"""Shared fixtures: one local Ray cluster for the whole session."""
+"""Shared fixtures: one local Ray cluster for the whole session; the HLO capture cache in a
+temporary directory (a test reads nothing outside the repository, not a user's
+``~/.cache/tpu-pod`` either)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,21 @@ def pytest_configure(config):
                                        "deselect with -m 'not load'")
     config.addinivalue_line("markers", "chaos: seeded kills and SIGTERMs over resumed runs "
                                        "(about a minute per seed); deselect with -m 'not chaos'")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _capture_cache_of_the_session(tmp_path_factory):
+    """``$TPU_POD_CACHE`` (``pod.frontends.jax_capture.cache_dir``) for this session only;
+    subprocesses inherit it."""
+    import os
+
+    before = os.environ.get("TPU_POD_CACHE")
+    os.environ["TPU_POD_CACHE"] = str(tmp_path_factory.mktemp("tpu-pod-cache"))
+    yield
+    if before is None:
+        os.environ.pop("TPU_POD_CACHE", None)
+    else:
+        os.environ["TPU_POD_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

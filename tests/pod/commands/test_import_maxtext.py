@@ -1,5 +1,6 @@
-"""``tpu-pod import-maxtext``: MaxText's own configs (tests/data/maxtext, copied from MaxText) as
-scenarios, checked against the published runs of ../shared/reference/training-steps.md."""
+"""``tpu-pod import-maxtext``: MaxText's own configs, vendored in tests/data/maxtext (their
+commits and licence in its README), as scenarios; the published runs' figures the tests
+compare with are written in the tests, with the run they come from."""
 
 from __future__ import annotations
 
