@@ -26,12 +26,12 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from tools.xla_oracle.inventory import op_inventory
 from tools.xla_oracle.record import GIB, build_result, parse_oom
+from tools.xla_oracle.record import versions as installed_versions
 from tools.xla_oracle.spec import (
     HLO_CACHE,
     HLO_DIR,
@@ -46,16 +46,6 @@ from tools.xla_oracle.spec import (
 DOC = ROOT / "docs" / "xla-oracle.md"
 TABLE_BEGIN = "<!-- oracle-table:begin (python -m tools.xla_oracle --table) -->"
 TABLE_END = "<!-- oracle-table:end -->"
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for name in ("jax", "jaxlib", "libtpu", "optax"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "missing"
-    return out
 
 
 def _missing_tools() -> str | None:
@@ -151,7 +141,7 @@ def run(only: list[str] | None, force: bool, timeout_s: float, jobs: int = 1) ->
     if note:
         print(note, file=sys.stderr)
         return 2
-    versions = _versions()
+    versions = installed_versions()
     print(f"xla_oracle: jax {versions['jax']}, libtpu {versions['libtpu']}, "
           f"optax {versions['optax']}; {len(ids)} configs; results in "
           f"{RESULTS.relative_to(ROOT)}/", flush=True)
@@ -207,7 +197,7 @@ def run(only: list[str] | None, force: bool, timeout_s: float, jobs: int = 1) ->
 
 def list_configs() -> int:
     configs = load_configs()
-    versions = _versions()
+    versions = installed_versions()
     for cid, entry in configs.items():
         try:
             spec = resolve(cid, entry)

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "RESULT_SCHEMA", "build_result", "parse_oom", "GIB"]
+__all__ = ["SCHEMA_VERSION", "RESULT_SCHEMA", "build_result", "parse_oom", "GIB", "versions"]
 
 SCHEMA_VERSION = 1
 GIB = 2 ** 30
@@ -204,3 +205,15 @@ RESULT_SCHEMA: dict[str, Any] = {
         "hlo_file": {"type": ["string", "null"]},
     },
 }
+
+
+def versions() -> dict[str, str]:
+    """jax, jaxlib, libtpu and optax versions ("missing" for one not installed): a result's
+    provenance and its cache key. Imports none of them."""
+    out = {}
+    for name in ("jax", "jaxlib", "libtpu", "optax"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out

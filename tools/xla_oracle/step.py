@@ -36,25 +36,13 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tools.xla_oracle.model import ModelOptions, OracleModel, loss_fn  # noqa: E402
+from tools.xla_oracle.record import versions  # noqa: E402,F401 (re-exported)
 from tools.xla_oracle.sharding import DATA_SHARDING, MESH_AXES, mesh_shape  # noqa: E402
 
 __all__ = ["build_mesh", "compile_spec", "CompileOutcome", "versions"]
 
 #: MaxText's ``accelerator_to_spec_map``: one device per chip (megacore) on v4 and v5p
 _CHIP_CONFIG = {"v4": "megacore", "v5p": "megacore", "v5e": "default", "v6e": "default"}
-
-
-def versions() -> dict[str, str]:
-    """jax, jaxlib, libtpu and optax versions (the cache key holds them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("jax", "jaxlib", "libtpu", "optax"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "missing"
-    return out
 
 
 def build_mesh(spec: Mapping[str, Any]) -> tuple[Mesh, dict[str, Any]]:
