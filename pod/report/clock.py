@@ -428,11 +428,7 @@ def step_clock(records: Sequence[Any], calls: Sequence[Any],
     timeline = _timeline([float(r.seconds) for r in records], calls, cost_seconds,
                          update_start, overlap, sync=False, kinds=kinds,
                          prefetch_layers=prefetch_layers)
-    try:
-        next(timeline)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("a timeline without sync never yields")  # pragma: no cover
+    return _unsynced(timeline)
 
 
 def _timeline(seconds: Sequence[float], calls: Sequence[Any],
@@ -496,6 +492,15 @@ def _timeline(seconds: Sequence[float], calls: Sequence[Any],
         else:
             stream.wait(end, call.axis, group_ready)
     return _finish(stream, spans, axis_bytes, axis_seconds)
+
+
+def _unsynced(timeline: Any) -> StepClock:
+    """The clock a ``_timeline(..., sync=False)`` returns (it never yields)."""
+    try:
+        next(timeline)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a timeline without sync never yields")  # pragma: no cover
 
 
 def _prefetched(reached: Sequence[float], prefetch_layers: int, now: float) -> float:
@@ -581,11 +586,7 @@ def device_clock(report: DeviceReport, cost_seconds: CostSeconds, *,
     timeline = _timeline(report.record_seconds, report.calls, cost_seconds,
                          report.update_start, overlap, sync=False, kinds=report.record_bounds,
                          prefetch_layers=prefetch_layers)
-    try:
-        next(timeline)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("a timeline without sync never yields")  # pragma: no cover
+    return _unsynced(timeline)
 
 
 def device_clocks(reports: Sequence[DeviceReport],
