@@ -170,34 +170,17 @@ def test_rank_plans_carry_no_gradient_bytes_and_cover_every_transfer():
 
 
 def test_ici_ports_run_a_schedule_bit_identical_to_execute_and_name_a_dead_peer():
-    import threading
 
-    from pod.runtime.collective import rank_plans
     from pod.runtime.ici import IciError, IciPort
+    from tests.pod.runtime.ici_threads import run_all
 
     torus = Torus((4,), True)
     rng = np.random.default_rng(5)
     for algorithm in ALGORITHMS["allreduce"]:
         schedule = build_collective("allreduce", torus, 1003, 4, algorithm)
         buffers = [rng.standard_normal(1003).astype(np.float32) for _ in range(4)]
-        work = [b.copy() for b in buffers]
         ports = [IciPort(r) for r in range(4)]
-        addresses = {r: p.address for r, p in enumerate(ports)}
-        errors = []
-
-        def run(rank, plan):
-            try:
-                ports[rank].run(7, plan, addresses, work[rank], schedule.chunk_bounds, timeout=30)
-            except Exception as err:  # noqa: BLE001 - reported below
-                errors.append(err)
-
-        threads = [threading.Thread(target=run, args=(r, plan))
-                   for r, plan in enumerate(rank_plans(schedule))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        work = run_all(ports, schedule, buffers, [7])
         for got, ref in zip(work, execute(schedule, buffers)):
             np.testing.assert_array_equal(got, ref, err_msg=algorithm)
         for p in ports:

@@ -13,8 +13,8 @@ import pytest
 
 from interconnect import ALGORITHMS, Torus, build_collective, execute
 from pod.errors import IciError
-from pod.runtime.collective import rank_plans
 from pod.runtime.ici import IciPort
+from tests.pod.runtime.ici_threads import run_all
 
 #: the wire header (run id, phase, sender rank, sequence, payload bytes)
 HEADER = struct.Struct("<QIIIQ")
@@ -243,24 +243,8 @@ def test_three_ports_give_the_results_of_execute_bit_for_bit(ports, algorithm):
     schedule = build_collective("allreduce", Torus((3,), True), 1001, 4, algorithm)
     rng = np.random.default_rng(11)
     buffers = [rng.standard_normal(1001).astype(np.float32) for _ in range(3)]
-    work = [b.copy() for b in buffers]
     chips = [ports(r, b"pod key") for r in range(3)]
-    addresses = {r: p.address for r, p in enumerate(chips)}
-    errors = []
-
-    def run(rank, plan):
-        try:
-            chips[rank].run(4, plan, addresses, work[rank], schedule.chunk_bounds, timeout=30)
-        except Exception as err:  # noqa: BLE001 - reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=run, args=(r, plan))
-               for r, plan in enumerate(rank_plans(schedule))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    work = run_all(chips, schedule, buffers, [4])
     for got, ref in zip(work, execute(schedule, buffers)):
         np.testing.assert_array_equal(got, ref)
     assert all(not p.dropped_reasons and not p._mailbox for p in chips)

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 
 import numpy as np
 import pytest
 
 from interconnect import ALGORITHMS, Torus, build_collective, execute
 from pod.errors import IciError
-from pod.runtime.collective import rank_plans
 from pod.runtime.ici import IciPort
 from pod.runtime.ici_shm import (
     MIN_SHM_BYTES,
@@ -25,36 +23,13 @@ from pod.runtime.ici_shm import (
     ShmReceiver,
     ShmSender,
 )
+from tests.pod.runtime.ici_threads import run_all
 
 HEADER = struct.Struct("<QIIIQ")
 
 
 def segments() -> set[str]:
     return {n for n in os.listdir(SEGMENT_DIR) if n.startswith(SEGMENT_PREFIX)}
-
-
-def run_all(ports, schedule, buffers, run_ids) -> list[np.ndarray]:
-    """Run ``schedule`` once per run id over ``ports`` (a thread per rank), each run on the
-    previous run's result; every rank's buffer after the last run."""
-    work = [b.copy() for b in buffers]
-    addresses = {r: p.address for r, p in enumerate(ports)}
-    errors: list[BaseException] = []
-
-    def rank(r, plan):
-        try:
-            for run_id in run_ids:
-                ports[r].run(run_id, plan, addresses, work[r], schedule.chunk_bounds, timeout=30)
-        except BaseException as err:  # noqa: BLE001 - reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=rank, args=(r, plan))
-               for r, plan in enumerate(rank_plans(schedule))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return work
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS["allreduce"]))
