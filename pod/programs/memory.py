@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pod.memory import DeviceMemory
+from pod.workloads.model import activation_bytes_per_element
 
 __all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "backward_working_bytes",
            "PREFETCH_LAYERS", "WINDOWED_TENSOR", "DOT_PRODUCT_LIVE_SCORES"]
@@ -53,22 +54,15 @@ __all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "backward_wo
 #: computing, when HBM allows (its async all-gather is issued one layer early; [SB]).
 PREFETCH_LAYERS = 1
 
-#: Bytes of a compute-dtype element per training precision: bf16 training computes in
-#: bf16 (MaxText ``dtype: bfloat16``), int8 training too outside the MXU's inputs; fp32
-#: training in float32.
-_COMPUTE_BYTES = {"bf16": 2, "int8": 2, "fp32": 4}
-
 def compute_bytes(precision: str) -> int:
-    """Bytes of an activation (and of a weight as the MXU reads it) under ``precision``.
+    """Bytes of an activation (and of a weight as the MXU reads it) under ``precision``:
+    the workloads' ``activation_bytes_per_element`` (bf16 and int8 training compute in
+    bf16, MaxText ``dtype: bfloat16``; fp32 in float32).
 
     Raises:
         ValueError: an unknown precision.
     """
-    try:
-        return _COMPUTE_BYTES[precision]
-    except KeyError:
-        raise ValueError(f"precision must be one of {', '.join(_COMPUTE_BYTES)}, "
-                         f"got {precision!r}") from None
+    return activation_bytes_per_element(precision)
 
 
 def gather_bytes(precision: str) -> int:
