@@ -267,6 +267,11 @@ class ShardedTransformer:
         self.buckets = self._check_buckets(buckets)
         self._bucket_ends = {layers[-1]: layers[0] for layers, _ in self.buckets}
         self._shapes = self.local_model.param_shapes
+        # per key, this device's chunk's elements (``_chunk_count``: asked per layer and
+        # gather, so made once)
+        self._chunks = {k: chunk_elements(math.prod(shape), self.fsdp)
+                        for k, shape in self._shapes.items()}
+        self._layer_chunks = [sum(self._chunks[k] for k, _ in keys) for keys in self._keys]
         self._layer_names = tuple(layer.name for layer in self.local_model.layers)
         self._zero_params: dict[int, dict[str, np.ndarray]] = {}  # timing-only gathers
         self._key_layer = {k: i for i in reversed(range(len(self._keys)))  # its first layer
@@ -529,8 +534,7 @@ class ShardedTransformer:
         model's layers) as its fsdp all-gather assembles it: tensor-local (an MoE's
         experts of the device), whole over fsdp, padding included. XLA gathers each
         weight array just before its matmul and the next one while it runs."""
-        return max(self.fsdp * self._chunk_count([key]) for i in layers
-                   for key, _ in self._keys[i])
+        return max(self.fsdp * self._chunks[key] for i in layers for key, _ in self._keys[i])
 
     #: the vocabulary tables: replicated over tensor in this program, split over tensor on
     #: the vocabulary by XLA under MaxText's rules (``vocab`` -> tensor)
@@ -684,8 +688,7 @@ class ShardedTransformer:
         tag, after = f"{layer.name} {phase}", len(core.records)
         itemsize = self._gather_itemsize(core)
         if not core.execute:
-            comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
-                                                 np.float32),
+            comm.all_gather("fsdp", timing_zeros((self._layer_chunks[i],), np.float32),
                             tag=tag, kind="param_gather", after_record=after, itemsize=itemsize)
             zeros = self._zero_params.get(i)  # one read-only dict of zero views per layer
             if zeros is None:
@@ -872,4 +875,4 @@ class ShardedTransformer:
 
     def _chunk_count(self, keys: Iterable[str]) -> int:
         """Elements of this device's chunks of ``keys`` (padded, ``flat_chunk``)."""
-        return sum(chunk_elements(math.prod(self._shapes[k]), self.fsdp) for k in keys)
+        return sum(self._chunks[k] for k in keys)
