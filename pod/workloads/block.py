@@ -46,7 +46,7 @@ from pod.workloads.mlp import MLP, add
 from pod.workloads.model import activation_bytes_per_element
 from pod.workloads.moe import MoE
 from pod.workloads.norms import norm_class
-from pod.workloads.remat import REMAT_POLICIES, TENSOR_KEYS, remat_choices
+from pod.workloads.remat import REMAT_POLICIES, TENSOR_KEYS, remat_cache_keys, remat_choices
 
 __all__ = ["BLOCKS", "REMAT_POLICIES", "TensorHooks", "TransformerBlock", "STATS_BYTES"]
 
@@ -217,15 +217,11 @@ class TransformerBlock(Layer):
         block input; attention "q", "k", "v", "qkv", "attn" with flash's "stats";
         "out_proj", the summed attention output of the sequential block; MLP "u",
         "u0", "u1"); None: everything backward reads (``none``)."""
-        if self.choices is None:
-            return None
-        return frozenset(k for name, choice in self.choices.items() if choice != "remat"
-                         for k in TENSOR_KEYS[name])
+        return remat_cache_keys(self.choices)[0]
 
     def offloaded(self) -> frozenset[str]:
         """The cache keys kept in host memory (``offload``)."""
-        return frozenset(k for name, choice in (self.choices or {}).items() if choice == "offload"
-                         for k in TENSOR_KEYS[name])
+        return remat_cache_keys(self.choices)[1]
 
     def _keeps(self, key: str) -> bool:
         kept = self.kept()
