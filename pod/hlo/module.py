@@ -166,6 +166,21 @@ def _unquoted(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
         i += 1
 
 
+#: the start of an instruction's line: ``[ROOT] %name =`` (a continued line never is)
+_INSTRUCTION_START = re.compile(r"^(ROOT\s+)?%?[\w.\-]+\s*=\s*\S")
+
+
+def _open_brackets(text: str) -> int:
+    """Brackets of ``text`` opened and not closed, outside quoted strings: an instruction
+    XLA printed over several lines (a kernel's ``frontend_attributes`` holding a JSON
+    document) is read to its end."""
+    depth = 0
+    for _, ch in _unquoted(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+    return depth
+
+
 def _closing(text: str, start: int) -> int:
     """The index just past the bracket closing the one at ``text[start]``; -1 if none."""
     pairs = {"(": ")", "[": "]", "{": "}"}
@@ -503,10 +518,17 @@ def parse_hlo(text: str) -> HloModule:
     current: tuple[str, bool, int] | None = None
     body: list[HloInstruction] = []
     tables: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None  # an instruction continued on the next line
     for number, raw in enumerate(text.splitlines(), 1):
         line = _COMMENT.sub("", raw).strip()
         if not line or line.startswith("//") or line.startswith("#"):
             continue
+        if pending is not None:
+            if line == "}" or _INSTRUCTION_START.match(line):  # not a continuation: the
+                body.append(_parse_instruction(pending[1], pending[0]))  # error is its own
+            else:
+                number, line = pending[0], f"{pending[1]} {line}"
+            pending = None
         if current is None and line.startswith("HloModule"):
             head, _, rest = line.partition(",")
             name = head.split(None, 1)[1].strip() if len(head.split()) > 1 else ""
@@ -533,7 +555,12 @@ def parse_hlo(text: str) -> HloModule:
             entry = comp_name if is_entry else entry
             current = None
             continue
+        if _open_brackets(line) > 0:
+            pending = (number, line)
+            continue
         body.append(_parse_instruction(line, number))
+    if pending is not None:
+        raise HloParseError(pending[0], f"instruction not closed: {pending[1][:80]!r}")
     if current is not None:
         raise HloParseError(current[2], f"computation {current[0]} is not closed by '}}'")
     if not computations:
