@@ -64,11 +64,6 @@ KNOWN_MISSES = {
                    "oracle's reference computes every expert on every token (dense dispatch), "
                    "so XLA's figure is not MaxText's dropless step; the reference's, not the "
                    "plan's, to change",
-    "mixtral-v5p-128-b8": "the plan is 12.1% below XLA's peak (54.16 of 61.64 GiB) for Mixtral "
-                          "on {fsdp: 8, expert: 8} at 8 x 4096, remat minimal; the plan also "
-                          "keeps 10.12 GiB of state where XLA's arguments are 8.16 (MaxText "
-                          "shards the non-expert weights over the expert axis too); no HLO "
-                          "committed to read the rest",
 }
 
 

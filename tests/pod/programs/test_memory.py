@@ -186,3 +186,22 @@ def test_a_pipeline_stage_holds_its_layers_and_the_microbatches_in_flight():
     assert a.parameters_bytes < flat.parameters_bytes
     assert dict(c.workspace)["gathered weights"] > dict(a.workspace)["gathered weights"]
     assert isinstance(a, DeviceMemory) and a.peak.startswith("stage ")
+
+
+def test_an_moe_blocks_backward_holds_its_expert_products_and_their_gradients():
+    """A gated MoE's part is 2 m + 1 = 5 arrays of its dispatch slots x F (the recomputed
+    products, the activation's output and gradient, the products' gradients), a dense
+    gated MLP's m + 1 = 3 of T x F: the slots from the capacity, T k / E x 1.25 per
+    expert (``MoE.dot_elements``)."""
+    experts, k, f = 4, 2, 64
+    moe = build_model("transformer", (T,), V, embed_dim=C, heads=4, kv_heads=4, head_dim=DH,
+                      mlp_dim=f, layers=2, experts=experts, experts_per_token=k,
+                      capacity_factor=1.25)
+    dense = build_model("transformer", (T,), V, embed_dim=C, heads=4, kv_heads=4, head_dim=DH,
+                        mlp_dim=f, layers=2)
+    moe_block, dense_block = (sharded(m).local_model.layers[1] for m in (moe, dense))
+    slots = experts * math.ceil(T * k / experts * 1.25)
+    assert moe_block.mlp.dot_elements((T, C)) == 2 * slots * f
+    residual = 2 * T * C
+    assert backward_working_bytes(moe_block, (T, C), 2, 1) == 2 * (5 * slots * f + residual)
+    assert backward_working_bytes(dense_block, (T, C), 2, 1) == 2 * (3 * T * f + residual)
