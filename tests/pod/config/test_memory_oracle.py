@@ -58,14 +58,14 @@ KNOWN_MISSES = {
     "T2": "the plan is 11.0% below XLA's peak (44.77 of 50.32 GiB) for the 516B model on "
           "{fsdp: 32, tensor: 16}, 2 x 2048, remat full; not yet read from its HLO",
     "mixtral-v5p-128-dropless": "not planned: dropless routing over an expert axis (a ragged "
-                                "all-to-all) is not modelled; the oracle's reference runs it "
-                                "dense (every expert computes every token: 475 GiB of "
-                                "temporaries), which is not MaxText's dropless (megablox) either",
-    "T8-dropless": "the plan is 42.4% below XLA's peak (8.86 of 15.38 GiB): the plan's dropless "
-                   "MoE computes the routed rows only (MaxText's megablox grouped matmuls), the "
-                   "oracle's reference computes every expert on every token (dense dispatch), "
-                   "so XLA's figure is not MaxText's dropless step; the reference's, not the "
-                   "plan's, to change",
+                                "all-to-all) is not modelled; the reference compiles MaxText's "
+                                "dense dropless path (dense_matmul, no capacity: every expert "
+                                "computes every token, 475 GiB of temporaries: OOM)",
+    "T8-dropless": "the plan is 36.7% below XLA's peak (9.73 of 15.38 GiB): the reference "
+                   "compiles MaxText's dense dropless path (megablox and sparse_matmul false, "
+                   "no capacity: every expert computes every token, weighted by its gate), "
+                   "which the project does not model; its dropless is the sparse path "
+                   "(grouped matmuls over the routed rows, k / E of them)",
 }
 
 
