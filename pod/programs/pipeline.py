@@ -257,7 +257,7 @@ class PipelinedTransformer(ShardedTransformer):
         stage's layers owning gradients, in the order its schedule finishes them, combined
         by :func:`combine_buckets` (one bucket, after the stage's backward, when
         ``bucket_elements`` is None)."""
-        done, order = [0] * self.repeats, []
+        done, order = [0] * self.repeats, list[int]()
         for op in self.schedule.ops(stage):
             if op.phase == "bwd":
                 done[op.repeat] += 1
