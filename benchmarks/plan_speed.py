@@ -81,9 +81,10 @@ def run_once(where: Path, args: list[str], extra: list[str]) -> dict:
         raise SystemExit(f"{' '.join(command)} failed in {where}:\n{done.stderr[-2000:]}")
     doc = json.loads(done.stdout)
     top = [tuple(r.get(k) for k in TOP_KEYS) for r in doc["rows"][:10] if r.get("rank")]
+    rows = [repr({k: v for k, v in r.items() if k != "wall_seconds"}) for r in doc["rows"]]
     return {"points": doc["points"], "costed": doc["costed"], "pruned": doc.get("pruned", 0),
             "dropped": doc["dropped"], "wall": wall, "cpu": cpu, "load": (load0, load1),
-            "top": top}
+            "top": top, "rows": rows}
 
 
 def main() -> None:
@@ -95,6 +96,10 @@ def main() -> None:
     parser.add_argument("--variants", default="baseline,exhaustive,one,pool")
     parser.add_argument("--readme", action="store_true",
                         help="every tpu-pod plan example of the README")
+    parser.add_argument("--same-rows", action="store_true",
+                        help="also check every row (every column but wall_seconds) of the "
+                             "pruning variants against the baseline's (a baseline with the "
+                             "same model and figures: the speed-ups must not move a bit)")
     parser.add_argument("plan_args", nargs="*", help="tpu-pod plan's arguments (after --)")
     options = parser.parse_args()
     questions = README_QUESTIONS if options.readme else [options.plan_args or DEFAULT_ARGS]
@@ -118,7 +123,7 @@ def main() -> None:
             where = {v: trees.get("baseline" if v == "baseline" else "after", (ROOT,))[0]
                      for v in variants}
             for args in questions:
-                walls = _question(args, variants, options.repeats, where)
+                walls = _question(args, variants, options.repeats, where, options.same_rows)
                 medians.append((" ".join(args), {v: statistics.median(w)
                                                   for v, w in walls.items()}))
         finally:
@@ -134,23 +139,31 @@ def main() -> None:
             print(f"  median wall {v}: {m:.1f} s{ratio}")
 
 
-def _question(args: list[str], variants: list[str], repeats: int, where: dict[str, Path]
-              ) -> dict[str, list[float]]:
+def _question(args: list[str], variants: list[str], repeats: int, where: dict[str, Path],
+              same_rows: bool = False) -> dict[str, list[float]]:
     """Every variant of one question, ``repeats`` times alternated (each run from its
-    checkout, ``where``); their wall seconds."""
+    checkout, ``where``); their wall seconds. With ``same_rows`` the rows of ``one`` and
+    ``pool`` are compared with the baseline's, all of them."""
     print(f"\ntpu-pod plan {' '.join(args)}")
     walls: dict[str, list[float]] = {v: [] for v in variants}
     print(f"{'variant':<11} {'points':>6} {'costed':>6} {'pruned':>6} {'dropped':>7} "
           f"{'wall s':>7} {'CPU s':>7} {'points/s':>8}  load before, after  top 10")
     for _ in range(repeats):
-        reference = None
+        reference = baseline_rows = None
         for v in variants:
             r = run_once(where[v], args, VARIANTS[v])
             walls[v].append(r["wall"])
             if v == "exhaustive":
                 reference = r["top"]
+            if v == "baseline":
+                baseline_rows = r["rows"]
             same = ("" if v in ("baseline", "exhaustive") or reference is None
                     else "= exhaustive's" if r["top"] == reference else "DIFFERS")
+            if same_rows and baseline_rows is not None and v in ("one", "pool"):
+                differ = sum(a != b for a, b in zip(r["rows"], baseline_rows, strict=False))
+                differ += abs(len(r["rows"]) - len(baseline_rows))
+                same += (f"; all {len(r['rows'])} rows = baseline's" if not differ
+                         else f"; {differ} rows DIFFER from the baseline's")
             print(f"{v:<11} {r['points']:>6} {r['costed']:>6} {r['pruned']:>6} "
                   f"{r['dropped']:>7} {r['wall']:>7.1f} {r['cpu']:>7.1f} "
                   f"{r['points'] / r['wall']:>8.1f}  {r['load'][0]:.1f}, "

@@ -67,6 +67,7 @@ from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.programs.replay import LayerTape
 from pod.workloads import Dataset, build_model, load_dataset
+from pod.workloads.remat import REMAT_POLICIES, remat_effect
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
            "DEFAULT_PER_DEVICE_BATCHES", "write_outputs", "layout_label", "slices_text"]
@@ -75,8 +76,14 @@ __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
 DEFAULT_PER_DEVICE_BATCHES = (1, 2, 4, 8)
 #: The fastest points drawn in layouts.png (a bar each).
 PLOTTED = 30
-#: Bound runs a planner keeps for costing their points later (a few hundred kB each).
+#: Bound runs a planner keeps for costing their points later (a few hundred kB each), and
+#: steps it keeps for their twins.
 _BOUNDED = 512
+#: The named remat policies that do to a block what another does (``remat_effect``): their
+#: points' steps are each other's.
+_TWIN_POLICIES = frozenset(
+    p for p in REMAT_POLICIES if p != "custom"
+    and sum(remat_effect(q) == remat_effect(p) for q in REMAT_POLICIES if q != "custom") > 1)
 
 PLAN_COLUMNS = (
     "rank", "point", "status", "reason", "slice", "generation", "chips", "devices", "mesh",
@@ -238,6 +245,9 @@ class Planner:
         self._costs: dict[tuple, Any] = {}
         self.tape = LayerTape()
         self._bounded: dict[int, tuple[Any, ...]] = {}  # point -> its bound's run
+        # twin key (``_twin_key``) -> (its step's StepStats or None, its passes' seconds)
+        self._twins: dict[tuple[Any, ...], tuple[Any, float | None]] = {}
+        self.twin_steps = 0  # steps taken from a twin (remat_effect) instead of run
 
     def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
         """The scenario of a point: the source's with its slice, mesh, remat and batch."""
@@ -321,13 +331,20 @@ class Planner:
         row = self._labels(c)
         t0 = time.perf_counter()
         passes = None
+        twin = self._twin_key(c) if fast else None
+        hit = self._twins.get(twin) if twin is not None else None
+        if hit is not None and mode == "cost" and hit[0] is None:
+            hit = None  # its twin's bound only
         try:
             bounded = self._bounded.pop(c.index, None) if fast and mode == "cost" else None
             plan = bounded[0].plan if bounded else self.plan(c, shared=fast)
             if mode != "cost":
                 row.update(status="pruned", fits=True,
                            hbm_per_device_bytes=int(plan.memory["total"]))
-            if mode == "cost" and bounded:  # its bound's run: the plan, a device's report
+            if hit is not None and mode != "plan":  # its twin's step: the same ops
+                stats, passes = hit
+                self.twin_steps += 1
+            elif mode == "cost" and bounded:  # its bound's run: the plan, a device's report
                 pod, heaviest, report, passes = bounded
                 stats = pod.step(0, known={heaviest: report})
             elif mode != "plan":
@@ -343,6 +360,8 @@ class Planner:
                 self.tape.pass_seconds.clear()
                 if mode == "bound":  # kept for costing it later: the same plan and report
                     self._keep_bounded(c.index, (pod, heaviest, report, passes))
+            if twin is not None and hit is None and mode != "plan":
+                self._keep_twin(twin, (stats if mode == "cost" else None, passes))
         except HBMPlanError as err:
             need = (err.memory_plan or {}).get("total", math.nan)
             row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)
@@ -361,6 +380,22 @@ class Planner:
         if c.slices > 1:  # pod.mesh, the axes within a slice (dcn_mesh: those across)
             row["mesh"] = format_axes(c.mesh)
         return row, passes
+
+    def _twin_key(self, c: Candidate) -> tuple[Any, ...] | None:
+        """What a point's step depends on, its remat policy by what it does to a block
+        (``remat_effect``): points with the same key run the same ops (their rows differ
+        in the policy's name only); None for a point whose policy has no twin among the
+        named ones (then nothing is kept)."""
+        if c.remat not in _TWIN_POLICIES:
+            return None
+        return (c.slice_name, c.slices, tuple(sorted(c.mesh.items())), c.global_batch,
+                c.per_device_batch, c.capacity_factor, remat_effect(c.remat))
+
+    def _keep_twin(self, key: tuple[Any, ...], step: tuple[Any, float | None]) -> None:
+        """Keep a step for its twins (at most ``_BOUNDED``, the oldest go first)."""
+        if len(self._twins) >= _BOUNDED:
+            del self._twins[next(iter(self._twins))]
+        self._twins[key] = step
 
     def _keep_bounded(self, index: int, run: tuple[Any, ...]) -> None:
         """Keep a bound's run (its pod, device, report and passes' seconds) for costing

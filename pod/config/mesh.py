@@ -328,9 +328,17 @@ class Mesh:
 
     def axis_size(self, axis: str) -> int:
         """Devices along ``axis``; 1 for an axis the mesh does not have (data, fsdp, tensor)."""
+        size = self._sizes.get(axis)
+        if size is not None:
+            return size
         if axis not in AXIS_NAMES:
             raise ValueError(f"mesh axis {axis!r} is unknown; allowed: {', '.join(AXIS_NAMES)}")
-        return self.sizes.get(axis, 1)
+        return 1
+
+    @functools.cached_property
+    def _sizes(self) -> dict[str, int]:
+        """:attr:`sizes`, made once (the mesh is immutable; :attr:`sizes` gives a copy)."""
+        return self.sizes
 
     def chip_and_core(self, device: int) -> tuple[int, int]:
         """(chip rank, core) of a device id."""

@@ -159,11 +159,21 @@ def _check_param_shapes(model: Model) -> None:
     """
     zero = np.zeros((), dtype=model.storage_dtype)
     for key, shape in model.param_shapes.items():
+        known = (zero.dtype.str, tuple(shape))
+        if known in _INDEXABLE:  # checked before (a model's blocks repeat their shapes)
+            continue
         try:
             np.broadcast_to(zero, shape)
         except ValueError:
             raise ScenarioError(f"model.options: parameter {key} of shape {tuple(shape)!r:.80} is "
                                 "too large for any chip's HBM; use smaller sizes") from None
+        if len(_INDEXABLE) >= 65_536:
+            _INDEXABLE.clear()
+        _INDEXABLE.add(known)
+
+
+#: (dtype, shape) that ``_check_param_shapes`` found numpy can index
+_INDEXABLE: set[tuple[str, tuple[int, ...]]] = set()
 
 
 def _data_field(message: str, path: str | None) -> str:

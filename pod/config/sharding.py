@@ -206,6 +206,7 @@ class MeshCollectiveCosts:
     dcn_bytes_per_s: float = 3.1e9
     dcn_latency_s: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
+    _seconds: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -444,11 +445,16 @@ class MeshCollectiveCosts:
         """Simulated seconds of :meth:`cost`; with ``windowed``, of the collective run as
         XLA's collective matmul runs it (:meth:`windowed_steps`): its bytes as
         :meth:`cost`'s, plus the fixed cost of every collective-permute step beyond
-        the one the collective pays (``link.collective_fixed_s``)."""
-        seconds = self.cost(axis, op, nbytes).seconds
-        if windowed:
-            steps = self.windowed_steps(axis, op)
-            seconds += max(0, steps - 1) * self.link.collective_fixed_s
+        the one the collective pays (``link.collective_fixed_s``). Kept per (axis, op,
+        bytes, windowed): the clock asks for the same few thousands of times a step."""
+        key = (axis, op, nbytes, windowed)
+        seconds = self._seconds.get(key)
+        if seconds is None:
+            seconds = self.cost(axis, op, nbytes).seconds
+            if windowed:
+                steps = self.windowed_steps(axis, op)
+                seconds += max(0, steps - 1) * self.link.collective_fixed_s
+            self._seconds[key] = seconds
         return seconds
 
     def windowed_steps(self, axis: str, op: str) -> int:

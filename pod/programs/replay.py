@@ -152,6 +152,7 @@ class _Names:
         self.names = tuple(layer_names)
         self.index = {n: i for i, n in enumerate(self.names)}
         self._relative: dict[tuple[str, int], str | tuple[int | str, ...]] = {}
+        self._absolute: dict[tuple[tuple[int | str, ...], int], str] = {}
 
     def relative(self, name: str, layer: int) -> str | tuple[int | str, ...]:
         kept = self._relative.get((name, layer))
@@ -178,8 +179,16 @@ class _Names:
         return tuple(out)
 
     def absolute(self, rel: str | tuple[int | str, ...], layer: int) -> str:
-        if type(rel) is str:
+        if isinstance(rel, str):
             return rel
+        kept = self._absolute.get((rel, layer))
+        if kept is None:
+            if len(self._absolute) > 100_000:
+                self._absolute.clear()
+            kept = self._absolute[(rel, layer)] = self._absolute_name(rel, layer)
+        return kept
+
+    def _absolute_name(self, rel: tuple[int | str, ...], layer: int) -> str:
         names, n = self.names, len(self.names)
         out: list[str] = []
         for p in rel:

@@ -91,6 +91,7 @@ import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -193,6 +194,46 @@ def _device_param_elements(config: TransformerConfig, fsdp: int, tensor: int, ex
     return sum(p.device_elements for p in param_layout(shared_transformer(config), sizes))
 
 
+#: local model -> its layout (:func:`_model_layout`); the local models are shared
+#: (``shared_transformer``), so are their layouts
+_LAYOUTS: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _model_layout(local_model: TransformerModel) -> tuple[Any, ...]:
+    """What ``ShardedTransformer`` reads of its tensor-local model, made once per model (a
+    plan builds thousands of programs of a few models): per layer its (key, local name)
+    parameters; key -> its tensor split; the keys replicated over tensor whose gradient
+    covers a device's heads only; key -> its expert split (None: replicated); per layer
+    the keys it owns (its first layer); key -> shape; the layers' names; key -> its first
+    layer. Read only."""
+    kept = _LAYOUTS.get(id(local_model))
+    if kept is not None and kept[0] is local_model:
+        return kept[1]
+    keys = local_model.layer_param_keys()
+    pairs = [(layer, key, local) for layer, layer_keys in zip(local_model.layers, keys,
+                                                              strict=True)
+             for key, local in layer_keys]
+    split = {key: layer.tensor_split.get(local) for layer, key, local in pairs}
+    # replicated over tensor, but each tensor device's gradient covers its heads only
+    partial = {key for layer, key, local in pairs if local in layer.tensor_partial}
+    # the experts' weights: split over expert on this dimension (None: replicated)
+    expert_split = {key: getattr(layer, "expert_split", {}).get(local)
+                    for layer, key, local in pairs}
+    owner: dict[str, int] = {}
+    for i, layer_keys in enumerate(keys):
+        for key, _ in layer_keys:
+            owner.setdefault(key, i)
+    owned = [[k for k, _ in layer_keys if owner[k] == i] for i, layer_keys in enumerate(keys)]
+    names = tuple(layer.name for layer in local_model.layers)
+    key_layer = {k: i for i in reversed(range(len(keys))) for k, _ in keys[i]}  # its first
+    layout = (keys, split, partial, expert_split, owned, local_model.param_shapes, names,
+              key_layer)
+    if len(_LAYOUTS) >= 64:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(local_model)] = (local_model, layout)
+    return layout
+
+
 class ShardedTransformer:
     """The device program of a transformer on a ``{data, fsdp, tensor}`` mesh.
 
@@ -246,31 +287,15 @@ class ShardedTransformer:
                              f"sequence length {cfg.sequence_length}")
         self.local_model = shared_transformer(cfg.tensor_local(self.tensor),
                                               self.expert if cfg.experts else 1)
-        self._keys = self.local_model.layer_param_keys()
-        self._split = {key: layer.tensor_split.get(local)
-                       for layer, keys in zip(self.local_model.layers, self._keys, strict=True)
-                       for key, local in keys}
-        # replicated over tensor, but each tensor device's gradient covers its heads only
-        self._partial = {key for layer, keys in zip(self.local_model.layers, self._keys,
-                                                    strict=True)
-                         for key, local in keys if local in layer.tensor_partial}
-        # the experts' weights: split over expert on this dimension (None: replicated)
-        self._expert_split = {key: getattr(layer, "expert_split", {}).get(local)
-                              for layer, keys in zip(self.local_model.layers, self._keys,
-                                                     strict=True)
-                              for key, local in keys}
-        owner: dict[str, int] = {}
-        for i, keys in enumerate(self._keys):
-            for key, _ in keys:
-                owner.setdefault(key, i)
-        self._owned = [[k for k, _ in keys if owner[k] == i] for i, keys in enumerate(self._keys)]
+        (self._keys, self._split, self._partial, self._expert_split, self._owned,
+         self._shapes, self._layer_names, self._key_layer) = _model_layout(self.local_model)
         self.buckets = self._check_buckets(buckets)
         self._bucket_ends = {layers[-1]: layers[0] for layers, _ in self.buckets}
-        self._shapes = self.local_model.param_shapes
-        self._layer_names = tuple(layer.name for layer in self.local_model.layers)
+        # per key, this device's chunk's elements, and per layer their sum (``_chunk_count``,
+        # asked per layer and gather): made as asked
+        self._chunks: dict[str, int] = {}
+        self._layer_chunks: dict[int, int] = {}
         self._zero_params: dict[int, dict[str, np.ndarray]] = {}  # timing-only gathers
-        self._key_layer = {k: i for i in reversed(range(len(self._keys)))  # its first layer
-                           for k, _ in self._keys[i]}
         #: the dtype the chunks, their gradients and the optimizer state are stored in
         #: (``weight_dtype``: float32, or bf16)
         self.storage = weight_dtype(cfg.weight_dtype)
@@ -529,8 +554,7 @@ class ShardedTransformer:
         model's layers) as its fsdp all-gather assembles it: tensor-local (an MoE's
         experts of the device), whole over fsdp, padding included. XLA gathers each
         weight array just before its matmul and the next one while it runs."""
-        return max(self.fsdp * self._chunk_count([key]) for i in layers
-                   for key, _ in self._keys[i])
+        return max(self.fsdp * self._chunk(key) for i in layers for key, _ in self._keys[i])
 
     #: the vocabulary tables: replicated over tensor in this program, split over tensor on
     #: the vocabulary by XLA under MaxText's rules (``vocab`` -> tensor)
@@ -684,8 +708,10 @@ class ShardedTransformer:
         tag, after = f"{layer.name} {phase}", len(core.records)
         itemsize = self._gather_itemsize(core)
         if not core.execute:
-            comm.all_gather("fsdp", timing_zeros((self._chunk_count(k for k, _ in keys),),
-                                                 np.float32),
+            count = self._layer_chunks.get(i)
+            if count is None:
+                count = self._layer_chunks[i] = self._chunk_count(k for k, _ in keys)
+            comm.all_gather("fsdp", timing_zeros((count,), np.float32),
                             tag=tag, kind="param_gather", after_record=after, itemsize=itemsize)
             zeros = self._zero_params.get(i)  # one read-only dict of zero views per layer
             if zeros is None:
@@ -872,4 +898,11 @@ class ShardedTransformer:
 
     def _chunk_count(self, keys: Iterable[str]) -> int:
         """Elements of this device's chunks of ``keys`` (padded, ``flat_chunk``)."""
-        return sum(chunk_elements(math.prod(self._shapes[k]), self.fsdp) for k in keys)
+        return sum(self._chunk(k) for k in keys)
+
+    def _chunk(self, key: str) -> int:
+        """Elements of this device's chunk of parameter ``key`` (padded)."""
+        count = self._chunks.get(key)
+        if count is None:
+            count = self._chunks[key] = chunk_elements(math.prod(self._shapes[key]), self.fsdp)
+        return count

@@ -307,7 +307,8 @@ class _Stream:
         self.host_end, self.host_seconds = 0.0, 0.0
         self.prev_reload: float | None = None
         hosts = set(self.host)
-        self.seconds = [0.0 if i in hosts else float(s) for i, s in enumerate(seconds)]
+        self.seconds = ([0.0 if i in hosts else float(s) for i, s in enumerate(seconds)]
+                        if hosts else list(map(float, seconds)))
         self.host_record_seconds = {i: float(seconds[i]) for i in self.host}
         self.update_start = update_start
         self.t = 0.0

@@ -21,6 +21,7 @@ hold ``Device`` objects: one step's code for every back-end.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,9 @@ def allocate_shard_hbm(core: Any, shard: Any) -> None:
 def trace_rows(records: Any) -> tuple[tuple[Any, ...], ...]:
     """Op records as plain tuples (name, unit, seconds, flops, hbm_bytes, bound)."""
     return tuple((r.name, r.unit, r.seconds, r.flops, r.hbm_bytes, r.bound) for r in records)
+
+
+_SECONDS = operator.attrgetter("seconds")
 
 
 def record_bound(record: Any) -> str:
@@ -154,8 +158,8 @@ class Device:
         hbm = self.core.hbm
         return DeviceReport(
             device=self.device, loss=float(result.loss),
-            record_seconds=tuple(float(r.seconds) for r in records),
-            record_bounds=tuple(record_bound(r) for r in records),
+            record_seconds=tuple(map(float, map(_SECONDS, records))),
+            record_bounds=tuple(map(record_bound, records)),
             update_start=result.update_start, calls=tuple(comm.calls),
             mxu_flops=int(sum(r.flops for r in records if r.unit == "mxu")),
             router_loads=tuple(getattr(result, "router_loads", ())),

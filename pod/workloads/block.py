@@ -46,7 +46,7 @@ from pod.workloads.mlp import MLP, add
 from pod.workloads.model import activation_bytes_per_element
 from pod.workloads.moe import MoE
 from pod.workloads.norms import norm_class
-from pod.workloads.remat import REMAT_POLICIES, TENSOR_KEYS, remat_choices
+from pod.workloads.remat import REMAT_POLICIES, TENSOR_KEYS, remat_cache_keys, remat_choices
 
 __all__ = ["BLOCKS", "REMAT_POLICIES", "TensorHooks", "TransformerBlock", "STATS_BYTES"]
 
@@ -226,17 +226,14 @@ class TransformerBlock(Layer):
         under it an MoE block keeps its attention's products but not its experts' (XLA:
         Mixtral 8x7B at 8 x 4096 on v5p-128 holds 61.6 GiB, where keeping the expert
         products would need 194 GiB; ``tools/xla_oracle/results/mixtral-v5p-128-b8.json``)."""
-        if self.choices is None:
-            return None
-        batched = (frozenset(k for name in _MLP_TENSORS for k in TENSOR_KEYS[name])
-                   if self.moe and self.remat == "minimal" else frozenset())
-        return frozenset(k for name, choice in self.choices.items() if choice != "remat"
-                         for k in TENSOR_KEYS[name]) - batched
+        kept = remat_cache_keys(self.choices)[0]
+        if kept is None or not (self.moe and self.remat == "minimal"):
+            return kept
+        return kept - frozenset(k for name in _MLP_TENSORS for k in TENSOR_KEYS[name])
 
     def offloaded(self) -> frozenset[str]:
         """The cache keys kept in host memory (``offload``)."""
-        return frozenset(k for name, choice in (self.choices or {}).items() if choice == "offload"
-                         for k in TENSOR_KEYS[name])
+        return remat_cache_keys(self.choices)[1]
 
     def _keeps(self, key: str) -> bool:
         kept = self.kept()

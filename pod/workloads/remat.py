@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = ["REMAT_POLICIES", "REMAT_TENSORS", "REMAT_CHOICES", "TENSOR_KEYS", "remat_choices",
-           "check_remat_custom"]
+           "check_remat_custom", "remat_cache_keys", "remat_effect"]
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
                   "save_qkv_proj", "custom")
@@ -109,3 +109,31 @@ def remat_choices(policy: str, custom: tuple[tuple[str, str], ...] | Mapping | N
     if choices["decoder_layer_input"] == "remat":  # the checkpoint itself: always kept
         choices["decoder_layer_input"] = "device"
     return choices
+
+
+def remat_cache_keys(choices: Mapping[str, str] | None
+                     ) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """What per-tensor ``choices`` (:func:`remat_choices`) keep as a block's cache keys
+    (``TENSOR_KEYS``): (kept on the device or offloaded, None for everything backward
+    reads under ``none``; offloaded to host memory)."""
+    if choices is None:
+        return None, frozenset()
+    kept = frozenset(k for name, choice in choices.items() if choice != "remat"
+                     for k in TENSOR_KEYS[name])
+    offloaded = frozenset(k for name, choice in choices.items() if choice == "offload"
+                          for k in TENSOR_KEYS[name])
+    return kept, offloaded
+
+
+def remat_effect(policy: str) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """What a named policy (not ``custom``) does to a block: :func:`remat_cache_keys` of
+    its choices. A block reads its policy only through them
+    (``TransformerBlock.kept`` / ``offloaded``), so two policies with the same effect
+    run the same ops and keep the same bytes: ``save_dot_except_mlp`` and
+    ``save_dot_except_mlpwi`` (``mlpwo`` is read by no backward pass, so keeping it
+    keeps nothing).
+
+    Raises:
+        ValueError: an unknown policy.
+    """
+    return remat_cache_keys(remat_choices(policy))

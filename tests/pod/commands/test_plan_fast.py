@@ -16,6 +16,7 @@ from pod.commands.plan_cost import Scoring, class_key, cost_points
 from pod.commands.plan_report import family_lines
 from pod.commands.plan_search import candidates, compared_batch, family, remat_policies
 from pod.commands.plan_source import model_source
+from pod.workloads.remat import remat_effect
 
 # the API's current names only (slice=, per_device_batch=: no DeprecationWarning)
 pytestmark = pytest.mark.filterwarnings("error:.*= is deprecated; use .*=:DeprecationWarning")
@@ -66,6 +67,20 @@ def test_the_fast_path_costs_points_as_costing_each_alone(tiny):
     assert sum(r["status"] == "ok" for r in fast) > 20
     assert all(_same(a, b) for a, b in zip(fast, alone, strict=True))
     assert planner.tape.hits > planner.tape.misses  # the tape did replay
+
+
+def test_a_twin_policys_step_is_taken_as_costing_it_alone(tiny):
+    """save_dot_except_mlp and save_dot_except_mlpwi keep the same tensors (mlpwo is read by
+    no backward pass): the fast path takes one's step from the other's, and every row
+    (the policy's name included) is that of costing the point alone."""
+    assert remat_effect("save_dot_except_mlp") == remat_effect("save_dot_except_mlpwi")
+    assert remat_effect("save_dot_except_mlp") != remat_effect("save_qkv_proj")
+    twins = ("save_dot_except_mlp", "save_dot_except_mlpwi")
+    points, fast, alone, planner = _alone_and_fast(tiny, "v5e-4", 4, twins, (1,))
+    ok = sum(r["status"] == "ok" for r in fast)
+    assert ok > 10 and planner.twin_steps == ok // 2
+    assert all(_same(a, b) for a, b in zip(fast, alone, strict=True))
+    assert {r["remat"] for r in fast if r["status"] == "ok"} == set(twins)
 
 
 @pytest.mark.slow
