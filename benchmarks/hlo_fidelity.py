@@ -299,7 +299,7 @@ CATEGORIES = (
     ("flash attention kernels", r"flash|splash", r"attention/flash"),
     ("MLP matmuls", r"bte,ef->btf|btf,fe->bte|btf,ef->bte", r"^mlp/"),
     ("attention projections", r"bte,e[nk]d->bt[nk]d|bt[nk]d,[nk]de->bte",
-     r"attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
+     r"^attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
      r"|d_value|dx_value|qkv)"),
     ("logits, embedding, loss", r"btv|,ve->|ve,|logits|embed|xent|cross_entropy",
      r"unembed|embed/|xent"),
@@ -342,18 +342,13 @@ def _builtin(scenario: str) -> tuple[Any, Any, dict[str, float]]:
 
     from pod.config.plan import build_plan
     from pod.config.scenario import load_scenario
-    from pod.programs import AXES
-    from pod.programs.collectives import ShapeCollectives
     from pod.runtime.timing import TimingPod
 
     plan = build_plan(load_scenario(os.path.join(ROOT, scenario)), timing_only=True)
     pod = TimingPod(plan)
     stats = pod.step(1)
-    device, groups = pod.device, pod.device.groups
-    x, y = pod._examples(1)
-    comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
-                            {a: groups.ring_index(a) for a in AXES})
-    report = device.step(comm, x, y, 1, plan.training.seed, trace=True)
+    pod.device_reports(1, trace=True)
+    report = pod.last_report
     cats: dict[str, float] = defaultdict(float)
     for name, _unit, seconds, *_ in report.trace:
         cats[_category("/".join(p for p in name.split("/") if not p.startswith("block")), 2)] \
