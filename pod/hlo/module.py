@@ -395,6 +395,15 @@ class HloModule:
         return self.num_partitions * self.replica_count
 
     @property
+    def output_aliases(self) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
+        """The header's ``input_output_alias``: output index -> (parameter number,
+        index in the parameter), e.g. ``{ {0}: (0, {}, may-alias) }`` -> {(0,): (0, ())}: the
+        output is written into the donated argument's buffer ({} when none)."""
+        text = self.attrs.get("input_output_alias", "")
+        return {_index(out): (int(param), _index(within)) for out, param, within in
+                re.findall(r"\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}", text)}
+
+    @property
     def is_scheduled(self) -> bool:
         """XLA scheduled it (``is_scheduled=true``): the printed order is the order run."""
         return self.attrs.get("is_scheduled", "") == "true"
@@ -415,6 +424,11 @@ class HloModule:
         for comp in self.computations.values():
             for instr in comp.instructions:
                 yield comp, instr
+
+
+def _index(text: str) -> tuple[int, ...]:
+    """"0, 1" -> (0, 1); "" -> ()."""
+    return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
 
 
 def _parse_instruction(text: str, number: int) -> HloInstruction:

@@ -171,3 +171,25 @@ ENTRY %main (big: f32[1024,1024], x: f32[1,1024]) -> f32[1024,1024] {
 }
 """
     assert peak_bytes(parse_hlo(text)) == 4 * (1024 * 1024 + 1024) + 4 * 1024
+
+
+def test_memory_estimate_writes_donated_outputs_into_their_arguments():
+    """An output the header aliases to a donated argument (``input_output_alias``: an
+    optimizer's new weights) takes the argument's buffer: the peak is the arguments plus
+    the other output, where without the alias it holds both outputs."""
+    from pod.hlo.memory import peak_bytes
+
+    body = """ENTRY %main (w: f32[1024,1024], g: f32[1024,1024]) -> (f32[1024,1024], f32[1024,1024]) {
+  %w = f32[1024,1024]{1,0} parameter(0)
+  %g = f32[1024,1024]{1,0} parameter(1)
+  %n = f32[1024,1024]{1,0} subtract(%w, %g)
+  %m = f32[1024,1024]{1,0} multiply(%g, %g)
+  ROOT %t = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%n, %m)
+}
+"""
+    array = 4 * 1024 * 1024
+    donated = parse_hlo("HloModule m, is_scheduled=true, input_output_alias={ {0}: (0, {}, "
+                        "may-alias), {1, 0}: (1, {2}, must-alias) }\n" + body)
+    assert donated.output_aliases == {(0,): (0, ()), (1, 0): (1, (2,))}
+    assert peak_bytes(donated) == 2 * array + array
+    assert peak_bytes(parse_hlo("HloModule m, is_scheduled=true\n" + body)) == 2 * array + 2 * array
