@@ -88,6 +88,11 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
         def body(x):
             if kind == "all_gather":
                 return jax.lax.all_gather(x, axis, tiled=True)
+            if kind == "all_gather_as_psum":  # torch_xla's _all_gather_using_all_reduce
+                full = jnp.zeros((x.shape[0] * n, *x.shape[1:]), x.dtype)
+                full = jax.lax.dynamic_update_slice_in_dim(
+                    full, x, jax.lax.axis_index(axis) * x.shape[0], 0)
+                return jax.lax.psum(full, axis)
             if kind == "psum":
                 return jax.lax.psum(x, axis)
             if kind == "psum_scatter":
@@ -95,7 +100,7 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
             return jax.lax.ppermute(x, axis, [(i, (i + 1) % n) for i in range(n)])
 
         spec = P((*rest, axis)) if kind != "all_gather" else P((*rest, axis))
-        out = P(rest or None) if kind in ("all_gather", "psum") else spec
+        out = P(rest or None) if kind in ("all_gather", "psum", "all_gather_as_psum") else spec
         fn = jax.shard_map(body, in_specs=spec, out_specs=out, check_vma=False)
         total = (per_device[0] * mesh.size,) + per_device[1:]
         return fn, (jax.ShapeDtypeStruct(total, getattr(jnp, dtype)),), (spec,)
@@ -103,7 +108,8 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
 
 
 def single_op_rows() -> list[OpRow]:
-    """C1-C14 as JAX functions (C6's 2 devices are v2 TensorCores: see VALIDATION.md)."""
+    """C1-C14 as JAX functions (C6's 2 devices are v2 TensorCores: see VALIDATION.md; C8 and C10
+    as torch_xla runs their all_gather, an allreduce of the zero-padded gathered buffer)."""
     return [
         OpRow("C1", "v5e", (1, 1), "v5e", (1, 1), False, {"one": 1}, _matmul(8192)),
         OpRow("C2", "v5e", (1, 1), "v5e", (1, 1), False, {"one": 1}, _matmul(4096)),
@@ -113,11 +119,11 @@ def single_op_rows() -> list[OpRow]:
         OpRow("C7", "v5e", (2, 2), "v5e", (4,), False, {"i": 4},
               _collective("all_gather", (128 * KIB // 2 // 4,), "bfloat16")),
         OpRow("C8", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
-              _collective("all_gather", (32768 // 8, 32768), "bfloat16")),
+              _collective("all_gather_as_psum", (32768 // 8, 32768), "bfloat16")),
         OpRow("C9", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
               _collective("psum", (128 * MIB,), "int8")),
         OpRow("C10", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
-              _collective("all_gather", (GIB // 8,), "int8")),
+              _collective("all_gather_as_psum", (GIB // 8,), "int8")),
         OpRow("C11", "v5p", (2, 2, 1), "v5p", (2, 2, 1), False, {"j": 2, "i": 2},
               _collective("ppermute", (32 * MIB,), "bfloat16")),
         OpRow("C12", "v5p", (2, 2, 1), "v5p", (2, 2, 1), False, {"j": 2, "i": 2},
