@@ -10,8 +10,8 @@ take the largest sum. The entry's parameters live throughout (the caller holds
 the arguments), its result to the end, except the outputs the module writes into
 a donated argument's buffer (the header's ``input_output_alias``: an optimizer's
 new weights and moments take the old ones' buffers); a loop adds its body's own
-peak on top of what is live around it. Buffers in a TPU's VMEM (``S(1)``) are
-not HBM.
+peak on top of what is live around it. Buffers in a TPU's VMEM (``S(1)``) or in host
+memory (``S(5)``, XLA's host offload) are not HBM.
 
 It is a lower bound on what XLA assigns (no fragmentation, no padding to
 tiles, no scoped buffers of the kernels) and an upper bound on what a better
@@ -22,7 +22,10 @@ Pure: no jax, no ray.
 
 from __future__ import annotations
 
-from pod.hlo.module import VMEM_SPACE, HloComputation, HloInstruction, HloModule
+from pod.hlo.module import HOST_SPACE, VMEM_SPACE, HloComputation, HloInstruction, HloModule
+
+#: Memory spaces that are not HBM: VMEM and host memory.
+_NOT_HBM = (VMEM_SPACE, HOST_SPACE)
 
 __all__ = ["peak_bytes"]
 
@@ -63,7 +66,7 @@ def _defined_bytes(module: HloModule, instr: HloInstruction) -> int:
         leaves = leaves[:1]  # (destination, source, context)
     elif instr.opcode.endswith("-start"):
         leaves = leaves[len(instr.operands):] or leaves  # ((operands), results, context)
-    return sum(a.nbytes for a in leaves if a.memory_space != VMEM_SPACE)
+    return sum(a.nbytes for a in leaves if a.memory_space not in _NOT_HBM)
 
 
 def _donated(module: HloModule) -> dict[str, int]:
@@ -88,7 +91,7 @@ def _donated(module: HloModule) -> dict[str, int]:
         if instr is None or instr.opcode == "parameter" or leaf >= len(instr.shape.leaves):
             continue
         array = instr.shape.leaves[leaf]
-        if array.memory_space != VMEM_SPACE:
+        if array.memory_space not in _NOT_HBM:
             out[instr.name] = out.get(instr.name, 0) + array.nbytes
     return out
 
@@ -151,6 +154,6 @@ def peak_bytes(module: HloModule) -> int:
         Bytes, int >= 0.
     """
     entry = module.entry_computation
-    params = sum(sum(a.nbytes for a in i.shape.leaves if a.memory_space != VMEM_SPACE)
+    params = sum(sum(a.nbytes for a in i.shape.leaves if a.memory_space not in _NOT_HBM)
                  for i in entry.instructions if i.opcode == "parameter")
     return params + _computation_peak(module, entry, {}, _donated(module))

@@ -43,7 +43,7 @@ from pod.config.sharding import device_chip_spec
 from pod.config.slices import Topology
 from pod.errors import HloError
 from pod.hlo.groups import CollectiveCost, CollectiveModel, Groups
-from pod.hlo.module import HloInstruction, HloModule
+from pod.hlo.module import HOST_SPACE, HloInstruction, HloModule
 from pod.hlo.ops import OpCost, OpCoster
 from pod.hlo.program import CollectiveInfo, DoneEvent, OpEvent, StartEvent, flatten
 from pod.programs.collectives import CollectiveCall
@@ -62,7 +62,6 @@ __all__ = ["OpRow", "CollectiveRow", "HloMemory", "HloStep", "cost_module", "lan
 #: The clock's lanes of the TPU's async copies: between HBM and VMEM, and to or from host
 #: memory (memory space 5, XLA's host offload).
 DMA_HBM, DMA_HOST = "DMA HBM<->VMEM", "DMA host"
-_HOST_SPACE = 5
 
 
 @dataclass(frozen=True)
@@ -292,7 +291,7 @@ class _Builder:
 
     def lane(self, info: CollectiveInfo) -> str:
         if info.op == "dma":
-            return DMA_HOST if _HOST_SPACE in info.memory_spaces else DMA_HBM
+            return DMA_HOST if HOST_SPACE in info.memory_spaces else DMA_HBM
         key = (info.op == "ppermute", frozenset(frozenset(g) for g in info.groups)
                if info.op != "ppermute" else info.groups)  # one lane per set of groups
         hit = self.lane_of.get(key)
@@ -307,7 +306,7 @@ class _Builder:
 
     def collective_cost(self, info: CollectiveInfo) -> CollectiveCost:
         if info.op == "dma":
-            bw = self.host_bytes_per_s if _HOST_SPACE in info.memory_spaces \
+            bw = self.host_bytes_per_s if HOST_SPACE in info.memory_spaces \
                 else self.hbm_bytes_per_s
             return CollectiveCost(info.nbytes / bw, algorithm="DMA")
         return self.model.cost(info.op, info.groups, info.nbytes, info.itemsize)

@@ -193,3 +193,19 @@ def test_memory_estimate_writes_donated_outputs_into_their_arguments():
     assert donated.output_aliases == {(0,): (0, ()), (1, 0): (1, (2,))}
     assert peak_bytes(donated) == 2 * array + array
     assert peak_bytes(parse_hlo("HloModule m, is_scheduled=true\n" + body)) == 2 * array + 2 * array
+
+
+def test_memory_estimate_leaves_host_memory_out():
+    """Buffers in host memory (``S(5)``: XLA's host offload) are not HBM."""
+    from pod.hlo.memory import peak_bytes
+
+    text = """HloModule m, is_scheduled=true
+ENTRY %main (h: f32[1024,1024], x: f32[1024]) -> (f32[1024,1024], f32[1024]) {
+  %h = f32[1024,1024]{1,0:S(5)} parameter(0)
+  %x = f32[1024]{0} parameter(1)
+  %c = f32[1024,1024]{1,0:S(5)} copy(%h)
+  %n = f32[1024]{0} negate(%x)
+  ROOT %t = (f32[1024,1024]{1,0:S(5)}, f32[1024]{0}) tuple(%c, %n)
+}
+"""
+    assert peak_bytes(parse_hlo(text)) == 4 * 1024 + 4 * 1024
