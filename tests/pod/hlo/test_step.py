@@ -209,3 +209,28 @@ ENTRY %main (h: f32[1024,1024], x: f32[1024]) -> (f32[1024,1024], f32[1024]) {
 }
 """
     assert peak_bytes(parse_hlo(text)) == 4 * 1024 + 4 * 1024
+
+
+def test_an_async_update_into_host_memory_moves_the_update():
+    """XLA's host offload writes each layer's activations into a stack of all layers in host
+    memory with an async dynamic-update-slice: the DMA moves the update (one layer), not the
+    stack, over the host link."""
+    from pod.config.slices import resolve_pod
+    from pod.hlo import cost_module
+
+    text = """HloModule m, is_scheduled=true
+ENTRY %main (s: bf16[80,1024,1024], u: bf16[1,1024,1024], i: s32[]) -> bf16[80,1024,1024] {
+  %s = bf16[80,1024,1024]{2,1,0:S(5)} parameter(0)
+  %u = bf16[1,1024,1024]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %st = ((bf16[80,1024,1024]{2,1,0:S(5)}, bf16[1,1024,1024]{2,1,0}, s32[], s32[], s32[]), bf16[80,1024,1024]{2,1,0:S(5)}, u32[]) dynamic-update-slice-start(%s, %u, %i, %z, %z)
+  ROOT %d = bf16[80,1024,1024]{2,1,0:S(5)} dynamic-update-slice-done(%st)
+}
+"""
+    topology = resolve_pod(slice_name="v5e-1")
+    step = cost_module(parse_hlo(text), topology)
+    (row,) = step.collectives
+    update = 1024 * 1024 * 2
+    assert (row.op, row.lane, row.nbytes) == ("dma", "DMA host", update)
+    assert row.seconds == pytest.approx(update / topology.chip.host_to_chip_bytes_per_s)
