@@ -74,7 +74,8 @@ def _donated(module: HloModule) -> dict[str, int]:
     buffer (``HloModule.output_aliases``; a tuple root's elements, through bitcasts and one
     ``get-tuple-element``): XLA writes them there, so they are no new buffer."""
     entry = module.entry_computation
-    root, out = entry.root, {}
+    root = entry.root
+    out: dict[str, int] = {}
     for index in module.output_aliases:
         if root.opcode == "tuple" and len(index) == 1 and index[0] < len(root.operands):
             instr = entry.by_name.get(root.operands[index[0]])
