@@ -88,6 +88,11 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
         def body(x):
             if kind == "all_gather":
                 return jax.lax.all_gather(x, axis, tiled=True)
+            if kind == "all_gather_as_psum":  # torch_xla's _all_gather_using_all_reduce
+                full = jnp.zeros((x.shape[0] * n, *x.shape[1:]), x.dtype)
+                full = jax.lax.dynamic_update_slice_in_dim(
+                    full, x, jax.lax.axis_index(axis) * x.shape[0], 0)
+                return jax.lax.psum(full, axis)
             if kind == "psum":
                 return jax.lax.psum(x, axis)
             if kind == "psum_scatter":
@@ -95,7 +100,7 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
             return jax.lax.ppermute(x, axis, [(i, (i + 1) % n) for i in range(n)])
 
         spec = P((*rest, axis)) if kind != "all_gather" else P((*rest, axis))
-        out = P(rest or None) if kind in ("all_gather", "psum") else spec
+        out = P(rest or None) if kind in ("all_gather", "psum", "all_gather_as_psum") else spec
         fn = jax.shard_map(body, in_specs=spec, out_specs=out, check_vma=False)
         total = (per_device[0] * mesh.size,) + per_device[1:]
         return fn, (jax.ShapeDtypeStruct(total, getattr(jnp, dtype)),), (spec,)
@@ -103,7 +108,8 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
 
 
 def single_op_rows() -> list[OpRow]:
-    """C1-C14 as JAX functions (C6's 2 devices are v2 TensorCores: see VALIDATION.md)."""
+    """C1-C14 as JAX functions (C6's 2 devices are v2 TensorCores: see VALIDATION.md; C8 and C10
+    as torch_xla runs their all_gather, an allreduce of the zero-padded gathered buffer)."""
     return [
         OpRow("C1", "v5e", (1, 1), "v5e", (1, 1), False, {"one": 1}, _matmul(8192)),
         OpRow("C2", "v5e", (1, 1), "v5e", (1, 1), False, {"one": 1}, _matmul(4096)),
@@ -113,11 +119,11 @@ def single_op_rows() -> list[OpRow]:
         OpRow("C7", "v5e", (2, 2), "v5e", (4,), False, {"i": 4},
               _collective("all_gather", (128 * KIB // 2 // 4,), "bfloat16")),
         OpRow("C8", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
-              _collective("all_gather", (32768 // 8, 32768), "bfloat16")),
+              _collective("all_gather_as_psum", (32768 // 8, 32768), "bfloat16")),
         OpRow("C9", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
               _collective("psum", (128 * MIB,), "int8")),
         OpRow("C10", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
-              _collective("all_gather", (GIB // 8,), "int8")),
+              _collective("all_gather_as_psum", (GIB // 8,), "int8")),
         OpRow("C11", "v5p", (2, 2, 1), "v5p", (2, 2, 1), False, {"j": 2, "i": 2},
               _collective("ppermute", (32 * MIB,), "bfloat16")),
         OpRow("C12", "v5p", (2, 2, 1), "v5p", (2, 2, 1), False, {"j": 2, "i": 2},
@@ -299,7 +305,7 @@ CATEGORIES = (
     ("flash attention kernels", r"flash|splash", r"attention/flash"),
     ("MLP matmuls", r"bte,ef->btf|btf,fe->bte|btf,ef->bte", r"^mlp/"),
     ("attention projections", r"bte,e[nk]d->bt[nk]d|bt[nk]d,[nk]de->bte",
-     r"attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
+     r"^attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
      r"|d_value|dx_value|qkv)"),
     ("logits, embedding, loss", r"btv|,ve->|ve,|logits|embed|xent|cross_entropy",
      r"unembed|embed/|xent"),
@@ -342,18 +348,13 @@ def _builtin(scenario: str) -> tuple[Any, Any, dict[str, float]]:
 
     from pod.config.plan import build_plan
     from pod.config.scenario import load_scenario
-    from pod.programs import AXES
-    from pod.programs.collectives import ShapeCollectives
     from pod.runtime.timing import TimingPod
 
     plan = build_plan(load_scenario(os.path.join(ROOT, scenario)), timing_only=True)
     pod = TimingPod(plan)
     stats = pod.step(1)
-    device, groups = pod.device, pod.device.groups
-    x, y = pod._examples(1)
-    comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
-                            {a: groups.ring_index(a) for a in AXES})
-    report = device.step(comm, x, y, 1, plan.training.seed, trace=True)
+    pod.device_reports(1, trace=True)
+    report = pod.last_report
     cats: dict[str, float] = defaultdict(float)
     for name, _unit, seconds, *_ in report.trace:
         cats[_category("/".join(p for p in name.split("/") if not p.startswith("block")), 2)] \

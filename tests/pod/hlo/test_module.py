@@ -116,17 +116,17 @@ def test_cpu_and_tpu_texts_differ_as_the_pitfalls_say():
     assert " dot(" in cpu and " convolution(" in tpu and " dot(" not in tpu
 
 
-def test_an_instruction_printed_over_several_lines_is_read_to_its_end():
-    """XLA prints a Pallas kernel's ``frontend_attributes`` with a JSON document over
-    several lines (splash attention's ``kernel_metadata``, tools/xla_oracle/hlo/T8)."""
-    text = SMALL.replace(
-        '  %y = bf16[8,128]{1,0} negate(%x), metadata=',
-        '  %y = bf16[8,128]{1,0} negate(%x), frontend_attributes={kernel_metadata={\n'
-        '"xprof_metadata":"{\\"block_q\\": 512, \\"x = 1\\": 2}"\n'
-        '}}, metadata=')
-    assert text.count("\n") == SMALL.count("\n") + 2
-    module = parse_hlo(text)
-    y = module.computations["body"].by_name["y"]
-    assert y.opcode == "negate" and y.operands == ("x",) and y.op_name == "jit(f)/neg"
-    assert y.line == 9 and y.estimated_cycles == 120
-    assert module.computations["body"].root.operands == ("next", "y")
+def test_an_instruction_printed_over_several_lines_is_one_instruction():
+    """XLA prints a Pallas kernel's metadata (splash attention's ``kernel_metadata``) with
+    line breaks inside the instruction's braces: the lines are one instruction."""
+    text = SMALL.replace("  %one = s32[] constant(1)",
+                         '  %one = s32[] constant(1), frontend_attributes={kernel_metadata={\n'
+                         '"xprof_metadata":"{\\"block_q\\": 512}"\n}}')
+    assert text != SMALL
+    module, small = parse_hlo(text), parse_hlo(SMALL)
+    assert [i.name for _, i in module.instructions()] == [i.name for _, i in small.instructions()]
+    assert "xprof_metadata" in next(i for _, i in module.instructions()
+                                    if i.name == "one").attrs["frontend_attributes"]
+    with pytest.raises(HloParseError, match="braces not closed"):
+        parse_hlo(SMALL.replace("  %one = s32[] constant(1)",
+                                "  %one = s32[] constant(1), frontend_attributes={x={"))
