@@ -5,8 +5,9 @@
     cpu`` over fake CPU devices instead), their HLO costed by ``pod.hlo`` on the row's
     chips, beside the project's single-op prediction of the same row (``fidelity.py``'s
     ``predict``, host dispatch left out of both: the HLO is the device's work).
-(b) ``--training``: the calibration training rows T1-T4 (any row the oracle compiled) as the oracle's JAX
-    transformer compiled for their slices (tools/xla_oracle), costed by the HLO path,
+(b) ``--training``: the calibration training rows T1-T4 (any row the oracle compiled) as
+    the oracle's JAX transformer compiled for their slices (tools/xla_oracle), costed by
+    the HLO path,
     beside the built-in path (the row's scenario, timing-only) and the published figure,
     with a per-op diff of where the two paths differ.
 (c) ``--memory``: the HLO path's memory beside XLA's own buffer assignment.
