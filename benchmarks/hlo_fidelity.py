@@ -7,9 +7,8 @@
     ``predict``, host dispatch left out of both: the HLO is the device's work).
 (b) ``--training``: the calibration training rows T1-T4 (any row the oracle compiled) as
     the oracle's JAX transformer compiled for their slices (tools/xla_oracle), costed by
-    the HLO path,
-    beside the built-in path (the row's scenario, timing-only) and the published figure,
-    with a per-op diff of where the two paths differ.
+    the HLO path, beside the built-in path (the row's scenario, timing-only) and the
+    published figure, with a per-op diff of where the two paths differ.
 (c) ``--memory``: the HLO path's memory beside XLA's own buffer assignment.
 
 Every time is SIMULATED, except the compile times (wall).
