@@ -5,10 +5,10 @@
     cpu`` over fake CPU devices instead), their HLO costed by ``pod.hlo`` on the row's
     chips, beside the project's single-op prediction of the same row (``fidelity.py``'s
     ``predict``, host dispatch left out of both: the HLO is the device's work).
-(b) ``--training``: the calibration training rows T1, T3, T5 as the oracle's JAX
-    transformer compiled for their slices (tools/xla_oracle), costed by the HLO path,
-    beside the built-in path (the row's scenario, timing-only) and the published figure,
-    with a per-op diff of where the two paths differ.
+(b) ``--training``: the calibration training rows T1-T4 (any row the oracle compiled) as
+    the oracle's JAX transformer compiled for their slices (tools/xla_oracle), costed by
+    the HLO path, beside the built-in path (the row's scenario, timing-only) and the
+    published figure, with a per-op diff of where the two paths differ.
 (c) ``--memory``: the HLO path's memory beside XLA's own buffer assignment.
 
 Every time is SIMULATED, except the compile times (wall).
@@ -16,9 +16,9 @@ Every time is SIMULATED, except the compile times (wall).
 Usage::
 
     python benchmarks/hlo_fidelity.py --single-op [--markdown] [--path tpu|cpu]
-    python benchmarks/hlo_fidelity.py --training [--memory] [--rows T1,T3] [--hlo-dir DIR]
-    python benchmarks/hlo_fidelity.py --rows T1,T3 --compile-maxtext-flags DIR  # then
-    python benchmarks/hlo_fidelity.py --training --memory --rows T1,T3 --hlo-dir DIR/hlo
+    python benchmarks/hlo_fidelity.py --training [--memory] [--rows T1,T2,T3,T4] [--hlo-dir DIR]
+    python benchmarks/hlo_fidelity.py --rows T1,T2,T3,T4 --compile-maxtext-flags DIR  # then
+    python benchmarks/hlo_fidelity.py --training --memory --rows T1,T2,T3,T4 --hlo-dir DIR/hlo
 """
 
 from __future__ import annotations
@@ -482,13 +482,13 @@ def print_memory(results: list[TrainingResult]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--single-op", action="store_true", help="(a) the rows C1-C14")
-    parser.add_argument("--training", action="store_true", help="(b) T1, T3, T5")
+    parser.add_argument("--training", action="store_true", help="(b) the training rows (--rows)")
     parser.add_argument("--memory", action="store_true", help="(c) memory beside XLA's")
     parser.add_argument("--path", choices=["tpu", "cpu"], default="tpu",
                         help="compile for the TPU (libtpu) or fake CPU devices")
     parser.add_argument("--markdown", action="store_true", help="tables for VALIDATION.md")
     parser.add_argument("--json", action="store_true", help="rows as JSON")
-    parser.add_argument("--rows", default="T1,T3,T5", help="training rows (comma-separated)")
+    parser.add_argument("--rows", default="T1,T2,T3,T4", help="training rows (comma-separated)")
     parser.add_argument("--compile-maxtext-flags", metavar="DIR",
                         help="compile --rows with the oracle and MaxText's 2023 XLA flags "
                              "(MAXTEXT_2023_LIBTPU_ARGS) into DIR/hlo and DIR/results (minutes "
