@@ -5,10 +5,10 @@
     cpu`` over fake CPU devices instead), their HLO costed by ``pod.hlo`` on the row's
     chips, beside the project's single-op prediction of the same row (``fidelity.py``'s
     ``predict``, host dispatch left out of both: the HLO is the device's work).
-(b) ``--training``: the calibration training rows T1, T3, T5 as the oracle's JAX
-    transformer compiled for their slices (tools/xla_oracle), costed by the HLO path,
-    beside the built-in path (the row's scenario, timing-only) and the published figure,
-    with a per-op diff of where the two paths differ.
+(b) ``--training``: the calibration training rows T1-T4 (any row the oracle compiled) as
+    the oracle's JAX transformer compiled for their slices (tools/xla_oracle), costed by
+    the HLO path, beside the built-in path (the row's scenario, timing-only) and the
+    published figure, with a per-op diff of where the two paths differ.
 (c) ``--memory``: the HLO path's memory beside XLA's own buffer assignment.
 
 Every time is SIMULATED, except the compile times (wall).
@@ -16,9 +16,9 @@ Every time is SIMULATED, except the compile times (wall).
 Usage::
 
     python benchmarks/hlo_fidelity.py --single-op [--markdown] [--path tpu|cpu]
-    python benchmarks/hlo_fidelity.py --training [--memory] [--rows T1,T3] [--hlo-dir DIR]
-    python benchmarks/hlo_fidelity.py --rows T1,T3 --compile-maxtext-flags DIR  # then
-    python benchmarks/hlo_fidelity.py --training --memory --rows T1,T3 --hlo-dir DIR/hlo
+    python benchmarks/hlo_fidelity.py --training [--memory] [--rows T1,T2,T3,T4] [--hlo-dir DIR]
+    python benchmarks/hlo_fidelity.py --rows T1,T2,T3,T4 --compile-maxtext-flags DIR  # then
+    python benchmarks/hlo_fidelity.py --training --memory --rows T1,T2,T3,T4 --hlo-dir DIR/hlo
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
         def body(x):
             if kind == "all_gather":
                 return jax.lax.all_gather(x, axis, tiled=True)
+            if kind == "all_gather_as_psum":  # torch_xla's _all_gather_using_all_reduce
+                full = jnp.zeros((x.shape[0] * n, *x.shape[1:]), x.dtype)
+                full = jax.lax.dynamic_update_slice_in_dim(
+                    full, x, jax.lax.axis_index(axis) * x.shape[0], 0)
+                return jax.lax.psum(full, axis)
             if kind == "psum":
                 return jax.lax.psum(x, axis)
             if kind == "psum_scatter":
@@ -95,7 +100,7 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
             return jax.lax.ppermute(x, axis, [(i, (i + 1) % n) for i in range(n)])
 
         spec = P((*rest, axis)) if kind != "all_gather" else P((*rest, axis))
-        out = P(rest or None) if kind in ("all_gather", "psum") else spec
+        out = P(rest or None) if kind in ("all_gather", "psum", "all_gather_as_psum") else spec
         fn = jax.shard_map(body, in_specs=spec, out_specs=out, check_vma=False)
         total = (per_device[0] * mesh.size,) + per_device[1:]
         return fn, (jax.ShapeDtypeStruct(total, getattr(jnp, dtype)),), (spec,)
@@ -103,7 +108,8 @@ def _collective(kind: str, per_device: tuple[int, ...], dtype: str, axis: str = 
 
 
 def single_op_rows() -> list[OpRow]:
-    """C1-C14 as JAX functions (C6's 2 devices are v2 TensorCores: see VALIDATION.md)."""
+    """C1-C14 as JAX functions (C6's 2 devices are v2 TensorCores: see VALIDATION.md; C8 and C10
+    as torch_xla runs their all_gather, an allreduce of the zero-padded gathered buffer)."""
     return [
         OpRow("C1", "v5e", (1, 1), "v5e", (1, 1), False, {"one": 1}, _matmul(8192)),
         OpRow("C2", "v5e", (1, 1), "v5e", (1, 1), False, {"one": 1}, _matmul(4096)),
@@ -113,11 +119,11 @@ def single_op_rows() -> list[OpRow]:
         OpRow("C7", "v5e", (2, 2), "v5e", (4,), False, {"i": 4},
               _collective("all_gather", (128 * KIB // 2 // 4,), "bfloat16")),
         OpRow("C8", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
-              _collective("all_gather", (32768 // 8, 32768), "bfloat16")),
+              _collective("all_gather_as_psum", (32768 // 8, 32768), "bfloat16")),
         OpRow("C9", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
               _collective("psum", (128 * MIB,), "int8")),
         OpRow("C10", "v5e", (2, 4), "v5e", (2, 4), False, {"i": 8},
-              _collective("all_gather", (GIB // 8,), "int8")),
+              _collective("all_gather_as_psum", (GIB // 8,), "int8")),
         OpRow("C11", "v5p", (2, 2, 1), "v5p", (2, 2, 1), False, {"j": 2, "i": 2},
               _collective("ppermute", (32 * MIB,), "bfloat16")),
         OpRow("C12", "v5p", (2, 2, 1), "v5p", (2, 2, 1), False, {"j": 2, "i": 2},
@@ -299,7 +305,7 @@ CATEGORIES = (
     ("flash attention kernels", r"flash|splash", r"attention/flash"),
     ("MLP matmuls", r"bte,ef->btf|btf,fe->bte|btf,ef->bte", r"^mlp/"),
     ("attention projections", r"bte,e[nk]d->bt[nk]d|bt[nk]d,[nk]de->bte",
-     r"attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
+     r"^attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
      r"|d_value|dx_value|qkv)"),
     ("logits, embedding, loss", r"btv|,ve->|ve,|logits|embed|xent|cross_entropy",
      r"unembed|embed/|xent"),
@@ -342,18 +348,13 @@ def _builtin(scenario: str) -> tuple[Any, Any, dict[str, float]]:
 
     from pod.config.plan import build_plan
     from pod.config.scenario import load_scenario
-    from pod.programs import AXES
-    from pod.programs.collectives import ShapeCollectives
     from pod.runtime.timing import TimingPod
 
     plan = build_plan(load_scenario(os.path.join(ROOT, scenario)), timing_only=True)
     pod = TimingPod(plan)
     stats = pod.step(1)
-    device, groups = pod.device, pod.device.groups
-    x, y = pod._examples(1)
-    comm = ShapeCollectives({a: groups.axis_size(a) for a in AXES},
-                            {a: groups.ring_index(a) for a in AXES})
-    report = device.step(comm, x, y, 1, plan.training.seed, trace=True)
+    pod.device_reports(1, trace=True)
+    report = pod.last_report
     cats: dict[str, float] = defaultdict(float)
     for name, _unit, seconds, *_ in report.trace:
         cats[_category("/".join(p for p in name.split("/") if not p.startswith("block")), 2)] \
@@ -481,13 +482,13 @@ def print_memory(results: list[TrainingResult]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--single-op", action="store_true", help="(a) the rows C1-C14")
-    parser.add_argument("--training", action="store_true", help="(b) T1, T3, T5")
+    parser.add_argument("--training", action="store_true", help="(b) the training rows (--rows)")
     parser.add_argument("--memory", action="store_true", help="(c) memory beside XLA's")
     parser.add_argument("--path", choices=["tpu", "cpu"], default="tpu",
                         help="compile for the TPU (libtpu) or fake CPU devices")
     parser.add_argument("--markdown", action="store_true", help="tables for VALIDATION.md")
     parser.add_argument("--json", action="store_true", help="rows as JSON")
-    parser.add_argument("--rows", default="T1,T3,T5", help="training rows (comma-separated)")
+    parser.add_argument("--rows", default="T1,T2,T3,T4", help="training rows (comma-separated)")
     parser.add_argument("--compile-maxtext-flags", metavar="DIR",
                         help="compile --rows with the oracle and MaxText's 2023 XLA flags "
                              "(MAXTEXT_2023_LIBTPU_ARGS) into DIR/hlo and DIR/results (minutes "

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from pod.config.overrides import load_with_overrides  # noqa: E402
 from pod.config.plan import build_plan  # noqa: E402
-from pod.errors import HBMPlanError  # noqa: E402
+from pod.errors import HBMPlanError, ScenarioError  # noqa: E402
 from pod.workloads.remat import REMAT_POLICIES, REMAT_TENSORS  # noqa: E402
 
 RESULTS = ROOT / "tools" / "xla_oracle" / "results"
@@ -87,7 +87,8 @@ class Row:
     xla_argument_bytes: int
     xla_fits: bool
     plan_bytes: int
-    plan_fits: bool
+    #: None: the plan does not model the configuration (``note`` says why)
+    plan_fits: bool | None
     plan_items: dict[str, int]
     plan_state_bytes: int
     left_out: tuple[str, ...]
@@ -102,7 +103,7 @@ class Row:
     def error(self) -> float | None:
         """(plan - XLA) / XLA against XLA's peak; None where XLA refused the program
         (it reports the temporaries it would need, not a peak)."""
-        if self.xla_peak_bytes is None:
+        if self.xla_peak_bytes is None or self.plan_fits is None:
             return None
         return (self.plan_bytes - self.xla_peak_bytes) / self.xla_peak_bytes
 
@@ -110,8 +111,8 @@ class Row:
     def agrees(self) -> bool:
         """The verdicts agree and, where XLA compiled it, the totals are within
         ``TOLERANCE``."""
-        return self.plan_fits == self.xla_fits and (self.error is None
-                                                    or abs(self.error) <= TOLERANCE)
+        return self.plan_fits is not None and self.plan_fits == self.xla_fits and (
+            self.error is None or abs(self.error) <= TOLERANCE)
 
 
 def oracle_overrides(result: Mapping[str, Any]) -> tuple[list[str], tuple[str, ...]]:
@@ -140,9 +141,9 @@ def oracle_overrides(result: Mapping[str, Any]) -> tuple[list[str], tuple[str, .
 def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
     """The plan of one oracle result's configuration beside XLA's figures.
 
-    Raises:
-        ScenarioError (and the other user errors of ``build_plan``): the configuration
-            does not plan for a reason other than its HBM.
+    A configuration the project does not model (``build_plan``'s ScenarioError: dropless
+    routing over an expert axis) is a row with no plan verdict (``plan_fits`` None) and
+    the error as its note: it counts as a disagreement, never as a crash.
     """
     overrides, left = oracle_overrides(result)
     # enough examples for one device's share (a tensor group's sequences; a timing-only
@@ -161,6 +162,8 @@ def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
         items, total, fits = dict(err.memory_plan), err.requested_bytes, False
         state = items.get("params", 0) + items.get("optimizer_state", 0)
         note = str(err).split("; ", 1)[1] if "; " in str(err) else ""
+    except ScenarioError as err:  # not modelled: no verdict
+        items, total, fits, state, note = {}, 0, None, 0, f"not planned: {err}"
     memory_xla = result.get("memory") or {}
     oom = (result.get("compile") or {}).get("oom") or {}
     peak = device_peak_bytes(result)
@@ -256,9 +259,9 @@ def _table(rows: list[Row], markdown: bool) -> str:
                f"(temps {r.xla_required_bytes / GIB:.1f})" if r.xla_required_bytes else
                f"(<= {r.xla_device_bound_bytes / GIB:.2f})" if r.xla_device_bound_bytes else "-")
         cells = (r.id, r.chip, r.mesh.replace('"', ""), f"{r.per_device_batch:g}", r.remat,
-                 xla, f"{r.plan_bytes / GIB:.2f}",
+                 xla, "-" if r.plan_fits is None else f"{r.plan_bytes / GIB:.2f}",
                  "-" if r.error is None else f"{r.error:+.1%}", "fits" if r.xla_fits else "OOM",
-                 "fits" if r.plan_fits else "refuses",
+                 {True: "fits", False: "refuses", None: "not planned"}[r.plan_fits],
                  f"{r.xla_argument_bytes / GIB:.2f}" if r.xla_argument_bytes else "-",
                  f"{r.plan_state_bytes / GIB:.2f}")
         lines.append(("| " + " | ".join(cells) + " |") if markdown

@@ -11,6 +11,10 @@ number gives its source key:
 - [RECIPES]: AI-Hypercomputer/tpu-recipes microbenchmarks (v6e-1, device time).
 - [JS168]: AI-Hypercomputer/jetstream-pytorch pull request 168 (v5e, host time).
 - [JAX]: jax/_src/pallas/mosaic/tpu_info.py.
+- [XLA]: XLA's own figure, read by the XLA oracle (tools/xla_oracle, docs/xla-oracle.md):
+  the HBM a compiled program may use, from libtpu 0.0.42.1's out-of-memory message
+  ("exceeds available HBM (...)"), kept per config in tools/xla_oracle/results/<id>.json
+  (compile.oom.available_bytes); tests/chip/test_spec.py checks the presets against them.
 - [SEED]: the project's seed documents (TPU v2 lecture and tutorials).
 - der.: derived here from the other numbers.
 - assumption: not published; chosen by us and documented as such.
@@ -257,8 +261,7 @@ class ChipSpec:
         name: Generation name, e.g. "v4".
         core: Spec of each TensorCore (all cores of a chip are alike).
         tensorcores: TensorCores per chip.
-        hbm_bytes: HBM capacity of the chip, bytes; each core gets
-            hbm_bytes // tensorcores (`core.hbm_bytes`).
+        hbm_bytes: HBM capacity of the chip as published, bytes (what `describe` shows).
         hbm_bandwidth_bytes_per_s: HBM bandwidth of the chip, bytes/s; each core
             gets an equal share (`core.hbm_bandwidth_bytes_per_s`).
         ici_links: ICI links per chip.
@@ -289,6 +292,12 @@ class ChipSpec:
             given by chips and topology).
         wraparound_rule: which axes of a slice's torus wrap, one of
             ``WRAPAROUND_RULES`` (:meth:`default_wraparound`).
+        hbm_available_bytes: HBM a program's buffers may use on the chip, bytes: what
+            decides whether a step fits. XLA keeps part of the published capacity for
+            itself (runtime, program, scratch), so on v4, v5e, v5p and v6e this is XLA's own
+            figure ([XLA]: v4 30.75 GiB of 32, v6e 31.25 GiB of 32); 0 (the default: a custom
+            chip, v2, v3, not measured) takes ``hbm_bytes``. Each core gets
+            hbm_available_bytes // tensorcores (`core.hbm_bytes`, its HBM budget).
 
     Raises:
         ChipSpecError: (a ValueError) quoting the first invalid field, or if the
@@ -315,6 +324,7 @@ class ChipSpec:
     dcn_latency_s: float = 2e-5
     slice_shapes: tuple[tuple[int, tuple[int, ...]], ...] = ()
     wraparound_rule: str = "every_axis"
+    hbm_available_bytes: int = 0  # 0: hbm_bytes (not measured)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -323,6 +333,9 @@ class ChipSpec:
             raise ChipSpecError(f"ChipSpec.core must be a TensorCoreSpec, got {self.core!r}")
         _check_int("ChipSpec", "tensorcores", self.tensorcores, 1)
         _check_int("ChipSpec", "hbm_bytes", self.hbm_bytes, 1)
+        if self.hbm_available_bytes == 0:
+            object.__setattr__(self, "hbm_available_bytes", self.hbm_bytes)
+        _check_int("ChipSpec", "hbm_available_bytes", self.hbm_available_bytes, 1)
         _check_positive("ChipSpec", "hbm_bandwidth_bytes_per_s", self.hbm_bandwidth_bytes_per_s)
         _check_int("ChipSpec", "ici_links", self.ici_links, 0)
         _check_positive("ChipSpec", "ici_link_bandwidth_bytes_per_s",
@@ -365,11 +378,12 @@ class ChipSpec:
                 f"ChipSpec {self.name!r}: megacore needs at least 2 TensorCores, "
                 f"got tensorcores={self.tensorcores!r}"
             )
-        # The core's HBM is its share of the chip's: one figure, not two.
-        if self.core.hbm_bytes != self.hbm_bytes // self.tensorcores:
+        # The core's HBM budget is its share of what the chip makes available: one figure.
+        share_bytes = self.hbm_available_bytes // self.tensorcores
+        if self.core.hbm_bytes != share_bytes:
             raise ChipSpecError(
                 f"ChipSpec {self.name!r}: core.hbm_bytes={self.core.hbm_bytes!r} must be "
-                f"hbm_bytes // tensorcores = {self.hbm_bytes // self.tensorcores!r}"
+                f"hbm_available_bytes // tensorcores = {share_bytes!r}"
             )
         share = self.hbm_bandwidth_bytes_per_s / self.tensorcores
         if not math.isclose(self.core.hbm_bandwidth_bytes_per_s, share, rel_tol=1e-9):
@@ -461,6 +475,7 @@ class ChipSpec:
         hbm_bytes: int,
         hbm_bandwidth_bytes_per_s: float,
         vmem_bytes_per_core: int,
+        hbm_available_bytes: int = 0,
         **chip_fields,
     ) -> ChipSpec:
         """Builds a ChipSpec from per-chip HBM figures, splitting them over the cores.
@@ -474,11 +489,12 @@ class ChipSpec:
             hbm_bytes: HBM capacity of the chip, bytes.
             hbm_bandwidth_bytes_per_s: HBM bandwidth of the chip, bytes/s.
             vmem_bytes_per_core: VMEM of each core, bytes.
+            hbm_available_bytes: HBM a program may use on the chip, bytes (0: hbm_bytes).
             **chip_fields: The remaining ChipSpec fields (ici_*, torus_dims, ...),
                 and optionally TensorCoreSpec's VPU / scalar fields.
 
         Returns:
-            The ChipSpec, with core.hbm_bytes = hbm_bytes // tensorcores and
+            The ChipSpec, with core.hbm_bytes = hbm_available_bytes // tensorcores and
             core.hbm_bandwidth_bytes_per_s = hbm_bandwidth_bytes_per_s / tensorcores.
 
         Raises:
@@ -489,11 +505,13 @@ class ChipSpec:
         _check_int("ChipSpec", "tensorcores", tensorcores, 1)
         _check_positive("ChipSpec", "hbm_bandwidth_bytes_per_s", hbm_bandwidth_bytes_per_s)
         _check_int("ChipSpec", "hbm_bytes", hbm_bytes, 1)
+        _check_int("ChipSpec", "hbm_available_bytes", hbm_available_bytes, 0)
+        available_bytes = hbm_available_bytes or hbm_bytes
         core = TensorCoreSpec(
             mxu=mxu,
             mxus_per_core=mxus_per_core,
             clock_hz=clock_hz,
-            hbm_bytes=hbm_bytes // tensorcores,
+            hbm_bytes=available_bytes // tensorcores,
             hbm_bandwidth_bytes_per_s=hbm_bandwidth_bytes_per_s / tensorcores,
             vmem_bytes=vmem_bytes_per_core,
             **core_extra,
@@ -503,6 +521,7 @@ class ChipSpec:
             core=core,
             tensorcores=tensorcores,
             hbm_bytes=hbm_bytes,
+            hbm_available_bytes=available_bytes,
             hbm_bandwidth_bytes_per_s=hbm_bandwidth_bytes_per_s,
             **chip_fields,
         )
@@ -586,6 +605,7 @@ V4 = ChipSpec.from_chip_figures(
     mxus_per_core=4,  # [GC-v4]
     clock_hz=1050e6,  # der. (275e12 / (2 * 4 * 16384 * 2))
     hbm_bytes=32 * _GIB,  # [GC-v4]
+    hbm_available_bytes=33_017_561_088,  # 30.75 GiB [XLA]
     hbm_bandwidth_bytes_per_s=1200e9,  # [GC-v4]
     vmem_bytes_per_core=16 * _MIB,  # [JAX] (plus 128 MiB CMEM, not modelled)
     int8_macs_per_bf16_mac=1.0,  # der.: int8 275e12 / bf16 275e12 [GC-v4]
@@ -621,6 +641,7 @@ V5E = ChipSpec.from_chip_figures(
     mxus_per_core=4,  # [GC-v5e]
     clock_hz=1.5e9,  # [SB]
     hbm_bytes=16 * 10**9,  # 16 GB [GC-v5e]
+    hbm_available_bytes=16_911_433_728,  # 15.75 GiB [XLA] (Google's "16 GB" is 16 GiB)
     hbm_bandwidth_bytes_per_s=819e9,  # [GC-v5e] (8.1e11 [SB])
     vmem_bytes_per_core=128 * _MIB,  # [SB]
     int8_macs_per_bf16_mac=2.0,  # der.: int8 394e12 / bf16 197e12 [GC-v5e]
@@ -653,6 +674,7 @@ V5P = ChipSpec.from_chip_figures(
     mxus_per_core=4,  # [GC-v5p]
     clock_hz=1.75e9,  # [SB]
     hbm_bytes=95 * _GIB,  # 95 GiB usable [GC-v5p]
+    hbm_available_bytes=102_800_042_229,  # 95.74 GiB [XLA]
     hbm_bandwidth_bytes_per_s=2765e9,  # [GC-v5p] (2.8e12 [SB])
     vmem_bytes_per_core=64 * _MIB,  # [JAX]
     int8_macs_per_bf16_mac=2.0,  # der.: int8 918e12 [SB] / bf16 459e12 [GC-v5p]
@@ -687,6 +709,7 @@ V6E = ChipSpec.from_chip_figures(
     mxus_per_core=4,  # der.: 4 at 1.75 GHz matches the peak (Google's page says 2)
     clock_hz=1.75e9,  # der. (unpublished; 918e12 / (2 * 4 * 65536) ~ 1.75e9)
     hbm_bytes=32 * 10**9,  # 32 GB [GC-v6e]
+    hbm_available_bytes=33_554_432_000,  # 31.25 GiB [XLA] (Google's "32 GB" is 32 GiB)
     hbm_bandwidth_bytes_per_s=1638e9,  # [GC-v6e]
     vmem_bytes_per_core=128 * _MIB,  # [JAX]
     int8_macs_per_bf16_mac=2.0,  # der.: int8 1836e12 / bf16 918e12 [GC-v6e]

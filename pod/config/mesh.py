@@ -176,8 +176,10 @@ def devices_per_chip(chip: ChipSpec) -> int:
 
 
 def device_hbm_bytes(chip: ChipSpec) -> int:
-    """HBM of one device, bytes: a TensorCore's share on v2 / v3, the whole chip's otherwise."""
-    return chip.hbm_bytes // devices_per_chip(chip)
+    """HBM a program may use on one device, bytes: a TensorCore's share of the chip's
+    available HBM on v2 / v3, the whole chip's otherwise (``ChipSpec.hbm_available_bytes``:
+    XLA's own figure where measured, the published capacity otherwise)."""
+    return chip.hbm_available_bytes // devices_per_chip(chip)
 
 
 # ------------------------------------------------------------------ the value

@@ -339,7 +339,7 @@ def candidate_slices(preset: Preset) -> list[str]:
     params = TransformerConfig(vocabulary=preset.vocabulary,
                                sequence_length=preset.sequence_length,
                                **preset.options()).param_count()
-    hbm = get_chip_spec("v5p").hbm_bytes
+    hbm = get_chip_spec("v5p").hbm_available_bytes
     counts = sorted(SLICE_SHAPES["v5p"])
     fits = [c for c in counts if 16 * params <= hbm * math.prod(SLICE_SHAPES["v5p"][c])]
     return [f"v5p-{c}" for c in (counts[counts.index(fits[0]):] if fits else counts[-1:])]

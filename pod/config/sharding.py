@@ -123,14 +123,15 @@ def device_chip_spec(spec: ChipSpec) -> ChipSpec:
         n = spec.tensorcores
         published = spec.published_peak_bf16_flops_per_s
         return dataclasses.replace(
-            spec, tensorcores=1, hbm_bytes=spec.core.hbm_bytes, slice_shapes=(),
+            spec, tensorcores=1, hbm_bytes=spec.hbm_bytes // n,
+            hbm_available_bytes=spec.core.hbm_bytes, slice_shapes=(),
             hbm_bandwidth_bytes_per_s=spec.core.hbm_bandwidth_bytes_per_s,
             published_peak_bf16_flops_per_s=None if published is None else published / n)
     if not spec.megacore:
         return spec
     n, core = spec.tensorcores, spec.core
     merged = dataclasses.replace(core, mxus_per_core=core.mxus_per_core * n,
-                                 hbm_bytes=core.hbm_bytes * n,
+                                 hbm_bytes=spec.hbm_available_bytes,
                                  hbm_bandwidth_bytes_per_s=core.hbm_bandwidth_bytes_per_s * n,
                                  vmem_bytes=core.vmem_bytes * n,
                                  vpu_sublanes=core.vpu_sublanes * n)

@@ -7,8 +7,11 @@ that defines it to its last use (through the ops that only rename a buffer:
 ``bitcast``, ``get-tuple-element``, ``tuple``, a ``while`` of its state, an
 in-place ``dynamic-update-slice`` or a fusion XLA aliases to an operand), and
 take the largest sum. The entry's parameters live throughout (the caller holds
-the arguments), its result to the end; a loop adds its body's own peak on top
-of what is live around it. Buffers in a TPU's VMEM (``S(1)``) are not HBM.
+the arguments), its result to the end, except the outputs the module writes into
+a donated argument's buffer (the header's ``input_output_alias``: an optimizer's
+new weights and moments take the old ones' buffers); a loop adds its body's own
+peak on top of what is live around it. Buffers in a TPU's VMEM (``S(1)``) or in host
+memory (``S(5)``, XLA's host offload) are not HBM.
 
 It is a lower bound on what XLA assigns (no fragmentation, no padding to
 tiles, no scoped buffers of the kernels) and an upper bound on what a better
@@ -19,7 +22,10 @@ Pure: no jax, no ray.
 
 from __future__ import annotations
 
-from pod.hlo.module import VMEM_SPACE, HloComputation, HloInstruction, HloModule
+from pod.hlo.module import HOST_SPACE, VMEM_SPACE, HloComputation, HloInstruction, HloModule
+
+#: Memory spaces that are not HBM: VMEM and host memory.
+_NOT_HBM = (VMEM_SPACE, HOST_SPACE)
 
 __all__ = ["peak_bytes"]
 
@@ -60,11 +66,41 @@ def _defined_bytes(module: HloModule, instr: HloInstruction) -> int:
         leaves = leaves[:1]  # (destination, source, context)
     elif instr.opcode.endswith("-start"):
         leaves = leaves[len(instr.operands):] or leaves  # ((operands), results, context)
-    return sum(a.nbytes for a in leaves if a.memory_space != VMEM_SPACE)
+    return sum(a.nbytes for a in leaves if a.memory_space not in _NOT_HBM)
 
 
-def _computation_peak(module: HloModule, comp: HloComputation, memo: dict[str, int]) -> int:
-    """The peak bytes of ``comp``'s own buffers (its parameters excluded)."""
+def _donated(module: HloModule) -> dict[str, int]:
+    """Entry instruction -> bytes of its result the module returns in a donated argument's
+    buffer (``HloModule.output_aliases``; a tuple root's elements, through bitcasts and one
+    ``get-tuple-element``): XLA writes them there, so they are no new buffer."""
+    entry = module.entry_computation
+    root = entry.root
+    out: dict[str, int] = {}
+    for index in module.output_aliases:
+        if root.opcode == "tuple" and len(index) == 1 and index[0] < len(root.operands):
+            instr = entry.by_name.get(root.operands[index[0]])
+        elif root.opcode != "tuple" and not index:
+            instr = root
+        else:
+            continue
+        while instr is not None and instr.opcode in ("bitcast", "reshape") and instr.operands:
+            instr = entry.by_name.get(instr.operands[0])
+        leaf = 0
+        if instr is not None and instr.opcode == "get-tuple-element":
+            leaf = int(instr.attrs.get("index", "0"))
+            instr = entry.by_name.get(instr.operands[0])
+        if instr is None or instr.opcode == "parameter" or leaf >= len(instr.shape.leaves):
+            continue
+        array = instr.shape.leaves[leaf]
+        if array.memory_space not in _NOT_HBM:
+            out[instr.name] = out.get(instr.name, 0) + array.nbytes
+    return out
+
+
+def _computation_peak(module: HloModule, comp: HloComputation, memo: dict[str, int],
+                      donated: dict[str, int] | None = None) -> int:
+    """The peak bytes of ``comp``'s own buffers (its parameters excluded; ``donated``:
+    bytes of an instruction's result that live in an argument's buffer)."""
     if comp.name in memo:
         return memo[comp.name]
     memo[comp.name] = 0  # a recursive call costs nothing more
@@ -88,6 +124,8 @@ def _computation_peak(module: HloModule, comp: HloComputation, memo: dict[str, i
     delta = [0] * (len(instrs) + 2)
     for instr in instrs:
         size = _defined_bytes(module, instr)
+        if donated:
+            size = max(0, size - donated.get(instr.name, 0))
         if size:
             delta[index[instr.name]] += size
             delta[last[instr.name] + 1] -= size
@@ -117,6 +155,6 @@ def peak_bytes(module: HloModule) -> int:
         Bytes, int >= 0.
     """
     entry = module.entry_computation
-    params = sum(sum(a.nbytes for a in i.shape.leaves if a.memory_space != VMEM_SPACE)
+    params = sum(sum(a.nbytes for a in i.shape.leaves if a.memory_space not in _NOT_HBM)
                  for i in entry.instructions if i.opcode == "parameter")
-    return params + _computation_peak(module, entry, {})
+    return params + _computation_peak(module, entry, {}, _donated(module))

@@ -37,7 +37,8 @@ from typing import Any
 from pod.errors import HloParseError
 
 __all__ = ["DTYPE_BYTES", "ArrayShape", "Shape", "HloInstruction", "HloComputation",
-           "HloModule", "parse_hlo", "parse_shape", "split_top", "VMEM_SPACE"]
+           "HloModule", "parse_hlo", "parse_shape", "split_top", "VMEM_SPACE",
+           "HOST_SPACE"]
 
 #: Bytes per element of each HLO primitive type (``xla/xla_data.proto``); sub-byte types
 #: (s4, u4, f4e2m1fn) count half a byte, as XLA packs them.
@@ -51,6 +52,8 @@ DTYPE_BYTES: dict[str, float] = {
 
 #: The memory space of a TPU's VMEM in a layout (``S(1)``): XLA's alternate memory.
 VMEM_SPACE = 1
+#: The memory space of host memory in a layout (``S(5)``): XLA's host offload.
+HOST_SPACE = 5
 
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*(?:\([^()]*\)[^{}]*)*\})?")
 _SPACE = re.compile(r"S\((\d+)\)")
@@ -164,6 +167,15 @@ def _unquoted(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
         else:
             yield i, ch
         i += 1
+
+
+def _open_braces(text: str) -> int:
+    """Braces ``text`` opens and does not close (outside strings): an attribute XLA printed
+    over several lines (a Pallas kernel's ``frontend_attributes={kernel_metadata={...}}``)."""
+    depth = 0
+    for _, ch in _unquoted(text):
+        depth += (ch == "{") - (ch == "}")
+    return depth
 
 
 def _closing(text: str, start: int) -> int:
@@ -395,6 +407,15 @@ class HloModule:
         return self.num_partitions * self.replica_count
 
     @property
+    def output_aliases(self) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
+        """The header's ``input_output_alias``: output index -> (parameter number,
+        index in the parameter), e.g. ``{ {0}: (0, {}, may-alias) }`` -> {(0,): (0, ())}: the
+        output is written into the donated argument's buffer ({} when none)."""
+        text = self.attrs.get("input_output_alias", "")
+        return {_index(out): (int(param), _index(within)) for out, param, within in
+                re.findall(r"\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}", text)}
+
+    @property
     def is_scheduled(self) -> bool:
         """XLA scheduled it (``is_scheduled=true``): the printed order is the order run."""
         return self.attrs.get("is_scheduled", "") == "true"
@@ -415,6 +436,11 @@ class HloModule:
         for comp in self.computations.values():
             for instr in comp.instructions:
                 yield comp, instr
+
+
+def _index(text: str) -> tuple[int, ...]:
+    """"0, 1" -> (0, 1); "" -> ()."""
+    return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
 
 
 def _parse_instruction(text: str, number: int) -> HloInstruction:
@@ -503,9 +529,12 @@ def parse_hlo(text: str) -> HloModule:
     current: tuple[str, bool, int] | None = None
     body: list[HloInstruction] = []
     tables: list[tuple[int, str]] = []
+    pending, first = "", 0  # an instruction XLA printed over several lines, and its first
     for number, raw in enumerate(text.splitlines(), 1):
         line = _COMMENT.sub("", raw).strip()
-        if not line or line.startswith("//") or line.startswith("#"):
+        if pending:
+            line, number, pending = f"{pending} {line}", first, ""
+        elif not line or line.startswith("//") or line.startswith("#"):
             continue
         if current is None and line.startswith("HloModule"):
             head, _, rest = line.partition(",")
@@ -533,7 +562,12 @@ def parse_hlo(text: str) -> HloModule:
             entry = comp_name if is_entry else entry
             current = None
             continue
+        if _open_braces(line) > 0:  # continued on the next line
+            pending, first = line, number
+            continue
         body.append(_parse_instruction(line, number))
+    if pending:
+        raise HloParseError(first, f"braces not closed: {pending[:80]!r}")
     if current is not None:
         raise HloParseError(current[2], f"computation {current[0]} is not closed by '}}'")
     if not computations:

@@ -543,16 +543,43 @@ class OpCoster:
         users = _users_through_bitcasts(called, param.name)
         if not users or all(_carried(called, u) for u in users):
             return 0  # unused, or a buffer an async collective carries through the kernel
+        aliases = _aliases(called, param.name)
         read = 0
         for user in users:
             if user.opcode in ("dynamic-slice", "slice", "gather"):
                 read += self._leaf_bytes(user.shape, mxu)
-            elif user.opcode == "dynamic-update-slice" and user.operands[0] in _aliases(
-                    called, param.name):
+            elif user.opcode == "dynamic-update-slice" and user.operands[0] in aliases:
                 continue  # updated in place: not read
+            elif user.opcode == "fusion" and user.called:
+                # a fusion nested in the kernel (XLA TPU's async collective fusions hold
+                # one per operand): what it reads of each operand that is this buffer
+                nested = self.module.computations[user.called[0]]
+                read += sum(self._read_bytes(shape, nested, i, mxu)
+                            for i, o in enumerate(user.operands) if o in aliases)
+            elif user.opcode == "pad" and (sliced := self._sliced_through_pad(
+                    called, user, mxu)) is not None:
+                read += sliced
             else:
                 return full
         return min(read, full)
+
+    def _sliced_through_pad(self, comp: HloComputation, pad: HloInstruction,
+                            mxu: bool) -> int | None:
+        """HBM bytes a kernel reads of a buffer it pads only to slice (XLA's windowed
+        collective matmuls pad the gathered axis, then slice a window out of it): per
+        slice, at most min(slice, buffer) elements along each axis (exact when a slice
+        takes a padded axis whole); None when the padded array has another user."""
+        source = comp.by_name.get(pad.operands[0])
+        users = _users_through_bitcasts(comp, pad.name)
+        if source is None or not users or any(
+                u.opcode not in ("dynamic-slice", "slice") for u in users):
+            return None
+        dims, itemsize = source.shape.array.dims, self._itemsize(source.shape.array, mxu)
+        if any(len(u.shape.array.dims) != len(dims) for u in users):
+            return None
+        return sum(math.ceil(math.prod(min(s, d) for s, d in zip(u.shape.array.dims, dims,
+                                                                   strict=True)) * itemsize)
+                   for u in users)
 
     def _write_bytes(self, instr: HloInstruction, called: HloComputation | None,
                      mxu: bool) -> int:

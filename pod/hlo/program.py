@@ -572,10 +572,16 @@ class _Walker:
 def _dma(comp: HloComputation, instr: HloInstruction) -> CollectiveInfo:
     """An async copy or slice: the bytes it moves and between which memory spaces
     (``copy-start`` is (destination, source, context); ``slice-start`` is ((source),
-    destination, context))."""
+    destination, context); ``dynamic-update-slice-start`` is ((buffer, update, indices...),
+    buffer, context): it moves the update into the buffer, as XLA's host offload writes one
+    layer's activations into the stack of all layers')."""
     leaves = instr.shape.leaves
     if instr.opcode == "copy-start" and len(leaves) >= 2:
         dest, src = leaves[0], leaves[1]
+    elif instr.opcode == "dynamic-update-slice-start" and len(leaves) > len(instr.operands):
+        dest, src = leaves[len(instr.operands)], leaves[1]
+        return CollectiveInfo(instr, "dma", (), int(src.nbytes), 1, "dma",
+                              (src.memory_space, dest.memory_space))
     elif len(leaves) > len(instr.operands):  # ((operands...), destination, context)
         src, dest = leaves[0], leaves[len(instr.operands)]
     else:

@@ -31,7 +31,7 @@ Pure: no jax, no ray.
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,11 +43,17 @@ from pod.config.sharding import device_chip_spec
 from pod.config.slices import Topology
 from pod.errors import HloError
 from pod.hlo.groups import CollectiveCost, CollectiveModel, Groups
-from pod.hlo.module import HloInstruction, HloModule
+from pod.hlo.module import HOST_SPACE, HloInstruction, HloModule
 from pod.hlo.ops import OpCost, OpCoster
 from pod.hlo.program import CollectiveInfo, DoneEvent, OpEvent, StartEvent, flatten
 from pod.programs.collectives import CollectiveCall
-from pod.report.clock import StepClock, step_clock
+from pod.report.clock import (
+    DeviceReport,
+    StepClock,
+    compute_bound_seconds,
+    sustained_clocks,
+    sustained_mxu_fraction,
+)
 from pod.report.stats import StepStats, op_bound
 
 __all__ = ["OpRow", "CollectiveRow", "HloMemory", "HloStep", "cost_module", "lane_name",
@@ -56,7 +62,6 @@ __all__ = ["OpRow", "CollectiveRow", "HloMemory", "HloStep", "cost_module", "lan
 #: The clock's lanes of the TPU's async copies: between HBM and VMEM, and to or from host
 #: memory (memory space 5, XLA's host offload).
 DMA_HBM, DMA_HOST = "DMA HBM<->VMEM", "DMA host"
-_HOST_SPACE = 5
 
 
 @dataclass(frozen=True)
@@ -286,7 +291,7 @@ class _Builder:
 
     def lane(self, info: CollectiveInfo) -> str:
         if info.op == "dma":
-            return DMA_HOST if _HOST_SPACE in info.memory_spaces else DMA_HBM
+            return DMA_HOST if HOST_SPACE in info.memory_spaces else DMA_HBM
         key = (info.op == "ppermute", frozenset(frozenset(g) for g in info.groups)
                if info.op != "ppermute" else info.groups)  # one lane per set of groups
         hit = self.lane_of.get(key)
@@ -301,7 +306,7 @@ class _Builder:
 
     def collective_cost(self, info: CollectiveInfo) -> CollectiveCost:
         if info.op == "dma":
-            bw = self.host_bytes_per_s if _HOST_SPACE in info.memory_spaces \
+            bw = self.host_bytes_per_s if HOST_SPACE in info.memory_spaces \
                 else self.hbm_bytes_per_s
             return CollectiveCost(info.nbytes / bw, algorithm="DMA")
         return self.model.cost(info.op, info.groups, info.nbytes, info.itemsize)
@@ -407,13 +412,20 @@ def cost_module(module: HloModule, topology: Topology, *, devices: Sequence[int]
     records, calls = builder.records, builder.calls
     # windowed: the built-in path's collective matmul; in XLA's HLO a windowed einsum is
     # already its collective-permutes, each costed as written
-    clock = step_clock(records, calls,
-                       lambda a, o, n, windowed=False: builder.costs[(a, o, n)])
+    # a training step is held to the chip's sustained MXU budget, as the built-in path's
+    # (pod.report.clock.sustained_clocks); a benchmarked op from an idle start is not
     flops = float(sum(r.flops for r in records if r.unit == "mxu"))
+    report = DeviceReport(device=0, loss=0.0,
+                          record_seconds=tuple(float(r.seconds) for r in records),
+                          record_bounds=tuple(op_bound(r) for r in records), update_start=None,
+                          calls=tuple(calls), mxu_flops=int(flops))
+    (clock,), (report,) = sustained_clocks(
+        [report], lambda a, o, n, windowed=False: builder.costs[(a, o, n)],
+        sustained_mxu_fraction(chip.core) if sustained else 1.0)
     memory = HloMemory(int(chip.core.hbm_bytes),
                        None if xla_memory is None else _xla_figures(xla_memory), xla_platform,
                        peak_bytes(module))
-    stats = _stats(clock, records, flops, module.devices, topology, memory,
+    stats = _stats(clock, report, flops, module.devices, topology, memory,
                    dict(builder.link_bytes))
     return HloStep(
         stats=stats, clock=clock, ops=_op_rows(builder), collectives=_collective_rows(builder),
@@ -435,12 +447,10 @@ def _xla_figures(raw: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def _stats(clock: StepClock, records: Sequence[Any], flops: float, devices: int,
+def _stats(clock: StepClock, report: DeviceReport, flops: float, devices: int,
            topology: Topology, memory: HloMemory, link_bytes: dict) -> StepStats:
     chip = device_chip_spec(topology.chip)
-    bounds: dict[str, float] = defaultdict(float)
-    for r in records:
-        bounds[op_bound(r)] += r.seconds
+    bounds = compute_bound_seconds(report, clock, len(report.record_seconds))
     peak = chip.peak_bf16_flops_per_s
     return StepStats(
         step=0, loss=0.0, global_batch=0, infeed_seconds=0.0,
@@ -458,7 +468,7 @@ def _stats(clock: StepClock, records: Sequence[Any], flops: float, devices: int,
         axis_collective_seconds=dict(clock.axis_seconds),
         axis_exposed_seconds=dict(clock.axis_exposed_seconds), traced_device=0,
         collective_spans=clock.spans, compute_waits=clock.waits,
-        compute_bound_seconds=dict(bounds))
+        compute_bound_seconds=bounds)
 
 
 def _named(module: HloModule, instr: HloInstruction) -> HloInstruction:

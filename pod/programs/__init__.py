@@ -86,7 +86,7 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
         bucket_elements: the gradient buckets hold at most this many elements
             (``combine_buckets``; XLA's combiner threshold; a larger layer is a
             bucket of its own); None: one bucket after the backward pass (no
-            overlap). The pipeline reduces each layer's gradients on their own.
+            overlap); the pipeline's stages each over their own layers.
         microbatches: the pipeline's microbatches (None: the stages, MaxText's
             default); pipeline_schedule, pipeline_repeats: its schedule and repeats;
             pipeline_fsdp_ag_once: its stages gather their fsdp shards once per step.
@@ -103,7 +103,8 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
                                         microbatches=microbatches or stages,
                                         schedule=pipeline_schedule, repeats=pipeline_repeats,
                                         sequence_parallel=sequence_parallel,
-                                        fsdp_ag_once=pipeline_fsdp_ag_once)
+                                        fsdp_ag_once=pipeline_fsdp_ag_once,
+                                        bucket_elements=bucket_elements)
         return ShardedTransformer(model, sizes, optimizer, sequence_parallel=sequence_parallel,
                                   buckets=_buckets(model, bucket_elements))
     return ReplicatedProgram(model, sizes, optimizer, buckets=_buckets(model, bucket_elements))

@@ -33,8 +33,10 @@ Layout ([MaxText] ``layers/pipeline.py``, ``ici_pipeline_parallelism``,
 - **gradients**: accumulated over the microbatches in the stage's
   tensor-local arrays, then reduced once per step as the non-pipelined
   program reduces them (reduce-scatter over fsdp, allreduce over data,
-  scaled by 1 / (data x fsdp x M)), each layer's as soon as its last
-  microbatch's backward is done (as MaxText's ``pipeline_fsdp_ag_once`` does
+  scaled by 1 / (data x fsdp x M)), in buckets as the non-pipelined program
+  reduces them (``training.overlap_bucket_bytes``: a stage combines its layers'
+  gradients in the order their last microbatch's backward is done, and reduces
+  a bucket as soon as its last layer's is; as MaxText's ``pipeline_fsdp_ag_once`` does
   for the gradients; DeepSpeed likewise keeps ZeRO's gradient partitioning
   out of pipelines). Stages share no layer, so they exchange no gradient,
   except a **tied embedding**: its table lives on the first and the last
@@ -70,6 +72,7 @@ from pod.programs.memory import (
     gather_bytes,
 )
 from pod.programs.pipeline_schedule import PipelineSchedule, PipeOp, build_schedule
+from pod.programs.replicated import combine_buckets
 from pod.programs.tensor import wire_itemsize
 from pod.programs.transformer import ShardedTransformer
 from pod.workloads.block import TransformerBlock
@@ -192,6 +195,11 @@ class PipelinedTransformer(ShardedTransformer):
             of its layers over fsdp once per step (at its first microbatch's
             forward) and keeps the gathered weights until its last microbatch's
             backward of that layer, instead of once per microbatch and phase.
+        bucket_elements: a stage reduces its gradients in buckets of at most this many
+            elements (``combine_buckets`` over its layers in the order its last
+            microbatch's backward finishes them, as the sharded program over all
+            layers: ``training.overlap_bucket_bytes`` means the same for both); None:
+            one bucket after the stage's backward (no overlap).
 
     Attributes:
         stages, microbatches, repeats: S, M, R.
@@ -207,7 +215,8 @@ class PipelinedTransformer(ShardedTransformer):
 
     def __init__(self, model: TransformerModel, sizes: Mapping[str, int], optimizer: Optimizer,
                  *, microbatches: int, schedule: str = "gpipe", repeats: int = 1,
-                 sequence_parallel: bool = False, fsdp_ag_once: bool = False):
+                 sequence_parallel: bool = False, fsdp_ag_once: bool = False,
+                 bucket_elements: int | None = None):
         if model.config.experts:
             raise ValueError("a pipeline (stage axis) of a mixture of experts is not modelled: "
                              "its stages would carry the routers' balancing loss; use stage 1 "
@@ -231,6 +240,10 @@ class PipelinedTransformer(ShardedTransformer):
         for layers in self._layers:
             first = {k: i for i in reversed(layers) for k, _ in self._keys[i]}
             self._reduce_at.append({i: [k for k, j in first.items() if j == i] for i in layers})
+        #: per stage, the layers that close a gradient bucket (their last microbatch's
+        #: backward done, the bucket's keys reduced as one)
+        self._bucket_closers = [self._stage_buckets(s, bucket_elements)
+                                for s in range(self.stages)]
         holders: dict[str, int] = {}
         for keys in self._stage_keys:
             for k in keys:
@@ -238,6 +251,24 @@ class PipelinedTransformer(ShardedTransformer):
         #: parameters held by several stages (a tied embedding): their gradients are summed
         #: over stage
         self.shared_keys = sorted(k for k, n in holders.items() if n > 1)
+
+    def _stage_buckets(self, stage: int, bucket_elements: int | None) -> frozenset[int]:
+        """The layers of ``stage`` after whose last backward a bucket is reduced: the
+        stage's layers owning gradients, in the order its schedule finishes them, combined
+        by :func:`combine_buckets` (one bucket, after the stage's backward, when
+        ``bucket_elements`` is None)."""
+        done, order = [0] * self.repeats, list[int]()
+        for op in self.schedule.ops(stage):
+            if op.phase == "bwd":
+                done[op.repeat] += 1
+                if done[op.repeat] == self.microbatches:
+                    order += reversed(self.chunks[self.schedule.virtual(stage, op)])
+        owning = [i for i in order if self._reduce_at[stage][i]]
+        elements = {i: sum(math.prod(self._shapes[k]) for k in self._reduce_at[stage][i])
+                    for i in owning}
+        cap = sum(elements.values()) if bucket_elements is None else int(bucket_elements)
+        buckets = combine_buckets([(str(i), elements[i]) for i in owning], cap)
+        return frozenset(int(layers[-1]) for layers, _ in buckets)
 
     @property
     def gradient_divisor(self) -> int:
@@ -477,6 +508,7 @@ class _TransformerStage:
         self.losses: dict[int, float] = {}
         self.grads: dict[str, np.ndarray] = {}
         self.chunks: dict[str, np.ndarray] = {}
+        self.bucket: dict[str, np.ndarray] = {}                          # gradients to reduce
         self.done = [0] * p.repeats                                      # backwards per chunk
         #: with ``fsdp_ag_once``: layer -> its gathered params, kept for the step
         self.gathered: dict[int, dict[str, np.ndarray]] | None = {} if p.fsdp_ag_once else None
@@ -558,9 +590,11 @@ class _TransformerStage:
             if last:
                 if self.gathered is not None:  # its last use in the step
                     self.gathered.pop(i)
-                keys = p._reduce_at[self.stage][i]
-                self.chunks.update(p._reduce(core, self.comm, p.local_model.layers[i].name,
-                                             {k: self.grads.pop(k) for k in keys}))
+                self.bucket.update({k: self.grads.pop(k) for k in p._reduce_at[self.stage][i]})
+                if i in p._bucket_closers[self.stage]:
+                    self.chunks.update(p._reduce(core, self.comm, p.local_model.layers[i].name,
+                                                 self.bucket))
+                    self.bucket = {}
         return None if v == 0 or g is None else self._flat(g, self.losses[m])
 
     def loss(self) -> float:

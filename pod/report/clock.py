@@ -82,7 +82,8 @@ import numpy as np
 
 from pod.programs.collectives import COLLECTIVE_KINDS
 
-__all__ = ["CollectiveSpan", "StepClock", "step_clock", "sustained_clocks", "COLLECTIVE_KINDS",
+__all__ = ["CollectiveSpan", "StepClock", "step_clock", "sustained_clocks",
+           "sustained_mxu_fraction", "compute_bound_seconds", "COLLECTIVE_KINDS",
            "DeviceReport",
            "StepContext", "device_clock", "device_clocks", "combine_device_reports", "BUBBLE",
            "PIPELINE_AXIS"]
@@ -180,6 +181,13 @@ def _stretched(report: DeviceReport, k: float) -> DeviceReport:
     seconds = tuple(s * k if b == "mxu" else s
                     for s, b in zip(report.record_seconds, report.record_bounds, strict=True))
     return dataclasses.replace(report, record_seconds=seconds)
+
+
+def sustained_mxu_fraction(core: Any) -> float:
+    """e1 / e0 of a TensorCore (``chip.TensorCoreSpec``): its sustained MXU budget against
+    a fresh op's rate, the ``fraction`` of :func:`sustained_clocks` (``chip.calibration``:
+    e0 ``MXU_FRESH_EFFICIENCY``, e1 ``MXU_SUSTAINED_EFFICIENCY`` per generation)."""
+    return core.sustained_mxu_efficiency / core.mxu_efficiency
 
 
 def sustained_clocks(reports: Sequence[DeviceReport],
@@ -729,6 +737,16 @@ def _slice_wait(clock: StepClock, context: StepContext) -> tuple[float, dict[str
     return wait, exposed
 
 
+def compute_bound_seconds(report: DeviceReport, clock: StepClock,
+                          update_start: int) -> dict[str, float]:
+    """Seconds of the forward and backward passes (records before ``update_start``) by
+    what bounds each record (``report`` as :func:`sustained_clocks` returned it), with
+    what the sustained budget added in closed form (``clock``'s compute beyond those
+    records) in the MXU-bound seconds."""
+    return _with_throttle(_bounds(report, 0, update_start),
+                          clock.compute_seconds - sum(report.record_seconds[:update_start]))
+
+
 def _with_throttle(bounds: dict[str, float], throttle_seconds: float) -> dict[str, float]:
     """``bounds`` with what the sustained budget added in closed form (beyond the
     stretched records: ``sustained_clocks``) in the MXU-bound seconds."""
@@ -839,7 +857,6 @@ def combine_device_reports(step: int, reports: Sequence[DeviceReport], costs: An
         stage_timelines=_stage_timelines(reports, clocks, r),
         pipeline_bubble_seconds=c.bubble_seconds,
         axis_dcn_seconds=dcn_seconds, axis_dcn_bytes=dcn_bytes,
-        compute_bound_seconds=_with_throttle(
-            _bounds(r, 0, update_start), c.compute_seconds - sum(r.record_seconds[:update_start])),
+        compute_bound_seconds=compute_bound_seconds(r, c, update_start),
         update_bound_seconds=_bounds(r, update_start, len(r.record_seconds)),
         expert_load=ExpertLoad.total(x.router_loads for x in reports))

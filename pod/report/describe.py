@@ -37,6 +37,9 @@ def pod_table(pod: Topology) -> Table:
     table.add_row("peak bf16", f"{chip.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s",
                   f"{pod.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s")
     table.add_row("HBM", f"{chip.hbm_bytes / 2**30:,.1f} GiB", f"{pod.hbm_bytes / 2**30:,.1f} GiB")
+    if chip.hbm_available_bytes != chip.hbm_bytes:  # XLA's figure: what decides a fit
+        table.add_row("HBM a program may use (XLA)", f"{chip.hbm_available_bytes / 2**30:,.2f} GiB",
+                      f"{pod.chips * chip.hbm_available_bytes / 2**30:,.1f} GiB")
     table.add_row("HBM bandwidth", f"{chip.hbm_bandwidth_bytes_per_s / 1e9:,.0f} GB/s", "")
     table.add_row("ICI", f"{chip.ici_links} links x "
                          f"{chip.ici_link_bandwidth_bytes_per_s / 1e9:,.0f} GB/s one way",
@@ -57,6 +60,7 @@ def pod_json(pod: Topology) -> dict[str, Any]:
             "tensorcores": pod.tensorcores, "topology": pod.torus.name,
             "wraparound": list(pod.torus.wraparound),
             "peak_bf16_flops_per_s": pod.peak_bf16_flops_per_s, "hbm_bytes": pod.hbm_bytes,
+            "hbm_available_bytes_per_chip": chip.hbm_available_bytes,
             "hbm_bandwidth_bytes_per_s_per_chip": chip.hbm_bandwidth_bytes_per_s,
             "ici_links_per_chip": chip.ici_links,
             "ici_link_bandwidth_bytes_per_s": chip.ici_link_bandwidth_bytes_per_s,

@@ -34,7 +34,12 @@ from pod.config.sharding import DeviceGroups, device_chip_spec, device_groups
 from pod.errors import CheckpointError
 from pod.program_factory import training_program
 from pod.programs import DeviceProgram, EvalSums
-from pod.report.clock import DeviceReport, StepContext, combine_device_reports
+from pod.report.clock import (
+    DeviceReport,
+    StepContext,
+    combine_device_reports,
+    sustained_mxu_fraction,
+)
 from pod.report.stats import HOST_DISPATCH_SECONDS, StepStats, maxtext_flops
 from pod.runtime.device import device_coords
 from pod.state.checkpoint import mean_replica_state, params_digest
@@ -94,8 +99,7 @@ def step_context(plan: TrainingPlan) -> StepContext:
 def _sustained_fraction(chip) -> float:
     """e1 / e0 of ``chip``: its sustained MXU budget against a fresh op's rate
     (``pod.report.clock.sustained_clock``)."""
-    core = chip.core
-    return core.sustained_mxu_efficiency / core.mxu_efficiency
+    return sustained_mxu_fraction(chip.core)
 
 
 def chip_devices(plan: TrainingPlan) -> list[list[tuple[int, DeviceGroups]]]:

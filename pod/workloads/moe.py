@@ -44,8 +44,20 @@ MaxText's model FLOPs do not count (about 2.5 T C per token and product at E cap
 1.25 k T for Mixtral's k 2), beside the masks' HBM traffic (2 bytes per element, T
 E cap each). The values are those of the gather and scatter above (a one-hot
 product selects rows exactly); the combine mask's gates are rounded to bf16 as the
-MXU reads them. Dropless dense routing (every expert on every token) is not
-modelled.
+MXU reads them.
+
+**Dense dropless** (``sparse_matmul`` False with cf 0; MaxText ``dense_matmul``
+without a capacity: ``einsum("BSM,EMH->BSEH")`` ... ``einsum("BSEM,BSE->BSM")``):
+every expert computes every token, and the combine weighs each token's k chosen
+experts by their gates (the others by 0). No masks and no dispatch product: the
+expert products read the tokens as they are (their E T rows per sequence costed by
+the grouped products), and the combine and its gradients are weighted sums on the
+VPU over the E rows of a token. Its values are the capacity path's with a capacity
+of T (no choice dropped): a row of an expert a token did not choose computes from
+zeros here and from the token there, and either way its weight is 0, so its output
+and every gradient it feeds are 0 (``act(0) = 0`` for every activation here). Over an
+expert axis its buffers are E T rows per sequence, equal for every expert: no ragged
+all-to-all.
 
 **Load balancing** ([Switch] eq. 4, [GShard] sec. 2.2; MaxText
 ``load_balance_loss``): per sequence, f_e is the share of the T k choices routed to
@@ -246,7 +258,8 @@ class MoE(Layer):
         expert_shards: s, devices the experts are split over; this layer's params
             hold E / s experts (the router all E).
         sparse_matmul: True: the gather / scatter dispatch and grouped matmuls;
-            False: the dense einsum dispatch (module docstring; needs cf > 0).
+            False: the dense einsum dispatch (with cf 0: dense dropless, every expert
+            on every token; module docstring).
         quantized: AQT int8 products for the experts (``pod.workloads.quantization``).
         fusion: fuse the elementwise work into the matmuls (module docstring).
         name: layer name.
@@ -281,9 +294,8 @@ class MoE(Layer):
         self.activation, self.gated = activation, activation.startswith("gated_")
         self.capacity_factor, self.aux_loss_weight = float(capacity_factor), float(aux_loss_weight)
         self.dense = not sparse_matmul
-        if self.dense and self.capacity_factor <= 0:
-            raise ValueError("MoE: the dense einsum dispatch (sparse_matmul false) needs a "
-                             "capacity_factor > 0 (dense dropless routing is not modelled)")
+        #: MaxText's dense_matmul without a capacity: every expert on every token
+        self.dense_dropless = self.dense and self.capacity_factor <= 0
         self.local_experts = self.experts // self.shards
         self.inputs = ("wi_0", "wi_1") if self.gated else ("wi",)
         self.matmul_params = ("router", *self.inputs, "wo")
@@ -292,10 +304,19 @@ class MoE(Layer):
         self.dot_keys = ("u0", "u1") if self.gated else ("u",)
         self.backward_keys = ("x", "route", "xd", *self.dot_keys, "g", "rows")
 
+    @property
+    def _combined(self) -> int:
+        """Expert rows a token's combine (and its gradients) reads: its k choices, or
+        every expert's under dense dropless (``einsum("BSEM,BSE->BSM")``)."""
+        return self.experts if self.dense_dropless else self.k
+
     # ------------------------------------------------------------ shapes
 
     def capacity(self, tokens: int) -> int:
-        """:func:`expert_capacity` of a sequence of ``tokens`` (0: dropless)."""
+        """:func:`expert_capacity` of a sequence of ``tokens`` (0: dropless); dense
+        dropless: T, every expert takes every token."""
+        if self.dense_dropless:
+            return int(tokens)
         return expert_capacity(tokens, self.experts, self.k, self.capacity_factor)
 
     def slots(self, tokens: int) -> int:
@@ -349,13 +370,13 @@ class MoE(Layer):
     def mask_elements(self, tokens: int) -> int:
         """Elements of the dense dispatch's two masks per sequence, 2 T E cap (0 with
         the sparse dispatch)."""
-        return 2 * tokens * self.slots(tokens) if self.dense else 0
+        return 2 * tokens * self.slots(tokens) if self.dense and not self.dense_dropless else 0
 
     def dispatch_flops(self, input_shape) -> int:
         """MXU FLOPs per example of the dense dispatch's products in one training step
         without recomputation: 2 forward (dispatch, combine) and 3 backward, each 2 T
         (E cap) C; 0 with the sparse dispatch (its gathers run on the VPU)."""
-        if not self.dense:
+        if not self.dense or self.dense_dropless:
             return 0
         t, c = int(input_shape[0]), int(input_shape[-1])
         return 5 * 2 * t * self.slots(t) * c
@@ -416,7 +437,10 @@ class MoE(Layer):
                              b_rounded=True)                             # (N, E)
         route = self._route(core, logits, b, t)
         n_rows = route["rows"]
-        if self.dense:
+        if self.dense_dropless:  # the tokens as they are: E T rows read by the products
+            rows = (_dispatch(xr, route["slot"], n_rows) if core.execute
+                    else timing_zeros((n_rows, c), xr.dtype))
+        elif self.dense:
             rows = self._dense_dispatch(core, xr, route, b, t)
         else:
             rows = vector_op(core, f"{self.name}/dispatch", lambda z, s: _dispatch(z, s, n_rows),
@@ -436,12 +460,12 @@ class MoE(Layer):
                  "g": g, "rows": back}
         if not need_output:
             return None, cache
-        if self.dense:
+        if self.dense and not self.dense_dropless:
             y = self._dense_combine(core, back, route, b, t)
         else:
             y = vector_op(core, f"{self.name}/combine", _combine, back, route["gates"],
                           route["slot"], out=((b * t, c), back.dtype),
-                          ops_per_element=2.0 * self.k)
+                          ops_per_element=2.0 * self._combined)
         return y.reshape(b, t, c), cache
 
     def backward(self, core, params, cache, dy, *, need_dx=True,
@@ -452,14 +476,14 @@ class MoE(Layer):
         lead, c = dy.shape[:-1], dy.shape[-1]
         dyr = dy.reshape(-1, c)                                          # (N, C)
         rows, groups = cache["rows"], route["groups"]
-        if self.dense:
+        if self.dense and not self.dense_dropless:
             drows, dgates = self._dense_combine_grad(core, dyr, rows, route)
         else:
             drows, dgates = vector_op(
                 core, f"{self.name}/combine_bwd", _combine_grad, dyr, rows, route["gates"],
                 route["slot"], out=[(rows.shape, dyr.dtype), (route["gates"].shape,
                                                               route["gates"].dtype)],
-                ops_per_element=2.0 * self.k)
+                ops_per_element=2.0 * self._combined)
         dye = mxu_input(core, hooks.dispatch(f"{self.name}/combine_bwd", drows, self.experts))
         grads = {"wo": core.grouped_transposed_matmul(g, dye, groups, name=f"{self.name}/d_wo",
                                                       a_rounded=True, b_rounded=True, **self.q8)}
@@ -490,12 +514,12 @@ class MoE(Layer):
         if not need_dx or dxd is None:
             return None, grads
         back = hooks.combine(f"{self.name}/dispatch_bwd", dxd, self.experts)   # (E R, C)
-        if self.dense:
+        if self.dense and not self.dense_dropless:
             dx = self._dense_dispatch_grad(core, back, route, dyr.shape[0])
         else:
             dx = vector_op(core, f"{self.name}/dispatch_bwd", _dispatch_grad, back,
                            route["slot"], out=((dyr.shape[0], c), back.dtype),
-                           ops_per_element=float(self.k))
+                           ops_per_element=float(self._combined))
         dxr = core.matmul(dl, params["router"].T, name=f"{self.name}/dx_router", a_rounded=True,
                           b_rounded=True)                                # (N, C)
         dx = add(core, f"{self.name}/dx_router_sum", dx, dxr, epilogue(self.fusion))

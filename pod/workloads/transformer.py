@@ -309,7 +309,9 @@ class TransformerConfig:
         sparse_matmul: with experts, MaxText's ``sparse_matmul``: true (default) the
             tokens sorted by expert and the experts run as a grouped matmul
             (megablox); false the dense einsum dispatch of ``pod.workloads.moe``:
-            (tokens, experts, capacity) one-hot masks multiplied on the MXU.
+            (tokens, experts, capacity) one-hot masks multiplied on the MXU, or with
+            capacity_factor 0 dense dropless (MaxText's ``dense_matmul`` without a
+            capacity: every expert computes every token).
         weight_dtype: "float32" (master weights, MaxText's default) or "bfloat16":
             the dtype parameters, their gradients and the optimizer state are
             stored in (``pod.workloads.weights``).
@@ -463,10 +465,6 @@ class TransformerConfig:
         if self.use_bias:
             raise ValueError("transformer: option use_bias must be false with experts (the "
                              "experts have no biases)")
-        if not self.sparse_matmul and not cf:
-            raise ValueError("transformer: option sparse_matmul false (the dense einsum "
-                             "dispatch) needs capacity_factor > 0 (e.g. 1.25); dense dropless "
-                             "routing is not modelled")
         t = self.sequence_length
         if cf and t * k * cf < e:
             raise ValueError(f"transformer: option capacity_factor {cf} leaves an expert no "
@@ -978,8 +976,9 @@ def check_expert_split(config: TransformerConfig, sizes: Mapping[str, int]) -> N
 
     Raises:
         ValueError: one line: the expert size does not divide ``experts``; experts
-            with tensor > 1 (an expert is not split over tensor); dropless routing
-            (capacity_factor 0) with expert > 1.
+            with tensor > 1 (an expert is not split over tensor); sparse dropless
+            routing (capacity_factor 0, sparse_matmul true: a ragged all-to-all) with
+            expert > 1 (dense dropless, every expert on every token, splits evenly).
     """
     expert, tensor = int(sizes.get("expert", 1)), int(sizes.get("tensor", 1))
     e = config.experts
@@ -993,7 +992,8 @@ def check_expert_split(config: TransformerConfig, sizes: Mapping[str, int]) -> N
         raise ValueError(f"tensor {tensor} with experts: the MoE program splits experts over "
                          f"expert and chunks them over fsdp, not over tensor; use tensor 1 "
                          f"(e.g. the expert or fsdp axis instead)")
-    if expert > 1 and not config.capacity_factor:
+    if expert > 1 and not config.capacity_factor and config.sparse_matmul:
         raise ValueError(f"expert {expert} with dropless routing (capacity_factor 0): the "
-                         f"all-to-all of a dropless MoE is ragged, which is not modelled; give "
-                         f"capacity_factor > 0 (e.g. 1.25) or expert 1")
+                         f"all-to-all of a sparse dropless MoE is ragged, which is not "
+                         f"modelled; give capacity_factor > 0 (e.g. 1.25), sparse_matmul "
+                         f"false (dense dropless: every expert on every token) or expert 1")

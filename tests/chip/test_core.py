@@ -189,7 +189,7 @@ def test_chip_cores(name):
     assert chip.spec is spec and chip.chip_id == 5
     assert [c.name for c in chip.cores] == [f"chip5/core{i}" for i in range(spec.tensorcores)]
     assert all(c.spec is spec.core and not c.numerics for c in chip.cores)
-    assert all(c.hbm.capacity_bytes == spec.hbm_bytes // spec.tensorcores for c in chip.cores)
+    assert all(c.hbm.capacity_bytes == spec.hbm_available_bytes // spec.tensorcores for c in chip.cores)
     with pytest.raises(ValueError, match="-1"):
         Chip(spec, chip_id=-1)
 

@@ -1,6 +1,7 @@
 """Tests of chip.spec: presets against Google's published figures, validation."""
 
 import dataclasses
+import json
 import math
 import pathlib
 import re
@@ -70,7 +71,7 @@ def test_v2_8_board_is_180_tflops_and_64_gib():
 @pytest.mark.parametrize("name", sorted(PUBLISHED_BF16_PEAK))
 def test_core_share_of_hbm(name):
     spec = PRESETS[name]
-    assert spec.core.hbm_bytes == spec.hbm_bytes // spec.tensorcores
+    assert spec.core.hbm_bytes == spec.hbm_available_bytes // spec.tensorcores
     assert spec.core.hbm_bandwidth_bytes_per_s * spec.tensorcores == pytest.approx(
         spec.hbm_bandwidth_bytes_per_s)
     assert spec.core.vpu_lanes == 128 and spec.core.vpu_sublanes == 8
@@ -159,8 +160,8 @@ def test_core_spec_rejects_bad_values(field, bad):
 
 def test_chip_spec_rejects_inconsistent_core_share():
     v2 = get_chip_spec("v2")
-    with pytest.raises(ChipSpecError, match="hbm_bytes"):
-        dataclasses.replace(v2, hbm_bytes=v2.hbm_bytes // 2)
+    with pytest.raises(ChipSpecError, match="hbm_available_bytes // tensorcores"):
+        dataclasses.replace(v2, hbm_available_bytes=v2.hbm_bytes // 2)
     with pytest.raises(ChipSpecError, match="max_pod_shape"):
         dataclasses.replace(v2, max_pod_shape=(16, 16, 16))
     with pytest.raises(ChipSpecError, match="-3"):
@@ -262,3 +263,29 @@ def test_wraparound_follows_the_generations_rule(name, shape, wraps):
     """[SB]: v2 / v3 slices are tori; v5e / v6e wrap an axis only at its full 16; v4 /
     v5p wrap every axis of a slice of whole 4x4x4 cubes and none otherwise."""
     assert get_chip_spec(name).default_wraparound(shape) == wraps
+
+
+_ORACLE_RESULTS = pathlib.Path(__file__).resolve().parents[2] / "tools" / "xla_oracle" / "results"
+
+
+def test_available_hbm_is_what_xla_made_available_in_the_oracles_compiles():
+    """The presets' ``hbm_available_bytes`` is XLA's own figure: every out-of-memory compile
+    of the oracle (tools/xla_oracle/results) names the HBM available to the program, and a
+    device of those generations is one chip (megacore or one TensorCore)."""
+    seen: dict[str, set[int]] = {}
+    for path in sorted(_ORACLE_RESULTS.glob("*.json")):
+        result = json.loads(path.read_text())
+        oom = (result.get("compile") or {}).get("oom") or {}
+        if oom.get("available_bytes"):
+            seen.setdefault(result["chip"], set()).add(int(oom["available_bytes"]))
+    assert {"v4", "v5e", "v5p", "v6e"} <= set(seen), seen
+    for chip_name, figures in seen.items():
+        spec = get_chip_spec(chip_name)
+        assert figures == {spec.hbm_available_bytes}, (chip_name, figures)
+        assert spec.core.hbm_bytes * spec.tensorcores <= spec.hbm_available_bytes
+
+
+def test_available_hbm_defaults_to_the_published_capacity():
+    v2 = get_chip_spec("v2")
+    assert v2.hbm_available_bytes == v2.hbm_bytes
+    assert get_chip_spec("v4").hbm_available_bytes < get_chip_spec("v4").hbm_bytes

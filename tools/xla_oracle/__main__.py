@@ -270,9 +270,23 @@ def write_table() -> int:
 
 def refresh_inventories() -> int:
     """Parse the committed HLO of every result that has one again (after a change to the
-    inventory parser; no compile)."""
+    inventory parser; no compile), and judge each compiled peak against the HBM the chip
+    preset now says XLA makes available (``device_hbm_bytes``)."""
+    from chip import get_chip_spec
+    from pod.config.mesh import device_hbm_bytes
+
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
+        hbm = int(device_hbm_bytes(get_chip_spec(result["chip"])))
+        if result.get("hbm_bytes_per_device") != hbm:
+            result["hbm_bytes_per_device"] = hbm
+            peak = result.get("peak_bytes_per_device")
+            if result["compile"].get("ok") and peak is not None:
+                result["fits"] = peak <= hbm
+                result["fits_reason"] = (
+                    "compiled; peak within the device's HBM" if result["fits"] else
+                    "compiled, but the peak exceeds the device's HBM in the chip preset")
+            path.write_text(json.dumps(result, indent=1) + "\n")
         source = (ROOT / result["hlo_file"] if result.get("hlo_file")
                   else HLO_CACHE / f"{result['id']}.hlo.txt.gz")
         error = result["compile"].get("error")
@@ -303,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the configs and exit")
     parser.add_argument("--table", action="store_true", help="rewrite the docs table")
     parser.add_argument("--refresh-inventory", action="store_true",
-                        help="parse the HLO files and XLA's messages again (no compile)")
+                        help="parse the HLO files and XLA's messages again and judge the "
+                             "peaks against the presets' HBM (no compile)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="compiles at once (each its own process; default 1)")
     parser.add_argument("--timeout", type=float, default=7200.0,

@@ -377,6 +377,12 @@ class OracleModel:
             def kernel(q, k, v, s):
                 # the kernel is given its batch shard's sequences whole (block_b per shard)
                 sizes_here = dataclasses.replace(sizes, block_b=min(sizes.block_b, q.shape[0]))
+                # the 2023 kernel takes as many key / value heads as query heads: grouped
+                # query attention repeats each of the shard's kv heads over its group
+                # (heads split over tensor alike, so a shard's groups are its own)
+                if k.shape[1] != q.shape[1]:
+                    group = q.shape[1] // k.shape[1]
+                    k, v = (jnp.repeat(t, group, axis=1) for t in (k, v))
                 return fa.flash_attention(q, k, v, segment_ids=fa.SegmentIds(s, s), causal=True,
                                           sm_scale=1.0, block_sizes=sizes_here)
         else:

@@ -14,12 +14,10 @@ from XLA's buffer assignment, ``compiled.memory_analysis()``, per device:
   host memory that offloaded activations use).
 
 ``fits`` is XLA's verdict as the project reads it: the compile succeeded and the peak is at
-most the device's HBM in the project's chip preset (``hbm_bytes_per_device``). A compile
-XLA refuses with RESOURCE_EXHAUSTED on HBM is ``fits: false`` with its message and, parsed
-from it,
-the bytes XLA said it needed and had (``compile.oom``). ``compile.ok`` alone is XLA's own
-verdict against its own HBM size for the chip, which can be larger than the preset's
-(v5e, v6e: the presets hold 16 and 32 decimal GB).
+most the HBM XLA makes available on the device (``hbm_bytes_per_device``: ``device_hbm_bytes``,
+the preset's ``hbm_available_bytes``). A compile XLA refuses with RESOURCE_EXHAUSTED on HBM
+is ``fits: false`` with its message and, parsed from it, the bytes XLA said it needed and
+had (``compile.oom``; the presets' ``hbm_available_bytes`` are those figures).
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_a_point_that_does_not_fit_is_dropped_with_the_hbm_plans_line():
                    timing_only=True)
     assert row["reason"] == str(err.value)
     assert row["reason"].startswith("pod.mesh: {fsdp: 8} needs ")
-    assert "does not fit 14.9 GiB" in row["reason"]
+    assert "does not fit 15.8 GiB" in row["reason"]  # XLA makes 15.75 GiB of a v5e available
     assert row["hbm_per_device_bytes"] == err.value.memory_plan["total"]
     assert math.isnan(row["mfu"]) and math.isnan(row["simulated_step_seconds"])
 

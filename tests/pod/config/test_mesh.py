@@ -121,7 +121,7 @@ def test_devices_per_generation():
                            ("v5e", "v5e-4"), ("v6e", "v6e-4")]}
     assert got == {"v2": 2, "v3": 2, "v4": 1, "v5p": 1, "v5e": 1, "v6e": 1}
     v4 = resolve_pod(slice_name="v4-8").chip
-    assert device_hbm_bytes(v4) == v4.hbm_bytes  # megacore: one device, the chip's HBM
+    assert device_hbm_bytes(v4) == v4.hbm_available_bytes  # megacore: one device, the whole chip
     v2 = resolve_pod(slice_name="v2-8").chip
     assert device_hbm_bytes(v2) == v2.core.hbm_bytes
 

@@ -114,3 +114,19 @@ def test_cpu_and_tpu_texts_differ_as_the_pitfalls_say():
     fusions (reference/pitfalls.md, "JAX and XLA as an oracle")."""
     cpu, tpu = snippet_text("mlp_scan", "cpu"), snippet_text("mlp_scan", "tpu")
     assert " dot(" in cpu and " convolution(" in tpu and " dot(" not in tpu
+
+
+def test_an_instruction_printed_over_several_lines_is_one_instruction():
+    """XLA prints a Pallas kernel's metadata (splash attention's ``kernel_metadata``) with
+    line breaks inside the instruction's braces: the lines are one instruction."""
+    text = SMALL.replace("  %one = s32[] constant(1)",
+                         '  %one = s32[] constant(1), frontend_attributes={kernel_metadata={\n'
+                         '"xprof_metadata":"{\\"block_q\\": 512}"\n}}')
+    assert text != SMALL
+    module, small = parse_hlo(text), parse_hlo(SMALL)
+    assert [i.name for _, i in module.instructions()] == [i.name for _, i in small.instructions()]
+    assert "xprof_metadata" in next(i for _, i in module.instructions()
+                                    if i.name == "one").attrs["frontend_attributes"]
+    with pytest.raises(HloParseError, match="braces not closed"):
+        parse_hlo(SMALL.replace("  %one = s32[] constant(1)",
+                                "  %one = s32[] constant(1), frontend_attributes={x={"))

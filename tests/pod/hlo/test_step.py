@@ -171,3 +171,66 @@ ENTRY %main (big: f32[1024,1024], x: f32[1,1024]) -> f32[1024,1024] {
 }
 """
     assert peak_bytes(parse_hlo(text)) == 4 * (1024 * 1024 + 1024) + 4 * 1024
+
+
+def test_memory_estimate_writes_donated_outputs_into_their_arguments():
+    """An output the header aliases to a donated argument (``input_output_alias``: an
+    optimizer's new weights) takes the argument's buffer: the peak is the arguments plus
+    the other output, where without the alias it holds both outputs."""
+    from pod.hlo.memory import peak_bytes
+
+    body = """ENTRY %main (w: f32[1024,1024], g: f32[1024,1024]) -> (f32[1024,1024], f32[1024,1024]) {
+  %w = f32[1024,1024]{1,0} parameter(0)
+  %g = f32[1024,1024]{1,0} parameter(1)
+  %n = f32[1024,1024]{1,0} subtract(%w, %g)
+  %m = f32[1024,1024]{1,0} multiply(%g, %g)
+  ROOT %t = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%n, %m)
+}
+"""
+    array = 4 * 1024 * 1024
+    donated = parse_hlo("HloModule m, is_scheduled=true, input_output_alias={ {0}: (0, {}, "
+                        "may-alias), {1, 0}: (1, {2}, must-alias) }\n" + body)
+    assert donated.output_aliases == {(0,): (0, ()), (1, 0): (1, (2,))}
+    assert peak_bytes(donated) == 2 * array + array
+    assert peak_bytes(parse_hlo("HloModule m, is_scheduled=true\n" + body)) == 2 * array + 2 * array
+
+
+def test_memory_estimate_leaves_host_memory_out():
+    """Buffers in host memory (``S(5)``: XLA's host offload) are not HBM."""
+    from pod.hlo.memory import peak_bytes
+
+    text = """HloModule m, is_scheduled=true
+ENTRY %main (h: f32[1024,1024], x: f32[1024]) -> (f32[1024,1024], f32[1024]) {
+  %h = f32[1024,1024]{1,0:S(5)} parameter(0)
+  %x = f32[1024]{0} parameter(1)
+  %c = f32[1024,1024]{1,0:S(5)} copy(%h)
+  %n = f32[1024]{0} negate(%x)
+  ROOT %t = (f32[1024,1024]{1,0:S(5)}, f32[1024]{0}) tuple(%c, %n)
+}
+"""
+    assert peak_bytes(parse_hlo(text)) == 4 * 1024 + 4 * 1024
+
+
+def test_an_async_update_into_host_memory_moves_the_update():
+    """XLA's host offload writes each layer's activations into a stack of all layers in host
+    memory with an async dynamic-update-slice: the DMA moves the update (one layer), not the
+    stack, over the host link."""
+    from pod.config.slices import resolve_pod
+    from pod.hlo import cost_module
+
+    text = """HloModule m, is_scheduled=true
+ENTRY %main (s: bf16[80,1024,1024], u: bf16[1,1024,1024], i: s32[]) -> bf16[80,1024,1024] {
+  %s = bf16[80,1024,1024]{2,1,0:S(5)} parameter(0)
+  %u = bf16[1,1024,1024]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %st = ((bf16[80,1024,1024]{2,1,0:S(5)}, bf16[1,1024,1024]{2,1,0}, s32[], s32[], s32[]), bf16[80,1024,1024]{2,1,0:S(5)}, u32[]) dynamic-update-slice-start(%s, %u, %i, %z, %z)
+  ROOT %d = bf16[80,1024,1024]{2,1,0:S(5)} dynamic-update-slice-done(%st)
+}
+"""
+    topology = resolve_pod(slice_name="v5e-1")
+    step = cost_module(parse_hlo(text), topology)
+    (row,) = step.collectives
+    update = 1024 * 1024 * 2
+    assert (row.op, row.lane, row.nbytes) == ("dma", "DMA host", update)
+    assert row.seconds == pytest.approx(update / topology.chip.host_to_chip_bytes_per_s)

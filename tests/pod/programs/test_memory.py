@@ -90,25 +90,35 @@ def test_fsdp_gathers_a_weight_array_and_prefetches_the_next_in_bf16():
     assert "gathered weights" not in dict(alone.workspace)
 
 
-@pytest.mark.parametrize("tensor, fused, partials, attention", [
-    (1, False, 0, "flash"), (2, False, 3 + 2, "flash"), (2, True, 1 + 2, "flash"),
-    (16, False, 0, "flash"), (2, False, 3 + 2, "dot_product")])
-def test_the_backward_working_set_in_closed_form(tensor, fused, partials, attention):
-    """Per example (bf16): the larger of the gated MLP's two input products with its
-    activation's gradient (3 T F / tensor) and, with dot-product attention, the scores,
-    their softmax and the gradients (DOT_PRODUCT_LIVE_SCORES H T T / tensor, read from
-    the oracle's T9 HLO); the residual's and the block
-    input's gradients (2 T C); below 16 tensor devices the input projections' partial
-    sums over tensor (q, k, v or the fused qkv, and the two MLP inputs: a T C each)."""
+@pytest.mark.parametrize("block", ["parallel", "sequential"])
+@pytest.mark.parametrize("tensor, fused, projections, attention", [
+    (1, False, 0, "flash"), (2, False, 3, "flash"), (2, True, 1, "flash"),
+    (16, False, 0, "flash"), (2, False, 3, "dot_product")])
+def test_the_backward_working_set_in_closed_form(tensor, fused, projections, attention, block):
+    """Per example (bf16): the residual's and the block input's gradients (2 T C), and
+    the MLP's part, the gated MLP's two input products with its activation's gradient
+    (3 T F / tensor) and below 16 tensor devices its two input projections' partial sums
+    over tensor (a T C each), beside the attention's, with dot-product attention the
+    scores, their softmax and the gradients (DOT_PRODUCT_LIVE_SCORES H T T / tensor, read
+    from the oracle's T9 HLO) and below 16 tensor devices the q, k, v (or fused qkv)
+    projections' partial sums. A parallel block holds both parts' partial sums at once
+    (the larger of products and scores on top); a sequential block one part at a time."""
     heads, kv, f = 16, 16, 64
     model = build_model("transformer", (T,), V, embed_dim=C, heads=heads, kv_heads=kv,
-                        head_dim=DH, mlp_dim=f, layers=2, fused_qkv=fused, attention=attention)
+                        head_dim=DH, mlp_dim=f, layers=2, fused_qkv=fused, attention=attention,
+                        block=block)
     program = sharded(model, tensor=tensor)
-    block = program.local_model.layers[1]
+    layer = program.local_model.layers[1]
     scores = (DOT_PRODUCT_LIVE_SCORES * heads // tensor * T * T if attention == "dot_product"
               else 0)
-    expected = 2 * (max(3 * T * f // tensor, scores) + (2 + partials) * T * C)
-    assert backward_working_bytes(block, (T, C), 2, tensor) == expected
+    mlp_partials = 2 if projections else 0
+    products = 3 * T * f // tensor
+    if block == "parallel":
+        expected = 2 * (max(products, scores) + (2 + projections + mlp_partials) * T * C)
+    else:
+        expected = 2 * (max(products + mlp_partials * T * C, scores + projections * T * C)
+                        + 2 * T * C)
+    assert backward_working_bytes(layer, (T, C), 2, tensor) == expected
     assert dict(program.memory(3).workspace)["layer working set"] == 3 * expected
     if attention == "dot_product":
         assert scores > 3 * T * f // tensor                            # T x T dominates here
@@ -176,3 +186,22 @@ def test_a_pipeline_stage_holds_its_layers_and_the_microbatches_in_flight():
     assert a.parameters_bytes < flat.parameters_bytes
     assert dict(c.workspace)["gathered weights"] > dict(a.workspace)["gathered weights"]
     assert isinstance(a, DeviceMemory) and a.peak.startswith("stage ")
+
+
+def test_an_moe_blocks_backward_holds_its_expert_products_and_their_gradients():
+    """A gated MoE's part is 2 m + 1 = 5 arrays of its dispatch slots x F (the recomputed
+    products, the activation's output and gradient, the products' gradients), a dense
+    gated MLP's m + 1 = 3 of T x F: the slots from the capacity, T k / E x 1.25 per
+    expert (``MoE.dot_elements``)."""
+    experts, k, f = 4, 2, 64
+    moe = build_model("transformer", (T,), V, embed_dim=C, heads=4, kv_heads=4, head_dim=DH,
+                      mlp_dim=f, layers=2, experts=experts, experts_per_token=k,
+                      capacity_factor=1.25)
+    dense = build_model("transformer", (T,), V, embed_dim=C, heads=4, kv_heads=4, head_dim=DH,
+                        mlp_dim=f, layers=2)
+    moe_block, dense_block = (sharded(m).local_model.layers[1] for m in (moe, dense))
+    slots = experts * math.ceil(T * k / experts * 1.25)
+    assert moe_block.mlp.dot_elements((T, C)) == 2 * slots * f
+    residual = 2 * T * C
+    assert backward_working_bytes(moe_block, (T, C), 2, 1) == 2 * (5 * slots * f + residual)
+    assert backward_working_bytes(dense_block, (T, C), 2, 1) == 2 * (3 * T * f + residual)

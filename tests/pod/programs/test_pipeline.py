@@ -57,12 +57,14 @@ def single(option_items=()):
     return params, losses
 
 
-def pipelined(sizes, schedule, microbatches, repeats=1, sequence_parallel=False, **options):
+def pipelined(sizes, schedule, microbatches, repeats=1, sequence_parallel=False,
+              bucket_elements=None, **options):
     """Every device of a LocalMesh trained STEPS steps: (program, [(shard, losses)])."""
     model = TransformerModel(TransformerConfig(**{**TINY, **options}))
     program = PipelinedTransformer(model, sizes, optimizer(), microbatches=microbatches,
                                    schedule=schedule, repeats=repeats,
-                                   sequence_parallel=sequence_parallel)
+                                   sequence_parallel=sequence_parallel,
+                                   bucket_elements=bucket_elements)
     data = batches()
 
     def device(comm):
@@ -105,6 +107,26 @@ def test_pipelined_training_ends_with_the_single_device_parameters(mesh, schedul
         by_shard.setdefault((shard.coords.data, shard.coords.fsdp, shard.coords.tensor),
                             set()).add(tuple(losses))
     assert all(len(v) == 1 for v in by_shard.values())
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "circular"])
+def test_a_stage_reduces_its_gradients_in_buckets_to_the_same_parameters(schedule):
+    """``training.overlap_bucket_bytes`` in a pipeline: each stage combines its layers'
+    gradients (in the order its last microbatch's backward finishes them) into buckets,
+    as the sharded program does over all layers; None is one bucket after the stage's
+    backward. The buckets move the reduction, not its sums: the same parameters, bit
+    for bit."""
+    name, microbatches, repeats = SCHEDULES[schedule]
+    runs = {cap: pipelined({"stage": 2, "data": 2}, name, microbatches, repeats,
+                           bucket_elements=cap) for cap in (None, 1)}
+    one, each = runs[None][0], runs[1][0]
+    for stage in range(2):
+        owning = {i for i in range(len(one.local_model.layers)) if one._reduce_at[stage].get(i)}
+        assert len(one._bucket_closers[stage]) == 1 and one._bucket_closers[stage] <= owning
+        assert each._bucket_closers[stage] == owning and len(owning) > 1
+    got = {cap: program.assemble(s for s, _ in devices) for cap, (program, devices) in runs.items()}
+    for key, value in got[None].items():
+        assert np.array_equal(value, got[1][key]), key
 
 
 @pytest.mark.parametrize("sizes, schedule, microbatches, options", [

@@ -1,5 +1,5 @@
 """The MoE's dense einsum dispatch (``sparse_matmul: false``, MaxText's ``dense_matmul`` with
-a capacity factor; training-steps.md T8): the values of the sparse path and of a per-token
+a capacity factor, training-steps.md T8, and without one, dense dropless): the values of the sparse path and of a per-token
 reference, finite differences, the five (tokens, experts x capacity) products and their
 cost in closed form, timing-only records equal to executed ones, expert parallelism equal
 to one device. No Ray."""
@@ -105,9 +105,11 @@ def test_bf16_dense_dispatch_is_close_to_float64():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("options", [(("sparse_matmul", False),),
+                                     (("capacity_factor", 0.0), ("sparse_matmul", False))],
+                         ids=["capacity", "dropless"])
 @pytest.mark.parametrize("mesh", [{"data": 2, "expert": 4}, {"fsdp": 2, "expert": 2, "data": 2}])
-def test_expert_parallel_dense_training_equals_one_device(mesh):
-    options = (("sparse_matmul", False),)
+def test_expert_parallel_dense_training_equals_one_device(mesh, options):
     want, want_losses, _ = single(option_items=options)
     program, devices = sharded(tuple(mesh.items()), option_items=options)
     assert max_diff(program.assemble(d[0] for d in devices), want) < FP32_ATOL
@@ -116,10 +118,54 @@ def test_expert_parallel_dense_training_equals_one_device(mesh):
     np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
 
 
-def test_the_dense_dispatch_needs_a_capacity():
-    with pytest.raises(ValueError, match=r"^transformer: option sparse_matmul false .* needs "
-                                         r"capacity_factor > 0"):
-        TransformerConfig(vocabulary=8, sequence_length=8, experts=4, experts_per_token=2,
-                          sparse_matmul=False)
-    with pytest.raises(ValueError, match="needs a capacity_factor > 0"):
-        MoE(4, 2, 4, sparse_matmul=False)
+def test_dense_dropless_computes_the_sparse_dropless_values():
+    """Dense dropless (sparse_matmul false, cf 0; MaxText's dense_matmul without a
+    capacity): every expert computes every token and the combine weighs the k chosen by
+    their gates, so its values are the sparse dropless path's (float64, numerics off)."""
+    core = TensorCore(SPEC, numerics=False)
+    dense, sparse = _dense(0.0), _dense(0.0, sparse=True)
+    assert dense.dense_dropless and not sparse.dense_dropless
+    params, x = _params(dense), _x()
+    y, cache = dense.forward(core, params, x)
+    ys, cs = sparse.forward(core, params, x)
+    np.testing.assert_allclose(y, ys, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(y, reference(dense, params, x)[0], rtol=1e-12, atol=1e-12)
+    probe = np.random.default_rng(8).standard_normal(y.shape)
+    dx, grads = dense.backward(core, params, cache, probe)
+    dxs, gs = sparse.backward(core, params, cs, probe)
+    np.testing.assert_allclose(dx, dxs, rtol=1e-12, atol=1e-13)
+    for key in grads:
+        np.testing.assert_allclose(grads[key], gs[key], rtol=1e-12, atol=1e-13, err_msg=key)
+
+
+def test_dense_dropless_runs_every_expert_on_every_token_without_masks():
+    """Its expert products cover E x B x T rows (E / k times the sparse path's T k per
+    sequence), no
+    masks and no dispatch product; the combine and its gradients read every expert's row
+    of a token (VPU). Timing-only records equal the executed ones."""
+    layer = _dense(0.0)
+    params = {k: v.astype(np.float32) for k, v in _params(layer).items()}
+    runs = []
+    for execute in (True, False):
+        core = TensorCore(SPEC, execute=execute)
+        y, cache = layer.forward(core, params, _x(dtype=np.float32))
+        layer.backward(core, params, cache, np.ones_like(y))
+        runs.append(core.take_records())
+    assert runs[0] == runs[1]
+    by = {r.name: r for r in runs[0]}
+    assert "moe/masks" not in by and "moe/dispatch" not in by
+    assert by["moe/wi_0"].flops == 2 * E * B * T * C * F
+    assert by["moe/combine"].unit == by["moe/combine_bwd"].unit == "vpu"
+    assert layer.slots(T) == E * T and layer.mask_elements(T) == 0
+    assert layer.dispatch_flops((T, C)) == 0
+    assert layer.input_flops((T, C)) * B == by["moe/wi_0"].flops
+    assert _dense(0.0, sparse=True).input_flops((T, C)) * E == layer.input_flops((T, C)) * K
+
+
+def test_dense_dropless_splits_over_an_expert_axis_where_sparse_dropless_does_not():
+    from pod.workloads.transformer import check_expert_split
+
+    options = {"vocabulary": 8, "sequence_length": 8, "experts": 4, "experts_per_token": 2}
+    check_expert_split(TransformerConfig(**options, sparse_matmul=False), {"expert": 2})
+    with pytest.raises(ValueError, match="ragged"):
+        check_expert_split(TransformerConfig(**options), {"expert": 2})

@@ -135,3 +135,15 @@ def test_bad_moe_options_are_one_line_errors(options, message):
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         TransformerConfig(vocabulary=10, sequence_length=8, **options)
     assert "\n" not in str(info.value)
+
+
+def test_minimal_remat_keeps_the_attention_products_of_an_moe_block_not_the_experts():
+    """``minimal`` is checkpoint_dots_with_no_batch_dims: an MoE's expert products are
+    batched over the experts, so they are recomputed; a dense block keeps its MLP's."""
+    moe, dense = _moe_block("minimal", 1.5), TransformerBlock(2, 4, 6, remat="minimal")
+    assert {"q", "k", "v", "out_proj"} <= moe.kept() and {"u", "u0", "u1"}.isdisjoint(moe.kept())
+    assert {"q", "k", "v", "out_proj", "u"} <= dense.kept()
+    x = (4, 8)   # minimal keeps what save_dot_except_mlp keeps in an MoE block, more in a dense
+    assert moe.cache_elements(x) == _moe_block("save_dot_except_mlp", 1.5).cache_elements(x)
+    assert dense.cache_elements(x) > TransformerBlock(
+        2, 4, 6, remat="save_dot_except_mlp").cache_elements(x)
