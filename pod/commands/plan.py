@@ -67,7 +67,7 @@ from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.programs.replay import LayerTape
 from pod.workloads import Dataset, build_model, load_dataset
-from pod.workloads.remat import REMAT_POLICIES, remat_effect
+from pod.workloads.remat import remat_effect, twin_policies
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
            "DEFAULT_PER_DEVICE_BATCHES", "write_outputs", "layout_label", "slices_text"]
@@ -79,11 +79,6 @@ PLOTTED = 30
 #: Bound runs a planner keeps for costing their points later (a few hundred kB each), and
 #: steps it keeps for their twins.
 _BOUNDED = 512
-#: The named remat policies that do to a block what another does (``remat_effect``): their
-#: points' steps are each other's.
-_TWIN_POLICIES = frozenset(
-    p for p in REMAT_POLICIES if p != "custom"
-    and sum(remat_effect(q) == remat_effect(p) for q in REMAT_POLICIES if q != "custom") > 1)
 
 PLAN_COLUMNS = (
     "rank", "point", "status", "reason", "slice", "generation", "chips", "devices", "mesh",
@@ -386,7 +381,7 @@ class Planner:
         (``remat_effect``): points with the same key run the same ops (their rows differ
         in the policy's name only); None for a point whose policy has no twin among the
         named ones (then nothing is kept)."""
-        if c.remat not in _TWIN_POLICIES:
+        if c.remat not in twin_policies():
             return None
         return (c.slice_name, c.slices, tuple(sorted(c.mesh.items())), c.global_batch,
                 c.per_device_batch, c.capacity_factor, remat_effect(c.remat))

@@ -51,8 +51,6 @@ from pod.workloads.remat import REMAT_POLICIES, TENSOR_KEYS, remat_cache_keys, r
 __all__ = ["BLOCKS", "REMAT_POLICIES", "TensorHooks", "TransformerBlock", "STATS_BYTES"]
 
 BLOCKS = ("sequential", "parallel")
-#: the MLP's products by MaxText name (an MoE's are batched over its experts: ``kept``)
-_MLP_TENSORS = ("mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
 STATS_BYTES = 4  # a float32 per-row statistic (a norm's 1 / sigma, flash's log-sum-exp)
 _NAME_OF = {key: name for name, keys in TENSOR_KEYS.items() for key in keys}
 
@@ -218,22 +216,13 @@ class TransformerBlock(Layer):
         """What ``remat`` keeps, on the device or offloaded, as cache keys ("x" the
         block input; attention "q", "k", "v", "qkv", "attn" with flash's "stats";
         "out_proj", the summed attention output of the sequential block; MLP "u",
-        "u0", "u1"); None: everything backward reads (``none``).
-
-        ``minimal`` is JAX's ``checkpoint_dots_with_no_batch_dims``: it saves a dot by its
-        shape, not its name, and an MoE's expert products are batched over the experts
-        (``EBCM,EMH->EBCH``; megablox's grouped matmul is a kernel, no dot at all), so
-        under it an MoE block keeps its attention's products but not its experts' (XLA:
-        Mixtral 8x7B at 8 x 4096 on v5p-128 holds 61.6 GiB, where keeping the expert
-        products would need 194 GiB; ``tools/xla_oracle/results/mixtral-v5p-128-b8.json``)."""
-        kept = remat_cache_keys(self.choices)[0]
-        if kept is None or not (self.moe and self.remat == "minimal"):
-            return kept
-        return kept - frozenset(k for name in _MLP_TENSORS for k in TENSOR_KEYS[name])
+        "u0", "u1"); None: everything backward reads (``none``); ``minimal`` keeps no
+        expert product of an MoE block (``remat.remat_cache_keys``)."""
+        return remat_cache_keys(self.choices, self.remat, self.moe)[0]
 
     def offloaded(self) -> frozenset[str]:
         """The cache keys kept in host memory (``offload``)."""
-        return remat_cache_keys(self.choices)[1]
+        return remat_cache_keys(self.choices, self.remat, self.moe)[1]
 
     def _keeps(self, key: str) -> bool:
         kept = self.kept()

@@ -41,10 +41,11 @@ The policies (``save_only_these_names`` unless said):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 __all__ = ["REMAT_POLICIES", "REMAT_TENSORS", "REMAT_CHOICES", "TENSOR_KEYS", "remat_choices",
-           "check_remat_custom", "remat_cache_keys", "remat_effect"]
+           "check_remat_custom", "remat_cache_keys", "remat_effect", "twin_policies"]
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
                   "save_qkv_proj", "custom")
@@ -59,6 +60,8 @@ TENSOR_KEYS = {"decoder_layer_input": ("x",), "query_proj": ("q",), "key_proj": 
                "mlpwo": ()}
 
 _PROJECTIONS = ("query_proj", "key_proj", "value_proj", "qkv_proj")
+#: the MLP's products by MaxText name (an MoE's are batched over its experts)
+_MLP_TENSORS = ("mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
 _SAVED = {
     "full": (),
     "minimal": (*_PROJECTIONS, "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo"),
@@ -111,29 +114,48 @@ def remat_choices(policy: str, custom: tuple[tuple[str, str], ...] | Mapping | N
     return choices
 
 
-def remat_cache_keys(choices: Mapping[str, str] | None
+def remat_cache_keys(choices: Mapping[str, str] | None, policy: str = "", moe: bool = False
                      ) -> tuple[frozenset[str] | None, frozenset[str]]:
-    """What per-tensor ``choices`` (:func:`remat_choices`) keep as a block's cache keys
-    (``TENSOR_KEYS``): (kept on the device or offloaded, None for everything backward
-    reads under ``none``; offloaded to host memory)."""
+    """What per-tensor ``choices`` (:func:`remat_choices` of ``policy``) keep as a block's
+    cache keys (``TENSOR_KEYS``): (kept on the device or offloaded, None for everything
+    backward reads under ``none``; offloaded to host memory).
+
+    ``minimal`` is JAX's ``checkpoint_dots_with_no_batch_dims``: it saves a dot by its
+    shape, not its name, and an MoE's (``moe``) expert products are batched over the
+    experts (``EBCM,EMH->EBCH``; megablox's grouped matmul is a kernel, no dot at all),
+    so under it an MoE block keeps its attention's products but not its experts' (XLA:
+    Mixtral 8x7B at 8 x 4096 on v5p-128 holds 61.6 GiB, where keeping the expert
+    products would need 194 GiB; ``tools/xla_oracle/results/mixtral-v5p-128-b8.json``)."""
     if choices is None:
         return None, frozenset()
     kept = frozenset(k for name, choice in choices.items() if choice != "remat"
                      for k in TENSOR_KEYS[name])
+    if moe and policy == "minimal":
+        kept -= frozenset(k for name in _MLP_TENSORS for k in TENSOR_KEYS[name])
     offloaded = frozenset(k for name, choice in choices.items() if choice == "offload"
                           for k in TENSOR_KEYS[name])
     return kept, offloaded
 
 
-def remat_effect(policy: str) -> tuple[frozenset[str] | None, frozenset[str]]:
+def remat_effect(policy: str) -> tuple[tuple[frozenset[str] | None, frozenset[str]], ...]:
     """What a named policy (not ``custom``) does to a block: :func:`remat_cache_keys` of
-    its choices. A block reads its policy only through them
-    (``TransformerBlock.kept`` / ``offloaded``), so two policies with the same effect
-    run the same ops and keep the same bytes: ``save_dot_except_mlp`` and
+    its choices in a dense block and in an MoE block. A block reads its policy only
+    through them (``TransformerBlock.kept`` / ``offloaded``), so two policies with the
+    same effect run the same ops and keep the same bytes: ``save_dot_except_mlp`` and
     ``save_dot_except_mlpwi`` (``mlpwo`` is read by no backward pass, so keeping it
     keeps nothing).
 
     Raises:
         ValueError: an unknown policy.
     """
-    return remat_cache_keys(remat_choices(policy))
+    choices = remat_choices(policy)
+    return tuple(remat_cache_keys(choices, policy, moe) for moe in (False, True))
+
+
+@functools.lru_cache(maxsize=1)
+def twin_policies() -> frozenset[str]:
+    """The named policies (not ``custom``) that do to a block what another one does
+    (:func:`remat_effect`): a step under one is a step under the other."""
+    named = [p for p in REMAT_POLICIES if p != "custom"]
+    effects = [remat_effect(p) for p in named]
+    return frozenset(p for p, e in zip(named, effects, strict=True) if effects.count(e) > 1)

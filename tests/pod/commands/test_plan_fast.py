@@ -16,7 +16,7 @@ from pod.commands.plan_cost import Scoring, class_key, cost_points
 from pod.commands.plan_report import family_lines
 from pod.commands.plan_search import candidates, compared_batch, family, remat_policies
 from pod.commands.plan_source import model_source
-from pod.workloads.remat import remat_effect
+from pod.workloads.remat import remat_effect, twin_policies
 
 # the API's current names only (slice=, per_device_batch=: no DeprecationWarning)
 pytestmark = pytest.mark.filterwarnings("error:.*= is deprecated; use .*=:DeprecationWarning")
@@ -75,6 +75,7 @@ def test_a_twin_policys_step_is_taken_as_costing_it_alone(tiny):
     (the policy's name included) is that of costing the point alone."""
     assert remat_effect("save_dot_except_mlp") == remat_effect("save_dot_except_mlpwi")
     assert remat_effect("save_dot_except_mlp") != remat_effect("save_qkv_proj")
+    assert twin_policies() == set(("save_dot_except_mlp", "save_dot_except_mlpwi"))
     twins = ("save_dot_except_mlp", "save_dot_except_mlpwi")
     points, fast, alone, planner = _alone_and_fast(tiny, "v5e-4", 4, twins, (1,))
     ok = sum(r["status"] == "ok" for r in fast)
