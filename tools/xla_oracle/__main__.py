@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.xla_oracle.inventory import op_inventory
-from tools.xla_oracle.record import GIB, build_result, parse_oom
+from tools.xla_oracle.record import GIB, build_result, judge_peak, parse_oom
 from tools.xla_oracle.record import versions as installed_versions
 from tools.xla_oracle.spec import (
     HLO_CACHE,
@@ -282,10 +282,7 @@ def refresh_inventories() -> int:
             result["hbm_bytes_per_device"] = hbm
             peak = result.get("peak_bytes_per_device")
             if result["compile"].get("ok") and peak is not None:
-                result["fits"] = peak <= hbm
-                result["fits_reason"] = (
-                    "compiled; peak within the device's HBM" if result["fits"] else
-                    "compiled, but the peak exceeds the device's HBM in the chip preset")
+                result["fits"], result["fits_reason"] = judge_peak(peak, hbm)
             path.write_text(json.dumps(result, indent=1) + "\n")
         source = (ROOT / result["hlo_file"] if result.get("hlo_file")
                   else HLO_CACHE / f"{result['id']}.hlo.txt.gz")

@@ -66,6 +66,13 @@ def parse_oom(message: str) -> dict[str, Any] | None:
     return out or None
 
 
+def judge_peak(peak: int | None, hbm: int) -> tuple[bool, str]:
+    """A compiled step's verdict: (its peak is at most ``hbm`` bytes, the reason)."""
+    fits = peak is not None and peak <= hbm
+    return fits, ("compiled; peak within the device's HBM" if fits else
+                  "compiled, but the peak exceeds the device's HBM in the chip preset")
+
+
 def build_result(spec: Mapping[str, Any], outcome: Mapping[str, Any],
                  inventory: Mapping[str, Any] | None, key: str,
                  hlo_file: str | None) -> dict[str, Any]:
@@ -82,9 +89,7 @@ def build_result(spec: Mapping[str, Any], outcome: Mapping[str, Any],
     vmem = error is not None and "in memory space vmem" in error
     oom = error is not None and "RESOURCE_EXHAUSTED" in error and not vmem
     if ok:
-        fits = peak is not None and peak <= hbm
-        why = ("compiled; peak within the device's HBM" if fits else
-               "compiled, but the peak exceeds the device's HBM in the chip preset")
+        fits, why = judge_peak(peak, hbm)
     elif oom:
         fits, why = False, "XLA refused the program: RESOURCE_EXHAUSTED"
     elif vmem:

@@ -1,6 +1,6 @@
 """The MoE's dense einsum dispatch (``sparse_matmul: false``, MaxText's ``dense_matmul`` with
-a capacity factor, training-steps.md T8, and without one, dense dropless): the values of the sparse path and of a per-token
-reference, finite differences, the five (tokens, experts x capacity) products and their
+a capacity factor, training-steps.md T8, and without one, dense dropless): the values of
+the sparse path and of a per-token reference, finite differences, the five (tokens, experts x capacity) products and their
 cost in closed form, timing-only records equal to executed ones, expert parallelism equal
 to one device. No Ray."""
 
@@ -24,6 +24,19 @@ SPEC = get_chip_spec("v5e").core
 def _dense(cf=1.0, sparse=False):
     return MoE(E, K, F, "gated_silu", capacity_factor=cf, aux_loss_weight=0.5, name="moe",
                sparse_matmul=sparse)
+
+
+def _step_records(layer, params):
+    """One forward and backward's op records, executed; a timing-only pass records the
+    same."""
+    runs = []
+    for execute in (True, False):
+        core = TensorCore(SPEC, execute=execute)
+        y, cache = layer.forward(core, params, _x(dtype=np.float32))
+        layer.backward(core, params, cache, np.ones_like(y))
+        runs.append(core.take_records())
+    assert runs[0] == runs[1]
+    return runs[0]
 
 
 @pytest.mark.parametrize("cf", [1.0, 0.5, 2.0])
@@ -63,14 +76,7 @@ def test_five_products_of_two_t_e_cap_c_flops_per_sequence_and_the_masks_traffic
     layer = _dense(1.25)
     cap = expert_capacity(T, E, K, 1.25)
     params = {k: v.astype(np.float32) for k, v in _params(layer).items()}
-    runs = []
-    for execute in (True, False):
-        core = TensorCore(SPEC, execute=execute)
-        y, cache = layer.forward(core, params, _x(dtype=np.float32))
-        layer.backward(core, params, cache, np.ones_like(y))
-        runs.append(core.take_records())
-    assert runs[0] == runs[1]
-    by = {r.name: r for r in runs[0]}
+    by = {r.name: r for r in _step_records(layer, params)}
     each = 2 * B * T * E * cap * C
     products = ("moe/dispatch", "moe/combine", "moe/combine_bwd", "moe/combine_bwd/d_mask",
                 "moe/dispatch_bwd")
@@ -140,19 +146,11 @@ def test_dense_dropless_computes_the_sparse_dropless_values():
 
 def test_dense_dropless_runs_every_expert_on_every_token_without_masks():
     """Its expert products cover E x B x T rows (E / k times the sparse path's T k per
-    sequence), no
-    masks and no dispatch product; the combine and its gradients read every expert's row
-    of a token (VPU). Timing-only records equal the executed ones."""
+    sequence), no masks and no dispatch product; the combine and its gradients read every
+    expert's row of a token (VPU). Timing-only records equal the executed ones."""
     layer = _dense(0.0)
     params = {k: v.astype(np.float32) for k, v in _params(layer).items()}
-    runs = []
-    for execute in (True, False):
-        core = TensorCore(SPEC, execute=execute)
-        y, cache = layer.forward(core, params, _x(dtype=np.float32))
-        layer.backward(core, params, cache, np.ones_like(y))
-        runs.append(core.take_records())
-    assert runs[0] == runs[1]
-    by = {r.name: r for r in runs[0]}
+    by = {r.name: r for r in _step_records(layer, params)}
     assert "moe/masks" not in by and "moe/dispatch" not in by
     assert by["moe/wi_0"].flops == 2 * E * B * T * C * F
     assert by["moe/combine"].unit == by["moe/combine_bwd"].unit == "vpu"
