@@ -1,8 +1,8 @@
-"""The MoE's dense einsum dispatch (``sparse_matmul: false``, MaxText's ``dense_matmul`` with
-a capacity factor, training-steps.md T8, and without one, dense dropless): the values of
-the sparse path and of a per-token reference, finite differences, the five (tokens,
-experts x capacity) products and their cost in closed form, timing-only records equal to executed ones, expert parallelism equal
-to one device. No Ray."""
+"""The MoE's dense einsum dispatch (``sparse_matmul: false``, MaxText's ``dense_matmul`` with a
+capacity factor, training-steps.md T8, and without one, dense dropless): the values of the
+sparse path and of a per-token reference, finite differences, the five (tokens, experts x
+capacity) products and their cost in closed form, timing-only records equal to executed
+ones, expert parallelism equal to one device. No Ray."""
 
 from __future__ import annotations
 
