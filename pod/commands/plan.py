@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from pod.commands.plan_bound import pipeline_bound
 from pod.commands.plan_cost import Scoring, cost_points, default_workers
 from pod.commands.plan_search import (
     Candidate,
@@ -65,8 +66,9 @@ from pod.config.presets import synthetic_examples
 from pod.config.scenario import MAX_GLOBAL_BATCH, MAX_SLICES, Scenario, parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
-from pod.programs.replay import LayerTape
+from pod.programs.replay import LayerTape, signature
 from pod.workloads import Dataset, build_model, load_dataset
+from pod.workloads.block import TransformerBlock
 from pod.workloads.remat import remat_effect, twin_policies
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
@@ -79,6 +81,9 @@ PLOTTED = 30
 #: Bound runs a planner keeps for costing their points later (a few hundred kB each), and
 #: steps it keeps for their twins.
 _BOUNDED = 512
+#: A bound of a step is shrunk by this share: its sum of records and the step's sum of
+#: figures (``StepStats.step_seconds``) round differently in the last bits.
+_BOUND_MARGIN = 1e-9
 
 PLAN_COLUMNS = (
     "rank", "point", "status", "reason", "slice", "generation", "chips", "devices", "mesh",
@@ -243,6 +248,8 @@ class Planner:
         # twin key (``_twin_key``) -> (its step's StepStats or None, its passes' seconds)
         self._twins: dict[tuple[Any, ...], tuple[Any, float | None]] = {}
         self.twin_steps = 0  # steps taken from a twin (remat_effect) instead of run
+        # id(a local model) -> (it, its blocks per virtual stage and indices, or None)
+        self._blocks: dict[int, tuple[Any, Any]] = {}
 
     def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
         """The scenario of a point: the source's with its slice, mesh, remat and batch."""
@@ -333,10 +340,9 @@ class Planner:
         try:
             bounded = self._bounded.pop(c.index, None) if fast and mode == "cost" else None
             plan = bounded[0].plan if bounded else self.plan(c, shared=fast)
-            if mode != "cost":
-                row.update(status="pruned", fits=True,
-                           hbm_per_device_bytes=int(plan.memory["total"]))
-            if hit is not None and mode != "plan":  # its twin's step: the same ops
+            if mode == "plan":  # the runtime's HBM allocation, as costing it would meet it
+                TimingPod(plan)
+            elif hit is not None:  # its twin's step: the same ops
                 stats, passes = hit
                 self.twin_steps += 1
             elif mode == "cost" and bounded:  # its bound's run: the plan, a device's report
@@ -344,19 +350,22 @@ class Planner:
                 stats = pod.step(0, known={heaviest: report})
             elif mode != "plan":
                 pod = TimingPod(plan, tape=self.tape if fast else None)
-                self.tape.pass_seconds.clear()
+                self.tape.clear_passes()
                 heaviest = _heaviest(pod)
                 if mode == "cost":
                     stats = pod.step(0)
                 else:  # one device's passes bound the step: a pipeline's other stages aside
                     (report,) = pod.device_reports(0, only=heaviest)
                 comm = pod.last_comms[heaviest if mode == "cost" else 0]
-                passes = self._passes_seconds(comm) if fast else None
-                self.tape.pass_seconds.clear()
+                passes = self._bound_seconds(pod, heaviest, comm) if fast else None
+                self.tape.clear_passes()
                 if mode == "bound":  # kept for costing it later: the same plan and report
                     self._keep_bounded(c.index, (pod, heaviest, report, passes))
             if twin is not None and hit is None and mode != "plan":
                 self._keep_twin(twin, (stats if mode == "cost" else None, passes))
+            if mode != "cost":
+                row.update(status="pruned", fits=True,
+                           hbm_per_device_bytes=int(plan.memory["total"]))
         except HBMPlanError as err:
             need = (err.memory_plan or {}).get("total", math.nan)
             row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)
@@ -405,6 +414,60 @@ class Planner:
         bound of the step (whose slowest device's clock is at least any device's)."""
         return sum(seconds for (device, method), seconds in self.tape.pass_seconds.items()
                    if device is comm and method in ("forward", "backward"))
+
+    def _bound_seconds(self, pod: Any, heaviest: int, comm: Any) -> float:
+        """A lower bound of the point's step from the last step of its representative
+        device ``heaviest`` (collectives ``comm``), times ``1 - _BOUND_MARGIN``: its
+        passes' seconds; of one device, at least its passes' cycle-bound MXU seconds at
+        the chip's sustained budget (``clock.sustained_clocks`` holds the step to them);
+        in a pipeline, the fill before its first op and the drain after its last
+        (``plan_bound.pipeline_bound``, when every block of the model has one
+        signature)."""
+        passes = self._passes_seconds(comm)
+        schedule = getattr(pod.program, "schedule", None)
+        blocks = self._chunk_blocks(pod.program) if schedule is not None else None
+        if len(pod.devices) == 1:
+            mxu = sum(s for (device, method), s in self.tape.pass_mxu_bound_seconds.items()
+                      if device is comm and method in ("forward", "backward"))
+            fraction = pod.context.sustained_mxu_fraction
+            budget = mxu / fraction if 0 < fraction < 1 else 0.0
+            return max(passes, budget) * (1.0 - _BOUND_MARGIN)
+        if schedule is None or schedule.stages <= 1 or blocks is None:
+            return passes * (1.0 - _BOUND_MARGIN)
+        stage = pod.devices[heaviest].groups.ring_index("stage")
+        mine = [i for v, chunk in enumerate(pod.program.chunks) if v % schedule.stages == stage
+                for i in chunk if i in blocks[1]]
+        per_pass = self.tape.pass_mxu_seconds
+        if not mine or any((comm, m, i) not in per_pass for i in mine
+                           for m in ("forward", "backward")):
+            return passes * (1.0 - _BOUND_MARGIN)
+        forward = min(per_pass[(comm, "forward", i)] for i in mine)
+        backward = min(per_pass[(comm, "backward", i)] for i in mine)
+        return pipeline_bound(schedule, stage, blocks[0], forward, backward,
+                              passes) * (1.0 - _BOUND_MARGIN)
+
+    def _chunk_blocks(self, program: Any) -> tuple[list[int], frozenset[int]] | None:
+        """A pipelined program's blocks per virtual stage (their number) and the blocks'
+        layer indices, or None when its blocks do not all share one signature
+        (``replay.signature``: a block of another kind may cost less on another stage);
+        kept per local model."""
+        local = program.local_model
+        kept = self._blocks.get(id(local))
+        if kept is None or kept[0] is not local:
+            index = frozenset(i for i, layer in enumerate(local.layers)
+                              if isinstance(layer, TransformerBlock))
+            try:
+                same = len({signature(local.layers[i]) for i in index}) == 1
+            except Exception:  # a layer the signature cannot describe
+                same = False
+            found = ([sum(i in index for i in chunk) for chunk in program.chunks], index) \
+                if same else None
+            if len(self._blocks) >= _BOUNDED:
+                self._blocks.clear()
+            kept = self._blocks[id(local)] = (local, found)
+        if kept[1] is None or len(kept[1][0]) != len(program.chunks):
+            return None
+        return kept[1]
 
     def _labels(self, c: Candidate) -> dict[str, Any]:
         """A point's row before it is costed: what it is (NaN for the figures). ``mesh``
@@ -706,7 +769,8 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
                                   _capacities(request.capacity_factors))
     points = candidates([(p.slice_name, devices_of(p)) for p in pods], axes, remats,
                         global_batch=batch, per_device_batches=per_device, num_slices=counts,
-                        capacities=capacities, fixed=keys.mesh)
+                        capacities=capacities, fixed=keys.mesh,
+                        dropless_expert=not getattr(planner.config, "sparse_matmul", True))
     if not points and keys.mesh:
         axis, size = next(iter(keys.mesh.items()))
         key = f"ici_{'pipeline' if axis == 'stage' else axis}_parallelism"

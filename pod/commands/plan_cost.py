@@ -10,9 +10,12 @@ out of what the outputs show, then it is **pruned**:
   sizes) runs the same layers on the same per-device shapes, so their passes' records
   are the same (``pod.programs.replay``: the tape replays them from one point to the
   next); the step is at least their compute (``pod.report.clock``: the compute stream
-  runs every record). The first point of a class that plans is costed and gives the
-  bound of the others (``LayerTape.pass_seconds``); each later costed one is checked
-  to give the same, else the class is not pruned at all.
+  runs every record), at least their cycle-bound MXU records at the chip's sustained
+  budget on one device (``clock.sustained_clocks``), and in a pipeline at least the
+  fill before the stage's first op and the drain after its last (``plan_bound``). The
+  first point of a class that plans is run (not clocked) and gives the bound of the
+  others (``Planner.point``); each later costed one is checked to give the same, else
+  the class is not pruned at all.
 - What the outputs show: the ``keep`` best points (the table's and layouts.png's)
   and the best point of each mesh family at the global batch of the best point
   (the family lines: ``plan_search.compared_batch``). A point is pruned when its bound
@@ -233,8 +236,9 @@ class _Pruner:
                 unit = "tokens/s" if self.scoring.sequence_length else "examples/s"
                 what = (f"at most {-bound:,.0f} {unit}, below the {self.keep}th fastest's "
                         f"{-threshold:,.0f}")
+            fill = " and the pipeline's fill and drain" if c.mesh.get("stage", 1) > 1 else ""
             self.rows[c.index]["reason"] = (
-                f"not costed: its forward and backward passes alone take "
+                f"not costed: its forward and backward passes{fill} take at least "
                 f"{seconds * 1e3:,.1f} ms a step ({what}); --exhaustive costs it")
 
 

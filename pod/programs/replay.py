@@ -133,6 +133,8 @@ class _Segment:
     its outputs."""
 
     seconds: float  # its records' on the compute stream (host transfers aside)
+    mxu_seconds: float  # its MXU records' (what no fusion state changes)
+    mxu_bound_seconds: float  # its MXU records' bound by their cycles (not their HBM bytes)
     records: tuple[tuple[Any, ...], ...]  # (field values, relative name, relative fused_into)
     calls: tuple[tuple[Any, ...], ...]  # (field values, relative tag, after, wait)
     host: int | None
@@ -217,6 +219,17 @@ class LayerTape:
             with them since it was last cleared: a device's forward and backward passes
             are part of its compute, a lower bound of its step (``tpu-pod plan`` prunes
             with it).
+        pass_mxu_seconds: (a device's collectives, method, layer index) -> the least
+            simulated seconds of the MXU records of one such pass since it was last
+            cleared. An MXU record's seconds depend on the op's shapes and the core only
+            (``chip.TensorCore``: never on the fusion state, which only moves VPU work),
+            so a pass of a layer with the same signature on the same shapes elsewhere
+            (another pipeline stage's block) takes at least as long (``tpu-pod plan``'s
+            pipeline bound).
+        pass_mxu_bound_seconds: (a device's collectives, method) -> seconds of the MXU
+            records bound by their cycles (``pod.report.stats.op_bound`` "mxu") of the
+            passes since it was last cleared: what the chip's sustained MXU budget holds
+            a step to (``pod.report.clock.sustained_clocks``).
     """
 
     def __init__(self, max_segments: int = 4096, max_records: int = 200_000) -> None:
@@ -232,6 +245,8 @@ class LayerTape:
         self._known: dict[int, tuple[Any, Any]] = {}  # id -> (a pass's output, signature)
         self._signed: dict[int, tuple[Any, Any]] = {}  # id -> (an argument, its signature)
         self.pass_seconds: dict[tuple[Any, str], float] = {}
+        self.pass_mxu_seconds: dict[tuple[Any, str, int], float] = {}
+        self.pass_mxu_bound_seconds: dict[tuple[Any, str], float] = {}
         self.hits = self.misses = 0
 
     def run(self, core: Any, comm: Any, layer_names: Sequence[str], index: int, layer: Any,
@@ -258,7 +273,8 @@ class LayerTape:
             self.misses += 1
             start = len(core.records)
             result = run()
-            self._count(comm, method, _compute_seconds(core.records[start:]))
+            done = core.records[start:]
+            self._count(comm, method, index, _compute_seconds(done), *_mxu_seconds(done))
             return result
         # a pass whose VPU work joins the MXU record before it also depends on that record
         host_key = None if host is None else (host.seconds, names.relative(host.name, index),
@@ -272,13 +288,15 @@ class LayerTape:
                 pass
             else:
                 self.hits += 1
-                self._count(comm, method, segment.seconds)
+                self._count(comm, method, index, segment.seconds, segment.mxu_seconds,
+                            segment.mxu_bound_seconds)
                 return segment.result
         self.misses += 1
         start_record, start_call = len(core.records), len(comm.calls)
         result = run()
         segment = _record(core, comm, names, index, start_record, start_call, result)
-        self._count(comm, method, segment.seconds)
+        self._count(comm, method, index, segment.seconds, segment.mxu_seconds,
+                    segment.mxu_bound_seconds)
         self._know(result)
         if _joins_entry_host(core.records[start_record:]):
             found = found if isinstance(found, dict) else {}
@@ -288,9 +306,21 @@ class LayerTape:
             self._keep(key, segment)
         return result
 
-    def _count(self, comm: Any, method: str, seconds: float) -> None:
+    def clear_passes(self) -> None:
+        """Forget the passes counted so far (``pass_seconds``, ``pass_mxu_seconds``,
+        ``pass_mxu_bound_seconds``)."""
+        self.pass_seconds.clear()
+        self.pass_mxu_seconds.clear()
+        self.pass_mxu_bound_seconds.clear()
+
+    def _count(self, comm: Any, method: str, index: int, seconds: float,
+               mxu_seconds: float, mxu_bound_seconds: float) -> None:
         key = (comm, method)  # the object, not its id: kept alive, its id is not reused
         self.pass_seconds[key] = self.pass_seconds.get(key, 0.0) + seconds
+        bound = self.pass_mxu_bound_seconds
+        bound[key] = bound.get(key, 0.0) + mxu_bound_seconds
+        at = (comm, method, index)
+        self.pass_mxu_seconds[at] = min(self.pass_mxu_seconds.get(at, mxu_seconds), mxu_seconds)
 
     def _sign(self, value: Any) -> Any:
         """:func:`signature` of a pass's argument; containers are remembered by identity
@@ -394,6 +424,14 @@ def _compute_seconds(records: Sequence[OpRecord]) -> float:
     return sum(float(r.seconds) for r in records if r.unit != "host")
 
 
+def _mxu_seconds(records: Sequence[OpRecord]) -> tuple[float, float]:
+    """Seconds of the MXU records among ``records``, and of those bound by their cycles
+    (not their HBM bytes: ``pod.report.stats.op_bound``)."""
+    mxu = [r for r in records if r.unit == "mxu"]
+    return (sum(float(r.seconds) for r in mxu),
+            sum(float(r.seconds) for r in mxu if r.bound != "memory"))
+
+
 def _core_key(core: Any) -> tuple[Any, ...]:
     """What a core contributes to an op's record besides the op: its spec and settings."""
     return (core.spec, core.precision, core.mxu_model, core.emulates_numerics, core.execute,
@@ -413,5 +451,5 @@ def _record(core: Any, comm: Any, names: _Names, index: int, start_record: int,
                   for c in comm.calls[start_call:])
     host, vpu_seconds, pending = core.fusion_state()
     at = next((k for k in range(len(records) - 1, -1, -1) if records[k] is host), None)
-    return _Segment(_compute_seconds(records), rel, calls, at, vpu_seconds,
+    return _Segment(_compute_seconds(records), *_mxu_seconds(records), rel, calls, at, vpu_seconds,
                     tuple((names.relative(p[0], index), *p[1:]) for p in pending), result)
