@@ -19,9 +19,10 @@ one entry.
 A mixture of experts is also searched over its **capacity factor** (MaxText's
 ``capacity_factor``; 0: dropless): the model's own, and, for a dropless model
 whose expert axis is searched, ``DEFAULT_CAPACITY_FACTOR`` too, since the runtime
-splits experts over an ``expert`` axis only with a capacity (a dropless MoE's
-all-to-all is ragged, which is not modelled): a point with expert > 1 takes the
-capacities other than 0, one with expert 1 every capacity.
+splits a sparse MoE's experts over an ``expert`` axis only with a capacity (a sparse
+dropless MoE's all-to-all is ragged, which is not modelled): a point with expert > 1
+takes the capacities other than 0, one with expert 1 every capacity; a dense dropless
+MoE (``sparse_matmul`` false: every expert on every token) runs over expert at 0 too.
 
 The **remat policies** are the transformer's own (``pod.workloads.block.
 REMAT_POLICIES``); the **batch** is the global batch asked for (each mesh's
@@ -296,10 +297,12 @@ def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: S
                per_device_batches: Sequence[int] = (),
                num_slices: Sequence[int] = (1,),
                capacities: Sequence[float | None] = (None,),
-               fixed: Mapping[str, int] | None = None) -> list[Candidate]:
+               fixed: Mapping[str, int] | None = None,
+               dropless_expert: bool = False) -> list[Candidate]:
     """Every point: slices x numbers of slices x meshes x remat policies x capacity
     factors x batches, in that order (a mesh with expert > 1 without the dropless
-    capacity 0: the runtime does not run it).
+    capacity 0 unless ``dropless_expert``: the runtime does not run a sparse dropless
+    MoE over expert, ``transformer.check_expert_split``).
 
     Args:
         slices: (slice name, devices of one slice) per slice.
@@ -314,6 +317,9 @@ def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: S
             ``(None,)``: a dense model.
         fixed: mesh axis -> the size every mesh has (MaxText's ``ici_<axis>_parallelism``);
             the other axes are searched.
+        dropless_expert: the model's dropless routing runs over expert (a dense dropless
+            MoE, ``sparse_matmul`` false: every expert on every token,
+            ``pod.workloads.moe``): capacity 0 is searched on every mesh.
     """
     check_search_size(slices, axes, remats, global_batch, per_device_batches, num_slices,
                       capacities or (None,))
@@ -323,8 +329,8 @@ def candidates(slices: Sequence[tuple[str, int]], axes: Sequence[str], remats: S
                    if all(m.get(a, 1) == size for a, size in (fixed or {}).items())]
         for mesh, remat, capacity in itertools.product(layouts, remats or ("",),
                                                        capacities or (None,)):
-            if capacity == 0 and mesh.get("expert", 1) > 1:
-                continue  # dropless over expert: a ragged all-to-all, not modelled
+            if capacity == 0 and mesh.get("expert", 1) > 1 and not dropless_expert:
+                continue  # sparse dropless over expert: a ragged all-to-all, not modelled
             shards = _batch_shards(mesh) * count
             if global_batch is not None:
                 batches = [(global_batch, global_batch // shards if global_batch % shards == 0

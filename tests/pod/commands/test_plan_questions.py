@@ -16,7 +16,13 @@ import yaml
 
 from pod.commands.plan import PlanRequest, run_plan
 from pod.commands.plan_report import family_lines, plan_table, search_line
-from pod.commands.plan_search import DEFAULT_CAPACITY_FACTOR, family, model_axes, runtime_axes
+from pod.commands.plan_search import (
+    DEFAULT_CAPACITY_FACTOR,
+    candidates,
+    family,
+    model_axes,
+    runtime_axes,
+)
 from pod.config.mesh import AXIS_NAMES
 from pod.errors import ScenarioError
 
@@ -108,6 +114,23 @@ def test_an_moe_plan_tries_expert_layouts_at_a_capacity_and_says_which(moe):
     assert "experts" in text and ("dropless" in text or "cf 1.25" in text)
     assert any(", experts capacity 1.25, " in line or ", experts dropless, " in line
                for line in family_lines(result))
+
+
+def test_a_dense_dropless_moe_is_searched_dropless_over_expert(tmp_path):
+    """A dense dropless MoE (sparse_matmul false, capacity 0: every expert on every token)
+    runs over expert (``check_expert_split``): its expert layouts are searched at capacity
+    0 too, and cost."""
+    dense_moe = _scenario(tmp_path, "tiny-dense-moe", experts=4, experts_per_token=2,
+                          sparse_matmul=False)
+    result = run_plan(PlanRequest(model=dense_moe, slices=("v5e-8",), remat=("none",),
+                                  per_device_batches=(1,), mesh_axes=("data", "expert"),
+                                  exhaustive=True, workers=1))
+    dropless = [r for r in result.rows if r["expert"] > 1 and r["capacity_factor"] == 0]
+    runs = [r for r in dropless if 4 % r["expert"] == 0]  # expert 8 cannot split 4 experts
+    assert runs and all(r["status"] == "ok" for r in runs)
+    sparse = candidates([("v5e-8", 8)], ("data", "expert"), ("none",), per_device_batches=(1,),
+                        capacities=(0.0,))
+    assert all(c.mesh.get("expert", 1) == 1 for c in sparse)  # sparse dropless: not there
 
 
 def test_mesh_axes_fsdp_expert_works_and_a_capacity_can_be_asked(moe):
