@@ -14,7 +14,8 @@ the variants alternated ``--repeats`` times:
 
 - ``baseline``: the code at ``--baseline`` (a git revision of this repository,
   default ``b817573``, where issue 32 measured 115 s), checked out in a temporary
-  git worktree and run from there;
+  git worktree and run from there, as a user runs it; ``baseline-one``: the same in one
+  process (``--jobs 1``);
 - ``exhaustive``: this checkout, every point that plans costed (``--exhaustive``), one
   process (``--jobs 1``): the layer tape and the shared caches alone;
 - ``one``: this checkout, pruning by the bound, one process (``--jobs 1``);
@@ -58,8 +59,8 @@ README_QUESTIONS = [
 #: What identifies a row of the table, and its figure (compared across variants).
 TOP_KEYS = ("slice", "slices", "mesh", "remat", "per_device_batch", "capacity_factor",
             "simulated_step_seconds")
-VARIANTS = {"baseline": [], "exhaustive": ["--exhaustive", "--jobs", "1"],
-            "one": ["--jobs", "1"], "pool": []}
+VARIANTS = {"baseline": [], "baseline-one": ["--jobs", "1"],
+            "exhaustive": ["--exhaustive", "--jobs", "1"], "one": ["--jobs", "1"], "pool": []}
 
 
 def _cpu_seconds() -> float:
@@ -115,15 +116,15 @@ def main() -> None:
     medians: list[tuple[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"baseline": (Path(tmp) / "baseline", options.baseline)} \
-            if "baseline" in variants else {}
+            if any(v.startswith("baseline") for v in variants) else {}
         if options.after:
             trees["after"] = (Path(tmp) / "after", options.after)
         for path, revision in trees.values():
             subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(path),
                             revision], cwd=ROOT, check=True)
         try:
-            where = {v: trees.get("baseline" if v == "baseline" else "after", (ROOT,))[0]
-                     for v in variants}
+            where = {v: trees.get("baseline" if v.startswith("baseline") else "after",
+                                  (ROOT,))[0] for v in variants}
             for args in questions:
                 walls = _question(args, variants, options.repeats, where, options.same_rows)
                 medians.append((" ".join(args), {v: statistics.median(w)
@@ -189,9 +190,9 @@ def _question(args: list[str], variants: list[str], repeats: int, where: dict[st
             walls[v].append(r["wall"])
             if v == "exhaustive":
                 reference = r["top"]
-            if v == "baseline":
+            if v.startswith("baseline"):
                 baseline_rows = r["rows"]
-            same = ("" if v in ("baseline", "exhaustive") or reference is None
+            same = ("" if v.startswith("baseline") or v == "exhaustive" or reference is None
                     else "= exhaustive's" if r["top"] == reference else "DIFFERS")
             if same_rows and baseline_rows is not None and v in ("one", "pool"):
                 same += "; " + compare_rows(r["rows"], baseline_rows)

@@ -248,7 +248,7 @@ class Planner:
         # twin key (``_twin_key``) -> (its step's StepStats or None, its passes' seconds)
         self._twins: dict[tuple[Any, ...], tuple[Any, float | None]] = {}
         self.twin_steps = 0  # steps taken from a twin (remat_effect) instead of run
-        # id(a local model) -> (it, its blocks per virtual stage and indices, or None)
+        # id(a local model) -> (it, its blocks' indices, or None: not one signature)
         self._blocks: dict[int, tuple[Any, Any]] = {}
 
     def scenario_mapping(self, c: Candidate) -> dict[str, Any]:
@@ -450,24 +450,23 @@ class Planner:
         """A pipelined program's blocks per virtual stage (their number) and the blocks'
         layer indices, or None when its blocks do not all share one signature
         (``replay.signature``: a block of another kind may cost less on another stage);
-        kept per local model."""
+        the signatures compared once per local model."""
         local = program.local_model
         kept = self._blocks.get(id(local))
         if kept is None or kept[0] is not local:
-            index = frozenset(i for i, layer in enumerate(local.layers)
+            found = frozenset(i for i, layer in enumerate(local.layers)
                               if isinstance(layer, TransformerBlock))
             try:
-                same = len({signature(local.layers[i]) for i in index}) == 1
+                same = len({signature(local.layers[i]) for i in found}) == 1
             except Exception:  # a layer the signature cannot describe
                 same = False
-            found = ([sum(i in index for i in chunk) for chunk in program.chunks], index) \
-                if same else None
             if len(self._blocks) >= _BOUNDED:
                 self._blocks.clear()
-            kept = self._blocks[id(local)] = (local, found)
-        if kept[1] is None or len(kept[1][0]) != len(program.chunks):
+            kept = self._blocks[id(local)] = (local, found if same else None)
+        index: frozenset[int] | None = kept[1]  # a local model serves any number of stages
+        if index is None:
             return None
-        return kept[1]
+        return [sum(i in index for i in chunk) for chunk in program.chunks], index
 
     def _labels(self, c: Candidate) -> dict[str, Any]:
         """A point's row before it is costed: what it is (NaN for the figures). ``mesh``

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pod.commands.plan_search import Candidate
+from pod.workloads.remat import remat_effect, twin_policies
 
 __all__ = ["class_key", "cost_points", "default_workers", "Scoring"]
 
@@ -294,14 +295,24 @@ class _Runner:
             self.on_point(row, self.total)
 
 
+def _group_key(c: Candidate) -> tuple[Any, ...]:
+    """A point's class, twin remat policies as one (``remat_effect``): points a worker
+    should take together (they share passes, and a twin's step)."""
+    key = class_key(c)
+    if c.remat in twin_policies():
+        return (*key[:3], remat_effect(c.remat), *key[4:])
+    return key
+
+
 def _chunks(tasks: list[tuple[int, tuple[Candidate, str]]]
             ) -> list[list[tuple[int, tuple[Candidate, str]]]]:
-    """Tasks in chunks of at most ``_CHUNK``, a class's together."""
+    """Tasks in chunks of at most ``_CHUNK``, a class's (and its twins') together."""
     by_class: dict[Any, list[tuple[int, tuple[Candidate, str]]]] = {}
     for item in tasks:
-        by_class.setdefault(class_key(item[1][0]), []).append(item)
+        by_class.setdefault(_group_key(item[1][0]), []).append(item)
     out: list[list[tuple[int, tuple[Candidate, str]]]] = []
-    for items in by_class.values():
+    for items in by_class.values():  # a point beside its twin (the same mesh)
+        items.sort(key=lambda item: (sorted(item[1][0].mesh.items()), item[0]))
         out.extend(items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK))
     return out
 

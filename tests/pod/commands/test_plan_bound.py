@@ -73,3 +73,15 @@ def test_the_bound_is_at_most_the_step_over_hundreds_of_points(tiny):
     assert len(pairs) > 150 and sum(c.mesh.get("stage", 1) > 1 for c, _, _ in pairs) > 50
     bad = [(c.label, bound, step) for c, bound, step in pairs if not 0 < bound <= step]
     assert not bad
+
+
+def test_the_bound_of_a_point_does_not_depend_on_the_points_before(tiny):
+    """A planner that ran a 2-stage pipeline of the same local model first gives a
+    4-stage point the bound a fresh planner gives it (the pool's workers see the points
+    in any order: the same points must be pruned)."""
+    source = model_source(tiny, slice_name="v5e-4")
+    two, four = (c for c in candidates([("v5e-4", 4)], AXES, ("full",), per_device_batches=(4,))
+                 if c.mesh in ({"stage": 2, "fsdp": 2}, {"stage": 4}))
+    warm = Planner(source)
+    warm.point(two, mode="bound")
+    assert warm.point(four, mode="bound")[1] == Planner(source).point(four, mode="bound")[1]
