@@ -96,7 +96,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -600,7 +600,8 @@ class IciPort:
 
     def run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
             buffer: np.ndarray, bounds: Sequence[tuple[int, int]], timeout: float = 600.0,
-            sequenced: bool = False) -> None:
+            sequenced: bool = False,
+            after_phase: Callable[[int], None] | None = None) -> None:
         """Run this rank's part of a schedule on ``buffer`` in place.
 
         Per phase: send every outgoing chunk as the buffer holds it at the
@@ -621,6 +622,9 @@ class IciPort:
                 runs"): ``run_id`` must exceed every sequenced id this port
                 registered before; chunks of later ids wait, of earlier ones
                 are discarded. False (a plain run) leaves sequenced mode.
+            after_phase: called with each phase's index once its receives are applied,
+                before the next phase sends (local arithmetic between two phases:
+                ``pod.runtime.mesh_collectives``' direct allreduce).
 
         Raises:
             IciError: a peer died, its link closed (mid-chunk or before its
@@ -651,7 +655,8 @@ class IciPort:
             self._generation += 1
             self._cond.notify_all()
         try:
-            self._run(run_id, plan, addresses, buffer, bounds, time.monotonic() + timeout)
+            self._run(run_id, plan, addresses, buffer, bounds, time.monotonic() + timeout,
+                      after_phase)
         finally:
             with self._cond:  # forget the run: what it left behind is never applied
                 for data in self._mailbox.values():
@@ -664,7 +669,8 @@ class IciPort:
                 self._cond.notify_all()
 
     def _run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
-             buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float) -> None:
+             buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float,
+             after_phase: Callable[[int], None] | None) -> None:
         raw = buffer.data.cast("B")
         self._largest = {}
         for _, sends, _ in plan:
@@ -688,6 +694,8 @@ class IciPort:
                 else:
                     target[...] = data
                 self._release(data)
+            if after_phase is not None:
+                after_phase(phase)
 
     def close(self) -> None:
         """Close the listener, every incoming connection and every outgoing link."""
