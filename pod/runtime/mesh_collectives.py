@@ -150,7 +150,8 @@ class GroupTransport:
 
     def allreduce(self, x: np.ndarray, axis: str) -> np.ndarray:
         """The sum of ``x`` over the group of ``axis`` (same shape, float32): over groups
-        of ``DIRECT_MIN_GROUP`` or more in two phases with the ring's bits (``pod.runtime.direct``)."""
+        of ``DIRECT_MIN_GROUP`` or more in two phases with the ring's bits
+        (``pod.runtime.direct``)."""
         ring = self.groups.ring[axis]
         size = int(np.size(x))
         direct = direct_allreduce(len(ring), size) if len(ring) >= DIRECT_MIN_GROUP else None
