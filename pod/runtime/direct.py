@@ -47,7 +47,8 @@ def fold_orders(schedule: Schedule) -> tuple[tuple[int, ...], ...] | None:
     (sources as at the start of the phase; ``dst = dst + incoming`` or a copy).
     """
     n = schedule.num_ranks
-    terms = [[(r,) for _ in schedule.chunk_bounds] for r in range(n)]
+    terms: list[list[tuple[int, ...]]] = [[(r,) for _ in schedule.chunk_bounds]
+                                          for r in range(n)]
     for phase in schedule.phases:
         start = [list(row) for row in terms]
         for t in phase:
