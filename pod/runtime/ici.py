@@ -234,7 +234,13 @@ class IciPort:
         self._listener.listen(64)
         self.address = (host, self._listener.getsockname()[1])
         self._handshakes = threading.BoundedSemaphore(limits.max_pending_handshakes)
-        self._cond = threading.Condition()
+        # one lock, two conditions: reader threads wait on ``_cond`` for their chunk's run
+        # to be registered, the actor's thread on ``_arrived`` for a chunk; a chunk filed
+        # wakes only the actor's thread (waking every reader for each chunk made the
+        # readers and the actor's thread take turns at the GIL on busy cores)
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._arrived = threading.Condition(lock)
         self._closed = False
         self._conns: set[socket.socket] = set()
         # the current run (None between runs); ``_generation`` counts registrations
@@ -303,6 +309,7 @@ class IciPort:
                 if src is not None:
                     self._lost.add(src)
                 self._cond.notify_all()
+                self._arrived.notify_all()
 
     def _handshake(self, conn: socket.socket) -> int | None:
         """The hello's rank, or None (connection to drop) for a bad or missing hello."""
@@ -406,7 +413,7 @@ class IciPort:
         with self._cond:
             if self._run_id == run_id:
                 self._mailbox[(phase, src, seq)] = data
-                self._cond.notify_all()
+                self._arrived.notify()  # the actor's thread, in ``_take``
                 return
         self._release(data)  # the run ended (failed) while the payload came in
 
@@ -496,6 +503,7 @@ class IciPort:
                 while len(self._faults) > _KEPT_FAULTS:
                     self._faults.popitem(last=False)
             self._cond.notify_all()
+            self._arrived.notify_all()
 
     def _buffer(self, count: int) -> np.ndarray:
         """A receive buffer of ``count`` float32, reused (fresh pages fault: slow)."""
@@ -533,7 +541,7 @@ class IciPort:
                 if left <= 0:
                     raise IciError(f"chip {self.rank}: phase {phase}: no chunk from chip {src} "
                                    "within the collective's timeout")
-                self._cond.wait(min(left, 1.0))
+                self._arrived.wait(min(left, 1.0))
             data = self._mailbox.pop(key)
             self._mailbox_chunks -= 1
             self._mailbox_bytes -= data.nbytes
@@ -703,6 +711,7 @@ class IciPort:
             self._closed = True
             conns = list(self._conns)
             self._cond.notify_all()
+            self._arrived.notify_all()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread (Linux)
         self._listener.close()
