@@ -15,7 +15,8 @@ wall seconds (never simulated time):
    same batches (``batch_indices``); the JAX step includes putting the batch
    on the devices, as the pod step includes sending each chip its shard.
    Dropout as the scenario's CNN (rates 0.3, 0.3, 0.5) in both, each with its
-   own random streams. JAX compiles once before timing (not timed).
+   own random streams. JAX compiles (twice: for the initial arrays and for its
+   own outputs) before timing.
 2. **allreduce**: the functional allreduce (``run_schedule``, chip to chip over
    ``pod/runtime/ici.py``) over 8 chip actors on a 2x4 torus, ring and torus
    schedules, against ``ray.util.collective``'s gloo backend (Ray 2.60 runs it
@@ -154,9 +155,12 @@ def jax_step_fn(plan):
     return run, params, opt
 
 
-def compare_step(steps: int) -> tuple[float, float, dict]:
-    """Median wall ms per step of the pod and of JAX, alternated step by step; the info
-    holds each side's mean CPU ms per step (``pod_cpu_ms``, ``jax_cpu_ms``)."""
+def compare_step(steps: int, settle_s: float = 0.0) -> tuple[float, float, dict]:
+    """Median wall ms per step of the pod and of JAX, alternated step by step, each
+    after ``settle_s`` of sleep (XLA's CPU worker threads spin for a while after a step
+    and take the cores from whatever runs next); the info holds each side's mean CPU
+    ms per step (``pod_cpu_ms``: the actors and the driver's main thread;
+    ``jax_cpu_ms``: this process, every thread)."""
     import jax
 
     plan = build_plan(load_scenario(QUICKSTART))
@@ -170,6 +174,10 @@ def compare_step(steps: int) -> tuple[float, float, dict]:
 
     t0 = time.perf_counter()
     params, opt, _ = run(params, opt, *batch(0), key, 1)  # compile
+    # and again: the step's outputs (sharded, donated) are not the initial arrays and
+    # the second call compiles for them (it was inside the first timed step: its median
+    # hid it, not the mean CPU)
+    params, opt, _ = run(params, opt, *batch(0), key, 1)
     compile_s = time.perf_counter() - t0
     pod = Pod(plan)
     startup_s = pod.start()
@@ -179,11 +187,13 @@ def compare_step(steps: int) -> tuple[float, float, dict]:
         pod.step(0)  # warm-up (first calls, first links)
         pids = actor_pids(pod.actors)
         for step in range(1, steps + 1):
-            c0, t0 = cpu_seconds(pids) + time.process_time(), time.perf_counter()
+            time.sleep(settle_s)
+            c0, t0 = cpu_seconds(pids) + time.thread_time(), time.perf_counter()
             stats = pod.step(step)
             pod_ms.append(time.perf_counter() - t0)
-            pod_cpu += cpu_seconds(pids) + time.process_time() - c0
+            pod_cpu += cpu_seconds(pids) + time.thread_time() - c0
             x, y = batch(step)
+            time.sleep(settle_s)
             c0, t0 = time.process_time(), time.perf_counter()
             params, opt, loss = run(params, opt, x, y, key, step + 1)
             jax_ms.append(time.perf_counter() - t0)
@@ -286,6 +296,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15,
                         help="allreduces of each variant per size")
     parser.add_argument("--algorithms", default="ring,torus")
+    parser.add_argument("--settle-ms", type=float, default=0.0,
+                        help="sleep before each timed step of either side (XLA's threads spin "
+                             "after a JAX step; 0: alternate back to back, as before)")
     args = parser.parse_args()
     import jax
 
@@ -293,12 +306,13 @@ def main() -> None:
     print(f"load average at the start: {loadavg()} ({os.cpu_count()} cores); "
           f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} devices")
     try:
-        pod_ms, jax_ms, info = compare_step(args.steps)
-        print(f"step (quick start, wall, median of {args.steps}): pod {pod_ms:.1f} ms, "
+        pod_ms, jax_ms, info = compare_step(args.steps, args.settle_ms / 1e3)
+        print(f"step (quick start, wall, median of {args.steps}, {args.settle_ms:g} ms settle "
+              f"before each): pod {pod_ms:.1f} ms, "
               f"JAX shard_map {jax_ms:.1f} ms (compile {info['jax_compile_s']:.1f} s; "
               f"pod start-up {info['pod_startup_s']:.1f} s; last losses {info['last_losses']})")
-        print(f"  CPU per step (mean): pod {info['pod_cpu_ms']:.1f} ms (4 chip actors and this "
-              f"driver), JAX {info['jax_cpu_ms']:.1f} ms (this process)")
+        print(f"  CPU per step (mean): pod {info['pod_cpu_ms']:.1f} ms (4 chip actors and the "
+              f"driver's thread), JAX {info['jax_cpu_ms']:.1f} ms (this process)")
         chips, gloo, group = allreduce_actors()
         plan = build_plan(load_scenario(QUICKSTART))
         sizes = {f"CNN gradients ({plan.num_params * 4 / 1e3:.0f} kB)": plan.num_params * 4,
