@@ -4,7 +4,9 @@ A device program calls collectives over mesh axes in the same order on every
 device (SPMD); one actor task runs the whole step, so its collectives run
 inside that task, one after another, each over the device's group of the
 named axis. :class:`GroupTransport` runs one: it builds the group's ring
-schedule on local positions (``interconnect.group_ring_schedule``, cached),
+schedule on local positions (``interconnect.group_ring_schedule``, cached;
+an allreduce over 3 or more devices runs in two phases with the ring's
+bits instead: ``pod.runtime.direct``),
 takes this device's part (``rank_plans``), renames positions to device ids,
 and runs it on the device's ``IciPort`` as a *sequenced* run
 (``pod.runtime.ici``): the k-th collective of a step has run id ``base + k``
