@@ -16,9 +16,10 @@ what the HBM plan (``pod.programs.memory``) misses or over-counts at the step's 
 - a ``while`` instruction adds the peak of its body's own temporaries (the carried buffers
   are counted once, outside; a new value the body returns in its carry takes the carry's
   buffer); a ``conditional`` or ``call`` the largest of its computations';
-- bytes are the tiled layout's (``T(8,128)``: the two minor dimensions padded to the tile's
-  8 rows and 128 columns; a dimension of 1 under ``T(2,128)`` takes 2 rows); a buffer outside memory space 0 (``S(1)``: VMEM,
-  ``S(5)``: host, ...) is no HBM and is left out.
+- bytes are the tiled layout's (``T(8,128)``: the two minor dimensions padded to the
+  tile's 8 rows and 128 columns; a dimension of 1 under ``T(2,128)`` takes 2 rows); a
+  buffer outside memory space 0 (``S(1)``: VMEM, ``S(5)``: host, ...) is no HBM and is
+  left out.
 
 Not modelled: XLA's reuse of a dead buffer's memory for another (fragmentation), the
 scoped VMEM of kernels, rematerialisation after scheduling. The walk's peak is therefore
