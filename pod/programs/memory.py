@@ -104,7 +104,11 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
       products' gradients, which XLA does not fuse into the batched expert einsums:
       T8's committed HLO holds six at its backward body's peak by a liveness walk and
       five by XLA's own total; with 2 m + 1 T8 and the three other Mixtral compiles
-      plan +2.4 to +2.6% of XLA's peak, with m + 1 -5.7 to -14.4%: one model's rule) and,
+      plan +2.4 to +2.6% of XLA's peak, with m + 1 -5.7 to -14.4%: one model's rule;
+      under dense dropless, every expert on every token, 2 m: the scheduled HLO of
+      ``T8-dropless`` and ``mixtral-v5p-128-dropless`` holds four bf16[b,T,8,14336] at the
+      backward body's peak, the output einsum's backward (``fusion.430`` / ``434``):
+      the recomputed u0 and u1 and that einsum's two results) and,
       with 1 < tensor < ``WINDOWED_TENSOR``, the partial sums over tensor of its input
       projections' input gradient (m (T, C) arrays);
     - the attention's: with dot-product attention ``DOT_PRODUCT_LIVE_SCORES`` arrays of
@@ -138,7 +142,8 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     windowed = not 1 < tensor < WINDOWED_TENSOR                     # no whole partial sums
     mlp_partials, attention_partials = (0, 0) if windowed else (m, projections)
     residual = 2 * steps * width
-    products = (2 * m + 1 if block.moe else m + 1) * product
+    dense_dropless = bool(getattr(block.mlp, "dense_dropless", False))
+    products = (2 * m + (0 if dense_dropless else 1) if block.moe else m + 1) * product
     if block.parallel:
         return act * (max(products, scores) + residual
                       + (mlp_partials + attention_partials) * steps * width)

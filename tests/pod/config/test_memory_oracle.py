@@ -54,11 +54,6 @@ KNOWN_MISSES = {
           "{fsdp: 32, tensor: 16}, 2 x 2048, remat full, compiled with XLA's default flags; "
           "with the flags the 2023 MaxText run set XLA's peak is 47.48 GiB and the plan -5.7% "
           "(VALIDATION section 11 (c)): the oracle compiles with XLA's defaults",
-    "mixtral-v5p-128-dropless": "XLA refuses the reference's dense dropless einsums over the "
-                                "expert axis (475 GiB of temporaries: its partitioning of "
-                                "einsum('bsm,xmf->bsxf') with the batch and the experts both "
-                                "on expert); the plan admits the project's program, each "
-                                "device its experts on its group's tokens (40.4 GiB)",
     "T5-full": "the plan is 17.1% above XLA's peak (20.82 of 17.77 GiB): it holds the "
                "logits' gradient (4 x 8192 x 128,256 bf16, 7.83 GiB) through the layers' "
                "backward, as XLA does in T5, T5-qkv_proj_offloaded, T9-untied-flash and "

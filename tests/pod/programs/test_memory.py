@@ -230,3 +230,18 @@ def test_a_sequential_block_holds_its_recomputed_attention_through_the_mlps_back
         assert recomputed_attention_elements(layer, T) == held
     assert layers["sequential"] - 2 * held == 2 * (3 * T * F + 2 * T * C)
     assert layers["parallel"] == 2 * (3 * T * F + 2 * T * C)
+
+
+def test_a_dense_dropless_moe_holds_four_expert_products_in_its_backward():
+    """Dense dropless (every expert on every token, MaxText's ``dense_matmul``): 2 m = 4
+    arrays of T x E x F at the backward's peak, the recomputed products and the output
+    einsum's two results (T8-dropless's and mixtral-v5p-128-dropless's scheduled HLO),
+    where a capacity's dispatch holds 2 m + 1."""
+    experts, k, f = 4, 2, 64
+    moe = build_model("transformer", (T,), V, embed_dim=C, heads=4, kv_heads=4, head_dim=DH,
+                      mlp_dim=f, layers=2, experts=experts, experts_per_token=k,
+                      capacity_factor=0, sparse_matmul=False)
+    block = sharded(moe).local_model.layers[1]
+    assert block.mlp.dense_dropless
+    product = T * experts * f                        # one product: every token, every expert
+    assert backward_working_bytes(block, (T, C), 2, 1) == 2 * (4 * product + 2 * T * C)
