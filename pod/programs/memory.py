@@ -142,8 +142,10 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     windowed = not 1 < tensor < WINDOWED_TENSOR                     # no whole partial sums
     mlp_partials, attention_partials = (0, 0) if windowed else (m, projections)
     residual = 2 * steps * width
-    dense_dropless = bool(getattr(block.mlp, "dense_dropless", False))
-    products = (2 * m + (0 if dense_dropless else 1) if block.moe else m + 1) * product
+    if block.moe:   # the expert products: 2 m + 1, or 2 m dense dropless
+        products = (2 * m + (0 if block.mlp.dense_dropless else 1)) * product
+    else:
+        products = (m + 1) * product
     if block.parallel:
         return act * (max(products, scores) + residual
                       + (mlp_partials + attention_partials) * steps * width)
