@@ -303,7 +303,10 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
 #: name pattern); the first that matches takes an op.
 CATEGORIES = (
     ("flash attention kernels", r"flash|splash", r"attention/flash"),
-    ("MLP matmuls", r"bte,ef->btf|btf,fe->bte|btf,ef->bte", r"^mlp/"),
+    # a mixture of experts' (T8, MaxText's dense einsum dispatch): the experts' matmuls, the
+    # router and the one-hot dispatch / combine einsums, as the built-in path's mlp/ records
+    ("MLP matmuls", r"bte,ef->btf|btf,fe->bte|btf,ef->bte"
+     r"|xbcm,xmf->xbcf|xbcf,xfm->xbcm|bsm,bsxc->xbcm|xbcm,bsxc->bsm|bsm,mx->bsx", r"^mlp/"),
     ("attention projections", r"bte,e[nk]d->bt[nk]d|bt[nk]d,[nk]de->bte",
      r"^attention/(query|key|value|out|d_out|d_context|d_query|dx_query|d_key|dx_key"
      r"|d_value|dx_value|qkv)"),

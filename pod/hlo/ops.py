@@ -145,7 +145,14 @@ def gemm_dims(instr: HloInstruction, shapes: dict[str, Shape]) -> tuple[int, int
     positions, N = output features per group, K = input features per group x the
     kernel taps that fall on the input (padding and dilation holes excluded, so
     a dot XLA wrote as a padded convolution costs what the dot does), batch =
-    feature groups x batch groups.
+    feature groups x batch groups. A spatial axis of one input position whose
+    every output position reads a tap of its own (XLA TPU's ``bte,end->btnd``
+    written as a convolution over the heads: ``window={size=1xH pad=0_0x(H-1)_(H-1)
+    rhs_reversal=0x1}``) is an output-feature axis of the GEMM: it multiplies N, not
+    M (the weights of each head side by side, as the dot's N = heads x head
+    dimension; XLA's own ``estimated_cycles`` put T8's query projection, written so,
+    10% above its output projection of the same FLOPs, a dot, where an N of one head,
+    128, would double it on v6e's 256-wide MXU).
 
     Args:
         instr: the dot or convolution.
@@ -175,7 +182,7 @@ def _conv_dims(instr: HloInstruction, lhs: ArrayShape, rhs: ArrayShape,
     fgc = int(instr.attrs.get("feature_group_count", "1"))
     bgc = int(instr.attrs.get("batch_group_count", "1"))
     spatial = sorted(c for c in lhs_l if c.isdigit())
-    taps = 1.0
+    taps, positions, columns = 1.0, 1, 1
     for axis, digit in enumerate(spatial):
         size_in = lhs.dims[lhs_l.index(digit)]
         size_k = rhs.dims[rhs_l.index(digit)]
@@ -183,11 +190,15 @@ def _conv_dims(instr: HloInstruction, lhs: ArrayShape, rhs: ArrayShape,
         w = {k: v[axis] if axis < len(v) else d for k, (v, d) in
              {key: (window.get(key, ()), default) for key, default in
               (("stride", 1), ("lhs_dilate", 1), ("rhs_dilate", 1), ("pad_lo", 0))}.items()}
-        taps *= _valid_taps(size_in, size_k, size_out, w) / max(size_out, 1)
+        valid = _valid_taps(size_in, size_k, size_out, w)
+        if size_in == 1 and size_out > 1 and valid == size_out:
+            columns *= size_out  # each output reads its own tap: an output-feature axis
+            continue
+        taps *= valid / max(size_out, 1)
+        positions *= size_out
     batch = lhs.dims[lhs_l.index("b")] // bgc
-    positions = math.prod(out.dims[out_l.index(d)] for d in spatial)
     groups = fgc * bgc
-    n = out.dims[out_l.index("f")] // groups
+    n = out.dims[out_l.index("f")] // groups * columns
     k = math.ceil(lhs.dims[lhs_l.index("f")] // fgc * taps)
     return batch * positions, k, n, groups
 

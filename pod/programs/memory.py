@@ -48,6 +48,7 @@ from pod.memory import DeviceMemory
 from pod.workloads.model import activation_bytes_per_element
 
 __all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "backward_working_bytes",
+           "recomputed_attention_elements",
            "PREFETCH_LAYERS", "WINDOWED_TENSOR", "DOT_PRODUCT_LIVE_SCORES"]
 
 #: Layers whose FSDP all-gather XLA's latency-hiding scheduler runs ahead of the layer
@@ -103,7 +104,11 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
       products' gradients, which XLA does not fuse into the batched expert einsums:
       T8's committed HLO holds six at its backward body's peak by a liveness walk and
       five by XLA's own total; with 2 m + 1 T8 and the three other Mixtral compiles
-      plan +2.4 to +2.6% of XLA's peak, with m + 1 -5.7 to -14.4%: one model's rule) and,
+      plan +2.4 to +2.6% of XLA's peak, with m + 1 -5.7 to -14.4%: one model's rule;
+      under dense dropless, every expert on every token, 2 m: the scheduled HLO of
+      ``T8-dropless`` and ``mixtral-v5p-128-dropless`` holds four bf16[b,T,8,14336] at the
+      backward body's peak, the output einsum's backward (``fusion.430`` / ``434``):
+      the recomputed u0 and u1 and that einsum's two results) and,
       with 1 < tensor < ``WINDOWED_TENSOR``, the partial sums over tensor of its input
       projections' input gradient (m (T, C) arrays);
     - the attention's: with dot-product attention ``DOT_PRODUCT_LIVE_SCORES`` arrays of
@@ -119,6 +124,8 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     so only the larger part is live: T1's model as a sequential block
     (``T1-untied-sequential``, ``tools/xla_oracle/hlo/``) holds 3.9 GiB less outside its
     stacked activations than T1 at the same shapes, where this rule says 3.25 GiB less.
+    The attention's tensors the remat policy does not keep are recomputed before the
+    MLP's backward and held through it (:func:`recomputed_attention_elements`).
 
     Args:
         block: the tensor-local ``TransformerBlock``.
@@ -135,12 +142,50 @@ def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor:
     windowed = not 1 < tensor < WINDOWED_TENSOR                     # no whole partial sums
     mlp_partials, attention_partials = (0, 0) if windowed else (m, projections)
     residual = 2 * steps * width
-    products = (2 * m + 1 if block.moe else m + 1) * product
+    if block.moe:   # the expert products: 2 m + 1, or 2 m dense dropless
+        products = (2 * m + (0 if block.mlp.dense_dropless else 1)) * product
+    else:
+        products = (m + 1) * product
     if block.parallel:
         return act * (max(products, scores) + residual
                       + (mlp_partials + attention_partials) * steps * width)
-    return act * (max(products + mlp_partials * steps * width,
+    held = recomputed_attention_elements(block, steps)     # through the MLP's backward
+    return act * (max(products + mlp_partials * steps * width + held,
                       scores + attention_partials * steps * width) + residual)
+
+
+def recomputed_attention_elements(block: Any, steps: int) -> int:
+    """Elements per example of the attention's tensors a sequential block's backward
+    holds through its MLP's backward: those the remat policy does not keep, recomputed
+    with the block's forward at the start of its backward and read only by the
+    attention's backward, which runs after the MLP's (its output gradient is the MLP
+    input's). The queries, keys and values (``q``, ``k``, ``v``, or ``qkv`` fused) and the
+    kernel's output (``attn``), T x the tensor-local widths; nothing under ``none``
+    (everything is kept: counted as activations).
+
+    Read from the scheduled HLO (``python -m tools.xla_oracle.liveness``) of
+    ``gpt-style-v5p-64`` (remat full, ``tools/xla_oracle/hlo/``): at the backward body's
+    peak (``fusion.627``, the MLP's backward) the recomputed q, k, v (``fusion.616``,
+    ``618``, ``620``, bf16[4,32,2048,256]) and the splash kernel's output
+    (``splash_mha_fwd_segmented_residuals.2`` element 3) are live beside the MLP's
+    products; the same four in ``llama2-7b-full-b4`` at its body's peak
+    (``fusion.367``), the kernel's output in ``T5-qkv_proj_offloaded`` (q, k, v kept on
+    the host). In a parallel block the two backward passes are not ordered (T3's
+    schedule runs the attention's first), so no such term there.
+
+    Args:
+        block: the tensor-local ``TransformerBlock``.
+        steps: T.
+    """
+    kept = block.kept()
+    if kept is None:
+        return 0
+    attention = block.attention
+    q_kept = "q" in kept or "qkv" in kept
+    kv_kept = ("k" in kept and "v" in kept) or "qkv" in kept
+    return steps * ((0 if q_kept else attention.inner_dim)
+                    + (0 if kv_kept else 2 * attention.kv_dim)
+                    + (0 if "attn" in kept else attention.inner_dim))
 
 
 @dataclass(frozen=True)

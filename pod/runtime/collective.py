@@ -28,7 +28,8 @@ import numpy as np
 from interconnect import Schedule, Transfer, chunk_bounds
 from pod.runtime.blas import one_blas_thread
 
-__all__ = ["BufferActor", "run_schedule", "rank_plans", "split_chunks", "PIPELINE_CHUNK_BYTES"]
+__all__ = ["BufferActor", "run_schedule", "rank_plans", "phase_plans", "split_chunks",
+           "PIPELINE_CHUNK_BYTES"]
 
 #: Chunks larger than this are cut into pieces of at most this many bytes
 #: (``split_chunks``), so that a chip reduces the first pieces of a chunk while
@@ -126,8 +127,15 @@ def rank_plans(schedule: Schedule) -> list[list[tuple[int, list, list]]]:
     receives [(src, seq, dst_chunk, reduce)]); receives keep the schedule's
     order, and ``seq`` numbers the transfers between one pair of ranks within
     a phase."""
-    plans: list[list[tuple[int, list, list]]] = [[] for _ in range(schedule.num_ranks)]
-    for index, phase in enumerate(schedule.phases):
+    return phase_plans(schedule.num_ranks, schedule.phases)
+
+
+def phase_plans(num_ranks: int, phases: Sequence[Sequence[Transfer]]
+                ) -> list[list[tuple[int, list, list]]]:
+    """``rank_plans`` of phases of ``Transfer`` over ``num_ranks`` ranks that need not
+    form a checked ``Schedule`` (``pod.runtime.direct``: chunks that overlap)."""
+    plans: list[list[tuple[int, list, list]]] = [[] for _ in range(num_ranks)]
+    for index, phase in enumerate(phases):
         sends: dict[int, list] = defaultdict(list)
         receives: dict[int, list] = defaultdict(list)
         seqs: dict[tuple[int, int], int] = defaultdict(int)

@@ -96,7 +96,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -234,7 +234,13 @@ class IciPort:
         self._listener.listen(64)
         self.address = (host, self._listener.getsockname()[1])
         self._handshakes = threading.BoundedSemaphore(limits.max_pending_handshakes)
-        self._cond = threading.Condition()
+        # one lock, two conditions: reader threads wait on ``_cond`` for their chunk's run
+        # to be registered, the actor's thread on ``_arrived`` for a chunk; a chunk filed
+        # wakes only the actor's thread (waking every reader for each chunk made the
+        # readers and the actor's thread take turns at the GIL on busy cores)
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._arrived = threading.Condition(lock)
         self._closed = False
         self._conns: set[socket.socket] = set()
         # the current run (None between runs); ``_generation`` counts registrations
@@ -303,6 +309,7 @@ class IciPort:
                 if src is not None:
                     self._lost.add(src)
                 self._cond.notify_all()
+                self._arrived.notify_all()
 
     def _handshake(self, conn: socket.socket) -> int | None:
         """The hello's rank, or None (connection to drop) for a bad or missing hello."""
@@ -406,7 +413,7 @@ class IciPort:
         with self._cond:
             if self._run_id == run_id:
                 self._mailbox[(phase, src, seq)] = data
-                self._cond.notify_all()
+                self._arrived.notify()  # the actor's thread, in ``_take``
                 return
         self._release(data)  # the run ended (failed) while the payload came in
 
@@ -496,6 +503,7 @@ class IciPort:
                 while len(self._faults) > _KEPT_FAULTS:
                     self._faults.popitem(last=False)
             self._cond.notify_all()
+            self._arrived.notify_all()
 
     def _buffer(self, count: int) -> np.ndarray:
         """A receive buffer of ``count`` float32, reused (fresh pages fault: slow)."""
@@ -533,7 +541,7 @@ class IciPort:
                 if left <= 0:
                     raise IciError(f"chip {self.rank}: phase {phase}: no chunk from chip {src} "
                                    "within the collective's timeout")
-                self._cond.wait(min(left, 1.0))
+                self._arrived.wait(min(left, 1.0))
             data = self._mailbox.pop(key)
             self._mailbox_chunks -= 1
             self._mailbox_bytes -= data.nbytes
@@ -600,7 +608,8 @@ class IciPort:
 
     def run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
             buffer: np.ndarray, bounds: Sequence[tuple[int, int]], timeout: float = 600.0,
-            sequenced: bool = False) -> None:
+            sequenced: bool = False,
+            after_phase: Callable[[int], None] | None = None) -> None:
         """Run this rank's part of a schedule on ``buffer`` in place.
 
         Per phase: send every outgoing chunk as the buffer holds it at the
@@ -621,6 +630,9 @@ class IciPort:
                 runs"): ``run_id`` must exceed every sequenced id this port
                 registered before; chunks of later ids wait, of earlier ones
                 are discarded. False (a plain run) leaves sequenced mode.
+            after_phase: called with each phase's index once its receives are applied,
+                before the next phase sends (local arithmetic between two phases:
+                ``pod.runtime.mesh_collectives``' direct allreduce).
 
         Raises:
             IciError: a peer died, its link closed (mid-chunk or before its
@@ -651,7 +663,8 @@ class IciPort:
             self._generation += 1
             self._cond.notify_all()
         try:
-            self._run(run_id, plan, addresses, buffer, bounds, time.monotonic() + timeout)
+            self._run(run_id, plan, addresses, buffer, bounds, time.monotonic() + timeout,
+                      after_phase)
         finally:
             with self._cond:  # forget the run: what it left behind is never applied
                 for data in self._mailbox.values():
@@ -664,7 +677,8 @@ class IciPort:
                 self._cond.notify_all()
 
     def _run(self, run_id: int, plan: RankPlan, addresses: dict[int, tuple[str, int]],
-             buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float) -> None:
+             buffer: np.ndarray, bounds: Sequence[tuple[int, int]], deadline: float,
+             after_phase: Callable[[int], None] | None) -> None:
         raw = buffer.data.cast("B")
         self._largest = {}
         for _, sends, _ in plan:
@@ -688,6 +702,8 @@ class IciPort:
                 else:
                     target[...] = data
                 self._release(data)
+            if after_phase is not None:
+                after_phase(phase)
 
     def close(self) -> None:
         """Close the listener, every incoming connection and every outgoing link."""
@@ -695,6 +711,7 @@ class IciPort:
             self._closed = True
             conns = list(self._conns)
             self._cond.notify_all()
+            self._arrived.notify_all()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread (Linux)
         self._listener.close()

@@ -4,7 +4,9 @@ A device program calls collectives over mesh axes in the same order on every
 device (SPMD); one actor task runs the whole step, so its collectives run
 inside that task, one after another, each over the device's group of the
 named axis. :class:`GroupTransport` runs one: it builds the group's ring
-schedule on local positions (``interconnect.group_ring_schedule``, cached),
+schedule on local positions (``interconnect.group_ring_schedule``, cached;
+an allreduce over 3 or more devices runs in two phases with the ring's
+bits instead: ``pod.runtime.direct``),
 takes this device's part (``rank_plans``), renames positions to device ids,
 and runs it on the device's ``IciPort`` as a *sequenced* run
 (``pod.runtime.ici``): the k-th collective of a step has run id ``base + k``
@@ -39,13 +41,17 @@ from interconnect import group_ring_schedule
 from pod.config.sharding import DeviceGroups
 from pod.programs.collectives import AXES, CollectivesBase
 from pod.runtime.collective import rank_plans
+from pod.runtime.direct import add_scratch, direct_allreduce
 from pod.runtime.ici import IciPort
 
-__all__ = ["GroupTransport", "RuntimeCollectives", "ALIGN_RUNS"]
+__all__ = ["GroupTransport", "RuntimeCollectives", "ALIGN_RUNS", "DIRECT_MIN_GROUP"]
 
 #: run ids between two alignment points (``GroupTransport.align``: a pipeline tick): the
 #: most collectives one device may issue between two of them
 ALIGN_RUNS = 1 << 10
+#: groups of at least this many devices allreduce in two phases (``pod.runtime.direct``:
+#: the ring's bits); a group of 2 is one phase each way either way
+DIRECT_MIN_GROUP = 3
 
 
 @functools.lru_cache(maxsize=64)
@@ -78,12 +84,16 @@ class GroupTransport:
         self.count = 0  # collectives run so far
         self.timeout_s = timeout_s
 
+    def _next_run(self) -> int:
+        run_id = self.run_base + self.count
+        self.count += 1
+        return run_id
+
     def _run(self, op: str, axis: str, flat: np.ndarray) -> np.ndarray:
         """Run ``op`` over this device's group of ``axis`` on ``flat`` in place."""
         ring = self.groups.ring[axis]
         size = len(ring)
-        run_id = self.run_base + self.count
-        self.count += 1
+        run_id = self._next_run()
         if size == 1:
             return flat
         plans, bounds, owned = _local_plans(op, size, flat.size)
@@ -130,8 +140,7 @@ class GroupTransport:
         """
         ring = self.groups.ring[axis]
         flat = np.array(x, dtype=np.float32, copy=True).reshape(-1)
-        run_id = self.run_base + self.count
-        self.count += 1
+        run_id = self._next_run()
         me = ring.index(self.groups.device)
         dst, src = ring[(me + shift) % len(ring)], ring[(me - shift) % len(ring)]
         if dst == self.groups.device:  # a shift by a multiple of the group: itself
@@ -142,9 +151,31 @@ class GroupTransport:
         return flat
 
     def allreduce(self, x: np.ndarray, axis: str) -> np.ndarray:
-        """The sum of ``x`` over the group of ``axis`` (same shape, float32)."""
-        flat = np.array(x, dtype=np.float32, copy=True).reshape(-1)
-        return self._run("allreduce", axis, flat).reshape(np.shape(x))
+        """The sum of ``x`` over the group of ``axis`` (same shape, float32): over groups
+        of ``DIRECT_MIN_GROUP`` or more in two phases with the ring's bits
+        (``pod.runtime.direct``)."""
+        ring = self.groups.ring[axis]
+        size = int(np.size(x))
+        direct = direct_allreduce(len(ring), size) if len(ring) >= DIRECT_MIN_GROUP else None
+        if direct is None:
+            flat = np.array(x, dtype=np.float32, copy=True).reshape(-1)
+            return self._run("allreduce", axis, flat).reshape(np.shape(x))
+        run_id = self._next_run()
+        flat = np.empty(size + direct.extra_elements, dtype=np.float32)
+        flat[:size] = np.ravel(x)
+        me = ring.index(self.groups.device)
+        plan = [(phase, [(ring[dst], chunk, seq) for dst, chunk, seq in sends],
+                 [(ring[src], seq, chunk, reduce) for src, seq, chunk, reduce in receives])
+                for phase, sends, receives in direct.plans[me]]
+        owned = direct.owned[me]
+
+        def fold_in(phase: int) -> None:
+            if phase == 0:
+                add_scratch(flat, direct.bounds, owned)
+
+        self.port.run(run_id, plan, self.addresses, flat, direct.bounds, timeout=self.timeout_s,
+                      sequenced=True, after_phase=fold_in)
+        return flat[:size].reshape(np.shape(x))
 
     def reduce_scatter(self, x: np.ndarray, axis: str) -> np.ndarray:
         """This device's shard (leading axis split in ring order) of the group's sum.

@@ -25,6 +25,7 @@ the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
 from __future__ import annotations
 
 import contextlib
+import pickle
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -233,13 +234,14 @@ class Pod(PodBase):
     def _step_devices(self, step: int, xs: list[np.ndarray], ys: list[np.ndarray],
                       trace: bool) -> list[DeviceReport]:
         base, seed = self._next_runs(), self.plan.training.seed
-        refs = [actor.step.remote(step, cx, cy, seed, base, trace)
+        refs = [actor.step_packed.remote(pickle.dumps((step, cx, cy, seed, base, trace),
+                                                      protocol=pickle.HIGHEST_PROTOCOL))
                 for actor, cx, cy in zip(self.actors, self._per_chip(xs), self._per_chip(ys),
                                          strict=False)]
         t0 = time.monotonic()
         reports = self._get_all(refs, deadline_s=self.step_deadline_s())
         self._longest_step_s = max(self._longest_step_s, time.monotonic() - t0)
-        return [r for chip in reports for r in chip]
+        return [r for chip in reports for r in pickle.loads(chip)]
 
     def step_deadline_s(self) -> float | None:
         """Wall seconds the next step may take before the chips that have not ended it

@@ -22,7 +22,8 @@ what XLA keeps in HBM is what MaxText's step keeps:
 - a mixture of experts as MaxText's ``moe.py`` with ``megablox: false``: a capacity factor
   > 0 is the dense einsum dispatch with token dropping (``generate_masks``, dispatch and
   combine one-hot tensors); dropless (0) is ``dense_matmul`` without masks (every expert
-  computes every token, weighted by the router's top-k);
+  computes every token, weighted by the router's top-k; the products constrained to the
+  tokens' sharding, the experts whole, as ``dense_matmul`` constrains them);
 - the loss MaxText's ``cross_entropy_with_logits`` (a custom VJP saving the logits, the
   one-hot targets, the shifted exponentials and the log-softmax), logits cast to float32
   (2025 ``cast_logits_to_fp32``) or kept bfloat16 (2023).
@@ -520,11 +521,20 @@ class OracleModel:
         else:
             full = jnp.sum(jax.nn.one_hot(top_i, X, dtype=self.dtype) * weights[..., None],
                            axis=2)                                      # (B, S, X)
-            hs = [jnp.einsum("bsm,xmf->bsxf", x, w) for w in w_in]
+            # MaxText's dense_matmul without capacity constrains the products to the
+            # tokens' sharding, every expert on each device's tokens (the expert weights
+            # gathered over expert): the batch over activation_batch (expert included),
+            # the experts whole. Unconstrained, XLA split the experts over expert as well
+            # and needed 475 GiB of temporaries for Mixtral on {fsdp: 8, expert: 8}.
+            tokens = ("activation_batch", "activation_length", None)
+            hs = [self.constrain(jnp.einsum("bsm,xmf->bsxf", x, w), (*tokens, "activation_mlp"))
+                  for w in w_in]
             names = ("mlpwi_0", "mlpwi_1") if o.gated else ("mlpwi",)
             hs = [checkpoint_name(h, n) for h, n in zip(hs, names, strict=True)]
             h = act(hs[0]) * hs[1] if o.gated else act(hs[0])
-            y = checkpoint_name(jnp.einsum("bsxf,xfm->bsxm", h, w_out), "mlpwo")
+            y = self.constrain(jnp.einsum("bsxf,xfm->bsxm", h, w_out), (*tokens,
+                                                                        "activation_embed"))
+            y = checkpoint_name(y, "mlpwo")
             out = jnp.einsum("bsxm,bsx->bsm", y, full)
         return out, lb
 

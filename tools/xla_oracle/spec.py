@@ -44,6 +44,11 @@ HLO_CACHE = HERE / ".hlo-cache"   # the other configs' HLO, local and ignored by
 #: every cache key, so results of an older reference are compiled again.
 MODEL_VERSION = 1
 
+#: Bumped when only the dense dropless MoE path (experts, ``capacity_factor`` 0) changes:
+#: part of those configs' cache keys alone. 2: its products constrained to the tokens'
+#: sharding, as MaxText's ``dense_matmul`` does.
+DENSE_DROPLESS_VERSION = 2
+
 #: The ``oracle`` block's keys: name -> what they set
 ORACLE_KEYS = {
     "era": "MaxText generation the step follows: '2023' (base.yml at 76bd53b0f) or '2025' "
@@ -184,6 +189,9 @@ def cache_key(spec: Mapping[str, Any], versions: Mapping[str, str]) -> str:
     optimizer, the library versions and ``MODEL_VERSION`` (not the id, note or paths)."""
     keep = {k: spec[k] for k in ("topology", "chip", "mesh", "global_batch", "model",
                                  "moe_aux_loss_weight", "optimizer")}
-    blob = json.dumps({"spec": keep, "versions": dict(sorted(versions.items())),
-                       "model_version": MODEL_VERSION}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    model = spec["model"]
+    blob = {"spec": keep, "versions": dict(sorted(versions.items())),
+            "model_version": MODEL_VERSION}
+    if model.get("experts") and not model.get("capacity_factor"):
+        blob["dense_dropless_version"] = DENSE_DROPLESS_VERSION
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]

@@ -234,8 +234,8 @@ def test_activations_that_overflow_name_the_global_batch():
 
 
 def test_a_tight_plan_drops_its_prefetch_and_the_step_exposes_the_gathers(monkeypatch):
-    """Issue 29 item 3 end to end: a 2-block transformer 8192 wide at 32 x 1024 per v5e
-    device on {fsdp: 8} needs 16.93 GB with an MLP array prefetched and 16.46 GB without,
+    """Issue 29 item 3 end to end: a 2-block transformer 8192 wide at 29 x 1024 per v5e
+    device on {fsdp: 8} needs 16.99 GB with an MLP array prefetched and 16.52 GB without,
     of the 16.91 GB XLA makes available: the plan keeps no prefetch, and its timing-only step exposes more fsdp time than
     the same plan with room to prefetch, by as much as its step grows (the closed form of
     that growth is test_clock's test_prefetch_depth_exposes_the_gathers_it_no_longer_hides)
@@ -255,7 +255,7 @@ def test_a_tight_plan_drops_its_prefetch_and_the_step_exposes_the_gathers(monkey
         "data": {"name": "synthetic_text", "options": {"vocabulary": 32000,
                                                         "sequence_length": 1024,
                                                         "num_examples": 40}},
-        "training": {"global_batch": 256, "steps": 1}, "sweep": {"mode": "timing"}})
+        "training": {"global_batch": 232, "steps": 1}, "sweep": {"mode": "timing"}})
     plan = build_plan(scenario, timing_only=True)
     memory = plan.device_memory
     capacity_bytes = device_hbm_bytes(plan.topology.chip)
@@ -265,7 +265,8 @@ def test_a_tight_plan_drops_its_prefetch_and_the_step_exposes_the_gathers(monkey
                                                                         prefetch_layers=1))
     tight, ample = TimingPod(plan).step(0), TimingPod(roomy).step(0)
     assert tight.axis_exposed_seconds["fsdp"] > ample.axis_exposed_seconds["fsdp"]
-    assert 0.0 <= tight.step_seconds - ample.step_seconds <= (
+    # both steps may sit on the same MXU floor, summed in another order: equal to rounding
+    assert -1e-12 * ample.step_seconds <= tight.step_seconds - ample.step_seconds <= (
         tight.axis_exposed_seconds["fsdp"] - ample.axis_exposed_seconds["fsdp"]) * (1 + 1e-9)
     monkeypatch.setattr(pod.runtime.base, "_sustained_fraction", lambda chip: 1.0)
     tight, ample = TimingPod(plan).step(0), TimingPod(roomy).step(0)   # no budget

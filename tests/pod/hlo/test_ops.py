@@ -112,6 +112,31 @@ ENTRY %main (x: bf16[2,512,1024,1], w: bf16[1024,4,128,1]) -> bf16[2,512,4,128] 
     m, k, n, batch = gemm_dims(entry.root, {i.name: i.shape for i in entry.instructions})
     # XLA's einsum btd,dhk->bthk over a window: each output reads one real tap of 1024
     assert (m * k * n * batch) == 2 * 512 * 4 * 128 * 1024
+    # ... and the heads are the GEMM's columns, as the dot's (bt) x d x (h k)
+    assert (m, k, n, batch) == (2 * 512, 1024, 4 * 128, 1)
+
+
+def test_a_dot_written_as_a_convolution_over_the_heads_costs_the_dot():
+    """XLA TPU writes some projections bte,end->btnd as a convolution whose window walks
+    the heads (one input position, padded H - 1 both sides, the kernel reversed): each
+    output head reads its own tap. On v6e's 256-wide MXU an N of one head (128) would run
+    at half rate; the dot it is costs the chip model's GEMM of M = b t, K = e,
+    N = heads x head dimension."""
+    conv = """HloModule c, is_scheduled=true
+ENTRY %main (x: bf16[2,2048,1024,1], w: bf16[1024,8,128,1]) -> bf16[2,2048,8,128] {
+  %x = bf16[2,2048,1024,1]{3,2,1,0} parameter(0)
+  %w = bf16[1024,8,128,1]{3,2,1,0} parameter(1)
+  ROOT %c = bf16[2,2048,8,128]{3,2,1,0} convolution(%x, %w), window={size=1x8 pad=0_0x7_7 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f
+}
+"""
+    v6e = get_chip_spec("v6e").core
+    step = cost_module(parse_hlo(conv), resolve_pod(slice_name="v6e-1"), sustained=False)
+    m, k, n = 2 * 2048, 1024, 8 * 128
+    want = TensorCore(v6e).account_kernel("mm", [(m, k, n, 1)], (m * k + k * n + m * n) * 2)
+    assert step.flops_per_device == 2 * m * k * n
+    assert step.step_seconds == pytest.approx(want.seconds, rel=1e-9)
+    narrow = TensorCore(v6e).account_kernel("mm", [(m * 8, k, 128, 1)], 0)
+    assert narrow.mxu_cycles > 1.5 * want.mxu_cycles  # what one head's N cost before
 
 
 def test_an_elementwise_fusion_is_account_vector():

@@ -12,7 +12,11 @@ import pytest
 
 from pod.memory import DeviceMemory
 from pod.programs import PipelinedTransformer, ReplicatedProgram, ShardedTransformer
-from pod.programs.memory import DOT_PRODUCT_LIVE_SCORES, backward_working_bytes
+from pod.programs.memory import (
+    DOT_PRODUCT_LIVE_SCORES,
+    backward_working_bytes,
+    recomputed_attention_elements,
+)
 from pod.workloads import build_model, build_optimizer
 
 T, C, H, KV, DH, F, V = 16, 16, 4, 2, 4, 32, 40
@@ -205,3 +209,39 @@ def test_an_moe_blocks_backward_holds_its_expert_products_and_their_gradients():
     residual = 2 * T * C
     assert backward_working_bytes(moe_block, (T, C), 2, 1) == 2 * (5 * slots * f + residual)
     assert backward_working_bytes(dense_block, (T, C), 2, 1) == 2 * (3 * T * f + residual)
+
+
+@pytest.mark.parametrize("remat, held", [
+    ("full", T * (2 * H * DH + 2 * KV * DH)),        # q, k, v and the kernel's output
+    ("minimal", T * H * DH),                          # q, k, v kept: the output alone
+    ("save_qkv_proj", T * H * DH),
+    ("none", 0)])                                     # everything kept (activations)
+def test_a_sequential_block_holds_its_recomputed_attention_through_the_mlps_backward(
+        remat, held):
+    """The attention's tensors the policy does not keep are recomputed with the block's
+    forward and live until the attention's backward, which in a sequential block runs
+    after the MLP's (read from gpt-style-v5p-64's and llama2-7b-full-b4's scheduled HLO):
+    q (T H Dh), k and v (T K Dh each), the kernel's output (T H Dh). A parallel block's
+    two backward passes are unordered: nothing added there."""
+    layers = {}
+    for block in ("sequential", "parallel"):
+        layer = sharded(tiny(block=block, remat=remat)).local_model.layers[1]
+        layers[block] = backward_working_bytes(layer, (T, C), 2, 1)
+        assert recomputed_attention_elements(layer, T) == held
+    assert layers["sequential"] - 2 * held == 2 * (3 * T * F + 2 * T * C)
+    assert layers["parallel"] == 2 * (3 * T * F + 2 * T * C)
+
+
+def test_a_dense_dropless_moe_holds_four_expert_products_in_its_backward():
+    """Dense dropless (every expert on every token, MaxText's ``dense_matmul``): 2 m = 4
+    arrays of T x E x F at the backward's peak, the recomputed products and the output
+    einsum's two results (T8-dropless's and mixtral-v5p-128-dropless's scheduled HLO),
+    where a capacity's dispatch holds 2 m + 1."""
+    experts, k, f = 4, 2, 64
+    moe = build_model("transformer", (T,), V, embed_dim=C, heads=4, kv_heads=4, head_dim=DH,
+                      mlp_dim=f, layers=2, experts=experts, experts_per_token=k,
+                      capacity_factor=0, sparse_matmul=False)
+    block = sharded(moe).local_model.layers[1]
+    assert block.mlp.dense_dropless
+    product = T * experts * f                        # one product: every token, every expert
+    assert backward_working_bytes(block, (T, C), 2, 1) == 2 * (4 * product + 2 * T * C)

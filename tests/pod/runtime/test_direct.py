@@ -1,0 +1,76 @@
+"""The two-phase group allreduce (``pod.runtime.direct``) gives the ring's bits: in-process
+ports, one thread per device, against ``interconnect.execute`` of the ring schedule on
+float32 data whose sums depend on the order of the additions."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from interconnect import Torus, execute, group_ring_schedule
+from pod.config.mesh import layout_mesh
+from pod.config.sharding import device_groups
+from pod.runtime.direct import direct_allreduce, fold_orders
+from pod.runtime.ici import IciPort
+from pod.runtime.mesh_collectives import GroupTransport
+
+
+def test_the_ring_adds_each_chunk_in_one_order_ending_with_its_owner():
+    ring = group_ring_schedule("allreduce", 4, 8)
+    # position p sends to p + 1: chunk c starts at c and ends, summed, at c - 1
+    assert fold_orders(ring) == ((0, 1, 2, 3), (1, 2, 3, 0), (2, 3, 0, 1), (3, 0, 1, 2))
+    plan = direct_allreduce(4, 8)
+    assert plan is not None and plan.extra_elements == 2
+    assert all(len(phases) == 2 for phases in plan.plans)  # two rounds, not 2 (g - 1)
+
+
+def test_a_tree_of_partial_sums_has_no_single_order():
+    from interconnect import build_collective
+
+    assert fold_orders(build_collective("allreduce", Torus((8,)), 64, 4, "tree")) is None
+
+
+@pytest.mark.parametrize(("shape", "elements"), [((3,), 7), ((2, 2), 1001), ((2, 4), 44138),
+                                                 ((2, 4), 5)])
+def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements):
+    torus = Torus(shape)
+    mesh = layout_mesh({"data": torus.num_chips}, torus)
+    n = mesh.size
+    ports = [IciPort(d, b"key") for d in range(n)]
+    addresses = {d: p.address for d, p in enumerate(ports)}
+    rng = np.random.default_rng(elements)
+    inputs = {d: (rng.standard_normal(elements) * 10.0 ** rng.integers(-3, 4, elements))
+              .astype(np.float32) for d in range(n)}
+    results, errors = {}, []
+
+    def run(device):
+        try:
+            for base in (100, 200):  # twice on the same ports
+                comm = GroupTransport(ports[device], device_groups(mesh, device), addresses, base)
+                results[(base, device)] = comm.allreduce(inputs[device] * (base // 100), "data")
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(d,)) for d in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for p in ports:
+            p.close()
+    assert not errors, errors
+    ring = device_groups(mesh, 0).ring["data"]
+    for base in (100, 200):
+        scaled = [inputs[d] * (base // 100) for d in ring]
+        want = execute(group_ring_schedule("allreduce", n, elements), scaled)
+        for position, d in enumerate(ring):
+            assert results[(base, d)].tobytes() == want[position].tobytes(), (base, d)
+        if elements > 100:  # the data has teeth: the reverse order gives other bits
+            other = scaled[-1].copy()
+            for x in scaled[-2::-1]:
+                other += x
+            assert not np.array_equal(other, want[0])
