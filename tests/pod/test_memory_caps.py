@@ -54,6 +54,7 @@ def _sparse(path: Path, header: bytes, size: int) -> None:
         f.truncate(size)
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_synthetic_data_at_its_cap_validates_under_1_5_gib(tmp_path):
     """2**26 values (the synthetic cap) is reachable: built and checked in 1.5 GiB."""
     s = _scenario(tmp_path, "{name: synthetic, options: {num_examples: 1048576, shape: [64]}}")

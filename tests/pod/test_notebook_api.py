@@ -91,6 +91,7 @@ def test_a_notebook_run_shows_one_updating_progress_line(jupyter):
     assert len(result.history) == 6
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_asked_for_off_a_terminal_the_progress_line_is_rewritten_in_place():
     buffer = io.StringIO()
     plan = pod.build_plan(pod.load(SMALL))

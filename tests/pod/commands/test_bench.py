@@ -70,6 +70,7 @@ def test_matmul_report_v2_4096_closed_form():
         matmul_report("v2", 8, 8, 8, precision="int8")
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_cli_matmul_json_and_errors():
     out = tpu_pod("matmul", "--chip", "v2", "--m", "4096", "--k", "4096", "--n", "4096", "--json")
     assert out.returncode == 0, out.stderr

@@ -37,6 +37,7 @@ def test_describe_v2_8():
     assert "4 chips, 8 TensorCores, 184 TFLOP/s bf16 (Google: 180 TFLOP/s), 64 GiB HBM" in text
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_validate_every_scenario():
     """Every shipped scenario validates, but the published runs the HBM plan refuses today
     (``REFUSED_BY_THE_HBM_PLAN``), which validate refuses in one line each."""
@@ -127,6 +128,7 @@ def test_describe_scenario_shows_the_hbm_plan_even_when_it_does_not_fit():
     assert len(bad.stderr.strip().splitlines()) == 1 and "does not fit" in bad.stderr
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_resume_through_the_cli(tmp_path):
     scenario = tmp_path / "ck.yaml"
     scenario.write_text(
@@ -165,6 +167,7 @@ def test_validate_checks_every_file_and_reports_each(tmp_path):
     assert (rows[1]["mesh"], rows[1]["devices"]) == ({"data": 8}, 8)
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_describe_json_for_a_slice_and_a_scenario():
     out = tpu_pod("describe", "v4-32", "--json")
     pod = json.loads(out.stdout)
@@ -179,6 +182,7 @@ def test_describe_json_for_a_slice_and_a_scenario():
     assert "Model: cnn" in text and "HBM plan per device (pod.mesh {data: 8}" in text
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_run_and_sweep_json_print_one_document(tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text("name: s\npod: {slice: v2-8}\nmodel: {name: mlp, options: {hidden: [8]}}\n"

@@ -177,6 +177,7 @@ def test_a_token_budget_ranks_by_the_time_to_train_on_it(tiny):
             steps * r["simulated_step_seconds"], rel=1e-12)
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_the_best_point_equals_a_timing_pod_step_of_its_scenario(tiny, tmp_path):
     """The plan shares the data and each mesh's collective costs between points; the best
     point's figures equal a fresh plan of best.yaml (loaded from disk, its own data and

@@ -82,6 +82,7 @@ def test_a_stopped_sweep_keeps_its_finished_points_and_a_rerun_does_only_the_res
     assert len(_csv(tmp_path / "out" / "results.csv")) == 8
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_another_scenario_or_fresh_runs_every_point(tmp_path, monkeypatch):
     run_sweep(parse_scenario(SWEEP), tmp_path)
     ran = _counting(monkeypatch)
@@ -98,6 +99,7 @@ def test_another_scenario_or_fresh_runs_every_point(tmp_path, monkeypatch):
     assert ran == []
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_a_journal_line_cut_short_by_a_crash_runs_that_point_again(tmp_path, monkeypatch):
     run_sweep(parse_scenario(SWEEP), tmp_path)
     journal = tmp_path / JOURNAL_NAME

@@ -116,6 +116,7 @@ def test_every_base_scenario_is_valid(workdir):
         assert code == 0 and ": ok (" in stdout and not stderr, (name, stderr)
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutations())
 def test_a_mutated_scenario_is_ok_or_one_line(workdir, mutation):

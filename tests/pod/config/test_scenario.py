@@ -47,6 +47,7 @@ def with_(path: str, value):
 REFUSED_BY_THE_HBM_PLAN: set[str] = set()
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_every_shipped_scenario_validates():
     from pod.config.bench import check_benchmark
     from pod.errors import HBMPlanError

@@ -265,6 +265,7 @@ def _stop_monitor(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, rest
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 @pytest.mark.skipif(prometheus is None, reason="prometheus not installed (Debian package "
                     "'prometheus'; .ci/run installs it)")
 def test_tpu_pod_monitor_scrapes_a_training_run_and_the_dashboard_queries_answer(tmp_path):

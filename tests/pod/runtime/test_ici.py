@@ -191,6 +191,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
         return False
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_connections_without_a_hello_hold_few_threads(ports):
     before = _ici_threads()
     receiver = ports(0)

@@ -164,10 +164,12 @@ def test_auto_with_no_cluster_is_one_line(monkeypatch):
     assert _resolve("10.0.0.1:6379", "ray.address") == "10.0.0.1:6379"
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_a_real_gcs_passes_the_probe(ray_cluster):
     _check_reachable(ray_cluster, timeout_s=10.0)
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_the_cli_run_joining_a_black_hole_is_one_line(tmp_path, black_hole):
     path = tmp_path / "s.yaml"
     path.write_text("name: join\npod: {slice: v2-8}\nmodel: {name: mlp}\n"

@@ -272,6 +272,7 @@ def test_a_megacore_device_has_both_tensorcores_units(name):
 
 # ------------------------------------------------------------------ sweeps
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_a_timing_only_sweep_never_imports_ray(tmp_path):
     """A layout sweep in timing mode (a fresh process): its rows, and no ``ray`` in
     ``sys.modules`` at the end."""

@@ -174,6 +174,7 @@ def test_validate_and_run_refuse_the_same_line(tmp_path, extra, words):
     assert "Traceback" not in checked[1] + ran[1]
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_resumed_and_recovered_sharded_runs_end_with_the_uninterrupted_runs_bits(tmp_path):
     """The shipped sharded scenario for 4 steps, checkpoints every 2; a run resumed
     from its step-2 checkpoint to step 4; a run whose chip 3 is killed during step 4

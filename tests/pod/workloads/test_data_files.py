@@ -283,6 +283,7 @@ def test_a_dataset_past_the_value_cap_is_refused_before_conversion(tmp_path, mon
         load_dataset("imdb", path=npz)
 
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_digits_are_load_digits_bit_for_bit_without_importing_sklearn(monkeypatch):
     """The digits are read from scikit-learn's own file without ``import sklearn``
     (scipy and pandas with it: about 3 s of CPU in every ``tpu-pod`` process); the

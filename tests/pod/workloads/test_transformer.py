@@ -643,6 +643,7 @@ def test_adamw_matches_optax_formula_and_decouples_decay(core):
 
 # --------------------------------------------------------------------------- training
 
+@pytest.mark.slow  # several seconds: the slow tier (make test stays under 3 minutes)
 def test_tiny_transformer_learns_the_python_docs(core):
     """2 layers, embed 32, 2 heads, T 64, batch 16, AdamW, numerics on."""
     data = load_dataset("text", sequence_length=64, seed=0)
