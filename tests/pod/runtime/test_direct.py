@@ -4,8 +4,6 @@ float32 data whose sums depend on the order of the additions."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -15,6 +13,7 @@ from pod.config.sharding import device_groups
 from pod.runtime.direct import direct_allreduce, fold_orders
 from pod.runtime.ici import IciPort
 from pod.runtime.mesh_collectives import GroupTransport
+from tests.pod.runtime.test_mesh_collectives import run_on_threads
 
 
 def test_the_ring_adds_each_chunk_in_one_order_ending_with_its_owner():
@@ -53,15 +52,7 @@ def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements):
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append(err)
 
-    threads = [threading.Thread(target=run, args=(d,)) for d in range(n)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        for p in ports:
-            p.close()
+    run_on_threads(run, n, ports)
     assert not errors, errors
     ring = device_groups(mesh, 0).ring["data"]
     for base in (100, 200):
