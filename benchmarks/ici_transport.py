@@ -33,6 +33,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
+from _cpu import cpu_seconds  # noqa: E402  (benchmarks/, the script's folder)
 
 from interconnect import Torus, build_collective, execute  # noqa: E402
 from pod.config.plan import build_plan  # noqa: E402
@@ -45,17 +46,6 @@ TORUS = Torus((2, 4), True)
 QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios",
                           "quickstart.yaml")
 SIZES = {"177 kB (the CNN's gradients)": 44_138 * 4, "16 MiB": 16 << 20}
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of these processes, seconds."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total * _TICK_S
 
 
 def measure(chips, pids, nbytes: int, algorithms: list[str], repeats: int) -> dict:

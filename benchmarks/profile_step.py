@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 import ray
+from _cpu import cpu_seconds  # (benchmarks/, the script's folder)
 
 from pod.config.plan import batch_indices, build_plan
 from pod.config.scenario import load_scenario
@@ -110,16 +111,6 @@ def profile_chip(plan, steps: int) -> None:
         print(f"    {label:45s} {seconds / steps * 1e3:7.2f} ms  {seconds / total:6.1%}")
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes so far (/proc/<pid>/stat)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def profile_pod(plan, steps: int) -> None:
     pod = Pod(plan)
     pod.start()
@@ -127,11 +118,11 @@ def profile_pod(plan, steps: int) -> None:
         for step in range(3):
             pod.step(step)
         pids = ray.get([a.__ray_call__.remote(lambda self: os.getpid()) for a in pod.actors])
-        cpu0, driver0, t_all = _cpu_seconds(pids), time.process_time(), time.perf_counter()
+        cpu0, driver0, t_all = cpu_seconds(pids), time.process_time(), time.perf_counter()
         for step in range(3, steps + 3):
             pod.step(step)
         t_all = time.perf_counter() - t_all
-        cpu = (_cpu_seconds(pids) - cpu0) / steps
+        cpu = (cpu_seconds(pids) - cpu0) / steps
         driver_cpu = (time.process_time() - driver0) / steps
         print(f"pod step without a profiler: {t_all / steps * 1e3:.2f} ms wall (mean); CPU per "
               f"step: chip actors {cpu * 1e3:.1f} ms (summed over {len(pids)}), driver "

@@ -47,6 +47,7 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo over loopback (pitfall
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
+from _cpu import cpu_seconds  # noqa: E402  (benchmarks/, the script's folder)
 
 from interconnect import Torus, build_collective  # noqa: E402
 from pod.config.plan import batch_indices, build_plan  # noqa: E402
@@ -66,16 +67,6 @@ def loadavg() -> str:
 
 def median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1e3
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of these processes so far, seconds (/proc/<pid>/stat, in ticks)."""
-    ticks = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def actor_pids(actors) -> list[int]:
