@@ -73,7 +73,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +84,7 @@ import numpy as np
 
 from pod.programs.collectives import COLLECTIVE_KINDS
 
-__all__ = ["CollectiveSpan", "StepClock", "step_clock", "sustained_clocks",
+__all__ = ["CollectiveSpan", "StepClock", "SharedLane", "DMA", "step_clock", "sustained_clocks",
            "sustained_mxu_fraction", "compute_bound_seconds", "COLLECTIVE_KINDS",
            "DeviceReport",
            "StepContext", "device_clock", "device_clocks", "combine_device_reports", "BUBBLE",
@@ -268,6 +270,104 @@ class _Ici:
         return t, t + seconds
 
 
+class SharedLane:
+    """A DMA lane whose bandwidth the transfers in flight share (processor sharing).
+
+    The TPU's DMA engines run every descriptor issued to them at once, and the
+    transfers share the link they cross: with n in flight each moves at 1/n of
+    the link's bandwidth, so a small transfer issued under a large one finishes
+    in about twice its own time, not after the large one (a queue's answer).
+    Each transfer is given as its seconds alone on the link (its bytes over the
+    link's bandwidth, which the caller knows): the host link is
+    ``chip.ChipSpec.host_to_chip_bytes_per_s`` (PCIe per chip, [SB]: 32 GB/s on
+    v6e, 16 GB/s before; both directions on one lane, as one link), the DMAs
+    between HBM and VMEM the core's achieved HBM bandwidth
+    (``chip.TensorCoreSpec.achieved_hbm_bandwidth_bytes_per_s``). Completion
+    times are recomputed as transfers start and end: between two events the n
+    transfers in flight each do 1/n of a second of their work a second.
+
+    The lane is work-conserving: busy whenever a transfer is in flight, so its
+    last end is the first start plus every transfer's seconds plus its idle
+    gaps (the same as a queue's); what changes against a queue is the order in
+    which transfers end.
+
+    Transfers are added in order of their start (the compute stream's time, which
+    never goes back); :meth:`end` answers with the transfers added so far, which
+    is final once the caller's clock has reached that end or nothing more starts
+    before it (a transfer started later than another's end cannot delay it).
+
+    Raises:
+        ValueError: a transfer that starts before one added earlier, or negative seconds.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0                       # the time the lane's state is at
+        self.left: dict[int, float] = {}     # in flight: handle -> its seconds alone left
+        self.starts: list[float] = []
+        self.ends: list[float | None] = []   # None: still in flight at ``now``
+
+    def add(self, start: float, seconds: float) -> int:
+        """A transfer of ``seconds`` alone on the link, starting at ``start`` (simulated
+        seconds); returns its handle (for :meth:`end`)."""
+        if seconds < 0:
+            raise ValueError(f"a transfer of {seconds} s: seconds must be >= 0")
+        if start < self.now:
+            raise ValueError(f"a transfer starting at {start} s after one at {self.now} s: "
+                             "a shared lane takes its transfers in order of their start")
+        self._finish(_share(self.now, self.left, start))
+        self.now = start
+        handle = len(self.starts)
+        self.starts.append(start)
+        self.ends.append(None if seconds > 0 else start)
+        if seconds > 0:
+            self.left[handle] = float(seconds)
+        return handle
+
+    def start(self, handle: int) -> float:
+        """When transfer ``handle`` started."""
+        return self.starts[handle]
+
+    def end(self, handle: int) -> float:
+        """When transfer ``handle`` ends, given the transfers added so far."""
+        end = self.ends[handle]
+        if end is not None:
+            return end
+        return _share(self.now, dict(self.left), math.inf)[handle]
+
+    def last_end(self) -> float:
+        """When the last transfer added so far ends (0 with none)."""
+        ahead = _share(self.now, dict(self.left), math.inf)
+        return max([e for e in self.ends if e is not None] + list(ahead.values()), default=0.0)
+
+    def _finish(self, done: dict[int, float]) -> None:
+        for handle, end in done.items():
+            self.ends[handle] = end
+
+
+def _share(now: float, left: dict[int, float], until: float) -> dict[int, float]:
+    """Run the transfers in flight (``left``: handle -> seconds alone left; updated in
+    place) from ``now`` to ``until`` (``math.inf``: until all are done), the n in flight
+    each at 1/n of the link; returns the ends of those done by then."""
+    done: dict[int, float] = {}
+    while left:
+        n = len(left)
+        least = min(left.values())
+        if now + least * n > until:
+            share = (until - now) / n
+            for handle in left:
+                left[handle] -= share
+            return done
+        now += least * n
+        for handle in list(left):
+            rest = left[handle] - least
+            if rest <= 0.0:  # the least (exactly 0): the loop ends
+                del left[handle]
+                done[handle] = now
+            else:
+                left[handle] = rest
+    return done
+
+
 def _windowed(call: Any) -> bool:
     """A collective XLA runs as a collective matmul (windowed einsum): an activation
     all-gather, reduce-scatter or allreduce decomposed into the matmul beside it
@@ -282,9 +382,23 @@ def _check_call(call: Any, last_after: int, n: int) -> None:
     if call.kind not in COLLECTIVE_KINDS:
         raise ValueError(f"collective {call.tag!r}: kind {call.kind!r} is not one of "
                          f"{', '.join(COLLECTIVE_KINDS)}")
+    if call.op == DMA and call.kind != "activation":
+        raise ValueError(f"transfer {call.tag!r}: a {DMA!r} call is of kind 'activation' "
+                         f"(it starts where it is issued), not {call.kind!r}")
     if not last_after <= call.after_record <= n:
         raise ValueError(f"collective {call.tag!r}: after_record {call.after_record} is "
                          f"outside {last_after}..{n} (calls must be in issue order)")
+
+
+#: The op of a DMA transfer (the HLO path's async copies between HBM, VMEM and host
+#: memory): it runs on a :class:`SharedLane` named by its ``axis``, not an ICI stream.
+DMA = "dma"
+
+
+def _due(end: float | Callable[[], float]) -> float:
+    """A pending wait's end: a float, or a transfer's end on a shared lane, asked when
+    the wait falls due (final then: ``SharedLane``)."""
+    return end() if callable(end) else end
 
 
 #: Record bounds of host-link transfers (remat offload): "host_out" copies a tensor to
@@ -298,12 +412,15 @@ class _Stream:
 
     ``pending`` holds (record index, end, axis, bubble until): before running that
     record the stream waits until ``bubble until`` (the pipeline bubble), then until
-    ``end`` (charged to ``axis``). Host-link transfers (``kinds`` HOST_OUT /
-    HOST_IN) run on a DMA stream of their own beside the compute, as XLA's async
-    host offload does: an offload starts when its tensor is made and nothing waits
-    for it but the step's end; a reload is prefetched one reload ahead and the
-    compute waits for it where it is needed. Their time the compute waited is
-    charged to "host".
+    ``end`` (charged to ``axis``; ``end`` a float, or a callable giving it when the
+    wait falls due: a transfer on a :class:`SharedLane`). Host-link transfers
+    (``kinds`` HOST_OUT / HOST_IN) run on a DMA lane of their own beside the
+    compute (a :class:`SharedLane`: the transfers in flight share the host link),
+    as XLA's async host offload does: an offload starts when its tensor is made and
+    nothing waits for it but the step's end; a reload is prefetched one reload
+    ahead (it starts when the compute stream has the reload before it: its buffer
+    is then free) and the compute waits for it where it is needed. Their time the
+    compute waited is charged to "host".
     """
 
     def __init__(self, seconds: Sequence[float], update_start: int,
@@ -311,9 +428,10 @@ class _Stream:
         self.kinds = kinds or ()
         host = {HOST_OUT, HOST_IN}
         self.host = [i for i, k in enumerate(self.kinds) if k in host]
-        self.host_stream = _Ici()
-        self.host_end, self.host_seconds = 0.0, 0.0
-        self.prev_reload: float | None = None
+        self.host_lane = SharedLane()
+        self.host_seconds = 0.0
+        self.reloads = [i for i in self.host if self.kinds[i] == HOST_IN]
+        self.prefetched: dict[int, int] = {}  # reload record -> its handle on the host lane
         hosts = set(self.host)
         self.seconds = ([0.0 if i in hosts else float(s) for i, s in enumerate(seconds)]
                         if hosts else list(map(float, seconds)))
@@ -322,7 +440,7 @@ class _Stream:
         self.t = 0.0
         self.done = 0
         self.starts: list[float] = []
-        self.pending: list[tuple[int, float, str, float]] = []
+        self.pending: list[tuple[int, float | Callable[[], float], str, float]] = []
         self.exposed: dict[str, float] = {}
         self.waits: list[tuple[float, float, str]] = []
         self.grad_end, self.grad_axis, self.grad_bubble = 0.0, "", 0.0
@@ -340,7 +458,7 @@ class _Stream:
             if self.pending:
                 for due in [w for w in self.pending if w[0] <= self.done]:
                     self.pending.remove(due)
-                    self.wait(due[1], due[2], due[3])
+                    self.wait(_due(due[1]), due[2], due[3])
             if self.done >= index:
                 return
             if self.done == self.update_start:  # the optimizer waits for the gradients
@@ -375,15 +493,21 @@ class _Stream:
         self.done = stop
 
     def _host(self, index: int) -> None:
-        """Place host transfer ``index`` on the host DMA stream (class docstring)."""
-        seconds = self.host_record_seconds[index]
-        reload = self.kinds[index] == HOST_IN
-        ready = (self.prev_reload if reload and self.prev_reload is not None else self.t)
-        start, end = self.host_stream.place(ready, seconds)
-        self.host_end, self.host_seconds = max(self.host_end, end), self.host_seconds + seconds
-        if reload:
-            self.prev_reload = self.t
-            self.wait(end, "host")
+        """Host transfer ``index`` on the host lane (class docstring): an offload starts
+        now; a reload started when the compute stream had the reload before it (the
+        first: now), the compute waits for it, and then the next reload starts."""
+        self.host_seconds += self.host_record_seconds[index]
+        if self.kinds[index] != HOST_IN:
+            self.host_lane.add(self.t, self.host_record_seconds[index])
+            return
+        handle = self.prefetched.pop(index, None)
+        if handle is None:
+            handle = self.host_lane.add(self.t, self.host_record_seconds[index])
+        self.wait(self.host_lane.end(handle), "host")
+        at = bisect.bisect_right(self.reloads, index)
+        if at < len(self.reloads):  # the next one's buffer is free: it starts now
+            after = self.reloads[at]
+            self.prefetched[after] = self.host_lane.add(self.t, self.host_record_seconds[after])
 
     def start_of(self, index: int) -> float:
         """When record ``index`` started (the stream's time if it has not)."""
@@ -456,6 +580,8 @@ def _timeline(seconds: Sequence[float], calls: Sequence[Any],
     axis_bytes: dict[str, int] = {}
     axis_seconds: dict[str, float] = {}
     spans: list[CollectiveSpan] = []
+    dma_lanes: dict[str, SharedLane] = {}
+    dma: dict[int, tuple[SharedLane, int]] = {}  # span index -> its transfer
     last_after = 0
     reached: list[float] = []  # the compute stream's time at each param_gather so far
     for call in calls:
@@ -480,6 +606,19 @@ def _timeline(seconds: Sequence[float], calls: Sequence[Any],
             if wait is not None:
                 stream.pending.append((min(n, int(wait)), src_end, call.axis, src_ready))
             continue
+        if call.op == DMA:  # on a shared lane, from where it is issued (SharedLane)
+            lane = dma_lanes.setdefault(call.axis, SharedLane())
+            handle = lane.add(stream.t, cost)
+            dma[len(spans)] = (lane, handle)
+            spans.append(CollectiveSpan(call.axis, call.op, call.kind, str(call.tag),
+                                        int(call.nbytes), stream.t, stream.t + cost))
+            after = int(getattr(call, "overlap_after", 0)) if overlap else 0
+            if after:
+                stream.pending.append((min(n, call.after_record + after),
+                                       functools.partial(lane.end, handle), call.axis, 0.0))
+            else:
+                stream.wait(lane.end(handle), call.axis)
+            continue
         group_ready = (yield _Reach(call.op, 0, stream.t, 0.0))[0] if synced else 0.0
         before = int(getattr(call, "overlap_before", 0)) if overlap else 0
         after = int(getattr(call, "overlap_after", 0)) if overlap else 0
@@ -500,7 +639,7 @@ def _timeline(seconds: Sequence[float], calls: Sequence[Any],
                                    group_ready))
         else:
             stream.wait(end, call.axis, group_ready)
-    return _finish(stream, spans, axis_bytes, axis_seconds)
+    return _finish(stream, spans, axis_bytes, axis_seconds, dma)
 
 
 def _unsynced(timeline: Any) -> StepClock:
@@ -522,18 +661,22 @@ def _prefetched(reached: Sequence[float], prefetch_layers: int, now: float) -> f
 
 
 def _finish(stream: _Stream, spans: list[CollectiveSpan], axis_bytes: dict[str, int],
-            axis_seconds: dict[str, float]) -> StepClock:
-    """The rest of the records, the waits still due, and the clock's figures."""
+            axis_seconds: dict[str, float],
+            dma: dict[int, tuple[SharedLane, int]]) -> StepClock:
+    """The rest of the records, the waits still due, and the clock's figures (``dma``:
+    span index -> its transfer on a shared lane, whose end is known at the end)."""
     n, update_start = len(stream.seconds), stream.update_start
     stream.run_until(n)
     if update_start >= n:  # no optimizer records: the step waits for the gradients anyway
         stream.wait(stream.grad_end, stream.grad_axis, stream.grad_bubble)
     for _, end, axis, bubble in list(stream.pending):
-        stream.wait(end, axis, bubble)
+        stream.wait(_due(end), axis, bubble)
+    for i, (lane, handle) in dma.items():  # the transfers on shared lanes: ends final now
+        spans[i] = dataclasses.replace(spans[i], end=lane.end(handle))
     last = max(spans, key=lambda sp: sp.end, default=None)
     if last is not None:  # collectives still running when compute is done
         stream.wait(last.end, last.axis)
-    stream.wait(stream.host_end, "host")  # offloads still copying out
+    stream.wait(stream.host_lane.last_end(), "host")  # offloads still copying out
     seconds = stream.seconds
     compute, update = sum(seconds[:update_start]), sum(seconds[update_start:])
     total = sum(axis_seconds.values())
