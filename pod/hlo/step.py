@@ -13,7 +13,8 @@ at its done (``wait_record``). The clock's ICI streams are per *lane*: one per
 set of device groups (a mesh axis, or a combination of axes), named by the
 mesh's axes where the capture knows the mesh; collectives on one lane queue,
 lanes run at once. The TPU's async copies (HBM, VMEM, host memory) are calls
-on a DMA lane of their own. A CPU-compiled module (approximate) takes the
+on a DMA lane of their own, whose bandwidth the copies in flight share
+(``pod.report.clock.SharedLane``). A CPU-compiled module (approximate) takes the
 project's own overlap rules instead: a weights' all-gather is a ``param_gather``
 (prefetched one gather ahead), a reduction no matmul reads is a ``grad_reduce``
 (only the end of the step waits for it), the rest as their windows

@@ -52,6 +52,16 @@ overlap of compute and collectives, windowed-einsum collective matmul):
   (F + B)`` on the first stage, the closed form ``(S - 1) / (M + S - 1)`` of
   its forward and backward time (``pod.programs.pipeline_schedule``).
 
+- DMA transfers (op :data:`DMA`: the HLO path's async copies between HBM, VMEM
+  and host memory; the built-in path's host offload, records of bound
+  :data:`HOST_OUT` / :data:`HOST_IN`) run on a DMA lane per link whose bandwidth
+  the transfers in flight share (:class:`SharedLane`, processor sharing), as the
+  chip's DMA engines run every descriptor issued to them at once. The ICI
+  streams stay queues: their collectives' costs are whole schedules (per-step
+  latency and the busiest link over every group of the axis), and a prefetched
+  gather is placed before the compute stream's time, which a shared lane,
+  clocked in order of start, cannot take.
+
 With ``overlap=False`` (``training.overlap: false``: for teaching, and for
 what XLA fails to overlap) every collective blocks where it is issued: the
 step is the serial sum of its records and collectives.
