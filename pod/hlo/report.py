@@ -15,7 +15,9 @@ table's title, the CSV files' first column header note and the trace's name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from pod.report.trace import metadata_events, step_events, write_trace
 
 __all__ = ["APPROXIMATE", "FAITHFUL", "LAYER_COLUMNS", "COLLECTIVE_COLUMNS", "label",
            "summary", "layer_rows", "collective_rows", "summary_table", "ops_table",
-           "write_results"]
+           "write_results", "trace_lanes"]
 
 #: How a step costed from each kind of module is labelled everywhere it is shown.
 APPROXIMATE = "approximate (CPU-compiled HLO)"
@@ -185,9 +187,42 @@ def write_results(step: HloStep, output_dir: Path, data: dict[str, Any]) -> list
     write_json(paths[0], data)
     write_csv(paths[1], layer_rows(step), LAYER_COLUMNS)
     write_csv(paths[2], collective_rows(step), COLLECTIVE_COLUMNS)
-    lanes = list(step.lanes)
+    lanes, spans = trace_lanes(step.lanes, step.stats.collective_spans)
     events = metadata_events(f"{data['module']} on {step.topology.name} ({label(step)})", lanes)
-    events += step_events(step.stats, lanes, 0.0, step.trace_rows)
+    events += step_events(dataclasses.replace(step.stats, collective_spans=spans), lanes, 0.0,
+                          step.trace_rows)
     write_trace(paths[3], events, {"costed_from": label(step), "simulated": True,
                                    "module": data["module"]})
     return paths
+
+
+def trace_lanes(lanes: Sequence[str], spans: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:
+    """The trace's lanes and spans, a lane whose spans overlap in time split into tracks.
+
+    A DMA lane's copies in flight share its bandwidth and overlap in time
+    (``pod.report.clock.SharedLane``), which one track of a trace cannot show: each
+    span goes on the first of its lane's tracks ("DMA host", "DMA host (2)", ...)
+    free at its start (nothing else of that track still running).
+
+    Args:
+        lanes: the clock's lanes, in order.
+        spans: the clock's ``CollectiveSpan``s (``.axis`` their lane, ``.start``, ``.end``).
+
+    Returns:
+        (lanes, spans): each lane followed by its extra tracks; the spans, in their order,
+        each with ``axis`` its track.
+    """
+    ends: dict[str, list[float]] = {}  # lane -> the end of each of its tracks so far
+    track_of: dict[int, str] = {}
+    for i in sorted(range(len(spans)), key=lambda i: (spans[i].start, i)):
+        span = spans[i]
+        tracks = ends.setdefault(span.axis, [])
+        k = next((k for k, end in enumerate(tracks) if end <= span.start), len(tracks))
+        if k == len(tracks):
+            tracks.append(span.end)
+        tracks[k] = max(tracks[k], span.end)
+        track_of[i] = span.axis if k == 0 else f"{span.axis} ({k + 1})"
+    out: list[str] = []
+    for lane in [*lanes, *(a for a in ends if a not in lanes)]:
+        out += [lane] + [f"{lane} ({k + 1})" for k in range(1, len(ends.get(lane, ())))]
+    return out, tuple(dataclasses.replace(s, axis=track_of[i]) for i, s in enumerate(spans))

@@ -157,3 +157,21 @@ def test_a_dma_call_of_another_kind_is_refused():
     call = CollectiveCall("DMA host", DMA, 1, "x", "param_gather", 0)
     with pytest.raises(ValueError, match="kind 'activation'"):
         step_clock([Rec(1.0)], [call], lambda *a: 1.0)
+
+
+def test_the_hlo_trace_puts_overlapping_transfers_of_a_lane_on_tracks_of_their_own():
+    """The HLO path's trace (``pod.hlo.report.trace_lanes``): the two transfers in flight
+    together on "DMA host" go on two tracks, the one after them back on the first; a
+    queue's spans (an ICI lane) stay on one track."""
+    from pod.hlo.report import trace_lanes
+    from pod.report.clock import CollectiveSpan
+
+    def span(axis, start, end):
+        return CollectiveSpan(axis, DMA, "activation", "x", 1, start, end)
+
+    spans = [span("DMA host", 0.0, 5.0), span("DMA host", 1.0, 3.0), span("fsdp", 0.0, 1.0),
+             span("fsdp", 1.0, 2.0), span("DMA host", 5.0, 6.0)]
+    lanes, out = trace_lanes(["fsdp", "DMA host"], spans)
+    assert lanes == ["fsdp", "DMA host", "DMA host (2)"]
+    assert [s.axis for s in out] == ["DMA host", "DMA host (2)", "fsdp", "fsdp", "DMA host"]
+    assert [(s.start, s.end) for s in out] == [(s.start, s.end) for s in spans]
