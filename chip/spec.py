@@ -268,7 +268,8 @@ def cube_box(cubes: int, max_pod_shape: tuple[int, ...]) -> tuple[int, ...] | No
     boxes = [(a, b, cubes // (a * b))
              for a in range(1, cubes + 1) for b in range(a, cubes + 1)
              if cubes % (a * b) == 0 and cubes // (a * b) >= b]
-    fitting = [box for box in boxes if all(4 * n <= limit for n, limit in zip(box, limits, strict=True))]
+    fitting = [box for box in boxes
+               if all(4 * n <= limit for n, limit in zip(box, limits, strict=True))]
     if not fitting:
         return None
     best = min(fitting, key=lambda box: (box[2], sum(box)))
