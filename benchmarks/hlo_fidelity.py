@@ -263,6 +263,23 @@ MAXTEXT_2023_LIBTPU_ARGS = (
     "--xla_tpu_overlap_compute_collective_tc=true "
     "--xla_enable_async_all_gather=true")
 
+#: XLA's TPU scheduler flags for host offload (LIBTPU_INIT_ARGS beside the above; MaxText's
+#: ``benchmarks/xla_flags_library.py`` ``HOST_OFFLOAD_FLAGS`` as recalled, not in the
+#: reference here; libtpu 0.0.42.1 knows every name): the experimental scheduler features,
+#: memory-pressure tracking, up to 24 host transfers in flight, the latency-hiding scheduler
+#: run again twice.
+MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS = (
+    " --xla_tpu_enable_all_experimental_scheduler_features=true"
+    " --xla_tpu_enable_scheduler_memory_pressure_tracking=true"
+    " --xla_tpu_host_transfer_overlap_limit=24"
+    " --xla_tpu_aggressive_opt_barrier_removal=ENABLED"
+    " --xla_lhs_prioritize_async_depth_over_stall=ENABLED"
+    " --xla_should_allow_loop_variant_parameter_in_chain=ENABLED"
+    " --xla_should_add_loop_invariant_op_in_chain=ENABLED"
+    " --xla_max_concurrent_host_send_recv=100"
+    " --xla_tpu_scheduler_percent_shared_memory_limit=100"
+    " --xla_latency_hiding_scheduler_rerun=2")
+
 
 def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
     """Compile the oracle's row ``rid`` (tools/xla_oracle, its own process) with XLA's TPU
@@ -496,12 +513,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="compile --rows with the oracle and MaxText's 2023 XLA flags "
                              "(MAXTEXT_2023_LIBTPU_ARGS) into DIR/hlo and DIR/results (minutes "
                              "each; needs libtpu and tools/xla_oracle)")
+    parser.add_argument("--host-offload-flags", action="store_true",
+                        help="with --compile-maxtext-flags: also the host-offload scheduler "
+                             "flags (MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS)")
     parser.add_argument("--hlo-dir", default=os.path.join(ROOT, "tools", "xla_oracle", "hlo"),
                         help="where the oracle's <row>.hlo.txt.gz are (results/ beside it)")
     args = parser.parse_args(argv)
     if args.compile_maxtext_flags:
         for rid in args.rows.split(","):
-            compile_oracle(rid, args.compile_maxtext_flags, MAXTEXT_2023_LIBTPU_ARGS)
+            compile_oracle(rid, args.compile_maxtext_flags, MAXTEXT_2023_LIBTPU_ARGS
+                           + (MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS if args.host_offload_flags
+                              else ""))
     if args.training or args.memory:
         results = run_training(args.rows.split(","), args.hlo_dir)
         if args.json:
