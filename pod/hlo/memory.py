@@ -52,6 +52,10 @@ __all__ = ["LiveBuffer", "MemoryPeak", "memory_peak", "peak_bytes"]
 #: A value: a buffer's number, None (no HBM buffer of its own here), or a tuple's values.
 _Value: TypeAlias = "int | None | list[_Value]"
 
+#: Output index -> (operand number, index in the operand) of the outputs an op writes into
+#: an operand's buffer.
+_Aliases: TypeAlias = "dict[tuple[int, ...], tuple[int, tuple[int, ...]]]"
+
 #: Ops whose result is their first operand's buffer.
 _PASS_FIRST = frozenset({"bitcast", "while", "opt-barrier", "add-dependency", "async-update",
                          "dynamic-update-slice", "scatter"})
@@ -145,7 +149,7 @@ class _Walk:
         return len(self.buffers) - 1
 
     def _fresh(self, instr: HloInstruction, ops: list[_Value],
-               aliased: dict[tuple[int, ...], tuple[int, tuple[int, ...]]],
+               aliased: _Aliases,
                shape: Shape | None = None, index: tuple[int, ...] = ()) -> _Value:
         """New buffers for ``shape`` (the instruction's), but the outputs in ``aliased``
         (output index -> (operand, index in it)), which are the operand's."""
@@ -158,8 +162,7 @@ class _Walk:
                     for k, part in enumerate(shape.tuple_shapes)]
         return self._new(instr, shape.array, index, instr.shape.is_tuple)
 
-    def _in_place(self, instr: HloInstruction) -> dict[tuple[int, ...],
-                                                       tuple[int, tuple[int, ...]]]:
+    def _in_place(self, instr: HloInstruction) -> _Aliases:
         """Outputs a fusion or custom call writes into an operand's buffer: those it
         declares and a fused root (or root tuple element) that updates a fusion parameter
         in place."""
@@ -210,11 +213,11 @@ class _Walk:
         if code.endswith("-start") and instr.shape.is_tuple and code != "all-reduce-start":
             if code == "copy-start":
                 return self._fresh(instr, ops, {(1,): (0, ())})
-            held: _Value = list(ops) if instr.shape.tuple_shapes[0].is_tuple else (
-                ops[0] if ops else None)
-            rest = self._fresh(instr, ops, {(1,): (0, ())} if (
-                code == "dynamic-update-slice-start") else {})
-            return [held, *(rest[1:] if isinstance(rest, list) else [])]
+            held: _Aliases = ({(0, k): (k, ()) for k in range(len(ops))}
+                    if instr.shape.tuple_shapes[0].is_tuple else {(0,): (0, ())})
+            if code == "dynamic-update-slice-start":
+                held[(1,)] = (0, ())
+            return self._fresh(instr, ops, held)
         if code in ("fusion", "custom-call"):
             return self._fresh(instr, ops, self._in_place(instr))
         return self._fresh(instr, ops, {})
