@@ -84,7 +84,7 @@ def test_a_file_that_does_not_parse_is_one_line_and_exit_2(tmp_path, capsys):
 
 #: The committed compiles whose XLA peak is HBM alone (the host-offload rows' peaks count
 #: host memory) and the walk's error against it when written (docs/xla-oracle.md).
-WITHIN_3_PCT = ["M1", "M2", "T1", "T1-untied-sequential", "T2", "T4", "T5-full", "T8",
+WITHIN_3_PCT = ["M2", "T1", "T1-untied-sequential", "T2", "T3", "T4", "T5-full", "T8",
                 "T8-dropless", "T9", "gpt-style-v5p-64", "llama2-7b-full-b4",
                 "mixtral-v5p-128-dropless"]
 
@@ -93,8 +93,20 @@ WITHIN_3_PCT = ["M1", "M2", "T1", "T1-untied-sequential", "T2", "T4", "T5-full",
 @pytest.mark.parametrize("rid", WITHIN_3_PCT)
 def test_the_walk_meets_xlas_peak_on_a_committed_compile(rid):
     """The walk's peak within 3% of XLA's ``peak_memory_in_bytes`` (the walk does not model
-    XLA's reuse of freed memory; T3 +5.8% and M3 +3.6% are not within it)."""
+    XLA's reuse of freed memory; M1 -3.1% and M3 +3.1% are not within it)."""
     result = json.loads((ROOT / f"tools/xla_oracle/results/{rid}.json").read_text())
     with gzip.open(ROOT / result["hlo_file"], "rt") as fh:
         peak = memory_peak(parse_hlo(fh.read()))
     assert abs(peak.peak_bytes / result["peak_bytes_per_device"] - 1) < 0.03
+
+
+def test_tiled_bytes_pad_to_the_layouts_tiles(tmp_path, capsys):
+    # bf16[1,2**28] under T(8,128): 0.5 GiB, 4 GiB in its tiles (one row of eight)
+    path = tmp_path / "t.hlo.txt"
+    shape = "bf16[1,268435456]"
+    path.write_text(f"HloModule m, is_scheduled=true\nENTRY %main (a: {shape}) -> {shape} "
+                    f"{{\n  ROOT %a = {shape}{{1,0:T(8,128)(2,1)}} parameter(0)\n}}\n")
+    assert main([str(path), "--tiled"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "peak 4.000 GiB in main at a"
+    assert main([str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "peak 0.500 GiB in main at a"

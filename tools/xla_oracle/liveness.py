@@ -6,9 +6,10 @@ module docstring says what defines a buffer and what only passes one on) over th
 ``compiled.as_text()`` prints (``is_scheduled=true``): the peak, the instruction it is at,
 the buffers live there (largest first, each with the instruction that defines it, its
 shape and the JAX op that made it), and the same inside the loop body at the peak, nested.
-Bytes are the tiled layout's; memory spaces other than HBM are left out.
+Bytes are the arrays' (``--tiled``: the layout's, tile padding included); memory spaces
+other than HBM are left out.
 
-    python -m tools.xla_oracle.liveness FILE.hlo.txt[.gz] [--top N]
+    python -m tools.xla_oracle.liveness FILE.hlo.txt[.gz] [--top N] [--tiled]
 
 Pure Python (no jax). Checked against XLA's own peak on the committed compiles
 (docs/xla-oracle.md).
@@ -60,12 +61,14 @@ def format_peak(peak: MemoryPeak, top: int = 15, depth: int = 0) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.xla_oracle.liveness FILE.hlo.txt[.gz] [--top N]``: the walk's
-    peak and the buffers live there, nested into the while bodies at the peak. Exit 2
-    with one line for a file that cannot be read or parsed."""
+    """``python -m tools.xla_oracle.liveness FILE.hlo.txt[.gz] [--top N] [--tiled]``: the
+    walk's peak and the buffers live there, nested into the while bodies at the peak.
+    Exit 2 with one line for a file that cannot be read or parsed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", type=Path)
     parser.add_argument("--top", type=int, default=15, help="buffers listed per level")
+    parser.add_argument("--tiled", action="store_true",
+                        help="bytes in the layout's tiles (T(8,128) padding), as XLA sizes them")
     args = parser.parse_args(argv)
     if args.top < 0:
         parser.error(f"--top: {args.top} is negative; give 0 or more buffers")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except HloParseError as err:
         print(f"liveness: {args.file}: {err}", file=sys.stderr)
         return 2
-    print("\n".join(format_peak(memory_peak(module), args.top)))
+    print("\n".join(format_peak(memory_peak(module, tiled=args.tiled), args.top)))
     return 0
 
 

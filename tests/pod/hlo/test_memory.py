@@ -173,5 +173,5 @@ ENTRY %main (a: bf16[4,100]) -> bf16[4,100] {{
 }}
 """
     module = parse_hlo(text)
-    assert peak_bytes(module) == tiled
-    assert peak_bytes(module, tiled=False) == untiled
+    assert peak_bytes(module, tiled=True) == tiled
+    assert peak_bytes(module) == untiled
