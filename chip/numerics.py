@@ -1,10 +1,11 @@
 """MXU numerics: bfloat16 rounding, the bf16 x bf16 -> fp32 product, int8 quantisation.
 
 The MXU multiplies bfloat16 operands and accumulates in float32. We emulate it
-by rounding the float32 inputs to bfloat16 values (round to nearest even: ml_dtypes'
-cast, or its very bits from integer operations on large arrays), keeping them in float32 storage, and multiplying in float32: every
-product of two bf16 values is exact in float32, so only the accumulation order
-differs from the hardware.
+by rounding the float32 inputs to bfloat16 values (round to nearest even:
+ml_dtypes' cast, or its very bits from integer operations on large arrays),
+keeping them in float32 storage, and multiplying in float32: every product of
+two bf16 values is exact in float32, so only the accumulation order differs
+from the hardware.
 """
 
 from __future__ import annotations
