@@ -209,7 +209,7 @@ class _Counts:
 
     chunks: dict[str, int]
     layers: dict[int, int]
-    memo: dict[Any, int]
+    memo: dict[Any, Any]
 
 
 def _model_layout(local_model: TransformerModel) -> tuple[Any, ...]:
