@@ -253,6 +253,29 @@ class TensorCoreSpec:
         return self.hbm_bandwidth_bytes_per_s * self.hbm_efficiency
 
 
+#: Chips in one 4x4x4 cube, the unit a v4 / v5p slice of 64 chips or more is built of [SB].
+CUBE_CHIPS = 64
+
+
+def cube_box(cubes: int, max_pod_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The slice shape (chips per axis, ascending) of ``cubes`` 4x4x4 cubes: the box of
+    a x b x c cubes (a <= b <= c, a * b * c = cubes) with the shortest longest side, then
+    the least sum of sides (the most nearly cubic), that fits ``max_pod_shape`` axis by
+    axis once both are sorted; None when no box fits. 3 cubes -> (4, 4, 12), 6 ->
+    (4, 8, 12), 16 -> (8, 8, 16).
+    """
+    limits = sorted(max_pod_shape)
+    boxes = [(a, b, cubes // (a * b))
+             for a in range(1, cubes + 1) for b in range(a, cubes + 1)
+             if cubes % (a * b) == 0 and cubes // (a * b) >= b]
+    fitting = [box for box in boxes
+               if all(4 * n <= limit for n, limit in zip(box, limits, strict=True))]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda box: (box[2], sum(box)))
+    return tuple(4 * n for n in best)
+
+
 @dataclass(frozen=True)
 class ChipSpec:
     """One TPU chip: its TensorCores, HBM, ICI links and host connection.
@@ -424,9 +447,23 @@ class ChipSpec:
                            tuple((int(c), tuple(int(d) for d in shape)) for c, shape in slices))
 
     def slice_shape(self, count: int) -> tuple[int, ...] | None:
-        """The torus shape of the slice ``<name>-<count>`` (``slice_shapes``), None when
-        Google has no such slice."""
-        return dict(self.slice_shapes).get(count)
+        """The torus shape of the slice ``<name>-<count>`` (chips per axis), None when
+        Google has no such slice.
+
+        The table (``slice_shapes``) first. A generation built of whole 4x4x4 cubes
+        (``wraparound_rule`` ``whole_cubes``: v4, v5p) also has a slice for every whole
+        number of cubes that fits its largest pod, named by its count as the table's are
+        (v4-384 = 192 chips = 3 cubes, 4x4x12 [GC-v4]): the shape is :func:`cube_box`'s,
+        which reproduces every cube-built shape of the tables (tests/chip/test_spec.py).
+        """
+        shapes = dict(self.slice_shapes)
+        if count in shapes or self.wraparound_rule != "whole_cubes":
+            return shapes.get(count)
+        per_chip = self.tensorcores if self.slice_counts_tensorcores else 1
+        chips, rest = divmod(count, per_chip)
+        if rest or chips < CUBE_CHIPS or chips % CUBE_CHIPS:
+            return None
+        return cube_box(chips // CUBE_CHIPS, self.max_pod_shape)
 
     def default_wraparound(self, shape: tuple[int, ...]) -> tuple[bool, ...]:
         """Which axes of a slice of ``shape`` (chips per axis) have wraparound links, by

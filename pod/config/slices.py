@@ -8,7 +8,8 @@ TensorCores (``v2-8`` = 4 chips of 2 cores); for v5e and v6e it counts chips
 Shapes: a slice is laid out on the generation's torus (2-D for v2, v3, v5e,
 v6e; 3-D for v4, v5p); a named slice takes its shape from its chip preset's
 ``slice_shapes`` (Google's tables: v4-32 = 2x2x4, v5e-8 = 2x4; :data:`SLICE_SHAPES`
-gathers them). A chip preset with a count and
+gathers them); v4 and v5p also name every whole number of 4x4x4 cubes that fits their
+largest pod (v4-384 = 4x4x12: ``ChipSpec.slice_shape``). A chip preset with a count and
 no shape gets the most nearly square (cubic) power-of-two factorisation.
 
 Wraparound follows the generation's rules [SB], its chip preset's
@@ -24,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from chip import PRESETS, ChipSpec, get_chip_spec
+from chip.spec import CUBE_CHIPS
 from interconnect import Torus, parse_shape
 from pod.errors import ScenarioError
 
@@ -131,16 +133,20 @@ def _slice(name: str) -> tuple[ChipSpec, int, tuple[int, ...]]:
     chip = get_chip_spec(match.group(1))
     count = int(match.group(2))
     unit = "TensorCores" if chip.slice_counts_tensorcores else "chips"
-    shapes = dict(chip.slice_shapes)
-    if count not in shapes:
-        valid = ", ".join(f"{chip.name}-{c}" for c in shapes)
+    shape = chip.slice_shape(count)
+    if shape is None:
+        valid = ", ".join(f"{chip.name}-{c}" for c, _ in chip.slice_shapes)
         per_chip = (f", a multiple of {chip.tensorcores} per chip"
                     if chip.slice_counts_tensorcores else "")
+        if chip.wraparound_rule == "whole_cubes":  # ChipSpec.slice_shape: whole 4x4x4 cubes
+            cube = CUBE_CHIPS * (chip.tensorcores if chip.slice_counts_tensorcores else 1)
+            largest = math.prod(chip.max_pod_shape) * cube // CUBE_CHIPS
+            valid += (f", and any multiple of {cube} up to {largest} whose 4x4x4 cubes fit "
+                      f"the {'x'.join(map(str, chip.max_pod_shape))} pod")
         raise ScenarioError(
             f"slice {name!r} does not exist: the number counts {unit} for {chip.name}{per_chip}; "
             f"valid {chip.name} slices: {valid}"
         )
-    shape = shapes[count]
     return chip, math.prod(shape), shape
 
 

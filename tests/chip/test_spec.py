@@ -9,6 +9,7 @@ import re
 import pytest
 
 import chip
+from chip.spec import CUBE_CHIPS, cube_box
 from chip import (PRESETS, ChipError, ChipSpec, ChipSpecError, MXUSpec, TensorCoreSpec,
                   get_chip_spec)
 
@@ -289,3 +290,32 @@ def test_available_hbm_defaults_to_the_published_capacity():
     v2 = get_chip_spec("v2")
     assert v2.hbm_available_bytes == v2.hbm_bytes
     assert get_chip_spec("v4").hbm_available_bytes < get_chip_spec("v4").hbm_bytes
+
+
+@pytest.mark.parametrize("generation", ["v4", "v5p"])
+def test_cube_built_slices_reproduce_the_table(generation):
+    """Every shape of the table made of whole 4x4x4 cubes is the box cube_box gives for its
+    number of cubes (the rule names the slices the table leaves out, such as v4-384)."""
+    spec = get_chip_spec(generation)
+    for count, shape in spec.slice_shapes:
+        chips = math.prod(shape)
+        if chips >= CUBE_CHIPS:
+            assert cube_box(chips // CUBE_CHIPS, spec.max_pod_shape) == tuple(sorted(shape))
+
+
+def test_cube_built_slice_names():
+    """v4-384 is 3 cubes in a row, 4x4x12, with wraparound on every axis [SB]; a count of
+    part of a cube or more cubes than the largest pod holds is no slice."""
+    v4, v5p = get_chip_spec("v4"), get_chip_spec("v5p")
+    assert v4.slice_shape(384) == (4, 4, 12)
+    assert v4.default_wraparound((4, 4, 12)) == (True, True, True)
+    assert v4.slice_shape(768) == (4, 8, 12)  # 6 cubes: 1 x 2 x 3
+    assert v4.slice_shape(200) is None  # 100 chips: not whole cubes
+    assert v4.slice_shape(896) is None  # 7 cubes in a row: 28 chips, the pod's side is 16
+    assert v5p.slice_shape(896) == (4, 4, 28)  # v5p's largest pod is 16x20x28
+    assert get_chip_spec("v5e").slice_shape(192) is None  # a 2-D generation: the table only
+    for cubes in range(1, 65):
+        box = cube_box(cubes, v4.max_pod_shape)
+        if box is not None:
+            assert math.prod(box) == cubes * CUBE_CHIPS and list(box) == sorted(box)
+            assert all(side % 4 == 0 and side <= 16 for side in box)

@@ -32,3 +32,13 @@ def test_a_new_generation_is_one_preset(monkeypatch):
     assert resolve_pod(chip="v9", topology="8x2").torus.wraparound == (True, False)
     with pytest.raises(ScenarioError, match="valid v9 slices: v9-8, v9-64"):
         resolve_pod(slice_name="v9-16")
+
+
+def test_a_cube_built_slice_resolves_and_the_refusal_says_which_exist():
+    """v4-384 (192 chips, three 4x4x4 cubes: issue 29 item 5) resolves to a 4x4x12 torus
+    wrapping on every axis; a count that is not whole cubes is refused with the rule."""
+    pod = resolve_pod(slice_name="v4-384")
+    assert (pod.chips, pod.torus.shape, pod.torus.wraparound) == (192, (4, 4, 12),
+                                                                (True, True, True))
+    with pytest.raises(ScenarioError, match="v4-200.*any multiple of 128 up to 8192"):
+        resolve_pod(slice_name="v4-200")
