@@ -1,8 +1,9 @@
 """This emulator against the tools users would otherwise run, measured side by side.
 
-Usage (needs the optional extra: ``pip install -e '.[peers]'``, jax and torch CPU):
+Usage (needs the optional extra: ``pip install -e '.[peers]'``, jax and torch CPU;
+``--step-only``: jax alone):
 
-    .venv/bin/python benchmarks/vs_peers.py [--steps 30] [--repeats 15]
+    .venv/bin/python benchmarks/vs_peers.py [--steps 30] [--repeats 15] [--step-only]
 
 Three comparisons, each in this one run, the variants alternated, medians of
 wall seconds (never simulated time):
@@ -290,6 +291,8 @@ def main() -> None:
     parser.add_argument("--settle-ms", type=float, default=0.0,
                         help="sleep before each timed step of either side (XLA's threads spin "
                              "after a JAX step; 0: alternate back to back, as before)")
+    parser.add_argument("--step-only", action="store_true",
+                        help="the step comparison alone (no torch needed)")
     args = parser.parse_args()
     import jax
 
@@ -304,6 +307,11 @@ def main() -> None:
               f"pod start-up {info['pod_startup_s']:.1f} s; last losses {info['last_losses']})")
         print(f"  CPU per step (mean): pod {info['pod_cpu_ms']:.1f} ms (4 chip actors and the "
               f"driver's thread), JAX {info['jax_cpu_ms']:.1f} ms (this process)")
+        if args.step_only:
+            print(f"ratio, data-parallel step vs JAX: {pod_ms / jax_ms:.2f}x (goal: at most "
+                  f"1.5x; CPU {info['pod_cpu_ms'] / info['jax_cpu_ms']:.2f}x)")
+            print(f"load average at the end: {loadavg()}")
+            return
         chips, gloo, group = allreduce_actors()
         plan = build_plan(load_scenario(QUICKSTART))
         sizes = {f"CNN gradients ({plan.num_params * 4 / 1e3:.0f} kB)": plan.num_params * 4,

@@ -57,6 +57,8 @@ HOST_SPACE = 5
 
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*(?:\([^()]*\)[^{}]*)*\})?")
 _SPACE = re.compile(r"S\((\d+)\)")
+_TILE = re.compile(r"T\((\d+(?:,\d+)*)\)")
+_ALIAS = re.compile(r"\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
 _COMMENT = re.compile(r"/\*.*?\*/")
 _NAME = r"%?([A-Za-z_][\w.\-]*)"
 _HEADER = re.compile(r"^(ENTRY\s+)?" + _NAME + r"\s*(.*)\{\s*$")
@@ -72,11 +74,17 @@ class ArrayShape:
         dtype: XLA's primitive type name, e.g. "bf16", "f32", "s32", "pred".
         dims: the dimensions (``()`` for a scalar).
         memory_space: the layout's ``S(n)``, 0 (HBM) when absent; 1 is a TPU's VMEM.
+        minor_to_major: the layout's dimension order (``{1,0}`` -> (1, 0)); ``()`` when
+            the shape has no layout (then row-major).
+        tile: the layout's first tile (``T(8,128)`` -> (8, 128)), which pads the minor
+            dimensions in memory; ``()`` when untiled.
     """
 
     dtype: str
     dims: tuple[int, ...]
     memory_space: int = 0
+    minor_to_major: tuple[int, ...] = ()
+    tile: tuple[int, ...] = ()
 
     @property
     def elements(self) -> int:
@@ -93,6 +101,35 @@ class ArrayShape:
         """Bytes of the array, rounded up."""
         return math.ceil(self.elements * self.itemsize)
 
+    @property
+    def tiled_nbytes(self) -> int:
+        """Bytes the array takes in memory in its tiled layout: the dimensions in layout
+        order (major to minor) with the minor ones padded to multiples of :attr:`tile`
+        (a tile of more dimensions than the array's pads leading dimensions of 1), as
+        XLA's ``ShapeUtil::ByteSizeOf`` counts a TPU layout. ``T(8,128)`` pads
+        ``f32[4,100]{1,0}`` to 8 x 128 elements (4096 bytes); the sub-tiles that follow
+        (``(2,1)`` packing bf16 pairs) divide the first tile and pad nothing more. Equal to
+        :attr:`nbytes` for an untiled array.
+
+        >>> parse_shape("bf16[4,100]{1,0:T(8,128)(2,1)}").array.tiled_nbytes
+        2048
+        """
+        if not self.tile:
+            return self.nbytes
+        order = self.minor_to_major or tuple(reversed(range(len(self.dims))))
+        if sorted(order) != list(range(len(self.dims))):
+            return self.nbytes
+        physical = [self.dims[d] for d in reversed(order)]
+        physical = [1] * (len(self.tile) - len(physical)) + physical
+        for k, size in enumerate(reversed(self.tile)):
+            physical[-1 - k] = -(-physical[-1 - k] // size) * size
+        return math.ceil(math.prod(physical) * self.itemsize)
+
+    @property
+    def text(self) -> str:
+        """The array's type without its layout, e.g. "bf16[8,128]"."""
+        return f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -101,10 +138,13 @@ class Shape:
     Attributes:
         leaves: the arrays, in order.
         is_tuple: a tuple shape (possibly of one element, or empty).
+        tuple_shapes: a tuple's elements (each a :class:`Shape`, nested tuples kept, as
+            XLA's ``Shape::tuple_shapes``); ``()`` for an array.
     """
 
     leaves: tuple[ArrayShape, ...]
     is_tuple: bool = False
+    tuple_shapes: tuple[Shape, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -208,16 +248,21 @@ def parse_shape(text: str) -> Shape:
     if text.startswith("("):
         if not text.endswith(")"):
             raise ValueError(f"unbalanced tuple shape {text[:60]!r}")
-        leaves: list[ArrayShape] = []
-        for part in split_top(text[1:-1]):
-            leaves.extend(parse_shape(part).leaves)
-        return Shape(tuple(leaves), is_tuple=True)
+        parts = tuple(parse_shape(part) for part in split_top(text[1:-1]))
+        return Shape(tuple(leaf for part in parts for leaf in part.leaves), is_tuple=True,
+                     tuple_shapes=parts)
     match = _ARRAY.fullmatch(text)
     if not match or match.group(1) not in DTYPE_BYTES:
         raise ValueError(f"not a shape: {text[:60]!r}")
     dims = tuple(int(d.lstrip("<=")) for d in match.group(2).split(",") if d.strip())
-    space = _SPACE.search(match.group(3) or "")
-    return Shape((ArrayShape(match.group(1), dims, int(space.group(1)) if space else 0),))
+    layout = (match.group(3) or "{}")[1:-1]
+    order, _, tiling = layout.partition(":")
+    space = _SPACE.search(tiling)
+    tile = _TILE.search(tiling)
+    return Shape((ArrayShape(
+        match.group(1), dims, int(space.group(1)) if space else 0,
+        tuple(int(d) for d in order.split(",") if d.strip().isdigit()),
+        tuple(int(d) for d in tile.group(1).split(",")) if tile else ()),))
 
 
 def _read_shape(text: str) -> tuple[str, str]:
@@ -323,6 +368,13 @@ class HloInstruction:
         except (TypeError, ValueError):
             return None
 
+    @property
+    def operand_aliases(self) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
+        """``output_to_operand_aliasing={{1}: (0, {}), ...}`` (a fusion or custom call
+        that writes an output into an operand's buffer): output index -> (operand number,
+        index in the operand); {} when none."""
+        return _aliases(self.attrs.get("output_to_operand_aliasing", ""))
+
     def int_list(self, key: str) -> tuple[int, ...]:
         """An attribute of integers such as ``dimensions={1}`` or ``index=0``."""
         return tuple(int(v) for v in re.findall(r"-?\d+", self.attrs.get(key, "")))
@@ -411,9 +463,7 @@ class HloModule:
         """The header's ``input_output_alias``: output index -> (parameter number,
         index in the parameter), e.g. ``{ {0}: (0, {}, may-alias) }`` -> {(0,): (0, ())}: the
         output is written into the donated argument's buffer ({} when none)."""
-        text = self.attrs.get("input_output_alias", "")
-        return {_index(out): (int(param), _index(within)) for out, param, within in
-                re.findall(r"\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}", text)}
+        return _aliases(self.attrs.get("input_output_alias", ""))
 
     @property
     def is_scheduled(self) -> bool:
@@ -441,6 +491,12 @@ class HloModule:
 def _index(text: str) -> tuple[int, ...]:
     """"0, 1" -> (0, 1); "" -> ()."""
     return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+
+
+def _aliases(text: str) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
+    """``{ {0}: (0, {}, may-alias), {1}: (2, {1}) }`` -> {(0,): (0, ()), (1,): (2, (1,))}."""
+    return {_index(out): (int(number), _index(within))
+            for out, number, within in _ALIAS.findall(text)}
 
 
 def _parse_instruction(text: str, number: int) -> HloInstruction:

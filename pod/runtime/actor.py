@@ -32,6 +32,7 @@ from pod.programs import DeviceProgram, DeviceShard, EvalSums
 from pod.report.clock import DeviceReport
 from pod.runtime.blas import one_blas_thread
 from pod.runtime.device import Device
+from pod.runtime.heap import keep_freed_memory
 
 __all__ = ["ChipActor", "DeviceSnapshot"]
 
@@ -66,8 +67,9 @@ class ChipActor:
         numerics, precision, mxu_model, activation_bytes: as ``Device``.
         limit_threads: pin BLAS to one thread for the process's life
             (``pod.runtime.blas.one_blas_thread``: the bits of every back-end, and
-            several actors share few cores); False only where the caller pins it
-            (chips run in threads of one process, under ``one_blas_thread()``).
+            several actors share few cores) and keep the heap a step frees
+            (``pod.runtime.heap.keep_freed_memory``); False only where the caller
+            pins BLAS (chips run in threads of one process, under ``one_blas_thread()``).
     """
 
     def __init__(self, spec: ChipSpec, rank: int, devices: Sequence[tuple[int, DeviceGroups]],
@@ -76,6 +78,7 @@ class ChipActor:
                  activation_bytes: int = 0, limit_threads: bool = True) -> None:
         if limit_threads:
             one_blas_thread()  # pod.runtime.blas: the bits and the speed of every back-end
+            keep_freed_memory()  # pod.runtime.heap: no page faults for each step's temporaries
         self.rank = rank
         self.devices = [Device(spec, d, groups, program, seed, devices_per_chip=devices_per_chip,
                                numerics=numerics, precision=precision, mxu_model=mxu_model,

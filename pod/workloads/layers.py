@@ -180,8 +180,17 @@ class Layer:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+def _add_in_place(y: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.add(y, b, out=y)
+
+
 def _bias_add(core, name: str, y: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return core.vector(f"{name}/bias_add", np.add, y, b)
+    # y is the product just computed: add into it (the same values as y + b, one
+    # allocation and pass fewer) unless it is a timing-only zero view (read-only) or
+    # the sum would widen its dtype
+    add = (_add_in_place if y.flags.writeable and np.result_type(y, b) == y.dtype
+           else np.add)
+    return core.vector(f"{name}/bias_add", add, y, b)
 
 
 def _bias_grad(core, name: str, dy2d: np.ndarray) -> np.ndarray:
@@ -362,7 +371,7 @@ class Conv2D(Layer):
         return 2 * ho * wo * kh * kw * c * self.filters
 
     def cache_elements(self, input_shape):
-        return math.prod(input_shape)  # the layer input; im2col is redone in backward
+        return math.prod(input_shape)  # the layer input (the device redoes im2col in backward)
 
     def _im2col(self, x):
         """(B, H, W, C) -> columns (B*Ho*Wo, KH*KW*C), ordered (kh, kw, c)."""
@@ -411,25 +420,31 @@ class Conv2D(Layer):
         m, k = b * ho * wo, kh * kw * c
         xr = mxu_input(core, x)                                           # (B, H, W, C)
         w2d = params["kernel"].reshape(-1, self.filters)                  # (KH*KW*C, F)
-        y = self._gemm(core, (m, k, self.filters), lambda: self._im2col(xr), lambda: w2d,
+        cols = self._im2col(xr) if core.execute else None                 # (B*Ho*Wo, K)
+        y = self._gemm(core, (m, k, self.filters), lambda: cols, lambda: w2d,
                        f"{self.name}/fwd", (m, self.filters),
                        self._out_dtype(core, xr, w2d), a_elements=xr.size)  # (B*Ho*Wo, F)
         if self.use_bias:
             y = _bias_add(core, self.name, y, params["bias"])
-        return y.reshape(b, ho, wo, self.filters), xr
+        # the weight gradient reads the same columns: kept for it where the accounting
+        # keeps them in HBM anyway (im2col_in_hbm; else rebuilt from the input, which
+        # costs no host memory for a 7x7 conv's 49-fold columns)
+        return y.reshape(b, ho, wo, self.filters), (xr, cols if self.im2col_in_hbm else None)
 
     @staticmethod
     def _out_dtype(core, a, b):
         return np.float32 if core.emulates_numerics else np.result_type(a, b)
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
-        xr = cache                                                        # (B, H, W, C)
+        xr, cols = cache                                                  # (B, H, W, C)
+        if cols is None and core.execute:
+            cols = self._im2col(xr)                                       # (B*Ho*Wo, K)
         dy2d = dy.reshape(-1, self.filters)                               # (B*Ho*Wo, F)
         dyr = mxu_input(core, dy2d)
         m = dy2d.shape[0]
         k = math.prod(self.kernel_size) * xr.shape[3]
         w2d = params["kernel"].reshape(-1, self.filters)                  # (KH*KW*C, F)
-        dw = self._gemm(core, (k, m, self.filters), lambda: self._im2col(xr).T, lambda: dyr,
+        dw = self._gemm(core, (k, m, self.filters), lambda: cols.T, lambda: dyr,
                         f"{self.name}/dW", (k, self.filters),
                         self._out_dtype(core, xr, dyr), a_elements=xr.size)  # (KH*KW*C, F)
         grads = {"kernel": dw.reshape(params["kernel"].shape)}
@@ -469,9 +484,15 @@ class ReLU(Layer):
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
         y = cache
-        dx = vector_op(core, f"{self.name}/bwd", lambda d, out: d * (out > 0), dy, y,
-                       out=(dy.shape, dy.dtype))
+        dx = vector_op(core, f"{self.name}/bwd", _relu_grad, dy, y, out=(dy.shape, dy.dtype))
         return dx, {}
+
+
+def _relu_grad(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """dy * (y > 0): the mask made in dy's dtype and multiplied in place (the same
+    products, dy * 1 or dy * 0, as numpy's bool-to-float multiply, in one temporary)."""
+    mask = np.greater(y, 0).astype(np.result_type(dy, np.bool_))
+    return np.multiply(mask, dy, out=mask)
 
 
 class MaxPool2D(Layer):
@@ -528,18 +549,23 @@ class MaxPool2D(Layer):
 
     def _backward(self, x, y, dy):
         p = self.pool_size
-        dx = np.zeros(x.shape, dy.dtype)                                  # (B, H, W, C)
-        taken = np.zeros(y.shape, bool)      # window's maximum already routed
+        ho, wo = y.shape[1:3]
+        whole = x.shape[1] == ho * p and x.shape[2] == wo * p  # every element in a window
+        dx = (np.empty if whole else np.zeros)(x.shape, dy.dtype)              # (B, H, W, C)
+        taken = None                         # window's maximum already routed
         parts = self._slices(x)
         for k, part in enumerate(parts):
             i, j = divmod(k, p)
-            if k == len(parts) - 1:
-                first = ~taken                                            # the only one left
+            if k == len(parts) - 1:                                       # the only one left
+                first = np.ones(y.shape, bool) if taken is None else ~taken
             else:
-                first = (part == y) & ~taken
-                taken |= first
-            ho, wo = y.shape[1:3]
-            dx[:, i:ho * p:p, j:wo * p:p, :] = dy * first
+                first = part == y
+                if taken is None:
+                    taken = first
+                else:
+                    first &= ~taken
+                    taken |= first
+            np.multiply(dy, first, out=dx[:, i:ho * p:p, j:wo * p:p, :])  # dy where first, 0
         return dx
 
     def backward(self, core, params, cache, dy, *, need_dx=True):
@@ -565,8 +591,9 @@ class Dropout(Layer):
 
     def mask(self, rng: np.random.Generator, shape, dtype) -> np.ndarray:
         """Scaled keep-mask: 0 or 1 / (1 - rate), drawn from ``rng``."""
-        keep = rng.random(shape, dtype=np.float32) >= self.rate
-        return keep.astype(dtype) * np.asarray(1.0 / (1.0 - self.rate), dtype)
+        keep = (rng.random(shape, dtype=np.float32) >= self.rate).astype(dtype)
+        keep *= np.asarray(1.0 / (1.0 - self.rate), dtype)
+        return keep
 
     def forward(self, core, params, x, *, training=False, rng=None):
         if not training or self.rate == 0.0:

@@ -162,11 +162,39 @@ def _adam_moments(core, name: str, beta1: float, beta2: float, key: str, g, slot
     c1, c2 = _F32(1.0 - beta1), _F32(1.0 - beta2)
     inv_bc1 = _F32(1.0 / (1.0 - beta1 ** step))
     inv_bc2 = _F32(1.0 / (1.0 - beta2 ** step))
-    m = _vector(core, f"{name}/{key}/m", lambda m_, g_: b1 * m_ + c1 * g_,
-                  slots["m"], g, out=(p.shape, p.dtype), ops_per_element=3.0)
-    v = _vector(core, f"{name}/{key}/v", lambda v_, g_: b2 * v_ + c2 * (g_ * g_),
-                  slots["v"], g, out=(p.shape, p.dtype), ops_per_element=4.0)
+
+    def first(m_, g_):                                   # b1 * m + c1 * g
+        out = np.multiply(m_, b1)
+        out += np.multiply(g_, c1)
+        return out
+
+    def second(v_, g_):                                  # b2 * v + c2 * (g * g)
+        out = np.multiply(v_, b2)
+        sq = np.multiply(g_, g_)
+        sq *= c2
+        out += sq
+        return out
+
+    m = _vector(core, f"{name}/{key}/m", first, slots["m"], g, out=(p.shape, p.dtype),
+                ops_per_element=3.0)
+    v = _vector(core, f"{name}/{key}/v", second, slots["v"], g, out=(p.shape, p.dtype),
+                ops_per_element=4.0)
     return m, v, inv_bc1, inv_bc2
+
+
+def _adam_step(lr, inv_bc1, inv_bc2, eps):
+    """p - lr * (m * inv_bc1) / (sqrt(v * inv_bc2) + eps) as a function of (p, m, v):
+    the same float32 operations in the same order, into two temporaries (the inputs
+    are not written)."""
+    def step(p_, m_, v_):
+        out = np.multiply(m_, inv_bc1)
+        out *= lr
+        den = np.multiply(v_, inv_bc2)
+        np.sqrt(den, out=den)
+        den += eps
+        out /= den
+        return np.subtract(p_, out, out=out)
+    return step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,10 +220,9 @@ class Adam(Optimizer):
         m, v, inv_bc1, inv_bc2 = _adam_moments(core, "adam", self.beta1, self.beta2, key, g,
                                                slots, p, step)
         lr, eps = _F32(self.learning_rate), _F32(self.eps)
-        p_new = _vector(
-            core, f"adam/{key}",
-            lambda p_, m_, v_: p_ - lr * (m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps),
-            p, m, v, out=(p.shape, p.dtype), ops_per_element=6.0, transcendental=True)
+        p_new = _vector(core, f"adam/{key}", _adam_step(lr, inv_bc1, inv_bc2, eps),
+                        p, m, v, out=(p.shape, p.dtype), ops_per_element=6.0,
+                        transcendental=True)
         return p_new, {"m": m, "v": v}
 
 

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from chip import numerics as chip_numerics
 from chip import to_bf16
 from chip.numerics import dequantize_int8, mxu_matmul, quantize_int8
 
@@ -101,3 +102,57 @@ def test_to_bf16_keeps_a_zero_stride_view_a_view_with_the_rounded_value():
     assert rounded.shape == view.shape and not any(rounded.strides)
     np.testing.assert_array_equal(rounded[:3, :3], to_bf16(np.array(view[:3, :3])))
     assert float(rounded[0, 0]) == 1.0  # bf16 keeps 7 mantissa bits
+
+
+# -- the integer rounding of large float32 arrays against ml_dtypes' cast ---------------
+
+def _ml_dtypes_bits(x: np.ndarray) -> np.ndarray:
+    """The bits ml_dtypes' bfloat16 cast gives (the reference the fast path must match)."""
+    import ml_dtypes
+
+    return x.astype(ml_dtypes.bfloat16).astype(np.float32).view(np.uint32)
+
+
+# bit patterns where rounding is delicate: zeros, subnormals (the smallest, the largest,
+# a tie), the smallest normal, ties to even up and down, the carry into the next binade
+# and past the largest bf16 (to infinity), the largest float32, infinities and NaNs
+# (quiet, signalling, with payloads in the low half only), each with either sign
+_SPECIAL_BITS = [0x00000000, 0x00000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x00800000,
+                 0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0x3FFF8000, 0x3FFFFFFF,
+                 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7F807FFF,
+                 0x7F808000, 0x7FBFFFFF, 0x7FC00000, 0x7FFF8000, 0x7FFFFFFF]
+_SPECIAL_BITS += [b | 0x80000000 for b in _SPECIAL_BITS]
+
+bit_patterns = st.lists(st.one_of(st.sampled_from(_SPECIAL_BITS), st.integers(0, 2**32 - 1)),
+                        min_size=1, max_size=64)
+
+
+@settings(max_examples=80, deadline=None)
+@given(bit_patterns, st.booleans())
+@np.errstate(invalid="ignore")  # ml_dtypes' cast of a NaN
+def test_large_array_rounding_matches_ml_dtypes_bits(patterns, with_nan):
+    bits = np.array(patterns, dtype=np.uint32)
+    if not with_nan:  # a NaN sends the whole array to the cast: test the bits path too
+        x = bits.view(np.float32)
+        bits = bits[~np.isnan(x)] if (~np.isnan(x)).any() else np.array([0x3F808000], np.uint32)
+    # tiled past the size where to_bf16 takes the integer path, and strided
+    reps = -(-2 * chip_numerics.BITS_ROUNDING_MIN_ELEMENTS // bits.size)
+    x = np.tile(bits, reps).view(np.float32)
+    assert x.size >= chip_numerics.BITS_ROUNDING_MIN_ELEMENTS
+    for arr in (x, x[::2]):
+        np.testing.assert_array_equal(to_bf16(arr).view(np.uint32), _ml_dtypes_bits(arr))
+    direct = chip_numerics.round_bf16_bits(x)
+    if np.isnan(x).any():
+        assert direct is None
+    else:
+        np.testing.assert_array_equal(direct.view(np.uint32), _ml_dtypes_bits(x))
+
+
+@np.errstate(invalid="ignore")
+def test_large_array_rounding_every_special_value():
+    x = np.tile(np.array(_SPECIAL_BITS, np.uint32), 1000).view(np.float32)
+    finite_or_inf = x[~np.isnan(x)]
+    assert finite_or_inf.size >= chip_numerics.BITS_ROUNDING_MIN_ELEMENTS
+    np.testing.assert_array_equal(to_bf16(finite_or_inf).view(np.uint32),
+                                  _ml_dtypes_bits(finite_or_inf))
+    np.testing.assert_array_equal(to_bf16(x).view(np.uint32), _ml_dtypes_bits(x))

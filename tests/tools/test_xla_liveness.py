@@ -1,6 +1,6 @@
-"""The liveness walk of a scheduled HLO module (``tools.xla_oracle.liveness``): buffers,
-aliases, in-place updates, while bodies and layouts, on a hand-written module whose peak
-is counted by hand; and on a committed compile against XLA's own peak."""
+"""``python -m tools.xla_oracle.liveness``: the printer over ``pod.hlo.memory``'s walk (its
+output on a module whose peak is counted by hand, its errors), and the walk against XLA's
+own peak on the committed compiles."""
 
 from __future__ import annotations
 
@@ -10,91 +10,103 @@ from pathlib import Path
 
 import pytest
 
-from tools.xla_oracle.liveness import array_bytes, peak_of_module
+from pod.hlo.memory import memory_peak
+from pod.hlo.module import parse_hlo
+from tools.xla_oracle.liveness import format_peak, main
 
 ROOT = Path(__file__).resolve().parents[2]
+A = "f32[256,128]{1,0}"
 K = 256 * 128 * 4          # one f32[256,128]
 
-MODULE = """HloModule m, is_scheduled=true
+MODULE = f"""HloModule m, is_scheduled=true
 
-%dus_comp (p0: f32[512,128], p1: f32[256,128]) -> f32[512,128] {
-  %p0 = f32[512,128]{1,0} parameter(0)
-  %p1 = f32[256,128]{1,0} parameter(1)
-  %z = s32[] constant(0)
-  ROOT %u = f32[512,128]{1,0} dynamic-update-slice(%p0, %p1, %z, %z)
-}
+%body (bp: (s32[], {A})) -> (s32[], {A}) {{
+  %bp = (s32[], {A}) parameter(0)
+  %i = s32[] get-tuple-element(%bp), index=0
+  %x = {A} get-tuple-element(%bp), index=1
+  %t = {A} exponential(%x), metadata={{op_name="jit(f)/while/body/exp"}}
+  %t2 = {A} exponential(%t)
+  %y = {A} add(%t, %t2)
+  ROOT %r = (s32[], {A}) tuple(%i, %y)
+}}
 
-%cond (cp: (s32[], f32[256,128])) -> pred[] {
-  %cp = (s32[], f32[256,128]{1,0}) parameter(0)
+%cond (cp: (s32[], {A})) -> pred[] {{
+  %cp = (s32[], {A}) parameter(0)
   %ci = s32[] get-tuple-element(%cp), index=0
   %n = s32[] constant(4)
   ROOT %lt = pred[] compare(%ci, %n), direction=LT
-}
+}}
 
-%body (bp: (s32[], f32[256,128])) -> (s32[], f32[256,128]) {
-  %bp = (s32[], f32[256,128]{1,0}) parameter(0)
-  %i = s32[] get-tuple-element(%bp), index=0
-  %x = f32[256,128]{1,0} get-tuple-element(%bp), index=1
-  %t = f32[256,128]{1,0} exponential(%x)
-  %y = f32[256,128]{1,0} add(%x, %t)
-  ROOT %r = (s32[], f32[256,128]{1,0}) tuple(%i, %y)
-}
-
-ENTRY %main (a: f32[256,128]) -> f32[256,128] {
-  %a = f32[256,128]{1,0} parameter(0)
-  %zero = s32[] constant(0)
-  %b = f32[512,128]{1,0} broadcast(%a), dimensions={1}
-  %c = f32[256,128]{1,0} slice(%b), slice={[0:256], [0:128]}
-  %d = f32[512,128]{1,0} fusion(%b, %c), kind=kLoop, calls=%dus_comp
-  %e = f32[256,128]{1,0} slice(%d), slice={[256:512], [0:128]}
-  %tup = (s32[], f32[256,128]{1,0}) tuple(%zero, %c)
-  %w = (s32[], f32[256,128]{1,0}) while(%tup), condition=%cond, body=%body
-  %out = f32[256,128]{1,0} get-tuple-element(%w), index=1
-  %vm = f32[256,128]{1,0:S(1)} copy(%out)
-  %f = f32[256,128]{1,0} add(%out, %e)
-  ROOT %g = f32[256,128]{1,0} add(%f, %vm)
-}
+ENTRY %main (a: f32[256,128]) -> f32[256,128] {{
+  %a = {A} parameter(0), metadata={{op_name="x"}}
+  %z = s32[] constant(0)
+  %c = f32[256,128]{{1,0:T(8,128)}} negate(%a), metadata={{op_name="jit(f)/neg"}}
+  %tup = (s32[], {A}) tuple(%z, %c)
+  %w = (s32[], {A}) while(%tup), condition=%cond, body=%body
+  ROOT %out = {A} get-tuple-element(%w), index=1
+}}
 """
 
 
-def test_the_peak_of_a_module_counted_by_hand():
-    # at %e: the argument a (K), b updated in place by the fusion d (2 K, not a new
-    # buffer), c (K, read by the loop later) and e (K); the scalar zero (4 bytes).
-    # At the loop: a, zero, c (the carry, updated in place), e and the body's own
-    # temporary t (K): 4 K. In VMEM (S(1)) the copy vm takes no HBM.
-    peak = peak_of_module(MODULE)
-    assert peak.at == "e"
-    assert peak.bytes == 5 * K + 4
-    assert [b.name for b in peak.live[:4]] == ["b", "a", "c", "e"]
-    assert peak.inner is None
+def test_the_printer_shows_the_peak_its_buffers_and_the_body_inside(tmp_path, capsys):
+    # outside the loop a (K) and c (K); inside, the body's t and t2 (2 K): 4 K at w
+    path = tmp_path / "m.hlo.txt.gz"
+    path.write_bytes(gzip.compress(MODULE.encode()))
+    assert main([str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    gib = 4 * K / 2**30
+    assert lines[0] == f"peak {gib:.3f} GiB in main at w (inner {2 * K / 2**30:.3f} GiB)"
+    assert [line.split()[1:] for line in lines[1:3]] == [
+        ["a", "f32[256,128]", "x"], ["c", "f32[256,128]", "jit(f)/neg"]]
+    assert float(lines[1].split()[0]) == pytest.approx(K / 2**30, abs=1e-3)
+    assert lines[3] == f"    peak {2 * K / 2**30:.3f} GiB in body at t2"
+    assert lines[4].split()[1:] == ["t", "f32[256,128]", "jit(f)/while/body/exp"]
+    assert lines[5].split()[1:] == ["t2", "f32[256,128]"] and len(lines) == 6
 
 
-def test_a_while_adds_its_bodys_own_temporaries():
-    # b as small as c, and a second temporary in the body: its peak is t and t2 (2 K; x
-    # and the new carry y take the carried buffer), on top of a, c, e and zero outside
-    text = MODULE.replace("f32[512,128]", "f32[256,128]").replace(
-        "  %y = f32[256,128]{1,0} add(%x, %t)",
-        "  %t2 = f32[256,128]{1,0} exponential(%t)\n  %y = f32[256,128]{1,0} add(%t, %t2)")
-    peak = peak_of_module(text)
-    assert peak.at == "w" and peak.inner is not None
-    assert peak.inner.at == "t2" and peak.inner.bytes == 2 * K
-    assert peak.bytes == 5 * K + 4
+def test_the_printer_lists_the_largest_and_sums_the_rest():
+    peak = memory_peak(parse_hlo(MODULE))
+    lines = format_peak(peak, top=1)
+    assert lines[1].split()[1] == "a"
+    assert lines[2].split()[1:] == ["(1", "more", "buffers)"]
+    assert float(lines[2].split()[0]) == pytest.approx(K / 2**30, abs=1e-3)
 
 
-def test_layout_tiles_pad_and_other_memory_spaces_are_no_hbm():
-    assert array_bytes("bf16[4,100]{1,0:T(8,128)(2,1)}") == 8 * 128 * 2
-    assert array_bytes("bf16[1,5120,256]{2,0,1:T(2,128)(2,1)}") == 2 * 5120 * 256 * 2
-    assert array_bytes("f32[4,100]{1,0}") == 1600
-    assert array_bytes("bf16[4,128]{1,0:T(8,128)(2,1)S(1)}") == 0
-    assert array_bytes("u32[]{:S(2)}") == 0
+def test_a_file_that_does_not_parse_is_one_line_and_exit_2(tmp_path, capsys):
+    path = tmp_path / "bad.hlo.txt"
+    path.write_text("HloModule m\nENTRY %main () -> f32[] {\n  %x = what\n}\n")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.hlo.txt" in err and "line 3" in err
+    assert main([str(tmp_path / "missing.hlo.txt")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+#: The committed compiles whose XLA peak is HBM alone (the host-offload rows' peaks count
+#: host memory) and the walk's error against it when written (docs/xla-oracle.md).
+WITHIN_3_PCT = ["M2", "T1", "T1-untied-sequential", "T2", "T3", "T4", "T5-full", "T8",
+                "T8-dropless", "T9", "gpt-style-v5p-64", "llama2-7b-full-b4",
+                "mixtral-v5p-128-dropless"]
 
 
 @pytest.mark.slow
-def test_the_walk_meets_xlas_peak_on_a_committed_compile():
-    """gpt-style-v5p-64's scheduled HLO: the walk's peak within 2% of XLA's
-    ``peak_memory_in_bytes`` (16.68 of 16.53 GiB when written; the walk does not model
-    XLA's reuse of freed memory)."""
-    result = json.loads((ROOT / "tools/xla_oracle/results/gpt-style-v5p-64.json").read_text())
+@pytest.mark.parametrize("rid", WITHIN_3_PCT)
+def test_the_walk_meets_xlas_peak_on_a_committed_compile(rid):
+    """The walk's peak within 3% of XLA's ``peak_memory_in_bytes`` (the walk does not model
+    XLA's reuse of freed memory; M1 -3.1% and M3 +3.1% are not within it)."""
+    result = json.loads((ROOT / f"tools/xla_oracle/results/{rid}.json").read_text())
     with gzip.open(ROOT / result["hlo_file"], "rt") as fh:
-        peak = peak_of_module(fh.read())
-    assert abs(peak.bytes / result["peak_bytes_per_device"] - 1) < 0.02
+        peak = memory_peak(parse_hlo(fh.read()))
+    assert abs(peak.peak_bytes / result["peak_bytes_per_device"] - 1) < 0.03
+
+
+def test_tiled_bytes_pad_to_the_layouts_tiles(tmp_path, capsys):
+    # bf16[1,2**28] under T(8,128): 0.5 GiB, 4 GiB in its tiles (one row of eight)
+    path = tmp_path / "t.hlo.txt"
+    shape = "bf16[1,268435456]"
+    path.write_text(f"HloModule m, is_scheduled=true\nENTRY %main (a: {shape}) -> {shape} "
+                    f"{{\n  ROOT %a = {shape}{{1,0:T(8,128)(2,1)}} parameter(0)\n}}\n")
+    assert main([str(path), "--tiled"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "peak 4.000 GiB in main at a"
+    assert main([str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "peak 0.500 GiB in main at a"
