@@ -66,7 +66,7 @@ from pod.config.presets import synthetic_examples
 from pod.config.scenario import MAX_GLOBAL_BATCH, MAX_SLICES, Scenario, parse_scenario
 from pod.config.slices import resolve_pod
 from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
-from pod.programs.replay import LayerTape, signature
+from pod.programs.replay import LayerTape, UnsignableError, signature
 from pod.workloads import Dataset, build_model, load_dataset
 from pod.workloads.block import TransformerBlock
 from pod.workloads.remat import remat_effect, twin_policies
@@ -458,7 +458,7 @@ class Planner:
                               if isinstance(layer, TransformerBlock))
             try:
                 same = len({signature(local.layers[i]) for i in found}) == 1
-            except Exception:  # a layer the signature cannot describe
+            except UnsignableError:  # a layer the signature cannot describe
                 same = False
             if len(self._blocks) >= _BOUNDED:
                 self._blocks.clear()

@@ -28,18 +28,22 @@ So the table, layouts.png, best.yaml and the family lines are those of costing e
 point (tested against ``Planner.cost_alone``); results.csv lists the pruned points
 with their bound (``exhaustive`` costs every point).
 
-With ``workers`` > 1 the points are costed by a process pool (``fork``: the workers
-start with the planner and its data; a point's row does not depend on which worker
-or tape costed it), in rounds whose composition depends only on the results before
-them: the same points are pruned every time.
+With ``workers`` > 1 the points are costed by worker processes (``fork``: the workers
+start with the planner and its data; a class's points go to the worker that ran its
+bound, ``_Runner``; a point's row does not depend on which worker or tape costed it),
+in rounds whose composition depends only on the results before them: the same points
+are pruned every time. The classes' bounds are one round: each class's points in
+search order, up to its first that plans.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
-from collections.abc import Callable, Iterable, Sequence
+import signal
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +58,7 @@ _CHUNK = 8
 #: same points are pruned with any number of them
 _ROUND = 32
 
-_PLANNER: Any = None  # a worker's planner (inherited through fork, or built by _start)
+_PLANNER: Any = None  # a worker's planner (inherited through fork, or built by _serve)
 
 
 def default_workers() -> int:
@@ -161,19 +165,15 @@ class _Pruner:
 
     def _bounds(self) -> None:
         """Each class's passes' seconds: its first point that plans, run but not clocked
-        (rounds, one point per class; a class whose points all drop has none)."""
-        while True:
-            first: dict[Any, Candidate] = {}
-            for c in self.points:
-                key = class_key(c)
-                if key not in self.passes and c.index not in self.rows:
-                    first.setdefault(key, c)
-            if not first:
-                return
-            self._run([(c, "bound") for c in first.values()])
+        (one round: a class's points are given together in search order, those before it
+        dropped, those after it left for later; a class whose points all drop has none)."""
+        self._run([(c, "first") for c in self.points])
 
     def _run(self, tasks: list[tuple[Candidate, str]]) -> None:
-        for (c, _), (row, seconds) in zip(tasks, self.runner.run_bounded(tasks), strict=True):
+        for (c, _), result in zip(tasks, self.runner.run_bounded(tasks), strict=True):
+            if result is None:  # a "first" task after its class's first point that plans
+                continue
+            row, seconds = result
             self.rows[c.index] = row
             if seconds is None:
                 continue
@@ -244,51 +244,114 @@ class _Pruner:
 
 
 class _Runner:
-    """Runs points in this process or a pool; rows come back in the order given."""
+    """Runs points in this process or in worker processes; rows come back in the order
+    given.
+
+    The workers are forked with the planner (spawned where fork is not offered: each
+    builds the planner of the model's source). A class's points (and its twins', one
+    group: ``_group_key``) go to the worker that first took the group, so that its
+    bound's run (``Planner.point`` keeps it to cost the point later), its twin's step and
+    its passes on the worker's tape are found there; an idle worker whose own groups are
+    done takes a new group, or the last chunk of another worker's (whichever worker
+    costs a point, its row is the same).
+    """
 
     def __init__(self, planner: Any, workers: int, on_point, total: int) -> None:
         self.planner, self.on_point, self.total = planner, on_point, total
         self.workers = max(1, int(workers))
-        self.pool: Any = None
+        self.processes: list[Any] = []
+        self.pipes: list[Any] = []
+        self.owner: dict[Any, int] = {}  # group -> the worker that takes its points
 
     def __enter__(self) -> _Runner:
         if self.workers > 1:
             global _PLANNER
-            methods = multiprocessing.get_all_start_methods()
-            if "fork" in methods:  # the workers start with the planner, its data and model
-                _PLANNER = self.planner
-                self.pool = multiprocessing.get_context("fork").Pool(self.workers)
+            if "fork" in multiprocessing.get_all_start_methods():
+                _PLANNER = self.planner  # the workers start with the planner, data and model
+                context: Any = multiprocessing.get_context("fork")
+                init = None
             else:
-                self.pool = multiprocessing.get_context("spawn").Pool(
-                    self.workers, initializer=_start,
-                    initargs=(type(self.planner), self.planner.source))
+                context = multiprocessing.get_context("spawn")
+                init = (type(self.planner), self.planner.source)
+            for _ in range(self.workers):
+                mine, theirs = context.Pipe()
+                process = context.Process(target=_serve, args=(theirs, init), daemon=True)
+                process.start()
+                theirs.close()
+                self.processes.append(process)
+                self.pipes.append(mine)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.pool is not None:
-            self.pool.terminate() if exc[0] is not None else self.pool.close()
-            self.pool.join()
+        for pipe, process in zip(self.pipes, self.processes, strict=True):
+            if exc[0] is None:
+                pipe.send(None)  # done
+            else:
+                process.terminate()
+        for pipe, process in zip(self.pipes, self.processes, strict=True):
+            process.join()
+            pipe.close()
 
     def run(self, tasks: list[tuple[Candidate, str]]) -> list[dict[str, Any]]:
-        return [row for row, _ in self.run_bounded(tasks)]
+        return [result[0] for result in self.run_bounded(tasks) if result is not None]
 
     def run_bounded(self, tasks: list[tuple[Candidate, str]]
-                    ) -> list[tuple[dict[str, Any], float | None]]:
+                    ) -> list[tuple[dict[str, Any], float | None] | None]:
         """Each task's (row, passes' seconds), in the order given (a task: a point and
-        ``Planner.point``'s mode)."""
-        if self.pool is None:
+        ``Planner.point``'s mode, or "first": bound mode unless a point of its class
+        before it in the tasks planned, else None: the tasks of a class in search
+        order find its first point that plans)."""
+        if not self.processes:
             out = []
-            for c, mode in tasks:
-                out.append(self.planner.point(c, mode=mode))
-                self._report(out[-1][0])
+            for _, result in _execute(self.planner, enumerate(tasks)):
+                out.append(result)
+                if result is not None:
+                    self._report(result[0])
             return out
-        chunks = _chunks(list(enumerate(tasks)))
-        done: dict[int, tuple[dict[str, Any], float | None]] = {}
-        for results in self.pool.imap_unordered(_work, chunks):
+        done: dict[int, tuple[dict[str, Any], float | None] | None] = {}
+        for results in self._dispatch(_chunks(list(enumerate(tasks)))):
             for i, result in results:
                 done[i] = result
-                self._report(result[0])
+                if result is not None:
+                    self._report(result[0])
         return [done[i] for i in range(len(tasks))]
+
+    def _dispatch(self, chunks: list[list[tuple[int, tuple[Candidate, str]]]]
+                  ) -> Iterator[list[tuple[int, Any]]]:
+        """The chunks run by the workers, a chunk at a time each (module docstring); each
+        chunk's results as it ends."""
+        mine: list[list[Any]] = [[] for _ in self.pipes]
+        new: list[list[tuple[int, tuple[Candidate, str]]]] = []
+        for chunk in chunks:
+            owner = self.owner.get(_group_key(chunk[0][1][0]))
+            (new if owner is None else mine[owner]).append(chunk)
+        new.reverse()  # taken from the end: in the order given
+        for queue in mine:
+            queue.reverse()
+        busy: dict[int, Any] = {}
+        while busy or new or any(mine):
+            for w, pipe in enumerate(self.pipes):
+                if w in busy:
+                    continue
+                if mine[w]:
+                    chunk = mine[w].pop()
+                elif new:
+                    chunk = new.pop()
+                    self.owner[_group_key(chunk[0][1][0])] = w
+                else:
+                    other = max(range(len(mine)), key=lambda v: len(mine[v]))
+                    if not mine[other]:
+                        continue
+                    chunk = mine[other].pop(0)  # the last it would take
+                pipe.send(chunk)
+                busy[w] = pipe
+            for ready in multiprocessing.connection.wait(list(busy.values())):
+                w = self.pipes.index(ready)
+                del busy[w]
+                ok, results = self.pipes[w].recv()
+                if not ok:
+                    raise results
+                yield results
 
     def _report(self, row: dict[str, Any]) -> None:
         if self.on_point is not None:
@@ -306,23 +369,55 @@ def _group_key(c: Candidate) -> tuple[Any, ...]:
 
 def _chunks(tasks: list[tuple[int, tuple[Candidate, str]]]
             ) -> list[list[tuple[int, tuple[Candidate, str]]]]:
-    """Tasks in chunks of at most ``_CHUNK``, a class's (and its twins') together."""
+    """Tasks in chunks of at most ``_CHUNK``, a class's (and its twins') together; a
+    group's "first" tasks all in one chunk, each class's in the order given."""
     by_class: dict[Any, list[tuple[int, tuple[Candidate, str]]]] = {}
     for item in tasks:
         by_class.setdefault(_group_key(item[1][0]), []).append(item)
     out: list[list[tuple[int, tuple[Candidate, str]]]] = []
     for items in by_class.values():  # a point beside its twin (the same mesh)
         items.sort(key=lambda item: (sorted(item[1][0].mesh.items()), item[0]))
-        out.extend(items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK))
+        firsts = [item for item in items if item[1][1] == "first"]
+        if firsts:
+            out.append(sorted(firsts))  # in the order given
+        rest = [item for item in items if item[1][1] != "first"]
+        out.extend(rest[i:i + _CHUNK] for i in range(0, len(rest), _CHUNK))
     return out
 
 
-def _start(planner_class: Any, source: Any) -> None:
-    """A spawned worker's planner (``plan.Planner`` of the model's source)."""
+def _execute(planner: Any, tasks: Iterable[tuple[int, tuple[Candidate, str]]]
+             ) -> Iterator[tuple[int, tuple[dict[str, Any], float | None] | None]]:
+    """Each task's (index, ``Planner.point``'s row and passes' seconds), as it is run; a
+    "first" task runs in bound mode unless a point of its class before it planned (its
+    passes known), else gives None."""
+    found: set[Any] = set()  # classes whose first point that plans was run
+    for i, (c, mode) in tasks:
+        if mode != "first":
+            yield i, planner.point(c, mode=mode)
+            continue
+        key = class_key(c)
+        if key in found:
+            yield i, None
+            continue
+        result = planner.point(c, mode="bound")
+        if result[1] is not None:
+            found.add(key)
+        yield i, result
+
+
+def _serve(pipe: Any, init: tuple[Any, Any] | None) -> None:
+    """A worker: chunks of tasks from ``pipe`` until None, each answered with (True, its
+    results) or (False, the exception it raised). ``init``: (the planner's class, the
+    model's source) to build the planner from (spawned), or None (forked with it)."""
     global _PLANNER
-    _PLANNER = planner_class(source)
-
-
-def _work(chunk: Iterable[tuple[int, tuple[Candidate, str]]]
-          ) -> list[tuple[int, tuple[dict[str, Any], float | None]]]:
-    return [(i, _PLANNER.point(c, mode=mode)) for i, (c, mode) in chunk]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends the workers on ^C
+    if init is not None:
+        _PLANNER = init[0](init[1])
+    while True:
+        chunk = pipe.recv()
+        if chunk is None:
+            return
+        try:
+            pipe.send((True, list(_execute(_PLANNER, chunk))))
+        except Exception as err:  # noqa: BLE001 - raised again in the parent
+            pipe.send((False, err))

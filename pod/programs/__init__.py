@@ -21,6 +21,7 @@ device.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pod.programs.collectives import (
     AXES,
@@ -105,9 +106,20 @@ def build_program(model, sizes: Mapping[str, int], optimizer, *, sequence_parall
                                         sequence_parallel=sequence_parallel,
                                         fsdp_ag_once=pipeline_fsdp_ag_once,
                                         bucket_elements=bucket_elements)
+        key = (model.config, bucket_elements)  # a value: equal configs, equal buckets
+        buckets = _BUCKETS.get(key)
+        if buckets is None:
+            if len(_BUCKETS) >= 256:
+                _BUCKETS.clear()
+            buckets = _BUCKETS[key] = _buckets(model, bucket_elements)
         return ShardedTransformer(model, sizes, optimizer, sequence_parallel=sequence_parallel,
-                                  buckets=_buckets(model, bucket_elements))
+                                  buckets=buckets)
     return ReplicatedProgram(model, sizes, optimizer, buckets=_buckets(model, bucket_elements))
+
+
+#: (a transformer's config, bucket elements) -> its gradient buckets (``_buckets``): a plan
+#: search builds thousands of programs of a few configs
+_BUCKETS: dict[tuple[Any, int | None], tuple[tuple[tuple[str, ...], int], ...]] = {}
 
 
 def _buckets(model, bucket_elements: int | None) -> tuple[tuple[tuple[str, ...], int], ...]:

@@ -230,29 +230,48 @@ class PipelinedTransformer(ShardedTransformer):
         self.schedule = build_schedule(schedule, self.stages, self.microbatches, self.repeats)
         self.eval_schedule = build_schedule(schedule, self.stages, self.microbatches,
                                             self.repeats, forward_only=True)
-        self.chunks = stage_layers(model.config.layers, self.stages, self.repeats)
-        self._layers = [sorted(i for v in range(s, len(self.chunks), self.stages)
-                               for i in self.chunks[v]) for s in range(self.stages)]
-        self._stage_keys = [list(dict.fromkeys(k for i in layers for k, _ in self._keys[i]))
-                            for layers in self._layers]
+        key = ("pipeline layout", self.stages, self.microbatches, self.repeats, schedule,
+               bucket_elements)
+        kept = self._counts.memo.get(key)  # shared by the programs of the local model
+        if kept is None:
+            kept = self._counts.memo[key] = self._lay_out_stages(bucket_elements)
+        self.chunks: list[list[int]] = kept[0]
+        self._layers: list[list[int]] = kept[1]
+        self._stage_keys: list[list[str]] = kept[2]
         # keys whose last backward use on the stage (its lowest layer) is layer i
-        self._reduce_at: list[dict[int, list[str]]] = []
-        for layers in self._layers:
-            first = {k: i for i in reversed(layers) for k, _ in self._keys[i]}
-            self._reduce_at.append({i: [k for k, j in first.items() if j == i] for i in layers})
+        self._reduce_at: list[dict[int, list[str]]] = kept[3]
         #: per stage, the layers that close a gradient bucket (their last microbatch's
         #: backward done, the bucket's keys reduced as one)
-        self._bucket_closers = [self._stage_buckets(s, bucket_elements)
-                                for s in range(self.stages)]
-        holders: dict[str, int] = {}
-        for keys in self._stage_keys:
-            for k in keys:
-                holders[k] = holders.get(k, 0) + 1
+        self._bucket_closers: list[frozenset[int]] = kept[4]
         #: parameters held by several stages (a tied embedding): their gradients are summed
         #: over stage
-        self.shared_keys = sorted(k for k, n in holders.items() if n > 1)
+        self.shared_keys: list[str] = kept[5]
 
-    def _stage_buckets(self, stage: int, bucket_elements: int | None) -> frozenset[int]:
+    def _lay_out_stages(self, bucket_elements: int | None) -> tuple[Any, ...]:
+        """The chunks, each stage's layers, keys, reductions and bucket ends, and the keys
+        several stages hold (``__init__``'s attributes; read only: programs of one local
+        model and schedule share them)."""
+        chunks = stage_layers(self.model.config.layers, self.stages, self.repeats)
+        layers = [sorted(i for v in range(s, len(chunks), self.stages) for i in chunks[v])
+                  for s in range(self.stages)]
+        stage_keys = [list(dict.fromkeys(k for i in mine for k, _ in self._keys[i]))
+                      for mine in layers]
+        reduce_at: list[dict[int, list[str]]] = []
+        for mine in layers:
+            first = {k: i for i in reversed(mine) for k, _ in self._keys[i]}
+            reduce_at.append({i: [k for k, j in first.items() if j == i] for i in mine})
+        closers = [self._stage_buckets(s, bucket_elements, chunks, reduce_at)
+                   for s in range(self.stages)]
+        holders: dict[str, int] = {}
+        for keys in stage_keys:
+            for k in keys:
+                holders[k] = holders.get(k, 0) + 1
+        shared = sorted(k for k, n in holders.items() if n > 1)
+        return chunks, layers, stage_keys, reduce_at, closers, shared
+
+    def _stage_buckets(self, stage: int, bucket_elements: int | None,
+                       chunks: list[list[int]], reduce_at: list[dict[int, list[str]]]
+                       ) -> frozenset[int]:
         """The layers of ``stage`` after whose last backward a bucket is reduced: the
         stage's layers owning gradients, in the order its schedule finishes them, combined
         by :func:`combine_buckets` (one bucket, after the stage's backward, when
@@ -262,9 +281,9 @@ class PipelinedTransformer(ShardedTransformer):
             if op.phase == "bwd":
                 done[op.repeat] += 1
                 if done[op.repeat] == self.microbatches:
-                    order += reversed(self.chunks[self.schedule.virtual(stage, op)])
-        owning = [i for i in order if self._reduce_at[stage][i]]
-        elements = {i: sum(math.prod(self._shapes[k]) for k in self._reduce_at[stage][i])
+                    order += reversed(chunks[self.schedule.virtual(stage, op)])
+        owning = [i for i in order if reduce_at[stage][i]]
+        elements = {i: sum(math.prod(self._shapes[k]) for k in reduce_at[stage][i])
                     for i in owning}
         cap = sum(elements.values()) if bucket_elements is None else int(bucket_elements)
         buckets = combine_buckets([(str(i), elements[i]) for i in owning], cap)

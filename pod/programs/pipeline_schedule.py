@@ -39,6 +39,7 @@ dataflow.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 __all__ = ["SCHEDULES", "PipeOp", "PipelineSchedule", "build_schedule", "check_pipeline",
@@ -169,10 +170,12 @@ class PipelineSchedule:
         return [op for row in self.ticks if (op := row[stage]) is not None]
 
 
+@functools.lru_cache(maxsize=256)
 def build_schedule(name: str, stages: int, microbatches: int, repeats: int = 1, *,
                    forward_only: bool = False) -> PipelineSchedule:
     """The ticks of a schedule (module docstring): at each tick every stage runs the
-    next op of its order if what it depends on ran at an earlier tick.
+    next op of its order if what it depends on ran at an earlier tick. Kept per
+    arguments (a frozen value; a plan search builds thousands of pipelined programs).
 
     Args:
         name: gpipe, 1f1b or circular.

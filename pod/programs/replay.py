@@ -44,7 +44,7 @@ import numpy as np
 from chip.core import OpRecord
 from pod.programs.collectives import CollectiveCall
 
-__all__ = ["LayerTape", "signature"]
+__all__ = ["LayerTape", "UnsignableError", "signature"]
 
 #: attributes that name an object or hold the device's core and collectives: not what a
 #: pass computes (names move with the layer; the core's figures are keyed separately)
@@ -64,7 +64,7 @@ _TAG_AT, _AFTER_AT, _WAIT_AT = (_CALL_FIELDS.index(k) for k in ("tag", "after_re
 _PARTS = re.compile(r"([/ ])")
 
 
-class _Unsignable(Exception):
+class UnsignableError(Exception):
     """An object :func:`signature` cannot describe (the pass is then not replayed)."""
 
 
@@ -84,7 +84,7 @@ def signature(value: Any, known: dict[int, tuple[Any, Any]] | None = None) -> An
     objects described before (a replayed pass's outputs, which nothing changes).
 
     Raises:
-        _Unsignable: a value of a kind it does not know.
+        UnsignableError: a value of a kind it does not know.
     """
     if type(value) is np.ndarray:
         return ("array", value.shape, value.dtype)
@@ -122,7 +122,7 @@ def signature(value: Any, known: dict[int, tuple[Any, Any]] | None = None) -> An
         return (type(value).__module__, type(value).__qualname__,
                 tuple((k, signature(v, known)) for k, v in sorted(attrs.items())
                       if k not in _UNKEYED))
-    raise _Unsignable(type(value).__qualname__)
+    raise UnsignableError(type(value).__qualname__)
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ class LayerTape:
                          for a in args),
                    _core_key(core), host is None,
                    tuple((names.relative(p[0], index), *p[1:]) for p in pending))
-        except _Unsignable:
+        except UnsignableError:
             self.misses += 1
             start = len(core.records)
             result = run()
@@ -346,7 +346,7 @@ class LayerTape:
         parts = result if isinstance(result, tuple) else ()
         for value in (result, *parts):
             if not isinstance(value, (np.ndarray, str, int, float, type(None))):
-                with contextlib.suppress(_Unsignable):
+                with contextlib.suppress(UnsignableError):
                     self._known[id(value)] = (value, signature(value, self._known))
 
     def _layer_key(self, layer: Any) -> Any:

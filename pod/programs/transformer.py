@@ -199,13 +199,27 @@ def _device_param_elements(config: TransformerConfig, fsdp: int, tensor: int, ex
 _LAYOUTS: dict[int, tuple[Any, tuple[Any, ...]]] = {}
 
 
+@dataclass(frozen=True)
+class _Counts:
+    """A device's chunk sizes on one (fsdp, tensor) of a tensor-local model, shared by
+    every program of the model on it (pure functions of the shapes and sizes; a plan
+    search builds thousands of programs of a few models): per key its chunk's elements
+    (padded, ``chunk_elements``; every key of the model), per layer their sum (filled as
+    asked), and the program's other sums of them by what they are of (``memo``)."""
+
+    chunks: dict[str, int]
+    layers: dict[int, int]
+    memo: dict[Any, Any]
+
+
 def _model_layout(local_model: TransformerModel) -> tuple[Any, ...]:
     """What ``ShardedTransformer`` reads of its tensor-local model, made once per model (a
     plan builds thousands of programs of a few models): per layer its (key, local name)
     parameters; key -> its tensor split; the keys replicated over tensor whose gradient
     covers a device's heads only; key -> its expert split (None: replicated); per layer
     the keys it owns (its first layer); key -> shape; the layers' names; key -> its first
-    layer. Read only."""
+    layer; (fsdp, tensor) -> the :class:`_Counts` of the model's programs there. Read only
+    but for the counts, which only grow."""
     kept = _LAYOUTS.get(id(local_model))
     if kept is not None and kept[0] is local_model:
         return kept[1]
@@ -226,8 +240,9 @@ def _model_layout(local_model: TransformerModel) -> tuple[Any, ...]:
     owned = [[k for k, _ in layer_keys if owner[k] == i] for i, layer_keys in enumerate(keys)]
     names = tuple(layer.name for layer in local_model.layers)
     key_layer = {k: i for i in reversed(range(len(keys))) for k, _ in keys[i]}  # its first
+    counts: dict[tuple[int, int], _Counts] = {}  # (fsdp, tensor) -> _Counts, filled as asked
     layout = (keys, split, partial, expert_split, owned, local_model.param_shapes, names,
-              key_layer)
+              key_layer, counts)
     if len(_LAYOUTS) >= 64:
         _LAYOUTS.clear()
     _LAYOUTS[id(local_model)] = (local_model, layout)
@@ -288,13 +303,20 @@ class ShardedTransformer:
         self.local_model = shared_transformer(cfg.tensor_local(self.tensor),
                                               self.expert if cfg.experts else 1)
         (self._keys, self._split, self._partial, self._expert_split, self._owned,
-         self._shapes, self._layer_names, self._key_layer) = _model_layout(self.local_model)
+         self._shapes, self._layer_names, self._key_layer, counts) = _model_layout(
+            self.local_model)
         self.buckets = self._check_buckets(buckets)
         self._bucket_ends = {layers[-1]: layers[0] for layers, _ in self.buckets}
         # per key, this device's chunk's elements, and per layer their sum (``_chunk_count``,
-        # asked per layer and gather): made as asked
-        self._chunks: dict[str, int] = {}
-        self._layer_chunks: dict[int, int] = {}
+        # asked per layer and gather): shared by the programs of the local model and sizes
+        shared = counts.get((self.fsdp, self.tensor))
+        if shared is None:
+            shared = counts[(self.fsdp, self.tensor)] = _Counts(
+                {k: chunk_elements(math.prod(s), self.fsdp) for k, s in self._shapes.items()},
+                {}, {})
+        self._counts = shared
+        self._chunks: dict[str, int] = shared.chunks
+        self._layer_chunks: dict[int, int] = shared.layers
         self._zero_params: dict[int, dict[str, np.ndarray]] = {}  # timing-only gathers
         #: the dtype the chunks, their gradients and the optimizer state are stored in
         #: (``weight_dtype``: float32, or bf16)
@@ -554,7 +576,13 @@ class ShardedTransformer:
         model's layers) as its fsdp all-gather assembles it: tensor-local (an MoE's
         experts of the device), whole over fsdp, padding included. XLA gathers each
         weight array just before its matmul and the next one while it runs."""
-        return max(self.fsdp * self._chunk(key) for i in layers for key, _ in self._keys[i])
+        layers = tuple(layers)
+        memo = self._counts.memo
+        got = memo.get(("largest gathered", layers))
+        if got is None:
+            got = memo[("largest gathered", layers)] = max(
+                self.fsdp * self._chunks[key] for i in layers for key, _ in self._keys[i])
+        return got
 
     #: the vocabulary tables: replicated over tensor in this program, split over tensor on
     #: the vocabulary by XLA under MaxText's rules (``vocab`` -> tensor)
@@ -564,10 +592,14 @@ class ShardedTransformer:
         """The parameter elements one device keeps on the hardware: its chunks (padding
         included), the vocabulary tables split over tensor too, as MaxText shards them
         (this program keeps them whole on every tensor device; the plan is the TPU's)."""
-        tables = [k for k in self._TABLES if k in self._shapes]
-        rest = self._chunk_count(k for k in self._shapes if k not in tables)
-        return rest + sum(-(-math.prod(self._shapes[k]) // (self.fsdp * self.tensor))
-                          for k in tables)
+        memo = self._counts.memo
+        got = memo.get("hardware elements")
+        if got is None:
+            tables = [k for k in self._TABLES if k in self._shapes]
+            rest = self._chunk_count(k for k in self._shapes if k not in tables)
+            got = memo["hardware elements"] = rest + sum(
+                -(-math.prod(self._shapes[k]) // (self.fsdp * self.tensor)) for k in tables)
+        return got
 
     def _logits_bytes(self, b: int, act: int) -> int:
         """The logits of ``b`` examples over the device's vocabulary (V / tensor,
@@ -898,11 +930,4 @@ class ShardedTransformer:
 
     def _chunk_count(self, keys: Iterable[str]) -> int:
         """Elements of this device's chunks of ``keys`` (padded, ``flat_chunk``)."""
-        return sum(self._chunk(k) for k in keys)
-
-    def _chunk(self, key: str) -> int:
-        """Elements of this device's chunk of parameter ``key`` (padded)."""
-        count = self._chunks.get(key)
-        if count is None:
-            count = self._chunks[key] = chunk_elements(math.prod(self._shapes[key]), self.fsdp)
-        return count
+        return sum(map(self._chunks.__getitem__, keys))

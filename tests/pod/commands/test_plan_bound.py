@@ -85,3 +85,29 @@ def test_the_bound_of_a_point_does_not_depend_on_the_points_before(tiny):
     warm = Planner(source)
     warm.point(two, mode="bound")
     assert warm.point(four, mode="bound")[1] == Planner(source).point(four, mode="bound")[1]
+
+
+def test_blocks_the_signature_cannot_describe_give_no_pipeline_bound(monkeypatch):
+    """``Planner._chunk_blocks``: blocks ``replay.signature`` cannot describe are not known
+    to be alike (None: the bound falls back to the passes); any other error is raised."""
+    import types
+
+    import pod.commands.plan as plan
+    from pod.programs.replay import UnsignableError
+    from pod.workloads.block import TransformerBlock
+
+    blocks = [object.__new__(TransformerBlock) for _ in range(4)]
+    program = types.SimpleNamespace(local_model=types.SimpleNamespace(layers=blocks),
+                                    chunks=[[0, 1], [2, 3]])
+
+    def unsignable(value):
+        raise UnsignableError("Thing")
+
+    monkeypatch.setattr(plan, "signature", unsignable)
+    assert Planner._chunk_blocks(types.SimpleNamespace(_blocks={}), program) is None
+    monkeypatch.setattr(plan, "signature", lambda value: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        Planner._chunk_blocks(types.SimpleNamespace(_blocks={}), program)
+    monkeypatch.setattr(plan, "signature", lambda value: "alike")
+    assert Planner._chunk_blocks(types.SimpleNamespace(_blocks={}), program) == (
+        [2, 2], frozenset(range(4)))

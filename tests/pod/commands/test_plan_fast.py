@@ -176,3 +176,30 @@ def test_the_plan_shows_what_an_exhaustive_plan_shows(tiny, tmp_path):
         (tmp_path / "b" / "best.yaml").read_text())
     assert f"pruned (slower than the {PLOTTED} best by their compute alone)" in pruned.summary()
     assert not math.isnan(pruned.rows[-1]["point"])
+
+
+def test_a_classs_bound_is_its_first_point_that_plans_in_one_round(tiny):
+    """"first" tasks (``plan_cost._execute``): each class's points in search order up to
+    its first that plans, run as ``Planner.point`` in bound mode runs each alone; the
+    class's later points are left (None)."""
+    from pod.commands.plan_cost import _execute
+
+    source = model_source(tiny, slice_name="v5e-4")
+    points = candidates([("v5e-4", 4)], AXES, ("full",), per_device_batches=(1, 4))
+    got = dict(_execute(Planner(source), enumerate((c, "first") for c in points)))
+    by_class: dict = {}
+    for i, c in enumerate(points):
+        by_class.setdefault(class_key(c), []).append((c, got[i]))
+    alone = Planner(source)
+    dropped_first = 0
+    for members in by_class.values():
+        ran = [(c, r) for c, r in members if r is not None]
+        assert [c for c, _ in ran] == [c for c, _ in members[:len(ran)]]  # a prefix
+        statuses = [r[0]["status"] for _, r in ran]
+        assert all(s in ("dropped", "failed") for s in statuses[:-1])
+        assert statuses[-1] == "pruned" or len(ran) == len(members)
+        dropped_first += statuses[0] != "pruned"
+        for c, (row, seconds) in ran:
+            ref_row, ref_seconds = alone.point(c, mode="bound")
+            assert _same(row, ref_row) and seconds == ref_seconds
+    assert dropped_first and any(r is None for r in got.values())

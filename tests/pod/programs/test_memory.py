@@ -245,3 +245,36 @@ def test_a_dense_dropless_moe_holds_four_expert_products_in_its_backward():
     assert block.mlp.dense_dropless
     product = T * experts * f                        # one product: every token, every expert
     assert backward_working_bytes(block, (T, C), 2, 1) == 2 * (4 * product + 2 * T * C)
+
+
+def test_programs_of_one_model_share_their_chunk_counts_and_keep_their_figures():
+    """The programs of one tensor-local model on one (fsdp, tensor) share their chunk sizes
+    and sums (``transformer._Counts``; tpu-pod plan builds thousands of programs of a few
+    models); each program's chunks are still ceil(elements / fsdp) of its own layout, its
+    memory that of the same program built with nothing shared, in any order of meshes."""
+    import pod.programs.transformer as transformer
+
+    def figures(program):
+        shard = program.shape_shard()
+        sizes = {k: v.size for k, v in shard.params.items()}
+        return sizes, program.memory(2), program.memory(1, prefetch_layers=0)
+
+    model = tiny(tied_embeddings=False, layers=4)
+    order = [{"fsdp": 2, "tensor": 2}, {"fsdp": 4, "tensor": 2}, {"fsdp": 2, "tensor": 2},
+             {"fsdp": 2, "tensor": 2, "stage": 2}, {"fsdp": 4, "tensor": 1}]
+    warm = []
+    for sizes in order:
+        program = (PipelinedTransformer(model, sizes, build_optimizer("adamw"), microbatches=2)
+                   if "stage" in sizes else sharded(model, **sizes))
+        layout = {p.key: p.device_elements for p in program.param_layout()}
+        sizes_now = figures(program)[0]
+        assert all(sizes_now[k] == layout[k] for k in sizes_now)  # -(-elements // fsdp)
+        warm.append((program, figures(program)))
+    assert warm[0][0]._counts is warm[2][0]._counts is warm[3][0]._counts
+    assert warm[0][0]._counts is not warm[1][0]._counts
+    for (program, got), sizes in zip(warm, order, strict=True):
+        transformer._LAYOUTS.clear()  # a cold program: nothing shared
+        cold = (PipelinedTransformer(tiny(tied_embeddings=False, layers=4), sizes,
+                                     build_optimizer("adamw"), microbatches=2)
+                if "stage" in sizes else sharded(tiny(tied_embeddings=False, layers=4), **sizes))
+        assert cold._counts is not program._counts and figures(cold) == got
