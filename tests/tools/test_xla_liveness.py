@@ -12,30 +12,15 @@ import pytest
 
 from pod.hlo.memory import memory_peak
 from pod.hlo.module import parse_hlo
+from tests.pod.hlo.test_memory import BODY, A, K
 from tools.xla_oracle.liveness import format_peak, main
 
 ROOT = Path(__file__).resolve().parents[2]
-A = "f32[256,128]{1,0}"
-K = 256 * 128 * 4          # one f32[256,128]
-
+# the walk's tests' loop (tests/pod/hlo/test_memory.py: a body with two temporaries, run 4
+# times) under an entry whose arguments and values carry op_name metadata
 MODULE = f"""HloModule m, is_scheduled=true
 
-%body (bp: (s32[], {A})) -> (s32[], {A}) {{
-  %bp = (s32[], {A}) parameter(0)
-  %i = s32[] get-tuple-element(%bp), index=0
-  %x = {A} get-tuple-element(%bp), index=1
-  %t = {A} exponential(%x), metadata={{op_name="jit(f)/while/body/exp"}}
-  %t2 = {A} exponential(%t)
-  %y = {A} add(%t, %t2)
-  ROOT %r = (s32[], {A}) tuple(%i, %y)
-}}
-
-%cond (cp: (s32[], {A})) -> pred[] {{
-  %cp = (s32[], {A}) parameter(0)
-  %ci = s32[] get-tuple-element(%cp), index=0
-  %n = s32[] constant(4)
-  ROOT %lt = pred[] compare(%ci, %n), direction=LT
-}}
+{BODY}
 
 ENTRY %main (a: f32[256,128]) -> f32[256,128] {{
   %a = {A} parameter(0), metadata={{op_name="x"}}

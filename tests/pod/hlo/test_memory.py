@@ -42,7 +42,7 @@ BODY = f"""%body (bp: (s32[], {A})) -> (s32[], {A}) {{
   %bp = (s32[], {A}) parameter(0)
   %i = s32[] get-tuple-element(%bp), index=0
   %x = {A} get-tuple-element(%bp), index=1
-  %t = {A} exponential(%x)
+  %t = {A} exponential(%x), metadata={{op_name="jit(f)/while/body/exp"}}
   %t2 = {A} exponential(%t)
   %y = {A} add(%t, %t2)
   ROOT %r = (s32[], {A}) tuple(%i, %y)
