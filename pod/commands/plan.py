@@ -789,7 +789,8 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
                        compared_batch=lambda rows: compared_batch(rows, axes),
                        workers=request.workers or (default_workers() if len(points) >= 64
                                                    else 1),  # a pool is not worth it
-                       on_point=on_point)
+                       on_point=on_point,
+                       beside=_warm_up_plot if output_dir is not None else None)
     rows = _rank(rows, budget)
     best = next((c for c in points if rows and rows[0]["status"] == "ok"
                  and c.index == rows[0]["point"]), None)
@@ -802,6 +803,14 @@ def run_plan(request: PlanRequest, *, output_dir: Path | None = None,
     if result.output_dir is not None:  # a plan that costs nothing writes nothing
         write_outputs(result, result.output_dir)
     return dataclasses.replace(result, wall_seconds=time.perf_counter() - t0)
+
+
+def _warm_up_plot() -> None:
+    """layouts.png's modules and fonts loaded ahead (``figures.warm_up``), while the
+    workers cost the points."""
+    from pod.report.figures import warm_up
+
+    warm_up()
 
 
 def default_output_dir(name: str, slices: Sequence[str]) -> Path:

@@ -38,11 +38,13 @@ search order, up to its first that plans.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -110,7 +112,8 @@ def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, 
                 exhaustive: bool = False,
                 workers: int = 1,
                 on_point: Callable[[dict[str, Any], int], None] | None = None,
-                round_points: int = _ROUND) -> list[dict[str, Any]]:
+                round_points: int = _ROUND,
+                beside: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """Every point's row, in search order (module docstring).
 
     Args:
@@ -125,8 +128,12 @@ def cost_points(planner: Any, points: Sequence[Candidate], *, scoring: Scoring, 
         workers: processes (1: this one).
         on_point: called with each row as it is made, and the number of points.
         round_points: points costed between two updates of the pruning threshold.
+        beside: run in a thread of this process while worker processes cost the points
+            (started after they are forked, joined before the rows are returned; not run
+            without workers): what this process would do later anyway, such as
+            importing the plot's modules. What it raises is dropped.
     """
-    with _Runner(planner, workers, on_point, len(points)) as runner:
+    with _Runner(planner, workers, on_point, len(points), beside) as runner:
         if exhaustive:
             return runner.run([(c, "cost") for c in points])
         return _Pruner(runner, points, scoring, keep, family_of, compared_batch,
@@ -256,12 +263,15 @@ class _Runner:
     costs a point, its row is the same).
     """
 
-    def __init__(self, planner: Any, workers: int, on_point, total: int) -> None:
+    def __init__(self, planner: Any, workers: int, on_point, total: int,
+                 beside: Callable[[], None] | None = None) -> None:
         self.planner, self.on_point, self.total = planner, on_point, total
         self.workers = max(1, int(workers))
         self.processes: list[Any] = []
         self.pipes: list[Any] = []
         self.owner: dict[Any, int] = {}  # group -> the worker that takes its points
+        self.beside = beside
+        self.thread: threading.Thread | None = None
 
     def __enter__(self) -> _Runner:
         if self.workers > 1:
@@ -280,6 +290,10 @@ class _Runner:
                 theirs.close()
                 self.processes.append(process)
                 self.pipes.append(mine)
+            if self.beside is not None:  # after the forks: a fork copies no running thread
+                self.thread = threading.Thread(target=_quietly, args=(self.beside,),
+                                               daemon=True)
+                self.thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -291,6 +305,8 @@ class _Runner:
         for pipe, process in zip(self.pipes, self.processes, strict=True):
             process.join()
             pipe.close()
+        if self.thread is not None:
+            self.thread.join()
 
     def run(self, tasks: list[tuple[Candidate, str]]) -> list[dict[str, Any]]:
         return [result[0] for result in self.run_bounded(tasks) if result is not None]
@@ -403,6 +419,12 @@ def _execute(planner: Any, tasks: Iterable[tuple[int, tuple[Candidate, str]]]
         if result[1] is not None:
             found.add(key)
         yield i, result
+
+
+def _quietly(run: Callable[[], None]) -> None:
+    """``run()``, whatever it raises dropped (``cost_points``'s ``beside``)."""
+    with contextlib.suppress(Exception):  # a head start only: the real call raises it again
+        run()
 
 
 def _serve(pipe: Any, init: tuple[Any, Any] | None) -> None:

@@ -373,14 +373,23 @@ class Mesh:
             one axis are translates of each other on the torus, so they share
             :meth:`is_ring` and ``hops_per_step``.
         """
-        info = self._axis(axis)
-        if order not in ("ring", "mesh"):
-            raise ValueError(f"order {order!r} is unknown; allowed: ring, mesh")
-        index = self.axis_names.index(axis)
-        rows = np.moveaxis(self.devices, index, -1).reshape(-1, info.size)
-        if order == "ring":
-            rows = rows[:, list(info.ring)]
-        return [tuple(int(d) for d in row) for row in rows]
+        kept = self._groups.get((axis, order))
+        if kept is None:
+            info = self._axis(axis)
+            if order not in ("ring", "mesh"):
+                raise ValueError(f"order {order!r} is unknown; allowed: ring, mesh")
+            index = self.axis_names.index(axis)
+            rows = np.moveaxis(self.devices, index, -1).reshape(-1, info.size)
+            if order == "ring":
+                rows = rows[:, list(info.ring)]
+            kept = self._groups[(axis, order)] = tuple(map(tuple, rows.tolist()))
+        return list(kept)
+
+    @functools.cached_property
+    def _groups(self) -> dict[tuple[str, str], tuple[tuple[int, ...], ...]]:
+        """:meth:`groups` per (axis, order), made once each (the mesh is immutable; a
+        layout search's clock and groups ask for the same thousands of times)."""
+        return {}
 
 
 # ------------------------------------------------------------------ the layout

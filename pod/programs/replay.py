@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import operator
 import re
 import types
 from collections.abc import Callable, Sequence
@@ -68,12 +69,8 @@ class UnsignableError(Exception):
     """An object :func:`signature` cannot describe (the pass is then not replayed)."""
 
 
-class _NotAllArrays(Exception):
-    """A mapping with a value that is not an array (:func:`signature`'s slow path)."""
-
-
-def _no() -> bool:
-    raise _NotAllArrays
+_ARRAY_TYPE = frozenset({np.ndarray})
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
 
 def signature(value: Any, known: dict[int, tuple[Any, Any]] | None = None) -> Any:
@@ -95,11 +92,11 @@ def signature(value: Any, known: dict[int, tuple[Any, Any]] | None = None) -> An
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
     if isinstance(value, (dict, types.MappingProxyType)):
-        try:  # most often every value an array: shapes and dtypes without a call each
-            return ("map", tuple((k, ("array", v.shape, v.dtype))
-                                 for k, v in value.items() if type(v) is np.ndarray or _no()))
-        except _NotAllArrays:
-            return ("map", tuple((k, signature(v, known)) for k, v in value.items()))
+        values = tuple(value.values())
+        if set(map(type, values)) <= _ARRAY_TYPE:  # most often: shapes and dtypes in C loops
+            return ("arrays", tuple(value), tuple(map(_SHAPE, values)),
+                    tuple(map(_DTYPE, values)))
+        return ("map", tuple((k, signature(v, known)) for k, v in value.items()))
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, tuple(signature(v, known) for v in value))
     if isinstance(value, np.ndarray):
@@ -232,7 +229,7 @@ class LayerTape:
             a step to (``pod.report.clock.sustained_clocks``).
     """
 
-    def __init__(self, max_segments: int = 4096, max_records: int = 200_000) -> None:
+    def __init__(self, max_segments: int = 4096, max_records: int = 600_000) -> None:
         self.max_segments, self.max_records = int(max_segments), int(max_records)
         # (segment, names, layer) -> the segment's records named for that layer, ...
         self._placed: dict[tuple[int, int, int], tuple[Any, ...]] = {}
@@ -392,7 +389,7 @@ class LayerTape:
             row = list(values)
             row[_NAME_AT] = names.absolute(name, index)
             row[_FUSED_AT] = names.absolute(fused, index) if fused else ""
-            records.append(OpRecord(*row))
+            records.append(_op_record(row))
         calls = []
         for values, tag, after, wait in segment.calls:
             row = list(values)
@@ -405,6 +402,20 @@ class LayerTape:
             self._placed_records = len(records)
         self._placed[key] = (segment, records, calls, pending)
         return records, calls, pending
+
+
+_NEW_RECORD = object.__new__
+_SET_FIELDS = tuple(getattr(OpRecord, f).__set__ for f in _RECORD_FIELDS)
+
+
+def _op_record(values: Sequence[Any]) -> OpRecord:
+    """``OpRecord(*values)`` (the fields in constructor order), without the frozen
+    dataclass's ``__init__`` and its per-field ``object.__setattr__``: the values are a
+    record's that was made by ``__init__`` (it has no ``__post_init__``); equal to it."""
+    record = _NEW_RECORD(OpRecord)
+    for set_field, value in zip(_SET_FIELDS, values, strict=True):
+        set_field(record, value)
+    return record
 
 
 def _joins_entry_host(records: Sequence[OpRecord]) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["subplots", "close", "show_in_notebook"]
+__all__ = ["subplots", "close", "show_in_notebook", "warm_up"]
 
 
 def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None,
@@ -67,3 +67,24 @@ def show_in_notebook() -> None:
     from IPython.core.pylabtools import select_figure_formats
 
     select_figure_formats(shell, {"png"})
+
+
+def warm_up() -> None:
+    """Import matplotlib's figure, Agg canvas and tickers and render a tiny figure with
+    text (its fonts loaded and cached), so that the first real figure of the process
+    does not pay for them (about a second); ``tpu-pod plan`` runs it in a thread while
+    its workers cost the points. It writes nothing."""
+    import io
+
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    fig, ax = subplots(figsize=(2, 1))
+    ax.barh([0], [1.0], label="x")
+    ax.annotate("x", (1.0, 0), fontsize=7)
+    ax.set_yticks([0], ["x"], fontsize=8)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+    ax.set_title("x", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), format="png", dpi=20)

@@ -160,6 +160,44 @@ def test_a_pool_gives_the_rows_of_one_process(tiny):
     assert all(_same(a, b) for a, b in zip(one, pool, strict=True))
 
 
+def test_what_runs_beside_a_pool_runs_in_this_process_and_changes_no_row(tiny):
+    """``cost_points(beside=...)``: with workers, run once in a thread of this process
+    (while they cost) and joined before the rows return, its error dropped; without
+    workers not run; the rows the same either way."""
+    import os
+    import threading
+
+    calls: list[tuple[int, bool]] = []
+
+    def beside() -> None:
+        calls.append((os.getpid(), threading.current_thread() is threading.main_thread()))
+        raise RuntimeError("dropped")
+
+    def rows(workers: int, run=None):
+        planner = Planner(model_source(tiny, slice_name="v5e-4"))
+        points = candidates([("v5e-4", 4)], ("data", "fsdp"), ("full",), per_device_batches=(1,))
+        return cost_points(planner, points, scoring=Scoring(planner.sequence_length, None),
+                           keep=3, family_of=lambda r: family(r, AXES),
+                           compared_batch=lambda rows: compared_batch(rows, AXES),
+                           workers=workers, round_points=4, beside=run)
+
+    alone = rows(1, beside)
+    assert calls == []
+    pool = rows(2, beside)
+    assert calls == [(os.getpid(), False)]
+    assert all(_same(a, b) for a, b in zip(alone, pool, strict=True))
+
+
+@pytest.mark.slow  # matplotlib's import: a second or more
+def test_the_plots_warm_up_writes_nothing(tmp_path, monkeypatch):
+    """``figures.warm_up`` (run beside a plan's workers) draws in memory only."""
+    from pod.report.figures import warm_up
+
+    monkeypatch.chdir(tmp_path)
+    warm_up()
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_the_plan_shows_what_an_exhaustive_plan_shows(tiny, tmp_path):
     """run_plan's table rows (PLOTTED of them), best.yaml and family lines with pruning

@@ -164,6 +164,24 @@ def test_the_mesh_is_an_immutable_value():
         mesh.groups("fsdp")
 
 
+def test_groups_are_kept_and_given_as_a_fresh_list():
+    """A mesh keeps its groups per (axis, order): the same as numpy's rows of its device
+    array with the axis last (the ring order its ``MeshAxis.ring``), each call a list of
+    its own (what a caller does to it changes no later call)."""
+    mesh = build_mesh({"data": 2, "fsdp": 4, "tensor": 2}, resolve_pod(slice_name="v5e-16"))
+    for index, name in enumerate(mesh.axis_names):
+        rows = np.moveaxis(mesh.devices, index, -1).reshape(-1, mesh.axis_size(name))
+        ring = list(mesh.axes[index].ring)
+        assert mesh.groups(name, "mesh") == [tuple(map(int, r)) for r in rows]
+        want = [tuple(map(int, r[ring])) for r in rows]
+        first = mesh.groups(name)
+        assert first == want
+        first.clear()
+        assert mesh.groups(name) == want
+    with pytest.raises(ValueError, match="order 'diagonal' is unknown"):
+        mesh.groups("data", "diagonal")
+
+
 # ------------------------------------------------------------------ messages
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
+from chip.core import OpRecord
 from pod.config.plan import build_plan
 from pod.config.scenario import parse_scenario
-from pod.programs.replay import LayerTape, signature
+from pod.programs.replay import LayerTape, _op_record, signature
 from pod.runtime.timing import TimingPod
 
 TINY = {"embed_dim": 32, "heads": 4, "head_dim": 8, "mlp_dim": 64, "layers": 4}
@@ -139,3 +141,29 @@ def test_a_pass_fused_into_the_record_before_it_is_kept_per_that_record():
     tape = LayerTape()
     assert _passes(core(), tape) == _passes(core(), None)
     assert tape.misses == 2  # the same pass after another MXU record is not the same pass
+
+
+def test_a_placed_record_equals_one_made_by_its_constructor():
+    """``_op_record`` (a replay's records, made without the frozen dataclass's
+    ``__init__``) gives the record ``OpRecord(*values)`` gives: equal, the same hash and
+    fields, still frozen."""
+    values = ("block3/attention/q", "mxu", 2.0e9, 4096, 1200, 1.5e-6, 2.5e-6, 2.5e-6, "memory",
+              1100, 100, "block2/add")
+    made, placed = OpRecord(*values), _op_record(values)
+    assert placed == made and hash(placed) == hash(made)
+    assert dataclasses.astuple(placed) == values
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        placed.name = "block4/attention/q"
+
+
+def test_a_mapping_of_arrays_is_told_apart_by_keys_shapes_and_dtypes():
+    """An all-array mapping's signature (its fast path) changes with a key, a shape, a
+    dtype or the order of its keys, not with the values; a mapping with another value
+    takes the item-by-item path and differs from it."""
+    a = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+    assert signature(a) == signature({"w": np.ones((2, 3), np.float32),
+                                      "b": np.ones(3, np.float32)})
+    for other in ({"w": a["w"], "c": a["b"]}, {"w": a["w"], "b": np.zeros(4, np.float32)},
+                  {"w": a["w"], "b": np.zeros(3, np.float64)}, {"b": a["b"], "w": a["w"]},
+                  {"w": a["w"], "b": 3}):
+        assert signature(a) != signature(other)
