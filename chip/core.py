@@ -100,12 +100,23 @@ FUSIONS = (None, "previous", "next")
 def _zeros_view(shape: tuple[int, ...], dtype) -> np.ndarray:
     """Read-only zeros of ``shape`` that take no memory (every stride 0): what a
     timing-only core returns for a product it does not compute. A pod-scale
-    product (a (B*H, T, T) score tensor of GiBs) could not even be allocated."""
-    zero = np.zeros(1, dtype)
-    out = np.ndarray(tuple(int(n) for n in shape), zero.dtype, buffer=zero,
-                     strides=(0,) * len(shape))
-    out.flags.writeable = False
+    product (a (B*H, T, T) score tensor of GiBs) could not even be allocated. One view
+    per (shape, dtype) is handed out (read-only: nothing can tell them apart)."""
+    key = (shape, dtype)
+    out = _ZERO_VIEWS.get(key)
+    if out is None:
+        zero = np.zeros(1, dtype)
+        out = np.ndarray(tuple(int(n) for n in shape), zero.dtype, buffer=zero,
+                         strides=(0,) * len(shape))
+        out.flags.writeable = False
+        if len(_ZERO_VIEWS) >= 4096:
+            _ZERO_VIEWS.clear()
+        _ZERO_VIEWS[key] = out
     return out
+
+
+#: ``_zeros_view``'s views by (shape, dtype) as asked
+_ZERO_VIEWS: dict[tuple[Any, Any], np.ndarray] = {}
 
 
 def _nbytes(x: Any) -> int:

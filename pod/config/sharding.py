@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from chip import ChipSpec
 from interconnect import (
     DCN_OPS,
@@ -207,6 +209,7 @@ class MeshCollectiveCosts:
     dcn_latency_s: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
     _seconds: dict = field(default_factory=dict, repr=False)
+    _links: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -474,15 +477,40 @@ class MeshCollectiveCosts:
         """Bytes per directed ICI link ("src->dst", chip ranks) when every device issues
         ``calls`` (``CollectiveCall``: axis, op, nbytes), as SPMD devices do in a step:
         the sum of each call's :meth:`cost` link bytes (every group of its axis)."""
-        total: Counter = Counter()
+        codes: list[np.ndarray] = []
+        sums: list[np.ndarray] = []
         for (axis, op, nbytes), count in Counter((c.axis, c.op, int(c.nbytes))
                                                  for c in calls).items():
-            for link, b in self.cost(axis, op, nbytes).link_bytes.items():
-                total[link] += count * int(b)
-        return {f"{a}->{b}": int(v) for (a, b), v in sorted(total.items())}
+            code, each = self._link_arrays(axis, op, nbytes)
+            codes.append(code)
+            sums.append(count * each)
+        if not codes:
+            return {}
+        links, at = np.unique(np.concatenate(codes), return_inverse=True)
+        total = np.zeros(len(links), np.int64)
+        np.add.at(total, at, np.concatenate(sums))
+        src, dst = np.divmod(links, _LINK_CODE)
+        return {f"{a}->{b}": v for a, b, v in zip(src.tolist(), dst.tolist(), total.tolist(),
+                                                  strict=True)}
+
+    def _link_arrays(self, axis: str, op: str, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`cost`'s link bytes as arrays, kept: each link as ``src x _LINK_CODE +
+        dst`` (int64) and its bytes (``int`` of each, int64)."""
+        key = (axis, op, nbytes)
+        kept = self._links.get(key)
+        if kept is None:
+            items = self.cost(axis, op, nbytes).link_bytes.items()
+            code = np.fromiter((a * _LINK_CODE + b for (a, b), _ in items), np.int64,
+                               len(items))
+            each = np.fromiter((int(b) for _, b in items), np.int64, len(items))
+            kept = self._links[key] = (code, each)
+        return kept
 
 
 _FREE = ScheduleCost(seconds=0.0, phase_seconds=(), link_bytes={})
+
+#: a directed link (src, dst) as one int64, src x _LINK_CODE + dst (chip ranks below it)
+_LINK_CODE = 1 << 31
 
 #: In-slice group collective costs shared by every ``MeshCollectiveCosts`` of this process,
 #: keyed by everything ``group_collective_cost`` reads (the groups as device ids, the torus,

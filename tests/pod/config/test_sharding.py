@@ -193,6 +193,29 @@ def test_link_bytes_of_a_steps_calls_are_the_ring_closed_form(algorithm):
     assert on_chip.link_bytes(calls[:1]) == {}
 
 
+def test_link_bytes_sum_each_calls_links_in_link_order():
+    """Several axes, ops and sizes, repeated: per link the sum over the calls of their
+    cost's bytes on it (summed here with a Counter, the calls one by one), keyed
+    "src->dst" in (src, dst) order."""
+    from collections import Counter
+
+    from pod.programs.collectives import CollectiveCall
+
+    mesh = layout_mesh({"data": 2, "fsdp": 4, "tensor": 2}, Torus((4, 4), (True, True)))
+    costs = MeshCollectiveCosts(mesh, LinkSpec(1e11))
+    calls = [CollectiveCall("fsdp", "all_gather", 6144, "g", "param_gather", 0)] * 5 + [
+        CollectiveCall("fsdp", "reduce_scatter", 24576, "r", "grad_reduce", 0),
+        CollectiveCall("data", "allreduce", 8192, "a", "grad_reduce", 0),
+        CollectiveCall("tensor", "allreduce", 4096, "t", "activations", 0)] * 2
+    want: Counter = Counter()
+    for c in calls:
+        for link, nbytes in costs.cost(c.axis, c.op, c.nbytes).link_bytes.items():
+            want[link] += int(nbytes)
+    got = costs.link_bytes(calls)
+    assert list(got.items()) == [(f"{a}->{b}", v) for (a, b), v in sorted(want.items())]
+    assert len(got) > 8 and costs.link_bytes([]) == {}
+
+
 def test_a_v3_mesh_costs_its_core_axis_on_chip_and_shares_links_as_xla_runs_it():
     """v3-8 {fsdp: 4, tensor: 2}, "xla": tensor's block is the two cores (one phase per
     pass, half the buffer on-chip); fsdp's groups of both cores run over the same 2x2
