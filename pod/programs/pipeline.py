@@ -259,7 +259,10 @@ class PipelinedTransformer(ShardedTransformer):
         reduce_at: list[dict[int, list[str]]] = []
         for mine in layers:
             first = {k: i for i in reversed(mine) for k, _ in self._keys[i]}
-            reduce_at.append({i: [k for k, j in first.items() if j == i] for i in mine})
+            at: dict[int, list[str]] = {i: [] for i in mine}
+            for k, j in first.items():  # in first's order, as a scan of it per layer
+                at[j].append(k)
+            reduce_at.append(at)
         closers = [self._stage_buckets(s, bucket_elements, chunks, reduce_at)
                    for s in range(self.stages)]
         holders: dict[str, int] = {}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import itertools
 import operator
 import re
 import types
@@ -241,6 +242,10 @@ class LayerTape:
         self._names: dict[tuple[str, ...], _Names] = {}
         self._known: dict[int, tuple[Any, Any]] = {}  # id -> (a pass's output, signature)
         self._signed: dict[int, tuple[Any, Any]] = {}  # id -> (an argument, its signature)
+        # a container's or a layer's signature -> its number (``_token``); never reused
+        self._tokens: dict[Any, int] = {}
+        self._next_token = itertools.count()
+        self._specs: dict[int, tuple[Any, int]] = {}  # id(a core's spec) -> (it, its token)
         self.pass_seconds: dict[tuple[Any, str], float] = {}
         self.pass_mxu_seconds: dict[tuple[Any, str, int], float] = {}
         self.pass_mxu_bound_seconds: dict[tuple[Any, str], float] = {}
@@ -264,7 +269,7 @@ class LayerTape:
             key = (self._layer_key(layer), method,
                    tuple(names.relative(a, index) if isinstance(a, str) else self._sign(a)
                          for a in args),
-                   _core_key(core), host is None,
+                   self._core_key(core), host is None,
                    tuple((names.relative(p[0], index), *p[1:]) for p in pending))
         except UnsignableError:
             self.misses += 1
@@ -329,11 +334,36 @@ class LayerTape:
         kept = self._signed.get(id(value))
         if kept is not None and kept[0] is value:
             return kept[1]
-        sig = signature(value, self._known)
+        sig = self._token(signature(value, self._known))
         if len(self._signed) >= 4 * self.max_segments:
             self._signed.clear()
         self._signed[id(value)] = (value, sig)
         return sig
+
+    def _token(self, sig: Any) -> Any:
+        """A container's signature as a small stand-in, ("token", its number): equal
+        signatures get the same number, and a number is never given to another signature
+        (so a key built of them is the same key), while a key holding it hashes and
+        compares at once (a layer's or an optimizer state's signature is a deep tuple,
+        hashed at every lookup otherwise). Other values are returned as they are."""
+        if type(sig) is not tuple:
+            return sig
+        number = self._tokens.get(sig)
+        if number is None:
+            if len(self._tokens) >= 16 * self.max_segments:
+                self._tokens.clear()  # later ones get new numbers: those kept just miss
+            number = self._tokens[sig] = next(self._next_token)
+        return ("token", number)
+
+    def _core_key(self, core: Any) -> tuple[Any, ...]:
+        """``_core_key`` with the core's spec as a token (``_token``; kept per spec)."""
+        spec = core.spec
+        kept = self._specs.get(id(spec))
+        if kept is None or kept[0] is not spec:
+            if len(self._specs) >= 1024:
+                self._specs.clear()
+            kept = self._specs[id(spec)] = (spec, self._token(("spec", spec)))
+        return (kept[1], *_core_key(core)[1:])
 
     def _know(self, result: Any) -> None:
         """Keep the signatures of a pass's outputs (and of each, for a tuple): what the
@@ -349,7 +379,7 @@ class LayerTape:
     def _layer_key(self, layer: Any) -> Any:
         kept = self._layer_keys.get(id(layer))
         if kept is None or kept[0] is not layer:
-            kept = self._layer_keys[id(layer)] = (layer, signature(layer))
+            kept = self._layer_keys[id(layer)] = (layer, self._token(signature(layer)))
         return kept[1]
 
     def _keep(self, key: Any, segment: _Segment | dict[Any, _Segment]) -> None:

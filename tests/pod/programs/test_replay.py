@@ -167,3 +167,22 @@ def test_a_mapping_of_arrays_is_told_apart_by_keys_shapes_and_dtypes():
                   {"w": a["w"], "b": np.zeros(3, np.float64)}, {"b": a["b"], "w": a["w"]},
                   {"w": a["w"], "b": 3}):
         assert signature(a) != signature(other)
+
+
+def test_a_tapes_tokens_stand_for_one_signature_each_even_after_a_clear():
+    """``LayerTape._token``: equal signatures one number, different ones different numbers,
+    and a number once given never stands for another signature (after the table is
+    cleared, a signature seen again gets a new one: a key kept with the old misses);
+    what is not a tuple is returned as it is."""
+    from pod.workloads.block import TransformerBlock
+
+    tape = LayerTape(max_segments=1)  # the table clears at 16 signatures
+    a, b = signature(TransformerBlock(4, 8, 64)), signature(TransformerBlock(4, 8, 32))
+    first = tape._token(a)
+    assert tape._token(signature(TransformerBlock(4, 8, 64, name="block9"))) == first
+    assert tape._token(b) != first and tape._token(7) == 7
+    given = {first, tape._token(b)}
+    for n in range(20):  # past the table's size
+        given.add(tape._token(("filler", n)))
+    again = tape._token(a)
+    assert again != first and again not in given - {first}
