@@ -10,7 +10,7 @@ import pytest
 from interconnect import Torus, execute, group_ring_schedule
 from pod.config.mesh import layout_mesh
 from pod.config.sharding import device_groups
-from pod.runtime.direct import direct_allreduce, fold_orders
+from pod.runtime.direct import direct_allreduce, fold_orders, star_allreduce
 from pod.runtime.ici import IciPort
 from pod.runtime.mesh_collectives import GroupTransport
 from tests.pod.runtime.test_mesh_collectives import run_on_threads
@@ -33,7 +33,12 @@ def test_a_tree_of_partial_sums_has_no_single_order():
 
 @pytest.mark.parametrize(("shape", "elements"), [((3,), 7), ((2, 2), 1001), ((2, 4), 44138),
                                                  ((2, 4), 5)])
-def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements):
+@pytest.mark.parametrize("star", [False, True])
+def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements, star, monkeypatch):
+    """Twice on the same ports; ``star``: through one device (``STAR_MAX_BYTES``)."""
+    import pod.runtime.mesh_collectives as mesh_collectives
+
+    monkeypatch.setattr(mesh_collectives, "STAR_MAX_BYTES", 1 << 20 if star else 0)
     torus = Torus(shape)
     mesh = layout_mesh({"data": torus.num_chips}, torus)
     n = mesh.size
@@ -65,3 +70,47 @@ def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements):
             for x in scaled[-2::-1]:
                 other += x
             assert not np.array_equal(other, want[0])
+
+
+def test_the_star_sends_two_messages_per_member_in_all():
+    star = star_allreduce(8, 44138)
+    assert star is not None and star.root == 0
+    sends = [len(s) for plan in star.plans for _, s, _ in plan]
+    assert sum(sends) == 2 * 7  # the direct's: 2 * 8 * 7 = 112
+    assert star.root_bounds[-1] == (8 * 44138, 9 * 44138)
+
+
+@pytest.mark.parametrize(("shape", "elements"), [((3,), 7), ((2, 2), 1001), ((2, 4), 44138),
+                                                 ((2, 4), 5), ((5,), 3)])
+def test_the_star_the_direct_and_the_ring_give_the_same_bits(shape, elements, monkeypatch):
+    """The three ways of ``GroupTransport.allreduce`` over one group: through the first
+    device (below ``STAR_MAX_BYTES``), in two phases (above it: the threshold set to 0
+    here) and the ring schedule run by ``interconnect.execute``."""
+    import pod.runtime.mesh_collectives as mesh_collectives
+
+    torus = Torus(shape)
+    mesh = layout_mesh({"data": torus.num_chips}, torus)
+    n = mesh.size
+    rng = np.random.default_rng(elements)
+    inputs = {d: (rng.standard_normal(elements) * 10.0 ** rng.integers(-3, 4, elements))
+              .astype(np.float32) for d in range(n)}
+    ring = device_groups(mesh, 0).ring["data"]
+    want = execute(group_ring_schedule("allreduce", n, elements), [inputs[d] for d in ring])
+    for star_max_bytes in (mesh_collectives.STAR_MAX_BYTES, 0):
+        monkeypatch.setattr(mesh_collectives, "STAR_MAX_BYTES", star_max_bytes)
+        ports = [IciPort(d, b"key") for d in range(n)]
+        addresses = {d: p.address for d, p in enumerate(ports)}
+        results, errors = {}, []
+
+        def run(device):
+            try:
+                comm = GroupTransport(ports[device], device_groups(mesh, device), addresses, 7)
+                results[device] = comm.allreduce(inputs[device].reshape(-1, 1), "data")
+            except Exception as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+
+        run_on_threads(run, n, ports)
+        assert not errors, errors
+        for position, d in enumerate(ring):
+            assert results[d].shape == (elements, 1)
+            assert results[d].tobytes() == want[position].tobytes(), (star_max_bytes, d)
