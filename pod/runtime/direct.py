@@ -47,11 +47,12 @@ __all__ = ["DirectAllreduce", "direct_allreduce", "fold_orders", "add_scratch",
            "StarAllreduce", "star_allreduce", "fold_star", "STAR_MAX_BYTES"]
 
 #: Buffers of at most this many bytes allreduce through one device (``star_allreduce``).
-#: Its cost grows with the group times the buffer (the root moves and adds ``g - 1``
-#: buffers alone), the two-phase direct's with the group squared in messages; at the
-#: quick start's 176 kB the star took the allreduce's CPU from about 7 ms to 1-2 ms a step
-#: (BENCHMARKS.md, "The devices' own compute"); 1 MiB keeps the root's share (7 MiB moved
-#: and added on a group of 8, about 3 ms) below the direct's 112 messages.
+#: The star's cost grows with the group times the buffer (the root moves and adds
+#: ``g - 1`` buffers alone), the two-phase direct's messages with the group squared.
+#: Measured on the quick start's 8 devices (``benchmarks/star_allreduce.py``, load 7,
+#: median wall / mean CPU of the 4 actors): 172 KiB 9.2 / 14 ms against 18.4 / 22 ms,
+#: 1 MiB 18.5 / 21 against 21.8 / 30, 2 MiB 26.1 / 32 against 24.6 / 33, 4 MiB
+#: 59.2 / 68 against 39.4 / 52: the two cross between 1 and 2 MiB.
 STAR_MAX_BYTES = 1 << 20
 
 
