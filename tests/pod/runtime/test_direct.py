@@ -1,5 +1,5 @@
-"""The two-phase group allreduce (``pod.runtime.direct``) gives the ring's bits: in-process
-ports, one thread per device, against ``interconnect.execute`` of the ring schedule on
+"""The two-phase group allreduce and the one through one device (star) (``pod.runtime.direct``)
+give the ring's bits: in-process ports, one thread per device, against ``interconnect.execute`` of the ring schedule on
 float32 data whose sums depend on the order of the additions."""
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ def test_a_tree_of_partial_sums_has_no_single_order():
 
 
 @pytest.mark.parametrize(("shape", "elements"), [((3,), 7), ((2, 2), 1001), ((2, 4), 44138),
-                                                 ((2, 4), 5)])
-@pytest.mark.parametrize("star", [False, True])
-def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements, star, monkeypatch):
-    """Twice on the same ports; ``star``: through one device (``STAR_MAX_BYTES``)."""
+                                                 ((2, 4), 5), ((5,), 3)])
+@pytest.mark.parametrize("star", [False, True], ids=["two-phase", "star"])
+def test_the_two_phase_and_the_star_allreduce_give_the_rings_bits(shape, elements, star,
+                                                                   monkeypatch):
+    """Twice on the same ports; ``star``: through one device (below ``STAR_MAX_BYTES``),
+    else in two phases (the threshold set to 0). (5,) with 3 elements: empty chunks."""
     import pod.runtime.mesh_collectives as mesh_collectives
 
     monkeypatch.setattr(mesh_collectives, "STAR_MAX_BYTES", 1 << 20 if star else 0)
@@ -78,39 +80,3 @@ def test_the_star_sends_two_messages_per_member_in_all():
     sends = [len(s) for plan in star.plans for _, s, _ in plan]
     assert sum(sends) == 2 * 7  # the direct's: 2 * 8 * 7 = 112
     assert star.root_bounds[-1] == (8 * 44138, 9 * 44138)
-
-
-@pytest.mark.parametrize(("shape", "elements"), [((3,), 7), ((2, 2), 1001), ((2, 4), 44138),
-                                                 ((2, 4), 5), ((5,), 3)])
-def test_the_star_the_direct_and_the_ring_give_the_same_bits(shape, elements, monkeypatch):
-    """The three ways of ``GroupTransport.allreduce`` over one group: through the first
-    device (below ``STAR_MAX_BYTES``), in two phases (above it: the threshold set to 0
-    here) and the ring schedule run by ``interconnect.execute``."""
-    import pod.runtime.mesh_collectives as mesh_collectives
-
-    torus = Torus(shape)
-    mesh = layout_mesh({"data": torus.num_chips}, torus)
-    n = mesh.size
-    rng = np.random.default_rng(elements)
-    inputs = {d: (rng.standard_normal(elements) * 10.0 ** rng.integers(-3, 4, elements))
-              .astype(np.float32) for d in range(n)}
-    ring = device_groups(mesh, 0).ring["data"]
-    want = execute(group_ring_schedule("allreduce", n, elements), [inputs[d] for d in ring])
-    for star_max_bytes in (mesh_collectives.STAR_MAX_BYTES, 0):
-        monkeypatch.setattr(mesh_collectives, "STAR_MAX_BYTES", star_max_bytes)
-        ports = [IciPort(d, b"key") for d in range(n)]
-        addresses = {d: p.address for d, p in enumerate(ports)}
-        results, errors = {}, []
-
-        def run(device):
-            try:
-                comm = GroupTransport(ports[device], device_groups(mesh, device), addresses, 7)
-                results[device] = comm.allreduce(inputs[device].reshape(-1, 1), "data")
-            except Exception as err:  # noqa: BLE001 - reported below
-                errors.append(err)
-
-        run_on_threads(run, n, ports)
-        assert not errors, errors
-        for position, d in enumerate(ring):
-            assert results[d].shape == (elements, 1)
-            assert results[d].tobytes() == want[position].tobytes(), (star_max_bytes, d)
