@@ -1,6 +1,7 @@
-"""The two-phase group allreduce and the one through one device (star) (``pod.runtime.direct``)
-give the ring's bits: in-process ports, one thread per device, against ``interconnect.execute`` of the ring schedule on
-float32 data whose sums depend on the order of the additions."""
+"""The two-phase group allreduce and the one through one device (star), both in
+``pod.runtime.direct``, give the ring's bits: in-process ports, one thread per device,
+against ``interconnect.execute`` of the ring schedule on float32 data whose sums depend
+on the order of the additions."""
 
 from __future__ import annotations
 
