@@ -81,7 +81,7 @@ MXU_BURST_SECONDS = 0.188
 #: v4: T9, M3 [MT-v4]; v5e: C1, C2, C4 with T3, T4, M1 [MT-v5e]; v5p: T1, T2, M2 [MT-v5p];
 #: v6e: T5, T6, T7, T8 [TR-v6e][TR4][TR2][TR24]. v2 and v3 have no rows: they carry
 #: v4's over (the oldest generation with rows), stated in chip.spec.
-MXU_SUSTAINED_EFFICIENCY = {"v4": 0.6765, "v5e": 0.714, "v5p": 0.762, "v6e": 0.614}
+MXU_SUSTAINED_EFFICIENCY = {"v4": 0.6765, "v5e": 0.714, "v5p": 0.762, "v6e": 0.6095}
 
 #: Achieved HBM fraction of the spec bandwidth, every generation. Row: C5 [RECIPES]
 #: (a.copy() of 32 MiB on v6e, 1359.6 GB/s of 1638e9): the only HBM measurement, so

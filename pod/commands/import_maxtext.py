@@ -14,7 +14,9 @@ shipped large scenarios' form: random token ids that only set the shapes,
   ``trainable_position_size``, ``attention`` (April 2023: ``enable_flash_attention``,
   whose presence also marks that MaxText's decoder: the T5 relative position bias and
   the QK norm in every layer, ``positions: relative``, ``use_qk_norm``), ``use_qk_norm``,
-  ``sa_block_q`` / ``sa_block_kv`` (the splash kernel's blocks), ``weight_dtype``,
+  ``sa_block_q`` / ``sa_block_kv`` (the splash kernel's blocks; its backward kernels'
+  ``sa_block_q_dkv``, ``sa_block_kv_dkv``, ``sa_block_q_dq``, ``sa_block_kv_dq`` where
+  they differ, and ``sa_use_fused_bwd_kernel``), ``weight_dtype``,
   ``quantization`` (``int8``, or 2023's ``int8_training``: AQT int8) and
   ``remat_policy`` (``custom``: the per-tensor keys ``decoder_layer_input``,
   ``query_proj``, ... as ``remat_custom``; ``qkv_proj_offloaded``: q, k and v
@@ -297,6 +299,7 @@ def _other_options(config: MaxTextConfig) -> dict[str, Any]:
     (``int8_training`` in 2023), ``use_qk_norm``, the splash blocks, ``num_vocab_tiling``
     (the loss over chunks of the tokens: the logits' memory)."""
     from pod.workloads.flash import FLASH_BLOCK_SIZE
+    from pod.workloads.transformer import SPLASH_BACKWARD_BLOCKS
 
     v = config.values
     out: dict[str, Any] = {}
@@ -312,6 +315,13 @@ def _other_options(config: MaxTextConfig) -> dict[str, Any]:
         out["use_qk_norm"] = True
     for key in ("sa_block_q", "sa_block_kv"):
         if key in v and _int(config, key) != FLASH_BLOCK_SIZE:
+            out[key] = _int(config, key)
+    fused = _true(v.get("sa_use_fused_bwd_kernel", False))
+    if fused:
+        out["sa_use_fused_bwd_kernel"] = True
+    for key in SPLASH_BACKWARD_BLOCKS:  # kept where they differ from the forward's blocks
+        forward = out.get("sa_block_kv" if "_kv_" in key else "sa_block_q", FLASH_BLOCK_SIZE)
+        if key in v and not (fused and key.endswith("_dq")) and _int(config, key) != forward:
             out[key] = _int(config, key)
     if _int(config, "num_vocab_tiling", 1) != 1:
         out["num_vocab_tiling"] = _int(config, "num_vocab_tiling")
@@ -626,7 +636,9 @@ MAPPED = frozenset({
     "dcn_fsdp_parallelism", "dcn_tensor_parallelism", "num_experts", "num_experts_per_tok",
     "capacity_factor", "load_balance_loss_weight", *REMAT_CUSTOM_KEYS,
     "weight_dtype", "use_qk_norm", "enable_flash_attention", "sparse_matmul", "megablox",
-    "sa_block_q", "sa_block_kv", "ici_fsdp_transpose_parallelism",
+    "sa_block_q", "sa_block_kv", "sa_block_q_dkv", "sa_block_kv_dkv", "sa_block_q_dq",
+    "sa_block_kv_dq", "sa_use_fused_bwd_kernel",
+    "ici_fsdp_transpose_parallelism",
     "dcn_fsdp_transpose_parallelism", "num_vocab_tiling",
 })
 
@@ -687,9 +699,9 @@ NO_STEP_EFFECT = (
     ("inference and decoding", r"prompt|decode|sampling|predict|inference|prefill|generate_slice|"
      r"paged|kv_quant|kvcache|ragged|_axis_order$|reshape_q|multi_sampling|log_prob|"
      r"llm_inference|prefix_caching|padding_causal_mask|model_warmup|autoregressive_decode"),
-    ("the splash attention kernel's other settings: its backward blocks, layouts and fused "
-     "backward kernel (its forward blocks sa_block_q, sa_block_kv are mapped and serve its "
-     "backward kernels too)", r"^sa_"),
+    ("the splash attention kernel's other settings: its layouts and compute sub-blocks (its "
+     "blocks sa_block_q, sa_block_kv, sa_block_q_dkv, sa_block_kv_dkv, sa_block_q_dq, "
+     "sa_block_kv_dq and sa_use_fused_bwd_kernel are mapped)", r"^sa_"),
     ("the optimizer's schedule and seeds", r"learning_rate|warmup|cosine|clipping|eps_root|seed|"
      r"^steps$|target_eval_loss|mu_dtype"),
     ("numerics with no cost in the model", r"epsilon|^rope_|rope_|timescale|position_embeddings|"

@@ -34,9 +34,10 @@ import numpy as np
 
 from pod.workloads.checks import check_int
 from pod.workloads.flash import (
-    BACKWARD_PRODUCTS,
     FLASH_BLOCK_SIZE,
     FORWARD_PRODUCTS,
+    KERNEL_PRODUCTS,
+    BackwardBlocks,
     causal_blocks,
     flash_backward,
     flash_forward,
@@ -228,6 +229,9 @@ class CausalSelfAttention(Layer):
         block_size: the flash kernel's query block (``FLASH_BLOCK_SIZE``; MaxText
             ``sa_block_q``).
         block_kv: its key / value block (``sa_block_kv``); None: ``block_size``.
+        backward_blocks: the flash backward's kernels and blocks
+            (``pod.workloads.flash.BackwardBlocks``: MaxText's ``sa_block_q_dkv``, ...,
+            ``sa_use_fused_bwd_kernel``); None: two kernels on the forward's blocks.
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         name: layer name.
 
@@ -241,7 +245,7 @@ class CausalSelfAttention(Layer):
     def __init__(self, heads: int, head_dim: int, *, kv_heads: int | None = None,
                  rotary: bool = True, use_bias: bool = False, fused_qkv: bool = False,
                  attention: str = "dot_product", block_size: int = FLASH_BLOCK_SIZE,
-                 block_kv: int | None = None,
+                 block_kv: int | None = None, backward_blocks: BackwardBlocks | None = None,
                  fusion: bool = False, qk_norm: bool = False, relative_bias: bool = False,
                  quantized: bool = False, name: str | None = None):
         super().__init__(name)
@@ -263,6 +267,10 @@ class CausalSelfAttention(Layer):
         self.block_size = check_int(block_size, "attention block_size")
         self.block_kv = check_int(self.block_size if block_kv is None else block_kv,
                                   "attention block_kv")
+        self.backward_blocks = backward_blocks or BackwardBlocks()
+        for kernel, *blocks in self.backward_blocks.kernels(self.block_size, self.block_kv):
+            for size in blocks:
+                check_int(size, f"attention {kernel} backward block")
         self.heads = check_int(heads, "attention heads")
         self.head_dim = check_int(head_dim, "attention head_dim")
         self.kv_heads = (self.heads if kv_heads is None
@@ -362,7 +370,7 @@ class CausalSelfAttention(Layer):
 
     def core_mxu_flops(self, input_shape, products: int) -> int:
         """MXU FLOPs per example of ``products`` score-sized block products as the
-        kernel runs them: 2 T T Dh per head each for ``dot_product`` (every
+        forward kernel runs them: 2 T T Dh per head each for ``dot_product`` (every
         block computed, then masked); for ``flash`` 2 Dh per score element of
         the computed causal blocks (``flash.causal_blocks``)."""
         t, _ = self._check(input_shape)
@@ -370,20 +378,25 @@ class CausalSelfAttention(Layer):
                   else t * t)
         return products * 2 * self.head_dim * self.heads * scores
 
-    def core_products(self, phase: str) -> int:
-        """Score-sized block products of the kernel per pass: forward 2; backward
-        4 (dot_product: dP, dV, dQ, dK) or 7 (flash: both kernels recompute S
-        and dP)."""
-        if phase == "fwd":
-            return FORWARD_PRODUCTS
-        return BACKWARD_PRODUCTS if self.flash else 4
+    def backward_core_mxu_flops(self, input_shape) -> int:
+        """MXU FLOPs per example of the kernel's backward: ``dot_product`` 4 score-sized
+        products (dP, dV, dQ, dK); ``flash`` each backward kernel's products
+        (``flash.KERNEL_PRODUCTS``: 4 + 3, both recompute S and dP; splash's fused
+        kernel 5) over the causal blocks of its own block sizes."""
+        if not self.flash:
+            return self.core_mxu_flops(input_shape, 4)
+        t, _ = self._check(input_shape)
+        return sum(len(KERNEL_PRODUCTS[kernel]) * 2 * self.head_dim * self.heads
+                   * causal_blocks(t, rows, cols).score_elements
+                   for kernel, rows, cols in self.backward_blocks.kernels(self.block_size,
+                                                                          self.block_kv))
 
     def hardware_flops(self, input_shape) -> int:
         """MXU FLOPs per example of forward and backward (dX and dW of the
         projections, the kernel's backward), without recomputation."""
         weights = self.projection_flops(input_shape) + self.output_flops(input_shape)
-        return 3 * weights + sum(self.core_mxu_flops(input_shape, self.core_products(p))
-                                 for p in ("fwd", "bwd"))
+        return (3 * weights + self.core_mxu_flops(input_shape, FORWARD_PRODUCTS)
+                + self.backward_core_mxu_flops(input_shape))
 
     def recompute_core_flops(self, input_shape, kept) -> int:
         """MXU FLOPs per example of rerunning the kernel's forward when ``kept``
@@ -647,7 +660,7 @@ class CausalSelfAttention(Layer):
         """The flash kernels' dq, dk, dv (scores recomputed by blocks)."""
         qh, kh, vh = cache["qh"], cache["kh"], cache["vh"]
         record_flash_backward(core, self.name, b, self.heads, self.kv_heads, t, self.head_dim,
-                              self.block_size, self.block_kv)
+                              self.block_size, self.block_kv, self.backward_blocks)
         if not core.execute:
             return (timing_zeros(qh.shape, qh.dtype), timing_zeros(kh.shape, kh.dtype),
                     timing_zeros(vh.shape, vh.dtype))

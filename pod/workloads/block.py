@@ -40,6 +40,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pod.workloads.attention import CausalSelfAttention
+from pod.workloads.flash import BackwardBlocks
 from pod.workloads.fusion import epilogue, prologue
 from pod.workloads.layers import Layer, vector_op
 from pod.workloads.mlp import MLP, add
@@ -126,6 +127,8 @@ class TransformerBlock(Layer):
         quantized: AQT int8 training of the projections (attention q / k / v / out, the
             MLP or the MoE's experts; ``pod.workloads.quantization``).
         flash_blocks: the flash kernel's (query, key / value) blocks; None: its default.
+        backward_blocks: the flash backward's kernels and blocks
+            (``pod.workloads.flash.BackwardBlocks``); None: two on the forward's blocks.
         fusion: fuse the elementwise work into the matmuls (``pod.workloads.fusion``).
         moe: None, or the mixture-of-experts options (``pod.workloads.moe.MoE``'s
             keywords but ``mlp_dim``, ``activation`` and ``fusion``: ``experts``,
@@ -146,7 +149,8 @@ class TransformerBlock(Layer):
                  use_bias: bool = False, fused_qkv: bool = False, attention: str = "flash",
                  fusion: bool = True, moe: dict | None = None, qk_norm: bool = False,
                  relative_bias: bool = False, quantized: bool = False,
-                 flash_blocks: tuple[int, int] | None = None, name: str | None = None):
+                 flash_blocks: tuple[int, int] | None = None,
+                 backward_blocks: BackwardBlocks | None = None, name: str | None = None):
         super().__init__(name)
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {block!r}")
@@ -160,6 +164,7 @@ class TransformerBlock(Layer):
                                              attention=attention, fusion=fusion,
                                              qk_norm=qk_norm, relative_bias=relative_bias,
                                              quantized=quantized,
+                                             backward_blocks=backward_blocks,
                                              **({} if flash_blocks is None else
                                                 {"block_size": flash_blocks[0],
                                                  "block_kv": flash_blocks[1]}),

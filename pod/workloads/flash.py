@@ -17,7 +17,15 @@ Each recomputes its blocks' scores S = Q K^T and probabilities P = exp(S -
 lse) from q, k and the row statistics, and dP = dO V^T, with dS = P (dP - di)
 and di = rowsum(dO * O) computed once before them. So a computed block costs
 2 block products forward and 7 backward (4 in ``dkv``, 3 in ``dq``), against
-2 and 4 for attention that keeps its probabilities.
+2 and 4 for attention that keeps its probabilities. Splash attention's fused
+backward kernel (MaxText ``sa_use_fused_bwd_kernel``; [SPLASH]
+``_splash_attention_bwd_dkv`` with ``use_fused_bwd_kernel``) is the ``dkv``
+kernel that also forms dQ from the dS it already has (``ds.T @ k``): 5 block
+products, not 7; it writes one partial dQ per key block (``dq_unreduced``, the
+query's dtype), which XLA then sums. Each backward kernel has its own blocks
+(``sa_block_q_dkv``, ``sa_block_kv_dkv``, ``sa_block_q_dq``, ``sa_block_kv_dq``:
+:class:`BackwardBlocks`), and a larger query block computes more of the
+causal triangle (``causal_blocks``).
 
 Grouped-query attention: the G query heads of a kv head are G heads of the
 kernel that read the same key / value head; dK and dV sum over them.
@@ -39,7 +47,10 @@ masked element and one exp. di: 2 per element of dO, an op of its own.
 
 Sources: [FA2] Dao 2023, "FlashAttention-2"; [PALLAS-FA] jax
 ``jax/experimental/pallas/ops/tpu/flash_attention.py`` (``_flash_attention_bwd_dkv``,
-``_flash_attention_bwd_dq``); block sizes: ``FLASH_BLOCK_SIZE``.
+``_flash_attention_bwd_dq``); [SPLASH] jax
+``jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py``
+(jax 0.10.2: ``BlockSizes``, ``_flash_attention_dkv_kernel``,
+``_splash_attention_bwd``); block sizes: ``FLASH_BLOCK_SIZE``.
 """
 
 from __future__ import annotations
@@ -53,8 +64,8 @@ from chip import to_bf16
 
 __all__ = ["FLASH_BLOCK_SIZE", "STATS_BYTES_PER_ROW", "CausalBlocks", "causal_blocks",
            "flash_forward", "flash_backward", "record_flash_forward", "record_flash_backward",
-           "record_flash_backward_kernel", "BACKWARD_KERNELS", "FORWARD_PRODUCTS",
-           "BACKWARD_PRODUCTS"]
+           "record_flash_backward_kernel", "BACKWARD_KERNELS", "FUSED_BACKWARD_KERNEL",
+           "KERNEL_PRODUCTS", "FORWARD_PRODUCTS", "BACKWARD_PRODUCTS", "BackwardBlocks"]
 
 FLASH_BLOCK_SIZE = 512
 """Query and key block of the flash kernel, rows and columns: MaxText's splash
@@ -70,6 +81,42 @@ maximum m and the sum l, float32 each [PALLAS-FA] (``save_residuals``)."""
 
 FORWARD_PRODUCTS = 2   # S = Q K^T, O += P V per computed block
 BACKWARD_PRODUCTS = 7  # dkv: S, dP, dV, dK; dq: S, dP, dQ
+
+#: Each backward kernel's block products per computed block ([PALLAS-FA], [SPLASH]),
+#: as ``_block_products`` kinds: "qk" (S = Q K^T, and dP = dO V^T of the same shape),
+#: "t" (dV += P^T dO, dK += dS^T Q: a transposed block), "pv" (dQ += dS K). "fused":
+#: splash's fused backward kernel, ``dkv`` and its dQ (module docstring).
+KERNEL_PRODUCTS = {"dkv": ("qk", "qk", "t", "t"), "dq": ("qk", "qk", "pv"),
+                   "fused": ("qk", "qk", "t", "t", "pv")}
+FUSED_BACKWARD_KERNEL = "fused"
+
+
+@dataclass(frozen=True)
+class BackwardBlocks:
+    """The flash backward's kernels and their (query, key / value) blocks, as MaxText's
+    splash attention configures them.
+
+    Attributes:
+        dkv: the ``dkv`` kernel's blocks (``sa_block_q_dkv``, ``sa_block_kv_dkv``);
+            None: the forward's.
+        dq: the ``dq`` kernel's blocks (``sa_block_q_dq``, ``sa_block_kv_dq``); None:
+            the forward's; unused when ``fused``.
+        fused: splash's fused backward kernel (``sa_use_fused_bwd_kernel``): one kernel
+            of 5 block products on the ``dkv`` blocks instead of two of 7.
+    """
+
+    dkv: tuple[int, int] | None = None
+    dq: tuple[int, int] | None = None
+    fused: bool = False
+
+    def kernels(self, block: int, block_kv: int | None) -> tuple[tuple[str, int, int], ...]:
+        """(kernel, query block, key / value block) of each backward kernel, given the
+        forward's blocks (``block_kv`` None: ``block``)."""
+        forward = (block, block if block_kv is None else block_kv)
+        dkv = self.dkv or forward
+        if self.fused:
+            return ((FUSED_BACKWARD_KERNEL, *dkv),)
+        return (("dkv", *dkv), ("dq", *(self.dq or forward)))
 
 
 @dataclass(frozen=True)
@@ -276,23 +323,31 @@ def record_flash_forward(core, name: str, batch: int, heads: int, kv_heads: int,
 
 def record_flash_backward(core, name: str, batch: int, heads: int, kv_heads: int, steps: int,
                           head_dim: int, block: int = FLASH_BLOCK_SIZE,
-                          block_kv: int | None = None) -> None:
-    """Records the backward's cost: di, then the ``dkv`` and ``dq`` kernels with
-    their fused softmax-gradient work (module docstring).
+                          block_kv: int | None = None,
+                          backward: BackwardBlocks | None = None) -> None:
+    """Records the backward's cost: di, then the ``dkv`` and ``dq`` kernels (or splash's
+    fused one) with their fused softmax-gradient work (module docstring).
 
     Args:
         as ``record_flash_forward``; records "<name>/flash_bwd/di",
         "<name>/flash_bwd_dkv" and "<name>/flash_bwd_dq" (each with fused
-        ".../softmax", ".../exp"). Both kernels use the forward's blocks (MaxText's
-        ``sa_block_q_dkv``, ``sa_block_kv_dq``, ... are not told apart).
+        ".../softmax", ".../exp"), or with ``backward.fused`` "<name>/flash_bwd_fused"
+        and the sum of its partial dQ, "<name>/flash_bwd/dq_sum".
+        backward: the backward kernels' blocks (:class:`BackwardBlocks`); None: two
+            kernels on the forward's blocks.
     """
     bh, out = batch * heads, core.output_bytes
     q_elements = batch * steps * heads * head_dim
     core.account_vector(f"{name}/flash_bwd/di", q_elements, 2 * q_elements * out + 4 * bh * steps,
                         ops_per_element=2.0)
-    for kernel in BACKWARD_KERNELS:
+    for kernel, rows, cols in (backward or BackwardBlocks()).kernels(block, block_kv):
         record_flash_backward_kernel(core, f"{name}/flash_bwd_{kernel}", kernel, batch, heads,
-                                     kv_heads, steps, head_dim, block, block_kv)
+                                     kv_heads, steps, head_dim, rows, cols)
+        if kernel == FUSED_BACKWARD_KERNEL:  # XLA sums the partial dQ of each key block
+            partials = -(-steps // min(cols, steps))
+            core.account_vector(f"{name}/flash_bwd/dq_sum", q_elements,
+                                (partials + 1) * q_elements * core.operand_bytes,
+                                ops_per_element=float(partials))
 
 
 #: The backward's two Pallas kernels ([PALLAS-FA] ``_flash_attention_bwd_dkv``, ``_dq``).
@@ -303,31 +358,30 @@ def record_flash_backward_kernel(core, name: str, kernel: str, batch: int, heads
                                  kv_heads: int, steps: int, head_dim: int,
                                  block: int = FLASH_BLOCK_SIZE,
                                  block_kv: int | None = None) -> None:
-    """Records one backward kernel, ``dkv`` (dV += P^T dO, dK += dS^T Q) or ``dq`` (dQ +=
-    dS K), with its fused softmax-gradient work (module docstring): what an HLO module
-    holds as one custom call each (``pod.hlo``).
+    """Records one backward kernel, ``dkv`` (dV += P^T dO, dK += dS^T Q), ``dq`` (dQ +=
+    dS K) or splash's ``fused`` one (both), with its fused softmax-gradient work (module
+    docstring): what an HLO module holds as one custom call each (``pod.hlo``).
 
     Args:
         core: the TensorCore.
         name: the kernel's record name (its fused ".../softmax", ".../exp" follow).
-        kernel: one of :data:`BACKWARD_KERNELS`.
+        kernel: one of :data:`BACKWARD_KERNELS` or :data:`FUSED_BACKWARD_KERNEL`.
         batch, heads, kv_heads, steps, head_dim, block, block_kv: as
-            ``record_flash_forward``.
+            ``record_flash_forward`` (the kernel's own blocks).
 
     Raises:
         ValueError: an unknown kernel.
     """
-    if kernel not in BACKWARD_KERNELS:
-        raise ValueError(f"flash backward kernel {kernel!r}: one of {BACKWARD_KERNELS}")
+    if kernel not in KERNEL_PRODUCTS:
+        raise ValueError(f"flash backward kernel {kernel!r}: one of {', '.join(KERNEL_PRODUCTS)}")
     blocks = causal_blocks(steps, block, block_kv)
     bh, ob, out = batch * heads, core.operand_bytes, core.output_bytes
     q_elements, kv_elements = batch * steps * heads * head_dim, batch * steps * kv_heads * head_dim
     stats = bh * steps * (STATS_BYTES_PER_ROW + 4)                         # m, l and di, float32
     reads = (2 * q_elements + 2 * kv_elements) * ob + stats               # q, dO, k, v, m, l, di
-    if kernel == "dkv":
-        core.account_kernel(name, _block_products(blocks, head_dim, bh, ("qk", "qk", "t", "t")),
-                            reads + 2 * kv_elements * out)
-    else:
-        core.account_kernel(name, _block_products(blocks, head_dim, bh, ("qk", "qk", "pv")),
-                            reads + q_elements * out)
+    writes = {"dkv": 2 * kv_elements * out, "dq": q_elements * out,       # dK, dV; dQ; both, dQ
+              "fused": 2 * kv_elements * out                              # one partial per key
+              + -(-steps // blocks.block_kv) * q_elements * ob}[kernel]   # block, q's dtype
+    core.account_kernel(name, _block_products(blocks, head_dim, bh, KERNEL_PRODUCTS[kernel]),
+                        reads + writes)
     _softmax_ops(core, name, blocks, bh, 5.0)

@@ -39,7 +39,7 @@ from chip import to_bf16
 from pod.workloads.attention import ATTENTION_KERNELS, RELPOS_BUCKETS
 from pod.workloads.block import BLOCKS, REMAT_POLICIES, STATS_BYTES, TensorHooks, TransformerBlock
 from pod.workloads.checks import DataMismatchError, check_int, check_number, check_token_ids
-from pod.workloads.flash import FLASH_BLOCK_SIZE
+from pod.workloads.flash import FLASH_BLOCK_SIZE, BackwardBlocks
 from pod.workloads.layers import Layer, glorot_uniform, mxu_input, vector_op
 from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
@@ -229,13 +229,17 @@ class Unembed(Layer):
         return dx, grads
 
 
+#: The splash backward kernels' block options (MaxText's names; ``TransformerConfig``).
+SPLASH_BACKWARD_BLOCKS = ("sa_block_q_dkv", "sa_block_kv_dkv", "sa_block_q_dq", "sa_block_kv_dq")
+
 #: The ``model.options`` of the transformer (``build_transformer``).
 TRANSFORMER_OPTIONS = ("embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "mlp_activation",
                        "layers", "norm", "positions", "tied_embeddings", "block", "use_bias",
                        "fused_qkv", "attention", "fusion", "remat", "remat_custom", "experts",
                        "experts_per_token", "capacity_factor", "moe_aux_loss_weight",
                        "sparse_matmul", "weight_dtype", "quantization", "use_qk_norm",
-                       "sa_block_q", "sa_block_kv", "num_vocab_tiling")
+                       "sa_block_q", "sa_block_kv", *SPLASH_BACKWARD_BLOCKS,
+                       "sa_use_fused_bwd_kernel", "num_vocab_tiling")
 
 
 def _choice(field: str, value, choices: tuple[str, ...]) -> str:
@@ -323,6 +327,12 @@ class TransformerConfig:
             (MaxText's splash attention ``sa_block_q``, ``sa_block_kv``; 512 each,
             ``pod.workloads.flash.FLASH_BLOCK_SIZE``): larger blocks skip less of
             the causal triangle.
+        sa_block_q_dkv, sa_block_kv_dkv, sa_block_q_dq, sa_block_kv_dq: the blocks of
+            the flash backward's ``dkv`` and ``dq`` kernels (MaxText's names; None: the
+            forward's ``sa_block_q`` / ``sa_block_kv``).
+        sa_use_fused_bwd_kernel: splash's fused backward kernel (MaxText's
+            ``sa_use_fused_bwd_kernel``): one kernel of 5 block products on the dkv
+            blocks instead of ``dkv`` and ``dq`` with 7 (``pod.workloads.flash``).
         num_vocab_tiling: the loss is computed over this many chunks of the tokens,
             each chunk's logits made and dropped in turn (MaxText's
             ``num_vocab_tiling``); 1: all the logits at once.
@@ -371,6 +381,11 @@ class TransformerConfig:
     use_qk_norm: bool = False
     sa_block_q: int = FLASH_BLOCK_SIZE
     sa_block_kv: int = FLASH_BLOCK_SIZE
+    sa_block_q_dkv: int | None = None
+    sa_block_kv_dkv: int | None = None
+    sa_block_q_dq: int | None = None
+    sa_block_kv_dq: int | None = None
+    sa_use_fused_bwd_kernel: bool = False
     num_vocab_tiling: int = 1
 
     if TYPE_CHECKING:
@@ -385,13 +400,19 @@ class TransformerConfig:
                      moe_aux_loss_weight: float = ..., sparse_matmul: bool = ...,
                      weight_dtype: str = ..., quantization: str = ...,
                      use_qk_norm: bool = ..., sa_block_q: int = ...,
-                     sa_block_kv: int = ..., num_vocab_tiling: int = ...) -> None: ...
+                     sa_block_kv: int = ..., sa_block_q_dkv: int | None = ...,
+                     sa_block_kv_dkv: int | None = ..., sa_block_q_dq: int | None = ...,
+                     sa_block_kv_dq: int | None = ..., sa_use_fused_bwd_kernel: bool = ...,
+                     num_vocab_tiling: int = ...) -> None: ...
 
     def __post_init__(self):
         for field in ("vocabulary", "sequence_length", "embed_dim", "heads", "layers",
                       "sa_block_q", "sa_block_kv"):
             check_int(getattr(self, field), f"transformer: option {field}",
                       maximum=MAX_TRANSFORMER_OPTION.get(field))
+        for field in SPLASH_BACKWARD_BLOCKS:
+            if getattr(self, field) is not None:
+                check_int(getattr(self, field), f"transformer: option {field}")
         if self.head_dim is None:
             if self.embed_dim % self.heads:
                 raise ValueError(f"transformer: option head_dim is needed: embed_dim "
@@ -431,7 +452,7 @@ class TransformerConfig:
             object.__setattr__(self, "remat_custom", custom)
         check_int(self.num_vocab_tiling, "transformer: option num_vocab_tiling")
         for field in ("tied_embeddings", "use_bias", "fused_qkv", "fusion", "sparse_matmul",
-                      "use_qk_norm"):
+                      "use_qk_norm", "sa_use_fused_bwd_kernel"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"transformer: option {field} must be true or false, "
                                  f"got {getattr(self, field)!r}")
@@ -443,6 +464,17 @@ class TransformerConfig:
             raise ValueError(f"transformer: option head_dim must be even for rotary positions, "
                              f"got {self.head_dim}")
         self._check_experts()
+
+    @property
+    def backward_blocks(self) -> BackwardBlocks:
+        """The flash backward's kernels and blocks (``pod.workloads.flash.BackwardBlocks``)
+        from the ``sa_block_*_dkv``, ``sa_block_*_dq`` and ``sa_use_fused_bwd_kernel``
+        options, each block None falling back to the forward's."""
+        def blocks(q: int | None, kv: int | None) -> tuple[int, int]:
+            return (self.sa_block_q if q is None else q, self.sa_block_kv if kv is None else kv)
+        return BackwardBlocks(blocks(self.sa_block_q_dkv, self.sa_block_kv_dkv),
+                              blocks(self.sa_block_q_dq, self.sa_block_kv_dq),
+                              self.sa_use_fused_bwd_kernel)
 
     def _check_experts(self) -> None:
         """The mixture-of-experts options (one line each, naming the option)."""
@@ -577,6 +609,7 @@ class TransformerModel(Model):
                                     relative_bias=cfg.positions == "relative",
                                     quantized=cfg.quantization == "int8",
                                     flash_blocks=(cfg.sa_block_q, cfg.sa_block_kv),
+                                    backward_blocks=cfg.backward_blocks,
                                     name=f"block{i}")
                    for i in range(1, cfg.layers + 1)]
         layers += [norm_class(cfg.norm)(name="final_norm", fusion=cfg.fusion),

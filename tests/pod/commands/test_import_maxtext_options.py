@@ -50,6 +50,9 @@ dcn_fsdp_transpose_parallelism: 1
 sa_block_q: 512
 sa_block_kv: 512
 sa_block_q_dkv: 512
+sa_block_kv_dkv: 512
+sa_block_q_dq: 512
+sa_block_kv_dq: 512
 sa_use_fused_bwd_kernel: False
 megablox: True
 sparse_matmul: True
@@ -89,25 +92,48 @@ def _file(tmp_path: Path, text: str, name: str = "base.yml") -> Path:
 
 def test_t7s_keys_fsdp_transpose_offloaded_projections_and_splash_blocks(tmp_path):
     """Llama 2 70B's T7 config in miniature: ici_fsdp_transpose_parallelism -1 fills the
-    slice; qkv_proj_offloaded is the custom choice of q / k / v to host; 2048 blocks."""
+    slice; qkv_proj_offloaded is the custom choice of q / k / v to host; splash query
+    blocks of 1024 forward and 2048 in both backward kernels (kept: they differ from the
+    forward's; the key blocks, 512 each, are the forward's and not written)."""
+    from pod.workloads.flash import BackwardBlocks
+
     keys = ["ici_fsdp_parallelism=1", "ici_fsdp_transpose_parallelism=-1",
-            "remat_policy=qkv_proj_offloaded", "sa_block_q=2048", "sa_block_kv=2048",
-            "sa_block_q_dkv=2048"]
+            "remat_policy=qkv_proj_offloaded", "sa_block_q=1024", "sa_block_q_dkv=2048",
+            "sa_block_q_dq=2048", "sa_block_kv_dq=512"]
     result = import_maxtext([_file(tmp_path, BASE_2025)], keys, slice_name="v6e-256")
     s = result.scenario
     options = s["model"]["options"]
     assert s["pod"]["mesh"] == {"fsdp_transpose": 256}
     assert (options["remat"], options["remat_custom"]) == (
         "custom", {"query_proj": "offload", "key_proj": "offload", "value_proj": "offload"})
-    assert (options["sa_block_q"], options["sa_block_kv"]) == (2048, 2048)
+    assert options["sa_block_q"] == 1024 and "sa_block_kv" not in options
+    assert (options["sa_block_q_dkv"], options["sa_block_q_dq"]) == (2048, 2048)
+    assert {"sa_block_kv_dkv", "sa_block_kv_dq", "sa_use_fused_bwd_kernel"}.isdisjoint(options)
     assert s["training"]["global_batch"] == 256
     assert not result.of("error")
-    note = {n.key: n for n in result.notes}["sa_block_q_dkv"]
-    assert note.level == "warning" and "backward blocks" in note.text
+    assert not {"sa_block_q_dkv", "sa_block_q_dq"} & {n.key for n in result.notes}
     plan = build_plan(parse_scenario(s), timing_only=True)
     assert plan.mesh.label == "{fsdp: 256} (fsdp_transpose 256 as fsdp)"
     assert plan.model.config.remat_custom == (("query_proj", "offload"), ("key_proj", "offload"),
                                               ("value_proj", "offload"))
+    assert plan.model.config.backward_blocks == BackwardBlocks((2048, 512), (2048, 512))
+
+
+def test_t6s_fused_splash_backward_kernel_is_mapped_and_its_dq_blocks_dropped(tmp_path):
+    """T6's splash: blocks of 2048 everywhere and sa_use_fused_bwd_kernel: the fused
+    kernel runs on the dkv blocks, so the dq blocks (which splash refuses beside a fused
+    kernel) are not written."""
+    keys = [f"{k}=2048" for k in ("sa_block_q", "sa_block_kv", "sa_block_q_dkv",
+                                  "sa_block_kv_dkv", "sa_block_q_dq", "sa_block_kv_dq")]
+    result = import_maxtext([_file(tmp_path, BASE_2025)], keys + ["sa_use_fused_bwd_kernel=true"],
+                            slice_name="v6e-64")
+    options = result.scenario["model"]["options"]
+    assert options["sa_use_fused_bwd_kernel"] is True
+    assert not {"sa_block_q_dkv", "sa_block_kv_dkv", "sa_block_q_dq",
+                "sa_block_kv_dq"} & set(options)
+    config = build_plan(parse_scenario(result.scenario), timing_only=True).model.config
+    assert config.backward_blocks.kernels(config.sa_block_q, config.sa_block_kv) == (
+        ("fused", 2048, 2048),)
 
 
 def test_weight_dtype_and_aqt_int8_are_model_options(tmp_path):

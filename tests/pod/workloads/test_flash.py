@@ -12,8 +12,8 @@ import pytest
 
 from chip import TensorCore, get_chip_spec
 from pod.workloads import CausalSelfAttention, build_model
-from pod.workloads.flash import (FLASH_BLOCK_SIZE, STATS_BYTES_PER_ROW, causal_blocks,
-                                 flash_backward, flash_forward)
+from pod.workloads.flash import (FLASH_BLOCK_SIZE, STATS_BYTES_PER_ROW, BackwardBlocks,
+                                 causal_blocks, flash_backward, flash_forward)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
@@ -112,10 +112,11 @@ def test_flash_layer_equals_the_dot_product_layer(kv_heads, rotary):
 
 # --------------------------------------------------------------------------- cost
 
-def attention_records(attention, t=48, batch=2, heads=4, kv_heads=2, dh=8, block=16):
+def attention_records(attention, t=48, batch=2, heads=4, kv_heads=2, dh=8, block=16,
+                      backward=None):
     core = TensorCore(SPEC, execute=False)
     layer = CausalSelfAttention(heads, dh, kv_heads=kv_heads, attention=attention, block_size=block,
-                                name="att")
+                                backward_blocks=backward, name="att")
     params = {k: np.zeros(s, np.float32) for k, s in layer.param_shapes((t, 32)).items()}
     x = np.zeros((batch, t, 32), np.float32)
     _, cache = layer.forward(core, params, x)
@@ -151,8 +152,51 @@ def test_the_flash_kernels_cost_blocks_on_the_mxu_and_no_t_by_t_tensor_in_hbm():
     assert sum(r.hbm_bytes for r in forward + backward if "flash" in r.name) < 40 * q
 
 
+def test_splash_fused_backward_kernel_is_dkv_with_its_dq_five_products_not_seven():
+    """sa_use_fused_bwd_kernel (jax's splash_attention_kernel, use_fused_bwd_kernel): the
+    dkv kernel also forms dQ = dS K from the dS it holds, so the backward's block products
+    are S, dP, dV, dK, dQ (5) where the two kernels run 4 + 3; it writes one partial dQ
+    per key block, in the query's dtype, which a vector op then sums."""
+    b, t, h, kv, dh, block = 2, 48, 4, 2, 8, 16
+    _, two = attention_records("flash")
+    _, fused = attention_records("flash", backward=BackwardBlocks(fused=True))
+    scores = b * h * causal_blocks(t, block).score_elements
+    by = {r.name: r for r in fused}
+    assert by["att/flash_bwd_fused"].unit == "mxu"
+    assert by["att/flash_bwd_fused"].flops == 5 * 2 * dh * scores
+    assert not any(r.name.startswith(("att/flash_bwd_dkv", "att/flash_bwd_dq")) for r in fused)
+    assert by["att/flash_bwd_fused/softmax"].fused_into == "att/flash_bwd_fused"
+    mxu = [sum(r.flops for r in rs if r.unit == "mxu" and "flash" in r.name) for rs in (two, fused)]
+    assert mxu[1] * 7 == mxu[0] * 5
+    q, kvb = b * t * h * dh * 2, b * t * kv * dh * 2                      # bf16 bytes
+    partials = t // block                                                # one per key block
+    dkv = {r.name: r for r in two}["att/flash_bwd_dkv"].hbm_bytes        # reads + dK, dV
+    assert by["att/flash_bwd_fused"].hbm_bytes == dkv + partials * q
+    assert by["att/flash_bwd/dq_sum"].hbm_bytes == (partials + 1) * q
+    assert kvb < q
+
+
+def test_each_backward_kernel_runs_its_own_blocks():
+    """sa_block_q_dkv / sa_block_q_dq (T7's 2048 over a forward of 1024): a larger query
+    block computes more of the causal triangle, in that kernel only."""
+    b, t, h, dh = 2, 48, 4, 8
+    _, backward = attention_records("flash", block=8,
+                                    backward=BackwardBlocks(dkv=(16, 8), dq=(24, 8)))
+    by = {r.name: r for r in backward}
+    for kernel, rows, products in (("dkv", 16, 4), ("dq", 24, 3)):
+        scores = b * h * causal_blocks(t, rows, 8).score_elements
+        assert by[f"att/flash_bwd_{kernel}"].flops == products * 2 * dh * scores
+    assert causal_blocks(t, 24, 8).score_elements > causal_blocks(t, 16, 8).score_elements \
+        > causal_blocks(t, 8, 8).score_elements
+    assert BackwardBlocks().kernels(1024, None) == (("dkv", 1024, 1024), ("dq", 1024, 1024))
+    assert BackwardBlocks(dkv=(2048, 512), dq=(64, 64), fused=True).kernels(1024, 512) == (
+        ("fused", 2048, 512),)
+
+
 @pytest.mark.parametrize("options", [
-    {}, {"remat": "full"}, {"remat": "minimal", "block": "parallel", "kv_heads": 1},
+    {}, {"remat": "full"}, {"sa_use_fused_bwd_kernel": True, "sa_block_kv": 256},
+    {"sa_block_q": 256, "sa_block_q_dkv": 1024, "sa_block_kv_dq": 128, "remat": "full"},
+    {"remat": "minimal", "block": "parallel", "kv_heads": 1},
     {"attention": "dot_product", "remat": "full", "kv_heads": 2},
     {"attention": "dot_product", "remat": "minimal", "fused_qkv": True}])
 @pytest.mark.parametrize("steps", [16, 1100])
