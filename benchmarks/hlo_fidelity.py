@@ -19,6 +19,10 @@ Usage::
     python benchmarks/hlo_fidelity.py --training [--memory] [--rows T1,T2,T3,T4] [--hlo-dir DIR]
     python benchmarks/hlo_fidelity.py --rows T1,T2,T3,T4 --compile-maxtext-flags DIR  # then
     python benchmarks/hlo_fidelity.py --training --memory --rows T1,T2,T3,T4 --hlo-dir DIR/hlo
+    python benchmarks/hlo_fidelity.py --rows T1,T2 --compile-xla-defaults DIR  # XLA's defaults
+
+The oracle's committed HLO (tools/xla_oracle/hlo) of T1-T4, M1 and M2 is compiled with their
+runs' flags (``xla_flags: maxtext-2023``), the other rows' with XLA's defaults.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from tools.xla_oracle.flags import (  # noqa: E402
+    MAXTEXT_2023_LIBTPU_ARGS,
+    MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS,
+)
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
@@ -249,37 +258,6 @@ def print_single_op(results: list[OpResult], markdown: bool) -> None:
 
 
 # ------------------------------------------------------------------------- (b) training
-
-#: XLA's TPU flags MaxText's 2023 runs set (LIBTPU_INIT_ARGS; the [MT-v5p] and [MT-v5e]
-#: rows, training-steps.md "XLA flags set by these runs"): async collective fusion (also of
-#: all-gathers, over several steps), compute / collective overlap on the TensorCore, async
-#: all-gathers, the data-parallel all-reduce optimisation.
-MAXTEXT_2023_LIBTPU_ARGS = (
-    "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
-    "--xla_tpu_data_parallel_opt_different_sized_ops=true "
-    "--xla_tpu_enable_async_collective_fusion=true "
-    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
-    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
-    "--xla_tpu_overlap_compute_collective_tc=true "
-    "--xla_enable_async_all_gather=true")
-
-#: XLA's TPU scheduler flags for host offload (LIBTPU_INIT_ARGS beside the above; MaxText's
-#: ``benchmarks/xla_flags_library.py`` ``HOST_OFFLOAD_FLAGS`` as recalled, not in the
-#: reference here; libtpu 0.0.42.1 knows every name): the experimental scheduler features,
-#: memory-pressure tracking, up to 24 host transfers in flight, the latency-hiding scheduler
-#: run again twice.
-MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS = (
-    " --xla_tpu_enable_all_experimental_scheduler_features=true"
-    " --xla_tpu_enable_scheduler_memory_pressure_tracking=true"
-    " --xla_tpu_host_transfer_overlap_limit=24"
-    " --xla_tpu_aggressive_opt_barrier_removal=ENABLED"
-    " --xla_lhs_prioritize_async_depth_over_stall=ENABLED"
-    " --xla_should_allow_loop_variant_parameter_in_chain=ENABLED"
-    " --xla_should_add_loop_invariant_op_in_chain=ENABLED"
-    " --xla_max_concurrent_host_send_recv=100"
-    " --xla_tpu_scheduler_percent_shared_memory_limit=100"
-    " --xla_latency_hiding_scheduler_rerun=2")
-
 
 def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
     """Compile the oracle's row ``rid`` (tools/xla_oracle, its own process) with XLA's TPU
@@ -513,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="compile --rows with the oracle and MaxText's 2023 XLA flags "
                              "(MAXTEXT_2023_LIBTPU_ARGS) into DIR/hlo and DIR/results (minutes "
                              "each; needs libtpu and tools/xla_oracle)")
+    parser.add_argument("--compile-xla-defaults", metavar="DIR",
+                        help="compile --rows with the oracle and XLA's default flags (no "
+                             "LIBTPU_INIT_ARGS; the committed HLO of T1-T4, M1, M2 has their "
+                             "runs' flags) into DIR/hlo and DIR/results")
     parser.add_argument("--host-offload-flags", action="store_true",
                         help="with --compile-maxtext-flags: also the host-offload scheduler "
                              "flags (MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS)")
@@ -524,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
             compile_oracle(rid, args.compile_maxtext_flags, MAXTEXT_2023_LIBTPU_ARGS
                            + (MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS if args.host_offload_flags
                               else ""))
+    if args.compile_xla_defaults:
+        for rid in args.rows.split(","):
+            compile_oracle(rid, args.compile_xla_defaults, "")
     if args.training or args.memory:
         results = run_training(args.rows.split(","), args.hlo_dir)
         if args.json:

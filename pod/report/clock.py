@@ -768,12 +768,17 @@ def device_clocks(reports: Sequence[DeviceReport],
     """
     by_device = {r.device: i for i, r in enumerate(reports)}
     clocks: list[StepClock | None] = [None] * len(reports)
+    alone: dict[tuple, StepClock] = {}  # replicas report the same records: clocked once
     for i, r in enumerate(reports):
         if clocks[i] is not None:
             continue
         if len(r.stage_group) <= 1:
-            clocks[i] = device_clock(r, cost_seconds, overlap=overlap,
-                                     prefetch_layers=prefetch_layers)
+            key = (r.record_seconds, r.record_bounds, r.calls, r.update_start)
+            clock = alone.get(key)
+            if clock is None:
+                clock = alone[key] = device_clock(r, cost_seconds, overlap=overlap,
+                                                  prefetch_layers=prefetch_layers)
+            clocks[i] = clock
             continue
         missing = [d for d in r.stage_group if d not in by_device]
         if missing:

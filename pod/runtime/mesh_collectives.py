@@ -6,7 +6,7 @@ inside that task, one after another, each over the device's group of the
 named axis. :class:`GroupTransport` runs one: it builds the group's ring
 schedule on local positions (``interconnect.group_ring_schedule``, cached;
 an allreduce over 3 or more devices runs in two phases with the ring's
-bits instead: ``pod.runtime.direct``),
+bits instead, through one device when small: ``pod.runtime.direct``),
 takes this device's part (``rank_plans``), renames positions to device ids,
 and runs it on the device's ``IciPort`` as a *sequenced* run
 (``pod.runtime.ici``): the k-th collective of a step has run id ``base + k``
@@ -41,7 +41,14 @@ from interconnect import group_ring_schedule
 from pod.config.sharding import DeviceGroups
 from pod.programs.collectives import AXES, CollectivesBase
 from pod.runtime.collective import rank_plans
-from pod.runtime.direct import add_scratch, direct_allreduce
+from pod.runtime.direct import (
+    STAR_MAX_BYTES,
+    StarAllreduce,
+    add_scratch,
+    direct_allreduce,
+    fold_star,
+    star_allreduce,
+)
 from pod.runtime.ici import IciPort
 
 __all__ = ["GroupTransport", "RuntimeCollectives", "ALIGN_RUNS", "DIRECT_MIN_GROUP"]
@@ -104,11 +111,8 @@ class GroupTransport:
                 mapped[owned[q]] = (q * shard, (q + 1) * shard)
             bounds = tuple(mapped)
         me = ring.index(self.groups.device)
-        plan = [(phase, [(ring[dst], chunk, seq) for dst, chunk, seq in sends],
-                 [(ring[src], seq, chunk, reduce) for src, seq, chunk, reduce in receives])
-                for phase, sends, receives in plans[me]]
-        self.port.run(run_id, plan, self.addresses, flat, bounds, timeout=self.timeout_s,
-                      sequenced=True)
+        self.port.run(run_id, self._device_plan(plans[me], ring), self.addresses, flat, bounds,
+                      timeout=self.timeout_s, sequenced=True)
         return flat
 
     def align(self, point: int) -> None:
@@ -152,11 +156,17 @@ class GroupTransport:
 
     def allreduce(self, x: np.ndarray, axis: str) -> np.ndarray:
         """The sum of ``x`` over the group of ``axis`` (same shape, float32): over groups
-        of ``DIRECT_MIN_GROUP`` or more in two phases with the ring's bits
-        (``pod.runtime.direct``)."""
+        of ``DIRECT_MIN_GROUP`` or more in two phases with the ring's bits, through one
+        device up to ``STAR_MAX_BYTES`` (``pod.runtime.direct``)."""
         ring = self.groups.ring[axis]
         size = int(np.size(x))
-        direct = direct_allreduce(len(ring), size) if len(ring) >= DIRECT_MIN_GROUP else None
+        if len(ring) < DIRECT_MIN_GROUP:
+            flat = np.array(x, dtype=np.float32, copy=True).reshape(-1)
+            return self._run("allreduce", axis, flat).reshape(np.shape(x))
+        star = star_allreduce(len(ring), size) if 0 < size * 4 <= STAR_MAX_BYTES else None
+        if star is not None:
+            return self._star(star, ring, x)
+        direct = direct_allreduce(len(ring), size)
         if direct is None:
             flat = np.array(x, dtype=np.float32, copy=True).reshape(-1)
             return self._run("allreduce", axis, flat).reshape(np.shape(x))
@@ -164,18 +174,43 @@ class GroupTransport:
         flat = np.empty(size + direct.extra_elements, dtype=np.float32)
         flat[:size] = np.ravel(x)
         me = ring.index(self.groups.device)
-        plan = [(phase, [(ring[dst], chunk, seq) for dst, chunk, seq in sends],
-                 [(ring[src], seq, chunk, reduce) for src, seq, chunk, reduce in receives])
-                for phase, sends, receives in direct.plans[me]]
         owned = direct.owned[me]
 
         def fold_in(phase: int) -> None:
             if phase == 0:
                 add_scratch(flat, direct.bounds, owned)
 
-        self.port.run(run_id, plan, self.addresses, flat, direct.bounds, timeout=self.timeout_s,
-                      sequenced=True, after_phase=fold_in)
+        self.port.run(run_id, self._device_plan(direct.plans[me], ring), self.addresses, flat,
+                      direct.bounds, timeout=self.timeout_s, sequenced=True, after_phase=fold_in)
         return flat[:size].reshape(np.shape(x))
+
+    def _star(self, star: StarAllreduce, ring: tuple[int, ...], x: np.ndarray) -> np.ndarray:
+        """The allreduce through the group's first position (``direct.star_allreduce``)."""
+        run_id = self._next_run()
+        me = ring.index(self.groups.device)
+        own = np.ravel(x).astype(np.float32, copy=True)
+        plan = self._device_plan(star.plans[me], ring)
+        if me != star.root:
+            self.port.run(run_id, plan, self.addresses, own, ((0, own.size),),
+                          timeout=self.timeout_s, sequenced=True)
+            return own.reshape(np.shape(x))
+        bounds = star.root_bounds
+        flat = np.empty(bounds[-1][1], dtype=np.float32)
+
+        def fold(phase: int) -> None:
+            if phase == 0:
+                fold_star(star, flat, own)
+
+        self.port.run(run_id, plan, self.addresses, flat, bounds, timeout=self.timeout_s,
+                      sequenced=True, after_phase=fold)
+        return flat[bounds[-1][0]:].reshape(np.shape(x))
+
+    @staticmethod
+    def _device_plan(plan: Any, ring: tuple[int, ...]) -> Any:
+        """A position's ``RankPlan`` with positions renamed to the ring's device ids."""
+        return [(phase, [(ring[dst], chunk, seq) for dst, chunk, seq in sends],
+                 [(ring[src], seq, chunk, reduce) for src, seq, chunk, reduce in receives])
+                for phase, sends, receives in plan]
 
     def reduce_scatter(self, x: np.ndarray, axis: str) -> np.ndarray:
         """This device's shard (leading axis split in ring order) of the group's sum.

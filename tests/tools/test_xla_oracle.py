@@ -14,7 +14,7 @@ import pytest
 from tools.xla_oracle.inventory import HloParseError, op_inventory, replica_groups, shape_bytes
 from tools.xla_oracle.record import RESULT_SCHEMA, build_result, parse_oom
 from tools.xla_oracle.sharding import logical_to_mesh, mesh_shape
-from tools.xla_oracle.spec import RESULTS, ROOT, cache_key, load_configs, resolve
+from tools.xla_oracle.spec import RESULTS, ROOT, OracleConfigError, cache_key, load_configs, resolve
 
 SNIPPET = Path(__file__).parent / "data" / "xla_oracle_snippet.hlo"
 BF16 = 2
@@ -225,6 +225,25 @@ def test_cache_key_follows_the_compiled_program_not_the_note(configs):
     assert cache_key({**spec, "note": "other", "id": "x"}, versions) == key
     assert cache_key({**spec, "global_batch": 2 * spec["global_batch"]}, versions) != key
     assert cache_key(spec, {**versions, "libtpu": "0.0.43"}) != key
+
+
+def test_a_published_run_compiles_with_its_runs_xla_flags(configs, tmp_path):
+    # training-steps.md gives the 2023 runs' LIBTPU_INIT_ARGS: their rows name that set, the
+    # rest compile at XLA's defaults; the flags are part of the cache key
+    for rid in ("T1", "T2", "T3", "T4", "M1", "M2"):
+        spec = resolve(rid, configs[rid])
+        assert spec["xla_flags"]["name"] == "maxtext-2023"
+        assert "--xla_tpu_enable_async_collective_fusion=true" in spec["xla_flags"]["libtpu_args"]
+    t9 = resolve("T9", configs["T9"])
+    assert "xla_flags" not in t9
+    versions = {"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "0.0.42.1", "optax": "0.2.8"}
+    t3 = resolve("T3", configs["T3"])
+    defaults = {k: v for k, v in t3.items() if k != "xla_flags"}
+    assert cache_key(t3, versions) != cache_key(defaults, versions)
+    bad = tmp_path / "configs.yaml"
+    bad.write_text("X:\n  scenario: s.yaml\n  xla_flags: fastest\n")
+    with pytest.raises(OracleConfigError, match=r"X.xla_flags: 'fastest'; known: maxtext-2023"):
+        load_configs(bad)
 
 
 def test_parse_oom_reads_both_forms_of_xla_s_message():

@@ -20,6 +20,7 @@ import argparse
 import gzip
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -80,9 +81,14 @@ def _compile(spec: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], st
     with tempfile.TemporaryDirectory(prefix="xla-oracle-") as tmp:
         log = Path(tmp) / "stderr.txt"
         with log.open("w") as err:
+            # the configuration's XLA flags, and none for one that names none (a
+            # LIBTPU_INIT_ARGS of the caller's shell would change the program behind the
+            # cache key's back)
+            env = {**os.environ,
+                   "LIBTPU_INIT_ARGS": (spec.get("xla_flags") or {}).get("libtpu_args", "")}
             proc = subprocess.Popen([sys.executable, "-m", "tools.xla_oracle.compile_one", tmp],
                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=err, stderr=err,
-                                    text=True)
+                                    text=True, env=env)
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(spec))
             proc.stdin.close()

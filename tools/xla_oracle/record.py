@@ -106,6 +106,7 @@ def build_result(spec: Mapping[str, Any], outcome: Mapping[str, Any],
         "oracle": dict(spec.get("oracle") or {}),
         "calibration": spec.get("calibration"),
         "note": spec.get("note"),
+        "xla_flags": spec.get("xla_flags"),
         "slice": spec["slice"],
         "slices": spec["slices"],
         "chip": spec["chip"],
@@ -206,6 +207,7 @@ RESULT_SCHEMA: dict[str, Any] = {
             "properties": {"collectives": {"type": "array", "items": _COLLECTIVE}},
         },
         "hlo_file": {"type": ["string", "null"]},
+        "xla_flags": {"type": ["object", "null"], "required": ["name", "libtpu_args"]},
     },
 }
 

@@ -28,6 +28,7 @@ from pod.config.plan import training_sections
 from pod.config.slices import resolve_pod
 from pod.errors import ScenarioError
 from pod.workloads.transformer import TransformerConfig
+from tools.xla_oracle.flags import XLA_FLAG_SETS
 
 __all__ = ["ROOT", "CONFIGS", "RESULTS", "HLO_DIR", "HLO_CACHE", "MODEL_VERSION",
            "OracleConfigError",
@@ -77,7 +78,8 @@ class OracleConfigError(ValueError):
 
 
 def load_configs(path: Path = CONFIGS) -> dict[str, dict[str, Any]]:
-    """``configs.yaml``: id -> {scenario, overrides, oracle, calibration, hlo, note}.
+    """``configs.yaml``: id -> {scenario, overrides, oracle, calibration, hlo, note,
+    xla_flags}.
 
     Raises:
         OracleConfigError: not a mapping of ids to mappings with a ``scenario``.
@@ -88,9 +90,14 @@ def load_configs(path: Path = CONFIGS) -> dict[str, dict[str, Any]]:
     for cid, entry in data.items():
         if not isinstance(entry, dict) or "scenario" not in entry:
             raise OracleConfigError(f"{path.name}: {cid}: needs a 'scenario' path")
-        unknown = set(entry) - {"scenario", "overrides", "oracle", "calibration", "hlo", "note"}
+        unknown = set(entry) - {"scenario", "overrides", "oracle", "calibration", "hlo", "note",
+                                "xla_flags"}
         if unknown:
             raise OracleConfigError(f"{path.name}: {cid}: unknown keys {sorted(unknown)}")
+        flags = entry.get("xla_flags")
+        if flags is not None and flags not in XLA_FLAG_SETS:
+            raise OracleConfigError(f"{path.name}: {cid}.xla_flags: {flags!r}; known: "
+                                    f"{', '.join(XLA_FLAG_SETS)}")
         bad = set(entry.get("oracle") or {}) - set(ORACLE_KEYS)
         if bad:
             raise OracleConfigError(f"{path.name}: {cid}.oracle: unknown keys {sorted(bad)}; "
@@ -178,6 +185,10 @@ def resolve(cid: str, entry: Mapping[str, Any], root: Path = ROOT) -> dict[str, 
                       "weight_decay": float(opt.get("weight_decay", 0.1))},
         "hbm_bytes_per_device": int(device_hbm_bytes(pod.chip)),
     }
+    if entry.get("xla_flags"):
+        # the named flag set and its LIBTPU_INIT_ARGS (tools/xla_oracle/flags.py)
+        spec["xla_flags"] = {"name": entry["xla_flags"],
+                             "libtpu_args": XLA_FLAG_SETS[entry["xla_flags"]]}
     if training.optimizer.name != "adamw":
         raise OracleConfigError(f"{cid}: training.optimizer {training.optimizer.name!r}: the "
                                 "oracle compiles MaxText's AdamW step")
@@ -186,9 +197,12 @@ def resolve(cid: str, entry: Mapping[str, Any], root: Path = ROOT) -> dict[str, 
 
 def cache_key(spec: Mapping[str, Any], versions: Mapping[str, str]) -> str:
     """sha256 of what decides the compiled program: the spec's model, mesh, slice, batch and
-    optimizer, the library versions and ``MODEL_VERSION`` (not the id, note or paths)."""
+    optimizer, its XLA flags if it names any, the library versions and ``MODEL_VERSION`` (not
+    the id, note or paths)."""
     keep = {k: spec[k] for k in ("topology", "chip", "mesh", "global_batch", "model",
                                  "moe_aux_loss_weight", "optimizer")}
+    if spec.get("xla_flags"):
+        keep["libtpu_args"] = spec["xla_flags"]["libtpu_args"]
     model = spec["model"]
     blob = {"spec": keep, "versions": dict(sorted(versions.items())),
             "model_version": MODEL_VERSION}

@@ -48,17 +48,9 @@ KNOWN_MISSES = {
           "for T3's model and mesh across two slices (dcn data 2) than in one (T3, 8.37 GiB); "
           "its HLO (tools/xla_oracle/hlo/M1.hlo.txt.gz) runs one layer's flash kernels outside "
           "the scanned loops (peeled), and the schedule's peak is there, beside the stacked "
-          "activations; M2 (T1 across two slices) holds 3.38 GiB more than T1 the same way, "
-          "M3 (dot-product attention) nothing: no rule read from two rows that disagree",
-    "T2": "the plan is 11.0% below XLA's peak (44.77 of 50.32 GiB) for the 516B model on "
-          "{fsdp: 32, tensor: 16}, 2 x 2048, remat full, compiled with XLA's default flags; "
-          "with the flags the 2023 MaxText run set XLA's peak is 47.48 GiB and the plan -5.7% "
-          "(VALIDATION section 11 (c)): the oracle compiles with XLA's defaults. The liveness "
-          "walk of its HLO (50.79 GiB) peaks in the backward loop: XLA holds the tied "
-          "logits' gradient whole over the vocabulary (fusion.307, bf16[32,2048,32768], "
-          "4.0 GiB) where the plan holds the table's gradient (1.25 GiB), and in the body "
-          "three (b, T, C) arrays whole over tensor (all-gather.110, 117, copy.313, 2.5 GiB "
-          "each) where the plan holds two; T4 (2023, tensor 16) holds no logits there",
+          "activations; M2 (T1 across two slices) holds 3.66 GiB more than T1 the same way, "
+          "M3 (dot-product attention) nothing: no rule read from two rows that disagree; "
+          "compiled with its run's flags (xla_flags maxtext-2023) as at XLA's defaults",
     "T5-full": "the plan is 17.1% above XLA's peak (20.82 of 17.77 GiB): it holds the "
                "logits' gradient (4 x 8192 x 128,256 bf16, 7.83 GiB) through the layers' "
                "backward, as XLA does in T5, T5-qkv_proj_offloaded, T9-untied-flash and "

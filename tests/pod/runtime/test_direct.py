@@ -1,6 +1,7 @@
-"""The two-phase group allreduce (``pod.runtime.direct``) gives the ring's bits: in-process
-ports, one thread per device, against ``interconnect.execute`` of the ring schedule on
-float32 data whose sums depend on the order of the additions."""
+"""The two-phase group allreduce and the one through one device (star), both in
+``pod.runtime.direct``, give the ring's bits: in-process ports, one thread per device,
+against ``interconnect.execute`` of the ring schedule on float32 data whose sums depend
+on the order of the additions."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from interconnect import Torus, execute, group_ring_schedule
 from pod.config.mesh import layout_mesh
 from pod.config.sharding import device_groups
-from pod.runtime.direct import direct_allreduce, fold_orders
+from pod.runtime.direct import direct_allreduce, fold_orders, star_allreduce
 from pod.runtime.ici import IciPort
 from pod.runtime.mesh_collectives import GroupTransport
 from tests.pod.runtime.test_mesh_collectives import run_on_threads
@@ -32,8 +33,15 @@ def test_a_tree_of_partial_sums_has_no_single_order():
 
 
 @pytest.mark.parametrize(("shape", "elements"), [((3,), 7), ((2, 2), 1001), ((2, 4), 44138),
-                                                 ((2, 4), 5)])
-def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements):
+                                                 ((2, 4), 5), ((5,), 3)])
+@pytest.mark.parametrize("star", [False, True], ids=["two-phase", "star"])
+def test_the_two_phase_and_the_star_allreduce_give_the_rings_bits(shape, elements, star,
+                                                                   monkeypatch):
+    """Twice on the same ports; ``star``: through one device (below ``STAR_MAX_BYTES``),
+    else in two phases (the threshold set to 0). (5,) with 3 elements: empty chunks."""
+    import pod.runtime.mesh_collectives as mesh_collectives
+
+    monkeypatch.setattr(mesh_collectives, "STAR_MAX_BYTES", 1 << 20 if star else 0)
     torus = Torus(shape)
     mesh = layout_mesh({"data": torus.num_chips}, torus)
     n = mesh.size
@@ -65,3 +73,11 @@ def test_the_two_phase_allreduce_gives_the_rings_bits(shape, elements):
             for x in scaled[-2::-1]:
                 other += x
             assert not np.array_equal(other, want[0])
+
+
+def test_the_star_sends_two_messages_per_member_in_all():
+    star = star_allreduce(8, 44138)
+    assert star is not None and star.root == 0
+    sends = [len(s) for plan in star.plans for _, s, _ in plan]
+    assert sum(sends) == 2 * 7  # the direct's: 2 * 8 * 7 = 112
+    assert star.root_bounds[-1] == (8 * 44138, 9 * 44138)

@@ -182,6 +182,38 @@ def test_the_chip_actors_code_in_process_equals_the_local_pod_bit_for_bit(make):
     assert chip_reports[-1][0].loss != chip_reports[0][0].loss  # it trained
 
 
+@pytest.mark.slow  # 1.4 s at load 6 (8 ports, 6 steps): the fast tier has test_direct.py's
+def test_the_data_allreduce_through_one_device_changes_no_bit_and_no_simulated_second(
+        monkeypatch):
+    """A data-parallel v2-8 (data 8: 8 TensorCores in 4 chips, their ports on loopback;
+    an MLP on digits, dropout and all): the chip actors'
+    code with the allreduce through one device (``direct.STAR_MAX_BYTES``, the default
+    at this size) and in two phases (the threshold 0) give the same reports (losses,
+    op records' simulated seconds, collective calls: what the clock reads) and the
+    same parameter and optimizer bits after every step of the run."""
+    import pod.runtime.mesh_collectives as mesh_collectives
+
+    plan = build_plan(parse_scenario({
+        "name": "star", "pod": {"slice": "v2-8"},
+        "model": {"name": "mlp", "options": {"hidden": [32], "dropout": 0.2}},
+        "data": {"name": "digits"},
+        "training": {"global_batch": 64, "steps": 3, "optimizer": {"name": "adam"}},
+        "metrics": {"port": 0}}))
+    assert plan.mesh.size == 8 and plan.num_params * 4 <= mesh_collectives.STAR_MAX_BYTES
+    runs = {}
+    for star_max_bytes in (mesh_collectives.STAR_MAX_BYTES, 0):
+        monkeypatch.setattr(mesh_collectives, "STAR_MAX_BYTES", star_max_bytes)
+        runs[star_max_bytes] = in_process_chips(plan, plan.steps)
+    (star_reports, star_shards), (direct_reports, direct_shards) = runs.values()
+    assert star_reports == direct_reports
+    for got, want in zip(star_shards, direct_shards, strict=True):
+        for tree in ("params", "opt_state"):
+            a, b = getattr(got, tree), getattr(want, tree)
+            assert {k: v.tobytes() for k, v in a.items()} == {k: v.tobytes()
+                                                              for k, v in b.items()}, tree
+    assert star_reports[-1][0].loss != star_reports[0][0].loss  # it trained
+
+
 # ------------------------------------------------------------------ data parallelism is {data: N}
 
 def test_a_data_parallel_scenario_costs_what_the_mesh_data_8_costs():
