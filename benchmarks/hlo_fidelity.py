@@ -501,14 +501,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hlo-dir", default=os.path.join(ROOT, "tools", "xla_oracle", "hlo"),
                         help="where the oracle's <row>.hlo.txt.gz are (results/ beside it)")
     args = parser.parse_args(argv)
+    compiles = []  # (out_dir, LIBTPU_INIT_ARGS)
     if args.compile_maxtext_flags:
-        for rid in args.rows.split(","):
-            compile_oracle(rid, args.compile_maxtext_flags, MAXTEXT_2023_LIBTPU_ARGS
-                           + (MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS if args.host_offload_flags
-                              else ""))
+        compiles.append((args.compile_maxtext_flags, MAXTEXT_2023_LIBTPU_ARGS + (
+            MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS if args.host_offload_flags else "")))
     if args.compile_xla_defaults:
+        compiles.append((args.compile_xla_defaults, ""))
+    for out_dir, libtpu_args in compiles:
         for rid in args.rows.split(","):
-            compile_oracle(rid, args.compile_xla_defaults, "")
+            compile_oracle(rid, out_dir, libtpu_args)
     if args.training or args.memory:
         results = run_training(args.rows.split(","), args.hlo_dir)
         if args.json:
