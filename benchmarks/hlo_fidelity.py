@@ -400,6 +400,22 @@ def _oracle_axes(result: dict) -> dict[str, int]:
     return {axis: int(ici.get(axis, 1)) for axis in order}
 
 
+def _module_axes(result: dict) -> dict[str, int]:
+    """The module's mesh axes: a MaxText record's own (``mesh_axes``, its axes of size > 1 in
+    MaxText's order: the same device ids), else the oracle's."""
+    if result.get("mesh_axes"):
+        return {k: int(v) for k, v in result["mesh_axes"].items() if int(v) > 1}
+    return _oracle_axes(result)
+
+
+def _module_devices(result: dict) -> tuple[int, ...]:
+    """The physical device of each module device id: a MaxText record's ``device_order``
+    (read off its compile's mesh), else the oracle's layout."""
+    if result.get("device_order"):
+        return tuple(int(d) for d in result["device_order"])
+    return _oracle_devices(result)
+
+
 def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
     import fidelity
 
@@ -407,7 +423,11 @@ def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
 
     out = []
     for rid in ids:
-        meta_path = os.path.join(hlo_dir, "..", "results", f"{rid}.json")
+        # a record beside the HLO (tools.xla_oracle.maxtext_step's, MaxText's own step)
+        # before the oracle's results/
+        meta_path = os.path.join(hlo_dir, f"{rid}.json")
+        if not os.path.exists(meta_path):
+            meta_path = os.path.join(hlo_dir, "..", "results", f"{rid}.json")
         hlo_path = os.path.join(hlo_dir, f"{rid}.hlo.txt.gz")
         if not os.path.exists(hlo_path):
             print(f"{rid}: no HLO at {hlo_path}; skipped", file=sys.stderr)
@@ -418,7 +438,7 @@ def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
         plan, stats, builtin_cats = _builtin(row.scenario)
         published = fidelity.training_flops(plan, row.formula) / (row.published_tflops * 1e12)
         est = pod.jax.cost_hlo(hlo_path, slice=result["slice"], num_slices=result["slices"],
-                               mesh=_oracle_axes(result), devices=_oracle_devices(result))
+                               mesh=_module_axes(result), devices=_module_devices(result))
         step = est.step
         from collections import defaultdict
 
@@ -499,7 +519,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --compile-maxtext-flags: also the host-offload scheduler "
                              "flags (MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS)")
     parser.add_argument("--hlo-dir", default=os.path.join(ROOT, "tools", "xla_oracle", "hlo"),
-                        help="where the oracle's <row>.hlo.txt.gz are (results/ beside it)")
+                        help="where the oracle's <row>.hlo.txt.gz are (results/ beside it; a "
+                             "<row>.json beside the HLO first, as tools/xla_oracle/hlo-maxtext "
+                             "has: MaxText's own step, tools.xla_oracle.maxtext_step)")
     args = parser.parse_args(argv)
     compiles = []  # (out_dir, LIBTPU_INIT_ARGS)
     if args.compile_maxtext_flags:
