@@ -31,7 +31,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,6 +313,81 @@ CATEGORIES = (
 )
 
 
+#: The same categories for a module with JAX's stack frame tables (MaxText 0.2.5's NNX step,
+#: whose op names carry no einsum): patterns on the functions of each op's stack frames.
+FRAME_CATEGORIES = (
+    ("flash attention kernels", r"tpu_flash_attention|_splash_attention"),
+    ("MLP matmuls", r"MlpBlock\."),
+    ("attention projections", r"Attention\.(query|kv|out|qkv)_projection"),
+    ("logits, embedding, loss", r"attend_on_embedding|embed_tokens|Embed\.__call__"
+     r"|cross_entropy|logits"),
+    ("optimizer", r"Optimizer\.update|clip_by_global_norm|scale_by_adam|apply_updates"
+     r"|global_norm|schedule"),
+    ("other (norms, rotary, element-wise, copies)", r"."),
+)
+
+
+def stack_functions(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> the function names of its stack frame, innermost first, from the
+    module's ``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
+    (jax >= 0.11 writes them, and ``stack_frame_id=N`` in each op's metadata; a frame's
+    ``parent_frame_id`` is its parent's number plus one, 0 for none). Empty for a module
+    without them."""
+    import re
+
+    tables: dict[str, dict[int, str]] = {}
+    section = None
+    for line in hlo_text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = line
+            tables[section] = {}
+            continue
+        if section is None:
+            continue
+        m = re.match(r"(\d+) (.*)$", line)
+        if not m:
+            section = None
+            continue
+        tables[section][int(m.group(1))] = m.group(2)
+    if "StackFrames" not in tables:
+        return {}
+    functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
+    location_function = {}
+    for k, v in tables.get("FileLocations", {}).items():
+        m = re.search(r"function_name_id=(\d+)", v)
+        location_function[k] = functions.get(int(m.group(1)), "") if m else ""
+    frames = {}
+    for k, v in tables["StackFrames"].items():
+        m = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", v)
+        if m:
+            frames[k] = (int(m.group(1)), int(m.group(2)) - 1)
+    chains: dict[int, str] = {}
+
+    def chain(start: int) -> str:
+        if start not in chains:
+            names, frame, seen = [], start, set()
+            while frame in frames and frame not in seen:
+                seen.add(frame)
+                loc, frame = frames[frame]
+                names.append(location_function.get(loc, ""))
+            chains[start] = " ".join(names)
+        return chains[start]
+
+    out = {}
+    for m in re.finditer(r"%([\w.\-]+) = [^\n]*?stack_frame_id=(\d+)", hlo_text):
+        out[m.group(1)] = chain(int(m.group(2)))
+    return out
+
+
+def _frame_category(functions: str) -> str:
+    import re
+
+    for name, pattern in FRAME_CATEGORIES:
+        if re.search(pattern, functions):
+            return name
+    return FRAME_CATEGORIES[-1][0]
+
+
 def _category(text: str, which: int) -> str:
     import re
 
@@ -338,6 +413,8 @@ class TrainingResult:
     hlo_memory_gib: float
     xla_memory_gib: float | None
     builtin_memory_gib: float
+    exposed_ops: dict = field(default_factory=dict)
+    collective_rows: dict = field(default_factory=dict)
 
 
 def _builtin(scenario: str) -> tuple[Any, Any, dict[str, float]]:
@@ -445,8 +522,15 @@ def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
         cats: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for name, seconds in builtin_cats.items():
             cats[name][0] += seconds
+        import gzip
+
+        with gzip.open(hlo_path, "rt") as f:
+            frames = stack_functions(f.read())
         for op in step.ops:
-            cats[_category(f"{op.op_name} {op.source} {op.name}", 1)][1] += op.seconds
+            key = op.name.lstrip("%")
+            cat = (_frame_category(frames[key]) if key in frames
+                   else _category(f"{op.op_name} {op.source} {op.name}", 1))
+            cats[cat][1] += op.seconds
         lanes = step.stats.axis_exposed_seconds
         cats["exposed collectives"] = [stats.exposed_collective_seconds,
                                        step.stats.exposed_collective_seconds]
@@ -456,11 +540,51 @@ def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
             {k: round(v, 4) for k, v in lanes.items() if v > 1e-4}, stats.compute_seconds,
             {k: round(v, 4) for k, v in stats.axis_exposed_seconds.items() if v > 1e-4},
             {k: tuple(v) for k, v in cats.items()}, step.memory.estimate_bytes / 2**30,
-            peak / 2**30 if peak else None, plan.memory["total"] / 2**30))
+            peak / 2**30 if peak else None, plan.memory["total"] / 2**30,
+            {k: round(v, 4) for k, v in exposed_by_op(step).items()},
+            {c.name.lstrip("%"): {"op_name": "/".join(c.op_name.split("/")[-2:]),
+                                  "lane": c.lane, "op": c.op, "form": c.form,
+                                  "nbytes": c.nbytes, "count": c.count,
+                                  "seconds": round(c.seconds, 4)}
+             for c in step.collectives}))
         r = out[-1]
         print(f"{rid}: published {published:.3f} s, built-in {r.builtin_s:.3f} s, HLO path "
               f"{r.hlo_s:.3f} s", file=sys.stderr)
     return out
+
+
+def exposed_by_op(step: Any) -> dict[str, float]:
+    """Each wait of the compute stream charged to the collective it waited for: the span on
+    the wait's lane that ends where the wait ends (the tag of the span, the HLO instruction
+    that starts it), simulated seconds per step summed over its runs; waits with no such
+    span (a collective running past the compute's end) under ``(end of step)``. Keys: the
+    instruction names."""
+    from collections import defaultdict
+
+    spans = defaultdict(list)
+    for span in step.clock.spans:
+        spans[span.axis].append(span)
+    out: dict[str, float] = defaultdict(float)
+    for start, end, lane in step.clock.waits:
+        match = [sp for sp in spans.get(lane, ()) if abs(sp.end - end) <= 1e-9 * max(1.0, end)]
+        out[match[0].tag.split(" (")[0] if match else "(end of step)"] += end - start
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def print_exposed(results: list[TrainingResult], top: int) -> None:
+    """The collectives the compute stream waited for most, per row."""
+    for r in results:
+        print(f"\n{r.id}, exposed collectives per op (simulated seconds per step):\n")
+        print("| op | JAX op | lane | collective | bytes per device | runs | cost, all runs "
+              "| exposed |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, seconds in list(r.exposed_ops.items())[:top]:
+            row = r.collective_rows.get(name, {})
+            print(f"| {name} | {row.get('op_name', '-')} | {row.get('lane', '-')} | "
+                  f"{row.get('op', '-')} "
+                  f"({row.get('form', '-')}) | {row.get('nbytes', 0) / MIB:.0f} MiB | "
+                  f"{row.get('count', '-')} | {row.get('seconds', 0.0):.3f} s | "
+                  f"{seconds:.3f} s |")
 
 
 def _pct(a: float, b: float) -> str:
@@ -522,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the oracle's <row>.hlo.txt.gz are (results/ beside it; a "
                              "<row>.json beside the HLO first, as tools/xla_oracle/hlo-maxtext "
                              "has: MaxText's own step, tools.xla_oracle.maxtext_step)")
+    parser.add_argument("--exposed-ops", type=int, default=0, metavar="N",
+                        help="with --training: the N collectives the compute stream waited "
+                             "for most, per row")
     args = parser.parse_args(argv)
     compiles = []  # (out_dir, LIBTPU_INIT_ARGS)
     if args.compile_maxtext_flags:
@@ -540,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
             print_training(results)
         if args.memory and not args.json:
             print_memory(results)
+        if args.exposed_ops and not args.json:
+            print_exposed(results, args.exposed_ops)
     if args.single_op:
         results = run_single_op(args.path)
         if args.json:

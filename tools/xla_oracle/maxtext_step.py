@@ -36,6 +36,7 @@ import gzip
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -44,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MAXTEXT_VERSION", "MAXTEXT_MESH_AXES", "OUT_DIR", "VENV_PYTHON",
-           "REFUSED_FLAGS", "MaxTextArgsError", "maxtext_args", "libtpu_args", "main"]
+           "REFUSED_FLAGS", "MaxTextArgsError", "maxtext_args", "libtpu_args", "portable_paths",
+           "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -333,6 +335,15 @@ def _missing(python: Path) -> str | None:
     return None
 
 
+def portable_paths(hlo_text: str, root: Path) -> str:
+    """The module's ``FileNames`` table without this machine's paths: a package's file from
+    its ``site-packages/`` on (``maxtext/layers/linears.py``), a file of the repository
+    relative to ``root`` (``tools/xla_oracle/maxtext_step.py``). Only quoted file names
+    change; the HLO's ops and stack frame ids are untouched."""
+    text = re.sub(r'"[^"\n]*/site-packages/([^"\n]*)"', r'"\1"', hlo_text)
+    return text.replace(f'"{root}/', '"')
+
+
 def _oracle_split_axes(cid: str) -> bool:
     """Whether the oracle's own compile of the row needed ``allow_split_physical_axes``."""
     from tools.xla_oracle.spec import RESULTS
@@ -373,8 +384,8 @@ def compile_row(cid: str, python: Path, out_dir: Path, host_offload: bool) -> di
         hlo = Path(tmp) / "module.hlo.txt"
         out_dir.mkdir(parents=True, exist_ok=True)
         if hlo.exists():
-            (out_dir / f"{cid}.hlo.txt.gz").write_bytes(gzip.compress(hlo.read_bytes(),
-                                                                      mtime=0))
+            text = portable_paths(hlo.read_text(), ROOT)
+            (out_dir / f"{cid}.hlo.txt.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
     memory = outcome.get("memory") or {}
     record = {
         "id": cid, "tool": "tools.xla_oracle.maxtext_step",
