@@ -331,8 +331,9 @@ def stack_functions(hlo_text: str) -> dict[str, str]:
     """Instruction name -> the function names of its stack frame, innermost first, from the
     module's ``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
     (jax >= 0.11 writes them, and ``stack_frame_id=N`` in each op's metadata; a frame's
-    ``parent_frame_id`` is its parent's number plus one, 0 for none). Empty for a module
-    without them."""
+    ``parent_frame_id`` is read as its parent's number plus one, a root's as 1: so jax 0.12's
+    modules chain, e.g. frame 3, a module's top level, prints 3 and is called from frame 2,
+    runpy's ``_run_code``). Empty for a module without them."""
     import re
 
     tables: dict[str, dict[int, str]] = {}

@@ -414,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-offload-flags", action="store_true",
                         help="compile with MaxText's 2023 and the host-offload scheduler "
                              "flags (tools/xla_oracle/flags.py) instead of the row's")
-    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="default: hlo-maxtext/ (hlo-maxtext/host-offload-flags/ with "
+                             "--host-offload-flags)")
     parser.add_argument("--python", type=Path, default=VENV_PYTHON,
                         help="the MaxText environment's interpreter")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -445,10 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 2
+    out_dir = args.out_dir or (OUT_DIR / "host-offload-flags" if args.host_offload_flags
+                               else OUT_DIR)
     for cid in rows:
         print(f"{cid}: compiling MaxText {MAXTEXT_VERSION}'s train step ...", flush=True)
         try:
-            rec = compile_row(cid, args.python, args.out_dir, args.host_offload_flags)
+            rec = compile_row(cid, args.python, out_dir, args.host_offload_flags)
         except (MaxTextArgsError, OracleConfigError) as err:
             print(f"maxtext_step: {err}", file=sys.stderr)
             return 2
