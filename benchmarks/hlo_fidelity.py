@@ -259,10 +259,13 @@ def print_single_op(results: list[OpResult], markdown: bool) -> None:
 
 # ------------------------------------------------------------------------- (b) training
 
-def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
-    """Compile the oracle's row ``rid`` (tools/xla_oracle, its own process) with XLA's TPU
-    flags ``libtpu_args``; writes ``out_dir/hlo/<rid>.hlo.txt.gz`` and
-    ``out_dir/results/<rid>.json`` (the oracle's result with this compile's memory)."""
+def compile_oracle(rid: str, out_dir: str, libtpu_args: str, python: str = sys.executable,
+                   drop_refused: bool = False) -> None:
+    """Compile the oracle's row ``rid`` (tools/xla_oracle, its own process, in ``python``'s
+    environment) with XLA's TPU flags ``libtpu_args`` (less those libtpu 0.0.50 refuses on
+    the row's chip, ``tools.xla_oracle.maxtext_step.REFUSED_FLAGS``, with ``drop_refused``);
+    writes ``out_dir/hlo/<rid>.hlo.txt.gz`` and ``out_dir/results/<rid>.json`` (the oracle's
+    result with this compile's memory, flags and versions)."""
     import gzip
     import subprocess
     import tempfile
@@ -274,8 +277,13 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
 
     with open(os.path.join(ROOT, "tools", "xla_oracle", "configs.yaml")) as f:
         spec = resolve(rid, yaml.safe_load(f)[rid])
+    if drop_refused:
+        from tools.xla_oracle.maxtext_step import REFUSED_FLAGS
+
+        refused = REFUSED_FLAGS.get(spec["chip"], ())
+        libtpu_args = " ".join(f for f in libtpu_args.split() if f not in refused)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "tools.xla_oracle.compile_one", tmp], cwd=ROOT,
+        subprocess.run([python, "-m", "tools.xla_oracle.compile_one", tmp], cwd=ROOT,
                        input=json.dumps(spec), text=True, check=True,
                        env={**os.environ, "LIBTPU_INIT_ARGS": libtpu_args})
         with open(os.path.join(tmp, "outcome.json")) as f:
@@ -289,7 +297,8 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
     with open(os.path.join(ROOT, "tools", "xla_oracle", "results", f"{rid}.json")) as f:
         result = json.load(f)
     result.update(peak_bytes_per_device=outcome["memory"]["peak_memory_bytes"],
-                  libtpu_args=libtpu_args, compile=outcome.get("compile_seconds"))
+                  libtpu_args=libtpu_args, compile=outcome.get("compile_seconds"),
+                  versions=outcome.get("versions"))
     with open(os.path.join(out_dir, "results", f"{rid}.json"), "w") as f:
         json.dump(result, f, indent=1)
 
@@ -647,6 +656,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the oracle's <row>.hlo.txt.gz are (results/ beside it; a "
                              "<row>.json beside the HLO first, as tools/xla_oracle/hlo-maxtext "
                              "has: MaxText's own step, tools.xla_oracle.maxtext_step)")
+    parser.add_argument("--compile-python", default=sys.executable, metavar="PY",
+                        help="the interpreter of the --compile-* compiles (e.g. "
+                             ".venv-maxtext/bin/python: the oracle's step on MaxText's jax and "
+                             "libtpu)")
+    parser.add_argument("--drop-refused-flags", action="store_true",
+                        help="with --compile-maxtext-flags: drop the flags libtpu 0.0.50 "
+                             "refuses on the row's chip, as tools.xla_oracle.maxtext_step does")
     parser.add_argument("--exposed-ops", type=int, default=0, metavar="N",
                         help="with --training: the N collectives the compute stream waited "
                              "for most, per row")
@@ -659,7 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         compiles.append((args.compile_xla_defaults, ""))
     for out_dir, libtpu_args in compiles:
         for rid in args.rows.split(","):
-            compile_oracle(rid, out_dir, libtpu_args)
+            compile_oracle(rid, out_dir, libtpu_args, args.compile_python,
+                           args.drop_refused_flags)
     if args.training or args.memory:
         results = run_training(args.rows.split(","), args.hlo_dir)
         if args.json:
