@@ -20,9 +20,13 @@ Usage::
     python benchmarks/hlo_fidelity.py --rows T1,T2,T3,T4 --compile-maxtext-flags DIR  # then
     python benchmarks/hlo_fidelity.py --training --memory --rows T1,T2,T3,T4 --hlo-dir DIR/hlo
     python benchmarks/hlo_fidelity.py --rows T1,T2 --compile-xla-defaults DIR  # XLA's defaults
+    python benchmarks/hlo_fidelity.py --training --rows T2 --exposed-ops 12 \
+        --hlo-dir tools/xla_oracle/hlo-maxtext   # MaxText's own step (maxtext_step.py)
 
 The oracle's committed HLO (tools/xla_oracle/hlo) of T1-T4, M1 and M2 is compiled with their
-runs' flags (``xla_flags: maxtext-2023``), the other rows' with XLA's defaults.
+runs' flags (``xla_flags: maxtext-2023``), the other rows' with XLA's defaults. MaxText's own
+step (tools/xla_oracle/hlo-maxtext, ``python -m tools.xla_oracle.maxtext_step``) keeps a
+``<row>.json`` beside each HLO (its mesh axes, device order and XLA's memory), read first.
 """
 
 from __future__ import annotations
