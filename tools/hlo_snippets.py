@@ -8,6 +8,7 @@ change (needs ``pip install -e '.[tpu-compile]'``)::
 
     python tools/hlo_snippets.py            # both platforms
     python tools/hlo_snippets.py --cpu      # the CPU ones only (no libtpu)
+    python tools/hlo_snippets.py --sparsecore   # embed_gather (jax 0.12 / libtpu 0.0.50)
 
 The modules:
 
@@ -21,7 +22,13 @@ The modules:
   reduce-scatters, ``mesh[...]`` replica groups;
 - ``ring_permute``: ``jax.lax.ppermute`` round a ring of 8 in ``shard_map``
   (``collective-permute`` with ``source_target_pairs``);
-- ``matmul``: one (512, 1024) x (1024, 256) bf16 matmul on one device.
+- ``matmul``: one (512, 1024) x (1024, 256) bf16 matmul on one device;
+- ``embed_gather`` (``--sparsecore``, TPU only, for v5p 2x2x1): an embedding lookup
+  (``jnp.take`` of 4,096 tokens per device from a (32768, 2048) bf16 table) and a
+  (2048, 2048) matmul, the batch 4 ways over "data". libtpu 0.0.50 (jax[tpu] 0.12.0.1,
+  Python 3.12: MaxText's venv) offloads the gather to the SparseCore: a ``call-start`` /
+  ``call-update`` / ``call-done`` on ``execution_thread="sparsecore"``; libtpu 0.0.42
+  does not (nor does 0.0.50 for a table of 4,096 x 1,024), so it has a flag of its own.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "hlo"
 TPU = "v5e:2x4"
+SPARSECORE_TPU = "v5p:2x2x1"
 
 
 def _setup(platform: str) -> None:
@@ -47,12 +55,12 @@ def _setup(platform: str) -> None:
         os.environ.update(TPU_SKIP_MDS_QUERY="1", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
 
 
-def _devices(jax, platform: str):
+def _devices(jax, platform: str, topology: str = TPU):
     if platform == "cpu":
         return jax.devices("cpu")[:8]
     from jax.experimental import topologies
 
-    return topologies.get_topology_desc(topology_name=TPU, platform="tpu").devices
+    return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
 
 
 def _steps(jax):
@@ -103,12 +111,26 @@ def _steps(jax):
     }
 
 
-def _compile(jax, platform: str, name: str, spec) -> str:
+def _sparsecore_steps(jax):
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def embed_step(table, w, tokens):
+        x = jnp.take(table, tokens, axis=0)
+        return (x @ w).astype(jnp.float32).sum()
+
+    s = jax.ShapeDtypeStruct
+    return {"embed_gather": ({"data": 4}, embed_step,
+                             (s((32768, 2048), jnp.bfloat16), s((2048, 2048), jnp.bfloat16),
+                              s((8, 2048), jnp.int32)), (P(), P(), P("data")))}
+
+
+def _compile(jax, platform: str, name: str, spec, topology: str = TPU) -> str:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
 
     axes, fn, args, specs = spec
-    devices = _devices(jax, platform)
+    devices = _devices(jax, platform, topology)
     size = int(np.prod(list(axes.values())))
     mesh = Mesh(np.array(devices[:size], dtype=object).reshape(tuple(axes.values())), tuple(axes))
     if isinstance(fn, tuple):  # shard_map
@@ -123,8 +145,12 @@ def _compile(jax, platform: str, name: str, spec) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="only the CPU-compiled modules")
+    parser.add_argument("--sparsecore", action="store_true",
+                        help=f"only embed_gather, for {SPARSECORE_TPU} (jax 0.12 / libtpu 0.0.50)")
     parser.add_argument("--platform", choices=["tpu", "cpu"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.sparsecore:
+        args.platform = "tpu"
     if args.platform is None:  # each platform in a process of its own (XLA flags at start)
         import subprocess
 
@@ -135,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.redirect_stderr(open(os.devnull, "w")):  # noqa: SIM115
         import jax
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, spec in _steps(jax).items():
-        text = _compile(jax, args.platform, name, spec)
+    steps, topology = (_sparsecore_steps(jax), SPARSECORE_TPU) if args.sparsecore \
+        else (_steps(jax), TPU)
+    for name, spec in steps.items():
+        text = _compile(jax, args.platform, name, spec, topology)
+        if args.sparsecore and 'execution_thread="sparsecore"' not in text:
+            raise SystemExit(f"{name}: this libtpu did not offload the gather to the "
+                             "SparseCore (needs jax[tpu] 0.12.0.1 / libtpu 0.0.50.1)")
         path = OUT / f"{name}.{args.platform}.hlo.txt.gz"
         path.write_bytes(gzip.compress(text.encode(), mtime=0))
         print(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
