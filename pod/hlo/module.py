@@ -40,6 +40,9 @@ __all__ = ["DTYPE_BYTES", "ArrayShape", "Shape", "HloInstruction", "HloComputati
            "HloModule", "parse_hlo", "parse_shape", "split_top", "VMEM_SPACE",
            "HOST_SPACE"]
 
+#: XLA's "no estimate" in ``estimated_cycles`` (the largest int64).
+_NO_ESTIMATE = 2**63 - 1
+
 #: Bytes per element of each HLO primitive type (``xla/xla_data.proto``); sub-byte types
 #: (s4, u4, f4e2m1fn) count half a byte, as XLA packs them.
 DTYPE_BYTES: dict[str, float] = {
@@ -346,15 +349,18 @@ class HloInstruction:
     @property
     def estimated_cycles(self) -> int | None:
         """XLA's own estimate of the op's TensorCore cycles (TPU backend_config
-        ``window_config.estimated_cycles`` or ``estimated_cycles``), None when absent."""
+        ``window_config.estimated_cycles`` or ``estimated_cycles``), None when absent
+        or XLA's "no estimate" (the largest int64, 9223372036854775807, which libtpu
+        0.0.50 writes on its SparseCore gather fusions)."""
         config = self.backend_config
         for where in (config.get("window_config", {}), config):
             value = where.get("estimated_cycles") if isinstance(where, dict) else None
             if value is not None:
                 try:
-                    return int(value)
+                    cycles = int(value)
                 except (TypeError, ValueError):
                     return None
+                return None if cycles >= _NO_ESTIMATE else cycles
         return None
 
     @property

@@ -55,7 +55,7 @@ from pod.errors import HloOpError
 from pod.hlo.module import ArrayShape, HloComputation, HloInstruction, HloModule, Shape
 
 __all__ = ["OpCost", "OpCoster", "ELEMENTWISE", "TRANSCENDENTAL", "MOVEMENT", "FREE",
-           "COLLECTIVE_OPCODES", "gemm_dims", "short_name"]
+           "COLLECTIVE_OPCODES", "gemm_dims", "short_name", "SparseCoreWork", "sparsecore_work"]
 
 #: Element-wise ops: one VPU element-op per output element.
 ELEMENTWISE = frozenset({
@@ -696,3 +696,91 @@ def _root_leaves(comp: HloComputation) -> list[HloInstruction | None]:
             part = comp.by_name.get(part.operands[0])
         out.append(part)
     return out
+
+
+#: What a SparseCore offload moves between HBM and the SparseCore: its gathers, scatters
+#: and dynamic slices (``sparsecore_work``).
+SPARSECORE_MOVES = frozenset({"gather", "scatter", "dynamic-slice", "dynamic-update-slice"})
+#: Ops that call the computations a SparseCore offload nests (walked into).
+_SPARSECORE_NESTS = frozenset({"fusion", "call", "call-start", "async-start"})
+#: Ops of a SparseCore offload that move no HBM bytes of their own there: index arithmetic,
+#: layout changes and the nested async pairs' other halves.
+_SPARSECORE_FREE = (FREE | ELEMENTWISE | (MOVEMENT - SPARSECORE_MOVES)
+                    | {"call-done", "call-update", "async-done", "async-update"})
+
+
+@dataclass(frozen=True)
+class SparseCoreWork:
+    """What a computation offloaded to the SparseCore reads and writes in HBM.
+
+    Attributes:
+        hbm_bytes: bytes its gathers, scatters and dynamic slices read and write
+            (``sparsecore_work``).
+        moves: those instructions' names, in order.
+        unknown: instructions of another kind (no bound from bytes for them).
+    """
+
+    hbm_bytes: int
+    moves: tuple[str, ...]
+    unknown: tuple[HloInstruction, ...]
+
+
+def _sparsecore_bytes(instr: HloInstruction, shapes: dict[str, Shape]) -> int:
+    """HBM bytes one data-moving op of a SparseCore offload reads and writes: a gather
+    reads the rows it gathers (its output) and its indices and writes its output; a
+    scatter reads its updates and indices and reads and writes the rows they land on
+    (update-sized: its combiner reads them); a dynamic slice reads and writes the slice;
+    a dynamic-update-slice reads and writes the update."""
+    def nbytes(name: str) -> int:
+        shape = shapes.get(name)
+        return shape.nbytes if shape is not None else 0
+
+    if instr.opcode == "gather":
+        return 2 * instr.shape.nbytes + nbytes(instr.operands[1])
+    if instr.opcode == "scatter":
+        n = len(instr.operands) // 2  # (operands..., indices, updates...)
+        updates = sum(nbytes(o) for o in instr.operands[n + 1:])
+        return 3 * updates + nbytes(instr.operands[n])
+    if instr.opcode == "dynamic-slice":
+        return 2 * instr.shape.nbytes
+    return 2 * nbytes(instr.operands[1])  # dynamic-update-slice
+
+
+def sparsecore_work(module: HloModule, comp: HloComputation) -> SparseCoreWork:
+    """The HBM traffic of ``comp``, a computation libtpu offloads to the SparseCore (the
+    ``to_apply`` of a ``call-start`` on ``async_execution_thread="sparsecore"``), with the
+    computations it nests (its fusions, calls and nested async calls; not reducers).
+
+    The SparseCore's own rate is not modelled (no figure for it is published): the
+    offload is bounded by the bytes it moves through HBM (``_sparsecore_bytes``), which the
+    caller divides by the chip's HBM bandwidth. Element-wise index arithmetic and layout
+    changes inside it add no bytes; any other op is returned in ``unknown``.
+
+    Args:
+        module: the parsed module.
+        comp: the offloaded computation.
+
+    Returns:
+        The :class:`SparseCoreWork`.
+    """
+    total, moves, unknown = 0, [], []
+    frontier, seen = [comp], set()
+    while frontier:
+        current = frontier.pop()
+        if current.name in seen:
+            continue
+        seen.add(current.name)
+        shapes = {i.name: i.shape for i in current.instructions}
+        for instr in current.instructions:
+            op = instr.opcode
+            if op in SPARSECORE_MOVES:
+                total += _sparsecore_bytes(instr, shapes)
+                moves.append(instr.name)
+            elif op in _SPARSECORE_NESTS:
+                frontier.extend(module.computations[c] for c in instr.called)
+            elif op == "custom-call" and instr.attrs.get(
+                    "custom_call_target", "").strip('"') in FREE_CUSTOM_CALLS:
+                continue
+            elif op not in _SPARSECORE_FREE:
+                unknown.append(instr)
+    return SparseCoreWork(total, tuple(moves), tuple(unknown))

@@ -17,7 +17,15 @@ order the TPU runs them. :func:`flatten` walks it and turns it into events:
   ``slice-done``, ``dynamic-slice-start`` / ``-done``: DMAs between HBM, VMEM and
   host memory) are windows too, on a DMA lane, except a cross-program prefetch
   (``cross_program_prefetch_index``: XLA copies it while the step before runs),
-  which costs nothing.
+  which costs nothing;
+- a SparseCore offload (libtpu 0.0.50's gathers: a ``call-start`` on
+  ``async_execution_thread="sparsecore"``, its operands given by ``call-update``,
+  waited for at ``call-done``) is a window too, opened where it is given its operands
+  (the ``call-update``: libtpu's ``call-start()`` takes none; it cannot gather before the
+  table and indices are made) and on a lane of its own: op
+  "sparsecore", its bytes the HBM traffic of the offloaded computation
+  (``pod.hlo.ops.sparsecore_work``), or XLA's ``estimated_cycles`` where the call has
+  them; with neither (an op the bound from bytes does not cover) it is refused.
 
 ``while`` loops are unrolled: the body's events repeated by the trip count
 (XLA's ``known_trip_count``, else read off a counted loop: an induction
@@ -39,13 +47,13 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from pod.errors import HloError, HloParseError
+from pod.errors import HloError, HloOpError, HloParseError
 from pod.hlo.groups import OPS, Groups, parse_pairs, parse_replica_groups
 from pod.hlo.module import HloComputation, HloInstruction, HloModule
-from pod.hlo.ops import COLLECTIVE_OPCODES, FREE
+from pod.hlo.ops import COLLECTIVE_OPCODES, FREE, short_name, sparsecore_work
 
 __all__ = ["OpEvent", "StartEvent", "DoneEvent", "CollectiveInfo", "Program", "flatten",
-           "trip_count", "collective_info", "MAX_EVENTS"]
+           "trip_count", "collective_info", "offload_info", "MAX_EVENTS"]
 
 #: The most events a step may unroll to (loops of loops of huge trip counts are refused).
 MAX_EVENTS = 5_000_000
@@ -58,19 +66,23 @@ class CollectiveInfo:
     Attributes:
         instr: the HLO instruction that starts it (what the trace names).
         op: the emulator's op (all_gather, reduce_scatter, allreduce, all_to_all,
-            ppermute) or "dma" (an async copy).
+            ppermute), "dma" (an async copy) or "sparsecore" (an offload to the
+            SparseCore).
         groups: its replica groups (device ids as the module writes them), or the
             (source, target) pairs of a permute; () for a DMA.
         nbytes: each device's buffer (an all-gather's gathered result, a DMA's
-            copied bytes).
+            copied bytes, the HBM bytes a SparseCore offload reads and writes).
         itemsize: bytes per element of what moves.
-        form: "async", "sync", "async collective fusion", "window (approximate)", "dma".
+        form: "async", "sync", "async collective fusion", "window (approximate)", "dma",
+            "sparsecore offload".
         memory_spaces: a DMA's (source, destination) memory spaces.
         source: the defining collective's instruction.
         role: in a CPU-compiled module, "param_gather" (an all-gather of weights: sliced
             from the step's parameters), "grad_reduce" (a reduction no matmul of the step
             reads: gradients) or "" (activations), for the project's overlap rules
             (``pod.report.clock``).
+        xla_cycles: a SparseCore offload's ``estimated_cycles`` as XLA gave them (on the
+            call, else the sum over its kernels when each has one), None without.
     """
 
     instr: HloInstruction
@@ -82,6 +94,7 @@ class CollectiveInfo:
     memory_spaces: tuple[int, int] = (0, 0)
     source: HloInstruction | None = None
     role: str = ""
+    xla_cycles: int | None = None
 
 
 @dataclass(frozen=True)
@@ -417,6 +430,7 @@ class _Walker:
         self.approximate = approximate
         self.program = Program()
         self.keys = itertools.count()
+        self.offloads: dict[str, CollectiveInfo] = {}  # SparseCore calls not yet started
 
     def emit(self, event: OpEvent | StartEvent | DoneEvent) -> None:
         if len(self.program.events) >= MAX_EVENTS:
@@ -476,6 +490,7 @@ class _Walker:
             return
         if op.endswith("-done") or op == "async-done":
             start = self._start_of(comp, instr)
+            self._start_offload(start, open_by_name)  # an offload never given operands
             found = open_by_name.pop(start, None) if start else None
             if found is not None and found >= 0:
                 self.emit(DoneEvent(found))
@@ -484,7 +499,14 @@ class _Walker:
             elif start:
                 self.note(f"{comp.name}: {instr.name} ends a window started elsewhere: not costed")
             return
-        if op == "async-update":
+        if op == "call-start" and _thread(instr) == "sparsecore":
+            self.offloads[instr.name] = offload_info(self.module, instr)
+            if instr.operands:  # given its operands here: it starts here
+                self._start_offload(instr.name, open_by_name)
+            return
+        if op in ("async-update", "call-update"):
+            if op == "call-update" and len(instr.operands) > 1:
+                self._start_offload(self._start_of(comp, instr), open_by_name)
             return
         if op.endswith("-start") and op.removesuffix("-start") in COLLECTIVE_OPCODES or (
                 op == "async-start" and _defining(self.module, comp, instr) is not None):
@@ -515,11 +537,22 @@ class _Walker:
                 return
         self.emit(OpEvent(comp, instr))
 
+    def _start_offload(self, start: str, open_by_name: dict[str, int]) -> None:
+        """Open the window of SparseCore offload ``start`` (once) where it is given its
+        operands: libtpu's ``call-start()`` takes none and reserves the SparseCore; the
+        ``call-update`` that passes them starts the work."""
+        info = self.offloads.pop(start, None)
+        if info is not None:
+            key = next(self.keys)
+            open_by_name[start] = key
+            self.emit(StartEvent(key, info))
+
     def _start_of(self, comp: HloComputation, done: HloInstruction) -> str:
         """The start a done closes (through async-updates and tuple reads)."""
         name = done.operands[0] if done.operands else ""
         instr = comp.by_name.get(name)
-        while instr is not None and instr.opcode in ("async-update", "get-tuple-element"):
+        while instr is not None and instr.opcode in ("async-update", "call-update",
+                                                     "get-tuple-element"):
             name = instr.operands[0]
             instr = comp.by_name.get(name)
         return name
@@ -567,6 +600,49 @@ class _Walker:
         self.emit(StartEvent(key, collective_info(self.module, comp, instr,
                                                   "window (approximate)")))
         dones.setdefault(users.get(instr.name, len(comp.instructions)), []).append(key)
+
+
+def _thread(instr: HloInstruction) -> str:
+    """The thread an async call runs its computation on (``async_execution_thread``)."""
+    return instr.attrs.get("async_execution_thread", "main").strip('"') or "main"
+
+
+def offload_info(module: HloModule, instr: HloInstruction) -> CollectiveInfo:
+    """A ``call-start`` that offloads its computation to the SparseCore: op "sparsecore",
+    its HBM bytes (``pod.hlo.ops.sparsecore_work``) and XLA's cycles where it gave them.
+
+    Raises:
+        HloOpError: the offloaded computation holds an op the bound from bytes does not
+            cover and XLA gave no estimate (the op named, with its line).
+    """
+    called = [module.computations[c] for c in instr.called if c in module.computations]
+    works = [sparsecore_work(module, c) for c in called]
+    cycles = instr.estimated_cycles
+    if cycles is None:
+        kernels = [i for c in called for i in _offload_kernels(module, c)]
+        found = [k.estimated_cycles for k in kernels]
+        if kernels and all(f is not None for f in found):
+            cycles = sum(f for f in found if f is not None)
+    unknown = [u for w in works for u in w.unknown]
+    if unknown and cycles is None:
+        first = unknown[0]
+        raise HloOpError(f"line {first.line}: {first.opcode} {short_name(first)!r} runs on the "
+                         f"SparseCore ({instr.name}) and has no cost model there, and "
+                         "XLA gave no estimated_cycles for the call")
+    return CollectiveInfo(instr, "sparsecore", (), sum(w.hbm_bytes for w in works), 1,
+                          "sparsecore offload", xla_cycles=cycles)
+
+
+def _offload_kernels(module: HloModule, comp: HloComputation) -> list[HloInstruction]:
+    """The kernels an offloaded computation runs: its fusions, through nested calls."""
+    out: list[HloInstruction] = []
+    for instr in comp.instructions:
+        if instr.opcode == "fusion":
+            out.append(instr)
+        elif instr.opcode in ("call", "call-start"):
+            for name in instr.called:
+                out.extend(_offload_kernels(module, module.computations[name]))
+    return out
 
 
 def _dma(comp: HloComputation, instr: HloInstruction) -> CollectiveInfo:

@@ -14,7 +14,13 @@ set of device groups (a mesh axis, or a combination of axes), named by the
 mesh's axes where the capture knows the mesh; collectives on one lane queue,
 lanes run at once. The TPU's async copies (HBM, VMEM, host memory) are calls
 on a DMA lane of their own, whose bandwidth the copies in flight share
-(``pod.report.clock.SharedLane``). A CPU-compiled module (approximate) takes the
+(``pod.report.clock.SharedLane``). A SparseCore offload (libtpu 0.0.50's gathers) is a
+call on the lane "SparseCore", its window from the ``call-update`` that gives it its
+operands to ``call-done``: XLA's ``estimated_cycles`` for it at the TensorCore clock
+where it gave them ("sparsecore (XLA estimate)"), else the HBM bytes its gathers,
+scatters and dynamic slices move at the chip's achieved HBM bandwidth ("sparsecore (HBM
+bytes)": a bound from bytes, since no SparseCore rate is published; its HBM traffic does
+not slow the TensorCore's here). A CPU-compiled module (approximate) takes the
 project's own overlap rules instead: a weights' all-gather is a ``param_gather``
 (prefetched one gather ahead), a reduction no matmul reads is a ``grad_reduce``
 (only the end of the step waits for it), the rest as their windows
@@ -58,11 +64,13 @@ from pod.report.clock import (
 from pod.report.stats import StepStats, op_bound
 
 __all__ = ["OpRow", "CollectiveRow", "HloMemory", "HloStep", "cost_module", "lane_name",
-           "DMA_HBM", "DMA_HOST"]
+           "DMA_HBM", "DMA_HOST", "SPARSECORE"]
 
 #: The clock's lanes of the TPU's async copies: between HBM and VMEM, and to or from host
 #: memory (memory space 5, XLA's host offload).
 DMA_HBM, DMA_HOST = "DMA HBM<->VMEM", "DMA host"
+#: The clock's lane of SparseCore offloads (one at a time: each uses every SparseCore).
+SPARSECORE = "SparseCore"
 
 
 @dataclass(frozen=True)
@@ -288,11 +296,14 @@ class _Builder:
         self.open: dict[int, int] = {}
         core = device_chip_spec(topology.chip).core
         self.hbm_bytes_per_s = core.achieved_hbm_bandwidth_bytes_per_s
+        self.clock_hz = core.clock_hz
         self.host_bytes_per_s = topology.chip.host_to_chip_bytes_per_s
 
     def lane(self, info: CollectiveInfo) -> str:
         if info.op == "dma":
             return DMA_HOST if HOST_SPACE in info.memory_spaces else DMA_HBM
+        if info.op == "sparsecore":
+            return SPARSECORE
         key = (info.op == "ppermute", frozenset(frozenset(g) for g in info.groups)
                if info.op != "ppermute" else info.groups)  # one lane per set of groups
         hit = self.lane_of.get(key)
@@ -310,6 +321,12 @@ class _Builder:
             bw = self.host_bytes_per_s if HOST_SPACE in info.memory_spaces \
                 else self.hbm_bytes_per_s
             return CollectiveCost(info.nbytes / bw, algorithm="DMA")
+        if info.op == "sparsecore":
+            if info.xla_cycles is not None:
+                return CollectiveCost(info.xla_cycles / self.clock_hz,
+                                      algorithm="sparsecore (XLA estimate)")
+            return CollectiveCost(info.nbytes / self.hbm_bytes_per_s,
+                                  algorithm="sparsecore (HBM bytes)")
         return self.model.cost(info.op, info.groups, info.nbytes, info.itemsize)
 
     def op(self, event: OpEvent) -> None:
@@ -321,7 +338,8 @@ class _Builder:
 
     def start(self, event: StartEvent) -> None:
         info = event.info
-        if info.op != "dma" and (all(len(set(g)) <= 1 for g in info.groups) or not info.groups):
+        if info.op not in ("dma", "sparsecore") and (
+                all(len(set(g)) <= 1 for g in info.groups) or not info.groups):
             return  # every device alone (or sending to itself): nothing moves
         lane = self.lane(info)
         if lane not in self.lanes:
