@@ -7,9 +7,9 @@ between CPUs as they wake and sleep, and each move leaves its caches behind.
 Spread evenly instead (the host's ``k``-th chip on CPU ``k mod n`` of the ``n``
 allowed), each keeps its CPU and its caches: the quick start (4 chip actors on
 the 2 CPUs of BENCHMARKS.md's machine, load 3-5 from other jobs) took a median
-26.7 / 35.2 / 25.3 ms a step pinned against 31.6 / 37.1 / 29.1 ms free (blocks
-of 10 steps alternated in one pod, runs of 400, 400 and 600 steps), about the
-same CPU time (BENCHMARKS.md, the step's round 5). With more CPUs than chips nothing is
+26.7 / 35.2 / 25.3 / 26.3 ms a step pinned against 31.6 / 37.1 / 29.1 / 36.3 ms
+free (blocks of 10 steps alternated in one pod, runs of 400 to 600 steps, the
+last at load 7-8), about the same CPU time (BENCHMARKS.md, the step's round 5). With more CPUs than chips nothing is
 pinned: two pods on one large host would otherwise share its first CPUs and leave
 the rest idle. Pinning moves no number: the bits are the same on every CPU.
 """
