@@ -3,15 +3,18 @@
 A host's chip actors all compute at once (a data-parallel step: every device's
 forward and backward, then the allreduce, then every device's update). When they
 are at least as many as the CPUs the process may use, the kernel moves them
-between CPUs as they wake and sleep, and each move leaves its caches behind.
-Spread evenly instead (the host's ``k``-th chip on CPU ``k mod n`` of the ``n``
-allowed), each keeps its CPU and its caches: the quick start (4 chip actors on
-the 2 CPUs of BENCHMARKS.md's machine, load 3-5 from other jobs) took a median
+between CPUs as they wake and sleep. Spread evenly instead (the host's ``k``-th
+chip on CPU ``k mod n`` of the ``n`` allowed), each keeps its CPU: the quick
+start (4 chip actors on the 2 CPUs of BENCHMARKS.md's machine, load 3-8 from
+other jobs) took a median
 26.7 / 35.2 / 25.3 / 26.3 ms a step pinned against 31.6 / 37.1 / 29.1 / 36.3 ms
 free (blocks of 10 steps alternated in one pod, runs of 400 to 600 steps, the
-last at load 7-8), about the same CPU time (BENCHMARKS.md, the step's round 5). With more CPUs than chips nothing is
-pinned: two pods on one large host would otherwise share its first CPUs and leave
-the rest idle. Pinning moves no number: the bits are the same on every CPU.
+last at load 7-8), about the same CPU time (BENCHMARKS.md, the step's round 5):
+less waiting, not less work (why, not isolated: fewer wake-ups onto a CPU another
+actor holds while the other CPU runs something else).
+With more CPUs than chips nothing is pinned: two pods on one large host would
+otherwise share its first CPUs and leave the rest idle. Pinning moves no number:
+the bits are the same on every CPU.
 """
 
 from __future__ import annotations
