@@ -13,13 +13,15 @@
 #                  (.venv-oracle with the 'tpu-compile' extra: jax[tpu], i.e. Google's libtpu);
 #                  ONLY=<id>[,<id>] for some, FORCE=1 to compile again, JOBS=2 for two
 #                  compiles at once (docs/xla-oracle.md)
+#   make maxtext-step ONLY=T2 - MaxText 0.2.5's own train step for an oracle row, compiled
+#                  the same way (.venv-maxtext, Python 3.12; tools/xla_oracle/hlo-maxtext/)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # the fast tier: everything but the tests marked slow (see pyproject.toml's markers)
 FAST   := not slow and not chaos and not load and not install
 
-.PHONY: run test test-slow check docs lock monitor setup clean oracle
+.PHONY: run test test-slow check docs lock monitor setup clean oracle maxtext-venv maxtext-step
 
 setup: $(VENV)/.installed
 
@@ -76,5 +78,25 @@ $(ORACLE_VENV)/.installed: pyproject.toml requirements-dev.lock
 oracle: $(ORACLE_VENV)/.installed
 	$(ORACLE_VENV)/bin/python -m tools.xla_oracle $(if $(ONLY),--only $(ONLY)) $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS))
 
+# MaxText's own step (tools/xla_oracle/maxtext_step.py): maxtext 0.2.5 needs Python >= 3.12.
+# Its package lists every extra's dependency; this installs it without them and only what
+# train_compile imports (jax[tpu] 0.12.0.1 brings libtpu 0.0.50.1, Google's, its own terms).
+MAXTEXT_VENV := .venv-maxtext
+MAXTEXT_PYTHON ?= $(or $(shell p=$$(pyenv prefix $$(pyenv latest 3.12 2>/dev/null) 2>/dev/null) && echo $$p/bin/python),python3.12)
+$(MAXTEXT_VENV)/.installed:
+	$(MAXTEXT_PYTHON) -m venv $(MAXTEXT_VENV)
+	$(MAXTEXT_VENV)/bin/python -m pip install --quiet "jax[tpu]==0.12.0.1" flax==0.12.12 \
+		optax==0.2.8 omegaconf==2.4.0 pydantic==2.14.4 absl-py==2.5.1 jaxtyping==0.3.11 \
+		packaging pathwaysutils==0.1.13 jinja2 qwix==0.1.8 aqtp==0.9.0 tokamax==0.0.17 \
+		huggingface_hub==2.4.0 transformers==5.24.0 grain==0.2.18 drjax==0.2.1 pillow \
+		tiktoken==0.14.0 sentencepiece==0.2.3 sympy PyYAML
+	$(MAXTEXT_VENV)/bin/python -m pip install --quiet --no-deps maxtext==0.2.5
+	touch $@
+
+maxtext-venv: $(MAXTEXT_VENV)/.installed
+
+maxtext-step: $(MAXTEXT_VENV)/.installed setup
+	$(BIN)/python -m tools.xla_oracle.maxtext_step --only $(or $(ONLY),T2)
+
 clean:
-	rm -rf $(VENV) $(ORACLE_VENV) runs build dist site *.egg-info
+	rm -rf $(VENV) $(ORACLE_VENV) $(MAXTEXT_VENV) runs build dist site *.egg-info

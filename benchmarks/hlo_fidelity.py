@@ -20,9 +20,13 @@ Usage::
     python benchmarks/hlo_fidelity.py --rows T1,T2,T3,T4 --compile-maxtext-flags DIR  # then
     python benchmarks/hlo_fidelity.py --training --memory --rows T1,T2,T3,T4 --hlo-dir DIR/hlo
     python benchmarks/hlo_fidelity.py --rows T1,T2 --compile-xla-defaults DIR  # XLA's defaults
+    python benchmarks/hlo_fidelity.py --training --rows T2 --exposed-ops 12 \
+        --hlo-dir tools/xla_oracle/hlo-maxtext   # MaxText's own step (maxtext_step.py)
 
 The oracle's committed HLO (tools/xla_oracle/hlo) of T1-T4, M1 and M2 is compiled with their
-runs' flags (``xla_flags: maxtext-2023``), the other rows' with XLA's defaults.
+runs' flags (``xla_flags: maxtext-2023``), the other rows' with XLA's defaults. MaxText's own
+step (tools/xla_oracle/hlo-maxtext, ``python -m tools.xla_oracle.maxtext_step``) keeps a
+``<row>.json`` beside each HLO (its mesh axes, device order and XLA's memory), read first.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -259,10 +263,13 @@ def print_single_op(results: list[OpResult], markdown: bool) -> None:
 
 # ------------------------------------------------------------------------- (b) training
 
-def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
-    """Compile the oracle's row ``rid`` (tools/xla_oracle, its own process) with XLA's TPU
-    flags ``libtpu_args``; writes ``out_dir/hlo/<rid>.hlo.txt.gz`` and
-    ``out_dir/results/<rid>.json`` (the oracle's result with this compile's memory)."""
+def compile_oracle(rid: str, out_dir: str, libtpu_args: str, python: str = sys.executable,
+                   drop_refused: bool = False) -> None:
+    """Compile the oracle's row ``rid`` (tools/xla_oracle, its own process, in ``python``'s
+    environment) with XLA's TPU flags ``libtpu_args`` (less those libtpu 0.0.50 refuses on
+    the row's chip, ``tools.xla_oracle.maxtext_step.REFUSED_FLAGS``, with ``drop_refused``);
+    writes ``out_dir/hlo/<rid>.hlo.txt.gz`` and ``out_dir/results/<rid>.json`` (the oracle's
+    result with this compile's memory, flags and versions)."""
     import gzip
     import subprocess
     import tempfile
@@ -274,8 +281,13 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
 
     with open(os.path.join(ROOT, "tools", "xla_oracle", "configs.yaml")) as f:
         spec = resolve(rid, yaml.safe_load(f)[rid])
+    if drop_refused:
+        from tools.xla_oracle.maxtext_step import REFUSED_FLAGS
+
+        refused = REFUSED_FLAGS.get(spec["chip"], ())
+        libtpu_args = " ".join(f for f in libtpu_args.split() if f not in refused)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "tools.xla_oracle.compile_one", tmp], cwd=ROOT,
+        subprocess.run([python, "-m", "tools.xla_oracle.compile_one", tmp], cwd=ROOT,
                        input=json.dumps(spec), text=True, check=True,
                        env={**os.environ, "LIBTPU_INIT_ARGS": libtpu_args})
         with open(os.path.join(tmp, "outcome.json")) as f:
@@ -289,7 +301,8 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str) -> None:
     with open(os.path.join(ROOT, "tools", "xla_oracle", "results", f"{rid}.json")) as f:
         result = json.load(f)
     result.update(peak_bytes_per_device=outcome["memory"]["peak_memory_bytes"],
-                  libtpu_args=libtpu_args, compile=outcome.get("compile_seconds"))
+                  libtpu_args=libtpu_args, compile=outcome.get("compile_seconds"),
+                  versions=outcome.get("versions"))
     with open(os.path.join(out_dir, "results", f"{rid}.json"), "w") as f:
         json.dump(result, f, indent=1)
 
@@ -311,6 +324,82 @@ CATEGORIES = (
      r"|optax", r"adamw|grad_mean"),
     ("other (norms, rotary, element-wise, copies)", r".", r"."),
 )
+
+
+#: The same categories for a module with JAX's stack frame tables (MaxText 0.2.5's NNX step,
+#: whose op names carry no einsum): patterns on the functions of each op's stack frames.
+FRAME_CATEGORIES = (
+    ("flash attention kernels", r"tpu_flash_attention|_splash_attention"),
+    ("MLP matmuls", r"MlpBlock\."),
+    ("attention projections", r"Attention\.(query|kv|out|qkv)_projection"),
+    ("logits, embedding, loss", r"attend_on_embedding|embed_tokens|Embed\.__call__"
+     r"|cross_entropy|logits"),
+    ("optimizer", r"Optimizer\.update|clip_by_global_norm|scale_by_adam|apply_updates"
+     r"|global_norm|schedule"),
+    ("other (norms, rotary, element-wise, copies)", r"."),
+)
+
+
+def stack_functions(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> the function names of its stack frame, innermost first, from the
+    module's ``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
+    (jax >= 0.11 writes them, and ``stack_frame_id=N`` in each op's metadata; a frame's
+    ``parent_frame_id`` is read as its parent's number plus one, a root's as 1: so jax 0.12's
+    modules chain, e.g. frame 3, a module's top level, prints 3 and is called from frame 2,
+    runpy's ``_run_code``). Empty for a module without them."""
+    import re
+
+    tables: dict[str, dict[int, str]] = {}
+    section = None
+    for line in hlo_text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = line
+            tables[section] = {}
+            continue
+        if section is None:
+            continue
+        m = re.match(r"(\d+) (.*)$", line)
+        if not m:
+            section = None
+            continue
+        tables[section][int(m.group(1))] = m.group(2)
+    if "StackFrames" not in tables:
+        return {}
+    functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
+    location_function = {}
+    for k, v in tables.get("FileLocations", {}).items():
+        m = re.search(r"function_name_id=(\d+)", v)
+        location_function[k] = functions.get(int(m.group(1)), "") if m else ""
+    frames = {}
+    for k, v in tables["StackFrames"].items():
+        m = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", v)
+        if m:
+            frames[k] = (int(m.group(1)), int(m.group(2)) - 1)
+    chains: dict[int, str] = {}
+
+    def chain(start: int) -> str:
+        if start not in chains:
+            names, frame, seen = [], start, set()
+            while frame in frames and frame not in seen:
+                seen.add(frame)
+                loc, frame = frames[frame]
+                names.append(location_function.get(loc, ""))
+            chains[start] = " ".join(names)
+        return chains[start]
+
+    out = {}
+    for m in re.finditer(r"%([\w.\-]+) = [^\n]*?stack_frame_id=(\d+)", hlo_text):
+        out[m.group(1)] = chain(int(m.group(2)))
+    return out
+
+
+def _frame_category(functions: str) -> str:
+    import re
+
+    for name, pattern in FRAME_CATEGORIES:
+        if re.search(pattern, functions):
+            return name
+    return FRAME_CATEGORIES[-1][0]
 
 
 def _category(text: str, which: int) -> str:
@@ -338,6 +427,8 @@ class TrainingResult:
     hlo_memory_gib: float
     xla_memory_gib: float | None
     builtin_memory_gib: float
+    exposed_ops: dict = field(default_factory=dict)
+    collective_rows: dict = field(default_factory=dict)
 
 
 def _builtin(scenario: str) -> tuple[Any, Any, dict[str, float]]:
@@ -400,6 +491,22 @@ def _oracle_axes(result: dict) -> dict[str, int]:
     return {axis: int(ici.get(axis, 1)) for axis in order}
 
 
+def _module_axes(result: dict) -> dict[str, int]:
+    """The module's mesh axes: a MaxText record's own (``mesh_axes``, its axes of size > 1 in
+    MaxText's order: the same device ids), else the oracle's."""
+    if result.get("mesh_axes"):
+        return {k: int(v) for k, v in result["mesh_axes"].items() if int(v) > 1}
+    return _oracle_axes(result)
+
+
+def _module_devices(result: dict) -> tuple[int, ...]:
+    """The physical device of each module device id: a MaxText record's ``device_order``
+    (read off its compile's mesh), else the oracle's layout."""
+    if result.get("device_order"):
+        return tuple(int(d) for d in result["device_order"])
+    return _oracle_devices(result)
+
+
 def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
     import fidelity
 
@@ -407,7 +514,11 @@ def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
 
     out = []
     for rid in ids:
-        meta_path = os.path.join(hlo_dir, "..", "results", f"{rid}.json")
+        # a record beside the HLO (tools.xla_oracle.maxtext_step's, MaxText's own step)
+        # before the oracle's results/
+        meta_path = os.path.join(hlo_dir, f"{rid}.json")
+        if not os.path.exists(meta_path):
+            meta_path = os.path.join(hlo_dir, "..", "results", f"{rid}.json")
         hlo_path = os.path.join(hlo_dir, f"{rid}.hlo.txt.gz")
         if not os.path.exists(hlo_path):
             print(f"{rid}: no HLO at {hlo_path}; skipped", file=sys.stderr)
@@ -418,15 +529,22 @@ def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
         plan, stats, builtin_cats = _builtin(row.scenario)
         published = fidelity.training_flops(plan, row.formula) / (row.published_tflops * 1e12)
         est = pod.jax.cost_hlo(hlo_path, slice=result["slice"], num_slices=result["slices"],
-                               mesh=_oracle_axes(result), devices=_oracle_devices(result))
+                               mesh=_module_axes(result), devices=_module_devices(result))
         step = est.step
         from collections import defaultdict
 
         cats: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for name, seconds in builtin_cats.items():
             cats[name][0] += seconds
+        import gzip
+
+        with gzip.open(hlo_path, "rt") as f:
+            frames = stack_functions(f.read())
         for op in step.ops:
-            cats[_category(f"{op.op_name} {op.source} {op.name}", 1)][1] += op.seconds
+            key = op.name.lstrip("%")
+            cat = (_frame_category(frames[key]) if key in frames
+                   else _category(f"{op.op_name} {op.source} {op.name}", 1))
+            cats[cat][1] += op.seconds
         lanes = step.stats.axis_exposed_seconds
         cats["exposed collectives"] = [stats.exposed_collective_seconds,
                                        step.stats.exposed_collective_seconds]
@@ -436,11 +554,51 @@ def run_training(ids: list[str], hlo_dir: str) -> list[TrainingResult]:
             {k: round(v, 4) for k, v in lanes.items() if v > 1e-4}, stats.compute_seconds,
             {k: round(v, 4) for k, v in stats.axis_exposed_seconds.items() if v > 1e-4},
             {k: tuple(v) for k, v in cats.items()}, step.memory.estimate_bytes / 2**30,
-            peak / 2**30 if peak else None, plan.memory["total"] / 2**30))
+            peak / 2**30 if peak else None, plan.memory["total"] / 2**30,
+            {k: round(v, 4) for k, v in exposed_by_op(step).items()},
+            {c.name.lstrip("%"): {"op_name": "/".join(c.op_name.split("/")[-2:]),
+                                  "lane": c.lane, "op": c.op, "form": c.form,
+                                  "nbytes": c.nbytes, "count": c.count,
+                                  "seconds": round(c.seconds, 4)}
+             for c in step.collectives}))
         r = out[-1]
         print(f"{rid}: published {published:.3f} s, built-in {r.builtin_s:.3f} s, HLO path "
               f"{r.hlo_s:.3f} s", file=sys.stderr)
     return out
+
+
+def exposed_by_op(step: Any) -> dict[str, float]:
+    """Each wait of the compute stream charged to the collective it waited for: the span on
+    the wait's lane that ends where the wait ends (the tag of the span, the HLO instruction
+    that starts it), simulated seconds per step summed over its runs; waits with no such
+    span (a collective running past the compute's end) under ``(end of step)``. Keys: the
+    instruction names."""
+    from collections import defaultdict
+
+    spans = defaultdict(list)
+    for span in step.clock.spans:
+        spans[span.axis].append(span)
+    out: dict[str, float] = defaultdict(float)
+    for start, end, lane in step.clock.waits:
+        match = [sp for sp in spans.get(lane, ()) if abs(sp.end - end) <= 1e-9 * max(1.0, end)]
+        out[match[0].tag.split(" (")[0] if match else "(end of step)"] += end - start
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def print_exposed(results: list[TrainingResult], top: int) -> None:
+    """The collectives the compute stream waited for most, per row."""
+    for r in results:
+        print(f"\n{r.id}, exposed collectives per op (simulated seconds per step):\n")
+        print("| op | JAX op | lane | collective | bytes per device | runs | cost, all runs "
+              "| exposed |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, seconds in list(r.exposed_ops.items())[:top]:
+            row = r.collective_rows.get(name, {})
+            print(f"| {name} | {row.get('op_name', '-')} | {row.get('lane', '-')} | "
+                  f"{row.get('op', '-')} "
+                  f"({row.get('form', '-')}) | {row.get('nbytes', 0) / MIB:.0f} MiB | "
+                  f"{row.get('count', '-')} | {row.get('seconds', 0.0):.3f} s | "
+                  f"{seconds:.3f} s |")
 
 
 def _pct(a: float, b: float) -> str:
@@ -499,7 +657,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --compile-maxtext-flags: also the host-offload scheduler "
                              "flags (MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS)")
     parser.add_argument("--hlo-dir", default=os.path.join(ROOT, "tools", "xla_oracle", "hlo"),
-                        help="where the oracle's <row>.hlo.txt.gz are (results/ beside it)")
+                        help="where the oracle's <row>.hlo.txt.gz are (results/ beside it; a "
+                             "<row>.json beside the HLO first, as tools/xla_oracle/hlo-maxtext "
+                             "has: MaxText's own step, tools.xla_oracle.maxtext_step)")
+    parser.add_argument("--compile-python", default=sys.executable, metavar="PY",
+                        help="the interpreter of the --compile-* compiles (e.g. "
+                             ".venv-maxtext/bin/python: the oracle's step on MaxText's jax and "
+                             "libtpu)")
+    parser.add_argument("--drop-refused-flags", action="store_true",
+                        help="with --compile-maxtext-flags: drop the flags libtpu 0.0.50 "
+                             "refuses on the row's chip, as tools.xla_oracle.maxtext_step does")
+    parser.add_argument("--exposed-ops", type=int, default=0, metavar="N",
+                        help="with --training: the N collectives the compute stream waited "
+                             "for most, per row")
     args = parser.parse_args(argv)
     compiles = []  # (out_dir, LIBTPU_INIT_ARGS)
     if args.compile_maxtext_flags:
@@ -509,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
         compiles.append((args.compile_xla_defaults, ""))
     for out_dir, libtpu_args in compiles:
         for rid in args.rows.split(","):
-            compile_oracle(rid, out_dir, libtpu_args)
+            compile_oracle(rid, out_dir, libtpu_args, args.compile_python,
+                           args.drop_refused_flags)
     if args.training or args.memory:
         results = run_training(args.rows.split(","), args.hlo_dir)
         if args.json:
@@ -518,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
             print_training(results)
         if args.memory and not args.json:
             print_memory(results)
+        if args.exposed_ops and not args.json:
+            print_exposed(results, args.exposed_ops)
     if args.single_op:
         results = run_single_op(args.path)
         if args.json:

@@ -390,12 +390,15 @@ class HloComputation:
         instructions: in order.
         is_entry: the module's ENTRY computation.
         line: the 1-based line of its header.
+        execution_thread: the thread it runs on, ``main`` unless its closing brace names
+            another (``}, execution_thread="sparsecore"``).
     """
 
     name: str
     instructions: tuple[HloInstruction, ...]
     is_entry: bool = False
     line: int = 0
+    execution_thread: str = "main"
     by_name: dict[str, HloInstruction] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -610,11 +613,15 @@ def parse_hlo(text: str) -> HloModule:
             if re.match(r"^(\d+\s|FileNames|FunctionNames|FileLocations|StackFrames)", line):
                 continue
             raise HloParseError(number, f"expected a computation header, got {line[:80]!r}")
-        if line == "}":
+        if line == "}" or line.startswith("},"):
+            # a computation that runs on another execution thread closes with its name
+            # (libtpu 0.0.50's SparseCore gathers: `}, execution_thread="sparsecore"`)
             comp_name, is_entry, start = current
             if not body:
                 raise HloParseError(start, f"computation {comp_name} has no instructions")
-            computations[comp_name] = HloComputation(comp_name, tuple(body), is_entry, start)
+            thread = re.search(r'execution_thread="([^"]*)"', line)
+            computations[comp_name] = HloComputation(comp_name, tuple(body), is_entry, start,
+                                                     thread.group(1) if thread else "main")
             entry = comp_name if is_entry else entry
             current = None
             continue

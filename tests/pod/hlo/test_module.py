@@ -130,3 +130,18 @@ def test_an_instruction_printed_over_several_lines_is_one_instruction():
     with pytest.raises(HloParseError, match="braces not closed"):
         parse_hlo(SMALL.replace("  %one = s32[] constant(1)",
                                 "  %one = s32[] constant(1), frontend_attributes={x={"))
+
+
+def test_a_computation_on_another_execution_thread_closes_with_its_name():
+    """libtpu 0.0.50 offloads gathers to the SparseCore: their computations close with
+    ``}, execution_thread="sparsecore"`` (the oracle's T2 step on jax 0.12); the others
+    run on ``main``."""
+    text = SMALL.replace("  ROOT %lt = pred[] compare(%i, %n), direction=LT\n}",
+                         "  ROOT %lt = pred[] compare(%i, %n), direction=LT\n"
+                         '}, execution_thread="sparsecore"')
+    assert text != SMALL
+    module = parse_hlo(text)
+    assert module.computations["cond"].execution_thread == "sparsecore"
+    assert module.computations["body"].execution_thread == "main"
+    assert [i.name for _, i in module.instructions()] == \
+        [i.name for _, i in parse_hlo(SMALL).instructions()]
