@@ -31,6 +31,7 @@ from pod.config.sharding import DeviceGroups
 from pod.programs import DeviceProgram, DeviceShard, EvalSums
 from pod.report.clock import DeviceReport
 from pod.runtime.blas import one_blas_thread
+from pod.runtime.cpus import pin_to_cpu
 from pod.runtime.device import Device
 from pod.runtime.heap import keep_freed_memory
 
@@ -70,15 +71,21 @@ class ChipActor:
             several actors share few cores) and keep the heap a step frees
             (``pod.runtime.heap.keep_freed_memory``); False only where the caller
             pins BLAS (chips run in threads of one process, under ``one_blas_thread()``).
+        cpu_slot: (the chip's index among its host's chips, the host's chips): the
+            process keeps one CPU when the host's chips are at least as many as its
+            CPUs (``pod.runtime.cpus.pin_to_cpu``); None: never pinned.
     """
 
     def __init__(self, spec: ChipSpec, rank: int, devices: Sequence[tuple[int, DeviceGroups]],
                  program: DeviceProgram, seed: int, *, devices_per_chip: int = 1,
                  numerics: bool = True, precision: str = "bf16", mxu_model: str = "pipelined",
-                 activation_bytes: int = 0, limit_threads: bool = True) -> None:
+                 activation_bytes: int = 0, limit_threads: bool = True,
+                 cpu_slot: tuple[int, int] | None = None) -> None:
         if limit_threads:
             one_blas_thread()  # pod.runtime.blas: the bits and the speed of every back-end
             keep_freed_memory()  # pod.runtime.heap: no page faults for each step's temporaries
+        if cpu_slot is not None:
+            pin_to_cpu(*cpu_slot)  # pod.runtime.cpus: one CPU each when they fill the host
         self.rank = rank
         self.devices = [Device(spec, d, groups, program, seed, devices_per_chip=devices_per_chip,
                                numerics=numerics, precision=precision, mxu_model=mxu_model,

@@ -199,10 +199,13 @@ class Pod(PodBase):
                                                scheduling_strategy=strategy, name=name,
                                                namespace=self.namespace)
         plan, training = self.plan, self.plan.training
+        home = self.host_of(rank)
+        host = [r for r in range(plan.topology.chips) if self.host_of(r) == home]
         return remote.remote(plan.topology.chip, rank, self._devices[rank], self.program,
                              training.seed, devices_per_chip=plan.mesh.devices_per_chip,
                              precision=training.precision, mxu_model=plan.scenario.pod.mxu_model,
-                             activation_bytes=int(plan.memory.get("activations", 0)))
+                             activation_bytes=int(plan.memory.get("activations", 0)),
+                             cpu_slot=(host.index(rank), len(host)))
 
     def shutdown(self) -> None:
         """Stop the actors, and the local Ray cluster if this pod started it."""

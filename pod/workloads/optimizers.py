@@ -7,12 +7,26 @@ float32. Inputs are never modified (they may be read-only views from Ray's
 object store); every call returns new arrays. Elementwise work goes through
 ``vector_op`` (``core.vector``) so that it is costed on the VPU; on a timing-only
 core only its cost is recorded and the results are zeros.
+
+Each optimizer states its update of one parameter as a few elementwise ops
+(``ElementwiseOp``). Run per parameter, that is three ops per parameter for
+Adam, each a handful of numpy calls on a small array, with most of its time
+Python. When every array is float32 and the core computes, ``Optimizer.update``
+runs each op once over all the parameters at once instead (their arrays as
+views into one contiguous buffer: :func:`flat_buffer`), the same float32
+operations per element, so the same bits; then it records each parameter's
+ops exactly as the per-parameter path does (``core.vector`` on that
+parameter's own arrays), so the op records and the simulated clock are the
+same. The parameters and state it returns are views into its fresh buffers,
+so the next step finds them contiguous already.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -27,9 +41,31 @@ _F32 = np.float32
 
 
 @dataclasses.dataclass(frozen=True)
+class ElementwiseOp:
+    """One elementwise op of a parameter's update, recorded on the VPU as
+    ``"<optimizer>/<parameter><suffix>"``.
+
+    Attributes:
+        target: what it computes: "p" (the parameter) or a slot name.
+        suffix: the record name's suffix ("" for the parameter, "/<slot>").
+        fn: float32 numpy function of the inputs (never writes them; returns a new array).
+        inputs: what it reads, in order: "g" (the gradient), "p" (the parameter) or a
+            slot, each as the ops before it in the list left it.
+        ops_per_element, transcendental: as ``core.vector``.
+    """
+
+    target: str
+    suffix: str
+    fn: Callable[..., np.ndarray]
+    inputs: tuple[str, ...]
+    ops_per_element: float
+    transcendental: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Optimizer:
     """Base class. Subclasses define ``slots`` (state arrays per parameter)
-    and ``_update_one``."""
+    and ``_ops`` (their update of one parameter as elementwise ops)."""
 
     name = "optimizer"
     # class attribute, not a field: state arrays per parameter
@@ -48,7 +84,7 @@ class Optimizer:
         return len(self.slots) * sum(int(np.size(v)) * _storage(v).itemsize
                                      for v in params.values())
 
-    def update(self, core, grads, state, params, step: int, *, each=None):
+    def update(self, core, grads, state, params, step: int, *, each=None, flat: bool = True):
         """One update.
 
         Args:
@@ -64,6 +100,9 @@ class Optimizer:
                 ``run()``, its update (``args``: what it reads: the gradient, the state
                 slots, the parameter, the step), returning what ``run()`` returns: a
                 timing-only program replays it (``pod.programs.replay``).
+            flat: compute every parameter's op at once when every array is float32,
+                the core computes and ``each`` is None (module docstring); False: one
+                parameter at a time (the same bits and records).
 
         Returns:
             (new_params, new_state), fresh dicts of fresh arrays in the parameters'
@@ -76,6 +115,10 @@ class Optimizer:
         if grads.keys() != params.keys():
             raise ValueError(f"grads and params have different keys: {sorted(grads)} "
                              f"vs {sorted(params)}")
+        if flat and each is None and core.execute:
+            done = self._update_flat(core, grads, state, params, int(step))
+            if done is not None:
+                return done
         new_params, new_state = {}, {}
         for key, p in params.items():
             slots = {slot: state[f"{key}/{slot}"] for slot in self.slots}
@@ -90,12 +133,82 @@ class Optimizer:
     def _update_key(self, core, key, g, slots, p, step):
         """One parameter's update, in its storage dtype: (new parameter, new state slots)."""
         dtype = _storage(p)
-        slots = {slot: stored(core, v, dtype) for slot, v in slots.items()}
-        return self._update_one(core, key, stored(core, g, dtype), slots, stored(core, p, dtype),
-                                int(step))
+        env = {slot: stored(core, v, dtype) for slot, v in slots.items()}
+        env["g"], env["p"] = stored(core, g, dtype), stored(core, p, dtype)
+        for op in self._ops(int(step)):
+            env[op.target] = _vector(core, f"{self.name}/{key}{op.suffix}", op.fn,
+                                     *(env[i] for i in op.inputs), out=(p.shape, dtype),
+                                     ops_per_element=op.ops_per_element,
+                                     transcendental=op.transcendental)
+        return env["p"], {slot: env[slot] for slot in slots}
 
-    def _update_one(self, core, key, g, slots, p, step):
+    def _update_flat(self, core, grads, state, params, step: int):
+        """``update`` with each op computed once over every parameter (module docstring),
+        then recorded per parameter as ``_update_key`` records it (``core.vector`` on
+        that parameter's arrays, returning its part of the result); None when an array
+        is not float32 of its parameter's shape (the per-parameter path then runs)."""
+        keys = list(params)
+        per_key = {"p": [params[k] for k in keys], "g": [grads[k] for k in keys]}
+        per_key.update({slot: [state[f"{k}/{slot}"] for k in keys] for slot in self.slots})
+        shapes = [np.shape(p) for p in per_key["p"]]
+        env: dict[str, np.ndarray] = {}
+        for name, arrays in per_key.items():
+            buffer = flat_buffer(arrays, shapes)
+            if buffer is None:
+                return None
+            env[name] = buffer
+        ops = self._ops(step)
+        for op in ops:
+            env[op.target] = op.fn(*(env[i] for i in op.inputs))
+        bounds = np.cumsum([0, *(math.prod(shape) for shape in shapes)]).tolist()
+        views = {op.target: [env[op.target][a:b].reshape(shape)
+                             for a, b, shape in zip(bounds, bounds[1:], shapes, strict=False)]
+                 for op in ops}
+        for i, key in enumerate(keys):
+            current = {name: arrays[i] for name, arrays in per_key.items()}
+            for op in ops:
+                args = [current[n] for n in op.inputs]
+                result = current[op.target] = views[op.target][i]
+                core.vector(f"{self.name}/{key}{op.suffix}", _returning(result), *args,
+                            ops_per_element=op.ops_per_element, transcendental=op.transcendental)
+        new_params = dict(zip(keys, views["p"], strict=True))
+        new_state = {f"{k}/{slot}": views[slot][i] for i, k in enumerate(keys)
+                     for slot in self.slots}
+        return new_params, new_state
+
+    def _ops(self, step: int) -> tuple[ElementwiseOp, ...]:
+        """The update of one parameter at ``step`` (>= 1) as elementwise ops, in order."""
         raise NotImplementedError
+
+
+def flat_buffer(arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
+                ) -> np.ndarray | None:
+    """The float32 arrays laid end to end in one 1-D buffer, in order: the buffer they
+    are views of when they tile it exactly in this order (no copy: what
+    ``Optimizer.update`` returns), else a concatenated copy; None when an array is
+    not a float32 ``np.ndarray`` of its shape in ``shapes``."""
+    for a, shape in zip(arrays, shapes, strict=True):
+        if type(a) is not np.ndarray or a.dtype != _F32 or a.shape != shape:
+            return None
+    filled = [a for a in arrays if a.size]  # an empty view's address is any
+    base = filled[0].base if filled else None
+    if (type(base) is np.ndarray and base.ndim == 1 and base.dtype == _F32
+            and base.flags.c_contiguous):
+        start = at = base.__array_interface__["data"][0]
+        for a in filled:
+            if (a.base is not base or not a.flags.c_contiguous
+                    or a.__array_interface__["data"][0] != at):
+                break
+            at += a.nbytes
+        else:
+            if at == start + base.nbytes:
+                return base
+    return np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0, _F32)
+
+
+def _returning(result: np.ndarray) -> Callable[..., np.ndarray]:
+    """A function of any arguments that returns ``result`` (already computed)."""
+    return lambda *_: result
 
 
 def _storage(a) -> np.dtype:
@@ -142,22 +255,20 @@ class SGD(Optimizer):
     def slots(self):
         return ("momentum",) if self.momentum else ()
 
-    def _update_one(self, core, key, g, slots, p, step):
+    def _ops(self, step):
         lr, mu = _F32(self.learning_rate), _F32(self.momentum)
         if not self.momentum:
-            return _vector(core, f"sgd/{key}", lambda p_, g_: p_ - lr * g_, p, g,
-                             out=(p.shape, p.dtype), ops_per_element=2.0), {}
-        v = _vector(core, f"sgd/{key}/momentum", lambda v_, g_: mu * v_ + g_,
-                      slots["momentum"], g, out=(p.shape, p.dtype), ops_per_element=2.0)
-        p_new = _vector(core, f"sgd/{key}", lambda p_, v_: p_ - lr * v_, p, v,
-                          out=(p.shape, p.dtype), ops_per_element=2.0)
-        return p_new, {"momentum": v}
+            return (ElementwiseOp("p", "", lambda p_, g_: p_ - lr * g_, ("p", "g"), 2.0),)
+        return (ElementwiseOp("momentum", "/momentum", lambda v_, g_: mu * v_ + g_,
+                              ("momentum", "g"), 2.0),
+                ElementwiseOp("p", "", lambda p_, v_: p_ - lr * v_, ("p", "momentum"), 2.0))
 
 
-def _adam_moments(core, name: str, beta1: float, beta2: float, key: str, g, slots, p, step):
+def _adam_moments(name: str, beta1: float, beta2: float, step: int
+                  ) -> tuple[tuple[ElementwiseOp, ElementwiseOp], np.float32, np.float32]:
     """Adam's first and second moments (ops "<name>/<key>/m", "/v") and its bias
     corrections 1 / (1 - beta ** step), computed once in float64 and applied in
-    float32 (Kingma & Ba 2015, Algorithm 1). Returns (m, v, inv_bc1, inv_bc2)."""
+    float32 (Kingma & Ba 2015, Algorithm 1). Returns ((m op, v op), inv_bc1, inv_bc2)."""
     b1, b2 = _F32(beta1), _F32(beta2)
     c1, c2 = _F32(1.0 - beta1), _F32(1.0 - beta2)
     inv_bc1 = _F32(1.0 / (1.0 - beta1 ** step))
@@ -175,11 +286,8 @@ def _adam_moments(core, name: str, beta1: float, beta2: float, key: str, g, slot
         out += sq
         return out
 
-    m = _vector(core, f"{name}/{key}/m", first, slots["m"], g, out=(p.shape, p.dtype),
-                ops_per_element=3.0)
-    v = _vector(core, f"{name}/{key}/v", second, slots["v"], g, out=(p.shape, p.dtype),
-                ops_per_element=4.0)
-    return m, v, inv_bc1, inv_bc2
+    return ((ElementwiseOp("m", "/m", first, ("m", "g"), 3.0),
+             ElementwiseOp("v", "/v", second, ("v", "g"), 4.0)), inv_bc1, inv_bc2)
 
 
 def _adam_step(lr, inv_bc1, inv_bc2, eps):
@@ -216,14 +324,11 @@ class Adam(Optimizer):
         _check_fraction("adam", "beta2", self.beta2)
         _check_positive("adam", "eps", self.eps)
 
-    def _update_one(self, core, key, g, slots, p, step):
-        m, v, inv_bc1, inv_bc2 = _adam_moments(core, "adam", self.beta1, self.beta2, key, g,
-                                               slots, p, step)
+    def _ops(self, step):
+        moments, inv_bc1, inv_bc2 = _adam_moments("adam", self.beta1, self.beta2, step)
         lr, eps = _F32(self.learning_rate), _F32(self.eps)
-        p_new = _vector(core, f"adam/{key}", _adam_step(lr, inv_bc1, inv_bc2, eps),
-                        p, m, v, out=(p.shape, p.dtype), ops_per_element=6.0,
-                        transcendental=True)
-        return p_new, {"m": m, "v": v}
+        return (*moments, ElementwiseOp("p", "", _adam_step(lr, inv_bc1, inv_bc2, eps),
+                                        ("p", "m", "v"), 6.0, transcendental=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,15 +357,13 @@ class AdamW(Optimizer):
         _check_positive("adamw", "eps", self.eps)
         check_number(self.weight_decay, "adamw: weight_decay", low=0.0)
 
-    def _update_one(self, core, key, g, slots, p, step):
-        m, v, inv_bc1, inv_bc2 = _adam_moments(core, "adamw", self.beta1, self.beta2, key, g,
-                                               slots, p, step)
+    def _ops(self, step):
+        moments, inv_bc1, inv_bc2 = _adam_moments("adamw", self.beta1, self.beta2, step)
         lr, eps, wd = _F32(self.learning_rate), _F32(self.eps), _F32(self.weight_decay)
-        p_new = _vector(
-            core, f"adamw/{key}",
+        return (*moments, ElementwiseOp(
+            "p", "",
             lambda p_, m_, v_: p_ - lr * ((m_ * inv_bc1) / (np.sqrt(v_ * inv_bc2) + eps) + wd * p_),
-            p, m, v, out=(p.shape, p.dtype), ops_per_element=8.0, transcendental=True)
-        return p_new, {"m": m, "v": v}
+            ("p", "m", "v"), 8.0, transcendental=True))
 
 
 _OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}

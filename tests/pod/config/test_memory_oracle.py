@@ -50,6 +50,8 @@ KNOWN_MISSES = {
           "the scanned loops (peeled), and the schedule's peak is there, beside the stacked "
           "activations; M2 (T1 across two slices) holds 3.66 GiB more than T1 the same way, "
           "M3 (dot-product attention) nothing: no rule read from two rows that disagree; "
+          "MaxText 0.2.5's own step holds more still (12.99 GiB, two copies of the saved "
+          "layer inputs; VALIDATION.md 11 (d)); "
           "compiled with its run's flags (xla_flags maxtext-2023) as at XLA's defaults",
     "T5-full": "the plan is 17.1% above XLA's peak (20.82 of 17.77 GiB): it holds the "
                "logits' gradient (4 x 8192 x 128,256 bf16, 7.83 GiB) through the layers' "
