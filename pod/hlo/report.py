@@ -23,7 +23,7 @@ from typing import Any
 
 from rich.table import Table
 
-from pod.hlo.step import HloStep
+from pod.hlo.step import SPARSECORE, HloStep
 from pod.report.console import titled_table
 from pod.report.files import check_writable, write_csv, write_json
 from pod.report.stats import mfu
@@ -60,7 +60,9 @@ def summary(step: HloStep, **extra: Any) -> dict[str, Any]:
     seconds = stats.step_seconds
     lanes = {lane: {"bytes_per_step": int(stats.axis_collective_bytes.get(lane, 0)),
                     "simulated_seconds": stats.axis_collective_seconds.get(lane, 0.0),
-                    "exposed_simulated_seconds": stats.axis_exposed_seconds.get(lane, 0.0)}
+                    "exposed_simulated_seconds": stats.axis_exposed_seconds.get(lane, 0.0),
+                    "costed_as": ", ".join(sorted({r.algorithm for r in step.collectives
+                                                   if r.lane == lane}))}
              for lane in step.lanes}
     xla = [r.xla_seconds for r in step.ops]
     return {
@@ -142,8 +144,9 @@ def summary_table(data: dict[str, Any]) -> Table:
         ("  collectives, exposed", f"{data['exposed_collective_seconds'] * ms:.4f} ms of "
                                    f"{data['collective_seconds'] * ms:.4f} "
                                    f"({data['overlap_fraction']:.0%} hidden)", "simulated"),
-        *((f"    {lane}", f"{f['exposed_simulated_seconds'] * ms:.4f} ms of "
-                          f"{f['simulated_seconds'] * ms:.4f}, {f['bytes_per_step']:,} B",
+        *((f"    {lane}" + (f" ({f['costed_as']})" if lane == SPARSECORE else ""),
+           f"{f['exposed_simulated_seconds'] * ms:.4f} ms of "
+           f"{f['simulated_seconds'] * ms:.4f}, {f['bytes_per_step']:,} B",
            "simulated") for lane, f in data["collectives_by_lane"].items()),
         ("MXU TFLOP/s per device", f"{data['simulated_tflops_per_device']:.1f}", "simulated"),
         ("MFU (the HLO's FLOPs)", f"{data['mfu']:.2%}", "simulated"),

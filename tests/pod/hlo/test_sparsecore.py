@@ -14,6 +14,7 @@ from pod.config.sharding import device_chip_spec
 from pod.config.slices import resolve_pod
 from pod.errors import HloOpError
 from pod.hlo import cost_module, parse_hlo
+from pod.hlo.report import summary
 from pod.hlo.step import DMA_HBM, SPARSECORE
 
 from .conftest import snippet_text
@@ -71,6 +72,8 @@ def test_the_offload_costs_its_gather_bytes_at_the_hbm_bandwidth(text):
     assert row.seconds == pytest.approx(nbytes / bandwidth, rel=1e-12)
     assert step.stats.axis_collective_seconds[SPARSECORE] == pytest.approx(row.seconds,
                                                                             rel=1e-12)
+    lane = summary(step)["collectives_by_lane"][SPARSECORE]
+    assert lane["costed_as"] == "sparsecore (HBM bytes)" and lane["bytes_per_step"] == nbytes
     # the matmul is not on the SparseCore: the compute stream's FLOPs are its 2 * M * K * N
     assert step.flops_per_device == pytest.approx(2 * TOKENS * WIDTH * WIDTH, rel=1e-12)
 
