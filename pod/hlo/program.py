@@ -431,6 +431,7 @@ class _Walker:
         self.program = Program()
         self.keys = itertools.count()
         self.offloads: dict[str, CollectiveInfo] = {}  # SparseCore calls not yet started
+        self.offload_infos: dict[str, CollectiveInfo] = {}
 
     def emit(self, event: OpEvent | StartEvent | DoneEvent) -> None:
         if len(self.program.events) >= MAX_EVENTS:
@@ -500,7 +501,10 @@ class _Walker:
                 self.note(f"{comp.name}: {instr.name} ends a window started elsewhere: not costed")
             return
         if op == "call-start" and _thread(instr) == "sparsecore":
-            self.offloads[instr.name] = offload_info(self.module, instr)
+            info = self.offload_infos.get(instr.name)  # a loop body: once, not per trip
+            if info is None:
+                info = self.offload_infos[instr.name] = offload_info(self.module, instr)
+            self.offloads[instr.name] = info
             if instr.operands:  # given its operands here: it starts here
                 self._start_offload(instr.name, open_by_name)
             return
