@@ -24,10 +24,14 @@ MAXTEXT_2023_LIBTPU_ARGS = (
     "--xla_enable_async_all_gather=true")
 
 #: XLA's TPU scheduler flags for host offload (LIBTPU_INIT_ARGS beside the above; MaxText's
-#: ``benchmarks/xla_flags_library.py`` ``HOST_OFFLOAD_FLAGS`` as recalled, not in the
-#: reference here; libtpu 0.0.42.1 knows every name): the experimental scheduler features,
-#: memory-pressure tracking, up to 24 host transfers in flight, the latency-hiding scheduler
-#: run again twice. Not a named set of ``configs.yaml``: it rests on memory, not a reference.
+#: ``benchmarks/xla_flags_library.py`` ``HOST_OFFLOAD_FLAGS`` as recalled; libtpu 0.0.42.1
+#: knows every name): the experimental scheduler features, memory-pressure tracking, up to
+#: 24 host transfers in flight, the latency-hiding scheduler run again twice. The same ten
+#: flags, flag for flag, are the default ``libtpu_init_args`` of MaxText's own
+#: ``maxtext/trainers/post_train/distillation/scripts/run_distill_xpk.sh`` (the ``maxtext``
+#: 0.2.5 wheel on the package index; there beside a VMEM limit and all-gather backward
+#: pipelining, for v7x): the set is MaxText's. That T5's recipe (tpu-recipes-v0.1.4) set
+#: them is not in the reference here, so it is not a named set of ``configs.yaml``.
 MAXTEXT_HOST_OFFLOAD_LIBTPU_ARGS = (
     " --xla_tpu_enable_all_experimental_scheduler_features=true"
     " --xla_tpu_enable_scheduler_memory_pressure_tracking=true"
