@@ -300,7 +300,7 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str, python: str = sys.e
         f.write(gzip.compress(text, mtime=0))
     with open(os.path.join(ROOT, "tools", "xla_oracle", "results", f"{rid}.json")) as f:
         result = json.load(f)
-    result.update(peak_bytes_per_device=outcome["memory"]["peak_memory_bytes"],
+    result.update(peak_bytes_per_device=outcome["memory"].get("peak_memory_bytes"),
                   libtpu_args=libtpu_args, compile=outcome.get("compile_seconds"),
                   versions=outcome.get("versions"))
     with open(os.path.join(out_dir, "results", f"{rid}.json"), "w") as f:
@@ -630,7 +630,7 @@ def print_memory(results: list[TrainingResult]) -> None:
     print("|---|---|---|---|---|---|")
     for r in results:
         xla = r.xla_memory_gib
-        print(f"| {r.id} | {xla:.2f} GiB | {r.hlo_memory_gib:.2f} GiB | "
+        print(f"| {r.id} | {f'{xla:.2f} GiB' if xla else '-'} | {r.hlo_memory_gib:.2f} GiB | "
               f"{_pct(r.hlo_memory_gib, xla) if xla else '-'} | {r.builtin_memory_gib:.2f} GiB | "
               f"{_pct(r.builtin_memory_gib, xla) if xla else '-'} |")
 
