@@ -341,56 +341,19 @@ FRAME_CATEGORIES = (
 
 
 def stack_functions(hlo_text: str) -> dict[str, str]:
-    """Instruction name -> the function names of its stack frame, innermost first, from the
-    module's ``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
-    (jax >= 0.11 writes them, and ``stack_frame_id=N`` in each op's metadata; a frame's
-    ``parent_frame_id`` is read as its parent's number plus one, a root's as 1: so jax 0.12's
-    modules chain, e.g. frame 3, a module's top level, prints 3 and is called from frame 2,
-    runpy's ``_run_code``). Empty for a module without them."""
+    """Instruction name -> the function names of its stack frame and its callers, innermost
+    first (``pod.hlo.module.frame_function_chains`` of the module's source tables; jax >=
+    0.11 writes them, and ``stack_frame_id=N`` in each op's metadata). Empty for a module
+    without them."""
     import re
 
-    tables: dict[str, dict[int, str]] = {}
-    section = None
-    for line in hlo_text.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            section = line
-            tables[section] = {}
-            continue
-        if section is None:
-            continue
-        m = re.match(r"(\d+) (.*)$", line)
-        if not m:
-            section = None
-            continue
-        tables[section][int(m.group(1))] = m.group(2)
-    if "StackFrames" not in tables:
+    from pod.hlo.module import frame_function_chains
+
+    chains = frame_function_chains(enumerate(hlo_text.splitlines(), 1))
+    if not chains:
         return {}
-    functions = {k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()}
-    location_function = {}
-    for k, v in tables.get("FileLocations", {}).items():
-        m = re.search(r"function_name_id=(\d+)", v)
-        location_function[k] = functions.get(int(m.group(1)), "") if m else ""
-    frames = {}
-    for k, v in tables["StackFrames"].items():
-        m = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", v)
-        if m:
-            frames[k] = (int(m.group(1)), int(m.group(2)) - 1)
-    chains: dict[int, str] = {}
-
-    def chain(start: int) -> str:
-        if start not in chains:
-            names, frame, seen = [], start, set()
-            while frame in frames and frame not in seen:
-                seen.add(frame)
-                loc, frame = frames[frame]
-                names.append(location_function.get(loc, ""))
-            chains[start] = " ".join(names)
-        return chains[start]
-
-    out = {}
-    for m in re.finditer(r"%([\w.\-]+) = [^\n]*?stack_frame_id=(\d+)", hlo_text):
-        out[m.group(1)] = chain(int(m.group(2)))
-    return out
+    return {m.group(1): chains.get(m.group(2), "")
+            for m in re.finditer(r"%([\w.\-]+) = [^\n]*?stack_frame_id=(\d+)", hlo_text)}
 
 
 def _frame_category(functions: str) -> str:
