@@ -215,7 +215,8 @@ class PlanResult:
                   "their compute alone)" if self.count("pruned") else "")
         failed = f", {self.count('failed')} failed" if self.count("failed") else ""
         rate = len(self.rows) / max(self.wall_seconds, 1e-9)
-        return (f"{len(self.rows)} points: {self.count('ok')} costed{pruned}, {dropped} "
+        return (f"{len(self.rows)} point{'' if len(self.rows) == 1 else 's'}: "
+                f"{self.count('ok')} costed{pruned}, {dropped} "
                 f"dropped{why}{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
 
 
@@ -239,7 +240,12 @@ class Planner:
         self.model_name: str = base.model.name
         self.dataset = _load(base, base.training.seed)
         self._views: dict[int, Dataset] = {}
-        self.model = _model(base.model.name, dict(base.model.options), self.dataset)
+        options = dict(base.model.options)
+        #: the source's own per-tensor choices (``remat_custom``), the ``custom`` policy's
+        self.remat_custom: dict[str, str] | None = dict(options.get("remat_custom") or {}) or None
+        if self.remat_custom:  # the model as the custom policy builds it (any policy would do)
+            options["remat"] = "custom"
+        self.model = _model(base.model.name, options, self.dataset)
         self.config = getattr(self.model, "config", None)
         self.sequence_length = (int(self.dataset.x_train[0].size)
                                 if self.model_name == "transformer" else 0)
@@ -276,8 +282,10 @@ class Planner:
                        if c.capacity_factor is not None else {})}
         if settings:
             model = dict(data["model"])
-            data["model"] = {**model, "options": {**dict(model.get("options") or {}),
-                                                  **settings}}
+            options = {**dict(model.get("options") or {}), **settings}
+            if c.remat and c.remat != "custom":  # a named policy's tensors are its own
+                options.pop("remat_custom", None)
+            data["model"] = {**model, "options": options}
         block = dict(data.get("data") or {})
         if block.get("name") == "synthetic_text":  # enough sequences for a device's share
             options = dict(block.get("options") or {})
@@ -550,26 +558,33 @@ def _model(name: str, options: dict[str, Any], dataset: Dataset):
 
 
 def _remats(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
-    """The remat policies searched: those asked (``all``: every one the transformer has
-    but ``custom``), or ``DEFAULT_REMATS``.
+    """The remat policies searched: those asked (``all``: every one the transformer has),
+    or ``DEFAULT_REMATS``; ``custom`` where the model gives its choices (``remat_custom``:
+    a scenario's, or MaxText's per-tensor keys), by default too whenever it gives them
+    (a published run's policy, e.g. T5's and T6's).
 
     Raises:
-        ScenarioError: a policy the transformer does not have, or remat for a model
-            without it.
+        ScenarioError: a policy the transformer does not have, ``custom`` without its
+            choices, or remat for a model without it.
     """
     if planner.config is None:
         if asked:
             raise ScenarioError(f"--remat: {planner.model_name} has no remat policies "
                                 "(the transformer has them)")
         return ("",)
-    known = remat_policies()
+    custom = ("custom",) if planner.remat_custom else ()
+    known = remat_policies() + custom
     if tuple(asked) == ("all",):
         return known
     for policy in asked:
+        if policy == "custom" and not custom:
+            raise ScenarioError("--remat: custom needs the model's choices per tensor: "
+                                "model.options.remat_custom={decoder_layer_input: offload, "
+                                "...} (or MaxText's decoder_layer_input=offload ... keys)")
         if policy not in known:
             raise ScenarioError(f"--remat: {policy!r} is not a remat policy; policies: "
                                 f"{', '.join(known)} (or all)")
-    return tuple(asked) or DEFAULT_REMATS
+    return tuple(asked) or DEFAULT_REMATS + custom
 
 
 def _axes(planner: Planner, asked: Sequence[str], keys: SearchKeys) -> tuple[str, ...]:

@@ -13,9 +13,11 @@ MaxText's own keys for what the plan searches are taken with any model
 fixes that mesh axis (``pipeline``: stage; -1 or absent: searched),
 ``dcn_data_parallelism`` / ``num_slices`` the slices, ``per_device_batch_size`` the
 batch, ``remat_policy`` the remat policy, ``compile_topology`` the slice, and for a
-preset or a scenario ``capacity_factor`` and ``max_target_length``. With MaxText
-configs, the keys the model file or the command line sets count (the base file's are
-MaxText's defaults, not a choice).
+preset or a scenario ``capacity_factor`` and ``max_target_length``; MaxText's
+per-tensor remat keys (``decoder_layer_input=offload``, ``query_proj=offload``, ...)
+are the ``custom`` policy's choices (``model.options.remat_custom``), searched beside
+the named policies. With MaxText configs, the keys the model file or the command line
+sets count (the base file's are MaxText's defaults, not a choice).
 """
 
 from __future__ import annotations
@@ -236,14 +238,39 @@ def search_keys(model: str, files: Sequence[str] = (), overrides: Any = ()
                   if merged.origin.get(k) != merged.base and _is_search_key(k, model=False)}
         given = {k: f"{k}={v}" if merged.origin[k] == "command line"
                  else f"{k}: {v} ({merged.origin[k]})" for k, v in chosen.items()}
-        # the search sets them per point: the import reads the model's keys only
-        rest = tuple(o for o in items if not _is_search_key(o.key, model=False))
+        # the search sets them per point: the import reads the model's keys only (and
+        # remat_policy=custom, under which it maps the per-tensor keys to remat_custom)
+        rest = tuple(o for o in items if not _is_search_key(o.key, model=False)
+                     or (o.key == "remat_policy" and str(o.value) == "custom"))
     else:
         chosen = {o.key: o.value for o in items if _is_search_key(o.key, model=True)}
         given = {o.key: o.text for o in items if o.key in chosen}
-        rest = tuple(o for o in items if o.key not in chosen)
+        rest = _tensor_keys_as_remat_custom(tuple(o for o in items if o.key not in chosen))
     config = MaxTextConfig(chosen, {k: "the command line" for k in chosen}, "")
     return _read_search_keys(config, given), rest
+
+
+def _tensor_keys_as_remat_custom(items: tuple[Any, ...]) -> tuple[Any, ...]:
+    """MaxText's per-tensor remat keys (``decoder_layer_input=offload``, ``query_proj=...``)
+    given with a preset or a scenario, as the one ``model.options.remat_custom`` override
+    they make (the ``custom`` policy's choices), after the other items.
+
+    Raises:
+        ScenarioError: a choice other than remat, device or offload (one line).
+    """
+    from pod.commands.import_maxtext import REMAT_CUSTOM_KEYS
+    from pod.workloads.remat import REMAT_CHOICES
+
+    tensors = [o for o in items if o.key in REMAT_CUSTOM_KEYS]
+    if not tensors:
+        return items
+    for o in tensors:
+        if o.value not in REMAT_CHOICES:
+            raise ScenarioError(f"{o.text}: a tensor's remat choice is one of "
+                                f"{', '.join(REMAT_CHOICES)}")
+    choices = {o.key: str(o.value) for o in tensors}
+    return (*(o for o in items if o.key not in REMAT_CUSTOM_KEYS),
+            *as_overrides({"model.options.remat_custom": choices}))
 
 
 def _is_search_key(key: str, *, model: bool) -> bool:

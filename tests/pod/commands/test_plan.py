@@ -242,6 +242,12 @@ def _cli(*args: str) -> tuple[int, str, str]:
      "error: --tokens-per-step: 1,000 is not a whole number of 4,096-token sequences; use a "
      "multiple of 4,096 such as 4,096"),
     (["llama2-7b"], "error: --slice: give the slice to plan for"),
+    (["llama2-7b", "--slice", "v5e-256", "--remat", "custom"],
+     "error: --remat: custom needs the model's choices per tensor: "
+     "model.options.remat_custom={decoder_layer_input: offload, ...} (or MaxText's "
+     "decoder_layer_input=offload ... keys)"),
+    (["llama2-7b", "--slice", "v5e-256", "query_proj=host"],
+     "error: query_proj=host: a tensor's remat choice is one of remat, device, offload"),
     (["llama2-7b", "--slice", "v5e-256", "--remat", "some"],
      "error: --remat: 'some' is not a remat policy; policies: "
      + ", ".join(p for p in REMAT_POLICIES if p != "custom") + " (or all)"),

@@ -97,6 +97,40 @@ def test_a_twin_policys_step_is_taken_as_costing_it_alone(tiny):
     assert {r["remat"] for r in fast if r["status"] == "ok"} == set(twins)
 
 
+def test_a_custom_policy_is_searched_beside_the_named_ones_as_costing_it_alone(tmp_path):
+    """A model whose policy is custom (a published run's, as T5's and T6's) is searched
+    under it by default beside the named policies, and MaxText's per-tensor keys on the
+    command line make the same choices; each point's row is that of costing it alone, a
+    named point without the custom choices (its tensors are its own): the layer input
+    offloaded keeps less in HBM than full remat, which keeps it on the device."""
+    from pod.commands.plan import _remats
+    from pod.commands.plan_source import search_keys
+
+    custom = {"decoder_layer_input": "offload", "query_proj": "offload"}
+    data = {**TINY, "model": {"name": "transformer",
+                              "options": {**TINY["model"]["options"], "remat": "custom",
+                                          "remat_custom": custom}}}
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(data))
+    planner = Planner(model_source(str(path), slice_name="v5e-4"))
+    assert planner.remat_custom == custom
+    assert _remats(planner, ()) == (*DEFAULT_REMATS, "custom")
+    keys = [f"{k}={v}" for k, v in custom.items()]
+    _, rest = search_keys("tiny4.yaml", (), keys)
+    from_keys = Planner(model_source(str(tmp_path / "custom.yaml"), slice_name="v5e-4",
+                                     overrides=rest))
+    assert from_keys.remat_custom == custom
+    points = candidates([("v5e-4", 4)], AXES, ("full", "custom"), per_device_batches=(1,))
+    fast = [planner.cost(c) for c in points]
+    alone = [Planner(planner.source).cost_alone(c) for c in points]
+    assert all(_same(a, b) for a, b in zip(fast, alone, strict=True))
+    rows = {(r["mesh"], r["remat"]): r for r in fast if r["status"] == "ok"}
+    meshes = {mesh for mesh, remat in rows if remat == "custom"}
+    assert len(meshes) > 3 and all((mesh, "full") in rows for mesh in meshes)
+    assert all(rows[m, "custom"]["hbm_per_device_bytes"] < rows[m, "full"]["hbm_per_device_bytes"]
+               for m in meshes)
+
+
 @pytest.mark.slow
 def test_a_few_hundred_points_cost_as_each_alone(tiny):
     """420 points (every mesh of 16 devices over four axes, the default remat policies,
