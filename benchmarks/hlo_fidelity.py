@@ -342,8 +342,8 @@ FRAME_CATEGORIES = (
 
 def stack_functions(hlo_text: str) -> dict[str, str]:
     """Instruction name -> the functions that led to it, outermost to innermost, joined by
-    " > " (``pod.hlo.HloModule.call_chain_of``: the module's source tables; jax >= 0.11
-    writes them, and ``stack_frame_id=N`` in each op's metadata), for every instruction
+    " > " (``pod.hlo.HloModule.call_chain_of``: the module's source tables, which jax 0.10.2
+    and 0.12 write, and ``stack_frame_id=N`` in each op's metadata), for every instruction
     with a stack frame. Empty for a module without them."""
     from pod.hlo import parse_hlo
 
