@@ -449,7 +449,8 @@ class HloModule:
     entry: str
     attrs: dict[str, str] = field(default_factory=dict)
     frames: dict[str, StackFrame] = field(default_factory=dict)
-    _stacks: dict[str, tuple[StackFrame, ...]] = field(default_factory=dict, repr=False)
+    _stacks: dict[str, tuple[StackFrame, ...]] = field(default_factory=dict, init=False,
+                                                       repr=False)
 
     @property
     def entry_computation(self) -> HloComputation:
