@@ -60,15 +60,6 @@ GIB = 2**30
 #: The plan's total against XLA's peak, relative: issue 29's bar.
 TOLERANCE = 0.10
 
-#: MaxText remat names the project spells as ``custom`` (MaxText ``layers/decoders.py``)
-_DOTS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj", "mlpwi", "mlpwi_0",
-         "mlpwi_1", "mlpwo")
-_CUSTOM = {
-    "qkv_proj_offloaded": dict.fromkeys(("query_proj", "key_proj", "value_proj"), "offload"),
-    "minimal_offloaded": dict.fromkeys(_DOTS, "offload"),
-    "save_dot_with_context_except_mlp": dict.fromkeys(
-        ("query_proj", "key_proj", "value_proj", "qkv_proj", "context", "out_proj"), "device"),
-}
 #: oracle keys with no bearing on the bytes the plan counts (module docstring)
 _NOT_PLANNED = ("era", "rename_axes", "flash_block", "flash_fused_bwd", "relative_position_buckets",
                 "qk_norm", "param_scan_axis")
@@ -122,15 +113,12 @@ def oracle_overrides(result: Mapping[str, Any]) -> tuple[list[str], tuple[str, .
     out = list(result.get("overrides") or [])
     left = [k for k in oracle if k in _NOT_PLANNED]
     remat = oracle.get("remat")
-    if remat in _CUSTOM:
-        custom = {**_CUSTOM[remat], **dict(oracle.get("remat_custom") or {})}
-        out += ["model.options.remat=custom",
-                f"model.options.remat_custom={json.dumps(custom)}"]
-    elif remat in REMAT_POLICIES:
+    if remat in REMAT_POLICIES:  # MaxText's names (pod.workloads.remat)
         out.append(f"model.options.remat={remat}")
-        if oracle.get("remat_custom"):
-            custom = {k: v for k, v in oracle["remat_custom"].items() if k in REMAT_TENSORS}
-            out.append(f"model.options.remat_custom={json.dumps(custom)}")
+        custom = {k: v for k, v in dict(oracle.get("remat_custom") or {}).items()
+                  if k in REMAT_TENSORS}
+        # a named policy's tensors are its own: the scenario's custom choices go
+        out.append(f"model.options.remat_custom={json.dumps(custom) if custom else ''}")
     elif remat is not None:
         left.append(f"remat {remat}")
     if "weight_dtype" in oracle:

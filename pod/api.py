@@ -613,7 +613,8 @@ def plan(model: str | Path, *, slice: str | Sequence[str] = (),  # noqa: A002 - 
             ``global_batch``); neither: ``per_device_batch``, one or several tried on
             every mesh (default 1, 2, 4, 8).
         seq_len: tokens per sequence (default: the model's).
-        remat, mesh_axes: what to search (default: every policy, every axis the runtime
+        remat, mesh_axes: what to search (default: ``DEFAULT_REMATS`` of
+            ``pod.commands.plan_search`` ("all": every policy), every axis the runtime
             runs).
         token_budget: rank by the simulated time to train on this many tokens.
         num_slices: numbers of identical slices joined by the DCN (``2`` or ``(1, 2, 4)``),

@@ -683,7 +683,10 @@ PLAN_OVERRIDES_HELP = (
 @click.option("--num-slices", "num_slices", multiple=True,
               help="Numbers of identical slices joined by the DCN to try, data parallel across "
                    "them, e.g. 1,2,4 [default: 1].")
-@click.option("--remat", help="Remat policies to try, e.g. full,minimal [default: all].")
+@click.option("--remat", help="Remat policies to try (MaxText's names), e.g. "
+                              "full,minimal_offloaded; all: every one [default: none, full, "
+                              "minimal, save_dot_except_mlp, save_dot_except_mlpwi, "
+                              "save_qkv_proj].")
 @click.option("--mesh-axes", help="Mesh axes to search, e.g. fsdp,tensor [default: every axis "
                                   "the runtime runs].")
 @click.option("--token-budget", help="Rank by the simulated time to train on this many tokens "

@@ -19,8 +19,8 @@ shipped large scenarios' form: random token ids that only set the shapes,
   they differ, and ``sa_use_fused_bwd_kernel``), ``weight_dtype``,
   ``quantization`` (``int8``, or 2023's ``int8_training``: AQT int8) and
   ``remat_policy`` (``custom``: the per-tensor keys ``decoder_layer_input``,
-  ``query_proj``, ... as ``remat_custom``; ``qkv_proj_offloaded``: q, k and v
-  offloaded, as custom); a mixture of experts (``decoder_block: mixtral``, or
+  ``query_proj``, ... as ``remat_custom``; the other policies by their names,
+  ``pod.workloads.remat``); a mixture of experts (``decoder_block: mixtral``, or
   ``num_experts`` > 1 on a dense decoder): ``num_experts``,
   ``num_experts_per_tok``, ``capacity_factor`` (-1, dropless: 0),
   ``load_balance_loss_weight`` and ``sparse_matmul`` (false, or ``megablox: false``
@@ -196,9 +196,6 @@ ATTENTIONS = {"flash": "flash", "autoselected": "flash", "dot_product": "dot_pro
               "mha": "dot_product"}
 #: weight_dtype -> the transformer's weight_dtype
 WEIGHT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
-#: remat policies MaxText names that are a choice per tensor here (remat_custom)
-REMAT_AS_CUSTOM = {"qkv_proj_offloaded": {"query_proj": "offload", "key_proj": "offload",
-                                          "value_proj": "offload"}}
 #: keys of other MaxText versions than the base given: key -> what this base calls it
 OTHER_VERSIONS = {
     "enable_flash_attention": "the attention kernel is the key attention (flash, mha, "
@@ -273,9 +270,6 @@ def _model_options(config: MaxTextConfig) -> tuple[dict[str, Any], int]:
     }
     if options["remat"] == "custom":
         options["remat_custom"] = {k: v[k] for k in REMAT_CUSTOM_KEYS if k in v}
-    elif options["remat"] in REMAT_AS_CUSTOM:
-        options["remat_custom"] = dict(REMAT_AS_CUSTOM[options["remat"]])
-        options["remat"] = "custom"
     if "enable_flash_attention" in v:  # MaxText's April 2023 decoder (281e04bf3)
         options |= {"positions": "relative", "use_qk_norm": True}
     return options | _other_options(config) | _moe_options(config), _int(config, "vocab_size")

@@ -42,6 +42,7 @@ import numpy as np
 from pod.commands.plan_bound import pipeline_bound
 from pod.commands.plan_cost import Scoring, cost_points, default_workers
 from pod.commands.plan_search import (
+    DEFAULT_REMATS,
     Candidate,
     candidates,
     capacity_factors,
@@ -549,7 +550,8 @@ def _model(name: str, options: dict[str, Any], dataset: Dataset):
 
 
 def _remats(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
-    """The remat policies searched: those asked, or every one the transformer has.
+    """The remat policies searched: those asked (``all``: every one the transformer has
+    but ``custom``), or ``DEFAULT_REMATS``.
 
     Raises:
         ScenarioError: a policy the transformer does not have, or remat for a model
@@ -561,11 +563,13 @@ def _remats(planner: Planner, asked: Sequence[str]) -> tuple[str, ...]:
                                 "(the transformer has them)")
         return ("",)
     known = remat_policies()
+    if tuple(asked) == ("all",):
+        return known
     for policy in asked:
         if policy not in known:
             raise ScenarioError(f"--remat: {policy!r} is not a remat policy; policies: "
-                                f"{', '.join(known)}")
-    return tuple(asked) or known
+                                f"{', '.join(known)} (or all)")
+    return tuple(asked) or DEFAULT_REMATS
 
 
 def _axes(planner: Planner, asked: Sequence[str], keys: SearchKeys) -> tuple[str, ...]:

@@ -655,7 +655,9 @@ class SweepConfig(_Frozen):
     # policies, and examples per device (the global batch is that x data x fsdp)
     mesh: tuple[dict[str, int], ...] | None = Field(default=None, min_length=1)
     remat: tuple[Literal["none", "full", "minimal", "save_dot_except_mlp",  # pod.workloads.remat
-                         "save_dot_except_mlpwi", "save_qkv_proj"], ...] | None = Field(
+                         "save_dot_except_mlpwi", "save_qkv_proj",
+                         "save_dot_with_context_except_mlp", "save_out_proj",
+                         "qkv_proj_offloaded", "minimal_offloaded"], ...] | None = Field(
         default=None, min_length=1)
     per_device_batch: tuple[Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)], ...] | None = Field(
         default=None, min_length=1)

@@ -34,9 +34,21 @@ The policies (``save_only_these_names`` unless said):
 - ``save_dot_except_mlp``: q, k, v (qkv) and out_proj.
 - ``save_dot_except_mlpwi``: those and mlpwo.
 - ``save_qkv_proj``: q, k, v (qkv).
+- ``save_dot_with_context_except_mlp``: q, k, v (qkv), the attention's
+  context and out_proj.
+- ``save_out_proj``: out_proj alone.
+- ``qkv_proj_offloaded``: q, k, v to host memory (``save_and_offload_only_these_names``,
+  nothing saved on the device; a fused ``qkv_proj`` is not among its names).
+- ``minimal_offloaded``: what ``minimal`` keeps, to host memory instead of HBM
+  (``offload_dot_with_no_batch_dims``, the same dots by their shape).
 - ``custom``: per name from ``remat_custom`` (MaxText's per-tensor keys);
   names not given are ``remat`` (MaxText's defaults), the layer input
   ``device``.
+
+These are the ten policies ``base.yml`` at tpu-recipes-v0.1.4 lists (with
+``none``); their tensor sets are MaxText's ``Decoder.get_remat_policy``
+(``layers/decoders.py`` there; ``layers/nnx_decoders.py`` in the maxtext 0.2.5
+wheel of the package index, which names the same sets).
 """
 
 from __future__ import annotations
@@ -48,7 +60,8 @@ __all__ = ["REMAT_POLICIES", "REMAT_TENSORS", "REMAT_CHOICES", "TENSOR_KEYS", "r
            "check_remat_custom", "remat_cache_keys", "remat_effect", "twin_policies"]
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
-                  "save_qkv_proj", "custom")
+                  "save_qkv_proj", "save_dot_with_context_except_mlp", "save_out_proj",
+                  "qkv_proj_offloaded", "minimal_offloaded", "custom")
 REMAT_TENSORS = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "qkv_proj",
                  "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "context")
 REMAT_CHOICES = ("remat", "device", "offload")
@@ -68,7 +81,18 @@ _SAVED = {
     "save_dot_except_mlp": (*_PROJECTIONS, "out_proj"),
     "save_dot_except_mlpwi": (*_PROJECTIONS, "out_proj", "mlpwo"),
     "save_qkv_proj": _PROJECTIONS,
+    "save_dot_with_context_except_mlp": (*_PROJECTIONS, "context", "out_proj"),
+    "save_out_proj": ("out_proj",),
 }
+#: the policies that keep their tensors in host memory (``save_and_offload_only_these_names``
+#: / ``offload_dot_with_no_batch_dims`` with ``offload_dst="pinned_host"``): policy -> names
+_OFFLOADED = {
+    "qkv_proj_offloaded": ("query_proj", "key_proj", "value_proj"),  # not a fused qkv_proj
+    "minimal_offloaded": _SAVED["minimal"],
+}
+#: the policies that choose a block's dots by their shape, not their name (an MoE's expert
+#: products are batched over the experts: :func:`remat_cache_keys`)
+_BY_SHAPE = ("minimal", "minimal_offloaded")
 
 
 def check_remat_custom(value: object, what: str = "transformer: option remat_custom"
@@ -107,6 +131,8 @@ def remat_choices(policy: str, custom: tuple[tuple[str, str], ...] | Mapping | N
     choices = dict.fromkeys(REMAT_TENSORS, "remat")
     if policy == "custom":
         choices.update(dict(check_remat_custom(dict(custom or {}))))
+    elif policy in _OFFLOADED:
+        choices.update(dict.fromkeys(_OFFLOADED[policy], "offload"))
     else:
         choices.update(dict.fromkeys(_SAVED[policy], "device"))
     if choices["decoder_layer_input"] == "remat":  # the checkpoint itself: always kept
@@ -120,17 +146,18 @@ def remat_cache_keys(choices: Mapping[str, str] | None, policy: str = "", moe: b
     cache keys (``TENSOR_KEYS``): (kept on the device or offloaded, None for everything
     backward reads under ``none``; offloaded to host memory).
 
-    ``minimal`` is JAX's ``checkpoint_dots_with_no_batch_dims``: it saves a dot by its
-    shape, not its name, and an MoE's (``moe``) expert products are batched over the
-    experts (``EBCM,EMH->EBCH``; megablox's grouped matmul is a kernel, no dot at all),
-    so under it an MoE block keeps its attention's products but not its experts' (XLA:
-    Mixtral 8x7B at 8 x 4096 on v5p-128 holds 61.6 GiB, where keeping the expert
-    products would need 194 GiB; ``tools/xla_oracle/results/mixtral-v5p-128-b8.json``)."""
+    ``minimal`` is JAX's ``checkpoint_dots_with_no_batch_dims`` (``minimal_offloaded``
+    its ``offload_dot_with_no_batch_dims``): it saves a dot by its shape, not its name,
+    and an MoE's (``moe``) expert products are batched over the experts
+    (``EBCM,EMH->EBCH``; megablox's grouped matmul is a kernel, no dot at all), so under
+    it an MoE block keeps its attention's products but not its experts' (XLA: Mixtral
+    8x7B at 8 x 4096 on v5p-128 holds 61.6 GiB, where keeping the expert products would
+    need 194 GiB; ``tools/xla_oracle/results/mixtral-v5p-128-b8.json``)."""
     if choices is None:
         return None, frozenset()
     kept = frozenset(k for name, choice in choices.items() if choice != "remat"
                      for k in TENSOR_KEYS[name])
-    if moe and policy == "minimal":
+    if moe and policy in _BY_SHAPE:
         kept -= frozenset(k for name in _MLP_TENSORS for k in TENSOR_KEYS[name])
     offloaded = frozenset(k for name, choice in choices.items() if choice == "offload"
                           for k in TENSOR_KEYS[name])

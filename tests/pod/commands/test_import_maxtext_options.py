@@ -92,7 +92,7 @@ def _file(tmp_path: Path, text: str, name: str = "base.yml") -> Path:
 
 def test_t7s_keys_fsdp_transpose_offloaded_projections_and_splash_blocks(tmp_path):
     """Llama 2 70B's T7 config in miniature: ici_fsdp_transpose_parallelism -1 fills the
-    slice; qkv_proj_offloaded is the custom choice of q / k / v to host; splash query
+    slice; qkv_proj_offloaded keeps its name and is q / k / v to host; splash query
     blocks of 1024 forward and 2048 in both backward kernels (kept: they differ from the
     forward's; the key blocks, 512 each, are the forward's and not written)."""
     from pod.workloads.flash import BackwardBlocks
@@ -104,8 +104,7 @@ def test_t7s_keys_fsdp_transpose_offloaded_projections_and_splash_blocks(tmp_pat
     s = result.scenario
     options = s["model"]["options"]
     assert s["pod"]["mesh"] == {"fsdp_transpose": 256}
-    assert (options["remat"], options["remat_custom"]) == (
-        "custom", {"query_proj": "offload", "key_proj": "offload", "value_proj": "offload"})
+    assert options["remat"] == "qkv_proj_offloaded" and "remat_custom" not in options
     assert options["sa_block_q"] == 1024 and "sa_block_kv" not in options
     assert (options["sa_block_q_dkv"], options["sa_block_q_dq"]) == (2048, 2048)
     assert {"sa_block_kv_dkv", "sa_block_kv_dq", "sa_use_fused_bwd_kernel"}.isdisjoint(options)
@@ -114,8 +113,9 @@ def test_t7s_keys_fsdp_transpose_offloaded_projections_and_splash_blocks(tmp_pat
     assert not {"sa_block_q_dkv", "sa_block_q_dq"} & {n.key for n in result.notes}
     plan = build_plan(parse_scenario(s), timing_only=True)
     assert plan.mesh.label == "{fsdp: 256} (fsdp_transpose 256 as fsdp)"
-    assert plan.model.config.remat_custom == (("query_proj", "offload"), ("key_proj", "offload"),
-                                              ("value_proj", "offload"))
+    block = next(layer for layer in plan.model.layers if hasattr(layer, "choices"))
+    assert {name for name, choice in block.choices.items() if choice == "offload"} == {
+        "query_proj", "key_proj", "value_proj"}
     assert plan.model.config.backward_blocks == BackwardBlocks((2048, 512), (2048, 512))
 
 

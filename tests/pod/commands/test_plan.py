@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from pod.commands.plan import PLAN_COLUMNS, Planner, PlanRequest, run_plan
 from pod.commands.plan_search import (
+    DEFAULT_REMATS,
     SEARCH_AXES,
     factorisation_count,
     meshes,
@@ -243,7 +244,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
     (["llama2-7b"], "error: --slice: give the slice to plan for"),
     (["llama2-7b", "--slice", "v5e-256", "--remat", "some"],
      "error: --remat: 'some' is not a remat policy; policies: "
-     + ", ".join(p for p in REMAT_POLICIES if p != "custom")),
+     + ", ".join(p for p in REMAT_POLICIES if p != "custom") + " (or all)"),
     (["llama2-7b", "--slice", "v5e-256", "--mesh-axes", "fsdp,pipe"],
      "error: --mesh-axes: 'pipe' is not a mesh axis; axes: data, stage, fsdp, expert, tensor"),
     (["llama2-7b", "--slice", "v5e-256", "pod.mesh.fsdp=8"],
@@ -397,12 +398,18 @@ def test_a_plan_where_nothing_fits_leaves_an_earlier_plans_files_as_they_were(ti
 def test_a_plan_where_nothing_runs_says_why_in_one_line(tiny, tmp_path):
     code, out, err = _cli(tiny, "--slice", "v5e-8", "--mesh-axes", "tensor", "--output-dir",
                           str(tmp_path / "o"))
-    # one mesh, every remat policy (custom aside) and 4 batches
-    points = len([p for p in REMAT_POLICIES if p != "custom"]) * 4
+    # one mesh, the default remat policies and 4 batches
+    points = len(DEFAULT_REMATS) * 4
     assert code == 2 and f"{points} points: 0 costed, {points} dropped" in out
     assert err == ("error: plan: no layout of tiny runs; the first point's reason: pod.mesh: "
                    "{tensor: 8}: tensor 8 does not divide the transformer's heads 4, kv_heads 4 "
                    "and mlp_dim 128; tensor must divide all three: 1, 2, 4\n")
+    # --remat all: every policy the transformer has (custom aside: it needs its choices)
+    code, out, _ = _cli(tiny, "--slice", "v5e-8", "--mesh-axes", "tensor", "--remat", "all",
+                        "--output-dir", str(tmp_path / "o"))
+    points = len([p for p in REMAT_POLICIES if p != "custom"]) * 4
+    assert code == 2 and f"{points} points: 0 costed, {points} dropped" in out
+    assert "qkv_proj_offloaded, minimal_offloaded" in out
 
 
 def test_a_preset_gets_sequence_parallelism_with_tensor_unless_told_otherwise():

@@ -14,7 +14,8 @@ import yaml
 from pod.commands.plan import PLOTTED, Planner, PlanRequest, run_plan
 from pod.commands.plan_cost import Scoring, class_key, cost_points
 from pod.commands.plan_report import family_lines
-from pod.commands.plan_search import candidates, compared_batch, family, remat_policies
+from pod.commands.plan_search import (DEFAULT_REMATS, candidates, compared_batch, family,
+                                     remat_policies)
 from pod.commands.plan_source import model_source
 from pod.workloads.remat import remat_effect, twin_policies
 
@@ -69,6 +70,18 @@ def test_the_fast_path_costs_points_as_costing_each_alone(tiny):
     assert planner.tape.hits > planner.tape.misses  # the tape did replay
 
 
+def test_the_later_and_offloading_policies_cost_as_each_alone(tiny):
+    """MaxText's four policies outside the default search (the context kept, out_proj
+    alone, q / k / v and minimal's tensors in host memory): the same rows as costing each
+    point alone, host transfers included."""
+    later = ("save_dot_with_context_except_mlp", "save_out_proj", "qkv_proj_offloaded",
+             "minimal_offloaded")
+    assert not set(later) & set(DEFAULT_REMATS) and set(later) <= set(remat_policies())
+    points, fast, alone, _ = _alone_and_fast(tiny, "v5e-4", 4, later, (1,))
+    assert len(points) == 40 and sum(r["status"] == "ok" for r in fast) > 20
+    assert all(_same(a, b) for a, b in zip(fast, alone, strict=True))
+
+
 def test_a_twin_policys_step_is_taken_as_costing_it_alone(tiny):
     """save_dot_except_mlp and save_dot_except_mlpwi keep the same tensors (mlpwo is read by
     no backward pass): the fast path takes one's step from the other's, and every row
@@ -86,9 +99,9 @@ def test_a_twin_policys_step_is_taken_as_costing_it_alone(tiny):
 
 @pytest.mark.slow
 def test_a_few_hundred_points_cost_as_each_alone(tiny):
-    """420 points (every mesh of 16 devices over four axes, every remat policy, two
-    batches): the fast path's rows are those of costing each point alone."""
-    points, fast, alone, _ = _alone_and_fast(tiny, "v5e-16", 16, remat_policies(), (1, 2))
+    """420 points (every mesh of 16 devices over four axes, the default remat policies,
+    two batches): the fast path's rows are those of costing each point alone."""
+    points, fast, alone, _ = _alone_and_fast(tiny, "v5e-16", 16, DEFAULT_REMATS, (1, 2))
     assert len(points) == 420 and sum(r["status"] == "ok" for r in fast) > 150
     assert all(_same(a, b) for a, b in zip(fast, alone, strict=True))
 

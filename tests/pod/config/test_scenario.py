@@ -268,3 +268,17 @@ def test_a_model_that_fits_its_data_passes_the_check():
                                                         "options": {"vocabulary": 100}},
                                       "data": ok}))
     assert int(plan.dataset.x_train.max()) == 99 and plan.model.name == "lstm_classifier"
+
+
+def test_a_sweeps_remat_choices_are_the_transformers_named_policies():
+    """sweep.remat takes every policy the transformer names (custom aside: a sweep point
+    has no remat_custom of its own), spelled once in the scenario schema."""
+    import typing
+
+    from pod.config.scenario import SweepConfig
+    from pod.workloads.remat import REMAT_POLICIES
+
+    annotation = SweepConfig.model_fields["remat"].annotation
+    tuple_type = next(a for a in typing.get_args(annotation) if a is not type(None))
+    literal = typing.get_args(tuple_type)[0]
+    assert typing.get_args(literal) == tuple(p for p in REMAT_POLICIES if p != "custom")

@@ -349,7 +349,9 @@ def _step(model, params, x, y):
 
 CUSTOM = {"query_proj": "device", "context": "offload", "mlpwi_1": "offload"}
 POLICIES = ["none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
-            "save_qkv_proj", "custom"]
+            "save_qkv_proj", "save_dot_with_context_except_mlp", "save_out_proj",
+            "qkv_proj_offloaded", "minimal_offloaded", "custom"]
+OFFLOADING = ("qkv_proj_offloaded", "minimal_offloaded", "custom")
 
 
 def recompute_closed_form(policy, attention, block, t=16, c=16, h=2, kv=1, dh=4, f=32):
@@ -366,6 +368,13 @@ def recompute_closed_form(policy, attention, block, t=16, c=16, h=2, kv=1, dh=4,
             "save_dot_except_mlp": 2 * product + 2 * w,
             "save_dot_except_mlpwi": 2 * product + 2 * w,
             "save_qkv_proj": 2 * product + out + 2 * w,
+            # the context kept: flash reruns nothing, the dot product its scores
+            "save_dot_with_context_except_mlp": (product if attention == "dot_product" else 0)
+            + 2 * w,
+            "save_out_proj": q + 2 * k + 2 * product + 2 * w,
+            # what save_qkv_proj and minimal keep, in host memory: the same recomputation
+            "qkv_proj_offloaded": 2 * product + out + 2 * w,
+            "minimal_offloaded": 2 * product,
             # q kept, k and v rerun; context offloaded: flash reruns nothing, the dot
             # product still reruns its scores; mlpwi_1 offloaded, wi_0 rerun
             "custom": 2 * k + (product if attention == "dot_product" else 0) + out + w}[policy]
@@ -394,7 +403,13 @@ def test_remat_policies_bit_identical_with_closed_form_recomputation(attention, 
         assert sum(rec.flops for rec in records if rec.unit == "mxu") == 4 * hardware, r
         assert hardware - base == 2 * recompute_closed_form(r, attention, block), r
         host = [rec for rec in records if rec.unit == "host"]
-        assert bool(host) == (r == "custom")
+        assert bool(host) == (r in OFFLOADING), r
+    offloaded = {r: {rec.name.split("/")[-1] for rec in results[r][2] if rec.unit == "host"}
+                 for r in ("qkv_proj_offloaded", "minimal_offloaded")}
+    assert offloaded["qkv_proj_offloaded"] == {"query_proj", "key_proj", "value_proj"}
+    assert offloaded["minimal_offloaded"] == {"query_proj", "key_proj", "value_proj", "mlpwi_0",
+                                              "mlpwi_1"} | ({"out_proj"} if block == "sequential"
+                                                            else set())
     host = {rec.name: rec for rec in results["custom"][2] if rec.unit == "host"}
     context = 4 * 16 * 2 * 4 * 2 + (4 * 2 * 16 * 4 if attention == "flash" else 0)  # o, lse
     assert host["block1/offload/context"].hbm_bytes == host["block2/reload/context"].hbm_bytes == context
@@ -402,6 +417,11 @@ def test_remat_policies_bit_identical_with_closed_form_recomputation(attention, 
     assert len(host) == 8 and all(rec.seconds == rec.hbm_bytes / 1.6e10 for rec in host.values())
     device = {r: m.activation_memory(4).device_bytes for r, m in models.items()}
     assert device["none"] > device["minimal"] > device["save_qkv_proj"] > device["full"]
+    for offloading, on_device in (("qkv_proj_offloaded", "save_qkv_proj"),
+                                  ("minimal_offloaded", "minimal")):  # the same bytes, on host
+        memory = models[offloading].activation_memory(4)
+        assert memory.device_bytes == device["full"]
+        assert memory.host_bytes == device[on_device] - device["full"]
     assert models["custom"].activation_memory(4).host_bytes == 2 * (context + 4 * 16 * 32 * 2)
 
 
@@ -561,7 +581,9 @@ def test_model_flops_formula():
     ({"norm": "batch"}, "transformer: option norm must be one of rmsnorm, layernorm"),
     ({"positions": "alibi"}, "transformer: option positions must be one of rotary, learned"),
     ({"remat": "some"}, "transformer: option remat must be one of none, full, minimal, "
-                        "save_dot_except_mlp, save_dot_except_mlpwi, save_qkv_proj, custom"),
+                        "save_dot_except_mlp, save_dot_except_mlpwi, save_qkv_proj, "
+                        "save_dot_with_context_except_mlp, save_out_proj, qkv_proj_offloaded, "
+                        "minimal_offloaded, custom"),
     ({"remat": "full", "remat_custom": {"context": "device"}},
      "transformer: option remat_custom needs remat: custom, got remat: full"),
     ({"remat": "custom", "remat_custom": {"contexts": "device"}},
