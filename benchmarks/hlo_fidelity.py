@@ -341,19 +341,17 @@ FRAME_CATEGORIES = (
 
 
 def stack_functions(hlo_text: str) -> dict[str, str]:
-    """Instruction name -> the function names of its stack frame and its callers, innermost
-    first (``pod.hlo.module.frame_function_chains`` of the module's source tables; jax >=
-    0.11 writes them, and ``stack_frame_id=N`` in each op's metadata). Empty for a module
-    without them."""
-    import re
+    """Instruction name -> the functions that led to it, outermost to innermost, joined by
+    " > " (``pod.hlo.HloModule.call_chain_of``: the module's source tables, which jax 0.10.2
+    and 0.12 write, and ``stack_frame_id=N`` in each op's metadata), for every instruction
+    with a stack frame. Empty for a module without them."""
+    from pod.hlo import parse_hlo
 
-    from pod.hlo.module import frame_function_chains
-
-    chains = frame_function_chains(enumerate(hlo_text.splitlines(), 1))
-    if not chains:
+    module = parse_hlo(hlo_text)
+    if not module.frames:
         return {}
-    return {m.group(1): chains.get(m.group(2), "")
-            for m in re.finditer(r"%([\w.\-]+) = [^\n]*?stack_frame_id=(\d+)", hlo_text)}
+    return {instr.name: module.call_chain_of(instr) for _, instr in module.instructions()
+            if instr.metadata.get("stack_frame_id")}
 
 
 def _frame_category(functions: str) -> str:

@@ -1,6 +1,7 @@
 """An XLA HLO module as a program the emulated pod runs (issue 30).
 
 - :mod:`~pod.hlo.module`: parse the text XLA prints (``parse_hlo``).
+- :mod:`~pod.hlo.frames`: an op's stack frames: the user's own line, its call chain.
 - :mod:`~pod.hlo.groups`: replica groups in every form, and a collective's cost
   on its actual device groups (ICI, and the DCN across slices).
 - :mod:`~pod.hlo.ops`: what one op costs on a TensorCore (the chip model).

@@ -18,7 +18,8 @@ TensorCore's VMEM, the alternate memory XLA's memory-space assignment places
 small buffers in) or a tuple of shapes. ``%`` before names is optional (some
 printers omit it); ``/*index=5*/`` comments are ignored. The module's
 ``FileNames`` / ``FunctionNames`` / ``FileLocations`` / ``StackFrames`` tables
-(newer XLA) map an instruction's ``stack_frame_id`` to the user's source line.
+(newer XLA) map an instruction's ``stack_frame_id`` to its stack of source lines
+(``pod.hlo.frames``: the user's own line, the chain of functions that called it).
 
 Nothing here knows what an op costs (``pod.hlo.ops``) or how a program runs
 (``pod.hlo.program``). Pure Python: no jax, no ray.
@@ -29,12 +30,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from pod.errors import HloParseError
+from pod.hlo.frames import StackFrame, call_chain, read_frames, stack, user_frame
 
 __all__ = ["DTYPE_BYTES", "ArrayShape", "Shape", "HloInstruction", "HloComputation",
            "HloModule", "parse_hlo", "parse_shape", "split_top", "VMEM_SPACE",
@@ -438,14 +440,17 @@ class HloModule:
         computations: name -> computation.
         entry: the ENTRY computation's name.
         attrs: the header's attributes (``num_partitions``, ``is_scheduled``, ...).
-        sources: stack frame id -> "file:line (function)" of the user's code.
+        frames: stack frame id -> its frame (``pod.hlo.frames``); {} when the module has
+            no source tables.
     """
 
     name: str
     computations: dict[str, HloComputation]
     entry: str
     attrs: dict[str, str] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
+    frames: dict[str, StackFrame] = field(default_factory=dict)
+    _stacks: dict[str, tuple[StackFrame, ...]] = field(default_factory=dict, init=False,
+                                                       repr=False)
 
     @property
     def entry_computation(self) -> HloComputation:
@@ -479,16 +484,32 @@ class HloModule:
         """XLA scheduled it (``is_scheduled=true``): the printed order is the order run."""
         return self.attrs.get("is_scheduled", "") == "true"
 
+    def stack_of(self, instr: HloInstruction) -> tuple[StackFrame, ...]:
+        """The stack frames of ``instr``'s ``stack_frame_id``, innermost first, each call
+        site once (``pod.hlo.frames.stack``); () without one."""
+        frame = instr.metadata.get("stack_frame_id", "")
+        if frame not in self._stacks:
+            self._stacks[frame] = stack(self.frames, frame)
+        return self._stacks[frame]
+
     def source_of(self, instr: HloInstruction) -> str:
-        """Where the user wrote ``instr``: "file:line (function)" from its stack frame or
+        """Where the user wrote ``instr``: "file:line (function)" of the innermost frame of
+        its stack that is the user's own code, not a framework's
+        (``pod.hlo.frames.is_library_file``; the innermost frame when none is), else its
         ``source_file`` / ``source_line`` metadata; "" when unknown."""
+        frame = user_frame(self.stack_of(instr))
+        if frame is not None:
+            return frame.describe()
         meta = instr.metadata
-        frame = meta.get("stack_frame_id")
-        if frame and frame in self.sources:
-            return self.sources[frame]
         if meta.get("source_file"):
             return f"{meta['source_file'].rsplit('/', 1)[-1]}:{meta.get('source_line', '?')}"
         return ""
+
+    def call_chain_of(self, instr: HloInstruction) -> str:
+        """The functions that led to ``instr``, outermost to innermost, joined by " > ",
+        from the function jax compiled (``pod.hlo.frames.call_chain``), e.g. "train_step >
+        loss_fn > Decoder.__call__ > attention"; "" when it has no stack frame."""
+        return call_chain(self.stack_of(instr), self.name)
 
     def instructions(self) -> Iterator[tuple[HloComputation, HloInstruction]]:
         """Every (computation, instruction) of the module."""
@@ -542,72 +563,6 @@ def _parse_instruction(text: str, number: int) -> HloInstruction:
         if sep:
             attrs[key.strip()] = value.strip()
     return HloInstruction(name, opcode, shape, tuple(operands), attrs, number, root, literal)
-
-
-def _read_tables(lines: Iterable[tuple[int, str]]) -> tuple[dict[str, str], dict[str, str],
-                                                             dict[str, tuple[str, str, str]],
-                                                             dict[str, dict[str, str]]]:
-    """The module's source tables: file names, function names, file locations (file id,
-    function id, line) and stack frames (their ``file_location_id`` / ``parent_frame_id``
-    fields), each by its id."""
-    files: dict[str, str] = {}
-    functions: dict[str, str] = {}
-    locations: dict[str, tuple[str, str, str]] = {}
-    stack: dict[str, dict[str, str]] = {}
-    table = ""
-    for _, text in lines:
-        if text in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            table = text
-            continue
-        match = re.match(r"^(\d+)\s+(.*)$", text)
-        if not match:
-            continue
-        key, value = match.groups()
-        fields = dict(re.findall(r"(\w+)=(\d+)", value))
-        if table == "FileNames":
-            files[key] = value.strip('"').rsplit("/", 1)[-1]
-        elif table == "FunctionNames":
-            functions[key] = value.strip('"')
-        elif table == "FileLocations":
-            locations[key] = (fields.get("file_name_id", ""), fields.get("function_name_id", ""),
-                              fields.get("line", "?"))
-        elif table == "StackFrames":
-            stack[key] = fields
-    return files, functions, locations, stack
-
-
-def _source_tables(lines: list[tuple[int, str]]) -> dict[str, str]:
-    """Stack frame id -> "file:line (function)" from the module's source tables."""
-    files, functions, locations, stack = _read_tables(lines)
-    frames: dict[str, str] = {}
-    for key, fields in stack.items():
-        if fields.get("file_location_id") in locations:
-            f, fn, line = locations[fields["file_location_id"]]
-            frames[key] = f"{files.get(f, '?')}:{line} ({functions.get(fn, '?')})"
-    return frames
-
-
-def frame_function_chains(lines: Iterable[tuple[int, str]]) -> dict[str, str]:
-    """Stack frame id -> the function names of the frame and its callers, innermost first,
-    space-separated, from the module's source tables (any lines of the module's text,
-    numbered: other lines are skipped). A frame's ``parent_frame_id`` is read as its
-    parent's id plus one, a root's as 1 (jax 0.12's modules chain that way: frame 3, a
-    module's top level, prints 3 and is called from frame 2). {} without the tables."""
-    _, functions, locations, stack = _read_tables(lines)
-    parents: dict[str, tuple[str, str]] = {}
-    for key, fields in stack.items():
-        if "file_location_id" in fields and "parent_frame_id" in fields:
-            parents[key] = (fields["file_location_id"], str(int(fields["parent_frame_id"]) - 1))
-    chains: dict[str, str] = {}
-    for start in parents:
-        names, frame, seen = [], start, set()
-        while frame in parents and frame not in seen:
-            seen.add(frame)
-            location, frame = parents[frame]
-            names.append(functions.get(locations[location][1], "") if location in locations
-                         else "")
-        chains[start] = " ".join(names)
-    return chains
 
 
 def parse_hlo(text: str) -> HloModule:
@@ -686,4 +641,4 @@ def parse_hlo(text: str) -> HloModule:
             if missing:
                 raise HloParseError(instr.line, f"{instr.name} calls {missing[0]}, which the "
                                                 "module does not define")
-    return HloModule(name, computations, entry, header_attrs, _source_tables(tables))
+    return HloModule(name, computations, entry, header_attrs, read_frames(tables))

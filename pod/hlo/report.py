@@ -2,7 +2,8 @@
 
 The files of any run (``pod.report``): ``summary.json`` (``write_json``),
 ``layers.csv`` (``write_csv``; here one row per JAX op name, so the user sees
-the names of their own functions, with the source line XLA kept), a
+the names of their own functions: ``source``, the innermost line of the user's own
+code XLA kept for it, and ``call_chain``, the functions that led there), a
 ``collectives.csv`` beside it, and the Perfetto trace (``pod.report.trace``:
 the compute stream with its waits, a lane per unit, a lane per set of device
 groups with each collective where the clock placed it). The terminal table is
@@ -37,8 +38,9 @@ __all__ = ["APPROXIMATE", "FAITHFUL", "LAYER_COLUMNS", "COLLECTIVE_COLUMNS", "la
 APPROXIMATE = "approximate (CPU-compiled HLO)"
 FAITHFUL = "TPU-compiled HLO"
 
-LAYER_COLUMNS = ("op_name", "source", "instructions", "runs", "simulated_seconds", "share",
-                 "mxu_flops", "hbm_bytes", "bound", "costed_as", "xla_estimated_seconds")
+LAYER_COLUMNS = ("op_name", "source", "call_chain", "instructions", "runs",
+                 "simulated_seconds", "share", "mxu_flops", "hbm_bytes", "bound", "costed_as",
+                 "xla_estimated_seconds")
 COLLECTIVE_COLUMNS = ("instruction", "op_name", "op", "lane", "form", "algorithm", "groups",
                       "bytes", "runs", "simulated_seconds", "dcn_simulated_seconds")
 
@@ -98,7 +100,8 @@ def summary(step: HloStep, **extra: Any) -> dict[str, Any]:
 
 def layer_rows(step: HloStep) -> list[dict[str, Any]]:
     """layers.csv: one row per JAX op name (the instructions XLA kept it on), most
-    simulated seconds first."""
+    simulated seconds first; its ``source`` and ``call_chain`` are those of its slowest
+    instruction that has a source ("" when none has)."""
     groups: dict[str, list] = defaultdict(list)
     for row in step.ops:
         groups[row.op_name or f"({row.opcode} {row.name})"].append(row)
@@ -108,8 +111,10 @@ def layer_rows(step: HloStep) -> list[dict[str, Any]]:
         seconds = sum(r.seconds for r in rows)
         main = max(rows, key=lambda r: r.seconds)
         xla = [r.xla_seconds for r in rows]
+        where = next((r for r in rows if r.source), None)
         out.append({
-            "op_name": name, "source": next((r.source for r in rows if r.source), ""),
+            "op_name": name, "source": where.source if where else "",
+            "call_chain": where.call_chain if where else "",
             "instructions": len(rows), "runs": sum(r.count for r in rows),
             "simulated_seconds": seconds, "share": seconds / total,
             "mxu_flops": sum(r.flops for r in rows), "hbm_bytes": sum(r.hbm_bytes for r in rows),

@@ -80,7 +80,10 @@ class OpRow:
     Attributes:
         name: the instruction, e.g. "fusion.12".
         op_name: the JAX op name XLA kept (``metadata.op_name``).
-        source: where the user wrote it ("file:line (function)"), "" when unknown.
+        source: where the user wrote it: "file:line (function)" of the innermost frame
+            that is the user's own code (``HloModule.source_of``), "" when unknown.
+        call_chain: the functions that led to it, outermost to innermost, joined by
+            " > " (``HloModule.call_chain_of``), "" when the module has no stack frames.
         opcode: the HLO opcode.
         how: how it was costed (``OpCost.how``).
         count: times it ran in the step.
@@ -94,6 +97,7 @@ class OpRow:
     name: str
     op_name: str
     source: str
+    call_chain: str
     opcode: str
     how: str
     count: int
@@ -513,6 +517,7 @@ def _op_rows(builder: _Builder) -> tuple[OpRow, ...]:
         named = _named(builder.module, instr)
         rows.append(OpRow(
             name=instr.name, op_name=named.op_name, source=builder.module.source_of(named),
+            call_chain=builder.module.call_chain_of(named),
             opcode=instr.opcode, how=cost.how, count=n, seconds=n * cost.seconds,
             flops=n * cost.flops, hbm_bytes=n * sum(r.hbm_bytes for r in cost.records),
             bound=op_bound(main),

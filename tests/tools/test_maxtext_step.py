@@ -177,8 +177,9 @@ def test_stack_functions_walk_each_frame_to_its_root():
     # parent_frame_id is the parent's number plus one (1: a root): frame 2 is DenseGeneral
     # called from frame 1 (MlpBlock), frame 4 from frame 3 (the query projection); %c has
     # no frame
-    assert frames == {"a": "DenseGeneral.__call__ MlpBlock.__call__",
-                      "b": "DenseGeneral.__call__ Attention.query_projection"}
+    assert frames == {"a": "MlpBlock.__call__ > DenseGeneral.__call__",
+                      "b": "Attention.query_projection > DenseGeneral.__call__"}
     assert hlo_fidelity._frame_category(frames["a"]) == "MLP matmuls"
     assert hlo_fidelity._frame_category(frames["b"]) == "attention projections"
-    assert hlo_fidelity.stack_functions("HloModule m\nENTRY %e {}\n") == {}
+    assert hlo_fidelity.stack_functions(MODULE[:MODULE.index("FileNames")]
+                                        + MODULE[MODULE.index("ENTRY"):]) == {}

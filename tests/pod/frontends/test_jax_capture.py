@@ -5,9 +5,12 @@ the slice; the TPU path (libtpu) and the command line in the slow tier."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +72,13 @@ def test_cpu_capture_end_to_end(captured):
     assert captured["summary"]["simulated_step_seconds"] > 0 and captured["fits"]
     assert set(captured["lanes"]) <= {"data", "model", "data+model"}
     assert "tiny_step.py:" in captured["layers"] and "dot_general" in captured["layers"]
+    # the chain of the user's functions from the jitted step to its matmul (tiny_step.py:
+    # step differentiates its inner loss, which does x @ w)
+    rows = list(csv.DictReader(io.StringIO(captured["layers"])))
+    dots = [r for r in rows if r["op_name"].endswith("dot_general")]
+    assert dots and all(r["call_chain"] == "step > step.<locals>.loss" for r in dots), dots
+    assert all(re.fullmatch(r"tiny_step\.py:\d+ \(step\.<locals>\.loss\)", r["source"])
+               for r in dots), dots
 
 
 def test_the_capture_is_cached(captured):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
 
 from pod.cli import main
-from tests.pod.hlo.conftest import DATA
+from pod.hlo import parse_hlo
+from tests.pod.hlo.conftest import DATA, snippet_text
 
 
 def test_cost_a_committed_tpu_module(tmp_path, capsys):
@@ -21,6 +23,25 @@ def test_cost_a_committed_tpu_module(tmp_path, capsys):
     assert set(data["collectives_by_lane"]) >= {"fsdp", "tensor"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "collectives.csv", "layers.csv", "summary.json", "trace.json.gz"]
+    # layers.csv names the user's code: each row's source and call chain are those the
+    # module's tables give one of its instructions of that op name
+    with open(tmp_path / "layers.csv", newline="") as f:
+        rows = list(csv.DictReader(row for row in f if not row.startswith("#")))
+    assert list(rows[0])[:3] == ["op_name", "source", "call_chain"]
+    module = parse_hlo(snippet_text("fsdp_block", "tpu"))
+    where: dict[str, set] = {}
+    for _, instr in module.instructions():
+        where.setdefault(instr.op_name, set()).add(
+            (module.source_of(instr), module.call_chain_of(instr)))
+    for row in rows:
+        if not row["op_name"].startswith("("):  # "(opcode name)": an op XLA left unnamed
+            assert (row["source"], row["call_chain"]) in where[row["op_name"]], row
+        # every frame of this module is the user's: the source is the chain's innermost
+        if row["call_chain"]:
+            assert row["source"].endswith(f" ({row['call_chain'].split(' > ')[-1]})"), row
+    chains = {row["call_chain"] for row in rows}
+    assert ("_steps.<locals>.fsdp_step > _steps.<locals>.fsdp_step.<locals>.loss > "
+            "_steps.<locals>.block") in chains
 
 
 def test_a_cpu_module_is_labelled_approximate(tmp_path, capsys):
