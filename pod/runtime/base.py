@@ -36,6 +36,7 @@ from pod.program_factory import training_program
 from pod.programs import DeviceProgram, EvalSums
 from pod.report.clock import (
     DeviceReport,
+    StatsMemo,
     StepContext,
     combine_device_reports,
     sustained_mxu_fraction,
@@ -138,6 +139,7 @@ class PodBase(abc.ABC):
         self.costs = plan.collective_costs
         self.last_reports: list[DeviceReport] = []
         self._slowdowns: dict[int, float] = {}
+        self._stats_memo = StatsMemo()  # a step that clocks as the last one reuses its figures
 
     @functools.cached_property
     def coords(self) -> list[Any]:
@@ -246,7 +248,7 @@ class PodBase(abc.ABC):
         return combine_device_reports(step, reports, self.costs, self.context,
                                       infeed_bytes=self.infeed_bytes(xs, ys),
                                       wall_seconds=time.perf_counter() - t0,
-                                      replicate=self.replicate)
+                                      replicate=self.replicate, memo=self._stats_memo)
 
     def evaluate(self) -> Evaluation:
         """Test loss and accuracy over the test split (each device its part:

@@ -33,7 +33,8 @@ from pod.report.clock import HOST_IN, HOST_OUT, DeviceReport
 from pod.report.stats import op_bound
 from pod.state.checkpoint import params_digest
 
-__all__ = ["Device", "device_coords", "allocate_shard_hbm", "trace_rows", "record_bound"]
+__all__ = ["Device", "RecordSummary", "device_coords", "allocate_shard_hbm", "trace_rows",
+           "record_bound"]
 
 
 def device_coords(groups: DeviceGroups) -> DeviceCoords:
@@ -71,6 +72,33 @@ def record_bound(record: Any) -> str:
     if record.unit == "host":
         return HOST_IN if "/reload/" in record.name else HOST_OUT
     return op_bound(record)
+
+
+class RecordSummary:
+    """What a ``DeviceReport`` says of a step's op records, kept for the next step.
+
+    A core hands out the same ``OpRecord`` objects for the same ops every step
+    (``chip.TensorCore`` caches one record per op and figures), so a step whose
+    records are the very objects of the step before has the same seconds, bounds and
+    MXU FLOPs: those tuples are reused instead of walking the records again (about
+    0.2 ms of a quick-start device's step; and the driver's ``StatsMemo`` then sees
+    equal tuples). Records that are not all the same objects (another program path,
+    a straggler's stretched copies) are summarised afresh.
+    """
+
+    def __init__(self) -> None:
+        self._records: list[Any] = []
+        self._summary: tuple[tuple[float, ...], tuple[str, ...], int] = ((), (), 0)
+
+    def of(self, records: list[Any]) -> tuple[tuple[float, ...], tuple[str, ...], int]:
+        """(each record's seconds, what bounds each (``record_bound``), the MXU FLOPs)."""
+        last = self._records
+        if len(last) != len(records) or not all(map(operator.is_, last, records)):
+            self._records = list(records)  # held: the identities stay these records'
+            self._summary = (tuple(map(float, map(_SECONDS, records))),
+                             tuple(map(record_bound, records)),
+                             int(sum(r.flops for r in records if r.unit == "mxu")))
+        return self._summary
 
 
 class Device:
@@ -112,6 +140,7 @@ class Device:
         allocate_shard_hbm(self.core, self.state)
         self.activation_bytes = int(activation_bytes)
         self.compute_slowdown = 1.0
+        self._summary = RecordSummary()
 
     def set_compute_slowdown(self, factor: float) -> None:
         """A straggler: its forward + backward op records take ``factor`` >= 1 times
@@ -156,12 +185,12 @@ class Device:
                                            memory_seconds=r.memory_seconds * f)
                        for r in records[:cut]] + records[cut:]
         hbm = self.core.hbm
+        seconds, bounds, mxu_flops = self._summary.of(records)
         return DeviceReport(
             device=self.device, loss=float(result.loss),
-            record_seconds=tuple(map(float, map(_SECONDS, records))),
-            record_bounds=tuple(map(record_bound, records)),
+            record_seconds=seconds, record_bounds=bounds,
             update_start=result.update_start, calls=tuple(comm.calls),
-            mxu_flops=int(sum(r.flops for r in records if r.unit == "mxu")),
+            mxu_flops=mxu_flops,
             router_loads=tuple(getattr(result, "router_loads", ())),
             hbm_used_bytes=hbm.used_bytes, hbm_peak_bytes=hbm.peak_bytes,
             hbm_capacity_bytes=hbm.capacity_bytes,

@@ -431,3 +431,66 @@ def test_a_replicated_models_mfu_is_the_same_timing_only_and_functional(one_blas
     assert functional.device_mxu_flops[0] == per_device
     assert timing.step_seconds == pytest.approx(functional.step_seconds, rel=1e-12)
     assert timing.mfu == pytest.approx(functional.mfu, rel=1e-12)
+
+
+def _stats_fields(stats):
+    import dataclasses
+
+    return {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+
+
+def test_a_step_that_clocks_as_the_last_takes_its_figures_and_any_change_clocks_afresh():
+    """``StatsMemo``: every StepStats field equals the unmemoised combine's, step after
+    step, whether the memo hit (same records and calls, new loss, wall and HBM use) or
+    missed (a record's seconds, a call, the costs object or the context changed)."""
+    from pod.report.clock import StatsMemo, combine_device_reports
+
+    grads = [Call("data", "allreduce", 8, "g", "grad_reduce", 2)]
+    costs, faulty = Costs({("data", "allreduce"): 0.5}), Costs({("data", "allreduce"): 2.0})
+    context = _context()
+
+    def reports(step, slow=2.0, nbytes=8):
+        calls = [Call("data", "allreduce", nbytes, "g", "grad_reduce", 2)]
+        return [_report(d, [1.0, slow if d == 1 else 1.0, 1.0], calls if nbytes != 8 else grads,
+                        2, loss=1.0 + step + d) for d in range(4)]
+
+    memo = StatsMemo()
+    steps = [(reports(0), costs, context), (reports(1), costs, context),
+             (reports(2, slow=3.0), costs, context), (reports(3, slow=3.0), faulty, context),
+             (reports(4, slow=3.0, nbytes=16), faulty, context),
+             (reports(5, slow=3.0, nbytes=16), faulty, _context(dispatch_seconds=0.25)),
+             (reports(6, slow=3.0, nbytes=16), faulty, context)]
+    for step, (rs, c, ctx) in enumerate(steps):
+        for r in rs:  # HBM use moves from step to step; it is no part of the clock
+            object.__setattr__(r, "hbm_used_bytes", r.hbm_used_bytes + step)
+        want = combine_device_reports(step, rs, c, ctx, infeed_bytes=2500,
+                                      wall_seconds=0.1 * step)
+        got = combine_device_reports(step, rs, c, ctx, infeed_bytes=2500,
+                                     wall_seconds=0.1 * step, memo=memo)
+        assert _stats_fields(got) == _stats_fields(want), step
+        assert got.step == step and got.loss == pytest.approx(2.5 + step)
+        assert got.hbm_used_bytes == {d: 10 * d + step for d in range(4)}
+    # the figures that changed did change (the memo did not hide them)
+    first = combine_device_reports(0, steps[0][0], costs, context, infeed_bytes=2500,
+                                   wall_seconds=0.0)
+    assert first.compute_seconds == 3.0
+    assert combine_device_reports(3, steps[3][0], faulty, context, infeed_bytes=2500,
+                                  wall_seconds=0.0, memo=memo).compute_seconds == 4.0
+
+
+def test_the_memo_hits_on_equal_reports_and_only_on_the_same_costs_and_context():
+    from pod.report.clock import StatsMemo, combine_device_reports
+
+    grads = [Call("data", "allreduce", 8, "g", "grad_reduce", 2)]
+    costs, context = Costs({("data", "allreduce"): 0.5}), _context()
+    memo = StatsMemo()
+    first = combine_device_reports(0, [_report(0, [1.0, 2.0], grads, 1)], costs, context,
+                                   infeed_bytes=0, wall_seconds=0.0, memo=memo)
+    again = combine_device_reports(1, [_report(0, [1.0, 2.0], grads, 1)], costs, context,
+                                   infeed_bytes=0, wall_seconds=0.0, memo=memo)
+    assert again.collective_spans is first.collective_spans  # reused, not clocked again
+    other = combine_device_reports(2, [_report(0, [1.0, 2.0], grads, 1)],
+                                   Costs({("data", "allreduce"): 0.5}), context,
+                                   infeed_bytes=0, wall_seconds=0.0, memo=memo)
+    assert other.collective_spans is not first.collective_spans  # another costs object
+    assert other.collective_spans == first.collective_spans
