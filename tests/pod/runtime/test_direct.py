@@ -81,3 +81,77 @@ def test_the_star_sends_two_messages_per_member_in_all():
     sends = [len(s) for plan in star.plans for _, s, _ in plan]
     assert sum(sends) == 2 * 7  # the direct's: 2 * 8 * 7 = 112
     assert star.root_bounds[-1] == (8 * 44138, 9 * 44138)
+
+
+@pytest.mark.parametrize(("shape", "elements", "per_chip"),
+                         [((2, 4), 44138, 2), ((8,), 1001, 3), ((3,), 7, 4), ((5,), 3, 2),
+                          ((2, 2), 1001, 1), ((2, 4), 1001, 3)],
+                         ids=["8-in-chips-of-2", "8-in-chips-of-3", "one-chip", "empty-chunks",
+                              "a-device-per-chip", "chips-apart-on-the-ring"])
+def test_one_message_per_chip_gives_the_rings_bits(shape, elements, per_chip):
+    """``ChipStar``: the devices of a chip hand their buffers over in memory (a
+    ``ChipExchange`` per chip, as a chip actor's devices do), one message per chip
+    leader; twice on the same ports, the results the ring's, bit for bit. A chip whose
+    positions are not consecutive on the ring falls back to a message per device."""
+    from pod.runtime.direct import chip_star
+    from pod.runtime.mesh_collectives import ChipExchange
+
+    torus = Torus(shape)
+    mesh = layout_mesh({"data": torus.num_chips}, torus)
+    n = mesh.size
+    ring = device_groups(mesh, 0).ring["data"]
+    chips = {}
+    for p, d in enumerate(ring):
+        chips.setdefault(d // per_chip, []).append(p)
+    plan = chip_star(n, elements, tuple(tuple(c) for c in chips.values()))
+    apart = any(c[-1] - c[0] != len(c) - 1 for c in chips.values())
+    assert (plan is None) == (per_chip == 1 or apart or star_allreduce(n, elements) is None)
+    if plan is not None:  # messages: two per chip but the root's
+        sends = sum(len(s) for p in plan.plans for _, s, _ in p)
+        assert sends == 2 * (len(chips) - 1)
+    exchanges = {c: ChipExchange() for c in range(n // per_chip + 1)}
+    ports = [IciPort(d, b"key") for d in range(n)]
+    addresses = {d: p.address for d, p in enumerate(ports)}
+    rng = np.random.default_rng(elements)
+    inputs = {d: (rng.standard_normal(elements) * 10.0 ** rng.integers(-3, 4, elements))
+              .astype(np.float32) for d in range(n)}
+    results, errors = {}, []
+
+    def run(device):
+        try:
+            for base in (100, 200):
+                comm = GroupTransport(ports[device], device_groups(mesh, device), addresses, base,
+                                      chip=(exchanges[device // per_chip], per_chip))
+                results[(base, device)] = comm.allreduce(inputs[device] * (base // 100), "data")
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    run_on_threads(run, n, ports)
+    assert not errors, errors
+    for base in (100, 200):
+        scaled = [inputs[d] * (base // 100) for d in ring]
+        want = execute(group_ring_schedule("allreduce", n, elements), scaled)
+        for position, d in enumerate(ring):
+            assert results[(base, d)].tobytes() == want[position].tobytes(), (base, d)
+    # every device holds its own result (a mate's is a copy, not the leader's buffer)
+    assert len({id(r) for r in results.values()}) == len(results)
+
+
+def test_a_chip_whose_positions_are_apart_sends_one_message_per_device():
+    from pod.runtime.direct import chip_star
+
+    assert chip_star(4, 10, ((0, 2), (1, 3))) is None  # not one chunk at the root
+    assert chip_star(4, 10, ((0,), (1,), (2,), (3,))) is None  # nothing to hand over
+    assert chip_star(4, 10, ((0, 1), (2, 3))) is not None
+
+
+def test_a_failed_leader_hands_its_error_to_its_mates():
+    from pod.errors import IciError
+    from pod.runtime.mesh_collectives import ChipExchange
+
+    exchange = ChipExchange()
+    exchange.put(7, 1, 0, ConnectionError("link down"))
+    with pytest.raises(IciError, match="device 0 of its chip failed"):
+        exchange.take(7, 1, 0, timeout_s=1.0)
+    with pytest.raises(IciError, match="within the collective's timeout"):
+        exchange.take(8, 1, 0, timeout_s=0.01)
