@@ -91,12 +91,6 @@ class ChipActor:
                                numerics=numerics, precision=precision, mxu_model=mxu_model,
                                activation_bytes=activation_bytes)
                         for d, groups in devices]
-        from pod.runtime.mesh_collectives import ChipExchange
-
-        self.devices_per_chip = int(devices_per_chip)
-        # the chip's devices hand small allreduces' buffers over in memory (one message
-        # per chip: pod.runtime.direct.ChipStar)
-        self._exchange = ChipExchange() if len(self.devices) > 1 else None
         self.addresses: dict[int, tuple[str, int]] = {}
         self._ports: dict[int, Any] = {}
         self._pool = (ThreadPoolExecutor(len(self.devices) - 1, thread_name_prefix="device")
@@ -153,9 +147,8 @@ class ChipActor:
     def _comm(self, device: Device, run_base: int) -> Any:
         from pod.runtime.mesh_collectives import GroupTransport, RuntimeCollectives
 
-        chip = None if self._exchange is None else (self._exchange, self.devices_per_chip)
         return RuntimeCollectives(GroupTransport(self._port(device.device), device.groups,
-                                                 self.addresses, run_base, chip=chip))
+                                                 self.addresses, run_base))
 
     def step(self, step: int, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], seed: int,
              run_base: int, trace: bool = False) -> list[DeviceReport]:
@@ -174,8 +167,6 @@ class ChipActor:
                 not come); recovery restores a checkpoint.
         """
         inputs = {d.device: (x, y) for d, x, y in zip(self.devices, xs, ys, strict=False)}
-        if self._exchange is not None:
-            self._exchange.clear()
         return self._each(lambda d: d.step(self._comm(d, run_base), *inputs[d.device], step,
                                            seed, trace))
 
@@ -202,8 +193,6 @@ class ChipActor:
         """Every device's eval-mode sums over its examples (its collectives run like a
         step's, from ``run_base``)."""
         inputs = {d.device: (x, y) for d, x, y in zip(self.devices, xs, ys, strict=False)}
-        if self._exchange is not None:
-            self._exchange.clear()
         return self._each(lambda d: d.evaluate(self._comm(d, run_base), *inputs[d.device]))
 
     # -- state -----------------------------------------------------------------------

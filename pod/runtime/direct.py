@@ -44,8 +44,7 @@ from interconnect import Schedule, Transfer, group_ring_schedule
 from pod.runtime.collective import phase_plans
 
 __all__ = ["DirectAllreduce", "direct_allreduce", "fold_orders", "add_scratch",
-           "StarAllreduce", "star_allreduce", "fold_star", "STAR_MAX_BYTES", "ChipStar",
-           "chip_star"]
+           "StarAllreduce", "star_allreduce", "fold_star", "STAR_MAX_BYTES"]
 
 #: Buffers of at most this many bytes allreduce through one device (``star_allreduce``).
 #: The star's cost grows with the group times the buffer (the root moves and adds
@@ -193,80 +192,16 @@ def star_allreduce(size: int, num_elements: int) -> StarAllreduce | None:
                          tuple(ring.chunk_bounds), folds)
 
 
-def fold_star(star: StarAllreduce, buffer: np.ndarray, own: np.ndarray,
-              given: dict[int, np.ndarray] | None = None) -> None:
+def fold_star(star: StarAllreduce, buffer: np.ndarray, own: np.ndarray) -> None:
     """The root's folds: slot ``size`` of ``buffer`` (flat float32, ``root_bounds``) gets
     every chunk summed in its ring order, ``((x_a + x_b) + ...) + x_owner``, the
-    position's values read from its slot (``own``: the root's, (n,); ``given``: position
-    -> (n,) values handed over in memory instead, ``chip_star``'s chip mates); the same
-    float32 additions as the ring's and the two-phase direct's (module docstring)."""
+    position's values read from its slot (``own``: the root's, (n,)); the same float32
+    additions as the ring's and the two-phase direct's (module docstring)."""
     size = len(star.root_bounds) - 1
     start, _ = star.root_bounds[size]
     values = [own] + [buffer[a:b] for a, b in star.root_bounds[1:size]]
-    for p, value in (given or {}).items():
-        values[p] = value
     for (a, b), fold in zip(star.chunks, star.folds, strict=True):
         acc = buffer[start + a:start + b]
         np.add(values[fold[0]][a:b], values[fold[1]][a:b], out=acc)
         for p in fold[2:]:
             np.add(acc, values[p][a:b], out=acc)
-
-
-@dataclass(frozen=True)
-class ChipStar:
-    """The allreduce through one position (``StarAllreduce``) with one message per chip:
-    the devices of one chip hand their buffers over in memory (``pod.runtime.actor``'s
-    ``ChipExchange``), the chip's first position (its leader) sends them to the root in
-    one chunk, receives the sum in one chunk and hands it to its mates. The root's chip
-    mates hand their buffers to the root itself. The root folds the very values of every
-    position in the ring's order (``fold_star``): the same bits; ``2 (chips - 1)``
-    messages instead of ``2 (g - 1)`` (the quick start: 6 a step instead of 14).
-
-    Attributes:
-        star: the allreduce through one position it runs (its folds, its root's slots).
-        leader: per position, the position of its chip's leader (itself for a leader).
-        mates: per position, the other positions of its chip (empty for a mate).
-        plans: per position, its ``pod.runtime.ici.RankPlan`` (empty for a mate).
-        bounds: per position, the chunk element ranges of its buffer: the root's slots
-            of ``star.root_bounds`` then, per other chip, its positions' slots as one
-            chunk; a leader's: its chip's buffers one after another, then its own slot
-            (where the sum arrives).
-    """
-
-    star: StarAllreduce
-    leader: tuple[int, ...]
-    mates: tuple[tuple[int, ...], ...]
-    plans: tuple
-    bounds: tuple[tuple[tuple[int, int], ...], ...]
-
-
-@functools.lru_cache(maxsize=64)
-def chip_star(size: int, num_elements: int,
-              chips: tuple[tuple[int, ...], ...]) -> ChipStar | None:
-    """``ChipStar`` for a group of ``size`` positions whose chips hold ``chips`` (the
-    positions of each chip, every position once); None when it would not send fewer
-    messages (no chip holds two positions), when a chip's positions are not consecutive
-    (its buffers would not be one chunk at the root), or when ``star_allreduce`` is None."""
-    star = star_allreduce(size, num_elements)
-    members = [tuple(sorted(c)) for c in chips]
-    if (star is None or sorted(p for c in members for p in c) != list(range(size))
-            or all(len(c) == 1 for c in members)
-            or any(c[-1] - c[0] != len(c) - 1 for c in members)):
-        return None
-    n, nbytes = int(num_elements), int(num_elements) * 4
-    leader = [0] * size
-    mates: list[tuple[int, ...]] = [()] * size
-    for c in members:
-        for p in c:
-            leader[p] = c[0]
-        mates[c[0]] = c[1:]
-    others = sorted((c for c in members if 0 not in c), key=lambda c: c[0])
-    bounds: list[tuple[tuple[int, int], ...]] = [()] * size
-    bounds[0] = tuple(star.root_bounds) + tuple((c[0] * n, (c[-1] + 1) * n) for c in others)
-    gather, scatter = [], []
-    for j, c in enumerate(others):
-        bounds[c[0]] = ((0, len(c) * n), (0, n))
-        gather.append(Transfer(c[0], 0, 0, len(c) * nbytes, False, size + 1 + j))
-        scatter.append(Transfer(0, c[0], size, nbytes, False, 1))
-    return ChipStar(star, tuple(leader), tuple(mates),
-                    tuple(phase_plans(size, [gather, scatter])), tuple(bounds))

@@ -33,31 +33,25 @@ device program (``pod.programs.collectives``) over a ``GroupTransport``.
 from __future__ import annotations
 
 import functools
-import threading
-import time
 from typing import Any
 
 import numpy as np
 
 from interconnect import group_ring_schedule
 from pod.config.sharding import DeviceGroups
-from pod.errors import IciError
 from pod.programs.collectives import AXES, CollectivesBase
 from pod.runtime.collective import rank_plans
 from pod.runtime.direct import (
     STAR_MAX_BYTES,
-    ChipStar,
     StarAllreduce,
     add_scratch,
-    chip_star,
     direct_allreduce,
     fold_star,
     star_allreduce,
 )
 from pod.runtime.ici import IciPort
 
-__all__ = ["GroupTransport", "RuntimeCollectives", "ChipExchange", "ALIGN_RUNS",
-           "DIRECT_MIN_GROUP"]
+__all__ = ["GroupTransport", "RuntimeCollectives", "ALIGN_RUNS", "DIRECT_MIN_GROUP"]
 
 #: run ids between two alignment points (``GroupTransport.align``: a pipeline tick): the
 #: most collectives one device may issue between two of them
@@ -74,48 +68,6 @@ def _local_plans(op: str, size: int, num_elements: int) -> tuple[Any, tuple, tup
     return rank_plans(schedule), schedule.chunk_bounds, schedule.owned_chunks
 
 
-class ChipExchange:
-    """Buffers the devices of one chip hand each other inside a step (their threads of
-    one chip actor), for ``direct.ChipStar``: keyed by (run id, receiving device,
-    sending device); a value is taken once. A sender that failed hands over its error,
-    which the receiver raises."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._slots: dict[tuple[int, int, int], Any] = {}
-
-    def clear(self) -> None:
-        """Forget what a failed step left (called before each step)."""
-        with self._cond:
-            self._slots.clear()
-
-    def put(self, run_id: int, to: int, frm: int, value: Any) -> None:
-        """Hand ``value`` (an array, or the sender's exception) to device ``to``."""
-        with self._cond:
-            self._slots[(run_id, to, frm)] = value
-            self._cond.notify_all()
-
-    def take(self, run_id: int, to: int, frm: int, timeout_s: float) -> np.ndarray:
-        """What device ``frm`` handed device ``to`` in run ``run_id``.
-
-        Raises:
-            IciError: nothing came within ``timeout_s``, or the sender failed.
-        """
-        key, deadline = (run_id, to, frm), time.monotonic() + timeout_s
-        with self._cond:
-            while key not in self._slots:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise IciError(f"device {to}: no buffer from device {frm} of its chip "
-                                   "within the collective's timeout")
-                self._cond.wait(min(left, 1.0))
-            value = self._slots.pop(key)
-        if isinstance(value, BaseException):
-            raise IciError(f"device {to}: device {frm} of its chip failed in the collective "
-                           f"({type(value).__name__}: {value})")
-        return value
-
-
 class GroupTransport:
     """Run one device's part of sub-group collectives, in program order.
 
@@ -127,22 +79,17 @@ class GroupTransport:
             ``run_base + k`` (the same on every device; above every id used
             before on these ports).
         timeout_s: wall seconds one collective may wait for its chunks.
-        chip: (the ``ChipExchange`` of this device's chip, devices per chip): small
-            allreduces send one message per chip (``direct.ChipStar``); None: one per
-            device. Every device of the pod must be given the same choice.
     """
 
     def __init__(self, port: IciPort, groups: DeviceGroups,
                  addresses: dict[int, tuple[str, int]], run_base: int,
-                 timeout_s: float = 600.0,
-                 chip: tuple[ChipExchange, int] | None = None) -> None:
+                 timeout_s: float = 600.0) -> None:
         self.port = port
         self.groups = groups
         self.addresses = addresses
         self.run_base = int(run_base)
         self.count = 0  # collectives run so far
         self.timeout_s = timeout_s
-        self.chip = chip
 
     def _next_run(self) -> int:
         run_id = self.run_base + self.count
@@ -238,16 +185,10 @@ class GroupTransport:
         return flat[:size].reshape(np.shape(x))
 
     def _star(self, star: StarAllreduce, ring: tuple[int, ...], x: np.ndarray) -> np.ndarray:
-        """The allreduce through the group's first position (``direct.star_allreduce``),
-        one message per chip when the devices of a chip share it (``direct.chip_star``)."""
+        """The allreduce through the group's first position (``direct.star_allreduce``)."""
         run_id = self._next_run()
         me = ring.index(self.groups.device)
         own = np.ravel(x).astype(np.float32, copy=True)
-        chips = self._chips(ring, own.size)
-        if chips is not None:
-            exchange = self.chip[0] if self.chip is not None else None
-            assert exchange is not None  # _chips returns None without one
-            return self._chip_star(chips, exchange, ring, run_id, me, own).reshape(np.shape(x))
         plan = self._device_plan(star.plans[me], ring)
         if me != star.root:
             self.port.run(run_id, plan, self.addresses, own, ((0, own.size),),
@@ -263,64 +204,6 @@ class GroupTransport:
         self.port.run(run_id, plan, self.addresses, flat, bounds, timeout=self.timeout_s,
                       sequenced=True, after_phase=fold)
         return flat[bounds[-1][0]:].reshape(np.shape(x))
-
-    def _chips(self, ring: tuple[int, ...], num_elements: int) -> ChipStar | None:
-        """The group's ``ChipStar`` (positions grouped by chip), or None: no exchange."""
-        if self.chip is None or self.chip[1] < 2:
-            return None
-        per_chip = self.chip[1]
-        by_chip: dict[int, list[int]] = {}
-        for p, device in enumerate(ring):
-            by_chip.setdefault(device // per_chip, []).append(p)
-        return chip_star(len(ring), num_elements, tuple(tuple(c) for c in by_chip.values()))
-
-    def _chip_star(self, chips: ChipStar, exchange: ChipExchange, ring: tuple[int, ...],
-                   run_id: int, me: int, own: np.ndarray) -> np.ndarray:
-        """This position's part of ``direct.ChipStar``: a mate hands its buffer to its
-        leader and takes the sum back; a leader sends its chip's buffers in one chunk
-        (the root folds them, with its own mates' buffers, in the ring's order)."""
-        device, leader = ring[me], ring[chips.leader[me]]
-        if leader != device:  # a mate
-            exchange.put(run_id, leader, device, own)
-            return np.array(exchange.take(run_id, device, leader, self.timeout_s), copy=True)
-        mates = [ring[p] for p in chips.mates[me]]
-        try:
-            given = [exchange.take(run_id, device, m, self.timeout_s) for m in mates]
-            plan = self._device_plan(chips.plans[me], ring)
-            bounds = chips.bounds[me]
-            if me == chips.star.root:
-                total = self._root(chips, run_id, plan, own, dict(zip(chips.mates[me], given,
-                                                                      strict=True)))
-            else:
-                flat = np.concatenate([own, *given]) if given else own
-                self.port.run(run_id, plan, self.addresses, flat, bounds,
-                              timeout=self.timeout_s, sequenced=True)
-                total = flat[:own.size]
-        except BaseException as err:
-            for m in mates:
-                exchange.put(run_id, m, device, err)
-            raise
-        for m in mates:
-            exchange.put(run_id, m, device, total)
-        return total
-
-    def _root(self, chips: ChipStar, run_id: int, plan: Any, own: np.ndarray,
-              given: dict[int, np.ndarray]) -> np.ndarray:
-        """The root of a ``ChipStar``: the other chips' buffers in, the folds, the sum out."""
-        star, bounds = chips.star, chips.bounds[0]
-        size = len(star.root_bounds) - 1
-        flat = np.empty(star.root_bounds[-1][1], dtype=np.float32)
-
-        def fold(phase: int) -> None:
-            if phase == 0:
-                fold_star(star, flat, own, given)
-
-        if plan:
-            self.port.run(run_id, plan, self.addresses, flat, bounds, timeout=self.timeout_s,
-                          sequenced=True, after_phase=fold)
-        else:  # every position on the root's chip
-            fold(0)
-        return flat[star.root_bounds[size][0]:]
 
     @staticmethod
     def _device_plan(plan: Any, ring: tuple[int, ...]) -> Any:

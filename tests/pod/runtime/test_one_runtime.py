@@ -188,8 +188,7 @@ def test_the_data_allreduce_through_one_device_changes_no_bit_and_no_simulated_s
     """A data-parallel v2-8 (data 8: 8 TensorCores in 4 chips, their ports on loopback;
     an MLP on digits, dropout and all): the chip actors'
     code with the allreduce through one device (``direct.STAR_MAX_BYTES``, the default
-    at this size; one message per chip, ``direct.ChipStar``, or per device) and in two
-    phases (the threshold 0) give the same reports (losses,
+    at this size) and in two phases (the threshold 0) give the same reports (losses,
     op records' simulated seconds, collective calls: what the clock reads) and the
     same parameter and optimizer bits after every step of the run."""
     import pod.runtime.mesh_collectives as mesh_collectives
@@ -202,25 +201,17 @@ def test_the_data_allreduce_through_one_device_changes_no_bit_and_no_simulated_s
         "metrics": {"port": 0}}))
     assert plan.mesh.size == 8 and plan.num_params * 4 <= mesh_collectives.STAR_MAX_BYTES
     runs = {}
-    chip_star = mesh_collectives.chip_star
-    # one message per chip (the chips' devices hand their buffers over in memory: the
-    # default), one per device (ChipStar off), and the two-phase direct allreduce
-    for name, star_max_bytes, per_chip in (("chip", mesh_collectives.STAR_MAX_BYTES, chip_star),
-                                           ("star", mesh_collectives.STAR_MAX_BYTES,
-                                            lambda *a: None),
-                                           ("direct", 0, chip_star)):
+    for star_max_bytes in (mesh_collectives.STAR_MAX_BYTES, 0):
         monkeypatch.setattr(mesh_collectives, "STAR_MAX_BYTES", star_max_bytes)
-        monkeypatch.setattr(mesh_collectives, "chip_star", per_chip)
-        runs[name] = in_process_chips(plan, plan.steps)
-    direct_reports, direct_shards = runs.pop("direct")
-    for reports, shards in runs.values():
-        assert reports == direct_reports
-        for got, want in zip(shards, direct_shards, strict=True):
-            for tree in ("params", "opt_state"):
-                a, b = getattr(got, tree), getattr(want, tree)
-                assert {k: v.tobytes() for k, v in a.items()} == {k: v.tobytes()
-                                                                  for k, v in b.items()}, tree
-    assert direct_reports[-1][0].loss != direct_reports[0][0].loss  # it trained
+        runs[star_max_bytes] = in_process_chips(plan, plan.steps)
+    (star_reports, star_shards), (direct_reports, direct_shards) = runs.values()
+    assert star_reports == direct_reports
+    for got, want in zip(star_shards, direct_shards, strict=True):
+        for tree in ("params", "opt_state"):
+            a, b = getattr(got, tree), getattr(want, tree)
+            assert {k: v.tobytes() for k, v in a.items()} == {k: v.tobytes()
+                                                              for k, v in b.items()}, tree
+    assert star_reports[-1][0].loss != star_reports[0][0].loss  # it trained
 
 
 # ------------------------------------------------------------------ data parallelism is {data: N}
