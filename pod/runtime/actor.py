@@ -93,7 +93,7 @@ class ChipActor:
                         for d, groups in devices]
         self.addresses: dict[int, tuple[str, int]] = {}
         self._ports: dict[int, Any] = {}
-        self._pool = (ThreadPoolExecutor(len(self.devices) - 1, thread_name_prefix="device")
+        self._pool = (ThreadPoolExecutor(len(self.devices), thread_name_prefix="device")
                       if len(self.devices) > 1 else None)
 
     # -- set-up ----------------------------------------------------------------------
@@ -134,15 +134,11 @@ class ChipActor:
     # -- a step ----------------------------------------------------------------------
 
     def _each(self, work: Callable[[Device], Any]) -> list[Any]:
-        """``work`` on every device, at once when the chip has several (they exchange
-        with each other inside the call): the first on the calling thread, the others in
-        the pool's threads (one thread hand-off a step fewer than all in the pool)."""
+        """``work`` on every device, in threads when the chip has several (they
+        exchange with each other inside the call)."""
         if self._pool is None:
             return [work(d) for d in self.devices]
-        first, *others = self.devices
-        futures = [self._pool.submit(work, d) for d in others]
-        results = [work(first)]  # raises at once, the others going on (as ``pool.map``)
-        return results + [f.result() for f in futures]
+        return list(self._pool.map(work, self.devices))
 
     def _comm(self, device: Device, run_base: int) -> Any:
         from pod.runtime.mesh_collectives import GroupTransport, RuntimeCollectives
