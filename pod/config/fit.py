@@ -16,7 +16,8 @@ The decision (issue 29 items 2, 3):
   longer run ahead (``pod.report.clock``);
 - **the refusal**: when no depth fits, one line naming the mesh, its need per device
   by item, the capacity and what would fit: another version of the model on this
-  mesh (a remat policy, least recomputation first) and the mesh of the same devices
+  mesh (a remat policy, least recomputation first, or the layer input offloaded to host
+  memory: ``TransformerModel.remat_variants``) and the mesh of the same devices
   with more fsdp / tensor sharding that fits (the least sharded, then the least
   tensor, then the smallest total), e.g. ``pod.mesh: {data: 16} needs 19.5 GiB per
   device (params ..., workspace ...) and does not fit 16 GiB; {data: 2, fsdp: 8}

@@ -778,10 +778,20 @@ class TransformerModel(Model):
         return memo[key]
 
     def remat_variants(self) -> dict[str, TransformerModel]:
-        """The same model under each other named remat policy (``custom`` aside), for
-        an HBM plan that looks for one that fits."""
-        return {p: shared_transformer(dataclasses.replace(self.config, remat=p, remat_custom=None))
-                for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
+        """The same model under each other named remat policy, and under ``custom`` with
+        the layer input offloaded and every other tensor recomputed (the least HBM a
+        layer's activations can take: MaxText's v6e recipes offload the layer input, e.g.
+        T5's and T6's), for an HBM plan that looks for one that fits; keyed by what to
+        write for the policy."""
+        variants = {p: shared_transformer(dataclasses.replace(self.config, remat=p,
+                                                              remat_custom=None))
+                    for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
+        offloaded = (("decoder_layer_input", "offload"),)
+        if self.config.remat_custom != offloaded:
+            variants["custom with remat_custom {decoder_layer_input: offload}"] = (
+                shared_transformer(dataclasses.replace(self.config, remat="custom",
+                                                       remat_custom=offloaded)))
+        return variants
 
     def summary_rows(self, batch: int | None = None):
         """As ``Model.summary_rows``; a tied output layer shows 0 parameters."""

@@ -37,3 +37,22 @@ def test_describe_says_which_preset_it_meant():
     assert isinstance(out.exception, pod.ScenarioError)
     assert str(out.exception).startswith("llama2_7b: not a chip, a slice, a scenario file or a "
                                          "model preset; did you mean llama2-7b?")
+
+
+def test_a_refusal_names_the_layer_input_offloaded_when_no_named_policy_fits():
+    """T6 (Llama 3.1 70B on v6e-64, fsdp 64, 2 x 8192 per device) ran with the layer input
+    offloaded; under full remat it does not fit, nor under any named policy (all keep the
+    layer input in HBM): the refusal names the custom choice that fits, and it validates."""
+    from pod.errors import HBMPlanError
+    from pod.workloads.remat import REMAT_POLICIES
+
+    path = ROOT / "scenarios" / "maxtext-t6-llama3.1-70b-v6e-64.yaml"
+    for policy in (p for p in REMAT_POLICIES if p != "custom"):
+        with pytest.raises(HBMPlanError) as err:
+            pod.validate(path, overrides=[f"model.options.remat={policy}",
+                                          "model.options.remat_custom="])
+    assert str(err.value).endswith("; remat custom with remat_custom {decoder_layer_input: "
+                                   "offload} fits (27.5 GiB per device)"), str(err.value)
+    plan = pod.validate(path, overrides=["model.options.remat_custom={decoder_layer_input: "
+                                         "offload}"])
+    assert plan.memory["total"] <= plan.topology.chip.hbm_bytes
