@@ -55,7 +55,8 @@ from pod.errors import HloOpError
 from pod.hlo.module import ArrayShape, HloComputation, HloInstruction, HloModule, Shape
 
 __all__ = ["OpCost", "OpCoster", "ELEMENTWISE", "TRANSCENDENTAL", "MOVEMENT", "FREE",
-           "COLLECTIVE_OPCODES", "gemm_dims", "short_name", "instruction_of", "SparseCoreWork", "sparsecore_work"]
+           "COLLECTIVE_OPCODES", "gemm_dims", "short_name", "instruction_of", "SparseCoreWork",
+           "sparsecore_work"]
 
 #: Element-wise ops: one VPU element-op per output element.
 ELEMENTWISE = frozenset({
