@@ -45,7 +45,11 @@ from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
 from pod.workloads.quantization import QUANTIZATIONS
-from pod.workloads.remat import check_remat_custom
+from pod.workloads.remat import (
+    LAYER_INPUT_OFFLOADED,
+    LAYER_INPUT_OFFLOADED_VARIANT,
+    check_remat_custom,
+)
 from pod.workloads.weights import WEIGHT_DTYPES, computed, weight_dtype
 
 __all__ = [
@@ -786,11 +790,9 @@ class TransformerModel(Model):
         variants = {p: shared_transformer(dataclasses.replace(self.config, remat=p,
                                                               remat_custom=None))
                     for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
-        offloaded = (("decoder_layer_input", "offload"),)
-        if self.config.remat_custom != offloaded:
-            variants["custom with remat_custom {decoder_layer_input: offload}"] = (
-                shared_transformer(dataclasses.replace(self.config, remat="custom",
-                                                       remat_custom=offloaded)))
+        if self.config.remat_custom != LAYER_INPUT_OFFLOADED:
+            variants[LAYER_INPUT_OFFLOADED_VARIANT] = shared_transformer(dataclasses.replace(
+                self.config, remat="custom", remat_custom=LAYER_INPUT_OFFLOADED))
         return variants
 
     def summary_rows(self, batch: int | None = None):
