@@ -220,7 +220,6 @@ class PlanResult:
                 f"{self.count('ok')} costed{pruned}, {dropped} "
                 f"dropped{why}{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
 
-
     def _fit_elsewhere(self) -> str:
         """What would fit the points that do not, under a policy this plan did not
         search (their refusals' ``fits_with``): "; 312 of them fit with the layer input
