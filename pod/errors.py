@@ -103,10 +103,12 @@ class HBMPlanError(EmulatorError, HBMOutOfMemoryError):
             ``HBMOutOfMemoryError``.
         memory_plan: bytes per item (params, grads, optimizer_state,
             activations, workspace) and their total.
+        fits_with: the version of the model that fits the same mesh, as the message
+            names it ("remat full"; ``pod.config.fit.fit_memory``), "" when none does.
     """
 
     def __init__(self, message: str, *, tag: str, requested_bytes: int, free_bytes: int,
-                 capacity_bytes: int, memory_plan: dict[str, int]) -> None:
+                 capacity_bytes: int, memory_plan: dict[str, int], fits_with: str = "") -> None:
         Exception.__init__(self, message)
         self.tag = tag
         self.requested_bytes = int(requested_bytes)
@@ -114,16 +116,18 @@ class HBMPlanError(EmulatorError, HBMOutOfMemoryError):
         self.capacity_bytes = int(capacity_bytes)
         self.name = None
         self.memory_plan = dict(memory_plan)
+        self.fits_with = str(fits_with)
 
     def __reduce__(self) -> Any:
         return (_rebuild_hbm_plan_error, (str(self), self.tag, self.requested_bytes,
-                                          self.free_bytes, self.capacity_bytes, self.memory_plan))
+                                          self.free_bytes, self.capacity_bytes, self.memory_plan,
+                                          self.fits_with))
 
 
 def _rebuild_hbm_plan_error(message: str, tag: str, requested: int, free: int, capacity: int,
-                            plan: dict[str, int]) -> HBMPlanError:
+                            plan: dict[str, int], fits_with: str = "") -> HBMPlanError:
     return HBMPlanError(message, tag=tag, requested_bytes=requested, free_bytes=free,
-                        capacity_bytes=capacity, memory_plan=plan)
+                        capacity_bytes=capacity, memory_plan=plan, fits_with=fits_with)
 
 
 class CheckpointError(EmulatorError, ValueError):

@@ -70,7 +70,7 @@ from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.programs.replay import LayerTape, UnsignableError, signature
 from pod.workloads import Dataset, build_model, load_dataset
 from pod.workloads.block import TransformerBlock
-from pod.workloads.remat import remat_effect, twin_policies
+from pod.workloads.remat import LAYER_INPUT_OFFLOADED_VARIANT, remat_effect, twin_policies
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
            "DEFAULT_PER_DEVICE_BATCHES", "write_outputs", "layout_label", "slices_text"]
@@ -95,7 +95,7 @@ PLAN_COLUMNS = (
     "update_seconds", "collective_seconds", *(f"collective_{a}_seconds" for a in AXIS_NAMES),
     "hbm_per_device_bytes", "hbm_capacity_bytes", "fits", "mfu", "hfu", "bound",
     "bound_fraction", "wall_seconds", "slices", "dcn_mesh", "dcn_collective_seconds",
-    "pipeline_bubble_seconds", "microbatches", "capacity_factor",
+    "pipeline_bubble_seconds", "microbatches", "capacity_factor", "fits_with",
 )
 
 
@@ -210,7 +210,8 @@ class PlanResult:
         alone), 288 dropped (270 do not fit in HBM); 41.2 s wall (13.1 points/s)``."""
         hbm = sum(r["fits"] is False for r in self.rows)
         dropped = self.count("dropped")
-        why = f" ({hbm} {'does' if hbm == 1 else 'do'} not fit in HBM)" if hbm else ""
+        why = (f" ({hbm} {'does' if hbm == 1 else 'do'} not fit in HBM"
+               f"{self._fit_elsewhere()})" if hbm else "")
         pruned = (f", {self.count('pruned')} pruned (slower than the {self.kept} best by "
                   "their compute alone)" if self.count("pruned") else "")
         failed = f", {self.count('failed')} failed" if self.count("failed") else ""
@@ -218,6 +219,22 @@ class PlanResult:
         return (f"{len(self.rows)} point{'' if len(self.rows) == 1 else 's'}: "
                 f"{self.count('ok')} costed{pruned}, {dropped} "
                 f"dropped{why}{failed}; {self.wall_seconds:.1f} s wall ({rate:.1f} points/s)")
+
+    def _fit_elsewhere(self) -> str:
+        """What would fit the points that do not, under a policy this plan did not
+        search (their refusals' ``fits_with``): "; 312 of them fit with the layer input
+        offloaded: remat_policy=custom decoder_layer_input=offload", "" for none."""
+        offloaded = other = 0
+        for r in self.rows:
+            label = str(r.get("fits_with") or "").removeprefix("remat ")
+            if label == LAYER_INPUT_OFFLOADED_VARIANT:
+                offloaded += 1
+            elif label and label not in self.remats:
+                other += 1
+        parts = ([f"{offloaded} of them fit with the layer input offloaded: remat_policy="
+                  "custom decoder_layer_input=offload"] if offloaded else [])
+        parts += [f"{other} fit under a remat policy --remat all searches"] if other else []
+        return "".join(f"; {p}" for p in parts)
 
 
 class Planner:
@@ -377,7 +394,8 @@ class Planner:
                            hbm_per_device_bytes=int(plan.memory["total"]))
         except HBMPlanError as err:
             need = (err.memory_plan or {}).get("total", math.nan)
-            row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need)
+            row.update(status="dropped", reason=str(err), fits=False, hbm_per_device_bytes=need,
+                       fits_with=err.fits_with)
         except USER_ERRORS as err:
             row.update(status="dropped", reason=str(err))
         except ValueError as err:  # the runtime refused a point the plan accepted
@@ -484,7 +502,7 @@ class Planner:
         pod = resolve_pod(slice_name=c.slice_name, slices=c.slices)
         dcn = c.dcn_mesh or {}
         row: dict[str, Any] = {k: math.nan for k in PLAN_COLUMNS}
-        row.update(point=c.index, status="", reason="", slice=c.slice_name,
+        row.update(point=c.index, status="", reason="", fits_with="", slice=c.slice_name,
                    generation=pod.chip.name, chips=pod.chips, devices=devices_of(pod),
                    mesh=format_axes(c.mesh), slices=c.slices,
                    dcn_mesh=format_axes(dcn) if dcn else "",

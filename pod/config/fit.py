@@ -16,7 +16,8 @@ The decision (issue 29 items 2, 3):
   longer run ahead (``pod.report.clock``);
 - **the refusal**: when no depth fits, one line naming the mesh, its need per device
   by item, the capacity and what would fit: another version of the model on this
-  mesh (a remat policy, least recomputation first) and the mesh of the same devices
+  mesh (a remat policy, least recomputation first, or the layer input offloaded to host
+  memory: ``TransformerModel.remat_variants``) and the mesh of the same devices
   with more fsdp / tensor sharding that fits (the least sharded, then the least
   tensor, then the smallest total), e.g. ``pod.mesh: {data: 16} needs 19.5 GiB per
   device (params ..., workspace ...) and does not fit 16 GiB; {data: 2, fsdp: 8}
@@ -88,11 +89,12 @@ def fit_memory(memory_of: MemoryOf, mesh: Mesh, per_device_batch: int, capacity_
         raise ValueError(f"the model's program cannot run on {format_axes(mesh.sizes)}")
     if fits:
         return memory
-    hints = []
+    hints, fits_with = [], ""
     for label, other_of in alternatives:
         other, ok = fitting_memory(other_of, mesh.sizes, per_device_batch, capacity_bytes)
         if ok and other is not None:
             hints.append(f"{label} fits ({format_bytes(other.total_bytes)} per device)")
+            fits_with = label
             break
     found, considered = (_search(memory_of, mesh, per_device_batch, capacity_bytes) if search
                          else (None, False))
@@ -104,18 +106,19 @@ def fit_memory(memory_of: MemoryOf, mesh: Mesh, per_device_batch: int, capacity_
     if advice and not hints:
         hints.append(advice)
     raise refusal(f"{prefix}{subject or format_axes(mesh.sizes)}", memory, capacity_bytes,
-                  hints)
+                  hints, fits_with=fits_with)
 
 
 def refusal(subject: str, memory: DeviceMemory, capacity_bytes: int,
-            hints: Sequence[str] = ()) -> HBMPlanError:
+            hints: Sequence[str] = (), *, fits_with: str = "") -> HBMPlanError:
     """The one-line error of a plan that does not fit: ``<subject> needs <total> per
-    device (<items>) and does not fit <capacity>; <hints>``."""
+    device (<items>) and does not fit <capacity>; <hints>``; ``fits_with`` names the
+    version of the model that fits (``HBMPlanError.fits_with``)."""
     return HBMPlanError(
         f"{subject} needs {format_bytes(memory.total_bytes)} per device ({memory.summary()}) "
         f"and does not fit {format_bytes(capacity_bytes)}" + "".join(f"; {h}" for h in hints),
         tag="total", requested_bytes=memory.total_bytes, free_bytes=capacity_bytes,
-        capacity_bytes=capacity_bytes, memory_plan=memory.items())
+        capacity_bytes=capacity_bytes, memory_plan=memory.items(), fits_with=fits_with)
 
 
 def _search(memory_of: MemoryOf, mesh: Mesh, per_device_batch: int, capacity_bytes: int

@@ -243,7 +243,7 @@ def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, op
             f"{'global batch' if batch else 'model'} or a chip with more HBM per device",
             tag=err.tag, requested_bytes=err.requested_bytes,
             free_bytes=err.free_bytes, capacity_bytes=err.capacity_bytes,
-            memory_plan=err.memory_plan) from None
+            memory_plan=err.memory_plan, fits_with=err.fits_with) from None
 
 
 #: (factory, model config, mesh, training and optimizer options, batch, prefetch) -> the

@@ -55,7 +55,8 @@ from pod.errors import HloOpError
 from pod.hlo.module import ArrayShape, HloComputation, HloInstruction, HloModule, Shape
 
 __all__ = ["OpCost", "OpCoster", "ELEMENTWISE", "TRANSCENDENTAL", "MOVEMENT", "FREE",
-           "COLLECTIVE_OPCODES", "gemm_dims", "short_name", "SparseCoreWork", "sparsecore_work"]
+           "COLLECTIVE_OPCODES", "gemm_dims", "short_name", "instruction_of", "SparseCoreWork",
+           "sparsecore_work"]
 
 #: Element-wise ops: one VPU element-op per output element.
 ELEMENTWISE = frozenset({
@@ -135,6 +136,13 @@ def short_name(instr: HloInstruction) -> str:
     op = instr.op_name
     tail = "/".join(op.split("/")[-2:]) if op else instr.opcode
     return f"{tail} [{instr.name}]"
+
+
+def instruction_of(record_name: str) -> str:
+    """The instruction a record named by :func:`short_name` is of ("fusion.12"); "" for
+    another name."""
+    head, bracket, rest = record_name.rpartition(" [")
+    return rest[:-1] if bracket and rest.endswith("]") else ""
 
 
 def gemm_dims(instr: HloInstruction, shapes: dict[str, Shape]) -> tuple[int, int, int, int]:

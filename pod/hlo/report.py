@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.table import Table
 
+from pod.hlo.ops import instruction_of
 from pod.hlo.step import SPARSECORE, HloStep
 from pod.report.console import titled_table
 from pod.report.files import check_writable, write_csv, write_json
@@ -199,9 +200,22 @@ def write_results(step: HloStep, output_dir: Path, data: dict[str, Any]) -> list
     events = metadata_events(f"{data['module']} on {step.topology.name} ({label(step)})", lanes)
     events += step_events(dataclasses.replace(step.stats, collective_spans=spans), lanes, 0.0,
                           step.trace_rows)
+    _name_ops_in_the_program(events, step.ops)
     write_trace(paths[3], events, {"costed_from": label(step), "simulated": True,
                                    "module": data["module"]})
     return paths
+
+
+def _name_ops_in_the_program(events: list[dict[str, Any]], ops: Sequence[Any]) -> None:
+    """Give each op event of the trace (an instruction's kernel, ``short_name``) the JAX op
+    name, the user's source line and the call chain that layers.csv gives it (``OpRow``),
+    where known, so a click on a kernel in Perfetto shows the user's code."""
+    where = {op.name: op for op in ops}
+    for event in events:
+        op = where.get(instruction_of(event["name"])) if event.get("cat") == "op" else None
+        if op is not None:
+            event["args"] |= {k: v for k, v in (("op_name", op.op_name), ("source", op.source),
+                                                ("call_chain", op.call_chain)) if v}
 
 
 def trace_lanes(lanes: Sequence[str], spans: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:

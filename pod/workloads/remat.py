@@ -57,6 +57,7 @@ import functools
 from collections.abc import Mapping
 
 __all__ = ["REMAT_POLICIES", "REMAT_TENSORS", "REMAT_CHOICES", "TENSOR_KEYS", "remat_choices",
+           "LAYER_INPUT_OFFLOADED", "LAYER_INPUT_OFFLOADED_VARIANT",
            "check_remat_custom", "remat_cache_keys", "remat_effect", "twin_policies"]
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
@@ -65,6 +66,12 @@ REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_dot_ex
 REMAT_TENSORS = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "qkv_proj",
                  "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "context")
 REMAT_CHOICES = ("remat", "device", "offload")
+#: The custom choice that keeps the least of a layer in HBM: its input offloaded to host
+#: memory, every other tensor recomputed (MaxText's v6e recipes offload the layer input,
+#: T5's and T6's), and how a refusal names it as a version of the model that fits
+#: (``TransformerModel.remat_variants``, ``pod.config.fit``).
+LAYER_INPUT_OFFLOADED = (("decoder_layer_input", "offload"),)
+LAYER_INPUT_OFFLOADED_VARIANT = "custom with remat_custom {decoder_layer_input: offload}"
 
 #: MaxText tensor name -> the block's cache keys holding it (``TransformerBlock``)
 TENSOR_KEYS = {"decoder_layer_input": ("x",), "query_proj": ("q",), "key_proj": ("k",),

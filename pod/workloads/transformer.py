@@ -45,7 +45,11 @@ from pod.workloads.mlp import MLP, MLP_ACTIVATIONS, add
 from pod.workloads.model import ActivationMemory, Model, activation_bytes_per_element
 from pod.workloads.norms import NORMS, LayerNorm, RMSNorm, norm_class
 from pod.workloads.quantization import QUANTIZATIONS
-from pod.workloads.remat import check_remat_custom
+from pod.workloads.remat import (
+    LAYER_INPUT_OFFLOADED,
+    LAYER_INPUT_OFFLOADED_VARIANT,
+    check_remat_custom,
+)
 from pod.workloads.weights import WEIGHT_DTYPES, computed, weight_dtype
 
 __all__ = [
@@ -778,10 +782,18 @@ class TransformerModel(Model):
         return memo[key]
 
     def remat_variants(self) -> dict[str, TransformerModel]:
-        """The same model under each other named remat policy (``custom`` aside), for
-        an HBM plan that looks for one that fits."""
-        return {p: shared_transformer(dataclasses.replace(self.config, remat=p, remat_custom=None))
-                for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
+        """The same model under each other named remat policy, and under ``custom`` with
+        the layer input offloaded and every other tensor recomputed (the least HBM a
+        layer's activations can take: MaxText's v6e recipes offload the layer input, e.g.
+        T5's and T6's), for an HBM plan that looks for one that fits; keyed by what to
+        write for the policy."""
+        variants = {p: shared_transformer(dataclasses.replace(self.config, remat=p,
+                                                              remat_custom=None))
+                    for p in REMAT_POLICIES if p not in (self.config.remat, "custom")}
+        if self.config.remat_custom != LAYER_INPUT_OFFLOADED:
+            variants[LAYER_INPUT_OFFLOADED_VARIANT] = shared_transformer(dataclasses.replace(
+                self.config, remat="custom", remat_custom=LAYER_INPUT_OFFLOADED))
+        return variants
 
     def summary_rows(self, batch: int | None = None):
         """As ``Model.summary_rows``; a tied output layer shows 0 parameters."""

@@ -5,6 +5,7 @@ says which preset it meant, as ``plan`` does."""
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 
@@ -37,3 +38,41 @@ def test_describe_says_which_preset_it_meant():
     assert isinstance(out.exception, pod.ScenarioError)
     assert str(out.exception).startswith("llama2_7b: not a chip, a slice, a scenario file or a "
                                          "model preset; did you mean llama2-7b?")
+
+
+def test_a_refusal_names_the_layer_input_offloaded_when_no_named_policy_fits():
+    """T6 (Llama 3.1 70B on v6e-64, fsdp 64, 2 x 8192 per device) ran with the layer input
+    offloaded; under full remat it does not fit, nor under any named policy (all keep the
+    layer input in HBM): the refusal names the custom choice that fits, and it validates."""
+    from pod.errors import HBMPlanError
+    from pod.workloads.remat import LAYER_INPUT_OFFLOADED_VARIANT, REMAT_POLICIES
+
+    path = ROOT / "scenarios" / "maxtext-t6-llama3.1-70b-v6e-64.yaml"
+    for policy in (p for p in REMAT_POLICIES if p != "custom"):
+        with pytest.raises(HBMPlanError) as err:
+            pod.validate(path, overrides=[f"model.options.remat={policy}",
+                                          "model.options.remat_custom="])
+    assert str(err.value).endswith("; remat custom with remat_custom {decoder_layer_input: "
+                                   "offload} fits (27.5 GiB per device)"), str(err.value)
+    assert err.value.fits_with == f"remat {LAYER_INPUT_OFFLOADED_VARIANT}"
+    again = pickle.loads(pickle.dumps(err.value))  # a plan's worker process sends it back
+    assert (str(again), again.fits_with) == (str(err.value), err.value.fits_with)
+    plan = pod.validate(path, overrides=["model.options.remat_custom={decoder_layer_input: "
+                                         "offload}"])
+    assert plan.memory["total"] <= plan.topology.chip.hbm_bytes
+
+
+def test_a_plan_says_how_many_refused_points_fit_with_the_layer_input_offloaded(tmp_path):
+    """T6's model, mesh and batch under full remat: the plan drops the point, its row says
+    what fits it (results.csv's fits_with) and the summary line counts it with the keys
+    that search it."""
+    from pod.commands.plan import PlanRequest, run_plan
+
+    result = run_plan(PlanRequest(model="llama3.1-70b", slices=("v6e-64",), mesh_axes=("fsdp",),
+                                  remat=("full",), per_device_batches=(2,)),
+                      output_dir=tmp_path / "o")
+    (row,) = result.rows
+    assert (row["status"], row["fits"]) == ("dropped", False)
+    assert row["fits_with"] == "remat custom with remat_custom {decoder_layer_input: offload}"
+    assert ("(1 does not fit in HBM; 1 of them fit with the layer input offloaded: "
+            "remat_policy=custom decoder_layer_input=offload)") in result.summary()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import pytest
@@ -42,6 +43,18 @@ def test_cost_a_committed_tpu_module(tmp_path, capsys):
     chains = {row["call_chain"] for row in rows}
     assert ("_steps.<locals>.fsdp_step > _steps.<locals>.fsdp_step.<locals>.loss > "
             "_steps.<locals>.block") in chains
+    # the trace's kernels carry the same: each op event's op name, source and chain are
+    # its instruction's as the module gives them
+    with gzip.open(tmp_path / "trace.json.gz", "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "op"]
+    named = [e for e in events if "call_chain" in e["args"]]
+    assert len(named) > len(events) / 2
+    by_name = {instr.name: instr for _, instr in module.instructions()}
+    for event in named:
+        instr = by_name[event["name"].rsplit(" [", 1)[1].rstrip("]")]
+        assert (event["args"]["op_name"], event["args"]["source"],
+                event["args"]["call_chain"]) == (instr.op_name, module.source_of(instr),
+                                                 module.call_chain_of(instr)), event
 
 
 def test_a_cpu_module_is_labelled_approximate(tmp_path, capsys):
