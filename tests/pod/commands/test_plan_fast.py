@@ -115,11 +115,14 @@ def test_a_custom_policy_is_searched_beside_the_named_ones_as_costing_it_alone(t
     planner = Planner(model_source(str(path), slice_name="v5e-4"))
     assert planner.remat_custom == custom
     assert _remats(planner, ()) == (*DEFAULT_REMATS, "custom")
+    plain = tmp_path / "plain.yaml"  # TINY: remat none, no choices of its own
+    plain.write_text(yaml.safe_dump(TINY))
+    assert Planner(model_source(str(plain), slice_name="v5e-4")).remat_custom is None
     keys = [f"{k}={v}" for k, v in custom.items()]
-    _, rest = search_keys("tiny4.yaml", (), keys)
-    from_keys = Planner(model_source(str(tmp_path / "custom.yaml"), slice_name="v5e-4",
-                                     overrides=rest))
+    _, rest = search_keys(str(plain), (), keys)
+    from_keys = Planner(model_source(str(plain), slice_name="v5e-4", overrides=rest))
     assert from_keys.remat_custom == custom
+    assert _remats(from_keys, ()) == (*DEFAULT_REMATS, "custom")
     points = candidates([("v5e-4", 4)], AXES, ("full", "custom"), per_device_batches=(1,))
     fast = [planner.cost(c) for c in points]
     alone = [Planner(planner.source).cost_alone(c) for c in points]
