@@ -45,10 +45,13 @@ The policies (``save_only_these_names`` unless said):
   names not given are ``remat`` (MaxText's defaults), the layer input
   ``device``.
 
-These are the ten policies ``base.yml`` at tpu-recipes-v0.1.4 lists (with
-``none``); their tensor sets are MaxText's ``Decoder.get_remat_policy``
-(``layers/decoders.py`` there; ``layers/nnx_decoders.py`` in the maxtext 0.2.5
-wheel of the package index, which names the same sets).
+These are the ten policies ``base.yml`` at tpu-recipes-v0.1.4 lists, and ``none``.
+Their tensor sets are those of MaxText's ``get_remat_policy`` as the maxtext 0.2.5
+wheel of the package index writes it (``layers/nnx_decoders.py``); ``minimal`` and
+``minimal_offloaded`` are read by shape, as the XLA oracle's reference compiles them
+(``checkpoint_dots_with_no_batch_dims`` / ``offload_dot_with_no_batch_dims``,
+``tools/xla_oracle/model.py``), which names the same tensors in a dense block (0.2.5
+names them; an MoE's expert products: :func:`remat_cache_keys`).
 """
 
 from __future__ import annotations
