@@ -23,6 +23,7 @@ from rich.console import Console
 from chip import MXU_MODELS, PRECISIONS, PRESETS, get_chip_spec
 from pod import api
 from pod.commands.bench import matmul_report
+from pod.commands.plan_search import DEFAULT_REMATS
 from pod.config.mesh import device_hbm_bytes, devices_per_chip, format_axes
 from pod.config.overrides import (
     Override,
@@ -684,9 +685,8 @@ PLAN_OVERRIDES_HELP = (
               help="Numbers of identical slices joined by the DCN to try, data parallel across "
                    "them, e.g. 1,2,4 [default: 1].")
 @click.option("--remat", help="Remat policies to try (MaxText's names), e.g. "
-                              "full,minimal_offloaded; all: every one [default: none, full, "
-                              "minimal, save_dot_except_mlp, save_dot_except_mlpwi, "
-                              "save_qkv_proj].")
+                              "full,minimal_offloaded; all: every one [default: "
+                              f"{', '.join(DEFAULT_REMATS)}].")
 @click.option("--mesh-axes", help="Mesh axes to search, e.g. fsdp,tensor [default: every axis "
                                   "the runtime runs].")
 @click.option("--token-budget", help="Rank by the simulated time to train on this many tokens "

@@ -70,7 +70,12 @@ from pod.errors import USER_ERRORS, HBMPlanError, ScenarioError
 from pod.programs.replay import LayerTape, UnsignableError, signature
 from pod.workloads import Dataset, build_model, load_dataset
 from pod.workloads.block import TransformerBlock
-from pod.workloads.remat import LAYER_INPUT_OFFLOADED_VARIANT, remat_effect, twin_policies
+from pod.workloads.remat import (
+    LAYER_INPUT_OFFLOADED_VARIANT,
+    remat_effect,
+    remat_label,
+    twin_policies,
+)
 
 __all__ = ["PlanRequest", "PlanResult", "Planner", "run_plan", "PLAN_COLUMNS",
            "DEFAULT_PER_DEVICE_BATCHES", "write_outputs", "layout_label", "slices_text"]
@@ -225,11 +230,12 @@ class PlanResult:
         search (their refusals' ``fits_with``): "; 312 of them fit with the layer input
         offloaded: remat_policy=custom decoder_layer_input=offload", "" for none."""
         offloaded = other = 0
+        searched = {remat_label(p) for p in self.remats}
         for r in self.rows:
-            label = str(r.get("fits_with") or "").removeprefix("remat ")
-            if label == LAYER_INPUT_OFFLOADED_VARIANT:
+            label = str(r.get("fits_with") or "")
+            if label == remat_label(LAYER_INPUT_OFFLOADED_VARIANT):
                 offloaded += 1
-            elif label and label not in self.remats:
+            elif label and label not in searched:
                 other += 1
         parts = ([f"{offloaded} of them fit with the layer input offloaded: remat_policy="
                   "custom decoder_layer_input=offload"] if offloaded else [])

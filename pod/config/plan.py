@@ -36,6 +36,7 @@ from pod.workloads import Dataset, Model, build_model, build_optimizer, load_dat
 from pod.workloads.checks import DataMismatchError, TokenIdError
 from pod.workloads.models import MODEL_NAMES, MODEL_OPTIONS
 from pod.workloads.quantization import check_quantization
+from pod.workloads.remat import remat_label
 from pod.workloads.transformer import check_expert_split, check_tensor_split
 
 __all__ = ["TrainingPlan", "build_plan", "batch_indices", "plan_ici", "is_timing_sweep",
@@ -228,7 +229,7 @@ def _memory_plan(scenario: Scenario, pod: Topology, mesh: Mesh, model: Model, op
     ranked = sorted(variants.items(), key=lambda kv: kv[1].hardware_flops_per_example())
     try:
         return fit_memory(memory_of(model), mesh, per_device, capacity, search=sharded,
-                          alternatives=[(f"remat {p}", memory_of(m)) for p, m in ranked])
+                          alternatives=[(remat_label(p), memory_of(m)) for p, m in ranked])
     except HBMPlanError as err:
         if sharded:
             raise  # its one line names pod.mesh and a mesh that fits

@@ -60,7 +60,7 @@ import functools
 from collections.abc import Mapping
 
 __all__ = ["REMAT_POLICIES", "REMAT_TENSORS", "REMAT_CHOICES", "TENSOR_KEYS", "remat_choices",
-           "LAYER_INPUT_OFFLOADED", "LAYER_INPUT_OFFLOADED_VARIANT",
+           "LAYER_INPUT_OFFLOADED", "LAYER_INPUT_OFFLOADED_VARIANT", "remat_label",
            "check_remat_custom", "remat_cache_keys", "remat_effect", "twin_policies"]
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_dot_except_mlpwi",
@@ -75,6 +75,12 @@ REMAT_CHOICES = ("remat", "device", "offload")
 #: (``TransformerModel.remat_variants``, ``pod.config.fit``).
 LAYER_INPUT_OFFLOADED = (("decoder_layer_input", "offload"),)
 LAYER_INPUT_OFFLOADED_VARIANT = "custom with remat_custom {decoder_layer_input: offload}"
+
+
+def remat_label(policy: str) -> str:
+    """How a refusal names the model under another remat policy (or a ``remat_variants``
+    key) that fits: "remat full" (``pod.config.fit``'s hints, ``HBMPlanError.fits_with``)."""
+    return f"remat {policy}"
 
 #: MaxText tensor name -> the block's cache keys holding it (``TransformerBlock``)
 TENSOR_KEYS = {"decoder_layer_input": ("x",), "query_proj": ("q",), "key_proj": ("k",),
