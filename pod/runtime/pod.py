@@ -25,6 +25,7 @@ the fault plan come from the ``TrainingPlan`` (``pod.config.plan``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import pickle
 import secrets
 import time
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from pod.config.faults import host_of
+from pod.config.faults import host_chips, host_of
 from pod.config.plan import TrainingPlan
 from pod.errors import USER_ERRORS, ChipFailureError, ChipUnresponsiveError, ClusterError
 from pod.programs import EvalSums
@@ -165,6 +166,12 @@ class Pod(PodBase):
         pod = self.plan.topology
         return host_of(rank, pod.chip.chips_per_host, pod.torus.num_chips)
 
+    @functools.cached_property
+    def _hosts(self) -> list[list[int]]:
+        """The chip ranks of every TPU host, host by host (``pod.config.faults.host_chips``)."""
+        pod = self.plan.topology
+        return host_chips(pod.chips, pod.chip.chips_per_host, pod.torus.num_chips)
+
     def _place_hosts(self) -> Any:
         """One placement-group bundle per TPU host, spread over the Ray nodes.
 
@@ -174,10 +181,9 @@ class Pod(PodBase):
         """
         from ray.util.placement_group import placement_group
 
-        hosts = self.host_of(self.plan.topology.chips - 1) + 1
-        per_host = [sum(1 for r in range(self.plan.topology.chips) if self.host_of(r) == h)
-                    for h in range(hosts)]
-        group = placement_group([{"CPU": _ACTOR_CPUS * n} for n in per_host], strategy="SPREAD")
+        hosts = len(self._hosts)
+        group = placement_group([{"CPU": _ACTOR_CPUS * len(ranks)} for ranks in self._hosts],
+                                strategy="SPREAD")
         if self._wait_ready([group.ready()], _PLACEMENT_TIMEOUT_S, watch=False):
             raise ClusterError(
                 f"ray: could not place {hosts} TPU hosts of "
@@ -199,8 +205,7 @@ class Pod(PodBase):
                                                scheduling_strategy=strategy, name=name,
                                                namespace=self.namespace)
         plan, training = self.plan, self.plan.training
-        home = self.host_of(rank)
-        host = [r for r in range(plan.topology.chips) if self.host_of(r) == home]
+        host = self._hosts[self.host_of(rank)]
         return remote.remote(plan.topology.chip, rank, self._devices[rank], self.program,
                              training.seed, devices_per_chip=plan.mesh.devices_per_chip,
                              precision=training.precision, mxu_model=plan.scenario.pod.mxu_model,
