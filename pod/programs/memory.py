@@ -20,8 +20,8 @@ temporaries hold changes through the step, so the step's need is the largest of 
 - **backward**: the sharded gradients (the scan's accumulator, in the parameters'
   dtype: no layer's float32 gradient exists whole, the reduce-scatter runs on what the
   matmul wrote), the kept activations, the weight copy, the gathered weight arrays, the
-  logits' gradient until the output kernel's gradient is formed (the tied table's
-  gradient, V x C whole, with tied embeddings), one block's backward working set
+  output layer's weight gradient or the logits' gradient, whichever XLA forms after the
+  layers' backward (:func:`output_gradient_held`), one block's backward working set
   (:func:`backward_working_bytes`).
 
 The optimizer update runs in place on the donated buffers, reading the gradients: it
@@ -48,6 +48,7 @@ from pod.memory import DeviceMemory
 from pod.workloads.model import activation_bytes_per_element
 
 __all__ = ["Phase", "peak_memory", "compute_bytes", "gather_bytes", "backward_working_bytes",
+           "output_gradient_held",
            "recomputed_attention_elements",
            "PREFETCH_LAYERS", "WINDOWED_TENSOR", "DOT_PRODUCT_LIVE_SCORES"]
 
@@ -90,6 +91,52 @@ WINDOWED_TENSOR = 16
 #: with this kernel (M3, T9-b32 are the same model): a count read from one compile, not
 #: a fit. With 4, T9 and M3 plan 8% below XLA's peak; with 3, 12%.
 DOT_PRODUCT_LIVE_SCORES = 4
+
+
+def output_gradient_held(tied: bool, offloaded: bool, logits_bytes: int,
+                         table_bytes: int) -> tuple[str, int]:
+    """What of the output layer's backward XLA holds through the layers' backward loop:
+    (the plan's item, its bytes).
+
+    The loss's gradient (the logits' gradient, b T V / tensor) feeds two products: the
+    output layer's input gradient, which the layers' backward needs first, and its weight
+    gradient (V x C), which nothing needs until the update. Where XLA's scheduler puts
+    the second decides what lives through the layers' backward: before the loop, the
+    weight gradient (the logits' gradient freed); after it, the logits' gradient. Read
+    from the scheduled HLO of the 20 oracle compiles committed in
+    ``tools/xla_oracle/hlo/`` (where in the ENTRY computation the product named
+    ``transpose(jvp(bte,ev->btv))`` that writes the V x C array stands against the
+    backward ``while``):
+
+    - no tensor offloaded to host: before the loop in 12 of 16 (T1, T2, T3, T4, M1, M2,
+      M3, T5-full, llama2-7b-full-b4, T8, T8-dropless, mixtral-v5p-128-dropless; tied and
+      untied, remat full and minimal, v4, v5e, v5p and v6e), after it in T9,
+      T9-untied-flash, T1-untied-sequential and gpt-style-v5p-64;
+    - host offload (the layer input or projections offloaded): after the loop in 4 of 4
+      (T5, T5-qkv_proj_offloaded, T6, T7).
+
+    So the plan holds the weight gradient, whole (V x C, the bytes of ``table_bytes``, as
+    XLA's fsdp all-reduce writes it), unless the remat policy offloads, and then the
+    logits' gradient; tied embeddings hold the table's gradient either way (no tied
+    configuration offloads among the compiles). The choice is XLA's scheduler's and the
+    four exceptions show it is not decided by the config alone (T9 and M3 are the same
+    model and per-slice mesh and choose differently): a majority read, not a law.
+
+    Args:
+        tied: the output layer is the embedding table.
+        offloaded: the remat policy keeps some activation in host memory.
+        logits_bytes: the logits' gradient on the device (its chunk with
+            ``num_vocab_tiling``).
+        table_bytes: the output layer's weight gradient, whole, in the compute dtype.
+
+    Returns:
+        ("embedding gradient" | "output kernel gradient" | "logits gradient", bytes).
+    """
+    if tied:
+        return ("embedding gradient", table_bytes)
+    if offloaded:
+        return ("logits gradient", logits_bytes)
+    return ("output kernel gradient", table_bytes)
 
 
 def backward_working_bytes(block: Any, shape: tuple[int, int], act: int, tensor: int) -> int:

@@ -107,6 +107,7 @@ from pod.programs.memory import (
     backward_working_bytes,
     compute_bytes,
     gather_bytes,
+    output_gradient_held,
     peak_memory,
 )
 from pod.programs.tensor import TensorCollectives, wire_itemsize
@@ -528,8 +529,9 @@ class ShardedTransformer:
           each); a block's backward working set (``b`` x
           ``pod.programs.memory.backward_working_bytes``); at the loss the logits, ``b T
           V / tensor`` in the compute dtype (/ ``num_vocab_tiling``), and with fsdp the
-          output layer's weights gathered (C V / tensor); in backward the logits'
-          gradient (untied) or the tied table's gradient (V C, whole); with an expert
+          output layer's weights gathered (C V / tensor); in backward the output layer's
+          weight gradient (V C, whole) or, under host offload, the logits' gradient
+          (``pod.programs.memory.output_gradient_held``); with an expert
           axis the all-to-all buffers (``ExpertCollectives.buffer_elements``).
 
         Args:
@@ -563,8 +565,8 @@ class ShardedTransformer:
         logits, table = self._logits_bytes(b, act), self._output_table_bytes()
         loss = (common[0], ("gathered weights", k * layer), ("logits", logits),
                 ("output layer gathered", gather_bytes(precision) * table if self.fsdp > 1 else 0))
-        late = (("logits gradient", logits) if not cfg.tied_embeddings else
-                ("embedding gradient", act * cfg.vocabulary * cfg.embed_dim))
+        late = output_gradient_held(cfg.tied_embeddings, acts.host_bytes > 0, logits,
+                                    act * cfg.vocabulary * cfg.embed_dim)
         phases = [Phase("forward", 0, kept, common), Phase("loss", 0, kept, loss),
                   Phase("backward", w * params, kept, (*common, late))]
         return peak_memory(w * params, len(self.optimizer.slots) * w * params, phases,

@@ -140,18 +140,25 @@ def test_the_copy_of_the_weights_follows_the_precision():
         sharded(model).memory(1, "fp8")
 
 
-def test_the_logits_live_into_backward_and_vocab_tiling_chunks_them():
+def test_the_logits_live_into_backward_under_offload_and_vocab_tiling_chunks_them():
     """The logits (bf16, b T V / tensor: MaxText splits the vocabulary over tensor) become
-    their gradient in place and live into the layers' backward until the output kernel's
-    gradient is formed; num_vocab_tiling n holds 1 / n of them at once."""
+    their gradient in place; under a remat policy that offloads, XLA forms the output
+    kernel's gradient after the layers' backward, so they live through it, and
+    num_vocab_tiling n holds 1 / n of them at once; with nothing offloaded XLA forms that
+    gradient first and holds it, V x C whole, in their place
+    (``pod.programs.memory.output_gradient_held``)."""
     big = 50_000
-    memory = sharded(tiny(big, tied_embeddings=False), fsdp=2, tensor=2).memory(4)
-    assert memory.peak == "backward"
+    offload = {"tied_embeddings": False, "remat": "qkv_proj_offloaded"}
+    memory = sharded(tiny(big, **offload), fsdp=2, tensor=2).memory(4)
+    assert memory.peak == "backward" and memory.host_activations_bytes > 0
     assert dict(memory.workspace)["logits gradient"] == 4 * T * (big // 2) * 2
-    tiled = sharded(tiny(big, tied_embeddings=False, num_vocab_tiling=4), fsdp=2,
-                    tensor=2).memory(4)
+    tiled = sharded(tiny(big, num_vocab_tiling=4, **offload), fsdp=2, tensor=2).memory(4)
     assert dict(tiled.workspace)["logits gradient"] == 4 * T * (big // 2) * 2 // 4
     assert tiled.total_bytes < memory.total_bytes
+    kept = sharded(tiny(big, tied_embeddings=False, remat="full"), fsdp=2, tensor=2).memory(1)
+    assert kept.peak == "backward"
+    assert kept.host_activations_bytes == 0 and "logits gradient" not in dict(kept.workspace)
+    assert dict(kept.workspace)["output kernel gradient"] == big * C * 2
     with pytest.raises(ValueError, match="num_vocab_tiling must be a positive integer"):
         tiny(num_vocab_tiling=0)
 
