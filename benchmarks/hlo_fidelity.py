@@ -271,12 +271,11 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str, python: str = sys.e
     writes ``out_dir/hlo/<rid>.hlo.txt.gz`` and ``out_dir/results/<rid>.json`` (the oracle's
     result with this compile's memory, flags and versions)."""
     import gzip
-    import subprocess
-    import tempfile
 
     import yaml
 
     sys.path.insert(0, ROOT)
+    from tools.xla_oracle.compile_one import compile_in_child
     from tools.xla_oracle.spec import resolve
 
     with open(os.path.join(ROOT, "tools", "xla_oracle", "configs.yaml")) as f:
@@ -286,14 +285,11 @@ def compile_oracle(rid: str, out_dir: str, libtpu_args: str, python: str = sys.e
 
         refused = REFUSED_FLAGS.get(spec["chip"], ())
         libtpu_args = " ".join(f for f in libtpu_args.split() if f not in refused)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([python, "-m", "tools.xla_oracle.compile_one", tmp], cwd=ROOT,
-                       input=json.dumps(spec), text=True, check=True,
-                       env={**os.environ, "LIBTPU_INIT_ARGS": libtpu_args})
-        with open(os.path.join(tmp, "outcome.json")) as f:
-            outcome = json.load(f)
-        with open(os.path.join(tmp, "module.hlo.txt"), "rb") as f:
-            text = f.read()
+    outcome, hlo = compile_in_child(spec, python=python, libtpu_args=libtpu_args)
+    if hlo is None:
+        raise SystemExit(f"{rid}: the compile gave no HLO ({outcome.get('stage')}: "
+                         f"{str(outcome.get('error'))[:500]})")
+    text = hlo.encode()
     os.makedirs(os.path.join(out_dir, "hlo"), exist_ok=True)
     os.makedirs(os.path.join(out_dir, "results"), exist_ok=True)
     with open(os.path.join(out_dir, "hlo", f"{rid}.hlo.txt.gz"), "wb") as f:

@@ -312,20 +312,35 @@ def _have_tpu_compile() -> str | None:
         if missing else None
 
 
+E, H, D, F, V, L, T, B = 512, 4, 128, 1024, 2048, 3, 512, 8
+#: a 3-layer transformer on a v5e 2x2, fsdp 4: seconds to compile
+SMALL_SPEC = {"chip": "v5e", "topology": {"name": "v5e:2x2", "wraparound": [False, False],
+                                          "slices": 1},
+              "mesh": {"ici": {"fsdp": 4}, "dcn": {}}, "global_batch": B,
+              "model": {"vocabulary": V, "sequence_length": T, "embed_dim": E, "heads": H,
+                        "kv_heads": H, "head_dim": D, "mlp_dim": F, "mlp_activation": "relu",
+                        "layers": L, "block": "parallel", "remat": "full", "era": "2025"},
+              "optimizer": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                            "weight_decay": 0.1}}
+
+
+def test_a_child_that_dies_is_a_crash_outcome_not_an_exception():
+    """``compile_in_child`` (the oracle's and hlo_fidelity's compiles): a child process that
+    exits without writing its outcome is reported as stage 'crash' with its exit code."""
+    from tools.xla_oracle.compile_one import compile_in_child
+
+    outcome, hlo = compile_in_child(SMALL_SPEC, 60, python="/bin/false")
+    assert hlo is None and outcome["ok"] is False and outcome["stage"] == "crash"
+    assert "exited with 1" in outcome["error"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(_have_tpu_compile() is not None, reason=str(_have_tpu_compile()))
 def test_deviceless_compile_holds_the_sharded_train_state():
+    from tools.xla_oracle.compile_one import compile_in_child
     from tools.xla_oracle.step import compile_spec
 
-    E, H, D, F, V, L, T, B = 512, 4, 128, 1024, 2048, 3, 512, 8
-    spec = {"chip": "v5e", "topology": {"name": "v5e:2x2", "wraparound": [False, False],
-                                        "slices": 1},
-            "mesh": {"ici": {"fsdp": 4}, "dcn": {}}, "global_batch": B,
-            "model": {"vocabulary": V, "sequence_length": T, "embed_dim": E, "heads": H,
-                      "kv_heads": H, "head_dim": D, "mlp_dim": F, "mlp_activation": "relu",
-                      "layers": L, "block": "parallel", "remat": "full", "era": "2025"},
-            "optimizer": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
-                          "weight_decay": 0.1}}
+    spec = SMALL_SPEC
     out = compile_spec(spec)
     assert out["ok"], out.get("error")
     # every parameter sharded 4 ways over fsdp (embed dim), fp32, and the two AdamW moments;
@@ -344,3 +359,9 @@ def test_deviceless_compile_holds_the_sharded_train_state():
     trips = sorted(loop["trip_count"] for loop in inv["while_loops"])
     assert trips and all(t in (L - 1, L) for t in trips)
     assert "all-gather" in inv["collective_totals"]
+    # the same compile in a child process (how make oracle and hlo_fidelity run it): the
+    # same buffer assignment and the same op inventory
+    child, hlo = compile_in_child(spec, 600)
+    assert child["ok"] and hlo is not None, child.get("error")
+    assert child["memory"] == out["memory"]
+    assert op_inventory(hlo)["collective_totals"] == inv["collective_totals"]

@@ -20,16 +20,13 @@ import argparse
 import gzip
 import importlib.util
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
+from tools.xla_oracle.compile_one import compile_in_child
 from tools.xla_oracle.inventory import op_inventory
 from tools.xla_oracle.record import GIB, build_result, judge_peak, parse_oom
 from tools.xla_oracle.record import versions as installed_versions
@@ -74,46 +71,6 @@ def _cached(spec: dict[str, Any], key: str) -> bool:
         return json.loads(path.read_text()).get("cache_key") == key
     except (OSError, ValueError):
         return False
-
-
-def _compile(spec: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str | None]:
-    """Compile ``spec`` in a child process; (outcome, HLO text or None)."""
-    with tempfile.TemporaryDirectory(prefix="xla-oracle-") as tmp:
-        log = Path(tmp) / "stderr.txt"
-        with log.open("w") as err:
-            # the configuration's XLA flags, and none for one that names none (a
-            # LIBTPU_INIT_ARGS of the caller's shell would change the program behind the
-            # cache key's back)
-            env = {**os.environ,
-                   "LIBTPU_INIT_ARGS": (spec.get("xla_flags") or {}).get("libtpu_args", "")}
-            proc = subprocess.Popen([sys.executable, "-m", "tools.xla_oracle.compile_one", tmp],
-                                    cwd=ROOT, stdin=subprocess.PIPE, stdout=err, stderr=err,
-                                    text=True, env=env)
-            assert proc.stdin is not None
-            proc.stdin.write(json.dumps(spec))
-            proc.stdin.close()
-            start = time.monotonic()
-            next_note = 120.0
-            while proc.poll() is None:
-                elapsed = time.monotonic() - start
-                if elapsed > timeout_s:
-                    proc.kill()
-                    proc.wait()
-                    return ({"ok": False, "stage": "timeout",
-                             "error": f"compile did not finish in {timeout_s:.0f} s"}, None)
-                if elapsed > next_note:
-                    print(f"    ... still compiling ({elapsed / 60:.0f} min)", flush=True)
-                    next_note += 300.0
-                time.sleep(2.0)
-        outcome_path = Path(tmp) / "outcome.json"
-        if not outcome_path.exists():
-            tail = log.read_text()[-2000:]
-            return ({"ok": False, "stage": "crash",
-                     "error": f"the compile process exited with {proc.returncode}: {tail}"},
-                    None)
-        outcome = json.loads(outcome_path.read_text())
-        hlo = Path(tmp) / "module.hlo.txt"
-        return outcome, (hlo.read_text() if hlo.exists() else None)
 
 
 def _summary(result: dict[str, Any]) -> str:
@@ -176,7 +133,7 @@ def run(only: list[str] | None, force: bool, timeout_s: float, jobs: int = 1) ->
                   f" {{{_axes(spec['mesh'])}}}, {spec['per_device_batch']:g} x "
                   f"{spec['sequence_length']}, remat {spec['model']['remat']} "
                   f"(started {time.strftime('%H:%M:%S')})", flush=True)
-        outcome, hlo = _compile(spec, timeout_s)
+        outcome, hlo = compile_in_child(spec, timeout_s)
         inventory = op_inventory(hlo) if hlo else None
         hlo_file = None
         if hlo:
