@@ -84,6 +84,9 @@ oracle: $(ORACLE_VENV)/.installed
 MAXTEXT_VENV := .venv-maxtext
 MAXTEXT_PYTHON ?= $(or $(shell p=$$(pyenv prefix $$(pyenv latest 3.12 2>/dev/null) 2>/dev/null) && echo $$p/bin/python),python3.12)
 $(MAXTEXT_VENV)/.installed:
+	@command -v $(MAXTEXT_PYTHON) >/dev/null 2>&1 || { echo "make maxtext-venv: no" \
+	  "$(MAXTEXT_PYTHON); maxtext 0.2.5 needs Python >= 3.12: pyenv install 3.12, or" \
+	  "MAXTEXT_PYTHON=/path/to/python3.12"; exit 1; }
 	$(MAXTEXT_PYTHON) -m venv $(MAXTEXT_VENV)
 	$(MAXTEXT_VENV)/bin/python -m pip install --quiet "jax[tpu]==0.12.0.1" flax==0.12.12 \
 		optax==0.2.8 omegaconf==2.4.0 pydantic==2.14.4 absl-py==2.5.1 jaxtyping==0.3.11 \
@@ -95,7 +98,10 @@ $(MAXTEXT_VENV)/.installed:
 
 maxtext-venv: $(MAXTEXT_VENV)/.installed
 
-maxtext-step: $(MAXTEXT_VENV)/.installed setup
+# the rows are checked (one line for an unknown one) before the environment is built
+maxtext-step: setup
+	@$(BIN)/python -m tools.xla_oracle.maxtext_step --only $(or $(ONLY),T2) --args >/dev/null
+	@$(MAKE) --no-print-directory $(MAXTEXT_VENV)/.installed
 	$(BIN)/python -m tools.xla_oracle.maxtext_step --only $(or $(ONLY),T2)
 
 clean:
