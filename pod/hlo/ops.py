@@ -55,8 +55,8 @@ from pod.errors import HloOpError
 from pod.hlo.module import ArrayShape, HloComputation, HloInstruction, HloModule, Shape
 
 __all__ = ["OpCost", "OpCoster", "ELEMENTWISE", "TRANSCENDENTAL", "MOVEMENT", "FREE",
-           "COLLECTIVE_OPCODES", "gemm_dims", "short_name", "instruction_of", "SparseCoreWork",
-           "sparsecore_work"]
+           "COLLECTIVE_OPCODES", "gemm_dims", "short_name", "instruction_of",
+           "XLA_ESTIMATE_SUFFIX", "SparseCoreWork", "sparsecore_work"]
 
 #: Element-wise ops: one VPU element-op per output element.
 ELEMENTWISE = frozenset({
@@ -138,10 +138,15 @@ def short_name(instr: HloInstruction) -> str:
     return f"{tail} [{instr.name}]"
 
 
+#: What a record's name adds after :func:`short_name` for an op costed by XLA's own
+#: ``estimated_cycles`` (a custom call the chip model has no kernel model of).
+XLA_ESTIMATE_SUFFIX = " [XLA estimate]"
+
+
 def instruction_of(record_name: str) -> str:
-    """The instruction a record named by :func:`short_name` is of ("fusion.12"); "" for
-    another name."""
-    head, bracket, rest = record_name.rpartition(" [")
+    """The instruction a record named by :func:`short_name` is of ("fusion.12"), with or
+    without :data:`XLA_ESTIMATE_SUFFIX`; "" for another name."""
+    head, bracket, rest = record_name.removesuffix(XLA_ESTIMATE_SUFFIX).rpartition(" [")
     return rest[:-1] if bracket and rest.endswith("]") else ""
 
 
@@ -473,7 +478,7 @@ class OpCoster:
             raise HloOpError(f"line {instr.line}: {instr.opcode} {instr.name!r} has no cost model "
                              "here and XLA gave no estimated_cycles for it; compile for a TPU "
                              "(tpu-compile extra) or leave the op out")
-        name = f"{short_name(instr)} [XLA estimate]"
+        name = short_name(instr) + XLA_ESTIMATE_SUFFIX
         records = self._records("bf16", lambda core: core.account(name, "vpu", 0.0, hbm, cycles))
         return OpCost(records, "XLA estimate", cycles / self.spec.clock_hz)
 

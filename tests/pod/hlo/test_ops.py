@@ -10,7 +10,7 @@ from chip import TensorCore, get_chip_spec
 from pod.config.slices import resolve_pod
 from pod.errors import HloOpError
 from pod.hlo import cost_module, parse_hlo
-from pod.hlo.ops import OpCoster, gemm_dims
+from pod.hlo.ops import XLA_ESTIMATE_SUFFIX, OpCoster, gemm_dims, instruction_of, short_name
 from pod.report.clock import sustained_mxu_fraction
 
 V5E = get_chip_spec("v5e").core
@@ -240,6 +240,19 @@ def test_an_unknown_op_takes_xlas_estimate_or_is_refused():
     assert step.ops[0].how == "XLA estimate"
     with pytest.raises(HloOpError, match=r"^line 4: triangular-solve 't' has no cost model"):
         cost(one_op("  ROOT %t = bf16[256,512]{1,0} triangular-solve(%a, %a)"))
+
+
+def test_a_record_name_leads_back_to_its_instruction():
+    """The trace names each kernel by ``short_name`` (with the XLA-estimate suffix where
+    XLA's cycles cost it); ``instruction_of`` finds the instruction again, so the trace's op
+    events get the user's op name and source (``pod.hlo.report``) for every kernel."""
+    module = parse_hlo(one_op('  ROOT %t = bf16[256,512]{1,0} triangular-solve(%a, %a), '
+                              'metadata={op_name="jit(f)/solve [x]"}'))
+    instr = module.entry_computation.root
+    assert short_name(instr) == "jit(f)/solve [x] [t]"
+    assert instruction_of(short_name(instr)) == "t"
+    assert instruction_of(short_name(instr) + XLA_ESTIMATE_SUFFIX) == "t"
+    assert instruction_of("allreduce") == ""
 
 
 def test_a_cpu_dot_runs_as_the_tpu_runs_it():
