@@ -326,10 +326,13 @@ SMALL_SPEC = {"chip": "v5e", "topology": {"name": "v5e:2x2", "wraparound": [Fals
 
 def test_a_child_that_dies_is_a_crash_outcome_not_an_exception():
     """``compile_in_child`` (the oracle's and hlo_fidelity's compiles): a child process that
-    exits without writing its outcome is reported as stage 'crash' with its exit code."""
+    exits without writing its outcome is reported as stage 'crash' with its exit code, also
+    when it is gone before it read its spec (a spec larger than a pipe holds, 256 KiB: the
+    write meets the closed pipe whenever the child exits)."""
     from tools.xla_oracle.compile_one import compile_in_child
 
-    outcome, hlo = compile_in_child(SMALL_SPEC, 60, python="/bin/false")
+    outcome, hlo = compile_in_child({**SMALL_SPEC, "pad": "x" * (256 << 10)}, 60,
+                                    python="/bin/false")
     assert hlo is None and outcome["ok"] is False and outcome["stage"] == "crash"
     assert "exited with 1" in outcome["error"]
 

@@ -45,10 +45,16 @@ def compile_in_child(spec: dict[str, Any], timeout_s: float = float("inf"), *,
         with log.open("w") as err:
             proc = subprocess.Popen([python, "-m", "tools.xla_oracle.compile_one", tmp],
                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=err, stderr=err,
-                                    text=True, env={**os.environ, "LIBTPU_INIT_ARGS": libtpu_args})
+                                    bufsize=0, env={**os.environ, "LIBTPU_INIT_ARGS": libtpu_args})
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps(spec))
-            proc.stdin.close()
+            data = memoryview(json.dumps(spec).encode())
+            try:   # unbuffered: nothing left to flush at close if the child is gone
+                while data:
+                    data = data[proc.stdin.write(data) or 0:]
+            except BrokenPipeError:  # the child died at once: its exit code says so below
+                pass
+            finally:
+                proc.stdin.close()
             start = time.monotonic()
             next_note = 120.0
             while proc.poll() is None:
