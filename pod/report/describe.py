@@ -36,7 +36,8 @@ def pod_table(pod: Topology) -> Table:
     table.add_row("clock", f"{core.clock_hz / 1e6:,.0f} MHz", "")
     table.add_row("peak bf16", f"{chip.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s",
                   f"{pod.peak_bf16_flops_per_s / 1e12:,.1f} TFLOP/s")
-    table.add_row("HBM", f"{chip.hbm_bytes / 2**30:,.1f} GiB", f"{pod.hbm_bytes / 2**30:,.1f} GiB")
+    table.add_row("HBM (published)" if chip.hbm_available_bytes != chip.hbm_bytes else "HBM",
+                  f"{chip.hbm_bytes / 2**30:,.1f} GiB", f"{pod.hbm_bytes / 2**30:,.1f} GiB")
     if chip.hbm_available_bytes != chip.hbm_bytes:  # XLA's figure: what decides a fit
         table.add_row("HBM a program may use (XLA)", f"{chip.hbm_available_bytes / 2**30:,.2f} GiB",
                       f"{pod.chips * chip.hbm_available_bytes / 2**30:,.1f} GiB")
