@@ -626,8 +626,10 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
     out_dir = output_dir or Path("runs") / f"{spec.name}-sweep"
     console = make_console(sys.stderr) if as_json else make_console()
     total = len(sweep_points(spec))
-    console.print(f"[bold]{spec.name}[/]: {total} points, {sweep_kind(spec)}, "
-                  f"{mode or spec.sweep.mode} mode")
+    kind = sweep_kind(spec)
+    console.print(f"[bold]{spec.name}[/]: " + (kind if total == 1 and kind == "one point" else
+                                               f"{total:,} points, {kind}")
+                  + f", {mode or spec.sweep.mode} mode")
     with Progress("[bold]sweep", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("sweep", total=total)
@@ -646,7 +648,8 @@ def sweep(scenario: Path, overrides: tuple[str, ...], output_dir: Path | None, m
                              line, style="yellow", highlight=False, soft_wrap=True))
     failed = sum(r["status"] != "ok" for r in rows)
     plots = ", ".join(sorted(p.name for p in out_dir.glob("*.png")))
-    console.print(f"{len(rows) - failed:,} points ok, {failed:,} failed. "
+    ok = len(rows) - failed
+    console.print(f"{ok:,} point{'' if ok == 1 else 's'} ok, {failed:,} failed. "
                   f"Wrote {out_dir}/results.csv, "
                   f"results.md{', ' + plots if plots else ''}", soft_wrap=True)
     if as_json:
