@@ -50,6 +50,7 @@ from pod.config.overrides import load_with_overrides  # noqa: E402
 from pod.config.plan import build_plan  # noqa: E402
 from pod.errors import HBMPlanError, ScenarioError  # noqa: E402
 from pod.workloads.remat import REMAT_POLICIES, REMAT_TENSORS  # noqa: E402
+from tools.xla_oracle.record import device_peak_bytes  # noqa: E402
 
 RESULTS = ROOT / "tools" / "xla_oracle" / "results"
 VALIDATION = ROOT / "VALIDATION.md"
@@ -155,12 +156,8 @@ def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
     memory_xla = result.get("memory") or {}
     oom = (result.get("compile") or {}).get("oom") or {}
     peak = device_peak_bytes(result)
-    xla_fits = bool(result["fits"])
+    xla_fits = bool(result["fits"])     # a peak of host memory: fits (record.judge_peak)
     if _compiled_on_host_peak(result):
-        # the recorded verdict compares a peak of host memory with HBM; XLA compiled the
-        # step: its own check (the HLO temporaries against the chip's HBM, which refuses
-        # T1-b16, T1-none) passed
-        xla_fits = True
         note += (f"; XLA's peak {result['peak_bytes_per_device'] / GIB:.2f} GiB is its "
                  f"arguments + {memory_xla['host_temp_bytes'] / GIB:.2f} GiB of host memory: "
                  f"no HBM peak; device arguments + temporaries "
@@ -176,31 +173,6 @@ def plan_row(result: Mapping[str, Any], root: Path = ROOT) -> Row:
                xla_required_bytes=oom.get("required_bytes"),
                xla_device_bound_bytes=(int(result["sum_bytes_per_device"])
                                        if _compiled_on_host_peak(result) else None))
-
-
-#: How close XLA's peak may come to its argument bytes plus its host-memory temporaries
-#: for the peak to be read as theirs (``device_peak_bytes``), bytes.
-HOST_PEAK_SLACK_BYTES = 2**20
-
-
-def device_peak_bytes(result: Mapping[str, Any]) -> int | None:
-    """XLA's peak per device as an HBM figure, or None when the result's peak is not one.
-
-    With activations offloaded to the host (``memory.host_temp_bytes`` > 0), jaxlib's
-    ``peak_memory_in_bytes`` can be the arguments plus the host-memory temporaries: T6
-    (Llama 3.1 70B, v6e-64, 2 x 8192, layer input and q / k / v offloaded) reports 57.34
-    GiB = 12.34 GiB of arguments + 45.00 GiB of host temporaries to 36 KB, and the 45.00
-    GiB are the offloaded activations (80 layers x 2 x 8192 tokens x (8192 + 8192 + 1024
-    + 1024) x 2 bytes; ``S(5)``, host memory, in the committed HLO). Such a peak says
-    nothing of HBM: None. Otherwise the recorded ``peak_bytes_per_device``.
-    """
-    peak = result.get("peak_bytes_per_device")
-    memory = result.get("memory") or {}
-    host = int(memory.get("host_temp_bytes") or 0)
-    if peak is not None and host and abs(
-            int(peak) - int(memory.get("argument_bytes", 0)) - host) <= HOST_PEAK_SLACK_BYTES:
-        return None
-    return None if peak is None else int(peak)
 
 
 def _compiled_on_host_peak(data: Mapping[str, Any]) -> bool:

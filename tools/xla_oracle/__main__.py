@@ -28,7 +28,7 @@ from typing import Any
 
 from tools.xla_oracle.compile_one import compile_in_child
 from tools.xla_oracle.inventory import op_inventory
-from tools.xla_oracle.record import GIB, build_result, judge_peak, parse_oom
+from tools.xla_oracle.record import GIB, build_result, device_peak_bytes, judge_peak, parse_oom
 from tools.xla_oracle.record import versions as installed_versions
 from tools.xla_oracle.spec import (
     HLO_CACHE,
@@ -211,6 +211,8 @@ def table_rows() -> list[str]:
                      else "> HBM")
         else:
             shown = f"{peak / GIB:.2f}" if peak is not None else "-"
+            if peak is not None and device_peak_bytes(r) is None:
+                shown += " (host memory included)"
         fits = {True: "yes", False: "**no**", None: "?"}[r["fits"]]
         sl = r["slice"] + (f" x {r['slices']}" if r["slices"] > 1 else "")
         rows.append(f"| {cid} | {sl} | {_axes(r['mesh'])} | {r['per_device_batch']:g} x "
@@ -241,11 +243,14 @@ def refresh_inventories() -> int:
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
         hbm = int(device_hbm_bytes(get_chip_spec(result["chip"])))
-        if result.get("hbm_bytes_per_device") != hbm:
+        peak = result.get("peak_bytes_per_device")
+        verdict = (judge_peak(peak, hbm, result.get("memory"))
+                   if result["compile"].get("ok") and peak is not None else None)
+        if result.get("hbm_bytes_per_device") != hbm or (
+                verdict and verdict != (result["fits"], result["fits_reason"])):
             result["hbm_bytes_per_device"] = hbm
-            peak = result.get("peak_bytes_per_device")
-            if result["compile"].get("ok") and peak is not None:
-                result["fits"], result["fits_reason"] = judge_peak(peak, hbm)
+            if verdict:
+                result["fits"], result["fits_reason"] = verdict
             path.write_text(json.dumps(result, indent=1) + "\n")
         source = (ROOT / result["hlo_file"] if result.get("hlo_file")
                   else HLO_CACHE / f"{result['id']}.hlo.txt.gz")
