@@ -220,11 +220,17 @@ class HloParseError(HloError):
 
     Attributes:
         line: the 1-based line number in the text (0: the text as a whole).
+        source: the file the text came from ("" for text given as is); named first.
     """
 
-    def __init__(self, line: int, message: str) -> None:
-        self.line = int(line)
-        super().__init__(f"line {self.line}: {message}" if self.line else message)
+    def __init__(self, line: int, message: str, source: str = "") -> None:
+        self.line, self.source, self.detail = int(line), str(source), message
+        where = f"line {self.line}: " if self.line else ""
+        super().__init__(f"{self.source}: {where}{message}" if self.source else f"{where}{message}")
+
+    def in_file(self, source: str) -> HloParseError:
+        """The same error, naming the file the text came from."""
+        return HloParseError(self.line, self.detail, source)
 
 
 class HloOpError(HloError):

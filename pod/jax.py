@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pod.config.slices import Topology, resolve_pod
-from pod.errors import HloError, ScenarioError
+from pod.errors import HloError, HloParseError, ScenarioError
 
 __all__ = ["Estimate", "estimate", "cost_hlo", "read_hlo", "topology_of"]
 
@@ -198,7 +198,7 @@ def cost_hlo(source: str | Path, *, slice: str, num_slices: int = 1,
         The :class:`Estimate`.
 
     Raises:
-        HloParseError: text that does not parse (with the line number).
+        HloParseError: text that does not parse (with the line number; the file named).
         HloError: an op or loop that cannot be costed, or devices that are not the
             slice's.
     """
@@ -208,7 +208,11 @@ def cost_hlo(source: str | Path, *, slice: str, num_slices: int = 1,
         raise HloError(f"compiled_for {compiled_for!r} is not one of auto, tpu, cpu")
     text = read_hlo(source)
     topology = topology_of(slice, num_slices)
-    module = parse_hlo(text)
+    try:
+        module = parse_hlo(text)
+    except HloParseError as err:   # name the file, where the module came from one
+        raise (err if "\n" in str(source) or "HloModule" in str(source)
+               else err.in_file(str(source))) from None
     approximate = (not is_tpu_compiled(module)) if compiled_for == "auto" \
         else compiled_for == "cpu"
     return _cost(text, topology, module=module, devices=tuple(devices), mesh_axes=mesh,

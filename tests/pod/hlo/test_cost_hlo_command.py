@@ -82,3 +82,5 @@ def test_bad_input_is_one_line(tmp_path, capsys, text, args, needle):
               str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.count("\n") == 1 and needle in err, err
+    if text is not None and needle.startswith("line "):   # the file it came from, first
+        assert err.startswith(f"error: {path}: {needle}"), err
