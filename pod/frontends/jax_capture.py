@@ -361,7 +361,8 @@ def _memory(compiled: Any) -> dict[str, int]:
         return {}
     return {k: int(getattr(stats, k)) for k in (
         "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-        "temp_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes")
+        "temp_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes",
+        "host_argument_size_in_bytes", "host_temp_size_in_bytes")
         if hasattr(stats, k)}
 
 

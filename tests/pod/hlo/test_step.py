@@ -234,3 +234,29 @@ ENTRY %main (s: bf16[80,1024,1024], u: bf16[1,1024,1024], i: s32[]) -> bf16[80,1
     update = 1024 * 1024 * 2
     assert (row.op, row.lane, row.nbytes) == ("dma", "DMA host", update)
     assert row.seconds == pytest.approx(update / topology.chip.host_to_chip_bytes_per_s)
+
+
+def test_an_offloading_steps_peak_of_host_memory_is_not_judged_as_hbm():
+    """XLA's ``peak_memory_in_bytes`` of a step that offloads activations can be its
+    arguments plus host temporaries (the oracle's T6: 12.34 GiB + 45.00 GiB on a 31.25 GiB
+    v6e): the verdict takes XLA's device buffers at once instead (an upper bound), and
+    says so; a peak of HBM is taken as XLA gives it. The capacity is shown as it is."""
+    from pod.hlo.step import HloMemory, _xla_figures
+
+    gib = 2**30
+    capacity = 33_554_432_000                       # v6e: 31.25 GiB a program may use
+    device = {"argument_size_in_bytes": 12 * gib, "output_size_in_bytes": 12 * gib,
+              "alias_size_in_bytes": 12 * gib, "temp_size_in_bytes": 18 * gib}
+    t6 = _xla_figures(device | {"host_temp_size_in_bytes": 45 * gib,
+                                "peak_memory_in_bytes": 57 * gib})
+    assert t6["peak_bytes"] == 30 * gib and t6["peak_counts_host"] == 1
+    memory = HloMemory(capacity, t6, "tpu", estimate_bytes=29 * gib)
+    assert memory.fits and memory.verdict().startswith("30.00 GiB of 31.25 GiB HBM per device")
+    assert "upper bound" in memory.verdict()
+    hbm = _xla_figures(device | {"host_temp_size_in_bytes": 45 * gib,
+                                 "peak_memory_in_bytes": 33 * gib})
+    assert hbm["peak_bytes"] == 33 * gib and "peak_counts_host" not in hbm
+    refused = HloMemory(capacity, hbm, "tpu")
+    assert not refused.fits
+    assert refused.verdict() == ("does not fit: 33.00 GiB per device (XLA's buffer assignment) "
+                                 "exceeds the 31.25 GiB of HBM")
