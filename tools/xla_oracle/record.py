@@ -66,11 +66,6 @@ def parse_oom(message: str) -> dict[str, Any] | None:
     return out or None
 
 
-#: How close XLA's peak may come to its argument bytes plus its host-memory temporaries
-#: for the peak to be read as theirs (:func:`device_peak_bytes`), bytes.
-HOST_PEAK_SLACK_BYTES = 2**20
-
-
 def device_peak_bytes(result: Mapping[str, Any]) -> int | None:
     """XLA's peak per device as an HBM figure, or None when the result's peak is not one.
 
@@ -80,18 +75,20 @@ def device_peak_bytes(result: Mapping[str, Any]) -> int | None:
     GiB = 12.34 GiB of arguments + 45.00 GiB of host temporaries to 36 KB, and the 45.00
     GiB are the offloaded activations (80 layers x 2 x 8192 tokens x (8192 + 8192 + 1024
     + 1024) x 2 bytes; ``S(5)``, host memory, in the committed HLO). Such a peak says
-    nothing of HBM: None. Otherwise the recorded ``peak_bytes_per_device``.
+    nothing of HBM (``pod.hlo.step.peak_counts_host``, the HLO path's rule): None.
+    Otherwise the recorded ``peak_bytes_per_device``.
 
     Args:
         result: a result record (``peak_bytes_per_device``, ``memory``).
     """
+    from pod.hlo.step import peak_counts_host
+
     peak = result.get("peak_bytes_per_device")
     memory = result.get("memory") or {}
-    host = int(memory.get("host_temp_bytes") or 0)
-    if peak is not None and host and abs(
-            int(peak) - int(memory.get("argument_bytes", 0)) - host) <= HOST_PEAK_SLACK_BYTES:
+    if peak is None or peak_counts_host(peak, memory.get("argument_bytes", 0),
+                                        memory.get("host_temp_bytes") or 0):
         return None
-    return None if peak is None else int(peak)
+    return int(peak)
 
 
 def judge_peak(peak: int | None, hbm: int,
