@@ -156,15 +156,20 @@ def estimate(step_fn: Callable, *args: Any, mesh: Mapping[str, int], slice: str 
                  xla_memory=found.memory or None, xla_platform=found.platform, extra=extra)
 
 
+def _hlo_file(source: str | Path) -> Path | None:
+    """The file ``source`` names, or None when it is a module's text itself."""
+    text = str(source)
+    return None if "\n" in text or "HloModule" in text else Path(text)
+
+
 def read_hlo(source: str | Path) -> str:
     """The text of an HLO module: a path (``.txt``, ``.gz``) or the text itself.
 
     Raises:
         HloError: a file that cannot be read, or that holds several modules.
     """
-    text = str(source)
-    if "\n" not in text and "HloModule" not in text:
-        path = Path(text)
+    text, path = str(source), _hlo_file(source)
+    if path is not None:
         try:
             data = path.read_bytes()
         except OSError as err:
@@ -211,8 +216,8 @@ def cost_hlo(source: str | Path, *, slice: str, num_slices: int = 1,
     try:
         module = parse_hlo(text)
     except HloParseError as err:   # name the file, where the module came from one
-        raise (err if "\n" in str(source) or "HloModule" in str(source)
-               else err.in_file(str(source))) from None
+        path = _hlo_file(source)
+        raise (err if path is None else err.in_file(str(path))) from None
     approximate = (not is_tpu_compiled(module)) if compiled_for == "auto" \
         else compiled_for == "cpu"
     return _cost(text, topology, module=module, devices=tuple(devices), mesh_axes=mesh,
